@@ -1,0 +1,112 @@
+// ThreadPool implementation: generation counter + pending count; see thread_pool.h.
+#include "kernels/cpu/thread_pool.h"
+
+#include <pthread.h>
+#include <sched.h>
+
+#include <vector>
+
+namespace lattice {
+
+namespace {
+std::vector<int> allowed_cpus() {
+    std::vector<int> cpus;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) == 0)
+        for (int c = 0; c < CPU_SETSIZE; ++c)
+            if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    return cpus;
+}
+
+void pin_to(std::thread::native_handle_type h, int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    pthread_setaffinity_np(h, sizeof(set), &set);  // best effort: a refusal only costs locality
+}
+}  // namespace
+
+int ThreadPool::available_cpus() {
+    int n = int(allowed_cpus().size());
+    return n > 0 ? n : 1;
+}
+
+ThreadPool::ThreadPool(int n_threads, bool pin) {
+    std::vector<int> cpus = allowed_cpus();
+    n_threads_ = n_threads > 0 ? n_threads : (cpus.empty() ? 1 : int(cpus.size()));
+    // Pin only when every thread gets a core of its own: with more threads than cores (e.g.
+    // several MPI ranks oversubscribing a small machine) pinning would stack threads.
+    bool do_pin = pin && !cpus.empty() && n_threads_ <= int(cpus.size()) && n_threads_ > 1;
+    if (do_pin) pin_to(pthread_self(), cpus[0]);
+    for (int i = 1; i < n_threads_; ++i) {
+        threads_.emplace_back([this, i] { worker(i); });
+        if (do_pin) pin_to(threads_.back().native_handle(), cpus[size_t(i) % cpus.size()]);
+    }
+}
+
+ThreadPool::~ThreadPool() {
+    stop_.store(true);
+    generation_.fetch_add(1);
+    generation_.notify_all();
+    for (auto& t : threads_) t.join();
+}
+
+void ThreadPool::worker(int index) {
+    uint64_t seen = 0;
+    for (;;) {
+        uint64_t g = generation_.load(std::memory_order_acquire);
+        for (int spin = 0; g == seen && spin < 20000; ++spin) {
+#if defined(__x86_64__)
+            __builtin_ia32_pause();
+#endif
+            g = generation_.load(std::memory_order_acquire);
+        }
+        if (g == seen) {
+            generation_.wait(seen, std::memory_order_acquire);
+            continue;
+        }
+        seen = g;
+        if (stop_.load()) return;
+        (*task_)(index);
+        if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+    }
+}
+
+void ThreadPool::run_on_all(const std::function<void(int)>& fn) {
+    if (n_threads_ == 1) {
+        fn(0);
+        return;
+    }
+    task_ = &fn;
+    pending_.store(n_threads_ - 1, std::memory_order_release);
+    generation_.fetch_add(1, std::memory_order_acq_rel);
+    generation_.notify_all();
+    fn(0);
+    for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) {
+        if (spin < 100000) {
+#if defined(__x86_64__)
+            __builtin_ia32_pause();
+#endif
+        } else {
+            int p = pending_.load(std::memory_order_acquire);
+            if (p != 0) pending_.wait(p, std::memory_order_acquire);
+        }
+    }
+    task_ = nullptr;
+}
+
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn, int64_t grain) {
+    if (n <= 0) return;
+    int nt = n_threads_;
+    if (nt == 1 || n <= grain) {
+        fn(0, n, 0);
+        return;
+    }
+    run_on_all([&](int t) {
+        auto [lo, hi] = split_range(n, t, nt, grain);
+        if (lo < hi) fn(lo, hi, t);
+    });
+}
+
+}  // namespace lattice

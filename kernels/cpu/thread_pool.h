@@ -1,0 +1,55 @@
+// ThreadPool: one persistent set of worker threads, pinned to cores, for every CPU kernel.
+// parallel_for(n, fn) splits [0, n) into one contiguous range per thread (the caller is thread 0)
+// so each thread streams its own slice of weights; no thread is created per op.
+// Workers spin briefly on a generation counter, then block in std::atomic::wait, which keeps
+// per-op dispatch around a microsecond during decode without burning idle cores forever.
+// Not re-entrant: a task must not call parallel_for on the same pool.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <thread>
+#include <vector>
+
+namespace lattice {
+
+class ThreadPool {
+public:
+    // n_threads <= 0: one per available core. pin: bind thread i to the i-th allowed CPU.
+    explicit ThreadPool(int n_threads = 0, bool pin = true);
+    ~ThreadPool();
+    ThreadPool(const ThreadPool&) = delete;
+    ThreadPool& operator=(const ThreadPool&) = delete;
+
+    int size() const { return n_threads_; }
+
+    // Calls fn(begin, end, thread_index) over a partition of [0, n) in chunks aligned to `grain`.
+    void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn, int64_t grain = 1);
+
+    // Runs fn(thread_index) once on every thread.
+    void run_on_all(const std::function<void(int)>& fn);
+
+    // Number of CPUs this process may run on (sched_getaffinity), at least 1.
+    static int available_cpus();
+
+private:
+    void worker(int index);
+
+    int n_threads_ = 1;
+    std::vector<std::thread> threads_;
+    const std::function<void(int)>* task_ = nullptr;
+    std::atomic<uint64_t> generation_{0};
+    std::atomic<int> pending_{0};
+    std::atomic<bool> stop_{false};
+};
+
+// Contiguous range of thread `t` of `nt` over [0, n), aligned to `grain`.
+inline std::pair<int64_t, int64_t> split_range(int64_t n, int t, int nt, int64_t grain = 1) {
+    int64_t blocks = (n + grain - 1) / grain;
+    int64_t b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
+    int64_t lo = b0 * grain, hi = b1 * grain;
+    return {lo < n ? lo : n, hi < n ? hi : n};
+}
+
+}  // namespace lattice

