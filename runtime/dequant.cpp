@@ -1,0 +1,118 @@
+// Block dequantization (Q8_0, Q4_0, Q4_1) and row-slice conversion for the GGUF loader.
+// Scalar on purpose: this runs once at load time over each weight (the compute path never reads
+// block formats), so clarity beats SIMD here. Layouts are in dequant.h.
+#include "runtime/dequant.h"
+
+#include "runtime/base/error.h"
+
+#include <cstring>
+#include <vector>
+
+namespace lattice {
+
+namespace {
+constexpr int64_t kBlock = 32;
+
+uint16_t load_u16(const uint8_t* p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+}
+
+void store_f32(const float* src, void* dst, DType dst_t, int64_t n) {
+    switch (dst_t) {
+        case DType::kF32: std::memcpy(dst, src, size_t(n) * 4); return;
+        case DType::kF16: {
+            auto* d = static_cast<uint16_t*>(dst);
+            for (int64_t k = 0; k < n; ++k) d[k] = f32_to_f16(src[k]);
+            return;
+        }
+        case DType::kBF16: {
+            auto* d = static_cast<uint16_t*>(dst);
+            for (int64_t k = 0; k < n; ++k) d[k] = f32_to_bf16(src[k]);
+            return;
+        }
+        default: LATTICE_FAIL("convert_row_slice: output dtype {} unsupported (f32, f16, bf16)", dtype_name(dst_t));
+    }
+}
+}  // namespace
+
+void dequant_q8_0(const uint8_t* blocks, float* out, int64_t n) {
+    for (int64_t b = 0; b < n / kBlock; ++b) {
+        const uint8_t* p = blocks + b * 34;
+        float d = f16_to_f32(load_u16(p));
+        for (int k = 0; k < 32; ++k) out[b * kBlock + k] = float(int8_t(p[2 + k])) * d;
+    }
+}
+
+void dequant_q4_0(const uint8_t* blocks, float* out, int64_t n) {
+    for (int64_t b = 0; b < n / kBlock; ++b) {
+        const uint8_t* p = blocks + b * 18;
+        float d = f16_to_f32(load_u16(p));
+        float* o = out + b * kBlock;
+        for (int k = 0; k < 16; ++k) {
+            o[k] = float(int(p[2 + k] & 15) - 8) * d;
+            o[k + 16] = float(int(p[2 + k] >> 4) - 8) * d;
+        }
+    }
+}
+
+void dequant_q4_1(const uint8_t* blocks, float* out, int64_t n) {
+    for (int64_t b = 0; b < n / kBlock; ++b) {
+        const uint8_t* p = blocks + b * 20;
+        float d = f16_to_f32(load_u16(p));
+        float m = f16_to_f32(load_u16(p + 2));
+        float* o = out + b * kBlock;
+        for (int k = 0; k < 16; ++k) {
+            o[k] = float(p[4 + k] & 15) * d + m;
+            o[k + 16] = float(p[4 + k] >> 4) * d + m;
+        }
+    }
+}
+
+void convert_row_slice(const void* row, DType src_t, int64_t col0, int64_t cols, void* dst, DType dst_t) {
+    LATTICE_CHECK(col0 >= 0 && cols >= 0, "convert_row_slice: negative range [{}, +{})", col0, cols);
+    LATTICE_CHECK(dst_t == DType::kF32 || dst_t == DType::kF16 || dst_t == DType::kBF16,
+                  "convert_row_slice: output dtype {} unsupported (f32, f16, bf16)", dtype_name(dst_t));
+    const auto* src = static_cast<const uint8_t*>(row);
+    if (dtype_is_block(src_t)) {
+        LATTICE_CHECK(col0 % kBlock == 0 && cols % kBlock == 0,
+                      "convert_row_slice: {} slice [{}, {}) is not aligned to 32-element blocks", dtype_name(src_t),
+                      col0, col0 + cols);
+        const uint8_t* blocks = src + col0 / kBlock * dtype_block_bytes(src_t);
+        float* out = dst_t == DType::kF32 ? static_cast<float*>(dst) : nullptr;
+        std::vector<float> tmp;
+        if (!out) {
+            tmp.resize(size_t(cols));
+            out = tmp.data();
+        }
+        switch (src_t) {
+            case DType::kQ8_0: dequant_q8_0(blocks, out, cols); break;
+            case DType::kQ4_0: dequant_q4_0(blocks, out, cols); break;
+            case DType::kQ4_1: dequant_q4_1(blocks, out, cols); break;
+            default: break;
+        }
+        if (dst_t != DType::kF32) store_f32(out, dst, dst_t, cols);
+        return;
+    }
+    const uint8_t* s = src + col0 * dtype_size(src_t);
+    if (src_t == dst_t) {
+        LATTICE_CHECK(dtype_size(src_t) > 0, "convert_row_slice: dtype {} unsupported", dtype_name(src_t));
+        std::memcpy(dst, s, size_t(cols * dtype_size(src_t)));
+        return;
+    }
+    std::vector<float> tmp(static_cast<size_t>(cols));
+    switch (src_t) {
+        case DType::kF32: std::memcpy(tmp.data(), s, size_t(cols) * 4); break;
+        case DType::kF16:
+            for (int64_t k = 0; k < cols; ++k) tmp[size_t(k)] = f16_to_f32(load_u16(s + 2 * k));
+            break;
+        case DType::kBF16:
+            for (int64_t k = 0; k < cols; ++k) tmp[size_t(k)] = bf16_to_f32(load_u16(s + 2 * k));
+            break;
+        default: LATTICE_FAIL("convert_row_slice: source dtype {} unsupported", dtype_name(src_t));
+    }
+    store_f32(tmp.data(), dst, dst_t, cols);
+}
+
+}  // namespace lattice
