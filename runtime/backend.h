@@ -123,6 +123,8 @@ public:
     virtual void upload(const View& dst, const void* host_src) = 0;  // dst.bytes() bytes
     virtual void download(void* host_dst, const View& src) = 0;      // src.bytes() bytes
     virtual void sync() = 0;
+    // Device-to-device copy of src into dst (same dtype and element count, both contiguous).
+    virtual void copy(const View& dst, const View& src) = 0;
 
     // Prepares a linear layer from host weights w [n, k] (f32/f16/bf16, row-major).
     // kNone keeps f16/bf16 as they are (exact) or converts to the backend's preferred dtype;

@@ -45,5 +45,7 @@ public:
 
 // Opens a model: a HF directory (config.json + safetensors) or a .gguf file.
 std::unique_ptr<TensorSource> open_model(const std::string& path);
+// The GGUF reader behind open_model for *.gguf paths (runtime/gguf_source.cpp).
+std::unique_ptr<TensorSource> open_gguf_model(const std::string& path);
 
 }  // namespace lattice

@@ -1,0 +1,182 @@
+// CPU kernels for the non-GEMM ops (see ops.h). Shared per-element math from kernels/common.
+#include "kernels/cpu/ops.h"
+
+#include "kernels/common/llama_math.h"
+#include "runtime/base/error.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__) && !defined(__clang__)
+#define LATTICE_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define LATTICE_MULTIVERSION
+#endif
+
+namespace lattice::cpu {
+
+// 16 independent partial sums: vectorizes without -ffast-math and keeps a fixed summation order.
+LATTICE_MULTIVERSION float dot(const float* a, const float* b, int64_t n) {
+    float acc[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
+    for (; i < n; ++i) acc[0] += a[i] * b[i];
+    float s = 0;
+    for (int j = 0; j < 16; ++j) s += acc[j];
+    return s;
+}
+
+LATTICE_MULTIVERSION void axpy(float* y, float a, const float* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+LATTICE_MULTIVERSION float sum_squares(const float* x, int64_t n) {
+    float acc[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; ++j) acc[j] += x[i + j] * x[i + j];
+    for (; i < n; ++i) acc[0] += x[i] * x[i];
+    float s = 0;
+    for (int j = 0; j < 16; ++j) s += acc[j];
+    return s;
+}
+
+namespace {
+LATTICE_MULTIVERSION void scale_mul(float* out, const float* x, const float* w, float s, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = x[i] * s * w[i];
+}
+LATTICE_MULTIVERSION void add_inplace(float* y, const float* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+}  // namespace
+
+void rmsnorm(float* out, const float* x, const float* w, int64_t m, int64_t n, float eps, ThreadPool& pool) {
+    pool.parallel_for(m, [&](int64_t r0, int64_t r1, int) {
+        for (int64_t r = r0; r < r1; ++r) {
+            float inv = math::rms_inv(sum_squares(x + r * n, n), n, eps);
+            scale_mul(out + r * n, x + r * n, w, inv, n);
+        }
+    });
+}
+
+void add_rmsnorm(float* residual, const float* x, float* out, const float* w, int64_t m, int64_t n, float eps,
+                 ThreadPool& pool) {
+    pool.parallel_for(m, [&](int64_t r0, int64_t r1, int) {
+        for (int64_t r = r0; r < r1; ++r) {
+            float* res = residual + r * n;
+            add_inplace(res, x + r * n, n);
+            float inv = math::rms_inv(sum_squares(res, n), n, eps);
+            scale_mul(out + r * n, res, w, inv, n);
+        }
+    });
+}
+
+void embed(float* out, const void* table, DType dt, int64_t table_rows, int64_t n, const int32_t* ids, int64_t m,
+           int64_t row_offset) {
+    for (int64_t i = 0; i < m; ++i) {
+        const int64_t r = int64_t(ids[i]) - row_offset;
+        float* o = out + i * n;
+        if (r < 0 || r >= table_rows) {
+            std::memset(o, 0, size_t(n) * sizeof(float));
+            continue;
+        }
+        switch (dt) {
+            case DType::kF32: std::memcpy(o, static_cast<const float*>(table) + r * n, size_t(n) * 4); break;
+            case DType::kF16: {
+                const uint16_t* t = static_cast<const uint16_t*>(table) + r * n;
+                for (int64_t j = 0; j < n; ++j) o[j] = f16_to_f32(t[j]);
+                break;
+            }
+            case DType::kBF16: {
+                const uint16_t* t = static_cast<const uint16_t*>(table) + r * n;
+                for (int64_t j = 0; j < n; ++j) o[j] = bf16_to_f32(t[j]);
+                break;
+            }
+            default: LATTICE_FAIL("embed: table dtype {} unsupported", dtype_name(dt));
+        }
+    }
+}
+
+void rope(float* qkv, int64_t m, int64_t row_stride, const int32_t* positions, int64_t n_rot_heads, int64_t hd,
+          const float* inv_freq, ThreadPool& pool) {
+    const int64_t half = hd / 2;
+    pool.parallel_for(m, [&](int64_t r0, int64_t r1, int) {
+        std::vector<math::RopeCs> cs(static_cast<size_t>(half));
+        for (int64_t r = r0; r < r1; ++r) {
+            for (int64_t i = 0; i < half; ++i) cs[size_t(i)] = math::rope_cos_sin(positions[r], inv_freq[i]);
+            float* row = qkv + r * row_stride;
+            for (int64_t h = 0; h < n_rot_heads; ++h) {
+                float* v = row + h * hd;
+                for (int64_t i = 0; i < half; ++i) math::rope_pair(v[i], v[i + half], cs[size_t(i)]);
+            }
+        }
+    });
+}
+
+void attention(float* out, const float* qkv, float* k_cache, float* v_cache, const int32_t* positions,
+               const int32_t* slots, int64_t m, const AttentionArgs& a, ThreadPool& pool) {
+    const int64_t hd = a.head_dim, nh = a.n_heads, nkv = a.n_kv;
+    const int64_t row = (nh + 2 * nkv) * hd;
+    const int64_t group = nh / nkv;
+    auto cache_at = [&](float* c, int64_t slot, int64_t pos, int64_t g) {
+        return c + ((slot * a.max_seq + pos) * nkv + g) * hd;
+    };
+    for (int64_t t = 0; t < m; ++t) {
+        LATTICE_CHECK(slots[t] >= 0 && slots[t] < a.slots && positions[t] >= 0 && positions[t] < a.max_seq,
+                      "attention: token {} at slot {} position {} outside the KV cache ({} slots x {} positions)", t,
+                      slots[t], positions[t], a.slots, a.max_seq);
+        for (int64_t g = 0; g < nkv; ++g) {
+            std::memcpy(cache_at(k_cache, slots[t], positions[t], g), qkv + t * row + (nh + g) * hd, size_t(hd) * 4);
+            std::memcpy(cache_at(v_cache, slots[t], positions[t], g), qkv + t * row + (nh + nkv + g) * hd,
+                        size_t(hd) * 4);
+        }
+    }
+    pool.parallel_for(m * nkv, [&](int64_t i0, int64_t i1, int) {
+        std::vector<float> scores;
+        for (int64_t i = i0; i < i1; ++i) {
+            const int64_t t = i / nkv, g = i % nkv;
+            const int64_t len = int64_t(positions[t]) + 1;
+            scores.resize(size_t(len));
+            for (int64_t hh = 0; hh < group; ++hh) {
+                const int64_t h = g * group + hh;
+                const float* q = qkv + t * row + h * hd;
+                float mx = -INFINITY;
+                for (int64_t p = 0; p < len; ++p) {
+                    float s = dot(q, cache_at(k_cache, slots[t], p, g), hd) * a.scale;
+                    scores[size_t(p)] = s;
+                    mx = std::max(mx, s);
+                }
+                float sum = 0;
+                for (int64_t p = 0; p < len; ++p) {
+                    float e = std::exp(scores[size_t(p)] - mx);
+                    scores[size_t(p)] = e;
+                    sum += e;
+                }
+                const float inv = 1.0f / sum;
+                float* o = out + t * nh * hd + h * hd;
+                std::memset(o, 0, size_t(hd) * 4);
+                for (int64_t p = 0; p < len; ++p) axpy(o, scores[size_t(p)] * inv, cache_at(v_cache, slots[t], p, g), hd);
+            }
+        }
+    });
+}
+
+void silu_mul(float* out, const float* gu, int64_t m, int64_t f, ThreadPool& pool) {
+    pool.parallel_for(m, [&](int64_t r0, int64_t r1, int) {
+        for (int64_t r = r0; r < r1; ++r) {
+            const float* g = gu + r * 2 * f;
+            const float* u = g + f;
+            float* o = out + r * f;
+            for (int64_t i = 0; i < f; ++i) o[i] = math::silu(g[i]) * u[i];
+        }
+    });
+}
+
+void add(float* out, const float* a, const float* b, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+}  // namespace lattice::cpu

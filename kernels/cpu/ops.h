@@ -1,0 +1,39 @@
+// CPU kernels for the non-GEMM ops of the Llama forward, fp32 activations.
+// Layouts: activations [m, cols] row-major; qkv rows are [q heads | k heads | v heads], each head
+// head_dim contiguous; KV caches are [slots, max_seq, n_kv, head_dim] fp32.
+// Hot loops are compiled for several ISAs (GCC target_clones) and picked by the loader at start-up.
+#pragma once
+
+#include "kernels/cpu/thread_pool.h"
+#include "runtime/base/dtype.h"
+
+#include <cstdint>
+
+namespace lattice::cpu {
+
+void rmsnorm(float* out, const float* x, const float* w, int64_t m, int64_t n, float eps, ThreadPool& pool);
+// residual += x; out = rmsnorm(residual) * w
+void add_rmsnorm(float* residual, const float* x, float* out, const float* w, int64_t m, int64_t n, float eps,
+                 ThreadPool& pool);
+// out[i, :] = table[ids[i] - row_offset, :] (table dtype f32/f16/bf16) or zeros when not local.
+void embed(float* out, const void* table, DType table_dtype, int64_t table_rows, int64_t n, const int32_t* ids,
+           int64_t m, int64_t row_offset);
+// In-place half-split RoPE of the first n_heads + n_kv heads of every qkv row.
+void rope(float* qkv, int64_t m, int64_t row_stride, const int32_t* positions, int64_t n_rot_heads, int64_t head_dim,
+          const float* inv_freq, ThreadPool& pool);
+struct AttentionArgs {
+    int64_t n_heads, n_kv, head_dim, max_seq, slots;
+    float scale;
+};
+// Stores k/v of each token at [slot, pos], then causal GQA attention; out [m, n_heads * head_dim].
+void attention(float* out, const float* qkv, float* k_cache, float* v_cache, const int32_t* positions,
+               const int32_t* slots, int64_t m, const AttentionArgs& a, ThreadPool& pool);
+void silu_mul(float* out, const float* gate_up, int64_t m, int64_t f, ThreadPool& pool);
+void add(float* out, const float* a, const float* b, int64_t n);
+
+// Vector primitives (exposed for tests).
+float dot(const float* a, const float* b, int64_t n);
+void axpy(float* y, float a, const float* x, int64_t n);  // y += a * x
+float sum_squares(const float* x, int64_t n);
+
+}  // namespace lattice::cpu

@@ -1,0 +1,93 @@
+// Shared model-loading options and setup (see cli_common.h).
+#include "launch/cli_common.h"
+
+#include "runtime/base/log.h"
+#include "runtime/cpu_backend.h"
+#include "runtime/random_source.h"
+
+#include <chrono>
+#include <sstream>
+
+namespace lattice {
+
+void ModelArgs::add_to(CLI::App* cmd) {
+    cmd->add_option("--model", model, "HF model directory (config.json + safetensors) or .gguf file");
+    cmd->add_flag("--random-weights", random_weights, "Fabricate weights of the model's shape from --seed-weights");
+    cmd->add_option("--config", config_preset, "Built-in shape for --random-weights (tinyllama-1.1b, llama-2-7b, "
+                                               "llama-2-70b, llama-3-8b, llama-3-70b)");
+    cmd->add_option("--seed-weights", weight_seed, "Seed for --random-weights");
+    cmd->add_option("--quant", quant, "Linear layers: none | w8a16 | w8a8")->check(CLI::IsMember({"none", "w8a16", "w8a8"}));
+    cmd->add_flag("--quant-head", quant_head, "Quantize the LM head too (embedding stays float)");
+    cmd->add_option("--threads", threads, "CPU threads per rank (0: one per available core)");
+    cmd->add_flag("--mlock", mlock, "Lock weights in memory");
+    cmd->add_option("--max-seq", max_seq, "KV cache positions per sequence (0: min(max_position_embeddings, 4096))");
+    cmd->add_option("--max-batch-tokens", max_batch_tokens, "Tokens per forward pass (prompt chunk size)");
+    cmd->add_option("--tp", tp, "Tensor-parallel ranks");
+    cmd->add_option("--pp", pp, "Pipeline-parallel stages");
+    cmd->add_option("--pp-layers", pp_layers, "Layers per pipeline stage, e.g. 20,20,21,19");
+    cmd->add_option("--micro-batch", micro_batch, "Prompt tokens per pipeline micro-batch (0: --max-batch-tokens)");
+    cmd->add_option("--comm-timeout", comm_timeout, "Seconds before a silent peer is declared dead");
+}
+
+std::vector<int32_t> parse_id_list(const std::string& s, const char* what) {
+    std::vector<int32_t> ids;
+    std::string tok;
+    std::stringstream ss(s);
+    auto flush = [&] {
+        if (tok.empty()) return;
+        size_t used = 0;
+        long long v = 0;
+        try {
+            v = std::stoll(tok, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        LATTICE_CHECK(used == tok.size() && v >= 0 && v <= INT32_MAX, "{}: \"{}\" is not a token id", what, tok);
+        ids.push_back(int32_t(v));
+        tok.clear();
+    };
+    for (char c : s) {
+        if (c == ',' || c == ' ' || c == '\t' || c == '\n') flush();
+        else tok.push_back(c);
+    }
+    flush();
+    return ids;
+}
+
+LoadedModel load_model(const ModelArgs& a) {
+    LoadedModel lm;
+    auto t0 = std::chrono::steady_clock::now();
+    LATTICE_CHECK(a.tp == 1 && a.pp == 1, "--tp {} --pp {}: multi-rank layouts need the MPI communicators", a.tp, a.pp);
+    std::unique_ptr<TensorSource> src;
+    if (a.random_weights) {
+        ModelConfig cfg;
+        if (!a.config_preset.empty()) cfg = preset_config(a.config_preset);
+        else if (!a.model.empty()) cfg = open_model(a.model)->config();
+        else LATTICE_FAIL("--random-weights needs --config PRESET or --model PATH for the shape");
+        src = make_random_source(cfg, a.weight_seed);
+    } else {
+        LATTICE_CHECK(!a.model.empty(), "--model is required (or --random-weights --config PRESET)");
+        src = open_model(a.model);
+    }
+    CpuBackendOptions bo;
+    bo.threads = a.threads;
+    bo.mlock = a.mlock;
+    auto cpu = std::make_unique<CpuBackend>(bo);
+    lm.threads = cpu->pool().size();
+    lm.backend = std::move(cpu);
+    ModelOptions mo;
+    mo.quant = parse_quant_mode(a.quant);
+    mo.quant_head = a.quant_head;
+    mo.max_seq = a.max_seq;
+    mo.max_batch_tokens = a.max_batch_tokens;
+    lm.model = std::make_unique<Model>(*src, *lm.backend, mo, nullptr);
+    src.reset();  // drop the file mappings: weights now live in the backend's memory
+    lm.generator = std::make_unique<Generator>(*lm.model, PipelineLinks{}, a.micro_batch);
+    lm.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    LOG_INFO("loaded {} on {} in {:.2f} s ({:.1f} MiB of weights on this rank, quant {})",
+             a.random_weights ? "random weights" : a.model, lm.backend->name(), lm.load_seconds,
+             double(lm.model->weight_bytes()) / (1 << 20), a.quant);
+    return lm;
+}
+
+}  // namespace lattice

@@ -1,0 +1,56 @@
+// Options shared by every command that loads a model (generate, score, calibrate, serve ...) and
+// the code that turns them into a backend + model + parallel layout for this rank.
+#pragma once
+
+#include "parallel/communicator.h"
+#include "runtime/backend.h"
+#include "runtime/generator.h"
+#include "runtime/model.h"
+#include "runtime/tensor_source.h"
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lattice {
+
+struct ModelArgs {
+    std::string model;
+    std::string config_preset;  // --config NAME with --random-weights
+    bool random_weights = false;
+    uint64_t weight_seed = 1234;
+    std::string quant = "none";
+    bool quant_head = false;
+    int threads = 0;
+    bool mlock = false;
+    int64_t max_seq = 0;
+    int64_t max_batch_tokens = 256;
+    int tp = 1, pp = 1;
+    std::string pp_layers;  // "20,20,21,19"
+    int64_t micro_batch = 0;
+    double comm_timeout = 60.0;
+
+    void add_to(CLI::App* cmd);
+};
+
+// Everything a command needs, owned together (destroyed in reverse order).
+struct LoadedModel {
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<Communicator> tp_comm;
+    std::unique_ptr<Communicator> world_comm;
+    std::unique_ptr<Model> model;
+    std::unique_ptr<Generator> generator;
+    int world_rank = 0;
+    int world_size = 1;
+    int threads = 1;  // CPU threads per rank
+    double load_seconds = 0;
+};
+
+LoadedModel load_model(const ModelArgs& a);
+
+// "1,2,3" or "1 2 3" -> ids; throws Error naming the bad entry.
+std::vector<int32_t> parse_id_list(const std::string& s, const char* what);
+
+}  // namespace lattice

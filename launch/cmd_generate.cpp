@@ -1,0 +1,98 @@
+// `lattice generate`: prefill a prompt, decode new tokens, print them; timings to stderr and
+// optionally JSON (--stats-json) for scripts and benchmarks.
+#include "launch/cli.h"
+#include "launch/cli_common.h"
+
+#include "runtime/base/error.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <memory>
+
+namespace lattice {
+
+namespace {
+
+struct GenerateArgs {
+    ModelArgs model;
+    std::string prompt_ids;
+    int64_t max_new_tokens = 32;
+    float temperature = 0.0f;
+    int64_t top_k = 0;
+    float top_p = 1.0f;
+    uint64_t seed = 0;
+    bool ignore_eos = false;
+    bool print_ids = false;
+    std::string stats_json;
+};
+
+void write_stats(const std::string& path, const GenerateStats& s, const LoadedModel& lm, const ModelArgs& a) {
+    nlohmann::json j = {{"prompt_tokens", s.prompt_tokens},
+                        {"prefill_seconds", s.prefill_seconds},
+                        {"generated_tokens", s.generated_tokens},
+                        {"decode_seconds", s.decode_seconds},
+                        {"prefill_tokens_per_s", s.prefill_seconds > 0 ? double(s.prompt_tokens) / s.prefill_seconds : 0.0},
+                        {"decode_tokens_per_s", s.generated_tokens > 1 && s.decode_seconds > 0
+                                                    ? double(s.generated_tokens - 1) / s.decode_seconds
+                                                    : 0.0},
+                        {"threads", lm.threads},
+                        {"ranks", lm.world_size},
+                        {"tp", a.tp},
+                        {"pp", a.pp},
+                        {"quant", a.quant},
+                        {"backend", lm.backend->name()},
+                        {"weight_bytes_per_rank", lm.model->weight_bytes()},
+                        {"load_seconds", lm.load_seconds}};
+    std::ofstream f(path);
+    LATTICE_CHECK(f.good(), "--stats-json {}: cannot open for writing", path);
+    f << j.dump(2) << "\n";
+    LATTICE_CHECK(f.good(), "--stats-json {}: write failed", path);
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app, CommandRun& run) {
+    auto args = std::make_shared<GenerateArgs>();
+    auto* cmd = app.add_subcommand("generate", "Generate tokens from a prompt");
+    args->model.add_to(cmd);
+    cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, e.g. 1,2,3");
+    cmd->add_option("--max-new-tokens", args->max_new_tokens, "Tokens to generate");
+    cmd->add_option("--temperature", args->temperature, "0: greedy");
+    cmd->add_option("--top-k", args->top_k, "Keep the k most likely tokens (0: all)");
+    cmd->add_option("--top-p", args->top_p, "Nucleus sampling mass (1: all)");
+    cmd->add_option("--seed", args->seed, "Sampling seed");
+    cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the end-of-sequence token");
+    cmd->add_flag("--print-ids", args->print_ids, "Print generated ids, space-separated, on one line");
+    cmd->add_option("--stats-json", args->stats_json, "Write timings as JSON to this file");
+    cmd->callback([&run, args] {
+        run = [args] {
+            GenerateArgs& a = *args;
+            GenerateRequest req;
+            req.prompt = parse_id_list(a.prompt_ids, "--prompt-ids");
+            LATTICE_CHECK(!req.prompt.empty(), "give a prompt: --prompt-ids 1,2,3");
+            req.max_new_tokens = a.max_new_tokens;
+            req.sampling = SamplingParams{a.temperature, a.top_k, a.top_p, a.seed};
+            req.sampling.validate();
+            req.ignore_eos = a.ignore_eos;
+            LoadedModel lm = load_model(a.model);
+            GenerateResult res = lm.generator->generate(req);
+            if (lm.world_rank == 0) {
+                fmt::print("{}\n", fmt::join(res.tokens, " "));
+                std::fflush(stdout);
+                const GenerateStats& s = res.stats;
+                fmt::print(stderr, "prefill: {} tokens in {:.3f} s ({:.1f} tok/s); decode: {} tokens in {:.3f} s ({:.2f} tok/s)\n",
+                           s.prompt_tokens, s.prefill_seconds,
+                           s.prefill_seconds > 0 ? double(s.prompt_tokens) / s.prefill_seconds : 0.0, s.generated_tokens,
+                           s.decode_seconds,
+                           s.generated_tokens > 1 && s.decode_seconds > 0 ? double(s.generated_tokens - 1) / s.decode_seconds
+                                                                           : 0.0);
+                if (!a.stats_json.empty()) write_stats(a.stats_json, s, lm, a.model);
+            }
+            return 0;
+        };
+    });
+}
+
+}  // namespace lattice

@@ -1,0 +1,37 @@
+// `lattice score`: float32 logits of every prompt position written as tensor `logits` [T, vocab]
+// of a safetensors file (written atomically).
+#include "launch/cli.h"
+#include "launch/cli_common.h"
+
+#include "runtime/safetensors.h"
+
+#include <memory>
+
+namespace lattice {
+
+void add_score_command(CLI::App& app, CommandRun& run) {
+    struct Args {
+        ModelArgs model;
+        std::string prompt_ids, out;
+    };
+    auto args = std::make_shared<Args>();
+    auto* cmd = app.add_subcommand("score", "Write the logits of every prompt position to a safetensors file");
+    args->model.add_to(cmd);
+    cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, e.g. 1,2,3")->required();
+    cmd->add_option("--out", args->out, "Output .safetensors file (tensor \"logits\", f32 [T, vocab])")->required();
+    cmd->callback([&run, args] {
+        run = [args] {
+            std::vector<int32_t> prompt = parse_id_list(args->prompt_ids, "--prompt-ids");
+            LATTICE_CHECK(!prompt.empty(), "give a prompt: --prompt-ids 1,2,3");
+            LoadedModel lm = load_model(args->model);
+            std::vector<float> logits = lm.generator->score(prompt);
+            if (lm.world_rank == 0) {
+                const int64_t T = int64_t(prompt.size()), V = lm.model->config().vocab;
+                write_safetensors(args->out, {{"logits", DType::kF32, {T, V}, logits.data()}});
+            }
+            return 0;
+        };
+    });
+}
+
+}  // namespace lattice
