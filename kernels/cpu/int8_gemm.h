@@ -1,0 +1,111 @@
+// INT8 GEMMs for the CPU backend: W8A8 (int8 x int8 -> int32, exact) and W8A16 (int8 weights, f32
+// activations), with a scalar reference and AVX2 / AVX-VNNI / AVX-512 VNNI paths chosen at run time.
+//
+// Scheme (docs/quantization.md): weights symmetric per output channel, q = round(w / s),
+// s = max|w_row| / 127; W8A8 activations per token (row), dynamic and symmetric (kernels/cpu/quantize.h).
+//
+// Packed layout (PackedInt8, prepared once at load): output channels in panels of 16 (n padded to a
+// multiple of 16 with zero rows), k padded to a multiple of 4 with zeros. Panel p is contiguous,
+// k_padded * 16 bytes; inside it, k-group g (4 consecutive k) is 64 bytes:
+//     data[p * 16 * k_padded + g * 64 + j * 4 + t] = q[16 p + j, 4 g + t]   (j < 16, t < 4)
+// i.e. one zmm per k-group holds 16 channels x 4 k, the operand form of vpdpbusd; ymm paths read
+// the two 32-byte halves (channels 0..7, 8..15). One layout serves every ISA, so `isa` only picks
+// the kernel. VNNI paths use vpdpbusd's u8 x s8 form on a + 128 and subtract 128 * col_sums[n];
+// the AVX2 path sign-extends to int16 and uses vpmaddwd. Every path is exact in int32 for
+// k <= kInt8MaxK (|sum| <= 128 * 128 * k < 2^31; VNNI intermediates wrap mod 2^32 and the
+// correction restores the exact value).
+//
+// Threads split N (panels), never K: each thread streams its own contiguous slice of panels.
+// ISA selection: detect_isa() returns the override (set_isa_override, set by launch/ or tests from
+// LATTICE_ISA through parse_isa) or else the best level cpuid reports. kernels/ never reads the
+// environment.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <string_view>
+#include <vector>
+
+#include "kernels/cpu/thread_pool.h"
+
+namespace lattice {
+
+enum class IsaLevel : uint8_t { kScalar, kAvx2, kAvxVnni, kAvx512Vnni };
+
+// Largest k for which every path is exact in int32.
+inline constexpr int64_t kInt8MaxK = 131071;
+// Output channels per packed panel and k per group.
+inline constexpr int64_t kInt8PanelN = 16;
+inline constexpr int64_t kInt8GroupK = 4;
+
+std::string_view isa_name(IsaLevel isa);  // "scalar", "avx2", "avxvnni", "avx512"
+// Parses "scalar|avx2|avxvnni|avx512" (also "avx512vnni", "avx-vnni"); throws Error naming the bad value.
+IsaLevel parse_isa(std::string_view s);
+// Whether this CPU (cpuid) can run the level.
+bool isa_supported(IsaLevel isa);
+// Best level cpuid reports, ignoring any override.
+IsaLevel best_isa();
+// The override when one is set, else best_isa().
+IsaLevel detect_isa();
+// Forces detect_isa() to return `isa`; throws Error when this CPU cannot run it.
+void set_isa_override(IsaLevel isa);
+void clear_isa_override();
+
+// 64-byte aligned allocator so that packed panels can be read with aligned zmm loads.
+template <class T>
+struct AlignedAllocator64 {
+    using value_type = T;
+    AlignedAllocator64() = default;
+    template <class U>
+    AlignedAllocator64(const AlignedAllocator64<U>&) noexcept {}
+    T* allocate(std::size_t n) {
+        if (n == 0) return nullptr;
+        std::size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+        void* p = std::aligned_alloc(64, bytes);
+        if (!p) throw std::bad_alloc();
+        return static_cast<T*>(p);
+    }
+    void deallocate(T* p, std::size_t) noexcept { std::free(p); }
+    template <class U>
+    bool operator==(const AlignedAllocator64<U>&) const noexcept { return true; }
+};
+
+// Weights packed for the kernels (layout above). Move-only in practice (large).
+struct PackedInt8 {
+    std::vector<int8_t, AlignedAllocator64<int8_t>> data;  // [n_panels][k_padded / 4][16][4]
+    int64_t n = 0;                                          // output channels
+    int64_t k = 0;                                          // input channels
+    int64_t k_padded = 0;                                   // k rounded up to a multiple of 4
+    int64_t n_panels = 0;                                   // ceil(n / 16)
+    std::vector<int32_t> col_sums;                          // [n_panels * 16] sum_k q[n, k] (0 past n)
+    IsaLevel isa = IsaLevel::kScalar;                       // kernel used by the gemm calls
+
+    int64_t panel_bytes() const { return k_padded * kInt8PanelN; }
+    const int8_t* panel(int64_t p) const { return data.data() + p * panel_bytes(); }
+};
+
+// Symmetric per-output-channel quantization of w [n, k] (row-major f32):
+// q = round(w / s) (half away from zero), s = max|w_row| / 127 (s = 1 if the row is all zero).
+// Throws on non-finite weights. scales: [n].
+void quantize_weights_per_channel(const float* w, int64_t n, int64_t k, int8_t* q, float* scales);
+
+// Packs q [n, k] (row-major int8) for `isa`. Throws when the CPU cannot run `isa` or k > kInt8MaxK.
+PackedInt8 pack_int8_weights(const int8_t* q, int64_t n, int64_t k, IsaLevel isa);
+
+// W8A8: y[m, n] = sum_k xq[m, k] * q[n, k] * (sx[m] * sw[n]) with xq, sx from quantize_row_int8
+// (per token); int32 accumulation, exact; the float epilogue is float(c) * (sx[m] * sw[n]), so all
+// ISA paths give bit-identical y. x: [m, k], y: [m, n], w_scales: [n].
+void gemm_w8a8(const float* x, int64_t m, int64_t k, const PackedInt8& w, const float* w_scales, float* y,
+               ThreadPool& pool);
+
+// W8A16 (weight-only): y[m, n] = (sum_k x[m, k] * float(q[n, k])) * sw[n]; weights converted to f32
+// inside the kernel, f32 FMA accumulation (summation order differs between ISA paths).
+void gemm_w8a16(const float* x, int64_t m, int64_t k, const PackedInt8& w, const float* w_scales, float* y,
+                ThreadPool& pool);
+
+// Raw int32 GEMM: c[m, n] = sum_k a[m, k] * q[n, k]; a: [m, k] int8 row-major, c: [m, n].
+void gemm_s8s8_s32(const int8_t* a, int64_t m, int64_t k, const PackedInt8& w, int32_t* c, ThreadPool& pool);
+
+}  // namespace lattice

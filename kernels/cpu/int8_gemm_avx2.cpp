@@ -1,0 +1,148 @@
+// AVX2 paths of the int8 GEMMs (-mavx2 -mfma), for CPUs without VNNI.
+//   s8: vpmaddubsw would saturate (255 * 127 * 2 > 32767), so both operands are sign-extended to
+//     int16 (activations once per call, weights per k-group with vpmovsxbw) and multiplied with
+//     vpmaddwd: |a0 b0 + a1 b1| <= 2 * 128 * 128 = 32768 fits int32, so the sum is exact. A 16-byte
+//     quarter of a k-group (4 channels x 4 k) widens to one ymm; vpmaddwd leaves two partial sums per
+//     channel, folded at the end by vphaddd + vpermq. Tile: 2 rows x 16 channels (8 accumulators).
+//   W8A16 (also used on the AVX-VNNI level): each 32-byte half k-group is 8 int32 (one per channel),
+//     byte t sign-extended by shifts, converted to f32, FMA'd against broadcast x[4g + t].
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/cpu/int8_gemm_kernels.h"
+
+namespace lattice::int8_detail {
+namespace {
+
+// Pair layouts of channels 0..3 (x) and 4..7 (y) -> the 8 channel sums in order.
+inline __m256i fold_pairs(__m256i x, __m256i y) {
+    return _mm256_permute4x64_epi64(_mm256_hadd_epi32(x, y), 0xD8);
+}
+
+template <int MR>
+inline void s8_tile(const int16_t* a, int64_t lda, const PackedInt8& w, int64_t p, int64_t r0,
+                    const Int8Epilogue& ep) {
+    const int64_t groups = w.k_padded / kInt8GroupK;
+    const int8_t* b = w.panel(p);
+    const int16_t* ar = a + r0 * lda;
+    __m256i acc[MR][4];
+#pragma GCC unroll 2
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q) acc[r][q] = _mm256_setzero_si256();
+    for (int64_t g = 0; g < groups; ++g) {
+        __m256i bw[4];
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q)
+            bw[q] = _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(b + g * 64 + q * 16)));
+#pragma GCC unroll 2
+        for (int r = 0; r < MR; ++r) {
+            long long v;
+            std::memcpy(&v, ar + r * lda + g * 4, 8);
+            __m256i av = _mm256_set1_epi64x(v);
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; ++q) acc[r][q] = _mm256_add_epi32(acc[r][q], _mm256_madd_epi16(bw[q], av));
+        }
+    }
+    alignas(32) int32_t tmp[16];
+#pragma GCC unroll 2
+    for (int r = 0; r < MR; ++r) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(tmp), fold_pairs(acc[r][0], acc[r][1]));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(tmp + 8), fold_pairs(acc[r][2], acc[r][3]));
+        store_panel_row(tmp, r0 + r, p, w.n, ep);
+    }
+}
+
+template <int MR, int NP>
+inline void f_tile(const float* x, int64_t ldx, const PackedInt8& w, const float* scales, int64_t p, int64_t r0,
+                   float* y, int64_t ldy) {
+    const int64_t groups = w.k_padded / kInt8GroupK;
+    const int64_t ps = w.panel_bytes();
+    const int8_t* b = w.panel(p);
+    const float* xr = x + r0 * ldx;
+    __m256 acc[MR][NP * 2];
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+        for (int h = 0; h < NP * 2; ++h) acc[r][h] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+#pragma GCC unroll 4
+        for (int h = 0; h < NP * 2; ++h) {
+            __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + (h / 2) * ps + g * 64 + (h % 2) * 32));
+            __m256 wf[4];
+            wf[0] = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 24), 24));
+            wf[1] = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 16), 24));
+            wf[2] = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 8), 24));
+            wf[3] = _mm256_cvtepi32_ps(_mm256_srai_epi32(v, 24));
+#pragma GCC unroll 4
+            for (int r = 0; r < MR; ++r) {
+                const float* xg = xr + r * ldx + g * 4;
+#pragma GCC unroll 4
+                for (int t = 0; t < 4; ++t) acc[r][h] = _mm256_fmadd_ps(wf[t], _mm256_set1_ps(xg[t]), acc[r][h]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int j = 0; j < NP; ++j) {
+        const int64_t j0 = (p + j) * kInt8PanelN;
+        const int64_t cnt = w.n - j0 < kInt8PanelN ? w.n - j0 : kInt8PanelN;
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) {
+            float* yr = y + (r0 + r) * ldy + j0;
+            if (cnt == kInt8PanelN) {
+                _mm256_storeu_ps(yr, _mm256_mul_ps(acc[r][2 * j], _mm256_loadu_ps(scales + j0)));
+                _mm256_storeu_ps(yr + 8, _mm256_mul_ps(acc[r][2 * j + 1], _mm256_loadu_ps(scales + j0 + 8)));
+            } else {
+                alignas(32) float tmp[16];
+                _mm256_store_ps(tmp, acc[r][2 * j]);
+                _mm256_store_ps(tmp + 8, acc[r][2 * j + 1]);
+                for (int64_t i = 0; i < cnt; ++i) yr[i] = tmp[i] * scales[j0 + i];
+            }
+        }
+    }
+}
+
+template <int NP, int MR>
+inline void f_tile_rows(int rem, const float* x, int64_t ldx, const PackedInt8& w, const float* scales, int64_t p,
+                        int64_t r0, float* y, int64_t ldy) {
+    if (rem == MR) {
+        f_tile<MR, NP>(x, ldx, w, scales, p, r0, y, ldy);
+    } else if constexpr (MR > 1) {
+        f_tile_rows<NP, MR - 1>(rem, x, ldx, w, scales, p, r0, y, ldy);
+    }
+}
+
+template <int NP, int MRMAX>
+inline void f_all_rows(const float* x, int64_t m, int64_t ldx, const PackedInt8& w, const float* scales, int64_t p,
+                       float* y, int64_t ldy) {
+    for (int64_t r0 = 0; r0 < m; r0 += MRMAX) {
+        int rem = int(m - r0 < MRMAX ? m - r0 : MRMAX);
+        f_tile_rows<NP, MRMAX>(rem, x, ldx, w, scales, p, r0, y, ldy);
+    }
+}
+
+}  // namespace
+
+void s8_panels_avx2(const void* a_void, int64_t m, int64_t lda, const PackedInt8& w, int64_t p0, int64_t p1,
+                    const Int8Epilogue& ep) {
+    const int16_t* a = static_cast<const int16_t*>(a_void);
+    for (int64_t p = p0; p < p1; ++p) {
+        int64_t r0 = 0;
+        for (; r0 + 2 <= m; r0 += 2) s8_tile<2>(a, lda, w, p, r0, ep);
+        if (r0 < m) s8_tile<1>(a, lda, w, p, r0, ep);
+    }
+}
+
+void w8a16_panels_avx2(const float* x, int64_t m, int64_t ldx, const PackedInt8& w, const float* scales,
+                       int64_t p0, int64_t p1, float* y, int64_t ldy) {
+    int64_t p = p0;
+    if (m == 1) {
+        for (; p + 2 <= p1; p += 2) f_all_rows<2, 1>(x, m, ldx, w, scales, p, y, ldy);
+        for (; p < p1; ++p) f_all_rows<1, 1>(x, m, ldx, w, scales, p, y, ldy);
+    } else {
+        for (; p < p1; ++p) f_all_rows<1, 4>(x, m, ldx, w, scales, p, y, ldy);
+    }
+}
+
+}  // namespace lattice::int8_detail

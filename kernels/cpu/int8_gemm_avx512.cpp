@@ -1,0 +1,177 @@
+// AVX-512 VNNI paths of the int8 GEMMs (compiled with -mavx512f/bw/vl/dq/vnni; called only when cpuid
+// reports them). Layout and operand forms: int8_gemm.h / int8_gemm_kernels.h.
+//   s8 (W8A8 / s8s8): vpdpbusd zmm on (a + 128) u8 x q s8, one zmm per k-group and panel (16 channels
+//     x 4 k); result - 128 * col_sums is the exact signed sum. Register tile MR rows x NP panels:
+//     decode (m <= 4) runs all rows over 4 panels at a time so the 4+ independent accumulator chains
+//     hide vpdpbusd latency while the weights stream once; prefill keeps an 8 x 32 C tile in 16 zmm
+//     and reuses each pair of packed panels (L2-resident) across all rows of A.
+//   W8A16: each 64-byte k-group is read as 16 int32 (one per channel); byte t is sign-extended with
+//     shift left / arithmetic shift right, converted to f32 and FMA'd against broadcast x[4g + t].
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/cpu/int8_gemm_kernels.h"
+
+namespace lattice::int8_detail {
+namespace {
+
+inline __mmask16 tail_mask(int64_t p, int64_t n) {
+    int64_t cnt = n - p * kInt8PanelN;
+    return cnt >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cnt) - 1u);
+}
+
+inline void store16(__m512i s, int64_t r, int64_t p, int64_t n, const Int8Epilogue& ep) {
+    const int64_t j0 = p * kInt8PanelN;
+    const __mmask16 mk = tail_mask(p, n);
+    if (ep.y) {
+        __m512 sc = _mm512_mul_ps(_mm512_set1_ps(ep.row_scales[r]), _mm512_maskz_loadu_ps(mk, ep.col_scales + j0));
+        _mm512_mask_storeu_ps(ep.y + r * ep.ldy + j0, mk, _mm512_mul_ps(_mm512_cvtepi32_ps(s), sc));
+    } else {
+        _mm512_mask_storeu_epi32(ep.c + r * ep.ldc + j0, mk, s);
+    }
+}
+
+// Rows [r0, r0 + MR) x panels [p, p + NP).
+template <int MR, int NP>
+inline void s8_tile(const uint8_t* a, int64_t lda, const PackedInt8& w, int64_t p, int64_t r0,
+                    const Int8Epilogue& ep) {
+    const int64_t groups = w.k_padded / kInt8GroupK;
+    const int64_t ps = w.panel_bytes();
+    const int8_t* b = w.panel(p);
+    const uint8_t* ar = a + r0 * lda;
+    __m512i acc[MR][NP];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_si512();
+    for (int64_t g = 0; g < groups; ++g) {
+        __m512i bv[NP];
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; ++j) bv[j] = _mm512_load_si512(b + j * ps + g * 64);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            int32_t v;
+            std::memcpy(&v, ar + r * lda + g * 4, 4);
+            __m512i av = _mm512_set1_epi32(v);
+#pragma GCC unroll 4
+            for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], av, bv[j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NP; ++j) {
+        __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512(w.col_sums.data() + (p + j) * kInt8PanelN), 7);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) store16(_mm512_sub_epi32(acc[r][j], corr), r0 + r, p + j, w.n, ep);
+    }
+}
+
+template <int NP, int MR>
+inline void s8_tile_rows(int rem, const uint8_t* a, int64_t lda, const PackedInt8& w, int64_t p, int64_t r0,
+                         const Int8Epilogue& ep) {
+    if (rem == MR) {
+        s8_tile<MR, NP>(a, lda, w, p, r0, ep);
+    } else if constexpr (MR > 1) {
+        s8_tile_rows<NP, MR - 1>(rem, a, lda, w, p, r0, ep);
+    }
+}
+
+template <int NP, int MRMAX>
+inline void s8_all_rows(const uint8_t* a, int64_t m, int64_t lda, const PackedInt8& w, int64_t p,
+                        const Int8Epilogue& ep) {
+    for (int64_t r0 = 0; r0 < m; r0 += MRMAX) {
+        int rem = int(m - r0 < MRMAX ? m - r0 : MRMAX);
+        s8_tile_rows<NP, MRMAX>(rem, a, lda, w, p, r0, ep);
+    }
+}
+
+template <int MR, int NP>
+inline void f_tile(const float* x, int64_t ldx, const PackedInt8& w, const float* scales, int64_t p, int64_t r0,
+                   float* y, int64_t ldy) {
+    const int64_t groups = w.k_padded / kInt8GroupK;
+    const int64_t ps = w.panel_bytes();
+    const int8_t* b = w.panel(p);
+    const float* xr = x + r0 * ldx;
+    __m512 acc[MR][NP];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+        __m512 wf[NP][4];
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; ++j) {
+            __m512i v = _mm512_load_si512(b + j * ps + g * 64);
+            wf[j][0] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24));
+            wf[j][1] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 16), 24));
+            wf[j][2] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 8), 24));
+            wf[j][3] = _mm512_cvtepi32_ps(_mm512_srai_epi32(v, 24));
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            const float* xg = xr + r * ldx + g * 4;
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; ++t) {
+                __m512 xv = _mm512_set1_ps(xg[t]);
+#pragma GCC unroll 4
+                for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_fmadd_ps(wf[j][t], xv, acc[r][j]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NP; ++j) {
+        const int64_t j0 = (p + j) * kInt8PanelN;
+        const __mmask16 mk = tail_mask(p + j, w.n);
+        __m512 sc = _mm512_maskz_loadu_ps(mk, scales + j0);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + j0, mk, _mm512_mul_ps(acc[r][j], sc));
+    }
+}
+
+template <int NP, int MR>
+inline void f_tile_rows(int rem, const float* x, int64_t ldx, const PackedInt8& w, const float* scales, int64_t p,
+                        int64_t r0, float* y, int64_t ldy) {
+    if (rem == MR) {
+        f_tile<MR, NP>(x, ldx, w, scales, p, r0, y, ldy);
+    } else if constexpr (MR > 1) {
+        f_tile_rows<NP, MR - 1>(rem, x, ldx, w, scales, p, r0, y, ldy);
+    }
+}
+
+template <int NP, int MRMAX>
+inline void f_all_rows(const float* x, int64_t m, int64_t ldx, const PackedInt8& w, const float* scales, int64_t p,
+                       float* y, int64_t ldy) {
+    for (int64_t r0 = 0; r0 < m; r0 += MRMAX) {
+        int rem = int(m - r0 < MRMAX ? m - r0 : MRMAX);
+        f_tile_rows<NP, MRMAX>(rem, x, ldx, w, scales, p, r0, y, ldy);
+    }
+}
+
+}  // namespace
+
+void s8_panels_avx512(const void* a_void, int64_t m, int64_t lda, const PackedInt8& w, int64_t p0, int64_t p1,
+                      const Int8Epilogue& ep) {
+    const uint8_t* a = static_cast<const uint8_t*>(a_void);
+    int64_t p = p0;
+    if (m <= 4) {  // decode / GEMV: weights stream once, 4 panels x m rows of accumulators
+        for (; p + 4 <= p1; p += 4) s8_all_rows<4, 4>(a, m, lda, w, p, ep);
+        for (; p < p1; ++p) s8_all_rows<1, 4>(a, m, lda, w, p, ep);
+    } else {  // prefill: 8 x 32 register tile, each panel pair reused across all rows
+        for (; p + 2 <= p1; p += 2) s8_all_rows<2, 8>(a, m, lda, w, p, ep);
+        for (; p < p1; ++p) s8_all_rows<1, 8>(a, m, lda, w, p, ep);
+    }
+}
+
+void w8a16_panels_avx512(const float* x, int64_t m, int64_t ldx, const PackedInt8& w, const float* scales,
+                         int64_t p0, int64_t p1, float* y, int64_t ldy) {
+    int64_t p = p0;
+    if (m <= 2) {
+        for (; p + 4 <= p1; p += 4) f_all_rows<4, 2>(x, m, ldx, w, scales, p, y, ldy);
+        for (; p < p1; ++p) f_all_rows<1, 2>(x, m, ldx, w, scales, p, y, ldy);
+    } else {
+        for (; p + 2 <= p1; p += 2) f_all_rows<2, 6>(x, m, ldx, w, scales, p, y, ldy);
+        for (; p < p1; ++p) f_all_rows<1, 6>(x, m, ldx, w, scales, p, y, ldy);
+    }
+}
+
+}  // namespace lattice::int8_detail

@@ -1,0 +1,52 @@
+// Helpers for the int8 kernel tests: deterministic random data, the ISA levels this CPU runs, an
+// independent naive int32 reference computed from the unpacked weights (int64 accumulation).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/int8_gemm.h"
+
+namespace lattice::test {
+
+inline std::vector<IsaLevel> supported_isas() {
+    std::vector<IsaLevel> out;
+    for (IsaLevel l : {IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvxVnni, IsaLevel::kAvx512Vnni})
+        if (isa_supported(l)) out.push_back(l);
+    return out;
+}
+
+inline std::vector<int8_t> random_i8(size_t n, std::mt19937& rng, int lo = -128, int hi = 127) {
+    std::uniform_int_distribution<int> d(lo, hi);
+    std::vector<int8_t> v(n);
+    for (auto& x : v) x = int8_t(d(rng));
+    return v;
+}
+
+inline std::vector<float> random_f32(size_t n, std::mt19937& rng, float scale = 1.0f) {
+    std::normal_distribution<float> d(0.0f, scale);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+
+inline bool any_nonzero(const std::vector<int8_t>& v) {
+    for (int8_t x : v)
+        if (x != 0) return true;
+    return false;
+}
+
+// c[m, n] = sum_k a[m, k] * q[n, k], int64 accumulation.
+inline std::vector<int64_t> naive_s8(const int8_t* a, const int8_t* q, int64_t m, int64_t n, int64_t k) {
+    std::vector<int64_t> c(size_t(m * n));
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+            int64_t s = 0;
+            for (int64_t t = 0; t < k; ++t) s += int64_t(a[i * k + t]) * int64_t(q[j * k + t]);
+            c[size_t(i * n + j)] = s;
+        }
+    return c;
+}
+
+}  // namespace lattice::test
