@@ -164,7 +164,7 @@ bool ModelConfig::is_eos(int64_t id) const {
 
 std::vector<float> ModelConfig::rope_inv_freq() const {
     const int64_t half = head_dim / 2;
-    std::vector<float> inv(size_t(half));
+    std::vector<float> inv(static_cast<size_t>(half));
     for (int64_t i = 0; i < half; ++i) {
         double f = 1.0 / std::pow(rope_theta, double(2 * i) / double(head_dim));
         if (rope_scaling.type == "llama3") {

@@ -37,7 +37,7 @@ void Generator::check_prompt(const std::vector<int32_t>& prompt, int64_t extra) 
 
 void Generator::step(const int32_t* ids, int64_t count, int64_t pos0, const std::vector<int64_t>& logit_rows,
                      float* logits) {
-    std::vector<int32_t> pos(size_t(count)), slots(size_t(count), 0);
+    std::vector<int32_t> pos(static_cast<size_t>(count)), slots(size_t(count), 0);
     std::iota(pos.begin(), pos.end(), int32_t(pos0));
     TokenBatch b{ids, pos.data(), slots.data(), count};
     const ModelOptions& o = model_.options();
@@ -109,7 +109,7 @@ std::vector<float> Generator::score(const std::vector<int32_t>& prompt) {
     std::vector<float> out(last ? size_t(T * V) : 0);
     for (int64_t b = 0; b < T; b += micro_) {
         const int64_t n = std::min(micro_, T - b);
-        std::vector<int64_t> rows(size_t(n));
+        std::vector<int64_t> rows(static_cast<size_t>(n));
         std::iota(rows.begin(), rows.end(), 0);
         step(prompt.data() + b, n, b, rows, last ? out.data() + b * V : nullptr);
     }

@@ -66,8 +66,8 @@ public:
         LATTICE_CHECK(row0 >= 0 && row0 + rows <= t.info.rows() && col0 >= 0 && col0 + cols <= t.info.cols(),
                       "random source: slice out of range for {}", name);
         const uint64_t base = splitmix64(seed_ ^ t.key);
-        std::vector<float> row(size_t(cols));
-        std::vector<uint16_t> tmp(size_t(cols));
+        std::vector<float> row(static_cast<size_t>(cols));
+        std::vector<uint16_t> tmp(static_cast<size_t>(cols));
         for (int64_t r = 0; r < rows; ++r) {
             const uint64_t rk = splitmix64(base + uint64_t(row0 + r));
             for (int64_t c = 0; c < cols; ++c) {
