@@ -1,0 +1,255 @@
+// Memory-bound CUDA kernels: embedding gather, RMSNorm (plain, fused with the residual add, and
+// fused add + norm + per-token int8 quantization), RoPE, SiLU x up, add, the int32 -> float
+// dequantization epilogue of the INT8 GEMM, and dtype conversion.
+// One block per row for the row reductions (fp32 sums); the per-element math comes from
+// kernels/common/llama_math.h so it matches the CPU kernels. Rows are [m, n] row-major.
+#include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/kernels.h"
+
+namespace lattice::cuda {
+namespace {
+
+constexpr int kRowThreads = 256;
+
+template <typename T, typename U>
+__global__ void embed_kernel(T* out, const U* table, int64_t table_rows, int64_t hidden, const int32_t* ids,
+                             int64_t row_offset) {
+    const int64_t i = blockIdx.x;
+    const int64_t row = int64_t(ids[i]) - row_offset;
+    const bool local = row >= 0 && row < table_rows;
+    T* o = out + i * hidden;
+    for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x)
+        o[j] = from_f32<T>(local ? to_f32(table[row * hidden + j]) : 0.0f);
+}
+
+template <typename T>
+__global__ void rmsnorm_kernel(T* out, const T* x, const float* w, int64_t n, float eps) {
+    __shared__ float scratch[32];
+    const T* xr = x + int64_t(blockIdx.x) * n;
+    float ss = 0.0f;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+        const float v = to_f32(xr[j]);
+        ss += v * v;
+    }
+    const float inv = math::rms_inv(block_sum(ss, scratch), n, eps);
+    T* o = out + int64_t(blockIdx.x) * n;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) o[j] = from_f32<T>(to_f32(xr[j]) * inv * w[j]);
+}
+
+// residual += x (stored rounded to T; the norm sees exactly the stored value), then the norm.
+// Optional outputs: out (T) and q/scales (int8 per token, quantizing the T-rounded normed value
+// so the fused path equals rmsnorm followed by quantize_rows).
+template <typename T>
+__global__ void add_rmsnorm_kernel(T* residual, const T* x, T* out, int8_t* q, int64_t ldq, float* scales,
+                                   const float* w, int64_t n, float eps) {
+    __shared__ float scratch[32];
+    const int64_t base = int64_t(blockIdx.x) * n;
+    T* r = residual + base;
+    float ss = 0.0f;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+        float v = to_f32(r[j]);
+        if (x) {
+            const T s = from_f32<T>(v + to_f32(x[base + j]));
+            r[j] = s;
+            v = to_f32(s);
+        }
+        ss += v * v;
+    }
+    const float inv = math::rms_inv(block_sum(ss, scratch), n, eps);  // block_sum syncs: r[] is visible
+    float amax = 0.0f;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+        const T y = from_f32<T>(to_f32(r[j]) * inv * w[j]);
+        if (out) out[base + j] = y;
+        amax = fmaxf(amax, fabsf(to_f32(y)));
+    }
+    if (!q) return;
+    amax = block_max(amax, scratch);
+    const float qinv = math::quant_inv_scale(amax);
+    int8_t* qr = q + int64_t(blockIdx.x) * ldq;
+    for (int64_t j = threadIdx.x; j < ldq; j += blockDim.x)
+        qr[j] = j < n ? math::quantize_value(to_f32(from_f32<T>(to_f32(r[j]) * inv * w[j])), qinv) : int8_t(0);
+    if (threadIdx.x == 0) scales[blockIdx.x] = math::quant_scale(amax);
+}
+
+template <typename T>
+__global__ void quantize_kernel(int8_t* q, int64_t ldq, float* scales, const T* x, int64_t k) {
+    __shared__ float scratch[32];
+    const T* xr = x + int64_t(blockIdx.x) * k;
+    float amax = 0.0f;
+    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) amax = fmaxf(amax, fabsf(to_f32(xr[j])));
+    amax = block_max(amax, scratch);
+    const float qinv = math::quant_inv_scale(amax);
+    int8_t* qr = q + int64_t(blockIdx.x) * ldq;
+    for (int64_t j = threadIdx.x; j < ldq; j += blockDim.x)
+        qr[j] = j < k ? math::quantize_value(to_f32(xr[j]), qinv) : int8_t(0);
+    if (threadIdx.x == 0) scales[blockIdx.x] = math::quant_scale(amax);
+}
+
+// One block per token; thread t rotates pair (t % half) of head (t / half) over q and k heads.
+template <typename T>
+__global__ void rope_kernel(T* qkv, const int32_t* positions, int64_t row_len, int64_t n_rot_heads, int64_t hd,
+                            const float* inv_freq) {
+    const int64_t half = hd / 2;
+    const int32_t pos = positions[blockIdx.x];
+    T* row = qkv + int64_t(blockIdx.x) * row_len;
+    for (int64_t t = threadIdx.x; t < n_rot_heads * half; t += blockDim.x) {
+        const int64_t h = t / half, i = t % half;
+        T* v = row + h * hd;
+        float x0 = to_f32(v[i]), x1 = to_f32(v[i + half]);
+        math::rope_pair(x0, x1, math::rope_cos_sin(pos, inv_freq[i]));
+        v[i] = from_f32<T>(x0);
+        v[i + half] = from_f32<T>(x1);
+    }
+}
+
+template <typename T>
+__global__ void silu_mul_kernel(T* out, const T* gu, int64_t m, int64_t f) {
+    const int64_t total = m * f;
+    for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t i = t / f, j = t % f;
+        const float g = to_f32(gu[i * 2 * f + j]), u = to_f32(gu[i * 2 * f + f + j]);
+        out[t] = from_f32<T>(math::silu(g) * u);
+    }
+}
+
+template <typename T>
+__global__ void add_kernel(T* out, const T* a, const T* b, int64_t n) {
+    for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < n; t += int64_t(gridDim.x) * blockDim.x)
+        out[t] = from_f32<T>(to_f32(a[t]) + to_f32(b[t]));
+}
+
+template <typename T>
+__global__ void dequant_kernel(T* out, const int32_t* acc, int64_t ld_acc, const float* sx, const float* sw, int64_t m,
+                               int64_t n) {
+    const int64_t total = m * n;
+    for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t i = t / n, j = t % n;
+        const float s = (sx ? sx[i] : 1.0f) * sw[j];
+        out[t] = from_f32<T>(float(acc[i * ld_acc + j]) * s);
+    }
+}
+
+template <typename T>
+__global__ void dequant_weights_kernel(T* out, const int8_t* w, int64_t ldw, const float* sw, int64_t n, int64_t k) {
+    const int64_t total = n * k;
+    for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t i = t / k, j = t % k;
+        out[t] = from_f32<T>(float(w[i * ldw + j]) * sw[i]);
+    }
+}
+
+template <typename O, typename I>
+__global__ void convert_kernel(O* out, const I* in, int64_t n) {
+    for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < n; t += int64_t(gridDim.x) * blockDim.x)
+        out[t] = from_f32<O>(to_f32(in[t]));
+}
+
+unsigned grid_for(int64_t n, int threads = 256) {
+    const int64_t b = ceil_div(n, threads);
+    return unsigned(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));
+}
+
+void check_rows(int64_t m, const char* op) {
+    KERNEL_CHECK(m >= 0 && m <= 0x7fffffff, std::string("cuda::") + op + ": " + std::to_string(m) + " rows out of range");
+}
+
+}  // namespace
+
+void embed(void* out, DType act, const void* table, DType table_dtype, int64_t table_rows, int64_t hidden,
+           const int32_t* ids, int64_t m, int64_t row_offset, cudaStream_t stream) {
+    check_rows(m, "embed");
+    if (m == 0) return;
+    LATTICE_DISPATCH_ACT(act, LATTICE_DISPATCH_FLOAT(table_dtype, {
+        embed_kernel<T, U><<<unsigned(m), kRowThreads, 0, stream>>>(static_cast<T*>(out), static_cast<const U*>(table),
+                                                                     table_rows, hidden, ids, row_offset);
+    }));
+    CUDA_CHECK_LAUNCH();
+}
+
+void rmsnorm(void* out, const void* x, const float* w, int64_t m, int64_t n, float eps, DType act, cudaStream_t stream) {
+    check_rows(m, "rmsnorm");
+    if (m == 0) return;
+    LATTICE_DISPATCH_ACT(act, rmsnorm_kernel<T><<<unsigned(m), kRowThreads, 0, stream>>>(
+                                  static_cast<T*>(out), static_cast<const T*>(x), w, n, eps));
+    CUDA_CHECK_LAUNCH();
+}
+
+void add_rmsnorm(void* residual, const void* x, void* out, const float* w, int64_t m, int64_t n, float eps, DType act,
+                 cudaStream_t stream) {
+    add_rmsnorm_quant(residual, x, out, nullptr, 0, nullptr, w, m, n, eps, act, stream);
+}
+
+void add_rmsnorm_quant(void* residual, const void* x, void* out, int8_t* q, int64_t ldq, float* scales,
+                       const float* w, int64_t m, int64_t n, float eps, DType act, cudaStream_t stream) {
+    check_rows(m, "add_rmsnorm");
+    KERNEL_CHECK(!q || (ldq >= n && scales), "cuda::add_rmsnorm_quant: ldq " + std::to_string(ldq) + " < n " +
+                                                 std::to_string(n) + " or no scales");
+    if (m == 0) return;
+    LATTICE_DISPATCH_ACT(act, add_rmsnorm_kernel<T><<<unsigned(m), kRowThreads, 0, stream>>>(
+                                  static_cast<T*>(residual), static_cast<const T*>(x), static_cast<T*>(out), q, ldq,
+                                  scales, w, n, eps));
+    CUDA_CHECK_LAUNCH();
+}
+
+void quantize_rows(int8_t* q, int64_t ldq, float* scales, const void* x, int64_t m, int64_t k, DType act,
+                   cudaStream_t stream) {
+    check_rows(m, "quantize_rows");
+    KERNEL_CHECK(ldq >= k, "cuda::quantize_rows: ldq " + std::to_string(ldq) + " < k " + std::to_string(k));
+    if (m == 0) return;
+    LATTICE_DISPATCH_ACT(act, quantize_kernel<T><<<unsigned(m), kRowThreads, 0, stream>>>(
+                                  q, ldq, scales, static_cast<const T*>(x), k));
+    CUDA_CHECK_LAUNCH();
+}
+
+void rope(void* qkv, const int32_t* positions, int64_t m, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+          const float* inv_freq, DType act, cudaStream_t stream) {
+    check_rows(m, "rope");
+    KERNEL_CHECK(head_dim % 2 == 0, "cuda::rope: odd head_dim " + std::to_string(head_dim));
+    if (m == 0) return;
+    const int64_t row_len = (n_heads + 2 * n_kv_heads) * head_dim;
+    LATTICE_DISPATCH_ACT(act, rope_kernel<T><<<unsigned(m), kRowThreads, 0, stream>>>(
+                                  static_cast<T*>(qkv), positions, row_len, n_heads + n_kv_heads, head_dim, inv_freq));
+    CUDA_CHECK_LAUNCH();
+}
+
+void silu_mul(void* out, const void* gate_up, int64_t m, int64_t f, DType act, cudaStream_t stream) {
+    if (m * f == 0) return;
+    LATTICE_DISPATCH_ACT(act, silu_mul_kernel<T><<<grid_for(m * f), 256, 0, stream>>>(
+                                  static_cast<T*>(out), static_cast<const T*>(gate_up), m, f));
+    CUDA_CHECK_LAUNCH();
+}
+
+void add(void* out, const void* a, const void* b, int64_t n, DType act, cudaStream_t stream) {
+    if (n == 0) return;
+    LATTICE_DISPATCH_ACT(act, add_kernel<T><<<grid_for(n), 256, 0, stream>>>(
+                                  static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n));
+    CUDA_CHECK_LAUNCH();
+}
+
+void dequant_i32(void* out, const int32_t* acc, int64_t ld_acc, const float* sx, const float* sw, int64_t m,
+                 int64_t n, DType act, cudaStream_t stream) {
+    if (m * n == 0) return;
+    LATTICE_DISPATCH_ACT(act, dequant_kernel<T><<<grid_for(m * n), 256, 0, stream>>>(
+                                  static_cast<T*>(out), acc, ld_acc, sx, sw, m, n));
+    CUDA_CHECK_LAUNCH();
+}
+
+void dequant_weights(void* out, const int8_t* w, int64_t ldw, const float* sw, int64_t n, int64_t k, DType act,
+                     cudaStream_t stream) {
+    if (n * k == 0) return;
+    LATTICE_DISPATCH_ACT(act, dequant_weights_kernel<T><<<grid_for(n * k), 256, 0, stream>>>(
+                                  static_cast<T*>(out), w, ldw, sw, n, k));
+    CUDA_CHECK_LAUNCH();
+}
+
+void convert(void* out, DType out_dtype, const void* in, DType in_dtype, int64_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    LATTICE_DISPATCH_FLOAT(out_dtype, {
+        using O = U;
+        LATTICE_DISPATCH_FLOAT(in_dtype, convert_kernel<O, U><<<grid_for(n), 256, 0, stream>>>(
+                                             static_cast<O*>(out), static_cast<const U*>(in), n));
+    });
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace lattice::cuda

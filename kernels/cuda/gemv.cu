@@ -1,0 +1,152 @@
+// Decode GEMVs (m <= kGemvMaxRows tokens) over int8 weights [n, ldw] with per-channel scales.
+// Decode is weight-bandwidth bound, so each warp streams one output channel's weight row with
+// 16-byte loads and applies it to all m rows held in registers; no shared memory, no tiles.
+//   w8a16: x stays fp16/bf16, the int8 weight is converted and FMA'd in fp32, scaled at the end.
+//   w8a8:  x is pre-quantized per token; __dp4a accumulates in int32 (exact, identical to the
+//          IMMA GEMM and the CPU reference), dequantized by sx[i] * sw[c] at the end.
+// Invariants: ldw % 16 == 0 and w is zero padded in [k, ldw) (make_linear guarantees both).
+#include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/kernels.h"
+
+namespace lattice::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+
+template <typename T, int M, bool kVecX>
+__global__ void __launch_bounds__(kWarps * 32) gemv_w8a16_kernel(T* out, const T* x, const int8_t* w, int64_t ldw,
+                                                                  const float* sw, int64_t n, int64_t k) {
+    const int lane = threadIdx.x & 31;
+    const int64_t c = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+    if (c >= n) return;
+    const int8_t* wr = w + c * ldw;
+    float acc[M];
+#pragma unroll
+    for (int i = 0; i < M; ++i) acc[i] = 0.0f;
+    for (int64_t kb = int64_t(lane) * 16; kb < k; kb += 32 * 16) {
+        const int4 wv = __ldg(reinterpret_cast<const int4*>(wr + kb));
+        const int8_t* wb = reinterpret_cast<const int8_t*>(&wv);
+        float wf[16];
+#pragma unroll
+        for (int e = 0; e < 16; ++e) wf[e] = float(wb[e]);
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+            const T* xr = x + int64_t(i) * k + kb;
+            if (kVecX && kb + 16 <= k) {
+                const int4 xv0 = *reinterpret_cast<const int4*>(xr);
+                const int4 xv1 = *reinterpret_cast<const int4*>(xr + 8);
+                const T* x0 = reinterpret_cast<const T*>(&xv0);
+                const T* x1 = reinterpret_cast<const T*>(&xv1);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[i] += wf[e] * to_f32(x0[e]) + wf[e + 8] * to_f32(x1[e]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 16; ++e)
+                    if (kb + e < k) acc[i] += wf[e] * to_f32(xr[e]);
+            }
+        }
+    }
+    const float s = sw[c];
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+        const float v = warp_sum(acc[i]);
+        if (lane == 0) out[int64_t(i) * n + c] = from_f32<T>(v * s);
+    }
+}
+
+template <typename T, int M>
+__global__ void __launch_bounds__(kWarps * 32) gemv_w8a8_kernel(T* out, const int8_t* xq, int64_t ldx, const float* sx,
+                                                                 const int8_t* w, int64_t ldw, const float* sw,
+                                                                 int64_t n, int64_t k) {
+    const int lane = threadIdx.x & 31;
+    const int64_t c = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+    if (c >= n) return;
+    const int8_t* wr = w + c * ldw;
+    int acc[M];
+#pragma unroll
+    for (int i = 0; i < M; ++i) acc[i] = 0;
+    for (int64_t kb = int64_t(lane) * 16; kb < k; kb += 32 * 16) {
+        const int4 wv = __ldg(reinterpret_cast<const int4*>(wr + kb));
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+            const int4 xv = *reinterpret_cast<const int4*>(xq + int64_t(i) * ldx + kb);
+            acc[i] = __dp4a(wv.x, xv.x, acc[i]);
+            acc[i] = __dp4a(wv.y, xv.y, acc[i]);
+            acc[i] = __dp4a(wv.z, xv.z, acc[i]);
+            acc[i] = __dp4a(wv.w, xv.w, acc[i]);
+        }
+    }
+    const float s = sw[c];
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+        const int v = warp_sum_i(acc[i]);
+        if (lane == 0) out[int64_t(i) * n + c] = from_f32<T>(float(v) * sx[i] * s);
+    }
+}
+
+template <typename T, int M>
+void launch_w8a16(T* out, const T* x, const int8_t* w, int64_t ldw, const float* sw, int64_t n, int64_t k,
+                  cudaStream_t stream) {
+    const unsigned grid = unsigned(ceil_div(n, kWarps));
+    const bool vec = k % 8 == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
+    if (vec)
+        gemv_w8a16_kernel<T, M, true><<<grid, kWarps * 32, 0, stream>>>(out, x, w, ldw, sw, n, k);
+    else
+        gemv_w8a16_kernel<T, M, false><<<grid, kWarps * 32, 0, stream>>>(out, x, w, ldw, sw, n, k);
+}
+
+template <typename T, int M>
+void launch_w8a8(T* out, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw, const float* sw,
+                 int64_t n, int64_t k, cudaStream_t stream) {
+    gemv_w8a8_kernel<T, M><<<unsigned(ceil_div(n, kWarps)), kWarps * 32, 0, stream>>>(out, xq, ldx, sx, w, ldw, sw, n, k);
+}
+
+}  // namespace
+
+void gemv_w8a16(void* out, const void* x, const int8_t* w, int64_t ldw, const float* sw, int64_t m, int64_t n,
+                int64_t k, DType act, cudaStream_t stream) {
+    KERNEL_CHECK(m >= 1 && m <= kGemvMaxRows, "cuda::gemv_w8a16: m = " + std::to_string(m) + " (1..8)");
+    KERNEL_CHECK(ldw % 16 == 0 && ldw >= k, "cuda::gemv_w8a16: ldw " + std::to_string(ldw) + " for k " +
+                                                std::to_string(k) + " (multiple of 16 >= k)");
+    if (n == 0) return;
+    LATTICE_DISPATCH_ACT(act, {
+        T* o = static_cast<T*>(out);
+        const T* xi = static_cast<const T*>(x);
+        switch (m) {
+            case 1: launch_w8a16<T, 1>(o, xi, w, ldw, sw, n, k, stream); break;
+            case 2: launch_w8a16<T, 2>(o, xi, w, ldw, sw, n, k, stream); break;
+            case 3: launch_w8a16<T, 3>(o, xi, w, ldw, sw, n, k, stream); break;
+            case 4: launch_w8a16<T, 4>(o, xi, w, ldw, sw, n, k, stream); break;
+            case 5: launch_w8a16<T, 5>(o, xi, w, ldw, sw, n, k, stream); break;
+            case 6: launch_w8a16<T, 6>(o, xi, w, ldw, sw, n, k, stream); break;
+            case 7: launch_w8a16<T, 7>(o, xi, w, ldw, sw, n, k, stream); break;
+            default: launch_w8a16<T, 8>(o, xi, w, ldw, sw, n, k, stream); break;
+        }
+    });
+    CUDA_CHECK_LAUNCH();
+}
+
+void gemv_w8a8(void* out, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw,
+               const float* sw, int64_t m, int64_t n, int64_t k, DType act, cudaStream_t stream) {
+    KERNEL_CHECK(m >= 1 && m <= kGemvMaxRows, "cuda::gemv_w8a8: m = " + std::to_string(m) + " (1..8)");
+    KERNEL_CHECK(k % 16 == 0 && ldx % 16 == 0 && ldw % 16 == 0 && ldx >= k && ldw >= k,
+                 "cuda::gemv_w8a8: k " + std::to_string(k) + ", ldx " + std::to_string(ldx) + ", ldw " +
+                     std::to_string(ldw) + " must be multiples of 16 with ld >= k");
+    if (n == 0) return;
+    LATTICE_DISPATCH_ACT(act, {
+        T* o = static_cast<T*>(out);
+        switch (m) {
+            case 1: launch_w8a8<T, 1>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
+            case 2: launch_w8a8<T, 2>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
+            case 3: launch_w8a8<T, 3>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
+            case 4: launch_w8a8<T, 4>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
+            case 5: launch_w8a8<T, 5>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
+            case 6: launch_w8a8<T, 6>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
+            case 7: launch_w8a8<T, 7>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
+            default: launch_w8a8<T, 8>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
+        }
+    });
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace lattice::cuda

@@ -1,0 +1,106 @@
+// Host-callable launchers of the lattice CUDA kernels (kernels/cuda/*.cu). Plain C++: callers need
+// only cuda_runtime_api.h. Every launcher enqueues on `stream` and never synchronizes, so a
+// sequence of them can be captured into a CUDA graph. All pointers are device pointers.
+//
+// Layouts (row-major, rows = tokens of the flattened batch):
+//   activations  [m, n] in `act` = DType::kF16 or DType::kBF16; norms/softmax/accumulation in fp32
+//   qkv          [m, (nh + 2 nkv) * hd]: q heads, then k heads, then v heads
+//   k/v cache    [slots, max_seq, nkv, hd] in `act`
+//   int8 GEMM    weights [n_pad, k_pad] int8 (row = output channel, zero padded), activations
+//                [m, k_pad] int8 (zero padded), int32 accumulators [m, n_pad]
+// Token metadata (positions, slots, ids) is int32 on the device.
+#pragma once
+
+#include "runtime/base/dtype.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace lattice::cuda {
+
+// Decode attention splits the KV length into chunks of this many positions (one block each),
+// so the grid depends only on max_seq and a captured graph stays valid as sequences grow.
+constexpr int kDecodeChunk = 256;
+constexpr int kMaxHeadDim = 256;
+// The tile of query rows one prefill block handles (all of one slot, increasing positions).
+constexpr int kPrefillRows = 32;
+
+struct AttnDims {
+    int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0, max_seq = 0, n_slots = 0;
+    float scale = 1.0f;
+};
+
+// A run of <= kPrefillRows consecutive tokens of one slot: rows [start, start + count).
+struct PrefillTile {
+    int32_t start, count, slot, kv_len;  // kv_len = last row's position + 1
+};
+
+// ---- elementwise / norms (elementwise.cu) ----
+void embed(void* out, DType act, const void* table, DType table_dtype, int64_t table_rows, int64_t hidden,
+           const int32_t* ids, int64_t m, int64_t row_offset, cudaStream_t stream);
+void rmsnorm(void* out, const void* x, const float* w, int64_t m, int64_t n, float eps, DType act, cudaStream_t stream);
+// residual += x; out = rmsnorm(residual) * w.
+void add_rmsnorm(void* residual, const void* x, void* out, const float* w, int64_t m, int64_t n, float eps, DType act,
+                 cudaStream_t stream);
+// residual += x (x may be null: no add); y = rmsnorm(residual) * w; out = y (if out != null);
+// q[i, :] = quantize(y[i, :]) (ldq >= n, columns [n, ldq) zeroed), scales[i] its scale.
+void add_rmsnorm_quant(void* residual, const void* x, void* out, int8_t* q, int64_t ldq, float* scales,
+                       const float* w, int64_t m, int64_t n, float eps, DType act, cudaStream_t stream);
+// Per-token symmetric int8 quantization of x [m, k] into q [m, ldq] (zero padded) and scales [m].
+void quantize_rows(int8_t* q, int64_t ldq, float* scales, const void* x, int64_t m, int64_t k, DType act,
+                   cudaStream_t stream);
+void rope(void* qkv, const int32_t* positions, int64_t m, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+          const float* inv_freq, DType act, cudaStream_t stream);
+void silu_mul(void* out, const void* gate_up, int64_t m, int64_t f, DType act, cudaStream_t stream);
+void add(void* out, const void* a, const void* b, int64_t n, DType act, cudaStream_t stream);
+// out[i, j] = acc[i, j] * sx[i] * sw[j] (sx null: 1), converted to act. acc is [m, ld_acc].
+void dequant_i32(void* out, const int32_t* acc, int64_t ld_acc, const float* sx, const float* sw, int64_t m,
+                 int64_t n, DType act, cudaStream_t stream);
+// out[n, k] (act) = w[n, :k] * sw[n]: int8 weights back to float (W8A16 with m > 8 runs a float GEMM).
+void dequant_weights(void* out, const int8_t* w, int64_t ldw, const float* sw, int64_t n, int64_t k, DType act,
+                     cudaStream_t stream);
+// Converts f32/f16/bf16 -> act elementwise (n elements).
+void convert(void* out, DType out_dtype, const void* in, DType in_dtype, int64_t n, cudaStream_t stream);
+
+// ---- attention (attention.cu) ----
+// Writes k, v of every token into the caches at [slots[i], positions[i]].
+void kv_store(void* k_cache, void* v_cache, const void* qkv, const int32_t* positions, const int32_t* slots, int64_t m,
+              const AttnDims& d, DType act, cudaStream_t stream);
+// One query token per row, any slots: split over the KV length, then a reduce.
+// workspace: decode_workspace_floats(m, d) floats.
+int64_t decode_workspace_floats(int64_t m, const AttnDims& d);
+void attention_decode(void* out, const void* qkv, const void* k_cache, const void* v_cache, const int32_t* positions,
+                      const int32_t* slots, int64_t m, const AttnDims& d, float* workspace, DType act,
+                      cudaStream_t stream);
+// Tiled (flash-style) prefill over tiles built by build_prefill_tiles (host).
+void attention_prefill(void* out, const void* qkv, const void* k_cache, const void* v_cache, const int32_t* positions,
+                       const PrefillTile* tiles, int64_t n_tiles, const AttnDims& d, DType act, cudaStream_t stream);
+// Host: splits a batch into tiles (runs of one slot, <= kPrefillRows rows). Returns the count
+// written to `tiles` (capacity >= m). Throws if a slot's positions are not increasing.
+int64_t build_prefill_tiles(PrefillTile* tiles, const int32_t* positions, const int32_t* slots, int64_t m);
+
+// ---- GEMV for decode (gemv.cu), m <= kGemvMaxRows ----
+constexpr int kGemvMaxRows = 8;
+// out[m, n] = x[m, k] . (w[n, :k] * sw[n])^T ; w row stride ldw.
+void gemv_w8a16(void* out, const void* x, const int8_t* w, int64_t ldw, const float* sw, int64_t m, int64_t n,
+                int64_t k, DType act, cudaStream_t stream);
+// out[m, n] = (xq[m, :k] . w[n, :k]) * sx[m] * sw[n], int32 dot (exact), k multiple of 16, ldx/ldw >= k.
+void gemv_w8a8(void* out, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw,
+               const float* sw, int64_t m, int64_t n, int64_t k, DType act, cudaStream_t stream);
+
+// ---- sampling (sampling.cu) ----
+// out[i] = argmax_j logits[i, j] (lowest index on ties). logits dtype f32/f16/bf16.
+void argmax(int32_t* out, const void* logits, DType dtype, int64_t m, int64_t vocab, cudaStream_t stream);
+struct SampleParams {
+    float temperature;  // > 0
+    int32_t top_k;      // <= 0: no top-k
+    float top_p;        // (0, 1]; 1: no top-p
+    float u;            // uniform [0, 1) draw that picks the token (the caller owns the RNG)
+};
+// Samples one id per row from softmax(logits / T) restricted to the top-k and then to the
+// smallest top-p mass (elements tied with a threshold are kept). params: device array [m].
+void sample(int32_t* out, const void* logits, DType dtype, int64_t m, int64_t vocab, const SampleParams* params,
+            cudaStream_t stream);
+
+}  // namespace lattice::cuda
