@@ -63,7 +63,7 @@ TEST_CASE("incremental decode with the KV cache equals a fresh forward of the lo
         Model model(*src, be, mo, nullptr);
         const int64_t V = src->config().vocab;
         std::vector<int32_t> seq = load_golden(m)[0].prompt;
-        std::vector<float> step_logits(size_t(V)), full(size_t(V) * 64);
+        std::vector<float> step_logits(static_cast<size_t>(V)), full(size_t(V) * 64);
         // Prefill slot 0.
         {
             std::vector<int32_t> pos(seq.size()), slot(seq.size(), 0);
