@@ -157,7 +157,7 @@ json describe_pci(const fs::path& sysfs) {
 }
 
 json describe_cuda_host() {
-    json h;
+    json h = json::object();
 #if defined(LATTICE_HAVE_CUDA)
     int drv = 0, rt = 0, n = 0;
     cudaDriverGetVersion(&drv);
