@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# A real single-node Slurm: starts Debian's slurmctld + slurmd (foreground, root, config in a temp
+# folder: auth/none + cred/none so no munge, proctrack/linuxproc + task/none so no cgroups,
+# NodeAddr=127.0.0.1 + slurmd -N so the hostname does not matter, free ports), submits
+# launch/slurm/lattice.sbatch on 2 CPU ranks (TP=2) and checks the job output, for each launcher
+# the template can use (srun --mpi=pmix, and lattice-mpirun inside the allocation); then stops
+# Slurm and whatever is left of it, always (trap).
+#   test_slurm.sh doctor     the sbatch runs `lattice doctor --tp 2 --pp 1`: 2 ranks, 1 host, ok
+#   test_slurm.sh generate   the sbatch runs `lattice generate` on tiny-llama2 (TP=2) and the tokens
+#                            must equal expected.json case 0's greedy_ids (first MAX_NEW_TOKENS)
+# Exit 77 (CTest: skipped, with the reason printed) only where Slurm is not installed.
+set -uo pipefail
+mode=${1:-doctor}
+src=${LATTICE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
+shared=${LATTICE_SHARED_DIR:-$src/../shared}
+model="$shared/golden/tiny-llama2"
+new_tokens=8
+for tool in slurmctld slurmd sbatch scontrol squeue sinfo srun; do
+    command -v "$tool" >/dev/null || { echo "SKIP: $tool not installed (scripts/setup.sh installs Slurm)"; exit 77; }
+done
+[ "$(id -u)" -eq 0 ] || { echo "SKIP: a local slurmd needs root"; exit 77; }
+case "$mode" in
+    doctor)   bin=${LATTICE_DOCTOR:?set LATTICE_DOCTOR} ;;
+    generate) bin=${LATTICE_BIN:?set LATTICE_BIN to the lattice executable} ;;
+    *)        echo "usage: $0 doctor|generate"; exit 2 ;;
+esac
+[ -x "$bin" ] || { echo "FAIL: $bin is not built"; exit 1; }
+
+tmp=$(mktemp -d /tmp/lattice-slurm.XXXXXX)
+ctld_pid=""; slurmd_pid=""
+cleanup() {
+    export SLURM_CONF="$tmp/slurm.conf"
+    if [ -n "$ctld_pid" ] && kill -0 "$ctld_pid" 2>/dev/null; then
+        timeout 10 scancel --full --quiet --user=root 2>/dev/null
+        for _ in $(seq 50); do [ -z "$(timeout 5 squeue -h 2>/dev/null)" ] && break; sleep 0.2; done
+        timeout 10 scontrol shutdown >/dev/null 2>&1
+    fi
+    for pid in $slurmd_pid $ctld_pid; do
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$pid" 2>/dev/null
+    done
+    # slurmstepd of our jobs (cmdline "slurmstepd: [<jobid>.<step>]") that outlived slurmd.
+    for id in ${job_ids:-}; do
+        for pid in $(pgrep -f "^slurmstepd: \[$id\."); do kill -KILL "$pid" 2>/dev/null; done
+    done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+read -r port1 port2 < <(python3 -c 'import socket
+s=[socket.socket() for _ in range(2)]
+[x.bind(("127.0.0.1", 0)) for x in s]
+print(*[x.getsockname()[1] for x in s])')
+node=latticenode
+cpus=$(nproc)
+mkdir -p "$tmp/state" "$tmp/spool"
+cat > "$tmp/slurm.conf" <<CONF
+ClusterName=latticetest
+SlurmctldHost=$(hostname -s)(127.0.0.1)
+SlurmctldPort=$port1
+SlurmdPort=$port2
+AuthType=auth/none
+CredType=cred/none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$tmp/state
+SlurmdSpoolDir=$tmp/spool
+SlurmctldPidFile=$tmp/slurmctld.pid
+SlurmdPidFile=$tmp/slurmd.pid
+SlurmctldLogFile=$tmp/slurmctld.log
+SlurmdLogFile=$tmp/slurmd.log
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+MpiDefault=none
+MailProg=/bin/true
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=1 State=UNKNOWN
+PartitionName=lattice Nodes=$node Default=YES MaxTime=10 State=UP
+CONF
+export SLURM_CONF="$tmp/slurm.conf"
+t0=$(date +%s)
+slurmctld -D -i -f "$SLURM_CONF" > "$tmp/slurmctld.out" 2>&1 & ctld_pid=$!
+slurmd -D -N "$node" -f "$SLURM_CONF" > "$tmp/slurmd.out" 2>&1 & slurmd_pid=$!
+state=""
+for _ in $(seq 100); do
+    state=$(timeout 5 sinfo -h -n "$node" -o %T 2>/dev/null)
+    [ "$state" = idle ] && break
+    sleep 0.2
+done
+if [ "$state" != idle ]; then
+    echo "FAIL: Slurm did not come up (node state '$state')"; tail -n 20 "$tmp"/slurmctld.log "$tmp"/slurmd.log "$tmp"/*.out
+    exit 1
+fi
+echo "slurm up in $(( $(date +%s) - t0 )) s (ports $port1/$port2)"
+
+fails=0
+job_ids=""
+# run_job NAME RUN LAUNCHER: submits the template, waits (bounded), prints its output path.
+run_job() {
+    local name=$1 run=$2 launcher=$3 id st
+    id=$(cd "$src" && MODEL="$model" TP=2 PP=1 CPU_RANKS=1 RUN="$run" LAUNCHER="$launcher" LATTICE="$bin" \
+         PROMPT_IDS=93 MAX_NEW_TOKENS=$new_tokens COMM_TIMEOUT=30 \
+         sbatch --parsable --job-name="lattice-$name" --output="$tmp/$name.out" --error="$tmp/$name.err" \
+                --ntasks-per-node=2 --gpus-per-node=0 --cpus-per-task=1 --time=2 launch/slurm/lattice.sbatch 2>&1)
+    if ! [[ "$id" =~ ^[0-9]+$ ]]; then echo "FAIL: $name: sbatch said: $id"; fails=$((fails + 1)); return 1; fi
+    job_ids="$job_ids $id"
+    for _ in $(seq 300); do  # <= 60 s
+        st=$(scontrol -o show job "$id" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
+        case "$st" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|PREEMPTED|BOOT_FAIL|DEADLINE) break ;; esac
+        sleep 0.2
+    done
+    echo "$name: job $id $st"
+    if [ "$st" != COMPLETED ]; then
+        echo "FAIL: $name: job $id ended $st"; sed 's/^/  | /' "$tmp/$name.out" "$tmp/$name.err" 2>/dev/null
+        [ "$st" = RUNNING ] || [ "$st" = PENDING ] && scancel "$id"
+        fails=$((fails + 1)); return 1
+    fi
+}
+check() {  # check NAME pattern
+    grep -qF -- "$2" "$tmp/$1.out" && return
+    echo "FAIL: $1: '$2' not in the job output:"; sed 's/^/  | /' "$tmp/$1.out" "$tmp/$1.err"; fails=$((fails + 1))
+}
+check_tokens() {  # the generated ids, as a run of integers in one line of output, equal the golden ones
+    python3 - "$tmp/$1.out" "$model/expected.json" "$new_tokens" <<'PY' || { sed 's/^/  | /' "$tmp/$1.out" "$tmp/$1.err"; fails=$((fails + 1)); }
+import json, re, sys
+out, ref, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+want = json.load(open(ref))["cases"][0]["greedy_ids"][:n]
+for line in open(out):
+    ids = [int(x) for x in re.findall(r"-?\d+", line)] if re.fullmatch(r"[\s\d,\[\]:a-z_]*", line.strip()) else []
+    for i in range(len(ids) - n + 1):
+        if ids[i:i + n] == want:
+            print(f"tokens ok: {want}"); sys.exit(0)
+print(f"FAIL: {out}: no line holds the greedy ids {want}"); sys.exit(1)
+PY
+}
+
+for launcher in srun mpirun; do
+    name="doctor-$launcher"
+    if run_job "$name" doctor "$launcher"; then
+        check "$name" "launcher=$launcher"
+        check "$name" "world: 2 rank(s) on 1 host(s), asked tp 2 x pp 1"
+        check "$name" "rank 1 on"
+        check "$name" "result: ok"
+    fi
+    if [ "$mode" = generate ]; then
+        name="generate-$launcher"
+        if run_job "$name" generate "$launcher"; then
+            check "$name" "TP=2 PP=1 ranks=2 launcher=$launcher"
+            check_tokens "$name"
+        fi
+    fi
+done
+[ $fails -eq 0 ] && echo "slurm: all checks passed"
+[ $fails -eq 0 ]
