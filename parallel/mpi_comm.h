@@ -1,0 +1,86 @@
+// MpiComm: Communicator over an MPI communicator, host memory (Device::kCpu, contiguous views).
+//
+// Types: all_reduce_sum / reduce_scatter_sum take f32 and i32 natively and f16 / bf16 by
+// converting to f32, summing in f32 and rounding once at the end (more accurate than summing in
+// 16 bits; the host path is for CPUs and tests, NcclComm does the device fast path).
+// all_gather, broadcast, send and recv move bytes, so any dtype works. Counts must fit MPI's int.
+//
+// Timeouts (see watchdog.h): every call is started non-blocking and polled against
+// policy().timeout_s. On timeout the call throws an Error naming this communicator, the op, the
+// call number, and the peer(s) at fault: for send/recv the peer, for collectives the ranks that did
+// not answer a liveness ping (dead / alive-but-silent / on another host) or answered from another
+// call. After a timeout or MPI error the communicator is broken (later calls throw at once) and
+// MPI may still write into the buffers of the failed call: the caller's job is to exit.
+//
+// Ordering: collectives must be called in the same order on every rank of the communicator
+// (MPI rule); send/recv between a pair are non-overtaking (one tag).
+// Thread safety: none; call from the thread that initialized MPI.
+#pragma once
+
+#include "parallel/communicator.h"
+#include "parallel/mpi_session.h"
+#include "parallel/watchdog.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lattice {
+
+class MpiComm final : public Communicator {
+public:
+    // Takes ownership of `comm` (freed in the destructor) and sets MPI_ERRORS_RETURN on it.
+    // Collective over `comm`: duplicates it for the control channel, bounded by policy.timeout_s.
+    MpiComm(MPI_Comm comm, std::string name, const WaitPolicy& policy = {});
+    ~MpiComm() override;
+    MpiComm(const MpiComm&) = delete;
+    MpiComm& operator=(const MpiComm&) = delete;
+
+    // A duplicate of MPI_COMM_WORLD (collective over all ranks; initializes MPI if needed).
+    static std::unique_ptr<MpiComm> world(const WaitPolicy& policy = {}, std::string name = "world");
+    // MPI_Comm_split of this communicator: ranks with the same color form a group, ordered by key.
+    // Collective; starts with a bounded barrier so a missing rank is an Error, not a hang.
+    // color < 0: this rank joins no group and gets nullptr.
+    std::unique_ptr<MpiComm> split(int color, int key, std::string name);
+
+    int rank() const override { return rank_; }
+    int size() const override { return size_; }
+    std::string name() const override { return name_; }
+
+    void all_reduce_sum(const View& inout) override;
+    void all_gather(const View& out, const View& in) override;
+    void reduce_scatter_sum(const View& out, const View& in) override;
+    void broadcast(const View& inout, int root) override;
+    void send(const View& in, int peer) override;
+    void recv(const View& out, int peer) override;
+    void barrier() override;
+
+    MPI_Comm handle() const { return comm_; }
+    int world_rank_of(int comm_rank) const { return world_ranks_.at(size_t(comm_rank)); }
+    const WaitPolicy& policy() const { return policy_; }
+    void set_timeout(double seconds) { policy_.timeout_s = seconds; }
+    bool broken() const { return broken_; }
+    int calls_started() const { return calls_; }
+
+private:
+    void start_call(const char* op, int peer);
+    void wait(MPI_Request* req, MPI_Status* status, const char* op, const std::string& what, int peer);
+    [[noreturn]] void fail_timeout(const char* op, const std::string& what, int peer, double waited_s);
+    [[noreturn]] void fail_mpi(const char* op, const std::string& what, int peer, int rc);
+    std::string describe_rank(int comm_rank) const;
+    void check_host(const View& v, const char* op, const char* which) const;
+    void reduce_staged(const View& out, const View& in, bool scatter);
+
+    MPI_Comm comm_ = MPI_COMM_NULL;
+    std::string name_;
+    WaitPolicy policy_;
+    int rank_ = 0;
+    int size_ = 1;
+    int calls_ = 0;
+    bool broken_ = false;
+    std::vector<int> world_ranks_;  // comm rank -> world rank
+    std::unique_ptr<ControlChannel> ctl_;
+    std::vector<float> scratch_;  // f16/bf16 staging
+};
+
+}  // namespace lattice

@@ -1,0 +1,67 @@
+// make_parallel_context: layout validation, then TP / PP communicator splits (see parallel_context.h).
+#include "parallel/parallel_context.h"
+
+#include "parallel/mpi_comm.h"
+#include "parallel/mpi_session.h"
+
+namespace lattice {
+
+namespace {
+
+void set_identity(const WorldConfig& w) {
+    ProcessIdentity& id = process_identity();
+    id.rank = w.rank;
+    id.world = w.world;
+    id.tp_rank = w.tp_rank();
+    id.pp_rank = w.pp_rank();
+}
+
+}  // namespace
+
+ParallelContext make_parallel_context(int tp, int pp, double comm_timeout_s) {
+    LATTICE_CHECK(comm_timeout_s > 0 && comm_timeout_s <= 86400, "--comm-timeout must be in (0, 86400] s, got {}",
+                  comm_timeout_s);
+    MpiSession& s = mpi_session();
+    // Same inputs on every rank -> same verdict and message on every rank, before any collective.
+    ParallelContext ctx;
+    ctx.world = WorldConfig::make(s.size(), tp, pp, s.rank(), s.local_rank(), s.local_size());
+    set_identity(ctx.world);
+    if (ctx.world.world == 1) {
+        ctx.tp = std::make_unique<LocalComm>();
+        ctx.pp_world = std::make_unique<LocalComm>();
+        ctx.world_comm = std::make_unique<LocalComm>();
+        return ctx;
+    }
+    WaitPolicy policy;
+    policy.timeout_s = comm_timeout_s;
+    auto world = MpiComm::world(policy, "world");
+    const WorldConfig& w = ctx.world;
+    std::unique_ptr<MpiComm> tpc = world->split(w.pp_rank(), w.tp_rank(), fmt::format("tp{}", w.pp_rank()));
+    std::unique_ptr<MpiComm> ppc = world->split(w.tp_rank(), w.pp_rank(), fmt::format("pp{}", w.tp_rank()));
+    LATTICE_CHECK(tpc && tpc->size() == w.tp && tpc->rank() == w.tp_rank(), "TP group split gave {} ranks (rank {}), expected {}",
+                  tpc ? tpc->size() : 0, tpc ? tpc->rank() : -1, w.tp);
+    LATTICE_CHECK(ppc && ppc->size() == w.pp && ppc->rank() == w.pp_rank(), "PP group split gave {} ranks (rank {}), expected {}",
+                  ppc ? ppc->size() : 0, ppc ? ppc->rank() : -1, w.pp);
+    // A group of one needs no MPI at all.
+    if (w.tp == 1)
+        ctx.tp = std::make_unique<LocalComm>();
+    else
+        ctx.tp = std::move(tpc);
+    if (w.pp == 1)
+        ctx.pp_world = std::make_unique<LocalComm>();
+    else
+        ctx.pp_world = std::move(ppc);
+    ctx.world_comm = std::move(world);
+    return ctx;
+}
+
+ParallelContext make_local_context() {
+    ParallelContext ctx;
+    ctx.world = WorldConfig::make(1, 1, 1, 0);
+    ctx.tp = std::make_unique<LocalComm>();
+    ctx.pp_world = std::make_unique<LocalComm>();
+    ctx.world_comm = std::make_unique<LocalComm>();
+    return ctx;
+}
+
+}  // namespace lattice

@@ -1,0 +1,122 @@
+// Timeouts under mpirun -np 3 with a 2 s deadline:
+//  - a rank that sleeps instead of joining an all-reduce is named ("no answer from rank 1", alive)
+//    by the others within timeout + grace + slack, and the others name each other as waiting;
+//  - two ranks that both recv from each other (a deadlock) each report the other's blocking call;
+//  - a timed-out communicator is broken: the next call throws at once.
+// Buffers of a timed-out call are leaked on purpose (MPI may still write them), and the late rank
+// completes its call against the others' abandoned requests, so the job ends cleanly.
+#include "parallel/mpi_comm.h"
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <thread>
+
+using namespace lattice;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kTimeout = 2.0;
+
+std::unique_ptr<MpiComm> make(const char* name, double timeout) {
+    WaitPolicy p;
+    p.timeout_s = timeout;
+    p.grace_s = 1.0;
+    return MpiComm::world(p, name);
+}
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+}  // namespace
+
+TEST_CASE("a rank that does not join an all-reduce is named by the others") {
+    auto sync = make("sync", 30.0);
+    auto a = make("coll", kTimeout);
+    REQUIRE(a->size() == 3);
+    auto* buf = new std::vector<float>(1000, 1.0f);  // leaked: an abandoned MPI call may write it
+    View v = View::contiguous(buf->data(), DType::kF32, {1000});
+    sync->barrier();
+    if (a->rank() == 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(4500));
+        // The others abandoned their call, but their requests are still posted: this completes.
+        a->all_reduce_sum(v);
+        CHECK((*buf)[999] == 3.0f);
+    } else {
+        auto t0 = Clock::now();
+        std::string msg;
+        try {
+            a->all_reduce_sum(v);
+            msg = "completed";
+        } catch (const Error& e) {
+            msg = e.what();
+        }
+        const double took = since(t0);
+        MESSAGE(msg);
+        CHECK(took >= kTimeout);
+        CHECK(took < kTimeout + 1.0 + 2.0);  // deadline + grace + slack
+        CHECK(msg.find("all_reduce_sum on communicator 'coll'") != std::string::npos);
+        CHECK(msg.find("no answer from rank 1") != std::string::npos);
+        CHECK(msg.find("the process is alive") != std::string::npos);
+        const int other = a->rank() == 0 ? 2 : 0;
+        CHECK(msg.find(fmt::format("rank {} is waiting in the same call", other)) != std::string::npos);
+        CHECK(a->broken());
+        CHECK_THROWS_WITH_AS(a->barrier(), doctest::Contains("broken"), Error);
+    }
+    sync->barrier();
+}
+
+TEST_CASE("two ranks receiving from each other: each names the other's blocking call") {
+    auto sync = make("sync2", 30.0);
+    auto c = make("p2p", kTimeout);
+    sync->barrier();
+    if (c->rank() != 1) {
+        const int peer = c->rank() == 0 ? 2 : 0;
+        auto* buf = new std::vector<int32_t>(16, -1);  // leaked: the recv stays posted
+        std::string msg;
+        auto t0 = Clock::now();
+        try {
+            c->recv(View::contiguous(buf->data(), DType::kI32, {16}), peer);
+            msg = "completed";
+        } catch (const Error& e) {
+            msg = e.what();
+        }
+        MESSAGE(msg);
+        CHECK(since(t0) < kTimeout + 1.0 + 2.0);
+        CHECK(msg.find(fmt::format("recv on communicator 'p2p'")) != std::string::npos);
+        CHECK(msg.find(fmt::format("from rank {}", peer)) != std::string::npos);
+        CHECK(msg.find(fmt::format("rank {} [pid", peer)) != std::string::npos);
+        CHECK(msg.find(fmt::format("is blocked in recv with rank {} (call #1) on 'p2p'", c->rank())) != std::string::npos);
+    }
+    sync->barrier();
+}
+
+TEST_CASE("a send nobody receives times out naming the peer as alive but silent") {
+    auto sync = make("sync3", 30.0);
+    auto c = make("p2p_send", kTimeout);
+    sync->barrier();
+    if (c->rank() == 0) {
+        // 4 MB: beyond the eager limit, so the send needs the receiver.
+        auto* buf = new std::vector<float>(1 << 20, 2.0f);
+        std::string msg;
+        try {
+            c->send(View::contiguous(buf->data(), DType::kF32, {1 << 20}), 1);
+            msg = "completed";
+        } catch (const Error& e) {
+            msg = e.what();
+        }
+        MESSAGE(msg);
+        CHECK(msg.find("send on communicator 'p2p_send'") != std::string::npos);
+        // Rank 1 is inside the sync barrier: it answers from there.
+        CHECK(msg.find("rank 1 [pid") != std::string::npos);
+        CHECK(msg.find("is blocked in barrier") != std::string::npos);
+    }
+    sync->barrier();
+    if (c->rank() == 1) {
+        // Drain the abandoned message so the job ends with no half-sent data.
+        std::vector<float> sink(1 << 20);
+        c->recv(View::contiguous(sink.data(), DType::kF32, {1 << 20}), 0);
+        CHECK(sink[12345] == 2.0f);
+    }
+    sync->barrier();
+}

@@ -1,0 +1,150 @@
+// WorldConfig and stage_layer_ranges, exhaustively and without MPI: every world size 1..64 with
+// every tp, pp in 1..64 (valid factorizations and not), rank mapping bijective, TP groups on
+// consecutive ranks, layer split balanced / overridden / rejected.
+#include "parallel/world_config.h"
+#include "runtime/base/error.h"
+
+#include <doctest/doctest.h>
+
+#include <set>
+#include <string>
+
+using namespace lattice;
+
+namespace {
+
+// Error text without the "[host rX/Y file:line] " prefix, i.e. what every rank prints alike.
+std::string body(const Error& e) {
+    std::string s = e.what();
+    size_t p = s.find("] ");
+    return p == std::string::npos ? s : s.substr(p + 2);
+}
+
+}  // namespace
+
+TEST_CASE("WorldConfig: every world 1..64 and every tp x pp, valid or rejected with one message") {
+    // Plain counters inside the loops (doctest assertions per element would take minutes).
+    int64_t valid_layouts = 0, rejected = 0, bad = 0;
+    for (int world = 1; world <= 64; ++world) {
+        for (int tp = 1; tp <= 64; ++tp) {
+            for (int pp = 1; pp <= 64; ++pp) {
+                if (tp * pp != world) {
+                    // Every rank of a bad layout fails with the same text (no rank proceeds). All
+                    // ranks for small worlds, first / middle / last for the rest.
+                    const std::string want = fmt::format("world size {} != tp {} x pp {}", world, tp, pp);
+                    std::string first;
+                    for (int rank = 0; rank < world; ++rank) {
+                        if (world > 8 && rank != 0 && rank != world / 2 && rank != world - 1) continue;
+                        try {
+                            (void)WorldConfig::make(world, tp, pp, rank);
+                            ++bad;
+                        } catch (const Error& e) {
+                            if (rank == 0) first = body(e);
+                            bad += first.find(want) == std::string::npos || body(e) != first;
+                        }
+                    }
+                    ++rejected;
+                    continue;
+                }
+                ++valid_layouts;
+                std::set<std::pair<int, int>> coords;
+                for (int rank = 0; rank < world; ++rank) {
+                    WorldConfig w = WorldConfig::make(world, tp, pp, rank);
+                    bad += w.tp_rank() < 0 || w.tp_rank() >= tp || w.pp_rank() < 0 || w.pp_rank() >= pp;
+                    bad += w.rank_of(w.tp_rank(), w.pp_rank()) != rank;
+                    coords.insert({w.tp_rank(), w.pp_rank()});
+                    // TP group = consecutive ranks [pp_rank*tp, pp_rank*tp + tp).
+                    bad += rank / tp != w.pp_rank();
+                    bad += w.rank_of(0, w.pp_rank()) != w.pp_rank() * tp;
+                    bad += w.rank_of(tp - 1, w.pp_rank()) != w.pp_rank() * tp + tp - 1;
+                    // Pipeline neighbour with the same tp_rank is world rank + tp.
+                    if (!w.is_last_stage()) bad += w.rank_of(w.tp_rank(), w.pp_rank() + 1) != rank + tp;
+                    bad += w.is_first_stage() != (rank < tp);
+                    bad += w.is_last_stage() != (rank >= world - tp);
+                    bad += w.sampler_rank() != (pp - 1) * tp;
+                }
+                bad += int(coords.size()) != world;  // bijective onto the tp x pp grid
+            }
+        }
+    }
+    CHECK(bad == 0);
+    // Number of ordered factor pairs summed over 1..64 (sum of divisor counts) = 280.
+    CHECK(valid_layouts == 280);
+    CHECK(rejected == 64 * 64 * 64 - 280);
+}
+
+TEST_CASE("WorldConfig: out-of-range values are rejected") {
+    CHECK_THROWS_AS(WorldConfig::make(1, 0, 1, 0), Error);
+    CHECK_THROWS_AS(WorldConfig::make(1, 1, 0, 0), Error);
+    CHECK_THROWS_AS(WorldConfig::make(4, -2, -2, 0), Error);
+    CHECK_THROWS_AS(WorldConfig::make(0, 1, 1, 0), Error);
+    CHECK_THROWS_AS(WorldConfig::make(4, 2, 2, 4), Error);
+    CHECK_THROWS_AS(WorldConfig::make(4, 2, 2, -1), Error);
+    CHECK_THROWS_AS(WorldConfig::make(4, 2, 2, 1, 2, 2), Error);  // local rank >= local size
+    CHECK_THROWS_AS(WorldConfig::make(4, 2, 2, 1, 0, 0), Error);
+    CHECK_NOTHROW(WorldConfig::make(4, 2, 2, 3, 1, 2));
+}
+
+TEST_CASE("WorldConfig: device mapping and describe") {
+    WorldConfig w = WorldConfig::make(8, 2, 4, 5, 1, 4);
+    CHECK(w.device() == 1);
+    CHECK(w.device({3, 2, 1, 0}) == 2);
+    CHECK_THROWS_AS(w.device({7}), Error);  // list shorter than the ranks on this node
+    CHECK(w.describe() == "rank 5/8 (tp 1/2, pp 2/4)");
+}
+
+TEST_CASE("stage_layer_ranges: balanced split for every n_layers 1..100 and pp 1..n") {
+    int64_t bad = 0;
+    for (int64_t n = 1; n <= 100; ++n) {
+        for (int pp = 1; pp <= n; ++pp) {
+            auto r = stage_layer_ranges(n, pp);
+            REQUIRE(int(r.size()) == pp);
+            bad += r.front().first != 0 || r.back().second != n;
+            int64_t lo = n, hi = 0;
+            for (int s = 0; s < pp; ++s) {
+                int64_t c = r[size_t(s)].second - r[size_t(s)].first;
+                bad += c < 1;
+                if (s > 0) {
+                    bad += r[size_t(s)].first != r[size_t(s - 1)].second;  // contiguous, no gap or overlap
+                    bad += c > r[size_t(s - 1)].second - r[size_t(s - 1)].first;  // earlier stages get extras
+                }
+                lo = std::min(lo, c);
+                hi = std::max(hi, c);
+            }
+            bad += hi - lo > 1;
+        }
+        CHECK_THROWS_AS(stage_layer_ranges(n, int(n) + 1), Error);  // more stages than layers
+    }
+    CHECK(bad == 0);
+    CHECK_THROWS_AS(stage_layer_ranges(10, 0), Error);
+    auto r = stage_layer_ranges(80, 3);
+    CHECK(r[0] == std::make_pair<int64_t, int64_t>(0, 27));
+    CHECK(r[1] == std::make_pair<int64_t, int64_t>(27, 54));
+    CHECK(r[2] == std::make_pair<int64_t, int64_t>(54, 80));
+}
+
+TEST_CASE("stage_layer_ranges: --pp-layers override and its errors") {
+    auto r = stage_layer_ranges(80, 4, {20, 20, 21, 19});
+    REQUIRE(r.size() == 4);
+    CHECK(r[0] == std::make_pair<int64_t, int64_t>(0, 20));
+    CHECK(r[1] == std::make_pair<int64_t, int64_t>(20, 40));
+    CHECK(r[2] == std::make_pair<int64_t, int64_t>(40, 61));
+    CHECK(r[3] == std::make_pair<int64_t, int64_t>(61, 80));
+    auto one = stage_layer_ranges(5, 1, {5});
+    CHECK(one[0] == std::make_pair<int64_t, int64_t>(0, 5));
+
+    auto msg = [](auto&& f) {
+        try {
+            f();
+        } catch (const Error& e) {
+            return body(e);
+        }
+        return std::string("no error");
+    };
+    CHECK(msg([] { stage_layer_ranges(80, 4, {20, 20, 40}); }).find("3 entries for 4 pipeline stages") !=
+          std::string::npos);
+    CHECK(msg([] { stage_layer_ranges(80, 4, {20, 20, 20, 19}); }).find("sums to 79 but the model has 80") !=
+          std::string::npos);
+    CHECK(msg([] { stage_layer_ranges(80, 4, {40, 40, 0, 0}); }).find("at least one layer") != std::string::npos);
+    CHECK(msg([] { stage_layer_ranges(80, 2, {90, -10}); }).find("at least one layer") != std::string::npos);
+}
