@@ -5,8 +5,8 @@
 
 #include "runtime/base/error.h"
 
+#include <algorithm>
 #include <cstring>
-#include <vector>
 
 namespace lattice {
 
@@ -79,40 +79,37 @@ void convert_row_slice(const void* row, DType src_t, int64_t col0, int64_t cols,
         LATTICE_CHECK(col0 % kBlock == 0 && cols % kBlock == 0,
                       "convert_row_slice: {} slice [{}, {}) is not aligned to 32-element blocks", dtype_name(src_t),
                       col0, col0 + cols);
-        const uint8_t* blocks = src + col0 / kBlock * dtype_block_bytes(src_t);
-        float* out = dst_t == DType::kF32 ? static_cast<float*>(dst) : nullptr;
-        std::vector<float> tmp;
-        if (!out) {
-            tmp.resize(size_t(cols));
-            out = tmp.data();
-        }
+    } else {
+        LATTICE_CHECK(src_t == DType::kF32 || src_t == DType::kF16 || src_t == DType::kBF16,
+                      "convert_row_slice: source dtype {} unsupported", dtype_name(src_t));
+    }
+    if (src_t == dst_t) {
+        std::memcpy(dst, src + col0 * dtype_size(src_t), size_t(cols * dtype_size(src_t)));
+        return;
+    }
+    // Through f32 in chunks on the stack (no per-row heap allocation); kChunk is a multiple of 32.
+    constexpr int64_t kChunk = 512;
+    float buf[kChunk];
+    const int64_t out_size = dtype_size(dst_t);
+    for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
+        const int64_t n = std::min(kChunk, cols - c0);
+        const int64_t first = col0 + c0;
+        float* out = dst_t == DType::kF32 ? static_cast<float*>(dst) + c0 : buf;
         switch (src_t) {
-            case DType::kQ8_0: dequant_q8_0(blocks, out, cols); break;
-            case DType::kQ4_0: dequant_q4_0(blocks, out, cols); break;
-            case DType::kQ4_1: dequant_q4_1(blocks, out, cols); break;
+            case DType::kQ8_0: dequant_q8_0(src + first / kBlock * 34, out, n); break;
+            case DType::kQ4_0: dequant_q4_0(src + first / kBlock * 18, out, n); break;
+            case DType::kQ4_1: dequant_q4_1(src + first / kBlock * 20, out, n); break;
+            case DType::kF32: std::memcpy(out, src + first * 4, size_t(n) * 4); break;
+            case DType::kF16:
+                for (int64_t k = 0; k < n; ++k) out[k] = f16_to_f32(load_u16(src + 2 * (first + k)));
+                break;
+            case DType::kBF16:
+                for (int64_t k = 0; k < n; ++k) out[k] = bf16_to_f32(load_u16(src + 2 * (first + k)));
+                break;
             default: break;
         }
-        if (dst_t != DType::kF32) store_f32(out, dst, dst_t, cols);
-        return;
+        if (dst_t != DType::kF32) store_f32(out, static_cast<uint8_t*>(dst) + c0 * out_size, dst_t, n);
     }
-    const uint8_t* s = src + col0 * dtype_size(src_t);
-    if (src_t == dst_t) {
-        LATTICE_CHECK(dtype_size(src_t) > 0, "convert_row_slice: dtype {} unsupported", dtype_name(src_t));
-        std::memcpy(dst, s, size_t(cols * dtype_size(src_t)));
-        return;
-    }
-    std::vector<float> tmp(static_cast<size_t>(cols));
-    switch (src_t) {
-        case DType::kF32: std::memcpy(tmp.data(), s, size_t(cols) * 4); break;
-        case DType::kF16:
-            for (int64_t k = 0; k < cols; ++k) tmp[size_t(k)] = f16_to_f32(load_u16(s + 2 * k));
-            break;
-        case DType::kBF16:
-            for (int64_t k = 0; k < cols; ++k) tmp[size_t(k)] = bf16_to_f32(load_u16(s + 2 * k));
-            break;
-        default: LATTICE_FAIL("convert_row_slice: source dtype {} unsupported", dtype_name(src_t));
-    }
-    store_f32(tmp.data(), dst, dst_t, cols);
 }
 
 }  // namespace lattice
