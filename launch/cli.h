@@ -14,6 +14,7 @@ using CommandRun = std::function<int()>;
 void add_generate_command(CLI::App& app, CommandRun& run);
 void add_score_command(CLI::App& app, CommandRun& run);
 void add_info_command(CLI::App& app, CommandRun& run);
+void add_tokenize_command(CLI::App& app, CommandRun& run);
 void add_doctor_command(CLI::App& app, CommandRun& run);
 
 }  // namespace lattice

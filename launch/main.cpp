@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
     lattice::add_generate_command(app, run);
     lattice::add_score_command(app, run);
     lattice::add_info_command(app, run);
+    lattice::add_tokenize_command(app, run);
     lattice::add_doctor_command(app, run);
     try {
         app.parse(argc, argv);
