@@ -101,13 +101,15 @@ echo "slurm up in $(( $(date +%s) - t0 )) s (ports $port1/$port2)"
 
 fails=0
 job_ids=""
-# run_job NAME RUN LAUNCHER: submits the template, waits (bounded), prints its output path.
+# run_job NAME RUN LAUNCHER [TEMPLATE]: submits a template (default lattice.sbatch) as 2 CPU ranks,
+# TP=2, and waits for it (bounded).
 run_job() {
-    local name=$1 run=$2 launcher=$3 id st
+    local name=$1 run=$2 launcher=$3 template=${4:-lattice.sbatch} id st
     id=$(cd "$src" && MODEL="$model" TP=2 PP=1 CPU_RANKS=1 RUN="$run" LAUNCHER="$launcher" LATTICE="$bin" \
          PROMPT_IDS=93 MAX_NEW_TOKENS=$new_tokens COMM_TIMEOUT=30 \
          sbatch --parsable --job-name="lattice-$name" --output="$tmp/$name.out" --error="$tmp/$name.err" \
-                --ntasks-per-node=2 --gpus-per-node=0 --cpus-per-task=1 --time=2 launch/slurm/lattice.sbatch 2>&1)
+                --nodes=1 --ntasks-per-node=2 --gpus-per-node=0 --cpus-per-task=1 --time=2 \
+                "launch/slurm/$template" 2>&1)
     if ! [[ "$id" =~ ^[0-9]+$ ]]; then echo "FAIL: $name: sbatch said: $id"; fails=$((fails + 1)); return 1; fi
     job_ids="$job_ids $id"
     for _ in $(seq 300); do  # <= 60 s
@@ -156,5 +158,11 @@ for launcher in srun mpirun; do
         fi
     fi
 done
+# The multi-node template on the one node there is (TP=2 inside it, PP=1): same launch path.
+if run_job doctor-multinode doctor srun lattice-multinode.sbatch; then
+    check doctor-multinode "TP=2 PP=1 ranks=2 nodes=1 launcher=srun"
+    check doctor-multinode "world: 2 rank(s) on 1 host(s), asked tp 2 x pp 1"
+    check doctor-multinode "result: ok"
+fi
 [ $fails -eq 0 ] && echo "slurm: all checks passed"
 [ $fails -eq 0 ]
