@@ -138,6 +138,30 @@ __global__ void dequant_weights_kernel(T* out, const int8_t* w, int64_t ldw, con
     }
 }
 
+__device__ __forceinline__ uint64_t mix64(uint64_t x) {  // splitmix64 finalizer
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+template <typename U>
+__global__ void fill_random_kernel(U* out, int64_t n, uint64_t seed, float scale) {
+    for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < n; t += int64_t(gridDim.x) * blockDim.x) {
+        const uint64_t r = mix64(seed * 0x9e3779b97f4a7c15ull + uint64_t(t));
+        const float u = float(r >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+        out[t] = from_f32<U>((2.0f * u - 1.0f) * scale);
+    }
+}
+
+__global__ void fill_random_i8_kernel(int8_t* out, int64_t n, uint64_t seed) {
+    for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < n; t += int64_t(gridDim.x) * blockDim.x) {
+        const uint64_t r = mix64(seed * 0x9e3779b97f4a7c15ull + uint64_t(t));
+        out[t] = int8_t(int(r % 255u) - 127);
+    }
+}
+
 template <typename O, typename I>
 __global__ void convert_kernel(O* out, const I* in, int64_t n) {
     for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < n; t += int64_t(gridDim.x) * blockDim.x)
@@ -239,6 +263,17 @@ void dequant_weights(void* out, const int8_t* w, int64_t ldw, const float* sw, i
     if (n * k == 0) return;
     LATTICE_DISPATCH_ACT(act, dequant_weights_kernel<T><<<grid_for(n * k), 256, 0, stream>>>(
                                   static_cast<T*>(out), w, ldw, sw, n, k));
+    CUDA_CHECK_LAUNCH();
+}
+
+void fill_random(void* out, DType dtype, int64_t n, uint64_t seed, float scale, cudaStream_t stream) {
+    if (n == 0) return;
+    if (dtype == DType::kI8) {
+        fill_random_i8_kernel<<<grid_for(n), 256, 0, stream>>>(static_cast<int8_t*>(out), n, seed);
+    } else {
+        LATTICE_DISPATCH_FLOAT(dtype, fill_random_kernel<U><<<grid_for(n), 256, 0, stream>>>(static_cast<U*>(out), n,
+                                                                                               seed, scale));
+    }
     CUDA_CHECK_LAUNCH();
 }
 

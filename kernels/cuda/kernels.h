@@ -60,6 +60,9 @@ void dequant_i32(void* out, const int32_t* acc, int64_t ld_acc, const float* sx,
 // out[n, k] (act) = w[n, :k] * sw[n]: int8 weights back to float (W8A16 with m > 8 runs a float GEMM).
 void dequant_weights(void* out, const int8_t* w, int64_t ldw, const float* sw, int64_t n, int64_t k, DType act,
                      cudaStream_t stream);
+// Fills n elements with counter-based random values from `seed` (same on every device/run):
+// i8 uniform in [-127, 127]; f32/f16/bf16 uniform in [-scale, scale]. For --random-weights.
+void fill_random(void* out, DType dtype, int64_t n, uint64_t seed, float scale, cudaStream_t stream);
 // Converts f32/f16/bf16 -> act elementwise (n elements).
 void convert(void* out, DType out_dtype, const void* in, DType in_dtype, int64_t n, cudaStream_t stream);
 
