@@ -156,17 +156,6 @@ TEST_CASE("tensor missing or with the wrong shape names the tensor") {
         fs::copy_file(golden_dir("tiny-llama2") + "/config.json", d / "config.json");
         std::vector<TensorToWrite> wrong = all;
         for (auto& t : wrong)
-            if (t.name == "model.layers.0.self_attn.k_proj.weight") t.shape = {t.shape[1], t.shape[0]};
-        write_safetensors(d / "model.safetensors", wrong);
-        std::string e = error_of([&] { load(d.path.string()); });
-        CHECK(contains(e, "model.layers.0.self_attn.k_proj.weight"));
-        CHECK(contains(e, "expected [64, 64]") == false);  // k is [64, 64] for MHA: transposing keeps it
-    }
-    {
-        TempDir d;
-        fs::copy_file(golden_dir("tiny-llama2") + "/config.json", d / "config.json");
-        std::vector<TensorToWrite> wrong = all;
-        for (auto& t : wrong)
             if (t.name == "model.layers.0.mlp.gate_proj.weight") t.shape = {t.shape[1], t.shape[0]};
         write_safetensors(d / "model.safetensors", wrong);
         std::string e = error_of([&] { load(d.path.string()); });
