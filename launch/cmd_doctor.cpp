@@ -5,11 +5,13 @@
 // warnings, each with its fix, for the traps that make multi-GPU jobs hang or crawl before the
 // first token. Exit 0 when nothing blocks the layout, 1 when something does (world != tp*pp,
 // two ranks on one GPU, a rank with no GPU to pick).
+// MPI comes from the process's MpiSession (parallel/mpi_session.h), like every other command.
 // PCI facts come from sysfs (--sysfs DIR substitutes a fake tree in tests), so the CPU build also
 // sees NVIDIA devices and ACS/IOMMU state; CUDA/NCCL facts are compiled in only with
 // LATTICE_HAVE_CUDA / LATTICE_HAVE_NCCL. Device choice mirrors the engine: local rank i uses
 // CUDA device i of those visible.
 #include "launch/cli.h"
+#include "parallel/mpi_session.h"
 #include "runtime/base/error.h"
 
 #include <fmt/format.h>
@@ -249,14 +251,14 @@ std::vector<json> gather_json(const json& mine, int rank, int world) {
     std::string text = mine.dump();
     int len = int(text.size());
     std::vector<int> lens(static_cast<size_t>(world)), displs(static_cast<size_t>(world));
-    MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+    MPI_CHECK(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD));
     std::string all;
     if (rank == 0) {
         int total = 0;
         for (int i = 0; i < world; ++i) displs[size_t(i)] = total, total += lens[size_t(i)];
         all.resize(size_t(total));
     }
-    MPI_Gatherv(text.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0, MPI_COMM_WORLD);
+    MPI_CHECK(MPI_Gatherv(text.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0, MPI_COMM_WORLD));
     std::vector<json> out;
     if (rank == 0)
         for (int i = 0; i < world; ++i) out.push_back(json::parse(all.substr(size_t(displs[size_t(i)]), size_t(lens[size_t(i)]))));
@@ -348,18 +350,9 @@ std::vector<Finding> check(const std::vector<json>& ranks, const DoctorOptions& 
 }
 
 int run_doctor(const DoctorOptions& opt) {
-    int inited = 0;
-    MPI_Initialized(&inited);
-    if (!inited) MPI_Init(nullptr, nullptr);  // finalized by main()
-    int rank = 0, world = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
-    MPI_Comm local;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
-    int local_rank = 0, local_size = 1;
-    MPI_Comm_rank(local, &local_rank);
-    MPI_Comm_size(local, &local_size);
-    MPI_Comm_free(&local);
+    MpiSession& session = mpi_session();  // initializes MPI (finalized by main) and knows the local ranks
+    const int rank = session.rank(), world = session.size();
+    const int local_rank = session.local_rank(), local_size = session.local_size();
 
     json mine = describe_rank(rank, local_rank, local_size, opt.sysfs);
     if (local_rank == 0) {
@@ -417,7 +410,7 @@ int run_doctor(const DoctorOptions& opt) {
                                             : fmt::format("ok ({} warning(s))", findings.size()));
         std::fflush(stdout);
     }
-    MPI_Bcast(&blocking, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    MPI_CHECK(MPI_Bcast(&blocking, 1, MPI_INT, 0, MPI_COMM_WORLD));
     return blocking ? 1 : 0;
 }
 

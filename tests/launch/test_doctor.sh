@@ -7,7 +7,7 @@
 # GPU only, NUMA nodes and NCCL_P2P_DISABLE reported.
 set -uo pipefail
 src=${LATTICE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
-DOCTOR=${LATTICE_DOCTOR:?set LATTICE_DOCTOR to the doctor binary (lattice or lattice_doctor_driver)}
+DOCTOR=${LATTICE_BIN:?set LATTICE_BIN to the lattice executable}
 W="$src/launch/lattice-mpirun"
 R=(); [ "$(id -u)" -eq 0 ] && R=(--allow-run-as-root)
 fails=0

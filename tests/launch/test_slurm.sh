@@ -20,9 +20,8 @@ for tool in slurmctld slurmd sbatch scontrol squeue sinfo srun; do
 done
 [ "$(id -u)" -eq 0 ] || { echo "SKIP: a local slurmd needs root"; exit 77; }
 case "$mode" in
-    doctor)   bin=${LATTICE_DOCTOR:?set LATTICE_DOCTOR} ;;
-    generate) bin=${LATTICE_BIN:?set LATTICE_BIN to the lattice executable} ;;
-    *)        echo "usage: $0 doctor|generate"; exit 2 ;;
+    doctor|generate) bin=${LATTICE_BIN:?set LATTICE_BIN to the lattice executable} ;;
+    *)               echo "usage: $0 doctor|generate"; exit 2 ;;
 esac
 [ -x "$bin" ] || { echo "FAIL: $bin is not built"; exit 1; }
 
