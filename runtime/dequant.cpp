@@ -3,10 +3,10 @@
 // block formats), so clarity beats SIMD here. Layouts are in dequant.h.
 #include "runtime/dequant.h"
 
-#include "runtime/base/error.h"
-
 #include <algorithm>
 #include <cstring>
+
+#include "runtime/base/error.h"
 
 namespace lattice {
 
@@ -21,7 +21,9 @@ uint16_t load_u16(const uint8_t* p) {
 
 void store_f32(const float* src, void* dst, DType dst_t, int64_t n) {
     switch (dst_t) {
-        case DType::kF32: std::memcpy(dst, src, size_t(n) * 4); return;
+        case DType::kF32:
+            std::memcpy(dst, src, size_t(n) * 4);
+            return;
         case DType::kF16: {
             auto* d = static_cast<uint16_t*>(dst);
             for (int64_t k = 0; k < n; ++k) d[k] = f32_to_f16(src[k]);
@@ -32,7 +34,8 @@ void store_f32(const float* src, void* dst, DType dst_t, int64_t n) {
             for (int64_t k = 0; k < n; ++k) d[k] = f32_to_bf16(src[k]);
             return;
         }
-        default: LATTICE_FAIL("convert_row_slice: output dtype {} unsupported (f32, f16, bf16)", dtype_name(dst_t));
+        default:
+            LATTICE_FAIL("convert_row_slice: output dtype {} unsupported (f32, f16, bf16)", dtype_name(dst_t));
     }
 }
 }  // namespace
@@ -96,17 +99,26 @@ void convert_row_slice(const void* row, DType src_t, int64_t col0, int64_t cols,
         const int64_t first = col0 + c0;
         float* out = dst_t == DType::kF32 ? static_cast<float*>(dst) + c0 : buf;
         switch (src_t) {
-            case DType::kQ8_0: dequant_q8_0(src + first / kBlock * 34, out, n); break;
-            case DType::kQ4_0: dequant_q4_0(src + first / kBlock * 18, out, n); break;
-            case DType::kQ4_1: dequant_q4_1(src + first / kBlock * 20, out, n); break;
-            case DType::kF32: std::memcpy(out, src + first * 4, size_t(n) * 4); break;
+            case DType::kQ8_0:
+                dequant_q8_0(src + first / kBlock * 34, out, n);
+                break;
+            case DType::kQ4_0:
+                dequant_q4_0(src + first / kBlock * 18, out, n);
+                break;
+            case DType::kQ4_1:
+                dequant_q4_1(src + first / kBlock * 20, out, n);
+                break;
+            case DType::kF32:
+                std::memcpy(out, src + first * 4, size_t(n) * 4);
+                break;
             case DType::kF16:
                 for (int64_t k = 0; k < n; ++k) out[k] = f16_to_f32(load_u16(src + 2 * (first + k)));
                 break;
             case DType::kBF16:
                 for (int64_t k = 0; k < n; ++k) out[k] = bf16_to_f32(load_u16(src + 2 * (first + k)));
                 break;
-            default: break;
+            default:
+                break;
         }
         if (dst_t != DType::kF32) store_f32(out, static_cast<uint8_t*>(dst) + c0 * out_size, dst_t, n);
     }

@@ -7,9 +7,9 @@
 // Invariants: block-typed slices start and end on block boundaries (multiples of 32 elements).
 #pragma once
 
-#include "runtime/base/dtype.h"
-
 #include <cstdint>
+
+#include "runtime/base/dtype.h"
 
 namespace lattice {
 

@@ -5,19 +5,19 @@
 // of one element, so a lying count fails before any allocation; arrays nest at most kMaxDepth.
 #include "runtime/gguf.h"
 
-#include "runtime/base/error.h"
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <limits>
+
+#include "runtime/base/error.h"
 
 namespace lattice {
 
@@ -35,23 +35,30 @@ struct GgmlTypeInfo {
     const char* name;
 };
 constexpr GgmlTypeInfo kGgmlTypes[] = {
-    {0, "f32"},      {1, "f16"},      {2, "q4_0"},    {3, "q4_1"},     {4, "q4_2 (removed)"}, {5, "q4_3 (removed)"},
-    {6, "q5_0"},     {7, "q5_1"},     {8, "q8_0"},    {9, "q8_1"},     {10, "q2_K"},          {11, "q3_K"},
-    {12, "q4_K"},    {13, "q5_K"},    {14, "q6_K"},   {15, "q8_K"},    {16, "iq2_xxs"},       {17, "iq2_xs"},
-    {18, "iq3_xxs"}, {19, "iq1_s"},   {20, "iq4_nl"}, {21, "iq3_s"},   {22, "iq2_s"},         {23, "iq4_xs"},
-    {24, "i8"},      {25, "i16"},     {26, "i32"},    {27, "i64"},     {28, "f64"},           {29, "iq1_m"},
-    {30, "bf16"},    {34, "tq1_0"},   {35, "tq2_0"},  {39, "mxfp4"},
+    {0, "f32"},      {1, "f16"},    {2, "q4_0"},    {3, "q4_1"},   {4, "q4_2 (removed)"}, {5, "q4_3 (removed)"},
+    {6, "q5_0"},     {7, "q5_1"},   {8, "q8_0"},    {9, "q8_1"},   {10, "q2_K"},          {11, "q3_K"},
+    {12, "q4_K"},    {13, "q5_K"},  {14, "q6_K"},   {15, "q8_K"},  {16, "iq2_xxs"},       {17, "iq2_xs"},
+    {18, "iq3_xxs"}, {19, "iq1_s"}, {20, "iq4_nl"}, {21, "iq3_s"}, {22, "iq2_s"},         {23, "iq4_xs"},
+    {24, "i8"},      {25, "i16"},   {26, "i32"},    {27, "i64"},   {28, "f64"},           {29, "iq1_m"},
+    {30, "bf16"},    {34, "tq1_0"}, {35, "tq2_0"},  {39, "mxfp4"},
 };
 
 std::optional<DType> supported_dtype(uint32_t ggml_type) {
     switch (ggml_type) {
-        case 0: return DType::kF32;
-        case 1: return DType::kF16;
-        case 30: return DType::kBF16;
-        case 8: return DType::kQ8_0;
-        case 2: return DType::kQ4_0;
-        case 3: return DType::kQ4_1;
-        default: return std::nullopt;
+        case 0:
+            return DType::kF32;
+        case 1:
+            return DType::kF16;
+        case 30:
+            return DType::kBF16;
+        case 8:
+            return DType::kQ8_0;
+        case 2:
+            return DType::kQ4_0;
+        case 3:
+            return DType::kQ4_1;
+        default:
+            return std::nullopt;
     }
 }
 
@@ -60,22 +67,29 @@ uint64_t min_value_bytes(GgufType t) {
     switch (t) {
         case GgufType::kU8:
         case GgufType::kI8:
-        case GgufType::kBool: return 1;
+        case GgufType::kBool:
+            return 1;
         case GgufType::kU16:
-        case GgufType::kI16: return 2;
+        case GgufType::kI16:
+            return 2;
         case GgufType::kU32:
         case GgufType::kI32:
-        case GgufType::kF32: return 4;
+        case GgufType::kF32:
+            return 4;
         case GgufType::kU64:
         case GgufType::kI64:
         case GgufType::kF64:
-        case GgufType::kString: return 8;
-        case GgufType::kArray: return 12;
+        case GgufType::kString:
+            return 8;
+        case GgufType::kArray:
+            return 12;
     }
     return 1;
 }
 
-bool valid_type(uint32_t t) { return t <= uint32_t(GgufType::kF64); }
+bool valid_type(uint32_t t) {
+    return t <= uint32_t(GgufType::kF64);
+}
 
 // Bounds-checked little-endian reader over [p, end).
 class Cursor {
@@ -86,8 +100,8 @@ public:
     size_t remaining() const { return size_ - pos_; }
 
     void need(uint64_t n, const char* what) const {
-        LATTICE_CHECK(n <= remaining(), "{}: truncated file: {} needs {} bytes at offset {}, only {} left", name_,
-                      what, n, pos_, remaining());
+        LATTICE_CHECK(n <= remaining(), "{}: truncated file: {} needs {} bytes at offset {}, only {} left", name_, what,
+                      n, pos_, remaining());
     }
     const uint8_t* ptr() const { return base_ + pos_; }
     void skip(uint64_t n) { pos_ += size_t(n); }  // caller checked need(n)
@@ -125,8 +139,10 @@ bool is_int_type(GgufType t) {
         case GgufType::kU32:
         case GgufType::kI32:
         case GgufType::kU64:
-        case GgufType::kI64: return true;
-        default: return false;
+        case GgufType::kI64:
+            return true;
+        default:
+            return false;
     }
 }
 
@@ -149,18 +165,41 @@ void decode_scalar(GgufType t, const uint8_t* p, GgufValue& v) {
         return x;
     };
     switch (t) {
-        case GgufType::kU8: v.u = get(uint8_t()); break;
-        case GgufType::kI8: v.i = get(int8_t()); break;
-        case GgufType::kU16: v.u = get(uint16_t()); break;
-        case GgufType::kI16: v.i = get(int16_t()); break;
-        case GgufType::kU32: v.u = get(uint32_t()); break;
-        case GgufType::kI32: v.i = get(int32_t()); break;
-        case GgufType::kU64: v.u = get(uint64_t()); break;
-        case GgufType::kI64: v.i = get(int64_t()); break;
-        case GgufType::kF32: v.f = f32_to_double_shortest(get(float())); break;
-        case GgufType::kF64: v.f = get(double()); break;
-        case GgufType::kBool: v.i = get(uint8_t()); break;
-        default: break;
+        case GgufType::kU8:
+            v.u = get(uint8_t());
+            break;
+        case GgufType::kI8:
+            v.i = get(int8_t());
+            break;
+        case GgufType::kU16:
+            v.u = get(uint16_t());
+            break;
+        case GgufType::kI16:
+            v.i = get(int16_t());
+            break;
+        case GgufType::kU32:
+            v.u = get(uint32_t());
+            break;
+        case GgufType::kI32:
+            v.i = get(int32_t());
+            break;
+        case GgufType::kU64:
+            v.u = get(uint64_t());
+            break;
+        case GgufType::kI64:
+            v.i = get(int64_t());
+            break;
+        case GgufType::kF32:
+            v.f = f32_to_double_shortest(get(float()));
+            break;
+        case GgufType::kF64:
+            v.f = get(double());
+            break;
+        case GgufType::kBool:
+            v.i = get(uint8_t());
+            break;
+        default:
+            break;
     }
 }
 
@@ -184,8 +223,9 @@ void read_value(Cursor& c, GgufType t, GgufValue& v, const std::string& file, co
     LATTICE_CHECK(valid_type(et), "{}: key \"{}\": unknown array element type {}", file, key, et);
     uint64_t n = c.read<uint64_t>(key.c_str());
     uint64_t min_bytes = min_value_bytes(GgufType(et));
-    LATTICE_CHECK(n <= c.remaining() / min_bytes, "{}: key \"{}\": array length {} of {} cannot fit in the {} bytes left",
-                  file, key, n, gguf_type_name(GgufType(et)), c.remaining());
+    LATTICE_CHECK(n <= c.remaining() / min_bytes,
+                  "{}: key \"{}\": array length {} of {} cannot fit in the {} bytes left", file, key, n,
+                  gguf_type_name(GgufType(et)), c.remaining());
     v.elem_type = GgufType(et);
     v.count = size_t(n);
     if (v.elem_type == GgufType::kString) {
@@ -210,19 +250,32 @@ void read_value(Cursor& c, GgufType t, GgufValue& v, const std::string& file, co
 
 const char* gguf_type_name(GgufType t) {
     switch (t) {
-        case GgufType::kU8: return "u8";
-        case GgufType::kI8: return "i8";
-        case GgufType::kU16: return "u16";
-        case GgufType::kI16: return "i16";
-        case GgufType::kU32: return "u32";
-        case GgufType::kI32: return "i32";
-        case GgufType::kF32: return "f32";
-        case GgufType::kBool: return "bool";
-        case GgufType::kString: return "string";
-        case GgufType::kArray: return "array";
-        case GgufType::kU64: return "u64";
-        case GgufType::kI64: return "i64";
-        case GgufType::kF64: return "f64";
+        case GgufType::kU8:
+            return "u8";
+        case GgufType::kI8:
+            return "i8";
+        case GgufType::kU16:
+            return "u16";
+        case GgufType::kI16:
+            return "i16";
+        case GgufType::kU32:
+            return "u32";
+        case GgufType::kI32:
+            return "i32";
+        case GgufType::kF32:
+            return "f32";
+        case GgufType::kBool:
+            return "bool";
+        case GgufType::kString:
+            return "string";
+        case GgufType::kArray:
+            return "array";
+        case GgufType::kU64:
+            return "u64";
+        case GgufType::kI64:
+            return "i64";
+        case GgufType::kF64:
+            return "f64";
     }
     return "unknown";
 }
@@ -233,7 +286,9 @@ const char* ggml_type_name(uint32_t ggml_type) {
     return "unknown";
 }
 
-bool GgufValue::is_integer() const { return is_int_type(type); }
+bool GgufValue::is_integer() const {
+    return is_int_type(type);
+}
 
 GgufValue GgufValue::element(size_t k) const {
     LATTICE_CHECK(type == GgufType::kArray, "GgufValue::element on a {} value", gguf_type_name(type));
@@ -302,8 +357,7 @@ void GgufFile::parse_all() {
     uint32_t magic = c.read<uint32_t>("magic");
     LATTICE_CHECK(magic == kMagic, "{}: bad magic 0x{:08x}, not a GGUF file", file, magic);
     version_ = c.read<uint32_t>("version");
-    if (version_ == 0x02000000u || version_ == 0x03000000u)
-        LATTICE_FAIL("{}: big-endian GGUF is not supported", file);
+    if (version_ == 0x02000000u || version_ == 0x03000000u) LATTICE_FAIL("{}: big-endian GGUF is not supported", file);
     LATTICE_CHECK(version_ == 2 || version_ == 3, "{}: unsupported GGUF version {} (only 2 and 3)", file, version_);
     uint64_t n_tensors = c.read<uint64_t>("tensor count");
     uint64_t n_kv = c.read<uint64_t>("kv count");
@@ -328,8 +382,7 @@ void GgufFile::parse_all() {
     if (const GgufValue* a = find("general.alignment")) {
         LATTICE_CHECK(a->is_integer() && a->type != GgufType::kI8 && a->type != GgufType::kI16 &&
                           a->type != GgufType::kI32 && a->type != GgufType::kI64,
-                      "{}: general.alignment has type {}, expected an unsigned integer", file,
-                      gguf_type_name(a->type));
+                      "{}: general.alignment has type {}, expected an unsigned integer", file, gguf_type_name(a->type));
         LATTICE_CHECK(a->u > 0 && a->u <= kMaxAlignment && (a->u & (a->u - 1)) == 0,
                       "{}: general.alignment {} is not a power of two in [1, {}]", file, a->u, kMaxAlignment);
         alignment_ = a->u;
@@ -341,8 +394,8 @@ void GgufFile::parse_all() {
         t.name = c.read_string("tensor name", kMaxNameLen);
         LATTICE_CHECK(!tensor_index_.count(t.name), "{}: duplicate tensor name \"{}\"", file, t.name);
         uint32_t nd = c.read<uint32_t>("tensor n_dims");
-        LATTICE_CHECK(nd >= 1 && nd <= kMaxDims, "{}: tensor \"{}\": {} dimensions (expected 1..{})", file, t.name,
-                      nd, kMaxDims);
+        LATTICE_CHECK(nd >= 1 && nd <= kMaxDims, "{}: tensor \"{}\": {} dimensions (expected 1..{})", file, t.name, nd,
+                      kMaxDims);
         int64_t numel = 1;
         for (uint32_t d = 0; d < nd; ++d) {
             uint64_t n = c.read<uint64_t>("tensor dim");
@@ -354,8 +407,8 @@ void GgufFile::parse_all() {
         t.ggml_type = c.read<uint32_t>("tensor type");
         auto dt = supported_dtype(t.ggml_type);
         LATTICE_CHECK(dt.has_value(),
-                      "{}: tensor \"{}\": ggml type {} ({}) is not supported (f32, f16, bf16, q8_0, q4_0, q4_1)",
-                      file, t.name, t.ggml_type, ggml_type_name(t.ggml_type));
+                      "{}: tensor \"{}\": ggml type {} ({}) is not supported (f32, f16, bf16, q8_0, q4_0, q4_1)", file,
+                      t.name, t.ggml_type, ggml_type_name(t.ggml_type));
         t.dtype = *dt;
         LATTICE_CHECK(t.ne[0] % dtype_block_elems(t.dtype) == 0,
                       "{}: tensor \"{}\": innermost dimension {} is not a multiple of the {} block size {}", file,
@@ -383,7 +436,8 @@ void GgufFile::parse_all() {
     std::vector<const GgufTensor*> order;
     order.reserve(tensors_.size());
     for (const auto& t : tensors_) order.push_back(&t);
-    std::sort(order.begin(), order.end(), [](const GgufTensor* a, const GgufTensor* b) { return a->offset < b->offset; });
+    std::sort(order.begin(), order.end(),
+              [](const GgufTensor* a, const GgufTensor* b) { return a->offset < b->offset; });
     for (size_t k = 1; k < order.size(); ++k) {
         const GgufTensor* a = order[k - 1];
         const GgufTensor* b = order[k];
@@ -392,7 +446,9 @@ void GgufFile::parse_all() {
     }
 }
 
-bool GgufFile::has(const std::string& key) const { return kv_index_.count(key) != 0; }
+bool GgufFile::has(const std::string& key) const {
+    return kv_index_.count(key) != 0;
+}
 
 const GgufValue* GgufFile::find(const std::string& key) const {
     auto it = kv_index_.find(key);

@@ -11,10 +11,6 @@
 // are copied out at parse time (small), tensor bytes are read straight from the mapping.
 #pragma once
 
-#include "runtime/base/dtype.h"
-#include "runtime/base/error.h"
-#include "runtime/tensor_source.h"
-
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -22,6 +18,10 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "runtime/base/dtype.h"
+#include "runtime/base/error.h"
+#include "runtime/tensor_source.h"
 
 namespace lattice {
 
@@ -66,11 +66,11 @@ struct GgufValue {
 };
 
 struct GgufTensor {
-    std::string name;          // GGUF name, e.g. "blk.0.attn_q.weight"
-    uint32_t ggml_type = 0;    // raw ggml type number
-    DType dtype = DType::kF32; // f32, f16, bf16, q8_0, q4_0, q4_1
-    std::vector<int64_t> ne;   // GGUF order: ne[0] innermost (= HF's last dim)
-    uint64_t offset = 0;       // relative to the data section
+    std::string name;           // GGUF name, e.g. "blk.0.attn_q.weight"
+    uint32_t ggml_type = 0;     // raw ggml type number
+    DType dtype = DType::kF32;  // f32, f16, bf16, q8_0, q4_0, q4_1
+    std::vector<int64_t> ne;    // GGUF order: ne[0] innermost (= HF's last dim)
+    uint64_t offset = 0;        // relative to the data section
     uint64_t nbytes = 0;
     int64_t numel() const;
 };

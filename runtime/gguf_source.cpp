@@ -5,15 +5,15 @@
 // q/k rows stay in the converter's interleaved RoPE order (qk_rows_interleaved() == true); the
 // loader applies unpermute_qk_rows per head. llama3 rope scaling arrives as the rope_freqs.weight
 // tensor of per-pair theta divisors (rope_freq_factors()).
-#include "runtime/base/error.h"
-#include "runtime/dequant.h"
-#include "runtime/gguf.h"
-
 #include <fmt/ranges.h>
 
 #include <cstring>
 #include <map>
 #include <vector>
+
+#include "runtime/base/error.h"
+#include "runtime/dequant.h"
+#include "runtime/gguf.h"
 
 namespace lattice {
 
@@ -24,10 +24,14 @@ std::string gguf_to_hf_name(const std::string& n) {
         {"output.weight", "lm_head.weight"},
     };
     static const std::map<std::string, std::string> kLayer = {
-        {"attn_q.weight", "self_attn.q_proj.weight"},     {"attn_k.weight", "self_attn.k_proj.weight"},
-        {"attn_v.weight", "self_attn.v_proj.weight"},     {"attn_output.weight", "self_attn.o_proj.weight"},
-        {"ffn_gate.weight", "mlp.gate_proj.weight"},      {"ffn_up.weight", "mlp.up_proj.weight"},
-        {"ffn_down.weight", "mlp.down_proj.weight"},      {"attn_norm.weight", "input_layernorm.weight"},
+        {"attn_q.weight", "self_attn.q_proj.weight"},
+        {"attn_k.weight", "self_attn.k_proj.weight"},
+        {"attn_v.weight", "self_attn.v_proj.weight"},
+        {"attn_output.weight", "self_attn.o_proj.weight"},
+        {"ffn_gate.weight", "mlp.gate_proj.weight"},
+        {"ffn_up.weight", "mlp.up_proj.weight"},
+        {"ffn_down.weight", "mlp.down_proj.weight"},
+        {"attn_norm.weight", "input_layernorm.weight"},
         {"ffn_norm.weight", "post_attention_layernorm.weight"},
     };
     if (auto it = kTop.find(n); it != kTop.end()) return it->second;
@@ -72,8 +76,10 @@ ModelConfig gguf_model_config(const GgufFile& f) {
         LATTICE_CHECK(*vl == c.head_dim, "{}: {}attention.value_length {} differs from key_length {} (unsupported)",
                       src, p, *vl, c.head_dim);
     if (auto rd = f.int_value(p + "rope.dimension_count"))
-        LATTICE_CHECK(*rd == c.head_dim, "{}: {}rope.dimension_count {} differs from head_dim {} (partial RoPE "
-                      "unsupported)", src, p, *rd, c.head_dim);
+        LATTICE_CHECK(*rd == c.head_dim,
+                      "{}: {}rope.dimension_count {} differs from head_dim {} (partial RoPE "
+                      "unsupported)",
+                      src, p, *rd, c.head_dim);
     c.max_position = f.int_value(p + "context_length").value_or(2048);
     auto eps = f.float_value(p + "attention.layer_norm_rms_epsilon");
     LATTICE_CHECK(eps.has_value(), "{}: missing metadata key \"{}attention.layer_norm_rms_epsilon\"", src, p);
@@ -82,8 +88,8 @@ ModelConfig gguf_model_config(const GgufFile& f) {
     if (auto st = f.string_value(p + "rope.scaling.type"); st && *st != "none") {
         LATTICE_CHECK(*st == "linear", "{}: {}rope.scaling.type \"{}\" unsupported (none, linear)", src, p, *st);
         auto factor = f.float_value(p + "rope.scaling.factor");
-        LATTICE_CHECK(factor.has_value() && *factor > 0, "{}: linear rope scaling needs a positive {}rope.scaling.factor",
-                      src, p);
+        LATTICE_CHECK(factor.has_value() && *factor > 0,
+                      "{}: linear rope scaling needs a positive {}rope.scaling.factor", src, p);
         c.rope_scaling.type = "linear";
         c.rope_scaling.factor = *factor;
     } else if (auto lin = f.float_value(p + "rope.scale_linear"); lin && *lin != 1.0) {
@@ -151,8 +157,8 @@ public:
         check_shapes();
         if (const GgufTensor* rf = file_->find_tensor("rope_freqs.weight")) {
             LATTICE_CHECK(rf->ne.size() == 1 && rf->ne[0] == config_.head_dim / 2 && rf->dtype == DType::kF32,
-                          "{}: rope_freqs.weight must be f32 [{}], got {} with {} elements", path,
-                          config_.head_dim / 2, dtype_name(rf->dtype), rf->numel());
+                          "{}: rope_freqs.weight must be f32 [{}], got {} with {} elements", path, config_.head_dim / 2,
+                          dtype_name(rf->dtype), rf->numel());
             freq_factors_.resize(size_t(rf->ne[0]));
             std::memcpy(freq_factors_.data(), file_->tensor_data(*rf), freq_factors_.size() * sizeof(float));
             for (size_t k = 0; k < freq_factors_.size(); ++k)
@@ -170,10 +176,10 @@ public:
         const Entry& e = entry(name);
         const int64_t n_rows = e.tensor->numel() / e.tensor->ne[0];
         const int64_t n_cols = e.tensor->ne[0];
-        LATTICE_CHECK(row0 >= 0 && rows >= 0 && row0 <= n_rows - rows && col0 >= 0 && cols >= 0 &&
-                          col0 <= n_cols - cols,
-                      "{}: read of tensor \"{}\" rows [{}, +{}) cols [{}, +{}) outside its [{}, {}]", file_->path(),
-                      name, row0, rows, col0, cols, n_rows, n_cols);
+        LATTICE_CHECK(
+            row0 >= 0 && rows >= 0 && row0 <= n_rows - rows && col0 >= 0 && cols >= 0 && col0 <= n_cols - cols,
+            "{}: read of tensor \"{}\" rows [{}, +{}) cols [{}, +{}) outside its [{}, {}]", file_->path(), name, row0,
+            rows, col0, cols, n_rows, n_cols);
         LATTICE_CHECK(out_dtype == DType::kF32 || out_dtype == DType::kF16 || out_dtype == DType::kBF16,
                       "{}: tensor \"{}\": output dtype {} unsupported (f32, f16, bf16)", file_->path(), name,
                       dtype_name(out_dtype));
@@ -245,6 +251,8 @@ private:
 
 }  // namespace
 
-std::unique_ptr<TensorSource> open_gguf_model(const std::string& path) { return std::make_unique<GgufSource>(path); }
+std::unique_ptr<TensorSource> open_gguf_model(const std::string& path) {
+    return std::make_unique<GgufSource>(path);
+}
 
 }  // namespace lattice

@@ -2,13 +2,13 @@
 // loader does with a file that parsed (every getter on every key, the model config, a converted
 // first row of every tensor). Any lattice::Error is an accepted outcome; crashes, sanitizer
 // reports, leaks, hangs and huge allocations are bugs.
-#include "runtime/dequant.h"
-#include "runtime/gguf.h"
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
+
+#include "runtime/dequant.h"
+#include "runtime/gguf.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     using namespace lattice;
@@ -19,14 +19,38 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         return 0;
     }
     for (const std::string& k : f->keys()) {
-        try { (void)f->string_value(k); } catch (const Error&) {}
-        try { (void)f->int_value(k); } catch (const Error&) {}
-        try { (void)f->float_value(k); } catch (const Error&) {}
-        try { (void)f->bool_value(k); } catch (const Error&) {}
-        try { (void)f->string_array(k); } catch (const Error&) {}
-        try { (void)f->float_array(k); } catch (const Error&) {}
-        try { (void)f->int_array(k); } catch (const Error&) {}
-        try { (void)f->array_size(k); } catch (const Error&) {}
+        try {
+            (void)f->string_value(k);
+        } catch (const Error&) {
+        }
+        try {
+            (void)f->int_value(k);
+        } catch (const Error&) {
+        }
+        try {
+            (void)f->float_value(k);
+        } catch (const Error&) {
+        }
+        try {
+            (void)f->bool_value(k);
+        } catch (const Error&) {
+        }
+        try {
+            (void)f->string_array(k);
+        } catch (const Error&) {
+        }
+        try {
+            (void)f->float_array(k);
+        } catch (const Error&) {
+        }
+        try {
+            (void)f->int_array(k);
+        } catch (const Error&) {
+        }
+        try {
+            (void)f->array_size(k);
+        } catch (const Error&) {
+        }
     }
     try {
         (void)gguf_model_config(*f);

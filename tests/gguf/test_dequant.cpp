@@ -1,9 +1,5 @@
 // Block dequantization (Q8_0, Q4_0, Q4_1) against hand-built blocks with known values, row-slice
 // conversion to f32/f16/bf16, and GgufSource::read() of quantized slices from a synthetic file.
-#include "runtime/dequant.h"
-#include "runtime/gguf.h"
-#include "tests/gguf/gguf_builder.h"
-
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -12,12 +8,18 @@
 #include <string>
 #include <vector>
 
+#include "runtime/dequant.h"
+#include "runtime/gguf.h"
+#include "tests/gguf/gguf_builder.h"
+
 using namespace lattice;
 using lattice::test::GgufBuilder;
 
 namespace {
 
-void put_f16(std::vector<uint8_t>& b, float v) { GgufBuilder::put<uint16_t>(b, f32_to_f16(v)); }
+void put_f16(std::vector<uint8_t>& b, float v) {
+    GgufBuilder::put<uint16_t>(b, f32_to_f16(v));
+}
 
 // One Q4_x block from 32 nibbles (element order: k < 16 in low nibbles of byte k, k >= 16 in high nibbles).
 void put_nibbles(std::vector<uint8_t>& b, const uint8_t* nib) {
@@ -77,7 +79,7 @@ TEST_CASE("dequant: Q4_1 scale and min") {
     dequant_q4_1(b.data(), out.data(), 64);
     for (int blk = 0; blk < 2; ++blk)
         for (int k = 0; k < 32; ++k) CHECK(out[blk * 32 + k] == float(nib[blk][k]) * d[blk] + m[blk]);
-    CHECK(out[0] == -3.0f);                // nibble 0
+    CHECK(out[0] == -3.0f);        // nibble 0
     CHECK(out[32 + 15] == 13.5f);  // nibble (15*11+1)%16 = 6: 6*2 + 1.5
 }
 

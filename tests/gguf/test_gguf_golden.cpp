@@ -4,11 +4,7 @@
 // models/ of the checkout) when scripts/fetch_default_model.sh has been run.
 // The HF side is read by a deliberately independent ~40-line safetensors reader below, so a bug
 // in the project's loader cannot hide a bug here.
-#include "runtime/config.h"
-#include "runtime/gguf.h"
-
 #include <doctest/doctest.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -16,8 +12,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "runtime/config.h"
+#include "runtime/gguf.h"
 
 using namespace lattice;
 namespace fs = std::filesystem;
@@ -125,8 +125,8 @@ void check_model(const std::string& model, const std::string& gguf_file, bool f1
         for (size_t k = 0; k < got.size(); ++k) {
             double err = std::fabs(double(got[k]) - double(t.data[k]));
             // f16 holds every bf16 value of moderate magnitude exactly; allow one fp16 rounding step anyway.
-            double tol = is_f16 ? std::max(std::fabs(double(t.data[k])) * std::ldexp(1.0, -11), std::ldexp(1.0, -24))
-                                : 0.0;
+            double tol =
+                is_f16 ? std::max(std::fabs(double(t.data[k])) * std::ldexp(1.0, -11), std::ldexp(1.0, -24)) : 0.0;
             if (err > tol) ++bad;
             max_err = std::max(max_err, err);
         }
@@ -208,7 +208,8 @@ TEST_CASE("unpermute_qk_rows inverts llama.cpp's permute") {
     std::vector<float> p(one.size());
     for (int64_t j = 0; j < 2; ++j)
         for (int64_t i = 0; i < d / 2; ++i)
-            for (int64_t c = 0; c < cols; ++c) p[size_t((i * 2 + j) * cols + c)] = one[size_t((j * (d / 2) + i) * cols + c)];
+            for (int64_t c = 0; c < cols; ++c)
+                p[size_t((i * 2 + j) * cols + c)] = one[size_t((j * (d / 2) + i) * cols + c)];
     unpermute_qk_rows(p.data(), 1, d, cols);
     CHECK(p == one);
     CHECK_THROWS_AS(unpermute_qk_rows(p.data(), 1, 5, cols), Error);

@@ -1,15 +1,15 @@
 // GGUF parser: metadata getters on a synthetic file, and rejection of malformed input. Each bad
 // input must raise lattice::Error whose message names the culprit (key, tensor, type, count),
 // and lying counts/lengths must fail before any allocation sized by them.
-#include "runtime/gguf.h"
-#include "tests/gguf/gguf_builder.h"
-
 #include <doctest/doctest.h>
 
 #include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "runtime/gguf.h"
+#include "tests/gguf/gguf_builder.h"
 
 using lattice::Error;
 using lattice::GgufFile;
