@@ -19,6 +19,13 @@ void set_identity(const WorldConfig& w) {
 }  // namespace
 
 ParallelContext make_parallel_context(int tp, int pp, double comm_timeout_s) {
+    WaitPolicy policy;
+    policy.timeout_s = comm_timeout_s;
+    return make_parallel_context(tp, pp, policy);
+}
+
+ParallelContext make_parallel_context(int tp, int pp, const WaitPolicy& policy) {
+    const double comm_timeout_s = policy.timeout_s;
     LATTICE_CHECK(comm_timeout_s > 0 && comm_timeout_s <= 86400, "--comm-timeout must be in (0, 86400] s, got {}",
                   comm_timeout_s);
     MpiSession& s = mpi_session();
@@ -32,8 +39,6 @@ ParallelContext make_parallel_context(int tp, int pp, double comm_timeout_s) {
         ctx.world_comm = std::make_unique<LocalComm>();
         return ctx;
     }
-    WaitPolicy policy;
-    policy.timeout_s = comm_timeout_s;
     auto world = MpiComm::world(policy, "world");
     const WorldConfig& w = ctx.world;
     std::unique_ptr<MpiComm> tpc = world->split(w.pp_rank(), w.tp_rank(), fmt::format("tp{}", w.pp_rank()));

@@ -19,6 +19,7 @@
 #pragma once
 
 #include "parallel/communicator.h"
+#include "parallel/watchdog.h"
 #include "parallel/world_config.h"
 
 #include <memory>
@@ -39,6 +40,8 @@ struct ParallelContext {
 // Initializes MPI if needed, validates world == tp * pp on every rank (same message everywhere),
 // splits the TP and PP groups, and sets process_identity() (rank, world, tp_rank, pp_rank).
 ParallelContext make_parallel_context(int tp, int pp, double comm_timeout_s = 60.0);
+// Same, with the full polling policy (spin / yield / sleep steps, grace period; see watchdog.h).
+ParallelContext make_parallel_context(int tp, int pp, const WaitPolicy& policy);
 
 // One rank, no MPI: LocalComm everywhere.
 ParallelContext make_local_context();
