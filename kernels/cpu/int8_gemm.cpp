@@ -197,7 +197,9 @@ void gemm_w8a8(const float* x, int64_t m, int64_t k, const PackedInt8& w, const 
     float* row_scales = reinterpret_cast<float*>(a + m * lda_bytes);
     for_rows(m, pool, [&](int64_t r) {
         uint8_t* dst = a + r * lda_bytes;
-        row_scales[r] = quantize_row_int8(x + r * k, k, reinterpret_cast<int8_t*>(dst));
+        int8_t* q = reinterpret_cast<int8_t*>(dst);
+        row_scales[r] = w.isa == IsaLevel::kScalar ? quantize_row_int8(x + r * k, k, q)
+                                                   : int8_detail::quantize_row_int8_avx2(x + r * k, k, q);
         finish_row(dst, k, w.k_padded, w.isa);
     });
     Int8Epilogue ep;

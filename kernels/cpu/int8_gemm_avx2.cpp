@@ -4,6 +4,9 @@
 //     vpmaddwd: |a0 b0 + a1 b1| <= 2 * 128 * 128 = 32768 fits int32, so the sum is exact. A 16-byte
 //     quarter of a k-group (4 channels x 4 k) widens to one ymm; vpmaddwd leaves two partial sums per
 //     channel, folded at the end by vphaddd + vpermq. Tile: 2 rows x 16 channels (8 accumulators).
+//   quantize_row_int8_avx2: the W8A8 activation quantize (quantize.h) in ymm, bit-identical to the
+//     scalar function: IEEE division, round half away from zero rebuilt from truncation (v - trunc(v)
+//     is exact), NaN -> 0, clamp to +-127. Used by every SIMD level.
 //   W8A16 (also used on the AVX-VNNI level): each 32-byte half k-group is 8 int32 (one per channel),
 //     byte t sign-extended by shifts, converted to f32, FMA'd against broadcast x[4g + t].
 #include <immintrin.h>
@@ -11,6 +14,7 @@
 #include <cstring>
 
 #include "kernels/cpu/int8_gemm_kernels.h"
+#include "kernels/cpu/quantize.h"
 
 namespace lattice::int8_detail {
 namespace {
@@ -123,6 +127,37 @@ inline void f_all_rows(const float* x, int64_t m, int64_t ldx, const PackedInt8&
 }
 
 }  // namespace
+
+float quantize_row_int8_avx2(const float* x, int64_t k, int8_t* q) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 mx = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) mx = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)), mx);  // NaN -> mx
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, mx);
+    float amax = 0.0f;
+    for (float v : lanes) amax = v > amax ? v : amax;
+    for (int64_t t = i; t < k; ++t) {
+        float a = fabsf(x[t]);
+        amax = a > amax ? a : amax;
+    }
+    const float s = int8_scale_from_absmax(amax);
+    const __m256 vs = _mm256_set1_ps(s), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    const __m256 hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    for (i = 0; i + 8 <= k; i += 8) {
+        __m256 v = _mm256_div_ps(_mm256_loadu_ps(x + i), vs);
+        __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        __m256 frac = _mm256_andnot_ps(sign, _mm256_sub_ps(v, t));
+        __m256 away = _mm256_and_ps(_mm256_cmp_ps(frac, half, _CMP_GE_OQ), _mm256_or_ps(_mm256_and_ps(v, sign), one));
+        __m256 r = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(t, away), lo), hi);
+        r = _mm256_and_ps(r, _mm256_cmp_ps(v, v, _CMP_ORD_Q));  // NaN -> 0
+        __m256i qi = _mm256_cvttps_epi32(r);
+        __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(qi), _mm256_extracti128_si256(qi, 1));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(q + i), _mm_packs_epi16(p16, p16));
+    }
+    for (; i < k; ++i) q[i] = quantize_int8_value(x[i], s);
+    return s;
+}
 
 void s8_panels_avx2(const void* a_void, int64_t m, int64_t lda, const PackedInt8& w, int64_t p0, int64_t p1,
                     const Int8Epilogue& ep) {

@@ -13,6 +13,12 @@
 namespace lattice::int8_detail {
 namespace {
 
+// acc += dot4(u8 a, s8 b) per int32 lane, VEX encoding. Inline asm with a read-write operand keeps
+// each accumulator in one register (GCC 12 otherwise shuffles them every k step).
+inline void dpbusd(__m256i& acc, __m256i a_u8, __m256i b_s8) {
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a_u8), "x"(b_s8));
+}
+
 inline void store16(__m256i lo, __m256i hi, int64_t r, int64_t p, int64_t n, const Int8Epilogue& ep) {
     const int64_t j0 = p * kInt8PanelN;
     if (n - j0 >= kInt8PanelN) {
@@ -62,8 +68,8 @@ inline void s8_tile(const uint8_t* a, int64_t lda, const PackedInt8& w, int64_t 
             __m256i av = _mm256_set1_epi32(v);
 #pragma GCC unroll 2
             for (int j = 0; j < NP; ++j) {
-                acc[r][j][0] = _mm256_dpbusd_avx_epi32(acc[r][j][0], av, bv[j][0]);
-                acc[r][j][1] = _mm256_dpbusd_avx_epi32(acc[r][j][1], av, bv[j][1]);
+                dpbusd(acc[r][j][0], av, bv[j][0]);
+                dpbusd(acc[r][j][1], av, bv[j][1]);
             }
         }
     }

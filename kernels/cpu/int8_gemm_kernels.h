@@ -49,6 +49,9 @@ void s8_panels_avxvnni(const void* a, int64_t m, int64_t lda, const PackedInt8& 
 void s8_panels_avx512(const void* a, int64_t m, int64_t lda, const PackedInt8& w, int64_t p0, int64_t p1,
                       const Int8Epilogue& ep);
 
+// quantize_row_int8 (quantize.h) in AVX2, bit-identical results; for CPUs with at least kAvx2.
+float quantize_row_int8_avx2(const float* x, int64_t k, int8_t* q);
+
 void w8a16_panels_scalar(const float* x, int64_t m, int64_t ldx, const PackedInt8& w, const float* scales,
                          int64_t p0, int64_t p1, float* y, int64_t ldy);
 void w8a16_panels_avx2(const float* x, int64_t m, int64_t ldx, const PackedInt8& w, const float* scales,

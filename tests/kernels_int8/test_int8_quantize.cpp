@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "int8_test_util.h"
+#include "kernels/cpu/int8_gemm_kernels.h"
 #include "kernels/cpu/quantize.h"
 #include "runtime/base/error.h"
 
@@ -69,4 +70,35 @@ TEST_CASE("quantize_weights_per_channel rejects non-finite weights") {
     std::vector<int8_t> q(4);
     std::vector<float> s(2);
     CHECK_THROWS_AS(quantize_weights_per_channel(w.data(), 2, 2, q.data(), s.data()), Error);
+}
+
+TEST_CASE("quantize_row_int8_avx2 is bit-identical to the scalar quantize (ties, NaN, tails, zero rows)") {
+    if (!isa_supported(IsaLevel::kAvx2)) {
+        MESSAGE("AVX2 not supported on this CPU: SIMD quantize not tested");
+        return;
+    }
+    std::mt19937 rng(17);
+    for (int64_t k : {1, 7, 8, 9, 16, 31, 100, 4099}) {
+        for (int variant = 0; variant < 5; ++variant) {
+            std::vector<float> x = random_f32(static_cast<size_t>(k), rng, 3.0f);
+            if (variant == 1) {  // exact ties: amax 127 -> s = 1, values j + 0.5
+                for (int64_t i = 0; i < k; ++i) x[size_t(i)] = float(int(i % 253) - 126) + ((i % 2) ? 0.5f : -0.5f);
+                x[0] = 127.0f;
+            }
+            if (variant == 2) x[size_t(k / 2)] = std::nanf("");
+            if (variant == 3) std::fill(x.begin(), x.end(), 0.0f);
+            if (variant == 4) x[size_t(k - 1)] = -1e30f;  // one huge value: everything else rounds to 0
+            std::vector<int8_t> q1(size_t(k), 55), q2(size_t(k), 66);
+            float s1 = quantize_row_int8(x.data(), k, q1.data());
+            float s2 = int8_detail::quantize_row_int8_avx2(x.data(), k, q2.data());
+            INFO("k=", k, " variant=", variant);
+            CHECK(s1 == s2);
+            CHECK(q1 == q2);
+            if (variant == 1 && k >= 4) {  // -124.5 -> -125 and -122.5 -> -123: half away from zero, not even
+                CHECK(q1[1] == -125);
+                CHECK(q1[2] == -125);
+                CHECK(q1[3] == -123);
+            }
+        }
+    }
 }
