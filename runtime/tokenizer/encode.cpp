@@ -83,24 +83,44 @@ void Tokenizer::encode_spm(std::string_view fragment, bool prefix_space, std::ve
         if (c == ' ') s += kSpmSpace;
         else s += c;
     }
+    if (!spm_units_) {
+        spm_merge(s, out);
+        return;
+    }
+    // No piece has "▁" after another character, so merges never cross the start of a "▁" that
+    // follows a non-"▁": encode those units separately (same result) and cache them.
+    const std::string_view all(s);
+    size_t unit = 0;
+    bool prev_space = true;
+    for (size_t p = 0; p <= all.size();) {
+        const bool at_end = p == all.size();
+        const bool space = !at_end && all.compare(p, kSpmSpace.size(), kSpmSpace) == 0;
+        if (at_end || (space && !prev_space)) {
+            if (p > unit) encode_cached(all.substr(unit, p - unit), out);
+            unit = p;
+        }
+        if (at_end) break;
+        prev_space = space;
+        p += space ? kSpmSpace.size() : 1;
+    }
+}
+
+void Tokenizer::spm_merge(std::string_view s, std::vector<int32_t>& out) const {
     std::vector<int32_t> ids;
     std::vector<uint32_t> lens;
     ids.reserve(s.size());
     lens.reserve(s.size());
     std::string ch;
-    int32_t ascii_id[128];
-    std::fill(std::begin(ascii_id), std::end(ascii_id), -2);
     for (size_t p = 0; p < s.size();) {
         const size_t b = p;
         utf8_next(s, p);
         int32_t id;
-        if (p - b == 1 && uint8_t(s[b]) < 128 && ascii_id[uint8_t(s[b])] != -2) {
-            id = ascii_id[uint8_t(s[b])];
+        if (p - b == 1 && uint8_t(s[b]) < 128) {
+            id = ascii_ids_[uint8_t(s[b])];
         } else {
             ch.assign(s, b, p - b);
             auto it = piece_to_id_.find(ch);
             id = (it != piece_to_id_.end() && spec_.types[size_t(it->second)] == TokenType::kNormal) ? it->second : -1;
-            if (p - b == 1 && uint8_t(s[b]) < 128) ascii_id[uint8_t(s[b])] = id;
         }
         ids.push_back(id);
         lens.push_back(uint32_t(p - b));
@@ -109,34 +129,41 @@ void Tokenizer::encode_spm(std::string_view fragment, bool prefix_space, std::ve
     size_t pos = 0;
     for (size_t i = 0; i < ids.size(); ++i) {
         if (ids[i] >= 0) out.push_back(ids[i]);
-        else emit_fallback(std::string_view(s).substr(pos, lens[i]), out);
+        else emit_fallback(s.substr(pos, lens[i]), out);
         pos += lens[i];
     }
+}
+
+// Encodes one pre-token (byte-level word or SentencePiece unit) through the bounded word cache.
+void Tokenizer::encode_cached(std::string_view word, std::vector<int32_t>& out) const {
+    auto encode_word = [&] {
+        if (spec_.kind == TokenizerKind::kSentencePiece) spm_merge(word, out);
+        else bpe_word_byte_level(word, out);
+    };
+    if (word.size() > kCacheMaxWordBytes) {
+        encode_word();
+        return;
+    }
+    std::string key(word);
+    {
+        std::lock_guard<std::mutex> lock(cache_mu_);
+        auto it = cache_.find(key);
+        if (it != cache_.end()) {
+            out.insert(out.end(), it->second.begin(), it->second.end());
+            return;
+        }
+    }
+    const size_t before = out.size();
+    encode_word();
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (cache_.size() >= kCacheMaxEntries) cache_.clear();
+    cache_.emplace(std::move(key), std::vector<int32_t>(out.begin() + long(before), out.end()));
 }
 
 void Tokenizer::encode_byte_level(std::string_view fragment, std::vector<int32_t>& out) const {
     std::vector<std::string_view> words;
     pretokenize(spec_.pre, fragment, words);
-    for (std::string_view w : words) {
-        if (w.size() > kCacheMaxWordBytes) {
-            bpe_word_byte_level(w, out);
-            continue;
-        }
-        std::string key(w);
-        {
-            std::lock_guard<std::mutex> lock(cache_mu_);
-            auto it = cache_.find(key);
-            if (it != cache_.end()) {
-                out.insert(out.end(), it->second.begin(), it->second.end());
-                continue;
-            }
-        }
-        const size_t before = out.size();
-        bpe_word_byte_level(w, out);
-        std::lock_guard<std::mutex> lock(cache_mu_);
-        if (cache_.size() >= kCacheMaxEntries) cache_.clear();
-        cache_.emplace(std::move(key), std::vector<int32_t>(out.begin() + long(before), out.end()));
-    }
+    for (std::string_view w : words) encode_cached(w, out);
 }
 
 void Tokenizer::bpe_word_byte_level(std::string_view word, std::vector<int32_t>& out) const {
@@ -153,7 +180,10 @@ void Tokenizer::bpe_word_byte_level(std::string_view word, std::vector<int32_t>&
     std::vector<uint32_t> lens(word.size(), 1);
     for (size_t i = 0; i < word.size(); ++i) ids[i] = byte_ids_[uint8_t(word[i])];
     merge_symbols(ids, lens);
-    out.insert(out.end(), ids.begin(), ids.end());
+    for (int32_t id : ids) {
+        if (id >= 0) out.push_back(id);
+        else if (spec_.unk_id >= 0) out.push_back(spec_.unk_id);
+    }
 }
 
 // Text one token contributes to decoded output (before SentencePiece's leading-space strip).

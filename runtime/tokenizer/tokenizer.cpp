@@ -121,9 +121,9 @@ void Tokenizer::build_tables() {
         for (int b = 0; b < 256; ++b) {
             std::string ch;
             utf8_append(ch, gpt2_byte_to_codepoint(uint8_t(b)));
-            const int32_t id = token_id(ch);
-            LATTICE_CHECK(id >= 0, "tokenizer {}: byte-level vocab lacks the token for byte 0x{:02X}", src, b);
-            byte_ids_[b] = id;
+            // Some vocabs (SmolLM2) lack a few control bytes; such bytes encode as <unk> (or are dropped
+            // when there is none), as in Hugging Face tokenizers and llama.cpp.
+            byte_ids_[b] = token_id(ch);
         }
     }
 
@@ -160,6 +160,21 @@ void Tokenizer::build_tables() {
                 const int32_t ib = token_id(std::string_view(t).substr(p));
                 if (normal(ia) && normal(ib)) merges_.emplace(pair_key(ia, ib), Merge{spec_.scores[i], int32_t(i)});
             }
+        }
+    }
+
+    if (spm) {
+        for (int c = 0; c < 128; ++c) {
+            const int32_t id = token_id(std::string(1, char(c)));
+            ascii_ids_[c] = normal(id) ? id : -1;
+        }
+        spm_units_ = true;
+        for (size_t i = 0; i < n && spm_units_; ++i) {
+            const std::string& t = tokens_[i];
+            if (!normal(int32_t(i))) continue;
+            for (size_t at = t.find(kSpmSpace, 1); at != std::string::npos; at = t.find(kSpmSpace, at + 1))
+                if (at < kSpmSpace.size() || t.compare(at - kSpmSpace.size(), kSpmSpace.size(), kSpmSpace) != 0)
+                    spm_units_ = false;
         }
     }
 

@@ -101,6 +101,8 @@ private:
     void encode_spm(std::string_view fragment, bool prefix_space, std::vector<int32_t>& out) const;
     void encode_byte_level(std::string_view fragment, std::vector<int32_t>& out) const;
     void bpe_word_byte_level(std::string_view word, std::vector<int32_t>& out) const;
+    void spm_merge(std::string_view normalized, std::vector<int32_t>& out) const;
+    void encode_cached(std::string_view word, std::vector<int32_t>& out) const;
     // Merge loop over symbols (ids, -1 = not in vocab; lens = byte length of each symbol's text).
     void merge_symbols(std::vector<int32_t>& ids, std::vector<uint32_t>& lens) const;
     void emit_fallback(std::string_view bytes, std::vector<int32_t>& out) const;
@@ -111,11 +113,13 @@ private:
     std::unordered_map<std::string, int32_t> piece_to_id_;
     std::unordered_map<uint64_t, Merge> merges_;
     std::vector<Special> specials_;  // longest first
-    int32_t byte_ids_[256];          // SentencePiece: id of <0xNN> (-1 absent); byte-level: id of the byte's char
+    int32_t byte_ids_[256];
+    int32_t ascii_ids_[128];         // SentencePiece: id of each ASCII character's piece (-1 absent)
+    bool spm_units_ = false;         // SentencePiece: no piece has "▁" after another char (see encode_spm)          // SentencePiece: id of <0xNN> (-1 absent); byte-level: id of the byte's char
     ChatTemplateKind chat_kind_ = ChatTemplateKind::kNone;
     std::string default_system_;
 
-    // Byte-level word cache: word bytes -> ids. Bounded; cleared when full.
+    // Word cache (byte-level words, SentencePiece units): bytes -> ids. Bounded; cleared when full.
     mutable std::mutex cache_mu_;
     mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
