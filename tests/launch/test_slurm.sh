@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # A real single-node Slurm: starts Debian's slurmctld + slurmd (foreground, root, config in a temp
 # folder: auth/none + cred/none so no munge, proctrack/linuxproc + task/none so no cgroups,
-# NodeAddr=127.0.0.1 + slurmd -N so the hostname does not matter, free ports), submits
-# launch/slurm/lattice.sbatch on 2 CPU ranks (TP=2) and checks the job output, for each launcher
-# the template can use (srun --mpi=pmix, and lattice-mpirun inside the allocation); then stops
-# Slurm and whatever is left of it, always (trap).
-#   test_slurm.sh doctor     the sbatch runs `lattice doctor --tp 2 --pp 1`: 2 ranks, 1 host, ok
-#   test_slurm.sh generate   the sbatch runs `lattice generate` on tiny-llama2 (TP=2) and the tokens
-#                            must equal expected.json case 0's greedy_ids (first MAX_NEW_TOKENS)
+# NodeAddr=127.0.0.1 + slurmd -N so the hostname does not matter, free ports), submits the
+# templates in launch/slurm on CPU ranks and checks the job outputs; then stops Slurm and whatever
+# is left of it, always (trap). Jobs:
+#  - lattice.sbatch RUN=doctor, TP=2, with srun --mpi=pmix and with lattice-mpirun: 2 ranks, 1 host, ok
+#  - lattice-multinode.sbatch RUN=doctor, TP=2 on the one node: same
+#  - lattice.sbatch RUN=generate on tiny-llama2 with both launchers: the printed ids equal
+#    expected.json case 0's greedy_ids (first MAX_NEW_TOKENS); TP=2 with `generate`, 1 rank with `doctor`
+#  - scancel of a long generation (SmolLM2 default model, when fetched): no rank process left
+#   test_slurm.sh doctor|generate
 # Exit 77 (CTest: skipped, with the reason printed) only where Slurm is not installed.
 set -uo pipefail
 mode=${1:-doctor}
@@ -100,19 +102,21 @@ echo "slurm up in $(( $(date +%s) - t0 )) s (ports $port1/$port2)"
 
 fails=0
 job_ids=""
-# run_job NAME RUN LAUNCHER [TEMPLATE]: submits a template (default lattice.sbatch) as 2 CPU ranks,
-# TP=2, and waits for it (bounded).
+# run_job NAME RUN LAUNCHER [TEMPLATE [TP [MODEL [TOKENS]]]]: submits a template (default
+# lattice.sbatch) as TP CPU ranks (default 2) and waits for it (bounded). SUBMIT_ONLY=1: no wait.
 run_job() {
-    local name=$1 run=$2 launcher=$3 template=${4:-lattice.sbatch} id st
-    id=$(cd "$src" && MODEL="$model" TP=2 PP=1 CPU_RANKS=1 RUN="$run" LAUNCHER="$launcher" LATTICE="$bin" \
-         PROMPT_IDS=93 MAX_NEW_TOKENS=$new_tokens COMM_TIMEOUT=30 \
+    local name=$1 run=$2 launcher=$3 template=${4:-lattice.sbatch} tp=${5:-2} m=${6:-$model} tokens=${7:-$new_tokens} id st
+    id=$(cd "$src" && MODEL="$m" TP=$tp PP=1 CPU_RANKS=1 RUN="$run" LAUNCHER="$launcher" LATTICE="$bin" \
+         PROMPT_IDS=93 MAX_NEW_TOKENS=$tokens COMM_TIMEOUT=30 \
          sbatch --parsable --job-name="lattice-$name" --output="$tmp/$name.out" --error="$tmp/$name.err" \
-                --nodes=1 --ntasks-per-node=2 --gpus-per-node=0 --cpus-per-task=1 --time=2 \
+                --nodes=1 --ntasks-per-node="$tp" --gpus-per-node=0 --cpus-per-task=1 --time=2 \
                 "launch/slurm/$template" 2>&1)
     if ! [[ "$id" =~ ^[0-9]+$ ]]; then echo "FAIL: $name: sbatch said: $id"; fails=$((fails + 1)); return 1; fi
     job_ids="$job_ids $id"
+    last_job=$id
+    [ "${SUBMIT_ONLY:-0}" = 1 ] && return 0
     for _ in $(seq 300); do  # <= 60 s
-        st=$(scontrol -o show job "$id" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
+        st=$(job_state "$id")
         case "$st" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|PREEMPTED|BOOT_FAIL|DEADLINE) break ;; esac
         sleep 0.2
     done
@@ -123,6 +127,7 @@ run_job() {
         fails=$((fails + 1)); return 1
     fi
 }
+job_state() { scontrol -o show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
 check() {  # check NAME pattern
     grep -qF -- "$2" "$tmp/$1.out" && return
     echo "FAIL: $1: '$2' not in the job output:"; sed 's/^/  | /' "$tmp/$1.out" "$tmp/$1.err"; fails=$((fails + 1))
@@ -149,19 +154,43 @@ for launcher in srun mpirun; do
         check "$name" "rank 1 on"
         check "$name" "result: ok"
     fi
-    if [ "$mode" = generate ]; then
-        name="generate-$launcher"
-        if run_job "$name" generate "$launcher"; then
-            check "$name" "TP=2 PP=1 ranks=2 launcher=$launcher"
-            check_tokens "$name"
-        fi
-    fi
 done
 # The multi-node template on the one node there is (TP=2 inside it, PP=1): same launch path.
 if run_job doctor-multinode doctor srun lattice-multinode.sbatch; then
     check doctor-multinode "TP=2 PP=1 ranks=2 nodes=1 launcher=srun"
     check doctor-multinode "world: 2 rank(s) on 1 host(s), asked tp 2 x pp 1"
     check doctor-multinode "result: ok"
+fi
+# Golden tokens from a generate job: TP=2 in `generate` mode, one rank otherwise.
+gen_tp=1; [ "$mode" = generate ] && gen_tp=2
+for launcher in srun mpirun; do
+    name="generate-$launcher"
+    if run_job "$name" generate "$launcher" lattice.sbatch "$gen_tp"; then
+        check "$name" "TP=$gen_tp PP=1 ranks=$gen_tp launcher=$launcher"
+        check_tokens "$name"
+    fi
+done
+# scancel of a running generation leaves no rank behind (needs a model that decodes for a while).
+long_model="$src/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ -e "$long_model" ]; then
+    SUBMIT_ONLY=1 run_job cancel generate srun lattice.sbatch "$gen_tp" "$long_model" 4000
+    for _ in $(seq 100); do [ "$(job_state "$last_job")" = RUNNING ] && break; sleep 0.2; done
+    for _ in $(seq 100); do [ "$(pgrep -fc "^$bin generate --model $long_model")" -ge "$gen_tp" ] && break; sleep 0.2; done
+    sleep 3
+    if [ "$(pgrep -fc "^$bin generate --model $long_model")" -lt "$gen_tp" ]; then
+        echo "FAIL: cancel: the generation was not running before scancel"; sed 's/^/  | /' "$tmp/cancel.out" "$tmp/cancel.err"
+        fails=$((fails + 1))
+    fi
+    scancel "$last_job"
+    for _ in $(seq 150); do  # <= 30 s (KillWait)
+        [ "$(job_state "$last_job")" = CANCELLED ] && [ "$(pgrep -fc "^$bin generate --model $long_model")" -eq 0 ] && break
+        sleep 0.2
+    done
+    left=$(pgrep -f "^$bin generate --model $long_model" | tr '\n' ' ')
+    echo "cancel: job $last_job $(job_state "$last_job"), rank processes left: ${left:-none}"
+    if [ -n "$left" ]; then echo "FAIL: cancel left rank processes: $left"; kill -KILL $left; fails=$((fails + 1)); fi
+else
+    echo "NOT CHECKED: scancel of a running generation ($long_model missing; scripts/fetch_default_model.sh)"
 fi
 [ $fails -eq 0 ] && echo "slurm: all checks passed"
 [ $fails -eq 0 ]
