@@ -207,3 +207,70 @@ TEST_CASE("streaming decoder holds back split UTF-8 characters") {
     CHECK(got.empty());
     CHECK(tail.finish() == "\xF0\x9F\xA6");
 }
+
+TEST_CASE("random byte strings round-trip and file/GGUF variants agree") {
+    // Random bytes (invalid UTF-8 included) and random cuts of the test strings: every tokenizer must
+    // give the bytes back, and the two sources of one vocabulary must give the same ids.
+    const auto inputs = read_inp(kDir + "ggml-vocab-llama-spm.gguf.inp");
+    std::string pool;
+    for (const auto& s : inputs) pool += s;
+    uint64_t state = 0x9E3779B97F4A7C15ull;
+    auto next = [&] {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        return state;
+    };
+    const char* pairs[][2] = {{"llama2-tokenizer.model", "ggml-vocab-llama-spm.gguf"},
+                              {"llama3-tokenizer.json", "ggml-vocab-llama-bpe.gguf"},
+                              {"ggml-vocab-gpt-2.gguf", "ggml-vocab-qwen2.gguf"}};
+    for (int iter = 0; iter < 300; ++iter) {
+        std::string s;
+        const size_t len = next() % 64;
+        if (iter % 2 == 0) {
+            for (size_t i = 0; i < len; ++i) s += char(next() % 256);
+        } else {
+            const size_t at = next() % pool.size();
+            s = pool.substr(at, len);
+        }
+        if (s.find("\xE2\x96\x81") != std::string::npos) continue;  // SentencePiece's own space marker
+        CAPTURE(iter);
+        for (const auto& p : pairs) {
+            const Tokenizer& a = cached(p[0]);
+            const Tokenizer& b = cached(p[1]);
+            const auto ia = a.encode(s);
+            CHECK(a.decode(ia) == s);
+            CHECK(b.decode(b.encode(s)) == s);
+            if (std::string(p[0]) != "ggml-vocab-gpt-2.gguf") CHECK(ia == b.encode(s));
+        }
+    }
+}
+
+TEST_CASE("SmolLM2 default model vocab (smollm pre-tokenizer, ChatML template)") {
+    const std::string path = std::string(LATTICE_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (!std::ifstream(path).good()) {
+        MESSAGE("SKIPPED: " << path << " not installed (scripts/setup.sh installs it)");
+        return;
+    }
+    auto t = load_tokenizer(path);
+    CHECK(t->kind() == TokenizerKind::kByteLevel);
+    CHECK(t->pre_tokenizer() == PreTokenizer::kSmolLM);
+    CHECK(t->vocab_size() == 49152);
+    CHECK(t->chat_template_kind() == ChatTemplateKind::kChatML);
+    // Digits are single tokens, the space before a number is its own token.
+    const auto ids = t->encode("Hello world 123");
+    REQUIRE(ids.size() == 6);
+    CHECK(t->token_text(ids[2]) == "\xC4\xA0");  // "Ġ": a lone space
+    CHECK(t->token_text(ids[3]) == "1");
+    CHECK(t->token_text(ids[5]) == "3");
+    const std::string prompt = t->chat_template().render({{"user", "Hi"}}, true);
+    CHECK(prompt ==
+          "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+          "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    const auto pids = t->encode(prompt, false, true);
+    CHECK(pids[0] == t->token_id("<|im_start|>"));
+    CHECK(t->is_eog(t->token_id("<|im_end|>")));
+    CHECK(t->decode(pids, true) == prompt);
+    const auto inputs = read_inp(kDir + "ggml-vocab-gpt-2.gguf.inp");
+    for (const auto& s : inputs) CHECK(t->decode(t->encode(s)) == s);
+}
