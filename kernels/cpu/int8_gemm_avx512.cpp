@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/int8_gemm_kernels.h"
 
@@ -26,6 +27,9 @@ namespace {
 inline void dpbusd(__m512i& acc, __m512i a_u8, __m512i b_s8) {
     __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a_u8), "v"(b_s8));
 }
+
+// acc += a * b (same reason as dpbusd above).
+inline void fma_acc(__m512& acc, __m512 a, __m512 b) { __asm__("vfmadd231ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b)); }
 
 inline __mmask16 tail_mask(int64_t p, int64_t n) {
     int64_t cnt = n - p * kInt8PanelN;
@@ -125,7 +129,7 @@ inline void f_tile(const float* x, int64_t ldx, const PackedInt8& w, const float
             for (int t = 0; t < 4; ++t) {
                 __m512 xv = _mm512_set1_ps(xg[t]);
 #pragma GCC unroll 4
-                for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_fmadd_ps(wf[j][t], xv, acc[r][j]);
+                for (int j = 0; j < NP; ++j) fma_acc(acc[r][j], wf[j][t], xv);
             }
         }
     }
@@ -158,6 +162,71 @@ inline void f_all_rows(const float* x, int64_t m, int64_t ldx, const PackedInt8&
     }
 }
 
+// Prefill W8A16: panel p converted once to f32, k-major ([k_padded][16] floats), into `out`.
+inline void dequant_panel(const int8_t* b, int64_t groups, float* out) {
+    for (int64_t g = 0; g < groups; ++g) {
+        __m512i v = _mm512_load_si512(b + g * 64);
+        float* o = out + g * 64;
+        _mm512_store_ps(o, _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24)));
+        _mm512_store_ps(o + 16, _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 16), 24)));
+        _mm512_store_ps(o + 32, _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 8), 24)));
+        _mm512_store_ps(o + 48, _mm512_cvtepi32_ps(_mm512_srai_epi32(v, 24)));
+    }
+}
+
+// Rows [r0, r0 + MR) x NP dequantized panels (bf: NP consecutive [kp][16] blocks) starting at panel p.
+template <int MR, int NP>
+inline void fd_tile(const float* x, int64_t ldx, const float* bf, int64_t kp, const float* scales, int64_t p,
+                    int64_t r0, int64_t n, float* y, int64_t ldy) {
+    const float* xr = x + r0 * ldx;
+    __m512 acc[MR][NP];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+        for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t kk = 0; kk < kp; ++kk) {
+        __m512 bv[NP];
+#pragma GCC unroll 2
+        for (int j = 0; j < NP; ++j) bv[j] = _mm512_load_ps(bf + j * kp * 16 + kk * 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            __m512 xv = _mm512_set1_ps(xr[r * ldx + kk]);
+#pragma GCC unroll 2
+            for (int j = 0; j < NP; ++j) fma_acc(acc[r][j], bv[j], xv);
+        }
+    }
+#pragma GCC unroll 2
+    for (int j = 0; j < NP; ++j) {
+        const int64_t j0 = (p + j) * kInt8PanelN;
+        const __mmask16 mk = tail_mask(p + j, n);
+        __m512 sc = _mm512_maskz_loadu_ps(mk, scales + j0);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + j0, mk, _mm512_mul_ps(acc[r][j], sc));
+    }
+}
+
+template <int NP, int MR>
+inline void fd_tile_rows(int rem, const float* x, int64_t ldx, const float* bf, int64_t kp, const float* scales,
+                         int64_t p, int64_t r0, int64_t n, float* y, int64_t ldy) {
+    if (rem == MR) {
+        fd_tile<MR, NP>(x, ldx, bf, kp, scales, p, r0, n, y, ldy);
+    } else if constexpr (MR > 1) {
+        fd_tile_rows<NP, MR - 1>(rem, x, ldx, bf, kp, scales, p, r0, n, y, ldy);
+    }
+}
+
+template <int NP>
+void fd_panels(const float* x, int64_t m, int64_t ldx, const PackedInt8& w, const float* scales, int64_t p, float* y,
+               int64_t ldy, float* bf) {
+    const int64_t groups = w.k_padded / kInt8GroupK;
+    for (int j = 0; j < NP; ++j) dequant_panel(w.panel(p + j), groups, bf + j * w.k_padded * 16);
+    constexpr int kMr = 8;
+    for (int64_t r0 = 0; r0 < m; r0 += kMr) {
+        int rem = int(m - r0 < kMr ? m - r0 : kMr);
+        fd_tile_rows<NP, kMr>(rem, x, ldx, bf, w.k_padded, scales, p, r0, w.n, y, ldy);
+    }
+}
+
 }  // namespace
 
 void s8_panels_avx512(const void* a_void, int64_t m, int64_t lda, const PackedInt8& w, int64_t p0, int64_t p1,
@@ -179,9 +248,14 @@ void w8a16_panels_avx512(const float* x, int64_t m, int64_t ldx, const PackedInt
     if (m <= 2) {
         for (; p + 4 <= p1; p += 4) f_all_rows<4, 2>(x, m, ldx, w, scales, p, y, ldy);
         for (; p < p1; ++p) f_all_rows<1, 2>(x, m, ldx, w, scales, p, y, ldy);
-    } else {
+    } else if (m < 32) {
         for (; p + 2 <= p1; p += 2) f_all_rows<2, 6>(x, m, ldx, w, scales, p, y, ldy);
         for (; p < p1; ++p) f_all_rows<1, 6>(x, m, ldx, w, scales, p, y, ldy);
+    } else {  // prefill: convert each panel pair to f32 once (thread-local, L2-sized), reuse for all rows
+        thread_local std::vector<float, AlignedAllocator64<float>> bf;
+        if (bf.size() < size_t(2 * w.k_padded * kInt8PanelN)) bf.resize(size_t(2 * w.k_padded * kInt8PanelN));
+        for (; p + 2 <= p1; p += 2) fd_panels<2>(x, m, ldx, w, scales, p, y, ldy, bf.data());
+        for (; p < p1; ++p) fd_panels<1>(x, m, ldx, w, scales, p, y, ldy, bf.data());
     }
 }
 
