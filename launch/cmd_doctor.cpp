@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
@@ -62,7 +63,7 @@ std::string read_text(const fs::path& p, size_t limit = 4096) {
 }
 
 // "0-3,8,10-11" -> {0,1,2,3,8,10,11}; malformed pieces are ignored (sysfs is trusted but terse).
-[[maybe_unused]] std::set<int> parse_cpulist(const std::string& text) {
+std::set<int> parse_cpulist(const std::string& text) {
     std::set<int> out;
     size_t pos = 0;
     while (pos < text.size()) {
@@ -319,6 +320,23 @@ std::vector<Finding> check(const std::vector<json>& ranks, const DoctorOptions& 
                                                 r->value("device_numa_cpus", "")),
                              "bind each rank to its GPU's NUMA node: lattice-mpirun does (--map-by ppr:c:numa --bind-to numa)"});
         }
+        // CPU ranks sharing cores: each rank's thread pool pins its threads to the first CPUs it may
+        // use, so overlapping affinity means pools fighting over the same cores.
+        for (size_t a = 0; a < rs.size(); ++a)
+            for (size_t b = a + 1; b < rs.size(); ++b) {
+                if ((*rs[a])["device"] != -1 || (*rs[b])["device"] != -1) continue;
+                std::set<int> ca = parse_cpulist((*rs[a])["cpus"].get<std::string>());
+                std::set<int> cb = parse_cpulist((*rs[b])["cpus"].get<std::string>());
+                std::vector<int> both;
+                std::set_intersection(ca.begin(), ca.end(), cb.begin(), cb.end(), std::back_inserter(both));
+                if (both.empty()) continue;
+                f.push_back({false, fmt::format("CPU ranks {} and {} on {} share CPUs {} (their thread pools compete)",
+                                                (*rs[a])["rank"].get<int>(), (*rs[b])["rank"].get<int>(), host,
+                                                format_cpulist(std::set<int>(both.begin(), both.end()))),
+                             "give each rank its own cores: lattice-mpirun --cpu binds equal core blocks when there are enough cores"});
+                a = rs.size();  // one line per host is enough
+                break;
+            }
         if (pci_gpus > 1) {
             for (const json& g : hn["pci_gpus"]) {
                 std::string it = g.value("iommu", "none");

@@ -28,12 +28,16 @@ check "MPI version" "$tmp/ok.out" "MPI: Open MPI v"
 check "verdict" "$tmp/ok.out" "result: ok"
 check "no problem" "$tmp/ok.out" "PROBLEM" absent
 
-# (2) world 2 but --tp 2 --pp 2 asked: blocked, exit 1.
-mpirun "${R[@]}" --oversubscribe -np 2 "$DOCTOR" doctor --tp 2 --pp 2 > "$tmp/bad.out" 2>&1; rc=$?
+# The wrapper gives each CPU rank its own cores when there are enough.
+if [ "$(nproc)" -ge 2 ]; then check "own cores" "$tmp/ok.out" "share CPUs" absent; fi
+
+# (2) world 2 but --tp 2 --pp 2 asked: blocked, exit 1. Unbound CPU ranks: shared cores warned.
+mpirun "${R[@]}" --oversubscribe --bind-to none -np 2 "$DOCTOR" doctor --tp 2 --pp 2 > "$tmp/bad.out" 2>&1; rc=$?
 [ $rc -ne 0 ] || { echo "FAIL: doctor with world != tp*pp exited 0"; fails=$((fails + 1)); }
 check "world mismatch" "$tmp/bad.out" "PROBLEM: world size 2 is not tp*pp = 2*2 = 4"
 check "fix" "$tmp/bad.out" "fix: launch with lattice-mpirun --tp 2 --pp 2 (it sets -np 4)"
 check "verdict" "$tmp/bad.out" "result: 1 problem(s) block this launch"
+check "shared cores" "$tmp/bad.out" "warning: CPU ranks 0 and 1 on $host share CPUs"
 
 # (3) fake sysfs.
 S="$tmp/sys"
