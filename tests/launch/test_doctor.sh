@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `lattice doctor`: (1) under lattice-mpirun with 2 CPU ranks: both ranks reported, layout ok,
-# exit 0; (2) under plain mpirun with a layout that does not fit the world: PROBLEM line naming
-# the sizes, exit 1 on every rank; (3) on a fake sysfs with two NVIDIA GPUs, one behind a bridge
+# each rank on its own cores, exit 0; (2) under plain mpirun, unbound, with a layout that does not
+# fit the world: PROBLEM line naming the sizes, shared-cores warning, exit 1; (3) on a fake sysfs with two NVIDIA GPUs, one behind a bridge
 # whose ACS redirects P2P and in an IOMMU DMA domain, the other behind a bridge with ACS source
 # validation only (a second capability in the chain) and an identity domain: warnings for the first
 # GPU only, NUMA nodes and NCCL_P2P_DISABLE reported.
