@@ -25,7 +25,10 @@ bool overlaps(const View& a, const View& b) {
 
 std::string join_ints(const std::vector<int>& v) {
     std::string s;
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+    for (size_t i = 0; i < v.size(); ++i) {
+        if (i) s += ',';
+        s += std::to_string(v[i]);
+    }
     return s;
 }
 
@@ -102,6 +105,13 @@ void MpiComm::start_call(const char* op, int peer) {
     LATTICE_CHECK(!broken_, "{} on '{}': the communicator is broken by an earlier timeout or MPI error", op, name_);
     ++calls_;
     set_activity(name_, op, calls_, peer);
+}
+
+void MpiComm::issued(int rc, const char* op, const std::string& what, int peer) {
+    if (rc == MPI_SUCCESS) [[likely]]
+        return;
+    broken_ = true;
+    fail_mpi(op, what, peer, rc);
 }
 
 void MpiComm::wait(MPI_Request* req, MPI_Status* status, const char* op, const std::string& what, int peer) {
@@ -196,12 +206,11 @@ void MpiComm::reduce_staged(const View& out, const View& in, bool scatter) {
     MPI_Request req = MPI_REQUEST_NULL;
     const std::string what = fmt::format("{} x {} via f32", n_in, dtype_name(in.dtype));
     if (scatter) {
-        const int cnt = checked_count(n_out, name_, "reduce_scatter_sum");
-        MPI_CHECK(MPI_Ireduce_scatter_block(sin, sout, cnt, MPI_FLOAT, MPI_SUM, comm_, &req));
+        issued(MPI_Ireduce_scatter_block(sin, sout, int(n_out), MPI_FLOAT, MPI_SUM, comm_, &req), "reduce_scatter_sum",
+               what, -1);
         wait(&req, MPI_STATUS_IGNORE, "reduce_scatter_sum", what, -1);
     } else {
-        const int cnt = checked_count(n_in, name_, "all_reduce_sum");
-        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, sin, cnt, MPI_FLOAT, MPI_SUM, comm_, &req));
+        issued(MPI_Iallreduce(MPI_IN_PLACE, sin, int(n_in), MPI_FLOAT, MPI_SUM, comm_, &req), "all_reduce_sum", what, -1);
         wait(&req, MPI_STATUS_IGNORE, "all_reduce_sum", what, -1);
     }
     auto* dst = out.ptr<uint16_t>();
@@ -213,13 +222,14 @@ void MpiComm::all_reduce_sum(const View& inout) {
     const DType t = inout.dtype;
     LATTICE_CHECK(t == DType::kF32 || t == DType::kI32 || t == DType::kF16 || t == DType::kBF16,
                   "all_reduce_sum on '{}': dtype {} not supported (f32, f16, bf16, i32)", name_, dtype_name(t));
+    const int cnt = checked_count(inout.numel(), name_, "all_reduce_sum");
     start_call("all_reduce_sum", -1);
     if (t == DType::kF16 || t == DType::kBF16) return reduce_staged(inout, inout, false);
-    const int cnt = checked_count(inout.numel(), name_, "all_reduce_sum");
+    const std::string what = fmt::format("{} x {}", cnt, dtype_name(t));
     MPI_Request req = MPI_REQUEST_NULL;
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, inout.data, cnt, t == DType::kF32 ? MPI_FLOAT : MPI_INT32_T, MPI_SUM, comm_,
-                             &req));
-    wait(&req, MPI_STATUS_IGNORE, "all_reduce_sum", fmt::format("{} x {}", cnt, dtype_name(t)), -1);
+    issued(MPI_Iallreduce(MPI_IN_PLACE, inout.data, cnt, t == DType::kF32 ? MPI_FLOAT : MPI_INT32_T, MPI_SUM, comm_, &req),
+           "all_reduce_sum", what, -1);
+    wait(&req, MPI_STATUS_IGNORE, "all_reduce_sum", what, -1);
 }
 
 void MpiComm::all_gather(const View& out, const View& in) {
@@ -228,7 +238,6 @@ void MpiComm::all_gather(const View& out, const View& in) {
     LATTICE_CHECK(out.dtype == in.dtype && out.numel() == int64_t(size_) * in.numel(),
                   "all_gather on '{}': out {} {} must hold {} x in {} {}", name_, dtype_name(out.dtype), out.shape_str(),
                   size_, dtype_name(in.dtype), in.shape_str());
-    start_call("all_gather", -1);
     const int bytes = checked_count(in.bytes(), name_, "all_gather");
     checked_count(out.bytes(), name_, "all_gather");
     const void* send = in.data;
@@ -237,9 +246,11 @@ void MpiComm::all_gather(const View& out, const View& in) {
     } else {
         LATTICE_CHECK(!overlaps(out, in), "all_gather on '{}': in overlaps out other than at this rank's slice", name_);
     }
+    start_call("all_gather", -1);
+    const std::string what = fmt::format("{} x {} per rank", in.numel(), dtype_name(in.dtype));
     MPI_Request req = MPI_REQUEST_NULL;
-    MPI_CHECK(MPI_Iallgather(send, bytes, MPI_BYTE, out.data, bytes, MPI_BYTE, comm_, &req));
-    wait(&req, MPI_STATUS_IGNORE, "all_gather", fmt::format("{} x {} per rank", in.numel(), dtype_name(in.dtype)), -1);
+    issued(MPI_Iallgather(send, bytes, MPI_BYTE, out.data, bytes, MPI_BYTE, comm_, &req), "all_gather", what, -1);
+    wait(&req, MPI_STATUS_IGNORE, "all_gather", what, -1);
 }
 
 void MpiComm::reduce_scatter_sum(const View& out, const View& in) {
@@ -251,57 +262,58 @@ void MpiComm::reduce_scatter_sum(const View& out, const View& in) {
     const DType t = in.dtype;
     LATTICE_CHECK(t == DType::kF32 || t == DType::kI32 || t == DType::kF16 || t == DType::kBF16,
                   "reduce_scatter_sum on '{}': dtype {} not supported (f32, f16, bf16, i32)", name_, dtype_name(t));
-    start_call("reduce_scatter_sum", -1);
-    if (t == DType::kF16 || t == DType::kBF16) return reduce_staged(out, in, true);
     const int cnt = checked_count(out.numel(), name_, "reduce_scatter_sum");
     checked_count(in.numel(), name_, "reduce_scatter_sum");
+    start_call("reduce_scatter_sum", -1);
+    if (t == DType::kF16 || t == DType::kBF16) return reduce_staged(out, in, true);
     const void* src = in.data;
-    std::vector<char> copy;
     if (overlaps(out, in)) {  // MPI forbids aliasing (its IN_PLACE form has other semantics)
-        copy.assign(static_cast<const char*>(in.data), static_cast<const char*>(in.data) + in.bytes());
-        src = copy.data();
+        scratch_.resize(size_t((in.bytes() + 3) / 4));
+        std::memcpy(scratch_.data(), in.data, size_t(in.bytes()));
+        src = scratch_.data();
     }
+    const std::string what = fmt::format("{} x {} per rank", cnt, dtype_name(t));
     MPI_Request req = MPI_REQUEST_NULL;
-    MPI_CHECK(MPI_Ireduce_scatter_block(src, out.data, cnt, t == DType::kF32 ? MPI_FLOAT : MPI_INT32_T, MPI_SUM, comm_,
-                                        &req));
-    wait(&req, MPI_STATUS_IGNORE, "reduce_scatter_sum", fmt::format("{} x {} per rank", cnt, dtype_name(t)), -1);
-    if (!copy.empty() && broken_) (void)new std::vector<char>(std::move(copy));
+    issued(MPI_Ireduce_scatter_block(src, out.data, cnt, t == DType::kF32 ? MPI_FLOAT : MPI_INT32_T, MPI_SUM, comm_, &req),
+           "reduce_scatter_sum", what, -1);
+    wait(&req, MPI_STATUS_IGNORE, "reduce_scatter_sum", what, -1);
 }
 
 void MpiComm::broadcast(const View& inout, int root) {
     check_host(inout, "broadcast", "inout");
     LATTICE_CHECK(root >= 0 && root < size_, "broadcast on '{}': root {} out of range for {} ranks", name_, root, size_);
-    start_call("broadcast", -1);
     const int bytes = checked_count(inout.bytes(), name_, "broadcast");
+    start_call("broadcast", -1);
+    const std::string what = fmt::format("{} x {} from root {}", inout.numel(), dtype_name(inout.dtype), root);
     MPI_Request req = MPI_REQUEST_NULL;
-    MPI_CHECK(MPI_Ibcast(inout.data, bytes, MPI_BYTE, root, comm_, &req));
-    wait(&req, MPI_STATUS_IGNORE, "broadcast",
-         fmt::format("{} x {} from root {}", inout.numel(), dtype_name(inout.dtype), root), -1);
+    issued(MPI_Ibcast(inout.data, bytes, MPI_BYTE, root, comm_, &req), "broadcast", what, -1);
+    wait(&req, MPI_STATUS_IGNORE, "broadcast", what, -1);
 }
 
 void MpiComm::send(const View& in, int peer) {
     check_host(in, "send", "in");
     LATTICE_CHECK(peer >= 0 && peer < size_ && peer != rank_, "send on '{}' (rank {} of {}): invalid peer {}", name_,
                   rank_, size_, peer);
-    start_call("send", peer);
     const int bytes = checked_count(in.bytes(), name_, "send");
+    start_call("send", peer);
+    const std::string what = fmt::format("{} x {} {} to rank {}", in.numel(), dtype_name(in.dtype), in.shape_str(), peer);
     MPI_Request req = MPI_REQUEST_NULL;
-    MPI_CHECK(MPI_Isend(in.data, bytes, MPI_BYTE, peer, kDataTag, comm_, &req));
-    wait(&req, MPI_STATUS_IGNORE, "send",
-         fmt::format("{} x {} {} to rank {}", in.numel(), dtype_name(in.dtype), in.shape_str(), peer), peer);
+    issued(MPI_Isend(in.data, bytes, MPI_BYTE, peer, kDataTag, comm_, &req), "send", what, peer);
+    wait(&req, MPI_STATUS_IGNORE, "send", what, peer);
 }
 
 void MpiComm::recv(const View& out, int peer) {
     check_host(out, "recv", "out");
     LATTICE_CHECK(peer >= 0 && peer < size_ && peer != rank_, "recv on '{}' (rank {} of {}): invalid peer {}", name_,
                   rank_, size_, peer);
-    start_call("recv", peer);
     const int bytes = checked_count(out.bytes(), name_, "recv");
+    start_call("recv", peer);
+    const std::string what =
+        fmt::format("{} x {} {} from rank {}", out.numel(), dtype_name(out.dtype), out.shape_str(), peer);
     MPI_Request req = MPI_REQUEST_NULL;
     MPI_Status st;
-    MPI_CHECK(MPI_Irecv(out.data, bytes, MPI_BYTE, peer, kDataTag, comm_, &req));
-    wait(&req, &st, "recv", fmt::format("{} x {} {} from rank {}", out.numel(), dtype_name(out.dtype), out.shape_str(), peer),
-         peer);
+    issued(MPI_Irecv(out.data, bytes, MPI_BYTE, peer, kDataTag, comm_, &req), "recv", what, peer);
+    wait(&req, &st, "recv", what, peer);
     int got = 0;
     MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &got));
     LATTICE_CHECK(got == bytes, "recv on '{}' from {}: got {} bytes, expected {} ({} x {} {}): sender and receiver disagree",
@@ -311,7 +323,7 @@ void MpiComm::recv(const View& out, int peer) {
 void MpiComm::barrier() {
     start_call("barrier", -1);
     MPI_Request req = MPI_REQUEST_NULL;
-    MPI_CHECK(MPI_Ibarrier(comm_, &req));
+    issued(MPI_Ibarrier(comm_, &req), "barrier", "no data", -1);
     wait(&req, MPI_STATUS_IGNORE, "barrier", "no data", -1);
 }
 

@@ -64,6 +64,8 @@ public:
 
 private:
     void start_call(const char* op, int peer);
+    // Checks the return code of a just-started non-blocking call (error -> broken + Error).
+    void issued(int rc, const char* op, const std::string& what, int peer);
     void wait(MPI_Request* req, MPI_Status* status, const char* op, const std::string& what, int peer);
     [[noreturn]] void fail_timeout(const char* op, const std::string& what, int peer, double waited_s);
     [[noreturn]] void fail_mpi(const char* op, const std::string& what, int peer, int rc);
@@ -80,7 +82,7 @@ private:
     bool broken_ = false;
     std::vector<int> world_ranks_;  // comm rank -> world rank
     std::unique_ptr<ControlChannel> ctl_;
-    std::vector<float> scratch_;  // f16/bf16 staging
+    std::vector<float> scratch_;  // f16/bf16 staging, copy of an aliased reduce_scatter input
 };
 
 }  // namespace lattice

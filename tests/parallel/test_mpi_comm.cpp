@@ -179,6 +179,22 @@ TEST_CASE("reduce_scatter_sum f32 / i32 / bf16 at odd sizes") {
     CHECK(bad == 0);
 }
 
+TEST_CASE("reduce_scatter_sum with out aliasing the start of in (staged copy)") {
+    MpiComm& c = world();
+    const int n = c.size(), me = c.rank();
+    const int64_t len = 1001;
+    std::vector<int32_t> buf(size_t(len * n));
+    for (int64_t i = 0; i < len * n; ++i) buf[size_t(i)] = ival(me, i);
+    c.reduce_scatter_sum(View::contiguous(buf.data(), DType::kI32, {len}), vi(buf));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < len; ++i) {
+        int64_t e = 0;
+        for (int r = 0; r < n; ++r) e += ival(r, me * len + i);
+        bad += buf[size_t(i)] != int32_t(e);
+    }
+    CHECK(bad == 0);
+}
+
 TEST_CASE("broadcast from every root") {
     MpiComm& c = world();
     for (int root = 0; root < c.size(); ++root) {
