@@ -103,7 +103,9 @@ void check_model(const std::string& model, const std::string& gguf_file, bool f1
     auto ref = read_hf(kGolden + model);
     REQUIRE(!ref.empty());
     int compared = 0, permuted_differs = 0;
-    for (const auto& [name, t] : ref) {
+    for (const auto& entry : ref) {
+        const std::string& name = entry.first;
+        const HfTensor& t = entry.second;
         CAPTURE(name);
         REQUIRE(src->has(name));
         const TensorInfo& info = src->info(name);
