@@ -170,7 +170,7 @@ TEST_CASE("w8a16: float output matches a double reference of the same int8 weigh
     std::mt19937 rng(11);
     for (int64_t n : {1, 15, 33, 100})
         for (int64_t k : {1, 3, 37, 129, 300})
-            for (int64_t m : {1, 2, 3, 7, 13, 17}) {
+            for (int64_t m : {1, 2, 3, 7, 13, 17, 33}) {  // 33: the AVX-512 prefill (f32 panel) path
                 std::vector<float> wf = random_f32(size_t(n * k), rng, 0.05f);
                 std::vector<float> x = random_f32(size_t(m * k), rng, 1.0f);
                 std::vector<int8_t> q(size_t(n * k));
@@ -209,7 +209,7 @@ TEST_CASE("threads: 1 and 3 threads give bit-identical results on every path") {
     std::vector<int8_t> q(size_t(n * k));
     std::vector<float> sw(static_cast<size_t>(n));
     quantize_weights_per_channel(wf.data(), n, k, q.data(), sw.data());
-    for (int64_t m : {1, 4, 17}) {
+    for (int64_t m : {1, 4, 17, 40}) {
         std::vector<float> x = random_f32(size_t(m * k), rng, 1.0f);
         std::vector<int8_t> a = random_i8(size_t(m * k), rng);
         for (IsaLevel isa : supported_isas()) {
