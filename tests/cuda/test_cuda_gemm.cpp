@@ -1,0 +1,231 @@
+// CUDA GEMMs and token selection against CPU references:
+//   cuBLASLt IMMA int8 GEMM: exact int32 (padded n, k; m = 1, odd m, a larger tile-filling case);
+//   cuBLASLt fp16/bf16 GEMM; W8A8 dp4a GEMV: exact (int32 dot, same dequant order); W8A16 GEMV
+//   (scalar and vector x paths); the int32 dequant epilogue: exact; argmax (ties, NaN); sampling
+//   (temperature, top-k, top-p, inverse CDF) against a serial reference of the same algorithm.
+#include "cuda_test_util.h"
+#include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/kernels.h"
+
+#include <algorithm>
+#include <numeric>
+
+using namespace lattice;
+using namespace lattice::test;
+
+namespace {
+
+std::vector<int8_t> random_i8(std::mt19937_64& rng, int64_t rows, int64_t cols, int64_t ld) {
+    std::vector<int8_t> v(size_t(rows * ld), 0);  // zero padding in [cols, ld)
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) v[size_t(i * ld + j)] = int8_t(int(rng() % 255) - 127);
+    return v;
+}
+
+int32_t dot_i8(const int8_t* a, const int8_t* b, int64_t k) {
+    int32_t s = 0;
+    for (int64_t j = 0; j < k; ++j) s += int32_t(a[j]) * int32_t(b[j]);
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("cuda int8 GEMM (cuBLASLt IMMA) is exact in int32" * doctest::test_suite("cuda")) {
+    LATTICE_REQUIRE_CUDA();
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    cuda::LtGemm lt;
+    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 45, 77}, {5, 45, 77}, {33, 100, 200},
+                           {64, 256, 512}}) {
+        INFO("m=" << m << " n=" << n << " k=" << k);
+        const int64_t np = (n + 15) / 16 * 16, kp = (k + 15) / 16 * 16;
+        std::vector<int8_t> x = random_i8(rng, m, k, kp), w = random_i8(rng, np, k, kp);
+        std::fill(w.begin() + n * kp, w.end(), int8_t(0));  // padded channels
+        DevBuf dx(x), dw(w), dc(size_t(m * np) * 4);
+        lt.gemm_i8(dc.get<int32_t>(), np, dx.get<int8_t>(), kp, dw.get<int8_t>(), kp, m, np, kp, nullptr);
+        std::vector<int32_t> c = dc.download<int32_t>(size_t(m * np));
+        bool nonzero = false;
+        for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < np; ++j) {
+                const int32_t ref = dot_i8(&x[size_t(i * kp)], &w[size_t(j * kp)], kp);
+                nonzero |= ref != 0;
+                REQUIRE(c[size_t(i * np + j)] == ref);
+            }
+        CHECK(nonzero);
+    }
+}
+
+TEST_CASE("cuda float GEMM (cuBLASLt, fp32 accumulate)" * doctest::test_suite("cuda")) {
+    LATTICE_REQUIRE_CUDA();
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    cuda::LtGemm lt;
+    for (DType act : {DType::kF16, DType::kBF16}) {
+        for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 45, 77}, {17, 64, 130}}) {
+            std::vector<float> x = random_vec(rng, size_t(m * k)), w = random_vec(rng, size_t(n * k));
+            for (auto* v : {&x, &w})
+                for (auto& e : *v) e = round_act(e, act);
+            DevBuf dx(to_act(x, act)), dw(to_act(w, act)), dy(size_t(m * n) * 2);
+            lt.gemm_float(dy.get(), n, dx.get(), k, dw.get(), k, m, n, k, act, nullptr);
+            std::vector<float> ref(static_cast<size_t>(m * n));
+            for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < n; ++j) {
+                    double s = 0;
+                    for (int64_t t = 0; t < k; ++t) s += double(x[size_t(i * k + t)]) * w[size_t(j * k + t)];
+                    ref[size_t(i * n + j)] = float(s);
+                }
+            CHECK(rel_err(from_act(dy.download<uint16_t>(size_t(m * n)), act), ref) < tol_for(act));
+        }
+    }
+}
+
+TEST_CASE("cuda W8A8 GEMV (dp4a) and the dequant epilogue are exact" * doctest::test_suite("cuda")) {
+    LATTICE_REQUIRE_CUDA();
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    for (DType act : {DType::kF16, DType::kBF16}) {
+        for (int64_t m : {1, 3, 8}) {
+            const int64_t n = 37, k = 90, kp = 96;
+            std::vector<int8_t> x = random_i8(rng, m, k, kp), w = random_i8(rng, n, k, kp);
+            std::vector<float> sx = random_vec(rng, size_t(m), 0.01f, 0.05f), sw = random_vec(rng, size_t(n), 0.001f, 0.01f);
+            DevBuf dx(x), dw(w), dsx(sx), dsw(sw), dy(size_t(m * n) * 2);
+            cuda::gemv_w8a8(dy.get(), dx.get<int8_t>(), kp, dsx.get<float>(), dw.get<int8_t>(), kp, dsw.get<float>(), m,
+                            n, kp, act, nullptr);
+            std::vector<float> got = from_act(dy.download<uint16_t>(size_t(m * n)), act);
+            std::vector<int32_t> acc(static_cast<size_t>(m * n));
+            for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < n; ++j) {
+                    acc[size_t(i * n + j)] = dot_i8(&x[size_t(i * kp)], &w[size_t(j * kp)], kp);
+                    REQUIRE(got[size_t(i * n + j)] ==
+                            round_act(float(acc[size_t(i * n + j)]) * sx[size_t(i)] * sw[size_t(j)], act));
+                }
+            // Epilogue of the IMMA path on the same accumulators (ld > n): identical numbers.
+            DevBuf dacc(acc), dy2(size_t(m * n) * 2);
+            cuda::dequant_i32(dy2.get(), dacc.get<int32_t>(), n, dsx.get<float>(), dsw.get<float>(), m, n, act, nullptr);
+            CHECK(from_act(dy2.download<uint16_t>(size_t(m * n)), act) == got);
+        }
+    }
+}
+
+TEST_CASE("cuda W8A16 GEMV: scalar and vector activation paths" * doctest::test_suite("cuda")) {
+    LATTICE_REQUIRE_CUDA();
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    for (DType act : {DType::kF16, DType::kBF16}) {
+        for (auto [m, k] : {std::pair<int64_t, int64_t>{1, 100}, {8, 100}, {1, 4096}, {5, 4096}}) {
+            INFO(dtype_name(act) << " m=" << m << " k=" << k);
+            const int64_t n = 37, kp = (k + 15) / 16 * 16;
+            std::vector<int8_t> w = random_i8(rng, n, k, kp);
+            std::vector<float> sw = random_vec(rng, size_t(n), 0.001f, 0.01f), x = random_vec(rng, size_t(m * k));
+            for (auto& e : x) e = round_act(e, act);
+            DevBuf dx(to_act(x, act)), dw(w), dsw(sw), dy(size_t(m * n) * 2);
+            cuda::gemv_w8a16(dy.get(), dx.get(), dw.get<int8_t>(), kp, dsw.get<float>(), m, n, k, act, nullptr);
+            std::vector<float> ref(static_cast<size_t>(m * n));
+            for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < n; ++j) {
+                    double s = 0;
+                    for (int64_t t = 0; t < k; ++t) s += double(x[size_t(i * k + t)]) * w[size_t(j * kp + t)];
+                    ref[size_t(i * n + j)] = float(s * sw[size_t(j)]);
+                }
+            CHECK(rel_err(from_act(dy.download<uint16_t>(size_t(m * n)), act), ref) < tol_for(act));
+        }
+    }
+}
+
+TEST_CASE("cuda argmax: lowest index on ties, NaN ignored" * doctest::test_suite("cuda")) {
+    LATTICE_REQUIRE_CUDA();
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    const int64_t m = 3, v = 1001;
+    std::vector<float> logits = random_vec(rng, size_t(m * v), -10, 10);
+    logits[17] = 50.0f;
+    logits[900] = 50.0f;       // tie in row 0: 17 wins
+    logits[v + 3] = NAN;       // row 1: NaN must not win
+    logits[v + 1000] = 40.0f;  // row 1: last element
+    logits[2 * v + 0] = 60.0f;
+    DevBuf dl(logits), dout(size_t(m) * 4);
+    cuda::argmax(dout.get<int32_t>(), dl.get(), DType::kF32, m, v, nullptr);
+    CHECK(dout.download<int32_t>(size_t(m)) == std::vector<int32_t>{17, 1000, 0});
+}
+
+namespace {
+
+// Serial reference of the device sampling algorithm; returns -1 when u lies within `eps` of a CDF
+// boundary (summation order could legitimately flip the pick there).
+int32_t sample_ref(const float* logits, int64_t v, const cuda::SampleParams& p, double eps) {
+    std::vector<float> x(static_cast<size_t>(v));
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < v; ++j) mx = std::max(mx, x[size_t(j)] = logits[j] / p.temperature);
+    float kth = -INFINITY;
+    if (p.top_k > 0 && p.top_k < v) {
+        std::vector<float> s = x;
+        std::nth_element(s.begin(), s.begin() + (p.top_k - 1), s.end(), std::greater<float>());
+        kth = s[size_t(p.top_k - 1)];
+    }
+    std::vector<double> w(size_t(v), 0.0);
+    for (int64_t j = 0; j < v; ++j)
+        if (x[size_t(j)] >= kth) w[size_t(j)] = std::exp(double(x[size_t(j)]) - mx);
+    double z = std::accumulate(w.begin(), w.end(), 0.0);
+    if (p.top_p < 1.0f) {
+        std::vector<double> s = w;
+        std::sort(s.begin(), s.end(), std::greater<double>());
+        double cum = 0, thr = 0;
+        for (double e : s) {
+            cum += e;
+            thr = e;
+            if (cum >= p.top_p * z) break;
+        }
+        for (auto& e : w)
+            if (e < thr) e = 0;
+    }
+    const double total = std::accumulate(w.begin(), w.end(), 0.0), target = double(p.u) * total;
+    double cum = 0;
+    for (int64_t j = 0; j < v; ++j) {
+        if (w[size_t(j)] == 0) continue;
+        if (std::abs(cum - target) < eps * total && cum > 0) return -1;
+        cum += w[size_t(j)];
+        if (cum > target) return std::abs(cum - target) < eps * total ? -1 : int32_t(j);
+    }
+    return -1;
+}
+
+}  // namespace
+
+TEST_CASE("cuda sampling: temperature, top-k, top-p, inverse CDF" * doctest::test_suite("cuda")) {
+    LATTICE_REQUIRE_CUDA();
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    const int64_t v = 3001;
+    const std::vector<cuda::SampleParams> kinds = {
+        {1.0f, 0, 1.0f, 0}, {0.7f, 5, 1.0f, 0}, {1.3f, 0, 0.9f, 0}, {1.0f, 50, 0.5f, 0}, {1.0f, 1, 1.0f, 0}};
+    int compared = 0;
+    for (int rep = 0; rep < 20; ++rep) {
+        const int64_t m = int64_t(kinds.size());
+        std::vector<float> logits = random_vec(rng, size_t(m * v), -4, 4);
+        std::vector<cuda::SampleParams> params = kinds;
+        std::uniform_real_distribution<float> U(0.0f, 1.0f);
+        for (auto& p : params) p.u = std::min(U(rng), 0.999f);
+        DevBuf dl(logits), dp(params), dout(size_t(m) * 4);
+        cuda::sample(dout.get<int32_t>(), dl.get(), DType::kF32, m, v, dp.get<cuda::SampleParams>(), nullptr);
+        std::vector<int32_t> got = dout.download<int32_t>(size_t(m));
+        for (int64_t i = 0; i < m; ++i) {
+            const int32_t ref = sample_ref(&logits[size_t(i * v)], v, params[size_t(i)], 1e-4);
+            INFO("row " << i << " u " << params[size_t(i)].u);
+            REQUIRE(got[size_t(i)] >= 0);
+            REQUIRE(got[size_t(i)] < v);
+            if (ref >= 0) {
+                CHECK(got[size_t(i)] == ref);
+                ++compared;
+            }
+        }
+        // top_k = 1 is greedy.
+        CHECK(got[4] == int32_t(std::max_element(logits.begin() + 4 * v, logits.begin() + 5 * v) - (logits.begin() + 4 * v)));
+    }
+    CHECK(compared > 80);  // boundary skips are rare
+}
