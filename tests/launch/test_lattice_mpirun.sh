@@ -40,9 +40,9 @@ expect_cmd "mpirun -np 2$R --map-by ppr:2:node:PE=4 --bind-to core lattice gener
     --tp 2 --cpu --cores-per-node 8 -- lattice generate --model m
 expect_cmd "mpirun -np 6$R --map-by ppr:6:node:PE=2 --bind-to core lattice generate --model m --tp 3 --pp 2" \
     --tp 3 --pp 2 --cpu --cores-per-node 13 -- lattice generate --model m
-# More ranks than cores: no binding, oversubscribe.
+# More ranks than cores: only with --oversubscribe, then no binding.
 expect_cmd "mpirun -np 4$R --map-by ppr:4:node --bind-to none --oversubscribe ./build/launch/lattice doctor --tp 2 --pp 2" \
-    --tp 2 --pp 2 --cpu --cores-per-node 2 -- ./build/launch/lattice doctor
+    --tp 2 --pp 2 --cpu --cores-per-node 2 --oversubscribe -- ./build/launch/lattice doctor
 # Values already in the lattice command are kept when they agree; non-lattice programs are untouched.
 expect_cmd "mpirun -np 2$R --map-by ppr:2:node:PE=1 --bind-to core lattice generate --tp=2 --pp 1" \
     --tp 2 --cpu --cores-per-node 2 -- lattice generate --tp=2 --pp 1
@@ -79,6 +79,7 @@ expect_cmd "mpirun -np 8$R --hostfile $hf --map-by ppr:4:node --bind-to none $NC
     --tp 4 --pp 2 --hostfile "$hf" --gpus-per-node 4 -- lattice generate
 
 # Refusals (exit 2, nothing on stdout, one line naming the problem).
+expect_refusal "4 CPU ranks per node but only 2 cores: add --oversubscribe" --tp 2 --pp 2 --cpu --cores-per-node 2 -- x
 expect_refusal "tp 3 is not a power of two" --tp 3 --gpu-numa 0,0,0,0 -- lattice generate
 expect_refusal "tp 8 does not divide the 4 GPUs per node" --tp 8 --gpu-numa 0,0,1,1 -- lattice generate
 expect_refusal "need 8 GPUs per node but there are 4" --tp 4 --pp 2 --gpu-numa 0,0,1,1 -- lattice generate
@@ -87,7 +88,7 @@ expect_refusal "cannot be spread evenly over 3 nodes" --tp 2 --pp 2 --hosts a,b,
 expect_refusal "3 nodes but only tp*pp = 2 ranks" --tp 2 --hosts a,b,c --cpu -- lattice generate
 expect_refusal "host 'n2' has 2 slots but the layout needs 4" --tp 4 --pp 2 --hosts n1:4,n2:2 --gpus-per-node 8 -- lattice generate
 expect_refusal "the lattice command says --tp 4 but the wrapper was given --tp 2" --tp 2 --cpu -- lattice generate --tp 4
-expect_refusal "the lattice command says --pp 1 but the wrapper was given --pp 2" --tp 2 --pp 2 --cpu -- lattice generate --pp=1
+expect_refusal "the lattice command says --pp 1 but the wrapper was given --pp 2" --tp 2 --pp 2 --cpu --cores-per-node 8 -- lattice generate --pp=1
 expect_refusal "--oversubscribe is for CPU ranks" --tp 2 --oversubscribe --gpu-numa 0,0 -- lattice generate
 expect_refusal "--gpu-numa lists 2 GPUs but there are 4" --tp 2 --gpus-per-node 4 --gpu-numa 0,0 -- lattice generate
 expect_refusal "no command" --tp 2 --cpu
