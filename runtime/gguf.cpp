@@ -25,6 +25,9 @@ namespace {
 
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" little-endian
 constexpr int kMaxDepth = 4;             // nested array depth
+// Arrays of arrays cost ~150 bytes of GgufValue per 12-byte element; cap their total so a hostile
+// file cannot make memory use ~12x its size (no real GGUF comes near this).
+constexpr uint64_t kMaxNestedArrays = 1 << 20;
 constexpr uint64_t kMaxKeyLen = 1 << 16;
 constexpr uint64_t kMaxNameLen = 256;
 constexpr uint32_t kMaxDims = 4;
@@ -203,7 +206,8 @@ void decode_scalar(GgufType t, const uint8_t* p, GgufValue& v) {
     }
 }
 
-void read_value(Cursor& c, GgufType t, GgufValue& v, const std::string& file, const std::string& key, int depth) {
+void read_value(Cursor& c, GgufType t, GgufValue& v, const std::string& file, const std::string& key, int depth,
+                uint64_t& nested_budget) {
     v.type = t;
     if (t == GgufType::kString) {
         v.s = c.read_string(key.c_str(), std::numeric_limits<uint64_t>::max());
@@ -233,7 +237,10 @@ void read_value(Cursor& c, GgufType t, GgufValue& v, const std::string& file, co
         for (auto& s : v.strs) s = c.read_string(key.c_str(), std::numeric_limits<uint64_t>::max());
     } else if (v.elem_type == GgufType::kArray) {
         v.arr.resize(v.count);
-        for (auto& e : v.arr) read_value(c, GgufType::kArray, e, file, key, depth + 1);
+        LATTICE_CHECK(n <= nested_budget, "{}: key \"{}\": more than {} nested arrays in the file", file, key,
+                      kMaxNestedArrays);
+        nested_budget -= n;
+        for (auto& e : v.arr) read_value(c, GgufType::kArray, e, file, key, depth + 1, nested_budget);
     } else {
         uint64_t bytes = n * min_bytes;  // fits: checked against remaining above
         c.need(bytes, key.c_str());
@@ -367,14 +374,15 @@ void GgufFile::parse_all() {
     LATTICE_CHECK(n_tensors <= c.remaining() / 32, "{}: tensor count {} cannot fit in the {} bytes left", file,
                   n_tensors, c.remaining());
 
-    kv_.reserve(size_t(n_kv));
+    kv_.reserve(size_t(std::min<uint64_t>(n_kv, 1 << 12)));  // grows with what is actually parsed
+    uint64_t nested_budget = kMaxNestedArrays;
     for (uint64_t k = 0; k < n_kv; ++k) {
         std::string key = c.read_string("kv key", kMaxKeyLen);
         LATTICE_CHECK(!kv_index_.count(key), "{}: duplicate metadata key \"{}\"", file, key);
         uint32_t t = c.read<uint32_t>("kv type");
         LATTICE_CHECK(valid_type(t), "{}: key \"{}\": unknown value type {}", file, key, t);
         GgufValue v;
-        read_value(c, GgufType(t), v, file, key, 0);
+        read_value(c, GgufType(t), v, file, key, 0, nested_budget);
         kv_index_[key] = kv_.size();
         kv_.emplace_back(std::move(key), std::move(v));
     }
@@ -388,7 +396,7 @@ void GgufFile::parse_all() {
         alignment_ = a->u;
     }
 
-    tensors_.reserve(size_t(n_tensors));
+    tensors_.reserve(size_t(std::min<uint64_t>(n_tensors, 1 << 16)));
     for (uint64_t k = 0; k < n_tensors; ++k) {
         GgufTensor t;
         t.name = c.read_string("tensor name", kMaxNameLen);

@@ -350,6 +350,23 @@ TEST_CASE("gguf: unknown value types, bad alignment and deep nesting are rejecte
         CHECK(f->data_offset() % 64 == 0);
         CHECK(f->tensor("b").offset == 64);
     }
+    SUBCASE("too many nested arrays") {
+        // 2^20 + 1 empty u8 arrays inside one array: 12 bytes each in the file, rejected by the cap.
+        std::vector<uint8_t> v;
+        const uint64_t n = (uint64_t(1) << 20) + 1;
+        GgufBuilder::put<uint32_t>(v, 9);
+        GgufBuilder::put<uint64_t>(v, n);
+        for (uint64_t k = 0; k < n; ++k) {
+            GgufBuilder::put<uint32_t>(v, 0);
+            GgufBuilder::put<uint64_t>(v, 0);
+        }
+        GgufBuilder g;
+        g.kv_raw("many", 9, v);
+        auto b = g.build();
+        std::string m = parse_error(b);
+        CHECK_MSG_HAS(m, "\"many\"");
+        CHECK_MSG_HAS(m, "nested arrays");
+    }
     SUBCASE("nesting depth") {
         std::vector<uint8_t> v;
         for (int d = 0; d < 10; ++d) {
