@@ -8,6 +8,8 @@
 #  - lattice-multinode.sbatch RUN=doctor, TP=2 on the one node: same
 #  - lattice.sbatch RUN=generate on tiny-llama2 with both launchers: the printed ids equal
 #    expected.json case 0's greedy_ids (first MAX_NEW_TOKENS); TP=2 with `generate`, 1 rank with `doctor`
+#  - scaling-sweep.sbatch as a job array (1x1; 1x1 2x1 1x2 with `generate`): sweep.json holds
+#    every layout's --stats-json with the right tp, pp and token count
 #  - scancel of a long generation (SmolLM2 default model, when fetched): no rank process left
 #   test_slurm.sh doctor|generate
 # Exit 77 (CTest: skipped, with the reason printed) only where Slurm is not installed.
@@ -170,6 +172,34 @@ for launcher in srun mpirun; do
         check_tokens "$name"
     fi
 done
+# Scaling sweep: one array task per layout, merged into sweep.json with every layout's stats.
+layouts="1x1"; [ "$mode" = generate ] && layouts="1x1 2x1 1x2"
+read -r -a lay <<< "$layouts"
+sweep_id=$(cd "$src" && MODEL="$model" LAYOUTS="$layouts" CPU_RANKS=1 LAUNCHER=srun LATTICE="$bin" RESULTS="$tmp/sweep" \
+           PROMPT_IDS=93 MAX_NEW_TOKENS=$new_tokens COMM_TIMEOUT=30 \
+           sbatch --parsable --array=0-$((${#lay[@]} - 1)) --output="$tmp/sweep-%a.out" --error="$tmp/sweep-%a.err" \
+                  --nodes=1 --ntasks-per-node=2 --gpus-per-node=0 --cpus-per-task=1 --time=2 \
+                  launch/slurm/scaling-sweep.sbatch 2>&1)
+if [[ "$sweep_id" =~ ^[0-9]+$ ]]; then
+    job_ids="$job_ids $sweep_id"
+    for _ in $(seq 450); do [ -z "$(squeue -h -j "$sweep_id" 2>/dev/null)" ] && break; sleep 0.2; done
+    python3 - "$tmp/sweep/sweep.json" "$new_tokens" $layouts <<'PY' || { cat "$tmp"/sweep-*.out "$tmp"/sweep-*.err; fails=$((fails + 1)); }
+import json, sys
+path, n, layouts = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+try:
+    d = json.load(open(path))
+except (OSError, ValueError) as e:
+    print(f"FAIL: sweep: {path}: {e}"); sys.exit(1)
+got = {f"{r['tp']}x{r['pp']}": r for r in d["runs"]}
+bad = [l for l in layouts if l not in got or not got[l]["ok"] or got[l]["stats"].get("generated_tokens") != n
+       or f"{got[l]['stats'].get('tp')}x{got[l]['stats'].get('pp')}" != l]
+if bad or len(got) != len(layouts):
+    print(f"FAIL: sweep: layouts {bad} missing or wrong in {json.dumps(d)[:2000]}"); sys.exit(1)
+print(f"sweep: {len(layouts)} layout(s) in sweep.json, {n} tokens each")
+PY
+else
+    echo "FAIL: sweep: sbatch said: $sweep_id"; fails=$((fails + 1))
+fi
 # scancel of a running generation leaves no rank behind (needs a model that decodes for a while).
 long_model="$src/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 if [ -e "$long_model" ]; then
