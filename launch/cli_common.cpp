@@ -1,8 +1,10 @@
 // Shared model-loading options and setup (see cli_common.h).
 #include "launch/cli_common.h"
 
+#include "parallel/parallel_context.h"
 #include "runtime/base/log.h"
 #include "runtime/cpu_backend.h"
+#include "runtime/engine.h"
 #include "runtime/random_source.h"
 
 #include <chrono>
@@ -54,10 +56,25 @@ std::vector<int32_t> parse_id_list(const std::string& s, const char* what) {
     return ids;
 }
 
+namespace {
+std::vector<int64_t> parse_counts(const std::string& s) {
+    std::vector<int64_t> out;
+    for (int32_t v : parse_id_list(s, "--pp-layers")) out.push_back(v);
+    return out;
+}
+}  // namespace
+
 LoadedModel load_model(const ModelArgs& a) {
     LoadedModel lm;
     auto t0 = std::chrono::steady_clock::now();
-    LATTICE_CHECK(a.tp == 1 && a.pp == 1, "--tp {} --pp {}: multi-rank layouts need the MPI communicators", a.tp, a.pp);
+    // MPI only when asked for several ranks or launched by an MPI starter: a plain single-process
+    // run neither pays for nor depends on MPI initialization.
+    const bool under_mpi = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK");
+    ParallelContext ctx = (a.tp * a.pp > 1 || under_mpi) ? make_parallel_context(a.tp, a.pp, a.comm_timeout)
+                                                         : make_local_context();
+    lm.world_rank = ctx.world.rank;
+    lm.world_size = ctx.world.world;
+    if (lm.world_rank != 0) set_log_level(LogLevel::kWarn);
     std::unique_ptr<TensorSource> src;
     if (a.random_weights) {
         ModelConfig cfg;
@@ -80,12 +97,18 @@ LoadedModel load_model(const ModelArgs& a) {
     mo.quant_head = a.quant_head;
     mo.max_seq = a.max_seq;
     mo.max_batch_tokens = a.max_batch_tokens;
-    lm.model = std::make_unique<Model>(*src, *lm.backend, mo, nullptr);
+    mo = rank_model_options(mo, ctx, src->config().n_layers,
+                            a.pp_layers.empty() ? std::vector<int64_t>{} : parse_counts(a.pp_layers));
+    lm.model = std::make_unique<Model>(*src, *lm.backend, mo, ctx.tp.get());
     src.reset();  // drop the file mappings: weights now live in the backend's memory
-    lm.generator = std::make_unique<Generator>(*lm.model, PipelineLinks{}, a.micro_batch);
+    PipelineLinks links = rank_pipeline_links(ctx);
+    lm.generator = std::make_unique<Generator>(*lm.model, links, a.micro_batch);
+    lm.tp_comm = std::move(ctx.tp);
+    lm.pp_comm = std::move(ctx.pp_world);
+    lm.world_comm = std::move(ctx.world_comm);
     lm.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    LOG_INFO("loaded {} on {} in {:.2f} s ({:.1f} MiB of weights on this rank, quant {})",
-             a.random_weights ? "random weights" : a.model, lm.backend->name(), lm.load_seconds,
+    LOG_INFO("{}: loaded {} on {} in {:.2f} s ({:.1f} MiB of weights on this rank, quant {})",
+             ctx.world.describe(), a.random_weights ? "random weights" : a.model, lm.backend->name(), lm.load_seconds,
              double(lm.model->weight_bytes()) / (1 << 20), a.quant);
     return lm;
 }

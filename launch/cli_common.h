@@ -38,10 +38,11 @@ struct ModelArgs {
 // Everything a command needs, owned together (destroyed in reverse order).
 struct LoadedModel {
     std::unique_ptr<Backend> backend;
-    std::unique_ptr<Communicator> tp_comm;
-    std::unique_ptr<Communicator> world_comm;
     std::unique_ptr<Model> model;
     std::unique_ptr<Generator> generator;
+    std::unique_ptr<Communicator> tp_comm;
+    std::unique_ptr<Communicator> pp_comm;
+    std::unique_ptr<Communicator> world_comm;
     int world_rank = 0;
     int world_size = 1;
     int threads = 1;  // CPU threads per rank

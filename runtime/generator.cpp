@@ -45,14 +45,13 @@ void Generator::step(const int32_t* ids, int64_t count, int64_t pos0, const std:
     if (o.first_stage) {
         model_.embed(b, hidden);
     } else {
-        // Pipeline receive: host communicators need host memory; the CPU backend's scratch is host.
-        links_.world->recv(hidden, links_.prev);
+        links_.pipe->recv(hidden, links_.prev);
     }
     model_.run_layers(b, hidden);
     if (o.last_stage)
         model_.head(hidden, logit_rows, logits);
     else
-        links_.world->send(hidden, links_.next);
+        links_.pipe->send(hidden, links_.next);
 }
 
 GenerateResult Generator::generate(const GenerateRequest& req, const std::function<void(int32_t)>& on_token) {

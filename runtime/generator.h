@@ -2,7 +2,7 @@
 //
 // Every rank runs the same loop. A step moves a batch of tokens through the pipeline:
 // the first stage embeds, other stages receive the hidden rows from the previous stage
-// (world rank - tp), every stage runs its layers and sends to the next (world rank + tp), the last
+// (pipe rank - 1 = world rank - tp), every stage runs its layers and sends to the next, the last
 // stage computes logits. Sampling happens once, on the sampler rank (last stage, TP rank 0), and
 // the token is broadcast to all ranks, so every rank agrees on every step.
 // Pipeline schedule: the prompt is split into micro-batches of `micro_batch_tokens`; a stage sends
@@ -21,9 +21,10 @@
 namespace lattice {
 
 struct PipelineLinks {
-    Communicator* world = nullptr;  // null: a single rank
-    int prev = -1;                  // world rank of the previous stage, -1 on the first
-    int next = -1;                  // world rank of the next stage, -1 on the last
+    Communicator* pipe = nullptr;   // this rank's pipeline group (one rank per stage); null: one stage
+    int prev = -1;                  // pipe rank of the previous stage, -1 on the first
+    int next = -1;                  // pipe rank of the next stage, -1 on the last
+    Communicator* world = nullptr;  // all ranks; null: a single rank
     int sampler = 0;                // world rank that samples
 };
 
