@@ -67,9 +67,20 @@ PreTokenizer pre_tokenizer_from_json(const json& root, const std::string& path) 
 }  // namespace
 
 TokenizerSpec load_tokenizer_json(const std::string& path) {
+    TokenizerSpec spec = parse_tokenizer_json(tokenizer_read_file(path, kMaxTokenizerFileBytes), path);
+    std::error_code ec;
+    const auto cfg = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+    if (std::filesystem::exists(cfg, ec)) apply_tokenizer_config(spec, cfg.string());
+    finish_spec(spec);
+    return spec;
+}
+
+TokenizerSpec parse_tokenizer_json(std::string_view text, const std::string& path) {
+    LATTICE_CHECK(text.size() <= kMaxTokenizerFileBytes, "tokenizer {}: {} bytes exceed the {} byte limit", path,
+                  text.size(), kMaxTokenizerFileBytes);
     json root;
     try {
-        root = json::parse(tokenizer_read_file(path, kMaxTokenizerFileBytes));
+        root = json::parse(text);
     } catch (const json::exception& e) {
         LATTICE_FAIL("tokenizer {}: invalid JSON: {}", path, e.what());
     }
@@ -100,6 +111,11 @@ TokenizerSpec load_tokenizer_json(const std::string& path) {
         const json added = root.value("added_tokens", json::array());
         for (const auto& a : added) check_id(a.at("id"));
         LATTICE_CHECK(max_id >= 0, "tokenizer {}: empty vocab", path);
+        // Ids are dense in real files; bound the table by the entries present so a few bytes of JSON
+        // cannot ask for a 16M-entry table.
+        const int64_t entries = int64_t(model["vocab"].size() + added.size());
+        LATTICE_CHECK(max_id < 2 * entries + 1024, "tokenizer {}: token id {} far beyond the {} tokens listed", path,
+                      max_id, entries);
         spec.tokens.assign(size_t(max_id + 1), std::string());
         spec.types.assign(size_t(max_id + 1), TokenType::kUnused);
         for (const auto& [piece, id] : model["vocab"].items()) {
@@ -170,9 +186,6 @@ TokenizerSpec load_tokenizer_json(const std::string& path) {
     for (const char* e : {"</s>", "<|end_of_text|>", "<|endoftext|>"})
         if (spec.eos_id < 0) spec.eos_id = find(e);
     spec.add_bos = spec.bos_id >= 0;
-    std::error_code ec;
-    const auto cfg = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
-    if (std::filesystem::exists(cfg, ec)) apply_tokenizer_config(spec, cfg.string());
     finish_spec(spec);
     return spec;
 }

@@ -95,7 +95,12 @@ std::string read_file_limited(const std::string& path, size_t limit) {
 std::string tokenizer_read_file(const std::string& path, size_t limit) { return read_file_limited(path, limit); }
 
 TokenizerSpec load_sentencepiece_model(const std::string& path) {
-    const std::string data = read_file_limited(path, kMaxModelBytes);
+    return parse_sentencepiece_model(read_file_limited(path, kMaxModelBytes), path);
+}
+
+TokenizerSpec parse_sentencepiece_model(std::string_view data, const std::string& path) {
+    LATTICE_CHECK(data.size() <= kMaxModelBytes, "tokenizer {}: {} bytes exceed the {} byte limit", path, data.size(),
+                  kMaxModelBytes);
     TokenizerSpec spec;
     spec.kind = TokenizerKind::kSentencePiece;
     spec.source = path;

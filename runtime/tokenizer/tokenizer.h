@@ -150,6 +150,10 @@ TokenizerSpec load_sentencepiece_model(const std::string& path);
 TokenizerSpec load_tokenizer_json(const std::string& path);
 TokenizerSpec load_gguf_vocab(const std::string& path);
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+// The same parsers on bytes in memory (`name` labels errors); used by the fuzzer. The JSON one does
+// not look for tokenizer_config.json.
+TokenizerSpec parse_sentencepiece_model(std::string_view bytes, const std::string& name);
+TokenizerSpec parse_tokenizer_json(std::string_view text, const std::string& name);
 
 // GPT-2's reversible byte <-> printable-unicode mapping used by byte-level vocabularies.
 uint32_t gpt2_byte_to_codepoint(uint8_t b);

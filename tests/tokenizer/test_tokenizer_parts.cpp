@@ -181,3 +181,39 @@ TEST_CASE("long words cost near-linear time") {
         CHECK(t->decode(ids) == word);
     }
 }
+
+TEST_CASE("tiny hand-made vocabularies: merge order, byte fallback, unknown, user-defined tokens") {
+    auto body = [](const char* file) {
+        std::ifstream f(std::string(LATTICE_SOURCE_DIR) + "/tests/fuzz/seeds_tokenizer/" + file, std::ios::binary);
+        std::string s(std::istreambuf_iterator<char>(f), {});
+        REQUIRE(s.size() > 1);
+        return s.substr(1);  // first byte selects the fuzzer's parser
+    };
+    using V = std::vector<int32_t>;
+    // SentencePiece-style tokenizer.json: merges "▁ a" (rank 0) < "a b" < "▁a b".
+    Tokenizer spm(parse_tokenizer_json(body("spm.json"), "spm.json"));
+    CHECK(spm.kind() == TokenizerKind::kSentencePiece);
+    CHECK(spm.encode("ab") == V{10});       // ▁a then ▁ab
+    CHECK(spm.encode("b") == V{5, 7});      // no merge "▁ b"
+    CHECK(spm.encode("A") == V{5, 3});      // byte fallback <0x41>
+    CHECK(spm.encode("c") == V{5, 0});      // no <0x63>: <unk>
+    CHECK(spm.encode("ab", true) == V{1, 10});
+    CHECK(spm.decode(V{5, 3, 4}) == "A\xFF");
+
+    // SentencePiece protobuf with scores: "▁a" (-0.5) beats "ab" (-0.7), so "ab" -> ▁a b.
+    Tokenizer model(parse_sentencepiece_model(body("spm.model"), "spm.model"));
+    CHECK(model.vocab_size() == 9);
+    CHECK(model.encode("ab") == V{7, 6});
+    CHECK(model.encode("bab") == V{4, 6, 8});  // ▁ b ab: "▁b" is no piece, "ab" is
+    CHECK(model.encode("A") == V{4, 3});
+
+    // Byte-level with ignore_merges: "Hello" is a token, so it is taken whole.
+    Tokenizer bl(parse_tokenizer_json(body("bytelevel.json"), "bytelevel.json"));
+    CHECK(bl.kind() == TokenizerKind::kByteLevel);
+    CHECK(bl.pre_tokenizer() == PreTokenizer::kLlama3);
+    CHECK(bl.encode("Hello") == V{8});
+    CHECK(bl.encode("Hell") == V{5, 6});  // He + ll (no "Hell")
+    CHECK(bl.encode("<x>Hello", false, false) == V{11, 8});  // non-special added token: always matched
+    CHECK(bl.encode("<|begin_of_text|>", false, false) != V{10});
+    CHECK(bl.encode("<|begin_of_text|>", false, true) == V{10});
+}
