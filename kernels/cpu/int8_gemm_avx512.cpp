@@ -31,6 +31,10 @@ inline void dpbusd(__m512i& acc, __m512i a_u8, __m512i b_s8) {
 // acc += a * b (same reason as dpbusd above).
 inline void fma_acc(__m512& acc, __m512 a, __m512 b) { __asm__("vfmadd231ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b)); }
 
+// Software prefetch distance along each panel stream (hardware prefetch alone leaves the decode
+// GEMV and the small-m tile below the DRAM stream rate when several panel streams run at once).
+constexpr int64_t kPrefetchBytes = 2048;
+
 inline __mmask16 tail_mask(int64_t p, int64_t n) {
     int64_t cnt = n - p * kInt8PanelN;
     return cnt >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cnt) - 1u);
@@ -63,7 +67,10 @@ inline void s8_tile(const uint8_t* a, int64_t lda, const PackedInt8& w, int64_t 
     for (int64_t g = 0; g < groups; ++g) {
         __m512i bv[NP];
 #pragma GCC unroll 4
-        for (int j = 0; j < NP; ++j) bv[j] = _mm512_load_si512(b + j * ps + g * 64);
+        for (int j = 0; j < NP; ++j) {
+            bv[j] = _mm512_load_si512(b + j * ps + g * 64);
+            _mm_prefetch(reinterpret_cast<const char*>(b + j * ps + g * 64 + kPrefetchBytes), _MM_HINT_T0);
+        }
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
             int32_t v;

@@ -60,6 +60,7 @@ inline void s8_tile(const uint8_t* a, int64_t lda, const PackedInt8& w, int64_t 
         for (int j = 0; j < NP; ++j) {
             bv[j][0] = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + j * ps + g * 64));
             bv[j][1] = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + j * ps + g * 64 + 32));
+            _mm_prefetch(reinterpret_cast<const char*>(b + j * ps + g * 64 + 2048), _MM_HINT_T0);  // see avx512 file
         }
 #pragma GCC unroll 4
         for (int r = 0; r < MR; ++r) {
