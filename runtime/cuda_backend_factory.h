@@ -6,9 +6,9 @@
 // runtime/cuda/cuda_backend.h, which only CUDA builds may include.
 #pragma once
 
-#include "runtime/backend.h"
-
 #include <memory>
+
+#include "runtime/backend.h"
 
 namespace lattice {
 
@@ -20,11 +20,14 @@ int cuda_device_count();
 constexpr bool kHaveCuda = true;
 #else
 inline std::unique_ptr<Backend> make_cuda_backend(int device, DType act) {
-    LATTICE_FAIL("CUDA backend requested (device {}, {}) but lattice was built without CUDA "
-                 "(reconfigure with -DLATTICE_CUDA=ON on a machine with nvcc)",
-                 device, dtype_name(act));
+    LATTICE_FAIL(
+        "CUDA backend requested (device {}, {}) but lattice was built without CUDA "
+        "(reconfigure with -DLATTICE_CUDA=ON on a machine with nvcc)",
+        device, dtype_name(act));
 }
-inline int cuda_device_count() { return 0; }
+inline int cuda_device_count() {
+    return 0;
+}
 constexpr bool kHaveCuda = false;
 #endif
 

@@ -9,17 +9,17 @@
 // bandwidth (gpu_peaks.h); the goal is >= 85% of it.
 // Output: a table on stdout and decode.json in --out DIR (default ./gpu-results).
 // Usage: bench_gpu_decode [--out DIR] [--device N] [--ctx N] [--physical N] [--quick]
-#include "benchmarks/gpu/gpu_peaks.h"
-#include "kernels/cuda/cuda_check.h"
-#include "runtime/cuda/cuda_backend.h"
-
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <vector>
+
+#include "benchmarks/gpu/gpu_peaks.h"
+#include "kernels/cuda/cuda_check.h"
+#include "runtime/cuda/cuda_backend.h"
 
 using namespace lattice;
 
@@ -42,12 +42,18 @@ int main(int argc, char** argv) try {
     bool quick = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
-        if (a == "--out" && i + 1 < argc) out_dir = argv[++i];
-        else if (a == "--device" && i + 1 < argc) device = std::stoi(argv[++i]);
-        else if (a == "--ctx" && i + 1 < argc) ctx = std::stoll(argv[++i]);
-        else if (a == "--physical" && i + 1 < argc) physical = std::stoi(argv[++i]);
-        else if (a == "--quick") quick = true;
-        else LATTICE_FAIL("bench_gpu_decode: unknown argument '{}'", a);
+        if (a == "--out" && i + 1 < argc)
+            out_dir = argv[++i];
+        else if (a == "--device" && i + 1 < argc)
+            device = std::stoi(argv[++i]);
+        else if (a == "--ctx" && i + 1 < argc)
+            ctx = std::stoll(argv[++i]);
+        else if (a == "--physical" && i + 1 < argc)
+            physical = std::stoi(argv[++i]);
+        else if (a == "--quick")
+            quick = true;
+        else
+            LATTICE_FAIL("bench_gpu_decode: unknown argument '{}'", a);
     }
     LATTICE_CHECK(physical >= 1 && physical <= kLayers && ctx >= 1 && ctx < 100000, "bench_gpu_decode: bad options");
     int count = 0;
@@ -144,13 +150,24 @@ int main(int argc, char** argv) try {
         const double pct = floor_ms > 0 ? 100.0 * floor_ms / step_ms : 0;
         fmt::print("{:>6} {:>12.2f} {:>12.1f} {:>12.2f} {:>9.1f}%\n", batch, step_ms, batch * 1e3 / step_ms, floor_ms,
                    pct);
-        rows.push_back({{"batch", batch}, {"ms_per_step", step_ms}, {"tokens_per_s", batch * 1e3 / step_ms},
-                        {"bytes_per_step", bytes}, {"floor_ms", floor_ms}, {"pct_of_floor", pct}});
+        rows.push_back({{"batch", batch},
+                        {"ms_per_step", step_ms},
+                        {"tokens_per_s", batch * 1e3 / step_ms},
+                        {"bytes_per_step", bytes},
+                        {"floor_ms", floor_ms},
+                        {"pct_of_floor", pct}});
     }
     std::filesystem::create_directories(out_dir);
-    nlohmann::json doc = {{"benchmark", "gpu_decode_layers"}, {"backend", be.name()}, {"shape", "llama-2-70b"},
-                          {"quant", "w8a8"}, {"tp", 1}, {"ctx", ctx}, {"physical_layers", physical},
-                          {"hbm_gbs", peaks.hbm_gbs}, {"gpu_model", peaks.model}, {"rows", rows}};
+    nlohmann::json doc = {{"benchmark", "gpu_decode_layers"},
+                          {"backend", be.name()},
+                          {"shape", "llama-2-70b"},
+                          {"quant", "w8a8"},
+                          {"tp", 1},
+                          {"ctx", ctx},
+                          {"physical_layers", physical},
+                          {"hbm_gbs", peaks.hbm_gbs},
+                          {"gpu_model", peaks.model},
+                          {"rows", rows}};
     std::ofstream(out_dir + "/decode.json") << doc.dump(2) << "\n";
     fmt::print("\nwrote {}/decode.json\n", out_dir);
     return 0;

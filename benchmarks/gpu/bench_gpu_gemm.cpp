@@ -6,21 +6,21 @@
 // calls with CUDA events until >= 0.2 s per configuration; results checked for NaN after timing.
 // Output: a table on stdout and gemm.json in --out DIR (default ./gpu-results).
 // Usage: bench_gpu_gemm [--out DIR] [--device N] [--quick]
-#include "benchmarks/gpu/gpu_peaks.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/gemm_lt.h"
-#include "kernels/cuda/kernels.h"
-#include "runtime/base/error.h"
-
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "benchmarks/gpu/gpu_peaks.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/kernels.h"
+#include "runtime/base/error.h"
 
 using namespace lattice;
 
@@ -76,10 +76,14 @@ int main(int argc, char** argv) try {
     bool quick = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
-        if (a == "--out" && i + 1 < argc) out_dir = argv[++i];
-        else if (a == "--device" && i + 1 < argc) device = std::stoi(argv[++i]);
-        else if (a == "--quick") quick = true;
-        else LATTICE_FAIL("bench_gpu_gemm: unknown argument '{}' (usage: [--out DIR] [--device N] [--quick])", a);
+        if (a == "--out" && i + 1 < argc)
+            out_dir = argv[++i];
+        else if (a == "--device" && i + 1 < argc)
+            device = std::stoi(argv[++i]);
+        else if (a == "--quick")
+            quick = true;
+        else
+            LATTICE_FAIL("bench_gpu_gemm: unknown argument '{}' (usage: [--out DIR] [--device N] [--quick])", a);
     }
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -118,31 +122,46 @@ int main(int argc, char** argv) try {
         const double gbs = bytes / s / 1e9;
         const double pct = peak_tops > 0 ? 100.0 * tops / peak_tops : 0.0;
         const double pct_hbm = peaks.hbm_gbs > 0 ? 100.0 * gbs / peaks.hbm_gbs : 0.0;
-        fmt::print("{:<22} {:>6} {:>6} {:>6} {:>10.1f} {:>9.1f} {:>7.1f}% {:>9.0f} {:>7.1f}%\n", kernel, m, n, k, s * 1e6,
-                   tops, pct, gbs, pct_hbm);
-        rows.push_back({{"kernel", kernel}, {"m", m}, {"n", n}, {"k", k}, {"time_us", s * 1e6}, {"tops", tops},
-                        {"pct_peak", pct}, {"gbs", gbs}, {"pct_hbm", pct_hbm}});
+        fmt::print("{:<22} {:>6} {:>6} {:>6} {:>10.1f} {:>9.1f} {:>7.1f}% {:>9.0f} {:>7.1f}%\n", kernel, m, n, k,
+                   s * 1e6, tops, pct, gbs, pct_hbm);
+        rows.push_back({{"kernel", kernel},
+                        {"m", m},
+                        {"n", n},
+                        {"k", k},
+                        {"time_us", s * 1e6},
+                        {"tops", tops},
+                        {"pct_peak", pct},
+                        {"gbs", gbs},
+                        {"pct_hbm", pct_hbm}});
     };
     for (auto [n, kk] : shapes) {
         for (int64_t m : ms) {
-            const double s8 = time_per_call(stream, [&] {
-                lt.gemm_i8(acc.as<int32_t>(), n, x8.as<int8_t>(), k, w8.as<int8_t>(), k, m, n, k, stream);
-            }, min_s);
+            const double s8 = time_per_call(
+                stream,
+                [&] { lt.gemm_i8(acc.as<int32_t>(), n, x8.as<int8_t>(), k, w8.as<int8_t>(), k, m, n, k, stream); },
+                min_s);
             report("int8 cublasLt IMMA", m, n, s8, peaks.int8_tops, double(n) * k + double(m) * k + 4.0 * m * n);
-            const double s16 = time_per_call(stream, [&] {
-                lt.gemm_float(y16.p, n, x16.p, k, w16.p, k, m, n, k, DType::kF16, stream);
-            }, min_s);
-            report("fp16 cublasLt", m, n, s16, peaks.fp16_tflops, 2.0 * (double(n) * k + double(m) * k + double(m) * n));
+            const double s16 = time_per_call(
+                stream, [&] { lt.gemm_float(y16.p, n, x16.p, k, w16.p, k, m, n, k, DType::kF16, stream); }, min_s);
+            report("fp16 cublasLt", m, n, s16, peaks.fp16_tflops,
+                   2.0 * (double(n) * k + double(m) * k + double(m) * n));
             LATTICE_CHECK(finite_f16(y16.p, size_t(m * n)), "fp16 GEMM produced inf/NaN at m={} n={}", m, n);
             if (m <= cuda::kGemvMaxRows) {
-                const double sg8 = time_per_call(stream, [&] {
-                    cuda::gemv_w8a8(y16.p, x8.as<int8_t>(), k, sx.as<float>(), w8.as<int8_t>(), k, sw.as<float>(), m,
-                                    n, k, DType::kF16, stream);
-                }, min_s);
+                const double sg8 = time_per_call(
+                    stream,
+                    [&] {
+                        cuda::gemv_w8a8(y16.p, x8.as<int8_t>(), k, sx.as<float>(), w8.as<int8_t>(), k, sw.as<float>(),
+                                        m, n, k, DType::kF16, stream);
+                    },
+                    min_s);
                 report("w8a8 GEMV (dp4a)", m, n, sg8, peaks.int8_tops, double(n) * k + 4.0 * n);
-                const double sg16 = time_per_call(stream, [&] {
-                    cuda::gemv_w8a16(y16.p, x16.p, w8.as<int8_t>(), k, sw.as<float>(), m, n, k, DType::kF16, stream);
-                }, min_s);
+                const double sg16 = time_per_call(
+                    stream,
+                    [&] {
+                        cuda::gemv_w8a16(y16.p, x16.p, w8.as<int8_t>(), k, sw.as<float>(), m, n, k, DType::kF16,
+                                         stream);
+                    },
+                    min_s);
                 report("w8a16 GEMV", m, n, sg16, peaks.fp16_tflops, double(n) * k + 4.0 * n);
             }
         }
@@ -152,8 +171,11 @@ int main(int argc, char** argv) try {
     nlohmann::json doc = {{"benchmark", "gpu_gemm"},
                           {"gpu", prop.name},
                           {"sm", prop.major * 10 + prop.minor},
-                          {"peaks", {{"model", peaks.model}, {"int8_tops", peaks.int8_tops},
-                                     {"fp16_tflops", peaks.fp16_tflops}, {"hbm_gbs", peaks.hbm_gbs}}},
+                          {"peaks",
+                           {{"model", peaks.model},
+                            {"int8_tops", peaks.int8_tops},
+                            {"fp16_tflops", peaks.fp16_tflops},
+                            {"hbm_gbs", peaks.hbm_gbs}}},
                           {"rows", rows}};
     std::ofstream(out_dir + "/gemm.json") << doc.dump(2) << "\n";
     fmt::print("\nwrote {}/gemm.json\n", out_dir);

@@ -78,7 +78,7 @@ else
         for b in 1 8 32; do
             if [[ -z "$batch_flag" && $b -gt 1 ]]; then echo "NOTE: no --batch option: batch $b skipped"; continue; fi
             args=(generate --random-weights --config llama-2-70b --quant w8a8 --backend cuda --tp 1
-                  --prompt-ids 1,2,3,4,5,6,7,8 --max-new-tokens 64 --ignore-eos --stats-json "$out/e2e_b$b.json")
+                  --prompt-ids "1,2,3,4,5,6,7,8" --max-new-tokens 64 --ignore-eos --stats-json "$out/e2e_b$b.json")
             [[ -n "$batch_flag" ]] && args+=("$batch_flag" "$b")
             echo "+ lattice ${args[*]}"
             timeout 300 "$lattice" "${args[@]}" >"$out/e2e_b$b.log" 2>&1 || { echo "e2e batch $b failed:"; tail -5 "$out/e2e_b$b.log"; e2e="failed"; }

@@ -11,10 +11,10 @@
 namespace lattice::bench {
 
 struct GpuPeaks {
-    std::string model;        // matched table row, or "unknown"
-    double int8_tops = 0;     // dense INT8 tensor TOPS
-    double fp16_tflops = 0;   // dense FP16/BF16 tensor TFLOPS (fp32 accumulate)
-    double hbm_gbs = 0;       // memory bandwidth GB/s
+    std::string model;       // matched table row, or "unknown"
+    double int8_tops = 0;    // dense INT8 tensor TOPS
+    double fp16_tflops = 0;  // dense FP16/BF16 tensor TFLOPS (fp32 accumulate)
+    double hbm_gbs = 0;      // memory bandwidth GB/s
 };
 
 inline GpuPeaks gpu_peaks(int device) {

@@ -11,9 +11,9 @@
 // Only runtime/base may be included (kernels/ layering).
 #pragma once
 
-#include "runtime/base/dtype.h"
-
 #include <cstdint>
+
+#include "runtime/base/dtype.h"
 
 #if !defined(__CUDA_ARCH__)
 #include <cmath>
@@ -37,12 +37,18 @@ LATTICE_HD float rsqrt_f32(float x) {
 #endif
 }
 
-LATTICE_HD float max_f32(float a, float b) { return a > b ? a : b; }
-LATTICE_HD float abs_f32(float a) { return a < 0.0f ? -a : a; }
+LATTICE_HD float max_f32(float a, float b) {
+    return a > b ? a : b;
+}
+LATTICE_HD float abs_f32(float a) {
+    return a < 0.0f ? -a : a;
+}
 
 // ---- RMSNorm ------------------------------------------------------------------------------
 // Inverse RMS of a row of n elements whose squares sum to sum_sq.
-LATTICE_HD float rms_inv(float sum_sq, int64_t n, float eps) { return rsqrt_f32(sum_sq / float(n) + eps); }
+LATTICE_HD float rms_inv(float sum_sq, int64_t n, float eps) {
+    return rsqrt_f32(sum_sq / float(n) + eps);
+}
 
 // Serial reference for one row (the CPU kernel; device kernels reduce sum_sq in parallel and
 // then apply rms_inv exactly like this).
@@ -119,8 +125,12 @@ struct OnlineSoftmax {
 };
 
 // ---- Symmetric int8 quantization ----------------------------------------------------------
-LATTICE_HD float quant_scale(float absmax) { return absmax / 127.0f; }
-LATTICE_HD float quant_inv_scale(float absmax) { return absmax > 0.0f ? 127.0f / absmax : 0.0f; }
+LATTICE_HD float quant_scale(float absmax) {
+    return absmax / 127.0f;
+}
+LATTICE_HD float quant_inv_scale(float absmax) {
+    return absmax > 0.0f ? 127.0f / absmax : 0.0f;
+}
 
 LATTICE_HD int8_t quantize_value(float x, float inv_scale) {
 #if defined(__CUDA_ARCH__)
@@ -142,6 +152,8 @@ LATTICE_HD float quantize_row(int8_t* q, const float* x, int64_t n) {
 }
 
 // ---- SiLU ---------------------------------------------------------------------------------
-LATTICE_HD float silu(float x) { return x / (1.0f + exp_f32(-x)); }
+LATTICE_HD float silu(float x) {
+    return x / (1.0f + exp_f32(-x));
+}
 
 }  // namespace lattice::math

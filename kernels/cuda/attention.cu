@@ -9,10 +9,10 @@
 //                      keeps per-row (max, sum, acc) in registers; causal by each row's position.
 // GQA: q head h reads kv head h / (nh / nkv). Scores, softmax and accumulation are fp32; the
 // exp/max bookkeeping is the OnlineSoftmax of kernels/common/llama_math.h.
+#include <algorithm>
+
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/kernels.h"
-
-#include <algorithm>
 
 namespace lattice::cuda {
 namespace {
@@ -240,11 +240,13 @@ void check_dims(const AttnDims& d, const char* op) {
     KERNEL_CHECK(d.head_dim > 0 && d.head_dim <= kMaxHeadDim && d.head_dim % 2 == 0 && d.n_kv_heads > 0 &&
                      d.n_heads % d.n_kv_heads == 0 && d.max_seq > 0 && d.n_slots > 0,
                  std::string("cuda::") + op + ": unsupported shape heads " + std::to_string(d.n_heads) + "/" +
-                     std::to_string(d.n_kv_heads) + ", head_dim " + std::to_string(d.head_dim) + " (even, <= " +
-                     std::to_string(kMaxHeadDim) + ")");
+                     std::to_string(d.n_kv_heads) + ", head_dim " + std::to_string(d.head_dim) +
+                     " (even, <= " + std::to_string(kMaxHeadDim) + ")");
 }
 
-int decode_splits(const AttnDims& d) { return int(ceil_div(d.max_seq, kDecodeChunk)); }
+int decode_splits(const AttnDims& d) {
+    return int(ceil_div(d.max_seq, kDecodeChunk));
+}
 
 }  // namespace
 
@@ -252,9 +254,9 @@ void kv_store(void* k_cache, void* v_cache, const void* qkv, const int32_t* posi
               const AttnDims& d, DType act, cudaStream_t stream) {
     check_dims(d, "kv_store");
     if (m == 0) return;
-    LATTICE_DISPATCH_ACT(act, kv_store_kernel<T><<<unsigned(m), 256, 0, stream>>>(
-                                  static_cast<T*>(k_cache), static_cast<T*>(v_cache), static_cast<const T*>(qkv),
-                                  positions, slots, d));
+    LATTICE_DISPATCH_ACT(
+        act, kv_store_kernel<T><<<unsigned(m), 256, 0, stream>>>(static_cast<T*>(k_cache), static_cast<T*>(v_cache),
+                                                                 static_cast<const T*>(qkv), positions, slots, d));
     CUDA_CHECK_LAUNCH();
 }
 

@@ -2,35 +2,47 @@
 // reductions, and the dispatch from a runtime DType to the kernel's template type.
 #pragma once
 
-#include "kernels/common/llama_math.h"
-#include "kernels/cuda/cuda_check.h"
-#include "runtime/base/dtype.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
 #include <string>
 
+#include "kernels/common/llama_math.h"
+#include "kernels/cuda/cuda_check.h"
+#include "runtime/base/dtype.h"
+
 namespace lattice::cuda {
 
 template <typename T>
 __device__ __forceinline__ float to_f32(T v);
 template <>
-__device__ __forceinline__ float to_f32<float>(float v) { return v; }
+__device__ __forceinline__ float to_f32<float>(float v) {
+    return v;
+}
 template <>
-__device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32<__half>(__half v) {
+    return __half2float(v);
+}
 template <>
-__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
+    return __bfloat162float(v);
+}
 
 template <typename T>
 __device__ __forceinline__ T from_f32(float v);
 template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+__device__ __forceinline__ float from_f32<float>(float v) {
+    return v;
+}
 template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_f32<__half>(float v) {
+    return __float2half_rn(v);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+    return __float2bfloat16_rn(v);
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -72,39 +84,43 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     return warp_max(v);
 }
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t ceil_div(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
 
 }  // namespace lattice::cuda
 
 // Runs `body` with `T` bound to the activation type for `act` (f16 or bf16).
-#define LATTICE_DISPATCH_ACT(act, ...)                                                          \
-    do {                                                                                        \
-        if ((act) == ::lattice::DType::kF16) {                                                  \
-            using T = __half;                                                                   \
-            __VA_ARGS__;                                                                        \
-        } else if ((act) == ::lattice::DType::kBF16) {                                          \
-            using T = __nv_bfloat16;                                                            \
-            __VA_ARGS__;                                                                        \
-        } else {                                                                                \
-            ::lattice::throw_call_error(__FILE__, __LINE__, "dispatch", "activation dtype " +     \
-                                        std::string(::lattice::dtype_name(act)) + " (expected f16 or bf16)"); \
-        }                                                                                       \
+#define LATTICE_DISPATCH_ACT(act, ...)                                                                      \
+    do {                                                                                                    \
+        if ((act) == ::lattice::DType::kF16) {                                                              \
+            using T = __half;                                                                               \
+            __VA_ARGS__;                                                                                    \
+        } else if ((act) == ::lattice::DType::kBF16) {                                                      \
+            using T = __nv_bfloat16;                                                                        \
+            __VA_ARGS__;                                                                                    \
+        } else {                                                                                            \
+            ::lattice::throw_call_error(                                                                    \
+                __FILE__, __LINE__, "dispatch",                                                             \
+                "activation dtype " + std::string(::lattice::dtype_name(act)) + " (expected f16 or bf16)"); \
+        }                                                                                                   \
     } while (0)
 
 // Same for any float dtype (f32, f16, bf16), binding `U`.
-#define LATTICE_DISPATCH_FLOAT(dt, ...)                                                        \
-    do {                                                                                        \
-        if ((dt) == ::lattice::DType::kF32) {                                                   \
-            using U = float;                                                                    \
-            __VA_ARGS__;                                                                        \
-        } else if ((dt) == ::lattice::DType::kF16) {                                            \
-            using U = __half;                                                                   \
-            __VA_ARGS__;                                                                        \
-        } else if ((dt) == ::lattice::DType::kBF16) {                                           \
-            using U = __nv_bfloat16;                                                            \
-            __VA_ARGS__;                                                                        \
-        } else {                                                                                \
-            ::lattice::throw_call_error(__FILE__, __LINE__, "dispatch", "dtype " +                \
-                                        std::string(::lattice::dtype_name(dt)) + " (expected f32, f16 or bf16)"); \
-        }                                                                                       \
+#define LATTICE_DISPATCH_FLOAT(dt, ...)                                                              \
+    do {                                                                                             \
+        if ((dt) == ::lattice::DType::kF32) {                                                        \
+            using U = float;                                                                         \
+            __VA_ARGS__;                                                                             \
+        } else if ((dt) == ::lattice::DType::kF16) {                                                 \
+            using U = __half;                                                                        \
+            __VA_ARGS__;                                                                             \
+        } else if ((dt) == ::lattice::DType::kBF16) {                                                \
+            using U = __nv_bfloat16;                                                                 \
+            __VA_ARGS__;                                                                             \
+        } else {                                                                                     \
+            ::lattice::throw_call_error(                                                             \
+                __FILE__, __LINE__, "dispatch",                                                      \
+                "dtype " + std::string(::lattice::dtype_name(dt)) + " (expected f32, f16 or bf16)"); \
+        }                                                                                            \
     } while (0)

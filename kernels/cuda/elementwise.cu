@@ -174,7 +174,8 @@ unsigned grid_for(int64_t n, int threads = 256) {
 }
 
 void check_rows(int64_t m, const char* op) {
-    KERNEL_CHECK(m >= 0 && m <= 0x7fffffff, std::string("cuda::") + op + ": " + std::to_string(m) + " rows out of range");
+    KERNEL_CHECK(m >= 0 && m <= 0x7fffffff,
+                 std::string("cuda::") + op + ": " + std::to_string(m) + " rows out of range");
 }
 
 }  // namespace
@@ -184,13 +185,15 @@ void embed(void* out, DType act, const void* table, DType table_dtype, int64_t t
     check_rows(m, "embed");
     if (m == 0) return;
     LATTICE_DISPATCH_ACT(act, LATTICE_DISPATCH_FLOAT(table_dtype, {
-        embed_kernel<T, U><<<unsigned(m), kRowThreads, 0, stream>>>(static_cast<T*>(out), static_cast<const U*>(table),
-                                                                     table_rows, hidden, ids, row_offset);
-    }));
+                             embed_kernel<T, U><<<unsigned(m), kRowThreads, 0, stream>>>(
+                                 static_cast<T*>(out), static_cast<const U*>(table), table_rows, hidden, ids,
+                                 row_offset);
+                         }));
     CUDA_CHECK_LAUNCH();
 }
 
-void rmsnorm(void* out, const void* x, const float* w, int64_t m, int64_t n, float eps, DType act, cudaStream_t stream) {
+void rmsnorm(void* out, const void* x, const float* w, int64_t m, int64_t n, float eps, DType act,
+             cudaStream_t stream) {
     check_rows(m, "rmsnorm");
     if (m == 0) return;
     LATTICE_DISPATCH_ACT(act, rmsnorm_kernel<T><<<unsigned(m), kRowThreads, 0, stream>>>(
@@ -203,15 +206,15 @@ void add_rmsnorm(void* residual, const void* x, void* out, const float* w, int64
     add_rmsnorm_quant(residual, x, out, nullptr, 0, nullptr, w, m, n, eps, act, stream);
 }
 
-void add_rmsnorm_quant(void* residual, const void* x, void* out, int8_t* q, int64_t ldq, float* scales,
-                       const float* w, int64_t m, int64_t n, float eps, DType act, cudaStream_t stream) {
+void add_rmsnorm_quant(void* residual, const void* x, void* out, int8_t* q, int64_t ldq, float* scales, const float* w,
+                       int64_t m, int64_t n, float eps, DType act, cudaStream_t stream) {
     check_rows(m, "add_rmsnorm");
-    KERNEL_CHECK(!q || (ldq >= n && scales), "cuda::add_rmsnorm_quant: ldq " + std::to_string(ldq) + " < n " +
-                                                 std::to_string(n) + " or no scales");
+    KERNEL_CHECK(!q || (ldq >= n && scales),
+                 "cuda::add_rmsnorm_quant: ldq " + std::to_string(ldq) + " < n " + std::to_string(n) + " or no scales");
     if (m == 0) return;
-    LATTICE_DISPATCH_ACT(act, add_rmsnorm_kernel<T><<<unsigned(m), kRowThreads, 0, stream>>>(
-                                  static_cast<T*>(residual), static_cast<const T*>(x), static_cast<T*>(out), q, ldq,
-                                  scales, w, n, eps));
+    LATTICE_DISPATCH_ACT(
+        act, add_rmsnorm_kernel<T><<<unsigned(m), kRowThreads, 0, stream>>>(
+                 static_cast<T*>(residual), static_cast<const T*>(x), static_cast<T*>(out), q, ldq, scales, w, n, eps));
     CUDA_CHECK_LAUNCH();
 }
 
@@ -220,8 +223,8 @@ void quantize_rows(int8_t* q, int64_t ldq, float* scales, const void* x, int64_t
     check_rows(m, "quantize_rows");
     KERNEL_CHECK(ldq >= k, "cuda::quantize_rows: ldq " + std::to_string(ldq) + " < k " + std::to_string(k));
     if (m == 0) return;
-    LATTICE_DISPATCH_ACT(act, quantize_kernel<T><<<unsigned(m), kRowThreads, 0, stream>>>(
-                                  q, ldq, scales, static_cast<const T*>(x), k));
+    LATTICE_DISPATCH_ACT(
+        act, quantize_kernel<T><<<unsigned(m), kRowThreads, 0, stream>>>(q, ldq, scales, static_cast<const T*>(x), k));
     CUDA_CHECK_LAUNCH();
 }
 
@@ -250,19 +253,19 @@ void add(void* out, const void* a, const void* b, int64_t n, DType act, cudaStre
     CUDA_CHECK_LAUNCH();
 }
 
-void dequant_i32(void* out, const int32_t* acc, int64_t ld_acc, const float* sx, const float* sw, int64_t m,
-                 int64_t n, DType act, cudaStream_t stream) {
+void dequant_i32(void* out, const int32_t* acc, int64_t ld_acc, const float* sx, const float* sw, int64_t m, int64_t n,
+                 DType act, cudaStream_t stream) {
     if (m * n == 0) return;
-    LATTICE_DISPATCH_ACT(act, dequant_kernel<T><<<grid_for(m * n), 256, 0, stream>>>(
-                                  static_cast<T*>(out), acc, ld_acc, sx, sw, m, n));
+    LATTICE_DISPATCH_ACT(
+        act, dequant_kernel<T><<<grid_for(m * n), 256, 0, stream>>>(static_cast<T*>(out), acc, ld_acc, sx, sw, m, n));
     CUDA_CHECK_LAUNCH();
 }
 
 void dequant_weights(void* out, const int8_t* w, int64_t ldw, const float* sw, int64_t n, int64_t k, DType act,
                      cudaStream_t stream) {
     if (n * k == 0) return;
-    LATTICE_DISPATCH_ACT(act, dequant_weights_kernel<T><<<grid_for(n * k), 256, 0, stream>>>(
-                                  static_cast<T*>(out), w, ldw, sw, n, k));
+    LATTICE_DISPATCH_ACT(
+        act, dequant_weights_kernel<T><<<grid_for(n * k), 256, 0, stream>>>(static_cast<T*>(out), w, ldw, sw, n, k));
     CUDA_CHECK_LAUNCH();
 }
 
@@ -271,8 +274,8 @@ void fill_random(void* out, DType dtype, int64_t n, uint64_t seed, float scale, 
     if (dtype == DType::kI8) {
         fill_random_i8_kernel<<<grid_for(n), 256, 0, stream>>>(static_cast<int8_t*>(out), n, seed);
     } else {
-        LATTICE_DISPATCH_FLOAT(dtype, fill_random_kernel<U><<<grid_for(n), 256, 0, stream>>>(static_cast<U*>(out), n,
-                                                                                               seed, scale));
+        LATTICE_DISPATCH_FLOAT(
+            dtype, fill_random_kernel<U><<<grid_for(n), 256, 0, stream>>>(static_cast<U*>(out), n, seed, scale));
     }
     CUDA_CHECK_LAUNCH();
 }
@@ -281,8 +284,8 @@ void convert(void* out, DType out_dtype, const void* in, DType in_dtype, int64_t
     if (n == 0) return;
     LATTICE_DISPATCH_FLOAT(out_dtype, {
         using O = U;
-        LATTICE_DISPATCH_FLOAT(in_dtype, convert_kernel<O, U><<<grid_for(n), 256, 0, stream>>>(
-                                             static_cast<O*>(out), static_cast<const U*>(in), n));
+        LATTICE_DISPATCH_FLOAT(in_dtype, convert_kernel<O, U>
+                               <<<grid_for(n), 256, 0, stream>>>(static_cast<O*>(out), static_cast<const U*>(in), n));
     });
     CUDA_CHECK_LAUNCH();
 }

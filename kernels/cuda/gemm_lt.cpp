@@ -55,7 +55,8 @@ LtGemm::Plan& LtGemm::plan(const Key& key, bool int8) {
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
         cublasLtMatrixLayoutDestroy(p.a);
@@ -88,7 +89,8 @@ void LtGemm::gemm_i8(int32_t* c, int64_t ldc, const int8_t* xq, int64_t ldx, con
                   "LtGemm::gemm_i8: IMMA needs n, k and leading dims multiples of 4 (n={} k={} ldx={} ldw={} ldc={})",
                   n, k, ldx, ldw, ldc);
     const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
-    LATTICE_CHECK(!misaligned(c) && !misaligned(xq) && !misaligned(w), "LtGemm::gemm_i8: pointers must be 16-byte aligned");
+    LATTICE_CHECK(!misaligned(c) && !misaligned(xq) && !misaligned(w),
+                  "LtGemm::gemm_i8: pointers must be 16-byte aligned");
     Plan& p = plan(Key{int(DType::kI8), m, n, k, ldx, ldw, ldc}, true);
     const int32_t alpha = 1, beta = 0;
     CUBLAS_CHECK(cublasLtMatmul(handle_, p.op, &alpha, w, p.a, xq, p.b, &beta, c, p.c, c, p.c, &p.algo, workspace_,

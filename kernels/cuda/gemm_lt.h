@@ -10,14 +10,14 @@
 // cached per shape so steady-state calls, and CUDA graph capture, do no heuristic queries.
 #pragma once
 
-#include "runtime/base/dtype.h"
-
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <map>
 #include <tuple>
+
+#include "runtime/base/dtype.h"
 
 namespace lattice::cuda {
 

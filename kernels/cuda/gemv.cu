@@ -14,8 +14,8 @@ namespace {
 constexpr int kWarps = 8;
 
 template <typename T, int M, bool kVecX>
-__global__ void __launch_bounds__(kWarps * 32) gemv_w8a16_kernel(T* out, const T* x, const int8_t* w, int64_t ldw,
-                                                                  const float* sw, int64_t n, int64_t k) {
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_w8a16_kernel(T* out, const T* x, const int8_t* w, int64_t ldw, const float* sw, int64_t n, int64_t k) {
     const int lane = threadIdx.x & 31;
     const int64_t c = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     if (c >= n) return;
@@ -55,9 +55,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_w8a16_kernel(T* out, const T
 }
 
 template <typename T, int M>
-__global__ void __launch_bounds__(kWarps * 32) gemv_w8a8_kernel(T* out, const int8_t* xq, int64_t ldx, const float* sx,
-                                                                 const int8_t* w, int64_t ldw, const float* sw,
-                                                                 int64_t n, int64_t k) {
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_w8a8_kernel(T* out, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw,
+                     const float* sw, int64_t n, int64_t k) {
     const int lane = threadIdx.x & 31;
     const int64_t c = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     if (c >= n) return;
@@ -98,7 +98,8 @@ void launch_w8a16(T* out, const T* x, const int8_t* w, int64_t ldw, const float*
 template <typename T, int M>
 void launch_w8a8(T* out, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw, const float* sw,
                  int64_t n, int64_t k, cudaStream_t stream) {
-    gemv_w8a8_kernel<T, M><<<unsigned(ceil_div(n, kWarps)), kWarps * 32, 0, stream>>>(out, xq, ldx, sx, w, ldw, sw, n, k);
+    gemv_w8a8_kernel<T, M>
+        <<<unsigned(ceil_div(n, kWarps)), kWarps * 32, 0, stream>>>(out, xq, ldx, sx, w, ldw, sw, n, k);
 }
 
 }  // namespace
@@ -113,21 +114,37 @@ void gemv_w8a16(void* out, const void* x, const int8_t* w, int64_t ldw, const fl
         T* o = static_cast<T*>(out);
         const T* xi = static_cast<const T*>(x);
         switch (m) {
-            case 1: launch_w8a16<T, 1>(o, xi, w, ldw, sw, n, k, stream); break;
-            case 2: launch_w8a16<T, 2>(o, xi, w, ldw, sw, n, k, stream); break;
-            case 3: launch_w8a16<T, 3>(o, xi, w, ldw, sw, n, k, stream); break;
-            case 4: launch_w8a16<T, 4>(o, xi, w, ldw, sw, n, k, stream); break;
-            case 5: launch_w8a16<T, 5>(o, xi, w, ldw, sw, n, k, stream); break;
-            case 6: launch_w8a16<T, 6>(o, xi, w, ldw, sw, n, k, stream); break;
-            case 7: launch_w8a16<T, 7>(o, xi, w, ldw, sw, n, k, stream); break;
-            default: launch_w8a16<T, 8>(o, xi, w, ldw, sw, n, k, stream); break;
+            case 1:
+                launch_w8a16<T, 1>(o, xi, w, ldw, sw, n, k, stream);
+                break;
+            case 2:
+                launch_w8a16<T, 2>(o, xi, w, ldw, sw, n, k, stream);
+                break;
+            case 3:
+                launch_w8a16<T, 3>(o, xi, w, ldw, sw, n, k, stream);
+                break;
+            case 4:
+                launch_w8a16<T, 4>(o, xi, w, ldw, sw, n, k, stream);
+                break;
+            case 5:
+                launch_w8a16<T, 5>(o, xi, w, ldw, sw, n, k, stream);
+                break;
+            case 6:
+                launch_w8a16<T, 6>(o, xi, w, ldw, sw, n, k, stream);
+                break;
+            case 7:
+                launch_w8a16<T, 7>(o, xi, w, ldw, sw, n, k, stream);
+                break;
+            default:
+                launch_w8a16<T, 8>(o, xi, w, ldw, sw, n, k, stream);
+                break;
         }
     });
     CUDA_CHECK_LAUNCH();
 }
 
-void gemv_w8a8(void* out, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw,
-               const float* sw, int64_t m, int64_t n, int64_t k, DType act, cudaStream_t stream) {
+void gemv_w8a8(void* out, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw, const float* sw,
+               int64_t m, int64_t n, int64_t k, DType act, cudaStream_t stream) {
     KERNEL_CHECK(m >= 1 && m <= kGemvMaxRows, "cuda::gemv_w8a8: m = " + std::to_string(m) + " (1..8)");
     KERNEL_CHECK(k % 16 == 0 && ldx % 16 == 0 && ldw % 16 == 0 && ldx >= k && ldw >= k,
                  "cuda::gemv_w8a8: k " + std::to_string(k) + ", ldx " + std::to_string(ldx) + ", ldw " +
@@ -136,14 +153,30 @@ void gemv_w8a8(void* out, const int8_t* xq, int64_t ldx, const float* sx, const 
     LATTICE_DISPATCH_ACT(act, {
         T* o = static_cast<T*>(out);
         switch (m) {
-            case 1: launch_w8a8<T, 1>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
-            case 2: launch_w8a8<T, 2>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
-            case 3: launch_w8a8<T, 3>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
-            case 4: launch_w8a8<T, 4>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
-            case 5: launch_w8a8<T, 5>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
-            case 6: launch_w8a8<T, 6>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
-            case 7: launch_w8a8<T, 7>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
-            default: launch_w8a8<T, 8>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
+            case 1:
+                launch_w8a8<T, 1>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
+                break;
+            case 2:
+                launch_w8a8<T, 2>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
+                break;
+            case 3:
+                launch_w8a8<T, 3>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
+                break;
+            case 4:
+                launch_w8a8<T, 4>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
+                break;
+            case 5:
+                launch_w8a8<T, 5>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
+                break;
+            case 6:
+                launch_w8a8<T, 6>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
+                break;
+            case 7:
+                launch_w8a8<T, 7>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
+                break;
+            default:
+                launch_w8a8<T, 8>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
+                break;
         }
     });
     CUDA_CHECK_LAUNCH();

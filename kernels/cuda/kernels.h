@@ -11,11 +11,11 @@
 // Token metadata (positions, slots, ids) is int32 on the device.
 #pragma once
 
-#include "runtime/base/dtype.h"
-
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+
+#include "runtime/base/dtype.h"
 
 namespace lattice::cuda {
 
@@ -45,8 +45,8 @@ void add_rmsnorm(void* residual, const void* x, void* out, const float* w, int64
                  cudaStream_t stream);
 // residual += x (x may be null: no add); y = rmsnorm(residual) * w; out = y (if out != null);
 // q[i, :] = quantize(y[i, :]) (ldq >= n, columns [n, ldq) zeroed), scales[i] its scale.
-void add_rmsnorm_quant(void* residual, const void* x, void* out, int8_t* q, int64_t ldq, float* scales,
-                       const float* w, int64_t m, int64_t n, float eps, DType act, cudaStream_t stream);
+void add_rmsnorm_quant(void* residual, const void* x, void* out, int8_t* q, int64_t ldq, float* scales, const float* w,
+                       int64_t m, int64_t n, float eps, DType act, cudaStream_t stream);
 // Per-token symmetric int8 quantization of x [m, k] into q [m, ldq] (zero padded) and scales [m].
 void quantize_rows(int8_t* q, int64_t ldq, float* scales, const void* x, int64_t m, int64_t k, DType act,
                    cudaStream_t stream);
@@ -55,8 +55,8 @@ void rope(void* qkv, const int32_t* positions, int64_t m, int64_t n_heads, int64
 void silu_mul(void* out, const void* gate_up, int64_t m, int64_t f, DType act, cudaStream_t stream);
 void add(void* out, const void* a, const void* b, int64_t n, DType act, cudaStream_t stream);
 // out[i, j] = acc[i, j] * sx[i] * sw[j] (sx null: 1), converted to act. acc is [m, ld_acc].
-void dequant_i32(void* out, const int32_t* acc, int64_t ld_acc, const float* sx, const float* sw, int64_t m,
-                 int64_t n, DType act, cudaStream_t stream);
+void dequant_i32(void* out, const int32_t* acc, int64_t ld_acc, const float* sx, const float* sw, int64_t m, int64_t n,
+                 DType act, cudaStream_t stream);
 // out[n, k] (act) = w[n, :k] * sw[n]: int8 weights back to float (W8A16 with m > 8 runs a float GEMM).
 void dequant_weights(void* out, const int8_t* w, int64_t ldw, const float* sw, int64_t n, int64_t k, DType act,
                      cudaStream_t stream);
@@ -89,8 +89,8 @@ constexpr int kGemvMaxRows = 8;
 void gemv_w8a16(void* out, const void* x, const int8_t* w, int64_t ldw, const float* sw, int64_t m, int64_t n,
                 int64_t k, DType act, cudaStream_t stream);
 // out[m, n] = (xq[m, :k] . w[n, :k]) * sx[m] * sw[n], int32 dot (exact), k multiple of 16, ldx/ldw >= k.
-void gemv_w8a8(void* out, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw,
-               const float* sw, int64_t m, int64_t n, int64_t k, DType act, cudaStream_t stream);
+void gemv_w8a8(void* out, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw, const float* sw,
+               int64_t m, int64_t n, int64_t k, DType act, cudaStream_t stream);
 
 // ---- sampling (sampling.cu) ----
 // out[i] = argmax_j logits[i, j] (lowest index on ties). logits dtype f32/f16/bf16.

@@ -54,8 +54,8 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(int32_t* out, const U*
 }
 
 template <typename U>
-__global__ void __launch_bounds__(kThreads) sample_kernel(int32_t* out, const U* logits, int64_t vocab,
-                                                          const SampleParams* params) {
+__global__ void __launch_bounds__(kThreads)
+    sample_kernel(int32_t* out, const U* logits, int64_t vocab, const SampleParams* params) {
     __shared__ float scratch[32];
     __shared__ float chunk_sum[kThreads];
     __shared__ int picked_thread;
@@ -152,8 +152,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(int32_t* out, const U*
 void argmax(int32_t* out, const void* logits, DType dtype, int64_t m, int64_t vocab, cudaStream_t stream) {
     KERNEL_CHECK(vocab > 0 && vocab < (int64_t(1) << 31) && m >= 0 && m <= 0x7fffffff, "cuda::argmax: bad shape");
     if (m == 0) return;
-    LATTICE_DISPATCH_FLOAT(dtype, argmax_kernel<U><<<unsigned(m), kThreads, 0, stream>>>(
-                                      out, static_cast<const U*>(logits), vocab));
+    LATTICE_DISPATCH_FLOAT(
+        dtype, argmax_kernel<U><<<unsigned(m), kThreads, 0, stream>>>(out, static_cast<const U*>(logits), vocab));
     CUDA_CHECK_LAUNCH();
 }
 
@@ -162,8 +162,8 @@ void sample(int32_t* out, const void* logits, DType dtype, int64_t m, int64_t vo
     KERNEL_CHECK(vocab > 0 && vocab < (int64_t(1) << 24) && m >= 0 && m <= 0x7fffffff,
                  "cuda::sample: vocab " + std::to_string(vocab) + " out of range (< 2^24)");
     if (m == 0) return;
-    LATTICE_DISPATCH_FLOAT(dtype, sample_kernel<U><<<unsigned(m), kThreads, 0, stream>>>(
-                                      out, static_cast<const U*>(logits), vocab, params));
+    LATTICE_DISPATCH_FLOAT(dtype, sample_kernel<U>
+                           <<<unsigned(m), kThreads, 0, stream>>>(out, static_cast<const U*>(logits), vocab, params));
     CUDA_CHECK_LAUNCH();
 }
 

@@ -1,12 +1,12 @@
 // NcclComm implementation: see nccl_comm.h for the creation and never-hang protocol.
 #include "parallel/cuda/nccl_comm.h"
 
+#include <chrono>
+#include <thread>
+
 #include "kernels/cuda/cuda_check.h"
 #include "parallel/watchdog.h"
 #include "runtime/base/error.h"
-
-#include <chrono>
-#include <thread>
 
 namespace lattice {
 namespace {
@@ -15,14 +15,22 @@ using Clock = std::chrono::steady_clock;
 
 ncclDataType_t nccl_type(DType t) {
     switch (t) {
-        case DType::kF32: return ncclFloat32;
-        case DType::kF16: return ncclFloat16;
-        case DType::kBF16: return ncclBfloat16;
-        case DType::kI32: return ncclInt32;
-        case DType::kI8: return ncclInt8;
-        case DType::kU8: return ncclUint8;
-        case DType::kI64: return ncclInt64;
-        default: LATTICE_FAIL("NcclComm: dtype {} has no NCCL type", dtype_name(t));
+        case DType::kF32:
+            return ncclFloat32;
+        case DType::kF16:
+            return ncclFloat16;
+        case DType::kBF16:
+            return ncclBfloat16;
+        case DType::kI32:
+            return ncclInt32;
+        case DType::kI8:
+            return ncclInt8;
+        case DType::kU8:
+            return ncclUint8;
+        case DType::kI64:
+            return ncclInt64;
+        default:
+            LATTICE_FAIL("NcclComm: dtype {} has no NCCL type", dtype_name(t));
     }
 }
 
@@ -46,7 +54,9 @@ private:
     int sleep_us_ = 10;
 };
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 }  // namespace
 
@@ -185,8 +195,9 @@ void NcclComm::check_view(const View& v, const char* op, const char* which) cons
 void NcclComm::all_reduce_sum(const View& inout) {
     check_view(inout, "all_reduce_sum", "inout");
     begin("all_reduce_sum", -1);
-    finish("all_reduce_sum", -1, ncclAllReduce(inout.data, inout.data, size_t(inout.numel()), nccl_type(inout.dtype), ncclSum, comm_,
-                             stream_));
+    finish(
+        "all_reduce_sum", -1,
+        ncclAllReduce(inout.data, inout.data, size_t(inout.numel()), nccl_type(inout.dtype), ncclSum, comm_, stream_));
 }
 
 void NcclComm::all_gather(const View& out, const View& in) {
@@ -206,15 +217,16 @@ void NcclComm::reduce_scatter_sum(const View& out, const View& in) {
                   "NCCL reduce_scatter_sum on '{}': in has {} elements, expected {} x {}", name_, in.numel(), size_,
                   out.numel());
     begin("reduce_scatter_sum", -1);
-    finish("reduce_scatter_sum", -1, ncclReduceScatter(in.data, out.data, size_t(out.numel()), nccl_type(in.dtype), ncclSum, comm_, stream_));
+    finish("reduce_scatter_sum", -1,
+           ncclReduceScatter(in.data, out.data, size_t(out.numel()), nccl_type(in.dtype), ncclSum, comm_, stream_));
 }
 
 void NcclComm::broadcast(const View& inout, int root) {
     check_view(inout, "broadcast", "inout");
     LATTICE_CHECK(root >= 0 && root < size_, "NCCL broadcast on '{}': root {} of {}", name_, root, size_);
     begin("broadcast", -1);
-    finish("broadcast", -1, ncclBroadcast(inout.data, inout.data, size_t(inout.numel()), nccl_type(inout.dtype), root, comm_,
-                             stream_));
+    finish("broadcast", -1,
+           ncclBroadcast(inout.data, inout.data, size_t(inout.numel()), nccl_type(inout.dtype), root, comm_, stream_));
 }
 
 void NcclComm::send(const View& in, int peer) {

@@ -15,13 +15,13 @@
 // the caller must then call wait_idle() before any host-blocking stream sync.
 #pragma once
 
-#include "parallel/communicator.h"
-
 #include <cuda_runtime_api.h>
 #include <mpi.h>
 #include <nccl.h>
 
 #include <string>
+
+#include "parallel/communicator.h"
 
 namespace lattice {
 
@@ -58,8 +58,8 @@ private:
     void begin(const char* op, int peer);
     // Checks the enqueue result, polls the enqueue state, then waits for completion per mode.
     void finish(const char* op, int peer, ncclResult_t enqueue_result);
-    void poll_async(const char* op, int peer);    // until not ncclInProgress (bounded)
-    void wait_event(const char* op, int peer);    // until event_ done (bounded)
+    void poll_async(const char* op, int peer);  // until not ncclInProgress (bounded)
+    void wait_event(const char* op, int peer);  // until event_ done (bounded)
     [[noreturn]] void fail(const char* op, int peer, const std::string& why);
     void check_view(const View& v, const char* op, const char* which) const;
     bool capturing() const;

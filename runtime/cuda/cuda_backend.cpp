@@ -2,34 +2,39 @@
 // all compute is enqueued on stream_ through kernels/cuda (see cuda_backend.h for layouts).
 #include "runtime/cuda/cuda_backend.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
 #include "kernels/common/llama_math.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "runtime/base/log.h"
 #include "runtime/cuda_backend_factory.h"
 
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <vector>
-
 namespace lattice {
 namespace {
 
-int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+int64_t round_up(int64_t v, int64_t m) {
+    return (v + m - 1) / m * m;
+}
 
 // Row r of a contiguous host matrix [rows, k] (f32/f16/bf16) as floats.
 void host_row_f32(const View& v, int64_t r, int64_t k, float* dst) {
     const char* base = static_cast<const char*>(v.data) + dtype_bytes(v.dtype, r * k);
     switch (v.dtype) {
-        case DType::kF32: std::memcpy(dst, base, size_t(k) * 4); break;
+        case DType::kF32:
+            std::memcpy(dst, base, size_t(k) * 4);
+            break;
         case DType::kF16:
             for (int64_t j = 0; j < k; ++j) dst[j] = f16_to_f32(reinterpret_cast<const uint16_t*>(base)[j]);
             break;
         case DType::kBF16:
             for (int64_t j = 0; j < k; ++j) dst[j] = bf16_to_f32(reinterpret_cast<const uint16_t*>(base)[j]);
             break;
-        default: LATTICE_FAIL("host weight dtype {} (expected f32, f16 or bf16)", dtype_name(v.dtype));
+        default:
+            LATTICE_FAIL("host weight dtype {} (expected f32, f16 or bf16)", dtype_name(v.dtype));
     }
 }
 
@@ -78,24 +83,32 @@ CudaBackend::~CudaBackend() {
     if (stream_) cudaStreamDestroy(stream_);
 }
 
-std::string CudaBackend::name() const { return fmt::format("cuda:{} ({}, {})", device_, device_name_, dtype_name(act_)); }
+std::string CudaBackend::name() const {
+    return fmt::format("cuda:{} ({}, {})", device_, device_name_, dtype_name(act_));
+}
 
 bool CudaBackend::supports(Op op, DType dtype) const {
     switch (op) {
-        case Op::kEmbed: return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
-        case Op::kGemm: return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
-        case Op::kGemmInt8: return dtype == DType::kI8;
+        case Op::kEmbed:
+            return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+        case Op::kGemm:
+            return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+        case Op::kGemmInt8:
+            return dtype == DType::kI8;
         case Op::kRmsNorm:
         case Op::kAddRmsNorm:
         case Op::kRope:
         case Op::kAttention:
         case Op::kSiluMul:
-        case Op::kAdd: return dtype == act_;
+        case Op::kAdd:
+            return dtype == act_;
     }
     return false;
 }
 
-void CudaBackend::make_current() const { CUDA_CHECK(cudaSetDevice(device_)); }
+void CudaBackend::make_current() const {
+    CUDA_CHECK(cudaSetDevice(device_));
+}
 
 Buffer CudaBackend::alloc(DType dtype, std::initializer_list<int64_t> shape) {
     LATTICE_CHECK(!capturing_, "CudaBackend::alloc during graph capture");
@@ -242,8 +255,8 @@ Linear CudaBackend::make_random_linear(int64_t n, int64_t k, QuantMode mode, uin
             cuda::fill_random(lin.weight.data(), DType::kI8, n * k, seed, 0.0f, stream_);
         } else {
             for (int64_t i = 0; i < n; ++i)
-                cuda::fill_random(lin.weight.ptr<int8_t>() + i * k_pad, DType::kI8, k, seed + uint64_t(i) * 7919u,
-                                  0.0f, stream_);
+                cuda::fill_random(lin.weight.ptr<int8_t>() + i * k_pad, DType::kI8, k, seed + uint64_t(i) * 7919u, 0.0f,
+                                  stream_);
         }
         std::vector<float> scales(size_t(n_pad), 0.0f);
         std::fill(scales.begin(), scales.begin() + n, wscale / 127.0f);

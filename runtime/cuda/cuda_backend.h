@@ -17,13 +17,13 @@
 // batch size before capturing it.
 #pragma once
 
-#include "kernels/cuda/kernels.h"
-#include "runtime/backend.h"
-
 #include <cuda_runtime_api.h>
 
 #include <functional>
 #include <memory>
+
+#include "kernels/cuda/kernels.h"
+#include "runtime/backend.h"
 
 namespace lattice {
 

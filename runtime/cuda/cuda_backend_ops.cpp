@@ -3,18 +3,20 @@
 // make_cuda_backend(). Layout of the staging area for a batch of m tokens (int32):
 //   [ids m | positions m | slots m | PrefillTile tiles (4 ints each, <= m)]
 // Offsets depend only on m, so a graph captured for m tokens finds the data at replay.
+#include <algorithm>
+#include <cstring>
+
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "runtime/cuda/cuda_backend.h"
 #include "runtime/cuda_backend_factory.h"
 
-#include <algorithm>
-#include <cstring>
-
 namespace lattice {
 namespace {
 
-int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+int64_t round_up(int64_t v, int64_t m) {
+    return (v + m - 1) / m * m;
+}
 
 void check_rows_cols(const View& v, int64_t rows, int64_t cols, const char* op, const char* what) {
     LATTICE_CHECK(v.rows() == rows && v.cols() == cols, "CudaBackend::{}: {} is {}, expected [{}, {}]", op, what,
@@ -44,8 +46,9 @@ void CudaBackend::ensure_batch(const TokenBatch& b) {
     LATTICE_CHECK(m >= 0 && m <= (int64_t(1) << 26) && (m == 0 || (b.positions && b.slots)),
                   "CudaBackend: token batch of {} tokens without positions/slots", m);
     if (m > meta_cap_) {
-        LATTICE_CHECK(!capturing_, "CudaBackend: token metadata must grow during graph capture; run one eager step "
-                                   "of this batch size first");
+        LATTICE_CHECK(!capturing_,
+                      "CudaBackend: token metadata must grow during graph capture; run one eager step "
+                      "of this batch size first");
         CUDA_CHECK(cudaEventSynchronize(meta_event_));
         if (meta_host_) CUDA_CHECK(cudaFreeHost(meta_host_));
         if (meta_dev_) CUDA_CHECK(cudaFree(meta_dev_));
@@ -61,7 +64,8 @@ void CudaBackend::ensure_batch(const TokenBatch& b) {
     auto same = [&] {
         if (meta_count_ != m) return false;
         const size_t bytes = size_t(m) * 4;
-        if (std::memcmp(meta_host_ + m, b.positions, bytes) != 0 || std::memcmp(meta_host_ + 2 * m, b.slots, bytes) != 0)
+        if (std::memcmp(meta_host_ + m, b.positions, bytes) != 0 ||
+            std::memcmp(meta_host_ + 2 * m, b.slots, bytes) != 0)
             return false;
         if (b.ids) return std::memcmp(meta_host_, b.ids, bytes) == 0;
         for (int64_t i = 0; i < m; ++i)
@@ -146,9 +150,9 @@ void CudaBackend::add_rmsnorm(const View& residual, const View& x, const View& o
 void CudaBackend::rope(const View& qkv, const TokenBatch& batch, const AttentionShape& s, const View& inv_freq) {
     check_act(qkv, "rope", "qkv");
     check_rows_cols(qkv, batch.count, (s.n_heads + 2 * s.n_kv_heads) * s.head_dim, "rope", "qkv");
-    LATTICE_CHECK(inv_freq.dtype == DType::kF32 && inv_freq.numel() == s.head_dim / 2 &&
-                      inv_freq.device == Device::kCuda,
-                  "CudaBackend::rope: inv_freq must be f32 [{}] on the device", s.head_dim / 2);
+    LATTICE_CHECK(
+        inv_freq.dtype == DType::kF32 && inv_freq.numel() == s.head_dim / 2 && inv_freq.device == Device::kCuda,
+        "CudaBackend::rope: inv_freq must be f32 [{}] on the device", s.head_dim / 2);
     ensure_batch(batch);
     cuda::rope(qkv.data, meta_dev_ + batch.count, batch.count, s.n_heads, s.n_kv_heads, s.head_dim,
                inv_freq.ptr<float>(), act_, stream_);
@@ -165,8 +169,8 @@ void CudaBackend::attention(const View& out, const View& qkv, const View& k_cach
     check_rows_cols(out, m, s.n_heads * s.head_dim, "attention", "out");
     LATTICE_CHECK(k_cache.ndim == 4 && k_cache.shape[1] == s.max_seq && k_cache.shape[2] == s.n_kv_heads &&
                       k_cache.shape[3] == s.head_dim && v_cache.numel() == k_cache.numel(),
-                  "CudaBackend::attention: cache {} does not match [slots, {}, {}, {}]", k_cache.shape_str(),
-                  s.max_seq, s.n_kv_heads, s.head_dim);
+                  "CudaBackend::attention: cache {} does not match [slots, {}, {}, {}]", k_cache.shape_str(), s.max_seq,
+                  s.n_kv_heads, s.head_dim);
     const int64_t n_slots = k_cache.shape[0];
     for (int64_t i = 0; i < m; ++i)
         LATTICE_CHECK(batch.positions[i] >= 0 && batch.positions[i] < s.max_seq && batch.slots[i] >= 0 &&
@@ -262,15 +266,15 @@ void CudaBackend::sample(const View& logits, const cuda::SampleParams* host_para
     LATTICE_CHECK(logits.device == Device::kCuda && logits.is_contiguous(), "CudaBackend::sample: device logits");
     const int64_t m = logits.rows();
     for (int64_t i = 0; i < m; ++i)
-        LATTICE_CHECK(host_params[i].temperature > 0.0f && host_params[i].top_p > 0.0f && host_params[i].top_p <= 1.0f &&
-                          host_params[i].u >= 0.0f && host_params[i].u < 1.0f,
+        LATTICE_CHECK(host_params[i].temperature > 0.0f && host_params[i].top_p > 0.0f &&
+                          host_params[i].top_p <= 1.0f && host_params[i].u >= 0.0f && host_params[i].u < 1.0f,
                       "CudaBackend::sample: row {}: temperature {} top_p {} u {} out of range", i,
                       host_params[i].temperature, host_params[i].top_p, host_params[i].u);
     auto* ids = static_cast<int32_t*>(scratch(ids_out_, size_t(std::max<int64_t>(m, 1)) * 4, "sampled ids"));
     auto* params = static_cast<cuda::SampleParams*>(
         scratch(params_, size_t(std::max<int64_t>(m, 1)) * sizeof(cuda::SampleParams), "sample params"));
-    CUDA_CHECK(cudaMemcpyAsync(params, host_params, size_t(m) * sizeof(cuda::SampleParams), cudaMemcpyHostToDevice,
-                               stream_));
+    CUDA_CHECK(
+        cudaMemcpyAsync(params, host_params, size_t(m) * sizeof(cuda::SampleParams), cudaMemcpyHostToDevice, stream_));
     cuda::sample(ids, logits.data, logits.dtype, m, logits.cols(), params, stream_);
     CUDA_CHECK(cudaMemcpyAsync(host_ids, ids, size_t(m) * 4, cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -310,7 +314,9 @@ void CudaGraph::replay(CudaBackend& be, const TokenBatch& batch) {
 }
 
 // ---- factory ----
-std::unique_ptr<Backend> make_cuda_backend(int device, DType act) { return std::make_unique<CudaBackend>(device, act); }
+std::unique_ptr<Backend> make_cuda_backend(int device, DType act) {
+    return std::make_unique<CudaBackend>(device, act);
+}
 
 int cuda_device_count() {
     int n = 0;

@@ -5,8 +5,6 @@
 // the skip path and says so.
 #pragma once
 
-#include "runtime/base/dtype.h"
-
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
 
@@ -16,6 +14,8 @@
 #include <cstring>
 #include <random>
 #include <vector>
+
+#include "runtime/base/dtype.h"
 
 namespace lattice::test {
 
@@ -31,13 +31,13 @@ inline int cuda_devices() {
     return n;
 }
 
-#define LATTICE_REQUIRE_CUDA()                                                                     \
-    do {                                                                                           \
-        if (::lattice::test::cuda_devices() == 0) {                                                \
-            MESSAGE("SKIPPED: no CUDA device");                                                    \
-            std::printf("SKIPPED: no CUDA device\n");                                             \
-            return;                                                                                \
-        }                                                                                          \
+#define LATTICE_REQUIRE_CUDA()                        \
+    do {                                              \
+        if (::lattice::test::cuda_devices() == 0) {   \
+            MESSAGE("SKIPPED: no CUDA device");       \
+            std::printf("SKIPPED: no CUDA device\n"); \
+            return;                                   \
+        }                                             \
     } while (0)
 
 #define CUDA_OK(call) REQUIRE((call) == cudaSuccess)
@@ -45,12 +45,20 @@ inline int cuda_devices() {
 // Relative L2 error tolerances per activation dtype (10-bit vs 7-bit mantissa, fp32 math).
 constexpr double kTolF16 = 4e-3;
 constexpr double kTolBF16 = 3e-2;
-inline double tol_for(DType act) { return act == DType::kF16 ? kTolF16 : kTolBF16; }
+inline double tol_for(DType act) {
+    return act == DType::kF16 ? kTolF16 : kTolBF16;
+}
 
-inline uint16_t to_act_bits(float f, DType act) { return act == DType::kF16 ? f32_to_f16(f) : f32_to_bf16(f); }
-inline float from_act_bits(uint16_t h, DType act) { return act == DType::kF16 ? f16_to_f32(h) : bf16_to_f32(h); }
+inline uint16_t to_act_bits(float f, DType act) {
+    return act == DType::kF16 ? f32_to_f16(f) : f32_to_bf16(f);
+}
+inline float from_act_bits(uint16_t h, DType act) {
+    return act == DType::kF16 ? f16_to_f32(h) : bf16_to_f32(h);
+}
 // Rounds x through the activation dtype (what the device will see).
-inline float round_act(float f, DType act) { return from_act_bits(to_act_bits(f, act), act); }
+inline float round_act(float f, DType act) {
+    return from_act_bits(to_act_bits(f, act), act);
+}
 
 inline std::vector<uint16_t> to_act(const std::vector<float>& v, DType act) {
     std::vector<uint16_t> o(v.size());

@@ -2,12 +2,12 @@
 // random caches and queries: GQA, head_dim 16 (the golden models) and 128, a slot whose run of
 // rows spans two prefill tiles (41 rows), positions crossing the 256-position decode chunk, the
 // last cache position, and m = 1. Both device paths must give the CPU result for the same batch.
+#include <tuple>
+
 #include "cuda_test_util.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/kernels.h"
-
-#include <tuple>
 
 using namespace lattice;
 using namespace lattice::test;

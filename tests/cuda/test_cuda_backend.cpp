@@ -64,7 +64,8 @@ TEST_CASE("CudaBackend linear: none, w8a16, w8a8 at GEMV and GEMM sizes" * docte
             // Quantized weights exactly as make_linear made them (shared quantize_row).
             std::vector<int8_t> wq(static_cast<size_t>(n * k));
             std::vector<float> sw(static_cast<size_t>(n));
-            for (int64_t j = 0; j < n; ++j) sw[size_t(j)] = math::quantize_row(&wq[size_t(j * k)], &w[size_t(j * k)], k);
+            for (int64_t j = 0; j < n; ++j)
+                sw[size_t(j)] = math::quantize_row(&wq[size_t(j * k)], &w[size_t(j * k)], k);
             for (int64_t m : {1, 5, 17}) {
                 INFO(dtype_name(act) << " " << quant_mode_name(mode) << " m=" << m);
                 std::vector<float> x = random_vec(rng, size_t(m * k), -2, 2);
@@ -143,9 +144,9 @@ struct LayerRun {
     };
     Acts acts(int64_t m) {
         const DType a = be.activation_dtype();
-        return {be.alloc(a, {m, L.h}),      be.alloc(a, {m, L.h}),    be.alloc(a, {m, (L.nh + 2 * L.nkv) * L.hd}),
-                be.alloc(a, {m, L.nh * L.hd}), be.alloc(a, {m, L.h}),  be.alloc(a, {m, 2 * L.f}),
-                be.alloc(a, {m, L.f}),      be.alloc(a, {m, L.h})};
+        return {be.alloc(a, {m, L.h}),         be.alloc(a, {m, L.h}), be.alloc(a, {m, (L.nh + 2 * L.nkv) * L.hd}),
+                be.alloc(a, {m, L.nh * L.hd}), be.alloc(a, {m, L.h}), be.alloc(a, {m, 2 * L.f}),
+                be.alloc(a, {m, L.f}),         be.alloc(a, {m, L.h})};
     }
     void run(const TokenBatch& b, Acts& t) {
         const AttentionShape s = L.shape();

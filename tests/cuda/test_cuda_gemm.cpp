@@ -3,12 +3,12 @@
 //   cuBLASLt fp16/bf16 GEMM; W8A8 dp4a GEMV: exact (int32 dot, same dequant order); W8A16 GEMV
 //   (scalar and vector x paths); the int32 dequant epilogue: exact; argmax (ties, NaN); sampling
 //   (temperature, top-k, top-p, inverse CDF) against a serial reference of the same algorithm.
+#include <algorithm>
+#include <numeric>
+
 #include "cuda_test_util.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/kernels.h"
-
-#include <algorithm>
-#include <numeric>
 
 using namespace lattice;
 using namespace lattice::test;
@@ -36,8 +36,8 @@ TEST_CASE("cuda int8 GEMM (cuBLASLt IMMA) is exact in int32" * doctest::test_sui
     INFO("seed " << seed);
     std::mt19937_64 rng(seed);
     cuda::LtGemm lt;
-    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 45, 77}, {5, 45, 77}, {33, 100, 200},
-                           {64, 256, 512}}) {
+    for (auto [m, n, k] :
+         {std::tuple<int64_t, int64_t, int64_t>{1, 45, 77}, {5, 45, 77}, {33, 100, 200}, {64, 256, 512}}) {
         INFO("m=" << m << " n=" << n << " k=" << k);
         const int64_t np = (n + 15) / 16 * 16, kp = (k + 15) / 16 * 16;
         std::vector<int8_t> x = random_i8(rng, m, k, kp), w = random_i8(rng, np, k, kp);
@@ -90,7 +90,8 @@ TEST_CASE("cuda W8A8 GEMV (dp4a) and the dequant epilogue are exact" * doctest::
         for (int64_t m : {1, 3, 8}) {
             const int64_t n = 37, k = 90, kp = 96;
             std::vector<int8_t> x = random_i8(rng, m, k, kp), w = random_i8(rng, n, k, kp);
-            std::vector<float> sx = random_vec(rng, size_t(m), 0.01f, 0.05f), sw = random_vec(rng, size_t(n), 0.001f, 0.01f);
+            std::vector<float> sx = random_vec(rng, size_t(m), 0.01f, 0.05f),
+                               sw = random_vec(rng, size_t(n), 0.001f, 0.01f);
             DevBuf dx(x), dw(w), dsx(sx), dsw(sw), dy(size_t(m * n) * 2);
             cuda::gemv_w8a8(dy.get(), dx.get<int8_t>(), kp, dsx.get<float>(), dw.get<int8_t>(), kp, dsw.get<float>(), m,
                             n, kp, act, nullptr);
@@ -104,7 +105,8 @@ TEST_CASE("cuda W8A8 GEMV (dp4a) and the dequant epilogue are exact" * doctest::
                 }
             // Epilogue of the IMMA path on the same accumulators (ld > n): identical numbers.
             DevBuf dacc(acc), dy2(size_t(m * n) * 2);
-            cuda::dequant_i32(dy2.get(), dacc.get<int32_t>(), n, dsx.get<float>(), dsw.get<float>(), m, n, act, nullptr);
+            cuda::dequant_i32(dy2.get(), dacc.get<int32_t>(), n, dsx.get<float>(), dsw.get<float>(), m, n, act,
+                              nullptr);
             CHECK(from_act(dy2.download<uint16_t>(size_t(m * n)), act) == got);
         }
     }
@@ -225,7 +227,8 @@ TEST_CASE("cuda sampling: temperature, top-k, top-p, inverse CDF" * doctest::tes
             }
         }
         // top_k = 1 is greedy.
-        CHECK(got[4] == int32_t(std::max_element(logits.begin() + 4 * v, logits.begin() + 5 * v) - (logits.begin() + 4 * v)));
+        CHECK(got[4] ==
+              int32_t(std::max_element(logits.begin() + 4 * v, logits.begin() + 5 * v) - (logits.begin() + 4 * v)));
     }
     CHECK(compared > 80);  // boundary skips are rare
 }

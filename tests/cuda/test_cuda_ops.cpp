@@ -2,13 +2,13 @@
 // bf16 activations: odd sizes (not multiples of any tile), m = 1, poisoned outputs (NaN until
 // written), inputs asserted non-zero. The CPU sees the same activation-rounded inputs, so the
 // remaining difference is output rounding and summation order, bounded by kTolF16 / kTolBF16.
+#include <algorithm>
+
 #include "cuda_test_util.h"
 #include "kernels/common/llama_math.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/kernels.h"
-
-#include <algorithm>
 
 using namespace lattice;
 using namespace lattice::test;

@@ -2,12 +2,12 @@
 // expected values (f32, bf16, i32), then the never-hang path: a rank that skips a collective makes
 // the other rank's call throw an Error naming the op and rank within the timeout (communicator
 // aborted). Needs one CUDA device per rank; otherwise every rank prints the skip message.
+#include <chrono>
+#include <thread>
+
 #include "cuda_test_util.h"
 #include "parallel/cuda/nccl_comm.h"
 #include "parallel/mpi_session.h"
-
-#include <chrono>
-#include <thread>
 
 using namespace lattice;
 using namespace lattice::test;
@@ -33,7 +33,9 @@ bool setup(Ctx& c) {
     return true;
 }
 
-View dview(DevBuf& b, DType t, int64_t n) { return View::contiguous(b.get(), t, {n}, Device::kCuda); }
+View dview(DevBuf& b, DType t, int64_t n) {
+    return View::contiguous(b.get(), t, {n}, Device::kCuda);
+}
 
 }  // namespace
 
