@@ -169,7 +169,12 @@ TEST_CASE("gguf source: quantized slices read through TensorSource") {
     g.tensor("blk.0.ffn_norm.weight", 0, {uint64_t(H)}, f32_tensor(H));
     g.tensor("blk.0.attn_q.weight", 3, {uint64_t(H), uint64_t(H)}, q_tensor(DType::kQ4_1, H, H));
     g.tensor("blk.0.attn_k.weight", 2, {uint64_t(H), 32}, q_tensor(DType::kQ4_0, 32, H));
-    g.tensor("blk.0.attn_v.weight", 2, {uint64_t(H), 32}, q_tensor(DType::kQ4_0, 32, H));
+    std::vector<uint8_t> v_bf16(size_t(32 * H * 2));
+    for (size_t k = 0; k < v_bf16.size() / 2; ++k) {
+        uint16_t b = f32_to_bf16(float(int(k % 97) - 48) * 0.125f);
+        std::memcpy(&v_bf16[2 * k], &b, 2);
+    }
+    g.tensor("blk.0.attn_v.weight", 30, {uint64_t(H), 32}, v_bf16);
     g.tensor("blk.0.attn_output.weight", 8, {uint64_t(H), uint64_t(H)}, q_tensor(DType::kQ8_0, H, H));
     g.tensor("blk.0.ffn_gate.weight", 3, {uint64_t(H), uint64_t(F)}, q_tensor(DType::kQ4_1, F, H));
     g.tensor("blk.0.ffn_up.weight", 3, {uint64_t(H), uint64_t(F)}, q_tensor(DType::kQ4_1, F, H));
@@ -232,6 +237,19 @@ TEST_CASE("gguf source: quantized slices read through TensorSource") {
     std::vector<float> e32(H);
     src->read("model.embed_tokens.weight", 4, 1, 0, H, DType::kF32, e32.data());
     for (int64_t k = 0; k < H; ++k) CHECK(e16[size_t(k)] == f32_to_bf16(e32[size_t(k)]));
+    // BF16 v_proj: rows [7, 9), cols [3, 50) (plain types need no alignment), as f32 and as f16.
+    CHECK(src->info("model.layers.0.self_attn.v_proj.weight").dtype == DType::kBF16);
+    std::vector<float> vf(2 * 47, -999.0f);
+    src->read("model.layers.0.self_attn.v_proj.weight", 7, 2, 3, 47, DType::kF32, vf.data());
+    std::vector<uint16_t> vh(2 * 47, 0xffff);
+    src->read("model.layers.0.self_attn.v_proj.weight", 7, 2, 3, 47, DType::kF16, vh.data());
+    for (int64_t r = 0; r < 2; ++r)
+        for (int64_t k = 0; k < 47; ++k) {
+            size_t idx = size_t((7 + r) * H + 3 + k);
+            float want = float(int(idx % 97) - 48) * 0.125f;
+            CHECK(vf[size_t(r * 47 + k)] == want);
+            CHECK(vh[size_t(r * 47 + k)] == f32_to_f16(want));
+        }
     // Norms (F32, 1-D) as a single row.
     std::vector<float> n(H);
     src->read("model.norm.weight", 0, 1, 0, H, DType::kF32, n.data());
