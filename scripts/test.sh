@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Sets up everything and runs the whole test suite, exactly as CI does (.ci/run calls this):
+#   1. Release build (CPU backend; the CUDA backend is compiled too when nvcc exists) + every test
+#      (unit, mpi, slow; CUDA tests skip visibly without a GPU).
+#   2. The same suite under AddressSanitizer + UndefinedBehaviorSanitizer (CPU build only).
+#   3. Each libFuzzer target for a bounded time (LATTICE_FUZZ_SECONDS, default 20).
+# Usage: scripts/test.sh [--quick]   (--quick: step 1 only)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+jobs=${LATTICE_JOBS:-$(nproc)}
+export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/lattice-ccache}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+echo "== build (Release) =="
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j"$jobs"
+echo "== tests (Release) =="
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+[ "${1:-}" = "--quick" ] && exit 0
+
+echo "== build (ASan + UBSan, CPU only) =="
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLATTICE_SANITIZE=ON -DLATTICE_CUDA=OFF \
+      -DLATTICE_BUILD_BENCHMARKS=OFF
+cmake --build build-asan -j"$jobs"
+echo "== tests (ASan + UBSan) =="
+export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0"
+ctest --test-dir build-asan --output-on-failure -j"$jobs"
+
+echo "== fuzzers (${LATTICE_FUZZ_SECONDS:-20} s each) =="
+cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DLATTICE_FUZZ=ON \
+      -DLATTICE_CUDA=OFF -DLATTICE_BUILD_BENCHMARKS=OFF -DLATTICE_FUZZ_SECONDS="${LATTICE_FUZZ_SECONDS:-20}"
+cmake --build build-fuzz --target fuzz_all -j"$jobs"
+echo "test.sh: all stages passed"
