@@ -2,8 +2,9 @@
 // (longest match, leftmost), then encodes each plain fragment:
 //   SentencePiece: " " -> "▁", "▁" prepended to the first fragment and to each fragment that
 //   follows a special token (llama.cpp's rule; Hugging Face's Llama 2 normalizer does the same for
-//   the first), one merge pass over the whole fragment, characters the vocab lacks become <0xNN>
-//   byte tokens (or <unk> without byte fallback).
+//   the first), merge passes over units that start at a "▁" following another character (cached;
+//   the whole fragment at once if the vocab has a piece that merges could carry across such a
+//   point), characters the vocab lacks become <0xNN> byte tokens (or <unk> without byte fallback).
 //   Byte-level: the family's pre-tokenizer cuts words; each word's bytes start as one symbol per
 //   byte, merges by rank, results cached per word.
 #include "runtime/base/error.h"

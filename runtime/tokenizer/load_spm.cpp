@@ -1,5 +1,4 @@
-// Loading SentencePiece tokenizer.model files, the shared finishing step of every loader, and the
-// load_tokenizer factory.
+// Loading SentencePiece tokenizer.model files.
 // tokenizer.model is a protobuf ModelProto. It is parsed by hand (about 100 lines) rather than
 // through libsentencepiece because (a) we need only a handful of fields, (b) the library's parser
 // would add sentencepiece + protobuf to every binary that links lattice_runtime, and (c) a small

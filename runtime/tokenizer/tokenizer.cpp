@@ -89,6 +89,7 @@ void Tokenizer::build_tables() {
     piece_to_id_.reserve(n);
     for (size_t i = 0; i < n; ++i) piece_to_id_.emplace(tokens_[i], int32_t(i));
     std::fill(std::begin(byte_ids_), std::end(byte_ids_), -1);
+    std::fill(std::begin(ascii_ids_), std::end(ascii_ids_), -1);
 
     const bool spm = spec_.kind == TokenizerKind::kSentencePiece;
     bytes_.resize(n);

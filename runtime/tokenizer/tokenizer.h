@@ -4,12 +4,15 @@
 // Layout: token ids index tokens_ (piece text as the file stores it: SentencePiece pieces use "▁"
 // for space and "<0xNN>" for bytes; byte-level pieces use GPT-2's byte->unicode characters) and
 // bytes_ (what the token decodes to). Merges live in one hash table keyed by the adjacent pair of
-// ids, so both algorithms share one O(n log n) merge loop (merge.cpp):
+// ids, so both algorithms share one O(n log n) merge loop (tokenizer.cpp):
 //   SentencePiece (scores): the pair whose concatenation has the highest score merges first;
 //   rank-based BPE (merges list): the pair with the lowest rank merges first; ties go leftmost.
 // Special tokens (CONTROL, and special added_tokens) are recognised in text only when
 // parse_special is true; USER_DEFINED tokens (non-special added_tokens) always are, as in
 // Hugging Face tokenizers and llama.cpp.
+// Files: tokenizer.cpp (tables, merge loop), encode.cpp (encode/decode/streaming), pretokenize.cpp
+// (family split rules), load_spm.cpp (tokenizer.model: protobuf parsed by hand, see there why),
+// load_json.cpp, load_gguf.cpp (via runtime/gguf.h), load.cpp (factory, tokenizer_config.json).
 // Invariants: ids returned by encode are in [0, vocab_size()); decode never throws on bad ids
 // (they decode to nothing); a Tokenizer is immutable after construction except for its word cache,
 // which is guarded, so one Tokenizer may be shared between threads.
