@@ -6,6 +6,7 @@
 #include "runtime/tokenizer/tokenizer.h"
 
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -216,4 +217,29 @@ TEST_CASE("tiny hand-made vocabularies: merge order, byte fallback, unknown, use
     CHECK(bl.encode("<x>Hello", false, false) == V{11, 8});  // non-special added token: always matched
     CHECK(bl.encode("<|begin_of_text|>", false, false) != V{10});
     CHECK(bl.encode("<|begin_of_text|>", false, true) == V{10});
+}
+
+TEST_CASE("byte-level BPE matches Hugging Face tokenizers on random text (llama3)") {
+    // tests/tokenizer/data/hf_llama3_random.json: 600 random texts (mixed scripts, digits, whitespace
+    // runs, contractions in both cases, random codepoints) encoded by the Rust `tokenizers` library;
+    // see make_hf_reference.py there. HF matches added tokens in text always, hence parse_special.
+    std::ifstream f(std::string(LATTICE_SOURCE_DIR) + "/tests/tokenizer/data/hf_llama3_random.json");
+    const auto j = nlohmann::json::parse(f);
+    REQUIRE(j["cases"].size() == 600);
+    for (const char* file : {"llama3-tokenizer.json", "ggml-vocab-llama-bpe.gguf"}) {
+        auto t = load_tokenizer(kDir + file);
+        int mismatches = 0;
+        for (const auto& c : j["cases"]) {
+            const std::string text = c["text"].get<std::string>();
+            const auto expected = c["ids"].get<std::vector<int32_t>>();
+            REQUIRE(!text.empty());
+            const auto got = t->encode(text, false, true);
+            CAPTURE(file);
+            CAPTURE(text);
+            CHECK(got == expected);
+            mismatches += got != expected;
+            CHECK(t->decode(got, true) == text);
+        }
+        CHECK(mismatches == 0);
+    }
 }
