@@ -8,10 +8,12 @@
 //     scalar function: IEEE division, round half away from zero rebuilt from truncation (v - trunc(v)
 //     is exact), NaN -> 0, clamp to +-127. Used by every SIMD level.
 //   W8A16 (also used on the AVX-VNNI level): each 32-byte half k-group is 8 int32 (one per channel),
-//     byte t sign-extended by shifts, converted to f32, FMA'd against broadcast x[4g + t].
+//     byte t sign-extended by shifts, converted to f32, FMA'd against broadcast x[4g + t]; for m >= 32
+//     each panel is converted to f32 once (thread-local) and a 6 x 16 FMA tile runs over it.
 #include <immintrin.h>
 
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/int8_gemm_kernels.h"
 #include "kernels/cpu/quantize.h"
@@ -126,6 +128,65 @@ inline void f_all_rows(const float* x, int64_t m, int64_t ldx, const PackedInt8&
     }
 }
 
+// acc += a * b; inline asm keeps each accumulator in one register (GCC 12 shuffles them otherwise).
+inline void fma_acc(__m256& acc, __m256 a, __m256 b) { __asm__("vfmadd231ps %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b)); }
+
+// Prefill W8A16: panel converted once to f32, k-major [k_padded][16], then an MR x 16 FMA tile over it.
+inline void dequant_panel(const int8_t* b, int64_t groups, float* out) {
+    for (int64_t g = 0; g < groups; ++g)
+        for (int h = 0; h < 2; ++h) {
+            __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + g * 64 + h * 32));
+            float* o = out + g * 64 + h * 8;
+            _mm256_store_ps(o, _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 24), 24)));
+            _mm256_store_ps(o + 16, _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 16), 24)));
+            _mm256_store_ps(o + 32, _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 8), 24)));
+            _mm256_store_ps(o + 48, _mm256_cvtepi32_ps(_mm256_srai_epi32(v, 24)));
+        }
+}
+
+template <int MR>
+inline void fd_tile(const float* x, int64_t ldx, const float* bf, int64_t kp, const float* scales, int64_t p,
+                    int64_t r0, int64_t n, float* y, int64_t ldy) {
+    const float* xr = x + r0 * ldx;
+    __m256 acc[MR][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t kk = 0; kk < kp; ++kk) {
+        __m256 b0 = _mm256_load_ps(bf + kk * 16), b1 = _mm256_load_ps(bf + kk * 16 + 8);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            __m256 xv = _mm256_set1_ps(xr[r * ldx + kk]);
+            fma_acc(acc[r][0], b0, xv);
+            fma_acc(acc[r][1], b1, xv);
+        }
+    }
+    const int64_t j0 = p * kInt8PanelN;
+    const int64_t cnt = n - j0 < kInt8PanelN ? n - j0 : kInt8PanelN;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+        float* yr = y + (r0 + r) * ldy + j0;
+        if (cnt == kInt8PanelN) {
+            _mm256_storeu_ps(yr, _mm256_mul_ps(acc[r][0], _mm256_loadu_ps(scales + j0)));
+            _mm256_storeu_ps(yr + 8, _mm256_mul_ps(acc[r][1], _mm256_loadu_ps(scales + j0 + 8)));
+        } else {
+            alignas(32) float tmp[16];
+            _mm256_store_ps(tmp, acc[r][0]);
+            _mm256_store_ps(tmp + 8, acc[r][1]);
+            for (int64_t i = 0; i < cnt; ++i) yr[i] = tmp[i] * scales[j0 + i];
+        }
+    }
+}
+
+template <int MR>
+inline void fd_tile_rows(int rem, const float* x, int64_t ldx, const float* bf, int64_t kp, const float* scales,
+                         int64_t p, int64_t r0, int64_t n, float* y, int64_t ldy) {
+    if (rem == MR) {
+        fd_tile<MR>(x, ldx, bf, kp, scales, p, r0, n, y, ldy);
+    } else if constexpr (MR > 1) {
+        fd_tile_rows<MR - 1>(rem, x, ldx, bf, kp, scales, p, r0, n, y, ldy);
+    }
+}
+
 }  // namespace
 
 float quantize_row_int8_avx2(const float* x, int64_t k, int8_t* q) {
@@ -175,8 +236,19 @@ void w8a16_panels_avx2(const float* x, int64_t m, int64_t ldx, const PackedInt8&
     if (m == 1) {
         for (; p + 2 <= p1; p += 2) f_all_rows<2, 1>(x, m, ldx, w, scales, p, y, ldy);
         for (; p < p1; ++p) f_all_rows<1, 1>(x, m, ldx, w, scales, p, y, ldy);
-    } else {
+    } else if (m < 32) {
         for (; p < p1; ++p) f_all_rows<1, 4>(x, m, ldx, w, scales, p, y, ldy);
+    } else {  // prefill: each panel converted to f32 once (thread-local), reused across all rows
+        thread_local std::vector<float, AlignedAllocator64<float>> bf;
+        if (bf.size() < size_t(w.k_padded * kInt8PanelN)) bf.resize(size_t(w.k_padded * kInt8PanelN));
+        constexpr int kMr = 6;
+        for (; p < p1; ++p) {
+            dequant_panel(w.panel(p), w.k_padded / kInt8GroupK, bf.data());
+            for (int64_t r0 = 0; r0 < m; r0 += kMr) {
+                int rem = int(m - r0 < kMr ? m - r0 : kMr);
+                fd_tile_rows<kMr>(rem, x, ldx, bf.data(), w.k_padded, scales, p, r0, w.n, y, ldy);
+            }
+        }
     }
 }
 
