@@ -109,7 +109,7 @@ job_ids=""
 run_job() {
     local name=$1 run=$2 launcher=$3 template=${4:-lattice.sbatch} tp=${5:-2} m=${6:-$model} tokens=${7:-$new_tokens} id st
     id=$(cd "$src" && MODEL="$m" TP=$tp PP=1 CPU_RANKS=1 RUN="$run" LAUNCHER="$launcher" LATTICE="$bin" \
-         PROMPT_IDS=93 MAX_NEW_TOKENS=$tokens COMM_TIMEOUT=30 \
+         PROMPT_IDS=${PROMPT:-93} MAX_NEW_TOKENS=$tokens COMM_TIMEOUT=30 \
          sbatch --parsable --job-name="lattice-$name" --output="$tmp/$name.out" --error="$tmp/$name.err" \
                 --nodes=1 --ntasks-per-node="$tp" --gpus-per-node=0 --cpus-per-task=1 --time=2 \
                 "launch/slurm/$template" 2>&1)
@@ -203,20 +203,23 @@ fi
 # scancel of a running generation leaves no rank behind (needs a model that decodes for a while).
 long_model="$src/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 if [ -e "$long_model" ]; then
+    # A prompt unique to this run, so the process pattern matches no other test's ranks.
+    PROMPT="1,2,$((RANDOM % 30000 + 100)),$$"
+    pat="^$bin generate --model $long_model --prompt-ids $PROMPT "
     SUBMIT_ONLY=1 run_job cancel generate srun lattice.sbatch "$gen_tp" "$long_model" 4000
     for _ in $(seq 100); do [ "$(job_state "$last_job")" = RUNNING ] && break; sleep 0.2; done
-    for _ in $(seq 100); do [ "$(pgrep -fc "^$bin generate --model $long_model")" -ge "$gen_tp" ] && break; sleep 0.2; done
+    for _ in $(seq 100); do [ "$(pgrep -fc "$pat")" -ge "$gen_tp" ] && break; sleep 0.2; done
     sleep 3
-    if [ "$(pgrep -fc "^$bin generate --model $long_model")" -lt "$gen_tp" ]; then
+    if [ "$(pgrep -fc "$pat")" -lt "$gen_tp" ]; then
         echo "FAIL: cancel: the generation was not running before scancel"; sed 's/^/  | /' "$tmp/cancel.out" "$tmp/cancel.err"
         fails=$((fails + 1))
     fi
     scancel "$last_job"
     for _ in $(seq 150); do  # <= 30 s (KillWait)
-        [ "$(job_state "$last_job")" = CANCELLED ] && [ "$(pgrep -fc "^$bin generate --model $long_model")" -eq 0 ] && break
+        [ "$(job_state "$last_job")" = CANCELLED ] && [ "$(pgrep -fc "$pat")" -eq 0 ] && break
         sleep 0.2
     done
-    left=$(pgrep -f "^$bin generate --model $long_model" | tr '\n' ' ')
+    left=$(pgrep -f "$pat" | tr '\n' ' ')
     echo "cancel: job $last_job $(job_state "$last_job"), rank processes left: ${left:-none}"
     if [ -n "$left" ]; then echo "FAIL: cancel left rank processes: $left"; kill -KILL $left; fails=$((fails + 1)); fi
 else
