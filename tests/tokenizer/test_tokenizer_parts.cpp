@@ -232,7 +232,6 @@ TEST_CASE("byte-level BPE matches Hugging Face tokenizers on random text (llama3
         for (const auto& c : j["cases"]) {
             const std::string text = c["text"].get<std::string>();
             const auto expected = c["ids"].get<std::vector<int32_t>>();
-            REQUIRE(!text.empty());
             const auto got = t->encode(text, false, true);
             CAPTURE(file);
             CAPTURE(text);
