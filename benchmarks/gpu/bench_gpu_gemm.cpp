@@ -142,7 +142,7 @@ int main(int argc, char** argv) try {
                 min_s);
             report("int8 cublasLt IMMA", m, n, s8, peaks.int8_tops, double(n) * k + double(m) * k + 4.0 * m * n);
             const double s16 = time_per_call(
-                stream, [&] { lt.gemm_float(y16.p, n, x16.p, k, w16.p, k, m, n, k, DType::kF16, stream); }, min_s);
+                stream, [&] { lt.gemm_float(y16.p, n, x16.p, k, w16.p, k, m, n, k, DType::kF16, DType::kF16, stream); }, min_s);
             report("fp16 cublasLt", m, n, s16, peaks.fp16_tflops,
                    2.0 * (double(n) * k + double(m) * k + double(m) * n));
             LATTICE_CHECK(finite_f16(y16.p, size_t(m * n)), "fp16 GEMM produced inf/NaN at m={} n={}", m, n);
@@ -151,7 +151,7 @@ int main(int argc, char** argv) try {
                     stream,
                     [&] {
                         cuda::gemv_w8a8(y16.p, x8.as<int8_t>(), k, sx.as<float>(), w8.as<int8_t>(), k, sw.as<float>(),
-                                        m, n, k, DType::kF16, stream);
+                                        m, n, k, DType::kF16, DType::kF16, stream);
                     },
                     min_s);
                 report("w8a8 GEMV (dp4a)", m, n, sg8, peaks.int8_tops, double(n) * k + 4.0 * n);
@@ -159,7 +159,7 @@ int main(int argc, char** argv) try {
                     stream,
                     [&] {
                         cuda::gemv_w8a16(y16.p, x16.p, w8.as<int8_t>(), k, sw.as<float>(), m, n, k, DType::kF16,
-                                         stream);
+                                         DType::kF16, stream);
                     },
                     min_s);
                 report("w8a16 GEMV", m, n, sg16, peaks.fp16_tflops, double(n) * k + 4.0 * n);

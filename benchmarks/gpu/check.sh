@@ -41,7 +41,7 @@ cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DLATTICE_CU
       -DCMAKE_CUDA_ARCHITECTURES="$cap" >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
 
 say "build CUDA targets"
-targets=(lattice_kernels_cuda test_cuda_ops test_cuda_gemm test_cuda_backend test_nccl_comm bench_gpu_gemm bench_gpu_decode)
+targets=(lattice_kernels_cuda test_cuda_ops test_cuda_gemm test_cuda_backend test_cuda_golden test_nccl_comm bench_gpu_gemm bench_gpu_decode)
 cmake --build "$build" -j "$jobs" --target "${targets[@]}" >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 have_cli=0
 if cmake --build "$build" -j "$jobs" --target lattice >>"$out/build.log" 2>&1; then have_cli=1; else

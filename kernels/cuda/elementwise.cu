@@ -124,8 +124,8 @@ __global__ void dequant_kernel(T* out, const int32_t* acc, int64_t ld_acc, const
     const int64_t total = m * n;
     for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
         const int64_t i = t / n, j = t % n;
-        const float s = (sx ? sx[i] : 1.0f) * sw[j];
-        out[t] = from_f32<T>(float(acc[i * ld_acc + j]) * s);
+        // Same order as the GEMV epilogue and the CPU reference: (acc * sx) * sw.
+        out[t] = from_f32<T>(float(acc[i * ld_acc + j]) * (sx ? sx[i] : 1.0f) * sw[j]);
     }
 }
 
@@ -254,10 +254,17 @@ void add(void* out, const void* a, const void* b, int64_t n, DType act, cudaStre
 }
 
 void dequant_i32(void* out, const int32_t* acc, int64_t ld_acc, const float* sx, const float* sw, int64_t m, int64_t n,
-                 DType act, cudaStream_t stream) {
+                 DType act, DType out_dtype, cudaStream_t stream) {
+    KERNEL_CHECK(out_dtype == act || out_dtype == DType::kF32,
+                 "cuda::dequant_i32: output dtype " + std::string(dtype_name(out_dtype)) + " (act or f32)");
     if (m * n == 0) return;
-    LATTICE_DISPATCH_ACT(
-        act, dequant_kernel<T><<<grid_for(m * n), 256, 0, stream>>>(static_cast<T*>(out), acc, ld_acc, sx, sw, m, n));
+    if (out_dtype == DType::kF32) {
+        dequant_kernel<float>
+            <<<grid_for(m * n), 256, 0, stream>>>(static_cast<float*>(out), acc, ld_acc, sx, sw, m, n);
+    } else {
+        LATTICE_DISPATCH_ACT(act, dequant_kernel<T><<<grid_for(m * n), 256, 0, stream>>>(static_cast<T*>(out), acc,
+                                                                                           ld_acc, sx, sw, m, n));
+    }
     CUDA_CHECK_LAUNCH();
 }
 

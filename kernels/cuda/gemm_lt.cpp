@@ -25,7 +25,7 @@ LtGemm::~LtGemm() {
 LtGemm::Plan& LtGemm::plan(const Key& key, bool int8) {
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second;
-    const auto [dt, m, n, k, ldx, ldw, ldy] = key;
+    const auto [dt, out_dt, m, n, k, ldx, ldw, ldy] = key;
     cudaDataType_t ab_type, c_type;
     cublasComputeType_t compute;
     cudaDataType_t scale_type;
@@ -35,7 +35,8 @@ LtGemm::Plan& LtGemm::plan(const Key& key, bool int8) {
         compute = CUBLAS_COMPUTE_32I;
         scale_type = CUDA_R_32I;
     } else {
-        ab_type = c_type = DType(dt) == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF;
+        ab_type = DType(dt) == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF;
+        c_type = DType(out_dt) == DType::kF32 ? CUDA_R_32F : ab_type;
         compute = CUBLAS_COMPUTE_32F;
         scale_type = CUDA_R_32F;
     }
@@ -71,11 +72,13 @@ LtGemm::Plan& LtGemm::plan(const Key& key, bool int8) {
 }
 
 void LtGemm::gemm_float(void* y, int64_t ldy, const void* x, int64_t ldx, const void* w, int64_t ldw, int64_t m,
-                        int64_t n, int64_t k, DType dtype, cudaStream_t stream) {
+                        int64_t n, int64_t k, DType dtype, DType out_dtype, cudaStream_t stream) {
     LATTICE_CHECK(dtype == DType::kF16 || dtype == DType::kBF16, "LtGemm::gemm_float: dtype {}", dtype_name(dtype));
+    LATTICE_CHECK(out_dtype == dtype || out_dtype == DType::kF32, "LtGemm::gemm_float: output dtype {} for {} inputs",
+                  dtype_name(out_dtype), dtype_name(dtype));
     LATTICE_CHECK(m > 0 && n > 0 && k > 0 && ldx >= k && ldw >= k && ldy >= n,
                   "LtGemm::gemm_float: bad shape m={} n={} k={} ldx={} ldw={} ldy={}", m, n, k, ldx, ldw, ldy);
-    Plan& p = plan(Key{int(dtype), m, n, k, ldx, ldw, ldy}, false);
+    Plan& p = plan(Key{int(dtype), int(out_dtype), m, n, k, ldx, ldw, ldy}, false);
     const float alpha = 1.0f, beta = 0.0f;
     CUBLAS_CHECK(cublasLtMatmul(handle_, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace_,
                                 kWorkspaceBytes, stream));
@@ -91,7 +94,7 @@ void LtGemm::gemm_i8(int32_t* c, int64_t ldc, const int8_t* xq, int64_t ldx, con
     const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
     LATTICE_CHECK(!misaligned(c) && !misaligned(xq) && !misaligned(w),
                   "LtGemm::gemm_i8: pointers must be 16-byte aligned");
-    Plan& p = plan(Key{int(DType::kI8), m, n, k, ldx, ldw, ldc}, true);
+    Plan& p = plan(Key{int(DType::kI8), int(DType::kI32), m, n, k, ldx, ldw, ldc}, true);
     const int32_t alpha = 1, beta = 0;
     CUBLAS_CHECK(cublasLtMatmul(handle_, p.op, &alpha, w, p.a, xq, p.b, &beta, c, p.c, c, p.c, &p.algo, workspace_,
                                 kWorkspaceBytes, stream));

@@ -29,9 +29,9 @@ public:
     LtGemm(const LtGemm&) = delete;
     LtGemm& operator=(const LtGemm&) = delete;
 
-    // y[m, ldy] = x[m, ldx] . W[n, ldw]^T over k; dtype f16 or bf16 for x, W and y.
+    // y[m, ldy] = x[m, ldx] . W[n, ldw]^T over k; dtype f16 or bf16 for x and W; y in dtype or f32.
     void gemm_float(void* y, int64_t ldy, const void* x, int64_t ldx, const void* w, int64_t ldw, int64_t m, int64_t n,
-                    int64_t k, DType dtype, cudaStream_t stream);
+                    int64_t k, DType dtype, DType out_dtype, cudaStream_t stream);
     // c[m, ldc] (int32) = xq[m, ldx] . W[n, ldw]^T over k (int8, exact int32 accumulation).
     void gemm_i8(int32_t* c, int64_t ldc, const int8_t* xq, int64_t ldx, const int8_t* w, int64_t ldw, int64_t m,
                  int64_t n, int64_t k, cudaStream_t stream);
@@ -42,8 +42,8 @@ private:
         cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
         cublasLtMatmulAlgo_t algo{};
     };
-    // (dtype, m, n, k, ldx, ldw, ldy)
-    using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+    // (dtype, out dtype, m, n, k, ldx, ldw, ldy)
+    using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
     Plan& plan(const Key& key, bool int8);
 
     cublasLtHandle_t handle_ = nullptr;

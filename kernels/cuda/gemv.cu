@@ -13,9 +13,9 @@ namespace {
 
 constexpr int kWarps = 8;
 
-template <typename T, int M, bool kVecX>
+template <typename T, typename O, int M, bool kVecX>
 __global__ void __launch_bounds__(kWarps * 32)
-    gemv_w8a16_kernel(T* out, const T* x, const int8_t* w, int64_t ldw, const float* sw, int64_t n, int64_t k) {
+    gemv_w8a16_kernel(O* out, const T* x, const int8_t* w, int64_t ldw, const float* sw, int64_t n, int64_t k) {
     const int lane = threadIdx.x & 31;
     const int64_t c = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     if (c >= n) return;
@@ -50,13 +50,13 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int i = 0; i < M; ++i) {
         const float v = warp_sum(acc[i]);
-        if (lane == 0) out[int64_t(i) * n + c] = from_f32<T>(v * s);
+        if (lane == 0) out[int64_t(i) * n + c] = from_f32<O>(v * s);
     }
 }
 
-template <typename T, int M>
+template <typename O, int M>
 __global__ void __launch_bounds__(kWarps * 32)
-    gemv_w8a8_kernel(T* out, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw,
+    gemv_w8a8_kernel(O* out, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw,
                      const float* sw, int64_t n, int64_t k) {
     const int lane = threadIdx.x & 31;
     const int64_t c = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -80,105 +80,96 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int i = 0; i < M; ++i) {
         const int v = warp_sum_i(acc[i]);
-        if (lane == 0) out[int64_t(i) * n + c] = from_f32<T>(float(v) * sx[i] * s);
+        if (lane == 0) out[int64_t(i) * n + c] = from_f32<O>(float(v) * sx[i] * s);
     }
 }
 
-template <typename T, int M>
-void launch_w8a16(T* out, const T* x, const int8_t* w, int64_t ldw, const float* sw, int64_t n, int64_t k,
+template <typename T, typename O, int M>
+void launch_w8a16(O* out, const T* x, const int8_t* w, int64_t ldw, const float* sw, int64_t n, int64_t k,
                   cudaStream_t stream) {
     const unsigned grid = unsigned(ceil_div(n, kWarps));
     const bool vec = k % 8 == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
     if (vec)
-        gemv_w8a16_kernel<T, M, true><<<grid, kWarps * 32, 0, stream>>>(out, x, w, ldw, sw, n, k);
+        gemv_w8a16_kernel<T, O, M, true><<<grid, kWarps * 32, 0, stream>>>(out, x, w, ldw, sw, n, k);
     else
-        gemv_w8a16_kernel<T, M, false><<<grid, kWarps * 32, 0, stream>>>(out, x, w, ldw, sw, n, k);
+        gemv_w8a16_kernel<T, O, M, false><<<grid, kWarps * 32, 0, stream>>>(out, x, w, ldw, sw, n, k);
 }
 
-template <typename T, int M>
-void launch_w8a8(T* out, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw, const float* sw,
+template <typename T, typename O>
+void run_w8a16(O* o, const T* x, const int8_t* w, int64_t ldw, const float* sw, int64_t m, int64_t n, int64_t k,
+               cudaStream_t stream) {
+    switch (m) {
+        case 1: launch_w8a16<T, O, 1>(o, x, w, ldw, sw, n, k, stream); break;
+        case 2: launch_w8a16<T, O, 2>(o, x, w, ldw, sw, n, k, stream); break;
+        case 3: launch_w8a16<T, O, 3>(o, x, w, ldw, sw, n, k, stream); break;
+        case 4: launch_w8a16<T, O, 4>(o, x, w, ldw, sw, n, k, stream); break;
+        case 5: launch_w8a16<T, O, 5>(o, x, w, ldw, sw, n, k, stream); break;
+        case 6: launch_w8a16<T, O, 6>(o, x, w, ldw, sw, n, k, stream); break;
+        case 7: launch_w8a16<T, O, 7>(o, x, w, ldw, sw, n, k, stream); break;
+        default: launch_w8a16<T, O, 8>(o, x, w, ldw, sw, n, k, stream); break;
+    }
+}
+
+template <typename O, int M>
+void launch_w8a8(O* out, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw, const float* sw,
                  int64_t n, int64_t k, cudaStream_t stream) {
-    gemv_w8a8_kernel<T, M>
+    gemv_w8a8_kernel<O, M>
         <<<unsigned(ceil_div(n, kWarps)), kWarps * 32, 0, stream>>>(out, xq, ldx, sx, w, ldw, sw, n, k);
+}
+
+template <typename O>
+void run_w8a8(O* o, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw, const float* sw,
+              int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+    switch (m) {
+        case 1: launch_w8a8<O, 1>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
+        case 2: launch_w8a8<O, 2>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
+        case 3: launch_w8a8<O, 3>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
+        case 4: launch_w8a8<O, 4>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
+        case 5: launch_w8a8<O, 5>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
+        case 6: launch_w8a8<O, 6>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
+        case 7: launch_w8a8<O, 7>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
+        default: launch_w8a8<O, 8>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
+    }
+}
+
+void check_out(DType out_dtype, DType act, const char* op) {
+    KERNEL_CHECK(out_dtype == act || out_dtype == DType::kF32, std::string("cuda::") + op + ": output dtype " +
+                                                                    std::string(dtype_name(out_dtype)) +
+                                                                    " (expected the activation dtype or f32)");
 }
 
 }  // namespace
 
 void gemv_w8a16(void* out, const void* x, const int8_t* w, int64_t ldw, const float* sw, int64_t m, int64_t n,
-                int64_t k, DType act, cudaStream_t stream) {
+                int64_t k, DType act, DType out_dtype, cudaStream_t stream) {
     KERNEL_CHECK(m >= 1 && m <= kGemvMaxRows, "cuda::gemv_w8a16: m = " + std::to_string(m) + " (1..8)");
     KERNEL_CHECK(ldw % 16 == 0 && ldw >= k, "cuda::gemv_w8a16: ldw " + std::to_string(ldw) + " for k " +
                                                 std::to_string(k) + " (multiple of 16 >= k)");
+    check_out(out_dtype, act, "gemv_w8a16");
     if (n == 0) return;
     LATTICE_DISPATCH_ACT(act, {
-        T* o = static_cast<T*>(out);
         const T* xi = static_cast<const T*>(x);
-        switch (m) {
-            case 1:
-                launch_w8a16<T, 1>(o, xi, w, ldw, sw, n, k, stream);
-                break;
-            case 2:
-                launch_w8a16<T, 2>(o, xi, w, ldw, sw, n, k, stream);
-                break;
-            case 3:
-                launch_w8a16<T, 3>(o, xi, w, ldw, sw, n, k, stream);
-                break;
-            case 4:
-                launch_w8a16<T, 4>(o, xi, w, ldw, sw, n, k, stream);
-                break;
-            case 5:
-                launch_w8a16<T, 5>(o, xi, w, ldw, sw, n, k, stream);
-                break;
-            case 6:
-                launch_w8a16<T, 6>(o, xi, w, ldw, sw, n, k, stream);
-                break;
-            case 7:
-                launch_w8a16<T, 7>(o, xi, w, ldw, sw, n, k, stream);
-                break;
-            default:
-                launch_w8a16<T, 8>(o, xi, w, ldw, sw, n, k, stream);
-                break;
-        }
+        if (out_dtype == DType::kF32)
+            run_w8a16<T, float>(static_cast<float*>(out), xi, w, ldw, sw, m, n, k, stream);
+        else
+            run_w8a16<T, T>(static_cast<T*>(out), xi, w, ldw, sw, m, n, k, stream);
     });
     CUDA_CHECK_LAUNCH();
 }
 
-void gemv_w8a8(void* out, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw, const float* sw,
-               int64_t m, int64_t n, int64_t k, DType act, cudaStream_t stream) {
+void gemv_w8a8(void* out, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw,
+               const float* sw, int64_t m, int64_t n, int64_t k, DType act, DType out_dtype, cudaStream_t stream) {
     KERNEL_CHECK(m >= 1 && m <= kGemvMaxRows, "cuda::gemv_w8a8: m = " + std::to_string(m) + " (1..8)");
     KERNEL_CHECK(k % 16 == 0 && ldx % 16 == 0 && ldw % 16 == 0 && ldx >= k && ldw >= k,
                  "cuda::gemv_w8a8: k " + std::to_string(k) + ", ldx " + std::to_string(ldx) + ", ldw " +
                      std::to_string(ldw) + " must be multiples of 16 with ld >= k");
+    check_out(out_dtype, act, "gemv_w8a8");
     if (n == 0) return;
-    LATTICE_DISPATCH_ACT(act, {
-        T* o = static_cast<T*>(out);
-        switch (m) {
-            case 1:
-                launch_w8a8<T, 1>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
-                break;
-            case 2:
-                launch_w8a8<T, 2>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
-                break;
-            case 3:
-                launch_w8a8<T, 3>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
-                break;
-            case 4:
-                launch_w8a8<T, 4>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
-                break;
-            case 5:
-                launch_w8a8<T, 5>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
-                break;
-            case 6:
-                launch_w8a8<T, 6>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
-                break;
-            case 7:
-                launch_w8a8<T, 7>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
-                break;
-            default:
-                launch_w8a8<T, 8>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
-                break;
-        }
-    });
+    if (out_dtype == DType::kF32) {
+        run_w8a8<float>(static_cast<float*>(out), xq, ldx, sx, w, ldw, sw, m, n, k, stream);
+    } else {
+        LATTICE_DISPATCH_ACT(act, run_w8a8<T>(static_cast<T*>(out), xq, ldx, sx, w, ldw, sw, m, n, k, stream));
+    }
     CUDA_CHECK_LAUNCH();
 }
 

@@ -54,9 +54,9 @@ void rope(void* qkv, const int32_t* positions, int64_t m, int64_t n_heads, int64
           const float* inv_freq, DType act, cudaStream_t stream);
 void silu_mul(void* out, const void* gate_up, int64_t m, int64_t f, DType act, cudaStream_t stream);
 void add(void* out, const void* a, const void* b, int64_t n, DType act, cudaStream_t stream);
-// out[i, j] = acc[i, j] * sx[i] * sw[j] (sx null: 1), converted to act. acc is [m, ld_acc].
+// out[i, j] = acc[i, j] * sx[i] * sw[j] (sx null: 1), converted to out_dtype (act or f32). acc is [m, ld_acc].
 void dequant_i32(void* out, const int32_t* acc, int64_t ld_acc, const float* sx, const float* sw, int64_t m, int64_t n,
-                 DType act, cudaStream_t stream);
+                 DType act, DType out_dtype, cudaStream_t stream);
 // out[n, k] (act) = w[n, :k] * sw[n]: int8 weights back to float (W8A16 with m > 8 runs a float GEMM).
 void dequant_weights(void* out, const int8_t* w, int64_t ldw, const float* sw, int64_t n, int64_t k, DType act,
                      cudaStream_t stream);
@@ -85,12 +85,12 @@ int64_t build_prefill_tiles(PrefillTile* tiles, const int32_t* positions, const 
 
 // ---- GEMV for decode (gemv.cu), m <= kGemvMaxRows ----
 constexpr int kGemvMaxRows = 8;
-// out[m, n] = x[m, k] . (w[n, :k] * sw[n])^T ; w row stride ldw.
+// out[m, n] = x[m, k] . (w[n, :k] * sw[n])^T ; w row stride ldw. out_dtype: act or f32 (logits).
 void gemv_w8a16(void* out, const void* x, const int8_t* w, int64_t ldw, const float* sw, int64_t m, int64_t n,
-                int64_t k, DType act, cudaStream_t stream);
+                int64_t k, DType act, DType out_dtype, cudaStream_t stream);
 // out[m, n] = (xq[m, :k] . w[n, :k]) * sx[m] * sw[n], int32 dot (exact), k multiple of 16, ldx/ldw >= k.
 void gemv_w8a8(void* out, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw, const float* sw,
-               int64_t m, int64_t n, int64_t k, DType act, cudaStream_t stream);
+               int64_t m, int64_t n, int64_t k, DType act, DType out_dtype, cudaStream_t stream);
 
 // ---- sampling (sampling.cu) ----
 // out[i] = argmax_j logits[i, j] (lowest index on ties). logits dtype f32/f16/bf16.

@@ -124,7 +124,7 @@ Buffer CudaBackend::alloc(DType dtype, std::initializer_list<int64_t> shape) {
         LATTICE_FAIL("cudaMalloc of {} bytes for a {} {} tensor on device {}: {} ({} MiB free of {} MiB)", bytes,
                      dtype_name(dtype), v.shape_str(), device_, cudaGetErrorString(e), free_b >> 20, total_b >> 20);
     }
-    CUDA_CHECK(cudaMemset(p, 0, bytes));
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));  // ordered before any later op on stream_
     v.data = p;
     return Buffer(this, v);
 }

@@ -210,7 +210,11 @@ void CudaBackend::add(const View& out, const View& a, const View& b) {
 }
 
 void CudaBackend::linear(const View& out, const View& x, const Linear& w) {
-    check_act(out, "linear", "out");
+    // out may be f32 (the LM head writes f32 logits); everything else is in the activation dtype.
+    const DType od = out.dtype;
+    if (od != DType::kF32) check_act(out, "linear", "out");
+    LATTICE_CHECK(out.device == Device::kCuda && out.is_contiguous(), "CudaBackend::linear: out must be a contiguous "
+                                                                      "device tensor");
     check_act(x, "linear", "x");
     const int64_t m = x.rows(), n = w.n, k = w.k;
     check_rows_cols(x, m, k, "linear", "x");
@@ -220,7 +224,7 @@ void CudaBackend::linear(const View& out, const View& x, const Linear& w) {
     if (w.mode == QuantMode::kNone) {
         LATTICE_CHECK(w.weight_dtype == act_, "CudaBackend::linear: float weight dtype {} != activation dtype {}",
                       dtype_name(w.weight_dtype), dtype_name(act_));
-        lt_->gemm_float(out.data, n, x.data, k, w.weight.data(), k, m, n, k, act_, stream_);
+        lt_->gemm_float(out.data, n, x.data, k, w.weight.data(), k, m, n, k, act_, od, stream_);
         return;
     }
     const int64_t n_pad = w.weight.view().shape[0], k_pad = w.weight.view().shape[1];
@@ -232,11 +236,11 @@ void CudaBackend::linear(const View& out, const View& x, const Linear& w) {
     const auto* sw = w.scales.ptr<float>();
     if (w.mode == QuantMode::kW8A16) {
         if (m <= cuda::kGemvMaxRows) {
-            cuda::gemv_w8a16(out.data, x.data, wq, k_pad, sw, m, n, k, act_, stream_);
+            cuda::gemv_w8a16(out.data, x.data, wq, k_pad, sw, m, n, k, act_, od, stream_);
         } else {
             void* wd = scratch(wdeq_, size_t(n * k) * 2, "w8a16 dequantized weight");
             cuda::dequant_weights(wd, wq, k_pad, sw, n, k, act_, stream_);
-            lt_->gemm_float(out.data, n, x.data, k, wd, k, m, n, k, act_, stream_);
+            lt_->gemm_float(out.data, n, x.data, k, wd, k, m, n, k, act_, od, stream_);
         }
         return;
     }
@@ -245,11 +249,11 @@ void CudaBackend::linear(const View& out, const View& x, const Linear& w) {
     auto* sx = static_cast<float*>(scratch(sx_, size_t(m) * 4, "activation scales"));
     cuda::quantize_rows(xq, k_pad, sx, x.data, m, k, act_, stream_);
     if (m <= cuda::kGemvMaxRows) {
-        cuda::gemv_w8a8(out.data, xq, k_pad, sx, wq, k_pad, sw, m, n, k_pad, act_, stream_);
+        cuda::gemv_w8a8(out.data, xq, k_pad, sx, wq, k_pad, sw, m, n, k_pad, act_, od, stream_);
     } else {
         auto* acc = static_cast<int32_t*>(scratch(acc_, size_t(m * n_pad) * 4, "int32 accumulators"));
         lt_->gemm_i8(acc, n_pad, xq, k_pad, wq, k_pad, m, n_pad, k_pad, stream_);
-        cuda::dequant_i32(out.data, acc, n_pad, sx, sw, m, n, act_, stream_);
+        cuda::dequant_i32(out.data, acc, n_pad, sx, sw, m, n, act_, od, stream_);
     }
 }
 

@@ -68,7 +68,7 @@ TEST_CASE("cuda float GEMM (cuBLASLt, fp32 accumulate)" * doctest::test_suite("c
             for (auto* v : {&x, &w})
                 for (auto& e : *v) e = round_act(e, act);
             DevBuf dx(to_act(x, act)), dw(to_act(w, act)), dy(size_t(m * n) * 2);
-            lt.gemm_float(dy.get(), n, dx.get(), k, dw.get(), k, m, n, k, act, nullptr);
+            lt.gemm_float(dy.get(), n, dx.get(), k, dw.get(), k, m, n, k, act, act, nullptr);
             std::vector<float> ref(static_cast<size_t>(m * n));
             for (int64_t i = 0; i < m; ++i)
                 for (int64_t j = 0; j < n; ++j) {
@@ -94,7 +94,7 @@ TEST_CASE("cuda W8A8 GEMV (dp4a) and the dequant epilogue are exact" * doctest::
                                sw = random_vec(rng, size_t(n), 0.001f, 0.01f);
             DevBuf dx(x), dw(w), dsx(sx), dsw(sw), dy(size_t(m * n) * 2);
             cuda::gemv_w8a8(dy.get(), dx.get<int8_t>(), kp, dsx.get<float>(), dw.get<int8_t>(), kp, dsw.get<float>(), m,
-                            n, kp, act, nullptr);
+                            n, kp, act, act, nullptr);
             std::vector<float> got = from_act(dy.download<uint16_t>(size_t(m * n)), act);
             std::vector<int32_t> acc(static_cast<size_t>(m * n));
             for (int64_t i = 0; i < m; ++i)
@@ -105,9 +105,20 @@ TEST_CASE("cuda W8A8 GEMV (dp4a) and the dequant epilogue are exact" * doctest::
                 }
             // Epilogue of the IMMA path on the same accumulators (ld > n): identical numbers.
             DevBuf dacc(acc), dy2(size_t(m * n) * 2);
-            cuda::dequant_i32(dy2.get(), dacc.get<int32_t>(), n, dsx.get<float>(), dsw.get<float>(), m, n, act,
+            cuda::dequant_i32(dy2.get(), dacc.get<int32_t>(), n, dsx.get<float>(), dsw.get<float>(), m, n, act, act,
                               nullptr);
             CHECK(from_act(dy2.download<uint16_t>(size_t(m * n)), act) == got);
+            // f32 outputs (LM-head logits): the unrounded products, identical on both paths.
+            DevBuf df1(size_t(m * n) * 4), df2(size_t(m * n) * 4);
+            cuda::gemv_w8a8(df1.get(), dx.get<int8_t>(), kp, dsx.get<float>(), dw.get<int8_t>(), kp, dsw.get<float>(),
+                            m, n, kp, act, DType::kF32, nullptr);
+            cuda::dequant_i32(df2.get(), dacc.get<int32_t>(), n, dsx.get<float>(), dsw.get<float>(), m, n, act,
+                              DType::kF32, nullptr);
+            std::vector<float> f1 = df1.download<float>(size_t(m * n));
+            for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < n; ++j)
+                    REQUIRE(f1[size_t(i * n + j)] == float(acc[size_t(i * n + j)]) * sx[size_t(i)] * sw[size_t(j)]);
+            CHECK(df2.download<float>(size_t(m * n)) == f1);
         }
     }
 }
@@ -125,7 +136,10 @@ TEST_CASE("cuda W8A16 GEMV: scalar and vector activation paths" * doctest::test_
             std::vector<float> sw = random_vec(rng, size_t(n), 0.001f, 0.01f), x = random_vec(rng, size_t(m * k));
             for (auto& e : x) e = round_act(e, act);
             DevBuf dx(to_act(x, act)), dw(w), dsw(sw), dy(size_t(m * n) * 2);
-            cuda::gemv_w8a16(dy.get(), dx.get(), dw.get<int8_t>(), kp, dsw.get<float>(), m, n, k, act, nullptr);
+            cuda::gemv_w8a16(dy.get(), dx.get(), dw.get<int8_t>(), kp, dsw.get<float>(), m, n, k, act, act, nullptr);
+            DevBuf dyf(size_t(m * n) * 4);
+            cuda::gemv_w8a16(dyf.get(), dx.get(), dw.get<int8_t>(), kp, dsw.get<float>(), m, n, k, act, DType::kF32,
+                             nullptr);
             std::vector<float> ref(static_cast<size_t>(m * n));
             for (int64_t i = 0; i < m; ++i)
                 for (int64_t j = 0; j < n; ++j) {
@@ -134,6 +148,7 @@ TEST_CASE("cuda W8A16 GEMV: scalar and vector activation paths" * doctest::test_
                     ref[size_t(i * n + j)] = float(s * sw[size_t(j)]);
                 }
             CHECK(rel_err(from_act(dy.download<uint16_t>(size_t(m * n)), act), ref) < tol_for(act));
+            CHECK(rel_err(dyf.download<float>(size_t(m * n)), ref) < 1e-5);  // fp32 out: only summation order
         }
     }
 }
