@@ -219,16 +219,29 @@ TEST_CASE("tiny hand-made vocabularies: merge order, byte fallback, unknown, use
     CHECK(bl.encode("<|begin_of_text|>", false, true) == V{10});
 }
 
-TEST_CASE("byte-level BPE matches Hugging Face tokenizers on random text (llama3)") {
-    // tests/tokenizer/data/hf_llama3_random.json: 600 random texts (mixed scripts, digits, whitespace
-    // runs, contractions in both cases, random codepoints) encoded by the Rust `tokenizers` library;
-    // see make_hf_reference.py there. HF matches added tokens in text always, hence parse_special.
-    std::ifstream f(std::string(LATTICE_SOURCE_DIR) + "/tests/tokenizer/data/hf_llama3_random.json");
-    const auto j = nlohmann::json::parse(f);
-    REQUIRE(j["cases"].size() == 600);
-    for (const char* file : {"llama3-tokenizer.json", "ggml-vocab-llama-bpe.gguf"}) {
-        auto t = load_tokenizer(kDir + file);
+TEST_CASE("byte-level BPE matches Hugging Face tokenizers on random text") {
+    // tests/tokenizer/data/hf_<family>_random.json: 600 random texts each (mixed scripts, digits,
+    // whitespace runs, contractions in both cases, random codepoints) encoded by the Rust
+    // `tokenizers` library: llama3 from llama3-tokenizer.json itself; gpt-2, qwen2 and smollm from the
+    // GGUF vocab rebuilt as tokenizer.json with the family's pre-tokenizer (make_hf_reference*.py).
+    // HF matches added tokens in text always, hence parse_special.
+    const std::string data = std::string(LATTICE_SOURCE_DIR) + "/tests/tokenizer/data/";
+    const std::string smol = std::string(LATTICE_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    const std::vector<std::pair<std::string, std::string>> jobs = {
+        {"llama3", kDir + "llama3-tokenizer.json"}, {"llama3", kDir + "ggml-vocab-llama-bpe.gguf"},
+        {"gpt-2", kDir + "ggml-vocab-gpt-2.gguf"},   {"qwen2", kDir + "ggml-vocab-qwen2.gguf"},
+        {"smollm", smol}};
+    for (const auto& [family, file] : jobs) {
+        if (!std::ifstream(file).good()) {
+            MESSAGE("SKIPPED: " << file << " not installed (scripts/setup.sh installs it)");
+            continue;
+        }
+        std::ifstream f(data + "hf_" + family + "_random.json");
+        const auto j = nlohmann::json::parse(f);
+        REQUIRE(j["cases"].size() == 600);
+        auto t = load_tokenizer(file);
         int mismatches = 0;
+        size_t total = 0;
         for (const auto& c : j["cases"]) {
             const std::string text = c["text"].get<std::string>();
             const auto expected = c["ids"].get<std::vector<int32_t>>();
@@ -237,8 +250,10 @@ TEST_CASE("byte-level BPE matches Hugging Face tokenizers on random text (llama3
             CAPTURE(text);
             CHECK(got == expected);
             mismatches += got != expected;
+            total += got.size();
             CHECK(t->decode(got, true) == text);
         }
         CHECK(mismatches == 0);
+        CHECK(total > 5000);
     }
 }
