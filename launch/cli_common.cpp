@@ -8,6 +8,8 @@
 #include "runtime/random_source.h"
 
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <sstream>
 
 namespace lattice {
@@ -54,6 +56,18 @@ std::vector<int32_t> parse_id_list(const std::string& s, const char* what) {
     }
     flush();
     return ids;
+}
+
+std::string default_model_path() {
+    const char* kName = "SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (const char* env = std::getenv("LATTICE_DEFAULT_MODEL")) return env;
+    for (const std::string& dir : {std::string("models"), std::string(LATTICE_SOURCE_DIR) + "/models"}) {
+        std::string p = dir + "/" + kName;
+        if (std::ifstream(p).good()) return p;
+    }
+    LATTICE_FAIL("no --model given and the built-in default model {} is not in ./models or {}/models: run "
+                 "scripts/setup.sh (it fetches it) or pass --model",
+                 kName, LATTICE_SOURCE_DIR);
 }
 
 namespace {

@@ -51,6 +51,10 @@ struct LoadedModel {
 
 LoadedModel load_model(const ModelArgs& a);
 
+// The built-in default model (SmolLM2-135M-Instruct Q4_1, fetched by scripts/setup.sh into models/):
+// $LATTICE_DEFAULT_MODEL, else ./models/..., else <source tree>/models/...; Error if none exists.
+std::string default_model_path();
+
 // "1,2,3" or "1 2 3" -> ids; throws Error naming the bad entry.
 std::vector<int32_t> parse_id_list(const std::string& s, const char* what);
 

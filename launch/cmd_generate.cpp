@@ -4,6 +4,8 @@
 #include "launch/cli_common.h"
 
 #include "runtime/base/error.h"
+#include "runtime/chat_template.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -18,6 +20,9 @@ namespace {
 struct GenerateArgs {
     ModelArgs model;
     std::string prompt_ids;
+    std::string prompt;
+    std::string system;
+    bool chat = false;
     int64_t max_new_tokens = 32;
     float temperature = 0.0f;
     int64_t top_k = 0;
@@ -51,6 +56,17 @@ void write_stats(const std::string& path, const GenerateStats& s, const LoadedMo
     LATTICE_CHECK(f.good(), "--stats-json {}: write failed", path);
 }
 
+std::vector<int32_t> encode_prompt(const Tokenizer& tok, const std::string& text, bool chat, const std::string& system) {
+    if (!chat) return tok.encode(text, tok.add_bos_default(), false);
+    std::vector<ChatMessage> msgs;
+    if (!system.empty()) msgs.push_back({"system", system});
+    msgs.push_back({"user", text});
+    LATTICE_CHECK(tok.chat_template_kind() != ChatTemplateKind::kNone,
+                  "--chat: the model's tokenizer ({}) has no recognised chat template", tok.source());
+    // The rendered template spells special tokens (and the BOS text, where the family has one).
+    return tok.encode(tok.chat_template().render(msgs, true), false, true);
+}
+
 }  // namespace
 
 void add_generate_command(CLI::App& app, CommandRun& run) {
@@ -58,6 +74,9 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
     auto* cmd = app.add_subcommand("generate", "Generate tokens from a prompt");
     args->model.add_to(cmd);
     cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, e.g. 1,2,3");
+    cmd->add_option("--prompt", args->prompt, "Prompt text (tokenized with the model's tokenizer)");
+    cmd->add_flag("--chat", args->chat, "Wrap --prompt in the model's chat template as a user turn");
+    cmd->add_option("--system", args->system, "System message for --chat");
     cmd->add_option("--max-new-tokens", args->max_new_tokens, "Tokens to generate");
     cmd->add_option("--temperature", args->temperature, "0: greedy");
     cmd->add_option("--top-k", args->top_k, "Keep the k most likely tokens (0: all)");
@@ -70,16 +89,37 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
         run = [args] {
             GenerateArgs& a = *args;
             GenerateRequest req;
-            req.prompt = parse_id_list(a.prompt_ids, "--prompt-ids");
-            LATTICE_CHECK(!req.prompt.empty(), "give a prompt: --prompt-ids 1,2,3");
+            LATTICE_CHECK(a.prompt.empty() != a.prompt_ids.empty(), "give exactly one of --prompt TEXT or --prompt-ids 1,2,3");
+            if (a.model.model.empty() && !a.model.random_weights) a.model.model = default_model_path();
+            std::unique_ptr<Tokenizer> tok;
+            if (!a.prompt.empty()) {
+                LATTICE_CHECK(!a.model.random_weights, "--prompt needs a model with a tokenizer (use --prompt-ids)");
+                tok = load_tokenizer(a.model.model);
+                req.prompt = encode_prompt(*tok, a.prompt, a.chat, a.system);
+                req.stop_ids = tok->eog_ids();
+            } else {
+                LATTICE_CHECK(!a.chat, "--chat needs --prompt TEXT");
+                req.prompt = parse_id_list(a.prompt_ids, "--prompt-ids");
+            }
+            LATTICE_CHECK(!req.prompt.empty(), "the prompt is empty");
             req.max_new_tokens = a.max_new_tokens;
             req.sampling = SamplingParams{a.temperature, a.top_k, a.top_p, a.seed};
             req.sampling.validate();
             req.ignore_eos = a.ignore_eos;
             LoadedModel lm = load_model(a.model);
-            GenerateResult res = lm.generator->generate(req);
+            const bool stream_text = tok && !a.print_ids && lm.world_rank == 0;
+            std::unique_ptr<StreamDecoder> stream;
+            if (stream_text) stream = std::make_unique<StreamDecoder>(*tok);
+            GenerateResult res = lm.generator->generate(req, [&](int32_t id) {
+                if (!stream || (!a.ignore_eos && (lm.model->config().is_eos(id) || tok->is_eog(id)))) return;
+                fmt::print("{}", stream->push(id));
+                std::fflush(stdout);
+            });
             if (lm.world_rank == 0) {
-                fmt::print("{}\n", fmt::join(res.tokens, " "));
+                if (stream)
+                    fmt::print("{}\n", stream->finish());
+                else
+                    fmt::print("{}\n", fmt::join(res.tokens, " "));
                 std::fflush(stdout);
                 const GenerateStats& s = res.stats;
                 fmt::print(stderr, "prefill: {} tokens in {:.3f} s ({:.1f} tok/s); decode: {} tokens in {:.3f} s ({:.2f} tok/s)\n",

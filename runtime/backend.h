@@ -15,6 +15,7 @@
 #include "runtime/base/view.h"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -76,7 +77,9 @@ struct Linear {
     Buffer weight;                     // backend-specific layout of the [n, k] matrix
     Buffer scales;                     // [n] f32 per-output-channel scales (int8 modes)
     Buffer aux;                        // backend-specific extra (e.g. per-channel weight sums)
-    int64_t weight_bytes() const { return weight.bytes() + scales.bytes() + aux.bytes(); }
+    std::shared_ptr<void> prepared;    // backend-private prepared form (e.g. CPU packed int8 panels)
+    int64_t prepared_bytes = 0;
+    int64_t weight_bytes() const { return weight.bytes() + scales.bytes() + aux.bytes() + prepared_bytes; }
 };
 
 enum class Op : uint8_t {

@@ -2,6 +2,8 @@
 #include "runtime/cpu_backend.h"
 
 #include "kernels/cpu/gemm_f32.h"
+#include "kernels/cpu/int8_gemm.h"
+#include "runtime/safetensors.h"
 #include "kernels/cpu/ops.h"
 
 #include <sys/mman.h>
@@ -34,7 +36,7 @@ bool CpuBackend::supports(Op op, DType dtype) const {
     switch (op) {
         case Op::kGemm:
         case Op::kEmbed: return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
-        case Op::kGemmInt8: return false;
+        case Op::kGemmInt8: return dtype == DType::kI8;
         default: return dtype == DType::kF32;
     }
 }
@@ -76,8 +78,19 @@ Linear CpuBackend::make_linear(const View& w, QuantMode mode) {
     l.n = w.dim(0);
     l.k = w.dim(1);
     l.mode = mode;
-    LATTICE_CHECK(mode == QuantMode::kNone, "CpuBackend: quantization {} not available in this build",
-                  quant_mode_name(mode));
+    if (mode != QuantMode::kNone) {
+        // Symmetric per-output-channel int8, packed once into the VNNI panel layout.
+        std::vector<float> wf(static_cast<size_t>(w.numel()));
+        convert_elements(w.data, w.dtype, wf.data(), DType::kF32, w.numel());
+        std::vector<int8_t> q(wf.size());
+        l.scales = alloc_bytes(DType::kF32, View::contiguous(nullptr, DType::kF32, {l.n}));
+        quantize_weights_per_channel(wf.data(), l.n, l.k, q.data(), l.scales.ptr<float>());
+        auto packed = std::make_shared<PackedInt8>(pack_int8_weights(q.data(), l.n, l.k, detect_isa()));
+        l.prepared_bytes = int64_t(packed->data.size()) + int64_t(packed->col_sums.size() * sizeof(int32_t));
+        l.prepared = std::move(packed);
+        l.weight_dtype = DType::kI8;
+        return l;
+    }
     l.weight_dtype = w.dtype;
     l.weight = alloc_bytes(w.dtype, View::contiguous(nullptr, w.dtype, {l.n, l.k}));
     std::memcpy(l.weight.data(), w.data, size_t(w.bytes()));
@@ -167,7 +180,14 @@ void CpuBackend::linear(const View& out, const View& x, const Linear& w) {
         case QuantMode::kNone:
             gemm_f32(x.ptr<float>(), x.rows(), w.k, w.weight.data(), w.weight_dtype, w.n, out.ptr<float>(), *pool_);
             break;
-        default: LATTICE_FAIL("CpuBackend::linear: quantization {} not available", quant_mode_name(w.mode));
+        case QuantMode::kW8A8:
+            gemm_w8a8(x.ptr<float>(), x.rows(), w.k, *static_cast<const PackedInt8*>(w.prepared.get()),
+                      w.scales.ptr<float>(), out.ptr<float>(), *pool_);
+            break;
+        case QuantMode::kW8A16:
+            gemm_w8a16(x.ptr<float>(), x.rows(), w.k, *static_cast<const PackedInt8*>(w.prepared.get()),
+                       w.scales.ptr<float>(), out.ptr<float>(), *pool_);
+            break;
     }
 }
 

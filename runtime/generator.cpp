@@ -3,6 +3,7 @@
 
 #include "runtime/base/error.h"
 
+#include <algorithm>
 #include <chrono>
 #include <numeric>
 
@@ -88,7 +89,8 @@ GenerateResult Generator::generate(const GenerateRequest& req, const std::functi
     for (int64_t i = 0; i < n_new; ++i) {
         res.tokens.push_back(token);
         if (on_token && is_sampler()) on_token(token);
-        if ((!req.ignore_eos && c.is_eos(token)) || i + 1 == n_new) break;
+        const bool stop = c.is_eos(token) || std::find(req.stop_ids.begin(), req.stop_ids.end(), token) != req.stop_ids.end();
+        if ((!req.ignore_eos && stop) || i + 1 == n_new) break;
         step(&token, 1, T + i, {0}, last ? logits.data() : nullptr);
         if (is_sampler()) token = sampler.sample(logits.data(), c.vocab);
         if (links_.world) {

@@ -33,6 +33,7 @@ struct GenerateRequest {
     int64_t max_new_tokens = 16;
     SamplingParams sampling;
     bool ignore_eos = false;
+    std::vector<int32_t> stop_ids;  // extra end-of-generation ids (e.g. the tokenizer's <|im_end|>)
 };
 
 struct GenerateStats {
