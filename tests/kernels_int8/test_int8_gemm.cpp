@@ -92,15 +92,17 @@ TEST_CASE("s8s8: larger blocked-GEMM shape with tails in m, n and k") {
 TEST_CASE("s8s8: saturation corners (-128 / 127 everywhere) are exact up to kInt8MaxK") {
     ThreadPool pool(2);
     for (int64_t k : {int64_t(1), int64_t(4), int64_t(299), int64_t(4099), kInt8MaxK}) {
-        const int64_t n = 17, m = 3;
-        // Row 0 of a: all -128; row 1: all 127; row 2: alternating. Weight rows cycle through
+        const int64_t n = 17, m = 9;  // 9 rows: the blocked-GEMM tile (8 rows) and its tail, not only the GEMV
+        // Rows of a cycle through all -128, all 127, alternating. Weight rows cycle through
         // all -128, all 127, alternating, and the opposite alternation.
         std::vector<int8_t> a(size_t(m * k)), q(size_t(n * k));
-        for (int64_t t = 0; t < k; ++t) {
-            a[size_t(t)] = -128;
-            a[size_t(k + t)] = 127;
-            a[size_t(2 * k + t)] = (t % 2) ? int8_t(127) : int8_t(-128);
-        }
+        for (int64_t i = 0; i < m; ++i)
+            for (int64_t t = 0; t < k; ++t) {
+                int8_t v = (t % 2) ? int8_t(127) : int8_t(-128);
+                if (i % 3 == 0) v = -128;
+                if (i % 3 == 1) v = 127;
+                a[size_t(i * k + t)] = v;
+            }
         for (int64_t j = 0; j < n; ++j)
             for (int64_t t = 0; t < k; ++t) {
                 int8_t v;
