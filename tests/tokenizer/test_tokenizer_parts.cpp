@@ -257,3 +257,38 @@ TEST_CASE("byte-level BPE matches Hugging Face tokenizers on random text") {
         CHECK(total > 5000);
     }
 }
+
+TEST_CASE("model directory: tokenizer.json + tokenizer_config.json (BOS/EOS, chat template)") {
+    namespace fs = std::filesystem;
+    const fs::path dir = fs::temp_directory_path() / ("lattice_tok_dir_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    fs::copy_file(kDir + "ggml-vocab-llama-spm.gguf.inp", dir / "unrelated.txt", fs::copy_options::overwrite_existing);
+    CHECK_THROWS_AS(load_tokenizer(dir.string()), Error);  // neither tokenizer.json nor tokenizer.model
+    fs::create_symlink(kDir + "llama3-tokenizer.json", dir / "tokenizer.json");
+    std::ofstream(dir / "tokenizer_config.json")
+        << R"({"bos_token": "<|begin_of_text|>", "eos_token": {"content": "<|eot_id|>"}, "add_bos_token": true,
+              "chat_template": "{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' }}{% endfor %}"})";
+    auto t = load_tokenizer(dir.string());
+    CHECK(t->bos_id() == 128000);
+    CHECK(t->eos_id() == t->token_id("<|eot_id|>"));
+    CHECK(t->add_bos_default());
+    CHECK(t->chat_template_kind() == ChatTemplateKind::kLlama3);
+    const std::string prompt = t->chat_template().render({{"user", "Hi"}}, true);
+    CHECK(prompt == "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                    "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    const auto ids = t->encode(prompt, false, true);
+    // The well-known Llama 3 prompt ids.
+    CHECK(ids == std::vector<int32_t>{128000, 128006, 882, 128007, 271, 13347, 128009, 128006, 78191, 128007, 271});
+    fs::remove_all(dir);
+
+    // A directory with only tokenizer.model (Llama 2 layout) and a Llama 2 chat template.
+    fs::create_directories(dir);
+    fs::create_symlink(kDir + "llama2-tokenizer.model", dir / "tokenizer.model");
+    std::ofstream(dir / "tokenizer_config.json") << R"({"chat_template": "{{ bos_token + '[INST] ' + content + ' [/INST]' }}"})";
+    auto t2 = load_tokenizer(dir.string());
+    CHECK(t2->kind() == TokenizerKind::kSentencePiece);
+    CHECK(t2->chat_template_kind() == ChatTemplateKind::kLlama2);
+    CHECK(t2->chat_template().render({{"user", "Hi"}}, true) == "<s>[INST] Hi [/INST]");
+    CHECK(t2->encode(t2->chat_template().render({{"user", "Hi"}}, true), false, true)[0] == 1);
+    fs::remove_all(dir);
+}
