@@ -2,6 +2,7 @@
 // (see mpi_comm.h and watchdog.h).
 #include "parallel/mpi_comm.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 
@@ -69,6 +70,14 @@ MpiComm::MpiComm(MPI_Comm comm, std::string name, const WaitPolicy& policy)
 }
 
 MpiComm::~MpiComm() {
+    if (mpi_active()) {
+        for (PendingSend& ps : sends_) {
+            int flag = 0;
+            if (MPI_Test(&ps.req, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) continue;
+            MPI_Request_free(&ps.req);  // the transfer goes on without us; its copy must outlive it
+            (void)new std::vector<char>(std::move(ps.data));
+        }
+    }
     ctl_.reset();
     if (mpi_active() && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
@@ -103,8 +112,63 @@ void MpiComm::check_host(const View& v, const char* op, const char* which) const
 
 void MpiComm::start_call(const char* op, int peer) {
     LATTICE_CHECK(!broken_, "{} on '{}': the communicator is broken by an earlier timeout or MPI error", op, name_);
+    if (!sends_.empty()) reap_sends();
     ++calls_;
     set_activity(name_, op, calls_, peer);
+}
+
+void MpiComm::leak_inflight() {
+    (void)new std::vector<float>(std::move(scratch_));
+    (void)new std::deque<PendingSend>(std::move(sends_));
+    sends_.clear();
+}
+
+void MpiComm::reap_sends() {
+    while (!sends_.empty()) {
+        PendingSend& ps = sends_.front();
+        int flag = 0;
+        int rc = MPI_Test(&ps.req, &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            broken_ = true;
+            set_activity(name_, "send", ps.call, ps.peer);
+            const std::string what = ps.what + " (buffered)";
+            const int peer = ps.peer;
+            fail_mpi("send", what, peer, rc);
+        }
+        if (!flag) break;  // in order: later sends to the same peer cannot have finished first
+        spare_bufs_.push_back(std::move(ps.data));
+        sends_.pop_front();
+    }
+    for (const PendingSend& ps : sends_) {
+        const double age = std::chrono::duration<double>(std::chrono::steady_clock::now() - ps.started).count();
+        if (policy_.timeout_s > 0 && age > policy_.timeout_s) {
+            broken_ = true;
+            set_activity(name_, "send", ps.call, ps.peer);
+            const std::string what = ps.what + fmt::format(" (buffered, call #{})", ps.call);
+            const int peer = ps.peer;
+            fail_timeout("send", what, peer, age);
+        }
+    }
+}
+
+void MpiComm::wait_oldest_send() {
+    PendingSend& ps = sends_.front();
+    const double age = std::chrono::duration<double>(std::chrono::steady_clock::now() - ps.started).count();
+    WaitPolicy p = policy_;
+    if (p.timeout_s > 0) p.timeout_s = std::max(1e-3, p.timeout_s - age);
+    int rc = MPI_SUCCESS;
+    WaitResult r = poll_request(&ps.req, MPI_STATUS_IGNORE, p, &rc);
+    if (r == WaitResult::kDone) {
+        spare_bufs_.push_back(std::move(ps.data));
+        sends_.pop_front();
+        return;
+    }
+    broken_ = true;
+    set_activity(name_, "send", ps.call, ps.peer);
+    const std::string what = ps.what + fmt::format(" (buffered, call #{})", ps.call);
+    const int peer = ps.peer;
+    if (r == WaitResult::kMpiError) fail_mpi("send", what, peer, rc);
+    fail_timeout("send", what, peer, age + p.timeout_s);
 }
 
 void MpiComm::issued(int rc, const char* op, const std::string& what, int peer) {
@@ -135,13 +199,16 @@ void MpiComm::fail_mpi(const char* op, const std::string& what, int peer, int rc
         if (s.peer_state(world_ranks_[size_t(r)]) == PeerState::kDead) dead.push_back(describe_rank(r));
     }
     std::string d;
-    for (size_t i = 0; i < dead.size(); ++i) d += (i ? ", " : "; dead: ") + dead[i];
-    (void)new std::vector<float>(std::move(scratch_));  // MPI may still write it: keep it alive
+    for (size_t i = 0; i < dead.size(); ++i) {
+        d += i ? ", " : "; dead: ";
+        d += dead[i];
+    }
+    leak_inflight();  // MPI may still touch these buffers: keep them alive
     LATTICE_FAIL("{} on communicator '{}' (call #{}, {}) failed: {}{}", op, name_, calls_, what, mpi_error_string(rc), d);
 }
 
 void MpiComm::fail_timeout(const char* op, const std::string& what, int peer, double waited_s) {
-    (void)new std::vector<float>(std::move(scratch_));  // MPI may still write it: keep it alive
+    leak_inflight();  // MPI may still touch these buffers: keep them alive
     std::vector<int> targets;
     for (int r = 0; r < size_; ++r)
         if (r != rank_ && (peer < 0 || r == peer)) targets.push_back(r);
@@ -296,10 +363,28 @@ void MpiComm::send(const View& in, int peer) {
                   rank_, size_, peer);
     const int bytes = checked_count(in.bytes(), name_, "send");
     start_call("send", peer);
-    const std::string what = fmt::format("{} x {} {} to rank {}", in.numel(), dtype_name(in.dtype), in.shape_str(), peer);
-    MPI_Request req = MPI_REQUEST_NULL;
-    issued(MPI_Isend(in.data, bytes, MPI_BYTE, peer, kDataTag, comm_, &req), "send", what, peer);
-    wait(&req, MPI_STATUS_IGNORE, "send", what, peer);
+    std::string what = fmt::format("{} x {} {} to rank {}", in.numel(), dtype_name(in.dtype), in.shape_str(), peer);
+    if (policy_.send_buffers <= 0) {
+        MPI_Request req = MPI_REQUEST_NULL;
+        issued(MPI_Isend(in.data, bytes, MPI_BYTE, peer, kDataTag, comm_, &req), "send", what, peer);
+        wait(&req, MPI_STATUS_IGNORE, "send", what, peer);
+        return;
+    }
+    while (int(sends_.size()) >= policy_.send_buffers) wait_oldest_send();
+    PendingSend ps;
+    if (!spare_bufs_.empty()) {
+        ps.data = std::move(spare_bufs_.back());
+        spare_bufs_.pop_back();
+    }
+    ps.data.resize(size_t(bytes));
+    if (bytes) std::memcpy(ps.data.data(), in.data, size_t(bytes));
+    ps.peer = peer;
+    ps.call = calls_;
+    ps.started = std::chrono::steady_clock::now();
+    ps.what = std::move(what);
+    issued(MPI_Isend(ps.data.data(), bytes, MPI_BYTE, peer, kDataTag, comm_, &ps.req), "send", ps.what, peer);
+    sends_.push_back(std::move(ps));
+    clear_activity();
 }
 
 void MpiComm::recv(const View& out, int peer) {
@@ -322,6 +407,8 @@ void MpiComm::recv(const View& out, int peer) {
 
 void MpiComm::barrier() {
     start_call("barrier", -1);
+    while (!sends_.empty()) wait_oldest_send();  // a barrier also means "my sends are delivered"
+    set_activity(name_, "barrier", calls_, -1);
     MPI_Request req = MPI_REQUEST_NULL;
     issued(MPI_Ibarrier(comm_, &req), "barrier", "no data", -1);
     wait(&req, MPI_STATUS_IGNORE, "barrier", "no data", -1);

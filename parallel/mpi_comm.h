@@ -12,6 +12,14 @@
 // call. After a timeout or MPI error the communicator is broken (later calls throw at once) and
 // MPI may still write into the buffers of the failed call: the caller's job is to exit.
 //
+// Sends are buffered (policy.send_buffers, default 4): send() copies the data, starts the transfer
+// and returns, so a pipeline stage can go on computing while the next stage is busy, and a cycle of
+// sends (stage ring) cannot deadlock. At most send_buffers sends are in flight; one more waits for
+// the oldest. A send still undelivered `timeout_s` after it started fails the next call on this
+// communicator (naming the receiver); barrier() first waits for every buffered send. The destructor
+// never blocks: sends still in flight are handed to MPI (MPI_Request_free) and their copies kept.
+// send_buffers = 0 restores synchronous sends (return when the receiver has matched).
+//
 // Ordering: collectives must be called in the same order on every rank of the communicator
 // (MPI rule); send/recv between a pair are non-overtaking (one tag).
 // Thread safety: none; call from the thread that initialized MPI.
@@ -21,6 +29,8 @@
 #include "parallel/mpi_session.h"
 #include "parallel/watchdog.h"
 
+#include <chrono>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +71,7 @@ public:
     void set_timeout(double seconds) { policy_.timeout_s = seconds; }
     bool broken() const { return broken_; }
     int calls_started() const { return calls_; }
+    int sends_in_flight() const { return int(sends_.size()); }
 
 private:
     void start_call(const char* op, int peer);
@@ -70,6 +81,11 @@ private:
     [[noreturn]] void fail_timeout(const char* op, const std::string& what, int peer, double waited_s);
     [[noreturn]] void fail_mpi(const char* op, const std::string& what, int peer, int rc);
     std::string describe_rank(int comm_rank) const;
+    // Buffered sends: complete finished ones; fail on one older than the timeout.
+    void reap_sends();
+    // Waits for the oldest buffered send (deadline: its start + timeout).
+    void wait_oldest_send();
+    void leak_inflight();  // after a failure MPI may still touch our buffers
     void check_host(const View& v, const char* op, const char* which) const;
     void reduce_staged(const View& out, const View& in, bool scatter);
 
@@ -83,6 +99,16 @@ private:
     std::vector<int> world_ranks_;  // comm rank -> world rank
     std::unique_ptr<ControlChannel> ctl_;
     std::vector<float> scratch_;  // f16/bf16 staging, copy of an aliased reduce_scatter input
+    struct PendingSend {
+        MPI_Request req = MPI_REQUEST_NULL;
+        std::vector<char> data;
+        int peer = -1;
+        int call = 0;
+        std::chrono::steady_clock::time_point started;
+        std::string what;
+    };
+    std::deque<PendingSend> sends_;            // oldest first
+    std::vector<std::vector<char>> spare_bufs_;  // recycled send copies
 };
 
 }  // namespace lattice

@@ -41,6 +41,9 @@ struct WaitPolicy {
     double yield_us = 2000.0;   // then MPI_Test + sched_yield
     double max_sleep_us = 500.0;  // then MPI_Test + sleeps growing from 10 us to this
     double grace_s = 1.0;       // after a timeout: how long to wait for peers' reports
+    // MpiComm::send: copy the data and complete the transfer in the background, with at most this
+    // many sends in flight per communicator (0: send returns only when the receiver has the data).
+    int send_buffers = 4;
 };
 
 enum class WaitResult { kDone, kTimedOut, kMpiError };

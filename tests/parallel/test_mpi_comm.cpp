@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <thread>
 
 using namespace lattice;
 
@@ -290,4 +291,60 @@ TEST_CASE("argument errors throw before any communication and leave the communic
     std::vector<int32_t> one(1, 1);
     c.all_reduce_sum(vi(one));
     CHECK(one[0] == c.size());
+}
+
+TEST_CASE("buffered sends return at once, copy the data, and keep at most send_buffers in flight") {
+    WaitPolicy p;
+    p.timeout_s = 20.0;
+    p.send_buffers = 2;
+    MPI_Comm d = MPI_COMM_NULL;
+    MPI_Comm_dup(world().handle(), &d);
+    auto b = std::make_unique<MpiComm>(d, "buffered", p);  // takes ownership of d
+    const int64_t len = 1 << 18;  // 1 MB: far above the eager limit
+    using Clock = std::chrono::steady_clock;
+    if (b->rank() == 0) {
+        std::vector<float> x(static_cast<size_t>(len));
+        auto t0 = Clock::now();
+        for (int m = 0; m < 2; ++m) {
+            std::fill(x.begin(), x.end(), float(m + 1));
+            b->send(vf(x), 1);
+        }
+        std::fill(x.begin(), x.end(), -7.0f);  // must not reach the receiver
+        const double two = std::chrono::duration<double>(Clock::now() - t0).count();
+        CHECK(b->sends_in_flight() == 2);
+        CHECK(two < 0.3);  // the receiver sleeps 0.6 s: these did not wait for it
+        std::fill(x.begin(), x.end(), 3.0f);
+        b->send(vf(x), 1);  // third: waits until the receiver drains the first
+        const double three = std::chrono::duration<double>(Clock::now() - t0).count();
+        CHECK(three > 0.4);
+        b->barrier();  // everything delivered
+        CHECK(b->sends_in_flight() == 0);
+    } else if (b->rank() == 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(600));
+        for (int m = 0; m < 3; ++m) {
+            std::vector<float> y(static_cast<size_t>(len), std::numeric_limits<float>::quiet_NaN());
+            b->recv(vf(y), 0);
+            int64_t bad = 0;
+            for (float v : y) bad += v != float(m + 1);
+            CHECK_MESSAGE(bad == 0, "message ", m);
+        }
+        b->barrier();
+    } else {
+        b->barrier();
+    }
+}
+
+TEST_CASE("buffered sends: every rank sends around the ring first, then receives (no deadlock)") {
+    MpiComm& c = world();  // default policy: 4 send buffers
+    const int n = c.size(), me = c.rank();
+    const int64_t len = (1 << 18) + 3;
+    std::vector<float> out(static_cast<size_t>(len)), in(static_cast<size_t>(len), std::numeric_limits<float>::quiet_NaN());
+    for (int64_t i = 0; i < len; ++i) out[size_t(i)] = fval(me, i);
+    c.send(vf(out), (me + 1) % n);
+    c.recv(vf(in), (me + n - 1) % n);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < len; ++i) bad += in[size_t(i)] != fval((me + n - 1) % n, i);
+    CHECK(bad == 0);
+    c.barrier();
+    CHECK(c.sends_in_flight() == 0);
 }

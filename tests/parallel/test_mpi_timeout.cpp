@@ -19,10 +19,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr double kTimeout = 2.0;
 
-std::unique_ptr<MpiComm> make(const char* name, double timeout) {
+std::unique_ptr<MpiComm> make(const char* name, double timeout, int send_buffers = 4) {
     WaitPolicy p;
     p.timeout_s = timeout;
     p.grace_s = 1.0;
+    p.send_buffers = send_buffers;
     return MpiComm::world(p, name);
 }
 
@@ -91,9 +92,9 @@ TEST_CASE("two ranks receiving from each other: each names the other's blocking 
     sync->barrier();
 }
 
-TEST_CASE("a send nobody receives times out naming the peer as alive but silent") {
+TEST_CASE("a synchronous send nobody receives times out naming what the peer is doing") {
     auto sync = make("sync3", 30.0);
-    auto c = make("p2p_send", kTimeout);
+    auto c = make("p2p_send", kTimeout, /*send_buffers=*/0);
     sync->barrier();
     if (c->rank() == 0) {
         // 4 MB: beyond the eager limit, so the send needs the receiver.
@@ -117,6 +118,41 @@ TEST_CASE("a send nobody receives times out naming the peer as alive but silent"
         std::vector<float> sink(1 << 20);
         c->recv(View::contiguous(sink.data(), DType::kF32, {1 << 20}), 0);
         CHECK(sink[12345] == 2.0f);
+    }
+    sync->barrier();
+}
+
+TEST_CASE("a buffered send nobody receives fails the barrier that waits for it, naming the receiver") {
+    auto sync = make("sync4", 30.0);
+    auto c = make("bsend", kTimeout);
+    sync->barrier();
+    if (c->rank() == 0) {
+        std::vector<float> data(1 << 20, 3.0f);
+        auto t0 = Clock::now();
+        c->send(View::contiguous(data.data(), DType::kF32, {1 << 20}), 1);
+        CHECK(since(t0) < 0.5);  // buffered: returns before anyone receives
+        CHECK(c->sends_in_flight() == 1);
+        std::fill(data.begin(), data.end(), -1.0f);  // the copy in flight must not see this
+        std::string msg;
+        try {
+            c->barrier();
+            msg = "completed";
+        } catch (const Error& e) {
+            msg = e.what();
+        }
+        MESSAGE(msg);
+        CHECK(since(t0) < kTimeout + 1.0 + 2.0);
+        CHECK(msg.find("send on communicator 'bsend'") != std::string::npos);
+        CHECK(msg.find("to rank 1 (buffered, call #1)") != std::string::npos);
+        CHECK(msg.find("rank 1 [pid") != std::string::npos);
+        CHECK(msg.find("is blocked in barrier (call #2) on 'sync4'") != std::string::npos);
+        CHECK(c->broken());
+    }
+    sync->barrier();
+    if (c->rank() == 1) {
+        std::vector<float> sink(1 << 20);
+        c->recv(View::contiguous(sink.data(), DType::kF32, {1 << 20}), 0);
+        CHECK(sink[777] == 3.0f);
     }
     sync->barrier();
 }
