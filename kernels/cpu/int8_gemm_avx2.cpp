@@ -76,6 +76,8 @@ inline void f_tile(const float* x, int64_t ldx, const PackedInt8& w, const float
 #pragma GCC unroll 4
         for (int h = 0; h < NP * 2; ++h) {
             __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + (h / 2) * ps + g * 64 + (h % 2) * 32));
+            if (h % 2 == 0)  // one prefetch per 64-byte k-group, 2 KiB ahead on each panel stream
+                _mm_prefetch(reinterpret_cast<const char*>(b + (h / 2) * ps + g * 64 + 2048), _MM_HINT_T0);
             __m256 wf[4];
             wf[0] = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 24), 24));
             wf[1] = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 16), 24));

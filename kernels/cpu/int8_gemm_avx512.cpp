@@ -124,6 +124,7 @@ inline void f_tile(const float* x, int64_t ldx, const PackedInt8& w, const float
 #pragma GCC unroll 4
         for (int j = 0; j < NP; ++j) {
             __m512i v = _mm512_load_si512(b + j * ps + g * 64);
+            _mm_prefetch(reinterpret_cast<const char*>(b + j * ps + g * 64 + kPrefetchBytes), _MM_HINT_T0);
             wf[j][0] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24));
             wf[j][1] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 16), 24));
             wf[j][2] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 8), 24));
