@@ -23,7 +23,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     float acc[M];
 #pragma unroll
     for (int i = 0; i < M; ++i) acc[i] = 0.0f;
-    for (int64_t kb = int64_t(lane) * 16; kb < k; kb += 32 * 16) {
+#pragma unroll 4
+    for (int64_t kb = int64_t(lane) * 16; kb < k; kb += 32 * 16) {  // unrolled: several 16-byte loads in flight
         const int4 wv = __ldg(reinterpret_cast<const int4*>(wr + kb));
         const int8_t* wb = reinterpret_cast<const int8_t*>(&wv);
         float wf[16];
@@ -65,7 +66,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     int acc[M];
 #pragma unroll
     for (int i = 0; i < M; ++i) acc[i] = 0;
-    for (int64_t kb = int64_t(lane) * 16; kb < k; kb += 32 * 16) {
+#pragma unroll 4
+    for (int64_t kb = int64_t(lane) * 16; kb < k; kb += 32 * 16) {  // unrolled: several 16-byte loads in flight
         const int4 wv = __ldg(reinterpret_cast<const int4*>(wr + kb));
 #pragma unroll
         for (int i = 0; i < M; ++i) {
@@ -99,14 +101,30 @@ template <typename T, typename O>
 void run_w8a16(O* o, const T* x, const int8_t* w, int64_t ldw, const float* sw, int64_t m, int64_t n, int64_t k,
                cudaStream_t stream) {
     switch (m) {
-        case 1: launch_w8a16<T, O, 1>(o, x, w, ldw, sw, n, k, stream); break;
-        case 2: launch_w8a16<T, O, 2>(o, x, w, ldw, sw, n, k, stream); break;
-        case 3: launch_w8a16<T, O, 3>(o, x, w, ldw, sw, n, k, stream); break;
-        case 4: launch_w8a16<T, O, 4>(o, x, w, ldw, sw, n, k, stream); break;
-        case 5: launch_w8a16<T, O, 5>(o, x, w, ldw, sw, n, k, stream); break;
-        case 6: launch_w8a16<T, O, 6>(o, x, w, ldw, sw, n, k, stream); break;
-        case 7: launch_w8a16<T, O, 7>(o, x, w, ldw, sw, n, k, stream); break;
-        default: launch_w8a16<T, O, 8>(o, x, w, ldw, sw, n, k, stream); break;
+        case 1:
+            launch_w8a16<T, O, 1>(o, x, w, ldw, sw, n, k, stream);
+            break;
+        case 2:
+            launch_w8a16<T, O, 2>(o, x, w, ldw, sw, n, k, stream);
+            break;
+        case 3:
+            launch_w8a16<T, O, 3>(o, x, w, ldw, sw, n, k, stream);
+            break;
+        case 4:
+            launch_w8a16<T, O, 4>(o, x, w, ldw, sw, n, k, stream);
+            break;
+        case 5:
+            launch_w8a16<T, O, 5>(o, x, w, ldw, sw, n, k, stream);
+            break;
+        case 6:
+            launch_w8a16<T, O, 6>(o, x, w, ldw, sw, n, k, stream);
+            break;
+        case 7:
+            launch_w8a16<T, O, 7>(o, x, w, ldw, sw, n, k, stream);
+            break;
+        default:
+            launch_w8a16<T, O, 8>(o, x, w, ldw, sw, n, k, stream);
+            break;
     }
 }
 
@@ -121,21 +139,37 @@ template <typename O>
 void run_w8a8(O* o, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw, const float* sw,
               int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
     switch (m) {
-        case 1: launch_w8a8<O, 1>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
-        case 2: launch_w8a8<O, 2>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
-        case 3: launch_w8a8<O, 3>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
-        case 4: launch_w8a8<O, 4>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
-        case 5: launch_w8a8<O, 5>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
-        case 6: launch_w8a8<O, 6>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
-        case 7: launch_w8a8<O, 7>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
-        default: launch_w8a8<O, 8>(o, xq, ldx, sx, w, ldw, sw, n, k, stream); break;
+        case 1:
+            launch_w8a8<O, 1>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
+            break;
+        case 2:
+            launch_w8a8<O, 2>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
+            break;
+        case 3:
+            launch_w8a8<O, 3>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
+            break;
+        case 4:
+            launch_w8a8<O, 4>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
+            break;
+        case 5:
+            launch_w8a8<O, 5>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
+            break;
+        case 6:
+            launch_w8a8<O, 6>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
+            break;
+        case 7:
+            launch_w8a8<O, 7>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
+            break;
+        default:
+            launch_w8a8<O, 8>(o, xq, ldx, sx, w, ldw, sw, n, k, stream);
+            break;
     }
 }
 
 void check_out(DType out_dtype, DType act, const char* op) {
     KERNEL_CHECK(out_dtype == act || out_dtype == DType::kF32, std::string("cuda::") + op + ": output dtype " +
-                                                                    std::string(dtype_name(out_dtype)) +
-                                                                    " (expected the activation dtype or f32)");
+                                                                   std::string(dtype_name(out_dtype)) +
+                                                                   " (expected the activation dtype or f32)");
 }
 
 }  // namespace
@@ -157,8 +191,8 @@ void gemv_w8a16(void* out, const void* x, const int8_t* w, int64_t ldw, const fl
     CUDA_CHECK_LAUNCH();
 }
 
-void gemv_w8a8(void* out, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw,
-               const float* sw, int64_t m, int64_t n, int64_t k, DType act, DType out_dtype, cudaStream_t stream) {
+void gemv_w8a8(void* out, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw, const float* sw,
+               int64_t m, int64_t n, int64_t k, DType act, DType out_dtype, cudaStream_t stream) {
     KERNEL_CHECK(m >= 1 && m <= kGemvMaxRows, "cuda::gemv_w8a8: m = " + std::to_string(m) + " (1..8)");
     KERNEL_CHECK(k % 16 == 0 && ldx % 16 == 0 && ldw % 16 == 0 && ldx >= k && ldw >= k,
                  "cuda::gemv_w8a8: k " + std::to_string(k) + ", ldx " + std::to_string(ldx) + ", ldw " +
