@@ -9,17 +9,16 @@
 // rank counts). After timing, one call on exact integer-valued data is checked element by element.
 // Ceiling: single-thread memcpy bandwidth of this machine (measured here), because a host
 // all-reduce on one node is shared-memory copies plus a reduction.
-#include "parallel/mpi_comm.h"
-
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <vector>
+
+#include "parallel/mpi_comm.h"
 
 using namespace lattice;
 
@@ -64,7 +63,8 @@ std::unique_ptr<Communicator> make_comm(const std::string& kind, double timeout_
         p.timeout_s = timeout_s;
         return MpiComm::world(p, "bench");
     }
-    LATTICE_FAIL("--comm {}: not available in this build (mpi, mpi-raw; nccl arrives with parallel/cuda/NcclComm)", kind);
+    LATTICE_FAIL("--comm {}: not available in this build (mpi, mpi-raw; nccl arrives with parallel/cuda/NcclComm)",
+                 kind);
 }
 
 double memcpy_gbps() {
@@ -80,7 +80,9 @@ double memcpy_gbps() {
 }
 
 // Exact values: small multiples of 1/4; sums exact in f32 / i32 for <= 64 ranks, in bf16 for <= 8.
-float value(int r, int64_t i) { return float(((i * 7 + r * 3) % 9) - 4) * 0.25f * float(r + 1); }
+float value(int r, int64_t i) {
+    return float(((i * 7 + r * 3) % 9) - 4) * 0.25f * float(r + 1);
+}
 
 }  // namespace
 
@@ -93,8 +95,10 @@ int main(int argc, char** argv) {
     app.add_option("--min-bytes", min_bytes, "smallest message")->check(CLI::Range(int64_t(4), int64_t(1) << 31));
     app.add_option("--max-bytes", max_bytes, "largest message")->check(CLI::Range(int64_t(4), int64_t(1) << 31));
     app.add_option("--step", step, "size multiplier between rows")->check(CLI::Range(2, 16));
-    app.add_option("--iters", iters, "timed calls per size (default: adaptive, ~256 MB moved)")->check(CLI::Range(0, 100000));
-    app.add_option("--warmup", warmup, "untimed calls per size (default: iters / 5, at least 1)")->check(CLI::Range(-1, 10000));
+    app.add_option("--iters", iters, "timed calls per size (default: adaptive, ~256 MB moved)")
+        ->check(CLI::Range(0, 100000));
+    app.add_option("--warmup", warmup, "untimed calls per size (default: iters / 5, at least 1)")
+        ->check(CLI::Range(-1, 10000));
     app.add_option("--dtype", dtype_s, "f32, bf16 or i32")->check(CLI::IsMember({"f32", "bf16", "i32"}));
     app.add_option("--comm", comm_kind, "communicator: mpi (MpiComm) or mpi-raw (blocking MPI_Allreduce baseline)");
     app.add_option("--timeout", timeout_s, "per-call timeout in seconds");
@@ -108,8 +112,9 @@ int main(int argc, char** argv) {
         const int64_t esize = dtype_size(dt);
         const double ceiling = me == 0 ? memcpy_gbps() : 0.0;
         if (me == 0) {
-            std::printf("# all-reduce sum, %s, %d ranks on %s, comm %s; time = max over ranks; busBw = algBw * 2(n-1)/n\n",
-                        dtype_s.c_str(), n, mpi_session().host().c_str(), comm_kind.c_str());
+            std::printf(
+                "# all-reduce sum, %s, %d ranks on %s, comm %s; time = max over ranks; busBw = algBw * 2(n-1)/n\n",
+                dtype_s.c_str(), n, mpi_session().host().c_str(), comm_kind.c_str());
             std::printf("# ceiling: single-thread memcpy %.2f GB/s\n", ceiling);
             std::printf("%12s %12s %7s %12s %10s %10s %9s %7s\n", "bytes", "count", "iters", "time(us)", "algBw(GB/s)",
                         "busBw(GB/s)", "busBw/cp", "errors");
@@ -168,13 +173,19 @@ int main(int argc, char** argv) {
             j["host"] = mpi_session().host();
             j["memcpy_gbps"] = ceiling;
             for (const Row& r : rows)
-                j["rows"].push_back({{"bytes", r.bytes}, {"count", r.count}, {"iters", r.iters}, {"time_us", r.time_us},
-                                     {"algbw_gbps", r.algbw}, {"busbw_gbps", r.busbw}, {"errors", r.errors}});
+                j["rows"].push_back({{"bytes", r.bytes},
+                                     {"count", r.count},
+                                     {"iters", r.iters},
+                                     {"time_us", r.time_us},
+                                     {"algbw_gbps", r.algbw},
+                                     {"busbw_gbps", r.busbw},
+                                     {"errors", r.errors}});
             std::ofstream f(json_path);
             LATTICE_CHECK(f.good(), "cannot write {}", json_path);
             f << j.dump(2) << "\n";
         }
-        if (me == 0 && total_errors) std::fprintf(stderr, "bench_allreduce: %lld wrong elements\n", (long long)total_errors);
+        if (me == 0 && total_errors)
+            std::fprintf(stderr, "bench_allreduce: %lld wrong elements\n", (long long)total_errors);
         comm.reset();
         return total_errors ? 1 : 0;
     } catch (const Error& e) {

@@ -13,8 +13,8 @@ namespace {
 constexpr int kDataTag = 1;
 
 int checked_count(int64_t n, const std::string& comm, const char* op) {
-    LATTICE_CHECK(n >= 0 && n <= INT_MAX, "{} on '{}': {} elements/bytes exceed MPI's int count limit; split the message",
-                  op, comm, n);
+    LATTICE_CHECK(n >= 0 && n <= INT_MAX,
+                  "{} on '{}': {} elements/bytes exceed MPI's int count limit; split the message", op, comm, n);
     return int(n);
 }
 
@@ -104,8 +104,8 @@ std::string MpiComm::describe_rank(int r) const {
 }
 
 void MpiComm::check_host(const View& v, const char* op, const char* which) const {
-    LATTICE_CHECK(v.device == Device::kCpu, "{} on '{}': {} is device memory; MpiComm moves host buffers (use NcclComm)",
-                  op, name_, which);
+    LATTICE_CHECK(v.device == Device::kCpu,
+                  "{} on '{}': {} is device memory; MpiComm moves host buffers (use NcclComm)", op, name_, which);
     LATTICE_CHECK(v.is_contiguous(), "{} on '{}': {} {} is not contiguous", op, name_, which, v.shape_str());
     LATTICE_CHECK(v.data != nullptr || v.numel() == 0, "{} on '{}': {} has no data", op, name_, which);
 }
@@ -204,7 +204,8 @@ void MpiComm::fail_mpi(const char* op, const std::string& what, int peer, int rc
         d += dead[i];
     }
     leak_inflight();  // MPI may still touch these buffers: keep them alive
-    LATTICE_FAIL("{} on communicator '{}' (call #{}, {}) failed: {}{}", op, name_, calls_, what, mpi_error_string(rc), d);
+    LATTICE_FAIL("{} on communicator '{}' (call #{}, {}) failed: {}{}", op, name_, calls_, what, mpi_error_string(rc),
+                 d);
 }
 
 void MpiComm::fail_timeout(const char* op, const std::string& what, int peer, double waited_s) {
@@ -225,10 +226,11 @@ void MpiComm::fail_timeout(const char* op, const std::string& what, int peer, do
             silent.push_back(t);
             PeerState st = s.peer_state(world_ranks_[size_t(t)]);
             silent_desc.push_back(describe_rank(t) +
-                                  (st == PeerState::kDead    ? ": the process is dead"
-                                   : st == PeerState::kAlive ? ": the process is alive, so it is busy outside "
-                                                               "communication or hung"
-                                                             : ": on another machine; dead, or busy outside communication"));
+                                  (st == PeerState::kDead ? ": the process is dead"
+                                   : st == PeerState::kAlive
+                                       ? ": the process is alive, so it is busy outside "
+                                         "communication or hung"
+                                       : ": on another machine; dead, or busy outside communication"));
             continue;
         }
         const PeerReport& rep = *reps[i];
@@ -247,13 +249,16 @@ void MpiComm::fail_timeout(const char* op, const std::string& what, int peer, do
         elsewhere.push_back(fmt::format("{} answered but {}; it has started {} calls on '{}' (this rank {})",
                                         describe_rank(t), doing, rep.calls_started, name_, calls_));
     }
-    std::string msg = fmt::format("{} on communicator '{}' ({} ranks, this is rank {}) timed out after {:.1f} s (call #{}, {})",
-                                  op, name_, size_, rank_, waited_s, calls_, what);
-    if (!silent.empty()) msg += fmt::format("; no answer from rank{} {}", silent.size() > 1 ? "s" : "", join_ints(silent));
+    std::string msg =
+        fmt::format("{} on communicator '{}' ({} ranks, this is rank {}) timed out after {:.1f} s (call #{}, {})", op,
+                    name_, size_, rank_, waited_s, calls_, what);
+    if (!silent.empty())
+        msg += fmt::format("; no answer from rank{} {}", silent.size() > 1 ? "s" : "", join_ints(silent));
     for (const std::string& d : silent_desc) msg += "; " + d;
     for (const std::string& e : elsewhere) msg += "; " + e;
-    if (!same.empty()) msg += fmt::format("; rank{} {} waiting in the same call", same.size() > 1 ? "s" : "",
-                                          join_ints(same) + (same.size() > 1 ? " are" : " is"));
+    if (!same.empty())
+        msg += fmt::format("; rank{} {} waiting in the same call", same.size() > 1 ? "s" : "",
+                           join_ints(same) + (same.size() > 1 ? " are" : " is"));
     if (silent.empty() && elsewhere.empty()) msg += "; every peer answered from this call (MPI progress stalled?)";
     LATTICE_FAIL("{}", msg);
 }
@@ -277,7 +282,8 @@ void MpiComm::reduce_staged(const View& out, const View& in, bool scatter) {
                what, -1);
         wait(&req, MPI_STATUS_IGNORE, "reduce_scatter_sum", what, -1);
     } else {
-        issued(MPI_Iallreduce(MPI_IN_PLACE, sin, int(n_in), MPI_FLOAT, MPI_SUM, comm_, &req), "all_reduce_sum", what, -1);
+        issued(MPI_Iallreduce(MPI_IN_PLACE, sin, int(n_in), MPI_FLOAT, MPI_SUM, comm_, &req), "all_reduce_sum", what,
+               -1);
         wait(&req, MPI_STATUS_IGNORE, "all_reduce_sum", what, -1);
     }
     auto* dst = out.ptr<uint16_t>();
@@ -294,8 +300,9 @@ void MpiComm::all_reduce_sum(const View& inout) {
     if (t == DType::kF16 || t == DType::kBF16) return reduce_staged(inout, inout, false);
     const std::string what = fmt::format("{} x {}", cnt, dtype_name(t));
     MPI_Request req = MPI_REQUEST_NULL;
-    issued(MPI_Iallreduce(MPI_IN_PLACE, inout.data, cnt, t == DType::kF32 ? MPI_FLOAT : MPI_INT32_T, MPI_SUM, comm_, &req),
-           "all_reduce_sum", what, -1);
+    issued(
+        MPI_Iallreduce(MPI_IN_PLACE, inout.data, cnt, t == DType::kF32 ? MPI_FLOAT : MPI_INT32_T, MPI_SUM, comm_, &req),
+        "all_reduce_sum", what, -1);
     wait(&req, MPI_STATUS_IGNORE, "all_reduce_sum", what, -1);
 }
 
@@ -303,8 +310,8 @@ void MpiComm::all_gather(const View& out, const View& in) {
     check_host(out, "all_gather", "out");
     check_host(in, "all_gather", "in");
     LATTICE_CHECK(out.dtype == in.dtype && out.numel() == int64_t(size_) * in.numel(),
-                  "all_gather on '{}': out {} {} must hold {} x in {} {}", name_, dtype_name(out.dtype), out.shape_str(),
-                  size_, dtype_name(in.dtype), in.shape_str());
+                  "all_gather on '{}': out {} {} must hold {} x in {} {}", name_, dtype_name(out.dtype),
+                  out.shape_str(), size_, dtype_name(in.dtype), in.shape_str());
     const int bytes = checked_count(in.bytes(), name_, "all_gather");
     checked_count(out.bytes(), name_, "all_gather");
     const void* send = in.data;
@@ -341,14 +348,16 @@ void MpiComm::reduce_scatter_sum(const View& out, const View& in) {
     }
     const std::string what = fmt::format("{} x {} per rank", cnt, dtype_name(t));
     MPI_Request req = MPI_REQUEST_NULL;
-    issued(MPI_Ireduce_scatter_block(src, out.data, cnt, t == DType::kF32 ? MPI_FLOAT : MPI_INT32_T, MPI_SUM, comm_, &req),
-           "reduce_scatter_sum", what, -1);
+    issued(
+        MPI_Ireduce_scatter_block(src, out.data, cnt, t == DType::kF32 ? MPI_FLOAT : MPI_INT32_T, MPI_SUM, comm_, &req),
+        "reduce_scatter_sum", what, -1);
     wait(&req, MPI_STATUS_IGNORE, "reduce_scatter_sum", what, -1);
 }
 
 void MpiComm::broadcast(const View& inout, int root) {
     check_host(inout, "broadcast", "inout");
-    LATTICE_CHECK(root >= 0 && root < size_, "broadcast on '{}': root {} out of range for {} ranks", name_, root, size_);
+    LATTICE_CHECK(root >= 0 && root < size_, "broadcast on '{}': root {} out of range for {} ranks", name_, root,
+                  size_);
     const int bytes = checked_count(inout.bytes(), name_, "broadcast");
     start_call("broadcast", -1);
     const std::string what = fmt::format("{} x {} from root {}", inout.numel(), dtype_name(inout.dtype), root);
@@ -401,8 +410,9 @@ void MpiComm::recv(const View& out, int peer) {
     wait(&req, &st, "recv", what, peer);
     int got = 0;
     MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &got));
-    LATTICE_CHECK(got == bytes, "recv on '{}' from {}: got {} bytes, expected {} ({} x {} {}): sender and receiver disagree",
-                  name_, describe_rank(peer), got, bytes, out.numel(), dtype_name(out.dtype), out.shape_str());
+    LATTICE_CHECK(got == bytes,
+                  "recv on '{}' from {}: got {} bytes, expected {} ({} x {} {}): sender and receiver disagree", name_,
+                  describe_rank(peer), got, bytes, out.numel(), dtype_name(out.dtype), out.shape_str());
 }
 
 void MpiComm::barrier() {

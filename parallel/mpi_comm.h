@@ -25,15 +25,15 @@
 // Thread safety: none; call from the thread that initialized MPI.
 #pragma once
 
-#include "parallel/communicator.h"
-#include "parallel/mpi_session.h"
-#include "parallel/watchdog.h"
-
 #include <chrono>
 #include <deque>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "parallel/communicator.h"
+#include "parallel/mpi_session.h"
+#include "parallel/watchdog.h"
 
 namespace lattice {
 
@@ -107,7 +107,7 @@ private:
         std::chrono::steady_clock::time_point started;
         std::string what;
     };
-    std::deque<PendingSend> sends_;            // oldest first
+    std::deque<PendingSend> sends_;              // oldest first
     std::vector<std::vector<char>> spare_bufs_;  // recycled send copies
 };
 

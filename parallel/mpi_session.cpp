@@ -1,11 +1,12 @@
 // MpiSession: MPI init/finalize, world and node placement, and the peer table (see mpi_session.h).
 #include "parallel/mpi_session.h"
 
-#include "parallel/watchdog.h"
-
-#include <cstring>
 #include <fcntl.h>
 #include <unistd.h>
+
+#include <cstring>
+
+#include "parallel/watchdog.h"
 
 namespace lattice {
 
@@ -70,8 +71,8 @@ MpiSession::MpiSession() {
         MPI_Query_thread(&thread_level_);
     }
     LATTICE_CHECK(thread_level_ >= MPI_THREAD_FUNNELED,
-                  "MPI provides thread level {} on host {}; lattice needs MPI_THREAD_FUNNELED or higher",
-                  thread_level_, host_name());
+                  "MPI provides thread level {} on host {}; lattice needs MPI_THREAD_FUNNELED or higher", thread_level_,
+                  host_name());
     MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));

@@ -16,13 +16,13 @@
 // Invariants: peers().size() == size(); peers()[rank()] is this process.
 #pragma once
 
-#include "runtime/base/error.h"
-
 #include <mpi.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "runtime/base/error.h"
 
 namespace lattice {
 
@@ -30,13 +30,13 @@ namespace lattice {
 std::string mpi_error_string(int code);
 
 // Throws lattice::Error (host, rank, file:line, the call and MPI's message) when the call fails.
-#define MPI_CHECK(call)                                                                            \
-    do {                                                                                           \
-        int mpi_check_rc_ = (call);                                                                \
-        if (mpi_check_rc_ != MPI_SUCCESS) [[unlikely]]                                             \
-            ::lattice::throw_error(__FILE__, __LINE__,                                             \
-                                   ::fmt::format("MPI call {} failed: {}", #call,                  \
-                                                 ::lattice::mpi_error_string(mpi_check_rc_)));     \
+#define MPI_CHECK(call)                                                                                      \
+    do {                                                                                                     \
+        int mpi_check_rc_ = (call);                                                                          \
+        if (mpi_check_rc_ != MPI_SUCCESS) [[unlikely]]                                                       \
+            ::lattice::throw_error(                                                                          \
+                __FILE__, __LINE__,                                                                          \
+                ::fmt::format("MPI call {} failed: {}", #call, ::lattice::mpi_error_string(mpi_check_rc_))); \
     } while (0)
 
 struct PeerInfo {

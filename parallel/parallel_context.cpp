@@ -43,10 +43,12 @@ ParallelContext make_parallel_context(int tp, int pp, const WaitPolicy& policy) 
     const WorldConfig& w = ctx.world;
     std::unique_ptr<MpiComm> tpc = world->split(w.pp_rank(), w.tp_rank(), fmt::format("tp{}", w.pp_rank()));
     std::unique_ptr<MpiComm> ppc = world->split(w.tp_rank(), w.pp_rank(), fmt::format("pp{}", w.tp_rank()));
-    LATTICE_CHECK(tpc && tpc->size() == w.tp && tpc->rank() == w.tp_rank(), "TP group split gave {} ranks (rank {}), expected {}",
-                  tpc ? tpc->size() : 0, tpc ? tpc->rank() : -1, w.tp);
-    LATTICE_CHECK(ppc && ppc->size() == w.pp && ppc->rank() == w.pp_rank(), "PP group split gave {} ranks (rank {}), expected {}",
-                  ppc ? ppc->size() : 0, ppc ? ppc->rank() : -1, w.pp);
+    LATTICE_CHECK(tpc && tpc->size() == w.tp && tpc->rank() == w.tp_rank(),
+                  "TP group split gave {} ranks (rank {}), expected {}", tpc ? tpc->size() : 0, tpc ? tpc->rank() : -1,
+                  w.tp);
+    LATTICE_CHECK(ppc && ppc->size() == w.pp && ppc->rank() == w.pp_rank(),
+                  "PP group split gave {} ranks (rank {}), expected {}", ppc ? ppc->size() : 0, ppc ? ppc->rank() : -1,
+                  w.pp);
     // A group of one needs no MPI at all.
     if (w.tp == 1)
         ctx.tp = std::make_unique<LocalComm>();

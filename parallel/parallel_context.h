@@ -18,11 +18,11 @@
 // Each MpiComm gets `comm_timeout_s` as its per-call deadline (see watchdog.h).
 #pragma once
 
+#include <memory>
+
 #include "parallel/communicator.h"
 #include "parallel/watchdog.h"
 #include "parallel/world_config.h"
-
-#include <memory>
 
 namespace lattice {
 

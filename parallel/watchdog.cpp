@@ -3,14 +3,15 @@
 // except the signal handler, which only uses async-signal-safe calls on preformatted data.
 #include "parallel/watchdog.h"
 
+#include <fcntl.h>
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
-#include <fcntl.h>
-#include <sched.h>
 #include <thread>
-#include <unistd.h>
 
 namespace lattice {
 
@@ -27,7 +28,9 @@ std::vector<ControlChannel*>& registry() {
     return r;
 }
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 void copy_str(char* dst, size_t cap, const char* src) {
     size_t n = std::min(cap - 1, std::strlen(src));
@@ -44,7 +47,9 @@ void set_activity(const std::string& comm, const char* op, int call, int peer) {
     g_activity.peer = peer;
 }
 
-void clear_activity() { g_activity = Activity{}; }
+void clear_activity() {
+    g_activity = Activity{};
+}
 
 WaitResult poll_request(MPI_Request* req, MPI_Status* status, const WaitPolicy& policy, int* mpi_rc) {
     const Clock::time_point t0 = Clock::now();
@@ -318,7 +323,8 @@ extern "C" void lattice_termination_handler(int sig) {
     for (int i = 0; i < g_term_n; ++i) {
         if (i == g_term_self || !g_term_peers[i].local) continue;
         if (local_process_alive(g_term_peers[i].pid, g_term_peers[i].start) == 0) {
-            append(line, sizeof(line), &len, dead == 0 ? "; peers already gone (the failed one, or stopped first): " : ", ");
+            append(line, sizeof(line), &len,
+                   dead == 0 ? "; peers already gone (the failed one, or stopped first): " : ", ");
             append(line, sizeof(line), &len, g_term_peers[i].line);
             ++dead;
         }

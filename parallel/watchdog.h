@@ -36,11 +36,11 @@
 namespace lattice {
 
 struct WaitPolicy {
-    double timeout_s = 60.0;    // per call; <= 0 means wait forever (not recommended)
-    double spin_us = 50.0;      // busy MPI_Test
-    double yield_us = 2000.0;   // then MPI_Test + sched_yield
+    double timeout_s = 60.0;      // per call; <= 0 means wait forever (not recommended)
+    double spin_us = 50.0;        // busy MPI_Test
+    double yield_us = 2000.0;     // then MPI_Test + sched_yield
     double max_sleep_us = 500.0;  // then MPI_Test + sleeps growing from 10 us to this
-    double grace_s = 1.0;       // after a timeout: how long to wait for peers' reports
+    double grace_s = 1.0;         // after a timeout: how long to wait for peers' reports
     // MpiComm::send: copy the data and complete the transfer in the background, with at most this
     // many sends in flight per communicator (0: send returns only when the receiver has the data).
     int send_buffers = 4;
@@ -57,7 +57,7 @@ WaitResult poll_request(MPI_Request* req, MPI_Status* status, const WaitPolicy& 
 struct Activity {
     char comm[40] = {0};  // communicator name ("" = not inside a communication call)
     char op[24] = {0};
-    int32_t call = 0;  // call number on that communicator (1-based)
+    int32_t call = 0;   // call number on that communicator (1-based)
     int32_t peer = -1;  // peer rank in that communicator for send/recv, -1 for collectives
 };
 void set_activity(const std::string& comm, const char* op, int call, int peer);
@@ -90,7 +90,7 @@ private:
 
     MPI_Comm ctl_;
     const int* calls_started_;
-    std::vector<MPI_Request> pending_;           // answers in flight
+    std::vector<MPI_Request> pending_;                      // answers in flight
     std::vector<std::unique_ptr<PeerReport>> pending_buf_;  // their buffers (same index)
     int32_t ping_buf_ = 0;
     bool probed_ = false;

@@ -5,14 +5,15 @@
 //   hang  : rank 1 prints "HANG <unix time>" and sleeps for an hour at iteration 20
 // Like launch/main.cpp, a rank that catches lattice::Error prints one line, lets its peers print
 // theirs for a moment, then MPI_Aborts. The termination reporter is installed, as launch/ does.
-#include "parallel/mpi_comm.h"
+#include <unistd.h>
 
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <string>
 #include <thread>
-#include <unistd.h>
+
+#include "parallel/mpi_comm.h"
 
 using namespace lattice;
 

@@ -2,8 +2,6 @@
 // against exact expected values, poisoned outputs, in-place forms, send/recv, sub-communicators,
 // argument errors, and bitwise agreement of float all-reduce results across ranks.
 // Data are small multiples of 1/4 so every f32 sum is exact and compared with ==.
-#include "parallel/mpi_comm.h"
-
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -11,6 +9,8 @@
 #include <limits>
 #include <random>
 #include <thread>
+
+#include "parallel/mpi_comm.h"
 
 using namespace lattice;
 
@@ -28,11 +28,19 @@ MpiComm& world() {
 }
 
 // Value of element i on rank r: non-zero, sign-varying, exact in f32 and in bf16/f16 sums below.
-float fval(int r, int64_t i) { return float((r + 1) * (int(i % 29) - 14 + (i % 29 >= 14 ? 1 : 0))) * 0.25f; }
-int32_t ival(int r, int64_t i) { return int32_t(r * 1000003 + i * 7 - 5); }
+float fval(int r, int64_t i) {
+    return float((r + 1) * (int(i % 29) - 14 + (i % 29 >= 14 ? 1 : 0))) * 0.25f;
+}
+int32_t ival(int r, int64_t i) {
+    return int32_t(r * 1000003 + i * 7 - 5);
+}
 
-View vf(std::vector<float>& v) { return View::contiguous(v.data(), DType::kF32, {int64_t(v.size())}); }
-View vi(std::vector<int32_t>& v) { return View::contiguous(v.data(), DType::kI32, {int64_t(v.size())}); }
+View vf(std::vector<float>& v) {
+    return View::contiguous(v.data(), DType::kF32, {int64_t(v.size())});
+}
+View vi(std::vector<int32_t>& v) {
+    return View::contiguous(v.data(), DType::kI32, {int64_t(v.size())});
+}
 
 }  // namespace
 
@@ -300,7 +308,7 @@ TEST_CASE("buffered sends return at once, copy the data, and keep at most send_b
     MPI_Comm d = MPI_COMM_NULL;
     MPI_Comm_dup(world().handle(), &d);
     auto b = std::make_unique<MpiComm>(d, "buffered", p);  // takes ownership of d
-    const int64_t len = 1 << 18;  // 1 MB: far above the eager limit
+    const int64_t len = 1 << 18;                           // 1 MB: far above the eager limit
     using Clock = std::chrono::steady_clock;
     if (b->rank() == 0) {
         std::vector<float> x(static_cast<size_t>(len));
@@ -338,7 +346,8 @@ TEST_CASE("buffered sends: every rank sends around the ring first, then receives
     MpiComm& c = world();  // default policy: 4 send buffers
     const int n = c.size(), me = c.rank();
     const int64_t len = (1 << 18) + 3;
-    std::vector<float> out(static_cast<size_t>(len)), in(static_cast<size_t>(len), std::numeric_limits<float>::quiet_NaN());
+    std::vector<float> out(static_cast<size_t>(len)),
+        in(static_cast<size_t>(len), std::numeric_limits<float>::quiet_NaN());
     for (int64_t i = 0; i < len; ++i) out[size_t(i)] = fval(me, i);
     c.send(vf(out), (me + 1) % n);
     c.recv(vf(in), (me + n - 1) % n);

@@ -8,11 +8,11 @@
 //  - hang: rank 1 sleeps; the others time out, name it as alive but silent, and abort the job.
 // Every mpirun runs under coreutils `timeout 60` so a regression fails instead of hanging CTest.
 #include <doctest/doctest.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <cstdio>
 #include <string>
-#include <sys/wait.h>
 
 namespace {
 
@@ -29,9 +29,8 @@ double unix_now() {
 }
 
 RunResult run_job(const std::string& mode, const std::string& extra) {
-    std::string cmd = std::string("timeout 60 ") + LATTICE_MPIEXEC +
-                      " --oversubscribe --allow-run-as-root -np 3 " + extra + " " + LATTICE_FAILURE_WORKER + " " +
-                      mode + " " + std::to_string(kTimeout) + " 2>&1";
+    std::string cmd = std::string("timeout 60 ") + LATTICE_MPIEXEC + " --oversubscribe --allow-run-as-root -np 3 " +
+                      extra + " " + LATTICE_FAILURE_WORKER + " " + mode + " " + std::to_string(kTimeout) + " 2>&1";
     RunResult r;
     FILE* f = popen(cmd.c_str(), "r");
     REQUIRE(f != nullptr);
@@ -51,7 +50,9 @@ double event_time(const RunResult& r, const std::string& tag) {
     return std::atof(r.output.c_str() + p + tag.size() + 1);
 }
 
-bool has(const RunResult& r, const std::string& s) { return r.output.find(s) != std::string::npos; }
+bool has(const RunResult& r, const std::string& s) {
+    return r.output.find(s) != std::string::npos;
+}
 
 }  // namespace
 

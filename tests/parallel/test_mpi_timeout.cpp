@@ -5,12 +5,12 @@
 //  - a timed-out communicator is broken: the next call throws at once.
 // Buffers of a timed-out call are leaked on purpose (MPI may still write them), and the late rank
 // completes its call against the others' abandoned requests, so the job ends cleanly.
-#include "parallel/mpi_comm.h"
-
 #include <doctest/doctest.h>
 
 #include <chrono>
 #include <thread>
+
+#include "parallel/mpi_comm.h"
 
 using namespace lattice;
 
@@ -27,7 +27,9 @@ std::unique_ptr<MpiComm> make(const char* name, double timeout, int send_buffers
     return MpiComm::world(p, name);
 }
 
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 }  // namespace
 
@@ -87,7 +89,8 @@ TEST_CASE("two ranks receiving from each other: each names the other's blocking 
         CHECK(msg.find(fmt::format("recv on communicator 'p2p'")) != std::string::npos);
         CHECK(msg.find(fmt::format("from rank {}", peer)) != std::string::npos);
         CHECK(msg.find(fmt::format("rank {} [pid", peer)) != std::string::npos);
-        CHECK(msg.find(fmt::format("is blocked in recv with rank {} (call #1) on 'p2p'", c->rank())) != std::string::npos);
+        CHECK(msg.find(fmt::format("is blocked in recv with rank {} (call #1) on 'p2p'", c->rank())) !=
+              std::string::npos);
     }
     sync->barrier();
 }

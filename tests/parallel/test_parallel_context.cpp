@@ -2,10 +2,10 @@
 // valid (tp * pp == world) and the TP / PP / world groups contain exactly the ranks the header
 // promises (checked with sums of world ranks and a stage-to-stage send), or every rank throws the
 // same message and nobody hangs.
+#include <doctest/doctest.h>
+
 #include "parallel/mpi_comm.h"
 #include "parallel/parallel_context.h"
-
-#include <doctest/doctest.h>
 
 using namespace lattice;
 
@@ -16,7 +16,9 @@ std::string body(const std::string& s) {
     return p == std::string::npos ? s : s.substr(p + 2);
 }
 
-View vi(std::vector<int32_t>& v) { return View::contiguous(v.data(), DType::kI32, {int64_t(v.size())}); }
+View vi(std::vector<int32_t>& v) {
+    return View::contiguous(v.data(), DType::kI32, {int64_t(v.size())});
+}
 
 MpiComm& checker() {
     static std::unique_ptr<MpiComm> w = [] {

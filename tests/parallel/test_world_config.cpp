@@ -1,13 +1,13 @@
 // WorldConfig and stage_layer_ranges, exhaustively and without MPI: every world size 1..64 with
 // every tp, pp in 1..64 (valid factorizations and not), rank mapping bijective, TP groups on
 // consecutive ranks, layer split balanced / overridden / rejected.
-#include "parallel/world_config.h"
-#include "runtime/base/error.h"
-
 #include <doctest/doctest.h>
 
 #include <set>
 #include <string>
+
+#include "parallel/world_config.h"
+#include "runtime/base/error.h"
 
 using namespace lattice;
 
@@ -105,7 +105,7 @@ TEST_CASE("stage_layer_ranges: balanced split for every n_layers 1..100 and pp 1
                 int64_t c = r[size_t(s)].second - r[size_t(s)].first;
                 bad += c < 1;
                 if (s > 0) {
-                    bad += r[size_t(s)].first != r[size_t(s - 1)].second;  // contiguous, no gap or overlap
+                    bad += r[size_t(s)].first != r[size_t(s - 1)].second;         // contiguous, no gap or overlap
                     bad += c > r[size_t(s - 1)].second - r[size_t(s - 1)].first;  // earlier stages get extras
                 }
                 lo = std::min(lo, c);
@@ -141,10 +141,12 @@ TEST_CASE("stage_layer_ranges: --pp-layers override and its errors") {
         }
         return std::string("no error");
     };
-    CHECK(msg([] { stage_layer_ranges(80, 4, {20, 20, 40}); }).find("3 entries for 4 pipeline stages") !=
-          std::string::npos);
-    CHECK(msg([] { stage_layer_ranges(80, 4, {20, 20, 20, 19}); }).find("sums to 79 but the model has 80") !=
-          std::string::npos);
+    CHECK(msg([] {
+              stage_layer_ranges(80, 4, {20, 20, 40});
+          }).find("3 entries for 4 pipeline stages") != std::string::npos);
+    CHECK(msg([] {
+              stage_layer_ranges(80, 4, {20, 20, 20, 19});
+          }).find("sums to 79 but the model has 80") != std::string::npos);
     CHECK(msg([] { stage_layer_ranges(80, 4, {40, 40, 0, 0}); }).find("at least one layer") != std::string::npos);
     CHECK(msg([] { stage_layer_ranges(80, 2, {90, -10}); }).find("at least one layer") != std::string::npos);
 }
