@@ -39,6 +39,7 @@ inline void s8_tile(const int16_t* a, int64_t lda, const PackedInt8& w, int64_t 
         for (int q = 0; q < 4; ++q) acc[r][q] = _mm256_setzero_si256();
     for (int64_t g = 0; g < groups; ++g) {
         __m256i bw[4];
+        _mm_prefetch(reinterpret_cast<const char*>(b + g * 64 + 2048), _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int q = 0; q < 4; ++q)
             bw[q] = _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(b + g * 64 + q * 16)));
