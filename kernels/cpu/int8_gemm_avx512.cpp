@@ -6,7 +6,10 @@
 //     hide vpdpbusd latency while the weights stream once; prefill keeps an 8 x 32 C tile in 16 zmm
 //     and reuses each pair of packed panels (L2-resident) across all rows of A.
 //   W8A16: each 64-byte k-group is read as 16 int32 (one per channel); byte t is sign-extended with
-//     shift left / arithmetic shift right, converted to f32 and FMA'd against broadcast x[4g + t].
+//     shift left / arithmetic shift right, converted to f32 and FMA'd against broadcast x[4g + t]
+//     (m < 32); prefill (m >= 32) converts each panel pair to f32 once into a thread-local buffer
+//     ([k_padded][16] per panel, 2 x 256 KiB at k = 4096) and runs an 8 x 32 FMA tile over it.
+//   Both stream each panel with a software prefetch kPrefetchBytes ahead.
 #include <immintrin.h>
 
 #include <cstring>
