@@ -77,6 +77,8 @@ CudaBackend::~CudaBackend() {
     for (Scratch* s : {&xq_, &sx_, &acc_, &wdeq_, &attn_ws_, &ids_out_, &params_})
         if (s->p) cudaFree(s->p);
     lt_.reset();
+    for (void* p : retired_dev_) cudaFree(p);
+    for (void* p : retired_host_) cudaFreeHost(p);
     if (meta_host_) cudaFreeHost(meta_host_);
     if (meta_dev_) cudaFree(meta_dev_);
     if (meta_event_) cudaEventDestroy(meta_event_);
@@ -173,12 +175,15 @@ void* CudaBackend::scratch(Scratch& s, size_t bytes, const char* what) {
                   "CudaBackend: scratch '{}' must grow to {} bytes during graph capture; run one eager step of "
                   "this batch size before capturing it",
                   what, bytes);
+    const size_t want = std::max(bytes, 2 * s.bytes);  // doubling: retired buffers sum to < the live one
     if (s.p) {
         CUDA_CHECK(cudaStreamSynchronize(stream_));
-        CUDA_CHECK(cudaFree(s.p));
+        if (graphs_ > 0)
+            retired_dev_.push_back(s.p);  // a captured graph may still use it
+        else
+            CUDA_CHECK(cudaFree(s.p));
         s = Scratch{};
     }
-    const size_t want = std::max(bytes, s.bytes + s.bytes / 4);
     CUDA_CHECK(cudaMalloc(&s.p, want));
     s.bytes = want;
     return s.p;

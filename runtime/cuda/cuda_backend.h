@@ -14,13 +14,16 @@
 //
 // Scratch (int32 accumulators, quantized activations, attention workspace, metadata) grows on
 // demand and never shrinks. Growth is refused during graph capture: run one eager step of a
-// batch size before capturing it.
+// batch size before capturing it. Once a graph exists, outgrown buffers are retired (kept until
+// the backend dies) instead of freed, because captured graphs still point at them; each graph
+// replays with the staging area it was captured with.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "kernels/cuda/kernels.h"
 #include "runtime/backend.h"
@@ -81,10 +84,20 @@ public:
     // Graph capture hooks used by CudaGraph.
     void begin_capture();
     void end_capture();
+    void graph_captured() { ++graphs_; }
+    int64_t staged_tiles() const { return meta_tiles_; }
     bool capturing() const { return capturing_; }
-    // Writes batch metadata to the pinned staging area without enqueueing a copy (graph replay).
-    void stage_batch_for_replay(const TokenBatch& batch);
-    void after_replay();
+    // Pinned host / device staging pair that a graph captured (its memcpy node reads `host`).
+    struct MetaArea {
+        int32_t* host = nullptr;
+        int32_t* dev = nullptr;
+        int64_t cap = 0;
+    };
+    MetaArea meta_area() const { return {meta_host_, meta_dev_, meta_cap_}; }
+    // Writes batch metadata into `area` without enqueueing a copy (the replayed graph copies it).
+    // Returns the number of prefill tiles of the batch.
+    int64_t stage_batch_for_replay(const TokenBatch& batch, const MetaArea& area);
+    void after_replay(const MetaArea& area);
 
 private:
     struct Scratch {
@@ -93,6 +106,8 @@ private:
     };
     void* scratch(Scratch& s, size_t bytes, const char* what);
     void ensure_batch(const TokenBatch& batch);
+    // Fills [ids | positions | slots | tiles] for batch at `host`; returns the tile count.
+    static int64_t fill_staging(int32_t* host, const TokenBatch& batch);
     void write_staging(const TokenBatch& batch);
     void check_act(const View& v, const char* op, const char* what) const;
     void make_current() const;
@@ -113,6 +128,9 @@ private:
     bool meta_in_graph_ = false;
     cudaEvent_t meta_event_ = nullptr;
     bool capturing_ = false;
+    int graphs_ = 0;                   // graphs captured so far: from then on, retire instead of free
+    std::vector<void*> retired_dev_;   // outgrown device buffers a graph may still use
+    std::vector<void*> retired_host_;  // outgrown pinned staging areas
 
     Scratch xq_, sx_, acc_, wdeq_, attn_ws_, ids_out_, params_;
 };
@@ -142,6 +160,8 @@ private:
     cudaGraph_t graph_ = nullptr;
     cudaGraphExec_t exec_ = nullptr;
     int64_t count_ = 0;
+    int64_t tiles_ = 0;
+    CudaBackend::MetaArea area_;
 };
 
 }  // namespace lattice

@@ -26,19 +26,22 @@ void check_rows_cols(const View& v, int64_t rows, int64_t cols, const char* op, 
 }  // namespace
 
 // ---- metadata staging ----
-void CudaBackend::write_staging(const TokenBatch& b) {
+int64_t CudaBackend::fill_staging(int32_t* host, const TokenBatch& b) {
     const int64_t m = b.count;
-    int32_t* ids = meta_host_;
-    int32_t* pos = meta_host_ + m;
-    int32_t* slots = meta_host_ + 2 * m;
+    int32_t* pos = host + m;
+    int32_t* slots = host + 2 * m;
     if (b.ids)
-        std::memcpy(ids, b.ids, size_t(m) * 4);
+        std::memcpy(host, b.ids, size_t(m) * 4);
     else
-        std::memset(ids, 0, size_t(m) * 4);
+        std::memset(host, 0, size_t(m) * 4);
     std::memcpy(pos, b.positions, size_t(m) * 4);
     std::memcpy(slots, b.slots, size_t(m) * 4);
-    meta_tiles_ = cuda::build_prefill_tiles(reinterpret_cast<cuda::PrefillTile*>(meta_host_ + 3 * m), pos, slots, m);
-    meta_count_ = m;
+    return cuda::build_prefill_tiles(reinterpret_cast<cuda::PrefillTile*>(host + 3 * m), pos, slots, m);
+}
+
+void CudaBackend::write_staging(const TokenBatch& b) {
+    meta_tiles_ = fill_staging(meta_host_, b);
+    meta_count_ = b.count;
 }
 
 void CudaBackend::ensure_batch(const TokenBatch& b) {
@@ -50,8 +53,13 @@ void CudaBackend::ensure_batch(const TokenBatch& b) {
                       "CudaBackend: token metadata must grow during graph capture; run one eager step "
                       "of this batch size first");
         CUDA_CHECK(cudaEventSynchronize(meta_event_));
-        if (meta_host_) CUDA_CHECK(cudaFreeHost(meta_host_));
-        if (meta_dev_) CUDA_CHECK(cudaFree(meta_dev_));
+        if (graphs_ > 0) {  // captured graphs copy from / read these: keep them alive
+            if (meta_host_) retired_host_.push_back(meta_host_);
+            if (meta_dev_) retired_dev_.push_back(meta_dev_);
+        } else {
+            if (meta_host_) CUDA_CHECK(cudaFreeHost(meta_host_));
+            if (meta_dev_) CUDA_CHECK(cudaFree(meta_dev_));
+        }
         meta_host_ = nullptr;
         meta_dev_ = nullptr;
         const int64_t cap = std::max<int64_t>({m, 2 * meta_cap_, 64});
@@ -104,15 +112,21 @@ void CudaBackend::end_capture() {
     meta_valid_ = false;  // the pinned area holds the captured batch, the device copy never ran
 }
 
-void CudaBackend::stage_batch_for_replay(const TokenBatch& b) {
-    LATTICE_CHECK(b.count <= meta_cap_ && b.positions && b.slots, "CudaGraph::replay: batch of {} tokens", b.count);
-    CUDA_CHECK(cudaEventSynchronize(meta_event_));
-    write_staging(b);
+int64_t CudaBackend::stage_batch_for_replay(const TokenBatch& b, const MetaArea& area) {
+    LATTICE_CHECK(b.count <= area.cap && (b.count == 0 || (b.positions && b.slots)),
+                  "CudaGraph::replay: batch of {} tokens", b.count);
+    CUDA_CHECK(cudaEventSynchronize(meta_event_));  // all earlier copies from any staging area are done
+    if (area.host == meta_host_) {
+        write_staging(b);
+        return meta_tiles_;
+    }
+    meta_valid_ = false;
+    return fill_staging(area.host, b);
 }
 
-void CudaBackend::after_replay() {
+void CudaBackend::after_replay(const MetaArea& area) {
     CUDA_CHECK(cudaEventRecord(meta_event_, stream_));
-    meta_valid_ = true;
+    meta_valid_ = area.host == meta_host_;
 }
 
 // ---- ops ----
@@ -213,8 +227,9 @@ void CudaBackend::linear(const View& out, const View& x, const Linear& w) {
     // out may be f32 (the LM head writes f32 logits); everything else is in the activation dtype.
     const DType od = out.dtype;
     if (od != DType::kF32) check_act(out, "linear", "out");
-    LATTICE_CHECK(out.device == Device::kCuda && out.is_contiguous(), "CudaBackend::linear: out must be a contiguous "
-                                                                      "device tensor");
+    LATTICE_CHECK(out.device == Device::kCuda && out.is_contiguous(),
+                  "CudaBackend::linear: out must be a contiguous "
+                  "device tensor");
     check_act(x, "linear", "x");
     const int64_t m = x.rows(), n = w.n, k = w.k;
     check_rows_cols(x, m, k, "linear", "x");
@@ -306,15 +321,23 @@ void CudaGraph::capture(CudaBackend& be, const TokenBatch& batch, const std::fun
     be.end_capture();
     CUDA_CHECK(e);
     CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+    be.graph_captured();
     count_ = batch.count;
+    area_ = be.meta_area();
+    tiles_ = be.staged_tiles();
 }
 
 void CudaGraph::replay(CudaBackend& be, const TokenBatch& batch) {
     LATTICE_CHECK(exec_, "CudaGraph::replay before capture");
     LATTICE_CHECK(batch.count == count_, "CudaGraph::replay: batch of {} tokens, captured for {}", batch.count, count_);
-    be.stage_batch_for_replay(batch);
+    const int64_t tiles = be.stage_batch_for_replay(batch, area_);
+    // The graph's memcpy node copies the tile count it was captured with; decode graphs do not read
+    // tiles, a captured prefill (several tokens of one slot) needs the same tiling.
+    LATTICE_CHECK(tiles == tiles_ || tiles_ == count_,
+                  "CudaGraph::replay: the batch splits into {} prefill tiles, the graph was captured with {}", tiles,
+                  tiles_);
     CUDA_CHECK(cudaGraphLaunch(exec_, be.stream()));
-    be.after_replay();
+    be.after_replay(area_);
 }
 
 // ---- factory ----
