@@ -354,25 +354,49 @@ void MpiComm::reduce_scatter_sum(const View& out, const View& in) {
     wait(&req, MPI_STATUS_IGNORE, "reduce_scatter_sum", what, -1);
 }
 
+int64_t MpiComm::chunk_bytes() const {
+    return std::clamp<int64_t>(policy_.max_chunk_bytes, 64, int64_t(1) << 30);
+}
+
 void MpiComm::broadcast(const View& inout, int root) {
     check_host(inout, "broadcast", "inout");
     LATTICE_CHECK(root >= 0 && root < size_, "broadcast on '{}': root {} out of range for {} ranks", name_, root,
                   size_);
-    const int bytes = checked_count(inout.bytes(), name_, "broadcast");
     start_call("broadcast", -1);
     const std::string what = fmt::format("{} x {} from root {}", inout.numel(), dtype_name(inout.dtype), root);
-    MPI_Request req = MPI_REQUEST_NULL;
-    issued(MPI_Ibcast(inout.data, bytes, MPI_BYTE, root, comm_, &req), "broadcast", what, -1);
-    wait(&req, MPI_STATUS_IGNORE, "broadcast", what, -1);
+    const int64_t total = inout.bytes(), chunk = chunk_bytes();
+    for (int64_t off = 0; off < total || off == 0; off += chunk) {  // every rank has the same size: same chunks
+        const int n = int(std::min(chunk, total - off));
+        MPI_Request req = MPI_REQUEST_NULL;
+        issued(MPI_Ibcast(static_cast<char*>(inout.data) + off, n, MPI_BYTE, root, comm_, &req), "broadcast", what, -1);
+        wait(&req, MPI_STATUS_IGNORE, "broadcast", what, -1);
+        if (total == 0) break;
+    }
 }
 
 void MpiComm::send(const View& in, int peer) {
     check_host(in, "send", "in");
     LATTICE_CHECK(peer >= 0 && peer < size_ && peer != rank_, "send on '{}' (rank {} of {}): invalid peer {}", name_,
                   rank_, size_, peer);
-    const int bytes = checked_count(in.bytes(), name_, "send");
     start_call("send", peer);
     std::string what = fmt::format("{} x {} {} to rank {}", in.numel(), dtype_name(in.dtype), in.shape_str(), peer);
+    const int64_t total = in.bytes(), chunk = chunk_bytes();
+    if (total > chunk) {
+        // Large: a header with the total (so a receiver expecting another size fails instead of
+        // mis-pairing chunks), then synchronous chunks straight from the caller's buffer (no copy).
+        int64_t header = total;
+        MPI_Request req = MPI_REQUEST_NULL;
+        issued(MPI_Isend(&header, 8, MPI_BYTE, peer, kDataTag, comm_, &req), "send", what, peer);
+        wait(&req, MPI_STATUS_IGNORE, "send", what, peer);
+        for (int64_t off = 0; off < total; off += chunk) {
+            const int n = int(std::min(chunk, total - off));
+            issued(MPI_Isend(static_cast<const char*>(in.data) + off, n, MPI_BYTE, peer, kDataTag, comm_, &req), "send",
+                   what, peer);
+            wait(&req, MPI_STATUS_IGNORE, "send", what, peer);
+        }
+        return;
+    }
+    const int bytes = int(total);
     if (policy_.send_buffers <= 0) {
         MPI_Request req = MPI_REQUEST_NULL;
         issued(MPI_Isend(in.data, bytes, MPI_BYTE, peer, kDataTag, comm_, &req), "send", what, peer);
@@ -396,23 +420,36 @@ void MpiComm::send(const View& in, int peer) {
     clear_activity();
 }
 
+void MpiComm::recv_exact(void* dst, int64_t bytes, int peer, const std::string& what, const View& out) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    MPI_Status st;
+    issued(MPI_Irecv(dst, int(bytes), MPI_BYTE, peer, kDataTag, comm_, &req), "recv", what, peer);
+    wait(&req, &st, "recv", what, peer);
+    int got = 0;
+    MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &got));
+    if (got != bytes) broken_ = true;  // the pair is out of step: later messages would mis-pair
+    LATTICE_CHECK(got == bytes,
+                  "recv on '{}' from {}: got a message of {} bytes, expected {} ({} x {} {}): sender and receiver "
+                  "disagree",
+                  name_, describe_rank(peer), got, bytes, out.numel(), dtype_name(out.dtype), out.shape_str());
+}
+
 void MpiComm::recv(const View& out, int peer) {
     check_host(out, "recv", "out");
     LATTICE_CHECK(peer >= 0 && peer < size_ && peer != rank_, "recv on '{}' (rank {} of {}): invalid peer {}", name_,
                   rank_, size_, peer);
-    const int bytes = checked_count(out.bytes(), name_, "recv");
     start_call("recv", peer);
     const std::string what =
         fmt::format("{} x {} {} from rank {}", out.numel(), dtype_name(out.dtype), out.shape_str(), peer);
-    MPI_Request req = MPI_REQUEST_NULL;
-    MPI_Status st;
-    issued(MPI_Irecv(out.data, bytes, MPI_BYTE, peer, kDataTag, comm_, &req), "recv", what, peer);
-    wait(&req, &st, "recv", what, peer);
-    int got = 0;
-    MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &got));
-    LATTICE_CHECK(got == bytes,
-                  "recv on '{}' from {}: got {} bytes, expected {} ({} x {} {}): sender and receiver disagree", name_,
-                  describe_rank(peer), got, bytes, out.numel(), dtype_name(out.dtype), out.shape_str());
+    const int64_t total = out.bytes(), chunk = chunk_bytes();
+    if (total <= chunk) return recv_exact(out.data, total, peer, what, out);
+    int64_t header = -1;
+    recv_exact(&header, 8, peer, what, out);
+    if (header != total) broken_ = true;
+    LATTICE_CHECK(header == total, "recv on '{}' from {}: the sender sends {} bytes, this rank expects {} ({} x {} {})",
+                  name_, describe_rank(peer), header, total, out.numel(), dtype_name(out.dtype), out.shape_str());
+    for (int64_t off = 0; off < total; off += chunk)
+        recv_exact(static_cast<char*>(out.data) + off, std::min(chunk, total - off), peer, what, out);
 }
 
 void MpiComm::barrier() {

@@ -3,7 +3,8 @@
 // Types: all_reduce_sum / reduce_scatter_sum take f32 and i32 natively and f16 / bf16 by
 // converting to f32, summing in f32 and rounding once at the end (more accurate than summing in
 // 16 bits; the host path is for CPUs and tests, NcclComm does the device fast path).
-// all_gather, broadcast, send and recv move bytes, so any dtype works. Counts must fit MPI's int.
+// all_gather, broadcast, send and recv move bytes, so any dtype works. Counts must fit MPI's int,
+// except for broadcast / send / recv, which split messages above policy.max_chunk_bytes (1 GiB).
 //
 // Timeouts (see watchdog.h): every call is started non-blocking and polled against
 // policy().timeout_s. On timeout the call throws an Error naming this communicator, the op, the
@@ -18,7 +19,8 @@
 // the oldest. A send still undelivered `timeout_s` after it started fails the next call on this
 // communicator (naming the receiver); barrier() first waits for every buffered send. The destructor
 // never blocks: sends still in flight are handed to MPI (MPI_Request_free) and their copies kept.
-// send_buffers = 0 restores synchronous sends (return when the receiver has matched).
+// send_buffers = 0 restores synchronous sends (return when the receiver has matched). Messages
+// above max_chunk_bytes are never copied: a size header, then synchronous chunks.
 //
 // Ordering: collectives must be called in the same order on every rank of the communicator
 // (MPI rule); send/recv between a pair are non-overtaking (one tag).
@@ -86,6 +88,8 @@ private:
     // Waits for the oldest buffered send (deadline: its start + timeout).
     void wait_oldest_send();
     void leak_inflight();  // after a failure MPI may still touch our buffers
+    int64_t chunk_bytes() const;
+    void recv_exact(void* dst, int64_t bytes, int peer, const std::string& what, const View& out);
     void check_host(const View& v, const char* op, const char* which) const;
     void reduce_staged(const View& out, const View& in, bool scatter);
 

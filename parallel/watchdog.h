@@ -44,6 +44,9 @@ struct WaitPolicy {
     // MpiComm::send: copy the data and complete the transfer in the background, with at most this
     // many sends in flight per communicator (0: send returns only when the receiver has the data).
     int send_buffers = 4;
+    // MpiComm broadcast / send / recv: larger messages go in chunks of this many bytes (64 B .. 1 GiB;
+    // MPI counts are int). Small values only make sense in tests.
+    int64_t max_chunk_bytes = int64_t(1) << 30;
 };
 
 enum class WaitResult { kDone, kTimedOut, kMpiError };

@@ -250,7 +250,7 @@ TEST_CASE("recv of a shorter message than expected is an Error naming the sender
             FAIL("short message accepted");
         } catch (const Error& e) {
             std::string m = e.what();
-            CHECK(m.find("got 40 bytes, expected 48") != std::string::npos);
+            CHECK(m.find("got a message of 40 bytes, expected 48") != std::string::npos);
             CHECK(m.find("rank 0") != std::string::npos);
         }
     }
@@ -356,4 +356,56 @@ TEST_CASE("buffered sends: every rank sends around the ring first, then receives
     CHECK(bad == 0);
     c.barrier();
     CHECK(c.sends_in_flight() == 0);
+}
+
+TEST_CASE("chunked broadcast / send / recv (max_chunk_bytes 1000) at sizes around the chunk") {
+    WaitPolicy p;
+    p.timeout_s = 20.0;
+    p.max_chunk_bytes = 1000;
+    MPI_Comm d = MPI_COMM_NULL;
+    MPI_Comm_dup(world().handle(), &d);
+    MpiComm c(d, "chunked", p);
+    const int n = c.size(), me = c.rank();
+    for (int64_t len :
+         {int64_t(0), int64_t(1), int64_t(249), int64_t(250), int64_t(251), int64_t(1000), int64_t(65543)}) {
+        std::vector<int32_t> x(static_cast<size_t>(len), int32_t(0xdeadbeef));
+        if (me == n - 1)
+            for (int64_t i = 0; i < len; ++i) x[size_t(i)] = ival(7, i);
+        c.broadcast(vi(x), n - 1);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < len; ++i) bad += x[size_t(i)] != ival(7, i);
+        CHECK_MESSAGE(bad == 0, "broadcast len ", len);
+        // 0 -> 1 point to point.
+        if (me <= 1) {
+            std::vector<int32_t> y(static_cast<size_t>(len), int32_t(0xdeadbeef));
+            if (me == 0) {
+                for (int64_t i = 0; i < len; ++i) y[size_t(i)] = ival(3, i);
+                c.send(vi(y), 1);
+            } else {
+                c.recv(vi(y), 0);
+                bad = 0;
+                for (int64_t i = 0; i < len; ++i) bad += y[size_t(i)] != ival(3, i);
+                CHECK_MESSAGE(bad == 0, "send/recv len ", len);
+            }
+        }
+    }
+    c.barrier();
+}
+
+TEST_CASE("chunked recv of a message of another size fails with both sizes named") {
+    WaitPolicy p;
+    p.timeout_s = 20.0;
+    p.max_chunk_bytes = 1000;
+    MPI_Comm d = MPI_COMM_NULL;
+    MPI_Comm_dup(world().handle(), &d);
+    auto c = std::make_unique<MpiComm>(d, "chunk_mismatch", p);
+    std::vector<int32_t> x(625, 5);  // 2500 bytes: header + 3 chunks (each below the eager limit)
+    if (c->rank() == 0) c->send(vi(x), 1);
+    if (c->rank() == 1) {
+        std::vector<int32_t> y(500);  // expects 2000 bytes
+        CHECK_THROWS_WITH_AS(c->recv(vi(y), 0),
+                             doctest::Contains("the sender sends 2500 bytes, this rank expects 2000"), Error);
+        CHECK(c->broken());
+    }
+    world().barrier();
 }
