@@ -2,6 +2,7 @@
 #include "runtime/model.h"
 
 #include "runtime/base/log.h"
+#include "runtime/smoothquant.h"
 
 #include <algorithm>
 #include <cmath>
@@ -175,10 +176,18 @@ void Model::load(const TensorSource& src) {
     const ModelConfig& c = cfg_;
     const int64_t H = c.hidden, hd = c.head_dim;
     const ShardShape& s = shard_;
-    auto f32_vector = [&](const std::string& name, int64_t n) {
+    auto f32_vector = [&](const std::string& name, int64_t n, const std::vector<float>* smooth = nullptr) {
         check_shape(src, name, {n});
         HostSlice h = read_slice(src, name, 0, 1, 0, n, DType::kF32);
+        if (smooth) fold_smooth_norm(reinterpret_cast<float*>(h.bytes.data()), n, *smooth);
         return be_.make_f32(View::contiguous(h.bytes.data(), DType::kF32, {n}));
+    };
+    SmoothFactors smooth;
+    if (!opt_.smooth_path.empty()) smooth = read_smooth_factors(opt_.smooth_path, H, opt_.layer_begin, opt_.layer_end);
+    auto smooth_of = [&](int64_t l, int which) -> const std::vector<float>* {
+        if (opt_.smooth_path.empty()) return nullptr;
+        const size_t i = size_t(l - smooth.layer_begin);
+        return which == kSmoothAttn ? &smooth.attn[i] : &smooth.mlp[i];
     };
     const bool need_embed = opt_.first_stage || (opt_.last_stage && c.tie_embeddings);
     if (need_embed) {
@@ -222,8 +231,8 @@ void Model::load(const TensorSource& src) {
         check_shape(src, g, {c.intermediate, H});
         check_shape(src, u, {c.intermediate, H});
         check_shape(src, d, {H, c.intermediate});
-        L.attn_norm = f32_vector(layer_name(l, "input_layernorm.weight"), H);
-        L.ffn_norm = f32_vector(layer_name(l, "post_attention_layernorm.weight"), H);
+        L.attn_norm = f32_vector(layer_name(l, "input_layernorm.weight"), H, smooth_of(l, kSmoothAttn));
+        L.ffn_norm = f32_vector(layer_name(l, "post_attention_layernorm.weight"), H, smooth_of(l, kSmoothMlp));
         {
             auto rd = [&](const std::string& name, int64_t row0, int64_t rows) {
                 return read_slice(src, name, row0, rows, 0, H, keep_dtype(src.info(name).dtype));
@@ -237,11 +246,14 @@ void Model::load(const TensorSource& src) {
             }
             parts.push_back(rd(v, s.kv_head0 * hd, s.n_kv * hd));
             HostSlice qkv = concat_rows(parts);
+            if (auto* f = smooth_of(l, kSmoothAttn)) fold_smooth_columns(qkv.bytes, qkv.dtype, qkv.rows, qkv.cols, *f);
             L.wqkv = be_.make_linear(qkv.view(), opt_.quant);
             std::vector<HostSlice> gu;
             gu.push_back(rd(g, s.ffn0, s.ffn));
             gu.push_back(rd(u, s.ffn0, s.ffn));
             HostSlice gate_up = concat_rows(gu);
+            if (auto* f = smooth_of(l, kSmoothMlp)) fold_smooth_columns(gate_up.bytes, gate_up.dtype, gate_up.rows,
+                                                                        gate_up.cols, *f);
             L.w_gate_up = be_.make_linear(gate_up.view(), opt_.quant);
         }
         L.wo = load_linear(src, o, 0, H, s.head0 * hd, s.n_heads * hd, opt_.quant, false, 0);
@@ -290,13 +302,16 @@ void Model::run_layers(const TokenBatch& batch, const View& hidden) {
          gu = gate_up_.view().row_range(0, T), act = act_.view().row_range(0, T);
     for (size_t li = 0; li < layers_.size(); ++li) {
         LayerWeights& L = layers_[li];
+        const int64_t layer = opt_.layer_begin + int64_t(li);
         if (li == 0) be_.rmsnorm(normed, hidden, L.attn_norm.view(), eps);
+        if (observer_) observer_(layer, 0, normed);
         be_.linear(qkv, normed, L.wqkv);
         be_.rope(qkv, batch, attn_, inv_freq_.view());
         be_.attention(attn, qkv, L.k_cache.view(), L.v_cache.view(), batch, attn_);
         be_.linear(proj, attn, L.wo);
         if (opt_.tp > 1) tp_comm_->all_reduce_sum(proj);
         be_.add_rmsnorm(hidden, proj, normed, L.ffn_norm.view(), eps);
+        if (observer_) observer_(layer, 1, normed);
         be_.linear(gu, normed, L.w_gate_up);
         be_.silu_mul(act, gu);
         be_.linear(proj, act, L.w_down);

@@ -19,7 +19,9 @@
 #include "runtime/tensor_source.h"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace lattice {
@@ -33,7 +35,14 @@ struct ModelOptions {
     int tp = 1, tp_rank = 0;
     int64_t layer_begin = 0, layer_end = -1;  // this stage's layers; -1: all
     bool first_stage = true, last_stage = true;
+    // SmoothQuant factors (runtime/smoothquant.h) folded into the norm and wqkv / w_gate_up weights
+    // at load; empty: none.
+    std::string smooth_path;
 };
+
+// Sees the activation entering a norm-preceded GEMM: which 0 = attention input (before wqkv),
+// 1 = MLP input (before w_gate_up); layer is the global index; x [tokens, hidden] on the device.
+using ActivationObserver = std::function<void(int64_t layer, int which, const View& x)>;
 
 struct LayerWeights {
     Buffer attn_norm;  // [hidden] f32
@@ -87,6 +96,9 @@ public:
     // Device buffer for `count` hidden rows (scratch owned by the model, valid until the next call).
     View hidden_scratch(int64_t count);
 
+    // Calibration hook (runtime/smoothquant.h); empty (the default) costs one branch per GEMM.
+    void set_observer(ActivationObserver obs) { observer_ = std::move(obs); }
+
 private:
     void load(const TensorSource& src);
     Linear load_linear(const TensorSource& src, const std::string& name, int64_t row0, int64_t rows, int64_t col0,
@@ -105,6 +117,7 @@ private:
     Buffer final_norm_;   // [hidden]
     Buffer inv_freq_;     // [head_dim / 2]
     std::vector<LayerWeights> layers_;
+    ActivationObserver observer_;
 
     // Scratch activations for max_batch_tokens rows.
     Buffer hidden_, normed_, qkv_, attn_out_, proj_, gate_up_, act_, head_in_, logits_;

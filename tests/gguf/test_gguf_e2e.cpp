@@ -15,6 +15,7 @@
 #include "runtime/tensor_source.h"
 #include "runtime/tokenizer/tokenizer.h"
 #include "tests/runtime/golden.h"
+#include "tests/runtime/nll.h"
 
 using namespace lattice;
 using namespace lattice::testing;
@@ -85,16 +86,7 @@ TEST_CASE("default model: SmolLM2-135M-Instruct Q4_1 models English") {
     const int64_t V = src->config().vocab;
     std::vector<float> logits = gen.score(ids);
     REQUIRE(logits.size() == ids.size() * size_t(V));
-    double nll = 0;
-    for (size_t i = 0; i + 1 < ids.size(); ++i) {
-        const float* row = logits.data() + i * size_t(V);
-        double mx = row[0];
-        for (int64_t v = 1; v < V; ++v) mx = std::max(mx, double(row[v]));
-        double sum = 0;
-        for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - mx);
-        nll += -(double(row[ids[i + 1]]) - mx - std::log(sum));
-    }
-    nll /= double(ids.size() - 1);
+    const double nll = mean_nll(logits, ids, V);
     MESSAGE("SmolLM2 mean NLL " << nll << " nats/token over " << ids.size() - 1
                                 << " tokens (random: " << std::log(double(V)) << ")");
     CHECK(nll < 4.5);
