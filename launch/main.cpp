@@ -1,12 +1,14 @@
 // lattice executable entry: parse the command line, run the chosen command, turn every
 // lattice::Error into one line on stderr and a non-zero exit. When other MPI ranks exist, an error
 // on one rank aborts the job (MPI_Abort) so nobody waits forever on a dead peer.
+#include "kernels/cpu/int8_gemm.h"
 #include "launch/cli.h"
 #include "runtime/base/error.h"
 
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 namespace {
@@ -48,6 +50,9 @@ int main(int argc, char** argv) {
     }
     int rc = 1;
     try {
+        // LATTICE_ISA=scalar|avx2|avxvnni|avx512 picks the int8 CPU kernels (kernels/ never reads the env).
+        if (const char* isa = std::getenv("LATTICE_ISA"); isa && *isa)
+            lattice::set_isa_override(lattice::parse_isa(isa));
         rc = run ? run() : 1;
     } catch (const lattice::Error& e) {
         std::fprintf(stderr, "lattice: error: %s\n", e.what());
