@@ -6,8 +6,7 @@
 // - RoPE:     half-split ("rotate_half") pairing of element i with i + hd/2; angle = pos * inv_freq[i]
 //             (llama3 / linear scaling is folded into the inv_freq table by ModelConfig).
 // - Softmax:  max-subtracted exp in fp32; an online (streaming) form for tiled attention.
-// - Quantize: symmetric per-row int8, scale = absmax / 127, q = round-half-even(x * 127 / absmax),
-//             clamped to [-127, 127]; an all-zero row has scale 0 and quantizes to zeros.
+// - Quantize: lives in kernels/cpu/quantize.h (same LATTICE_HD style), not here.
 // Only runtime/base may be included (kernels/ layering).
 #pragma once
 
@@ -124,32 +123,8 @@ struct OnlineSoftmax {
     }
 };
 
-// ---- Symmetric int8 quantization ----------------------------------------------------------
-LATTICE_HD float quant_scale(float absmax) {
-    return absmax / 127.0f;
-}
-LATTICE_HD float quant_inv_scale(float absmax) {
-    return absmax > 0.0f ? 127.0f / absmax : 0.0f;
-}
-
-LATTICE_HD int8_t quantize_value(float x, float inv_scale) {
-#if defined(__CUDA_ARCH__)
-    float r = rintf(x * inv_scale);
-#else
-    float r = std::nearbyint(x * inv_scale);  // default rounding mode: half to even, like rintf
-#endif
-    r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
-    return int8_t(r);
-}
-
-// Serial reference: quantizes a row of n floats, returns its scale (x ~= q * scale).
-LATTICE_HD float quantize_row(int8_t* q, const float* x, int64_t n) {
-    float amax = 0.0f;
-    for (int64_t i = 0; i < n; ++i) amax = max_f32(amax, abs_f32(x[i]));
-    const float inv = quant_inv_scale(amax);
-    for (int64_t i = 0; i < n; ++i) q[i] = quantize_value(x[i], inv);
-    return quant_scale(amax);
-}
+// ---- Symmetric int8 quantization: kernels/cpu/quantize.h (quantize_row_int8 and friends, also
+// LATTICE_HD), shared by the CPU INT8 kernels and the CUDA quantize / fused norm+quantize kernels.
 
 // ---- SiLU ---------------------------------------------------------------------------------
 LATTICE_HD float silu(float x) {

@@ -3,6 +3,7 @@
 // dequantization epilogue of the INT8 GEMM, and dtype conversion.
 // One block per row for the row reductions (fp32 sums); the per-element math comes from
 // kernels/common/llama_math.h so it matches the CPU kernels. Rows are [m, n] row-major.
+#include "kernels/cpu/quantize.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -64,11 +65,11 @@ __global__ void add_rmsnorm_kernel(T* residual, const T* x, T* out, int8_t* q, i
     }
     if (!q) return;
     amax = block_max(amax, scratch);
-    const float qinv = math::quant_inv_scale(amax);
+    const float qs = int8_scale_from_absmax(amax);
     int8_t* qr = q + int64_t(blockIdx.x) * ldq;
     for (int64_t j = threadIdx.x; j < ldq; j += blockDim.x)
-        qr[j] = j < n ? math::quantize_value(to_f32(from_f32<T>(to_f32(r[j]) * inv * w[j])), qinv) : int8_t(0);
-    if (threadIdx.x == 0) scales[blockIdx.x] = math::quant_scale(amax);
+        qr[j] = j < n ? quantize_int8_value(to_f32(from_f32<T>(to_f32(r[j]) * inv * w[j])), qs) : int8_t(0);
+    if (threadIdx.x == 0) scales[blockIdx.x] = qs;
 }
 
 template <typename T>
@@ -78,11 +79,11 @@ __global__ void quantize_kernel(int8_t* q, int64_t ldq, float* scales, const T* 
     float amax = 0.0f;
     for (int64_t j = threadIdx.x; j < k; j += blockDim.x) amax = fmaxf(amax, fabsf(to_f32(xr[j])));
     amax = block_max(amax, scratch);
-    const float qinv = math::quant_inv_scale(amax);
+    const float qs = int8_scale_from_absmax(amax);
     int8_t* qr = q + int64_t(blockIdx.x) * ldq;
     for (int64_t j = threadIdx.x; j < ldq; j += blockDim.x)
-        qr[j] = j < k ? math::quantize_value(to_f32(xr[j]), qinv) : int8_t(0);
-    if (threadIdx.x == 0) scales[blockIdx.x] = math::quant_scale(amax);
+        qr[j] = j < k ? quantize_int8_value(to_f32(xr[j]), qs) : int8_t(0);
+    if (threadIdx.x == 0) scales[blockIdx.x] = qs;
 }
 
 // One block per token; thread t rotates pair (t % half) of head (t / half) over q and k heads.
@@ -124,8 +125,8 @@ __global__ void dequant_kernel(T* out, const int32_t* acc, int64_t ld_acc, const
     const int64_t total = m * n;
     for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
         const int64_t i = t / n, j = t % n;
-        // Same order as the GEMV epilogue and the CPU reference: (acc * sx) * sw.
-        out[t] = from_f32<T>(float(acc[i * ld_acc + j]) * (sx ? sx[i] : 1.0f) * sw[j]);
+        // Same order as the GEMV epilogue and the CPU kernels (int8_gemm_kernels.h): acc * (sx * sw).
+        out[t] = from_f32<T>(float(acc[i * ld_acc + j]) * ((sx ? sx[i] : 1.0f) * sw[j]));
     }
 }
 
@@ -259,11 +260,10 @@ void dequant_i32(void* out, const int32_t* acc, int64_t ld_acc, const float* sx,
                  "cuda::dequant_i32: output dtype " + std::string(dtype_name(out_dtype)) + " (act or f32)");
     if (m * n == 0) return;
     if (out_dtype == DType::kF32) {
-        dequant_kernel<float>
-            <<<grid_for(m * n), 256, 0, stream>>>(static_cast<float*>(out), acc, ld_acc, sx, sw, m, n);
+        dequant_kernel<float><<<grid_for(m * n), 256, 0, stream>>>(static_cast<float*>(out), acc, ld_acc, sx, sw, m, n);
     } else {
-        LATTICE_DISPATCH_ACT(act, dequant_kernel<T><<<grid_for(m * n), 256, 0, stream>>>(static_cast<T*>(out), acc,
-                                                                                           ld_acc, sx, sw, m, n));
+        LATTICE_DISPATCH_ACT(act, dequant_kernel<T>
+                             <<<grid_for(m * n), 256, 0, stream>>>(static_cast<T*>(out), acc, ld_acc, sx, sw, m, n));
     }
     CUDA_CHECK_LAUNCH();
 }

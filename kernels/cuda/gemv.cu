@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int i = 0; i < M; ++i) {
         const int v = warp_sum_i(acc[i]);
-        if (lane == 0) out[int64_t(i) * n + c] = from_f32<O>(float(v) * sx[i] * s);
+        if (lane == 0) out[int64_t(i) * n + c] = from_f32<O>(float(v) * (sx[i] * s));
     }
 }
 

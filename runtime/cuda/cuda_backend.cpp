@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/common/llama_math.h"
+#include "kernels/cpu/quantize.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "runtime/base/log.h"
@@ -228,7 +228,7 @@ Linear CudaBackend::make_linear(const View& host_w, QuantMode mode) {
     std::vector<float> scales(size_t(n_pad), 0.0f);
     for (int64_t i = 0; i < n; ++i) {
         host_row_f32(host_w, i, k, row.data());
-        scales[size_t(i)] = math::quantize_row(&q[size_t(i * k_pad)], row.data(), k);
+        scales[size_t(i)] = quantize_row_int8(row.data(), k, &q[size_t(i * k_pad)]);  // same as the CPU
     }
     lin.weight_dtype = DType::kI8;
     lin.weight = alloc(DType::kI8, {n_pad, k_pad});

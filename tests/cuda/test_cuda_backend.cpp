@@ -7,7 +7,7 @@
 // - CudaGraph: capture a decode step, replay it with other positions == the eager result.
 // Without a device only the factory's error path runs (and the skip message is printed).
 #include "cuda_test_util.h"
-#include "kernels/common/llama_math.h"
+#include "kernels/cpu/quantize.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/cuda/cuda_backend.h"
 #include "runtime/cuda_backend_factory.h"
@@ -64,8 +64,7 @@ TEST_CASE("CudaBackend linear: none, w8a16, w8a8 at GEMV and GEMM sizes" * docte
             // Quantized weights exactly as make_linear made them (shared quantize_row).
             std::vector<int8_t> wq(static_cast<size_t>(n * k));
             std::vector<float> sw(static_cast<size_t>(n));
-            for (int64_t j = 0; j < n; ++j)
-                sw[size_t(j)] = math::quantize_row(&wq[size_t(j * k)], &w[size_t(j * k)], k);
+            for (int64_t j = 0; j < n; ++j) sw[size_t(j)] = quantize_row_int8(&w[size_t(j * k)], k, &wq[size_t(j * k)]);
             for (int64_t m : {1, 5, 17}) {
                 INFO(dtype_name(act) << " " << quant_mode_name(mode) << " m=" << m);
                 std::vector<float> x = random_vec(rng, size_t(m * k), -2, 2);
@@ -75,7 +74,7 @@ TEST_CASE("CudaBackend linear: none, w8a16, w8a8 at GEMV and GEMM sizes" * docte
                 std::vector<float> got = host_act(be, dy.view()), ref(size_t(m * n));
                 for (int64_t i = 0; i < m; ++i) {
                     std::vector<int8_t> xq(static_cast<size_t>(k));
-                    const float sx = math::quantize_row(xq.data(), &x[size_t(i * k)], k);
+                    const float sx = quantize_row_int8(&x[size_t(i * k)], k, xq.data());
                     for (int64_t j = 0; j < n; ++j) {
                         double s = 0;
                         int32_t acc = 0;
@@ -86,7 +85,7 @@ TEST_CASE("CudaBackend linear: none, w8a16, w8a8 at GEMV and GEMM sizes" * docte
                             if (mode == QuantMode::kW8A8) acc += int32_t(xq[size_t(t)]) * wq[wi];
                         }
                         ref[size_t(i * n + j)] =
-                            mode == QuantMode::kW8A8 ? round_act(float(acc) * sx * sw[size_t(j)], act) : float(s);
+                            mode == QuantMode::kW8A8 ? round_act(float(acc) * (sx * sw[size_t(j)]), act) : float(s);
                     }
                 }
                 REQUIRE(any_nonzero(ref));

@@ -101,7 +101,7 @@ TEST_CASE("cuda W8A8 GEMV (dp4a) and the dequant epilogue are exact" * doctest::
                 for (int64_t j = 0; j < n; ++j) {
                     acc[size_t(i * n + j)] = dot_i8(&x[size_t(i * kp)], &w[size_t(j * kp)], kp);
                     REQUIRE(got[size_t(i * n + j)] ==
-                            round_act(float(acc[size_t(i * n + j)]) * sx[size_t(i)] * sw[size_t(j)], act));
+                            round_act(float(acc[size_t(i * n + j)]) * (sx[size_t(i)] * sw[size_t(j)]), act));
                 }
             // Epilogue of the IMMA path on the same accumulators (ld > n): identical numbers.
             DevBuf dacc(acc), dy2(size_t(m * n) * 2);
@@ -117,7 +117,7 @@ TEST_CASE("cuda W8A8 GEMV (dp4a) and the dequant epilogue are exact" * doctest::
             std::vector<float> f1 = df1.download<float>(size_t(m * n));
             for (int64_t i = 0; i < m; ++i)
                 for (int64_t j = 0; j < n; ++j)
-                    REQUIRE(f1[size_t(i * n + j)] == float(acc[size_t(i * n + j)]) * sx[size_t(i)] * sw[size_t(j)]);
+                    REQUIRE(f1[size_t(i * n + j)] == float(acc[size_t(i * n + j)]) * (sx[size_t(i)] * sw[size_t(j)]));
             CHECK(df2.download<float>(size_t(m * n)) == f1);
         }
     }

@@ -5,8 +5,8 @@
 #include <algorithm>
 
 #include "cuda_test_util.h"
-#include "kernels/common/llama_math.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/quantize.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/kernels.h"
 
@@ -96,12 +96,12 @@ TEST_CASE("cuda rmsnorm, add_rmsnorm and the fused quantize" * doctest::test_sui
             cpu::add_rmsnorm(res_ref.data(), x.data(), out_ref.data(), w.data(), m, n, 1e-5f, pool());
             CHECK(rel_err(res_got, res_ref) < tol_for(act));
             CHECK(rel_err(out_got, out_ref) < tol_for(act));
-            // The int8 rows must be exactly the shared quantize_row of the device's own output.
+            // The int8 rows must be exactly the shared quantize_row_int8 of the device's own output.
             std::vector<int8_t> q = dq.download<int8_t>(size_t(m * ldq));
             std::vector<float> s = ds.download<float>(size_t(m));
             for (int64_t i = 0; i < m; ++i) {
                 std::vector<int8_t> qr(static_cast<size_t>(n));
-                const float sr = math::quantize_row(qr.data(), &out_got[size_t(i * n)], n);
+                const float sr = quantize_row_int8(&out_got[size_t(i * n)], n, qr.data());
                 CHECK(s[size_t(i)] == sr);
                 CHECK(std::equal(qr.begin(), qr.end(), q.begin() + i * ldq));
                 for (int64_t j = n; j < ldq; ++j) CHECK(q[size_t(i * ldq + j)] == 0);
@@ -114,7 +114,7 @@ TEST_CASE("cuda rmsnorm, add_rmsnorm and the fused quantize" * doctest::test_sui
     }
 }
 
-TEST_CASE("cuda quantize_rows equals the shared quantize_row exactly" * doctest::test_suite("cuda")) {
+TEST_CASE("cuda quantize_rows equals the shared quantize_row_int8 exactly" * doctest::test_suite("cuda")) {
     LATTICE_REQUIRE_CUDA();
     const uint64_t seed = fresh_seed();
     INFO("seed " << seed);
@@ -123,7 +123,7 @@ TEST_CASE("cuda quantize_rows equals the shared quantize_row exactly" * doctest:
         for (auto [m, k] : {std::pair<int64_t, int64_t>{1, 5}, {5, 300}, {2, 4096}}) {
             const int64_t ldq = (k + 15) / 16 * 16;
             std::vector<float> x = random_vec(rng, size_t(m * k), -4, 4);
-            std::fill(x.begin() + (m - 1) * k, x.end(), 0.0f);  // an all-zero row: scale 0, q 0
+            std::fill(x.begin() + (m - 1) * k, x.end(), 0.0f);  // an all-zero row: scale 1, q 0
             if (m == 1) x[0] = 2.5f;
             DevBuf dx(rounded(x, act)), dq(size_t(m * ldq)), ds(size_t(m) * 4);
             cuda::quantize_rows(dq.get<int8_t>(), ldq, ds.get<float>(), dx.get(), m, k, act, nullptr);
@@ -131,7 +131,7 @@ TEST_CASE("cuda quantize_rows equals the shared quantize_row exactly" * doctest:
             std::vector<float> s = ds.download<float>(size_t(m));
             for (int64_t i = 0; i < m; ++i) {
                 std::vector<int8_t> qr(static_cast<size_t>(k));
-                CHECK(s[size_t(i)] == math::quantize_row(qr.data(), &x[size_t(i * k)], k));
+                CHECK(s[size_t(i)] == quantize_row_int8(&x[size_t(i * k)], k, qr.data()));
                 CHECK(std::equal(qr.begin(), qr.end(), q.begin() + i * ldq));
                 for (int64_t j = k; j < ldq; ++j) CHECK(q[size_t(i * ldq + j)] == 0);
             }
