@@ -6,9 +6,6 @@
 // There is no hardware ceiling to compare with; the reference point is the bytes/token ratio and
 // the relative cost of the two algorithms. Usage:
 //   bench_tokenizer [--mb 5] [--reps 2] [--text FILE] [--json FILE] [--shared DIR]
-#include "runtime/base/error.h"
-#include "runtime/tokenizer/tokenizer.h"
-
 #include <fmt/format.h>
 
 #include <chrono>
@@ -21,6 +18,9 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "runtime/base/error.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 using namespace lattice;
 
@@ -39,14 +39,20 @@ std::string slurp(const std::string& path) {
 
 std::string make_text(const std::string& shared, size_t bytes) {
     static const char* kWords[] = {
-        "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not",
-        "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "had", "they", "you", "were",
-        "their", "one", "all", "we", "can", "her", "has", "there", "been", "if", "more", "when", "will", "would",
-        "who", "so", "no", "model", "tensor", "parallel", "inference", "token", "engine", "latency", "throughput",
-        "memory", "bandwidth", "quantization", "distributed", "pipeline", "attention", "language", "network",
-        "Transformer", "GPU", "Llama", "server", "request", "batch", "cache", "kernel", "performance", "weights",
-        "activation", "scheduler", "benchmark", "tokenizer", "vocabulary", "unicode", "character", "sequence",
-        "don't", "it's", "we'll", "they're", "I've", "Mr.", "e.g.", "i.e.", "state-of-the-art", "fine-tuned"};
+        "the",       "of",          "and",          "to",          "in",         "is",        "that",
+        "for",       "it",          "as",           "was",         "with",       "be",        "by",
+        "on",        "not",         "he",           "this",        "are",        "or",        "his",
+        "from",      "at",          "which",        "but",         "have",       "an",        "had",
+        "they",      "you",         "were",         "their",       "one",        "all",       "we",
+        "can",       "her",         "has",          "there",       "been",       "if",        "more",
+        "when",      "will",        "would",        "who",         "so",         "no",        "model",
+        "tensor",    "parallel",    "inference",    "token",       "engine",     "latency",   "throughput",
+        "memory",    "bandwidth",   "quantization", "distributed", "pipeline",   "attention", "language",
+        "network",   "Transformer", "GPU",          "Llama",       "server",     "request",   "batch",
+        "cache",     "kernel",      "performance",  "weights",     "activation", "scheduler", "benchmark",
+        "tokenizer", "vocabulary",  "unicode",      "character",   "sequence",   "don't",     "it's",
+        "we'll",     "they're",     "I've",         "Mr.",         "e.g.",       "i.e.",      "state-of-the-art",
+        "fine-tuned"};
     const std::string raw = slurp(shared + "/ggml-vocab-llama-spm.gguf.inp");
     const std::string sep = "\n__ggml_vocab_test__\n";
     std::string inp;
@@ -98,11 +104,16 @@ int main(int argc, char** argv) {
     std::string text_file, json_file, shared = default_shared() + "/tokenizers";
     for (int i = 1; i < argc; ++i) {
         auto arg = [&](const char* name) { return std::strcmp(argv[i], name) == 0 && i + 1 < argc; };
-        if (arg("--mb")) mb = std::atof(argv[++i]);
-        else if (arg("--reps")) reps = std::max(1, std::atoi(argv[++i]));
-        else if (arg("--text")) text_file = argv[++i];
-        else if (arg("--json")) json_file = argv[++i];
-        else if (arg("--shared")) shared = std::string(argv[++i]) + "/tokenizers";
+        if (arg("--mb"))
+            mb = std::atof(argv[++i]);
+        else if (arg("--reps"))
+            reps = std::max(1, std::atoi(argv[++i]));
+        else if (arg("--text"))
+            text_file = argv[++i];
+        else if (arg("--json"))
+            json_file = argv[++i];
+        else if (arg("--shared"))
+            shared = std::string(argv[++i]) + "/tokenizers";
         else {
             std::fprintf(stderr, "usage: %s [--mb 5] [--reps 2] [--text FILE] [--json FILE] [--shared DIR]\n", argv[0]);
             return 2;
@@ -114,8 +125,8 @@ int main(int argc, char** argv) {
     fmt::print("{:<28} {:>8} {:>10} {:>11} {:>10} {:>11} {:>10}\n", "tokenizer", "load s", "tokens", "bytes/tok",
                "encode s", "enc MB/s", "dec MB/s");
     std::vector<std::string> rows;
-    const char* files[] = {"llama2-tokenizer.model", "ggml-vocab-llama-spm.gguf", "llama3-tokenizer.json",
-                           "ggml-vocab-llama-bpe.gguf", "ggml-vocab-gpt-2.gguf", "ggml-vocab-qwen2.gguf"};
+    const char* files[] = {"llama2-tokenizer.model",    "ggml-vocab-llama-spm.gguf", "llama3-tokenizer.json",
+                           "ggml-vocab-llama-bpe.gguf", "ggml-vocab-gpt-2.gguf",     "ggml-vocab-qwen2.gguf"};
     try {
         for (const char* f : files) {
             auto t0 = std::chrono::steady_clock::now();
@@ -138,9 +149,10 @@ int main(int argc, char** argv) {
             const double bpt = double(text.size()) / double(std::max<size_t>(ids.size(), 1));
             fmt::print("{:<28} {:>8.2f} {:>10} {:>11.2f} {:>10.3f} {:>11.2f} {:>10.1f}\n", f, load_s, ids.size(), bpt,
                        enc_s, text_mb / enc_s, text_mb / dec_s);
-            rows.push_back(fmt::format("{{\"tokenizer\": \"{}\", \"load_s\": {:.4f}, \"tokens\": {}, \"bytes_per_token\": "
-                                       "{:.4f}, \"encode_s\": {:.4f}, \"encode_mb_s\": {:.3f}, \"decode_mb_s\": {:.3f}}}",
-                                       f, load_s, ids.size(), bpt, enc_s, text_mb / enc_s, text_mb / dec_s));
+            rows.push_back(
+                fmt::format("{{\"tokenizer\": \"{}\", \"load_s\": {:.4f}, \"tokens\": {}, \"bytes_per_token\": "
+                            "{:.4f}, \"encode_s\": {:.4f}, \"encode_mb_s\": {:.3f}, \"decode_mb_s\": {:.3f}}}",
+                            f, load_s, ids.size(), bpt, enc_s, text_mb / enc_s, text_mb / dec_s));
         }
     } catch (const Error& e) {
         std::fprintf(stderr, "bench_tokenizer: error: %s\n", e.what());

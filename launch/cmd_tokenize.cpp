@@ -1,16 +1,16 @@
 // `lattice tokenize --tokenizer PATH --text TEXT [--bos] [--special]`: prints the token ids,
 // space-separated. `--decode 1,2,3` prints the text of ids instead; `--pieces` also lists each
 // token's piece. PATH: tokenizer.model, tokenizer.json, a .gguf file or a model directory.
-#include "launch/cli.h"
-#include "runtime/base/error.h"
-#include "runtime/tokenizer/tokenizer.h"
-
 #include <fmt/format.h>
 
 #include <charconv>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "launch/cli.h"
+#include "runtime/base/error.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace lattice {
 

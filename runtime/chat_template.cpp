@@ -25,10 +25,14 @@ void check_role(const ChatMessage& m) {
 
 const char* chat_template_kind_name(ChatTemplateKind k) {
     switch (k) {
-        case ChatTemplateKind::kNone: return "none";
-        case ChatTemplateKind::kLlama2: return "llama2";
-        case ChatTemplateKind::kLlama3: return "llama3";
-        case ChatTemplateKind::kChatML: return "chatml";
+        case ChatTemplateKind::kNone:
+            return "none";
+        case ChatTemplateKind::kLlama2:
+            return "llama2";
+        case ChatTemplateKind::kLlama3:
+            return "llama3";
+        case ChatTemplateKind::kChatML:
+            return "chatml";
     }
     return "?";
 }
@@ -45,9 +49,12 @@ std::string chatml_default_system(std::string_view jinja) {
     for (size_t at = jinja.find(kHead); at != std::string_view::npos; at = jinja.find(kHead, at + 1)) {
         std::string_view rest = jinja.substr(at + kHead.size());
         // The newline is written either as a Jinja escape (backslash n) or literally.
-        if (rest.starts_with("\\n")) rest.remove_prefix(2);
-        else if (rest.starts_with("\n")) rest.remove_prefix(1);
-        else continue;
+        if (rest.starts_with("\\n"))
+            rest.remove_prefix(2);
+        else if (rest.starts_with("\n"))
+            rest.remove_prefix(1);
+        else
+            continue;
         const size_t end = rest.find("<|im_end|>");
         if (end == std::string_view::npos) continue;
         std::string_view text = rest.substr(0, end);

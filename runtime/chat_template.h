@@ -35,7 +35,10 @@ class ChatTemplate {
 public:
     ChatTemplate() = default;
     ChatTemplate(ChatTemplateKind kind, std::string bos_text, std::string eos_text, std::string default_system = {})
-        : kind_(kind), bos_(std::move(bos_text)), eos_(std::move(eos_text)), default_system_(std::move(default_system)) {}
+        : kind_(kind),
+          bos_(std::move(bos_text)),
+          eos_(std::move(eos_text)),
+          default_system_(std::move(default_system)) {}
 
     ChatTemplateKind kind() const { return kind_; }
     // Renders the conversation; add_generation_prompt appends the header that opens the assistant's

@@ -69,8 +69,10 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
             prev_special = true;
             continue;
         }
-        if (spec_.kind == TokenizerKind::kSentencePiece) encode_spm(f.text, spec_.add_space_prefix && prev_special, out);
-        else encode_byte_level(f.text, out);
+        if (spec_.kind == TokenizerKind::kSentencePiece)
+            encode_spm(f.text, spec_.add_space_prefix && prev_special, out);
+        else
+            encode_byte_level(f.text, out);
         prev_special = false;
     }
     return out;
@@ -81,8 +83,10 @@ void Tokenizer::encode_spm(std::string_view fragment, bool prefix_space, std::ve
     s.reserve(fragment.size() + 3 + fragment.size() / 4);
     if (prefix_space) s += kSpmSpace;
     for (char c : fragment) {
-        if (c == ' ') s += kSpmSpace;
-        else s += c;
+        if (c == ' ')
+            s += kSpmSpace;
+        else
+            s += c;
     }
     if (!spm_units_) {
         spm_merge(s, out);
@@ -129,8 +133,10 @@ void Tokenizer::spm_merge(std::string_view s, std::vector<int32_t>& out) const {
     merge_symbols(ids, lens);
     size_t pos = 0;
     for (size_t i = 0; i < ids.size(); ++i) {
-        if (ids[i] >= 0) out.push_back(ids[i]);
-        else emit_fallback(s.substr(pos, lens[i]), out);
+        if (ids[i] >= 0)
+            out.push_back(ids[i]);
+        else
+            emit_fallback(s.substr(pos, lens[i]), out);
         pos += lens[i];
     }
 }
@@ -138,8 +144,10 @@ void Tokenizer::spm_merge(std::string_view s, std::vector<int32_t>& out) const {
 // Encodes one pre-token (byte-level word or SentencePiece unit) through the bounded word cache.
 void Tokenizer::encode_cached(std::string_view word, std::vector<int32_t>& out) const {
     auto encode_word = [&] {
-        if (spec_.kind == TokenizerKind::kSentencePiece) spm_merge(word, out);
-        else bpe_word_byte_level(word, out);
+        if (spec_.kind == TokenizerKind::kSentencePiece)
+            spm_merge(word, out);
+        else
+            bpe_word_byte_level(word, out);
     };
     if (word.size() > kCacheMaxWordBytes) {
         encode_word();
@@ -182,8 +190,10 @@ void Tokenizer::bpe_word_byte_level(std::string_view word, std::vector<int32_t>&
     for (size_t i = 0; i < word.size(); ++i) ids[i] = byte_ids_[uint8_t(word[i])];
     merge_symbols(ids, lens);
     for (int32_t id : ids) {
-        if (id >= 0) out.push_back(id);
-        else if (spec_.unk_id >= 0) out.push_back(spec_.unk_id);
+        if (id >= 0)
+            out.push_back(id);
+        else if (spec_.unk_id >= 0)
+            out.push_back(spec_.unk_id);
     }
 }
 

@@ -1,13 +1,12 @@
 // load_tokenizer factory, tokenizer_config.json and the finishing step shared by every loader.
 // The factory picks the format by content (GGUF magic), then by name (.json), else protobuf.
-#include "runtime/base/error.h"
-#include "runtime/tokenizer/load_util.h"
-
-#include <nlohmann/json.hpp>
-
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "runtime/base/error.h"
+#include "runtime/tokenizer/load_util.h"
 
 namespace lattice {
 

@@ -14,7 +14,8 @@ namespace lattice {
 namespace {
 
 PreTokenizer pre_from_name(const std::string& name, const std::string& path) {
-    if (name == "llama-bpe" || name == "llama3" || name == "llama-v3" || name == "smaug-bpe") return PreTokenizer::kLlama3;
+    if (name == "llama-bpe" || name == "llama3" || name == "llama-v3" || name == "smaug-bpe")
+        return PreTokenizer::kLlama3;
     if (name == "qwen2") return PreTokenizer::kQwen2;
     if (name == "smollm") return PreTokenizer::kSmolLM;
     if (name == "gpt-2" || name == "gpt2" || name == "default" || name.empty()) return PreTokenizer::kGpt2;

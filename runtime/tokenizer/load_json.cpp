@@ -8,12 +8,11 @@
 // Not implemented: Unicode normalizers (NFC/NFKC; Qwen2 declares NFC, applied as identity, which
 // is exact for text that is already NFC), dropout, continuing_subword_prefix, added_tokens'
 // lstrip/rstrip/single_word.
-#include "runtime/base/error.h"
-#include "runtime/tokenizer/load_util.h"
-
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include <filesystem>
+#include "runtime/base/error.h"
+#include "runtime/tokenizer/load_util.h"
 
 namespace lattice {
 
@@ -58,8 +57,10 @@ PreTokenizer pre_tokenizer_from_json(const json& root, const std::string& path) 
         if (re == kLlama3Pattern) return PreTokenizer::kLlama3;
         if (re == kQwen2Pattern) return PreTokenizer::kQwen2;
         if (re == kGpt2Pattern || re == kGpt2PatternNoTail) return digits ? PreTokenizer::kSmolLM : PreTokenizer::kGpt2;
-        LATTICE_FAIL("tokenizer {}: pre-tokenizer Split pattern '{}' is not one of the supported families "
-                     "(gpt-2, llama3, qwen2)", path, re);
+        LATTICE_FAIL(
+            "tokenizer {}: pre-tokenizer Split pattern '{}' is not one of the supported families "
+            "(gpt-2, llama3, qwen2)",
+            path, re);
     }
     return digits ? PreTokenizer::kSmolLM : PreTokenizer::kGpt2;  // ByteLevel(use_regex) = GPT-2's pattern
 }
@@ -94,8 +95,8 @@ TokenizerSpec parse_tokenizer_json(std::string_view text, const std::string& pat
         LATTICE_CHECK(type == "BPE", "tokenizer {}: model type '{}' is not supported (only BPE)", path, type);
         LATTICE_CHECK(model.contains("vocab") && model["vocab"].is_object(), "tokenizer {}: model.vocab missing", path);
 
-        const bool byte_level = !find_all(root, "pre_tokenizer", "ByteLevel").empty() ||
-                                !find_all(root, "decoder", "ByteLevel").empty();
+        const bool byte_level =
+            !find_all(root, "pre_tokenizer", "ByteLevel").empty() || !find_all(root, "decoder", "ByteLevel").empty();
         spec.kind = byte_level ? TokenizerKind::kByteLevel : TokenizerKind::kSentencePiece;
 
         // Vocab (+ added tokens) into an id-indexed table; holes become unused empty tokens.

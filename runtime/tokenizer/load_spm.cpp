@@ -11,11 +11,11 @@
 // Only BPE models (Llama 2 family) are accepted; unigram models are rejected with a message.
 // Normalization other than "identity" / removing extra whitespace is not implemented: such models
 // are rejected (Llama 2 uses identity with remove_extra_whitespaces = false).
-#include "runtime/base/error.h"
-#include "runtime/tokenizer/load_util.h"
-
 #include <cstring>
 #include <fstream>
+
+#include "runtime/base/error.h"
+#include "runtime/tokenizer/load_util.h"
 
 namespace lattice {
 
@@ -38,8 +38,8 @@ public:
         LATTICE_FAIL("tokenizer {}: varint longer than 10 bytes at byte {}", path_, p_);
     }
     std::string_view bytes(size_t n) {
-        LATTICE_CHECK(n <= d_.size() - p_, "tokenizer {}: field of {} bytes overruns the message at byte {}", path_,
-                      n, p_);
+        LATTICE_CHECK(n <= d_.size() - p_, "tokenizer {}: field of {} bytes overruns the message at byte {}", path_, n,
+                      p_);
         std::string_view s = d_.substr(p_, n);
         p_ += n;
         return s;
@@ -54,10 +54,22 @@ public:
     }
     uint64_t scalar(uint32_t wire) {
         switch (wire) {
-            case 0: return varint();
-            case 1: { std::string_view b = bytes(8); uint64_t v; std::memcpy(&v, b.data(), 8); return v; }
-            case 5: { std::string_view b = bytes(4); uint32_t v; std::memcpy(&v, b.data(), 4); return v; }
-            default: LATTICE_FAIL("tokenizer {}: wire type {} is not a scalar at byte {}", path_, wire, p_);
+            case 0:
+                return varint();
+            case 1: {
+                std::string_view b = bytes(8);
+                uint64_t v;
+                std::memcpy(&v, b.data(), 8);
+                return v;
+            }
+            case 5: {
+                std::string_view b = bytes(4);
+                uint32_t v;
+                std::memcpy(&v, b.data(), 4);
+                return v;
+            }
+            default:
+                LATTICE_FAIL("tokenizer {}: wire type {} is not a scalar at byte {}", path_, wire, p_);
         }
     }
     std::string_view message(uint32_t wire) {
@@ -65,8 +77,10 @@ public:
         return bytes(size_t(std::min<uint64_t>(varint(), d_.size())));
     }
     void skip(uint32_t wire) {
-        if (wire == 2) message(wire);
-        else scalar(wire);
+        if (wire == 2)
+            message(wire);
+        else
+            scalar(wire);
     }
 
 private:
@@ -91,7 +105,9 @@ std::string read_file_limited(const std::string& path, size_t limit) {
 
 }  // namespace
 
-std::string tokenizer_read_file(const std::string& path, size_t limit) { return read_file_limited(path, limit); }
+std::string tokenizer_read_file(const std::string& path, size_t limit) {
+    return read_file_limited(path, limit);
+}
 
 TokenizerSpec load_sentencepiece_model(const std::string& path) {
     return parse_sentencepiece_model(read_file_limited(path, kMaxModelBytes), path);
@@ -117,10 +133,15 @@ TokenizerSpec parse_sentencepiece_model(std::string_view data, const std::string
             float score = 0.f;
             uint64_t type = 1;
             while (piece.key(field, wire)) {
-                if (field == 1) text = std::string(piece.message(wire));
-                else if (field == 2 && wire == 5) { const uint32_t b = uint32_t(piece.scalar(wire)); std::memcpy(&score, &b, 4); }
-                else if (field == 3 && wire == 0) type = piece.varint();
-                else piece.skip(wire);
+                if (field == 1)
+                    text = std::string(piece.message(wire));
+                else if (field == 2 && wire == 5) {
+                    const uint32_t b = uint32_t(piece.scalar(wire));
+                    std::memcpy(&score, &b, 4);
+                } else if (field == 3 && wire == 0)
+                    type = piece.varint();
+                else
+                    piece.skip(wire);
             }
             LATTICE_CHECK(type >= 1 && type <= 6, "tokenizer {}: piece {} has unknown type {}", path,
                           spec.tokens.size(), type);
@@ -130,21 +151,33 @@ TokenizerSpec parse_sentencepiece_model(std::string_view data, const std::string
         } else if (field == 2) {
             ProtoReader t(top.message(wire), path);
             while (t.key(field, wire)) {
-                if (wire != 0) { t.skip(wire); continue; }
+                if (wire != 0) {
+                    t.skip(wire);
+                    continue;
+                }
                 const auto v = int64_t(int32_t(uint32_t(t.varint())));
-                if (field == 3) model_type = v;
-                else if (field == 40) unk = v;
-                else if (field == 41) bos = v;
-                else if (field == 42) eos = v;
-                else if (field == 43) pad = v;
+                if (field == 3)
+                    model_type = v;
+                else if (field == 40)
+                    unk = v;
+                else if (field == 41)
+                    bos = v;
+                else if (field == 42)
+                    eos = v;
+                else if (field == 43)
+                    pad = v;
             }
         } else if (field == 3) {
             ProtoReader n(top.message(wire), path);
             while (n.key(field, wire)) {
-                if (field == 1 && wire == 2) norm_name = std::string(n.message(wire));
-                else if (field == 3 && wire == 0) spec.add_space_prefix = n.varint() != 0;
-                else if (field == 4 && wire == 0) remove_extra_ws = n.varint() != 0;
-                else n.skip(wire);
+                if (field == 1 && wire == 2)
+                    norm_name = std::string(n.message(wire));
+                else if (field == 3 && wire == 0)
+                    spec.add_space_prefix = n.varint() != 0;
+                else if (field == 4 && wire == 0)
+                    remove_extra_ws = n.varint() != 0;
+                else
+                    n.skip(wire);
             }
         } else {
             top.skip(wire);

@@ -1,9 +1,9 @@
 // Helpers shared by the tokenizer loaders (internal to runtime/tokenizer).
 #pragma once
 
-#include "runtime/tokenizer/tokenizer.h"
-
 #include <string>
+
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace lattice {
 

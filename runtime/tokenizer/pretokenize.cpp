@@ -5,9 +5,9 @@
 // Invalid UTF-8 bytes count as "other" (neither letter, number nor whitespace).
 #include "runtime/tokenizer/pretokenize.h"
 
-#include "runtime/tokenizer/unicode.h"
-
 #include <cstdint>
+
+#include "runtime/tokenizer/unicode.h"
 
 namespace lattice {
 
@@ -28,7 +28,9 @@ uint8_t classify(uint32_t c) {
     return kOther;
 }
 
-uint32_t ascii_lower(uint32_t c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
+uint32_t ascii_lower(uint32_t c) {
+    return (c >= 'A' && c <= 'Z') ? c + 32 : c;
+}
 
 class Matcher {
 public:
@@ -129,10 +131,14 @@ private:
 
 const char* pre_tokenizer_name(PreTokenizer p) {
     switch (p) {
-        case PreTokenizer::kGpt2: return "gpt-2";
-        case PreTokenizer::kLlama3: return "llama-bpe";
-        case PreTokenizer::kQwen2: return "qwen2";
-        case PreTokenizer::kSmolLM: return "smollm";
+        case PreTokenizer::kGpt2:
+            return "gpt-2";
+        case PreTokenizer::kLlama3:
+            return "llama-bpe";
+        case PreTokenizer::kQwen2:
+            return "qwen2";
+        case PreTokenizer::kSmolLM:
+            return "smollm";
     }
     return "?";
 }
@@ -151,9 +157,15 @@ void pretokenize(PreTokenizer kind, std::string_view text, std::vector<std::stri
     c.off.push_back(text.size());
     const size_t n = c.cpt.size();
     switch (kind) {
-        case PreTokenizer::kGpt2: Matcher(c, 0, n, text, out).run_gpt2(); break;
-        case PreTokenizer::kLlama3: Matcher(c, 0, n, text, out).run_llama3(3); break;
-        case PreTokenizer::kQwen2: Matcher(c, 0, n, text, out).run_llama3(1); break;
+        case PreTokenizer::kGpt2:
+            Matcher(c, 0, n, text, out).run_gpt2();
+            break;
+        case PreTokenizer::kLlama3:
+            Matcher(c, 0, n, text, out).run_llama3(3);
+            break;
+        case PreTokenizer::kQwen2:
+            Matcher(c, 0, n, text, out).run_llama3(1);
+            break;
         case PreTokenizer::kSmolLM: {
             size_t seg = 0;
             for (size_t i = 0; i <= n; ++i) {

@@ -5,11 +5,11 @@
 // That makes a word of n symbols O(n log n) instead of the O(n^2) of rescanning for the best pair.
 #include "runtime/tokenizer/tokenizer.h"
 
-#include "runtime/base/error.h"
-#include "runtime/tokenizer/unicode.h"
-
 #include <algorithm>
 #include <queue>
+
+#include "runtime/base/error.h"
+#include "runtime/tokenizer/unicode.h"
 
 namespace lattice {
 
@@ -18,7 +18,9 @@ namespace {
 constexpr std::string_view kSpmSpace = "\xE2\x96\x81";  // U+2581 "▁"
 constexpr size_t kMaxVocab = size_t(1) << 24;
 
-uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
+uint64_t pair_key(int32_t a, int32_t b) {
+    return (uint64_t(uint32_t(a)) << 32) | uint32_t(b);
+}
 
 int hex_digit(char c) {
     if (c >= '0' && c <= '9') return c - '0';
@@ -68,7 +70,9 @@ int gpt2_codepoint_to_byte(uint32_t cpt) {
     return cpt < table.size() ? table[cpt] : -1;
 }
 
-Tokenizer::Tokenizer(TokenizerSpec spec) : spec_(std::move(spec)) { build_tables(); }
+Tokenizer::Tokenizer(TokenizerSpec spec) : spec_(std::move(spec)) {
+    build_tables();
+}
 Tokenizer::~Tokenizer() = default;
 
 void Tokenizer::build_tables() {
@@ -80,8 +84,8 @@ void Tokenizer::build_tables() {
     LATTICE_CHECK(spec_.scores.empty() || spec_.scores.size() == n, "tokenizer {}: {} scores for {} tokens", src,
                   spec_.scores.size(), n);
     for (int32_t* id : {&spec_.bos_id, &spec_.eos_id, &spec_.unk_id, &spec_.pad_id})
-        LATTICE_CHECK(*id >= -1 && *id < int32_t(n), "tokenizer {}: special token id {} outside vocab of {}", src,
-                      *id, n);
+        LATTICE_CHECK(*id >= -1 && *id < int32_t(n), "tokenizer {}: special token id {} outside vocab of {}", src, *id,
+                      n);
     std::erase_if(spec_.eog_ids, [&](int32_t id) { return id < 0 || id >= int32_t(n); });
     if (spec_.eos_id >= 0 && std::find(spec_.eog_ids.begin(), spec_.eog_ids.end(), spec_.eos_id) == spec_.eog_ids.end())
         spec_.eog_ids.push_back(spec_.eos_id);
@@ -112,8 +116,10 @@ void Tokenizer::build_tables() {
             for (size_t p = 0; p < t.size();) {
                 const size_t start = p;
                 const int b = gpt2_codepoint_to_byte(utf8_next(t, p));
-                if (b >= 0) out += char(b);
-                else out.append(t, start, p - start);  // not a mapped char: keep its UTF-8
+                if (b >= 0)
+                    out += char(b);
+                else
+                    out.append(t, start, p - start);  // not a mapped char: keep its UTF-8
             }
             bytes_[i] = std::move(out);
         }
@@ -228,7 +234,9 @@ void Tokenizer::merge_symbols(std::vector<int32_t>& ids, std::vector<uint32_t>& 
         float score;
         int32_t left, right, left_id, right_id, merged;
     };
-    auto worse = [](const Cand& a, const Cand& b) { return a.score < b.score || (a.score == b.score && a.left > b.left); };
+    auto worse = [](const Cand& a, const Cand& b) {
+        return a.score < b.score || (a.score == b.score && a.left > b.left);
+    };
     std::priority_queue<Cand, std::vector<Cand>, decltype(worse)> queue(worse);
     std::vector<int32_t> prev(static_cast<size_t>(n)), next(static_cast<size_t>(n));
     for (int32_t i = 0; i < n; ++i) {

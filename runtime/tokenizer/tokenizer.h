@@ -18,9 +18,6 @@
 // which is guarded, so one Tokenizer may be shared between threads.
 #pragma once
 
-#include "runtime/chat_template.h"
-#include "runtime/tokenizer/pretokenize.h"
-
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -29,6 +26,9 @@
 #include <string_view>
 #include <unordered_map>
 #include <vector>
+
+#include "runtime/chat_template.h"
+#include "runtime/tokenizer/pretokenize.h"
 
 namespace lattice {
 
@@ -67,9 +67,9 @@ public:
     std::string decode(std::span<const int32_t> ids, bool render_special = false) const;
 
     int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }
-    const std::string& token_text(int32_t id) const;  // piece as stored in the vocab ("" if out of range)
-    const std::string& token_bytes(int32_t id) const; // bytes the token decodes to
-    int32_t token_id(std::string_view piece) const;   // -1 if absent
+    const std::string& token_text(int32_t id) const;   // piece as stored in the vocab ("" if out of range)
+    const std::string& token_bytes(int32_t id) const;  // bytes the token decodes to
+    int32_t token_id(std::string_view piece) const;    // -1 if absent
     TokenType token_type(int32_t id) const;
     bool is_control(int32_t id) const { return token_type(id) == TokenType::kControl; }
     bool is_eog(int32_t id) const;
@@ -117,8 +117,9 @@ private:
     std::unordered_map<uint64_t, Merge> merges_;
     std::vector<Special> specials_;  // longest first
     int32_t byte_ids_[256];
-    int32_t ascii_ids_[128];         // SentencePiece: id of each ASCII character's piece (-1 absent)
-    bool spm_units_ = false;         // SentencePiece: no piece has "▁" after another char (see encode_spm)          // SentencePiece: id of <0xNN> (-1 absent); byte-level: id of the byte's char
+    int32_t ascii_ids_[128];  // SentencePiece: id of each ASCII character's piece (-1 absent)
+    bool spm_units_ = false;  // SentencePiece: no piece has "▁" after another char (see encode_spm)          //
+                              // SentencePiece: id of <0xNN> (-1 absent); byte-level: id of the byte's char
     ChatTemplateKind chat_kind_ = ChatTemplateKind::kNone;
     std::string default_system_;
 

@@ -2,10 +2,10 @@
 // over the generated ranges.
 #include "runtime/tokenizer/unicode.h"
 
-#include "runtime/tokenizer/unicode_ranges.h"
-
 #include <algorithm>
 #include <iterator>
+
+#include "runtime/tokenizer/unicode_ranges.h"
 
 namespace lattice {
 
@@ -81,7 +81,14 @@ bool is_unicode_number(uint32_t cpt) {
 bool is_unicode_whitespace(uint32_t cpt) {
     if (cpt < 0x80) return cpt == ' ' || (cpt >= 0x09 && cpt <= 0x0D);
     switch (cpt) {
-        case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000:
+        case 0x85:
+        case 0xA0:
+        case 0x1680:
+        case 0x2028:
+        case 0x2029:
+        case 0x202F:
+        case 0x205F:
+        case 0x3000:
             return true;
         default:
             return cpt >= 0x2000 && cpt <= 0x200A;

@@ -3,12 +3,12 @@
 // (even: JSON, odd: protobuf); the rest is the file. Accepted files are then used to encode a fixed
 // text and the input itself (special parsing on and off) and to decode and stream-decode the ids.
 // Invariants checked: lattice::Error is the only exception, ids are in range, decoding never fails.
-#include "runtime/base/error.h"
-#include "runtime/tokenizer/tokenizer.h"
-
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+
+#include "runtime/base/error.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (size < 1) return 0;

@@ -3,15 +3,15 @@
 // llama2-tokenizer.model / llama3-tokenizer.json (same ids as the matching GGUF); every string must
 // decode back to itself, and a streaming decode must equal the whole decode without ever emitting
 // part of a UTF-8 character.
-#include "runtime/base/error.h"
-#include "runtime/tokenizer/tokenizer.h"
-#include "runtime/tokenizer/unicode.h"
-
 #include <doctest/doctest.h>
 
 #include <fstream>
 #include <map>
 #include <sstream>
+
+#include "runtime/base/error.h"
+#include "runtime/tokenizer/tokenizer.h"
+#include "runtime/tokenizer/unicode.h"
 
 using namespace lattice;
 

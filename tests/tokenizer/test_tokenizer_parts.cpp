@@ -1,19 +1,19 @@
 // Tokenizer parts: special-token parsing on/off, chat templates per family (exact strings),
 // pre-tokenizer splits, bad input files, and linear-ish cost on long words.
-#include "runtime/base/error.h"
-#include "runtime/chat_template.h"
-#include "runtime/tokenizer/pretokenize.h"
-#include "runtime/tokenizer/tokenizer.h"
-
 #include <doctest/doctest.h>
-#include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <unistd.h>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "runtime/base/error.h"
+#include "runtime/chat_template.h"
+#include "runtime/tokenizer/pretokenize.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 using namespace lattice;
 
@@ -30,7 +30,9 @@ std::vector<std::string> split(PreTokenizer p, std::string_view s) {
     return {w.begin(), w.end()};
 }
 
-bool contains(const std::vector<int32_t>& v, int32_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+bool contains(const std::vector<int32_t>& v, int32_t x) {
+    return std::find(v.begin(), v.end(), x) != v.end();
+}
 
 std::string temp_file(const std::string& name, const std::string& bytes) {
     const auto p = std::filesystem::temp_directory_path() / ("lattice_tok_" + std::to_string(::getpid()) + "_" + name);
@@ -70,9 +72,9 @@ TEST_CASE("special tokens are parsed only when asked") {
     CHECK(!contains(off, 128000));
     CHECK(!contains(off, llama3->token_id("<|eot_id|>")));
     CHECK(off.size() > on.size());
-    CHECK(llama3->decode(off) == text);                     // the text survives as plain text
-    CHECK(llama3->decode(on) == "user\n\nHi");              // control tokens hidden by default
-    CHECK(llama3->decode(on, true) == text);                // and shown when asked
+    CHECK(llama3->decode(off) == text);         // the text survives as plain text
+    CHECK(llama3->decode(on) == "user\n\nHi");  // control tokens hidden by default
+    CHECK(llama3->decode(on, true) == text);    // and shown when asked
 
     auto qwen = load_tokenizer(kDir + "ggml-vocab-qwen2.gguf");
     const int32_t im_start = qwen->token_id("<|im_start|>");
@@ -123,7 +125,8 @@ TEST_CASE("chat templates render each family exactly") {
 TEST_CASE("chat template family detection from Jinja text") {
     const std::string smol =
         "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\n"
-        "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}{% endif %}{{'<|im_start|>'"
+        "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}{% endif "
+        "%}{{'<|im_start|>'"
         " + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}";
     CHECK(detect_chat_template(smol) == ChatTemplateKind::kChatML);
     CHECK(chatml_default_system(smol) == "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
@@ -194,10 +197,10 @@ TEST_CASE("tiny hand-made vocabularies: merge order, byte fallback, unknown, use
     // SentencePiece-style tokenizer.json: merges "▁ a" (rank 0) < "a b" < "▁a b".
     Tokenizer spm(parse_tokenizer_json(body("spm.json"), "spm.json"));
     CHECK(spm.kind() == TokenizerKind::kSentencePiece);
-    CHECK(spm.encode("ab") == V{10});       // ▁a then ▁ab
-    CHECK(spm.encode("b") == V{5, 7});      // no merge "▁ b"
-    CHECK(spm.encode("A") == V{5, 3});      // byte fallback <0x41>
-    CHECK(spm.encode("c") == V{5, 0});      // no <0x63>: <unk>
+    CHECK(spm.encode("ab") == V{10});   // ▁a then ▁ab
+    CHECK(spm.encode("b") == V{5, 7});  // no merge "▁ b"
+    CHECK(spm.encode("A") == V{5, 3});  // byte fallback <0x41>
+    CHECK(spm.encode("c") == V{5, 0});  // no <0x63>: <unk>
     CHECK(spm.encode("ab", true) == V{1, 10});
     CHECK(spm.decode(V{5, 3, 4}) == "A\xFF");
 
@@ -213,7 +216,7 @@ TEST_CASE("tiny hand-made vocabularies: merge order, byte fallback, unknown, use
     CHECK(bl.kind() == TokenizerKind::kByteLevel);
     CHECK(bl.pre_tokenizer() == PreTokenizer::kLlama3);
     CHECK(bl.encode("Hello") == V{8});
-    CHECK(bl.encode("Hell") == V{5, 6});  // He + ll (no "Hell")
+    CHECK(bl.encode("Hell") == V{5, 6});                     // He + ll (no "Hell")
     CHECK(bl.encode("<x>Hello", false, false) == V{11, 8});  // non-special added token: always matched
     CHECK(bl.encode("<|begin_of_text|>", false, false) != V{10});
     CHECK(bl.encode("<|begin_of_text|>", false, true) == V{10});
@@ -227,10 +230,11 @@ TEST_CASE("byte-level BPE matches Hugging Face tokenizers on random text") {
     // HF matches added tokens in text always, hence parse_special.
     const std::string data = std::string(LATTICE_SOURCE_DIR) + "/tests/tokenizer/data/";
     const std::string smol = std::string(LATTICE_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-    const std::vector<std::pair<std::string, std::string>> jobs = {
-        {"llama3", kDir + "llama3-tokenizer.json"}, {"llama3", kDir + "ggml-vocab-llama-bpe.gguf"},
-        {"gpt-2", kDir + "ggml-vocab-gpt-2.gguf"},   {"qwen2", kDir + "ggml-vocab-qwen2.gguf"},
-        {"smollm", smol}};
+    const std::vector<std::pair<std::string, std::string>> jobs = {{"llama3", kDir + "llama3-tokenizer.json"},
+                                                                   {"llama3", kDir + "ggml-vocab-llama-bpe.gguf"},
+                                                                   {"gpt-2", kDir + "ggml-vocab-gpt-2.gguf"},
+                                                                   {"qwen2", kDir + "ggml-vocab-qwen2.gguf"},
+                                                                   {"smollm", smol}};
     for (const auto& [family, file] : jobs) {
         if (!std::ifstream(file).good()) {
             MESSAGE("SKIPPED: " << file << " not installed (scripts/setup.sh installs it)");
@@ -274,8 +278,9 @@ TEST_CASE("model directory: tokenizer.json + tokenizer_config.json (BOS/EOS, cha
     CHECK(t->add_bos_default());
     CHECK(t->chat_template_kind() == ChatTemplateKind::kLlama3);
     const std::string prompt = t->chat_template().render({{"user", "Hi"}}, true);
-    CHECK(prompt == "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
-                    "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    CHECK(prompt ==
+          "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+          "<|start_header_id|>assistant<|end_header_id|>\n\n");
     const auto ids = t->encode(prompt, false, true);
     // The well-known Llama 3 prompt ids.
     CHECK(ids == std::vector<int32_t>{128000, 128006, 882, 128007, 271, 13347, 128009, 128006, 78191, 128007, 271});
@@ -284,7 +289,8 @@ TEST_CASE("model directory: tokenizer.json + tokenizer_config.json (BOS/EOS, cha
     // A directory with only tokenizer.model (Llama 2 layout) and a Llama 2 chat template.
     fs::create_directories(dir);
     fs::create_symlink(kDir + "llama2-tokenizer.model", dir / "tokenizer.model");
-    std::ofstream(dir / "tokenizer_config.json") << R"({"chat_template": "{{ bos_token + '[INST] ' + content + ' [/INST]' }}"})";
+    std::ofstream(dir / "tokenizer_config.json")
+        << R"({"chat_template": "{{ bos_token + '[INST] ' + content + ' [/INST]' }}"})";
     auto t2 = load_tokenizer(dir.string());
     CHECK(t2->kind() == TokenizerKind::kSentencePiece);
     CHECK(t2->chat_template_kind() == ChatTemplateKind::kLlama2);

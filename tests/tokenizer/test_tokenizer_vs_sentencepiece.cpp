@@ -2,14 +2,14 @@
 // tokenizer.model: thousands of random valid-UTF-8 texts built from the vocab test strings, ASCII
 // words, whitespace runs and random codepoints (many absent from the vocab, so byte fallback is
 // exercised). SentencePiece replaces invalid UTF-8 with U+FFFD, so only valid text is compared.
-#include "runtime/tokenizer/tokenizer.h"
-#include "runtime/tokenizer/unicode.h"
-
 #include <doctest/doctest.h>
 #include <sentencepiece_processor.h>
 
 #include <fstream>
 #include <random>
+
+#include "runtime/tokenizer/tokenizer.h"
+#include "runtime/tokenizer/unicode.h"
 
 using namespace lattice;
 
@@ -22,8 +22,8 @@ TEST_CASE("SentencePiece BPE matches libsentencepiece on random text") {
     std::ifstream f(std::string(LATTICE_SHARED_DIR) + "/tokenizers/ggml-vocab-llama-spm.gguf.inp", std::ios::binary);
     const std::string pool(std::istreambuf_iterator<char>(f), {});
     REQUIRE(pool.size() > 1000);
-    const char* words[] = {"the", " ", "  ", "\n", "\t", "Hello", "world", "tokenizer", "123", "4.5", "'s", "!!", "é",
-                           "中文", "😀", "ß", "Ω", "—", "  \n ", "don't", "x", "A"};
+    const char* words[] = {"the", " ", "  ",   "\n", "\t", "Hello", "world", "tokenizer", "123",   "4.5", "'s",
+                           "!!",  "é", "中文", "😀",  "ß",  "Ω",     "—",     "  \n ",     "don't", "x",   "A"};
     std::mt19937 rng(42);
     int compared = 0, with_fallback = 0;
     for (int iter = 0; iter < 3000; ++iter) {
@@ -31,7 +31,9 @@ TEST_CASE("SentencePiece BPE matches libsentencepiece on random text") {
         const int parts = 1 + int(rng() % 12);
         for (int p = 0; p < parts; ++p) {
             switch (rng() % 3) {
-                case 0: s += words[rng() % (sizeof(words) / sizeof(words[0]))]; break;
+                case 0:
+                    s += words[rng() % (sizeof(words) / sizeof(words[0]))];
+                    break;
                 case 1: {
                     const size_t at = rng() % pool.size();
                     s += pool.substr(at, rng() % 24);
