@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/base/error.h"
+#include "runtime/base/log.h"
 #include "runtime/tokenizer/load_util.h"
 
 namespace lattice {
@@ -156,6 +157,10 @@ TokenizerSpec parse_tokenizer_json(std::string_view text, const std::string& pat
                 }
         }
 
+        for (const char* norm : {"NFC", "NFKC", "NFD", "NFKD"})
+            if (!find_all(root, "normalizer", norm).empty())
+                LOG_WARN("tokenizer {}: {} normalizer not applied (text that is already {} encodes the same)", path,
+                         norm, norm);
         if (byte_level) {
             spec.pre = pre_tokenizer_from_json(root, path);
         } else {
