@@ -159,3 +159,31 @@ TEST_CASE("a buffered send nobody receives fails the barrier that waits for it, 
     }
     sync->barrier();
 }
+
+TEST_CASE("in a sub-communicator the silent rank is named with its world rank too") {
+    auto sync = make("sync5", 30.0);
+    auto w = make("split_parent", kTimeout);
+    // World ranks 0 and 2 form 'evens' (comm ranks 0 and 1); world rank 1 is alone in 'odds'.
+    auto sub = w->split(w->rank() % 2, w->rank(), w->rank() % 2 ? "odds" : "evens");
+    REQUIRE(sub);
+    auto* buf = new std::vector<int32_t>(33, 1);  // leaked: an abandoned MPI call may write it
+    View v = View::contiguous(buf->data(), DType::kI32, {33});
+    sync->barrier();
+    if (w->rank() == 0) {
+        std::string msg;
+        try {
+            sub->all_reduce_sum(v);
+            msg = "completed";
+        } catch (const Error& e) {
+            msg = e.what();
+        }
+        MESSAGE(msg);
+        CHECK(msg.find("all_reduce_sum on communicator 'evens' (2 ranks, this is rank 0)") != std::string::npos);
+        CHECK(msg.find("no answer from rank 1; rank 1 [world rank 2, pid") != std::string::npos);
+    } else if (w->rank() == 2) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(3800));
+        sub->all_reduce_sum(v);  // completes against rank 0's abandoned request
+        CHECK((*buf)[32] == 2);
+    }
+    sync->barrier();
+}
