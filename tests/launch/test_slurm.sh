@@ -105,13 +105,14 @@ echo "slurm up in $(( $(date +%s) - t0 )) s (ports $port1/$port2)"
 fails=0
 job_ids=""
 # run_job NAME RUN LAUNCHER [TEMPLATE [TP [MODEL [TOKENS]]]]: submits a template (default
-# lattice.sbatch) as TP CPU ranks (default 2) and waits for it (bounded). SUBMIT_ONLY=1: no wait.
+# lattice.sbatch) as TP*PPV CPU ranks (TP default 2, PPV default 1) and waits for it (bounded).
+# SUBMIT_ONLY=1: no wait.
 run_job() {
     local name=$1 run=$2 launcher=$3 template=${4:-lattice.sbatch} tp=${5:-2} m=${6:-$model} tokens=${7:-$new_tokens} id st
-    id=$(cd "$src" && MODEL="$m" TP=$tp PP=1 CPU_RANKS=1 RUN="$run" LAUNCHER="$launcher" LATTICE="$bin" \
+    id=$(cd "$src" && MODEL="$m" TP=$tp PP=${PPV:-1} CPU_RANKS=1 RUN="$run" LAUNCHER="$launcher" LATTICE="$bin" \
          PROMPT_IDS=${PROMPT:-93} MAX_NEW_TOKENS=$tokens COMM_TIMEOUT=30 \
          sbatch --parsable --job-name="lattice-$name" --output="$tmp/$name.out" --error="$tmp/$name.err" \
-                --nodes=1 --ntasks-per-node="$tp" --gpus-per-node=0 --cpus-per-task=1 --time=2 \
+                --nodes=1 --ntasks-per-node=$((tp * ${PPV:-1})) --gpus-per-node=0 --cpus-per-task=1 --time=2 \
                 "launch/slurm/$template" 2>&1)
     if ! [[ "$id" =~ ^[0-9]+$ ]]; then echo "FAIL: $name: sbatch said: $id"; fails=$((fails + 1)); return 1; fi
     job_ids="$job_ids $id"
@@ -206,11 +207,13 @@ if [ -e "$long_model" ]; then
     # A prompt unique to this run, so the process pattern matches no other test's ranks.
     PROMPT="1,2,$((RANDOM % 30000 + 100)),$$"
     pat="^$bin generate --model $long_model --prompt-ids $PROMPT "
-    SUBMIT_ONLY=1 run_job cancel generate srun lattice.sbatch "$gen_tp" "$long_model" 4000
+    # SmolLM2 has 9 heads (no TP 2): 2 ranks as 2 pipeline stages in `generate` mode.
+    cancel_ranks=$gen_tp
+    PPV=$gen_tp SUBMIT_ONLY=1 run_job cancel generate srun lattice.sbatch 1 "$long_model" 4000
     for _ in $(seq 100); do [ "$(job_state "$last_job")" = RUNNING ] && break; sleep 0.2; done
-    for _ in $(seq 100); do [ "$(pgrep -fc "$pat")" -ge "$gen_tp" ] && break; sleep 0.2; done
+    for _ in $(seq 100); do [ "$(pgrep -fc "$pat")" -ge "$cancel_ranks" ] && break; sleep 0.2; done
     sleep 3
-    if [ "$(pgrep -fc "$pat")" -lt "$gen_tp" ]; then
+    if [ "$(pgrep -fc "$pat")" -lt "$cancel_ranks" ]; then
         echo "FAIL: cancel: the generation was not running before scancel"; sed 's/^/  | /' "$tmp/cancel.out" "$tmp/cancel.err"
         fails=$((fails + 1))
     fi
