@@ -1,37 +1,60 @@
 #!/usr/bin/env bash
 # SIGTERM / SIGINT to a job started by lattice-mpirun stop every rank: the wrapper execs mpirun, so
 # the signal reaches mpirun itself, which forwards it to the ranks. Checks: the job exits non-zero
-# within 15 s and no rank process is left (pgrep on a command line unique to this test run).
-# The ranks are `sleep` here (any program); test_kill_rank.sh does the same with lattice generate.
+# within 15 s and no rank process is left (zombies awaiting init's reaping do not count).
+# Ranks: `sleep` (any program), then `lattice generate` on 2 pipeline stages of the default
+# SmolLM2 model mid-decode, when that model is present (a visible NOT CHECKED line otherwise).
 set -uo pipefail
 set -m  # background jobs get their own process group and keep SIGINT (not ignored as without job control)
 src=${LATTICE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 W="$src/launch/lattice-mpirun"
+bin=${LATTICE_BIN:-}
+model="$src/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 fails=0
-for sig in TERM INT; do
-    marker="400.$$$RANDOM"  # sleep seconds: a command line no other process has
-    "$W" --tp 2 --pp 2 --cpu --oversubscribe -- sleep "$marker" 2>/dev/null &
-    job=$!
-    for _ in $(seq 100); do [ "$(pgrep -fc "^sleep $marker\$")" -eq 4 ] && break; sleep 0.1; done
-    ranks=$(pgrep -fc "^sleep $marker\$")
-    if [ "$ranks" -ne 4 ]; then
-        echo "FAIL: SIG$sig: expected 4 ranks running, found $ranks"; fails=$((fails + 1))
+
+alive() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null); [ -n "$st" ] && [[ "$st" != Z* ]]; }
+
+# signal_job SIG RANKS SETTLE_S LABEL wrapper-args...: start, wait for RANKS children of mpirun,
+# wait SETTLE_S more, send SIG to mpirun, check that it and every rank are gone.
+signal_job() {
+    local sig=$1 nranks=$2 settle=$3 label=$4; shift 4
+    "$W" "$@" >/dev/null 2>&1 &
+    local job=$! ranks="" _ p
+    for _ in $(seq 150); do
+        ranks=$(pgrep -P "$job" | tr '\n' ' ')
+        [ "$(wc -w <<< "$ranks")" -ge "$nranks" ] && break
+        sleep 0.1
+    done
+    if [ "$(wc -w <<< "$ranks")" -lt "$nranks" ]; then
+        echo "FAIL: SIG$sig $*: expected $nranks ranks, found: $ranks"; kill -KILL "$job"; fails=$((fails + 1)); return
     fi
-    t0=$(date +%s.%N)
+    sleep "$settle"
+    alive "$job" || { echo "FAIL: SIG$sig $*: the job ended before the signal"; fails=$((fails + 1)); return; }
+    local t0; t0=$(date +%s.%N)
     kill -s "$sig" "$job"
-    for _ in $(seq 150); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
-    if kill -0 "$job" 2>/dev/null; then
+    for _ in $(seq 150); do alive "$job" || break; sleep 0.1; done
+    if alive "$job"; then
         echo "FAIL: SIG$sig: mpirun still running 15 s after the signal"; kill -KILL "$job"; fails=$((fails + 1))
     fi
-    wait "$job"; rc=$?
-    dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    wait "$job"; local rc=$?
+    local dt; dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
     sleep 0.5
-    left=$(pgrep -fc "^sleep $marker\$")
-    if [ "$left" -ne 0 ]; then
-        echo "FAIL: SIG$sig: $left rank process(es) left behind:"; pgrep -fa "^sleep $marker\$"
-        kill -KILL $(pgrep -f "^sleep $marker\$"); fails=$((fails + 1))
-    fi
+    local left=""
+    for p in $ranks; do alive "$p" && left="$left $p"; done
+    if [ -n "$left" ]; then echo "FAIL: SIG$sig: rank processes left behind:$left"; kill -KILL $left; fails=$((fails + 1)); fi
     [ "$rc" -ne 0 ] || { echo "FAIL: SIG$sig: job exited 0"; fails=$((fails + 1)); }
-    echo "SIG$sig: job exited $rc after ${dt}s, $left rank(s) left"
+    echo "SIG$sig to $nranks ranks of $label: job exited $rc after ${dt} s, left:${left:- none}"
+}
+
+for sig in TERM INT; do
+    signal_job "$sig" 4 0 sleep --tp 2 --pp 2 --cpu --oversubscribe -- sleep "400.$$$RANDOM"
 done
+if [ -n "$bin" ] && [ -x "$bin" ] && [ -e "$model" ]; then
+    for sig in TERM INT; do
+        signal_job "$sig" 2 4 "lattice generate" --tp 1 --pp 2 --cpu --oversubscribe -- "$bin" generate --model "$model" \
+            --prompt-ids 1,2,3 --max-new-tokens 4000 --temperature 0 --ignore-eos --comm-timeout 10
+    done
+else
+    echo "NOT CHECKED: signals to lattice generate (needs LATTICE_BIN and $model)"
+fi
 [ $fails -eq 0 ]
