@@ -16,5 +16,6 @@ void add_score_command(CLI::App& app, CommandRun& run);
 void add_info_command(CLI::App& app, CommandRun& run);
 void add_tokenize_command(CLI::App& app, CommandRun& run);
 void add_doctor_command(CLI::App& app, CommandRun& run);
+void add_calibrate_command(CLI::App& app, CommandRun& run);
 
 }  // namespace lattice

@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
     lattice::add_info_command(app, run);
     lattice::add_tokenize_command(app, run);
     lattice::add_doctor_command(app, run);
+    lattice::add_calibrate_command(app, run);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

@@ -1,0 +1,110 @@
+// `lattice calibrate --model M --text FILE --out smooth.safetensors [--alpha 0.5] [--max-tokens N]`:
+// SmoothQuant factors (runtime/smoothquant.h) from the activation maxima of a float forward over a
+// text. The text is tokenized with the model's tokenizer and run in independent windows of
+// --window tokens (each from position 0, no LM head); the weight column maxima are read from the
+// checkpoint itself, so the factors belong to the original (unsmoothed) weights.
+// Single rank, CPU, fp32: calibration is an offline step; the resulting file is then loaded by
+// every rank of any TP x PP layout (each applies the factors of its own layers).
+#include "launch/cli.h"
+#include "launch/cli_common.h"
+
+#include "runtime/base/log.h"
+#include "runtime/cpu_backend.h"
+#include "runtime/model.h"
+#include "runtime/smoothquant.h"
+#include "runtime/tokenizer/tokenizer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iterator>
+#include <memory>
+
+namespace lattice {
+
+namespace {
+
+constexpr int64_t kMaxTextBytes = 256ll << 20;
+
+std::string read_text(const std::string& path) {
+    std::ifstream f(path, std::ios::binary | std::ios::ate);
+    LATTICE_CHECK(f.good(), "calibrate: cannot open text file {}", path);
+    const std::streamoff size = f.tellg();
+    LATTICE_CHECK(size > 0, "calibrate: text file {} is empty", path);
+    LATTICE_CHECK(size <= kMaxTextBytes, "calibrate: text file {} has {} bytes, more than the {} MiB limit (cut it, "
+                  "or use --max-tokens on a shorter file)", path, int64_t(size), kMaxTextBytes >> 20);
+    std::string s(size_t(size), '\0');
+    f.seekg(0);
+    f.read(s.data(), size);
+    LATTICE_CHECK(f.good(), "calibrate: reading {} failed", path);
+    return s;
+}
+
+struct CalibrateArgs {
+    std::string model, text, out;
+    double alpha = 0.5;
+    int64_t max_tokens = 8192;
+    int64_t window = 512;
+    int64_t max_batch_tokens = 256;
+    int threads = 0;
+};
+
+int run_calibrate(const CalibrateArgs& a) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string model_path = a.model.empty() ? default_model_path() : a.model;
+    LATTICE_CHECK(a.alpha >= 0.0 && a.alpha <= 1.0, "calibrate: --alpha {} outside [0, 1]", a.alpha);
+    LATTICE_CHECK(a.max_tokens >= 1 && a.window >= 1, "calibrate: --max-tokens and --window must be >= 1");
+    auto src = open_model(model_path);
+    auto tok = load_tokenizer(model_path);
+    std::vector<int32_t> ids = tok->encode(read_text(a.text), tok->add_bos_default());
+    LATTICE_CHECK(!ids.empty(), "calibrate: {} encodes to no tokens", a.text);
+    if (int64_t(ids.size()) > a.max_tokens) ids.resize(size_t(a.max_tokens));
+    for (int32_t id : ids)
+        LATTICE_CHECK(id >= 0 && id < src->config().vocab, "calibrate: tokenizer of {} produced id {} outside the "
+                      "model's vocab {}", model_path, id, src->config().vocab);
+
+    CpuBackendOptions bo;
+    bo.threads = a.threads;
+    CpuBackend be(bo);
+    ModelOptions mo;
+    mo.max_seq = std::min<int64_t>(a.window, src->config().max_position);
+    mo.max_batch_tokens = a.max_batch_tokens;
+    Model model(*src, be, mo, nullptr);
+    const auto t1 = std::chrono::steady_clock::now();
+    ActivationStats stats = collect_activation_stats(model, ids, mo.max_seq);
+    const auto t2 = std::chrono::steady_clock::now();
+    SmoothFactors f = compute_smooth_factors(*src, stats, a.alpha);
+    write_smooth_factors(a.out, f);
+    const auto t3 = std::chrono::steady_clock::now();
+
+    float lo = kMaxSmooth, hi = kMinSmooth;
+    for (const auto* v : {&f.attn, &f.mlp})
+        for (const auto& layer : *v)
+            for (float s : layer) lo = std::min(lo, s), hi = std::max(hi, s);
+    auto secs = [](auto d) { return std::chrono::duration<double>(d).count(); };
+    LOG_INFO("calibrate: {} tokens of {} in windows of {} through {} ({} layers); alpha {}; factors in [{:.4g}, "
+             "{:.4g}]; wrote {}; load {:.2f} s, forward {:.2f} s ({:.0f} tokens/s), factors {:.2f} s",
+             ids.size(), a.text, mo.max_seq, model_path, f.attn.size(), a.alpha, lo, hi, a.out, secs(t1 - t0),
+             secs(t2 - t1), double(ids.size()) / std::max(1e-9, secs(t2 - t1)), secs(t3 - t2));
+    return 0;
+}
+
+}  // namespace
+
+void add_calibrate_command(CLI::App& app, CommandRun& run) {
+    auto a = std::make_shared<CalibrateArgs>();
+    auto* cmd = app.add_subcommand("calibrate", "Compute SmoothQuant smoothing factors from a calibration text");
+    cmd->add_option("--model", a->model, "HF model directory or .gguf file (default: the built-in SmolLM2)");
+    cmd->add_option("--text", a->text, "Calibration text file (UTF-8)")->required();
+    cmd->add_option("--out", a->out, "Output .safetensors (model.layers.N.{attn,mlp}_smooth, f32 [hidden])")
+        ->required();
+    cmd->add_option("--alpha", a->alpha, "Migration strength: s = max|X|^alpha / max|W|^(1-alpha)")
+        ->check(CLI::Range(0.0, 1.0));
+    cmd->add_option("--max-tokens", a->max_tokens, "Use at most this many tokens of the text");
+    cmd->add_option("--window", a->window, "Tokens per independent forward window (context length)");
+    cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Tokens per forward pass within a window");
+    cmd->add_option("--threads", a->threads, "CPU threads (0: one per available core)");
+    cmd->callback([&run, a] { run = [a] { return run_calibrate(*a); }; });
+}
+
+}  // namespace lattice
