@@ -111,6 +111,7 @@ LoadedModel load_model(const ModelArgs& a) {
     mo.quant_head = a.quant_head;
     mo.max_seq = a.max_seq;
     mo.max_batch_tokens = a.max_batch_tokens;
+    mo.slots = a.slots;
     mo = rank_model_options(mo, ctx, src->config().n_layers,
                             a.pp_layers.empty() ? std::vector<int64_t>{} : parse_counts(a.pp_layers));
     lm.model = std::make_unique<Model>(*src, *lm.backend, mo, ctx.tp.get());

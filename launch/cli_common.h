@@ -31,6 +31,7 @@ struct ModelArgs {
     std::string pp_layers;  // "20,20,21,19"
     int64_t micro_batch = 0;
     double comm_timeout = 60.0;
+    int64_t slots = 1;  // sequences in flight (set by generate --batch)
 
     void add_to(CLI::App* cmd);
 };

@@ -31,7 +31,23 @@ struct GenerateArgs {
     bool ignore_eos = false;
     bool print_ids = false;
     std::string stats_json;
+    int64_t batch = 1;
 };
+
+// Decode rate counts the tokens produced by decode steps (the first token of each sequence comes
+// from its prefill).
+double decode_rate(const GenerateStats& s) {
+    const int64_t steps = s.generated_tokens - s.sequences;
+    return steps > 0 && s.decode_seconds > 0 ? double(steps) / s.decode_seconds : 0.0;
+}
+
+void print_stats(const GenerateStats& s) {
+    fmt::print(stderr, "prefill: {} tokens in {:.3f} s ({:.1f} tok/s); decode: {} tokens in {:.3f} s ({:.2f} tok/s)",
+               s.prompt_tokens, s.prefill_seconds, s.prefill_seconds > 0 ? double(s.prompt_tokens) / s.prefill_seconds : 0.0,
+               s.generated_tokens, s.decode_seconds, decode_rate(s));
+    if (s.sequences > 1) fmt::print(stderr, " over {} sequences", s.sequences);
+    fmt::print(stderr, "\n");
+}
 
 void write_stats(const std::string& path, const GenerateStats& s, const LoadedModel& lm, const ModelArgs& a) {
     nlohmann::json j = {{"prompt_tokens", s.prompt_tokens},
@@ -39,9 +55,12 @@ void write_stats(const std::string& path, const GenerateStats& s, const LoadedMo
                         {"generated_tokens", s.generated_tokens},
                         {"decode_seconds", s.decode_seconds},
                         {"prefill_tokens_per_s", s.prefill_seconds > 0 ? double(s.prompt_tokens) / s.prefill_seconds : 0.0},
-                        {"decode_tokens_per_s", s.generated_tokens > 1 && s.decode_seconds > 0
-                                                    ? double(s.generated_tokens - 1) / s.decode_seconds
-                                                    : 0.0},
+                        {"decode_tokens_per_s", decode_rate(s)},
+                        {"sequences", s.sequences},
+                        {"idle_seconds_rank0", s.idle_seconds},
+                        {"bubble_rank0", s.prefill_seconds + s.decode_seconds > 0
+                                             ? s.idle_seconds / (s.prefill_seconds + s.decode_seconds)
+                                             : 0.0},
                         {"threads", lm.threads},
                         {"ranks", lm.world_size},
                         {"tp", a.tp},
@@ -85,6 +104,8 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
     cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the end-of-sequence token");
     cmd->add_flag("--print-ids", args->print_ids, "Print generated ids, space-separated, on one line");
     cmd->add_option("--stats-json", args->stats_json, "Write timings as JSON to this file");
+    cmd->add_option("--batch", args->batch, "Generate this many sequences of the prompt at once (pipelined decode)")
+        ->check(CLI::Range(1, 1024));
     cmd->callback([&run, args] {
         run = [args] {
             GenerateArgs& a = *args;
@@ -106,7 +127,23 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
             req.sampling = SamplingParams{a.temperature, a.top_k, a.top_p, a.seed};
             req.sampling.validate();
             req.ignore_eos = a.ignore_eos;
+            a.model.slots = a.batch;
             LoadedModel lm = load_model(a.model);
+            if (a.batch > 1) {
+                std::vector<GenerateRequest> reqs(static_cast<size_t>(a.batch), req);
+                GenerateStats total;
+                std::vector<GenerateResult> rs = lm.generator->generate_batch(reqs, {}, &total);
+                if (lm.world_rank == 0) {
+                    for (const auto& r : rs) {
+                        if (tok && !a.print_ids) fmt::print("{}\n", tok->decode(r.tokens));
+                        else fmt::print("{}\n", fmt::join(r.tokens, " "));
+                    }
+                    std::fflush(stdout);
+                    print_stats(total);
+                    if (!a.stats_json.empty()) write_stats(a.stats_json, total, lm, a.model);
+                }
+                return 0;
+            }
             const bool stream_text = tok && !a.print_ids && lm.world_rank == 0;
             std::unique_ptr<StreamDecoder> stream;
             if (stream_text) stream = std::make_unique<StreamDecoder>(*tok);
@@ -121,14 +158,8 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
                 else
                     fmt::print("{}\n", fmt::join(res.tokens, " "));
                 std::fflush(stdout);
-                const GenerateStats& s = res.stats;
-                fmt::print(stderr, "prefill: {} tokens in {:.3f} s ({:.1f} tok/s); decode: {} tokens in {:.3f} s ({:.2f} tok/s)\n",
-                           s.prompt_tokens, s.prefill_seconds,
-                           s.prefill_seconds > 0 ? double(s.prompt_tokens) / s.prefill_seconds : 0.0, s.generated_tokens,
-                           s.decode_seconds,
-                           s.generated_tokens > 1 && s.decode_seconds > 0 ? double(s.generated_tokens - 1) / s.decode_seconds
-                                                                           : 0.0);
-                if (!a.stats_json.empty()) write_stats(a.stats_json, s, lm, a.model);
+                print_stats(res.stats);
+                if (!a.stats_json.empty()) write_stats(a.stats_json, res.stats, lm, a.model);
             }
             return 0;
         };

@@ -146,3 +146,42 @@ TEST_CASE("layout errors are reported by every rank, with the same message, with
     }
     MPI_Barrier(MPI_COMM_WORLD);  // everyone got here: nobody hung
 }
+
+TEST_CASE("several sequences in flight (pipelined decode) equal their single-sequence runs") {
+    const int world = mpi_session().size();
+    auto src = open_model(golden_dir("tiny-gqa-llama3"));
+    auto cases = load_golden("tiny-gqa-llama3");
+    REQUIRE(cases.size() >= 2);
+    // Three sequences of different prompt lengths; the second stops early on a stop id, the third
+    // generates fewer tokens.
+    std::vector<GenerateRequest> reqs = {{cases[0].prompt, 24, {}, true, {}},
+                                         {cases[1].prompt, 24, {}, false, {cases[1].greedy[5]}},
+                                         {std::vector<int32_t>{7, 8, 9, 10, 11}, 9, {}, true, {}}};
+    std::vector<std::vector<int32_t>> want;
+    {
+        CpuBackend be(CpuBackendOptions{1, false, false});
+        Model m(*src, be, ModelOptions{}, nullptr);
+        Generator g(m);
+        for (const auto& r : reqs) want.push_back(g.generate(r).tokens);
+    }
+    CHECK(want[0] == cases[0].greedy);
+    CHECK(want[1].size() <= 6);  // stopped at the stop id
+    CHECK(want[1].back() == cases[1].greedy[5]);
+    CHECK(want[2].size() == 9);
+    for (auto [tp, pp] : layouts_for(world)) {
+        if (!heads_allow(src->config(), tp)) continue;
+        CAPTURE(tp);
+        CAPTURE(pp);
+        ParallelContext ctx = make_parallel_context(tp, pp, 30.0);
+        CpuBackend be(CpuBackendOptions{1, false, false});
+        ModelOptions mo = rank_model_options(ModelOptions{}, ctx, src->config().n_layers);
+        mo.slots = 3;
+        Model m(*src, be, mo, ctx.tp.get());
+        Generator g(m, rank_pipeline_links(ctx), 2);
+        GenerateStats st;
+        std::vector<GenerateResult> got = g.generate_batch(reqs, {}, &st);
+        for (size_t i = 0; i < reqs.size(); ++i) CHECK(got[i].tokens == want[i]);
+        CHECK(st.generated_tokens == int64_t(want[0].size() + want[1].size() + want[2].size()));
+        CHECK(st.sequences == 3);
+    }
+}
