@@ -5,20 +5,19 @@
 // checkpoint itself, so the factors belong to the original (unsmoothed) weights.
 // Single rank, CPU, fp32: calibration is an offline step; the resulting file is then loaded by
 // every rank of any TP x PP layout (each applies the factors of its own layers).
-#include "launch/cli.h"
-#include "launch/cli_common.h"
-
-#include "runtime/base/log.h"
-#include "runtime/cpu_backend.h"
-#include "runtime/model.h"
-#include "runtime/smoothquant.h"
-#include "runtime/tokenizer/tokenizer.h"
-
 #include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iterator>
 #include <memory>
+
+#include "launch/cli.h"
+#include "launch/cli_common.h"
+#include "runtime/base/log.h"
+#include "runtime/cpu_backend.h"
+#include "runtime/model.h"
+#include "runtime/smoothquant.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace lattice {
 
@@ -31,8 +30,10 @@ std::string read_text(const std::string& path) {
     LATTICE_CHECK(f.good(), "calibrate: cannot open text file {}", path);
     const std::streamoff size = f.tellg();
     LATTICE_CHECK(size > 0, "calibrate: text file {} is empty", path);
-    LATTICE_CHECK(size <= kMaxTextBytes, "calibrate: text file {} has {} bytes, more than the {} MiB limit (cut it, "
-                  "or use --max-tokens on a shorter file)", path, int64_t(size), kMaxTextBytes >> 20);
+    LATTICE_CHECK(size <= kMaxTextBytes,
+                  "calibrate: text file {} has {} bytes, more than the {} MiB limit (cut it, "
+                  "or use --max-tokens on a shorter file)",
+                  path, int64_t(size), kMaxTextBytes >> 20);
     std::string s(size_t(size), '\0');
     f.seekg(0);
     f.read(s.data(), size);
@@ -60,8 +61,10 @@ int run_calibrate(const CalibrateArgs& a) {
     LATTICE_CHECK(!ids.empty(), "calibrate: {} encodes to no tokens", a.text);
     if (int64_t(ids.size()) > a.max_tokens) ids.resize(size_t(a.max_tokens));
     for (int32_t id : ids)
-        LATTICE_CHECK(id >= 0 && id < src->config().vocab, "calibrate: tokenizer of {} produced id {} outside the "
-                      "model's vocab {}", model_path, id, src->config().vocab);
+        LATTICE_CHECK(id >= 0 && id < src->config().vocab,
+                      "calibrate: tokenizer of {} produced id {} outside the "
+                      "model's vocab {}",
+                      model_path, id, src->config().vocab);
 
     CpuBackendOptions bo;
     bo.threads = a.threads;
@@ -82,10 +85,11 @@ int run_calibrate(const CalibrateArgs& a) {
         for (const auto& layer : *v)
             for (float s : layer) lo = std::min(lo, s), hi = std::max(hi, s);
     auto secs = [](auto d) { return std::chrono::duration<double>(d).count(); };
-    LOG_INFO("calibrate: {} tokens of {} in windows of {} through {} ({} layers); alpha {}; factors in [{:.4g}, "
-             "{:.4g}]; wrote {}; load {:.2f} s, forward {:.2f} s ({:.0f} tokens/s), factors {:.2f} s",
-             ids.size(), a.text, mo.max_seq, model_path, f.attn.size(), a.alpha, lo, hi, a.out, secs(t1 - t0),
-             secs(t2 - t1), double(ids.size()) / std::max(1e-9, secs(t2 - t1)), secs(t3 - t2));
+    LOG_INFO(
+        "calibrate: {} tokens of {} in windows of {} through {} ({} layers); alpha {}; factors in [{:.4g}, "
+        "{:.4g}]; wrote {}; load {:.2f} s, forward {:.2f} s ({:.0f} tokens/s), factors {:.2f} s",
+        ids.size(), a.text, mo.max_seq, model_path, f.attn.size(), a.alpha, lo, hi, a.out, secs(t1 - t0), secs(t2 - t1),
+        double(ids.size()) / std::max(1e-9, secs(t2 - t1)), secs(t3 - t2));
     return 0;
 }
 

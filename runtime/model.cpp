@@ -252,8 +252,8 @@ void Model::load(const TensorSource& src) {
             gu.push_back(rd(g, s.ffn0, s.ffn));
             gu.push_back(rd(u, s.ffn0, s.ffn));
             HostSlice gate_up = concat_rows(gu);
-            if (auto* f = smooth_of(l, kSmoothMlp)) fold_smooth_columns(gate_up.bytes, gate_up.dtype, gate_up.rows,
-                                                                        gate_up.cols, *f);
+            if (auto* f = smooth_of(l, kSmoothMlp))
+                fold_smooth_columns(gate_up.bytes, gate_up.dtype, gate_up.rows, gate_up.cols, *f);
             L.w_gate_up = be_.make_linear(gate_up.view(), opt_.quant);
         }
         L.wo = load_linear(src, o, 0, H, s.head0 * hd, s.n_heads * hd, opt_.quant, false, 0);

@@ -2,14 +2,14 @@
 // (see smoothquant.h for the math and the file format).
 #include "runtime/smoothquant.h"
 
-#include "runtime/base/error.h"
-#include "runtime/model.h"
-#include "runtime/safetensors.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
+
+#include "runtime/base/error.h"
+#include "runtime/model.h"
+#include "runtime/safetensors.h"
 
 namespace lattice {
 
@@ -18,7 +18,9 @@ std::string smooth_tensor_name(int64_t layer, int which) {
 }
 
 ActivationStats::ActivationStats(int64_t n_layers, int64_t hidden)
-    : n_layers_(n_layers), hidden_(hidden), max_(size_t(n_layers * 2), std::vector<float>(size_t(hidden), 0.0f)),
+    : n_layers_(n_layers),
+      hidden_(hidden),
+      max_(size_t(n_layers * 2), std::vector<float>(size_t(hidden), 0.0f)),
       tokens_(size_t(n_layers * 2), 0) {
     LATTICE_CHECK(n_layers >= 1 && hidden >= 1, "ActivationStats: {} layers of {} channels", n_layers, hidden);
 }
@@ -37,8 +39,10 @@ void ActivationStats::observe(int64_t layer, int which, const View& x) {
         const float* row = p + r * hidden_;
         for (int64_t j = 0; j < hidden_; ++j) {
             const float a = std::fabs(row[j]);
-            LATTICE_CHECK(std::isfinite(a), "calibration: non-finite activation {} at layer {} {} input, token {}, "
-                          "channel {}", row[j], layer, which == kSmoothAttn ? "attention" : "MLP", r, j);
+            LATTICE_CHECK(std::isfinite(a),
+                          "calibration: non-finite activation {} at layer {} {} input, token {}, "
+                          "channel {}",
+                          row[j], layer, which == kSmoothAttn ? "attention" : "MLP", r, j);
             m[size_t(j)] = std::max(m[size_t(j)], a);
         }
     }
@@ -56,8 +60,7 @@ int64_t ActivationStats::tokens_seen(int64_t layer, int which) const {
     return tokens_[size_t(layer * 2 + which)];
 }
 
-std::vector<float> smoothing_factors(const std::vector<float>& act_max, const std::vector<float>& w_max,
-                                     double alpha) {
+std::vector<float> smoothing_factors(const std::vector<float>& act_max, const std::vector<float>& w_max, double alpha) {
     LATTICE_CHECK(act_max.size() == w_max.size(), "smoothing_factors: {} activation vs {} weight channels",
                   act_max.size(), w_max.size());
     LATTICE_CHECK(alpha >= 0.0 && alpha <= 1.0, "SmoothQuant alpha {} outside [0, 1]", alpha);
@@ -77,8 +80,10 @@ std::vector<float> weight_column_max(const TensorSource& src, const std::vector<
     std::vector<float> buf;
     for (const std::string& name : names) {
         const TensorInfo& ti = src.info(name);
-        LATTICE_CHECK(ti.shape.size() == 2 && ti.cols() == cols, "{}: tensor \"{}\" has {} dims / {} columns, "
-                      "expected [rows, {}]", ti.file, name, ti.shape.size(), ti.cols(), cols);
+        LATTICE_CHECK(ti.shape.size() == 2 && ti.cols() == cols,
+                      "{}: tensor \"{}\" has {} dims / {} columns, "
+                      "expected [rows, {}]",
+                      ti.file, name, ti.shape.size(), ti.cols(), cols);
         const int64_t rows = ti.rows();
         const int64_t chunk = std::max<int64_t>(1, kChunkElems / cols);
         for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
@@ -109,9 +114,11 @@ SmoothFactors compute_smooth_factors(const TensorSource& src, const ActivationSt
     for (int64_t l = 0; l < c.n_layers; ++l) {
         LATTICE_CHECK(stats.tokens_seen(l, kSmoothAttn) > 0 && stats.tokens_seen(l, kSmoothMlp) > 0,
                       "compute_smooth_factors: layer {} saw no calibration tokens", l);
-        std::vector<float> wa = weight_column_max(
-            src, {name(l, "self_attn.q_proj.weight"), name(l, "self_attn.k_proj.weight"), name(l, "self_attn.v_proj.weight")},
-            c.hidden);
+        std::vector<float> wa =
+            weight_column_max(src,
+                              {name(l, "self_attn.q_proj.weight"), name(l, "self_attn.k_proj.weight"),
+                               name(l, "self_attn.v_proj.weight")},
+                              c.hidden);
         std::vector<float> wm =
             weight_column_max(src, {name(l, "mlp.gate_proj.weight"), name(l, "mlp.up_proj.weight")}, c.hidden);
         f.attn.push_back(smoothing_factors(stats.max_abs(l, kSmoothAttn), wa, alpha));
@@ -163,8 +170,8 @@ SmoothFactors read_smooth_factors(const std::string& path, int64_t hidden, int64
 void fold_smooth_columns(std::vector<uint8_t>& bytes, DType& dtype, int64_t rows, int64_t cols,
                          const std::vector<float>& s) {
     LATTICE_CHECK(int64_t(s.size()) == cols, "fold_smooth_columns: {} factors for {} columns", s.size(), cols);
-    LATTICE_CHECK(int64_t(bytes.size()) == dtype_bytes(dtype, rows * cols), "fold_smooth_columns: {} bytes for {} x {} {}",
-                  bytes.size(), rows, cols, dtype_name(dtype));
+    LATTICE_CHECK(int64_t(bytes.size()) == dtype_bytes(dtype, rows * cols),
+                  "fold_smooth_columns: {} bytes for {} x {} {}", bytes.size(), rows, cols, dtype_name(dtype));
     std::vector<uint8_t> out(size_t(rows * cols) * sizeof(float));
     convert_elements(bytes.data(), dtype, out.data(), DType::kF32, rows * cols);
     float* w = reinterpret_cast<float*>(out.data());

@@ -18,14 +18,14 @@
 // parallelism never shards for these two GEMMs, so every TP rank applies the whole vector.
 #pragma once
 
-#include "runtime/base/dtype.h"
-#include "runtime/base/view.h"
-#include "runtime/tensor_source.h"
-
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "runtime/base/dtype.h"
+#include "runtime/base/view.h"
+#include "runtime/tensor_source.h"
 
 namespace lattice {
 

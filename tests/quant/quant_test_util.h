@@ -3,17 +3,17 @@
 // and a one-call "load this source with these options and score these prompts".
 #pragma once
 
-#include "kernels/cpu/quantize.h"
-#include "runtime/cpu_backend.h"
-#include "runtime/generator.h"
-#include "runtime/model.h"
-#include "runtime/tensor_source.h"
-
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
+
+#include "kernels/cpu/quantize.h"
+#include "runtime/cpu_backend.h"
+#include "runtime/generator.h"
+#include "runtime/model.h"
+#include "runtime/tensor_source.h"
 
 namespace lattice::testing {
 
@@ -30,7 +30,8 @@ public:
     void read(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType out,
               void* dst) const override {
         inner_->read(name, row0, rows, col0, cols, out, dst);
-        const bool norm = name.ends_with(".input_layernorm.weight") || name.ends_with(".post_attention_layernorm.weight");
+        const bool norm =
+            name.ends_with(".input_layernorm.weight") || name.ends_with(".post_attention_layernorm.weight");
         if (!norm || channel_ < col0 || channel_ >= col0 + cols) return;
         LATTICE_CHECK(out == DType::kF32, "OutlierSource: norm read as {}", dtype_name(out));
         static_cast<float*>(dst)[channel_ - col0] *= factor_;

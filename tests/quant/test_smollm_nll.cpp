@@ -3,6 +3,12 @@
 // W8A8 + SmoothQuant (calibrated on a different text). W8A16 must stay within 2% of fp32 and W8A8
 // within 5% (the bounds); W8A8 + SmoothQuant must not be worse than plain W8A8 by more than
 // noise. A missing model file is a failure, not a skip: CI installs it.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+
 #include "runtime/cpu_backend.h"
 #include "runtime/generator.h"
 #include "runtime/model.h"
@@ -10,13 +16,6 @@
 #include "runtime/tokenizer/tokenizer.h"
 #include "tests/quant/quant_test_util.h"
 #include "tests/runtime/nll.h"
-
-#include <doctest/doctest.h>
-
-#include <unistd.h>
-
-#include <chrono>
-#include <filesystem>
 
 using namespace lattice;
 using namespace lattice::testing;
@@ -52,7 +51,9 @@ const char* kCalibText =
     "astronauts landed on the Moon for the first time, and millions of people watched the pictures on television. "
     "Mountains form when the plates of the Earth's crust push against each other over millions of years.";
 
-std::string model_path() { return std::string(LATTICE_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf"; }
+std::string model_path() {
+    return std::string(LATTICE_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
 
 double nll_of(const TensorSource& src, const ModelOptions& mo, const std::vector<int32_t>& ids) {
     CpuBackend be(CpuBackendOptions{2, false, false});
@@ -97,10 +98,10 @@ TEST_CASE("SmolLM2-135M: NLL per token of fp32, W8A16, W8A8, W8A8 + SmoothQuant"
     const double w8 = nll_of(*src, quant_options(QuantMode::kW8A8, {}, 512), ids);
     const double w8s = nll_of(*src, quant_options(QuantMode::kW8A8, smooth, 512), ids);
     MESSAGE("SmolLM2-135M NLL/token over " << ids.size() - 1 << " tokens: fp32 " << f32 << ", W8A16 " << w16 << " ("
-                                           << 100 * (w16 / f32 - 1) << "%), W8A8 " << w8 << " ("
-                                           << 100 * (w8 / f32 - 1) << "%), W8A8+SmoothQuant " << w8s << " ("
-                                           << 100 * (w8s / f32 - 1) << "%); calibration on " << calib.size()
-                                           << " tokens took " << calib_s << " s (load included)");
+                                           << 100 * (w16 / f32 - 1) << "%), W8A8 " << w8 << " (" << 100 * (w8 / f32 - 1)
+                                           << "%), W8A8+SmoothQuant " << w8s << " (" << 100 * (w8s / f32 - 1)
+                                           << "%); calibration on " << calib.size() << " tokens took " << calib_s
+                                           << " s (load included)");
     CHECK(f32 > 0.5);
     CHECK(f32 < 4.5);
     CHECK(std::fabs(w16 / f32 - 1) < 0.02);

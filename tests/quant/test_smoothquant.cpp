@@ -3,20 +3,19 @@
 // (sees exactly rmsnorm(embedding) * g at layer 0 and every token of every layer), folding is the
 // identity under --quant none on every golden model, and on a golden model with a planted outlier
 // channel smoothing reduces the W8A8 logits error.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+
 #include "runtime/cpu_backend.h"
 #include "runtime/model.h"
 #include "runtime/safetensors.h"
 #include "runtime/smoothquant.h"
 #include "tests/quant/quant_test_util.h"
 #include "tests/runtime/golden.h"
-
-#include <doctest/doctest.h>
-
-#include <unistd.h>
-
-#include <cmath>
-#include <filesystem>
-#include <string>
 
 using namespace lattice;
 using namespace lattice::testing;
@@ -61,16 +60,16 @@ TEST_CASE("smoothing_factors: formula, alpha limits, dead channels, clamp") {
     const std::vector<float> act = {4.0f, 0.0f, 2.0f, 1e12f, 1e-12f, 9.0f};
     const std::vector<float> w = {1.0f, 3.0f, 0.0f, 1e-3f, 1.0f, 0.25f};
     std::vector<float> s = smoothing_factors(act, w, 0.5);
-    CHECK(s[0] == doctest::Approx(2.0));             // sqrt(4) / sqrt(1)
-    CHECK(s[1] == 1.0f);                              // activation never seen
-    CHECK(s[2] == 1.0f);                              // weight column all zero
-    CHECK(s[3] == kMaxSmooth);                        // 1e6 / 0.0316 clamped
-    CHECK(s[4] == kMinSmooth);                        // 1e-6 / 1 is below the clamp
-    CHECK(s[5] == doctest::Approx(6.0));             // 3 / 0.5
+    CHECK(s[0] == doctest::Approx(2.0));  // sqrt(4) / sqrt(1)
+    CHECK(s[1] == 1.0f);                  // activation never seen
+    CHECK(s[2] == 1.0f);                  // weight column all zero
+    CHECK(s[3] == kMaxSmooth);            // 1e6 / 0.0316 clamped
+    CHECK(s[4] == kMinSmooth);            // 1e-6 / 1 is below the clamp
+    CHECK(s[5] == doctest::Approx(6.0));  // 3 / 0.5
     std::vector<float> s1 = smoothing_factors(act, w, 1.0);
-    CHECK(s1[0] == doctest::Approx(4.0));            // all difficulty to the weights: s = max|X|
+    CHECK(s1[0] == doctest::Approx(4.0));  // all difficulty to the weights: s = max|X|
     std::vector<float> s0 = smoothing_factors(act, w, 0.0);
-    CHECK(s0[5] == doctest::Approx(4.0));            // none: s = 1 / max|W|
+    CHECK(s0[5] == doctest::Approx(4.0));  // none: s = 1 / max|W|
     CHECK_THROWS_AS(smoothing_factors(act, w, 1.5), Error);
     CHECK_THROWS_AS(smoothing_factors(act, {1.0f}, 0.5), Error);
 }

@@ -2,18 +2,17 @@
 // tp 2 or pp 2 gives the single-rank smoothed logits (1e-5 relative; --quant none). Each TP rank
 // scales the columns (= hidden, never sharded for wqkv / w_gate_up) of its own row slice by the
 // whole factor vector and divides its replicated norm weights; each stage reads only its layers.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
 #include "parallel/mpi_session.h"
 #include "parallel/parallel_context.h"
 #include "runtime/engine.h"
 #include "runtime/smoothquant.h"
 #include "tests/quant/quant_test_util.h"
 #include "tests/runtime/golden.h"
-
-#include <doctest/doctest.h>
-
-#include <unistd.h>
-
-#include <filesystem>
 
 using namespace lattice;
 using namespace lattice::testing;
@@ -31,9 +30,9 @@ TEST_CASE("smoothed model: tp 2 and pp 2 equal the single-rank smoothed run") {
         {
             CpuBackend be(CpuBackendOptions{1, false, false});
             Model m(src, be, ModelOptions{}, nullptr);
-            write_smooth_factors(path, compute_smooth_factors(src, collect_activation_stats(
-                                                                       m, random_ids(100, src.config().vocab, 5), 50),
-                                                              0.5));
+            write_smooth_factors(
+                path, compute_smooth_factors(
+                          src, collect_activation_stats(m, random_ids(100, src.config().vocab, 5), 50), 0.5));
         }
         const std::vector<int32_t> prompt = load_golden(name).back().prompt;
         const std::vector<float> want = score_all(src, quant_options(QuantMode::kNone, path), {prompt}, 1)[0];
