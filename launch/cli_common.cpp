@@ -5,7 +5,14 @@
 #include "runtime/base/log.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/engine.h"
+#include "runtime/cuda_backend_factory.h"
 #include "runtime/random_source.h"
+
+#if defined(LATTICE_HAVE_CUDA) && defined(LATTICE_HAVE_NCCL)
+#include "parallel/cuda/nccl_comm.h"
+#include "parallel/mpi_comm.h"
+#include "runtime/cuda/cuda_backend.h"
+#endif
 
 #include <chrono>
 #include <cstdlib>
@@ -31,6 +38,10 @@ void ModelArgs::add_to(CLI::App* cmd) {
     cmd->add_option("--pp-layers", pp_layers, "Layers per pipeline stage, e.g. 20,20,21,19");
     cmd->add_option("--micro-batch", micro_batch, "Prompt tokens per pipeline micro-batch (0: --max-batch-tokens)");
     cmd->add_option("--comm-timeout", comm_timeout, "Seconds before a silent peer is declared dead");
+    cmd->add_option("--device", device, "auto (CUDA when built with it and a GPU exists) | cpu | cuda")
+        ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+    cmd->add_option("--dtype", dtype, "CUDA activation type: f16 | bf16")->check(CLI::IsMember({"f16", "bf16"}));
+    cmd->add_option("--devices", devices, "CUDA device of each local rank, e.g. 0,1,2,3 (default: local rank)");
 }
 
 std::vector<int32_t> parse_id_list(const std::string& s, const char* what) {
@@ -71,6 +82,47 @@ std::string default_model_path() {
 }
 
 namespace {
+
+// On GPUs the tensor-parallel and pipeline groups move device memory: NCCL over the same ranks as
+// the MPI group (which stays alive underneath, in `keep`). Groups of one rank stay LocalComm.
+std::unique_ptr<Communicator> device_group(std::unique_ptr<Communicator> host, Backend& be, int device,
+                                           const char* name, double timeout,
+                                           std::vector<std::unique_ptr<Communicator>>& keep) {
+#if defined(LATTICE_HAVE_CUDA) && defined(LATTICE_HAVE_NCCL)
+    auto* mpi = dynamic_cast<MpiComm*>(host.get());
+    if (be.device() != Device::kCuda || mpi == nullptr) return host;
+    auto nccl = std::make_unique<NcclComm>(mpi->handle(), static_cast<CudaBackend&>(be).stream(), device, name, timeout);
+    keep.push_back(std::move(host));
+    return nccl;
+#else
+    LATTICE_CHECK(be.device() != Device::kCuda || host->size() == 1,
+                  "{} group of {} ranks on CUDA needs NCCL, which this build lacks", name, host->size());
+    return host;
+#endif
+}
+
+std::unique_ptr<Backend> make_backend(const ModelArgs& a, const WorldConfig& w, int* threads) {
+    std::string dev = a.device;
+    if (dev == "auto") dev = cuda_device_count() > 0 ? "cuda" : "cpu";
+    if (dev == "cuda") {
+        std::vector<int> devs;
+        if (!a.devices.empty())
+            for (int32_t d : parse_id_list(a.devices, "--devices")) devs.push_back(d);
+        const int device = w.device(devs);
+        const int count = cuda_device_count();
+        LATTICE_CHECK(device < count, "{}: CUDA device {} requested but {} visible", w.describe(), device, count);
+        process_identity().device = device;
+        *threads = 1;
+        return make_cuda_backend(device, a.dtype == "f16" ? DType::kF16 : DType::kBF16);
+    }
+    CpuBackendOptions bo;
+    bo.threads = a.threads;
+    bo.mlock = a.mlock;
+    auto cpu = std::make_unique<CpuBackend>(bo);
+    *threads = cpu->pool().size();
+    return cpu;
+}
+
 std::vector<int64_t> parse_counts(const std::string& s) {
     std::vector<int64_t> out;
     for (int32_t v : parse_id_list(s, "--pp-layers")) out.push_back(v);
@@ -100,12 +152,10 @@ LoadedModel load_model(const ModelArgs& a) {
         LATTICE_CHECK(!a.model.empty(), "--model is required (or --random-weights --config PRESET)");
         src = open_model(a.model);
     }
-    CpuBackendOptions bo;
-    bo.threads = a.threads;
-    bo.mlock = a.mlock;
-    auto cpu = std::make_unique<CpuBackend>(bo);
-    lm.threads = cpu->pool().size();
-    lm.backend = std::move(cpu);
+    lm.backend = make_backend(a, ctx.world, &lm.threads);
+    ctx.tp = device_group(std::move(ctx.tp), *lm.backend, process_identity().device, "tp", a.comm_timeout, lm.host_groups);
+    ctx.pp_world =
+        device_group(std::move(ctx.pp_world), *lm.backend, process_identity().device, "pp", a.comm_timeout, lm.host_groups);
     ModelOptions mo;
     mo.quant = parse_quant_mode(a.quant);
     mo.quant_head = a.quant_head;

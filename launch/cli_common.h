@@ -32,6 +32,9 @@ struct ModelArgs {
     int64_t micro_batch = 0;
     double comm_timeout = 60.0;
     int64_t slots = 1;  // sequences in flight (set by generate --batch)
+    std::string device = "auto";  // auto | cpu | cuda
+    std::string dtype = "bf16";   // CUDA activations: f16 | bf16
+    std::string devices;          // CUDA ordinals per local rank, e.g. 0,1,2,3
 
     void add_to(CLI::App* cmd);
 };
@@ -44,6 +47,7 @@ struct LoadedModel {
     std::unique_ptr<Communicator> tp_comm;
     std::unique_ptr<Communicator> pp_comm;
     std::unique_ptr<Communicator> world_comm;
+    std::vector<std::unique_ptr<Communicator>> host_groups;  // MPI groups under the device communicators
     int world_rank = 0;
     int world_size = 1;
     int threads = 1;  // CPU threads per rank
