@@ -58,7 +58,7 @@ say "GEMM benchmark"
 say "decode benchmark (llama-2-70b shape, w8a8, TP=1, CudaBackend ops, CUDA graph)"
 "$build/benchmarks/gpu/bench_gpu_decode" --out "$out" $quick
 
-say "end-to-end decode (lattice generate --random-weights)"
+say "end-to-end decode (lattice generate --random-weights --config llama-2-7b --device cuda)"
 e2e="skipped"
 lattice="$build/launch/lattice"
 [[ -x "$lattice" ]] || lattice="$(find "$build" -maxdepth 3 -type f -name lattice -perm -u+x | head -1)"
@@ -68,8 +68,8 @@ else
     help="$("$lattice" generate --help 2>&1 || true)"
     if ! grep -q -- "--random-weights" <<<"$help"; then
         echo "NOTE: end-to-end decode skipped: 'lattice generate --help' does not list --random-weights yet"
-    elif ! grep -q -- "--backend" <<<"$help"; then
-        echo "NOTE: end-to-end decode skipped: 'lattice generate' cannot select the CUDA backend yet (no --backend);"
+    elif ! grep -q -- "--device" <<<"$help"; then
+        echo "NOTE: end-to-end decode skipped: 'lattice generate' cannot select the CUDA backend (no --device);"
         echo "      bench_gpu_decode above measures the same 80-layer W8A8 step on the CudaBackend"
     else
         batch_flag=""
@@ -77,7 +77,9 @@ else
         e2e="ran"
         for b in 1 8 32; do
             if [[ -z "$batch_flag" && $b -gt 1 ]]; then echo "NOTE: no --batch option: batch $b skipped"; continue; fi
-            args=(generate --random-weights --config llama-2-70b --quant w8a8 --backend cuda --tp 1
+            # llama-2-7b: the host fabricates random weights, so the 70B shape would not fit the time
+            # budget here; bench_gpu_decode above covers the 70B step.
+            args=(generate --random-weights --config llama-2-7b --quant w8a8 --device cuda --tp 1
                   --prompt-ids "1,2,3,4,5,6,7,8" --max-new-tokens 64 --ignore-eos --stats-json "$out/e2e_b$b.json")
             [[ -n "$batch_flag" ]] && args+=("$batch_flag" "$b")
             echo "+ lattice ${args[*]}"
