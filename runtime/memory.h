@@ -1,0 +1,19 @@
+// Process memory introspection for stats and tests: resident set size from /proc/self/status.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+namespace lattice {
+
+// Current resident set (VmRSS) in bytes; 0 where /proc is unavailable.
+inline int64_t resident_bytes() {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+    return 0;
+}
+
+}  // namespace lattice
