@@ -5,6 +5,7 @@
 
 #include "runtime/base/error.h"
 #include "runtime/chat_template.h"
+#include "runtime/memory.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 #include <fmt/format.h>
@@ -68,7 +69,8 @@ void write_stats(const std::string& path, const GenerateStats& s, const LoadedMo
                         {"quant", a.quant},
                         {"backend", lm.backend->name()},
                         {"weight_bytes_per_rank", lm.model->weight_bytes()},
-                        {"load_seconds", lm.load_seconds}};
+                        {"load_seconds", lm.load_seconds},
+                        {"rss_bytes_rank0", resident_bytes()}};
     std::ofstream f(path);
     LATTICE_CHECK(f.good(), "--stats-json {}: cannot open for writing", path);
     f << j.dump(2) << "\n";
