@@ -85,7 +85,7 @@ head -c 100000 "$shared/golden/tiny-llama2/model.safetensors" >"$tmp/trunc/model
 bad "missing model" "/nonexistent/model" generate --model /nonexistent/model --prompt-ids 1
 bad "truncated safetensors" "model.safetensors" generate --model "$tmp/trunc" --prompt-ids 1
 bad "token id >= vocab" "1024" generate --model "$g" --prompt-ids 1,1024
-bad "prompt longer than max_position_embeddings" "longer than the model's context" \
+bad "prompt longer than max_position_embeddings" "longer than the model" \
     generate --model "$shared/golden/tiny-llama2" --prompt-ids "$(python3 -c "print(','.join(['5'] * 300))")"
 bad "malformed prompt ids" "x7" generate --model "$g" --prompt-ids 1,x7
 bad "layout that does not fit the world" "world size 1" generate --model "$g" --prompt-ids 1 --tp 2
