@@ -23,31 +23,9 @@ using namespace lattice::testing;
 namespace {
 
 void check_gguf_golden(const std::string& model_name, const std::string& file, int threads, int64_t batch) {
-    auto src = open_model(std::string(LATTICE_SHARED_DIR) + "/golden/gguf/" + file);
-    CHECK(src->qk_rows_interleaved());
-    auto cases = load_golden(model_name);
-    REQUIRE(!cases.empty());
-    CpuBackend be(CpuBackendOptions{threads, false, false});
-    ModelOptions mo;
-    mo.max_batch_tokens = batch;
-    Model model(*src, be, mo, nullptr);
-    Generator gen(model);
-    const int64_t V = src->config().vocab;
-    for (size_t ci = 0; ci < cases.size(); ++ci) {
-        const GoldenCase& c = cases[ci];
-        CAPTURE(file);
-        CAPTURE(ci);
-        std::vector<float> logits = gen.score(c.prompt);
-        REQUIRE(c.logits.size() == c.prompt.size() * size_t(V));
-        REQUIRE(logits.size() == c.logits.size());
-        double err = rel_error(logits.data(), c.logits.data(), logits.size());
-        CHECK(err < 1e-4);
-        GenerateRequest req;
-        req.prompt = c.prompt;
-        req.max_new_tokens = int64_t(c.greedy.size());
-        req.ignore_eos = true;
-        CHECK(gen.generate(req).tokens == c.greedy);
-    }
+    const std::string path = std::string(LATTICE_SHARED_DIR) + "/golden/gguf/" + file;
+    CHECK(open_model(path)->qk_rows_interleaved());
+    check_golden_model(path, load_golden(model_name), threads, batch);
 }
 
 }  // namespace

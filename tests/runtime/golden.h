@@ -2,7 +2,13 @@
 // expected greedy tokens (expected.json) and float64-reference logits (expected.safetensors).
 #pragma once
 
+#include "runtime/cpu_backend.h"
+#include "runtime/generator.h"
+#include "runtime/model.h"
 #include "runtime/safetensors.h"
+#include "runtime/tensor_source.h"
+
+#include <doctest/doctest.h>
 
 #include <nlohmann/json.hpp>
 
@@ -53,6 +59,34 @@ inline double rel_error(const float* a, const float* b, size_t n) {
         den += double(b[i]) * double(b[i]);
     }
     return std::sqrt(num / (den > 0 ? den : 1));
+}
+
+// Loads `path` (HF directory or GGUF) on the CPU backend and checks every case: logits of every
+// prompt position within 1e-4 relative of the reference, and every greedy token.
+inline void check_golden_model(const std::string& path, const std::vector<GoldenCase>& cases, int threads,
+                               int64_t batch_tokens) {
+    REQUIRE(!cases.empty());
+    auto src = open_model(path);
+    CpuBackend be(CpuBackendOptions{threads, false, false});
+    ModelOptions mo;
+    mo.max_batch_tokens = batch_tokens;
+    Model model(*src, be, mo, nullptr);
+    Generator gen(model);
+    const int64_t V = src->config().vocab;
+    for (size_t ci = 0; ci < cases.size(); ++ci) {
+        const GoldenCase& c = cases[ci];
+        CAPTURE(path);
+        CAPTURE(ci);
+        std::vector<float> logits = gen.score(c.prompt);
+        REQUIRE(c.logits.size() == c.prompt.size() * size_t(V));
+        REQUIRE(logits.size() == c.logits.size());
+        CHECK(rel_error(logits.data(), c.logits.data(), logits.size()) < 1e-4);
+        GenerateRequest req;
+        req.prompt = c.prompt;
+        req.max_new_tokens = int64_t(c.greedy.size());
+        req.ignore_eos = true;
+        CHECK(gen.generate(req).tokens == c.greedy);
+    }
 }
 
 }  // namespace lattice::testing

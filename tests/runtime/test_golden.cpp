@@ -13,44 +13,17 @@
 using namespace lattice;
 using namespace lattice::testing;
 
-namespace {
-void check_model(const std::string& path, const std::vector<GoldenCase>& cases, int threads, int64_t batch_tokens) {
-    auto src = open_model(path);
-    CpuBackend be(CpuBackendOptions{threads, false, false});
-    ModelOptions mo;
-    mo.max_batch_tokens = batch_tokens;
-    Model model(*src, be, mo, nullptr);
-    Generator gen(model);
-    const int64_t V = src->config().vocab;
-    for (size_t ci = 0; ci < cases.size(); ++ci) {
-        const GoldenCase& c = cases[ci];
-        CAPTURE(path);
-        CAPTURE(ci);
-        std::vector<float> logits = gen.score(c.prompt);
-        REQUIRE(logits.size() == c.logits.size());
-        REQUIRE(c.logits.size() == c.prompt.size() * size_t(V));
-        double err = rel_error(logits.data(), c.logits.data(), logits.size());
-        CHECK(err < 1e-4);
-        GenerateRequest req;
-        req.prompt = c.prompt;
-        req.max_new_tokens = int64_t(c.greedy.size());
-        req.ignore_eos = true;
-        GenerateResult r = gen.generate(req);
-        CHECK(r.tokens == c.greedy);
-    }
-}
-}  // namespace
 
 TEST_CASE("golden HF checkpoints: greedy tokens and logits match the float64 reference") {
     for (const auto& m : golden_models()) {
         auto cases = load_golden(m);
         REQUIRE(!cases.empty());
-        check_model(golden_dir(m), cases, 1, 256);
+        check_golden_model(golden_dir(m), cases, 1, 256);
     }
 }
 
 TEST_CASE("golden: two threads and prompt chunks of 3 tokens give the same results") {
-    for (const auto& m : golden_models()) check_model(golden_dir(m), load_golden(m), 2, 3);
+    for (const auto& m : golden_models()) check_golden_model(golden_dir(m), load_golden(m), 2, 3);
 }
 
 TEST_CASE("incremental decode with the KV cache equals a fresh forward of the longer sequence") {
