@@ -29,6 +29,8 @@ void ModelArgs::add_to(CLI::App* cmd) {
     cmd->add_option("--seed-weights", weight_seed, "Seed for --random-weights");
     cmd->add_option("--quant", quant, "Linear layers: none | w8a16 | w8a8")->check(CLI::IsMember({"none", "w8a16", "w8a8"}));
     cmd->add_flag("--quant-head", quant_head, "Quantize the LM head too (embedding stays float)");
+    cmd->add_option("--smooth", smooth,
+                    "SmoothQuant factors from lattice calibrate (.safetensors), folded into the weights at load");
     cmd->add_option("--threads", threads, "CPU threads per rank (0: one per available core)");
     cmd->add_flag("--mlock", mlock, "Lock weights in memory");
     cmd->add_option("--max-seq", max_seq, "KV cache positions per sequence (0: min(max_position_embeddings, 4096))");
@@ -159,6 +161,7 @@ LoadedModel load_model(const ModelArgs& a) {
     ModelOptions mo;
     mo.quant = parse_quant_mode(a.quant);
     mo.quant_head = a.quant_head;
+    mo.smooth_path = a.smooth;
     mo.max_seq = a.max_seq;
     mo.max_batch_tokens = a.max_batch_tokens;
     mo.slots = a.slots;

@@ -23,6 +23,7 @@ struct ModelArgs {
     uint64_t weight_seed = 1234;
     std::string quant = "none";
     bool quant_head = false;
+    std::string smooth;  // SmoothQuant factor file from `lattice calibrate`
     int threads = 0;
     bool mlock = false;
     int64_t max_seq = 0;
