@@ -1,6 +1,7 @@
 // Shared model-loading options and setup (see cli_common.h).
 #include "launch/cli_common.h"
 
+#include "parallel/mpi_session.h"
 #include "parallel/parallel_context.h"
 #include "runtime/base/log.h"
 #include "runtime/cpu_backend.h"
@@ -140,6 +141,8 @@ LoadedModel load_model(const ModelArgs& a) {
     const bool under_mpi = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK");
     ParallelContext ctx = (a.tp * a.pp > 1 || under_mpi) ? make_parallel_context(a.tp, a.pp, a.comm_timeout)
                                                          : make_local_context();
+    // When the launcher tears the job down because a rank died, say which one before exiting.
+    if (ctx.world.world > 1) mpi_session().install_termination_reporter();
     lm.world_rank = ctx.world.rank;
     lm.world_size = ctx.world.world;
     if (lm.world_rank != 0) set_log_level(LogLevel::kWarn);
