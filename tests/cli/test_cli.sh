@@ -91,5 +91,35 @@ bad "malformed prompt ids" "x7" generate --model "$g" --prompt-ids 1,x7
 bad "layout that does not fit the world" "world size 1" generate --model "$g" --prompt-ids 1 --tp 2
 bad "unknown preset" "llama-9" generate --random-weights --config llama-9 --prompt-ids 1
 
+# A rank that stops answering (SIGSTOP): the other rank gives up after --comm-timeout, names it,
+# and the whole job exits non-zero within seconds, leaving no process behind.
+smol=${LATTICE_DEFAULT_MODEL:-$(cd "$(dirname "$0")/../.." && pwd)/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+if [ -f "$smol" ]; then
+    start=$(date +%s)
+    "${mpirun[@]}" -np 2 "$lattice" generate --model "$smol" --prompt "Tell me a long story about the sea." \
+        --max-new-tokens 2000 --ignore-eos --pp 2 --threads 1 --comm-timeout 3 >/dev/null 2>"$tmp/hang" &
+    job=$!
+    victim=""
+    for _ in $(seq 100); do  # wait until both ranks are generating (the first line of stats would be late)
+        victim=$(pgrep -f "lattice generate --model $smol" | sort -n | tail -1)
+        [ -n "$victim" ] && [ "$(pgrep -f "lattice generate --model $smol" | wc -l)" -ge 2 ] && break
+        sleep 0.1
+    done
+    sleep 3
+    kill -STOP "$victim"
+    stopped=$(date +%s)
+    wait $job
+    rc=$?
+    took=$(( $(date +%s) - stopped ))
+    kill -CONT "$victim" 2>/dev/null
+    check "hung rank: job exits non-zero (rc $rc)" test $rc -ne 0
+    check "hung rank: job ends within timeout + 5 s (took $took s)" test $took -le 8
+    check "hung rank: the error names the silent rank" grep -q "timed out after 3.0 s.*no answer from rank 1" "$tmp/hang"
+    sleep 1
+    check "hung rank: no lattice process left" test -z "$(pgrep -f "lattice generate --model $smol" | xargs -r ps -o stat= -p | grep -v Z)"
+else
+    echo "SKIPPED: hung-rank test needs the default model ($smol): run scripts/setup.sh"
+fi
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
