@@ -100,12 +100,14 @@ if [ -f "$smol" ]; then
         --max-new-tokens 2000 --ignore-eos --pp 2 --threads 1 --comm-timeout 3 >/dev/null 2>"$tmp/hang" &
     job=$!
     victim=""
-    for _ in $(seq 100); do  # wait until both ranks are generating (the first line of stats would be late)
-        victim=$(pgrep -f "lattice generate --model $smol" | sort -n | tail -1)
-        [ -n "$victim" ] && [ "$(pgrep -f "lattice generate --model $smol" | wc -l)" -ge 2 ] && break
+    for _ in $(seq 100); do  # find world rank 1 by its environment
+        for p in $(pgrep -f "lattice generate --model $smol"); do
+            tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && victim=$p
+        done
+        [ -n "$victim" ] && break
         sleep 0.1
     done
-    sleep 3
+    sleep 3  # let both ranks load and start decoding
     kill -STOP "$victim"
     stopped=$(date +%s)
     wait $job
