@@ -17,6 +17,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+
+#include "bench_common.h"
 #include <random>
 #include <ctime>
 #include <string>
@@ -31,10 +33,6 @@
 using namespace lattice;
 
 namespace {
-
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 double clock_s(clockid_t id) {
     timespec ts{};
@@ -109,21 +107,6 @@ __attribute__((target("avx2,avxvnni"))) double vnni256_ops_per_s(int64_t iters, 
     return double(iters) * 12 * 32 * 2 / t;
 }
 
-// Streams [p, p + bytes) with 4 independent 64-byte loads per step; returns a checksum.
-__attribute__((target("avx512f"))) uint64_t stream_read(const uint8_t* p, size_t bytes) {
-    __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
-    for (size_t i = 0; i + 256 <= bytes; i += 256) {
-        s0 = _mm512_xor_si512(s0, _mm512_load_si512(p + i));
-        s1 = _mm512_xor_si512(s1, _mm512_load_si512(p + i + 64));
-        s2 = _mm512_xor_si512(s2, _mm512_load_si512(p + i + 128));
-        s3 = _mm512_xor_si512(s3, _mm512_load_si512(p + i + 192));
-    }
-    s0 = _mm512_xor_si512(_mm512_xor_si512(s0, s1), _mm512_xor_si512(s2, s3));
-    alignas(64) uint64_t lanes[8];
-    _mm512_store_si512(lanes, s0);
-    return lanes[0] ^ lanes[7];
-}
-
 struct Row {
     std::string isa, mode, kind;
     int64_t m, n, k;
@@ -136,9 +119,9 @@ template <class F>
 double best_time(F&& call, bool cpu_time, double budget) {
     double best = 1e30, spent = 0;
     for (int rep = 0; rep < 300 && (rep < 2 || spent < budget); ++rep) {  // >= 1 timed after the warm-up
-        double w0 = now_s(), c0 = thread_cpu_s();
+        double w0 = bench::now(), c0 = thread_cpu_s();
         call(rep);
-        double c = thread_cpu_s() - c0, w = now_s() - w0;
+        double c = thread_cpu_s() - c0, w = bench::now() - w0;
         if (rep > 0) best = std::min(best, cpu_time ? c : w);  // rep 0 warms up
         spent += w;
     }
@@ -166,7 +149,7 @@ int main(int argc, char** argv) {
     }
     ThreadPool pool(threads), pool1(1);
     const int nt = pool.size();
-    const double t_start = now_s();
+    const double t_start = bench::now();
 
     // Ceilings, from per-thread CPU time (exact for the calling thread even when the cores are shared).
     double peak_all = 0, peak_core = 0;
@@ -188,19 +171,19 @@ int main(int argc, char** argv) {
     for (int rep = 0; rep < 3; ++rep) {
         std::vector<uint64_t> sinks(static_cast<size_t>(nt), 0);
         std::vector<double> rate(static_cast<size_t>(nt), 0.0);
-        double t0 = now_s();
+        double t0 = bench::now();
         pool.run_on_all([&](int t) {
             auto [lo, hi] = split_range(int64_t(bw_bytes), t, nt, 4096);
             double c0 = thread_cpu_s();
-            sinks[size_t(t)] = stream_read(big.data() + lo, size_t(hi - lo));
+            sinks[size_t(t)] = bench::stream_read(big.data() + lo, size_t(hi - lo));
             rate[size_t(t)] = double(hi - lo) / (thread_cpu_s() - c0);
         });
-        bw_wall = std::max(bw_wall, double(bw_bytes) / (now_s() - t0));
+        bw_wall = std::max(bw_wall, double(bw_bytes) / (bench::now() - t0));
         double sum = 0;
         for (double r : rate) sum += r;
         bw_all = std::max(bw_all, sum);
         double c0 = thread_cpu_s();
-        uint64_t s1 = stream_read(big.data(), bw_bytes / 2);
+        uint64_t s1 = bench::stream_read(big.data(), bw_bytes / 2);
         bw_core = std::max(bw_core, double(bw_bytes / 2) / (thread_cpu_s() - c0));
         volatile uint64_t sink = sinks[0] ^ s1;
         (void)sink;
@@ -276,7 +259,7 @@ int main(int argc, char** argv) {
             }
         }
     }
-    fmt::print("total {:.1f} s\n", now_s() - t_start);
+    fmt::print("total {:.1f} s\n", bench::now() - t_start);
     if (!json_path.empty()) {
         nlohmann::json j;
         j["threads"] = nt;
