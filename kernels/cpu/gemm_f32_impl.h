@@ -29,15 +29,21 @@ inline float scalar_w(const void* row, int64_t p) {
     else return bf16_to_f32(static_cast<const uint16_t*>(row)[p]);
 }
 
-template <class V, DType WT, int MR, int NR>
+template <class V, DType WT, int MR, int NR, bool PF>
 inline void tile(const float* x, int64_t k, const void* const* wrows, float* y, int64_t ldy) {
     constexpr int W = V::kWidth;
     typename V::reg acc[MR][NR];
     for (int i = 0; i < MR; ++i)
         for (int j = 0; j < NR; ++j) acc[i][j] = V::zero();
     int64_t p = 0;
+    constexpr int64_t kPrefetchElems = 2048 / int64_t(sizeof(float));  // ~2 KiB of fp32 ahead
     for (; p + W <= k; p += W) {
         typename V::reg wv[NR];
+        // Software prefetch of each weight stream: decode reads every weight once from DRAM and
+        // the hardware prefetcher alone does not keep NR concurrent streams fed.
+        if (PF && p + kPrefetchElems < k)
+            for (int j = 0; j < NR; ++j)
+                __builtin_prefetch(static_cast<const char*>(wrows[j]) + (p + kPrefetchElems) * int64_t(dtype_size(WT)), 0, 3);
         for (int j = 0; j < NR; ++j) wv[j] = load_w<V, WT>(wrows[j], p);
         for (int i = 0; i < MR; ++i) {
             typename V::reg xv = V::load_f32(x + i * k + p);
@@ -63,28 +69,29 @@ inline void tile(const float* x, int64_t k, const void* const* wrows, float* y, 
 }
 
 // Dispatch the runtime MR (1..4) and NR (1..V::kNR) onto the templates.
-template <class V, DType WT, int MR>
+template <class V, DType WT, int MR, bool PF>
 inline void tile_nr(int nr, const float* x, int64_t k, const void* const* wrows, float* y, int64_t ldy) {
     static_assert(V::kNR == 4 || V::kNR == 2);
     switch (nr) {
-        case 1: tile<V, WT, MR, 1>(x, k, wrows, y, ldy); break;
-        case 2: tile<V, WT, MR, 2>(x, k, wrows, y, ldy); break;
+        case 1: tile<V, WT, MR, 1, PF>(x, k, wrows, y, ldy); break;
+        case 2: tile<V, WT, MR, 2, PF>(x, k, wrows, y, ldy); break;
         case 3:
-            if constexpr (V::kNR >= 3) tile<V, WT, MR, 3>(x, k, wrows, y, ldy);
+            if constexpr (V::kNR >= 3) tile<V, WT, MR, 3, PF>(x, k, wrows, y, ldy);
             break;
         default:
-            if constexpr (V::kNR >= 4) tile<V, WT, MR, 4>(x, k, wrows, y, ldy);
+            if constexpr (V::kNR >= 4) tile<V, WT, MR, 4, PF>(x, k, wrows, y, ldy);
             break;
     }
 }
 
-template <class V, DType WT>
+// PF: prefetch the weight streams (weights come from DRAM); off for an L2-resident converted panel.
+template <class V, DType WT, bool PF>
 inline void tile_any(int mr, int nr, const float* x, int64_t k, const void* const* wrows, float* y, int64_t ldy) {
     switch (mr) {
-        case 1: tile_nr<V, WT, 1>(nr, x, k, wrows, y, ldy); break;
-        case 2: tile_nr<V, WT, 2>(nr, x, k, wrows, y, ldy); break;
-        case 3: tile_nr<V, WT, 3>(nr, x, k, wrows, y, ldy); break;
-        default: tile_nr<V, WT, 4>(nr, x, k, wrows, y, ldy); break;
+        case 1: tile_nr<V, WT, 1, PF>(nr, x, k, wrows, y, ldy); break;
+        case 2: tile_nr<V, WT, 2, PF>(nr, x, k, wrows, y, ldy); break;
+        case 3: tile_nr<V, WT, 3, PF>(nr, x, k, wrows, y, ldy); break;
+        default: tile_nr<V, WT, 4, PF>(nr, x, k, wrows, y, ldy); break;
     }
 }
 
@@ -104,7 +111,7 @@ void gemm_rows(const float* x, int64_t m, int64_t k, const void* w, int64_t n0, 
                 for (int q = 0; q < nr; ++q) rows[q] = wb + (j + q) * k * es;
                 for (int64_t i = i0; i < i1; i += 4) {
                     const int mr = int(std::min<int64_t>(4, i1 - i));
-                    tile_any<V, WT>(mr, nr, x + i * k, k, rows, y + i * ldy + j, ldy);
+                    tile_any<V, WT, true>(mr, nr, x + i * k, k, rows, y + i * ldy + j, ldy);
                 }
             }
         }
@@ -127,7 +134,7 @@ void gemm_rows(const float* x, int64_t m, int64_t k, const void* w, int64_t n0, 
             }
             for (int64_t i = i0; i < i1; i += 4) {
                 const int mr = int(std::min<int64_t>(4, i1 - i));
-                tile_any<V, DType::kF32>(mr, nr, x + i * k, k, rows, y + i * ldy + j, ldy);
+                tile_any<V, DType::kF32, false>(mr, nr, x + i * k, k, rows, y + i * ldy + j, ldy);
             }
         }
     }
