@@ -1,0 +1,147 @@
+// CPU ops against straightforward double-precision references: rmsnorm (+ fused residual add),
+// rope (half-split pairs), causal GQA attention over a multi-slot KV cache, silu_mul, embed with a
+// vocab-parallel row offset. Odd sizes, several threads, poisoned outputs.
+#include "kernels/cpu/ops.h"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+using namespace lattice;
+
+namespace {
+std::vector<float> rand_vec(size_t n, std::mt19937& rng, float lo = -1, float hi = 1) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<float> v(n);
+    for (auto& x : v) x = u(rng);
+    return v;
+}
+}  // namespace
+
+TEST_CASE("rmsnorm and add_rmsnorm") {
+    std::mt19937 rng(1);
+    ThreadPool pool(3, false);
+    for (int64_t n : {1, 15, 64, 97}) {
+        const int64_t m = 5;
+        auto x = rand_vec(size_t(m * n), rng), w = rand_vec(size_t(n), rng), d = rand_vec(size_t(m * n), rng);
+        std::vector<float> out(size_t(m * n), std::nanf(""));
+        cpu::rmsnorm(out.data(), x.data(), w.data(), m, n, 1e-5f, pool);
+        auto res = x;
+        std::vector<float> out2(size_t(m * n), std::nanf(""));
+        cpu::add_rmsnorm(res.data(), d.data(), out2.data(), w.data(), m, n, 1e-5f, pool);
+        for (int64_t r = 0; r < m; ++r) {
+            double ss = 0, ss2 = 0;
+            for (int64_t i = 0; i < n; ++i) {
+                ss += double(x[size_t(r * n + i)]) * x[size_t(r * n + i)];
+                double s = double(x[size_t(r * n + i)]) + d[size_t(r * n + i)];
+                ss2 += s * s;
+            }
+            const double inv = 1 / std::sqrt(ss / double(n) + 1e-5), inv2 = 1 / std::sqrt(ss2 / double(n) + 1e-5);
+            for (int64_t i = 0; i < n; ++i) {
+                const size_t j = size_t(r * n + i);
+                CHECK(out[j] == doctest::Approx(x[j] * inv * w[size_t(i)]).epsilon(1e-5));
+                CHECK(res[j] == doctest::Approx(double(x[j]) + d[j]).epsilon(1e-6));
+                CHECK(out2[j] == doctest::Approx((double(x[j]) + d[j]) * inv2 * w[size_t(i)]).epsilon(1e-5));
+            }
+        }
+    }
+}
+
+TEST_CASE("rope rotates q and k heads in half-split pairs and leaves v alone") {
+    std::mt19937 rng(2);
+    ThreadPool pool(2, false);
+    const int64_t hd = 8, nh = 3, nkv = 1, m = 4, row = (nh + 2 * nkv) * hd;
+    auto qkv = rand_vec(size_t(m * row), rng);
+    auto orig = qkv;
+    std::vector<float> inv = {1.0f, 0.5f, 0.1f, 0.01f};
+    std::vector<int32_t> pos = {0, 3, 17, 200};
+    cpu::rope(qkv.data(), m, row, pos.data(), nh + nkv, hd, inv.data(), pool);
+    for (int64_t t = 0; t < m; ++t) {
+        for (int64_t h = 0; h < nh + nkv; ++h)
+            for (int64_t i = 0; i < hd / 2; ++i) {
+                const double a = double(pos[size_t(t)]) * inv[size_t(i)];
+                const double x0 = orig[size_t(t * row + h * hd + i)], x1 = orig[size_t(t * row + h * hd + i + hd / 2)];
+                CHECK(qkv[size_t(t * row + h * hd + i)] == doctest::Approx(x0 * std::cos(a) - x1 * std::sin(a)).epsilon(1e-4));
+                CHECK(qkv[size_t(t * row + h * hd + i + hd / 2)] ==
+                      doctest::Approx(x1 * std::cos(a) + x0 * std::sin(a)).epsilon(1e-4));
+            }
+        for (int64_t i = (nh + nkv) * hd; i < row; ++i) CHECK(qkv[size_t(t * row + i)] == orig[size_t(t * row + i)]);
+    }
+}
+
+TEST_CASE("attention: causal GQA over two slots equals a naive softmax") {
+    std::mt19937 rng(3);
+    ThreadPool pool(3, false);
+    const int64_t hd = 12, nh = 6, nkv = 2, max_seq = 16, slots = 2;
+    const int64_t row = (nh + 2 * nkv) * hd;
+    // Slot 1 gets a 5-token prompt; slot 0 a 3-token prompt; tokens interleaved in one batch.
+    std::vector<int32_t> pos = {0, 0, 1, 1, 2, 2, 3, 4}, slot = {1, 0, 1, 0, 1, 0, 1, 1};
+    const int64_t m = int64_t(pos.size());
+    auto qkv = rand_vec(size_t(m * row), rng, -2, 2);
+    std::vector<float> kc(size_t(slots * max_seq * nkv * hd), 0.0f), vc = kc;
+    std::vector<float> out(size_t(m * nh * hd), std::nanf(""));
+    cpu::AttentionArgs a{nh, nkv, hd, max_seq, slots, 1.0f / std::sqrt(float(hd))};
+    cpu::attention(out.data(), qkv.data(), kc.data(), vc.data(), pos.data(), slot.data(), m, a, pool);
+    for (int64_t t = 0; t < m; ++t)
+        for (int64_t h = 0; h < nh; ++h) {
+            const int64_t g = h / (nh / nkv);
+            // keys/values of the same slot with position <= pos[t]
+            std::vector<int64_t> src;
+            for (int64_t u = 0; u < m; ++u)
+                if (slot[size_t(u)] == slot[size_t(t)] && pos[size_t(u)] <= pos[size_t(t)]) src.push_back(u);
+            std::vector<double> s;
+            double mx = -1e300;
+            for (int64_t u : src) {
+                double d = 0;
+                for (int64_t i = 0; i < hd; ++i)
+                    d += double(qkv[size_t(t * row + h * hd + i)]) * qkv[size_t(u * row + (nh + g) * hd + i)];
+                s.push_back(d * a.scale);
+                mx = std::max(mx, s.back());
+            }
+            double sum = 0;
+            for (auto& e : s) sum += (e = std::exp(e - mx));
+            for (int64_t i = 0; i < hd; ++i) {
+                double o = 0;
+                for (size_t j = 0; j < src.size(); ++j) o += s[j] / sum * qkv[size_t(src[j] * row + (nh + nkv + g) * hd + i)];
+                CHECK(out[size_t(t * nh * hd + h * hd + i)] == doctest::Approx(o).epsilon(1e-4).scale(1.0));
+            }
+        }
+}
+
+TEST_CASE("attention rejects positions outside the cache") {
+    ThreadPool pool(1, false);
+    std::vector<float> qkv(3 * 4, 0.0f), kc(4 * 4, 0.0f), vc = kc, out(4, 0.0f);
+    int32_t pos = 4, slot = 0;
+    cpu::AttentionArgs a{1, 1, 4, 4, 1, 0.5f};
+    CHECK_THROWS_WITH(cpu::attention(out.data(), qkv.data(), kc.data(), vc.data(), &pos, &slot, 1, a, pool),
+                      doctest::Contains("outside the KV cache"));
+}
+
+TEST_CASE("silu_mul and embed with a vocab-parallel offset") {
+    std::mt19937 rng(4);
+    ThreadPool pool(2, false);
+    const int64_t m = 3, f = 13;
+    auto gu = rand_vec(size_t(m * 2 * f), rng, -4, 4);
+    std::vector<float> out(size_t(m * f), std::nanf(""));
+    cpu::silu_mul(out.data(), gu.data(), m, f, pool);
+    for (int64_t r = 0; r < m; ++r)
+        for (int64_t i = 0; i < f; ++i) {
+            const double g = gu[size_t(r * 2 * f + i)], u = gu[size_t(r * 2 * f + f + i)];
+            CHECK(out[size_t(r * f + i)] == doctest::Approx(g / (1 + std::exp(-g)) * u).epsilon(1e-5));
+        }
+    // Table rows 10..14 of a 20-row vocab (this rank's shard), bf16.
+    const int64_t n = 6;
+    std::vector<uint16_t> table(size_t(5 * n));
+    for (size_t i = 0; i < table.size(); ++i) table[i] = f32_to_bf16(float(i) * 0.25f);
+    std::vector<int32_t> ids = {9, 10, 14, 15};
+    std::vector<float> e(size_t(4 * n), std::nanf(""));
+    cpu::embed(e.data(), table.data(), DType::kBF16, 5, n, ids.data(), 4, 10);
+    for (int64_t j = 0; j < n; ++j) {
+        CHECK(e[size_t(j)] == 0.0f);                       // id 9: another rank's row
+        CHECK(e[size_t(n + j)] == float(j) * 0.25f);       // id 10: local row 0
+        CHECK(e[size_t(2 * n + j)] == float(4 * n + j) * 0.25f);  // id 14: local row 4
+        CHECK(e[size_t(3 * n + j)] == 0.0f);               // id 15: beyond the shard
+    }
+}
