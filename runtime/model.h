@@ -81,6 +81,9 @@ public:
     Backend& backend() { return be_; }
     int64_t max_seq() const { return opt_.max_seq; }
     int64_t weight_bytes() const;  // bytes of weights held by this rank
+    // Bytes of weights one decode step streams from memory: everything but the embedding table,
+    // of which a step reads one row per token (the decode-bandwidth floor's numerator).
+    int64_t streamed_weight_bytes() const { return weight_bytes() - embed_table_.bytes(); }
 
     // First stage: embeds batch.ids into `hidden` [count, hidden].
     void embed(const TokenBatch& batch, const View& hidden);
