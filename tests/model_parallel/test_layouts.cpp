@@ -32,7 +32,7 @@ Result run_single(const TensorSource& src, const std::vector<int32_t>& prompt, i
     Generator g(m);
     Result r;
     r.logits = g.score(prompt);
-    r.tokens = g.generate(GenerateRequest{prompt, n_new, {}, true}).tokens;
+    r.tokens = g.generate(GenerateRequest{prompt, n_new, {}, true, {}}).tokens;
     return r;
 }
 
@@ -44,7 +44,7 @@ Result run_layout(const TensorSource& src, ParallelContext& ctx, const std::vect
     Generator g(m, rank_pipeline_links(ctx), micro);
     Result r;
     r.logits = g.score(prompt);
-    r.tokens = g.generate(GenerateRequest{prompt, n_new, {}, true}).tokens;
+    r.tokens = g.generate(GenerateRequest{prompt, n_new, {}, true, {}}).tokens;
     return r;
 }
 

@@ -79,7 +79,7 @@ TEST_CASE("tp 2 x pp 2: every rank holds and maps in about a quarter of the weig
             rss1 = resident_bytes();
             // The layout still generates (every rank holds a working shard).
             Generator g(m, rank_pipeline_links(ctx));
-            CHECK(g.generate(GenerateRequest{{1, 2, 3}, 4, {}, true}).tokens.size() == 4);
+            CHECK(g.generate(GenerateRequest{{1, 2, 3}, 4, {}, true, {}}).tokens.size() == 4);
         }
         std::vector<int64_t> all(4);
         MPI_Allgather(&mine, 1, MPI_INT64_T, all.data(), 1, MPI_INT64_T, MPI_COMM_WORLD);
