@@ -59,6 +59,7 @@ void write_stats(const std::string& path, const GenerateStats& s, const LoadedMo
                         {"decode_tokens_per_s", decode_rate(s)},
                         {"sequences", s.sequences},
                         {"idle_seconds_rank0", s.idle_seconds},
+                        {"compute_seconds_rank0", s.compute_seconds},
                         {"bubble_rank0", s.prefill_seconds + s.decode_seconds > 0
                                              ? s.idle_seconds / (s.prefill_seconds + s.decode_seconds)
                                              : 0.0},

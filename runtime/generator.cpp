@@ -48,10 +48,10 @@ double Generator::step(const TokenBatch& b, const std::vector<int64_t>& logit_ro
     const ModelOptions& o = model_.options();
     View hidden = model_.hidden_scratch(b.count);
     double waited = 0;
+    const double t0 = now_seconds();
     if (o.first_stage) {
         model_.embed(b, hidden);
     } else {
-        double t0 = now_seconds();
         links_.pipe->recv(hidden, links_.prev);
         waited = now_seconds() - t0;
     }
@@ -60,6 +60,7 @@ double Generator::step(const TokenBatch& b, const std::vector<int64_t>& logit_ro
         model_.head(hidden, logit_rows, logits);
     else
         links_.pipe->send(hidden, links_.next);
+    compute_seconds_ += now_seconds() - t0 - waited;
     return waited;
 }
 
@@ -104,6 +105,7 @@ std::vector<GenerateResult> Generator::generate_batch(const std::vector<Generate
     std::vector<float> logits;
     GenerateStats st;
     st.sequences = S;
+    compute_seconds_ = 0;
 
     // Sampling events are numbered in item order; the sampler sends each as one message of the
     // tokens it produced, every other rank consumes them in the same order.
@@ -220,6 +222,7 @@ std::vector<GenerateResult> Generator::generate_batch(const std::vector<Generate
         res[size_t(i)].tokens = std::move(seqs[size_t(i)].out);
         st.generated_tokens += int64_t(res[size_t(i)].tokens.size());
     }
+    st.compute_seconds = compute_seconds_;
     if (total) *total = st;
     return res;
 }

@@ -51,6 +51,7 @@ struct GenerateStats {
     int64_t generated_tokens = 0;  // over all sequences
     double decode_seconds = 0;
     double idle_seconds = 0;       // this rank, blocked waiting for peers (prefill + decode)
+    double compute_seconds = 0;    // this rank, inside the model (embed, layers, head)
     int64_t sequences = 1;
 };
 
@@ -84,6 +85,7 @@ private:
     Model& model_;
     PipelineLinks links_;
     int64_t micro_;
+    double compute_seconds_ = 0;
 };
 
 }  // namespace lattice
