@@ -336,21 +336,21 @@ void Model::head(const View& hidden, const std::vector<int64_t>& rows, float* lo
     }
     be_.rmsnorm(in, in, final_norm_.view(), float(cfg_.rms_eps));
     const int64_t Vp = shard_.vocab_per_rank, V = cfg_.vocab;
-    View local = View::contiguous(logits_.data(), DType::kF32, {R, shard_.vocab_rows}, be_.device());
     LATTICE_CHECK(be_.activation_dtype() == DType::kF32 || be_.device() != Device::kCpu,
                   "head: CPU backend expects f32 activations");
-    be_.linear(local, in, lm_head_);
+    // logits_ holds tp blocks of R * Vp floats; this rank computes [R, vocab_rows] into its own
+    // block, and an in-place all-gather fills the others (no allocation per step).
+    const int64_t block = R * Vp;
+    float* mine = logits_.ptr<float>() + int64_t(opt_.tp_rank) * block;
+    be_.linear(View::contiguous(mine, DType::kF32, {R, shard_.vocab_rows}, be_.device()), in, lm_head_);
     if (opt_.tp == 1) {
-        be_.download(logits, local);
+        be_.download(logits, View::contiguous(mine, DType::kF32, {R, V}, be_.device()));
         return;
     }
-    // Gather [tp][R * Vp] (each rank's block padded to Vp columns' worth of storage), then reorder.
-    const int64_t block = R * Vp;
-    View mine = View::contiguous(logits_.data(), DType::kF32, {block}, be_.device());
-    Buffer gathered = be_.alloc(DType::kF32, {int64_t(opt_.tp) * block});
-    tp_comm_->all_gather(gathered.view(), mine);
-    std::vector<float> host(size_t(opt_.tp * block));
-    be_.download(host.data(), gathered.view());
+    View all = View::contiguous(logits_.data(), DType::kF32, {int64_t(opt_.tp) * block}, be_.device());
+    tp_comm_->all_gather(all, View::contiguous(mine, DType::kF32, {block}, be_.device()));
+    std::vector<float> host(static_cast<size_t>(opt_.tp * block));
+    be_.download(host.data(), all);
     for (int r = 0; r < opt_.tp; ++r) {
         const ShardShape sr = shard_shape(cfg_, opt_.tp, r);
         const float* src = host.data() + r * block;
