@@ -45,12 +45,6 @@ void write_file(const std::string& p, const std::string& s) {
     f.write(s.data(), std::streamsize(s.size()));
 }
 
-// A copy of tiny-llama2 that the test may corrupt.
-void copy_tiny(const TempDir& d) {
-    fs::copy_file(golden_dir("tiny-llama2") + "/config.json", d / "config.json");
-    fs::copy_file(golden_dir("tiny-llama2") + "/model.safetensors", d / "model.safetensors");
-}
-
 std::string raw_safetensors(const std::string& header, size_t data_bytes) {
     std::string s(8, '\0');
     uint64_t n = header.size();
