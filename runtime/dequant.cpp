@@ -19,26 +19,37 @@ uint16_t load_u16(const uint8_t* p) {
     return v;
 }
 
-void store_f32(const float* src, void* dst, DType dst_t, int64_t n) {
-    switch (dst_t) {
+template <typename Load>
+void store_all(Load load, void* dst, DType dt, int64_t n) {
+    switch (dt) {
         case DType::kF32:
-            std::memcpy(dst, src, size_t(n) * 4);
-            return;
-        case DType::kF16: {
-            auto* d = static_cast<uint16_t*>(dst);
-            for (int64_t k = 0; k < n; ++k) d[k] = f32_to_f16(src[k]);
-            return;
-        }
-        case DType::kBF16: {
-            auto* d = static_cast<uint16_t*>(dst);
-            for (int64_t k = 0; k < n; ++k) d[k] = f32_to_bf16(src[k]);
-            return;
-        }
-        default:
-            LATTICE_FAIL("convert_row_slice: output dtype {} unsupported (f32, f16, bf16)", dtype_name(dst_t));
+            for (int64_t i = 0; i < n; ++i) static_cast<float*>(dst)[i] = load(i);
+            break;
+        case DType::kF16:
+            for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = f32_to_f16(load(i));
+            break;
+        case DType::kBF16:
+            for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = f32_to_bf16(load(i));
+            break;
+        default: LATTICE_FAIL("convert: unsupported target dtype {}", dtype_name(dt));
     }
 }
 }  // namespace
+
+void convert_elements(const void* src, DType st, void* dst, DType dt, int64_t n) {
+    if (st == dt) {
+        std::memcpy(dst, src, size_t(n * dtype_size(st)));
+        return;
+    }
+    const auto* f = static_cast<const float*>(src);
+    const auto* h = static_cast<const uint16_t*>(src);
+    switch (st) {
+        case DType::kF32: store_all([f](int64_t i) { return f[i]; }, dst, dt, n); break;
+        case DType::kF16: store_all([h](int64_t i) { return f16_to_f32(h[i]); }, dst, dt, n); break;
+        case DType::kBF16: store_all([h](int64_t i) { return bf16_to_f32(h[i]); }, dst, dt, n); break;
+        default: LATTICE_FAIL("convert: unsupported source dtype {}", dtype_name(st));
+    }
+}
 
 void dequant_q8_0(const uint8_t* blocks, float* out, int64_t n) {
     for (int64_t b = 0; b < n / kBlock; ++b) {
@@ -86,8 +97,8 @@ void convert_row_slice(const void* row, DType src_t, int64_t col0, int64_t cols,
         LATTICE_CHECK(src_t == DType::kF32 || src_t == DType::kF16 || src_t == DType::kBF16,
                       "convert_row_slice: source dtype {} unsupported", dtype_name(src_t));
     }
-    if (src_t == dst_t) {
-        std::memcpy(dst, src + col0 * dtype_size(src_t), size_t(cols * dtype_size(src_t)));
+    if (!dtype_is_block(src_t)) {
+        convert_elements(src + col0 * dtype_size(src_t), src_t, dst, dst_t, cols);
         return;
     }
     // Through f32 in chunks on the stack (no per-row heap allocation); kChunk is a multiple of 32.
@@ -108,19 +119,10 @@ void convert_row_slice(const void* row, DType src_t, int64_t col0, int64_t cols,
             case DType::kQ4_1:
                 dequant_q4_1(src + first / kBlock * 20, out, n);
                 break;
-            case DType::kF32:
-                std::memcpy(out, src + first * 4, size_t(n) * 4);
-                break;
-            case DType::kF16:
-                for (int64_t k = 0; k < n; ++k) out[k] = f16_to_f32(load_u16(src + 2 * (first + k)));
-                break;
-            case DType::kBF16:
-                for (int64_t k = 0; k < n; ++k) out[k] = bf16_to_f32(load_u16(src + 2 * (first + k)));
-                break;
             default:
                 break;
         }
-        if (dst_t != DType::kF32) store_f32(out, static_cast<uint8_t*>(dst) + c0 * out_size, dst_t, n);
+        if (dst_t != DType::kF32) convert_elements(out, DType::kF32, static_cast<uint8_t*>(dst) + c0 * out_size, dst_t, n);
     }
 }
 

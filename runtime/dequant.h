@@ -21,6 +21,9 @@ void dequant_q4_1(const uint8_t* blocks, float* out, int64_t n);
 // Converts elements [col0, col0 + cols) of one row of `src_t` (whose first element is at `row`)
 // into dst as dst_t (f32, f16 or bf16). Block types need col0 and cols multiples of 32.
 // Throws Error on an unsupported pair or misaligned block slice.
+// Converts n elements of src (f32/f16/bf16) to dst (f32/f16/bf16); a plain copy when the types match.
+void convert_elements(const void* src, DType src_t, void* dst, DType dst_t, int64_t n);
+
 void convert_row_slice(const void* row, DType src_t, int64_t col0, int64_t cols, void* dst, DType dst_t);
 
 }  // namespace lattice

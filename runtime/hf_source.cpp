@@ -51,7 +51,7 @@ public:
         const int64_t R = t.info.rows(), C = t.info.cols();
         LATTICE_CHECK(row0 >= 0 && rows >= 0 && row0 + rows <= R && col0 >= 0 && cols >= 0 && col0 + cols <= C,
                       "{}: tensor \"{}\" {}: slice rows [{}, {}) cols [{}, {}) out of range", t.info.file, name,
-                      shape_str(t.info.shape), row0, row0 + rows, col0, col0 + cols);
+                      shape_string(t.info.shape), row0, row0 + rows, col0, col0 + cols);
         const int64_t es = dtype_size(t.info.dtype);
         const uint8_t* base = files_[size_t(t.file)]->bytes(*t.entry);
         auto* out = static_cast<uint8_t*>(dst);
@@ -67,12 +67,6 @@ private:
         int file = 0;
         const SafetensorsEntry* entry = nullptr;
     };
-
-    static std::string shape_str(const std::vector<int64_t>& s) {
-        std::string r = "[";
-        for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-        return r + "]";
-    }
 
     const Tensor& at(const std::string& name) const {
         auto it = tensors_.find(name);

@@ -2,6 +2,8 @@
 #include "runtime/model.h"
 
 #include "runtime/base/log.h"
+#include "runtime/dequant.h"
+#include "runtime/gguf.h"
 #include "runtime/smoothquant.h"
 
 #include <algorithm>
@@ -66,20 +68,9 @@ HostSlice read_slice(const TensorSource& src, const std::string& name, int64_t r
     return h;
 }
 
-// GGUF (llama.cpp converter) stores each q/k head's rows interleaved: GGUF row 2i + s holds the
-// HF half-split row s * (head_dim / 2) + i. Undo it per whole head.
+// GGUF (llama.cpp converter) stores each q/k head's rows interleaved; undo it per whole head.
 void unpermute_heads(HostSlice& h, int64_t head_dim) {
-    const int64_t half = head_dim / 2;
-    const size_t row_bytes = size_t(h.cols * dtype_size(h.dtype));
-    std::vector<uint8_t> tmp(size_t(head_dim) * row_bytes);
-    for (int64_t r0 = 0; r0 < h.rows; r0 += head_dim) {
-        uint8_t* head = h.bytes.data() + size_t(r0) * row_bytes;
-        for (int64_t s = 0; s < 2; ++s)
-            for (int64_t i = 0; i < half; ++i)
-                std::memcpy(tmp.data() + size_t(s * half + i) * row_bytes, head + size_t(2 * i + s) * row_bytes,
-                            row_bytes);
-        std::memcpy(head, tmp.data(), tmp.size());
-    }
+    unpermute_qk_rows_bytes(h.bytes.data(), h.rows / head_dim, head_dim, h.cols * dtype_size(h.dtype));
 }
 
 HostSlice concat_rows(std::vector<HostSlice>& parts) {
@@ -95,16 +86,7 @@ HostSlice concat_rows(std::vector<HostSlice>& parts) {
     for (auto& p : parts) {
         LATTICE_CHECK(p.cols == out.cols, "concat_rows: column mismatch {} vs {}", p.cols, out.cols);
         const int64_t n = p.rows * p.cols;
-        if (p.dtype == dt) {
-            std::memcpy(dst, p.bytes.data(), p.bytes.size());
-        } else {
-            for (int64_t i = 0; i < n; ++i) {
-                float v = p.dtype == DType::kF16   ? f16_to_f32(reinterpret_cast<uint16_t*>(p.bytes.data())[i])
-                          : p.dtype == DType::kBF16 ? bf16_to_f32(reinterpret_cast<uint16_t*>(p.bytes.data())[i])
-                                                    : reinterpret_cast<float*>(p.bytes.data())[i];
-                reinterpret_cast<float*>(dst)[i] = v;
-            }
-        }
+        convert_elements(p.bytes.data(), p.dtype, dst, dt, n);
         dst += n * dtype_size(dt);
         p.bytes = {};
     }
@@ -113,13 +95,8 @@ HostSlice concat_rows(std::vector<HostSlice>& parts) {
 
 void check_shape(const TensorSource& src, const std::string& name, std::vector<int64_t> expect) {
     const TensorInfo& ti = src.info(name);
-    auto shape_str = [](const std::vector<int64_t>& s) {
-        std::string r = "[";
-        for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-        return r + "]";
-    };
     LATTICE_CHECK(ti.shape == expect, "{}: tensor \"{}\" has shape {}, expected {} from the config", ti.file, name,
-                  shape_str(ti.shape), shape_str(expect));
+                  shape_string(ti.shape), shape_string(expect));
 }
 
 std::string layer_name(int64_t l, const char* suffix) { return "model.layers." + std::to_string(l) + "." + suffix; }
@@ -166,9 +143,8 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
 Model::~Model() = default;
 
 Linear Model::load_linear(const TensorSource& src, const std::string& name, int64_t row0, int64_t rows, int64_t col0,
-                          int64_t cols, QuantMode mode, bool qk_heads, int64_t) {
+                          int64_t cols, QuantMode mode) {
     HostSlice h = read_slice(src, name, row0, rows, col0, cols, keep_dtype(src.info(name).dtype));
-    if (qk_heads && src.qk_rows_interleaved()) unpermute_heads(h, cfg_.head_dim);
     return be_.make_linear(h.view(), mode);
 }
 
@@ -203,7 +179,7 @@ void Model::load(const TensorSource& src) {
         if (!c.tie_embeddings) {
             check_shape(src, "lm_head.weight", {c.vocab, H});
             lm_head_ = load_linear(src, "lm_head.weight", s.vocab0, s.vocab_rows, 0, H,
-                                   opt_.quant_head ? opt_.quant : QuantMode::kNone, false, 0);
+                                   opt_.quant_head ? opt_.quant : QuantMode::kNone);
         }
     }
     std::vector<float> inv = c.rope_inv_freq();
@@ -256,8 +232,8 @@ void Model::load(const TensorSource& src) {
                 fold_smooth_columns(gate_up.bytes, gate_up.dtype, gate_up.rows, gate_up.cols, *f);
             L.w_gate_up = be_.make_linear(gate_up.view(), opt_.quant);
         }
-        L.wo = load_linear(src, o, 0, H, s.head0 * hd, s.n_heads * hd, opt_.quant, false, 0);
-        L.w_down = load_linear(src, d, 0, H, s.ffn0, s.ffn, opt_.quant, false, 0);
+        L.wo = load_linear(src, o, 0, H, s.head0 * hd, s.n_heads * hd, opt_.quant);
+        L.w_down = load_linear(src, d, 0, H, s.ffn0, s.ffn, opt_.quant);
         L.k_cache = be_.alloc(act, {opt_.slots, opt_.max_seq, s.n_kv, hd});
         L.v_cache = be_.alloc(act, {opt_.slots, opt_.max_seq, s.n_kv, hd});
         layers_.push_back(std::move(L));

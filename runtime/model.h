@@ -105,7 +105,7 @@ public:
 private:
     void load(const TensorSource& src);
     Linear load_linear(const TensorSource& src, const std::string& name, int64_t row0, int64_t rows, int64_t col0,
-                       int64_t cols, QuantMode mode, bool qk_heads, int64_t heads_in_tensor);
+                       int64_t cols, QuantMode mode);
 
     ModelConfig cfg_;
     Backend& be_;

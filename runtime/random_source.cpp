@@ -2,6 +2,7 @@
 #include "runtime/random_source.h"
 
 #include "runtime/base/error.h"
+#include "runtime/dequant.h"
 
 #include <cmath>
 #include <cstring>
@@ -67,7 +68,6 @@ public:
                       "random source: slice out of range for {}", name);
         const uint64_t base = splitmix64(seed_ ^ t.key);
         std::vector<float> row(static_cast<size_t>(cols));
-        std::vector<uint16_t> tmp(static_cast<size_t>(cols));
         for (int64_t r = 0; r < rows; ++r) {
             const uint64_t rk = splitmix64(base + uint64_t(row0 + r));
             for (int64_t c = 0; c < cols; ++c) {
@@ -79,19 +79,8 @@ public:
                 if (dtype_ == DType::kF16) v = f16_to_f32(f32_to_f16(v));
                 row[size_t(c)] = v;
             }
-            uint8_t* d = static_cast<uint8_t*>(dst) + r * cols * dtype_size(out);
-            switch (out) {
-                case DType::kF32: std::memcpy(d, row.data(), size_t(cols) * 4); break;
-                case DType::kBF16:
-                    for (int64_t c = 0; c < cols; ++c) tmp[size_t(c)] = f32_to_bf16(row[size_t(c)]);
-                    std::memcpy(d, tmp.data(), size_t(cols) * 2);
-                    break;
-                case DType::kF16:
-                    for (int64_t c = 0; c < cols; ++c) tmp[size_t(c)] = f32_to_f16(row[size_t(c)]);
-                    std::memcpy(d, tmp.data(), size_t(cols) * 2);
-                    break;
-                default: LATTICE_FAIL("random source: cannot produce {}", dtype_name(out));
-            }
+            convert_elements(row.data(), DType::kF32, static_cast<uint8_t*>(dst) + r * cols * dtype_size(out), out,
+                             cols);
         }
     }
 

@@ -181,37 +181,4 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
                   std::strerror(errno));
 }
 
-namespace {
-template <typename Load>
-void store_all(Load load, void* dst, DType dt, int64_t n) {
-    switch (dt) {
-        case DType::kF32:
-            for (int64_t i = 0; i < n; ++i) static_cast<float*>(dst)[i] = load(i);
-            break;
-        case DType::kF16:
-            for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = f32_to_f16(load(i));
-            break;
-        case DType::kBF16:
-            for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = f32_to_bf16(load(i));
-            break;
-        default: LATTICE_FAIL("convert: unsupported target dtype {}", dtype_name(dt));
-    }
-}
-}  // namespace
-
-void convert_elements(const void* src, DType st, void* dst, DType dt, int64_t n) {
-    if (st == dt) {
-        std::memcpy(dst, src, size_t(n * dtype_size(st)));
-        return;
-    }
-    const auto* f = static_cast<const float*>(src);
-    const auto* h = static_cast<const uint16_t*>(src);
-    switch (st) {
-        case DType::kF32: store_all([f](int64_t i) { return f[i]; }, dst, dt, n); break;
-        case DType::kF16: store_all([h](int64_t i) { return f16_to_f32(h[i]); }, dst, dt, n); break;
-        case DType::kBF16: store_all([h](int64_t i) { return bf16_to_f32(h[i]); }, dst, dt, n); break;
-        default: LATTICE_FAIL("convert: unsupported source dtype {}", dtype_name(st));
-    }
-}
-
 }  // namespace lattice

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "runtime/base/dtype.h"
+#include "runtime/dequant.h"  // convert_elements, used with the tensors read here
 
 #include <cstddef>
 #include <cstdint>
@@ -72,8 +73,5 @@ struct TensorToWrite {
 };
 // Writes a safetensors file atomically (temp file + rename) so a failure never leaves a torn file.
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors);
-
-// Converts n elements of src (f32/f16/bf16) to dst (f32/f16/bf16).
-void convert_elements(const void* src, DType src_t, void* dst, DType dst_t, int64_t n);
 
 }  // namespace lattice

@@ -15,6 +15,13 @@
 
 namespace lattice {
 
+// "[r, c]" for error messages.
+inline std::string shape_string(const std::vector<int64_t>& shape) {
+    std::string r = "[";
+    for (size_t i = 0; i < shape.size(); ++i) r += (i ? ", " : "") + std::to_string(shape[i]);
+    return r + "]";
+}
+
 struct TensorInfo {
     std::string name;  // canonical HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
     DType dtype = DType::kF32;
