@@ -6,13 +6,12 @@
 // Prefill is compute bound; we report tokens/s and GFLOP/s (2 x parameters x tokens).
 // Usage: bench_decode [--config tinyllama-1.1b] [--threads N] [--prompt 128] [--decode 32]
 //                     [--quant none|w8a16|w8a8] [--json FILE]
-#include "bench_common.h"
+#include "benchmarks/bench_common.h"
 
-#include "runtime/base/log.h"
-#include "runtime/cpu_backend.h"
-#include "runtime/generator.h"
-#include "runtime/model.h"
-#include "runtime/random_source.h"
+#include "base/log.h"
+#include "kernels/cpu/thread_pool.h"
+#include "runtime/engine/build.h"
+#include "runtime/weights/random_source.h"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -34,17 +33,22 @@ int main(int argc, char** argv) {
     try {
         ModelConfig cfg = preset_config(preset);
         auto src = make_random_source(cfg, 42);
-        CpuBackend be(CpuBackendOptions{threads, true, false});
-        const double bw = bench::measure_read_bandwidth(be.pool());
-        ModelOptions mo;
-        mo.quant = parse_quant_mode(quant);
-        mo.max_seq = prompt + decode + 1;
-        mo.max_batch_tokens = std::min<int64_t>(prompt, 256);
-        double t0 = bench::now();
-        Model model(*src, be, mo, nullptr);
-        const double load_s = bench::now() - t0;
+        double bw = 0;
+        {
+            ThreadPool pool(threads, true);  // the ceiling, on as many pinned threads as the model gets
+            bw = bench::measure_read_bandwidth(pool);
+        }
+        BuildOptions o;
+        o.model.quant = parse_quant_mode(quant);
+        o.model.max_seq = prompt + decode + 1;
+        o.model.max_batch_tokens = std::min<int64_t>(prompt, 256);
+        o.backend.kind = BackendKind::kCpu;
+        o.backend.threads = threads;
+        Built b = build(o, *src);
+        const double load_s = b.load_seconds;
         src.reset();
-        Generator gen(model);
+        Model& model = *b.model;
+        Generator& gen = *b.generator;
         GenerateRequest req;
         for (int64_t i = 0; i < prompt; ++i) req.prompt.push_back(int32_t((i * 7919 + 13) % cfg.vocab));
         req.max_new_tokens = decode;
@@ -61,11 +65,11 @@ int main(int argc, char** argv) {
                    "weight GB/s | mem GB/s | ratio to floor |\n");
         fmt::print("|---|---|---|---|---|---|---|---|---|---|\n");
         fmt::print("| {} | {} | {} | {:.2f} | {:.1f} | {:.1f} | {:.2f} | {:.1f} | {:.1f} | {:.2f} |\n", preset, quant,
-                   be.pool().size(), bytes / double(1 << 30), prefill_tps, gflops, decode_tps, achieved_bw, bw,
+                   b.backend->threads(), bytes / double(1 << 30), prefill_tps, gflops, decode_tps, achieved_bw, bw,
                    decode_tps / floor_tps);
         bench::write_json(json, {{"model", preset},
                                  {"quant", quant},
-                                 {"threads", be.pool().size()},
+                                 {"threads", b.backend->threads()},
                                  {"weight_bytes", bytes},
                                  {"load_seconds", load_s},
                                  {"prompt_tokens", prompt},

@@ -18,7 +18,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "bench_common.h"
+#include "benchmarks/bench_common.h"
 #include <random>
 #include <ctime>
 #include <string>

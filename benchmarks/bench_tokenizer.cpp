@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/base/error.h"
+#include "base/error.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 using namespace lattice;

@@ -1,21 +1,9 @@
 // Shared model-loading options and setup (see cli_common.h).
 #include "launch/cli_common.h"
 
+#include "base/log.h"
 #include "parallel/mpi_session.h"
-#include "parallel/parallel_context.h"
-#include "runtime/base/log.h"
-#include "runtime/cpu_backend.h"
-#include "runtime/engine.h"
-#include "runtime/cuda_backend_factory.h"
-#include "runtime/random_source.h"
 
-#if defined(LATTICE_HAVE_CUDA) && defined(LATTICE_HAVE_NCCL)
-#include "parallel/cuda/nccl_comm.h"
-#include "parallel/mpi_comm.h"
-#include "runtime/cuda/cuda_backend.h"
-#endif
-
-#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -86,102 +74,44 @@ std::string default_model_path() {
 
 namespace {
 
-// On GPUs the tensor-parallel and pipeline groups move device memory: NCCL over the same ranks as
-// the MPI group (which stays alive underneath, in `keep`). Groups of one rank stay LocalComm.
-std::unique_ptr<Communicator> device_group(std::unique_ptr<Communicator> host, Backend& be, int device,
-                                           const char* name, double timeout,
-                                           std::vector<std::unique_ptr<Communicator>>& keep) {
-#if defined(LATTICE_HAVE_CUDA) && defined(LATTICE_HAVE_NCCL)
-    auto* mpi = dynamic_cast<MpiComm*>(host.get());
-    if (be.device() != Device::kCuda || mpi == nullptr) return host;
-    auto nccl = std::make_unique<NcclComm>(mpi->handle(), static_cast<CudaBackend&>(be).stream(), device, name, timeout);
-    keep.push_back(std::move(host));
-    return nccl;
-#else
-    LATTICE_CHECK(be.device() != Device::kCuda || host->size() == 1,
-                  "{} group of {} ranks on CUDA needs NCCL, which this build lacks", name, host->size());
-    return host;
-#endif
-}
-
-std::unique_ptr<Backend> make_backend(const ModelArgs& a, const WorldConfig& w, int* threads) {
-    std::string dev = a.device;
-    if (dev == "auto") dev = cuda_device_count() > 0 ? "cuda" : "cpu";
-    if (dev == "cuda") {
-        std::vector<int> devs;
-        if (!a.devices.empty())
-            for (int32_t d : parse_id_list(a.devices, "--devices")) devs.push_back(d);
-        const int device = w.device(devs);
-        const int count = cuda_device_count();
-        LATTICE_CHECK(device < count, "{}: CUDA device {} requested but {} visible", w.describe(), device, count);
-        process_identity().device = device;
-        *threads = 1;
-        return make_cuda_backend(device, a.dtype == "f16" ? DType::kF16 : DType::kBF16);
-    }
-    CpuBackendOptions bo;
-    bo.threads = a.threads;
-    bo.mlock = a.mlock;
-    auto cpu = std::make_unique<CpuBackend>(bo);
-    *threads = cpu->pool().size();
-    return cpu;
-}
-
 std::vector<int64_t> parse_counts(const std::string& s) {
     std::vector<int64_t> out;
     for (int32_t v : parse_id_list(s, "--pp-layers")) out.push_back(v);
     return out;
 }
+
 }  // namespace
 
-LoadedModel load_model(const ModelArgs& a) {
-    LoadedModel lm;
-    auto t0 = std::chrono::steady_clock::now();
+Built load_model(const ModelArgs& a) {
+    BuildOptions o;
+    o.model.quant = parse_quant_mode(a.quant);
+    o.model.quant_head = a.quant_head;
+    o.model.smooth_path = a.smooth;
+    o.model.max_seq = a.max_seq;
+    o.model.max_batch_tokens = a.max_batch_tokens;
+    o.model.slots = a.slots;
+    if (!a.pp_layers.empty()) o.pp_layers = parse_counts(a.pp_layers);
+    o.micro_batch = a.micro_batch;
+    o.tp = a.tp;
+    o.pp = a.pp;
     // MPI only when asked for several ranks or launched by an MPI starter: a plain single-process
     // run neither pays for nor depends on MPI initialization.
-    const bool under_mpi = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK");
-    ParallelContext ctx = (a.tp * a.pp > 1 || under_mpi) ? make_parallel_context(a.tp, a.pp, a.comm_timeout)
-                                                         : make_local_context();
-    // When the launcher tears the job down because a rank died, say which one before exiting.
-    if (ctx.world.world > 1) mpi_session().install_termination_reporter();
-    lm.world_rank = ctx.world.rank;
-    lm.world_size = ctx.world.world;
-    if (lm.world_rank != 0) set_log_level(LogLevel::kWarn);
-    std::unique_ptr<TensorSource> src;
-    if (a.random_weights) {
-        ModelConfig cfg;
-        if (!a.config_preset.empty()) cfg = preset_config(a.config_preset);
-        else if (!a.model.empty()) cfg = open_model(a.model)->config();
-        else LATTICE_FAIL("--random-weights needs --config PRESET or --model PATH for the shape");
-        src = make_random_source(cfg, a.weight_seed);
-    } else {
-        LATTICE_CHECK(!a.model.empty(), "--model is required (or --random-weights --config PRESET)");
-        src = open_model(a.model);
-    }
-    lm.backend = make_backend(a, ctx.world, &lm.threads);
-    ctx.tp = device_group(std::move(ctx.tp), *lm.backend, process_identity().device, "tp", a.comm_timeout, lm.host_groups);
-    ctx.pp_world =
-        device_group(std::move(ctx.pp_world), *lm.backend, process_identity().device, "pp", a.comm_timeout, lm.host_groups);
-    ModelOptions mo;
-    mo.quant = parse_quant_mode(a.quant);
-    mo.quant_head = a.quant_head;
-    mo.smooth_path = a.smooth;
-    mo.max_seq = a.max_seq;
-    mo.max_batch_tokens = a.max_batch_tokens;
-    mo.slots = a.slots;
-    mo = rank_model_options(mo, ctx, src->config().n_layers,
-                            a.pp_layers.empty() ? std::vector<int64_t>{} : parse_counts(a.pp_layers));
-    lm.model = std::make_unique<Model>(*src, *lm.backend, mo, ctx.tp.get());
-    src.reset();  // drop the file mappings: weights now live in the backend's memory
-    PipelineLinks links = rank_pipeline_links(ctx);
-    lm.generator = std::make_unique<Generator>(*lm.model, links, a.micro_batch);
-    lm.tp_comm = std::move(ctx.tp);
-    lm.pp_comm = std::move(ctx.pp_world);
-    lm.world_comm = std::move(ctx.world_comm);
-    lm.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    LOG_INFO("{}: loaded {} on {} in {:.2f} s ({:.1f} MiB of weights on this rank, quant {})",
-             ctx.world.describe(), a.random_weights ? "random weights" : a.model, lm.backend->name(), lm.load_seconds,
-             double(lm.model->weight_bytes()) / (1 << 20), a.quant);
-    return lm;
+    o.mpi = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK");
+    o.comm_timeout = a.comm_timeout;
+    o.backend.kind = parse_backend_kind(a.device);
+    o.backend.threads = a.threads;
+    o.backend.mlock = a.mlock;
+    o.backend.cuda_act = a.dtype == "f16" ? DType::kF16 : DType::kBF16;
+    if (!a.devices.empty())
+        for (int32_t d : parse_id_list(a.devices, "--devices")) o.devices.push_back(d);
+    o.on_context = [](const WorldConfig& w) {
+        // When the launcher tears the job down because a rank died, say which one before exiting.
+        if (w.world > 1) mpi_session().install_termination_reporter();
+        if (w.rank != 0) set_log_level(LogLevel::kWarn);
+    };
+    ModelSpec spec{a.model, a.random_weights, a.config_preset, a.weight_seed};
+    if (!a.random_weights) LATTICE_CHECK(!a.model.empty(), "--model is required (or --random-weights --config PRESET)");
+    return build(o, spec);
 }
 
 }  // namespace lattice

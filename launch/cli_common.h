@@ -2,11 +2,7 @@
 // the code that turns them into a backend + model + parallel layout for this rank.
 #pragma once
 
-#include "parallel/communicator.h"
-#include "runtime/backend.h"
-#include "runtime/generator.h"
-#include "runtime/model.h"
-#include "runtime/tensor_source.h"
+#include "runtime/engine/build.h"
 
 #include <CLI/CLI.hpp>
 
@@ -40,22 +36,9 @@ struct ModelArgs {
     void add_to(CLI::App* cmd);
 };
 
-// Everything a command needs, owned together (destroyed in reverse order).
-struct LoadedModel {
-    std::unique_ptr<Backend> backend;
-    std::unique_ptr<Model> model;
-    std::unique_ptr<Generator> generator;
-    std::unique_ptr<Communicator> tp_comm;
-    std::unique_ptr<Communicator> pp_comm;
-    std::unique_ptr<Communicator> world_comm;
-    std::vector<std::unique_ptr<Communicator>> host_groups;  // MPI groups under the device communicators
-    int world_rank = 0;
-    int world_size = 1;
-    int threads = 1;  // CPU threads per rank
-    double load_seconds = 0;
-};
-
-LoadedModel load_model(const ModelArgs& a);
+// Builds this rank's model from the options (runtime/engine/build.h); MPI joins when tp * pp > 1 or
+// when an MPI starter launched this process (read from the environment here, in launch/).
+Built load_model(const ModelArgs& a);
 
 // The built-in default model (SmolLM2-135M-Instruct Q4_1, fetched by scripts/setup.sh into models/):
 // $LATTICE_DEFAULT_MODEL, else ./models/..., else <source tree>/models/...; Error if none exists.

@@ -13,10 +13,10 @@
 
 #include "launch/cli.h"
 #include "launch/cli_common.h"
-#include "runtime/base/log.h"
-#include "runtime/cpu_backend.h"
-#include "runtime/model.h"
-#include "runtime/smoothquant.h"
+#include "base/log.h"
+#include "runtime/backend/cpu/cpu_backend.h"
+#include "runtime/model/model.h"
+#include "runtime/model/smoothquant.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace lattice {

@@ -12,7 +12,7 @@
 // CUDA device i of those visible.
 #include "launch/cli.h"
 #include "parallel/mpi_session.h"
-#include "runtime/base/error.h"
+#include "base/error.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -3,9 +3,9 @@
 #include "launch/cli.h"
 #include "launch/cli_common.h"
 
-#include "runtime/base/error.h"
-#include "runtime/chat_template.h"
-#include "runtime/memory.h"
+#include "base/error.h"
+#include "runtime/tokenizer/chat_template.h"
+#include "base/memory.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 #include <fmt/format.h>
@@ -50,7 +50,7 @@ void print_stats(const GenerateStats& s) {
     fmt::print(stderr, "\n");
 }
 
-void write_stats(const std::string& path, const GenerateStats& s, const LoadedModel& lm, const ModelArgs& a) {
+void write_stats(const std::string& path, const GenerateStats& s, const Built& lm, const ModelArgs& a) {
     nlohmann::json j = {{"prompt_tokens", s.prompt_tokens},
                         {"prefill_seconds", s.prefill_seconds},
                         {"generated_tokens", s.generated_tokens},
@@ -63,8 +63,8 @@ void write_stats(const std::string& path, const GenerateStats& s, const LoadedMo
                         {"bubble_rank0", s.prefill_seconds + s.decode_seconds > 0
                                              ? s.idle_seconds / (s.prefill_seconds + s.decode_seconds)
                                              : 0.0},
-                        {"threads", lm.threads},
-                        {"ranks", lm.world_size},
+                        {"threads", lm.backend->threads()},
+                        {"ranks", lm.world.world},
                         {"tp", a.tp},
                         {"pp", a.pp},
                         {"quant", a.quant},
@@ -131,12 +131,12 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
             req.sampling.validate();
             req.ignore_eos = a.ignore_eos;
             a.model.slots = a.batch;
-            LoadedModel lm = load_model(a.model);
+            Built lm = load_model(a.model);
             if (a.batch > 1) {
                 std::vector<GenerateRequest> reqs(static_cast<size_t>(a.batch), req);
                 GenerateStats total;
                 std::vector<GenerateResult> rs = lm.generator->generate_batch(reqs, {}, &total);
-                if (lm.world_rank == 0) {
+                if (lm.world.rank == 0) {
                     for (const auto& r : rs) {
                         if (tok && !a.print_ids) fmt::print("{}\n", tok->decode(r.tokens));
                         else fmt::print("{}\n", fmt::join(r.tokens, " "));
@@ -147,7 +147,7 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
                 }
                 return 0;
             }
-            const bool stream_text = tok && !a.print_ids && lm.world_rank == 0;
+            const bool stream_text = tok && !a.print_ids && lm.world.rank == 0;
             std::unique_ptr<StreamDecoder> stream;
             if (stream_text) stream = std::make_unique<StreamDecoder>(*tok);
             GenerateResult res = lm.generator->generate(req, [&](int32_t id) {
@@ -155,7 +155,7 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
                 fmt::print("{}", stream->push(id));
                 std::fflush(stdout);
             });
-            if (lm.world_rank == 0) {
+            if (lm.world.rank == 0) {
                 if (stream)
                     fmt::print("{}\n", stream->finish());
                 else

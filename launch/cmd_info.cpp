@@ -1,6 +1,6 @@
 // `lattice info --model PATH`: config, parameter count and weight bytes of a checkpoint.
 #include "launch/cli.h"
-#include "runtime/tensor_source.h"
+#include "runtime/weights/tensor_source.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -3,7 +3,7 @@
 #include "launch/cli.h"
 #include "launch/cli_common.h"
 
-#include "runtime/safetensors.h"
+#include "runtime/weights/safetensors.h"
 
 #include <memory>
 
@@ -23,9 +23,9 @@ void add_score_command(CLI::App& app, CommandRun& run) {
         run = [args] {
             std::vector<int32_t> prompt = parse_id_list(args->prompt_ids, "--prompt-ids");
             LATTICE_CHECK(!prompt.empty(), "give a prompt: --prompt-ids 1,2,3");
-            LoadedModel lm = load_model(args->model);
+            Built lm = load_model(args->model);
             std::vector<float> logits = lm.generator->score(prompt);
-            if (lm.world_rank == 0) {
+            if (lm.world.rank == 0) {
                 const int64_t T = int64_t(prompt.size()), V = lm.model->config().vocab;
                 write_safetensors(args->out, {{"logits", DType::kF32, {T, V}, logits.data()}});
             }

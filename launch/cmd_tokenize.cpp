@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "launch/cli.h"
-#include "runtime/base/error.h"
+#include "base/error.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace lattice {

@@ -3,7 +3,7 @@
 // on one rank aborts the job (MPI_Abort) so nobody waits forever on a dead peer.
 #include "kernels/cpu/int8_gemm.h"
 #include "launch/cli.h"
-#include "runtime/base/error.h"
+#include "base/error.h"
 
 #include <mpi.h>
 
@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
     lattice::add_tokenize_command(app, run);
     lattice::add_doctor_command(app, run);
     lattice::add_calibrate_command(app, run);
+    lattice::add_layout_command(app, run);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

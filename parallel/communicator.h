@@ -5,7 +5,7 @@
 // Error naming the peer that did not answer: never a hang.
 #pragma once
 
-#include "runtime/base/view.h"
+#include "base/view.h"
 
 #include <memory>
 #include <string>

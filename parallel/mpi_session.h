@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/base/error.h"
+#include "base/error.h"
 
 namespace lattice {
 

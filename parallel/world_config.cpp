@@ -1,9 +1,11 @@
 // WorldConfig arithmetic and stage layer split (see world_config.h).
 #include "parallel/world_config.h"
 
-#include "runtime/base/error.h"
+#include "base/error.h"
 
 #include <fmt/format.h>
+
+#include <algorithm>
 
 namespace lattice {
 
@@ -60,6 +62,81 @@ std::vector<std::pair<int64_t, int64_t>> stage_layer_ranges(int64_t n_layers, in
         b += c;
     }
     return r;
+}
+
+ShardShape shard_shape(const ModelDims& c, int tp, int r) {
+    LATTICE_CHECK(tp >= 1 && r >= 0 && r < tp, "invalid tp rank {} of {}", r, tp);
+    LATTICE_CHECK(c.n_heads % tp == 0, "tp {} does not divide num_attention_heads {} ({})", tp, c.n_heads, c.name);
+    LATTICE_CHECK(c.intermediate % tp == 0, "tp {} does not divide intermediate_size {} ({})", tp, c.intermediate,
+                  c.name);
+    ShardShape s;
+    s.n_heads = c.n_heads / tp;
+    s.head0 = r * s.n_heads;
+    if (tp <= c.n_kv_heads) {
+        LATTICE_CHECK(c.n_kv_heads % tp == 0, "tp {} does not divide num_key_value_heads {} ({})", tp, c.n_kv_heads,
+                      c.name);
+        s.n_kv = c.n_kv_heads / tp;
+        s.kv_head0 = r * s.n_kv;
+    } else {
+        LATTICE_CHECK(tp % c.n_kv_heads == 0,
+                      "tp {} exceeds num_key_value_heads {} but is not a multiple of it, so kv heads cannot be "
+                      "replicated evenly ({})",
+                      tp, c.n_kv_heads, c.name);
+        s.n_kv = 1;
+        s.kv_head0 = s.head0 / (c.n_heads / c.n_kv_heads);
+    }
+    s.ffn = c.intermediate / tp;
+    s.ffn0 = r * s.ffn;
+    s.vocab_per_rank = (c.vocab + tp - 1) / tp;
+    s.vocab0 = r * s.vocab_per_rank;
+    s.vocab_rows = std::clamp<int64_t>(c.vocab - s.vocab0, 0, s.vocab_per_rank);
+    LATTICE_CHECK(s.vocab_rows > 0, "vocab {} too small for tp {}: rank {} would hold no rows", c.vocab, tp, r);
+    return s;
+}
+
+void check_model_layout(const ModelDims& m, int tp, int pp) {
+    LATTICE_CHECK(tp >= 1 && pp >= 1, "invalid layout: tp={} pp={} (both must be >= 1)", tp, pp);
+    for (int r = 0; r < tp; ++r) shard_shape(m, tp, r);
+    stage_layer_ranges(m.n_layers, pp);
+}
+
+int check_placement(int tp, int pp, const Placement& p) {
+    LATTICE_CHECK(tp >= 1 && pp >= 1, "invalid layout: tp={} pp={} (both must be >= 1)", tp, pp);
+    LATTICE_CHECK(p.nodes >= 1, "invalid node count {}", p.nodes);
+    const int np = tp * pp;
+    LATTICE_CHECK(p.nodes <= np, "{} nodes but only tp*pp = {} ranks: every node needs at least one rank", p.nodes,
+                  np);
+    LATTICE_CHECK(np % p.nodes == 0, "tp*pp = {} ranks cannot be spread evenly over {} nodes", np, p.nodes);
+    const int k = np / p.nodes;
+    LATTICE_CHECK(p.nodes == 1 || k % tp == 0,
+                  "{} ranks per node do not hold whole TP groups of {} (TP runs inside a node, PP across nodes): use "
+                  "a tp that divides {}, or fewer nodes",
+                  k, tp, k);
+    if (p.slots_per_node > 0)
+        LATTICE_CHECK(p.slots_per_node >= k || (p.cpu && p.oversubscribe),
+                      "{} has {} slots but the layout needs {} ranks per node",
+                      p.slots_host.empty() ? std::string("a host") : "host '" + p.slots_host + "'", p.slots_per_node,
+                      k);
+    if (p.cpu) {
+        LATTICE_CHECK(p.gpus_per_node == 0, "CPU ranks and --gpus-per-node contradict each other");
+        LATTICE_CHECK(p.cores_per_node >= k || p.oversubscribe,
+                      "{} CPU ranks per node but only {} cores: add --oversubscribe to let ranks share cores (slow), "
+                      "or use fewer ranks",
+                      k, p.cores_per_node);
+        return k;
+    }
+    LATTICE_CHECK(!p.oversubscribe, "--oversubscribe is for CPU ranks (--cpu): two ranks must never share a GPU");
+    LATTICE_CHECK((tp & (tp - 1)) == 0, "tp {} is not a power of two (1, 2, 4, 8)", tp);
+    const int g = p.gpus_per_node;
+    LATTICE_CHECK(g > 0, "no GPUs found (nvidia-smi lists none); use --cpu for CPU ranks, or --gpus-per-node N when "
+                         "launching from a node without GPUs");
+    LATTICE_CHECK(g % tp == 0, "tp {} does not divide the {} GPUs per node: a TP group must sit inside one node", tp,
+                  g);
+    LATTICE_CHECK(k <= g,
+                  "tp*pp = {} ranks on {} node(s) need {} GPUs per node but there are {}: use more nodes (--hosts), "
+                  "or a smaller tp*pp",
+                  np, p.nodes, k, g);
+    return k;
 }
 
 }  // namespace lattice

@@ -1,6 +1,11 @@
-// WorldConfig: pure rank arithmetic for a TP x PP grid (no MPI here; exhaustively unit-tested).
-// Rank order puts a tensor-parallel group on consecutive ranks (one node) and pipeline stages
-// across groups: rank = pp_rank * tp + tp_rank. Layers are split into pp contiguous stages.
+// The only home of layout rules: pure arithmetic, no MPI (exhaustively unit-tested).
+// - WorldConfig: rank arithmetic for a TP x PP grid. Rank order puts a tensor-parallel group on
+//   consecutive ranks (one node) and pipeline stages across groups: rank = pp_rank * tp + tp_rank.
+// - stage_layer_ranges: layers split into pp contiguous stages.
+// - shard_shape: which heads, FFN columns and vocab rows a TP rank holds (Megatron sharding, see
+//   runtime/model/model.h), and the model's constraints on tp.
+// - check_placement: whether tp x pp ranks fit the nodes they are launched on (launch/lattice-mpirun
+//   asks `lattice layout`, which calls this, instead of keeping its own copy of the rules).
 #pragma once
 
 #include <cstdint>
@@ -31,6 +36,45 @@ struct WorldConfig {
     int device(const std::vector<int>& devices = {}) const;
     std::string describe() const;  // "rank 3/8 (tp 1/2, pp 1/4)"
 };
+
+// The model dimensions the layout rules depend on (from ModelConfig; `name` labels errors).
+struct ModelDims {
+    int64_t n_layers = 0, n_heads = 0, n_kv_heads = 0, intermediate = 0, vocab = 0;
+    std::string name;
+};
+
+// The tensor-parallel shard of one rank.
+struct ShardShape {
+    int64_t n_heads = 0;         // local query heads
+    int64_t n_kv = 0;            // local kv heads
+    int64_t head0 = 0;           // first global query head
+    int64_t kv_head0 = 0;        // first global kv head
+    int64_t ffn = 0;             // local intermediate size
+    int64_t ffn0 = 0;
+    int64_t vocab_rows = 0;      // rows of the embedding / head on this rank (<= vocab_per_rank)
+    int64_t vocab0 = 0;
+    int64_t vocab_per_rank = 0;  // ceil(vocab / tp): the padded stride of gathered logits
+};
+// Heads and FFN columns split evenly; kv heads split when tp <= n_kv_heads, replicated (one per
+// rank) when tp is a multiple of n_kv_heads; vocab split in ceil(vocab / tp) rows. Throws Error
+// naming the dimension when the model does not allow this tp.
+ShardShape shard_shape(const ModelDims& m, int tp, int tp_rank);
+// Throws Error when the model cannot run on tp x pp (every TP rank's shard and the stage split).
+void check_model_layout(const ModelDims& m, int tp, int pp);
+
+// Where the ranks of a job go: what a launcher knows about its nodes.
+struct Placement {
+    int nodes = 1;
+    bool cpu = false;             // CPU ranks; otherwise one GPU per rank
+    int gpus_per_node = 0;        // GPU mode
+    int cores_per_node = 0;       // CPU mode (physical cores)
+    int slots_per_node = 0;       // fewest slots any host offers (hostfile); 0: not limited
+    std::string slots_host;       // the host offering them (for the message)
+    bool oversubscribe = false;   // CPU mode: more ranks than cores (or slots) allowed
+};
+// Ranks per node when tp x pp fits `p`; throws Error saying why not (and what to change) otherwise.
+// A TP group never spans nodes; GPU ranks never share a GPU.
+int check_placement(int tp, int pp, const Placement& p);
 
 // Contiguous layer ranges per stage: [begin_s, end_s). Balanced (earlier stages get the extra
 // layers) unless `override_counts` is given, which must have pp entries summing to n_layers.

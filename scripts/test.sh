@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything and runs the whole test suite, exactly as CI does (.ci/run calls this):
 #   1. Release build (CPU backend; the CUDA backend is compiled too when nvcc exists) + every test
-#      (unit, mpi, slow; CUDA tests skip visibly without a GPU).
+#      (unit, mpi, slow; CUDA tests are reported skipped without a GPU, counted, with the reason).
 #   2. The same suite under AddressSanitizer + UndefinedBehaviorSanitizer (CPU build only).
 #   3. Each libFuzzer target for a bounded time (LATTICE_FUZZ_SECONDS, default 20).
 # Usage: scripts/test.sh [--quick]   (--quick: step 1 only)
@@ -12,11 +12,30 @@ jobs=${LATTICE_JOBS:-$(nproc)}
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/lattice-ccache}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
+# ctest with the skipped tests counted and their reasons shown (a skip is never a pass).
+run_ctest() {
+    local dir=$1 log
+    log=$(mktemp)
+    local rc=0
+    ctest --test-dir "$dir" --output-on-failure -j"$jobs" 2>&1 | tee "$log" || rc=$?
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+    local skipped
+    skipped=$(grep -E '^\s+[0-9]+ - .* \(Skipped\)$' "$log" | sed -E 's/^\s+[0-9]+ - (.*) \(Skipped\)$/\1/')
+    echo "skipped: $(printf '%s' "$skipped" | grep -c . || true) test(s)"
+    for t in $skipped; do
+        reason=$(awk -v t="$t" '$0 ~ "^[0-9]+/[0-9]+ Testing: "t"$" {on=1} on && /^SKIP/ {print; exit}' \
+                 "$dir/Testing/Temporary/LastTest.log")
+        echo "  $t: ${reason:-SKIP (no reason printed)}"
+    done
+    rm -f "$log"
+    return $rc
+}
+
 echo "== build (Release) =="
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$jobs"
 echo "== tests (Release) =="
-ctest --test-dir build --output-on-failure -j"$jobs"
+run_ctest build
 
 [ "${1:-}" = "--quick" ] && exit 0
 
@@ -26,7 +45,7 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLATTICE_SA
 cmake --build build-asan -j"$jobs"
 echo "== tests (ASan + UBSan) =="
 export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0"
-ctest --test-dir build-asan --output-on-failure -j"$jobs"
+run_ctest build-asan
 
 echo "== fuzzers (${LATTICE_FUZZ_SECONDS:-20} s each) =="
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DLATTICE_FUZZ=ON \

@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "benchmarks/gpu/gpu_peaks.h"
-#include "kernels/cuda/cuda_check.h"
+#include "base/cuda_check.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/kernels.h"
-#include "runtime/base/error.h"
+#include "base/error.h"
 
 using namespace lattice;
 

@@ -6,13 +6,13 @@
 // - RoPE:     half-split ("rotate_half") pairing of element i with i + hd/2; angle = pos * inv_freq[i]
 //             (llama3 / linear scaling is folded into the inv_freq table by ModelConfig).
 // - Softmax:  max-subtracted exp in fp32; an online (streaming) form for tiled attention.
-// - Quantize: lives in kernels/cpu/quantize.h (same LATTICE_HD style), not here.
-// Only runtime/base may be included (kernels/ layering).
+// - Quantize: lives in kernels/common/quantize.h (same LATTICE_HD style), not here.
+// Only base/ may be included (kernels/ layering).
 #pragma once
 
 #include <cstdint>
 
-#include "runtime/base/dtype.h"
+#include "base/dtype.h"
 
 #if !defined(__CUDA_ARCH__)
 #include <cmath>
@@ -123,7 +123,7 @@ struct OnlineSoftmax {
     }
 };
 
-// ---- Symmetric int8 quantization: kernels/cpu/quantize.h (quantize_row_int8 and friends, also
+// ---- Symmetric int8 quantization: kernels/common/quantize.h (quantize_row_int8 and friends, also
 // LATTICE_HD), shared by the CPU INT8 kernels and the CUDA quantize / fused norm+quantize kernels.
 
 // ---- SiLU ---------------------------------------------------------------------------------

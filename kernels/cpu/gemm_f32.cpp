@@ -1,7 +1,7 @@
 // Float GEMM dispatch and the scalar reference path (see gemm_f32.h).
 #include "kernels/cpu/gemm_f32.h"
 
-#include "runtime/base/error.h"
+#include "base/error.h"
 
 namespace lattice {
 

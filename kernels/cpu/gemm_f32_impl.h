@@ -6,7 +6,7 @@
 // then reuses it across the chunk. K tails go through a zero-padded stack copy.
 #pragma once
 
-#include "runtime/base/dtype.h"
+#include "base/dtype.h"
 
 #include <algorithm>
 #include <cstdint>

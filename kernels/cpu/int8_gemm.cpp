@@ -12,8 +12,8 @@
 #include <cstring>
 
 #include "kernels/cpu/int8_gemm_kernels.h"
-#include "kernels/cpu/quantize.h"
-#include "runtime/base/error.h"
+#include "kernels/common/quantize.h"
+#include "base/error.h"
 
 namespace lattice {
 

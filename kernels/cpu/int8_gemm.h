@@ -2,7 +2,7 @@
 // activations), with a scalar reference and AVX2 / AVX-VNNI / AVX-512 VNNI paths chosen at run time.
 //
 // Scheme (docs/quantization.md): weights symmetric per output channel, q = round(w / s),
-// s = max|w_row| / 127; W8A8 activations per token (row), dynamic and symmetric (kernels/cpu/quantize.h).
+// s = max|w_row| / 127; W8A8 activations per token (row), dynamic and symmetric (kernels/common/quantize.h).
 //
 // Packed layout (PackedInt8, prepared once at load): output channels in panels of 16 (n padded to a
 // multiple of 16 with zero rows), k padded to a multiple of 4 with zeros. Panel p is contiguous,

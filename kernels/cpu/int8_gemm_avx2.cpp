@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "kernels/cpu/int8_gemm_kernels.h"
-#include "kernels/cpu/quantize.h"
+#include "kernels/common/quantize.h"
 
 namespace lattice::int8_detail {
 namespace {

@@ -2,7 +2,7 @@
 #include "kernels/cpu/ops.h"
 
 #include "kernels/common/llama_math.h"
-#include "runtime/base/error.h"
+#include "base/error.h"
 
 #include <algorithm>
 #include <cmath>

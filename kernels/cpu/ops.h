@@ -5,7 +5,7 @@
 #pragma once
 
 #include "kernels/cpu/thread_pool.h"
-#include "runtime/base/dtype.h"
+#include "base/dtype.h"
 
 #include <cstdint>
 

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "kernels/common/llama_math.h"
-#include "kernels/cuda/cuda_check.h"
-#include "runtime/base/dtype.h"
+#include "base/cuda_check.h"
+#include "base/dtype.h"
 
 namespace lattice::cuda {
 
@@ -100,7 +100,7 @@ inline int64_t ceil_div(int64_t a, int64_t b) {
             using T = __nv_bfloat16;                                                                        \
             __VA_ARGS__;                                                                                    \
         } else {                                                                                            \
-            ::lattice::throw_call_error(                                                                    \
+            LATTICE_THROW_CALL_ERROR(                                                                    \
                 __FILE__, __LINE__, "dispatch",                                                             \
                 "activation dtype " + std::string(::lattice::dtype_name(act)) + " (expected f16 or bf16)"); \
         }                                                                                                   \
@@ -119,7 +119,7 @@ inline int64_t ceil_div(int64_t a, int64_t b) {
             using U = __nv_bfloat16;                                                                 \
             __VA_ARGS__;                                                                             \
         } else {                                                                                     \
-            ::lattice::throw_call_error(                                                             \
+            LATTICE_THROW_CALL_ERROR(                                                             \
                 __FILE__, __LINE__, "dispatch",                                                      \
                 "dtype " + std::string(::lattice::dtype_name(dt)) + " (expected f32, f16 or bf16)"); \
         }                                                                                            \

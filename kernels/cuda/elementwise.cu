@@ -3,7 +3,7 @@
 // dequantization epilogue of the INT8 GEMM, and dtype conversion.
 // One block per row for the row reductions (fp32 sums); the per-element math comes from
 // kernels/common/llama_math.h so it matches the CPU kernels. Rows are [m, n] row-major.
-#include "kernels/cpu/quantize.h"
+#include "kernels/common/quantize.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/kernels.h"
 

@@ -1,8 +1,8 @@
 // cuBLASLt plan cache and the two GEMM entry points (see gemm_lt.h for the layout contract).
 #include "kernels/cuda/gemm_lt.h"
 
-#include "kernels/cuda/cuda_check.h"
-#include "runtime/base/error.h"
+#include "base/cuda_check.h"
+#include "base/error.h"
 
 namespace lattice::cuda {
 

@@ -17,7 +17,7 @@
 #include <map>
 #include <tuple>
 
-#include "runtime/base/dtype.h"
+#include "base/dtype.h"
 
 namespace lattice::cuda {
 

@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-#include "runtime/base/dtype.h"
+#include "base/dtype.h"
 
 namespace lattice::cuda {
 

@@ -4,9 +4,8 @@
 #include <chrono>
 #include <thread>
 
-#include "kernels/cuda/cuda_check.h"
-#include "parallel/watchdog.h"
-#include "runtime/base/error.h"
+#include "base/cuda_check.h"
+#include "base/error.h"
 
 namespace lattice {
 namespace {
@@ -60,23 +59,15 @@ double seconds_since(Clock::time_point t0) {
 
 }  // namespace
 
-NcclComm::NcclComm(MPI_Comm mpi_comm, cudaStream_t stream, int device, std::string name, double timeout_s)
+NcclComm::NcclComm(Communicator& host, cudaStream_t stream, int device, std::string name, double timeout_s)
     : stream_(stream), device_(device), name_(std::move(name)), timeout_s_(timeout_s) {
-    MPI_Comm_rank(mpi_comm, &rank_);
-    MPI_Comm_size(mpi_comm, &size_);
+    rank_ = host.rank();
+    size_ = host.size();
     CUDA_CHECK(cudaSetDevice(device));
     ncclUniqueId id{};
     if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    MPI_Request req;
-    const int rc0 = MPI_Ibcast(&id, int(sizeof(id)), MPI_BYTE, 0, mpi_comm, &req);
-    LATTICE_CHECK(rc0 == MPI_SUCCESS, "NcclComm '{}': MPI_Ibcast of the unique id failed (rc {})", name_, rc0);
-    WaitPolicy policy;
-    policy.timeout_s = timeout_s;
-    int rc = 0;
-    const WaitResult wr = poll_request(&req, MPI_STATUS_IGNORE, policy, &rc);
-    LATTICE_CHECK(wr == WaitResult::kDone,
-                  "NcclComm '{}' rank {}/{}: the NCCL unique id from rank 0 did not arrive within {} s ({})", name_,
-                  rank_, size_, timeout_s, wr == WaitResult::kTimedOut ? "rank 0 or a peer is missing" : "MPI error");
+    // The host group's broadcast runs under its own deadline (a missing rank 0 becomes an Error).
+    host.broadcast(View::contiguous(&id, DType::kU8, {int64_t(sizeof(id))}), 0);
 
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;

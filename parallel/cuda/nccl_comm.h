@@ -2,9 +2,9 @@
 // the compute stream given at construction (the backend's), so all-reduces stay ordered with the
 // kernels and can be captured into the decode CUDA graph.
 //
-// Creation (collective over `mpi_comm`): rank 0 makes the ncclUniqueId, MPI_Ibcast sends it (polled
-// with the parallel/watchdog.h deadline, so a missing rank is an Error), then a non-blocking
-// ncclCommInitRankConfig is polled the same way.
+// Creation (collective over the host group `host`, e.g. an MpiComm over the same ranks): rank 0
+// makes the ncclUniqueId, the host group broadcasts it (under that group's deadline, so a missing
+// rank is an Error), then a non-blocking ncclCommInitRankConfig is polled against timeout_s.
 //
 // Never a hang: the communicator is non-blocking (config.blocking = 0). After each call NCCL's
 // enqueue state is polled with ncclCommGetAsyncError, then (outside graph capture, in the default
@@ -16,7 +16,6 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
-#include <mpi.h>
 #include <nccl.h>
 
 #include <string>
@@ -29,8 +28,8 @@ class NcclComm final : public Communicator {
 public:
     enum class WaitMode { kEachCall, kDeferred };
 
-    // Collective over mpi_comm (not owned). device: the CUDA ordinal of this rank's backend.
-    NcclComm(MPI_Comm mpi_comm, cudaStream_t stream, int device, std::string name, double timeout_s = 60.0);
+    // Collective over `host` (not kept). device: the CUDA ordinal of this rank's backend.
+    NcclComm(Communicator& host, cudaStream_t stream, int device, std::string name, double timeout_s = 60.0);
     ~NcclComm() override;
     NcclComm(const NcclComm&) = delete;
     NcclComm& operator=(const NcclComm&) = delete;

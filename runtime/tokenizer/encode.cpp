@@ -7,7 +7,7 @@
 //   point), characters the vocab lacks become <0xNN> byte tokens (or <unk> without byte fallback).
 //   Byte-level: the family's pre-tokenizer cuts words; each word's bytes start as one symbol per
 //   byte, merges by rank, results cached per word.
-#include "runtime/base/error.h"
+#include "base/error.h"
 #include "runtime/tokenizer/tokenizer.h"
 #include "runtime/tokenizer/unicode.h"
 

@@ -5,7 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "runtime/base/error.h"
+#include "base/error.h"
 #include "runtime/tokenizer/load_util.h"
 
 namespace lattice {

@@ -1,12 +1,12 @@
-// Tokenizer from GGUF metadata (llama.cpp's keys), read through runtime/gguf.h:
+// Tokenizer from GGUF metadata (llama.cpp's keys), read through runtime/weights/gguf.h:
 //   tokenizer.ggml.model        "llama" (SentencePiece BPE: tokens, scores, token_type) or
 //                               "gpt2" (byte-level BPE: tokens, token_type, merges "a b", pre)
 //   tokenizer.ggml.pre          pre-tokenizer family: llama-bpe/llama3, gpt-2/default, qwen2, smollm
 //   tokenizer.ggml.{bos,eos,unknown,padding,eot,eom}_token_id, add_bos_token, add_space_prefix
 //   tokenizer.chat_template     Jinja text (only its family is used)
 // Llama 3 ("llama-bpe") sets ignore_merges as llama.cpp does.
-#include "runtime/base/error.h"
-#include "runtime/gguf.h"
+#include "base/error.h"
+#include "runtime/weights/gguf.h"
 #include "runtime/tokenizer/load_util.h"
 
 namespace lattice {

@@ -11,8 +11,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "runtime/base/error.h"
-#include "runtime/base/log.h"
+#include "base/error.h"
+#include "base/log.h"
 #include "runtime/tokenizer/load_util.h"
 
 namespace lattice {

@@ -14,7 +14,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "runtime/base/error.h"
+#include "base/error.h"
 #include "runtime/tokenizer/load_util.h"
 
 namespace lattice {

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <queue>
 
-#include "runtime/base/error.h"
+#include "base/error.h"
 #include "runtime/tokenizer/unicode.h"
 
 namespace lattice {

@@ -12,7 +12,7 @@
 // Hugging Face tokenizers and llama.cpp.
 // Files: tokenizer.cpp (tables, merge loop), encode.cpp (encode/decode/streaming), pretokenize.cpp
 // (family split rules), load_spm.cpp (tokenizer.model: protobuf parsed by hand, see there why),
-// load_json.cpp, load_gguf.cpp (via runtime/gguf.h), load.cpp (factory, tokenizer_config.json).
+// load_json.cpp, load_gguf.cpp (via runtime/weights/gguf.h), load.cpp (factory, tokenizer_config.json).
 // Invariants: ids returned by encode are in [0, vocab_size()); decode never throws on bad ids
 // (they decode to nothing); a Tokenizer is immutable after construction except for its word cache,
 // which is guarded, so one Tokenizer may be shared between threads.
@@ -27,7 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "runtime/chat_template.h"
+#include "runtime/tokenizer/chat_template.h"
 #include "runtime/tokenizer/pretokenize.h"
 
 namespace lattice {

@@ -1,5 +1,5 @@
 // dtype conversions: exact widening, round-to-nearest-even narrowing, specials.
-#include "runtime/base/dtype.h"
+#include "base/dtype.h"
 
 #include <doctest/doctest.h>
 

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "runtime/dequant.h"
-#include "runtime/gguf.h"
+#include "runtime/weights/dequant.h"
+#include "runtime/weights/gguf.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     using namespace lattice;

@@ -1,7 +1,7 @@
 // libFuzzer target: the safetensors header parser on arbitrary bytes. Any lattice::Error is an
 // accepted rejection; a crash, leak, UB or hang is a bug.
-#include "runtime/base/error.h"
-#include "runtime/safetensors.h"
+#include "base/error.h"
+#include "runtime/weights/safetensors.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "runtime/base/error.h"
+#include "base/error.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

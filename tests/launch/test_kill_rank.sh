@@ -3,7 +3,7 @@
 # lattice-mpirun: every other rank must exit within the communicator timeout + 5 s, the job exits
 # non-zero, its output names the killed rank and its host, and no rank process is left.
 # Needs a model that decodes for longer than the test waits: the default SmolLM2-135M GGUF
-# (scripts/fetch_default_model.sh); exits 77 (skipped, reason printed) when it is not there. Its 9
+# (scripts/fetch_default_model.sh); fails when it is not there. Its 9
 # attention heads allow no TP 2, hence 4 pipeline stages.
 set -uo pipefail
 set -m
@@ -11,7 +11,7 @@ src=${LATTICE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 bin=${LATTICE_BIN:?set LATTICE_BIN to the lattice executable}
 W="$src/launch/lattice-mpirun"
 model=${LATTICE_KILL_TEST_MODEL:-$src/models/SmolLM2-135M-Instruct.Q4_1.gguf}
-[ -e "$model" ] || { echo "SKIP: $model missing (scripts/fetch_default_model.sh fetches it)"; exit 77; }
+[ -e "$model" ] || { echo "FAIL: $model missing (scripts/setup.sh fetches it)"; exit 1; }
 timeout_s=10
 victim=2
 log=$(mktemp)

@@ -9,7 +9,7 @@ W="$src/launch/lattice-mpirun"
 R=""; [ "$(id -u)" -eq 0 ] && R=" --allow-run-as-root"
 fails=0; n=0
 
-run() { env -i PATH="$PATH" HOME="${HOME:-/tmp}" "$@"; }
+run() { env -i PATH="$PATH" HOME="${HOME:-/tmp}" LATTICE_BIN="${LATTICE_BIN:-}" "$@"; }
 
 expect_cmd() {  # expect_cmd "expected command line" wrapper-args...
     local want=$1; shift; n=$((n + 1))

@@ -3,7 +3,7 @@
 # the signal reaches mpirun itself, which forwards it to the ranks. Checks: the job exits non-zero
 # within 15 s and no rank process is left (zombies awaiting init's reaping do not count).
 # Ranks: `sleep` (any program), then `lattice generate` on 2 pipeline stages of the default
-# SmolLM2 model mid-decode, when that model is present (a visible NOT CHECKED line otherwise).
+# SmolLM2 model mid-decode, which must be present (scripts/setup.sh fetches it).
 set -uo pipefail
 set -m  # background jobs get their own process group and keep SIGINT (not ignored as without job control)
 src=${LATTICE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -55,6 +55,7 @@ if [ -n "$bin" ] && [ -x "$bin" ] && [ -e "$model" ]; then
             --prompt-ids 1,2,3 --max-new-tokens 4000 --temperature 0 --ignore-eos --comm-timeout 10
     done
 else
-    echo "NOT CHECKED: signals to lattice generate (needs LATTICE_BIN and $model)"
+    echo "FAIL: signals to lattice generate need LATTICE_BIN and $model (scripts/setup.sh fetches it)"
+    fails=$((fails + 1))
 fi
 [ $fails -eq 0 ]

@@ -226,7 +226,8 @@ if [ -e "$long_model" ]; then
     echo "cancel: job $last_job $(job_state "$last_job"), rank processes left: ${left:-none}"
     if [ -n "$left" ]; then echo "FAIL: cancel left rank processes: $left"; kill -KILL $left; fails=$((fails + 1)); fi
 else
-    echo "NOT CHECKED: scancel of a running generation ($long_model missing; scripts/fetch_default_model.sh)"
+    echo "FAIL: scancel of a running generation needs $long_model (scripts/setup.sh fetches it)"
+    fails=$((fails + 1))
 fi
 [ $fails -eq 0 ] && echo "slurm: all checks passed"
 [ $fails -eq 0 ]

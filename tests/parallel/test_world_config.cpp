@@ -7,7 +7,7 @@
 #include <string>
 
 #include "parallel/world_config.h"
-#include "runtime/base/error.h"
+#include "base/error.h"
 
 using namespace lattice;
 
@@ -149,4 +149,101 @@ TEST_CASE("stage_layer_ranges: --pp-layers override and its errors") {
           }).find("sums to 79 but the model has 80") != std::string::npos);
     CHECK(msg([] { stage_layer_ranges(80, 4, {40, 40, 0, 0}); }).find("at least one layer") != std::string::npos);
     CHECK(msg([] { stage_layer_ranges(80, 2, {90, -10}); }).find("at least one layer") != std::string::npos);
+}
+
+TEST_CASE("shard_shape: heads, kv heads (split or replicated), FFN and padded vocab per TP rank") {
+    const ModelDims llama70{80, 64, 8, 28672, 32000, "llama-2-70b"};
+    for (int tp : {1, 2, 4, 8}) {
+        int64_t heads = 0, ffn = 0, vocab = 0;
+        for (int r = 0; r < tp; ++r) {
+            const ShardShape s = shard_shape(llama70, tp, r);
+            CHECK(s.head0 == heads);
+            CHECK(s.ffn0 == ffn);
+            CHECK(s.vocab0 == r * s.vocab_per_rank);
+            CHECK(s.n_kv == 8 / tp);
+            CHECK(s.kv_head0 == r * (8 / tp));
+            heads += s.n_heads;
+            ffn += s.ffn;
+            vocab += s.vocab_rows;
+        }
+        CHECK(heads == 64);
+        CHECK(ffn == 28672);
+        CHECK(vocab == 32000);
+    }
+    // tp > kv heads: one kv head per rank, the one its query heads use.
+    const ModelDims gqa{4, 8, 2, 64, 301, "gqa"};
+    for (int r = 0; r < 4; ++r) {
+        const ShardShape s = shard_shape(gqa, 4, r);
+        CHECK(s.n_kv == 1);
+        CHECK(s.kv_head0 == r / 2);
+    }
+    // Vocab padding: 301 over 4 ranks is 76 + 76 + 76 + 73.
+    CHECK(shard_shape(gqa, 4, 3).vocab_rows == 73);
+    CHECK(shard_shape(gqa, 4, 3).vocab_per_rank == 76);
+    auto msg = [](auto&& f) {
+        try {
+            f();
+        } catch (const Error& e) {
+            return body(e);
+        }
+        return std::string("no error");
+    };
+    const ModelDims smol{30, 9, 3, 1536, 49152, "smollm2"};
+    CHECK(msg([&] { shard_shape(smol, 2, 0); }).find("tp 2 does not divide num_attention_heads 9") != std::string::npos);
+    CHECK(msg([&] { check_model_layout(smol, 3, 31); }).find("pp 31 exceeds the model's 30 layers") != std::string::npos);
+    CHECK_NOTHROW(check_model_layout(smol, 3, 30));
+    CHECK(msg([&] { check_model_layout(gqa, 6, 1); }).find("does not divide") != std::string::npos);
+}
+
+namespace {
+Placement gpu_nodes(int nodes, int gpus) {
+    Placement p;
+    p.nodes = nodes;
+    p.gpus_per_node = gpus;
+    return p;
+}
+}  // namespace
+
+TEST_CASE("check_placement: ranks per node, whole TP groups per node, GPUs and cores") {
+    auto msg = [](int tp, int pp, Placement p) {
+        try {
+            return "ok " + std::to_string(check_placement(tp, pp, p));
+        } catch (const Error& e) {
+            return body(e);
+        }
+    };
+    Placement gpu8;
+    gpu8.gpus_per_node = 8;
+    CHECK(msg(8, 1, gpu8) == "ok 8");
+    CHECK(msg(4, 2, gpu8) == "ok 8");
+    CHECK(msg(4, 4, gpu8).find("need 16 GPUs per node but there are 8") != std::string::npos);
+    Placement two_nodes = gpu8;
+    two_nodes.nodes = 2;
+    CHECK(msg(8, 2, two_nodes) == "ok 8");
+    CHECK(msg(3, 2, two_nodes).find("power of two") != std::string::npos);
+    CHECK(msg(4, 1, gpu_nodes(3, 8)).find("cannot be spread evenly over 3 nodes") != std::string::npos);
+    CHECK(msg(2, 1, gpu_nodes(3, 8)).find("3 nodes but only tp*pp = 2 ranks") != std::string::npos);
+    Placement odd = gpu8;
+    odd.gpus_per_node = 6;
+    CHECK(msg(4, 1, odd).find("tp 4 does not divide the 6 GPUs per node") != std::string::npos);
+    CHECK(msg(2, 1, gpu_nodes(1, 0)).find("no GPUs found") != std::string::npos);
+    // A TP group may not span nodes: 4 nodes x 2 ranks with tp 4.
+    Placement four = gpu_nodes(4, 8);
+    CHECK(msg(4, 2, four).find("do not hold whole TP groups of 4") != std::string::npos);
+    // CPU ranks: cores bound the ranks per node unless oversubscribed; GPUs cannot be oversubscribed.
+    Placement cpu;
+    cpu.cpu = true;
+    cpu.cores_per_node = 2;
+    CHECK(msg(2, 1, cpu) == "ok 2");
+    CHECK(msg(2, 2, cpu).find("4 CPU ranks per node but only 2 cores") != std::string::npos);
+    cpu.oversubscribe = true;
+    CHECK(msg(2, 2, cpu) == "ok 4");
+    Placement over = gpu8;
+    over.oversubscribe = true;
+    CHECK(msg(2, 1, over).find("never share a GPU") != std::string::npos);
+    Placement slots = gpu8;
+    slots.nodes = 2;
+    slots.slots_per_node = 2;
+    slots.slots_host = "n2";
+    CHECK(msg(4, 2, slots).find("host 'n2' has 2 slots but the layout needs 4") != std::string::npos);
 }

@@ -1,0 +1,67 @@
+// `lattice layout`: is tp x pp possible for this model on these nodes? The answer comes from
+// parallel/world_config (the only home of the layout rules); launch/lattice-mpirun asks here
+// (--json) instead of keeping its own copy. Exit 0 when the layout fits, 1 (with the reason) when not.
+#include "launch/cli.h"
+#include "launch/cli_common.h"
+
+#include "parallel/world_config.h"
+#include "runtime/model/config.h"
+#include "runtime/weights/tensor_source.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+
+namespace lattice {
+
+void add_layout_command(CLI::App& app, CommandRun& run) {
+    struct Args {
+        int tp = 1, pp = 1;
+        std::string model, preset;
+        Placement place;
+        bool json = false;
+    };
+    auto a = std::make_shared<Args>();
+    auto* cmd = app.add_subcommand("layout", "Check a TP x PP layout against a model and the nodes it runs on");
+    cmd->add_option("--tp", a->tp, "Tensor-parallel ranks")->required();
+    cmd->add_option("--pp", a->pp, "Pipeline-parallel stages (default 1)");
+    cmd->add_option("--model", a->model, "Check the model's heads, FFN and layers too (HF dir or .gguf)");
+    cmd->add_option("--config", a->preset, "... or a built-in shape (tinyllama-1.1b, llama-2-70b, ...)");
+    cmd->add_option("--nodes", a->place.nodes, "Nodes the ranks are spread over (default 1)");
+    cmd->add_flag("--cpu", a->place.cpu, "CPU ranks (default: one GPU per rank)");
+    cmd->add_option("--gpus-per-node", a->place.gpus_per_node, "GPUs per node (GPU ranks)");
+    cmd->add_option("--cores-per-node", a->place.cores_per_node, "Physical cores per node (CPU ranks)");
+    cmd->add_option("--slots-per-node", a->place.slots_per_node, "Fewest MPI slots a host offers (0: unlimited)");
+    cmd->add_option("--slots-host", a->place.slots_host, "The host offering them (named in the message)");
+    cmd->add_flag("--oversubscribe", a->place.oversubscribe, "CPU ranks may share cores");
+    cmd->add_flag("--json", a->json, "One JSON object on stdout: {ok, ranks, ranks_per_node | error}");
+    cmd->callback([&run, a] {
+        run = [a] {
+            nlohmann::json j = {{"tp", a->tp}, {"pp", a->pp}, {"ranks", int64_t(a->tp) * a->pp}};
+            std::string error;
+            try {
+                if (!a->model.empty() || !a->preset.empty()) {
+                    const ModelConfig c = a->preset.empty() ? open_model(a->model)->config() : preset_config(a->preset);
+                    check_model_layout(c.dims(), a->tp, a->pp);
+                }
+                j["ranks_per_node"] = check_placement(a->tp, a->pp, a->place);
+            } catch (const Error& e) {
+                error = e.what();
+            }
+            j["ok"] = error.empty();
+            if (!error.empty()) j["error"] = error;
+            if (a->json)
+                fmt::print("{}\n", j.dump());
+            else if (error.empty())
+                fmt::print("tp {} x pp {}: {} ranks, {} per node\n", a->tp, a->pp, a->tp * a->pp,
+                           j["ranks_per_node"].get<int>());
+            else
+                fmt::print(stderr, "lattice: layout tp {} x pp {} does not fit: {}\n", a->tp, a->pp, error);
+            return error.empty() ? 0 : 1;
+        };
+    });
+}
+
+}  // namespace lattice

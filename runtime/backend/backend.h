@@ -1,0 +1,177 @@
+// Backend: the one interface the model forward runs on. One virtual call per op; CpuBackend
+// forwards to kernels/cpu, CudaBackend (kernels/cuda) owns a stream. There is ONE model forward
+// (runtime/model/model.cpp); a device only implements these ops.
+//
+// Conventions for every op:
+// - Activations are [rows, cols] row-major Views in the backend's activation dtype
+//   (fp32 on CPU; fp16/bf16 on CUDA), rows = tokens of the flattened batch.
+// - Token metadata (ids, positions, KV slots) is passed as host arrays; a device backend uploads it.
+// - `supports(op, dtype)` is asked when the model loads so an unsupported combination fails then,
+//   with a message naming the op and dtype, never mid-run.
+#pragma once
+
+#include "base/dtype.h"
+#include "parallel/communicator.h"
+#include "base/error.h"
+#include "base/view.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace lattice {
+
+class Backend;
+
+// Owning, move-only storage allocated through (and freed by) its backend.
+class Buffer {
+public:
+    Buffer() = default;
+    Buffer(Backend* owner, View view) : owner_(owner), view_(view) {}
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+    Buffer(Buffer&& o) noexcept : owner_(std::exchange(o.owner_, nullptr)), view_(std::exchange(o.view_, View{})) {}
+    Buffer& operator=(Buffer&& o) noexcept {
+        if (this != &o) {
+            reset();
+            owner_ = std::exchange(o.owner_, nullptr);
+            view_ = std::exchange(o.view_, View{});
+        }
+        return *this;
+    }
+    ~Buffer() { reset(); }
+
+    void reset();
+    const View& view() const { return view_; }
+    bool empty() const { return view_.data == nullptr; }
+    void* data() const { return view_.data; }
+    int64_t bytes() const { return view_.bytes(); }
+    template <typename T>
+    T* ptr() const {
+        return static_cast<T*>(view_.data);
+    }
+
+private:
+    Backend* owner_ = nullptr;
+    View view_;
+};
+
+// How a linear layer's weights are stored and multiplied.
+enum class QuantMode : uint8_t {
+    kNone,   // float weights (checkpoint precision: f32/f16/bf16), float GEMM
+    kW8A16,  // int8 weights, per-output-channel scale; activations stay float
+    kW8A8,   // int8 weights and per-token dynamically quantized int8 activations, int32 accumulate
+};
+
+std::string_view quant_mode_name(QuantMode q);
+QuantMode parse_quant_mode(std::string_view s);  // throws Error naming the bad value
+
+// A linear layer y[m, n] = x[m, k] . W[n, k]^T, prepared once at load by Backend::make_linear.
+// The storage layout of `weight` is private to the backend that made it (it may be packed).
+struct Linear {
+    int64_t n = 0;  // output features
+    int64_t k = 0;  // input features
+    QuantMode mode = QuantMode::kNone;
+    DType weight_dtype = DType::kF32;  // logical element type: f32/f16/bf16, or i8 for W8A16/W8A8
+    Buffer weight;                     // backend-specific layout of the [n, k] matrix
+    Buffer scales;                     // [n] f32 per-output-channel scales (int8 modes)
+    Buffer aux;                        // backend-specific extra (e.g. per-channel weight sums)
+    std::shared_ptr<void> prepared;    // backend-private prepared form (e.g. CPU packed int8 panels)
+    int64_t prepared_bytes = 0;
+    int64_t weight_bytes() const { return weight.bytes() + scales.bytes() + aux.bytes() + prepared_bytes; }
+};
+
+enum class Op : uint8_t {
+    kEmbed,
+    kRmsNorm,
+    kAddRmsNorm,
+    kRope,
+    kAttention,
+    kSiluMul,
+    kAdd,
+    kGemm,      // float weights
+    kGemmInt8,  // W8A16 / W8A8
+};
+std::string_view op_name(Op op);
+
+// Token metadata of a flattened batch: token i is at `positions[i]` of KV slot `slots[i]`.
+// Tokens of one slot appear in increasing position order.
+struct TokenBatch {
+    const int32_t* ids = nullptr;
+    const int32_t* positions = nullptr;
+    const int32_t* slots = nullptr;
+    int64_t count = 0;
+};
+
+struct AttentionShape {
+    int64_t n_heads = 0;     // query heads on this rank
+    int64_t n_kv_heads = 0;  // kv heads on this rank
+    int64_t head_dim = 0;
+    int64_t max_seq = 0;  // KV cache positions per slot
+    float scale = 1.0f;   // softmax scale, 1/sqrt(head_dim)
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual std::string name() const = 0;
+    virtual Device device() const = 0;
+    virtual DType activation_dtype() const = 0;
+    virtual bool supports(Op op, DType dtype) const = 0;
+    // Host threads this backend computes with (CPU: its pool; devices: 1).
+    virtual int threads() const { return 1; }
+    // A communicator over the same ranks as the host group `host` that moves this backend's
+    // memory (CUDA: NCCL on the backend's stream), or null when the host group itself is right
+    // (CPU, or a group of one rank). Collective over `host`.
+    virtual std::unique_ptr<Communicator> make_group_comm(Communicator& host, const std::string& name,
+                                                          double timeout_s) {
+        return nullptr;
+    }
+
+    // Memory. alloc returns zero-filled memory.
+    virtual Buffer alloc(DType dtype, std::initializer_list<int64_t> shape) = 0;
+    virtual void free_memory(void* p) = 0;
+    virtual void upload(const View& dst, const void* host_src) = 0;  // dst.bytes() bytes
+    virtual void download(void* host_dst, const View& src) = 0;      // src.bytes() bytes
+    virtual void sync() = 0;
+    // Device-to-device copy of src into dst (same dtype and element count, both contiguous).
+    virtual void copy(const View& dst, const View& src) = 0;
+
+    // Prepares a linear layer from host weights w [n, k] (f32/f16/bf16, row-major).
+    // kNone keeps f16/bf16 as they are (exact) or converts to the backend's preferred dtype;
+    // int8 modes quantize symmetrically per output channel.
+    virtual Linear make_linear(const View& host_w, QuantMode mode) = 0;
+    // Uploads a small float tensor (norm weights, rope tables) converting to f32.
+    virtual Buffer make_f32(const View& host) = 0;
+    // Embedding table [v, h] kept in the checkpoint's float dtype.
+    virtual Buffer make_table(const View& host) = 0;
+
+    // out[i, :] = table[ids[i] - row_offset, :] when that row is local, else 0 (vocab-parallel).
+    virtual void embed(const View& out, const View& table, const TokenBatch& batch, int64_t row_offset) = 0;
+    // out = x / rms(x) * w, per row.
+    virtual void rmsnorm(const View& out, const View& x, const View& w, float eps) = 0;
+    // residual += x; out = rmsnorm(residual) * w (fused: one read of each activation).
+    virtual void add_rmsnorm(const View& residual, const View& x, const View& out, const View& w, float eps) = 0;
+    // Rotates the q heads and the k heads of qkv [m, (nh + 2 nkv) * hd] in place (half-split
+    // "rotate_half" pairing, i and i + hd/2); inv_freq [hd/2] f32.
+    virtual void rope(const View& qkv, const TokenBatch& batch, const AttentionShape& s, const View& inv_freq) = 0;
+    // Stores k, v of every token into the caches ([slots, max_seq, nkv, hd] each), then
+    // out[i] = softmax(q_i . K[slot_i, 0..pos_i] * scale) . V (causal by position, GQA).
+    virtual void attention(const View& out, const View& qkv, const View& k_cache, const View& v_cache,
+                           const TokenBatch& batch, const AttentionShape& s) = 0;
+    // out[m, f] = silu(gu[m, f]) * gu[m, F + f] where gu = [gate | up] is [m, 2F].
+    virtual void silu_mul(const View& out, const View& gate_up) = 0;
+    virtual void add(const View& out, const View& a, const View& b) = 0;
+    // out[m, n] = x[m, k] . W^T
+    virtual void linear(const View& out, const View& x, const Linear& w) = 0;
+};
+
+inline void Buffer::reset() {
+    if (owner_ && view_.data) owner_->free_memory(view_.data);
+    owner_ = nullptr;
+    view_ = View{};
+}
+
+}  // namespace lattice

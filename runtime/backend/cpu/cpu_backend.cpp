@@ -1,0 +1,194 @@
+// CpuBackend implementation (see cpu_backend.h).
+#include "runtime/backend/cpu/cpu_backend.h"
+
+#include "kernels/cpu/gemm_f32.h"
+#include "kernels/cpu/int8_gemm.h"
+#include "base/convert.h"
+#include "kernels/cpu/ops.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace lattice {
+
+namespace {
+void check_f32(const View& v, const char* what) {
+    LATTICE_CHECK(v.dtype == DType::kF32 && v.device == Device::kCpu && v.is_contiguous(),
+                  "CpuBackend::{}: expected a contiguous f32 host view, got {} {}", what, dtype_name(v.dtype),
+                  v.shape_str());
+}
+}  // namespace
+
+CpuBackend::CpuBackend(const CpuBackendOptions& opt)
+    : pool_(std::make_unique<ThreadPool>(opt.threads, opt.pin)), mlock_(opt.mlock) {}
+
+CpuBackend::~CpuBackend() = default;
+
+std::string CpuBackend::name() const {
+    return "cpu (" + std::string(float_isa_name(best_float_isa())) + ", " + std::to_string(pool_->size()) +
+           " threads)";
+}
+
+bool CpuBackend::supports(Op op, DType dtype) const {
+    switch (op) {
+        case Op::kGemm:
+        case Op::kEmbed: return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+        case Op::kGemmInt8: return dtype == DType::kI8;
+        default: return dtype == DType::kF32;
+    }
+}
+
+Buffer CpuBackend::alloc_bytes(DType dtype, View v) {
+    const size_t bytes = size_t(std::max<int64_t>(v.bytes(), 1));
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    LATTICE_CHECK(p != nullptr, "CpuBackend: out of memory allocating {} bytes ({} {})", bytes, dtype_name(dtype),
+                  v.shape_str());
+    std::memset(p, 0, rounded);
+    if (mlock_) LATTICE_CHECK(::mlock(p, rounded) == 0, "--mlock: mlock of {} bytes failed ({}); raise `ulimit -l`",
+                              rounded, std::strerror(errno));
+    v.data = p;
+    return Buffer(this, v);
+}
+
+Buffer CpuBackend::alloc(DType dtype, std::initializer_list<int64_t> shape) {
+    return alloc_bytes(dtype, View::contiguous(nullptr, dtype, shape));
+}
+
+void CpuBackend::free_memory(void* p) { std::free(p); }
+
+void CpuBackend::upload(const View& dst, const void* src) { std::memcpy(dst.data, src, size_t(dst.bytes())); }
+void CpuBackend::download(void* dst, const View& src) { std::memcpy(dst, src.data, size_t(src.bytes())); }
+
+void CpuBackend::copy(const View& dst, const View& src) {
+    LATTICE_CHECK(dst.bytes() == src.bytes() && dst.dtype == src.dtype, "copy: {} {} into {} {}",
+                  dtype_name(src.dtype), src.shape_str(), dtype_name(dst.dtype), dst.shape_str());
+    std::memmove(dst.data, src.data, size_t(src.bytes()));
+}
+
+Linear CpuBackend::make_linear(const View& w, QuantMode mode) {
+    LATTICE_CHECK(w.ndim == 2 && w.is_contiguous(), "make_linear: expected a contiguous [n, k] weight, got {}",
+                  w.shape_str());
+    LATTICE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16,
+                  "make_linear: weight dtype {} unsupported", dtype_name(w.dtype));
+    Linear l;
+    l.n = w.dim(0);
+    l.k = w.dim(1);
+    l.mode = mode;
+    if (mode != QuantMode::kNone) {
+        // Symmetric per-output-channel int8, packed once into the VNNI panel layout.
+        std::vector<float> wf(static_cast<size_t>(w.numel()));
+        convert_elements(w.data, w.dtype, wf.data(), DType::kF32, w.numel());
+        std::vector<int8_t> q(wf.size());
+        l.scales = alloc_bytes(DType::kF32, View::contiguous(nullptr, DType::kF32, {l.n}));
+        quantize_weights_per_channel(wf.data(), l.n, l.k, q.data(), l.scales.ptr<float>());
+        auto packed = std::make_shared<PackedInt8>(pack_int8_weights(q.data(), l.n, l.k, detect_isa()));
+        l.prepared_bytes = int64_t(packed->data.size()) + int64_t(packed->col_sums.size() * sizeof(int32_t));
+        l.prepared = std::move(packed);
+        l.weight_dtype = DType::kI8;
+        return l;
+    }
+    l.weight_dtype = w.dtype;
+    l.weight = alloc_bytes(w.dtype, View::contiguous(nullptr, w.dtype, {l.n, l.k}));
+    std::memcpy(l.weight.data(), w.data, size_t(w.bytes()));
+    return l;
+}
+
+Buffer CpuBackend::make_f32(const View& host) {
+    Buffer b = alloc_bytes(DType::kF32, View::contiguous(nullptr, DType::kF32, {host.numel()}));
+    LATTICE_CHECK(host.dtype == DType::kF32, "make_f32: expected f32 host data, got {}", dtype_name(host.dtype));
+    std::memcpy(b.data(), host.data, size_t(host.bytes()));
+    return b;
+}
+
+Buffer CpuBackend::make_table(const View& host) {
+    LATTICE_CHECK(host.ndim == 2, "make_table: expected [rows, cols], got {}", host.shape_str());
+    Buffer b = alloc_bytes(host.dtype, View::contiguous(nullptr, host.dtype, {host.dim(0), host.dim(1)}));
+    std::memcpy(b.data(), host.data, size_t(host.bytes()));
+    return b;
+}
+
+void CpuBackend::embed(const View& out, const View& table, const TokenBatch& b, int64_t row_offset) {
+    check_f32(out, "embed");
+    LATTICE_CHECK(out.rows() == b.count && out.cols() == table.cols(), "embed: out {} for {} tokens, table {}",
+                  out.shape_str(), b.count, table.shape_str());
+    cpu::embed(out.ptr<float>(), table.data, table.dtype, table.rows(), table.cols(), b.ids, b.count, row_offset);
+}
+
+void CpuBackend::rmsnorm(const View& out, const View& x, const View& w, float eps) {
+    check_f32(out, "rmsnorm");
+    check_f32(x, "rmsnorm");
+    LATTICE_CHECK(out.numel() == x.numel() && w.numel() == x.cols(), "rmsnorm: shapes {} {} {}", out.shape_str(),
+                  x.shape_str(), w.shape_str());
+    cpu::rmsnorm(out.ptr<float>(), x.ptr<float>(), w.ptr<float>(), x.rows(), x.cols(), eps, *pool_);
+}
+
+void CpuBackend::add_rmsnorm(const View& residual, const View& x, const View& out, const View& w, float eps) {
+    check_f32(residual, "add_rmsnorm");
+    check_f32(x, "add_rmsnorm");
+    check_f32(out, "add_rmsnorm");
+    LATTICE_CHECK(residual.numel() == x.numel() && out.numel() == x.numel() && w.numel() == x.cols(),
+                  "add_rmsnorm: shapes {} {} {} {}", residual.shape_str(), x.shape_str(), out.shape_str(),
+                  w.shape_str());
+    cpu::add_rmsnorm(residual.ptr<float>(), x.ptr<float>(), out.ptr<float>(), w.ptr<float>(), x.rows(), x.cols(), eps,
+                     *pool_);
+}
+
+void CpuBackend::rope(const View& qkv, const TokenBatch& b, const AttentionShape& s, const View& inv_freq) {
+    check_f32(qkv, "rope");
+    LATTICE_CHECK(qkv.rows() == b.count && qkv.cols() == (s.n_heads + 2 * s.n_kv_heads) * s.head_dim &&
+                      inv_freq.numel() == s.head_dim / 2,
+                  "rope: qkv {} for {} tokens", qkv.shape_str(), b.count);
+    cpu::rope(qkv.ptr<float>(), b.count, qkv.cols(), b.positions, s.n_heads + s.n_kv_heads, s.head_dim,
+              inv_freq.ptr<float>(), *pool_);
+}
+
+void CpuBackend::attention(const View& out, const View& qkv, const View& kc, const View& vc, const TokenBatch& b,
+                           const AttentionShape& s) {
+    check_f32(out, "attention");
+    check_f32(qkv, "attention");
+    LATTICE_CHECK(kc.ndim == 4 && kc.dim(1) == s.max_seq && kc.dim(2) == s.n_kv_heads && kc.dim(3) == s.head_dim,
+                  "attention: k cache {} does not match the attention shape", kc.shape_str());
+    cpu::AttentionArgs a{s.n_heads, s.n_kv_heads, s.head_dim, s.max_seq, kc.dim(0), s.scale};
+    cpu::attention(out.ptr<float>(), qkv.ptr<float>(), kc.ptr<float>(), vc.ptr<float>(), b.positions, b.slots, b.count,
+                   a, *pool_);
+}
+
+void CpuBackend::silu_mul(const View& out, const View& gu) {
+    check_f32(out, "silu_mul");
+    check_f32(gu, "silu_mul");
+    LATTICE_CHECK(gu.cols() == 2 * out.cols() && gu.rows() == out.rows(), "silu_mul: {} from {}", out.shape_str(),
+                  gu.shape_str());
+    cpu::silu_mul(out.ptr<float>(), gu.ptr<float>(), out.rows(), out.cols(), *pool_);
+}
+
+void CpuBackend::add(const View& out, const View& a, const View& b) {
+    check_f32(out, "add");
+    LATTICE_CHECK(a.numel() == out.numel() && b.numel() == out.numel(), "add: shapes differ");
+    cpu::add(out.ptr<float>(), a.ptr<float>(), b.ptr<float>(), out.numel());
+}
+
+void CpuBackend::linear(const View& out, const View& x, const Linear& w) {
+    check_f32(out, "linear");
+    check_f32(x, "linear");
+    LATTICE_CHECK(x.cols() == w.k && out.cols() == w.n && out.rows() == x.rows(),
+                  "linear: x {} . W[{}, {}]^T into {}", x.shape_str(), w.n, w.k, out.shape_str());
+    switch (w.mode) {
+        case QuantMode::kNone:
+            gemm_f32(x.ptr<float>(), x.rows(), w.k, w.weight.data(), w.weight_dtype, w.n, out.ptr<float>(), *pool_);
+            break;
+        case QuantMode::kW8A8:
+            gemm_w8a8(x.ptr<float>(), x.rows(), w.k, *static_cast<const PackedInt8*>(w.prepared.get()),
+                      w.scales.ptr<float>(), out.ptr<float>(), *pool_);
+            break;
+        case QuantMode::kW8A16:
+            gemm_w8a16(x.ptr<float>(), x.rows(), w.k, *static_cast<const PackedInt8*>(w.prepared.get()),
+                       w.scales.ptr<float>(), out.ptr<float>(), *pool_);
+            break;
+    }
+}
+
+}  // namespace lattice

@@ -1,0 +1,60 @@
+// CpuBackend: the Backend on host memory, fp32 activations, forwarding to kernels/cpu.
+// Float weights keep their checkpoint precision (f32/f16/bf16: widening is exact, bandwidth is
+// what decode pays for); int8 weights are packed once at load for the SIMD INT8 kernels.
+// Memory is 64-byte aligned anonymous memory (never a file mapping), optionally mlock'ed.
+#pragma once
+
+#include "kernels/cpu/thread_pool.h"
+#include "runtime/backend/backend.h"
+
+#include <memory>
+
+namespace lattice {
+
+struct CpuBackendOptions {
+    int threads = 0;    // <= 0: one per available core
+    bool pin = true;    // pin threads to cores
+    bool mlock = false; // lock weight memory (fails loudly if the limit is too low)
+};
+
+class CpuBackend final : public Backend {
+public:
+    explicit CpuBackend(const CpuBackendOptions& opt = {});
+    ~CpuBackend() override;
+
+    std::string name() const override;
+    Device device() const override { return Device::kCpu; }
+    DType activation_dtype() const override { return DType::kF32; }
+    bool supports(Op op, DType dtype) const override;
+    int threads() const override { return pool_->size(); }
+
+    Buffer alloc(DType dtype, std::initializer_list<int64_t> shape) override;
+    void free_memory(void* p) override;
+    void upload(const View& dst, const void* host_src) override;
+    void download(void* host_dst, const View& src) override;
+    void sync() override {}
+    void copy(const View& dst, const View& src) override;
+
+    Linear make_linear(const View& host_w, QuantMode mode) override;
+    Buffer make_f32(const View& host) override;
+    Buffer make_table(const View& host) override;
+
+    void embed(const View& out, const View& table, const TokenBatch& batch, int64_t row_offset) override;
+    void rmsnorm(const View& out, const View& x, const View& w, float eps) override;
+    void add_rmsnorm(const View& residual, const View& x, const View& out, const View& w, float eps) override;
+    void rope(const View& qkv, const TokenBatch& batch, const AttentionShape& s, const View& inv_freq) override;
+    void attention(const View& out, const View& qkv, const View& k_cache, const View& v_cache, const TokenBatch& batch,
+                   const AttentionShape& s) override;
+    void silu_mul(const View& out, const View& gate_up) override;
+    void add(const View& out, const View& a, const View& b) override;
+    void linear(const View& out, const View& x, const Linear& w) override;
+
+    ThreadPool& pool() { return *pool_; }
+
+private:
+    Buffer alloc_bytes(DType dtype, View view_shape);
+    std::unique_ptr<ThreadPool> pool_;
+    bool mlock_ = false;
+};
+
+}  // namespace lattice

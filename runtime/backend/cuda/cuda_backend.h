@@ -1,0 +1,168 @@
+// CudaBackend: the Backend ops on one CUDA device and one stream, forwarding to kernels/cuda.
+// Activations are fp16 or bf16 (constructor), with fp32 accumulation, softmax and norms.
+//
+// Memory: every Buffer is device memory (cudaMalloc, zero-filled). Linear weights by mode:
+//   kNone   weight [n, k] in the activation dtype (f32/f16/bf16 host weights converted once);
+//           y = x . W^T through cuBLASLt (TN, fp32 accumulate).
+//   kW8A16  weight [n_pad, k_pad] int8 (zero padded to multiples of 16), scales [n_pad] f32;
+//           m <= 8: GEMV; m > 8: dequantize into a scratch matrix, then the float GEMM.
+//   kW8A8   same storage; x is quantized per token into int8 [m, k_pad] (+ scales [m]);
+//           m <= 8: dp4a GEMV; m > 8: cuBLASLt IMMA (int32 out), then one fused dequant epilogue.
+// Token metadata (ids, positions, slots) is staged in pinned host memory and copied with one
+// cudaMemcpyAsync per new batch (skipped when the batch did not change), so a captured graph
+// re-reads it from the same pinned addresses at replay: see CudaGraph below.
+//
+// Scratch (int32 accumulators, quantized activations, attention workspace, metadata) grows on
+// demand and never shrinks. Growth is refused during graph capture: run one eager step of a
+// batch size before capturing it. Once a graph exists, outgrown buffers are retired (kept until
+// the backend dies) instead of freed, because captured graphs still point at them; each graph
+// replays with the staging area it was captured with.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "kernels/cuda/kernels.h"
+#include "runtime/backend/backend.h"
+
+namespace lattice {
+
+namespace cuda {
+class LtGemm;
+}
+
+class CudaBackend final : public Backend {
+public:
+    // device: CUDA ordinal (the launch binds local rank -> device); act: kF16 or kBF16.
+    CudaBackend(int device, DType act);
+    ~CudaBackend() override;
+    CudaBackend(const CudaBackend&) = delete;
+    CudaBackend& operator=(const CudaBackend&) = delete;
+
+    std::string name() const override;
+    Device device() const override { return Device::kCuda; }
+    DType activation_dtype() const override { return act_; }
+    bool supports(Op op, DType dtype) const override;
+    // NCCL over the host group's ranks, on this backend's stream (null for one rank).
+    std::unique_ptr<Communicator> make_group_comm(Communicator& host, const std::string& name,
+                                                  double timeout_s) override;
+
+    Buffer alloc(DType dtype, std::initializer_list<int64_t> shape) override;
+    void free_memory(void* p) override;
+    void upload(const View& dst, const void* host_src) override;
+    void download(void* host_dst, const View& src) override;
+    void sync() override;
+    void copy(const View& dst, const View& src) override;
+
+    Linear make_linear(const View& host_w, QuantMode mode) override;
+    Buffer make_f32(const View& host) override;
+    Buffer make_table(const View& host) override;
+
+    void embed(const View& out, const View& table, const TokenBatch& batch, int64_t row_offset) override;
+    void rmsnorm(const View& out, const View& x, const View& w, float eps) override;
+    void add_rmsnorm(const View& residual, const View& x, const View& out, const View& w, float eps) override;
+    void rope(const View& qkv, const TokenBatch& batch, const AttentionShape& s, const View& inv_freq) override;
+    void attention(const View& out, const View& qkv, const View& k_cache, const View& v_cache, const TokenBatch& batch,
+                   const AttentionShape& s) override;
+    void silu_mul(const View& out, const View& gate_up) override;
+    void add(const View& out, const View& a, const View& b) override;
+    void linear(const View& out, const View& x, const Linear& w) override;
+
+    // ---- CUDA-only extras (not in Backend yet) ----
+    // A linear layer of random weights fabricated on the device from `seed` (for --random-weights
+    // and benchmarks): values uniform in +-1/sqrt(k); int8 modes get matching per-channel scales.
+    Linear make_random_linear(int64_t n, int64_t k, QuantMode mode, uint64_t seed);
+    int device_index() const { return device_; }
+    cudaStream_t stream() const { return stream_; }
+    // Greedy ids of logits [m, vocab] (f32/f16/bf16 device view) into host_ids[m]; synchronizes.
+    void argmax(const View& logits, int32_t* host_ids);
+    // Top-k/top-p/temperature sampling, one SampleParams per row (host array); synchronizes.
+    void sample(const View& logits, const cuda::SampleParams* host_params, int32_t* host_ids);
+
+    // Graph capture hooks used by CudaGraph.
+    void begin_capture();
+    void end_capture();
+    void graph_captured() { ++graphs_; }
+    int64_t staged_tiles() const { return meta_tiles_; }
+    bool capturing() const { return capturing_; }
+    // Pinned host / device staging pair that a graph captured (its memcpy node reads `host`).
+    struct MetaArea {
+        int32_t* host = nullptr;
+        int32_t* dev = nullptr;
+        int64_t cap = 0;
+    };
+    MetaArea meta_area() const { return {meta_host_, meta_dev_, meta_cap_}; }
+    // Writes batch metadata into `area` without enqueueing a copy (the replayed graph copies it).
+    // Returns the number of prefill tiles of the batch.
+    int64_t stage_batch_for_replay(const TokenBatch& batch, const MetaArea& area);
+    void after_replay(const MetaArea& area);
+
+private:
+    struct Scratch {
+        void* p = nullptr;
+        size_t bytes = 0;
+    };
+    void* scratch(Scratch& s, size_t bytes, const char* what);
+    void ensure_batch(const TokenBatch& batch);
+    // Fills [ids | positions | slots | tiles] for batch at `host`; returns the tile count.
+    static int64_t fill_staging(int32_t* host, const TokenBatch& batch);
+    void write_staging(const TokenBatch& batch);
+    void check_act(const View& v, const char* op, const char* what) const;
+    void make_current() const;
+
+    int device_ = 0;
+    DType act_;
+    cudaStream_t stream_ = nullptr;
+    std::unique_ptr<cuda::LtGemm> lt_;
+    std::string device_name_;
+
+    // Metadata staging: pinned [ids | positions | slots | tiles] and its device mirror.
+    int64_t meta_cap_ = 0;
+    int32_t* meta_host_ = nullptr;
+    int32_t* meta_dev_ = nullptr;
+    int64_t meta_count_ = -1;
+    int64_t meta_tiles_ = 0;
+    bool meta_valid_ = false;
+    bool meta_in_graph_ = false;
+    cudaEvent_t meta_event_ = nullptr;
+    bool capturing_ = false;
+    int graphs_ = 0;                   // graphs captured so far: from then on, retire instead of free
+    std::vector<void*> retired_dev_;   // outgrown device buffers a graph may still use
+    std::vector<void*> retired_host_;  // outgrown pinned staging areas
+
+    Scratch xq_, sx_, acc_, wdeq_, attn_ws_, ids_out_, params_;
+};
+
+// Capture/replay of one decode step per batch-size bucket. How the engine uses it:
+//   1. Run the step eagerly once for this bucket (sizes every scratch buffer).
+//   2. graph.capture(backend, batch, [&] { model.forward(...); });  // records, runs nothing
+//   3. Every step of that bucket: fill the same host-side TokenBatch (same count; pad with a dummy
+//      slot if needed), then graph.replay(backend, batch); then read results (e.g. argmax/sample).
+// Requirements: the forward must use the same device buffers (activations, KV cache, logits) at
+// every replay, call no sync()/download() inside the capture, and all collectives must be on the
+// backend's stream (NcclComm is). Attention chooses the decode kernel when every slot has one
+// token, whose grid depends only on max_seq, so a captured step stays valid as sequences grow.
+class CudaGraph {
+public:
+    CudaGraph() = default;
+    ~CudaGraph();
+    CudaGraph(const CudaGraph&) = delete;
+    CudaGraph& operator=(const CudaGraph&) = delete;
+
+    void capture(CudaBackend& backend, const TokenBatch& batch, const std::function<void()>& body);
+    void replay(CudaBackend& backend, const TokenBatch& batch);
+    bool ready() const { return exec_ != nullptr; }
+    int64_t batch_count() const { return count_; }
+
+private:
+    cudaGraph_t graph_ = nullptr;
+    cudaGraphExec_t exec_ = nullptr;
+    int64_t count_ = 0;
+    int64_t tiles_ = 0;
+    CudaBackend::MetaArea area_;
+};
+
+}  // namespace lattice

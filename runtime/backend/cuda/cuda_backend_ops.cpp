@@ -1,0 +1,357 @@
+// CudaBackend ops: shape checks on the host, then one or two kernel launches on stream_.
+// Also the token-metadata staging (pinned host -> device, graph-replayable), CudaGraph, and
+// make_cuda_backend(). Layout of the staging area for a batch of m tokens (int32):
+//   [ids m | positions m | slots m | PrefillTile tiles (4 ints each, <= m)]
+// Offsets depend only on m, so a graph captured for m tokens finds the data at replay.
+#include <algorithm>
+#include <cstring>
+
+#include "base/cuda_check.h"
+#include "kernels/cuda/gemm_lt.h"
+#include "runtime/backend/cuda/cuda_backend.h"
+#include "runtime/backend/make_backend.h"
+
+namespace lattice {
+namespace {
+
+int64_t round_up(int64_t v, int64_t m) {
+    return (v + m - 1) / m * m;
+}
+
+void check_rows_cols(const View& v, int64_t rows, int64_t cols, const char* op, const char* what) {
+    LATTICE_CHECK(v.rows() == rows && v.cols() == cols, "CudaBackend::{}: {} is {}, expected [{}, {}]", op, what,
+                  v.shape_str(), rows, cols);
+}
+
+}  // namespace
+
+// ---- metadata staging ----
+int64_t CudaBackend::fill_staging(int32_t* host, const TokenBatch& b) {
+    const int64_t m = b.count;
+    int32_t* pos = host + m;
+    int32_t* slots = host + 2 * m;
+    if (b.ids)
+        std::memcpy(host, b.ids, size_t(m) * 4);
+    else
+        std::memset(host, 0, size_t(m) * 4);
+    std::memcpy(pos, b.positions, size_t(m) * 4);
+    std::memcpy(slots, b.slots, size_t(m) * 4);
+    return cuda::build_prefill_tiles(reinterpret_cast<cuda::PrefillTile*>(host + 3 * m), pos, slots, m);
+}
+
+void CudaBackend::write_staging(const TokenBatch& b) {
+    meta_tiles_ = fill_staging(meta_host_, b);
+    meta_count_ = b.count;
+}
+
+void CudaBackend::ensure_batch(const TokenBatch& b) {
+    const int64_t m = b.count;
+    LATTICE_CHECK(m >= 0 && m <= (int64_t(1) << 26) && (m == 0 || (b.positions && b.slots)),
+                  "CudaBackend: token batch of {} tokens without positions/slots", m);
+    if (m > meta_cap_) {
+        LATTICE_CHECK(!capturing_,
+                      "CudaBackend: token metadata must grow during graph capture; run one eager step "
+                      "of this batch size first");
+        CUDA_CHECK(cudaEventSynchronize(meta_event_));
+        if (graphs_ > 0) {  // captured graphs copy from / read these: keep them alive
+            if (meta_host_) retired_host_.push_back(meta_host_);
+            if (meta_dev_) retired_dev_.push_back(meta_dev_);
+        } else {
+            if (meta_host_) CUDA_CHECK(cudaFreeHost(meta_host_));
+            if (meta_dev_) CUDA_CHECK(cudaFree(meta_dev_));
+        }
+        meta_host_ = nullptr;
+        meta_dev_ = nullptr;
+        const int64_t cap = std::max<int64_t>({m, 2 * meta_cap_, 64});
+        CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&meta_host_), size_t(cap) * 7 * 4));
+        CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&meta_dev_), size_t(cap) * 7 * 4));
+        meta_cap_ = cap;
+        meta_valid_ = false;
+        meta_count_ = -1;
+    }
+    auto same = [&] {
+        if (meta_count_ != m) return false;
+        const size_t bytes = size_t(m) * 4;
+        if (std::memcmp(meta_host_ + m, b.positions, bytes) != 0 ||
+            std::memcmp(meta_host_ + 2 * m, b.slots, bytes) != 0)
+            return false;
+        if (b.ids) return std::memcmp(meta_host_, b.ids, bytes) == 0;
+        for (int64_t i = 0; i < m; ++i)
+            if (meta_host_[i] != 0) return false;
+        return true;
+    };
+    if (capturing_) {
+        if (meta_in_graph_ && same()) return;
+        write_staging(b);
+        meta_in_graph_ = true;
+    } else {
+        if (meta_valid_ && same()) return;
+        CUDA_CHECK(cudaEventSynchronize(meta_event_));  // the previous copy from the pinned area is done
+        write_staging(b);
+    }
+    const size_t bytes = size_t(3 * m + 4 * meta_tiles_) * 4;
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(meta_dev_, meta_host_, bytes, cudaMemcpyHostToDevice, stream_));
+    if (!capturing_) {
+        CUDA_CHECK(cudaEventRecord(meta_event_, stream_));
+        meta_valid_ = true;
+    }
+}
+
+void CudaBackend::begin_capture() {
+    LATTICE_CHECK(!capturing_, "CudaBackend::begin_capture: already capturing");
+    make_current();
+    CUDA_CHECK(cudaEventSynchronize(meta_event_));
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    capturing_ = true;
+    meta_in_graph_ = false;
+}
+
+void CudaBackend::end_capture() {
+    capturing_ = false;
+    meta_in_graph_ = false;
+    meta_valid_ = false;  // the pinned area holds the captured batch, the device copy never ran
+}
+
+int64_t CudaBackend::stage_batch_for_replay(const TokenBatch& b, const MetaArea& area) {
+    LATTICE_CHECK(b.count <= area.cap && (b.count == 0 || (b.positions && b.slots)),
+                  "CudaGraph::replay: batch of {} tokens", b.count);
+    CUDA_CHECK(cudaEventSynchronize(meta_event_));  // all earlier copies from any staging area are done
+    if (area.host == meta_host_) {
+        write_staging(b);
+        return meta_tiles_;
+    }
+    meta_valid_ = false;
+    return fill_staging(area.host, b);
+}
+
+void CudaBackend::after_replay(const MetaArea& area) {
+    CUDA_CHECK(cudaEventRecord(meta_event_, stream_));
+    meta_valid_ = area.host == meta_host_;
+}
+
+// ---- ops ----
+void CudaBackend::embed(const View& out, const View& table, const TokenBatch& batch, int64_t row_offset) {
+    check_act(out, "embed", "out");
+    LATTICE_CHECK(batch.ids, "CudaBackend::embed: batch has no token ids");
+    LATTICE_CHECK(table.device == Device::kCuda && table.ndim == 2 && table.cols() == out.cols(),
+                  "CudaBackend::embed: table {} vs out {}", table.shape_str(), out.shape_str());
+    check_rows_cols(out, batch.count, table.cols(), "embed", "out");
+    ensure_batch(batch);
+    cuda::embed(out.data, act_, table.data, table.dtype, table.shape[0], table.cols(), meta_dev_, batch.count,
+                row_offset, stream_);
+}
+
+void CudaBackend::rmsnorm(const View& out, const View& x, const View& w, float eps) {
+    check_act(out, "rmsnorm", "out");
+    check_act(x, "rmsnorm", "x");
+    check_rows_cols(out, x.rows(), x.cols(), "rmsnorm", "out");
+    LATTICE_CHECK(w.dtype == DType::kF32 && w.numel() == x.cols() && w.device == Device::kCuda,
+                  "CudaBackend::rmsnorm: weight must be f32 [{}] on the device", x.cols());
+    cuda::rmsnorm(out.data, x.data, w.ptr<float>(), x.rows(), x.cols(), eps, act_, stream_);
+}
+
+void CudaBackend::add_rmsnorm(const View& residual, const View& x, const View& out, const View& w, float eps) {
+    check_act(residual, "add_rmsnorm", "residual");
+    check_act(x, "add_rmsnorm", "x");
+    check_act(out, "add_rmsnorm", "out");
+    check_rows_cols(x, residual.rows(), residual.cols(), "add_rmsnorm", "x");
+    check_rows_cols(out, residual.rows(), residual.cols(), "add_rmsnorm", "out");
+    LATTICE_CHECK(w.dtype == DType::kF32 && w.numel() == x.cols() && w.device == Device::kCuda,
+                  "CudaBackend::add_rmsnorm: weight must be f32 [{}] on the device", x.cols());
+    cuda::add_rmsnorm(residual.data, x.data, out.data, w.ptr<float>(), x.rows(), x.cols(), eps, act_, stream_);
+}
+
+void CudaBackend::rope(const View& qkv, const TokenBatch& batch, const AttentionShape& s, const View& inv_freq) {
+    check_act(qkv, "rope", "qkv");
+    check_rows_cols(qkv, batch.count, (s.n_heads + 2 * s.n_kv_heads) * s.head_dim, "rope", "qkv");
+    LATTICE_CHECK(
+        inv_freq.dtype == DType::kF32 && inv_freq.numel() == s.head_dim / 2 && inv_freq.device == Device::kCuda,
+        "CudaBackend::rope: inv_freq must be f32 [{}] on the device", s.head_dim / 2);
+    ensure_batch(batch);
+    cuda::rope(qkv.data, meta_dev_ + batch.count, batch.count, s.n_heads, s.n_kv_heads, s.head_dim,
+               inv_freq.ptr<float>(), act_, stream_);
+}
+
+void CudaBackend::attention(const View& out, const View& qkv, const View& k_cache, const View& v_cache,
+                            const TokenBatch& batch, const AttentionShape& s) {
+    const int64_t m = batch.count;
+    check_act(out, "attention", "out");
+    check_act(qkv, "attention", "qkv");
+    check_act(k_cache, "attention", "k_cache");
+    check_act(v_cache, "attention", "v_cache");
+    check_rows_cols(qkv, m, (s.n_heads + 2 * s.n_kv_heads) * s.head_dim, "attention", "qkv");
+    check_rows_cols(out, m, s.n_heads * s.head_dim, "attention", "out");
+    LATTICE_CHECK(k_cache.ndim == 4 && k_cache.shape[1] == s.max_seq && k_cache.shape[2] == s.n_kv_heads &&
+                      k_cache.shape[3] == s.head_dim && v_cache.numel() == k_cache.numel(),
+                  "CudaBackend::attention: cache {} does not match [slots, {}, {}, {}]", k_cache.shape_str(), s.max_seq,
+                  s.n_kv_heads, s.head_dim);
+    const int64_t n_slots = k_cache.shape[0];
+    for (int64_t i = 0; i < m; ++i)
+        LATTICE_CHECK(batch.positions[i] >= 0 && batch.positions[i] < s.max_seq && batch.slots[i] >= 0 &&
+                          batch.slots[i] < n_slots,
+                      "CudaBackend::attention: token {} at position {} of slot {} is outside the cache [{} slots, {} "
+                      "positions]",
+                      i, batch.positions[i], batch.slots[i], n_slots, s.max_seq);
+    ensure_batch(batch);
+    cuda::AttnDims d{s.n_heads, s.n_kv_heads, s.head_dim, s.max_seq, n_slots, s.scale};
+    const int32_t* pos = meta_dev_ + m;
+    const int32_t* slots = meta_dev_ + 2 * m;
+    cuda::kv_store(k_cache.data, v_cache.data, qkv.data, pos, slots, m, d, act_, stream_);
+    if (meta_tiles_ == m) {  // every tile is one token: decode (graph-stable grid)
+        float* ws = static_cast<float*>(scratch(attn_ws_, size_t(cuda::decode_workspace_floats(m, d)) * 4, "attn"));
+        cuda::attention_decode(out.data, qkv.data, k_cache.data, v_cache.data, pos, slots, m, d, ws, act_, stream_);
+    } else {
+        const auto* tiles = reinterpret_cast<const cuda::PrefillTile*>(meta_dev_ + 3 * m);
+        cuda::attention_prefill(out.data, qkv.data, k_cache.data, v_cache.data, pos, tiles, meta_tiles_, d, act_,
+                                stream_);
+    }
+}
+
+void CudaBackend::silu_mul(const View& out, const View& gate_up) {
+    check_act(out, "silu_mul", "out");
+    check_act(gate_up, "silu_mul", "gate_up");
+    check_rows_cols(gate_up, out.rows(), 2 * out.cols(), "silu_mul", "gate_up");
+    cuda::silu_mul(out.data, gate_up.data, out.rows(), out.cols(), act_, stream_);
+}
+
+void CudaBackend::add(const View& out, const View& a, const View& b) {
+    check_act(out, "add", "out");
+    check_act(a, "add", "a");
+    check_act(b, "add", "b");
+    LATTICE_CHECK(a.numel() == out.numel() && b.numel() == out.numel(), "CudaBackend::add: {} + {} -> {}",
+                  a.shape_str(), b.shape_str(), out.shape_str());
+    cuda::add(out.data, a.data, b.data, out.numel(), act_, stream_);
+}
+
+void CudaBackend::linear(const View& out, const View& x, const Linear& w) {
+    // out may be f32 (the LM head writes f32 logits); everything else is in the activation dtype.
+    const DType od = out.dtype;
+    if (od != DType::kF32) check_act(out, "linear", "out");
+    LATTICE_CHECK(out.device == Device::kCuda && out.is_contiguous(),
+                  "CudaBackend::linear: out must be a contiguous "
+                  "device tensor");
+    check_act(x, "linear", "x");
+    const int64_t m = x.rows(), n = w.n, k = w.k;
+    check_rows_cols(x, m, k, "linear", "x");
+    check_rows_cols(out, m, n, "linear", "out");
+    LATTICE_CHECK(w.weight.view().device == Device::kCuda, "CudaBackend::linear: weight is not on the device");
+    if (m == 0) return;
+    if (w.mode == QuantMode::kNone) {
+        LATTICE_CHECK(w.weight_dtype == act_, "CudaBackend::linear: float weight dtype {} != activation dtype {}",
+                      dtype_name(w.weight_dtype), dtype_name(act_));
+        lt_->gemm_float(out.data, n, x.data, k, w.weight.data(), k, m, n, k, act_, od, stream_);
+        return;
+    }
+    const int64_t n_pad = w.weight.view().shape[0], k_pad = w.weight.view().shape[1];
+    LATTICE_CHECK(w.weight_dtype == DType::kI8 && n_pad == round_up(n, 16) && k_pad == round_up(k, 16) &&
+                      w.scales.view().numel() == n_pad,
+                  "CudaBackend::linear: int8 weight {} was not made by CudaBackend::make_linear",
+                  w.weight.view().shape_str());
+    const auto* wq = w.weight.ptr<int8_t>();
+    const auto* sw = w.scales.ptr<float>();
+    if (w.mode == QuantMode::kW8A16) {
+        if (m <= cuda::kGemvMaxRows) {
+            cuda::gemv_w8a16(out.data, x.data, wq, k_pad, sw, m, n, k, act_, od, stream_);
+        } else {
+            void* wd = scratch(wdeq_, size_t(n * k) * 2, "w8a16 dequantized weight");
+            cuda::dequant_weights(wd, wq, k_pad, sw, n, k, act_, stream_);
+            lt_->gemm_float(out.data, n, x.data, k, wd, k, m, n, k, act_, od, stream_);
+        }
+        return;
+    }
+    // W8A8: per-token dynamic int8 activations.
+    auto* xq = static_cast<int8_t*>(scratch(xq_, size_t(m * k_pad), "quantized activations"));
+    auto* sx = static_cast<float*>(scratch(sx_, size_t(m) * 4, "activation scales"));
+    cuda::quantize_rows(xq, k_pad, sx, x.data, m, k, act_, stream_);
+    if (m <= cuda::kGemvMaxRows) {
+        cuda::gemv_w8a8(out.data, xq, k_pad, sx, wq, k_pad, sw, m, n, k_pad, act_, od, stream_);
+    } else {
+        auto* acc = static_cast<int32_t*>(scratch(acc_, size_t(m * n_pad) * 4, "int32 accumulators"));
+        lt_->gemm_i8(acc, n_pad, xq, k_pad, wq, k_pad, m, n_pad, k_pad, stream_);
+        cuda::dequant_i32(out.data, acc, n_pad, sx, sw, m, n, act_, od, stream_);
+    }
+}
+
+void CudaBackend::argmax(const View& logits, int32_t* host_ids) {
+    LATTICE_CHECK(logits.device == Device::kCuda && logits.is_contiguous(), "CudaBackend::argmax: device logits");
+    const int64_t m = logits.rows();
+    auto* ids = static_cast<int32_t*>(scratch(ids_out_, size_t(std::max<int64_t>(m, 1)) * 4, "sampled ids"));
+    cuda::argmax(ids, logits.data, logits.dtype, m, logits.cols(), stream_);
+    CUDA_CHECK(cudaMemcpyAsync(host_ids, ids, size_t(m) * 4, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::sample(const View& logits, const cuda::SampleParams* host_params, int32_t* host_ids) {
+    LATTICE_CHECK(logits.device == Device::kCuda && logits.is_contiguous(), "CudaBackend::sample: device logits");
+    const int64_t m = logits.rows();
+    for (int64_t i = 0; i < m; ++i)
+        LATTICE_CHECK(host_params[i].temperature > 0.0f && host_params[i].top_p > 0.0f &&
+                          host_params[i].top_p <= 1.0f && host_params[i].u >= 0.0f && host_params[i].u < 1.0f,
+                      "CudaBackend::sample: row {}: temperature {} top_p {} u {} out of range", i,
+                      host_params[i].temperature, host_params[i].top_p, host_params[i].u);
+    auto* ids = static_cast<int32_t*>(scratch(ids_out_, size_t(std::max<int64_t>(m, 1)) * 4, "sampled ids"));
+    auto* params = static_cast<cuda::SampleParams*>(
+        scratch(params_, size_t(std::max<int64_t>(m, 1)) * sizeof(cuda::SampleParams), "sample params"));
+    CUDA_CHECK(
+        cudaMemcpyAsync(params, host_params, size_t(m) * sizeof(cuda::SampleParams), cudaMemcpyHostToDevice, stream_));
+    cuda::sample(ids, logits.data, logits.dtype, m, logits.cols(), params, stream_);
+    CUDA_CHECK(cudaMemcpyAsync(host_ids, ids, size_t(m) * 4, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// ---- CudaGraph ----
+CudaGraph::~CudaGraph() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+}
+
+void CudaGraph::capture(CudaBackend& be, const TokenBatch& batch, const std::function<void()>& body) {
+    LATTICE_CHECK(!exec_, "CudaGraph::capture: already captured (one graph per batch-size bucket)");
+    be.begin_capture();
+    try {
+        body();
+    } catch (...) {
+        cudaGraph_t g = nullptr;
+        cudaStreamEndCapture(be.stream(), &g);
+        if (g) cudaGraphDestroy(g);
+        be.end_capture();
+        throw;
+    }
+    const cudaError_t e = cudaStreamEndCapture(be.stream(), &graph_);
+    be.end_capture();
+    CUDA_CHECK(e);
+    CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+    be.graph_captured();
+    count_ = batch.count;
+    area_ = be.meta_area();
+    tiles_ = be.staged_tiles();
+}
+
+void CudaGraph::replay(CudaBackend& be, const TokenBatch& batch) {
+    LATTICE_CHECK(exec_, "CudaGraph::replay before capture");
+    LATTICE_CHECK(batch.count == count_, "CudaGraph::replay: batch of {} tokens, captured for {}", batch.count, count_);
+    const int64_t tiles = be.stage_batch_for_replay(batch, area_);
+    // The graph's memcpy node copies the tile count it was captured with; decode graphs do not read
+    // tiles, a captured prefill (several tokens of one slot) needs the same tiling.
+    LATTICE_CHECK(tiles == tiles_ || tiles_ == count_,
+                  "CudaGraph::replay: the batch splits into {} prefill tiles, the graph was captured with {}", tiles,
+                  tiles_);
+    CUDA_CHECK(cudaGraphLaunch(exec_, be.stream()));
+    be.after_replay(area_);
+}
+
+// ---- factory (the CUDA half of runtime/backend/make_backend.h) ----
+std::unique_ptr<Backend> make_cuda_backend(int device, DType act) {
+    return std::make_unique<CudaBackend>(device, act);
+}
+
+int cuda_device_count() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();  // clear the sticky "no device / no driver" error
+        return 0;
+    }
+    return n;
+}
+
+}  // namespace lattice

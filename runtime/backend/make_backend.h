@@ -1,0 +1,44 @@
+// The one way to make a Backend: CPU or CUDA from plain options, for code that must compile with
+// or without CUDA (the engine's builder, tests, benchmarks). LATTICE_HAVE_CUDA is defined
+// (publicly, by lattice_kernels_cuda through lattice_runtime) only when CUDA is built; without it,
+// asking for CUDA is a clear Error. Device binding (which ordinal a rank uses) is the caller's.
+#pragma once
+
+#include "runtime/backend/backend.h"
+
+#include <memory>
+#include <string_view>
+
+namespace lattice {
+
+enum class BackendKind : uint8_t {
+    kAuto,  // CUDA when built with it and a device is visible, else CPU
+    kCpu,
+    kCuda,
+};
+BackendKind parse_backend_kind(std::string_view s);  // "auto" | "cpu" | "cuda"; throws Error
+
+struct BackendOptions {
+    BackendKind kind = BackendKind::kAuto;
+    // CPU
+    int threads = 0;     // <= 0: one per available core
+    bool pin = true;     // pin threads to cores
+    bool mlock = false;  // lock weight memory
+    // CUDA
+    int cuda_device = 0;            // ordinal
+    DType cuda_act = DType::kBF16;  // activations: kF16 or kBF16
+};
+
+// kAuto resolved: what make_backend(opt) would build.
+BackendKind resolve_backend_kind(BackendKind kind);
+std::unique_ptr<Backend> make_backend(const BackendOptions& opt);
+
+// Visible CUDA devices; 0 when there is no driver, no device, or no CUDA in this build (never throws).
+int cuda_device_count();
+
+#if defined(LATTICE_HAVE_CUDA)
+// act: kF16 or kBF16. Throws Error when the device does not exist or CUDA fails.
+std::unique_ptr<Backend> make_cuda_backend(int device, DType act);
+#endif
+
+}  // namespace lattice

@@ -1,0 +1,110 @@
+// The builder (see build.h).
+#include "runtime/engine/build.h"
+
+#include "base/log.h"
+#include "runtime/weights/random_source.h"
+
+#include <chrono>
+
+namespace lattice {
+
+std::unique_ptr<TensorSource> open_spec(const ModelSpec& s) {
+    if (!s.random) {
+        LATTICE_CHECK(!s.path.empty(), "no model given (a checkpoint path, or random weights of a preset shape)");
+        return open_model(s.path);
+    }
+    ModelConfig cfg;
+    if (!s.preset.empty())
+        cfg = preset_config(s.preset);
+    else if (!s.path.empty())
+        cfg = open_model(s.path)->config();
+    else
+        LATTICE_FAIL("random weights need a preset shape (--config) or a model whose shape to use (--model)");
+    return make_random_source(cfg, s.seed);
+}
+
+ModelOptions rank_model_options(ModelOptions o, const ParallelContext& ctx, int64_t n_layers,
+                                const std::vector<int64_t>& pp_layer_counts) {
+    const WorldConfig& w = ctx.world;
+    o.tp = w.tp;
+    o.tp_rank = w.tp_rank();
+    const auto stages = stage_layer_ranges(n_layers, w.pp, pp_layer_counts);
+    o.layer_begin = stages[size_t(w.pp_rank())].first;
+    o.layer_end = stages[size_t(w.pp_rank())].second;
+    o.first_stage = w.is_first_stage();
+    o.last_stage = w.is_last_stage();
+    return o;
+}
+
+PipelineLinks rank_pipeline_links(const ParallelContext& ctx) {
+    PipelineLinks links;
+    if (ctx.world.world > 1) {
+        links.pipe = ctx.pp_world.get();
+        links.prev = ctx.prev_stage();
+        links.next = ctx.next_stage();
+        links.world = ctx.world_comm.get();
+        links.sampler = ctx.world.sampler_rank();
+    }
+    return links;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ParallelContext make_context(const BuildOptions& o) {
+    ParallelContext ctx = (o.tp * o.pp > 1 || o.mpi) ? make_parallel_context(o.tp, o.pp, o.comm_timeout)
+                                                     : make_local_context();
+    if (o.on_context) o.on_context(ctx.world);
+    return ctx;
+}
+
+// On a device backend the TP and PP groups move device memory: the backend's communicator over
+// the same ranks replaces the host group, which stays alive underneath (NCCL bootstraps over it).
+std::unique_ptr<Communicator> device_group(std::unique_ptr<Communicator> host, Backend& be, const char* name,
+                                           double timeout, Built& b) {
+    std::unique_ptr<Communicator> dev = be.make_group_comm(*host, name, timeout);
+    if (!dev) return host;
+    b.host_groups.push_back(std::move(host));
+    return dev;
+}
+
+Built build_in(const BuildOptions& o, ParallelContext ctx, const TensorSource& src, Clock::time_point t0) {
+    Built b;
+    b.world = ctx.world;
+    BackendOptions bo = o.backend;
+    if (resolve_backend_kind(bo.kind) == BackendKind::kCuda) {
+        bo.cuda_device = ctx.world.device(o.devices);
+        process_identity().device = bo.cuda_device;
+    }
+    b.backend = make_backend(bo);
+    ctx.tp = device_group(std::move(ctx.tp), *b.backend, "tp", o.comm_timeout, b);
+    ctx.pp_world = device_group(std::move(ctx.pp_world), *b.backend, "pp", o.comm_timeout, b);
+    const ModelOptions mo = rank_model_options(o.model, ctx, src.config().n_layers, o.pp_layers);
+    b.model = std::make_unique<Model>(src, *b.backend, mo, ctx.tp.get());
+    b.generator = std::make_unique<Generator>(*b.model, rank_pipeline_links(ctx), o.micro_batch);
+    b.tp_comm = std::move(ctx.tp);
+    b.pp_comm = std::move(ctx.pp_world);
+    b.world_comm = std::move(ctx.world_comm);
+    b.load_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    LOG_INFO("{}: loaded {} on {} in {:.2f} s ({:.1f} MiB of weights on this rank, quant {})", b.world.describe(),
+             src.describe(), b.backend->name(), b.load_seconds, double(b.model->weight_bytes()) / (1 << 20),
+             quant_mode_name(mo.quant));
+    return b;
+}
+
+}  // namespace
+
+Built build(const BuildOptions& o, const TensorSource& src) {
+    const auto t0 = Clock::now();
+    return build_in(o, make_context(o), src, t0);
+}
+
+Built build(const BuildOptions& o, const ModelSpec& spec) {
+    const auto t0 = Clock::now();
+    ParallelContext ctx = make_context(o);
+    std::unique_ptr<TensorSource> src = open_spec(spec);
+    return build_in(o, std::move(ctx), *src, t0);  // src (and its file mappings) dies here
+}
+
+}  // namespace lattice

@@ -1,0 +1,228 @@
+// ModelConfig parsing (HF config.json), validation, rope frequencies and built-in presets.
+#include "runtime/model/config.h"
+
+#include "base/error.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+namespace lattice {
+
+namespace {
+constexpr int64_t kMaxConfigBytes = 1 << 20;
+
+template <typename T>
+T get_required(const nlohmann::json& j, const char* key, const std::string& src) {
+    LATTICE_CHECK(j.contains(key) && !j[key].is_null(), "{}: missing required field \"{}\"", src, key);
+    try {
+        return j[key].get<T>();
+    } catch (const nlohmann::json::exception& e) {
+        LATTICE_FAIL("{}: field \"{}\" has the wrong type ({})", src, key, e.what());
+    }
+}
+
+template <typename T>
+T get_optional(const nlohmann::json& j, const char* key, T fallback, const std::string& src) {
+    if (!j.contains(key) || j[key].is_null()) return fallback;
+    try {
+        return j[key].get<T>();
+    } catch (const nlohmann::json::exception& e) {
+        LATTICE_FAIL("{}: field \"{}\" has the wrong type ({})", src, key, e.what());
+    }
+}
+}  // namespace
+
+ModelConfig parse_hf_config(const std::string& text, const std::string& src) {
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+        LATTICE_FAIL("{}: not valid JSON ({})", src, e.what());
+    }
+    LATTICE_CHECK(j.is_object(), "{}: expected a JSON object", src);
+    ModelConfig c;
+    c.source = src;
+    if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+        j["architectures"][0].is_string())
+        c.architecture = j["architectures"][0].get<std::string>();
+    std::string model_type = get_optional<std::string>(j, "model_type", "llama", src);
+    LATTICE_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2" ||
+                      c.architecture == "LlamaForCausalLM",
+                  "{}: model_type \"{}\" / architecture \"{}\" is not a Llama-family model", src, model_type,
+                  c.architecture);
+    std::string act = get_optional<std::string>(j, "hidden_act", "silu", src);
+    LATTICE_CHECK(act == "silu", "{}: hidden_act \"{}\" unsupported (only silu)", src, act);
+    LATTICE_CHECK(!get_optional<bool>(j, "attention_bias", false, src), "{}: attention_bias=true unsupported", src);
+    LATTICE_CHECK(!get_optional<bool>(j, "mlp_bias", false, src), "{}: mlp_bias=true unsupported", src);
+
+    c.hidden = get_required<int64_t>(j, "hidden_size", src);
+    c.intermediate = get_required<int64_t>(j, "intermediate_size", src);
+    c.n_layers = get_required<int64_t>(j, "num_hidden_layers", src);
+    c.n_heads = get_required<int64_t>(j, "num_attention_heads", src);
+    c.n_kv_heads = get_optional<int64_t>(j, "num_key_value_heads", c.n_heads, src);
+    c.vocab = get_required<int64_t>(j, "vocab_size", src);
+    LATTICE_CHECK(c.n_heads > 0, "{}: num_attention_heads must be positive, got {}", src, c.n_heads);
+    if (!j.contains("head_dim") || j["head_dim"].is_null())
+        LATTICE_CHECK(c.hidden % c.n_heads == 0, "{}: num_attention_heads {} does not divide hidden_size {}", src,
+                      c.n_heads, c.hidden);
+    c.head_dim = get_optional<int64_t>(j, "head_dim", c.hidden / c.n_heads, src);
+    c.max_position = get_optional<int64_t>(j, "max_position_embeddings", 2048, src);
+    c.rms_eps = get_optional<double>(j, "rms_norm_eps", 1e-5, src);
+    c.rope_theta = get_optional<double>(j, "rope_theta", 10000.0, src);
+    c.tie_embeddings = get_optional<bool>(j, "tie_word_embeddings", false, src);
+    c.bos_id = get_optional<int64_t>(j, "bos_token_id", 1, src);
+    if (j.contains("eos_token_id") && j["eos_token_id"].is_array()) {
+        c.eos_ids.clear();
+        for (auto& e : j["eos_token_id"]) {
+            LATTICE_CHECK(e.is_number_integer(), "{}: eos_token_id entries must be integers", src);
+            c.eos_ids.push_back(e.get<int64_t>());
+        }
+    } else {
+        c.eos_ids = {get_optional<int64_t>(j, "eos_token_id", 2, src)};
+    }
+    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+        const auto& rs = j["rope_scaling"];
+        LATTICE_CHECK(rs.is_object(), "{}: rope_scaling must be an object or null", src);
+        std::string type = rs.contains("rope_type") ? get_optional<std::string>(rs, "rope_type", "", src)
+                                                    : get_optional<std::string>(rs, "type", "", src);
+        if (type == "default" || type.empty()) {
+            c.rope_scaling.type = "";
+        } else if (type == "llama3") {
+            c.rope_scaling.type = "llama3";
+            c.rope_scaling.factor = get_required<double>(rs, "factor", src + " rope_scaling");
+            c.rope_scaling.low_freq_factor = get_optional<double>(rs, "low_freq_factor", 1.0, src);
+            c.rope_scaling.high_freq_factor = get_optional<double>(rs, "high_freq_factor", 4.0, src);
+            c.rope_scaling.original_max_position =
+                get_required<int64_t>(rs, "original_max_position_embeddings", src + " rope_scaling");
+        } else if (type == "linear") {
+            c.rope_scaling.type = "linear";
+            c.rope_scaling.factor = get_required<double>(rs, "factor", src + " rope_scaling");
+        } else {
+            LATTICE_FAIL("{}: rope_scaling type \"{}\" unsupported (llama3, linear)", src, type);
+        }
+    }
+    c.validate();
+    return c;
+}
+
+ModelConfig load_hf_config(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    LATTICE_CHECK(f.good(), "{}: cannot open config file", path);
+    f.seekg(0, std::ios::end);
+    int64_t size = f.tellg();
+    LATTICE_CHECK(size >= 0 && size <= kMaxConfigBytes, "{}: config file of {} bytes exceeds the {} byte limit",
+                  path, size, kMaxConfigBytes);
+    f.seekg(0);
+    std::string text(size_t(size), '\0');
+    f.read(text.data(), size);
+    LATTICE_CHECK(f.good(), "{}: read failed", path);
+    return parse_hf_config(text, path);
+}
+
+void ModelConfig::validate() const {
+    const std::string& s = source;
+    auto positive = [&](int64_t v, const char* name) {
+        LATTICE_CHECK(v > 0 && v < (int64_t(1) << 31), "{}: {} must be in [1, 2^31), got {}", s, name, v);
+    };
+    positive(hidden, "hidden_size");
+    positive(intermediate, "intermediate_size");
+    positive(n_layers, "num_hidden_layers");
+    positive(n_heads, "num_attention_heads");
+    positive(n_kv_heads, "num_key_value_heads");
+    positive(head_dim, "head_dim");
+    positive(vocab, "vocab_size");
+    positive(max_position, "max_position_embeddings");
+    LATTICE_CHECK(n_layers <= 1024, "{}: num_hidden_layers {} is implausible", s, n_layers);
+    LATTICE_CHECK(n_heads % n_kv_heads == 0, "{}: num_key_value_heads {} does not divide num_attention_heads {}", s,
+                  n_kv_heads, n_heads);
+    LATTICE_CHECK(head_dim % 2 == 0, "{}: head_dim {} must be even for RoPE", s, head_dim);
+    LATTICE_CHECK(rms_eps > 0 && rms_eps < 1, "{}: rms_norm_eps {} out of range", s, rms_eps);
+    LATTICE_CHECK(rope_theta > 0, "{}: rope_theta {} must be positive", s, rope_theta);
+    if (rope_scaling.type == "llama3") {
+        LATTICE_CHECK(rope_scaling.factor > 0 && rope_scaling.low_freq_factor > 0 &&
+                          rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
+                          rope_scaling.original_max_position > 0,
+                      "{}: llama3 rope_scaling parameters inconsistent", s);
+    }
+    for (int64_t e : eos_ids) LATTICE_CHECK(e >= 0 && e < vocab, "{}: eos_token_id {} outside vocab {}", s, e, vocab);
+}
+
+int64_t ModelConfig::parameter_count() const {
+    int64_t per_layer = hidden * (q_dim() + 2 * kv_dim()) + q_dim() * hidden + 3 * hidden * intermediate + 2 * hidden;
+    int64_t emb = vocab * hidden;
+    return n_layers * per_layer + emb + (tie_embeddings ? 0 : emb) + hidden;
+}
+
+bool ModelConfig::is_eos(int64_t id) const {
+    for (int64_t e : eos_ids)
+        if (e == id) return true;
+    return false;
+}
+
+std::vector<float> ModelConfig::rope_inv_freq() const {
+    const int64_t half = head_dim / 2;
+    std::vector<float> inv(static_cast<size_t>(half));
+    for (int64_t i = 0; i < half; ++i) {
+        double f = 1.0 / std::pow(rope_theta, double(2 * i) / double(head_dim));
+        if (rope_scaling.type == "llama3") {
+            // transformers' _compute_llama3_parameters
+            const double low_wavelen = double(rope_scaling.original_max_position) / rope_scaling.low_freq_factor;
+            const double high_wavelen = double(rope_scaling.original_max_position) / rope_scaling.high_freq_factor;
+            const double wavelen = 2.0 * M_PI / f;
+            if (wavelen > low_wavelen) {
+                f = f / rope_scaling.factor;
+            } else if (wavelen >= high_wavelen) {
+                double smooth = (double(rope_scaling.original_max_position) / wavelen - rope_scaling.low_freq_factor) /
+                                (rope_scaling.high_freq_factor - rope_scaling.low_freq_factor);
+                f = (1.0 - smooth) * f / rope_scaling.factor + smooth * f;
+            }
+        } else if (rope_scaling.type == "linear") {
+            f = f / rope_scaling.factor;
+        }
+        inv[size_t(i)] = float(f);
+    }
+    return inv;
+}
+
+namespace {
+ModelConfig make_preset(const char* name, int64_t hidden, int64_t ffn, int64_t layers, int64_t heads, int64_t kv,
+                        int64_t vocab, double theta, int64_t max_pos, bool llama3) {
+    ModelConfig c;
+    c.source = std::string("preset ") + name;
+    c.hidden = hidden;
+    c.intermediate = ffn;
+    c.n_layers = layers;
+    c.n_heads = heads;
+    c.n_kv_heads = kv;
+    c.head_dim = hidden / heads;
+    c.vocab = vocab;
+    c.rope_theta = theta;
+    c.max_position = max_pos;
+    if (llama3) {
+        c.rope_scaling = RopeScaling{"llama3", 8.0, 1.0, 4.0, 8192};
+        c.bos_id = 128000;
+        c.eos_ids = {128001, 128009};
+    }
+    return c;
+}
+}  // namespace
+
+std::vector<std::string> preset_names() {
+    return {"tinyllama-1.1b", "llama-2-7b", "llama-2-70b", "llama-3-8b", "llama-3-70b"};
+}
+
+ModelConfig preset_config(const std::string& name) {
+    if (name == "tinyllama-1.1b") return make_preset("tinyllama-1.1b", 2048, 5632, 22, 32, 4, 32000, 1e4, 2048, false);
+    if (name == "llama-2-7b") return make_preset("llama-2-7b", 4096, 11008, 32, 32, 32, 32000, 1e4, 4096, false);
+    if (name == "llama-2-70b") return make_preset("llama-2-70b", 8192, 28672, 80, 64, 8, 32000, 1e4, 4096, false);
+    if (name == "llama-3-8b") return make_preset("llama-3-8b", 4096, 14336, 32, 32, 8, 128256, 5e5, 8192, true);
+    if (name == "llama-3-70b") return make_preset("llama-3-70b", 8192, 28672, 80, 64, 8, 128256, 5e5, 8192, true);
+    std::string names;
+    for (auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
+    LATTICE_FAIL("unknown model preset \"{}\" (known: {})", name, names);
+}
+
+}  // namespace lattice

@@ -1,0 +1,61 @@
+// ModelConfig: the Llama-family hyper-parameters every loader (config.json, GGUF metadata,
+// built-in presets) produces and the model consumes. validate() rejects inconsistent values
+// with a message naming the source and field.
+#pragma once
+
+#include "parallel/world_config.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lattice {
+
+struct RopeScaling {
+    std::string type;  // "" (none), "llama3", "linear"
+    double factor = 1.0;
+    double low_freq_factor = 1.0;
+    double high_freq_factor = 4.0;
+    int64_t original_max_position = 8192;
+};
+
+struct ModelConfig {
+    std::string source;  // file the config came from (for error messages)
+    std::string architecture = "LlamaForCausalLM";
+    int64_t hidden = 0;
+    int64_t intermediate = 0;
+    int64_t n_layers = 0;
+    int64_t n_heads = 0;
+    int64_t n_kv_heads = 0;
+    int64_t head_dim = 0;
+    int64_t vocab = 0;
+    int64_t max_position = 2048;
+    double rms_eps = 1e-5;
+    double rope_theta = 10000.0;
+    RopeScaling rope_scaling;
+    bool tie_embeddings = false;
+    int64_t bos_id = 1;
+    std::vector<int64_t> eos_ids{2};
+
+    void validate() const;  // throws Error
+    int64_t q_dim() const { return n_heads * head_dim; }
+    int64_t kv_dim() const { return n_kv_heads * head_dim; }
+    // What the layout rules (parallel/world_config.h) need to know.
+    ModelDims dims() const { return {n_layers, n_heads, n_kv_heads, intermediate, vocab, source}; }
+    // Parameters of the full model (embedding and head counted once when tied).
+    int64_t parameter_count() const;
+    bool is_eos(int64_t id) const;
+    // Per-pair inverse frequencies [head_dim/2] with rope scaling applied (HF semantics).
+    std::vector<float> rope_inv_freq() const;
+};
+
+// Parses a Hugging Face config.json (LlamaForCausalLM and compatible). Throws Error naming the path.
+ModelConfig load_hf_config(const std::string& path);
+ModelConfig parse_hf_config(const std::string& json_text, const std::string& source);
+
+// Built-in shapes for random-weight benchmarks: "tinyllama-1.1b", "llama-2-7b", "llama-2-70b",
+// "llama-3-8b", "llama-3-70b". Throws Error listing the names for an unknown one.
+ModelConfig preset_config(const std::string& name);
+std::vector<std::string> preset_names();
+
+}  // namespace lattice

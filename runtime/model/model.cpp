@@ -1,0 +1,306 @@
+// The Llama forward (see model.h for the sharding rules). Loading reads only this rank's slices.
+#include "runtime/model/model.h"
+
+#include "base/log.h"
+#include "runtime/weights/dequant.h"
+#include "runtime/model/smoothquant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+namespace lattice {
+
+namespace {
+
+// A host-side slice read from the checkpoint, in the dtype the backend will keep.
+struct HostSlice {
+    std::vector<uint8_t> bytes;
+    DType dtype = DType::kF32;
+    int64_t rows = 0, cols = 0;
+    View view() { return View::contiguous(bytes.data(), dtype, {rows, cols}); }
+};
+
+DType keep_dtype(DType t) {
+    return (t == DType::kF32 || t == DType::kF16 || t == DType::kBF16) ? t : DType::kF32;
+}
+
+HostSlice read_slice(const TensorSource& src, const std::string& name, int64_t row0, int64_t rows, int64_t col0,
+                     int64_t cols, DType dtype) {
+    HostSlice h;
+    h.dtype = dtype;
+    h.rows = rows;
+    h.cols = cols;
+    h.bytes.resize(size_t(rows * cols * dtype_size(dtype)));
+    src.read(name, row0, rows, col0, cols, dtype, h.bytes.data());
+    return h;
+}
+
+HostSlice concat_rows(std::vector<HostSlice>& parts) {
+    DType dt = parts[0].dtype;
+    for (auto& p : parts)
+        if (p.dtype != dt) dt = DType::kF32;
+    HostSlice out;
+    out.dtype = dt;
+    out.cols = parts[0].cols;
+    for (auto& p : parts) out.rows += p.rows;
+    out.bytes.resize(size_t(out.rows * out.cols * dtype_size(dt)));
+    uint8_t* dst = out.bytes.data();
+    for (auto& p : parts) {
+        LATTICE_CHECK(p.cols == out.cols, "concat_rows: column mismatch {} vs {}", p.cols, out.cols);
+        const int64_t n = p.rows * p.cols;
+        convert_elements(p.bytes.data(), p.dtype, dst, dt, n);
+        dst += n * dtype_size(dt);
+        p.bytes = {};
+    }
+    return out;
+}
+
+void check_shape(const TensorSource& src, const std::string& name, std::vector<int64_t> expect) {
+    const TensorInfo& ti = src.info(name);
+    LATTICE_CHECK(ti.shape == expect, "{}: tensor \"{}\" has shape {}, expected {} from the config", ti.file, name,
+                  shape_string(ti.shape), shape_string(expect));
+}
+
+std::string layer_name(int64_t l, const char* suffix) { return "model.layers." + std::to_string(l) + "." + suffix; }
+
+}  // namespace
+
+Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt, Communicator* tp_comm)
+    : cfg_(src.config()), be_(backend), opt_(opt), tp_comm_(tp_comm ? tp_comm : &local_comm_) {
+    LATTICE_CHECK(tp_comm_->size() == opt_.tp, "Model: tp {} but the TP communicator has {} ranks", opt_.tp,
+                  tp_comm_->size());
+    if (opt_.layer_end < 0) opt_.layer_end = cfg_.n_layers;
+    LATTICE_CHECK(0 <= opt_.layer_begin && opt_.layer_begin < opt_.layer_end && opt_.layer_end <= cfg_.n_layers,
+                  "Model: layer range [{}, {}) invalid for {} layers", opt_.layer_begin, opt_.layer_end, cfg_.n_layers);
+    if (opt_.max_seq <= 0) opt_.max_seq = std::min<int64_t>(cfg_.max_position, 4096);
+    LATTICE_CHECK(opt_.max_seq <= cfg_.max_position, "max sequence {} exceeds max_position_embeddings {}", opt_.max_seq,
+                  cfg_.max_position);
+    LATTICE_CHECK(opt_.slots >= 1 && opt_.max_batch_tokens >= 1, "Model: slots and max_batch_tokens must be >= 1");
+    shard_ = shard_shape(cfg_.dims(), opt_.tp, opt_.tp_rank);
+    attn_ = AttentionShape{shard_.n_heads, shard_.n_kv, cfg_.head_dim, opt_.max_seq,
+                           float(1.0 / std::sqrt(double(cfg_.head_dim)))};
+    const Op ops[] = {Op::kEmbed, Op::kRmsNorm, Op::kAddRmsNorm, Op::kRope, Op::kAttention, Op::kSiluMul, Op::kAdd};
+    for (Op op : ops)
+        LATTICE_CHECK(be_.supports(op, be_.activation_dtype()), "backend {} does not support {} in {}", be_.name(),
+                      op_name(op), dtype_name(be_.activation_dtype()));
+    if (opt_.quant != QuantMode::kNone)
+        LATTICE_CHECK(be_.supports(Op::kGemmInt8, DType::kI8), "backend {} does not support quantization {}",
+                      be_.name(), quant_mode_name(opt_.quant));
+    load(src);
+    const int64_t T = opt_.max_batch_tokens, H = cfg_.hidden;
+    const DType act = be_.activation_dtype();
+    hidden_ = be_.alloc(act, {T, H});
+    normed_ = be_.alloc(act, {T, H});
+    qkv_ = be_.alloc(act, {T, (shard_.n_heads + 2 * shard_.n_kv) * cfg_.head_dim});
+    attn_out_ = be_.alloc(act, {T, shard_.n_heads * cfg_.head_dim});
+    proj_ = be_.alloc(act, {T, H});
+    gate_up_ = be_.alloc(act, {T, 2 * shard_.ffn});
+    act_ = be_.alloc(act, {T, shard_.ffn});
+    if (opt_.last_stage) {
+        head_in_ = be_.alloc(act, {T, H});
+        logits_ = be_.alloc(DType::kF32, {int64_t(opt_.tp) * T * shard_.vocab_per_rank});
+    }
+}
+
+Model::~Model() = default;
+
+Linear Model::load_linear(const TensorSource& src, const std::string& name, int64_t row0, int64_t rows, int64_t col0,
+                          int64_t cols, QuantMode mode) {
+    HostSlice h = read_slice(src, name, row0, rows, col0, cols, keep_dtype(src.info(name).dtype));
+    return be_.make_linear(h.view(), mode);
+}
+
+void Model::load(const TensorSource& src) {
+    const ModelConfig& c = cfg_;
+    const int64_t H = c.hidden, hd = c.head_dim;
+    const ShardShape& s = shard_;
+    auto f32_vector = [&](const std::string& name, int64_t n, const std::vector<float>* smooth = nullptr) {
+        check_shape(src, name, {n});
+        HostSlice h = read_slice(src, name, 0, 1, 0, n, DType::kF32);
+        if (smooth) fold_smooth_norm(reinterpret_cast<float*>(h.bytes.data()), n, *smooth);
+        return be_.make_f32(View::contiguous(h.bytes.data(), DType::kF32, {n}));
+    };
+    SmoothFactors smooth;
+    if (!opt_.smooth_path.empty()) smooth = read_smooth_factors(opt_.smooth_path, H, opt_.layer_begin, opt_.layer_end);
+    auto smooth_of = [&](int64_t l, int which) -> const std::vector<float>* {
+        if (opt_.smooth_path.empty()) return nullptr;
+        const size_t i = size_t(l - smooth.layer_begin);
+        return which == kSmoothAttn ? &smooth.attn[i] : &smooth.mlp[i];
+    };
+    const bool need_embed = opt_.first_stage || (opt_.last_stage && c.tie_embeddings);
+    if (need_embed) {
+        const std::string n = "model.embed_tokens.weight";
+        check_shape(src, n, {c.vocab, H});
+        HostSlice h = read_slice(src, n, s.vocab0, s.vocab_rows, 0, H, keep_dtype(src.info(n).dtype));
+        if (opt_.first_stage) embed_table_ = be_.make_table(h.view());
+        if (opt_.last_stage && c.tie_embeddings)
+            lm_head_ = be_.make_linear(h.view(), opt_.quant_head ? opt_.quant : QuantMode::kNone);
+    }
+    if (opt_.last_stage) {
+        final_norm_ = f32_vector("model.norm.weight", H);
+        if (!c.tie_embeddings) {
+            check_shape(src, "lm_head.weight", {c.vocab, H});
+            lm_head_ = load_linear(src, "lm_head.weight", s.vocab0, s.vocab_rows, 0, H,
+                                   opt_.quant_head ? opt_.quant : QuantMode::kNone);
+        }
+    }
+    std::vector<float> inv = c.rope_inv_freq();
+    std::vector<float> factors = src.rope_freq_factors();
+    if (!factors.empty()) {
+        // GGUF carries llama3 scaling as per-pair divisors of the unscaled frequencies.
+        LATTICE_CHECK(int64_t(factors.size()) == hd / 2, "rope_freqs has {} entries, expected {}", factors.size(),
+                      hd / 2);
+        for (int64_t i = 0; i < hd / 2; ++i)
+            inv[size_t(i)] = float(1.0 / std::pow(c.rope_theta, double(2 * i) / double(hd)) / factors[size_t(i)]);
+    }
+    inv_freq_ = be_.make_f32(View::contiguous(inv.data(), DType::kF32, {int64_t(inv.size())}));
+
+    const DType act = be_.activation_dtype();
+    for (int64_t l = opt_.layer_begin; l < opt_.layer_end; ++l) {
+        LayerWeights L;
+        const std::string q = layer_name(l, "self_attn.q_proj.weight"), k = layer_name(l, "self_attn.k_proj.weight"),
+                          v = layer_name(l, "self_attn.v_proj.weight"), o = layer_name(l, "self_attn.o_proj.weight"),
+                          g = layer_name(l, "mlp.gate_proj.weight"), u = layer_name(l, "mlp.up_proj.weight"),
+                          d = layer_name(l, "mlp.down_proj.weight");
+        check_shape(src, q, {c.q_dim(), H});
+        check_shape(src, k, {c.kv_dim(), H});
+        check_shape(src, v, {c.kv_dim(), H});
+        check_shape(src, o, {H, c.q_dim()});
+        check_shape(src, g, {c.intermediate, H});
+        check_shape(src, u, {c.intermediate, H});
+        check_shape(src, d, {H, c.intermediate});
+        L.attn_norm = f32_vector(layer_name(l, "input_layernorm.weight"), H, smooth_of(l, kSmoothAttn));
+        L.ffn_norm = f32_vector(layer_name(l, "post_attention_layernorm.weight"), H, smooth_of(l, kSmoothMlp));
+        {
+            auto rd = [&](const std::string& name, int64_t row0, int64_t rows) {
+                return read_slice(src, name, row0, rows, 0, H, keep_dtype(src.info(name).dtype));
+            };
+            std::vector<HostSlice> parts;
+            parts.push_back(rd(q, s.head0 * hd, s.n_heads * hd));
+            parts.push_back(rd(k, s.kv_head0 * hd, s.n_kv * hd));
+            parts.push_back(rd(v, s.kv_head0 * hd, s.n_kv * hd));
+            HostSlice qkv = concat_rows(parts);
+            if (auto* f = smooth_of(l, kSmoothAttn)) fold_smooth_columns(qkv.bytes, qkv.dtype, qkv.rows, qkv.cols, *f);
+            L.wqkv = be_.make_linear(qkv.view(), opt_.quant);
+            std::vector<HostSlice> gu;
+            gu.push_back(rd(g, s.ffn0, s.ffn));
+            gu.push_back(rd(u, s.ffn0, s.ffn));
+            HostSlice gate_up = concat_rows(gu);
+            if (auto* f = smooth_of(l, kSmoothMlp))
+                fold_smooth_columns(gate_up.bytes, gate_up.dtype, gate_up.rows, gate_up.cols, *f);
+            L.w_gate_up = be_.make_linear(gate_up.view(), opt_.quant);
+        }
+        L.wo = load_linear(src, o, 0, H, s.head0 * hd, s.n_heads * hd, opt_.quant);
+        L.w_down = load_linear(src, d, 0, H, s.ffn0, s.ffn, opt_.quant);
+        L.k_cache = be_.alloc(act, {opt_.slots, opt_.max_seq, s.n_kv, hd});
+        L.v_cache = be_.alloc(act, {opt_.slots, opt_.max_seq, s.n_kv, hd});
+        layers_.push_back(std::move(L));
+    }
+}
+
+int64_t Model::weight_bytes() const {
+    int64_t b = embed_table_.bytes() + lm_head_.weight_bytes() + final_norm_.bytes();
+    for (const auto& L : layers_)
+        b += L.attn_norm.bytes() + L.ffn_norm.bytes() + L.wqkv.weight_bytes() + L.wo.weight_bytes() +
+             L.w_gate_up.weight_bytes() + L.w_down.weight_bytes();
+    return b;
+}
+
+View Model::hidden_scratch(int64_t count) {
+    LATTICE_CHECK(count >= 1 && count <= opt_.max_batch_tokens, "batch of {} tokens exceeds max_batch_tokens {}",
+                  count, opt_.max_batch_tokens);
+    return hidden_.view().row_range(0, count);
+}
+
+void Model::embed(const TokenBatch& batch, const View& hidden) {
+    LATTICE_CHECK(opt_.first_stage, "Model::embed on a stage without the embedding");
+    for (int64_t i = 0; i < batch.count; ++i)
+        LATTICE_CHECK(batch.ids[i] >= 0 && batch.ids[i] < cfg_.vocab, "token id {} at position {} is outside the vocab "
+                      "(size {})", batch.ids[i], i, cfg_.vocab);
+    be_.embed(hidden, embed_table_.view(), batch, shard_.vocab0);
+    if (opt_.tp > 1) tp_comm_->all_reduce_sum(hidden);
+}
+
+void Model::run_layers(const TokenBatch& batch, const View& hidden) {
+    const int64_t T = batch.count;
+    LATTICE_CHECK(T >= 1 && T <= opt_.max_batch_tokens && hidden.rows() == T, "run_layers: {} tokens, hidden {}", T,
+                  hidden.shape_str());
+    for (int64_t i = 0; i < T; ++i)
+        LATTICE_CHECK(batch.positions[i] >= 0 && batch.positions[i] < opt_.max_seq && batch.slots[i] >= 0 &&
+                          batch.slots[i] < opt_.slots,
+                      "token {} at position {} of slot {} is outside the KV cache ({} positions, {} slots)", i,
+                      batch.positions[i], batch.slots[i], opt_.max_seq, opt_.slots);
+    const float eps = float(cfg_.rms_eps);
+    View normed = normed_.view().row_range(0, T), qkv = qkv_.view().row_range(0, T),
+         attn = attn_out_.view().row_range(0, T), proj = proj_.view().row_range(0, T),
+         gu = gate_up_.view().row_range(0, T), act = act_.view().row_range(0, T);
+    for (size_t li = 0; li < layers_.size(); ++li) {
+        LayerWeights& L = layers_[li];
+        const int64_t layer = opt_.layer_begin + int64_t(li);
+        if (li == 0) be_.rmsnorm(normed, hidden, L.attn_norm.view(), eps);
+        if (observer_) observer_(layer, 0, normed);
+        be_.linear(qkv, normed, L.wqkv);
+        be_.rope(qkv, batch, attn_, inv_freq_.view());
+        be_.attention(attn, qkv, L.k_cache.view(), L.v_cache.view(), batch, attn_);
+        be_.linear(proj, attn, L.wo);
+        if (opt_.tp > 1) tp_comm_->all_reduce_sum(proj);
+        be_.add_rmsnorm(hidden, proj, normed, L.ffn_norm.view(), eps);
+        if (observer_) observer_(layer, 1, normed);
+        be_.linear(gu, normed, L.w_gate_up);
+        be_.silu_mul(act, gu);
+        be_.linear(proj, act, L.w_down);
+        if (opt_.tp > 1) tp_comm_->all_reduce_sum(proj);
+        if (li + 1 < layers_.size())
+            be_.add_rmsnorm(hidden, proj, normed, layers_[li + 1].attn_norm.view(), eps);
+        else
+            be_.add(hidden, hidden, proj);
+    }
+}
+
+void Model::head(const View& hidden, const std::vector<int64_t>& rows, float* logits) {
+    LATTICE_CHECK(opt_.last_stage, "Model::head on a stage without the LM head");
+    const int64_t R = int64_t(rows.size());
+    if (R == 0) return;
+    LATTICE_CHECK(R <= opt_.max_batch_tokens, "head: {} rows exceed max_batch_tokens", R);
+    View in = head_in_.view().row_range(0, R);
+    for (int64_t i = 0; i < R; ++i) {
+        LATTICE_CHECK(rows[size_t(i)] >= 0 && rows[size_t(i)] < hidden.rows(), "head: row {} of {}", rows[size_t(i)],
+                      hidden.rows());
+        be_.copy(in.row_range(i, i + 1), hidden.row_range(rows[size_t(i)], rows[size_t(i)] + 1));
+    }
+    be_.rmsnorm(in, in, final_norm_.view(), float(cfg_.rms_eps));
+    const int64_t Vp = shard_.vocab_per_rank, V = cfg_.vocab;
+    LATTICE_CHECK(be_.activation_dtype() == DType::kF32 || be_.device() != Device::kCpu,
+                  "head: CPU backend expects f32 activations");
+    // logits_ holds tp blocks of R * Vp floats; this rank computes [R, vocab_rows] into its own
+    // block, and an in-place all-gather fills the others (no allocation per step).
+    const int64_t block = R * Vp;
+    float* mine = logits_.ptr<float>() + int64_t(opt_.tp_rank) * block;
+    be_.linear(View::contiguous(mine, DType::kF32, {R, shard_.vocab_rows}, be_.device()), in, lm_head_);
+    if (opt_.tp == 1) {
+        be_.download(logits, View::contiguous(mine, DType::kF32, {R, V}, be_.device()));
+        return;
+    }
+    View all = View::contiguous(logits_.data(), DType::kF32, {int64_t(opt_.tp) * block}, be_.device());
+    tp_comm_->all_gather(all, View::contiguous(mine, DType::kF32, {block}, be_.device()));
+    std::vector<float> host(static_cast<size_t>(opt_.tp * block));
+    be_.download(host.data(), all);
+    for (int r = 0; r < opt_.tp; ++r) {
+        const ShardShape sr = shard_shape(cfg_.dims(), opt_.tp, r);
+        const float* src = host.data() + r * block;
+        for (int64_t i = 0; i < R; ++i)
+            std::memcpy(logits + i * V + sr.vocab0, src + i * sr.vocab_rows, size_t(sr.vocab_rows) * sizeof(float));
+    }
+}
+
+void Model::forward(const TokenBatch& batch, const std::vector<int64_t>& logit_rows, float* logits) {
+    LATTICE_CHECK(opt_.first_stage && opt_.last_stage, "Model::forward needs a single-stage model");
+    View hidden = hidden_scratch(batch.count);
+    embed(batch, hidden);
+    run_layers(batch, hidden);
+    head(hidden, logit_rows, logits);
+}
+
+}  // namespace lattice

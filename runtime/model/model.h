@@ -1,0 +1,116 @@
+// Model: the one Llama forward, for every backend and every TP x PP layout.
+//
+// A rank holds one pipeline stage (a contiguous range of layers; the embedding on the first stage,
+// the final norm and LM head on the last) and, within it, its tensor-parallel shard:
+//   q/k/v and gate/up column-parallel (fused into one wqkv [q|k|v] and one w_gate_up [gate|up]),
+//   o and down row-parallel followed by one all-reduce each; attention heads split across TP ranks;
+//   kv heads split when tp <= n_kv_heads, replicated (one per rank) when tp > n_kv_heads;
+//   embedding and LM head vocab-parallel over ceil(vocab / tp) rows per rank (the last rank's
+//   padding rows do not exist: their logits are never produced, so they never win sampling).
+// The residual stream [tokens, hidden] is replicated across the TP group.
+//
+// Batches are flattened tokens with (slot, position) each (runtime/backend.h TokenBatch): a prompt
+// prefill is many tokens of one slot; batched decode is one token of several slots.
+#pragma once
+
+#include "parallel/communicator.h"
+#include "runtime/backend/backend.h"
+#include "parallel/world_config.h"
+#include "runtime/model/config.h"
+#include "runtime/weights/tensor_source.h"
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lattice {
+
+struct ModelOptions {
+    QuantMode quant = QuantMode::kNone;
+    bool quant_head = false;        // also quantize the LM head (embedding stays float)
+    int64_t max_seq = 0;            // KV positions per slot; 0: min(max_position_embeddings, 4096)
+    int64_t slots = 1;              // sequences that can be in flight at once
+    int64_t max_batch_tokens = 256; // tokens per forward call (longer prompts are chunked by the caller)
+    int tp = 1, tp_rank = 0;
+    int64_t layer_begin = 0, layer_end = -1;  // this stage's layers; -1: all
+    bool first_stage = true, last_stage = true;
+    // SmoothQuant factors (runtime/smoothquant.h) folded into the norm and wqkv / w_gate_up weights
+    // at load; empty: none.
+    std::string smooth_path;
+};
+
+// Sees the activation entering a norm-preceded GEMM: which 0 = attention input (before wqkv),
+// 1 = MLP input (before w_gate_up); layer is the global index; x [tokens, hidden] on the device.
+using ActivationObserver = std::function<void(int64_t layer, int which, const View& x)>;
+
+struct LayerWeights {
+    Buffer attn_norm;  // [hidden] f32
+    Linear wqkv;       // [(nq + 2 nkv) * head_dim, hidden], local heads
+    Linear wo;         // [hidden, nq * head_dim], local columns
+    Buffer ffn_norm;   // [hidden] f32
+    Linear w_gate_up;  // [2 * ffn_local, hidden]: gate rows then up rows
+    Linear w_down;     // [hidden, ffn_local]
+    Buffer k_cache;    // [slots, max_seq, nkv_local, head_dim] activation dtype
+    Buffer v_cache;
+};
+
+class Model {
+public:
+    // Loads this rank's shard from `src` (reads only its slices). `tp_comm` may be null when tp == 1.
+    Model(const TensorSource& src, Backend& backend, const ModelOptions& opt, Communicator* tp_comm);
+    ~Model();
+
+    const ModelConfig& config() const { return cfg_; }
+    const ModelOptions& options() const { return opt_; }
+    const ShardShape& shard() const { return shard_; }
+    Backend& backend() { return be_; }
+    int64_t max_seq() const { return opt_.max_seq; }
+    int64_t weight_bytes() const;  // bytes of weights held by this rank
+    // Bytes of weights one decode step streams from memory: everything but the embedding table,
+    // of which a step reads one row per token (the decode-bandwidth floor's numerator).
+    int64_t streamed_weight_bytes() const { return weight_bytes() - embed_table_.bytes(); }
+
+    // First stage: embeds batch.ids into `hidden` [count, hidden].
+    void embed(const TokenBatch& batch, const View& hidden);
+    // Runs this stage's layers on hidden [count, hidden] in place (the residual stream).
+    void run_layers(const TokenBatch& batch, const View& hidden);
+    // Last stage: final norm + LM head for the given rows of hidden; logits [rows.size(), vocab]
+    // on the host (gathered over the TP group, padding dropped).
+    void head(const View& hidden, const std::vector<int64_t>& rows, float* logits);
+
+    // Single-stage convenience: embed + layers + head for `rows` of the batch.
+    void forward(const TokenBatch& batch, const std::vector<int64_t>& logit_rows, float* logits);
+
+    // Device buffer for `count` hidden rows (scratch owned by the model, valid until the next call).
+    View hidden_scratch(int64_t count);
+
+    // Calibration hook (runtime/smoothquant.h); empty (the default) costs one branch per GEMM.
+    void set_observer(ActivationObserver obs) { observer_ = std::move(obs); }
+
+private:
+    void load(const TensorSource& src);
+    Linear load_linear(const TensorSource& src, const std::string& name, int64_t row0, int64_t rows, int64_t col0,
+                       int64_t cols, QuantMode mode);
+
+    ModelConfig cfg_;
+    Backend& be_;
+    ModelOptions opt_;
+    Communicator* tp_comm_;
+    LocalComm local_comm_;
+    ShardShape shard_;
+    AttentionShape attn_;
+
+    Buffer embed_table_;  // [vocab_rows, hidden] checkpoint float dtype (first stage, and head when tied)
+    Linear lm_head_;      // [vocab_rows, hidden] (last stage)
+    Buffer final_norm_;   // [hidden]
+    Buffer inv_freq_;     // [head_dim / 2]
+    std::vector<LayerWeights> layers_;
+    ActivationObserver observer_;
+
+    // Scratch activations for max_batch_tokens rows.
+    Buffer hidden_, normed_, qkv_, attn_out_, proj_, gate_up_, act_, head_in_, logits_;
+};
+
+}  // namespace lattice

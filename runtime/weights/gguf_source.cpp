@@ -1,0 +1,266 @@
+// TensorSource over a GGUF file written by llama.cpp's converter (architecture "llama"):
+// llama.cpp tensor names mapped to HF names, shapes reversed to HF order (GGUF ne is innermost
+// first), ModelConfig from llama.* metadata, and row/col slices converted (or dequantized) into
+// the caller's buffer straight from the read-only mapping, touching only the requested rows.
+// The converter stores each q/k head's rows in an interleaved RoPE order; read() undoes it per whole
+// head (slices of q/k must hold whole heads), so callers see HF's half-split order like every other
+// source. llama3 rope scaling arrives as the rope_freqs.weight tensor of per-pair theta divisors
+// (rope_freq_factors()).
+#include <fmt/ranges.h>
+
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "base/error.h"
+#include "runtime/weights/dequant.h"
+#include "runtime/weights/gguf.h"
+
+namespace lattice {
+
+std::string gguf_to_hf_name(const std::string& n) {
+    static const std::map<std::string, std::string> kTop = {
+        {"token_embd.weight", "model.embed_tokens.weight"},
+        {"output_norm.weight", "model.norm.weight"},
+        {"output.weight", "lm_head.weight"},
+    };
+    static const std::map<std::string, std::string> kLayer = {
+        {"attn_q.weight", "self_attn.q_proj.weight"},
+        {"attn_k.weight", "self_attn.k_proj.weight"},
+        {"attn_v.weight", "self_attn.v_proj.weight"},
+        {"attn_output.weight", "self_attn.o_proj.weight"},
+        {"ffn_gate.weight", "mlp.gate_proj.weight"},
+        {"ffn_up.weight", "mlp.up_proj.weight"},
+        {"ffn_down.weight", "mlp.down_proj.weight"},
+        {"attn_norm.weight", "input_layernorm.weight"},
+        {"ffn_norm.weight", "post_attention_layernorm.weight"},
+    };
+    if (auto it = kTop.find(n); it != kTop.end()) return it->second;
+    if (n.rfind("blk.", 0) != 0) return {};
+    size_t dot = n.find('.', 4);
+    if (dot == std::string::npos || dot == 4 || dot - 4 > 6) return {};
+    for (size_t k = 4; k < dot; ++k)
+        if (n[k] < '0' || n[k] > '9') return {};
+    if (dot - 4 > 1 && n[4] == '0') return {};  // no leading zeros: one canonical spelling per layer
+    auto it = kLayer.find(n.substr(dot + 1));
+    if (it == kLayer.end()) return {};
+    return "model.layers." + n.substr(4, dot - 4) + "." + it->second;
+}
+
+ModelConfig gguf_model_config(const GgufFile& f) {
+    const std::string& src = f.path();
+    ModelConfig c;
+    c.source = src;
+    auto arch = f.string_value("general.architecture");
+    LATTICE_CHECK(arch.has_value(), "{}: missing general.architecture", src);
+    LATTICE_CHECK(*arch == "llama", "{}: architecture \"{}\" unsupported (only llama)", src, *arch);
+    const std::string p = *arch + ".";
+    auto req_int = [&](const std::string& key) {
+        auto v = f.int_value(p + key);
+        LATTICE_CHECK(v.has_value(), "{}: missing metadata key \"{}\"", src, p + key);
+        return *v;
+    };
+    c.hidden = req_int("embedding_length");
+    c.intermediate = req_int("feed_forward_length");
+    c.n_layers = req_int("block_count");
+    c.n_heads = req_int("attention.head_count");
+    c.n_kv_heads = f.int_value(p + "attention.head_count_kv").value_or(c.n_heads);
+    LATTICE_CHECK(c.n_heads > 0, "{}: {}attention.head_count must be positive, got {}", src, p, c.n_heads);
+    if (auto kl = f.int_value(p + "attention.key_length")) {
+        c.head_dim = *kl;
+    } else {
+        LATTICE_CHECK(c.hidden % c.n_heads == 0, "{}: head_count {} does not divide embedding_length {}", src,
+                      c.n_heads, c.hidden);
+        c.head_dim = c.hidden / c.n_heads;
+    }
+    if (auto vl = f.int_value(p + "attention.value_length"))
+        LATTICE_CHECK(*vl == c.head_dim, "{}: {}attention.value_length {} differs from key_length {} (unsupported)",
+                      src, p, *vl, c.head_dim);
+    if (auto rd = f.int_value(p + "rope.dimension_count"))
+        LATTICE_CHECK(*rd == c.head_dim,
+                      "{}: {}rope.dimension_count {} differs from head_dim {} (partial RoPE "
+                      "unsupported)",
+                      src, p, *rd, c.head_dim);
+    c.max_position = f.int_value(p + "context_length").value_or(2048);
+    auto eps = f.float_value(p + "attention.layer_norm_rms_epsilon");
+    LATTICE_CHECK(eps.has_value(), "{}: missing metadata key \"{}attention.layer_norm_rms_epsilon\"", src, p);
+    c.rms_eps = *eps;
+    c.rope_theta = f.float_value(p + "rope.freq_base").value_or(10000.0);
+    if (auto st = f.string_value(p + "rope.scaling.type"); st && *st != "none") {
+        LATTICE_CHECK(*st == "linear", "{}: {}rope.scaling.type \"{}\" unsupported (none, linear)", src, p, *st);
+        auto factor = f.float_value(p + "rope.scaling.factor");
+        LATTICE_CHECK(factor.has_value() && *factor > 0,
+                      "{}: linear rope scaling needs a positive {}rope.scaling.factor", src, p);
+        c.rope_scaling.type = "linear";
+        c.rope_scaling.factor = *factor;
+    } else if (auto lin = f.float_value(p + "rope.scale_linear"); lin && *lin != 1.0) {
+        LATTICE_CHECK(*lin > 0, "{}: {}rope.scale_linear {} must be positive", src, p, *lin);
+        c.rope_scaling.type = "linear";
+        c.rope_scaling.factor = *lin;
+    }
+    const GgufTensor* emb = f.find_tensor("token_embd.weight");
+    LATTICE_CHECK(emb != nullptr, "{}: missing tensor \"token_embd.weight\"", src);
+    LATTICE_CHECK(emb->ne.size() == 2, "{}: token_embd.weight has {} dims, expected 2", src, emb->ne.size());
+    c.vocab = emb->ne[1];
+    if (auto vs = f.int_value(p + "vocab_size"))
+        LATTICE_CHECK(*vs == c.vocab, "{}: {}vocab_size {} differs from token_embd.weight rows {}", src, p, *vs,
+                      c.vocab);
+    if (auto nt = f.array_size("tokenizer.ggml.tokens"))
+        LATTICE_CHECK(int64_t(*nt) == c.vocab, "{}: tokenizer.ggml.tokens has {} entries, token_embd.weight {} rows",
+                      src, *nt, c.vocab);
+    c.tie_embeddings = f.find_tensor("output.weight") == nullptr;
+    if (auto bos = f.int_value("tokenizer.ggml.bos_token_id")) c.bos_id = *bos;
+    if (auto eos = f.int_value("tokenizer.ggml.eos_token_id")) c.eos_ids = {*eos};
+    if (auto eot = f.int_value("tokenizer.ggml.eot_token_id"))
+        if (*eot != c.eos_ids.front()) c.eos_ids.push_back(*eot);
+    c.validate();
+    return c;
+}
+
+void unpermute_qk_rows_bytes(void* rows, int64_t n_heads, int64_t head_dim, int64_t row_bytes) {
+    LATTICE_CHECK(n_heads >= 0 && head_dim > 0 && head_dim % 2 == 0 && row_bytes >= 0,
+                  "unpermute_qk_rows: n_heads {} head_dim {} (must be even) row_bytes {}", n_heads, head_dim,
+                  row_bytes);
+    auto* base = static_cast<uint8_t*>(rows);
+    const int64_t half = head_dim / 2;
+    std::vector<uint8_t> tmp(size_t(head_dim * row_bytes));
+    for (int64_t h = 0; h < n_heads; ++h) {
+        uint8_t* head = base + h * head_dim * row_bytes;
+        // GGUF row 2*i + j  ->  HF row j*half + i
+        for (int64_t i = 0; i < half; ++i)
+            for (int64_t j = 0; j < 2; ++j)
+                std::memcpy(tmp.data() + (j * half + i) * row_bytes, head + (2 * i + j) * row_bytes, size_t(row_bytes));
+        std::memcpy(head, tmp.data(), tmp.size());
+    }
+}
+
+void unpermute_qk_rows(float* rows, int64_t n_heads, int64_t head_dim, int64_t cols) {
+    unpermute_qk_rows_bytes(rows, n_heads, head_dim, cols * int64_t(sizeof(float)));
+}
+
+namespace {
+
+class GgufSource final : public TensorSource {
+public:
+    explicit GgufSource(const std::string& path) : file_(GgufFile::open(path)) {
+        config_ = gguf_model_config(*file_);
+        for (const auto& t : file_->tensors()) {
+            total_bytes_ += int64_t(t.nbytes);
+            std::string hf = gguf_to_hf_name(t.name);
+            if (hf.empty()) continue;
+            TensorInfo info;
+            info.name = hf;
+            info.dtype = t.dtype;
+            info.shape.assign(t.ne.rbegin(), t.ne.rend());
+            info.file = path;
+            const bool q = hf.ends_with("self_attn.q_proj.weight"), k = hf.ends_with("self_attn.k_proj.weight");
+            by_hf_[hf] = Entry{info, &t, q ? config_.n_heads : k ? config_.n_kv_heads : 0};
+        }
+        check_shapes();
+        if (const GgufTensor* rf = file_->find_tensor("rope_freqs.weight")) {
+            LATTICE_CHECK(rf->ne.size() == 1 && rf->ne[0] == config_.head_dim / 2 && rf->dtype == DType::kF32,
+                          "{}: rope_freqs.weight must be f32 [{}], got {} with {} elements", path, config_.head_dim / 2,
+                          dtype_name(rf->dtype), rf->numel());
+            freq_factors_.resize(size_t(rf->ne[0]));
+            std::memcpy(freq_factors_.data(), file_->tensor_data(*rf), freq_factors_.size() * sizeof(float));
+            for (size_t k = 0; k < freq_factors_.size(); ++k)
+                LATTICE_CHECK(freq_factors_[k] > 0 && freq_factors_[k] < 1e30f,
+                              "{}: rope_freqs.weight[{}] = {} must be positive and finite", path, k, freq_factors_[k]);
+        }
+    }
+
+    const ModelConfig& config() const override { return config_; }
+    bool has(const std::string& name) const override { return by_hf_.count(name) != 0; }
+    const TensorInfo& info(const std::string& name) const override { return entry(name).info; }
+
+    void read(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType out_dtype,
+              void* dst) const override {
+        const Entry& e = entry(name);
+        const int64_t n_rows = e.tensor->numel() / e.tensor->ne[0];
+        const int64_t n_cols = e.tensor->ne[0];
+        LATTICE_CHECK(
+            row0 >= 0 && rows >= 0 && row0 <= n_rows - rows && col0 >= 0 && cols >= 0 && col0 <= n_cols - cols,
+            "{}: read of tensor \"{}\" rows [{}, +{}) cols [{}, +{}) outside its [{}, {}]", file_->path(), name, row0,
+            rows, col0, cols, n_rows, n_cols);
+        LATTICE_CHECK(out_dtype == DType::kF32 || out_dtype == DType::kF16 || out_dtype == DType::kBF16,
+                      "{}: tensor \"{}\": output dtype {} unsupported (f32, f16, bf16)", file_->path(), name,
+                      dtype_name(out_dtype));
+        if (dtype_is_block(e.info.dtype))
+            LATTICE_CHECK(col0 % 32 == 0 && cols % 32 == 0,
+                          "{}: tensor \"{}\" is {}: column slice [{}, +{}) must be 32-aligned", file_->path(), name,
+                          dtype_name(e.info.dtype), col0, cols);
+        const int64_t row_bytes = dtype_bytes(e.info.dtype, n_cols);
+        const uint8_t* base = file_->tensor_data(*e.tensor);
+        auto* out = static_cast<uint8_t*>(dst);
+        const int64_t out_row_bytes = cols * dtype_size(out_dtype);
+        const bool qk = e.qk_heads > 0;
+        const int64_t hd = config_.head_dim;
+        if (qk)
+            LATTICE_CHECK(row0 % hd == 0 && rows % hd == 0,
+                          "{}: tensor \"{}\": row slice [{}, +{}) must hold whole heads of {} rows", file_->path(),
+                          name, row0, rows, hd);
+        for (int64_t r = 0; r < rows; ++r)
+            convert_row_slice(base + (row0 + r) * row_bytes, e.info.dtype, col0, cols, out + r * out_row_bytes,
+                              out_dtype);
+        if (qk) unpermute_qk_rows_bytes(dst, rows / hd, hd, out_row_bytes);
+    }
+    std::vector<float> rope_freq_factors() const override { return freq_factors_; }
+    std::string describe() const override {
+        return fmt::format("{} (GGUF v{}, {} tensors)", file_->path(), file_->version(), file_->tensors().size());
+    }
+    int64_t total_bytes() const override { return total_bytes_; }
+
+private:
+    struct Entry {
+        TensorInfo info;
+        const GgufTensor* tensor = nullptr;
+        int64_t qk_heads = 0;  // q/k projections: heads whose rows read() un-permutes; 0 otherwise
+    };
+
+    const Entry& entry(const std::string& name) const {
+        auto it = by_hf_.find(name);
+        LATTICE_CHECK(it != by_hf_.end(), "{}: no tensor \"{}\" in this GGUF file", file_->path(), name);
+        return it->second;
+    }
+
+    void expect(const std::string& hf, std::vector<int64_t> shape) const {
+        auto it = by_hf_.find(hf);
+        LATTICE_CHECK(it != by_hf_.end(), "{}: missing tensor for \"{}\"", file_->path(), hf);
+        const TensorInfo& i = it->second.info;
+        LATTICE_CHECK(i.shape == shape, "{}: tensor \"{}\" ({}) has shape {}, expected {}", file_->path(),
+                      it->second.tensor->name, hf, fmt::join(i.shape, "x"), fmt::join(shape, "x"));
+    }
+
+    void check_shapes() const {
+        const ModelConfig& c = config_;
+        expect("model.embed_tokens.weight", {c.vocab, c.hidden});
+        expect("model.norm.weight", {c.hidden});
+        if (!c.tie_embeddings) expect("lm_head.weight", {c.vocab, c.hidden});
+        for (int64_t l = 0; l < c.n_layers; ++l) {
+            const std::string p = "model.layers." + std::to_string(l) + ".";
+            expect(p + "self_attn.q_proj.weight", {c.q_dim(), c.hidden});
+            expect(p + "self_attn.k_proj.weight", {c.kv_dim(), c.hidden});
+            expect(p + "self_attn.v_proj.weight", {c.kv_dim(), c.hidden});
+            expect(p + "self_attn.o_proj.weight", {c.hidden, c.q_dim()});
+            expect(p + "mlp.gate_proj.weight", {c.intermediate, c.hidden});
+            expect(p + "mlp.up_proj.weight", {c.intermediate, c.hidden});
+            expect(p + "mlp.down_proj.weight", {c.hidden, c.intermediate});
+            expect(p + "input_layernorm.weight", {c.hidden});
+            expect(p + "post_attention_layernorm.weight", {c.hidden});
+        }
+    }
+
+    std::unique_ptr<GgufFile> file_;
+    ModelConfig config_;
+    std::map<std::string, Entry> by_hf_;
+    std::vector<float> freq_factors_;
+    int64_t total_bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<TensorSource> open_gguf_model(const std::string& path) {
+    return std::make_unique<GgufSource>(path);
+}
+
+}  // namespace lattice

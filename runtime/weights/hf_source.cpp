@@ -1,0 +1,141 @@
+// TensorSource over a Hugging Face checkpoint directory: config.json plus model.safetensors, or the
+// shards named by model.safetensors.index.json. Files stay mapped while the source lives; the model
+// copies (and converts) what it keeps, then drops the source. open_model() picks the format.
+#include "runtime/weights/safetensors.h"
+#include "runtime/weights/tensor_source.h"
+
+#include "base/error.h"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+
+namespace lattice {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+class HfSource final : public TensorSource {
+public:
+    explicit HfSource(const std::string& dir) : dir_(dir) {
+        config_ = load_hf_config((fs::path(dir) / "config.json").string());
+        fs::path index = fs::path(dir) / "model.safetensors.index.json";
+        fs::path single = fs::path(dir) / "model.safetensors";
+        if (fs::exists(index)) {
+            load_index(index.string());
+        } else {
+            LATTICE_CHECK(fs::exists(single), "{}: no model.safetensors or model.safetensors.index.json", dir);
+            files_.push_back(std::make_unique<SafetensorsFile>(single.string()));
+            for (const auto& [name, e] : files_[0]->entries()) add(name, 0, e);
+        }
+    }
+
+    const ModelConfig& config() const override { return config_; }
+    bool has(const std::string& name) const override { return tensors_.count(name) != 0; }
+    const TensorInfo& info(const std::string& name) const override { return at(name).info; }
+    std::string describe() const override { return dir_ + " (safetensors, " + std::to_string(files_.size()) + " file(s))"; }
+    int64_t total_bytes() const override {
+        int64_t b = 0;
+        for (const auto& [n, t] : tensors_) b += t.entry->end - t.entry->begin;
+        return b;
+    }
+
+    void read(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType out_dtype,
+              void* dst) const override {
+        const Tensor& t = at(name);
+        const int64_t R = t.info.rows(), C = t.info.cols();
+        LATTICE_CHECK(row0 >= 0 && rows >= 0 && row0 + rows <= R && col0 >= 0 && cols >= 0 && col0 + cols <= C,
+                      "{}: tensor \"{}\" {}: slice rows [{}, {}) cols [{}, {}) out of range", t.info.file, name,
+                      shape_string(t.info.shape), row0, row0 + rows, col0, col0 + cols);
+        const int64_t es = dtype_size(t.info.dtype);
+        const uint8_t* base = files_[size_t(t.file)]->bytes(*t.entry);
+        auto* out = static_cast<uint8_t*>(dst);
+        const int64_t out_es = dtype_size(out_dtype);
+        for (int64_t r = 0; r < rows; ++r)
+            convert_elements(base + ((row0 + r) * C + col0) * es, t.info.dtype, out + r * cols * out_es, out_dtype,
+                             cols);
+    }
+
+private:
+    struct Tensor {
+        TensorInfo info;
+        int file = 0;
+        const SafetensorsEntry* entry = nullptr;
+    };
+
+    const Tensor& at(const std::string& name) const {
+        auto it = tensors_.find(name);
+        LATTICE_CHECK(it != tensors_.end(), "{}: tensor \"{}\" missing from the checkpoint", dir_, name);
+        return it->second;
+    }
+
+    void add(const std::string& name, int file, const SafetensorsEntry& e) {
+        LATTICE_CHECK(e.dtype == DType::kF32 || e.dtype == DType::kF16 || e.dtype == DType::kBF16 ||
+                          name.find("weight") == std::string::npos,
+                      "{}: tensor \"{}\" has dtype {}; weights must be f32, f16 or bf16", files_[size_t(file)]->path(),
+                      name, dtype_name(e.dtype));
+        Tensor t;
+        t.info.name = name;
+        t.info.dtype = e.dtype;
+        t.info.shape = e.shape;
+        t.info.file = files_[size_t(file)]->path();
+        t.file = file;
+        t.entry = &e;
+        tensors_[name] = std::move(t);
+    }
+
+    void load_index(const std::string& index_path) {
+        std::ifstream f(index_path);
+        LATTICE_CHECK(f.good(), "{}: cannot open", index_path);
+        nlohmann::json j;
+        try {
+            j = nlohmann::json::parse(f);
+        } catch (const nlohmann::json::exception& e) {
+            LATTICE_FAIL("{}: not valid JSON ({})", index_path, e.what());
+        }
+        LATTICE_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+                      "{}: missing \"weight_map\" object", index_path);
+        std::map<std::string, int> shard_index;
+        for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+            LATTICE_CHECK(it.value().is_string(), "{}: weight_map[\"{}\"] must be a file name", index_path, it.key());
+            std::string shard = it.value().get<std::string>();
+            LATTICE_CHECK(shard.find('/') == std::string::npos && shard != ".." && !shard.empty(),
+                          "{}: weight_map[\"{}\"] names \"{}\", not a file in the model directory", index_path,
+                          it.key(), shard);
+            auto s = shard_index.find(shard);
+            if (s == shard_index.end()) {
+                fs::path p = fs::path(dir_) / shard;
+                LATTICE_CHECK(fs::exists(p), "{}: names shard \"{}\" which does not exist ({})", index_path, shard,
+                              p.string());
+                files_.push_back(std::make_unique<SafetensorsFile>(p.string()));
+                s = shard_index.emplace(shard, int(files_.size()) - 1).first;
+            }
+            const SafetensorsEntry* e = files_[size_t(s->second)]->find(it.key());
+            LATTICE_CHECK(e != nullptr, "{}: tensor \"{}\" is listed for shard \"{}\" but that file does not hold it",
+                          index_path, it.key(), shard);
+            add(it.key(), s->second, *e);
+        }
+    }
+
+    std::string dir_;
+    ModelConfig config_;
+    std::vector<std::unique_ptr<SafetensorsFile>> files_;
+    std::map<std::string, Tensor> tensors_;
+};
+
+}  // namespace
+
+std::unique_ptr<TensorSource> open_model(const std::string& path) {
+    LATTICE_CHECK(!path.empty(), "no model path given");
+    LATTICE_CHECK(fs::exists(path), "{}: model path does not exist", path);
+    if (fs::is_directory(path)) return std::make_unique<HfSource>(path);
+    if (path.size() > 5 && path.substr(path.size() - 5) == ".gguf") return open_gguf_model(path);
+    LATTICE_FAIL("{}: not a model directory (config.json + safetensors) or a .gguf file", path);
+}
+
+}  // namespace lattice

@@ -1,0 +1,77 @@
+// safetensors reading and writing.
+// File layout: u64 little-endian header length N, N bytes of JSON header
+//   {"<name>": {"dtype": "BF16", "shape": [r, c], "data_offsets": [begin, end]}, "__metadata__": {...}}
+// then the data section; offsets are relative to its start (8 + N).
+// Every byte is untrusted: header length bounded by the file and kMaxHeaderBytes, dtypes from a
+// closed set, element counts consistent with the byte ranges, ranges inside the data section and
+// non-overlapping. Files are memory-mapped read-only; callers copy what they keep (weights live in
+// anonymous memory, DESIGN.md "Numerics").
+#pragma once
+
+#include "base/dtype.h"
+#include "runtime/weights/dequant.h"  // convert_elements, used with the tensors read here
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace lattice {
+
+struct SafetensorsEntry {
+    std::string name;
+    DType dtype = DType::kF32;
+    std::vector<int64_t> shape;
+    int64_t begin = 0;  // byte offset from the start of the file (header included)
+    int64_t end = 0;
+};
+
+constexpr int64_t kMaxSafetensorsHeaderBytes = 100ll << 20;
+
+// Parses and validates the header of a complete safetensors image of `size` bytes.
+// `name` labels errors. Throws Error naming the file and tensor at fault.
+std::vector<SafetensorsEntry> parse_safetensors_header(const uint8_t* data, size_t size, const std::string& name);
+
+// Read-only memory map of a file (MAP_PRIVATE), unmapped on destruction.
+class MappedFile {
+public:
+    explicit MappedFile(const std::string& path);
+    ~MappedFile();
+    MappedFile(const MappedFile&) = delete;
+    MappedFile& operator=(const MappedFile&) = delete;
+    const uint8_t* data() const { return data_; }
+    size_t size() const { return size_; }
+    const std::string& path() const { return path_; }
+
+private:
+    std::string path_;
+    const uint8_t* data_ = nullptr;
+    size_t size_ = 0;
+};
+
+// One safetensors file: mapped, header validated, entries by name.
+class SafetensorsFile {
+public:
+    explicit SafetensorsFile(const std::string& path);
+    const std::string& path() const { return map_.path(); }
+    const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
+    const SafetensorsEntry* find(const std::string& name) const;
+    const uint8_t* bytes(const SafetensorsEntry& e) const { return map_.data() + e.begin; }
+
+private:
+    MappedFile map_;
+    std::map<std::string, SafetensorsEntry> entries_;
+};
+
+// A tensor to write: contiguous host data of `dtype` and `shape`.
+struct TensorToWrite {
+    std::string name;
+    DType dtype = DType::kF32;
+    std::vector<int64_t> shape;
+    const void* data = nullptr;
+};
+// Writes a safetensors file atomically (temp file + rename) so a failure never leaves a torn file.
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors);
+
+}  // namespace lattice

@@ -1,0 +1,55 @@
+// TensorSource: a checkpoint seen as named 2-D (or 1-D) tensors, whatever the file format.
+// Loaders (safetensors, GGUF) validate their headers up front; read() converts a rectangular
+// slice [row0, row0+rows) x [col0, col0+cols) of one tensor into a caller buffer, so a
+// tensor-parallel rank touches only the bytes of its own shard. Shapes are HF order: [rows, cols]
+// with cols innermost (GGUF's ne[0]).
+#pragma once
+
+#include "base/dtype.h"
+#include "runtime/model/config.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lattice {
+
+// "[r, c]" for error messages.
+inline std::string shape_string(const std::vector<int64_t>& shape) {
+    std::string r = "[";
+    for (size_t i = 0; i < shape.size(); ++i) r += (i ? ", " : "") + std::to_string(shape[i]);
+    return r + "]";
+}
+
+struct TensorInfo {
+    std::string name;  // canonical HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
+    DType dtype = DType::kF32;
+    std::vector<int64_t> shape;  // HF order, outermost first
+    std::string file;            // file holding it (for error messages)
+    int64_t rows() const { return shape.size() >= 2 ? shape[0] : 1; }
+    int64_t cols() const { return shape.empty() ? 1 : shape.back(); }
+};
+
+class TensorSource {
+public:
+    virtual ~TensorSource() = default;
+    virtual const ModelConfig& config() const = 0;
+    virtual bool has(const std::string& name) const = 0;
+    virtual const TensorInfo& info(const std::string& name) const = 0;  // throws Error if missing
+    // Converts the slice to `out_dtype` (f32, f16 or bf16) into dst, row-major [rows, cols].
+    // Block-quantized tensors need col0 and cols to be multiples of 32.
+    virtual void read(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols,
+                      DType out_dtype, void* dst) const = 0;
+    // Optional per-pair rope frequency divisors (GGUF rope_freqs.weight), empty if none.
+    virtual std::vector<float> rope_freq_factors() const { return {}; }
+    virtual std::string describe() const = 0;  // path and format, for logs and errors
+    virtual int64_t total_bytes() const = 0;   // bytes of all tensor data in the checkpoint
+};
+
+// Opens a model: a HF directory (config.json + safetensors) or a .gguf file.
+std::unique_ptr<TensorSource> open_model(const std::string& path);
+// The GGUF reader behind open_model for *.gguf paths (runtime/gguf_source.cpp).
+std::unique_ptr<TensorSource> open_gguf_model(const std::string& path);
+
+}  // namespace lattice

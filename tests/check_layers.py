@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""The layer arrows of docs/design.md, enforced: every project include ("dir/file.h") of every
+source file must point to a folder its own folder may include. A file that includes a header from a
+layer above its own (kernels including runtime, the model including the engine ...) fails the test
+with the file, the line and the rule.
+
+    base  <-  kernels/common  <-  kernels/cpu, kernels/cuda  <-  parallel
+          <-  runtime: weights, backend, tokenizer  <-  model  <-  engine  <-  launch
+
+Rules are prefixes (the longest that matches a file's path wins), so runtime/model/config.h can sit
+below runtime/weights (the weight sources parse configs) while the rest of runtime/model sits above.
+Usage: check_layers.py [REPO_ROOT]   (exit 0: clean; 1: violations, listed)
+       check_layers.py --self-test     (the check itself catches an upward include and a bad path)
+"""
+import os
+import re
+import sys
+
+# folder (prefix) -> folders (prefixes) its files may include; a folder may always include itself.
+BASE = ["base/"]
+KERNELS_COMMON = BASE + ["kernels/common/"]
+RULES = {
+    "base/": [],
+    "kernels/common/": BASE,
+    "kernels/cpu/": KERNELS_COMMON,
+    "kernels/cuda/": KERNELS_COMMON,
+    "parallel/": BASE,
+    "runtime/model/config": BASE + ["parallel/world_config.h"],
+    "runtime/weights/": BASE + ["kernels/common/", "runtime/model/config.h"],
+    "runtime/backend/": KERNELS_COMMON + ["kernels/cpu/", "kernels/cuda/", "parallel/"],
+    "runtime/tokenizer/": BASE + ["runtime/weights/gguf.h"],
+    "runtime/model/": BASE + ["kernels/common/", "parallel/", "runtime/backend/backend.h", "runtime/weights/",
+                              "runtime/model/"],
+    "runtime/engine/": BASE + ["parallel/", "runtime/backend/", "runtime/weights/", "runtime/model/",
+                               "runtime/tokenizer/"],
+    "launch/": BASE + ["kernels/", "parallel/", "runtime/"],
+    # benchmarks and tests sit beside the tree and may use any layer (but not each other's files).
+    "benchmarks/": BASE + ["kernels/", "parallel/", "runtime/", "launch/"],
+    "tests/": BASE + ["kernels/", "parallel/", "runtime/", "launch/"],
+}
+SOURCE_DIRS = ["base", "kernels", "parallel", "runtime", "launch", "benchmarks", "tests"]
+EXTS = (".h", ".cpp", ".cu", ".cuh")
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+
+
+def rule_for(path):
+    best = None
+    for prefix in RULES:
+        if path.startswith(prefix) and (best is None or len(prefix) > len(best)):
+            best = prefix
+    return best
+
+
+def allowed(path, target):
+    prefix = rule_for(path)
+    own = prefix if prefix.endswith("/") else os.path.dirname(prefix) + "/"
+    if target.startswith(own):
+        return True
+    return any(target.startswith(p) for p in RULES[prefix])
+
+
+def main(root):
+    bad = []
+    checked = 0
+    for top in SOURCE_DIRS:
+        for dirpath, _, files in os.walk(os.path.join(root, top)):
+            for name in files:
+                if not name.endswith(EXTS):
+                    continue
+                path = os.path.relpath(os.path.join(dirpath, name), root)
+                with open(os.path.join(root, path), encoding="utf-8", errors="replace") as f:
+                    for n, line in enumerate(f, 1):
+                        m = INCLUDE.match(line)
+                        if not m:
+                            continue
+                        target = m.group(1)
+                        checked += 1
+                        if "/" not in target or target.startswith("."):
+                            bad.append(f"{path}:{n}: \"{target}\": name project headers from the repository root")
+                        elif not os.path.exists(os.path.join(root, target)):
+                            bad.append(f"{path}:{n}: \"{target}\" does not exist")
+                        elif not allowed(path, target):
+                            bad.append(f"{path}:{n}: \"{target}\": {rule_for(path)} may include only "
+                                       f"{', '.join(RULES[rule_for(path)]) or 'itself'}")
+    for b in bad:
+        print(b)
+    print(f"check_layers: {checked} includes checked, {len(bad)} violations")
+    return 1 if bad else 0
+
+
+def self_test():
+    import tempfile
+    with tempfile.TemporaryDirectory() as root:
+        def write(path, text):
+            os.makedirs(os.path.dirname(os.path.join(root, path)), exist_ok=True)
+            with open(os.path.join(root, path), "w") as f:
+                f.write(text)
+        write("runtime/engine/e.h", "#pragma once\n")
+        write("runtime/model/m.h", '#include "runtime/engine/e.h"\n')  # upward
+        write("kernels/cpu/k.cpp", '#include "kernels/cpu/missing.h"\n#include "local.h"\n')
+        write("launch/ok.cpp", '#include "runtime/model/m.h"\n')
+        import io
+        import contextlib
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = main(root)
+        text = out.getvalue()
+        ok = (rc == 1 and "runtime/model/m.h:1" in text and "missing.h\" does not exist" in text
+              and "name project headers from the repository root" in text and "launch/ok.cpp" not in text)
+        print(text + ("self-test passed" if ok else "self-test FAILED"))
+        return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--self-test"]:
+        sys.exit(self_test())
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

@@ -1,0 +1,104 @@
+// Quantization math (kernels/common/quantize.h, quantize_weights_per_channel): scale definition,
+// round-trip error <= s/2, zero rows, rounding half away from zero, clamping, NaN, non-finite weights.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "tests/kernels/cpu/int8_test_util.h"
+#include "kernels/cpu/int8_gemm_kernels.h"
+#include "kernels/common/quantize.h"
+#include "base/error.h"
+
+using namespace lattice;
+using namespace lattice::test;
+
+TEST_CASE("quantize_weights_per_channel: s = max|w|/127, |w - q s| <= s/2, zero row -> s = 1") {
+    std::mt19937 rng(3);
+    const int64_t n = 9, k = 333;
+    std::vector<float> w = random_f32(size_t(n * k), rng, 0.02f);
+    for (int64_t t = 0; t < k; ++t) w[size_t(2 * k + t)] = 0.0f;  // all-zero row
+    w[size_t(5 * k + 7)] = -3.5f;                                 // outlier sets the row's scale
+    std::vector<int8_t> q(size_t(n * k), 99);
+    std::vector<float> s(size_t(n), -1.0f);
+    quantize_weights_per_channel(w.data(), n, k, q.data(), s.data());
+    for (int64_t i = 0; i < n; ++i) {
+        float amax = 0;
+        for (int64_t t = 0; t < k; ++t) amax = std::max(amax, std::fabs(w[size_t(i * k + t)]));
+        INFO("row ", i);
+        if (amax == 0) {
+            CHECK(s[size_t(i)] == 1.0f);
+            for (int64_t t = 0; t < k; ++t) CHECK(q[size_t(i * k + t)] == 0);
+            continue;
+        }
+        CHECK(s[size_t(i)] == amax / 127.0f);
+        int qmax = 0;
+        for (int64_t t = 0; t < k; ++t) {
+            int v = q[size_t(i * k + t)];
+            REQUIRE(v >= -127);
+            REQUIRE(v <= 127);
+            qmax = std::max(qmax, std::abs(v));
+            double err = std::fabs(double(w[size_t(i * k + t)]) - double(v) * double(s[size_t(i)]));
+            REQUIRE(err <= 0.5 * double(s[size_t(i)]) * (1.0 + 1e-5));
+        }
+        CHECK(qmax == 127);
+    }
+    CHECK(q[size_t(5 * k + 7)] == -127);
+}
+
+TEST_CASE("quantize_row_int8: rounding half away from zero, clamp, NaN -> 0") {
+    CHECK(quantize_int8_value(2.5f, 1.0f) == 3);
+    CHECK(quantize_int8_value(-2.5f, 1.0f) == -3);
+    CHECK(quantize_int8_value(0.49f, 1.0f) == 0);
+    CHECK(quantize_int8_value(1000.0f, 1.0f) == 127);
+    CHECK(quantize_int8_value(-1000.0f, 1.0f) == -127);
+    CHECK(quantize_int8_value(std::nanf(""), 1.0f) == 0);
+    float x[5] = {0.0f, 1.0f, -2.0f, 0.5f, 127.0f};
+    int8_t q[5];
+    float s = quantize_row_int8(x, 5, q);
+    CHECK(s == 1.0f);
+    CHECK(q[1] == 1);
+    CHECK(q[2] == -2);
+    CHECK(q[3] == 1);
+    CHECK(q[4] == 127);
+    float z[3] = {0, -0.0f, 0};
+    CHECK(quantize_row_int8(z, 3, q) == 1.0f);
+    CHECK(q[0] == 0);
+}
+
+TEST_CASE("quantize_weights_per_channel rejects non-finite weights") {
+    std::vector<float> w = {1.0f, INFINITY, 0.5f, 0.25f};
+    std::vector<int8_t> q(4);
+    std::vector<float> s(2);
+    CHECK_THROWS_AS(quantize_weights_per_channel(w.data(), 2, 2, q.data(), s.data()), Error);
+}
+
+TEST_CASE("quantize_row_int8_avx2 is bit-identical to the scalar quantize (ties, NaN, tails, zero rows)") {
+    if (!isa_supported(IsaLevel::kAvx2)) {
+        MESSAGE("AVX2 not supported on this CPU: SIMD quantize not tested");
+        return;
+    }
+    std::mt19937 rng(17);
+    for (int64_t k : {1, 7, 8, 9, 16, 31, 100, 4099}) {
+        for (int variant = 0; variant < 5; ++variant) {
+            std::vector<float> x = random_f32(static_cast<size_t>(k), rng, 3.0f);
+            if (variant == 1) {  // exact ties: amax 127 -> s = 1, values j + 0.5
+                for (int64_t i = 0; i < k; ++i) x[size_t(i)] = float(int(i % 253) - 126) + ((i % 2) ? 0.5f : -0.5f);
+                x[0] = 127.0f;
+            }
+            if (variant == 2) x[size_t(k / 2)] = std::nanf("");
+            if (variant == 3) std::fill(x.begin(), x.end(), 0.0f);
+            if (variant == 4) x[size_t(k - 1)] = -1e30f;  // one huge value: everything else rounds to 0
+            std::vector<int8_t> q1(size_t(k), 55), q2(size_t(k), 66);
+            float s1 = quantize_row_int8(x.data(), k, q1.data());
+            float s2 = int8_detail::quantize_row_int8_avx2(x.data(), k, q2.data());
+            INFO("k=", k, " variant=", variant);
+            CHECK(s1 == s2);
+            CHECK(q1 == q2);
+            if (variant == 1 && k >= 4) {  // -124.5 -> -125 and -122.5 -> -123: half away from zero, not even
+                CHECK(q1[1] == -125);
+                CHECK(q1[2] == -125);
+                CHECK(q1[3] == -123);
+            }
+        }
+    }
+}

@@ -1,0 +1,198 @@
+// CudaBackend against CpuBackend and exact references, through the Backend interface the model uses:
+// - linear for none / w8a16 / w8a8 at m = 1, 5 (GEMV paths) and 17 (cuBLASLt paths); W8A8 is
+//   bit-exact against quantize_row + int32 dot + the same dequant order;
+// - a tiny random Model built through the builder on both backends: logits of a two-sequence
+//   prefill, then decode steps;
+// - metadata staging: a new batch with the same count but other positions is really re-uploaded;
+// - CudaGraph: capture the model's layers for a decode step, replay with other positions and ids
+//   == the eager CPU result.
+#include "tests/kernels/cuda/cuda_test_util.h"
+#include "kernels/common/quantize.h"
+#include "runtime/backend/cpu/cpu_backend.h"
+#include "runtime/backend/cuda/cuda_backend.h"
+#include "runtime/backend/make_backend.h"
+#include "runtime/engine/build.h"
+#include "runtime/weights/random_source.h"
+
+using namespace lattice;
+using namespace lattice::test;
+
+namespace {
+
+const DType kActs[] = {DType::kF16, DType::kBF16};
+
+// Device activation [rows, cols] from host floats (rounded to act); returns the rounded floats too.
+Buffer dev_act(CudaBackend& be, std::vector<float>& v, int64_t rows, int64_t cols) {
+    Buffer b = be.alloc(be.activation_dtype(), {rows, cols});
+    for (auto& x : v) x = round_act(x, be.activation_dtype());
+    std::vector<uint16_t> bits = to_act(v, be.activation_dtype());
+    be.upload(b.view(), bits.data());
+    return b;
+}
+
+std::vector<float> host_act(CudaBackend& be, const View& v) {
+    std::vector<uint16_t> bits(static_cast<size_t>(v.numel()));
+    be.download(bits.data(), v);
+    return from_act(bits, be.activation_dtype());
+}
+
+}  // namespace
+
+TEST_CASE("make_cuda_backend: clear errors for a missing device" * doctest::test_suite("cuda")) {
+    CHECK(cuda_device_count() >= 0);
+    CHECK_THROWS_AS(make_cuda_backend(cuda_device_count() + 7, DType::kF16), Error);
+    CHECK_THROWS_AS(make_cuda_backend(0, DType::kF32), Error);  // fp32 activations are a CPU thing
+}
+
+TEST_CASE("CudaBackend linear: none, w8a16, w8a8 at GEMV and GEMM sizes" * doctest::test_suite("cuda")) {
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    const int64_t n = 45, k = 77;
+    std::vector<float> w = random_vec(rng, size_t(n * k));
+    const View hw = View::contiguous(w.data(), DType::kF32, {n, k});
+    for (DType act : kActs) {
+        CudaBackend be(0, act);
+        for (QuantMode mode : {QuantMode::kNone, QuantMode::kW8A16, QuantMode::kW8A8}) {
+            Linear lin = be.make_linear(hw, mode);
+            // Quantized weights exactly as make_linear made them (shared quantize_row).
+            std::vector<int8_t> wq(static_cast<size_t>(n * k));
+            std::vector<float> sw(static_cast<size_t>(n));
+            for (int64_t j = 0; j < n; ++j) sw[size_t(j)] = quantize_row_int8(&w[size_t(j * k)], k, &wq[size_t(j * k)]);
+            for (int64_t m : {1, 5, 17}) {
+                INFO(dtype_name(act) << " " << quant_mode_name(mode) << " m=" << m);
+                std::vector<float> x = random_vec(rng, size_t(m * k), -2, 2);
+                Buffer dx = dev_act(be, x, m, k);
+                Buffer dy = be.alloc(act, {m, n});
+                be.linear(dy.view(), dx.view(), lin);
+                std::vector<float> got = host_act(be, dy.view()), ref(size_t(m * n));
+                for (int64_t i = 0; i < m; ++i) {
+                    std::vector<int8_t> xq(static_cast<size_t>(k));
+                    const float sx = quantize_row_int8(&x[size_t(i * k)], k, xq.data());
+                    for (int64_t j = 0; j < n; ++j) {
+                        double s = 0;
+                        int32_t acc = 0;
+                        for (int64_t t = 0; t < k; ++t) {
+                            const size_t wi = size_t(j * k + t), xi = size_t(i * k + t);
+                            if (mode == QuantMode::kNone) s += double(x[xi]) * round_act(w[wi], act);
+                            if (mode == QuantMode::kW8A16) s += double(x[xi]) * wq[wi] * sw[size_t(j)];
+                            if (mode == QuantMode::kW8A8) acc += int32_t(xq[size_t(t)]) * wq[wi];
+                        }
+                        ref[size_t(i * n + j)] =
+                            mode == QuantMode::kW8A8 ? round_act(float(acc) * (sx * sw[size_t(j)]), act) : float(s);
+                    }
+                }
+                REQUIRE(any_nonzero(ref));
+                if (mode == QuantMode::kW8A8)
+                    CHECK(got == ref);
+                else
+                    CHECK(rel_err(got, ref) < tol_for(act));
+            }
+        }
+    }
+}
+
+namespace {
+
+// A tiny random model (runtime/weights/random_source.h) built through the one builder, so the
+// test runs the real Model forward, not a copy of its layer loop.
+ModelConfig tiny_config() {
+    ModelConfig c;
+    c.source = "tiny random (test_cuda_backend)";
+    c.hidden = 96;
+    c.intermediate = 80;
+    c.n_layers = 2;
+    c.n_heads = 6;
+    c.n_kv_heads = 2;
+    c.head_dim = 16;
+    c.vocab = 50;
+    c.max_position = 128;
+    c.eos_ids = {2};
+    return c;
+}
+
+Built build_tiny(const TensorSource& src, BackendKind kind, DType act) {
+    BuildOptions o;
+    o.model.slots = 2;
+    o.model.max_seq = 80;
+    o.model.max_batch_tokens = 72;
+    o.backend.kind = kind;
+    o.backend.threads = 1;
+    o.backend.pin = false;
+    o.backend.cuda_act = act;
+    return build(o, src);
+}
+
+// Logits [rows.size(), vocab] of the batch's `rows` (embed + layers + head; KV caches persist).
+std::vector<float> logits_of(Model& m, const TokenBatch& b, const std::vector<int64_t>& rows) {
+    std::vector<float> out(rows.size() * size_t(m.config().vocab));
+    m.forward(b, rows, out.data());
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("Model on CudaBackend == CpuBackend (prefill, decode, graph replay)" * doctest::test_suite("cuda")) {
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    auto src = make_random_source(tiny_config(), seed, DType::kF32);
+    Built cpu = build_tiny(*src, BackendKind::kCpu, DType::kF32);
+    for (DType act : kActs) {
+        INFO(dtype_name(act));
+        Built gpu = build_tiny(*src, BackendKind::kCuda, act);
+        CudaBackend& be = static_cast<CudaBackend&>(*gpu.backend);
+        Model& mg = *gpu.model;
+        Model& mc = *cpu.model;
+        const double tol = act == DType::kF16 ? 3e-2 : 1e-1;  // two layers and the head of roundings
+        // Prefill: slot 0 gets 13 tokens, slot 1 gets 7, in one batch.
+        std::vector<int32_t> ids, pos, slots;
+        for (int32_t i = 0; i < 13; ++i) ids.push_back(int32_t(rng() % 50)), pos.push_back(i), slots.push_back(0);
+        for (int32_t i = 0; i < 7; ++i) ids.push_back(int32_t(rng() % 50)), pos.push_back(i), slots.push_back(1);
+        TokenBatch pb{ids.data(), pos.data(), slots.data(), int64_t(ids.size())};
+        const std::vector<int64_t> last = {12, 19};
+        const std::vector<float> ref_p = logits_of(mc, pb, last);
+        REQUIRE(any_nonzero(ref_p));
+        CHECK(rel_err(logits_of(mg, pb, last), ref_p) < tol);
+
+        // Decode steps with m = 2 (one token per slot): eager, then the layers captured in a graph
+        // and replayed with new positions and ids must equal the eager CPU result of each step.
+        std::vector<int32_t> gid = {3, 4}, gpos = {13, 7}, gslot = {0, 1};
+        TokenBatch gb{gid.data(), gpos.data(), gslot.data(), 2};
+        const std::vector<int64_t> both = {0, 1};
+        CHECK(rel_err(logits_of(mg, gb, both), logits_of(mc, gb, both)) < tol);  // eager warm-up of this size
+        View hidden = mg.hidden_scratch(2);
+        std::vector<float> got(2 * size_t(mg.config().vocab));
+        CudaGraph graph;
+        gpos = {14, 8};
+        graph.capture(be, gb, [&] {
+            mg.embed(gb, hidden);
+            mg.run_layers(gb, hidden);
+        });
+        for (int step = 0; step < 3; ++step) {
+            INFO("graph step " << step);
+            gid = {int32_t(rng() % 50), int32_t(rng() % 50)};
+            gpos = {14 + step, 8 + step};
+            const std::vector<float> want = logits_of(mc, gb, both);
+            graph.replay(be, gb);
+            mg.head(hidden, both, got.data());
+            CHECK(rel_err(got, want) < tol);
+        }
+        // Same count, other positions, eager: the staging must notice the change.
+        gpos = {20, 20};
+        CHECK(rel_err(logits_of(mg, gb, both), logits_of(mc, gb, both)) < tol);
+        // A bigger eager batch after the capture (70 tokens > the 64-token staging area): staging
+        // and scratch grow, the graph keeps its own (retired, still allocated) buffers.
+        std::vector<int32_t> bid, bpos, bslot;
+        for (int32_t sl = 0; sl < 2; ++sl)
+            for (int32_t p = 0; p < 35; ++p) bid.push_back(int32_t(rng() % 50)), bpos.push_back(p), bslot.push_back(sl);
+        TokenBatch big{bid.data(), bpos.data(), bslot.data(), int64_t(bid.size())};
+        const std::vector<int64_t> ends = {34, 69};
+        CHECK(rel_err(logits_of(mg, big, ends), logits_of(mc, big, ends)) < tol);
+        gpos = {35, 35};
+        const std::vector<float> want = logits_of(mc, gb, both);
+        graph.replay(be, gb);
+        mg.head(hidden, both, got.data());
+        CHECK(rel_err(got, want) < tol);
+    }
+}

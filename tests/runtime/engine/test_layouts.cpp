@@ -1,0 +1,195 @@
+// Every TP x PP layout that fits this world size against the single-rank result, on every golden
+// model whose heads allow the layout: identical greedy tokens, logits within 1e-5 relative, with
+// one micro-batch and with many (1 token each); plus vocab padding (vocab % tp != 0, random
+// weights), tp > kv heads, and layout errors that every rank reports without hanging.
+// Run under mpirun -np 2 and -np 4 (CTest).
+#include "tests/runtime/model/golden.h"
+
+#include "parallel/mpi_session.h"
+#include "runtime/engine/build.h"
+#include "runtime/weights/random_source.h"
+
+#include <doctest/doctest.h>
+
+#include <mpi.h>
+
+using namespace lattice;
+using namespace lattice::testing;
+
+namespace {
+
+struct Result {
+    std::vector<float> logits;
+    std::vector<int32_t> tokens;
+};
+
+BuildOptions layout_options(int tp, int pp, int64_t micro = 0, int64_t slots = 1) {
+    BuildOptions o;
+    o.tp = tp;
+    o.pp = pp;
+    o.mpi = true;
+    o.micro_batch = micro;
+    o.model.slots = slots;
+    o.comm_timeout = 30.0;
+    o.backend.kind = BackendKind::kCpu;
+    o.backend.threads = 1;
+    o.backend.pin = false;
+    return o;
+}
+
+Result run_layout(const TensorSource& src, int tp, int pp, const std::vector<int32_t>& prompt, int64_t n_new,
+                  int64_t micro, int* world_rank = nullptr) {
+    Built b = build(layout_options(tp, pp, micro), src);
+    if (world_rank) *world_rank = b.world.rank;
+    Result r;
+    r.logits = b.generator->score(prompt);
+    r.tokens = b.generator->generate(GenerateRequest{prompt, n_new, {}, true, {}}).tokens;
+    return r;
+}
+
+// The single-rank reference: the same build, one rank, no MPI.
+Result run_single(const TensorSource& src, const std::vector<int32_t>& prompt, int64_t n_new) {
+    BuildOptions o = layout_options(1, 1);
+    o.mpi = false;
+    Built b = build(o, src);
+    Result r;
+    r.logits = b.generator->score(prompt);
+    r.tokens = b.generator->generate(GenerateRequest{prompt, n_new, {}, true, {}}).tokens;
+    return r;
+}
+
+// The layout rules' verdict (parallel/world_config.h), not a copy of them.
+bool layout_fits(const ModelConfig& c, int tp, int pp) {
+    try {
+        check_model_layout(c.dims(), tp, pp);
+        return true;
+    } catch (const Error&) {
+        return false;
+    }
+}
+
+std::vector<std::pair<int, int>> layouts_for(int world) {
+    std::vector<std::pair<int, int>> out;
+    for (int tp : {1, 2, 4})
+        for (int pp : {1, 2, 4})
+            if (tp * pp == world) out.emplace_back(tp, pp);
+    return out;
+}
+
+void compare(const Result& got, const Result& want, int world_rank) {
+    if (world_rank == 0) {  // logits are delivered to world rank 0
+        REQUIRE(got.logits.size() == want.logits.size());
+        CHECK(rel_error(got.logits.data(), want.logits.data(), want.logits.size()) < 1e-5);
+    }
+    CHECK(got.tokens == want.tokens);  // every rank agrees on every token
+}
+
+}  // namespace
+
+TEST_CASE("golden models: every layout equals the single-rank run") {
+    const int world = mpi_session().size();
+    for (auto [tp, pp] : layouts_for(world)) {
+        for (const auto& name : golden_models()) {
+            auto src = open_model(golden_dir(name));
+            if (!layout_fits(src->config(), tp, pp)) continue;
+            CAPTURE(name);
+            CAPTURE(tp);
+            CAPTURE(pp);
+            for (const auto& c : load_golden(name)) {
+                Result want = run_single(*src, c.prompt, 24);
+                CHECK(want.tokens == c.greedy);
+                for (int64_t micro : {int64_t(0), int64_t(1), int64_t(3)}) {
+                    CAPTURE(micro);
+                    int rank = 0;
+                    Result got = run_layout(*src, tp, pp, c.prompt, 24, micro, &rank);
+                    compare(got, want, rank);
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("vocab padding: vocab % tp != 0 (random weights), padded logits never produced") {
+    const int world = mpi_session().size();
+    ModelConfig cfg;
+    cfg.source = "test";
+    cfg.hidden = 64;
+    cfg.intermediate = 96;
+    cfg.n_layers = 4;
+    cfg.n_heads = 4;
+    cfg.n_kv_heads = 1;  // tp > kv heads for tp >= 2: replicated kv head
+    cfg.head_dim = 16;
+    cfg.vocab = 301;  // prime: padding on every tp > 1
+    cfg.max_position = 128;
+    cfg.eos_ids = {2};
+    auto src = make_random_source(cfg, 7, DType::kF32);
+    const std::vector<int32_t> prompt = {1, 17, 300, 42, 99, 250, 3};
+    Result want = run_single(*src, prompt, 12);
+    for (auto [tp, pp] : layouts_for(world)) {
+        CAPTURE(tp);
+        CAPTURE(pp);
+        int rank = 0;
+        Result got = run_layout(*src, tp, pp, prompt, 12, 2, &rank);
+        compare(got, want, rank);
+        for (int32_t t : got.tokens) CHECK(t < cfg.vocab);
+    }
+}
+
+TEST_CASE("layout errors are reported by every rank, with the same message, without a hang") {
+    const int world = mpi_session().size();
+    std::string msg;
+    try {
+        make_parallel_context(world + 1, 1, 5.0);
+    } catch (const Error& e) {
+        msg = e.what();
+    }
+    CHECK(msg.find("world size") != std::string::npos);
+    // A tp the model's heads do not allow: every rank throws while loading, naming the field.
+    if (world >= 2) {
+        auto src = open_model(golden_dir("tiny-fp16-tied"));  // 6 heads, 2 kv heads
+        if (6 % world != 0) {
+            std::string e;
+            try {
+                Built b = build(layout_options(world, 1), *src);
+            } catch (const Error& err) {
+                e = err.what();
+            }
+            CHECK(e.find("does not divide num_attention_heads 6") != std::string::npos);
+        }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);  // everyone got here: nobody hung
+}
+
+TEST_CASE("several sequences in flight (pipelined decode) equal their single-sequence runs") {
+    const int world = mpi_session().size();
+    auto src = open_model(golden_dir("tiny-gqa-llama3"));
+    auto cases = load_golden("tiny-gqa-llama3");
+    REQUIRE(cases.size() >= 2);
+    // Three sequences of different prompt lengths; the second stops early on a stop id, the third
+    // generates fewer tokens.
+    std::vector<GenerateRequest> reqs = {{cases[0].prompt, 24, {}, true, {}},
+                                         {cases[1].prompt, 24, {}, false, {cases[1].greedy[5]}},
+                                         {std::vector<int32_t>{7, 8, 9, 10, 11}, 9, {}, true, {}}};
+    std::vector<std::vector<int32_t>> want;
+    {
+        BuildOptions o = layout_options(1, 1);
+        o.mpi = false;
+        Built b = build(o, *src);
+        for (const auto& r : reqs) want.push_back(b.generator->generate(r).tokens);
+    }
+    CHECK(want[0] == cases[0].greedy);
+    CHECK(want[1].size() <= 6);  // stopped at the stop id
+    CHECK(want[1].back() == cases[1].greedy[5]);
+    CHECK(want[2].size() == 9);
+    for (auto [tp, pp] : layouts_for(world)) {
+        if (!layout_fits(src->config(), tp, pp)) continue;
+        CAPTURE(tp);
+        CAPTURE(pp);
+        Built b = build(layout_options(tp, pp, 2, 3), *src);
+        GenerateStats st;
+        std::vector<GenerateResult> got = b.generator->generate_batch(reqs, {}, &st);
+        for (size_t i = 0; i < reqs.size(); ++i) CHECK(got[i].tokens == want[i]);
+        CHECK(st.generated_tokens == int64_t(want[0].size() + want[1].size() + want[2].size()));
+        CHECK(st.sequences == 3);
+    }
+}

@@ -1,0 +1,182 @@
+// Sampler (runtime/engine/sampler.h): greedy ties, parameter validation, seeding, and the
+// distributions it draws from — empirical frequencies over many draws against the exact
+// distribution (temperature softmax, renormalized top-k set, renormalized top-p nucleus) with a
+// chi-square test at a 1e-4 false-alarm level. Seeds are fixed, so every run draws the same tokens:
+// the statistics decide once whether the algorithm is right, they do not flake.
+#include "runtime/engine/sampler.h"
+
+#include "base/error.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <vector>
+
+using namespace lattice;
+
+namespace {
+
+// Upper quantile of chi-square with k degrees of freedom at alpha = 1e-4 (Wilson-Hilferty; z = 3.719).
+double chi2_critical(int k) {
+    const double z = 3.719, a = 2.0 / (9.0 * k);
+    return k * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
+}
+
+// Draws n tokens; returns counts per token id.
+std::vector<int64_t> draw(const SamplingParams& p, const std::vector<float>& logits, int n) {
+    Sampler s(p);
+    std::vector<int64_t> counts(logits.size(), 0);
+    for (int i = 0; i < n; ++i) {
+        const int32_t t = s.sample(logits.data(), int64_t(logits.size()));
+        REQUIRE(t >= 0);
+        REQUIRE(t < int32_t(logits.size()));
+        ++counts[size_t(t)];
+    }
+    return counts;
+}
+
+// Pearson chi-square of counts against probabilities over the support (p > 0); tokens outside the
+// support must never be drawn.
+double chi2(const std::vector<int64_t>& counts, const std::vector<double>& p, int* dof) {
+    const double n = double(std::accumulate(counts.begin(), counts.end(), int64_t(0)));
+    double x = 0;
+    int support = 0;
+    for (size_t i = 0; i < p.size(); ++i) {
+        if (p[i] == 0) {
+            CHECK_MESSAGE(counts[i] == 0, "token " << i << " is outside the allowed set but was drawn " << counts[i]);
+            continue;
+        }
+        ++support;
+        const double e = n * p[i];
+        x += (double(counts[i]) - e) * (double(counts[i]) - e) / e;
+    }
+    *dof = support - 1;
+    return x;
+}
+
+std::vector<double> softmax(const std::vector<float>& l, double t) {
+    std::vector<double> p(l.size());
+    const double mx = *std::max_element(l.begin(), l.end());
+    double z = 0;
+    for (size_t i = 0; i < l.size(); ++i) z += p[i] = std::exp((l[i] - mx) / t);
+    for (auto& v : p) v /= z;
+    return p;
+}
+
+// Keeps the given ids (by descending probability rule computed by the caller) and renormalizes.
+std::vector<double> restrict_to(std::vector<double> p, const std::vector<size_t>& keep) {
+    std::vector<double> out(p.size(), 0.0);
+    double z = 0;
+    for (size_t i : keep) z += p[i];
+    for (size_t i : keep) out[i] = p[i] / z;
+    return out;
+}
+
+std::vector<size_t> order_by_prob(const std::vector<double>& p) {
+    std::vector<size_t> idx(p.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return p[a] > p[b]; });
+    return idx;
+}
+
+const std::vector<float> kLogits = {1.0f, 2.5f, -0.5f, 0.3f, 2.0f, -3.0f, 1.7f, 0.9f, -1.2f, 2.2f};
+constexpr int kDraws = 40000;
+
+}  // namespace
+
+TEST_CASE("greedy: argmax, lowest id on ties, independent of seed") {
+    const std::vector<float> l = {0.5f, 3.0f, -1.0f, 3.0f, 2.9f};
+    CHECK(argmax(l.data(), 5) == 1);
+    for (uint64_t seed : {0ull, 7ull, 123456789ull}) {
+        Sampler s(SamplingParams{0.0f, 0, 1.0f, seed});
+        for (int i = 0; i < 10; ++i) CHECK(s.sample(l.data(), 5) == 1);
+    }
+}
+
+TEST_CASE("validate names the bad parameter") {
+    CHECK_THROWS_WITH_AS(SamplingParams({-0.1f, 0, 1.0f, 0}).validate(), doctest::Contains("--temperature"), Error);
+    CHECK_THROWS_WITH_AS(SamplingParams({NAN, 0, 1.0f, 0}).validate(), doctest::Contains("--temperature"), Error);
+    CHECK_THROWS_WITH_AS(SamplingParams({1.0f, -1, 1.0f, 0}).validate(), doctest::Contains("--top-k"), Error);
+    CHECK_THROWS_WITH_AS(SamplingParams({1.0f, 0, 0.0f, 0}).validate(), doctest::Contains("--top-p"), Error);
+    CHECK_THROWS_WITH_AS(SamplingParams({1.0f, 0, 1.5f, 0}).validate(), doctest::Contains("--top-p"), Error);
+    CHECK_THROWS_AS(Sampler(SamplingParams{1.0f, 0, 2.0f, 0}), Error);
+}
+
+TEST_CASE("seed: the same seed draws the same tokens, another seed other tokens") {
+    auto run = [](uint64_t seed) {
+        Sampler s(SamplingParams{1.0f, 0, 1.0f, seed});
+        std::vector<int32_t> out;
+        for (int i = 0; i < 64; ++i) out.push_back(s.sample(kLogits.data(), int64_t(kLogits.size())));
+        return out;
+    };
+    CHECK(run(5) == run(5));
+    CHECK(run(5) != run(6));
+}
+
+TEST_CASE("temperature: frequencies follow softmax(logits / T)") {
+    for (float t : {1.0f, 0.5f, 2.0f}) {
+        CAPTURE(t);
+        const auto counts = draw(SamplingParams{t, 0, 1.0f, 11}, kLogits, kDraws);
+        int dof = 0;
+        const double x = chi2(counts, softmax(kLogits, t), &dof);
+        CHECK(dof == int(kLogits.size()) - 1);
+        CHECK(x < chi2_critical(dof));
+        // The test has power: the distribution of another temperature is rejected.
+        const double other = chi2(counts, softmax(kLogits, t * 1.25), &dof);
+        CHECK(other > chi2_critical(dof));
+    }
+}
+
+TEST_CASE("top-k: only the k most likely tokens, renormalized") {
+    for (int64_t k : {1, 3, 6}) {
+        CAPTURE(k);
+        const std::vector<double> p = softmax(kLogits, 1.0);
+        const std::vector<size_t> order = order_by_prob(p);
+        const std::vector<double> want = restrict_to(p, {order.begin(), order.begin() + k});
+        const auto counts = draw(SamplingParams{1.0f, k, 1.0f, 21}, kLogits, kDraws);
+        if (k == 1) {
+            CHECK(counts[order[0]] == kDraws);
+            continue;
+        }
+        int dof = 0;
+        const double x = chi2(counts, want, &dof);
+        CHECK(dof == k - 1);
+        CHECK(x < chi2_critical(dof));
+    }
+}
+
+TEST_CASE("top-p: the smallest set reaching p, renormalized") {
+    const std::vector<double> p = softmax(kLogits, 1.0);
+    const std::vector<size_t> order = order_by_prob(p);
+    for (float top_p : {0.3f, 0.6f, 0.9f}) {
+        CAPTURE(top_p);
+        size_t n = 0;
+        double acc = 0;
+        while (n < order.size() && acc < top_p) acc += p[order[n++]];
+        const std::vector<double> want = restrict_to(p, {order.begin(), order.begin() + ptrdiff_t(n)});
+        const auto counts = draw(SamplingParams{1.0f, 0, top_p, 31}, kLogits, kDraws);
+        int dof = 0;
+        const double x = chi2(counts, want, &dof);
+        CHECK(dof == int(n) - 1);
+        if (dof > 0) CHECK(x < chi2_critical(dof));
+    }
+}
+
+TEST_CASE("top-k and top-p together: nucleus taken within the top k") {
+    const std::vector<double> p = softmax(kLogits, 0.8);
+    const std::vector<size_t> order = order_by_prob(p);
+    const int64_t k = 4;
+    const std::vector<double> pk = restrict_to(p, {order.begin(), order.begin() + k});
+    size_t n = 0;
+    double acc = 0;
+    while (n < size_t(k) && acc < 0.7) acc += pk[order[n++]];
+    const std::vector<double> want = restrict_to(pk, {order.begin(), order.begin() + ptrdiff_t(n)});
+    const auto counts = draw(SamplingParams{0.8f, k, 0.7f, 41}, kLogits, kDraws);
+    int dof = 0;
+    const double x = chi2(counts, want, &dof);
+    CHECK(dof == int(n) - 1);
+    if (dof > 0) CHECK(x < chi2_critical(dof));
+}

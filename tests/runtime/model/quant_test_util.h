@@ -1,0 +1,120 @@
+// Helpers for the quantization tests: a TensorSource wrapper that plants an activation outlier
+// (one hidden channel of every input/post-attention norm weight scaled), pseudo-random token ids,
+// and a one-call "load this source with these options and score these prompts".
+#pragma once
+
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/common/quantize.h"
+#include "runtime/backend/cpu/cpu_backend.h"
+#include "runtime/engine/generator.h"
+#include "runtime/model/model.h"
+#include "runtime/weights/tensor_source.h"
+
+namespace lattice::testing {
+
+// Delegates to `inner`; reads of model.layers.*.{input,post_attention}_layernorm.weight get
+// element `channel` multiplied by `factor`, so the activation entering wqkv / w_gate_up has an
+// outlier channel like the ones real LLMs develop.
+class OutlierSource final : public TensorSource {
+public:
+    OutlierSource(std::unique_ptr<TensorSource> inner, int64_t channel, float factor)
+        : inner_(std::move(inner)), channel_(channel), factor_(factor) {}
+    const ModelConfig& config() const override { return inner_->config(); }
+    bool has(const std::string& n) const override { return inner_->has(n); }
+    const TensorInfo& info(const std::string& n) const override { return inner_->info(n); }
+    void read(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType out,
+              void* dst) const override {
+        inner_->read(name, row0, rows, col0, cols, out, dst);
+        const bool norm =
+            name.ends_with(".input_layernorm.weight") || name.ends_with(".post_attention_layernorm.weight");
+        if (!norm || channel_ < col0 || channel_ >= col0 + cols) return;
+        LATTICE_CHECK(out == DType::kF32, "OutlierSource: norm read as {}", dtype_name(out));
+        static_cast<float*>(dst)[channel_ - col0] *= factor_;
+    }
+    std::vector<float> rope_freq_factors() const override { return inner_->rope_freq_factors(); }
+    std::string describe() const override { return inner_->describe() + " (outlier channel)"; }
+    int64_t total_bytes() const override { return inner_->total_bytes(); }
+
+private:
+    std::unique_ptr<TensorSource> inner_;
+    int64_t channel_;
+    float factor_;
+};
+
+// Delegates to `inner`; the layer matrices (q k v o gate up down) are served as f32 after a round
+// trip through the engine's int8 weight scheme (per output row: s = max|w| / 127, w' = q s), so an
+// fp32 run of this source computes what W8A16 computes, with float GEMMs.
+class FakeQuantSource final : public TensorSource {
+public:
+    explicit FakeQuantSource(std::unique_ptr<TensorSource> inner) : inner_(std::move(inner)) {}
+    const ModelConfig& config() const override { return inner_->config(); }
+    bool has(const std::string& n) const override { return inner_->has(n); }
+    const TensorInfo& info(const std::string& n) const override {
+        if (!is_layer_matrix(n)) return inner_->info(n);
+        auto it = infos_.find(n);
+        if (it == infos_.end()) {
+            TensorInfo ti = inner_->info(n);
+            ti.dtype = DType::kF32;
+            it = infos_.emplace(n, ti).first;
+        }
+        return it->second;
+    }
+    void read(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType out,
+              void* dst) const override {
+        if (!is_layer_matrix(name)) return inner_->read(name, row0, rows, col0, cols, out, dst);
+        LATTICE_CHECK(out == DType::kF32, "FakeQuantSource: {} read as {}", name, dtype_name(out));
+        const int64_t K = inner_->info(name).cols();
+        std::vector<float> full(static_cast<size_t>(rows * K));
+        inner_->read(name, row0, rows, 0, K, DType::kF32, full.data());
+        for (int64_t r = 0; r < rows; ++r) {
+            float* w = full.data() + r * K;
+            const float sc = int8_scale_from_absmax(absmax_row(w, K));
+            for (int64_t j = 0; j < K; ++j) w[j] = float(quantize_int8_value(w[j], sc)) * sc;
+            std::copy(w + col0, w + col0 + cols, static_cast<float*>(dst) + r * cols);
+        }
+    }
+    std::vector<float> rope_freq_factors() const override { return inner_->rope_freq_factors(); }
+    std::string describe() const override { return inner_->describe() + " (fake-quantized)"; }
+    int64_t total_bytes() const override { return inner_->total_bytes(); }
+
+private:
+    static bool is_layer_matrix(const std::string& n) {
+        return n.starts_with("model.layers.") && n.ends_with("_proj.weight");
+    }
+    std::unique_ptr<TensorSource> inner_;
+    mutable std::map<std::string, TensorInfo> infos_;
+};
+
+inline std::vector<int32_t> random_ids(size_t n, int64_t vocab, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int32_t> d(3, int32_t(vocab - 1));
+    std::vector<int32_t> ids(n);
+    for (auto& x : ids) x = d(rng);
+    return ids;
+}
+
+// Logits [T, vocab] of each prompt (each scored from position 0) under `mo`.
+inline std::vector<std::vector<float>> score_all(const TensorSource& src, const ModelOptions& mo,
+                                                 const std::vector<std::vector<int32_t>>& prompts, int threads = 2) {
+    CpuBackend be(CpuBackendOptions{threads, false, false});
+    Model model(src, be, mo, nullptr);
+    Generator gen(model);
+    std::vector<std::vector<float>> out;
+    for (const auto& p : prompts) out.push_back(gen.score(p));
+    return out;
+}
+
+inline ModelOptions quant_options(QuantMode q, const std::string& smooth = {}, int64_t max_seq = 0) {
+    ModelOptions mo;
+    mo.quant = q;
+    mo.smooth_path = smooth;
+    mo.max_seq = max_seq;
+    return mo;
+}
+
+}  // namespace lattice::testing

@@ -1,0 +1,116 @@
+// The default SmolLM2-135M-Instruct (Q4_1 GGUF, models/ of the checkout, installed by
+// scripts/setup.sh): mean NLL per token of a fixed English paragraph for fp32, W8A16, W8A8 and
+// W8A8 + SmoothQuant (calibrated on a different text). W8A16 must stay within 2% of fp32 and W8A8
+// within 5% (the bounds); W8A8 + SmoothQuant must not be worse than plain W8A8 by more than
+// noise. A missing model file is a failure, not a skip: CI installs it.
+#include "tests/test_paths.h"
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "runtime/backend/cpu/cpu_backend.h"
+#include "runtime/engine/generator.h"
+#include "runtime/model/model.h"
+#include "runtime/model/smoothquant.h"
+#include "runtime/tokenizer/tokenizer.h"
+#include "tests/runtime/model/quant_test_util.h"
+#include "tests/runtime/model/nll.h"
+
+using namespace lattice;
+using namespace lattice::testing;
+
+namespace {
+
+// Evaluation text (written for this test).
+const char* kEvalText =
+    "The old lighthouse stood at the edge of the cliff for more than two hundred years. Every night, its keeper "
+    "climbed the narrow stairs to light the lamp, and every morning he wrote a few lines in a thick leather book: "
+    "the weather, the ships that passed, and anything unusual he had seen on the water. When the last keeper retired, "
+    "the town council decided to turn the building into a small museum. Volunteers cleaned the rooms, repaired the "
+    "windows and painted the walls white again. The leather books were placed in a glass case near the entrance, "
+    "so that visitors could read about storms, rescues and quiet summer evenings from long ago. Children liked the "
+    "top of the tower best, where the great lens still turned slowly in the sunlight and threw small rainbows "
+    "across the floor. Teachers brought their classes in the spring to learn about navigation, tides and the "
+    "history of the coast. Some visitors came only for the view, which on a clear day reached all the way to the "
+    "islands in the north. Others sat for hours in the reading room, copying passages from the old books into their "
+    "notebooks. The museum does not earn much money, but the town believes it is worth keeping open, because it "
+    "reminds everyone that the sea is both generous and dangerous, and that people once watched over it with great "
+    "care.";
+
+// Calibration text: different topic and words, so the test does not calibrate on what it scores.
+const char* kCalibText =
+    "To make a simple loaf of bread, mix flour, water, salt and a little yeast in a large bowl. Knead the dough on a "
+    "floured table for about ten minutes, until it feels smooth and elastic. Cover it with a damp cloth and let it "
+    "rise in a warm place for an hour, or until it has doubled in size. Then press out the air, shape it into a "
+    "round loaf and place it on a baking tray. Let it rise again while the oven heats up. Bake it for thirty to "
+    "forty minutes; the bread is ready when the crust is golden brown and the bottom sounds hollow when you tap it. "
+    "Computers store numbers in binary, using only the digits zero and one. A group of eight bits is called a byte, "
+    "and it can represent two hundred and fifty six different values. Programs are lists of instructions that the "
+    "processor reads from memory and executes one after another, many millions of times per second. In 1969, "
+    "astronauts landed on the Moon for the first time, and millions of people watched the pictures on television. "
+    "Mountains form when the plates of the Earth's crust push against each other over millions of years.";
+
+std::string model_path() {
+    return test::default_model_file();
+}
+
+double nll_of(const TensorSource& src, const ModelOptions& mo, const std::vector<int32_t>& ids) {
+    CpuBackend be(CpuBackendOptions{2, false, false});
+    Model model(src, be, mo, nullptr);
+    Generator gen(model);
+    return mean_nll(gen.score(ids), ids, src.config().vocab);
+}
+
+}  // namespace
+
+TEST_CASE("SmolLM2-135M: NLL per token of fp32, W8A16, W8A8, W8A8 + SmoothQuant") {
+    const std::string path = model_path();
+    REQUIRE_MESSAGE(std::filesystem::exists(path),
+                    path << " is missing: run scripts/setup.sh (it installs the default model; CI does)");
+    auto src = open_model(path);
+    auto tok = load_tokenizer(path);
+    const std::vector<int32_t> ids = tok->encode(kEvalText, tok->add_bos_default());
+    const std::vector<int32_t> calib = tok->encode(kCalibText, tok->add_bos_default());
+    REQUIRE(ids.size() > 250);
+    REQUIRE(calib.size() > 200);
+
+    const std::string smooth =
+        (std::filesystem::temp_directory_path() / ("lattice_smollm_" + std::to_string(getpid()) + ".safetensors"))
+            .string();
+    struct Remove {
+        std::string p;
+        ~Remove() { std::filesystem::remove(p); }
+    } remove{smooth};
+    auto t0 = std::chrono::steady_clock::now();
+    {
+        CpuBackend be(CpuBackendOptions{2, false, false});
+        ModelOptions mo;
+        mo.max_seq = 512;
+        Model model(*src, be, mo, nullptr);
+        ActivationStats st = collect_activation_stats(model, calib, 512);
+        write_smooth_factors(smooth, compute_smooth_factors(*src, st, 0.5));
+    }
+    const double calib_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    const double f32 = nll_of(*src, quant_options(QuantMode::kNone, {}, 512), ids);
+    const double w16 = nll_of(*src, quant_options(QuantMode::kW8A16, {}, 512), ids);
+    const double w8 = nll_of(*src, quant_options(QuantMode::kW8A8, {}, 512), ids);
+    const double w8s = nll_of(*src, quant_options(QuantMode::kW8A8, smooth, 512), ids);
+    MESSAGE("SmolLM2-135M NLL/token over " << ids.size() - 1 << " tokens: fp32 " << f32 << ", W8A16 " << w16 << " ("
+                                           << 100 * (w16 / f32 - 1) << "%), W8A8 " << w8 << " (" << 100 * (w8 / f32 - 1)
+                                           << "%), W8A8+SmoothQuant " << w8s << " (" << 100 * (w8s / f32 - 1)
+                                           << "%); calibration on " << calib.size() << " tokens took " << calib_s
+                                           << " s (load included)");
+    CHECK(f32 > 0.5);
+    CHECK(f32 < 4.5);
+    CHECK(std::fabs(w16 / f32 - 1) < 0.02);
+    CHECK(std::fabs(w8 / f32 - 1) < 0.05);
+    CHECK(std::fabs(w8s / f32 - 1) < 0.05);
+    // Quantization did happen: the NLLs differ from fp32.
+    CHECK(w16 != f32);
+    CHECK(w8 != f32);
+    CHECK(w8s != w8);
+    CHECK(w8s < w8 + 0.01);  // smoothing must not cost accuracy (measured: it gains 0.027 nats)
+}
