@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
         const double load_s = b.load_seconds;
         src.reset();
         Model& model = *b.model;
-        Generator& gen = *b.generator;
+        Engine& gen = *b.engine;
         GenerateRequest req;
         for (int64_t i = 0; i < prompt; ++i) req.prompt.push_back(int32_t((i * 7919 + 13) % cfg.vocab));
         req.max_new_tokens = decode;

@@ -24,6 +24,12 @@ void ModelArgs::add_to(CLI::App* cmd) {
     cmd->add_flag("--mlock", mlock, "Lock weights in memory");
     cmd->add_option("--max-seq", max_seq, "KV cache positions per sequence (0: min(max_position_embeddings, 4096))");
     cmd->add_option("--max-batch-tokens", max_batch_tokens, "Tokens per forward pass (prompt chunk size)");
+    cmd->add_option("--kv-cache-gb", kv_cache_gb,
+                    "KV cache per rank in GiB (0: 90% of free GPU memory after weights; CPU: min(2, 10% of available "
+                    "memory))");
+    cmd->add_option("--max-seqs", max_seqs, "Sequences running at once (continuous batching)");
+    cmd->add_option("--block-size", block_size, "KV cache positions per block");
+    cmd->add_flag("--no-prefix-cache", no_prefix_cache, "Do not reuse cached KV blocks of identical prompt prefixes");
     cmd->add_option("--tp", tp, "Tensor-parallel ranks");
     cmd->add_option("--pp", pp, "Pipeline-parallel stages");
     cmd->add_option("--pp-layers", pp_layers, "Layers per pipeline stage, e.g. 20,20,21,19");
@@ -89,7 +95,10 @@ Built load_model(const ModelArgs& a) {
     o.model.smooth_path = a.smooth;
     o.model.max_seq = a.max_seq;
     o.model.max_batch_tokens = a.max_batch_tokens;
-    o.model.slots = a.slots;
+    o.model.block_size = a.block_size;
+    o.kv_cache_gb = a.kv_cache_gb;
+    o.engine.max_seqs = a.max_seqs;
+    o.engine.prefix_caching = !a.no_prefix_cache;
     if (!a.pp_layers.empty()) o.pp_layers = parse_counts(a.pp_layers);
     o.micro_batch = a.micro_batch;
     o.tp = a.tp;

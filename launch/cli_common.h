@@ -28,7 +28,10 @@ struct ModelArgs {
     std::string pp_layers;  // "20,20,21,19"
     int64_t micro_batch = 0;
     double comm_timeout = 60.0;
-    int64_t slots = 1;  // sequences in flight (set by generate --batch)
+    double kv_cache_gb = 0;       // 0: the builder's default (runtime/engine/build.h)
+    int64_t max_seqs = 64;
+    int64_t block_size = 16;
+    bool no_prefix_cache = false;
     std::string device = "auto";  // auto | cpu | cuda
     std::string dtype = "bf16";   // CUDA activations: f16 | bf16
     std::string devices;          // CUDA ordinals per local rank, e.g. 0,1,2,3

@@ -130,12 +130,11 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
             req.sampling = SamplingParams{a.temperature, a.top_k, a.top_p, a.seed};
             req.sampling.validate();
             req.ignore_eos = a.ignore_eos;
-            a.model.slots = a.batch;
             Built lm = load_model(a.model);
             if (a.batch > 1) {
                 std::vector<GenerateRequest> reqs(static_cast<size_t>(a.batch), req);
                 GenerateStats total;
-                std::vector<GenerateResult> rs = lm.generator->generate_batch(reqs, {}, &total);
+                std::vector<GenerateResult> rs = lm.engine->generate_batch(reqs, {}, &total);
                 if (lm.world.rank == 0) {
                     for (const auto& r : rs) {
                         if (tok && !a.print_ids) fmt::print("{}\n", tok->decode(r.tokens));
@@ -150,7 +149,7 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
             const bool stream_text = tok && !a.print_ids && lm.world.rank == 0;
             std::unique_ptr<StreamDecoder> stream;
             if (stream_text) stream = std::make_unique<StreamDecoder>(*tok);
-            GenerateResult res = lm.generator->generate(req, [&](int32_t id) {
+            GenerateResult res = lm.engine->generate(req, [&](int32_t id) {
                 if (!stream || (!a.ignore_eos && (lm.model->config().is_eos(id) || tok->is_eog(id)))) return;
                 fmt::print("{}", stream->push(id));
                 std::fflush(stdout);

@@ -24,7 +24,7 @@ void add_score_command(CLI::App& app, CommandRun& run) {
             std::vector<int32_t> prompt = parse_id_list(args->prompt_ids, "--prompt-ids");
             LATTICE_CHECK(!prompt.empty(), "give a prompt: --prompt-ids 1,2,3");
             Built lm = load_model(args->model);
-            std::vector<float> logits = lm.generator->score(prompt);
+            std::vector<float> logits = lm.engine->score(prompt);
             if (lm.world.rank == 0) {
                 const int64_t T = int64_t(prompt.size()), V = lm.model->config().vocab;
                 write_safetensors(args->out, {{"logits", DType::kF32, {T, V}, logits.data()}});

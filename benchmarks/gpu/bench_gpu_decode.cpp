@@ -60,7 +60,7 @@ int main(int argc, char** argv) try {
     o.model.quant = QuantMode::kW8A8;
     o.model.quant_head = true;
     o.model.max_seq = ctx + 64;
-    o.model.slots = kMaxBatch;
+    o.engine.max_seqs = kMaxBatch;
     o.model.max_batch_tokens = kMaxBatch;
     o.backend.kind = BackendKind::kCuda;
     o.backend.cuda_act = DType::kF16;
@@ -94,9 +94,15 @@ int main(int argc, char** argv) try {
                "%floor");
     for (int64_t batch : {1, 8, 32}) {
         const size_t nb = static_cast<size_t>(batch);
-        std::vector<int32_t> ids(nb, 1), pos(nb, int32_t(ctx)), slots(nb);
-        std::iota(slots.begin(), slots.end(), 0);
-        TokenBatch tb{ids.data(), pos.data(), slots.data(), batch};
+        std::vector<int32_t> ids(nb, 1), pos(nb, int32_t(ctx)), seqs(nb);
+        std::iota(seqs.begin(), seqs.end(), 0);
+        // Sequence i owns blocks [i * W, (i + 1) * W) of the paged cache.
+        const int64_t W = model.attention_shape().table_width;
+        LATTICE_CHECK(model.kv_blocks() >= batch * W, "bench_gpu_decode: KV cache of {} blocks < {}", model.kv_blocks(),
+                      batch * W);
+        std::vector<int32_t> tables(nb * size_t(W));
+        std::iota(tables.begin(), tables.end(), 0);
+        TokenBatch tb{ids.data(), pos.data(), seqs.data(), batch, tables.data(), batch, W};
         std::vector<int64_t> all(nb);
         std::iota(all.begin(), all.end(), 0);
         std::vector<float> logits(nb * size_t(cfg.vocab));

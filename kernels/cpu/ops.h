@@ -1,6 +1,7 @@
 // CPU kernels for the non-GEMM ops of the Llama forward, fp32 activations.
 // Layouts: activations [m, cols] row-major; qkv rows are [q heads | k heads | v heads], each head
-// head_dim contiguous; KV caches are [slots, max_seq, n_kv, head_dim] fp32.
+// head_dim contiguous; KV caches are paged: [num_blocks, block_size, n_kv, head_dim] fp32, position p
+// of sequence s in block block_tables[s * table_width + p / block_size], row p % block_size.
 // Hot loops are compiled for several ISAs (GCC target_clones) and picked by the loader at start-up.
 #pragma once
 
@@ -22,12 +23,16 @@ void embed(float* out, const void* table, DType table_dtype, int64_t table_rows,
 void rope(float* qkv, int64_t m, int64_t row_stride, const int32_t* positions, int64_t n_rot_heads, int64_t head_dim,
           const float* inv_freq, ThreadPool& pool);
 struct AttentionArgs {
-    int64_t n_heads, n_kv, head_dim, max_seq, slots;
+    int64_t n_heads, n_kv, head_dim;
+    int64_t block_size, num_blocks;  // the paged cache
+    const int32_t* block_tables;     // [num_seqs, table_width]
+    int64_t num_seqs, table_width;
     float scale;
 };
-// Stores k/v of each token at [slot, pos], then causal GQA attention; out [m, n_heads * head_dim].
+// Stores k/v of token i (sequence seqs[i], position positions[i]) in its block, then causal GQA
+// attention over positions 0..positions[i] of its sequence; out [m, n_heads * head_dim].
 void attention(float* out, const float* qkv, float* k_cache, float* v_cache, const int32_t* positions,
-               const int32_t* slots, int64_t m, const AttentionArgs& a, ThreadPool& pool);
+               const int32_t* seqs, int64_t m, const AttentionArgs& a, ThreadPool& pool);
 void silu_mul(float* out, const float* gate_up, int64_t m, int64_t f, ThreadPool& pool);
 void add(float* out, const float* a, const float* b, int64_t n);
 

@@ -1,11 +1,12 @@
-// Attention over the paged-by-slot KV cache [slots, max_seq, nkv, hd] (activation dtype).
-//   kv_store:          writes each token's k, v at [slot, pos] (before attention reads the cache).
+// Attention over the paged KV cache [num_blocks, block_size, nkv, hd] (activation dtype): position p
+// of sequence s is row p % block_size of block tables[s * table_width + p / block_size].
+//   kv_store:          writes each token's k, v into its block (before attention reads the cache).
 //   attention_decode:  one block per (KV chunk of kDecodeChunk positions, q head, token); each warp
 //                      streams positions with an online softmax, the block merges its warps, and a
 //                      reduce kernel merges the chunks. The grid depends only on max_seq, so a
 //                      captured decode graph stays valid while sequences grow.
-//   attention_prefill: flash-style: a block owns a tile of <= 32 query rows of one slot and one q
-//                      head, walks the slot's KV in 32-position tiles through shared memory, and
+//   attention_prefill: flash-style: a block owns a tile of <= 32 query rows of one sequence and one
+//                      q head, walks the sequence's KV in 32-position tiles through shared memory, and
 //                      keeps per-row (max, sum, acc) in registers; causal by each row's position.
 // GQA: q head h reads kv head h / (nh / nkv). Scores, softmax and accumulation are fp32; the
 // exp/max bookkeeping is the OnlineSoftmax of kernels/common/llama_math.h.
@@ -20,17 +21,26 @@ namespace {
 constexpr int kMaxR = kMaxHeadDim / 32;  // head dims per lane
 constexpr float kNegInf = -3.402823466e38f;
 
+// Offset (in elements) of position `pos` of batch sequence `seq`, kv head `kvh`; -1 when the table
+// has no block there (the host validated tables; never read or write out of bounds).
+__device__ __forceinline__ int64_t kv_offset(const KvTables& kv, const AttnDims& d, int32_t seq, int64_t pos,
+                                             int64_t kvh) {
+    if (seq < 0 || seq >= kv.num_seqs || pos < 0 || pos >= d.max_seq) return -1;
+    const int32_t block = kv.tables[int64_t(seq) * d.table_width + pos / d.block_size];
+    if (block < 0 || block >= d.num_blocks) return -1;
+    return ((int64_t(block) * d.block_size + pos % d.block_size) * d.n_kv_heads + kvh) * d.head_dim;
+}
+
 template <typename T>
-__global__ void kv_store_kernel(T* kc, T* vc, const T* qkv, const int32_t* positions, const int32_t* slots,
-                                AttnDims d) {
+__global__ void kv_store_kernel(T* kc, T* vc, const T* qkv, const int32_t* positions, const int32_t* seqs,
+                                KvTables kv, AttnDims d) {
     const int64_t i = blockIdx.x;
-    const int32_t pos = positions[i], slot = slots[i];
-    if (pos < 0 || pos >= d.max_seq || slot < 0 || slot >= d.n_slots) return;  // host validated; never write OOB
+    const int64_t base = kv_offset(kv, d, seqs[i], positions[i], 0);
+    if (base < 0) return;
     const int64_t row_len = (d.n_heads + 2 * d.n_kv_heads) * d.head_dim;
     const T* k = qkv + i * row_len + d.n_heads * d.head_dim;
     const T* v = k + d.n_kv_heads * d.head_dim;
     const int64_t kvw = d.n_kv_heads * d.head_dim;
-    const int64_t base = (int64_t(slot) * d.max_seq + pos) * kvw;
     for (int64_t t = threadIdx.x; t < kvw; t += blockDim.x) {
         kc[base + t] = k[t];
         vc[base + t] = v[t];
@@ -42,16 +52,16 @@ constexpr int kDecodeWarps = 4;
 
 template <typename T>
 __global__ void __launch_bounds__(kDecodeWarps * 32)
-    decode_kernel(const T* qkv, const T* kc, const T* vc, const int32_t* positions, const int32_t* slots, AttnDims d,
-                  int splits, float* ws_acc, float* ws_ml) {
+    decode_kernel(const T* qkv, const T* kc, const T* vc, const int32_t* positions, const int32_t* seqs, KvTables kv,
+                  AttnDims d, int splits, float* ws_acc, float* ws_ml) {
     const int64_t token = blockIdx.z;
     const int64_t h = blockIdx.y;
     const int split = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int32_t pos = positions[token], slot = slots[token];
+    const int32_t pos = positions[token], seq = seqs[token];
     const int64_t len = int64_t(pos) + 1;
     const int64_t start = int64_t(split) * kDecodeChunk;
-    if (start >= len || slot < 0 || slot >= d.n_slots || pos >= d.max_seq) return;
+    if (start >= len || seq < 0 || seq >= kv.num_seqs || pos >= d.max_seq) return;
     const int64_t end = min(start + kDecodeChunk, len);
     const int64_t hd = d.head_dim, nkv = d.n_kv_heads;
     const int64_t kvh = h / (d.n_heads / nkv);
@@ -65,11 +75,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
         acc[r] = 0.0f;
     }
     math::OnlineSoftmax st;
-    const T* kbase = kc + (int64_t(slot) * d.max_seq * nkv + kvh) * hd;
-    const T* vbase = vc + (int64_t(slot) * d.max_seq * nkv + kvh) * hd;
     for (int64_t t = start + warp; t < end; t += kDecodeWarps) {
-        const T* kr = kbase + t * nkv * hd;
-        const T* vr = vbase + t * nkv * hd;
+        const int64_t off = kv_offset(kv, d, seq, t, kvh);
+        if (off < 0) continue;  // uniform across the warp
+        const T* kr = kc + off;
+        const T* vr = vc + off;
         float s = 0.0f;
 #pragma unroll
         for (int r = 0; r < kMaxR; ++r) {
@@ -126,12 +136,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
 }
 
 template <typename T>
-__global__ void decode_reduce_kernel(T* out, const int32_t* positions, const int32_t* slots, AttnDims d, int splits,
-                                     const float* ws_acc, const float* ws_ml) {
+__global__ void decode_reduce_kernel(T* out, const int32_t* positions, const int32_t* seqs, KvTables kv, AttnDims d,
+                                     int splits, const float* ws_acc, const float* ws_ml) {
     const int64_t token = blockIdx.y, h = blockIdx.x, hd = d.head_dim;
-    const int32_t pos = positions[token], slot = slots[token];
+    const int32_t pos = positions[token], seq = seqs[token];
     T* o = out + token * d.n_heads * hd + h * hd;
-    const bool valid = pos >= 0 && pos < d.max_seq && slot >= 0 && slot < d.n_slots;
+    const bool valid = pos >= 0 && pos < d.max_seq && seq >= 0 && seq < kv.num_seqs;
     const int n = valid ? int((int64_t(pos) + kDecodeChunk) / kDecodeChunk) : 0;
     const int64_t base = (token * d.n_heads + h) * splits;
     for (int64_t dd = threadIdx.x; dd < hd; dd += blockDim.x) {
@@ -161,7 +171,7 @@ __device__ __forceinline__ float dot_smem(const T* a, const T* b, int64_t hd) {
 template <typename T>
 __global__ void __launch_bounds__(kPrefillWarps * 32)
     prefill_kernel(T* out, const T* qkv, const T* kc, const T* vc, const int32_t* positions, const PrefillTile* tiles,
-                   AttnDims d) {
+                   KvTables kv, AttnDims d) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const PrefillTile tile = tiles[blockIdx.x];
     const int64_t h = blockIdx.y, hd = d.head_dim, nkv = d.n_kv_heads, ld = hd + 2;  // +2: no bank conflicts
@@ -187,15 +197,13 @@ __global__ void __launch_bounds__(kPrefillWarps * 32)
 #pragma unroll
         for (int r = 0; r < kMaxR; ++r) acc[rr][r] = 0.0f;
     }
-    const T* kbase = kc + (int64_t(tile.slot) * d.max_seq * nkv + kvh) * hd;
-    const T* vbase = vc + (int64_t(tile.slot) * d.max_seq * nkv + kvh) * hd;
     for (int64_t kt = 0; kt < tile.kv_len; kt += kKvTile) {
         __syncthreads();
         for (int64_t t = threadIdx.x; t < kKvTile * hd; t += blockDim.x) {
             const int64_t j = t / hd, c = t % hd, p = kt + j;
-            const bool in = p < tile.kv_len;
-            ks[j * ld + c] = in ? kbase[p * nkv * hd + c] : from_f32<T>(0.0f);
-            vs[j * ld + c] = in ? vbase[p * nkv * hd + c] : from_f32<T>(0.0f);
+            const int64_t off = p < tile.kv_len ? kv_offset(kv, d, tile.seq, p, kvh) : -1;
+            ks[j * ld + c] = off >= 0 ? kc[off + c] : from_f32<T>(0.0f);
+            vs[j * ld + c] = off >= 0 ? vc[off + c] : from_f32<T>(0.0f);
         }
         __syncthreads();
 #pragma unroll
@@ -238,7 +246,8 @@ __global__ void __launch_bounds__(kPrefillWarps * 32)
 
 void check_dims(const AttnDims& d, const char* op) {
     KERNEL_CHECK(d.head_dim > 0 && d.head_dim <= kMaxHeadDim && d.head_dim % 2 == 0 && d.n_kv_heads > 0 &&
-                     d.n_heads % d.n_kv_heads == 0 && d.max_seq > 0 && d.n_slots > 0,
+                     d.n_heads % d.n_kv_heads == 0 && d.max_seq > 0 && d.block_size > 0 && d.num_blocks > 0 &&
+                     d.table_width * d.block_size >= d.max_seq,
                  std::string("cuda::") + op + ": unsupported shape heads " + std::to_string(d.n_heads) + "/" +
                      std::to_string(d.n_kv_heads) + ", head_dim " + std::to_string(d.head_dim) +
                      " (even, <= " + std::to_string(kMaxHeadDim) + ")");
@@ -250,13 +259,13 @@ int decode_splits(const AttnDims& d) {
 
 }  // namespace
 
-void kv_store(void* k_cache, void* v_cache, const void* qkv, const int32_t* positions, const int32_t* slots, int64_t m,
-              const AttnDims& d, DType act, cudaStream_t stream) {
+void kv_store(void* k_cache, void* v_cache, const void* qkv, const int32_t* positions, const int32_t* seqs,
+              const KvTables& kv, int64_t m, const AttnDims& d, DType act, cudaStream_t stream) {
     check_dims(d, "kv_store");
     if (m == 0) return;
     LATTICE_DISPATCH_ACT(
         act, kv_store_kernel<T><<<unsigned(m), 256, 0, stream>>>(static_cast<T*>(k_cache), static_cast<T*>(v_cache),
-                                                                 static_cast<const T*>(qkv), positions, slots, d));
+                                                                 static_cast<const T*>(qkv), positions, seqs, kv, d));
     CUDA_CHECK_LAUNCH();
 }
 
@@ -265,8 +274,8 @@ int64_t decode_workspace_floats(int64_t m, const AttnDims& d) {
 }
 
 void attention_decode(void* out, const void* qkv, const void* k_cache, const void* v_cache, const int32_t* positions,
-                      const int32_t* slots, int64_t m, const AttnDims& d, float* workspace, DType act,
-                      cudaStream_t stream) {
+                      const int32_t* seqs, const KvTables& kv, int64_t m, const AttnDims& d, float* workspace,
+                      DType act, cudaStream_t stream) {
     check_dims(d, "attention_decode");
     KERNEL_CHECK(m <= 65535 && d.n_heads <= 65535, "cuda::attention_decode: grid too large");
     if (m == 0) return;
@@ -278,16 +287,17 @@ void attention_decode(void* out, const void* qkv, const void* k_cache, const voi
     LATTICE_DISPATCH_ACT(act, {
         decode_kernel<T><<<grid, kDecodeWarps * 32, 0, stream>>>(
             static_cast<const T*>(qkv), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), positions,
-            slots, d, splits, ws_acc, ws_ml);
+            seqs, kv, d, splits, ws_acc, ws_ml);
         CUDA_CHECK_LAUNCH();
         decode_reduce_kernel<T><<<dim3(unsigned(d.n_heads), unsigned(m)), red_threads, 0, stream>>>(
-            static_cast<T*>(out), positions, slots, d, splits, ws_acc, ws_ml);
+            static_cast<T*>(out), positions, seqs, kv, d, splits, ws_acc, ws_ml);
     });
     CUDA_CHECK_LAUNCH();
 }
 
 void attention_prefill(void* out, const void* qkv, const void* k_cache, const void* v_cache, const int32_t* positions,
-                       const PrefillTile* tiles, int64_t n_tiles, const AttnDims& d, DType act, cudaStream_t stream) {
+                       const PrefillTile* tiles, int64_t n_tiles, const KvTables& kv, const AttnDims& d, DType act,
+                       cudaStream_t stream) {
     check_dims(d, "attention_prefill");
     KERNEL_CHECK(n_tiles <= 0x7fffffff && d.n_heads <= 65535, "cuda::attention_prefill: grid too large");
     if (n_tiles == 0) return;
@@ -298,25 +308,25 @@ void attention_prefill(void* out, const void* qkv, const void* k_cache, const vo
             CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
         prefill_kernel<T><<<grid, kPrefillWarps * 32, smem, stream>>>(
             static_cast<T*>(out), static_cast<const T*>(qkv), static_cast<const T*>(k_cache),
-            static_cast<const T*>(v_cache), positions, tiles, d);
+            static_cast<const T*>(v_cache), positions, tiles, kv, d);
     });
     CUDA_CHECK_LAUNCH();
 }
 
-int64_t build_prefill_tiles(PrefillTile* tiles, const int32_t* positions, const int32_t* slots, int64_t m) {
+int64_t build_prefill_tiles(PrefillTile* tiles, const int32_t* positions, const int32_t* seqs, int64_t m) {
     int64_t n = 0;
     for (int64_t i = 0; i < m; ++i) {
         PrefillTile* cur = n > 0 ? &tiles[n - 1] : nullptr;
-        const bool extend = cur && cur->slot == slots[i] && cur->start + cur->count == i && cur->count < kPrefillRows;
+        const bool extend = cur && cur->seq == seqs[i] && cur->start + cur->count == i && cur->count < kPrefillRows;
         if (extend) {
             KERNEL_CHECK(positions[i] > positions[i - 1],
-                         "attention: token " + std::to_string(i) + " of slot " + std::to_string(slots[i]) +
+                         "attention: token " + std::to_string(i) + " of sequence " + std::to_string(seqs[i]) +
                              " has position " + std::to_string(positions[i]) + " after " +
-                             std::to_string(positions[i - 1]) + " (positions must increase within a slot)");
+                             std::to_string(positions[i - 1]) + " (positions must increase within a sequence)");
             ++cur->count;
             cur->kv_len = positions[i] + 1;
         } else {
-            tiles[n++] = PrefillTile{int32_t(i), 1, slots[i], positions[i] + 1};
+            tiles[n++] = PrefillTile{int32_t(i), 1, seqs[i], positions[i] + 1};
         }
     }
     return n;

@@ -5,10 +5,11 @@
 // Layouts (row-major, rows = tokens of the flattened batch):
 //   activations  [m, n] in `act` = DType::kF16 or DType::kBF16; norms/softmax/accumulation in fp32
 //   qkv          [m, (nh + 2 nkv) * hd]: q heads, then k heads, then v heads
-//   k/v cache    [slots, max_seq, nkv, hd] in `act`
+//   k/v cache    paged: [num_blocks, block_size, nkv, hd] in `act`; position p of sequence s is row
+//                p % block_size of block tables[s * table_width + p / block_size]
 //   int8 GEMM    weights [n_pad, k_pad] int8 (row = output channel, zero padded), activations
 //                [m, k_pad] int8 (zero padded), int32 accumulators [m, n_pad]
-// Token metadata (positions, slots, ids) is int32 on the device.
+// Token metadata (ids, positions, sequence of each token, block tables) is int32 on the device.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -23,17 +24,24 @@ namespace lattice::cuda {
 // so the grid depends only on max_seq and a captured graph stays valid as sequences grow.
 constexpr int kDecodeChunk = 256;
 constexpr int kMaxHeadDim = 256;
-// The tile of query rows one prefill block handles (all of one slot, increasing positions).
+// The tile of query rows one prefill block handles (all of one sequence, increasing positions).
 constexpr int kPrefillRows = 32;
 
 struct AttnDims {
-    int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0, max_seq = 0, n_slots = 0;
+    int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0, max_seq = 0;
+    int64_t block_size = 0, num_blocks = 0, table_width = 0;  // the paged cache
     float scale = 1.0f;
 };
 
-// A run of <= kPrefillRows consecutive tokens of one slot: rows [start, start + count).
+// The paged cache's block tables on the device: [num_seqs, width] block ids.
+struct KvTables {
+    const int32_t* tables = nullptr;
+    int64_t num_seqs = 0;
+};
+
+// A run of <= kPrefillRows consecutive tokens of one sequence: rows [start, start + count).
 struct PrefillTile {
-    int32_t start, count, slot, kv_len;  // kv_len = last row's position + 1
+    int32_t start, count, seq, kv_len;  // kv_len = last row's position + 1
 };
 
 // ---- elementwise / norms (elementwise.cu) ----
@@ -67,21 +75,23 @@ void fill_random(void* out, DType dtype, int64_t n, uint64_t seed, float scale, 
 void convert(void* out, DType out_dtype, const void* in, DType in_dtype, int64_t n, cudaStream_t stream);
 
 // ---- attention (attention.cu) ----
-// Writes k, v of every token into the caches at [slots[i], positions[i]].
-void kv_store(void* k_cache, void* v_cache, const void* qkv, const int32_t* positions, const int32_t* slots, int64_t m,
+// Writes k, v of every token into its sequence's block at positions[i].
+void kv_store(void* k_cache, void* v_cache, const void* qkv, const int32_t* positions, const int32_t* seqs,
+              const KvTables& kv, int64_t m,
               const AttnDims& d, DType act, cudaStream_t stream);
 // One query token per row, any slots: split over the KV length, then a reduce.
 // workspace: decode_workspace_floats(m, d) floats.
 int64_t decode_workspace_floats(int64_t m, const AttnDims& d);
 void attention_decode(void* out, const void* qkv, const void* k_cache, const void* v_cache, const int32_t* positions,
-                      const int32_t* slots, int64_t m, const AttnDims& d, float* workspace, DType act,
+                      const int32_t* seqs, const KvTables& kv, int64_t m, const AttnDims& d, float* workspace, DType act,
                       cudaStream_t stream);
 // Tiled (flash-style) prefill over tiles built by build_prefill_tiles (host).
 void attention_prefill(void* out, const void* qkv, const void* k_cache, const void* v_cache, const int32_t* positions,
-                       const PrefillTile* tiles, int64_t n_tiles, const AttnDims& d, DType act, cudaStream_t stream);
-// Host: splits a batch into tiles (runs of one slot, <= kPrefillRows rows). Returns the count
-// written to `tiles` (capacity >= m). Throws if a slot's positions are not increasing.
-int64_t build_prefill_tiles(PrefillTile* tiles, const int32_t* positions, const int32_t* slots, int64_t m);
+                       const PrefillTile* tiles, int64_t n_tiles, const KvTables& kv, const AttnDims& d, DType act,
+                       cudaStream_t stream);
+// Host: splits a batch into tiles (runs of one sequence, <= kPrefillRows rows). Returns the count
+// written to `tiles` (capacity >= m). Throws if a sequence's positions are not increasing.
+int64_t build_prefill_tiles(PrefillTile* tiles, const int32_t* positions, const int32_t* seqs, int64_t m);
 
 // ---- GEMV for decode (gemv.cu), m <= kGemvMaxRows ----
 constexpr int kGemvMaxRows = 8;

@@ -96,21 +96,29 @@ enum class Op : uint8_t {
 };
 std::string_view op_name(Op op);
 
-// Token metadata of a flattened batch: token i is at `positions[i]` of KV slot `slots[i]`.
-// Tokens of one slot appear in increasing position order.
+// Token metadata of a flattened batch. Token i belongs to sequence seqs[i] (a row of block_tables)
+// and sits at positions[i]; its K/V live in the paged cache at block
+// block_tables[seqs[i] * table_width + positions[i] / block_size], row positions[i] % block_size.
+// Tokens of one sequence appear in increasing position order.
 struct TokenBatch {
     const int32_t* ids = nullptr;
     const int32_t* positions = nullptr;
-    const int32_t* slots = nullptr;
+    const int32_t* seqs = nullptr;
     int64_t count = 0;
+    const int32_t* block_tables = nullptr;  // [num_seqs, table_width], -1: unused
+    int64_t num_seqs = 0;
+    int64_t table_width = 0;                // == AttentionShape::table_width
 };
 
 struct AttentionShape {
     int64_t n_heads = 0;     // query heads on this rank
     int64_t n_kv_heads = 0;  // kv heads on this rank
     int64_t head_dim = 0;
-    int64_t max_seq = 0;  // KV cache positions per slot
-    float scale = 1.0f;   // softmax scale, 1/sqrt(head_dim)
+    int64_t block_size = 16;  // positions per KV block
+    int64_t num_blocks = 0;   // blocks of each layer's cache
+    int64_t table_width = 0;  // entries per block-table row: ceil(max_seq / block_size)
+    int64_t max_seq = 0;      // positions per sequence
+    float scale = 1.0f;       // softmax scale, 1/sqrt(head_dim)
 };
 
 class Backend {
@@ -122,6 +130,8 @@ public:
     virtual bool supports(Op op, DType dtype) const = 0;
     // Host threads this backend computes with (CPU: its pool; devices: 1).
     virtual int threads() const { return 1; }
+    // Bytes this backend could still allocate (CPU: MemAvailable; CUDA: free device memory); 0: unknown.
+    virtual int64_t memory_available() const { return 0; }
     // A communicator over the same ranks as the host group `host` that moves this backend's
     // memory (CUDA: NCCL on the backend's stream), or null when the host group itself is right
     // (CPU, or a group of one rank). Collective over `host`.
@@ -157,8 +167,9 @@ public:
     // Rotates the q heads and the k heads of qkv [m, (nh + 2 nkv) * hd] in place (half-split
     // "rotate_half" pairing, i and i + hd/2); inv_freq [hd/2] f32.
     virtual void rope(const View& qkv, const TokenBatch& batch, const AttentionShape& s, const View& inv_freq) = 0;
-    // Stores k, v of every token into the caches ([slots, max_seq, nkv, hd] each), then
-    // out[i] = softmax(q_i . K[slot_i, 0..pos_i] * scale) . V (causal by position, GQA).
+    // Stores k, v of every token into the paged caches ([num_blocks, block_size, nkv, hd] each), then
+    // out[i] = softmax(q_i . K[seq_i, 0..pos_i] * scale) . V (causal by position, GQA), K/V read
+    // through the sequence's block table.
     virtual void attention(const View& out, const View& qkv, const View& k_cache, const View& v_cache,
                            const TokenBatch& batch, const AttentionShape& s) = 0;
     // out[m, f] = silu(gu[m, f]) * gu[m, F + f] where gu = [gate | up] is [m, 2F].

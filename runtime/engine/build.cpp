@@ -1,10 +1,12 @@
 // The builder (see build.h).
 #include "runtime/engine/build.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
 #include "base/log.h"
 #include "runtime/weights/random_source.h"
-
-#include <chrono>
 
 namespace lattice {
 
@@ -48,13 +50,40 @@ PipelineLinks rank_pipeline_links(const ParallelContext& ctx) {
     return links;
 }
 
+int64_t kv_blocks_for(const Model& model, const Backend& backend, double kv_cache_gb, int64_t max_seqs) {
+    const double per_block = double(model.kv_bytes_per_block());
+    LATTICE_CHECK(kv_cache_gb >= 0 && std::isfinite(kv_cache_gb), "--kv-cache-gb must be >= 0, got {}", kv_cache_gb);
+    double budget = kv_cache_gb * double(int64_t(1) << 30);
+    if (budget == 0) {
+        const double avail = double(backend.memory_available());
+        if (backend.device() == Device::kCpu)
+            budget = std::min(double(int64_t(2) << 30), avail > 0 ? 0.1 * avail : double(int64_t(2) << 30));
+        else
+            budget = 0.9 * avail;
+    }
+    if (per_block <= 0) return 1;  // a stage without layers holds no KV
+    const AttentionShape& a = model.attention_shape();
+    const double useful = double(std::max<int64_t>(max_seqs, 1)) * double(a.table_width);
+    const double blocks = std::min(std::floor(budget / per_block), useful);
+    LATTICE_CHECK(blocks >= 1, "KV cache: {:.3f} GiB holds no block of {:.1f} KiB ({} tokens); raise --kv-cache-gb",
+                  budget / double(int64_t(1) << 30), per_block / 1024, model.attention_shape().block_size);
+    return int64_t(std::min(blocks, double(INT32_MAX)));
+}
+
+std::unique_ptr<Engine> make_local_engine(Model& model, const EngineOptions& opt, double kv_cache_gb) {
+    if (model.kv_blocks() == 0) model.allocate_kv(kv_blocks_for(model, model.backend(), kv_cache_gb, opt.max_seqs));
+    EngineOptions eo = opt;
+    eo.kv_blocks = model.kv_blocks();
+    return std::make_unique<Engine>(model, PipelineLinks{}, eo);
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
 ParallelContext make_context(const BuildOptions& o) {
-    ParallelContext ctx = (o.tp * o.pp > 1 || o.mpi) ? make_parallel_context(o.tp, o.pp, o.comm_timeout)
-                                                     : make_local_context();
+    ParallelContext ctx =
+        (o.tp * o.pp > 1 || o.mpi) ? make_parallel_context(o.tp, o.pp, o.comm_timeout) : make_local_context();
     if (o.on_context) o.on_context(ctx.world);
     return ctx;
 }
@@ -82,14 +111,30 @@ Built build_in(const BuildOptions& o, ParallelContext ctx, const TensorSource& s
     ctx.pp_world = device_group(std::move(ctx.pp_world), *b.backend, "pp", o.comm_timeout, b);
     const ModelOptions mo = rank_model_options(o.model, ctx, src.config().n_layers, o.pp_layers);
     b.model = std::make_unique<Model>(src, *b.backend, mo, ctx.tp.get());
-    b.generator = std::make_unique<Generator>(*b.model, rank_pipeline_links(ctx), o.micro_batch);
+    int64_t blocks =
+        o.kv_blocks > 0 ? o.kv_blocks : kv_blocks_for(*b.model, *b.backend, o.kv_cache_gb, o.engine.max_seqs);
+    if (ctx.world.world > 1) {  // the leader's block ids must exist on every rank
+        std::vector<int64_t> all(size_t(ctx.world.world));
+        ctx.world_comm->all_gather(View::contiguous(all.data(), DType::kI64, {ctx.world.world}),
+                                   View::contiguous(&blocks, DType::kI64, {1}));
+        blocks = *std::min_element(all.begin(), all.end());
+    }
+    b.model->allocate_kv(blocks);
+    EngineOptions eo = o.engine;
+    eo.kv_blocks = blocks;
+    if (o.micro_batch > 0) eo.step_tokens = o.micro_batch;
+    eo.heartbeat_s = std::min(eo.heartbeat_s, o.comm_timeout / 4);
+    b.engine = std::make_unique<Engine>(*b.model, rank_pipeline_links(ctx), eo);
     b.tp_comm = std::move(ctx.tp);
     b.pp_comm = std::move(ctx.pp_world);
     b.world_comm = std::move(ctx.world_comm);
     b.load_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    LOG_INFO("{}: loaded {} on {} in {:.2f} s ({:.1f} MiB of weights on this rank, quant {})", b.world.describe(),
-             src.describe(), b.backend->name(), b.load_seconds, double(b.model->weight_bytes()) / (1 << 20),
-             quant_mode_name(mo.quant));
+    LOG_INFO(
+        "{}: loaded {} on {} in {:.2f} s ({:.1f} MiB of weights on this rank, quant {}; KV cache {} blocks of {} "
+        "= {:.1f} MiB)",
+        b.world.describe(), src.describe(), b.backend->name(), b.load_seconds,
+        double(b.model->weight_bytes()) / (1 << 20), quant_mode_name(mo.quant), blocks,
+        b.model->attention_shape().block_size, double(blocks * b.model->kv_bytes_per_block()) / (1 << 20));
     return b;
 }
 

@@ -1,10 +1,10 @@
 // Sampler implementation (see sampler.h).
 #include "runtime/engine/sampler.h"
 
-#include "base/error.h"
-
 #include <algorithm>
 #include <cmath>
+
+#include "base/error.h"
 
 namespace lattice {
 
@@ -21,13 +21,17 @@ int32_t argmax(const float* x, int64_t n) {
     return int32_t(best);
 }
 
-Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { p_.validate(); }
+Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {
+    p_.validate();
+}
 
 int32_t Sampler::sample(const float* logits, int64_t n) {
     if (p_.temperature == 0.0f) return argmax(logits, n);
     cand_.resize(size_t(n));
     for (int64_t i = 0; i < n; ++i) cand_[size_t(i)] = {logits[i] / p_.temperature, int32_t(i)};
-    auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+    auto by_logit = [](const auto& a, const auto& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+    };
     size_t keep = cand_.size();
     if (p_.top_k > 0 && size_t(p_.top_k) < keep) {
         keep = size_t(p_.top_k);

@@ -77,10 +77,18 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
     if (opt_.max_seq <= 0) opt_.max_seq = std::min<int64_t>(cfg_.max_position, 4096);
     LATTICE_CHECK(opt_.max_seq <= cfg_.max_position, "max sequence {} exceeds max_position_embeddings {}", opt_.max_seq,
                   cfg_.max_position);
-    LATTICE_CHECK(opt_.slots >= 1 && opt_.max_batch_tokens >= 1, "Model: slots and max_batch_tokens must be >= 1");
+    LATTICE_CHECK(opt_.block_size >= 1 && opt_.block_size <= 4096 && opt_.max_batch_tokens >= 1,
+                  "Model: block size {} (1 .. 4096) and max_batch_tokens {} (>= 1)", opt_.block_size,
+                  opt_.max_batch_tokens);
     shard_ = shard_shape(cfg_.dims(), opt_.tp, opt_.tp_rank);
-    attn_ = AttentionShape{shard_.n_heads, shard_.n_kv, cfg_.head_dim, opt_.max_seq,
-                           float(1.0 / std::sqrt(double(cfg_.head_dim)))};
+    attn_.n_heads = shard_.n_heads;
+    attn_.n_kv_heads = shard_.n_kv;
+    attn_.head_dim = cfg_.head_dim;
+    attn_.block_size = opt_.block_size;
+    attn_.num_blocks = 0;  // allocate_kv
+    attn_.table_width = (opt_.max_seq + opt_.block_size - 1) / opt_.block_size;
+    attn_.max_seq = opt_.max_seq;
+    attn_.scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
     const Op ops[] = {Op::kEmbed, Op::kRmsNorm, Op::kAddRmsNorm, Op::kRope, Op::kAttention, Op::kSiluMul, Op::kAdd};
     for (Op op : ops)
         LATTICE_CHECK(be_.supports(op, be_.activation_dtype()), "backend {} does not support {} in {}", be_.name(),
@@ -157,7 +165,6 @@ void Model::load(const TensorSource& src) {
     }
     inv_freq_ = be_.make_f32(View::contiguous(inv.data(), DType::kF32, {int64_t(inv.size())}));
 
-    const DType act = be_.activation_dtype();
     for (int64_t l = opt_.layer_begin; l < opt_.layer_end; ++l) {
         LayerWeights L;
         const std::string q = layer_name(l, "self_attn.q_proj.weight"), k = layer_name(l, "self_attn.k_proj.weight"),
@@ -194,10 +201,25 @@ void Model::load(const TensorSource& src) {
         }
         L.wo = load_linear(src, o, 0, H, s.head0 * hd, s.n_heads * hd, opt_.quant);
         L.w_down = load_linear(src, d, 0, H, s.ffn0, s.ffn, opt_.quant);
-        L.k_cache = be_.alloc(act, {opt_.slots, opt_.max_seq, s.n_kv, hd});
-        L.v_cache = be_.alloc(act, {opt_.slots, opt_.max_seq, s.n_kv, hd});
         layers_.push_back(std::move(L));
     }
+}
+
+int64_t Model::kv_bytes_per_block() const {
+    return int64_t(layers_.size()) * 2 * opt_.block_size * shard_.n_kv * cfg_.head_dim *
+           dtype_size(be_.activation_dtype());
+}
+
+void Model::allocate_kv(int64_t num_blocks) {
+    LATTICE_CHECK(num_blocks >= 1, "KV cache: {} blocks (need >= 1)", num_blocks);
+    const DType act = be_.activation_dtype();
+    for (LayerWeights& L : layers_) {
+        L.k_cache = Buffer{};
+        L.v_cache = Buffer{};
+        L.k_cache = be_.alloc(act, {num_blocks, opt_.block_size, shard_.n_kv, cfg_.head_dim});
+        L.v_cache = be_.alloc(act, {num_blocks, opt_.block_size, shard_.n_kv, cfg_.head_dim});
+    }
+    attn_.num_blocks = num_blocks;
 }
 
 int64_t Model::weight_bytes() const {
@@ -227,11 +249,13 @@ void Model::run_layers(const TokenBatch& batch, const View& hidden) {
     const int64_t T = batch.count;
     LATTICE_CHECK(T >= 1 && T <= opt_.max_batch_tokens && hidden.rows() == T, "run_layers: {} tokens, hidden {}", T,
                   hidden.shape_str());
+    LATTICE_CHECK(attn_.num_blocks > 0 || layers_.empty(), "run_layers before allocate_kv");
     for (int64_t i = 0; i < T; ++i)
-        LATTICE_CHECK(batch.positions[i] >= 0 && batch.positions[i] < opt_.max_seq && batch.slots[i] >= 0 &&
-                          batch.slots[i] < opt_.slots,
-                      "token {} at position {} of slot {} is outside the KV cache ({} positions, {} slots)", i,
-                      batch.positions[i], batch.slots[i], opt_.max_seq, opt_.slots);
+        LATTICE_CHECK(batch.positions[i] >= 0 && batch.positions[i] < opt_.max_seq && batch.seqs[i] >= 0 &&
+                          batch.seqs[i] < batch.num_seqs,
+                      "token {} at position {} of sequence {} is outside the context ({} positions) or the batch's "
+                      "{} block tables",
+                      i, batch.positions[i], batch.seqs[i], opt_.max_seq, batch.num_seqs);
     const float eps = float(cfg_.rms_eps);
     View normed = normed_.view().row_range(0, T), qkv = qkv_.view().row_range(0, T),
          attn = attn_out_.view().row_range(0, T), proj = proj_.view().row_range(0, T),

@@ -9,8 +9,10 @@
 //   padding rows do not exist: their logits are never produced, so they never win sampling).
 // The residual stream [tokens, hidden] is replicated across the TP group.
 //
-// Batches are flattened tokens with (slot, position) each (runtime/backend.h TokenBatch): a prompt
-// prefill is many tokens of one slot; batched decode is one token of several slots.
+// Batches are flattened tokens with (sequence, position) each (runtime/backend/backend.h
+// TokenBatch): prefill chunks of some sequences and decode tokens of others mix freely. K/V live in
+// a paged cache per layer, [kv_blocks, block_size, local kv heads, head_dim], addressed through the
+// batch's block tables (allocate_kv sizes it once the weights are in place).
 #pragma once
 
 #include "parallel/communicator.h"
@@ -30,8 +32,8 @@ namespace lattice {
 struct ModelOptions {
     QuantMode quant = QuantMode::kNone;
     bool quant_head = false;        // also quantize the LM head (embedding stays float)
-    int64_t max_seq = 0;            // KV positions per slot; 0: min(max_position_embeddings, 4096)
-    int64_t slots = 1;              // sequences that can be in flight at once
+    int64_t max_seq = 0;            // positions per sequence; 0: min(max_position_embeddings, 4096)
+    int64_t block_size = 16;        // KV positions per cache block
     int64_t max_batch_tokens = 256; // tokens per forward call (longer prompts are chunked by the caller)
     int tp = 1, tp_rank = 0;
     int64_t layer_begin = 0, layer_end = -1;  // this stage's layers; -1: all
@@ -52,7 +54,7 @@ struct LayerWeights {
     Buffer ffn_norm;   // [hidden] f32
     Linear w_gate_up;  // [2 * ffn_local, hidden]: gate rows then up rows
     Linear w_down;     // [hidden, ffn_local]
-    Buffer k_cache;    // [slots, max_seq, nkv_local, head_dim] activation dtype
+    Buffer k_cache;    // [kv_blocks, block_size, nkv_local, head_dim] activation dtype
     Buffer v_cache;
 };
 
@@ -67,6 +69,12 @@ public:
     const ShardShape& shard() const { return shard_; }
     Backend& backend() { return be_; }
     int64_t max_seq() const { return opt_.max_seq; }
+    const AttentionShape& attention_shape() const { return attn_; }
+    // Bytes of K/V cache one block costs on this rank (every local layer, K and V).
+    int64_t kv_bytes_per_block() const;
+    // (Re)allocates the paged K/V cache of every local layer with `num_blocks` blocks (zeroed).
+    void allocate_kv(int64_t num_blocks);
+    int64_t kv_blocks() const { return attn_.num_blocks; }
     int64_t weight_bytes() const;  // bytes of weights held by this rank
     // Bytes of weights one decode step streams from memory: everything but the embedding table,
     // of which a step reads one row per token (the decode-bandwidth floor's numerator).

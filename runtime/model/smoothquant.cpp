@@ -201,13 +201,19 @@ ActivationStats collect_activation_stats(Model& model, const std::vector<int32_t
         ~Reset() { m.set_observer({}); }
     } reset{model};
     const int64_t T = int64_t(ids.size()), chunk = o.max_batch_tokens;
-    std::vector<int32_t> pos(static_cast<size_t>(chunk)), slots(static_cast<size_t>(chunk), 0);
+    // One sequence at a time through a block table of the first blocks of the cache.
+    const AttentionShape& a = model.attention_shape();
+    const int64_t need = (window + a.block_size - 1) / a.block_size;
+    if (model.kv_blocks() < need) model.allocate_kv(need);
+    std::vector<int32_t> table(static_cast<size_t>(a.table_width), -1);
+    std::iota(table.begin(), table.begin() + need, 0);
+    std::vector<int32_t> pos(static_cast<size_t>(chunk)), seqs(static_cast<size_t>(chunk), 0);
     for (int64_t w0 = 0; w0 < T; w0 += window) {
         const int64_t wn = std::min(window, T - w0);
         for (int64_t b = 0; b < wn; b += chunk) {
             const int64_t n = std::min(chunk, wn - b);
             std::iota(pos.begin(), pos.begin() + n, int32_t(b));
-            TokenBatch batch{ids.data() + w0 + b, pos.data(), slots.data(), n};
+            TokenBatch batch{ids.data() + w0 + b, pos.data(), seqs.data(), n, table.data(), 1, a.table_width};
             View hidden = model.hidden_scratch(n);
             model.embed(batch, hidden);
             model.run_layers(batch, hidden);

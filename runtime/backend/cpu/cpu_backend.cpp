@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <fstream>
 #include <cstdlib>
 #include <cstring>
 
@@ -44,10 +45,20 @@ bool CpuBackend::supports(Op op, DType dtype) const {
 Buffer CpuBackend::alloc_bytes(DType dtype, View v) {
     const size_t bytes = size_t(std::max<int64_t>(v.bytes(), 1));
     const size_t rounded = (bytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded);
-    LATTICE_CHECK(p != nullptr, "CpuBackend: out of memory allocating {} bytes ({} {})", bytes, dtype_name(dtype),
-                  v.shape_str());
-    std::memset(p, 0, rounded);
+    void* p = nullptr;
+    if (rounded >= kMapBytes) {
+        // Fresh anonymous pages are zero and materialize on first touch: a large KV cache costs
+        // resident memory only as sequences fill it.
+        p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        LATTICE_CHECK(p != MAP_FAILED, "CpuBackend: out of memory mapping {} bytes ({} {}): {}", bytes,
+                      dtype_name(dtype), v.shape_str(), std::strerror(errno));
+        mapped_[p] = rounded;
+    } else {
+        p = std::aligned_alloc(64, rounded);
+        LATTICE_CHECK(p != nullptr, "CpuBackend: out of memory allocating {} bytes ({} {})", bytes, dtype_name(dtype),
+                      v.shape_str());
+        std::memset(p, 0, rounded);
+    }
     if (mlock_) LATTICE_CHECK(::mlock(p, rounded) == 0, "--mlock: mlock of {} bytes failed ({}); raise `ulimit -l`",
                               rounded, std::strerror(errno));
     v.data = p;
@@ -58,7 +69,25 @@ Buffer CpuBackend::alloc(DType dtype, std::initializer_list<int64_t> shape) {
     return alloc_bytes(dtype, View::contiguous(nullptr, dtype, shape));
 }
 
-void CpuBackend::free_memory(void* p) { std::free(p); }
+void CpuBackend::free_memory(void* p) {
+    auto it = mapped_.find(p);
+    if (it == mapped_.end()) {
+        std::free(p);
+        return;
+    }
+    ::munmap(p, it->second);
+    mapped_.erase(it);
+}
+
+int64_t CpuBackend::memory_available() const {
+    std::ifstream f("/proc/meminfo");
+    std::string key;
+    int64_t kb = 0;
+    std::string unit;
+    while (f >> key >> kb >> unit)
+        if (key == "MemAvailable:") return kb * 1024;
+    return 0;
+}
 
 void CpuBackend::upload(const View& dst, const void* src) { std::memcpy(dst.data, src, size_t(dst.bytes())); }
 void CpuBackend::download(void* dst, const View& src) { std::memcpy(dst, src.data, size_t(src.bytes())); }
@@ -150,10 +179,14 @@ void CpuBackend::attention(const View& out, const View& qkv, const View& kc, con
                            const AttentionShape& s) {
     check_f32(out, "attention");
     check_f32(qkv, "attention");
-    LATTICE_CHECK(kc.ndim == 4 && kc.dim(1) == s.max_seq && kc.dim(2) == s.n_kv_heads && kc.dim(3) == s.head_dim,
+    LATTICE_CHECK(kc.ndim == 4 && kc.dim(0) == s.num_blocks && kc.dim(1) == s.block_size &&
+                      kc.dim(2) == s.n_kv_heads && kc.dim(3) == s.head_dim && vc.numel() == kc.numel(),
                   "attention: k cache {} does not match the attention shape", kc.shape_str());
-    cpu::AttentionArgs a{s.n_heads, s.n_kv_heads, s.head_dim, s.max_seq, kc.dim(0), s.scale};
-    cpu::attention(out.ptr<float>(), qkv.ptr<float>(), kc.ptr<float>(), vc.ptr<float>(), b.positions, b.slots, b.count,
+    LATTICE_CHECK(b.table_width == s.table_width, "attention: block tables of width {}, the cache's are {}",
+                  b.table_width, s.table_width);
+    cpu::AttentionArgs a{s.n_heads,       s.n_kv_heads, s.head_dim,    s.block_size, s.num_blocks,
+                         b.block_tables, b.num_seqs,   s.table_width, s.scale};
+    cpu::attention(out.ptr<float>(), qkv.ptr<float>(), kc.ptr<float>(), vc.ptr<float>(), b.positions, b.seqs, b.count,
                    a, *pool_);
 }
 

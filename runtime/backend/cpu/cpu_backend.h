@@ -8,6 +8,7 @@
 #include "runtime/backend/backend.h"
 
 #include <memory>
+#include <unordered_map>
 
 namespace lattice {
 
@@ -49,12 +50,15 @@ public:
     void add(const View& out, const View& a, const View& b) override;
     void linear(const View& out, const View& x, const Linear& w) override;
 
+    int64_t memory_available() const override;
     ThreadPool& pool() { return *pool_; }
 
 private:
+    static constexpr size_t kMapBytes = size_t(2) << 20;  // allocations from here on are mmap'ed
     Buffer alloc_bytes(DType dtype, View view_shape);
     std::unique_ptr<ThreadPool> pool_;
     bool mlock_ = false;
+    std::unordered_map<void*, size_t> mapped_;  // mmap'ed allocations and their sizes
 };
 
 }  // namespace lattice

@@ -164,6 +164,13 @@ void CudaBackend::copy(const View& dst, const View& src) {
         CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, size_t(dst.bytes()), cudaMemcpyDeviceToDevice, stream_));
 }
 
+int64_t CudaBackend::memory_available() const {
+    make_current();
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return int64_t(free_b);
+}
+
 std::unique_ptr<Communicator> CudaBackend::make_group_comm(Communicator& host, const std::string& name,
                                                            double timeout_s) {
     if (host.size() == 1) return nullptr;

@@ -8,7 +8,7 @@
 //           m <= 8: GEMV; m > 8: dequantize into a scratch matrix, then the float GEMM.
 //   kW8A8   same storage; x is quantized per token into int8 [m, k_pad] (+ scales [m]);
 //           m <= 8: dp4a GEMV; m > 8: cuBLASLt IMMA (int32 out), then one fused dequant epilogue.
-// Token metadata (ids, positions, slots) is staged in pinned host memory and copied with one
+// Token metadata (ids, positions, sequences, block tables) is staged in pinned host memory and copied with one
 // cudaMemcpyAsync per new batch (skipped when the batch did not change), so a captured graph
 // re-reads it from the same pinned addresses at replay: see CudaGraph below.
 //
@@ -49,6 +49,7 @@ public:
     // NCCL over the host group's ranks, on this backend's stream (null for one rank).
     std::unique_ptr<Communicator> make_group_comm(Communicator& host, const std::string& name,
                                                   double timeout_s) override;
+    int64_t memory_available() const override;
 
     Buffer alloc(DType dtype, std::initializer_list<int64_t> shape) override;
     void free_memory(void* p) override;
@@ -92,9 +93,10 @@ public:
     struct MetaArea {
         int32_t* host = nullptr;
         int32_t* dev = nullptr;
-        int64_t cap = 0;
+        int64_t cap = 0;    // tokens
+        int64_t width = 0;  // block-table entries per sequence
     };
-    MetaArea meta_area() const { return {meta_host_, meta_dev_, meta_cap_}; }
+    MetaArea meta_area() const { return {meta_host_, meta_dev_, meta_cap_, meta_width_}; }
     // Writes batch metadata into `area` without enqueueing a copy (the replayed graph copies it).
     // Returns the number of prefill tiles of the batch.
     int64_t stage_batch_for_replay(const TokenBatch& batch, const MetaArea& area);
@@ -107,7 +109,7 @@ private:
     };
     void* scratch(Scratch& s, size_t bytes, const char* what);
     void ensure_batch(const TokenBatch& batch);
-    // Fills [ids | positions | slots | tiles] for batch at `host`; returns the tile count.
+    // Fills [ids | positions | seqs | tiles | tables] for batch at `host`; returns the tile count.
     static int64_t fill_staging(int32_t* host, const TokenBatch& batch);
     void write_staging(const TokenBatch& batch);
     void check_act(const View& v, const char* op, const char* what) const;
@@ -119,8 +121,11 @@ private:
     std::unique_ptr<cuda::LtGemm> lt_;
     std::string device_name_;
 
-    // Metadata staging: pinned [ids | positions | slots | tiles] and its device mirror.
+    // Metadata staging for m tokens: pinned [ids m | positions m | seqs m | tiles 4m | tables m x width]
+    // and its device mirror.
     int64_t meta_cap_ = 0;
+    int64_t meta_width_ = 0;
+    int64_t meta_seqs_ = 0;
     int32_t* meta_host_ = nullptr;
     int32_t* meta_dev_ = nullptr;
     int64_t meta_count_ = -1;

@@ -1,8 +1,9 @@
 // CudaBackend ops: shape checks on the host, then one or two kernel launches on stream_.
 // Also the token-metadata staging (pinned host -> device, graph-replayable), CudaGraph, and
 // make_cuda_backend(). Layout of the staging area for a batch of m tokens (int32):
-//   [ids m | positions m | slots m | PrefillTile tiles (4 ints each, <= m)]
-// Offsets depend only on m, so a graph captured for m tokens finds the data at replay.
+//   [ids m | positions m | seqs m | PrefillTile tiles (4 ints each, <= m) | block tables m x width]
+// Offsets depend only on m (and the model's table width), so a graph captured for m tokens finds
+// the data at replay; the whole area is copied each time.
 #include <algorithm>
 #include <cstring>
 
@@ -29,26 +30,29 @@ void check_rows_cols(const View& v, int64_t rows, int64_t cols, const char* op, 
 int64_t CudaBackend::fill_staging(int32_t* host, const TokenBatch& b) {
     const int64_t m = b.count;
     int32_t* pos = host + m;
-    int32_t* slots = host + 2 * m;
+    int32_t* seqs = host + 2 * m;
     if (b.ids)
         std::memcpy(host, b.ids, size_t(m) * 4);
     else
         std::memset(host, 0, size_t(m) * 4);
     std::memcpy(pos, b.positions, size_t(m) * 4);
-    std::memcpy(slots, b.slots, size_t(m) * 4);
-    return cuda::build_prefill_tiles(reinterpret_cast<cuda::PrefillTile*>(host + 3 * m), pos, slots, m);
+    std::memcpy(seqs, b.seqs, size_t(m) * 4);
+    if (b.num_seqs > 0) std::memcpy(host + 7 * m, b.block_tables, size_t(b.num_seqs * b.table_width) * 4);
+    return cuda::build_prefill_tiles(reinterpret_cast<cuda::PrefillTile*>(host + 3 * m), pos, seqs, m);
 }
 
 void CudaBackend::write_staging(const TokenBatch& b) {
     meta_tiles_ = fill_staging(meta_host_, b);
     meta_count_ = b.count;
+    meta_seqs_ = b.num_seqs;
 }
 
 void CudaBackend::ensure_batch(const TokenBatch& b) {
     const int64_t m = b.count;
-    LATTICE_CHECK(m >= 0 && m <= (int64_t(1) << 26) && (m == 0 || (b.positions && b.slots)),
-                  "CudaBackend: token batch of {} tokens without positions/slots", m);
-    if (m > meta_cap_) {
+    LATTICE_CHECK(m >= 0 && m <= (int64_t(1) << 26) && (m == 0 || (b.positions && b.seqs)) && b.num_seqs >= 0 &&
+                      b.num_seqs <= m && b.table_width >= 0 && (b.num_seqs == 0 || b.block_tables),
+                  "CudaBackend: token batch of {} tokens without positions, sequences or block tables", m);
+    if (m > meta_cap_ || b.table_width > meta_width_) {
         LATTICE_CHECK(!capturing_,
                       "CudaBackend: token metadata must grow during graph capture; run one eager step "
                       "of this batch size first");
@@ -63,17 +67,20 @@ void CudaBackend::ensure_batch(const TokenBatch& b) {
         meta_host_ = nullptr;
         meta_dev_ = nullptr;
         const int64_t cap = std::max<int64_t>({m, 2 * meta_cap_, 64});
-        CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&meta_host_), size_t(cap) * 7 * 4));
-        CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&meta_dev_), size_t(cap) * 7 * 4));
+        const int64_t width = std::max(meta_width_, b.table_width);
+        CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&meta_host_), size_t(cap * (7 + width)) * 4));
+        CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&meta_dev_), size_t(cap * (7 + width)) * 4));
         meta_cap_ = cap;
+        meta_width_ = width;
         meta_valid_ = false;
         meta_count_ = -1;
     }
     auto same = [&] {
-        if (meta_count_ != m) return false;
+        if (meta_count_ != m || meta_seqs_ != b.num_seqs) return false;
         const size_t bytes = size_t(m) * 4;
         if (std::memcmp(meta_host_ + m, b.positions, bytes) != 0 ||
-            std::memcmp(meta_host_ + 2 * m, b.slots, bytes) != 0)
+            std::memcmp(meta_host_ + 2 * m, b.seqs, bytes) != 0 ||
+            std::memcmp(meta_host_ + 7 * m, b.block_tables, size_t(b.num_seqs * b.table_width) * 4) != 0)
             return false;
         if (b.ids) return std::memcmp(meta_host_, b.ids, bytes) == 0;
         for (int64_t i = 0; i < m; ++i)
@@ -89,7 +96,7 @@ void CudaBackend::ensure_batch(const TokenBatch& b) {
         CUDA_CHECK(cudaEventSynchronize(meta_event_));  // the previous copy from the pinned area is done
         write_staging(b);
     }
-    const size_t bytes = size_t(3 * m + 4 * meta_tiles_) * 4;
+    const size_t bytes = size_t(m * (7 + b.table_width)) * 4;
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(meta_dev_, meta_host_, bytes, cudaMemcpyHostToDevice, stream_));
     if (!capturing_) {
         CUDA_CHECK(cudaEventRecord(meta_event_, stream_));
@@ -113,8 +120,8 @@ void CudaBackend::end_capture() {
 }
 
 int64_t CudaBackend::stage_batch_for_replay(const TokenBatch& b, const MetaArea& area) {
-    LATTICE_CHECK(b.count <= area.cap && (b.count == 0 || (b.positions && b.slots)),
-                  "CudaGraph::replay: batch of {} tokens", b.count);
+    LATTICE_CHECK(b.count <= area.cap && b.table_width <= area.width && (b.count == 0 || (b.positions && b.seqs)),
+                  "CudaGraph::replay: batch of {} tokens (block tables of width {})", b.count, b.table_width);
     CUDA_CHECK(cudaEventSynchronize(meta_event_));  // all earlier copies from any staging area are done
     if (area.host == meta_host_) {
         write_staging(b);
@@ -181,28 +188,47 @@ void CudaBackend::attention(const View& out, const View& qkv, const View& k_cach
     check_act(v_cache, "attention", "v_cache");
     check_rows_cols(qkv, m, (s.n_heads + 2 * s.n_kv_heads) * s.head_dim, "attention", "qkv");
     check_rows_cols(out, m, s.n_heads * s.head_dim, "attention", "out");
-    LATTICE_CHECK(k_cache.ndim == 4 && k_cache.shape[1] == s.max_seq && k_cache.shape[2] == s.n_kv_heads &&
-                      k_cache.shape[3] == s.head_dim && v_cache.numel() == k_cache.numel(),
-                  "CudaBackend::attention: cache {} does not match [slots, {}, {}, {}]", k_cache.shape_str(), s.max_seq,
-                  s.n_kv_heads, s.head_dim);
-    const int64_t n_slots = k_cache.shape[0];
-    for (int64_t i = 0; i < m; ++i)
-        LATTICE_CHECK(batch.positions[i] >= 0 && batch.positions[i] < s.max_seq && batch.slots[i] >= 0 &&
-                          batch.slots[i] < n_slots,
-                      "CudaBackend::attention: token {} at position {} of slot {} is outside the cache [{} slots, {} "
-                      "positions]",
-                      i, batch.positions[i], batch.slots[i], n_slots, s.max_seq);
+    LATTICE_CHECK(k_cache.ndim == 4 && k_cache.shape[0] == s.num_blocks && k_cache.shape[1] == s.block_size &&
+                      k_cache.shape[2] == s.n_kv_heads && k_cache.shape[3] == s.head_dim &&
+                      v_cache.numel() == k_cache.numel() && batch.table_width == s.table_width,
+                  "CudaBackend::attention: cache {} (tables of width {}) does not match [{}, {}, {}, {}] (width {})",
+                  k_cache.shape_str(), batch.table_width, s.num_blocks, s.block_size, s.n_kv_heads, s.head_dim,
+                  s.table_width);
+    // Every position a token touches must be in a block of the cache (the kernels also guard).
+    for (int64_t i = 0; i < m; ++i) {
+        const int32_t p = batch.positions[i], q = batch.seqs[i];
+        LATTICE_CHECK(p >= 0 && p < s.max_seq && q >= 0 && q < batch.num_seqs,
+                      "CudaBackend::attention: token {} at position {} of sequence {} is outside the context ({} "
+                      "positions) or the {} block tables",
+                      i, p, q, s.max_seq, batch.num_seqs);
+        const int32_t* row = batch.block_tables + int64_t(q) * s.table_width;
+        for (int64_t b = 0; b <= p / s.block_size; ++b)
+            LATTICE_CHECK(row[b] >= 0 && row[b] < s.num_blocks,
+                          "CudaBackend::attention: token {} reads block {} (entry {} of sequence {}), the cache has "
+                          "{} blocks",
+                          i, row[b], b, q, s.num_blocks);
+    }
     ensure_batch(batch);
-    cuda::AttnDims d{s.n_heads, s.n_kv_heads, s.head_dim, s.max_seq, n_slots, s.scale};
+    cuda::AttnDims d;
+    d.n_heads = s.n_heads;
+    d.n_kv_heads = s.n_kv_heads;
+    d.head_dim = s.head_dim;
+    d.max_seq = s.max_seq;
+    d.block_size = s.block_size;
+    d.num_blocks = s.num_blocks;
+    d.table_width = s.table_width;
+    d.scale = s.scale;
     const int32_t* pos = meta_dev_ + m;
-    const int32_t* slots = meta_dev_ + 2 * m;
-    cuda::kv_store(k_cache.data, v_cache.data, qkv.data, pos, slots, m, d, act_, stream_);
+    const int32_t* seqs = meta_dev_ + 2 * m;
+    const cuda::KvTables kv{meta_dev_ + 7 * m, batch.num_seqs};
+    cuda::kv_store(k_cache.data, v_cache.data, qkv.data, pos, seqs, kv, m, d, act_, stream_);
     if (meta_tiles_ == m) {  // every tile is one token: decode (graph-stable grid)
         float* ws = static_cast<float*>(scratch(attn_ws_, size_t(cuda::decode_workspace_floats(m, d)) * 4, "attn"));
-        cuda::attention_decode(out.data, qkv.data, k_cache.data, v_cache.data, pos, slots, m, d, ws, act_, stream_);
+        cuda::attention_decode(out.data, qkv.data, k_cache.data, v_cache.data, pos, seqs, kv, m, d, ws, act_,
+                               stream_);
     } else {
         const auto* tiles = reinterpret_cast<const cuda::PrefillTile*>(meta_dev_ + 3 * m);
-        cuda::attention_prefill(out.data, qkv.data, k_cache.data, v_cache.data, pos, tiles, meta_tiles_, d, act_,
+        cuda::attention_prefill(out.data, qkv.data, k_cache.data, v_cache.data, pos, tiles, meta_tiles_, kv, d, act_,
                                 stream_);
     }
 }

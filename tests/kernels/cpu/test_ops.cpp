@@ -71,18 +71,20 @@ TEST_CASE("rope rotates q and k heads in half-split pairs and leaves v alone") {
     }
 }
 
-TEST_CASE("attention: causal GQA over two slots equals a naive softmax") {
+TEST_CASE("attention: causal GQA over two sequences of a paged cache equals a naive softmax") {
     std::mt19937 rng(3);
     ThreadPool pool(3, false);
-    const int64_t hd = 12, nh = 6, nkv = 2, max_seq = 16, slots = 2;
+    const int64_t hd = 12, nh = 6, nkv = 2, block = 2, width = 3, blocks = 7;
     const int64_t row = (nh + 2 * nkv) * hd;
-    // Slot 1 gets a 5-token prompt; slot 0 a 3-token prompt; tokens interleaved in one batch.
+    // Sequence 1 gets a 5-token prompt; sequence 0 a 3-token prompt; tokens interleaved in one batch.
+    // Blocks of 2 positions, scattered: sequence 0 uses blocks 5, 0; sequence 1 uses 3, 6, 1.
     std::vector<int32_t> pos = {0, 0, 1, 1, 2, 2, 3, 4}, slot = {1, 0, 1, 0, 1, 0, 1, 1};
+    const std::vector<int32_t> tables = {5, 0, -1, 3, 6, 1};
     const int64_t m = int64_t(pos.size());
     auto qkv = rand_vec(size_t(m * row), rng, -2, 2);
-    std::vector<float> kc(size_t(slots * max_seq * nkv * hd), 0.0f), vc = kc;
+    std::vector<float> kc(size_t(blocks * block * nkv * hd), 0.0f), vc = kc;
     std::vector<float> out(size_t(m * nh * hd), std::nanf(""));
-    cpu::AttentionArgs a{nh, nkv, hd, max_seq, slots, 1.0f / std::sqrt(float(hd))};
+    cpu::AttentionArgs a{nh, nkv, hd, block, blocks, tables.data(), 2, width, 1.0f / std::sqrt(float(hd))};
     cpu::attention(out.data(), qkv.data(), kc.data(), vc.data(), pos.data(), slot.data(), m, a, pool);
     for (int64_t t = 0; t < m; ++t)
         for (int64_t h = 0; h < nh; ++h) {
@@ -110,13 +112,24 @@ TEST_CASE("attention: causal GQA over two slots equals a naive softmax") {
         }
 }
 
-TEST_CASE("attention rejects positions outside the cache") {
+TEST_CASE("attention rejects positions beyond the block tables and blocks outside the cache") {
     ThreadPool pool(1, false);
-    std::vector<float> qkv(3 * 4, 0.0f), kc(4 * 4, 0.0f), vc = kc, out(4, 0.0f);
-    int32_t pos = 4, slot = 0;
-    cpu::AttentionArgs a{1, 1, 4, 4, 1, 0.5f};
-    CHECK_THROWS_WITH(cpu::attention(out.data(), qkv.data(), kc.data(), vc.data(), &pos, &slot, 1, a, pool),
-                      doctest::Contains("outside the KV cache"));
+    std::vector<float> qkv(3 * 4, 0.0f), kc(2 * 2 * 4, 0.0f), vc = kc, out(4, 0.0f);
+    std::vector<int32_t> tables = {0, 1};  // one sequence, 2 blocks of 2 positions
+    int32_t pos = 4, seq = 0;
+    cpu::AttentionArgs a{1, 1, 4, 2, 2, tables.data(), 1, 2, 0.5f};
+    CHECK_THROWS_WITH(cpu::attention(out.data(), qkv.data(), kc.data(), vc.data(), &pos, &seq, 1, a, pool),
+                      doctest::Contains("outside the block tables"));
+    pos = 3;
+    tables[1] = 2;  // the cache has blocks 0 and 1
+    CHECK_THROWS_WITH(cpu::attention(out.data(), qkv.data(), kc.data(), vc.data(), &pos, &seq, 1, a, pool),
+                      doctest::Contains("reads block 2"));
+    tables[1] = -1;  // no block where the token's position lies
+    CHECK_THROWS_WITH(cpu::attention(out.data(), qkv.data(), kc.data(), vc.data(), &pos, &seq, 1, a, pool),
+                      doctest::Contains("reads block -1"));
+    seq = 1;  // no such sequence
+    CHECK_THROWS_WITH(cpu::attention(out.data(), qkv.data(), kc.data(), vc.data(), &pos, &seq, 1, a, pool),
+                      doctest::Contains("outside the block tables"));
 }
 
 TEST_CASE("silu_mul and embed with a vocab-parallel offset") {

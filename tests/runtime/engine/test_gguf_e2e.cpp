@@ -3,20 +3,20 @@
 // does; and the built-in default model (SmolLM2-135M-Instruct Q4_1, models/ of the checkout) must
 // actually model English: mean NLL per token of a fixed paragraph far below log(vocab) = 10.8.
 // Separate executable from test_gguf so the parser tests do not depend on the engine.
-#include "tests/test_paths.h"
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <filesystem>
 
 #include "runtime/backend/cpu/cpu_backend.h"
-#include "runtime/engine/generator.h"
-#include "runtime/weights/gguf.h"
+#include "runtime/engine/build.h"
 #include "runtime/model/model.h"
-#include "runtime/weights/tensor_source.h"
 #include "runtime/tokenizer/tokenizer.h"
+#include "runtime/weights/gguf.h"
+#include "runtime/weights/tensor_source.h"
 #include "tests/runtime/model/golden.h"
 #include "tests/runtime/model/nll.h"
+#include "tests/test_paths.h"
 
 using namespace lattice;
 using namespace lattice::testing;
@@ -57,9 +57,9 @@ TEST_CASE("default model: SmolLM2-135M-Instruct Q4_1 models English") {
     ModelOptions mo;
     mo.max_seq = 256;
     Model model(*src, be, mo, nullptr);
-    Generator gen(model);
+    auto gen = make_local_engine(model);
     const int64_t V = src->config().vocab;
-    std::vector<float> logits = gen.score(ids);
+    std::vector<float> logits = gen->score(ids);
     REQUIRE(logits.size() == ids.size() * size_t(V));
     const double nll = mean_nll(logits, ids, V);
     MESSAGE("SmolLM2 mean NLL " << nll << " nats/token over " << ids.size() - 1
@@ -87,12 +87,12 @@ TEST_CASE("default model: greedy chat answer is the recorded English sentence (1
         ModelOptions mo;
         mo.max_seq = 256;
         Model model(*src, be, mo, nullptr);
-        Generator gen(model);
+        auto gen = make_local_engine(model);
         GenerateRequest req;
         req.prompt = ids;
         req.max_new_tokens = 16;
         req.ignore_eos = true;
-        std::vector<int32_t> out = gen.generate(req).tokens;
+        std::vector<int32_t> out = gen->generate(req).tokens;
         std::string text = tok->decode(out);
         CAPTURE(text);
         CHECK(out == kRecorded);

@@ -3,15 +3,13 @@
 // one micro-batch and with many (1 token each); plus vocab padding (vocab % tp != 0, random
 // weights), tp > kv heads, and layout errors that every rank reports without hanging.
 // Run under mpirun -np 2 and -np 4 (CTest).
-#include "tests/runtime/model/golden.h"
+#include <doctest/doctest.h>
+#include <mpi.h>
 
 #include "parallel/mpi_session.h"
 #include "runtime/engine/build.h"
 #include "runtime/weights/random_source.h"
-
-#include <doctest/doctest.h>
-
-#include <mpi.h>
+#include "tests/runtime/model/golden.h"
 
 using namespace lattice;
 using namespace lattice::testing;
@@ -23,13 +21,12 @@ struct Result {
     std::vector<int32_t> tokens;
 };
 
-BuildOptions layout_options(int tp, int pp, int64_t micro = 0, int64_t slots = 1) {
+BuildOptions layout_options(int tp, int pp, int64_t micro = 0) {
     BuildOptions o;
     o.tp = tp;
     o.pp = pp;
     o.mpi = true;
     o.micro_batch = micro;
-    o.model.slots = slots;
     o.comm_timeout = 30.0;
     o.backend.kind = BackendKind::kCpu;
     o.backend.threads = 1;
@@ -42,8 +39,8 @@ Result run_layout(const TensorSource& src, int tp, int pp, const std::vector<int
     Built b = build(layout_options(tp, pp, micro), src);
     if (world_rank) *world_rank = b.world.rank;
     Result r;
-    r.logits = b.generator->score(prompt);
-    r.tokens = b.generator->generate(GenerateRequest{prompt, n_new, {}, true, {}}).tokens;
+    r.logits = b.engine->score(prompt);
+    r.tokens = b.engine->generate(GenerateRequest{prompt, n_new, {}, true, {}}).tokens;
     return r;
 }
 
@@ -53,8 +50,8 @@ Result run_single(const TensorSource& src, const std::vector<int32_t>& prompt, i
     o.mpi = false;
     Built b = build(o, src);
     Result r;
-    r.logits = b.generator->score(prompt);
-    r.tokens = b.generator->generate(GenerateRequest{prompt, n_new, {}, true, {}}).tokens;
+    r.logits = b.engine->score(prompt);
+    r.tokens = b.engine->generate(GenerateRequest{prompt, n_new, {}, true, {}}).tokens;
     return r;
 }
 
@@ -175,7 +172,7 @@ TEST_CASE("several sequences in flight (pipelined decode) equal their single-seq
         BuildOptions o = layout_options(1, 1);
         o.mpi = false;
         Built b = build(o, *src);
-        for (const auto& r : reqs) want.push_back(b.generator->generate(r).tokens);
+        for (const auto& r : reqs) want.push_back(b.engine->generate(r).tokens);
     }
     CHECK(want[0] == cases[0].greedy);
     CHECK(want[1].size() <= 6);  // stopped at the stop id
@@ -185,9 +182,9 @@ TEST_CASE("several sequences in flight (pipelined decode) equal their single-seq
         if (!layout_fits(src->config(), tp, pp)) continue;
         CAPTURE(tp);
         CAPTURE(pp);
-        Built b = build(layout_options(tp, pp, 2, 3), *src);
+        Built b = build(layout_options(tp, pp, 2), *src);
         GenerateStats st;
-        std::vector<GenerateResult> got = b.generator->generate_batch(reqs, {}, &st);
+        std::vector<GenerateResult> got = b.engine->generate_batch(reqs, {}, &st);
         for (size_t i = 0; i < reqs.size(); ++i) CHECK(got[i].tokens == want[i]);
         CHECK(st.generated_tokens == int64_t(want[0].size() + want[1].size() + want[2].size()));
         CHECK(st.sequences == 3);

@@ -3,10 +3,6 @@
 // distribution (temperature softmax, renormalized top-k set, renormalized top-p nucleus) with a
 // chi-square test at a 1e-4 false-alarm level. Seeds are fixed, so every run draws the same tokens:
 // the statistics decide once whether the algorithm is right, they do not flake.
-#include "runtime/engine/sampler.h"
-
-#include "base/error.h"
-
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -14,6 +10,9 @@
 #include <map>
 #include <numeric>
 #include <vector>
+
+#include "base/error.h"
+#include "runtime/engine/sampler.h"
 
 using namespace lattice;
 

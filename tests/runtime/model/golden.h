@@ -3,7 +3,7 @@
 #pragma once
 
 #include "runtime/backend/cpu/cpu_backend.h"
-#include "runtime/engine/generator.h"
+#include "runtime/engine/build.h"
 #include "runtime/model/model.h"
 #include "runtime/weights/safetensors.h"
 #include "runtime/weights/tensor_source.h"
@@ -71,13 +71,13 @@ inline void check_golden_model(const std::string& path, const std::vector<Golden
     ModelOptions mo;
     mo.max_batch_tokens = batch_tokens;
     Model model(*src, be, mo, nullptr);
-    Generator gen(model);
+    auto gen = make_local_engine(model);
     const int64_t V = src->config().vocab;
     for (size_t ci = 0; ci < cases.size(); ++ci) {
         const GoldenCase& c = cases[ci];
         CAPTURE(path);
         CAPTURE(ci);
-        std::vector<float> logits = gen.score(c.prompt);
+        std::vector<float> logits = gen->score(c.prompt);
         REQUIRE(c.logits.size() == c.prompt.size() * size_t(V));
         REQUIRE(logits.size() == c.logits.size());
         CHECK(rel_error(logits.data(), c.logits.data(), logits.size()) < 1e-4);
@@ -85,7 +85,7 @@ inline void check_golden_model(const std::string& path, const std::vector<Golden
         req.prompt = c.prompt;
         req.max_new_tokens = int64_t(c.greedy.size());
         req.ignore_eos = true;
-        CHECK(gen.generate(req).tokens == c.greedy);
+        CHECK(gen->generate(req).tokens == c.greedy);
     }
 }
 

@@ -11,7 +11,7 @@
 
 #include "kernels/common/quantize.h"
 #include "runtime/backend/cpu/cpu_backend.h"
-#include "runtime/engine/generator.h"
+#include "runtime/engine/build.h"
 #include "runtime/model/model.h"
 #include "runtime/weights/tensor_source.h"
 
@@ -103,9 +103,9 @@ inline std::vector<std::vector<float>> score_all(const TensorSource& src, const 
                                                  const std::vector<std::vector<int32_t>>& prompts, int threads = 2) {
     CpuBackend be(CpuBackendOptions{threads, false, false});
     Model model(src, be, mo, nullptr);
-    Generator gen(model);
+    auto gen = make_local_engine(model);
     std::vector<std::vector<float>> out;
-    for (const auto& p : prompts) out.push_back(gen.score(p));
+    for (const auto& p : prompts) out.push_back(gen->score(p));
     return out;
 }
 

@@ -4,7 +4,7 @@
 #include "tests/runtime/model/golden.h"
 
 #include "runtime/backend/cpu/cpu_backend.h"
-#include "runtime/engine/generator.h"
+#include "runtime/engine/build.h"
 #include "runtime/model/model.h"
 #include "runtime/weights/tensor_source.h"
 
@@ -31,28 +31,32 @@ TEST_CASE("incremental decode with the KV cache equals a fresh forward of the lo
         CAPTURE(m);
         auto src = open_model(golden_dir(m));
         CpuBackend be(CpuBackendOptions{2, false, false});
-        ModelOptions mo;
-        mo.slots = 2;
-        Model model(*src, be, mo, nullptr);
+        Model model(*src, be, ModelOptions{}, nullptr);
+        const AttentionShape& a = model.attention_shape();
+        const int64_t per_seq = (64 + a.block_size - 1) / a.block_size;
+        model.allocate_kv(2 * per_seq);
+        // Sequence 0 uses the first blocks of the paged cache, sequence 1 the next ones.
+        std::vector<int32_t> table0(size_t(a.table_width), -1), table1(size_t(a.table_width), -1);
+        for (int64_t b = 0; b < per_seq; ++b) table0[size_t(b)] = int32_t(b), table1[size_t(b)] = int32_t(per_seq + b);
         const int64_t V = src->config().vocab;
         std::vector<int32_t> seq = load_golden(m)[0].prompt;
         std::vector<float> step_logits(static_cast<size_t>(V)), full(size_t(V) * 64);
-        // Prefill slot 0.
+        // Prefill sequence 0.
         {
-            std::vector<int32_t> pos(seq.size()), slot(seq.size(), 0);
+            std::vector<int32_t> pos(seq.size()), s0(seq.size(), 0);
             for (size_t i = 0; i < seq.size(); ++i) pos[i] = int32_t(i);
-            model.forward(TokenBatch{seq.data(), pos.data(), slot.data(), int64_t(seq.size())},
+            model.forward(TokenBatch{seq.data(), pos.data(), s0.data(), int64_t(seq.size()), table0.data(), 1, a.table_width},
                           {int64_t(seq.size()) - 1}, step_logits.data());
         }
         for (int step = 0; step < 8; ++step) {
             int32_t next = int32_t((step * 37 + 11) % V);
             seq.push_back(next);
-            int32_t pos = int32_t(seq.size() - 1), slot = 0;
-            model.forward(TokenBatch{&next, &pos, &slot, 1}, {0}, step_logits.data());
-            // Fresh full forward of the whole sequence in slot 1.
-            std::vector<int32_t> fpos(seq.size()), fslot(seq.size(), 1);
+            int32_t pos = int32_t(seq.size() - 1), s0 = 0;
+            model.forward(TokenBatch{&next, &pos, &s0, 1, table0.data(), 1, a.table_width}, {0}, step_logits.data());
+            // Fresh full forward of the whole sequence as sequence 1.
+            std::vector<int32_t> fpos(seq.size()), fs(seq.size(), 0);
             for (size_t i = 0; i < seq.size(); ++i) fpos[i] = int32_t(i);
-            model.forward(TokenBatch{seq.data(), fpos.data(), fslot.data(), int64_t(seq.size())},
+            model.forward(TokenBatch{seq.data(), fpos.data(), fs.data(), int64_t(seq.size()), table1.data(), 1, a.table_width},
                           {int64_t(seq.size()) - 1}, full.data());
             CHECK(rel_error(step_logits.data(), full.data(), size_t(V)) < 1e-5);
         }

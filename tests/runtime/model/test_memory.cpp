@@ -80,7 +80,7 @@ TEST_CASE("tp 2 x pp 2: every rank holds and maps in about a quarter of the weig
             mine = b.model->weight_bytes();
             rss1 = resident_bytes();
             // The layout still generates (every rank holds a working shard).
-            CHECK(b.generator->generate(GenerateRequest{{1, 2, 3}, 4, {}, true, {}}).tokens.size() == 4);
+            CHECK(b.engine->generate(GenerateRequest{{1, 2, 3}, 4, {}, true, {}}).tokens.size() == 4);
         }
         std::vector<int64_t> all(4);
         MPI_Allgather(&mine, 1, MPI_INT64_T, all.data(), 1, MPI_INT64_T, MPI_COMM_WORLD);

@@ -11,7 +11,7 @@
 #include <filesystem>
 
 #include "runtime/backend/cpu/cpu_backend.h"
-#include "runtime/engine/generator.h"
+#include "runtime/engine/build.h"
 #include "runtime/model/model.h"
 #include "runtime/model/smoothquant.h"
 #include "runtime/tokenizer/tokenizer.h"
@@ -59,8 +59,8 @@ std::string model_path() {
 double nll_of(const TensorSource& src, const ModelOptions& mo, const std::vector<int32_t>& ids) {
     CpuBackend be(CpuBackendOptions{2, false, false});
     Model model(src, be, mo, nullptr);
-    Generator gen(model);
-    return mean_nll(gen.score(ids), ids, src.config().vocab);
+    auto gen = make_local_engine(model);
+    return mean_nll(gen->score(ids), ids, src.config().vocab);
 }
 
 }  // namespace

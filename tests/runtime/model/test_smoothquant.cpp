@@ -188,7 +188,7 @@ TEST_CASE("observer: layer 0 attention input is rmsnorm(embedding) * g; every la
     const std::vector<float>& got = st.max_abs(0, kSmoothAttn);
     CHECK(rel_error(got.data(), expect.data(), size_t(H)) < 1e-5);
     // The observer is removed afterwards, and a quantized or smoothed model is refused.
-    Generator(model).score({1, 2, 3});
+    make_local_engine(model)->score({1, 2, 3});
     Model q(*src, be, quant_options(QuantMode::kW8A8), nullptr);
     CHECK_THROWS_AS(collect_activation_stats(q, ids, 64), Error);
 }

@@ -55,7 +55,7 @@ TEST_CASE("smoothed model: tp 2 and pp 2 equal the single-rank smoothed run") {
             o.backend.threads = 1;
             o.backend.pin = false;
             Built b = build(o, src);
-            std::vector<float> got = b.generator->score(prompt);
+            std::vector<float> got = b.engine->score(prompt);
             if (b.world.rank == 0) {
                 REQUIRE(got.size() == want.size());
                 CHECK(rel_error(got.data(), want.data(), want.size()) < 1e-5);

@@ -4,7 +4,7 @@
 
 #include "base/error.h"
 #include "runtime/backend/cpu/cpu_backend.h"
-#include "runtime/engine/generator.h"
+#include "runtime/engine/build.h"
 #include "runtime/model/model.h"
 #include "runtime/weights/safetensors.h"
 #include "runtime/weights/tensor_source.h"
@@ -200,15 +200,15 @@ TEST_CASE("prompt too long for the context and token ids outside the vocab") {
     auto src = open_model(golden_dir("tiny-llama2"));
     CpuBackend be(CpuBackendOptions{1, false, false});
     Model model(*src, be, ModelOptions{}, nullptr);
-    Generator gen(model);
+    auto gen = make_local_engine(model);
     GenerateRequest req;
     req.prompt.assign(257, 5);  // max_position_embeddings is 256
-    std::string e = error_of([&] { gen.generate(req); });
+    std::string e = error_of([&] { gen->generate(req); });
     CHECK(contains(e, "longer than the model's context"));
     req.prompt = {1, 320, 3};
-    e = error_of([&] { gen.generate(req); });
+    e = error_of([&] { gen->generate(req); });
     CHECK(contains(e, "320"));
     CHECK(contains(e, "outside the vocab"));
     req.prompt = {1, -1};
-    CHECK(contains(error_of([&] { gen.score(req.prompt); }), "outside the vocab"));
+    CHECK(contains(error_of([&] { gen->score(req.prompt); }), "outside the vocab"));
 }

@@ -113,7 +113,6 @@ ModelConfig tiny_config() {
 
 Built build_tiny(const TensorSource& src, BackendKind kind, DType act) {
     BuildOptions o;
-    o.model.slots = 2;
     o.model.max_seq = 80;
     o.model.max_batch_tokens = 72;
     o.backend.kind = kind;
@@ -145,11 +144,17 @@ TEST_CASE("Model on CudaBackend == CpuBackend (prefill, decode, graph replay)" *
         Model& mg = *gpu.model;
         Model& mc = *cpu.model;
         const double tol = act == DType::kF16 ? 3e-2 : 1e-1;  // two layers and the head of roundings
-        // Prefill: slot 0 gets 13 tokens, slot 1 gets 7, in one batch.
+        // Two sequences: 0 in the first blocks of the paged cache, 1 in the next ones.
+        const int64_t W = mc.attention_shape().table_width;
+        REQUIRE(mg.kv_blocks() >= 2 * W);
+        REQUIRE(mc.kv_blocks() >= 2 * W);
+        std::vector<int32_t> tables(size_t(2 * W));
+        std::iota(tables.begin(), tables.end(), 0);
+        // Prefill: sequence 0 gets 13 tokens, sequence 1 gets 7, in one batch.
         std::vector<int32_t> ids, pos, slots;
         for (int32_t i = 0; i < 13; ++i) ids.push_back(int32_t(rng() % 50)), pos.push_back(i), slots.push_back(0);
         for (int32_t i = 0; i < 7; ++i) ids.push_back(int32_t(rng() % 50)), pos.push_back(i), slots.push_back(1);
-        TokenBatch pb{ids.data(), pos.data(), slots.data(), int64_t(ids.size())};
+        TokenBatch pb{ids.data(), pos.data(), slots.data(), int64_t(ids.size()), tables.data(), 2, W};
         const std::vector<int64_t> last = {12, 19};
         const std::vector<float> ref_p = logits_of(mc, pb, last);
         REQUIRE(any_nonzero(ref_p));
@@ -158,7 +163,7 @@ TEST_CASE("Model on CudaBackend == CpuBackend (prefill, decode, graph replay)" *
         // Decode steps with m = 2 (one token per slot): eager, then the layers captured in a graph
         // and replayed with new positions and ids must equal the eager CPU result of each step.
         std::vector<int32_t> gid = {3, 4}, gpos = {13, 7}, gslot = {0, 1};
-        TokenBatch gb{gid.data(), gpos.data(), gslot.data(), 2};
+        TokenBatch gb{gid.data(), gpos.data(), gslot.data(), 2, tables.data(), 2, W};
         const std::vector<int64_t> both = {0, 1};
         CHECK(rel_err(logits_of(mg, gb, both), logits_of(mc, gb, both)) < tol);  // eager warm-up of this size
         View hidden = mg.hidden_scratch(2);
@@ -186,7 +191,7 @@ TEST_CASE("Model on CudaBackend == CpuBackend (prefill, decode, graph replay)" *
         std::vector<int32_t> bid, bpos, bslot;
         for (int32_t sl = 0; sl < 2; ++sl)
             for (int32_t p = 0; p < 35; ++p) bid.push_back(int32_t(rng() % 50)), bpos.push_back(p), bslot.push_back(sl);
-        TokenBatch big{bid.data(), bpos.data(), bslot.data(), int64_t(bid.size())};
+        TokenBatch big{bid.data(), bpos.data(), bslot.data(), int64_t(bid.size()), tables.data(), 2, W};
         const std::vector<int64_t> ends = {34, 69};
         CHECK(rel_err(logits_of(mg, big, ends), logits_of(mc, big, ends)) < tol);
         gpos = {35, 35};

@@ -5,7 +5,7 @@
 // the decode path (1-token chunks would be decode) and KV reuse across calls are all exercised.
 #include "tests/kernels/cuda/cuda_test_util.h"
 #include "runtime/backend/cuda/cuda_backend.h"
-#include "runtime/engine/generator.h"
+#include "runtime/engine/build.h"
 #include "tests/runtime/model/golden.h"
 #include "runtime/model/model.h"
 #include "runtime/weights/tensor_source.h"
@@ -27,9 +27,9 @@ TEST_CASE("golden checkpoints on CudaBackend: logits vs the float64 reference" *
                 ModelOptions mo;
                 mo.max_batch_tokens = chunk;
                 Model model(*src, be, mo, nullptr);
-                Generator gen(model);
+                auto gen = make_local_engine(model);
                 for (const GoldenCase& c : cases) {
-                    std::vector<float> logits = gen.score(c.prompt);
+                    std::vector<float> logits = gen->score(c.prompt);
                     REQUIRE(logits.size() == c.logits.size());
                     const double err = rel_error(logits.data(), c.logits.data(), logits.size());
                     MESSAGE(name << " " << dtype_name(act) << " chunk " << chunk << ": rel err " << err);

@@ -1,0 +1,298 @@
+// Engine (see engine.h for the roles and the step protocol). Messages on the world communicator:
+//   leader -> every rank, per plan:  int64 size, then the encoded StepPlan (step_plan.h);
+//   sampler -> leader, per kStep:    SampledToken[n + 1], the first holding n (sampled sequences);
+//                      per kScore:   f32 logits [tokens, vocab];
+//   leader -> every rank, after generate_batch: the results (so every rank returns them).
+// Pipeline stages pass hidden rows [tokens, hidden] on the pipe communicator, in plan order.
+#include "runtime/engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "base/error.h"
+
+namespace lattice {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+template <typename T>
+View host_view(T* p, DType dt, int64_t n) {
+    return View::contiguous(const_cast<std::remove_const_t<T>*>(p), dt, {n});
+}
+
+}  // namespace
+
+Engine::Engine(Model& model, PipelineLinks links, const EngineOptions& opt) : model_(model), links_(links), opt_(opt) {
+    if (links_.world) {
+        rank_ = links_.world->rank();
+        world_ = links_.world->size();
+    }
+    stages_ = links_.pipe ? links_.pipe->size() : 1;
+    LATTICE_CHECK(model_.kv_blocks() > 0, "Engine: the model has no KV cache (Model::allocate_kv first)");
+    if (is_leader()) {
+        const ModelConfig& c = model_.config();
+        pool_ =
+            std::make_unique<BlockPool>(model_.kv_blocks(), model_.attention_shape().block_size, opt_.prefix_caching);
+        SchedulerOptions so;
+        const int64_t mbt = model_.options().max_batch_tokens;
+        so.step_tokens = opt_.step_tokens > 0 ? std::min(opt_.step_tokens, mbt) : mbt;
+        so.max_seqs = opt_.max_seqs;
+        so.max_seq = model_.max_seq();
+        so.micro_batches = stages_;
+        so.vocab = c.vocab;
+        so.eos_ids = c.eos_ids;
+        sched_ = std::make_unique<Scheduler>(so, *pool_);
+    }
+    last_sent_ = Clock::now();
+}
+
+Engine::~Engine() = default;
+
+// ---- messages ----
+
+void Engine::send_plan(const StepPlan& p) {
+    last_sent_ = Clock::now();
+    if (world_ == 1) return;
+    const std::vector<uint8_t> bytes = encode_plan(p);
+    int64_t n = int64_t(bytes.size());
+    for (int r = 0; r < world_; ++r) {
+        if (r == rank_) continue;
+        links_.world->send(host_view(&n, DType::kI64, 1), r);
+        links_.world->send(host_view(bytes.data(), DType::kU8, n), r);
+    }
+}
+
+StepPlan Engine::recv_plan() {
+    int64_t n = 0;
+    const auto t0 = Clock::now();
+    links_.world->recv(host_view(&n, DType::kI64, 1), 0);
+    LATTICE_CHECK(n > 0 && n < (int64_t(1) << 30), "rank {}: step plan of {} bytes from the leader", rank_, n);
+    std::vector<uint8_t> bytes(static_cast<size_t>(n));
+    links_.world->recv(host_view(bytes.data(), DType::kU8, n), 0);
+    counters_.wait_seconds += since(t0);
+    StepPlan p = decode_plan(bytes.data(), n);
+    LATTICE_CHECK(p.number == number_ + 1, "rank {}: step plan {} arrived after {} (out of order)", rank_, p.number,
+                  number_);
+    number_ = p.number;
+    return p;
+}
+
+void Engine::send_results(const StepPlan& p, const Results& r) {
+    if (p.kind == StepPlan::Kind::kScore) {
+        links_.world->send(host_view(r.logits.data(), DType::kF32, int64_t(r.logits.size())), 0);
+        return;
+    }
+    std::vector<SampledToken> buf;
+    buf.reserve(r.tokens.size() + 1);
+    buf.push_back(SampledToken{int32_t(r.tokens.size()), 0});
+    buf.insert(buf.end(), r.tokens.begin(), r.tokens.end());
+    links_.world->send(
+        host_view(reinterpret_cast<const uint8_t*>(buf.data()), DType::kU8, int64_t(buf.size() * sizeof(SampledToken))),
+        0);
+}
+
+Engine::Results Engine::await_oldest(StepPlan* plan) {
+    *plan = std::move(inflight_.front());
+    inflight_.pop_front();
+    Results r;
+    const auto t0 = Clock::now();
+    if (plan->kind == StepPlan::Kind::kScore) {
+        r.logits.resize(plan->tokens.size() * size_t(model_.config().vocab));
+        links_.world->recv(host_view(r.logits.data(), DType::kF32, int64_t(r.logits.size())), links_.sampler);
+    } else {
+        const int64_t n = plan->sampled();
+        std::vector<SampledToken> buf(static_cast<size_t>(n + 1));
+        links_.world->recv(
+            host_view(reinterpret_cast<uint8_t*>(buf.data()), DType::kU8, int64_t(buf.size() * sizeof(SampledToken))),
+            links_.sampler);
+        LATTICE_CHECK(buf[0].token == n, "leader: step {} came back with {} tokens for {} samples", plan->number,
+                      buf[0].token, n);
+        r.tokens.assign(buf.begin() + 1, buf.end());
+    }
+    counters_.wait_seconds += since(t0);
+    return r;
+}
+
+// ---- execution (every rank) ----
+
+void Engine::execute(const StepPlan& p, Results* out) {
+    const ModelConfig& c = model_.config();
+    const AttentionShape& a = model_.attention_shape();
+    const int64_t T = int64_t(p.tokens.size()), n = int64_t(p.seqs.size());
+    LATTICE_CHECK(p.width == a.table_width, "step {}: block tables of width {}, the model's are {}", p.number, p.width,
+                  a.table_width);
+    pos_.resize(size_t(T));
+    seq_of_.resize(size_t(T));
+    int64_t i = 0;
+    std::vector<int64_t> rows;
+    for (int64_t s = 0; s < n; ++s) {
+        const PlanSeq& ps = p.seqs[size_t(s)];
+        for (int32_t j = 0; j < ps.count; ++j, ++i) {
+            pos_[size_t(i)] = ps.start + j;
+            seq_of_[size_t(i)] = int32_t(s);
+            if (p.kind == StepPlan::Kind::kScore) rows.push_back(i);
+        }
+        if (p.kind == StepPlan::Kind::kStep && ps.sample) rows.push_back(i - 1);
+    }
+    if (is_sampler())
+        for (int64_t id : p.released) samplers_.erase(id);
+    const TokenBatch b{p.tokens.data(), pos_.data(), seq_of_.data(), T, p.tables.data(), n, p.width};
+    const ModelOptions& o = model_.options();
+    const auto t0 = Clock::now();
+    double waited = 0;
+    View hidden = model_.hidden_scratch(T);
+    if (o.first_stage) {
+        model_.embed(b, hidden);
+    } else {
+        const auto w0 = Clock::now();
+        links_.pipe->recv(hidden, links_.prev);
+        waited = since(w0);
+    }
+    model_.run_layers(b, hidden);
+    if (!o.last_stage) {
+        links_.pipe->send(hidden, links_.next);
+    } else if (!rows.empty()) {
+        const int64_t V = c.vocab;
+        logits_.resize(rows.size() * size_t(V));
+        model_.head(hidden, rows, logits_.data());  // every TP rank of the last stage takes part
+        if (is_sampler() && p.kind == StepPlan::Kind::kScore) {
+            out->logits = logits_;
+        } else if (is_sampler()) {
+            size_t k = 0, ban = 0;
+            for (const PlanSeq& ps : p.seqs) {
+                const int32_t* bans = p.ban_ids.data() + ban;
+                ban += size_t(ps.n_ban);
+                if (!ps.sample) continue;
+                float* row = logits_.data() + k++ * size_t(V);
+                // log-softmax of the model's row (temperature 1), before any ban
+                float mx = -INFINITY;
+                for (int64_t v = 0; v < V; ++v) mx = std::max(mx, row[v]);
+                double z = 0;
+                for (int64_t v = 0; v < V; ++v) z += std::exp(double(row[v] - mx));
+                const double lse = double(mx) + std::log(z);
+                if (ps.ban_stop)
+                    for (int32_t j = 0; j < ps.n_ban; ++j)
+                        if (bans[j] >= 0 && bans[j] < V) row[bans[j]] = -INFINITY;
+                auto it = samplers_.find(ps.id);
+                if (it == samplers_.end()) it = samplers_.emplace(ps.id, Sampler(ps.sampling)).first;
+                const int32_t tok = it->second.sample(row, V);
+                out->tokens.push_back(SampledToken{tok, float(double(row[tok]) - lse)});
+            }
+        }
+    }
+    counters_.compute_seconds += since(t0) - waited;
+    counters_.wait_seconds += waited;
+    ++counters_.steps;
+}
+
+// ---- leader ----
+
+int64_t Engine::add(EngineRequest r) {
+    LATTICE_CHECK(is_leader(), "Engine::add on rank {}: requests go to the leader (rank 0)", rank_);
+    return sched_->add(std::move(r));
+}
+
+void Engine::cancel(int64_t id) {
+    LATTICE_CHECK(is_leader(), "Engine::cancel on rank {}", rank_);
+    sched_->cancel(id);
+}
+
+bool Engine::busy() const {
+    return is_leader() && (!sched_->idle() || !inflight_.empty() || !done_.empty());
+}
+
+void Engine::issue(const StepPlan& plan) {
+    StepPlan p = plan;
+    p.number = ++number_;
+    send_plan(p);
+    Results r;
+    execute(p, &r);
+    if (is_sampler())
+        done_.emplace_back(std::move(p), std::move(r));
+    else
+        inflight_.push_back(std::move(p));
+}
+
+std::vector<TokenEvent> Engine::step() {
+    LATTICE_CHECK(is_leader(), "Engine::step on rank {}: followers run follow()", rank_);
+    std::vector<TokenEvent> out = sched_->take_finished();
+    while (int64_t(inflight_.size() + done_.size()) < stages_) {
+        StepPlan p = sched_->next(0);
+        if (p.empty()) break;
+        issue(p);
+        if (!done_.empty()) break;  // one stage: one step per call
+    }
+    std::vector<TokenEvent> ev;
+    if (!done_.empty()) {
+        auto [p, r] = std::move(done_.front());
+        done_.pop_front();
+        ev = sched_->complete(p, r.tokens);
+    } else if (!inflight_.empty()) {
+        StepPlan p;
+        Results r = await_oldest(&p);
+        ev = sched_->complete(p, r.tokens);
+    } else {
+        heartbeat_if_due();
+    }
+    out.insert(out.end(), ev.begin(), ev.end());
+    return out;
+}
+
+void Engine::heartbeat_if_due() {
+    StepPlan hb;
+    hb.kind = StepPlan::Kind::kHeartbeat;
+    hb.released = sched_->take_released();
+    if (is_sampler())
+        for (int64_t id : hb.released) samplers_.erase(id);
+    if (world_ == 1 || (hb.released.empty() && since(last_sent_) < opt_.heartbeat_s)) return;
+    hb.number = ++number_;
+    send_plan(hb);
+}
+
+void Engine::shutdown() {
+    LATTICE_CHECK(is_leader(), "Engine::shutdown on rank {}", rank_);
+    while (!done_.empty()) {
+        auto [p, r] = std::move(done_.front());
+        done_.pop_front();
+        sched_->complete(p, r.tokens);
+    }
+    while (!inflight_.empty()) {
+        StepPlan p;
+        Results r = await_oldest(&p);
+        if (p.kind == StepPlan::Kind::kStep) sched_->complete(p, r.tokens);
+    }
+    StepPlan s;
+    s.kind = StepPlan::Kind::kShutdown;
+    s.released = sched_->take_released();
+    if (is_sampler())
+        for (int64_t id : s.released) samplers_.erase(id);
+    s.number = ++number_;
+    send_plan(s);
+}
+
+// ---- followers ----
+
+void Engine::follow() {
+    LATTICE_CHECK(!is_leader(), "Engine::follow on the leader");
+    for (;;) {
+        StepPlan p = recv_plan();
+        if (p.kind == StepPlan::Kind::kShutdown || p.kind == StepPlan::Kind::kHeartbeat) {
+            if (is_sampler())
+                for (int64_t id : p.released) samplers_.erase(id);
+            if (p.kind == StepPlan::Kind::kShutdown) return;
+            continue;
+        }
+        Results r;
+        execute(p, &r);
+        if (is_sampler()) send_results(p, r);
+    }
+}
+
+}  // namespace lattice

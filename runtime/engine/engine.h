@@ -1,0 +1,155 @@
+// Engine: continuous batching over a paged KV cache, driven by a leader rank.
+//
+// World rank 0 is the leader: it alone holds requests and the Scheduler (scheduler.h). Each step it
+// builds a StepPlan (which sequences, which tokens, positions, block tables, sampling params) and
+// sends it to every other rank in one message; every rank runs the plan through its part of the
+// model (TP shard, pipeline stage: the first stage embeds, each stage passes its hidden rows to the
+// next, the last computes logits); the sampler rank (last stage, TP rank 0) samples and returns the
+// tokens to the leader. No rank but the leader ever sees a request.
+// With P pipeline stages the leader keeps up to P steps in flight (it computes stage 0 of step k+1
+// while stage 1 works on step k ...), so stages overlap whenever the running sequences split into
+// P micro-batches; prefill chunks of one prompt pipeline the same way.
+// Followers run follow() (plans until the leader's shutdown); an idle leader sends a heartbeat at
+// least every heartbeat_s, so a follower's deadline (the communicator's) only fires on a dead leader.
+//
+// The fronts (`lattice generate`, `batch`, `serve`) drive step() on the leader. generate_batch(),
+// generate() and score() are the every-rank conveniences for tools and tests.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "parallel/communicator.h"
+#include "runtime/engine/block_pool.h"
+#include "runtime/engine/sampler.h"
+#include "runtime/engine/scheduler.h"
+#include "runtime/engine/step_plan.h"
+#include "runtime/model/model.h"
+
+namespace lattice {
+
+struct PipelineLinks {
+    Communicator* pipe = nullptr;   // this rank's pipeline group (one rank per stage); null: one stage
+    int prev = -1;                  // pipe rank of the previous stage, -1 on the first
+    int next = -1;                  // pipe rank of the next stage, -1 on the last
+    Communicator* world = nullptr;  // all ranks (host memory); null: a single rank
+    int sampler = 0;                // world rank that samples
+};
+
+struct EngineOptions {
+    int64_t kv_blocks = 0;  // blocks of the paged cache (the model's allocate_kv size)
+    bool prefix_caching = true;
+    int64_t max_seqs = 64;     // running sequences at most
+    int64_t step_tokens = 0;   // tokens per step; 0: the model's max_batch_tokens
+    double heartbeat_s = 5.0;  // an idle leader pings the followers at least this often
+};
+
+// The every-rank convenience API (tools, tests).
+struct GenerateRequest {
+    std::vector<int32_t> prompt;
+    int64_t max_new_tokens = 16;
+    SamplingParams sampling;
+    bool ignore_eos = false;        // ignores eos and stop ids alike (the CLI's --ignore-eos)
+    std::vector<int32_t> stop_ids;  // extra end-of-generation ids (e.g. the tokenizer's <|im_end|>)
+};
+
+struct GenerateStats {
+    int64_t prompt_tokens = 0;     // over all sequences
+    double prefill_seconds = 0;    // until every sequence had its first token
+    int64_t generated_tokens = 0;  // over all sequences
+    double decode_seconds = 0;     // the rest
+    double idle_seconds = 0;       // this rank, blocked waiting for peers
+    double compute_seconds = 0;    // this rank, inside the model (embed, layers, head) and sampling
+    int64_t sequences = 1;
+    int64_t preemptions = 0;
+    int64_t peak_kv_blocks = 0;
+    int64_t cached_prompt_tokens = 0;
+};
+
+struct GenerateResult {
+    std::vector<int32_t> tokens;  // generated ids (the stop token included when one ended the run)
+    std::vector<float> logprobs;  // of each generated token under the model (temperature 1)
+    FinishReason finish = FinishReason::kNone;
+    GenerateStats stats;
+};
+
+// What a rank has done so far (every rank keeps its own).
+struct EngineCounters {
+    int64_t steps = 0;
+    double compute_seconds = 0;  // embed, layers, head, sampling
+    double wait_seconds = 0;     // blocked on a peer: pipeline receive, the leader's token receive
+};
+
+class Engine {
+public:
+    Engine(Model& model, PipelineLinks links, const EngineOptions& opt);
+    ~Engine();
+    Engine(const Engine&) = delete;
+    Engine& operator=(const Engine&) = delete;
+
+    bool is_leader() const { return rank_ == 0; }
+    bool is_sampler() const { return rank_ == links_.sampler; }
+    Model& model() { return model_; }
+
+    // ---- leader ----
+    // Queues a request; returns its id. Throws Error naming the problem for one that can never run.
+    int64_t add(EngineRequest r);
+    void cancel(int64_t id);
+    bool busy() const;  // requests waiting or running, or steps in flight
+    // One round: issues steps while the pipeline has room, then completes the oldest in flight and
+    // returns its tokens and finishes. Returns at once (heartbeat if due) when there is nothing to do.
+    std::vector<TokenEvent> step();
+    // Tells the followers to leave follow(); waits for nothing in flight first.
+    void shutdown();
+    const Scheduler& scheduler() const { return *sched_; }
+
+    // ---- followers ----
+    void follow();
+
+    // ---- every rank ----
+    // Runs the requests to completion (leader) / follows (others); results on every rank.
+    std::vector<GenerateResult> generate_batch(const std::vector<GenerateRequest>& reqs,
+                                               const std::function<void(int64_t, int32_t)>& on_token = {},
+                                               GenerateStats* total = nullptr);
+    GenerateResult generate(const GenerateRequest& req, const std::function<void(int32_t)>& on_token = {});
+    // Logits of every prompt position, [prompt.size(), vocab] row-major, on world rank 0.
+    std::vector<float> score(const std::vector<int32_t>& prompt);
+
+    const EngineCounters& counters() const { return counters_; }
+
+private:
+    struct Results {
+        std::vector<SampledToken> tokens;
+        std::vector<float> logits;
+    };
+    void send_plan(const StepPlan& p);
+    StepPlan recv_plan();
+    void execute(const StepPlan& p, Results* out);
+    void issue(const StepPlan& p);
+    Results await_oldest(StepPlan* plan);
+    void send_results(const StepPlan& p, const Results& r);
+    void heartbeat_if_due();
+    void end_follow();
+
+    Model& model_;
+    PipelineLinks links_;
+    EngineOptions opt_;
+    int rank_ = 0, world_ = 1, stages_ = 1;
+    std::unique_ptr<BlockPool> pool_;                // leader
+    std::unique_ptr<Scheduler> sched_;               // leader
+    std::deque<StepPlan> inflight_;                  // leader: issued, results pending (pipelines)
+    std::deque<std::pair<StepPlan, Results>> done_;  // leader: completed locally, not yet applied
+    int64_t number_ = 0;                             // last plan number sent / received
+    std::unordered_map<int64_t, Sampler> samplers_;  // sampler rank: per-sequence state
+    std::vector<float> logits_;
+    std::vector<int32_t> pos_, seq_of_;
+    std::chrono::steady_clock::time_point last_sent_;
+    EngineCounters counters_;
+};
+
+}  // namespace lattice

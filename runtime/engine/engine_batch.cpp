@@ -1,0 +1,221 @@
+// The every-rank conveniences over the engine (see engine.h): generate_batch, generate, score.
+// The leader drives the steps while the other ranks follow; generate_batch then sends the results
+// to every rank (counts and stats as int64, tokens as int32, logprobs as f32, one broadcast each).
+#include <algorithm>
+#include <unordered_map>
+
+#include "base/error.h"
+#include "runtime/engine/engine.h"
+
+namespace lattice {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+template <typename T>
+void broadcast_vec(Communicator& c, std::vector<T>& v, DType dt) {
+    int64_t n = int64_t(v.size());
+    c.broadcast(View::contiguous(&n, DType::kI64, {1}), 0);
+    v.resize(size_t(n));
+    if (n > 0) c.broadcast(View::contiguous(v.data(), dt, {n}), 0);
+}
+
+}  // namespace
+
+std::vector<GenerateResult> Engine::generate_batch(const std::vector<GenerateRequest>& reqs,
+                                                   const std::function<void(int64_t, int32_t)>& on_token,
+                                                   GenerateStats* total) {
+    LATTICE_CHECK(!reqs.empty(), "generate: no sequences");
+    const auto t0 = Clock::now();
+    const EngineCounters c0 = counters_;
+    std::vector<GenerateResult> res(reqs.size());
+    // Leader-side numbers, sent to every rank with the results.
+    std::vector<int64_t> meta;  // per result: token count, finish; then 8 stats
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    std::string error;
+    if (is_leader()) {
+        const SchedulerStats s0 = sched_->stats();
+        double prefill_s = 0;
+        // A request that cannot run is refused before anything runs: the followers are told (with
+        // the message) and leave cleanly. A failure while stepping (a dead peer) propagates: the
+        // process ends and the launcher stops the job.
+        std::unordered_map<int64_t, size_t> index;
+        std::vector<int64_t> added;
+        try {
+            for (size_t i = 0; i < reqs.size(); ++i) {
+                const GenerateRequest& g = reqs[i];
+                EngineRequest r;
+                r.prompt = g.prompt;
+                r.max_new_tokens = g.max_new_tokens;
+                r.sampling = g.sampling;
+                r.sampling.seed += uint64_t(i);  // distinct streams per sequence, reproducible
+                r.ignore_eos = g.ignore_eos;
+                if (!g.ignore_eos) r.stop_ids = g.stop_ids;
+                added.push_back(add(std::move(r)));
+                index[added.back()] = i;
+            }
+        } catch (const Error& e) {
+            for (int64_t id : added) sched_->cancel(id);  // nothing of them ran yet
+            sched_->take_finished();
+            error = e.what();
+        }
+        size_t started = 0;
+        std::vector<bool> has_first(reqs.size(), false);
+        while (error.empty() && busy()) {
+            for (const TokenEvent& ev : step()) {
+                const size_t i = index.at(ev.id);
+                GenerateResult& r = res[i];
+                if (ev.token >= 0) {
+                    r.tokens.push_back(ev.token);
+                    r.logprobs.push_back(ev.logprob);
+                    if (on_token) on_token(int64_t(i), ev.token);
+                }
+                if (ev.finish != FinishReason::kNone) r.finish = ev.finish;
+                if (!has_first[i] && (ev.token >= 0 || ev.finish != FinishReason::kNone)) {
+                    has_first[i] = true;
+                    if (++started == reqs.size()) prefill_s = since(t0);
+                }
+            }
+        }
+        shutdown();
+        const SchedulerStats& s1 = sched_->stats();
+        for (const GenerateResult& r : res) {
+            meta.push_back(int64_t(r.tokens.size()));
+            meta.push_back(int64_t(r.finish));
+            tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.end());
+            logprobs.insert(logprobs.end(), r.logprobs.begin(), r.logprobs.end());
+        }
+        const double all_s = since(t0);
+        meta.push_back(s1.prompt_tokens - s0.prompt_tokens);
+        meta.push_back(s1.generated_tokens - s0.generated_tokens);
+        meta.push_back(int64_t(prefill_s * 1e9));
+        meta.push_back(int64_t((all_s - prefill_s) * 1e9));
+        meta.push_back(s1.preemptions - s0.preemptions);
+        meta.push_back(s1.peak_blocks);
+        meta.push_back(s1.cached_tokens - s0.cached_tokens);
+        meta.push_back(int64_t(error.size()));
+        tokens.insert(tokens.end(), error.begin(), error.end());  // the message rides along, one char per id
+    } else {
+        follow();
+    }
+    if (world_ > 1) {
+        broadcast_vec(*links_.world, meta, DType::kI64);
+        broadcast_vec(*links_.world, tokens, DType::kI32);
+        broadcast_vec(*links_.world, logprobs, DType::kF32);
+    }
+    LATTICE_CHECK(meta.size() == 2 * reqs.size() + 8, "generate: {} result fields for {} requests", meta.size(),
+                  reqs.size());
+    const int64_t* st = meta.data() + 2 * reqs.size();
+    if (st[7] > 0) {
+        const std::string msg(tokens.end() - st[7], tokens.end());
+        if (is_leader()) LATTICE_FAIL("{}", msg);
+        LATTICE_FAIL("the leader (rank 0) failed: {}", msg);
+    }
+    size_t off = 0;
+    GenerateStats stats;
+    stats.sequences = int64_t(reqs.size());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+        const int64_t n = meta[2 * i];
+        res[i].tokens.assign(tokens.begin() + int64_t(off), tokens.begin() + int64_t(off) + n);
+        res[i].logprobs.assign(logprobs.begin() + int64_t(off), logprobs.begin() + int64_t(off) + n);
+        res[i].finish = FinishReason(meta[2 * i + 1]);
+        off += size_t(n);
+    }
+    stats.prompt_tokens = st[0];
+    stats.generated_tokens = st[1];
+    stats.prefill_seconds = double(st[2]) * 1e-9;
+    stats.decode_seconds = double(st[3]) * 1e-9;
+    stats.preemptions = st[4];
+    stats.peak_kv_blocks = st[5];
+    stats.cached_prompt_tokens = st[6];
+    stats.idle_seconds = counters_.wait_seconds - c0.wait_seconds;
+    stats.compute_seconds = counters_.compute_seconds - c0.compute_seconds;
+    for (GenerateResult& r : res) r.stats = stats;
+    if (total) *total = stats;
+    return res;
+}
+
+GenerateResult Engine::generate(const GenerateRequest& req, const std::function<void(int32_t)>& on_token) {
+    std::vector<GenerateResult> r = generate_batch(
+        {req}, on_token ? [&](int64_t, int32_t id) { on_token(id); } : std::function<void(int64_t, int32_t)>{});
+    return std::move(r[0]);
+}
+
+std::vector<float> Engine::score(const std::vector<int32_t>& prompt) {
+    if (!is_leader()) {
+        follow();
+        return {};
+    }
+    const ModelConfig& c = model_.config();
+    const AttentionShape& a = model_.attention_shape();
+    const int64_t T = int64_t(prompt.size()), V = c.vocab;
+    std::vector<float> out;
+    std::vector<int32_t> blocks;
+    try {
+        LATTICE_CHECK(!busy(), "score: the engine is busy with requests");
+        LATTICE_CHECK(T >= 1, "empty prompt: give at least one token");
+        LATTICE_CHECK(T <= model_.max_seq(),
+                      "prompt of {} tokens is longer than the model's context ({} positions per sequence)", T,
+                      model_.max_seq());
+        for (int64_t i = 0; i < T; ++i)
+            LATTICE_CHECK(prompt[size_t(i)] >= 0 && prompt[size_t(i)] < V,
+                          "prompt token {} (at index {}) is outside the vocab of {}", prompt[size_t(i)], i, V);
+        const int64_t need = (T + a.block_size - 1) / a.block_size;
+        LATTICE_CHECK(pool_->allocate(need, blocks), "score: {} tokens need {} KV blocks, the cache holds {}", T, need,
+                      pool_->num_blocks());
+        std::vector<int32_t> row(size_t(a.table_width), -1);
+        std::copy(blocks.begin(), blocks.end(), row.begin());
+        const int64_t chunk = std::min(model_.options().max_batch_tokens, T);
+        out.resize(size_t(T * V));
+        int64_t issued = 0, received = 0;
+        auto collect = [&](const StepPlan& p, const Results& r) {
+            const int64_t n = p.seqs[0].count;
+            LATTICE_CHECK(int64_t(r.logits.size()) == n * V, "score: {} logits for {} tokens", r.logits.size(), n);
+            std::copy(r.logits.begin(), r.logits.end(), out.begin() + int64_t(p.seqs[0].start) * V);
+            received += n;
+        };
+        while (received < T) {
+            while (issued < T && int64_t(inflight_.size() + done_.size()) < stages_) {
+                StepPlan p;
+                p.kind = StepPlan::Kind::kScore;
+                const int64_t n = std::min(chunk, T - issued);
+                p.tokens.assign(prompt.begin() + issued, prompt.begin() + issued + n);
+                PlanSeq ps;
+                ps.id = -1;
+                ps.start = int32_t(issued);
+                ps.count = int32_t(n);
+                p.seqs.push_back(ps);
+                p.width = int32_t(a.table_width);
+                p.tables = row;
+                issue(p);
+                issued += n;
+            }
+            if (!done_.empty()) {
+                auto [p, r] = std::move(done_.front());
+                done_.pop_front();
+                collect(p, r);
+            } else {
+                StepPlan p;
+                Results r = await_oldest(&p);
+                collect(p, r);
+            }
+        }
+    } catch (...) {
+        if (!blocks.empty()) pool_->release(blocks);
+        inflight_.clear();
+        done_.clear();
+        shutdown();
+        throw;
+    }
+    pool_->release(blocks);
+    shutdown();
+    return out;
+}
+
+}  // namespace lattice

@@ -1,0 +1,293 @@
+// Scheduler (see scheduler.h for the policy).
+#include "runtime/engine/scheduler.h"
+
+#include <algorithm>
+
+#include "base/error.h"
+
+namespace lattice {
+
+std::string_view finish_reason_name(FinishReason r) {
+    switch (r) {
+        case FinishReason::kNone:
+            return "none";
+        case FinishReason::kStop:
+            return "stop";
+        case FinishReason::kLength:
+            return "length";
+        case FinishReason::kContextFull:
+            return "context_full";
+        case FinishReason::kCancelled:
+            return "cancelled";
+    }
+    return "?";
+}
+
+Scheduler::Scheduler(const SchedulerOptions& opt, BlockPool& pool) : opt_(opt), pool_(pool) {
+    LATTICE_CHECK(
+        opt_.step_tokens >= 1 && opt_.max_seqs >= 1 && opt_.max_seq >= 1 && opt_.micro_batches >= 1 && opt_.vocab >= 1,
+        "scheduler: step tokens {}, max seqs {}, max seq {}, micro-batches {}, vocab {} (all must be >= 1)",
+        opt_.step_tokens, opt_.max_seqs, opt_.max_seq, opt_.micro_batches, opt_.vocab);
+}
+
+int64_t Scheduler::waiting() const {
+    int64_t n = 0;
+    for (const auto& [id, s] : seqs_) n += !s.running;
+    return n;
+}
+
+int64_t Scheduler::running() const {
+    int64_t n = 0;
+    for (const auto& [id, s] : seqs_) n += s.running;
+    return n;
+}
+
+int64_t Scheduler::add(EngineRequest req) {
+    LATTICE_CHECK(!req.prompt.empty(), "empty prompt: give at least one token");
+    for (size_t i = 0; i < req.prompt.size(); ++i)
+        LATTICE_CHECK(req.prompt[i] >= 0 && req.prompt[i] < opt_.vocab,
+                      "prompt token {} (at index {}) is outside the vocab of {}", req.prompt[i], i, opt_.vocab);
+    LATTICE_CHECK(int64_t(req.prompt.size()) <= opt_.max_seq,
+                  "prompt of {} tokens is longer than the model's context ({} positions per sequence; see --max-seq)",
+                  req.prompt.size(), opt_.max_seq);
+    LATTICE_CHECK(req.max_new_tokens >= 0, "max new tokens must be >= 0, got {}", req.max_new_tokens);
+    LATTICE_CHECK(req.min_tokens >= 0, "min tokens must be >= 0, got {}", req.min_tokens);
+    req.sampling.validate();
+    const int64_t B = pool_.block_size();
+    const int64_t total = std::min<int64_t>(int64_t(req.prompt.size()) + req.max_new_tokens, opt_.max_seq);
+    const int64_t need = (total + B - 1) / B;
+    LATTICE_CHECK(need <= pool_.num_blocks(),
+                  "request needs {} KV blocks ({} prompt + up to {} new tokens, {} tokens per block) but the cache "
+                  "holds {}: raise --kv-cache-gb or lower max new tokens",
+                  need, req.prompt.size(), total - int64_t(req.prompt.size()), B, pool_.num_blocks());
+    const int64_t id = next_id_++;
+    Seq& s = seqs_[id];
+    s.id = id;
+    s.tokens = req.prompt;
+    s.prompt_len = int64_t(req.prompt.size());
+    s.req = std::move(req);
+    if (s.req.max_new_tokens == 0)
+        finish(s, FinishReason::kLength, finished_, -1, 0);
+    else if (s.prompt_len >= opt_.max_seq)
+        finish(s, FinishReason::kContextFull, finished_, -1, 0);
+    return id;
+}
+
+void Scheduler::cancel(int64_t id) {
+    auto it = seqs_.find(id);
+    if (it == seqs_.end()) return;
+    Seq& s = it->second;
+    s.cancelled = true;
+    if (s.inflight == 0) finish(s, FinishReason::kCancelled, finished_, -1, 0);
+}
+
+std::vector<TokenEvent> Scheduler::take_finished() {
+    return std::exchange(finished_, {});
+}
+
+bool Scheduler::preempt_one(int64_t keep, const std::vector<int64_t>& in_plan) {
+    // The youngest running sequence that nothing in flight or in this plan uses.
+    for (auto it = seqs_.rbegin(); it != seqs_.rend(); ++it) {
+        Seq& v = it->second;
+        if (!v.running || v.inflight > 0 || std::find(in_plan.begin(), in_plan.end(), v.id) != in_plan.end()) continue;
+        pool_.release(v.blocks);
+        v.blocks.clear();
+        v.computed = 0;
+        v.registered = 0;
+        v.chain = 0;
+        v.running = false;
+        ++stats_.preemptions;
+        return v.id != keep;
+    }
+    return false;
+}
+
+bool Scheduler::ensure_blocks(Seq& s, int64_t positions, const std::vector<int64_t>& in_plan) {
+    const int64_t B = pool_.block_size();
+    const int64_t need = (positions + B - 1) / B - int64_t(s.blocks.size());
+    if (need <= 0) return true;
+    while (!pool_.allocate(need, s.blocks)) {
+        if (!s.running) return false;  // admissions never preempt
+        if (!preempt_one(s.id, in_plan)) return false;
+    }
+    return true;
+}
+
+void Scheduler::admit_prefix(Seq& s) {
+    if (!pool_.prefix_caching()) return;
+    const int64_t B = pool_.block_size();
+    // Full blocks only, and at least the last token left to compute (its logits are needed).
+    for (int64_t b = 0; (b + 1) * B <= int64_t(s.tokens.size()) - 1; ++b) {
+        std::span<const int32_t> blk(s.tokens.data() + b * B, size_t(B));
+        const uint64_t h = BlockPool::chain_hash(s.chain, blk);
+        const int32_t found = pool_.lookup(h, s.blocks.empty() ? -1 : s.blocks.back(), blk);
+        if (found < 0) break;
+        s.blocks.push_back(found);
+        s.chain = h;
+        ++s.registered;
+        s.computed += B;
+        stats_.cached_tokens += B;
+    }
+}
+
+void Scheduler::register_full_blocks(Seq& s, int64_t done) {
+    if (!pool_.prefix_caching()) return;
+    const int64_t B = pool_.block_size();
+    for (int64_t b = s.registered; b < done / B && b < int64_t(s.blocks.size()); ++b) {
+        std::span<const int32_t> blk(s.tokens.data() + b * B, size_t(B));
+        const uint64_t h = BlockPool::chain_hash(s.chain, blk);
+        pool_.register_full(s.blocks[size_t(b)], h, b > 0 ? s.blocks[size_t(b - 1)] : -1, blk);
+        s.chain = h;
+        s.registered = b + 1;
+    }
+}
+
+StepPlan Scheduler::next(int64_t number) {
+    StepPlan p;
+    p.kind = StepPlan::Kind::kStep;
+    p.number = number;
+    const int64_t B = pool_.block_size();
+    p.width = int32_t((opt_.max_seq + B - 1) / B);
+    int64_t budget = opt_.step_tokens;
+    const int64_t n_running = running();
+    // With a pipeline, spread the running sequences over the micro-batches that can be in flight.
+    const int64_t cap = opt_.micro_batches > 1
+                            ? std::max<int64_t>(1, (n_running + opt_.micro_batches - 1) / opt_.micro_batches)
+                            : opt_.max_seqs;
+    std::vector<int64_t> in_plan;
+    auto take = [&](Seq& s, int64_t n) {
+        const int64_t ban0 = int64_t(p.ban_ids.size());
+        PlanSeq ps;
+        ps.id = s.id;
+        ps.start = int32_t(s.computed);
+        ps.count = int32_t(n);
+        ps.sample = s.computed + n == int64_t(s.tokens.size());
+        ps.ban_stop = ps.sample && s.generated() < s.req.min_tokens;
+        ps.sampling = s.req.sampling;
+        p.seqs.push_back(ps);
+        p.tokens.insert(p.tokens.end(), s.tokens.begin() + s.computed, s.tokens.begin() + s.computed + n);
+        std::vector<int32_t> row(size_t(p.width), -1);
+        std::copy(s.blocks.begin(), s.blocks.end(), row.begin());
+        p.tables.insert(p.tables.end(), row.begin(), row.end());
+        if (ps.ban_stop) {  // eos (unless ignored) and the stop ids may not be sampled yet
+            if (!s.req.ignore_eos)
+                for (int64_t e : opt_.eos_ids) p.ban_ids.push_back(int32_t(e));
+            p.ban_ids.insert(p.ban_ids.end(), s.req.stop_ids.begin(), s.req.stop_ids.end());
+            p.seqs.back().n_ban = int32_t(int64_t(p.ban_ids.size()) - ban0);
+        }
+        s.computed += n;
+        ++s.inflight;
+        s.awaiting = ps.sample;
+        budget -= n;
+        in_plan.push_back(s.id);
+    };
+    auto ready = [&](const Seq& s) { return s.running && !s.awaiting && !s.cancelled; };
+    // 1. One decode token for each running sequence that waits for nothing, oldest first.
+    for (auto& [id, s] : seqs_) {
+        if (budget < 1 || int64_t(in_plan.size()) >= cap) break;
+        if (!ready(s) || int64_t(s.tokens.size()) - s.computed != 1) continue;
+        if (ensure_blocks(s, s.computed + 1, in_plan)) take(s, 1);
+    }
+    // 2. Prefill chunks of running sequences (chunked prompts, recomputation after preemption).
+    for (auto& [id, s] : seqs_) {
+        if (budget < 1 || int64_t(in_plan.size()) >= cap) break;
+        const int64_t left = int64_t(s.tokens.size()) - s.computed;
+        if (!ready(s) || left <= 1) continue;
+        const int64_t n = std::min(left, budget);
+        if (ensure_blocks(s, s.computed + n, in_plan)) take(s, n);
+    }
+    // 3. Admit waiting sequences, oldest first, while there is room; never overtake one that waits.
+    int64_t n_run = n_running;
+    for (auto& [id, s] : seqs_) {
+        if (budget < 1 || int64_t(in_plan.size()) >= cap || n_run >= opt_.max_seqs) break;
+        if (s.running || s.cancelled) continue;
+        admit_prefix(s);
+        const int64_t n = std::min<int64_t>(int64_t(s.tokens.size()) - s.computed, budget);
+        if (!ensure_blocks(s, s.computed + n, in_plan)) {
+            pool_.release(s.blocks);  // undo the prefix hits: try again when blocks free up
+            stats_.cached_tokens -= s.computed;
+            s.blocks.clear();
+            s.computed = s.registered = 0;
+            s.chain = 0;
+            break;
+        }
+        if (!s.admitted_before) stats_.prompt_tokens += s.prompt_len;
+        s.admitted_before = true;
+        s.running = true;
+        ++n_run;
+        take(s, n);
+    }
+    if (!p.seqs.empty()) p.released = std::exchange(released_, {});
+    stats_.peak_blocks = std::max(stats_.peak_blocks, pool_.num_used());
+    return p;
+}
+
+bool Scheduler::is_stop(const Seq& s, int32_t t) const {
+    if (!s.req.ignore_eos && std::find(opt_.eos_ids.begin(), opt_.eos_ids.end(), int64_t(t)) != opt_.eos_ids.end())
+        return true;
+    return std::find(s.req.stop_ids.begin(), s.req.stop_ids.end(), t) != s.req.stop_ids.end();
+}
+
+void Scheduler::finish(Seq& s, FinishReason why, std::vector<TokenEvent>& out, int32_t token, float logprob) {
+    out.push_back(TokenEvent{s.id, token, logprob, why});
+    if (s.inflight > 0) {  // the step in flight completes first (cancel); it finds the sequence cancelled
+        s.cancelled = true;
+        return;
+    }
+    pool_.release(s.blocks);
+    released_.push_back(s.id);
+    seqs_.erase(s.id);
+}
+
+std::vector<TokenEvent> Scheduler::complete(const StepPlan& plan, std::span<const SampledToken> sampled) {
+    std::vector<TokenEvent> out = take_finished();
+    size_t k = 0;
+    for (const PlanSeq& ps : plan.seqs) {
+        auto it = seqs_.find(ps.id);
+        LATTICE_CHECK(it != seqs_.end(), "scheduler: step {} completed for unknown sequence {}", plan.number, ps.id);
+        Seq& s = it->second;
+        --s.inflight;
+        if (ps.sample) {
+            LATTICE_CHECK(k < sampled.size(), "scheduler: step {} returned {} tokens for {} samples", plan.number,
+                          sampled.size(), plan.sampled());
+            const SampledToken st = sampled[k++];
+            s.awaiting = false;
+            if (s.cancelled) {
+                if (s.inflight == 0) {
+                    pool_.release(s.blocks);
+                    released_.push_back(s.id);
+                    seqs_.erase(it);
+                }
+                continue;
+            }
+            LATTICE_CHECK(st.token >= 0 && st.token < opt_.vocab, "scheduler: sampled token {} outside the vocab",
+                          st.token);
+            s.tokens.push_back(st.token);
+            ++stats_.generated_tokens;
+            register_full_blocks(s, ps.start + ps.count);
+            FinishReason why = FinishReason::kNone;
+            if (is_stop(s, st.token) && s.generated() > s.req.min_tokens - 1)
+                why = FinishReason::kStop;
+            else if (s.generated() >= s.req.max_new_tokens)
+                why = FinishReason::kLength;
+            else if (int64_t(s.tokens.size()) >= opt_.max_seq)
+                why = FinishReason::kContextFull;
+            if (why != FinishReason::kNone)
+                finish(s, why, out, st.token, st.logprob);
+            else
+                out.push_back(TokenEvent{s.id, st.token, st.logprob, FinishReason::kNone});
+        } else {
+            register_full_blocks(s, ps.start + ps.count);
+            if (s.cancelled && s.inflight == 0 && !s.awaiting) {
+                pool_.release(s.blocks);
+                released_.push_back(s.id);
+                seqs_.erase(it);
+            }
+        }
+    }
+    LATTICE_CHECK(k == sampled.size(), "scheduler: step {} returned {} tokens for {} samples", plan.number,
+                  sampled.size(), k);
+    return out;
+}
+
+}  // namespace lattice

@@ -1,0 +1,135 @@
+// Scheduler: the leader's (world rank 0) view of every request: which sequences run, which tokens
+// each step feeds, and where their K/V go (paged, runtime/engine/block_pool.h).
+//
+// Policy (continuous batching with chunked prefill, like vLLM's):
+//  - a step holds at most `step_tokens` tokens: first one decode token for each running sequence
+//    waiting for nothing (oldest first), then prefill chunks of running or newly admitted sequences
+//    (oldest first: a waiting request is never overtaken), so long prompts share steps with decodes;
+//  - at most `max_seqs` sequences run; with a pipeline of P stages the running sequences are split
+//    into P micro-batches so P steps can be in flight (a sequence is in at most one step awaiting a
+//    sample; prefill chunks of one prompt may be in flight back to back);
+//  - blocks are allocated as positions are reached; when they run out the youngest running sequence
+//    that nothing in flight uses is preempted: its blocks return to the pool, its tokens (prompt and
+//    generated so far) are recomputed when it is admitted again. Never a crash, never a truncation;
+//  - prefix caching: an admitted prompt reuses cached full blocks of an identical prefix (at least
+//    its last token is always computed, for its logits); full blocks are cached as they complete.
+// Stop rules, applied when a sampled token arrives: eos (unless ignore_eos) or a stop id after at
+// least min_tokens (before that they are banned from sampling), max_new_tokens, or the context
+// (max_seq positions) full. A request that can never run (empty, prompt longer than the context,
+// more blocks than the pool holds) is refused by add() with the reason.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "runtime/engine/block_pool.h"
+#include "runtime/engine/step_plan.h"
+
+namespace lattice {
+
+enum class FinishReason : uint8_t {
+    kNone = 0,
+    kStop,         // eos or a stop id
+    kLength,       // max_new_tokens reached
+    kContextFull,  // the context (max_seq positions) is full
+    kCancelled,
+};
+std::string_view finish_reason_name(FinishReason r);  // "stop", "length", "context_full", "cancelled"
+
+struct EngineRequest {
+    std::vector<int32_t> prompt;
+    int64_t max_new_tokens = 16;
+    int64_t min_tokens = 0;  // eos / stop ids cannot end the sequence before this many tokens
+    SamplingParams sampling;
+    bool ignore_eos = false;  // the model's eos does not stop (stop ids still do)
+    std::vector<int32_t> stop_ids;
+};
+
+struct TokenEvent {
+    int64_t id = 0;
+    int32_t token = -1;  // -1: no token (a finish without one: cancelled, or nothing to generate)
+    float logprob = 0;
+    FinishReason finish = FinishReason::kNone;
+};
+
+struct SchedulerOptions {
+    int64_t step_tokens = 256;  // tokens per step (micro-batch)
+    int64_t max_seqs = 64;      // running sequences at most
+    int64_t max_seq = 0;        // positions per sequence (context)
+    int micro_batches = 1;      // pipeline stages: running sequences are spread over this many steps
+    int64_t vocab = 0;          // token ids are checked against it
+    std::vector<int64_t> eos_ids;
+};
+
+struct SchedulerStats {
+    int64_t preemptions = 0;
+    int64_t peak_blocks = 0;    // most blocks in use at once
+    int64_t cached_tokens = 0;  // prompt tokens found in the prefix cache
+    int64_t prompt_tokens = 0;  // over admitted requests
+    int64_t generated_tokens = 0;
+};
+
+class Scheduler {
+public:
+    Scheduler(const SchedulerOptions& opt, BlockPool& pool);
+
+    // Queues a request; returns its id. Throws Error (naming the limit) for one that can never run.
+    int64_t add(EngineRequest req);
+    // Ends a request as cancelled: at once when nothing of it is in flight, else when its step completes.
+    void cancel(int64_t id);
+    // The next step (empty when nothing can run now). Marks its tokens as issued.
+    StepPlan next(int64_t number);
+    // The sampled tokens of `plan` (one per sampled sequence, plan order) arrived.
+    std::vector<TokenEvent> complete(const StepPlan& plan, std::span<const SampledToken> sampled);
+    // Finishes decided outside a step (cancel of an idle sequence, nothing to generate), drained once.
+    std::vector<TokenEvent> take_finished();
+    // Sequences that ended since the last plan (the sampler rank drops their state); drained once.
+    std::vector<int64_t> take_released() { return std::exchange(released_, {}); }
+
+    // Nothing waiting, running or in flight, and no finish left to report.
+    bool idle() const { return seqs_.empty() && finished_.empty(); }
+    int64_t waiting() const;
+    int64_t running() const;
+    const SchedulerStats& stats() const { return stats_; }
+    const BlockPool& pool() const { return pool_; }
+
+private:
+    struct Seq {
+        int64_t id = 0;
+        EngineRequest req;
+        std::vector<int32_t> tokens;  // prompt, then generated
+        int64_t prompt_len = 0;
+        int64_t computed = 0;   // tokens whose K/V are written or being written
+        int64_t inflight = 0;   // issued steps not completed
+        bool awaiting = false;  // a sample is on its way
+        bool running = false;   // admitted (holds blocks) vs waiting
+        bool cancelled = false;
+        bool admitted_before = false;  // counted in the prompt tokens (preemption re-admits)
+        std::vector<int32_t> blocks;
+        int64_t registered = 0;  // full blocks in the prefix cache
+        uint64_t chain = 0;      // hash of the last registered block
+        int64_t generated() const { return int64_t(tokens.size()) - prompt_len; }
+    };
+
+    bool ensure_blocks(Seq& s, int64_t positions, const std::vector<int64_t>& in_plan);
+    bool preempt_one(int64_t keep, const std::vector<int64_t>& in_plan);
+    void admit_prefix(Seq& s);
+    void register_full_blocks(Seq& s, int64_t done);
+    void finish(Seq& s, FinishReason why, std::vector<TokenEvent>& out, int32_t token, float logprob);
+    bool is_stop(const Seq& s, int32_t token) const;
+
+    SchedulerOptions opt_;
+    BlockPool& pool_;
+    std::map<int64_t, Seq> seqs_;  // by id = arrival order
+    int64_t next_id_ = 0;
+    std::vector<int64_t> released_;
+    std::vector<TokenEvent> finished_;
+    SchedulerStats stats_;
+};
+
+}  // namespace lattice

@@ -1,0 +1,53 @@
+// StepPlan: what every rank does in one engine step, decided by the leader (world rank 0) and sent
+// to every other rank as one message. Token i of the batch belongs to seqs[s] (s found by the
+// running sums of `count`), sits at position seqs[s].start + (i - first token of s), and its K/V go
+// to block tables[s * width + position / block_size]. After the forward, the sampler rank samples
+// the last token of every sequence with `sample` set (kStep), or returns the logits of every token
+// (kScore).
+// Wire format: a flat little-endian byte string (encode/decode), version-tagged and bounds-checked
+// on decode; no rank but the leader ever sees a request body.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/engine/sampler.h"
+
+namespace lattice {
+
+struct PlanSeq {
+    int64_t id = 0;         // the leader's sequence id (keys the sampler's per-sequence state)
+    int32_t start = 0;      // position of the first fed token
+    int32_t count = 0;      // tokens fed this step
+    bool sample = false;    // sample after this step
+    bool ban_stop = false;  // min_tokens not reached: eos and stop ids may not be sampled
+    int32_t n_ban = 0;      // ... namely the next n_ban entries of StepPlan::ban_ids (in plan order)
+    SamplingParams sampling;
+};
+
+struct StepPlan {
+    enum class Kind : int32_t { kStep = 1, kScore = 2, kHeartbeat = 3, kShutdown = 4 };
+    Kind kind = Kind::kStep;
+    int64_t number = 0;           // step number (every rank checks it arrives in order)
+    std::vector<int32_t> tokens;  // fed ids, sequence after sequence
+    std::vector<PlanSeq> seqs;
+    int32_t width = 0;              // block table width (blocks per sequence at most)
+    std::vector<int32_t> tables;    // [seqs.size(), width], unused entries -1
+    std::vector<int32_t> ban_ids;   // per ban_stop sequence, in plan order, its n_ban banned ids
+    std::vector<int64_t> released;  // sequences that ended: the sampler rank drops their state
+
+    int64_t sampled() const;  // sequences with `sample` set
+    bool empty() const { return seqs.empty(); }
+};
+
+std::vector<uint8_t> encode_plan(const StepPlan& p);
+// Throws Error on a malformed message (it names the field).
+StepPlan decode_plan(const uint8_t* data, int64_t size);
+
+// What the sampler rank returns for each sampled sequence, in plan order.
+struct SampledToken {
+    int32_t token = 0;
+    float logprob = 0;  // log-probability of `token` under the model's distribution (temperature 1)
+};
+
+}  // namespace lattice
