@@ -150,9 +150,11 @@ StepPlan Scheduler::next(int64_t number) {
     p.width = int32_t((opt_.max_seq + B - 1) / B);
     int64_t budget = opt_.step_tokens;
     const int64_t n_running = running();
-    // With a pipeline, spread the running sequences over the micro-batches that can be in flight.
+    // With a pipeline, spread the active sequences (running, and waiting ones that may start) over
+    // the micro-batches that can be in flight.
+    const int64_t active = std::min(opt_.max_seqs, n_running + waiting());
     const int64_t cap = opt_.micro_batches > 1
-                            ? std::max<int64_t>(1, (n_running + opt_.micro_batches - 1) / opt_.micro_batches)
+                            ? std::max<int64_t>(1, (active + opt_.micro_batches - 1) / opt_.micro_batches)
                             : opt_.max_seqs;
     std::vector<int64_t> in_plan;
     auto take = [&](Seq& s, int64_t n) {

@@ -190,3 +190,43 @@ TEST_CASE("several sequences in flight (pipelined decode) equal their single-seq
         CHECK(st.sequences == 3);
     }
 }
+
+TEST_CASE("16 mixed sequences with preemption and prefix hits: every layout equals one rank") {
+    const int world = mpi_session().size();
+    auto src = open_model(golden_dir("tiny-gqa-llama3"));
+    const int64_t vocab = src->config().vocab;
+    std::vector<GenerateRequest> reqs;
+    std::vector<int32_t> shared = {5, 9, 14, 3, 77, 21, 8, 40, 41, 42, 43, 44, 45, 46, 47, 48};
+    for (int i = 0; i < 16; ++i) {
+        GenerateRequest r;
+        if (i % 2 == 0) r.prompt = shared;  // shared 16-token prefix: prefix-cache hits
+        for (int j = 0; j < 3 + (i * 7) % 23; ++j) r.prompt.push_back(int32_t((i * 31 + j * 17) % (vocab - 3) + 3));
+        r.max_new_tokens = 4 + i % 9;
+        r.ignore_eos = true;
+        reqs.push_back(std::move(r));
+    }
+    std::vector<std::vector<int32_t>> want;
+    {
+        BuildOptions o = layout_options(1, 1);
+        o.mpi = false;
+        o.engine.prefix_caching = false;
+        Built b = build(o, *src);
+        for (const auto& r : reqs) want.push_back(b.engine->generate(r).tokens);
+    }
+    for (auto [tp, pp] : layouts_for(world)) {
+        if (!layout_fits(src->config(), tp, pp)) continue;
+        CAPTURE(tp);
+        CAPTURE(pp);
+        BuildOptions o = layout_options(tp, pp, 32);  // 32 tokens per step: longer prompts are chunked
+        o.model.block_size = 4;
+        o.kv_blocks = 16;  // 64 positions for 16 sequences of up to 53: preemption
+        Built b = build(o, *src);
+        GenerateStats st;
+        std::vector<GenerateResult> got = b.engine->generate_batch(reqs, {}, &st);
+        for (size_t i = 0; i < reqs.size(); ++i) CHECK(got[i].tokens == want[i]);
+        CHECK(st.preemptions > 0);
+        CHECK(st.cached_prompt_tokens > 0);
+        if (b.engine->is_leader())
+            CHECK(b.engine->scheduler().pool().num_free() == b.engine->scheduler().pool().num_blocks());
+    }
+}
