@@ -25,7 +25,7 @@ namespace lattice {
 [[noreturn]] void throw_call_error_nvcc(const char* file, int line, const char* call, const std::string& what);
 #if !defined(__CUDACC__)
 [[noreturn]] inline void throw_call_error(const char* file, int line, const char* call, const std::string& what) {
-    throw Error(where_prefix(file, line) + call + ": " + what);
+    throw Error(where_prefix(file, line), std::string(call) + ": " + what);
 }
 #define LATTICE_THROW_CALL_ERROR ::lattice::throw_call_error
 #else

@@ -15,7 +15,14 @@ namespace lattice {
 
 class Error : public std::runtime_error {
 public:
-    explicit Error(const std::string& msg) : std::runtime_error(msg) {}
+    explicit Error(const std::string& msg) : std::runtime_error(msg), message_(msg) {}
+    // `where`: "[host rank file:line] " (see where_prefix); what() is where + message.
+    Error(const std::string& where, const std::string& msg) : std::runtime_error(where + msg), message_(msg) {}
+    // The message alone, without the location prefix (for users, API error bodies, result files).
+    const std::string& message() const { return message_; }
+
+private:
+    std::string message_;
 };
 
 // Process-wide identity used to label errors and logs; set once by launch/ after MPI init.
@@ -49,7 +56,7 @@ inline std::string where_prefix(const char* file, int line) {
 }
 
 [[noreturn]] inline void throw_error(const char* file, int line, const std::string& msg) {
-    throw Error(where_prefix(file, line) + msg);
+    throw Error(where_prefix(file, line), msg);
 }
 
 }  // namespace lattice

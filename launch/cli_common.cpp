@@ -16,7 +16,10 @@ void ModelArgs::add_to(CLI::App* cmd) {
     cmd->add_option("--config", config_preset, "Built-in shape for --random-weights (tinyllama-1.1b, llama-2-7b, "
                                                "llama-2-70b, llama-3-8b, llama-3-70b)");
     cmd->add_option("--seed-weights", weight_seed, "Seed for --random-weights");
-    cmd->add_option("--quant", quant, "Linear layers: none | w8a16 | w8a8")->check(CLI::IsMember({"none", "w8a16", "w8a8"}));
+    cmd->add_option("--quant", quant,
+                    "Linear layers: auto | none | w8a16 | w8a8 (auto: w8a8 with --quant-head for a checkpoint that is "
+                    "already quantized, e.g. a Q4/Q8 GGUF; none otherwise)")
+        ->check(CLI::IsMember({"auto", "none", "w8a16", "w8a8"}));
     cmd->add_flag("--quant-head", quant_head, "Quantize the LM head too (embedding stays float)");
     cmd->add_option("--smooth", smooth,
                     "SmoothQuant factors from lattice calibrate (.safetensors), folded into the weights at load");
@@ -90,7 +93,8 @@ std::vector<int64_t> parse_counts(const std::string& s) {
 
 Built load_model(const ModelArgs& a) {
     BuildOptions o;
-    o.model.quant = parse_quant_mode(a.quant);
+    o.quant_auto = a.quant == "auto";
+    o.model.quant = o.quant_auto ? QuantMode::kNone : parse_quant_mode(a.quant);
     o.model.quant_head = a.quant_head;
     o.model.smooth_path = a.smooth;
     o.model.max_seq = a.max_seq;

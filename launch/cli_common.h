@@ -17,7 +17,7 @@ struct ModelArgs {
     std::string config_preset;  // --config NAME with --random-weights
     bool random_weights = false;
     uint64_t weight_seed = 1234;
-    std::string quant = "none";
+    std::string quant = "auto";
     bool quant_head = false;
     std::string smooth;  // SmoothQuant factor file from `lattice calibrate`
     int threads = 0;

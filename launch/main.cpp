@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
     lattice::add_doctor_command(app, run);
     lattice::add_calibrate_command(app, run);
     lattice::add_layout_command(app, run);
+    lattice::add_batch_command(app, run);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

@@ -77,6 +77,11 @@ std::unique_ptr<Engine> make_local_engine(Model& model, const EngineOptions& opt
     return std::make_unique<Engine>(model, PipelineLinks{}, eo);
 }
 
+bool checkpoint_is_quantized(const TensorSource& src) {
+    const std::string probe = "model.layers.0.mlp.down_proj.weight";
+    return src.has(probe) && dtype_is_block(src.info(probe).dtype);
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -98,7 +103,12 @@ std::unique_ptr<Communicator> device_group(std::unique_ptr<Communicator> host, B
     return dev;
 }
 
-Built build_in(const BuildOptions& o, ParallelContext ctx, const TensorSource& src, Clock::time_point t0) {
+Built build_in(const BuildOptions& opts, ParallelContext ctx, const TensorSource& src, Clock::time_point t0) {
+    BuildOptions o = opts;
+    if (o.quant_auto && checkpoint_is_quantized(src)) {
+        o.model.quant = QuantMode::kW8A8;
+        o.model.quant_head = true;
+    }
     Built b;
     b.world = ctx.world;
     BackendOptions bo = o.backend;

@@ -37,6 +37,9 @@ std::unique_ptr<TensorSource> open_spec(const ModelSpec& spec);
 
 struct BuildOptions {
     ModelOptions model;              // quantization, KV sizes, batch limits; tp/pp fields are filled in here
+    // Quantization follows the checkpoint: one already quantized (GGUF Q8_0/Q4_x) runs W8A8 with
+    // the LM head quantized too, others keep model.quant / quant_head.
+    bool quant_auto = false;
     std::vector<int64_t> pp_layers;  // layers per pipeline stage (empty: balanced)
     int64_t micro_batch = 0;         // tokens per engine step (0: max_batch_tokens)
     EngineOptions engine;            // max sequences, prefix caching (kv_blocks is computed here)
@@ -72,6 +75,9 @@ Built build(const BuildOptions& opt, const TensorSource& src);
 // From a spec: the source is opened after the parallel context exists and dropped once the
 // weights are in the backend's memory (the file mappings go with it).
 Built build(const BuildOptions& opt, const ModelSpec& spec);
+
+// True when the checkpoint's linear weights are block-quantized (GGUF Q8_0, Q4_0, Q4_1).
+bool checkpoint_is_quantized(const TensorSource& src);
 
 // KV blocks for this rank from the options and the model (before the world-wide minimum).
 // Never more than max_seqs sequences of the full context can use.

@@ -1,0 +1,43 @@
+// OpenAI-shaped request bodies (completions and chat completions) to engine requests: one parser
+// for `lattice batch` (the "body" of each input line) and `lattice serve` (the HTTP body), so both
+// accept exactly the same fields with the same defaults and the same errors.
+// Fields: model, prompt (string | token-id array | [string]) or messages ([{role, content}] where
+// content is a string or [{"type": "text", "text": ...}]), max_tokens (chat also
+// max_completion_tokens), temperature, top_p, top_k (-1 or 0: off), seed, stop (string or up to 4
+// strings), stream, stream_options.include_usage, n (1 only), and vLLM's ignore_eos, min_tokens.
+// Unknown fields are ignored (clients send extras such as "user"); a known field of the wrong type
+// or out of range is an Error whose message names the field.
+// Defaults: completions max_tokens 16 (OpenAI's); chat: the rest of the context. Temperature 1,
+// top_p 1 (OpenAI's). Seed: random unless given (reported back by the caller).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "runtime/engine/scheduler.h"
+#include "runtime/tokenizer/tokenizer.h"
+
+namespace lattice {
+
+struct ApiLimits {
+    int64_t max_seq = 0;  // positions per sequence
+    int64_t vocab = 0;
+};
+
+struct ApiRequest {
+    bool chat = false;
+    std::string model;              // "" when absent
+    EngineRequest engine;           // prompt, limits, sampling, token stops
+    std::vector<std::string> stop;  // stop strings
+    bool stream = false;
+    bool include_usage = false;
+    bool seed_given = false;
+};
+
+// Throws Error naming the field at fault. `tok` may be null (a model without a tokenizer: prompts
+// must then be token ids, and messages are refused).
+ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const Tokenizer* tok, const ApiLimits& limits);
+
+}  // namespace lattice
