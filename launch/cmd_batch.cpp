@@ -7,6 +7,7 @@
 //   output lines  {"custom_id", "text", "token_ids", "finish_reason", "usage": {prompt_tokens,
 //                 completion_tokens}} ("text" absent for a model without a tokenizer), or
 //                 {"custom_id", "error": {"message"}} for a line that cannot run. Completion order.
+//                 A line repeating an earlier line's custom_id is skipped with a warning on stderr.
 // Crash safety: each output line is one write() of the whole line. A rerun with the same --output
 // first cuts a partial last line (a job killed mid-write, a lost node), then skips every id already
 // there: a job killed at any moment loses at most its in-flight requests.
@@ -244,10 +245,14 @@ int run_batch(BatchArgs& a) {
             }
             const bool wrapped = j.contains("body");
             if (wrapped && j.contains("custom_id")) id = j["custom_id"];
+            if (!seen.insert(id.dump()).second) {  // the id's record belongs to its first line
+                fmt::print(stderr, "batch: line {}: custom_id {} already used by an earlier line; skipped\n", line_no,
+                           id.dump());
+                continue;
+            }
             if (out.done().count(id.dump())) continue;  // finished by an earlier run
             try {
                 LATTICE_CHECK(id.is_string() || id.is_number_integer(), "\"custom_id\" must be a string or an integer");
-                LATTICE_CHECK(seen.insert(id.dump()).second, "duplicate custom_id {}", id.dump());
                 const json& body = wrapped ? j["body"] : j;
                 const bool chat = (j.contains("url") && j["url"].is_string() &&
                                    j["url"].get<std::string>().ends_with("/chat/completions")) ||

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""`lattice batch` end to end on the built-in SmolLM2 model (greedy, so every run must give the same
+text): a 200-line input with bad lines mixed in (bad JSON, wrong types, empty prompt, a prompt
+beyond the context; a later line repeating an id is skipped, the first keeps it);
+  - one uninterrupted run is the reference: every valid id once with text, every bad one once as an
+    error record;
+  - killed with SIGKILL mid-run and rerun with the same --output until it completes: the same set
+    of records, each id exactly once, the same texts (a partial last line is cut on resume);
+  - the same with SIGTERM: the run drains, exits 0 and says what is left; reruns finish the job;
+  - under mpirun -np 2 --pp 2 the results equal the single-rank ones.
+Usage: test_batch.py LATTICE_BINARY MODEL_GGUF   (exit 0: pass)"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+lattice, model = sys.argv[1], sys.argv[2]
+fails = []
+
+
+def check(ok, what):
+    if not ok:
+        fails.append(what)
+        print("FAILED:", what)
+
+
+def make_input(path):
+    lines, valid, bad = [], set(), set()
+    words = ["The sea", "A quiet village", "Numbers", "Once upon a time", "The best way to learn"]
+    for i in range(200):
+        cid = f"req-{i}"
+        if i % 23 == 5:
+            lines.append("{not json at all")
+            bad.add(i + 1)  # a line that is not JSON gets its line number as id
+            continue
+        if i % 23 == 11:
+            lines.append(json.dumps({"custom_id": cid, "body": {"prompt": 17}}))
+            bad.add(cid)
+            continue
+        if i % 23 == 17:
+            lines.append(json.dumps({"custom_id": cid, "body": {"prompt": ""}}))
+            bad.add(cid)
+            continue
+        if i == 100:
+            lines.append(json.dumps({"custom_id": cid, "body": {"prompt": list(range(1, 9000)), "max_tokens": 2}}))
+            bad.add(cid)
+            continue
+        if i == 150:
+            lines.append(json.dumps({"custom_id": "req-3", "body": {"prompt": "dup"}}))  # duplicate of req-3
+            continue
+        if i % 4 == 0:
+            body = {"messages": [{"role": "user", "content": f"{words[i % 5]} number {i}?"}], "max_tokens": 6}
+        else:
+            body = {"prompt": f"{words[i % 5]} {i}", "max_tokens": 4 + i % 5}
+        body["temperature"] = 0
+        lines.append(json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/completions", "body": body}))
+        valid.add(cid)
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return valid, bad
+
+
+def run(args, inp, out, env=None, kill=None, after_lines=0):
+    """Runs lattice batch; with `kill`, sends that signal once the output holds `after_lines` lines."""
+    cmd = args + ["batch", "--model", model, "--input", inp, "--output", out, "--threads", "2", "--progress", "none"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    if kill is not None:
+        deadline = time.time() + 240
+        while p.poll() is None and time.time() < deadline:
+            n = sum(1 for _ in open(out)) if os.path.exists(out) else 0
+            if n >= after_lines:
+                os.kill(p.pid, kill)
+                break
+            time.sleep(0.05)
+    try:
+        so, se = p.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        so, se = p.communicate()
+        check(False, f"batch run did not end within 600 s: {cmd}")
+    return p.returncode, se
+
+
+def records(path):
+    out = {}
+    dup = []
+    with open(path) as f:
+        for line in f:
+            assert line.endswith("\n"), "a line without its newline"
+            j = json.loads(line)
+            key = json.dumps(j["custom_id"])
+            if key in out:
+                dup.append(key)
+            out[key] = j
+    return out, dup
+
+
+def verify(name, path, valid, bad, want=None):
+    recs, dup = records(path)
+    check(not dup, f"{name}: ids written twice: {dup[:5]}")
+    keys = {json.dumps(v) for v in valid}
+    bad_keys = {json.dumps(v) for v in bad}
+    check(keys <= set(recs), f"{name}: missing results for {sorted(keys - set(recs))[:5]}")
+    check(bad_keys <= set(recs), f"{name}: missing error records for {sorted(bad_keys - set(recs))[:5]}")
+    for k in keys & set(recs):
+        r = recs[k]
+        check("error" not in r and isinstance(r.get("text"), str) and r["finish_reason"] in ("stop", "length")
+              and r["usage"]["completion_tokens"] == len(r["token_ids"]) > 0, f"{name}: bad record {r}")
+    for k in bad_keys & set(recs):
+        check("error" in recs[k] and recs[k]["error"]["message"], f"{name}: {k} should be an error record")
+    if want is not None:
+        for k in keys & set(recs):
+            if k in want:
+                check(recs[k]["text"] == want[k]["text"] and recs[k]["token_ids"] == want[k]["token_ids"],
+                      f"{name}: {k} differs from the uninterrupted run: {recs[k]} vs {want[k]}")
+    return recs
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    inp = os.path.join(tmp, "in.jsonl")
+    valid, bad = make_input(inp)
+    ref = os.path.join(tmp, "ref.jsonl")
+    rc, err = run([lattice], inp, ref)
+    check(rc == 0, f"uninterrupted run exits 0 (rc {rc}): {err[-500:]}")
+    want = verify("uninterrupted", ref, valid, bad)
+    check(len(want) == len(valid) + len(bad), f"uninterrupted: {len(want)} records for {len(valid) + len(bad)} ids")
+
+    # SIGKILL mid-run, then reruns until one completes.
+    out = os.path.join(tmp, "killed.jsonl")
+    rounds = 0
+    while rounds < 12:
+        rounds += 1
+        before = sum(1 for _ in open(out)) if os.path.exists(out) else 0
+        rc, err = run([lattice], inp, out, kill=signal.SIGKILL, after_lines=before + 25)
+        if rc == 0:
+            break
+        check(rc == -signal.SIGKILL, f"SIGKILL round {rounds}: rc {rc}: {err[-300:]}")
+        # Simulate a node lost mid-write on one round: a partial line at the end.
+        if rounds == 2:
+            with open(out, "a") as f:
+                f.write('{"custom_id": "req-9", "text": "half a li')
+    check(rounds >= 2, "the SIGKILL test never killed a run (the runs finished too fast)")
+    verify("SIGKILL + resume", out, valid, bad, want)
+
+    # SIGTERM: drains, exits 0, says what is left; reruns finish.
+    out = os.path.join(tmp, "term.jsonl")
+    rc, err = run([lattice], inp, out, kill=signal.SIGTERM, after_lines=30)
+    check(rc == 0, f"SIGTERM run exits 0 (rc {rc}): {err[-500:]}")
+    check("stopped by signal 15" in err and "rerun with the same --output" in err,
+          f"SIGTERM run says what is left: {err[-300:]}")
+    n_after = sum(1 for _ in open(out))
+    check(n_after < len(want), f"SIGTERM came before the end ({n_after} of {len(want)} records)")
+    rc, err = run([lattice], inp, out)
+    check(rc == 0 and "from earlier runs" in err, f"resume after SIGTERM: rc {rc}: {err[-300:]}")
+    verify("SIGTERM + resume", out, valid, bad, want)
+
+    # Two pipeline stages under mpirun: the same results.
+    mpirun = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2"]
+    if os.geteuid() == 0:
+        mpirun.append("--allow-run-as-root")
+    out = os.path.join(tmp, "pp2.jsonl")
+    cmd = mpirun + [lattice, "batch", "--model", model, "--input", inp, "--output", out, "--threads", "1", "--pp",
+                    "2", "--progress", "none"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    check(p.returncode == 0, f"pp 2 run exits 0 (rc {p.returncode}): {p.stderr[-500:]}")
+    verify("pp 2", out, valid, bad, want)
+
+print(f"test_batch: {len(fails)} failures")
+sys.exit(1 if fails else 0)
