@@ -11,7 +11,8 @@
 // Crash safety: each output line is one write() of the whole line. A rerun with the same --output
 // first cuts a partial last line (a job killed mid-write, a lost node), then skips every id already
 // there: a job killed at any moment loses at most its in-flight requests.
-// SIGTERM / SIGINT (what Slurm sends first): stop admitting, finish in-flight requests for up to
+// SIGTERM / SIGINT / SIGUSR1 (what Slurm sends first; SIGUSR1 is what mpirun forwards to every rank,
+// launch/drain_signal.h): stop admitting, finish in-flight requests for up to
 // --drain-seconds, abandon the rest (they run on the next rerun), flush, exit 0 saying what is left.
 // Only rank 0 reads the input and writes the output; the other ranks follow the engine.
 #include <fcntl.h>

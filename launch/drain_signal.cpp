@@ -23,6 +23,7 @@ void install_drain_handlers() {
     sa.sa_flags = SA_RESTART;
     sigaction(SIGTERM, &sa, nullptr);
     sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGUSR1, &sa, nullptr);
 }
 
 int drain_requested() {

@@ -7,7 +7,8 @@ beyond the context; a later line repeating an id is skipped, the first keeps it)
   - killed with SIGKILL mid-run and rerun with the same --output until it completes: the same set
     of records, each id exactly once, the same texts (a partial last line is cut on resume);
   - the same with SIGTERM: the run drains, exits 0 and says what is left; reruns finish the job;
-  - under mpirun -np 2 --pp 2 the results equal the single-rank ones.
+  - under mpirun -np 2 --pp 2, drained by SIGUSR1 to mpirun and resumed, the results equal the
+    single-rank ones.
 Usage: test_batch.py LATTICE_BINARY MODEL_GGUF   (exit 0: pass)"""
 import json
 import os
@@ -164,8 +165,18 @@ with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "pp2.jsonl")
     cmd = mpirun + [lattice, "batch", "--model", model, "--input", inp, "--output", out, "--threads", "1", "--pp",
                     "2", "--progress", "none"]
+    # SIGUSR1 to mpirun (which forwards it to every rank) drains the job; a rerun finishes it.
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while p.poll() is None and time.time() < deadline:
+        if os.path.exists(out) and sum(1 for _ in open(out)) >= 20:
+            p.send_signal(signal.SIGUSR1)
+            break
+        time.sleep(0.05)
+    so, se = p.communicate(timeout=600)
+    check(p.returncode == 0 and "stopped by signal 10" in se, f"pp 2 drain on SIGUSR1 (rc {p.returncode}): {se[-500:]}")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    check(p.returncode == 0, f"pp 2 run exits 0 (rc {p.returncode}): {p.stderr[-500:]}")
+    check(p.returncode == 0, f"pp 2 resume exits 0 (rc {p.returncode}): {p.stderr[-500:]}")
     verify("pp 2", out, valid, bad, want)
 
 print(f"test_batch: {len(fails)} failures")
