@@ -72,7 +72,8 @@ public:
     const std::set<std::string>& done() const { return done_; }
     int64_t cut_bytes() const { return cut_; }
     void write(const json& line) {
-        const std::string s = line.dump() + "\n";
+        // Invalid UTF-8 in generated text (bytes no character completes) becomes U+FFFD, not an error.
+        const std::string s = line.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
         size_t off = 0;
         while (off < s.size()) {
             const ssize_t n = ::write(fd_, s.data() + off, s.size() - off);
@@ -204,7 +205,7 @@ int run_batch(BatchArgs& a) {
     int64_t line_no = 0, done = already, errors = 0, prompt_tokens = 0, gen_tokens = 0, abandoned = 0;
     std::vector<double> ttfts;
     const SchedulerStats s0 = engine.scheduler().stats();
-    Clock::time_point first_admit{}, last_done{};
+    Clock::time_point first_admit{}, last_done{}, last_first_token{};
     bool admitting = true, input_left = true;
     Clock::time_point drain_deadline{};
     auto record_error = [&](const json& id, const std::string& msg) {
@@ -295,6 +296,7 @@ int run_batch(BatchArgs& a) {
                 if (r.ttft < 0) {
                     r.ttft = since(r.admitted);
                     ttfts.push_back(r.ttft);
+                    last_first_token = Clock::now();
                 }
                 r.tokens.push_back(ev.token);
                 if (r.text && r.text->push(ev.token).stop) {
@@ -331,6 +333,12 @@ int run_batch(BatchArgs& a) {
                    {"prompt_tokens", prompt_tokens},
                    {"generated_tokens", gen_tokens},
                    {"tokens_per_s", run_s > 0 ? double(gen_tokens) / run_s : 0.0},
+                   // After the last request got its first token (meaningful when all start together).
+                   {"decode_tokens_per_s", [&] {
+                        const double d = std::chrono::duration<double>(last_done - last_first_token).count();
+                        const int64_t n = gen_tokens - int64_t(ttfts.size());
+                        return d > 0 && n > 0 ? double(n) / d : 0.0;
+                    }()},
                    {"ttft_mean_s", ttfts.empty() ? 0.0 : [&] {
                         double s = 0;
                         for (double t : ttfts) s += t;
