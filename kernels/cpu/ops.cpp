@@ -116,65 +116,6 @@ void rope(float* qkv, int64_t m, int64_t row_stride, const int32_t* positions, i
     });
 }
 
-void attention(float* out, const float* qkv, float* k_cache, float* v_cache, const int32_t* positions,
-               const int32_t* seqs, int64_t m, const AttentionArgs& a, ThreadPool& pool) {
-    const int64_t hd = a.head_dim, nh = a.n_heads, nkv = a.n_kv, B = a.block_size;
-    const int64_t row = (nh + 2 * nkv) * hd;
-    const int64_t group = nh / nkv;
-    // Validate every token's blocks once (all positions it reads), so the hot loops index freely.
-    for (int64_t t = 0; t < m; ++t) {
-        LATTICE_CHECK(seqs[t] >= 0 && seqs[t] < a.num_seqs && positions[t] >= 0 &&
-                          positions[t] / B < a.table_width,
-                      "attention: token {} of sequence {} at position {} is outside the block tables ({} sequences x {} "
-                      "blocks of {})",
-                      t, seqs[t], positions[t], a.num_seqs, a.table_width, B);
-        const int32_t* table = a.block_tables + seqs[t] * a.table_width;
-        for (int64_t b = 0; b <= positions[t] / B; ++b)
-            LATTICE_CHECK(table[b] >= 0 && table[b] < a.num_blocks,
-                          "attention: token {} reads block {} (entry {} of sequence {}), the cache has {} blocks", t,
-                          table[b], b, seqs[t], a.num_blocks);
-    }
-    auto cache_at = [&](float* c, int64_t seq, int64_t pos, int64_t g) {
-        const int64_t block = a.block_tables[seq * a.table_width + pos / B];
-        return c + ((block * B + pos % B) * nkv + g) * hd;
-    };
-    for (int64_t t = 0; t < m; ++t) {
-        for (int64_t g = 0; g < nkv; ++g) {
-            std::memcpy(cache_at(k_cache, seqs[t], positions[t], g), qkv + t * row + (nh + g) * hd, size_t(hd) * 4);
-            std::memcpy(cache_at(v_cache, seqs[t], positions[t], g), qkv + t * row + (nh + nkv + g) * hd,
-                        size_t(hd) * 4);
-        }
-    }
-    pool.parallel_for(m * nkv, [&](int64_t i0, int64_t i1, int) {
-        std::vector<float> scores;
-        for (int64_t i = i0; i < i1; ++i) {
-            const int64_t t = i / nkv, g = i % nkv;
-            const int64_t len = int64_t(positions[t]) + 1;
-            scores.resize(size_t(len));
-            for (int64_t hh = 0; hh < group; ++hh) {
-                const int64_t h = g * group + hh;
-                const float* q = qkv + t * row + h * hd;
-                float mx = -INFINITY;
-                for (int64_t p = 0; p < len; ++p) {
-                    float s = dot(q, cache_at(k_cache, seqs[t], p, g), hd) * a.scale;
-                    scores[size_t(p)] = s;
-                    mx = std::max(mx, s);
-                }
-                float sum = 0;
-                for (int64_t p = 0; p < len; ++p) {
-                    float e = std::exp(scores[size_t(p)] - mx);
-                    scores[size_t(p)] = e;
-                    sum += e;
-                }
-                const float inv = 1.0f / sum;
-                float* o = out + t * nh * hd + h * hd;
-                std::memset(o, 0, size_t(hd) * 4);
-                for (int64_t p = 0; p < len; ++p) axpy(o, scores[size_t(p)] * inv, cache_at(v_cache, seqs[t], p, g), hd);
-            }
-        }
-    });
-}
-
 void silu_mul(float* out, const float* gu, int64_t m, int64_t f, ThreadPool& pool) {
     pool.parallel_for(m, [&](int64_t r0, int64_t r1, int) {
         for (int64_t r = r0; r < r1; ++r) {
