@@ -18,12 +18,8 @@
 
 #include "base/error.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/multiversion.h"
 
-#if defined(__x86_64__) && !defined(__clang__)
-#define LATTICE_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define LATTICE_MULTIVERSION
-#endif
 
 namespace lattice::cpu {
 

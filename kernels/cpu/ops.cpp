@@ -1,5 +1,6 @@
 // CPU kernels for the non-GEMM ops (see ops.h). Shared per-element math from kernels/common.
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/multiversion.h"
 
 #include "kernels/common/llama_math.h"
 #include "base/error.h"
@@ -9,11 +10,6 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__x86_64__) && !defined(__clang__)
-#define LATTICE_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define LATTICE_MULTIVERSION
-#endif
 
 namespace lattice::cpu {
 

@@ -10,17 +10,15 @@
 #include <cmath>
 #include <cstring>
 
+#include "base/clock.h"
 #include "base/error.h"
 
 namespace lattice {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+using Clock = SteadyClock;
+constexpr auto since = seconds_since;
 
 template <typename T>
 View host_view(T* p, DType dt, int64_t n) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <unordered_map>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "runtime/engine/engine.h"
 
@@ -11,11 +12,8 @@ namespace lattice {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+using Clock = SteadyClock;
+constexpr auto since = seconds_since;
 
 template <typename T>
 void broadcast_vec(Communicator& c, std::vector<T>& v, DType dt) {

@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 
+#include "tests/test_build.h"
 #include "runtime/engine/build.h"
 #include "tests/runtime/model/golden.h"
 
@@ -62,16 +63,13 @@ struct Config {
 };
 
 BuildOptions options(const Config& k) {
-    BuildOptions o;
+    BuildOptions o = test::cpu_options();
     o.model.block_size = k.block_size;
     o.model.max_batch_tokens = 256;
     o.micro_batch = k.step_tokens;
     o.kv_blocks = k.kv_blocks;
     o.engine.max_seqs = k.max_seqs;
     o.engine.prefix_caching = k.prefix;
-    o.backend.kind = BackendKind::kCpu;
-    o.backend.threads = 1;
-    o.backend.pin = false;
     return o;
 }
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "tests/test_build.h"
 #include "runtime/engine/build.h"
 #include "runtime/weights/random_source.h"
 
@@ -31,12 +32,9 @@ ModelConfig tiny() {
 }
 
 Built make(const TensorSource& src, int64_t micro = 0, int64_t max_seq = 0) {
-    BuildOptions o;
+    BuildOptions o = test::cpu_options();
     o.model.max_seq = max_seq;
     o.micro_batch = micro;
-    o.backend.kind = BackendKind::kCpu;
-    o.backend.threads = 1;
-    o.backend.pin = false;
     return build(o, src);
 }
 

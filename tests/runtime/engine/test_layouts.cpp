@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 #include <mpi.h>
 
+#include "tests/test_build.h"
 #include "parallel/mpi_session.h"
 #include "runtime/engine/build.h"
 #include "runtime/weights/random_source.h"
@@ -22,15 +23,9 @@ struct Result {
 };
 
 BuildOptions layout_options(int tp, int pp, int64_t micro = 0) {
-    BuildOptions o;
-    o.tp = tp;
-    o.pp = pp;
+    BuildOptions o = test::cpu_options(1, tp, pp);
     o.mpi = true;
     o.micro_batch = micro;
-    o.comm_timeout = 30.0;
-    o.backend.kind = BackendKind::kCpu;
-    o.backend.threads = 1;
-    o.backend.pin = false;
     return o;
 }
 

@@ -1,6 +1,7 @@
 // Each rank reads only its own slices of the checkpoint: with tp = 2 and pp = 2 a rank holds about
 // a quarter of the weights, and its resident memory grows by about that much while loading (the
 // file mapping is dropped after load). Run under mpirun -np 4.
+#include "tests/test_build.h"
 #include "parallel/mpi_session.h"
 #include "parallel/parallel_context.h"
 #include "runtime/backend/cpu/cpu_backend.h"
@@ -66,13 +67,7 @@ TEST_CASE("tp 2 x pp 2: every rank holds and maps in about a quarter of the weig
     MPI_Barrier(MPI_COMM_WORLD);
     const int64_t file_bytes = int64_t(fs::file_size(dir + "/model.safetensors"));
     {
-        BuildOptions o;
-        o.tp = 2;
-        o.pp = 2;
-        o.comm_timeout = 30.0;
-        o.backend.kind = BackendKind::kCpu;
-        o.backend.threads = 1;
-        o.backend.pin = false;
+        const BuildOptions o = test::cpu_options(1, 2, 2);
         const int64_t rss0 = resident_bytes();
         int64_t mine = 0, rss1 = 0;
         {

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 
+#include "tests/test_build.h"
 #include "parallel/mpi_session.h"
 #include "parallel/parallel_context.h"
 #include "runtime/engine/build.h"
@@ -46,14 +47,8 @@ TEST_CASE("smoothed model: tp 2 and pp 2 equal the single-rank smoothed run") {
                 continue;  // the heads do not allow this layout
             }
             CAPTURE(tp);
-            BuildOptions o;
+            BuildOptions o = test::cpu_options(1, tp, pp);
             o.model = quant_options(QuantMode::kNone, path);
-            o.tp = tp;
-            o.pp = pp;
-            o.comm_timeout = 30.0;
-            o.backend.kind = BackendKind::kCpu;
-            o.backend.threads = 1;
-            o.backend.pin = false;
             Built b = build(o, src);
             std::vector<float> got = b.engine->score(prompt);
             if (b.world.rank == 0) {

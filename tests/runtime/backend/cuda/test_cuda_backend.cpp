@@ -6,6 +6,7 @@
 // - metadata staging: a new batch with the same count but other positions is really re-uploaded;
 // - CudaGraph: capture the model's layers for a decode step, replay with other positions and ids
 //   == the eager CPU result.
+#include "tests/test_build.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
 #include "kernels/common/quantize.h"
 #include "runtime/backend/cpu/cpu_backend.h"
@@ -112,12 +113,10 @@ ModelConfig tiny_config() {
 }
 
 Built build_tiny(const TensorSource& src, BackendKind kind, DType act) {
-    BuildOptions o;
+    BuildOptions o = test::cpu_options();
     o.model.max_seq = 80;
     o.model.max_batch_tokens = 72;
     o.backend.kind = kind;
-    o.backend.threads = 1;
-    o.backend.pin = false;
     o.backend.cuda_act = act;
     return build(o, src);
 }
