@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <new>
 
 namespace {
@@ -100,6 +101,8 @@ int main(int argc, char** argv) {
         return fail("error", e.what(), 1);
     } catch (const std::bad_alloc&) {
         return fail("error", "out of memory", 1);
+    } catch (const std::filesystem::filesystem_error& e) {  // a backstop: its message names the path
+        return fail("error", e.what(), 1);
     } catch (const std::exception& e) {
         return fail("internal error", e.what(), 3);
     }

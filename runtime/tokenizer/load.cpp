@@ -61,7 +61,7 @@ void apply_tokenizer_config(TokenizerSpec& spec, const std::string& config_path)
             spec.chat_template = t.get<std::string>();
         } else if (t.is_array()) {  // [{"name": "default", "template": "..."}, ...]
             for (const auto& e : t)
-                if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
+                if (e.is_object() && e.contains("name") && e["name"] == "default" && e.contains("template") &&
                     e["template"].is_string())
                     spec.chat_template = e["template"].get<std::string>();
         }

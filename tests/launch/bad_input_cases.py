@@ -239,6 +239,30 @@ def cases(shared):
         Case("GGUF kv count huge", gen("{tmp}/m.gguf"), needle="kv count",
              setup=gguf_copy(lambda b, lay: [(16, struct.pack("<Q", 2**62))])),
     ]
+    def unsupported_type(b, lay):
+        return [(lay["tensors"]["blk.0.attn_q.weight"][2] - 4, struct.pack("<I", 12))]  # ggml type field: q4_K
+
+    def index_escape(d):
+        with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+            f.write('{"weight_map": {"model.norm.weight": "../../etc/passwd"}}')
+
+    C += [
+        Case("GGUF tensor of an unsupported type", gen("{tmp}/m.gguf"), needle=["blk.0.attn_q.weight", "q4_K"],
+             setup=gguf_copy(unsupported_type)),
+        Case("safetensors int8 weight", gen("{tmp}/m"), needle=["model.norm.weight", "dtype"],
+             setup=st_edit(lambda p: B.st_write_raw(
+                 p, b'{"model.norm.weight": {"dtype": "I8", "shape": [64], "data_offsets": [0, 64]}}', b"\0" * 64))),
+        Case("index.json names a file outside the model", gen("{tmp}/m"), needle="not a file in the model directory",
+             setup=model_copy("tiny-gqa-llama3", edit=index_escape)),
+        Case("config of another architecture", gen("{tmp}/m"), needle="not a Llama-family model",
+             setup=model_copy(model_type="gpt2", architectures=["GPT2LMHeadModel"])),
+        Case("model folder without weights", gen("{tmp}/m"), needle="no model.safetensors",
+             setup=model_copy(edit=lambda d: os.remove(os.path.join(d, "model.safetensors")))),
+        Case("--smooth is a FIFO", gen(llama2, "--quant", "w8a8", "--smooth", "{tmp}/s.st"), needle="FIFO",
+             setup=lambda t: os.mkfifo(os.path.join(t, "s.st")) or [], logs_ok=True),
+        Case("--prompt on a model without a tokenizer", ["generate", "--model", llama2, "--prompt", "hi"],
+             needle="tokenizer"),
+    ]
     return C + more_cases(shared, llama2, gen, model_copy)
 
 
@@ -251,12 +275,22 @@ def more_cases(shared, llama2, gen, model_copy):
         want = "205 112 191 215 79 43 94 75"  # tiny-llama2's greedy continuation of 1,2,3,4 (temperature 0)
         return None if r.out.split() == want.split() else f"tokens {r.out.strip()!r}, expected the greedy {want!r}"
 
+    def odd_tokenizer_config(t):
+        B.spm_json_without_fallback(os.path.join(t, "tokenizer.json"))
+        with open(os.path.join(t, "tokenizer_config.json"), "w") as f:
+            f.write('{"bos_token": 7, "eos_token": {"content": 3}, "add_bos_token": "yes", '
+                    '"chat_template": [{"name": 5, "template": "x"}, 4]}')
+        return []
+
     # ---- tokenizer
     C += [
         Case("vocab missing a character", ["tokenize", "--tokenizer", "{tmp}/tokenizer.json", "--text", "aZa"],
              needle="cannot encode", setup=lambda t: B.spm_json_without_fallback(os.path.join(t, "tokenizer.json")) and []),
         Case("tokenizer.json nested deep", ["tokenize", "--tokenizer", "{tmp}/tokenizer.json", "--text", "a"],
              needle="nested deeper", setup=lambda t: open(os.path.join(t, "tokenizer.json"), "w").write("[" * 50000) and []),
+        Case("tokenizer_config.json with odd value types is read, not a crash",
+             ["tokenize", "--tokenizer", "{tmp}", "--text", "ab"], rc=0, setup=odd_tokenizer_config,
+             check=lambda t, r: None if r.out.split() == ["5", "4"] else f"ids {r.out!r}"),
         Case("tokenize with neither --text nor --decode", ["tokenize", "--tokenizer", DEFAULT_MODEL], rc=2,
              needle="--text"),
         Case("tokenize --decode id outside the vocab", ["tokenize", "--tokenizer", DEFAULT_MODEL, "--decode", "1,99999999"],
@@ -270,10 +304,14 @@ def more_cases(shared, llama2, gen, model_copy):
           flag("--max-new-tokens", "99999999999999999999"), flag("--comm-timeout", "0.000001"),
           flag("--temperature", "nan"), flag("--temperature", "-1"), flag("--top-p", "0"), flag("--top-k", "-2"),
           flag("--batch", "0"), flag("--max-batch-tokens", "0"), flag("--seed-weights", "-7"),
-          flag("--system", "be brief"), flag("--no-such-flag")]
+          flag("--system", "be brief"), flag("--no-such-flag"), flag("--batch", "2000"), flag("--top-p", "1.5")]
     C += [
         Case("--pp-layers a,b", gen(llama2, "--pp-layers", "a,b"), needle="--pp-layers"),
         Case("layout --tp 0", ["layout", "--tp", "0"], rc=2, needle="--tp"),
+        Case("layout --nodes 0", ["layout", "--tp", "1", "--nodes", "0"], rc=2, needle="--nodes"),
+        Case("--devices x", gen(llama2, "--devices", "0,x"), needle="--devices"),
+        Case("--prompt-ids with a negative id", gen(llama2)[:4] + ["1,-5"], needle="-5"),
+        Case("--prompt-ids empty", gen(llama2)[:4] + [","], needle="prompt"),
         Case("calibrate --window 0", ["calibrate", "--text", "/etc/hostname", "--out", "{tmp}/o", "--window", "0"], rc=2,
              needle="--window"),
         Case("unknown preset", ["generate", "--random-weights", "--config", "llama-9", "--prompt-ids", "1"],
