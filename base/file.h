@@ -190,7 +190,8 @@ public:
 
     // Closes the temporary file and renames it over the target; Error (temporary removed) on failure.
     void commit() {
-        LATTICE_CHECK(fd_.close_checked() == 0, "{} {}: write failed at close ({})", what_, path_, std::strerror(errno));
+        LATTICE_CHECK(fd_.close_checked() == 0, "{} {}: write failed at close ({})", what_, path_,
+                      std::strerror(errno));
         check_output_path(path_, what_);
         LATTICE_CHECK(std::rename(tmp_.c_str(), path_.c_str()) == 0, "{} {}: rename from {} failed ({})", what_, path_,
                       tmp_, std::strerror(errno));

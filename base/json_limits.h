@@ -14,10 +14,10 @@
 namespace lattice {
 
 struct JsonLimits {
-    int max_depth = 64;                      // nesting of arrays and objects
-    int64_t max_top_members = -1;            // entries of the top-level object or array (-1: no limit)
+    int max_depth = 64;                       // nesting of arrays and objects
+    int64_t max_top_members = -1;             // entries of the top-level object or array (-1: no limit)
     int64_t max_elements = int64_t(1) << 24;  // containers plus separators: bounds the parser's nodes
-    const char* member_name = "entries";     // what the top-level entries are, for the message
+    const char* member_name = "entries";      // what the top-level entries are, for the message
 };
 
 inline void check_json_limits(std::string_view text, const std::string& name, const JsonLimits& lim) {
@@ -27,8 +27,10 @@ inline void check_json_limits(std::string_view text, const std::string& name, co
     for (size_t i = 0; i < text.size(); ++i) {
         const char c = text[i];
         if (in_string) {
-            if (c == '\\') ++i;
-            else if (c == '"') in_string = false;
+            if (c == '\\')
+                ++i;
+            else if (c == '"')
+                in_string = false;
             continue;
         }
         if (c == '"') {

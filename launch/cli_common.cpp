@@ -122,8 +122,8 @@ std::vector<int32_t> parse_id_list(const std::string& s, const char* what) {
         } catch (const std::exception&) {
             used = 0;
         }
-        LATTICE_CHECK(used == tok.size() && v >= 0 && v <= INT32_MAX, "{}: \"{}\" is not an integer in [0, {}]",
-                      what, tok, INT32_MAX);
+        LATTICE_CHECK(used == tok.size() && v >= 0 && v <= INT32_MAX, "{}: \"{}\" is not an integer in [0, {}]", what,
+                      tok, INT32_MAX);
         ids.push_back(int32_t(v));
         tok.clear();
     };

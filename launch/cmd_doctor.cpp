@@ -398,27 +398,32 @@ int run_doctor(const DoctorOptions& opt) {
             if (!r.contains("node")) continue;
             const json& n = r["node"];
             print_stdout("host {}: CPUs {}, NUMA nodes {}, IOMMU groups {}\n", r["host"].get<std::string>(),
-                       n.value("cpus_online", "?"), n.value("numa_nodes", 1), n.value("iommu_groups", 0));
+                         n.value("cpus_online", "?"), n.value("numa_nodes", 1), n.value("iommu_groups", 0));
             if (n.contains("cuda_driver"))
-                print_stdout("  CUDA driver {}, runtime {}{}\n", n["cuda_driver"].get<std::string>(), n["cuda_runtime"].get<std::string>(),
-                           n.contains("cuda_error") ? ", cudaGetDeviceCount: " + n["cuda_error"].get<std::string>() : "");
+                print_stdout(
+                    "  CUDA driver {}, runtime {}{}\n", n["cuda_driver"].get<std::string>(),
+                    n["cuda_runtime"].get<std::string>(),
+                    n.contains("cuda_error") ? ", cudaGetDeviceCount: " + n["cuda_error"].get<std::string>() : "");
             if (n["pci_gpus"].empty()) print_stdout("  no GPUs (no NVIDIA device on the PCI bus)\n");
             for (const json& g : n["pci_gpus"])
-                print_stdout("  PCI GPU {}: NUMA {}, IOMMU {}, ACS-redirecting bridges above: {}\n", g["bus"].get<std::string>(),
-                           g["numa"].get<int>(), g["iommu"].get<std::string>(), g["acs_redirect"].empty() ? "none" : g["acs_redirect"].dump());
+                print_stdout("  PCI GPU {}: NUMA {}, IOMMU {}, ACS-redirecting bridges above: {}\n",
+                             g["bus"].get<std::string>(), g["numa"].get<int>(), g["iommu"].get<std::string>(),
+                             g["acs_redirect"].empty() ? "none" : g["acs_redirect"].dump());
             for (const json& d : n.value("cuda_devices", json::array()))
-                print_stdout("  cuda:{} {} ({}), free {} / {} MiB\n", d["index"].get<int>(), d["name"].get<std::string>(),
-                           d["bus"].get<std::string>(), d["free_mib"].get<uint64_t>(), d["total_mib"].get<uint64_t>());
+                print_stdout("  cuda:{} {} ({}), free {} / {} MiB\n", d["index"].get<int>(),
+                             d["name"].get<std::string>(), d["bus"].get<std::string>(), d["free_mib"].get<uint64_t>(),
+                             d["total_mib"].get<uint64_t>());
             if (n.contains("p2p") && n["p2p"].size() > 1) {
                 print_stdout("  P2P access (row can access column):\n");
-                for (size_t i = 0; i < n["p2p"].size(); ++i) print_stdout("    {}: {}\n", i, fmt::join(n["p2p"][i].get<std::vector<int>>(), " "));
+                for (size_t i = 0; i < n["p2p"].size(); ++i)
+                    print_stdout("    {}: {}\n", i, fmt::join(n["p2p"][i].get<std::vector<int>>(), " "));
             }
         }
         for (const json& r : all) {
             std::string dev = r["device"] == -1 ? "no GPU" : fmt::format("cuda:{} {} NUMA {}", r["device"].get<int>(), r.value("device_name", ""), r.value("device_numa", -1));
             print_stdout("rank {} on {}: local rank {}/{}, CPUs {}, GPUs visible {}, uses {}\n", r["rank"].get<int>(),
-                       r["host"].get<std::string>(), r["local_rank"].get<int>(), r["local_size"].get<int>(),
-                       r["cpus"].get<std::string>(), r["visible_gpus"].get<int>(), dev);
+                         r["host"].get<std::string>(), r["local_rank"].get<int>(), r["local_size"].get<int>(),
+                         r["cpus"].get<std::string>(), r["visible_gpus"].get<int>(), dev);
         }
         std::vector<Finding> findings = check(all, opt, world);
         for (const Finding& x : findings) {
@@ -426,7 +431,7 @@ int run_doctor(const DoctorOptions& opt) {
             blocking += x.blocking;
         }
         print_stdout("result: {}\n", blocking ? fmt::format("{} problem(s) block this launch", blocking)
-                                            : fmt::format("ok ({} warning(s))", findings.size()));
+                                              : fmt::format("ok ({} warning(s))", findings.size()));
         std::fflush(stdout);
     }
     MPI_CHECK(MPI_Bcast(&blocking, 1, MPI_INT, 0, MPI_COMM_WORLD));
@@ -438,7 +443,8 @@ int run_doctor(const DoctorOptions& opt) {
 void add_doctor_command(CLI::App& app, CommandRun& run) {
     auto* cmd = app.add_subcommand("doctor", "Preflight report: versions, ranks, hosts, GPUs, P2P, NUMA, known traps");
     auto opt = std::make_shared<DoctorOptions>();
-    cmd->add_option("--tp", opt->tp, "tensor-parallel size the job will use (checks world == tp*pp)")->check(int_range(1, 4096));
+    cmd->add_option("--tp", opt->tp, "tensor-parallel size the job will use (checks world == tp*pp)")
+        ->check(int_range(1, 4096));
     cmd->add_option("--pp", opt->pp, "pipeline-parallel size the job will use")->check(int_range(1, 4096));
     cmd->add_option("--sysfs", opt->sysfs, "read PCI/NUMA/IOMMU facts from this tree instead of /sys (tests)");
     cmd->callback([&run, opt] { run = [opt] { return run_doctor(*opt); }; });

@@ -93,9 +93,10 @@ void check_room(const Built& lm, int64_t prompt_tokens, int64_t max_new_tokens) 
                   "it, or raise --max-seq up to max_position_embeddings {})",
                   prompt_tokens, ctx, lm.model->config().max_position);
     if (room < max_new_tokens && lm.world.rank == 0)
-        LOG_WARN("the context of {} positions leaves room for {} of the {} new tokens asked for after the prompt of {} "
-                 "tokens: the output stops there",
-                 ctx, room, max_new_tokens, prompt_tokens);
+        LOG_WARN(
+            "the context of {} positions leaves room for {} of the {} new tokens asked for after the prompt of {} "
+            "tokens: the output stops there",
+            ctx, room, max_new_tokens, prompt_tokens);
 }
 
 std::vector<int32_t> encode_prompt(const Tokenizer& tok, const std::string& text, bool chat, const std::string& system) {
@@ -160,8 +161,10 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
                 std::vector<GenerateResult> rs = lm.generator->generate_batch(reqs, {}, &total);
                 if (lm.world.rank == 0) {
                     for (const auto& r : rs) {
-                        if (tok && !a.print_ids) write_stdout(tok->decode(r.tokens) + "\n");
-                        else write_stdout(fmt::format("{}\n", fmt::join(r.tokens, " ")));
+                        if (tok && !a.print_ids)
+                            write_stdout(tok->decode(r.tokens) + "\n");
+                        else
+                            write_stdout(fmt::format("{}\n", fmt::join(r.tokens, " ")));
                     }
                     flush_stdout();
                     print_stats(total);

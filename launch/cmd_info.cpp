@@ -25,10 +25,12 @@ void add_info_command(CLI::App& app, CommandRun& run) {
             print_stdout("model: {}\n", src->describe());
             print_stdout("architecture: {}\n", c.architecture);
             print_stdout("hidden: {}  intermediate: {}  layers: {}  heads: {}  kv_heads: {}  head_dim: {}\n", c.hidden,
-                       c.intermediate, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim);
+                         c.intermediate, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim);
             print_stdout("vocab: {}  max_position: {}  rms_eps: {}  rope_theta: {}  rope_scaling: {}\n", c.vocab,
-                       c.max_position, c.rms_eps, c.rope_theta, c.rope_scaling.type.empty() ? "none" : c.rope_scaling.type);
-            print_stdout("tie_embeddings: {}  bos: {}  eos: {}\n", c.tie_embeddings, c.bos_id, fmt::join(c.eos_ids, ","));
+                         c.max_position, c.rms_eps, c.rope_theta,
+                         c.rope_scaling.type.empty() ? "none" : c.rope_scaling.type);
+            print_stdout("tie_embeddings: {}  bos: {}  eos: {}\n", c.tie_embeddings, c.bos_id,
+                         fmt::join(c.eos_ids, ","));
             check_tensor_set(*src);
             const int64_t params = c.parameter_count(), listed = listed_elements(*src);
             // Sources that list their tensors must hold what the config describes (rope tables aside).
@@ -37,7 +39,7 @@ void add_info_command(CLI::App& app, CommandRun& run) {
                           src->describe(), params, listed);
             print_stdout("parameters: {} ({:.3f} B)\n", params, double(params) * 1e-9);
             print_stdout("weight bytes in checkpoint: {} ({:.3f} GiB)\n", src->total_bytes(),
-                       double(src->total_bytes()) / double(1 << 30));
+                         double(src->total_bytes()) / double(1 << 30));
             return 0;
         };
     });

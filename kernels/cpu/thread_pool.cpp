@@ -64,7 +64,9 @@ void ThreadPool::stop_workers() {
     threads_.clear();
 }
 
-ThreadPool::~ThreadPool() { stop_workers(); }
+ThreadPool::~ThreadPool() {
+    stop_workers();
+}
 
 void ThreadPool::worker(int index) {
     uint64_t seen = 0;

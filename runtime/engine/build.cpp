@@ -60,7 +60,8 @@ using Clock = std::chrono::steady_clock;
 // (vocab_size 2^31 - 1 with random weights) is refused with numbers before anything is allocated.
 void check_host_memory(const ModelConfig& c, const BuildOptions& o) {
     const double ranks = double(o.tp) * double(o.pp);
-    const double max_seq = o.model.max_seq > 0 ? double(o.model.max_seq) : double(std::min<int64_t>(c.max_position, 4096));
+    const double max_seq =
+        o.model.max_seq > 0 ? double(o.model.max_seq) : double(std::min<int64_t>(c.max_position, 4096));
     const double kv = 2.0 * double(c.n_layers) * double(o.model.slots) * max_seq * double(c.kv_dim()) * 2.0;
     const double need = (c.parameter_count_estimate() + kv) / ranks;
     const double phys = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));

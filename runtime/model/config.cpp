@@ -163,21 +163,21 @@ void ModelConfig::validate() const {
                       "{}: rope_scaling factor {} must be positive and finite ({} scaling)", s, rope_scaling.factor,
                       rope_scaling.type);
     if (rope_scaling.type == "llama3") {
-        LATTICE_CHECK(std::isfinite(rope_scaling.low_freq_factor) && std::isfinite(rope_scaling.high_freq_factor) &&
-                          rope_scaling.low_freq_factor > 0 &&
-                          rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
-                          rope_scaling.original_max_position > 0,
-                      "{}: llama3 rope_scaling parameters inconsistent (need 0 < low_freq_factor {} < "
-                      "high_freq_factor {}, original_max_position_embeddings {} > 0)",
-                      s, rope_scaling.low_freq_factor, rope_scaling.high_freq_factor,
-                      rope_scaling.original_max_position);
+        LATTICE_CHECK(
+            std::isfinite(rope_scaling.low_freq_factor) && std::isfinite(rope_scaling.high_freq_factor) &&
+                rope_scaling.low_freq_factor > 0 && rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
+                rope_scaling.original_max_position > 0,
+            "{}: llama3 rope_scaling parameters inconsistent (need 0 < low_freq_factor {} < "
+            "high_freq_factor {}, original_max_position_embeddings {} > 0)",
+            s, rope_scaling.low_freq_factor, rope_scaling.high_freq_factor, rope_scaling.original_max_position);
     }
     // Shapes multiply: bound the total so every count below (parameter_count, buffer sizes) fits in
     // int64 with room to spare. 10^15 parameters is ~500x the largest models published.
     const double params = parameter_count_estimate();
-    LATTICE_CHECK(params <= 1e15, "{}: the config describes {:.3g} parameters (hidden_size {}, intermediate_size {}, "
-                  "num_hidden_layers {}, vocab_size {}), more than the 1e15 this loader accepts", s, params, hidden,
-                  intermediate, n_layers, vocab);
+    LATTICE_CHECK(params <= 1e15,
+                  "{}: the config describes {:.3g} parameters (hidden_size {}, intermediate_size {}, "
+                  "num_hidden_layers {}, vocab_size {}), more than the 1e15 this loader accepts",
+                  s, params, hidden, intermediate, n_layers, vocab);
     for (int64_t e : eos_ids) LATTICE_CHECK(e >= 0 && e < vocab, "{}: eos_token_id {} outside vocab {}", s, e, vocab);
 }
 

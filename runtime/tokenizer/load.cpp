@@ -102,8 +102,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
         return std::make_unique<Tokenizer>(load_tokenizer_json(path));
     TokenizerSpec spec = load_sentencepiece_model(path);
     const size_t slash = path.rfind('/');
-    const std::string cfg = (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) +
-                            "tokenizer_config.json";
+    const std::string cfg =
+        (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) + "tokenizer_config.json";
     if (exists(cfg)) apply_tokenizer_config(spec, cfg);
     finish_spec(spec);
     return std::make_unique<Tokenizer>(std::move(spec));

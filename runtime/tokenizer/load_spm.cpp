@@ -30,7 +30,8 @@ public:
     uint64_t varint() {
         uint64_t v = 0;
         for (int shift = 0; shift < 64; shift += 7) {
-            LATTICE_CHECK(p_ < d_.size(), "tokenizer {}: not a SentencePiece model (truncated varint at byte {})", path_, p_);
+            LATTICE_CHECK(p_ < d_.size(), "tokenizer {}: not a SentencePiece model (truncated varint at byte {})",
+                          path_, p_);
             const auto b = uint8_t(d_[p_++]);
             v |= uint64_t(b & 0x7F) << shift;
             if (!(b & 0x80)) return v;
@@ -38,8 +39,9 @@ public:
         LATTICE_FAIL("tokenizer {}: not a SentencePiece model (varint longer than 10 bytes at byte {})", path_, p_);
     }
     std::string_view bytes(size_t n) {
-        LATTICE_CHECK(n <= d_.size() - p_, "tokenizer {}: not a SentencePiece model (field of {} bytes overruns the message at byte {})", path_, n,
-                      p_);
+        LATTICE_CHECK(n <= d_.size() - p_,
+                      "tokenizer {}: not a SentencePiece model (field of {} bytes overruns the message at byte {})",
+                      path_, n, p_);
         std::string_view s = d_.substr(p_, n);
         p_ += n;
         return s;
@@ -69,11 +71,15 @@ public:
                 return v;
             }
             default:
-                LATTICE_FAIL("tokenizer {}: not a SentencePiece model (protobuf wire type {} at byte {} is not a scalar)", path_, wire, p_);
+                LATTICE_FAIL(
+                    "tokenizer {}: not a SentencePiece model (protobuf wire type {} at byte {} is not a scalar)", path_,
+                    wire, p_);
         }
     }
     std::string_view message(uint32_t wire) {
-        LATTICE_CHECK(wire == 2, "tokenizer {}: not a SentencePiece model (expected a length-delimited field, got wire type {})", path_, wire);
+        LATTICE_CHECK(wire == 2,
+                      "tokenizer {}: not a SentencePiece model (expected a length-delimited field, got wire type {})",
+                      path_, wire);
         return bytes(size_t(std::min<uint64_t>(varint(), d_.size())));
     }
     void skip(uint32_t wire) {

@@ -289,9 +289,10 @@ void Tokenizer::emit_fallback(std::string_view bytes, std::vector<int32_t>& out)
 void Tokenizer::refuse_unencodable(std::string_view bytes) const {
     std::string hex;
     for (char c : bytes) hex += fmt::format("{}{:02x}", hex.empty() ? "" : " ", uint8_t(c));
-    LATTICE_FAIL("tokenizer {}: the text holds a character (bytes {}) that the vocab cannot encode: no token, no byte "
-                 "fallback and no unknown token for it; refusing to drop it silently",
-                 spec_.source, hex);
+    LATTICE_FAIL(
+        "tokenizer {}: the text holds a character (bytes {}) that the vocab cannot encode: no token, no byte "
+        "fallback and no unknown token for it; refusing to drop it silently",
+        spec_.source, hex);
 }
 
 }  // namespace lattice

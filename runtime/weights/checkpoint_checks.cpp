@@ -27,7 +27,8 @@ int64_t layer_of(const std::string& name) {
     if (name.rfind(p, 0) != 0) return -1;
     int64_t v = 0;
     size_t i = p.size();
-    for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && v < (int64_t(1) << 40); ++i) v = v * 10 + (name[i] - '0');
+    for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && v < (int64_t(1) << 40); ++i)
+        v = v * 10 + (name[i] - '0');
     return i > p.size() && i < name.size() && name[i] == '.' ? v : -1;
 }
 
@@ -49,8 +50,8 @@ int64_t first_differing_row(const TensorSource& src, int64_t rows, int64_t cols)
 
 void check_tensor_set(const TensorSource& src) {
     const ModelConfig& c = src.config();
-    std::vector<std::pair<std::string, std::vector<int64_t>>> need = {{"model.embed_tokens.weight", {c.vocab, c.hidden}},
-                                                                      {"model.norm.weight", {c.hidden}}};
+    std::vector<std::pair<std::string, std::vector<int64_t>>> need = {
+        {"model.embed_tokens.weight", {c.vocab, c.hidden}}, {"model.norm.weight", {c.hidden}}};
     if (!c.tie_embeddings) need.push_back({"lm_head.weight", {c.vocab, c.hidden}});
     for (int64_t l = 0; l < c.n_layers; ++l) {
         const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -86,14 +87,16 @@ void check_tensor_set(const TensorSource& src) {
     if (!beyond.empty()) {
         int64_t top = 0;
         for (const auto& n : beyond) top = std::max(top, layer_of(n));
-        LATTICE_FAIL("{}: num_hidden_layers is {} but the checkpoint {} holds layers up to {} ({} tensors, e.g. "
-                     "\"{}\"): refusing to run a model cut short; fix num_hidden_layers",
-                     c.source, c.n_layers, src.describe(), top, beyond.size(), beyond.front());
+        LATTICE_FAIL(
+            "{}: num_hidden_layers is {} but the checkpoint {} holds layers up to {} ({} tensors, e.g. "
+            "\"{}\"): refusing to run a model cut short; fix num_hidden_layers",
+            c.source, c.n_layers, src.describe(), top, beyond.size(), beyond.front());
     }
     if (!extra.empty())
-        LATTICE_FAIL("{}: {} tensor(s) the Llama forward does not use, e.g. \"{}\" (an unsupported feature, or a "
-                     "checkpoint that does not match its config {}): refusing to run without them",
-                     src.describe(), extra.size(), extra.front(), c.source);
+        LATTICE_FAIL(
+            "{}: {} tensor(s) the Llama forward does not use, e.g. \"{}\" (an unsupported feature, or a "
+            "checkpoint that does not match its config {}): refusing to run without them",
+            src.describe(), extra.size(), extra.front(), c.source);
     if (tied_head) {
         const TensorInfo& ti = src.info("lm_head.weight");
         LATTICE_CHECK(ti.shape == std::vector<int64_t>({c.vocab, c.hidden}),
@@ -132,10 +135,14 @@ int64_t first_non_finite(const void* data, DType t, int64_t n) {
         return -1;
     };
     switch (t) {
-        case DType::kF32: return scan(static_cast<const uint32_t*>(data), uint32_t(0x7f800000u));
-        case DType::kF16: return scan(static_cast<const uint16_t*>(data), uint16_t(0x7c00u));
-        case DType::kBF16: return scan(static_cast<const uint16_t*>(data), uint16_t(0x7f80u));
-        default: return -1;
+        case DType::kF32:
+            return scan(static_cast<const uint32_t*>(data), uint32_t(0x7f800000u));
+        case DType::kF16:
+            return scan(static_cast<const uint16_t*>(data), uint16_t(0x7c00u));
+        case DType::kBF16:
+            return scan(static_cast<const uint16_t*>(data), uint16_t(0x7f80u));
+        default:
+            return -1;
     }
 }
 
@@ -144,11 +151,18 @@ void check_finite_row(const void* data, DType t, int64_t n, const TensorInfo& in
     if (i < 0) [[likely]]
         return;
     float v = 0;
-    if (t == DType::kF32) std::memcpy(&v, static_cast<const float*>(data) + i, sizeof(float));
-    else convert_elements(static_cast<const uint16_t*>(data) + i, t, &v, DType::kF32, 1);
-    const std::string at = info.shape.size() >= 2 ? fmt::format("[{}, {}]", row, col0 + i) : fmt::format("[{}]", col0 + i);
+    if (t == DType::kF32)
+        std::memcpy(&v, static_cast<const float*>(data) + i, sizeof(float));
+    else
+        convert_elements(static_cast<const uint16_t*>(data) + i, t, &v, DType::kF32, 1);
+    const std::string at =
+        info.shape.size() >= 2 ? fmt::format("[{}, {}]", row, col0 + i) : fmt::format("[{}]", col0 + i);
     LATTICE_FAIL("{}: tensor \"{}\" {} holds {} at {}: refusing to run on non-finite weights", info.file, info.name,
-                 shape_string(info.shape), std::isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf", at);
+                 shape_string(info.shape),
+                 std::isnan(v) ? "NaN"
+                 : v > 0       ? "+inf"
+                               : "-inf",
+                 at);
 }
 
 }  // namespace lattice

@@ -7,9 +7,9 @@
 // Invariants after open()/parse(): every count, length, dim and offset was checked against the
 // bytes actually present before anything was allocated; tensor data ranges lie inside the file,
 // are aligned, do not overlap and account for every byte of the data section (gaps and the tail
-// shorter than the alignment, zero padding after the infos); keys and tensor names are unique; only tensor types F32, F16,
-// BF16, Q8_0, Q4_0, Q4_1 are accepted. The file is mmapped read-only; string and array values
-// are copied out at parse time (small), tensor bytes are read straight from the mapping.
+// shorter than the alignment, zero padding after the infos); keys and tensor names are unique; only tensor types F32,
+// F16, BF16, Q8_0, Q4_0, Q4_1 are accepted. The file is mmapped read-only; string and array values are copied out at
+// parse time (small), tensor bytes are read straight from the mapping.
 #pragma once
 
 #include <cstddef>

@@ -87,8 +87,8 @@ ModelConfig gguf_model_config(const GgufFile& f) {
     LATTICE_CHECK(eps.has_value(), "{}: missing metadata key \"{}attention.layer_norm_rms_epsilon\"", src, p);
     c.rms_eps = *eps;
     c.rope_theta = f.float_value(p + "rope.freq_base").value_or(10000.0);
-    LATTICE_CHECK(std::isfinite(c.rope_theta) && c.rope_theta > 0, "{}: {}rope.freq_base {} must be positive and finite",
-                  src, p, c.rope_theta);
+    LATTICE_CHECK(std::isfinite(c.rope_theta) && c.rope_theta > 0,
+                  "{}: {}rope.freq_base {} must be positive and finite", src, p, c.rope_theta);
     if (auto st = f.string_value(p + "rope.scaling.type"); st && *st != "none") {
         LATTICE_CHECK(*st == "linear", "{}: {}rope.scaling.type \"{}\" unsupported (none, linear)", src, p, *st);
         auto factor = f.float_value(p + "rope.scaling.factor");
@@ -97,8 +97,8 @@ ModelConfig gguf_model_config(const GgufFile& f) {
         c.rope_scaling.type = "linear";
         c.rope_scaling.factor = *factor;
     } else if (auto lin = f.float_value(p + "rope.scale_linear"); lin && *lin != 1.0) {
-        LATTICE_CHECK(std::isfinite(*lin) && *lin > 0, "{}: {}rope.scale_linear {} must be positive and finite", src,
-                      p, *lin);
+        LATTICE_CHECK(std::isfinite(*lin) && *lin > 0, "{}: {}rope.scale_linear {} must be positive and finite", src, p,
+                      *lin);
         c.rope_scaling.type = "linear";
         c.rope_scaling.factor = *lin;
     }

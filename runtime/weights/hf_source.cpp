@@ -151,8 +151,10 @@ std::unique_ptr<TensorSource> open_model(const std::string& path) {
     LATTICE_CHECK(kind != PathKind::kMissing, "{}: model path does not exist", path);
     if (kind == PathKind::kDirectory) return std::make_unique<HfSource>(path);
     if (path.size() > 5 && path.substr(path.size() - 5) == ".gguf") return open_gguf_model(path);
-    LATTICE_CHECK(kind == PathKind::kRegular, "model {} is {}: give a model directory (config.json + safetensors) "
-                  "or a .gguf file", path, file_kind(mode));
+    LATTICE_CHECK(kind == PathKind::kRegular,
+                  "model {} is {}: give a model directory (config.json + safetensors) "
+                  "or a .gguf file",
+                  path, file_kind(mode));
     LATTICE_FAIL("{}: not a model directory (config.json + safetensors) or a .gguf file", path);
 }
 

@@ -221,12 +221,14 @@ TEST_CASE("prompt too long for the context and token ids outside the vocab") {
 
 TEST_CASE("safetensors header limits are checked before parsing and named") {
     auto parse = [](const std::string& img) {
-        return error_of([&] { parse_safetensors_header(reinterpret_cast<const uint8_t*>(img.data()), img.size(), "x.st"); });
+        return error_of(
+            [&] { parse_safetensors_header(reinterpret_cast<const uint8_t*>(img.data()), img.size(), "x.st"); });
     };
     CHECK(contains(parse(raw_safetensors(std::string(1 << 20, '['), 0)), "nested deeper than 8"));
     std::string many = "{";
     for (int i = 0; i <= kMaxSafetensorsTensors; ++i)
-        many += (i ? "," : "") + ("\"t" + std::to_string(i)) + "\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}";
+        many += (i ? "," : "") + ("\"t" + std::to_string(i)) +
+                "\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}";
     many += "}";
     CHECK(contains(parse(raw_safetensors(many, 0)), "more than 65536 tensors"));
     std::string img = raw_safetensors("{}", 0);
@@ -237,7 +239,8 @@ TEST_CASE("safetensors header limits are checked before parsing and named") {
     // Brackets inside strings do not count as nesting.
     const std::string quoted = R"({"__metadata__": {"k": "[[[[[[[[[[[[[[[[[[[[[[[[\"]]"}})";
     const std::string quoted_img = raw_safetensors(quoted, 0);
-    CHECK_NOTHROW(parse_safetensors_header(reinterpret_cast<const uint8_t*>(quoted_img.data()), quoted_img.size(), "q.st"));
+    CHECK_NOTHROW(
+        parse_safetensors_header(reinterpret_cast<const uint8_t*>(quoted_img.data()), quoted_img.size(), "q.st"));
 }
 
 TEST_CASE("non-finite values: first_non_finite finds them in every float type") {
@@ -324,7 +327,8 @@ TEST_CASE("config.json: non-integers, rope factors and absurd sizes") {
         REQUIRE(p != std::string::npos);
         return s.replace(p, from.size(), to);
     };
-    CHECK(contains(cfg_err(replace("\"hidden_size\": 64", "\"hidden_size\": 64.9")), "\"hidden_size\" must be an integer, got 64.9"));
+    CHECK(contains(cfg_err(replace("\"hidden_size\": 64", "\"hidden_size\": 64.9")),
+                   "\"hidden_size\" must be an integer, got 64.9"));
     CHECK(parse_hf_config(replace("\"hidden_size\": 64", "\"hidden_size\": 64.0"), "c").hidden == 64);
     CHECK(contains(cfg_err(replace("\"rope_scaling\": null", R"("rope_scaling": {"type": "linear", "factor": 0})")),
                    "rope_scaling factor 0"));
@@ -373,7 +377,8 @@ TEST_CASE("odd files: FIFOs, directories and symlink loops are named, never open
     }  // dropped without commit: neither the target nor the temporary file exists
     CHECK(!fs::exists(d / "out"));
     int tmp_files = 0;
-    for (const auto& e : fs::directory_iterator(d.path)) tmp_files += e.path().string().find(".tmp.") != std::string::npos;
+    for (const auto& e : fs::directory_iterator(d.path))
+        tmp_files += e.path().string().find(".tmp.") != std::string::npos;
     CHECK(tmp_files == 0);
     AtomicWriter w(d / "out", "--out");
     w.write("done");
