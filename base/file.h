@@ -145,6 +145,8 @@ inline void check_output_path(const std::string& path, const std::string& what) 
     const PathKind k = path_kind(dir, what + " folder", &mode);
     LATTICE_CHECK(k == PathKind::kDirectory, "{} {}: folder {} {}", what, path, dir,
                   k == PathKind::kMissing ? "does not exist" : "is not a directory");
+    LATTICE_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, "{} {}: folder {} is not writable ({})", what, path, dir,
+                  std::strerror(errno));
 }
 
 // check_output_path, then removes a previous file at `path` (see the header comment).

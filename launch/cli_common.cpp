@@ -99,6 +99,10 @@ void flush_stdout() {
         LATTICE_FAIL("stdout: write failed ({})", std::strerror(errno ? errno : EIO));
 }
 
+void print_stderr(std::string_view s) {
+    if (std::fwrite(s.data(), 1, s.size(), stderr) != s.size()) std::clearerr(stderr);
+}
+
 int launcher_rank() {
     for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
         if (const char* v = std::getenv(var)) return std::atoi(v);

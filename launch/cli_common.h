@@ -67,6 +67,8 @@ int usable_threads(int requested);
 // closed descriptor). flush_stdout() also reports what a buffered write met.
 void write_stdout(std::string_view s);
 void flush_stdout();
+// Diagnostics to stderr: a failed write is ignored (there is nowhere left to report it), never thrown.
+void print_stderr(std::string_view s);
 template <typename... Args>
 void print_stdout(fmt::format_string<Args...> f, Args&&... args) {
     write_stdout(fmt::format(f, std::forward<Args>(args)...));

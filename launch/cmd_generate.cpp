@@ -49,11 +49,13 @@ double decode_rate(const GenerateStats& s) {
 }
 
 void print_stats(const GenerateStats& s) {
-    fmt::print(stderr, "prefill: {} tokens in {:.3f} s ({:.1f} tok/s); decode: {} tokens in {:.3f} s ({:.2f} tok/s)",
-               s.prompt_tokens, s.prefill_seconds, s.prefill_seconds > 0 ? double(s.prompt_tokens) / s.prefill_seconds : 0.0,
-               s.generated_tokens, s.decode_seconds, decode_rate(s));
-    if (s.sequences > 1) fmt::print(stderr, " over {} sequences", s.sequences);
-    fmt::print(stderr, "\n");
+    std::string line = fmt::format(
+        "prefill: {} tokens in {:.3f} s ({:.1f} tok/s); decode: {} tokens in {:.3f} s ({:.2f} tok/s)", s.prompt_tokens,
+        s.prefill_seconds, s.prefill_seconds > 0 ? double(s.prompt_tokens) / s.prefill_seconds : 0.0,
+        s.generated_tokens, s.decode_seconds, decode_rate(s));
+    if (s.sequences > 1) line += fmt::format(" over {} sequences", s.sequences);
+    line += "\n";
+    print_stderr(line);
 }
 
 void write_stats(const std::string& path, const GenerateStats& s, const Built& lm, const ModelArgs& a) {

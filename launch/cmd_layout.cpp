@@ -62,7 +62,7 @@ void add_layout_command(CLI::App& app, CommandRun& run) {
                 print_stdout("tp {} x pp {}: {} ranks, {} per node\n", a->tp, a->pp, a->tp * a->pp,
                              j["ranks_per_node"].get<int>());
             else
-                fmt::print(stderr, "lattice: layout tp {} x pp {} does not fit: {}\n", a->tp, a->pp, error);
+                print_stderr(fmt::format("lattice: layout tp {} x pp {} does not fit: {}\n", a->tp, a->pp, error));
             return error.empty() ? 0 : 1;
         };
     });

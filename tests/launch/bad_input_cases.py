@@ -19,11 +19,11 @@ DEFAULT_MODEL = os.environ.get("LATTICE_DEFAULT_MODEL") or os.path.join(SRC, "mo
 class Case:
     def __init__(self, name, args, rc=1, needle=None, setup=None, check=None, stdout="file", logs_ok=False,
                  max_rss_mb=None, needs_alloc_failure=False, limits=True, extra_limits=(), on_start=None,
-                 needs_cores=1, error_line=None):
+                 needs_cores=1, error_line=None, stderr="file"):
         self.name, self.args, self.rc, self.needle, self.setup, self.check = name, args, rc, needle, setup, check
         self.stdout, self.logs_ok, self.max_rss_mb, self.limits = stdout, logs_ok, max_rss_mb, limits
         self.needs_alloc_failure, self.extra_limits, self.on_start = needs_alloc_failure, extra_limits, on_start
-        self.needs_cores = needs_cores
+        self.needs_cores, self.stderr = needs_cores, stderr
         self.error_line = rc > 0 if error_line is None else error_line  # killed by a signal: no line to print
 
     def skip_reason(self, asan):
@@ -352,6 +352,9 @@ def more_cases(shared, llama2, gen, model_copy):
              stdout="full", needle="stdout"),
         Case("tokenize, stdout closed", ["tokenize", "--tokenizer", DEFAULT_MODEL, "--text", "hello"], stdout="closed",
              needle="stdout"),
+        Case("generate, stderr on a full disk", ok_gen + ["--max-new-tokens", "8"], rc=0, stderr="full",
+             check=greedy_equal),
+        Case("an error with stderr on a full disk still exits 1", gen("{tmp}/nope"), stderr="full"),
         Case("info, stdout on a full disk", ["info", "--model", llama2], stdout="full", needle="stdout"),
     ]
 

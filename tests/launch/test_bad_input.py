@@ -39,11 +39,11 @@ class Result:
         self.rc, self.out, self.err, self.rss_mb, self.seconds, self.killed = rc, out, err, rss_mb, seconds, killed
 
 
-def run(args, tmp, stdout="file", limits=True, extra_limits=(), on_start=None, env=None):
+def run(args, tmp, stdout="file", limits=True, extra_limits=(), on_start=None, env=None, stderr="file"):
     """Runs lattice ARGS in tmp. stdout: "file" | "full" (/dev/full) | "closed" | "pipe" (on_start(proc)
     reads it). Returns a Result with the exit code (negative: killed by that signal), output, peak RSS."""
     out_path, err_path = os.path.join(tmp, ".stdout"), os.path.join(tmp, ".stderr")
-    err_f = open(err_path, "wb")
+    err_f = open(err_path if stderr == "file" else "/dev/full", "wb")
     out_f = {"file": lambda: open(out_path, "wb"), "full": lambda: open("/dev/full", "wb"),
              "closed": lambda: open(os.devnull, "wb"), "pipe": lambda: None}[stdout]()
 
@@ -86,7 +86,7 @@ def run(args, tmp, stdout="file", limits=True, extra_limits=(), on_start=None, e
         if f:
             f.close()
     out = open(out_path, "rb").read().decode("utf-8", "replace") if stdout == "file" else ""
-    err = open(err_path, "rb").read().decode("utf-8", "replace")
+    err = open(err_path, "rb").read().decode("utf-8", "replace") if stderr == "file" else ""
     return Result(p.returncode, out, err, usage.ru_maxrss / 1024.0, seconds, bool(killed))
 
 
@@ -145,13 +145,14 @@ def main():
             try:
                 args = c.setup(tmp) if c.setup else []
                 args = [a.replace("{tmp}", tmp) for a in (c.args + args)]
-                r = run(args, tmp, stdout=c.stdout, limits=c.limits, extra_limits=c.extra_limits,
+                r = run(args, tmp, stdout=c.stdout, stderr=c.stderr, limits=c.limits, extra_limits=c.extra_limits,
                         on_start=(lambda p: c.on_start(p, tmp)) if c.on_start else None)
                 if r.killed:
                     problems.append(f"did not finish within {TIME_LIMIT} s")
                 if r.rc != c.rc:
                     problems.append(f"exit code {r.rc}, expected {c.rc}")
-                problems += check_stderr(c, r)
+                if c.stderr == "file":
+                    problems += check_stderr(c, r)
                 if c.max_rss_mb and r.rss_mb > c.max_rss_mb:
                     problems.append(f"peak RSS {r.rss_mb:.0f} MiB exceeds {c.max_rss_mb} MiB")
                 problems += [f"temporary file left: {f}" for f in leftovers(tmp)]
