@@ -6,6 +6,9 @@
 #include "kernels/cpu/thread_pool.h"
 #include "parallel/mpi_session.h"
 
+#include <dirent.h>
+#include <sys/stat.h>
+
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -109,8 +112,30 @@ int launcher_rank() {
     return 0;
 }
 
-void prepare_output_file(const std::string& path, const char* flag) {
-    if (launcher_rank() == 0) prepare_output(path, flag);
+void prepare_output_file(const std::string& path, const char* flag, const std::vector<std::string>& inputs) {
+    if (launcher_rank() != 0) return;
+    check_output_path(path, flag);
+    struct stat out {};
+    if (::stat(path.c_str(), &out) == 0) {
+        // Removing (or later replacing) an input would destroy what the run reads: a model file named
+        // as --out, or model.safetensors inside the model folder.
+        auto same = [&](const std::string& p) {
+            struct stat in {};
+            return ::stat(p.c_str(), &in) == 0 && in.st_dev == out.st_dev && in.st_ino == out.st_ino;
+        };
+        for (const std::string& in : inputs) {
+            if (in.empty()) continue;
+            bool hit = same(in);
+            if (!hit && path_kind(in, "input") == PathKind::kDirectory)
+                if (DIR* d = ::opendir(in.c_str())) {
+                    while (const dirent* e = ::readdir(d))
+                        if (!hit && e->d_name[0] != '.') hit = same(in + "/" + e->d_name);
+                    ::closedir(d);
+                }
+            LATTICE_CHECK(!hit, "{} {} is an input of this run ({}): refusing to overwrite it", flag, path, in);
+        }
+    }
+    prepare_output(path, flag);
 }
 
 std::vector<int32_t> parse_id_list(const std::string& s, const char* what) {

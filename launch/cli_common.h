@@ -78,7 +78,8 @@ void print_stdout(fmt::format_string<Args...> f, Args&&... args) {
 // that prepares output files before MPI is initialized.
 int launcher_rank();
 // On the launcher's rank 0: checks that `path` may be written atomically (absent or a regular file)
-// and removes a previous file there (base/file.h prepare_output). `flag` names it in errors.
-void prepare_output_file(const std::string& path, const char* flag);
+// and is none of the run's `inputs` (files, or folders whose files count), then removes a previous
+// file there (base/file.h prepare_output). `flag` names it in errors.
+void prepare_output_file(const std::string& path, const char* flag, const std::vector<std::string>& inputs);
 
 }  // namespace lattice

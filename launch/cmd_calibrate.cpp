@@ -45,7 +45,7 @@ int run_calibrate(const CalibrateArgs& a) {
     const std::string model_path = a.model.empty() ? default_model_path() : a.model;
     LATTICE_CHECK(a.alpha >= 0.0 && a.alpha <= 1.0, "calibrate: --alpha {} outside [0, 1]", a.alpha);
     LATTICE_CHECK(a.max_tokens >= 1 && a.window >= 1, "calibrate: --max-tokens and --window must be >= 1");
-    prepare_output_file(a.out, "--out");
+    prepare_output_file(a.out, "--out", {model_path, a.text});
     auto src = open_model(model_path);
     auto tok = load_tokenizer(model_path);
     std::vector<int32_t> ids = tok->encode(read_text(a.text), tok->add_bos_default());

@@ -138,7 +138,8 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
             GenerateRequest req;
             LATTICE_CHECK(a.prompt.empty() != a.prompt_ids.empty(), "give exactly one of --prompt TEXT or --prompt-ids 1,2,3");
             if (a.model.model.empty() && !a.model.random_weights) a.model.model = default_model_path();
-            if (!a.stats_json.empty()) prepare_output_file(a.stats_json, "--stats-json");
+            if (!a.stats_json.empty())
+                prepare_output_file(a.stats_json, "--stats-json", {a.model.model, a.model.smooth});
             std::unique_ptr<Tokenizer> tok;
             if (!a.prompt.empty()) {
                 LATTICE_CHECK(!a.model.random_weights, "--prompt needs a model with a tokenizer (use --prompt-ids)");

@@ -24,7 +24,7 @@ void add_score_command(CLI::App& app, CommandRun& run) {
         run = [args] {
             std::vector<int32_t> prompt = parse_id_list(args->prompt_ids, "--prompt-ids");
             LATTICE_CHECK(!prompt.empty(), "give a prompt: --prompt-ids 1,2,3");
-            prepare_output_file(args->out, "--out");
+            prepare_output_file(args->out, "--out", {args->model.model, args->model.smooth});
             Built lm = load_model(args->model);
             std::vector<float> logits = lm.generator->score(prompt);
             if (lm.world.rank == 0) {

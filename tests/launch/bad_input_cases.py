@@ -385,6 +385,11 @@ def more_cases(shared, llama2, gen, model_copy):
             return []
         return setup
 
+    def weights_intact(tmp, r):
+        with open(os.path.join(llama2, "model.safetensors"), "rb") as a, \
+                open(os.path.join(tmp, "m", "model.safetensors"), "rb") as b:
+            return None if a.read() == b.read() else "the model's weights were changed"
+
     def valid_logits(tmp, r):
         h, data = B.st_read(os.path.join(tmp, "out.st"))
         return None if h["logits"]["shape"] == [3, 320] and len(data) == 3 * 320 * 4 else f"bad output header {h}"
@@ -402,6 +407,17 @@ def more_cases(shared, llama2, gen, model_copy):
              check=valid_logits),
         Case("failed score removes the previous --out", score[:4] + ["1,999", "--out", "{tmp}/out.st"], needle="999",
              setup=old_file("out.st"), check=absent("out.st"), logs_ok=True),
+        Case("score --out names the model's own weights", ["score", "--model", "{tmp}/m", "--prompt-ids", "1,2",
+                                                          "--out", "{tmp}/m/model.safetensors"],
+             needle="input of this run", setup=model_copy(), check=weights_intact),
+        Case("score --out names a hard link of the model's weights", ["score", "--model", "{tmp}/m", "--prompt-ids",
+                                                                     "1,2", "--out", "{tmp}/w.st"],
+             needle="input of this run", setup=model_copy(edit=lambda d: os.link(os.path.join(d, "model.safetensors"),
+                                                                                os.path.join(d, "..", "w.st"))),
+             check=weights_intact),
+        Case("calibrate --out names its --text", ["calibrate", "--model", DEFAULT_MODEL, "--text", "{tmp}/t.txt",
+                                                  "--out", "{tmp}/t.txt"],
+             needle="input of this run", setup=old_file("t.txt"), check=content_is("t.txt", b'{"generated_tokens": 99}')),
         Case("calibrate --out symlink", ["calibrate", "--model", llama2, "--text", "/etc/hostname", "--out", "{tmp}/link"],
              needle="symbolic link", setup=link_setup,
              check=all_of(kind_is("link", stat.S_ISLNK, "a symlink"), content_is("target", b"keep"))),
