@@ -1,6 +1,7 @@
 // Element conversion between the plain float types (f32, f16, bf16) on the host: used by weight
 // sources (row slices), backends (widening checkpoint weights) and the converter. Rounding to f16 /
-// bf16 is round-to-nearest-even (base/dtype.h). Host-only (fmt through base/error.h).
+// bf16 is round-to-nearest-even (base/dtype.h). The source may be unaligned. Host-only (fmt through
+// base/error.h).
 #pragma once
 
 #include "base/dtype.h"
@@ -35,12 +36,23 @@ inline void convert_elements(const void* src, DType st, void* dst, DType dt, int
         std::memcpy(dst, src, size_t(n * dtype_size(st)));
         return;
     }
-    const auto* f = static_cast<const float*>(src);
-    const auto* h = static_cast<const uint16_t*>(src);
+    // src may be unaligned (a safetensors header need not pad the data section to the element size):
+    // loads go through memcpy, the same plain load on x86 and defined behaviour everywhere.
+    const auto* b = static_cast<const unsigned char*>(src);
+    auto f32_at = [b](int64_t i) {
+        float v;
+        std::memcpy(&v, b + 4 * i, 4);
+        return v;
+    };
+    auto u16_at = [b](int64_t i) {
+        uint16_t v;
+        std::memcpy(&v, b + 2 * i, 2);
+        return v;
+    };
     switch (st) {
-        case DType::kF32: detail::store_converted([f](int64_t i) { return f[i]; }, dst, dt, n); break;
-        case DType::kF16: detail::store_converted([h](int64_t i) { return f16_to_f32(h[i]); }, dst, dt, n); break;
-        case DType::kBF16: detail::store_converted([h](int64_t i) { return bf16_to_f32(h[i]); }, dst, dt, n); break;
+        case DType::kF32: detail::store_converted(f32_at, dst, dt, n); break;
+        case DType::kF16: detail::store_converted([&](int64_t i) { return f16_to_f32(u16_at(i)); }, dst, dt, n); break;
+        case DType::kBF16: detail::store_converted([&](int64_t i) { return bf16_to_f32(u16_at(i)); }, dst, dt, n); break;
         default: LATTICE_FAIL("convert: unsupported source dtype {}", dtype_name(st));
     }
 }

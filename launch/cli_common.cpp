@@ -1,11 +1,19 @@
 // Shared model-loading options and setup (see cli_common.h).
 #include "launch/cli_common.h"
 
+#include "base/file.h"
 #include "base/log.h"
+#include "kernels/cpu/thread_pool.h"
 #include "parallel/mpi_session.h"
 
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
-#include <fstream>
+#include <cstring>
 #include <sstream>
 
 namespace lattice {
@@ -15,7 +23,7 @@ void ModelArgs::add_to(CLI::App* cmd) {
     cmd->add_flag("--random-weights", random_weights, "Fabricate weights of the model's shape from --seed-weights");
     cmd->add_option("--config", config_preset, "Built-in shape for --random-weights (tinyllama-1.1b, llama-2-7b, "
                                                "llama-2-70b, llama-3-8b, llama-3-70b)");
-    cmd->add_option("--seed-weights", weight_seed, "Seed for --random-weights");
+    cmd->add_option("--seed-weights", weight_seed, "Seed for --random-weights")->check(uint_range(0, UINT64_MAX));
     cmd->add_option("--quant", quant,
                     "Linear layers: auto | none | w8a16 | w8a8 (auto: w8a8 with --quant-head for a checkpoint that is "
                     "already quantized, e.g. a Q4/Q8 GGUF; none otherwise)")
@@ -23,25 +31,126 @@ void ModelArgs::add_to(CLI::App* cmd) {
     cmd->add_flag("--quant-head", quant_head, "Quantize the LM head too (embedding stays float)");
     cmd->add_option("--smooth", smooth,
                     "SmoothQuant factors from lattice calibrate (.safetensors), folded into the weights at load");
-    cmd->add_option("--threads", threads, "CPU threads per rank (0: one per available core)");
+    cmd->add_option("--threads", threads, "CPU threads per rank (0: one per available core; capped at those)")
+        ->check(int_range(0, kMaxThreadsFlag));
     cmd->add_flag("--mlock", mlock, "Lock weights in memory");
-    cmd->add_option("--max-seq", max_seq, "KV cache positions per sequence (0: min(max_position_embeddings, 4096))");
-    cmd->add_option("--max-batch-tokens", max_batch_tokens, "Tokens per forward pass (prompt chunk size)");
+    cmd->add_option("--max-seq", max_seq, "KV cache positions per sequence (0: min(max_position_embeddings, 4096))")
+        ->check(int_range(0, INT32_MAX));
+    cmd->add_option("--max-batch-tokens", max_batch_tokens, "Tokens per forward pass (prompt chunk size)")
+        ->check(int_range(1, 1 << 20));
     cmd->add_option("--kv-cache-gb", kv_cache_gb,
                     "KV cache per rank in GiB (0: 90% of free GPU memory after weights; CPU: min(2, 10% of available "
-                    "memory))");
-    cmd->add_option("--max-seqs", max_seqs, "Sequences running at once (continuous batching)");
-    cmd->add_option("--block-size", block_size, "KV cache positions per block");
+                    "memory))")
+        ->check(real_range(0, 1 << 20));
+    cmd->add_option("--max-seqs", max_seqs, "Sequences running at once (continuous batching)")
+        ->check(int_range(1, 1 << 16));
+    cmd->add_option("--block-size", block_size, "KV cache positions per block")->check(int_range(1, 1 << 16));
     cmd->add_flag("--no-prefix-cache", no_prefix_cache, "Do not reuse cached KV blocks of identical prompt prefixes");
-    cmd->add_option("--tp", tp, "Tensor-parallel ranks");
-    cmd->add_option("--pp", pp, "Pipeline-parallel stages");
+    cmd->add_option("--tp", tp, "Tensor-parallel ranks")->check(int_range(1, 4096));
+    cmd->add_option("--pp", pp, "Pipeline-parallel stages")->check(int_range(1, 4096));
     cmd->add_option("--pp-layers", pp_layers, "Layers per pipeline stage, e.g. 20,20,21,19");
-    cmd->add_option("--micro-batch", micro_batch, "Prompt tokens per pipeline micro-batch (0: --max-batch-tokens)");
-    cmd->add_option("--comm-timeout", comm_timeout, "Seconds before a silent peer is declared dead");
+    cmd->add_option("--micro-batch", micro_batch, "Prompt tokens per pipeline micro-batch (0: --max-batch-tokens)")
+        ->check(int_range(0, 1 << 20));
+    cmd->add_option("--comm-timeout", comm_timeout, "Seconds before a silent peer is declared dead (0.1 .. 1 week)")
+        ->check(real_range(0.1, 7 * 86400.0));
     cmd->add_option("--device", device, "auto (CUDA when built with it and a GPU exists) | cpu | cuda")
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
     cmd->add_option("--dtype", dtype, "CUDA activation type: f16 | bf16")->check(CLI::IsMember({"f16", "bf16"}));
     cmd->add_option("--devices", devices, "CUDA device of each local rank, e.g. 0,1,2,3 (default: local rank)");
+}
+
+CLI::Validator int_range(int64_t lo, int64_t hi) {
+    return CLI::Validator(
+        [lo, hi](std::string& s) -> std::string {
+            int64_t v = 0;
+            const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+            if (ec != std::errc() || p != s.data() + s.size() || v < lo || v > hi)
+                return fmt::format("{} is not an integer in [{}, {}]", s, lo, hi);
+            return {};
+        },
+        fmt::format("INT in [{}, {}]", lo, hi));
+}
+
+CLI::Validator uint_range(uint64_t lo, uint64_t hi) {
+    return CLI::Validator(
+        [lo, hi](std::string& s) -> std::string {
+            uint64_t v = 0;
+            const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+            if (ec != std::errc() || p != s.data() + s.size() || v < lo || v > hi)
+                return fmt::format("{} is not an integer in [{}, {}]", s, lo, hi);
+            return {};
+        },
+        fmt::format("UINT in [{}, {}]", lo, hi));
+}
+
+CLI::Validator real_range(double lo, double hi) {
+    return CLI::Validator(
+        [lo, hi](std::string& s) -> std::string {
+            errno = 0;
+            char* end = nullptr;
+            const double v = s.empty() ? NAN : std::strtod(s.c_str(), &end);
+            if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(v) || v < lo || v > hi)
+                return fmt::format("{} is not a number in [{}, {}]", s, lo, hi);
+            return {};
+        },
+        fmt::format("NUMBER in [{}, {}]", lo, hi));
+}
+
+int usable_threads(int requested) {
+    const int cores = ThreadPool::available_cpus();
+    if (requested <= cores) return requested;
+    LOG_WARN("--threads {} is more than the {} cores this process may run on: using {}", requested, cores, cores);
+    return cores;
+}
+
+void write_stdout(std::string_view s) {
+    if (!s.empty() && std::fwrite(s.data(), 1, s.size(), stdout) != s.size())
+        LATTICE_FAIL("stdout: write failed ({})", std::strerror(errno));
+}
+
+void flush_stdout() {
+    if (std::fflush(stdout) != 0 || std::ferror(stdout))
+        LATTICE_FAIL("stdout: write failed ({})", std::strerror(errno ? errno : EIO));
+}
+
+void print_stderr(std::string_view s) {
+    if (std::fwrite(s.data(), 1, s.size(), stderr) != s.size()) std::clearerr(stderr);
+}
+
+int launcher_rank() {
+    for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+        if (const char* v = std::getenv(var)) return std::atoi(v);
+    return 0;
+}
+
+void check_not_input(const std::string& path, const char* flag, const std::vector<std::string>& inputs) {
+    check_output_path(path, flag);
+    struct stat out {};
+    if (::stat(path.c_str(), &out) == 0) {
+        // Removing (or later replacing) an input would destroy what the run reads: a model file named
+        // as --out, or model.safetensors inside the model folder.
+        auto same = [&](const std::string& p) {
+            struct stat in {};
+            return ::stat(p.c_str(), &in) == 0 && in.st_dev == out.st_dev && in.st_ino == out.st_ino;
+        };
+        for (const std::string& in : inputs) {
+            if (in.empty()) continue;
+            bool hit = same(in);
+            if (!hit && path_kind(in, "input") == PathKind::kDirectory)
+                if (DIR* d = ::opendir(in.c_str())) {
+                    while (const dirent* e = ::readdir(d))
+                        if (!hit && e->d_name[0] != '.') hit = same(in + "/" + e->d_name);
+                    ::closedir(d);
+                }
+            LATTICE_CHECK(!hit, "{} {} is an input of this run ({}): refusing to overwrite it", flag, path, in);
+        }
+    }
+}
+
+void prepare_output_file(const std::string& path, const char* flag, const std::vector<std::string>& inputs) {
+    if (launcher_rank() != 0) return;
+    check_not_input(path, flag, inputs);
+    prepare_output(path, flag);
 }
 
 std::vector<int32_t> parse_id_list(const std::string& s, const char* what) {
@@ -57,7 +166,8 @@ std::vector<int32_t> parse_id_list(const std::string& s, const char* what) {
         } catch (const std::exception&) {
             used = 0;
         }
-        LATTICE_CHECK(used == tok.size() && v >= 0 && v <= INT32_MAX, "{}: \"{}\" is not a token id", what, tok);
+        LATTICE_CHECK(used == tok.size() && v >= 0 && v <= INT32_MAX, "{}: \"{}\" is not an integer in [0, {}]", what,
+                      tok, INT32_MAX);
         ids.push_back(int32_t(v));
         tok.clear();
     };
@@ -74,7 +184,7 @@ std::string default_model_path() {
     if (const char* env = std::getenv("LATTICE_DEFAULT_MODEL")) return env;
     for (const std::string& dir : {std::string("models"), std::string(LATTICE_SOURCE_DIR) + "/models"}) {
         std::string p = dir + "/" + kName;
-        if (std::ifstream(p).good()) return p;
+        if (path_kind(p, "default model") != PathKind::kMissing) return p;
     }
     LATTICE_FAIL("no --model given and the built-in default model {} is not in ./models or {}/models: run "
                  "scripts/setup.sh (it fetches it) or pass --model",
@@ -83,9 +193,21 @@ std::string default_model_path() {
 
 namespace {
 
+// "20,20,21,19" -> layer counts; Error naming --pp-layers and the bad entry.
 std::vector<int64_t> parse_counts(const std::string& s) {
     std::vector<int64_t> out;
-    for (int32_t v : parse_id_list(s, "--pp-layers")) out.push_back(v);
+    std::string tok;
+    std::stringstream ss(s);
+    while (std::getline(ss, tok, ',')) {
+        int64_t v = 0;
+        const auto [p, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), v);
+        LATTICE_CHECK(ec == std::errc() && p == tok.data() + tok.size() && v >= 1 && v <= 1024,
+                      "--pp-layers {}: \"{}\" is not a layer count in [1, 1024] (give one count per stage, e.g. "
+                      "20,20,21,19)",
+                      s, tok);
+        out.push_back(v);
+    }
+    LATTICE_CHECK(!out.empty(), "--pp-layers: give one layer count per stage, e.g. 20,20,21,19");
     return out;
 }
 
@@ -112,7 +234,7 @@ Built load_model(const ModelArgs& a) {
     o.mpi = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK");
     o.comm_timeout = a.comm_timeout;
     o.backend.kind = parse_backend_kind(a.device);
-    o.backend.threads = a.threads;
+    o.backend.threads = usable_threads(a.threads);
     o.backend.mlock = a.mlock;
     o.backend.cuda_act = a.dtype == "f16" ? DType::kF16 : DType::kBF16;
     if (!a.devices.empty())

@@ -1,13 +1,17 @@
 // Options shared by every command that loads a model (generate, score, calibrate, serve ...) and
-// the code that turns them into a backend + model + parallel layout for this rank.
+// the code that turns them into a backend + model + parallel layout for this rank; the range checks
+// every numeric flag uses; checked writes to stdout; output files prepared before a run.
 #pragma once
 
 #include "runtime/engine/build.h"
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace lattice {
@@ -49,5 +53,39 @@ std::string default_model_path();
 
 // "1,2,3" or "1 2 3" -> ids; throws Error naming the bad entry.
 std::vector<int32_t> parse_id_list(const std::string& s, const char* what);
+
+// CLI11 checks naming the flag and its range ("--threads: -1 is not an integer in [0, 65536]").
+// Parsing is strict (std::from_chars / strtod: no sign on unsigned values, no wrap-around, nothing
+// after the number, finite reals), unlike CLI11's own conversion, which lets "-1" into a uint64.
+CLI::Validator int_range(int64_t lo, int64_t hi);
+CLI::Validator uint_range(uint64_t lo, uint64_t hi);
+CLI::Validator real_range(double lo, double hi);
+constexpr int kMaxThreadsFlag = 65536;  // --threads bound (then capped at the usable cores)
+
+// Threads for a CPU backend: `requested` (0: all usable cores) capped, with a warning, at the cores
+// this process may run on: more threads than cores only slows every op down.
+int usable_threads(int requested);
+
+// Writes to stdout; throws Error naming stdout when the bytes cannot be written (a full disk, a
+// closed descriptor). flush_stdout() also reports what a buffered write met.
+void write_stdout(std::string_view s);
+void flush_stdout();
+// Diagnostics to stderr: a failed write is ignored (there is nowhere left to report it), never thrown.
+void print_stderr(std::string_view s);
+template <typename... Args>
+void print_stdout(fmt::format_string<Args...> f, Args&&... args) {
+    write_stdout(fmt::format(f, std::forward<Args>(args)...));
+}
+
+// This process's rank as the MPI starter announced it in the environment (0 without one): the rank
+// that prepares output files before MPI is initialized.
+int launcher_rank();
+// On the launcher's rank 0: checks that `path` may be written atomically (absent or a regular file)
+// and is none of the run's `inputs` (files, or folders whose files count), then removes a previous
+// file there (base/file.h prepare_output). `flag` names it in errors.
+void prepare_output_file(const std::string& path, const char* flag, const std::vector<std::string>& inputs);
+// The identity part alone (for an output that is appended to, not replaced): PATH is a writable
+// output path and names none of INPUTS (a file, or a file directly inside a folder, hard links too).
+void check_not_input(const std::string& path, const char* flag, const std::vector<std::string>& inputs);
 
 }  // namespace lattice

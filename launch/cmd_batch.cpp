@@ -33,6 +33,7 @@
 
 #include "base/error.h"
 #include "launch/cli.h"
+#include "base/file.h"
 #include "launch/cli_common.h"
 #include "launch/drain_signal.h"
 #include "launch/openai_request.h"
@@ -171,6 +172,13 @@ double percentile(std::vector<double> v, double q) {
 int run_batch(BatchArgs& a) {
     if (a.model.model.empty() && !a.model.random_weights) a.model.model = default_model_path();
     LATTICE_CHECK(!a.input.empty() && !a.output.empty(), "lattice batch needs --input FILE and --output FILE");
+    // Files are checked before the (long) load: an unreadable input, an output that is an input.
+    if (launcher_rank() == 0) {
+        open_regular_file(a.input, "--input");  // names a missing file, a folder or a FIFO
+        check_not_input(a.output, "--output", {a.model.model, a.model.smooth, a.input});
+        if (!a.stats_json.empty())
+            prepare_output_file(a.stats_json, "--stats-json", {a.model.model, a.model.smooth, a.input, a.output});
+    }
     Built lm = load_model(a.model);
     install_drain_handlers();
     Engine& engine = *lm.engine;
@@ -353,9 +361,9 @@ int run_batch(BatchArgs& a) {
                    {"ranks", lm.world.world},
                    {"threads", lm.backend->threads()},
                    {"quant", std::string(quant_mode_name(lm.model->options().quant)) + (lm.model->options().quant_head ? "+head" : "")}};
-        std::ofstream f(a.stats_json);
-        f << st.dump(2) << "\n";
-        LATTICE_CHECK(f.good(), "--stats-json {}: write failed", a.stats_json);
+        AtomicWriter f(a.stats_json, "--stats-json");
+        f.write(st.dump(2) + "\n");
+        f.commit();
     }
     const int64_t left = total - done;
     if (drain_requested())

@@ -7,12 +7,12 @@
 // every rank of any TP x PP layout (each applies the factors of its own layers).
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <iterator>
 #include <memory>
 
 #include "launch/cli.h"
 #include "launch/cli_common.h"
+#include "base/file.h"
 #include "base/log.h"
 #include "runtime/backend/cpu/cpu_backend.h"
 #include "runtime/model/model.h"
@@ -26,18 +26,8 @@ namespace {
 constexpr int64_t kMaxTextBytes = 256ll << 20;
 
 std::string read_text(const std::string& path) {
-    std::ifstream f(path, std::ios::binary | std::ios::ate);
-    LATTICE_CHECK(f.good(), "calibrate: cannot open text file {}", path);
-    const std::streamoff size = f.tellg();
-    LATTICE_CHECK(size > 0, "calibrate: text file {} is empty", path);
-    LATTICE_CHECK(size <= kMaxTextBytes,
-                  "calibrate: text file {} has {} bytes, more than the {} MiB limit (cut it, "
-                  "or use --max-tokens on a shorter file)",
-                  path, int64_t(size), kMaxTextBytes >> 20);
-    std::string s(size_t(size), '\0');
-    f.seekg(0);
-    f.read(s.data(), size);
-    LATTICE_CHECK(f.good(), "calibrate: reading {} failed", path);
+    std::string s = read_regular_file(path, kMaxTextBytes, "calibrate: --text");
+    LATTICE_CHECK(!s.empty(), "calibrate: text file {} is empty", path);
     return s;
 }
 
@@ -55,6 +45,7 @@ int run_calibrate(const CalibrateArgs& a) {
     const std::string model_path = a.model.empty() ? default_model_path() : a.model;
     LATTICE_CHECK(a.alpha >= 0.0 && a.alpha <= 1.0, "calibrate: --alpha {} outside [0, 1]", a.alpha);
     LATTICE_CHECK(a.max_tokens >= 1 && a.window >= 1, "calibrate: --max-tokens and --window must be >= 1");
+    prepare_output_file(a.out, "--out", {model_path, a.text});
     auto src = open_model(model_path);
     auto tok = load_tokenizer(model_path);
     std::vector<int32_t> ids = tok->encode(read_text(a.text), tok->add_bos_default());
@@ -67,7 +58,7 @@ int run_calibrate(const CalibrateArgs& a) {
                       model_path, id, src->config().vocab);
 
     CpuBackendOptions bo;
-    bo.threads = a.threads;
+    bo.threads = usable_threads(a.threads);
     CpuBackend be(bo);
     ModelOptions mo;
     mo.max_seq = std::min<int64_t>(a.window, src->config().max_position);
@@ -103,11 +94,15 @@ void add_calibrate_command(CLI::App& app, CommandRun& run) {
     cmd->add_option("--out", a->out, "Output .safetensors (model.layers.N.{attn,mlp}_smooth, f32 [hidden])")
         ->required();
     cmd->add_option("--alpha", a->alpha, "Migration strength: s = max|X|^alpha / max|W|^(1-alpha)")
-        ->check(CLI::Range(0.0, 1.0));
-    cmd->add_option("--max-tokens", a->max_tokens, "Use at most this many tokens of the text");
-    cmd->add_option("--window", a->window, "Tokens per independent forward window (context length)");
-    cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Tokens per forward pass within a window");
-    cmd->add_option("--threads", a->threads, "CPU threads (0: one per available core)");
+        ->check(real_range(0.0, 1.0));
+    cmd->add_option("--max-tokens", a->max_tokens, "Use at most this many tokens of the text")
+        ->check(int_range(1, INT32_MAX));
+    cmd->add_option("--window", a->window, "Tokens per independent forward window (context length)")
+        ->check(int_range(1, INT32_MAX));
+    cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Tokens per forward pass within a window")
+        ->check(int_range(1, 1 << 20));
+    cmd->add_option("--threads", a->threads, "CPU threads (0: one per available core; capped at those)")
+        ->check(int_range(0, kMaxThreadsFlag));
     cmd->callback([&run, a] { run = [a] { return run_calibrate(*a); }; });
 }
 

@@ -11,6 +11,7 @@
 // LATTICE_HAVE_CUDA / LATTICE_HAVE_NCCL. Device choice mirrors the engine: local rank i uses
 // CUDA device i of those visible.
 #include "launch/cli.h"
+#include "launch/cli_common.h"
 #include "parallel/mpi_session.h"
 #include "base/error.h"
 
@@ -389,43 +390,48 @@ int run_doctor(const DoctorOptions& opt) {
         mpi = mpi.substr(0, mpi.find_first_of("\n,"));
         std::set<std::string> hosts;
         for (const json& r : all) hosts.insert(r["host"].get<std::string>());
-        fmt::print("lattice doctor\n  version: {}\n  MPI: {}\n", versions_line(), mpi);
-        fmt::print("  world: {} rank(s) on {} host(s)", world, hosts.size());
-        if (opt.tp || opt.pp) fmt::print(", asked tp {} x pp {}", std::max(opt.tp, 1), std::max(opt.pp, 1));
-        fmt::print("\n");
+        print_stdout("lattice doctor\n  version: {}\n  MPI: {}\n", versions_line(), mpi);
+        print_stdout("  world: {} rank(s) on {} host(s)", world, hosts.size());
+        if (opt.tp || opt.pp) print_stdout(", asked tp {} x pp {}", std::max(opt.tp, 1), std::max(opt.pp, 1));
+        print_stdout("\n");
         for (const json& r : all) {
             if (!r.contains("node")) continue;
             const json& n = r["node"];
-            fmt::print("host {}: CPUs {}, NUMA nodes {}, IOMMU groups {}\n", r["host"].get<std::string>(),
-                       n.value("cpus_online", "?"), n.value("numa_nodes", 1), n.value("iommu_groups", 0));
+            print_stdout("host {}: CPUs {}, NUMA nodes {}, IOMMU groups {}\n", r["host"].get<std::string>(),
+                         n.value("cpus_online", "?"), n.value("numa_nodes", 1), n.value("iommu_groups", 0));
             if (n.contains("cuda_driver"))
-                fmt::print("  CUDA driver {}, runtime {}{}\n", n["cuda_driver"].get<std::string>(), n["cuda_runtime"].get<std::string>(),
-                           n.contains("cuda_error") ? ", cudaGetDeviceCount: " + n["cuda_error"].get<std::string>() : "");
-            if (n["pci_gpus"].empty()) fmt::print("  no GPUs (no NVIDIA device on the PCI bus)\n");
+                print_stdout(
+                    "  CUDA driver {}, runtime {}{}\n", n["cuda_driver"].get<std::string>(),
+                    n["cuda_runtime"].get<std::string>(),
+                    n.contains("cuda_error") ? ", cudaGetDeviceCount: " + n["cuda_error"].get<std::string>() : "");
+            if (n["pci_gpus"].empty()) print_stdout("  no GPUs (no NVIDIA device on the PCI bus)\n");
             for (const json& g : n["pci_gpus"])
-                fmt::print("  PCI GPU {}: NUMA {}, IOMMU {}, ACS-redirecting bridges above: {}\n", g["bus"].get<std::string>(),
-                           g["numa"].get<int>(), g["iommu"].get<std::string>(), g["acs_redirect"].empty() ? "none" : g["acs_redirect"].dump());
+                print_stdout("  PCI GPU {}: NUMA {}, IOMMU {}, ACS-redirecting bridges above: {}\n",
+                             g["bus"].get<std::string>(), g["numa"].get<int>(), g["iommu"].get<std::string>(),
+                             g["acs_redirect"].empty() ? "none" : g["acs_redirect"].dump());
             for (const json& d : n.value("cuda_devices", json::array()))
-                fmt::print("  cuda:{} {} ({}), free {} / {} MiB\n", d["index"].get<int>(), d["name"].get<std::string>(),
-                           d["bus"].get<std::string>(), d["free_mib"].get<uint64_t>(), d["total_mib"].get<uint64_t>());
+                print_stdout("  cuda:{} {} ({}), free {} / {} MiB\n", d["index"].get<int>(),
+                             d["name"].get<std::string>(), d["bus"].get<std::string>(), d["free_mib"].get<uint64_t>(),
+                             d["total_mib"].get<uint64_t>());
             if (n.contains("p2p") && n["p2p"].size() > 1) {
-                fmt::print("  P2P access (row can access column):\n");
-                for (size_t i = 0; i < n["p2p"].size(); ++i) fmt::print("    {}: {}\n", i, fmt::join(n["p2p"][i].get<std::vector<int>>(), " "));
+                print_stdout("  P2P access (row can access column):\n");
+                for (size_t i = 0; i < n["p2p"].size(); ++i)
+                    print_stdout("    {}: {}\n", i, fmt::join(n["p2p"][i].get<std::vector<int>>(), " "));
             }
         }
         for (const json& r : all) {
             std::string dev = r["device"] == -1 ? "no GPU" : fmt::format("cuda:{} {} NUMA {}", r["device"].get<int>(), r.value("device_name", ""), r.value("device_numa", -1));
-            fmt::print("rank {} on {}: local rank {}/{}, CPUs {}, GPUs visible {}, uses {}\n", r["rank"].get<int>(),
-                       r["host"].get<std::string>(), r["local_rank"].get<int>(), r["local_size"].get<int>(),
-                       r["cpus"].get<std::string>(), r["visible_gpus"].get<int>(), dev);
+            print_stdout("rank {} on {}: local rank {}/{}, CPUs {}, GPUs visible {}, uses {}\n", r["rank"].get<int>(),
+                         r["host"].get<std::string>(), r["local_rank"].get<int>(), r["local_size"].get<int>(),
+                         r["cpus"].get<std::string>(), r["visible_gpus"].get<int>(), dev);
         }
         std::vector<Finding> findings = check(all, opt, world);
         for (const Finding& x : findings) {
-            fmt::print("{}: {}\n  fix: {}\n", x.blocking ? "PROBLEM" : "warning", x.what, x.fix);
+            print_stdout("{}: {}\n  fix: {}\n", x.blocking ? "PROBLEM" : "warning", x.what, x.fix);
             blocking += x.blocking;
         }
-        fmt::print("result: {}\n", blocking ? fmt::format("{} problem(s) block this launch", blocking)
-                                            : fmt::format("ok ({} warning(s))", findings.size()));
+        print_stdout("result: {}\n", blocking ? fmt::format("{} problem(s) block this launch", blocking)
+                                              : fmt::format("ok ({} warning(s))", findings.size()));
         std::fflush(stdout);
     }
     MPI_CHECK(MPI_Bcast(&blocking, 1, MPI_INT, 0, MPI_COMM_WORLD));
@@ -437,8 +443,9 @@ int run_doctor(const DoctorOptions& opt) {
 void add_doctor_command(CLI::App& app, CommandRun& run) {
     auto* cmd = app.add_subcommand("doctor", "Preflight report: versions, ranks, hosts, GPUs, P2P, NUMA, known traps");
     auto opt = std::make_shared<DoctorOptions>();
-    cmd->add_option("--tp", opt->tp, "tensor-parallel size the job will use (checks world == tp*pp)")->check(CLI::Range(1, 4096));
-    cmd->add_option("--pp", opt->pp, "pipeline-parallel size the job will use")->check(CLI::Range(1, 4096));
+    cmd->add_option("--tp", opt->tp, "tensor-parallel size the job will use (checks world == tp*pp)")
+        ->check(int_range(1, 4096));
+    cmd->add_option("--pp", opt->pp, "pipeline-parallel size the job will use")->check(int_range(1, 4096));
     cmd->add_option("--sysfs", opt->sysfs, "read PCI/NUMA/IOMMU facts from this tree instead of /sys (tests)");
     cmd->callback([&run, opt] { run = [opt] { return run_doctor(*opt); }; });
 }

@@ -1,5 +1,9 @@
 // `lattice generate`: prefill a prompt, decode new tokens, print them; timings to stderr and
-// optionally JSON (--stats-json) for scripts and benchmarks.
+// optionally JSON (--stats-json) for scripts and benchmarks. Every write to stdout is checked (a full
+// disk or closed descriptor is an error naming stdout); --stats-json is written atomically, and a
+// previous file there is removed when the run starts, so a run that dies leaves none behind. A prompt
+// that fills the context is an error when tokens were asked for; one that leaves room for fewer
+// than --max-new-tokens gets a warning on stderr.
 #include "launch/cli.h"
 #include "launch/cli_common.h"
 
@@ -11,7 +15,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
+#include "base/file.h"
+#include "base/log.h"
+
 #include <memory>
 
 namespace lattice {
@@ -43,11 +49,13 @@ double decode_rate(const GenerateStats& s) {
 }
 
 void print_stats(const GenerateStats& s) {
-    fmt::print(stderr, "prefill: {} tokens in {:.3f} s ({:.1f} tok/s); decode: {} tokens in {:.3f} s ({:.2f} tok/s)",
-               s.prompt_tokens, s.prefill_seconds, s.prefill_seconds > 0 ? double(s.prompt_tokens) / s.prefill_seconds : 0.0,
-               s.generated_tokens, s.decode_seconds, decode_rate(s));
-    if (s.sequences > 1) fmt::print(stderr, " over {} sequences", s.sequences);
-    fmt::print(stderr, "\n");
+    std::string line = fmt::format(
+        "prefill: {} tokens in {:.3f} s ({:.1f} tok/s); decode: {} tokens in {:.3f} s ({:.2f} tok/s)", s.prompt_tokens,
+        s.prefill_seconds, s.prefill_seconds > 0 ? double(s.prompt_tokens) / s.prefill_seconds : 0.0,
+        s.generated_tokens, s.decode_seconds, decode_rate(s));
+    if (s.sequences > 1) line += fmt::format(" over {} sequences", s.sequences);
+    line += "\n";
+    print_stderr(line);
 }
 
 void write_stats(const std::string& path, const GenerateStats& s, const Built& lm, const ModelArgs& a) {
@@ -75,10 +83,25 @@ void write_stats(const std::string& path, const GenerateStats& s, const Built& l
                         {"weight_bytes_per_rank", lm.model->weight_bytes()},
                         {"load_seconds", lm.load_seconds},
                         {"rss_bytes_rank0", resident_bytes()}};
-    std::ofstream f(path);
-    LATTICE_CHECK(f.good(), "--stats-json {}: cannot open for writing", path);
-    f << j.dump(2) << "\n";
-    LATTICE_CHECK(f.good(), "--stats-json {}: write failed", path);
+    AtomicWriter f(path, "--stats-json");
+    f.write(j.dump(2) + "\n");
+    f.commit();
+}
+
+// The context left after the prompt: an error when none is left for the tokens asked for, a
+// warning when fewer than asked for fit (the output stops at the end of the context).
+void check_room(const Built& lm, int64_t prompt_tokens, int64_t max_new_tokens) {
+    const int64_t ctx = lm.model->max_seq(), room = ctx - prompt_tokens;
+    if (max_new_tokens == 0 || prompt_tokens > ctx) return;  // nothing asked for / the generator refuses it
+    LATTICE_CHECK(room > 0,
+                  "the prompt of {} tokens fills the whole context of {} positions: no room for new tokens (shorten "
+                  "it, or raise --max-seq up to max_position_embeddings {})",
+                  prompt_tokens, ctx, lm.model->config().max_position);
+    if (room < max_new_tokens && lm.world.rank == 0)
+        LOG_WARN(
+            "the context of {} positions leaves room for {} of the {} new tokens asked for after the prompt of {} "
+            "tokens: the output stops there",
+            ctx, room, max_new_tokens, prompt_tokens);
 }
 
 std::vector<int32_t> encode_prompt(const Tokenizer& tok, const std::string& text, bool chat, const std::string& system) {
@@ -101,12 +124,12 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
     cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, e.g. 1,2,3");
     cmd->add_option("--prompt", args->prompt, "Prompt text (tokenized with the model's tokenizer)");
     cmd->add_flag("--chat", args->chat, "Wrap --prompt in the model's chat template as a user turn");
-    cmd->add_option("--system", args->system, "System message for --chat");
-    cmd->add_option("--max-new-tokens", args->max_new_tokens, "Tokens to generate");
-    cmd->add_option("--temperature", args->temperature, "0: greedy");
-    cmd->add_option("--top-k", args->top_k, "Keep the k most likely tokens (0: all)");
-    cmd->add_option("--top-p", args->top_p, "Nucleus sampling mass (1: all)");
-    cmd->add_option("--seed", args->seed, "Sampling seed");
+    cmd->add_option("--system", args->system, "System message for --chat")->needs("--chat");
+    cmd->add_option("--max-new-tokens", args->max_new_tokens, "Tokens to generate")->check(int_range(0, INT32_MAX));
+    cmd->add_option("--temperature", args->temperature, "0: greedy")->check(real_range(0.0, 1e6));
+    cmd->add_option("--top-k", args->top_k, "Keep the k most likely tokens (0: all)")->check(int_range(0, INT32_MAX));
+    cmd->add_option("--top-p", args->top_p, "Nucleus sampling mass (1: all)")->check(real_range(1e-6, 1.0));
+    cmd->add_option("--seed", args->seed, "Sampling seed")->check(uint_range(0, UINT64_MAX));
     cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the end-of-sequence token");
     cmd->add_flag("--print-ids", args->print_ids, "Print generated ids, space-separated, on one line");
     cmd->add_option("--stats-json", args->stats_json, "Write timings as JSON to this file");
@@ -118,6 +141,8 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
             GenerateRequest req;
             LATTICE_CHECK(a.prompt.empty() != a.prompt_ids.empty(), "give exactly one of --prompt TEXT or --prompt-ids 1,2,3");
             if (a.model.model.empty() && !a.model.random_weights) a.model.model = default_model_path();
+            if (!a.stats_json.empty())
+                prepare_output_file(a.stats_json, "--stats-json", {a.model.model, a.model.smooth});
             std::unique_ptr<Tokenizer> tok;
             if (!a.prompt.empty()) {
                 LATTICE_CHECK(!a.model.random_weights, "--prompt needs a model with a tokenizer (use --prompt-ids)");
@@ -134,16 +159,19 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
             req.sampling.validate();
             req.ignore_eos = a.ignore_eos;
             Built lm = load_model(a.model);
+            check_room(lm, int64_t(req.prompt.size()), req.max_new_tokens);
             if (a.batch > 1) {
                 std::vector<GenerateRequest> reqs(static_cast<size_t>(a.batch), req);
                 GenerateStats total;
                 std::vector<GenerateResult> rs = lm.engine->generate_batch(reqs, {}, &total);
                 if (lm.world.rank == 0) {
                     for (const auto& r : rs) {
-                        if (tok && !a.print_ids) fmt::print("{}\n", tok->decode(r.tokens));
-                        else fmt::print("{}\n", fmt::join(r.tokens, " "));
+                        if (tok && !a.print_ids)
+                            write_stdout(tok->decode(r.tokens) + "\n");
+                        else
+                            write_stdout(fmt::format("{}\n", fmt::join(r.tokens, " ")));
                     }
-                    std::fflush(stdout);
+                    flush_stdout();
                     print_stats(total);
                     if (!a.stats_json.empty()) write_stats(a.stats_json, total, lm, a.model);
                 }
@@ -154,15 +182,15 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
             if (stream_text) stream = std::make_unique<StreamDecoder>(*tok);
             GenerateResult res = lm.engine->generate(req, [&](int32_t id) {
                 if (!stream || (!a.ignore_eos && (lm.model->config().is_eos(id) || tok->is_eog(id)))) return;
-                fmt::print("{}", stream->push(id));
-                std::fflush(stdout);
+                write_stdout(stream->push(id));
+                flush_stdout();
             });
             if (lm.world.rank == 0) {
                 if (stream)
-                    fmt::print("{}\n", stream->finish());
+                    write_stdout(stream->finish() + "\n");
                 else
-                    fmt::print("{}\n", fmt::join(res.tokens, " "));
-                std::fflush(stdout);
+                    write_stdout(fmt::format("{}\n", fmt::join(res.tokens, " ")));
+                flush_stdout();
                 print_stats(res.stats);
                 if (!a.stats_json.empty()) write_stats(a.stats_json, res.stats, lm, a.model);
             }

@@ -1,5 +1,9 @@
-// `lattice info --model PATH`: config, parameter count and weight bytes of a checkpoint.
+// `lattice info --model PATH`: config, parameter count and weight bytes of a checkpoint. The
+// checkpoint is checked against its config first (check_tensor_set: every tensor present with its
+// shape, nothing unexplained), so the parameter count printed is the tensors' own, and an absurd
+// config is an error rather than a number.
 #include "launch/cli.h"
+#include "launch/cli_common.h"
 #include "runtime/weights/tensor_source.h"
 
 #include <fmt/format.h>
@@ -18,16 +22,24 @@ void add_info_command(CLI::App& app, CommandRun& run) {
         run = [model] {
             std::unique_ptr<TensorSource> src = open_model(*model);
             const ModelConfig& c = src->config();
-            fmt::print("model: {}\n", src->describe());
-            fmt::print("architecture: {}\n", c.architecture);
-            fmt::print("hidden: {}  intermediate: {}  layers: {}  heads: {}  kv_heads: {}  head_dim: {}\n", c.hidden,
-                       c.intermediate, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim);
-            fmt::print("vocab: {}  max_position: {}  rms_eps: {}  rope_theta: {}  rope_scaling: {}\n", c.vocab,
-                       c.max_position, c.rms_eps, c.rope_theta, c.rope_scaling.type.empty() ? "none" : c.rope_scaling.type);
-            fmt::print("tie_embeddings: {}  bos: {}  eos: {}\n", c.tie_embeddings, c.bos_id, fmt::join(c.eos_ids, ","));
-            fmt::print("parameters: {} ({:.3f} B)\n", c.parameter_count(), double(c.parameter_count()) * 1e-9);
-            fmt::print("weight bytes in checkpoint: {} ({:.3f} GiB)\n", src->total_bytes(),
-                       double(src->total_bytes()) / double(1 << 30));
+            print_stdout("model: {}\n", src->describe());
+            print_stdout("architecture: {}\n", c.architecture);
+            print_stdout("hidden: {}  intermediate: {}  layers: {}  heads: {}  kv_heads: {}  head_dim: {}\n", c.hidden,
+                         c.intermediate, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim);
+            print_stdout("vocab: {}  max_position: {}  rms_eps: {}  rope_theta: {}  rope_scaling: {}\n", c.vocab,
+                         c.max_position, c.rms_eps, c.rope_theta,
+                         c.rope_scaling.type.empty() ? "none" : c.rope_scaling.type);
+            print_stdout("tie_embeddings: {}  bos: {}  eos: {}\n", c.tie_embeddings, c.bos_id,
+                         fmt::join(c.eos_ids, ","));
+            check_tensor_set(*src);
+            const int64_t params = c.parameter_count(), listed = listed_elements(*src);
+            // Sources that list their tensors must hold what the config describes (rope tables aside).
+            LATTICE_CHECK(listed == 0 || listed >= params,
+                          "{}: the config describes {} parameters but the checkpoint's tensors hold {}",
+                          src->describe(), params, listed);
+            print_stdout("parameters: {} ({:.3f} B)\n", params, double(params) * 1e-9);
+            print_stdout("weight bytes in checkpoint: {} ({:.3f} GiB)\n", src->total_bytes(),
+                         double(src->total_bytes()) / double(1 << 30));
             return 0;
         };
     });

@@ -25,15 +25,19 @@ void add_layout_command(CLI::App& app, CommandRun& run) {
     };
     auto a = std::make_shared<Args>();
     auto* cmd = app.add_subcommand("layout", "Check a TP x PP layout against a model and the nodes it runs on");
-    cmd->add_option("--tp", a->tp, "Tensor-parallel ranks")->required();
-    cmd->add_option("--pp", a->pp, "Pipeline-parallel stages (default 1)");
+    cmd->add_option("--tp", a->tp, "Tensor-parallel ranks")->required()->check(int_range(1, 4096));
+    cmd->add_option("--pp", a->pp, "Pipeline-parallel stages (default 1)")->check(int_range(1, 4096));
     cmd->add_option("--model", a->model, "Check the model's heads, FFN and layers too (HF dir or .gguf)");
     cmd->add_option("--config", a->preset, "... or a built-in shape (tinyllama-1.1b, llama-2-70b, ...)");
-    cmd->add_option("--nodes", a->place.nodes, "Nodes the ranks are spread over (default 1)");
+    cmd->add_option("--nodes", a->place.nodes, "Nodes the ranks are spread over (default 1)")
+        ->check(int_range(1, 1 << 20));
     cmd->add_flag("--cpu", a->place.cpu, "CPU ranks (default: one GPU per rank)");
-    cmd->add_option("--gpus-per-node", a->place.gpus_per_node, "GPUs per node (GPU ranks)");
-    cmd->add_option("--cores-per-node", a->place.cores_per_node, "Physical cores per node (CPU ranks)");
-    cmd->add_option("--slots-per-node", a->place.slots_per_node, "Fewest MPI slots a host offers (0: unlimited)");
+    cmd->add_option("--gpus-per-node", a->place.gpus_per_node, "GPUs per node (GPU ranks)")
+        ->check(int_range(0, 1 << 20));
+    cmd->add_option("--cores-per-node", a->place.cores_per_node, "Physical cores per node (CPU ranks)")
+        ->check(int_range(0, 1 << 20));
+    cmd->add_option("--slots-per-node", a->place.slots_per_node, "Fewest MPI slots a host offers (0: unlimited)")
+        ->check(int_range(0, 1 << 20));
     cmd->add_option("--slots-host", a->place.slots_host, "The host offering them (named in the message)");
     cmd->add_flag("--oversubscribe", a->place.oversubscribe, "CPU ranks may share cores");
     cmd->add_flag("--json", a->json, "One JSON object on stdout: {ok, ranks, ranks_per_node | error}");
@@ -53,12 +57,12 @@ void add_layout_command(CLI::App& app, CommandRun& run) {
             j["ok"] = error.empty();
             if (!error.empty()) j["error"] = error;
             if (a->json)
-                fmt::print("{}\n", j.dump());
+                print_stdout("{}\n", j.dump());
             else if (error.empty())
-                fmt::print("tp {} x pp {}: {} ranks, {} per node\n", a->tp, a->pp, a->tp * a->pp,
-                           j["ranks_per_node"].get<int>());
+                print_stdout("tp {} x pp {}: {} ranks, {} per node\n", a->tp, a->pp, a->tp * a->pp,
+                             j["ranks_per_node"].get<int>());
             else
-                fmt::print(stderr, "lattice: layout tp {} x pp {} does not fit: {}\n", a->tp, a->pp, error);
+                print_stderr(fmt::format("lattice: layout tp {} x pp {} does not fit: {}\n", a->tp, a->pp, error));
             return error.empty() ? 0 : 1;
         };
     });

@@ -1,5 +1,6 @@
 // `lattice score`: float32 logits of every prompt position written as tensor `logits` [T, vocab]
-// of a safetensors file (written atomically).
+// of a safetensors file, written atomically; --out must be absent or a regular file (a symlink,
+// FIFO or device is refused), and a previous file there is removed when the run starts.
 #include "launch/cli.h"
 #include "launch/cli_common.h"
 
@@ -23,6 +24,7 @@ void add_score_command(CLI::App& app, CommandRun& run) {
         run = [args] {
             std::vector<int32_t> prompt = parse_id_list(args->prompt_ids, "--prompt-ids");
             LATTICE_CHECK(!prompt.empty(), "give a prompt: --prompt-ids 1,2,3");
+            prepare_output_file(args->out, "--out", {args->model.model, args->model.smooth});
             Built lm = load_model(args->model);
             std::vector<float> logits = lm.engine->score(prompt);
             if (lm.world.rank == 0) {

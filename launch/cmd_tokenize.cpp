@@ -1,6 +1,7 @@
 // `lattice tokenize --tokenizer PATH --text TEXT [--bos] [--special]`: prints the token ids,
 // space-separated. `--decode 1,2,3` prints the text of ids instead; `--pieces` also lists each
 // token's piece. PATH: tokenizer.model, tokenizer.json, a .gguf file or a model directory.
+// Exactly one of --text and --decode is required (--text "" encodes the empty text).
 #include <fmt/format.h>
 
 #include <charconv>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "launch/cli.h"
+#include "launch/cli_common.h"
 #include "base/error.h"
 #include "runtime/tokenizer/tokenizer.h"
 
@@ -58,24 +60,27 @@ void add_tokenize_command(CLI::App& app, CommandRun& run) {
     cmd->add_flag("--special", o->special, "parse special tokens written in the text (<|im_start|> ...)");
     cmd->add_flag("--pieces", o->pieces, "also print id:piece pairs, one per line");
     cmd->add_flag("--info", o->info, "print the tokenizer's description first");
-    cmd->callback([&run, o] {
-        run = [o] {
+    cmd->callback([&run, o, text, dec] {
+        if (text->count() + dec->count() != 1)
+            throw CLI::ValidationError("tokenize", "give --text TEXT to encode or --decode IDS to decode");
+        const bool decode = dec->count() != 0;
+        run = [o, decode] {
             std::unique_ptr<Tokenizer> tok = load_tokenizer(o->tokenizer);
-            if (o->info) fmt::print("{}\n", tok->describe());
-            if (!o->decode.empty()) {
+            if (o->info) print_stdout("{}\n", tok->describe());
+            if (decode) {
                 const std::vector<int32_t> ids = parse_ids(o->decode);
                 for (int32_t id : ids)
                     LATTICE_CHECK(id >= 0 && id < tok->vocab_size(), "tokenize: id {} outside vocab of {}", id,
                                   tok->vocab_size());
-                fmt::print("{}\n", tok->decode(ids, o->special));
+                print_stdout("{}\n", tok->decode(ids, o->special));
                 return 0;
             }
             const std::vector<int32_t> ids = tok->encode(o->text, o->bos, o->special);
             std::string line;
             for (size_t i = 0; i < ids.size(); ++i) line += (i ? " " : "") + std::to_string(ids[i]);
-            fmt::print("{}\n", line);
+            print_stdout("{}\n", line);
             if (o->pieces)
-                for (int32_t id : ids) fmt::print("{}\t{}\n", id, tok->token_text(id));
+                for (int32_t id : ids) print_stdout("{}\t{}\n", id, tok->token_text(id));
             return 0;
         };
     });

@@ -1,9 +1,12 @@
 // ThreadPool implementation: generation counter + pending count; see thread_pool.h.
 #include "kernels/cpu/thread_pool.h"
 
+#include "base/error.h"
+
 #include <pthread.h>
 #include <sched.h>
 
+#include <system_error>
 #include <vector>
 
 namespace lattice {
@@ -40,16 +43,29 @@ ThreadPool::ThreadPool(int n_threads, bool pin) {
     bool do_pin = pin && !cpus.empty() && n_threads_ <= int(cpus.size()) && n_threads_ > 1;
     if (do_pin) pin_to(pthread_self(), cpus[0]);
     for (int i = 1; i < n_threads_; ++i) {
-        threads_.emplace_back([this, i] { worker(i); });
+        try {
+            threads_.emplace_back([this, i] { worker(i); });
+        } catch (const std::system_error& e) {
+            // The destructor does not run for a constructor that throws: stop and join the threads
+            // already started, or their std::thread destructors would call std::terminate.
+            stop_workers();
+            LATTICE_FAIL("cannot start {} CPU threads: thread {} failed ({}); use fewer (--threads)", n_threads_, i,
+                         e.what());
+        }
         if (do_pin) pin_to(threads_.back().native_handle(), cpus[size_t(i) % cpus.size()]);
     }
 }
 
-ThreadPool::~ThreadPool() {
+void ThreadPool::stop_workers() {
     stop_.store(true);
     generation_.fetch_add(1);
     generation_.notify_all();
     for (auto& t : threads_) t.join();
+    threads_.clear();
+}
+
+ThreadPool::~ThreadPool() {
+    stop_workers();
 }
 
 void ThreadPool::worker(int index) {

@@ -17,6 +17,7 @@ namespace lattice {
 class ThreadPool {
 public:
     // n_threads <= 0: one per available core. pin: bind thread i to the i-th allowed CPU.
+    // Throws Error (having joined the threads it started) when the system refuses a thread.
     explicit ThreadPool(int n_threads = 0, bool pin = true);
     ~ThreadPool();
     ThreadPool(const ThreadPool&) = delete;
@@ -35,6 +36,7 @@ public:
 
 private:
     void worker(int index);
+    void stop_workers();
 
     int n_threads_ = 1;
     std::vector<std::thread> threads_;

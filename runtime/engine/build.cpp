@@ -1,9 +1,12 @@
 // The builder (see build.h).
 #include "runtime/engine/build.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <new>
 
 #include "base/log.h"
 #include "runtime/weights/random_source.h"
@@ -86,9 +89,26 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// A lower bound of this rank's host memory for weights (1 byte per parameter, int8 being the
+// narrowest kept form) plus an explicit KV budget, against the machine's physical memory: a config
+// that cannot fit (vocab_size 2^31 - 1 with random weights) is refused with numbers before anything
+// is allocated. (The default KV budget is sized from free memory after the weights.)
+void check_host_memory(const ModelConfig& c, const BuildOptions& o) {
+    const double ranks = double(o.tp) * double(o.pp);
+    const double kv = o.kv_cache_gb > 0 ? o.kv_cache_gb * double(int64_t(1) << 30) : 0.0;
+    const double need = c.parameter_count_estimate() / ranks + kv;
+    const double phys = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+    LATTICE_CHECK(phys <= 0 || need <= phys,
+                  "{}: this rank needs at least {:.1f} GiB for its weights and KV cache, more than the {:.1f} GiB of "
+                  "memory of this machine (vocab_size {}, hidden_size {}, num_hidden_layers {})",
+                  c.source, need / double(1 << 30), phys / double(1 << 30), c.vocab, c.hidden, c.n_layers);
+}
+
 ParallelContext make_context(const BuildOptions& o) {
-    ParallelContext ctx =
-        (o.tp * o.pp > 1 || o.mpi) ? make_parallel_context(o.tp, o.pp, o.comm_timeout) : make_local_context();
+    LATTICE_CHECK(o.tp >= 1 && o.pp >= 1 && o.tp <= 4096 && o.pp <= 4096, "tp {} x pp {}: each must be in [1, 4096]",
+                  o.tp, o.pp);
+    ParallelContext ctx = (o.tp * o.pp > 1 || o.mpi) ? make_parallel_context(o.tp, o.pp, o.comm_timeout)
+                                                     : make_local_context();
     if (o.on_context) o.on_context(ctx.world);
     return ctx;
 }
@@ -120,7 +140,13 @@ Built build_in(const BuildOptions& opts, ParallelContext ctx, const TensorSource
     ctx.tp = device_group(std::move(ctx.tp), *b.backend, "tp", o.comm_timeout, b);
     ctx.pp_world = device_group(std::move(ctx.pp_world), *b.backend, "pp", o.comm_timeout, b);
     const ModelOptions mo = rank_model_options(o.model, ctx, src.config().n_layers, o.pp_layers);
-    b.model = std::make_unique<Model>(src, *b.backend, mo, ctx.tp.get());
+    if (b.backend->device() == Device::kCpu) check_host_memory(src.config(), o);
+    try {
+        b.model = std::make_unique<Model>(src, *b.backend, mo, ctx.tp.get());
+    } catch (const std::bad_alloc&) {
+        LATTICE_FAIL("out of memory loading {} on this rank ({:.2f} G parameters in the model)", src.describe(),
+                     src.config().parameter_count_estimate() * 1e-9);
+    }
     int64_t blocks =
         o.kv_blocks > 0 ? o.kv_blocks : kv_blocks_for(*b.model, *b.backend, o.kv_cache_gb, o.engine.max_seqs);
     if (ctx.world.world > 1) {  // the leader's block ids must exist on every rank

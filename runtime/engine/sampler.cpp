@@ -28,10 +28,11 @@ Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {
 int32_t Sampler::sample(const float* logits, int64_t n) {
     if (p_.temperature == 0.0f) return argmax(logits, n);
     cand_.resize(size_t(n));
-    for (int64_t i = 0; i < n; ++i) cand_[size_t(i)] = {logits[i] / p_.temperature, int32_t(i)};
-    auto by_logit = [](const auto& a, const auto& b) {
-        return a.first > b.first || (a.first == b.first && a.second < b.second);
-    };
+    // (logit - max) / T is <= 0 for every T > 0: a tiny temperature (1e-38) sends the others to -inf
+    // (probability 0, i.e. greedy) instead of overflowing logit / T to inf and inf - inf to NaN.
+    const float top = logits[argmax(logits, n)];
+    for (int64_t i = 0; i < n; ++i) cand_[size_t(i)] = {(logits[i] - top) / p_.temperature, int32_t(i)};
+    auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
     size_t keep = cand_.size();
     if (p_.top_k > 0 && size_t(p_.top_k) < keep) {
         keep = size_t(p_.top_k);

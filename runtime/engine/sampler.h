@@ -1,5 +1,6 @@
 // Sampler: picks the next token from a row of logits on the host.
-// temperature == 0 is greedy (argmax, lowest id on ties). Otherwise: logits / temperature, keep the
+// temperature == 0 is greedy (argmax, lowest id on ties). Otherwise: (logits - max) / temperature
+// (stable for any temperature > 0: a tiny one gives the argmax, never inf or NaN), keep the
 // top_k most likely (0 = all), then the smallest set whose probability reaches top_p (1 = all),
 // renormalize, draw with a seeded mt19937_64 — the same seed gives the same tokens on every run.
 #pragma once

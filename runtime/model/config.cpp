@@ -2,40 +2,64 @@
 #include "runtime/model/config.h"
 
 #include "base/error.h"
+#include "base/file.h"
+#include "base/json_limits.h"
 
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
+#include <type_traits>
 
 namespace lattice {
 
 namespace {
 constexpr int64_t kMaxConfigBytes = 1 << 20;
 
+// The value of j[key] as T. Integers must be JSON integers (64.9 is refused, not truncated; 64.0
+// passes), numbers must be finite, and the type must match.
 template <typename T>
-T get_required(const nlohmann::json& j, const char* key, const std::string& src) {
-    LATTICE_CHECK(j.contains(key) && !j[key].is_null(), "{}: missing required field \"{}\"", src, key);
+T get_value(const nlohmann::json& j, const char* key, const std::string& src) {
+    const nlohmann::json& v = j[key];
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+        if (v.is_number_float()) {
+            const double d = v.get<double>();
+            LATTICE_CHECK(std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15,
+                          "{}: field \"{}\" must be an integer, got {}", src, key, v.dump());
+            return T(d);
+        }
+        LATTICE_CHECK(v.is_number_integer(), "{}: field \"{}\" must be an integer, got {}", src, key,
+                      v.dump().substr(0, 64));
+        LATTICE_CHECK(v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(INT64_MAX) : true,
+                      "{}: field \"{}\" = {} is out of range", src, key, v.dump());
+    }
+    if constexpr (std::is_floating_point_v<T>)
+        LATTICE_CHECK(v.is_number(), "{}: field \"{}\" must be a number, got {}", src, key, v.dump().substr(0, 64));
     try {
-        return j[key].get<T>();
+        return v.get<T>();
     } catch (const nlohmann::json::exception& e) {
         LATTICE_FAIL("{}: field \"{}\" has the wrong type ({})", src, key, e.what());
     }
+}
+
+template <typename T>
+T get_required(const nlohmann::json& j, const char* key, const std::string& src) {
+    LATTICE_CHECK(j.contains(key) && !j[key].is_null(), "{}: missing required field \"{}\"", src, key);
+    return get_value<T>(j, key, src);
 }
 
 template <typename T>
 T get_optional(const nlohmann::json& j, const char* key, T fallback, const std::string& src) {
     if (!j.contains(key) || j[key].is_null()) return fallback;
-    try {
-        return j[key].get<T>();
-    } catch (const nlohmann::json::exception& e) {
-        LATTICE_FAIL("{}: field \"{}\" has the wrong type ({})", src, key, e.what());
-    }
+    return get_value<T>(j, key, src);
 }
 }  // namespace
 
 ModelConfig parse_hf_config(const std::string& text, const std::string& src) {
+    LATTICE_CHECK(int64_t(text.size()) <= kMaxConfigBytes, "{}: config of {} bytes exceeds the {} byte limit", src,
+                  text.size(), kMaxConfigBytes);
+    JsonLimits lim;
+    lim.max_depth = 16;
+    check_json_limits(text, src, lim);
     nlohmann::json j;
     try {
         j = nlohmann::json::parse(text);
@@ -76,6 +100,8 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& src) {
     c.bos_id = get_optional<int64_t>(j, "bos_token_id", 1, src);
     if (j.contains("eos_token_id") && j["eos_token_id"].is_array()) {
         c.eos_ids.clear();
+        LATTICE_CHECK(j["eos_token_id"].size() <= 64, "{}: eos_token_id lists {} ids, more than 64", src,
+                      j["eos_token_id"].size());
         for (auto& e : j["eos_token_id"]) {
             LATTICE_CHECK(e.is_number_integer(), "{}: eos_token_id entries must be integers", src);
             c.eos_ids.push_back(e.get<int64_t>());
@@ -109,17 +135,7 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& src) {
 }
 
 ModelConfig load_hf_config(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    LATTICE_CHECK(f.good(), "{}: cannot open config file", path);
-    f.seekg(0, std::ios::end);
-    int64_t size = f.tellg();
-    LATTICE_CHECK(size >= 0 && size <= kMaxConfigBytes, "{}: config file of {} bytes exceeds the {} byte limit",
-                  path, size, kMaxConfigBytes);
-    f.seekg(0);
-    std::string text(size_t(size), '\0');
-    f.read(text.data(), size);
-    LATTICE_CHECK(f.good(), "{}: read failed", path);
-    return parse_hf_config(text, path);
+    return parse_hf_config(read_regular_file(path, kMaxConfigBytes, "config file"), path);
 }
 
 void ModelConfig::validate() const {
@@ -139,15 +155,37 @@ void ModelConfig::validate() const {
     LATTICE_CHECK(n_heads % n_kv_heads == 0, "{}: num_key_value_heads {} does not divide num_attention_heads {}", s,
                   n_kv_heads, n_heads);
     LATTICE_CHECK(head_dim % 2 == 0, "{}: head_dim {} must be even for RoPE", s, head_dim);
-    LATTICE_CHECK(rms_eps > 0 && rms_eps < 1, "{}: rms_norm_eps {} out of range", s, rms_eps);
-    LATTICE_CHECK(rope_theta > 0, "{}: rope_theta {} must be positive", s, rope_theta);
+    LATTICE_CHECK(rms_eps > 0 && rms_eps < 1, "{}: rms_norm_eps {} out of range (0, 1)", s, rms_eps);
+    LATTICE_CHECK(std::isfinite(rope_theta) && rope_theta > 0, "{}: rope_theta {} must be positive and finite", s,
+                  rope_theta);
+    if (!rope_scaling.type.empty())
+        LATTICE_CHECK(std::isfinite(rope_scaling.factor) && rope_scaling.factor > 0,
+                      "{}: rope_scaling factor {} must be positive and finite ({} scaling)", s, rope_scaling.factor,
+                      rope_scaling.type);
     if (rope_scaling.type == "llama3") {
-        LATTICE_CHECK(rope_scaling.factor > 0 && rope_scaling.low_freq_factor > 0 &&
-                          rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
-                          rope_scaling.original_max_position > 0,
-                      "{}: llama3 rope_scaling parameters inconsistent", s);
+        LATTICE_CHECK(
+            std::isfinite(rope_scaling.low_freq_factor) && std::isfinite(rope_scaling.high_freq_factor) &&
+                rope_scaling.low_freq_factor > 0 && rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
+                rope_scaling.original_max_position > 0,
+            "{}: llama3 rope_scaling parameters inconsistent (need 0 < low_freq_factor {} < "
+            "high_freq_factor {}, original_max_position_embeddings {} > 0)",
+            s, rope_scaling.low_freq_factor, rope_scaling.high_freq_factor, rope_scaling.original_max_position);
     }
+    // Shapes multiply: bound the total so every count below (parameter_count, buffer sizes) fits in
+    // int64 with room to spare. 10^15 parameters is ~500x the largest models published.
+    const double params = parameter_count_estimate();
+    LATTICE_CHECK(params <= 1e15,
+                  "{}: the config describes {:.3g} parameters (hidden_size {}, intermediate_size {}, "
+                  "num_hidden_layers {}, vocab_size {}), more than the 1e15 this loader accepts",
+                  s, params, hidden, intermediate, n_layers, vocab);
     for (int64_t e : eos_ids) LATTICE_CHECK(e >= 0 && e < vocab, "{}: eos_token_id {} outside vocab {}", s, e, vocab);
+}
+
+double ModelConfig::parameter_count_estimate() const {
+    const double h = double(hidden), q = double(n_heads) * double(head_dim), kv = double(n_kv_heads) * double(head_dim);
+    const double per_layer = h * (q + 2 * kv) + q * h + 3 * h * double(intermediate) + 2 * h;
+    const double emb = double(vocab) * h;
+    return double(n_layers) * per_layer + emb + (tie_embeddings ? 0 : emb) + h;
 }
 
 int64_t ModelConfig::parameter_count() const {

@@ -42,8 +42,10 @@ struct ModelConfig {
     int64_t kv_dim() const { return n_kv_heads * head_dim; }
     // What the layout rules (parallel/world_config.h) need to know.
     ModelDims dims() const { return {n_layers, n_heads, n_kv_heads, intermediate, vocab, source}; }
-    // Parameters of the full model (embedding and head counted once when tied).
+    // Parameters of the full model (embedding and head counted once when tied); validate() bounds
+    // it to 1e15, so the int64 form cannot overflow on a validated config.
     int64_t parameter_count() const;
+    double parameter_count_estimate() const;
     bool is_eos(int64_t id) const;
     // Per-pair inverse frequencies [head_dim/2] with rope scaling applied (HF semantics).
     std::vector<float> rope_inv_freq() const;

@@ -4,7 +4,8 @@
 //   follows a special token (llama.cpp's rule; Hugging Face's Llama 2 normalizer does the same for
 //   the first), merge passes over units that start at a "▁" following another character (cached;
 //   the whole fragment at once if the vocab has a piece that merges could carry across such a
-//   point), characters the vocab lacks become <0xNN> byte tokens (or <unk> without byte fallback).
+//   point), characters the vocab lacks become <0xNN> byte tokens (or <unk> without byte fallback;
+//   without either, encode throws Error naming the bytes rather than drop them).
 //   Byte-level: the family's pre-tokenizer cuts words; each word's bytes start as one symbol per
 //   byte, merges by rank, results cached per word.
 #include "base/error.h"
@@ -189,11 +190,15 @@ void Tokenizer::bpe_word_byte_level(std::string_view word, std::vector<int32_t>&
     std::vector<uint32_t> lens(word.size(), 1);
     for (size_t i = 0; i < word.size(); ++i) ids[i] = byte_ids_[uint8_t(word[i])];
     merge_symbols(ids, lens);
-    for (int32_t id : ids) {
-        if (id >= 0)
-            out.push_back(id);
+    size_t pos = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] >= 0)
+            out.push_back(ids[i]);
         else if (spec_.unk_id >= 0)
             out.push_back(spec_.unk_id);
+        else
+            refuse_unencodable(word.substr(pos, lens[i]));
+        pos += lens[i];
     }
 }
 

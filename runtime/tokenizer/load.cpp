@@ -1,18 +1,16 @@
 // load_tokenizer factory, tokenizer_config.json and the finishing step shared by every loader.
 // The factory picks the format by content (GGUF magic), then by name (.json), else protobuf.
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/file.h"
+#include "base/json_limits.h"
 #include "runtime/tokenizer/load_util.h"
 
 namespace lattice {
 
 namespace {
-
-namespace fs = std::filesystem;
 
 // A token given as "text" or {"content": "text", ...}.
 std::string token_string(const nlohmann::json& j) {
@@ -29,18 +27,21 @@ int32_t find_token(const TokenizerSpec& spec, const std::string& text) {
 }
 
 bool is_gguf(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
+    FileDescriptor fd = open_regular_file(path, "tokenizer");
     char magic[4] = {};
-    f.read(magic, 4);
-    return f.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+    return ::read(fd.get(), magic, 4) == 4 && std::memcmp(magic, "GGUF", 4) == 0;
 }
 
 }  // namespace
 
 void apply_tokenizer_config(TokenizerSpec& spec, const std::string& config_path) {
+    const std::string text = tokenizer_read_file(config_path, size_t(16) << 20);
+    JsonLimits lim;
+    lim.max_depth = 32;
+    check_json_limits(text, "tokenizer config " + config_path, lim);
     nlohmann::json j;
     try {
-        j = nlohmann::json::parse(tokenizer_read_file(config_path, size_t(16) << 20));
+        j = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
         LATTICE_FAIL("tokenizer config {}: invalid JSON: {}", config_path, e.what());
     }
@@ -60,7 +61,7 @@ void apply_tokenizer_config(TokenizerSpec& spec, const std::string& config_path)
             spec.chat_template = t.get<std::string>();
         } else if (t.is_array()) {  // [{"name": "default", "template": "..."}, ...]
             for (const auto& e : t)
-                if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
+                if (e.is_object() && e.contains("name") && e["name"] == "default" && e.contains("template") &&
                     e["template"].is_string())
                     spec.chat_template = e["template"].get<std::string>();
         }
@@ -76,29 +77,34 @@ void finish_spec(TokenizerSpec& spec) {
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
-    std::error_code ec;
-    if (fs::is_directory(path, ec)) {
-        const fs::path dir(path);
-        const fs::path cfg = dir / "tokenizer_config.json";
+    auto exists = [](const std::string& p) { return path_kind(p, "tokenizer file") != PathKind::kMissing; };
+    mode_t mode = 0;
+    const PathKind kind = path_kind(path, "tokenizer", &mode);
+    LATTICE_CHECK(kind != PathKind::kMissing, "tokenizer {}: no such file or directory", path);
+    if (kind == PathKind::kDirectory) {
+        const std::string dir = path.back() == '/' ? path : path + "/";
+        const std::string cfg = dir + "tokenizer_config.json";
         TokenizerSpec spec;
-        if (fs::exists(dir / "tokenizer.json", ec)) {
-            spec = load_tokenizer_json((dir / "tokenizer.json").string());  // reads tokenizer_config.json itself
-        } else if (fs::exists(dir / "tokenizer.model", ec)) {
-            spec = load_sentencepiece_model((dir / "tokenizer.model").string());
-            if (fs::exists(cfg, ec)) apply_tokenizer_config(spec, cfg.string());
+        if (exists(dir + "tokenizer.json")) {
+            spec = load_tokenizer_json(dir + "tokenizer.json");  // reads tokenizer_config.json itself
+        } else if (exists(dir + "tokenizer.model")) {
+            spec = load_sentencepiece_model(dir + "tokenizer.model");
+            if (exists(cfg)) apply_tokenizer_config(spec, cfg);
             finish_spec(spec);
         } else {
             LATTICE_FAIL("tokenizer: directory {} has neither tokenizer.json nor tokenizer.model", path);
         }
         return std::make_unique<Tokenizer>(std::move(spec));
     }
-    LATTICE_CHECK(fs::is_regular_file(path, ec), "tokenizer: {} is not a file or directory", path);
+    LATTICE_CHECK(kind == PathKind::kRegular, "tokenizer {} is {}, not a file or directory", path, file_kind(mode));
     if (is_gguf(path)) return std::make_unique<Tokenizer>(load_gguf_vocab(path));
     if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0)
         return std::make_unique<Tokenizer>(load_tokenizer_json(path));
     TokenizerSpec spec = load_sentencepiece_model(path);
-    const fs::path cfg = fs::path(path).parent_path() / "tokenizer_config.json";
-    if (fs::exists(cfg, ec)) apply_tokenizer_config(spec, cfg.string());
+    const size_t slash = path.rfind('/');
+    const std::string cfg =
+        (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) + "tokenizer_config.json";
+    if (exists(cfg)) apply_tokenizer_config(spec, cfg);
     finish_spec(spec);
     return std::make_unique<Tokenizer>(std::move(spec));
 }

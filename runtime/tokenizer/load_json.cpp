@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/json_limits.h"
 #include "base/log.h"
 #include "runtime/tokenizer/load_util.h"
 
@@ -80,6 +81,9 @@ TokenizerSpec load_tokenizer_json(const std::string& path) {
 TokenizerSpec parse_tokenizer_json(std::string_view text, const std::string& path) {
     LATTICE_CHECK(text.size() <= kMaxTokenizerFileBytes, "tokenizer {}: {} bytes exceed the {} byte limit", path,
                   text.size(), kMaxTokenizerFileBytes);
+    JsonLimits lim;
+    lim.max_depth = 32;  // collect() recurses; real files nest about 6 deep
+    check_json_limits(text, "tokenizer " + path, lim);
     json root;
     try {
         root = json::parse(text);

@@ -12,9 +12,9 @@
 // Normalization other than "identity" / removing extra whitespace is not implemented: such models
 // are rejected (Llama 2 uses identity with remove_extra_whitespaces = false).
 #include <cstring>
-#include <fstream>
 
 #include "base/error.h"
+#include "base/file.h"
 #include "runtime/tokenizer/load_util.h"
 
 namespace lattice {
@@ -30,16 +30,18 @@ public:
     uint64_t varint() {
         uint64_t v = 0;
         for (int shift = 0; shift < 64; shift += 7) {
-            LATTICE_CHECK(p_ < d_.size(), "tokenizer {}: truncated varint at byte {}", path_, p_);
+            LATTICE_CHECK(p_ < d_.size(), "tokenizer {}: not a SentencePiece model (truncated varint at byte {})",
+                          path_, p_);
             const auto b = uint8_t(d_[p_++]);
             v |= uint64_t(b & 0x7F) << shift;
             if (!(b & 0x80)) return v;
         }
-        LATTICE_FAIL("tokenizer {}: varint longer than 10 bytes at byte {}", path_, p_);
+        LATTICE_FAIL("tokenizer {}: not a SentencePiece model (varint longer than 10 bytes at byte {})", path_, p_);
     }
     std::string_view bytes(size_t n) {
-        LATTICE_CHECK(n <= d_.size() - p_, "tokenizer {}: field of {} bytes overruns the message at byte {}", path_, n,
-                      p_);
+        LATTICE_CHECK(n <= d_.size() - p_,
+                      "tokenizer {}: not a SentencePiece model (field of {} bytes overruns the message at byte {})",
+                      path_, n, p_);
         std::string_view s = d_.substr(p_, n);
         p_ += n;
         return s;
@@ -69,11 +71,15 @@ public:
                 return v;
             }
             default:
-                LATTICE_FAIL("tokenizer {}: wire type {} is not a scalar at byte {}", path_, wire, p_);
+                LATTICE_FAIL(
+                    "tokenizer {}: not a SentencePiece model (protobuf wire type {} at byte {} is not a scalar)", path_,
+                    wire, p_);
         }
     }
     std::string_view message(uint32_t wire) {
-        LATTICE_CHECK(wire == 2, "tokenizer {}: expected a length-delimited field, got wire type {}", path_, wire);
+        LATTICE_CHECK(wire == 2,
+                      "tokenizer {}: not a SentencePiece model (expected a length-delimited field, got wire type {})",
+                      path_, wire);
         return bytes(size_t(std::min<uint64_t>(varint(), d_.size())));
     }
     void skip(uint32_t wire) {
@@ -90,17 +96,7 @@ private:
 };
 
 std::string read_file_limited(const std::string& path, size_t limit) {
-    std::ifstream f(path, std::ios::binary);
-    LATTICE_CHECK(f.good(), "tokenizer {}: cannot open file", path);
-    f.seekg(0, std::ios::end);
-    const auto size = f.tellg();
-    LATTICE_CHECK(size >= 0 && size_t(size) <= limit, "tokenizer {}: file size {} exceeds the {} byte limit", path,
-                  int64_t(size), limit);
-    f.seekg(0);
-    std::string data(size_t(size), '\0');
-    f.read(data.data(), size);
-    LATTICE_CHECK(f.good() || size == 0, "tokenizer {}: read failed", path);
-    return data;
+    return read_regular_file(path, int64_t(limit), "tokenizer");
 }
 
 }  // namespace

@@ -128,8 +128,8 @@ void Tokenizer::build_tables() {
         for (int b = 0; b < 256; ++b) {
             std::string ch;
             utf8_append(ch, gpt2_byte_to_codepoint(uint8_t(b)));
-            // Some vocabs (SmolLM2) lack a few control bytes; such bytes encode as <unk> (or are dropped
-            // when there is none), as in Hugging Face tokenizers and llama.cpp.
+            // Some vocabs (SmolLM2) lack a few control bytes; such bytes encode as <unk>, and text holding
+            // one is refused when there is none (Hugging Face and llama.cpp drop it silently).
             byte_ids_[b] = token_id(ch);
         }
     }
@@ -281,7 +281,18 @@ void Tokenizer::emit_fallback(std::string_view bytes, std::vector<int32_t>& out)
         for (char c : bytes) out.push_back(byte_ids_[uint8_t(c)]);
     } else if (spec_.unk_id >= 0) {
         out.push_back(spec_.unk_id);
+    } else {
+        refuse_unencodable(bytes);
     }
+}
+
+void Tokenizer::refuse_unencodable(std::string_view bytes) const {
+    std::string hex;
+    for (char c : bytes) hex += fmt::format("{}{:02x}", hex.empty() ? "" : " ", uint8_t(c));
+    LATTICE_FAIL(
+        "tokenizer {}: the text holds a character (bytes {}) that the vocab cannot encode: no token, no byte "
+        "fallback and no unknown token for it; refusing to drop it silently",
+        spec_.source, hex);
 }
 
 }  // namespace lattice

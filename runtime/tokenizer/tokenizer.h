@@ -61,6 +61,7 @@ public:
 
     // Text -> ids. add_bos prepends bos_id() when the vocab has one; parse_special lets control /
     // special tokens written in the text ("<|im_start|>") become their ids instead of plain text.
+    // Throws Error for a character the vocab cannot encode at all (no piece, no byte fallback, no unk).
     std::vector<int32_t> encode(std::string_view text, bool add_bos = false, bool parse_special = false) const;
     // Ids -> text. Control tokens decode to nothing unless render_special; SentencePiece's dummy
     // prefix space is removed from the start. Out-of-range ids decode to nothing.
@@ -109,6 +110,7 @@ private:
     // Merge loop over symbols (ids, -1 = not in vocab; lens = byte length of each symbol's text).
     void merge_symbols(std::vector<int32_t>& ids, std::vector<uint32_t>& lens) const;
     void emit_fallback(std::string_view bytes, std::vector<int32_t>& out) const;
+    [[noreturn]] void refuse_unencodable(std::string_view bytes) const;
 
     TokenizerSpec spec_;
     std::vector<std::string>& tokens_ = spec_.tokens;

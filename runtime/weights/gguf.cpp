@@ -5,10 +5,7 @@
 // of one element, so a lying count fails before any allocation; arrays nest at most kMaxDepth.
 #include "runtime/weights/gguf.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,6 +15,7 @@
 #include <limits>
 
 #include "base/error.h"
+#include "base/file.h"
 
 namespace lattice {
 
@@ -322,24 +320,14 @@ GgufFile::~GgufFile() {
 }
 
 std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    LATTICE_CHECK(fd >= 0, "{}: cannot open GGUF file ({})", path, std::strerror(errno));
-    struct stat st {};
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        ::close(fd);
-        LATTICE_FAIL("{}: not a regular file", path);
-    }
+    int64_t size = 0;
+    FileDescriptor fd = open_regular_file(path, "GGUF file", &size);
     std::unique_ptr<GgufFile> f(new GgufFile());
     f->path_ = path;
-    f->size_ = size_t(st.st_size);
-    if (f->size_ == 0) {
-        ::close(fd);
-        LATTICE_FAIL("{}: empty file, not GGUF", path);
-    }
-    void* m = mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    int err = errno;
-    ::close(fd);
-    LATTICE_CHECK(m != MAP_FAILED, "{}: mmap of {} bytes failed ({})", path, f->size_, std::strerror(err));
+    f->size_ = size_t(size);
+    LATTICE_CHECK(f->size_ > 0, "{}: empty file, not GGUF", path);
+    void* m = mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+    LATTICE_CHECK(m != MAP_FAILED, "{}: mmap of {} bytes failed ({})", path, f->size_, std::strerror(errno));
     f->map_ = m;
     f->base_ = static_cast<const uint8_t*>(m);
     f->parse_all();
@@ -452,6 +440,35 @@ void GgufFile::parse_all() {
         LATTICE_CHECK(a->offset + a->nbytes <= b->offset, "{}: tensors \"{}\" [{}, {}) and \"{}\" [{}, {}) overlap",
                       file, a->name, a->offset, a->offset + a->nbytes, b->name, b->offset, b->offset + b->nbytes);
     }
+    if (!tensors_.empty()) check_regions(order, end);
+}
+
+// Every byte accounted for: the padding after the tensor infos is zeros, the tensors tile the data
+// section with gaps shorter than the alignment, and nothing longer than that follows the last one.
+// A file whose tensor count was lowered fails here: the left-over tensor infos would otherwise be
+// read as padding (or shift the data section) and the file would run as a different model.
+void GgufFile::check_regions(const std::vector<const GgufTensor*>& order, uint64_t infos_end) const {
+    const std::string& file = path_;
+    for (uint64_t p = infos_end; p < data_offset_; ++p)
+        LATTICE_CHECK(base_[p] == 0,
+                      "{}: byte {} between the tensor infos (end at {}) and the data section (at {}) is not zero "
+                      "padding: the tensor count ({}) does not describe the file",
+                      file, p, infos_end, data_offset_, tensors_.size());
+    uint64_t prev_end = 0;
+    std::string prev = "the start of the data section";
+    for (const GgufTensor* t : order) {
+        LATTICE_CHECK(t->offset - prev_end < alignment_,
+                      "{}: {} unaccounted bytes in the data section between {} and tensor \"{}\" (offset {}): the "
+                      "tensor count ({}) or offsets do not describe the file",
+                      file, t->offset - prev_end, prev, t->name, t->offset, tensors_.size());
+        prev_end = t->offset + t->nbytes;
+        prev = "tensor \"" + t->name + "\"";
+    }
+    const uint64_t trailing = size_ - data_offset_ - prev_end;
+    LATTICE_CHECK(trailing < alignment_,
+                  "{}: {} unaccounted bytes after the last tensor ({}): the tensor count ({}) or offsets do not "
+                  "describe the file",
+                  file, trailing, prev, tensors_.size());
 }
 
 bool GgufFile::has(const std::string& key) const {

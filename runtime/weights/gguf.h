@@ -6,9 +6,10 @@
 // with offset relative to the data section.
 // Invariants after open()/parse(): every count, length, dim and offset was checked against the
 // bytes actually present before anything was allocated; tensor data ranges lie inside the file,
-// are aligned and do not overlap; keys and tensor names are unique; only tensor types F32, F16,
-// BF16, Q8_0, Q4_0, Q4_1 are accepted. The file is mmapped read-only; string and array values
-// are copied out at parse time (small), tensor bytes are read straight from the mapping.
+// are aligned, do not overlap and account for every byte of the data section (gaps and the tail
+// shorter than the alignment, zero padding after the infos); keys and tensor names are unique; only tensor types F32,
+// F16, BF16, Q8_0, Q4_0, Q4_1 are accepted. The file is mmapped read-only; string and array values are copied out at
+// parse time (small), tensor bytes are read straight from the mapping.
 #pragma once
 
 #include <cstddef>
@@ -119,6 +120,7 @@ public:
 private:
     GgufFile() = default;
     void parse_all();
+    void check_regions(const std::vector<const GgufTensor*>& by_offset, uint64_t infos_end) const;
 
     std::string path_;
     const uint8_t* base_ = nullptr;

@@ -8,6 +8,7 @@
 // (rope_freq_factors()).
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <vector>
@@ -86,15 +87,18 @@ ModelConfig gguf_model_config(const GgufFile& f) {
     LATTICE_CHECK(eps.has_value(), "{}: missing metadata key \"{}attention.layer_norm_rms_epsilon\"", src, p);
     c.rms_eps = *eps;
     c.rope_theta = f.float_value(p + "rope.freq_base").value_or(10000.0);
+    LATTICE_CHECK(std::isfinite(c.rope_theta) && c.rope_theta > 0,
+                  "{}: {}rope.freq_base {} must be positive and finite", src, p, c.rope_theta);
     if (auto st = f.string_value(p + "rope.scaling.type"); st && *st != "none") {
         LATTICE_CHECK(*st == "linear", "{}: {}rope.scaling.type \"{}\" unsupported (none, linear)", src, p, *st);
         auto factor = f.float_value(p + "rope.scaling.factor");
-        LATTICE_CHECK(factor.has_value() && *factor > 0,
+        LATTICE_CHECK(factor.has_value() && std::isfinite(*factor) && *factor > 0,
                       "{}: linear rope scaling needs a positive {}rope.scaling.factor", src, p);
         c.rope_scaling.type = "linear";
         c.rope_scaling.factor = *factor;
     } else if (auto lin = f.float_value(p + "rope.scale_linear"); lin && *lin != 1.0) {
-        LATTICE_CHECK(*lin > 0, "{}: {}rope.scale_linear {} must be positive", src, p, *lin);
+        LATTICE_CHECK(std::isfinite(*lin) && *lin > 0, "{}: {}rope.scale_linear {} must be positive and finite", src, p,
+                      *lin);
         c.rope_scaling.type = "linear";
         c.rope_scaling.factor = *lin;
     }
@@ -147,7 +151,11 @@ public:
         for (const auto& t : file_->tensors()) {
             total_bytes_ += int64_t(t.nbytes);
             std::string hf = gguf_to_hf_name(t.name);
-            if (hf.empty()) continue;
+            if (hf.empty()) {
+                // Listed under the file's own name so check_tensor_set refuses what nothing uses.
+                if (t.name != "rope_freqs.weight" && !t.name.ends_with(".attn_rot_embd")) unmapped_.push_back(t.name);
+                continue;
+            }
             TensorInfo info;
             info.name = hf;
             info.dtype = t.dtype;
@@ -199,12 +207,24 @@ public:
             LATTICE_CHECK(row0 % hd == 0 && rows % hd == 0,
                           "{}: tensor \"{}\": row slice [{}, +{}) must hold whole heads of {} rows", file_->path(),
                           name, row0, rows, hd);
-        for (int64_t r = 0; r < rows; ++r)
-            convert_row_slice(base + (row0 + r) * row_bytes, e.info.dtype, col0, cols, out + r * out_row_bytes,
-                              out_dtype);
+        for (int64_t r = 0; r < rows; ++r) {
+            uint8_t* o = out + r * out_row_bytes;
+            convert_row_slice(base + (row0 + r) * row_bytes, e.info.dtype, col0, cols, o, out_dtype);
+            // Row numbers as stored (q/k rows before un-permuting), so the message names the GGUF tensor.
+            if (first_non_finite(o, out_dtype, cols) >= 0) [[unlikely]] {
+                TensorInfo stored = e.info;
+                stored.name = e.tensor->name;
+                check_finite_row(o, out_dtype, cols, stored, row0 + r, col0);
+            }
+        }
         if (qk) unpermute_qk_rows_bytes(dst, rows / hd, hd, out_row_bytes);
     }
     std::vector<float> rope_freq_factors() const override { return freq_factors_; }
+    std::vector<std::string> tensor_names() const override {
+        std::vector<std::string> out = unmapped_;
+        for (const auto& [n, e] : by_hf_) out.push_back(n);
+        return out;
+    }
     std::string describe() const override {
         return fmt::format("{} (GGUF v{}, {} tensors)", file_->path(), file_->version(), file_->tensors().size());
     }
@@ -253,6 +273,7 @@ private:
     std::unique_ptr<GgufFile> file_;
     ModelConfig config_;
     std::map<std::string, Entry> by_hf_;
+    std::vector<std::string> unmapped_;  // GGUF names with no HF counterpart (rope_freqs aside)
     std::vector<float> freq_factors_;
     int64_t total_bytes_ = 0;
 };

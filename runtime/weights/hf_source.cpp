@@ -5,11 +5,11 @@
 #include "runtime/weights/tensor_source.h"
 
 #include "base/error.h"
+#include "base/file.h"
+#include "base/json_limits.h"
 
 #include <nlohmann/json.hpp>
 
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <set>
@@ -18,19 +18,24 @@ namespace lattice {
 
 namespace {
 
-namespace fs = std::filesystem;
+constexpr int64_t kMaxIndexBytes = 16 << 20;
+
+std::string join(const std::string& dir, const std::string& name) {
+    return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
+}
 
 class HfSource final : public TensorSource {
 public:
     explicit HfSource(const std::string& dir) : dir_(dir) {
-        config_ = load_hf_config((fs::path(dir) / "config.json").string());
-        fs::path index = fs::path(dir) / "model.safetensors.index.json";
-        fs::path single = fs::path(dir) / "model.safetensors";
-        if (fs::exists(index)) {
-            load_index(index.string());
+        config_ = load_hf_config(join(dir, "config.json"));
+        const std::string index = join(dir, "model.safetensors.index.json");
+        const std::string single = join(dir, "model.safetensors");
+        if (path_kind(index, "index") != PathKind::kMissing) {
+            load_index(index);
         } else {
-            LATTICE_CHECK(fs::exists(single), "{}: no model.safetensors or model.safetensors.index.json", dir);
-            files_.push_back(std::make_unique<SafetensorsFile>(single.string()));
+            LATTICE_CHECK(path_kind(single, "safetensors file") != PathKind::kMissing,
+                          "{}: no model.safetensors or model.safetensors.index.json", dir);
+            files_.push_back(std::make_unique<SafetensorsFile>(single));
             for (const auto& [name, e] : files_[0]->entries()) add(name, 0, e);
         }
     }
@@ -38,6 +43,11 @@ public:
     const ModelConfig& config() const override { return config_; }
     bool has(const std::string& name) const override { return tensors_.count(name) != 0; }
     const TensorInfo& info(const std::string& name) const override { return at(name).info; }
+    std::vector<std::string> tensor_names() const override {
+        std::vector<std::string> out;
+        for (const auto& [n, t] : tensors_) out.push_back(n);
+        return out;
+    }
     std::string describe() const override { return dir_ + " (safetensors, " + std::to_string(files_.size()) + " file(s))"; }
     int64_t total_bytes() const override {
         int64_t b = 0;
@@ -56,9 +66,11 @@ public:
         const uint8_t* base = files_[size_t(t.file)]->bytes(*t.entry);
         auto* out = static_cast<uint8_t*>(dst);
         const int64_t out_es = dtype_size(out_dtype);
-        for (int64_t r = 0; r < rows; ++r)
-            convert_elements(base + ((row0 + r) * C + col0) * es, t.info.dtype, out + r * cols * out_es, out_dtype,
-                             cols);
+        for (int64_t r = 0; r < rows; ++r) {
+            uint8_t* o = out + r * cols * out_es;
+            convert_elements(base + ((row0 + r) * C + col0) * es, t.info.dtype, o, out_dtype, cols);
+            check_finite_row(o, out_dtype, cols, t.info, row0 + r, col0);
+        }
     }
 
 private:
@@ -90,11 +102,13 @@ private:
     }
 
     void load_index(const std::string& index_path) {
-        std::ifstream f(index_path);
-        LATTICE_CHECK(f.good(), "{}: cannot open", index_path);
+        const std::string text = read_regular_file(index_path, kMaxIndexBytes, "safetensors index");
+        JsonLimits lim;
+        lim.max_depth = 8;
+        check_json_limits(text, index_path, lim);
         nlohmann::json j;
         try {
-            j = nlohmann::json::parse(f);
+            j = nlohmann::json::parse(text);
         } catch (const nlohmann::json::exception& e) {
             LATTICE_FAIL("{}: not valid JSON ({})", index_path, e.what());
         }
@@ -109,10 +123,10 @@ private:
                           it.key(), shard);
             auto s = shard_index.find(shard);
             if (s == shard_index.end()) {
-                fs::path p = fs::path(dir_) / shard;
-                LATTICE_CHECK(fs::exists(p), "{}: names shard \"{}\" which does not exist ({})", index_path, shard,
-                              p.string());
-                files_.push_back(std::make_unique<SafetensorsFile>(p.string()));
+                const std::string p = join(dir_, shard);
+                LATTICE_CHECK(path_kind(p, "shard") != PathKind::kMissing,
+                              "{}: names shard \"{}\" which does not exist ({})", index_path, shard, p);
+                files_.push_back(std::make_unique<SafetensorsFile>(p));
                 s = shard_index.emplace(shard, int(files_.size()) - 1).first;
             }
             const SafetensorsEntry* e = files_[size_t(s->second)]->find(it.key());
@@ -132,9 +146,15 @@ private:
 
 std::unique_ptr<TensorSource> open_model(const std::string& path) {
     LATTICE_CHECK(!path.empty(), "no model path given");
-    LATTICE_CHECK(fs::exists(path), "{}: model path does not exist", path);
-    if (fs::is_directory(path)) return std::make_unique<HfSource>(path);
+    mode_t mode = 0;
+    const PathKind kind = path_kind(path, "model", &mode);
+    LATTICE_CHECK(kind != PathKind::kMissing, "{}: model path does not exist", path);
+    if (kind == PathKind::kDirectory) return std::make_unique<HfSource>(path);
     if (path.size() > 5 && path.substr(path.size() - 5) == ".gguf") return open_gguf_model(path);
+    LATTICE_CHECK(kind == PathKind::kRegular,
+                  "model {} is {}: give a model directory (config.json + safetensors) "
+                  "or a .gguf file",
+                  path, file_kind(mode));
     LATTICE_FAIL("{}: not a model directory (config.json + safetensors) or a .gguf file", path);
 }
 

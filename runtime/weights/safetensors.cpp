@@ -2,19 +2,18 @@
 #include "runtime/weights/safetensors.h"
 
 #include "base/error.h"
+#include "base/file.h"
+#include "base/json_limits.h"
 
 #include <nlohmann/json.hpp>
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <string_view>
 
 namespace lattice {
 
@@ -56,6 +55,12 @@ std::vector<SafetensorsEntry> parse_safetensors_header(const uint8_t* data, size
                   size);
     const int64_t data_start = 8 + int64_t(n);
     const int64_t data_size = int64_t(size) - data_start;
+    JsonLimits lim;
+    lim.max_depth = kMaxSafetensorsJsonDepth;
+    lim.max_top_members = kMaxSafetensorsTensors;
+    lim.max_elements = 32 * kMaxSafetensorsTensors;
+    lim.member_name = "tensors (__metadata__ included) in the safetensors header";
+    check_json_limits(std::string_view(reinterpret_cast<const char*>(data + 8), size_t(n)), name, lim);
     nlohmann::json j;
     try {
         j = nlohmann::json::parse(data + 8, data + 8 + n);
@@ -69,8 +74,12 @@ std::vector<SafetensorsEntry> parse_safetensors_header(const uint8_t* data, size
         const std::string& tn = it.key();
         const auto& v = it.value();
         LATTICE_CHECK(v.is_object(), "{}: tensor \"{}\": header entry must be an object", name, tn);
-        LATTICE_CHECK(v.contains("dtype") && v["dtype"].is_string(), "{}: tensor \"{}\": missing dtype", name, tn);
-        LATTICE_CHECK(v.contains("shape") && v["shape"].is_array(), "{}: tensor \"{}\": missing shape", name, tn);
+        LATTICE_CHECK(v.contains("dtype"), "{}: tensor \"{}\": missing dtype", name, tn);
+        LATTICE_CHECK(v["dtype"].is_string(), "{}: tensor \"{}\": dtype {} is not a string", name, tn,
+                      v["dtype"].dump());
+        LATTICE_CHECK(v.contains("shape"), "{}: tensor \"{}\": missing shape", name, tn);
+        LATTICE_CHECK(v["shape"].is_array(), "{}: tensor \"{}\": shape {} is not a list of integers", name, tn,
+                      v["shape"].dump().substr(0, 64));
         LATTICE_CHECK(v.contains("data_offsets") && v["data_offsets"].is_array() && v["data_offsets"].size() == 2,
                       "{}: tensor \"{}\": data_offsets must be [begin, end]", name, tn);
         SafetensorsEntry e;
@@ -113,24 +122,14 @@ std::vector<SafetensorsEntry> parse_safetensors_header(const uint8_t* data, size
 }
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    LATTICE_CHECK(fd >= 0, "{}: cannot open ({})", path, std::strerror(errno));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        ::close(fd);
-        LATTICE_FAIL("{}: not a regular file", path);
-    }
-    size_ = size_t(st.st_size);
+    int64_t size = 0;
+    FileDescriptor fd = open_regular_file(path, "safetensors file", &size);
+    size_ = size_t(size);
     if (size_ > 0) {
-        void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (p == MAP_FAILED) {
-            int err = errno;
-            ::close(fd);
-            LATTICE_FAIL("{}: mmap of {} bytes failed ({})", path, size_, std::strerror(err));
-        }
+        void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+        LATTICE_CHECK(p != MAP_FAILED, "{}: mmap of {} bytes failed ({})", path, size_, std::strerror(errno));
         data_ = static_cast<const uint8_t*>(p);
     }
-    ::close(fd);
 }
 
 MappedFile::~MappedFile() {
@@ -160,25 +159,18 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
     }
     std::string h = header.dump();
     while ((h.size() + 8) % 8 != 0) h.push_back(' ');  // keep the data section 8-byte aligned
-    std::string tmp = path + ".tmp";
-    {
-        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-        LATTICE_CHECK(f.good(), "{}: cannot open for writing", tmp);
-        uint64_t n = h.size();
-        char len[8];
-        for (int i = 0; i < 8; ++i) len[i] = char((n >> (8 * i)) & 0xff);
-        f.write(len, 8);
-        f.write(h.data(), std::streamsize(h.size()));
-        for (const auto& t : tensors) {
-            int64_t numel = 1;
-            for (int64_t d : t.shape) numel *= d;
-            f.write(static_cast<const char*>(t.data), std::streamsize(numel * dtype_size(t.dtype)));
-        }
-        f.flush();
-        LATTICE_CHECK(f.good(), "{}: write failed", tmp);
+    AtomicWriter f(path, "safetensors output");
+    uint64_t n = h.size();
+    char len[8];
+    for (int i = 0; i < 8; ++i) len[i] = char((n >> (8 * i)) & 0xff);
+    f.write(len, 8);
+    f.write(h);
+    for (const auto& t : tensors) {
+        int64_t numel = 1;
+        for (int64_t d : t.shape) numel *= d;
+        f.write(t.data, size_t(numel * dtype_size(t.dtype)));
     }
-    LATTICE_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "{}: rename from {} failed ({})", path, tmp,
-                  std::strerror(errno));
+    f.commit();
 }
 
 }  // namespace lattice

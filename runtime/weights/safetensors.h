@@ -2,7 +2,8 @@
 // File layout: u64 little-endian header length N, N bytes of JSON header
 //   {"<name>": {"dtype": "BF16", "shape": [r, c], "data_offsets": [begin, end]}, "__metadata__": {...}}
 // then the data section; offsets are relative to its start (8 + N).
-// Every byte is untrusted: header length bounded by the file and kMaxHeaderBytes, dtypes from a
+// Every byte is untrusted: header length bounded by the file and kMaxSafetensorsHeaderBytes, its
+// JSON nesting, size and tensor count bounded before it is parsed (base/json_limits.h), dtypes from a
 // closed set, element counts consistent with the byte ranges, ranges inside the data section and
 // non-overlapping. Files are memory-mapped read-only; callers copy what they keep (weights live in
 // anonymous memory, DESIGN.md "Numerics").
@@ -27,7 +28,11 @@ struct SafetensorsEntry {
     int64_t end = 0;
 };
 
-constexpr int64_t kMaxSafetensorsHeaderBytes = 100ll << 20;
+// Real headers are tens of KB (a few hundred tensors per file, ~150 bytes each); the format's own
+// reader allows 100 MB, which only serves a file that wants the loader to allocate gigabytes.
+constexpr int64_t kMaxSafetensorsHeaderBytes = 16ll << 20;
+constexpr int64_t kMaxSafetensorsTensors = 65536;  // per file
+constexpr int kMaxSafetensorsJsonDepth = 8;        // {"t": {"shape": [..]}} is 3 deep
 
 // Parses and validates the header of a complete safetensors image of `size` bytes.
 // `name` labels errors. Throws Error naming the file and tensor at fault.
@@ -71,7 +76,9 @@ struct TensorToWrite {
     std::vector<int64_t> shape;
     const void* data = nullptr;
 };
-// Writes a safetensors file atomically (temp file + rename) so a failure never leaves a torn file.
+// Writes a safetensors file atomically (temp file + rename, base/file.h) so a failure never leaves a
+// torn file; `path` must be absent or a regular file (never a symlink, FIFO or device, which a
+// rename would replace).
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors);
 
 }  // namespace lattice

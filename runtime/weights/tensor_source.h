@@ -45,7 +45,26 @@ public:
     virtual std::vector<float> rope_freq_factors() const { return {}; }
     virtual std::string describe() const = 0;  // path and format, for logs and errors
     virtual int64_t total_bytes() const = 0;   // bytes of all tensor data in the checkpoint
+    // Every tensor the checkpoint holds (HF names where mapped, the file's own name otherwise);
+    // empty when the source cannot list them (check_tensor_set then checks only what the model needs).
+    virtual std::vector<std::string> tensor_names() const { return {}; }
 };
+
+// Checks a checkpoint against its config before anything is loaded: every tensor the Llama forward
+// needs exists with the shape the config implies, and every tensor present is one it uses (a
+// checkpoint with more layers than num_hidden_layers, or with tensors of an unsupported feature such
+// as biases, is refused rather than run without them). tie_word_embeddings beside an lm_head.weight:
+// accepted when the two hold the same values (some exporters save both), refused when they differ.
+// Throws Error naming the config, the file and the tensors.
+void check_tensor_set(const TensorSource& src);
+// Elements of all tensors the source lists (0 when it lists none).
+int64_t listed_elements(const TensorSource& src);
+
+// Index of the first NaN or infinity among n f32/f16/bf16 values, -1 when all are finite.
+int64_t first_non_finite(const void* data, DType t, int64_t n);
+// For sources' read(): throws Error naming the file, the tensor and [row, col] of the first
+// non-finite value of a converted row slice (row `row`, starting at column `col0`).
+void check_finite_row(const void* data, DType t, int64_t n, const TensorInfo& info, int64_t row, int64_t col0);
 
 // Opens a model: a HF directory (config.json + safetensors) or a .gguf file.
 std::unique_ptr<TensorSource> open_model(const std::string& path);

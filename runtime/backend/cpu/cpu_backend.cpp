@@ -1,6 +1,9 @@
 // CpuBackend implementation (see cpu_backend.h).
 #include "runtime/backend/cpu/cpu_backend.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include "kernels/cpu/gemm_f32.h"
 #include "kernels/cpu/int8_gemm.h"
 #include "base/convert.h"
@@ -79,14 +82,46 @@ void CpuBackend::free_memory(void* p) {
     mapped_.erase(it);
 }
 
+namespace {
+
+// First integer of a one-line file (cgroup v2 memory.max is "max" when unlimited: -1).
+int64_t read_int_file(const char* path) {
+    std::ifstream f(path);
+    std::string v;
+    if (!(f >> v) || v.empty() || v[0] < '0' || v[0] > '9') return -1;
+    return std::stoll(v);
+}
+
+}  // namespace
+
+// The smallest of: MemAvailable, the address-space limit's headroom (ulimit -v: the KV cache is
+// mapped, so it counts in full), and the cgroup's headroom (Slurm and containers limit memory so).
 int64_t CpuBackend::memory_available() const {
-    std::ifstream f("/proc/meminfo");
-    std::string key;
-    int64_t kb = 0;
-    std::string unit;
-    while (f >> key >> kb >> unit)
-        if (key == "MemAvailable:") return kb * 1024;
-    return 0;
+    int64_t avail = 0;
+    {
+        std::ifstream f("/proc/meminfo");
+        std::string key, unit;
+        int64_t kb = 0;
+        while (f >> key >> kb >> unit)
+            if (key == "MemAvailable:") {
+                avail = kb * 1024;
+                break;
+            }
+    }
+    auto lower = [&](int64_t v) {
+        if (v >= 0 && (avail <= 0 || v < avail)) avail = v;
+    };
+    struct rlimit as {};
+    if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
+        std::ifstream statm("/proc/self/statm");
+        int64_t pages = 0;
+        statm >> pages;
+        lower(std::max<int64_t>(0, int64_t(as.rlim_cur) - pages * int64_t(sysconf(_SC_PAGESIZE))));
+    }
+    const int64_t max = read_int_file("/sys/fs/cgroup/memory.max");
+    const int64_t cur = read_int_file("/sys/fs/cgroup/memory.current");
+    if (max > 0 && cur >= 0) lower(std::max<int64_t>(0, max - cur));
+    return avail;
 }
 
 void CpuBackend::upload(const View& dst, const void* src) { std::memcpy(dst.data, src, size_t(dst.bytes())); }

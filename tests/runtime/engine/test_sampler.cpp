@@ -95,6 +95,19 @@ TEST_CASE("greedy: argmax, lowest id on ties, independent of seed") {
     }
 }
 
+TEST_CASE("tiny temperatures sample the argmax, never an overflowed logit") {
+    // logits / 1e-38 overflows to inf (and inf - inf to NaN); (logit - max) / T does not.
+    const std::vector<float> l = {10.0f, 30.0f, -5.0f, 29.0f, 30.0f - 1e-5f, -1e30f};
+    for (float t : {1e-38f, 1e-45f, 1e-20f}) {
+        for (uint64_t seed : {1ull, 2ull, 99ull}) {
+            Sampler s(SamplingParams{t, 0, 1.0f, seed});
+            for (int i = 0; i < 20; ++i) CHECK(s.sample(l.data(), int64_t(l.size())) == 1);
+            Sampler p(SamplingParams{t, 3, 0.5f, seed});  // with top-k and top-p
+            CHECK(p.sample(l.data(), int64_t(l.size())) == 1);
+        }
+    }
+}
+
 TEST_CASE("validate names the bad parameter") {
     CHECK_THROWS_WITH_AS(SamplingParams({-0.1f, 0, 1.0f, 0}).validate(), doctest::Contains("--temperature"), Error);
     CHECK_THROWS_WITH_AS(SamplingParams({NAN, 0, 1.0f, 0}).validate(), doctest::Contains("--temperature"), Error);

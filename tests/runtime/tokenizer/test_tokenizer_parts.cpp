@@ -219,8 +219,17 @@ TEST_CASE("tiny hand-made vocabularies: merge order, byte fallback, unknown, use
     CHECK(bl.encode("Hello") == V{8});
     CHECK(bl.encode("Hell") == V{5, 6});                     // He + ll (no "Hell")
     CHECK(bl.encode("<x>Hello", false, false) == V{11, 8});  // non-special added token: always matched
-    CHECK(bl.encode("<|begin_of_text|>", false, false) != V{10});
+    // Not parsed as the special token: taken as text, which this toy vocab cannot encode ("<" has no
+    // piece and there is no <unk>), so it is refused rather than dropped.
+    CHECK_THROWS_WITH_AS(bl.encode("<|begin_of_text|>", false, false), doctest::Contains("bytes 3c"), Error);
     CHECK(bl.encode("<|begin_of_text|>", false, true) == V{10});
+    // No piece, no byte token, no <unk> for "z": refused (naming the byte), never dropped.
+    CHECK_THROWS_WITH_AS(bl.encode("Hello z"), doctest::Contains("bytes 7a"), Error);
+    TokenizerSpec no_unk = parse_tokenizer_json(body("spm.json"), "spm.json");
+    no_unk.unk_id = -1;
+    Tokenizer strict(std::move(no_unk));
+    CHECK(strict.encode("A") == V{5, 3});  // byte fallback still works
+    CHECK_THROWS_WITH_AS(strict.encode("abc"), doctest::Contains("cannot encode"), Error);
 }
 
 TEST_CASE("byte-level BPE matches Hugging Face tokenizers on random text") {

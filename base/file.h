@@ -1,0 +1,208 @@
+// Files named from outside, read and written without surprises (header-only, POSIX).
+// Reading: a path is stat()ed before it is opened and refused unless it is a regular file, and
+// the open itself uses O_NONBLOCK, so a FIFO or device named as a model, config, shard or tokenizer
+// never blocks the loader (a FIFO swapped in between the two calls is caught by fstat()).
+// read_regular_file() adds a size limit. Errors name the role ("config file", "tokenizer" ...), the
+// path and what the path is ("a directory", "a FIFO (named pipe)" ...).
+// Writing: AtomicWriter writes "<path>.tmp.<pid>" beside the target and renames it over the target
+// only after every write and the close succeeded, so a failure never leaves a torn file. The target
+// must be absent or a regular file: a rename would replace a symlink, FIFO, device node or socket
+// with a regular file, so those are refused (checked before the run and again just before the rename).
+// prepare_output() makes the same check when a run starts and removes a previous result, so a run
+// stopped by a signal never leaves an older file that looks like its own.
+#pragma once
+
+#include "base/error.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+namespace lattice {
+
+// What a st_mode is, for messages.
+inline const char* file_kind(mode_t m) {
+    if (S_ISREG(m)) return "a regular file";
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    if (S_ISLNK(m)) return "a symbolic link";
+    return "not a regular file";
+}
+
+enum class PathKind { kMissing, kRegular, kDirectory, kOther };
+
+// stat() (following symlinks) without throwing for a path that is simply absent (ENOENT, ENOTDIR);
+// any other failure (a symlink loop, no permission, a name too long) throws Error naming the path.
+inline PathKind path_kind(const std::string& path, const std::string& what, mode_t* mode = nullptr) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+        const int e = errno;
+        if (e == ENOENT || e == ENOTDIR) return PathKind::kMissing;
+        LATTICE_FAIL("{} {}: cannot access ({})", what, path, std::strerror(e));
+    }
+    if (mode) *mode = st.st_mode;
+    if (S_ISREG(st.st_mode)) return PathKind::kRegular;
+    if (S_ISDIR(st.st_mode)) return PathKind::kDirectory;
+    return PathKind::kOther;
+}
+
+// An owned file descriptor, closed on destruction.
+class FileDescriptor {
+public:
+    FileDescriptor() = default;
+    explicit FileDescriptor(int fd) : fd_(fd) {}
+    FileDescriptor(FileDescriptor&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+    FileDescriptor& operator=(FileDescriptor&& o) noexcept {
+        if (this != &o) {
+            reset();
+            fd_ = o.fd_;
+            o.fd_ = -1;
+        }
+        return *this;
+    }
+    FileDescriptor(const FileDescriptor&) = delete;
+    FileDescriptor& operator=(const FileDescriptor&) = delete;
+    ~FileDescriptor() { reset(); }
+    int get() const { return fd_; }
+    void reset() {
+        if (fd_ >= 0) ::close(fd_);
+        fd_ = -1;
+    }
+    // Closes and reports the result (a deferred write error can surface here).
+    int close_checked() {
+        const int fd = fd_;
+        fd_ = -1;
+        return fd >= 0 ? ::close(fd) : 0;
+    }
+
+private:
+    int fd_ = -1;
+};
+
+// Opens a regular file for reading; *size gets its length. Throws Error unless it is one.
+inline FileDescriptor open_regular_file(const std::string& path, const std::string& what, int64_t* size = nullptr) {
+    mode_t mode = 0;
+    const PathKind k = path_kind(path, what, &mode);
+    LATTICE_CHECK(k != PathKind::kMissing, "{} {}: no such file", what, path);
+    LATTICE_CHECK(k == PathKind::kRegular, "{} {} is {}, not a regular file", what, path, file_kind(mode));
+    FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+    if (fd.get() < 0) {
+        const int e = errno;
+        LATTICE_FAIL("{} {}: cannot open ({})", what, path, std::strerror(e));
+    }
+    struct stat st {};
+    LATTICE_CHECK(::fstat(fd.get(), &st) == 0, "{} {}: cannot stat ({})", what, path, std::strerror(errno));
+    LATTICE_CHECK(S_ISREG(st.st_mode), "{} {} is {}, not a regular file", what, path, file_kind(st.st_mode));
+    ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
+    if (size) *size = int64_t(st.st_size);
+    return fd;
+}
+
+// The whole content of a regular file of at most `limit` bytes.
+inline std::string read_regular_file(const std::string& path, int64_t limit, const std::string& what) {
+    int64_t size = 0;
+    FileDescriptor fd = open_regular_file(path, what, &size);
+    LATTICE_CHECK(size <= limit, "{} {}: {} bytes exceed the {} byte limit", what, path, size, limit);
+    std::string data(size_t(size), '\0');
+    size_t got = 0;
+    while (got < data.size()) {
+        const ssize_t n = ::read(fd.get(), data.data() + got, data.size() - got);
+        if (n < 0 && errno == EINTR) continue;
+        LATTICE_CHECK(n >= 0, "{} {}: read failed ({})", what, path, std::strerror(errno));
+        LATTICE_CHECK(n > 0, "{} {}: file shrank to {} bytes while being read", what, path, got);
+        got += size_t(n);
+    }
+    return data;
+}
+
+// Throws unless `path` may receive an output file: absent, or a regular file that is not a symlink,
+// in an existing folder.
+inline void check_output_path(const std::string& path, const std::string& what) {
+    LATTICE_CHECK(!path.empty(), "{}: empty output path", what);
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0) {
+        LATTICE_CHECK(S_ISREG(st.st_mode),
+                      "{} {} is {}: output files are written atomically (temporary file + rename), which "
+                      "would replace it; give the path of a regular file or of a new one",
+                      what, path, file_kind(st.st_mode));
+        return;
+    }
+    const int e = errno;
+    LATTICE_CHECK(e == ENOENT, "{} {}: cannot access ({})", what, path, std::strerror(e));
+    const size_t slash = path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    mode_t mode = 0;
+    const PathKind k = path_kind(dir, what + " folder", &mode);
+    LATTICE_CHECK(k == PathKind::kDirectory, "{} {}: folder {} {}", what, path, dir,
+                  k == PathKind::kMissing ? "does not exist" : "is not a directory");
+    LATTICE_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, "{} {}: folder {} is not writable ({})", what, path, dir,
+                  std::strerror(errno));
+}
+
+// check_output_path, then removes a previous file at `path` (see the header comment).
+inline void prepare_output(const std::string& path, const std::string& what) {
+    check_output_path(path, what);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+        LATTICE_FAIL("{} {}: cannot remove the previous file ({})", what, path, std::strerror(errno));
+}
+
+class AtomicWriter {
+public:
+    AtomicWriter(std::string path, std::string what) : path_(std::move(path)), what_(std::move(what)) {
+        check_output_path(path_, what_);
+        tmp_ = path_ + ".tmp." + std::to_string(::getpid());
+        fd_ = FileDescriptor(::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0666));
+        if (fd_.get() < 0) {
+            const int e = errno;
+            tmp_.clear();
+            LATTICE_FAIL("{} {}: cannot create the temporary file {}.tmp.{} ({})", what_, path_, path_, ::getpid(),
+                         std::strerror(e));
+        }
+    }
+    ~AtomicWriter() {
+        if (!tmp_.empty()) {
+            fd_.reset();
+            ::unlink(tmp_.c_str());
+        }
+    }
+    AtomicWriter(const AtomicWriter&) = delete;
+    AtomicWriter& operator=(const AtomicWriter&) = delete;
+
+    void write(const void* data, size_t n) {
+        const auto* p = static_cast<const char*>(data);
+        while (n > 0) {
+            const ssize_t w = ::write(fd_.get(), p, n);
+            if (w < 0 && errno == EINTR) continue;
+            LATTICE_CHECK(w > 0, "{} {}: write failed ({})", what_, path_, std::strerror(w < 0 ? errno : EIO));
+            p += w;
+            n -= size_t(w);
+        }
+    }
+    void write(std::string_view s) { write(s.data(), s.size()); }
+
+    // Closes the temporary file and renames it over the target; Error (temporary removed) on failure.
+    void commit() {
+        LATTICE_CHECK(fd_.close_checked() == 0, "{} {}: write failed at close ({})", what_, path_,
+                      std::strerror(errno));
+        check_output_path(path_, what_);
+        LATTICE_CHECK(std::rename(tmp_.c_str(), path_.c_str()) == 0, "{} {}: rename from {} failed ({})", what_, path_,
+                      tmp_, std::strerror(errno));
+        tmp_.clear();
+    }
+
+private:
+    std::string path_, what_, tmp_;
+    FileDescriptor fd_;
+};
+
+}  // namespace lattice

@@ -1,0 +1,168 @@
+// Checks of a checkpoint's contents (declared in tensor_source.h): the tensor set against the
+// config, and the finiteness of every converted weight row. The finiteness check runs inside each
+// source's read(), on the row it has just converted (still in cache), so it adds one pass over bytes
+// already in L1/L2 rather than a second walk over the weights: a load-time cost of a few percent.
+#include "runtime/weights/tensor_source.h"
+
+#include "base/convert.h"
+#include "base/error.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+namespace lattice {
+
+namespace {
+
+// Tensors some checkpoints carry that the forward recomputes or never needs.
+bool ignorable(const std::string& name) {
+    return name.ends_with("rotary_emb.inv_freq");
+}
+
+// Layer index of "model.layers.N.*", -1 otherwise.
+int64_t layer_of(const std::string& name) {
+    const std::string p = "model.layers.";
+    if (name.rfind(p, 0) != 0) return -1;
+    int64_t v = 0;
+    size_t i = p.size();
+    for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && v < (int64_t(1) << 40); ++i)
+        v = v * 10 + (name[i] - '0');
+    return i > p.size() && i < name.size() && name[i] == '.' ? v : -1;
+}
+
+// Compares embed and lm_head row by row in f32; returns the first differing row or -1.
+int64_t first_differing_row(const TensorSource& src, int64_t rows, int64_t cols) {
+    constexpr int64_t kChunkRows = 256;
+    std::vector<float> a(size_t(kChunkRows * cols)), b(size_t(kChunkRows * cols));
+    for (int64_t r0 = 0; r0 < rows; r0 += kChunkRows) {
+        const int64_t n = std::min(kChunkRows, rows - r0);
+        src.read("model.embed_tokens.weight", r0, n, 0, cols, DType::kF32, a.data());
+        src.read("lm_head.weight", r0, n, 0, cols, DType::kF32, b.data());
+        for (int64_t r = 0; r < n; ++r)
+            if (std::memcmp(a.data() + r * cols, b.data() + r * cols, size_t(cols) * sizeof(float)) != 0) return r0 + r;
+    }
+    return -1;
+}
+
+}  // namespace
+
+void check_tensor_set(const TensorSource& src) {
+    const ModelConfig& c = src.config();
+    std::vector<std::pair<std::string, std::vector<int64_t>>> need = {
+        {"model.embed_tokens.weight", {c.vocab, c.hidden}}, {"model.norm.weight", {c.hidden}}};
+    if (!c.tie_embeddings) need.push_back({"lm_head.weight", {c.vocab, c.hidden}});
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+        const std::string p = "model.layers." + std::to_string(l) + ".";
+        need.push_back({p + "self_attn.q_proj.weight", {c.q_dim(), c.hidden}});
+        need.push_back({p + "self_attn.k_proj.weight", {c.kv_dim(), c.hidden}});
+        need.push_back({p + "self_attn.v_proj.weight", {c.kv_dim(), c.hidden}});
+        need.push_back({p + "self_attn.o_proj.weight", {c.hidden, c.q_dim()}});
+        need.push_back({p + "mlp.gate_proj.weight", {c.intermediate, c.hidden}});
+        need.push_back({p + "mlp.up_proj.weight", {c.intermediate, c.hidden}});
+        need.push_back({p + "mlp.down_proj.weight", {c.hidden, c.intermediate}});
+        need.push_back({p + "input_layernorm.weight", {c.hidden}});
+        need.push_back({p + "post_attention_layernorm.weight", {c.hidden}});
+    }
+    std::set<std::string> needed;
+    for (const auto& [name, shape] : need) {
+        LATTICE_CHECK(src.has(name), "{}: tensor \"{}\" is missing (the config {} needs it)", src.describe(), name,
+                      c.source);
+        const TensorInfo& ti = src.info(name);
+        LATTICE_CHECK(ti.shape == shape, "{}: tensor \"{}\" has shape {}, expected {} from the config {}", ti.file,
+                      name, shape_string(ti.shape), shape_string(shape), c.source);
+        needed.insert(name);
+    }
+    std::vector<std::string> extra, beyond;
+    bool tied_head = false;
+    for (const std::string& name : src.tensor_names()) {
+        if (needed.count(name) || ignorable(name)) continue;
+        if (name == "lm_head.weight" && c.tie_embeddings) {
+            tied_head = true;
+            continue;
+        }
+        (layer_of(name) >= c.n_layers ? beyond : extra).push_back(name);
+    }
+    if (!beyond.empty()) {
+        int64_t top = 0;
+        for (const auto& n : beyond) top = std::max(top, layer_of(n));
+        LATTICE_FAIL(
+            "{}: num_hidden_layers is {} but the checkpoint {} holds layers up to {} ({} tensors, e.g. "
+            "\"{}\"): refusing to run a model cut short; fix num_hidden_layers",
+            c.source, c.n_layers, src.describe(), top, beyond.size(), beyond.front());
+    }
+    if (!extra.empty())
+        LATTICE_FAIL(
+            "{}: {} tensor(s) the Llama forward does not use, e.g. \"{}\" (an unsupported feature, or a "
+            "checkpoint that does not match its config {}): refusing to run without them",
+            src.describe(), extra.size(), extra.front(), c.source);
+    if (tied_head) {
+        const TensorInfo& ti = src.info("lm_head.weight");
+        LATTICE_CHECK(ti.shape == std::vector<int64_t>({c.vocab, c.hidden}),
+                      "{}: tie_word_embeddings is true and the checkpoint also holds lm_head.weight of shape {}: "
+                      "set tie_word_embeddings to false to use it, or remove it",
+                      c.source, shape_string(ti.shape));
+        const int64_t row = first_differing_row(src, c.vocab, c.hidden);
+        LATTICE_CHECK(row < 0,
+                      "{}: tie_word_embeddings is true but {} also holds lm_head.weight, which differs from "
+                      "model.embed_tokens.weight (first at row {}): set tie_word_embeddings to false to use it, or "
+                      "remove it",
+                      c.source, ti.file, row);
+    }
+}
+
+int64_t listed_elements(const TensorSource& src) {
+    int64_t total = 0;
+    for (const std::string& name : src.tensor_names()) {
+        if (!src.has(name)) continue;  // listed under a file name only (refused by check_tensor_set)
+        int64_t n = 1;
+        for (int64_t d : src.info(name).shape) n *= d;
+        total += n;
+    }
+    return total;
+}
+
+int64_t first_non_finite(const void* data, DType t, int64_t n) {
+    // Exponent all ones <=> NaN or infinity. Branch-free OR-reduction first (vectorizes), then the
+    // index only when something was found.
+    auto scan = [n](const auto* p, auto mask) -> int64_t {
+        decltype(mask) any = 0;
+        for (int64_t i = 0; i < n; ++i) any |= decltype(mask)((p[i] & mask) == mask);
+        if (!any) return -1;
+        for (int64_t i = 0; i < n; ++i)
+            if ((p[i] & mask) == mask) return i;
+        return -1;
+    };
+    switch (t) {
+        case DType::kF32:
+            return scan(static_cast<const uint32_t*>(data), uint32_t(0x7f800000u));
+        case DType::kF16:
+            return scan(static_cast<const uint16_t*>(data), uint16_t(0x7c00u));
+        case DType::kBF16:
+            return scan(static_cast<const uint16_t*>(data), uint16_t(0x7f80u));
+        default:
+            return -1;
+    }
+}
+
+void check_finite_row(const void* data, DType t, int64_t n, const TensorInfo& info, int64_t row, int64_t col0) {
+    const int64_t i = first_non_finite(data, t, n);
+    if (i < 0) [[likely]]
+        return;
+    float v = 0;
+    if (t == DType::kF32)
+        std::memcpy(&v, static_cast<const float*>(data) + i, sizeof(float));
+    else
+        convert_elements(static_cast<const uint16_t*>(data) + i, t, &v, DType::kF32, 1);
+    const std::string at =
+        info.shape.size() >= 2 ? fmt::format("[{}, {}]", row, col0 + i) : fmt::format("[{}]", col0 + i);
+    LATTICE_FAIL("{}: tensor \"{}\" {} holds {} at {}: refusing to run on non-finite weights", info.file, info.name,
+                 shape_string(info.shape),
+                 std::isnan(v) ? "NaN"
+                 : v > 0       ? "+inf"
+                               : "-inf",
+                 at);
+}
+
+}  // namespace lattice
