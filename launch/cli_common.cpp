@@ -2,7 +2,9 @@
 #include "launch/cli_common.h"
 
 #include "base/log.h"
+#if !defined(LATTICE_NO_MPI)
 #include "parallel/mpi_session.h"
+#endif
 
 #include <cstdlib>
 #include <fstream>
@@ -97,6 +99,12 @@ Built load_model(const ModelArgs& a) {
     // MPI only when asked for several ranks or launched by an MPI starter: a plain single-process
     // run neither pays for nor depends on MPI initialization.
     o.mpi = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK");
+#if defined(LATTICE_NO_MPI)
+    // Without MPI every process would run alone: several started by mpirun would each do the whole job.
+    if (const char* n = std::getenv("OMPI_COMM_WORLD_SIZE"); n && std::atoi(n) > 1)
+        LATTICE_FAIL("started as one of {} MPI ranks, but this lattice was built without MPI: run it alone", n);
+    o.mpi = false;
+#endif
     o.comm_timeout = a.comm_timeout;
     o.backend.kind = parse_backend_kind(a.device);
     o.backend.threads = a.threads;
@@ -106,7 +114,9 @@ Built load_model(const ModelArgs& a) {
         for (int32_t d : parse_id_list(a.devices, "--devices")) o.devices.push_back(d);
     o.on_context = [](const WorldConfig& w) {
         // When the launcher tears the job down because a rank died, say which one before exiting.
+#if !defined(LATTICE_NO_MPI)
         if (w.world > 1) mpi_session().install_termination_reporter();
+#endif
         if (w.rank != 0) set_log_level(LogLevel::kWarn);
     };
     ModelSpec spec{a.model, a.random_weights, a.config_preset, a.weight_seed};

@@ -5,7 +5,9 @@
 #include "launch/cli.h"
 #include "base/error.h"
 
+#if !defined(LATTICE_NO_MPI)
 #include <mpi.h>
+#endif
 
 #include <cstdio>
 #include <cstdlib>
@@ -13,7 +15,8 @@
 
 namespace {
 
-void abort_other_ranks(int code) {
+void abort_other_ranks([[maybe_unused]] int code) {
+#if !defined(LATTICE_NO_MPI)
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
@@ -22,13 +25,16 @@ void abort_other_ranks(int code) {
         MPI_Comm_size(MPI_COMM_WORLD, &size);
         if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
     }
+#endif
 }
 
 void finalize_mpi() {
+#if !defined(LATTICE_NO_MPI)
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
     if (initialized && !finalized) MPI_Finalize();
+#endif
 }
 
 }  // namespace
