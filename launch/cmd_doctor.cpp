@@ -255,8 +255,10 @@ std::string versions_line() {
 // Gathers one JSON text per rank on rank 0 (variable length: sizes first, then Gatherv).
 std::vector<json> gather_json(const json& mine, int rank, int world) {
 #if defined(LATTICE_NO_MPI)
+    (void)rank;
+    (void)world;
     return {mine};
-#endif
+#else
     std::string text = mine.dump();
     int len = int(text.size());
     std::vector<int> lens(static_cast<size_t>(world)), displs(static_cast<size_t>(world));
@@ -272,6 +274,7 @@ std::vector<json> gather_json(const json& mine, int rank, int world) {
     if (rank == 0)
         for (int i = 0; i < world; ++i) out.push_back(json::parse(all.substr(size_t(displs[size_t(i)]), size_t(lens[size_t(i)]))));
     return out;
+#endif
 }
 
 struct Finding {

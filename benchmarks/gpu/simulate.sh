@@ -14,7 +14,9 @@
 # This machine has 2 cores, not the GPU machine's 16: deadlines are stretched by CHECK_TIME_SCALE
 # (default 12 here) so the simulation shows function, not the 8-minute budget (see docs/gpu-check.md
 # for the build-time estimate on 16 cores).
-# Usage: benchmarks/gpu/simulate.sh [--suite bookworm] [--fresh] [--results DIR]
+# Usage: benchmarks/gpu/simulate.sh [--suite bookworm] [--fresh] [--keep-build] [--results DIR]
+#        --keep-build keeps the previous run's build-gpu-check/ (as a warm device machine does
+#        between calls) for quick iteration; without it every run builds from nothing.
 #        (runs benchmarks/gpu/prepare.sh first when gpu-kit/ is missing)
 set -euo pipefail
 
@@ -22,6 +24,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 suite=bookworm
 fresh=0
+keep_build=0
 results="$root/gpu-sim-results"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 cuda_host="$(readlink -f "${CUDA_HOME:-/usr/local/cuda}")"
@@ -29,8 +32,9 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --suite) suite="$2"; shift 2 ;;
         --fresh) fresh=1; shift ;;
+        --keep-build) keep_build=1; shift ;;
         --results) results="$2"; shift 2 ;;
-        *) echo "usage: $0 [--suite bookworm] [--fresh] [--results DIR]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--suite bookworm] [--fresh] [--keep-build] [--results DIR]" >&2; exit 2 ;;
     esac
 done
 cache="${LATTICE_SIM_CACHE:-/var/cache/lattice-gpu-sim}/$suite"
@@ -58,7 +62,14 @@ say "root $sysroot: $(chroot "$sysroot" sh -c 'g++ --version | head -1; cmake --
 # 2. What the device tool sends: tracked + untracked-not-ignored files, plus the carried kit.
 [[ -d "$root/gpu-kit" ]] || { say "no gpu-kit/: running prepare.sh"; bash "$here/prepare.sh"; }
 tree="$sysroot/work/lattice"
-rm -rf "$tree" "$sysroot/out"
+rm -rf "$sysroot/out"
+if [[ $keep_build -eq 0 ]]; then
+    rm -rf "$sysroot/work/build-kept"
+elif [[ -d "$tree/build-gpu-check" ]]; then
+    rm -rf "$sysroot/work/build-kept"
+    mv "$tree/build-gpu-check" "$sysroot/work/build-kept"
+fi
+rm -rf "$tree"
 mkdir -p "$tree" "$sysroot/out"
 (cd "$root" && git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
     [[ -e "$f" || -L "$f" ]] && printf '%s\0' "$f"; done | tar --null -T - -cf - | tar -xf - -C "$tree")
@@ -67,6 +78,7 @@ sent=$(du -sb "$tree" | cut -f1)
 say "working tree + gpu-kit copied: $(awk -v b="$sent" 'BEGIN{printf "%.1f MiB", b/1048576}') (device tool limit 64 MiB)"
 (( sent < 64 * 1048576 )) || die "what would travel is over 64 MiB"
 [[ ! -e "$sysroot/work/shared" ]] || die "../shared must not exist in the simulated machine"
+[[ -d "$sysroot/work/build-kept" ]] && mv "$sysroot/work/build-kept" "$tree/build-gpu-check"
 
 # 3. The stand-in for PyTorch's nvidia-nccl wheel: the library only, found through Python.
 pyver="$(chroot "$sysroot" python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
