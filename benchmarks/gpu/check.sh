@@ -185,12 +185,16 @@ if step_begin build 270 0; then
     keep_going=()
     [[ -f "$build/build.ninja" ]] && keep_going=(-- -k 0)
     echo "targets: ${targets[*]}" | tee -a "$out/build.log"
-    run_logged "$out/build.log" "$allowed" cmake --build "$build" -j "$jobs" --target "${targets[@]}" "${keep_going[@]}"
+    # CPU seconds of the whole build (every compiler is a waited-for descendant): with the wall time
+    # it tells how the build scales on another machine's cores.
+    TIMEFORMAT='%U %S'
+    { time run_logged "$out/build.log" "$allowed" cmake --build "$build" -j "$jobs" --target "${targets[@]}" "${keep_going[@]}"; } 2>"$work/build.time"
     rc=$?
+    cpu_s="$(awk '{printf "%.0f", $1 + $2}' "$work/build.time" 2>/dev/null)"
     missing=()
     for t in "${targets[@]}"; do [[ -n "$(find "$build" -name "$t" -type f -perm -u+x -print -quit)" ]] || missing+=("$t"); done
     if [[ $rc -eq 0 ]]; then
-        step_end PASS "${#targets[@]} targets for sm_$arch with $jobs jobs (${#cuda_tests[@]} CUDA tests)"
+        step_end PASS "${#targets[@]} targets for sm_$arch with $jobs jobs (${#cuda_tests[@]} CUDA tests), ${cpu_s:-?} CPU-s"
     else
         grep -E 'error|FAILED' "$out/build.log" | head -20
         step_end "$(status_of $rc)" "exit $rc; not built: ${missing[*]:-none} (build.log)"
