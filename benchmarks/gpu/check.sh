@@ -25,7 +25,7 @@
 # Exit status: 0 when no step FAILed or ran out of time (SKIPs allowed), 1 otherwise.
 # Env: OUT, BUILD_DIR (build-gpu-check), JOBS (nproc), CUDA_HOME (/usr/local/cuda), LATTICE_KIT
 #      (gpu-kit), LATTICE_NCCL_ROOT, CHECK_NCCL (auto|off), CHECK_CUDA_ARCH (when no GPU: 90),
-#      CHECK_BUDGET_S (460: total), CHECK_TIME_SCALE (1: multiplies every deadline; the simulation
+#      CHECK_BUDGET_S (450: total), CHECK_TIME_SCALE (1: multiplies every deadline; the simulation
 #      on 2 cores uses more), DECODE_LAYERS (8)
 set -uo pipefail
 
@@ -39,7 +39,7 @@ mkdir -p "$work"
 kit="${LATTICE_KIT:-$root/gpu-kit}"
 jobs="${JOBS:-$(nproc)}"
 scale="${CHECK_TIME_SCALE:-1}"
-budget=$(( ${CHECK_BUDGET_S:-460} * scale ))
+budget=$(( ${CHECK_BUDGET_S:-450} * scale ))
 layers="${DECODE_LAYERS:-8}"
 e2e_preset=tinyllama-1.1b
 t_start=$(date +%s)
@@ -227,6 +227,7 @@ EOF
     (( skipped > 0 )) && note+=" ($reason)"
     if [[ $rc -eq 124 || $rc -eq 137 ]]; then step_end TIMEOUT "$note"
     elif (( failed > 0 || (rc != 0 && skipped == 0) )); then step_end FAIL "$note (ctest.log)"
+    elif (( passed == 0 && skipped > 0 && have_gpu )); then step_end FAIL "$note, yet nvidia-smi shows $gpu_name"
     elif (( passed == 0 && skipped > 0 )); then step_end SKIP "$note"
     elif (( have_gpu == 0 && passed > 0 )); then step_end FAIL "$note: CUDA tests passed without a GPU"
     else step_end PASS "$note"; fi
@@ -262,8 +263,13 @@ for b in gemm decode; do
     rc=$?
     json="$work/gemm.json"; [[ $b == decode ]] && json="$out/decode.json"
     note="$( [[ -f "$json" ]] && bench_note "$b" "$json")"
-    [[ $rc -eq 77 ]] && note="$(grep -m1 SKIP "$out/bench.log" | sed 's/.*SKIP[A-Z]*: *//')"
-    [[ $rc -ne 0 && $rc -ne 77 ]] && note="exit $rc: $(tail -1 "$out/bench.log" | cut -c1-100) ${note}"
+    if [[ $rc -eq 77 ]]; then
+        note="$(grep SKIP "$out/bench.log" | tail -1 | sed 's/.*SKIP[A-Z]*: *//')"
+        # A skip where nvidia-smi shows a GPU is a failure of the check, not a missing GPU.
+        (( have_gpu )) && { rc=1; note="skipped (${note}), yet nvidia-smi shows $gpu_name"; }
+    elif [[ $rc -ne 0 ]]; then
+        note="exit $rc: $(tail -1 "$out/bench.log" | cut -c1-100) ${note}"
+    fi
     sed -n "/=== bench_gpu_$b/,\$p" "$out/bench.log" | tail -20
     step_end "$(status_of $rc)" "$note"
 done
