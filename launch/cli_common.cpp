@@ -4,7 +4,9 @@
 #include "base/file.h"
 #include "base/log.h"
 #include "kernels/cpu/thread_pool.h"
+#if !defined(LATTICE_NO_MPI)
 #include "parallel/mpi_session.h"
+#endif
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -232,6 +234,12 @@ Built load_model(const ModelArgs& a) {
     // MPI only when asked for several ranks or launched by an MPI starter: a plain single-process
     // run neither pays for nor depends on MPI initialization.
     o.mpi = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK");
+#if defined(LATTICE_NO_MPI)
+    // Without MPI every process would run alone: several started by mpirun would each do the whole job.
+    if (const char* n = std::getenv("OMPI_COMM_WORLD_SIZE"); n && std::atoi(n) > 1)
+        LATTICE_FAIL("started as one of {} MPI ranks, but this lattice was built without MPI: run it alone", n);
+    o.mpi = false;
+#endif
     o.comm_timeout = a.comm_timeout;
     o.backend.kind = parse_backend_kind(a.device);
     o.backend.threads = usable_threads(a.threads);
@@ -241,7 +249,9 @@ Built load_model(const ModelArgs& a) {
         for (int32_t d : parse_id_list(a.devices, "--devices")) o.devices.push_back(d);
     o.on_context = [](const WorldConfig& w) {
         // When the launcher tears the job down because a rank died, say which one before exiting.
+#if !defined(LATTICE_NO_MPI)
         if (w.world > 1) mpi_session().install_termination_reporter();
+#endif
         if (w.rank != 0) set_log_level(LogLevel::kWarn);
     };
     ModelSpec spec{a.model, a.random_weights, a.config_preset, a.weight_seed};

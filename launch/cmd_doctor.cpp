@@ -5,19 +5,24 @@
 // warnings, each with its fix, for the traps that make multi-GPU jobs hang or crawl before the
 // first token. Exit 0 when nothing blocks the layout, 1 when something does (world != tp*pp,
 // two ranks on one GPU, a rank with no GPU to pick).
-// MPI comes from the process's MpiSession (parallel/mpi_session.h), like every other command.
+// MPI comes from the process's MpiSession (parallel/mpi_session.h), like every other command; a
+// build without MPI (LATTICE_NO_MPI) reports its one process as the whole world.
 // PCI facts come from sysfs (--sysfs DIR substitutes a fake tree in tests), so the CPU build also
 // sees NVIDIA devices and ACS/IOMMU state; CUDA/NCCL facts are compiled in only with
 // LATTICE_HAVE_CUDA / LATTICE_HAVE_NCCL. Device choice mirrors the engine: local rank i uses
 // CUDA device i of those visible.
 #include "launch/cli.h"
 #include "launch/cli_common.h"
+#if !defined(LATTICE_NO_MPI)
 #include "parallel/mpi_session.h"
+#endif
 #include "base/error.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#if !defined(LATTICE_NO_MPI)
 #include <mpi.h>
+#endif
 #include <nlohmann/json.hpp>
 #include <sched.h>
 
@@ -250,6 +255,11 @@ std::string versions_line() {
 
 // Gathers one JSON text per rank on rank 0 (variable length: sizes first, then Gatherv).
 std::vector<json> gather_json(const json& mine, int rank, int world) {
+#if defined(LATTICE_NO_MPI)
+    (void)rank;
+    (void)world;
+    return {mine};
+#else
     std::string text = mine.dump();
     int len = int(text.size());
     std::vector<int> lens(static_cast<size_t>(world)), displs(static_cast<size_t>(world));
@@ -265,6 +275,7 @@ std::vector<json> gather_json(const json& mine, int rank, int world) {
     if (rank == 0)
         for (int i = 0; i < world; ++i) out.push_back(json::parse(all.substr(size_t(displs[size_t(i)]), size_t(lens[size_t(i)]))));
     return out;
+#endif
 }
 
 struct Finding {
@@ -369,9 +380,13 @@ std::vector<Finding> check(const std::vector<json>& ranks, const DoctorOptions& 
 }
 
 int run_doctor(const DoctorOptions& opt) {
+#if defined(LATTICE_NO_MPI)
+    const int rank = 0, world = 1, local_rank = 0, local_size = 1;
+#else
     MpiSession& session = mpi_session();  // initializes MPI (finalized by main) and knows the local ranks
     const int rank = session.rank(), world = session.size();
     const int local_rank = session.local_rank(), local_size = session.local_size();
+#endif
 
     json mine = describe_rank(rank, local_rank, local_size, opt.sysfs);
     if (local_rank == 0) {
@@ -383,11 +398,15 @@ int run_doctor(const DoctorOptions& opt) {
     std::vector<json> all = gather_json(mine, rank, world);
     int blocking = 0;
     if (rank == 0) {
+#if defined(LATTICE_NO_MPI)
+        const std::string mpi = "not built (single rank only)";
+#else
         char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
         int len = 0;
         MPI_Get_library_version(lib, &len);
         std::string mpi(lib, size_t(std::max(0, len)));
         mpi = mpi.substr(0, mpi.find_first_of("\n,"));
+#endif
         std::set<std::string> hosts;
         for (const json& r : all) hosts.insert(r["host"].get<std::string>());
         print_stdout("lattice doctor\n  version: {}\n  MPI: {}\n", versions_line(), mpi);
@@ -434,7 +453,9 @@ int run_doctor(const DoctorOptions& opt) {
                                               : fmt::format("ok ({} warning(s))", findings.size()));
         std::fflush(stdout);
     }
+#if !defined(LATTICE_NO_MPI)
     MPI_CHECK(MPI_Bcast(&blocking, 1, MPI_INT, 0, MPI_COMM_WORLD));
+#endif
     return blocking ? 1 : 0;
 }
 

@@ -11,8 +11,10 @@
 #include "base/error.h"
 
 #include <fcntl.h>
-#include <mpi.h>
 #include <unistd.h>
+#if !defined(LATTICE_NO_MPI)
+#include <mpi.h>
+#endif
 
 #include <cerrno>
 #include <cstdio>
@@ -23,7 +25,8 @@
 
 namespace {
 
-void abort_other_ranks(int code) {
+void abort_other_ranks([[maybe_unused]] int code) {
+#if !defined(LATTICE_NO_MPI)
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
@@ -32,13 +35,16 @@ void abort_other_ranks(int code) {
         MPI_Comm_size(MPI_COMM_WORLD, &size);
         if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
     }
+#endif
 }
 
 void finalize_mpi() {
+#if !defined(LATTICE_NO_MPI)
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
     if (initialized && !finalized) MPI_Finalize();
+#endif
 }
 
 // A closed stdin/stdout/stderr would let the next open() take its number, and the output meant for

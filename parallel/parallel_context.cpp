@@ -1,8 +1,10 @@
 // make_parallel_context: layout validation, then TP / PP communicator splits (see parallel_context.h).
 #include "parallel/parallel_context.h"
 
+#if !defined(LATTICE_NO_MPI)
 #include "parallel/mpi_comm.h"
 #include "parallel/mpi_session.h"
+#endif
 
 namespace lattice {
 
@@ -28,6 +30,17 @@ ParallelContext make_parallel_context(int tp, int pp, const WaitPolicy& policy) 
     const double comm_timeout_s = policy.timeout_s;
     LATTICE_CHECK(comm_timeout_s > 0 && comm_timeout_s <= 86400, "--comm-timeout must be in (0, 86400] s, got {}",
                   comm_timeout_s);
+#if defined(LATTICE_NO_MPI)
+    // Built without MPI (configure found none): one rank, and any larger layout is an Error.
+    LATTICE_CHECK(tp < 1 || pp < 1 || int64_t(tp) * pp == 1,
+                  "--tp {} --pp {} needs {} ranks, but this lattice was built without MPI (configure found no MPI "
+                  "library): only single-rank layouts run; rebuild with MPI installed for multi-rank",
+                  tp, pp, int64_t(tp) * pp);
+    ParallelContext ctx = make_local_context();
+    ctx.world = WorldConfig::make(1, tp, pp, 0);  // the usual message for tp or pp < 1
+    set_identity(ctx.world);
+    return ctx;
+#else
     MpiSession& s = mpi_session();
     // Same inputs on every rank -> same verdict and message on every rank, before any collective.
     ParallelContext ctx;
@@ -60,6 +73,7 @@ ParallelContext make_parallel_context(int tp, int pp, const WaitPolicy& policy) 
         ctx.pp_world = std::move(ppc);
     ctx.world_comm = std::move(world);
     return ctx;
+#endif
 }
 
 ParallelContext make_local_context() {

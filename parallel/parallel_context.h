@@ -21,7 +21,7 @@
 #include <memory>
 
 #include "parallel/communicator.h"
-#include "parallel/watchdog.h"
+#include "parallel/wait_policy.h"
 #include "parallel/world_config.h"
 
 namespace lattice {

@@ -4,8 +4,11 @@
 #include "base/error.h"
 #include "runtime/weights/dequant.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <thread>
 #include <vector>
 
 namespace lattice {
@@ -67,21 +70,46 @@ public:
         LATTICE_CHECK(row0 >= 0 && row0 + rows <= t.info.rows() && col0 >= 0 && col0 + cols <= t.info.cols(),
                       "random source: slice out of range for {}", name);
         const uint64_t base = splitmix64(seed_ ^ t.key);
-        std::vector<float> row(static_cast<size_t>(cols));
-        for (int64_t r = 0; r < rows; ++r) {
-            const uint64_t rk = splitmix64(base + uint64_t(row0 + r));
-            for (int64_t c = 0; c < cols; ++c) {
-                const uint64_t h = splitmix64(rk + uint64_t(col0 + c));
-                const float u = float(int64_t(h >> 40) - (int64_t(1) << 23)) * (1.0f / float(1 << 23));  // [-1, 1)
-                float v = t.scale == 0.0 ? 1.0f + 0.1f * u : float(t.scale) * u;
-                // Round through the storage dtype so every reader sees the stored value.
-                if (dtype_ == DType::kBF16) v = bf16_to_f32(f32_to_bf16(v));
-                if (dtype_ == DType::kF16) v = f16_to_f32(f32_to_f16(v));
-                row[size_t(c)] = v;
+        auto fill_rows = [&](int64_t r_lo, int64_t r_hi) {
+            std::vector<float> row(static_cast<size_t>(cols));
+            for (int64_t r = r_lo; r < r_hi; ++r) {
+                const uint64_t rk = splitmix64(base + uint64_t(row0 + r));
+                for (int64_t c = 0; c < cols; ++c) {
+                    const uint64_t h = splitmix64(rk + uint64_t(col0 + c));
+                    const float u = float(int64_t(h >> 40) - (int64_t(1) << 23)) * (1.0f / float(1 << 23));  // [-1, 1)
+                    float v = t.scale == 0.0 ? 1.0f + 0.1f * u : float(t.scale) * u;
+                    // Round through the storage dtype so every reader sees the stored value.
+                    if (dtype_ == DType::kBF16) v = bf16_to_f32(f32_to_bf16(v));
+                    if (dtype_ == DType::kF16) v = f16_to_f32(f32_to_f16(v));
+                    row[size_t(c)] = v;
+                }
+                convert_elements(row.data(), DType::kF32, static_cast<uint8_t*>(dst) + r * cols * dtype_size(out),
+                                 out, cols);
             }
-            convert_elements(row.data(), DType::kF32, static_cast<uint8_t*>(dst) + r * cols * dtype_size(out), out,
-                             cols);
+        };
+        // Large slices (the 70B shapes of the GPU benchmarks: seconds per layer on one thread) are
+        // split by rows over the machine's cores (>= 1 Mi elements each); every element is still the
+        // same pure function, so the result does not depend on the split.
+        const int64_t min_rows = std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(cols, 1));
+        const int64_t n_threads = std::min<int64_t>(
+            {int64_t(std::max(1u, std::thread::hardware_concurrency())), 32, rows / min_rows});
+        if (n_threads <= 1) {
+            fill_rows(0, rows);
+            return;
         }
+        std::vector<std::thread> pool;
+        std::vector<std::exception_ptr> errors(static_cast<size_t>(n_threads));
+        for (int64_t i = 0; i < n_threads; ++i)
+            pool.emplace_back([&, i] {
+                try {
+                    fill_rows(rows * i / n_threads, rows * (i + 1) / n_threads);
+                } catch (...) {
+                    errors[size_t(i)] = std::current_exception();
+                }
+            });
+        for (auto& th : pool) th.join();
+        for (auto& e : errors)
+            if (e) std::rethrow_exception(e);
     }
 
 private:

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Fills gpu-kit/ (git-ignored, at the repository root) with everything benchmarks/gpu/check.sh needs
+# on a bare GPU machine that gets only the working tree: nvcc, CMake, ninja, a host compiler and
+# Python there, but no fmt, nlohmann-json, CLI11, doctest, MPI, NCCL headers or package registry,
+# and no ../shared. Runs here, on the development machine; the device tool then carries the folder
+# (carry ["gpu-kit"]). Fails when the kit reaches 50 MiB (the working tree may be 64 MiB in all).
+#
+#   gpu-kit/include/{fmt,nlohmann,CLI,doctest}  headers of the Debian -dev packages (apt-get download
+#                                              + dpkg -x; the installed package's files if the
+#                                              registry is unreachable); fmt is used header-only
+#   gpu-kit/nccl/include/                      nccl.h (+ nccl_device*) from the CUDA toolkit here, for
+#                                              a machine whose NCCL library (PyTorch's wheel) has no
+#                                              header; the library itself stays on that machine
+#   gpu-kit/shared/golden/                     copy of ../shared/golden (the golden checkpoints)
+#   gpu-kit/MANIFEST                           what came from where, with versions
+# Usage: benchmarks/gpu/prepare.sh [KIT_DIR]   (env: SHARED_DIR, CUDA_HOME)
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+kit="${1:-$root/gpu-kit}"
+shared="${SHARED_DIR:-$root/../shared}"
+cuda="${CUDA_HOME:-/usr/local/cuda}"
+limit_mib=50
+# Debian package -> the folder of /usr/include it provides.
+packages=(libfmt-dev:fmt nlohmann-json3-dev:nlohmann libcli11-dev:CLI doctest-dev:doctest)
+
+die() { echo "prepare.sh: $*" >&2; exit 1; }
+
+rm -rf "$kit"
+mkdir -p "$kit/include" "$kit/nccl/include" "$kit/shared"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+manifest="$kit/MANIFEST"
+{
+    echo "gpu-kit for lattice benchmarks/gpu/check.sh, made $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
+    echo "by benchmarks/gpu/prepare.sh at commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')"
+} >"$manifest"
+
+for entry in "${packages[@]}"; do
+    pkg="${entry%%:*}"
+    dir="${entry##*:}"
+    how=""
+    if (cd "$tmp" && apt-get download -q "$pkg" >/dev/null 2>&1); then
+        deb="$(ls "$tmp"/"${pkg}"_*.deb | head -1)"
+        dpkg -x "$deb" "$tmp/x-$pkg"
+        [[ -d "$tmp/x-$pkg/usr/include/$dir" ]] || die "$deb has no usr/include/$dir"
+        cp -a "$tmp/x-$pkg/usr/include/$dir" "$kit/include/"
+        how="$(basename "$deb") (apt-get download + dpkg -x)"
+    elif dpkg -s "$pkg" >/dev/null 2>&1 && [[ -d "/usr/include/$dir" ]]; then
+        cp -a "/usr/include/$dir" "$kit/include/"
+        how="$pkg $(dpkg-query -W -f='${Version}' "$pkg") (installed files; registry unreachable)"
+    else
+        die "cannot get $pkg: apt-get download failed and it is not installed"
+    fi
+    echo "include/$dir: $how" >>"$manifest"
+    echo "  include/$dir <- $how"
+done
+[[ -f "$kit/include/fmt/format-inl.h" ]] || die "fmt headers lack format-inl.h (needed header-only)"
+
+# NCCL header: the toolkit's (this machine's CUDA ships NCCL), else a system one.
+nccl_h=""
+for d in "$cuda/include" /usr/include /usr/local/include; do
+    [[ -f "$d/nccl.h" ]] && { nccl_h="$d"; break; }
+done
+[[ -n "$nccl_h" ]] || die "no nccl.h under $cuda/include, /usr/include or /usr/local/include"
+cp -a "$nccl_h/nccl.h" "$kit/nccl/include/"
+[[ -f "$nccl_h/nccl_device.h" ]] && cp -a "$nccl_h/nccl_device.h" "$kit/nccl/include/"
+[[ -d "$nccl_h/nccl_device" ]] && cp -a "$nccl_h/nccl_device" "$kit/nccl/include/"
+nccl_ver="$(awk '/define NCCL_(MAJOR|MINOR|PATCH) /{v=v (v?".":"") $3} END{print v}' "$kit/nccl/include/nccl.h")"
+echo "nccl/include: nccl.h $nccl_ver from $(readlink -f "$nccl_h")" >>"$manifest"
+echo "  nccl/include <- nccl.h $nccl_ver from $nccl_h"
+
+# Golden data (tests read LATTICE_SHARED_DIR/golden; check.sh points it here).
+[[ -d "$shared/golden" ]] || die "no golden data at $shared/golden (set SHARED_DIR)"
+cp -a "$shared/golden" "$kit/shared/"
+chmod -R u+w "$kit/shared"
+echo "shared/golden: copy of $(readlink -f "$shared/golden")" >>"$manifest"
+echo "  shared/golden <- $shared/golden"
+
+bytes="$(du -sb "$kit" | cut -f1)"
+mib="$(awk -v b="$bytes" 'BEGIN{printf "%.1f", b / 1048576}')"
+files="$(find "$kit" -type f | wc -l)"
+echo "total: $bytes bytes ($mib MiB), $files files" >>"$manifest"
+echo "gpu-kit: $kit: $mib MiB in $files files (limit ${limit_mib} MiB)"
+if (( bytes >= limit_mib * 1048576 )); then
+    die "the kit is $mib MiB, not under ${limit_mib} MiB"
+fi

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Proves benchmarks/gpu/check.sh on a simulated bare GPU machine, without a GPU: a minimal Debian
+# root (debootstrap --variant=minbase) holding only a compiler, CMake, ninja and Python 3 (no fmt,
+# nlohmann-json, CLI11, doctest, MPI or NCCL packages), with this machine's /usr/local/cuda bound
+# in read-only and its NCCL files hidden (the GPU machine's toolkit has none), and a stand-in for
+# PyTorch's nvidia-nccl wheel (site-packages/nvidia/nccl/lib/libnccl.so.2 only, no header). It
+# copies what the device tool would send (tracked + untracked-not-ignored files of the working tree
+# plus the carried gpu-kit/; never ../shared), runs check.sh there with no NVIDIA driver, and checks
+# the outcome: configure and build pass, every GPU step reports SKIP (no GPU), nothing FAILs, and
+# $OUT holds at most 6 plain files with names the device tool returns.
+#
+# The root is cached outside the repository (default /var/cache/lattice-gpu-sim/<suite>), so reruns
+# start in seconds; --fresh rebuilds it. Needs root (debootstrap, chroot, mount namespaces).
+# This machine has 2 cores, not the GPU machine's 16: deadlines are stretched by CHECK_TIME_SCALE
+# (default 12 here) so the simulation shows function, not the 8-minute budget (see docs/gpu-check.md
+# for the build-time estimate on 16 cores).
+# Usage: benchmarks/gpu/simulate.sh [--suite bookworm] [--fresh] [--keep-build] [--results DIR]
+#        --keep-build keeps the previous run's build-gpu-check/ (as a warm device machine does
+#        between calls) for quick iteration; without it every run builds from nothing.
+#        (runs benchmarks/gpu/prepare.sh first when gpu-kit/ is missing)
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+suite=bookworm
+fresh=0
+keep_build=0
+results="$root/gpu-sim-results"
+mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+cuda_host="$(readlink -f "${CUDA_HOME:-/usr/local/cuda}")"
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --suite) suite="$2"; shift 2 ;;
+        --fresh) fresh=1; shift ;;
+        --keep-build) keep_build=1; shift ;;
+        --results) results="$2"; shift 2 ;;
+        *) echo "usage: $0 [--suite bookworm] [--fresh] [--keep-build] [--results DIR]" >&2; exit 2 ;;
+    esac
+done
+cache="${LATTICE_SIM_CACHE:-/var/cache/lattice-gpu-sim}/$suite"
+sysroot="$cache/root"
+t0=$(date +%s)
+say() { printf '[simulate %4ss] %s\n' "$(( $(date +%s) - t0 ))" "$*"; }
+die() { echo "simulate.sh: $*" >&2; exit 1; }
+[[ $(id -u) -eq 0 ]] || die "needs root (debootstrap, chroot, mount)"
+
+# 1. The bare root: a compiler, CMake, ninja, Python 3 and nothing else of ours.
+if [[ $fresh -eq 1 || ! -f "$sysroot/.lattice-sim-ready" ]]; then
+    command -v debootstrap >/dev/null || apt-get install -y debootstrap >/dev/null
+    rm -rf "$sysroot"
+    mkdir -p "$cache"
+    say "debootstrap --variant=minbase $suite (+ g++ cmake ninja-build python3) into $sysroot"
+    debootstrap --variant=minbase --include=g++,cmake,ninja-build,python3 "$suite" "$sysroot" "$mirror" \
+        >"$cache/debootstrap.log" 2>&1 || { tail -20 "$cache/debootstrap.log"; die "debootstrap failed"; }
+    touch "$sysroot/.lattice-sim-ready"
+fi
+for banned in fmt nlohmann CLI doctest mpi.h nccl.h; do
+    [[ ! -e "$sysroot/usr/include/$banned" ]] || die "$sysroot has /usr/include/$banned: not a bare root"
+done
+say "root $sysroot: $(chroot "$sysroot" sh -c 'g++ --version | head -1; cmake --version | head -1; echo ninja $(ninja --version); python3 --version' | paste -sd ';' -)"
+
+# 2. What the device tool sends: tracked + untracked-not-ignored files, plus the carried kit.
+[[ -d "$root/gpu-kit" ]] || { say "no gpu-kit/: running prepare.sh"; bash "$here/prepare.sh"; }
+tree="$sysroot/work/lattice"
+rm -rf "$sysroot/out"
+if [[ $keep_build -eq 0 ]]; then
+    rm -rf "$sysroot/work/build-kept"
+elif [[ -d "$tree/build-gpu-check" ]]; then
+    rm -rf "$sysroot/work/build-kept"
+    mv "$tree/build-gpu-check" "$sysroot/work/build-kept"
+fi
+rm -rf "$tree"
+mkdir -p "$tree" "$sysroot/out"
+(cd "$root" && git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
+    [[ -e "$f" || -L "$f" ]] && printf '%s\0' "$f"; done | tar --null -T - -cf - | tar -xf - -C "$tree")
+cp -a "$root/gpu-kit" "$tree/gpu-kit"
+sent=$(du -sb "$tree" | cut -f1)
+say "working tree + gpu-kit copied: $(awk -v b="$sent" 'BEGIN{printf "%.1f MiB", b/1048576}') (device tool limit 64 MiB)"
+(( sent < 64 * 1048576 )) || die "what would travel is over 64 MiB"
+[[ ! -e "$sysroot/work/shared" ]] || die "../shared must not exist in the simulated machine"
+[[ -d "$sysroot/work/build-kept" ]] && mv "$sysroot/work/build-kept" "$tree/build-gpu-check"
+
+# 3. The stand-in for PyTorch's nvidia-nccl wheel: the library only, found through Python.
+pyver="$(chroot "$sysroot" python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+wheel="$sysroot/usr/local/lib/python$pyver/dist-packages/nvidia/nccl/lib"
+if [[ ! -f "$wheel/libnccl.so.2" ]]; then
+    mkdir -p "$wheel"
+    nccl_lib="$(readlink -f "$cuda_host/lib64/libnccl.so.2" 2>/dev/null || true)"
+    [[ -f "$nccl_lib" ]] || nccl_lib="$(ldconfig -p | awk '/libnccl.so.2 /{print $NF; exit}')"
+    [[ -f "$nccl_lib" ]] || die "no libnccl.so.2 on this machine to stand in for the wheel"
+    ln "$nccl_lib" "$wheel/libnccl.so.2" 2>/dev/null || cp "$nccl_lib" "$wheel/libnccl.so.2"
+fi
+
+# 4. Run check.sh in the root: private mount namespace (mounts vanish with it), CUDA bound in
+# read-only with NCCL hidden by an overlay whiteout layer, no NVIDIA driver, a clean environment.
+mkdir -p "$cache/hide-nccl/include" "$cache/hide-nccl/lib" "$sysroot/usr/local/cuda-sim"
+for f in include/nccl.h include/nccl_device.h include/nccl_device lib/libnccl.so lib/libnccl.so.2 lib/libnccl_static.a; do
+    [[ -e "$cuda_host/$f" && ! -e "$cache/hide-nccl/$f" ]] && mknod "$cache/hide-nccl/$f" c 0 0
+done
+ln -sfn cuda-sim "$sysroot/usr/local/cuda"
+export CHECK_TIME_SCALE="${CHECK_TIME_SCALE:-12}"
+say "check.sh in the root (no GPU, CHECK_TIME_SCALE=$CHECK_TIME_SCALE, JOBS=$(nproc))"
+set +e
+unshare --mount --propagation private bash -euo pipefail -c '
+    sysroot=$1 cuda=$2 hide=$3
+    mount -t overlay overlay -o "ro,lowerdir=$hide:$cuda" "$sysroot/usr/local/cuda-sim" 2>/dev/null ||
+        { echo "overlay not possible: plain read-only bind (NCCL of the toolkit visible)"; mount --bind -o ro "$cuda" "$sysroot/usr/local/cuda-sim"; }
+    mount -t proc proc "$sysroot/proc"
+    mount --rbind /dev "$sysroot/dev"
+    mount -t tmpfs tmpfs "$sysroot/tmp"
+    exec chroot "$sysroot" /usr/bin/env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root LANG=C.UTF-8 \
+        OUT=/out CHECK_TIME_SCALE="$CHECK_TIME_SCALE" bash -c "cd /work/lattice && bash benchmarks/gpu/check.sh"
+' _ "$sysroot" "$cuda_host" "$cache/hide-nccl" 2>&1 | tee "$cache/check-run.log"
+rc=${PIPESTATUS[0]}
+set -e
+say "check.sh exited $rc"
+
+# 5. What came back, and whether it is what the issue asks of a machine without a GPU.
+rm -rf "$results"
+mkdir -p "$results"
+cp -a "$sysroot/out/." "$results/"
+cp "$cache/check-run.log" "$results.log"
+nfiles=$(find "$results" -type f | wc -l)
+bad_names=$(find "$results" -mindepth 1 | sed "s|^$results/||" | grep -Ev '^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)?$' || true)
+say "\$OUT: $nfiles files: $(cd "$results" && find . -type f | sed 's|^\./||' | sort | paste -sd ' ' -)"
+ok=1
+(( nfiles <= 6 )) || { echo "FAIL: $nfiles files in \$OUT (at most 6)"; ok=0; }
+[[ -z "$bad_names" ]] || { echo "FAIL: names the device tool would not return: $bad_names"; ok=0; }
+python3 - "$results/summary.json" <<'EOF' || ok=0
+import json, sys
+doc = json.load(open(sys.argv[1]))
+steps = {s["name"]: s for s in doc["steps"]}
+bad = []
+for name in ("configure", "build"):
+    if steps.get(name, {}).get("status") != "PASS":
+        bad.append(f"{name} is {steps.get(name, {}).get('status')}, not PASS")
+for s in doc["steps"]:
+    if s["status"] in ("FAIL", "TIMEOUT"):
+        bad.append(f"{s['name']} {s['status']}: {s.get('note', '')}")
+    if s.get("needs_gpu") and s["status"] != "SKIP":
+        bad.append(f"{s['name']} needs a GPU but is {s['status']}, not SKIP")
+if doc.get("gpu"):
+    bad.append(f"a GPU was seen: {doc['gpu']}")
+for b in bad:
+    print("FAIL:", b)
+print("simulation verdict:", "PASS" if not bad else "FAIL")
+sys.exit(1 if bad else 0)
+EOF
+say "results in $results, check.sh's output in $results.log"
+[[ $ok -eq 1 && $rc -eq 0 ]] || die "the simulated run did not pass (check.sh rc $rc)"

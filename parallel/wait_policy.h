@@ -1,0 +1,24 @@
+// WaitPolicy: how long and how a rank waits on its peers (the per-call deadline and the polling
+// steps of watchdog.h). A plain struct without MPI, so that parallel_context.h and the builder
+// compile in builds without MPI too (LATTICE_NO_MPI: one rank, nothing to wait for).
+#pragma once
+
+#include <cstdint>
+
+namespace lattice {
+
+struct WaitPolicy {
+    double timeout_s = 60.0;      // per call; <= 0 means wait forever (not recommended)
+    double spin_us = 50.0;        // busy MPI_Test
+    double yield_us = 2000.0;     // then MPI_Test + sched_yield
+    double max_sleep_us = 500.0;  // then MPI_Test + sleeps growing from 10 us to this
+    double grace_s = 1.0;         // after a timeout: how long to wait for peers' reports
+    // MpiComm::send: copy the data and complete the transfer in the background, with at most this
+    // many sends in flight per communicator (0: send returns only when the receiver has the data).
+    int send_buffers = 4;
+    // MpiComm broadcast / send / recv: larger messages go in chunks of this many bytes (64 B .. 1 GiB;
+    // MPI counts are int). Small values only make sense in tests.
+    int64_t max_chunk_bytes = int64_t(1) << 30;
+};
+
+}  // namespace lattice
