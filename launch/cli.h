@@ -19,5 +19,6 @@ void add_doctor_command(CLI::App& app, CommandRun& run);
 void add_calibrate_command(CLI::App& app, CommandRun& run);
 void add_layout_command(CLI::App& app, CommandRun& run);
 void add_batch_command(CLI::App& app, CommandRun& run);
+void add_serve_command(CLI::App& app, CommandRun& run);
 
 }  // namespace lattice

@@ -215,7 +215,7 @@ std::vector<int64_t> parse_counts(const std::string& s) {
 
 }  // namespace
 
-Built load_model(const ModelArgs& a) {
+Built load_model(const ModelArgs& a, const std::function<void(const WorldConfig&)>& on_context) {
     BuildOptions o;
     o.quant_auto = a.quant == "auto";
     o.model.quant = o.quant_auto ? QuantMode::kNone : parse_quant_mode(a.quant);
@@ -247,12 +247,13 @@ Built load_model(const ModelArgs& a) {
     o.backend.cuda_act = a.dtype == "f16" ? DType::kF16 : DType::kBF16;
     if (!a.devices.empty())
         for (int32_t d : parse_id_list(a.devices, "--devices")) o.devices.push_back(d);
-    o.on_context = [](const WorldConfig& w) {
+    o.on_context = [on_context](const WorldConfig& w) {
         // When the launcher tears the job down because a rank died, say which one before exiting.
 #if !defined(LATTICE_NO_MPI)
         if (w.world > 1) mpi_session().install_termination_reporter();
 #endif
         if (w.rank != 0) set_log_level(LogLevel::kWarn);
+        if (on_context) on_context(w);
     };
     ModelSpec spec{a.model, a.random_weights, a.config_preset, a.weight_seed};
     if (!a.random_weights) LATTICE_CHECK(!a.model.empty(), "--model is required (or --random-weights --config PRESET)");

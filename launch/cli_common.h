@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -45,7 +46,9 @@ struct ModelArgs {
 
 // Builds this rank's model from the options (runtime/engine/build.h); MPI joins when tp * pp > 1 or
 // when an MPI starter launched this process (read from the environment here, in launch/).
-Built load_model(const ModelArgs& a);
+// `on_context` runs once the rank grid exists, before any weight is read (`lattice serve` listens
+// from there on, answering "loading").
+Built load_model(const ModelArgs& a, const std::function<void(const WorldConfig&)>& on_context = {});
 
 // The built-in default model (SmolLM2-135M-Instruct Q4_1, fetched by scripts/setup.sh into models/):
 // $LATTICE_DEFAULT_MODEL, else ./models/..., else <source tree>/models/...; Error if none exists.

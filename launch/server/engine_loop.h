@@ -1,0 +1,71 @@
+// The engine thread of `lattice serve` (rank 0's main thread, which owns MPI and the model):
+//   loop: take submissions and cancels from the Inbox (waiting up to 20 ms when the engine is
+//         idle) -> Engine::step() (also the idle heartbeat to the followers) -> turn token events
+//         into Deltas for the tickets -> publish the engine's gauges to Metrics.
+// Admission: a submission is refused with 503 when --max-queue requests already wait in the
+// engine, with 400 when Engine::add refuses it (e.g. more KV blocks than the pool holds).
+// Text: each request's tokens go through a TextStream (incremental detokenization, stop strings
+// held back and cut, launch/../runtime/engine/text_stream.h); a completed stop string cancels the
+// request in the engine and finishes it as "stop". Finish reasons: eos / stop id "stop"; max_tokens
+// or the context full "length".
+// Drain: when drain_signal() turns non-zero, on_drain() is called once (the server closes its
+// listener); new submissions get 503; running requests finish until --drain-seconds have passed,
+// then they are cancelled and their clients get a 503 error (an error event on a stream). run()
+// returns once nothing is left in the engine.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <unordered_map>
+
+#include "launch/server/exchange.h"
+#include "launch/server/metrics.h"
+#include "runtime/engine/engine.h"
+#include "runtime/engine/text_stream.h"
+#include "runtime/tokenizer/tokenizer.h"
+
+namespace lattice::serve {
+
+struct LoopOptions {
+    int64_t max_queue = 256;    // requests waiting in the engine at most; more: 503
+    double drain_seconds = 30;  // after a drain signal, how long running requests may go on
+    double log_every_s = 10;    // a status line while requests run (0: never)
+};
+
+struct LoopTotals {
+    int64_t requests = 0, refused = 0, cancelled = 0, cut_by_drain = 0, tokens = 0;
+};
+
+class EngineLoop {
+public:
+    EngineLoop(Engine& engine, const Tokenizer* tok, Inbox& inbox, Metrics& metrics, LoopOptions opt);
+    void run(const std::function<int()>& drain_signal, const std::function<void()>& on_drain);
+    const LoopTotals& totals() const { return totals_; }
+
+private:
+    struct Live {
+        std::shared_ptr<Ticket> ticket;
+        std::unique_ptr<TextStream> text;
+        int64_t prompt_tokens = 0, completion_tokens = 0;
+        Clock::time_point last_token{};
+    };
+    void take(const Inbox::Item& it);
+    void apply(const TokenEvent& ev);
+    void refuse(Ticket& t, int status, std::string message);
+    void publish();
+    void log_status(bool force);
+
+    Engine& engine_;
+    const Tokenizer* tok_;
+    Inbox& inbox_;
+    Metrics& metrics_;
+    LoopOptions opt_;
+    std::unordered_map<int64_t, Live> live_;  // by engine id
+    bool draining_ = false;
+    LoopTotals totals_;
+    Clock::time_point last_log_ = Clock::now();
+    int64_t logged_tokens_ = 0;
+};
+
+}  // namespace lattice::serve

@@ -1,0 +1,526 @@
+// HttpServer and its per-connection Session (see http_server.h). The only file that includes Beast.
+// Session invariants: every member is touched on the session's strand only (the socket's
+// executor); at most one write and one read-side operation (the request read, or the disconnect
+// watch while a request runs) are outstanding; `ticket_` is set exactly while the engine owes this
+// connection deltas; `in_request_` while a completion request's response is unfinished (counted in
+// active()). Deltas of an older ticket are dropped by pointer identity.
+#include "launch/server/http_server.h"
+
+#include <sys/socket.h>
+
+#include <array>
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <cerrno>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "base/error.h"
+#include "base/log.h"
+
+namespace lattice::serve {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+
+struct HttpServer::Impl {
+    ServerOptions opt;
+    Inbox& inbox;
+    Metrics& metrics;
+    std::atomic<bool> draining{false}, stopped{false};
+    std::atomic<int64_t> active{0}, connections{0};
+    std::atomic<uint64_t> requests{0};
+    std::unique_ptr<ServedModel> model_storage;
+    std::atomic<const ServedModel*> model{nullptr};
+    int port = 0;
+    // Declared last: destroyed first, with the handlers (and so the sessions) it still holds.
+    net::io_context ioc;
+    tcp::acceptor acceptor{ioc};
+    net::steady_timer accept_retry{ioc};
+    std::vector<std::thread> threads;
+
+    Impl(ServerOptions o, Inbox& in, Metrics& m) : opt(std::move(o)), inbox(in), metrics(m) {}
+    void accept();
+};
+
+namespace {
+
+class Session : public std::enable_shared_from_this<Session> {
+public:
+    Session(tcp::socket s, HttpServer::Impl& srv) : sock_(std::move(s)), srv_(srv), timer_(sock_.get_executor()) {
+        ++srv_.connections;
+        srv_.metrics.connection_opened();
+    }
+    ~Session() {
+        if (ticket_) srv_.inbox.cancel(std::move(ticket_));
+        end_request();
+        --srv_.connections;
+        srv_.metrics.connection_closed();
+    }
+
+    void start() {
+        net::dispatch(sock_.get_executor(), [self = shared_from_this()] {
+            if (self->srv_.connections > self->srv_.opt.max_connections) {
+                self->route_ = "other";
+                self->send_reply(error_reply(503, "too many open connections (--max-connections)"), true);
+            } else {
+                self->read_request();
+            }
+        });
+    }
+
+private:
+    using Self = std::shared_ptr<Session>;
+
+    // ---- reading ----
+    void read_request() {
+        ++gen_;
+        route_ = "other";
+        ticket_.reset();
+        shaper_.reset();
+        head_sr_.reset();
+        head_.reset();
+        streaming_ = chunked_ = head_sent_ = stream_done_ = last_sent_ = false;
+        pending_.clear();
+        parser_.emplace();
+        parser_->body_limit(uint64_t(srv_.opt.max_body_bytes));
+        parser_->header_limit(16 * 1024);
+        arm_timer();
+        http::async_read_header(sock_, buf_, *parser_,
+                                [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+    }
+
+    void on_header(beast::error_code ec) {
+        if (ec) return on_read(ec);
+        auto& req = parser_->get();
+        if (beast::iequals(req[http::field::expect], "100-continue")) {  // the client waits for our go-ahead
+            cont_.emplace(http::status::continue_, req.version());
+            http::async_write(sock_, *cont_, [self = shared_from_this()](beast::error_code ec, size_t) {
+                self->cont_.reset();
+                if (ec) return self->close();
+                self->read_body();
+            });
+            return;
+        }
+        read_body();
+    }
+
+    void read_body() {
+        http::async_read(sock_, buf_, *parser_,
+                         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+    }
+
+    void on_read(beast::error_code ec) {
+        cancel_timer();
+        if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::operation_aborted ||
+            ec == net::error::connection_reset || closed_)
+            return close();
+        if (ec == http::error::body_limit) {
+            route_ = label_of_parsed();
+            return send_reply(error_reply(413,
+                                          fmt::format("the request body is larger than this server takes "
+                                                      "(--max-body-bytes {})",
+                                                      srv_.opt.max_body_bytes),
+                                          "", "request_too_large"),
+                              true);
+        }
+        if (ec == http::error::header_limit) return send_reply(error_reply(431, "the request header is too large"), true);
+        if (ec.category() == beast::http::make_error_code(http::error::bad_method).category())
+            return send_reply(error_reply(400, "malformed HTTP request: " + ec.message()), true);
+        if (ec) return close();
+        handle();
+    }
+
+    std::string label_of_parsed() {
+        if (!parser_ || !parser_->is_header_done()) return "other";
+        RouteInput in;
+        const auto t = parser_->get().target();
+        const std::string target(t.data(), t.size());
+        in.target = target;
+        in.method = "-";
+        return route(in, RouteContext{}).route;
+    }
+
+    void handle() {
+        auto& req = parser_->get();
+        version_ = req.version();
+        keep_alive_ = req.keep_alive();
+        const auto m = req.method_string();
+        const auto t = req.target();
+        const auto a = req[http::field::authorization];
+        RouteContext ctx;
+        ctx.api_key = srv_.opt.api_key;
+        ctx.model = srv_.model.load();
+        ctx.draining = srv_.draining;
+        ctx.metrics = &srv_.metrics;
+        ctx.request_number = ++srv_.requests;
+        Routed r;
+        try {
+            r = route(RouteInput{{m.data(), m.size()}, {t.data(), t.size()}, {a.data(), a.size()}, req.body()}, ctx);
+        } catch (const std::exception& e) {  // a bug, or out of memory: this request fails, the server goes on
+            LOG_ERROR("serve: internal error on {}: {}", std::string_view(t.data(), t.size()), e.what());
+            r.route = "other";
+            r.reply = error_reply(500, "internal error");
+        }
+        route_ = r.route;
+        parser_.reset();
+        if (r.reply) return send_reply(std::move(*r.reply), !keep_alive_);
+        in_request_ = true;
+        ++srv_.active;
+        shaper_.emplace(*r.call);
+        streaming_ = shaper_->streaming();
+        ticket_ = std::make_shared<Ticket>();
+        ticket_->request = std::move(r.call->request);
+        std::weak_ptr<Session> weak = shared_from_this();
+        const Ticket* id = ticket_.get();
+        ticket_->deliver = [weak, id](Delta&& d) {
+            if (Self s = weak.lock())
+                net::post(s->sock_.get_executor(), [s, id, d = std::move(d)]() mutable { s->on_delta(id, std::move(d)); });
+        };
+        srv_.inbox.submit(ticket_);
+        watch_disconnect();
+    }
+
+    // ---- the engine's answers ----
+    void on_delta(const Ticket* id, Delta&& d) {
+        if (closed_ || !ticket_ || ticket_.get() != id) return;
+        switch (d.kind) {
+            case Delta::Kind::kError:
+                ticket_.reset();
+                if (!head_sent_) return send_reply(error_reply(d.status, d.message), !keep_alive_);
+                pending_ += shaper_->stream_error(d.status, d.message);
+                keep_alive_ = false;
+                stream_done_ = true;
+                return pump();
+            case Delta::Kind::kAccepted:
+                if (!streaming_) return;
+                start_stream();
+                return append(shaper_->accepted());
+            case Delta::Kind::kTokens:
+                return append(shaper_->tokens(d.text, d.tokens));
+            case Delta::Kind::kFinish: {
+                if (!d.text.empty() || !d.tokens.empty()) append(shaper_->tokens(d.text, d.tokens));
+                if (closed_) return;
+                ticket_.reset();
+                std::string last = shaper_->finish(d.finish_reason, d.prompt_tokens, d.completion_tokens);
+                if (!streaming_) {
+                    Reply rep;
+                    rep.body = std::move(last);
+                    return send_reply(std::move(rep), !keep_alive_);
+                }
+                pending_ += last;
+                stream_done_ = true;
+                return pump();
+            }
+        }
+    }
+
+    void append(std::string s) {
+        if (s.empty() || closed_) return;
+        pending_ += s;
+        if (int64_t(pending_.size() + inflight_.size()) > srv_.opt.stream_buffer_bytes)
+            return abort("the client does not read its stream (--stream-buffer-bytes)");
+        pump();
+    }
+
+    // ---- writing ----
+    void start_stream() {
+        head_.emplace(http::status::ok, version_);
+        head_->set(http::field::server, "lattice");
+        head_->set(http::field::content_type, "text/event-stream");
+        head_->set(http::field::cache_control, "no-cache");
+        chunked_ = version_ >= 11;
+        if (chunked_) head_->chunked(true);
+        if (!chunked_) keep_alive_ = false;  // HTTP/1.0: the end of the stream is the end of the connection
+        head_->keep_alive(keep_alive_ && !srv_.draining);
+        head_sr_.emplace(*head_);
+        head_sent_ = true;
+        srv_.metrics.count_response(route_, 200);
+        writing_ = true;
+        arm_timer();
+        http::async_write_header(sock_, *head_sr_,
+                                 [self = shared_from_this()](beast::error_code ec, size_t) { self->on_written(ec); });
+    }
+
+    void pump() {
+        if (writing_ || closed_ || !head_sent_) return;
+        if (!pending_.empty()) {
+            inflight_ = std::move(pending_);
+            pending_.clear();
+            writing_ = true;
+            arm_timer();
+            auto done = [self = shared_from_this()](beast::error_code ec, size_t) { self->on_written(ec); };
+            if (chunked_) net::async_write(sock_, http::make_chunk(net::buffer(inflight_)), std::move(done));
+            else net::async_write(sock_, net::buffer(inflight_), std::move(done));
+            return;
+        }
+        if (stream_done_ && !last_sent_) {
+            last_sent_ = true;
+            if (!chunked_) return stream_finished();
+            writing_ = true;
+            arm_timer();
+            net::async_write(sock_, http::make_chunk_last(),
+                             [self = shared_from_this()](beast::error_code ec, size_t) { self->on_written(ec); });
+        }
+    }
+
+    void on_written(beast::error_code ec) {
+        cancel_timer();
+        writing_ = false;
+        inflight_.clear();
+        if (ec) return abort("writing to the client failed");
+        if (last_sent_) return stream_finished();
+        pump();
+    }
+
+    void stream_finished() {
+        end_request();
+        if (!keep_alive_ || srv_.draining) return linger_close();
+        next_request();
+    }
+
+    void send_reply(Reply r, bool close_after) {
+        close_after = close_after || srv_.draining;
+        srv_.metrics.count_response(route_, r.status);
+        res_.emplace(http::int_to_status(unsigned(r.status)), version_);
+        res_->result(unsigned(r.status));
+        res_->set(http::field::server, "lattice");
+        res_->set(http::field::content_type, r.content_type);
+        for (auto& [k, v] : r.headers) res_->set(k, v);
+        res_->body() = std::move(r.body);
+        res_->keep_alive(!close_after);
+        res_->prepare_payload();
+        writing_ = true;
+        arm_timer();
+        http::async_write(sock_, *res_, [self = shared_from_this(), close_after](beast::error_code ec, size_t) {
+            self->cancel_timer();
+            self->writing_ = false;
+            self->res_.reset();
+            self->end_request();
+            if (ec) return self->close();
+            if (close_after) return self->linger_close();
+            self->next_request();
+        });
+    }
+
+    void next_request() {
+        if (watching_) {  // nothing else is outstanding here: this cancels only the disconnect watch
+            beast::error_code ec;
+            sock_.cancel(ec);
+            watching_ = false;
+        }
+        read_request();
+    }
+
+    // ---- the client going away ----
+    void watch_disconnect() {
+        watching_ = true;
+        sock_.async_wait(tcp::socket::wait_read, [self = shared_from_this(), g = gen_](beast::error_code ec) {
+            if (ec || g != self->gen_ || !self->watching_ || self->closed_) return;
+            self->watching_ = false;
+            if (!self->in_request_) return;
+            char c;
+            const ssize_t n = ::recv(self->sock_.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+                return self->abort("the client closed the connection");
+            if (n < 0) return self->watch_disconnect();
+            // n > 0: the client pipelined its next request; write errors will tell if it leaves.
+        });
+    }
+
+    void abort(const char* why) {
+        if (ticket_) {
+            LOG_DEBUG("serve: cancelling a request: {}", why);
+            srv_.inbox.cancel(std::move(ticket_));
+            ticket_.reset();
+            srv_.metrics.count_disconnect();
+        }
+        close();
+    }
+
+    void end_request() {
+        if (!in_request_) return;
+        in_request_ = false;
+        --srv_.active;
+    }
+
+    // ---- timers and closing ----
+    void arm_timer() {
+        const uint64_t g = ++timer_gen_;
+        timer_.expires_after(std::chrono::milliseconds(int64_t(srv_.opt.client_timeout_s * 1000)));
+        timer_.async_wait([self = shared_from_this(), g](beast::error_code ec) {
+            if (!ec && g == self->timer_gen_) self->abort("client timeout");
+        });
+    }
+    void cancel_timer() {
+        ++timer_gen_;
+        timer_.cancel();
+    }
+
+    // After a response that ends the connection: stop sending, then read and drop what the client
+    // still sends (a bounded amount, for a bounded time) so that closing does not reset the
+    // connection before the client has read our answer.
+    void linger_close() {
+        if (closed_) return;
+        beast::error_code ec;
+        sock_.shutdown(tcp::socket::shutdown_send, ec);
+        if (ec) return close();
+        const uint64_t g = ++timer_gen_;
+        timer_.expires_after(std::chrono::seconds(2));
+        timer_.async_wait([self = shared_from_this(), g](beast::error_code ec) {
+            if (!ec && g == self->timer_gen_) self->close();
+        });
+        drain_socket();
+    }
+    void drain_socket() {
+        sock_.async_read_some(net::buffer(sink_), [self = shared_from_this()](beast::error_code ec, size_t n) {
+            self->drained_ += n;
+            if (ec || self->drained_ > (4u << 20)) return self->close();
+            self->drain_socket();
+        });
+    }
+
+    void close() {
+        if (closed_) return;
+        closed_ = true;
+        if (ticket_) {
+            srv_.inbox.cancel(std::move(ticket_));
+            ticket_.reset();
+        }
+        cancel_timer();
+        beast::error_code ec;
+        sock_.shutdown(tcp::socket::shutdown_both, ec);
+        sock_.close(ec);
+        end_request();
+    }
+
+    tcp::socket sock_;
+    HttpServer::Impl& srv_;
+    net::steady_timer timer_;
+    beast::flat_buffer buf_;
+    std::optional<http::request_parser<http::string_body>> parser_;
+    std::optional<http::response<http::empty_body>> cont_;
+    std::optional<http::response<http::string_body>> res_;
+    std::optional<http::response<http::empty_body>> head_;
+    std::optional<http::response_serializer<http::empty_body>> head_sr_;
+    std::shared_ptr<Ticket> ticket_;
+    std::optional<ResponseShaper> shaper_;
+    std::string route_ = "other", pending_, inflight_;
+    std::array<char, 4096> sink_{};
+    size_t drained_ = 0;
+    unsigned version_ = 11;
+    uint64_t gen_ = 0, timer_gen_ = 0;
+    bool keep_alive_ = true, in_request_ = false, streaming_ = false, chunked_ = false, head_sent_ = false;
+    bool stream_done_ = false, last_sent_ = false, writing_ = false, watching_ = false, closed_ = false;
+};
+
+}  // namespace
+
+void HttpServer::Impl::accept() {
+    acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket s) {
+        if (!acceptor.is_open()) return;
+        if (!ec) {
+            std::make_shared<Session>(std::move(s), *this)->start();
+            return accept();
+        }
+        // Out of descriptors and the like: try again shortly rather than spin.
+        LOG_WARN("serve: accept failed: {}", ec.message());
+        accept_retry.expires_after(std::chrono::milliseconds(100));
+        accept_retry.async_wait([this](beast::error_code e) {
+            if (!e && acceptor.is_open()) accept();
+        });
+    });
+}
+
+HttpServer::HttpServer(ServerOptions opt, Inbox& inbox, Metrics& metrics)
+    : impl_(std::make_unique<Impl>(std::move(opt), inbox, metrics)) {}
+
+HttpServer::~HttpServer() {
+    stop();
+}
+
+void HttpServer::start() {
+    Impl& s = *impl_;
+    LATTICE_CHECK(s.opt.threads >= 1 && s.opt.threads <= 64, "--http-threads must be in [1, 64], got {}",
+                  s.opt.threads);
+    LATTICE_CHECK(s.opt.port >= 0 && s.opt.port <= 65535, "--port must be in [0, 65535], got {}", s.opt.port);
+    beast::error_code ec;
+    tcp::resolver resolver(s.ioc);
+    const auto found = resolver.resolve(s.opt.host, std::to_string(s.opt.port),
+                                        tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+    LATTICE_CHECK(!ec && !found.empty(), "--host {}: cannot resolve it ({})", s.opt.host, ec.message());
+    const tcp::endpoint ep = found.begin()->endpoint();
+    auto check = [&](const char* what) {
+        LATTICE_CHECK(!ec, "cannot listen on {}:{}: {} failed ({})", s.opt.host, s.opt.port, what, ec.message());
+    };
+    s.acceptor.open(ep.protocol(), ec);
+    check("socket");
+    s.acceptor.set_option(net::socket_base::reuse_address(true), ec);
+    check("SO_REUSEADDR");
+    s.acceptor.bind(ep, ec);
+    check("bind");
+    s.acceptor.listen(net::socket_base::max_listen_connections, ec);
+    check("listen");
+    s.port = s.acceptor.local_endpoint().port();
+    s.accept();
+    for (int i = 0; i < s.opt.threads; ++i)
+        s.threads.emplace_back([&s] {
+            for (;;) {
+                try {
+                    s.ioc.run();
+                    return;
+                } catch (const std::exception& e) {
+                    LOG_ERROR("serve: I/O thread: {}", e.what());
+                }
+            }
+        });
+}
+
+int HttpServer::port() const {
+    return impl_->port;
+}
+
+std::string HttpServer::url() const {
+    const std::string& h = impl_->opt.host;
+    return fmt::format("http://{}:{}", h.find(':') != std::string::npos ? "[" + h + "]" : h, impl_->port);
+}
+
+void HttpServer::set_ready(ServedModel model) {
+    impl_->model_storage = std::make_unique<ServedModel>(std::move(model));
+    impl_->model.store(impl_->model_storage.get());
+    impl_->metrics.set_ready(true);
+}
+
+void HttpServer::stop_accepting() {
+    Impl& s = *impl_;
+    s.draining = true;
+    net::post(s.ioc, [&s] {
+        beast::error_code ec;
+        s.acceptor.close(ec);
+        s.accept_retry.cancel();
+    });
+}
+
+int64_t HttpServer::active() const {
+    return impl_->active;
+}
+
+bool HttpServer::wait_idle(Clock::time_point deadline) const {
+    while (impl_->active > 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return impl_->active == 0;
+}
+
+void HttpServer::stop() {
+    Impl& s = *impl_;
+    if (s.stopped.exchange(true)) return;
+    s.ioc.stop();
+    for (std::thread& t : s.threads) t.join();
+    s.threads.clear();
+}
+
+}  // namespace lattice::serve

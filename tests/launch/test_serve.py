@@ -1,0 +1,385 @@
+#!/usr/bin/env python3
+"""`lattice serve` end to end, on loopback only (every server binds 127.0.0.1, port 0), with curl, raw
+HTTP and the official `openai` client (from the venv scripts/setup.sh makes). Greedy everywhere, so
+every output is checked against `lattice generate` or the golden continuations:
+  1. golden tiny-llama2 (no tokenizer, prompts as ids): completions streamed and not equal the golden
+     greedy ids and `lattice generate`; chat refused (no tokenizer); SIGTERM exits 0.
+  2. the built-in SmolLM2 with an API key: completions and chat, streamed and not, through curl and
+     openai, equal `lattice generate` (ids and text); stop strings; /v1/models; every bad input gets
+     its status and an OpenAI error body (400 malformed JSON / wrong types / empty messages / prompt
+     beyond the context, 401, 404 model and path, 405, 413); 32 concurrent streaming clients get the
+     tokens of their single runs; /metrics counts them; SIGTERM during a stream: the stream
+     finishes, new connections are refused, exit 0.
+  3. --max-seqs 1 --max-queue 1: a running stream, a waiting request, then 503; the stream's client
+     disconnects: its blocks return to the pool (/metrics) and the waiting request runs.
+  4. mpirun -np 2 --pp 2 (built-in) and --tp 2 (golden): the same outputs; SIGUSR1 to mpirun drains.
+Usage: test_serve.py LATTICE_BINARY MODEL_GGUF SHARED_DIR   (exit 0: pass)"""
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import openai
+
+lattice, builtin, shared = sys.argv[1], sys.argv[2], sys.argv[3]
+golden = os.path.join(shared, "golden", "tiny-llama2")
+KEY = "test-key-0123456789"
+fails = []
+
+
+def check(ok, what):
+    if not ok:
+        fails.append(what)
+        print("FAILED:", what, flush=True)
+    return ok
+
+
+class Server:
+    """A `lattice serve` process (or an mpirun of them); reads the bound port from its stdout."""
+
+    def __init__(self, args, mpirun_np=0, env=None):
+        cmd = [lattice, "serve", "--port", "0", "--comm-timeout", "30"] + args
+        if mpirun_np:
+            mpi = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(mpirun_np)]
+            if os.geteuid() == 0:
+                mpi.append("--allow-run-as-root")
+            cmd = mpi + cmd
+        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.err = []
+        self.err_reader = threading.Thread(target=lambda: self.err.extend(self.p.stderr), daemon=True)
+        self.err_reader.start()
+        self.port = None
+        deadline = time.time() + 120
+        while time.time() < deadline and self.port is None:
+            line = self.p.stdout.readline()
+            if not line:
+                break
+            m = re.match(r"lattice serve: listening on http://127\.0\.0\.1:(\d+)$", line.strip())
+            if m:
+                self.port = int(m.group(1))
+        if self.port is None:
+            self.p.kill()
+            raise SystemExit(f"server did not say where it listens: {' '.join(cmd)}\n{''.join(self.err[-20:])}")
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if self.request("GET", "/health")[0] == 200:
+                return
+            time.sleep(0.1)
+        self.p.kill()
+        raise SystemExit(f"server never became ready: {''.join(self.err[-20:])}")
+
+    def request(self, method, path, body=None, headers=None, raw=None, timeout=300):
+        """(status, headers dict, body text); status 0 when the connection failed."""
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+            data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+            c.request(method, path, body=data, headers=headers or {})
+            r = c.getresponse()
+            out = (r.status, dict(r.getheaders()), r.read().decode())
+            c.close()
+            return out
+        except OSError:
+            return 0, {}, ""
+
+    def stream(self, path, body, headers=None):
+        """The parsed events of a streamed response ("[DONE]" kept as a string)."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
+        c.request("POST", path, body=json.dumps(body), headers=headers or {})
+        r = c.getresponse()
+        check(r.status == 200 and r.getheader("Content-Type") == "text/event-stream", f"stream status {r.status}")
+        events = []
+        for line in r:
+            line = line.decode().rstrip("\n")
+            if line.startswith("data: "):
+                events.append("[DONE]" if line == "data: [DONE]" else json.loads(line[6:]))
+        c.close()
+        return events
+
+    def metrics(self):
+        st, _, text = self.request("GET", "/metrics")
+        out = {}
+        for line in text.splitlines():
+            m = re.match(r"^([a-z_]+(?:\{[^}]*\})?) (\S+)$", line)
+            if m:
+                out[m.group(1)] = float(m.group(2))
+        return out
+
+    def wait(self):
+        try:
+            rc = self.p.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            rc = "hung"
+        self.err_reader.join(timeout=10)
+        return rc
+
+    def stop(self, sig=signal.SIGTERM, what="server"):
+        self.p.send_signal(sig)
+        rc = self.wait()
+        check(rc == 0, f"{what}: exit status after signal {sig}: {rc}: {''.join(self.err[-10:])}")
+
+
+def generate(model, args, mpirun=None):
+    cmd = [lattice, "generate", "--model", model, "--temperature", "0", "--print-ids"] + args
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    check(r.returncode == 0, f"generate {args}: {r.stderr[-300:]}")
+    return [int(x) for x in r.stdout.split()]
+
+
+def stream_ids(events):
+    ids, text, finish = [], "", None
+    for e in events:
+        if e == "[DONE]" or not e["choices"]:
+            continue
+        ch = e["choices"][0]
+        ids += ch.get("token_ids", [])
+        text += ch.get("text", "") or (ch.get("delta", {}).get("content") or "")
+        finish = ch["finish_reason"] or finish
+    return ids, text, finish
+
+
+def error_body(status, body, what, want):
+    ok = check(status == want, f"{what}: status {status}, want {want}: {body[:200]}")
+    try:
+        e = json.loads(body)["error"]
+        ok = check(isinstance(e["message"], str) and e["message"] and "type" in e and "param" in e and "code" in e,
+                   f"{what}: error body {body[:200]}") and ok
+        return e
+    except (ValueError, KeyError, TypeError):
+        check(False, f"{what}: not an OpenAI error body: {body[:200]}")
+        return {}
+
+
+def golden_section():
+    cases = json.load(open(os.path.join(golden, "expected.json")))["cases"]
+    s = Server(["--model", golden, "--threads", "1"])
+    st, _, body = s.request("GET", "/v1/models")
+    check(st == 200 and json.loads(body)["data"][0]["id"] == "tiny-llama2", f"golden /v1/models: {body}")
+    for i, case in enumerate(cases[:2]):
+        want = case["greedy_ids"][:24]
+        gen = generate(golden, ["--prompt-ids", ",".join(map(str, case["prompt_ids"])), "--max-new-tokens", "24",
+                                "--ignore-eos", "--threads", "1"])
+        check(gen == want, f"golden case {i}: generate {gen} != golden {want}")
+        req = {"model": "tiny-llama2", "prompt": case["prompt_ids"], "max_tokens": 24, "temperature": 0,
+               "ignore_eos": True}
+        st, _, body = s.request("POST", "/v1/completions", req)
+        j = json.loads(body) if st == 200 else {}
+        check(st == 200 and j["choices"][0]["token_ids"] == want and j["choices"][0]["finish_reason"] == "length"
+              and j["usage"] == {"prompt_tokens": len(case["prompt_ids"]), "completion_tokens": 24,
+                                 "total_tokens": len(case["prompt_ids"]) + 24},
+              f"golden case {i} completion: {st} {body[:300]}")
+        ids, _, finish = stream_ids(s.stream("/v1/completions", dict(req, stream=True)))
+        check(ids == want and finish == "length", f"golden case {i} stream: {ids} {finish}")
+    st, _, body = s.request("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+    error_body(st, body, "chat without a tokenizer", 400)
+    s.stop()
+
+
+def builtin_section():
+    s = Server(["--model", builtin, "--threads", "2", "--max-body-bytes", "100000", "--served-model-name", "smol"],
+               env=dict(os.environ, LATTICE_API_KEY=KEY))
+    auth = {"Authorization": f"Bearer {KEY}"}
+    url = f"http://127.0.0.1:{s.port}"
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=300)
+    prompt = "The three most common colors of flowers are"
+    gen = generate(builtin, ["--prompt", prompt, "--max-new-tokens", "20", "--threads", "2"])
+    req = {"model": "smol", "prompt": prompt, "max_tokens": 20, "temperature": 0, "return_token_ids": True}
+
+    # curl, not streamed and streamed.
+    def curl(body, stream=False):
+        cmd = ["curl", "-sS", "--max-time", "300", "-H", f"Authorization: Bearer {KEY}", "-H",
+               "Content-Type: application/json", "-d", json.dumps(body), url + "/v1/completions"]
+        r = subprocess.run(cmd + (["-N"] if stream else []), capture_output=True, text=True, timeout=320)
+        check(r.returncode == 0, f"curl: {r.stderr}")
+        return r.stdout
+
+    j = json.loads(curl(req))
+    text = j["choices"][0]["text"]
+    check(j["object"] == "text_completion" and j["choices"][0]["token_ids"] == gen and text,
+          f"curl completion {j} != generate {gen}")
+    events = [json.loads(l[6:]) if l != "data: [DONE]" else "[DONE]"
+              for l in curl(dict(req, stream=True), stream=True).splitlines() if l.startswith("data: ")]
+    ids, stext, finish = stream_ids(events)
+    check(ids == gen and stext == text and events[-1] == "[DONE]" and finish == j["choices"][0]["finish_reason"],
+          f"curl stream {ids} {stext!r} {finish} != {gen} {text!r}")
+
+    # The openai client: completions and chat, streamed and not.
+    c = client.completions.create(model="smol", prompt=prompt, max_tokens=20, temperature=0)
+    check(c.choices[0].text == text and c.usage.completion_tokens == len(gen), f"openai completion {c}")
+    st = "".join(ch.choices[0].text for ch in client.completions.create(
+        model="smol", prompt=prompt, max_tokens=20, temperature=0, stream=True) if ch.choices)
+    check(st == text, f"openai completion stream {st!r} != {text!r}")
+    question = "What is the capital of France?"
+    chat_gen = generate(builtin, ["--prompt", question, "--chat", "--max-new-tokens", "24", "--threads", "2"])
+    msgs = [{"role": "user", "content": question}]
+    r = client.chat.completions.create(model="smol", messages=msgs, max_tokens=24, temperature=0,
+                                       extra_body={"return_token_ids": True})
+    content = r.choices[0].message.content
+    check(r.object == "chat.completion" and r.choices[0].message.role == "assistant" and content
+          and r.choices[0].token_ids == chat_gen, f"openai chat {r} != generate {chat_gen}")
+    chunks = list(client.chat.completions.create(model="smol", messages=msgs, max_tokens=24, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    check(chunks[0].choices[0].delta.role == "assistant", f"first chat chunk {chunks[0]}")
+    scontent = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    check(scontent == content and finishes == [r.choices[0].finish_reason], f"chat stream {scontent!r} {finishes}")
+    check(chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+          and chunks[-1].usage.prompt_tokens == r.usage.prompt_tokens, f"usage chunk {chunks[-1]}")
+    check([m.id for m in client.models.list().data] == ["smol"], "openai models.list")
+
+    # A stop string: the text ends right before it.
+    words = text.split()
+    stop = " " + words[len(words) // 2]
+    c = client.completions.create(model="smol", prompt=prompt, max_tokens=20, temperature=0, stop=[stop])
+    check(c.choices[0].finish_reason == "stop" and text.startswith(c.choices[0].text) and
+          c.choices[0].text == text[:text.find(stop)], f"stop {stop!r}: {c.choices[0].text!r} from {text!r}")
+
+    # Bad inputs: status and an OpenAI error body each.
+    P = "/v1/completions"
+    error_body(*s.request("POST", P, raw="{\"prompt\": \"x", headers=auth)[::2], "malformed JSON", 400)
+    e = error_body(*s.request("POST", P, {"prompt": "x", "max_tokens": "many"}, auth)[::2], "wrong type", 400)
+    check(e.get("param") == "max_tokens", f"wrong type param {e}")
+    error_body(*s.request("POST", "/v1/chat/completions", {"messages": []}, auth)[::2], "empty messages", 400)
+    error_body(*s.request("POST", P, {"prompt": [1] * 5000}, auth)[::2], "prompt beyond the context", 400)
+    error_body(*s.request("POST", P, {"prompt": "x", "model": "gpt-4"}, auth)[::2], "unknown model", 404)
+    error_body(*s.request("POST", P, {"prompt": "x" * 200000}, auth)[::2], "body over the limit", 413)
+    error_body(*s.request("POST", P, {"prompt": "x"})[::2], "no key", 401)
+    error_body(*s.request("GET", "/v1/models", headers={"Authorization": "Bearer wrong"})[::2], "wrong key", 401)
+    error_body(*s.request("GET", P, headers=auth)[::2], "wrong method", 405)
+    error_body(*s.request("GET", "/nope")[::2], "unknown path", 404)
+    for exc, call in ((openai.AuthenticationError, lambda: openai.OpenAI(
+            base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()),
+                      (openai.NotFoundError, lambda: client.completions.create(model="nope", prompt="x")),
+                      (openai.BadRequestError, lambda: client.completions.create(model="smol", prompt="x", n=2))):
+        try:
+            call()
+            check(False, f"openai: no {exc.__name__}")
+        except exc as err:
+            check(bool(err.message), f"openai {exc.__name__} without a message")
+
+    # 32 concurrent streaming clients: each gets the tokens of its single run.
+    prompts = [f"Write a short note number {i} about {['rivers', 'cats', 'bread', 'stars'][i % 4]}:" for i in range(32)]
+    body = lambda p: {"prompt": p, "max_tokens": 10, "temperature": 0, "ignore_eos": True, "return_token_ids": True,
+                      "stream": True}
+    single = [stream_ids(s.stream(P, body(p), auth))[0] for p in prompts]
+    before = s.metrics()
+    results = [None] * 32
+
+    def client_run(i):
+        results[i] = stream_ids(s.stream(P, body(prompts[i]), auth))[0]
+
+    threads = [threading.Thread(target=client_run, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    for i in range(32):
+        check(results[i] == single[i] and len(single[i]) == 10, f"concurrent client {i}: {results[i]} != {single[i]}")
+    m = s.metrics()
+    check(m["lattice_generation_tokens_total"] - before["lattice_generation_tokens_total"] == 320,
+          "generation tokens counted")
+    check(m["lattice_time_to_first_token_seconds_count"] - before["lattice_time_to_first_token_seconds_count"] == 32,
+          "TTFT observed per request")
+    check(m['lattice_http_requests_total{route="/v1/completions",code="200"}'] >= 64 + 4, "requests by status")
+    check(m['lattice_http_requests_total{route="/v1/completions",code="413"}'] == 1, "413 counted")
+    check(m["lattice_kv_blocks_used"] == 0 and m["lattice_kv_blocks_total"] > 0, f"KV blocks after the runs: {m}")
+
+    # SIGTERM mid-stream: the stream still finishes; then new connections are refused; exit 0.
+    c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=300)
+    c.request("POST", P, body=json.dumps(dict(body(prompt), max_tokens=48)), headers=auth)
+    r = c.getresponse()
+    first = r.readline()
+    s.p.send_signal(signal.SIGTERM)
+    rest = [first] + list(r)
+    events = [json.loads(l[6:]) if l.strip() != b"data: [DONE]" else "[DONE]" for l in rest if l.startswith(b"data: ")]
+    ids, _, finish = stream_ids(events)
+    check(len(ids) == 48 and finish == "length" and events[-1] == "[DONE]", f"drained stream: {len(ids)} {finish}")
+    refused = False
+    deadline = time.time() + 60
+    while time.time() < deadline and not refused:
+        try:
+            socket.create_connection(("127.0.0.1", s.port), timeout=5).close()
+            time.sleep(0.05)
+        except OSError:
+            refused = True
+    check(refused, "new connections refused while draining")
+    rc = s.wait()
+    check(rc == 0, f"exit status after SIGTERM: {rc}")
+    check(any("stopped by signal 15" in l for l in s.err), f"drain report: {''.join(s.err[-5:])}")
+    return single, prompts
+
+
+def queue_and_disconnect_section():
+    s = Server(["--model", builtin, "--threads", "2", "--max-seqs", "1", "--max-queue", "1"])
+    # A long stream occupies the only sequence slot.
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=60)
+    b = json.dumps({"prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": True, "stream": True})
+    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(b)}\r\n\r\n{b}".encode())
+    got = b""
+    while got.count(b"data: ") < 3:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    m = s.metrics()
+    check(m["lattice_requests_running"] == 1 and m["lattice_kv_blocks_used"] > 0, f"one running stream: {m}")
+    # A second request waits; a third finds the queue full.
+    second = {}
+    t = threading.Thread(target=lambda: second.update(r=s.request("POST", "/v1/completions",
+                                                                    {"prompt": "Hello", "max_tokens": 4})))
+    t.start()
+    deadline = time.time() + 120
+    while time.time() < deadline and s.metrics().get("lattice_requests_waiting") != 1:
+        time.sleep(0.05)
+    st, hdr, body = s.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 4})
+    error_body(st, body, "queue full", 503)
+    # The stream's client goes away: its blocks return, the waiting request runs.
+    sock.close()
+    t.join(timeout=300)
+    check(second.get("r", (0,))[0] == 200, f"the waiting request after the disconnect: {second}")
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        m = s.metrics()
+        if m["lattice_kv_blocks_used"] == 0 and m["lattice_requests_running"] == 0:
+            break
+        time.sleep(0.05)
+    check(m["lattice_kv_blocks_used"] == 0, f"blocks freed after the disconnect: {m}")
+    check(m["lattice_client_disconnects_total"] == 1 and m['lattice_requests_finished_total{reason="cancelled"}'] == 1,
+          f"disconnect counted: {m}")
+    s.stop()
+
+
+def mpi_section(single, prompts):
+    s = Server(["--model", builtin, "--threads", "1", "--pp", "2"], mpirun_np=2)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{s.port}/v1", api_key="none", max_retries=0, timeout=300)
+    for i in (0, 5):
+        ids = stream_ids(s.stream("/v1/completions", {"prompt": prompts[i], "max_tokens": 10, "temperature": 0,
+                                                      "ignore_eos": True, "return_token_ids": True, "stream": True}))[0]
+        check(ids == single[i], f"pp 2 stream {i}: {ids} != {single[i]}")
+    r = client.completions.create(model="SmolLM2-135M-Instruct.Q4_1.gguf", prompt=prompts[3], max_tokens=10,
+                                  temperature=0, extra_body={"ignore_eos": True, "return_token_ids": True})
+    check(r.choices[0].token_ids == single[3], f"pp 2 openai: {r.choices[0].token_ids} != {single[3]}")
+    s.stop(signal.SIGUSR1, "mpirun pp 2")
+
+    cases = json.load(open(os.path.join(golden, "expected.json")))["cases"]
+    s = Server(["--model", golden, "--threads", "1", "--tp", "2"], mpirun_np=2)
+    for i, case in enumerate(cases[:2]):
+        st, _, body = s.request("POST", "/v1/completions", {"prompt": case["prompt_ids"], "max_tokens": 24,
+                                                            "temperature": 0, "ignore_eos": True})
+        check(st == 200 and json.loads(body)["choices"][0]["token_ids"] == case["greedy_ids"][:24],
+              f"tp 2 golden case {i}: {body[:300]}")
+    s.stop(signal.SIGUSR1, "mpirun tp 2")
+
+
+golden_section()
+single, prompts = builtin_section()
+queue_and_disconnect_section()
+mpi_section(single, prompts)
+print(f"{'FAILED: ' + str(len(fails)) if fails else 'all passed'}")
+sys.exit(1 if fails else 0)

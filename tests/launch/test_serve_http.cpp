@@ -1,0 +1,239 @@
+// The HTTP layer of `lattice serve` (launch/server/http_server.h) over loopback, with a fake engine
+// thread in place of the model that answers tickets as fast as it can, so the transport's rules
+// are tested without waiting for a forward pass:
+//  - a client that stops reading its stream has its request cancelled once its unsent data passes
+//    --stream-buffer-bytes, while another client's stream (sharing the I/O thread) completes whole;
+//  - a client that closes its connection mid-stream, or before a non-streamed answer, is cancelled;
+//  - keep-alive: two requests on one connection; 413 over the body limit; 100-continue;
+//  - stop_accepting(): new connections are refused.
+// Every wait is bounded (generous deadlines; a failure, never a hang).
+#include <arpa/inet.h>
+#include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launch/server/http_server.h"
+
+using namespace lattice::serve;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Answers every ticket: kAccepted, then deltas of `ids_per_delta` tokens until max_new_tokens,
+// then kFinish; notes cancels.
+class FakeEngine {
+public:
+    FakeEngine(Inbox& inbox, int ids_per_delta) : inbox_(inbox), per_(ids_per_delta) {
+        th_ = std::thread([this] { loop(); });
+    }
+    ~FakeEngine() {
+        stop_ = true;
+        th_.join();
+    }
+    int cancels() {
+        std::lock_guard lock(mu_);
+        return int(cancelled_.size());
+    }
+
+private:
+    struct Run {
+        std::shared_ptr<Ticket> t;
+        int64_t left = 0, sent = 0;
+    };
+    void loop() {
+        std::vector<Run> runs;
+        while (!stop_) {
+            for (const Inbox::Item& it : inbox_.take(runs.empty() ? 5ms : 0ms)) {
+                if (it.cancel) {
+                    std::lock_guard lock(mu_);
+                    cancelled_.insert(it.ticket.get());
+                    std::erase_if(runs, [&](const Run& r) { return r.t == it.ticket; });
+                    continue;
+                }
+                Delta d;
+                d.kind = Delta::Kind::kAccepted;
+                it.ticket->deliver(std::move(d));
+                runs.push_back({it.ticket, it.ticket->request.engine.max_new_tokens, 0});
+            }
+            for (Run& r : runs) {
+                Delta d;
+                d.kind = Delta::Kind::kTokens;
+                for (int i = 0; i < per_ && r.left > 0; ++i, --r.left) d.tokens.push_back(int32_t(r.sent++ % 300));
+                if (r.left == 0) {
+                    d.kind = Delta::Kind::kFinish;
+                    d.finish_reason = "length";
+                    d.completion_tokens = r.sent;
+                    d.prompt_tokens = int64_t(r.t->request.engine.prompt.size());
+                }
+                r.t->deliver(std::move(d));
+            }
+            std::erase_if(runs, [](const Run& r) { return r.left == 0; });
+            if (!runs.empty()) std::this_thread::sleep_for(200us);  // a "step"
+        }
+    }
+    Inbox& inbox_;
+    int per_;
+    std::atomic<bool> stop_{false};
+    std::thread th_;
+    std::mutex mu_;
+    std::set<const Ticket*> cancelled_;
+};
+
+int connect_to(int port, int rcvbuf = 0) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    if (rcvbuf > 0) ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+        ::close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+void send_all(int fd, const std::string& s) {
+    size_t off = 0;
+    while (off < s.size()) {
+        const ssize_t n = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
+        REQUIRE(n > 0);
+        off += size_t(n);
+    }
+}
+
+// Reads until `until` appears (or EOF / the deadline); returns everything read.
+std::string read_until(int fd, const std::string& until, std::chrono::seconds limit = 60s) {
+    std::string got;
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    char buf[65536];
+    while (got.find(until) == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, 100) <= 0) continue;
+        const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+        if (n <= 0) break;
+        got.append(buf, size_t(n));
+    }
+    return got;
+}
+
+std::string post(const std::string& path, const std::string& body, const std::string& extra = "") {
+    return "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\n" + extra + "\r\n" + body;
+}
+
+template <typename F>
+bool eventually(F f, std::chrono::seconds limit = 60s) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (!f()) {
+        if (std::chrono::steady_clock::now() > deadline) return false;
+        std::this_thread::sleep_for(5ms);
+    }
+    return true;
+}
+
+struct Fixture {
+    Inbox inbox;
+    Metrics metrics;
+    HttpServer server;
+    explicit Fixture(ServerOptions o) : server((o.port = 0, o), inbox, metrics) {
+        server.start();
+        ServedModel m;
+        m.name = "fake";
+        m.limits = {int64_t(1) << 30, 300};
+        server.set_ready(m);
+    }
+};
+
+}  // namespace
+
+TEST_CASE("a client that stops reading loses its own request; other streams go on") {
+    ServerOptions o;
+    o.stream_buffer_bytes = 64 << 10;
+    Fixture f(o);
+    FakeEngine engine(f.inbox, 256);
+    // A huge stream read by nobody: kernel buffers fill, then the server's bound is passed.
+    const int slow = connect_to(f.server.port(), 4096);
+    REQUIRE(slow >= 0);
+    send_all(slow, post("/v1/completions", R"({"prompt": [1], "max_tokens": 100000000, "stream": true})"));
+    // Meanwhile a reader gets a whole stream of 20000 tokens.
+    const int fast = connect_to(f.server.port());
+    REQUIRE(fast >= 0);
+    send_all(fast, post("/v1/completions", R"({"prompt": [1], "max_tokens": 20000, "stream": true})"));
+    const std::string got = read_until(fast, "data: [DONE]\n\n");
+    CHECK(got.starts_with("HTTP/1.1 200"));
+    CHECK(got.find("text/event-stream") != std::string::npos);
+    CHECK(got.find("\"finish_reason\":\"length\"") != std::string::npos);
+    CHECK(got.find("data: [DONE]\n\n") != std::string::npos);
+    CHECK(eventually([&] { return engine.cancels() == 1; }));
+    CHECK(eventually([&] { return f.server.active() == 0; }));
+    CHECK(f.metrics.render().find("lattice_client_disconnects_total 1\n") != std::string::npos);
+    ::close(slow);
+    ::close(fast);
+}
+
+TEST_CASE("a client that goes away is cancelled, streamed or not") {
+    Fixture f(ServerOptions{});
+    FakeEngine engine(f.inbox, 1);
+    SUBCASE("mid-stream") {
+        const int fd = connect_to(f.server.port());
+        send_all(fd, post("/v1/completions", R"({"prompt": [1], "max_tokens": 100000000, "stream": true})"));
+        CHECK(read_until(fd, "\"token_ids\"").find("\"token_ids\"") != std::string::npos);
+        ::close(fd);
+        CHECK(eventually([&] { return engine.cancels() == 1; }));
+    }
+    SUBCASE("waiting for a non-streamed answer") {
+        const int fd = connect_to(f.server.port());
+        send_all(fd, post("/v1/completions", R"({"prompt": [1], "max_tokens": 100000000})"));
+        CHECK(eventually([&] { return f.server.active() == 1; }));
+        ::close(fd);
+        CHECK(eventually([&] { return engine.cancels() == 1; }));
+    }
+    CHECK(eventually([&] { return f.server.active() == 0; }));
+}
+
+TEST_CASE("keep-alive, 100-continue, the body limit, and a closed listener") {
+    ServerOptions o;
+    o.max_body_bytes = 1000;
+    Fixture f(o);
+    FakeEngine engine(f.inbox, 4);
+    const int fd = connect_to(f.server.port());
+    send_all(fd, post("/v1/completions", R"({"prompt": [1], "max_tokens": 3})"));
+    std::string a = read_until(fd, "\"total_tokens\":4}}");
+    CHECK_MESSAGE(a.starts_with("HTTP/1.1 200"), a);
+    send_all(fd, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");  // the same connection
+    const std::string models = read_until(fd, "\"fake\"");
+    CHECK_MESSAGE(models.starts_with("HTTP/1.1 200"), models);
+    const std::string body = R"({"prompt": [1], "max_tokens": 2})";
+    send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: " +
+                     std::to_string(body.size()) + "\r\n\r\n");
+    CHECK(read_until(fd, "\r\n\r\n").starts_with("HTTP/1.1 100 Continue"));
+    send_all(fd, body);
+    CHECK(read_until(fd, "\"total_tokens\":3}}").starts_with("HTTP/1.1 200"));
+    ::close(fd);
+
+    const int big = connect_to(f.server.port());
+    send_all(big, post("/v1/completions", std::string(5000, ' ')));
+    const std::string r = read_until(big, "request_too_large");
+    CHECK(r.starts_with("HTTP/1.1 413"));
+    CHECK(r.find("Connection: close") != std::string::npos);
+    ::close(big);
+
+    f.server.stop_accepting();
+    CHECK(eventually([&] {
+        const int c = connect_to(f.server.port());
+        if (c >= 0) ::close(c);
+        return c < 0;
+    }));
+}
