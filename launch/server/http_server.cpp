@@ -137,7 +137,7 @@ private:
     }
 
     std::string label_of_parsed() {
-        if (!parser_ || !parser_->is_header_done()) return "other";
+        if (!parser_) return "other";  // the request line is in the message once parsed, even if the header failed
         RouteInput in;
         const auto t = parser_->get().target();
         const std::string target(t.data(), t.size());

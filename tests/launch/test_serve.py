@@ -119,6 +119,20 @@ class Server:
         self.err_reader.join(timeout=10)
         return rc
 
+    def wait_metrics(self, pred, limit=120):
+        """Polls /metrics until pred(metrics) holds or `limit` seconds pass; returns the last metrics."""
+        deadline = time.time() + limit
+        while True:
+            m = self.metrics()
+            try:
+                if pred(m):
+                    return m
+            except KeyError:
+                pass
+            if time.time() > deadline:
+                return m
+            time.sleep(0.05)
+
     def stop(self, sig=signal.SIGTERM, what="server"):
         self.p.send_signal(sig)
         rc = self.wait()
@@ -281,9 +295,10 @@ def builtin_section():
         t.join(timeout=600)
     for i in range(32):
         check(results[i] == single[i] and len(single[i]) == 10, f"concurrent client {i}: {results[i]} != {single[i]}")
-    m = s.metrics()
-    check(m["lattice_generation_tokens_total"] - before["lattice_generation_tokens_total"] == 320,
-          "generation tokens counted")
+    # The engine's gauges are published after the step whose tokens the clients already have: poll.
+    gen = lambda m: m["lattice_generation_tokens_total"] - before["lattice_generation_tokens_total"]
+    m = s.wait_metrics(lambda m: gen(m) == 320 and m["lattice_kv_blocks_used"] == 0)
+    check(gen(m) == 320, f"generation tokens counted: {gen(m)}")
     check(m["lattice_time_to_first_token_seconds_count"] - before["lattice_time_to_first_token_seconds_count"] == 32,
           "TTFT observed per request")
     check(m['lattice_http_requests_total{route="/v1/completions",code="200"}'] >= 64 + 4, "requests by status")
@@ -327,28 +342,21 @@ def queue_and_disconnect_section():
         if not chunk:
             break
         got += chunk
-    m = s.metrics()
+    m = s.wait_metrics(lambda m: m["lattice_requests_running"] == 1 and m["lattice_kv_blocks_used"] > 0)
     check(m["lattice_requests_running"] == 1 and m["lattice_kv_blocks_used"] > 0, f"one running stream: {m}")
     # A second request waits; a third finds the queue full.
     second = {}
     t = threading.Thread(target=lambda: second.update(r=s.request("POST", "/v1/completions",
                                                                     {"prompt": "Hello", "max_tokens": 4})))
     t.start()
-    deadline = time.time() + 120
-    while time.time() < deadline and s.metrics().get("lattice_requests_waiting") != 1:
-        time.sleep(0.05)
+    s.wait_metrics(lambda m: m["lattice_requests_waiting"] == 1)
     st, hdr, body = s.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 4})
     error_body(st, body, "queue full", 503)
     # The stream's client goes away: its blocks return, the waiting request runs.
     sock.close()
     t.join(timeout=300)
     check(second.get("r", (0,))[0] == 200, f"the waiting request after the disconnect: {second}")
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        m = s.metrics()
-        if m["lattice_kv_blocks_used"] == 0 and m["lattice_requests_running"] == 0:
-            break
-        time.sleep(0.05)
+    m = s.wait_metrics(lambda m: m["lattice_kv_blocks_used"] == 0 and m["lattice_requests_running"] == 0)
     check(m["lattice_kv_blocks_used"] == 0, f"blocks freed after the disconnect: {m}")
     check(m["lattice_client_disconnects_total"] == 1 and m['lattice_requests_finished_total{reason="cancelled"}'] == 1,
           f"disconnect counted: {m}")
