@@ -13,10 +13,15 @@ every output is checked against `lattice generate` or the golden continuations:
   3. --max-seqs 1 --max-queue 1: a running stream, a waiting request, then 503; the stream's client
      disconnects: its blocks return to the pool (/metrics) and the waiting request runs.
   4. mpirun -np 2 --pp 2 (built-in) and --tp 2 (golden): the same outputs; SIGUSR1 to mpirun drains.
+Without the openai package the same requests and checks go through http.client (Api below), so the test
+never skips for want of it. Every server runs in its own process group and is killed (group and all) when
+the test fails or stops; each wait is bounded.
 Usage: test_serve.py LATTICE_BINARY MODEL_GGUF SHARED_DIR   (exit 0: pass)"""
+import atexit
 import http.client
 import json
 import os
+import queue
 import re
 import signal
 import socket
@@ -24,8 +29,12 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 
-import openai
+try:
+    import openai
+except ImportError:
+    openai = None
 
 lattice, builtin, shared = sys.argv[1], sys.argv[2], sys.argv[3]
 golden = os.path.join(shared, "golden", "tiny-llama2")
@@ -40,6 +49,25 @@ def check(ok, what):
     return ok
 
 
+servers = []  # every process started, for the cleanup
+
+
+def cleanup():
+    for p in servers:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # mpirun and its ranks too
+            except OSError:
+                pass
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+atexit.register(cleanup)
+
+
 class Server:
     """A `lattice serve` process (or an mpirun of them); reads the bound port from its stdout."""
 
@@ -50,28 +78,35 @@ class Server:
             if os.geteuid() == 0:
                 mpi.append("--allow-run-as-root")
             cmd = mpi + cmd
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                  start_new_session=True)
+        servers.append(self.p)
         self.err = []
         self.err_reader = threading.Thread(target=lambda: self.err.extend(self.p.stderr), daemon=True)
         self.err_reader.start()
+        lines = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(l) for l in self.p.stdout] + [lines.put(None)], daemon=True).start()
         self.port = None
         deadline = time.time() + 120
         while time.time() < deadline and self.port is None:
-            line = self.p.stdout.readline()
-            if not line:
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.time()))
+            except queue.Empty:
+                break
+            if line is None:
                 break
             m = re.match(r"lattice serve: listening on http://127\.0\.0\.1:(\d+)$", line.strip())
             if m:
                 self.port = int(m.group(1))
         if self.port is None:
-            self.p.kill()
+            cleanup()
             raise SystemExit(f"server did not say where it listens: {' '.join(cmd)}\n{''.join(self.err[-20:])}")
         deadline = time.time() + 300
-        while time.time() < deadline:
-            if self.request("GET", "/health")[0] == 200:
+        while time.time() < deadline and self.p.poll() is None:
+            if self.request("GET", "/health", timeout=30)[0] == 200:
                 return
             time.sleep(0.1)
-        self.p.kill()
+        cleanup()
         raise SystemExit(f"server never became ready: {''.join(self.err[-20:])}")
 
     def request(self, method, path, body=None, headers=None, raw=None, timeout=300):
@@ -114,7 +149,8 @@ class Server:
         try:
             rc = self.p.wait(timeout=120)
         except subprocess.TimeoutExpired:
-            self.p.kill()
+            os.killpg(self.p.pid, signal.SIGKILL)
+            self.p.wait(timeout=30)
             rc = "hung"
         self.err_reader.join(timeout=10)
         return rc
@@ -137,6 +173,63 @@ class Server:
         self.p.send_signal(sig)
         rc = self.wait()
         check(rc == 0, f"{what}: exit status after signal {sig}: {rc}: {''.join(self.err[-10:])}")
+
+
+class ApiError(Exception):
+    def __init__(self, status, message):
+        super().__init__(f"{status}: {message}")
+        self.status, self.message = status, message
+
+
+class Api:
+    """Completions, chat and models through the official openai client when it is installed, else through
+    http.client; either way the results are plain dicts in OpenAI's shapes (streams: the list of chunks)
+    and refusals raise ApiError(status, message)."""
+
+    def __init__(self, port, key):
+        self.port, self.key = port, key
+        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key or "none", max_retries=0,
+                                    timeout=300) if openai else None
+
+    def create(self, what, extra_body=None, **kw):
+        if self.client:
+            api = self.client.completions if what == "completions" else self.client.chat.completions
+            try:
+                r = api.create(**kw, extra_body=extra_body)
+                return [c.model_dump() for c in r] if kw.get("stream") else r.model_dump()
+            except openai.APIStatusError as e:
+                raise ApiError(e.status_code, e.message)
+        body = dict(kw, **(extra_body or {}))
+        path = "/v1/completions" if what == "completions" else "/v1/chat/completions"
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
+        try:
+            c.request("POST", path, body=json.dumps(body), headers={"Authorization": f"Bearer {self.key}",
+                                                                     "Content-Type": "application/json"})
+            r = c.getresponse()
+            if r.status != 200:
+                raise ApiError(r.status, json.loads(r.read())["error"]["message"])
+            if not kw.get("stream"):
+                return json.loads(r.read())
+            data = [l.decode().rstrip("\n")[6:] for l in r if l.startswith(b"data: ")]
+            check(data and data[-1] == "[DONE]", f"stream without [DONE]: {data[-1:]}")
+            return [json.loads(d) for d in data if d != "[DONE]"]
+        finally:
+            c.close()
+
+    def models(self):
+        if self.client:
+            try:
+                return [m.id for m in self.client.models.list().data]
+            except openai.APIStatusError as e:
+                raise ApiError(e.status_code, e.message)
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
+        c.request("GET", "/v1/models", headers={"Authorization": f"Bearer {self.key}"})
+        r = c.getresponse()
+        body = r.read()
+        c.close()
+        if r.status != 200:
+            raise ApiError(r.status, json.loads(body)["error"]["message"])
+        return [m["id"] for m in json.loads(body)["data"]]
 
 
 def generate(model, args, mpirun=None):
@@ -200,7 +293,7 @@ def builtin_section():
                env=dict(os.environ, LATTICE_API_KEY=KEY))
     auth = {"Authorization": f"Bearer {KEY}"}
     url = f"http://127.0.0.1:{s.port}"
-    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=300)
+    client = Api(s.port, KEY)
     prompt = "The three most common colors of flowers are"
     gen = generate(builtin, ["--prompt", prompt, "--max-new-tokens", "20", "--threads", "2"])
     req = {"model": "smol", "prompt": prompt, "max_tokens": 20, "temperature": 0, "return_token_ids": True}
@@ -223,36 +316,38 @@ def builtin_section():
     check(ids == gen and stext == text and events[-1] == "[DONE]" and finish == j["choices"][0]["finish_reason"],
           f"curl stream {ids} {stext!r} {finish} != {gen} {text!r}")
 
-    # The openai client: completions and chat, streamed and not.
-    c = client.completions.create(model="smol", prompt=prompt, max_tokens=20, temperature=0)
-    check(c.choices[0].text == text and c.usage.completion_tokens == len(gen), f"openai completion {c}")
-    st = "".join(ch.choices[0].text for ch in client.completions.create(
-        model="smol", prompt=prompt, max_tokens=20, temperature=0, stream=True) if ch.choices)
-    check(st == text, f"openai completion stream {st!r} != {text!r}")
+    # The openai client (or plain HTTP without it): completions and chat, streamed and not.
+    c = client.create("completions", model="smol", prompt=prompt, max_tokens=20, temperature=0)
+    check(c["choices"][0]["text"] == text and c["usage"]["completion_tokens"] == len(gen), f"api completion {c}")
+    st = "".join(ch["choices"][0]["text"] for ch in client.create(
+        "completions", model="smol", prompt=prompt, max_tokens=20, temperature=0, stream=True) if ch["choices"])
+    check(st == text, f"api completion stream {st!r} != {text!r}")
     question = "What is the capital of France?"
     chat_gen = generate(builtin, ["--prompt", question, "--chat", "--max-new-tokens", "24", "--threads", "2"])
     msgs = [{"role": "user", "content": question}]
-    r = client.chat.completions.create(model="smol", messages=msgs, max_tokens=24, temperature=0,
-                                       extra_body={"return_token_ids": True})
-    content = r.choices[0].message.content
-    check(r.object == "chat.completion" and r.choices[0].message.role == "assistant" and content
-          and r.choices[0].token_ids == chat_gen, f"openai chat {r} != generate {chat_gen}")
-    chunks = list(client.chat.completions.create(model="smol", messages=msgs, max_tokens=24, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
-    check(chunks[0].choices[0].delta.role == "assistant", f"first chat chunk {chunks[0]}")
-    scontent = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
-    check(scontent == content and finishes == [r.choices[0].finish_reason], f"chat stream {scontent!r} {finishes}")
-    check(chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
-          and chunks[-1].usage.prompt_tokens == r.usage.prompt_tokens, f"usage chunk {chunks[-1]}")
-    check([m.id for m in client.models.list().data] == ["smol"], "openai models.list")
+    r = client.create("chat", model="smol", messages=msgs, max_tokens=24, temperature=0,
+                      extra_body={"return_token_ids": True})
+    content = r["choices"][0]["message"]["content"]
+    check(r["object"] == "chat.completion" and r["choices"][0]["message"]["role"] == "assistant" and content
+          and r["choices"][0]["token_ids"] == chat_gen, f"api chat {r} != generate {chat_gen}")
+    chunks = client.create("chat", model="smol", messages=msgs, max_tokens=24, temperature=0, stream=True,
+                           stream_options={"include_usage": True})
+    check(chunks[0]["choices"][0]["delta"]["role"] == "assistant", f"first chat chunk {chunks[0]}")
+    scontent = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks if ch["choices"])
+    finishes = [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"] and ch["choices"][0]["finish_reason"]]
+    check(scontent == content and finishes == [r["choices"][0]["finish_reason"]], f"chat stream {scontent!r} {finishes}")
+    check(all(ch["usage"] is None for ch in chunks[:-1]) and chunks[-1]["choices"] == []
+          and chunks[-1]["usage"]["completion_tokens"] == r["usage"]["completion_tokens"]
+          and chunks[-1]["usage"]["prompt_tokens"] == r["usage"]["prompt_tokens"], f"usage chunk {chunks[-1]}")
+    check(client.models() == ["smol"], "api models list")
 
     # A stop string: the text ends right before it.
     words = text.split()
     stop = " " + words[len(words) // 2]
-    c = client.completions.create(model="smol", prompt=prompt, max_tokens=20, temperature=0, stop=[stop])
-    check(c.choices[0].finish_reason == "stop" and text.startswith(c.choices[0].text) and
-          c.choices[0].text == text[:text.find(stop)], f"stop {stop!r}: {c.choices[0].text!r} from {text!r}")
+    c = client.create("completions", model="smol", prompt=prompt, max_tokens=20, temperature=0, stop=[stop])
+    ctext = c["choices"][0]["text"]
+    check(c["choices"][0]["finish_reason"] == "stop" and ctext == text[:text.find(stop)],
+          f"stop {stop!r}: {ctext!r} from {text!r}")
 
     # Bad inputs: status and an OpenAI error body each.
     P = "/v1/completions"
@@ -267,15 +362,14 @@ def builtin_section():
     error_body(*s.request("GET", "/v1/models", headers={"Authorization": "Bearer wrong"})[::2], "wrong key", 401)
     error_body(*s.request("GET", P, headers=auth)[::2], "wrong method", 405)
     error_body(*s.request("GET", "/nope")[::2], "unknown path", 404)
-    for exc, call in ((openai.AuthenticationError, lambda: openai.OpenAI(
-            base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()),
-                      (openai.NotFoundError, lambda: client.completions.create(model="nope", prompt="x")),
-                      (openai.BadRequestError, lambda: client.completions.create(model="smol", prompt="x", n=2))):
+    for want, call in ((401, lambda: Api(s.port, "wrong").models()),
+                       (404, lambda: client.create("completions", model="nope", prompt="x")),
+                       (400, lambda: client.create("completions", model="smol", prompt="x", n=2))):
         try:
             call()
-            check(False, f"openai: no {exc.__name__}")
-        except exc as err:
-            check(bool(err.message), f"openai {exc.__name__} without a message")
+            check(False, f"api: no error {want}")
+        except ApiError as err:
+            check(err.status == want and bool(err.message), f"api error {err.status} {err.message!r}, want {want}")
 
     # 32 concurrent streaming clients: each gets the tokens of its single run.
     prompts = [f"Write a short note number {i} about {['rivers', 'cats', 'bread', 'stars'][i % 4]}:" for i in range(32)]
@@ -365,14 +459,14 @@ def queue_and_disconnect_section():
 
 def mpi_section(single, prompts):
     s = Server(["--model", builtin, "--threads", "1", "--pp", "2"], mpirun_np=2)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{s.port}/v1", api_key="none", max_retries=0, timeout=300)
+    client = Api(s.port, "")
     for i in (0, 5):
         ids = stream_ids(s.stream("/v1/completions", {"prompt": prompts[i], "max_tokens": 10, "temperature": 0,
                                                       "ignore_eos": True, "return_token_ids": True, "stream": True}))[0]
         check(ids == single[i], f"pp 2 stream {i}: {ids} != {single[i]}")
-    r = client.completions.create(model="SmolLM2-135M-Instruct.Q4_1.gguf", prompt=prompts[3], max_tokens=10,
-                                  temperature=0, extra_body={"ignore_eos": True, "return_token_ids": True})
-    check(r.choices[0].token_ids == single[3], f"pp 2 openai: {r.choices[0].token_ids} != {single[3]}")
+    r = client.create("completions", model="SmolLM2-135M-Instruct.Q4_1.gguf", prompt=prompts[3], max_tokens=10,
+                      temperature=0, extra_body={"ignore_eos": True, "return_token_ids": True})
+    check(r["choices"][0]["token_ids"] == single[3], f"pp 2 api: {r['choices'][0]['token_ids']} != {single[3]}")
     s.stop(signal.SIGUSR1, "mpirun pp 2")
 
     cases = json.load(open(os.path.join(golden, "expected.json")))["cases"]
@@ -385,9 +479,22 @@ def mpi_section(single, prompts):
     s.stop(signal.SIGUSR1, "mpirun tp 2")
 
 
-golden_section()
-single, prompts = builtin_section()
-queue_and_disconnect_section()
-mpi_section(single, prompts)
+print(f"test_serve: {'openai ' + openai.__version__ if openai else 'http.client (no openai package)'} client",
+      flush=True)
+t0 = time.time()
+try:
+    golden_section()
+    print(f"golden: {time.time() - t0:.1f} s", flush=True)
+    single, prompts = builtin_section()
+    print(f"built-in: {time.time() - t0:.1f} s", flush=True)
+    queue_and_disconnect_section()
+    print(f"queue and disconnect: {time.time() - t0:.1f} s", flush=True)
+    mpi_section(single, prompts)
+    print(f"mpirun: {time.time() - t0:.1f} s", flush=True)
+except Exception:
+    traceback.print_exc()
+    check(False, "exception")
+finally:
+    cleanup()
 print(f"{'FAILED: ' + str(len(fails)) if fails else 'all passed'}")
 sys.exit(1 if fails else 0)
