@@ -398,6 +398,16 @@ def builtin_section():
     check(m['lattice_http_requests_total{route="/v1/completions",code="200"}'] >= 64 + 4, "requests by status")
     check(m['lattice_http_requests_total{route="/v1/completions",code="413"}'] == 1, "413 counted")
     check(m["lattice_kv_blocks_used"] == 0 and m["lattice_kv_blocks_total"] > 0, f"KV blocks after the runs: {m}")
+    check(m["lattice_inter_token_latency_seconds_count"] - before["lattice_inter_token_latency_seconds_count"] == 32 * 9,
+          "ITL observed per token after the first")
+    text = s.request("GET", "/metrics")[2]
+    for name, kind in (("http_requests_total", "counter"), ("prompt_tokens_total", "counter"),
+                       ("generation_tokens_total", "counter"), ("preemptions_total", "counter"),
+                       ("requests_running", "gauge"), ("requests_waiting", "gauge"), ("kv_blocks_used", "gauge"),
+                       ("kv_blocks_total", "gauge"), ("time_to_first_token_seconds", "histogram"),
+                       ("inter_token_latency_seconds", "histogram")):
+        check(f"# TYPE lattice_{name} {kind}\n" in text, f"/metrics lacks {name} ({kind})")
+    check('lattice_time_to_first_token_seconds_bucket{le="+Inf"} ' in text, "TTFT histogram buckets")
 
     # SIGTERM mid-stream: the stream still finishes; then new connections are refused; exit 0.
     c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=300)
