@@ -86,8 +86,8 @@ int run_serve(ServeArgs& a) {
     sm.limits = ApiLimits{lm.model->max_seq(), lm.model->config().vocab};
     sm.created = int64_t(std::time(nullptr));
     server->set_ready(sm);
-    LOG_INFO("serve: ready: model \"{}\" on {} rank(s), context {}, KV cache {} blocks, at {}", sm.name,
-             lm.world.world, sm.limits.max_seq, engine.scheduler().pool().num_blocks(), server->url());
+    LOG_INFO("serve: ready: model \"{}\" on {} rank(s), context {}, KV cache {} blocks, at {}", sm.name, lm.world.world,
+             sm.limits.max_seq, engine.scheduler().pool().num_blocks(), server->url());
 
     serve::EngineLoop loop(engine, tok.get(), inbox, metrics, a.loop);
     loop.run([] { return drain_requested(); }, [&] { server->stop_accepting(); });
@@ -113,7 +113,8 @@ void add_serve_command(CLI::App& app, CommandRun& run) {
     args->model.add_to(cmd);
     serve::ServerOptions& s = args->server;
     cmd->add_option("--host", s.host, "Address to listen on (default 127.0.0.1: this machine only)");
-    cmd->add_option("--port", s.port, "TCP port (default 8000; 0: any free port, printed)")->check(CLI::Range(0, 65535));
+    cmd->add_option("--port", s.port, "TCP port (default 8000; 0: any free port, printed)")
+        ->check(CLI::Range(0, 65535));
     cmd->add_option("--api-key", s.api_key,
                     "Require \"Authorization: Bearer KEY\" on /v1 routes (or set LATTICE_API_KEY: the command line is "
                     "visible to other users)");

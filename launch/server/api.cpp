@@ -68,9 +68,12 @@ json parse_body(std::string_view body, int max_depth) {
     bool in_string = false, escaped = false;
     for (char c : body) {
         if (in_string) {
-            if (escaped) escaped = false;
-            else if (c == '\\') escaped = true;
-            else if (c == '"') in_string = false;
+            if (escaped)
+                escaped = false;
+            else if (c == '\\')
+                escaped = true;
+            else if (c == '"')
+                in_string = false;
         } else if (c == '"') {
             in_string = true;
         } else if (c == '[' || c == '{') {
@@ -101,8 +104,9 @@ Routed route(const RouteInput& in, const RouteContext& ctx) {
         bool prefix;
     };
     static constexpr Known kRoutes[] = {
-        {"/v1/completions", "POST", false}, {"/v1/chat/completions", "POST", false}, {"/v1/models", "GET", false},
-        {"/v1/models/", "GET", true},       {"/health", "GET", false},                {"/metrics", "GET", false},
+        {"/v1/completions", "POST", false}, {"/v1/chat/completions", "POST", false},
+        {"/v1/models", "GET", false},       {"/v1/models/", "GET", true},
+        {"/health", "GET", false},          {"/metrics", "GET", false},
     };
     const Known* hit = nullptr;
     for (const Known& k : kRoutes)
@@ -153,9 +157,9 @@ Routed route(const RouteInput& in, const RouteContext& ctx) {
         if (hit->prefix) {
             const std::string_view id = path.substr(hit->path.size());
             if (id != m->name)
-                out.reply = error_reply(404, fmt::format("model \"{}\" does not exist; this server serves \"{}\"", id,
-                                                         m->name),
-                                        "model", "model_not_found");
+                out.reply =
+                    error_reply(404, fmt::format("model \"{}\" does not exist; this server serves \"{}\"", id, m->name),
+                                "model", "model_not_found");
             else
                 out.reply = json_reply(200, card);
         } else {
@@ -172,16 +176,17 @@ Routed route(const RouteInput& in, const RouteContext& ctx) {
         const json body = parse_body(in.body);
         if (body.is_object() && body.contains("model") && body["model"].is_string() &&
             body["model"].get<std::string>() != m->name) {
-            out.reply = error_reply(
-                404, fmt::format("model \"{}\" does not exist; this server serves \"{}\"",
-                                 body["model"].get<std::string>(), m->name),
-                "model", "model_not_found");
+            out.reply = error_reply(404,
+                                    fmt::format("model \"{}\" does not exist; this server serves \"{}\"",
+                                                body["model"].get<std::string>(), m->name),
+                                    "model", "model_not_found");
             return out;
         }
         ApiCall call;
         call.request = parse_api_request(body, chat, m->tokenizer, m->limits);
         const auto it = body.find("return_token_ids");
-        LATTICE_CHECK(it == body.end() || it->is_null() || it->is_boolean(), "\"return_token_ids\" must be true or false");
+        LATTICE_CHECK(it == body.end() || it->is_null() || it->is_boolean(),
+                      "\"return_token_ids\" must be true or false");
         call.return_token_ids = !m->tokenizer || (it != body.end() && it->is_boolean() && it->get<bool>());
         call.id = fmt::format("{}-{:016x}", chat ? "chatcmpl" : "cmpl", ctx.request_number);
         call.created = int64_t(std::time(nullptr));
@@ -203,7 +208,9 @@ ResponseShaper::ResponseShaper(const ApiCall& c)
       created_(c.created) {}
 
 json ResponseShaper::chunk_base() const {
-    json j = {{"id", id_}, {"object", chat_ ? "chat.completion.chunk" : "text_completion"}, {"created", created_},
+    json j = {{"id", id_},
+              {"object", chat_ ? "chat.completion.chunk" : "text_completion"},
+              {"created", created_},
               {"model", model_}};
     if (include_usage_) j["usage"] = nullptr;
     return j;
@@ -216,9 +223,10 @@ std::string ResponseShaper::event(const json& j) {
 std::string ResponseShaper::accepted() {
     if (!stream_ || !chat_) return {};
     json j = chunk_base();
-    j["choices"] = json::array(
-        {{{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
-          {"finish_reason", nullptr}}});
+    j["choices"] = json::array({{{"index", 0},
+                                 {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                 {"logprobs", nullptr},
+                                 {"finish_reason", nullptr}}});
     return event(j);
 }
 
@@ -230,8 +238,10 @@ std::string ResponseShaper::tokens(const std::string& text, const std::vector<in
     }
     if (text.empty() && !token_ids_) return {};  // held back (a possible stop string): nothing to show yet
     json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
-    if (chat_) choice["delta"] = {{"content", text}};
-    else choice["text"] = text;
+    if (chat_)
+        choice["delta"] = {{"content", text}};
+    else
+        choice["text"] = text;
     if (token_ids_) choice["token_ids"] = ids;
     json j = chunk_base();
     j["choices"] = json::array({choice});
@@ -244,8 +254,10 @@ std::string ResponseShaper::finish(const std::string& reason, int64_t prompt_tok
                         {"total_tokens", prompt_tokens + completion_tokens}};
     if (!stream_) {
         json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", reason}};
-        if (chat_) choice["message"] = {{"role", "assistant"}, {"content", text_}};
-        else choice["text"] = text_;
+        if (chat_)
+            choice["message"] = {{"role", "assistant"}, {"content", text_}};
+        else
+            choice["text"] = text_;
         if (token_ids_) choice["token_ids"] = ids_;
         return dump(json{{"id", id_},
                          {"object", chat_ ? "chat.completion" : "text_completion"},
@@ -255,8 +267,10 @@ std::string ResponseShaper::finish(const std::string& reason, int64_t prompt_tok
                          {"usage", usage}});
     }
     json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", reason}};
-    if (chat_) choice["delta"] = json::object();
-    else choice["text"] = "";
+    if (chat_)
+        choice["delta"] = json::object();
+    else
+        choice["text"] = "";
     json last = chunk_base();
     last["choices"] = json::array({choice});
     std::string out = event(last);

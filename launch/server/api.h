@@ -31,7 +31,7 @@ namespace lattice::serve {
 
 // What the routes know about the model once it is loaded on every rank.
 struct ServedModel {
-    std::string name;                    // must match the request's "model"
+    std::string name;                      // must match the request's "model"
     const Tokenizer* tokenizer = nullptr;  // null: prompts must be token ids
     ApiLimits limits;
     int64_t created = 0;  // unix time the server became ready
@@ -70,7 +70,7 @@ struct RouteInput {
 };
 
 struct RouteContext {
-    std::string_view api_key;           // "" : no key required
+    std::string_view api_key;            // "" : no key required
     const ServedModel* model = nullptr;  // null while loading
     bool draining = false;
     const Metrics* metrics = nullptr;
@@ -78,8 +78,8 @@ struct RouteContext {
 };
 
 struct Routed {
-    std::string route;  // metrics label: the path for known routes, else "other"
-    std::optional<Reply> reply;  // answered here
+    std::string route;            // metrics label: the path for known routes, else "other"
+    std::optional<Reply> reply;   // answered here
     std::optional<ApiCall> call;  // or: run it
 };
 

@@ -44,8 +44,9 @@ void EngineLoop::take(const Inbox::Item& it) {
     }
     if (draining_) return refuse(t, 503, "the server is shutting down and takes no new requests");
     if (engine_.scheduler().waiting() >= opt_.max_queue)
-        return refuse(t, 503, fmt::format("too many requests are waiting ({}, --max-queue); retry later",
-                                          engine_.scheduler().waiting()));
+        return refuse(
+            t, 503,
+            fmt::format("too many requests are waiting ({}, --max-queue); retry later", engine_.scheduler().waiting()));
     Live l;
     l.ticket = it.ticket;
     l.prompt_tokens = int64_t(t.request.engine.prompt.size());
@@ -72,8 +73,10 @@ void EngineLoop::apply(const TokenEvent& ev) {
     bool stopped = false;
     if (ev.token >= 0) {
         const Clock::time_point now = Clock::now();
-        if (l.completion_tokens == 0) metrics_.observe_ttft(seconds(now - l.ticket->arrived));
-        else metrics_.observe_itl(seconds(now - l.last_token));
+        if (l.completion_tokens == 0)
+            metrics_.observe_ttft(seconds(now - l.ticket->arrived));
+        else
+            metrics_.observe_itl(seconds(now - l.last_token));
         l.last_token = now;
         ++l.completion_tokens;
         ++totals_.tokens;

@@ -33,13 +33,13 @@ using Clock = std::chrono::steady_clock;
 struct Delta {
     enum class Kind { kAccepted, kTokens, kFinish, kError };
     Kind kind = Kind::kTokens;
-    std::string text;             // kTokens: newly visible text (stop strings held back)
-    std::vector<int32_t> tokens;  // kTokens: the new token ids
-    std::string finish_reason;    // kFinish: "stop" | "length"
-    int64_t prompt_tokens = 0;    // kAccepted, kFinish
+    std::string text;               // kTokens: newly visible text (stop strings held back)
+    std::vector<int32_t> tokens;    // kTokens: the new token ids
+    std::string finish_reason;      // kFinish: "stop" | "length"
+    int64_t prompt_tokens = 0;      // kAccepted, kFinish
     int64_t completion_tokens = 0;  // kFinish
-    int status = 0;               // kError: HTTP status (400, 503 ...)
-    std::string message;          // kError
+    int status = 0;                 // kError: HTTP status (400, 503 ...)
+    std::string message;            // kError
 };
 
 struct Ticket {

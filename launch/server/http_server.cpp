@@ -129,7 +129,8 @@ private:
                                           "", "request_too_large"),
                               true);
         }
-        if (ec == http::error::header_limit) return send_reply(error_reply(431, "the request header is too large"), true);
+        if (ec == http::error::header_limit)
+            return send_reply(error_reply(431, "the request header is too large"), true);
         if (ec.category() == beast::http::make_error_code(http::error::bad_method).category())
             return send_reply(error_reply(400, "malformed HTTP request: " + ec.message()), true);
         if (ec) return close();
@@ -180,7 +181,8 @@ private:
         const Ticket* id = ticket_.get();
         ticket_->deliver = [weak, id](Delta&& d) {
             if (Self s = weak.lock())
-                net::post(s->sock_.get_executor(), [s, id, d = std::move(d)]() mutable { s->on_delta(id, std::move(d)); });
+                net::post(s->sock_.get_executor(),
+                          [s, id, d = std::move(d)]() mutable { s->on_delta(id, std::move(d)); });
         };
         srv_.inbox.submit(ticket_);
         watch_disconnect();
@@ -255,8 +257,10 @@ private:
             writing_ = true;
             arm_timer();
             auto done = [self = shared_from_this()](beast::error_code ec, size_t) { self->on_written(ec); };
-            if (chunked_) net::async_write(sock_, http::make_chunk(net::buffer(inflight_)), std::move(done));
-            else net::async_write(sock_, net::buffer(inflight_), std::move(done));
+            if (chunked_)
+                net::async_write(sock_, http::make_chunk(net::buffer(inflight_)), std::move(done));
+            else
+                net::async_write(sock_, net::buffer(inflight_), std::move(done));
             return;
         }
         if (stream_done_ && !last_sent_) {

@@ -84,14 +84,17 @@ std::string Metrics::render() const {
     std::lock_guard lock(mu_);
     std::string out;
     auto scalar = [&](std::string_view name, std::string_view type, std::string_view help, int64_t v) {
-        out += fmt::format("# HELP lattice_{} {}\n# TYPE lattice_{} {}\nlattice_{} {}\n", name, help, name, type, name, v);
+        out +=
+            fmt::format("# HELP lattice_{} {}\n# TYPE lattice_{} {}\nlattice_{} {}\n", name, help, name, type, name, v);
     };
-    out += "# HELP lattice_http_requests_total HTTP responses by route and status code.\n"
-           "# TYPE lattice_http_requests_total counter\n";
+    out +=
+        "# HELP lattice_http_requests_total HTTP responses by route and status code.\n"
+        "# TYPE lattice_http_requests_total counter\n";
     for (const auto& [key, n] : responses_)
         out += fmt::format("lattice_http_requests_total{{route=\"{}\",code=\"{}\"}} {}\n", key.first, key.second, n);
-    out += "# HELP lattice_requests_finished_total Completion requests finished, by finish reason.\n"
-           "# TYPE lattice_requests_finished_total counter\n";
+    out +=
+        "# HELP lattice_requests_finished_total Completion requests finished, by finish reason.\n"
+        "# TYPE lattice_requests_finished_total counter\n";
     for (const auto& [reason, n] : finishes_)
         out += fmt::format("lattice_requests_finished_total{{reason=\"{}\"}} {}\n", reason, n);
     scalar("prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", engine_.prompt_tokens);
@@ -100,8 +103,8 @@ std::string Metrics::render() const {
            engine_.cached_tokens);
     scalar("preemptions_total", "counter", "Sequences preempted (KV blocks ran out; recomputed later).",
            engine_.preemptions);
-    scalar("client_disconnects_total", "counter",
-           "Requests cancelled because the client went away or stopped reading.", disconnects_);
+    scalar("client_disconnects_total", "counter", "Requests cancelled because the client went away or stopped reading.",
+           disconnects_);
     scalar("requests_running", "gauge", "Sequences running (holding KV blocks).", engine_.running);
     scalar("requests_waiting", "gauge", "Sequences waiting to be admitted.", engine_.waiting);
     scalar("kv_blocks_used", "gauge", "KV cache blocks in use.", engine_.blocks_used);

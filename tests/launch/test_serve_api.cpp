@@ -14,8 +14,8 @@ using lattice::serve::ApiCall;
 using lattice::serve::Metrics;
 using lattice::serve::ResponseShaper;
 using lattice::serve::RouteContext;
-using lattice::serve::RouteInput;
 using lattice::serve::Routed;
+using lattice::serve::RouteInput;
 using lattice::serve::ServedModel;
 using nlohmann::json;
 

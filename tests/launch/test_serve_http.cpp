@@ -129,8 +129,9 @@ std::string read_until(int fd, const std::string& until, std::chrono::seconds li
 }
 
 std::string post(const std::string& path, const std::string& body, const std::string& extra = "") {
-    return "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
-           std::to_string(body.size()) + "\r\n" + extra + "\r\n" + body;
+    return "POST " + path +
+           " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+           "\r\n" + extra + "\r\n" + body;
 }
 
 template <typename F>
