@@ -51,7 +51,8 @@ int run_serve(ServeArgs& a) {
     if (a.server.api_key.empty())
         if (const char* k = std::getenv("LATTICE_API_KEY")) a.server.api_key = k;
     if (a.served_name.empty()) a.served_name = default_served_name(a.model);
-    LATTICE_CHECK(a.loop.max_queue >= 0, "--max-queue must be >= 0, got {}", a.loop.max_queue);
+    // Every request passes through the engine's waiting queue (admitted at the next step), so 0 would refuse all.
+    LATTICE_CHECK(a.loop.max_queue >= 1, "--max-queue must be >= 1, got {}", a.loop.max_queue);
 
     // Declared before the server: its I/O threads use them until it stops.
     serve::Inbox inbox;
@@ -120,8 +121,8 @@ void add_serve_command(CLI::App& app, CommandRun& run) {
                     "visible to other users)");
     cmd->add_option("--served-model-name", args->served_name,
                     "The name clients pass as \"model\" (default: the model file or folder's name)");
-    cmd->add_option("--max-queue", args->loop.max_queue, "Requests waiting for the engine at most; more get 503")
-        ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
+    cmd->add_option("--max-queue", args->loop.max_queue, "Requests waiting for the engine at most (>= 1); more get 503")
+        ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
     cmd->add_option("--max-body-bytes", s.max_body_bytes, "Largest request body (413 beyond)")
         ->check(CLI::Range(int64_t(1), int64_t(1) << 32));
     cmd->add_option("--stream-buffer-bytes", s.stream_buffer_bytes,

@@ -12,7 +12,8 @@ every output is checked against `lattice generate` or the golden continuations:
      finishes, new connections are refused, exit 0.
   3. --max-seqs 1 --max-queue 1: a running stream, a waiting request, then 503; the stream's client
      disconnects: its blocks return to the pool (/metrics) and the waiting request runs.
-  4. mpirun -np 2 --pp 2 (built-in) and --tp 2 (golden): the same outputs; SIGUSR1 to mpirun drains.
+  4. launch/slurm/serve.sbatch run as a script with PP=2 on CPU ranks (built-in) and mpirun -np 2 --tp 2
+     (golden): the same outputs; SIGTERM to the template and SIGUSR1 to mpirun drain, exit 0.
 Without the openai package the same requests and checks go through http.client (Api below), so the test
 never skips for want of it. Every server runs in its own process group and is killed (group and all) when
 the test fails or stops; each wait is bounded.
@@ -71,8 +72,8 @@ atexit.register(cleanup)
 class Server:
     """A `lattice serve` process (or an mpirun of them); reads the bound port from its stdout."""
 
-    def __init__(self, args, mpirun_np=0, env=None):
-        cmd = [lattice, "serve", "--port", "0", "--comm-timeout", "30"] + args
+    def __init__(self, args, mpirun_np=0, env=None, cmd=None):
+        cmd = cmd or [lattice, "serve", "--port", "0", "--comm-timeout", "30"] + args
         if mpirun_np:
             mpi = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(mpirun_np)]
             if os.geteuid() == 0:
@@ -261,6 +262,16 @@ def error_body(status, body, what, want):
     except (ValueError, KeyError, TypeError):
         check(False, f"{what}: not an OpenAI error body: {body[:200]}")
         return {}
+
+
+def bad_command_lines():
+    for args, what in ((["--max-queue", "0"], "--max-queue"), (["--port", "70000"], "--port"),
+                       (["--host", "192.0.2.1", "--port", "0"], "cannot listen on 192.0.2.1")):
+        try:
+            r = subprocess.run([lattice, "serve", "--model", golden] + args, capture_output=True, text=True, timeout=120)
+            check(r.returncode != 0 and what in r.stderr, f"serve {args}: exit {r.returncode}: {r.stderr[-300:]}")
+        except subprocess.TimeoutExpired:
+            check(False, f"serve {args} did not exit")
 
 
 def golden_section():
@@ -476,7 +487,13 @@ def queue_and_disconnect_section():
 
 
 def mpi_section(single, prompts):
-    s = Server(["--model", builtin, "--threads", "1", "--pp", "2"], mpirun_np=2)
+    # pp 2 through the Slurm template run as a plain script (CPU ranks via launch/lattice-mpirun): its SIGTERM
+    # trap passes the drain on to mpirun as SIGUSR1.
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sbatch = os.path.join(repo, "launch", "slurm", "serve.sbatch")
+    env = dict(os.environ, REPO=repo, MODEL=builtin, TP="1", PP="2", PORT="0", CPU_RANKS="1", LATTICE=lattice,
+               EXTRA_ARGS="--threads 1", COMM_TIMEOUT="30", DRAIN_SECONDS="30")
+    s = Server([], env=env, cmd=["bash", sbatch])
     client = Api(s.port, "")
     for i in (0, 5):
         ids = stream_ids(s.stream("/v1/completions", {"prompt": prompts[i], "max_tokens": 10, "temperature": 0,
@@ -485,7 +502,7 @@ def mpi_section(single, prompts):
     r = client.create("completions", model="SmolLM2-135M-Instruct.Q4_1.gguf", prompt=prompts[3], max_tokens=10,
                       temperature=0, extra_body={"ignore_eos": True, "return_token_ids": True})
     check(r["choices"][0]["token_ids"] == single[3], f"pp 2 api: {r['choices'][0]['token_ids']} != {single[3]}")
-    s.stop(signal.SIGUSR1, "mpirun pp 2")
+    s.stop(signal.SIGTERM, "serve.sbatch pp 2")
 
     cases = json.load(open(os.path.join(golden, "expected.json")))["cases"]
     s = Server(["--model", golden, "--threads", "1", "--tp", "2"], mpirun_np=2)
@@ -501,6 +518,7 @@ print(f"test_serve: {'openai ' + openai.__version__ if openai else 'http.client 
       flush=True)
 t0 = time.time()
 try:
+    bad_command_lines()
     golden_section()
     print(f"golden: {time.time() - t0:.1f} s", flush=True)
     single, prompts = builtin_section()
