@@ -34,6 +34,7 @@ import time
 here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.dirname(here)
 sys.path.insert(0, here)
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 from bench_batch import machine  # noqa: E402  (one home for the machine description)
 
 procs = []
