@@ -62,8 +62,8 @@ int run_serve(ServeArgs& a) {
         if (w.rank != 0) return;
         server = std::make_unique<serve::HttpServer>(a.server, inbox, metrics);
         server->start();
-        fmt::print("lattice serve: listening on {}\n", server->url());
-        std::fflush(stdout);
+        print_stdout("lattice serve: listening on {}\n", server->url());
+        flush_stdout();
     });
     install_drain_handlers();
     if (lm.world.world > 1) lm.world_comm->barrier();  // every rank holds its shard and KV cache
@@ -98,11 +98,11 @@ int run_serve(ServeArgs& a) {
     inbox.clear();
     engine.shutdown();
     const serve::LoopTotals& t = loop.totals();
-    fmt::print(stderr,
-               "lattice serve: stopped by signal {}: {} request(s) served, {} refused, {} cancelled by clients, {} cut "
-               "at the drain deadline{}\n",
-               drain_requested(), t.requests, t.refused, t.cancelled, t.cut_by_drain,
-               flushed ? "" : "; some responses were still being written");
+    print_stderr(fmt::format(
+        "lattice serve: stopped by signal {}: {} request(s) served, {} refused, {} cancelled by clients, {} cut at the "
+        "drain deadline{}\n",
+        drain_requested(), t.requests, t.refused, t.cancelled, t.cut_by_drain,
+        flushed ? "" : "; some responses were still being written"));
     return 0;
 }
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "base/error.h"
+#include "base/json_limits.h"
 
 namespace lattice::serve {
 
@@ -64,24 +65,9 @@ Reply error_reply(int status, std::string_view message, std::string_view param, 
 }
 
 json parse_body(std::string_view body, int max_depth) {
-    int depth = 0;
-    bool in_string = false, escaped = false;
-    for (char c : body) {
-        if (in_string) {
-            if (escaped)
-                escaped = false;
-            else if (c == '\\')
-                escaped = true;
-            else if (c == '"')
-                in_string = false;
-        } else if (c == '"') {
-            in_string = true;
-        } else if (c == '[' || c == '{') {
-            LATTICE_CHECK(++depth <= max_depth, "the body nests JSON deeper than {} levels", max_depth);
-        } else if (c == ']' || c == '}') {
-            --depth;
-        }
-    }
+    JsonLimits lim;
+    lim.max_depth = max_depth;
+    check_json_limits(body, "the request body", lim);
     json j = json::parse(body.begin(), body.end(), nullptr, false);
     LATTICE_CHECK(!j.is_discarded(), "the body is not valid JSON");
     return j;

@@ -50,7 +50,7 @@ Reply error_reply(int status, std::string_view message, std::string_view param =
 std::string error_json(int status, std::string_view message, std::string_view param = {}, std::string_view code = {});
 
 // The body as JSON; Error when it is not JSON or nests deeper than `max_depth` (nlohmann's copy and
-// destruction recurse, so depth is bounded before parsing).
+// destruction recurse, so depth is bounded before parsing, by base/json_limits.h).
 nlohmann::json parse_body(std::string_view body, int max_depth = 64);
 
 // A completion request ready for the engine.
