@@ -392,7 +392,9 @@ def builtin_section():
                       "stream": True}
     single = [stream_ids(s.stream(P, body(p), auth))[0] for p in prompts]
     print(f"  16 single streams: {time.time() - t0:.1f} s", flush=True)
-    before = s.metrics()
+    # The engine publishes its gauges after the step whose tokens the clients already have: wait for the
+    # snapshot after the last single run (one publish carries all gauges, so its token count is final).
+    before = s.wait_metrics(lambda m: m["lattice_requests_running"] == 0 and m["lattice_requests_waiting"] == 0)
     results = [None] * 32
 
     def client_run(i):
