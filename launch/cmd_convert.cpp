@@ -7,10 +7,10 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <memory>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "base/memory.h"
 #include "launch/cli.h"
@@ -22,8 +22,6 @@
 namespace lattice {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 struct ConvertArgs {
     std::string model, out, quant = "auto", smooth, pp_layers, progress = "auto";
@@ -44,7 +42,7 @@ public:
     }
     void update(const ConvertProgress& p) {
         if (off_) return;
-        const double t = std::chrono::duration<double>(Clock::now() - start_).count();
+        const double t = seconds_since(start_);
         const bool file_done = p.files_done != files_done_;
         files_done_ = p.files_done;
         if (!file_done && t - last_ < (tty_ ? 0.2 : 5.0)) return;
@@ -70,7 +68,7 @@ public:
     }
 
 private:
-    Clock::time_point start_ = Clock::now();
+    SteadyClock::time_point start_ = SteadyClock::now();
     double last_ = -1e9;
     int files_done_ = 0;
     bool tty_ = false, off_ = false;

@@ -4,9 +4,9 @@
 #include <fmt/format.h>
 
 #include <atomic>
-#include <chrono>
 #include <memory>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "launch/cli.h"
 #include "runtime/weights/converted_source.h"
@@ -24,7 +24,7 @@ void add_verify_command(CLI::App& app, CommandRun& run) {
     cmd->add_option("--threads", args->threads, "Files hashed at once (0: one per core, at most 8)");
     cmd->callback([&run, args] {
         run = [args] {
-            const auto t0 = std::chrono::steady_clock::now();
+            const auto t0 = SteadyClock::now();
             std::atomic<int64_t> bytes{0};
             const std::vector<FileVerdict> v =
                 verify_converted(args->dir, args->threads, [&](int64_t n) { bytes += n; });
@@ -37,7 +37,7 @@ void add_verify_command(CLI::App& app, CommandRun& run) {
                     fmt::print("CORRUPT  {}: {}\n", f.path, f.problem);
                 }
             }
-            const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            const double s = seconds_since(t0);
             fmt::print("{}: {} of {} files intact ({:.2f} GiB hashed in {:.1f} s)\n", args->dir, v.size() - size_t(bad),
                        v.size(), double(bytes.load()) / double(int64_t(1) << 30), s);
             std::fflush(stdout);

@@ -5,13 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "parallel/world_config.h"
@@ -117,7 +117,7 @@ std::vector<std::string> write_tokenizer(const std::string& source, const fs::pa
 }  // namespace
 
 ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& o, Communicator& world) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = SteadyClock::now();
     const ModelConfig& cfg = src.config();
     LATTICE_CHECK(src.prepared() == nullptr, "{} is already a converted checkpoint", src.describe());
     LATTICE_CHECK(!o.out.empty(), "convert: no output folder given");
@@ -293,7 +293,7 @@ ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& 
                      failure.empty() ? std::string("rank 0 could not finish (see its error)") : failure);
     result.folder = out.string();
     result.manifest = std::move(m);
-    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    result.seconds = seconds_since(t0);
     return result;
 }
 

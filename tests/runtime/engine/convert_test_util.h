@@ -15,6 +15,7 @@
 #include "runtime/engine/convert.h"
 #include "runtime/model/smoothquant.h"
 #include "tests/runtime/model/golden.h"
+#include "tests/test_build.h"
 
 namespace lattice::testing {
 
@@ -73,15 +74,11 @@ struct RunResult {
     std::vector<int64_t> bytes_read;
 };
 
+// tests/test_build.h's options with the layout's MPI flag, quantization and factors.
 inline BuildOptions cpu_options(int tp, int pp, bool mpi, QuantMode q, const std::string& smooth = {}) {
-    BuildOptions o;
-    o.tp = tp;
-    o.pp = pp;
+    BuildOptions o = test::cpu_options(1, tp, pp);
     o.mpi = mpi;
     o.comm_timeout = 60.0;
-    o.backend.kind = BackendKind::kCpu;
-    o.backend.threads = 1;
-    o.backend.pin = false;
     o.model.quant = q;
     o.model.smooth_path = smooth;
     return o;
