@@ -12,6 +12,7 @@
 
 #include "parallel/mpi_session.h"
 #include "parallel/parallel_context.h"
+#include "runtime/weights/converted_source.h"
 #include "runtime/weights/random_source.h"
 #include "tests/runtime/engine/convert_test_util.h"
 
@@ -112,6 +113,14 @@ TEST_CASE("converted golden checkpoints equal the originals on every layout, con
                     compare(got, want, rank);
                     CHECK(got.weight_bytes == want.weight_bytes);
                     if (q != QuantMode::kNone) CHECK(got.bytes_read[size_t(rank)] < want.bytes_read[size_t(rank)]);
+                    // Each rank read exactly the tensors of its own file: no other rank's file, nothing twice
+                    // (the rope frequency factors of a GGUF source are read when the file opens, not counted).
+                    REQUIRE(got.bytes_read.size() == size_t(tp * pp));
+                    for (int r = 0; r < tp * pp; ++r) {
+                        auto file = open_converted_model(out, {tp, pp, r});
+                        const int64_t rope = int64_t(file->rope_freq_factors().size() * sizeof(float));
+                        CHECK(got.bytes_read[size_t(r)] == file->total_bytes() - rope);
+                    }
                     remove_shared(out);
                 }
             }
