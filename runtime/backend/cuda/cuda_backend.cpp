@@ -238,7 +238,7 @@ Linear CudaBackend::make_linear(const View& host_w, QuantMode mode) {
     }
     // int8 modes: symmetric per output channel (the CPU's formula), then the pre-quantized path.
     std::vector<int8_t> q(size_t(n * k));
-    std::vector<float> scales(size_t(n));
+    std::vector<float> scales(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
         host_row_f32(host_w, i, k, row.data());
         scales[size_t(i)] = quantize_row_int8(row.data(), k, &q[size_t(i * k)]);  // same as the CPU
