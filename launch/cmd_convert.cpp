@@ -53,18 +53,18 @@ public:
         if (tty_) {
             const int width = 30;
             const int fill = p.bytes_total > 0 ? int(width * double(p.bytes_done) / double(p.bytes_total)) : width;
-            fmt::print(stderr, "\r[{}{}] {} / {}  {:.1f} MB/s  ETA {}  file {}/{}  ", std::string(size_t(fill), '#'),
+            print_stderr(fmt::format("\r[{}{}] {} / {}  {:.1f} MB/s  ETA {}  file {}/{}  ", std::string(size_t(fill), '#'),
                        std::string(size_t(width - fill), '.'), gib(p.bytes_done), gib(p.bytes_total), rate / 1e6, eta,
-                       p.files_done, p.files_total);
+                       p.files_done, p.files_total));
         } else {
-            fmt::print(stderr, "convert: {} / {} ({:.1f} MB/s, ETA {}), {} of {} files{}\n", gib(p.bytes_done),
+            print_stderr(fmt::format("convert: {} / {} ({:.1f} MB/s, ETA {}), {} of {} files{}\n", gib(p.bytes_done),
                        gib(p.bytes_total), rate / 1e6, eta, p.files_done, p.files_total,
-                       file_done ? ", finished " + p.file : "");
+                       file_done ? ", finished " + p.file : ""));
         }
         std::fflush(stderr);
     }
     void end() {
-        if (tty_ && !off_) fmt::print(stderr, "\n");
+        if (tty_ && !off_) print_stderr("\n");
     }
 
 private:
@@ -114,7 +114,7 @@ int run_convert(const ConvertArgs& a) {
     if (ctx.world.rank == 0) {
         int64_t total = 0;
         for (const auto& f : r.manifest.files) total += f.bytes;
-        fmt::print("converted {} -> {}: {} files, {} in {:.1f} s; peak resident memory {:.0f} MiB (rank 0)\n",
+        print_stdout("converted {} -> {}: {} files, {} in {:.1f} s; peak resident memory {:.0f} MiB (rank 0)\n",
                    src->describe(), r.folder, r.manifest.files.size() + 1, gib(total), r.seconds,
                    double(peak_resident_bytes()) / (1 << 20));
     }
@@ -128,8 +128,8 @@ void add_convert_command(CLI::App& app, CommandRun& run) {
     auto* cmd = app.add_subcommand("convert", "Write a pre-sharded, pre-quantized checkpoint: one file per rank");
     cmd->add_option("--model", args->model, "HF model directory or .gguf file")->required();
     cmd->add_option("--out", args->out, "Folder to create (must not exist)")->required();
-    cmd->add_option("--tp", args->tp, "Tensor-parallel ranks of the layout")->check(CLI::Range(1, 4096));
-    cmd->add_option("--pp", args->pp, "Pipeline stages of the layout")->check(CLI::Range(1, 4096));
+    cmd->add_option("--tp", args->tp, "Tensor-parallel ranks of the layout")->check(int_range(1, 4096));
+    cmd->add_option("--pp", args->pp, "Pipeline stages of the layout")->check(int_range(1, 4096));
     cmd->add_option("--pp-layers", args->pp_layers, "Layers per pipeline stage, e.g. 20,20,21,19");
     cmd->add_option("--quant", args->quant,
                     "none | w8a16 | w8a8 | auto (w8a8 with an int8 head for a Q4/Q8 GGUF, none otherwise)")
@@ -138,7 +138,8 @@ void add_convert_command(CLI::App& app, CommandRun& run) {
     cmd->add_option("--smooth", args->smooth, "SmoothQuant factors (lattice calibrate) to fold into the weights");
     cmd->add_option("--progress", args->progress, "auto (a bar on a terminal, lines otherwise) | bar | lines | none")
         ->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
-    cmd->add_option("--comm-timeout", args->comm_timeout, "Seconds a rank waits for the others (under mpirun)");
+    cmd->add_option("--comm-timeout", args->comm_timeout, "Seconds a rank waits for the others (under mpirun)")
+        ->check(real_range(0.1, 7 * 24 * 3600.0));
     cmd->callback([&run, args] { run = [args] { return run_convert(*args); }; });
 }
 

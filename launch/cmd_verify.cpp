@@ -9,6 +9,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "launch/cli.h"
+#include "launch/cli_common.h"
 #include "runtime/weights/converted_source.h"
 
 namespace lattice {
@@ -21,7 +22,8 @@ void add_verify_command(CLI::App& app, CommandRun& run) {
     auto args = std::make_shared<Args>();
     auto* cmd = app.add_subcommand("verify", "Check every file of a converted checkpoint against its manifest");
     cmd->add_option("dir", args->dir, "Converted checkpoint folder (lattice convert --out)")->required();
-    cmd->add_option("--threads", args->threads, "Files hashed at once (0: one per core, at most 8)");
+    cmd->add_option("--threads", args->threads, "Files hashed at once (0: one per core, at most 8)")
+        ->check(int_range(0, kMaxThreadsFlag));
     cmd->callback([&run, args] {
         run = [args] {
             const auto t0 = SteadyClock::now();
@@ -31,16 +33,16 @@ void add_verify_command(CLI::App& app, CommandRun& run) {
             int bad = 0;
             for (const auto& f : v) {
                 if (f.ok) {
-                    fmt::print("ok       {}\n", f.path);
+                    print_stdout("ok       {}\n", f.path);
                 } else {
                     ++bad;
-                    fmt::print("CORRUPT  {}: {}\n", f.path, f.problem);
+                    print_stdout("CORRUPT  {}: {}\n", f.path, f.problem);
                 }
             }
             const double s = seconds_since(t0);
-            fmt::print("{}: {} of {} files intact ({:.2f} GiB hashed in {:.1f} s)\n", args->dir, v.size() - size_t(bad),
+            print_stdout("{}: {} of {} files intact ({:.2f} GiB hashed in {:.1f} s)\n", args->dir, v.size() - size_t(bad),
                        v.size(), double(bytes.load()) / double(int64_t(1) << 30), s);
-            std::fflush(stdout);
+            flush_stdout();
             LATTICE_CHECK(bad == 0, "{}: {} corrupt or missing file(s), listed above", args->dir, bad);
             return 0;
         };

@@ -122,6 +122,7 @@ ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& 
     LATTICE_CHECK(src.prepared() == nullptr, "{} is already a converted checkpoint", src.describe());
     LATTICE_CHECK(!o.out.empty(), "convert: no output folder given");
     LATTICE_CHECK(!o.quant_head || o.quant != QuantMode::kNone, "convert: --quant-head needs an int8 --quant");
+    check_tensor_set(src);  // what a load of the original would refuse is not converted either
     check_model_layout(cfg.dims(), o.tp, o.pp);
     const auto stages = stage_layer_ranges(cfg.n_layers, o.pp, o.pp_layers);
     const int W = world.size(), me = world.rank(), files = o.tp * o.pp;

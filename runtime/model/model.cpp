@@ -40,7 +40,9 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
     if (opt_.quant != QuantMode::kNone)
         LATTICE_CHECK(be_.supports(Op::kGemmInt8, DType::kI8), "backend {} does not support quantization {}",
                       be_.name(), quant_mode_name(opt_.quant));
-    check_tensor_set(src);  // every tensor needed is there with its shape, and nothing is left unused
+    // Every tensor needed is there with its shape, and nothing is left unused; a converted checkpoint
+    // holds rank-local names instead, which RankWeights checks against the rank's plan.
+    if (!src.prepared()) check_tensor_set(src);
     load(src);
     const int64_t T = opt_.max_batch_tokens, H = cfg_.hidden;
     const DType act = be_.activation_dtype();

@@ -91,8 +91,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
             spec = load_sentencepiece_model(dir + "tokenizer.model");
             if (exists(cfg)) apply_tokenizer_config(spec, cfg);
             finish_spec(spec);
-        } else if (fs::exists(dir / "tokenizer.gguf", ec)) {  // a converted GGUF model's vocab
-            return std::make_unique<Tokenizer>(load_gguf_vocab((dir / "tokenizer.gguf").string()));
+        } else if (exists(dir + "tokenizer.gguf")) {  // a converted GGUF model's vocab
+            return std::make_unique<Tokenizer>(load_gguf_vocab(dir + "tokenizer.gguf"));
         } else {
             LATTICE_FAIL("tokenizer: directory {} has none of tokenizer.json, tokenizer.model, tokenizer.gguf", path);
         }

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <set>
@@ -154,12 +155,16 @@ std::unique_ptr<TensorSource> open_model(const std::string& path) {
     const PathKind kind = path_kind(path, "model", &mode);
     LATTICE_CHECK(kind != PathKind::kMissing, "{}: model path does not exist", path);
     if (kind == PathKind::kDirectory) {
-        if (fs::exists(fs::path(path) / "manifest.json")) return open_converted_model(path, ConvertedRank{});
-        if (!fs::exists(fs::path(path) / "config.json"))
-            for (const auto& e : fs::directory_iterator(path))
+        const std::string dir = path.back() == '/' ? path : path + "/";
+        if (path_kind(dir + "manifest.json", "manifest") != PathKind::kMissing)
+            return open_converted_model(path, ConvertedRank{});
+        if (path_kind(dir + "config.json", "config") == PathKind::kMissing) {
+            std::error_code ec;
+            for (const auto& e : std::filesystem::directory_iterator(path, ec))
                 LATTICE_CHECK(e.path().filename().string().rfind("rank-", 0) != 0,
                               "{}: rank files but no manifest.json: an interrupted `lattice convert` (convert again)",
                               path);
+        }
         return std::make_unique<HfSource>(path);
     }
     if (path.size() > 5 && path.substr(path.size() - 5) == ".gguf") return open_gguf_model(path);
