@@ -1,4 +1,4 @@
-// Process memory introspection for stats and tests: resident set size from /proc/self/status.
+// Process memory introspection for stats and tests: resident set size (now and peak) from /proc/self/status.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +13,15 @@ inline int64_t resident_bytes() {
     std::string line;
     while (std::getline(f, line))
         if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+    return 0;
+}
+
+// Peak resident set (VmHWM) in bytes; 0 where /proc is unavailable.
+inline int64_t peak_resident_bytes() {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
     return 0;
 }
 

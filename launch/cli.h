@@ -20,5 +20,7 @@ void add_calibrate_command(CLI::App& app, CommandRun& run);
 void add_layout_command(CLI::App& app, CommandRun& run);
 void add_batch_command(CLI::App& app, CommandRun& run);
 void add_serve_command(CLI::App& app, CommandRun& run);
+void add_convert_command(CLI::App& app, CommandRun& run);
+void add_verify_command(CLI::App& app, CommandRun& run);
 
 }  // namespace lattice

@@ -21,7 +21,10 @@
 namespace lattice {
 
 void ModelArgs::add_to(CLI::App* cmd) {
-    cmd->add_option("--model", model, "HF model directory (config.json + safetensors) or .gguf file");
+    cmd->add_option("--model", model,
+                    "HF model directory (config.json + safetensors), .gguf file, or a folder from lattice convert");
+    cmd->add_flag("--verify", verify,
+                  "Converted checkpoint: check the SHA-256 of each rank's file before loading it (sizes always are)");
     cmd->add_flag("--random-weights", random_weights, "Fabricate weights of the model's shape from --seed-weights");
     cmd->add_option("--config", config_preset, "Built-in shape for --random-weights (tinyllama-1.1b, llama-2-7b, "
                                                "llama-2-70b, llama-3-8b, llama-3-70b)");
@@ -255,7 +258,7 @@ Built load_model(const ModelArgs& a, const std::function<void(const WorldConfig&
         if (w.rank != 0) set_log_level(LogLevel::kWarn);
         if (on_context) on_context(w);
     };
-    ModelSpec spec{a.model, a.random_weights, a.config_preset, a.weight_seed};
+    ModelSpec spec{a.model, a.random_weights, a.config_preset, a.weight_seed, a.verify};
     if (!a.random_weights) LATTICE_CHECK(!a.model.empty(), "--model is required (or --random-weights --config PRESET)");
     return build(o, spec);
 }

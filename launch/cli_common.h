@@ -25,6 +25,7 @@ struct ModelArgs {
     std::string quant = "auto";
     bool quant_head = false;
     std::string smooth;  // SmoothQuant factor file from `lattice calibrate`
+    bool verify = false;  // converted checkpoint: check this rank's file's SHA-256 before loading
     int threads = 0;
     bool mlock = false;
     int64_t max_seq = 0;

@@ -82,6 +82,7 @@ void write_stats(const std::string& path, const GenerateStats& s, const Built& l
                         {"backend", lm.backend->name()},
                         {"weight_bytes_per_rank", lm.model->weight_bytes()},
                         {"load_seconds", lm.load_seconds},
+                        {"checkpoint_bytes_read_per_rank", lm.checkpoint_bytes_read},
                         {"rss_bytes_rank0", resident_bytes()}};
     AtomicWriter f(path, "--stats-json");
     f.write(j.dump(2) + "\n");

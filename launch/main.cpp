@@ -90,6 +90,8 @@ int main(int argc, char** argv) {
     lattice::add_layout_command(app, run);
     lattice::add_batch_command(app, run);
     lattice::add_serve_command(app, run);
+    lattice::add_convert_command(app, run);
+    lattice::add_verify_command(app, run);
     int rc = 1;
     try {
         try {

@@ -153,6 +153,11 @@ public:
     // kNone keeps f16/bf16 as they are (exact) or converts to the backend's preferred dtype;
     // int8 modes quantize symmetrically per output channel.
     virtual Linear make_linear(const View& host_w, QuantMode mode) = 0;
+    // Prepares an int8 linear layer (kW8A16 / kW8A8) from weights already quantized symmetrically per
+    // output channel: host_q i8 [n, k] row-major, host_scales f32 [n] (w ~= q * scale). Nothing is
+    // quantized again: the layer equals make_linear of the float weights those came from (a converted
+    // checkpoint, runtime/weights/converted_source.h). CPU packs its panels, CUDA pads and uploads.
+    virtual Linear make_linear_int8(const View& host_q, const View& host_scales, QuantMode mode) = 0;
     // Uploads a small float tensor (norm weights, rope tables) converting to f32.
     virtual Buffer make_f32(const View& host) = 0;
     // Embedding table [v, h] kept in the checkpoint's float dtype.

@@ -8,14 +8,18 @@
 #include <cmath>
 #include <new>
 
+#include <fmt/ranges.h>
+
 #include "base/log.h"
+#include "runtime/weights/converted_source.h"
 #include "runtime/weights/random_source.h"
 
 namespace lattice {
 
-std::unique_ptr<TensorSource> open_spec(const ModelSpec& s) {
+std::unique_ptr<TensorSource> open_spec(const ModelSpec& s, const WorldConfig& w) {
     if (!s.random) {
         LATTICE_CHECK(!s.path.empty(), "no model given (a checkpoint path, or random weights of a preset shape)");
+        if (is_converted_folder(s.path)) return open_converted_model(s.path, ConvertedRank{w.tp, w.pp, w.rank}, s.verify);
         return open_model(s.path);
     }
     ModelConfig cfg;
@@ -123,9 +127,30 @@ std::unique_ptr<Communicator> device_group(std::unique_ptr<Communicator> host, B
     return dev;
 }
 
+// A converted checkpoint runs as it was converted: quantization and stage split come from it, and
+// settings that contradict it are refused with both named.
+void follow_prepared(BuildOptions& o, const PreparedLayout& p) {
+    const QuantMode q = parse_quant_mode(p.quant);
+    if (o.quant_auto) {
+        o.model.quant = q;
+        o.model.quant_head = p.quant_head;
+    }
+    LATTICE_CHECK(o.model.quant == q && o.model.quant_head == p.quant_head,
+                  "{}: converted with --quant {}{}, but this run asks for --quant {}{}: use --quant auto (or {})",
+                  p.folder, p.quant, p.quant_head ? " --quant-head" : "", quant_mode_name(o.model.quant),
+                  o.model.quant_head ? " --quant-head" : "", p.quant);
+    LATTICE_CHECK(o.model.smooth_path.empty(), "{}: SmoothQuant factors are folded in at conversion ({}); drop --smooth",
+                  p.folder, p.smooth.empty() ? "none were given then" : p.smooth);
+    if (o.pp_layers.empty()) o.pp_layers = p.stage_layers;
+    LATTICE_CHECK(o.pp_layers == p.stage_layers, "{}: converted with {} layers per stage; --pp-layers asks for {}",
+                  p.folder, fmt::join(p.stage_layers, ","), fmt::join(o.pp_layers, ","));
+}
+
 Built build_in(const BuildOptions& opts, ParallelContext ctx, const TensorSource& src, Clock::time_point t0) {
     BuildOptions o = opts;
-    if (o.quant_auto && checkpoint_is_quantized(src)) {
+    if (const PreparedLayout* p = src.prepared()) {
+        follow_prepared(o, *p);
+    } else if (o.quant_auto && checkpoint_is_quantized(src)) {
         o.model.quant = QuantMode::kW8A8;
         o.model.quant_head = true;
     }
@@ -149,11 +174,18 @@ Built build_in(const BuildOptions& opts, ParallelContext ctx, const TensorSource
     }
     int64_t blocks =
         o.kv_blocks > 0 ? o.kv_blocks : kv_blocks_for(*b.model, *b.backend, o.kv_cache_gb, o.engine.max_seqs);
+    b.checkpoint_bytes_read = {b.model->checkpoint_bytes_read()};
     if (ctx.world.world > 1) {  // the leader's block ids must exist on every rank
-        std::vector<int64_t> all(size_t(ctx.world.world));
-        ctx.world_comm->all_gather(View::contiguous(all.data(), DType::kI64, {ctx.world.world}),
-                                   View::contiguous(&blocks, DType::kI64, {1}));
-        blocks = *std::min_element(all.begin(), all.end());
+        const int W = ctx.world.world;
+        int64_t mine[2] = {blocks, b.model->checkpoint_bytes_read()};
+        std::vector<int64_t> all(size_t(2 * W));
+        ctx.world_comm->all_gather(View::contiguous(all.data(), DType::kI64, {2 * W}),
+                                   View::contiguous(mine, DType::kI64, {2}));
+        b.checkpoint_bytes_read.assign(size_t(W), 0);
+        for (int r = 0; r < W; ++r) {
+            blocks = std::min(blocks, all[size_t(2 * r)]);
+            b.checkpoint_bytes_read[size_t(r)] = all[size_t(2 * r + 1)];
+        }
     }
     b.model->allocate_kv(blocks);
     EngineOptions eo = o.engine;
@@ -166,10 +198,11 @@ Built build_in(const BuildOptions& opts, ParallelContext ctx, const TensorSource
     b.world_comm = std::move(ctx.world_comm);
     b.load_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     LOG_INFO(
-        "{}: loaded {} on {} in {:.2f} s ({:.1f} MiB of weights on this rank, quant {}; KV cache {} blocks of {} "
-        "= {:.1f} MiB)",
+        "{}: loaded {} on {} in {:.2f} s ({:.1f} MiB of weights on this rank, {:.1f} MiB read from the checkpoint, "
+        "quant {}; KV cache {} blocks of {} = {:.1f} MiB)",
         b.world.describe(), src.describe(), b.backend->name(), b.load_seconds,
-        double(b.model->weight_bytes()) / (1 << 20), quant_mode_name(mo.quant), blocks,
+        double(b.model->weight_bytes()) / (1 << 20), double(b.model->checkpoint_bytes_read()) / (1 << 20),
+        quant_mode_name(mo.quant), blocks,
         b.model->attention_shape().block_size, double(blocks * b.model->kv_bytes_per_block()) / (1 << 20));
     return b;
 }
@@ -184,7 +217,7 @@ Built build(const BuildOptions& o, const TensorSource& src) {
 Built build(const BuildOptions& o, const ModelSpec& spec) {
     const auto t0 = Clock::now();
     ParallelContext ctx = make_context(o);
-    std::unique_ptr<TensorSource> src = open_spec(spec);
+    std::unique_ptr<TensorSource> src = open_spec(spec, ctx.world);
     return build_in(o, std::move(ctx), *src, t0);  // src (and its file mappings) dies here
 }
 

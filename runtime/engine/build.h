@@ -27,18 +27,23 @@ namespace lattice {
 
 // Where the weights come from.
 struct ModelSpec {
-    std::string path;      // HF directory or .gguf file (the shape of random weights when no preset)
+    std::string path;      // HF directory, .gguf file or converted folder (the shape of random weights when no preset)
     bool random = false;   // fabricate weights of the shape (benchmarks, tests)
     std::string preset;    // built-in shape for random weights (runtime/model/config.h presets)
     uint64_t seed = 1234;  // random weights' seed
+    bool verify = false;   // converted folder: check the SHA-256 of this rank's file too (sizes always)
 };
-// Opens the checkpoint (or the random source) that `spec` names; throws Error naming the culprit.
-std::unique_ptr<TensorSource> open_spec(const ModelSpec& spec);
+// Opens the checkpoint (or the random source) that `spec` names for world rank `world.rank`: a
+// converted folder (`lattice convert`) maps only that rank's file and must hold world's layout.
+// Throws Error naming the culprit.
+std::unique_ptr<TensorSource> open_spec(const ModelSpec& spec, const WorldConfig& world = {});
 
 struct BuildOptions {
     ModelOptions model;              // quantization, KV sizes, batch limits; tp/pp fields are filled in here
     // Quantization follows the checkpoint: one already quantized (GGUF Q8_0/Q4_x) runs W8A8 with
-    // the LM head quantized too, others keep model.quant / quant_head.
+    // the LM head quantized too, a converted one runs as converted, others keep model.quant /
+    // quant_head. Without quant_auto a converted checkpoint's quantization must equal model.quant /
+    // quant_head (an Error otherwise), and its stage split is taken when pp_layers is empty.
     bool quant_auto = false;
     std::vector<int64_t> pp_layers;  // layers per pipeline stage (empty: balanced)
     int64_t micro_batch = 0;         // tokens per engine step (0: max_batch_tokens)
@@ -68,6 +73,7 @@ struct Built {
     std::unique_ptr<Model> model;
     std::unique_ptr<Engine> engine;
     double load_seconds = 0;  // parallel context to ready engine
+    std::vector<int64_t> checkpoint_bytes_read;  // per world rank: checkpoint tensor bytes it read
 };
 
 // From an open source (tests, tools that already hold one).

@@ -2,8 +2,7 @@
 #include "runtime/model/model.h"
 
 #include "base/log.h"
-#include "runtime/weights/dequant.h"
-#include "runtime/model/smoothquant.h"
+#include "runtime/model/rank_weights.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,61 +10,6 @@
 #include <string>
 
 namespace lattice {
-
-namespace {
-
-// A host-side slice read from the checkpoint, in the dtype the backend will keep.
-struct HostSlice {
-    std::vector<uint8_t> bytes;
-    DType dtype = DType::kF32;
-    int64_t rows = 0, cols = 0;
-    View view() { return View::contiguous(bytes.data(), dtype, {rows, cols}); }
-};
-
-DType keep_dtype(DType t) {
-    return (t == DType::kF32 || t == DType::kF16 || t == DType::kBF16) ? t : DType::kF32;
-}
-
-HostSlice read_slice(const TensorSource& src, const std::string& name, int64_t row0, int64_t rows, int64_t col0,
-                     int64_t cols, DType dtype) {
-    HostSlice h;
-    h.dtype = dtype;
-    h.rows = rows;
-    h.cols = cols;
-    h.bytes.resize(size_t(rows * cols * dtype_size(dtype)));
-    src.read(name, row0, rows, col0, cols, dtype, h.bytes.data());
-    return h;
-}
-
-HostSlice concat_rows(std::vector<HostSlice>& parts) {
-    DType dt = parts[0].dtype;
-    for (auto& p : parts)
-        if (p.dtype != dt) dt = DType::kF32;
-    HostSlice out;
-    out.dtype = dt;
-    out.cols = parts[0].cols;
-    for (auto& p : parts) out.rows += p.rows;
-    out.bytes.resize(size_t(out.rows * out.cols * dtype_size(dt)));
-    uint8_t* dst = out.bytes.data();
-    for (auto& p : parts) {
-        LATTICE_CHECK(p.cols == out.cols, "concat_rows: column mismatch {} vs {}", p.cols, out.cols);
-        const int64_t n = p.rows * p.cols;
-        convert_elements(p.bytes.data(), p.dtype, dst, dt, n);
-        dst += n * dtype_size(dt);
-        p.bytes = {};
-    }
-    return out;
-}
-
-void check_shape(const TensorSource& src, const std::string& name, std::vector<int64_t> expect) {
-    const TensorInfo& ti = src.info(name);
-    LATTICE_CHECK(ti.shape == expect, "{}: tensor \"{}\" has shape {}, expected {} from the config", ti.file, name,
-                  shape_string(ti.shape), shape_string(expect));
-}
-
-std::string layer_name(int64_t l, const char* suffix) { return "model.layers." + std::to_string(l) + "." + suffix; }
-
-}  // namespace
 
 Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt, Communicator* tp_comm)
     : cfg_(src.config()), be_(backend), opt_(opt), tp_comm_(tp_comm ? tp_comm : &local_comm_) {
@@ -96,7 +40,9 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
     if (opt_.quant != QuantMode::kNone)
         LATTICE_CHECK(be_.supports(Op::kGemmInt8, DType::kI8), "backend {} does not support quantization {}",
                       be_.name(), quant_mode_name(opt_.quant));
-    check_tensor_set(src);  // every tensor needed is there with its shape, and nothing is left unused
+    // Every tensor needed is there with its shape, and nothing is left unused; a converted checkpoint
+    // holds rank-local names instead, which RankWeights checks against the rank's plan.
+    if (!src.prepared()) check_tensor_set(src);
     load(src);
     const int64_t T = opt_.max_batch_tokens, H = cfg_.hidden;
     const DType act = be_.activation_dtype();
@@ -115,46 +61,14 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
 
 Model::~Model() = default;
 
-Linear Model::load_linear(const TensorSource& src, const std::string& name, int64_t row0, int64_t rows, int64_t col0,
-                          int64_t cols, QuantMode mode) {
-    HostSlice h = read_slice(src, name, row0, rows, col0, cols, keep_dtype(src.info(name).dtype));
-    return be_.make_linear(h.view(), mode);
+Linear Model::make_linear(HostTensor& w, QuantMode mode) {
+    if (w.dtype == DType::kI8) return be_.make_linear_int8(w.view(), w.scales_view(), mode);
+    return be_.make_linear(w.view(), mode);
 }
 
 void Model::load(const TensorSource& src) {
     const ModelConfig& c = cfg_;
-    const int64_t H = c.hidden, hd = c.head_dim;
-    const ShardShape& s = shard_;
-    auto f32_vector = [&](const std::string& name, int64_t n, const std::vector<float>* smooth = nullptr) {
-        check_shape(src, name, {n});
-        HostSlice h = read_slice(src, name, 0, 1, 0, n, DType::kF32);
-        if (smooth) fold_smooth_norm(reinterpret_cast<float*>(h.bytes.data()), n, *smooth);
-        return be_.make_f32(View::contiguous(h.bytes.data(), DType::kF32, {n}));
-    };
-    SmoothFactors smooth;
-    if (!opt_.smooth_path.empty()) smooth = read_smooth_factors(opt_.smooth_path, H, opt_.layer_begin, opt_.layer_end);
-    auto smooth_of = [&](int64_t l, int which) -> const std::vector<float>* {
-        if (opt_.smooth_path.empty()) return nullptr;
-        const size_t i = size_t(l - smooth.layer_begin);
-        return which == kSmoothAttn ? &smooth.attn[i] : &smooth.mlp[i];
-    };
-    const bool need_embed = opt_.first_stage || (opt_.last_stage && c.tie_embeddings);
-    if (need_embed) {
-        const std::string n = "model.embed_tokens.weight";
-        check_shape(src, n, {c.vocab, H});
-        HostSlice h = read_slice(src, n, s.vocab0, s.vocab_rows, 0, H, keep_dtype(src.info(n).dtype));
-        if (opt_.first_stage) embed_table_ = be_.make_table(h.view());
-        if (opt_.last_stage && c.tie_embeddings)
-            lm_head_ = be_.make_linear(h.view(), opt_.quant_head ? opt_.quant : QuantMode::kNone);
-    }
-    if (opt_.last_stage) {
-        final_norm_ = f32_vector("model.norm.weight", H);
-        if (!c.tie_embeddings) {
-            check_shape(src, "lm_head.weight", {c.vocab, H});
-            lm_head_ = load_linear(src, "lm_head.weight", s.vocab0, s.vocab_rows, 0, H,
-                                   opt_.quant_head ? opt_.quant : QuantMode::kNone);
-        }
-    }
+    const int64_t hd = c.head_dim;
     std::vector<float> inv = c.rope_inv_freq();
     std::vector<float> factors = src.rope_freq_factors();
     if (!factors.empty()) {
@@ -166,44 +80,27 @@ void Model::load(const TensorSource& src) {
     }
     inv_freq_ = be_.make_f32(View::contiguous(inv.data(), DType::kF32, {int64_t(inv.size())}));
 
-    for (int64_t l = opt_.layer_begin; l < opt_.layer_end; ++l) {
-        LayerWeights L;
-        const std::string q = layer_name(l, "self_attn.q_proj.weight"), k = layer_name(l, "self_attn.k_proj.weight"),
-                          v = layer_name(l, "self_attn.v_proj.weight"), o = layer_name(l, "self_attn.o_proj.weight"),
-                          g = layer_name(l, "mlp.gate_proj.weight"), u = layer_name(l, "mlp.up_proj.weight"),
-                          d = layer_name(l, "mlp.down_proj.weight");
-        check_shape(src, q, {c.q_dim(), H});
-        check_shape(src, k, {c.kv_dim(), H});
-        check_shape(src, v, {c.kv_dim(), H});
-        check_shape(src, o, {H, c.q_dim()});
-        check_shape(src, g, {c.intermediate, H});
-        check_shape(src, u, {c.intermediate, H});
-        check_shape(src, d, {H, c.intermediate});
-        L.attn_norm = f32_vector(layer_name(l, "input_layernorm.weight"), H, smooth_of(l, kSmoothAttn));
-        L.ffn_norm = f32_vector(layer_name(l, "post_attention_layernorm.weight"), H, smooth_of(l, kSmoothMlp));
-        {
-            auto rd = [&](const std::string& name, int64_t row0, int64_t rows) {
-                return read_slice(src, name, row0, rows, 0, H, keep_dtype(src.info(name).dtype));
-            };
-            std::vector<HostSlice> parts;
-            parts.push_back(rd(q, s.head0 * hd, s.n_heads * hd));
-            parts.push_back(rd(k, s.kv_head0 * hd, s.n_kv * hd));
-            parts.push_back(rd(v, s.kv_head0 * hd, s.n_kv * hd));
-            HostSlice qkv = concat_rows(parts);
-            if (auto* f = smooth_of(l, kSmoothAttn)) fold_smooth_columns(qkv.bytes, qkv.dtype, qkv.rows, qkv.cols, *f);
-            L.wqkv = be_.make_linear(qkv.view(), opt_.quant);
-            std::vector<HostSlice> gu;
-            gu.push_back(rd(g, s.ffn0, s.ffn));
-            gu.push_back(rd(u, s.ffn0, s.ffn));
-            HostSlice gate_up = concat_rows(gu);
-            if (auto* f = smooth_of(l, kSmoothMlp))
-                fold_smooth_columns(gate_up.bytes, gate_up.dtype, gate_up.rows, gate_up.cols, *f);
-            L.w_gate_up = be_.make_linear(gate_up.view(), opt_.quant);
+    RankWeights weights(src, opt_);
+    layers_.resize(size_t(opt_.layer_end - opt_.layer_begin));
+    for (const RankTensor& t : weights.tensors()) {
+        HostTensor h = weights.read(t);
+        LayerWeights* L = t.layer >= 0 ? &layers_[size_t(t.layer - opt_.layer_begin)] : nullptr;
+        switch (t.role) {
+            case WeightRole::kEmbed:
+                if (t.table) embed_table_ = be_.make_table(h.view());
+                if (t.tied_head) lm_head_ = make_linear(h, t.mode);
+                break;
+            case WeightRole::kLmHead: lm_head_ = make_linear(h, t.mode); break;
+            case WeightRole::kFinalNorm: final_norm_ = be_.make_f32(h.view()); break;
+            case WeightRole::kAttnNorm: L->attn_norm = be_.make_f32(h.view()); break;
+            case WeightRole::kFfnNorm: L->ffn_norm = be_.make_f32(h.view()); break;
+            case WeightRole::kWqkv: L->wqkv = make_linear(h, t.mode); break;
+            case WeightRole::kWo: L->wo = make_linear(h, t.mode); break;
+            case WeightRole::kWGateUp: L->w_gate_up = make_linear(h, t.mode); break;
+            case WeightRole::kWDown: L->w_down = make_linear(h, t.mode); break;
         }
-        L.wo = load_linear(src, o, 0, H, s.head0 * hd, s.n_heads * hd, opt_.quant);
-        L.w_down = load_linear(src, d, 0, H, s.ffn0, s.ffn, opt_.quant);
-        layers_.push_back(std::move(L));
     }
+    checkpoint_bytes_read_ = weights.bytes_read();
 }
 
 int64_t Model::kv_bytes_per_block() const {

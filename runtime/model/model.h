@@ -29,6 +29,8 @@
 
 namespace lattice {
 
+struct HostTensor;  // runtime/model/rank_weights.h
+
 struct ModelOptions {
     QuantMode quant = QuantMode::kNone;
     bool quant_head = false;        // also quantize the LM head (embedding stays float)
@@ -60,7 +62,8 @@ struct LayerWeights {
 
 class Model {
 public:
-    // Loads this rank's shard from `src` (reads only its slices). `tp_comm` may be null when tp == 1.
+    // Loads this rank's shard from `src` (reads only its slices; runtime/model/rank_weights.h says which
+// tensors, from an original or a converted checkpoint). `tp_comm` may be null when tp == 1.
     Model(const TensorSource& src, Backend& backend, const ModelOptions& opt, Communicator* tp_comm);
     ~Model();
 
@@ -76,6 +79,8 @@ public:
     void allocate_kv(int64_t num_blocks);
     int64_t kv_blocks() const { return attn_.num_blocks; }
     int64_t weight_bytes() const;  // bytes of weights held by this rank
+    // Bytes of checkpoint tensor data this rank read while loading (its slices, in file encoding).
+    int64_t checkpoint_bytes_read() const { return checkpoint_bytes_read_; }
     // Bytes of weights one decode step streams from memory: everything but the embedding table,
     // of which a step reads one row per token (the decode-bandwidth floor's numerator).
     int64_t streamed_weight_bytes() const { return weight_bytes() - embed_table_.bytes(); }
@@ -99,8 +104,9 @@ public:
 
 private:
     void load(const TensorSource& src);
-    Linear load_linear(const TensorSource& src, const std::string& name, int64_t row0, int64_t rows, int64_t col0,
-                       int64_t cols, QuantMode mode);
+    // The one place a linear is made: int8 weights of a converted checkpoint go to the backend as
+    // they are (make_linear_int8), float ones are prepared (and quantized) by make_linear.
+    Linear make_linear(HostTensor& w, QuantMode mode);
 
     ModelConfig cfg_;
     Backend& be_;
@@ -116,6 +122,7 @@ private:
     Buffer inv_freq_;     // [head_dim / 2]
     std::vector<LayerWeights> layers_;
     ActivationObserver observer_;
+    int64_t checkpoint_bytes_read_ = 0;
 
     // Scratch activations for max_batch_tokens rows.
     Buffer hidden_, normed_, qkv_, attn_out_, proj_, gate_up_, act_, head_in_, logits_;

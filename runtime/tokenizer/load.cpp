@@ -91,8 +91,10 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
             spec = load_sentencepiece_model(dir + "tokenizer.model");
             if (exists(cfg)) apply_tokenizer_config(spec, cfg);
             finish_spec(spec);
+        } else if (exists(dir + "tokenizer.gguf")) {  // a converted GGUF model's vocab
+            return std::make_unique<Tokenizer>(load_gguf_vocab(dir + "tokenizer.gguf"));
         } else {
-            LATTICE_FAIL("tokenizer: directory {} has neither tokenizer.json nor tokenizer.model", path);
+            LATTICE_FAIL("tokenizer: directory {} has none of tokenizer.json, tokenizer.model, tokenizer.gguf", path);
         }
         return std::make_unique<Tokenizer>(std::move(spec));
     }

@@ -315,6 +315,10 @@ int64_t GgufTensor::numel() const {
     return n;
 }
 
+void GgufFile::release_pages() const {
+    if (map_) madvise(map_, size_, MADV_DONTNEED);
+}
+
 GgufFile::~GgufFile() {
     if (map_) munmap(map_, size_);
 }

@@ -116,6 +116,8 @@ public:
     const GgufTensor& tensor(const std::string& name) const;       // throws Error if absent
     // First byte of the tensor's data (inside the mapping; valid while this object lives).
     const uint8_t* tensor_data(const GgufTensor& t) const { return base_ + data_offset_ + t.offset; }
+    // Drops this process's page mappings of the file (open() only; the page cache keeps the data).
+    void release_pages() const;
 
 private:
     GgufFile() = default;

@@ -225,6 +225,7 @@ public:
         for (const auto& [n, e] : by_hf_) out.push_back(n);
         return out;
     }
+    void release_pages() const override { file_->release_pages(); }
     std::string describe() const override {
         return fmt::format("{} (GGUF v{}, {} tensors)", file_->path(), file_->version(), file_->tensors().size());
     }

@@ -1,6 +1,7 @@
 // TensorSource over a Hugging Face checkpoint directory: config.json plus model.safetensors, or the
 // shards named by model.safetensors.index.json. Files stay mapped while the source lives; the model
 // copies (and converts) what it keeps, then drops the source. open_model() picks the format.
+#include "runtime/weights/converted_source.h"
 #include "runtime/weights/safetensors.h"
 #include "runtime/weights/tensor_source.h"
 
@@ -10,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <set>
@@ -49,6 +51,9 @@ public:
         return out;
     }
     std::string describe() const override { return dir_ + " (safetensors, " + std::to_string(files_.size()) + " file(s))"; }
+    void release_pages() const override {
+        for (const auto& f : files_) f->release_pages();
+    }
     int64_t total_bytes() const override {
         int64_t b = 0;
         for (const auto& [n, t] : tensors_) b += t.entry->end - t.entry->begin;
@@ -149,7 +154,19 @@ std::unique_ptr<TensorSource> open_model(const std::string& path) {
     mode_t mode = 0;
     const PathKind kind = path_kind(path, "model", &mode);
     LATTICE_CHECK(kind != PathKind::kMissing, "{}: model path does not exist", path);
-    if (kind == PathKind::kDirectory) return std::make_unique<HfSource>(path);
+    if (kind == PathKind::kDirectory) {
+        const std::string dir = path.back() == '/' ? path : path + "/";
+        if (path_kind(dir + "manifest.json", "manifest") != PathKind::kMissing)
+            return open_converted_model(path, ConvertedRank{});
+        if (path_kind(dir + "config.json", "config") == PathKind::kMissing) {
+            std::error_code ec;
+            for (const auto& e : std::filesystem::directory_iterator(path, ec))
+                LATTICE_CHECK(e.path().filename().string().rfind("rank-", 0) != 0,
+                              "{}: rank files but no manifest.json: an interrupted `lattice convert` (convert again)",
+                              path);
+        }
+        return std::make_unique<HfSource>(path);
+    }
     if (path.size() > 5 && path.substr(path.size() - 5) == ".gguf") return open_gguf_model(path);
     LATTICE_CHECK(kind == PathKind::kRegular,
                   "model {} is {}: give a model directory (config.json + safetensors) "

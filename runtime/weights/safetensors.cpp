@@ -132,14 +132,39 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     }
 }
 
+void MappedFile::release_pages() const {
+    if (data_) ::madvise(const_cast<uint8_t*>(data_), size_, MADV_DONTNEED);
+}
+
 MappedFile::~MappedFile() {
     if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path) {
     static const uint8_t kEmpty[1] = {0};
-    for (auto& e : parse_safetensors_header(map_.data() ? map_.data() : kEmpty, map_.size(), path))
-        entries_.emplace(e.name, std::move(e));
+    const uint8_t* data = map_.data() ? map_.data() : kEmpty;
+    for (auto& e : parse_safetensors_header(data, map_.size(), path)) entries_.emplace(e.name, std::move(e));
+    metadata_ = parse_safetensors_metadata(data, map_.size(), path);
+}
+
+std::map<std::string, std::string> parse_safetensors_metadata(const uint8_t* data, size_t size,
+                                                              const std::string& name) {
+    LATTICE_CHECK(size >= 8, "{}: truncated safetensors file", name);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | data[i];
+    LATTICE_CHECK(n <= uint64_t(kMaxSafetensorsHeaderBytes) && n <= size - 8, "{}: bad safetensors header length",
+                  name);
+    std::map<std::string, std::string> out;
+    nlohmann::json j = nlohmann::json::parse(data + 8, data + 8 + n, nullptr, false);
+    if (!j.is_object() || !j.contains("__metadata__")) return out;
+    const auto& m = j["__metadata__"];
+    LATTICE_CHECK(m.is_object(), "{}: safetensors \"__metadata__\" must be an object", name);
+    for (auto it = m.begin(); it != m.end(); ++it) {
+        LATTICE_CHECK(it.value().is_string(), "{}: safetensors __metadata__[\"{}\"] must be a string", name,
+                      it.key());
+        out[it.key()] = it.value().get<std::string>();
+    }
+    return out;
 }
 
 const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
@@ -147,30 +172,103 @@ const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
     return it == entries_.end() ? nullptr : &it->second;
 }
 
-void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors) {
+int64_t SafetensorsSpec::bytes() const {
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    return numel * dtype_size(dtype);
+}
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<SafetensorsSpec> tensors,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path), tensors_(std::move(tensors)), hash_(std::make_unique<Sha256>()) {
     nlohmann::json header = nlohmann::json::object();
+    if (!metadata.empty()) header["__metadata__"] = metadata;
     int64_t offset = 0;
-    for (const auto& t : tensors) {
-        int64_t numel = 1;
-        for (int64_t d : t.shape) numel *= d;
-        int64_t bytes = numel * dtype_size(t.dtype);
+    for (const auto& t : tensors_) {
+        LATTICE_CHECK(!header.contains(t.name) && t.name != "__metadata__", "{}: tensor \"{}\" written twice", path,
+                      t.name);
+        for (int64_t d : t.shape) LATTICE_CHECK(d >= 0, "{}: tensor \"{}\" has a negative dimension", path, t.name);
+        const int64_t bytes = t.bytes();
         header[t.name] = {{"dtype", dtype_tag(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
         offset += bytes;
     }
+    data_bytes_ = offset;
     std::string h = header.dump();
     while ((h.size() + 8) % 8 != 0) h.push_back(' ');  // keep the data section 8-byte aligned
-    AtomicWriter f(path, "safetensors output");
-    uint64_t n = h.size();
-    char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = char((n >> (8 * i)) & 0xff);
-    f.write(len, 8);
-    f.write(h);
-    for (const auto& t : tensors) {
-        int64_t numel = 1;
-        for (int64_t d : t.shape) numel *= d;
-        f.write(t.data, size_t(numel * dtype_size(t.dtype)));
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    LATTICE_CHECK(fd_ >= 0, "{}: cannot open for writing ({})", path, std::strerror(errno));
+    const uint64_t n = h.size();
+    uint8_t len[8];
+    for (int i = 0; i < 8; ++i) len[i] = uint8_t((n >> (8 * i)) & 0xff);
+    put(len, 8);
+    put(h.data(), h.size());
+    while (current_ < tensors_.size() && tensors_[current_].bytes() == 0) ++current_;
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+    if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsWriter::put(const void* data, size_t bytes) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    size_t left = bytes;
+    while (left > 0) {
+        const ssize_t w = ::write(fd_, p, std::min<size_t>(left, size_t(1) << 30));
+        if (w < 0 && errno == EINTR) continue;
+        LATTICE_CHECK(w > 0, "{}: write failed after {} bytes ({})", path_, file_bytes_, std::strerror(errno));
+        p += w;
+        left -= size_t(w);
+        file_bytes_ += w;
     }
-    f.commit();
+    hash_->update(data, bytes);
+}
+
+void SafetensorsWriter::write(const std::string& name, const void* data, int64_t bytes) {
+    LATTICE_CHECK(fd_ >= 0, "{}: write after finish", path_);
+    LATTICE_CHECK(current_ < tensors_.size() && tensors_[current_].name == name,
+                  "{}: tensor \"{}\" written out of order (expected \"{}\")", path_, name,
+                  current_ < tensors_.size() ? tensors_[current_].name : std::string("nothing more"));
+    const int64_t want = tensors_[current_].bytes();
+    LATTICE_CHECK(bytes >= 0 && written_ + bytes <= want, "{}: tensor \"{}\": {} more bytes overflow its {} bytes",
+                  path_, name, bytes, want - written_);
+    put(data, size_t(bytes));
+    written_ += bytes;
+    if (written_ == want) {
+        written_ = 0;
+        ++current_;
+        while (current_ < tensors_.size() && tensors_[current_].bytes() == 0) ++current_;
+    }
+}
+
+SafetensorsWriter::Result SafetensorsWriter::finish() {
+    LATTICE_CHECK(fd_ >= 0, "{}: finish called twice", path_);
+    LATTICE_CHECK(current_ == tensors_.size(), "{}: finished with tensor \"{}\" incomplete ({} bytes written)", path_,
+                  current_ < tensors_.size() ? tensors_[current_].name : "", written_);
+    LATTICE_CHECK(::fsync(fd_) == 0, "{}: fsync failed ({})", path_, std::strerror(errno));
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    LATTICE_CHECK(rc == 0, "{}: close failed ({})", path_, std::strerror(errno));
+    return {file_bytes_, sha256_hex(hash_->finish())};
+}
+
+// Harden's output rules (base/file.h): the target must be a regular file or absent, the data goes to a
+// private temporary file renamed over it only when complete.
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors) {
+    check_output_path(path, "safetensors output");
+    std::vector<SafetensorsSpec> specs;
+    for (const auto& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    try {
+        SafetensorsWriter w(tmp, specs);
+        for (size_t i = 0; i < tensors.size(); ++i) w.write(tensors[i].name, tensors[i].data, specs[i].bytes());
+        w.finish();
+        check_output_path(path, "safetensors output");
+        LATTICE_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "safetensors output {}: rename from {} failed ({})",
+                      path, tmp, std::strerror(errno));
+    } catch (...) {
+        ::unlink(tmp.c_str());
+        throw;
+    }
 }
 
 }  // namespace lattice

@@ -11,10 +11,12 @@
 
 #include "base/dtype.h"
 #include "runtime/weights/dequant.h"  // convert_elements, used with the tensors read here
+#include "runtime/weights/sha256.h"
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,11 @@ constexpr int kMaxSafetensorsJsonDepth = 8;        // {"t": {"shape": [..]}} is 
 // `name` labels errors. Throws Error naming the file and tensor at fault.
 std::vector<SafetensorsEntry> parse_safetensors_header(const uint8_t* data, size_t size, const std::string& name);
 
+// The "__metadata__" object of a safetensors header (string values only, as the format says);
+// empty when absent. Call on a header parse_safetensors_header accepted.
+std::map<std::string, std::string> parse_safetensors_metadata(const uint8_t* data, size_t size,
+                                                              const std::string& name);
+
 // Read-only memory map of a file (MAP_PRIVATE), unmapped on destruction.
 class MappedFile {
 public:
@@ -48,6 +55,9 @@ public:
     const uint8_t* data() const { return data_; }
     size_t size() const { return size_; }
     const std::string& path() const { return path_; }
+    // Drops this process's page mappings (the page cache keeps the data; a later touch maps it again),
+    // so streaming through a large file does not grow the resident set to the file's size.
+    void release_pages() const;
 
 private:
     std::string path_;
@@ -63,10 +73,14 @@ public:
     const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
     const SafetensorsEntry* find(const std::string& name) const;
     const uint8_t* bytes(const SafetensorsEntry& e) const { return map_.data() + e.begin; }
+    const std::map<std::string, std::string>& metadata() const { return metadata_; }
+    size_t size() const { return map_.size(); }
+    void release_pages() const { map_.release_pages(); }
 
 private:
     MappedFile map_;
     std::map<std::string, SafetensorsEntry> entries_;
+    std::map<std::string, std::string> metadata_;
 };
 
 // A tensor to write: contiguous host data of `dtype` and `shape`.
@@ -80,5 +94,44 @@ struct TensorToWrite {
 // torn file; `path` must be absent or a regular file (never a symlink, FIFO or device, which a
 // rename would replace).
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors);
+
+// Streaming writer: the header (every name, dtype, shape, in file order) is written first, then each
+// tensor's bytes are appended in that order, one tensor (or several pieces of it) at a time, so a
+// file far larger than memory is written holding one tensor. The bytes are hashed as they are
+// written (SHA-256 of the whole file, header included). finish() checks every tensor was complete,
+// fsyncs and closes; a writer destroyed before finish() leaves a torn file for its caller to remove.
+struct SafetensorsSpec {
+    std::string name;
+    DType dtype = DType::kF32;
+    std::vector<int64_t> shape;
+    int64_t bytes() const;
+};
+class SafetensorsWriter {
+public:
+    SafetensorsWriter(const std::string& path, std::vector<SafetensorsSpec> tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+    ~SafetensorsWriter();
+    SafetensorsWriter(const SafetensorsWriter&) = delete;
+    SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+    // Appends bytes of the current tensor (`name` must be it); throws when they overflow it.
+    void write(const std::string& name, const void* data, int64_t bytes);
+    struct Result {
+        int64_t bytes = 0;   // file size
+        std::string sha256;  // of the whole file
+    };
+    Result finish();
+    int64_t data_bytes() const { return data_bytes_; }  // sum of the tensors' bytes
+
+private:
+    void put(const void* data, size_t bytes);
+    std::string path_;
+    int fd_ = -1;
+    std::vector<SafetensorsSpec> tensors_;
+    size_t current_ = 0;     // tensor being written
+    int64_t written_ = 0;    // bytes of it so far
+    int64_t file_bytes_ = 0;
+    int64_t data_bytes_ = 0;
+    std::unique_ptr<Sha256> hash_;
+};
 
 }  // namespace lattice

@@ -31,6 +31,26 @@ struct TensorInfo {
     int64_t cols() const { return shape.empty() ? 1 : shape.back(); }
 };
 
+// What `lattice convert` prepared a checkpoint for (runtime/weights/converted_source.h): the file of
+// one rank of a tp x pp layout, holding exactly that rank's tensors under rank-local names
+// (fused q|k|v and gate|up, SmoothQuant folded in), int8 + per-channel scales for int8 modes.
+struct PreparedLayout {
+    std::string folder;
+    int tp = 1, pp = 1;
+    int rank = 0;                       // world rank whose file this source reads
+    std::vector<int64_t> stage_layers;  // layers per pipeline stage
+    std::string quant = "none";         // none | w8a16 | w8a8 (runtime/backend/backend.h QuantMode names)
+    bool quant_head = false;            // the LM head is int8 too
+    std::string smooth;                 // name of the folded SmoothQuant factor file, "" when none
+    int tp_rank() const { return rank % tp; }
+    int pp_rank() const { return rank / tp; }
+    // "tp 2 x pp 1 (quant w8a8)"
+    std::string describe() const {
+        return "tp " + std::to_string(tp) + " x pp " + std::to_string(pp) + " (quant " + quant +
+               (quant_head ? ", int8 LM head" : "") + (smooth.empty() ? "" : ", smoothed with " + smooth) + ")";
+    }
+};
+
 class TensorSource {
 public:
     virtual ~TensorSource() = default;
@@ -48,6 +68,11 @@ public:
     // Every tensor the checkpoint holds (HF names where mapped, the file's own name otherwise);
     // empty when the source cannot list them (check_tensor_set then checks only what the model needs).
     virtual std::vector<std::string> tensor_names() const { return {}; }
+    // Non-null for a converted checkpoint: the layout, rank and quantization its tensors are for.
+    virtual const PreparedLayout* prepared() const { return nullptr; }
+    // Hint after a caller copied what it read: drop this process's mappings of the file pages (the
+    // page cache keeps them), so streaming a checkpoint keeps the resident set near one tensor.
+    virtual void release_pages() const {}
 };
 
 // Checks a checkpoint against its config before anything is loaded: every tensor the Llama forward
@@ -66,7 +91,8 @@ int64_t first_non_finite(const void* data, DType t, int64_t n);
 // non-finite value of a converted row slice (row `row`, starting at column `col0`).
 void check_finite_row(const void* data, DType t, int64_t n, const TensorInfo& info, int64_t row, int64_t col0);
 
-// Opens a model: a HF directory (config.json + safetensors) or a .gguf file.
+// Opens a model: a HF directory (config.json + safetensors), a .gguf file, or a converted folder
+// (manifest.json) of a single-rank layout (other layouts: open_converted_model, which needs the rank).
 std::unique_ptr<TensorSource> open_model(const std::string& path);
 // The GGUF reader behind open_model for *.gguf paths (runtime/gguf_source.cpp).
 std::unique_ptr<TensorSource> open_gguf_model(const std::string& path);

@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <cmath>
 #include <fstream>
 #include <cstdlib>
 #include <cstring>
@@ -138,26 +139,51 @@ Linear CpuBackend::make_linear(const View& w, QuantMode mode) {
                   w.shape_str());
     LATTICE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16,
                   "make_linear: weight dtype {} unsupported", dtype_name(w.dtype));
-    Linear l;
-    l.n = w.dim(0);
-    l.k = w.dim(1);
-    l.mode = mode;
+    const int64_t n = w.dim(0), k = w.dim(1);
     if (mode != QuantMode::kNone) {
-        // Symmetric per-output-channel int8, packed once into the VNNI panel layout.
+        // Symmetric per-output-channel int8, then the same packing a pre-quantized layer gets.
         std::vector<float> wf(static_cast<size_t>(w.numel()));
         convert_elements(w.data, w.dtype, wf.data(), DType::kF32, w.numel());
         std::vector<int8_t> q(wf.size());
-        l.scales = alloc_bytes(DType::kF32, View::contiguous(nullptr, DType::kF32, {l.n}));
-        quantize_weights_per_channel(wf.data(), l.n, l.k, q.data(), l.scales.ptr<float>());
-        auto packed = std::make_shared<PackedInt8>(pack_int8_weights(q.data(), l.n, l.k, detect_isa()));
-        l.prepared_bytes = int64_t(packed->data.size()) + int64_t(packed->col_sums.size() * sizeof(int32_t));
-        l.prepared = std::move(packed);
-        l.weight_dtype = DType::kI8;
-        return l;
+        std::vector<float> scales(static_cast<size_t>(n));
+        quantize_weights_per_channel(wf.data(), n, k, q.data(), scales.data());
+        wf = {};
+        return make_linear_int8(View::contiguous(q.data(), DType::kI8, {n, k}),
+                                View::contiguous(scales.data(), DType::kF32, {n}), mode);
     }
+    Linear l;
+    l.n = n;
+    l.k = k;
+    l.mode = mode;
     l.weight_dtype = w.dtype;
     l.weight = alloc_bytes(w.dtype, View::contiguous(nullptr, w.dtype, {l.n, l.k}));
     std::memcpy(l.weight.data(), w.data, size_t(w.bytes()));
+    return l;
+}
+
+Linear CpuBackend::make_linear_int8(const View& q, const View& scales, QuantMode mode) {
+    LATTICE_CHECK(q.ndim == 2 && q.is_contiguous() && q.dtype == DType::kI8 && q.device == Device::kCpu,
+                  "make_linear_int8: expected contiguous host i8 [n, k] weights, got {} {}", dtype_name(q.dtype),
+                  q.shape_str());
+    LATTICE_CHECK(mode != QuantMode::kNone, "make_linear_int8: quant mode none has no int8 weights");
+    Linear l;
+    l.n = q.dim(0);
+    l.k = q.dim(1);
+    LATTICE_CHECK(scales.dtype == DType::kF32 && scales.numel() == l.n && scales.is_contiguous(),
+                  "make_linear_int8: scales must be f32 [{}], got {} {}", l.n, dtype_name(scales.dtype),
+                  scales.shape_str());
+    const float* s = static_cast<const float*>(scales.data);
+    for (int64_t i = 0; i < l.n; ++i)
+        LATTICE_CHECK(std::isfinite(s[i]) && s[i] > 0, "make_linear_int8: scale {} of channel {} is not positive "
+                      "and finite", s[i], i);
+    l.mode = mode;
+    l.scales = alloc_bytes(DType::kF32, View::contiguous(nullptr, DType::kF32, {l.n}));
+    std::memcpy(l.scales.data(), scales.data, size_t(l.n) * sizeof(float));
+    auto packed = std::make_shared<PackedInt8>(
+        pack_int8_weights(static_cast<const int8_t*>(q.data), l.n, l.k, detect_isa()));
+    l.prepared_bytes = int64_t(packed->data.size()) + int64_t(packed->col_sums.size() * sizeof(int32_t));
+    l.prepared = std::move(packed);
+    l.weight_dtype = DType::kI8;
     return l;
 }
 

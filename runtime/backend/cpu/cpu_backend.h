@@ -37,6 +37,7 @@ public:
     void copy(const View& dst, const View& src) override;
 
     Linear make_linear(const View& host_w, QuantMode mode) override;
+    Linear make_linear_int8(const View& host_q, const View& host_scales, QuantMode mode) override;
     Buffer make_f32(const View& host) override;
     Buffer make_table(const View& host) override;
 

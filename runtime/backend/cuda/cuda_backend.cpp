@@ -236,14 +236,42 @@ Linear CudaBackend::make_linear(const View& host_w, QuantMode mode) {
         sync();
         return lin;
     }
-    // int8 modes: symmetric per output channel, zero padded to multiples of 16 (IMMA / GEMV loads).
+    // int8 modes: symmetric per output channel (the CPU's formula), then the pre-quantized path.
+    std::vector<int8_t> q(size_t(n * k));
+    std::vector<float> scales(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+        host_row_f32(host_w, i, k, row.data());
+        scales[size_t(i)] = quantize_row_int8(row.data(), k, &q[size_t(i * k)]);  // same as the CPU
+    }
+    return make_linear_int8(View::contiguous(q.data(), DType::kI8, {n, k}),
+                            View::contiguous(scales.data(), DType::kF32, {n}), mode);
+}
+
+Linear CudaBackend::make_linear_int8(const View& host_q, const View& host_scales, QuantMode mode) {
+    LATTICE_CHECK(host_q.device == Device::kCpu && host_q.ndim == 2 && host_q.is_contiguous() &&
+                      host_q.dtype == DType::kI8,
+                  "CudaBackend::make_linear_int8: expected contiguous host i8 [n, k] weights, got {} {}",
+                  dtype_name(host_q.dtype), host_q.shape_str());
+    LATTICE_CHECK(mode != QuantMode::kNone, "CudaBackend::make_linear_int8: quant mode none has no int8 weights");
+    const int64_t n = host_q.shape[0], k = host_q.shape[1];
+    LATTICE_CHECK(host_scales.device == Device::kCpu && host_scales.dtype == DType::kF32 &&
+                      host_scales.numel() == n && host_scales.is_contiguous(),
+                  "CudaBackend::make_linear_int8: scales must be host f32 [{}], got {} {}", n,
+                  dtype_name(host_scales.dtype), host_scales.shape_str());
+    // Zero padded to multiples of 16 (IMMA / GEMV loads); padding rows have scale 0.
     const int64_t n_pad = round_up(n, 16), k_pad = round_up(k, 16);
     std::vector<int8_t> q(size_t(n_pad * k_pad), 0);
     std::vector<float> scales(size_t(n_pad), 0.0f);
+    const auto* src = static_cast<const int8_t*>(host_q.data);
+    const auto* src_scales = static_cast<const float*>(host_scales.data);
     for (int64_t i = 0; i < n; ++i) {
-        host_row_f32(host_w, i, k, row.data());
-        scales[size_t(i)] = quantize_row_int8(row.data(), k, &q[size_t(i * k_pad)]);  // same as the CPU
+        std::memcpy(&q[size_t(i * k_pad)], src + i * k, size_t(k));
+        scales[size_t(i)] = src_scales[i];
     }
+    Linear lin;
+    lin.n = n;
+    lin.k = k;
+    lin.mode = mode;
     lin.weight_dtype = DType::kI8;
     lin.weight = alloc(DType::kI8, {n_pad, k_pad});
     lin.scales = alloc(DType::kF32, {n_pad});

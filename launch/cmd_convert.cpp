@@ -1,0 +1,146 @@
+// `lattice convert --model M --out DIR --tp N --pp M --quant none|w8a16|w8a8|auto [--quant-head]
+// [--smooth FILE] [--pp-layers a,b,..] [--progress auto|bar|lines|none]`: a pre-sharded checkpoint,
+// one file per rank, already quantized (runtime/engine/convert.h). Under mpirun the ranks convert in
+// parallel (rank r writes files r, r + W, ...); any number of ranks works, one included.
+// Progress (rank 0): a bar with bytes, rate and ETA on a terminal, a line every 5 s and per file
+// otherwise. The last line gives the folder, sizes, time and the peak resident memory (VmHWM).
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/memory.h"
+#include "launch/cli.h"
+#include "launch/cli_common.h"
+#include "parallel/mpi_session.h"
+#include "parallel/parallel_context.h"
+#include "runtime/engine/convert.h"
+
+namespace lattice {
+
+namespace {
+
+struct ConvertArgs {
+    std::string model, out, quant = "auto", smooth, pp_layers, progress = "auto";
+    int tp = 1, pp = 1;
+    bool quant_head = false;
+    double comm_timeout = 600;
+};
+
+std::string gib(int64_t b) {
+    return fmt::format("{:.2f} GiB", double(b) / double(int64_t(1) << 30));
+}
+
+class Bar {
+public:
+    explicit Bar(const std::string& mode, bool quiet) {
+        tty_ = mode == "bar" || (mode == "auto" && ::isatty(2));
+        off_ = mode == "none" || quiet;
+    }
+    void update(const ConvertProgress& p) {
+        if (off_) return;
+        const double t = seconds_since(start_);
+        const bool file_done = p.files_done != files_done_;
+        files_done_ = p.files_done;
+        if (!file_done && t - last_ < (tty_ ? 0.2 : 5.0)) return;
+        last_ = t;
+        const double rate = t > 0 ? double(p.bytes_done) / t : 0;
+        const double left = rate > 0 ? double(p.bytes_total - p.bytes_done) / rate : 0;
+        const std::string eta = fmt::format("{}:{:02}", int64_t(left) / 60, int64_t(left) % 60);
+        if (tty_) {
+            const int width = 30;
+            const int fill = p.bytes_total > 0 ? int(width * double(p.bytes_done) / double(p.bytes_total)) : width;
+            print_stderr(fmt::format("\r[{}{}] {} / {}  {:.1f} MB/s  ETA {}  file {}/{}  ", std::string(size_t(fill), '#'),
+                       std::string(size_t(width - fill), '.'), gib(p.bytes_done), gib(p.bytes_total), rate / 1e6, eta,
+                       p.files_done, p.files_total));
+        } else {
+            print_stderr(fmt::format("convert: {} / {} ({:.1f} MB/s, ETA {}), {} of {} files{}\n", gib(p.bytes_done),
+                       gib(p.bytes_total), rate / 1e6, eta, p.files_done, p.files_total,
+                       file_done ? ", finished " + p.file : ""));
+        }
+        std::fflush(stderr);
+    }
+    void end() {
+        if (tty_ && !off_) print_stderr("\n");
+    }
+
+private:
+    SteadyClock::time_point start_ = SteadyClock::now();
+    double last_ = -1e9;
+    int files_done_ = 0;
+    bool tty_ = false, off_ = false;
+};
+
+int run_convert(const ConvertArgs& a) {
+    // Several ranks only under an MPI starter; every rank then takes files of its own.
+    const bool mpi = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK");
+    ParallelContext ctx = make_local_context();
+    if (mpi) {
+        ctx = make_parallel_context(mpi_session().size(), 1, a.comm_timeout);
+        if (ctx.world.world > 1) mpi_session().install_termination_reporter();
+        if (ctx.world.rank != 0) set_log_level(LogLevel::kWarn);
+    }
+    ConvertOptions o;
+    o.out = a.out;
+    o.tp = a.tp;
+    o.pp = a.pp;
+    if (!a.pp_layers.empty())
+        for (int32_t v : parse_id_list(a.pp_layers, "--pp-layers")) o.pp_layers.push_back(v);
+    o.smooth_path = a.smooth;
+    o.source_path = a.model;
+    o.writer = "lattice 0.1.0";
+    ModelSpec spec;
+    spec.path = a.model;
+    std::unique_ptr<TensorSource> src = open_spec(spec);
+    if (a.quant == "auto") {
+        // As a load with --quant auto would run it: a block-quantized GGUF as w8a8 with an int8 head.
+        const bool q = checkpoint_is_quantized(*src);
+        o.quant = q ? QuantMode::kW8A8 : QuantMode::kNone;
+        o.quant_head = q || a.quant_head;
+    } else {
+        o.quant = parse_quant_mode(a.quant);
+        o.quant_head = a.quant_head;
+    }
+    Bar bar(a.progress, ctx.world.rank != 0);
+    o.on_progress = [&bar](const ConvertProgress& p) { bar.update(p); };
+    LOG_INFO("convert: {} -> {} (tp {} x pp {}, quant {}{}{}) on {} process(es)", src->describe(), a.out, a.tp, a.pp,
+             quant_mode_name(o.quant), o.quant_head ? ", int8 head" : "", a.smooth.empty() ? "" : ", smoothed",
+             ctx.world.world);
+    ConvertResult r = convert_checkpoint(*src, o, *ctx.world_comm);
+    bar.end();
+    if (ctx.world.rank == 0) {
+        int64_t total = 0;
+        for (const auto& f : r.manifest.files) total += f.bytes;
+        print_stdout("converted {} -> {}: {} files, {} in {:.1f} s; peak resident memory {:.0f} MiB (rank 0)\n",
+                   src->describe(), r.folder, r.manifest.files.size() + 1, gib(total), r.seconds,
+                   double(peak_resident_bytes()) / (1 << 20));
+    }
+    return 0;
+}
+
+}  // namespace
+
+void add_convert_command(CLI::App& app, CommandRun& run) {
+    auto args = std::make_shared<ConvertArgs>();
+    auto* cmd = app.add_subcommand("convert", "Write a pre-sharded, pre-quantized checkpoint: one file per rank");
+    cmd->add_option("--model", args->model, "HF model directory or .gguf file")->required();
+    cmd->add_option("--out", args->out, "Folder to create (must not exist)")->required();
+    cmd->add_option("--tp", args->tp, "Tensor-parallel ranks of the layout")->check(int_range(1, 4096));
+    cmd->add_option("--pp", args->pp, "Pipeline stages of the layout")->check(int_range(1, 4096));
+    cmd->add_option("--pp-layers", args->pp_layers, "Layers per pipeline stage, e.g. 20,20,21,19");
+    cmd->add_option("--quant", args->quant,
+                    "none | w8a16 | w8a8 | auto (w8a8 with an int8 head for a Q4/Q8 GGUF, none otherwise)")
+        ->check(CLI::IsMember({"auto", "none", "w8a16", "w8a8"}));
+    cmd->add_flag("--quant-head", args->quant_head, "Quantize the LM head too");
+    cmd->add_option("--smooth", args->smooth, "SmoothQuant factors (lattice calibrate) to fold into the weights");
+    cmd->add_option("--progress", args->progress, "auto (a bar on a terminal, lines otherwise) | bar | lines | none")
+        ->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
+    cmd->add_option("--comm-timeout", args->comm_timeout, "Seconds a rank waits for the others (under mpirun)")
+        ->check(real_range(0.1, 7 * 24 * 3600.0));
+    cmd->callback([&run, args] { run = [args] { return run_convert(*args); }; });
+}
+
+}  // namespace lattice

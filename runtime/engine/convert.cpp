@@ -1,0 +1,301 @@
+// convert_checkpoint (see convert.h).
+#include "runtime/engine/convert.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "parallel/world_config.h"
+#include "runtime/model/rank_weights.h"
+#include "runtime/weights/gguf.h"
+#include "runtime/weights/gguf_writer.h"
+#include "runtime/weights/safetensors.h"
+#include "runtime/weights/sha256.h"
+
+namespace lattice {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Tokenizer files copied from a Hugging Face folder when present.
+const char* const kHfTokenizerFiles[] = {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                                         "special_tokens_map.json"};
+
+// One file's result as gathered to rank 0: fixed size, so one all_gather carries every rank's.
+struct FileRecord {
+    int64_t file = -1;  // rank file index, -1: empty slot
+    int64_t bytes = 0;
+    char sha256[64] = {};
+};
+struct RankRecord {
+    int64_t failed = 0;
+    char message[440] = {};  // the failing rank's error, for every rank's message
+};
+
+void fsync_path(const fs::path& p, bool directory) {
+    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | (directory ? O_DIRECTORY : 0));
+    LATTICE_CHECK(fd >= 0, "{}: cannot open to sync ({})", p.string(), std::strerror(errno));
+    const int rc = ::fsync(fd);
+    ::close(fd);
+    LATTICE_CHECK(rc == 0, "{}: fsync failed ({})", p.string(), std::strerror(errno));
+}
+
+ModelOptions rank_options(const ConvertOptions& o, const std::vector<std::pair<int64_t, int64_t>>& stages, int rank) {
+    ModelOptions m;
+    m.quant = o.quant;
+    m.quant_head = o.quant_head;
+    m.tp = o.tp;
+    m.tp_rank = rank % o.tp;
+    const int pp_rank = rank / o.tp;
+    m.layer_begin = stages[size_t(pp_rank)].first;
+    m.layer_end = stages[size_t(pp_rank)].second;
+    m.first_stage = pp_rank == 0;
+    m.last_stage = pp_rank == o.pp - 1;
+    m.smooth_path = o.smooth_path;
+    return m;
+}
+
+// The tensors of one rank's file, in write order: each RankWeights tensor (int8 linears as the
+// weight and its scales), then the rope frequency factors of a GGUF source.
+std::vector<SafetensorsSpec> file_specs(const RankWeights& rw, const TensorSource& src) {
+    std::vector<SafetensorsSpec> specs;
+    for (const RankTensor& t : rw.tensors()) {
+        const std::vector<int64_t> shape =
+            t.vector ? std::vector<int64_t>{t.cols} : std::vector<int64_t>{t.rows, t.cols};
+        if (t.mode != QuantMode::kNone) {
+            specs.push_back({t.name, DType::kI8, shape});
+            specs.push_back({t.name + kScaleSuffix, DType::kF32, {t.rows}});
+        } else {
+            specs.push_back({t.name, t.dtype, shape});
+        }
+    }
+    const std::vector<float> f = src.rope_freq_factors();
+    if (!f.empty()) specs.push_back({"rope_freqs.weight", DType::kF32, {int64_t(f.size())}});
+    return specs;
+}
+
+int64_t data_bytes(const std::vector<SafetensorsSpec>& specs) {
+    int64_t b = 0;
+    for (const auto& s : specs) b += s.bytes();
+    return b;
+}
+
+// Tokenizer files into `dir`; returns their names.
+std::vector<std::string> write_tokenizer(const std::string& source, const fs::path& dir) {
+    std::vector<std::string> names;
+    std::error_code ec;
+    if (source.empty()) return names;
+    if (fs::is_directory(source, ec)) {
+        for (const char* n : kHfTokenizerFiles) {
+            if (!fs::is_regular_file(fs::path(source) / n, ec)) continue;
+            fs::copy_file(fs::path(source) / n, dir / n, ec);
+            LATTICE_CHECK(!ec, "{}: cannot copy to {} ({})", (fs::path(source) / n).string(), dir.string(),
+                          ec.message());
+            names.push_back(n);
+        }
+    } else if (fs::is_regular_file(source, ec)) {
+        auto g = GgufFile::open(source);
+        if (g->has("tokenizer.ggml.model")) {
+            write_gguf_metadata((dir / "tokenizer.gguf").string(), *g, gguf_tokenizer_keys(*g));
+            names.push_back("tokenizer.gguf");
+        }
+    }
+    if (names.empty()) LOG_WARN("{}: no tokenizer files found; the converted folder has none", source);
+    return names;
+}
+
+}  // namespace
+
+ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& o, Communicator& world) {
+    const auto t0 = SteadyClock::now();
+    const ModelConfig& cfg = src.config();
+    LATTICE_CHECK(src.prepared() == nullptr, "{} is already a converted checkpoint", src.describe());
+    LATTICE_CHECK(!o.out.empty(), "convert: no output folder given");
+    LATTICE_CHECK(!o.quant_head || o.quant != QuantMode::kNone, "convert: --quant-head needs an int8 --quant");
+    check_tensor_set(src);  // what a load of the original would refuse is not converted either
+    check_model_layout(cfg.dims(), o.tp, o.pp);
+    const auto stages = stage_layer_ranges(cfg.n_layers, o.pp, o.pp_layers);
+    const int W = world.size(), me = world.rank(), files = o.tp * o.pp;
+
+    fs::path out = fs::absolute(fs::path(o.out)).lexically_normal();
+    if (out.filename().empty()) out = out.parent_path();
+    const fs::path parent = out.parent_path();
+
+    // Rank 0 creates the hidden partial folder; every rank learns its name (rank 0's pid).
+    int32_t pid = 0;
+    std::string start_error;
+    if (me == 0) {
+        try {
+            std::error_code ec;
+            LATTICE_CHECK(fs::is_directory(parent, ec), "{}: the parent folder of --out does not exist",
+                          parent.string());
+            LATTICE_CHECK(!fs::exists(out, ec), "{} already exists: remove it or choose another --out", out.string());
+            const fs::path tmp = parent / ("." + out.filename().string() + ".partial-" + std::to_string(::getpid()));
+            LATTICE_CHECK(fs::create_directory(tmp, ec) && !ec, "{}: cannot create ({})", tmp.string(),
+                          ec ? ec.message() : "exists");
+            pid = int32_t(::getpid());
+        } catch (const Error& e) {
+            start_error = e.message();
+        }
+    }
+    world.broadcast(View::contiguous(&pid, DType::kI32, {1}), 0);
+    if (pid == 0) {
+        LATTICE_CHECK(me != 0, "{}", start_error);
+        LATTICE_FAIL("convert: rank 0 could not create the output folder (see its error)");
+    }
+    const fs::path tmp = parent / ("." + out.filename().string() + ".partial-" + std::to_string(pid));
+
+    // This rank's files.
+    const int slots = (files + W - 1) / W;
+    std::vector<FileRecord> mine(static_cast<size_t>(slots));
+    RankRecord status;
+    ConvertResult result;
+    try {
+        std::vector<int> my_files;
+        for (int f = me; f < files; f += W) my_files.push_back(f);
+        ConvertProgress prog;
+        prog.files_total = int(my_files.size());
+        for (int f : my_files) {
+            RankWeights rw(src, rank_options(o, stages, f));
+            prog.bytes_total += data_bytes(file_specs(rw, src));
+        }
+        for (size_t i = 0; i < my_files.size(); ++i) {
+            const int f = my_files[i];
+            RankWeights rw(src, rank_options(o, stages, f));
+            const std::vector<SafetensorsSpec> specs = file_specs(rw, src);
+            const std::string name = rank_file_name(f, files);
+            prog.file = name;
+            const std::map<std::string, std::string> meta = {
+                {"format", kConvertedFormat}, {"format_version", std::to_string(kConvertedFormatVersion)},
+                {"tp", std::to_string(o.tp)}, {"pp", std::to_string(o.pp)},
+                {"rank", std::to_string(f)},  {"quant", std::string(quant_mode_name(o.quant))}};
+            SafetensorsWriter w((tmp / name).string(), specs, meta);
+            for (const RankTensor& t : rw.tensors()) {
+                HostTensor h = rw.read(t);
+                if (t.mode != QuantMode::kNone) {
+                    h = quantize_per_channel(h, t.name);
+                    w.write(t.name, h.data.data(), int64_t(h.data.size()));
+                    w.write(t.name + kScaleSuffix, h.scales.data(), int64_t(h.scales.size() * sizeof(float)));
+                    prog.bytes_done += int64_t(h.data.size() + h.scales.size() * sizeof(float));
+                } else {
+                    w.write(t.name, h.data.data(), int64_t(h.data.size()));
+                    prog.bytes_done += int64_t(h.data.size());
+                }
+                h = {};
+                src.release_pages();
+                if (o.on_progress) o.on_progress(prog);
+            }
+            const std::vector<float> freqs = src.rope_freq_factors();
+            if (!freqs.empty()) w.write("rope_freqs.weight", freqs.data(), int64_t(freqs.size() * sizeof(float)));
+            const SafetensorsWriter::Result r = w.finish();
+            mine[i].file = f;
+            mine[i].bytes = r.bytes;
+            std::memcpy(mine[i].sha256, r.sha256.data(), 64);
+            result.bytes_written += r.bytes;
+            ++prog.files_done;
+            if (o.on_progress) o.on_progress(prog);
+        }
+    } catch (const Error& e) {
+        status.failed = 1;
+        std::snprintf(status.message, sizeof(status.message), "rank %d: %s", me, e.message().c_str());
+    }
+
+    // Gather every rank's status and file records (fixed-size bytes per rank).
+    const int64_t per = int64_t(sizeof(RankRecord) + slots * sizeof(FileRecord));
+    std::vector<uint8_t> send(static_cast<size_t>(per)), all(static_cast<size_t>(per * W));
+    std::memcpy(send.data(), &status, sizeof(status));
+    std::memcpy(send.data() + sizeof(status), mine.data(), mine.size() * sizeof(FileRecord));
+    world.all_gather(View::contiguous(all.data(), DType::kU8, {per * W}),
+                     View::contiguous(send.data(), DType::kU8, {per}));
+
+    Manifest m;
+    m.writer = o.writer;
+    m.source = src.describe();
+    m.config = cfg;
+    m.tp = o.tp;
+    m.pp = o.pp;
+    for (const auto& [b, e] : stages) m.stage_layers.push_back(e - b);
+    m.quant = std::string(quant_mode_name(o.quant));
+    m.quant_head = o.quant_head;
+    std::string failure;
+    for (int r = 0; r < W; ++r) {
+        RankRecord rr;
+        std::memcpy(&rr, all.data() + r * per, sizeof(rr));
+        if (rr.failed && failure.empty()) failure = std::string(rr.message, strnlen(rr.message, sizeof(rr.message)));
+        for (int s = 0; s < slots; ++s) {
+            FileRecord fr;
+            std::memcpy(&fr, all.data() + r * per + int64_t(sizeof(RankRecord)) + s * int64_t(sizeof(FileRecord)),
+                        sizeof(fr));
+            if (fr.file < 0) continue;
+            ManifestFile mf;
+            mf.path = rank_file_name(int(fr.file), files);
+            mf.kind = "rank";
+            mf.rank = int(fr.file);
+            mf.bytes = fr.bytes;
+            mf.sha256.assign(fr.sha256, 64);
+            m.files.push_back(mf);
+        }
+    }
+    std::sort(m.files.begin(), m.files.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
+
+    // Rank 0 finishes: tokenizer, manifest (last), sync, rename; then tells everyone.
+    int32_t done = failure.empty() ? 1 : 0;
+    if (me == 0) {
+        if (done) {
+            try {
+                if (!o.smooth_path.empty()) {
+                    m.smooth = fs::path(o.smooth_path).filename().string();
+                    m.smooth_sha256 = sha256_file(o.smooth_path);
+                }
+                for (const std::string& n : write_tokenizer(o.source_path, tmp)) {
+                    ManifestFile mf;
+                    mf.path = n;
+                    mf.kind = "tokenizer";
+                    mf.bytes = int64_t(fs::file_size(tmp / n));
+                    mf.sha256 = sha256_file((tmp / n).string());
+                    fsync_path(tmp / n, false);
+                    m.files.push_back(mf);
+                }
+                parse_manifest(manifest_json(m), "manifest.json being written");  // what a loader will accept
+                {
+                    std::ofstream f(tmp / "manifest.json", std::ios::binary | std::ios::trunc);
+                    f << manifest_json(m);
+                    f.flush();
+                    LATTICE_CHECK(f.good(), "{}: write failed", (tmp / "manifest.json").string());
+                }
+                fsync_path(tmp / "manifest.json", false);
+                fsync_path(tmp, true);
+                LATTICE_CHECK(::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, out.c_str(), RENAME_NOREPLACE) == 0,
+                              "{}: cannot rename {} to it ({})", out.string(), tmp.string(), std::strerror(errno));
+                fsync_path(parent, true);
+            } catch (const Error& e) {
+                done = 0;
+                failure = "rank 0: " + e.message();
+            }
+        }
+        if (!done) {
+            std::error_code ec;
+            fs::remove_all(tmp, ec);
+        }
+    }
+    world.broadcast(View::contiguous(&done, DType::kI32, {1}), 0);
+    if (!done)
+        LATTICE_FAIL("convert to {} failed: {}", out.string(),
+                     failure.empty() ? std::string("rank 0 could not finish (see its error)") : failure);
+    result.folder = out.string();
+    result.manifest = std::move(m);
+    result.seconds = seconds_since(t0);
+    return result;
+}
+
+}  // namespace lattice

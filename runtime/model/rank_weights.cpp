@@ -1,0 +1,302 @@
+// RankWeights (see rank_weights.h): the plan of one rank's tensors and their reads.
+#include "runtime/model/rank_weights.h"
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "base/error.h"
+#include "kernels/common/quantize.h"
+#include "runtime/weights/dequant.h"
+
+namespace lattice {
+
+namespace {
+
+constexpr char kScale[] = "_scale";  // == kScaleSuffix of runtime/weights/manifest.h
+
+DType keep_dtype(DType t) {
+    return (t == DType::kF32 || t == DType::kF16 || t == DType::kBF16) ? t : DType::kF32;
+}
+
+std::string layer_name(int64_t l, const char* suffix) {
+    return "model.layers." + std::to_string(l) + "." + suffix;
+}
+
+const char* kEmbedName = "model.embed_tokens.weight";
+const char* kHeadName = "lm_head.weight";
+
+// Rows of several host tensors stacked (q | k | v, gate | up); mixed dtypes widen to f32.
+HostTensor concat_rows(std::vector<HostTensor>& parts) {
+    DType dt = parts[0].dtype;
+    for (auto& p : parts)
+        if (p.dtype != dt) dt = DType::kF32;
+    HostTensor out;
+    out.dtype = dt;
+    out.cols = parts[0].cols;
+    for (auto& p : parts) out.rows += p.rows;
+    out.data.resize(size_t(out.rows * out.cols * dtype_size(dt)));
+    uint8_t* dst = out.data.data();
+    for (auto& p : parts) {
+        LATTICE_CHECK(p.cols == out.cols, "concat_rows: column mismatch {} vs {}", p.cols, out.cols);
+        const int64_t n = p.rows * p.cols;
+        convert_elements(p.data.data(), p.dtype, dst, dt, n);
+        dst += n * dtype_size(dt);
+        p.data = {};  // keep the peak near one fused tensor plus one part
+    }
+    return out;
+}
+
+}  // namespace
+
+RankWeights::RankWeights(const TensorSource& src, const ModelOptions& opt) : src_(src), opt_(opt) {
+    const ModelConfig& c = src.config();
+    if (opt_.layer_end < 0) opt_.layer_end = c.n_layers;
+    shard_ = shard_shape(c.dims(), opt_.tp, opt_.tp_rank);
+    const int64_t H = c.hidden, hd = c.head_dim;
+    const ShardShape& s = shard_;
+    const QuantMode head_mode = opt_.quant_head ? opt_.quant : QuantMode::kNone;
+    auto add = [&](WeightRole role, int64_t layer, std::string name, int64_t rows, int64_t cols, QuantMode mode) {
+        RankTensor t;
+        t.role = role;
+        t.layer = layer;
+        t.name = std::move(name);
+        t.rows = rows;
+        t.cols = cols;
+        t.vector = role == WeightRole::kFinalNorm || role == WeightRole::kAttnNorm || role == WeightRole::kFfnNorm;
+        t.mode = mode;
+        tensors_.push_back(std::move(t));
+    };
+    const bool tied_float_head = opt_.last_stage && c.tie_embeddings && head_mode == QuantMode::kNone;
+    if (opt_.first_stage || tied_float_head) {
+        add(WeightRole::kEmbed, -1, kEmbedName, s.vocab_rows, H, QuantMode::kNone);
+        tensors_.back().table = opt_.first_stage;
+        tensors_.back().tied_head = tied_float_head;
+    }
+    if (opt_.last_stage) {
+        if (!tied_float_head) add(WeightRole::kLmHead, -1, kHeadName, s.vocab_rows, H, head_mode);
+        add(WeightRole::kFinalNorm, -1, "model.norm.weight", 1, H, QuantMode::kNone);
+    }
+    for (int64_t l = opt_.layer_begin; l < opt_.layer_end; ++l) {
+        add(WeightRole::kAttnNorm, l, layer_name(l, "input_layernorm.weight"), 1, H, QuantMode::kNone);
+        add(WeightRole::kWqkv, l, layer_name(l, "self_attn.qkv_proj.weight"), (s.n_heads + 2 * s.n_kv) * hd, H,
+            opt_.quant);
+        add(WeightRole::kWo, l, layer_name(l, "self_attn.o_proj.weight"), H, s.n_heads * hd, opt_.quant);
+        add(WeightRole::kFfnNorm, l, layer_name(l, "post_attention_layernorm.weight"), 1, H, QuantMode::kNone);
+        add(WeightRole::kWGateUp, l, layer_name(l, "mlp.gate_up_proj.weight"), 2 * s.ffn, H, opt_.quant);
+        add(WeightRole::kWDown, l, layer_name(l, "mlp.down_proj.weight"), H, s.ffn, opt_.quant);
+    }
+    if (src.prepared())
+        plan_prepared();
+    else
+        plan_original();
+}
+
+void RankWeights::plan_original() {
+    const ModelConfig& c = src_.config();
+    const int64_t H = c.hidden;
+    auto check_shape = [&](const std::string& name, std::vector<int64_t> expect) {
+        const TensorInfo& ti = src_.info(name);
+        LATTICE_CHECK(ti.shape == expect, "{}: tensor \"{}\" has shape {}, expected {} from the config", ti.file, name,
+                      shape_string(ti.shape), shape_string(expect));
+        return keep_dtype(ti.dtype);
+    };
+    if (!opt_.smooth_path.empty()) smooth_ = read_smooth_factors(opt_.smooth_path, H, opt_.layer_begin, opt_.layer_end);
+    const bool smooth = !opt_.smooth_path.empty();
+    for (RankTensor& t : tensors_) {
+        const int64_t l = t.layer;
+        switch (t.role) {
+            case WeightRole::kEmbed:
+                t.dtype = check_shape(kEmbedName, {c.vocab, H});
+                break;
+            case WeightRole::kLmHead:
+                t.dtype = check_shape(c.tie_embeddings ? kEmbedName : kHeadName, {c.vocab, H});
+                break;
+            case WeightRole::kFinalNorm:
+            case WeightRole::kAttnNorm:
+            case WeightRole::kFfnNorm:
+                check_shape(t.name, {H});
+                t.dtype = DType::kF32;
+                break;
+            case WeightRole::kWqkv: {
+                const DType q = check_shape(layer_name(l, "self_attn.q_proj.weight"), {c.q_dim(), H});
+                const DType k = check_shape(layer_name(l, "self_attn.k_proj.weight"), {c.kv_dim(), H});
+                const DType v = check_shape(layer_name(l, "self_attn.v_proj.weight"), {c.kv_dim(), H});
+                t.dtype = (q == k && k == v && !smooth) ? q : DType::kF32;
+                break;
+            }
+            case WeightRole::kWo:
+                t.dtype = check_shape(t.name, {H, c.q_dim()});
+                break;
+            case WeightRole::kWGateUp: {
+                const DType g = check_shape(layer_name(l, "mlp.gate_proj.weight"), {c.intermediate, H});
+                const DType u = check_shape(layer_name(l, "mlp.up_proj.weight"), {c.intermediate, H});
+                t.dtype = (g == u && !smooth) ? g : DType::kF32;
+                break;
+            }
+            case WeightRole::kWDown:
+                t.dtype = check_shape(t.name, {H, c.intermediate});
+                break;
+        }
+    }
+}
+
+void RankWeights::plan_prepared() {
+    const PreparedLayout& p = *src_.prepared();
+    const std::string& f = p.folder;
+    // The file must be this rank's: same TP shard, same layers, same quantization.
+    int64_t begin = 0;
+    for (int i = 0; i < p.pp_rank() && i < int(p.stage_layers.size()); ++i) begin += p.stage_layers[size_t(i)];
+    const int64_t end = begin + (p.pp_rank() < int(p.stage_layers.size()) ? p.stage_layers[size_t(p.pp_rank())] : 0);
+    LATTICE_CHECK(
+        p.tp == opt_.tp && p.tp_rank() == opt_.tp_rank && begin == opt_.layer_begin && end == opt_.layer_end &&
+            (p.pp_rank() == 0) == opt_.first_stage && (p.pp_rank() == p.pp - 1) == opt_.last_stage,
+        "{}: holds rank {} of {} (tp rank {}, layers [{}, {})), but this rank loads tp rank {} of {} with "
+        "layers [{}, {}): load it with the layout it was converted for",
+        f, p.rank, p.describe(), p.tp_rank(), begin, end, opt_.tp_rank, opt_.tp, opt_.layer_begin, opt_.layer_end);
+    LATTICE_CHECK(
+        p.quant == quant_mode_name(opt_.quant) && p.quant_head == opt_.quant_head,
+        "{}: converted with --quant {}{}; this load asks for {}{}: use --quant auto (or the same quantization)", f,
+        p.quant, p.quant_head ? " --quant-head" : "", quant_mode_name(opt_.quant),
+        opt_.quant_head ? " --quant-head" : "");
+    LATTICE_CHECK(opt_.smooth_path.empty(),
+                  "{}: SmoothQuant factors are folded in at conversion ({}); drop --smooth {}", f,
+                  p.smooth.empty() ? "this one was converted without any" : "from " + p.smooth, opt_.smooth_path);
+    for (RankTensor& t : tensors_) {
+        LATTICE_CHECK(src_.has(t.name), "{}: tensor \"{}\" missing from rank {}'s file", f, t.name, p.rank);
+        const TensorInfo& ti = src_.info(t.name);
+        const std::vector<int64_t> want =
+            t.vector ? std::vector<int64_t>{t.cols} : std::vector<int64_t>{t.rows, t.cols};
+        LATTICE_CHECK(ti.shape == want, "{}: tensor \"{}\" has shape {}, rank {} needs {}", ti.file, t.name,
+                      shape_string(ti.shape), p.rank, shape_string(want));
+        t.dtype = ti.dtype;
+        if (t.vector) {
+            LATTICE_CHECK(ti.dtype == DType::kF32, "{}: tensor \"{}\" must be f32, is {}", ti.file, t.name,
+                          dtype_name(ti.dtype));
+        } else if (t.mode != QuantMode::kNone) {
+            LATTICE_CHECK(ti.dtype == DType::kI8, "{}: tensor \"{}\" must be i8 for quant {}, is {}", ti.file, t.name,
+                          quant_mode_name(t.mode), dtype_name(ti.dtype));
+            const std::string sn = t.name + kScale;
+            LATTICE_CHECK(src_.has(sn) && src_.info(sn).dtype == DType::kF32 &&
+                              src_.info(sn).shape == std::vector<int64_t>{t.rows},
+                          "{}: int8 tensor \"{}\" needs f32 scales \"{}\" [{}]", ti.file, t.name, sn, t.rows);
+        } else {
+            LATTICE_CHECK(ti.dtype != DType::kI8, "{}: tensor \"{}\" is i8 but quant is none", ti.file, t.name);
+        }
+    }
+}
+
+const std::vector<float>* RankWeights::smooth_of(int64_t layer, int which) const {
+    if (opt_.smooth_path.empty()) return nullptr;
+    const size_t i = size_t(layer - smooth_.layer_begin);
+    return which == kSmoothAttn ? &smooth_.attn[i] : &smooth_.mlp[i];
+}
+
+HostTensor RankWeights::read_rows(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols,
+                                  DType dtype) {
+    HostTensor h;
+    h.dtype = dtype;
+    h.rows = rows;
+    h.cols = cols;
+    h.data.resize(size_t(rows * cols * dtype_size(dtype)));
+    src_.read(name, row0, rows, col0, cols, dtype, h.data.data());
+    bytes_read_ += dtype_bytes(src_.info(name).dtype, rows * cols);
+    return h;
+}
+
+HostTensor RankWeights::read(const RankTensor& t) {
+    HostTensor h;
+    if (src_.prepared()) {
+        h = read_rows(t.name, 0, t.rows, 0, t.cols, t.dtype);
+        if (t.dtype == DType::kI8) {
+            h.scales.resize(size_t(t.rows));
+            src_.read(t.name + kScale, 0, 1, 0, t.rows, DType::kF32, h.scales.data());
+            bytes_read_ += t.rows * int64_t(sizeof(float));
+        }
+        h.vector = t.vector;
+        return h;
+    }
+    const ModelConfig& c = src_.config();
+    const int64_t H = c.hidden, hd = c.head_dim;
+    const ShardShape& s = shard_;
+    const int64_t l = t.layer;
+    auto rows_of = [&](const std::string& name, int64_t row0, int64_t rows) {
+        return read_rows(name, row0, rows, 0, H, keep_dtype(src_.info(name).dtype));
+    };
+    auto fold = [&](HostTensor& w, int which) {
+        if (const auto* f = smooth_of(l, which)) fold_smooth_columns(w.data, w.dtype, w.rows, w.cols, *f);
+    };
+    switch (t.role) {
+        case WeightRole::kEmbed:
+            h = rows_of(kEmbedName, s.vocab0, s.vocab_rows);
+            break;
+        case WeightRole::kLmHead:
+            h = rows_of(c.tie_embeddings ? kEmbedName : kHeadName, s.vocab0, s.vocab_rows);
+            break;
+        case WeightRole::kFinalNorm:
+        case WeightRole::kAttnNorm:
+        case WeightRole::kFfnNorm: {
+            h = read_rows(t.name, 0, 1, 0, H, DType::kF32);
+            const auto* f = t.role == WeightRole::kAttnNorm  ? smooth_of(l, kSmoothAttn)
+                            : t.role == WeightRole::kFfnNorm ? smooth_of(l, kSmoothMlp)
+                                                             : nullptr;
+            if (f) fold_smooth_norm(reinterpret_cast<float*>(h.data.data()), H, *f);
+            break;
+        }
+        case WeightRole::kWqkv: {
+            std::vector<HostTensor> parts;
+            parts.push_back(rows_of(layer_name(l, "self_attn.q_proj.weight"), s.head0 * hd, s.n_heads * hd));
+            parts.push_back(rows_of(layer_name(l, "self_attn.k_proj.weight"), s.kv_head0 * hd, s.n_kv * hd));
+            parts.push_back(rows_of(layer_name(l, "self_attn.v_proj.weight"), s.kv_head0 * hd, s.n_kv * hd));
+            h = concat_rows(parts);
+            fold(h, kSmoothAttn);
+            break;
+        }
+        case WeightRole::kWo: {
+            const std::string o = t.name;
+            h = read_rows(o, 0, H, s.head0 * hd, s.n_heads * hd, keep_dtype(src_.info(o).dtype));
+            break;
+        }
+        case WeightRole::kWGateUp: {
+            std::vector<HostTensor> parts;
+            parts.push_back(rows_of(layer_name(l, "mlp.gate_proj.weight"), s.ffn0, s.ffn));
+            parts.push_back(rows_of(layer_name(l, "mlp.up_proj.weight"), s.ffn0, s.ffn));
+            h = concat_rows(parts);
+            fold(h, kSmoothMlp);
+            break;
+        }
+        case WeightRole::kWDown:
+            h = read_rows(t.name, 0, H, s.ffn0, s.ffn, keep_dtype(src_.info(t.name).dtype));
+            break;
+    }
+    h.vector = t.vector;
+    LATTICE_CHECK(h.dtype == t.dtype && h.rows == t.rows && h.cols == t.cols,
+                  "RankWeights: \"{}\" read as {} [{}, {}], planned {} [{}, {}]", t.name, dtype_name(h.dtype), h.rows,
+                  h.cols, dtype_name(t.dtype), t.rows, t.cols);
+    return h;
+}
+
+HostTensor quantize_per_channel(const HostTensor& w, const std::string& name) {
+    LATTICE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16,
+                  "quantize \"{}\": dtype {} is not float", name, dtype_name(w.dtype));
+    HostTensor q;
+    q.dtype = DType::kI8;
+    q.rows = w.rows;
+    q.cols = w.cols;
+    q.vector = w.vector;
+    q.data.resize(size_t(w.rows * w.cols));
+    q.scales.resize(size_t(w.rows));
+    std::vector<float> row(size_t(w.cols));
+    const int64_t es = dtype_size(w.dtype);
+    for (int64_t i = 0; i < w.rows; ++i) {
+        convert_elements(w.data.data() + i * w.cols * es, w.dtype, row.data(), DType::kF32, w.cols);
+        for (int64_t j = 0; j < w.cols; ++j)
+            LATTICE_CHECK(std::isfinite(row[size_t(j)]), "quantize \"{}\": non-finite weight {} at [{}, {}]", name,
+                          row[size_t(j)], i, j);
+        q.scales[size_t(i)] =
+            quantize_row_int8(row.data(), w.cols, reinterpret_cast<int8_t*>(q.data.data()) + i * w.cols);
+    }
+    return q;
+}
+
+}  // namespace lattice

@@ -1,0 +1,94 @@
+// RankWeights: the tensors one rank of a TP x PP layout holds, in load order, and how each is read.
+// The single home of how weights are sharded, fused and folded: Model::load hands each tensor to
+// the backend, `lattice convert` (runtime/engine/convert.h) quantizes and writes each to the rank's
+// file, so a converted checkpoint holds exactly what a load of the original would have made.
+//
+// Tensors (names are those of a converted checkpoint; shapes are this rank's, row-major):
+//   model.embed_tokens.weight            [vocab_rows, hidden]  first stage; also the float LM head of a
+//                                                              tied model's last stage
+//   lm_head.weight                       [vocab_rows, hidden]  last stage, untied or with an int8 head
+//   model.norm.weight                    [hidden] f32          last stage
+//   model.layers.L.input_layernorm.weight          [hidden] f32 (1/s of SmoothQuant folded in)
+//   model.layers.L.post_attention_layernorm.weight [hidden] f32 (likewise)
+//   model.layers.L.self_attn.qkv_proj.weight  [(nq + 2 nkv) * head_dim, hidden]  q | k | v rows (s folded in)
+//   model.layers.L.self_attn.o_proj.weight    [hidden, nq * head_dim]
+//   model.layers.L.mlp.gate_up_proj.weight    [2 * ffn_local, hidden]  gate | up rows (s folded in)
+//   model.layers.L.mlp.down_proj.weight       [hidden, ffn_local]
+// From an original checkpoint (HF, GGUF, random) read() slices, fuses and folds; float tensors keep
+// the checkpoint's precision (block-quantized GGUF and SmoothQuant-folded ones become f32). From a
+// converted checkpoint (TensorSource::prepared()) read() is a read: a linear stored as int8 comes
+// back as int8 [n, k] with its f32 scales [n] ("<name>_scale"), which the model gives the backend
+// without quantizing again. The constructor checks every tensor's presence and shape (and, for a
+// converted checkpoint, that it was made for this rank, layers and quantization) before any read.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/view.h"
+#include "runtime/backend/backend.h"
+#include "runtime/model/model.h"
+#include "runtime/model/smoothquant.h"
+#include "runtime/weights/tensor_source.h"
+
+namespace lattice {
+
+enum class WeightRole : uint8_t { kEmbed, kLmHead, kFinalNorm, kAttnNorm, kFfnNorm, kWqkv, kWo, kWGateUp, kWDown };
+
+struct RankTensor {
+    WeightRole role = WeightRole::kEmbed;
+    int64_t layer = -1;  // global layer index for per-layer roles, -1 otherwise
+    std::string name;    // name in a converted checkpoint
+    int64_t rows = 1, cols = 0;
+    bool vector = false;                // 1-D [cols] (norm weights)
+    QuantMode mode = QuantMode::kNone;  // linears: how the layer runs
+    DType dtype = DType::kF32;          // what read() returns (i8: a converted int8 linear)
+    bool table = false;                 // kEmbed: this rank's embedding table
+    bool tied_head = false;             // kEmbed: also the float LM head (tied embeddings, last stage)
+    bool is_linear() const { return role == WeightRole::kLmHead || role >= WeightRole::kWqkv || tied_head; }
+};
+
+// A tensor in host memory: float [rows, cols] of `dtype`, or int8 [rows, cols] with scales [rows].
+struct HostTensor {
+    DType dtype = DType::kF32;
+    int64_t rows = 0, cols = 0;
+    bool vector = false;
+    std::vector<uint8_t> data;
+    std::vector<float> scales;  // [rows] when dtype == kI8
+    View view() {
+        return vector ? View::contiguous(data.data(), dtype, {cols})
+                      : View::contiguous(data.data(), dtype, {rows, cols});
+    }
+    View scales_view() { return View::contiguous(scales.data(), DType::kF32, {rows}); }
+};
+
+class RankWeights {
+public:
+    // `opt` gives the rank (tp, tp_rank, layer range, stages), quantization and smoothing file.
+    RankWeights(const TensorSource& src, const ModelOptions& opt);
+    const std::vector<RankTensor>& tensors() const { return tensors_; }
+    HostTensor read(const RankTensor& t);
+    // Bytes of checkpoint tensor data read so far (in the checkpoint's own encoding).
+    int64_t bytes_read() const { return bytes_read_; }
+
+private:
+    HostTensor read_rows(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType dtype);
+    void plan_original();
+    void plan_prepared();
+    const std::vector<float>* smooth_of(int64_t layer, int which) const;
+
+    const TensorSource& src_;
+    ModelOptions opt_;
+    ShardShape shard_;
+    SmoothFactors smooth_;
+    std::vector<RankTensor> tensors_;
+    int64_t bytes_read_ = 0;
+};
+
+// Symmetric per-output-channel int8 of float host weights, the formula every backend's make_linear
+// uses (kernels/common/quantize.h): s = max|w_row| / 127, q = round(w / s). Non-finite weights are
+// an Error naming `name`, the row and column.
+HostTensor quantize_per_channel(const HostTensor& w, const std::string& name);
+
+}  // namespace lattice

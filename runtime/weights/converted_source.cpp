@@ -1,0 +1,197 @@
+// TensorSource over one rank's file of a converted checkpoint, and `lattice verify`'s checks
+// (see converted_source.h).
+#include "runtime/weights/converted_source.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "base/error.h"
+#include "runtime/weights/safetensors.h"
+#include "runtime/weights/sha256.h"
+
+namespace lattice {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The size check every load makes; "" when the file is as the manifest says.
+std::string size_problem(const fs::path& p, const ManifestFile& f) {
+    std::error_code ec;
+    if (!fs::exists(p, ec)) return "missing";
+    if (!fs::is_regular_file(p, ec)) return "not a regular file";
+    const auto size = int64_t(fs::file_size(p, ec));
+    if (ec) return "cannot stat (" + ec.message() + ")";
+    if (size != f.bytes) return fmt::format("{} bytes, the manifest says {}: truncated or replaced", size, f.bytes);
+    return {};
+}
+
+class ConvertedSource final : public TensorSource {
+public:
+    ConvertedSource(const std::string& folder, const ConvertedRank& want, bool verify) : folder_(folder) {
+        const Manifest m = read_manifest(folder);
+        LATTICE_CHECK(m.tp == want.tp && m.pp == want.pp,
+                      "{}: converted for tp {} x pp {} ({} rank(s), quant {}), but this run is tp {} x pp {}: run it "
+                      "with --tp {} --pp {}, or convert the model again for this layout",
+                      folder, m.tp, m.pp, m.world(), m.quant, want.tp, want.pp, m.tp, m.pp);
+        LATTICE_CHECK(want.rank >= 0 && want.rank < m.world(), "{}: rank {} outside the layout's {} ranks", folder,
+                      want.rank, m.world());
+        config_ = m.config;
+        config_.source = folder;
+        layout_ = m.layout(folder, want.rank);
+        const ManifestFile& mf = m.rank_file(want.rank);
+        const fs::path path = fs::path(folder) / mf.path;
+        const std::string problem = size_problem(path, mf);
+        LATTICE_CHECK(problem.empty(), "{}: {} (rank {}'s weights; `lattice verify {}` checks every file)",
+                      path.string(), problem, want.rank, folder);
+        if (verify) {
+            const std::string got = sha256_file(path.string());
+            LATTICE_CHECK(got == mf.sha256, "{}: SHA-256 {} differs from the manifest's {}: the file is corrupt",
+                          path.string(), got, mf.sha256);
+        }
+        file_ = std::make_unique<SafetensorsFile>(path.string());
+        const auto& md = file_->metadata();
+        auto meta = [&](const char* key) {
+            auto it = md.find(key);
+            return it == md.end() ? std::string() : it->second;
+        };
+        LATTICE_CHECK(meta("format") == kConvertedFormat &&
+                          meta("format_version") == std::to_string(m.format_version) &&
+                          meta("tp") == std::to_string(m.tp) && meta("pp") == std::to_string(m.pp) &&
+                          meta("rank") == std::to_string(want.rank),
+                      "{}: header says format \"{}\" v{}, tp {} x pp {}, rank {}; the manifest expects {} v{}, tp {} x "
+                      "pp {}, rank {} (a file from another conversion or rank?)",
+                      path.string(), meta("format"), meta("format_version"), meta("tp"), meta("pp"), meta("rank"),
+                      kConvertedFormat, m.format_version, m.tp, m.pp, want.rank);
+        for (const auto& [name, e] : file_->entries()) {
+            TensorInfo info;
+            info.name = name;
+            info.dtype = e.dtype;
+            info.shape = e.shape;
+            info.file = path.string();
+            LATTICE_CHECK(
+                e.dtype == DType::kF32 || e.dtype == DType::kF16 || e.dtype == DType::kBF16 || e.dtype == DType::kI8,
+                "{}: tensor \"{}\" has dtype {} (f32, f16, bf16 or i8 expected)", info.file, name, dtype_name(e.dtype));
+            LATTICE_CHECK(e.shape.size() == 1 || e.shape.size() == 2, "{}: tensor \"{}\" has shape {} (1-D or 2-D)",
+                          info.file, name, shape_string(e.shape));
+            tensors_[name] = Tensor{std::move(info), &e};
+        }
+        if (has("rope_freqs.weight")) {
+            const TensorInfo& ti = info("rope_freqs.weight");
+            LATTICE_CHECK(ti.dtype == DType::kF32 && ti.shape == std::vector<int64_t>{config_.head_dim / 2},
+                          "{}: rope_freqs.weight must be f32 [{}]", ti.file, config_.head_dim / 2);
+            freq_factors_.resize(size_t(config_.head_dim / 2));
+            read("rope_freqs.weight", 0, 1, 0, config_.head_dim / 2, DType::kF32, freq_factors_.data());
+        }
+    }
+
+    const ModelConfig& config() const override { return config_; }
+    bool has(const std::string& name) const override { return tensors_.count(name) != 0; }
+    const TensorInfo& info(const std::string& name) const override { return at(name).info; }
+    std::vector<float> rope_freq_factors() const override { return freq_factors_; }
+    const PreparedLayout* prepared() const override { return &layout_; }
+    void release_pages() const override { file_->release_pages(); }
+    std::string describe() const override {
+        return fmt::format("{} (converted, {}, rank {})", folder_, layout_.describe(), layout_.rank);
+    }
+    int64_t total_bytes() const override {
+        int64_t b = 0;
+        for (const auto& [n, t] : tensors_) b += t.entry->end - t.entry->begin;
+        return b;
+    }
+
+    void read(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType out_dtype,
+              void* dst) const override {
+        const Tensor& t = at(name);
+        const int64_t R = t.info.rows(), C = t.info.cols();
+        LATTICE_CHECK(row0 >= 0 && rows >= 0 && row0 <= R - rows && col0 >= 0 && cols >= 0 && col0 <= C - cols,
+                      "{}: tensor \"{}\" {}: slice rows [{}, +{}) cols [{}, +{}) out of range", t.info.file, name,
+                      shape_string(t.info.shape), row0, rows, col0, cols);
+        const bool i8 = t.info.dtype == DType::kI8;
+        LATTICE_CHECK(i8 ? out_dtype == DType::kI8
+                         : (out_dtype == DType::kF32 || out_dtype == DType::kF16 || out_dtype == DType::kBF16),
+                      "{}: tensor \"{}\" is {}; cannot be read as {}", t.info.file, name, dtype_name(t.info.dtype),
+                      dtype_name(out_dtype));
+        const int64_t es = dtype_size(t.info.dtype), out_es = dtype_size(out_dtype);
+        const uint8_t* base = file_->bytes(*t.entry);
+        auto* out = static_cast<uint8_t*>(dst);
+        for (int64_t r = 0; r < rows; ++r)
+            convert_elements(base + ((row0 + r) * C + col0) * es, t.info.dtype, out + r * cols * out_es, out_dtype,
+                             cols);
+    }
+
+private:
+    struct Tensor {
+        TensorInfo info;
+        const SafetensorsEntry* entry = nullptr;
+    };
+    const Tensor& at(const std::string& name) const {
+        auto it = tensors_.find(name);
+        LATTICE_CHECK(it != tensors_.end(), "{}: tensor \"{}\" missing from rank {}'s file", folder_, name,
+                      layout_.rank);
+        return it->second;
+    }
+
+    std::string folder_;
+    ModelConfig config_;
+    PreparedLayout layout_;
+    std::unique_ptr<SafetensorsFile> file_;
+    std::map<std::string, Tensor> tensors_;
+    std::vector<float> freq_factors_;
+};
+
+}  // namespace
+
+bool is_converted_folder(const std::string& path) {
+    std::error_code ec;
+    return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "manifest.json", ec);
+}
+
+std::unique_ptr<TensorSource> open_converted_model(const std::string& folder, const ConvertedRank& want, bool verify) {
+    return std::make_unique<ConvertedSource>(folder, want, verify);
+}
+
+std::vector<FileVerdict> verify_converted(const std::string& folder, int threads,
+                                          const std::function<void(int64_t)>& on_bytes) {
+    const Manifest m = read_manifest(folder);
+    std::vector<FileVerdict> out(m.files.size());
+    if (threads <= 0) threads = int(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
+    threads = std::max(1, std::min<int>(threads, int(m.files.size())));
+    // Largest files first, so one big file is not started last.
+    std::vector<size_t> order(m.files.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return m.files[a].bytes > m.files[b].bytes; });
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+        for (size_t k; (k = next.fetch_add(1)) < order.size();) {
+            const ManifestFile& f = m.files[order[k]];
+            FileVerdict& v = out[order[k]];
+            v.path = f.path;
+            const fs::path p = fs::path(folder) / f.path;
+            v.problem = size_problem(p, f);
+            if (v.problem.empty()) {
+                try {
+                    const std::string got = sha256_file(p.string(), on_bytes);
+                    if (got != f.sha256)
+                        v.problem = fmt::format("SHA-256 {} differs from the manifest's {}: corrupt", got, f.sha256);
+                } catch (const Error& e) {
+                    v.problem = e.message();
+                }
+            }
+            v.ok = v.problem.empty();
+        }
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
+    return out;
+}
+
+}  // namespace lattice

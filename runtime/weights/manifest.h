@@ -1,0 +1,66 @@
+// manifest.json of a converted checkpoint (written by `lattice convert`, runtime/engine/convert.h):
+//   {"format": "lattice-converted", "format_version": 1, "writer": "lattice ...", "source": "...",
+//    "config": {the model's config in Hugging Face config.json form},
+//    "layout": {"tp": T, "pp": P, "stage_layers": [layers of stage 0, ..., of stage P-1]},
+//    "quantization": {"mode": "none" | "w8a16" | "w8a8", "quant_head": bool, "scheme": "...",
+//                     "smooth": "factors.safetensors" | null, "smooth_sha256": hex | null},
+//    "files": [{"path": "rank-00000-of-00004.safetensors", "kind": "rank", "rank": 0,
+//               "bytes": N, "sha256": "64 hex"}, ...,
+//              {"path": "tokenizer.json", "kind": "tokenizer", "bytes": N, "sha256": "..."}]}
+// World rank r (= pp_rank * tp + tp_rank, parallel/world_config.h) reads only its rank file.
+// The manifest is untrusted input: parse_manifest checks every field (types, ranges, file names that
+// stay inside the folder, exactly one file per rank, stage layers that add up to the model's) and
+// names the manifest and the field at fault. A manifest of another format version is refused with
+// its version named, never guessed at.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/model/config.h"
+#include "runtime/weights/tensor_source.h"
+
+namespace lattice {
+
+inline constexpr char kConvertedFormat[] = "lattice-converted";
+inline constexpr int kConvertedFormatVersion = 1;
+inline constexpr int64_t kMaxManifestBytes = int64_t(16) << 20;
+// The per-output-channel scales of int8 tensor "X" are the f32 [rows] tensor "X" + kScaleSuffix.
+inline constexpr char kScaleSuffix[] = "_scale";
+
+struct ManifestFile {
+    std::string path;  // name inside the folder (no '/')
+    std::string kind;  // "rank" or "tokenizer"
+    int rank = -1;     // kind "rank": the world rank that reads it
+    int64_t bytes = 0;
+    std::string sha256;  // 64 lowercase hex
+};
+
+struct Manifest {
+    int format_version = kConvertedFormatVersion;
+    std::string writer, source;
+    ModelConfig config;
+    int tp = 1, pp = 1;
+    std::vector<int64_t> stage_layers;
+    std::string quant = "none";
+    bool quant_head = false;
+    std::string smooth, smooth_sha256;  // "" when none
+    std::vector<ManifestFile> files;
+
+    int world() const { return tp * pp; }
+    const ManifestFile& rank_file(int rank) const;  // throws Error when absent
+    PreparedLayout layout(const std::string& folder, int rank) const;
+};
+
+// "rank-00003-of-00004.safetensors"
+std::string rank_file_name(int rank, int world);
+
+// The config in Hugging Face config.json form; parse_hf_config of it gives back every field.
+std::string hf_config_json(const ModelConfig& c);
+
+std::string manifest_json(const Manifest& m);  // pretty-printed, newline-terminated
+Manifest parse_manifest(const std::string& text, const std::string& source);
+Manifest read_manifest(const std::string& folder);  // folder/manifest.json, size-limited
+
+}  // namespace lattice

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# `lattice convert` and `lattice verify` as users drive them: a converted folder generates the same
+# tokens as its original (one rank, and tp 2 under mpirun after a parallel conversion), verify says
+# "ok" per file and exits 0, names a corrupted file and exits 1, a folder of another layout is one
+# clear line naming the layout it holds, --verify catches a flipped byte at load, progress lines
+# when stderr is not a terminal, the default (Q4_1 GGUF) model converts with --quant auto and keeps
+# its tokenizer (text in, same text out).
+# Usage: test_convert.sh LATTICE_BINARY SHARED_DIR DEFAULT_MODEL
+set -u
+lattice=$1
+shared=$2
+default_model=$3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+pass=0
+check() {  # description, then a command that must succeed
+    local what=$1
+    shift
+    if "$@"; then pass=$((pass + 1)); else echo "FAILED: $what"; fail=$((fail + 1)); fi
+}
+mpirun=(mpirun --oversubscribe --bind-to none)
+[ "$(id -u)" -eq 0 ] && mpirun+=(--allow-run-as-root)
+
+g=$shared/golden/tiny-gqa-llama3
+prompt=$(python3 -c "import json; print(','.join(map(str, json.load(open('$g/expected.json'))['cases'][1]['prompt_ids'])))")
+gen() { "$lattice" generate --prompt-ids "$prompt" --max-new-tokens 16 --ignore-eos --print-ids --threads 1 "$@" 2>"$tmp/gen.err"; }
+
+# One rank: convert, verify, generate the same tokens as the original.
+"$lattice" convert --model "$g" --out "$tmp/c1" --quant w8a8 >"$tmp/convert.out" 2>"$tmp/convert.err"
+check "convert exits 0" test $? -eq 0
+check "convert prints progress lines when stderr is not a terminal" grep -q "^convert: .* GiB .* MB/s, ETA" "$tmp/convert.err"
+check "convert's last line names the folder and the peak memory" grep -q "converted .* -> $tmp/c1: .*peak resident memory" "$tmp/convert.out"
+check "the folder holds the manifest and one rank file" test -f "$tmp/c1/manifest.json" -a -f "$tmp/c1/rank-00000-of-00001.safetensors"
+check "no partial folder is left" test -z "$(ls -A "$tmp" | grep partial)"
+out=$("$lattice" verify "$tmp/c1"); rc=$?
+check "verify exits 0 on an intact folder" test $rc -eq 0
+check "verify prints ok per file" grep -q "^ok *rank-00000-of-00001.safetensors" <<<"$out"
+want=$(gen --model "$g" --quant w8a8)
+got=$(gen --model "$tmp/c1" --verify)
+check "converted w8a8 (quant auto) generates the original's w8a8 tokens" test -n "$want" -a "$got" = "$want"
+
+# Another layout: one line naming what the folder holds.
+out=$("${mpirun[@]}" -np 2 "$lattice" generate --model "$tmp/c1" --tp 2 --prompt-ids 1,2 --max-new-tokens 2 2>&1); rc=$?
+check "loading a tp 1 folder at tp 2 fails" test $rc -ne 0
+check "the error names the layout the folder holds" grep -q "converted for tp 1 x pp 1 (1 rank(s), quant w8a8), but this run is tp 2 x pp 1" <<<"$out"
+out=$(gen --model "$tmp/c1" --quant w8a16 2>&1; cat "$tmp/gen.err"); 
+check "a contradicting --quant is refused" grep -q "converted with --quant w8a8, but this run asks for --quant w8a16" <<<"$out"
+
+# tp 2 under mpirun: both ranks convert (a file each), then load only their own file.
+"${mpirun[@]}" -np 2 "$lattice" convert --model "$g" --out "$tmp/c2" --tp 2 --quant w8a16 --progress none >/dev/null 2>"$tmp/c2.err"
+check "parallel convert exits 0" test $? -eq 0
+check "two rank files" test -f "$tmp/c2/rank-00000-of-00002.safetensors" -a -f "$tmp/c2/rank-00001-of-00002.safetensors"
+want=$("${mpirun[@]}" -np 2 "$lattice" generate --model "$g" --tp 2 --quant w8a16 --prompt-ids "$prompt" --max-new-tokens 16 --ignore-eos --print-ids --threads 1 2>/dev/null)
+got=$("${mpirun[@]}" -np 2 "$lattice" generate --model "$tmp/c2" --tp 2 --prompt-ids "$prompt" --max-new-tokens 16 --ignore-eos --print-ids --threads 1 2>/dev/null)
+check "tp 2 converted generates the original's tp 2 tokens" test -n "$want" -a "$got" = "$want"
+
+# Corruption: verify names the file and exits 1; --verify refuses to load it.
+python3 - "$tmp/c2/rank-00001-of-00002.safetensors" <<'PY'
+import os, sys
+p = sys.argv[1]; n = os.path.getsize(p)
+with open(p, 'r+b') as f:
+    f.seek(n - 33); b = f.read(1); f.seek(n - 33); f.write(bytes([b[0] ^ 1]))
+PY
+out=$("$lattice" verify "$tmp/c2" 2>&1); rc=$?
+check "verify exits 1 on a corrupt folder" test $rc -eq 1
+check "verify names the corrupt file" grep -q "^CORRUPT *rank-00001-of-00002.safetensors: SHA-256" <<<"$out"
+check "verify says the other file is ok" grep -q "^ok *rank-00000-of-00002.safetensors" <<<"$out"
+check "verify's error line counts the bad files" grep -q "1 corrupt or missing file(s)" <<<"$out"
+out=$("${mpirun[@]}" -np 2 "$lattice" generate --model "$tmp/c2" --tp 2 --verify --prompt-ids 1,2 --max-new-tokens 2 2>&1); rc=$?
+check "--verify refuses the corrupt rank file" test $rc -ne 0
+check "--verify's error names the file" grep -q "rank-00001-of-00002.safetensors: SHA-256 .* the file is corrupt" <<<"$out"
+
+# Converting into an existing folder is refused.
+out=$("$lattice" convert --model "$g" --out "$tmp/c1" 2>&1); rc=$?
+check "convert refuses an existing --out" test $rc -eq 1
+check "... saying so" grep -q "already exists" <<<"$out"
+
+# The default model (Q4_1 GGUF): --quant auto converts to w8a8 with an int8 head; text round trip.
+if [ -f "$default_model" ]; then
+    "$lattice" convert --model "$default_model" --out "$tmp/smol" --progress lines >/dev/null 2>&1
+    check "default model converts" test -f "$tmp/smol/tokenizer.gguf"
+    check "its manifest says w8a8 with an int8 head" python3 -c "
+import json; q = json.load(open('$tmp/smol/manifest.json'))['quantization']
+assert q['mode'] == 'w8a8' and q['quant_head'] is True, q"
+    want=$("$lattice" generate --model "$default_model" --prompt "The capital of France is" --max-new-tokens 8 --threads 1 2>/dev/null)
+    got=$("$lattice" generate --model "$tmp/smol" --prompt "The capital of France is" --max-new-tokens 8 --threads 1 2>/dev/null)
+    check "converted default model answers the same text" test -n "$want" -a "$got" = "$want"
+else
+    echo "FAILED: $default_model missing (scripts/setup.sh fetches it)"; fail=$((fail + 1))
+fi
+
+echo "test_convert.sh: $pass passed, $fail failed"
+[ $fail -eq 0 ]
