@@ -47,7 +47,7 @@ public:
         LATTICE_CHECK(n >= 0 && n <= (n_ - pos_) / int64_t(sizeof(T)), "step plan: {} of {} elements does not fit",
                       what, n);
         std::vector<T> v(static_cast<size_t>(n));
-        std::memcpy(v.data(), d_ + pos_, size_t(n) * sizeof(T));
+        if (n > 0) std::memcpy(v.data(), d_ + pos_, size_t(n) * sizeof(T));  // (an empty vector's data() may be null)
         pos_ += n * int64_t(sizeof(T));
         return v;
     }
