@@ -128,6 +128,16 @@ int launcher_rank() {
     return 0;
 }
 
+std::unique_ptr<Tokenizer> optional_tokenizer(const ModelArgs& a, const char* who, const char* without) {
+    if (a.random_weights) return nullptr;
+    try {
+        return load_tokenizer(a.model);
+    } catch (const Error& e) {
+        LOG_WARN("{}: no tokenizer ({}): {}", who, e.message(), without);
+        return nullptr;
+    }
+}
+
 void check_not_input(const std::string& path, const char* flag, const std::vector<std::string>& inputs) {
     check_output_path(path, flag);
     struct stat out {};

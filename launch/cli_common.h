@@ -4,6 +4,7 @@
 #pragma once
 
 #include "runtime/engine/build.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -87,6 +88,10 @@ int launcher_rank();
 // On the launcher's rank 0: checks that `path` may be written atomically (absent or a regular file)
 // and is none of the run's `inputs` (files, or folders whose files count), then removes a previous
 // file there (base/file.h prepare_output). `flag` names it in errors.
+// The model's tokenizer for the commands that can run without one (batch, serve: prompts as token
+// ids): null for random weights, or with a warning "<who>: no tokenizer (why): <without>" when the
+// model has none.
+std::unique_ptr<Tokenizer> optional_tokenizer(const ModelArgs& a, const char* who, const char* without);
 void prepare_output_file(const std::string& path, const char* flag, const std::vector<std::string>& inputs);
 // The identity part alone (for an output that is appended to, not replaced): PATH is a writable
 // output path and names none of INPUTS (a file, or a file directly inside a folder, hard links too).

@@ -186,15 +186,8 @@ int run_batch(BatchArgs& a) {
         engine.follow();
         return 0;
     }
-    std::unique_ptr<Tokenizer> tok;
-    if (!a.model.random_weights) {
-        try {
-            tok = load_tokenizer(a.model.model);
-        } catch (const Error& e) {
-            fmt::print(stderr, "batch: no tokenizer ({}): prompts must be token ids, results carry no text\n",
-                       e.message());
-        }
-    }
+    const std::unique_ptr<Tokenizer> tok =
+        optional_tokenizer(a.model, "batch", "prompts must be token ids, results carry no text");
     const ApiLimits limits{lm.model->max_seq(), lm.model->config().vocab};
     std::ifstream in(a.input);
     LATTICE_CHECK(in.good(), "--input {}: cannot open", a.input);

@@ -72,15 +72,8 @@ int run_serve(ServeArgs& a) {
         engine.follow();
         return 0;
     }
-    std::unique_ptr<Tokenizer> tok;
-    if (!a.model.random_weights) {
-        try {
-            tok = load_tokenizer(a.model.model);
-        } catch (const Error& e) {
-            LOG_WARN("serve: no tokenizer ({}): prompts must be token ids, responses carry token_ids and no text",
-                     e.message());
-        }
-    }
+    const std::unique_ptr<Tokenizer> tok =
+        optional_tokenizer(a.model, "serve", "prompts must be token ids, responses carry token_ids and no text");
     serve::ServedModel sm;
     sm.name = a.served_name;
     sm.tokenizer = tok.get();

@@ -146,6 +146,13 @@ int64_t first_non_finite(const void* data, DType t, int64_t n) {
     }
 }
 
+void check_slice(const TensorInfo& info, int64_t row0, int64_t rows, int64_t col0, int64_t cols) {
+    const int64_t R = info.rows(), C = info.cols();
+    LATTICE_CHECK(row0 >= 0 && rows >= 0 && row0 <= R - rows && col0 >= 0 && cols >= 0 && col0 <= C - cols,
+                  "{}: tensor \"{}\" {}: slice rows [{}, +{}) cols [{}, +{}) out of range", info.file, info.name,
+                  shape_string(info.shape), row0, rows, col0, cols);
+}
+
 void check_finite_row(const void* data, DType t, int64_t n, const TensorInfo& info, int64_t row, int64_t col0) {
     const int64_t i = first_non_finite(data, t, n);
     if (i < 0) [[likely]]

@@ -109,10 +109,8 @@ public:
     void read(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType out_dtype,
               void* dst) const override {
         const Tensor& t = at(name);
-        const int64_t R = t.info.rows(), C = t.info.cols();
-        LATTICE_CHECK(row0 >= 0 && rows >= 0 && row0 <= R - rows && col0 >= 0 && cols >= 0 && col0 <= C - cols,
-                      "{}: tensor \"{}\" {}: slice rows [{}, +{}) cols [{}, +{}) out of range", t.info.file, name,
-                      shape_string(t.info.shape), row0, rows, col0, cols);
+        check_slice(t.info, row0, rows, col0, cols);
+        const int64_t C = t.info.cols();
         const bool i8 = t.info.dtype == DType::kI8;
         LATTICE_CHECK(i8 ? out_dtype == DType::kI8
                          : (out_dtype == DType::kF32 || out_dtype == DType::kF16 || out_dtype == DType::kBF16),

@@ -90,6 +90,9 @@ int64_t first_non_finite(const void* data, DType t, int64_t n);
 // For sources' read(): throws Error naming the file, the tensor and [row, col] of the first
 // non-finite value of a converted row slice (row `row`, starting at column `col0`).
 void check_finite_row(const void* data, DType t, int64_t n, const TensorInfo& info, int64_t row, int64_t col0);
+// For sources' read(): throws Error naming the file and tensor unless rows [row0, row0 + rows) and
+// columns [col0, col0 + cols) lie inside the tensor (checked without overflow).
+void check_slice(const TensorInfo& info, int64_t row0, int64_t rows, int64_t col0, int64_t cols);
 
 // Opens a model: a HF directory (config.json + safetensors), a .gguf file, or a converted folder
 // (manifest.json) of a single-rank layout (other layouts: open_converted_model, which needs the rank).

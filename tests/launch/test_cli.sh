@@ -6,17 +6,7 @@
 set -u
 lattice=$1
 shared=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-pass=0
-check() {  # description, then a command that must succeed
-    local what=$1
-    shift
-    if "$@"; then pass=$((pass + 1)); else echo "FAILED: $what"; fail=$((fail + 1)); fi
-}
-mpirun=(mpirun --oversubscribe --bind-to none)
-[ "$(id -u)" -eq 0 ] && mpirun+=(--allow-run-as-root)
+source "$(dirname "$0")/check_lib.sh"
 
 g=$shared/golden/tiny-gqa-llama3
 prompt=$(python3 -c "import json; print(','.join(map(str, json.load(open('$g/expected.json'))['cases'][1]['prompt_ids'])))")
@@ -139,5 +129,4 @@ else
     fail=$((fail + 1))
 fi
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish test_cli.sh

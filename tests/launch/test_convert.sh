@@ -10,17 +10,7 @@ set -u
 lattice=$1
 shared=$2
 default_model=$3
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-pass=0
-check() {  # description, then a command that must succeed
-    local what=$1
-    shift
-    if "$@"; then pass=$((pass + 1)); else echo "FAILED: $what"; fail=$((fail + 1)); fi
-}
-mpirun=(mpirun --oversubscribe --bind-to none)
-[ "$(id -u)" -eq 0 ] && mpirun+=(--allow-run-as-root)
+source "$(dirname "$0")/check_lib.sh"
 
 g=$shared/golden/tiny-gqa-llama3
 prompt=$(python3 -c "import json; print(','.join(map(str, json.load(open('$g/expected.json'))['cases'][1]['prompt_ids'])))")
@@ -90,5 +80,4 @@ else
     echo "FAILED: $default_model missing (scripts/setup.sh fetches it)"; fail=$((fail + 1))
 fi
 
-echo "test_convert.sh: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish test_convert.sh
