@@ -17,7 +17,8 @@ Every server binds 127.0.0.1 on a free port and is killed (process group) howeve
 Usage: benchmarks/serve_load.py [--build build] [--out benchmarks/results/cpu-2core-spr]
                                 [--clients 1,4,16,64] [--requests 2] [--prompt-tokens 128]
                                 [--max-tokens 64] [--threads 2] [--model FILE.gguf]
-Writes serve.json (all numbers, machine, commit) and prints a markdown table."""
+                                [--lattice-args '--max-batch-tokens 32'] [--name serve]
+Writes NAME.json (default serve.json: all numbers, machine, commit) and prints a markdown table."""
 import argparse
 import atexit
 import http.client
@@ -165,6 +166,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=32000, help="prompt ids are drawn from [3, vocab)")
+    ap.add_argument("--lattice-args", default="", help="extra `lattice serve` flags, e.g. '--max-batch-tokens 32'")
+    ap.add_argument("--name", default="serve", help="result file NAME.json (a variant keeps the main run's file)")
     ap.add_argument("--model", default=os.path.join(os.environ.get("LATTICE_BENCH_CACHE", "/tmp/lattice-bench"),
                                                     "tinyllama-1.1b.q8_0.gguf"))
     a = ap.parse_args()
@@ -184,7 +187,7 @@ def main():
     port = free_port()
     lattice = [os.path.join(a.build, "launch", "lattice"), "serve", "--model", a.model, "--threads", str(a.threads),
                "--port", str(port), "--max-seq", str(ctx), "--max-seqs", str(max(levels)),
-               "--max-queue", str(max(levels) * 2)]
+               "--max-queue", str(max(levels) * 2)] + a.lattice_args.split()
     p = start(lattice, port, "/health")
     rows["lattice"] = []
     for c in levels:
@@ -208,9 +211,9 @@ def main():
 
     doc = {"benchmark": "serve", "model": os.path.basename(a.model), "threads": a.threads,
            "workload": f"C clients x {a.requests} streamed requests of {a.prompt_tokens} prompt + {a.max_tokens} "
-                       "new tokens", "machine": machine(), "rows": rows, "llama_cpp_bin": llama_bin or None}
+                       "new tokens", "lattice_args": a.lattice_args, "machine": machine(), "rows": rows, "llama_cpp_bin": llama_bin or None}
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "serve.json"), "w") as f:
+    with open(os.path.join(a.out, a.name + ".json"), "w") as f:
         json.dump(doc, f, indent=2)
     print("| server | C | tok/s | TTFT p50 s | TTFT p99 s | ITL p50 ms | ITL p99 ms | failed |")
     print("|---|---|---|---|---|---|---|---|")

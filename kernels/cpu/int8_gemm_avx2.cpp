@@ -26,6 +26,10 @@ inline __m256i fold_pairs(__m256i x, __m256i y) {
     return _mm256_permute4x64_epi64(_mm256_hadd_epi32(x, y), 0xD8);
 }
 
+// acc += t in place; inline asm keeps each accumulator in one register (GCC 12 otherwise adds into a
+// fresh register and copies back, and spills one accumulator to the stack).
+inline void add_acc(__m256i& acc, __m256i t) { __asm__("vpaddd %1, %0, %0" : "+x"(acc) : "x"(t)); }
+
 template <int MR>
 inline void s8_tile(const int16_t* a, int64_t lda, const PackedInt8& w, int64_t p, int64_t r0,
                     const Int8Epilogue& ep) {
@@ -37,19 +41,22 @@ inline void s8_tile(const int16_t* a, int64_t lda, const PackedInt8& w, int64_t 
     for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
         for (int q = 0; q < 4; ++q) acc[r][q] = _mm256_setzero_si256();
+    // Weights widened one quarter at a time against every row: 4 * MR accumulators + 1 + MR live registers.
     for (int64_t g = 0; g < groups; ++g) {
-        __m256i bw[4];
         _mm_prefetch(reinterpret_cast<const char*>(b + g * 64 + 2048), _MM_HINT_T0);
-#pragma GCC unroll 4
-        for (int q = 0; q < 4; ++q)
-            bw[q] = _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(b + g * 64 + q * 16)));
+        __m256i av[MR];
 #pragma GCC unroll 2
         for (int r = 0; r < MR; ++r) {
             long long v;
             std::memcpy(&v, ar + r * lda + g * 4, 8);
-            __m256i av = _mm256_set1_epi64x(v);
+            av[r] = _mm256_set1_epi64x(v);
+        }
 #pragma GCC unroll 4
-            for (int q = 0; q < 4; ++q) acc[r][q] = _mm256_add_epi32(acc[r][q], _mm256_madd_epi16(bw[q], av));
+        for (int q = 0; q < 4; ++q) {
+            const __m256i bw =
+                _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(b + g * 64 + q * 16)));
+#pragma GCC unroll 2
+            for (int r = 0; r < MR; ++r) add_acc(acc[r][q], _mm256_madd_epi16(bw, av[r]));
         }
     }
     alignas(32) int32_t tmp[16];
