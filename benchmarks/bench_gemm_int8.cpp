@@ -117,7 +117,11 @@ __attribute__((target("avx2"))) double madd256_ops_per_s(int64_t iters, uint32_t
     double t0 = thread_cpu_s();
     for (int64_t i = 0; i < iters; ++i) {
 #pragma GCC unroll 12
-        for (int j = 0; j < 12; ++j) c[j] = _mm256_add_epi32(c[j], _mm256_madd_epi16(a, b));
+        for (int j = 0; j < 12; ++j) {  // volatile asm: 12 real vpmaddwd (identical operands would be CSE'd to one)
+            __m256i t;
+            __asm__ volatile("vpmaddwd %2, %1, %0" : "=x"(t) : "x"(a), "x"(b));
+            c[j] = _mm256_add_epi32(c[j], t);
+        }
         __asm__ volatile("" : "+x"(a), "+x"(b));
     }
     double t = thread_cpu_s() - t0;
