@@ -270,7 +270,7 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
         "Examples:\n"
         "  lattice generate -p \"The sky is blue because\" -n 64\n"
         "  echo \"Write a haiku about the sea\" | lattice generate --chat --temperature 0.7 --seed 42\n"
-        "  lattice generate --prompt-file prompt.txt --json --logprobs --stop \"\\n\\n\" --batch 4 --temperature 1");
+        "  lattice generate --prompt-file prompt.txt --json --logprobs --stop $'\\n\\n' --batch 4 --temperature 1");
     cmd->callback([&run, args] { run = [args] { return run_generate(*args); }; });
 }
 

@@ -135,6 +135,7 @@ try:
     check(len(a1) > 0 and contains(ids2[len(ids1):], a1), "turn 2's prompt holds turn 1's answer (its token ids)")
     check(contains(ids2, tokenize(m2)), "... and the new message")
     check(len(ids2) >= len(ids1) + len(a1) + len(tokenize(m2)), "the prompt grew by the answer and the message")
+    check("Zorblax" in ans2, f"the second answer uses the first turn: it knows the name ({ans2!r})")
 
     s.send("/reset\n")
     s.expect(r"conversation cleared\n")
@@ -143,6 +144,7 @@ try:
     check(not contains(ids3, a1) and not contains(ids3, tokenize("Zorblax")),
           "after /reset the prompt holds nothing of the earlier turns")
     check(len(ids3) < len(ids2), f"after /reset the prompt is short again ({len(ids3)} < {len(ids2)})")
+    check("Zorblax" not in ans3, f"... and the answer no longer knows the name ({ans3!r})")
 
     # Ctrl-C while the answer streams: wait for the first answer bytes after the prompt line.
     s.send("Write a very long story about a dragon who learns to sing, in ten chapters.\n")

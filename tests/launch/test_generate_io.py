@@ -181,10 +181,13 @@ try:
 
     # ---- help ----
     h = subprocess.run([lattice, "generate", "--help"], capture_output=True, text=True, timeout=60).stdout
-    for opt in ["--max-new-tokens", "--temperature", "--top-k", "--top-p", "--min-p", "--repeat-penalty",
-                "--repeat-last-n", "--presence-penalty", "--frequency-penalty", "--batch"]:
-        line = next((l for l in h.splitlines() if opt in l), "")
-        check("[" in line, f"--help states the default of {opt}: {line.strip()!r}")
+    for opt, dflt in [("--max-new-tokens", "32"), ("--temperature", "0"), ("--top-k", "0"), ("--top-p", "1"),
+                      ("--min-p", "0"), ("--repeat-penalty", "1"), ("--repeat-last-n", "64"),
+                      ("--presence-penalty", "0"), ("--frequency-penalty", "0"), ("--batch", "1")]:
+        line = next((l for l in h.splitlines() if re.match(r"\s*(-\w,)?" + re.escape(opt) + r"\b", l)), "")
+        check(line.split()[-1].endswith("=" + dflt) if line.split() else False,
+              f"--help states the default of {opt} ({dflt}): {line.strip()!r}")
+    check("default: random" in h, "--help says the seed is random by default")
     check("-p,--prompt" in h and "-n,--max-new-tokens" in h, "-p and -n are aliases")
     check(h.rstrip().splitlines()[-1].strip().startswith("lattice generate") and "Examples:" in h,
           "--help ends with examples")
