@@ -106,8 +106,8 @@ void write_stats(const std::string& path, const GenerateStats& s, const Built& l
     f.commit();
 }
 
-// A prompt that leaves no room for the tokens asked for is an error (an output cut short by the
-// context is reported when it happens: finish_reason context_full).
+// The context left after the prompt: an error when none is left for the tokens asked for, a
+// warning when fewer than asked for fit (and the cut is reported when it happens: context_full).
 void check_room(const Built& lm, int64_t prompt_tokens, int64_t max_new_tokens) {
     const int64_t ctx = lm.model->max_seq(), room = ctx - prompt_tokens;
     if (max_new_tokens == 0 || prompt_tokens > ctx) return;  // nothing asked for / the generator refuses it
@@ -115,6 +115,11 @@ void check_room(const Built& lm, int64_t prompt_tokens, int64_t max_new_tokens) 
                   "the prompt of {} tokens fills the whole context of {} positions: no room for new tokens (shorten "
                   "it, or raise --max-seq up to max_position_embeddings {})",
                   prompt_tokens, ctx, lm.model->config().max_position);
+    if (room < max_new_tokens)
+        LOG_WARN(
+            "the context of {} positions leaves room for {} of the {} new tokens asked for after the prompt of {} "
+            "tokens: the output stops there",
+            ctx, room, max_new_tokens, prompt_tokens);
 }
 
 // The prompt text from --prompt, --prompt-file or stdin; "" when --prompt-ids gives ids instead.
