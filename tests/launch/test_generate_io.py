@@ -108,7 +108,7 @@ try:
     mpirun = shutil.which("mpirun")
     if mpirun:
         pre = [mpirun, "--oversubscribe", "--bind-to", "none", "-np", "2"] + (["--allow-run-as-root"] if os.getuid() == 0 else [])
-        rc, out, err = run(["-p", "Once upon a time", "-n", "24", "--temperature", "1", "--pp", "2", "--threads", "1"],
+        rc, out, err = run(["-p", "Once upon a time", "-n", "24", "--temperature", "1", "--pp", "2"],
                            prefix=pre)
         seeds = seed_re.findall(err)
         check(rc == 0 and len(seeds) == 1, f"mpirun -np 2 --pp 2: one seed printed (rank 0) (rc {rc}: {err[-400:]})")
