@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-lattice, source = sys.argv[1], sys.argv[2]
+lattice, source = os.path.abspath(sys.argv[1]), sys.argv[2]
 model = os.path.join(source, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 if not os.environ.get("LATTICE_DEFAULT_MODEL") and not os.path.exists(model):
     print(f"SKIP: the default model {model} is missing (scripts/setup.sh fetches it)")
