@@ -238,7 +238,7 @@ int run_chat(ChatArgs& a) {
                   "lattice chat runs on one rank, this job has {} (start it without mpirun, or use lattice serve)",
                   lm.world.world);
     const bool tty = ::isatty(0) == 1;
-    print_stderr(fmt::format("seed: {}\n", sp.seed));
+    if (sp.temperature > 0) print_stderr(fmt::format("seed: {}\n", sp.seed));  // (greedy draws nothing)
     if (tty)
         print_stderr(
             "chat: type a message and press Enter. /reset forgets the conversation; Ctrl-C stops an answer; Ctrl-D, "

@@ -13,7 +13,8 @@
 //              log-softmax of the model's raw logits for each chosen token, before penalties,
 //              temperature and truncation)}.
 // Sequence I samples with seed + I ("seed" in its JSON); the seed is --seed, else random and printed
-// on stderr (`seed: N`) and in --stats-json, so a run is repeated with --seed N.
+// on stderr (`seed: N`, unless greedy: temperature 0 draws nothing) and in --stats-json and --json,
+// so a run is repeated with --seed N.
 // Stop strings (--stop) end a sequence as the server's do (runtime/engine/text_stream.h). A context
 // that fills up (the model's, or --max-seq) ends the output with finish_reason context_full, said on
 // stderr; a prompt that leaves no room at all is an error.
@@ -180,8 +181,9 @@ int run_generate(GenerateArgs& a) {
     const bool rank0 = lm.world.rank == 0;
     if (rank0) {
         check_room(lm, int64_t(req.prompt.size()), req.max_new_tokens);
-        print_stderr(a.batch > 1 ? fmt::format("seed: {} (sequence i: {} + i)\n", seed, seed)
-                                 : fmt::format("seed: {}\n", seed));
+        if (req.sampling.temperature > 0)  // (greedy does not draw: its seed changes nothing)
+            print_stderr(a.batch > 1 ? fmt::format("seed: {} (sequence i: {} + i)\n", seed, seed)
+                                     : fmt::format("seed: {}\n", seed));
     }
     const std::vector<GenerateRequest> reqs(static_cast<size_t>(a.batch), req);  // (other ranks: unused)
     // Rank 0: a text stream per sequence (stop strings) whenever there is a tokenizer; text is shown

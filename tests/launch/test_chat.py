@@ -124,7 +124,6 @@ def contains(seq, sub):
 base = ["--temperature", "0", "--verbose-prompt", "--max-seq", "1024", "--threads", "2"]
 s = Session(base + ["-n", "120"])
 try:
-    s.expect(r"seed: \d+\n")
     s.expect(r"\n> ")
     m1 = "My name is Zorblax and I live on the planet Quux."
     ids1, ans1 = s.turn(m1)
