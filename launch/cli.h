@@ -12,6 +12,7 @@ namespace lattice {
 using CommandRun = std::function<int()>;
 
 void add_generate_command(CLI::App& app, CommandRun& run);
+void add_chat_command(CLI::App& app, CommandRun& run);
 void add_score_command(CLI::App& app, CommandRun& run);
 void add_info_command(CLI::App& app, CommandRun& run);
 void add_tokenize_command(CLI::App& app, CommandRun& run);

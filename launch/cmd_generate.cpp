@@ -1,22 +1,39 @@
 // `lattice generate`: prefill a prompt, decode new tokens, print them; timings to stderr and
-// optionally JSON (--stats-json) for scripts and benchmarks. Every write to stdout is checked (a full
-// disk or closed descriptor is an error naming stdout); --stats-json is written atomically, and a
-// previous file there is removed when the run starts, so a run that dies leaves none behind. A prompt
-// that fills the context is an error when tokens were asked for; one that leaves room for fewer
-// than --max-new-tokens gets a warning on stderr.
+// optionally JSON (--stats-json) for scripts and benchmarks.
+// The prompt: --prompt TEXT (-p), --prompt - or a redirected stdin with no prompt flag (stdin),
+// --prompt-file FILE, or --prompt-ids 1,2,3 (launch/generate_common.h: size limit, UTF-8, one
+// trailing newline dropped). Only rank 0 reads it: the other ranks follow the engine.
+// Output on stdout (rank 0), one of:
+//   text       streamed as it is generated, flushed per token; with --batch N > 1 each sequence
+//              after a header line `--- sequence I ---` (I from 0), printed when all are done;
+//   ids        --print-ids, or a model without a tokenizer: one line of space-separated ids per sequence;
+//   --json     one JSON object per line per sequence: {"index", "text" (with a tokenizer),
+//              "token_ids", "finish_reason": "stop" | "length" | "context_full", "usage":
+//              {"prompt_tokens", "completion_tokens"}, "seed", "logprobs" (with --logprobs: the
+//              log-softmax of the model's raw logits for each chosen token, before penalties,
+//              temperature and truncation)}.
+// Sequence I samples with seed + I ("seed" in its JSON); the seed is --seed, else random and printed
+// on stderr (`seed: N`, unless greedy: temperature 0 draws nothing) and in --stats-json and --json,
+// so a run is repeated with --seed N.
+// Stop strings (--stop) end a sequence as the server's do (runtime/engine/text_stream.h). A context
+// that fills up (the model's, or --max-seq) ends the output with finish_reason context_full, said on
+// stderr; a prompt that leaves no room at all is an error.
+// Every write to stdout is checked (a full disk or closed descriptor is an error naming stdout);
+// --stats-json is written atomically, and a previous file there is removed when the run starts, so a
+// run that dies leaves none behind.
 #include "launch/cli.h"
 #include "launch/cli_common.h"
+#include "launch/generate_common.h"
 
 #include "base/error.h"
-#include "runtime/tokenizer/chat_template.h"
+#include "base/file.h"
+#include "base/log.h"
 #include "base/memory.h"
+#include "runtime/engine/text_stream.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-
-#include "base/file.h"
-#include "base/log.h"
 
 #include <memory>
 
@@ -28,15 +45,15 @@ struct GenerateArgs {
     ModelArgs model;
     std::string prompt_ids;
     std::string prompt;
+    std::string prompt_file;
     std::string system;
     bool chat = false;
     int64_t max_new_tokens = 32;
-    float temperature = 0.0f;
-    int64_t top_k = 0;
-    float top_p = 1.0f;
-    uint64_t seed = 0;
+    SamplingArgs sampling;
     bool ignore_eos = false;
     bool print_ids = false;
+    bool json = false;
+    bool logprobs = false;
     std::string stats_json;
     int64_t batch = 1;
 };
@@ -58,7 +75,7 @@ void print_stats(const GenerateStats& s) {
     print_stderr(line);
 }
 
-void write_stats(const std::string& path, const GenerateStats& s, const Built& lm, const ModelArgs& a) {
+void write_stats(const std::string& path, const GenerateStats& s, const Built& lm, const ModelArgs& a, uint64_t seed) {
     nlohmann::json j = {{"prompt_tokens", s.prompt_tokens},
                         {"prefill_seconds", s.prefill_seconds},
                         {"generated_tokens", s.generated_tokens},
@@ -66,6 +83,7 @@ void write_stats(const std::string& path, const GenerateStats& s, const Built& l
                         {"prefill_tokens_per_s", s.prefill_seconds > 0 ? double(s.prompt_tokens) / s.prefill_seconds : 0.0},
                         {"decode_tokens_per_s", decode_rate(s)},
                         {"sequences", s.sequences},
+                        {"seed", seed},
                         {"idle_seconds_rank0", s.idle_seconds},
                         {"compute_seconds_rank0", s.compute_seconds},
                         {"bubble_rank0", s.prefill_seconds + s.decode_seconds > 0
@@ -90,7 +108,7 @@ void write_stats(const std::string& path, const GenerateStats& s, const Built& l
 }
 
 // The context left after the prompt: an error when none is left for the tokens asked for, a
-// warning when fewer than asked for fit (the output stops at the end of the context).
+// warning when fewer than asked for fit (and the cut is reported when it happens: context_full).
 void check_room(const Built& lm, int64_t prompt_tokens, int64_t max_new_tokens) {
     const int64_t ctx = lm.model->max_seq(), room = ctx - prompt_tokens;
     if (max_new_tokens == 0 || prompt_tokens > ctx) return;  // nothing asked for / the generator refuses it
@@ -98,11 +116,28 @@ void check_room(const Built& lm, int64_t prompt_tokens, int64_t max_new_tokens) 
                   "the prompt of {} tokens fills the whole context of {} positions: no room for new tokens (shorten "
                   "it, or raise --max-seq up to max_position_embeddings {})",
                   prompt_tokens, ctx, lm.model->config().max_position);
-    if (room < max_new_tokens && lm.world.rank == 0)
+    if (room < max_new_tokens)
         LOG_WARN(
             "the context of {} positions leaves room for {} of the {} new tokens asked for after the prompt of {} "
             "tokens: the output stops there",
             ctx, room, max_new_tokens, prompt_tokens);
+}
+
+// The prompt text from --prompt, --prompt-file or stdin; "" when --prompt-ids gives ids instead.
+std::string prompt_text(const GenerateArgs& a) {
+    const int given = int(!a.prompt.empty()) + int(!a.prompt_file.empty()) + int(!a.prompt_ids.empty());
+    LATTICE_CHECK(given <= 1, "give one prompt: --prompt TEXT, --prompt-file FILE or --prompt-ids 1,2,3");
+    if (a.prompt == "-") return read_prompt_stdin();
+    if (!a.prompt.empty()) {
+        check_utf8(a.prompt, "--prompt");
+        return a.prompt;
+    }
+    if (!a.prompt_file.empty()) return read_prompt_file(a.prompt_file, "--prompt-file");
+    if (!a.prompt_ids.empty()) return {};
+    LATTICE_CHECK(stdin_is_redirected(),
+                  "no prompt: give --prompt TEXT, --prompt-file FILE, --prompt - (stdin) or --prompt-ids 1,2,3, or "
+                  "pipe the prompt into stdin");
+    return read_prompt_stdin();
 }
 
 std::vector<int32_t> encode_prompt(const Tokenizer& tok, const std::string& text, bool chat, const std::string& system) {
@@ -110,10 +145,104 @@ std::vector<int32_t> encode_prompt(const Tokenizer& tok, const std::string& text
     std::vector<ChatMessage> msgs;
     if (!system.empty()) msgs.push_back({"system", system});
     msgs.push_back({"user", text});
-    LATTICE_CHECK(tok.chat_template_kind() != ChatTemplateKind::kNone,
-                  "--chat: the model's tokenizer ({}) has no recognised chat template", tok.source());
-    // The rendered template spells special tokens (and the BOS text, where the family has one).
-    return tok.encode(tok.chat_template().render(msgs, true), false, true);
+    return encode_chat(tok, msgs, "--chat");
+}
+
+int run_generate(GenerateArgs& a) {
+    if (a.model.model.empty() && !a.model.random_weights) a.model.model = default_model_path();
+    const bool leader = launcher_rank() == 0;
+    GenerateRequest req;
+    std::unique_ptr<Tokenizer> tok;
+    uint64_t seed = 0;
+    bool text_prompt = false;
+    if (leader) {  // everything from the user is read and checked before the (long) load
+        if (!a.stats_json.empty()) prepare_output_file(a.stats_json, "--stats-json", {a.model.model, a.model.smooth});
+        const std::string text = prompt_text(a);
+        text_prompt = !text.empty();
+        if (text_prompt) {
+            LATTICE_CHECK(!a.model.random_weights, "a text prompt needs a model with a tokenizer (use --prompt-ids)");
+            tok = load_tokenizer(a.model.model);
+            req.prompt = encode_prompt(*tok, text, a.chat, a.system);
+        } else {
+            LATTICE_CHECK(!a.chat, "--chat needs a text prompt (--prompt, --prompt-file or stdin)");
+            req.prompt = parse_id_list(a.prompt_ids, "--prompt-ids");
+            if (!a.model.random_weights && (a.json || !a.sampling.stop.empty()))
+                tok = optional_tokenizer(a.model, "generate", "no text in the output, --stop cannot apply");
+        }
+        LATTICE_CHECK(!req.prompt.empty(), "the prompt is empty");
+        LATTICE_CHECK(a.sampling.stop.empty() || tok, "--stop needs a model with a tokenizer");
+        if (tok) req.stop_ids = tok->eog_ids();
+        req.sampling = a.sampling.resolve();
+        seed = req.sampling.seed;
+    }
+    req.max_new_tokens = a.max_new_tokens;
+    req.ignore_eos = a.ignore_eos;
+    Built lm = load_model(a.model);
+    const bool rank0 = lm.world.rank == 0;
+    if (rank0) {
+        check_room(lm, int64_t(req.prompt.size()), req.max_new_tokens);
+        if (req.sampling.temperature > 0)  // (greedy does not draw: its seed changes nothing)
+            print_stderr(a.batch > 1 ? fmt::format("seed: {} (sequence i: {} + i)\n", seed, seed)
+                                     : fmt::format("seed: {}\n", seed));
+    }
+    const std::vector<GenerateRequest> reqs(static_cast<size_t>(a.batch), req);  // (other ranks: unused)
+    // Rank 0: a text stream per sequence (stop strings) whenever there is a tokenizer; text is shown
+    // for a text prompt or --json, streamed when it is one sequence of plain text.
+    const bool show_text = rank0 && tok && !a.print_ids && (text_prompt || a.json);
+    const bool stream = show_text && !a.json && a.batch == 1;
+    std::vector<std::unique_ptr<TextStream>> texts;
+    if (rank0 && tok)
+        for (int64_t i = 0; i < a.batch; ++i) texts.push_back(std::make_unique<TextStream>(*tok, a.sampling.stop));
+    const ModelConfig& cfg = lm.model->config();
+    GenerateStats total;
+    std::vector<GenerateResult> rs = lm.engine->generate_batch(
+        reqs,
+        [&](int64_t i, int32_t id) {
+            if (texts.empty()) return FinishReason::kNone;
+            if (!a.ignore_eos && (cfg.is_eos(id) || tok->is_eog(id))) return FinishReason::kNone;  // not text
+            const TextStream::Piece p = texts[size_t(i)]->push(id);
+            if (stream && !p.text.empty()) {
+                write_stdout(p.text);
+                flush_stdout();
+            }
+            return p.stop ? FinishReason::kStop : FinishReason::kNone;
+        },
+        &total);
+    if (!rank0) return 0;
+    const int64_t prompt_tokens = int64_t(req.prompt.size());
+    for (size_t i = 0; i < rs.size(); ++i) {
+        const GenerateResult& r = rs[i];
+        const std::string rest = show_text ? texts[i]->finish() : std::string();  // what was held back
+        if (a.json) {
+            nlohmann::json j = {{"index", i}};
+            if (show_text) j["text"] = texts[i]->text();
+            j["token_ids"] = r.tokens;
+            j["finish_reason"] = std::string(finish_reason_name(r.finish));
+            j["usage"] = {{"prompt_tokens", prompt_tokens}, {"completion_tokens", int64_t(r.tokens.size())}};
+            j["seed"] = seed + i;
+            if (a.logprobs) j["logprobs"] = r.logprobs;
+            // Invalid UTF-8 in generated text (bytes no character completes) becomes U+FFFD.
+            write_stdout(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+        } else if (stream) {
+            write_stdout(rest + "\n");
+        } else if (show_text) {
+            if (a.batch > 1) write_stdout(fmt::format("--- sequence {} ---\n", i));
+            write_stdout(texts[i]->text() + "\n");
+        } else {
+            write_stdout(fmt::format("{}\n", fmt::join(r.tokens, " ")));
+        }
+    }
+    flush_stdout();
+    for (size_t i = 0; i < rs.size(); ++i)
+        if (rs[i].finish == FinishReason::kContextFull)
+            print_stderr(fmt::format(
+                "generate: {}the context of {} positions is full after {} new tokens: the output is cut "
+                "(finish_reason context_full; raise --max-seq, up to {})\n",
+                a.batch > 1 ? fmt::format("sequence {}: ", i) : "", lm.model->max_seq(), rs[i].tokens.size(),
+                cfg.max_position));
+    print_stats(total);
+    if (!a.stats_json.empty()) write_stats(a.stats_json, total, lm, a.model, seed);
+    return 0;
 }
 
 }  // namespace
@@ -122,82 +251,34 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
     auto args = std::make_shared<GenerateArgs>();
     auto* cmd = app.add_subcommand("generate", "Generate tokens from a prompt");
     args->model.add_to(cmd);
+    cmd->add_option("-p,--prompt", args->prompt,
+                    "Prompt text (tokenized with the model's tokenizer); - reads stdin, as does a piped stdin without "
+                    "any prompt option");
+    cmd->add_option("--prompt-file", args->prompt_file, "Read the prompt text from this file (UTF-8)");
     cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, e.g. 1,2,3");
-    cmd->add_option("--prompt", args->prompt, "Prompt text (tokenized with the model's tokenizer)");
-    cmd->add_flag("--chat", args->chat, "Wrap --prompt in the model's chat template as a user turn");
+    cmd->add_flag("--chat", args->chat, "Wrap the prompt in the model's chat template as a user turn");
     cmd->add_option("--system", args->system, "System message for --chat")->needs("--chat");
-    cmd->add_option("--max-new-tokens", args->max_new_tokens, "Tokens to generate")->check(int_range(0, INT32_MAX));
-    cmd->add_option("--temperature", args->temperature, "0: greedy")->check(real_range(0.0, 1e6));
-    cmd->add_option("--top-k", args->top_k, "Keep the k most likely tokens (0: all)")->check(int_range(0, INT32_MAX));
-    cmd->add_option("--top-p", args->top_p, "Nucleus sampling mass (1: all)")->check(real_range(1e-6, 1.0));
-    cmd->add_option("--seed", args->seed, "Sampling seed")->check(uint_range(0, UINT64_MAX));
+    cmd->add_option("-n,--max-new-tokens", args->max_new_tokens, "Tokens to generate")
+        ->check(int_range(0, INT32_MAX))
+        ->capture_default_str();
+    args->sampling.add_to(cmd);
     cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the end-of-sequence token");
-    cmd->add_flag("--print-ids", args->print_ids, "Print generated ids, space-separated, on one line");
-    cmd->add_option("--stats-json", args->stats_json, "Write timings as JSON to this file");
+    auto* ids = cmd->add_flag("--print-ids", args->print_ids, "Print generated ids, space-separated, one line per sequence");
+    auto* json = cmd->add_flag("--json", args->json,
+                               "Print one JSON object per sequence (text, token_ids, finish_reason, usage, seed)");
+    json->excludes(ids);
+    cmd->add_flag("--logprobs", args->logprobs, "Add each chosen token's log-probability to the --json output")
+        ->needs(json);
+    cmd->add_option("--stats-json", args->stats_json, "Write timings (and the seed) as JSON to this file");
     cmd->add_option("--batch", args->batch, "Generate this many sequences of the prompt at once (pipelined decode)")
-        ->check(CLI::Range(1, 1024));
-    cmd->callback([&run, args] {
-        run = [args] {
-            GenerateArgs& a = *args;
-            GenerateRequest req;
-            LATTICE_CHECK(a.prompt.empty() != a.prompt_ids.empty(), "give exactly one of --prompt TEXT or --prompt-ids 1,2,3");
-            if (a.model.model.empty() && !a.model.random_weights) a.model.model = default_model_path();
-            if (!a.stats_json.empty())
-                prepare_output_file(a.stats_json, "--stats-json", {a.model.model, a.model.smooth});
-            std::unique_ptr<Tokenizer> tok;
-            if (!a.prompt.empty()) {
-                LATTICE_CHECK(!a.model.random_weights, "--prompt needs a model with a tokenizer (use --prompt-ids)");
-                tok = load_tokenizer(a.model.model);
-                req.prompt = encode_prompt(*tok, a.prompt, a.chat, a.system);
-                req.stop_ids = tok->eog_ids();
-            } else {
-                LATTICE_CHECK(!a.chat, "--chat needs --prompt TEXT");
-                req.prompt = parse_id_list(a.prompt_ids, "--prompt-ids");
-            }
-            LATTICE_CHECK(!req.prompt.empty(), "the prompt is empty");
-            req.max_new_tokens = a.max_new_tokens;
-            req.sampling = SamplingParams{a.temperature, a.top_k, a.top_p, a.seed};
-            req.sampling.validate();
-            req.ignore_eos = a.ignore_eos;
-            Built lm = load_model(a.model);
-            check_room(lm, int64_t(req.prompt.size()), req.max_new_tokens);
-            if (a.batch > 1) {
-                std::vector<GenerateRequest> reqs(static_cast<size_t>(a.batch), req);
-                GenerateStats total;
-                std::vector<GenerateResult> rs = lm.engine->generate_batch(reqs, {}, &total);
-                if (lm.world.rank == 0) {
-                    for (const auto& r : rs) {
-                        if (tok && !a.print_ids)
-                            write_stdout(tok->decode(r.tokens) + "\n");
-                        else
-                            write_stdout(fmt::format("{}\n", fmt::join(r.tokens, " ")));
-                    }
-                    flush_stdout();
-                    print_stats(total);
-                    if (!a.stats_json.empty()) write_stats(a.stats_json, total, lm, a.model);
-                }
-                return 0;
-            }
-            const bool stream_text = tok && !a.print_ids && lm.world.rank == 0;
-            std::unique_ptr<StreamDecoder> stream;
-            if (stream_text) stream = std::make_unique<StreamDecoder>(*tok);
-            GenerateResult res = lm.engine->generate(req, [&](int32_t id) {
-                if (!stream || (!a.ignore_eos && (lm.model->config().is_eos(id) || tok->is_eog(id)))) return;
-                write_stdout(stream->push(id));
-                flush_stdout();
-            });
-            if (lm.world.rank == 0) {
-                if (stream)
-                    write_stdout(stream->finish() + "\n");
-                else
-                    write_stdout(fmt::format("{}\n", fmt::join(res.tokens, " ")));
-                flush_stdout();
-                print_stats(res.stats);
-                if (!a.stats_json.empty()) write_stats(a.stats_json, res.stats, lm, a.model);
-            }
-            return 0;
-        };
-    });
+        ->check(CLI::Range(1, 1024))
+        ->capture_default_str();
+    cmd->footer(
+        "Examples:\n"
+        "  lattice generate -p \"The sky is blue because\" -n 64\n"
+        "  echo \"Write a haiku about the sea\" | lattice generate --chat --temperature 0.7 --seed 42\n"
+        "  lattice generate --prompt-file prompt.txt --json --logprobs --stop $'\\n\\n' --batch 4 --temperature 1");
+    cmd->callback([&run, args] { run = [args] { return run_generate(*args); }; });
 }
 
 }  // namespace lattice

@@ -82,6 +82,7 @@ int main(int argc, char** argv) {
     });
     lattice::CommandRun run;
     lattice::add_generate_command(app, run);
+    lattice::add_chat_command(app, run);
     lattice::add_score_command(app, run);
     lattice::add_info_command(app, run);
     lattice::add_tokenize_command(app, run);

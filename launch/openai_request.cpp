@@ -143,8 +143,13 @@ ApiRequest parse_api_request(const json& b, bool chat, const Tokenizer* tok, con
         for (const std::string& x : r.stop) LATTICE_CHECK(!x.empty(), "\"stop\" strings must not be empty");
         LATTICE_CHECK(r.stop.empty() || tok != nullptr, "\"stop\" strings need a model with a tokenizer");
     }
-    for (const char* k : {"presence_penalty", "frequency_penalty"})
-        LATTICE_CHECK(number(b, k, -2.0, 2.0, 0.0) == 0.0, "\"{}\" is not supported yet (only 0)", k);
+    // The same SamplingParams (and Sampler) as the CLI's --presence-penalty, --frequency-penalty,
+    // --min-p, --repeat-penalty / --repeat-last-n (runtime/engine/sampler.h).
+    r.engine.sampling.presence_penalty = float(number(b, "presence_penalty", -2.0, 2.0, 0.0));
+    r.engine.sampling.frequency_penalty = float(number(b, "frequency_penalty", -2.0, 2.0, 0.0));
+    r.engine.sampling.min_p = float(number(b, "min_p", 0.0, 1.0, 0.0));
+    r.engine.sampling.repeat_penalty = float(number(b, "repetition_penalty", 1e-6, 1e6, 1.0));
+    r.engine.sampling.repeat_last_n = integer(b, "repeat_last_n", -1, INT32_MAX, -1);
     r.stream = boolean(b, "stream", false);
     if (b.contains("stream_options") && !b["stream_options"].is_null()) {
         LATTICE_CHECK(b["stream_options"].is_object(), "\"stream_options\" must be an object");

@@ -4,7 +4,10 @@
 // Fields: model, prompt (string | token-id array | [string]) or messages ([{role, content}] where
 // content is a string or [{"type": "text", "text": ...}]), max_tokens (chat also
 // max_completion_tokens), temperature, top_p, top_k (-1 or 0: off), seed, stop (string or up to 4
-// strings), stream, stream_options.include_usage, n (1 only), and vLLM's ignore_eos, min_tokens.
+// strings), stream, stream_options.include_usage, n (1 only), presence_penalty and frequency_penalty
+// (OpenAI's, [-2, 2], over the generated tokens), and vLLM's ignore_eos, min_tokens, min_p and
+// repetition_penalty (over prompt and output: the whole sequence, unless repeat_last_n, llama.cpp's
+// window, says fewer tokens). Sampling semantics: runtime/engine/sampler.h, shared with the CLI.
 // Unknown fields are ignored (clients send extras such as "user"); a known field of the wrong type
 // or out of range is an Error whose message names the field.
 // Defaults: completions max_tokens 16 (OpenAI's); chat: the rest of the context. Temperature 1,

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
 
 #include "base/clock.h"
 #include "base/error.h"
@@ -163,13 +164,15 @@ void Engine::execute(const StepPlan& p, Results* out) {
         if (is_sampler() && p.kind == StepPlan::Kind::kScore) {
             out->logits = logits_;
         } else if (is_sampler()) {
-            size_t k = 0, ban = 0;
+            size_t k = 0, ban = 0, recent = 0;
             for (const PlanSeq& ps : p.seqs) {
                 const int32_t* bans = p.ban_ids.data() + ban;
                 ban += size_t(ps.n_ban);
+                const std::span<const int32_t> last(p.recent_ids.data() + recent, size_t(ps.n_recent));
+                recent += size_t(ps.n_recent);
                 if (!ps.sample) continue;
                 float* row = logits_.data() + k++ * size_t(V);
-                // log-softmax of the model's row (temperature 1), before any ban
+                // log-softmax of the model's row (temperature 1), before any ban, penalty or temperature
                 float mx = -INFINITY;
                 for (int64_t v = 0; v < V; ++v) mx = std::max(mx, row[v]);
                 double z = 0;
@@ -180,8 +183,8 @@ void Engine::execute(const StepPlan& p, Results* out) {
                         if (bans[j] >= 0 && bans[j] < V) row[bans[j]] = -INFINITY;
                 auto it = samplers_.find(ps.id);
                 if (it == samplers_.end()) it = samplers_.emplace(ps.id, Sampler(ps.sampling)).first;
-                const int32_t tok = it->second.sample(row, V);
-                out->tokens.push_back(SampledToken{tok, float(double(row[tok]) - lse)});
+                const int32_t tok = it->second.sample(row, V, last);
+                out->tokens.push_back(SampledToken{tok, float(double(row[tok]) - lse)});  // (the Sampler leaves row raw)
             }
         }
     }

@@ -71,9 +71,15 @@ struct GenerateStats {
     int64_t cached_prompt_tokens = 0;
 };
 
+// generate_batch's per-token callback (leader only): sequence index, token. kNone goes on; any other
+// reason ends that sequence now, with that reason (a front's stop string: kStop; a user's
+// interrupt: kCancelled). The token is part of the result either way.
+using TokenCallback = std::function<FinishReason(int64_t seq, int32_t token)>;
+
 struct GenerateResult {
     std::vector<int32_t> tokens;  // generated ids (the stop token included when one ended the run)
-    std::vector<float> logprobs;  // of each generated token under the model (temperature 1)
+    std::vector<float> logprobs;  // of each generated token: log-softmax of the model's raw logits
+                                  // (temperature 1, before penalties, bans and truncation)
     FinishReason finish = FinishReason::kNone;
     GenerateStats stats;
 };
@@ -112,10 +118,10 @@ public:
     void follow();
 
     // ---- every rank ----
-    // Runs the requests to completion (leader) / follows (others); results on every rank.
+    // Runs the requests to completion (leader) / follows (others); results on every rank. Sequence i
+    // samples with seed reqs[i].sampling.seed + i (distinct streams, reproducible).
     std::vector<GenerateResult> generate_batch(const std::vector<GenerateRequest>& reqs,
-                                               const std::function<void(int64_t, int32_t)>& on_token = {},
-                                               GenerateStats* total = nullptr);
+                                               const TokenCallback& on_token = {}, GenerateStats* total = nullptr);
     GenerateResult generate(const GenerateRequest& req, const std::function<void(int32_t)>& on_token = {});
     // Logits of every prompt position, [prompt.size(), vocab] row-major, on world rank 0.
     std::vector<float> score(const std::vector<int32_t>& prompt);

@@ -26,8 +26,7 @@ void broadcast_vec(Communicator& c, std::vector<T>& v, DType dt) {
 }  // namespace
 
 std::vector<GenerateResult> Engine::generate_batch(const std::vector<GenerateRequest>& reqs,
-                                                   const std::function<void(int64_t, int32_t)>& on_token,
-                                                   GenerateStats* total) {
+                                                   const TokenCallback& on_token, GenerateStats* total) {
     LATTICE_CHECK(!reqs.empty(), "generate: no sequences");
     const auto t0 = Clock::now();
     const EngineCounters c0 = counters_;
@@ -65,16 +64,23 @@ std::vector<GenerateResult> Engine::generate_batch(const std::vector<GenerateReq
         }
         size_t started = 0;
         std::vector<bool> has_first(reqs.size(), false);
+        std::vector<bool> ended(reqs.size(), false);  // by on_token: what the engine says after is moot
         while (error.empty() && busy()) {
             for (const TokenEvent& ev : step()) {
                 const size_t i = index.at(ev.id);
+                if (ended[i]) continue;
                 GenerateResult& r = res[i];
+                if (ev.finish != FinishReason::kNone) r.finish = ev.finish;
                 if (ev.token >= 0) {
                     r.tokens.push_back(ev.token);
                     r.logprobs.push_back(ev.logprob);
-                    if (on_token) on_token(int64_t(i), ev.token);
+                    const FinishReason why = on_token ? on_token(int64_t(i), ev.token) : FinishReason::kNone;
+                    if (why != FinishReason::kNone) {
+                        ended[i] = true;
+                        if (ev.finish == FinishReason::kNone) cancel(ev.id);  // (a finished one is gone already)
+                        r.finish = why;
+                    }
                 }
-                if (ev.finish != FinishReason::kNone) r.finish = ev.finish;
                 if (!has_first[i] && (ev.token >= 0 || ev.finish != FinishReason::kNone)) {
                     has_first[i] = true;
                     if (++started == reqs.size()) prefill_s = since(t0);
@@ -140,8 +146,10 @@ std::vector<GenerateResult> Engine::generate_batch(const std::vector<GenerateReq
 }
 
 GenerateResult Engine::generate(const GenerateRequest& req, const std::function<void(int32_t)>& on_token) {
-    std::vector<GenerateResult> r = generate_batch(
-        {req}, on_token ? [&](int64_t, int32_t id) { on_token(id); } : std::function<void(int64_t, int32_t)>{});
+    std::vector<GenerateResult> r = generate_batch({req}, on_token ? [&](int64_t, int32_t id) {
+        on_token(id);
+        return FinishReason::kNone;
+    } : TokenCallback{});
     return std::move(r[0]);
 }
 

@@ -1,12 +1,24 @@
-// Sampler: picks the next token from a row of logits on the host.
-// temperature == 0 is greedy (argmax, lowest id on ties). Otherwise: (logits - max) / temperature
-// (stable for any temperature > 0: a tiny one gives the argmax, never inf or NaN), keep the
-// top_k most likely (0 = all), then the smallest set whose probability reaches top_p (1 = all),
-// renormalize, draw with a seeded mt19937_64 — the same seed gives the same tokens on every run.
+// Sampler: picks the next token from a row of logits on the host. The order, per token:
+//  1. penalties on a copy of the row (the caller's logits stay raw: logprobs are of the model's row):
+//     - repetition (llama.cpp's repeat_penalty): each distinct id among the last repeat_last_n
+//       tokens of the sequence (prompt and output; the caller passes them as `recent`) has its logit
+//       divided by repeat_penalty when positive, multiplied when negative (1: off);
+//     - presence / frequency (OpenAI's): logit -= frequency_penalty * count + presence_penalty *
+//       (count > 0), where count is how often the id was generated so far: the tokens this Sampler
+//       returned (one Sampler per sequence; every token it returns is taken as generated);
+//  2. temperature == 0: greedy, the argmax of the penalized row (lowest id on ties). Otherwise:
+//     (logits - max) / temperature (stable for any temperature > 0: a tiny one gives the argmax,
+//     never inf or NaN);
+//  3. keep the top_k most likely (0 = all), then the smallest set whose probability reaches top_p
+//     (1 = all), then the ids with p >= min_p * p_max (0 = all; p_max is the most likely token,
+//     which is always kept, so min_p and top_p intersect in either order);
+//  4. renormalize, draw with a seeded mt19937_64 — the same seed gives the same tokens on every run.
 #pragma once
 
 #include <cstdint>
 #include <random>
+#include <span>
+#include <unordered_map>
 #include <vector>
 
 namespace lattice {
@@ -16,7 +28,16 @@ struct SamplingParams {
     int64_t top_k = 0;
     float top_p = 1.0f;
     uint64_t seed = 0;
+    float repeat_penalty = 1.0f;   // > 0; 1: off
+    int64_t repeat_last_n = 64;    // window of the repetition penalty; 0: off, -1: the whole sequence
+    float presence_penalty = 0.0f;   // [-2, 2]
+    float frequency_penalty = 0.0f;  // [-2, 2]
+    float min_p = 0.0f;              // [0, 1]; 0: off
     void validate() const;  // throws Error naming the bad value
+    // The repetition penalty looks at the sequence's last tokens (the caller must pass them).
+    bool uses_recent() const { return repeat_penalty != 1.0f && repeat_last_n != 0; }
+    // How many of the sequence's last tokens the repetition penalty reads (max_seq for -1).
+    int64_t recent_window(int64_t max_seq) const { return !uses_recent() ? 0 : repeat_last_n < 0 ? max_seq : repeat_last_n; }
 };
 
 int32_t argmax(const float* logits, int64_t n);
@@ -24,12 +45,19 @@ int32_t argmax(const float* logits, int64_t n);
 class Sampler {
 public:
     explicit Sampler(const SamplingParams& p);
-    int32_t sample(const float* logits, int64_t n);
+    // `recent`: the sequence's last recent_window() tokens (fewer at its start); ignored when the
+    // repetition penalty is off. Ids outside [0, n) are ignored.
+    int32_t sample(const float* logits, int64_t n, std::span<const int32_t> recent = {});
 
 private:
+    const float* penalize(const float* logits, int64_t n, std::span<const int32_t> recent);
+
     SamplingParams p_;
     std::mt19937_64 rng_;
     std::vector<std::pair<float, int32_t>> cand_;
+    std::vector<float> work_;                       // the penalized row
+    std::unordered_map<int32_t, int32_t> counts_;   // generated id -> times (presence / frequency)
+    std::vector<int32_t> seen_;                     // scratch: distinct ids of `recent`
 };
 
 }  // namespace lattice

@@ -177,6 +177,11 @@ StepPlan Scheduler::next(int64_t number) {
             p.ban_ids.insert(p.ban_ids.end(), s.req.stop_ids.begin(), s.req.stop_ids.end());
             p.seqs.back().n_ban = int32_t(int64_t(p.ban_ids.size()) - ban0);
         }
+        if (ps.sample) {  // the repetition penalty's window: the last tokens, prompt and output
+            const int64_t w = std::min<int64_t>(s.req.sampling.recent_window(opt_.max_seq), int64_t(s.tokens.size()));
+            p.recent_ids.insert(p.recent_ids.end(), s.tokens.end() - w, s.tokens.end());
+            p.seqs.back().n_recent = int32_t(w);
+        }
         s.computed += n;
         ++s.inflight;
         s.awaiting = ps.sample;

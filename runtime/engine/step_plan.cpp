@@ -10,7 +10,7 @@ namespace lattice {
 
 namespace {
 
-constexpr uint32_t kMagic = 0x4c505331;  // "LPS1"
+constexpr uint32_t kMagic = 0x4c505332;  // "LPS2"
 
 class Writer {
 public:
@@ -85,10 +85,17 @@ std::vector<uint8_t> encode_plan(const StepPlan& p) {
         w.put(s.sampling.top_k);
         w.put(s.sampling.top_p);
         w.put(s.sampling.seed);
+        w.put(s.sampling.repeat_penalty);
+        w.put(s.sampling.repeat_last_n);
+        w.put(s.sampling.presence_penalty);
+        w.put(s.sampling.frequency_penalty);
+        w.put(s.sampling.min_p);
+        w.put(s.n_recent);
     }
     w.put(p.width);
     w.put_vec(p.tables);
     w.put_vec(p.ban_ids);
+    w.put_vec(p.recent_ids);
     w.put_vec(p.released);
     return std::move(w.out);
 }
@@ -118,6 +125,12 @@ StepPlan decode_plan(const uint8_t* data, int64_t size) {
         s.sampling.top_k = r.get<int64_t>("top_k");
         s.sampling.top_p = r.get<float>("top_p");
         s.sampling.seed = r.get<uint64_t>("seed");
+        s.sampling.repeat_penalty = r.get<float>("repeat_penalty");
+        s.sampling.repeat_last_n = r.get<int64_t>("repeat_last_n");
+        s.sampling.presence_penalty = r.get<float>("presence_penalty");
+        s.sampling.frequency_penalty = r.get<float>("frequency_penalty");
+        s.sampling.min_p = r.get<float>("min_p");
+        s.n_recent = r.get<int32_t>("n_recent");
         LATTICE_CHECK(s.start >= 0 && s.count >= 1, "step plan: sequence {} start {} count {}", s.id, s.start, s.count);
         fed += s.count;
         p.seqs.push_back(s);
@@ -136,6 +149,15 @@ StepPlan decode_plan(const uint8_t* data, int64_t size) {
     }
     LATTICE_CHECK(bans == int64_t(p.ban_ids.size()), "step plan: {} banned ids listed, {} announced", p.ban_ids.size(),
                   bans);
+    p.recent_ids = r.get_vec<int32_t>("recent ids");
+    int64_t recent = 0;
+    for (const PlanSeq& s : p.seqs) {
+        LATTICE_CHECK(s.n_recent >= 0 && (s.n_recent == 0 || s.sample), "step plan: sequence {} lists {} recent ids",
+                      s.id, s.n_recent);
+        recent += s.n_recent;
+    }
+    LATTICE_CHECK(recent == int64_t(p.recent_ids.size()), "step plan: {} recent ids listed, {} announced",
+                  p.recent_ids.size(), recent);
     p.released = r.get_vec<int64_t>("released");
     LATTICE_CHECK(r.done(), "step plan: trailing bytes");
     return p;

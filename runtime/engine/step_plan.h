@@ -3,7 +3,8 @@
 // running sums of `count`), sits at position seqs[s].start + (i - first token of s), and its K/V go
 // to block tables[s * width + position / block_size]. After the forward, the sampler rank samples
 // the last token of every sequence with `sample` set (kStep), or returns the logits of every token
-// (kScore).
+// (kScore). The token history a repetition penalty reads travels in the plan (recent_ids) because
+// only the leader knows it (prefix-cached prompt blocks are never fed to the other ranks).
 // Wire format: a flat little-endian byte string (encode/decode), version-tagged and bounds-checked
 // on decode; no rank but the leader ever sees a request body.
 #pragma once
@@ -22,6 +23,8 @@ struct PlanSeq {
     bool sample = false;    // sample after this step
     bool ban_stop = false;  // min_tokens not reached: eos and stop ids may not be sampled
     int32_t n_ban = 0;      // ... namely the next n_ban entries of StepPlan::ban_ids (in plan order)
+    int32_t n_recent = 0;   // sampled with a repetition penalty: the sequence's last n_recent tokens are
+                            // the next n_recent entries of StepPlan::recent_ids (in plan order)
     SamplingParams sampling;
 };
 
@@ -34,6 +37,7 @@ struct StepPlan {
     int32_t width = 0;              // block table width (blocks per sequence at most)
     std::vector<int32_t> tables;    // [seqs.size(), width], unused entries -1
     std::vector<int32_t> ban_ids;   // per ban_stop sequence, in plan order, its n_ban banned ids
+    std::vector<int32_t> recent_ids;  // per sequence with n_recent > 0, in plan order, its last tokens
     std::vector<int64_t> released;  // sequences that ended: the sampler rank drops their state
 
     int64_t sampled() const;  // sequences with `sample` set

@@ -2,7 +2,10 @@
 // distributions it draws from — empirical frequencies over many draws against the exact
 // distribution (temperature softmax, renormalized top-k set, renormalized top-p nucleus) with a
 // chi-square test at a 1e-4 false-alarm level. Seeds are fixed, so every run draws the same tokens:
-// the statistics decide once whether the algorithm is right, they do not flake.
+// the statistics decide once whether the algorithm is right, they do not flake. Then the penalties
+// (repetition: llama.cpp's, once per distinct id of the window; presence / frequency: OpenAI's, over
+// the tokens the sampler produced) moving the argmax exactly where the formulas say, min-p's kept set,
+// and the caller's logits left raw.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -191,4 +194,123 @@ TEST_CASE("top-k and top-p together: nucleus taken within the top k") {
     const double x = chi2(counts, want, &dof);
     CHECK(dof == int(n) - 1);
     if (dof > 0) CHECK(x < chi2_critical(dof));
+}
+
+TEST_CASE("repetition penalty: divides positive, multiplies negative logits of the window's ids, once each") {
+    SamplingParams p{0.0f, 0, 1.0f, 0};
+    p.repeat_penalty = 1.1f;
+    {
+        const std::vector<float> l = {2.0f, 1.9f, 0.5f};  // 2.0 / 1.1 = 1.818 < 1.9
+        CHECK(Sampler(SamplingParams{0.0f, 0, 1.0f, 0}).sample(l.data(), 3, std::vector<int32_t>{0}) == 0);  // off
+        CHECK(Sampler(p).sample(l.data(), 3, std::vector<int32_t>{0}) == 1);
+        CHECK(Sampler(p).sample(l.data(), 3, std::vector<int32_t>{2, 2}) == 0);  // another id penalized
+        CHECK(Sampler(p).sample(l.data(), 3, {}) == 0);                          // nothing seen
+    }
+    {
+        const std::vector<float> l = {-1.0f, -1.05f, -3.0f};  // -1.0 * 1.1 = -1.1 < -1.05
+        CHECK(Sampler(p).sample(l.data(), 3, std::vector<int32_t>{0}) == 1);
+    }
+    {
+        // Three occurrences count once: 2.0 / 1.1 = 1.818 > 1.7 (2.0 / 1.1^3 = 1.503 would not be).
+        const std::vector<float> l = {2.0f, 1.7f};
+        CHECK(Sampler(p).sample(l.data(), 2, std::vector<int32_t>{0, 0, 0}) == 0);
+    }
+    SamplingParams off = p;
+    off.repeat_last_n = 0;  // a window of 0 tokens: off, whatever the caller passes
+    const std::vector<float> l = {2.0f, 1.9f};
+    CHECK_FALSE(off.uses_recent());
+    CHECK(Sampler(off).sample(l.data(), 2, std::vector<int32_t>{0}) == 0);
+    CHECK(p.recent_window(4096) == 64);
+    p.repeat_last_n = -1;
+    CHECK(p.recent_window(4096) == 4096);
+    // Ids outside the vocab are ignored, not read.
+    CHECK(Sampler(p).sample(l.data(), 2, std::vector<int32_t>{-1, 7}) == 0);
+}
+
+TEST_CASE("presence and frequency penalties act on the sampler's own output, as OpenAI's formula says") {
+    const std::vector<float> l = {1.0f, 0.9f, 0.5f};
+    auto greedy = [&](float presence, float frequency) {
+        SamplingParams p{0.0f, 0, 1.0f, 0};
+        p.presence_penalty = presence;
+        p.frequency_penalty = frequency;
+        Sampler s(p);
+        std::vector<int32_t> out;
+        for (int i = 0; i < 4; ++i) out.push_back(s.sample(l.data(), 3));
+        return out;
+    };
+    CHECK(greedy(0, 0) == std::vector<int32_t>{0, 0, 0, 0});
+    // presence: -0.2 once a token appeared: 0 (1.0), 1 (0.9 > 0.8), then 0.8 > 0.7 for ever.
+    CHECK(greedy(0.2f, 0) == std::vector<int32_t>{0, 1, 0, 0});
+    // frequency: -0.2 per occurrence: 0, 1 (0.9 > 0.8), 0 (0.8 > 0.7), 1 (0.7 > 0.6).
+    CHECK(greedy(0, 0.2f) == std::vector<int32_t>{0, 1, 0, 1});
+}
+
+TEST_CASE("penalties leave the caller's logits raw (logprobs are of the model's row)") {
+    std::vector<float> l = {2.0f, -1.0f, 0.5f, 1.5f};
+    const std::vector<float> before = l;
+    SamplingParams p{0.8f, 0, 1.0f, 3};
+    p.repeat_penalty = 1.3f;
+    p.presence_penalty = 1.0f;
+    p.frequency_penalty = 0.5f;
+    Sampler s(p);
+    for (int i = 0; i < 20; ++i) s.sample(l.data(), 4, std::vector<int32_t>{0, 1, 3});
+    CHECK(l == before);
+}
+
+TEST_CASE("min-p: keeps the tokens with p >= min_p * p_max, renormalized") {
+    const std::vector<double> p = softmax(kLogits, 1.0);
+    const double pmax = *std::max_element(p.begin(), p.end());
+    for (float min_p : {0.05f, 0.3f, 0.7f}) {
+        CAPTURE(min_p);
+        std::vector<size_t> keep;
+        for (size_t i = 0; i < p.size(); ++i)
+            if (p[i] >= double(min_p) * pmax) keep.push_back(i);
+        REQUIRE(keep.size() > 1);
+        REQUIRE(keep.size() < p.size());  // the filter removes something: the test can fail
+        SamplingParams sp{1.0f, 0, 1.0f, 51};
+        sp.min_p = min_p;
+        const auto counts = draw(sp, kLogits, kDraws);
+        int dof = 0;
+        const double x = chi2(counts, restrict_to(p, keep), &dof);
+        CHECK(dof == int(keep.size()) - 1);
+        CHECK(x < chi2_critical(dof));
+    }
+    // min_p 1: only the most likely token.
+    SamplingParams one{1.0f, 0, 1.0f, 5};
+    one.min_p = 1.0f;
+    const auto counts = draw(one, kLogits, 1000);
+    CHECK(counts[order_by_prob(p)[0]] == 1000);
+}
+
+TEST_CASE("seed: reproducible with penalties and min-p too") {
+    auto run = [](uint64_t seed) {
+        SamplingParams p{1.0f, 0, 1.0f, seed};
+        p.repeat_penalty = 1.2f;
+        p.frequency_penalty = 0.3f;
+        p.min_p = 0.05f;
+        Sampler s(p);
+        std::vector<int32_t> out;
+        for (int i = 0; i < 64; ++i) {
+            const std::vector<int32_t> recent(out.end() - std::min<ptrdiff_t>(ptrdiff_t(out.size()), 8), out.end());
+            out.push_back(s.sample(kLogits.data(), int64_t(kLogits.size()), recent));
+        }
+        return out;
+    };
+    CHECK(run(9) == run(9));
+    CHECK(run(9) != run(10));
+}
+
+TEST_CASE("validate names the bad penalty or min-p") {
+    auto bad = [](auto set, const char* flag) {
+        SamplingParams p;
+        set(p);
+        CHECK_THROWS_WITH_AS(p.validate(), doctest::Contains(flag), Error);
+    };
+    bad([](SamplingParams& p) { p.repeat_penalty = 0.0f; }, "--repeat-penalty");
+    bad([](SamplingParams& p) { p.repeat_penalty = NAN; }, "--repeat-penalty");
+    bad([](SamplingParams& p) { p.repeat_last_n = -2; }, "--repeat-last-n");
+    bad([](SamplingParams& p) { p.presence_penalty = 2.5f; }, "--presence-penalty");
+    bad([](SamplingParams& p) { p.frequency_penalty = -2.5f; }, "--frequency-penalty");
+    bad([](SamplingParams& p) { p.min_p = 1.5f; }, "--min-p");
+    bad([](SamplingParams& p) { p.min_p = -0.1f; }, "--min-p");
 }

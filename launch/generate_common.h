@@ -1,0 +1,62 @@
+// What `lattice generate` and `lattice chat` share, one home each:
+//  - the sampling options (runtime/engine/sampler.h semantics), each stating its default in --help;
+//  - the seed: --seed, else a random one (std::random_device) that the caller prints ("seed: N",
+//    and in its JSON), so any run can be repeated with --seed N. It is rank 0's that counts: the
+//    sampling params travel to the sampler rank in the engine's step plan, so ranks cannot disagree;
+//  - prompt text from a file or stdin: read whole (at most kMaxPromptBytes), valid UTF-8 or an error
+//    naming the file and the byte offset, one trailing newline dropped (as llama.cpp's --file does:
+//    `echo text | lattice generate` prompts "text");
+//  - a conversation rendered through the model's chat template and tokenized.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/engine/sampler.h"
+#include "runtime/tokenizer/chat_template.h"
+#include "runtime/tokenizer/tokenizer.h"
+
+namespace lattice {
+
+struct SamplingArgs {
+    float temperature = 0.0f;
+    int64_t top_k = 0;
+    float top_p = 1.0f;
+    float min_p = 0.0f;
+    uint64_t seed = 0;
+    float repeat_penalty = 1.0f;
+    int64_t repeat_last_n = 64;
+    float presence_penalty = 0.0f;
+    float frequency_penalty = 0.0f;
+    std::vector<std::string> stop;
+
+    // Registers --temperature ... --stop on `cmd` with these members' values as the stated defaults.
+    void add_to(CLI::App* cmd);
+    // The params, the seed resolved: --seed when given, else a fresh random one. Throws Error naming
+    // a bad value.
+    SamplingParams resolve() const;
+
+private:
+    CLI::Option* seed_opt_ = nullptr;
+};
+
+constexpr int64_t kMaxPromptBytes = int64_t(64) << 20;
+
+// The text of a prompt file: Error naming `path` when it is missing, not a regular file,
+// unreadable, larger than kMaxPromptBytes, not UTF-8 or empty.
+std::string read_prompt_file(const std::string& path, const char* flag);
+// All of stdin (the same checks, naming stdin).
+std::string read_prompt_stdin();
+// stdin is a pipe or a regular file (something was redirected into us), not a terminal or /dev/null.
+bool stdin_is_redirected();
+// Throws Error "<what>: not UTF-8 text (byte 0xNN at offset K)" unless `text` is valid UTF-8.
+void check_utf8(const std::string& text, const std::string& what);
+
+// Renders the conversation with the model's chat template (opening the assistant's turn) and
+// tokenizes it. Error when the tokenizer has no recognised chat template (`who` names the command).
+std::vector<int32_t> encode_chat(const Tokenizer& tok, const std::vector<ChatMessage>& messages, const char* who);
+
+}  // namespace lattice

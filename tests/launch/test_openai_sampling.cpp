@@ -1,0 +1,53 @@
+// The OpenAI-shaped request parser (launch/openai_request.h) maps the sampling fields onto the same
+// SamplingParams the CLI fills (runtime/engine/sampler.h): presence / frequency penalties, min_p and
+// vLLM's repetition_penalty (over the whole sequence unless repeat_last_n), with their defaults
+// (off), and refuses out-of-range values naming the field.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "launch/openai_request.h"
+
+using namespace lattice;
+using nlohmann::json;
+
+namespace {
+const ApiLimits kLimits{64, 100};
+}
+
+TEST_CASE("sampling fields map onto SamplingParams") {
+    const ApiRequest r = parse_api_request(json{{"prompt", {1, 2, 3}},
+                                                {"presence_penalty", 0.5},
+                                                {"frequency_penalty", -1.25},
+                                                {"min_p", 0.1},
+                                                {"repetition_penalty", 1.2}},
+                                           false, nullptr, kLimits);
+    const SamplingParams& p = r.engine.sampling;
+    CHECK(p.presence_penalty == 0.5f);
+    CHECK(p.frequency_penalty == -1.25f);
+    CHECK(p.min_p == doctest::Approx(0.1));
+    CHECK(p.repeat_penalty == doctest::Approx(1.2));
+    CHECK(p.repeat_last_n == -1);  // vLLM's: the whole sequence
+    CHECK(parse_api_request(json{{"prompt", {1}}, {"repetition_penalty", 1.1}, {"repeat_last_n", 16}}, false, nullptr,
+                            kLimits)
+              .engine.sampling.repeat_last_n == 16);
+    const SamplingParams d = parse_api_request(json{{"prompt", {1}}}, false, nullptr, kLimits).engine.sampling;
+    CHECK(d.presence_penalty == 0.0f);
+    CHECK(d.frequency_penalty == 0.0f);
+    CHECK(d.min_p == 0.0f);
+    CHECK(d.repeat_penalty == 1.0f);
+}
+
+TEST_CASE("out-of-range sampling fields are refused naming the field") {
+    for (const auto& [field, value] : std::vector<std::pair<const char*, json>>{{"presence_penalty", 2.5},
+                                                                                 {"frequency_penalty", -3},
+                                                                                 {"min_p", 1.5},
+                                                                                 {"repetition_penalty", 0},
+                                                                                 {"presence_penalty", "high"}}) {
+        CAPTURE(field);
+        json b = {{"prompt", {1}}};
+        b[field] = value;
+        CHECK_THROWS_WITH_AS(parse_api_request(b, false, nullptr, kLimits), doctest::Contains(field), Error);
+    }
+}

@@ -1,0 +1,168 @@
+// Sampling controls through the engine on one rank: the repetition, presence and frequency
+// penalties give exactly the tokens of a reference loop (score() the whole sequence, penalize the
+// last row by the formulas, argmax) — also when the prompt's first blocks come from the prefix cache,
+// which are never fed to the sampler (the window travels in the step plan); the plan's wire format
+// keeps the new fields and rejects a miscounted window; a front's callback ends one sequence of a
+// batch (kStop) without disturbing the others.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "base/error.h"
+#include "runtime/engine/build.h"
+#include "runtime/engine/step_plan.h"
+#include "runtime/weights/random_source.h"
+#include "tests/test_build.h"
+
+using namespace lattice;
+
+namespace {
+
+ModelConfig tiny() {
+    ModelConfig c;
+    c.source = "tiny random (test_sampling_engine)";
+    c.hidden = 32;
+    c.intermediate = 48;
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 8;
+    c.vocab = 61;
+    c.max_position = 64;
+    c.eos_ids = {2};
+    return c;
+}
+
+// Greedy with the penalties, by the formulas of runtime/engine/sampler.h on score()'s last row.
+std::vector<int32_t> reference(Engine& e, std::vector<int32_t> seq, int n, const SamplingParams& p, int64_t max_seq) {
+    const int64_t V = 61;
+    std::map<int32_t, int> generated;
+    std::vector<int32_t> out;
+    for (int k = 0; k < n; ++k) {
+        const std::vector<float> logits = e.score(seq);
+        std::vector<float> row(logits.end() - V, logits.end());
+        const int64_t w = std::min<int64_t>(p.recent_window(max_seq), int64_t(seq.size()));
+        std::vector<int32_t> window(seq.end() - w, seq.end());
+        std::sort(window.begin(), window.end());
+        window.erase(std::unique(window.begin(), window.end()), window.end());
+        for (int32_t t : window) row[size_t(t)] = row[size_t(t)] > 0 ? row[size_t(t)] / p.repeat_penalty
+                                                                     : row[size_t(t)] * p.repeat_penalty;
+        for (const auto& [t, c] : generated) row[size_t(t)] -= p.frequency_penalty * float(c) + p.presence_penalty;
+        const int32_t next = argmax(row.data(), V);
+        out.push_back(next);
+        seq.push_back(next);
+        ++generated[next];
+    }
+    return out;
+}
+
+GenerateRequest greedy(std::vector<int32_t> prompt, int64_t n, const SamplingParams& p) {
+    GenerateRequest r;
+    r.prompt = std::move(prompt);
+    r.max_new_tokens = n;
+    r.sampling = p;
+    r.ignore_eos = true;
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE("penalties through the engine equal the reference loop, prefix-cached prompt blocks included") {
+    auto src = make_random_source(tiny(), 11, DType::kF32);
+    BuildOptions o = test::cpu_options();
+    o.model.max_seq = 64;
+    o.model.block_size = 4;  // the 20-token prompt spans 5 blocks: 4 of them cached on the second run
+    Built b = build(o, *src);
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 20; ++i) prompt.push_back(int32_t((i * 7 + 3) % 61));
+    const int n = 12;
+    const std::vector<int32_t> plain = b.engine->generate(greedy(prompt, n, {})).tokens;
+    for (int64_t last_n : {int64_t(-1), int64_t(6)}) {
+        CAPTURE(last_n);
+        SamplingParams p;
+        p.repeat_penalty = 50.0f;  // a seen token is practically banned: a short window would show
+        p.repeat_last_n = last_n;
+        p.presence_penalty = 0.5f;
+        p.frequency_penalty = 0.7f;
+        const std::vector<int32_t> want = reference(*b.engine, prompt, n, p, 64);
+        CHECK(want != plain);  // the penalties change the output: the comparison below can fail
+        const GenerateResult first = b.engine->generate(greedy(prompt, n, p));
+        CHECK(first.tokens == want);
+        // Again: the prompt's full blocks now come from the prefix cache (never fed this time).
+        GenerateStats st;
+        const std::vector<GenerateResult> again = b.engine->generate_batch({greedy(prompt, n, p)}, {}, &st);
+        CHECK(st.cached_prompt_tokens >= 16);
+        CHECK(again[0].tokens == want);
+        // Logprobs are of the raw model row, not of the penalized one: the same as without penalties
+        // for the same token at the same position (the first token's context is the prompt alone).
+        const GenerateResult raw = b.engine->generate(greedy(prompt, 1, {}));
+        const std::vector<float> logits = b.engine->score(prompt);
+        std::vector<float> row(logits.end() - 61, logits.end());
+        const float mx = *std::max_element(row.begin(), row.end());
+        double z = 0;
+        for (float v : row) z += std::exp(double(v - mx));
+        const double lp = double(row[size_t(first.tokens[0])] - mx) - std::log(z);
+        CHECK(std::abs(first.logprobs[0] - lp) < 1e-4);
+        CHECK(std::abs(raw.logprobs[0] - (double(row[size_t(raw.tokens[0])] - mx) - std::log(z))) < 1e-4);
+    }
+}
+
+TEST_CASE("the step plan carries the sampling params and the recent window; a miscount is refused") {
+    StepPlan p;
+    p.number = 3;
+    p.tokens = {5, 6, 7};
+    PlanSeq s;
+    s.id = 9;
+    s.start = 10;
+    s.count = 3;
+    s.sample = true;
+    s.sampling.temperature = 0.5f;
+    s.sampling.seed = 77;
+    s.sampling.repeat_penalty = 1.3f;
+    s.sampling.repeat_last_n = 4;
+    s.sampling.presence_penalty = -0.5f;
+    s.sampling.frequency_penalty = 1.5f;
+    s.sampling.min_p = 0.1f;
+    s.n_recent = 4;
+    p.seqs = {s};
+    p.width = 2;
+    p.tables = {0, 1};
+    p.recent_ids = {4, 5, 6, 7};
+    const std::vector<uint8_t> bytes = encode_plan(p);
+    const StepPlan q = decode_plan(bytes.data(), int64_t(bytes.size()));
+    REQUIRE(q.seqs.size() == 1);
+    const SamplingParams& g = q.seqs[0].sampling;
+    CHECK(g.temperature == 0.5f);
+    CHECK(g.seed == 77);
+    CHECK(g.repeat_penalty == 1.3f);
+    CHECK(g.repeat_last_n == 4);
+    CHECK(g.presence_penalty == -0.5f);
+    CHECK(g.frequency_penalty == 1.5f);
+    CHECK(g.min_p == 0.1f);
+    CHECK(q.seqs[0].n_recent == 4);
+    CHECK(q.recent_ids == p.recent_ids);
+    StepPlan bad = p;
+    bad.recent_ids = {4, 5, 6};  // 3 listed, 4 announced
+    const std::vector<uint8_t> b2 = encode_plan(bad);
+    CHECK_THROWS_WITH_AS(decode_plan(b2.data(), int64_t(b2.size())), doctest::Contains("recent ids"), Error);
+}
+
+TEST_CASE("a front's callback ends one sequence of a batch; the others run on") {
+    auto src = make_random_source(tiny(), 12, DType::kF32);
+    Built b = build(test::cpu_options(), *src);
+    const std::vector<GenerateRequest> reqs = {greedy({1, 2, 3}, 10, {}), greedy({4, 5}, 10, {})};
+    const std::vector<GenerateResult> free_run = b.engine->generate_batch(reqs);
+    int seen0 = 0;
+    const std::vector<GenerateResult> got = b.engine->generate_batch(reqs, [&](int64_t i, int32_t) {
+        return i == 0 && ++seen0 == 3 ? FinishReason::kStop : FinishReason::kNone;
+    });
+    CHECK(got[0].tokens == std::vector<int32_t>(free_run[0].tokens.begin(), free_run[0].tokens.begin() + 3));
+    CHECK(got[0].finish == FinishReason::kStop);
+    CHECK(got[1].tokens == free_run[1].tokens);
+    CHECK(got[1].finish == FinishReason::kLength);
+    CHECK_FALSE(b.engine->busy());
+    CHECK(b.engine->generate_batch(reqs)[0].tokens == free_run[0].tokens);  // usable after
+}
