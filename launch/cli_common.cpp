@@ -231,7 +231,7 @@ bool g_agreement_open = true;
 // Point-to-point on MPI_COMM_WORLD with tags of their own: the communicators of the run are
 // duplicates of the world (other contexts), so nothing else can match these messages.
 constexpr int kReportTag = 7101, kVerdictTag = 7102;
-constexpr double kAgreementTimeoutS = 30.0;  // hang guard: a peer stuck elsewhere (a failure on some ranks only)
+constexpr std::chrono::seconds kAgreementTimeout{30};  // hang guard: a peer stuck elsewhere (a failure on some ranks only)
 constexpr size_t kMaxMessage = 4096;
 
 // "code rank message"
@@ -303,7 +303,7 @@ int agree_on_failure(int code, const std::string& message, const std::string& de
         if (code != 0 && !verbose) print_error_line("error", message, detail);
         return code;
     }
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kAgreementTimeoutS);
+    const auto deadline = std::chrono::steady_clock::now() + kAgreementTimeout;
     int v_code = code, v_rank = code != 0 ? rank : size;
     std::string v_message = message, buf;
     if (rank == 0) {

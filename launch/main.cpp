@@ -14,6 +14,7 @@
 #include "launch/cli.h"
 #include "launch/cli_common.h"
 #include "base/error.h"
+#include "base/log.h"
 
 #include <fcntl.h>
 #include <unistd.h>
