@@ -19,7 +19,7 @@ for s in $subs; do
     # [default] (a required one says REQUIRED); flags and --help itself are exempt.
     bad=$(awk '/^Options:/ {o = 1; next} /^[A-Z][a-z]+:/ {o = 0} o && /^  +-/' "$tmp/h" |
           grep -v -- '--help' | grep -E -- '^ +(-[a-zA-Z], ?)?--[a-z0-9-]+(,--[a-z0-9-]+)* +[A-Z]' |
-          grep -v -e '\[' -e 'REQUIRED' || true)
+          grep -vE -e '[^ ]=[^ ]' -e 'REQUIRED' || true)
     check "lattice $s --help: every option states its default${bad:+ (not: $bad)}" [ -z "$bad" ]
 done
 for s in info tokenize score calibrate layout batch serve convert verify doctor; do

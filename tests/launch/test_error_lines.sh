@@ -18,7 +18,7 @@ bad=/nonexistent/model.gguf
 lines() { grep -c . "$1" || true; }
 # Lines of a run's stderr that are lattice's: drops mpirun's own banner blocks (between its
 # "-----" rulers) and the wrapper's announced command.
-own_lines() { awk '/^-{20,}$/ {inside = !inside; next} !inside' "$1" | grep -v '^lattice-mpirun: ' | grep -c . || true; }
+own_lines() { awk '/^--------------------+$/ {inside = !inside; next} !inside' "$1" | grep -v '^lattice-mpirun: ' | grep -c . || true; }
 expect() {  # expect DESCRIPTION FILE WANT_LINES PATTERN [ANTI_PATTERN]
     local what=$1 f=$2 n=$3 pat=$4 anti=${5:-}
     local got; got=$(own_lines "$f")
