@@ -138,8 +138,9 @@ int main(int argc, char** argv) {
     // it falls back to where it does: the built-in model).
     for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
         for (CLI::Option* o : sub->get_options())
-            if (o->get_type_size() != 0 && !o->get_required() && !o->get_positional() && o->get_default_str().empty())
-                o->default_str("none");
+            if (!o->get_type_name().empty() && !o->get_required() && !o->get_positional() &&
+                o->get_default_str().empty())
+                o->default_str("none");  // flags (no type name) show none: they are off unless given
     int rc = 1;
     try {
         try {

@@ -18,13 +18,14 @@ for s in $subs; do
     # Option lines: "  -x, --name TYPE [default] ..." / "  --name TYPE ...". A typed option must show
     # [default] (a required one says REQUIRED); flags and --help itself are exempt.
     bad=$(awk '/^Options:/ {o = 1; next} /^[A-Z][a-z]+:/ {o = 0} o && /^  +-/' "$tmp/h" |
-          grep -v -- '--help' | grep -E -- '^ +(-[a-zA-Z], ?)?--[a-z0-9-]+(,--[a-z0-9-]+)* +[A-Z]' |
+          grep -v -- '--help' | grep -E -- '^ +(-[a-zA-Z], ?)?--[a-z0-9-]+(,--[a-z0-9-]+)* [A-Z]' |
           grep -vE -e '[^ ]=[^ ]' -e 'REQUIRED' || true)
     check "lattice $s --help: every option states its default${bad:+ (not: $bad)}" [ -z "$bad" ]
 done
 for s in info tokenize score calibrate layout batch serve convert verify doctor; do
     check "lattice $s --help ends with examples" grep -q "^Examples:" <("$bin" "$s" --help)
 done
+check "flags show no value" bash -c "! '$bin' info --help | grep -qE -- '--(help|quant-head)='"
 check "-m is --model" grep -qE -- "-m, ?--model" <("$bin" generate --help)
 check "-t is --threads" grep -qE -- "-t, ?--threads" <("$bin" generate --help)
 
