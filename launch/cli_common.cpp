@@ -3,14 +3,23 @@
 
 #include "base/file.h"
 #include "base/log.h"
+#include "base/clock.h"
 #include "kernels/cpu/thread_pool.h"
 #if !defined(LATTICE_NO_MPI)
 #include "parallel/mpi_session.h"
 #endif
 
+#include "parallel/world_config.h"
+
 #include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <csignal>
+#include <thread>
+
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -21,8 +30,10 @@
 namespace lattice {
 
 void ModelArgs::add_to(CLI::App* cmd) {
-    cmd->add_option("--model", model,
-                    "HF model directory (config.json + safetensors), .gguf file, or a folder from lattice convert");
+    cmd->add_option("-m,--model", model,
+                    "HF model directory (config.json + safetensors), .gguf file, or a folder from lattice convert "
+                    "(default: the built-in SmolLM2-135M-Instruct)")
+        ->default_str("built-in");
     cmd->add_flag("--verify", verify,
                   "Converted checkpoint: check the SHA-256 of each rank's file before loading it (sizes always are)");
     cmd->add_flag("--random-weights", random_weights, "Fabricate weights of the model's shape from --seed-weights");
@@ -36,7 +47,7 @@ void ModelArgs::add_to(CLI::App* cmd) {
     cmd->add_flag("--quant-head", quant_head, "Quantize the LM head too (embedding stays float)");
     cmd->add_option("--smooth", smooth,
                     "SmoothQuant factors from lattice calibrate (.safetensors), folded into the weights at load");
-    cmd->add_option("--threads", threads, "CPU threads per rank (0: one per available core; capped at those)")
+    cmd->add_option("-t,--threads", threads, "CPU threads per rank (0: one per available core; capped at those)")
         ->check(int_range(0, kMaxThreadsFlag));
     cmd->add_flag("--mlock", mlock, "Lock weights in memory");
     cmd->add_option("--max-seq", max_seq, "KV cache positions per sequence (0: min(max_position_embeddings, 4096))")
@@ -194,6 +205,131 @@ std::vector<int32_t> parse_id_list(const std::string& s, const char* what) {
     return ids;
 }
 
+OutputSettings& output_settings() {
+    static OutputSettings s;
+    return s;
+}
+
+int launcher_world_size() {
+    for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+        if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
+    if (std::getenv("PMIX_RANK"))
+        if (const char* v = std::getenv("SLURM_NTASKS")) return std::max(1, std::atoi(v));
+    return 1;
+}
+
+void print_error_line(const char* kind, const std::string& message, const std::string& detail) {
+    print_stderr(fmt::format("lattice: {}: {}\n", kind, output_settings().verbose ? detail : message));
+    std::fflush(stderr);
+}
+
+namespace {
+
+bool g_agreement_open = true;
+
+#if !defined(LATTICE_NO_MPI)
+// Point-to-point on MPI_COMM_WORLD with tags of their own: the communicators of the run are
+// duplicates of the world (other contexts), so nothing else can match these messages.
+constexpr int kReportTag = 7101, kVerdictTag = 7102;
+constexpr std::chrono::seconds kAgreementTimeout{30};  // hang guard: a peer stuck elsewhere (a failure on some ranks only)
+constexpr size_t kMaxMessage = 4096;
+
+// "code rank message"
+std::string encode(int code, int rank, const std::string& message) {
+    return fmt::format("{} {} {}", code, rank, message.substr(0, kMaxMessage));
+}
+void decode(const std::string& s, int& code, int& rank, std::string& message) {
+    std::istringstream in(s);
+    in >> code >> rank;
+    in.get();
+    std::getline(in, message, '\0');
+}
+
+// Waits for a message with `tag` from `source` (MPI_ANY_SOURCE too) until `deadline`; false when none came.
+bool receive(int source, int tag, std::string& out, int& from, std::chrono::steady_clock::time_point deadline) {
+    for (;;) {
+        int flag = 0;
+        MPI_Status st{};
+        if (MPI_Iprobe(source, tag, MPI_COMM_WORLD, &flag, &st) != MPI_SUCCESS) return false;
+        if (flag) {
+            int n = 0;
+            MPI_Get_count(&st, MPI_CHAR, &n);
+            out.assign(size_t(std::max(n, 0)), '\0');
+            if (MPI_Recv(out.data(), n, MPI_CHAR, st.MPI_SOURCE, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+                return false;
+            from = st.MPI_SOURCE;
+            return true;
+        }
+        if (std::chrono::steady_clock::now() > deadline) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));  // polling interval, not ordering
+    }
+}
+
+// Sends without blocking past `deadline` (a peer that never receives must not hang this rank).
+bool send(int dest, int tag, const std::string& s, std::chrono::steady_clock::time_point deadline) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    if (MPI_Isend(s.data(), int(s.size()), MPI_CHAR, dest, tag, MPI_COMM_WORLD, &req) != MPI_SUCCESS) return false;
+    for (;;) {
+        int done = 0;
+        if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+        if (done) return true;
+        if (std::chrono::steady_clock::now() > deadline) {
+            MPI_Cancel(&req);
+            return false;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+}
+#endif
+
+}  // namespace
+
+bool failure_agreement_open() { return g_agreement_open && launcher_world_size() > 1; }
+
+int agree_on_failure(int code, const std::string& message, const std::string& detail) {
+    g_agreement_open = false;
+    const bool verbose = output_settings().verbose;
+    if (code != 0 && verbose) print_error_line(code == 3 ? "internal error" : "error", message, detail);
+#if defined(LATTICE_NO_MPI)
+    if (code != 0 && !verbose) print_error_line("error", message, detail);
+    return code;
+#else
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return code != 0 ? -1 : 0;  // the command ended MPI itself: nobody to agree with
+    MpiSession& s = mpi_session();
+    const int rank = s.rank(), size = s.size();
+    if (size == 1) {
+        if (code != 0 && !verbose) print_error_line("error", message, detail);
+        return code;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + kAgreementTimeout;
+    int v_code = code, v_rank = code != 0 ? rank : size;
+    std::string v_message = message, buf;
+    if (rank == 0) {
+        for (int got = 0; got < size - 1; ++got) {
+            int from = -1, c = 0, r = 0;
+            std::string m;
+            if (!receive(MPI_ANY_SOURCE, kReportTag, buf, from, deadline)) return -1;
+            decode(buf, c, r, m);
+            if (c != 0 && r < v_rank) v_code = c, v_rank = r, v_message = m;
+        }
+        const std::string verdict = encode(v_code, v_rank, v_message);
+        for (int r = 1; r < size; ++r)
+            if (!send(r, kVerdictTag, verdict, deadline)) return -1;
+    } else {
+        int from = -1;
+        if (!send(0, kReportTag, encode(code, rank, message), deadline)) return -1;
+        if (!receive(0, kVerdictTag, buf, from, deadline)) return -1;
+        decode(buf, v_code, v_rank, v_message);
+    }
+    if (v_code != 0 && rank == 0 && !verbose)
+        print_error_line(v_code == 3 ? "internal error" : "error",
+                         v_rank == 0 ? v_message : fmt::format("rank {}: {}", v_rank, v_message), detail);
+    return v_code;
+#endif
+}
+
 std::string default_model_path() {
     const char* kName = "SmolLM2-135M-Instruct.Q4_1.gguf";
     if (const char* env = std::getenv("LATTICE_DEFAULT_MODEL")) return env;
@@ -228,6 +364,42 @@ std::vector<int64_t> parse_counts(const std::string& s) {
 
 }  // namespace
 
+// Load progress on rank 0: on a terminal one line redrawn in place ("\r") a few times a second,
+// otherwise (a log file, a pipe) one line every 5 s, so a fast load prints nothing; off with --quiet.
+std::function<void(const LoadProgress&)> load_progress_printer() {
+    if (output_settings().quiet) return {};
+    struct State {
+        SteadyClock::time_point start = SteadyClock::now(), last = SteadyClock::now();
+        bool tty = ::isatty(2) == 1;
+        bool drawn = false;
+    };
+    auto st = std::make_shared<State>();
+    return [st](const LoadProgress& p) {
+        if (process_identity().rank != 0 || log_level_ref() > LogLevel::kInfo) return;
+        const auto now = SteadyClock::now();
+        const bool done = p.tensors_done == p.tensors_total;
+        const double since = std::chrono::duration<double>(now - st->last).count();
+        if (done ? !st->drawn : since < (st->tty ? 0.25 : 5.0)) return;
+        st->last = now;
+        const double t = std::chrono::duration<double>(now - st->start).count();
+        const double frac = p.elements_total > 0 ? double(p.elements_done) / double(p.elements_total) : 1.0;
+        const double mib = double(p.bytes_read) / double(1 << 20);
+        std::string line = fmt::format("loading: {:3.0f}% ({}/{} tensors, {:.1f}/{:.1f} M parameters), {:.0f} MiB read",
+                                       100 * frac, p.tensors_done, p.tensors_total, double(p.elements_done) * 1e-6,
+                                       double(p.elements_total) * 1e-6, mib);
+        if (t > 0) line += fmt::format(" at {:.0f} MiB/s", mib / t);
+        if (done)
+            line += fmt::format(", {:.1f} s", t);
+        else if (frac > 0.01)
+            line += fmt::format(", ETA {:.0f} s", t * (1 - frac) / frac);
+        st->drawn = true;
+        if (st->tty)
+            print_stderr(fmt::format("\r{:<100}{}", line, done ? "\n" : ""));
+        else
+            LOG_INFO("{}", line);  // a log line like the load's summary that follows
+    };
+}
+
 Built load_model(const ModelArgs& a, const std::function<void(const WorldConfig&)>& on_context) {
     BuildOptions o;
     o.quant_auto = a.quant == "auto";
@@ -256,20 +428,43 @@ Built load_model(const ModelArgs& a, const std::function<void(const WorldConfig&
     o.comm_timeout = a.comm_timeout;
     o.backend.kind = parse_backend_kind(a.device);
     o.backend.threads = usable_threads(a.threads);
+    o.model.on_progress = load_progress_printer();
     o.backend.mlock = a.mlock;
     o.backend.cuda_act = a.dtype == "f16" ? DType::kF16 : DType::kBF16;
     if (!a.devices.empty())
         for (int32_t d : parse_id_list(a.devices, "--devices")) o.devices.push_back(d);
+    ModelSpec spec{a.model, a.random_weights, a.config_preset, a.weight_seed, a.verify};
+    if (!a.random_weights && spec.path.empty()) spec.path = default_model_path();
+    if (failure_agreement_open()) {
+        // Under an MPI starter every rank opens and checks the checkpoint and the layout here, before
+        // MPI's first collective, and the ranks agree (a rank that failed earlier joins from main()):
+        // a bad model, layout or argument is one line from rank 0 and the same exit code everywhere.
+        int code = 0;
+        std::string message, detail;
+        try {
+            const WorldConfig w = WorldConfig::make(launcher_world_size(), a.tp, a.pp, launcher_rank());
+            ModelSpec check = spec;
+            check.verify = false;  // hashing is the load's job; sizes are checked when opening
+            std::unique_ptr<TensorSource> src = open_spec(check, w);
+            if (!src->prepared() && !spec.random) check_tensor_set(*src);
+            check_model_layout(src->config().dims(), w.tp, w.pp);
+        } catch (const Error& e) {
+            code = 1, message = e.message(), detail = e.what();
+        } catch (const std::bad_alloc&) {
+            code = 1, message = detail = "out of memory opening the model";
+        }
+        const int agreed = agree_on_failure(code, message, detail);
+        if (agreed > 0) throw ReportedFailure{agreed};
+        if (agreed < 0 && code != 0) throw Error(detail.substr(0, detail.size() - message.size()), message);
+    }
     o.on_context = [on_context](const WorldConfig& w) {
         // When the launcher tears the job down because a rank died, say which one before exiting.
 #if !defined(LATTICE_NO_MPI)
         if (w.world > 1) mpi_session().install_termination_reporter();
 #endif
-        if (w.rank != 0) set_log_level(LogLevel::kWarn);
+        if (w.rank != 0 || output_settings().quiet) set_log_level(LogLevel::kWarn);
         if (on_context) on_context(w);
     };
-    ModelSpec spec{a.model, a.random_weights, a.config_preset, a.weight_seed, a.verify};
-    if (!a.random_weights) LATTICE_CHECK(!a.model.empty(), "--model is required (or --random-weights --config PRESET)");
     return build(o, spec);
 }
 

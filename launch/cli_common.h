@@ -52,6 +52,41 @@ struct ModelArgs {
 // from there on, answering "loading").
 Built load_model(const ModelArgs& a, const std::function<void(const WorldConfig&)>& on_context = {});
 
+// Command-line output settings (main.cpp's global --verbose / --quiet).
+// verbose: errors keep their [host rank file:line] origin and every failing rank prints its own line.
+// quiet: INFO logs and load progress off (warnings and errors stay).
+struct OutputSettings {
+    bool verbose = false;
+    bool quiet = false;
+};
+OutputSettings& output_settings();
+
+// ---- One line per error, also under MPI ---------------------------------------------------------
+// An error that every rank meets (a bad argument, a missing or malformed model, a layout the model
+// cannot take) is printed once, by rank 0, and every rank exits with the same code through
+// MPI_Finalize. The ranks agree at one point, before the first collective after MPI start-up: the
+// load of a model (load_model, once the rank grid exists and the checkpoint was opened and checked)
+// or, for a rank that failed before it, main()'s error path; a command that needs no model agrees
+// when it ends. Only a failure on some ranks alone, later, is printed by its rank and aborts the job.
+//
+// Thrown on every rank once the ranks agreed on a failure: rank 0 has printed the one line;
+// main() only finalizes MPI and exits with `code`.
+struct ReportedFailure {
+    int code = 1;
+};
+// The number of ranks the MPI starter launched (1 without one).
+int launcher_world_size();
+// True until this process passed (or gave up) the agreement: an error now can still be agreed on.
+bool failure_agreement_open();
+// This rank's share of the agreement: code 0 (fine) or the exit code and one-line message of its
+// failure (`detail`: the same with its origin, printed with --verbose). Initializes MPI when it is
+// not yet. Returns the agreed code (0: no rank failed), having printed the culprit's line on rank 0,
+// or -1 when the peers did not answer within the hang guard (then the caller reports alone and
+// aborts).
+int agree_on_failure(int code, const std::string& message, const std::string& detail);
+// One error line on stderr: "lattice: <kind>: <message>" (--verbose: the detailed form).
+void print_error_line(const char* kind, const std::string& message, const std::string& detail);
+
 // The built-in default model (SmolLM2-135M-Instruct Q4_1, fetched by scripts/setup.sh into models/):
 // $LATTICE_DEFAULT_MODEL, else ./models/..., else <source tree>/models/...; Error if none exists.
 std::string default_model_path();

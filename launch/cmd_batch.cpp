@@ -386,6 +386,10 @@ void add_batch_command(CLI::App& app, CommandRun& run) {
     cmd->add_option("--drain-seconds", args->drain_seconds,
                     "On SIGTERM/SIGINT, finish in-flight requests for at most this long (default 20)")
         ->check(CLI::Range(0.0, 86400.0));
+    cmd->footer(R"(Examples:
+  lattice batch --input requests.jsonl --output results.jsonl
+  mpirun -np 2 --oversubscribe lattice batch --pp 2 --threads 1 --input requests.jsonl --output results.jsonl
+  lattice batch --model /models/llama-2-7b --quant w8a8 --input big.jsonl --output out.jsonl --progress lines)");
     cmd->callback([&run, args] { run = [args] { return run_batch(*args); }; });
 }
 

@@ -89,7 +89,8 @@ int run_calibrate(const CalibrateArgs& a) {
 void add_calibrate_command(CLI::App& app, CommandRun& run) {
     auto a = std::make_shared<CalibrateArgs>();
     auto* cmd = app.add_subcommand("calibrate", "Compute SmoothQuant smoothing factors from a calibration text");
-    cmd->add_option("--model", a->model, "HF model directory or .gguf file (default: the built-in SmolLM2)");
+    cmd->add_option("-m,--model", a->model, "HF model directory or .gguf file (default: the built-in SmolLM2)")
+        ->default_str("built-in");
     cmd->add_option("--text", a->text, "Calibration text file (UTF-8)")->required();
     cmd->add_option("--out", a->out, "Output .safetensors (model.layers.N.{attn,mlp}_smooth, f32 [hidden])")
         ->required();
@@ -101,8 +102,12 @@ void add_calibrate_command(CLI::App& app, CommandRun& run) {
         ->check(int_range(1, INT32_MAX));
     cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Tokens per forward pass within a window")
         ->check(int_range(1, 1 << 20));
-    cmd->add_option("--threads", a->threads, "CPU threads (0: one per available core; capped at those)")
+    cmd->add_option("-t,--threads", a->threads, "CPU threads (0: one per available core; capped at those)")
         ->check(int_range(0, kMaxThreadsFlag));
+    cmd->footer(R"(Examples:
+  lattice calibrate --text README.md --out smooth.safetensors --max-tokens 512
+  lattice generate --quant w8a8 --smooth smooth.safetensors --prompt "Hello"
+  lattice calibrate --model /models/llama-2-7b --text calib.txt --out smooth7b.safetensors --alpha 0.8)");
     cmd->callback([&run, a] { run = [a] { return run_calibrate(*a); }; });
 }
 

@@ -140,6 +140,10 @@ void add_convert_command(CLI::App& app, CommandRun& run) {
         ->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
     cmd->add_option("--comm-timeout", args->comm_timeout, "Seconds a rank waits for the others (under mpirun)")
         ->check(real_range(0.1, 7 * 24 * 3600.0));
+    cmd->footer(R"(Examples:
+  lattice convert --model models/SmolLM2-135M-Instruct.Q4_1.gguf --out conv/ --tp 3 --quant w8a8
+  mpirun -np 3 --oversubscribe lattice convert --model /models/llama-2-7b --out conv7b/ --tp 3
+  lattice verify conv/)");
     cmd->callback([&run, args] { run = [args] { return run_convert(*args); }; });
 }
 

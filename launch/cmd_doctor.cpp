@@ -465,9 +465,16 @@ void add_doctor_command(CLI::App& app, CommandRun& run) {
     auto* cmd = app.add_subcommand("doctor", "Preflight report: versions, ranks, hosts, GPUs, P2P, NUMA, known traps");
     auto opt = std::make_shared<DoctorOptions>();
     cmd->add_option("--tp", opt->tp, "tensor-parallel size the job will use (checks world == tp*pp)")
-        ->check(int_range(1, 4096));
-    cmd->add_option("--pp", opt->pp, "pipeline-parallel size the job will use")->check(int_range(1, 4096));
+        ->check(int_range(1, 4096))
+        ->default_str("not checked");
+    cmd->add_option("--pp", opt->pp, "pipeline-parallel size the job will use")
+        ->check(int_range(1, 4096))
+        ->default_str("not checked");
     cmd->add_option("--sysfs", opt->sysfs, "read PCI/NUMA/IOMMU facts from this tree instead of /sys (tests)");
+    cmd->footer(R"(Examples:
+  lattice doctor
+  mpirun -np 2 --oversubscribe lattice doctor --tp 2
+  launch/lattice-mpirun --tp 8 -- lattice doctor)");
     cmd->callback([&run, opt] { run = [opt] { return run_doctor(*opt); }; });
 }
 

@@ -1,26 +1,130 @@
-// `lattice info --model PATH`: config, parameter count and weight bytes of a checkpoint. The
-// checkpoint is checked against its config first (check_tensor_set: every tensor present with its
-// shape, nothing unexplained), so the parameter count printed is the tensors' own, and an absurd
-// config is an error rather than a number.
+// `lattice info [--model PATH]`: config, parameter count and weight bytes of a checkpoint (the
+// built-in model without --model), and the memory one rank needs to run it at a given --quant,
+// --tp, --pp and context (--max-seq): its weights as the backend keeps them, the KV cache of one
+// sequence of that context, and an estimate of the activations and workspace of one forward of
+// --max-batch-tokens. The checkpoint is checked against its config first (check_tensor_set: every
+// tensor present with its shape, nothing unexplained), so the parameter count printed is the
+// tensors' own, and an absurd config is an error rather than a number.
+// The weight plan is the loader's own (RankWeights: which tensors a rank holds, their shapes and
+// what quantization each gets), so the estimate follows the code that loads; bytes per element
+// follow the CPU backend (float weights keep the checkpoint's precision, int8 linears hold one byte
+// per weight plus f32 scales and column sums) or, with --device cuda, 16-bit floats.
 #include "launch/cli.h"
 #include "launch/cli_common.h"
+#include "runtime/engine/build.h"
+#include "runtime/model/rank_weights.h"
 #include "runtime/weights/tensor_source.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
 namespace lattice {
 
+namespace {
+
+struct InfoArgs {
+    std::string model;
+    std::string quant = "auto";
+    bool quant_head = false;
+    int tp = 1, pp = 1;
+    int64_t max_seq = 0;
+    int64_t max_batch_tokens = 256;
+    std::string device = "cpu";
+};
+
+double gib(double bytes) { return bytes / double(int64_t(1) << 30); }
+
+// The memory of the largest rank of the layout (tp rank 0 of each stage; TP ranks of a stage differ
+// by at most a vocabulary row).
+void print_memory(const TensorSource& src, const InfoArgs& a) {
+    const ModelConfig& c = src.config();
+    check_model_layout(c.dims(), a.tp, a.pp);
+    ModelOptions mo;
+    if (a.quant == "auto") {
+        const bool q = checkpoint_is_quantized(src);
+        mo.quant = q ? QuantMode::kW8A8 : QuantMode::kNone;
+        mo.quant_head = q || a.quant_head;
+    } else {
+        mo.quant = parse_quant_mode(a.quant);
+        mo.quant_head = a.quant_head;
+    }
+    const bool cuda = a.device == "cuda";
+    const int64_t act = cuda ? 2 : 4;  // activation (and KV) bytes per element
+    const int64_t max_seq = a.max_seq > 0 ? a.max_seq : std::min<int64_t>(c.max_position, 4096);
+    LATTICE_CHECK(max_seq <= c.max_position, "--max-seq {} exceeds the model's max_position_embeddings {}", max_seq,
+                  c.max_position);
+    const auto stages = stage_layer_ranges(c.n_layers, a.pp);
+    double best = -1, best_w = 0, best_kv = 0, best_act = 0;
+    int best_stage = 0;
+    for (int p = 0; p < a.pp; ++p) {
+        ModelOptions o = mo;
+        o.tp = a.tp;
+        o.tp_rank = 0;
+        o.layer_begin = stages[size_t(p)].first;
+        o.layer_end = stages[size_t(p)].second;
+        o.first_stage = p == 0;
+        o.last_stage = p == a.pp - 1;
+        RankWeights plan(src, o);
+        double w = 0;
+        for (const RankTensor& t : plan.tensors()) {
+            const double n = double(t.rows) * double(t.cols);
+            if (t.is_linear() && t.mode != QuantMode::kNone)
+                w += n + 8.0 * double(t.rows);  // int8 weights + f32 scale + column sum per output channel
+            else
+                w += n * double(cuda && !t.vector ? 2 : dtype_size(t.dtype));
+        }
+        const ShardShape s = shard_shape(c.dims(), a.tp, 0);
+        const double layers = double(o.layer_end - o.layer_begin);
+        const double kv = layers * 2.0 * double(max_seq) * double(s.n_kv) * double(c.head_dim) * double(act);
+        // One forward of T tokens: hidden states and norms, q/k/v, attention output, gate/up, and
+        // the gathered f32 logits on the last stage; quantized copies of the inputs where int8 runs.
+        const double T = double(a.max_batch_tokens);
+        double act_b = T * double(act) *
+                       (3.0 * double(c.hidden) + double((s.n_heads + 2 * s.n_kv) * c.head_dim) +
+                        double(s.n_heads * c.head_dim) + 3.0 * double(s.ffn));
+        if (o.last_stage) act_b += T * 4.0 * double(s.vocab_per_rank) * double(a.tp);
+        if (w + kv + act_b > best) best = w + kv + act_b, best_w = w, best_kv = kv, best_act = act_b, best_stage = p;
+    }
+    print_stdout("memory per rank (quant {}{}, tp {} x pp {}, {}, context {}): {:.3f} GiB = weights {:.3f} GiB + KV "
+                 "cache {:.3f} GiB per sequence of {} positions + activations ~{:.3f} GiB ({} tokens per step){}\n",
+                 quant_mode_name(mo.quant), mo.quant_head && mo.quant != QuantMode::kNone ? " + head" : "", a.tp,
+                 a.pp, cuda ? "cuda" : "cpu", max_seq, gib(best), gib(best_w), gib(best_kv), max_seq, gib(best_act),
+                 a.max_batch_tokens, a.pp > 1 ? fmt::format(" (largest: pp stage {})", best_stage) : "");
+}
+
+}  // namespace
+
 void add_info_command(CLI::App& app, CommandRun& run) {
-    auto* cmd = app.add_subcommand("info", "Print a model's configuration, parameter count and weight bytes");
-    auto model = std::make_shared<std::string>();
-    cmd->add_option("--model", *model, "HF model directory or .gguf file")->required();
-    cmd->callback([&run, model] {
-        run = [model] {
-            std::unique_ptr<TensorSource> src = open_model(*model);
+    auto* cmd = app.add_subcommand(
+        "info", "Print a model's configuration, parameter count, weight bytes and the memory a rank needs to run it");
+    auto a = std::make_shared<InfoArgs>();
+    cmd->add_option("-m,--model", a->model,
+                    "HF model directory or .gguf file (default: the built-in SmolLM2-135M-Instruct)")
+        ->default_str("built-in");
+    cmd->add_option("--quant", a->quant, "Quantization of the memory estimate: auto | none | w8a16 | w8a8")
+        ->check(CLI::IsMember({"auto", "none", "w8a16", "w8a8"}));
+    cmd->add_flag("--quant-head", a->quant_head, "The estimate quantizes the LM head too");
+    cmd->add_option("--tp", a->tp, "Tensor-parallel ranks of the estimate")->check(int_range(1, 4096));
+    cmd->add_option("--pp", a->pp, "Pipeline stages of the estimate")->check(int_range(1, 4096));
+    cmd->add_option("--max-seq,--context", a->max_seq,
+                    "Context of the estimate's KV cache, positions (0: min(max_position_embeddings, 4096))")
+        ->check(int_range(0, INT32_MAX));
+    cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Tokens per forward pass of the activation estimate")
+        ->check(int_range(1, 1 << 20));
+    cmd->add_option("--device", a->device, "Backend of the estimate: cpu (f32 activations) | cuda (16-bit)")
+        ->check(CLI::IsMember({"cpu", "cuda"}));
+    cmd->footer(R"(Examples:
+  lattice info                                     # the built-in model
+  lattice info --tp 3 --pp 2 --context 2048       # its memory per rank on 6 ranks
+  lattice info --model /models/llama-2-70b --quant w8a8 --tp 8)");
+    cmd->callback([&run, a] {
+        run = [a] {
+            const std::string path = a->model.empty() ? default_model_path() : a->model;
+            std::unique_ptr<TensorSource> src = open_model(path);
             const ModelConfig& c = src->config();
             print_stdout("model: {}\n", src->describe());
             print_stdout("architecture: {}\n", c.architecture);
@@ -40,6 +144,10 @@ void add_info_command(CLI::App& app, CommandRun& run) {
             print_stdout("parameters: {} ({:.3f} B)\n", params, double(params) * 1e-9);
             print_stdout("weight bytes in checkpoint: {} ({:.3f} GiB)\n", src->total_bytes(),
                          double(src->total_bytes()) / double(1 << 30));
+            if (src->prepared())
+                print_stdout("memory per rank: see the manifest (a converted folder runs on the layout it holds)\n");
+            else
+                print_memory(*src, *a);
             return 0;
         };
     });

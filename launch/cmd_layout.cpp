@@ -26,7 +26,7 @@ void add_layout_command(CLI::App& app, CommandRun& run) {
     auto a = std::make_shared<Args>();
     auto* cmd = app.add_subcommand("layout", "Check a TP x PP layout against a model and the nodes it runs on");
     cmd->add_option("--tp", a->tp, "Tensor-parallel ranks")->required()->check(int_range(1, 4096));
-    cmd->add_option("--pp", a->pp, "Pipeline-parallel stages (default 1)")->check(int_range(1, 4096));
+    cmd->add_option("--pp", a->pp, "Pipeline-parallel stages")->check(int_range(1, 4096));
     cmd->add_option("--model", a->model, "Check the model's heads, FFN and layers too (HF dir or .gguf)");
     cmd->add_option("--config", a->preset, "... or a built-in shape (tinyllama-1.1b, llama-2-70b, ...)");
     cmd->add_option("--nodes", a->place.nodes, "Nodes the ranks are spread over (default 1)")
@@ -41,6 +41,10 @@ void add_layout_command(CLI::App& app, CommandRun& run) {
     cmd->add_option("--slots-host", a->place.slots_host, "The host offering them (named in the message)");
     cmd->add_flag("--oversubscribe", a->place.oversubscribe, "CPU ranks may share cores");
     cmd->add_flag("--json", a->json, "One JSON object on stdout: {ok, ranks, ranks_per_node | error}");
+    cmd->footer(R"(Examples:
+  lattice layout --tp 3 --pp 2 --cpu --cores-per-node 8       # the built-in model takes tp 1 or 3
+  lattice layout --tp 8 --gpus-per-node 8 --config llama-2-70b
+  lattice layout --tp 4 --pp 2 --nodes 2 --gpus-per-node 4 --config llama-3-70b --json)");
     cmd->callback([&run, a] {
         run = [a] {
             nlohmann::json j = {{"tp", a->tp}, {"pp", a->pp}, {"ranks", int64_t(a->tp) * a->pp}};
@@ -52,7 +56,7 @@ void add_layout_command(CLI::App& app, CommandRun& run) {
                 }
                 j["ranks_per_node"] = check_placement(a->tp, a->pp, a->place);
             } catch (const Error& e) {
-                error = e.what();
+                error = output_settings().verbose ? e.what() : e.message();
             }
             j["ok"] = error.empty();
             if (!error.empty()) j["error"] = error;

@@ -20,10 +20,15 @@ void add_score_command(CLI::App& app, CommandRun& run) {
     args->model.add_to(cmd);
     cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, e.g. 1,2,3")->required();
     cmd->add_option("--out", args->out, "Output .safetensors file (tensor \"logits\", f32 [T, vocab])")->required();
+    cmd->footer(R"(Examples:
+  lattice score --prompt-ids 1,2,3 --out logits.safetensors            # the built-in model
+  lattice score --model /models/llama-2-7b --prompt-ids 1,450,4996 --out l7b.safetensors
+  mpirun -np 3 --oversubscribe lattice score --tp 3 --threads 1 --prompt-ids 1,2,3 --out logits.safetensors)");
     cmd->callback([&run, args] {
         run = [args] {
             std::vector<int32_t> prompt = parse_id_list(args->prompt_ids, "--prompt-ids");
             LATTICE_CHECK(!prompt.empty(), "give a prompt: --prompt-ids 1,2,3");
+            if (args->model.model.empty() && !args->model.random_weights) args->model.model = default_model_path();
             prepare_output_file(args->out, "--out", {args->model.model, args->model.smooth});
             Built lm = load_model(args->model);
             std::vector<float> logits = lm.engine->score(prompt);

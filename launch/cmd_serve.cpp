@@ -131,6 +131,10 @@ void add_serve_command(CLI::App& app, CommandRun& run) {
     cmd->add_option("--drain-seconds", args->loop.drain_seconds,
                     "On SIGTERM/SIGINT/SIGUSR1, finish in-flight requests for at most this long (default 30)")
         ->check(CLI::Range(0.0, 86400.0));
+    cmd->footer(R"(Examples:
+  lattice serve --port 8000                     # the built-in model on 127.0.0.1:8000
+  mpirun -np 3 --oversubscribe lattice serve --tp 3 --threads 1
+  launch/lattice-mpirun --tp 8 -- lattice serve --model /models/llama-70b --quant w8a8 --host 0.0.0.0)");
     cmd->callback([&run, args] { run = [args] { return run_serve(*args); }; });
 }
 

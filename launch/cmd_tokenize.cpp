@@ -1,6 +1,7 @@
-// `lattice tokenize --tokenizer PATH --text TEXT [--bos] [--special]`: prints the token ids,
+// `lattice tokenize [--tokenizer PATH] --text TEXT [--bos] [--special]`: prints the token ids,
 // space-separated. `--decode 1,2,3` prints the text of ids instead; `--pieces` also lists each
-// token's piece. PATH: tokenizer.model, tokenizer.json, a .gguf file or a model directory.
+// token's piece. PATH: tokenizer.model, tokenizer.json, a .gguf file or a model directory (default:
+// the built-in model's).
 // Exactly one of --text and --decode is required (--text "" encodes the empty text).
 #include <fmt/format.h>
 
@@ -51,8 +52,9 @@ std::vector<int32_t> parse_ids(const std::string& list) {
 void add_tokenize_command(CLI::App& app, CommandRun& run) {
     auto* cmd = app.add_subcommand("tokenize", "Encode text to token ids, or decode ids to text");
     auto o = std::make_shared<TokenizeOptions>();
-    cmd->add_option("--tokenizer", o->tokenizer, "tokenizer.model, tokenizer.json, .gguf file or model directory")
-        ->required();
+    cmd->add_option("--tokenizer,-m,--model", o->tokenizer,
+                    "tokenizer.model, tokenizer.json, .gguf file or model directory (default: the built-in model's)")
+        ->default_str("built-in");
     auto* text = cmd->add_option("--text", o->text, "text to encode");
     auto* dec = cmd->add_option("--decode", o->decode, "comma-separated token ids to decode");
     text->excludes(dec);
@@ -60,12 +62,16 @@ void add_tokenize_command(CLI::App& app, CommandRun& run) {
     cmd->add_flag("--special", o->special, "parse special tokens written in the text (<|im_start|> ...)");
     cmd->add_flag("--pieces", o->pieces, "also print id:piece pairs, one per line");
     cmd->add_flag("--info", o->info, "print the tokenizer's description first");
+    cmd->footer(R"(Examples:
+  lattice tokenize --text "Hello world" --pieces
+  lattice tokenize --decode 19556,905
+  lattice tokenize --tokenizer /models/llama-2-7b --text "Hello" --bos)");
     cmd->callback([&run, o, text, dec] {
         if (text->count() + dec->count() != 1)
             throw CLI::ValidationError("tokenize", "give --text TEXT to encode or --decode IDS to decode");
         const bool decode = dec->count() != 0;
         run = [o, decode] {
-            std::unique_ptr<Tokenizer> tok = load_tokenizer(o->tokenizer);
+            std::unique_ptr<Tokenizer> tok = load_tokenizer(o->tokenizer.empty() ? default_model_path() : o->tokenizer);
             if (o->info) print_stdout("{}\n", tok->describe());
             if (decode) {
                 const std::vector<int32_t> ids = parse_ids(o->decode);

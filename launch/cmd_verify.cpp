@@ -24,6 +24,9 @@ void add_verify_command(CLI::App& app, CommandRun& run) {
     cmd->add_option("dir", args->dir, "Converted checkpoint folder (lattice convert --out)")->required();
     cmd->add_option("--threads", args->threads, "Files hashed at once (0: one per core, at most 8)")
         ->check(int_range(0, kMaxThreadsFlag));
+    cmd->footer(R"(Examples:
+  lattice verify conv/
+  lattice verify --threads 2 /models/llama-70b-tp8/)");
     cmd->callback([&run, args] {
         run = [args] {
             const auto t0 = SteadyClock::now();

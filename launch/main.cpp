@@ -1,14 +1,20 @@
 // lattice executable entry: parse the command line, run the chosen command, turn every
-// lattice::Error into one line on stderr and a non-zero exit. When other MPI ranks exist, an error
-// on one rank aborts the job (MPI_Abort) so nobody waits forever on a dead peer.
+// lattice::Error into one line on stderr and a non-zero exit.
+// One line per error, also under MPI: a command-line error is printed by the launcher's rank 0 only
+// (every rank has the same argv); any other error the ranks meet before their first collective is
+// agreed on (cli_common.h agree_on_failure) and printed once by rank 0, and every rank exits with
+// the same code through MPI_Finalize. An error on some ranks only, later, is printed by its rank and
+// aborts the job (MPI_Abort) so nobody waits forever on a dead peer. The line carries the message
+// alone; --verbose adds the origin ([host rank/world file:line]) and lets every rank print its own.
 // Exit codes: 0 success; 1 an error in the input, the files or the run (lattice::Error, one line
-// "lattice: error: ..."); 2 a bad command line (one line naming the flag); 3 an internal error (a
-// bug: every input is meant to give 1 or 2). A command whose stdout cannot be written (full disk,
-// closed descriptor) exits 1 naming stdout.
+// "lattice: error: ..."); 2 a bad command line (one line naming the flag and "see lattice CMD
+// --help"); 3 an internal error (a bug: every input is meant to give 1 or 2). A command whose stdout
+// cannot be written (full disk, closed descriptor) exits 1 naming stdout.
 #include "kernels/cpu/int8_gemm.h"
 #include "launch/cli.h"
 #include "launch/cli_common.h"
 #include "base/error.h"
+#include "base/log.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -17,6 +23,7 @@
 #endif
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -61,12 +68,38 @@ void occupy_closed_std_fds() {
     }
 }
 
-int fail(const char* kind, const char* what, int code) {
-    std::fprintf(stderr, "lattice: %s: %s\n", kind, what);
-    std::fflush(stderr);
+// Exits quietly once the ranks agreed: the launcher may SIGTERM the ranks still finalizing when the
+// first exits non-zero, and the termination reporter's lines would only repeat the error.
+int exit_agreed(int code) {
+    std::signal(SIGTERM, SIG_DFL);
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGHUP, SIG_DFL);
+    finalize_mpi();
+    return code;
+}
+
+int fail(const char* kind, const std::string& message, const std::string& detail, int code) {
+    if (lattice::failure_agreement_open()) {
+        const int agreed = lattice::agree_on_failure(code, message, detail);
+        if (agreed > 0) return exit_agreed(agreed);
+        // -1: the peers did not answer (they are past the agreement point): report alone and abort.
+    }
+    lattice::print_error_line(kind, message, detail);
     abort_other_ranks(code);
     finalize_mpi();
     return code;
+}
+
+// "see lattice generate --help" for the subcommand that was being parsed.
+std::string help_hint(const CLI::App* app) {
+    std::string name = "lattice";
+    for (const CLI::App* a = app; a != nullptr;) {
+        const auto subs = a->get_subcommands();
+        if (subs.empty()) break;
+        a = subs.front();
+        name += " " + a->get_name();
+    }
+    return "see " + name + " --help";
 }
 
 }  // namespace
@@ -76,9 +109,18 @@ int main(int argc, char** argv) {
     CLI::App app{"lattice: Llama-family inference across tensor- and pipeline-parallel ranks"};
     app.require_subcommand(1);
     app.set_version_flag("--version", "lattice 0.1.0");
-    // One line per command-line error, naming the flag (CLI11's default adds a second line).
-    app.failure_message([](const CLI::App*, const CLI::Error& e) {
-        return fmt::format("lattice: error: {} (see --help)\n", e.what());
+    app.fallthrough();  // the global flags below work after the subcommand too
+    // Every option's help line states its default (subcommands inherit these option defaults).
+    app.option_defaults()->always_capture_default();
+    lattice::OutputSettings& out = lattice::output_settings();
+    app.add_flag("-v,--verbose", out.verbose,
+                 "Errors with their origin ([host rank/world file:line]), printed by every rank that meets one");
+    app.add_flag("-q,--quiet", out.quiet, "No progress or INFO lines on stderr (warnings and errors stay)");
+    // One line per command-line error, naming the flag (CLI11's default adds a second line); under
+    // MPI the launcher's rank 0 alone prints it (every rank parses the same argv).
+    app.failure_message([](const CLI::App* a, const CLI::Error& e) -> std::string {
+        if (lattice::launcher_rank() != 0 && lattice::launcher_world_size() > 1) return "";
+        return fmt::format("lattice: error: {} ({})\n", e.what(), help_hint(a));
     });
     lattice::CommandRun run;
     lattice::add_generate_command(app, run);
@@ -93,6 +135,13 @@ int main(int argc, char** argv) {
     lattice::add_serve_command(app, run);
     lattice::add_convert_command(app, run);
     lattice::add_verify_command(app, run);
+    // An option without a value by default says so, rather than showing nothing (--model says what
+    // it falls back to where it does: the built-in model).
+    for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+        for (CLI::Option* o : sub->get_options())
+            if (!o->get_type_name().empty() && !o->get_required() && !o->get_positional() &&
+                o->get_default_str().empty())
+                o->default_str("none");  // flags (no type name) show none: they are off unless given
     int rc = 1;
     try {
         try {
@@ -103,20 +152,29 @@ int main(int argc, char** argv) {
             lattice::flush_stdout();
             return 0;
         }
+        if (out.quiet) lattice::set_log_level(lattice::LogLevel::kWarn);
+        // Errors met before MPI starts name the rank the launcher gave this process (MPI sets the same).
+        lattice::process_identity().rank = lattice::launcher_rank();
+        lattice::process_identity().world = lattice::launcher_world_size();
         // LATTICE_ISA=scalar|avx2|avxvnni|avx512 picks the int8 CPU kernels (kernels/ never reads the env).
         if (const char* isa = std::getenv("LATTICE_ISA"); isa && *isa)
             lattice::set_isa_override(lattice::parse_isa(isa));
         rc = run ? run() : 1;
         lattice::flush_stdout();  // what a command printed must have reached its file
+    } catch (const lattice::ReportedFailure& f) {
+        return exit_agreed(f.code);
     } catch (const lattice::Error& e) {
-        return fail("error", e.what(), 1);
+        return fail("error", e.message(), e.what(), 1);
     } catch (const std::bad_alloc&) {
-        return fail("error", "out of memory", 1);
+        return fail("error", "out of memory", "out of memory", 1);
     } catch (const std::filesystem::filesystem_error& e) {  // a backstop: its message names the path
-        return fail("error", e.what(), 1);
+        return fail("error", e.what(), e.what(), 1);
     } catch (const std::exception& e) {
-        return fail("internal error", e.what(), 3);
+        return fail("internal error", e.what(), e.what(), 3);
     }
+    // A command that loaded no model meets its peers here: a rank that failed early waits for them.
+    if (lattice::failure_agreement_open())
+        if (const int agreed = lattice::agree_on_failure(0, "", ""); agreed > 0) return exit_agreed(agreed);
     finalize_mpi();
     return rc;
 }

@@ -82,7 +82,16 @@ void Model::load(const TensorSource& src) {
 
     RankWeights weights(src, opt_);
     layers_.resize(size_t(opt_.layer_end - opt_.layer_begin));
+    LoadProgress progress;
+    progress.tensors_total = int64_t(weights.tensors().size());
+    for (const RankTensor& t : weights.tensors()) progress.elements_total += t.rows * t.cols;
     for (const RankTensor& t : weights.tensors()) {
+        if (opt_.on_progress) {  // before the read too: the first line appears while the first weight loads
+            progress.bytes_read = weights.bytes_read();
+            opt_.on_progress(progress);
+        }
+        progress.tensors_done += 1;
+        progress.elements_done += t.rows * t.cols;
         HostTensor h = weights.read(t);
         LayerWeights* L = t.layer >= 0 ? &layers_[size_t(t.layer - opt_.layer_begin)] : nullptr;
         switch (t.role) {
@@ -101,6 +110,10 @@ void Model::load(const TensorSource& src) {
         }
     }
     checkpoint_bytes_read_ = weights.bytes_read();
+    if (opt_.on_progress) {
+        progress.bytes_read = checkpoint_bytes_read_;
+        opt_.on_progress(progress);
+    }
 }
 
 int64_t Model::kv_bytes_per_block() const {

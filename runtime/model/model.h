@@ -31,6 +31,12 @@ namespace lattice {
 
 struct HostTensor;  // runtime/model/rank_weights.h
 
+struct LoadProgress {
+    int64_t tensors_done = 0, tensors_total = 0;
+    int64_t elements_done = 0, elements_total = 0;
+    int64_t bytes_read = 0;
+};
+
 struct ModelOptions {
     QuantMode quant = QuantMode::kNone;
     bool quant_head = false;        // also quantize the LM head (embedding stays float)
@@ -43,6 +49,9 @@ struct ModelOptions {
     // SmoothQuant factors (runtime/smoothquant.h) folded into the norm and wqkv / w_gate_up weights
     // at load; empty: none.
     std::string smooth_path;
+    // Called after each weight of this rank is in the backend (launch/ shows load progress from it;
+    // nothing here prints). Elements are this rank's, bytes those read from the checkpoint so far.
+    std::function<void(const LoadProgress&)> on_progress;
 };
 
 // Sees the activation entering a norm-preceded GEMM: which 0 = attention input (before wqkv),

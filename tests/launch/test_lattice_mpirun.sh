@@ -40,7 +40,10 @@ expect_cmd "mpirun -np 2$R --map-by ppr:2:node:PE=4 --bind-to core lattice gener
     --tp 2 --cpu --cores-per-node 8 -- lattice generate --model m
 expect_cmd "mpirun -np 6$R --map-by ppr:6:node:PE=2 --bind-to core lattice generate --model m --tp 3 --pp 2" \
     --tp 3 --pp 2 --cpu --cores-per-node 13 -- lattice generate --model m
-# More ranks than cores: only with --oversubscribe, then no binding.
+# More ranks than cores: --cpu lets them share (mpirun --oversubscribe, no binding), asked for or not.
+expect_cmd "mpirun -np 4$R --map-by ppr:4:node --bind-to none --oversubscribe x" --tp 2 --pp 2 --cpu --cores-per-node 2 -- x
+# --quiet: mpirun -q (no banners).
+expect_cmd "mpirun -np 2$R -q --map-by ppr:2:node:PE=1 --bind-to core x" --quiet --tp 2 --cpu --cores-per-node 2 -- x
 expect_cmd "mpirun -np 4$R --map-by ppr:4:node --bind-to none --oversubscribe ./build/launch/lattice doctor --tp 2 --pp 2" \
     --tp 2 --pp 2 --cpu --cores-per-node 2 --oversubscribe -- ./build/launch/lattice doctor
 # Values already in the lattice command are kept when they agree; non-lattice programs are untouched.
@@ -79,7 +82,6 @@ expect_cmd "mpirun -np 8$R --hostfile $hf --map-by ppr:4:node --bind-to none $NC
     --tp 4 --pp 2 --hostfile "$hf" --gpus-per-node 4 -- lattice generate
 
 # Refusals (exit 2, nothing on stdout, one line naming the problem).
-expect_refusal "4 CPU ranks per node but only 2 cores: add --oversubscribe" --tp 2 --pp 2 --cpu --cores-per-node 2 -- x
 expect_refusal "tp 3 is not a power of two" --tp 3 --gpu-numa 0,0,0,0 -- lattice generate
 expect_refusal "tp 8 does not divide the 4 GPUs per node" --tp 8 --gpu-numa 0,0,1,1 -- lattice generate
 expect_refusal "need 8 GPUs per node but there are 4" --tp 4 --pp 2 --gpu-numa 0,0,1,1 -- lattice generate
