@@ -32,6 +32,7 @@
 #include "runtime/engine/text_stream.h"
 #include "runtime/tokenizer/tokenizer.h"
 
+#include <algorithm>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -60,16 +61,19 @@ struct GenerateArgs {
 
 // Decode rate counts the tokens produced by decode steps (the first token of each sequence comes
 // from its prefill).
+int64_t decode_tokens(const GenerateStats& s) { return std::max<int64_t>(0, s.generated_tokens - s.sequences); }
+
 double decode_rate(const GenerateStats& s) {
-    const int64_t steps = s.generated_tokens - s.sequences;
+    const int64_t steps = decode_tokens(s);
     return steps > 0 && s.decode_seconds > 0 ? double(steps) / s.decode_seconds : 0.0;
 }
 
+// The decode count printed is the one the rate divides (the line used to print all generated tokens).
 void print_stats(const GenerateStats& s) {
     std::string line = fmt::format(
-        "prefill: {} tokens in {:.3f} s ({:.1f} tok/s); decode: {} tokens in {:.3f} s ({:.2f} tok/s)", s.prompt_tokens,
-        s.prefill_seconds, s.prefill_seconds > 0 ? double(s.prompt_tokens) / s.prefill_seconds : 0.0,
-        s.generated_tokens, s.decode_seconds, decode_rate(s));
+        "prefill: {} tokens in {:.3f} s ({:.1f} tok/s); decode: {} tokens in {:.3f} s ({:.2f} tok/s), {} generated",
+        s.prompt_tokens, s.prefill_seconds, s.prefill_seconds > 0 ? double(s.prompt_tokens) / s.prefill_seconds : 0.0,
+        decode_tokens(s), s.decode_seconds, decode_rate(s), s.generated_tokens);
     if (s.sequences > 1) line += fmt::format(" over {} sequences", s.sequences);
     line += "\n";
     print_stderr(line);
