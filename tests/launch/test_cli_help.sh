@@ -16,9 +16,11 @@ subs="generate score info tokenize doctor calibrate layout batch serve convert v
 for s in $subs; do
     "$bin" "$s" --help >"$tmp/h" 2>&1 || { echo "FAILED: lattice $s --help exits non-zero"; fail=$((fail + 1)); continue; }
     # Option lines: "  -x, --name TYPE [default] ..." / "  --name TYPE ...". A typed option must show
-    # [default] (a required one says REQUIRED); flags and --help itself are exempt.
+    # [default] (a required one says REQUIRED); flags (also those CLI11 annotates "Excludes:"/"Needs:")
+    # and --help itself are exempt.
     bad=$(awk '/^Options:/ {o = 1; next} /^[A-Z][a-z]+:/ {o = 0} o && /^  +-/' "$tmp/h" |
           grep -v -- '--help' | grep -E -- '^ +(-[a-zA-Z], ?)?--[a-z0-9-]+(,--[a-z0-9-]+)* [A-Z]' |
+          grep -vE -- '^ +(-[a-zA-Z], ?)?--[a-z0-9-]+(,--[a-z0-9-]+)* (Excludes|Needs):' |
           grep -vE -e '[^ ]=[^ ]' -e 'REQUIRED' || true)
     check "lattice $s --help: every option states its default${bad:+ (not: $bad)}" [ -z "$bad" ]
 done
