@@ -16,20 +16,7 @@ using namespace lattice;
 
 namespace {
 
-ModelConfig tiny() {
-    ModelConfig c;
-    c.source = "tiny random (test_engine_schedule)";
-    c.hidden = 32;
-    c.intermediate = 48;
-    c.n_layers = 2;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.head_dim = 8;
-    c.vocab = 61;
-    c.max_position = 64;
-    c.eos_ids = {2};
-    return c;
-}
+ModelConfig tiny() { return test::tiny_config("tiny random (test_engine_schedule)"); }
 
 Built make(const TensorSource& src, int64_t micro = 0, int64_t max_seq = 0) {
     BuildOptions o = test::cpu_options();

@@ -21,20 +21,7 @@ using namespace lattice;
 
 namespace {
 
-ModelConfig tiny() {
-    ModelConfig c;
-    c.source = "tiny random (test_sampling_engine)";
-    c.hidden = 32;
-    c.intermediate = 48;
-    c.n_layers = 2;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.head_dim = 8;
-    c.vocab = 61;
-    c.max_position = 64;
-    c.eos_ids = {2};
-    return c;
-}
+ModelConfig tiny() { return test::tiny_config("tiny random (test_sampling_engine)"); }
 
 // Greedy with the penalties, by the formulas of runtime/engine/sampler.h on score()'s last row.
 std::vector<int32_t> reference(Engine& e, std::vector<int32_t> seq, int n, const SamplingParams& p, int64_t max_seq) {
