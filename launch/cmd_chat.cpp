@@ -283,8 +283,8 @@ int run_chat(ChatArgs& a) {
 
 void add_chat_command(CLI::App& app, CommandRun& run) {
     auto args = std::make_shared<ChatArgs>();
-    args->sampling.temperature = 0.7f;
-    args->sampling.top_p = 0.9f;
+    args->sampling.params.temperature = 0.7f;
+    args->sampling.params.top_p = 0.9f;
     auto* cmd = app.add_subcommand("chat", "Talk with the model: a conversation in the terminal (one rank)");
     args->model.add_to(cmd);
     cmd->add_option("--system", args->system, "System message opening the conversation (default: the template's)");

@@ -16,53 +16,45 @@
 namespace lattice {
 
 void SamplingArgs::add_to(CLI::App* cmd) {
-    cmd->add_option("--temperature", temperature, "Sampling temperature; 0: greedy (deterministic)")
+    cmd->add_option("--temperature", params.temperature, "Sampling temperature; 0: greedy (deterministic)")
         ->check(real_range(0.0, 1e6))
         ->capture_default_str();
-    cmd->add_option("--top-k", top_k, "Keep the k most likely tokens (0: all)")
+    cmd->add_option("--top-k", params.top_k, "Keep the k most likely tokens (0: all)")
         ->check(int_range(0, INT32_MAX))
         ->capture_default_str();
-    cmd->add_option("--top-p", top_p, "Nucleus sampling: the smallest set reaching this mass (1: all)")
+    cmd->add_option("--top-p", params.top_p, "Nucleus sampling: the smallest set reaching this mass (1: all)")
         ->check(real_range(1e-6, 1.0))
         ->capture_default_str();
-    cmd->add_option("--min-p", min_p, "Keep tokens with p >= min_p * p(most likely) (0: off)")
+    cmd->add_option("--min-p", params.min_p, "Keep tokens with p >= min_p * p(most likely) (0: off)")
         ->check(real_range(0.0, 1.0))
         ->capture_default_str();
-    seed_opt_ = cmd->add_option("--seed", seed, "Sampling seed (default: random, printed on stderr as `seed: N`)")
-                    ->check(uint_range(0, UINT64_MAX));
-    cmd->add_option("--repeat-penalty", repeat_penalty,
+    seed_opt_ =
+        cmd->add_option("--seed", params.seed, "Sampling seed (default: random, printed on stderr as `seed: N`)")
+            ->check(uint_range(0, UINT64_MAX));
+    cmd->add_option("--repeat-penalty", params.repeat_penalty,
                     "Divide positive / multiply negative logits of tokens among the last --repeat-last-n (1: off)")
         ->check(real_range(1e-6, 1e6))
         ->capture_default_str();
-    cmd->add_option("--repeat-last-n", repeat_last_n,
+    cmd->add_option("--repeat-last-n", params.repeat_last_n,
                     "Tokens (prompt and output) the repetition penalty looks at (0: off, -1: the whole context)")
         ->check(int_range(-1, INT32_MAX))
         ->capture_default_str();
-    cmd->add_option("--presence-penalty", presence_penalty,
+    cmd->add_option("--presence-penalty", params.presence_penalty,
                     "Subtract this from the logit of every token already generated (OpenAI's; -2..2)")
         ->check(real_range(-2.0, 2.0))
         ->capture_default_str();
-    cmd->add_option("--frequency-penalty", frequency_penalty,
+    cmd->add_option("--frequency-penalty", params.frequency_penalty,
                     "Subtract this times the count of each token already generated (OpenAI's; -2..2)")
         ->check(real_range(-2.0, 2.0))
         ->capture_default_str();
-    cmd->add_option("--stop", stop,
-                    "Stop at this text (repeatable); it and what follows are not shown (default: none)")
+    cmd->add_option("--stop", stop, "Stop at this text (repeatable); it and what follows are not shown (default: none)")
         ->allow_extra_args(false);
 }
 
 SamplingParams SamplingArgs::resolve() const {
-    SamplingParams p;
-    p.temperature = temperature;
-    p.top_k = top_k;
-    p.top_p = top_p;
-    p.min_p = min_p;
-    p.repeat_penalty = repeat_penalty;
-    p.repeat_last_n = repeat_last_n;
-    p.presence_penalty = presence_penalty;
-    p.frequency_penalty = frequency_penalty;
+    SamplingParams p = params;
     // 32 random bits: short enough to read and type back, and two runs collide once in 4e9.
-    p.seed = seed_opt_ && seed_opt_->count() > 0 ? seed : uint64_t(std::random_device{}());
+    if (!seed_opt_ || seed_opt_->count() == 0) p.seed = uint64_t(std::random_device{}());
     p.validate();
     for (const std::string& s : stop) LATTICE_CHECK(!s.empty(), "--stop: the stop text must not be empty");
     return p;

@@ -21,22 +21,16 @@
 
 namespace lattice {
 
+// The sampling options: CLI11 binds each flag to a field of `params` (their initial values are the
+// stated defaults), plus the --stop texts, which the text stream applies rather than the sampler.
 struct SamplingArgs {
-    float temperature = 0.0f;
-    int64_t top_k = 0;
-    float top_p = 1.0f;
-    float min_p = 0.0f;
-    uint64_t seed = 0;
-    float repeat_penalty = 1.0f;
-    int64_t repeat_last_n = 64;
-    float presence_penalty = 0.0f;
-    float frequency_penalty = 0.0f;
+    SamplingParams params;
     std::vector<std::string> stop;
 
-    // Registers --temperature ... --stop on `cmd` with these members' values as the stated defaults.
+    // Registers --temperature ... --stop on `cmd` with the current values as the stated defaults.
     void add_to(CLI::App* cmd);
-    // The params, the seed resolved: --seed when given, else a fresh random one. Throws Error naming
-    // a bad value.
+    // `params` with the seed resolved: --seed when given, else a fresh random one. Throws Error
+    // naming a bad value.
     SamplingParams resolve() const;
 
 private:
