@@ -19,6 +19,7 @@ void add_tokenize_command(CLI::App& app, CommandRun& run);
 void add_doctor_command(CLI::App& app, CommandRun& run);
 void add_calibrate_command(CLI::App& app, CommandRun& run);
 void add_layout_command(CLI::App& app, CommandRun& run);
+void add_plan_command(CLI::App& app, CommandRun& run);
 void add_batch_command(CLI::App& app, CommandRun& run);
 void add_serve_command(CLI::App& app, CommandRun& run);
 void add_convert_command(CLI::App& app, CommandRun& run);

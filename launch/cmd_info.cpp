@@ -11,6 +11,7 @@
 // per weight plus f32 scales and column sums) or, with --device cuda, 16-bit floats.
 #include "launch/cli.h"
 #include "launch/cli_common.h"
+#include "parallel/plan_model.h"
 #include "runtime/engine/build.h"
 #include "runtime/model/rank_weights.h"
 #include "runtime/weights/tensor_source.h"
@@ -68,25 +69,9 @@ void print_memory(const TensorSource& src, const InfoArgs& a) {
         o.layer_end = stages[size_t(p)].second;
         o.first_stage = p == 0;
         o.last_stage = p == a.pp - 1;
-        RankWeights plan(src, o);
-        double w = 0;
-        for (const RankTensor& t : plan.tensors()) {
-            const double n = double(t.rows) * double(t.cols);
-            if (t.is_linear() && t.mode != QuantMode::kNone)
-                w += n + 8.0 * double(t.rows);  // int8 weights + f32 scale + column sum per output channel
-            else
-                w += n * double(cuda && !t.vector ? 2 : dtype_size(t.dtype));
-        }
-        const ShardShape s = shard_shape(c.dims(), a.tp, 0);
-        const double layers = double(o.layer_end - o.layer_begin);
-        const double kv = layers * 2.0 * double(max_seq) * double(s.n_kv) * double(c.head_dim) * double(act);
-        // One forward of T tokens: hidden states and norms, q/k/v, attention output, gate/up, and
-        // the gathered f32 logits on the last stage; quantized copies of the inputs where int8 runs.
-        const double T = double(a.max_batch_tokens);
-        double act_b = T * double(act) *
-                       (3.0 * double(c.hidden) + double((s.n_heads + 2 * s.n_kv) * c.head_dim) +
-                        double(s.n_heads * c.head_dim) + 3.0 * double(s.ffn));
-        if (o.last_stage) act_b += T * 4.0 * double(s.vocab_per_rank) * double(a.tp);
+        const double w = RankWeights(src, o).resident_bytes(cuda);
+        const double kv = kv_cache_bytes(c.dims(), a.tp, o.layer_end - o.layer_begin, max_seq, double(act));
+        const double act_b = activation_bytes(c.dims(), a.tp, a.max_batch_tokens, double(act), o.last_stage);
         if (w + kv + act_b > best) best = w + kv + act_b, best_w = w, best_kv = kv, best_act = act_b, best_stage = p;
     }
     print_stdout("memory per rank (quant {}{}, tp {} x pp {}, {}, context {}): {:.3f} GiB = weights {:.3f} GiB + KV "

@@ -131,6 +131,7 @@ int main(int argc, char** argv) {
     lattice::add_doctor_command(app, run);
     lattice::add_calibrate_command(app, run);
     lattice::add_layout_command(app, run);
+    lattice::add_plan_command(app, run);
     lattice::add_batch_command(app, run);
     lattice::add_serve_command(app, run);
     lattice::add_convert_command(app, run);

@@ -41,6 +41,9 @@ struct WorldConfig {
 struct ModelDims {
     int64_t n_layers = 0, n_heads = 0, n_kv_heads = 0, intermediate = 0, vocab = 0;
     std::string name;
+    // What the planner (plan_model.h) needs besides; the layout rules ignore them.
+    int64_t hidden = 0, head_dim = 0;
+    bool tie_embeddings = false;
 };
 
 // The tensor-parallel shard of one rank.

@@ -249,12 +249,13 @@ ModelConfig make_preset(const char* name, int64_t hidden, int64_t ffn, int64_t l
 }  // namespace
 
 std::vector<std::string> preset_names() {
-    return {"tinyllama-1.1b", "llama-2-7b", "llama-2-70b", "llama-3-8b", "llama-3-70b"};
+    return {"tinyllama-1.1b", "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b"};
 }
 
 ModelConfig preset_config(const std::string& name) {
     if (name == "tinyllama-1.1b") return make_preset("tinyllama-1.1b", 2048, 5632, 22, 32, 4, 32000, 1e4, 2048, false);
     if (name == "llama-2-7b") return make_preset("llama-2-7b", 4096, 11008, 32, 32, 32, 32000, 1e4, 4096, false);
+    if (name == "llama-2-13b") return make_preset("llama-2-13b", 5120, 13824, 40, 40, 40, 32000, 1e4, 4096, false);
     if (name == "llama-2-70b") return make_preset("llama-2-70b", 8192, 28672, 80, 64, 8, 32000, 1e4, 4096, false);
     if (name == "llama-3-8b") return make_preset("llama-3-8b", 4096, 14336, 32, 32, 8, 128256, 5e5, 8192, true);
     if (name == "llama-3-70b") return make_preset("llama-3-70b", 8192, 28672, 80, 64, 8, 128256, 5e5, 8192, true);

@@ -41,7 +41,9 @@ struct ModelConfig {
     int64_t q_dim() const { return n_heads * head_dim; }
     int64_t kv_dim() const { return n_kv_heads * head_dim; }
     // What the layout rules (parallel/world_config.h) need to know.
-    ModelDims dims() const { return {n_layers, n_heads, n_kv_heads, intermediate, vocab, source}; }
+    ModelDims dims() const {
+        return {n_layers, n_heads, n_kv_heads, intermediate, vocab, source, hidden, head_dim, tie_embeddings};
+    }
     // Parameters of the full model (embedding and head counted once when tied); validate() bounds
     // it to 1e15, so the int64 form cannot overflow on a validated config.
     int64_t parameter_count() const;
@@ -55,7 +57,7 @@ struct ModelConfig {
 ModelConfig load_hf_config(const std::string& path);
 ModelConfig parse_hf_config(const std::string& json_text, const std::string& source);
 
-// Built-in shapes for random-weight benchmarks: "tinyllama-1.1b", "llama-2-7b", "llama-2-70b",
+// Built-in shapes for random-weight benchmarks: "tinyllama-1.1b", "llama-2-7b", "llama-2-13b", "llama-2-70b",
 // "llama-3-8b", "llama-3-70b". Throws Error listing the names for an unknown one.
 ModelConfig preset_config(const std::string& name);
 std::vector<std::string> preset_names();

@@ -276,6 +276,18 @@ HostTensor RankWeights::read(const RankTensor& t) {
     return h;
 }
 
+double RankWeights::resident_bytes(bool cuda) const {
+    double w = 0;
+    for (const RankTensor& t : tensors_) {
+        const double n = double(t.rows) * double(t.cols);
+        if (t.is_linear() && t.mode != QuantMode::kNone)
+            w += n + 8.0 * double(t.rows);
+        else
+            w += n * double(cuda && !t.vector ? 2 : dtype_size(t.dtype));
+    }
+    return w;
+}
+
 HostTensor quantize_per_channel(const HostTensor& w, const std::string& name) {
     LATTICE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16,
                   "quantize \"{}\": dtype {} is not float", name, dtype_name(w.dtype));

@@ -71,6 +71,10 @@ public:
     HostTensor read(const RankTensor& t);
     // Bytes of checkpoint tensor data read so far (in the checkpoint's own encoding).
     int64_t bytes_read() const { return bytes_read_; }
+    // Bytes these tensors take once loaded: int8 linears one byte per weight plus an f32 scale and
+    // column sum per output channel; float tensors in the checkpoint's precision on the CPU, 16-bit
+    // matrices with `cuda` (launch's `info` prints it; the planner's estimate is checked against it).
+    double resident_bytes(bool cuda) const;
 
 private:
     HostTensor read_rows(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType dtype);

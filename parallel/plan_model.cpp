@@ -1,0 +1,350 @@
+// The layout planner's model (see plan_model.h for the formulas) and its device and link tables.
+//
+// Sources of the constants (dense figures, no sparsity):
+// - A10: NVIDIA A10 datasheet (24 GB GDDR6, 600 GB/s, FP16 tensor 125 TFLOPS, INT8 250 TOPS).
+// - A10G: AWS G5 / NVIDIA A10G product brief (24 GB GDDR6, 600 GB/s, FP16 tensor 70 TFLOPS,
+//   INT8 140 TOPS): approximate, NVIDIA publishes no A10G datasheet.
+// - A100 PCIe 40GB: NVIDIA A100 datasheet (40 GB HBM2, 1,555 GB/s, FP16 312 TFLOPS, INT8 624 TOPS).
+// - A100 SXM 80GB: same datasheet (80 GB HBM2e, 2,039 GB/s; 312 / 624).
+// - H100 SXM: NVIDIA H100 datasheet (80 GB HBM3, 3.35 TB/s, FP16 989 TFLOPS, INT8 1,979 TOPS).
+// - H200: NVIDIA H200 datasheet (141 GB HBM3e, 4.8 TB/s; same peaks as H100 SXM); a
+//   device-to-device copy reaches ~4.3 TB/s (this project's issue 13), hence bw_eff 0.9.
+// - Achievable fractions on the A100/H100: ~85% of HBM bandwidth in a device copy, ~70% of the
+//   dense tensor peak for large INT8/FP16 GEMMs (cuBLASLt), ~20 us per decode layer of kernel
+//   gaps with the step in a CUDA graph. These are assumptions, stated, not measurements of ours.
+// - Links: PCIe 4.0 x16 = 31.5 GB/s per direction, NCCL rings reach ~20 GB/s bus bandwidth
+//   through a host bridge without NVLink; a small all-reduce on 4 such GPUs takes ~20 us
+//   (DESIGN.md), i.e. ~3.5 us per ring hop. NVLink 3 (A100 SXM): 300 GB/s per direction, NCCL
+//   ~230 GB/s; NVLink 4 (H100/H200 SXM): 450 GB/s per direction, NCCL ~360 GB/s. InfiniBand
+//   HDR: 200 Gb/s = 25 GB/s per port, ~5 us. CPU ranks on one node: OpenMPI's shared-memory
+//   transport, measured on the 2-core EPYC VM (benchmarks/results/cpu-2core-epyc/plan_validation.json).
+// - cpu: the 2-core AMD EPYC (Zen 3, AVX2) VM this project is developed on, per core, measured:
+//   read bandwidth of one core and of the node (bench_decode's stream), the in-engine W8A8 GEMM
+//   rate (bench_gemm_int8). `lattice plan --calibration FILE` replaces them with another
+//   machine's figures.
+#include "parallel/plan_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/error.h"
+
+namespace lattice {
+
+const std::vector<DeviceSpec>& device_table() {
+    static const std::vector<DeviceSpec> t = [] {
+        std::vector<DeviceSpec> v;
+        auto gpu = [&](std::string name, std::string label, double mem, double bw, double i8, double f16,
+                       double bw_eff, std::string link, std::string src) {
+            DeviceSpec d;
+            d.name = std::move(name);
+            d.label = std::move(label);
+            d.mem_gib = mem;
+            d.bw_gbs = bw;
+            d.int8_tops = i8;
+            d.fp16_tflops = f16;
+            d.bw_eff = bw_eff;
+            d.compute_eff = 0.7;
+            d.reserved_gib = 1.5;  // CUDA context ~0.5, cuBLASLt workspace, NCCL buffers, allocator slack
+            d.layer_overhead_us = 20;
+            d.link = std::move(link);
+            d.per_node = 8;
+            d.source = std::move(src);
+            v.push_back(d);
+        };
+        // (memory in GiB as the devices report it: 24 GB GDDR6 = 22.5 GiB usable, 40 GB = 39.4 GiB)
+        gpu("a10", "NVIDIA A10 24GB (PCIe)", 22.5, 600, 250, 125, 0.85, "pcie4", "NVIDIA A10 datasheet");
+        gpu("a10g", "NVIDIA A10G 24GB (PCIe)", 22.5, 600, 140, 70, 0.85, "pcie4", "AWS G5 / NVIDIA A10G brief (approx.)");
+        gpu("a100-pcie-40gb", "NVIDIA A100 PCIe 40GB", 39.4, 1555, 624, 312, 0.85, "pcie4", "NVIDIA A100 datasheet");
+        gpu("a100-sxm-80gb", "NVIDIA A100 SXM 80GB", 79.2, 2039, 624, 312, 0.85, "nvlink3", "NVIDIA A100 datasheet");
+        gpu("h100-sxm", "NVIDIA H100 SXM 80GB", 79.2, 3350, 1979, 989, 0.85, "nvlink4", "NVIDIA H100 datasheet");
+        gpu("h200", "NVIDIA H200 SXM 141GB", 139.8, 4800, 1979, 989, 0.9, "nvlink4",
+            "NVIDIA H200 datasheet; 4.3 TB/s measured copy");
+        DeviceSpec c;
+        c.name = "cpu";
+        c.label = "CPU core (2-core AMD EPYC Zen 3 VM, AVX2; one rank per core)";
+        c.mem_gib = 22.0;       // the node's memory (ranks of a node share it; see per_node)
+        c.bw_gbs = 15.6;        // one core streaming
+        c.node_bw_gbs = 20.2;   // both cores streaming
+        c.int8_tops = 0.120;    // in-engine W8A8 GEMM per core (120 GOP/s)
+        c.fp16_tflops = 0.030;  // f32 GEMM per core
+        c.bw_eff = 1.0;         // the figures above are achieved rates already
+        c.compute_eff = 1.0;
+        c.reserved_gib = 0.1;
+        c.layer_overhead_us = 15;
+        c.link = "shm";
+        c.per_node = 2;
+        c.cpu = true;
+        c.source = "measured on the development VM (benchmarks/results/cpu-2core-epyc/plan_validation.json)";
+        v.push_back(c);
+        return v;
+    }();
+    return t;
+}
+
+const std::vector<LinkSpec>& link_table() {
+    static const std::vector<LinkSpec> t = {
+        {"pcie4", 3.5, 20, "PCIe 4.0 x16 31.5 GB/s/dir; NCCL ~20 GB/s, ~20 us per small all-reduce on 4 GPUs"},
+        {"nvlink3", 2.0, 230, "NVLink 3: 300 GB/s/dir (A100 SXM); NCCL ~230 GB/s bus bandwidth"},
+        {"nvlink4", 2.0, 360, "NVLink 4: 450 GB/s/dir (H100/H200 SXM); NCCL ~360 GB/s bus bandwidth"},
+        {"ib-hdr", 5.0, 23, "InfiniBand HDR 200 Gb/s = 25 GB/s per port"},
+        {"shm", 3.0, 6.0, "OpenMPI shared memory between CPU ranks of one node (measured, 2-core EPYC VM)"},
+    };
+    return t;
+}
+
+namespace {
+template <class T>
+const T& find_named(const std::vector<T>& table, const std::string& name, const char* what) {
+    for (const T& x : table)
+        if (x.name == name) return x;
+    std::string names;
+    for (const T& x : table) names += (names.empty() ? "" : ", ") + x.name;
+    LATTICE_FAIL("unknown {} \"{}\" (known: {})", what, name, names);
+}
+}  // namespace
+
+const DeviceSpec& find_device(const std::string& name) { return find_named(device_table(), name, "device"); }
+const LinkSpec& find_link(const std::string& name) { return find_named(link_table(), name, "interconnect"); }
+
+PlanQuant parse_plan_quant(const std::string& s) {
+    if (s == "w8a8") return PlanQuant::kW8A8;
+    if (s == "w8a16") return PlanQuant::kW8A16;
+    if (s == "fp16" || s == "bf16") return PlanQuant::kFp16;
+    if (s == "f32") return PlanQuant::kF32;
+    LATTICE_FAIL("unknown --quant \"{}\" (w8a8, w8a16, fp16, bf16, f32, none)", s);
+}
+
+const char* plan_quant_name(PlanQuant q) {
+    switch (q) {
+        case PlanQuant::kW8A8: return "w8a8";
+        case PlanQuant::kW8A16: return "w8a16";
+        case PlanQuant::kFp16: return "fp16";
+        case PlanQuant::kF32: return "f32";
+    }
+    return "?";
+}
+
+double kv_cache_bytes(const ModelDims& m, int tp, int64_t layers, int64_t positions, double bytes_per_elem) {
+    const ShardShape s = shard_shape(m, tp, 0);
+    return double(layers) * 2.0 * double(positions) * double(s.n_kv) * double(m.head_dim) * bytes_per_elem;
+}
+
+double activation_bytes(const ModelDims& m, int tp, int64_t tokens, double bytes_per_elem, bool last_stage) {
+    const ShardShape s = shard_shape(m, tp, 0);
+    const double T = double(tokens);
+    double b = T * bytes_per_elem *
+               (3.0 * double(m.hidden) + double((s.n_heads + 2 * s.n_kv) * m.head_dim) +
+                double(s.n_heads * m.head_dim) + 3.0 * double(s.ffn));
+    if (last_stage) b += T * 4.0 * double(s.vocab_per_rank) * double(tp);
+    return b;
+}
+
+namespace {
+
+struct StageShape {
+    int64_t layers = 0;
+    double linear_params = 0;  // q/k/v/o/gate/up/down of its layers (this rank's shard)
+    double head_params = 0;    // the LM head rows (last stage)
+    double embed_params = 0;   // the embedding rows (first stage; decode reads one row per token)
+    double small_params = 0;   // norms
+};
+
+std::vector<StageShape> stage_shapes(const ModelDims& m, int tp, int pp) {
+    const ShardShape s = shard_shape(m, tp, 0);
+    const double h = double(m.hidden), hd = double(m.head_dim);
+    const double per_layer = h * double(s.n_heads + 2 * s.n_kv) * hd + double(s.n_heads) * hd * h + 3.0 * h * double(s.ffn);
+    std::vector<StageShape> out;
+    const auto ranges = stage_layer_ranges(m.n_layers, pp);
+    for (int p = 0; p < pp; ++p) {
+        StageShape st;
+        st.layers = ranges[size_t(p)].second - ranges[size_t(p)].first;
+        st.linear_params = double(st.layers) * per_layer;
+        st.small_params = double(st.layers) * 2.0 * h + (p == pp - 1 ? h : 0.0);
+        if (p == 0) st.embed_params = double(s.vocab_rows) * h;
+        if (p == pp - 1) st.head_params = double(s.vocab_rows) * h;
+        out.push_back(st);
+    }
+    return out;
+}
+
+bool int8_weights(PlanQuant q) { return q == PlanQuant::kW8A8 || q == PlanQuant::kW8A16; }
+
+// Bytes per element of activations and KV cache: CPU f32, GPU fp16/bf16.
+double act_bytes(const PlanRequest& r) { return r.device.cpu ? 4.0 : 2.0; }
+// Bytes per unquantized weight: CPU f32, GPU fp16/bf16.
+double float_weight_bytes(const PlanRequest& r) { return r.device.cpu ? 4.0 : 2.0; }
+
+double linear_bytes(const PlanRequest& r, double params, double rows_hint) {
+    return int8_weights(r.quant) ? params + 8.0 * rows_hint : params * float_weight_bytes(r);
+}
+
+double stage_weight_bytes(const PlanRequest& r, const StageShape& st, bool decode_reads) {
+    const double rows = st.linear_params / double(std::max<int64_t>(r.model.hidden, 1));  // ~output channels
+    double b = linear_bytes(r, st.linear_params, rows) + st.small_params * 4.0;
+    const double head_b = r.quant_head && int8_weights(r.quant) ? st.head_params + 8.0 * st.head_params / double(r.model.hidden)
+                                                                : st.head_params * float_weight_bytes(r);
+    b += head_b;
+    // The embedding is stored on the first stage (tied and one stage: the head's rows serve both).
+    if (!decode_reads && !(r.model.tie_embeddings && st.head_params > 0)) b += st.embed_params * float_weight_bytes(r);
+    return b;
+}
+
+// Ring all-reduce of `bytes` over n ranks.
+double allreduce_s(const LinkSpec& l, int n, double bytes) {
+    if (n <= 1) return 0.0;
+    return 2.0 * (n - 1) * l.alpha_us * 1e-6 + 2.0 * double(n - 1) / double(n) * bytes / (l.bw_gbs * 1e9);
+}
+
+double send_s(const LinkSpec& l, double bytes) { return l.alpha_us * 1e-6 + bytes / (l.bw_gbs * 1e9); }
+
+struct StageTime {
+    double total = 0, comm = 0;
+    bool compute_bound = false;
+};
+
+// One forward of `tokens` tokens (each attending to `positions` cached ones) through a stage.
+StageTime stage_time(const PlanRequest& r, const StageShape& st, int tp, double tokens, double positions,
+                     double bw_bytes_per_s) {
+    const ModelDims& m = r.model;
+    const ShardShape s = shard_shape(m, tp, 0);
+    const double w_bytes = stage_weight_bytes(r, st, true) + tokens * double(m.hidden) * float_weight_bytes(r) *
+                                                                  (st.embed_params > 0 ? 1.0 : 0.0);
+    const double kv_read = double(st.layers) * 2.0 * tokens * positions * double(s.n_kv) * double(m.head_dim) *
+                           act_bytes(r);
+    const double mem_s = (w_bytes + kv_read) / bw_bytes_per_s;
+    const double peak = (r.quant == PlanQuant::kW8A8 ? r.device.int8_tops : r.device.fp16_tflops) * 1e12 *
+                        r.device.compute_eff;
+    const double attn_flops = double(st.layers) * 4.0 * tokens * positions * double(s.n_heads) * double(m.head_dim);
+    const double gemm_flops = 2.0 * tokens * (st.linear_params + st.head_params);
+    // Attention runs on the vector units, not the int8 GEMM path: charge it at the float peak.
+    const double fpeak = r.device.fp16_tflops * 1e12 * r.device.compute_eff;
+    const double comp_s = gemm_flops / peak + attn_flops / fpeak;
+    StageTime t;
+    t.compute_bound = comp_s > mem_s;
+    t.comm = double(st.layers) * 2.0 * allreduce_s(r.link, tp, tokens * double(m.hidden) * act_bytes(r));
+    if (st.head_params > 0 && tp > 1)  // the gathered logits of the sampled rows
+        t.comm += allreduce_s(r.link, tp, tokens * double(s.vocab_per_rank) * 4.0 * double(tp) / 2.0);
+    t.total = std::max(mem_s, comp_s) + t.comm + double(st.layers) * r.device.layer_overhead_us * 1e-6;
+    return t;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const PlanRequest& r, int tp, int pp) {
+    const auto stages = stage_shapes(r.model, tp, pp);
+    MemoryEstimate best;
+    double best_total = -1;
+    for (int p = 0; p < pp; ++p) {
+        MemoryEstimate e;
+        e.weights = stage_weight_bytes(r, stages[size_t(p)], false);
+        e.kv = kv_cache_bytes(r.model, tp, stages[size_t(p)].layers, r.batch * r.context, act_bytes(r));
+        e.activations = activation_bytes(r.model, tp, r.max_batch_tokens, act_bytes(r), p == pp - 1);
+        e.reserved = r.device.reserved_gib * double(int64_t(1) << 30);
+        e.heaviest_stage = p;
+        if (e.total() > best_total) best_total = e.total(), best = e;
+    }
+    return best;
+}
+
+LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
+    LayoutPrediction out;
+    out.tp = tp;
+    out.pp = pp;
+    try {
+        check_model_layout(r.model, tp, pp);
+        Placement place;
+        place.nodes = r.nodes;
+        place.cpu = r.device.cpu;
+        if (r.device.cpu) {
+            place.cores_per_node = (tp * pp) / std::max(r.nodes, 1);
+        } else {
+            place.gpus_per_node = (tp * pp + r.nodes - 1) / std::max(r.nodes, 1);
+        }
+        check_placement(tp, pp, place);
+    } catch (const Error& e) {
+        out.feasible = false;
+        out.why_not = e.message();
+        return out;
+    }
+    out.memory = estimate_memory(r, tp, pp);
+    const int ranks_per_node = tp * pp / r.nodes;
+    // CPU ranks of a node share its memory; a GPU has its own.
+    out.fits = out.memory.total() * (r.device.cpu ? double(ranks_per_node) : 1.0) <=
+               r.device.mem_gib * double(int64_t(1) << 30);
+    const auto stages = stage_shapes(r.model, tp, pp);
+    // Hand-offs between stages: over the node link while the stages share a node, else the network.
+    const int stages_per_node = std::max(1, ranks_per_node / tp);
+    auto handoff_s = [&](double tokens) {
+        double t = 0;
+        for (int p = 0; p + 1 < pp; ++p) {
+            const bool crosses = (p + 1) % stages_per_node == 0;
+            t += send_s(crosses ? r.inter_node : r.link, tokens * double(r.model.hidden) * act_bytes(r));
+        }
+        if (pp > 1) t += send_s(r.nodes > 1 ? r.inter_node : r.link, 8.0);  // the sampled tokens back to the leader
+        return t;
+    };
+    // The bandwidth one rank gets when `active` ranks of its node stream at once.
+    auto rank_bw = [&](int active) {
+        double bw = r.device.bw_gbs * r.device.bw_eff * 1e9;
+        if (r.device.node_bw_gbs > 0) bw = std::min(bw, r.device.node_bw_gbs * 1e9 / double(std::max(active, 1)));
+        return bw;
+    };
+    // The step plan reaches every rank (a broadcast) before each forward.
+    const double plan_s = tp * pp > 1 ? std::ceil(std::log2(double(tp * pp))) * r.link.alpha_us * 1e-6 : 0.0;
+
+    // Decode: m micro-batches of ceil(batch / m) sequences, each attending to the prompt.
+    const int64_t m = pp > 1 ? std::min<int64_t>(r.batch, pp) : 1;
+    const double micro = std::ceil(double(r.batch) / double(m));
+    const int active = std::min(ranks_per_node, tp * int(std::min<int64_t>(m, pp)));
+    double sum = 0, slowest = 0, comm = 0;
+    bool compute_bound = false;
+    for (const StageShape& st : stages) {
+        const StageTime t = stage_time(r, st, tp, micro, double(r.prompt), rank_bw(active));
+        sum += t.total;
+        comm += t.comm;
+        if (t.total > slowest) slowest = t.total, compute_bound = t.compute_bound;
+    }
+    const double hand = handoff_s(micro);
+    const double round = std::max(double(m) * slowest, sum + hand) + plan_s;
+    out.decode_tokens_per_s = double(r.batch) / round;
+    out.decode_token_latency_ms = round * 1e3;
+    out.comm_share = (double(m) * comm / double(pp) + hand) / round;
+    out.bound = compute_bound ? "compute" : "memory";
+
+    // Prefill: chunks of max_batch_tokens flow through the stages (a pipeline when pp > 1).
+    auto prefill_s = [&](double tokens) {
+        const double chunk = std::min(tokens, double(r.max_batch_tokens));
+        const double chunks = std::ceil(tokens / chunk);
+        const int act = std::min(ranks_per_node, tp * int(std::min<double>(chunks, pp)));
+        double s = 0, worst = 0;
+        for (const StageShape& st : stages) {
+            // each chunk attends to half the prompt on average
+            const StageTime t = stage_time(r, st, tp, chunk, double(r.prompt) / 2.0, rank_bw(act));
+            s += t.total;
+            worst = std::max(worst, t.total);
+        }
+        return s + (chunks - 1.0) * worst + handoff_s(chunk) + chunks * plan_s;
+    };
+    out.ttft_ms = prefill_s(double(r.prompt)) * 1e3;
+    out.prefill_tokens_per_s = double(r.batch * r.prompt) / prefill_s(double(r.batch * r.prompt));
+    return out;
+}
+
+std::vector<LayoutPrediction> plan_layouts(const PlanRequest& r) {
+    LATTICE_CHECK(r.devices >= 1, "--gpus must be at least 1");
+    LATTICE_CHECK(r.model.hidden > 0 && r.model.head_dim > 0, "the model's hidden size and head_dim are unknown");
+    std::vector<LayoutPrediction> v;
+    for (int tp = 1; tp <= r.devices; ++tp)
+        if (r.devices % tp == 0) v.push_back(predict_layout(r, tp, r.devices / tp));
+    std::stable_sort(v.begin(), v.end(), [](const LayoutPrediction& a, const LayoutPrediction& b) {
+        const int ka = a.feasible && a.fits ? 0 : a.feasible ? 1 : 2, kb = b.feasible && b.fits ? 0 : b.feasible ? 1 : 2;
+        if (ka != kb) return ka < kb;
+        if (ka == 2) return false;
+        if (a.decode_tokens_per_s != b.decode_tokens_per_s) return a.decode_tokens_per_s > b.decode_tokens_per_s;
+        return a.pp < b.pp;
+    });
+    return v;
+}
+
+}  // namespace lattice

@@ -1,0 +1,117 @@
+// The layout planner's model (what `lattice plan` prints): for a model shape, a device, a link and
+// a tp x pp layout, the memory one rank needs and the prefill/decode speed a roofline predicts.
+// Pure arithmetic on ModelDims, no MPI, no files: unit-tested in tests/parallel/test_plan_model.cpp
+// and validated against measured runs on CPU ranks (tests/launch/test_plan_validation.py).
+//
+// The model, per rank (the largest: TP rank 0 of the heaviest stage):
+// - weights: per-layer q/k/v/o and gate/up/down shards (world_config's shard_shape) at the quant's
+//   bytes per weight (+ 8 B of scale and column sum per int8 output channel), norms, the embedding
+//   rows on the first stage and the head on the last (tied: the same rows, stored once per stage);
+// - KV cache: batch x context positions x local kv heads x head_dim x 2 (k, v) per layer;
+// - activations: one forward of max_batch_tokens (launch's `info` uses the same estimate);
+// - reserved: the device's fixed overhead (CUDA context, cuBLASLt workspace, NCCL buffers).
+// Step time of a stage = max(bytes read / achievable bandwidth, ops / achievable peak) (roofline)
+// + 2 all-reduces per layer (ring alpha-beta: 2(n-1) alpha + 2(n-1)/n bytes / bw) + a fixed
+// per-layer overhead; stages hand off one activation per micro-batch (alpha + bytes / bw).
+// With pp > 1 the engine keeps min(batch, pp) micro-batches in flight: a decode round takes
+// max(m x slowest stage, sum of stages + hand-offs), and yields one token per sequence.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "parallel/world_config.h"
+
+namespace lattice {
+
+// A device class. GPUs: datasheet memory, bandwidth and dense peaks (no sparsity); the achievable
+// fractions are what a device-to-device copy and a large IMMA GEMM reach (sources in plan_model.cpp).
+// CPU ("cpu"): one rank per core, figures per core; node_bw_gbs caps what the ranks of one node
+// read together (they share the memory controllers).
+struct DeviceSpec {
+    std::string name;        // "a100-pcie-40gb"
+    std::string label;       // "NVIDIA A100 PCIe 40GB"
+    double mem_gib = 0;      // memory per device
+    double bw_gbs = 0;       // memory bandwidth per device (datasheet; CPU: one core, measured)
+    double int8_tops = 0;    // dense INT8 peak (TOPS)
+    double fp16_tflops = 0;  // dense FP16/BF16 peak (TFLOPS); CPU: f32
+    double bw_eff = 1.0;     // achievable fraction of bw_gbs
+    double compute_eff = 1.0;  // achievable fraction of the peaks for the GEMMs of a forward
+    double reserved_gib = 0;   // fixed per-device overhead (context, workspaces, communicator buffers)
+    double layer_overhead_us = 0;  // per layer per step: launches / kernel gaps / thread-pool fork-join
+    double node_bw_gbs = 0;        // CPU: bandwidth all ranks of a node share (0: not shared)
+    std::string link;              // default link between the devices of a node
+    int per_node = 8;              // devices in a node (default)
+    double price_per_hour = 0;     // USD per device-hour (0: unknown)
+    bool cpu = false;
+    std::string source;
+};
+
+// A link: all-reduce and send cost = alpha per hop + bytes / bw.
+struct LinkSpec {
+    std::string name;
+    double alpha_us = 0;  // latency per ring hop / per send
+    double bw_gbs = 0;    // achievable bus bandwidth per direction
+    std::string source;
+};
+
+const std::vector<DeviceSpec>& device_table();
+const std::vector<LinkSpec>& link_table();
+// Throws Error listing the known names.
+const DeviceSpec& find_device(const std::string& name);
+const LinkSpec& find_link(const std::string& name);
+
+enum class PlanQuant { kW8A8, kW8A16, kFp16, kF32 };
+PlanQuant parse_plan_quant(const std::string& s);  // w8a8 | w8a16 | fp16 | bf16 | f32 | none (f32 on cpu, fp16 on gpus)
+const char* plan_quant_name(PlanQuant q);
+
+struct PlanRequest {
+    ModelDims model;              // hidden and head_dim must be set
+    DeviceSpec device;            // a table entry, possibly calibrated
+    LinkSpec link;                // between the devices of a node
+    LinkSpec inter_node;          // between nodes (pipeline hand-offs that cross them)
+    int devices = 1;              // ranks in all
+    int nodes = 1;
+    PlanQuant quant = PlanQuant::kW8A8;
+    bool quant_head = false;      // the LM head in int8 too
+    int64_t batch = 1;            // concurrent sequences
+    int64_t context = 4096;       // positions per sequence the KV cache holds
+    int64_t prompt = 512;         // prompt tokens (prefill / time to first token)
+    int64_t max_batch_tokens = 256;  // tokens per forward (prefill chunks)
+};
+
+struct MemoryEstimate {
+    double weights = 0, kv = 0, activations = 0, reserved = 0;  // bytes
+    int heaviest_stage = 0;
+    double total() const { return weights + kv + activations + reserved; }
+};
+
+struct LayoutPrediction {
+    int tp = 1, pp = 1;
+    bool feasible = true;  // the model allows this tp x pp on these nodes
+    std::string why_not;   // when not
+    MemoryEstimate memory;
+    bool fits = false;
+    double decode_tokens_per_s = 0;  // all sequences together
+    double decode_token_latency_ms = 0;  // per sequence, between its tokens
+    double prefill_tokens_per_s = 0;
+    double ttft_ms = 0;              // one prompt of `prompt` tokens, alone
+    double comm_share = 0;           // of a decode round: all-reduces and hand-offs
+    std::string bound;               // "memory" | "compute" (decode, heaviest stage)
+};
+
+// Bytes of the KV cache of one rank's layers for `positions` cached positions (k and v).
+double kv_cache_bytes(const ModelDims& m, int tp, int64_t layers, int64_t positions, double bytes_per_elem);
+// One forward of `tokens` tokens on one rank: hidden states and norms, q/k/v, attention output,
+// gate/up, and (last stage) the gathered f32 logits.
+double activation_bytes(const ModelDims& m, int tp, int64_t tokens, double bytes_per_elem, bool last_stage);
+
+MemoryEstimate estimate_memory(const PlanRequest& r, int tp, int pp);
+LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp);
+// Every (tp, pp) with tp * pp == devices, feasible or not (why_not says), best first: fitting
+// layouts by decode tokens/s (ties: fewer pipeline stages), then the rest.
+std::vector<LayoutPrediction> plan_layouts(const PlanRequest& r);
+
+}  // namespace lattice

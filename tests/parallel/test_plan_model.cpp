@@ -1,0 +1,181 @@
+// The planner's model (parallel/plan_model.h): memory per device against figures worked out by hand,
+// what fits where, the roofline's regimes, and the ordering of the recommendation. (Its speed
+// predictions are validated against measured runs in tests/launch/test_plan_validation.py.)
+#include <doctest/doctest.h>
+
+#include "base/error.h"
+#include "parallel/plan_model.h"
+
+#include <cmath>
+
+using namespace lattice;
+
+namespace {
+constexpr double kGiB = double(int64_t(1) << 30);
+
+ModelDims llama70() {
+    ModelDims d{80, 64, 8, 28672, 32000, "llama-2-70b"};
+    d.hidden = 8192;
+    d.head_dim = 128;
+    return d;
+}
+ModelDims tinyllama() {
+    ModelDims d{22, 32, 4, 5632, 32000, "tinyllama-1.1b"};
+    d.hidden = 2048;
+    d.head_dim = 64;
+    return d;
+}
+
+PlanRequest a100(int gpus, PlanQuant q) {
+    PlanRequest r;
+    r.model = llama70();
+    r.device = find_device("a100-pcie-40gb");
+    r.link = find_link(r.device.link);
+    r.inter_node = find_link("ib-hdr");
+    r.devices = gpus;
+    r.quant = q;
+    return r;
+}
+}  // namespace
+
+TEST_CASE("kv cache and activation bytes follow the shard") {
+    const ModelDims m = llama70();
+    // 80 layers x 2 (k, v) x 4096 positions x 8 kv heads x 128 x 2 bytes = 1.25 GiB for the whole model
+    CHECK(kv_cache_bytes(m, 1, 80, 4096, 2.0) == doctest::Approx(1.25 * kGiB));
+    // tp 4: 2 kv heads per rank; tp 16: kv heads replicated, one per rank (not 0.5)
+    CHECK(kv_cache_bytes(m, 4, 80, 4096, 2.0) == doctest::Approx(1.25 * kGiB / 4));
+    CHECK(kv_cache_bytes(m, 16, 80, 4096, 2.0) == doctest::Approx(1.25 * kGiB / 8));
+    // activations scale with tokens; the last stage adds f32 logits of the whole vocabulary
+    const double a1 = activation_bytes(m, 4, 1, 2.0, false), a256 = activation_bytes(m, 4, 256, 2.0, false);
+    CHECK(a256 == doctest::Approx(256 * a1));
+    CHECK(activation_bytes(m, 4, 256, 2.0, true) - a256 == doctest::Approx(256.0 * 4.0 * 32000));
+}
+
+TEST_CASE("70B weights per GPU: int8 on 4 and fp16 on 8 hold the same bytes; fp16 on 4 does not fit a long batch") {
+    // 69.0e9 parameters: int8 / 4 = 17.2 GB, fp16 / 8 = 17.2 GB (= 16.1 GiB), plus scales and the
+    // unsharded norms; the embedding rows live on the first stage, the head's on the last.
+    const auto i8 = predict_layout(a100(4, PlanQuant::kW8A8), 4, 1);
+    const auto f16 = predict_layout(a100(8, PlanQuant::kFp16), 8, 1);
+    CHECK(i8.memory.weights / kGiB == doctest::Approx(16.2).epsilon(0.02));
+    CHECK(f16.memory.weights / kGiB == doctest::Approx(16.06).epsilon(0.02));
+    CHECK(i8.fits);
+    CHECK(f16.fits);
+    PlanRequest r = a100(4, PlanQuant::kFp16);
+    r.batch = 32;
+    r.context = 4096;
+    const auto f16x4 = predict_layout(r, 4, 1);
+    CHECK(f16x4.memory.weights / kGiB == doctest::Approx(32.1).epsilon(0.02));
+    CHECK(f16x4.memory.kv / kGiB == doctest::Approx(32 * 1.25 / 4).epsilon(1e-6));
+    CHECK_FALSE(f16x4.fits);
+    r.quant = PlanQuant::kW8A8;
+    CHECK(predict_layout(r, 4, 1).fits);
+}
+
+TEST_CASE("layouts the model or the node cannot take say why") {
+    PlanRequest r = a100(6, PlanQuant::kW8A8);
+    const auto plans = plan_layouts(r);
+    REQUIRE(plans.size() == 4);  // 1x6, 2x3, 3x2, 6x1
+    int infeasible = 0;
+    for (const auto& p : plans) {
+        if (p.tp == 3 || p.tp == 6) {
+            CHECK_FALSE(p.feasible);
+            CHECK(p.why_not.find("tp") != std::string::npos);
+            ++infeasible;
+        }
+    }
+    CHECK(infeasible == 2);
+    // infeasible ones sort last
+    CHECK(plans.front().feasible);
+    CHECK_FALSE(plans.back().feasible);
+    // a TP group never spans nodes: tp 8 on 2 nodes of 4 GPUs is refused, tp 4 x pp 2 is not
+    PlanRequest two = a100(8, PlanQuant::kW8A8);
+    two.nodes = 2;
+    CHECK_FALSE(predict_layout(two, 8, 1).feasible);
+    CHECK(predict_layout(two, 4, 2).feasible);
+}
+
+TEST_CASE("decode at batch 1 is memory bound: int8 beats fp16, and tensor parallelism pays on GPUs") {
+    const auto i8x4 = predict_layout(a100(4, PlanQuant::kW8A8), 4, 1);
+    const auto f16x4 = predict_layout(a100(4, PlanQuant::kFp16), 4, 1);
+    CHECK(i8x4.bound == "memory");
+    CHECK(f16x4.bound == "memory");
+    // half the bytes, the same all-reduces: between 1.4x and 2x
+    CHECK(i8x4.decode_tokens_per_s > 1.4 * f16x4.decode_tokens_per_s);
+    CHECK(i8x4.decode_tokens_per_s < 2.0 * f16x4.decode_tokens_per_s);
+    const auto i8 = predict_layout(a100(8, PlanQuant::kW8A8), 8, 1);
+    // the roofline floor: weight bytes / achievable bandwidth bounds a token from below
+    const DeviceSpec& d = find_device("a100-pcie-40gb");
+    CHECK(i8.decode_token_latency_ms > 1e3 * i8.memory.weights / (d.bw_gbs * d.bw_eff * 1e9) * 0.9);
+    // more tp: faster tokens, larger share in all-reduces; pp alone does not speed one sequence up
+    const auto tp4 = predict_layout(a100(8, PlanQuant::kW8A8), 4, 2);
+    const auto pp8 = predict_layout(a100(8, PlanQuant::kW8A8), 1, 8);
+    CHECK(i8.decode_tokens_per_s > tp4.decode_tokens_per_s);
+    CHECK(tp4.decode_tokens_per_s > pp8.decode_tokens_per_s);
+    CHECK(i8.comm_share > tp4.comm_share);
+    CHECK(pp8.comm_share < 0.05);
+    const auto one = predict_layout(a100(1, PlanQuant::kW8A8), 1, 1);
+    CHECK(pp8.decode_tokens_per_s < 1.3 * one.decode_tokens_per_s * 1.0);  // one sequence: stages take turns
+}
+
+TEST_CASE("a batch fills the pipeline and turns decode compute bound") {
+    PlanRequest r = a100(8, PlanQuant::kW8A8);
+    r.batch = 1;
+    const double pp1 = predict_layout(r, 1, 8).decode_tokens_per_s;
+    r.batch = 8;  // 8 micro-batches of one sequence keep the 8 stages busy
+    const double pp8 = predict_layout(r, 1, 8).decode_tokens_per_s;
+    CHECK(pp8 > 6.0 * pp1);
+    // CPU at a large batch: int8 compute, not bandwidth, bounds it
+    PlanRequest c;
+    c.model = tinyllama();
+    c.device = find_device("cpu");
+    c.link = find_link("shm");
+    c.inter_node = find_link("ib-hdr");
+    c.devices = 1;
+    c.batch = 64;
+    CHECK(predict_layout(c, 1, 1).bound == "compute");
+    c.batch = 1;
+    CHECK(predict_layout(c, 1, 1).bound == "memory");
+}
+
+TEST_CASE("CPU ranks of one node share its memory bandwidth and memory") {
+    PlanRequest c;
+    c.model = tinyllama();
+    c.device = find_device("cpu");
+    c.device.bw_gbs = 10;
+    c.device.node_bw_gbs = 15;  // two ranks streaming get 7.5 each, not 10
+    c.link = find_link("shm");
+    c.inter_node = find_link("ib-hdr");
+    c.devices = 2;
+    const double one = [&] {
+        PlanRequest s = c;
+        s.devices = 1;
+        return predict_layout(s, 1, 1).decode_tokens_per_s;
+    }();
+    const double tp2 = predict_layout(c, 2, 1).decode_tokens_per_s;
+    CHECK(tp2 / one > 1.3);
+    CHECK(tp2 / one < 1.5);  // 15 / 10, less the all-reduces
+    c.device.node_bw_gbs = 0;
+    CHECK(predict_layout(c, 2, 1).decode_tokens_per_s / one > 1.8);
+    // memory: two ranks on a node of 1 GiB do not fit what one rank of 0.9 GiB would
+    c.device.mem_gib = 1.0;
+    c.device.node_bw_gbs = 15;
+    c.context = 2048;
+    const auto p = predict_layout(c, 2, 1);
+    CHECK(p.memory.total() < 1.0 * kGiB);
+    CHECK_FALSE(p.fits);
+}
+
+TEST_CASE("the recommendation is the fastest layout that fits") {
+    PlanRequest r = a100(4, PlanQuant::kW8A8);
+    const auto plans = plan_layouts(r);
+    REQUIRE(!plans.empty());
+    for (const auto& p : plans)
+        if (p.feasible && p.fits) CHECK(plans.front().decode_tokens_per_s >= p.decode_tokens_per_s);
+    CHECK(plans.front().tp == 4);
+}
+
+TEST_CASE("unknown names list the known ones") {
+    CHECK_THROWS_WITH_AS(find_device("a200"), doctest::Contains("a100-pcie-40gb"), Error);
+    CHECK_THROWS_WITH_AS(find_link("carrier-pigeon"), doctest::Contains("nvlink"), Error);
+    CHECK_THROWS_WITH_AS(parse_plan_quant("int4"), doctest::Contains("w8a8"), Error);
+}
