@@ -1,0 +1,219 @@
+// bench_attention: CPU paged decode attention through CpuBackend::attention (the op the model
+// calls), sweeping context length x batch (concurrent sequences, one decode token each).
+//   bench_attention [--config tinyllama-1.1b | --heads 32 --kv-heads 4 --head-dim 64] [--threads N]
+//                   [--contexts 128,512,2048,8192] [--batches 1,4,16] [--block 16] [--hot]
+//                   [--min-time 0.2] [--json FILE]
+// Layout: K and V caches [num_blocks, block_size, n_kv, head_dim] f32 (the backend's), each sequence's
+// blocks taken from a shuffled free list (a paged cache after some churn, not one contiguous run);
+// the decode token of sequence s sits at position ctx, so one call reads (ctx + 1) positions of K
+// and V per kv head per sequence: kv_bytes = batch * (ctx + 1) * n_kv * head_dim * 4 * 2.
+// A decode step visits every layer's cache once, so by default (dram) each point rotates through
+// enough copies of the cache (one per "layer") to exceed --footprint bytes (> any L3 here); --hot
+// reuses one cache (cache-resident when small: an upper bound, not what decode meets).
+// Headline: kv GB/s = kv_bytes / time against the measured stream-read ceiling of the same pool
+// (bench_common.h). Time per point: best of passes of >= --min-time after one warm-up pass.
+// After timing, every output element (poisoned with NaN before the last call) must be finite.
+#include "benchmarks/bench_common.h"
+
+#include "runtime/backend/cpu/cpu_backend.h"
+#include "runtime/model/config.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+using namespace lattice;
+
+namespace {
+
+struct Point {
+    int64_t ctx = 0, batch = 0, copies = 0;
+    double kv_bytes = 0, footprint_bytes = 0, seconds = 0, median_seconds = 0, gbs = 0, gflops = 0;
+};
+
+// Cheap deterministic fill in [-1, 1): caches of up to a GiB would take seconds with <random>.
+void fill(float* p, int64_t n, uint64_t seed) {
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int64_t i = 0; i < n; ++i) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p[i] = float(int64_t(x >> 40) - (int64_t(1) << 23)) * (1.0f / float(1 << 23));
+    }
+}
+
+std::vector<int64_t> parse_list(const std::string& s, const char* what) {
+    std::vector<int64_t> v;
+    size_t i = 0;
+    while (i < s.size()) {
+        size_t j = s.find(',', i);
+        if (j == std::string::npos) j = s.size();
+        const int64_t x = std::stoll(s.substr(i, j - i));
+        LATTICE_CHECK(x > 0, "{}: {} is not a positive integer", what, s.substr(i, j - i));
+        v.push_back(x);
+        i = j + 1;
+    }
+    LATTICE_CHECK(!v.empty(), "{}: empty list", what);
+    return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"CPU paged decode attention: KV read GB/s against the stream-read ceiling"};
+    std::string preset = "tinyllama-1.1b", contexts_s = "128,512,2048,8192", batches_s = "1,4,16", json_path;
+    int threads = 0;
+    int64_t heads = 0, kv_heads = 0, head_dim = 0, block = 16;
+    double min_time = 0.2, footprint = double(1ll << 30);
+    bool hot = false;
+    app.add_option("--config", preset, "built-in model shape for the head counts (per rank at TP 1)");
+    app.add_option("--heads", heads, "query heads (overrides --config)")->check(CLI::Range(int64_t(1), int64_t(1024)));
+    app.add_option("--kv-heads", kv_heads, "kv heads (overrides --config)")->check(CLI::Range(int64_t(1), int64_t(1024)));
+    app.add_option("--head-dim", head_dim, "head dimension (overrides --config)")
+        ->check(CLI::Range(int64_t(2), int64_t(1024)));
+    app.add_option("--threads", threads, "threads of the backend's pool (default: one per core)");
+    app.add_option("--contexts", contexts_s, "context lengths (positions already in the cache)");
+    app.add_option("--batches", batches_s, "concurrent sequences, one decode token each");
+    app.add_option("--block", block, "positions per KV block")->check(CLI::Range(int64_t(1), int64_t(4096)));
+    app.add_flag("--hot", hot, "reuse one cache (no rotation through per-layer copies)");
+    app.add_option("--footprint", footprint, "bytes of KV the rotation spans at least (default 1 GiB)");
+    app.add_option("--min-time", min_time, "seconds per timed pass")->check(CLI::Range(0.001, 60.0));
+    app.add_option("--json", json_path, "write results as JSON");
+    CLI11_PARSE(app, argc, argv);
+
+    try {
+        const ModelConfig cfg = preset_config(preset);
+        const int64_t nh = heads > 0 ? heads : cfg.n_heads, nkv = kv_heads > 0 ? kv_heads : cfg.n_kv_heads;
+        const int64_t hd = head_dim > 0 ? head_dim : cfg.head_dim;
+        LATTICE_CHECK(nh % nkv == 0, "--heads {} is not a multiple of --kv-heads {}", nh, nkv);
+        const std::vector<int64_t> contexts = parse_list(contexts_s, "--contexts"), batches = parse_list(batches_s, "--batches");
+
+        CpuBackendOptions opt;
+        opt.threads = threads;
+        CpuBackend be(opt);
+        const double ceiling = bench::measure_read_bandwidth(be.pool());
+        const int64_t row = (nh + 2 * nkv) * hd;
+        fmt::print("# paged decode attention, CpuBackend ({}), heads {}/{} x {}, block {}, {}\n", be.name(), nh, nkv, hd,
+                   block, hot ? "hot (one cache)" : fmt::format("rotating >= {:.0f} MiB of caches", footprint / 1048576));
+        fmt::print("# ceiling: stream read {:.2f} GB/s ({} threads); kv GB/s = batch (ctx+1) nkv hd 4 B x 2 / time\n",
+                   ceiling, be.threads());
+        fmt::print("{:>7} {:>6} {:>7} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8}\n", "ctx", "batch", "copies", "kv MiB",
+                   "time(us)", "median(us)", "kv GB/s", "GFLOP/s", "of ceil");
+
+        std::vector<Point> points;
+        std::mt19937 rng(7);
+        for (int64_t ctx : contexts)
+            for (int64_t b : batches) {
+                Point pt;
+                pt.ctx = ctx;
+                pt.batch = b;
+                const int64_t width = (ctx + 1 + block - 1) / block, nblocks = b * width;
+                AttentionShape s;
+                s.n_heads = nh;
+                s.n_kv_heads = nkv;
+                s.head_dim = hd;
+                s.block_size = block;
+                s.num_blocks = nblocks;
+                s.table_width = width;
+                s.max_seq = width * block;
+                s.scale = 1.0f / std::sqrt(float(hd));
+                std::vector<int32_t> free_list(static_cast<size_t>(nblocks));
+                std::iota(free_list.begin(), free_list.end(), 0);
+                std::shuffle(free_list.begin(), free_list.end(), rng);
+                const std::vector<int32_t> tables = free_list;  // [b, width]: sequence s owns a shuffled slice
+                const size_t nb = static_cast<size_t>(b);
+                std::vector<int32_t> ids(nb, 1), pos(nb, static_cast<int32_t>(ctx)), seqs(nb, 0);
+                std::iota(seqs.begin(), seqs.end(), 0);
+                TokenBatch tb;
+                tb.ids = ids.data();
+                tb.positions = pos.data();
+                tb.seqs = seqs.data();
+                tb.count = b;
+                tb.block_tables = tables.data();
+                tb.num_seqs = b;
+                tb.table_width = width;
+
+                const int64_t cache_elems = nblocks * block * nkv * hd;
+                const double cache_bytes = 2.0 * double(cache_elems) * 4;
+                pt.copies = hot ? 1 : std::max<int64_t>(1, int64_t(std::ceil(footprint / cache_bytes)));
+                std::vector<Buffer> kc, vc;
+                for (int64_t c = 0; c < pt.copies; ++c) {
+                    kc.push_back(be.alloc(DType::kF32, {nblocks, block, nkv, hd}));
+                    vc.push_back(be.alloc(DType::kF32, {nblocks, block, nkv, hd}));
+                    fill(kc.back().view().ptr<float>(), cache_elems, uint64_t(2 * c + 1));
+                    fill(vc.back().view().ptr<float>(), cache_elems, uint64_t(2 * c + 2));
+                }
+                Buffer qkv = be.alloc(DType::kF32, {b, row}), out = be.alloc(DType::kF32, {b, nh * hd});
+                fill(qkv.view().ptr<float>(), b * row, 99);
+                auto pass = [&] {
+                    for (int64_t c = 0; c < pt.copies; ++c)
+                        be.attention(out.view(), qkv.view(), kc[size_t(c)].view(), vc[size_t(c)].view(), tb, s);
+                };
+                pass();  // warm-up: pages resident, pool awake
+                std::vector<double> per_call;
+                const double t_point = bench::now();
+                do {
+                    int reps = 0;
+                    const double t0 = bench::now();
+                    do {
+                        pass();
+                        ++reps;
+                    } while (bench::now() - t0 < min_time);
+                    per_call.push_back((bench::now() - t0) / double(reps * pt.copies));
+                } while (per_call.size() < 3 || (per_call.size() < 9 && bench::now() - t_point < 4 * min_time));
+                pt.seconds = *std::min_element(per_call.begin(), per_call.end());
+                std::nth_element(per_call.begin(), per_call.begin() + long(per_call.size() / 2), per_call.end());
+                pt.median_seconds = per_call[per_call.size() / 2];
+                // Check after timing: a poisoned output must come back entirely written and finite.
+                float* o = out.view().ptr<float>();
+                std::fill(o, o + b * nh * hd, std::nanf(""));
+                be.attention(out.view(), qkv.view(), kc[0].view(), vc[0].view(), tb, s);
+                const int64_t bad = std::count_if(o, o + b * nh * hd, [](float x) { return !std::isfinite(x); });
+                LATTICE_CHECK(bad == 0, "ctx {} batch {}: {} output elements not finite after timing", ctx, b, bad);
+
+                pt.kv_bytes = double(b) * double(ctx + 1) * double(nkv * hd) * 4.0 * 2.0;
+                pt.footprint_bytes = cache_bytes * double(pt.copies);
+                pt.gbs = pt.kv_bytes / pt.seconds * 1e-9;
+                pt.gflops = 4.0 * double(b) * double(ctx + 1) * double(nh * hd) / pt.seconds * 1e-9;  // QK and PV
+                fmt::print("{:>7} {:>6} {:>7} {:>10.2f} {:>10.1f} {:>10.1f} {:>10.2f} {:>9.2f} {:>7.1f}%\n", ctx, b,
+                           pt.copies, pt.kv_bytes / 1048576, pt.seconds * 1e6, pt.median_seconds * 1e6, pt.gbs,
+                           pt.gflops, 100.0 * pt.gbs / ceiling);
+                std::fflush(stdout);
+                points.push_back(pt);
+            }
+
+        if (!json_path.empty()) {
+            nlohmann::json j;
+            j["bench"] = "attention";
+            j["backend"] = be.name();
+            j["threads"] = be.threads();
+            j["n_heads"] = nh;
+            j["n_kv_heads"] = nkv;
+            j["head_dim"] = hd;
+            j["block_size"] = block;
+            j["mode"] = hot ? "hot" : "dram";
+            j["read_bw_gbs"] = ceiling;
+            j["results"] = nlohmann::json::array();
+            for (const Point& p : points)
+                j["results"].push_back({{"ctx", p.ctx},
+                                        {"batch", p.batch},
+                                        {"copies", p.copies},
+                                        {"kv_bytes", p.kv_bytes},
+                                        {"footprint_bytes", p.footprint_bytes},
+                                        {"seconds", p.seconds},
+                                        {"median_seconds", p.median_seconds},
+                                        {"kv_gbs", p.gbs},
+                                        {"gflops", p.gflops},
+                                        {"frac_read_bw", p.gbs / ceiling}});
+            bench::write_json(json_path, j);
+        }
+        return 0;
+    } catch (const Error& e) {
+        std::fprintf(stderr, "bench_attention: error: %s\n", e.what());
+        return 1;
+    }
+}
