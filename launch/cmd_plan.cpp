@@ -67,6 +67,7 @@ void apply_calibration(const std::string& path, DeviceSpec& d, LinkSpec& l) {
         const auto& o = j["device"];
         num(o, "bw_gbs", d.bw_gbs);
         num(o, "node_bw_gbs", d.node_bw_gbs);
+        num(o, "node_int8_tops", d.node_int8_tops);
         num(o, "int8_tops", d.int8_tops);
         num(o, "fp16_tflops", d.fp16_tflops);
         num(o, "mem_gib", d.mem_gib);
@@ -129,6 +130,8 @@ int run_plan(const PlanArgs& a) {
                               {"bw_gbs", r.device.bw_gbs},
                               {"bw_eff", r.device.bw_eff},
                               {"node_bw_gbs", r.device.node_bw_gbs},
+                              {"node_int8_tops", r.device.node_int8_tops},
+                              {"overlap", r.device.overlap},
                               {"int8_tops", r.device.int8_tops},
                               {"fp16_tflops", r.device.fp16_tflops},
                               {"compute_eff", r.device.compute_eff},

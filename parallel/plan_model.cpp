@@ -17,8 +17,8 @@
 //   (DESIGN.md), i.e. ~3.5 us per ring hop. NVLink 3 (A100 SXM): 300 GB/s per direction, NCCL
 //   ~230 GB/s; NVLink 4 (H100/H200 SXM): 450 GB/s per direction, NCCL ~360 GB/s. InfiniBand
 //   HDR: 200 Gb/s = 25 GB/s per port, ~5 us. CPU ranks on one node: OpenMPI's shared-memory
-//   transport, measured on the 2-core EPYC VM (benchmarks/results/cpu-2core-epyc/plan_validation.json).
-// - cpu: the 2-core AMD EPYC (Zen 3, AVX2) VM this project is developed on, per core, measured:
+//   transport, measured on the 2-core EPYC VM (benchmarks/results/cpu-2core-epyc-zen4/plan_validation.json).
+// - cpu: the 2-core AMD EPYC (Zen 4, AVX-512 VNNI) VM this project is developed on, per core, measured:
 //   read bandwidth of one core and of the node (bench_decode's stream), the in-engine W8A8 GEMM
 //   rate (bench_gemm_int8). `lattice plan --calibration FILE` replaces them with another
 //   machine's figures.
@@ -47,6 +47,7 @@ const std::vector<DeviceSpec>& device_table() {
             d.compute_eff = 0.7;
             d.reserved_gib = 1.5;  // CUDA context ~0.5, cuBLASLt workspace, NCCL buffers, allocator slack
             d.layer_overhead_us = 20;
+            d.overlap = 1.0;
             d.link = std::move(link);
             d.per_node = 8;
             d.source = std::move(src);
@@ -62,20 +63,22 @@ const std::vector<DeviceSpec>& device_table() {
             "NVIDIA H200 datasheet; 4.3 TB/s measured copy");
         DeviceSpec c;
         c.name = "cpu";
-        c.label = "CPU core (2-core AMD EPYC Zen 3 VM, AVX2; one rank per core)";
+        c.label = "CPU core (2-core AMD EPYC Zen 4 VM, AVX-512 VNNI; one rank per core)";
         c.mem_gib = 22.0;       // the node's memory (ranks of a node share it; see per_node)
-        c.bw_gbs = 15.6;        // one core streaming
-        c.node_bw_gbs = 20.2;   // both cores streaming
-        c.int8_tops = 0.120;    // in-engine W8A8 GEMM per core (120 GOP/s)
-        c.fp16_tflops = 0.030;  // f32 GEMM per core
+        c.bw_gbs = 25;          // one rank streaming
+        c.node_bw_gbs = 33;     // both ranks streaming at once
+        c.int8_tops = 0.43;     // W8A8 GEMM of one core at prefill sizes (TinyLlama's shapes)
+        c.fp16_tflops = 0.10;   // f32 per core (assumed: ~half the AVX-512 FMA peak; not measured)
         c.bw_eff = 1.0;         // the figures above are achieved rates already
         c.compute_eff = 1.0;
         c.reserved_gib = 0.1;
+        c.node_int8_tops = 0.84;  // both cores
         c.layer_overhead_us = 15;
+        c.overlap = 0.0;
         c.link = "shm";
         c.per_node = 2;
         c.cpu = true;
-        c.source = "measured on the development VM (benchmarks/results/cpu-2core-epyc/plan_validation.json)";
+        c.source = "measured on the development VM (benchmarks/results/cpu-2core-epyc-zen4/plan_validation.json)";
         v.push_back(c);
         return v;
     }();
@@ -88,7 +91,7 @@ const std::vector<LinkSpec>& link_table() {
         {"nvlink3", 2.0, 230, "NVLink 3: 300 GB/s/dir (A100 SXM); NCCL ~230 GB/s bus bandwidth"},
         {"nvlink4", 2.0, 360, "NVLink 4: 450 GB/s/dir (H100/H200 SXM); NCCL ~360 GB/s bus bandwidth"},
         {"ib-hdr", 5.0, 23, "InfiniBand HDR 200 Gb/s = 25 GB/s per port"},
-        {"shm", 3.0, 6.0, "OpenMPI shared memory between CPU ranks of one node (measured, 2-core EPYC VM)"},
+        {"shm", 0.6, 1.7, "OpenMPI shared memory between CPU ranks of one node (measured, 2-core EPYC VM)"},
     };
     return t;
 }
@@ -172,8 +175,9 @@ bool int8_weights(PlanQuant q) { return q == PlanQuant::kW8A8 || q == PlanQuant:
 
 // Bytes per element of activations and KV cache: CPU f32, GPU fp16/bf16.
 double act_bytes(const PlanRequest& r) { return r.device.cpu ? 4.0 : 2.0; }
-// Bytes per unquantized weight: CPU f32, GPU fp16/bf16.
-double float_weight_bytes(const PlanRequest& r) { return r.device.cpu ? 4.0 : 2.0; }
+// Bytes per unquantized weight: 16-bit (the checkpoints' bf16/fp16, which the CPU backend keeps and
+// the GPU computes in) unless f32 is asked for.
+double float_weight_bytes(const PlanRequest& r) { return r.quant == PlanQuant::kF32 ? 4.0 : 2.0; }
 
 double linear_bytes(const PlanRequest& r, double params, double rows_hint) {
     return int8_weights(r.quant) ? params + 8.0 * rows_hint : params * float_weight_bytes(r);
@@ -198,6 +202,13 @@ double allreduce_s(const LinkSpec& l, int n, double bytes) {
 
 double send_s(const LinkSpec& l, double bytes) { return l.alpha_us * 1e-6 + bytes / (l.bw_gbs * 1e9); }
 
+// What one rank gets while `active` ranks of its node run at once.
+struct RankRates {
+    double bw = 0;    // bytes/s
+    double int8 = 0;  // ops/s
+    double fp = 0;    // flops/s
+};
+
 struct StageTime {
     double total = 0, comm = 0;
     bool compute_bound = false;
@@ -205,27 +216,27 @@ struct StageTime {
 
 // One forward of `tokens` tokens (each attending to `positions` cached ones) through a stage.
 StageTime stage_time(const PlanRequest& r, const StageShape& st, int tp, double tokens, double positions,
-                     double bw_bytes_per_s) {
+                     const RankRates& rate) {
     const ModelDims& m = r.model;
     const ShardShape s = shard_shape(m, tp, 0);
     const double w_bytes = stage_weight_bytes(r, st, true) + tokens * double(m.hidden) * float_weight_bytes(r) *
                                                                   (st.embed_params > 0 ? 1.0 : 0.0);
     const double kv_read = double(st.layers) * 2.0 * tokens * positions * double(s.n_kv) * double(m.head_dim) *
                            act_bytes(r);
-    const double mem_s = (w_bytes + kv_read) / bw_bytes_per_s;
-    const double peak = (r.quant == PlanQuant::kW8A8 ? r.device.int8_tops : r.device.fp16_tflops) * 1e12 *
-                        r.device.compute_eff;
+    const double mem_s = (w_bytes + kv_read) / rate.bw;
     const double attn_flops = double(st.layers) * 4.0 * tokens * positions * double(s.n_heads) * double(m.head_dim);
-    const double gemm_flops = 2.0 * tokens * (st.linear_params + st.head_params);
-    // Attention runs on the vector units, not the int8 GEMM path: charge it at the float peak.
-    const double fpeak = r.device.fp16_tflops * 1e12 * r.device.compute_eff;
-    const double comp_s = gemm_flops / peak + attn_flops / fpeak;
+    // The head runs for the sampled rows only (one per sequence; at most `tokens`), at the float
+    // rate unless it is quantized; attention runs on the vector units at the float rate.
+    const double head_rows = std::min(tokens, double(r.batch));
+    const bool head_int8 = r.quant == PlanQuant::kW8A8 && r.quant_head;
+    const double comp_s = 2.0 * tokens * st.linear_params / (r.quant == PlanQuant::kW8A8 ? rate.int8 : rate.fp) +
+                          2.0 * head_rows * st.head_params / (head_int8 ? rate.int8 : rate.fp) + attn_flops / rate.fp;
     StageTime t;
     t.compute_bound = comp_s > mem_s;
     t.comm = double(st.layers) * 2.0 * allreduce_s(r.link, tp, tokens * double(m.hidden) * act_bytes(r));
     if (st.head_params > 0 && tp > 1)  // the gathered logits of the sampled rows
         t.comm += allreduce_s(r.link, tp, tokens * double(s.vocab_per_rank) * 4.0 * double(tp) / 2.0);
-    t.total = std::max(mem_s, comp_s) + t.comm + double(st.layers) * r.device.layer_overhead_us * 1e-6;
+    t.total = std::max(mem_s, comp_s) + (1.0 - r.device.overlap) * std::min(mem_s, comp_s) + t.comm + double(st.layers) * r.device.layer_overhead_us * 1e-6;
     return t;
 }
 
@@ -284,11 +295,18 @@ LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
         if (pp > 1) t += send_s(r.nodes > 1 ? r.inter_node : r.link, 8.0);  // the sampled tokens back to the leader
         return t;
     };
-    // The bandwidth one rank gets when `active` ranks of its node stream at once.
-    auto rank_bw = [&](int active) {
-        double bw = r.device.bw_gbs * r.device.bw_eff * 1e9;
-        if (r.device.node_bw_gbs > 0) bw = std::min(bw, r.device.node_bw_gbs * 1e9 / double(std::max(active, 1)));
-        return bw;
+    auto rank_rates = [&](int active) {
+        const DeviceSpec& d = r.device;
+        const double n = double(std::max(active, 1));
+        RankRates x;
+        x.bw = d.bw_gbs * d.bw_eff * 1e9;
+        if (d.node_bw_gbs > 0) x.bw = std::min(x.bw, d.node_bw_gbs * 1e9 / n);
+        x.int8 = d.int8_tops * d.compute_eff * 1e12;
+        if (d.node_int8_tops > 0) x.int8 = std::min(x.int8, d.node_int8_tops * d.compute_eff * 1e12 / n);
+        x.fp = d.fp16_tflops * d.compute_eff * 1e12;
+        if (d.node_int8_tops > 0 && d.int8_tops > 0)  // the float units share the cores the same way
+            x.fp *= std::min(1.0, d.node_int8_tops / (d.int8_tops * n));
+        return x;
     };
     // The step plan reaches every rank (a broadcast) before each forward.
     const double plan_s = tp * pp > 1 ? std::ceil(std::log2(double(tp * pp))) * r.link.alpha_us * 1e-6 : 0.0;
@@ -300,7 +318,7 @@ LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
     double sum = 0, slowest = 0, comm = 0;
     bool compute_bound = false;
     for (const StageShape& st : stages) {
-        const StageTime t = stage_time(r, st, tp, micro, double(r.prompt), rank_bw(active));
+        const StageTime t = stage_time(r, st, tp, micro, double(r.prompt), rank_rates(active));
         sum += t.total;
         comm += t.comm;
         if (t.total > slowest) slowest = t.total, compute_bound = t.compute_bound;
@@ -320,7 +338,7 @@ LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
         double s = 0, worst = 0;
         for (const StageShape& st : stages) {
             // each chunk attends to half the prompt on average
-            const StageTime t = stage_time(r, st, tp, chunk, double(r.prompt) / 2.0, rank_bw(act));
+            const StageTime t = stage_time(r, st, tp, chunk, double(r.prompt) / 2.0, rank_rates(act));
             s += t.total;
             worst = std::max(worst, t.total);
         }

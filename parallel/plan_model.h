@@ -10,8 +10,8 @@
 // - KV cache: batch x context positions x local kv heads x head_dim x 2 (k, v) per layer;
 // - activations: one forward of max_batch_tokens (launch's `info` uses the same estimate);
 // - reserved: the device's fixed overhead (CUDA context, cuBLASLt workspace, NCCL buffers).
-// Step time of a stage = max(bytes read / achievable bandwidth, ops / achievable peak) (roofline)
-// + 2 all-reduces per layer (ring alpha-beta: 2(n-1) alpha + 2(n-1)/n bytes / bw) + a fixed
+// Step time of a stage = max(bytes read / achievable bandwidth, ops / achievable peak) (roofline;
+// plus (1 - overlap) x the smaller of the two where the device does not overlap them) + 2 all-reduces per layer (ring alpha-beta: 2(n-1) alpha + 2(n-1)/n bytes / bw) + a fixed
 // per-layer overhead; stages hand off one activation per micro-batch (alpha + bytes / bw).
 // With pp > 1 the engine keeps min(batch, pp) micro-batches in flight: a decode round takes
 // max(m x slowest stage, sum of stages + hand-offs), and yields one token per sequence.
@@ -42,6 +42,11 @@ struct DeviceSpec {
     double reserved_gib = 0;   // fixed per-device overhead (context, workspaces, communicator buffers)
     double layer_overhead_us = 0;  // per layer per step: launches / kernel gaps / thread-pool fork-join
     double node_bw_gbs = 0;        // CPU: bandwidth all ranks of a node share (0: not shared)
+    double node_int8_tops = 0;     // CPU: int8 rate all ranks of a node reach together (0: not shared;
+                                   // vCPUs may be hyperthreads of fewer cores)
+    // How far streaming weights and computing on them overlap within a step: 1 = fully (the
+    // roofline's max), 0 = not at all (their sum; what the CPU kernels measure).
+    double overlap = 1.0;
     std::string link;              // default link between the devices of a node
     int per_node = 8;              // devices in a node (default)
     double price_per_hour = 0;     // USD per device-hour (0: unknown)

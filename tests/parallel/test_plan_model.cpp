@@ -143,6 +143,7 @@ TEST_CASE("CPU ranks of one node share its memory bandwidth and memory") {
     c.device = find_device("cpu");
     c.device.bw_gbs = 10;
     c.device.node_bw_gbs = 15;  // two ranks streaming get 7.5 each, not 10
+    c.device.overlap = 1.0;     // (the bandwidth alone: compute hidden under the stream)
     c.link = find_link("shm");
     c.inter_node = find_link("ib-hdr");
     c.devices = 2;
@@ -157,6 +158,19 @@ TEST_CASE("CPU ranks of one node share its memory bandwidth and memory") {
     c.device.node_bw_gbs = 0;
     CHECK(predict_layout(c, 2, 1).decode_tokens_per_s / one > 1.8);
     // memory: two ranks on a node of 1 GiB do not fit what one rank of 0.9 GiB would
+    c.device.overlap = 0.0;
+    c.device.node_int8_tops = c.device.int8_tops;  // two ranks on one core's worth of int8 units
+    {
+        PlanRequest b = c;
+        b.batch = 64;  // compute bound: sharing the int8 units takes most of tp 2's gain away
+        PlanRequest b1 = b;
+        b1.devices = 1;
+        const double shared = predict_layout(b, 2, 1).decode_tokens_per_s / predict_layout(b1, 1, 1).decode_tokens_per_s;
+        b.device.node_int8_tops = b1.device.node_int8_tops = 0;
+        const double own = predict_layout(b, 2, 1).decode_tokens_per_s / predict_layout(b1, 1, 1).decode_tokens_per_s;
+        CHECK(shared < 1.5);
+        CHECK(own > 1.6);
+    }
     c.device.mem_gib = 1.0;
     c.device.node_bw_gbs = 15;
     c.context = 2048;

@@ -45,8 +45,8 @@ TEST_CASE("planner weight bytes match the loader's within 1%") {
     };
     const Case cases[] = {
         {"tinyllama-1.1b", DType::kF32, QuantMode::kNone, false, 1, 1, false},
-        {"tinyllama-1.1b", DType::kF32, QuantMode::kW8A8, false, 2, 1, false},
-        {"tinyllama-1.1b", DType::kF32, QuantMode::kW8A8, true, 1, 2, false},
+        {"tinyllama-1.1b", DType::kBF16, QuantMode::kW8A8, false, 2, 1, false},
+        {"tinyllama-1.1b", DType::kBF16, QuantMode::kW8A8, true, 1, 2, false},
         {"llama-2-7b", DType::kBF16, QuantMode::kW8A8, false, 2, 2, true},
         {"llama-2-7b", DType::kBF16, QuantMode::kNone, false, 4, 1, true},
         {"llama-3-8b", DType::kBF16, QuantMode::kW8A16, false, 2, 4, true},
