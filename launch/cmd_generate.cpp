@@ -79,6 +79,30 @@ void print_stats(const GenerateStats& s) {
     print_stderr(line);
 }
 
+// The per-step time breakdown of every rank (engine.h's StepBreakdown), seconds over the run.
+nlohmann::json breakdown_json(const GenerateStats& s) {
+    auto parts = [](const StepBreakdown& b) {
+        return nlohmann::json{{"compute", b.compute},
+                              {"communication", b.communication},
+                              {"pipeline_bubble", b.pipeline_bubble},
+                              {"sampling", b.sampling},
+                              {"host_overhead", b.host_overhead}};
+    };
+    nlohmann::json per_rank = nlohmann::json::array();
+    for (const StepBreakdown& b : s.per_rank) {
+        nlohmann::json r = parts(b);
+        r["rank"] = b.rank;
+        r["tp_rank"] = b.tp_rank;
+        r["pp_rank"] = b.pp_rank;
+        r["steps"] = b.steps;
+        r["wall_seconds"] = b.wall;
+        per_rank.push_back(std::move(r));
+    }
+    if (s.per_rank.empty()) return nlohmann::json::object();
+    const StepBreakdown& r0 = s.per_rank.front();
+    return {{"steps", r0.steps}, {"wall_seconds", r0.wall}, {"rank0", parts(r0)}, {"per_rank", std::move(per_rank)}};
+}
+
 void write_stats(const std::string& path, const GenerateStats& s, const Built& lm, const ModelArgs& a, uint64_t seed) {
     nlohmann::json j = {{"prompt_tokens", s.prompt_tokens},
                         {"prefill_seconds", s.prefill_seconds},
@@ -105,7 +129,8 @@ void write_stats(const std::string& path, const GenerateStats& s, const Built& l
                         {"weight_bytes_per_rank", lm.model->weight_bytes()},
                         {"load_seconds", lm.load_seconds},
                         {"checkpoint_bytes_read_per_rank", lm.checkpoint_bytes_read},
-                        {"rss_bytes_rank0", resident_bytes()}};
+                        {"rss_bytes_rank0", resident_bytes()},
+                        {"breakdown", breakdown_json(s)}};
     AtomicWriter f(path, "--stats-json");
     f.write(j.dump(2) + "\n");
     f.commit();

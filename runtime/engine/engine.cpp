@@ -164,6 +164,7 @@ void Engine::execute(const StepPlan& p, Results* out) {
         if (is_sampler() && p.kind == StepPlan::Kind::kScore) {
             out->logits = logits_;
         } else if (is_sampler()) {
+            const auto ts = Clock::now();
             size_t k = 0, ban = 0, recent = 0;
             for (const PlanSeq& ps : p.seqs) {
                 const int32_t* bans = p.ban_ids.data() + ban;
@@ -186,11 +187,27 @@ void Engine::execute(const StepPlan& p, Results* out) {
                 const int32_t tok = it->second.sample(row, V, last);
                 out->tokens.push_back(SampledToken{tok, float(double(row[tok]) - lse)});  // (the Sampler leaves row raw)
             }
+            counters_.sample_seconds += since(ts);
         }
     }
     counters_.compute_seconds += since(t0) - waited;
     counters_.wait_seconds += waited;
     ++counters_.steps;
+}
+
+StepBreakdown Engine::breakdown(const EngineCounters& c0, double comm0, double wall) const {
+    StepBreakdown b;
+    b.rank = rank_;
+    b.tp_rank = model_.options().tp_rank;
+    b.pp_rank = links_.pipe ? links_.pipe->rank() : 0;
+    b.steps = counters_.steps - c0.steps;
+    b.wall = wall;
+    b.communication = model_.comm_seconds() - comm0;
+    b.sampling = counters_.sample_seconds - c0.sample_seconds;
+    b.compute = std::max(0.0, counters_.compute_seconds - c0.compute_seconds - b.communication - b.sampling);
+    b.pipeline_bubble = counters_.wait_seconds - c0.wait_seconds;
+    b.host_overhead = std::max(0.0, wall - b.compute - b.communication - b.sampling - b.pipeline_bubble);
+    return b;
 }
 
 // ---- leader ----

@@ -58,6 +58,19 @@ struct GenerateRequest {
     std::vector<int32_t> stop_ids;  // extra end-of-generation ids (e.g. the tokenizer's <|im_end|>)
 };
 
+// Where one rank's wall time went over a run (seconds; the five parts sum to wall):
+//   compute          inside the model (embed, layers, head) but not in its TP communicator;
+//   communication    in the TP communicator (all-reduces, the logits' all-gather; Model::comm_seconds);
+//   pipeline_bubble  blocked on a peer: the previous stage's activations, the sampler's tokens
+//                    (leader), the leader's next plan (followers);
+//   sampling         the sampler rank's per-sequence sampling and log-softmax;
+//   host_overhead    the rest: scheduling, plan encoding, sends, the front's callbacks.
+struct StepBreakdown {
+    int rank = 0, tp_rank = 0, pp_rank = 0;
+    int64_t steps = 0;  // forwards this rank ran
+    double wall = 0, compute = 0, communication = 0, pipeline_bubble = 0, sampling = 0, host_overhead = 0;
+};
+
 struct GenerateStats {
     int64_t prompt_tokens = 0;     // over all sequences
     double prefill_seconds = 0;    // until every sequence had its first token
@@ -69,6 +82,7 @@ struct GenerateStats {
     int64_t preemptions = 0;
     int64_t peak_kv_blocks = 0;
     int64_t cached_prompt_tokens = 0;
+    std::vector<StepBreakdown> per_rank;  // every world rank's, in rank order (every rank gets all)
 };
 
 // generate_batch's per-token callback (leader only): sequence index, token. kNone goes on; any other
@@ -87,8 +101,9 @@ struct GenerateResult {
 // What a rank has done so far (every rank keeps its own).
 struct EngineCounters {
     int64_t steps = 0;
-    double compute_seconds = 0;  // embed, layers, head, sampling
-    double wait_seconds = 0;     // blocked on a peer: pipeline receive, the leader's token receive
+    double compute_seconds = 0;  // embed, layers, head and sampling, TP communication included
+    double sample_seconds = 0;   // of which sampling (sampler rank)
+    double wait_seconds = 0;     // blocked on a peer: pipeline receive, the leader's token receive, the next plan
 };
 
 class Engine {
@@ -127,6 +142,8 @@ public:
     std::vector<float> score(const std::vector<int32_t>& prompt);
 
     const EngineCounters& counters() const { return counters_; }
+    // This rank's breakdown between two snapshots of counters() (and of model().comm_seconds()).
+    StepBreakdown breakdown(const EngineCounters& since, double comm_since, double wall_seconds) const;
 
 private:
     struct Results {
@@ -140,6 +157,7 @@ private:
     Results await_oldest(StepPlan* plan);
     void send_results(const StepPlan& p, const Results& r);
     void heartbeat_if_due();
+    std::vector<StepBreakdown> gather_breakdowns(const StepBreakdown& mine) const;
     void end_follow();
 
     Model& model_;

@@ -25,11 +25,44 @@ void broadcast_vec(Communicator& c, std::vector<T>& v, DType dt) {
 
 }  // namespace
 
+// Every rank's breakdown to every rank: 10 int64 each (ids, steps, then the seconds in ns).
+std::vector<StepBreakdown> Engine::gather_breakdowns(const StepBreakdown& mine) const {
+    constexpr int kFields = 10;
+    auto ns = [](double s) { return int64_t(s * 1e9); };
+    const int64_t enc[kFields] = {mine.rank,          mine.tp_rank,       mine.pp_rank,
+                                  mine.steps,         ns(mine.wall),      ns(mine.compute),
+                                  ns(mine.communication), ns(mine.pipeline_bubble), ns(mine.sampling),
+                                  ns(mine.host_overhead)};
+    std::vector<int64_t> all(size_t(kFields) * size_t(world_));
+    if (world_ > 1)
+        links_.world->all_gather(View::contiguous(all.data(), DType::kI64, {int64_t(all.size())}),
+                                 View::contiguous(const_cast<int64_t*>(enc), DType::kI64, {kFields}));
+    else
+        std::copy(enc, enc + kFields, all.begin());
+    std::vector<StepBreakdown> out(static_cast<size_t>(world_));
+    for (int r = 0; r < world_; ++r) {
+        const int64_t* e = all.data() + size_t(r) * kFields;
+        StepBreakdown& b = out[size_t(r)];
+        b.rank = int(e[0]);
+        b.tp_rank = int(e[1]);
+        b.pp_rank = int(e[2]);
+        b.steps = e[3];
+        b.wall = double(e[4]) * 1e-9;
+        b.compute = double(e[5]) * 1e-9;
+        b.communication = double(e[6]) * 1e-9;
+        b.pipeline_bubble = double(e[7]) * 1e-9;
+        b.sampling = double(e[8]) * 1e-9;
+        b.host_overhead = double(e[9]) * 1e-9;
+    }
+    return out;
+}
+
 std::vector<GenerateResult> Engine::generate_batch(const std::vector<GenerateRequest>& reqs,
                                                    const TokenCallback& on_token, GenerateStats* total) {
     LATTICE_CHECK(!reqs.empty(), "generate: no sequences");
     const auto t0 = Clock::now();
     const EngineCounters c0 = counters_;
+    const double comm0 = model_.comm_seconds();
     std::vector<GenerateResult> res(reqs.size());
     // Leader-side numbers, sent to every rank with the results.
     std::vector<int64_t> meta;  // per result: token count, finish; then 8 stats
@@ -108,6 +141,7 @@ std::vector<GenerateResult> Engine::generate_batch(const std::vector<GenerateReq
     } else {
         follow();
     }
+    const double wall_s = since(t0);  // this rank's run (the results' broadcast not counted)
     if (world_ > 1) {
         broadcast_vec(*links_.world, meta, DType::kI64);
         broadcast_vec(*links_.world, tokens, DType::kI32);
@@ -140,6 +174,7 @@ std::vector<GenerateResult> Engine::generate_batch(const std::vector<GenerateReq
     stats.cached_prompt_tokens = st[6];
     stats.idle_seconds = counters_.wait_seconds - c0.wait_seconds;
     stats.compute_seconds = counters_.compute_seconds - c0.compute_seconds;
+    stats.per_rank = gather_breakdowns(breakdown(c0, comm0, wall_s));
     for (GenerateResult& r : res) r.stats = stats;
     if (total) *total = stats;
     return res;

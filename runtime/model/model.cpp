@@ -1,6 +1,7 @@
 // The Llama forward (see model.h for the sharding rules). Loading reads only this rank's slices.
 #include "runtime/model/model.h"
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "runtime/model/rank_weights.h"
 
@@ -147,13 +148,19 @@ View Model::hidden_scratch(int64_t count) {
     return hidden_.view().row_range(0, count);
 }
 
+void Model::tp_all_reduce(const View& x) {
+    const auto t0 = SteadyClock::now();
+    tp_comm_->all_reduce_sum(x);
+    comm_seconds_ += seconds_since(t0);
+}
+
 void Model::embed(const TokenBatch& batch, const View& hidden) {
     LATTICE_CHECK(opt_.first_stage, "Model::embed on a stage without the embedding");
     for (int64_t i = 0; i < batch.count; ++i)
         LATTICE_CHECK(batch.ids[i] >= 0 && batch.ids[i] < cfg_.vocab, "token id {} at position {} is outside the vocab "
                       "(size {})", batch.ids[i], i, cfg_.vocab);
     be_.embed(hidden, embed_table_.view(), batch, shard_.vocab0);
-    if (opt_.tp > 1) tp_comm_->all_reduce_sum(hidden);
+    if (opt_.tp > 1) tp_all_reduce(hidden);
 }
 
 void Model::run_layers(const TokenBatch& batch, const View& hidden) {
@@ -180,13 +187,13 @@ void Model::run_layers(const TokenBatch& batch, const View& hidden) {
         be_.rope(qkv, batch, attn_, inv_freq_.view());
         be_.attention(attn, qkv, L.k_cache.view(), L.v_cache.view(), batch, attn_);
         be_.linear(proj, attn, L.wo);
-        if (opt_.tp > 1) tp_comm_->all_reduce_sum(proj);
+        if (opt_.tp > 1) tp_all_reduce(proj);
         be_.add_rmsnorm(hidden, proj, normed, L.ffn_norm.view(), eps);
         if (observer_) observer_(layer, 1, normed);
         be_.linear(gu, normed, L.w_gate_up);
         be_.silu_mul(act, gu);
         be_.linear(proj, act, L.w_down);
-        if (opt_.tp > 1) tp_comm_->all_reduce_sum(proj);
+        if (opt_.tp > 1) tp_all_reduce(proj);
         if (li + 1 < layers_.size())
             be_.add_rmsnorm(hidden, proj, normed, layers_[li + 1].attn_norm.view(), eps);
         else
@@ -219,7 +226,9 @@ void Model::head(const View& hidden, const std::vector<int64_t>& rows, float* lo
         return;
     }
     View all = View::contiguous(logits_.data(), DType::kF32, {int64_t(opt_.tp) * block}, be_.device());
+    const auto t0 = SteadyClock::now();
     tp_comm_->all_gather(all, View::contiguous(mine, DType::kF32, {block}, be_.device()));
+    comm_seconds_ += seconds_since(t0);
     std::vector<float> host(static_cast<size_t>(opt_.tp * block));
     be_.download(host.data(), all);
     for (int r = 0; r < opt_.tp; ++r) {

@@ -108,6 +108,11 @@ public:
     // Device buffer for `count` hidden rows (scratch owned by the model, valid until the next call).
     View hidden_scratch(int64_t count);
 
+    // Seconds this rank has spent inside its TP communicator's calls (all-reduces, the logits'
+    // all-gather) since the model was made: with a host communicator (MPI) the exchange and the wait
+    // for the slowest peer; with a device one (NCCL) only the enqueue, the transfer being stream work.
+    double comm_seconds() const { return comm_seconds_; }
+
     // Calibration hook (runtime/smoothquant.h); empty (the default) costs one branch per GEMM.
     void set_observer(ActivationObserver obs) { observer_ = std::move(obs); }
 
@@ -116,6 +121,7 @@ private:
     // The one place a linear is made: int8 weights of a converted checkpoint go to the backend as
     // they are (make_linear_int8), float ones are prepared (and quantized) by make_linear.
     Linear make_linear(HostTensor& w, QuantMode mode);
+    void tp_all_reduce(const View& x);  // timed (comm_seconds)
 
     ModelConfig cfg_;
     Backend& be_;
@@ -132,6 +138,7 @@ private:
     std::vector<LayerWeights> layers_;
     ActivationObserver observer_;
     int64_t checkpoint_bytes_read_ = 0;
+    double comm_seconds_ = 0;
 
     // Scratch activations for max_batch_tokens rows.
     Buffer hidden_, normed_, qkv_, attn_out_, proj_, gate_up_, act_, head_in_, logits_;

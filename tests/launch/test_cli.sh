@@ -21,7 +21,11 @@ check "stats JSON has the documented fields" python3 -c "
 import json; j = json.load(open('$tmp/stats.json'))
 for k in ('prompt_tokens', 'prefill_seconds', 'generated_tokens', 'decode_seconds', 'threads', 'ranks', 'quant'):
     assert k in j, k
-assert j['generated_tokens'] == 24 and j['ranks'] == 1 and j['quant'] == 'none'"
+assert j['generated_tokens'] == 24 and j['ranks'] == 1 and j['quant'] == 'none'
+b = j['breakdown']; parts = ('compute', 'communication', 'pipeline_bubble', 'sampling', 'host_overhead')
+assert b['steps'] >= 24 and len(b['per_rank']) == 1, b
+assert abs(sum(b['rank0'][k] for k in parts) - b['wall_seconds']) < 1e-6 + 1e-6 * b['wall_seconds'], b
+assert b['rank0']['compute'] > 0 and b['rank0']['sampling'] > 0 and b['rank0']['communication'] == 0, b"
 
 # layout: the rules of parallel/world_config, as the mpirun wrapper asks for them.
 check "layout fits: 4 GPU ranks per node" test "$("$lattice" layout --tp 4 --pp 2 --gpus-per-node 8 --json)" = \

@@ -186,6 +186,42 @@ TEST_CASE("several sequences in flight (pipelined decode) equal their single-seq
     }
 }
 
+TEST_CASE("the per-step breakdown: every rank's, parts that sum to its wall time, in the right places") {
+    const int world = mpi_session().size();
+    auto src = open_model(golden_dir("tiny-gqa-llama3"));
+    const std::vector<GenerateRequest> reqs = {{{5, 9, 14, 3, 77, 21}, 12, {}, true, {}}, {{7, 8, 9}, 8, {}, true, {}}};
+    for (auto [tp, pp] : layouts_for(world)) {
+        if (!layout_fits(src->config(), tp, pp)) continue;
+        CAPTURE(tp);
+        CAPTURE(pp);
+        Built b = build(layout_options(tp, pp), *src);
+        GenerateStats st;
+        b.engine->generate_batch(reqs, {}, &st);
+        REQUIRE(st.per_rank.size() == size_t(world));  // every rank holds every rank's
+        const int sampler = b.world.rank_of(0, pp - 1);
+        for (int r = 0; r < world; ++r) {
+            const StepBreakdown& x = st.per_rank[size_t(r)];
+            CAPTURE(r);
+            const WorldConfig w = WorldConfig::make(world, tp, pp, r);
+            CHECK(x.rank == r);
+            CHECK(x.tp_rank == w.tp_rank());
+            CHECK(x.pp_rank == w.pp_rank());
+            CHECK(x.steps > 0);
+            for (double v : {x.compute, x.communication, x.pipeline_bubble, x.sampling, x.host_overhead}) CHECK(v >= 0);
+            CHECK(x.compute > 0);
+            const double sum = x.compute + x.communication + x.pipeline_bubble + x.sampling + x.host_overhead;
+            CHECK(sum == doctest::Approx(x.wall).epsilon(1e-6));
+            // only the TP group's collectives count as communication; only the sampler samples
+            if (tp == 1) CHECK(x.communication == 0);
+            if (tp > 1) CHECK(x.communication > 0);
+            if (r == sampler) CHECK(x.sampling > 0);
+            if (r != sampler) CHECK(x.sampling == 0);
+            // with stages, every rank waits on one: the leader for tokens, the others for activations
+            if (pp > 1) CHECK(x.pipeline_bubble > 0);
+        }
+    }
+}
+
 TEST_CASE("16 mixed sequences with preemption and prefix hits: every layout equals one rank") {
     const int world = mpi_session().size();
     auto src = open_model(golden_dir("tiny-gqa-llama3"));
