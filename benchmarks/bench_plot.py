@@ -98,7 +98,7 @@ def plot_scaling(recs, plots, made, notes):
         if not base or len({r["params"]["ranks"] for r in rs}) < 2:
             notes.append(f"e2e scaling {model} {quant} p{prompt}: needs 1x1 and a multi-rank layout")
             continue
-        fig, ax = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
+        fig, ax = plt.subplots(2, 2, figsize=(11, 8), sharex=True, layout="constrained")
         max_r = max(r["params"]["ranks"] for r in rs)
         for row, metric, what in ((0, "decode_tokens_per_s", "decode"), (1, "prefill_tokens_per_s", "prefill")):
             lines = collections.defaultdict(list)
@@ -140,7 +140,7 @@ def plot_concurrency(recs, plots, made, notes):
         if len({r["params"]["batch"] for r in rs}) < 2:
             notes.append(f"e2e concurrency {model} {quant} p{prompt}: one batch size only")
             continue
-        fig, ax = plt.subplots(1, 2, figsize=(11, 4.5))
+        fig, ax = plt.subplots(1, 2, figsize=(11, 4.5), layout="constrained")
         lines = collections.defaultdict(list)
         for r in rs:
             lines[(r["params"]["ranks"], r["params"]["pp"], r["params"]["tp"])].append(r)
@@ -175,7 +175,7 @@ def plot_breakdown(recs, plots, made, notes):
     for (model, quant, prompt), rs in sorted(e2e_groups(have).items()):
         rs.sort(key=lambda r: (r["params"]["batch"], r["params"]["ranks"], r["params"]["pp"]))
         labels = [f"{r['params']['tp']}x{r['params']['pp']}\nb{r['params']['batch']}" for r in rs]
-        fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rs) + 3), 4.8))
+        fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rs) + 3), 4.8), layout="constrained")
         bottom = [0.0] * len(rs)
         for key, name, color in PARTS:
             vals = [1e3 * r["results"]["breakdown"]["rank0"].get(key, 0.0) / r["results"]["breakdown"]["steps"]
@@ -201,7 +201,7 @@ def size_label(b, _pos=None):
 def plot_allreduce(recs, plots, made, notes):
     if not recs:
         return
-    fig, ax = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4.8), layout="constrained")
     lines = collections.defaultdict(list)
     for r in recs:
         p = r["params"]
@@ -240,18 +240,21 @@ def plot_gemm(recs, plots, made, notes):
     if not cpu:
         return
     shapes = sorted({(r["params"]["n"], r["params"]["k"]) for r in cpu})
-    fig, ax = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4.6), squeeze=False, sharey=True)
+    fig, ax = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4.6), squeeze=False, sharey=True,
+                           layout="constrained")
     for a, (n, k) in zip(ax[0], shapes):
         lines = collections.defaultdict(list)
         for r in cpu:
             p = r["params"]
             if (p["n"], p["k"]) == (n, k):
                 lines[(p["isa"], p["mode"], p["kind"])].append(r)
-        for (isa, mode, kind), lr in sorted(lines.items()):
+        colors = {im: f"C{i}" for i, im in enumerate(sorted({(k[0], k[1]) for k in lines}))}
+        for (isa, mode, kind), lr in sorted(lines.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] != "hot")):
             lr.sort(key=lambda r: r["params"]["m"])
             xs = [r["params"]["m"] for r in lr]
             style = "-o" if kind == "hot" else "x"
             a.plot(xs, [r["results"]["gops_core"] for r in lr], style, ms=6 if kind != "hot" else 4,
+                   color=colors[(isa, mode)],
                    label=f"{isa} {mode}" + ("" if kind == "hot" else f" ({kind}: weights from DRAM)"))
         peak = cpu[0]["ceilings"].get("int8_peak_gops_core")
         if peak:
@@ -271,7 +274,7 @@ def plot_gemm(recs, plots, made, notes):
 def plot_attention(recs, plots, made, notes):
     if not recs:
         return
-    fig, ax = plt.subplots(figsize=(7, 4.6))
+    fig, ax = plt.subplots(figsize=(7, 4.6), layout="constrained")
     lines = collections.defaultdict(list)
     for r in recs:
         lines[(r["params"]["batch"], r["params"]["mode"])].append(r)
@@ -291,7 +294,8 @@ def plot_attention(recs, plots, made, notes):
     ax.legend(fontsize=8)
     p = recs[0]["params"]
     fig.suptitle(f"paged decode attention, heads {p['n_heads']}/{p['n_kv_heads']} x {p['head_dim']}, "
-                 f"{p['threads']} threads\n{machine_line(recs)}", fontsize=10)
+                 f"{p['threads']} threads, "
+                 f"{'one hot cache' if p['mode'] == 'hot' else 'caches rotated per layer (>= 1 GiB)'}\n{machine_line(recs)}", fontsize=10)
     save(fig, plots, "attention.png", made)
 
 
