@@ -415,10 +415,14 @@ def read_ceiling(args, rec, np_, cache):
     if args.no_ceiling or not os.path.exists(exe) or args.launcher not in (None, "", "mpirun"):
         return {}
     if np_ not in cache:
-        raw = rec.raw(f"stream_np{np_}")
-        p = run_logged(mpirun_prefix(np_) + [exe, "--json", raw], 600, env=mpi_env())
-        cache[np_] = ({"read_bw_gbs_all_ranks": json.load(open(raw))["read_bw_gbs_all"],
-                       "read_bw_source": f"bench_stream_mpi on {np_} ranks"} if p.returncode == 0 else {})
+        best = 0.0
+        for i in range(3):  # best of 3: on a shared machine one run can meet a neighbour's burst
+            raw = rec.raw(f"stream_np{np_}_{i}")
+            p = run_logged(mpirun_prefix(np_) + [exe, "--json", raw], 600, env=mpi_env())
+            if p.returncode == 0:
+                best = max(best, json.load(open(raw))["read_bw_gbs_all"])
+        cache[np_] = ({"read_bw_gbs_all_ranks": best, "read_bw_source": f"bench_stream_mpi on {np_} ranks, best of 3"}
+                      if best > 0 else {})
     return cache[np_]
 
 
