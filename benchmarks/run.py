@@ -596,6 +596,7 @@ def plot_main(d, plots, missing_ok=False):
               f".venv/bin/python3 benchmarks/run.py plot {d}" + (" (the JSON lines are written)" if missing_ok else ""))
         return 0 if missing_ok else 3
     sys.path.insert(0, HERE)
+    sys.dont_write_bytecode = True  # no benchmarks/__pycache__ in the checkout
     import bench_plot
     return bench_plot.plot_dir(d, plots)
 
