@@ -330,9 +330,11 @@ LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
     out.comm_share = (double(m) * comm / double(pp) + hand) / round;
     out.bound = compute_bound ? "compute" : "memory";
 
-    // Prefill: chunks of max_batch_tokens flow through the stages (a pipeline when pp > 1).
-    auto prefill_s = [&](double tokens) {
-        const double chunk = std::min(tokens, double(r.max_batch_tokens));
+    // Prefill: chunks of at most max_batch_tokens flow through the stages (a pipeline when pp > 1).
+    // With pp > 1 the engine's scheduler also caps a step at ceil(sequences / pp) sequences, so the
+    // prompts of a batch split into micro-batches that pipeline (runtime/engine/scheduler.cpp).
+    auto prefill_s = [&](double tokens, double per_step) {
+        const double chunk = std::min({tokens, per_step, double(r.max_batch_tokens)});
         const double chunks = std::ceil(tokens / chunk);
         const int act = std::min(ranks_per_node, tp * int(std::min<double>(chunks, pp)));
         double s = 0, worst = 0;
@@ -344,8 +346,9 @@ LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
         }
         return s + (chunks - 1.0) * worst + handoff_s(chunk) + chunks * plan_s;
     };
-    out.ttft_ms = prefill_s(double(r.prompt)) * 1e3;
-    out.prefill_tokens_per_s = double(r.batch * r.prompt) / prefill_s(double(r.batch * r.prompt));
+    out.ttft_ms = prefill_s(double(r.prompt), double(r.prompt)) * 1e3;
+    out.prefill_tokens_per_s =
+        double(r.batch * r.prompt) / prefill_s(double(r.batch * r.prompt), micro * double(r.prompt));
     return out;
 }
 

@@ -2,7 +2,7 @@
 """`lattice plan`: its validation against runs measured on this project's CPU machine, and its CLI.
 
 1. Validation: benchmarks/validate_plan.py --check re-predicts every run recorded in
-   benchmarks/results/cpu-2core-epyc-zen4/plan_validation.json from the calibration measured with them
+   benchmarks/results/*/plan_validation.json (one per machine) from the calibration measured with them
    and fails when a prediction (decode or prefill tokens/s) leaves +-25% of what was measured.
    (The runs are measured by `validate_plan.py --out` on a quiet machine, never inside ctest.)
 2. The command: a recommendation for 70B on 4 A100s, the JSON form, "no layout fits" as exit 1,
@@ -29,16 +29,22 @@ def plan(*args):
     return subprocess.run([lattice, "plan", *args], capture_output=True, text=True, timeout=120)
 
 
-# 1. validation against measured runs
+# 1. validation against measured runs: every record in benchmarks/results/*/plan_validation.json
+#    (one per machine it was measured on)
+import glob
+
 build = os.path.dirname(os.path.dirname(lattice))
-record = os.path.join(root, "benchmarks/results/cpu-2core-epyc-zen4/plan_validation.json")
-r = subprocess.run([sys.executable, os.path.join(root, "benchmarks/validate_plan.py"), "--build", build, "--check",
-                    record], capture_output=True, text=True, timeout=300)
-print(r.stdout + r.stderr)
-doc = json.load(open(record))
-layouts = {(x["tp"], x["pp"]) for x in doc["runs"]}
-check(len(layouts) >= 3 and {(1, 1), (2, 1), (1, 2)} <= layouts, f"the record covers 1x1, 2x1 and 1x2 ({sorted(layouts)})")
-check(r.returncode == 0, "every recorded run is predicted within 25% (decode and prefill tokens/s)")
+records = sorted(glob.glob(os.path.join(root, "benchmarks/results/*/plan_validation.json")))
+check(len(records) >= 1, f"there are recorded validation runs ({records})")
+for record in records:
+    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks/validate_plan.py"), "--build", build, "--check",
+                        record], capture_output=True, text=True, timeout=300)
+    print(record + "\n" + r.stdout + r.stderr)
+    doc = json.load(open(record))
+    layouts = {(x["tp"], x["pp"]) for x in doc["runs"]}
+    check(len(layouts) >= 3 and {(1, 1), (2, 1), (1, 2)} <= layouts,
+          f"{record}: the record covers 1x1, 2x1 and 1x2 ({sorted(layouts)})")
+    check(r.returncode == 0, f"{record}: every recorded run is predicted within 25% (decode and prefill tokens/s)")
 
 # 2. the command
 r = plan("--model", "llama-2-70b", "--gpus", "4", "--gpu", "a100-pcie-40gb")
