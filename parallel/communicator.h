@@ -29,6 +29,10 @@ public:
     virtual void send(const View& in, int peer) = 0;
     virtual void recv(const View& out, int peer) = 0;
     virtual void barrier() = 0;
+    // Waits, bounded by the timeout, until every call made so far has completed. Host communicators
+    // complete each call before it returns (a no-op); a device one may queue its calls on a stream
+    // without a host wait (NcclComm's deferred mode), and then this is where a dead peer is found.
+    virtual void wait_idle() {}
 };
 
 // One rank: every collective is the identity; send/recv are errors.

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 
@@ -125,6 +126,72 @@ void silu_mul(float* out, const float* gu, int64_t m, int64_t f, ThreadPool& poo
 
 void add(float* out, const float* a, const float* b, int64_t n) {
     for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+int32_t select_token(float* row, int64_t vocab, float temperature, int64_t top_k, float top_p, float min_p, float u,
+                     const int32_t* bans, int64_t n_bans, float* logprob) {
+    LATTICE_CHECK(vocab > 0, "select_token: empty row");
+    auto clean = [](float v) { return v != v ? -INFINITY : v; };
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, clean(row[j]));
+    double z = 0;
+    if (mx > -INFINITY)
+        for (int64_t j = 0; j < vocab; ++j) z += std::exp(double(clean(row[j])) - double(mx));
+    const double lse = double(mx) + std::log(z);
+    for (int64_t b = 0; b < n_bans; ++b)
+        if (bans[b] >= 0 && bans[b] < vocab) row[bans[b]] = -INFINITY;
+    int64_t choice = 0;
+    if (temperature == 0.0f) {
+        for (int64_t j = 1; j < vocab; ++j)
+            if (clean(row[j]) > clean(row[choice])) choice = j;
+    } else {
+        std::vector<float> x(static_cast<size_t>(vocab));
+        float top = -INFINITY;
+        for (int64_t j = 0; j < vocab; ++j) top = std::max(top, x[size_t(j)] = clean(row[j]) / temperature);
+        float kth = -INFINITY;
+        if (top_k > 0 && top_k < vocab) {
+            std::vector<float> s = x;
+            std::nth_element(s.begin(), s.begin() + (top_k - 1), s.end(), std::greater<float>());
+            kth = s[size_t(top_k - 1)];
+        }
+        std::vector<double> w(size_t(vocab), 0.0);
+        double mass = 0;
+        for (int64_t j = 0; j < vocab; ++j) {
+            if (x[size_t(j)] < kth || x[size_t(j)] == -INFINITY) continue;
+            const double e = std::exp(double(x[size_t(j)]) - double(top));
+            if (e >= double(min_p)) mass += (w[size_t(j)] = e);
+        }
+        if (top_p < 1.0f) {
+            std::vector<double> s;
+            for (double e : w)
+                if (e > 0) s.push_back(e);
+            std::sort(s.begin(), s.end(), std::greater<double>());
+            double cum = 0, thr = 0;
+            for (double e : s) {
+                cum += e;
+                thr = e;
+                if (cum >= double(top_p) * mass) break;
+            }
+            mass = 0;
+            for (double& e : w) mass += (e = e >= thr ? e : 0.0);
+        }
+        const double target = double(u) * mass;
+        double cum = 0;
+        choice = -1;
+        int64_t last = 0;
+        for (int64_t j = 0; j < vocab; ++j) {
+            if (w[size_t(j)] <= 0) continue;
+            last = j;
+            cum += w[size_t(j)];
+            if (cum > target) {
+                choice = j;
+                break;
+            }
+        }
+        if (choice < 0) choice = last;  // rounding put the target at the very end
+    }
+    *logprob = float(double(row[choice]) - lse);
+    return int32_t(choice);
 }
 
 }  // namespace lattice::cpu

@@ -36,6 +36,14 @@ void attention(float* out, const float* qkv, float* k_cache, float* v_cache, con
 void silu_mul(float* out, const float* gate_up, int64_t m, int64_t f, ThreadPool& pool);
 void add(float* out, const float* a, const float* b, int64_t n);
 
+// The device token selection (kernels/cuda select_tokens) on the host, for one row of logits
+// (modified: banned ids become -inf): temperature 0 is the argmax (lowest id on ties); otherwise
+// softmax(x / T) over the top-k (ties with the k-th kept), then p >= min_p * p_max, then the
+// smallest probability threshold whose mass reaches top_p (ties kept), then the inverse CDF in id
+// order at u * mass. Returns the id; *logprob = log softmax(raw row)[id].
+int32_t select_token(float* row, int64_t vocab, float temperature, int64_t top_k, float top_p, float min_p, float u,
+                     const int32_t* bans, int64_t n_bans, float* logprob);
+
 // Vector primitives (exposed for tests).
 float dot(const float* a, const float* b, int64_t n);
 void axpy(float* y, float a, const float* x, int64_t n);  // y += a * x

@@ -115,5 +115,17 @@ struct SampleParams {
 // smallest top-p mass (elements tied with a threshold are kept). params: device array [m].
 void sample(int32_t* out, const void* logits, DType dtype, int64_t m, int64_t vocab, const SampleParams* params,
             cudaStream_t stream);
+struct SelectParams {
+    float temperature;  // 0: greedy (argmax, lowest index on ties); > 0: sample as `sample` does
+    int32_t top_k;      // <= 0: no top-k
+    float top_p;        // (0, 1]
+    float min_p;        // [0, 1]: keep p >= min_p * p_max (0: off)
+    float u;            // uniform [0, 1) draw
+    int32_t ban_begin, ban_end;  // this row's banned ids: bans[ban_begin, ban_end)
+};
+// One token per row of f32 logits [m, vocab] (modified: banned ids become -inf): ids[i] and
+// logprobs[i] = log softmax(raw row i)[ids[i]]. params: device [m]; bans: device ids.
+void select_tokens(int32_t* ids, float* logprobs, float* logits, int64_t m, int64_t vocab, const SelectParams* params,
+                   const int32_t* bans, cudaStream_t stream);
 
 }  // namespace lattice::cuda

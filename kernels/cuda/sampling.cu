@@ -53,45 +53,52 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(int32_t* out, const U*
     if (threadIdx.x == 0) out[blockIdx.x] = int32_t(si[0] == vocab ? 0 : si[0]);
 }
 
+// The shared memory one row's selection works in.
+struct RowShared {
+    float scratch[32];
+    float chunk_sum[kThreads];
+    int picked_thread;
+};
+
+// Samples one index of `row` (every thread of the block calls it): softmax(x / T) over the top-k,
+// then the top-p mass, then p >= min_p * p_max; inverse CDF in index order with the draw u.
+// Returns the pick in the thread that found it and -1 in every other thread.
 template <typename U>
-__global__ void __launch_bounds__(kThreads)
-    sample_kernel(int32_t* out, const U* logits, int64_t vocab, const SampleParams* params) {
-    __shared__ float scratch[32];
-    __shared__ float chunk_sum[kThreads];
-    __shared__ int picked_thread;
-    const SampleParams p = params[blockIdx.x];
-    const U* row = logits + int64_t(blockIdx.x) * vocab;
-    const float inv_t = 1.0f / p.temperature;
+__device__ int64_t sample_row(const U* row, int64_t vocab, float temperature, int32_t top_k, float top_p, float min_p,
+                              float u, RowShared& sh) {
+    const float inv_t = 1.0f / temperature;
     auto x_at = [&](int64_t j) {
         const float v = to_f32(row[j]) * inv_t;
         return v != v ? -INFINITY : v;
     };
     float mx = -INFINITY;
     for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) mx = fmaxf(mx, x_at(j));
-    mx = block_max(mx, scratch);
+    mx = block_max(mx, sh.scratch);
 
     // Top-k: largest key K with count(key >= K) >= k.
     uint32_t kmin = 0;
-    if (p.top_k > 0 && p.top_k < vocab) {
+    if (top_k > 0 && top_k < vocab) {
         for (int bit = 31; bit >= 0; --bit) {
             const uint32_t cand = kmin | (1u << bit);
             float cnt = 0.0f;
             for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) cnt += order_key(x_at(j)) >= cand ? 1.0f : 0.0f;
-            if (block_sum(cnt, scratch) >= float(p.top_k)) kmin = cand;
+            if (block_sum(cnt, sh.scratch) >= float(top_k)) kmin = cand;
         }
     }
-    auto weight = [&](int64_t j) {  // unnormalized probability of j after top-k (0 if cut)
+    // min_p: the most likely token has weight exp(0) = 1, so p >= min_p * p_max is w >= min_p.
+    auto weight = [&](int64_t j) {  // unnormalized probability of j after top-k and min_p (0 if cut)
         const float x = x_at(j);
-        return order_key(x) >= kmin ? math::exp_f32(x - mx) : 0.0f;
+        const float w = order_key(x) >= kmin ? math::exp_f32(x - mx) : 0.0f;
+        return w >= min_p ? w : 0.0f;
     };
     float z = 0.0f;
     for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) z += weight(j);
-    z = block_sum(z, scratch);
+    z = block_sum(z, sh.scratch);
 
     // Top-p: largest probability threshold P (as bits of a positive float) whose kept mass >= top_p * z.
     uint32_t pmin = 0;
-    if (p.top_p < 1.0f) {
-        const float need = p.top_p * z;
+    if (top_p < 1.0f) {
+        const float need = top_p * z;
         for (int bit = 30; bit >= 0; --bit) {
             const uint32_t cand = pmin | (1u << bit);
             float mass = 0.0f;
@@ -99,7 +106,7 @@ __global__ void __launch_bounds__(kThreads)
                 const float w = weight(j);
                 mass += __float_as_uint(w) >= cand ? w : 0.0f;
             }
-            if (block_sum(mass, scratch) >= need) pmin = cand;
+            if (block_sum(mass, sh.scratch) >= need) pmin = cand;
         }
     }
     auto kept = [&](int64_t j) {
@@ -111,30 +118,30 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t j0 = int64_t(threadIdx.x) * chunk, j1 = min(j0 + chunk, vocab);
     float s = 0.0f;
     for (int64_t j = j0; j < j1; ++j) s += kept(j);
-    chunk_sum[threadIdx.x] = s;
+    sh.chunk_sum[threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.x == 0) {
         float total = 0.0f;
-        for (int t = 0; t < int(blockDim.x); ++t) total += chunk_sum[t];
-        const float target = p.u * total;
+        for (int t = 0; t < int(blockDim.x); ++t) total += sh.chunk_sum[t];
+        const float target = u * total;
         float cum = 0.0f;
         int pick = -1, last = -1;
         for (int t = 0; t < int(blockDim.x); ++t) {
-            if (chunk_sum[t] > 0.0f) last = t;
-            if (pick < 0 && chunk_sum[t] > 0.0f && cum + chunk_sum[t] > target) pick = t;
-            if (pick < 0) cum += chunk_sum[t];
+            if (sh.chunk_sum[t] > 0.0f) last = t;
+            if (pick < 0 && sh.chunk_sum[t] > 0.0f && cum + sh.chunk_sum[t] > target) pick = t;
+            if (pick < 0) cum += sh.chunk_sum[t];
         }
         if (pick < 0) {  // rounding put target at the very end: take the last kept element
             pick = last;
             cum = 0.0f;
-            for (int t = 0; t < last; ++t) cum += chunk_sum[t];
+            for (int t = 0; t < last; ++t) cum += sh.chunk_sum[t];
         }
-        picked_thread = pick;
-        chunk_sum[0] = target - cum;  // remaining mass inside the picked chunk
+        sh.picked_thread = pick < 0 ? 0 : pick;
+        sh.chunk_sum[0] = target - cum;  // remaining mass inside the picked chunk
     }
     __syncthreads();
-    if (int(threadIdx.x) != picked_thread) return;
-    const float rem = chunk_sum[0];
+    if (int(threadIdx.x) != sh.picked_thread) return -1;
+    const float rem = sh.chunk_sum[0];
     float cum = 0.0f;
     int64_t choice = -1;
     for (int64_t j = j0; j < j1; ++j) {
@@ -144,7 +151,80 @@ __global__ void __launch_bounds__(kThreads)
         cum += w;
         if (cum > rem) break;
     }
-    out[blockIdx.x] = int32_t(choice < 0 ? 0 : choice);
+    return choice < 0 ? 0 : choice;
+}
+
+template <typename U>
+__global__ void __launch_bounds__(kThreads)
+    sample_kernel(int32_t* out, const U* logits, int64_t vocab, const SampleParams* params) {
+    __shared__ RowShared sh;
+    const SampleParams p = params[blockIdx.x];
+    const int64_t c = sample_row(logits + int64_t(blockIdx.x) * vocab, vocab, p.temperature, p.top_k, p.top_p, 0.0f,
+                                 p.u, sh);
+    if (c >= 0) out[blockIdx.x] = int32_t(c);
+}
+
+// One row per block: log-sum-exp of the raw row, bans set to -inf in place, then argmax
+// (temperature 0) or sample_row; the pick's log-probability is of the raw row.
+__global__ void __launch_bounds__(kThreads) select_kernel(int32_t* ids, float* logprobs, float* logits, int64_t vocab,
+                                                          const SelectParams* params, const int32_t* bans) {
+    __shared__ RowShared sh;
+    __shared__ float sv[kThreads];
+    __shared__ int64_t si[kThreads];
+    const SelectParams p = params[blockIdx.x];
+    float* row = logits + int64_t(blockIdx.x) * vocab;
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+        const float v = row[j];
+        if (v == v) mx = fmaxf(mx, v);
+    }
+    mx = block_max(mx, sh.scratch);
+    float z = 0.0f;
+    if (mx > -INFINITY)
+        for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+            const float v = row[j];
+            if (v == v) z += math::exp_f32(v - mx);
+        }
+    z = block_sum(z, sh.scratch);
+    const float lse = mx + logf(z);
+    for (int32_t b = p.ban_begin + int32_t(threadIdx.x); b < p.ban_end; b += int32_t(blockDim.x)) {
+        const int32_t id = bans[b];
+        if (id >= 0 && id < vocab) row[id] = -INFINITY;
+    }
+    __syncthreads();  // the bans are visible to the whole block
+    int64_t choice = -1;
+    if (p.temperature == 0.0f) {
+        float best = -INFINITY;
+        int64_t bi = vocab;
+        for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+            float v = row[j];
+            if (v != v) v = -INFINITY;
+            if (v > best || (bi == vocab && v == best)) {
+                best = v;
+                bi = j;
+            }
+        }
+        sv[threadIdx.x] = best;
+        si[threadIdx.x] = bi;
+        __syncthreads();
+        for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+            if (int(threadIdx.x) < s) {
+                const float ov = sv[threadIdx.x + s];
+                const int64_t oi = si[threadIdx.x + s];
+                if (ov > sv[threadIdx.x] || (ov == sv[threadIdx.x] && oi < si[threadIdx.x])) {
+                    sv[threadIdx.x] = ov;
+                    si[threadIdx.x] = oi;
+                }
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) choice = si[0] == vocab ? 0 : si[0];
+    } else {
+        choice = sample_row(row, vocab, p.temperature, p.top_k, p.top_p, p.min_p, p.u, sh);
+    }
+    if (choice < 0) return;
+    ids[blockIdx.x] = int32_t(choice);
+    logprobs[blockIdx.x] = row[choice] - lse;  // never banned unless every token is: then -inf
 }
 
 }  // namespace
@@ -164,6 +244,15 @@ void sample(int32_t* out, const void* logits, DType dtype, int64_t m, int64_t vo
     if (m == 0) return;
     LATTICE_DISPATCH_FLOAT(dtype, sample_kernel<U>
                            <<<unsigned(m), kThreads, 0, stream>>>(out, static_cast<const U*>(logits), vocab, params));
+    CUDA_CHECK_LAUNCH();
+}
+
+void select_tokens(int32_t* ids, float* logprobs, float* logits, int64_t m, int64_t vocab, const SelectParams* params,
+                   const int32_t* bans, cudaStream_t stream) {
+    KERNEL_CHECK(vocab > 0 && vocab < (int64_t(1) << 24) && m >= 0 && m <= 0x7fffffff,
+                 "cuda::select_tokens: vocab " + std::to_string(vocab) + " out of range (< 2^24)");
+    if (m == 0) return;
+    select_kernel<<<unsigned(m), kThreads, 0, stream>>>(ids, logprobs, logits, vocab, params, bans);
     CUDA_CHECK_LAUNCH();
 }
 

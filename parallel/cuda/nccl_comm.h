@@ -49,7 +49,7 @@ public:
     void set_wait_mode(WaitMode m) { mode_ = m; }
     void set_timeout(double seconds) { timeout_s_ = seconds; }
     // Waits (bounded) until everything this communicator enqueued has finished.
-    void wait_idle();
+    void wait_idle() override;
     bool broken() const { return broken_; }
     ncclComm_t handle() const { return comm_; }
 

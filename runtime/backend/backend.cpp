@@ -1,4 +1,4 @@
-// Names for Backend enums (for CLI parsing and error messages).
+// Names for Backend enums (for CLI parsing and error messages), and the checks ops share.
 #include "runtime/backend/backend.h"
 
 namespace lattice {
@@ -32,6 +32,15 @@ std::string_view op_name(Op op) {
         case Op::kGemmInt8: return "gemm_int8";
     }
     return "?";
+}
+
+void check_copy_columns(const View& dst, int64_t col0, const View& src, Device device) {
+    LATTICE_CHECK(dst.ndim == 2 && src.ndim == 2 && dst.dtype == src.dtype && dst.is_contiguous() &&
+                      src.is_contiguous() && dst.rows() == src.rows() && col0 >= 0 &&
+                      col0 + src.cols() <= dst.cols() && dst.device == device && src.device == device,
+                  "copy_columns: {} {} into columns [{}, {}) of {} {} (same rows and dtype, contiguous, on {})",
+                  dtype_name(src.dtype), src.shape_str(), col0, col0 + (src.ndim == 2 ? src.cols() : 0),
+                  dtype_name(dst.dtype), dst.shape_str(), device == Device::kCuda ? "the device" : "the host");
 }
 
 }  // namespace lattice

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -95,6 +96,8 @@ enum class Op : uint8_t {
     kGemmInt8,  // W8A16 / W8A8
 };
 std::string_view op_name(Op op);
+// Throws unless copy_columns(dst, col0, src) is in bounds on `device` (Backend::copy_columns).
+void check_copy_columns(const View& dst, int64_t col0, const View& src, Device device);
 
 // Token metadata of a flattened batch. Token i belongs to sequence seqs[i] (a row of block_tables)
 // and sits at positions[i]; its K/V live in the paged cache at block
@@ -108,6 +111,16 @@ struct TokenBatch {
     const int32_t* block_tables = nullptr;  // [num_seqs, table_width], -1: unused
     int64_t num_seqs = 0;
     int64_t table_width = 0;                // == AttentionShape::table_width
+};
+
+// One row of a step's token selection on the backend (Backend::select_tokens).
+struct TokenSelect {
+    float temperature = 0.0f;  // 0: greedy (lowest id on ties)
+    int32_t top_k = 0;         // 0: all
+    float top_p = 1.0f;        // (0, 1]
+    float min_p = 0.0f;        // [0, 1]
+    float u = 0.0f;            // the sequence's uniform [0, 1) draw (its sampler owns the RNG)
+    std::span<const int32_t> bans;  // ids that may not be picked (stop tokens before min_tokens)
 };
 
 struct AttentionShape {
@@ -148,6 +161,24 @@ public:
     virtual void sync() = 0;
     // Device-to-device copy of src into dst (same dtype and element count, both contiguous).
     virtual void copy(const View& dst, const View& src) = 0;
+    // dst[:, col0 : col0 + c] = src: dst [R, C] and src [R, c], same dtype, both contiguous here.
+    virtual void copy_columns(const View& dst, int64_t col0, const View& src) = 0;
+
+    // ---- the step API ----
+    // A step's batch: begin_step uploads its token metadata once (a device backend), and every op
+    // until end_step that is given the same TokenBatch arrays reuses it instead of checking them
+    // again. The arrays must not change in between. Optional: ops work without it.
+    virtual void begin_step(const TokenBatch& batch) {}
+    virtual void end_step() {}
+    // Whether select_tokens runs here (CUDA: on the device, so only ids leave it). Backends without
+    // it hand the engine host logits and the engine's Sampler picks (CPU: the logits are host memory).
+    virtual bool selects_tokens() const { return false; }
+    // One token per row of f32 logits [R, V] on this backend (modified: banned ids become -inf):
+    // ids[i], and logprobs[i] = log softmax(raw row i)[ids[i]]. Rows with penalties are not for this
+    // op (they need the sequence's history on the host).
+    virtual void select_tokens(const View& logits, std::span<const TokenSelect> rows, int32_t* ids, float* logprobs) {
+        LATTICE_FAIL("{}: select_tokens is not implemented on this backend", name());
+    }
 
     // Prepares a linear layer from host weights w [n, k] (f32/f16/bf16, row-major).
     // kNone keeps f16/bf16 as they are (exact) or converts to the backend's preferred dtype;
@@ -182,6 +213,18 @@ public:
     virtual void add(const View& out, const View& a, const View& b) = 0;
     // out[m, n] = x[m, k] . W^T
     virtual void linear(const View& out, const View& x, const Linear& w) = 0;
+};
+
+// begin_step ... end_step for one scope (end_step also when the step throws).
+class StepScope {
+public:
+    StepScope(Backend& be, const TokenBatch& batch) : be_(be) { be_.begin_step(batch); }
+    ~StepScope() { be_.end_step(); }
+    StepScope(const StepScope&) = delete;
+    StepScope& operator=(const StepScope&) = delete;
+
+private:
+    Backend& be_;
 };
 
 inline void Buffer::reset() {

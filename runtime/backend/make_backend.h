@@ -24,6 +24,7 @@ struct BackendOptions {
     int threads = 0;     // <= 0: one per available core
     bool pin = true;     // pin threads to cores
     bool mlock = false;  // lock weight memory
+    bool cpu_select_tokens = false;  // CpuBackendOptions::select_tokens (tests)
     // CUDA
     int cuda_device = 0;            // ordinal
     DType cuda_act = DType::kBF16;  // activations: kF16 or kBF16

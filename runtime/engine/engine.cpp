@@ -143,6 +143,7 @@ void Engine::execute(const StepPlan& p, Results* out) {
     if (is_sampler())
         for (int64_t id : p.released) samplers_.erase(id);
     const TokenBatch b{p.tokens.data(), pos_.data(), seq_of_.data(), T, p.tables.data(), n, p.width};
+    const StepScope step(model_.backend(), b);  // the metadata goes to the device once
     const ModelOptions& o = model_.options();
     const auto t0 = Clock::now();
     double waited = 0;
@@ -159,40 +160,105 @@ void Engine::execute(const StepPlan& p, Results* out) {
         links_.pipe->send(hidden, links_.next);
     } else if (!rows.empty()) {
         const int64_t V = c.vocab;
-        logits_.resize(rows.size() * size_t(V));
-        model_.head(hidden, rows, logits_.data());  // every TP rank of the last stage takes part
+        const View lg = model_.head_logits(hidden, rows);  // every TP rank of the last stage takes part
+        Backend& be = model_.backend();
         if (is_sampler() && p.kind == StepPlan::Kind::kScore) {
-            out->logits = logits_;
+            out->logits.resize(rows.size() * size_t(V));
+            be.download(out->logits.data(), lg);
         } else if (is_sampler()) {
             const auto ts = Clock::now();
-            size_t k = 0, ban = 0, recent = 0;
-            for (const PlanSeq& ps : p.seqs) {
-                const int32_t* bans = p.ban_ids.data() + ban;
-                ban += size_t(ps.n_ban);
-                const std::span<const int32_t> last(p.recent_ids.data() + recent, size_t(ps.n_recent));
-                recent += size_t(ps.n_recent);
-                if (!ps.sample) continue;
-                float* row = logits_.data() + k++ * size_t(V);
-                // log-softmax of the model's row (temperature 1), before any ban, penalty or temperature
-                float mx = -INFINITY;
-                for (int64_t v = 0; v < V; ++v) mx = std::max(mx, row[v]);
-                double z = 0;
-                for (int64_t v = 0; v < V; ++v) z += std::exp(double(row[v] - mx));
-                const double lse = double(mx) + std::log(z);
-                if (ps.ban_stop)
-                    for (int32_t j = 0; j < ps.n_ban; ++j)
-                        if (bans[j] >= 0 && bans[j] < V) row[bans[j]] = -INFINITY;
-                auto it = samplers_.find(ps.id);
-                if (it == samplers_.end()) it = samplers_.emplace(ps.id, Sampler(ps.sampling)).first;
-                const int32_t tok = it->second.sample(row, V, last);
-                out->tokens.push_back(SampledToken{tok, float(double(row[tok]) - lse)});  // (the Sampler leaves row raw)
-            }
+            sample_rows(p, lg, out);
             counters_.sample_seconds += since(ts);
         }
     }
     counters_.compute_seconds += since(t0) - waited;
     counters_.wait_seconds += waited;
     ++counters_.steps;
+}
+
+// One token per sampled sequence of the step from the logits lg [rows, vocab] on the backend.
+// Rows whose sampler needs the sequence's history (penalties) or a backend that cannot select
+// (CPU) take the host path: the row on the host, the log-softmax, the bans, Sampler::sample.
+// The rest are picked by Backend::select_tokens with a draw from their sampler, so on CUDA only
+// ids and log-probabilities leave the device.
+void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
+    const int64_t V = model_.config().vocab;
+    Backend& be = model_.backend();
+    struct Row {
+        const PlanSeq* ps;
+        std::span<const int32_t> bans, recent;
+        Sampler* sampler;
+    };
+    std::vector<Row> rows;
+    size_t ban = 0, recent = 0;
+    for (const PlanSeq& ps : p.seqs) {
+        const std::span<const int32_t> bans(p.ban_ids.data() + ban, size_t(ps.n_ban));
+        ban += size_t(ps.n_ban);
+        const std::span<const int32_t> last(p.recent_ids.data() + recent, size_t(ps.n_recent));
+        recent += size_t(ps.n_recent);
+        if (!ps.sample) continue;
+        auto it = samplers_.find(ps.id);
+        if (it == samplers_.end()) it = samplers_.emplace(ps.id, Sampler(ps.sampling)).first;
+        rows.push_back({&ps, ps.ban_stop ? bans : std::span<const int32_t>{}, last, &it->second});
+    }
+    LATTICE_CHECK(int64_t(rows.size()) == lg.rows(), "step {}: {} logit rows for {} samples", p.number, lg.rows(),
+                  rows.size());
+    out->tokens.resize(rows.size());
+    host_rows_.clear();  // filled below when some row is sampled on the host
+    std::vector<int64_t> on_backend;
+    if (be.selects_tokens())
+        for (size_t k = 0; k < rows.size(); ++k)
+            if (!rows[k].sampler->penalized()) on_backend.push_back(int64_t(k));
+    if (!on_backend.empty()) {
+        // select_tokens takes its rows contiguous: in a batch that mixes in penalized rows, every
+        // row goes to the host (the penalized ones need it there) and the plain ones back to the front.
+        View sel = lg;
+        if (int64_t(on_backend.size()) != lg.rows()) {
+            sel = lg.row_range(0, int64_t(on_backend.size()));
+            host_rows_.resize(size_t(lg.rows() * V));
+            be.download(host_rows_.data(), lg);
+            for (size_t j = 0; j < on_backend.size(); ++j)
+                be.upload(sel.row_range(int64_t(j), int64_t(j) + 1), host_rows_.data() + size_t(on_backend[j] * V));
+        }
+        std::vector<TokenSelect> sels(on_backend.size());
+        for (size_t j = 0; j < on_backend.size(); ++j) {
+            const Row& r = rows[size_t(on_backend[j])];
+            const SamplingParams& sp = r.sampler->params();
+            sels[j] = {sp.temperature, int32_t(std::min<int64_t>(sp.top_k, INT32_MAX)), sp.top_p, sp.min_p,
+                       r.sampler->draw(), r.bans};
+        }
+        std::vector<int32_t> ids(on_backend.size());
+        std::vector<float> lps(on_backend.size());
+        be.select_tokens(sel, sels, ids.data(), lps.data());
+        for (size_t j = 0; j < on_backend.size(); ++j) {
+            rows[size_t(on_backend[j])].sampler->accept(ids[j]);
+            out->tokens[size_t(on_backend[j])] = SampledToken{ids[j], lps[j]};
+        }
+    }
+    if (on_backend.size() == rows.size()) return;
+    if (host_rows_.empty()) {
+        host_rows_.resize(size_t(lg.rows() * V));
+        be.download(host_rows_.data(), lg);
+    }
+    size_t next = 0;
+    for (size_t k = 0; k < rows.size(); ++k) {
+        if (next < on_backend.size() && on_backend[next] == int64_t(k)) {
+            ++next;
+            continue;
+        }
+        const Row& r = rows[k];
+        float* row = host_rows_.data() + k * size_t(V);
+        // log-softmax of the model's row (temperature 1), before any ban, penalty or temperature
+        float mx = -INFINITY;
+        for (int64_t v = 0; v < V; ++v) mx = std::max(mx, row[v]);
+        double z = 0;
+        for (int64_t v = 0; v < V; ++v) z += std::exp(double(row[v] - mx));
+        const double lse = double(mx) + std::log(z);
+        for (int32_t id : r.bans)
+            if (id >= 0 && id < V) row[id] = -INFINITY;
+        const int32_t tok = r.sampler->sample(row, V, r.recent);
+        out->tokens[k] = SampledToken{tok, float(double(row[tok]) - lse)};  // (the Sampler leaves row raw)
+    }
 }
 
 StepBreakdown Engine::breakdown(const EngineCounters& c0, double comm0, double wall) const {

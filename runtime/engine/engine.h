@@ -153,6 +153,7 @@ private:
     void send_plan(const StepPlan& p);
     StepPlan recv_plan();
     void execute(const StepPlan& p, Results* out);
+    void sample_rows(const StepPlan& p, const View& logits, Results* out);
     void issue(const StepPlan& p);
     Results await_oldest(StepPlan* plan);
     void send_results(const StepPlan& p, const Results& r);
@@ -170,7 +171,7 @@ private:
     std::deque<std::pair<StepPlan, Results>> done_;  // leader: completed locally, not yet applied
     int64_t number_ = 0;                             // last plan number sent / received
     std::unordered_map<int64_t, Sampler> samplers_;  // sampler rank: per-sequence state
-    std::vector<float> logits_;
+    std::vector<float> host_rows_;  // sampler rank: logits rows sampled on the host
     std::vector<int32_t> pos_, seq_of_;
     std::chrono::steady_clock::time_point last_sent_;
     EngineCounters counters_;

@@ -56,6 +56,16 @@ const float* Sampler::penalize(const float* logits, int64_t n, std::span<const i
     return work_.data();
 }
 
+float Sampler::draw() {
+    if (p_.temperature == 0.0f) return 0.0f;  // greedy draws nothing, as sample() does
+    // 24 random bits: a float in [0, 1) exactly (no rounding up to 1).
+    return float(rng_() >> 40) * 0x1p-24f;
+}
+
+void Sampler::accept(int32_t token) {
+    if (p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) ++counts_[token];
+}
+
 int32_t Sampler::sample(const float* raw, int64_t n, std::span<const int32_t> recent) {
     const float* logits = penalize(raw, n, recent);
     int32_t chosen = -1;

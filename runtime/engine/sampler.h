@@ -49,6 +49,16 @@ public:
     // repetition penalty is off. Ids outside [0, n) are ignored.
     int32_t sample(const float* logits, int64_t n, std::span<const int32_t> recent = {});
 
+    // For a backend that selects the token itself (Backend::select_tokens): whether this sequence
+    // needs its history on the host (a penalty is on), then one uniform [0, 1) draw from the
+    // sequence's generator per token, and the token picked (for the penalties' counts).
+    bool penalized() const {
+        return p_.uses_recent() || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
+    }
+    const SamplingParams& params() const { return p_; }
+    float draw();
+    void accept(int32_t token);
+
 private:
     const float* penalize(const float* logits, int64_t n, std::span<const int32_t> recent);
 

@@ -57,6 +57,7 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
     if (opt_.last_stage) {
         head_in_ = be_.alloc(act, {T, H});
         logits_ = be_.alloc(DType::kF32, {int64_t(opt_.tp) * T * shard_.vocab_per_rank});
+        if (opt_.tp > 1) logits_full_ = be_.alloc(DType::kF32, {T * cfg_.vocab});
     }
 }
 
@@ -151,6 +152,7 @@ View Model::hidden_scratch(int64_t count) {
 void Model::tp_all_reduce(const View& x) {
     const auto t0 = SteadyClock::now();
     tp_comm_->all_reduce_sum(x);
+    if (observer_) tp_comm_->wait_idle();  // the observer reads x on the host
     comm_seconds_ += seconds_since(t0);
 }
 
@@ -199,12 +201,14 @@ void Model::run_layers(const TokenBatch& batch, const View& hidden) {
         else
             be_.add(hidden, hidden, proj);
     }
+    if (opt_.tp > 1) tp_comm_->wait_idle();  // bounded: a dead peer is an Error here, never a hang
 }
 
-void Model::head(const View& hidden, const std::vector<int64_t>& rows, float* logits) {
+View Model::head_logits(const View& hidden, const std::vector<int64_t>& rows) {
     LATTICE_CHECK(opt_.last_stage, "Model::head on a stage without the LM head");
     const int64_t R = int64_t(rows.size());
-    if (R == 0) return;
+    const int64_t Vp = shard_.vocab_per_rank, V = cfg_.vocab;
+    if (R == 0) return View::contiguous(logits_.data(), DType::kF32, {0, V}, be_.device());
     LATTICE_CHECK(R <= opt_.max_batch_tokens, "head: {} rows exceed max_batch_tokens", R);
     View in = head_in_.view().row_range(0, R);
     for (int64_t i = 0; i < R; ++i) {
@@ -213,34 +217,38 @@ void Model::head(const View& hidden, const std::vector<int64_t>& rows, float* lo
         be_.copy(in.row_range(i, i + 1), hidden.row_range(rows[size_t(i)], rows[size_t(i)] + 1));
     }
     be_.rmsnorm(in, in, final_norm_.view(), float(cfg_.rms_eps));
-    const int64_t Vp = shard_.vocab_per_rank, V = cfg_.vocab;
     LATTICE_CHECK(be_.activation_dtype() == DType::kF32 || be_.device() != Device::kCpu,
                   "head: CPU backend expects f32 activations");
     // logits_ holds tp blocks of R * Vp floats; this rank computes [R, vocab_rows] into its own
-    // block, and an in-place all-gather fills the others (no allocation per step).
+    // block, and an in-place all-gather fills the others (no allocation per step); the blocks are
+    // then laid side by side in vocabulary order, on the backend.
     const int64_t block = R * Vp;
     float* mine = logits_.ptr<float>() + int64_t(opt_.tp_rank) * block;
     be_.linear(View::contiguous(mine, DType::kF32, {R, shard_.vocab_rows}, be_.device()), in, lm_head_);
-    if (opt_.tp == 1) {
-        be_.download(logits, View::contiguous(mine, DType::kF32, {R, V}, be_.device()));
-        return;
-    }
+    if (opt_.tp == 1) return View::contiguous(mine, DType::kF32, {R, V}, be_.device());
     View all = View::contiguous(logits_.data(), DType::kF32, {int64_t(opt_.tp) * block}, be_.device());
     const auto t0 = SteadyClock::now();
     tp_comm_->all_gather(all, View::contiguous(mine, DType::kF32, {block}, be_.device()));
     comm_seconds_ += seconds_since(t0);
-    std::vector<float> host(static_cast<size_t>(opt_.tp * block));
-    be_.download(host.data(), all);
+    View full = View::contiguous(logits_full_.data(), DType::kF32, {R, V}, be_.device());
     for (int r = 0; r < opt_.tp; ++r) {
         const ShardShape sr = shard_shape(cfg_.dims(), opt_.tp, r);
-        const float* src = host.data() + r * block;
-        for (int64_t i = 0; i < R; ++i)
-            std::memcpy(logits + i * V + sr.vocab0, src + i * sr.vocab_rows, size_t(sr.vocab_rows) * sizeof(float));
+        be_.copy_columns(full, sr.vocab0,
+                         View::contiguous(logits_.ptr<float>() + r * block, DType::kF32, {R, sr.vocab_rows},
+                                          be_.device()));
     }
+    tp_comm_->wait_idle();
+    return full;
+}
+
+void Model::head(const View& hidden, const std::vector<int64_t>& rows, float* logits) {
+    const View v = head_logits(hidden, rows);
+    if (v.numel() > 0) be_.download(logits, v);
 }
 
 void Model::forward(const TokenBatch& batch, const std::vector<int64_t>& logit_rows, float* logits) {
     LATTICE_CHECK(opt_.first_stage && opt_.last_stage, "Model::forward needs a single-stage model");
+    const StepScope step(be_, batch);
     View hidden = hidden_scratch(batch.count);
     embed(batch, hidden);
     run_layers(batch, hidden);

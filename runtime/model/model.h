@@ -101,8 +101,11 @@ public:
     // Last stage: final norm + LM head for the given rows of hidden; logits [rows.size(), vocab]
     // on the host (gathered over the TP group, padding dropped).
     void head(const View& hidden, const std::vector<int64_t>& rows, float* logits);
+    // The same logits left where the backend computed them: f32 [rows.size(), vocab] on its device
+    // (model scratch, valid until the next call), for Backend::select_tokens.
+    View head_logits(const View& hidden, const std::vector<int64_t>& rows);
 
-    // Single-stage convenience: embed + layers + head for `rows` of the batch.
+    // Single-stage convenience: embed + layers + head for `rows` of the batch (one backend step).
     void forward(const TokenBatch& batch, const std::vector<int64_t>& logit_rows, float* logits);
 
     // Device buffer for `count` hidden rows (scratch owned by the model, valid until the next call).
@@ -110,7 +113,8 @@ public:
 
     // Seconds this rank has spent inside its TP communicator's calls (all-reduces, the logits'
     // all-gather) since the model was made: with a host communicator (MPI) the exchange and the wait
-    // for the slowest peer; with a device one (NCCL) only the enqueue, the transfer being stream work.
+    // for the slowest peer; with a device one (NCCL) only the enqueue, the transfer being stream work
+    // (the TP group is deferred: run_layers and head_logits wait for it once, bounded, at their end).
     double comm_seconds() const { return comm_seconds_; }
 
     // Calibration hook (runtime/smoothquant.h); empty (the default) costs one branch per GEMM.
@@ -142,6 +146,7 @@ private:
 
     // Scratch activations for max_batch_tokens rows.
     Buffer hidden_, normed_, qkv_, attn_out_, proj_, gate_up_, act_, head_in_, logits_;
+    Buffer logits_full_;  // [rows, vocab] f32: the gathered blocks in vocabulary order (tp > 1)
 };
 
 }  // namespace lattice

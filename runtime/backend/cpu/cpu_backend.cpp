@@ -28,7 +28,7 @@ void check_f32(const View& v, const char* what) {
 }  // namespace
 
 CpuBackend::CpuBackend(const CpuBackendOptions& opt)
-    : pool_(std::make_unique<ThreadPool>(opt.threads, opt.pin)), mlock_(opt.mlock) {}
+    : pool_(std::make_unique<ThreadPool>(opt.threads, opt.pin)), mlock_(opt.mlock), select_tokens_(opt.select_tokens) {}
 
 CpuBackend::~CpuBackend() = default;
 
@@ -132,6 +132,28 @@ void CpuBackend::copy(const View& dst, const View& src) {
     LATTICE_CHECK(dst.bytes() == src.bytes() && dst.dtype == src.dtype, "copy: {} {} into {} {}",
                   dtype_name(src.dtype), src.shape_str(), dtype_name(dst.dtype), dst.shape_str());
     std::memmove(dst.data, src.data, size_t(src.bytes()));
+}
+
+void CpuBackend::copy_columns(const View& dst, int64_t col0, const View& src) {
+    check_copy_columns(dst, col0, src, Device::kCpu);
+    const size_t es = size_t(dtype_size(dst.dtype)), row = size_t(src.cols()) * es;
+    for (int64_t r = 0; r < src.rows(); ++r)
+        std::memcpy(static_cast<char*>(dst.data) + (size_t(r * dst.cols() + col0)) * es,
+                    static_cast<const char*>(src.data) + size_t(r) * row, row);
+}
+
+void CpuBackend::select_tokens(const View& logits, std::span<const TokenSelect> rows, int32_t* ids, float* logprobs) {
+    LATTICE_CHECK(select_tokens_, "CpuBackend::select_tokens: not enabled (CpuBackendOptions::select_tokens)");
+    LATTICE_CHECK(logits.device == Device::kCpu && logits.dtype == DType::kF32 && logits.ndim == 2 &&
+                      logits.is_contiguous() && logits.rows() == int64_t(rows.size()),
+                  "CpuBackend::select_tokens: logits {} {} for {} rows", dtype_name(logits.dtype), logits.shape_str(),
+                  rows.size());
+    const int64_t V = logits.cols();
+    for (size_t i = 0; i < rows.size(); ++i) {
+        const TokenSelect& r = rows[i];
+        ids[i] = cpu::select_token(static_cast<float*>(logits.data) + int64_t(i) * V, V, r.temperature, r.top_k,
+                                   r.top_p, r.min_p, r.u, r.bans.data(), int64_t(r.bans.size()), &logprobs[i]);
+    }
 }
 
 Linear CpuBackend::make_linear(const View& w, QuantMode mode) {

@@ -16,6 +16,10 @@ struct CpuBackendOptions {
     int threads = 0;    // <= 0: one per available core
     bool pin = true;    // pin threads to cores
     bool mlock = false; // lock weight memory (fails loudly if the limit is too low)
+    // Select tokens as a device backend does (Backend::select_tokens, with the device's algorithm,
+    // cpu::select_token), instead of handing the logits to the engine's host Sampler: the engine's
+    // device-sampling side runs on CPU (tests).
+    bool select_tokens = false;
 };
 
 class CpuBackend final : public Backend {
@@ -35,6 +39,9 @@ public:
     void download(void* host_dst, const View& src) override;
     void sync() override {}
     void copy(const View& dst, const View& src) override;
+    void copy_columns(const View& dst, int64_t col0, const View& src) override;
+    bool selects_tokens() const override { return select_tokens_; }
+    void select_tokens(const View& logits, std::span<const TokenSelect> rows, int32_t* ids, float* logprobs) override;
 
     Linear make_linear(const View& host_w, QuantMode mode) override;
     Linear make_linear_int8(const View& host_q, const View& host_scales, QuantMode mode) override;
@@ -59,6 +66,7 @@ private:
     Buffer alloc_bytes(DType dtype, View view_shape);
     std::unique_ptr<ThreadPool> pool_;
     bool mlock_ = false;
+    bool select_tokens_ = false;
     std::unordered_map<void*, size_t> mapped_;  // mmap'ed allocations and their sizes
 };
 

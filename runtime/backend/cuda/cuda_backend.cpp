@@ -164,6 +164,16 @@ void CudaBackend::copy(const View& dst, const View& src) {
         CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, size_t(dst.bytes()), cudaMemcpyDeviceToDevice, stream_));
 }
 
+void CudaBackend::copy_columns(const View& dst, int64_t col0, const View& src) {
+    check_copy_columns(dst, col0, src, Device::kCuda);
+    const size_t es = size_t(dtype_size(dst.dtype));
+    if (src.numel() == 0) return;
+    make_current();
+    CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(dst.data) + size_t(col0) * es, size_t(dst.cols()) * es, src.data,
+                                 size_t(src.cols()) * es, size_t(src.cols()) * es, size_t(src.rows()),
+                                 cudaMemcpyDeviceToDevice, stream_));
+}
+
 int64_t CudaBackend::memory_available() const {
     make_current();
     size_t free_b = 0, total_b = 0;
@@ -175,7 +185,12 @@ std::unique_ptr<Communicator> CudaBackend::make_group_comm(Communicator& host, c
                                                            double timeout_s) {
     if (host.size() == 1) return nullptr;
 #if defined(LATTICE_HAVE_NCCL)
-    return std::make_unique<NcclComm>(host, stream_, device_, name, timeout_s);
+    auto comm = std::make_unique<NcclComm>(host, stream_, device_, name, timeout_s);
+    // The TP group's all-reduces queue on the compute stream with no host wait; the model waits
+    // (bounded) once per step (Model::run_layers, Model::head_logits). Pipeline hand-offs keep
+    // their per-call bounded wait: a stage may have no TP group to find a dead peer with.
+    if (name == "tp") comm->set_wait_mode(NcclComm::WaitMode::kDeferred);
+    return comm;
 #else
     LATTICE_FAIL("{} group of {} ranks on CUDA needs NCCL, which this build lacks (reconfigure where nccl.h and "
                  "libnccl are found)",

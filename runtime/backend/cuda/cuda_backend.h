@@ -9,7 +9,8 @@
 //   kW8A8   same storage; x is quantized per token into int8 [m, k_pad] (+ scales [m]);
 //           m <= 8: dp4a GEMV; m > 8: cuBLASLt IMMA (int32 out), then one fused dequant epilogue.
 // Token metadata (ids, positions, sequences, block tables) is staged in pinned host memory and copied with one
-// cudaMemcpyAsync per new batch (skipped when the batch did not change), so a captured graph
+// cudaMemcpyAsync per new batch (skipped when the batch did not change; within begin_step ..
+// end_step not even compared again), so a captured graph
 // re-reads it from the same pinned addresses at replay: see CudaGraph below.
 //
 // Scratch (int32 accumulators, quantized activations, attention workspace, metadata) grows on
@@ -46,7 +47,8 @@ public:
     Device device() const override { return Device::kCuda; }
     DType activation_dtype() const override { return act_; }
     bool supports(Op op, DType dtype) const override;
-    // NCCL over the host group's ranks, on this backend's stream (null for one rank).
+    // NCCL over the host group's ranks, on this backend's stream (null for one rank); the group
+    // named "tp" is deferred (no host wait per call: its user calls wait_idle once per step).
     std::unique_ptr<Communicator> make_group_comm(Communicator& host, const std::string& name,
                                                   double timeout_s) override;
     int64_t memory_available() const override;
@@ -57,6 +59,13 @@ public:
     void download(void* host_dst, const View& src) override;
     void sync() override;
     void copy(const View& dst, const View& src) override;
+    void copy_columns(const View& dst, int64_t col0, const View& src) override;
+    void begin_step(const TokenBatch& batch) override;
+    void end_step() override { step_ = {}; }
+    bool selects_tokens() const override { return true; }
+    // On the device: bans and selection params uploaded in one copy, one kernel, ids and logprobs
+    // downloaded in one copy (the only synchronization of the step).
+    void select_tokens(const View& logits, std::span<const TokenSelect> rows, int32_t* ids, float* logprobs) override;
 
     Linear make_linear(const View& host_w, QuantMode mode) override;
     Linear make_linear_int8(const View& host_q, const View& host_scales, QuantMode mode) override;
@@ -110,6 +119,8 @@ private:
     };
     void* scratch(Scratch& s, size_t bytes, const char* what);
     void ensure_batch(const TokenBatch& batch);
+    // ensure_batch unless `batch` is the one begin_step staged (same arrays).
+    void use_batch(const TokenBatch& batch);
     // Fills [ids | positions | seqs | tiles | tables] for batch at `host`; returns the tile count.
     static int64_t fill_staging(int32_t* host, const TokenBatch& batch);
     void write_staging(const TokenBatch& batch);
@@ -139,7 +150,9 @@ private:
     std::vector<void*> retired_dev_;   // outgrown device buffers a graph may still use
     std::vector<void*> retired_host_;  // outgrown pinned staging areas
 
-    Scratch xq_, sx_, acc_, wdeq_, attn_ws_, ids_out_, params_;
+    Scratch xq_, sx_, acc_, wdeq_, attn_ws_, ids_out_, params_, select_;
+    TokenBatch step_;                  // the batch begin_step staged (count 0 outside a step)
+    std::vector<char> select_host_;    // pinned-free staging of select_tokens' params and bans
 };
 
 // Capture/replay of one decode step per batch-size bucket. How the engine uses it:

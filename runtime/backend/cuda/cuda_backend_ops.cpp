@@ -104,6 +104,21 @@ void CudaBackend::ensure_batch(const TokenBatch& b) {
     }
 }
 
+void CudaBackend::use_batch(const TokenBatch& b) {
+    if (step_.count > 0 && b.count == step_.count && b.ids == step_.ids && b.positions == step_.positions &&
+        b.seqs == step_.seqs && b.block_tables == step_.block_tables && b.num_seqs == step_.num_seqs &&
+        b.table_width == step_.table_width)
+        return;
+    ensure_batch(b);
+}
+
+void CudaBackend::begin_step(const TokenBatch& b) {
+    make_current();
+    step_ = {};
+    ensure_batch(b);
+    step_ = b;
+}
+
 void CudaBackend::begin_capture() {
     LATTICE_CHECK(!capturing_, "CudaBackend::begin_capture: already capturing");
     make_current();
@@ -143,7 +158,7 @@ void CudaBackend::embed(const View& out, const View& table, const TokenBatch& ba
     LATTICE_CHECK(table.device == Device::kCuda && table.ndim == 2 && table.cols() == out.cols(),
                   "CudaBackend::embed: table {} vs out {}", table.shape_str(), out.shape_str());
     check_rows_cols(out, batch.count, table.cols(), "embed", "out");
-    ensure_batch(batch);
+    use_batch(batch);
     cuda::embed(out.data, act_, table.data, table.dtype, table.shape[0], table.cols(), meta_dev_, batch.count,
                 row_offset, stream_);
 }
@@ -174,7 +189,7 @@ void CudaBackend::rope(const View& qkv, const TokenBatch& batch, const Attention
     LATTICE_CHECK(
         inv_freq.dtype == DType::kF32 && inv_freq.numel() == s.head_dim / 2 && inv_freq.device == Device::kCuda,
         "CudaBackend::rope: inv_freq must be f32 [{}] on the device", s.head_dim / 2);
-    ensure_batch(batch);
+    use_batch(batch);
     cuda::rope(qkv.data, meta_dev_ + batch.count, batch.count, s.n_heads, s.n_kv_heads, s.head_dim,
                inv_freq.ptr<float>(), act_, stream_);
 }
@@ -208,7 +223,7 @@ void CudaBackend::attention(const View& out, const View& qkv, const View& k_cach
                           "{} blocks",
                           i, row[b], b, q, s.num_blocks);
     }
-    ensure_batch(batch);
+    use_batch(batch);
     cuda::AttnDims d;
     d.n_heads = s.n_heads;
     d.n_kv_heads = s.n_kv_heads;
@@ -323,6 +338,48 @@ void CudaBackend::sample(const View& logits, const cuda::SampleParams* host_para
     cuda::sample(ids, logits.data, logits.dtype, m, logits.cols(), params, stream_);
     CUDA_CHECK(cudaMemcpyAsync(host_ids, ids, size_t(m) * 4, cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::select_tokens(const View& logits, std::span<const TokenSelect> rows, int32_t* host_ids,
+                                float* host_logprobs) {
+    LATTICE_CHECK(logits.device == Device::kCuda && logits.dtype == DType::kF32 && logits.ndim == 2 &&
+                      logits.is_contiguous() && logits.rows() == int64_t(rows.size()),
+                  "CudaBackend::select_tokens: logits {} {} for {} rows (f32 [rows, vocab] on the device)",
+                  dtype_name(logits.dtype), logits.shape_str(), rows.size());
+    const int64_t m = logits.rows();
+    if (m == 0) return;
+    make_current();
+    // One staging block: [params m | bans] then, on the device, [ids m | logprobs m] after it.
+    std::vector<cuda::SelectParams> params(static_cast<size_t>(m));
+    std::vector<int32_t> bans;
+    for (int64_t i = 0; i < m; ++i) {
+        const TokenSelect& r = rows[size_t(i)];
+        LATTICE_CHECK(r.temperature >= 0.0f && r.top_p > 0.0f && r.top_p <= 1.0f && r.min_p >= 0.0f &&
+                          r.min_p <= 1.0f && r.u >= 0.0f && r.u < 1.0f,
+                      "CudaBackend::select_tokens: row {}: temperature {} top_p {} min_p {} u {} out of range", i,
+                      r.temperature, r.top_p, r.min_p, r.u);
+        cuda::SelectParams& p = params[size_t(i)];
+        p = {r.temperature, r.top_k > 0 ? r.top_k : 0, r.top_p, r.min_p, r.u, int32_t(bans.size()), 0};
+        bans.insert(bans.end(), r.bans.begin(), r.bans.end());
+        p.ban_end = int32_t(bans.size());
+    }
+    const size_t pbytes = params.size() * sizeof(cuda::SelectParams), bbytes = bans.size() * 4;
+    const size_t in_bytes = (pbytes + bbytes + 15) / 16 * 16;
+    char* dev = static_cast<char*>(scratch(select_, in_bytes + size_t(m) * 8, "token selection"));
+    select_host_.resize(in_bytes);
+    std::memcpy(select_host_.data(), params.data(), pbytes);
+    if (bbytes) std::memcpy(select_host_.data() + pbytes, bans.data(), bbytes);
+    CUDA_CHECK(cudaMemcpyAsync(dev, select_host_.data(), in_bytes, cudaMemcpyHostToDevice, stream_));
+    auto* ids = reinterpret_cast<int32_t*>(dev + in_bytes);
+    auto* lps = reinterpret_cast<float*>(dev + in_bytes + size_t(m) * 4);
+    cuda::select_tokens(ids, lps, static_cast<float*>(logits.data), m, logits.cols(),
+                        reinterpret_cast<const cuda::SelectParams*>(dev), reinterpret_cast<const int32_t*>(dev + pbytes),
+                        stream_);
+    std::vector<int32_t> out(size_t(m) * 2);
+    CUDA_CHECK(cudaMemcpyAsync(out.data(), ids, size_t(m) * 8, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::memcpy(host_ids, out.data(), size_t(m) * 4);
+    std::memcpy(host_logprobs, out.data() + m, size_t(m) * 4);
 }
 
 // ---- CudaGraph ----

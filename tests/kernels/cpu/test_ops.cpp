@@ -158,3 +158,47 @@ TEST_CASE("silu_mul and embed with a vocab-parallel offset") {
         CHECK(e[size_t(3 * n + j)] == 0.0f);               // id 15: beyond the shard
     }
 }
+
+TEST_CASE("select_token: greedy with bans, top-k / top-p / min-p kept sets, frequencies, raw log-probabilities") {
+    // logits chosen so the probabilities are easy to name: exp(0), exp(-1), exp(-1), exp(-2), exp(-5), exp(-9)
+    const std::vector<float> base = {0.0f, -1.0f, -1.0f, -2.0f, -5.0f, -9.0f};
+    const int64_t V = int64_t(base.size());
+    double z = 0;
+    for (float v : base) z += std::exp(double(v));
+    auto pick = [&](float t, int64_t k, float top_p, float min_p, float u, std::vector<int32_t> bans = {}) {
+        std::vector<float> row = base;
+        float lp = 0;
+        const int32_t id = lattice::cpu::select_token(row.data(), V, t, k, top_p, min_p, u, bans.data(),
+                                                      int64_t(bans.size()), &lp);
+        CHECK(lp == doctest::Approx(double(base[size_t(id)]) - std::log(z)).epsilon(1e-5));  // raw row
+        return id;
+    };
+    CHECK(pick(0.0f, 0, 1.0f, 0.0f, 0.0f) == 0);
+    CHECK(pick(0.0f, 0, 1.0f, 0.0f, 0.0f, {0, -3, 99}) == 1);  // the ban moves greedy to the next (lowest id of a tie)
+    // Over a grid of draws u, the pick frequencies equal the kept set's renormalized probabilities.
+    auto freqs = [&](float t, int64_t k, float top_p, float min_p, std::vector<int32_t> bans = {}) {
+        std::vector<double> f(size_t(V), 0.0);
+        const int n = 20000;
+        for (int i = 0; i < n; ++i) f[size_t(pick(t, k, top_p, min_p, (float(i) + 0.5f) / float(n), bans))] += 1.0 / n;
+        return f;
+    };
+    auto expect = [&](std::vector<int> kept, float t) {
+        std::vector<double> w(size_t(V), 0.0);
+        double s = 0;
+        for (int j : kept) s += (w[size_t(j)] = std::exp(double(base[size_t(j)]) / double(t)));
+        for (double& e : w) e /= s;
+        return w;
+    };
+    auto near = [](const std::vector<double>& a, const std::vector<double>& b) {
+        for (size_t j = 0; j < a.size(); ++j)
+            if (std::abs(a[j] - b[j]) > 2e-4) return false;
+        return true;
+    };
+    CHECK(near(freqs(1.0f, 0, 1.0f, 0.0f), expect({0, 1, 2, 3, 4, 5}, 1.0f)));
+    CHECK(near(freqs(0.5f, 0, 1.0f, 0.0f), expect({0, 1, 2, 3, 4, 5}, 0.5f)));
+    CHECK(near(freqs(1.0f, 2, 1.0f, 0.0f), expect({0, 1, 2}, 1.0f)));          // top-k 2: the tie with the 2nd is kept
+    CHECK(near(freqs(1.0f, 0, 0.5f, 0.0f), expect({0}, 1.0f)));        // p(0) = 0.53 >= 0.5: the top alone
+    CHECK(near(freqs(1.0f, 0, 0.6f, 0.0f), expect({0, 1, 2}, 1.0f)));  // 0.53 + 0.2 reaches 0.6: the tie kept too
+    CHECK(near(freqs(1.0f, 0, 1.0f, 0.3f), expect({0, 1, 2}, 1.0f)));          // exp(-1) = 0.37 >= 0.3, exp(-2) not
+    CHECK(near(freqs(1.0f, 0, 1.0f, 0.0f, {0, 1}), expect({2, 3, 4, 5}, 1.0f)));  // bans leave the set
+}

@@ -102,3 +102,49 @@ TEST_CASE("cuda sampling: temperature, top-k, top-p, inverse CDF" * doctest::tes
     }
     CHECK(compared > 80);  // boundary skips are rare
 }
+
+TEST_CASE("cuda select_tokens: greedy and sampled rows, bans, min_p, raw log-probabilities" * doctest::test_suite("cuda")) {
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    const int64_t v = 2003, m = 5;
+    std::vector<float> logits = random_vec(rng, size_t(m * v), -4, 4);
+    auto row = [&](int64_t i) { return logits.begin() + i * v; };
+    auto argmax_of = [&](int64_t i) { return int32_t(std::max_element(row(i), row(i) + v) - row(i)); };
+    const int32_t top0 = argmax_of(0), top2 = argmax_of(2);
+    // row 0: greedy with its argmax banned -> the runner-up; row 1: greedy; row 2: min_p = 1 keeps only
+    // the argmax; row 3: top_k = 1; row 4: plain sampling, compared with the serial reference.
+    std::vector<int32_t> bans = {top0, -5, int32_t(v + 3)};  // out-of-range bans are ignored
+    std::uniform_real_distribution<float> U(0.0f, 0.999f);
+    const float u4 = U(rng);
+    const std::vector<cuda::SelectParams> params = {{0.0f, 0, 1.0f, 0.0f, 0.0f, 0, 3},
+                                                    {0.0f, 0, 1.0f, 0.0f, 0.0f, 3, 3},
+                                                    {0.8f, 0, 1.0f, 1.0f, U(rng), 3, 3},
+                                                    {1.2f, 1, 1.0f, 0.0f, U(rng), 3, 3},
+                                                    {1.0f, 0, 1.0f, 0.0f, u4, 3, 3}};
+    const std::vector<float> raw = logits;
+    DevBuf dl(logits), dp(params), db(bans), dids(size_t(m) * 4), dlp(size_t(m) * 4);
+    cuda::select_tokens(dids.get<int32_t>(), dlp.get<float>(), dl.get<float>(), m, v, dp.get<cuda::SelectParams>(),
+                        db.get<int32_t>(), nullptr);
+    const std::vector<int32_t> ids = dids.download<int32_t>(size_t(m));
+    const std::vector<float> lps = dlp.download<float>(size_t(m));
+    std::vector<float> banned0(raw.begin(), raw.begin() + v);
+    banned0[size_t(top0)] = -INFINITY;
+    CHECK(ids[0] == int32_t(std::max_element(banned0.begin(), banned0.end()) - banned0.begin()));
+    CHECK(ids[1] == argmax_of(1));
+    CHECK(ids[2] == top2);
+    CHECK(ids[3] == argmax_of(3));
+    const cuda::SampleParams p4{1.0f, 0, 1.0f, u4};
+    const int32_t ref4 = sample_ref(&raw[size_t(4 * v)], v, p4, 1e-4);
+    if (ref4 >= 0) CHECK(ids[4] == ref4);
+    for (int64_t i = 0; i < m; ++i) {
+        INFO("row " << i);
+        REQUIRE(ids[size_t(i)] >= 0);
+        REQUIRE(ids[size_t(i)] < v);
+        double mx = -INFINITY, z = 0;
+        for (int64_t j = 0; j < v; ++j) mx = std::max(mx, double(raw[size_t(i * v + j)]));
+        for (int64_t j = 0; j < v; ++j) z += std::exp(double(raw[size_t(i * v + j)]) - mx);
+        const double want = double(raw[size_t(i * v + ids[size_t(i)])]) - (mx + std::log(z));
+        CHECK(lps[size_t(i)] == doctest::Approx(want).epsilon(1e-4));
+    }
+}

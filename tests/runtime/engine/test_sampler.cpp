@@ -314,3 +314,57 @@ TEST_CASE("validate names the bad penalty or min-p") {
     bad([](SamplingParams& p) { p.min_p = 1.5f; }, "--min-p");
     bad([](SamplingParams& p) { p.min_p = -0.1f; }, "--min-p");
 }
+
+TEST_CASE("backend selection hooks: penalized() says which rows need the host, draw() is seeded and in [0, 1)") {
+    SamplingParams plain{0.8f, 40, 0.9f, 5};
+    plain.min_p = 0.1f;  // min-p needs no history: still a backend row
+    CHECK_FALSE(Sampler(plain).penalized());
+    SamplingParams rep = plain;
+    rep.repeat_penalty = 1.1f;
+    CHECK(Sampler(rep).penalized());
+    rep.repeat_last_n = 0;  // a window of nothing is no penalty
+    CHECK_FALSE(Sampler(rep).penalized());
+    SamplingParams freq = plain;
+    freq.frequency_penalty = 0.5f;
+    CHECK(Sampler(freq).penalized());
+
+    auto draws = [&](uint64_t seed) {
+        SamplingParams p = plain;
+        p.seed = seed;
+        Sampler s(p);
+        std::vector<float> u;
+        for (int i = 0; i < 1000; ++i) u.push_back(s.draw());
+        return u;
+    };
+    const std::vector<float> a = draws(5);
+    CHECK(a == draws(5));
+    CHECK(a != draws(6));
+    for (float u : a) {
+        REQUIRE(u >= 0.0f);
+        REQUIRE(u < 1.0f);
+    }
+    const double mean = std::accumulate(a.begin(), a.end(), 0.0) / double(a.size());
+    CHECK(mean == doctest::Approx(0.5).epsilon(0.1));  // 1000 uniform draws: sd of the mean ~0.009
+    SamplingParams greedy = plain;
+    greedy.temperature = 0.0f;
+    CHECK(Sampler(greedy).draw() == 0.0f);
+}
+
+TEST_CASE("accept() counts backend-picked tokens for the frequency penalty, as sample() does") {
+    // Two samplers, one picks through sample(), one is told the same picks through accept():
+    // afterwards both penalize the same way, so greedy picks agree.
+    SamplingParams p{0.0f, 0, 1.0f, 0};
+    p.frequency_penalty = 2.0f;
+    std::vector<float> logits = {3.0f, 2.9f, 2.8f, 0.0f};
+    Sampler a(p), b(p);
+    for (int i = 0; i < 3; ++i) {
+        const int32_t t = a.sample(logits.data(), 4);
+        b.accept(t);
+    }
+    CHECK(a.sample(logits.data(), 4) == b.sample(logits.data(), 4));
+    Sampler fresh(p);
+    CHECK(fresh.sample(logits.data(), 4) == 0);  // without the counts the argmax wins
+    Sampler told(p);
+    told.accept(0);
+    CHECK(told.sample(logits.data(), 4) == 1);  // 3.0 - 2.0 < 2.9
+}
