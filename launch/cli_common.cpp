@@ -62,6 +62,9 @@ void ModelArgs::add_to(CLI::App* cmd) {
         ->check(int_range(1, 1 << 16));
     cmd->add_option("--block-size", block_size, "KV cache positions per block")->check(int_range(1, 1 << 16));
     cmd->add_flag("--no-prefix-cache", no_prefix_cache, "Do not reuse cached KV blocks of identical prompt prefixes");
+    cmd->add_flag("--enforce-eager", enforce_eager,
+                  "Run every step eagerly: no CUDA graphs for decode steps (on CUDA they are captured per batch-size "
+                  "bucket by default; CPU runs eagerly anyway)");
     cmd->add_option("--tp", tp, "Tensor-parallel ranks")->check(int_range(1, 4096));
     cmd->add_option("--pp", pp, "Pipeline-parallel stages")->check(int_range(1, 4096));
     cmd->add_option("--pp-layers", pp_layers, "Layers per pipeline stage, e.g. 20,20,21,19");
@@ -412,6 +415,7 @@ Built load_model(const ModelArgs& a, const std::function<void(const WorldConfig&
     o.kv_cache_gb = a.kv_cache_gb;
     o.engine.max_seqs = a.max_seqs;
     o.engine.prefix_caching = !a.no_prefix_cache;
+    o.engine.step_graphs = !a.enforce_eager;
     if (!a.pp_layers.empty()) o.pp_layers = parse_counts(a.pp_layers);
     o.micro_batch = a.micro_batch;
     o.tp = a.tp;

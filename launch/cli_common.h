@@ -39,6 +39,7 @@ struct ModelArgs {
     int64_t max_seqs = 64;
     int64_t block_size = 16;
     bool no_prefix_cache = false;
+    bool enforce_eager = false;
     std::string device = "auto";  // auto | cpu | cuda
     std::string dtype = "bf16";   // CUDA activations: f16 | bf16
     std::string devices;          // CUDA ordinals per local rank, e.g. 0,1,2,3

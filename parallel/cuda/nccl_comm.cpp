@@ -174,6 +174,7 @@ void NcclComm::finish(const char* op, int peer, ncclResult_t enqueue_result) {
 
 void NcclComm::wait_idle() {
     LATTICE_CHECK(!broken_, "NcclComm '{}': communicator was aborted by an earlier failure", name_);
+    if (capturing()) return;  // inside a graph capture nothing runs: the replay's caller waits
     CUDA_CHECK(cudaEventRecord(event_, stream_));
     wait_event("wait_idle", -1);
 }

@@ -16,6 +16,7 @@
 #include "base/view.h"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -134,6 +135,13 @@ struct AttentionShape {
     float scale = 1.0f;       // softmax scale, 1/sqrt(head_dim)
 };
 
+// A captured step (Backend::capture_step): the backend's work of one step body, replayed for later
+// batches of the same shape. Opaque; owned by the caller, valid while its backend lives.
+class StepGraph {
+public:
+    virtual ~StepGraph() = default;
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -173,6 +181,18 @@ public:
     // Whether select_tokens runs here (CUDA: on the device, so only ids leave it). Backends without
     // it hand the engine host logits and the engine's Sampler picks (CPU: the logits are host memory).
     virtual bool selects_tokens() const { return false; }
+    // Step graphs (CUDA graphs): capture_step records the work of body() for batches shaped like
+    // `batch` (the same count, sequences and table width) and runs nothing; replay_step runs it for
+    // `batch`, whose arrays hold the new step's metadata. Before capturing a shape, run one eager
+    // step of it (that sizes every scratch buffer). body() must enqueue the same work every time
+    // (no host reads of device results) and use the same buffers: the model's scratch and caches.
+    virtual bool captures_steps() const { return false; }
+    virtual std::unique_ptr<StepGraph> capture_step(const TokenBatch& batch, const std::function<void()>& body) {
+        LATTICE_FAIL("{}: step graphs are not implemented on this backend", name());
+    }
+    virtual void replay_step(StepGraph& graph, const TokenBatch& batch) {
+        LATTICE_FAIL("{}: step graphs are not implemented on this backend", name());
+    }
     // One token per row of f32 logits [R, V] on this backend (modified: banned ids become -inf):
     // ids[i], and logprobs[i] = log softmax(raw row i)[ids[i]]. Rows with penalties are not for this
     // op (they need the sequence's history on the host).

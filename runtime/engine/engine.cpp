@@ -35,10 +35,24 @@ Engine::Engine(Model& model, PipelineLinks links, const EngineOptions& opt) : mo
     }
     stages_ = links_.pipe ? links_.pipe->size() : 1;
     LATTICE_CHECK(model_.kv_blocks() > 0, "Engine: the model has no KV cache (Model::allocate_kv first)");
+    const ModelOptions& mo = model_.options();
+    graphs_on_ = opt_.step_graphs && model_.backend().captures_steps() && stages_ == 1 && mo.first_stage &&
+                 mo.last_stage && model_.kv_blocks() >= 2;
+    if (graphs_on_) {
+        trash_block_ = int32_t(model_.kv_blocks() - 1);
+        graph_max_ = 1;
+        while (graph_max_ * 2 <= std::min(opt_.max_seqs, mo.max_batch_tokens)) graph_max_ *= 2;
+        const size_t W = size_t(model_.attention_shape().table_width), B = size_t(graph_max_);
+        g_tok_.reserve(B);
+        g_pos_.reserve(B);
+        g_seq_.reserve(B);
+        g_tab_.reserve(B * W);
+        g_rows_.reserve(B);
+    }
     if (is_leader()) {
         const ModelConfig& c = model_.config();
-        pool_ =
-            std::make_unique<BlockPool>(model_.kv_blocks(), model_.attention_shape().block_size, opt_.prefix_caching);
+        pool_ = std::make_unique<BlockPool>(model_.kv_blocks() - (graphs_on_ ? 1 : 0),
+                                            model_.attention_shape().block_size, opt_.prefix_caching);
         SchedulerOptions so;
         const int64_t mbt = model_.options().max_batch_tokens;
         so.step_tokens = opt_.step_tokens > 0 ? std::min(opt_.step_tokens, mbt) : mbt;
@@ -143,9 +157,14 @@ void Engine::execute(const StepPlan& p, Results* out) {
     if (is_sampler())
         for (int64_t id : p.released) samplers_.erase(id);
     const TokenBatch b{p.tokens.data(), pos_.data(), seq_of_.data(), T, p.tables.data(), n, p.width};
+    const auto t0 = Clock::now();
+    if (graphs_on_ && graph_step(p, b, out)) {
+        counters_.compute_seconds += since(t0);
+        ++counters_.steps;
+        return;
+    }
     const StepScope step(model_.backend(), b);  // the metadata goes to the device once
     const ModelOptions& o = model_.options();
-    const auto t0 = Clock::now();
     double waited = 0;
     View hidden = model_.hidden_scratch(T);
     if (o.first_stage) {
@@ -174,6 +193,62 @@ void Engine::execute(const StepPlan& p, Results* out) {
     counters_.compute_seconds += since(t0) - waited;
     counters_.wait_seconds += waited;
     ++counters_.steps;
+}
+
+// Decode-only steps (one sampled token per sequence, at most graph_max_ of them) run as the
+// captured graph of their bucket, the smallest power of two holding them: the batch is padded
+// with dummy sequences (token 0 at position 0, writing the reserved trash block), the first step of
+// a bucket runs eagerly (sizing scratch), the second captures and replays, the rest replay. Every
+// rank takes the same branch (it depends only on the plan), so TP collectives stay matched.
+bool Engine::graph_step(const StepPlan& p, const TokenBatch& b, Results* out) {
+    const int64_t T = b.count, W = b.table_width;
+    if (p.kind != StepPlan::Kind::kStep || T > graph_max_ || b.num_seqs != T) return false;
+    for (const PlanSeq& ps : p.seqs)
+        if (ps.count != 1 || !ps.sample) return false;
+    int64_t B = 1;
+    while (B < T) B *= 2;
+    g_tok_.assign(b.ids, b.ids + T);
+    g_tok_.resize(size_t(B), 0);
+    g_pos_.assign(b.positions, b.positions + T);
+    g_pos_.resize(size_t(B), 0);
+    g_seq_.resize(size_t(B));
+    for (int64_t i = 0; i < B; ++i) g_seq_[size_t(i)] = int32_t(i);
+    LATTICE_CHECK(std::equal(b.seqs, b.seqs + T, g_seq_.begin()), "step {}: decode tokens out of sequence order",
+                  p.number);
+    g_tab_.assign(b.block_tables, b.block_tables + T * W);
+    g_tab_.resize(size_t(B * W), -1);
+    for (int64_t i = T; i < B; ++i) g_tab_[size_t(i * W)] = trash_block_;
+    const TokenBatch gb{g_tok_.data(), g_pos_.data(), g_seq_.data(), B, g_tab_.data(), B, W};
+    GraphSlot& slot = graphs_[B];
+    Backend& be = model_.backend();
+    auto body = [this, gb, &slot] {
+        const StepScope step(model_.backend(), gb);
+        g_rows_.resize(size_t(gb.count));
+        for (int64_t i = 0; i < gb.count; ++i) g_rows_[size_t(i)] = i;
+        View hidden = model_.hidden_scratch(gb.count);
+        model_.embed(gb, hidden);
+        model_.run_layers(gb, hidden);
+        slot.logits = model_.head_logits(hidden, g_rows_);
+    };
+    ++counters_.graph_steps;
+    if (!slot.warmed) {
+        body();
+        slot.warmed = true;
+    } else {
+        if (!slot.graph) {
+            slot.graph = be.capture_step(gb, body);
+            ++counters_.graphs_captured;
+        }
+        be.replay_step(*slot.graph, gb);
+        ++counters_.graph_replays;
+        model_.wait_comm();
+    }
+    if (is_sampler()) {
+        const auto ts = Clock::now();
+        sample_rows(p, slot.logits.row_range(0, T), out);
+        counters_.sample_seconds += since(ts);
+    }
+    return true;
 }
 
 // One token per sampled sequence of the step from the logits lg [rows, vocab] on the backend.

@@ -47,6 +47,10 @@ struct EngineOptions {
     int64_t max_seqs = 64;     // running sequences at most
     int64_t step_tokens = 0;   // tokens per step; 0: the model's max_batch_tokens
     double heartbeat_s = 5.0;  // an idle leader pings the followers at least this often
+    // Decode steps as captured step graphs (CUDA graphs) on a backend that has them, one per
+    // batch-size bucket (powers of two up to max_seqs), padded with dummy sequences on a reserved
+    // KV block; single-stage models only (pp = 1). false: every step eager (--enforce-eager).
+    bool step_graphs = true;
 };
 
 // The every-rank convenience API (tools, tests).
@@ -104,6 +108,9 @@ struct EngineCounters {
     double compute_seconds = 0;  // embed, layers, head and sampling, TP communication included
     double sample_seconds = 0;   // of which sampling (sampler rank)
     double wait_seconds = 0;     // blocked on a peer: pipeline receive, the leader's token receive, the next plan
+    int64_t graph_steps = 0;     // of the steps, decode steps run through a step graph (eager warm-ups included)
+    int64_t graph_replays = 0;   // of those, replays of a captured graph
+    int64_t graphs_captured = 0; // step graphs captured (one per batch-size bucket used)
 };
 
 class Engine {
@@ -154,6 +161,8 @@ private:
     StepPlan recv_plan();
     void execute(const StepPlan& p, Results* out);
     void sample_rows(const StepPlan& p, const View& logits, Results* out);
+    // A decode-only step through the captured graph of its bucket; false when the step is not one.
+    bool graph_step(const StepPlan& p, const TokenBatch& b, Results* out);
     void issue(const StepPlan& p);
     Results await_oldest(StepPlan* plan);
     void send_results(const StepPlan& p, const Results& r);
@@ -172,6 +181,18 @@ private:
     int64_t number_ = 0;                             // last plan number sent / received
     std::unordered_map<int64_t, Sampler> samplers_;  // sampler rank: per-sequence state
     std::vector<float> host_rows_;  // sampler rank: logits rows sampled on the host
+    // Step graphs: on when opt_.step_graphs, the backend captures steps and the model is one stage.
+    struct GraphSlot {
+        bool warmed = false;  // one eager step of this bucket ran (scratch sized)
+        std::unique_ptr<StepGraph> graph;
+        View logits;          // where the graph leaves the bucket's logits [bucket, vocab]
+    };
+    bool graphs_on_ = false;
+    int64_t graph_max_ = 0;     // largest bucket
+    int32_t trash_block_ = -1;  // the KV block the padding rows write (never in the pool)
+    std::unordered_map<int64_t, GraphSlot> graphs_;
+    std::vector<int32_t> g_tok_, g_pos_, g_seq_, g_tab_;  // the padded batch (capacity fixed at start)
+    std::vector<int64_t> g_rows_;
     std::vector<int32_t> pos_, seq_of_;
     std::chrono::steady_clock::time_point last_sent_;
     EngineCounters counters_;

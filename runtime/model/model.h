@@ -108,6 +108,12 @@ public:
     // Single-stage convenience: embed + layers + head for `rows` of the batch (one backend step).
     void forward(const TokenBatch& batch, const std::vector<int64_t>& logit_rows, float* logits);
 
+    // Waits (bounded) for this rank's queued TP collectives: after replaying a captured step, whose
+    // capture could not wait (run_layers and head_logits wait on their own otherwise).
+    void wait_comm() {
+        if (opt_.tp > 1) tp_comm_->wait_idle();
+    }
+
     // Device buffer for `count` hidden rows (scratch owned by the model, valid until the next call).
     View hidden_scratch(int64_t count);
 

@@ -28,7 +28,8 @@ void check_f32(const View& v, const char* what) {
 }  // namespace
 
 CpuBackend::CpuBackend(const CpuBackendOptions& opt)
-    : pool_(std::make_unique<ThreadPool>(opt.threads, opt.pin)), mlock_(opt.mlock), select_tokens_(opt.select_tokens) {}
+    : pool_(std::make_unique<ThreadPool>(opt.threads, opt.pin)), mlock_(opt.mlock), select_tokens_(opt.select_tokens),
+      step_graphs_(opt.step_graphs) {}
 
 CpuBackend::~CpuBackend() = default;
 
@@ -140,6 +141,32 @@ void CpuBackend::copy_columns(const View& dst, int64_t col0, const View& src) {
     for (int64_t r = 0; r < src.rows(); ++r)
         std::memcpy(static_cast<char*>(dst.data) + (size_t(r * dst.cols() + col0)) * es,
                     static_cast<const char*>(src.data) + size_t(r) * row, row);
+}
+
+namespace {
+struct CpuStepGraph final : StepGraph {
+    std::function<void()> body;
+    int64_t count = 0, num_seqs = 0, table_width = 0;
+};
+}  // namespace
+
+std::unique_ptr<StepGraph> CpuBackend::capture_step(const TokenBatch& batch, const std::function<void()>& body) {
+    LATTICE_CHECK(step_graphs_, "CpuBackend::capture_step: not enabled (CpuBackendOptions::step_graphs)");
+    auto g = std::make_unique<CpuStepGraph>();
+    g->body = body;
+    g->count = batch.count;
+    g->num_seqs = batch.num_seqs;
+    g->table_width = batch.table_width;
+    return g;
+}
+
+void CpuBackend::replay_step(StepGraph& graph, const TokenBatch& batch) {
+    auto* g = dynamic_cast<CpuStepGraph*>(&graph);
+    LATTICE_CHECK(g, "CpuBackend::replay_step: a graph of another backend");
+    LATTICE_CHECK(batch.count == g->count && batch.num_seqs == g->num_seqs && batch.table_width == g->table_width,
+                  "CpuBackend::replay_step: batch of {} tokens, {} sequences, tables {} wide; captured for {}, {}, {}",
+                  batch.count, batch.num_seqs, batch.table_width, g->count, g->num_seqs, g->table_width);
+    g->body();
 }
 
 void CpuBackend::select_tokens(const View& logits, std::span<const TokenSelect> rows, int32_t* ids, float* logprobs) {

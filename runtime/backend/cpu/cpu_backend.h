@@ -20,6 +20,9 @@ struct CpuBackendOptions {
     // cpu::select_token), instead of handing the logits to the engine's host Sampler: the engine's
     // device-sampling side runs on CPU (tests).
     bool select_tokens = false;
+    // Step graphs as a device backend has them, replay re-running the captured body on the new
+    // batch: the engine's graph side (bucketing, padding) runs on CPU (tests).
+    bool step_graphs = false;
 };
 
 class CpuBackend final : public Backend {
@@ -41,6 +44,9 @@ public:
     void copy(const View& dst, const View& src) override;
     void copy_columns(const View& dst, int64_t col0, const View& src) override;
     bool selects_tokens() const override { return select_tokens_; }
+    bool captures_steps() const override { return step_graphs_; }
+    std::unique_ptr<StepGraph> capture_step(const TokenBatch& batch, const std::function<void()>& body) override;
+    void replay_step(StepGraph& graph, const TokenBatch& batch) override;
     void select_tokens(const View& logits, std::span<const TokenSelect> rows, int32_t* ids, float* logprobs) override;
 
     Linear make_linear(const View& host_w, QuantMode mode) override;
@@ -67,6 +73,7 @@ private:
     std::unique_ptr<ThreadPool> pool_;
     bool mlock_ = false;
     bool select_tokens_ = false;
+    bool step_graphs_ = false;
     std::unordered_map<void*, size_t> mapped_;  // mmap'ed allocations and their sizes
 };
 

@@ -66,6 +66,10 @@ public:
     // On the device: bans and selection params uploaded in one copy, one kernel, ids and logprobs
     // downloaded in one copy (the only synchronization of the step).
     void select_tokens(const View& logits, std::span<const TokenSelect> rows, int32_t* ids, float* logprobs) override;
+    // CudaGraph (below) per captured shape.
+    bool captures_steps() const override { return true; }
+    std::unique_ptr<StepGraph> capture_step(const TokenBatch& batch, const std::function<void()>& body) override;
+    void replay_step(StepGraph& graph, const TokenBatch& batch) override;
 
     Linear make_linear(const View& host_w, QuantMode mode) override;
     Linear make_linear_int8(const View& host_q, const View& host_scales, QuantMode mode) override;

@@ -423,6 +423,24 @@ void CudaGraph::replay(CudaBackend& be, const TokenBatch& batch) {
     be.after_replay(area_);
 }
 
+namespace {
+struct CudaStepGraph final : StepGraph {
+    CudaGraph graph;
+};
+}  // namespace
+
+std::unique_ptr<StepGraph> CudaBackend::capture_step(const TokenBatch& batch, const std::function<void()>& body) {
+    auto g = std::make_unique<CudaStepGraph>();
+    g->graph.capture(*this, batch, body);
+    return g;
+}
+
+void CudaBackend::replay_step(StepGraph& graph, const TokenBatch& batch) {
+    auto* g = dynamic_cast<CudaStepGraph*>(&graph);
+    LATTICE_CHECK(g, "CudaBackend::replay_step: a graph of another backend");
+    g->graph.replay(*this, batch);
+}
+
 // ---- factory (the CUDA half of runtime/backend/make_backend.h) ----
 std::unique_ptr<Backend> make_cuda_backend(int device, DType act) {
     return std::make_unique<CudaBackend>(device, act);

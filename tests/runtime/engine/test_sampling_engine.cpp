@@ -207,3 +207,51 @@ TEST_CASE("backend token selection (the device path, run by the CPU backend): gr
     reseeded[3].sampling = other;
     CHECK(dev.engine->generate_batch(reseeded)[3].tokens != b[3].tokens);
 }
+
+TEST_CASE("step graphs (replay re-runs the captured body on CPU): padded decode buckets give the eager tokens") {
+    auto src = make_random_source(tiny(), 23, DType::kF32);
+    auto make = [&](bool graphs, int64_t kv_blocks) {
+        BuildOptions o = test::cpu_options();
+        o.model.max_seq = 64;
+        o.model.block_size = 4;
+        o.kv_blocks = kv_blocks;
+        o.engine.max_seqs = 8;
+        o.backend.cpu_step_graphs = graphs;
+        o.backend.cpu_select_tokens = graphs;  // the device path end to end: graphs, then selection
+        return build(o, *src);
+    };
+    Built eager = make(false, 64), graphs = make(true, 65);  // one more block: the padding's trash block
+    REQUIRE(graphs.backend->captures_steps());
+    // Seven sequences of different lengths: the running batch shrinks 7 -> ... -> 1 as they finish,
+    // crossing the buckets 8, 4, 2, 1, each warmed, captured, then replayed.
+    std::vector<GenerateRequest> reqs;
+    for (int i = 0; i < 7; ++i) {
+        std::vector<int32_t> prompt;
+        for (int k = 0; k < 3 + i; ++k) prompt.push_back(int32_t((k * 11 + i * 5 + 1) % 61));
+        reqs.push_back(greedy(prompt, 4 + 3 * i, {}));
+    }
+    SamplingParams pen;
+    pen.repeat_penalty = 5.0f;
+    reqs[2].sampling = pen;  // a penalized row inside a graph step goes through the host sampler
+    const std::vector<GenerateResult> a = eager.engine->generate_batch(reqs);
+    const std::vector<GenerateResult> b = graphs.engine->generate_batch(reqs);
+    REQUIRE(a.size() == b.size());
+    CHECK(eager.engine->counters().graph_steps == 0);
+    const EngineCounters g = graphs.engine->counters();
+    CHECK(g.graphs_captured == 4);  // buckets 8, 4, 2 and 1
+    CHECK(g.graph_replays >= 15);   // the longest: 22 tokens, 21 of them decode steps, 4 of those warm-ups
+    CHECK(g.graph_steps == g.graph_replays + 4);
+    for (size_t i = 0; i < a.size(); ++i) {
+        CAPTURE(i);
+        CHECK(a[i].tokens.size() == size_t(4 + 3 * i));
+        CHECK(b[i].tokens == a[i].tokens);
+        REQUIRE(b[i].logprobs.size() == a[i].logprobs.size());
+        for (size_t k = 0; k < a[i].logprobs.size(); ++k)
+            CHECK(b[i].logprobs[k] == doctest::Approx(a[i].logprobs[k]).epsilon(1e-4));
+    }
+    // Again on the same engine: every bucket now replays its captured graph from the first step.
+    const std::vector<GenerateResult> c = graphs.engine->generate_batch(reqs);
+    for (size_t i = 0; i < a.size(); ++i) CHECK(c[i].tokens == a[i].tokens);
+    CHECK(graphs.engine->counters().graphs_captured == 4);  // nothing captured twice
+    CHECK(graphs.engine->counters().graph_steps - g.graph_steps == graphs.engine->counters().graph_replays - g.graph_replays);
+}
