@@ -50,6 +50,18 @@ Result run_single(const TensorSource& src, const std::vector<int32_t>& prompt, i
     return r;
 }
 
+// Each request alone on one rank, no MPI: its tokens.
+std::vector<std::vector<int32_t>> single_rank_tokens(const TensorSource& src, const std::vector<GenerateRequest>& reqs,
+                                                     bool prefix_caching) {
+    BuildOptions o = layout_options(1, 1);
+    o.mpi = false;
+    o.engine.prefix_caching = prefix_caching;
+    Built b = build(o, src);
+    std::vector<std::vector<int32_t>> out;
+    for (const auto& r : reqs) out.push_back(b.engine->generate(r).tokens);
+    return out;
+}
+
 // The layout rules' verdict (parallel/world_config.h), not a copy of them.
 bool layout_fits(const ModelConfig& c, int tp, int pp) {
     try {
@@ -162,13 +174,7 @@ TEST_CASE("several sequences in flight (pipelined decode) equal their single-seq
     std::vector<GenerateRequest> reqs = {{cases[0].prompt, 24, {}, true, {}},
                                          {cases[1].prompt, 24, {}, false, {cases[1].greedy[5]}},
                                          {std::vector<int32_t>{7, 8, 9, 10, 11}, 9, {}, true, {}}};
-    std::vector<std::vector<int32_t>> want;
-    {
-        BuildOptions o = layout_options(1, 1);
-        o.mpi = false;
-        Built b = build(o, *src);
-        for (const auto& r : reqs) want.push_back(b.engine->generate(r).tokens);
-    }
+    const std::vector<std::vector<int32_t>> want = single_rank_tokens(*src, reqs, true);
     CHECK(want[0] == cases[0].greedy);
     CHECK(want[1].size() <= 6);  // stopped at the stop id
     CHECK(want[1].back() == cases[1].greedy[5]);
@@ -236,14 +242,7 @@ TEST_CASE("16 mixed sequences with preemption and prefix hits: every layout equa
         r.ignore_eos = true;
         reqs.push_back(std::move(r));
     }
-    std::vector<std::vector<int32_t>> want;
-    {
-        BuildOptions o = layout_options(1, 1);
-        o.mpi = false;
-        o.engine.prefix_caching = false;
-        Built b = build(o, *src);
-        for (const auto& r : reqs) want.push_back(b.engine->generate(r).tokens);
-    }
+    const std::vector<std::vector<int32_t>> want = single_rank_tokens(*src, reqs, false);
     for (auto [tp, pp] : layouts_for(world)) {
         if (!layout_fits(src->config(), tp, pp)) continue;
         CAPTURE(tp);
@@ -274,13 +273,7 @@ TEST_CASE("the device step path (step graphs, backend token selection; the CPU m
         r.ignore_eos = true;
         reqs.push_back(std::move(r));
     }
-    std::vector<std::vector<int32_t>> want;
-    {
-        BuildOptions o = layout_options(1, 1);
-        o.mpi = false;
-        Built b = build(o, *src);
-        for (const auto& r : reqs) want.push_back(b.engine->generate(r).tokens);
-    }
+    const std::vector<std::vector<int32_t>> want = single_rank_tokens(*src, reqs, true);
     for (auto [tp, pp] : layouts_for(world)) {
         if (!layout_fits(src->config(), tp, pp)) continue;
         CAPTURE(tp);
