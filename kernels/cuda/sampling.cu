@@ -21,11 +21,10 @@ __device__ __forceinline__ uint32_t order_key(float f) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// Lowest index among the maxima of `row` (NaN as -inf), every thread of the block calling it;
+// the result is valid in thread 0. sv / si: shared arrays of blockDim.x entries.
 template <typename U>
-__global__ void __launch_bounds__(kThreads) argmax_kernel(int32_t* out, const U* logits, int64_t vocab) {
-    __shared__ float sv[kThreads];
-    __shared__ int64_t si[kThreads];
-    const U* row = logits + int64_t(blockIdx.x) * vocab;
+__device__ int64_t argmax_row(const U* row, int64_t vocab, float* sv, int64_t* si) {
     float best = -INFINITY;
     int64_t bi = vocab;  // sentinel larger than any index
     for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
@@ -50,7 +49,15 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(int32_t* out, const U*
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) out[blockIdx.x] = int32_t(si[0] == vocab ? 0 : si[0]);
+    return si[0] == vocab ? 0 : si[0];
+}
+
+template <typename U>
+__global__ void __launch_bounds__(kThreads) argmax_kernel(int32_t* out, const U* logits, int64_t vocab) {
+    __shared__ float sv[kThreads];
+    __shared__ int64_t si[kThreads];
+    const int64_t c = argmax_row(logits + int64_t(blockIdx.x) * vocab, vocab, sv, si);
+    if (threadIdx.x == 0) out[blockIdx.x] = int32_t(c);
 }
 
 // The shared memory one row's selection works in.
@@ -194,31 +201,8 @@ __global__ void __launch_bounds__(kThreads) select_kernel(int32_t* ids, float* l
     __syncthreads();  // the bans are visible to the whole block
     int64_t choice = -1;
     if (p.temperature == 0.0f) {
-        float best = -INFINITY;
-        int64_t bi = vocab;
-        for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-            float v = row[j];
-            if (v != v) v = -INFINITY;
-            if (v > best || (bi == vocab && v == best)) {
-                best = v;
-                bi = j;
-            }
-        }
-        sv[threadIdx.x] = best;
-        si[threadIdx.x] = bi;
-        __syncthreads();
-        for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-            if (int(threadIdx.x) < s) {
-                const float ov = sv[threadIdx.x + s];
-                const int64_t oi = si[threadIdx.x + s];
-                if (ov > sv[threadIdx.x] || (ov == sv[threadIdx.x] && oi < si[threadIdx.x])) {
-                    sv[threadIdx.x] = ov;
-                    si[threadIdx.x] = oi;
-                }
-            }
-            __syncthreads();
-        }
-        if (threadIdx.x == 0) choice = si[0] == vocab ? 0 : si[0];
+        const int64_t c = argmax_row(row, vocab, sv, si);
+        if (threadIdx.x == 0) choice = c;
     } else {
         choice = sample_row(row, vocab, p.temperature, p.top_k, p.top_p, p.min_p, p.u, sh);
     }
