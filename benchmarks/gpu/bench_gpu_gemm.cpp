@@ -1,26 +1,34 @@
 // GPU GEMM benchmark: INT8 (cuBLASLt IMMA, int32 out) and FP16 (cuBLASLt, fp32 accumulate) TOPS at
 // m = 1, 16, 256, 4096 on n x k = 8192 x 8192 and 28672 x 8192 (Llama-70B o/qkv-class and
-// gate/up-class shapes), plus the decode GEMVs the backend runs at m <= 8 (W8A8 dp4a, W8A16) with
-// their weight bandwidth against HBM. Ratios are against the dense peaks of gpu_peaks.h.
-// Method: weights and activations random on the device, 3 warm-up calls, then timed batches of
-// calls with CUDA events until >= 0.2 s per configuration; results checked for NaN after timing.
+// gate/up-class shapes), plus the decode GEMVs the backend runs at m <= kGemvMaxRows = 16 (W8A8
+// dp4a, W8A16) with their weight bandwidth against HBM. Ratios: the dense peaks of gpu_peaks.h.
+// Every row names its path: "gemv", or "lt#i/c", the cuBLASLt algorithm LtGemm chose (index i in
+// the heuristic's order of c candidates; int8 and fp16 both timed unless --no-autotune, while the
+// backend's default times int8 only; algo/tile/split-k ids in the JSON). A summary gives, per
+// shape and m, the path CudaBackend::linear takes for W8A8 and W8A16 (GEMV for m <= 16, else
+// IMMA, or dequantize + fp16 GEMM) next to the other path's time.
+// Method: weights and activations random on the device, 3 warm-up calls (the first plans and,
+// with autotuning, times the cuBLASLt candidates), then timed batches of calls with CUDA events
+// until >= 0.2 s per configuration; results checked for NaN after timing.
 // Output: a table on stdout and gemm.json in --out DIR (default ./gpu-results).
-// Usage: bench_gpu_gemm [--out DIR] [--device N] [--quick]
+// Usage: bench_gpu_gemm [--out DIR] [--device N] [--quick] [--no-autotune]
 #include <fmt/format.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "benchmarks/gpu/gpu_peaks.h"
 #include "base/cuda_check.h"
+#include "base/error.h"
+#include "benchmarks/gpu/gpu_peaks.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/kernels.h"
-#include "base/error.h"
 
 using namespace lattice;
 
@@ -60,6 +68,16 @@ double time_per_call(cudaStream_t stream, const std::function<void()>& fn, doubl
     return per;
 }
 
+// The table's path column for a cuBLASLt call, and its JSON description.
+std::string lt_path(const cuda::LtAlgoInfo& a) {
+    return fmt::format("lt#{}/{}", a.index, a.candidates);
+}
+nlohmann::json lt_json(const cuda::LtAlgoInfo& a) {
+    return {{"index", a.index},    {"candidates", a.candidates}, {"dropped", a.dropped},     {"algo_id", a.algo_id},
+            {"tile", a.tile},      {"splitk", a.splitk},         {"workspace", a.workspace}, {"timed", a.timed},
+            {"tune_us", a.time_us}};
+}
+
 bool finite_f16(const void* dev, size_t n) {
     std::vector<uint16_t> h(n);
     CUDA_CHECK(cudaMemcpy(h.data(), dev, n * 2, cudaMemcpyDeviceToHost));
@@ -74,6 +92,8 @@ int main(int argc, char** argv) try {
     std::string out_dir = "gpu-results";
     int device = 0;
     bool quick = false;
+    cuda::LtOptions lt_options;
+    lt_options.autotune_float = true;  // the fp16 rows show what timing finds (the backend default is off)
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--out" && i + 1 < argc)
@@ -82,8 +102,11 @@ int main(int argc, char** argv) try {
             device = std::stoi(argv[++i]);
         else if (a == "--quick")
             quick = true;
+        else if (a == "--no-autotune")
+            lt_options.autotune = lt_options.autotune_float = false;
         else
-            LATTICE_FAIL("bench_gpu_gemm: unknown argument '{}' (usage: [--out DIR] [--device N] [--quick])", a);
+            LATTICE_FAIL(
+                "bench_gpu_gemm: unknown argument '{}' (usage: [--out DIR] [--device N] [--quick] [--no-autotune])", a);
     }
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -99,7 +122,7 @@ int main(int argc, char** argv) try {
 
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
-    cuda::LtGemm lt;
+    cuda::LtGemm lt(lt_options);
     const double min_s = quick ? 0.05 : 0.2;
     const std::vector<std::pair<int64_t, int64_t>> shapes = {{8192, 8192}, {28672, 8192}};
     const std::vector<int64_t> ms = {1, 16, 256, 4096};
@@ -115,15 +138,17 @@ int main(int argc, char** argv) try {
     cuda::fill_random(sx.p, DType::kF32, max_m, 6, 0.01f, stream);
 
     nlohmann::json rows = nlohmann::json::array();
-    fmt::print("\n{:<22} {:>6} {:>6} {:>6} {:>10} {:>9} {:>8} {:>9} {:>8}\n", "kernel", "m", "n", "k", "time_us",
-               "TOPS", "%peak", "GB/s", "%HBM");
-    auto report = [&](const std::string& kernel, int64_t m, int64_t n, double s, double peak_tops, double bytes) {
+    fmt::print("\n{:<22} {:>6} {:>6} {:>6} {:>10} {:>9} {:>8} {:>9} {:>8}  {}\n", "kernel", "m", "n", "k", "time_us",
+               "TOPS", "%peak", "GB/s", "%HBM", "path");
+    // path: "gemv" or lt_path(); lt: the chosen algorithm's JSON (null for the GEMVs).
+    auto report = [&](const std::string& kernel, int64_t m, int64_t n, double s, double peak_tops, double bytes,
+                      const std::string& path, const nlohmann::json& lt_algo) {
         const double tops = 2.0 * double(m) * double(n) * double(k) / s / 1e12;
         const double gbs = bytes / s / 1e9;
         const double pct = peak_tops > 0 ? 100.0 * tops / peak_tops : 0.0;
         const double pct_hbm = peaks.hbm_gbs > 0 ? 100.0 * gbs / peaks.hbm_gbs : 0.0;
-        fmt::print("{:<22} {:>6} {:>6} {:>6} {:>10.1f} {:>9.1f} {:>7.1f}% {:>9.0f} {:>7.1f}%\n", kernel, m, n, k,
-                   s * 1e6, tops, pct, gbs, pct_hbm);
+        fmt::print("{:<22} {:>6} {:>6} {:>6} {:>10.1f} {:>9.1f} {:>7.1f}% {:>9.0f} {:>7.1f}%  {}\n", kernel, m, n, k,
+                   s * 1e6, tops, pct, gbs, pct_hbm, path);
         rows.push_back({{"kernel", kernel},
                         {"m", m},
                         {"n", n},
@@ -132,40 +157,73 @@ int main(int argc, char** argv) try {
                         {"tops", tops},
                         {"pct_peak", pct},
                         {"gbs", gbs},
-                        {"pct_hbm", pct_hbm}});
+                        {"pct_hbm", pct_hbm},
+                        {"path", path},
+                        {"lt_algo", lt_algo}});
     };
+    // What CudaBackend::linear runs per (n, m): W8A8 and W8A16 paths with their times.
+    nlohmann::json paths = nlohmann::json::array();
+    std::vector<std::string> summary;
     for (auto [n, kk] : shapes) {
         for (int64_t m : ms) {
             const double s8 = time_per_call(
                 stream,
                 [&] { lt.gemm_i8(acc.as<int32_t>(), n, x8.as<int8_t>(), k, w8.as<int8_t>(), k, m, n, k, stream); },
                 min_s);
-            report("int8 cublasLt IMMA", m, n, s8, peaks.int8_tops, double(n) * k + double(m) * k + 4.0 * m * n);
+            const cuda::LtAlgoInfo a8 = lt.last_algo();
+            report("int8 cublasLt IMMA", m, n, s8, peaks.int8_tops, double(n) * k + double(m) * k + 4.0 * m * n,
+                   lt_path(a8), lt_json(a8));
             const double s16 = time_per_call(
-                stream, [&] { lt.gemm_float(y16.p, n, x16.p, k, w16.p, k, m, n, k, DType::kF16, DType::kF16, stream); }, min_s);
-            report("fp16 cublasLt", m, n, s16, peaks.fp16_tflops,
-                   2.0 * (double(n) * k + double(m) * k + double(m) * n));
+                stream, [&] { lt.gemm_float(y16.p, n, x16.p, k, w16.p, k, m, n, k, DType::kF16, DType::kF16, stream); },
+                min_s);
+            const cuda::LtAlgoInfo a16 = lt.last_algo();
+            report("fp16 cublasLt", m, n, s16, peaks.fp16_tflops, 2.0 * (double(n) * k + double(m) * k + double(m) * n),
+                   lt_path(a16), lt_json(a16));
             LATTICE_CHECK(finite_f16(y16.p, size_t(m * n)), "fp16 GEMM produced inf/NaN at m={} n={}", m, n);
-            if (m <= cuda::kGemvMaxRows) {
-                const double sg8 = time_per_call(
+            const bool gemv = m <= cuda::kGemvMaxRows;  // CudaBackend::linear's crossover
+            double sg8 = 0, sg16 = 0;
+            if (gemv) {
+                sg8 = time_per_call(
                     stream,
                     [&] {
                         cuda::gemv_w8a8(y16.p, x8.as<int8_t>(), k, sx.as<float>(), w8.as<int8_t>(), k, sw.as<float>(),
                                         m, n, k, DType::kF16, DType::kF16, stream);
                     },
                     min_s);
-                report("w8a8 GEMV (dp4a)", m, n, sg8, peaks.int8_tops, double(n) * k + 4.0 * n);
-                const double sg16 = time_per_call(
+                report("w8a8 GEMV (dp4a)", m, n, sg8, peaks.int8_tops, double(n) * k + 4.0 * n, "gemv", nullptr);
+                sg16 = time_per_call(
                     stream,
                     [&] {
                         cuda::gemv_w8a16(y16.p, x16.p, w8.as<int8_t>(), k, sw.as<float>(), m, n, k, DType::kF16,
                                          DType::kF16, stream);
                     },
                     min_s);
-                report("w8a16 GEMV", m, n, sg16, peaks.fp16_tflops, double(n) * k + 4.0 * n);
+                report("w8a16 GEMV", m, n, sg16, peaks.fp16_tflops, double(n) * k + 4.0 * n, "gemv", nullptr);
             }
+            // W8A16 above the crossover also dequantizes the weights (not timed here) before the fp16 GEMM.
+            const std::string w8a8_path = gemv ? "gemv" : lt_path(a8),
+                              w8a16_path = gemv ? "gemv" : "dequant+" + lt_path(a16);
+            paths.push_back({{"n", n},
+                             {"k", k},
+                             {"m", m},
+                             {"w8a8_path", w8a8_path},
+                             {"w8a8_us", (gemv ? sg8 : s8) * 1e6},
+                             {"imma_us", s8 * 1e6},
+                             {"w8a8_lt_algo", lt_json(a8)},
+                             {"w8a16_path", w8a16_path},
+                             {"w8a16_us", (gemv ? sg16 : s16) * 1e6},
+                             {"fp16_lt_us", s16 * 1e6},
+                             {"fp16_lt_algo", lt_json(a16)}});
+            summary.push_back(fmt::format(
+                "{:>6} {:>6}  W8A8 {:<10} {:>9.1f} us{}   W8A16 {:<18} {:>9.1f} us{}", n, m, w8a8_path,
+                (gemv ? sg8 : s8) * 1e6, gemv ? fmt::format(" (IMMA {} {:.1f} us)", lt_path(a8), s8 * 1e6) : "",
+                w8a16_path, (gemv ? sg16 : s16) * 1e6,
+                gemv ? fmt::format(" (fp16 {} {:.1f} us)", lt_path(a16), s16 * 1e6) : " (+ dequant)"));
         }
     }
+    fmt::print("\nCudaBackend::linear paths (GEMV for m <= {}; cuBLASLt autotune {}):\n{:>6} {:>6}\n",
+               cuda::kGemvMaxRows, lt_options.autotune ? "on" : "off", "n", "m");
+    for (const std::string& line : summary) fmt::print("{}\n", line);
     CUDA_CHECK(cudaStreamSynchronize(stream));
     std::filesystem::create_directories(out_dir);
     nlohmann::json doc = {{"benchmark", "gpu_gemm"},
@@ -176,7 +234,10 @@ int main(int argc, char** argv) try {
                             {"int8_tops", peaks.int8_tops},
                             {"fp16_tflops", peaks.fp16_tflops},
                             {"hbm_gbs", peaks.hbm_gbs}}},
-                          {"rows", rows}};
+                          {"gemv_max_rows", cuda::kGemvMaxRows},
+                          {"lt_autotune", lt_options.autotune},
+                          {"rows", rows},
+                          {"paths", paths}};
     std::ofstream(out_dir + "/gemm.json") << doc.dump(2) << "\n";
     fmt::print("\nwrote {}/gemm.json\n", out_dir);
     cudaStreamDestroy(stream);

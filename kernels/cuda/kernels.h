@@ -20,9 +20,11 @@
 
 namespace lattice::cuda {
 
-// Decode attention splits the KV length into chunks of this many positions (one block each),
-// so the grid depends only on max_seq and a captured graph stays valid as sequences grow.
-constexpr int kDecodeChunk = 256;
+// Decode attention (flash-decoding) cuts a token's positions 0..pos into splits of
+// decode_chunk(pos + 1, S) positions, S = decode_splits(m, d), one block per split (and kv head):
+// the grid depends on (m, shapes, max_seq) only, never on positions, so a captured graph stays valid
+// as sequences grow, while the split length follows each token's current length.
+constexpr int kDecodeChunk = 64;  // split lengths are multiples of this many positions
 constexpr int kMaxHeadDim = 256;
 // The tile of query rows one prefill block handles (all of one sequence, increasing positions).
 constexpr int kPrefillRows = 32;
@@ -61,6 +63,10 @@ void quantize_rows(int8_t* q, int64_t ldq, float* scales, const void* x, int64_t
 void rope(void* qkv, const int32_t* positions, int64_t m, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
           const float* inv_freq, DType act, cudaStream_t stream);
 void silu_mul(void* out, const void* gate_up, int64_t m, int64_t f, DType act, cudaStream_t stream);
+// out = silu(gate) * up, and q[i, :] = quantize(out[i, :]) (ldq >= f, padding zeroed), scales[i]
+// its scale when q is set: silu_mul followed by quantize_rows, in one pass for f % 8 == 0.
+void silu_mul_quant(void* out, int8_t* q, int64_t ldq, float* scales, const void* gate_up, int64_t m, int64_t f,
+                    DType act, cudaStream_t stream);
 void add(void* out, const void* a, const void* b, int64_t n, DType act, cudaStream_t stream);
 // out[i, j] = acc[i, j] * sx[i] * sw[j] (sx null: 1), converted to out_dtype (act or f32). acc is [m, ld_acc].
 void dequant_i32(void* out, const int32_t* acc, int64_t ld_acc, const float* sx, const float* sw, int64_t m, int64_t n,
@@ -79,8 +85,18 @@ void convert(void* out, DType out_dtype, const void* in, DType in_dtype, int64_t
 void kv_store(void* k_cache, void* v_cache, const void* qkv, const int32_t* positions, const int32_t* seqs,
               const KvTables& kv, int64_t m,
               const AttnDims& d, DType act, cudaStream_t stream);
-// One query token per row, any slots: split over the KV length, then a reduce.
-// workspace: decode_workspace_floats(m, d) floats.
+// One query token per row, any slots: a block per (split, kv head) serves all of the kv head's query
+// heads and writes per-split (max, sum, acc) to the workspace, then a merge kernel writes out. Tokens
+// outside the context or the tables get zero rows. workspace: decode_workspace_floats(m, d) floats
+// ([m, nh, S, hd] accumulators, then [m, nh, S, 2] (max, sum)), S = decode_splits(m, d).
+int decode_splits(int64_t m, const AttnDims& d);
+// Positions per split for a token attending to `len` positions: ceil(len / splits) rounded up to a
+// multiple of kDecodeChunk; the token uses ceil(len / decode_chunk) <= splits splits. 32-bit math
+// (1 <= len <= 2^31, 1 <= splits <= 256): the kernels call it too.
+LATTICE_HD int64_t decode_chunk(int64_t len, int64_t splits) {
+    const uint32_t per = (uint32_t(len - 1) / uint32_t(splits)) + 1;
+    return int64_t((per + kDecodeChunk - 1) / kDecodeChunk * kDecodeChunk);
+}
 int64_t decode_workspace_floats(int64_t m, const AttnDims& d);
 void attention_decode(void* out, const void* qkv, const void* k_cache, const void* v_cache, const int32_t* positions,
                       const int32_t* seqs, const KvTables& kv, int64_t m, const AttnDims& d, float* workspace, DType act,
@@ -94,11 +110,15 @@ void attention_prefill(void* out, const void* qkv, const void* k_cache, const vo
 int64_t build_prefill_tiles(PrefillTile* tiles, const int32_t* positions, const int32_t* seqs, int64_t m);
 
 // ---- GEMV for decode (gemv.cu), m <= kGemvMaxRows ----
-constexpr int kGemvMaxRows = 8;
-// out[m, n] = x[m, k] . (w[n, :k] * sw[n])^T ; w row stride ldw. out_dtype: act or f32 (logits).
+// Decode batches up to 16 tokens run these instead of cuBLASLt (IMMA tiles are mostly padding at
+// small m); each weight byte is read once per call for all m rows.
+constexpr int kGemvMaxRows = 16;
+// out[m, n] = x[m, k] . (w[n, :k] * sw[n])^T ; w row stride ldw (multiple of 16, >= k; w 16-byte
+// aligned), x [m, k] contiguous (k % 4 == 0 and x 8-byte aligned: fast path). out_dtype: act or f32.
 void gemv_w8a16(void* out, const void* x, const int8_t* w, int64_t ldw, const float* sw, int64_t m, int64_t n,
                 int64_t k, DType act, DType out_dtype, cudaStream_t stream);
-// out[m, n] = (xq[m, :k] . w[n, :k]) * sx[m] * sw[n], int32 dot (exact), k multiple of 16, ldx/ldw >= k.
+// out[m, n] = (xq[m, :k] . w[n, :k]) * sx[m] * sw[n], int32 dot (exact), k multiple of 16, ldx/ldw
+// multiples of 16 >= k, xq and w 16-byte aligned.
 void gemv_w8a8(void* out, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw, const float* sw,
                int64_t m, int64_t n, int64_t k, DType act, DType out_dtype, cudaStream_t stream);
 

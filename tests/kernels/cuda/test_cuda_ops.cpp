@@ -72,7 +72,7 @@ TEST_CASE("cuda rmsnorm, add_rmsnorm and the fused quantize" * doctest::test_sui
     INFO("seed " << seed);
     std::mt19937_64 rng(seed);
     for (DType act : kActs) {
-        for (auto [m, n] : {std::pair<int64_t, int64_t>{1, 1}, {1, 4099}, {7, 130}, {3, 8192}}) {
+        for (auto [m, n] : {std::pair<int64_t, int64_t>{1, 1}, {1, 4099}, {7, 130}, {3, 8192}, {2, 2048}, {1, 40000}}) {
             INFO(dtype_name(act) << " m=" << m << " n=" << n);
             std::vector<float> x = random_vec(rng, size_t(m * n), -3, 3), r = random_vec(rng, size_t(m * n), -3, 3);
             std::vector<float> w = random_vec(rng, size_t(n), 0.5f, 1.5f);
@@ -117,7 +117,7 @@ TEST_CASE("cuda quantize_rows equals the shared quantize_row_int8 exactly" * doc
     INFO("seed " << seed);
     std::mt19937_64 rng(seed);
     for (DType act : kActs) {
-        for (auto [m, k] : {std::pair<int64_t, int64_t>{1, 5}, {5, 300}, {2, 4096}}) {
+        for (auto [m, k] : {std::pair<int64_t, int64_t>{1, 5}, {5, 300}, {2, 4096}, {3, 40000}}) {
             const int64_t ldq = (k + 15) / 16 * 16;
             std::vector<float> x = random_vec(rng, size_t(m * k), -4, 4);
             std::fill(x.begin() + (m - 1) * k, x.end(), 0.0f);  // an all-zero row: scale 1, q 0
@@ -195,5 +195,42 @@ TEST_CASE("cuda silu_mul, add, dequant_weights" * doctest::test_suite("cuda")) {
         for (int64_t i = 0; i < n; ++i)
             for (int64_t j = 0; j < k; ++j)
                 CHECK(got[size_t(i * k + j)] == round_act(float(w[size_t(i * ldw + j)]) * sw[size_t(i)], act));
+    }
+}
+
+// The fused SiLU * up + quantize (vector path for f % 8 == 0 up to 32768, scalar beyond or for odd
+// f) equals silu_mul followed by quantize_rows exactly, and silu_mul equals the CPU op.
+TEST_CASE("cuda silu_mul_quant equals silu_mul then quantize_rows" * doctest::test_suite("cuda")) {
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    for (DType act : kActs) {
+        for (auto [m, f] : {std::pair<int64_t, int64_t>{1, 345}, {1, 3584}, {4, 2048}, {2, 33000}, {1, 8}}) {
+            INFO(dtype_name(act) << " m=" << m << " f=" << f);
+            const int64_t ldq = (f + 15) / 16 * 16;
+            std::vector<float> gu = random_vec(rng, size_t(m * 2 * f), -5, 5);
+            DevBuf dgu(rounded(gu, act)), dout(size_t(m * f) * 2), dq(size_t(m * ldq)), ds(size_t(m) * 4);
+            dout.poison();
+            dq.poison();
+            cuda::silu_mul_quant(dout.get(), dq.get<int8_t>(), ldq, ds.get<float>(), dgu.get(), m, f, act, nullptr);
+            std::vector<float> out = from_act(dout.download<uint16_t>(size_t(m * f)), act);
+            std::vector<float> ref(static_cast<size_t>(m * f));
+            cpu::silu_mul(ref.data(), gu.data(), m, f, pool());
+            CHECK(rel_err(out, ref) < tol_for(act));
+            // Unfused on the device: the same out bits, then quantize_rows of them.
+            DevBuf dout2(size_t(m * f) * 2), dq2(size_t(m * ldq)), ds2(size_t(m) * 4);
+            cuda::silu_mul(dout2.get(), dgu.get(), m, f, act, nullptr);
+            CHECK(from_act(dout2.download<uint16_t>(size_t(m * f)), act) == out);
+            cuda::quantize_rows(dq2.get<int8_t>(), ldq, ds2.get<float>(), dout2.get(), m, f, act, nullptr);
+            CHECK(dq.download<int8_t>(size_t(m * ldq)) == dq2.download<int8_t>(size_t(m * ldq)));
+            CHECK(ds.download<float>(size_t(m)) == ds2.download<float>(size_t(m)));
+            std::vector<int8_t> q = dq.download<int8_t>(size_t(m * ldq));
+            for (int64_t i = 0; i < m; ++i) {
+                std::vector<int8_t> qr(static_cast<size_t>(f));
+                quantize_row_int8(&out[size_t(i * f)], f, qr.data());
+                CHECK(std::equal(qr.begin(), qr.end(), q.begin() + i * ldq));
+                for (int64_t j = f; j < ldq; ++j) CHECK(q[size_t(i * ldq + j)] == 0);
+            }
+        }
     }
 }
