@@ -146,10 +146,14 @@ void set_isa_override(IsaLevel isa) {
 
 void clear_isa_override() { g_isa_override.store(-1, std::memory_order_relaxed); }
 
+float quantize_row_int8_simd(const float* x, int64_t k, int8_t* q) {
+    static const bool simd = isa_supported(IsaLevel::kAvx2);  // bit-identical to the scalar (tested)
+    return simd ? int8_detail::quantize_row_int8_avx2(x, k, q) : quantize_row_int8(x, k, q);
+}
+
 void quantize_weights_per_channel(const float* w, int64_t n, int64_t k, int8_t* q, float* scales) {
     LATTICE_CHECK(n > 0 && k > 0, "quantize_weights_per_channel: bad shape [{}, {}]", n, k);
     LATTICE_CHECK(w && q && scales, "quantize_weights_per_channel: null pointer");
-    const bool simd = isa_supported(IsaLevel::kAvx2);  // bit-identical to the scalar row quantize (tested)
     for (int64_t i = 0; i < n; ++i) {
         const float* row = w + i * k;
         bool finite = true;
@@ -158,7 +162,7 @@ void quantize_weights_per_channel(const float* w, int64_t n, int64_t k, int8_t* 
             for (int64_t j = 0; j < k; ++j)
                 LATTICE_CHECK(std::isfinite(row[j]), "quantize_weights_per_channel: non-finite weight {} at [{}, {}]",
                               row[j], i, j);
-        scales[i] = simd ? int8_detail::quantize_row_int8_avx2(row, k, q + i * k) : quantize_row_int8(row, k, q + i * k);
+        scales[i] = quantize_row_int8_simd(row, k, q + i * k);
     }
 }
 
@@ -224,23 +228,46 @@ void gemm_w8a8(const float* x, int64_t m, int64_t k, const PackedInt8& w, const 
     run_s8_kernel(a, m, lda_bytes / prep_elem_bytes(w.isa), w, ep, pool);
 }
 
-void gemm_s8s8_s32(const int8_t* a_in, int64_t m, int64_t k, const PackedInt8& w, int32_t* c, ThreadPool& pool) {
-    check_packed(w, k, "gemm_s8s8_s32");
-    LATTICE_CHECK(m >= 0, "gemm_s8s8_s32: m = {}", m);
-    if (m == 0) return;
-    LATTICE_CHECK(a_in && c, "gemm_s8s8_s32: null pointer");
+namespace {
+// Runs the int8 kernels on already-quantized rows a_in [m, lda_in] (first k columns): copies them
+// into the kernels' row layout for w.isa, then the epilogue `ep`.
+void run_s8_on_rows(const int8_t* a_in, int64_t lda_in, int64_t m, int64_t k, const PackedInt8& w,
+                    const Int8Epilogue& ep, ThreadPool& pool) {
     thread_local ScratchVec buf;
     const int64_t lda_bytes = (w.k_padded * prep_elem_bytes(w.isa) + 63) / 64 * 64;
     uint8_t* a = scratch(buf, size_t(m * lda_bytes));
     for_rows(m, pool, [&](int64_t r) {
         uint8_t* dst = a + r * lda_bytes;
-        std::memcpy(dst, a_in + r * k, size_t(k));
+        std::memcpy(dst, a_in + r * lda_in, size_t(k));
         finish_row(dst, k, w.k_padded, w.isa);
     });
+    run_s8_kernel(a, m, lda_bytes / prep_elem_bytes(w.isa), w, ep, pool);
+}
+}  // namespace
+
+void gemm_w8a8_quantized(const int8_t* xq, int64_t ldx, const float* x_scales, int64_t m, int64_t k,
+                         const PackedInt8& w, const float* w_scales, float* y, ThreadPool& pool) {
+    check_packed(w, k, "gemm_w8a8_quantized");
+    LATTICE_CHECK(m >= 0 && ldx >= k, "gemm_w8a8_quantized: m = {}, ldx = {} for k = {}", m, ldx, k);
+    if (m == 0) return;
+    LATTICE_CHECK(xq && x_scales && w_scales && y, "gemm_w8a8_quantized: null pointer");
+    Int8Epilogue ep;
+    ep.y = y;
+    ep.ldy = w.n;
+    ep.row_scales = x_scales;
+    ep.col_scales = w_scales;
+    run_s8_on_rows(xq, ldx, m, k, w, ep, pool);
+}
+
+void gemm_s8s8_s32(const int8_t* a_in, int64_t m, int64_t k, const PackedInt8& w, int32_t* c, ThreadPool& pool) {
+    check_packed(w, k, "gemm_s8s8_s32");
+    LATTICE_CHECK(m >= 0, "gemm_s8s8_s32: m = {}", m);
+    if (m == 0) return;
+    LATTICE_CHECK(a_in && c, "gemm_s8s8_s32: null pointer");
     Int8Epilogue ep;
     ep.c = c;
     ep.ldc = w.n;
-    run_s8_kernel(a, m, lda_bytes / prep_elem_bytes(w.isa), w, ep, pool);
+    run_s8_on_rows(a_in, k, m, k, w, ep, pool);
 }
 
 void gemm_w8a16(const float* x, int64_t m, int64_t k, const PackedInt8& w, const float* w_scales, float* y,

@@ -107,6 +107,15 @@ void gemm_w8a8(const float* x, int64_t m, int64_t k, const PackedInt8& w, const 
 void gemm_w8a16(const float* x, int64_t m, int64_t k, const PackedInt8& w, const float* w_scales, float* y,
                 ThreadPool& pool);
 
+// quantize_row_int8 (kernels/common/quantize.h) in SIMD where the CPU has it, bit-identical: the
+// per-token activation quantize of gemm_w8a8 and the per-channel weight quantize. Returns the scale.
+float quantize_row_int8_simd(const float* x, int64_t k, int8_t* q);
+
+// gemm_w8a8 on activations quantized beforehand (quantize_row_int8_simd): xq [m, ldx] int8 (first k
+// columns used), x_scales [m]. Equals gemm_w8a8 of the float rows they came from, bit for bit.
+void gemm_w8a8_quantized(const int8_t* xq, int64_t ldx, const float* x_scales, int64_t m, int64_t k,
+                         const PackedInt8& w, const float* w_scales, float* y, ThreadPool& pool);
+
 // Raw int32 GEMM: c[m, n] = sum_k a[m, k] * q[n, k]; a: [m, k] int8 row-major, c: [m, n].
 void gemm_s8s8_s32(const int8_t* a, int64_t m, int64_t k, const PackedInt8& w, int32_t* c, ThreadPool& pool);
 

@@ -124,6 +124,15 @@ struct TokenSelect {
     std::span<const int32_t> bans;  // ids that may not be picked (stop tokens before min_tokens)
 };
 
+// Activations quantized per token for the W8A8 linears that read them: made by
+// Backend::alloc_quant_acts, written by the fused ops (add_rmsnorm_quant, silu_mul_quant), read by
+// linear_quant. Layout private to the backend that allocated it; holds up to `rows` tokens of `k`.
+struct QuantActs {
+    Buffer q;       // int8 [rows, ld]
+    Buffer scales;  // f32 [rows]
+    int64_t rows = 0, k = 0, ld = 0;
+};
+
 struct AttentionShape {
     int64_t n_heads = 0;     // query heads on this rank
     int64_t n_kv_heads = 0;  // kv heads on this rank
@@ -233,6 +242,27 @@ public:
     virtual void add(const View& out, const View& a, const View& b) = 0;
     // out[m, n] = x[m, k] . W^T
     virtual void linear(const View& out, const View& x, const Linear& w) = 0;
+
+    // Fused quantization for W8A8 (the model uses these when fuses_quant()): the norm and the SiLU
+    // also quantize their output per token in the same pass, and the W8A8 linears that read it skip
+    // their own quantization. Each equals its unfused sequence exactly: add_rmsnorm_quant ==
+    // add_rmsnorm (x empty: rmsnorm of residual, residual unchanged) then the quantization linear()
+    // would do; silu_mul_quant == silu_mul then that quantization; linear_quant(out, qa, w) ==
+    // linear(out, x, w) for the x that qa was quantized from. out is always written.
+    virtual bool fuses_quant() const { return false; }
+    virtual QuantActs alloc_quant_acts(int64_t rows, int64_t k) {
+        LATTICE_FAIL("{}: fused quantization is not implemented on this backend", name());
+    }
+    virtual void add_rmsnorm_quant(const View& residual, const View& x, const View& out, QuantActs& qa, const View& w,
+                                   float eps) {
+        LATTICE_FAIL("{}: add_rmsnorm_quant is not implemented on this backend", name());
+    }
+    virtual void silu_mul_quant(const View& out, QuantActs& qa, const View& gate_up) {
+        LATTICE_FAIL("{}: silu_mul_quant is not implemented on this backend", name());
+    }
+    virtual void linear_quant(const View& out, const QuantActs& qa, const Linear& w) {
+        LATTICE_FAIL("{}: linear_quant is not implemented on this backend", name());
+    }
 };
 
 // begin_step ... end_step for one scope (end_step also when the step throws).

@@ -24,7 +24,8 @@ BackendKind resolve_backend_kind(BackendKind kind) {
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
     if (resolve_backend_kind(o.kind) == BackendKind::kCpu)
-        return std::make_unique<CpuBackend>(CpuBackendOptions{o.threads, o.pin, o.mlock, o.cpu_select_tokens, o.cpu_step_graphs});
+        return std::make_unique<CpuBackend>(CpuBackendOptions{o.threads, o.pin, o.mlock, o.cpu_select_tokens, o.cpu_step_graphs,
+                                                                o.cpu_fused_quant});
 #if defined(LATTICE_HAVE_CUDA)
     const int count = cuda_device_count();
     LATTICE_CHECK(o.cuda_device >= 0 && o.cuda_device < count, "CUDA device {} requested but {} visible",

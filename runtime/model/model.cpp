@@ -59,6 +59,15 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
         logits_ = be_.alloc(DType::kF32, {int64_t(opt_.tp) * T * shard_.vocab_per_rank});
         if (opt_.tp > 1) logits_full_ = be_.alloc(DType::kF32, {T * cfg_.vocab});
     }
+    fused_quant_ = be_.fuses_quant() && !layers_.empty() &&
+                   std::all_of(layers_.begin(), layers_.end(), [](const LayerWeights& L) {
+                       return L.wqkv.mode == QuantMode::kW8A8 && L.w_gate_up.mode == QuantMode::kW8A8 &&
+                              L.w_down.mode == QuantMode::kW8A8;
+                   });
+    if (fused_quant_) {
+        qa_hidden_ = be_.alloc_quant_acts(T, H);
+        qa_ffn_ = be_.alloc_quant_acts(T, shard_.ffn);
+    }
 }
 
 Model::~Model() = default;
@@ -180,24 +189,44 @@ void Model::run_layers(const TokenBatch& batch, const View& hidden) {
     View normed = normed_.view().row_range(0, T), qkv = qkv_.view().row_range(0, T),
          attn = attn_out_.view().row_range(0, T), proj = proj_.view().row_range(0, T),
          gu = gate_up_.view().row_range(0, T), act = act_.view().row_range(0, T);
+    // hidden += x (x empty: no add), normed = rmsnorm(hidden) * w, quantized too when fused.
+    const auto norm = [&](const View& x, const View& w) {
+        if (fused_quant_)
+            be_.add_rmsnorm_quant(hidden, x, normed, qa_hidden_, w, eps);
+        else if (x.data)
+            be_.add_rmsnorm(hidden, x, normed, w, eps);
+        else
+            be_.rmsnorm(normed, hidden, w, eps);
+    };
+    const auto linear_normed = [&](const View& out, const Linear& w) {
+        if (fused_quant_)
+            be_.linear_quant(out, qa_hidden_, w);
+        else
+            be_.linear(out, normed, w);
+    };
     for (size_t li = 0; li < layers_.size(); ++li) {
         LayerWeights& L = layers_[li];
         const int64_t layer = opt_.layer_begin + int64_t(li);
-        if (li == 0) be_.rmsnorm(normed, hidden, L.attn_norm.view(), eps);
+        if (li == 0) norm(View{}, L.attn_norm.view());
         if (observer_) observer_(layer, 0, normed);
-        be_.linear(qkv, normed, L.wqkv);
+        linear_normed(qkv, L.wqkv);
         be_.rope(qkv, batch, attn_, inv_freq_.view());
         be_.attention(attn, qkv, L.k_cache.view(), L.v_cache.view(), batch, attn_);
         be_.linear(proj, attn, L.wo);
         if (opt_.tp > 1) tp_all_reduce(proj);
-        be_.add_rmsnorm(hidden, proj, normed, L.ffn_norm.view(), eps);
+        norm(proj, L.ffn_norm.view());
         if (observer_) observer_(layer, 1, normed);
-        be_.linear(gu, normed, L.w_gate_up);
-        be_.silu_mul(act, gu);
-        be_.linear(proj, act, L.w_down);
+        linear_normed(gu, L.w_gate_up);
+        if (fused_quant_) {
+            be_.silu_mul_quant(act, qa_ffn_, gu);
+            be_.linear_quant(proj, qa_ffn_, L.w_down);
+        } else {
+            be_.silu_mul(act, gu);
+            be_.linear(proj, act, L.w_down);
+        }
         if (opt_.tp > 1) tp_all_reduce(proj);
         if (li + 1 < layers_.size())
-            be_.add_rmsnorm(hidden, proj, normed, layers_[li + 1].attn_norm.view(), eps);
+            norm(proj, layers_[li + 1].attn_norm.view());
         else
             be_.add(hidden, hidden, proj);
     }

@@ -87,6 +87,8 @@ public:
     // (Re)allocates the paged K/V cache of every local layer with `num_blocks` blocks (zeroed).
     void allocate_kv(int64_t num_blocks);
     int64_t kv_blocks() const { return attn_.num_blocks; }
+    // The layers run the fused W8A8 quantization (Backend::fuses_quant and every layer linear W8A8).
+    bool fused_quant() const { return fused_quant_; }
     int64_t weight_bytes() const;  // bytes of weights held by this rank
     // Bytes of checkpoint tensor data this rank read while loading (its slices, in file encoding).
     int64_t checkpoint_bytes_read() const { return checkpoint_bytes_read_; }
@@ -152,6 +154,11 @@ private:
 
     // Scratch activations for max_batch_tokens rows.
     Buffer hidden_, normed_, qkv_, attn_out_, proj_, gate_up_, act_, head_in_, logits_;
+    // Fused W8A8 quantization (Backend::fuses_quant, every layer linear W8A8): the norms quantize
+    // the hidden-size activations into qa_hidden_ (read by wqkv and w_gate_up), SiLU * up into
+    // qa_ffn_ (read by w_down).
+    bool fused_quant_ = false;
+    QuantActs qa_hidden_, qa_ffn_;
     Buffer logits_full_;  // [rows, vocab] f32: the gathered blocks in vocabulary order (tp > 1)
 };
 

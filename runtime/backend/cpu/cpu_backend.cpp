@@ -29,7 +29,7 @@ void check_f32(const View& v, const char* what) {
 
 CpuBackend::CpuBackend(const CpuBackendOptions& opt)
     : pool_(std::make_unique<ThreadPool>(opt.threads, opt.pin)), mlock_(opt.mlock), select_tokens_(opt.select_tokens),
-      step_graphs_(opt.step_graphs) {}
+      step_graphs_(opt.step_graphs), fused_quant_(opt.fused_quant) {}
 
 CpuBackend::~CpuBackend() = default;
 
@@ -332,6 +332,55 @@ void CpuBackend::linear(const View& out, const View& x, const Linear& w) {
                        w.scales.ptr<float>(), out.ptr<float>(), *pool_);
             break;
     }
+}
+
+QuantActs CpuBackend::alloc_quant_acts(int64_t rows, int64_t k) {
+    LATTICE_CHECK(fused_quant_, "CpuBackend::alloc_quant_acts: not enabled (CpuBackendOptions::fused_quant)");
+    LATTICE_CHECK(rows > 0 && k > 0, "CpuBackend::alloc_quant_acts: [{}, {}]", rows, k);
+    QuantActs qa;
+    qa.q = alloc(DType::kI8, {rows, k});
+    qa.scales = alloc(DType::kF32, {rows});
+    qa.rows = rows;
+    qa.k = k;
+    qa.ld = k;
+    return qa;
+}
+
+void CpuBackend::quantize_rows(QuantActs& qa, const View& y) {
+    LATTICE_CHECK(fused_quant_, "CpuBackend: fused quantization not enabled (CpuBackendOptions::fused_quant)");
+    LATTICE_CHECK(y.cols() == qa.k && y.rows() <= qa.rows, "CpuBackend: quantizing {} into activations of [{}, {}]",
+                  y.shape_str(), qa.rows, qa.k);
+    const float* src = y.ptr<float>();
+    int8_t* q = qa.q.ptr<int8_t>();
+    float* sc = qa.scales.ptr<float>();
+    const int64_t k = qa.k;
+    pool_->parallel_for(y.rows(), [&](int64_t r0, int64_t r1, int) {
+        for (int64_t r = r0; r < r1; ++r) sc[r] = quantize_row_int8_simd(src + r * k, k, q + r * qa.ld);
+    });
+}
+
+void CpuBackend::add_rmsnorm_quant(const View& residual, const View& x, const View& out, QuantActs& qa,
+                                   const View& w, float eps) {
+    if (x.data)
+        add_rmsnorm(residual, x, out, w, eps);
+    else
+        rmsnorm(out, residual, w, eps);
+    quantize_rows(qa, out);
+}
+
+void CpuBackend::silu_mul_quant(const View& out, QuantActs& qa, const View& gate_up) {
+    silu_mul(out, gate_up);
+    quantize_rows(qa, out);
+}
+
+void CpuBackend::linear_quant(const View& out, const QuantActs& qa, const Linear& w) {
+    check_f32(out, "linear_quant");
+    LATTICE_CHECK(w.mode == QuantMode::kW8A8 && qa.k == w.k && out.cols() == w.n && out.rows() <= qa.rows,
+                  "CpuBackend::linear_quant: {} activations [{}, {}] . W[{}, {}]^T into {}", quant_mode_name(w.mode),
+                  qa.rows, qa.k, w.n, w.k, out.shape_str());
+    gemm_w8a8_quantized(qa.q.ptr<int8_t>(), qa.ld, qa.scales.ptr<float>(), out.rows(), w.k,
+                        *static_cast<const PackedInt8*>(w.prepared.get()), w.scales.ptr<float>(), out.ptr<float>(),
+                        *pool_);
 }
 
 }  // namespace lattice

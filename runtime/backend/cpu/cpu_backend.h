@@ -23,6 +23,10 @@ struct CpuBackendOptions {
     // Step graphs as a device backend has them, replay re-running the captured body on the new
     // batch: the engine's graph side (bucketing, padding) runs on CPU (tests).
     bool step_graphs = false;
+    // Fused W8A8 quantization as a device backend has it (Backend::fuses_quant: the norms and the
+    // SiLU quantize their output, linear_quant reads it): the model's fused path runs on CPU
+    // (tests; bit-identical to the unfused path).
+    bool fused_quant = false;
 };
 
 class CpuBackend final : public Backend {
@@ -63,6 +67,12 @@ public:
     void silu_mul(const View& out, const View& gate_up) override;
     void add(const View& out, const View& a, const View& b) override;
     void linear(const View& out, const View& x, const Linear& w) override;
+    bool fuses_quant() const override { return fused_quant_; }
+    QuantActs alloc_quant_acts(int64_t rows, int64_t k) override;
+    void add_rmsnorm_quant(const View& residual, const View& x, const View& out, QuantActs& qa, const View& w,
+                           float eps) override;
+    void silu_mul_quant(const View& out, QuantActs& qa, const View& gate_up) override;
+    void linear_quant(const View& out, const QuantActs& qa, const Linear& w) override;
 
     int64_t memory_available() const override;
     ThreadPool& pool() { return *pool_; }
@@ -74,6 +84,8 @@ private:
     bool mlock_ = false;
     bool select_tokens_ = false;
     bool step_graphs_ = false;
+    bool fused_quant_ = false;
+    void quantize_rows(QuantActs& qa, const View& y);
     std::unordered_map<void*, size_t> mapped_;  // mmap'ed allocations and their sizes
 };
 

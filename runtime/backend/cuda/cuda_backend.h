@@ -5,9 +5,11 @@
 //   kNone   weight [n, k] in the activation dtype (f32/f16/bf16 host weights converted once);
 //           y = x . W^T through cuBLASLt (TN, fp32 accumulate).
 //   kW8A16  weight [n_pad, k_pad] int8 (zero padded to multiples of 16), scales [n_pad] f32;
-//           m <= 8: GEMV; m > 8: dequantize into a scratch matrix, then the float GEMM.
+//           m <= 16: GEMV; m > 16: dequantize into a scratch matrix, then the float GEMM.
 //   kW8A8   same storage; x is quantized per token into int8 [m, k_pad] (+ scales [m]);
-//           m <= 8: dp4a GEMV; m > 8: cuBLASLt IMMA (int32 out), then one fused dequant epilogue.
+//           m <= 16: dp4a GEMV; m > 16: cuBLASLt IMMA (int32 out), then one fused dequant epilogue.
+//           With fuses_quant() the quantization is fused into the norm / SwiGLU kernel before it
+//           (add_rmsnorm_quant, silu_mul_quant) and linear_quant starts from the int8 rows.
 // Token metadata (ids, positions, sequences, block tables) is staged in pinned host memory and copied with one
 // cudaMemcpyAsync per new batch (skipped when the batch did not change; within begin_step ..
 // end_step not even compared again), so a captured graph
@@ -85,6 +87,14 @@ public:
     void silu_mul(const View& out, const View& gate_up) override;
     void add(const View& out, const View& a, const View& b) override;
     void linear(const View& out, const View& x, const Linear& w) override;
+    // Fused W8A8 quantization: the norm and SiLU kernels quantize their output in the same pass
+    // (cuda::add_rmsnorm_quant, cuda::silu_mul_quant); linear_quant skips linear's quantize launch.
+    bool fuses_quant() const override { return true; }
+    QuantActs alloc_quant_acts(int64_t rows, int64_t k) override;
+    void add_rmsnorm_quant(const View& residual, const View& x, const View& out, QuantActs& qa, const View& w,
+                           float eps) override;
+    void silu_mul_quant(const View& out, QuantActs& qa, const View& gate_up) override;
+    void linear_quant(const View& out, const QuantActs& qa, const Linear& w) override;
 
     // ---- CUDA-only extras (not in Backend yet) ----
     // A linear layer of random weights fabricated on the device from `seed` (for --random-weights
@@ -130,6 +140,8 @@ private:
     void write_staging(const TokenBatch& batch);
     void check_act(const View& v, const char* op, const char* what) const;
     void make_current() const;
+    // out[m, n] = xq . W^T * sx * sw for int8 rows quantized per token (GEMV for small m, else IMMA).
+    void matmul_w8a8(const View& out, const int8_t* xq, const float* sx, const Linear& w, int64_t m);
 
     int device_ = 0;
     DType act_;

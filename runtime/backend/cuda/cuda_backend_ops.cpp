@@ -24,6 +24,12 @@ void check_rows_cols(const View& v, int64_t rows, int64_t cols, const char* op, 
                   v.shape_str(), rows, cols);
 }
 
+void check_quant_acts(const QuantActs& qa, int64_t rows, int64_t k, const char* op) {
+    LATTICE_CHECK(qa.q.view().device == Device::kCuda && qa.k == k && rows <= qa.rows && qa.ld == round_up(k, 16),
+                  "CudaBackend::{}: {} rows of {} into quantized activations [{}, {}] (ld {})", op, rows, k, qa.rows,
+                  qa.k, qa.ld);
+}
+
 }  // namespace
 
 // ---- metadata staging ----
@@ -290,6 +296,8 @@ void CudaBackend::linear(const View& out, const View& x, const Linear& w) {
                   w.weight.view().shape_str());
     const auto* wq = w.weight.ptr<int8_t>();
     const auto* sw = w.scales.ptr<float>();
+    // Crossover: decode batches of m <= kGemvMaxRows (16) tokens run the GEMVs (weights read once,
+    // no tile padding); W8A16 above it dequantizes once and runs the float GEMM, W8A8 runs IMMA.
     if (w.mode == QuantMode::kW8A16) {
         if (m <= cuda::kGemvMaxRows) {
             cuda::gemv_w8a16(out.data, x.data, wq, k_pad, sw, m, n, k, act_, od, stream_);
@@ -304,13 +312,36 @@ void CudaBackend::linear(const View& out, const View& x, const Linear& w) {
     auto* xq = static_cast<int8_t*>(scratch(xq_, size_t(m * k_pad), "quantized activations"));
     auto* sx = static_cast<float*>(scratch(sx_, size_t(m) * 4, "activation scales"));
     cuda::quantize_rows(xq, k_pad, sx, x.data, m, k, act_, stream_);
+    matmul_w8a8(out, xq, sx, w, m);
+}
+
+void CudaBackend::matmul_w8a8(const View& out, const int8_t* xq, const float* sx, const Linear& w, int64_t m) {
+    const int64_t n = w.n, n_pad = w.weight.view().shape[0], k_pad = w.weight.view().shape[1];
+    const auto* wq = w.weight.ptr<int8_t>();
+    const auto* sw = w.scales.ptr<float>();
     if (m <= cuda::kGemvMaxRows) {
-        cuda::gemv_w8a8(out.data, xq, k_pad, sx, wq, k_pad, sw, m, n, k_pad, act_, od, stream_);
+        cuda::gemv_w8a8(out.data, xq, k_pad, sx, wq, k_pad, sw, m, n, k_pad, act_, out.dtype, stream_);
     } else {
         auto* acc = static_cast<int32_t*>(scratch(acc_, size_t(m * n_pad) * 4, "int32 accumulators"));
         lt_->gemm_i8(acc, n_pad, xq, k_pad, wq, k_pad, m, n_pad, k_pad, stream_);
-        cuda::dequant_i32(out.data, acc, n_pad, sx, sw, m, n, act_, od, stream_);
+        cuda::dequant_i32(out.data, acc, n_pad, sx, sw, m, n, act_, out.dtype, stream_);
     }
+}
+
+void CudaBackend::linear_quant(const View& out, const QuantActs& qa, const Linear& w) {
+    const DType od = out.dtype;
+    if (od != DType::kF32) check_act(out, "linear_quant", "out");
+    LATTICE_CHECK(out.device == Device::kCuda && out.is_contiguous(),
+                  "CudaBackend::linear_quant: out must be a contiguous device tensor");
+    const int64_t m = out.rows();
+    check_rows_cols(out, m, w.n, "linear_quant", "out");
+    LATTICE_CHECK(w.mode == QuantMode::kW8A8 && w.weight_dtype == DType::kI8 && w.weight.view().device == Device::kCuda &&
+                      w.weight.view().shape[0] == round_up(w.n, 16) && w.weight.view().shape[1] == qa.ld,
+                  "CudaBackend::linear_quant: {} weight {} for quantized activations of k = {} (ld {})",
+                  quant_mode_name(w.mode), w.weight.view().shape_str(), qa.k, qa.ld);
+    check_quant_acts(qa, m, w.k, "linear_quant");
+    if (m == 0) return;
+    matmul_w8a8(out, qa.q.ptr<int8_t>(), qa.scales.ptr<float>(), w, m);
 }
 
 void CudaBackend::argmax(const View& logits, int32_t* host_ids) {
@@ -439,6 +470,43 @@ void CudaBackend::replay_step(StepGraph& graph, const TokenBatch& batch) {
     auto* g = dynamic_cast<CudaStepGraph*>(&graph);
     LATTICE_CHECK(g, "CudaBackend::replay_step: a graph of another backend");
     g->graph.replay(*this, batch);
+}
+
+// ---- fused W8A8 quantization ----
+QuantActs CudaBackend::alloc_quant_acts(int64_t rows, int64_t k) {
+    LATTICE_CHECK(rows > 0 && k > 0, "CudaBackend::alloc_quant_acts: [{}, {}]", rows, k);
+    QuantActs qa;
+    qa.rows = rows;
+    qa.k = k;
+    qa.ld = round_up(k, 16);  // the int8 GEMMs' padded k (make_linear pads weights the same way)
+    qa.q = alloc(DType::kI8, {rows, qa.ld});
+    qa.scales = alloc(DType::kF32, {rows});
+    return qa;
+}
+
+void CudaBackend::add_rmsnorm_quant(const View& residual, const View& x, const View& out, QuantActs& qa,
+                                    const View& w, float eps) {
+    check_act(residual, "add_rmsnorm_quant", "residual");
+    if (x.data) {
+        check_act(x, "add_rmsnorm_quant", "x");
+        check_rows_cols(x, residual.rows(), residual.cols(), "add_rmsnorm_quant", "x");
+    }
+    check_act(out, "add_rmsnorm_quant", "out");
+    check_rows_cols(out, residual.rows(), residual.cols(), "add_rmsnorm_quant", "out");
+    LATTICE_CHECK(w.dtype == DType::kF32 && w.numel() == residual.cols() && w.device == Device::kCuda,
+                  "CudaBackend::add_rmsnorm_quant: weight must be f32 [{}] on the device", residual.cols());
+    check_quant_acts(qa, residual.rows(), residual.cols(), "add_rmsnorm_quant");
+    cuda::add_rmsnorm_quant(residual.data, x.data, out.data, qa.q.ptr<int8_t>(), qa.ld, qa.scales.ptr<float>(),
+                            w.ptr<float>(), residual.rows(), residual.cols(), eps, act_, stream_);
+}
+
+void CudaBackend::silu_mul_quant(const View& out, QuantActs& qa, const View& gate_up) {
+    check_act(out, "silu_mul_quant", "out");
+    check_act(gate_up, "silu_mul_quant", "gate_up");
+    check_rows_cols(gate_up, out.rows(), 2 * out.cols(), "silu_mul_quant", "gate_up");
+    check_quant_acts(qa, out.rows(), out.cols(), "silu_mul_quant");
+    cuda::silu_mul_quant(out.data, qa.q.ptr<int8_t>(), qa.ld, qa.scales.ptr<float>(), gate_up.data, out.rows(),
+                         out.cols(), act_, stream_);
 }
 
 // ---- factory (the CUDA half of runtime/backend/make_backend.h) ----

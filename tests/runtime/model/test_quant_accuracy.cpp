@@ -103,3 +103,40 @@ TEST_CASE("W8A16 equals the fp32 engine on fake-quantized weights: the error abo
         CHECK(worst_q > 1e-3);
     }
 }
+
+TEST_CASE("fused W8A8 quantization (norm / SiLU quantize, linear_quant; the CPU mirror) equals the unfused path bit for bit") {
+    // The model's fused path is what a device backend runs (Backend::fuses_quant); on CPU its mirror
+    // quantizes with the kernels' own row quantize, so any difference is a wiring error in the model
+    // (a norm quantized from the wrong buffer, a stale row, the first layer's norm, the SiLU output).
+    for (const auto& name : golden_models()) {
+        CAPTURE(name);
+        auto src = open_model(golden_dir(name));
+        std::vector<std::vector<int32_t>> prompts;
+        for (const auto& c : load_golden(name)) prompts.push_back(c.prompt);
+        for (int threads : {1, 2}) {
+            CAPTURE(threads);
+            CpuBackendOptions plain{threads, false, false}, fused = plain;
+            fused.fused_quant = true;
+            CpuBackend be_plain(plain), be_fused(fused);
+            const ModelOptions mo = quant_options(QuantMode::kW8A8);
+            Model m_plain(*src, be_plain, mo, nullptr), m_fused(*src, be_fused, mo, nullptr);
+            CHECK_FALSE(m_plain.fused_quant());
+            REQUIRE(m_fused.fused_quant());
+            auto g_plain = make_local_engine(m_plain), g_fused = make_local_engine(m_fused);
+            for (const auto& p : prompts) {
+                const std::vector<float> a = g_plain->score(p), b = g_fused->score(p);
+                REQUIRE(a.size() == b.size());
+                CHECK(a == b);
+            }
+            // Chunked decode through the KV cache too: greedy tokens and their order.
+            GenerateRequest r{prompts[0], 6, {}, true, {}};
+            CHECK(g_fused->generate(r).tokens == g_plain->generate(r).tokens);
+        }
+        // Only W8A8 is fused: W8A16 on the same backend runs the unfused ops.
+        CpuBackendOptions fused{1, false, false};
+        fused.fused_quant = true;
+        CpuBackend be(fused);
+        Model m16(*src, be, quant_options(QuantMode::kW8A16), nullptr);
+        CHECK_FALSE(m16.fused_quant());
+    }
+}
