@@ -1,8 +1,12 @@
-// GPU decode-step benchmark on the real Model (built through runtime/engine/build.h, random
-// weights): the Llama-2-70B shape (hidden 8192, 64/8 heads x 128, FFN 28672, vocab 32000) in W8A8
-// at TP = 1, batch 1 / 8 / 32, one token per sequence at context `--ctx` (default 512). The
-// embedding and every layer run as one captured CUDA graph per batch (replayed), the final norm and
-// LM head eagerly with the logits download that the product path does today.
+// GPU decode benchmark on the product path: the real Engine over the real Model (built through
+// runtime/engine/build.h, random weights), driven through its step API (Engine::add / step) exactly
+// as `lattice serve` drives it. Llama-2-70B shape (hidden 8192, 64/8 heads x 128, FFN 28672, vocab
+// 32000) in W8A8 at TP = 1, batch 1 / 8 / 32: each batch's sequences are prefilled to `--ctx`
+// positions (default 512), then the engine decodes; the timed steps are decode steps after the
+// engine's own CUDA graph of that batch bucket was captured (the first decode step of a bucket runs
+// eagerly, the second captures), with token selection on the device: every timed step is one graph
+// replay + the selection kernel + the ids' download + the engine's host bookkeeping. The JSON
+// records the engine's graph counters, so a run whose steps did not replay a graph is visible.
 // `--layers N` (default 80) loads fewer layers of the same shape: the floor ratio is per byte, so a
 // shorter stack gives the same ratio with a shorter load (host-fabricated random weights).
 // The floor is bytes streamed per step (int8 weights + scales + norms + head + KV of every layer)
@@ -18,12 +22,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <numeric>
+#include <map>
 #include <vector>
 
 #include "base/cuda_check.h"
 #include "benchmarks/gpu/gpu_peaks.h"
-#include "runtime/backend/cuda/cuda_backend.h"
 #include "runtime/engine/build.h"
 #include "runtime/weights/random_source.h"
 
@@ -64,9 +67,12 @@ int main(int argc, char** argv) try {
     BuildOptions o;
     o.model.quant = QuantMode::kW8A8;
     o.model.quant_head = true;
-    o.model.max_seq = ctx + 64;
+    const int warm = 3;                      // decode steps before timing: eager warm-up, capture, one replay
+    const int iters = quick ? 5 : 20;        // timed decode steps
+    const int64_t max_new = kMaxBatch + warm + iters + 8;  // never finishes inside the timed steps
+    o.model.max_seq = ctx + max_new + 1;
     o.engine.max_seqs = kMaxBatch;
-    o.model.max_batch_tokens = kMaxBatch;
+    o.model.max_batch_tokens = 512;  // prefill chunks; decode graphs bucket up to max_seqs
     o.backend.kind = BackendKind::kCuda;
     o.backend.cuda_act = DType::kF16;
     o.devices = {device};
@@ -74,22 +80,25 @@ int main(int argc, char** argv) try {
     const auto t_load = std::chrono::steady_clock::now();
     Built b = build(o, *src);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
-    CudaBackend& be = static_cast<CudaBackend&>(*b.backend);  // the graph API is CUDA-only
+    Backend& be = *b.backend;
     Model& model = *b.model;
     fmt::print("{}: llama-2-70b shape ({} layers), w8a8, TP=1, ctx {}, loaded in {:.1f} s, device copy {:.0f} GB/s "
                "(datasheet HBM {:.0f} GB/s [{}])\n",
                be.name(), layers, ctx, load_s, copy_gbs, peaks.hbm_gbs, peaks.model);
 
+    Engine& engine = *b.engine;
     nlohmann::json rows = nlohmann::json::array();
     auto write = [&] {
         std::filesystem::create_directories(out_dir);
-        nlohmann::json doc = {{"benchmark", "gpu_decode_model"},
+        nlohmann::json doc = {{"benchmark", "gpu_decode_engine"},
                               {"backend", be.name()},
                               {"shape", "llama-2-70b"},
                               {"layers", layers},
                               {"quant", "w8a8"},
                               {"tp", 1},
                               {"ctx", ctx},
+                              {"path", "Engine::step: engine-captured CUDA graph per batch bucket, device selection"},
+                              {"fused_quant", model.fused_quant()},
                               {"load_seconds", load_s},
                               {"hbm_copy_gbs", copy_gbs},
                               {"hbm_datasheet_gbs", peaks.hbm_gbs},
@@ -99,66 +108,67 @@ int main(int argc, char** argv) try {
                               {"rows", rows}};
         std::ofstream(out_dir + "/decode.json") << doc.dump(2) << "\n";
     };
-    fmt::print("\n{:>6} {:>12} {:>12} {:>12} {:>12} {:>10}\n", "batch", "layers_ms", "step_ms", "tokens/s", "floor_ms",
-               "%floor");
+    fmt::print("\n{:>6} {:>10} {:>12} {:>12} {:>12} {:>10} {:>9}\n", "batch", "prefill_s", "step_ms", "tokens/s",
+               "floor_ms", "%floor", "replays");
     for (int64_t batch : {1, 8, 32}) {
-        const size_t nb = static_cast<size_t>(batch);
-        std::vector<int32_t> ids(nb, 1), pos(nb, int32_t(ctx)), seqs(nb);
-        std::iota(seqs.begin(), seqs.end(), 0);
-        // Sequence i owns blocks [i * W, (i + 1) * W) of the paged cache.
-        const int64_t W = model.attention_shape().table_width;
-        LATTICE_CHECK(model.kv_blocks() >= batch * W, "bench_gpu_decode: KV cache of {} blocks < {}", model.kv_blocks(),
-                      batch * W);
-        std::vector<int32_t> tables(nb * size_t(W));
-        std::iota(tables.begin(), tables.end(), 0);
-        TokenBatch tb{ids.data(), pos.data(), seqs.data(), batch, tables.data(), batch, W};
-        std::vector<int64_t> all(nb);
-        std::iota(all.begin(), all.end(), 0);
-        std::vector<float> logits(nb * size_t(cfg.vocab));
-        View hidden = model.hidden_scratch(batch);
-        model.forward(tb, all, logits.data());  // eager warm-up: sizes scratch, builds cuBLASLt plans
-        CudaGraph graph;
-        graph.capture(be, tb, [&] {
-            model.embed(tb, hidden);
-            model.run_layers(tb, hidden);
-        });
-        graph.replay(be, tb);
-        be.sync();
-        const int iters = quick ? 3 : 10;
-        cudaEvent_t e0, e1;
-        CUDA_CHECK(cudaEventCreate(&e0));
-        CUDA_CHECK(cudaEventCreate(&e1));
-        CUDA_CHECK(cudaEventRecord(e0, be.stream()));
-        for (int i = 0; i < iters; ++i) graph.replay(be, tb);
-        CUDA_CHECK(cudaEventRecord(e1, be.stream()));
-        CUDA_CHECK(cudaEventSynchronize(e1));
-        float layers_ms = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&layers_ms, e0, e1));
-        cudaEventDestroy(e0);
-        cudaEventDestroy(e1);
-        layers_ms /= float(iters);
+        // Prompts of ctx tokens (ids spread over the vocabulary), decoding past the timed steps.
+        std::vector<int64_t> ids;
+        for (int64_t s = 0; s < batch; ++s) {
+            EngineRequest r;
+            for (int64_t t = 0; t < ctx; ++t) r.prompt.push_back(int32_t((s * 7919 + t * 104729) % (cfg.vocab - 2) + 2));
+            r.max_new_tokens = max_new;
+            r.ignore_eos = true;
+            ids.push_back(engine.add(std::move(r)));
+        }
+        // Prefill: until every sequence has its first token.
+        const auto t_pre = std::chrono::steady_clock::now();
+        std::map<int64_t, int64_t> got;
+        auto count_tokens = [&](const std::vector<TokenEvent>& evs) {
+            for (const TokenEvent& e : evs)
+                if (e.token >= 0) ++got[e.id];
+        };
+        while (int64_t(got.size()) < batch) count_tokens(engine.step());
+        const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_pre).count();
+        for (int i = 0; i < warm; ++i) count_tokens(engine.step());
+        const EngineCounters c0 = engine.counters();
+        int64_t timed_tokens = 0;
         const auto t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < iters; ++i) {
-            graph.replay(be, tb);
-            model.head(hidden, all, logits.data());  // synchronizes (download)
+            const std::vector<TokenEvent> evs = engine.step();
+            for (const TokenEvent& e : evs) timed_tokens += e.token >= 0;
+            count_tokens(evs);
         }
-        const double step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iters;
-        const double kv_bytes = double(layers) * batch * double(ctx + 1) * cfg.kv_dim() * 2 * 2;
+        const double step_ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iters;
+        const EngineCounters c1 = engine.counters();
+        // Every timed step decoded the whole batch (nothing finished, nothing was preempted).
+        LATTICE_CHECK(timed_tokens == batch * iters, "bench_gpu_decode: batch {}: {} tokens in {} timed steps, wanted {}",
+                      batch, timed_tokens, iters, batch * iters);
+        for (int64_t id : ids) engine.cancel(id);
+        while (engine.busy()) engine.step();
+        const int64_t replays = c1.graph_replays - c0.graph_replays, steps = c1.steps - c0.steps;
+        // Each timed step decodes every sequence once, at ~ctx + warm positions.
+        const double kv_bytes = double(layers) * batch * double(ctx + warm + iters / 2) * cfg.kv_dim() * 2 * 2;
         const double bytes = double(model.streamed_weight_bytes()) + kv_bytes;
         const double floor_ms = floor_gbs > 0 ? bytes / (floor_gbs * 1e9) * 1e3 : 0;
         const double pct = floor_ms > 0 ? 100.0 * floor_ms / step_ms : 0;
         const double sheet_ms = peaks.hbm_gbs > 0 ? bytes / (peaks.hbm_gbs * 1e9) * 1e3 : 0;
-        fmt::print("{:>6} {:>12.2f} {:>12.2f} {:>12.1f} {:>12.2f} {:>9.1f}%\n", batch, layers_ms, step_ms,
-                   batch * 1e3 / step_ms, floor_ms, pct);
+        fmt::print("{:>6} {:>10.2f} {:>12.3f} {:>12.1f} {:>12.3f} {:>9.1f}% {:>5}/{:<3}\n", batch, prefill_s, step_ms,
+                   batch * 1e3 / step_ms, floor_ms, pct, replays, steps);
         rows.push_back({{"batch", batch},
-                        {"layers_ms", layers_ms},
+                        {"prefill_seconds", prefill_s},
                         {"ms_per_step", step_ms},
                         {"tokens_per_s", batch * 1e3 / step_ms},
+                        {"timed_steps", steps},
+                        {"graph_replays", replays},
                         {"bytes_per_step", bytes},
                         {"floor_ms", floor_ms},
                         {"pct_of_floor", pct},
                         {"pct_of_datasheet_floor", sheet_ms > 0 ? 100.0 * sheet_ms / step_ms : 0}});
         write();
+        if (replays < steps)
+            fmt::print("bench_gpu_decode: WARNING: {} of {} timed steps did not replay a graph\n", steps - replays,
+                       steps);
     }
     fmt::print("\nwrote {}/decode.json\n", out_dir);
     return 0;

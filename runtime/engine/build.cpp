@@ -70,7 +70,9 @@ int64_t kv_blocks_for(const Model& model, const Backend& backend, double kv_cach
     }
     if (per_block <= 0) return 1;  // a stage without layers holds no KV
     const AttentionShape& a = model.attention_shape();
-    const double useful = double(std::max<int64_t>(max_seqs, 1)) * double(a.table_width);
+    // Every sequence at full context, plus the block that step graphs reserve for their padding rows
+    // (Engine: the pool then still holds max_seqs full sequences).
+    const double useful = double(std::max<int64_t>(max_seqs, 1)) * double(a.table_width) + 1;
     const double blocks = std::min(std::floor(budget / per_block), useful);
     LATTICE_CHECK(blocks >= 1, "KV cache: {:.3f} GiB holds no block of {:.1f} KiB ({} tokens); raise --kv-cache-gb",
                   budget / double(int64_t(1) << 30), per_block / 1024, model.attention_shape().block_size);
