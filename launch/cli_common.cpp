@@ -221,6 +221,17 @@ int launcher_world_size() {
     return 1;
 }
 
+bool started_by_mpi() {
+#if defined(LATTICE_NO_MPI)
+    // Without MPI every process would run alone: several started by mpirun would each do the whole job.
+    if (const int n = launcher_world_size(); n > 1)
+        LATTICE_FAIL("started as one of {} MPI ranks, but this lattice was built without MPI: run it alone", n);
+    return false;
+#else
+    return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK");
+#endif
+}
+
 void print_error_line(const char* kind, const std::string& message, const std::string& detail) {
     print_stderr(fmt::format("lattice: {}: {}\n", kind, output_settings().verbose ? detail : message));
     std::fflush(stderr);
@@ -422,13 +433,7 @@ Built load_model(const ModelArgs& a, const std::function<void(const WorldConfig&
     o.pp = a.pp;
     // MPI only when asked for several ranks or launched by an MPI starter: a plain single-process
     // run neither pays for nor depends on MPI initialization.
-    o.mpi = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK");
-#if defined(LATTICE_NO_MPI)
-    // Without MPI every process would run alone: several started by mpirun would each do the whole job.
-    if (const char* n = std::getenv("OMPI_COMM_WORLD_SIZE"); n && std::atoi(n) > 1)
-        LATTICE_FAIL("started as one of {} MPI ranks, but this lattice was built without MPI: run it alone", n);
-    o.mpi = false;
-#endif
+    o.mpi = started_by_mpi();
     o.comm_timeout = a.comm_timeout;
     o.backend.kind = parse_backend_kind(a.device);
     o.backend.threads = usable_threads(a.threads);

@@ -77,6 +77,10 @@ struct ReportedFailure {
 };
 // The number of ranks the MPI starter launched (1 without one).
 int launcher_world_size();
+// True when an MPI starter (mpirun, srun with PMI/PMIx) launched this process: the command then
+// joins the MPI world. In a build without MPI an Error when the starter launched several ranks
+// (each would do the whole job alone), else false.
+bool started_by_mpi();
 // True until this process passed (or gave up) the agreement: an error now can still be agreed on.
 bool failure_agreement_open();
 // This rank's share of the agreement: code 0 (fine) or the exit code and one-line message of its

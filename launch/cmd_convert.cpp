@@ -15,7 +15,9 @@
 #include "base/memory.h"
 #include "launch/cli.h"
 #include "launch/cli_common.h"
+#if !defined(LATTICE_NO_MPI)
 #include "parallel/mpi_session.h"
+#endif
 #include "parallel/parallel_context.h"
 #include "runtime/engine/convert.h"
 
@@ -76,12 +78,13 @@ private:
 
 int run_convert(const ConvertArgs& a) {
     // Several ranks only under an MPI starter; every rank then takes files of its own.
-    const bool mpi = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK");
     ParallelContext ctx = make_local_context();
-    if (mpi) {
+    if (started_by_mpi()) {  // never true in a build without MPI (LATTICE_NO_MPI)
+#if !defined(LATTICE_NO_MPI)
         ctx = make_parallel_context(mpi_session().size(), 1, a.comm_timeout);
         if (ctx.world.world > 1) mpi_session().install_termination_reporter();
         if (ctx.world.rank != 0) set_log_level(LogLevel::kWarn);
+#endif
     }
     ConvertOptions o;
     o.out = a.out;
