@@ -27,6 +27,20 @@ struct Batch {
     std::vector<int32_t> pos, slots;
 };
 
+cuda::AttnDims attn_dims(int64_t nh, int64_t nkv, int64_t hd, int64_t max_seq, int64_t bs, int64_t n_blocks,
+                         int64_t table_width, float scale) {
+    cuda::AttnDims d;
+    d.n_heads = nh;
+    d.n_kv_heads = nkv;
+    d.head_dim = hd;
+    d.max_seq = max_seq;
+    d.block_size = bs;
+    d.num_blocks = n_blocks;
+    d.table_width = table_width;
+    d.scale = scale;
+    return d;
+}
+
 // One decode problem: shapes, block tables, fp32 caches and queries (already rounded to the activation
 // dtype), and one (position, sequence) per token.
 struct DecodeProblem {
@@ -37,18 +51,7 @@ struct DecodeProblem {
     int64_t row() const { return (nh + 2 * nkv) * hd; }
     int64_t m() const { return int64_t(pos.size()); }
     float scale() const { return 1.0f / std::sqrt(float(hd)); }
-    cuda::AttnDims dims() const {
-        cuda::AttnDims d;
-        d.n_heads = nh;
-        d.n_kv_heads = nkv;
-        d.head_dim = hd;
-        d.max_seq = max_seq;
-        d.block_size = bs;
-        d.num_blocks = n_blocks;
-        d.table_width = width();
-        d.scale = scale();
-        return d;
-    }
+    cuda::AttnDims dims() const { return attn_dims(nh, nkv, hd, max_seq, bs, n_blocks, width(), scale()); }
 };
 
 // Random caches and queries. full_tables: every table entry is a block (a permutation of n_seqs *
@@ -207,15 +210,7 @@ TEST_CASE("cuda attention: decode and prefill paths equal the CPU op" * doctest:
                                pool);
                 REQUIRE(any_nonzero(ref));
 
-                cuda::AttnDims d;
-                d.n_heads = nh;
-                d.n_kv_heads = nkv;
-                d.head_dim = hd;
-                d.max_seq = max_seq;
-                d.block_size = bs;
-                d.num_blocks = n_blocks;
-                d.table_width = width;
-                d.scale = scale;
+                const cuda::AttnDims d = attn_dims(nh, nkv, hd, max_seq, bs, n_blocks, width, scale);
                 DevBuf dqkv(to_act(qkv, act)), dpos(b.pos), dslots(b.slots), dtables(tables);
                 const cuda::KvTables kv{dtables.get<int32_t>(), n_seqs};
                 for (int path = 0; path < 2; ++path) {
