@@ -116,12 +116,8 @@ int main(int argc, char** argv) {
     app.add_flag("-v,--verbose", out.verbose,
                  "Errors with their origin ([host rank/world file:line]), printed by every rank that meets one");
     app.add_flag("-q,--quiet", out.quiet, "No progress or INFO lines on stderr (warnings and errors stay)");
-    // One line per command-line error, naming the flag (CLI11's default adds a second line); under
-    // MPI the launcher's rank 0 alone prints it (every rank parses the same argv).
-    app.failure_message([](const CLI::App* a, const CLI::Error& e) -> std::string {
-        if (lattice::launcher_rank() != 0 && lattice::launcher_world_size() > 1) return "";
-        return fmt::format("lattice: error: {} ({})\n", e.what(), help_hint(a));
-    });
+    // A command-line error is one line naming the flag (see the ParseError catch below, not CLI11's
+    // two-line default).
     lattice::CommandRun run;
     lattice::add_generate_command(app, run);
     lattice::add_chat_command(app, run);
@@ -148,8 +144,13 @@ int main(int argc, char** argv) {
         try {
             app.parse(argc, argv);
         } catch (const CLI::ParseError& e) {
-            rc = app.exit(e);  // prints help / version (rc 0) or the one-line error
-            if (rc != 0) return 2;
+            if (e.get_exit_code() != 0) {
+                // Like every other error: under MPI the ranks agree and rank 0 prints the one line
+                // (a rank exiting at once could make the launcher kill rank 0 before it printed).
+                const std::string msg = fmt::format("{} ({})", e.what(), help_hint(&app));
+                return fail("error", msg, msg, 2);
+            }
+            app.exit(e);  // --help / --version
             lattice::flush_stdout();
             return 0;
         }
