@@ -30,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/cpu/huge_pages.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace lattice {
@@ -55,21 +56,29 @@ IsaLevel detect_isa();
 void set_isa_override(IsaLevel isa);
 void clear_isa_override();
 
-// 64-byte aligned allocator so that packed panels can be read with aligned zmm loads.
+// 64-byte aligned allocator so that packed panels can be read with aligned zmm loads; from 2 MiB
+// on, memory comes from map_huge (huge pages: the packed weights are what decode streams).
 template <class T>
 struct AlignedAllocator64 {
     using value_type = T;
     AlignedAllocator64() = default;
     template <class U>
     AlignedAllocator64(const AlignedAllocator64<U>&) noexcept {}
+    static std::size_t bytes_for(std::size_t n) { return (n * sizeof(T) + 63) / 64 * 64; }
     T* allocate(std::size_t n) {
         if (n == 0) return nullptr;
-        std::size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
-        void* p = std::aligned_alloc(64, bytes);
+        const std::size_t bytes = bytes_for(n);
+        void* p = bytes >= kHugePageBytes ? map_huge(bytes) : std::aligned_alloc(64, bytes);
         if (!p) throw std::bad_alloc();
         return static_cast<T*>(p);
     }
-    void deallocate(T* p, std::size_t) noexcept { std::free(p); }
+    void deallocate(T* p, std::size_t n) noexcept {
+        const std::size_t bytes = bytes_for(n);
+        if (bytes >= kHugePageBytes)
+            unmap_huge(p, bytes);
+        else
+            std::free(p);
+    }
     template <class U>
     bool operator==(const AlignedAllocator64<U>&) const noexcept { return true; }
 };

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "kernels/cpu/gemm_f32.h"
+#include "kernels/cpu/huge_pages.h"
 #include "kernels/cpu/int8_gemm.h"
 #include "base/convert.h"
 #include "kernels/cpu/ops.h"
@@ -53,9 +54,9 @@ Buffer CpuBackend::alloc_bytes(DType dtype, View v) {
     void* p = nullptr;
     if (rounded >= kMapBytes) {
         // Fresh anonymous pages are zero and materialize on first touch: a large KV cache costs
-        // resident memory only as sequences fill it.
-        p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        LATTICE_CHECK(p != MAP_FAILED, "CpuBackend: out of memory mapping {} bytes ({} {}): {}", bytes,
+        // resident memory only as sequences fill it. Huge pages: weights and KV are streamed.
+        p = map_huge(rounded);
+        LATTICE_CHECK(p != nullptr, "CpuBackend: out of memory mapping {} bytes ({} {}): {}", bytes,
                       dtype_name(dtype), v.shape_str(), std::strerror(errno));
         mapped_[p] = rounded;
     } else {
@@ -80,7 +81,7 @@ void CpuBackend::free_memory(void* p) {
         std::free(p);
         return;
     }
-    ::munmap(p, it->second);
+    unmap_huge(p, it->second);
     mapped_.erase(it);
 }
 

@@ -4,6 +4,7 @@
 // Memory is 64-byte aligned anonymous memory (never a file mapping), optionally mlock'ed.
 #pragma once
 
+#include "kernels/cpu/huge_pages.h"
 #include "kernels/cpu/thread_pool.h"
 #include "runtime/backend/backend.h"
 
@@ -78,7 +79,7 @@ public:
     ThreadPool& pool() { return *pool_; }
 
 private:
-    static constexpr size_t kMapBytes = size_t(2) << 20;  // allocations from here on are mmap'ed
+    static constexpr size_t kMapBytes = kHugePageBytes;  // allocations from here on are mapped (map_huge)
     Buffer alloc_bytes(DType dtype, View view_shape);
     std::unique_ptr<ThreadPool> pool_;
     bool mlock_ = false;

@@ -1,0 +1,87 @@
+// map_huge / AlignedAllocator64: 2 MiB aligned, zeroed, writable to the last byte, and (where the
+// kernel's THP mode is "always" or "madvise") marked eligible for huge pages in /proc/self/smaps;
+// small allocations stay on the heap allocator's 64-byte alignment.
+#include "kernels/cpu/huge_pages.h"
+#include "kernels/cpu/int8_gemm.h"
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+using namespace lattice;
+
+namespace {
+
+// "always", "madvise" or "never" (the bracketed word), or "" where the kernel has no THP.
+std::string thp_mode() {
+    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const size_t a = all.find('['), b = all.find(']');
+    return a == std::string::npos || b == std::string::npos ? "" : all.substr(a + 1, b - a - 1);
+}
+
+// The THPeligible field of the smaps entry whose range starts at p: 1, 0, or -1 when not found.
+int thp_eligible(const void* p) {
+    std::ifstream f("/proc/self/smaps");
+    std::string line;
+    bool in_range = false;
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(p);
+    while (std::getline(f, line)) {
+        unsigned long lo = 0, hi = 0;
+        if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find('-') < 17) {
+            in_range = addr >= lo && addr < hi;
+            continue;
+        }
+        if (in_range && line.rfind("THPeligible:", 0) == 0) return std::stoi(line.substr(12));
+    }
+    return -1;
+}
+
+}  // namespace
+
+TEST_CASE("map_huge: aligned, zeroed, writable, released") {
+    for (size_t bytes : {size_t(1), size_t(4095), kHugePageBytes - 1, kHugePageBytes, 3 * kHugePageBytes + 12345}) {
+        CAPTURE(bytes);
+        auto* p = static_cast<unsigned char*>(map_huge(bytes));
+        REQUIRE(p != nullptr);
+        CHECK(reinterpret_cast<uintptr_t>(p) % kHugePageBytes == 0);
+        CHECK(p[0] == 0);
+        CHECK(p[bytes - 1] == 0);
+        CHECK(p[bytes / 2] == 0);
+        p[0] = 1;
+        p[bytes - 1] = 2;
+        CHECK(p[bytes - 1] == 2);
+        unmap_huge(p, bytes);
+    }
+}
+
+TEST_CASE("map_huge asks for huge pages where the kernel offers them") {
+    const std::string mode = thp_mode();
+    const size_t bytes = 4 * kHugePageBytes;
+    auto* p = static_cast<unsigned char*>(map_huge(bytes));
+    REQUIRE(p != nullptr);
+    const int eligible = thp_eligible(p);
+    if (mode == "always" || mode == "madvise") {
+        if (eligible < 0) MESSAGE("this kernel's smaps has no THPeligible field: eligibility not checked");
+        else CHECK(eligible == 1);  // in "madvise" mode only MADV_HUGEPAGE makes it 1
+    } else {
+        MESSAGE("THP mode '" << mode << "': huge pages not offered, eligibility not checked");
+    }
+    unmap_huge(p, bytes);
+}
+
+TEST_CASE("AlignedAllocator64: large vectors on huge-page mappings, small ones on the heap") {
+    std::vector<int8_t, AlignedAllocator64<int8_t>> big(kHugePageBytes + 7, int8_t(3));
+    CHECK(reinterpret_cast<uintptr_t>(big.data()) % kHugePageBytes == 0);
+    CHECK(big.back() == 3);
+    big.resize(3 * kHugePageBytes, int8_t(5));  // reallocation moves across mappings and frees the old one
+    CHECK(big[kHugePageBytes] == 3);
+    CHECK(big.back() == 5);
+    std::vector<float, AlignedAllocator64<float>> small(100, 1.0f);
+    CHECK(reinterpret_cast<uintptr_t>(small.data()) % 64 == 0);
+    CHECK(small[99] == 1.0f);
+}
