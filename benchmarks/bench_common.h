@@ -2,6 +2,7 @@
 // than the caches by every thread of the pool), timing, and the JSON/table output convention.
 #pragma once
 
+#include "kernels/cpu/huge_pages.h"
 #include "kernels/cpu/thread_pool.h"
 
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <new>
 #include <immintrin.h>
 #include <string>
 #include <vector>
@@ -57,7 +59,9 @@ inline uint64_t stream_read(const uint8_t* p, size_t bytes) {
 // Best-of-`reps` read bandwidth in GB/s (wall clock) over `bytes` (default 1 GiB), each thread of
 // the pool streaming its own contiguous slice: the ceiling a weight-streaming decode is held to.
 inline double measure_read_bandwidth(ThreadPool& pool, size_t bytes = size_t(1) << 30, int reps = 5) {
-    uint8_t* buf = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
+    // Huge pages, as the engine's weights (kernels/cpu/huge_pages.h): the ceiling is what lattice can reach.
+    uint8_t* buf = static_cast<uint8_t*>(map_huge(bytes));
+    if (!buf) throw std::bad_alloc();
     pool.parallel_for(int64_t(bytes), [&](int64_t lo, int64_t hi, int) { std::memset(buf + lo, 1, size_t(hi - lo)); },
                       4096);
     std::vector<uint64_t> sink(static_cast<size_t>(pool.size()));
@@ -71,7 +75,7 @@ inline double measure_read_bandwidth(ThreadPool& pool, size_t bytes = size_t(1) 
     }
     volatile uint64_t keep = sink[0];
     (void)keep;
-    std::free(buf);
+    unmap_huge(buf, bytes);
     return best;
 }
 

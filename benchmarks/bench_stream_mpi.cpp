@@ -5,6 +5,7 @@
 // differently and varies more on a VM). The planner's calibration (validate_plan.py) uses it.
 // Usage: mpirun -np N bench_stream_mpi [--json FILE]
 #include "benchmarks/bench_common.h"
+#include "kernels/cpu/huge_pages.h"
 
 #include <mpi.h>
 
@@ -22,7 +23,8 @@ int main(int argc, char** argv) {
     for (int i = 1; i + 1 < argc; ++i)
         if (std::strcmp(argv[i], "--json") == 0) json = argv[i + 1];
     const size_t bytes = size_t(1) << 30;
-    auto* buf = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
+    auto* buf = static_cast<uint8_t*>(lattice::map_huge(bytes));  // huge pages, as the engine's weights
+    if (!buf) MPI_Abort(MPI_COMM_WORLD, 1);
     std::memset(buf, 1, bytes);
     uint64_t sink = 0;
     double best = 0;
@@ -36,7 +38,7 @@ int main(int argc, char** argv) {
     }
     volatile uint64_t keep = sink;
     (void)keep;
-    std::free(buf);
+    lattice::unmap_huge(buf, bytes);
     if (rank == 0) {
         std::printf("%d ranks streaming at once: %.2f GB/s in all, %.2f GB/s per rank\n", n, best, best / n);
         lattice::bench::write_json(json, {{"ranks", n}, {"read_bw_gbs_all", best}, {"read_bw_gbs_per_rank", best / n}});

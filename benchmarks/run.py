@@ -4,6 +4,7 @@
   benchmarks/run.py gemm       [--full] [--threads N] [--shapes NxK,...]      CPU int8 GEMM (+ GPU if any)
   benchmarks/run.py allreduce  [--np 2,4] [--min-bytes 4] [--max-bytes 256M]  MpiComm all-reduce sweep
   benchmarks/run.py attention  [--contexts ..] [--batches ..]                 CPU paged decode attention
+  benchmarks/run.py tplinear   [--np 1,2] [--config tinyllama-1.1b] [--tokens 30]  TP linears' ceiling
   benchmarks/run.py e2e        [--layouts 1x1,2x1,1x2] [--batch 1,4,16] [--prompts 64,256]
                                [--model PATH | --preset tinyllama-1.1b] [--quant w8a8] [--max-new-tokens 16]
   benchmarks/run.py all        gemm, allreduce, attention and e2e with their defaults
@@ -331,6 +332,49 @@ def bench_allreduce(args, rec):
                "errors"], rows)
 
 
+# ---- tplinear ---------------------------------------------------------------------------------
+
+def bench_tplinear(args, rec):
+    """The tensor-parallel ceiling of decode's linear layers: bench_tp_linear on each rank count, with
+    the model's all-reduces and without; speedups are against the 1-rank run of this sweep."""
+    exe = binary(args, "benchmarks/bench_tp_linear")
+    need(exe, "bench_tp_linear")
+    base, rows, cache = {}, [], {}
+    for np_ in sorted(set([1] + args.np)):
+        ceil = read_ceiling(args, rec, np_, cache)
+        for sync in (True, False):
+            if np_ == 1 and not sync:
+                continue  # one rank has nothing to reduce: the synced run is the baseline of both
+            raw = rec.raw(f"tplinear_np{np_}_{'sync' if sync else 'nosync'}")
+            cmd = mpirun_prefix(np_) + [exe, "--config", args.config, "--tokens", str(args.tokens), "--json", raw]
+            cmd += [] if sync else ["--no-sync"]
+            p = run_logged(cmd, args.timeout, env=mpi_env())
+            if p.returncode != 0 or not os.path.exists(raw):
+                rec.fail(f"bench_tp_linear on {np_} ranks{'' if sync else ' --no-sync'}", p)
+                continue
+            j = json.load(open(raw))
+            if np_ == 1:
+                base = j
+            speedup = (base["ms_per_token_median"] / j["ms_per_token_median"]) if base else None
+            gbs_all = j["gbs_per_rank_median"] * np_
+            bw = ceil.get("read_bw_gbs_all_ranks")
+            res = {"ms_per_token_median": j["ms_per_token_median"], "ms_per_token_best": j["ms_per_token_best"],
+                   "gbs_all_ranks": gbs_all, "speedup_vs_1_rank": speedup,
+                   "allreduce_wait_ms_per_rank": j["allreduce_wait_ms_median_per_rank"],
+                   "read_bw_ratio": gbs_all / bw if bw else None}
+            params = {"config": j["config"], "ranks": np_, "sync": j["sync"], "tokens": j["tokens"],
+                      "allreduces_per_token": j["allreduces_per_token"],
+                      "weight_bytes_per_rank": j["weight_bytes_per_rank"]}
+            rec.emit("tplinear", params, res, ceil)
+            rows.append([np_, "yes" if sync else "no", f(j["ms_per_token_median"]), f(j["ms_per_token_best"]),
+                         f(speedup), f(gbs_all), f(bw), f(res["read_bw_ratio"]),
+                         " ".join(f(w) for w in j["allreduce_wait_ms_median_per_rank"])])
+    table(f"{args.config} linears as m = 1 W8A8 GEMVs, 1 thread per rank (median over {args.tokens} tokens; "
+          "speedup vs 1 rank; ceiling: bench_stream_mpi on the same rank count)",
+          ["ranks", "all-reduces", "ms/token", "best ms", "speedup", "GB/s all", "read ceiling GB/s",
+           "of ceiling", "wait ms/token per rank"], rows)
+
+
 # ---- attention --------------------------------------------------------------------------------
 
 def bench_attention(args, rec):
@@ -412,7 +456,7 @@ def e2e_results(stats, max_new):
 def read_ceiling(args, rec, np_, cache):
     """Read bandwidth of np_ single-thread ranks streaming at once (bench_stream_mpi), once per rank count."""
     exe = binary(args, "benchmarks/bench_stream_mpi")
-    if args.no_ceiling or not os.path.exists(exe) or args.launcher not in (None, "", "mpirun"):
+    if args.no_ceiling or not os.path.exists(exe) or getattr(args, "launcher", None) not in (None, "", "mpirun"):
         return {}
     if np_ not in cache:
         best = 0.0
@@ -530,6 +574,11 @@ def main(argv=None):
     t.add_argument("--config", default=DEFAULT_PRESET, help="model shape for the head counts")
     t.add_argument("--hot", action="store_true", help="one cache reused (no per-layer rotation)")
     t.add_argument("--min-time", type=float, default=0.2)
+    tl = sub.add_parser("tplinear", help="the TP ceiling of decode's linears on CPU ranks (bench_tp_linear)")
+    tl.add_argument("--np", type=int_list, default=[2], help="rank counts besides 1, e.g. 2,4 (default 2)")
+    tl.add_argument("--config", default=DEFAULT_PRESET, help="model shape")
+    tl.add_argument("--tokens", type=int, default=30, help="timed tokens per run (default 30)")
+    tl.add_argument("--no-ceiling", action="store_true", help="skip the read-bandwidth ceiling (bench_stream_mpi)")
     e = sub.add_parser("e2e", help="lattice generate over layouts x batch x prompt lengths")
     e.add_argument("--layouts", type=layout_list, help=f"TPxPP,... (default: tp-only and pp-only up to {cores()} ranks)")
     e.add_argument("--batch", type=int_list, default=[1, 4, 16], help="concurrent sequences (default 1,4,16)")
@@ -552,7 +601,7 @@ def main(argv=None):
     pl = sub.add_parser("plot", help="PNG plots from DIR/results.jsonl")
     pl.add_argument("dir", help="folder holding results.jsonl (plots go to DIR/plots)")
     pl.add_argument("--plots", help="output folder (default DIR/plots)")
-    for p in (g, a, t, e, sub.choices["all"]):
+    for p in (g, a, t, tl, e, sub.choices["all"]):
         common(p)
     args = ap.parse_args(argv)
 
@@ -575,7 +624,8 @@ def main(argv=None):
     for b in todo:
         if args.bench == "all":
             args.threads = 1 if b == "e2e" else 0
-        {"gemm": bench_gemm, "allreduce": bench_allreduce, "attention": bench_attention, "e2e": bench_e2e}[b](args, rec)
+        {"gemm": bench_gemm, "allreduce": bench_allreduce, "attention": bench_attention, "tplinear": bench_tplinear,
+         "e2e": bench_e2e}[b](args, rec)
     print(f"\nrun.py: {rec.count} point(s) appended to {rec.path} (run {rec.run_id}, {time.time() - t0:.0f} s)"
           + (f"; {rec.failures} FAILED" if rec.failures else ""))
     if args.plot:

@@ -5,6 +5,7 @@
     token counts of the run, a markdown table on stdout;
   - `e2e` on an impossible layout (3x1: 4 heads) fails (exit != 0) and appends nothing;
   - `allreduce` on 2 ranks, 4..64 bytes: 3 lines, p50 <= p99, no wrong elements;
+  - `tplinear` on the tiny model's shapes: 1 rank, 2 ranks with and without the all-reduces;
   - `plot` writes the scaling, concurrency, breakdown (when the stats carry one) and all-reduce
     PNGs (exit 77 with the reason where matplotlib is missing: scripts/setup.sh --bench).
 Usage: test_run_py.py --build DIR --lattice BIN --source DIR --shared DIR"""
@@ -126,6 +127,25 @@ def main():
                 or r["params"]["ranks"] != 2 or not r["ceilings"].get("memcpy_gbps"):
             fail(f"allreduce point {r['params']} {res} {r['ceilings']}")
 
+    # tplinear: 1 rank, 2 ranks with and without all-reduces, on the tiny model's shapes.
+    cfg = os.path.join(model, "config.json")
+    run(base + ["tplinear", "--np", "2", "--config", cfg, "--tokens", "2", "--no-ceiling"] + common)
+    tl = [r for r in lines(jsonl) if r["bench"] == "tplinear"]
+    if [(r["params"]["ranks"], r["params"]["sync"]) for r in tl] != [(1, True), (2, True), (2, False)]:
+        fail(f"tplinear points {[r['params'] for r in tl]}")
+    layers = json.load(open(cfg))["num_hidden_layers"]
+    for r in tl:
+        check_schema(r)
+        pr, res = r["params"], r["results"]
+        if pr["allreduces_per_token"] != (2 * layers if pr["sync"] else 0) or pr["tokens"] != 2 or \
+                len(res["allreduce_wait_ms_per_rank"]) != pr["ranks"]:
+            fail(f"tplinear point {pr} {res}")
+        if not (0 < res["ms_per_token_best"] <= res["ms_per_token_median"]) or not res["gbs_all_ranks"] > 0:
+            fail(f"tplinear times {res}")
+    if tl[0]["results"]["speedup_vs_1_rank"] != 1.0 or \
+            not tl[1]["params"]["weight_bytes_per_rank"] < tl[0]["params"]["weight_bytes_per_rank"]:
+        fail(f"tplinear: the 1-rank run is the baseline and 2 ranks hold less each: {[r['params'] for r in tl]}")
+
     # plot: needs matplotlib (this interpreter's or the checkout's .venv).
     py = None
     for cand in (sys.executable, os.path.join(a.source, ".venv", "bin", "python3")):
@@ -133,7 +153,7 @@ def main():
             py = cand
             break
     if py is None:
-        print("e2e and allreduce lines ok")
+        print("e2e, allreduce and tplinear lines ok")
         print("SKIP: plot: matplotlib is not installed (scripts/setup.sh --bench puts it into .venv/)")
         sys.exit(SKIP)
     p = run([py, runpy, "plot", out])
@@ -144,7 +164,7 @@ def main():
         path = os.path.join(out, "plots", w)
         if not os.path.exists(path) or open(path, "rb").read(8) != b"\x89PNG\r\n\x1a\n":
             fail(f"plot: {path} is not a PNG; plot said:\n{p.stdout}\n{p.stderr}")
-    print(f"run.py: e2e, allreduce and plot ok ({len(want)} PNGs) in {out}")
+    print(f"run.py: e2e, allreduce, tplinear and plot ok ({len(want)} PNGs) in {out}")
     subprocess.run(["rm", "-rf", out])
 
 
