@@ -1,6 +1,6 @@
-// bench_allreduce: nccl-tests style all-reduce benchmark over a Communicator (MpiComm now, plus a
-// blocking MPI_Allreduce baseline `--comm mpi-raw`; the NcclComm of parallel/cuda/ plugs into
-// make_comm() when it lands).
+// bench_allreduce: nccl-tests style all-reduce benchmark over a Communicator: `--comm mpi` is MpiComm
+// as the engine uses it (the shared-memory exchange when every rank is on this machine),
+// `mpi-noshm` MpiComm on MPI_Iallreduce only, `mpi-raw` a blocking MPI_Allreduce baseline.
 //   mpirun -np 4 bench_allreduce [--min-bytes 4] [--max-bytes 268435456] [--step 4]
 //                                [--dtype f32|bf16|i32] [--iters N] [--warmup N] [--json FILE]
 // Per size: `warmup` untimed calls, a barrier, then `iters` timed calls back to back, each call's
@@ -64,13 +64,13 @@ public:
 
 std::unique_ptr<Communicator> make_comm(const std::string& kind, double timeout_s) {
     if (kind == "mpi-raw") return std::make_unique<RawMpiAllReduce>();
-    if (kind == "mpi") {
+    if (kind == "mpi" || kind == "mpi-noshm") {
         WaitPolicy p;
         p.timeout_s = timeout_s;
+        p.shared_memory = kind == "mpi";
         return MpiComm::world(p, "bench");
     }
-    LATTICE_FAIL("--comm {}: not available in this build (mpi, mpi-raw; nccl arrives with parallel/cuda/NcclComm)",
-                 kind);
+    LATTICE_FAIL("--comm {}: not available in this build (mpi, mpi-noshm, mpi-raw)", kind);
 }
 
 double memcpy_gbps() {
@@ -113,7 +113,8 @@ int main(int argc, char** argv) {
     app.add_option("--warmup", warmup, "untimed calls per size (default: iters / 5, at least 1)")
         ->check(CLI::Range(-1, 10000));
     app.add_option("--dtype", dtype_s, "f32, bf16 or i32")->check(CLI::IsMember({"f32", "bf16", "i32"}));
-    app.add_option("--comm", comm_kind, "communicator: mpi (MpiComm) or mpi-raw (blocking MPI_Allreduce baseline)");
+    app.add_option("--comm", comm_kind, "communicator: mpi (MpiComm), mpi-noshm (MpiComm without shared memory) or mpi-raw (blocking "
+                   "MPI_Allreduce baseline)");
     app.add_option("--timeout", timeout_s, "per-call timeout in seconds");
     app.add_option("--json", json_path, "write results as JSON");
     CLI11_PARSE(app, argc, argv);

@@ -565,7 +565,7 @@ def main(argv=None):
     a.add_argument("--min-bytes", type=parse_size, default=4)
     a.add_argument("--max-bytes", type=parse_size, default=256 << 20)
     a.add_argument("--dtype", default="f32", choices=["f32", "bf16", "i32"])
-    a.add_argument("--comm", default="mpi", choices=["mpi", "mpi-raw"])
+    a.add_argument("--comm", default="mpi", choices=["mpi", "mpi-noshm", "mpi-raw"])
     a.add_argument("--iters", type=int, default=0, help="timed calls per size (default: adaptive)")
     a.add_argument("--warmup", type=int, default=0, help="untimed calls per size (default: iters / 5)")
     t = sub.add_parser("attention", help="CPU paged decode attention (bench_attention)")

@@ -2,9 +2,14 @@
 // (see mpi_comm.h and watchdog.h).
 #include "parallel/mpi_comm.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstring>
+
+#include "base/log.h"
 
 namespace lattice {
 
@@ -67,6 +72,98 @@ MpiComm::MpiComm(MPI_Comm comm, std::string name, const WaitPolicy& policy)
     MPI_Group_free(&g);
     MPI_Group_free(&wg);
     ctl_ = std::make_unique<ControlChannel>(timed_dup(comm_, policy_, name_), &calls_);
+    setup_shared_memory();
+}
+
+void MpiComm::setup_wait(MPI_Request* req, const char* step) {
+    int rc = MPI_SUCCESS;
+    const WaitResult r = poll_request(req, MPI_STATUS_IGNORE, policy_, &rc);
+    LATTICE_CHECK(r != WaitResult::kTimedOut, "creating communicator '{}': {}: not every rank arrived within {} s",
+                  name_, step, policy_.timeout_s);
+    LATTICE_CHECK(r == WaitResult::kDone, "creating communicator '{}': {} failed: {}", name_, step,
+                  mpi_error_string(rc));
+}
+
+// Rank 0 creates the shared object under a fresh name and broadcasts it; the others map it; a MIN
+// over "mapped" makes the choice common (one failure anywhere: everyone stays on MPI); then rank 0
+// unlinks the name. These setup messages are not calls of the communicator (calls_ stays 0).
+void MpiComm::setup_shared_memory() {
+    if (size_ < 2 || !policy_.shared_memory) return;
+    const MpiSession& s = mpi_session();
+    for (int w : world_ranks_)  // every rank sees the same table, so every rank decides the same
+        if (!s.is_local(w)) return;
+    char name[64] = {0};
+    std::unique_ptr<ShmExchange> x;
+    std::string err;
+    if (rank_ == 0) {
+        static std::atomic<int> serial{0};
+        const auto ticks = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+        fmt::format_to_n(name, sizeof(name) - 1, "/lattice-{}-{}-{:x}", int(getpid()), serial++, ticks & 0xffffff);
+        x = ShmExchange::create(name, size_, 0, &err);
+        if (!x) name[0] = 0;
+    }
+    MPI_Request req = MPI_REQUEST_NULL;
+    MPI_CHECK(MPI_Ibcast(name, int(sizeof(name)), MPI_CHAR, 0, comm_, &req));
+    setup_wait(&req, "shared-memory name");
+    if (rank_ != 0 && name[0]) x = ShmExchange::open(name, size_, rank_, &err);
+    int mapped = x ? 1 : 0, all = 0;
+    MPI_CHECK(MPI_Iallreduce(&mapped, &all, 1, MPI_INT, MPI_MIN, comm_, &req));
+    setup_wait(&req, "shared-memory handshake");
+    if (x && rank_ == 0) x->unlink();
+    if (!err.empty())
+        LOG_WARN("communicator '{}': no shared-memory exchange ({}); all-reduces go through MPI", name_, err);
+    if (all == 1) shm_ = std::move(x);
+}
+
+void MpiComm::shm_wait(uint64_t seq, const char* op, const std::string& what) {
+    const std::vector<int> behind = shm_->wait_all(seq, policy_);
+    if (behind.empty()) return;
+    broken_ = true;
+    fail_timeout(op, fmt::format("{}, shared memory: rank{} {} did not arrive", what, behind.size() > 1 ? "s" : "",
+                                 join_ints(behind)),
+                 -1, policy_.timeout_s);
+}
+
+namespace {
+
+// out = slot 0 + slot 1 + ... (in rank order, so every rank gets the same bits); T unsigned for i32
+// (wrapping like two's complement, no signed overflow).
+template <class T>
+void sum_slots(T* out, const ShmExchange& x, uint64_t seq, int64_t n) {
+    const T* s0 = static_cast<const T*>(x.slot(0, seq));
+    const T* s1 = static_cast<const T*>(x.slot(1, seq));
+    for (int64_t i = 0; i < n; ++i) out[i] = T(s0[i] + s1[i]);
+    for (int r = 2; r < x.ranks(); ++r) {
+        const T* sr = static_cast<const T*>(x.slot(r, seq));
+        for (int64_t i = 0; i < n; ++i) out[i] = T(out[i] + sr[i]);
+    }
+}
+
+}  // namespace
+
+void MpiComm::reduce_sum(void* data, int64_t count, DType t, const std::string& what) {
+    if (!shm_) {
+        MPI_Request req = MPI_REQUEST_NULL;
+        issued(MPI_Iallreduce(MPI_IN_PLACE, data, int(count), t == DType::kF32 ? MPI_FLOAT : MPI_INT32_T, MPI_SUM,
+                              comm_, &req),
+               "all_reduce_sum", what, -1);
+        wait(&req, MPI_STATUS_IGNORE, "all_reduce_sum", what, -1);
+        return;
+    }
+    constexpr int64_t per = ShmExchange::kSlotBytes / 4;  // f32 and i32 elements per chunk
+    for (int64_t off = 0; off < count; off += per) {
+        const int64_t n = std::min(per, count - off);
+        const uint64_t seq = ++shm_seq_;
+        char* mine = static_cast<char*>(data) + off * 4;
+        std::memcpy(shm_->my_slot(seq), mine, size_t(n * 4));
+        shm_->publish(seq);
+        shm_wait(seq, "all_reduce_sum", what);
+        if (t == DType::kF32)
+            sum_slots(reinterpret_cast<float*>(mine), *shm_, seq, n);
+        else
+            sum_slots(reinterpret_cast<uint32_t*>(mine), *shm_, seq, n);
+    }
+    clear_activity();
 }
 
 MpiComm::~MpiComm() {
@@ -282,9 +379,7 @@ void MpiComm::reduce_staged(const View& out, const View& in, bool scatter) {
                what, -1);
         wait(&req, MPI_STATUS_IGNORE, "reduce_scatter_sum", what, -1);
     } else {
-        issued(MPI_Iallreduce(MPI_IN_PLACE, sin, int(n_in), MPI_FLOAT, MPI_SUM, comm_, &req), "all_reduce_sum", what,
-               -1);
-        wait(&req, MPI_STATUS_IGNORE, "all_reduce_sum", what, -1);
+        reduce_sum(sin, n_in, DType::kF32, what);
     }
     auto* dst = out.ptr<uint16_t>();
     for (int64_t i = 0; i < n_out; ++i) dst[i] = f16 ? f32_to_f16(sout[i]) : f32_to_bf16(sout[i]);
@@ -298,12 +393,7 @@ void MpiComm::all_reduce_sum(const View& inout) {
     const int cnt = checked_count(inout.numel(), name_, "all_reduce_sum");
     start_call("all_reduce_sum", -1);
     if (t == DType::kF16 || t == DType::kBF16) return reduce_staged(inout, inout, false);
-    const std::string what = fmt::format("{} x {}", cnt, dtype_name(t));
-    MPI_Request req = MPI_REQUEST_NULL;
-    issued(
-        MPI_Iallreduce(MPI_IN_PLACE, inout.data, cnt, t == DType::kF32 ? MPI_FLOAT : MPI_INT32_T, MPI_SUM, comm_, &req),
-        "all_reduce_sum", what, -1);
-    wait(&req, MPI_STATUS_IGNORE, "all_reduce_sum", what, -1);
+    reduce_sum(inout.data, cnt, t, fmt::format("{} x {}", cnt, dtype_name(t)));
 }
 
 void MpiComm::all_gather(const View& out, const View& in) {
@@ -322,6 +412,22 @@ void MpiComm::all_gather(const View& out, const View& in) {
     }
     start_call("all_gather", -1);
     const std::string what = fmt::format("{} x {} per rank", in.numel(), dtype_name(in.dtype));
+    if (shm_) {
+        // Chunks of every rank's block at the same offset: slot r of a call holds rank r's chunk.
+        const char* src = static_cast<const char*>(in.data);
+        for (int64_t off = 0; off < bytes; off += ShmExchange::kSlotBytes) {
+            const int64_t n = std::min<int64_t>(ShmExchange::kSlotBytes, bytes - off);
+            const uint64_t seq = ++shm_seq_;
+            std::memcpy(shm_->my_slot(seq), src + off, size_t(n));
+            shm_->publish(seq);
+            shm_wait(seq, "all_gather", what);
+            for (int r = 0; r < size_; ++r)
+                if (r != rank_ || send != MPI_IN_PLACE)
+                    std::memcpy(static_cast<char*>(out.data) + int64_t(r) * bytes + off, shm_->slot(r, seq), size_t(n));
+        }
+        clear_activity();
+        return;
+    }
     MPI_Request req = MPI_REQUEST_NULL;
     issued(MPI_Iallgather(send, bytes, MPI_BYTE, out.data, bytes, MPI_BYTE, comm_, &req), "all_gather", what, -1);
     wait(&req, MPI_STATUS_IGNORE, "all_gather", what, -1);

@@ -19,6 +19,9 @@ struct WaitPolicy {
     // MpiComm broadcast / send / recv: larger messages go in chunks of this many bytes (64 B .. 1 GiB;
     // MPI counts are int). Small values only make sense in tests.
     int64_t max_chunk_bytes = int64_t(1) << 30;
+    // MpiComm all_reduce_sum / all_gather between ranks that all run on one machine go through a
+    // shared-memory exchange (shm_exchange.h) instead of MPI; false keeps them on MPI.
+    bool shared_memory = true;
 };
 
 }  // namespace lattice

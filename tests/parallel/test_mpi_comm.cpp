@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <thread>
+#include <chrono>
 
 #include "parallel/mpi_comm.h"
 
@@ -408,4 +409,62 @@ TEST_CASE("chunked recv of a message of another size fails with both sizes named
         CHECK(c->broken());
     }
     world().barrier();
+}
+
+TEST_CASE("ranks of one machine all-reduce and all-gather through shared memory; MPI gives the same sums") {
+    MpiComm& c = world();
+    CHECK(c.shared_memory());  // every rank of this test runs here
+    WaitPolicy p;
+    p.timeout_s = 20.0;
+    p.shared_memory = false;
+    auto plain = MpiComm::world(p, "test_noshm");
+    CHECK_FALSE(plain->shared_memory());
+    // Sizes around the 1 MiB chunk of the exchange (262144 f32), random data.
+    const int64_t per = ShmExchange::kSlotBytes / 4;
+    for (int64_t len : {int64_t(5), per - 1, per, per + 1, 2 * per + per / 2}) {
+        std::mt19937 g(99u + unsigned(c.rank()));
+        std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+        std::vector<float> a(static_cast<size_t>(len));
+        for (float& x : a) x = d(g);
+        std::vector<float> b = a;
+        c.all_reduce_sum(vf(a));
+        plain->all_reduce_sum(vf(b));
+        double max_diff = 0;
+        for (int64_t i = 0; i < len; ++i) max_diff = std::max(max_diff, std::fabs(double(a[size_t(i)] - b[size_t(i)])));
+        if (c.size() == 2)
+            CHECK_MESSAGE(max_diff == 0.0, "len ", len);  // x + y == y + x: bit for bit
+        else
+            CHECK_MESSAGE(max_diff < 1e-5, "len ", len);
+        std::vector<float> root = a;  // every rank holds the same bits
+        c.broadcast(vf(root), 0);
+        CHECK_MESSAGE(std::memcmp(root.data(), a.data(), a.size() * 4) == 0, "len ", len);
+    }
+}
+
+TEST_CASE("back-to-back shared-memory calls with skewed ranks never read a slot being rewritten") {
+    // Each call's data depend on the call number, sizes alternate (both slots of every rank in use),
+    // and every rank spins a random 0..40 us before each call so that ranks overtake one another:
+    // a rank that rewrote a slot a peer still reads would show up as a wrong sum.
+    MpiComm& c = world();
+    const int n = c.size(), me = c.rank();
+    std::mt19937 g(7u + unsigned(me));
+    int64_t bad = 0;
+    for (int call = 0; call < 3000; ++call) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(g() % 41);
+        while (std::chrono::steady_clock::now() < until) {
+        }
+        const int64_t len = call % 3 == 0 ? 1 : call % 3 == 1 ? 37 : 2048;
+        if (call % 5 == 4) {  // an all-gather in between uses the same slots
+            std::vector<int32_t> in(static_cast<size_t>(len), int32_t(call * 16 + me)), out(size_t(len * n), -1);
+            c.all_gather(vi(out), vi(in));
+            for (int r = 0; r < n; ++r) bad += out[size_t(r * len + len - 1)] != call * 16 + r;
+            continue;
+        }
+        std::vector<float> v(static_cast<size_t>(len));
+        for (int64_t i = 0; i < len; ++i) v[size_t(i)] = float((call % 1000) * (me + 1) + i % 7);
+        c.all_reduce_sum(vf(v));
+        for (int64_t i = 0; i < len; ++i)
+            bad += v[size_t(i)] != float((call % 1000) * n * (n + 1) / 2 + n * (i % 7));
+    }
+    CHECK(bad == 0);
 }

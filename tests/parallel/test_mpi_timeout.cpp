@@ -1,6 +1,7 @@
 // Timeouts under mpirun -np 3 with a 2 s deadline:
-//  - a rank that sleeps instead of joining an all-reduce is named ("no answer from rank 1", alive)
-//    by the others within timeout + grace + slack, and the others name each other as waiting;
+//  - a rank that sleeps instead of joining an all-reduce (over the shared-memory exchange: all ranks
+//    run here) is named ("no answer from rank 1", alive; "rank 1 did not arrive") by the others within
+//    timeout + grace + slack, and the others name each other as waiting;
 //  - two ranks that both recv from each other (a deadlock): the one with the shorter deadline names
 //    the other's blocking recv; the other (a deadline 3x longer, so it is certainly still blocked
 //    when asked, however loaded the machine) later names whatever the first is doing by then;
@@ -41,6 +42,7 @@ TEST_CASE("a rank that does not join an all-reduce is named by the others") {
     auto sync = make("sync", 30.0);
     auto a = make("coll", kTimeout);
     REQUIRE(a->size() == 3);
+    CHECK(a->shared_memory());  // one machine: the all-reduce waits on the shared-memory exchange
     auto* buf = new std::vector<float>(1000, 1.0f);  // leaked: an abandoned MPI call may write it
     View v = View::contiguous(buf->data(), DType::kF32, {1000});
     sync->barrier();
@@ -64,6 +66,7 @@ TEST_CASE("a rank that does not join an all-reduce is named by the others") {
         CHECK(took < kTimeout + 1.0 + 5.0);  // deadline + grace + slack (well before rank 1 wakes)
         CHECK(msg.find("all_reduce_sum on communicator 'coll'") != std::string::npos);
         CHECK(msg.find("no answer from rank 1") != std::string::npos);
+        CHECK(msg.find("shared memory: rank 1 did not arrive") != std::string::npos);
         CHECK(msg.find("the process is alive") != std::string::npos);
         const int other = a->rank() == 0 ? 2 : 0;
         CHECK(msg.find(fmt::format("rank {} is waiting in the same call", other)) != std::string::npos);

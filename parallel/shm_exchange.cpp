@@ -1,0 +1,113 @@
+// ShmExchange: POSIX shared memory, per-rank flags and double-buffered slots (see shm_exchange.h).
+#include "parallel/shm_exchange.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "parallel/watchdog.h"
+
+namespace lattice {
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "flags are shared between processes");
+
+ShmExchange::ShmExchange(void* base, int64_t bytes, int ranks, int rank, std::string name)
+    : base_(static_cast<char*>(base)), bytes_(bytes), ranks_(ranks), rank_(rank), name_(std::move(name)) {}
+
+ShmExchange::~ShmExchange() {
+    munmap(base_, size_t(bytes_));
+}
+
+std::unique_ptr<ShmExchange> ShmExchange::map(const std::string& name, int ranks, int rank, bool make,
+                                              std::string* err) {
+    const int64_t bytes = int64_t(ranks) * region_bytes();
+    const int fd = shm_open(name.c_str(), make ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
+    if (fd < 0) {
+        *err = std::string("shm_open ") + name + ": " + std::strerror(errno);
+        return nullptr;
+    }
+    if (make && ftruncate(fd, off_t(bytes)) != 0) {
+        *err = std::string("ftruncate ") + name + ": " + std::strerror(errno);
+        close(fd);
+        shm_unlink(name.c_str());
+        return nullptr;
+    }
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || st.st_size != off_t(bytes)) {
+        *err = std::string("shared object ") + name + " has the wrong size";
+        close(fd);
+        return nullptr;
+    }
+    void* p = mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        *err = std::string("mmap ") + name + ": " + std::strerror(errno);
+        if (make) shm_unlink(name.c_str());
+        return nullptr;
+    }
+    // A new object reads as zeros: every flag starts at 0 (no call published).
+    return std::unique_ptr<ShmExchange>(new ShmExchange(p, bytes, ranks, rank, name));
+}
+
+std::unique_ptr<ShmExchange> ShmExchange::create(const std::string& name, int ranks, int rank, std::string* err) {
+    return map(name, ranks, rank, true, err);
+}
+
+std::unique_ptr<ShmExchange> ShmExchange::open(const std::string& name, int ranks, int rank, std::string* err) {
+    return map(name, ranks, rank, false, err);
+}
+
+void ShmExchange::unlink() {
+    if (!name_.empty()) shm_unlink(name_.c_str());
+    name_.clear();
+}
+
+void ShmExchange::publish(uint64_t seq) {
+    flag(rank_)->store(seq, std::memory_order_release);
+}
+
+std::vector<int> ShmExchange::wait_all(uint64_t seq, const WaitPolicy& policy) const {
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point t0 = Clock::now();
+    Clock::time_point last_service = t0;
+    double sleep_us = 10.0;
+    int next = 0;  // ranks below `next` have published
+    for (;;) {
+        while (next < ranks_ && flag(next)->load(std::memory_order_acquire) >= seq) ++next;
+        if (next == ranks_) return {};
+        const Clock::time_point now = Clock::now();
+        const double el_us = std::chrono::duration<double, std::micro>(now - t0).count();
+        if (policy.timeout_s > 0 && el_us > policy.timeout_s * 1e6) {
+            std::vector<int> behind;
+            for (int r = next; r < ranks_; ++r)
+                if (flag(r)->load(std::memory_order_acquire) < seq) behind.push_back(r);
+            return behind;
+        }
+        if (now - last_service > std::chrono::milliseconds(1)) {
+            service_all_channels();
+            last_service = now;
+        }
+        if (el_us < policy.spin_us) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+            continue;
+        }
+        if (el_us < policy.yield_us) {
+            sched_yield();
+            continue;
+        }
+        std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(sleep_us));
+        sleep_us = std::min(sleep_us * 2.0, std::max(10.0, policy.max_sleep_us));
+    }
+}
+
+}  // namespace lattice
