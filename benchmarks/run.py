@@ -26,6 +26,7 @@ import os
 import platform
 import re
 import shlex
+import statistics
 import shutil
 import subprocess
 import sys
@@ -487,48 +488,52 @@ def bench_e2e(args, rec):
     source = ["--model", args.model] if args.model else ["--random-weights", "--config", args.preset]
     model_name = os.path.basename(os.path.normpath(args.model)) if args.model else args.preset
     rows, base = [], {}
-    for ids in prompts:
-        for batch in args.batch:
-            for tp, pp in layouts:
-                np_ = tp * pp
-                tag = f"tp{tp}-pp{pp}-b{batch}-p{len(ids)}"
-                raw = (args.stats_path.format(tp=tp, pp=pp, batch=batch, prompt=len(ids)) if args.stats_path
-                       else rec.raw(f"e2e-{tag}"))
-                cmd = launcher_prefix(args.launcher, np_, tp, pp) + [lattice, "generate"] + source + [
-                    "--quant", args.quant, "--tp", str(tp), "--pp", str(pp), "--batch", str(batch),
-                    "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", str(args.max_new_tokens),
-                    "--ignore-eos", "--max-seq", str(len(ids) + args.max_new_tokens + 8), "--stats-json", raw]
-                cmd += ["--threads", str(args.threads)] if args.threads else []
-                cmd += shlex.split(args.extra) if args.extra else []
-                if os.path.exists(raw):
-                    os.remove(raw)
-                p = run_logged(cmd, args.timeout, env=mpi_env())
-                if p.returncode != 0 or not os.path.exists(raw):
-                    rec.fail(f"e2e {tag}", p)
-                    continue
-                stats = json.load(open(raw))
-                params = {"model": model_name, "random_weights": not args.model, "quant": args.quant, "tp": tp,
-                          "pp": pp, "ranks": np_, "batch": batch, "prompt": len(ids),
-                          "max_new_tokens": args.max_new_tokens, "threads": stats.get("threads"),
-                          "launcher": args.launcher or "mpirun"}
-                res = e2e_results(stats, args.max_new_tokens)
-                ceil = read_ceiling(args, rec, np_, ceilings)
-                if batch == 1 and ceil and res["decode_tokens_per_s"] and res.get("weight_bytes_per_rank"):
-                    # One decode step of one sequence streams every rank's weights once.
-                    res["weight_read_gbs"] = res["decode_tokens_per_s"] * res["weight_bytes_per_rank"] * np_ * 1e-9
-                    res["frac_read_bw"] = res["weight_read_gbs"] / ceil["read_bw_gbs_all_ranks"]
-                rec.emit("e2e", params, res, ceil)
-                key = (batch, len(ids))
-                if (tp, pp) == (1, 1):
-                    base[key] = res["decode_tokens_per_s"]
-                sp = res["decode_tokens_per_s"] / base[key] if base.get(key) else None
-                bd = res.get("breakdown")
-                share = (lambda k: f(100 * bd["rank0"][k] / bd["wall_seconds"], 0) if bd and bd["wall_seconds"] else "-")
-                rows.append([f"{tp}x{pp}", np_, batch, len(ids), f(res["prefill_tokens_per_s"], 1),
-                             f(res["decode_tokens_per_s"]), f(res["ttft_s"], 3), f(res["per_token_latency_ms"], 1),
-                             f(sp), f(sp / np_ if sp else None), f(res.get("weight_read_gbs")),
-                             f(100 * res["frac_read_bw"], 0) if "frac_read_bw" in res else "-",
-                             share("communication"), share("pipeline_bubble")])
+    rounds = max(1, args.rounds)
+    per_round = {}  # (tp, pp, batch, prompt) -> [(round, decode tok/s, speedup over that round's 1x1)]
+    for rnd, ids, batch, (tp, pp) in ((r, i, b, l) for r in range(rounds) for i in prompts for b in args.batch
+                                      for l in layouts):
+        np_ = tp * pp
+        tag = f"tp{tp}-pp{pp}-b{batch}-p{len(ids)}" + (f"-r{rnd}" if rounds > 1 else "")
+        raw = (args.stats_path.format(tp=tp, pp=pp, batch=batch, prompt=len(ids)) if args.stats_path
+               else rec.raw(f"e2e-{tag}"))
+        cmd = launcher_prefix(args.launcher, np_, tp, pp) + [lattice, "generate"] + source + [
+            "--quant", args.quant, "--tp", str(tp), "--pp", str(pp), "--batch", str(batch),
+            "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", str(args.max_new_tokens),
+            "--ignore-eos", "--max-seq", str(len(ids) + args.max_new_tokens + 8), "--stats-json", raw]
+        cmd += ["--threads", str(args.threads)] if args.threads else []
+        cmd += shlex.split(args.extra) if args.extra else []
+        if os.path.exists(raw):
+            os.remove(raw)
+        p = run_logged(cmd, args.timeout, env=mpi_env())
+        if p.returncode != 0 or not os.path.exists(raw):
+            rec.fail(f"e2e {tag}", p)
+            continue
+        stats = json.load(open(raw))
+        params = {"model": model_name, "random_weights": not args.model, "quant": args.quant, "tp": tp,
+                  "pp": pp, "ranks": np_, "batch": batch, "prompt": len(ids),
+                  "max_new_tokens": args.max_new_tokens, "threads": stats.get("threads"),
+                  "launcher": args.launcher or "mpirun"}
+        res = e2e_results(stats, args.max_new_tokens)
+        if rounds > 1:
+            res["round"], res["rounds"] = rnd, rounds
+        ceil = read_ceiling(args, rec, np_, ceilings)
+        if batch == 1 and ceil and res["decode_tokens_per_s"] and res.get("weight_bytes_per_rank"):
+            # One decode step of one sequence streams every rank's weights once.
+            res["weight_read_gbs"] = res["decode_tokens_per_s"] * res["weight_bytes_per_rank"] * np_ * 1e-9
+            res["frac_read_bw"] = res["weight_read_gbs"] / ceil["read_bw_gbs_all_ranks"]
+        rec.emit("e2e", params, res, ceil)
+        key = (rnd, batch, len(ids))
+        if (tp, pp) == (1, 1):
+            base[key] = res["decode_tokens_per_s"]
+        sp = res["decode_tokens_per_s"] / base[key] if base.get(key) else None
+        per_round.setdefault((tp, pp, batch, len(ids)), []).append((rnd, res["decode_tokens_per_s"], sp))
+        bd = res.get("breakdown")
+        share = (lambda k: f(100 * bd["rank0"][k] / bd["wall_seconds"], 0) if bd and bd["wall_seconds"] else "-")
+        rows.append([f"{tp}x{pp}" + (f" r{rnd}" if rounds > 1 else ""), np_, batch, len(ids), f(res["prefill_tokens_per_s"], 1),
+                     f(res["decode_tokens_per_s"]), f(res["ttft_s"], 3), f(res["per_token_latency_ms"], 1),
+                     f(sp), f(sp / np_ if sp else None), f(res.get("weight_read_gbs")),
+                     f(100 * res["frac_read_bw"], 0) if "frac_read_bw" in res else "-",
+                     share("communication"), share("pipeline_bubble")])
     if rows:
         table(f"end to end: lattice generate, {model_name}, {args.quant}, {args.max_new_tokens} new tokens "
               f"(speedup: decode tok/s over 1x1 at the same batch and prompt)",
@@ -537,6 +542,38 @@ def bench_e2e(args, rec):
               rows)
         if not any(r[-1] != "-" for r in rows):
             print("\n(no per-step breakdown in these --stats-json files: this lattice predates it)")
+    if rounds > 1 and per_round:
+        e2e_rounds_summary(args, rec, model_name, per_round, rounds)
+
+
+def e2e_rounds_summary(args, rec, model_name, per_round, rounds):
+    """--rounds N: the layouts ran interleaved N times (1x1, 2x1, 1x2, 1x1, ...), so a slow spell of a
+    shared machine hits every layout alike; the speedup of round i divides by round i's own 1x1.
+    One e2e_rounds point per layout, batch and prompt: medians and ranges over the rounds."""
+    rows = []
+    for (tp, pp, batch, prompt), runs in sorted(per_round.items(), key=lambda kv: (kv[0][2], kv[0][3], kv[0][0] *
+                                                                                     kv[0][1], kv[0][1])):
+        tok = [t for _, t, _ in runs if t]
+        sps = [s for _, _, s in runs if s]
+        res = {"rounds": rounds, "runs": len(runs),
+               "decode_tokens_per_s_median": statistics.median(tok) if tok else None,
+               "decode_tokens_per_s_min": min(tok) if tok else None,
+               "decode_tokens_per_s_max": max(tok) if tok else None,
+               "speedup_median": statistics.median(sps) if sps else None,
+               "speedup_min": min(sps) if sps else None, "speedup_max": max(sps) if sps else None,
+               "per_round": [{"round": r, "decode_tokens_per_s": t, "speedup": s} for r, t, s in runs]}
+        params = {"model": model_name, "random_weights": not args.model, "quant": args.quant, "tp": tp, "pp": pp,
+                  "ranks": tp * pp, "batch": batch, "prompt": prompt, "max_new_tokens": args.max_new_tokens,
+                  "threads": args.threads, "launcher": args.launcher or "mpirun"}
+        rec.emit("e2e_rounds", params, res, {})
+        rows.append([f"{tp}x{pp}", batch, prompt, f"{len(runs)}/{rounds}", f(res["decode_tokens_per_s_median"]),
+                     f"{f(res['decode_tokens_per_s_min'])}-{f(res['decode_tokens_per_s_max'])}",
+                     f(res["speedup_median"]), f"{f(res['speedup_min'])}-{f(res['speedup_max'])}",
+                     " ".join(f(s) for _, _, s in runs)])
+    table(f"end to end over {rounds} interleaved rounds: {model_name}, {args.quant}, {args.max_new_tokens} new tokens "
+          f"(speedup of each round over that round's 1x1)",
+          ["tp x pp", "batch", "prompt", "runs", "decode tok/s median", "range", "speedup median", "range",
+           "speedup per round"], rows)
 
 
 # ---- CLI --------------------------------------------------------------------------------------
@@ -585,6 +622,9 @@ def main(argv=None):
     e.add_argument("--prompts", type=int_list, default=[64, 256], help="prompt lengths (default 64,256)")
     e.add_argument("--prompt-ids", help="one explicit prompt (comma-separated ids) instead of --prompts")
     e.add_argument("--max-new-tokens", type=int, default=16)
+    e.add_argument("--rounds", type=int, default=1,
+                   help="run every layout N times, interleaved (1x1, 2x1, 1x2, 1x1, ...), and add a table and "
+                        "e2e_rounds points of medians and ranges (default 1)")
     src = e.add_mutually_exclusive_group()
     src.add_argument("--model", help="checkpoint (HF folder, GGUF, converted) instead of random weights")
     src.add_argument("--preset", "--config", dest="preset", default=DEFAULT_PRESET,

@@ -4,6 +4,7 @@
     tokens: one lattice-bench/1 line per point with every schema field, params as asked, the
     token counts of the run, a markdown table on stdout;
   - `e2e` on an impossible layout (3x1: 4 heads) fails (exit != 0) and appends nothing;
+  - `e2e --rounds 2` interleaves the layouts and adds one e2e_rounds summary (medians, ranges) each;
   - `allreduce` on 2 ranks, 4..64 bytes: 3 lines, p50 <= p99, no wrong elements;
   - `tplinear` on the tiny model's shapes: 1 rank, 2 ranks with and without the all-reduces;
   - `plot` writes the scaling, concurrency, breakdown (when the stats carry one) and all-reduce
@@ -112,6 +113,26 @@ def main():
                     "--max-new-tokens", "2", "--quant", "none", "--no-ceiling"] + common, ok=False)
     if p.returncode == 0 or "FAILED" not in p.stderr or len(lines(jsonl)) != 4:
         fail(f"e2e 3x1 on a 4-head model: rc {p.returncode}, {len(lines(jsonl))} lines\n{p.stderr[-2000:]}")
+
+    # --rounds 2: the layouts interleaved (1x1, 1x2, 1x1, 1x2), then one e2e_rounds summary per layout.
+    n0 = len(lines(jsonl))
+    p = run(base + ["e2e", "--model", model, "--layouts", "1x1,1x2", "--batch", "1", "--prompts", "8",
+                    "--max-new-tokens", "2", "--quant", "none", "--no-ceiling", "--rounds", "2"] + common)
+    new = lines(jsonl)[n0:]
+    order = [(r["bench"], r["params"]["pp"], r["results"].get("round")) for r in new]
+    if order != [("e2e", 1, 0), ("e2e", 2, 0), ("e2e", 1, 1), ("e2e", 2, 1), ("e2e_rounds", 1, None),
+                 ("e2e_rounds", 2, None)]:
+        fail(f"--rounds 2 points {order}")
+    for r in new[4:]:
+        check_schema(r)
+        res = r["results"]
+        runs = [x["decode_tokens_per_s"] for x in res["per_round"]]
+        if res["rounds"] != 2 or len(runs) != 2 or res["decode_tokens_per_s_min"] != min(runs) or \
+                res["decode_tokens_per_s_max"] != max(runs) or \
+                not res["speedup_min"] <= res["speedup_median"] <= res["speedup_max"]:
+            fail(f"e2e_rounds point {r['params']} {res}")
+    if new[4]["results"]["speedup_median"] != 1.0 or "over 2 interleaved rounds" not in p.stdout:
+        fail(f"e2e_rounds: 1x1 is each round's baseline; table:\n{p.stdout}")
 
     # allreduce: 4, 16, 64 bytes on 2 ranks.
     if not os.path.exists(os.path.join(a.build, "benchmarks", "bench_allreduce")):
