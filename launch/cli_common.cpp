@@ -72,6 +72,9 @@ void ModelArgs::add_to(CLI::App* cmd) {
         ->check(int_range(0, 1 << 20));
     cmd->add_option("--comm-timeout", comm_timeout, "Seconds before a silent peer is declared dead (0.1 .. 1 week)")
         ->check(real_range(0.1, 7 * 86400.0));
+    cmd->add_flag("--no-shm-comm", no_shm_comm,
+                  "CPU ranks on one machine all-reduce and all-gather through MPI instead of shared memory (for "
+                  "comparison; default: shared memory)");
     cmd->add_option("--device", device, "auto (CUDA when built with it and a GPU exists) | cpu | cuda")
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
     cmd->add_option("--dtype", dtype, "CUDA activation type: f16 | bf16")->check(CLI::IsMember({"f16", "bf16"}));
@@ -435,6 +438,7 @@ Built load_model(const ModelArgs& a, const std::function<void(const WorldConfig&
     // run neither pays for nor depends on MPI initialization.
     o.mpi = started_by_mpi();
     o.comm_timeout = a.comm_timeout;
+    o.comm_shared_memory = !a.no_shm_comm;
     o.backend.kind = parse_backend_kind(a.device);
     o.backend.threads = usable_threads(a.threads);
     o.model.on_progress = load_progress_printer();

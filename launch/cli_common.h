@@ -35,6 +35,7 @@ struct ModelArgs {
     std::string pp_layers;  // "20,20,21,19"
     int64_t micro_batch = 0;
     double comm_timeout = 60.0;
+    bool no_shm_comm = false;
     double kv_cache_gb = 0;       // 0: the builder's default (runtime/engine/build.h)
     int64_t max_seqs = 64;
     int64_t block_size = 16;

@@ -130,6 +130,7 @@ private:
     std::vector<std::vector<char>> spare_bufs_;  // recycled send copies
     std::unique_ptr<ShmExchange> shm_;           // same-machine groups (see shared_memory())
     uint64_t shm_seq_ = 0;                       // shm_ calls so far (the same on every rank)
+    bool shm_no_spin_ = false;                   // more ranks on this machine than cores
 };
 
 }  // namespace lattice

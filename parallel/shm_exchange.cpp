@@ -2,16 +2,12 @@
 #include "parallel/shm_exchange.h"
 
 #include <fcntl.h>
-#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
-#include <thread>
 
 #include "parallel/watchdog.h"
 
@@ -75,39 +71,17 @@ void ShmExchange::publish(uint64_t seq) {
 }
 
 std::vector<int> ShmExchange::wait_all(uint64_t seq, const WaitPolicy& policy) const {
-    using Clock = std::chrono::steady_clock;
-    const Clock::time_point t0 = Clock::now();
-    Clock::time_point last_service = t0;
-    double sleep_us = 10.0;
+    WaitPacer pace(policy);
     int next = 0;  // ranks below `next` have published
     for (;;) {
         while (next < ranks_ && flag(next)->load(std::memory_order_acquire) >= seq) ++next;
         if (next == ranks_) return {};
-        const Clock::time_point now = Clock::now();
-        const double el_us = std::chrono::duration<double, std::micro>(now - t0).count();
-        if (policy.timeout_s > 0 && el_us > policy.timeout_s * 1e6) {
-            std::vector<int> behind;
-            for (int r = next; r < ranks_; ++r)
-                if (flag(r)->load(std::memory_order_acquire) < seq) behind.push_back(r);
-            return behind;
-        }
-        if (now - last_service > std::chrono::milliseconds(1)) {
-            service_all_channels();
-            last_service = now;
-        }
-        if (el_us < policy.spin_us) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
-            continue;
-        }
-        if (el_us < policy.yield_us) {
-            sched_yield();
-            continue;
-        }
-        std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(sleep_us));
-        sleep_us = std::min(sleep_us * 2.0, std::max(10.0, policy.max_sleep_us));
+        if (!pace.next()) break;
     }
+    std::vector<int> behind;
+    for (int r = next; r < ranks_; ++r)
+        if (flag(r)->load(std::memory_order_acquire) < seq) behind.push_back(r);
+    return behind;
 }
 
 }  // namespace lattice

@@ -9,9 +9,16 @@ namespace lattice {
 
 struct WaitPolicy {
     double timeout_s = 60.0;      // per call; <= 0 means wait forever (not recommended)
-    double spin_us = 50.0;        // busy MPI_Test
-    double yield_us = 2000.0;     // then MPI_Test + sched_yield
-    double max_sleep_us = 500.0;  // then MPI_Test + sleeps growing from 10 us to this
+    double spin_us = 50.0;     // busy MPI_Test
+    double yield_us = 2000.0;  // then MPI_Test + sched_yield
+    // Then MPI_Test + sleeps: growing from 10 us to short_sleep_us while the wait is younger than
+    // long_wait_us, then on to max_sleep_us. A pipeline stage waits for its peer's compute (tens of
+    // ms per step) and wakes within ~short_sleep_us of the data arriving (with 500 us sleeps the two
+    // hand-offs of a pp 2 step cost 1.4 ms, with 50 us 0.5 ms); a rank idle for long (a server
+    // without requests) backs off to max_sleep_us wake-ups.
+    double short_sleep_us = 50.0;
+    double long_wait_us = 200000.0;
+    double max_sleep_us = 500.0;
     double grace_s = 1.0;         // after a timeout: how long to wait for peers' reports
     // MpiComm::send: copy the data and complete the transfer in the background, with at most this
     // many sends in flight per communicator (0: send returns only when the receiver has the data).

@@ -51,10 +51,35 @@ void clear_activity() {
     g_activity = Activity{};
 }
 
+WaitPacer::WaitPacer(const WaitPolicy& policy) : policy_(policy), t0_(Clock::now()), last_service_(t0_) {}
+
+bool WaitPacer::next() {
+    const Clock::time_point now = Clock::now();
+    const double el_us = std::chrono::duration<double, std::micro>(now - t0_).count();
+    if (policy_.timeout_s > 0 && el_us > policy_.timeout_s * 1e6) return false;
+    if (now - last_service_ > std::chrono::milliseconds(1)) {
+        service_all_channels();
+        last_service_ = now;
+    }
+    if (el_us < policy_.spin_us) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+        return true;
+    }
+    if (el_us < policy_.yield_us) {
+        sched_yield();
+        return true;
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(sleep_us_));
+    const double cap = el_us < policy_.long_wait_us ? std::min(policy_.short_sleep_us, policy_.max_sleep_us)
+                                                    : policy_.max_sleep_us;
+    sleep_us_ = std::min(sleep_us_ * 2.0, std::max(10.0, cap));
+    return true;
+}
+
 WaitResult poll_request(MPI_Request* req, MPI_Status* status, const WaitPolicy& policy, int* mpi_rc) {
-    const Clock::time_point t0 = Clock::now();
-    Clock::time_point last_service = t0;
-    double sleep_us = 10.0;
+    WaitPacer pace(policy);
     for (;;) {
         int flag = 0;
         int rc = MPI_Test(req, &flag, status);
@@ -63,20 +88,7 @@ WaitResult poll_request(MPI_Request* req, MPI_Status* status, const WaitPolicy& 
             return WaitResult::kMpiError;
         }
         if (flag) return WaitResult::kDone;
-        const Clock::time_point now = Clock::now();
-        const double el_us = std::chrono::duration<double, std::micro>(now - t0).count();
-        if (policy.timeout_s > 0 && el_us > policy.timeout_s * 1e6) return WaitResult::kTimedOut;
-        if (now - last_service > std::chrono::milliseconds(1)) {
-            service_all_channels();
-            last_service = now;
-        }
-        if (el_us < policy.spin_us) continue;
-        if (el_us < policy.yield_us) {
-            sched_yield();
-            continue;
-        }
-        std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(sleep_us));
-        sleep_us = std::min(sleep_us * 2.0, std::max(10.0, policy.max_sleep_us));
+        if (!pace.next()) return WaitResult::kTimedOut;
     }
 }
 

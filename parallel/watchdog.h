@@ -6,8 +6,9 @@
 // and could not cancel a blocking MPI_Allreduce anyway. Instead every operation that can wait on a
 // peer is started non-blocking (MPI_Iallreduce, MPI_Isend/Irecv, MPI_Ibarrier, ...) and completed
 // by poll_request(): MPI_Test in a loop with a deadline. The loop spins for `spin_us`, then
-// sched_yield()s until `yield_us`, then sleeps in growing steps up to `max_sleep_us`, so 4 ranks on
-// 2 cores still make progress while latency stays in microseconds when ranks arrive together.
+// sched_yield()s until `yield_us`, then sleeps in growing steps (short ones, up to `short_sleep_us`,
+// for the first `long_wait_us`, then up to `max_sleep_us`; WaitPacer), so 4 ranks on 2 cores still
+// make progress while latency stays in microseconds when ranks arrive together.
 //
 // Naming the culprit: every MpiComm owns a control communicator (a dup of its data communicator)
 // registered here as a ControlChannel. While any rank polls (in any operation, on any
@@ -43,6 +44,20 @@ enum class WaitResult { kDone, kTimedOut, kMpiError };
 // every ControlChannel meanwhile. On kMpiError, *mpi_rc holds the code. `status` may be
 // MPI_STATUS_IGNORE.
 WaitResult poll_request(MPI_Request* req, MPI_Status* status, const WaitPolicy& policy, int* mpi_rc);
+
+// The pacing of one waiting loop (poll_request's, ShmExchange's): call next() after each failed
+// check; it returns false once policy.timeout_s has passed, else answers pings on every
+// ControlChannel (at most every 1 ms) and spins, yields or sleeps as the policy says.
+class WaitPacer {
+public:
+    explicit WaitPacer(const WaitPolicy& policy);
+    bool next();
+
+private:
+    const WaitPolicy& policy_;
+    std::chrono::steady_clock::time_point t0_, last_service_;
+    double sleep_us_ = 10.0;
+};
 
 // What a rank is blocked in right now; published in PeerReports. Set by MpiComm around each call.
 struct Activity {

@@ -113,7 +113,10 @@ void check_host_memory(const ModelConfig& c, const BuildOptions& o) {
 ParallelContext make_context(const BuildOptions& o) {
     LATTICE_CHECK(o.tp >= 1 && o.pp >= 1 && o.tp <= 4096 && o.pp <= 4096, "tp {} x pp {}: each must be in [1, 4096]",
                   o.tp, o.pp);
-    ParallelContext ctx = (o.tp * o.pp > 1 || o.mpi) ? make_parallel_context(o.tp, o.pp, o.comm_timeout)
+    WaitPolicy policy;
+    policy.timeout_s = o.comm_timeout;
+    policy.shared_memory = o.comm_shared_memory;
+    ParallelContext ctx = (o.tp * o.pp > 1 || o.mpi) ? make_parallel_context(o.tp, o.pp, policy)
                                                      : make_local_context();
     if (o.on_context) o.on_context(ctx.world);
     return ctx;

@@ -53,6 +53,7 @@ struct BuildOptions {
     int tp = 1, pp = 1;
     bool mpi = false;            // join an MPI job even at tp * pp == 1 (started by mpirun/srun)
     double comm_timeout = 60.0;  // seconds before a silent peer is an Error
+    bool comm_shared_memory = true;  // MPI groups within one machine exchange through shared memory
     BackendOptions backend;      // cuda_device is replaced by this rank's device
     std::vector<int> devices;    // CUDA ordinal per local rank (empty: the local rank)
     // Called once the rank grid exists, before any weight is read (launch/ installs its
