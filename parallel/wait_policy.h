@@ -1,9 +1,16 @@
 // WaitPolicy: how long and how a rank waits on its peers (the per-call deadline and the polling
-// steps of watchdog.h). A plain struct without MPI, so that parallel_context.h and the builder
-// compile in builds without MPI too (LATTICE_NO_MPI: one rank, nothing to wait for).
+// steps of watchdog.h), and Backoff, the pacing of one waiting loop by that policy (MpiComm's
+// poll_request and shared-memory wait through watchdog.h's WaitPacer, NcclComm's event polls).
+// Without MPI, so that parallel_context.h, the builder and NcclComm compile in builds without MPI
+// too (LATTICE_NO_MPI: one rank, nothing to wait for).
 #pragma once
 
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <thread>
 
 namespace lattice {
 
@@ -29,6 +36,38 @@ struct WaitPolicy {
     // MpiComm all_reduce_sum / all_gather between ranks that all run on one machine go through a
     // shared-memory exchange (shm_exchange.h) instead of MPI; false keeps them on MPI.
     bool shared_memory = true;
+};
+
+// Spin, then yield, then sleep, by the time since construction: call pause() after each failed
+// check of whatever is awaited; elapsed_us() for the caller's deadline.
+class Backoff {
+public:
+    explicit Backoff(const WaitPolicy& policy) : policy_(policy), t0_(std::chrono::steady_clock::now()) {}
+    double elapsed_us() const {
+        return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0_).count();
+    }
+    void pause() { pause_at(elapsed_us()); }
+    void pause_at(double el_us) {
+        if (el_us < policy_.spin_us) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+            return;
+        }
+        if (el_us < policy_.yield_us) {
+            sched_yield();
+            return;
+        }
+        std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(sleep_us_));
+        const double cap = el_us < policy_.long_wait_us ? std::min(policy_.short_sleep_us, policy_.max_sleep_us)
+                                                        : policy_.max_sleep_us;
+        sleep_us_ = std::min(sleep_us_ * 2.0, std::max(10.0, cap));
+    }
+
+private:
+    WaitPolicy policy_;
+    std::chrono::steady_clock::time_point t0_;
+    double sleep_us_ = 10.0;
 };
 
 }  // namespace lattice

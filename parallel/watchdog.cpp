@@ -51,30 +51,18 @@ void clear_activity() {
     g_activity = Activity{};
 }
 
-WaitPacer::WaitPacer(const WaitPolicy& policy) : policy_(policy), t0_(Clock::now()), last_service_(t0_) {}
+WaitPacer::WaitPacer(const WaitPolicy& policy)
+    : backoff_(policy), timeout_us_(policy.timeout_s * 1e6), last_service_(Clock::now()) {}
 
 bool WaitPacer::next() {
     const Clock::time_point now = Clock::now();
-    const double el_us = std::chrono::duration<double, std::micro>(now - t0_).count();
-    if (policy_.timeout_s > 0 && el_us > policy_.timeout_s * 1e6) return false;
+    const double el_us = backoff_.elapsed_us();
+    if (timeout_us_ > 0 && el_us > timeout_us_) return false;
     if (now - last_service_ > std::chrono::milliseconds(1)) {
         service_all_channels();
         last_service_ = now;
     }
-    if (el_us < policy_.spin_us) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
-        return true;
-    }
-    if (el_us < policy_.yield_us) {
-        sched_yield();
-        return true;
-    }
-    std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(sleep_us_));
-    const double cap = el_us < policy_.long_wait_us ? std::min(policy_.short_sleep_us, policy_.max_sleep_us)
-                                                    : policy_.max_sleep_us;
-    sleep_us_ = std::min(sleep_us_ * 2.0, std::max(10.0, cap));
+    backoff_.pause_at(el_us);
     return true;
 }
 

@@ -54,9 +54,9 @@ public:
     bool next();
 
 private:
-    const WaitPolicy& policy_;
-    std::chrono::steady_clock::time_point t0_, last_service_;
-    double sleep_us_ = 10.0;
+    Backoff backoff_;
+    double timeout_us_;
+    std::chrono::steady_clock::time_point last_service_;
 };
 
 // What a rank is blocked in right now; published in PeerReports. Set by MpiComm around each call.

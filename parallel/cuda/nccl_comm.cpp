@@ -6,6 +6,7 @@
 
 #include "base/cuda_check.h"
 #include "base/error.h"
+#include "parallel/wait_policy.h"
 
 namespace lattice {
 namespace {
@@ -35,24 +36,6 @@ ncclDataType_t nccl_type(DType t) {
 
 // Spin, then yield, then sleep in growing steps: microsecond latency when the op is quick,
 // little CPU when it is not.
-class Backoff {
-public:
-    void pause() {
-        ++n_;
-        if (n_ < 200) return;
-        if (n_ < 2000) {
-            std::this_thread::yield();
-            return;
-        }
-        std::this_thread::sleep_for(std::chrono::microseconds(sleep_us_));
-        if (sleep_us_ < 500) sleep_us_ *= 2;
-    }
-
-private:
-    int n_ = 0;
-    int sleep_us_ = 10;
-};
-
 double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -86,7 +69,7 @@ NcclComm::~NcclComm() {
     // Bounded teardown: finalize (non-blocking), poll, and abort instead of waiting forever.
     ncclResult_t r = ncclCommFinalize(comm_);
     const auto t0 = Clock::now();
-    Backoff b;
+    Backoff b{WaitPolicy{}};
     while (r == ncclSuccess || r == ncclInProgress) {
         ncclResult_t st = ncclSuccess;
         ncclCommGetAsyncError(comm_, &st);
@@ -123,7 +106,7 @@ void NcclComm::fail(const char* op, int peer, const std::string& why) {
 
 void NcclComm::poll_async(const char* op, int peer) {
     const auto t0 = Clock::now();
-    Backoff b;
+    Backoff b{WaitPolicy{}};
     for (;;) {
         ncclResult_t st = ncclSuccess;
         const ncclResult_t r = ncclCommGetAsyncError(comm_, &st);
@@ -139,7 +122,7 @@ void NcclComm::poll_async(const char* op, int peer) {
 
 void NcclComm::wait_event(const char* op, int peer) {
     const auto t0 = Clock::now();
-    Backoff b;
+    Backoff b{WaitPolicy{}};
     for (;;) {
         const cudaError_t e = cudaEventQuery(event_);
         if (e == cudaSuccess) return;
