@@ -89,7 +89,8 @@ class Session:
         ids = [int(x) for x in m.group(2).split()]
         check(len(ids) == int(m.group(1)), "the prompt line's count matches its ids")
         a = self.expect(r"(.*?)\n> ")
-        return ids, a.group(1)
+        # The terminal carries stderr too: an answer cut at -n ends with chat's notice, not text.
+        return ids, re.sub(r"\s*chat: the answer reached --max-new-tokens \d+\s*$", "", a.group(1))
 
     def wait_exit(self):
         deadline = time.monotonic() + HANG_GUARD
@@ -121,7 +122,11 @@ def contains(seq, sub):
     return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
 
 
-base = ["--temperature", "0", "--verbose-prompt", "--max-seq", "1024", "--threads", "2"]
+# --quant w8a16: the name check below is about the conversation being kept, so it runs the model on
+# its accurate path; under the default W8A8 (activations rounded to int8 per token) this 135M model
+# forgets the name on some machines (2-vCPU Intel Xeon, AVX-512, 2026-12-03: "My name is Elara"),
+# while fp32 and W8A16 answer "Your name is Zorblax" (test_smollm_nll bounds W8A8's accuracy).
+base = ["--temperature", "0", "--verbose-prompt", "--max-seq", "1024", "--threads", "2", "--quant", "w8a16"]
 s = Session(base + ["-n", "120"])
 try:
     s.expect(r"\n> ")
