@@ -44,6 +44,8 @@ def load(d):
                 continue
             if r.get("schema") != "lattice-bench/1":
                 continue
+            if r["bench"] == "e2e" and r["params"].get("extra"):
+                continue  # the plots show lattice's default configuration; --extra runs stay in the tables
             key = (r["bench"], json.dumps(r["params"], sort_keys=True))
             if key not in latest or r["time"] >= latest[key]["time"]:
                 latest[key] = r
@@ -212,10 +214,10 @@ def plot_allreduce(recs, plots, made, notes):
         c = f"C{i}"
         ax[0].plot(xs, [r["results"]["busbw_gbps"] for r in lr], "-o", ms=3, color=c, label=f"{ranks} ranks, {comm}, {dtype}")
         if lr[0]["results"].get("p50_us") is not None:
-            ax[1].plot(xs, [r["results"]["p50_us"] for r in lr], "-o", ms=3, color=c, label=f"{ranks} ranks p50")
-            ax[1].plot(xs, [r["results"]["p99_us"] for r in lr], "--", color=c, label=f"{ranks} ranks p99")
+            ax[1].plot(xs, [r["results"]["p50_us"] for r in lr], "-o", ms=3, color=c, label=f"{ranks} ranks, {comm} p50")
+            ax[1].plot(xs, [r["results"]["p99_us"] for r in lr], "--", color=c, label=f"{ranks} ranks, {comm} p99")
         else:
-            ax[1].plot(xs, [r["results"]["time_us"] for r in lr], "-o", ms=3, color=c, label=f"{ranks} ranks mean")
+            ax[1].plot(xs, [r["results"]["time_us"] for r in lr], "-o", ms=3, color=c, label=f"{ranks} ranks, {comm} mean")
     cp = [r["ceilings"].get("memcpy_gbps") for r in recs if r["ceilings"].get("memcpy_gbps")]
     if cp:
         ax[0].axhline(max(cp), color="gray", ls=":", label=f"ceiling: 1-thread memcpy {max(cp):.1f} GB/s")

@@ -513,6 +513,8 @@ def bench_e2e(args, rec):
                   "pp": pp, "ranks": np_, "batch": batch, "prompt": len(ids),
                   "max_new_tokens": args.max_new_tokens, "threads": stats.get("threads"),
                   "launcher": args.launcher or "mpirun"}
+        if args.extra:
+            params["extra"] = args.extra  # another configuration: never mixed with the default's points
         res = e2e_results(stats, args.max_new_tokens)
         if rounds > 1:
             res["round"], res["rounds"] = rnd, rounds
@@ -565,6 +567,8 @@ def e2e_rounds_summary(args, rec, model_name, per_round, rounds):
         params = {"model": model_name, "random_weights": not args.model, "quant": args.quant, "tp": tp, "pp": pp,
                   "ranks": tp * pp, "batch": batch, "prompt": prompt, "max_new_tokens": args.max_new_tokens,
                   "threads": args.threads, "launcher": args.launcher or "mpirun"}
+        if args.extra:
+            params["extra"] = args.extra
         rec.emit("e2e_rounds", params, res, {})
         rows.append([f"{tp}x{pp}", batch, prompt, f"{len(runs)}/{rounds}", f(res["decode_tokens_per_s_median"]),
                      f"{f(res['decode_tokens_per_s_min'])}-{f(res['decode_tokens_per_s_max'])}",
