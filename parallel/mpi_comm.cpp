@@ -119,15 +119,26 @@ void MpiComm::setup_shared_memory() {
     shm_no_spin_ = cpus > 0 && s.local_size() > cpus;
 }
 
-void MpiComm::shm_wait(uint64_t seq, const char* op, const std::string& what) {
+void MpiComm::shm_exchange(uint64_t seq, int64_t bytes, const char* op, const std::string& what) {
+    shm_->publish(seq, bytes);
     WaitPolicy p = policy_;
     if (shm_no_spin_) p.spin_us = 0;
     const std::vector<int> behind = shm_->wait_all(seq, p);
-    if (behind.empty()) return;
-    broken_ = true;
-    fail_timeout(op, fmt::format("{}, shared memory: rank{} {} did not arrive", what, behind.size() > 1 ? "s" : "",
+    if (!behind.empty()) {
+        broken_ = true;
+        fail_timeout(op,
+                     fmt::format("{}, shared memory: rank{} {} did not arrive", what, behind.size() > 1 ? "s" : "",
                                  join_ints(behind)),
-                 -1, policy_.timeout_s);
+                     -1, policy_.timeout_s);
+    }
+    for (int r = 0; r < size_; ++r) {
+        if (shm_->bytes(r, seq) == bytes) continue;
+        broken_ = true;  // the ranks are out of step: every later call would mis-pair
+        clear_activity();
+        LATTICE_FAIL("{} on communicator '{}' (call #{}, {}): {} passed {} bytes, this rank {}: every rank must "
+                     "pass the same count",
+                     op, name_, calls_, what, describe_rank(r), shm_->bytes(r, seq), bytes);
+    }
 }
 
 namespace {
@@ -162,8 +173,7 @@ void MpiComm::reduce_sum(void* data, int64_t count, DType t, const std::string& 
         const uint64_t seq = ++shm_seq_;
         char* mine = static_cast<char*>(data) + off * 4;
         std::memcpy(shm_->my_slot(seq), mine, size_t(n * 4));
-        shm_->publish(seq);
-        shm_wait(seq, "all_reduce_sum", what);
+        shm_exchange(seq, n * 4, "all_reduce_sum", what);
         if (t == DType::kF32)
             sum_slots(reinterpret_cast<float*>(mine), *shm_, seq, n);
         else
@@ -425,8 +435,7 @@ void MpiComm::all_gather(const View& out, const View& in) {
             const int64_t n = std::min<int64_t>(ShmExchange::kSlotBytes, bytes - off);
             const uint64_t seq = ++shm_seq_;
             std::memcpy(shm_->my_slot(seq), src + off, size_t(n));
-            shm_->publish(seq);
-            shm_wait(seq, "all_gather", what);
+            shm_exchange(seq, n, "all_gather", what);
             for (int r = 0; r < size_; ++r)
                 if (r != rank_ || send != MPI_IN_PLACE)
                     std::memcpy(static_cast<char*>(out.data) + int64_t(r) * bytes + off, shm_->slot(r, seq), size_t(n));

@@ -106,7 +106,9 @@ private:
     // In-place sum of `count` f32 or i32 elements at `data` over every rank (the communicator's
     // call already started): through shm_ when set, else MPI_Iallreduce.
     void reduce_sum(void* data, int64_t count, DType t, const std::string& what);
-    void shm_wait(uint64_t seq, const char* op, const std::string& what);
+    // Publishes this rank's slot of call `seq` (`bytes` long), waits for every peer's, and checks
+    // that every rank passed the same count (an Error naming the one that did not).
+    void shm_exchange(uint64_t seq, int64_t bytes, const char* op, const std::string& what);
 
     MPI_Comm comm_ = MPI_COMM_NULL;
     std::string name_;

@@ -66,7 +66,8 @@ void ShmExchange::unlink() {
     name_.clear();
 }
 
-void ShmExchange::publish(uint64_t seq) {
+void ShmExchange::publish(uint64_t seq, int64_t bytes) {
+    header(rank_)->bytes[seq & 1] = bytes;
     flag(rank_)->store(seq, std::memory_order_release);
 }
 

@@ -10,7 +10,8 @@
 // benchmarks/run.py allreduce measures both (--comm mpi vs mpi-noshm).
 //
 // Layout: one POSIX shared-memory object for the group; rank r's region at r * region_bytes():
-// a 64-byte line holding its flag (the last call it published), then two slots of kSlotBytes.
+// a 64-byte line holding its flag (the last call it published) and the byte count of each slot's
+// message (so a rank that passed another count is named, not summed), then two slots of kSlotBytes.
 // Invariants (no locks):
 //   - call s of a rank writes only slot s % 2 of its own region, then stores flag = s (release);
 //   - a rank reads a peer's slot of call s only after loading that peer's flag >= s (acquire);
@@ -51,8 +52,11 @@ public:
     int ranks() const { return ranks_; }
     // This rank's slot of call `seq` (seq >= 1, consecutive per group), kSlotBytes long.
     void* my_slot(uint64_t seq) { return slot_ptr(rank_, seq); }
-    // Publishes call `seq`: its slot is complete.
-    void publish(uint64_t seq);
+    // Publishes call `seq`: its slot holds `bytes` bytes of message.
+    void publish(uint64_t seq, int64_t bytes);
+    // The byte count rank r published for call `seq` (after wait_all(seq) returned no laggards: a
+    // peer may publish seq + 1 meanwhile, but that goes to the other slot's count).
+    int64_t bytes(int r, uint64_t seq) const { return header(r)->bytes[seq & 1]; }
     // Rank r's slot of call `seq`: readable once wait_all(seq) returned no laggards.
     const void* slot(int r, uint64_t seq) const { return slot_ptr(r, seq); }
     // Waits (spin, yield, then sleep, as poll_request; answering watchdog pings) until every rank
@@ -68,9 +72,13 @@ private:
     char* slot_ptr(int r, uint64_t seq) const {
         return base_ + int64_t(r) * region_bytes() + kLine + int64_t(seq & 1) * kSlotBytes;
     }
-    std::atomic<uint64_t>* flag(int r) const {
-        return reinterpret_cast<std::atomic<uint64_t>*>(base_ + int64_t(r) * region_bytes());
-    }
+    struct Header {
+        std::atomic<uint64_t> flag;  // the last call published
+        int64_t bytes[2];            // message bytes of the call in slot 0 / 1 (written before the flag)
+    };
+    static_assert(sizeof(Header) <= kLine);
+    Header* header(int r) const { return reinterpret_cast<Header*>(base_ + int64_t(r) * region_bytes()); }
+    std::atomic<uint64_t>* flag(int r) const { return &header(r)->flag; }
 
     char* base_;
     int64_t bytes_;

@@ -468,3 +468,27 @@ TEST_CASE("back-to-back shared-memory calls with skewed ranks never read a slot 
     }
     CHECK(bad == 0);
 }
+
+TEST_CASE("a rank that passes another count to a shared-memory all-reduce is named, not summed") {
+    WaitPolicy p;
+    p.timeout_s = 20.0;
+    auto c = MpiComm::world(p, "test_counts");
+    REQUIRE(c->shared_memory());
+    const int64_t len = c->rank() == 1 ? 20 : 10;  // rank 1 disagrees with everyone else
+    std::vector<float> v(static_cast<size_t>(len), 1.0f);
+    std::string msg;
+    try {
+        c->all_reduce_sum(vf(v));
+    } catch (const Error& e) {
+        msg = e.what();
+    }
+    MESSAGE(msg);
+    CHECK(msg.find("all_reduce_sum on communicator 'test_counts'") != std::string::npos);
+    CHECK(msg.find("every rank must pass the same count") != std::string::npos);
+    if (c->rank() == 1)
+        CHECK(msg.find("passed 40 bytes, this rank 80") != std::string::npos);
+    else
+        CHECK(msg.find("rank 1 [pid") != std::string::npos);
+    CHECK(c->broken());
+    world().barrier();  // the others' communicators are untouched
+}
