@@ -128,16 +128,22 @@ void add(float* out, const float* a, const float* b, int64_t n) {
     for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
+double log_sum_exp(const float* x, int64_t n) {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; ++j)
+        if (x[j] > mx) mx = x[j];  // NaN > mx is false: skipped
+    if (mx == -INFINITY) return -INFINITY;
+    double z = 0;
+    for (int64_t j = 0; j < n; ++j)
+        if (x[j] == x[j]) z += std::exp(double(x[j]) - double(mx));
+    return double(mx) + std::log(z);
+}
+
 int32_t select_token(float* row, int64_t vocab, float temperature, int64_t top_k, float top_p, float min_p, float u,
                      const int32_t* bans, int64_t n_bans, float* logprob) {
     LATTICE_CHECK(vocab > 0, "select_token: empty row");
     auto clean = [](float v) { return v != v ? -INFINITY : v; };
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, clean(row[j]));
-    double z = 0;
-    if (mx > -INFINITY)
-        for (int64_t j = 0; j < vocab; ++j) z += std::exp(double(clean(row[j])) - double(mx));
-    const double lse = double(mx) + std::log(z);
+    const double lse = log_sum_exp(row, vocab);
     for (int64_t b = 0; b < n_bans; ++b)
         if (bans[b] >= 0 && bans[b] < vocab) row[bans[b]] = -INFINITY;
     int64_t choice = 0;

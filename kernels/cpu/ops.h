@@ -44,6 +44,10 @@ void add(float* out, const float* a, const float* b, int64_t n);
 int32_t select_token(float* row, int64_t vocab, float temperature, int64_t top_k, float top_p, float min_p, float u,
                      const int32_t* bans, int64_t n_bans, float* logprob);
 
+// log(sum_j exp(x[j])) over a row, in double (NaN entries count as -inf; -inf when every entry
+// is): the log-softmax denominator of select_token and of the engine's host sampling path.
+double log_sum_exp(const float* x, int64_t n);
+
 // Vector primitives (exposed for tests).
 float dot(const float* a, const float* b, int64_t n);
 void axpy(float* y, float a, const float* x, int64_t n);  // y += a * x

@@ -1,7 +1,14 @@
-// Names for Backend enums (for CLI parsing and error messages), and the checks ops share.
+// Names for Backend enums (for CLI parsing and error messages), the checks ops share, and the host
+// row math of the engine's sampling path.
 #include "runtime/backend/backend.h"
 
+#include "kernels/cpu/ops.h"
+
 namespace lattice {
+
+double host_log_sum_exp(const float* row, int64_t n) {
+    return cpu::log_sum_exp(row, n);
+}
 
 std::string_view quant_mode_name(QuantMode q) {
     switch (q) {

@@ -324,11 +324,7 @@ void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
         const Row& r = rows[k];
         float* row = host_rows_.data() + k * size_t(V);
         // log-softmax of the model's row (temperature 1), before any ban, penalty or temperature
-        float mx = -INFINITY;
-        for (int64_t v = 0; v < V; ++v) mx = std::max(mx, row[v]);
-        double z = 0;
-        for (int64_t v = 0; v < V; ++v) z += std::exp(double(row[v] - mx));
-        const double lse = double(mx) + std::log(z);
+        const double lse = host_log_sum_exp(row, V);
         for (int32_t id : r.bans)
             if (id >= 0 && id < V) row[id] = -INFINITY;
         const int32_t tok = r.sampler->sample(row, V, r.recent);

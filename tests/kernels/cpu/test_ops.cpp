@@ -1,11 +1,13 @@
 // CPU ops against straightforward double-precision references: rmsnorm (+ fused residual add),
 // rope (half-split pairs), causal GQA attention over a multi-slot KV cache, silu_mul, embed with a
-// vocab-parallel row offset. Odd sizes, several threads, poisoned outputs.
+// vocab-parallel row offset, the sampling log-sum-exp. Odd sizes, several threads, poisoned outputs.
 #include "kernels/cpu/ops.h"
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -201,4 +203,31 @@ TEST_CASE("select_token: greedy with bans, top-k / top-p / min-p kept sets, freq
     CHECK(near(freqs(1.0f, 0, 0.6f, 0.0f), expect({0, 1, 2}, 1.0f)));  // 0.53 + 0.2 reaches 0.6: the tie kept too
     CHECK(near(freqs(1.0f, 0, 1.0f, 0.3f), expect({0, 1, 2}, 1.0f)));          // exp(-1) = 0.37 >= 0.3, exp(-2) not
     CHECK(near(freqs(1.0f, 0, 1.0f, 0.0f, {0, 1}), expect({2, 3, 4, 5}, 1.0f)));  // bans leave the set
+}
+
+TEST_CASE("log_sum_exp equals the double-precision log-sum-exp at odd lengths, with NaN and -inf entries") {
+    std::mt19937 g(2024);
+    std::normal_distribution<float> d(0.0f, 4.0f);
+    for (int64_t n : {int64_t(1), int64_t(15), int64_t(17), int64_t(1000), int64_t(32000), int64_t(128257)}) {
+        std::vector<float> x(static_cast<size_t>(n));
+        for (float& v : x) v = d(g) + 10.0f;  // logits around 10, a few far out
+        x[size_t(n / 2)] = 40.0f;
+        if (n > 20) {
+            x[3] = -INFINITY;  // a banned id
+            x[7] = std::numeric_limits<float>::quiet_NaN();  // counts as -inf
+        }
+        double mx = -INFINITY;
+        for (float v : x)
+            if (v == v) mx = std::max(mx, double(v));
+        double z = 0;
+        for (float v : x)
+            if (v == v) z += std::exp(double(v) - mx);
+        const double want = mx + std::log(z);
+        const double got = cpu::log_sum_exp(x.data(), n);
+        CHECK_MESSAGE(std::fabs(got - want) < 1e-5 * std::fabs(want), "n ", n, ": ", got, " vs ", want);
+    }
+    std::vector<float> all_inf(33, -INFINITY);
+    CHECK(cpu::log_sum_exp(all_inf.data(), 33) == -INFINITY);
+    std::vector<float> one{-3.5f};
+    CHECK(cpu::log_sum_exp(one.data(), 1) == doctest::Approx(-3.5).epsilon(1e-7));
 }
