@@ -38,17 +38,23 @@ std::string join_ints(const std::vector<int>& v) {
     return s;
 }
 
+// Completes a request of communicator setup under the policy's deadline; `step` ("" or ": what")
+// names the part of the setup in the error.
+void wait_setup(MPI_Request* req, const WaitPolicy& policy, const std::string& what, const std::string& step) {
+    int rc = MPI_SUCCESS;
+    WaitResult r = poll_request(req, MPI_STATUS_IGNORE, policy, &rc);
+    LATTICE_CHECK(r != WaitResult::kTimedOut,
+                  "creating communicator '{}'{}: not every rank arrived within {} s (a rank is missing or calls a "
+                  "different collective)",
+                  what, step, policy.timeout_s);
+    LATTICE_CHECK(r == WaitResult::kDone, "creating communicator '{}'{} failed: {}", what, step, mpi_error_string(rc));
+}
+
 MPI_Comm timed_dup(MPI_Comm comm, const WaitPolicy& policy, const std::string& what) {
     MPI_Comm out = MPI_COMM_NULL;
     MPI_Request req = MPI_REQUEST_NULL;
     MPI_CHECK(MPI_Comm_idup(comm, &out, &req));
-    int rc = MPI_SUCCESS;
-    WaitResult r = poll_request(&req, MPI_STATUS_IGNORE, policy, &rc);
-    LATTICE_CHECK(r != WaitResult::kTimedOut,
-                  "creating communicator '{}': not every rank arrived within {} s (a rank is missing or calls a "
-                  "different collective)",
-                  what, policy.timeout_s);
-    LATTICE_CHECK(r == WaitResult::kDone, "creating communicator '{}' failed: {}", what, mpi_error_string(rc));
+    wait_setup(&req, policy, what, "");
     MPI_CHECK(MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN));
     return out;
 }
@@ -75,15 +81,6 @@ MpiComm::MpiComm(MPI_Comm comm, std::string name, const WaitPolicy& policy)
     setup_shared_memory();
 }
 
-void MpiComm::setup_wait(MPI_Request* req, const char* step) {
-    int rc = MPI_SUCCESS;
-    const WaitResult r = poll_request(req, MPI_STATUS_IGNORE, policy_, &rc);
-    LATTICE_CHECK(r != WaitResult::kTimedOut, "creating communicator '{}': {}: not every rank arrived within {} s",
-                  name_, step, policy_.timeout_s);
-    LATTICE_CHECK(r == WaitResult::kDone, "creating communicator '{}': {} failed: {}", name_, step,
-                  mpi_error_string(rc));
-}
-
 // Rank 0 creates the shared object under a fresh name and broadcasts it; the others map it; a MIN
 // over "mapped" makes the choice common (one failure anywhere: everyone stays on MPI); then rank 0
 // unlinks the name. These setup messages are not calls of the communicator (calls_ stays 0).
@@ -104,11 +101,11 @@ void MpiComm::setup_shared_memory() {
     }
     MPI_Request req = MPI_REQUEST_NULL;
     MPI_CHECK(MPI_Ibcast(name, int(sizeof(name)), MPI_CHAR, 0, comm_, &req));
-    setup_wait(&req, "shared-memory name");
+    wait_setup(&req, policy_, name_, ": shared-memory name");
     if (rank_ != 0 && name[0]) x = ShmExchange::open(name, size_, rank_, &err);
     int mapped = x ? 1 : 0, all = 0;
     MPI_CHECK(MPI_Iallreduce(&mapped, &all, 1, MPI_INT, MPI_MIN, comm_, &req));
-    setup_wait(&req, "shared-memory handshake");
+    wait_setup(&req, policy_, name_, ": shared-memory handshake");
     if (x && rank_ == 0) x->unlink();
     if (!err.empty())
         LOG_WARN("communicator '{}': no shared-memory exchange ({}); all-reduces go through MPI", name_, err);

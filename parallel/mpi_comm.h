@@ -102,7 +102,6 @@ private:
     void check_host(const View& v, const char* op, const char* which) const;
     void reduce_staged(const View& out, const View& in, bool scatter);
     void setup_shared_memory();
-    void setup_wait(MPI_Request* req, const char* step);
     // In-place sum of `count` f32 or i32 elements at `data` over every rank (the communicator's
     // call already started): through shm_ when set, else MPI_Iallreduce.
     void reduce_sum(void* data, int64_t count, DType t, const std::string& what);
