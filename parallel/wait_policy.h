@@ -43,8 +43,8 @@ struct WaitPolicy {
 class Backoff {
 public:
     explicit Backoff(const WaitPolicy& policy) : policy_(policy), t0_(std::chrono::steady_clock::now()) {}
-    double elapsed_us() const {
-        return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0_).count();
+    double elapsed_us(std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now()) const {
+        return std::chrono::duration<double, std::micro>(now - t0_).count();
     }
     void pause() { pause_at(elapsed_us()); }
     void pause_at(double el_us) {

@@ -56,7 +56,7 @@ WaitPacer::WaitPacer(const WaitPolicy& policy)
 
 bool WaitPacer::next() {
     const Clock::time_point now = Clock::now();
-    const double el_us = backoff_.elapsed_us();
+    const double el_us = backoff_.elapsed_us(now);
     if (timeout_us_ > 0 && el_us > timeout_us_) return false;
     if (now - last_service_ > std::chrono::milliseconds(1)) {
         service_all_channels();
