@@ -3,7 +3,7 @@
 //   bench_attention [--config tinyllama-1.1b | --heads 32 --kv-heads 4 --head-dim 64] [--threads N]
 //                   [--contexts 128,512,2048,8192] [--batches 1,4,16] [--block 16] [--hot]
 //                   [--min-time 0.2] [--json FILE]
-// Layout: K and V caches [num_blocks, block_size, n_kv, head_dim] f32 (the backend's), each sequence's
+// Layout: K and V caches [num_blocks, block_size, n_kv, head_dim] f32 from alloc_lazy (as the model's), each sequence's
 // blocks taken from a shuffled free list (a paged cache after some churn, not one contiguous run);
 // the decode token of sequence s sits at position ctx, so one call reads (ctx + 1) positions of K
 // and V per kv head per sequence: kv_bytes = batch * (ctx + 1) * n_kv * head_dim * 4 * 2.
@@ -142,8 +142,8 @@ int main(int argc, char** argv) {
                 pt.copies = hot ? 1 : std::max<int64_t>(1, int64_t(std::ceil(footprint / cache_bytes)));
                 std::vector<Buffer> kc, vc;
                 for (int64_t c = 0; c < pt.copies; ++c) {
-                    kc.push_back(be.alloc(DType::kF32, {nblocks, block, nkv, hd}));
-                    vc.push_back(be.alloc(DType::kF32, {nblocks, block, nkv, hd}));
+                    kc.push_back(be.alloc_lazy(DType::kF32, {nblocks, block, nkv, hd}));
+                    vc.push_back(be.alloc_lazy(DType::kF32, {nblocks, block, nkv, hd}));
                     fill(kc.back().view().ptr<float>(), cache_elems, uint64_t(2 * c + 1));
                     fill(vc.back().view().ptr<float>(), cache_elems, uint64_t(2 * c + 2));
                 }

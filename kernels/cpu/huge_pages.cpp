@@ -15,7 +15,9 @@ size_t page_rounded(size_t bytes) {
 }
 }  // namespace
 
-void* map_huge(size_t bytes) {
+void* map_huge(size_t bytes) { return map_pages(bytes, true); }
+
+void* map_pages(size_t bytes, bool huge) {
     const size_t len = page_rounded(bytes);
     void* raw = ::mmap(nullptr, len + kHugePageBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) return nullptr;
@@ -26,9 +28,19 @@ void* map_huge(size_t bytes) {
     if (tail > 0) ::munmap(reinterpret_cast<void*>(aligned + len), tail);
     void* p = reinterpret_cast<void*>(aligned);
 #ifdef MADV_HUGEPAGE
-    if (len >= kHugePageBytes) (void)::madvise(p, len, MADV_HUGEPAGE);  // advisory: EINVAL without THP
+    // advisory: EINVAL without THP
+    if (len >= kHugePageBytes) (void)::madvise(p, len, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
 #endif
     return p;
+}
+
+void prefault(void* p, size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+    if (p && bytes > 0) (void)::madvise(p, page_rounded(bytes), MADV_POPULATE_WRITE);
+#else
+    (void)p;
+    (void)bytes;
+#endif
 }
 
 void unmap_huge(void* p, size_t bytes) {

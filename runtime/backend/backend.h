@@ -172,6 +172,11 @@ public:
 
     // Memory. alloc returns zero-filled memory.
     virtual Buffer alloc(DType dtype, std::initializer_list<int64_t> shape) = 0;
+    // Zero-filled like alloc, for memory that is written a part at a time over the engine's life (the
+    // KV cache a block at a time, the logits a few rows per step): a backend may materialize it only
+    // as it is touched (CPU: 4 KiB pages on first write, where alloc's are huge and made resident at
+    // once; see huge_pages.h).
+    virtual Buffer alloc_lazy(DType dtype, std::initializer_list<int64_t> shape) { return alloc(dtype, shape); }
     virtual void free_memory(void* p) = 0;
     virtual void upload(const View& dst, const void* host_src) = 0;  // dst.bytes() bytes
     virtual void download(void* host_dst, const View& src) = 0;      // src.bytes() bytes

@@ -56,8 +56,9 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
     act_ = be_.alloc(act, {T, shard_.ffn});
     if (opt_.last_stage) {
         head_in_ = be_.alloc(act, {T, H});
-        logits_ = be_.alloc(DType::kF32, {int64_t(opt_.tp) * T * shard_.vocab_per_rank});
-        if (opt_.tp > 1) logits_full_ = be_.alloc(DType::kF32, {T * cfg_.vocab});
+        // T rows of logits, of which a step fills one per sampled sequence: lazily materialized.
+        logits_ = be_.alloc_lazy(DType::kF32, {int64_t(opt_.tp) * T * shard_.vocab_per_rank});
+        if (opt_.tp > 1) logits_full_ = be_.alloc_lazy(DType::kF32, {T * cfg_.vocab});
     }
     fused_quant_ = be_.fuses_quant() && !layers_.empty() &&
                    std::all_of(layers_.begin(), layers_.end(), [](const LayerWeights& L) {
@@ -138,8 +139,8 @@ void Model::allocate_kv(int64_t num_blocks) {
     for (LayerWeights& L : layers_) {
         L.k_cache = Buffer{};
         L.v_cache = Buffer{};
-        L.k_cache = be_.alloc(act, {num_blocks, opt_.block_size, shard_.n_kv, cfg_.head_dim});
-        L.v_cache = be_.alloc(act, {num_blocks, opt_.block_size, shard_.n_kv, cfg_.head_dim});
+        L.k_cache = be_.alloc_lazy(act, {num_blocks, opt_.block_size, shard_.n_kv, cfg_.head_dim});
+        L.v_cache = be_.alloc_lazy(act, {num_blocks, opt_.block_size, shard_.n_kv, cfg_.head_dim});
     }
     attn_.num_blocks = num_blocks;
 }

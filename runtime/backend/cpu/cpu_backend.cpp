@@ -48,16 +48,19 @@ bool CpuBackend::supports(Op op, DType dtype) const {
     }
 }
 
-Buffer CpuBackend::alloc_bytes(DType dtype, View v) {
+Buffer CpuBackend::alloc_bytes(DType dtype, View v, bool huge_pages) {
     const size_t bytes = size_t(std::max<int64_t>(v.bytes(), 1));
     const size_t rounded = (bytes + 63) / 64 * 64;
     void* p = nullptr;
     if (rounded >= kMapBytes) {
-        // Fresh anonymous pages are zero and materialize on first touch: a large KV cache costs
-        // resident memory only as sequences fill it. Huge pages: weights and KV are streamed.
-        p = map_huge(rounded);
+        // Weights and scratch: huge pages (streamed whole), faulted in now: weights are written at
+        // once anyway, and a scratch buffer's first use would otherwise pay its faults inside a
+        // request's first step. The KV cache: 4 KiB pages that materialize on first touch, so a
+        // large cache costs resident memory only as sequences fill it (huge_pages.h says why).
+        p = map_pages(rounded, huge_pages);
         LATTICE_CHECK(p != nullptr, "CpuBackend: out of memory mapping {} bytes ({} {}): {}", bytes,
                       dtype_name(dtype), v.shape_str(), std::strerror(errno));
+        if (huge_pages) prefault(p, rounded);
         mapped_[p] = rounded;
     } else {
         p = std::aligned_alloc(64, rounded);
@@ -73,6 +76,10 @@ Buffer CpuBackend::alloc_bytes(DType dtype, View v) {
 
 Buffer CpuBackend::alloc(DType dtype, std::initializer_list<int64_t> shape) {
     return alloc_bytes(dtype, View::contiguous(nullptr, dtype, shape));
+}
+
+Buffer CpuBackend::alloc_lazy(DType dtype, std::initializer_list<int64_t> shape) {
+    return alloc_bytes(dtype, View::contiguous(nullptr, dtype, shape), false);
 }
 
 void CpuBackend::free_memory(void* p) {

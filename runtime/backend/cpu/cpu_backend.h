@@ -42,6 +42,7 @@ public:
     int threads() const override { return pool_->size(); }
 
     Buffer alloc(DType dtype, std::initializer_list<int64_t> shape) override;
+    Buffer alloc_lazy(DType dtype, std::initializer_list<int64_t> shape) override;
     void free_memory(void* p) override;
     void upload(const View& dst, const void* host_src) override;
     void download(void* host_dst, const View& src) override;
@@ -80,7 +81,7 @@ public:
 
 private:
     static constexpr size_t kMapBytes = kHugePageBytes;  // allocations from here on are mapped (map_huge)
-    Buffer alloc_bytes(DType dtype, View view_shape);
+    Buffer alloc_bytes(DType dtype, View view_shape, bool huge_pages = true);
     std::unique_ptr<ThreadPool> pool_;
     bool mlock_ = false;
     bool select_tokens_ = false;

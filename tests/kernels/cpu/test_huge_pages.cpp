@@ -1,6 +1,6 @@
-// map_huge / AlignedAllocator64: 2 MiB aligned, zeroed, writable to the last byte, and (where the
-// kernel's THP mode is "always" or "madvise") marked eligible for huge pages in /proc/self/smaps;
-// small allocations stay on the heap allocator's 64-byte alignment.
+// map_huge / map_pages / AlignedAllocator64: 2 MiB aligned, zeroed, writable to the last byte, and
+// (where the kernel's THP mode is "always" or "madvise") eligible for huge pages in /proc/self/smaps
+// unless map_pages was told not to be; small allocations stay on the heap allocator's alignment.
 #include "kernels/cpu/huge_pages.h"
 #include "kernels/cpu/int8_gemm.h"
 
@@ -68,6 +68,26 @@ TEST_CASE("map_huge asks for huge pages where the kernel offers them") {
     if (mode == "always" || mode == "madvise") {
         if (eligible < 0) MESSAGE("this kernel's smaps has no THPeligible field: eligibility not checked");
         else CHECK(eligible == 1);  // in "madvise" mode only MADV_HUGEPAGE makes it 1
+    } else {
+        MESSAGE("THP mode '" << mode << "': huge pages not offered, eligibility not checked");
+    }
+    unmap_huge(p, bytes);
+}
+
+TEST_CASE("map_pages(huge = false): zeroed, writable, and kept out of huge pages (the KV cache)") {
+    const std::string mode = thp_mode();
+    const size_t bytes = 4 * kHugePageBytes + 100;
+    auto* p = static_cast<unsigned char*>(map_pages(bytes, false));
+    REQUIRE(p != nullptr);
+    CHECK(p[0] == 0);
+    CHECK(p[bytes - 1] == 0);
+    p[kHugePageBytes + 5] = 7;  // one write: a 4 KiB page materializes, not a 2 MiB one
+    CHECK(p[kHugePageBytes + 5] == 7);
+    CHECK(p[kHugePageBytes + 4096] == 0);
+    const int eligible = thp_eligible(p);
+    if (mode == "always" || mode == "madvise") {
+        if (eligible < 0) MESSAGE("this kernel's smaps has no THPeligible field: eligibility not checked");
+        else CHECK(eligible == 0);  // MADV_NOHUGEPAGE, even in "always" mode
     } else {
         MESSAGE("THP mode '" << mode << "': huge pages not offered, eligibility not checked");
     }
