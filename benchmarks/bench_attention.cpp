@@ -1,12 +1,15 @@
-// bench_attention: CPU paged decode attention through CpuBackend::attention (the op the model
-// calls), sweeping context length x batch (concurrent sequences, one decode token each).
+// bench_attention: CPU paged attention through CpuBackend::attention (the op the model calls),
+// sweeping context length x batch (concurrent sequences): one decode token each by default, or a
+// prefill chunk of --queries tokens each (causal, at positions ctx .. ctx + queries - 1).
 //   bench_attention [--config tinyllama-1.1b | --heads 32 --kv-heads 4 --head-dim 64] [--threads N]
-//                   [--contexts 128,512,2048,8192] [--batches 1,4,16] [--block 16] [--hot]
-//                   [--min-time 0.2] [--json FILE]
+//                   [--contexts 128,512,2048,8192] [--batches 1,4,16] [--queries 1] [--block 16]
+//                   [--hot] [--min-time 0.2] [--json FILE]
 // Layout: K and V caches [num_blocks, block_size, n_kv, head_dim] f32 from alloc_lazy (as the model's), each sequence's
 // blocks taken from a shuffled free list (a paged cache after some churn, not one contiguous run);
 // the decode token of sequence s sits at position ctx, so one call reads (ctx + 1) positions of K
-// and V per kv head per sequence: kv_bytes = batch * (ctx + 1) * n_kv * head_dim * 4 * 2.
+// and V per kv head per sequence: kv_bytes = batch * (ctx + 1) * n_kv * head_dim * 4 * 2 (with
+// q queries: ctx + q positions, once; FLOPs = 4 * n_heads * head_dim * the positions each query
+// attends to, summed: the figure the planner's attention rate stands for).
 // A decode step visits every layer's cache once, so by default (dram) each point rotates through
 // enough copies of the cache (one per "layer") to exceed --footprint bytes (> any L3 here); --hot
 // reuses one cache (cache-resident when small: an upper bound, not what decode meets).
@@ -31,7 +34,7 @@ using namespace lattice;
 namespace {
 
 struct Point {
-    int64_t ctx = 0, batch = 0, copies = 0;
+    int64_t ctx = 0, batch = 0, queries = 1, copies = 0;
     double kv_bytes = 0, footprint_bytes = 0, seconds = 0, median_seconds = 0, gbs = 0, gflops = 0;
 };
 
@@ -46,14 +49,14 @@ void fill(float* p, int64_t n, uint64_t seed) {
     }
 }
 
-std::vector<int64_t> parse_list(const std::string& s, const char* what) {
+std::vector<int64_t> parse_list(const std::string& s, const char* what, int64_t min) {
     std::vector<int64_t> v;
     size_t i = 0;
     while (i < s.size()) {
         size_t j = s.find(',', i);
         if (j == std::string::npos) j = s.size();
         const int64_t x = std::stoll(s.substr(i, j - i));
-        LATTICE_CHECK(x > 0, "{}: {} is not a positive integer", what, s.substr(i, j - i));
+        LATTICE_CHECK(x >= min, "{}: {} is below {}", what, s.substr(i, j - i), min);
         v.push_back(x);
         i = j + 1;
     }
@@ -67,7 +70,7 @@ int main(int argc, char** argv) {
     CLI::App app{"CPU paged decode attention: KV read GB/s against the stream-read ceiling"};
     std::string preset = "tinyllama-1.1b", contexts_s = "128,512,2048,8192", batches_s = "1,4,16", json_path;
     int threads = 0;
-    int64_t heads = 0, kv_heads = 0, head_dim = 0, block = 16;
+    int64_t heads = 0, kv_heads = 0, head_dim = 0, block = 16, queries = 1;
     double min_time = 0.2, footprint = double(1ll << 30);
     bool hot = false;
     app.add_option("--config", preset, "built-in model shape for the head counts (per rank at TP 1)");
@@ -77,7 +80,9 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(int64_t(2), int64_t(1024)));
     app.add_option("--threads", threads, "threads of the backend's pool (default: one per core)");
     app.add_option("--contexts", contexts_s, "context lengths (positions already in the cache)");
-    app.add_option("--batches", batches_s, "concurrent sequences, one decode token each");
+    app.add_option("--batches", batches_s, "concurrent sequences");
+    app.add_option("--queries", queries, "new tokens per sequence per call (1: decode; more: a causal prefill chunk)")
+        ->check(CLI::Range(int64_t(1), int64_t(65536)));
     app.add_option("--block", block, "positions per KV block")->check(CLI::Range(int64_t(1), int64_t(4096)));
     app.add_flag("--hot", hot, "reuse one cache (no rotation through per-layer copies)");
     app.add_option("--footprint", footprint, "bytes of KV the rotation spans at least (default 1 GiB)");
@@ -90,16 +95,19 @@ int main(int argc, char** argv) {
         const int64_t nh = heads > 0 ? heads : cfg.n_heads, nkv = kv_heads > 0 ? kv_heads : cfg.n_kv_heads;
         const int64_t hd = head_dim > 0 ? head_dim : cfg.head_dim;
         LATTICE_CHECK(nh % nkv == 0, "--heads {} is not a multiple of --kv-heads {}", nh, nkv);
-        const std::vector<int64_t> contexts = parse_list(contexts_s, "--contexts"), batches = parse_list(batches_s, "--batches");
+        const std::vector<int64_t> contexts = parse_list(contexts_s, "--contexts", 0),
+                                   batches = parse_list(batches_s, "--batches", 1);
 
         CpuBackendOptions opt;
         opt.threads = threads;
         CpuBackend be(opt);
         const double ceiling = bench::measure_read_bandwidth(be.pool());
         const int64_t row = (nh + 2 * nkv) * hd;
-        fmt::print("# paged decode attention, CpuBackend ({}), heads {}/{} x {}, block {}, {}\n", be.name(), nh, nkv, hd,
-                   block, hot ? "hot (one cache)" : fmt::format("rotating >= {:.0f} MiB of caches", footprint / 1048576));
-        fmt::print("# ceiling: stream read {:.2f} GB/s ({} threads); kv GB/s = batch (ctx+1) nkv hd 4 B x 2 / time\n",
+        fmt::print("# paged {} attention, CpuBackend ({}), heads {}/{} x {}, block {}, {}\n",
+                   queries == 1 ? "decode" : fmt::format("prefill ({} queries per sequence)", queries), be.name(), nh,
+                   nkv, hd, block,
+                   hot ? "hot (one cache)" : fmt::format("rotating >= {:.0f} MiB of caches", footprint / 1048576));
+        fmt::print("# ceiling: stream read {:.2f} GB/s ({} threads); kv GB/s = batch (ctx+q) nkv hd 4 B x 2 / time\n",
                    ceiling, be.threads());
         fmt::print("{:>7} {:>6} {:>7} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8}\n", "ctx", "batch", "copies", "kv MiB",
                    "time(us)", "median(us)", "kv GB/s", "GFLOP/s", "of ceil");
@@ -111,7 +119,8 @@ int main(int argc, char** argv) {
                 Point pt;
                 pt.ctx = ctx;
                 pt.batch = b;
-                const int64_t width = (ctx + 1 + block - 1) / block, nblocks = b * width;
+                pt.queries = queries;
+                const int64_t q = queries, width = (ctx + q + block - 1) / block, nblocks = b * width;
                 AttentionShape s;
                 s.n_heads = nh;
                 s.n_kv_heads = nkv;
@@ -125,14 +134,17 @@ int main(int argc, char** argv) {
                 std::iota(free_list.begin(), free_list.end(), 0);
                 std::shuffle(free_list.begin(), free_list.end(), rng);
                 const std::vector<int32_t> tables = free_list;  // [b, width]: sequence s owns a shuffled slice
-                const size_t nb = static_cast<size_t>(b);
-                std::vector<int32_t> ids(nb, 1), pos(nb, static_cast<int32_t>(ctx)), seqs(nb, 0);
-                std::iota(seqs.begin(), seqs.end(), 0);
+                const size_t nt = static_cast<size_t>(b * q);  // sequence s's q tokens, in order
+                std::vector<int32_t> ids(nt, 1), pos(nt), seqs(nt);
+                for (size_t t = 0; t < nt; ++t) {
+                    seqs[t] = int32_t(int64_t(t) / q);
+                    pos[t] = int32_t(ctx + int64_t(t) % q);
+                }
                 TokenBatch tb;
                 tb.ids = ids.data();
                 tb.positions = pos.data();
                 tb.seqs = seqs.data();
-                tb.count = b;
+                tb.count = b * q;
                 tb.block_tables = tables.data();
                 tb.num_seqs = b;
                 tb.table_width = width;
@@ -147,8 +159,8 @@ int main(int argc, char** argv) {
                     fill(kc.back().view().ptr<float>(), cache_elems, uint64_t(2 * c + 1));
                     fill(vc.back().view().ptr<float>(), cache_elems, uint64_t(2 * c + 2));
                 }
-                Buffer qkv = be.alloc(DType::kF32, {b, row}), out = be.alloc(DType::kF32, {b, nh * hd});
-                fill(qkv.view().ptr<float>(), b * row, 99);
+                Buffer qkv = be.alloc(DType::kF32, {b * q, row}), out = be.alloc(DType::kF32, {b * q, nh * hd});
+                fill(qkv.view().ptr<float>(), b * q * row, 99);
                 auto pass = [&] {
                     for (int64_t c = 0; c < pt.copies; ++c)
                         be.attention(out.view(), qkv.view(), kc[size_t(c)].view(), vc[size_t(c)].view(), tb, s);
@@ -170,15 +182,17 @@ int main(int argc, char** argv) {
                 pt.median_seconds = per_call[per_call.size() / 2];
                 // Check after timing: a poisoned output must come back entirely written and finite.
                 float* o = out.view().ptr<float>();
-                std::fill(o, o + b * nh * hd, std::nanf(""));
+                std::fill(o, o + b * q * nh * hd, std::nanf(""));
                 be.attention(out.view(), qkv.view(), kc[0].view(), vc[0].view(), tb, s);
-                const int64_t bad = std::count_if(o, o + b * nh * hd, [](float x) { return !std::isfinite(x); });
+                const int64_t bad = std::count_if(o, o + b * q * nh * hd, [](float x) { return !std::isfinite(x); });
                 LATTICE_CHECK(bad == 0, "ctx {} batch {}: {} output elements not finite after timing", ctx, b, bad);
 
-                pt.kv_bytes = double(b) * double(ctx + 1) * double(nkv * hd) * 4.0 * 2.0;
+                pt.kv_bytes = double(b) * double(ctx + q) * double(nkv * hd) * 4.0 * 2.0;
+                // query i (0-based) attends to ctx + i + 1 positions
+                const double attended = double(b) * (double(q) * double(ctx + 1) + double(q) * double(q - 1) / 2.0);
                 pt.footprint_bytes = cache_bytes * double(pt.copies);
                 pt.gbs = pt.kv_bytes / pt.seconds * 1e-9;
-                pt.gflops = 4.0 * double(b) * double(ctx + 1) * double(nh * hd) / pt.seconds * 1e-9;  // QK and PV
+                pt.gflops = 4.0 * attended * double(nh * hd) / pt.seconds * 1e-9;  // QK and PV
                 fmt::print("{:>7} {:>6} {:>7} {:>10.2f} {:>10.1f} {:>10.1f} {:>10.2f} {:>9.2f} {:>7.1f}%\n", ctx, b,
                            pt.copies, pt.kv_bytes / 1048576, pt.seconds * 1e6, pt.median_seconds * 1e6, pt.gbs,
                            pt.gflops, 100.0 * pt.gbs / ceiling);
@@ -195,6 +209,7 @@ int main(int argc, char** argv) {
             j["n_kv_heads"] = nkv;
             j["head_dim"] = hd;
             j["block_size"] = block;
+            j["queries"] = queries;
             j["mode"] = hot ? "hot" : "dram";
             j["read_bw_gbs"] = ceiling;
             j["results"] = nlohmann::json::array();

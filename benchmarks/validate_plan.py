@@ -3,8 +3,9 @@
 
 1. Calibration (what the planner's `cpu` device and `shm` link stand for), measured here:
    read bandwidth of one rank and of one rank per core streaming at once (bench_stream_mpi), the W8A8 GEMM rate of one
-   core at prefill sizes on TinyLlama's shapes (bench_gemm_int8), and the MPI all-reduce latency and
-   bus bandwidth between two ranks (bench_allreduce).
+   core at prefill sizes on TinyLlama's shapes (bench_gemm_int8), the f32 attention rate of one core
+   on prefill chunks of the prompt's length (bench_attention --queries), and the all-reduce latency
+   and bus bandwidth between two ranks (bench_allreduce).
 2. End-to-end runs: `lattice generate --random-weights --config tinyllama-1.1b --quant w8a8
    --threads 1` for every layout that runs on this machine's cores (tp x pp with tp * pp <= cores),
    at a few batch sizes, reading decode and prefill tokens/s from --stats-json.
@@ -42,7 +43,7 @@ def mpirun(np_):
     return cmd
 
 
-def calibrate(build, tmp, cores):
+def calibrate(build, tmp, cores, prompt):
     def read_bw(ranks):
         """Read bandwidth of `ranks` single-thread MPI ranks streaming at once (bench_stream_mpi)."""
         out = os.path.join(tmp, f"bw{ranks}.json")
@@ -53,18 +54,35 @@ def calibrate(build, tmp, cores):
     # minutes apart on the development VM); the median is what a run of several seconds meets.
     bw1 = statistics.median(read_bw(1) for _ in range(5))
     bwn = statistics.median(read_bw(cores) for _ in range(5))
+    # W8A8 GEMM rate on TinyLlama's four linear shapes (qkv, o, gate_up, down as NxK) at prefill
+    # sizes (m >= 64): per shape the median over m, then the mean weighted by each shape's share of a
+    # layer's ops (a harmonic mean: time adds up), since the shapes differ (down, K = 5632, ran at
+    # ~2/3 of the others' rate on the Xeon VM).
+    shapes = [(2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632)]
     gout = os.path.join(tmp, "gemm.json")
-    run([f"{build}/benchmarks/bench_gemm_int8", "--threads", "1", "--shapes", "2048x2048,5632x2048,2048x5632",
-         "--json", gout])
-    g = json.load(open(gout))
-    rows = [r for r in g["results"] if r["mode"] == "w8a8" and r["m"] >= 64 and r["isa"] == g["best_isa"]]
-    int8_gops = statistics.median(r["gops_core"] for r in rows)
+
+    def gemm_rate(threads, key):
+        run([f"{build}/benchmarks/bench_gemm_int8", "--threads", str(threads), "--shapes",
+             ",".join(f"{n}x{k}" for n, k in shapes), "--json", gout])
+        g = json.load(open(gout))
+        time_per_op = 0.0
+        for n, k in shapes:
+            rates = [r[key] for r in g["results"] if r["mode"] == "w8a8" and r["m"] >= 64 and r["isa"] == g["best_isa"]
+                     and r["n"] == n and r["k"] == k]
+            if not rates:
+                sys.exit(f"validate_plan: bench_gemm_int8 gave no w8a8 rows for {n}x{k}")
+            time_per_op += n * k / statistics.median(rates)
+        return sum(n * k for n, k in shapes) / time_per_op
+
+    int8_gops = gemm_rate(1, "gops_core")
     # all cores at once (vCPUs may share physical cores): the wall-clock rate of a threads=cores run
-    run([f"{build}/benchmarks/bench_gemm_int8", "--threads", str(cores), "--shapes", "2048x2048,5632x2048,2048x5632",
-         "--json", gout])
-    g = json.load(open(gout))
-    rows = [r for r in g["results"] if r["mode"] == "w8a8" and r["m"] >= 64 and r["isa"] == g["best_isa"]]
-    node_int8_gops = statistics.median(r["gops_wall"] for r in rows)
+    node_int8_gops = gemm_rate(cores, "gops_wall")
+    # attention: one prompt of `prompt` tokens and four at once, from an empty cache (what the e2e
+    # runs' prefill does), TinyLlama's heads, one thread
+    tout = os.path.join(tmp, "attention.json")
+    run([f"{build}/benchmarks/bench_attention", "--threads", "1", "--contexts", "0", "--batches", "1,4", "--queries",
+         str(prompt), "--min-time", "0.1", "--footprint", str(64 << 20), "--json", tout])
+    attn_gflops = statistics.median(r["gflops"] for r in json.load(open(tout))["results"])
     aout = os.path.join(tmp, "allreduce.json")
     run(mpirun(2) + [f"{build}/benchmarks/bench_allreduce", "--min-bytes", "8", "--max-bytes", str(16 << 20),
                      "--step", "16", "--json", aout])
@@ -77,11 +95,12 @@ def calibrate(build, tmp, cores):
     alpha_us = small_us / 2.0
     bus = next(large[k] for k in ("busbw_gbps", "busbw_gbs", "busbw") if k in large)
     return {"device": {"bw_gbs": bw1, "node_bw_gbs": bwn, "int8_tops": int8_gops / 1e3,
-                       "node_int8_tops": node_int8_gops / 1e3, "per_node": cores,
+                       "node_int8_tops": node_int8_gops / 1e3, "attn_tflops": attn_gflops / 1e3, "per_node": cores,
                        "label": f"CPU core ({platform.processor() or platform.machine()}, {cores} cores)"},
             "link": {"alpha_us": alpha_us, "bw_gbs": bus},
             "measured": {"read_bw_1core_gbs": bw1, f"read_bw_{cores}cores_gbs": bwn,
-                         "w8a8_gemm_gops_core": int8_gops, f"w8a8_gemm_gops_{cores}cores": node_int8_gops, "allreduce_8b_us": small_us,
+                         "w8a8_gemm_gops_core": int8_gops, f"w8a8_gemm_gops_{cores}cores": node_int8_gops,
+                         "attention_gflops_core": attn_gflops, "allreduce_8b_us": small_us,
                          "allreduce_busbw_gbs": bus}}
 
 
@@ -157,7 +176,7 @@ def main():
         ap.error("--out is required (or --check JSON)")
     cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory() as tmp:
-        calib = calibrate(args.build, tmp, cores)
+        calib = calibrate(args.build, tmp, cores, args.prompt)
         runs = []
         layouts = [(tp, n // tp) for n in range(1, cores + 1) for tp in range(1, n + 1) if n % tp == 0]
         for tp, pp in layouts:

@@ -70,6 +70,7 @@ void apply_calibration(const std::string& path, DeviceSpec& d, LinkSpec& l) {
         num(o, "node_int8_tops", d.node_int8_tops);
         num(o, "int8_tops", d.int8_tops);
         num(o, "fp16_tflops", d.fp16_tflops);
+        num(o, "attn_tflops", d.attn_tflops);
         num(o, "mem_gib", d.mem_gib);
         num(o, "layer_overhead_us", d.layer_overhead_us);
         double per_node = d.per_node;
@@ -134,6 +135,7 @@ int run_plan(const PlanArgs& a) {
                               {"overlap", r.device.overlap},
                               {"int8_tops", r.device.int8_tops},
                               {"fp16_tflops", r.device.fp16_tflops},
+                              {"attn_tflops", r.device.attn_tflops},
                               {"compute_eff", r.device.compute_eff},
                               {"source", r.device.source}}},
                             {"link_spec", {{"alpha_us", r.link.alpha_us}, {"bw_gbs", r.link.bw_gbs}}},

@@ -20,8 +20,8 @@
 //   transport, measured on the 2-core EPYC VM (benchmarks/results/cpu-2core-epyc-zen4/plan_validation.json).
 // - cpu: the 2-core AMD EPYC (Zen 4, AVX-512 VNNI) VM this project is developed on, per core, measured:
 //   read bandwidth of one core and of the node (bench_decode's stream), the in-engine W8A8 GEMM
-//   rate (bench_gemm_int8). `lattice plan --calibration FILE` replaces them with another
-//   machine's figures.
+//   rate (bench_gemm_int8); attention's achieved f32 rate (bench_attention --queries 64) from the
+//   2-vCPU Xeon VM. `lattice plan --calibration FILE` replaces them with another machine's figures.
 #include "parallel/plan_model.h"
 
 #include <algorithm>
@@ -69,6 +69,10 @@ const std::vector<DeviceSpec>& device_table() {
         c.node_bw_gbs = 33;     // both ranks streaming at once
         c.int8_tops = 0.43;     // W8A8 GEMM of one core at prefill sizes (TinyLlama's shapes)
         c.fp16_tflops = 0.10;   // f32 per core (assumed: ~half the AVX-512 FMA peak; not measured)
+        // f32 paged attention of one core: 9.5-11.7 GFLOP/s for 64-token prefill chunks and 7.5-8.9
+        // for decode (bench_attention, TinyLlama's heads, 2-vCPU Xeon VM, 2026-12-03; not measured
+        // on the Zen 4 VM the other figures come from).
+        c.attn_tflops = 0.010;
         c.bw_eff = 1.0;         // the figures above are achieved rates already
         c.compute_eff = 1.0;
         c.reserved_gib = 0.1;
@@ -207,6 +211,7 @@ struct RankRates {
     double bw = 0;    // bytes/s
     double int8 = 0;  // ops/s
     double fp = 0;    // flops/s
+    double attn = 0;  // flops/s of the attention kernels
 };
 
 struct StageTime {
@@ -223,20 +228,23 @@ StageTime stage_time(const PlanRequest& r, const StageShape& st, int tp, double 
                                                                   (st.embed_params > 0 ? 1.0 : 0.0);
     const double kv_read = double(st.layers) * 2.0 * tokens * positions * double(s.n_kv) * double(m.head_dim) *
                            act_bytes(r);
-    const double mem_s = (w_bytes + kv_read) / rate.bw;
+    const double mem_s = w_bytes / rate.bw;
     const double attn_flops = double(st.layers) * 4.0 * tokens * positions * double(s.n_heads) * double(m.head_dim);
     // The head runs for the sampled rows only (one per sequence; at most `tokens`), at the float
-    // rate unless it is quantized; attention runs on the vector units at the float rate.
+    // rate unless it is quantized. Attention is its own kernel with its own roofline: the KV it
+    // reads against its achieved rate.
     const double head_rows = std::min(tokens, double(r.batch));
     const bool head_int8 = r.quant == PlanQuant::kW8A8 && r.quant_head;
     const double comp_s = 2.0 * tokens * st.linear_params / (r.quant == PlanQuant::kW8A8 ? rate.int8 : rate.fp) +
-                          2.0 * head_rows * st.head_params / (head_int8 ? rate.int8 : rate.fp) + attn_flops / rate.fp;
+                          2.0 * head_rows * st.head_params / (head_int8 ? rate.int8 : rate.fp);
+    const double attn_s = std::max(kv_read / rate.bw, attn_flops / rate.attn);
     StageTime t;
-    t.compute_bound = comp_s > mem_s;
+    t.compute_bound = comp_s + attn_flops / rate.attn > mem_s + kv_read / rate.bw;
     t.comm = double(st.layers) * 2.0 * allreduce_s(r.link, tp, tokens * double(m.hidden) * act_bytes(r));
     if (st.head_params > 0 && tp > 1)  // the gathered logits of the sampled rows
         t.comm += allreduce_s(r.link, tp, tokens * double(s.vocab_per_rank) * 4.0 * double(tp) / 2.0);
-    t.total = std::max(mem_s, comp_s) + (1.0 - r.device.overlap) * std::min(mem_s, comp_s) + t.comm + double(st.layers) * r.device.layer_overhead_us * 1e-6;
+    t.total = std::max(mem_s, comp_s) + (1.0 - r.device.overlap) * std::min(mem_s, comp_s) + attn_s + t.comm +
+              double(st.layers) * r.device.layer_overhead_us * 1e-6;
     return t;
 }
 
@@ -304,8 +312,12 @@ LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
         x.int8 = d.int8_tops * d.compute_eff * 1e12;
         if (d.node_int8_tops > 0) x.int8 = std::min(x.int8, d.node_int8_tops * d.compute_eff * 1e12 / n);
         x.fp = d.fp16_tflops * d.compute_eff * 1e12;
-        if (d.node_int8_tops > 0 && d.int8_tops > 0)  // the float units share the cores the same way
-            x.fp *= std::min(1.0, d.node_int8_tops / (d.int8_tops * n));
+        x.attn = d.attn_tflops > 0 ? d.attn_tflops * 1e12 : x.fp;
+        if (d.node_int8_tops > 0 && d.int8_tops > 0) {  // the float units share the cores the same way
+            const double share = std::min(1.0, d.node_int8_tops / (d.int8_tops * n));
+            x.fp *= share;
+            x.attn *= share;
+        }
         return x;
     };
     // The step plan reaches every rank (a broadcast) before each forward.
@@ -333,16 +345,19 @@ LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
     // Prefill: chunks of at most max_batch_tokens flow through the stages (a pipeline when pp > 1).
     // With pp > 1 the engine's scheduler also caps a step at ceil(sequences / pp) sequences, so the
     // prompts of a batch split into micro-batches that pipeline (runtime/engine/scheduler.cpp).
+    // One chunk's way through the stages (the pipeline's fill and drain) runs one stage at a time,
+    // at the rate of its TP group alone; the other chunks follow a step behind the slowest stage,
+    // while up to min(chunks, pp) stages compute at once and share the node (CPU ranks).
     auto prefill_s = [&](double tokens, double per_step) {
         const double chunk = std::min({tokens, per_step, double(r.max_batch_tokens)});
         const double chunks = std::ceil(tokens / chunk);
-        const int act = std::min(ranks_per_node, tp * int(std::min<double>(chunks, pp)));
+        const int alone = std::min(ranks_per_node, tp);
+        const int together = std::min(ranks_per_node, tp * int(std::min<double>(chunks, pp)));
         double s = 0, worst = 0;
         for (const StageShape& st : stages) {
             // each chunk attends to half the prompt on average
-            const StageTime t = stage_time(r, st, tp, chunk, double(r.prompt) / 2.0, rank_rates(act));
-            s += t.total;
-            worst = std::max(worst, t.total);
+            s += stage_time(r, st, tp, chunk, double(r.prompt) / 2.0, rank_rates(alone)).total;
+            worst = std::max(worst, stage_time(r, st, tp, chunk, double(r.prompt) / 2.0, rank_rates(together)).total);
         }
         return s + (chunks - 1.0) * worst + handoff_s(chunk) + chunks * plan_s;
     };

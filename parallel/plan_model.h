@@ -10,9 +10,11 @@
 // - KV cache: batch x context positions x local kv heads x head_dim x 2 (k, v) per layer;
 // - activations: one forward of max_batch_tokens (launch's `info` uses the same estimate);
 // - reserved: the device's fixed overhead (CUDA context, cuBLASLt workspace, NCCL buffers).
-// Step time of a stage = max(bytes read / achievable bandwidth, ops / achievable peak) (roofline;
-// plus (1 - overlap) x the smaller of the two where the device does not overlap them) + 2 all-reduces per layer (ring alpha-beta: 2(n-1) alpha + 2(n-1)/n bytes / bw) + a fixed
-// per-layer overhead; stages hand off one activation per micro-batch (alpha + bytes / bw).
+// Step time of a stage = the linear layers' roofline max(weight bytes / achievable bandwidth, ops /
+// achievable peak) (plus (1 - overlap) x the smaller of the two where the device does not overlap
+// them) + attention's, max(KV bytes / bandwidth, attention FLOPs / attention's achieved rate) + 2
+// all-reduces per layer (ring alpha-beta: 2(n-1) alpha + 2(n-1)/n bytes / bw) + a fixed per-layer
+// overhead; stages hand off one activation per micro-batch (alpha + bytes / bw).
 // With pp > 1 the engine keeps min(batch, pp) micro-batches in flight: a decode round takes
 // max(m x slowest stage, sum of stages + hand-offs), and yields one token per sequence.
 #pragma once
@@ -37,6 +39,9 @@ struct DeviceSpec {
     double bw_gbs = 0;       // memory bandwidth per device (datasheet; CPU: one core, measured)
     double int8_tops = 0;    // dense INT8 peak (TOPS)
     double fp16_tflops = 0;  // dense FP16/BF16 peak (TFLOPS); CPU: f32
+    // What the attention kernels achieve (TFLOPS of QK and PV); 0: fp16_tflops x compute_eff (GPUs,
+    // an assumption). CPU: measured (bench_attention --queries 64), far below the f32 peak.
+    double attn_tflops = 0;
     double bw_eff = 1.0;     // achievable fraction of bw_gbs
     double compute_eff = 1.0;  // achievable fraction of the peaks for the GEMMs of a forward
     double reserved_gib = 0;   // fixed per-device overhead (context, workspaces, communicator buffers)

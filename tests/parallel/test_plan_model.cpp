@@ -144,6 +144,7 @@ TEST_CASE("CPU ranks of one node share its memory bandwidth and memory") {
     c.device.bw_gbs = 10;
     c.device.node_bw_gbs = 15;  // two ranks streaming get 7.5 each, not 10
     c.device.overlap = 1.0;     // (the bandwidth alone: compute hidden under the stream)
+    c.device.attn_tflops = 10;  // (and attention's compute, which splits over tp, out of the way)
     c.link = find_link("shm");
     c.inter_node = find_link("ib-hdr");
     c.devices = 2;
@@ -177,6 +178,52 @@ TEST_CASE("CPU ranks of one node share its memory bandwidth and memory") {
     const auto p = predict_layout(c, 2, 1);
     CHECK(p.memory.total() < 1.0 * kGiB);
     CHECK_FALSE(p.fits);
+}
+
+TEST_CASE("attention has its own achieved rate, apart from the float peak") {
+    PlanRequest c;
+    c.model = tinyllama();
+    c.device = find_device("cpu");
+    c.link = find_link("shm");
+    c.inter_node = find_link("ib-hdr");
+    c.devices = 1;
+    c.prompt = 512;  // two chunks of 256 tokens, each attending to 256 positions on average
+    const double x = 0.02;
+    auto prefill_s = [&](double attn_tflops) {
+        PlanRequest q = c;
+        q.device.attn_tflops = attn_tflops;
+        return 512.0 / predict_layout(q, 1, 1).prefill_tokens_per_s;
+    };
+    // the attention FLOPs of the prompt: 2 chunks x layers x 4 x 256 tokens x 256 positions x heads x head_dim
+    const double flops = 2.0 * 22 * 4 * 256.0 * 256.0 * 32 * 64;
+    const double extra = prefill_s(x / 2) - prefill_s(x);
+    CHECK(extra == doctest::Approx(flops / (x * 1e12)).epsilon(0.01));
+    // 0 falls back to the float rate (the GPUs' entries)
+    CHECK(prefill_s(0) == doctest::Approx(prefill_s(c.device.fp16_tflops * c.device.compute_eff)));
+    CHECK(prefill_s(0) < prefill_s(x));
+}
+
+TEST_CASE("a pipelined prefill's fill and drain run one stage at a time, at its own rate") {
+    PlanRequest c;
+    c.model = tinyllama();
+    c.device = find_device("cpu");
+    c.link = find_link("shm");
+    c.inter_node = find_link("ib-hdr");
+    c.devices = 2;
+    c.batch = 2;  // two prompts: with pp 2 the scheduler makes them two micro-batches
+    c.prompt = 128;
+    c.device.node_bw_gbs = 0;
+    auto prefill_s = [&](double node_int8_tops) {
+        PlanRequest q = c;
+        q.device.node_int8_tops = node_int8_tops;
+        return double(q.batch * q.prompt) / predict_layout(q, 1, 2).prefill_tokens_per_s;
+    };
+    // Slots: stage 0 alone, both stages (sharing the node's int8 units), stage 1 alone. With two
+    // ranks on one rank's worth of int8 units only the middle slot slows down (compute-bound
+    // chunks): ~4/3 of the unshared time, not 2x.
+    const double ratio = prefill_s(c.device.int8_tops) / prefill_s(0);
+    CHECK(ratio > 1.2);
+    CHECK(ratio < 1.4);
 }
 
 TEST_CASE("the recommendation is the fastest layout that fits") {
