@@ -5,8 +5,10 @@
 //  - keys are walked in tiles of kTile positions aligned to position 0; each tile is gathered
 //    through the block table once per unit, K transposed ([head_dim][kTile]) so the scores of a
 //    query row against the whole tile vectorize over positions with no horizontal sums;
-//  - online softmax per query row (running max, running sum, rescaled accumulator), the weights by
-//    a vectorizable exp (exp_neg below).
+//  - the query heads of one token share a tile's bound, so they go through it together, in
+//    register blocks of up to 8 rows (tile_rows): scores as a small GEMM against the transposed
+//    tile, online softmax per row (running max, running sum, rescaled accumulator; the weights by
+//    a vectorizable exp, exp_neg below), then the weighted V rows as a small GEMM.
 // Every query row's arithmetic depends only on its own q and on positions 0..pos of its sequence,
 // in a fixed order (tiles from position 0, d then j), never on which other tokens share its batch
 // or run: chunked prefill, batched decode and single-token decode give bit-identical rows.
@@ -31,44 +33,103 @@ constexpr int64_t kRun = 16;   // query tokens per work unit
 // e^x for x <= 0 (softmax weights), written to vectorize: x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite
 // split of ln2), e^r by its degree-6 Taylor polynomial (relative error < 2e-7 on that range), 2^n through
 // the exponent bits. x below -87 gives e^-87 ~ 1.6e-38 instead of a denormal (it only ever scales zeros).
+// n = round(x / ln2) by the 1.5 x 2^23 trick (no floor call, branch-free: the loops that call this
+// vectorize; |x / ln2| < 2^22 here).
 inline float exp_neg(float x) {
-    x = std::max(x, -87.0f);
-    const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+    x = x > -87.0f ? x : -87.0f;
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
     const float p =
         1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
     return p * std::bit_cast<float>((int32_t(n) + 127) << 23);
 }
 
-// s[j] = sum_d q[d] * kt[d][j] for j < kTile (kt padded with zeros past the valid positions).
-LATTICE_MULTIVERSION void tile_scores(float* s, const float* q, const float* kt, int64_t hd) {
-    for (int64_t j = 0; j < kTile; ++j) s[j] = 0.0f;
+// The three steps of a query row against one K/V tile, for the `rows` query heads of one token
+// (they share the tile and the causal bound `valid`), in blocks of up to kRows rows so that every K
+// and V element loaded serves several rows and the accumulators stay in registers. Each row's
+// arithmetic is the same sequence of operations whatever the block (vectorized over positions and
+// head dimensions, never across rows), so the result does not depend on the block sizes.
+constexpr int kRows = 8;
+
+// s[r][j] = sum_d q[r][d] * kt[d][j] for j < kTile (kt padded with zeros past the valid positions),
+// summed in order of d.
+template <int R>
+[[gnu::always_inline]] inline void scores_rows(float* __restrict s, const float* __restrict q,
+                                               const float* __restrict kt, int64_t hd) {
+    float acc[R][kTile] = {};
     for (int64_t d = 0; d < hd; ++d) {
-        const float qd = q[d];
         const float* k = kt + d * kTile;
-        for (int64_t j = 0; j < kTile; ++j) s[j] += qd * k[j];
+        for (int r = 0; r < R; ++r) {
+            const float qd = q[r * hd + d];
+            for (int64_t j = 0; j < kTile; ++j) acc[r][j] += qd * k[j];
+        }
     }
+    for (int r = 0; r < R; ++r)
+        for (int64_t j = 0; j < kTile; ++j) s[r * kTile + j] = acc[r][j];
 }
 
-// One online-softmax step of a query row over the first `valid` scores of a tile.
-LATTICE_MULTIVERSION void tile_update(float* acc, float& m, float& l, float* s, int64_t valid, const float* v,
-                                      int64_t hd) {
-    float mt = m;
-    for (int64_t j = 0; j < valid; ++j) mt = std::max(mt, s[j]);
-    const float rescale = exp_neg(m - mt);
-    float sum = 0.0f;
-    for (int64_t j = 0; j < valid; ++j) {
-        s[j] = exp_neg(s[j] - mt);
-        sum += s[j];
+// acc[r][d] += sum_j p[r][j] * v[j][d] over j < valid, in order of j.
+template <int R>
+[[gnu::always_inline]] inline void pv_rows(float* __restrict acc, const float* __restrict p, int64_t valid,
+                                           const float* __restrict v, int64_t hd) {
+    constexpr int64_t kD = 16;
+    int64_t d0 = 0;
+    for (; d0 + kD <= hd; d0 += kD) {
+        float a[R][kD];
+        for (int r = 0; r < R; ++r)
+            for (int64_t x = 0; x < kD; ++x) a[r][x] = acc[r * hd + d0 + x];
+        for (int64_t j = 0; j < valid; ++j) {
+            const float* vr = v + j * hd + d0;
+            for (int r = 0; r < R; ++r) {
+                const float pj = p[r * kTile + j];
+                for (int64_t x = 0; x < kD; ++x) a[r][x] += pj * vr[x];
+            }
+        }
+        for (int r = 0; r < R; ++r)
+            for (int64_t x = 0; x < kD; ++x) acc[r * hd + d0 + x] = a[r][x];
     }
-    l = l * rescale + sum;
-    m = mt;
-    for (int64_t d = 0; d < hd; ++d) acc[d] *= rescale;
-    for (int64_t j = 0; j < valid; ++j) {
-        const float p = s[j];
-        const float* vr = v + j * hd;
-        for (int64_t d = 0; d < hd; ++d) acc[d] += p * vr[d];
+    if (d0 < hd)  // a head_dim that is not a multiple of 16: the rest one column at a time
+        for (int r = 0; r < R; ++r)
+            for (int64_t j = 0; j < valid; ++j) {
+                const float pj = p[r * kTile + j];
+                const float* vr = v + j * hd;
+                for (int64_t d = d0; d < hd; ++d) acc[r * hd + d] += pj * vr[d];
+            }
+}
+
+template <int R>
+[[gnu::always_inline]] inline void rows_block(float* acc, float* m, float* l, float* s, const float* q,
+                                              const float* kt, const float* v, int64_t valid, int64_t hd) {
+    scores_rows<R>(s, q, kt, hd);
+    // online softmax, one row at a time: running max, rescale, weights into s
+    for (int r = 0; r < R; ++r) {
+        float* sr = s + r * kTile;
+        float mt = m[r];
+        for (int64_t j = 0; j < valid; ++j) mt = std::max(mt, sr[j]);
+        const float rescale = exp_neg(m[r] - mt);
+        for (int64_t j = 0; j < kTile; ++j) {  // the whole tile, so that it vectorizes; zero past valid
+            const float e = exp_neg(sr[j] - mt);
+            sr[j] = j < valid ? e : 0.0f;
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < valid; ++j) sum += sr[j];
+        l[r] = l[r] * rescale + sum;
+        m[r] = mt;
+        float* ar = acc + r * hd;
+        for (int64_t d = 0; d < hd; ++d) ar[d] *= rescale;
     }
+    pv_rows<R>(acc, s, valid, v, hd);
+}
+
+// One tile for `rows` query rows (consecutive in q, acc, m, l) that share `valid`; s holds
+// kRows x kTile floats of scratch.
+LATTICE_MULTIVERSION void tile_rows(float* acc, float* m, float* l, float* s, const float* q, const float* kt,
+                                    const float* v, int64_t valid, int64_t hd, int64_t rows) {
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8) rows_block<8>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, valid, hd);
+    if (r + 4 <= rows) rows_block<4>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, valid, hd), r += 4;
+    if (r + 2 <= rows) rows_block<2>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, valid, hd), r += 2;
+    if (r < rows) rows_block<1>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, valid, hd);
 }
 
 struct Scratch {
@@ -126,7 +187,7 @@ void attention(float* out, const float* qkv, float* k_cache, float* v_cache, con
         sc.l.resize(sc.m.size());
         sc.kt.resize(size_t(hd * kTile));
         sc.v.resize(size_t(kTile * hd));
-        sc.s.resize(size_t(kTile));
+        sc.s.resize(size_t(kRows * kTile));
         for (int64_t u = u0; u < u1; ++u) {
             const auto [t0, n] = runs[size_t(u / nkv)];
             const int64_t g = u % nkv, seq = seqs[t0];
@@ -156,12 +217,9 @@ void attention(float* out, const float* qkv, float* k_cache, float* v_cache, con
                     const int64_t pos = positions[t0 + i];
                     if (pos < j0) continue;
                     const int64_t valid = std::min(jn, pos - j0 + 1);
-                    for (int64_t hh = 0; hh < group; ++hh) {
-                        const int64_t r = i * group + hh;
-                        tile_scores(sc.s.data(), sc.q.data() + r * hd, sc.kt.data(), hd);
-                        tile_update(sc.acc.data() + r * hd, sc.m[size_t(r)], sc.l[size_t(r)], sc.s.data(), valid,
-                                    sc.v.data(), hd);
-                    }
+                    const int64_t r = i * group;  // the token's query heads: rows r .. r + group - 1
+                    tile_rows(sc.acc.data() + r * hd, sc.m.data() + r, sc.l.data() + r, sc.s.data(),
+                              sc.q.data() + r * hd, sc.kt.data(), sc.v.data(), valid, hd, group);
                 }
             }
             for (int64_t i = 0; i < n; ++i)
