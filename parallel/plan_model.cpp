@@ -69,10 +69,11 @@ const std::vector<DeviceSpec>& device_table() {
         c.node_bw_gbs = 33;     // both ranks streaming at once
         c.int8_tops = 0.43;     // W8A8 GEMM of one core at prefill sizes (TinyLlama's shapes)
         c.fp16_tflops = 0.10;   // f32 per core (assumed: ~half the AVX-512 FMA peak; not measured)
-        // f32 paged attention of one core: 9.5-11.7 GFLOP/s for 64-token prefill chunks and 7.5-8.9
-        // for decode (bench_attention, TinyLlama's heads, 2-vCPU Xeon VM, 2026-12-03; not measured
-        // on the Zen 4 VM the other figures come from).
-        c.attn_tflops = 0.010;
+        // f32 paged attention of one core: 38.5-40.6 GFLOP/s for 64-token prefill chunks, 14.0-14.9
+        // for decode (bench_attention, TinyLlama's heads, 2-vCPU Xeon VM, 2026-12-03, after the
+        // register-blocked kernel; 10 and 7.5 before it); not measured on the Zen 4 VM the other
+        // figures come from.
+        c.attn_tflops = 0.040;
         c.bw_eff = 1.0;         // the figures above are achieved rates already
         c.compute_eff = 1.0;
         c.reserved_gib = 0.1;

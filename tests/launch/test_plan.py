@@ -36,21 +36,15 @@ import glob
 build = os.path.dirname(os.path.dirname(lattice))
 records = sorted(glob.glob(os.path.join(root, "benchmarks/results/*/plan_validation.json")))
 check(len(records) >= 1, f"there are recorded validation runs ({records})")
-checked = 0
 for record in records:
-    doc = json.load(open(record))
-    if doc.get("retired"):  # a record of a machine that can no longer be re-measured, with the reason
-        print(f"SKIP {record}: retired: {doc['retired']}")
-        continue
-    checked += 1
     r = subprocess.run([sys.executable, os.path.join(root, "benchmarks/validate_plan.py"), "--build", build, "--check",
                         record], capture_output=True, text=True, timeout=300)
     print(record + "\n" + r.stdout + r.stderr)
+    doc = json.load(open(record))
     layouts = {(x["tp"], x["pp"]) for x in doc["runs"]}
     check(len(layouts) >= 3 and {(1, 1), (2, 1), (1, 2)} <= layouts,
           f"{record}: the record covers 1x1, 2x1 and 1x2 ({sorted(layouts)})")
     check(r.returncode == 0, f"{record}: every recorded run is predicted within 25% (decode and prefill tokens/s)")
-check(checked >= 1, f"at least one record is checked ({checked} of {len(records)})")
 
 # 2. the command
 r = plan("--model", "llama-2-70b", "--gpus", "4", "--gpu", "a100-pcie-40gb")
