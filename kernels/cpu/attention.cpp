@@ -126,7 +126,8 @@ template <int R>
 LATTICE_MULTIVERSION void tile_rows(float* acc, float* m, float* l, float* s, const float* q, const float* kt,
                                     const float* v, int64_t valid, int64_t hd, int64_t rows) {
     int64_t r = 0;
-    for (; r + 8 <= rows; r += 8) rows_block<8>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, valid, hd);
+    for (; r + kRows <= rows; r += kRows)
+        rows_block<kRows>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, valid, hd);
     if (r + 4 <= rows) rows_block<4>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, valid, hd), r += 4;
     if (r + 2 <= rows) rows_block<2>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, valid, hd), r += 2;
     if (r < rows) rows_block<1>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, valid, hd);

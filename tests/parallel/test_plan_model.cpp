@@ -36,6 +36,16 @@ PlanRequest a100(int gpus, PlanQuant q) {
     r.quant = q;
     return r;
 }
+// TinyLlama on `devices` CPU ranks of one node (the table's cpu entry, shared memory between them).
+PlanRequest tinyllama_on_cpu(int devices) {
+    PlanRequest c;
+    c.model = tinyllama();
+    c.device = find_device("cpu");
+    c.link = find_link("shm");
+    c.inter_node = find_link("ib-hdr");
+    c.devices = devices;
+    return c;
+}
 }  // namespace
 
 TEST_CASE("kv cache and activation bytes follow the shard") {
@@ -125,12 +135,7 @@ TEST_CASE("a batch fills the pipeline and turns decode compute bound") {
     const double pp8 = predict_layout(r, 1, 8).decode_tokens_per_s;
     CHECK(pp8 > 6.0 * pp1);
     // CPU at a large batch: int8 compute, not bandwidth, bounds it
-    PlanRequest c;
-    c.model = tinyllama();
-    c.device = find_device("cpu");
-    c.link = find_link("shm");
-    c.inter_node = find_link("ib-hdr");
-    c.devices = 1;
+    PlanRequest c = tinyllama_on_cpu(1);
     c.batch = 64;
     CHECK(predict_layout(c, 1, 1).bound == "compute");
     c.batch = 1;
@@ -138,16 +143,11 @@ TEST_CASE("a batch fills the pipeline and turns decode compute bound") {
 }
 
 TEST_CASE("CPU ranks of one node share its memory bandwidth and memory") {
-    PlanRequest c;
-    c.model = tinyllama();
-    c.device = find_device("cpu");
+    PlanRequest c = tinyllama_on_cpu(2);
     c.device.bw_gbs = 10;
     c.device.node_bw_gbs = 15;  // two ranks streaming get 7.5 each, not 10
     c.device.overlap = 1.0;     // (the bandwidth alone: compute hidden under the stream)
     c.device.attn_tflops = 10;  // (and attention's compute, which splits over tp, out of the way)
-    c.link = find_link("shm");
-    c.inter_node = find_link("ib-hdr");
-    c.devices = 2;
     const double one = [&] {
         PlanRequest s = c;
         s.devices = 1;
@@ -181,12 +181,7 @@ TEST_CASE("CPU ranks of one node share its memory bandwidth and memory") {
 }
 
 TEST_CASE("attention has its own achieved rate, apart from the float peak") {
-    PlanRequest c;
-    c.model = tinyllama();
-    c.device = find_device("cpu");
-    c.link = find_link("shm");
-    c.inter_node = find_link("ib-hdr");
-    c.devices = 1;
+    PlanRequest c = tinyllama_on_cpu(1);
     c.prompt = 512;  // two chunks of 256 tokens, each attending to 256 positions on average
     const double x = 0.02;
     auto prefill_s = [&](double attn_tflops) {
@@ -204,12 +199,7 @@ TEST_CASE("attention has its own achieved rate, apart from the float peak") {
 }
 
 TEST_CASE("a pipelined prefill's fill and drain run one stage at a time, at its own rate") {
-    PlanRequest c;
-    c.model = tinyllama();
-    c.device = find_device("cpu");
-    c.link = find_link("shm");
-    c.inter_node = find_link("ib-hdr");
-    c.devices = 2;
+    PlanRequest c = tinyllama_on_cpu(2);
     c.batch = 2;  // two prompts: with pp 2 the scheduler makes them two micro-batches
     c.prompt = 128;
     c.device.node_bw_gbs = 0;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -20,6 +21,29 @@ std::vector<float> rand_vec(size_t n, std::mt19937& rng, float lo = -1, float hi
     std::vector<float> v(n);
     for (auto& x : v) x = u(rng);
     return v;
+}
+
+// The reference for cpu::attention: query head h of token t over the K/V rows of the tokens `src`
+// (rows of qkv, [token][(nh + 2 nkv) hd]), a naive softmax in double. Returns head_dim values.
+std::vector<double> naive_attention(const std::vector<float>& qkv, int64_t nh, int64_t nkv, int64_t hd, double scale,
+                                    int64_t t, int64_t h, const std::vector<int64_t>& src) {
+    const int64_t row = (nh + 2 * nkv) * hd, g = h / (nh / nkv);
+    std::vector<double> s;
+    double mx = -1e300;
+    for (int64_t u : src) {
+        double d = 0;
+        for (int64_t i = 0; i < hd; ++i)
+            d += double(qkv[size_t(t * row + h * hd + i)]) * qkv[size_t(u * row + (nh + g) * hd + i)];
+        s.push_back(d * scale);
+        mx = std::max(mx, s.back());
+    }
+    double sum = 0;
+    for (auto& e : s) sum += (e = std::exp(e - mx));
+    std::vector<double> o(size_t(hd), 0.0);
+    for (int64_t i = 0; i < hd; ++i)
+        for (size_t j = 0; j < src.size(); ++j)
+            o[size_t(i)] += s[j] / sum * qkv[size_t(src[j] * row + (nh + nkv + g) * hd + i)];
+    return o;
 }
 }  // namespace
 
@@ -91,27 +115,14 @@ TEST_CASE("attention: causal GQA over two sequences of a paged cache equals a na
     cpu::attention(out.data(), qkv.data(), kc.data(), vc.data(), pos.data(), slot.data(), m, a, pool);
     for (int64_t t = 0; t < m; ++t)
         for (int64_t h = 0; h < nh; ++h) {
-            const int64_t g = h / (nh / nkv);
             // keys/values of the same slot with position <= pos[t]
             std::vector<int64_t> src;
             for (int64_t u = 0; u < m; ++u)
                 if (slot[size_t(u)] == slot[size_t(t)] && pos[size_t(u)] <= pos[size_t(t)]) src.push_back(u);
-            std::vector<double> s;
-            double mx = -1e300;
-            for (int64_t u : src) {
-                double d = 0;
-                for (int64_t i = 0; i < hd; ++i)
-                    d += double(qkv[size_t(t * row + h * hd + i)]) * qkv[size_t(u * row + (nh + g) * hd + i)];
-                s.push_back(d * a.scale);
-                mx = std::max(mx, s.back());
-            }
-            double sum = 0;
-            for (auto& e : s) sum += (e = std::exp(e - mx));
-            for (int64_t i = 0; i < hd; ++i) {
-                double o = 0;
-                for (size_t j = 0; j < src.size(); ++j) o += s[j] / sum * qkv[size_t(src[j] * row + (nh + nkv + g) * hd + i)];
-                CHECK(out[size_t(t * nh * hd + h * hd + i)] == doctest::Approx(o).epsilon(1e-4).scale(1.0));
-            }
+            const std::vector<double> o = naive_attention(qkv, nh, nkv, hd, a.scale, t, h, src);
+            for (int64_t i = 0; i < hd; ++i)
+                CHECK(out[size_t(t * nh * hd + h * hd + i)] ==
+                      doctest::Approx(o[size_t(i)]).epsilon(1e-4).scale(1.0));
         }
 }
 
@@ -144,23 +155,12 @@ TEST_CASE("attention: many tiles, GQA groups of 8 and 6, a prompt in one call eq
         // against a naive softmax in double, for a few rows
         for (int64_t t : {int64_t(0), int64_t(31), int64_t(32), int64_t(74)})
             for (int64_t h : {int64_t(0), nh - 1}) {
-                const int64_t g = h / (nh / nkv);
-                std::vector<double> sc;
-                double mx = -1e300;
-                for (int64_t u = 0; u <= t; ++u) {
-                    double d = 0;
-                    for (int64_t i = 0; i < hd; ++i)
-                        d += double(qkv[size_t(t * row + h * hd + i)]) * qkv[size_t(u * row + (nh + g) * hd + i)];
-                    sc.push_back(d * a.scale);
-                    mx = std::max(mx, sc.back());
-                }
-                double sum = 0;
-                for (auto& e : sc) sum += (e = std::exp(e - mx));
-                for (int64_t i = 0; i < hd; ++i) {
-                    double o = 0;
-                    for (int64_t u = 0; u <= t; ++u) o += sc[size_t(u)] / sum * qkv[size_t(u * row + (nh + nkv + g) * hd + i)];
-                    CHECK(all[size_t(t * nh * hd + h * hd + i)] == doctest::Approx(o).epsilon(1e-4).scale(1.0));
-                }
+                std::vector<int64_t> src(size_t(t + 1));
+                std::iota(src.begin(), src.end(), int64_t(0));  // the sequence's positions 0 .. t
+                const std::vector<double> o = naive_attention(qkv, nh, nkv, hd, a.scale, t, h, src);
+                for (int64_t i = 0; i < hd; ++i)
+                    CHECK(all[size_t(t * nh * hd + h * hd + i)] ==
+                          doctest::Approx(o[size_t(i)]).epsilon(1e-4).scale(1.0));
             }
     }
 }
