@@ -1,4 +1,5 @@
-// Process memory introspection for stats and tests: resident set size (now and peak) from /proc/self/status.
+// Process memory introspection for stats and tests: resident set size (now and peak) from /proc/self/status;
+// the GiB unit that memory is reported in.
 #pragma once
 
 #include <cstdint>
@@ -6,6 +7,10 @@
 #include <string>
 
 namespace lattice {
+
+inline constexpr int64_t kGiB = int64_t(1) << 30;
+
+inline double to_gib(double bytes) { return bytes / double(kGiB); }
 
 // Current resident set (VmRSS) in bytes; 0 where /proc is unavailable.
 inline int64_t resident_bytes() {

@@ -32,8 +32,8 @@ struct ConvertArgs {
     double comm_timeout = 600;
 };
 
-std::string gib(int64_t b) {
-    return fmt::format("{:.2f} GiB", double(b) / double(int64_t(1) << 30));
+std::string gib_text(int64_t b) {
+    return fmt::format("{:.2f} GiB", to_gib(double(b)));
 }
 
 class Bar {
@@ -56,11 +56,11 @@ public:
             const int width = 30;
             const int fill = p.bytes_total > 0 ? int(width * double(p.bytes_done) / double(p.bytes_total)) : width;
             print_stderr(fmt::format("\r[{}{}] {} / {}  {:.1f} MB/s  ETA {}  file {}/{}  ", std::string(size_t(fill), '#'),
-                       std::string(size_t(width - fill), '.'), gib(p.bytes_done), gib(p.bytes_total), rate / 1e6, eta,
+                       std::string(size_t(width - fill), '.'), gib_text(p.bytes_done), gib_text(p.bytes_total), rate / 1e6, eta,
                        p.files_done, p.files_total));
         } else {
-            print_stderr(fmt::format("convert: {} / {} ({:.1f} MB/s, ETA {}), {} of {} files{}\n", gib(p.bytes_done),
-                       gib(p.bytes_total), rate / 1e6, eta, p.files_done, p.files_total,
+            print_stderr(fmt::format("convert: {} / {} ({:.1f} MB/s, ETA {}), {} of {} files{}\n", gib_text(p.bytes_done),
+                       gib_text(p.bytes_total), rate / 1e6, eta, p.files_done, p.files_total,
                        file_done ? ", finished " + p.file : ""));
         }
         std::fflush(stderr);
@@ -118,7 +118,7 @@ int run_convert(const ConvertArgs& a) {
         int64_t total = 0;
         for (const auto& f : r.manifest.files) total += f.bytes;
         print_stdout("converted {} -> {}: {} files, {} in {:.1f} s; peak resident memory {:.0f} MiB (rank 0)\n",
-                   src->describe(), r.folder, r.manifest.files.size() + 1, gib(total), r.seconds,
+                   src->describe(), r.folder, r.manifest.files.size() + 1, gib_text(total), r.seconds,
                    double(peak_resident_bytes()) / (1 << 20));
     }
     return 0;

@@ -9,6 +9,7 @@
 // what quantization each gets), so the estimate follows the code that loads; bytes per element
 // follow the CPU backend (float weights keep the checkpoint's precision, int8 linears hold one byte
 // per weight plus f32 scales and column sums) or, with --device cuda, 16-bit floats.
+#include "base/memory.h"
 #include "launch/cli.h"
 #include "launch/cli_common.h"
 #include "parallel/plan_model.h"
@@ -37,7 +38,6 @@ struct InfoArgs {
     std::string device = "cpu";
 };
 
-double gib(double bytes) { return bytes / double(int64_t(1) << 30); }
 
 // The memory of the largest rank of the layout (tp rank 0 of each stage; TP ranks of a stage differ
 // by at most a vocabulary row).
@@ -77,7 +77,7 @@ void print_memory(const TensorSource& src, const InfoArgs& a) {
     print_stdout("memory per rank (quant {}{}, tp {} x pp {}, {}, context {}): {:.3f} GiB = weights {:.3f} GiB + KV "
                  "cache {:.3f} GiB per sequence of {} positions + activations ~{:.3f} GiB ({} tokens per step){}\n",
                  quant_mode_name(mo.quant), mo.quant_head && mo.quant != QuantMode::kNone ? " + head" : "", a.tp,
-                 a.pp, cuda ? "cuda" : "cpu", max_seq, gib(best), gib(best_w), gib(best_kv), max_seq, gib(best_act),
+                 a.pp, cuda ? "cuda" : "cpu", max_seq, to_gib(best), to_gib(best_w), to_gib(best_kv), max_seq, to_gib(best_act),
                  a.max_batch_tokens, a.pp > 1 ? fmt::format(" (largest: pp stage {})", best_stage) : "");
 }
 
@@ -128,7 +128,7 @@ void add_info_command(CLI::App& app, CommandRun& run) {
                           src->describe(), params, listed);
             print_stdout("parameters: {} ({:.3f} B)\n", params, double(params) * 1e-9);
             print_stdout("weight bytes in checkpoint: {} ({:.3f} GiB)\n", src->total_bytes(),
-                         double(src->total_bytes()) / double(1 << 30));
+                         to_gib(double(src->total_bytes())));
             if (src->prepared())
                 print_stdout("memory per rank: see the manifest (a converted folder runs on the layout it holds)\n");
             else

@@ -3,6 +3,7 @@
 // parallel/plan_model.cpp). --calibration replaces the cpu entry's figures (or any device's) with
 // measured ones (benchmarks/validate_plan.py writes such a file). Exit 0 when some layout fits,
 // 1 (with the reason) when none does.
+#include "base/memory.h"
 #include "launch/cli.h"
 #include "launch/cli_common.h"
 
@@ -86,7 +87,6 @@ void apply_calibration(const std::string& path, DeviceSpec& d, LinkSpec& l) {
     }
 }
 
-double gib(double b) { return b / double(int64_t(1) << 30); }
 
 int run_plan(const PlanArgs& a) {
     PlanRequest r;
@@ -146,9 +146,9 @@ int run_plan(const PlanArgs& a) {
                 l["why_not"] = p.why_not;
             } else {
                 l["fits"] = p.fits;
-                l["memory_gib"] = {{"weights", gib(p.memory.weights)},   {"kv_cache", gib(p.memory.kv)},
-                                   {"activations", gib(p.memory.activations)}, {"reserved", gib(p.memory.reserved)},
-                                   {"total", gib(p.memory.total())},       {"heaviest_stage", p.memory.heaviest_stage}};
+                l["memory_gib"] = {{"weights", to_gib(p.memory.weights)},   {"kv_cache", to_gib(p.memory.kv)},
+                                   {"activations", to_gib(p.memory.activations)}, {"reserved", to_gib(p.memory.reserved)},
+                                   {"total", to_gib(p.memory.total())},       {"heaviest_stage", p.memory.heaviest_stage}};
                 l["decode_tokens_per_s"] = p.decode_tokens_per_s;
                 l["decode_token_latency_ms"] = p.decode_token_latency_ms;
                 l["prefill_tokens_per_s"] = p.prefill_tokens_per_s;
@@ -178,8 +178,8 @@ int run_plan(const PlanArgs& a) {
         }
         print_stdout("{:>3} {:>3} | {:>7.2f}G {:>7.2f}G {:>5.2f}G {:>7.2f}G {:>4} | {:>9.1f} {:>9.2f} {:>10.0f} {:>9.0f} "
                      "{:>4.0f}% {:>7}{}\n",
-                     p.tp, p.pp, gib(p.memory.weights), gib(p.memory.kv), gib(p.memory.activations),
-                     gib(p.memory.total()), p.fits ? "yes" : "NO", p.decode_tokens_per_s, p.decode_token_latency_ms,
+                     p.tp, p.pp, to_gib(p.memory.weights), to_gib(p.memory.kv), to_gib(p.memory.activations),
+                     to_gib(p.memory.total()), p.fits ? "yes" : "NO", p.decode_tokens_per_s, p.decode_token_latency_ms,
                      p.prefill_tokens_per_s, p.ttft_ms, 100.0 * p.comm_share, p.bound,
                      cost(p) > 0 ? fmt::format("  {:>6.2f}", cost(p)) : "");
     }

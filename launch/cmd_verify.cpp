@@ -8,6 +8,7 @@
 
 #include "base/clock.h"
 #include "base/error.h"
+#include "base/memory.h"
 #include "launch/cli.h"
 #include "launch/cli_common.h"
 #include "runtime/weights/converted_source.h"
@@ -44,7 +45,7 @@ void add_verify_command(CLI::App& app, CommandRun& run) {
             }
             const double s = seconds_since(t0);
             print_stdout("{}: {} of {} files intact ({:.2f} GiB hashed in {:.1f} s)\n", args->dir, v.size() - size_t(bad),
-                       v.size(), double(bytes.load()) / double(int64_t(1) << 30), s);
+                       v.size(), to_gib(double(bytes.load())), s);
             flush_stdout();
             LATTICE_CHECK(bad == 0, "{}: {} corrupt or missing file(s), listed above", args->dir, bad);
             return 0;

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """`lattice batch` end to end on the built-in SmolLM2 model (greedy, so every run must give the same
-text): a 200-line input with bad lines mixed in (bad JSON, wrong types, empty prompt, a prompt
+text): a 48-line input (each kind of line several times; every extra line costs the sanitizer stage
+time, docs/testing.md) with bad lines mixed in (bad JSON, wrong types, empty prompt, a prompt
 beyond the context; a later line repeating an id is skipped, the first keeps it);
   - one uninterrupted run is the reference: every valid id once with text, every bad one once as an
     error record;
@@ -20,6 +21,10 @@ import time
 
 lattice, model = sys.argv[1], sys.argv[2]
 fails = []
+N_LINES = 48
+# At most 8 sequences in flight: a drain (SIGTERM, SIGUSR1) finishes those and leaves the rest of the
+# 48 lines for the rerun (with the default 64 every line would be in flight at once).
+MAX_SEQS = "8"
 
 
 def check(ok, what):
@@ -31,7 +36,7 @@ def check(ok, what):
 def make_input(path):
     lines, valid, bad = [], set(), set()
     words = ["The sea", "A quiet village", "Numbers", "Once upon a time", "The best way to learn"]
-    for i in range(200):
+    for i in range(N_LINES):
         cid = f"req-{i}"
         if i % 23 == 5:
             lines.append("{not json at all")
@@ -45,11 +50,11 @@ def make_input(path):
             lines.append(json.dumps({"custom_id": cid, "body": {"prompt": ""}}))
             bad.add(cid)
             continue
-        if i == 100:
+        if i == 30:
             lines.append(json.dumps({"custom_id": cid, "body": {"prompt": list(range(1, 9000)), "max_tokens": 2}}))
             bad.add(cid)
             continue
-        if i == 150:
+        if i == 45:
             lines.append(json.dumps({"custom_id": "req-3", "body": {"prompt": "dup"}}))  # duplicate of req-3
             continue
         if i % 4 == 0:
@@ -66,7 +71,8 @@ def make_input(path):
 
 def run(args, inp, out, env=None, kill=None, after_lines=0):
     """Runs lattice batch; with `kill`, sends that signal once the output holds `after_lines` lines."""
-    cmd = args + ["batch", "--model", model, "--input", inp, "--output", out, "--threads", "2", "--progress", "none"]
+    cmd = args + ["batch", "--model", model, "--input", inp, "--output", out, "--threads", "2", "--progress", "none",
+                  "--max-seqs", MAX_SEQS]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     if kill is not None:
         deadline = time.time() + 240
@@ -135,7 +141,7 @@ with tempfile.TemporaryDirectory() as tmp:
     while rounds < 12:
         rounds += 1
         before = sum(1 for _ in open(out)) if os.path.exists(out) else 0
-        rc, err = run([lattice], inp, out, kill=signal.SIGKILL, after_lines=before + 25)
+        rc, err = run([lattice], inp, out, kill=signal.SIGKILL, after_lines=before + 16)
         if rc == 0:
             break
         check(rc == -signal.SIGKILL, f"SIGKILL round {rounds}: rc {rc}: {err[-300:]}")
@@ -148,7 +154,7 @@ with tempfile.TemporaryDirectory() as tmp:
 
     # SIGTERM: drains, exits 0, says what is left; reruns finish.
     out = os.path.join(tmp, "term.jsonl")
-    rc, err = run([lattice], inp, out, kill=signal.SIGTERM, after_lines=30)
+    rc, err = run([lattice], inp, out, kill=signal.SIGTERM, after_lines=10)
     check(rc == 0, f"SIGTERM run exits 0 (rc {rc}): {err[-500:]}")
     check("stopped by signal 15" in err and "rerun with the same --output" in err,
           f"SIGTERM run says what is left: {err[-300:]}")
@@ -164,12 +170,12 @@ with tempfile.TemporaryDirectory() as tmp:
         mpirun.append("--allow-run-as-root")
     out = os.path.join(tmp, "pp2.jsonl")
     cmd = mpirun + [lattice, "batch", "--model", model, "--input", inp, "--output", out, "--threads", "1", "--pp",
-                    "2", "--progress", "none"]
+                    "2", "--progress", "none", "--max-seqs", MAX_SEQS]
     # SIGUSR1 to mpirun (which forwards it to every rank) drains the job; a rerun finishes it.
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while p.poll() is None and time.time() < deadline:
-        if os.path.exists(out) and sum(1 for _ in open(out)) >= 20:
+        if os.path.exists(out) and sum(1 for _ in open(out)) >= 10:
             p.send_signal(signal.SIGUSR1)
             break
         time.sleep(0.05)

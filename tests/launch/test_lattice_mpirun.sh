@@ -70,7 +70,7 @@ expect_cmd "mpirun -np 8$R --host n1:4,n2:4 --map-by ppr:4:node --bind-to none $
     --tp 4 --pp 2 --hosts n1:8,n2:8 --gpu-numa 0,0,0,0,1,1,1,1 -- lattice generate
 # The user's NCCL values win over the defaults, and other NCCL_*/LATTICE_* variables are forwarded.
 n=$((n + 1))
-got=$(env -i PATH="$PATH" NCCL_P2P_LEVEL=SYS NCCL_SOCKET_IFNAME=eth0 LATTICE_LOG=debug "$W" --dry-run --tp 2 \
+got=$(env -i PATH="$PATH" LATTICE_BIN="${LATTICE_BIN:-}" NCCL_P2P_LEVEL=SYS NCCL_SOCKET_IFNAME=eth0 LATTICE_LOG=debug "$W" --dry-run --tp 2 \
       --gpu-numa 0,0 -- lattice generate 2>/dev/null)
 want="mpirun -np 2$R --map-by ppr:2:numa --bind-to numa -x CUDA_DEVICE_ORDER=PCI_BUS_ID -x NCCL_P2P_LEVEL=SYS -x NCCL_IB_DISABLE=1 -x NCCL_DEBUG=WARN -x LATTICE_LOG=debug -x NCCL_SOCKET_IFNAME=eth0 lattice generate --tp 2 --pp 1"
 [ "$got" = "$want" ] || { echo "FAIL: env override"; echo "  want: $want"; echo "  got:  $got"; fails=$((fails + 1)); }

@@ -40,11 +40,13 @@ TEST_CASE("sampling fields map onto SamplingParams") {
 }
 
 TEST_CASE("out-of-range sampling fields are refused naming the field") {
-    for (const auto& [field, value] : std::vector<std::pair<const char*, json>>{{"presence_penalty", 2.5},
+    for (const auto& field_value : std::vector<std::pair<const char*, json>>{{"presence_penalty", 2.5},
                                                                                  {"frequency_penalty", -3},
                                                                                  {"min_p", 1.5},
                                                                                  {"repetition_penalty", 0},
                                                                                  {"presence_penalty", "high"}}) {
+        const char* field = field_value.first;
+        const json& value = field_value.second;
         CAPTURE(field);
         json b = {{"prompt", {1}}};
         b[field] = value;

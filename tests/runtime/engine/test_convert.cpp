@@ -273,7 +273,7 @@ TEST_CASE("peak memory: converting a 200 MB checkpoint costs a few times its lar
     MESSAGE("model " << model_bytes / (1 << 20) << " MiB, largest tensor " << largest / (1 << 20)
                      << " MiB; lattice convert peak RSS " << peak / (1 << 20) << " MiB, tiny-model baseline "
                      << base / (1 << 20) << " MiB");
-#if defined(__SANITIZE_ADDRESS__)
+#if LATTICE_TEST_SANITIZE
     MESSAGE("AddressSanitizer build: its shadow memory and quarantine make RSS meaningless; bound not checked");
 #else
     CHECK(model_bytes > 190 << 20);

@@ -86,7 +86,8 @@ TEST_CASE("converted golden checkpoints equal the originals on every layout, con
     ParallelContext ctx = make_parallel_context(world, 1, 60.0);  // the converting ranks: all of them
     const std::string dir = shared_temp_dir();
     int n = 0;
-    for (auto [tp, pp] : layouts_for(world)) {
+    for (const auto& layout : layouts_for(world)) {
+        const int tp = layout.first, pp = layout.second;
         for (const std::string& path : golden_checkpoints()) {
             auto src = open_model(path);
             if (!layout_fits(src->config(), tp, pp)) continue;
@@ -176,7 +177,8 @@ TEST_CASE("vocab padding (vocab % tp != 0, random weights): converted equals ori
     auto src = make_random_source(cfg, 7, DType::kF32);
     const std::vector<int32_t> prompt = {1, 17, 300, 42, 99, 250, 3};
     int n = 0;
-    for (auto [tp, pp] : layouts_for(world)) {
+    for (const auto& layout : layouts_for(world)) {
+        const int tp = layout.first, pp = layout.second;
         CAPTURE(tp);
         CAPTURE(pp);
         ConvertOptions o;

@@ -92,7 +92,8 @@ void compare(const Result& got, const Result& want, int world_rank) {
 
 TEST_CASE("golden models: every layout equals the single-rank run") {
     const int world = mpi_session().size();
-    for (auto [tp, pp] : layouts_for(world)) {
+    for (const auto& layout : layouts_for(world)) {
+        const int tp = layout.first, pp = layout.second;
         for (const auto& name : golden_models()) {
             auto src = open_model(golden_dir(name));
             if (!layout_fits(src->config(), tp, pp)) continue;
@@ -129,7 +130,8 @@ TEST_CASE("vocab padding: vocab % tp != 0 (random weights), padded logits never 
     auto src = make_random_source(cfg, 7, DType::kF32);
     const std::vector<int32_t> prompt = {1, 17, 300, 42, 99, 250, 3};
     Result want = run_single(*src, prompt, 12);
-    for (auto [tp, pp] : layouts_for(world)) {
+    for (const auto& layout : layouts_for(world)) {
+        const int tp = layout.first, pp = layout.second;
         CAPTURE(tp);
         CAPTURE(pp);
         int rank = 0;
@@ -179,7 +181,8 @@ TEST_CASE("several sequences in flight (pipelined decode) equal their single-seq
     CHECK(want[1].size() <= 6);  // stopped at the stop id
     CHECK(want[1].back() == cases[1].greedy[5]);
     CHECK(want[2].size() == 9);
-    for (auto [tp, pp] : layouts_for(world)) {
+    for (const auto& layout : layouts_for(world)) {
+        const int tp = layout.first, pp = layout.second;
         if (!layout_fits(src->config(), tp, pp)) continue;
         CAPTURE(tp);
         CAPTURE(pp);
@@ -196,7 +199,8 @@ TEST_CASE("the per-step breakdown: every rank's, parts that sum to its wall time
     const int world = mpi_session().size();
     auto src = open_model(golden_dir("tiny-gqa-llama3"));
     const std::vector<GenerateRequest> reqs = {{{5, 9, 14, 3, 77, 21}, 12, {}, true, {}}, {{7, 8, 9}, 8, {}, true, {}}};
-    for (auto [tp, pp] : layouts_for(world)) {
+    for (const auto& layout : layouts_for(world)) {
+        const int tp = layout.first, pp = layout.second;
         if (!layout_fits(src->config(), tp, pp)) continue;
         CAPTURE(tp);
         CAPTURE(pp);
@@ -243,7 +247,8 @@ TEST_CASE("16 mixed sequences with preemption and prefix hits: every layout equa
         reqs.push_back(std::move(r));
     }
     const std::vector<std::vector<int32_t>> want = single_rank_tokens(*src, reqs, false);
-    for (auto [tp, pp] : layouts_for(world)) {
+    for (const auto& layout : layouts_for(world)) {
+        const int tp = layout.first, pp = layout.second;
         if (!layout_fits(src->config(), tp, pp)) continue;
         CAPTURE(tp);
         CAPTURE(pp);
@@ -274,7 +279,8 @@ TEST_CASE("the device step path (step graphs, backend token selection; the CPU m
         reqs.push_back(std::move(r));
     }
     const std::vector<std::vector<int32_t>> want = single_rank_tokens(*src, reqs, true);
-    for (auto [tp, pp] : layouts_for(world)) {
+    for (const auto& layout : layouts_for(world)) {
+        const int tp = layout.first, pp = layout.second;
         if (!layout_fits(src->config(), tp, pp)) continue;
         CAPTURE(tp);
         CAPTURE(pp);

@@ -89,7 +89,7 @@ TEST_CASE("tp 2 x pp 2: every rank holds and maps in about a quarter of the weig
         // Resident growth while loading: this rank's weights plus activation scratch (the logits
         // buffer, allocator slack), well under the whole file (which a rank reading everything holds).
         MESSAGE("rank " << s.rank() << ": weights " << mine << " B of " << file_bytes << ", RSS +" << (rss1 - rss0));
-#if defined(__SANITIZE_ADDRESS__)
+#if LATTICE_TEST_SANITIZE
         // AddressSanitizer keeps freed memory in quarantine and adds shadow memory, so RSS says
         // nothing about what the engine holds; the weight-byte checks above still apply.
         MESSAGE("RSS bound not checked under AddressSanitizer");

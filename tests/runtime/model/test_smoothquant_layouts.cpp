@@ -39,7 +39,8 @@ TEST_CASE("smoothed model: tp 2 and pp 2 equal the single-rank smoothed run") {
         const std::vector<float> want = score_all(src, quant_options(QuantMode::kNone, path), {prompt}, 1)[0];
         const std::vector<float> plain = score_all(src, quant_options(QuantMode::kNone), {prompt}, 1)[0];
         CHECK(rel_error(want.data(), plain.data(), plain.size()) < 1e-5);
-        for (auto [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}}) {
+        for (const auto& layout : {std::pair{2, 1}, std::pair{1, 2}}) {
+            const int tp = layout.first, pp = layout.second;
             const ModelConfig& c = src.config();
             try {
                 check_model_layout(c.dims(), tp, pp);

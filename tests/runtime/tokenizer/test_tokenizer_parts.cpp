@@ -245,7 +245,9 @@ TEST_CASE("byte-level BPE matches Hugging Face tokenizers on random text") {
                                                                    {"gpt-2", kDir + "ggml-vocab-gpt-2.gguf"},
                                                                    {"qwen2", kDir + "ggml-vocab-qwen2.gguf"},
                                                                    {"smollm", smol}};
-    for (const auto& [family, file] : jobs) {
+    for (const auto& job : jobs) {
+        const std::string& family = job.first;
+        const std::string& file = job.second;
         REQUIRE_FILE(file);
         std::ifstream f(data + "hf_" + family + "_random.json");
         const auto j = nlohmann::json::parse(f);
