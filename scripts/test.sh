@@ -7,16 +7,15 @@
 #   3. Each libFuzzer target for a bounded time (LATTICE_FUZZ_SECONDS, default 20), two at a time.
 # Then the time report: each stage's time, the ten slowest tests, and the verdict of the budget in
 # scripts/test_budget.conf (over budget fails the run; docs/testing.md says what the limits are and why).
-# Usage: scripts/test.sh [--quick | --full]
-#   --quick: step 1 only.   --full: also the tests labelled `full` (longer variants; never in CI's run).
+# Usage: scripts/test.sh [--quick]   (--quick: step 1 only)
 # Environment: LATTICE_JOBS (default nproc), CCACHE_DIR (default ~/.cache/lattice-ccache, kept across
 # runs), LATTICE_TIME_BUDGET=warn (report the budget, never fail on it: a developer's busy laptop).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
 case "$mode" in
-    ""|--quick|--full) ;;
-    *) echo "usage: scripts/test.sh [--quick | --full]" >&2; exit 2 ;;
+    ""|--quick) ;;
+    *) echo "usage: scripts/test.sh [--quick]" >&2; exit 2 ;;
 esac
 jobs=${LATTICE_JOBS:-$(nproc)}
 record=$(mktemp)
@@ -39,15 +38,14 @@ export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/lattice-ccache}
 # objects of an earlier clone's build, the sanitizer build's included.
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-ctest_args=(-LE full)
-[ "$mode" = "--full" ] && ctest_args=()
 
 # ccache's hits and misses over one build, appended to the record (the report tells a warm run by them).
 ccache_mark() { ccache --print-stats 2>/dev/null | awk '$1 ~ /^(direct_cache_hit|preprocessed_cache_hit|cache_miss)$/ {s[$1]=$2} END {printf "%d %d\n", s["direct_cache_hit"] + s["preprocessed_cache_hit"], s["cache_miss"]}'; }
 build() {  # build NAME DIR [ninja args]
     local name=$1 dir=$2 before after since
     shift 2
-    since=$(cat "$dir/.ninja_log" 2>/dev/null | wc -l)
+    since=0
+    [ -f "$dir/.ninja_log" ] && since=$(wc -l < "$dir/.ninja_log")
     before=$(ccache_mark || echo "0 0")
     cmake --build "$dir" -j"$jobs" "$@"
     after=$(ccache_mark || echo "0 0")
@@ -63,7 +61,7 @@ run_ctest() {
     local name=$1 dir=$2 log
     log=$(mktemp)
     local rc=0
-    ctest --test-dir "$dir" --output-on-failure -j"$jobs" "${ctest_args[@]}" 2>&1 | tee "$log" || rc=$?
+    ctest --test-dir "$dir" --output-on-failure -j"$jobs" 2>&1 | tee "$log" || rc=$?
     [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
     python3 scripts/test_times.py ctest-record "$name" "$log" "$record"
     local skipped
