@@ -37,7 +37,6 @@
 #include "launch/cli_common.h"
 #include "launch/drain_signal.h"
 #include "launch/openai_request.h"
-#include "runtime/engine/text_stream.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace lattice {
@@ -118,11 +117,8 @@ private:
 
 struct Running {
     json custom_id;
-    int64_t prompt_tokens = 0;
+    std::string text;
     std::vector<int32_t> tokens;
-    std::unique_ptr<TextStream> text;
-    std::string finish = "length";
-    bool written = false;
     Clock::time_point admitted;
     double ttft = -1;
 };
@@ -169,6 +165,179 @@ double percentile(std::vector<double> v, double q) {
     return v[size_t(std::min<double>(double(v.size() - 1), q * double(v.size() - 1) + 0.5))];
 }
 
+// What a batch run did, for the summary line and --stats-json.
+struct BatchTotals {
+    int64_t total = 0, already = 0, done = 0, errors = 0, prompt_tokens = 0, gen_tokens = 0, abandoned = 0;
+    std::vector<double> ttfts;
+    Clock::time_point first_admit{}, last_done{}, last_first_token{};
+    double run_seconds() const {
+        return first_admit == Clock::time_point{} ? 0 : std::chrono::duration<double>(last_done - first_admit).count();
+    }
+};
+
+// The input file's requests through the engine client, results to the output file as they finish.
+class BatchRun {
+public:
+    BatchRun(EngineClient& client, const std::string& input, ResultFile& out, int64_t vocab)
+        : client_(client), in_(input), out_(out), limits_{vocab} {
+        LATTICE_CHECK(in_.good(), "--input {}: cannot open", input);
+        for (std::string l; std::getline(in_, l);) t_.total += l.find_first_not_of(" \t\r") != std::string::npos;
+        in_.clear();
+        in_.seekg(0);
+        t_.already = t_.done = int64_t(out.done().size());
+    }
+    const BatchTotals& totals() const { return t_; }
+
+    // Until the input is done (or drained) and nothing runs.
+    void run(double drain_seconds, Progress& progress) {
+        for (;;) {
+            if (drain_requested() && !client_.draining()) {
+                fmt::print(stderr, "\nbatch: signal {}: no new requests; finishing {} in flight (up to {:.0f} s)\n",
+                           drain_requested(), running_.size(), drain_seconds);
+                client_.drain(drain_seconds);
+            }
+            admit();
+            if (!client_.busy() && !(input_left_ && !client_.draining())) break;
+            for (const ClientEvent& ev : client_.poll()) apply(ev);
+            progress.update(t_.done, t_.errors, t_.gen_tokens);
+        }
+    }
+
+private:
+    void record_error(const json& id, const std::string& msg) {
+        out_.write(json{{"custom_id", id}, {"error", {{"message", msg}}}});
+        ++t_.errors;
+        ++t_.done;
+    }
+
+    // One non-blank input line: an error record, a skip (done earlier, a duplicate id) or a submission.
+    void admit_line(const std::string& line) {
+        json id = line_no_;
+        const json j = json::parse(line, nullptr, false);
+        if (j.is_discarded() || !j.is_object()) {
+            if (!out_.done().count(id.dump())) record_error(id, fmt::format("line {}: not a JSON object", line_no_));
+            return;
+        }
+        const bool wrapped = j.contains("body");
+        if (wrapped && j.contains("custom_id")) id = j["custom_id"];
+        if (!seen_.insert(id.dump()).second) {  // the id's record belongs to its first line
+            fmt::print(stderr, "batch: line {}: custom_id {} already used by an earlier line; skipped\n", line_no_,
+                       id.dump());
+            return;
+        }
+        if (out_.done().count(id.dump())) return;  // finished by an earlier run
+        try {
+            LATTICE_CHECK(id.is_string() || id.is_number_integer(), "\"custom_id\" must be a string or an integer");
+            const json& body = wrapped ? j["body"] : j;
+            const bool chat = (j.contains("url") && j["url"].is_string() &&
+                               j["url"].get<std::string>().ends_with("/chat/completions")) ||
+                              (body.is_object() && body.contains("messages"));
+            ApiRequest req = parse_api_request(body, chat, client_.tokenizer(), limits_);
+            const int64_t prompt_tokens = int64_t(req.client.prompt.size());
+            Running r;
+            r.custom_id = id;
+            r.admitted = Clock::now();
+            const int64_t eid = client_.submit(std::move(req.client));
+            if (t_.first_admit == Clock::time_point{}) t_.first_admit = r.admitted;
+            t_.prompt_tokens += prompt_tokens;
+            running_.emplace(eid, std::move(r));
+        } catch (const Error& e) {
+            record_error(id, fmt::format("line {}: {}", line_no_, e.message()));
+        }
+    }
+
+    // Admits input lines while the engine has little waiting.
+    void admit() {
+        constexpr int64_t kWantWaiting = 16;
+        std::string line;
+        while (input_left_ && !client_.draining() && client_.scheduler().waiting() < kWantWaiting) {
+            if (!std::getline(in_, line)) {
+                input_left_ = false;
+                break;
+            }
+            ++line_no_;
+            if (line.find_first_not_of(" \t\r") != std::string::npos) admit_line(line);
+        }
+    }
+
+    void apply(const ClientEvent& ev) {
+        auto it = running_.find(ev.id);
+        if (it == running_.end()) return;
+        Running& r = it->second;
+        if (ev.token >= 0) {
+            if (r.ttft < 0) {
+                r.ttft = std::chrono::duration<double>(Clock::now() - r.admitted).count();
+                t_.ttfts.push_back(r.ttft);
+                t_.last_first_token = Clock::now();
+            }
+            r.tokens.push_back(ev.token);
+        }
+        r.text += ev.text;
+        if (ev.finish == FinishReason::kNone) return;
+        if (ev.finish == FinishReason::kCancelled) {  // cut by the drain: it runs on the next rerun
+            ++t_.abandoned;
+        } else {
+            json j = {{"custom_id", r.custom_id}};
+            if (client_.tokenizer()) j["text"] = r.text;
+            j["token_ids"] = r.tokens;
+            j["finish_reason"] = std::string(finish_reason_name(ev.finish));
+            j["usage"] = {{"prompt_tokens", ev.prompt_tokens}, {"completion_tokens", ev.completion_tokens}};
+            out_.write(j);
+            t_.gen_tokens += int64_t(r.tokens.size());
+            t_.last_done = Clock::now();
+            ++t_.done;
+        }
+        running_.erase(it);
+    }
+
+    EngineClient& client_;
+    std::ifstream in_;
+    ResultFile& out_;
+    ApiLimits limits_;
+    std::map<int64_t, Running> running_;  // by the client's id
+    std::set<std::string> seen_;          // ids of this input (duplicates are skipped)
+    int64_t line_no_ = 0;
+    bool input_left_ = true;
+    BatchTotals t_;
+};
+
+void write_batch_stats(const std::string& path, const BatchTotals& t, const Built& lm, const SchedulerStats& s0,
+                       const EngineClient& client) {
+    const SchedulerStats& s1 = client.scheduler().stats();
+    const double run_s = t.run_seconds();
+    const double decode_s = std::chrono::duration<double>(t.last_done - t.last_first_token).count();
+    const int64_t decode_n = t.gen_tokens - int64_t(t.ttfts.size());
+    double ttft_sum = 0;
+    for (double x : t.ttfts) ttft_sum += x;
+    const std::string quant =
+        std::string(quant_mode_name(lm.model->options().quant)) + (lm.model->options().quant_head ? "+head" : "");
+    const json st = {{"load_seconds", lm.load_seconds},
+                     {"run_seconds", run_s},
+                     {"requests", t.total},
+                     {"completed", t.done - t.already - t.errors},
+                     {"errors", t.errors},
+                     {"skipped_already_done", t.already},
+                     {"abandoned", t.abandoned},
+                     {"prompt_tokens", t.prompt_tokens},
+                     {"generated_tokens", t.gen_tokens},
+                     {"tokens_per_s", run_s > 0 ? double(t.gen_tokens) / run_s : 0.0},
+                     // After the last request got its first token (meaningful when all start together).
+                     {"decode_tokens_per_s", decode_s > 0 && decode_n > 0 ? double(decode_n) / decode_s : 0.0},
+                     {"ttft_mean_s", t.ttfts.empty() ? 0.0 : ttft_sum / double(t.ttfts.size())},
+                     {"ttft_p50_s", percentile(t.ttfts, 0.5)},
+                     {"ttft_p90_s", percentile(t.ttfts, 0.9)},
+                     {"preemptions", s1.preemptions - s0.preemptions},
+                     {"peak_kv_blocks", s1.peak_blocks},
+                     {"kv_blocks", client.scheduler().pool().num_blocks()},
+                     {"cached_prompt_tokens", s1.cached_tokens - s0.cached_tokens},
+                     {"ranks", lm.world.world},
+                     {"threads", lm.backend->threads()},
+                     {"quant", quant}};
+    AtomicWriter f(path, "--stats-json");
+    f.write(st.dump(2) + "\n");
+    f.commit();
+}
+
 int run_batch(BatchArgs& a) {
     if (a.model.model.empty() && !a.model.random_weights) a.model.model = default_model_path();
     LATTICE_CHECK(!a.input.empty() && !a.output.empty(), "lattice batch needs --input FILE and --output FILE");
@@ -181,192 +350,36 @@ int run_batch(BatchArgs& a) {
     }
     Built lm = load_model(a.model);
     install_drain_handlers();
-    Engine& engine = *lm.engine;
-    if (!engine.is_leader()) {
-        engine.follow();
+    const std::unique_ptr<Tokenizer> tok =
+        lm.world.rank == 0 ? optional_tokenizer(a.model, "batch", "prompts must be token ids, results carry no text")
+                           : nullptr;
+    EngineClient client(*lm.engine, tok.get());
+    if (!client.is_leader()) {
+        client.follow();
         return 0;
     }
-    const std::unique_ptr<Tokenizer> tok =
-        optional_tokenizer(a.model, "batch", "prompts must be token ids, results carry no text");
-    const ApiLimits limits{lm.model->max_seq(), lm.model->config().vocab};
-    std::ifstream in(a.input);
-    LATTICE_CHECK(in.good(), "--input {}: cannot open", a.input);
-    int64_t total = 0;
-    for (std::string l; std::getline(in, l);) total += l.find_first_not_of(" \t\r") != std::string::npos;
-    in.clear();
-    in.seekg(0);
     ResultFile out(a.output);
     if (out.cut_bytes() > 0)
         fmt::print(stderr, "batch: {}: dropped a partial last line ({} bytes) left by an interrupted run\n", a.output,
                    out.cut_bytes());
-    const int64_t already = int64_t(out.done().size());
-    Progress progress(a.progress, total);
-    std::map<int64_t, Running> running;  // engine id -> request
-    std::set<std::string> seen;          // ids of this input (duplicates are errors)
-    int64_t line_no = 0, done = already, errors = 0, prompt_tokens = 0, gen_tokens = 0, abandoned = 0;
-    std::vector<double> ttfts;
-    const SchedulerStats s0 = engine.scheduler().stats();
-    Clock::time_point first_admit{}, last_done{}, last_first_token{};
-    bool admitting = true, input_left = true;
-    Clock::time_point drain_deadline{};
-    auto record_error = [&](const json& id, const std::string& msg) {
-        out.write(json{{"custom_id", id}, {"error", {{"message", msg}}}});
-        ++errors;
-        ++done;
-    };
-    auto finish = [&](Running& r) {
-        json j = {{"custom_id", r.custom_id}};
-        if (r.text) {
-            r.text->finish();  // whatever was held back joins the text
-            j["text"] = r.text->text();
-        }
-        j["token_ids"] = r.tokens;
-        j["finish_reason"] = r.finish;
-        j["usage"] = {{"prompt_tokens", r.prompt_tokens}, {"completion_tokens", int64_t(r.tokens.size())}};
-        out.write(j);
-        r.written = true;
-        gen_tokens += int64_t(r.tokens.size());
-        last_done = Clock::now();
-        ++done;
-    };
-    // Admits input lines while the engine has little waiting.
-    auto admit = [&] {
-        const int64_t want_waiting = 16;
-        std::string line;
-        while (input_left && admitting && engine.scheduler().waiting() < want_waiting) {
-            if (!std::getline(in, line)) {
-                input_left = false;
-                break;
-            }
-            ++line_no;
-            if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-            json id = line_no;
-            const json j = json::parse(line, nullptr, false);
-            if (j.is_discarded() || !j.is_object()) {
-                if (!out.done().count(id.dump())) record_error(id, fmt::format("line {}: not a JSON object", line_no));
-                continue;
-            }
-            const bool wrapped = j.contains("body");
-            if (wrapped && j.contains("custom_id")) id = j["custom_id"];
-            if (!seen.insert(id.dump()).second) {  // the id's record belongs to its first line
-                fmt::print(stderr, "batch: line {}: custom_id {} already used by an earlier line; skipped\n", line_no,
-                           id.dump());
-                continue;
-            }
-            if (out.done().count(id.dump())) continue;  // finished by an earlier run
-            try {
-                LATTICE_CHECK(id.is_string() || id.is_number_integer(), "\"custom_id\" must be a string or an integer");
-                const json& body = wrapped ? j["body"] : j;
-                const bool chat = (j.contains("url") && j["url"].is_string() &&
-                                   j["url"].get<std::string>().ends_with("/chat/completions")) ||
-                                  (body.is_object() && body.contains("messages"));
-                ApiRequest req = parse_api_request(body, chat, tok.get(), limits);
-                Running r;
-                r.custom_id = id;
-                r.prompt_tokens = int64_t(req.engine.prompt.size());
-                if (tok) r.text = std::make_unique<TextStream>(*tok, req.stop);
-                r.admitted = Clock::now();
-                if (first_admit == Clock::time_point{}) first_admit = r.admitted;
-                const int64_t eid = engine.add(std::move(req.engine));
-                prompt_tokens += r.prompt_tokens;
-                running.emplace(eid, std::move(r));
-            } catch (const Error& e) {
-                record_error(id, fmt::format("line {}: {}", line_no, e.message()));
-            }
-        }
-    };
-    for (;;) {
-        if (drain_requested() && admitting) {
-            admitting = false;
-            drain_deadline = Clock::now() + std::chrono::milliseconds(int64_t(a.drain_seconds * 1000));
-            fmt::print(stderr, "\nbatch: signal {}: no new requests; finishing {} in flight (up to {:.0f} s)\n",
-                       drain_requested(), running.size(), a.drain_seconds);
-        }
-        if (!admitting && !running.empty() && Clock::now() > drain_deadline) {
-            for (auto& [eid, r] : running) engine.cancel(eid);  // abandoned: they run on the next rerun
-            abandoned = int64_t(running.size());
-            running.clear();
-        }
-        admit();
-        if (!engine.busy() && !(input_left && admitting)) break;
-        for (const TokenEvent& ev : engine.step()) {
-            auto it = running.find(ev.id);
-            if (it == running.end()) continue;  // finished early by a stop string, or abandoned
-            Running& r = it->second;
-            if (ev.token >= 0) {
-                if (r.ttft < 0) {
-                    r.ttft = since(r.admitted);
-                    ttfts.push_back(r.ttft);
-                    last_first_token = Clock::now();
-                }
-                r.tokens.push_back(ev.token);
-                if (r.text && r.text->push(ev.token).stop) {
-                    r.finish = "stop";
-                    engine.cancel(ev.id);
-                    finish(r);
-                    running.erase(it);
-                    continue;
-                }
-            }
-            if (ev.finish != FinishReason::kNone) {
-                r.finish = ev.finish == FinishReason::kStop ? "stop" : "length";
-                finish(r);
-                running.erase(it);
-            }
-        }
-        progress.update(done, errors, gen_tokens);
-    }
-    engine.shutdown();
+    BatchRun batch(client, a.input, out, lm.model->config().vocab);
+    Progress progress(a.progress, batch.totals().total);
+    const SchedulerStats s0 = client.scheduler().stats();
+    batch.run(a.drain_seconds, progress);
+    client.shutdown();
     out.close();
-    progress.update(done, errors, gen_tokens, true);
+    const BatchTotals& t = batch.totals();
+    progress.update(t.done, t.errors, t.gen_tokens, true);
     progress.end();
-    const double run_s =
-        first_admit == Clock::time_point{} ? 0 : std::chrono::duration<double>(last_done - first_admit).count();
-    const SchedulerStats& s1 = engine.scheduler().stats();
-    if (!a.stats_json.empty()) {
-        json st = {{"load_seconds", lm.load_seconds},
-                   {"run_seconds", run_s},
-                   {"requests", total},
-                   {"completed", done - already - errors},
-                   {"errors", errors},
-                   {"skipped_already_done", already},
-                   {"abandoned", abandoned},
-                   {"prompt_tokens", prompt_tokens},
-                   {"generated_tokens", gen_tokens},
-                   {"tokens_per_s", run_s > 0 ? double(gen_tokens) / run_s : 0.0},
-                   // After the last request got its first token (meaningful when all start together).
-                   {"decode_tokens_per_s", [&] {
-                        const double d = std::chrono::duration<double>(last_done - last_first_token).count();
-                        const int64_t n = gen_tokens - int64_t(ttfts.size());
-                        return d > 0 && n > 0 ? double(n) / d : 0.0;
-                    }()},
-                   {"ttft_mean_s", ttfts.empty() ? 0.0 : [&] {
-                        double s = 0;
-                        for (double t : ttfts) s += t;
-                        return s / double(ttfts.size());
-                    }()},
-                   {"ttft_p50_s", percentile(ttfts, 0.5)},
-                   {"ttft_p90_s", percentile(ttfts, 0.9)},
-                   {"preemptions", s1.preemptions - s0.preemptions},
-                   {"peak_kv_blocks", s1.peak_blocks},
-                   {"kv_blocks", engine.scheduler().pool().num_blocks()},
-                   {"cached_prompt_tokens", s1.cached_tokens - s0.cached_tokens},
-                   {"ranks", lm.world.world},
-                   {"threads", lm.backend->threads()},
-                   {"quant", std::string(quant_mode_name(lm.model->options().quant)) + (lm.model->options().quant_head ? "+head" : "")}};
-        AtomicWriter f(a.stats_json, "--stats-json");
-        f.write(st.dump(2) + "\n");
-        f.commit();
-    }
-    const int64_t left = total - done;
+    if (!a.stats_json.empty()) write_batch_stats(a.stats_json, t, lm, s0, client);
     if (drain_requested())
         fmt::print(stderr,
                    "batch: stopped by signal {}: {} of {} requests done, {} left; rerun with the same --output "
                    "to finish them\n",
-                   drain_requested(), done, total, left);
+                   drain_requested(), t.done, t.total, t.total - t.done);
     else
         fmt::print(stderr, "batch: {} of {} requests done ({} errors, {} from earlier runs), {} tokens in {:.2f} s\n",
-                   done, total, errors, already, gen_tokens, run_s);
+                   t.done, t.total, t.errors, t.already, t.gen_tokens, t.run_seconds());
     return 0;
 }
 

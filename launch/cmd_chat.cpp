@@ -35,7 +35,7 @@
 #include "launch/cli.h"
 #include "launch/cli_common.h"
 #include "launch/generate_common.h"
-#include "runtime/engine/text_stream.h"
+#include "runtime/engine/client.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace lattice {
@@ -127,8 +127,8 @@ std::string trim(const std::string& s) {
 
 class Chat {
 public:
-    Chat(ChatArgs& a, Built& lm, const Tokenizer& tok, SamplingParams sp)
-        : a_(a), lm_(lm), tok_(tok), sp_(sp), ctx_(lm.model->max_seq()) {
+    Chat(ChatArgs& a, EngineClient& client, const Tokenizer& tok, SamplingParams sp, int64_t max_position)
+        : a_(a), client_(client), tok_(tok), sp_(sp), ctx_(client.context()), max_position_(max_position) {
         reset();
     }
 
@@ -144,38 +144,32 @@ public:
         if (!prompt) return;
         if (a_.verbose_prompt)
             print_stderr(fmt::format("chat: prompt of {} tokens: {}\n", prompt->size(), fmt::join(*prompt, " ")));
-        const int64_t room = ctx_ - int64_t(prompt->size());
-        GenerateRequest req;
+        ClientRequest req;
         req.prompt = std::move(*prompt);
-        req.max_new_tokens = a_.max_new_tokens > 0 ? std::min(a_.max_new_tokens, room) : room;
+        req.max_tokens = a_.max_new_tokens > 0 ? a_.max_new_tokens : ClientRequest::kRestOfContext;
         req.sampling = sp_;
         req.sampling.seed = sp_.seed + uint64_t(turns_++);
-        req.stop_ids = tok_.eog_ids();
-        TextStream text(tok_, a_.sampling.stop);
-        const ModelConfig& cfg = lm_.model->config();
-        const std::vector<GenerateResult> rs = lm_.engine->generate_batch({req}, [&](int64_t, int32_t id) {
-            if (g_interrupted) return FinishReason::kCancelled;
-            if (cfg.is_eos(id) || tok_.is_eog(id)) return FinishReason::kNone;  // the end of the turn: not text
-            const TextStream::Piece p = text.push(id);
-            if (!p.text.empty()) {
-                write_stdout(p.text);
+        req.stop = a_.sampling.stop;
+        const std::vector<ClientOutput> outs = client_.run({req}, [&](size_t, const ClientEvent& ev) {
+            if (!ev.text.empty()) {
+                write_stdout(ev.text);
                 flush_stdout();
             }
-            return p.stop ? FinishReason::kStop : FinishReason::kNone;
+            return !g_interrupted;
         });
-        write_stdout(text.finish() + "\n");
+        write_stdout("\n");
         flush_stdout();
-        const GenerateResult& r = rs[0];
+        const ClientOutput& r = outs[0];
         if (r.finish == FinishReason::kCancelled)
             print_stderr("chat: answer stopped (Ctrl-C); Ctrl-C at the prompt or Ctrl-D leaves\n");
-        else if (r.finish == FinishReason::kContextFull)
+        else if (r.context_full)
             print_stderr(fmt::format(
                 "chat: the context of {} positions is full: the answer is cut; the oldest messages go next turn "
                 "(or /reset)\n",
                 ctx_));
         else if (r.finish == FinishReason::kLength && a_.max_new_tokens > 0)
             print_stderr(fmt::format("chat: the answer reached --max-new-tokens {}\n", a_.max_new_tokens));
-        msgs_.push_back({"assistant", text.text()});
+        msgs_.push_back({"assistant", r.text});
     }
 
 private:
@@ -198,7 +192,7 @@ private:
                 print_stderr(fmt::format(
                     "chat: your message needs {} tokens with the chat template, more than the context of {} positions "
                     "leaves room for: not sent (shorten it, or raise --max-seq up to {})\n",
-                    ids.size(), ctx_, lm_.model->config().max_position));
+                    ids.size(), ctx_, max_position_));
                 msgs_.pop_back();
                 return std::nullopt;
             }
@@ -213,10 +207,10 @@ private:
     }
 
     ChatArgs& a_;
-    Built& lm_;
+    EngineClient& client_;
     const Tokenizer& tok_;
     SamplingParams sp_;
-    int64_t ctx_;
+    int64_t ctx_, max_position_;
     std::vector<ChatMessage> msgs_;
     int64_t turns_ = 0;
 };
@@ -244,7 +238,8 @@ int run_chat(ChatArgs& a) {
             "chat: type a message and press Enter. /reset forgets the conversation; Ctrl-C stops an answer; Ctrl-D, "
             "/exit or Ctrl-C at the prompt leaves.\n");
     install_sigint();
-    Chat chat(a, lm, *tok, sp);
+    EngineClient client(*lm.engine, tok.get());
+    Chat chat(a, client, *tok, sp, lm.model->config().max_position);
     LineReader in;
     for (;;) {
         clear_interrupt();  // the Ctrl-C that stopped an answer must not also leave at this prompt

@@ -8,16 +8,17 @@
 //              after a header line `--- sequence I ---` (I from 0), printed when all are done;
 //   ids        --print-ids, or a model without a tokenizer: one line of space-separated ids per sequence;
 //   --json     one JSON object per line per sequence: {"index", "text" (with a tokenizer),
-//              "token_ids", "finish_reason": "stop" | "length" | "context_full", "usage":
+//              "token_ids", "finish_reason": "stop" | "length", "usage":
 //              {"prompt_tokens", "completion_tokens"}, "seed", "logprobs" (with --logprobs: the
 //              log-softmax of the model's raw logits for each chosen token, before penalties,
 //              temperature and truncation)}.
 // Sequence I samples with seed + I ("seed" in its JSON); the seed is --seed, else random and printed
 // on stderr (`seed: N`, unless greedy: temperature 0 draws nothing) and in --stats-json and --json,
 // so a run is repeated with --seed N.
-// Stop strings (--stop) end a sequence as the server's do (runtime/engine/text_stream.h). A context
-// that fills up (the model's, or --max-seq) ends the output with finish_reason context_full, said on
-// stderr; a prompt that leaves no room at all is an error.
+// Stop strings (--stop), the context budget and finish reasons are the engine client's
+// (runtime/engine/client.h), the same as batch's and serve's. A context that fills up (the model's,
+// or --max-seq) ends the output with finish_reason length, said on stderr; a prompt that leaves no
+// room at all is an error.
 // Every write to stdout is checked (a full disk or closed descriptor is an error naming stdout);
 // --stats-json is written atomically, and a previous file there is removed when the run starts, so a
 // run that dies leaves none behind.
@@ -29,7 +30,7 @@
 #include "base/file.h"
 #include "base/log.h"
 #include "base/memory.h"
-#include "runtime/engine/text_stream.h"
+#include "runtime/engine/client.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 #include <algorithm>
@@ -136,22 +137,6 @@ void write_stats(const std::string& path, const GenerateStats& s, const Built& l
     f.commit();
 }
 
-// The context left after the prompt: an error when none is left for the tokens asked for, a
-// warning when fewer than asked for fit (and the cut is reported when it happens: context_full).
-void check_room(const Built& lm, int64_t prompt_tokens, int64_t max_new_tokens) {
-    const int64_t ctx = lm.model->max_seq(), room = ctx - prompt_tokens;
-    if (max_new_tokens == 0 || prompt_tokens > ctx) return;  // nothing asked for / the generator refuses it
-    LATTICE_CHECK(room > 0,
-                  "the prompt of {} tokens fills the whole context of {} positions: no room for new tokens (shorten "
-                  "it, or raise --max-seq up to max_position_embeddings {})",
-                  prompt_tokens, ctx, lm.model->config().max_position);
-    if (room < max_new_tokens)
-        LOG_WARN(
-            "the context of {} positions leaves room for {} of the {} new tokens asked for after the prompt of {} "
-            "tokens: the output stops there",
-            ctx, room, max_new_tokens, prompt_tokens);
-}
-
 // The prompt text from --prompt, --prompt-file or stdin; "" when --prompt-ids gives ids instead.
 std::string prompt_text(const GenerateArgs& a) {
     const int given = int(!a.prompt.empty()) + int(!a.prompt_file.empty()) + int(!a.prompt_ids.empty());
@@ -177,98 +162,115 @@ std::vector<int32_t> encode_prompt(const Tokenizer& tok, const std::string& text
     return encode_chat(tok, msgs, "--chat");
 }
 
-int run_generate(GenerateArgs& a) {
-    if (a.model.model.empty() && !a.model.random_weights) a.model.model = default_model_path();
-    const bool leader = launcher_rank() == 0;
-    GenerateRequest req;
-    std::unique_ptr<Tokenizer> tok;
-    uint64_t seed = 0;
-    bool text_prompt = false;
-    if (leader) {  // everything from the user is read and checked before the (long) load
-        if (!a.stats_json.empty()) prepare_output_file(a.stats_json, "--stats-json", {a.model.model, a.model.smooth});
-        const std::string text = prompt_text(a);
-        text_prompt = !text.empty();
-        if (text_prompt) {
-            LATTICE_CHECK(!a.model.random_weights, "a text prompt needs a model with a tokenizer (use --prompt-ids)");
-            tok = load_tokenizer(a.model.model);
-            req.prompt = encode_prompt(*tok, text, a.chat, a.system);
-        } else {
-            LATTICE_CHECK(!a.chat, "--chat needs a text prompt (--prompt, --prompt-file or stdin)");
-            req.prompt = parse_id_list(a.prompt_ids, "--prompt-ids");
-            if (!a.model.random_weights && (a.json || !a.sampling.stop.empty()))
-                tok = optional_tokenizer(a.model, "generate", "no text in the output, --stop cannot apply");
-        }
-        LATTICE_CHECK(!req.prompt.empty(), "the prompt is empty");
-        LATTICE_CHECK(a.sampling.stop.empty() || tok, "--stop needs a model with a tokenizer");
-        if (tok) req.stop_ids = tok->eog_ids();
-        req.sampling = a.sampling.resolve();
-        seed = req.sampling.seed;
-    }
-    req.max_new_tokens = a.max_new_tokens;
-    req.ignore_eos = a.ignore_eos;
-    Built lm = load_model(a.model);
-    const bool rank0 = lm.world.rank == 0;
-    if (rank0) {
-        check_room(lm, int64_t(req.prompt.size()), req.max_new_tokens);
-        if (req.sampling.temperature > 0)  // (greedy does not draw: its seed changes nothing)
-            print_stderr(a.batch > 1 ? fmt::format("seed: {} (sequence i: {} + i)\n", seed, seed)
-                                     : fmt::format("seed: {}\n", seed));
-    }
-    const std::vector<GenerateRequest> reqs(static_cast<size_t>(a.batch), req);  // (other ranks: unused)
-    // Rank 0: a text stream per sequence (stop strings) whenever there is a tokenizer; text is shown
-    // for a text prompt or --json, streamed when it is one sequence of plain text.
-    const bool show_text = rank0 && tok && !a.print_ids && (text_prompt || a.json);
-    const bool stream = show_text && !a.json && a.batch == 1;
-    std::vector<std::unique_ptr<TextStream>> texts;
-    if (rank0 && tok)
-        for (int64_t i = 0; i < a.batch; ++i) texts.push_back(std::make_unique<TextStream>(*tok, a.sampling.stop));
-    const ModelConfig& cfg = lm.model->config();
-    GenerateStats total;
-    std::vector<GenerateResult> rs = lm.engine->generate_batch(
-        reqs,
-        [&](int64_t i, int32_t id) {
-            if (texts.empty()) return FinishReason::kNone;
-            if (!a.ignore_eos && (cfg.is_eos(id) || tok->is_eog(id))) return FinishReason::kNone;  // not text
-            const TextStream::Piece p = texts[size_t(i)]->push(id);
-            if (stream && !p.text.empty()) {
-                write_stdout(p.text);
-                flush_stdout();
-            }
-            return p.stop ? FinishReason::kStop : FinishReason::kNone;
-        },
-        &total);
-    if (!rank0) return 0;
-    const int64_t prompt_tokens = int64_t(req.prompt.size());
-    for (size_t i = 0; i < rs.size(); ++i) {
-        const GenerateResult& r = rs[i];
-        const std::string rest = show_text ? texts[i]->finish() : std::string();  // what was held back
+// Rank 0's output of the finished run: JSON lines, the streamed text's end, whole texts or ids.
+void print_outputs(const GenerateArgs& a, const std::vector<ClientOutput>& outs, bool show_text, bool stream,
+                   uint64_t seed) {
+    for (size_t i = 0; i < outs.size(); ++i) {
+        const ClientOutput& o = outs[i];
         if (a.json) {
             nlohmann::json j = {{"index", i}};
-            if (show_text) j["text"] = texts[i]->text();
-            j["token_ids"] = r.tokens;
-            j["finish_reason"] = std::string(finish_reason_name(r.finish));
-            j["usage"] = {{"prompt_tokens", prompt_tokens}, {"completion_tokens", int64_t(r.tokens.size())}};
+            if (show_text) j["text"] = o.text;
+            j["token_ids"] = o.tokens;
+            j["finish_reason"] = std::string(finish_reason_name(o.finish));
+            j["usage"] = {{"prompt_tokens", o.prompt_tokens}, {"completion_tokens", int64_t(o.tokens.size())}};
             j["seed"] = seed + i;
-            if (a.logprobs) j["logprobs"] = r.logprobs;
+            if (a.logprobs) j["logprobs"] = o.logprobs;
             // Invalid UTF-8 in generated text (bytes no character completes) becomes U+FFFD.
             write_stdout(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
         } else if (stream) {
-            write_stdout(rest + "\n");
+            write_stdout("\n");
         } else if (show_text) {
             if (a.batch > 1) write_stdout(fmt::format("--- sequence {} ---\n", i));
-            write_stdout(texts[i]->text() + "\n");
+            write_stdout(o.text + "\n");
         } else {
-            write_stdout(fmt::format("{}\n", fmt::join(r.tokens, " ")));
+            write_stdout(fmt::format("{}\n", fmt::join(o.tokens, " ")));
         }
     }
     flush_stdout();
-    for (size_t i = 0; i < rs.size(); ++i)
-        if (rs[i].finish == FinishReason::kContextFull)
+}
+
+// Rank 0, before the (long) load: the prompt read, checked and tokenized; the tokenizer when the
+// output needs text or --stop needs it.
+struct PreparedPrompt {
+    ClientRequest request;
+    std::unique_ptr<Tokenizer> tok;
+    bool text_prompt = false;
+};
+
+PreparedPrompt prepare_prompt(GenerateArgs& a) {
+    PreparedPrompt p;
+    if (!a.stats_json.empty()) prepare_output_file(a.stats_json, "--stats-json", {a.model.model, a.model.smooth});
+    const std::string text = prompt_text(a);
+    p.text_prompt = !text.empty();
+    if (p.text_prompt) {
+        LATTICE_CHECK(!a.model.random_weights, "a text prompt needs a model with a tokenizer (use --prompt-ids)");
+        p.tok = load_tokenizer(a.model.model);
+        p.request.prompt = encode_prompt(*p.tok, text, a.chat, a.system);
+    } else {
+        LATTICE_CHECK(!a.chat, "--chat needs a text prompt (--prompt, --prompt-file or stdin)");
+        p.request.prompt = parse_id_list(a.prompt_ids, "--prompt-ids");
+        if (!a.model.random_weights && (a.json || !a.sampling.stop.empty()))
+            p.tok = optional_tokenizer(a.model, "generate", "no text in the output, --stop cannot apply");
+    }
+    LATTICE_CHECK(!p.request.prompt.empty(), "the prompt is empty");
+    LATTICE_CHECK(a.sampling.stop.empty() || p.tok, "--stop needs a model with a tokenizer");
+    p.request.sampling = a.sampling.resolve();
+    p.request.stop = a.sampling.stop;
+    p.request.ignore_eos = a.ignore_eos;
+    return p;
+}
+
+int run_generate(GenerateArgs& a) {
+    if (a.model.model.empty() && !a.model.random_weights) a.model.model = default_model_path();
+    PreparedPrompt p;
+    if (launcher_rank() == 0) p = prepare_prompt(a);  // everything from the user is checked before the load
+    Built lm = load_model(a.model);
+    const bool rank0 = lm.world.rank == 0;
+    EngineClient client(*lm.engine, p.tok.get());
+    const uint64_t seed = p.request.sampling.seed;
+    std::vector<ClientRequest> reqs;
+    if (rank0) {
+        const int64_t n = a.max_new_tokens, prompt_tokens = int64_t(p.request.prompt.size());
+        // An error (no room at all) is the run's: every rank learns it from run() below.
+        const int64_t room = prompt_tokens < client.context() ? client.budget(prompt_tokens, n) : n;
+        if (room < n)
+            LOG_WARN("the context of {} positions leaves room for {} of the {} new tokens asked for after the prompt "
+                     "of {} tokens: the output stops there",
+                     client.context(), room, n, prompt_tokens);
+        if (p.request.sampling.temperature > 0)  // (greedy does not draw: its seed changes nothing)
+            print_stderr(a.batch > 1 ? fmt::format("seed: {} (sequence i: {} + i)\n", seed, seed)
+                                     : fmt::format("seed: {}\n", seed));
+        for (int64_t i = 0; i < a.batch; ++i) {
+            reqs.push_back(p.request);
+            reqs.back().max_tokens = n;
+            reqs.back().sampling.seed = seed + uint64_t(i);  // distinct streams per sequence, reproducible
+        }
+    } else {
+        reqs.resize(size_t(a.batch));
+    }
+    // Text is shown for a text prompt or --json, streamed when it is one sequence of plain text.
+    const bool show_text = rank0 && p.tok && !a.print_ids && (p.text_prompt || a.json);
+    const bool stream = show_text && !a.json && a.batch == 1;
+    GenerateStats total;
+    const std::vector<ClientOutput> outs = client.run(
+        reqs,
+        [&](size_t, const ClientEvent& ev) {
+            if (stream && !ev.text.empty()) {
+                write_stdout(ev.text);
+                flush_stdout();
+            }
+            return true;
+        },
+        &total);
+    if (!rank0) return 0;
+    print_outputs(a, outs, show_text, stream, seed);
+    for (size_t i = 0; i < outs.size(); ++i)
+        if (outs[i].context_full)
             print_stderr(fmt::format(
                 "generate: {}the context of {} positions is full after {} new tokens: the output is cut "
-                "(finish_reason context_full; raise --max-seq, up to {})\n",
-                a.batch > 1 ? fmt::format("sequence {}: ", i) : "", lm.model->max_seq(), rs[i].tokens.size(),
-                cfg.max_position));
+                "(finish_reason length; raise --max-seq, up to {})\n",
+                a.batch > 1 ? fmt::format("sequence {}: ", i) : "", client.context(), outs[i].tokens.size(),
+                lm.model->config().max_position));
     print_stats(total);
     if (!a.stats_json.empty()) write_stats(a.stats_json, total, lm, a.model, seed);
     return 0;

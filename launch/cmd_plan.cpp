@@ -88,7 +88,8 @@ void apply_calibration(const std::string& path, DeviceSpec& d, LinkSpec& l) {
 }
 
 
-int run_plan(const PlanArgs& a) {
+// The planner's request from the flags.
+PlanRequest plan_request(const PlanArgs& a) {
     PlanRequest r;
     r.model = load_dims(a.model);
     r.device = find_device(a.gpu);
@@ -105,65 +106,71 @@ int run_plan(const PlanArgs& a) {
     r.context = a.context;
     r.prompt = std::min(a.prompt, a.context);
     r.max_batch_tokens = a.max_batch_tokens;
-    const auto plans = plan_layouts(r);
-    const bool any = !plans.empty() && plans.front().feasible && plans.front().fits;
+    return r;
+}
+
+// USD per million generated tokens (0: no price given).
+double usd_per_million(const PlanRequest& r, const LayoutPrediction& p) {
+    return r.device.price_per_hour > 0 && p.decode_tokens_per_s > 0
+               ? r.device.price_per_hour * r.devices / (p.decode_tokens_per_s * 3600.0) * 1e6
+               : 0.0;
+}
+
+void print_plan_json(const PlanRequest& r, const std::vector<LayoutPrediction>& plans, bool any) {
     const double params = dims_params(r.model);
-    auto cost = [&](const LayoutPrediction& p) {  // USD per million generated tokens
-        return r.device.price_per_hour > 0 && p.decode_tokens_per_s > 0
-                   ? r.device.price_per_hour * r.devices / (p.decode_tokens_per_s * 3600.0) * 1e6
-                   : 0.0;
-    };
-
-    if (a.json) {
-        nlohmann::json j = {{"model", r.model.name},
-                            {"parameters", params},
-                            {"device", r.device.name},
-                            {"device_label", r.device.label},
-                            {"devices", r.devices},
-                            {"nodes", r.nodes},
-                            {"link", r.link.name},
-                            {"quant", plan_quant_name(r.quant)},
-                            {"batch", r.batch},
-                            {"context", r.context},
-                            {"prompt", r.prompt},
-                            {"device_spec",
-                             {{"mem_gib", r.device.mem_gib},
-                              {"bw_gbs", r.device.bw_gbs},
-                              {"bw_eff", r.device.bw_eff},
-                              {"node_bw_gbs", r.device.node_bw_gbs},
-                              {"node_int8_tops", r.device.node_int8_tops},
-                              {"overlap", r.device.overlap},
-                              {"int8_tops", r.device.int8_tops},
-                              {"fp16_tflops", r.device.fp16_tflops},
-                              {"attn_tflops", r.device.attn_tflops},
-                              {"compute_eff", r.device.compute_eff},
-                              {"source", r.device.source}}},
-                            {"link_spec", {{"alpha_us", r.link.alpha_us}, {"bw_gbs", r.link.bw_gbs}}},
-                            {"layouts", nlohmann::json::array()}};
-        for (const auto& p : plans) {
-            nlohmann::json l = {{"tp", p.tp}, {"pp", p.pp}, {"feasible", p.feasible}};
-            if (!p.feasible) {
-                l["why_not"] = p.why_not;
-            } else {
-                l["fits"] = p.fits;
-                l["memory_gib"] = {{"weights", to_gib(p.memory.weights)},   {"kv_cache", to_gib(p.memory.kv)},
-                                   {"activations", to_gib(p.memory.activations)}, {"reserved", to_gib(p.memory.reserved)},
-                                   {"total", to_gib(p.memory.total())},       {"heaviest_stage", p.memory.heaviest_stage}};
-                l["decode_tokens_per_s"] = p.decode_tokens_per_s;
-                l["decode_token_latency_ms"] = p.decode_token_latency_ms;
-                l["prefill_tokens_per_s"] = p.prefill_tokens_per_s;
-                l["ttft_ms"] = p.ttft_ms;
-                l["comm_share"] = p.comm_share;
-                l["bound"] = p.bound;
-                if (cost(p) > 0) l["usd_per_million_tokens"] = cost(p);
-            }
-            j["layouts"].push_back(l);
+    auto cost = [&](const LayoutPrediction& p) { return usd_per_million(r, p); };
+    nlohmann::json j = {{"model", r.model.name},
+                        {"parameters", params},
+                        {"device", r.device.name},
+                        {"device_label", r.device.label},
+                        {"devices", r.devices},
+                        {"nodes", r.nodes},
+                        {"link", r.link.name},
+                        {"quant", plan_quant_name(r.quant)},
+                        {"batch", r.batch},
+                        {"context", r.context},
+                        {"prompt", r.prompt},
+                        {"device_spec",
+                         {{"mem_gib", r.device.mem_gib},
+                          {"bw_gbs", r.device.bw_gbs},
+                          {"bw_eff", r.device.bw_eff},
+                          {"node_bw_gbs", r.device.node_bw_gbs},
+                          {"node_int8_tops", r.device.node_int8_tops},
+                          {"overlap", r.device.overlap},
+                          {"int8_tops", r.device.int8_tops},
+                          {"fp16_tflops", r.device.fp16_tflops},
+                          {"attn_tflops", r.device.attn_tflops},
+                          {"compute_eff", r.device.compute_eff},
+                          {"source", r.device.source}}},
+                        {"link_spec", {{"alpha_us", r.link.alpha_us}, {"bw_gbs", r.link.bw_gbs}}},
+                        {"layouts", nlohmann::json::array()}};
+    for (const auto& p : plans) {
+        nlohmann::json l = {{"tp", p.tp}, {"pp", p.pp}, {"feasible", p.feasible}};
+        if (!p.feasible) {
+            l["why_not"] = p.why_not;
+        } else {
+            l["fits"] = p.fits;
+            l["memory_gib"] = {{"weights", to_gib(p.memory.weights)},   {"kv_cache", to_gib(p.memory.kv)},
+                               {"activations", to_gib(p.memory.activations)}, {"reserved", to_gib(p.memory.reserved)},
+                               {"total", to_gib(p.memory.total())},       {"heaviest_stage", p.memory.heaviest_stage}};
+            l["decode_tokens_per_s"] = p.decode_tokens_per_s;
+            l["decode_token_latency_ms"] = p.decode_token_latency_ms;
+            l["prefill_tokens_per_s"] = p.prefill_tokens_per_s;
+            l["ttft_ms"] = p.ttft_ms;
+            l["comm_share"] = p.comm_share;
+            l["bound"] = p.bound;
+            if (cost(p) > 0) l["usd_per_million_tokens"] = cost(p);
         }
-        j["recommended"] = any ? nlohmann::json{{"tp", plans.front().tp}, {"pp", plans.front().pp}} : nlohmann::json();
-        print_stdout("{}\n", j.dump(2));
-        return any ? 0 : 1;
+        j["layouts"].push_back(l);
     }
+    j["recommended"] = any ? nlohmann::json{{"tp", plans.front().tp}, {"pp", plans.front().pp}} : nlohmann::json();
+    print_stdout("{}\n", j.dump(2));
+}
 
+// The table, the recommendation and its assumptions; 1 when no layout fits.
+int print_plan_table(const PlanRequest& r, const std::vector<LayoutPrediction>& plans, bool any) {
+    const double params = dims_params(r.model);
+    auto cost = [&](const LayoutPrediction& p) { return usd_per_million(r, p); };
     print_stdout("{} ({:.1f}B parameters, {} layers) on {} x {} ({} node{}, {}{}), {}, batch {}, context {}, prompt {}\n",
                  r.model.name, params / 1e9, r.model.n_layers, r.devices, r.device.label, r.nodes, r.nodes > 1 ? "s" : "",
                  r.link.name, r.nodes > 1 ? " within, " + r.inter_node.name + " between" : "", plan_quant_name(r.quant),
@@ -203,6 +210,15 @@ int run_plan(const PlanArgs& a) {
                  r.quant == PlanQuant::kW8A8 ? "OP" : "FLOP", r.device.compute_eff, r.link.name, r.link.alpha_us,
                  r.link.bw_gbs);
     return 0;
+}
+
+int run_plan(const PlanArgs& a) {
+    const PlanRequest r = plan_request(a);
+    const auto plans = plan_layouts(r);
+    const bool any = !plans.empty() && plans.front().feasible && plans.front().fits;
+    if (!a.json) return print_plan_table(r, plans, any);
+    print_plan_json(r, plans, any);
+    return any ? 0 : 1;
 }
 
 }  // namespace

@@ -67,29 +67,32 @@ int run_serve(ServeArgs& a) {
     });
     install_drain_handlers();
     if (lm.world.world > 1) lm.world_comm->barrier();  // every rank holds its shard and KV cache
-    Engine& engine = *lm.engine;
-    if (!engine.is_leader()) {
-        engine.follow();
+    const std::unique_ptr<Tokenizer> tok =
+        lm.world.rank == 0
+            ? optional_tokenizer(a.model, "serve", "prompts must be token ids, responses carry token_ids and no text")
+            : nullptr;
+    EngineClient client(*lm.engine, tok.get());
+    if (!client.is_leader()) {
+        client.follow();
         return 0;
     }
-    const std::unique_ptr<Tokenizer> tok =
-        optional_tokenizer(a.model, "serve", "prompts must be token ids, responses carry token_ids and no text");
     serve::ServedModel sm;
     sm.name = a.served_name;
     sm.tokenizer = tok.get();
-    sm.limits = ApiLimits{lm.model->max_seq(), lm.model->config().vocab};
+    sm.limits = ApiLimits{lm.model->config().vocab};
+    sm.context = client.context();
     sm.created = int64_t(std::time(nullptr));
     server->set_ready(sm);
     LOG_INFO("serve: ready: model \"{}\" on {} rank(s), context {}, KV cache {} blocks, at {}", sm.name, lm.world.world,
-             sm.limits.max_seq, engine.scheduler().pool().num_blocks(), server->url());
+             client.context(), client.scheduler().pool().num_blocks(), server->url());
 
-    serve::EngineLoop loop(engine, tok.get(), inbox, metrics, a.loop);
+    serve::EngineLoop loop(client, inbox, metrics, a.loop);
     loop.run([] { return drain_requested(); }, [&] { server->stop_accepting(); });
     // The last responses may still be on their way out.
     const bool flushed = server->wait_idle(serve::Clock::now() + std::chrono::seconds(5));
     server->stop();
     inbox.clear();
-    engine.shutdown();
+    client.shutdown();
     const serve::LoopTotals& t = loop.totals();
     print_stderr(fmt::format(
         "lattice serve: stopped by signal {}: {} request(s) served, {} refused, {} cancelled by clients, {} cut at the "

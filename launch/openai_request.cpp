@@ -61,17 +61,9 @@ std::string message_text(const json& content, size_t i) {
     return text;
 }
 
-}  // namespace
-
-ApiRequest parse_api_request(const json& b, bool chat, const Tokenizer* tok, const ApiLimits& lim) {
-    LATTICE_CHECK(b.is_object(), "the request body must be a JSON object");
-    ApiRequest r;
-    r.chat = chat;
-    if (b.contains("model") && !b["model"].is_null()) {
-        LATTICE_CHECK(b["model"].is_string(), "\"model\" must be a string");
-        r.model = b["model"].get<std::string>();
-    }
-    std::vector<int32_t>& prompt = r.engine.prompt;
+// The prompt's ids: "messages" through the chat template, or "prompt" (text or ids).
+std::vector<int32_t> api_prompt(const json& b, bool chat, const Tokenizer* tok, const ApiLimits& lim) {
+    std::vector<int32_t> prompt;
     if (chat) {
         LATTICE_CHECK(b.contains("messages"), "\"messages\" is required");
         const json& m = b["messages"];
@@ -106,56 +98,72 @@ ApiRequest parse_api_request(const json& b, bool chat, const Tokenizer* tok, con
         }
     }
     LATTICE_CHECK(!prompt.empty(), "the prompt is empty");
-    LATTICE_CHECK(int64_t(prompt.size()) < lim.max_seq,
-                  "the prompt has {} tokens; the context holds {} (prompt and output together)", prompt.size(),
-                  lim.max_seq);
-    const int64_t room = lim.max_seq - int64_t(prompt.size());
-    int64_t max_tokens = chat ? room : 16;
+    return prompt;
+}
+
+// "stop": a string or up to 4 non-empty strings (they need a tokenizer: they apply to the text).
+std::vector<std::string> stop_strings(const json& b, const Tokenizer* tok) {
+    std::vector<std::string> stop;
+    if (!b.contains("stop") || b["stop"].is_null()) return stop;
+    const json& s = b["stop"];
+    if (s.is_string()) {
+        stop.push_back(s.get<std::string>());
+    } else {
+        LATTICE_CHECK(s.is_array() && s.size() <= 4, "\"stop\" must be a string or an array of up to 4 strings");
+        for (size_t i = 0; i < s.size(); ++i) {
+            LATTICE_CHECK(s[i].is_string(), "\"stop\"[{}] must be a string", i);
+            stop.push_back(s[i].get<std::string>());
+        }
+    }
+    for (const std::string& x : stop) LATTICE_CHECK(!x.empty(), "\"stop\" strings must not be empty");
+    LATTICE_CHECK(stop.empty() || tok != nullptr, "\"stop\" strings need a model with a tokenizer");
+    return stop;
+}
+
+}  // namespace
+
+ApiRequest parse_api_request(const json& b, bool chat, const Tokenizer* tok, const ApiLimits& lim) {
+    LATTICE_CHECK(b.is_object(), "the request body must be a JSON object");
+    ApiRequest r;
+    r.chat = chat;
+    if (b.contains("model") && !b["model"].is_null()) {
+        LATTICE_CHECK(b["model"].is_string(), "\"model\" must be a string");
+        r.model = b["model"].get<std::string>();
+    }
+    ClientRequest& q = r.client;
+    q.prompt = api_prompt(b, chat, tok, lim);
+    int64_t max_tokens = chat ? ClientRequest::kRestOfContext : 16;
     if (chat && b.contains("max_completion_tokens") && !b["max_completion_tokens"].is_null())
         max_tokens = integer(b, "max_completion_tokens", 1, INT32_MAX, max_tokens);
     else
         max_tokens = integer(b, "max_tokens", 1, INT32_MAX, max_tokens);
-    r.engine.max_new_tokens = std::min(max_tokens, room);
-    r.engine.min_tokens = integer(b, "min_tokens", 0, INT32_MAX, 0);
-    r.engine.ignore_eos = boolean(b, "ignore_eos", false);
-    r.engine.sampling.temperature = float(number(b, "temperature", 0.0, 100.0, 1.0));
-    r.engine.sampling.top_p = float(number(b, "top_p", 1e-9, 1.0, 1.0));
+    q.max_tokens = max_tokens;
+    q.min_tokens = integer(b, "min_tokens", 0, INT32_MAX, 0);
+    q.ignore_eos = boolean(b, "ignore_eos", false);
+    q.sampling.temperature = float(number(b, "temperature", 0.0, 100.0, 1.0));
+    q.sampling.top_p = float(number(b, "top_p", 1e-9, 1.0, 1.0));
     const int64_t top_k = integer(b, "top_k", -1, INT32_MAX, 0);
-    r.engine.sampling.top_k = top_k < 0 ? 0 : top_k;
+    q.sampling.top_k = top_k < 0 ? 0 : top_k;
     if (b.contains("seed") && !b["seed"].is_null()) {
-        r.engine.sampling.seed = uint64_t(integer(b, "seed", INT64_MIN, INT64_MAX, 0));
+        q.sampling.seed = uint64_t(integer(b, "seed", INT64_MIN, INT64_MAX, 0));
         r.seed_given = true;
     } else {
-        r.engine.sampling.seed = std::random_device{}() * 0x9e3779b97f4a7c15ull ^ std::random_device{}();
+        q.sampling.seed = std::random_device{}() * 0x9e3779b97f4a7c15ull ^ std::random_device{}();
     }
     LATTICE_CHECK(integer(b, "n", 1, 1, 1) == 1, "\"n\" must be 1");
-    if (b.contains("stop") && !b["stop"].is_null()) {
-        const json& s = b["stop"];
-        if (s.is_string()) {
-            r.stop.push_back(s.get<std::string>());
-        } else {
-            LATTICE_CHECK(s.is_array() && s.size() <= 4, "\"stop\" must be a string or an array of up to 4 strings");
-            for (size_t i = 0; i < s.size(); ++i) {
-                LATTICE_CHECK(s[i].is_string(), "\"stop\"[{}] must be a string", i);
-                r.stop.push_back(s[i].get<std::string>());
-            }
-        }
-        for (const std::string& x : r.stop) LATTICE_CHECK(!x.empty(), "\"stop\" strings must not be empty");
-        LATTICE_CHECK(r.stop.empty() || tok != nullptr, "\"stop\" strings need a model with a tokenizer");
-    }
+    q.stop = stop_strings(b, tok);
     // The same SamplingParams (and Sampler) as the CLI's --presence-penalty, --frequency-penalty,
     // --min-p, --repeat-penalty / --repeat-last-n (runtime/engine/sampler.h).
-    r.engine.sampling.presence_penalty = float(number(b, "presence_penalty", -2.0, 2.0, 0.0));
-    r.engine.sampling.frequency_penalty = float(number(b, "frequency_penalty", -2.0, 2.0, 0.0));
-    r.engine.sampling.min_p = float(number(b, "min_p", 0.0, 1.0, 0.0));
-    r.engine.sampling.repeat_penalty = float(number(b, "repetition_penalty", 1e-6, 1e6, 1.0));
-    r.engine.sampling.repeat_last_n = integer(b, "repeat_last_n", -1, INT32_MAX, -1);
+    q.sampling.presence_penalty = float(number(b, "presence_penalty", -2.0, 2.0, 0.0));
+    q.sampling.frequency_penalty = float(number(b, "frequency_penalty", -2.0, 2.0, 0.0));
+    q.sampling.min_p = float(number(b, "min_p", 0.0, 1.0, 0.0));
+    q.sampling.repeat_penalty = float(number(b, "repetition_penalty", 1e-6, 1e6, 1.0));
+    q.sampling.repeat_last_n = integer(b, "repeat_last_n", -1, INT32_MAX, -1);
     r.stream = boolean(b, "stream", false);
     if (b.contains("stream_options") && !b["stream_options"].is_null()) {
         LATTICE_CHECK(b["stream_options"].is_object(), "\"stream_options\" must be an object");
         r.include_usage = boolean(b["stream_options"], "include_usage", false);
     }
-    if (tok && !r.engine.ignore_eos) r.engine.stop_ids = tok->eog_ids();  // <|im_end|>, <|eot_id|> ...
     return r;
 }
 

@@ -10,8 +10,9 @@
 // window, says fewer tokens). Sampling semantics: runtime/engine/sampler.h, shared with the CLI.
 // Unknown fields are ignored (clients send extras such as "user"); a known field of the wrong type
 // or out of range is an Error whose message names the field.
-// Defaults: completions max_tokens 16 (OpenAI's); chat: the rest of the context. Temperature 1,
-// top_p 1 (OpenAI's). Seed: random unless given (reported back by the caller).
+// Defaults: completions max_tokens 16 (OpenAI's); chat: the rest of the context (kRestOfContext to
+// the engine client, runtime/engine/client.h, which owns the context budget). Temperature 1, top_p 1 (OpenAI's).
+// Seed: random unless given (reported back by the caller).
 #pragma once
 
 #include <cstdint>
@@ -19,21 +20,19 @@
 #include <string>
 #include <vector>
 
-#include "runtime/engine/scheduler.h"
+#include "runtime/engine/client.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace lattice {
 
 struct ApiLimits {
-    int64_t max_seq = 0;  // positions per sequence
-    int64_t vocab = 0;
+    int64_t vocab = 0;  // token ids of a prompt are checked against it
 };
 
 struct ApiRequest {
     bool chat = false;
     std::string model;              // "" when absent
-    EngineRequest engine;           // prompt, limits, sampling, token stops
-    std::vector<std::string> stop;  // stop strings
+    ClientRequest client;  // to the engine client: prompt, limits, sampling, stop strings
     bool stream = false;
     bool include_usage = false;
     bool seed_given = false;

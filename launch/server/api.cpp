@@ -82,20 +82,68 @@ bool keys_equal(std::string_view given, std::string_view expected) {
     return diff == 0;
 }
 
+namespace {
+
+struct KnownRoute {
+    std::string_view path, method;
+    bool prefix;  // path is a prefix (/v1/models/{id})
+};
+
+// GET /v1/models and /v1/models/{id}: the one model's card.
+Reply model_reply(std::string_view path, const KnownRoute& hit, const ServedModel& m) {
+    const json card = {{"id", m.name},
+                       {"object", "model"},
+                       {"created", m.created},
+                       {"owned_by", "lattice"},
+                       {"max_model_len", m.context}};
+    if (!hit.prefix) return json_reply(200, {{"object", "list"}, {"data", json::array({card})}});
+    const std::string_view id = path.substr(hit.path.size());
+    if (id != m.name)
+        return error_reply(404, fmt::format("model \"{}\" does not exist; this server serves \"{}\"", id, m.name),
+                           "model", "model_not_found");
+    return json_reply(200, card);
+}
+
+// POST /v1/completions and /v1/chat/completions: the body parsed into a call, or a 400 / 404 reply.
+void completion_route(const RouteInput& in, const RouteContext& ctx, bool chat, Routed& out) {
+    const ServedModel& m = *ctx.model;
+    try {
+        const json body = parse_body(in.body);
+        if (body.is_object() && body.contains("model") && body["model"].is_string() &&
+            body["model"].get<std::string>() != m.name) {
+            out.reply = error_reply(404,
+                                    fmt::format("model \"{}\" does not exist; this server serves \"{}\"",
+                                                body["model"].get<std::string>(), m.name),
+                                    "model", "model_not_found");
+            return;
+        }
+        ApiCall call;
+        call.request = parse_api_request(body, chat, m.tokenizer, m.limits);
+        const auto it = body.find("return_token_ids");
+        LATTICE_CHECK(it == body.end() || it->is_null() || it->is_boolean(),
+                      "\"return_token_ids\" must be true or false");
+        call.return_token_ids = !m.tokenizer || (it != body.end() && it->is_boolean() && it->get<bool>());
+        call.id = fmt::format("{}-{:016x}", chat ? "chatcmpl" : "cmpl", ctx.request_number);
+        call.created = int64_t(std::time(nullptr));
+        call.model = m.name;
+        out.call = std::move(call);
+    } catch (const Error& e) {
+        out.reply = error_reply(400, e.message(), param_of(e.message()));
+    }
+}
+
+}  // namespace
+
 Routed route(const RouteInput& in, const RouteContext& ctx) {
     Routed out;
     std::string_view path = in.target.substr(0, in.target.find('?'));
-    struct Known {
-        std::string_view path, method;
-        bool prefix;
-    };
-    static constexpr Known kRoutes[] = {
+    static constexpr KnownRoute kRoutes[] = {
         {"/v1/completions", "POST", false}, {"/v1/chat/completions", "POST", false},
         {"/v1/models", "GET", false},       {"/v1/models/", "GET", true},
         {"/health", "GET", false},          {"/metrics", "GET", false},
     };
-    const Known* hit = nullptr;
-    for (const Known& k : kRoutes)
+    const KnownRoute* hit = nullptr;
+    for (const KnownRoute& k : kRoutes)
         if (k.prefix ? path.starts_with(k.path) && path.size() > k.path.size() : path == k.path) hit = &k;
     out.route = hit ? std::string(hit->prefix ? "/v1/models/{id}" : hit->path) : "other";
     if (path.starts_with("/v1/") && !ctx.api_key.empty()) {
@@ -117,69 +165,22 @@ Routed route(const RouteInput& in, const RouteContext& ctx) {
         out.reply->headers.emplace_back("Allow", std::string(hit->method));
         return out;
     }
-    const ServedModel* m = ctx.model;
     if (path == "/health") {
-        out.reply = m ? json_reply(200, {{"status", "ok"}}) : json_reply(503, {{"status", "loading"}});
-        return out;
-    }
-    if (path == "/metrics") {
+        out.reply = ctx.model ? json_reply(200, {{"status", "ok"}}) : json_reply(503, {{"status", "loading"}});
+    } else if (path == "/metrics") {
         Reply r;
         r.content_type = "text/plain; version=0.0.4; charset=utf-8";
         if (ctx.metrics) r.body = ctx.metrics->render();
         out.reply = std::move(r);
-        return out;
-    }
-    if (!m) {
+    } else if (!ctx.model) {
         out.reply = error_reply(503, "the model is still loading; retry when GET /health answers 200");
         out.reply->headers.emplace_back("Retry-After", "5");
-        return out;
-    }
-    if (hit->path.starts_with("/v1/models")) {
-        const json card = {{"id", m->name},
-                           {"object", "model"},
-                           {"created", m->created},
-                           {"owned_by", "lattice"},
-                           {"max_model_len", m->limits.max_seq}};
-        if (hit->prefix) {
-            const std::string_view id = path.substr(hit->path.size());
-            if (id != m->name)
-                out.reply =
-                    error_reply(404, fmt::format("model \"{}\" does not exist; this server serves \"{}\"", id, m->name),
-                                "model", "model_not_found");
-            else
-                out.reply = json_reply(200, card);
-        } else {
-            out.reply = json_reply(200, {{"object", "list"}, {"data", json::array({card})}});
-        }
-        return out;
-    }
-    if (ctx.draining) {
+    } else if (hit->path.starts_with("/v1/models")) {
+        out.reply = model_reply(path, *hit, *ctx.model);
+    } else if (ctx.draining) {
         out.reply = error_reply(503, "the server is shutting down and takes no new requests");
-        return out;
-    }
-    const bool chat = path == "/v1/chat/completions";
-    try {
-        const json body = parse_body(in.body);
-        if (body.is_object() && body.contains("model") && body["model"].is_string() &&
-            body["model"].get<std::string>() != m->name) {
-            out.reply = error_reply(404,
-                                    fmt::format("model \"{}\" does not exist; this server serves \"{}\"",
-                                                body["model"].get<std::string>(), m->name),
-                                    "model", "model_not_found");
-            return out;
-        }
-        ApiCall call;
-        call.request = parse_api_request(body, chat, m->tokenizer, m->limits);
-        const auto it = body.find("return_token_ids");
-        LATTICE_CHECK(it == body.end() || it->is_null() || it->is_boolean(),
-                      "\"return_token_ids\" must be true or false");
-        call.return_token_ids = !m->tokenizer || (it != body.end() && it->is_boolean() && it->get<bool>());
-        call.id = fmt::format("{}-{:016x}", chat ? "chatcmpl" : "cmpl", ctx.request_number);
-        call.created = int64_t(std::time(nullptr));
-        call.model = m->name;
-        out.call = std::move(call);
-    } catch (const Error& e) {
-        out.reply = error_reply(400, e.message(), param_of(e.message()));
+    } else {
+        completion_route(in, ctx, path == "/v1/chat/completions", out);
     }
     return out;
 }

@@ -34,6 +34,7 @@ struct ServedModel {
     std::string name;                      // must match the request's "model"
     const Tokenizer* tokenizer = nullptr;  // null: prompts must be token ids
     ApiLimits limits;
+    int64_t context = 0;  // positions per sequence, prompt and output (max_model_len)
     int64_t created = 0;  // unix time the server became ready
 };
 

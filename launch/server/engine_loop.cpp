@@ -14,20 +14,24 @@ double seconds(Clock::duration d) {
     return std::chrono::duration<double>(d).count();
 }
 
-}  // namespace
-
-EngineLoop::EngineLoop(Engine& engine, const Tokenizer* tok, Inbox& inbox, Metrics& metrics, LoopOptions opt)
-    : engine_(engine), tok_(tok), inbox_(inbox), metrics_(metrics), opt_(opt) {
-    LATTICE_CHECK(engine_.is_leader(), "the serve loop runs on the leader (world rank 0)");
-    publish();
-}
-
-void EngineLoop::refuse(Ticket& t, int status, std::string message) {
+Delta error_delta(int status, std::string message) {
     Delta d;
     d.kind = Delta::Kind::kError;
     d.status = status;
     d.message = std::move(message);
-    t.deliver(std::move(d));
+    return d;
+}
+
+}  // namespace
+
+EngineLoop::EngineLoop(EngineClient& client, Inbox& inbox, Metrics& metrics, LoopOptions opt)
+    : client_(client), inbox_(inbox), metrics_(metrics), opt_(opt) {
+    LATTICE_CHECK(client_.is_leader(), "the serve loop runs on the leader (world rank 0)");
+    publish();
+}
+
+void EngineLoop::refuse(Ticket& t, int status, std::string message) {
+    t.deliver(error_delta(status, std::move(message)));
     ++totals_.refused;
 }
 
@@ -36,41 +40,47 @@ void EngineLoop::take(const Inbox::Item& it) {
     if (it.cancel) {
         auto found = live_.find(t.engine_id);
         if (t.engine_id < 0 || found == live_.end() || found->second.ticket != it.ticket) return;
-        engine_.cancel(t.engine_id);
+        client_.cancel(t.engine_id);  // its last event is ignored: the ticket is gone from live_
         live_.erase(found);
         metrics_.count_finish("cancelled");
         ++totals_.cancelled;
         return;
     }
-    if (draining_) return refuse(t, 503, "the server is shutting down and takes no new requests");
-    if (engine_.scheduler().waiting() >= opt_.max_queue)
-        return refuse(
-            t, 503,
-            fmt::format("too many requests are waiting ({}, --max-queue); retry later", engine_.scheduler().waiting()));
-    Live l;
-    l.ticket = it.ticket;
-    l.prompt_tokens = int64_t(t.request.engine.prompt.size());
-    if (tok_) l.text = std::make_unique<TextStream>(*tok_, t.request.stop);
+    if (client_.draining()) return refuse(t, 503, "the server is shutting down and takes no new requests");
+    if (client_.scheduler().waiting() >= opt_.max_queue)
+        return refuse(t, 503,
+                      fmt::format("too many requests are waiting ({}, --max-queue); retry later",
+                                  client_.scheduler().waiting()));
+    const int64_t prompt_tokens = int64_t(t.request.client.prompt.size());
     try {
-        t.engine_id = engine_.add(std::move(t.request.engine));
+        t.engine_id = client_.submit(std::move(t.request.client));
     } catch (const Error& e) {
         return refuse(t, 400, e.message());
     }
     ++totals_.requests;
     Delta d;
     d.kind = Delta::Kind::kAccepted;
-    d.prompt_tokens = l.prompt_tokens;
+    d.prompt_tokens = prompt_tokens;
     t.deliver(std::move(d));
-    live_.emplace(t.engine_id, std::move(l));
+    live_.emplace(t.engine_id, Live{it.ticket, 0, {}});
 }
 
-void EngineLoop::apply(const TokenEvent& ev) {
+void EngineLoop::apply(const ClientEvent& ev) {
     auto it = live_.find(ev.id);
-    if (it == live_.end()) return;  // cancelled by its client, or cut by a stop string
+    if (it == live_.end()) return;  // cancelled by its client
     Live& l = it->second;
+    if (ev.finish == FinishReason::kCancelled) {  // not by its client (that one left live_): a drain
+        l.ticket->deliver(error_delta(
+            503, ev.drained ? "the server shut down before this request finished (--drain-seconds)"
+                            : "the engine cancelled this request"));
+        metrics_.count_finish("cancelled");
+        totals_.cut_by_drain += ev.drained;
+        live_.erase(it);
+        return;
+    }
     Delta d;
     d.kind = Delta::Kind::kTokens;
-    bool stopped = false;
+    d.text = ev.text;
     if (ev.token >= 0) {
         const Clock::time_point now = Clock::now();
         if (l.completion_tokens == 0)
@@ -81,46 +91,23 @@ void EngineLoop::apply(const TokenEvent& ev) {
         ++l.completion_tokens;
         ++totals_.tokens;
         d.tokens.push_back(ev.token);
-        if (l.text) {
-            TextStream::Piece p = l.text->push(ev.token);
-            d.text = std::move(p.text);
-            stopped = p.stop;
-        }
     }
-    std::string reason;
-    if (stopped) {
-        engine_.cancel(ev.id);
-        reason = "stop";
-    } else if (ev.finish == FinishReason::kStop) {
-        reason = "stop";
-    } else if (ev.finish == FinishReason::kLength || ev.finish == FinishReason::kContextFull) {
-        reason = "length";
-    } else if (ev.finish == FinishReason::kCancelled) {  // not by us (we forget what we cancel): report it
-        Delta e;
-        e.kind = Delta::Kind::kError;
-        e.status = 500;
-        e.message = "the engine cancelled this request";
-        l.ticket->deliver(std::move(e));
-        metrics_.count_finish("cancelled");
-        live_.erase(it);
-        return;
-    }
-    if (reason.empty()) {
+    if (ev.finish == FinishReason::kNone) {
         if (!d.text.empty() || !d.tokens.empty()) l.ticket->deliver(std::move(d));
         return;
     }
-    if (l.text && !stopped) d.text += l.text->finish();  // whatever was held back
+    const std::string reason(finish_reason_name(ev.finish));
     d.kind = Delta::Kind::kFinish;
     d.finish_reason = reason;
-    d.prompt_tokens = l.prompt_tokens;
-    d.completion_tokens = l.completion_tokens;
+    d.prompt_tokens = ev.prompt_tokens;
+    d.completion_tokens = ev.completion_tokens;
     l.ticket->deliver(std::move(d));
     metrics_.count_finish(reason);
     live_.erase(it);
 }
 
 void EngineLoop::publish() {
-    const Scheduler& s = engine_.scheduler();
+    const Scheduler& s = client_.scheduler();
     EngineGauges g;
     g.running = s.running();
     g.waiting = s.waiting();
@@ -146,34 +133,19 @@ void EngineLoop::log_status(bool force) {
 }
 
 void EngineLoop::run(const std::function<int()>& drain_signal, const std::function<void()>& on_drain) {
-    Clock::time_point deadline{};
     for (;;) {
-        if (!draining_ && drain_signal()) {
-            draining_ = true;
-            deadline = Clock::now() + std::chrono::milliseconds(int64_t(opt_.drain_seconds * 1000));
+        if (!client_.draining() && drain_signal()) {
             LOG_INFO("serve: signal {}: not accepting; finishing {} request(s) (up to {:.0f} s)", drain_signal(),
                      live_.size(), opt_.drain_seconds);
+            client_.drain(opt_.drain_seconds);
             on_drain();
         }
-        if (draining_ && !live_.empty() && Clock::now() >= deadline) {
-            for (auto& [id, l] : live_) {
-                engine_.cancel(id);
-                Delta e;
-                e.kind = Delta::Kind::kError;
-                e.status = 503;
-                e.message = "the server shut down before this request finished (--drain-seconds)";
-                l.ticket->deliver(std::move(e));
-                metrics_.count_finish("cancelled");
-                ++totals_.cut_by_drain;
-            }
-            live_.clear();
-        }
-        const bool busy = engine_.busy();
+        const bool busy = client_.busy();
         for (const Inbox::Item& it : inbox_.take(std::chrono::milliseconds(busy ? 0 : 20))) take(it);
-        for (const TokenEvent& ev : engine_.step()) apply(ev);
+        for (const ClientEvent& ev : client_.poll()) apply(ev);
         publish();
         log_status(false);
-        if (draining_ && live_.empty() && !engine_.busy()) {
+        if (client_.draining() && live_.empty() && !client_.busy()) {
             for (const Inbox::Item& it : inbox_.take(std::chrono::milliseconds(0))) take(it);  // refused: draining
             break;
         }

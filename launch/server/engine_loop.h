@@ -1,17 +1,16 @@
 // The engine thread of `lattice serve` (rank 0's main thread, which owns MPI and the model):
 //   loop: take submissions and cancels from the Inbox (waiting up to 20 ms when the engine is
-//         idle) -> Engine::step() (also the idle heartbeat to the followers) -> turn token events
-//         into Deltas for the tickets -> publish the engine's gauges to Metrics.
+//         idle) -> EngineClient::poll() (one engine round; also the idle heartbeat to the
+//         followers) -> its events as Deltas to the tickets -> the engine's gauges to Metrics.
+// Text, stop strings, the context budget and finish reasons are the engine client's
+// (runtime/engine/client.h); this loop only maps them to tickets and HTTP statuses.
 // Admission: a submission is refused with 503 when --max-queue requests already wait in the
-// engine, with 400 when Engine::add refuses it (e.g. more KV blocks than the pool holds).
-// Text: each request's tokens go through a TextStream (incremental detokenization, stop strings
-// held back and cut, launch/../runtime/engine/text_stream.h); a completed stop string cancels the
-// request in the engine and finishes it as "stop". Finish reasons: eos / stop id "stop"; max_tokens
-// or the context full "length".
+// engine, with 400 when the client refuses it (a prompt that fills the context, more KV blocks
+// than the pool holds ...).
 // Drain: when drain_signal() turns non-zero, on_drain() is called once (the server closes its
-// listener); new submissions get 503; running requests finish until --drain-seconds have passed,
-// then they are cancelled and their clients get a 503 error (an error event on a stream). run()
-// returns once nothing is left in the engine.
+// listener) and the client drains: new submissions get 503; running requests finish until
+// --drain-seconds have passed, then the client cancels them and their clients get a 503 error (an
+// error event on a stream). run() returns once nothing is left in the engine.
 #pragma once
 
 #include <cstdint>
@@ -21,9 +20,7 @@
 
 #include "launch/server/exchange.h"
 #include "launch/server/metrics.h"
-#include "runtime/engine/engine.h"
-#include "runtime/engine/text_stream.h"
-#include "runtime/tokenizer/tokenizer.h"
+#include "runtime/engine/client.h"
 
 namespace lattice::serve {
 
@@ -39,30 +36,27 @@ struct LoopTotals {
 
 class EngineLoop {
 public:
-    EngineLoop(Engine& engine, const Tokenizer* tok, Inbox& inbox, Metrics& metrics, LoopOptions opt);
+    EngineLoop(EngineClient& client, Inbox& inbox, Metrics& metrics, LoopOptions opt);
     void run(const std::function<int()>& drain_signal, const std::function<void()>& on_drain);
     const LoopTotals& totals() const { return totals_; }
 
 private:
     struct Live {
         std::shared_ptr<Ticket> ticket;
-        std::unique_ptr<TextStream> text;
-        int64_t prompt_tokens = 0, completion_tokens = 0;
+        int64_t completion_tokens = 0;
         Clock::time_point last_token{};
     };
     void take(const Inbox::Item& it);
-    void apply(const TokenEvent& ev);
+    void apply(const ClientEvent& ev);
     void refuse(Ticket& t, int status, std::string message);
     void publish();
     void log_status(bool force);
 
-    Engine& engine_;
-    const Tokenizer* tok_;
+    EngineClient& client_;
     Inbox& inbox_;
     Metrics& metrics_;
     LoopOptions opt_;
-    std::unordered_map<int64_t, Live> live_;  // by engine id
-    bool draining_ = false;
+    std::unordered_map<int64_t, Live> live_;  // by the client's id
     LoopTotals totals_;
     Clock::time_point last_log_ = Clock::now();
     int64_t logged_tokens_ = 0;

@@ -21,6 +21,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -53,14 +54,10 @@ struct EngineOptions {
     bool step_graphs = true;
 };
 
-// The every-rank convenience API (tools, tests).
-struct GenerateRequest {
-    std::vector<int32_t> prompt;
-    int64_t max_new_tokens = 16;
-    SamplingParams sampling;
-    bool ignore_eos = false;        // ignores eos and stop ids alike (the CLI's --ignore-eos)
-    std::vector<int32_t> stop_ids;  // extra end-of-generation ids (e.g. the tokenizer's <|im_end|>)
-};
+// The every-rank convenience API (tools, tests) takes the engine's own request: ignore_eos lets the
+// model's eos pass, stop_ids still end the sequence (runtime/engine/client.h adds the tokenizer's
+// end-of-generation ids unless ignore_eos).
+using GenerateRequest = EngineRequest;
 
 // Where one rank's wall time went over a run (seconds; the five parts sum to wall):
 //   compute          inside the model (embed, layers, head) but not in its TP communicator;
@@ -145,6 +142,19 @@ public:
     std::vector<GenerateResult> generate_batch(const std::vector<GenerateRequest>& reqs,
                                                const TokenCallback& on_token = {}, GenerateStats* total = nullptr);
     GenerateResult generate(const GenerateRequest& req, const std::function<void(int32_t)>& on_token = {});
+    // One run's accounting, shared by generate_batch and the engine client's run(): mark it on every
+    // rank before, then finish_run (a collective: every rank calls it) returns the run's stats on
+    // every rank. `error` is the leader's ("" when none; the followers' is ignored): every rank then
+    // throws it, the followers naming the leader. `prefill_seconds`: the leader's, until every
+    // sequence had its first token.
+    struct RunMark {
+        std::chrono::steady_clock::time_point start;
+        EngineCounters counters;
+        double comm_seconds = 0;
+        SchedulerStats sched;  // leader
+    };
+    RunMark mark_run() const;
+    GenerateStats finish_run(const RunMark& mark, int64_t sequences, double prefill_seconds, const std::string& error);
     // Logits of every prompt position, [prompt.size(), vocab] row-major, on world rank 0.
     std::vector<float> score(const std::vector<int32_t>& prompt);
 
@@ -168,6 +178,7 @@ private:
     void send_results(const StepPlan& p, const Results& r);
     void heartbeat_if_due();
     std::vector<StepBreakdown> gather_breakdowns(const StepBreakdown& mine) const;
+    void share_results(std::vector<GenerateResult>& res) const;
     void end_follow();
 
     Model& model_;

@@ -57,21 +57,66 @@ std::vector<StepBreakdown> Engine::gather_breakdowns(const StepBreakdown& mine) 
     return out;
 }
 
+Engine::RunMark Engine::mark_run() const {
+    RunMark m;
+    m.start = Clock::now();
+    m.counters = counters_;
+    m.comm_seconds = model_.comm_seconds();
+    if (is_leader()) m.sched = sched_->stats();
+    return m;
+}
+
+GenerateStats Engine::finish_run(const RunMark& m, int64_t sequences, double prefill_seconds,
+                                 const std::string& error) {
+    const double wall_s = since(m.start);  // this rank's run (the stats' broadcast not counted)
+    // The leader's numbers, to every rank: 7 stats and the error's length, then the error's bytes.
+    std::vector<int64_t> meta;
+    std::vector<int32_t> text;
+    if (is_leader()) {
+        const SchedulerStats& s1 = sched_->stats();
+        meta = {s1.prompt_tokens - m.sched.prompt_tokens,
+                s1.generated_tokens - m.sched.generated_tokens,
+                int64_t(prefill_seconds * 1e9),
+                int64_t((wall_s - prefill_seconds) * 1e9),
+                s1.preemptions - m.sched.preemptions,
+                s1.peak_blocks,
+                s1.cached_tokens - m.sched.cached_tokens,
+                int64_t(error.size())};
+        text.assign(error.begin(), error.end());
+    }
+    if (world_ > 1) {
+        broadcast_vec(*links_.world, meta, DType::kI64);
+        broadcast_vec(*links_.world, text, DType::kI32);
+    }
+    LATTICE_CHECK(meta.size() == 8, "engine: {} run statistics from the leader, expected 8", meta.size());
+    if (meta[7] > 0) {
+        const std::string msg(text.begin(), text.end());
+        if (is_leader()) LATTICE_FAIL("{}", msg);
+        LATTICE_FAIL("the leader (rank 0) failed: {}", msg);
+    }
+    GenerateStats stats;
+    stats.sequences = sequences;
+    stats.prompt_tokens = meta[0];
+    stats.generated_tokens = meta[1];
+    stats.prefill_seconds = double(meta[2]) * 1e-9;
+    stats.decode_seconds = double(meta[3]) * 1e-9;
+    stats.preemptions = meta[4];
+    stats.peak_kv_blocks = meta[5];
+    stats.cached_prompt_tokens = meta[6];
+    stats.idle_seconds = counters_.wait_seconds - m.counters.wait_seconds;
+    stats.compute_seconds = counters_.compute_seconds - m.counters.compute_seconds;
+    stats.per_rank = gather_breakdowns(breakdown(m.counters, m.comm_seconds, wall_s));
+    return stats;
+}
+
 std::vector<GenerateResult> Engine::generate_batch(const std::vector<GenerateRequest>& reqs,
                                                    const TokenCallback& on_token, GenerateStats* total) {
     LATTICE_CHECK(!reqs.empty(), "generate: no sequences");
-    const auto t0 = Clock::now();
-    const EngineCounters c0 = counters_;
-    const double comm0 = model_.comm_seconds();
+    const RunMark mark = mark_run();
     std::vector<GenerateResult> res(reqs.size());
-    // Leader-side numbers, sent to every rank with the results.
-    std::vector<int64_t> meta;  // per result: token count, finish; then 8 stats
-    std::vector<int32_t> tokens;
-    std::vector<float> logprobs;
     std::string error;
+    double prefill_s = 0;
     if (is_leader()) {
-        const SchedulerStats s0 = sched_->stats();
-        double prefill_s = 0;
         // A request that cannot run is refused before anything runs: the followers are told (with
         // the message) and leave cleanly. A failure while stepping (a dead peer) propagates: the
         // process ends and the launcher stops the job.
@@ -79,14 +124,8 @@ std::vector<GenerateResult> Engine::generate_batch(const std::vector<GenerateReq
         std::vector<int64_t> added;
         try {
             for (size_t i = 0; i < reqs.size(); ++i) {
-                const GenerateRequest& g = reqs[i];
-                EngineRequest r;
-                r.prompt = g.prompt;
-                r.max_new_tokens = g.max_new_tokens;
-                r.sampling = g.sampling;
+                EngineRequest r = reqs[i];
                 r.sampling.seed += uint64_t(i);  // distinct streams per sequence, reproducible
-                r.ignore_eos = g.ignore_eos;
-                if (!g.ignore_eos) r.stop_ids = g.stop_ids;
                 added.push_back(add(std::move(r)));
                 index[added.back()] = i;
             }
@@ -116,68 +155,49 @@ std::vector<GenerateResult> Engine::generate_batch(const std::vector<GenerateReq
                 }
                 if (!has_first[i] && (ev.token >= 0 || ev.finish != FinishReason::kNone)) {
                     has_first[i] = true;
-                    if (++started == reqs.size()) prefill_s = since(t0);
+                    if (++started == reqs.size()) prefill_s = since(mark.start);
                 }
             }
         }
         shutdown();
-        const SchedulerStats& s1 = sched_->stats();
+    } else {
+        follow();
+    }
+    const GenerateStats stats = finish_run(mark, int64_t(reqs.size()), prefill_s, error);
+    share_results(res);
+    for (GenerateResult& r : res) r.stats = stats;
+    if (total) *total = stats;
+    return res;
+}
+
+// The leader's results to every rank: per result its token count and finish (int64), then all
+// tokens (int32) and logprobs (f32), one broadcast each.
+void Engine::share_results(std::vector<GenerateResult>& res) const {
+    if (world_ == 1) return;
+    std::vector<int64_t> meta;
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    if (is_leader())
         for (const GenerateResult& r : res) {
             meta.push_back(int64_t(r.tokens.size()));
             meta.push_back(int64_t(r.finish));
             tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.end());
             logprobs.insert(logprobs.end(), r.logprobs.begin(), r.logprobs.end());
         }
-        const double all_s = since(t0);
-        meta.push_back(s1.prompt_tokens - s0.prompt_tokens);
-        meta.push_back(s1.generated_tokens - s0.generated_tokens);
-        meta.push_back(int64_t(prefill_s * 1e9));
-        meta.push_back(int64_t((all_s - prefill_s) * 1e9));
-        meta.push_back(s1.preemptions - s0.preemptions);
-        meta.push_back(s1.peak_blocks);
-        meta.push_back(s1.cached_tokens - s0.cached_tokens);
-        meta.push_back(int64_t(error.size()));
-        tokens.insert(tokens.end(), error.begin(), error.end());  // the message rides along, one char per id
-    } else {
-        follow();
-    }
-    const double wall_s = since(t0);  // this rank's run (the results' broadcast not counted)
-    if (world_ > 1) {
-        broadcast_vec(*links_.world, meta, DType::kI64);
-        broadcast_vec(*links_.world, tokens, DType::kI32);
-        broadcast_vec(*links_.world, logprobs, DType::kF32);
-    }
-    LATTICE_CHECK(meta.size() == 2 * reqs.size() + 8, "generate: {} result fields for {} requests", meta.size(),
-                  reqs.size());
-    const int64_t* st = meta.data() + 2 * reqs.size();
-    if (st[7] > 0) {
-        const std::string msg(tokens.end() - st[7], tokens.end());
-        if (is_leader()) LATTICE_FAIL("{}", msg);
-        LATTICE_FAIL("the leader (rank 0) failed: {}", msg);
-    }
+    broadcast_vec(*links_.world, meta, DType::kI64);
+    broadcast_vec(*links_.world, tokens, DType::kI32);
+    broadcast_vec(*links_.world, logprobs, DType::kF32);
+    LATTICE_CHECK(meta.size() == 2 * res.size() && tokens.size() == logprobs.size(),
+                  "generate: {} result fields for {} requests", meta.size(), res.size());
     size_t off = 0;
-    GenerateStats stats;
-    stats.sequences = int64_t(reqs.size());
-    for (size_t i = 0; i < reqs.size(); ++i) {
+    for (size_t i = 0; i < res.size(); ++i) {
         const int64_t n = meta[2 * i];
+        LATTICE_CHECK(n >= 0 && off + size_t(n) <= tokens.size(), "generate: result {} claims {} tokens", i, n);
         res[i].tokens.assign(tokens.begin() + int64_t(off), tokens.begin() + int64_t(off) + n);
         res[i].logprobs.assign(logprobs.begin() + int64_t(off), logprobs.begin() + int64_t(off) + n);
         res[i].finish = FinishReason(meta[2 * i + 1]);
         off += size_t(n);
     }
-    stats.prompt_tokens = st[0];
-    stats.generated_tokens = st[1];
-    stats.prefill_seconds = double(st[2]) * 1e-9;
-    stats.decode_seconds = double(st[3]) * 1e-9;
-    stats.preemptions = st[4];
-    stats.peak_kv_blocks = st[5];
-    stats.cached_prompt_tokens = st[6];
-    stats.idle_seconds = counters_.wait_seconds - c0.wait_seconds;
-    stats.compute_seconds = counters_.compute_seconds - c0.compute_seconds;
-    stats.per_rank = gather_breakdowns(breakdown(c0, comm0, wall_s));
-    for (GenerateResult& r : res) r.stats = stats;
-    if (total) *total = stats;
-    return res;
 }
 
 GenerateResult Engine::generate(const GenerateRequest& req, const std::function<void(int32_t)>& on_token) {

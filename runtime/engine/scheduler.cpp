@@ -15,8 +15,6 @@ std::string_view finish_reason_name(FinishReason r) {
             return "stop";
         case FinishReason::kLength:
             return "length";
-        case FinishReason::kContextFull:
-            return "context_full";
         case FinishReason::kCancelled:
             return "cancelled";
     }
@@ -69,7 +67,7 @@ int64_t Scheduler::add(EngineRequest req) {
     if (s.req.max_new_tokens == 0)
         finish(s, FinishReason::kLength, finished_, -1, 0);
     else if (s.prompt_len >= opt_.max_seq)
-        finish(s, FinishReason::kContextFull, finished_, -1, 0);
+        finish(s, FinishReason::kLength, finished_, -1, 0);  // the context is full
     return id;
 }
 
@@ -278,7 +276,7 @@ std::vector<TokenEvent> Scheduler::complete(const StepPlan& plan, std::span<cons
             else if (s.generated() >= s.req.max_new_tokens)
                 why = FinishReason::kLength;
             else if (int64_t(s.tokens.size()) >= opt_.max_seq)
-                why = FinishReason::kContextFull;
+                why = FinishReason::kLength;  // the context is full
             if (why != FinishReason::kNone)
                 finish(s, why, out, st.token, st.logprob);
             else

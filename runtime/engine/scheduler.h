@@ -34,12 +34,12 @@ namespace lattice {
 
 enum class FinishReason : uint8_t {
     kNone = 0,
-    kStop,         // eos or a stop id
-    kLength,       // max_new_tokens reached
-    kContextFull,  // the context (max_seq positions) is full
-    kCancelled,
+    kStop,       // eos or a stop id (or, in the engine client, a stop string)
+    kLength,     // max_new_tokens reached, or the context (max_seq positions) is full
+    kCancelled,  // by its caller (a front's user, a drain)
 };
-std::string_view finish_reason_name(FinishReason r);  // "stop", "length", "context_full", "cancelled"
+// The one set of words every front prints (OpenAI's): "stop", "length", "cancelled".
+std::string_view finish_reason_name(FinishReason r);
 
 struct EngineRequest {
     std::vector<int32_t> prompt;

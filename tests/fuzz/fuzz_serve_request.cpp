@@ -7,8 +7,8 @@
 // size send it, even ones send the body's first 8 bytes as their guess.
 // Invariants checked: route() never throws; exactly one of reply / call; replies carry a known
 // status and, when not 200, an OpenAI error body; an accepted call has a non-empty prompt of valid
-// ids that leaves room for at least one new token within the context, at most 4 non-empty stop
-// strings; the shaper's non-stream answer is JSON and its stream ends with "data: [DONE]".
+// ids, max_tokens >= 1 (or chat's kRestOfContext: the engine client's budget), at
+// most 4 non-empty stop strings; the shaper's non-stream answer is JSON and its stream ends with "data: [DONE]".
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -89,7 +89,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     lattice::serve::ServedModel model;
     model.name = "fuzz-model";
     model.tokenizer = (flags & 0x40) ? nullptr : &tokenizer();
-    model.limits = lattice::ApiLimits{96, model.tokenizer ? model.tokenizer->vocab_size() : 300};
+    model.limits = lattice::ApiLimits{model.tokenizer ? model.tokenizer->vocab_size() : 300};
     model.created = 1;
     lattice::serve::Metrics metrics;
     lattice::serve::RouteContext ctx;
@@ -112,13 +112,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         return 0;
     }
     const lattice::serve::ApiCall& call = *r.call;
-    const lattice::EngineRequest& e = call.request.engine;
-    if (e.prompt.empty() || int64_t(e.prompt.size()) >= model.limits.max_seq) std::abort();
+    const lattice::ClientRequest& e = call.request.client;
+    if (e.prompt.empty()) std::abort();
     for (int32_t id : e.prompt)
         if (id < 0 || id >= model.limits.vocab) std::abort();
-    if (e.max_new_tokens < 1 || int64_t(e.prompt.size()) + e.max_new_tokens > model.limits.max_seq) std::abort();
-    if (call.request.stop.size() > 4) std::abort();
-    for (const std::string& s : call.request.stop)
+    if (e.max_tokens < 1 && !(chat && e.max_tokens == lattice::ClientRequest::kRestOfContext)) std::abort();
+    if (e.stop.size() > 4) std::abort();
+    for (const std::string& s : e.stop)
         if (s.empty()) std::abort();
     if (call.request.chat != chat) std::abort();
 

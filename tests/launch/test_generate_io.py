@@ -10,7 +10,7 @@ the executable's own default-model resolution: no --model):
   - --json: one object per sequence with typed fields, --logprobs, --batch N; text mode with
     --batch N separates sequences by `--- sequence I ---` lines;
   - finish_reason: length, stop (a --stop string: the text ends before it, as the server's do),
-    context_full with a tiny --max-seq (also said on stderr);
+    finish_reason length with a tiny --max-seq (the context full, said on stderr);
   - the repetition penalty changes greedy output; --help states defaults and ends with examples.
 Usage: test_generate_io.py LATTICE_BINARY SOURCE_DIR [io|seeds|finish]   (exit 0 pass, 77 skip, 1 fail)
 The optional part runs a third: io (prompt sources, bad prompt files, --json, --help), seeds, or finish
@@ -167,9 +167,9 @@ try:
         n_prompt = full["usage"]["prompt_tokens"]
         rc, out, err = run(["-p", prompt, "-n", "32", "--json", "--ignore-eos", "--max-seq", str(n_prompt + 5)])
         o = jsons(out)[0] if rc == 0 else {}
-        check(o.get("finish_reason") == "context_full" and len(o.get("token_ids", [])) == 5,
-              f"--max-seq prompt+5: 5 tokens, finish_reason context_full ({o}; {err[-300:]})")
-        check("context_full" in err and "is full" in err, f"... and said on stderr ({err.strip()[-300:]})")
+        check(o.get("finish_reason") == "length" and len(o.get("token_ids", [])) == 5,
+              f"--max-seq prompt+5: 5 tokens, finish_reason length ({o}; {err[-300:]})")
+        check("context" in err and "is full" in err, f"... and said on stderr ({err.strip()[-300:]})")
         rc, out, err = run(["-p", prompt, "-n", "4", "--max-seq", str(n_prompt)])
         check(rc == 1 and "no room" in err, f"a prompt filling the context is refused (rc {rc}: {err.strip()[-200:]})")
 

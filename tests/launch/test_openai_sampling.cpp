@@ -13,7 +13,7 @@ using namespace lattice;
 using nlohmann::json;
 
 namespace {
-const ApiLimits kLimits{64, 100};
+const ApiLimits kLimits{100};
 }
 
 TEST_CASE("sampling fields map onto SamplingParams") {
@@ -23,7 +23,7 @@ TEST_CASE("sampling fields map onto SamplingParams") {
                                                 {"min_p", 0.1},
                                                 {"repetition_penalty", 1.2}},
                                            false, nullptr, kLimits);
-    const SamplingParams& p = r.engine.sampling;
+    const SamplingParams& p = r.client.sampling;
     CHECK(p.presence_penalty == 0.5f);
     CHECK(p.frequency_penalty == -1.25f);
     CHECK(p.min_p == doctest::Approx(0.1));
@@ -31,8 +31,8 @@ TEST_CASE("sampling fields map onto SamplingParams") {
     CHECK(p.repeat_last_n == -1);  // vLLM's: the whole sequence
     CHECK(parse_api_request(json{{"prompt", {1}}, {"repetition_penalty", 1.1}, {"repeat_last_n", 16}}, false, nullptr,
                             kLimits)
-              .engine.sampling.repeat_last_n == 16);
-    const SamplingParams d = parse_api_request(json{{"prompt", {1}}}, false, nullptr, kLimits).engine.sampling;
+              .client.sampling.repeat_last_n == 16);
+    const SamplingParams d = parse_api_request(json{{"prompt", {1}}}, false, nullptr, kLimits).client.sampling;
     CHECK(d.presence_penalty == 0.0f);
     CHECK(d.frequency_penalty == 0.0f);
     CHECK(d.min_p == 0.0f);

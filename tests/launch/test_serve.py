@@ -4,8 +4,9 @@ HTTP and the official `openai` client (from the venv scripts/setup.sh makes). Gr
 every output is checked against `lattice generate` or the golden continuations:
   1. golden tiny-llama2 (no tokenizer, prompts as ids): completions streamed and not equal the golden
      greedy ids and `lattice generate`; chat refused (no tokenizer); SIGTERM exits 0.
-  2. the built-in SmolLM2 with an API key: completions and chat, streamed and not, through curl and
-     openai, equal `lattice generate` (ids and text); stop strings; /v1/models; every bad input gets
+  2. the built-in SmolLM2 with an API key: the same three requests (ended by length, by a stop string,
+     a chat) through `generate --json`, `batch` and serve give the same ids, text, finish reason and
+     usage; completions and chat, streamed and not, through curl and openai, equal them; stop strings; /v1/models; every bad input gets
      its status and an OpenAI error body (400 malformed JSON / wrong types / empty messages / prompt
      beyond the context, 401, 404 model and path, 405, 413); 32 concurrent streaming clients (16
      prompts, twice each) get the tokens of their prompts' single runs; /metrics counts them; SIGTERM during a stream: the stream
@@ -28,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -240,6 +242,52 @@ def generate(model, args, mpirun=None):
     return [int(x) for x in r.stdout.split()]
 
 
+def generate_json(model, args):
+    cmd = [lattice, "generate", "--model", model, "--temperature", "0", "--json", "--threads", "2"] + args
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    check(r.returncode == 0, f"generate --json {args}: {r.stderr[-300:]}")
+    return json.loads(r.stdout.splitlines()[0]) if r.returncode == 0 else {}
+
+
+def three_fronts(s, auth, model, prompt, question):
+    """One request each (a completion ended by its length, one by a stop string, a chat ended by the
+    model) through `generate --json`, `batch` and serve: the same ids, text, finish reason and usage
+    (the fronts share the engine client). Returns generate's outputs."""
+    first = generate_json(model, ["--prompt", prompt, "-n", "20"])
+    words = first.get("text", "").split()
+    stop = " " + words[len(words) // 2] if words else " the"  # a stop string the text holds
+    cases = [("length", {"prompt": prompt, "max_tokens": 20}, ["--prompt", prompt, "-n", "20"]),
+             ("stop", {"prompt": prompt, "max_tokens": 20, "stop": [stop]}, ["--prompt", prompt, "-n", "20", "--stop", stop]),
+             ("chat", {"messages": [{"role": "user", "content": question}], "max_tokens": 24},
+              ["--prompt", question, "--chat", "-n", "24"])]
+    gens = {name: first if name == "length" else generate_json(model, args) for name, _, args in cases}
+    d = tempfile.mkdtemp(dir=os.environ.get("TMPDIR"))
+    inp, out = os.path.join(d, "in.jsonl"), os.path.join(d, "out.jsonl")
+    with open(inp, "w") as f:
+        for name, body, _ in cases:
+            f.write(json.dumps({"custom_id": name, "body": dict(body, temperature=0)}) + "\n")
+    r = subprocess.run([lattice, "batch", "--model", model, "--threads", "2", "--input", inp, "--output", out,
+                        "--progress", "none"], capture_output=True, text=True, timeout=300)
+    check(r.returncode == 0, f"batch: {r.stderr[-300:]}")
+    batch = {j["custom_id"]: j for j in map(json.loads, open(out).read().splitlines())} if r.returncode == 0 else {}
+    for name, body, _ in cases:
+        chat = "messages" in body
+        st, _, raw = s.request("POST", "/v1/chat/completions" if chat else "/v1/completions",
+                               dict(body, temperature=0, return_token_ids=True), auth)
+        j = json.loads(raw) if st == 200 else {}
+        ch = j.get("choices", [{}])[0]
+        served = {"token_ids": ch.get("token_ids"), "finish_reason": ch.get("finish_reason"),
+                  "text": ch["message"]["content"] if chat and "message" in ch else ch.get("text"),
+                  "usage": {k: j.get("usage", {}).get(k) for k in ("prompt_tokens", "completion_tokens")}}
+        g, b = gens.get(name, {}), batch.get(name, {})
+        for key in ("token_ids", "text", "finish_reason", "usage"):
+            check(st == 200 and g.get(key) == b.get(key) == served[key],
+                  f"{name}: {key}: generate {g.get(key)!r}, batch {b.get(key)!r}, serve {served[key]!r} ({st})")
+        check(g.get("finish_reason") == ("stop" if name == "stop" else g.get("finish_reason")),
+              f"{name}: finish {g.get('finish_reason')}")
+    return gens
+
+
 def stream_ids(events):
     ids, text, finish = [], "", None
     for e in events:
@@ -307,7 +355,9 @@ def builtin_section():
     url = f"http://127.0.0.1:{s.port}"
     client = Api(s.port, KEY)
     prompt = "The three most common colors of flowers are"
-    gen = generate(builtin, ["--prompt", prompt, "--max-new-tokens", "20", "--threads", "2"])
+    question = "What is the capital of France?"
+    gens = three_fronts(s, auth, builtin, prompt, question)
+    gen, chat_gen = gens["length"].get("token_ids"), gens["chat"].get("token_ids")
     req = {"model": "smol", "prompt": prompt, "max_tokens": 20, "temperature": 0, "return_token_ids": True}
 
     # curl, not streamed and streamed.
@@ -334,8 +384,6 @@ def builtin_section():
     st = "".join(ch["choices"][0]["text"] for ch in client.create(
         "completions", model="smol", prompt=prompt, max_tokens=20, temperature=0, stream=True) if ch["choices"])
     check(st == text, f"api completion stream {st!r} != {text!r}")
-    question = "What is the capital of France?"
-    chat_gen = generate(builtin, ["--prompt", question, "--chat", "--max-new-tokens", "24", "--threads", "2"])
     msgs = [{"role": "user", "content": question}]
     r = client.create("chat", model="smol", messages=msgs, max_tokens=24, temperature=0,
                       extra_body={"return_token_ids": True})

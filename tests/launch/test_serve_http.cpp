@@ -63,7 +63,7 @@ private:
                 Delta d;
                 d.kind = Delta::Kind::kAccepted;
                 it.ticket->deliver(std::move(d));
-                runs.push_back({it.ticket, it.ticket->request.engine.max_new_tokens, 0});
+                runs.push_back({it.ticket, it.ticket->request.client.max_tokens, 0});
             }
             for (Run& r : runs) {
                 Delta d;
@@ -73,7 +73,7 @@ private:
                     d.kind = Delta::Kind::kFinish;
                     d.finish_reason = "length";
                     d.completion_tokens = r.sent;
-                    d.prompt_tokens = int64_t(r.t->request.engine.prompt.size());
+                    d.prompt_tokens = int64_t(r.t->request.client.prompt.size());
                 }
                 r.t->deliver(std::move(d));
             }
@@ -152,7 +152,8 @@ struct Fixture {
         server.start();
         ServedModel m;
         m.name = "fake";
-        m.limits = {int64_t(1) << 30, 300};
+        m.limits = {300};
+        m.context = int64_t(1) << 30;
         server.set_ready(m);
     }
 };

@@ -1,0 +1,198 @@
+// EngineClient and RequestOutput (see client.h).
+#include "runtime/engine/client.h"
+
+#include <algorithm>
+
+#include "base/clock.h"
+#include "base/error.h"
+
+namespace lattice {
+
+// ---- RequestOutput -------------------------------------------------------------------------------
+
+RequestOutput::RequestOutput(const Tokenizer* tok, std::vector<std::string> stop, int64_t prompt_tokens,
+                             int64_t context)
+    : prompt_tokens_(prompt_tokens), context_(context) {
+    if (tok) text_ = std::make_unique<TextStream>(*tok, std::move(stop));
+}
+
+const std::string& RequestOutput::text() const {
+    static const std::string kNone;
+    return text_ ? text_->text() : kNone;
+}
+
+ClientEvent RequestOutput::end(ClientEvent e) {
+    if (text_ && !text_->stopped()) e.text += text_->finish();  // whatever was held back
+    e.prompt_tokens = prompt_tokens_;
+    e.completion_tokens = completion_tokens_;
+    e.context_full = e.finish == FinishReason::kLength && prompt_tokens_ + completion_tokens_ >= context_;
+    return e;
+}
+
+ClientEvent RequestOutput::apply(const TokenEvent& ev) {
+    ClientEvent e;
+    e.id = ev.id;
+    e.finish = ev.finish;
+    if (ev.token >= 0) {
+        e.token = ev.token;
+        e.logprob = ev.logprob;
+        ++completion_tokens_;
+        // A token that ended the output by kStop is eos / a stop id: returned, but not text.
+        if (text_ && ev.finish != FinishReason::kStop) {
+            TextStream::Piece p = text_->push(ev.token);
+            e.text = std::move(p.text);
+            if (p.stop) {
+                text_stopped_ = true;
+                e.finish = FinishReason::kStop;
+            }
+        }
+    }
+    return e.finish == FinishReason::kNone ? e : end(std::move(e));
+}
+
+ClientEvent RequestOutput::cancel(int64_t id, bool drained) {
+    ClientEvent e;
+    e.id = id;
+    e.finish = FinishReason::kCancelled;
+    e.drained = drained;
+    return end(std::move(e));
+}
+
+// ---- EngineClient --------------------------------------------------------------------------------
+
+EngineClient::EngineClient(Engine& engine, const Tokenizer* tok)
+    : engine_(engine), tok_(tok), context_(engine.model().max_seq()) {}
+
+int64_t EngineClient::budget(int64_t prompt_tokens, int64_t max_tokens) const {
+    LATTICE_CHECK(prompt_tokens >= 1, "the prompt is empty");
+    LATTICE_CHECK(max_tokens >= ClientRequest::kRestOfContext, "max_tokens {} is negative", max_tokens);
+    LATTICE_CHECK(prompt_tokens <= context_,
+                  "the prompt of {} tokens is longer than the model's context ({} positions per sequence; see "
+                  "--max-seq)",
+                  prompt_tokens, context_);
+    if (max_tokens == 0) return 0;
+    const int64_t room = context_ - prompt_tokens;
+    LATTICE_CHECK(room > 0,
+                  "the prompt of {} tokens fills the whole context of {} positions: no room for new tokens (shorten "
+                  "it, or raise --max-seq up to the model's max_position_embeddings {})",
+                  prompt_tokens, context_, engine_.model().config().max_position);
+    return max_tokens == ClientRequest::kRestOfContext ? room : std::min(max_tokens, room);
+}
+
+int64_t EngineClient::submit(ClientRequest r) {
+    LATTICE_CHECK(!draining_, "shutting down: no new requests are taken");
+    LATTICE_CHECK(r.stop.empty() || tok_, "stop strings need a model with a tokenizer");
+    for (const std::string& s : r.stop) LATTICE_CHECK(!s.empty(), "stop strings must not be empty");
+    const int64_t prompt_tokens = int64_t(r.prompt.size());
+    EngineRequest e;
+    e.max_new_tokens = budget(prompt_tokens, r.max_tokens);
+    e.min_tokens = r.min_tokens;
+    e.sampling = r.sampling;
+    e.ignore_eos = r.ignore_eos;
+    e.stop_ids = std::move(r.stop_token_ids);
+    if (tok_ && !r.ignore_eos)  // <|im_end|>, <|eot_id|> ... end a turn as eos does
+        for (int32_t id : tok_->eog_ids()) e.stop_ids.push_back(id);
+    e.prompt = std::move(r.prompt);
+    const int64_t id = engine_.add(std::move(e));
+    live_.emplace(id, RequestOutput(tok_, std::move(r.stop), prompt_tokens, context_));
+    return id;
+}
+
+void EngineClient::cancel(int64_t id) {
+    auto it = live_.find(id);
+    if (it == live_.end()) return;
+    engine_.cancel(id);
+    pending_.push_back(it->second.cancel(id, false));
+    live_.erase(it);
+}
+
+void EngineClient::drain(double seconds) {
+    if (draining_) return;
+    draining_ = true;
+    drain_deadline_ = SteadyClock::now() + std::chrono::microseconds(int64_t(std::max(0.0, seconds) * 1e6));
+}
+
+void EngineClient::cut_by_drain() {
+    for (auto& [id, out] : live_) {
+        engine_.cancel(id);
+        pending_.push_back(out.cancel(id, true));
+    }
+    live_.clear();
+}
+
+bool EngineClient::busy() const { return !pending_.empty() || engine_.busy(); }
+
+std::vector<ClientEvent> EngineClient::poll() {
+    if (draining_ && !live_.empty() && SteadyClock::now() >= drain_deadline_) cut_by_drain();
+    std::vector<ClientEvent> out = std::exchange(pending_, {});
+    for (const TokenEvent& ev : engine_.step()) {
+        auto it = live_.find(ev.id);
+        if (it == live_.end()) continue;  // ended by its caller, a stop string or a drain: said already
+        ClientEvent e = it->second.apply(ev);
+        if (e.finish != FinishReason::kNone) {
+            if (it->second.stopped_by_text() && ev.finish == FinishReason::kNone) engine_.cancel(ev.id);
+            live_.erase(it);
+        }
+        out.push_back(std::move(e));
+    }
+    return out;
+}
+
+std::vector<ClientOutput> EngineClient::run(const std::vector<ClientRequest>& reqs, const OnEvent& on_event,
+                                            GenerateStats* stats) {
+    LATTICE_CHECK(!reqs.empty(), "generate: no requests");
+    const Engine::RunMark mark = engine_.mark_run();
+    std::vector<ClientOutput> outs;
+    std::string error;
+    double prefill_s = 0;
+    if (is_leader()) {
+        outs.resize(reqs.size());
+        std::map<int64_t, size_t> index;
+        try {
+            for (size_t i = 0; i < reqs.size(); ++i) {
+                outs[i].prompt_tokens = int64_t(reqs[i].prompt.size());
+                outs[i].max_tokens = budget(outs[i].prompt_tokens, reqs[i].max_tokens);
+                index[submit(reqs[i])] = i;
+            }
+        } catch (const Error& e) {  // refused before anything ran: the followers are told
+            error = e.what();
+            for (const auto& [id, i] : index) cancel(id);
+            index.clear();
+        }
+        size_t started = 0;
+        std::vector<bool> has_first(reqs.size(), false);
+        while (busy()) {
+            for (const ClientEvent& ev : poll()) {
+                auto at = index.find(ev.id);
+                if (at == index.end()) continue;
+                const size_t i = at->second;
+                if (!has_first[i]) {
+                    has_first[i] = true;
+                    if (++started == reqs.size()) prefill_s = seconds_since(mark.start);
+                }
+                ClientOutput& o = outs[i];
+                o.text += ev.text;
+                if (ev.token >= 0) {
+                    o.tokens.push_back(ev.token);
+                    o.logprobs.push_back(ev.logprob);
+                }
+                if (ev.finish != FinishReason::kNone) {
+                    o.finish = ev.finish;
+                    o.context_full = ev.context_full;
+                    index.erase(at);
+                }
+                const bool go_on = on_event ? on_event(i, ev) : true;
+                if (!go_on && ev.finish == FinishReason::kNone) cancel(ev.id);  // its last event: next poll
+            }
+        }
+        if (started < reqs.size()) prefill_s = seconds_since(mark.start);
+        shutdown();
+    } else {
+        follow();
+    }
+    const GenerateStats s = engine_.finish_run(mark, int64_t(reqs.size()), prefill_s, error);
+    if (stats) *stats = s;
+    return outs;
+}
+
+}  // namespace lattice

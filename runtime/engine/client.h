@@ -1,0 +1,145 @@
+// EngineClient: the one way a front (`lattice generate`, `chat`, `batch`, `serve`, the benchmarks)
+// talks to the engine. vLLM's output processor is the model: requests in, events out.
+//   in   ClientRequest: prompt ids, sampling, stop strings, token stops, limits;
+//   out  ClientEvent per generated token: the newly visible text (incremental detokenization, stop
+//        strings applied across token boundaries and held back while they could still match,
+//        runtime/engine/text_stream.h), the token id and its logprob; the request's last event
+//        carries its finish reason (one enum, one set of words: "stop", "length", "cancelled") and
+//        its usage.
+// The rules that used to live in each front live here only:
+//   - the context budget: max_tokens is clamped to the room the prompt leaves in the context
+//     (kRestOfContext asks for all of it); a prompt that leaves no room is an Error naming both
+//     sizes (unless it asks for 0 tokens);
+//   - finish reasons: eos, an end-of-generation id of the tokenizer, a stop_token_id or a stop
+//     string -> kStop; max_tokens or a full context -> kLength (context_full says which);
+//     a caller's cancel or a drain -> kCancelled. The token that ended a request by kStop is
+//     returned among the ids, its text is not shown (nor is a stop string, nor what follows it);
+//   - ignore_eos: the model's eos and the tokenizer's end-of-generation ids do not stop (explicit
+//     stop_token_ids and stop strings still do);
+//   - drain: no new requests; running ones finish until the deadline, then end as cancelled.
+// Ranks: the leader (world rank 0) submits and polls; the other ranks follow(). run() is the
+// every-rank form (generate, chat, the benchmarks): every rank calls it, the leader gets the outputs,
+// every rank the run's statistics.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/engine/engine.h"
+#include "runtime/engine/text_stream.h"
+#include "runtime/tokenizer/tokenizer.h"
+
+namespace lattice {
+
+struct ClientRequest {
+    static constexpr int64_t kRestOfContext = -1;
+    std::vector<int32_t> prompt;
+    int64_t max_tokens = 16;  // new tokens at most; kRestOfContext: all the context leaves room for
+    int64_t min_tokens = 0;   // eos and stop ids cannot end the output before this many tokens
+    SamplingParams sampling;
+    std::vector<std::string> stop;        // stop strings (need a tokenizer)
+    std::vector<int32_t> stop_token_ids;  // ids that end the output (besides eos / end-of-generation)
+    bool ignore_eos = false;
+};
+
+struct ClientEvent {
+    int64_t id = 0;
+    std::string text;   // newly visible text ("" without a tokenizer)
+    int32_t token = -1;  // the new token (-1: none, e.g. a cancel)
+    float logprob = 0;   // its log-softmax under the model's raw logits
+    FinishReason finish = FinishReason::kNone;  // not kNone: the request's last event
+    bool context_full = false;  // kLength because the context is full, not max_tokens
+    bool drained = false;       // kCancelled by a drain's deadline
+    int64_t prompt_tokens = 0;     // the last event: usage
+    int64_t completion_tokens = 0;
+};
+
+// One request's output: engine token events in, client events out. The text, stop-string and
+// finish rules above; the engine client keeps one per request (public for its unit test).
+class RequestOutput {
+public:
+    RequestOutput(const Tokenizer* tok, std::vector<std::string> stop, int64_t prompt_tokens, int64_t context);
+    // The client event of one engine event. A stop string completed: finish kStop and
+    // stopped_by_text() (the caller cancels the engine's sequence).
+    ClientEvent apply(const TokenEvent& ev);
+    // The last event of a request ended by its caller or a drain: kCancelled, held-back text flushed.
+    ClientEvent cancel(int64_t id, bool drained);
+    bool stopped_by_text() const { return text_stopped_; }
+    const std::string& text() const;  // everything shown so far
+
+private:
+    ClientEvent end(ClientEvent e);
+    std::unique_ptr<TextStream> text_;
+    int64_t prompt_tokens_ = 0, completion_tokens_ = 0, context_ = 0;
+    bool text_stopped_ = false;
+};
+
+// What run() leaves of each request on the leader.
+struct ClientOutput {
+    std::string text;
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    FinishReason finish = FinishReason::kNone;
+    bool context_full = false;
+    int64_t prompt_tokens = 0;
+    int64_t max_tokens = 0;  // granted (<= asked: the context's room)
+};
+
+class EngineClient {
+public:
+    // `tok` may be null (a model without a tokenizer: no text, no stop strings).
+    EngineClient(Engine& engine, const Tokenizer* tok);
+
+    bool is_leader() const { return engine_.is_leader(); }
+    int64_t context() const { return context_; }  // positions per sequence, prompt and output
+    const Tokenizer* tokenizer() const { return tok_; }
+    // The new tokens a request may have: max_tokens (kRestOfContext: all) clamped to the room the
+    // prompt leaves. Error when the prompt leaves none (and more than 0 are asked for), naming both sizes.
+    int64_t budget(int64_t prompt_tokens, int64_t max_tokens) const;
+
+    // ---- leader ----
+    // Queues a request; returns its id. Error (naming the problem) for one that cannot run, and
+    // while draining.
+    int64_t submit(ClientRequest r);
+    // Ends a request now: its last event (kCancelled) comes with the next poll(). Unknown ids: ignored.
+    void cancel(int64_t id);
+    // One engine round (also the idle heartbeat to the followers): the events it produced.
+    std::vector<ClientEvent> poll();
+    bool busy() const;  // requests in flight or events not yet polled
+    // No new requests from now on; running ones may finish for `seconds`, then end as cancelled.
+    void drain(double seconds);
+    bool draining() const { return draining_; }
+    int64_t active() const { return int64_t(live_.size()); }
+    const Scheduler& scheduler() const { return engine_.scheduler(); }
+    void shutdown() { engine_.shutdown(); }
+
+    // ---- followers ----
+    void follow() { engine_.follow(); }
+
+    // ---- every rank ----
+    // Runs the requests to completion. on_event (leader) sees each event with its request's index;
+    // returning false cancels that request. The leader returns one output per request, the others
+    // none; `stats` (every rank) the run's statistics. An Error on the leader (a request refused)
+    // is thrown on every rank.
+    using OnEvent = std::function<bool(size_t index, const ClientEvent& event)>;
+    std::vector<ClientOutput> run(const std::vector<ClientRequest>& reqs, const OnEvent& on_event = {},
+                                  GenerateStats* stats = nullptr);
+
+private:
+    void cut_by_drain();
+
+    Engine& engine_;
+    const Tokenizer* tok_;
+    int64_t context_ = 0;
+    std::map<int64_t, RequestOutput> live_;  // by engine id
+    std::vector<ClientEvent> pending_;       // cancels' last events, for the next poll
+    bool draining_ = false;
+    std::chrono::steady_clock::time_point drain_deadline_{};
+};
+
+}  // namespace lattice

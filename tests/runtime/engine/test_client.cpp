@@ -1,0 +1,224 @@
+// The engine client (runtime/engine/client.h) and its text rules (TextStream through RequestOutput),
+// on one rank:
+//  - text: a stop string across token boundaries cuts the output before it, nothing after it is
+//    shown, a possible stop-string start is held back until it cannot be one, a cancel flushes it;
+//    the token that ended a request by kStop is returned but not shown; usage and context_full;
+//  - the client on a tiny random model: run() gives the engine's own tokens; the context budget
+//    (rest of context, clamp, no room, 0 tokens); cancel and drain end requests as kCancelled once;
+//    stop_token_ids stop; ignore_eos lets the model's eos pass.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/engine/build.h"
+#include "runtime/engine/client.h"
+#include "runtime/weights/random_source.h"
+#include "tests/test_build.h"
+#include "tests/test_paths.h"
+
+using namespace lattice;
+
+namespace {
+
+const Tokenizer& llama2() {
+    static const std::unique_ptr<Tokenizer> tok = load_tokenizer(test::shared_file("tokenizers/llama2-tokenizer.model"));
+    return *tok;
+}
+
+// Feeds `ids` as engine events (the last one with `last`), collecting the client events.
+std::vector<ClientEvent> feed(RequestOutput& out, const std::vector<int32_t>& ids, FinishReason last) {
+    std::vector<ClientEvent> evs;
+    for (size_t i = 0; i < ids.size(); ++i) {
+        evs.push_back(out.apply(TokenEvent{7, ids[i], -0.5f, i + 1 == ids.size() ? last : FinishReason::kNone}));
+        if (evs.back().finish != FinishReason::kNone) break;
+    }
+    return evs;
+}
+
+std::string joined(const std::vector<ClientEvent>& evs) {
+    std::string s;
+    for (const ClientEvent& e : evs) s += e.text;
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("request output: stop strings across tokens, held-back text, hidden stop tokens, usage") {
+    const Tokenizer& tok = llama2();
+    const std::vector<int32_t> ids = tok.encode("Hello world. The end of it", false, false);
+    REQUIRE(ids.size() >= 6);
+    SUBCASE("no stop string: the whole decoded text, usage on the last event") {
+        RequestOutput out(&tok, {}, 3, 1000);
+        const auto evs = feed(out, ids, FinishReason::kLength);
+        CHECK(joined(evs) == tok.decode(ids, false));
+        CHECK(evs.back().finish == FinishReason::kLength);
+        CHECK(evs.back().prompt_tokens == 3);
+        CHECK(evs.back().completion_tokens == int64_t(ids.size()));
+        CHECK_FALSE(evs.back().context_full);
+        CHECK(evs.back().logprob == -0.5f);
+    }
+    SUBCASE("a stop string spanning tokens ends the output before it") {
+        RequestOutput out(&tok, {"ld. Th"}, 3, 1000);
+        const auto evs = feed(out, ids, FinishReason::kNone);
+        REQUIRE(evs.back().finish == FinishReason::kStop);
+        CHECK(out.stopped_by_text());
+        CHECK(joined(evs) == "Hello wor");
+        CHECK(out.text() == "Hello wor");
+        CHECK(evs.size() < ids.size());  // it ended early: nothing after the stop string
+        CHECK(evs.back().completion_tokens == int64_t(evs.size()));
+    }
+    SUBCASE("text that may begin a stop string is held back; a cancel flushes it") {
+        RequestOutput out(&tok, {"end!"}, 3, 1000);
+        const auto evs = feed(out, ids, FinishReason::kNone);
+        CHECK(evs.back().finish == FinishReason::kNone);
+        CHECK(joined(evs) == tok.decode(ids, false));  // "end" is shown once " of" shows it is not "end!" ...
+        const std::vector<int32_t> upto_end = tok.encode("Hello world. The end", false, false);
+        RequestOutput held(&tok, {"end!"}, 3, 1000);
+        const auto part = feed(held, upto_end, FinishReason::kNone);
+        CHECK(joined(part).ends_with("The "));  // ... but not while it still could be
+        const ClientEvent last = held.cancel(7, false);
+        CHECK(last.finish == FinishReason::kCancelled);
+        CHECK(last.text == "end");
+        CHECK(joined(part) + last.text == "Hello world. The end");
+    }
+    SUBCASE("the token that stops (eos) is returned, not shown; a full context says so") {
+        RequestOutput out(&tok, {}, 4, 4 + int64_t(ids.size()) + 1);
+        std::vector<int32_t> with_eos = ids;
+        with_eos.push_back(tok.eos_id());
+        const auto evs = feed(out, with_eos, FinishReason::kStop);
+        CHECK(evs.back().token == tok.eos_id());
+        CHECK(evs.back().text.empty());
+        CHECK(joined(evs) == tok.decode(ids, false));
+        RequestOutput full(&tok, {}, 4, 4 + int64_t(ids.size()));
+        CHECK(feed(full, ids, FinishReason::kLength).back().context_full);
+    }
+    SUBCASE("without a tokenizer: ids, no text") {
+        RequestOutput out(nullptr, {}, 2, 100);
+        const auto evs = feed(out, ids, FinishReason::kLength);
+        CHECK(joined(evs).empty());
+        CHECK(evs.back().completion_tokens == int64_t(ids.size()));
+    }
+}
+
+namespace {
+
+ModelConfig tiny() { return test::tiny_config("tiny random (test_client)"); }
+
+Built make(const TensorSource& src, int64_t max_seq = 24) {
+    BuildOptions o = test::cpu_options();
+    o.model.max_seq = max_seq;
+    return build(o, src);
+}
+
+ClientRequest request(std::vector<int32_t> prompt, int64_t n) {
+    ClientRequest r;
+    r.prompt = std::move(prompt);
+    r.max_tokens = n;
+    r.ignore_eos = true;
+    return r;
+}
+
+// Polls until the client is idle; the events by id.
+std::map<int64_t, std::vector<ClientEvent>> drain_events(EngineClient& c) {
+    std::map<int64_t, std::vector<ClientEvent>> by_id;
+    while (c.busy())
+        for (ClientEvent& e : c.poll()) by_id[e.id].push_back(std::move(e));
+    return by_id;
+}
+
+}  // namespace
+
+TEST_CASE("engine client: the engine's tokens, the context budget, cancel, drain, stops") {
+    auto src = make_random_source(tiny(), 11, DType::kF32);
+    Built b = make(*src);
+    EngineClient client(*b.engine, nullptr);
+    REQUIRE(client.context() == 24);
+    const std::vector<int32_t> prompt = {5, 9, 33, 17};
+    GenerateRequest g;
+    g.prompt = prompt;
+    g.max_new_tokens = 8;
+    g.ignore_eos = true;
+    const std::vector<int32_t> want = b.engine->generate(g).tokens;
+    REQUIRE(want.size() == 8);
+
+    SUBCASE("run() returns the engine's tokens, logprobs and finish") {
+        GenerateStats stats;
+        const auto outs = client.run({request(prompt, 8)}, {}, &stats);
+        REQUIRE(outs.size() == 1);
+        CHECK(outs[0].tokens == want);
+        CHECK(outs[0].logprobs.size() == want.size());
+        CHECK(outs[0].finish == FinishReason::kLength);
+        CHECK_FALSE(outs[0].context_full);
+        CHECK(stats.generated_tokens == 8);
+        // on_event returning false cancels: the output ends there as cancelled.
+        const auto cut = client.run({request(prompt, 8)}, [](size_t, const ClientEvent& e) { return e.token < 0; });
+        CHECK(cut[0].finish == FinishReason::kCancelled);
+        CHECK(cut[0].tokens == std::vector<int32_t>(want.begin(), want.begin() + 1));
+    }
+    SUBCASE("budget: the rest of the context, a clamp, no room, zero") {
+        CHECK(client.budget(4, ClientRequest::kRestOfContext) == 20);
+        CHECK(client.budget(4, 100) == 20);
+        CHECK(client.budget(4, 3) == 3);
+        CHECK(client.budget(24, 0) == 0);
+        CHECK_THROWS_WITH_AS(client.budget(24, 1), doctest::Contains("fills the whole context of 24"), Error);
+        CHECK_THROWS_WITH_AS(client.budget(25, 1), doctest::Contains("longer than the model's context"), Error);
+        const auto outs = client.run({request(prompt, ClientRequest::kRestOfContext)});
+        CHECK(outs[0].tokens.size() == 20);
+        CHECK(outs[0].finish == FinishReason::kLength);
+        CHECK(outs[0].context_full);
+        CHECK(outs[0].max_tokens == 20);
+        CHECK_THROWS_AS(client.run({request(std::vector<int32_t>(24, 3), 1)}), Error);
+        CHECK(client.run({request(prompt, 1)})[0].tokens.size() == 1);  // usable after a refusal
+    }
+    SUBCASE("cancel ends a request once, as cancelled; the others run on") {
+        const int64_t a = client.submit(request(prompt, 8));
+        const int64_t c = client.submit(request(prompt, 8));
+        std::vector<ClientEvent> first = client.poll();
+        client.cancel(a);
+        client.cancel(a);  // twice: one last event
+        auto rest = drain_events(client);
+        for (const ClientEvent& e : first) rest[e.id].insert(rest[e.id].begin(), e);
+        REQUIRE(!rest[a].empty());
+        CHECK(rest[a].back().finish == FinishReason::kCancelled);
+        CHECK_FALSE(rest[a].back().drained);
+        int64_t finishes = 0;
+        for (const ClientEvent& e : rest[a]) finishes += e.finish != FinishReason::kNone;
+        CHECK(finishes == 1);
+        CHECK(rest[c].size() == 8);
+        CHECK(rest[c].back().finish == FinishReason::kLength);
+        client.shutdown();
+    }
+    SUBCASE("drain: no new requests; at the deadline the running end as drained") {
+        const int64_t a = client.submit(request(prompt, 8));
+        client.drain(0);
+        CHECK_THROWS_AS(client.submit(request(prompt, 8)), Error);
+        auto evs = drain_events(client);
+        REQUIRE(evs.count(a));
+        CHECK(evs[a].back().finish == FinishReason::kCancelled);
+        CHECK(evs[a].back().drained);
+        CHECK(client.active() == 0);
+        client.shutdown();
+    }
+    SUBCASE("stop_token_ids stop (the id returned); the model's eos stops unless ignore_eos") {
+        ClientRequest r = request(prompt, 8);
+        r.stop_token_ids = {want[3]};
+        const auto outs = client.run({r});
+        const size_t first = size_t(std::find(want.begin(), want.end(), want[3]) - want.begin());
+        CHECK(outs[0].tokens == std::vector<int32_t>(want.begin(), want.begin() + ptrdiff_t(first) + 1));
+        CHECK(outs[0].finish == FinishReason::kStop);
+        ModelConfig c = tiny();
+        c.eos_ids = {want[2]};
+        auto eos_src = make_random_source(c, 11, DType::kF32);
+        Built e = make(*eos_src);
+        EngineClient ec(*e.engine, nullptr);
+        ClientRequest stops = request(prompt, 8);
+        stops.ignore_eos = false;
+        const size_t at = size_t(std::find(want.begin(), want.end(), want[2]) - want.begin());
+        CHECK(ec.run({stops})[0].tokens.size() == at + 1);
+        CHECK(ec.run({request(prompt, 8)})[0].tokens == want);
+    }
+}
