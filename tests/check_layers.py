@@ -26,7 +26,7 @@ RULES = {
     "kernels/cuda/": KERNELS_COMMON,
     "parallel/": BASE,
     "runtime/model/config": BASE + ["parallel/world_config.h"],
-    "runtime/weights/": BASE + ["kernels/common/", "runtime/model/config.h"],
+    "runtime/weights/": BASE + ["kernels/common/", "parallel/world_config.h", "runtime/model/config.h"],
     "runtime/backend/": KERNELS_COMMON + ["kernels/cpu/", "kernels/cuda/", "parallel/"],
     "runtime/tokenizer/": BASE + ["runtime/weights/gguf.h"],
     "runtime/model/": BASE + ["kernels/common/", "parallel/", "runtime/backend/backend.h", "runtime/weights/",
