@@ -5,11 +5,9 @@
 #include "base/log.h"
 #include "base/clock.h"
 #include "kernels/cpu/thread_pool.h"
-#if !defined(LATTICE_NO_MPI)
-#include "parallel/mpi_session.h"
-#endif
-
+#include "parallel/rank_agreement.h"
 #include "parallel/world_config.h"
+#include "parallel/world_session.h"
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -50,7 +48,8 @@ void ModelArgs::add_to(CLI::App* cmd) {
     cmd->add_option("-t,--threads", threads, "CPU threads per rank (0: one per available core; capped at those)")
         ->check(int_range(0, kMaxThreadsFlag));
     cmd->add_flag("--mlock", mlock, "Lock weights in memory");
-    cmd->add_option("--max-seq", max_seq, "KV cache positions per sequence (0: min(max_position_embeddings, 4096))")
+    cmd->add_option("--max-seq", max_seq,
+                    fmt::format("KV cache positions per sequence (0: min(max_position_embeddings, {}))", kDefaultMaxSeq))
         ->check(int_range(0, INT32_MAX));
     cmd->add_option("--max-batch-tokens", max_batch_tokens, "Tokens per forward pass (prompt chunk size)")
         ->check(int_range(1, 1 << 20));
@@ -65,8 +64,8 @@ void ModelArgs::add_to(CLI::App* cmd) {
     cmd->add_flag("--enforce-eager", enforce_eager,
                   "Run every step eagerly: no CUDA graphs for decode steps (on CUDA they are captured per batch-size "
                   "bucket by default; CPU runs eagerly anyway)");
-    cmd->add_option("--tp", tp, "Tensor-parallel ranks")->check(int_range(1, 4096));
-    cmd->add_option("--pp", pp, "Pipeline-parallel stages")->check(int_range(1, 4096));
+    cmd->add_option("--tp", tp, "Tensor-parallel ranks")->check(tp_flag_range());
+    cmd->add_option("--pp", pp, "Pipeline-parallel stages")->check(pp_flag_range());
     cmd->add_option("--pp-layers", pp_layers, "Layers per pipeline stage, e.g. 20,20,21,19");
     cmd->add_option("--micro-batch", micro_batch, "Prompt tokens per pipeline micro-batch (0: --max-batch-tokens)")
         ->check(int_range(0, 1 << 20));
@@ -117,6 +116,9 @@ CLI::Validator real_range(double lo, double hi) {
         },
         fmt::format("NUMBER in [{}, {}]", lo, hi));
 }
+
+CLI::Validator tp_flag_range() { return int_range(1, kMaxTp); }
+CLI::Validator pp_flag_range() { return int_range(1, kMaxPp); }
 
 int usable_threads(int requested) {
     const int cores = ThreadPool::available_cpus();
@@ -225,14 +227,13 @@ int launcher_world_size() {
 }
 
 bool started_by_mpi() {
-#if defined(LATTICE_NO_MPI)
-    // Without MPI every process would run alone: several started by mpirun would each do the whole job.
-    if (const int n = launcher_world_size(); n > 1)
-        LATTICE_FAIL("started as one of {} MPI ranks, but this lattice was built without MPI: run it alone", n);
-    return false;
-#else
+    if (!kBuiltWithMpi) {
+        // Without MPI every process would run alone: several started by mpirun would each do the whole job.
+        if (const int n = launcher_world_size(); n > 1)
+            LATTICE_FAIL("started as one of {} MPI ranks, but this lattice was built without MPI: run it alone", n);
+        return false;
+    }
     return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK");
-#endif
 }
 
 void print_error_line(const char* kind, const std::string& message, const std::string& detail) {
@@ -241,110 +242,22 @@ void print_error_line(const char* kind, const std::string& message, const std::s
 }
 
 namespace {
-
 bool g_agreement_open = true;
-
-#if !defined(LATTICE_NO_MPI)
-// Point-to-point on MPI_COMM_WORLD with tags of their own: the communicators of the run are
-// duplicates of the world (other contexts), so nothing else can match these messages.
-constexpr int kReportTag = 7101, kVerdictTag = 7102;
-constexpr std::chrono::seconds kAgreementTimeout{30};  // hang guard: a peer stuck elsewhere (a failure on some ranks only)
-constexpr size_t kMaxMessage = 4096;
-
-// "code rank message"
-std::string encode(int code, int rank, const std::string& message) {
-    return fmt::format("{} {} {}", code, rank, message.substr(0, kMaxMessage));
-}
-void decode(const std::string& s, int& code, int& rank, std::string& message) {
-    std::istringstream in(s);
-    in >> code >> rank;
-    in.get();
-    std::getline(in, message, '\0');
-}
-
-// Waits for a message with `tag` from `source` (MPI_ANY_SOURCE too) until `deadline`; false when none came.
-bool receive(int source, int tag, std::string& out, int& from, std::chrono::steady_clock::time_point deadline) {
-    for (;;) {
-        int flag = 0;
-        MPI_Status st{};
-        if (MPI_Iprobe(source, tag, MPI_COMM_WORLD, &flag, &st) != MPI_SUCCESS) return false;
-        if (flag) {
-            int n = 0;
-            MPI_Get_count(&st, MPI_CHAR, &n);
-            out.assign(size_t(std::max(n, 0)), '\0');
-            if (MPI_Recv(out.data(), n, MPI_CHAR, st.MPI_SOURCE, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-                return false;
-            from = st.MPI_SOURCE;
-            return true;
-        }
-        if (std::chrono::steady_clock::now() > deadline) return false;
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));  // polling interval, not ordering
-    }
-}
-
-// Sends without blocking past `deadline` (a peer that never receives must not hang this rank).
-bool send(int dest, int tag, const std::string& s, std::chrono::steady_clock::time_point deadline) {
-    MPI_Request req = MPI_REQUEST_NULL;
-    if (MPI_Isend(s.data(), int(s.size()), MPI_CHAR, dest, tag, MPI_COMM_WORLD, &req) != MPI_SUCCESS) return false;
-    for (;;) {
-        int done = 0;
-        if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
-        if (done) return true;
-        if (std::chrono::steady_clock::now() > deadline) {
-            MPI_Cancel(&req);
-            return false;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-}
-#endif
-
 }  // namespace
 
 bool failure_agreement_open() { return g_agreement_open && launcher_world_size() > 1; }
 
-int agree_on_failure(int code, const std::string& message, const std::string& detail) {
+int agree_and_report_failure(int code, const std::string& message, const std::string& detail) {
     g_agreement_open = false;
     const bool verbose = output_settings().verbose;
     if (code != 0 && verbose) print_error_line(code == 3 ? "internal error" : "error", message, detail);
-#if defined(LATTICE_NO_MPI)
-    if (code != 0 && !verbose) print_error_line("error", message, detail);
-    return code;
-#else
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (finalized) return code != 0 ? -1 : 0;  // the command ended MPI itself: nobody to agree with
-    MpiSession& s = mpi_session();
-    const int rank = s.rank(), size = s.size();
-    if (size == 1) {
-        if (code != 0 && !verbose) print_error_line("error", message, detail);
-        return code;
-    }
-    const auto deadline = std::chrono::steady_clock::now() + kAgreementTimeout;
-    int v_code = code, v_rank = code != 0 ? rank : size;
-    std::string v_message = message, buf;
-    if (rank == 0) {
-        for (int got = 0; got < size - 1; ++got) {
-            int from = -1, c = 0, r = 0;
-            std::string m;
-            if (!receive(MPI_ANY_SOURCE, kReportTag, buf, from, deadline)) return -1;
-            decode(buf, c, r, m);
-            if (c != 0 && r < v_rank) v_code = c, v_rank = r, v_message = m;
-        }
-        const std::string verdict = encode(v_code, v_rank, v_message);
-        for (int r = 1; r < size; ++r)
-            if (!send(r, kVerdictTag, verdict, deadline)) return -1;
-    } else {
-        int from = -1;
-        if (!send(0, kReportTag, encode(code, rank, message), deadline)) return -1;
-        if (!receive(0, kVerdictTag, buf, from, deadline)) return -1;
-        decode(buf, v_code, v_rank, v_message);
-    }
-    if (v_code != 0 && rank == 0 && !verbose)
-        print_error_line(v_code == 3 ? "internal error" : "error",
-                         v_rank == 0 ? v_message : fmt::format("rank {}: {}", v_rank, v_message), detail);
-    return v_code;
-#endif
+    const RankAgreement v = agree_on_failure(code, message);
+    if (v.peers_silent()) return -1;
+    if (v.failed() && v.own_rank == 0 && !verbose)
+        print_error_line(v.code == 3 ? "internal error" : "error",
+                         v.failed_rank == 0 ? v.message : fmt::format("rank {}: {}", v.failed_rank, v.message),
+                         detail);
+    return v.code;
 }
 
 std::string default_model_path() {
@@ -466,15 +379,13 @@ Built load_model(const ModelArgs& a, const std::function<void(const WorldConfig&
         } catch (const std::bad_alloc&) {
             code = 1, message = detail = "out of memory opening the model";
         }
-        const int agreed = agree_on_failure(code, message, detail);
+        const int agreed = agree_and_report_failure(code, message, detail);
         if (agreed > 0) throw ReportedFailure{agreed};
         if (agreed < 0 && code != 0) throw Error(detail.substr(0, detail.size() - message.size()), message);
     }
     o.on_context = [on_context](const WorldConfig& w) {
         // When the launcher tears the job down because a rank died, say which one before exiting.
-#if !defined(LATTICE_NO_MPI)
-        if (w.world > 1) mpi_session().install_termination_reporter();
-#endif
+        if (w.world > 1) report_dead_peers_on_termination();
         if (w.rank != 0 || output_settings().quiet) set_log_level(LogLevel::kWarn);
         if (on_context) on_context(w);
     };

@@ -65,8 +65,8 @@ OutputSettings& output_settings();
 
 // ---- One line per error, also under MPI ---------------------------------------------------------
 // An error that every rank meets (a bad argument, a missing or malformed model, a layout the model
-// cannot take) is printed once, by rank 0, and every rank exits with the same code through
-// MPI_Finalize. The ranks agree at one point, before the first collective after MPI start-up: the
+// cannot take) is printed once, by rank 0, and every rank exits with the same code after finalizing
+// MPI. The ranks agree (parallel/rank_agreement.h; launch/ only prints the line) at one point, before the first collective after MPI start-up: the
 // load of a model (load_model, once the rank grid exists and the checkpoint was opened and checked)
 // or, for a rank that failed before it, main()'s error path; a command that needs no model agrees
 // when it ends. Only a failure on some ranks alone, later, is printed by its rank and aborts the job.
@@ -84,12 +84,12 @@ int launcher_world_size();
 bool started_by_mpi();
 // True until this process passed (or gave up) the agreement: an error now can still be agreed on.
 bool failure_agreement_open();
-// This rank's share of the agreement: code 0 (fine) or the exit code and one-line message of its
-// failure (`detail`: the same with its origin, printed with --verbose). Initializes MPI when it is
-// not yet. Returns the agreed code (0: no rank failed), having printed the culprit's line on rank 0,
-// or -1 when the peers did not answer within the hang guard (then the caller reports alone and
-// aborts).
-int agree_on_failure(int code, const std::string& message, const std::string& detail);
+// This rank's share of the agreement (parallel/rank_agreement.h agree_on_failure): code 0 (fine) or
+// the exit code and one-line message of its failure (`detail`: the same with its origin, printed
+// with --verbose). Initializes MPI when it is not yet. Returns the agreed code (0: no rank failed),
+// having printed the culprit's line on rank 0, or -1 when the peers did not answer within the hang
+// guard (then the caller reports alone and aborts).
+int agree_and_report_failure(int code, const std::string& message, const std::string& detail);
 // One error line on stderr: "lattice: <kind>: <message>" (--verbose: the detailed form).
 void print_error_line(const char* kind, const std::string& message, const std::string& detail);
 
@@ -107,6 +107,10 @@ CLI::Validator int_range(int64_t lo, int64_t hi);
 CLI::Validator uint_range(uint64_t lo, uint64_t hi);
 CLI::Validator real_range(double lo, double hi);
 constexpr int kMaxThreadsFlag = 65536;  // --threads bound (then capped at the usable cores)
+// Every --tp and --pp flag's check: [1, kMaxTp] and [1, kMaxPp] (parallel/world_config.h, whose
+// check_layout_sizes is the library's one check of the same bounds).
+CLI::Validator tp_flag_range();
+CLI::Validator pp_flag_range();
 
 // Threads for a CPU backend: `requested` (0: all usable cores) capped, with a warning, at the cores
 // this process may run on: more threads than cores only slows every op down.

@@ -15,10 +15,8 @@
 #include "base/memory.h"
 #include "launch/cli.h"
 #include "launch/cli_common.h"
-#if !defined(LATTICE_NO_MPI)
-#include "parallel/mpi_session.h"
-#endif
 #include "parallel/parallel_context.h"
+#include "parallel/world_session.h"
 #include "runtime/engine/convert.h"
 
 namespace lattice {
@@ -79,12 +77,10 @@ private:
 int run_convert(const ConvertArgs& a) {
     // Several ranks only under an MPI starter; every rank then takes files of its own.
     ParallelContext ctx = make_local_context();
-    if (started_by_mpi()) {  // never true in a build without MPI (LATTICE_NO_MPI)
-#if !defined(LATTICE_NO_MPI)
-        ctx = make_parallel_context(mpi_session().size(), 1, a.comm_timeout);
-        if (ctx.world.world > 1) mpi_session().install_termination_reporter();
+    if (started_by_mpi()) {  // never true in a build without MPI
+        ctx = make_parallel_context(join_world().size, 1, a.comm_timeout);
+        report_dead_peers_on_termination();
         if (ctx.world.rank != 0) set_log_level(LogLevel::kWarn);
-#endif
     }
     ConvertOptions o;
     o.out = a.out;
@@ -131,8 +127,8 @@ void add_convert_command(CLI::App& app, CommandRun& run) {
     auto* cmd = app.add_subcommand("convert", "Write a pre-sharded, pre-quantized checkpoint: one file per rank");
     cmd->add_option("--model", args->model, "HF model directory or .gguf file")->required();
     cmd->add_option("--out", args->out, "Folder to create (must not exist)")->required();
-    cmd->add_option("--tp", args->tp, "Tensor-parallel ranks of the layout")->check(int_range(1, 4096));
-    cmd->add_option("--pp", args->pp, "Pipeline stages of the layout")->check(int_range(1, 4096));
+    cmd->add_option("--tp", args->tp, "Tensor-parallel ranks of the layout")->check(tp_flag_range());
+    cmd->add_option("--pp", args->pp, "Pipeline stages of the layout")->check(pp_flag_range());
     cmd->add_option("--pp-layers", args->pp_layers, "Layers per pipeline stage, e.g. 20,20,21,19");
     cmd->add_option("--quant", args->quant,
                     "none | w8a16 | w8a8 | auto (w8a8 with an int8 head for a Q4/Q8 GGUF, none otherwise)")

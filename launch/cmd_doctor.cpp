@@ -5,24 +5,21 @@
 // warnings, each with its fix, for the traps that make multi-GPU jobs hang or crawl before the
 // first token. Exit 0 when nothing blocks the layout, 1 when something does (world != tp*pp,
 // two ranks on one GPU, a rank with no GPU to pick).
-// MPI comes from the process's MpiSession (parallel/mpi_session.h), like every other command; a
-// build without MPI (LATTICE_NO_MPI) reports its one process as the whole world.
+// The ranks come from parallel/world_session.h (MPI stays behind it), like every other command; a
+// build without MPI reports its one process as the whole world. The layout rules (world == tp x pp,
+// whole TP groups per node, device = local rank) are WorldConfig's (parallel/world_config.h).
 // PCI facts come from sysfs (--sysfs DIR substitutes a fake tree in tests), so the CPU build also
 // sees NVIDIA devices and ACS/IOMMU state; CUDA/NCCL facts are compiled in only with
-// LATTICE_HAVE_CUDA / LATTICE_HAVE_NCCL. Device choice mirrors the engine: local rank i uses
-// CUDA device i of those visible.
+// LATTICE_HAVE_CUDA / LATTICE_HAVE_NCCL. Device choice is the engine's: local rank i uses CUDA
+// device i of those visible (device_of_local_rank).
 #include "launch/cli.h"
 #include "launch/cli_common.h"
-#if !defined(LATTICE_NO_MPI)
-#include "parallel/mpi_session.h"
-#endif
 #include "base/error.h"
+#include "parallel/world_config.h"
+#include "parallel/world_session.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#if !defined(LATTICE_NO_MPI)
-#include <mpi.h>
-#endif
 #include <nlohmann/json.hpp>
 #include <sched.h>
 
@@ -214,11 +211,12 @@ json describe_rank(int rank, int local_rank, int local_size, const fs::path& sys
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
     r["visible_gpus"] = n;
-    if (local_rank < n) {
+    const int device = device_of_local_rank(local_rank, local_size);
+    if (device < n) {
         cudaDeviceProp prop{};
-        cudaGetDeviceProperties(&prop, local_rank);
+        cudaGetDeviceProperties(&prop, device);
         std::string bus = fmt::format("{:04x}:{:02x}:{:02x}.0", prop.pciDomainID, prop.pciBusID, prop.pciDeviceID);
-        r["device"] = local_rank;
+        r["device"] = device;
         r["device_name"] = prop.name;
         r["device_bus"] = bus;
         std::string numa = read_text(sysfs / "bus/pci/devices" / bus / "numa_node");
@@ -253,29 +251,11 @@ std::string versions_line() {
     return s;
 }
 
-// Gathers one JSON text per rank on rank 0 (variable length: sizes first, then Gatherv).
-std::vector<json> gather_json(const json& mine, int rank, int world) {
-#if defined(LATTICE_NO_MPI)
-    (void)rank;
-    (void)world;
-    return {mine};
-#else
-    std::string text = mine.dump();
-    int len = int(text.size());
-    std::vector<int> lens(static_cast<size_t>(world)), displs(static_cast<size_t>(world));
-    MPI_CHECK(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD));
-    std::string all;
-    if (rank == 0) {
-        int total = 0;
-        for (int i = 0; i < world; ++i) displs[size_t(i)] = total, total += lens[size_t(i)];
-        all.resize(size_t(total));
-    }
-    MPI_CHECK(MPI_Gatherv(text.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0, MPI_COMM_WORLD));
+// One JSON record per rank on rank 0, in rank order (other ranks get none).
+std::vector<json> gather_json(const json& mine) {
     std::vector<json> out;
-    if (rank == 0)
-        for (int i = 0; i < world; ++i) out.push_back(json::parse(all.substr(size_t(displs[size_t(i)]), size_t(lens[size_t(i)]))));
+    for (const std::string& text : gather_strings_to_root(mine.dump())) out.push_back(json::parse(text));
     return out;
-#endif
 }
 
 struct Finding {
@@ -283,91 +263,114 @@ struct Finding {
     std::string what, fix;
 };
 
-std::vector<Finding> check(const std::vector<json>& ranks, const DoctorOptions& opt, int world) {
-    std::vector<Finding> f;
-    if (opt.tp > 0 || opt.pp > 0) {
-        int tp = std::max(opt.tp, 1), pp = std::max(opt.pp, 1);
-        if (tp * pp != world)
-            f.push_back({true, fmt::format("world size {} is not tp*pp = {}*{} = {}", world, tp, pp, tp * pp),
-                         fmt::format("launch with lattice-mpirun --tp {} --pp {} (it sets -np {})", tp, pp, tp * pp)});
+using Findings = std::vector<Finding>;
+using HostRanks = std::vector<const json*>;
+
+// The asked layout against the world (WorldConfig::make's rule and message).
+void check_layout(const DoctorOptions& opt, int world, Findings& f) {
+    if (opt.tp == 0 && opt.pp == 0) return;
+    const int tp = std::max(opt.tp, 1), pp = std::max(opt.pp, 1);
+    try {
+        (void)WorldConfig::make(world, tp, pp, 0);
+    } catch (const Error& e) {
+        f.push_back({true, e.message(),
+                     fmt::format("launch with lattice-mpirun --tp {} --pp {} (it sets -np {})", tp, pp, tp * pp)});
     }
-    std::map<std::string, std::vector<const json*>> by_host;
+}
+
+// Per host: whole TP groups, enough GPUs, one GPU per rank, consistent CUDA_VISIBLE_DEVICES.
+void check_host_gpus(const std::string& host, const HostRanks& rs, const json& hn, const DoctorOptions& opt,
+                     size_t hosts, Findings& f) {
+    const int pci_gpus = int(hn.value("pci_gpus", json::array()).size());
+    const int visible = rs.front()->value("visible_gpus", 0);
+    const int per_host = int(rs.size());
+    if (opt.tp > 0 && hosts > 1 && !node_holds_whole_tp_groups(per_host, opt.tp))
+        f.push_back({false, fmt::format("{} ranks on {} do not hold whole TP groups of {}", per_host, host, opt.tp),
+                     "put tp ranks on each node (TP inside a node, PP across nodes): lattice-mpirun does"});
+    if (visible > 0 && per_host > visible)
+        f.push_back({true, fmt::format("{} ranks on {} but only {} GPUs visible: ranks would share a GPU", per_host,
+                                       host, visible),
+                     "use one rank per GPU (lattice-mpirun --tp/--pp), or add nodes"});
+    if (visible == 0 && pci_gpus > 0)
+        f.push_back({false, fmt::format("{} NVIDIA GPUs on the PCI bus of {} but none usable here", pci_gpus, host),
+                     "build with CUDA (cmake -DLATTICE_CUDA=ON) and check the driver (nvidia-smi)"});
+    std::set<std::string> cvds;
+    for (const json* r : rs) cvds.insert((*r)["cuda_visible_devices"].get<std::string>());
+    if (cvds.size() > 1)
+        f.push_back({false, fmt::format("ranks on {} see different CUDA_VISIBLE_DEVICES ({})", host, fmt::join(cvds, " | ")),
+                     "do not set CUDA_VISIBLE_DEVICES per rank: each rank picks device = local rank"});
+    for (const json* r : rs) {
+        if (visible > 0 && (*r)["device"] == -1)
+            f.push_back({true, fmt::format("rank {} (local {}) on {} has no GPU to pick ({} visible)", (*r)["rank"].get<int>(),
+                                           (*r)["local_rank"].get<int>(), host, (*r)["visible_gpus"].get<int>()),
+                         "each rank uses device <local rank>: leave all of the node's GPUs visible to every rank"});
+        if (r->value("cpus_on_device_numa", true) == false && hn.value("numa_nodes", 1) > 1)
+            f.push_back({false, fmt::format("rank {} runs on CPUs {} but its GPU {} sits on NUMA node {} (CPUs {})",
+                                            (*r)["rank"].get<int>(), (*r)["cpus"].get<std::string>(),
+                                            r->value("device_bus", ""), r->value("device_numa", -1),
+                                            r->value("device_numa_cpus", "")),
+                         "bind each rank to its GPU's NUMA node: lattice-mpirun does (--map-by ppr:c:numa --bind-to numa)"});
+    }
+}
+
+// CPU ranks sharing cores: each rank's thread pool pins its threads to the first CPUs it may use,
+// so overlapping affinity means pools fighting over the same cores. One line per host is enough.
+void check_shared_cores(const std::string& host, const HostRanks& rs, Findings& f) {
+    for (size_t a = 0; a < rs.size(); ++a)
+        for (size_t b = a + 1; b < rs.size(); ++b) {
+            if ((*rs[a])["device"] != -1 || (*rs[b])["device"] != -1) continue;
+            std::set<int> ca = parse_cpulist((*rs[a])["cpus"].get<std::string>());
+            std::set<int> cb = parse_cpulist((*rs[b])["cpus"].get<std::string>());
+            std::vector<int> both;
+            std::set_intersection(ca.begin(), ca.end(), cb.begin(), cb.end(), std::back_inserter(both));
+            if (both.empty()) continue;
+            f.push_back({false, fmt::format("CPU ranks {} and {} on {} share CPUs {} (their thread pools compete)",
+                                            (*rs[a])["rank"].get<int>(), (*rs[b])["rank"].get<int>(), host,
+                                            format_cpulist(std::set<int>(both.begin(), both.end()))),
+                         "give each rank its own cores: lattice-mpirun --cpu binds equal core blocks when there are enough cores"});
+            return;
+        }
+}
+
+// Several GPUs on a host: IOMMU translation, ACS redirection and missing P2P slow or hang NCCL.
+void check_peer_to_peer(const std::string& host, const json& hn, Findings& f) {
+    if (hn.value("pci_gpus", json::array()).size() < 2) return;
+    for (const json& g : hn["pci_gpus"]) {
+        std::string it = g.value("iommu", "none");
+        if (it == "DMA" || it == "DMA-FQ")
+            f.push_back({false, fmt::format("IOMMU translates DMA for GPU {} on {} (domain {})", g["bus"].get<std::string>(), host, it),
+                         "PCIe P2P may fail or hang: boot with iommu=pt (intel_iommu=on iommu=pt), or set NCCL_P2P_DISABLE=1"});
+        for (const json& b : g["acs_redirect"])
+            f.push_back({false, fmt::format("PCIe ACS redirects P2P at bridge {} above GPU {} on {}", b.get<std::string>(),
+                                            g["bus"].get<std::string>(), host),
+                         "P2P is routed through the root complex or hangs: disable ACS on that bridge "
+                         "(root: setpci -s <bridge> ECAP_ACS+0x6.w=0000, each boot) or in the BIOS; else set NCCL_P2P_DISABLE=1"});
+    }
+    const json p2p = hn.value("p2p", json::array());
+    for (size_t i = 0; i < p2p.size(); ++i)
+        for (size_t j = 0; j < p2p[i].size(); ++j)
+            if (i < j && p2p[i][j] == 0)
+                f.push_back({false, fmt::format("no CUDA P2P between GPU {} and {} on {}", i, j, host),
+                             "NCCL falls back to host shared memory (about half the bandwidth); see the ACS/IOMMU warnings"});
+}
+
+Findings check(const std::vector<json>& ranks, const DoctorOptions& opt, int world) {
+    Findings f;
+    check_layout(opt, world, f);
+    std::map<std::string, HostRanks> by_host;
     for (const json& r : ranks) by_host[r["host"].get<std::string>()].push_back(&r);
     std::set<std::string> names;
     for (const auto& [host, rs] : by_host) {
         static const json kNoNode = json::object();
         const json* head = nullptr;  // local rank 0's record carries the host facts
-        for (const json* r : rs)
-            if (r->contains("node")) head = r;
-        const json& hn = head ? (*head)["node"] : kNoNode;
-        int pci_gpus = int(hn.value("pci_gpus", json::array()).size());
-        int visible = rs.front()->value("visible_gpus", 0);
-        int tp = std::max(opt.tp, 1);
-        int per_host = int(rs.size());
-        if (opt.tp > 0 && by_host.size() > 1 && per_host % tp != 0)
-            f.push_back({false, fmt::format("{} ranks on {} do not hold whole TP groups of {}", per_host, host, tp),
-                         "put tp ranks on each node (TP inside a node, PP across nodes): lattice-mpirun does"});
-        if (visible > 0 && per_host > visible)
-            f.push_back({true, fmt::format("{} ranks on {} but only {} GPUs visible: ranks would share a GPU", per_host,
-                                           host, visible),
-                         "use one rank per GPU (lattice-mpirun --tp/--pp), or add nodes"});
-        if (visible == 0 && pci_gpus > 0)
-            f.push_back({false, fmt::format("{} NVIDIA GPUs on the PCI bus of {} but none usable here", pci_gpus, host),
-                         "build with CUDA (cmake -DLATTICE_CUDA=ON) and check the driver (nvidia-smi)"});
-        std::set<std::string> cvds;
-        for (const json* r : rs) cvds.insert((*r)["cuda_visible_devices"].get<std::string>());
-        if (cvds.size() > 1)
-            f.push_back({false, fmt::format("ranks on {} see different CUDA_VISIBLE_DEVICES ({})", host, fmt::join(cvds, " | ")),
-                         "do not set CUDA_VISIBLE_DEVICES per rank: each rank picks device = local rank"});
         for (const json* r : rs) {
-            if (visible > 0 && (*r)["device"] == -1)
-                f.push_back({true, fmt::format("rank {} (local {}) on {} has no GPU to pick ({} visible)", (*r)["rank"].get<int>(),
-                                               (*r)["local_rank"].get<int>(), host, (*r)["visible_gpus"].get<int>()),
-                             "each rank uses device <local rank>: leave all of the node's GPUs visible to every rank"});
+            if (r->contains("node")) head = r;
             if (r->contains("device_name")) names.insert((*r)["device_name"].get<std::string>());
-            if (r->value("cpus_on_device_numa", true) == false && hn.value("numa_nodes", 1) > 1)
-                f.push_back({false, fmt::format("rank {} runs on CPUs {} but its GPU {} sits on NUMA node {} (CPUs {})",
-                                                (*r)["rank"].get<int>(), (*r)["cpus"].get<std::string>(),
-                                                r->value("device_bus", ""), r->value("device_numa", -1),
-                                                r->value("device_numa_cpus", "")),
-                             "bind each rank to its GPU's NUMA node: lattice-mpirun does (--map-by ppr:c:numa --bind-to numa)"});
         }
-        // CPU ranks sharing cores: each rank's thread pool pins its threads to the first CPUs it may
-        // use, so overlapping affinity means pools fighting over the same cores.
-        for (size_t a = 0; a < rs.size(); ++a)
-            for (size_t b = a + 1; b < rs.size(); ++b) {
-                if ((*rs[a])["device"] != -1 || (*rs[b])["device"] != -1) continue;
-                std::set<int> ca = parse_cpulist((*rs[a])["cpus"].get<std::string>());
-                std::set<int> cb = parse_cpulist((*rs[b])["cpus"].get<std::string>());
-                std::vector<int> both;
-                std::set_intersection(ca.begin(), ca.end(), cb.begin(), cb.end(), std::back_inserter(both));
-                if (both.empty()) continue;
-                f.push_back({false, fmt::format("CPU ranks {} and {} on {} share CPUs {} (their thread pools compete)",
-                                                (*rs[a])["rank"].get<int>(), (*rs[b])["rank"].get<int>(), host,
-                                                format_cpulist(std::set<int>(both.begin(), both.end()))),
-                             "give each rank its own cores: lattice-mpirun --cpu binds equal core blocks when there are enough cores"});
-                a = rs.size();  // one line per host is enough
-                break;
-            }
-        if (pci_gpus > 1) {
-            for (const json& g : hn["pci_gpus"]) {
-                std::string it = g.value("iommu", "none");
-                if (it == "DMA" || it == "DMA-FQ")
-                    f.push_back({false, fmt::format("IOMMU translates DMA for GPU {} on {} (domain {})", g["bus"].get<std::string>(), host, it),
-                                 "PCIe P2P may fail or hang: boot with iommu=pt (intel_iommu=on iommu=pt), or set NCCL_P2P_DISABLE=1"});
-                for (const json& b : g["acs_redirect"])
-                    f.push_back({false, fmt::format("PCIe ACS redirects P2P at bridge {} above GPU {} on {}", b.get<std::string>(),
-                                                    g["bus"].get<std::string>(), host),
-                                 "P2P is routed through the root complex or hangs: disable ACS on that bridge "
-                                 "(root: setpci -s <bridge> ECAP_ACS+0x6.w=0000, each boot) or in the BIOS; else set NCCL_P2P_DISABLE=1"});
-            }
-            const json p2p = hn.value("p2p", json::array());
-            for (size_t i = 0; i < p2p.size(); ++i)
-                for (size_t j = 0; j < p2p[i].size(); ++j)
-                    if (i < j && p2p[i][j] == 0)
-                        f.push_back({false, fmt::format("no CUDA P2P between GPU {} and {} on {}", i, j, host),
-                                     "NCCL falls back to host shared memory (about half the bandwidth); see the ACS/IOMMU warnings"});
-        }
+        const json& hn = head ? (*head)["node"] : kNoNode;
+        check_host_gpus(host, rs, hn, opt, by_host.size(), f);
+        check_shared_cores(host, rs, f);
+        check_peer_to_peer(host, hn, f);
     }
     if (names.size() > 1)
         f.push_back({false, fmt::format("mixed GPU types across ranks: {}", fmt::join(names, ", ")),
@@ -379,83 +382,66 @@ std::vector<Finding> check(const std::vector<json>& ranks, const DoctorOptions& 
     return f;
 }
 
-int run_doctor(const DoctorOptions& opt) {
-#if defined(LATTICE_NO_MPI)
-    const int rank = 0, world = 1, local_rank = 0, local_size = 1;
-#else
-    MpiSession& session = mpi_session();  // initializes MPI (finalized by main) and knows the local ranks
-    const int rank = session.rank(), world = session.size();
-    const int local_rank = session.local_rank(), local_size = session.local_size();
-#endif
+// Rank 0's report: versions, hosts, ranks, findings. Returns the number of blocking findings.
+int print_report(const std::vector<json>& all, const DoctorOptions& opt, int world) {
+    std::set<std::string> hosts;
+    for (const json& r : all) hosts.insert(r["host"].get<std::string>());
+    print_stdout("lattice doctor\n  version: {}\n  MPI: {}\n", versions_line(), mpi_library_name());
+    print_stdout("  world: {} rank(s) on {} host(s)", world, hosts.size());
+    if (opt.tp || opt.pp) print_stdout(", asked tp {} x pp {}", std::max(opt.tp, 1), std::max(opt.pp, 1));
+    print_stdout("\n");
+    for (const json& r : all) {
+        if (!r.contains("node")) continue;
+        const json& n = r["node"];
+        print_stdout("host {}: CPUs {}, NUMA nodes {}, IOMMU groups {}\n", r["host"].get<std::string>(),
+                     n.value("cpus_online", "?"), n.value("numa_nodes", 1), n.value("iommu_groups", 0));
+        if (n.contains("cuda_driver"))
+            print_stdout("  CUDA driver {}, runtime {}{}\n", n["cuda_driver"].get<std::string>(),
+                         n["cuda_runtime"].get<std::string>(),
+                         n.contains("cuda_error") ? ", cudaGetDeviceCount: " + n["cuda_error"].get<std::string>() : "");
+        if (n["pci_gpus"].empty()) print_stdout("  no GPUs (no NVIDIA device on the PCI bus)\n");
+        for (const json& g : n["pci_gpus"])
+            print_stdout("  PCI GPU {}: NUMA {}, IOMMU {}, ACS-redirecting bridges above: {}\n",
+                         g["bus"].get<std::string>(), g["numa"].get<int>(), g["iommu"].get<std::string>(),
+                         g["acs_redirect"].empty() ? "none" : g["acs_redirect"].dump());
+        for (const json& d : n.value("cuda_devices", json::array()))
+            print_stdout("  cuda:{} {} ({}), free {} / {} MiB\n", d["index"].get<int>(), d["name"].get<std::string>(),
+                         d["bus"].get<std::string>(), d["free_mib"].get<uint64_t>(), d["total_mib"].get<uint64_t>());
+        if (n.contains("p2p") && n["p2p"].size() > 1) {
+            print_stdout("  P2P access (row can access column):\n");
+            for (size_t i = 0; i < n["p2p"].size(); ++i)
+                print_stdout("    {}: {}\n", i, fmt::join(n["p2p"][i].get<std::vector<int>>(), " "));
+        }
+    }
+    for (const json& r : all) {
+        std::string dev = r["device"] == -1 ? "no GPU" : fmt::format("cuda:{} {} NUMA {}", r["device"].get<int>(), r.value("device_name", ""), r.value("device_numa", -1));
+        print_stdout("rank {} on {}: local rank {}/{}, CPUs {}, GPUs visible {}, uses {}\n", r["rank"].get<int>(),
+                     r["host"].get<std::string>(), r["local_rank"].get<int>(), r["local_size"].get<int>(),
+                     r["cpus"].get<std::string>(), r["visible_gpus"].get<int>(), dev);
+    }
+    const Findings findings = check(all, opt, world);
+    int blocking = 0;
+    for (const Finding& x : findings) {
+        print_stdout("{}: {}\n  fix: {}\n", x.blocking ? "PROBLEM" : "warning", x.what, x.fix);
+        blocking += x.blocking;
+    }
+    print_stdout("result: {}\n", blocking ? fmt::format("{} problem(s) block this launch", blocking)
+                                          : fmt::format("ok ({} warning(s))", findings.size()));
+    std::fflush(stdout);
+    return blocking;
+}
 
-    json mine = describe_rank(rank, local_rank, local_size, opt.sysfs);
-    if (local_rank == 0) {
+int run_doctor(const DoctorOptions& opt) {
+    const WorldPlace me = join_world();  // initializes MPI (finalized by main) and knows the local ranks
+    json mine = describe_rank(me.rank, me.local_rank, me.local_size, opt.sysfs);
+    if (me.local_rank == 0) {
         json node = describe_pci(opt.sysfs);
         node.update(describe_cuda_host());
         node["cpus_online"] = read_text(fs::path(opt.sysfs) / "devices/system/cpu/online");
         mine["node"] = node;
     }
-    std::vector<json> all = gather_json(mine, rank, world);
-    int blocking = 0;
-    if (rank == 0) {
-#if defined(LATTICE_NO_MPI)
-        const std::string mpi = "not built (single rank only)";
-#else
-        char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
-        int len = 0;
-        MPI_Get_library_version(lib, &len);
-        std::string mpi(lib, size_t(std::max(0, len)));
-        mpi = mpi.substr(0, mpi.find_first_of("\n,"));
-#endif
-        std::set<std::string> hosts;
-        for (const json& r : all) hosts.insert(r["host"].get<std::string>());
-        print_stdout("lattice doctor\n  version: {}\n  MPI: {}\n", versions_line(), mpi);
-        print_stdout("  world: {} rank(s) on {} host(s)", world, hosts.size());
-        if (opt.tp || opt.pp) print_stdout(", asked tp {} x pp {}", std::max(opt.tp, 1), std::max(opt.pp, 1));
-        print_stdout("\n");
-        for (const json& r : all) {
-            if (!r.contains("node")) continue;
-            const json& n = r["node"];
-            print_stdout("host {}: CPUs {}, NUMA nodes {}, IOMMU groups {}\n", r["host"].get<std::string>(),
-                         n.value("cpus_online", "?"), n.value("numa_nodes", 1), n.value("iommu_groups", 0));
-            if (n.contains("cuda_driver"))
-                print_stdout(
-                    "  CUDA driver {}, runtime {}{}\n", n["cuda_driver"].get<std::string>(),
-                    n["cuda_runtime"].get<std::string>(),
-                    n.contains("cuda_error") ? ", cudaGetDeviceCount: " + n["cuda_error"].get<std::string>() : "");
-            if (n["pci_gpus"].empty()) print_stdout("  no GPUs (no NVIDIA device on the PCI bus)\n");
-            for (const json& g : n["pci_gpus"])
-                print_stdout("  PCI GPU {}: NUMA {}, IOMMU {}, ACS-redirecting bridges above: {}\n",
-                             g["bus"].get<std::string>(), g["numa"].get<int>(), g["iommu"].get<std::string>(),
-                             g["acs_redirect"].empty() ? "none" : g["acs_redirect"].dump());
-            for (const json& d : n.value("cuda_devices", json::array()))
-                print_stdout("  cuda:{} {} ({}), free {} / {} MiB\n", d["index"].get<int>(),
-                             d["name"].get<std::string>(), d["bus"].get<std::string>(), d["free_mib"].get<uint64_t>(),
-                             d["total_mib"].get<uint64_t>());
-            if (n.contains("p2p") && n["p2p"].size() > 1) {
-                print_stdout("  P2P access (row can access column):\n");
-                for (size_t i = 0; i < n["p2p"].size(); ++i)
-                    print_stdout("    {}: {}\n", i, fmt::join(n["p2p"][i].get<std::vector<int>>(), " "));
-            }
-        }
-        for (const json& r : all) {
-            std::string dev = r["device"] == -1 ? "no GPU" : fmt::format("cuda:{} {} NUMA {}", r["device"].get<int>(), r.value("device_name", ""), r.value("device_numa", -1));
-            print_stdout("rank {} on {}: local rank {}/{}, CPUs {}, GPUs visible {}, uses {}\n", r["rank"].get<int>(),
-                         r["host"].get<std::string>(), r["local_rank"].get<int>(), r["local_size"].get<int>(),
-                         r["cpus"].get<std::string>(), r["visible_gpus"].get<int>(), dev);
-        }
-        std::vector<Finding> findings = check(all, opt, world);
-        for (const Finding& x : findings) {
-            print_stdout("{}: {}\n  fix: {}\n", x.blocking ? "PROBLEM" : "warning", x.what, x.fix);
-            blocking += x.blocking;
-        }
-        print_stdout("result: {}\n", blocking ? fmt::format("{} problem(s) block this launch", blocking)
-                                              : fmt::format("ok ({} warning(s))", findings.size()));
-        std::fflush(stdout);
-    }
-#if !defined(LATTICE_NO_MPI)
-    MPI_CHECK(MPI_Bcast(&blocking, 1, MPI_INT, 0, MPI_COMM_WORLD));
-#endif
+    const std::vector<json> all = gather_json(mine);
+    const int blocking = broadcast_int_from_root(me.rank == 0 ? print_report(all, opt, me.size) : 0);
     return blocking ? 1 : 0;
 }
 
@@ -465,10 +451,10 @@ void add_doctor_command(CLI::App& app, CommandRun& run) {
     auto* cmd = app.add_subcommand("doctor", "Preflight report: versions, ranks, hosts, GPUs, P2P, NUMA, known traps");
     auto opt = std::make_shared<DoctorOptions>();
     cmd->add_option("--tp", opt->tp, "tensor-parallel size the job will use (checks world == tp*pp)")
-        ->check(int_range(1, 4096))
+        ->check(tp_flag_range())
         ->default_str("not checked");
     cmd->add_option("--pp", opt->pp, "pipeline-parallel size the job will use")
-        ->check(int_range(1, 4096))
+        ->check(pp_flag_range())
         ->default_str("not checked");
     cmd->add_option("--sysfs", opt->sysfs, "read PCI/NUMA/IOMMU facts from this tree instead of /sys (tests)");
     cmd->footer(R"(Examples:

@@ -55,7 +55,7 @@ void print_memory(const TensorSource& src, const InfoArgs& a) {
     }
     const bool cuda = a.device == "cuda";
     const int64_t act = cuda ? 2 : 4;  // activation (and KV) bytes per element
-    const int64_t max_seq = a.max_seq > 0 ? a.max_seq : std::min<int64_t>(c.max_position, 4096);
+    const int64_t max_seq = resolve_max_seq(a.max_seq, c.max_position);  // the model's own default
     LATTICE_CHECK(max_seq <= c.max_position, "--max-seq {} exceeds the model's max_position_embeddings {}", max_seq,
                   c.max_position);
     const auto stages = stage_layer_ranges(c.n_layers, a.pp);
@@ -93,10 +93,11 @@ void add_info_command(CLI::App& app, CommandRun& run) {
     cmd->add_option("--quant", a->quant, "Quantization of the memory estimate: auto | none | w8a16 | w8a8")
         ->check(CLI::IsMember({"auto", "none", "w8a16", "w8a8"}));
     cmd->add_flag("--quant-head", a->quant_head, "The estimate quantizes the LM head too");
-    cmd->add_option("--tp", a->tp, "Tensor-parallel ranks of the estimate")->check(int_range(1, 4096));
-    cmd->add_option("--pp", a->pp, "Pipeline stages of the estimate")->check(int_range(1, 4096));
+    cmd->add_option("--tp", a->tp, "Tensor-parallel ranks of the estimate")->check(tp_flag_range());
+    cmd->add_option("--pp", a->pp, "Pipeline stages of the estimate")->check(pp_flag_range());
     cmd->add_option("--max-seq,--context", a->max_seq,
-                    "Context of the estimate's KV cache, positions (0: min(max_position_embeddings, 4096))")
+                    fmt::format("Context of the estimate's KV cache, positions (0: min(max_position_embeddings, {}))",
+                                kDefaultMaxSeq))
         ->check(int_range(0, INT32_MAX));
     cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Tokens per forward pass of the activation estimate")
         ->check(int_range(1, 1 << 20));

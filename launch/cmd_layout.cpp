@@ -25,8 +25,8 @@ void add_layout_command(CLI::App& app, CommandRun& run) {
     };
     auto a = std::make_shared<Args>();
     auto* cmd = app.add_subcommand("layout", "Check a TP x PP layout against a model and the nodes it runs on");
-    cmd->add_option("--tp", a->tp, "Tensor-parallel ranks")->required()->check(int_range(1, 4096));
-    cmd->add_option("--pp", a->pp, "Pipeline-parallel stages")->check(int_range(1, 4096));
+    cmd->add_option("--tp", a->tp, "Tensor-parallel ranks")->required()->check(tp_flag_range());
+    cmd->add_option("--pp", a->pp, "Pipeline-parallel stages")->check(pp_flag_range());
     cmd->add_option("--model", a->model, "Check the model's heads, FFN and layers too (HF dir or .gguf)");
     cmd->add_option("--config", a->preset, "... or a built-in shape (tinyllama-1.1b, llama-2-70b, ...)");
     cmd->add_option("--nodes", a->place.nodes, "Nodes the ranks are spread over (default 1)")

@@ -28,7 +28,7 @@ struct PlanArgs {
                 calibration;
     int gpus = 0, nodes = 1;
     bool quant_head = false, json = false;
-    int64_t batch = 1, context = 4096, prompt = 512, max_batch_tokens = 256;
+    int64_t batch = 1, context = kDefaultMaxSeq, prompt = 512, max_batch_tokens = 256;
     double price = -1;
 };
 

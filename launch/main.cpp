@@ -2,10 +2,12 @@
 // lattice::Error into one line on stderr and a non-zero exit.
 // One line per error, also under MPI: a command-line error is printed by the launcher's rank 0 only
 // (every rank has the same argv); any other error the ranks meet before their first collective is
-// agreed on (cli_common.h agree_on_failure) and printed once by rank 0, and every rank exits with
-// the same code through MPI_Finalize. An error on some ranks only, later, is printed by its rank and
-// aborts the job (MPI_Abort) so nobody waits forever on a dead peer. The line carries the message
-// alone; --verbose adds the origin ([host rank/world file:line]) and lets every rank print its own.
+// agreed on (cli_common.h agree_and_report_failure, parallel/rank_agreement.h) and printed once by
+// rank 0, and every rank exits with the same code after finalizing MPI. An error on some ranks only,
+// later, is printed by its rank and aborts the job (parallel/world_session.h abort_world) so nobody
+// waits forever on a dead peer. MPI itself stays behind parallel/world_session.h. The line carries
+// the message alone; --verbose adds the origin ([host rank/world file:line]) and lets every rank
+// print its own.
 // Exit codes: 0 success; 1 an error in the input, the files or the run (lattice::Error, one line
 // "lattice: error: ..."); 2 a bad command line (one line naming the flag and "see lattice CMD
 // --help"); 3 an internal error (a bug: every input is meant to give 1 or 2). A command whose stdout
@@ -15,12 +17,10 @@
 #include "launch/cli_common.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "parallel/world_session.h"
 
 #include <fcntl.h>
 #include <unistd.h>
-#if !defined(LATTICE_NO_MPI)
-#include <mpi.h>
-#endif
 
 #include <cerrno>
 #include <csignal>
@@ -31,28 +31,6 @@
 #include <new>
 
 namespace {
-
-void abort_other_ranks([[maybe_unused]] int code) {
-#if !defined(LATTICE_NO_MPI)
-    int initialized = 0, finalized = 0;
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
-    if (initialized && !finalized) {
-        int size = 1;
-        MPI_Comm_size(MPI_COMM_WORLD, &size);
-        if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
-    }
-#endif
-}
-
-void finalize_mpi() {
-#if !defined(LATTICE_NO_MPI)
-    int initialized = 0, finalized = 0;
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
-    if (initialized && !finalized) MPI_Finalize();
-#endif
-}
 
 // A closed stdin/stdout/stderr would let the next open() take its number, and the output meant for
 // the terminal would go into a model file or an output file. Each closed one gets /dev/null opened
@@ -74,19 +52,19 @@ int exit_agreed(int code) {
     std::signal(SIGTERM, SIG_DFL);
     std::signal(SIGINT, SIG_DFL);
     std::signal(SIGHUP, SIG_DFL);
-    finalize_mpi();
+    lattice::finalize_world();
     return code;
 }
 
 int fail(const char* kind, const std::string& message, const std::string& detail, int code) {
     if (lattice::failure_agreement_open()) {
-        const int agreed = lattice::agree_on_failure(code, message, detail);
+        const int agreed = lattice::agree_and_report_failure(code, message, detail);
         if (agreed > 0) return exit_agreed(agreed);
         // -1: the peers did not answer (they are past the agreement point): report alone and abort.
     }
     lattice::print_error_line(kind, message, detail);
-    abort_other_ranks(code);
-    finalize_mpi();
+    lattice::abort_world(code);
+    lattice::finalize_world();
     return code;
 }
 
@@ -176,7 +154,7 @@ int main(int argc, char** argv) {
     }
     // A command that loaded no model meets its peers here: a rank that failed early waits for them.
     if (lattice::failure_agreement_open())
-        if (const int agreed = lattice::agree_on_failure(0, "", ""); agreed > 0) return exit_agreed(agreed);
-    finalize_mpi();
+        if (const int agreed = lattice::agree_and_report_failure(0, "", ""); agreed > 0) return exit_agreed(agreed);
+    lattice::finalize_world();
     return rc;
 }

@@ -86,10 +86,10 @@ struct PlanRequest {
     int nodes = 1;
     PlanQuant quant = PlanQuant::kW8A8;
     bool quant_head = false;      // the LM head in int8 too
-    int64_t batch = 1;            // concurrent sequences
-    int64_t context = 4096;       // positions per sequence the KV cache holds
-    int64_t prompt = 512;         // prompt tokens (prefill / time to first token)
-    int64_t max_batch_tokens = 256;  // tokens per forward (prefill chunks)
+    int64_t batch = 1;                 // concurrent sequences
+    int64_t context = kDefaultMaxSeq;  // positions per sequence the KV cache holds
+    int64_t prompt = 512;              // prompt tokens (prefill / time to first token)
+    int64_t max_batch_tokens = 256;    // tokens per forward (prefill chunks)
 };
 
 struct MemoryEstimate {

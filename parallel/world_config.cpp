@@ -9,8 +9,24 @@
 
 namespace lattice {
 
+void check_layout_sizes(int tp, int pp) {
+    LATTICE_CHECK(tp >= 1 && pp >= 1 && tp <= kMaxTp && pp <= kMaxPp, "tp {} x pp {}: each must be in [1, {}]", tp, pp,
+                  std::max(kMaxTp, kMaxPp));
+}
+
+int64_t resolve_max_seq(int64_t requested, int64_t max_position) {
+    return requested > 0 ? requested : std::min(max_position, kDefaultMaxSeq);
+}
+
+int device_of_local_rank(int local_rank, int local_size, const std::vector<int>& devices) {
+    if (devices.empty()) return local_rank;
+    LATTICE_CHECK(local_rank < int(devices.size()), "--devices lists {} devices but this node runs {} ranks (local rank {})",
+                  devices.size(), local_size, local_rank);
+    return devices[size_t(local_rank)];
+}
+
 WorldConfig WorldConfig::make(int world, int tp, int pp, int rank, int local_rank, int local_size) {
-    LATTICE_CHECK(tp >= 1 && pp >= 1, "invalid layout: tp={} pp={} (both must be >= 1)", tp, pp);
+    check_layout_sizes(tp, pp);
     LATTICE_CHECK(world == tp * pp, "invalid layout: world size {} != tp {} x pp {} (start {} ranks, or change --tp/--pp)",
                   world, tp, pp, tp * pp);
     LATTICE_CHECK(rank >= 0 && rank < world, "invalid rank {} for world size {}", rank, world);
@@ -27,19 +43,15 @@ WorldConfig WorldConfig::make(int world, int tp, int pp, int rank, int local_ran
 }
 
 int WorldConfig::device(const std::vector<int>& devices) const {
-    if (devices.empty()) return local_rank;
-    LATTICE_CHECK(local_rank < int(devices.size()), "--devices lists {} devices but this node runs {} ranks (local rank {})",
-                  devices.size(), local_size, local_rank);
-    return devices[size_t(local_rank)];
+    return device_of_local_rank(local_rank, local_size, devices);
 }
 
 std::string WorldConfig::describe() const {
     return fmt::format("rank {}/{} (tp {}/{}, pp {}/{})", rank, world, tp_rank(), tp, pp_rank(), pp);
 }
 
-std::vector<std::pair<int64_t, int64_t>> stage_layer_ranges(int64_t n_layers, int pp,
-                                                            const std::vector<int64_t>& override_counts) {
-    LATTICE_CHECK(pp >= 1, "pp must be >= 1, got {}", pp);
+std::vector<LayerRange> stage_layer_ranges(int64_t n_layers, int pp, const std::vector<int64_t>& override_counts) {
+    check_layout_sizes(1, pp);
     std::vector<int64_t> counts;
     if (!override_counts.empty()) {
         LATTICE_CHECK(int(override_counts.size()) == pp, "--pp-layers has {} entries for {} pipeline stages",
@@ -55,13 +67,18 @@ std::vector<std::pair<int64_t, int64_t>> stage_layer_ranges(int64_t n_layers, in
         LATTICE_CHECK(n_layers >= pp, "pp {} exceeds the model's {} layers", pp, n_layers);
         for (int s = 0; s < pp; ++s) counts.push_back(n_layers / pp + (s < n_layers % pp ? 1 : 0));
     }
-    std::vector<std::pair<int64_t, int64_t>> r;
+    std::vector<LayerRange> r;
     int64_t b = 0;
     for (int64_t c : counts) {
         r.emplace_back(b, b + c);
         b += c;
     }
     return r;
+}
+
+LayerRange stage_layer_range(int64_t n_layers, int pp, int pp_rank, const std::vector<int64_t>& override_counts) {
+    LATTICE_CHECK(pp_rank >= 0 && pp_rank < pp, "invalid pipeline stage {} of {}", pp_rank, pp);
+    return stage_layer_ranges(n_layers, pp, override_counts)[size_t(pp_rank)];
 }
 
 ShardShape shard_shape(const ModelDims& c, int tp, int r) {
@@ -95,20 +112,26 @@ ShardShape shard_shape(const ModelDims& c, int tp, int r) {
 }
 
 void check_model_layout(const ModelDims& m, int tp, int pp) {
-    LATTICE_CHECK(tp >= 1 && pp >= 1, "invalid layout: tp={} pp={} (both must be >= 1)", tp, pp);
+    check_layout_sizes(tp, pp);
     for (int r = 0; r < tp; ++r) shard_shape(m, tp, r);
     stage_layer_ranges(m.n_layers, pp);
 }
 
+int ranks_per_node(int world, int nodes) {
+    LATTICE_CHECK(nodes >= 1, "invalid node count {}", nodes);
+    LATTICE_CHECK(nodes <= world, "{} nodes but only tp*pp = {} ranks: every node needs at least one rank", nodes,
+                  world);
+    LATTICE_CHECK(world % nodes == 0, "tp*pp = {} ranks cannot be spread evenly over {} nodes", world, nodes);
+    return world / nodes;
+}
+
+bool node_holds_whole_tp_groups(int ranks_on_node, int tp) { return tp >= 1 && ranks_on_node % tp == 0; }
+
 int check_placement(int tp, int pp, const Placement& p) {
-    LATTICE_CHECK(tp >= 1 && pp >= 1, "invalid layout: tp={} pp={} (both must be >= 1)", tp, pp);
-    LATTICE_CHECK(p.nodes >= 1, "invalid node count {}", p.nodes);
+    check_layout_sizes(tp, pp);
     const int np = tp * pp;
-    LATTICE_CHECK(p.nodes <= np, "{} nodes but only tp*pp = {} ranks: every node needs at least one rank", p.nodes,
-                  np);
-    LATTICE_CHECK(np % p.nodes == 0, "tp*pp = {} ranks cannot be spread evenly over {} nodes", np, p.nodes);
-    const int k = np / p.nodes;
-    LATTICE_CHECK(p.nodes == 1 || k % tp == 0,
+    const int k = ranks_per_node(np, p.nodes);
+    LATTICE_CHECK(p.nodes == 1 || node_holds_whole_tp_groups(k, tp),
                   "{} ranks per node do not hold whole TP groups of {} (TP runs inside a node, PP across nodes): use "
                   "a tp that divides {}, or fewer nodes",
                   k, tp, k);

@@ -5,7 +5,11 @@
 // - shard_shape: which heads, FFN columns and vocab rows a TP rank holds (Megatron sharding, see
 //   runtime/model/model.h), and the model's constraints on tp.
 // - check_placement: whether tp x pp ranks fit the nodes they are launched on (launch/lattice-mpirun
-//   asks `lattice layout`, which calls this, instead of keeping its own copy of the rules).
+//   asks `lattice layout`, which calls this, instead of keeping its own copy of the rules), with
+//   ranks_per_node and node_holds_whole_tp_groups, which `lattice doctor` asks too.
+// - The named limits (kMaxTp, kMaxPp, kDefaultMaxSeq) and the one check of tp and pp
+//   (check_layout_sizes): every flag, manifest and builder bound comes from here.
+// - Device per rank: local rank i uses device i (or the i-th of a --devices list).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +17,21 @@
 #include <vector>
 
 namespace lattice {
+
+// Largest --tp and --pp (and a converted checkpoint's layout): far above any real job, small enough
+// that tp * pp and per-rank arrays cannot overflow.
+inline constexpr int kMaxTp = 4096;
+inline constexpr int kMaxPp = 4096;
+// KV cache positions per sequence when none is asked for: min(max_position_embeddings, this).
+inline constexpr int64_t kDefaultMaxSeq = 4096;
+
+// The one check of layout sizes: throws Error "tp T x pp P: each must be in [1, 4096]" otherwise.
+void check_layout_sizes(int tp, int pp);
+// KV cache positions per sequence: `requested` when > 0, else min(max_position, kDefaultMaxSeq).
+int64_t resolve_max_seq(int64_t requested, int64_t max_position);
+// Device of the rank with `local_rank` among `local_size` on its node: devices[local_rank] when a
+// list is given, else local_rank. Throws Error when the list is too short for the node's ranks.
+int device_of_local_rank(int local_rank, int local_size, const std::vector<int>& devices = {});
 
 struct WorldConfig {
     int world = 1;
@@ -22,7 +41,8 @@ struct WorldConfig {
     int local_rank = 0;  // rank among the processes of this node
     int local_size = 1;
 
-    // Throws Error (same message on every rank) when world != tp * pp or a value is out of range.
+    // Throws Error (same message on every rank) when world != tp * pp or a value is out of range
+    // (tp and pp: check_layout_sizes).
     static WorldConfig make(int world, int tp, int pp, int rank, int local_rank = 0, int local_size = 1);
 
     int tp_rank() const { return rank % tp; }
@@ -78,10 +98,17 @@ struct Placement {
 // Ranks per node when tp x pp fits `p`; throws Error saying why not (and what to change) otherwise.
 // A TP group never spans nodes; GPU ranks never share a GPU.
 int check_placement(int tp, int pp, const Placement& p);
+// Ranks on each of `nodes` nodes when `world` ranks spread evenly; throws Error saying why not.
+int ranks_per_node(int world, int nodes);
+// Whether the ranks of one node form whole TP groups (a TP group never spans nodes).
+bool node_holds_whole_tp_groups(int ranks_on_node, int tp);
 
 // Contiguous layer ranges per stage: [begin_s, end_s). Balanced (earlier stages get the extra
-// layers) unless `override_counts` is given, which must have pp entries summing to n_layers.
-std::vector<std::pair<int64_t, int64_t>> stage_layer_ranges(int64_t n_layers, int pp,
-                                                            const std::vector<int64_t>& override_counts = {});
+// layers) unless `override_counts` is given (--pp-layers, a converted checkpoint's stages), which
+// must have pp entries, each >= 1, summing to n_layers.
+using LayerRange = std::pair<int64_t, int64_t>;
+std::vector<LayerRange> stage_layer_ranges(int64_t n_layers, int pp, const std::vector<int64_t>& override_counts = {});
+// The layers of stage `pp_rank` (same rules).
+LayerRange stage_layer_range(int64_t n_layers, int pp, int pp_rank, const std::vector<int64_t>& override_counts = {});
 
 }  // namespace lattice

@@ -9,6 +9,9 @@ with the file, the line and the rule.
 
 Rules are prefixes (the longest that matches a file's path wins), so runtime/model/config.h can sit
 below runtime/weights (the weight sources parse configs) while the rest of runtime/model sits above.
+launch/ is parsing and formatting: none of its files includes an MPI header (<mpi.h>, parallel/mpi_*.h)
+or names an MPI identifier (`MPI_...`, comments included); it reaches the ranks through
+parallel/world_session.h and parallel/rank_agreement.h.
 Usage: check_layers.py [REPO_ROOT]   (exit 0: clean; 1: violations, listed)
        check_layers.py --self-test     (the check itself catches an upward include and a bad path)
 """
@@ -26,7 +29,7 @@ RULES = {
     "kernels/cuda/": KERNELS_COMMON,
     "parallel/": BASE,
     "runtime/model/config": BASE + ["parallel/world_config.h"],
-    "runtime/weights/": BASE + ["kernels/common/", "runtime/model/config.h"],
+    "runtime/weights/": BASE + ["kernels/common/", "parallel/world_config.h", "runtime/model/config.h"],
     "runtime/backend/": KERNELS_COMMON + ["kernels/cpu/", "kernels/cuda/", "parallel/"],
     "runtime/tokenizer/": BASE + ["runtime/weights/gguf.h"],
     "runtime/model/": BASE + ["kernels/common/", "parallel/", "runtime/backend/backend.h", "runtime/weights/",
@@ -41,6 +44,9 @@ RULES = {
 SOURCE_DIRS = ["base", "kernels", "parallel", "runtime", "launch", "benchmarks", "tests"]
 EXTS = (".h", ".cpp", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+# launch/ stays above MPI: no MPI header, no MPI identifier (MPI_Init, MPI_COMM_WORLD ...).
+MPI_INCLUDE = re.compile(r'^\s*#\s*include\s+[<"](mpi\.h|parallel/mpi_[^">]*)[">]')
+MPI_IDENTIFIER = re.compile(r'\bMPI_[A-Za-z_]\w*')
 
 
 def rule_for(path):
@@ -59,6 +65,16 @@ def allowed(path, target):
     return any(target.startswith(p) for p in RULES[prefix])
 
 
+def launch_mpi_violations(path, n, line):
+    out = []
+    if MPI_INCLUDE.match(line):
+        out.append(f"{path}:{n}: launch/ includes no MPI header (use parallel/world_session.h)")
+    elif MPI_IDENTIFIER.search(line):
+        out.append(f"{path}:{n}: launch/ names no MPI identifier ({MPI_IDENTIFIER.search(line).group(0)}): "
+                   f"MPI stays in parallel/")
+    return out
+
+
 def main(root):
     bad = []
     checked = 0
@@ -70,6 +86,8 @@ def main(root):
                 path = os.path.relpath(os.path.join(dirpath, name), root)
                 with open(os.path.join(root, path), encoding="utf-8", errors="replace") as f:
                     for n, line in enumerate(f, 1):
+                        if path.startswith("launch/"):
+                            bad += launch_mpi_violations(path, n, line)
                         m = INCLUDE.match(line)
                         if not m:
                             continue
@@ -98,7 +116,11 @@ def self_test():
         write("runtime/engine/e.h", "#pragma once\n")
         write("runtime/model/m.h", '#include "runtime/engine/e.h"\n')  # upward
         write("kernels/cpu/k.cpp", '#include "kernels/cpu/missing.h"\n#include "local.h"\n')
-        write("launch/ok.cpp", '#include "runtime/model/m.h"\n')
+        write("launch/ok.cpp", '#include "runtime/model/m.h"\nconst char* e = "OMPI_COMM_WORLD_SIZE";  // LATTICE_NO_MPI\n')
+        write("parallel/mpi_x.h", "#pragma once\n")
+        write("launch/mpi_a.cpp", '#include <mpi.h>\n')
+        write("launch/mpi_b.cpp", '#include "parallel/mpi_x.h"\n')
+        write("launch/mpi_c.cpp", 'void f() { MPI_Finalize(); }\n')
         import io
         import contextlib
         out = io.StringIO()
@@ -106,7 +128,10 @@ def self_test():
             rc = main(root)
         text = out.getvalue()
         ok = (rc == 1 and "runtime/model/m.h:1" in text and "missing.h\" does not exist" in text
-              and "name project headers from the repository root" in text and "launch/ok.cpp" not in text)
+              and "name project headers from the repository root" in text and "launch/ok.cpp" not in text
+              and "launch/mpi_a.cpp:1: launch/ includes no MPI header" in text
+              and "launch/mpi_b.cpp:1: launch/ includes no MPI header" in text
+              and "launch/mpi_c.cpp:1: launch/ names no MPI identifier (MPI_Finalize)" in text)
         print(text + ("self-test passed" if ok else "self-test FAILED"))
         return 0 if ok else 1
 

@@ -111,8 +111,7 @@ void check_host_memory(const ModelConfig& c, const BuildOptions& o) {
 }
 
 ParallelContext make_context(const BuildOptions& o) {
-    LATTICE_CHECK(o.tp >= 1 && o.pp >= 1 && o.tp <= 4096 && o.pp <= 4096, "tp {} x pp {}: each must be in [1, 4096]",
-                  o.tp, o.pp);
+    check_layout_sizes(o.tp, o.pp);
     WaitPolicy policy;
     policy.timeout_s = o.comm_timeout;
     policy.shared_memory = o.comm_shared_memory;

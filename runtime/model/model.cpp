@@ -19,11 +19,12 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
     if (opt_.layer_end < 0) opt_.layer_end = cfg_.n_layers;
     LATTICE_CHECK(0 <= opt_.layer_begin && opt_.layer_begin < opt_.layer_end && opt_.layer_end <= cfg_.n_layers,
                   "Model: layer range [{}, {}) invalid for {} layers", opt_.layer_begin, opt_.layer_end, cfg_.n_layers);
-    if (opt_.max_seq <= 0) opt_.max_seq = std::min<int64_t>(cfg_.max_position, 4096);
+    opt_.max_seq = resolve_max_seq(opt_.max_seq, cfg_.max_position);
     LATTICE_CHECK(opt_.max_seq <= cfg_.max_position, "max sequence {} exceeds max_position_embeddings {}", opt_.max_seq,
                   cfg_.max_position);
-    LATTICE_CHECK(opt_.block_size >= 1 && opt_.block_size <= 4096 && opt_.max_batch_tokens >= 1,
-                  "Model: block size {} (1 .. 4096) and max_batch_tokens {} (>= 1)", opt_.block_size,
+    constexpr int64_t kMaxBlockSize = 4096;  // KV positions per block
+    LATTICE_CHECK(opt_.block_size >= 1 && opt_.block_size <= kMaxBlockSize && opt_.max_batch_tokens >= 1,
+                  "Model: block size {} (1 .. {}) and max_batch_tokens {} (>= 1)", opt_.block_size, kMaxBlockSize,
                   opt_.max_batch_tokens);
     shard_ = shard_shape(cfg_.dims(), opt_.tp, opt_.tp_rank);
     attn_.n_heads = shard_.n_heads;

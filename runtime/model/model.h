@@ -40,7 +40,7 @@ struct LoadProgress {
 struct ModelOptions {
     QuantMode quant = QuantMode::kNone;
     bool quant_head = false;        // also quantize the LM head (embedding stays float)
-    int64_t max_seq = 0;            // positions per sequence; 0: min(max_position_embeddings, 4096)
+    int64_t max_seq = 0;            // positions per sequence; 0: resolve_max_seq (parallel/world_config.h)
     int64_t block_size = 16;        // KV positions per cache block
     int64_t max_batch_tokens = 256; // tokens per forward call (longer prompts are chunked by the caller)
     int tp = 1, tp_rank = 0;

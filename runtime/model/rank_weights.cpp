@@ -145,15 +145,14 @@ void RankWeights::plan_prepared() {
     const PreparedLayout& p = *src_.prepared();
     const std::string& f = p.folder;
     // The file must be this rank's: same TP shard, same layers, same quantization.
-    int64_t begin = 0;
-    for (int i = 0; i < p.pp_rank() && i < int(p.stage_layers.size()); ++i) begin += p.stage_layers[size_t(i)];
-    const int64_t end = begin + (p.pp_rank() < int(p.stage_layers.size()) ? p.stage_layers[size_t(p.pp_rank())] : 0);
+    const WorldConfig w = p.world();
+    const auto [begin, end] = stage_layer_range(src_.config().n_layers, p.pp, w.pp_rank(), p.stage_layers);
     LATTICE_CHECK(
-        p.tp == opt_.tp && p.tp_rank() == opt_.tp_rank && begin == opt_.layer_begin && end == opt_.layer_end &&
-            (p.pp_rank() == 0) == opt_.first_stage && (p.pp_rank() == p.pp - 1) == opt_.last_stage,
+        p.tp == opt_.tp && w.tp_rank() == opt_.tp_rank && begin == opt_.layer_begin && end == opt_.layer_end &&
+            w.is_first_stage() == opt_.first_stage && w.is_last_stage() == opt_.last_stage,
         "{}: holds rank {} of {} (tp rank {}, layers [{}, {})), but this rank loads tp rank {} of {} with "
         "layers [{}, {}): load it with the layout it was converted for",
-        f, p.rank, p.describe(), p.tp_rank(), begin, end, opt_.tp_rank, opt_.tp, opt_.layer_begin, opt_.layer_end);
+        f, p.rank, p.describe(), w.tp_rank(), begin, end, opt_.tp_rank, opt_.tp, opt_.layer_begin, opt_.layer_end);
     LATTICE_CHECK(
         p.quant == quant_mode_name(opt_.quant) && p.quant_head == opt_.quant_head,
         "{}: converted with --quant {}{}; this load asks for {}{}: use --quant auto (or the same quantization)", f,

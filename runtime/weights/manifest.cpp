@@ -149,8 +149,8 @@ Manifest parse_manifest(const std::string& text, const std::string& src) {
 
     const std::string lw = src + " layout";
     const json& layout = field(j, "layout", src);
-    m.tp = int(int_field(layout, "tp", lw, 1, 4096));
-    m.pp = int(int_field(layout, "pp", lw, 1, 4096));
+    m.tp = int(int_field(layout, "tp", lw, 1, kMaxTp));
+    m.pp = int(int_field(layout, "pp", lw, 1, kMaxPp));
     const json& stages = field(layout, "stage_layers", lw);
     LATTICE_CHECK(stages.is_array() && int64_t(stages.size()) == m.pp, "{}: stage_layers must list {} stages", lw,
                   m.pp);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "base/dtype.h"
+#include "parallel/world_config.h"
 #include "runtime/model/config.h"
 
 #include <cstdint>
@@ -42,8 +43,10 @@ struct PreparedLayout {
     std::string quant = "none";         // none | w8a16 | w8a8 (runtime/backend/backend.h QuantMode names)
     bool quant_head = false;            // the LM head is int8 too
     std::string smooth;                 // name of the folded SmoothQuant factor file, "" when none
-    int tp_rank() const { return rank % tp; }
-    int pp_rank() const { return rank / tp; }
+    // The rank's place in the layout: WorldConfig's arithmetic (throws Error for an invalid one).
+    WorldConfig world() const { return WorldConfig::make(tp * pp, tp, pp, rank); }
+    int tp_rank() const { return world().tp_rank(); }
+    int pp_rank() const { return world().pp_rank(); }
     // "tp 2 x pp 1 (quant w8a8)"
     std::string describe() const {
         return "tp " + std::to_string(tp) + " x pp " + std::to_string(pp) + " (quant " + quant +

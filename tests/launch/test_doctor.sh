@@ -34,7 +34,7 @@ if [ "$(nproc)" -ge 2 ]; then check "own cores" "$tmp/ok.out" "share CPUs" absen
 # (2) world 2 but --tp 2 --pp 2 asked: blocked, exit 1. Unbound CPU ranks: shared cores warned.
 mpirun "${R[@]}" --oversubscribe --bind-to none -np 2 "$DOCTOR" doctor --tp 2 --pp 2 > "$tmp/bad.out" 2>&1; rc=$?
 [ $rc -ne 0 ] || { echo "FAIL: doctor with world != tp*pp exited 0"; fails=$((fails + 1)); }
-check "world mismatch" "$tmp/bad.out" "PROBLEM: world size 2 is not tp*pp = 2*2 = 4"
+check "world mismatch" "$tmp/bad.out" "PROBLEM: invalid layout: world size 2 != tp 2 x pp 2 (start 4 ranks"
 check "fix" "$tmp/bad.out" "fix: launch with lattice-mpirun --tp 2 --pp 2 (it sets -np 4)"
 check "verdict" "$tmp/bad.out" "result: 1 problem(s) block this launch"
 check "shared cores" "$tmp/bad.out" "warning: CPU ranks 0 and 1 on $host share CPUs"

@@ -1,6 +1,7 @@
 // WorldConfig and stage_layer_ranges, exhaustively and without MPI: every world size 1..64 with
 // every tp, pp in 1..64 (valid factorizations and not), rank mapping bijective, TP groups on
-// consecutive ranks, layer split balanced / overridden / rejected.
+// consecutive ranks, layer split balanced / overridden / rejected; the named limits, the one check of
+// tp and pp, the max_seq default, device per local rank and ranks per node.
 #include <doctest/doctest.h>
 
 #include <set>
@@ -246,4 +247,107 @@ TEST_CASE("check_placement: ranks per node, whole TP groups per node, GPUs and c
     slots.slots_per_node = 2;
     slots.slots_host = "n2";
     CHECK(msg(4, 2, slots).find("host 'n2' has 2 slots but the layout needs 4") != std::string::npos);
+}
+
+TEST_CASE("check_layout_sizes: the one check of tp and pp, with one message") {
+    auto msg = [](int tp, int pp) {
+        try {
+            check_layout_sizes(tp, pp);
+            return std::string("ok");
+        } catch (const Error& e) {
+            return body(e);
+        }
+    };
+    int64_t bad = 0;
+    for (int tp : {-1, 0, 1, 2, kMaxTp - 1, kMaxTp, kMaxTp + 1, INT32_MAX})
+        for (int pp : {-1, 0, 1, 3, kMaxPp, kMaxPp + 1}) {
+            const bool valid = tp >= 1 && tp <= kMaxTp && pp >= 1 && pp <= kMaxPp;
+            const std::string want = valid ? "ok" : fmt::format("tp {} x pp {}: each must be in [1, 4096]", tp, pp);
+            bad += msg(tp, pp) != want;
+            // Every entry point that takes a layout gives the same message.
+            if (!valid) {
+                try {
+                    (void)WorldConfig::make(1, tp, pp, 0);
+                    ++bad;
+                } catch (const Error& e) {
+                    bad += body(e) != want;
+                }
+                try {
+                    check_placement(tp, pp, Placement{});
+                    ++bad;
+                } catch (const Error& e) {
+                    bad += body(e) != want;
+                }
+            }
+        }
+    CHECK(bad == 0);
+    CHECK(kMaxTp == 4096);
+    CHECK(kMaxPp == 4096);
+    const ModelDims tiny{4, 4, 4, 16, 32, "tiny"};
+    CHECK(msg(0, 1) == "tp 0 x pp 1: each must be in [1, 4096]");
+    CHECK_THROWS_WITH_AS(check_model_layout(tiny, 0, 1), doctest::Contains("tp 0 x pp 1: each must be in"), Error);
+    CHECK_THROWS_WITH_AS(stage_layer_ranges(10, 0), doctest::Contains("tp 1 x pp 0: each must be in"), Error);
+}
+
+TEST_CASE("resolve_max_seq: asked for, else the model's positions capped at kDefaultMaxSeq") {
+    CHECK(kDefaultMaxSeq == 4096);
+    CHECK(resolve_max_seq(0, 2048) == 2048);
+    CHECK(resolve_max_seq(0, 4096) == 4096);
+    CHECK(resolve_max_seq(0, 131072) == kDefaultMaxSeq);
+    CHECK(resolve_max_seq(-5, 100) == 100);
+    CHECK(resolve_max_seq(1, 131072) == 1);
+    CHECK(resolve_max_seq(8192, 131072) == 8192);
+    CHECK(resolve_max_seq(8192, 100) == 8192);  // the model checks it against its positions, with its name
+}
+
+TEST_CASE("device_of_local_rank: local rank i uses device i, or the i-th listed") {
+    for (int local_size = 1; local_size <= 16; ++local_size)
+        for (int local = 0; local < local_size; ++local) {
+            CHECK(device_of_local_rank(local, local_size) == local);
+            std::vector<int> reversed;
+            for (int d = local_size - 1; d >= 0; --d) reversed.push_back(d);
+            CHECK(device_of_local_rank(local, local_size, reversed) == local_size - 1 - local);
+            // WorldConfig::device asks the same rule.
+            const WorldConfig w = WorldConfig::make(local_size, 1, local_size, local, local, local_size);
+            CHECK(w.device() == local);
+            CHECK(w.device(reversed) == local_size - 1 - local);
+        }
+    CHECK_THROWS_WITH_AS(device_of_local_rank(2, 4, {5, 6}), doctest::Contains("--devices lists 2 devices"), Error);
+}
+
+TEST_CASE("ranks_per_node and node_holds_whole_tp_groups: every world 1..64 over 1..64 nodes") {
+    int64_t bad = 0, fits = 0;
+    for (int world = 1; world <= 64; ++world)
+        for (int nodes = 1; nodes <= 64; ++nodes) {
+            const bool even = nodes <= world && world % nodes == 0;
+            try {
+                const int k = ranks_per_node(world, nodes);
+                bad += !even || k * nodes != world;
+                ++fits;
+            } catch (const Error& e) {
+                bad += even;
+                const std::string why = body(e);
+                bad += nodes > world ? why.find("every node needs at least one rank") == std::string::npos
+                                     : why.find("cannot be spread evenly") == std::string::npos;
+            }
+            for (int tp = 1; tp <= 64; ++tp) bad += node_holds_whole_tp_groups(world, tp) != (world % tp == 0);
+        }
+    CHECK(bad == 0);
+    CHECK(fits == 280);  // ordered factor pairs again: one per divisor
+    CHECK_THROWS_WITH_AS(ranks_per_node(4, 0), doctest::Contains("invalid node count 0"), Error);
+    CHECK_FALSE(node_holds_whole_tp_groups(4, 0));
+}
+
+TEST_CASE("stage_layer_range: the stage's own range, balanced or overridden") {
+    int64_t bad = 0;
+    for (int64_t n = 1; n <= 40; ++n)
+        for (int pp = 1; pp <= n; ++pp) {
+            const auto all = stage_layer_ranges(n, pp);
+            for (int s = 0; s < pp; ++s) bad += stage_layer_range(n, pp, s) != all[size_t(s)];
+        }
+    CHECK(bad == 0);
+    CHECK(stage_layer_range(80, 4, 2, {20, 20, 21, 19}) == LayerRange(40, 61));
+    CHECK_THROWS_WITH_AS(stage_layer_range(80, 4, 4), doctest::Contains("invalid pipeline stage 4 of 4"), Error);
+    CHECK_THROWS_WITH_AS(stage_layer_range(80, 4, -1), doctest::Contains("invalid pipeline stage -1 of 4"), Error);
+    CHECK_THROWS_WITH_AS(stage_layer_range(80, 2, 0, {40, 39}), doctest::Contains("sums to 79"), Error);
 }
