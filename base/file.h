@@ -10,6 +10,9 @@
 // with a regular file, so those are refused (checked before the run and again just before the rename).
 // prepare_output() makes the same check when a run starts and removes a previous result, so a run
 // stopped by a signal never leaves an older file that looks like its own.
+// Appending: AppendFile is a file of lines that a job adds to as results complete (`lattice batch`):
+// each line goes out in one write() of the whole line, so a crash leaves at most a partial last line,
+// which opening the file again cuts off; the complete lines it held are handed back (to resume).
 #pragma once
 
 #include "base/error.h"
@@ -24,6 +27,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace lattice {
 
@@ -203,6 +207,70 @@ public:
 private:
     std::string path_, what_, tmp_;
     FileDescriptor fd_;
+};
+
+class AppendFile {
+public:
+    // Opens (creates) `path`, cuts a partial last line, keeps the complete ones for lines().
+    AppendFile(std::string path, std::string what) : path_(std::move(path)), what_(std::move(what)) {
+        struct stat st {};
+        if (::stat(path_.c_str(), &st) == 0)
+            LATTICE_CHECK(S_ISREG(st.st_mode), "{} {}: not a regular file ({})", what_, path_, file_kind(st.st_mode));
+        fd_ = FileDescriptor(::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644));
+        LATTICE_CHECK(fd_.get() >= 0, "{} {}: cannot open ({})", what_, path_, std::strerror(errno));
+        recover();
+    }
+    const std::vector<std::string>& lines() const { return lines_; }  // complete lines found at open
+    int64_t cut_bytes() const { return cut_; }                        // of a partial last line removed
+
+    // One line (without its newline), in one write.
+    void append(std::string_view line) {
+        std::string s(line);
+        s += '\n';
+        size_t off = 0;
+        while (off < s.size()) {
+            const ssize_t n = ::write(fd_.get(), s.data() + off, s.size() - off);
+            if (n < 0 && errno == EINTR) continue;
+            LATTICE_CHECK(n > 0, "{} {}: write failed ({})", what_, path_, std::strerror(n < 0 ? errno : EIO));
+            off += size_t(n);
+        }
+    }
+    // Flushes to the disk and closes; Error naming the file when either fails.
+    void close() {
+        LATTICE_CHECK(::fsync(fd_.get()) == 0 || errno == EINVAL, "{} {}: flush failed ({})", what_, path_,
+                      std::strerror(errno));
+        LATTICE_CHECK(fd_.close_checked() == 0, "{} {}: close failed ({})", what_, path_, std::strerror(errno));
+    }
+
+private:
+    void recover() {
+        std::string all;
+        char buf[65536];
+        for (off_t at = 0;;) {
+            const ssize_t n = ::pread(fd_.get(), buf, sizeof buf, at);
+            if (n < 0 && errno == EINTR) continue;
+            LATTICE_CHECK(n >= 0, "{} {}: read failed ({})", what_, path_, std::strerror(errno));
+            if (n == 0) break;
+            all.append(buf, size_t(n));
+            at += n;
+        }
+        const size_t end = all.rfind('\n');
+        const size_t keep = end == std::string::npos ? 0 : end + 1;
+        if (keep < all.size()) {  // a line cut short by a crash: drop it, its job reruns it
+            LATTICE_CHECK(::ftruncate(fd_.get(), off_t(keep)) == 0, "{} {}: cannot cut the partial last line ({})",
+                          what_, path_, std::strerror(errno));
+            cut_ = int64_t(all.size() - keep);
+        }
+        for (size_t pos = 0; pos < keep;) {
+            const size_t nl = all.find('\n', pos);
+            lines_.emplace_back(all, pos, nl - pos);
+            pos = nl + 1;
+        }
+    }
+    std::string path_, what_;
+    FileDescriptor fd_;
+    std::vector<std::string> lines_;
+    int64_t cut_ = 0;
 };
 
 }  // namespace lattice

@@ -15,15 +15,11 @@
 // launch/drain_signal.h): stop admitting, finish in-flight requests for up to
 // --drain-seconds, abandon the rest (they run on the next rerun), flush, exit 0 saying what is left.
 // Only rank 0 reads the input and writes the output; the other ranks follow the engine.
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -56,63 +52,28 @@ struct BatchArgs {
     double drain_seconds = 20;
 };
 
-// The output file: append-only, one write per line, recovered on open.
+// The output file (base/file.h AppendFile: one write per line, a partial last line cut on open) and
+// the ids it already holds.
 class ResultFile {
 public:
-    explicit ResultFile(const std::string& path) : path_(path) {
-        struct stat st {};
-        if (::stat(path.c_str(), &st) == 0) LATTICE_CHECK(S_ISREG(st.st_mode), "--output {}: not a regular file", path);
-        fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-        LATTICE_CHECK(fd_ >= 0, "--output {}: cannot open ({})", path, std::strerror(errno));
-        recover();
-    }
-    ~ResultFile() {
-        if (fd_ >= 0) ::close(fd_);
+    explicit ResultFile(const std::string& path) : file_(path, "--output") {
+        for (const std::string& l : file_.lines()) {
+            const json j = json::parse(l, nullptr, false);
+            if (j.is_object() && j.contains("custom_id")) done_.insert(j["custom_id"].dump());
+        }
     }
     const std::set<std::string>& done() const { return done_; }
-    int64_t cut_bytes() const { return cut_; }
+    int64_t cut_bytes() const { return file_.cut_bytes(); }
     void write(const json& line) {
         // Invalid UTF-8 in generated text (bytes no character completes) becomes U+FFFD, not an error.
-        const std::string s = line.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
-        size_t off = 0;
-        while (off < s.size()) {
-            const ssize_t n = ::write(fd_, s.data() + off, s.size() - off);
-            if (n < 0 && errno == EINTR) continue;
-            LATTICE_CHECK(n > 0, "--output {}: write failed ({})", path_, std::strerror(errno));
-            off += size_t(n);
-        }
+        file_.append(line.dump(-1, ' ', false, json::error_handler_t::replace));
         done_.insert(line["custom_id"].dump());
     }
-    void close() {
-        LATTICE_CHECK(::fsync(fd_) == 0 || errno == EINVAL, "--output {}: flush failed ({})", path_,
-                      std::strerror(errno));
-        LATTICE_CHECK(::close(fd_) == 0, "--output {}: close failed ({})", path_, std::strerror(errno));
-        fd_ = -1;
-    }
+    void close() { file_.close(); }
 
 private:
-    void recover() {
-        std::ifstream f(path_, std::ios::binary);
-        std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-        const size_t end = all.rfind('\n');
-        const size_t keep = end == std::string::npos ? 0 : end + 1;
-        if (keep < all.size()) {  // a line cut short by a crash: drop it, it reruns
-            LATTICE_CHECK(::ftruncate(fd_, off_t(keep)) == 0, "--output {}: cannot cut the partial last line ({})",
-                          path_, std::strerror(errno));
-            cut_ = int64_t(all.size() - keep);
-        }
-        size_t pos = 0;
-        while (pos < keep) {
-            const size_t nl = all.find('\n', pos);
-            const json j = json::parse(all.begin() + int64_t(pos), all.begin() + int64_t(nl), nullptr, false);
-            if (j.is_object() && j.contains("custom_id")) done_.insert(j["custom_id"].dump());
-            pos = nl + 1;
-        }
-    }
-    std::string path_;
-    int fd_ = -1;
+    AppendFile file_;
     std::set<std::string> done_;
-    int64_t cut_ = 0;
 };
 
 struct Running {

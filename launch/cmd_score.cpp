@@ -4,6 +4,7 @@
 #include "launch/cli.h"
 #include "launch/cli_common.h"
 
+#include "runtime/engine/client.h"
 #include "runtime/weights/safetensors.h"
 
 #include <memory>
@@ -31,7 +32,8 @@ void add_score_command(CLI::App& app, CommandRun& run) {
             if (args->model.model.empty() && !args->model.random_weights) args->model.model = default_model_path();
             prepare_output_file(args->out, "--out", {args->model.model, args->model.smooth});
             Built lm = load_model(args->model);
-            std::vector<float> logits = lm.engine->score(prompt);
+            EngineClient client(*lm.engine, nullptr);
+            const std::vector<float> logits = client.score(prompt);
             if (lm.world.rank == 0) {
                 const int64_t T = int64_t(prompt.size()), V = lm.model->config().vocab;
                 write_safetensors(args->out, {{"logits", DType::kF32, {T, V}, logits.data()}});

@@ -47,6 +47,9 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 # launch/ stays above MPI: no MPI header, no MPI identifier (MPI_Init, MPI_COMM_WORLD ...).
 MPI_INCLUDE = re.compile(r'^\s*#\s*include\s+[<"](mpi\.h|parallel/mpi_[^">]*)[">]')
 MPI_IDENTIFIER = re.compile(r'\bMPI_[A-Za-z_]\w*')
+# ... and drives no engine: requests go through the engine client (runtime/engine/client.h), never
+# Engine::step / add / follow / generate_batch on an engine directly.
+ENGINE_CALL = re.compile(r'\bengine\w*\s*(\.|->)\s*(step|add|follow|generate_batch|generate|cancel|shutdown|score)\s*\(')
 
 
 def rule_for(path):
@@ -72,6 +75,9 @@ def launch_mpi_violations(path, n, line):
     elif MPI_IDENTIFIER.search(line):
         out.append(f"{path}:{n}: launch/ names no MPI identifier ({MPI_IDENTIFIER.search(line).group(0)}): "
                    f"MPI stays in parallel/")
+    if ENGINE_CALL.search(line.split("//")[0]):
+        out.append(f"{path}:{n}: launch/ drives no engine ({ENGINE_CALL.search(line).group(0)}): use the engine "
+                   f"client (runtime/engine/client.h)")
     return out
 
 
@@ -121,6 +127,7 @@ def self_test():
         write("launch/mpi_a.cpp", '#include <mpi.h>\n')
         write("launch/mpi_b.cpp", '#include "parallel/mpi_x.h"\n')
         write("launch/mpi_c.cpp", 'void f() { MPI_Finalize(); }\n')
+        write("launch/eng.cpp", 'void f(R& lm) { lm.engine->step(); }\nvoid g(EngineClient& c) { c.poll(); }\n')
         import io
         import contextlib
         out = io.StringIO()
@@ -131,7 +138,8 @@ def self_test():
               and "name project headers from the repository root" in text and "launch/ok.cpp" not in text
               and "launch/mpi_a.cpp:1: launch/ includes no MPI header" in text
               and "launch/mpi_b.cpp:1: launch/ includes no MPI header" in text
-              and "launch/mpi_c.cpp:1: launch/ names no MPI identifier (MPI_Finalize)" in text)
+              and "launch/mpi_c.cpp:1: launch/ names no MPI identifier (MPI_Finalize)" in text
+              and "launch/eng.cpp:1: launch/ drives no engine" in text and "launch/eng.cpp:2" not in text)
         print(text + ("self-test passed" if ok else "self-test FAILED"))
         return 0 if ok else 1
 

@@ -129,6 +129,8 @@ public:
     using OnEvent = std::function<bool(size_t index, const ClientEvent& event)>;
     std::vector<ClientOutput> run(const std::vector<ClientRequest>& reqs, const OnEvent& on_event = {},
                                   GenerateStats* stats = nullptr);
+    // Logits of every prompt position, [prompt.size(), vocab] row-major, on the leader (Engine::score).
+    std::vector<float> score(const std::vector<int32_t>& prompt) { return engine_.score(prompt); }
 
 private:
     void cut_by_drain();
