@@ -8,7 +8,11 @@
 #    "exited with non-zero status" block may follow: it is mpirun's, not lattice's).
 #  - the same through `lattice-mpirun --quiet` (mpirun -q): stderr is exactly that one line.
 #  - mpirun -np 4 with a bad flag: one line (the launcher's rank 0), exit 2.
+# Usage: test_error_lines.sh single|ranks — the 1-rank half (ctest launch_error_lines) or the mpirun
+# half (launch_error_lines_ranks), which exits 77 (CTest: Skipped, with the reason) without mpirun.
 set -uo pipefail
+part=${1:?usage: test_error_lines.sh single|ranks}
+case $part in single|ranks) ;; *) echo "test_error_lines.sh: unknown part '$part' (single or ranks)"; exit 2 ;; esac
 src=${LATTICE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 bin=${LATTICE_BIN:?LATTICE_BIN must name the lattice executable}
 source "$src/tests/launch/check_lib.sh"
@@ -33,38 +37,46 @@ expect() {  # expect DESCRIPTION FILE WANT_LINES PATTERN [ANTI_PATTERN]
 rc_is() { [ "$1" = "$2" ] || { echo "  exit code $1, want $2"; return 1; }; }
 loc='\[[^]]* r[0-9]+/[0-9]+ [^]]*:[0-9]+\]'  # the [host rR/N file:line] origin
 
-"$bin" generate --max-new-tokens=-3 >"$tmp/o" 2>"$tmp/e"; rc=$?
-check "bad flag exits 2" rc_is $rc 2
-expect "bad flag: one line" "$tmp/e" 1 "see lattice generate --help" "$loc"
+single_rank() {
+    "$bin" generate --max-new-tokens=-3 >"$tmp/o" 2>"$tmp/e"; rc=$?
+    check "bad flag exits 2" rc_is $rc 2
+    expect "bad flag: one line" "$tmp/e" 1 "see lattice generate --help" "$loc"
 
-"$bin" generate --model "$bad" --prompt hi >"$tmp/o" 2>"$tmp/e"; rc=$?
-check "missing model exits 1" rc_is $rc 1
-expect "missing model: one line, no origin" "$tmp/e" 1 "$bad" "$loc"
+    "$bin" generate --model "$bad" --prompt hi >"$tmp/o" 2>"$tmp/e"; rc=$?
+    check "missing model exits 1" rc_is $rc 1
+    expect "missing model: one line, no origin" "$tmp/e" 1 "$bad" "$loc"
 
-"$bin" --verbose generate --model "$bad" --prompt hi >"$tmp/o" 2>"$tmp/e"; rc=$?
-check "--verbose: exit 1" rc_is $rc 1
-expect "--verbose: the origin is back" "$tmp/e" 1 "$bad" ""
-check "--verbose: [host r0/1 file:line]" grep -qE "$loc" "$tmp/e"
+    "$bin" --verbose generate --model "$bad" --prompt hi >"$tmp/o" 2>"$tmp/e"; rc=$?
+    check "--verbose: exit 1" rc_is $rc 1
+    expect "--verbose: the origin is back" "$tmp/e" 1 "$bad" ""
+    check "--verbose: [host r0/1 file:line]" grep -qE "$loc" "$tmp/e"
+}
 
-if ! command -v mpirun >/dev/null; then
-    echo "SKIP: no mpirun (the multi-rank cases)"; finish error_lines; exit $?
+ranks() {
+    command -v mpirun >/dev/null || { echo "SKIP: no mpirun on PATH: the multi-rank cases cannot run here"; exit 77; }
+    timeout 120 "${mpirun[@]}" -np 4 "$bin" generate --model "$bad" --prompt hi --threads 1 >"$tmp/o" 2>"$tmp/e"; rc=$?
+    check "mpirun -np 4, missing model: exit 1" rc_is $rc 1
+    expect "mpirun -np 4, missing model: one line of lattice's" "$tmp/e" 1 "$bad" "MPI_ABORT|SIGTERM|ORTE_ERROR_LOG|$loc"
+
+    timeout 120 "${mpirun[@]}" -np 4 "$bin" -v generate --model "$bad" --prompt hi --threads 1 >"$tmp/o" 2>"$tmp/e"; rc=$?
+    check "mpirun -np 4 --verbose: exit 1" rc_is $rc 1
+    expect "mpirun -np 4 --verbose: every rank's line with its origin" "$tmp/e" 4 "r3/4" "MPI_ABORT"
+
+    timeout 120 "${mpirun[@]}" -np 4 "$bin" generate --top-k=-1 >"$tmp/o" 2>"$tmp/e"; rc=$?
+    check "mpirun -np 4, bad flag: exit 2" rc_is $rc 2
+    expect "mpirun -np 4, bad flag: one line" "$tmp/e" 1 "top-k" "$loc"
+
+    LATTICE_BIN="$bin" timeout 120 python3 "$src/launch/lattice-mpirun" --quiet --tp 1 --pp 4 --cpu -- \
+        "$bin" generate --model "$bad" --prompt hi --threads 1 >"$tmp/o" 2>"$tmp/e"; rc=$?
+    check "lattice-mpirun --quiet, missing model: exit 1" rc_is $rc 1
+    check "lattice-mpirun --quiet, missing model: stderr is one line" [ "$(lines "$tmp/e")" = 1 ]
+    expect "lattice-mpirun --quiet: the line names the model" "$tmp/e" 1 "$bad" "$loc"
+}
+
+if [ "$part" = single ]; then
+    single_rank
+    finish error_lines_single
+else
+    ranks
+    finish error_lines_ranks
 fi
-timeout 120 "${mpirun[@]}" -np 4 "$bin" generate --model "$bad" --prompt hi --threads 1 >"$tmp/o" 2>"$tmp/e"; rc=$?
-check "mpirun -np 4, missing model: exit 1" rc_is $rc 1
-expect "mpirun -np 4, missing model: one line of lattice's" "$tmp/e" 1 "$bad" "MPI_ABORT|SIGTERM|ORTE_ERROR_LOG|$loc"
-
-timeout 120 "${mpirun[@]}" -np 4 "$bin" -v generate --model "$bad" --prompt hi --threads 1 >"$tmp/o" 2>"$tmp/e"; rc=$?
-check "mpirun -np 4 --verbose: exit 1" rc_is $rc 1
-expect "mpirun -np 4 --verbose: every rank's line with its origin" "$tmp/e" 4 "r3/4" "MPI_ABORT"
-
-timeout 120 "${mpirun[@]}" -np 4 "$bin" generate --top-k=-1 >"$tmp/o" 2>"$tmp/e"; rc=$?
-check "mpirun -np 4, bad flag: exit 2" rc_is $rc 2
-expect "mpirun -np 4, bad flag: one line" "$tmp/e" 1 "top-k" "$loc"
-
-LATTICE_BIN="$bin" timeout 120 python3 "$src/launch/lattice-mpirun" --quiet --tp 1 --pp 4 --cpu -- \
-    "$bin" generate --model "$bad" --prompt hi --threads 1 >"$tmp/o" 2>"$tmp/e"; rc=$?
-check "lattice-mpirun --quiet, missing model: exit 1" rc_is $rc 1
-check "lattice-mpirun --quiet, missing model: stderr is one line" [ "$(lines "$tmp/e")" = 1 ]
-expect "lattice-mpirun --quiet: the line names the model" "$tmp/e" 1 "$bad" "$loc"
-
-finish error_lines

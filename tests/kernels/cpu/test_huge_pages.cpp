@@ -1,8 +1,12 @@
 // map_huge / map_pages / AlignedAllocator64: 2 MiB aligned, zeroed, writable to the last byte, and
 // (where the kernel's THP mode is "always" or "madvise") eligible for huge pages in /proc/self/smaps
 // unless map_pages was told not to be; small allocations stay on the heap allocator's alignment.
+// The eligibility cases ("[thp]" in their names) have a ctest entry of their own
+// (test_kernels_cpu_thp): where THP is off, or smaps has no THPeligible field, they cannot check
+// anything and report SKIP with that reason, never a pass.
 #include "kernels/cpu/huge_pages.h"
 #include "kernels/cpu/int8_gemm.h"
+#include "tests/test_skip.h"
 
 #include <doctest/doctest.h>
 
@@ -59,23 +63,20 @@ TEST_CASE("map_huge: aligned, zeroed, writable, released") {
     }
 }
 
-TEST_CASE("map_huge asks for huge pages where the kernel offers them") {
+TEST_CASE("[thp] map_huge asks for huge pages where the kernel offers them") {
     const std::string mode = thp_mode();
+    if (mode != "always" && mode != "madvise")
+        LATTICE_SKIP("THP mode '" << mode << "' (/sys/kernel/mm/transparent_hugepage/enabled): huge pages not offered");
     const size_t bytes = 4 * kHugePageBytes;
     auto* p = static_cast<unsigned char*>(map_huge(bytes));
     REQUIRE(p != nullptr);
     const int eligible = thp_eligible(p);
-    if (mode == "always" || mode == "madvise") {
-        if (eligible < 0) MESSAGE("this kernel's smaps has no THPeligible field: eligibility not checked");
-        else CHECK(eligible == 1);  // in "madvise" mode only MADV_HUGEPAGE makes it 1
-    } else {
-        MESSAGE("THP mode '" << mode << "': huge pages not offered, eligibility not checked");
-    }
     unmap_huge(p, bytes);
+    if (eligible < 0) LATTICE_SKIP("this kernel's /proc/self/smaps has no THPeligible field");
+    CHECK(eligible == 1);  // in "madvise" mode only MADV_HUGEPAGE makes it 1
 }
 
-TEST_CASE("map_pages(huge = false): zeroed, writable, and kept out of huge pages (the KV cache)") {
-    const std::string mode = thp_mode();
+TEST_CASE("map_pages(huge = false): zeroed and writable (the KV cache)") {
     const size_t bytes = 4 * kHugePageBytes + 100;
     auto* p = static_cast<unsigned char*>(map_pages(bytes, false));
     REQUIRE(p != nullptr);
@@ -84,14 +85,23 @@ TEST_CASE("map_pages(huge = false): zeroed, writable, and kept out of huge pages
     p[kHugePageBytes + 5] = 7;  // one write: a 4 KiB page materializes, not a 2 MiB one
     CHECK(p[kHugePageBytes + 5] == 7);
     CHECK(p[kHugePageBytes + 4096] == 0);
-    const int eligible = thp_eligible(p);
-    if (mode == "always" || mode == "madvise") {
-        if (eligible < 0) MESSAGE("this kernel's smaps has no THPeligible field: eligibility not checked");
-        else CHECK(eligible == 0);  // MADV_NOHUGEPAGE, even in "always" mode
-    } else {
-        MESSAGE("THP mode '" << mode << "': huge pages not offered, eligibility not checked");
-    }
+    p[bytes - 1] = 9;
+    CHECK(p[bytes - 1] == 9);
     unmap_huge(p, bytes);
+}
+
+TEST_CASE("[thp] map_pages(huge = false) is kept out of huge pages even where THP is on") {
+    const std::string mode = thp_mode();
+    if (mode != "always" && mode != "madvise")
+        LATTICE_SKIP("THP mode '" << mode << "' (/sys/kernel/mm/transparent_hugepage/enabled): nothing to keep out of");
+    const size_t bytes = 4 * kHugePageBytes + 100;
+    auto* p = static_cast<unsigned char*>(map_pages(bytes, false));
+    REQUIRE(p != nullptr);
+    p[kHugePageBytes + 5] = 7;
+    const int eligible = thp_eligible(p);
+    unmap_huge(p, bytes);
+    if (eligible < 0) LATTICE_SKIP("this kernel's /proc/self/smaps has no THPeligible field");
+    CHECK(eligible == 0);  // MADV_NOHUGEPAGE, even in "always" mode
 }
 
 TEST_CASE("AlignedAllocator64: large vectors on huge-page mappings, small ones on the heap") {
