@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
         for (int64_t i = 0; i < prompt; ++i) req.prompt.push_back(int32_t((i * 7919 + 13) % cfg.vocab));
         req.max_new_tokens = decode;
         req.ignore_eos = true;
-        gen.generate(GenerateRequest{{1, 2, 3}, 2, {}, true, {}});  // warm-up: page in, spin up threads
+        gen.generate(GenerateRequest{{1, 2, 3}, 2, 0, {}, true, {}});  // warm-up: page in, spin up threads
         GenerateResult r = gen.generate(req);
         const double bytes = double(model.streamed_weight_bytes());
         const double decode_tps = double(r.stats.generated_tokens - 1) / r.stats.decode_seconds;

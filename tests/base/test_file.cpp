@@ -10,6 +10,8 @@
 //  - AtomicWriter: the target changes only at commit; a writer dropped or failing (a write refused
 //    by RLIMIT_FSIZE, the target turned into a folder before commit) leaves the old target and no
 //    temporary file; a stale temporary of the same name is refused and not deleted;
+//  - AppendFile: lines appended one write each, found again on reopen; a partial last line (a job
+//    killed mid-write) is cut on reopen and reported, the complete ones kept; a folder is refused;
 //  - "[perm]" (its own ctest entry, test_kernels_cpu_perm): an unreadable file and an unwritable folder
 //    are refused; SKIP as root, whom permissions do not stop.
 #include "base/file.h"
@@ -26,7 +28,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 using namespace lattice;
 namespace fs = std::filesystem;
@@ -311,6 +315,35 @@ TEST_CASE("AtomicWriter: a failing write (RLIMIT_FSIZE) throws naming the path a
     CHECK(has(m, "results file " + out + ": write failed"));
     CHECK(slurp(out) == "old content");
     CHECK(count_entries(s.dir) == 1);
+}
+
+TEST_CASE("AppendFile: lines survive a reopen; a partial last line is cut and reported; a folder is refused") {
+    Scratch tmp;
+    const std::string path = tmp / "out.jsonl";
+    {
+        AppendFile f(path, "--output");
+        CHECK(f.lines().empty());
+        CHECK(f.cut_bytes() == 0);
+        f.append("{\"a\": 1}");
+        f.append("second");
+        f.close();
+    }
+    {
+        std::ofstream torn(path, std::ios::app);
+        torn << "{\"torn";  // a job killed in the middle of a line
+    }
+    {
+        AppendFile f(path, "--output");
+        CHECK(f.lines() == std::vector<std::string>{"{\"a\": 1}", "second"});
+        CHECK(f.cut_bytes() == 6);
+        f.append("third");
+        f.close();
+    }
+    std::ifstream in(path);
+    const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK(all == "{\"a\": 1}\nsecond\nthird\n");  // the torn bytes are gone, not glued to "third"
+    REQUIRE(::mkdir((tmp / "dir").c_str(), 0755) == 0);
+    CHECK_THROWS_WITH_AS(AppendFile(tmp / "dir", "--output"), doctest::Contains("not a regular file"), Error);
 }
 
 TEST_CASE("[perm] an unreadable file and an unwritable folder are refused, naming the path") {

@@ -35,7 +35,7 @@ Result run_layout(const TensorSource& src, int tp, int pp, const std::vector<int
     if (world_rank) *world_rank = b.world.rank;
     Result r;
     r.logits = b.engine->score(prompt);
-    r.tokens = b.engine->generate(GenerateRequest{prompt, n_new, {}, true, {}}).tokens;
+    r.tokens = b.engine->generate(GenerateRequest{prompt, n_new, 0, {}, true, {}}).tokens;
     return r;
 }
 
@@ -46,7 +46,7 @@ Result run_single(const TensorSource& src, const std::vector<int32_t>& prompt, i
     Built b = build(o, src);
     Result r;
     r.logits = b.engine->score(prompt);
-    r.tokens = b.engine->generate(GenerateRequest{prompt, n_new, {}, true, {}}).tokens;
+    r.tokens = b.engine->generate(GenerateRequest{prompt, n_new, 0, {}, true, {}}).tokens;
     return r;
 }
 
@@ -173,9 +173,9 @@ TEST_CASE("several sequences in flight (pipelined decode) equal their single-seq
     REQUIRE(cases.size() >= 2);
     // Three sequences of different prompt lengths; the second stops early on a stop id, the third
     // generates fewer tokens.
-    std::vector<GenerateRequest> reqs = {{cases[0].prompt, 24, {}, true, {}},
-                                         {cases[1].prompt, 24, {}, false, {cases[1].greedy[5]}},
-                                         {std::vector<int32_t>{7, 8, 9, 10, 11}, 9, {}, true, {}}};
+    std::vector<GenerateRequest> reqs = {{cases[0].prompt, 24, 0, {}, true, {}},
+                                         {cases[1].prompt, 24, 0, {}, false, {cases[1].greedy[5]}},
+                                         {std::vector<int32_t>{7, 8, 9, 10, 11}, 9, 0, {}, true, {}}};
     const std::vector<std::vector<int32_t>> want = single_rank_tokens(*src, reqs, true);
     CHECK(want[0] == cases[0].greedy);
     CHECK(want[1].size() <= 6);  // stopped at the stop id
@@ -198,7 +198,7 @@ TEST_CASE("several sequences in flight (pipelined decode) equal their single-seq
 TEST_CASE("the per-step breakdown: every rank's, parts that sum to its wall time, in the right places") {
     const int world = mpi_session().size();
     auto src = open_model(golden_dir("tiny-gqa-llama3"));
-    const std::vector<GenerateRequest> reqs = {{{5, 9, 14, 3, 77, 21}, 12, {}, true, {}}, {{7, 8, 9}, 8, {}, true, {}}};
+    const std::vector<GenerateRequest> reqs = {{{5, 9, 14, 3, 77, 21}, 12, 0, {}, true, {}}, {{7, 8, 9}, 8, 0, {}, true, {}}};
     for (const auto& layout : layouts_for(world)) {
         const int tp = layout.first, pp = layout.second;
         if (!layout_fits(src->config(), tp, pp)) continue;

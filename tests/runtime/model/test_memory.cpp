@@ -87,7 +87,7 @@ struct Share {
             r.mine = b.model->weight_bytes();
             rss1 = resident_bytes();
             // The layout still generates (every rank holds a working shard).
-            CHECK(b.engine->generate(GenerateRequest{{1, 2, 3}, 4, {}, true, {}}).tokens.size() == 4);
+            CHECK(b.engine->generate(GenerateRequest{{1, 2, 3}, 4, 0, {}, true, {}}).tokens.size() == 4);
         }
         r.rss_growth = rss1 - rss0;
         r.all.resize(4);
