@@ -10,7 +10,7 @@
 
 #include "base/log.h"
 #include "kernels/cpu/thread_pool.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/weights/random_source.h"
 
 #include <CLI/CLI.hpp>

@@ -5,7 +5,12 @@ layer above its own (kernels including runtime, the model including the engine .
 with the file, the line and the rule.
 
     base  <-  kernels/common  <-  kernels/cpu, kernels/cuda  <-  parallel
-          <-  runtime: weights, backend, tokenizer  <-  model  <-  engine  <-  launch
+          <-  runtime: weights, backend, tokenizer  <-  model  <-  engine  <-  builder  <-  launch
+                                                        model  <-  converter  <-  launch
+
+runtime/builder (a rank's backend, communicators, model shard, KV cache and engine) sits above the
+engine; runtime/converter (`lattice convert`) above the model and the weights. Neither includes the
+other, and nothing below them includes either: only launch/, benchmarks and tests do.
 
 Rules are prefixes (the longest that matches a file's path wins), so runtime/model/config.h can sit
 below runtime/weights (the weight sources parse configs) while the rest of runtime/model sits above.
@@ -33,6 +38,9 @@ RULES = {
                               "runtime/model/"],
     "runtime/engine/": BASE + ["parallel/", "runtime/backend/", "runtime/weights/", "runtime/model/",
                                "runtime/tokenizer/"],
+    "runtime/builder/": BASE + ["parallel/", "runtime/backend/", "runtime/weights/", "runtime/model/",
+                                "runtime/tokenizer/", "runtime/engine/"],
+    "runtime/converter/": BASE + ["parallel/", "runtime/backend/backend.h", "runtime/weights/", "runtime/model/"],
     "launch/": BASE + ["kernels/", "parallel/", "runtime/"],
     # benchmarks and tests sit beside the tree and may use any layer (but not each other's files).
     "benchmarks/": BASE + ["kernels/", "parallel/", "runtime/", "launch/"],
@@ -98,7 +106,11 @@ def self_test():
         write("runtime/engine/e.h", "#pragma once\n")
         write("runtime/model/m.h", '#include "runtime/engine/e.h"\n')  # upward
         write("kernels/cpu/k.cpp", '#include "kernels/cpu/missing.h"\n#include "local.h"\n')
-        write("launch/ok.cpp", '#include "runtime/model/m.h"\n')
+        write("launch/ok.cpp", '#include "runtime/model/m.h"\n#include "runtime/builder/b.h"\n')
+        write("runtime/builder/b.h", '#include "runtime/engine/e.h"\n')  # the builder sits on the engine
+        write("runtime/converter/c.h", '#include "runtime/model/m.h"\n')
+        write("runtime/engine/e2.h", '#include "runtime/builder/b.h"\n')  # upward: engine -> builder
+        write("runtime/converter/c2.h", '#include "runtime/builder/b.h"\n')  # sideways: converter -> builder
         import io
         import contextlib
         out = io.StringIO()
@@ -106,7 +118,9 @@ def self_test():
             rc = main(root)
         text = out.getvalue()
         ok = (rc == 1 and "runtime/model/m.h:1" in text and "missing.h\" does not exist" in text
-              and "name project headers from the repository root" in text and "launch/ok.cpp" not in text)
+              and "name project headers from the repository root" in text and "launch/ok.cpp" not in text
+              and "runtime/engine/e2.h:1" in text and "runtime/converter/c2.h:1" in text
+              and "runtime/builder/b.h:1" not in text and "runtime/converter/c.h:1" not in text)
         print(text + ("self-test passed" if ok else "self-test FAILED"))
         return 0 if ok else 1
 

@@ -2,7 +2,7 @@
 // given layout. Tests adjust the rest (quantization, KV blocks, micro-batches) on the result.
 #pragma once
 
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 
 namespace lattice::test {
 

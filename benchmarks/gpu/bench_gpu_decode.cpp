@@ -1,5 +1,5 @@
 // GPU decode benchmark on the product path: the real Engine over the real Model (built through
-// runtime/engine/build.h, random weights), driven through its step API (Engine::add / step) exactly
+// runtime/builder/build.h, random weights), driven through its step API (Engine::add / step) exactly
 // as `lattice serve` drives it. Llama-2-70B shape (hidden 8192, 64/8 heads x 128, FFN 28672, vocab
 // 32000) in W8A8 at TP = 1, batch 1 / 8 / 32: each batch's sequences are prefilled to `--ctx`
 // positions (default 512), then the engine decodes; the timed steps are decode steps after the
@@ -27,7 +27,7 @@
 
 #include "base/cuda_check.h"
 #include "benchmarks/gpu/gpu_peaks.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/weights/random_source.h"
 
 using namespace lattice;

@@ -1,6 +1,6 @@
 // RankWeights: the tensors one rank of a TP x PP layout holds, in load order, and how each is read.
 // The single home of how weights are sharded, fused and folded: Model::load hands each tensor to
-// the backend, `lattice convert` (runtime/engine/convert.h) quantizes and writes each to the rank's
+// the backend, `lattice convert` (runtime/converter/convert.h) quantizes and writes each to the rank's
 // file, so a converted checkpoint holds exactly what a load of the original would have made.
 //
 // Tensors (names are those of a converted checkpoint; shapes are this rank's, row-major):

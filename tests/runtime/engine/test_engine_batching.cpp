@@ -11,7 +11,7 @@
 #include <random>
 
 #include "tests/test_build.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "tests/runtime/model/golden.h"
 
 using namespace lattice;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "tests/test_build.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/weights/random_source.h"
 
 using namespace lattice;

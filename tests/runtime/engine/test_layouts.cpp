@@ -8,7 +8,7 @@
 
 #include "tests/test_build.h"
 #include "parallel/mpi_session.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/weights/random_source.h"
 #include "tests/runtime/model/golden.h"
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "base/error.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/engine/step_plan.h"
 #include "runtime/weights/random_source.h"
 #include "tests/test_build.h"

@@ -5,7 +5,7 @@
 #include "parallel/mpi_session.h"
 #include "parallel/parallel_context.h"
 #include "runtime/backend/cpu/cpu_backend.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "base/memory.h"
 #include "runtime/weights/random_source.h"
 #include "runtime/weights/safetensors.h"

@@ -10,7 +10,7 @@
 #include "tests/test_build.h"
 #include "parallel/mpi_session.h"
 #include "parallel/parallel_context.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/model/smoothquant.h"
 #include "tests/runtime/model/quant_test_util.h"
 #include "tests/runtime/model/golden.h"

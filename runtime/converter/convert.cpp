@@ -1,5 +1,5 @@
 // convert_checkpoint (see convert.h).
-#include "runtime/engine/convert.h"
+#include "runtime/converter/convert.h"
 
 #include <fcntl.h>
 #include <unistd.h>

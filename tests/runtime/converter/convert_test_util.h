@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/engine/build.h"
-#include "runtime/engine/convert.h"
+#include "runtime/builder/build.h"
+#include "runtime/converter/convert.h"
 #include "runtime/model/smoothquant.h"
 #include "tests/runtime/model/golden.h"
 #include "tests/test_build.h"

@@ -18,7 +18,7 @@
 #include "runtime/weights/converted_source.h"
 #include "runtime/weights/random_source.h"
 #include "runtime/weights/safetensors.h"
-#include "tests/runtime/engine/convert_test_util.h"
+#include "tests/runtime/converter/convert_test_util.h"
 
 using namespace lattice;
 using namespace lattice::testing;

@@ -1,5 +1,5 @@
 // The builder (see build.h).
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 
 #include <unistd.h>
 

@@ -14,7 +14,7 @@
 #include "parallel/parallel_context.h"
 #include "runtime/weights/converted_source.h"
 #include "runtime/weights/random_source.h"
-#include "tests/runtime/engine/convert_test_util.h"
+#include "tests/runtime/converter/convert_test_util.h"
 
 using namespace lattice;
 using namespace lattice::testing;

@@ -10,7 +10,7 @@
 
 #include "runtime/model/rank_weights.h"
 #include "runtime/weights/converted_source.h"
-#include "tests/runtime/engine/convert_test_util.h"
+#include "tests/runtime/converter/convert_test_util.h"
 
 using namespace lattice;
 using namespace lattice::testing;
