@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include "base/log.h"
+#include "runtime/model/rank_weights.h"
 #include "runtime/weights/converted_source.h"
 #include "runtime/weights/random_source.h"
 
@@ -30,19 +31,6 @@ std::unique_ptr<TensorSource> open_spec(const ModelSpec& s, const WorldConfig& w
     else
         LATTICE_FAIL("random weights need a preset shape (--config) or a model whose shape to use (--model)");
     return make_random_source(cfg, s.seed);
-}
-
-ModelOptions rank_model_options(ModelOptions o, const ParallelContext& ctx, int64_t n_layers,
-                                const std::vector<int64_t>& pp_layer_counts) {
-    const WorldConfig& w = ctx.world;
-    o.tp = w.tp;
-    o.tp_rank = w.tp_rank();
-    const auto stages = stage_layer_ranges(n_layers, w.pp, pp_layer_counts);
-    o.layer_begin = stages[size_t(w.pp_rank())].first;
-    o.layer_end = stages[size_t(w.pp_rank())].second;
-    o.first_stage = w.is_first_stage();
-    o.last_stage = w.is_last_stage();
-    return o;
 }
 
 PipelineLinks rank_pipeline_links(const ParallelContext& ctx) {
@@ -169,7 +157,7 @@ Built build_in(const BuildOptions& opts, ParallelContext ctx, const TensorSource
     b.backend = make_backend(bo);
     ctx.tp = device_group(std::move(ctx.tp), *b.backend, "tp", o.comm_timeout, b);
     ctx.pp_world = device_group(std::move(ctx.pp_world), *b.backend, "pp", o.comm_timeout, b);
-    const ModelOptions mo = rank_model_options(o.model, ctx, src.config().n_layers, o.pp_layers);
+    const ModelOptions mo = rank_model_options(o.model, ctx.world, src.config().n_layers, o.pp_layers);
     if (b.backend->device() == Device::kCpu) check_host_memory(src.config(), o);
     try {
         b.model = std::make_unique<Model>(src, *b.backend, mo, ctx.tp.get());

@@ -95,9 +95,8 @@ int64_t kv_blocks_for(const Model& model, const Backend& backend, double kv_cach
 // the default budget (or kv_cache_gb) when the model has none.
 std::unique_ptr<Engine> make_local_engine(Model& model, const EngineOptions& opt = {}, double kv_cache_gb = 0);
 
-// This rank's ModelOptions (TP shard, pipeline stage layers) and pipeline links, from its context.
-ModelOptions rank_model_options(ModelOptions base, const ParallelContext& ctx, int64_t n_layers,
-                                const std::vector<int64_t>& pp_layer_counts = {});
+// This rank's pipeline links, from its context. (Its ModelOptions: rank_model_options of
+// runtime/model/rank_weights.h, which the converter shares.)
 PipelineLinks rank_pipeline_links(const ParallelContext& ctx);
 
 }  // namespace lattice

@@ -50,19 +50,15 @@ void fsync_path(const fs::path& p, bool directory) {
     LATTICE_CHECK(rc == 0, "{}: fsync failed ({})", p.string(), std::strerror(errno));
 }
 
-ModelOptions rank_options(const ConvertOptions& o, const std::vector<std::pair<int64_t, int64_t>>& stages, int rank) {
-    ModelOptions m;
-    m.quant = o.quant;
-    m.quant_head = o.quant_head;
-    m.tp = o.tp;
-    m.tp_rank = rank % o.tp;
-    const int pp_rank = rank / o.tp;
-    m.layer_begin = stages[size_t(pp_rank)].first;
-    m.layer_end = stages[size_t(pp_rank)].second;
-    m.first_stage = pp_rank == 0;
-    m.last_stage = pp_rank == o.pp - 1;
-    m.smooth_path = o.smooth_path;
-    return m;
+// What rank file `file` of the tp x pp layout holds: the builder's mapping (rank_model_options), for
+// the rank that will load it, with the conversion's quantization and smoothing.
+ModelOptions file_options(const ConvertOptions& convert, const ModelConfig& cfg, int file) {
+    ModelOptions base;
+    base.quant = convert.quant;
+    base.quant_head = convert.quant_head;
+    base.smooth_path = convert.smooth_path;
+    const WorldConfig loader = WorldConfig::make(convert.tp * convert.pp, convert.tp, convert.pp, file);
+    return rank_model_options(base, loader, cfg.n_layers, convert.pp_layers);
 }
 
 // The tensors of one rank's file, in write order: each RankWeights tensor (int8 linears as the
@@ -166,12 +162,12 @@ ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& 
         ConvertProgress prog;
         prog.files_total = int(my_files.size());
         for (int f : my_files) {
-            RankWeights rw(src, rank_options(o, stages, f));
+            RankWeights rw(src, file_options(o, cfg, f));
             prog.bytes_total += data_bytes(file_specs(rw, src));
         }
         for (size_t i = 0; i < my_files.size(); ++i) {
             const int f = my_files[i];
-            RankWeights rw(src, rank_options(o, stages, f));
+            RankWeights rw(src, file_options(o, cfg, f));
             const std::vector<SafetensorsSpec> specs = file_specs(rw, src);
             const std::string name = rank_file_name(f, files);
             prog.file = name;
