@@ -52,7 +52,7 @@ struct ModelArgs {
 // when an MPI starter launched this process (read from the environment here, in launch/).
 // `on_context` runs once the rank grid exists, before any weight is read (`lattice serve` listens
 // from there on, answering "loading").
-Built load_model(const ModelArgs& a, const std::function<void(const WorldConfig&)>& on_context = {});
+RankRuntime load_model(const ModelArgs& a, const std::function<void(const WorldConfig&)>& on_context = {});
 
 // Command-line output settings (main.cpp's global --verbose / --quiet).
 // verbose: errors keep their [host rank file:line] origin and every failing rank prints its own line.

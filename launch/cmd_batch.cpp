@@ -179,16 +179,16 @@ int run_batch(BatchArgs& a) {
         if (!a.stats_json.empty())
             prepare_output_file(a.stats_json, "--stats-json", {a.model.model, a.model.smooth, a.input, a.output});
     }
-    Built lm = load_model(a.model);
+    RankRuntime rt = load_model(a.model);
     install_drain_handlers();
-    Engine& engine = *lm.engine;
+    Engine& engine = *rt.engine;
     if (!engine.is_leader()) {
         engine.follow();
         return 0;
     }
     const std::unique_ptr<Tokenizer> tok =
         optional_tokenizer(a.model, "batch", "prompts must be token ids, results carry no text");
-    const ApiLimits limits{lm.model->max_seq(), lm.model->config().vocab};
+    const ApiLimits limits{rt.model->max_seq(), rt.model->config().vocab};
     std::ifstream in(a.input);
     LATTICE_CHECK(in.good(), "--input {}: cannot open", a.input);
     int64_t total = 0;
@@ -324,7 +324,7 @@ int run_batch(BatchArgs& a) {
         first_admit == Clock::time_point{} ? 0 : std::chrono::duration<double>(last_done - first_admit).count();
     const SchedulerStats& s1 = engine.scheduler().stats();
     if (!a.stats_json.empty()) {
-        json st = {{"load_seconds", lm.load_seconds},
+        json st = {{"load_seconds", rt.load_seconds},
                    {"run_seconds", run_s},
                    {"requests", total},
                    {"completed", done - already - errors},
@@ -351,9 +351,9 @@ int run_batch(BatchArgs& a) {
                    {"peak_kv_blocks", s1.peak_blocks},
                    {"kv_blocks", engine.scheduler().pool().num_blocks()},
                    {"cached_prompt_tokens", s1.cached_tokens - s0.cached_tokens},
-                   {"ranks", lm.world.world},
-                   {"threads", lm.backend->threads()},
-                   {"quant", std::string(quant_mode_name(lm.model->options().quant)) + (lm.model->options().quant_head ? "+head" : "")}};
+                   {"ranks", rt.world.world},
+                   {"threads", rt.backend->threads()},
+                   {"quant", std::string(quant_mode_name(rt.model->options().quant)) + (rt.model->options().quant_head ? "+head" : "")}};
         AtomicWriter f(a.stats_json, "--stats-json");
         f.write(st.dump(2) + "\n");
         f.commit();

@@ -127,8 +127,8 @@ std::string trim(const std::string& s) {
 
 class Chat {
 public:
-    Chat(ChatArgs& a, Built& lm, const Tokenizer& tok, SamplingParams sp)
-        : a_(a), lm_(lm), tok_(tok), sp_(sp), ctx_(lm.model->max_seq()) {
+    Chat(ChatArgs& a, RankRuntime& rt, const Tokenizer& tok, SamplingParams sp)
+        : a_(a), rt_(rt), tok_(tok), sp_(sp), ctx_(rt.model->max_seq()) {
         reset();
     }
 
@@ -152,8 +152,8 @@ public:
         req.sampling.seed = sp_.seed + uint64_t(turns_++);
         req.stop_ids = tok_.eog_ids();
         TextStream text(tok_, a_.sampling.stop);
-        const ModelConfig& cfg = lm_.model->config();
-        const std::vector<GenerateResult> rs = lm_.engine->generate_batch({req}, [&](int64_t, int32_t id) {
+        const ModelConfig& cfg = rt_.model->config();
+        const std::vector<GenerateResult> rs = rt_.engine->generate_batch({req}, [&](int64_t, int32_t id) {
             if (g_interrupted) return FinishReason::kCancelled;
             if (cfg.is_eos(id) || tok_.is_eog(id)) return FinishReason::kNone;  // the end of the turn: not text
             const TextStream::Piece p = text.push(id);
@@ -198,7 +198,7 @@ private:
                 print_stderr(fmt::format(
                     "chat: your message needs {} tokens with the chat template, more than the context of {} positions "
                     "leaves room for: not sent (shorten it, or raise --max-seq up to {})\n",
-                    ids.size(), ctx_, lm_.model->config().max_position));
+                    ids.size(), ctx_, rt_.model->config().max_position));
                 msgs_.pop_back();
                 return std::nullopt;
             }
@@ -213,7 +213,7 @@ private:
     }
 
     ChatArgs& a_;
-    Built& lm_;
+    RankRuntime& rt_;
     const Tokenizer& tok_;
     SamplingParams sp_;
     int64_t ctx_;
@@ -233,10 +233,10 @@ int run_chat(ChatArgs& a) {
     encode_chat(*tok, {{"user", "hi"}}, "chat");  // a model without a chat template fails here
     check_utf8(a.system, "--system");
     const SamplingParams sp = a.sampling.resolve();
-    Built lm = load_model(a.model);
-    LATTICE_CHECK(lm.world.world == 1,
+    RankRuntime rt = load_model(a.model);
+    LATTICE_CHECK(rt.world.world == 1,
                   "lattice chat runs on one rank, this job has {} (start it without mpirun, or use lattice serve)",
-                  lm.world.world);
+                  rt.world.world);
     const bool tty = ::isatty(0) == 1;
     if (sp.temperature > 0) print_stderr(fmt::format("seed: {}\n", sp.seed));  // (greedy draws nothing)
     if (tty)
@@ -244,7 +244,7 @@ int run_chat(ChatArgs& a) {
             "chat: type a message and press Enter. /reset forgets the conversation; Ctrl-C stops an answer; Ctrl-D, "
             "/exit or Ctrl-C at the prompt leaves.\n");
     install_sigint();
-    Chat chat(a, lm, *tok, sp);
+    Chat chat(a, rt, *tok, sp);
     LineReader in;
     for (;;) {
         clear_interrupt();  // the Ctrl-C that stopped an answer must not also leave at this prompt

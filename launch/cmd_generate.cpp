@@ -103,7 +103,7 @@ nlohmann::json breakdown_json(const GenerateStats& s) {
     return {{"steps", r0.steps}, {"wall_seconds", r0.wall}, {"rank0", parts(r0)}, {"per_rank", std::move(per_rank)}};
 }
 
-void write_stats(const std::string& path, const GenerateStats& s, const Built& lm, const ModelArgs& a, uint64_t seed) {
+void write_stats(const std::string& path, const GenerateStats& s, const RankRuntime& rt, const ModelArgs& a, uint64_t seed) {
     nlohmann::json j = {{"prompt_tokens", s.prompt_tokens},
                         {"prefill_seconds", s.prefill_seconds},
                         {"generated_tokens", s.generated_tokens},
@@ -117,18 +117,18 @@ void write_stats(const std::string& path, const GenerateStats& s, const Built& l
                         {"bubble_rank0", s.prefill_seconds + s.decode_seconds > 0
                                              ? s.idle_seconds / (s.prefill_seconds + s.decode_seconds)
                                              : 0.0},
-                        {"threads", lm.backend->threads()},
-                        {"ranks", lm.world.world},
+                        {"threads", rt.backend->threads()},
+                        {"ranks", rt.world.world},
                         {"tp", a.tp},
                         {"pp", a.pp},
-                        {"quant", quant_mode_name(lm.model->options().quant)},
-                        {"quant_head", lm.model->options().quant_head},
+                        {"quant", quant_mode_name(rt.model->options().quant)},
+                        {"quant_head", rt.model->options().quant_head},
                         {"preemptions", s.preemptions},
                         {"peak_kv_blocks", s.peak_kv_blocks},
-                        {"backend", lm.backend->name()},
-                        {"weight_bytes_per_rank", lm.model->weight_bytes()},
-                        {"load_seconds", lm.load_seconds},
-                        {"checkpoint_bytes_read_per_rank", lm.checkpoint_bytes_read},
+                        {"backend", rt.backend->name()},
+                        {"weight_bytes_per_rank", rt.model->weight_bytes()},
+                        {"load_seconds", rt.load_seconds},
+                        {"checkpoint_bytes_read_per_rank", rt.checkpoint_bytes_read},
                         {"rss_bytes_rank0", resident_bytes()},
                         {"breakdown", breakdown_json(s)}};
     AtomicWriter f(path, "--stats-json");
@@ -138,13 +138,13 @@ void write_stats(const std::string& path, const GenerateStats& s, const Built& l
 
 // The context left after the prompt: an error when none is left for the tokens asked for, a
 // warning when fewer than asked for fit (and the cut is reported when it happens: context_full).
-void check_room(const Built& lm, int64_t prompt_tokens, int64_t max_new_tokens) {
-    const int64_t ctx = lm.model->max_seq(), room = ctx - prompt_tokens;
+void check_room(const RankRuntime& rt, int64_t prompt_tokens, int64_t max_new_tokens) {
+    const int64_t ctx = rt.model->max_seq(), room = ctx - prompt_tokens;
     if (max_new_tokens == 0 || prompt_tokens > ctx) return;  // nothing asked for / the generator refuses it
     LATTICE_CHECK(room > 0,
                   "the prompt of {} tokens fills the whole context of {} positions: no room for new tokens (shorten "
                   "it, or raise --max-seq up to max_position_embeddings {})",
-                  prompt_tokens, ctx, lm.model->config().max_position);
+                  prompt_tokens, ctx, rt.model->config().max_position);
     if (room < max_new_tokens)
         LOG_WARN(
             "the context of {} positions leaves room for {} of the {} new tokens asked for after the prompt of {} "
@@ -206,10 +206,10 @@ int run_generate(GenerateArgs& a) {
     }
     req.max_new_tokens = a.max_new_tokens;
     req.ignore_eos = a.ignore_eos;
-    Built lm = load_model(a.model);
-    const bool rank0 = lm.world.rank == 0;
+    RankRuntime rt = load_model(a.model);
+    const bool rank0 = rt.world.rank == 0;
     if (rank0) {
-        check_room(lm, int64_t(req.prompt.size()), req.max_new_tokens);
+        check_room(rt, int64_t(req.prompt.size()), req.max_new_tokens);
         if (req.sampling.temperature > 0)  // (greedy does not draw: its seed changes nothing)
             print_stderr(a.batch > 1 ? fmt::format("seed: {} (sequence i: {} + i)\n", seed, seed)
                                      : fmt::format("seed: {}\n", seed));
@@ -222,9 +222,9 @@ int run_generate(GenerateArgs& a) {
     std::vector<std::unique_ptr<TextStream>> texts;
     if (rank0 && tok)
         for (int64_t i = 0; i < a.batch; ++i) texts.push_back(std::make_unique<TextStream>(*tok, a.sampling.stop));
-    const ModelConfig& cfg = lm.model->config();
+    const ModelConfig& cfg = rt.model->config();
     GenerateStats total;
-    std::vector<GenerateResult> rs = lm.engine->generate_batch(
+    std::vector<GenerateResult> rs = rt.engine->generate_batch(
         reqs,
         [&](int64_t i, int32_t id) {
             if (texts.empty()) return FinishReason::kNone;
@@ -267,10 +267,10 @@ int run_generate(GenerateArgs& a) {
             print_stderr(fmt::format(
                 "generate: {}the context of {} positions is full after {} new tokens: the output is cut "
                 "(finish_reason context_full; raise --max-seq, up to {})\n",
-                a.batch > 1 ? fmt::format("sequence {}: ", i) : "", lm.model->max_seq(), rs[i].tokens.size(),
+                a.batch > 1 ? fmt::format("sequence {}: ", i) : "", rt.model->max_seq(), rs[i].tokens.size(),
                 cfg.max_position));
     print_stats(total);
-    if (!a.stats_json.empty()) write_stats(a.stats_json, total, lm, a.model, seed);
+    if (!a.stats_json.empty()) write_stats(a.stats_json, total, rt, a.model, seed);
     return 0;
 }
 

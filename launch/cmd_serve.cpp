@@ -58,7 +58,7 @@ int run_serve(ServeArgs& a) {
     serve::Inbox inbox;
     serve::Metrics metrics;
     std::unique_ptr<serve::HttpServer> server;
-    Built lm = load_model(a.model, [&](const WorldConfig& w) {
+    RankRuntime rt = load_model(a.model, [&](const WorldConfig& w) {
         if (w.rank != 0) return;
         server = std::make_unique<serve::HttpServer>(a.server, inbox, metrics);
         server->start();
@@ -66,8 +66,8 @@ int run_serve(ServeArgs& a) {
         flush_stdout();
     });
     install_drain_handlers();
-    if (lm.world.world > 1) lm.world_comm->barrier();  // every rank holds its shard and KV cache
-    Engine& engine = *lm.engine;
+    if (rt.world.world > 1) rt.world_comm->barrier();  // every rank holds its shard and KV cache
+    Engine& engine = *rt.engine;
     if (!engine.is_leader()) {
         engine.follow();
         return 0;
@@ -77,10 +77,10 @@ int run_serve(ServeArgs& a) {
     serve::ServedModel sm;
     sm.name = a.served_name;
     sm.tokenizer = tok.get();
-    sm.limits = ApiLimits{lm.model->max_seq(), lm.model->config().vocab};
+    sm.limits = ApiLimits{rt.model->max_seq(), rt.model->config().vocab};
     sm.created = int64_t(std::time(nullptr));
     server->set_ready(sm);
-    LOG_INFO("serve: ready: model \"{}\" on {} rank(s), context {}, KV cache {} blocks, at {}", sm.name, lm.world.world,
+    LOG_INFO("serve: ready: model \"{}\" on {} rank(s), context {}, KV cache {} blocks, at {}", sm.name, rt.world.world,
              sm.limits.max_seq, engine.scheduler().pool().num_blocks(), server->url());
 
     serve::EngineLoop loop(engine, tok.get(), inbox, metrics, a.loop);

@@ -65,7 +65,7 @@ struct BuildOptions {
 // This rank's share of a built model, owned together. Destroyed in reverse order of declaration:
 // generator and model, then the device communicators (they use the backend's stream), the MPI
 // groups under them, and the backend last.
-struct Built {
+struct RankRuntime {
     WorldConfig world;
     std::unique_ptr<Backend> backend;
     std::unique_ptr<Communicator> world_comm;
@@ -79,10 +79,10 @@ struct Built {
 };
 
 // From an open source (tests, tools that already hold one).
-Built build(const BuildOptions& opt, const TensorSource& src);
+RankRuntime build(const BuildOptions& opt, const TensorSource& src);
 // From a spec: the source is opened after the parallel context exists and dropped once the
 // weights are in the backend's memory (the file mappings go with it).
-Built build(const BuildOptions& opt, const ModelSpec& spec);
+RankRuntime build(const BuildOptions& opt, const ModelSpec& spec);
 
 // True when the checkpoint's linear weights are block-quantized (GGUF Q8_0, Q4_0, Q4_1).
 bool checkpoint_is_quantized(const TensorSource& src);

@@ -67,15 +67,16 @@ TEST_CASE("tp 2 x pp 2: every rank holds and maps in about a quarter of the weig
     MPI_Barrier(MPI_COMM_WORLD);
     const int64_t file_bytes = int64_t(fs::file_size(dir + "/model.safetensors"));
     {
-        const BuildOptions o = test::cpu_options(1, 2, 2);
+        const BuildOptions opt = test::cpu_options(1, 2, 2);
         const int64_t rss0 = resident_bytes();
         int64_t mine = 0, rss1 = 0;
         {
-            Built b = build(o, ModelSpec{dir, false, "", 0});  // opens the checkpoint, drops the mapping after loading
-            mine = b.model->weight_bytes();
+            // Opens the checkpoint, drops the mapping after loading.
+            RankRuntime rt = build(opt, ModelSpec{dir, false, "", 0});
+            mine = rt.model->weight_bytes();
             rss1 = resident_bytes();
             // The layout still generates (every rank holds a working shard).
-            CHECK(b.engine->generate(GenerateRequest{{1, 2, 3}, 4, {}, true, {}}).tokens.size() == 4);
+            CHECK(rt.engine->generate(GenerateRequest{{1, 2, 3}, 4, {}, true, {}}).tokens.size() == 4);
         }
         std::vector<int64_t> all(4);
         MPI_Allgather(&mine, 1, MPI_INT64_T, all.data(), 1, MPI_INT64_T, MPI_COMM_WORLD);
