@@ -62,9 +62,10 @@ struct BuildOptions {
     std::function<void(const WorldConfig&)> on_context;
 };
 
-// This rank's share of a built model, owned together. Destroyed in reverse order of declaration:
-// generator and model, then the device communicators (they use the backend's stream), the MPI
-// groups under them, and the backend last.
+// Everything one rank runs with, owned together: its place in the world, backend, communicators,
+// model shard (with its KV cache) and engine. Destroyed in reverse order of declaration: engine and
+// model, then the device communicators (they use the backend's stream), the MPI groups under them,
+// and the backend last.
 struct RankRuntime {
     WorldConfig world;
     std::unique_ptr<Backend> backend;
