@@ -10,7 +10,7 @@
 
 #include "base/log.h"
 #include "kernels/cpu/thread_pool.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/weights/random_source.h"
 
 #include <CLI/CLI.hpp>
@@ -38,23 +38,23 @@ int main(int argc, char** argv) {
             ThreadPool pool(threads, true);  // the ceiling, on as many pinned threads as the model gets
             bw = bench::measure_read_bandwidth(pool);
         }
-        BuildOptions o;
-        o.model.quant = parse_quant_mode(quant);
-        o.model.max_seq = prompt + decode + 1;
-        o.model.max_batch_tokens = std::min<int64_t>(prompt, 256);
-        o.backend.kind = BackendKind::kCpu;
-        o.backend.threads = threads;
-        Built b = build(o, *src);
-        const double load_s = b.load_seconds;
+        BuildOptions opt;
+        opt.model.quant = parse_quant_mode(quant);
+        opt.model.max_seq = prompt + decode + 1;
+        opt.model.max_batch_tokens = std::min<int64_t>(prompt, 256);
+        opt.backend.kind = BackendKind::kCpu;
+        opt.backend.threads = threads;
+        RankRuntime rt = build(opt, *src);
+        const double load_s = rt.load_seconds;
         src.reset();
-        Model& model = *b.model;
-        Engine& gen = *b.engine;
+        Model& model = *rt.model;
+        Engine& engine = *rt.engine;
         GenerateRequest req;
         for (int64_t i = 0; i < prompt; ++i) req.prompt.push_back(int32_t((i * 7919 + 13) % cfg.vocab));
         req.max_new_tokens = decode;
         req.ignore_eos = true;
-        gen.generate(GenerateRequest{{1, 2, 3}, 2, 0, {}, true, {}});  // warm-up: page in, spin up threads
-        GenerateResult r = gen.generate(req);
+        engine.generate(GenerateRequest{{1, 2, 3}, 2, 0, {}, true, {}});  // warm-up: page in, spin up threads
+        GenerateResult r = engine.generate(req);
         const double bytes = double(model.streamed_weight_bytes());
         const double decode_tps = double(r.stats.generated_tokens - 1) / r.stats.decode_seconds;
         const double prefill_tps = double(prompt) / r.stats.prefill_seconds;
@@ -65,11 +65,11 @@ int main(int argc, char** argv) {
                    "weight GB/s | mem GB/s | ratio to floor |\n");
         fmt::print("|---|---|---|---|---|---|---|---|---|---|\n");
         fmt::print("| {} | {} | {} | {:.2f} | {:.1f} | {:.1f} | {:.2f} | {:.1f} | {:.1f} | {:.2f} |\n", preset, quant,
-                   b.backend->threads(), bytes / double(1 << 30), prefill_tps, gflops, decode_tps, achieved_bw, bw,
+                   rt.backend->threads(), bytes / double(1 << 30), prefill_tps, gflops, decode_tps, achieved_bw, bw,
                    decode_tps / floor_tps);
         bench::write_json(json, {{"model", preset},
                                  {"quant", quant},
-                                 {"threads", b.backend->threads()},
+                                 {"threads", rt.backend->threads()},
                                  {"weight_bytes", bytes},
                                  {"load_seconds", load_s},
                                  {"prompt_tokens", prompt},

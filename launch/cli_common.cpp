@@ -330,7 +330,7 @@ std::function<void(const LoadProgress&)> load_progress_printer() {
     };
 }
 
-Built load_model(const ModelArgs& a, const std::function<void(const WorldConfig&)>& on_context) {
+RankRuntime load_model(const ModelArgs& a, const std::function<void(const WorldConfig&)>& on_context) {
     BuildOptions o;
     o.quant_auto = a.quant == "auto";
     o.model.quant = o.quant_auto ? QuantMode::kNone : parse_quant_mode(a.quant);

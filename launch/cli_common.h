@@ -3,7 +3,7 @@
 // every numeric flag uses; checked writes to stdout; output files prepared before a run.
 #pragma once
 
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 #include <CLI/CLI.hpp>
@@ -36,7 +36,7 @@ struct ModelArgs {
     int64_t micro_batch = 0;
     double comm_timeout = 60.0;
     bool no_shm_comm = false;
-    double kv_cache_gb = 0;       // 0: the builder's default (runtime/engine/build.h)
+    double kv_cache_gb = 0;       // 0: the builder's default (runtime/builder/build.h)
     int64_t max_seqs = 64;
     int64_t block_size = 16;
     bool no_prefix_cache = false;
@@ -48,11 +48,11 @@ struct ModelArgs {
     void add_to(CLI::App* cmd);
 };
 
-// Builds this rank's model from the options (runtime/engine/build.h); MPI joins when tp * pp > 1 or
+// Builds this rank's model from the options (runtime/builder/build.h); MPI joins when tp * pp > 1 or
 // when an MPI starter launched this process (read from the environment here, in launch/).
 // `on_context` runs once the rank grid exists, before any weight is read (`lattice serve` listens
 // from there on, answering "loading").
-Built load_model(const ModelArgs& a, const std::function<void(const WorldConfig&)>& on_context = {});
+RankRuntime load_model(const ModelArgs& a, const std::function<void(const WorldConfig&)>& on_context = {});
 
 // Command-line output settings (main.cpp's global --verbose / --quiet).
 // verbose: errors keep their [host rank file:line] origin and every failing rank prints its own line.

@@ -262,7 +262,7 @@ private:
     BatchTotals t_;
 };
 
-void write_batch_stats(const std::string& path, const BatchTotals& t, const Built& lm, const SchedulerStats& s0,
+void write_batch_stats(const std::string& path, const BatchTotals& t, const RankRuntime& rt, const SchedulerStats& s0,
                        const EngineClient& client) {
     const SchedulerStats& s1 = client.scheduler().stats();
     const double run_s = t.run_seconds();
@@ -271,8 +271,8 @@ void write_batch_stats(const std::string& path, const BatchTotals& t, const Buil
     double ttft_sum = 0;
     for (double x : t.ttfts) ttft_sum += x;
     const std::string quant =
-        std::string(quant_mode_name(lm.model->options().quant)) + (lm.model->options().quant_head ? "+head" : "");
-    const json st = {{"load_seconds", lm.load_seconds},
+        std::string(quant_mode_name(rt.model->options().quant)) + (rt.model->options().quant_head ? "+head" : "");
+    const json st = {{"load_seconds", rt.load_seconds},
                      {"run_seconds", run_s},
                      {"requests", t.total},
                      {"completed", t.done - t.already - t.errors},
@@ -291,8 +291,8 @@ void write_batch_stats(const std::string& path, const BatchTotals& t, const Buil
                      {"peak_kv_blocks", s1.peak_blocks},
                      {"kv_blocks", client.scheduler().pool().num_blocks()},
                      {"cached_prompt_tokens", s1.cached_tokens - s0.cached_tokens},
-                     {"ranks", lm.world.world},
-                     {"threads", lm.backend->threads()},
+                     {"ranks", rt.world.world},
+                     {"threads", rt.backend->threads()},
                      {"quant", quant}};
     AtomicWriter f(path, "--stats-json");
     f.write(st.dump(2) + "\n");
@@ -309,12 +309,12 @@ int run_batch(BatchArgs& a) {
         if (!a.stats_json.empty())
             prepare_output_file(a.stats_json, "--stats-json", {a.model.model, a.model.smooth, a.input, a.output});
     }
-    Built lm = load_model(a.model);
+    RankRuntime rt = load_model(a.model);
     install_drain_handlers();
     const std::unique_ptr<Tokenizer> tok =
-        lm.world.rank == 0 ? optional_tokenizer(a.model, "batch", "prompts must be token ids, results carry no text")
+        rt.world.rank == 0 ? optional_tokenizer(a.model, "batch", "prompts must be token ids, results carry no text")
                            : nullptr;
-    EngineClient client(*lm.engine, tok.get());
+    EngineClient client(*rt.engine, tok.get());
     if (!client.is_leader()) {
         client.follow();
         return 0;
@@ -323,7 +323,7 @@ int run_batch(BatchArgs& a) {
     if (out.cut_bytes() > 0)
         fmt::print(stderr, "batch: {}: dropped a partial last line ({} bytes) left by an interrupted run\n", a.output,
                    out.cut_bytes());
-    BatchRun batch(client, a.input, out, lm.model->config().vocab);
+    BatchRun batch(client, a.input, out, rt.model->config().vocab);
     Progress progress(a.progress, batch.totals().total);
     const SchedulerStats s0 = client.scheduler().stats();
     batch.run(a.drain_seconds, progress);
@@ -332,7 +332,7 @@ int run_batch(BatchArgs& a) {
     const BatchTotals& t = batch.totals();
     progress.update(t.done, t.errors, t.gen_tokens, true);
     progress.end();
-    if (!a.stats_json.empty()) write_batch_stats(a.stats_json, t, lm, s0, client);
+    if (!a.stats_json.empty()) write_batch_stats(a.stats_json, t, rt, s0, client);
     if (drain_requested())
         fmt::print(stderr,
                    "batch: stopped by signal {}: {} of {} requests done, {} left; rerun with the same --output "

@@ -227,10 +227,10 @@ int run_chat(ChatArgs& a) {
     encode_chat(*tok, {{"user", "hi"}}, "chat");  // a model without a chat template fails here
     check_utf8(a.system, "--system");
     const SamplingParams sp = a.sampling.resolve();
-    Built lm = load_model(a.model);
-    LATTICE_CHECK(lm.world.world == 1,
+    RankRuntime rt = load_model(a.model);
+    LATTICE_CHECK(rt.world.world == 1,
                   "lattice chat runs on one rank, this job has {} (start it without mpirun, or use lattice serve)",
-                  lm.world.world);
+                  rt.world.world);
     const bool tty = ::isatty(0) == 1;
     if (sp.temperature > 0) print_stderr(fmt::format("seed: {}\n", sp.seed));  // (greedy draws nothing)
     if (tty)
@@ -238,8 +238,8 @@ int run_chat(ChatArgs& a) {
             "chat: type a message and press Enter. /reset forgets the conversation; Ctrl-C stops an answer; Ctrl-D, "
             "/exit or Ctrl-C at the prompt leaves.\n");
     install_sigint();
-    EngineClient client(*lm.engine, tok.get());
-    Chat chat(a, client, *tok, sp, lm.model->config().max_position);
+    EngineClient client(*rt.engine, tok.get());
+    Chat chat(a, client, *tok, sp, rt.model->config().max_position);
     LineReader in;
     for (;;) {
         clear_interrupt();  // the Ctrl-C that stopped an answer must not also leave at this prompt

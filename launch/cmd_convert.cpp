@@ -1,6 +1,6 @@
 // `lattice convert --model M --out DIR --tp N --pp M --quant none|w8a16|w8a8|auto [--quant-head]
 // [--smooth FILE] [--pp-layers a,b,..] [--progress auto|bar|lines|none]`: a pre-sharded checkpoint,
-// one file per rank, already quantized (runtime/engine/convert.h). Under mpirun the ranks convert in
+// one file per rank, already quantized (runtime/converter/convert.h). Under mpirun the ranks convert in
 // parallel (rank r writes files r, r + W, ...); any number of ranks works, one included.
 // Progress (rank 0): a bar with bytes, rate and ETA on a terminal, a line every 5 s and per file
 // otherwise. The last line gives the folder, sizes, time and the peak resident memory (VmHWM).
@@ -17,7 +17,7 @@
 #include "launch/cli_common.h"
 #include "parallel/parallel_context.h"
 #include "parallel/world_session.h"
-#include "runtime/engine/convert.h"
+#include "runtime/converter/convert.h"
 
 namespace lattice {
 

@@ -104,7 +104,7 @@ nlohmann::json breakdown_json(const GenerateStats& s) {
     return {{"steps", r0.steps}, {"wall_seconds", r0.wall}, {"rank0", parts(r0)}, {"per_rank", std::move(per_rank)}};
 }
 
-void write_stats(const std::string& path, const GenerateStats& s, const Built& lm, const ModelArgs& a, uint64_t seed) {
+void write_stats(const std::string& path, const GenerateStats& s, const RankRuntime& rt, const ModelArgs& a, uint64_t seed) {
     nlohmann::json j = {{"prompt_tokens", s.prompt_tokens},
                         {"prefill_seconds", s.prefill_seconds},
                         {"generated_tokens", s.generated_tokens},
@@ -118,18 +118,18 @@ void write_stats(const std::string& path, const GenerateStats& s, const Built& l
                         {"bubble_rank0", s.prefill_seconds + s.decode_seconds > 0
                                              ? s.idle_seconds / (s.prefill_seconds + s.decode_seconds)
                                              : 0.0},
-                        {"threads", lm.backend->threads()},
-                        {"ranks", lm.world.world},
+                        {"threads", rt.backend->threads()},
+                        {"ranks", rt.world.world},
                         {"tp", a.tp},
                         {"pp", a.pp},
-                        {"quant", quant_mode_name(lm.model->options().quant)},
-                        {"quant_head", lm.model->options().quant_head},
+                        {"quant", quant_mode_name(rt.model->options().quant)},
+                        {"quant_head", rt.model->options().quant_head},
                         {"preemptions", s.preemptions},
                         {"peak_kv_blocks", s.peak_kv_blocks},
-                        {"backend", lm.backend->name()},
-                        {"weight_bytes_per_rank", lm.model->weight_bytes()},
-                        {"load_seconds", lm.load_seconds},
-                        {"checkpoint_bytes_read_per_rank", lm.checkpoint_bytes_read},
+                        {"backend", rt.backend->name()},
+                        {"weight_bytes_per_rank", rt.model->weight_bytes()},
+                        {"load_seconds", rt.load_seconds},
+                        {"checkpoint_bytes_read_per_rank", rt.checkpoint_bytes_read},
                         {"rss_bytes_rank0", resident_bytes()},
                         {"breakdown", breakdown_json(s)}};
     AtomicWriter f(path, "--stats-json");
@@ -224,9 +224,9 @@ int run_generate(GenerateArgs& a) {
     if (a.model.model.empty() && !a.model.random_weights) a.model.model = default_model_path();
     PreparedPrompt p;
     if (launcher_rank() == 0) p = prepare_prompt(a);  // everything from the user is checked before the load
-    Built lm = load_model(a.model);
-    const bool rank0 = lm.world.rank == 0;
-    EngineClient client(*lm.engine, p.tok.get());
+    RankRuntime rt = load_model(a.model);
+    const bool rank0 = rt.world.rank == 0;
+    EngineClient client(*rt.engine, p.tok.get());
     const uint64_t seed = p.request.sampling.seed;
     std::vector<ClientRequest> reqs;
     if (rank0) {
@@ -270,9 +270,9 @@ int run_generate(GenerateArgs& a) {
                 "generate: {}the context of {} positions is full after {} new tokens: the output is cut "
                 "(finish_reason length; raise --max-seq, up to {})\n",
                 a.batch > 1 ? fmt::format("sequence {}: ", i) : "", client.context(), outs[i].tokens.size(),
-                lm.model->config().max_position));
+                rt.model->config().max_position));
     print_stats(total);
-    if (!a.stats_json.empty()) write_stats(a.stats_json, total, lm, a.model, seed);
+    if (!a.stats_json.empty()) write_stats(a.stats_json, total, rt, a.model, seed);
     return 0;
 }
 

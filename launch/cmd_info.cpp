@@ -13,7 +13,7 @@
 #include "launch/cli.h"
 #include "launch/cli_common.h"
 #include "parallel/plan_model.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/model/rank_weights.h"
 #include "runtime/weights/tensor_source.h"
 

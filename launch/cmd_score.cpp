@@ -31,11 +31,11 @@ void add_score_command(CLI::App& app, CommandRun& run) {
             LATTICE_CHECK(!prompt.empty(), "give a prompt: --prompt-ids 1,2,3");
             if (args->model.model.empty() && !args->model.random_weights) args->model.model = default_model_path();
             prepare_output_file(args->out, "--out", {args->model.model, args->model.smooth});
-            Built lm = load_model(args->model);
-            EngineClient client(*lm.engine, nullptr);
+            RankRuntime rt = load_model(args->model);
+            EngineClient client(*rt.engine, nullptr);
             const std::vector<float> logits = client.score(prompt);
-            if (lm.world.rank == 0) {
-                const int64_t T = int64_t(prompt.size()), V = lm.model->config().vocab;
+            if (rt.world.rank == 0) {
+                const int64_t T = int64_t(prompt.size()), V = rt.model->config().vocab;
                 write_safetensors(args->out, {{"logits", DType::kF32, {T, V}, logits.data()}});
             }
             return 0;

@@ -58,7 +58,7 @@ int run_serve(ServeArgs& a) {
     serve::Inbox inbox;
     serve::Metrics metrics;
     std::unique_ptr<serve::HttpServer> server;
-    Built lm = load_model(a.model, [&](const WorldConfig& w) {
+    RankRuntime rt = load_model(a.model, [&](const WorldConfig& w) {
         if (w.rank != 0) return;
         server = std::make_unique<serve::HttpServer>(a.server, inbox, metrics);
         server->start();
@@ -66,12 +66,12 @@ int run_serve(ServeArgs& a) {
         flush_stdout();
     });
     install_drain_handlers();
-    if (lm.world.world > 1) lm.world_comm->barrier();  // every rank holds its shard and KV cache
+    if (rt.world.world > 1) rt.world_comm->barrier();  // every rank holds its shard and KV cache
     const std::unique_ptr<Tokenizer> tok =
-        lm.world.rank == 0
+        rt.world.rank == 0
             ? optional_tokenizer(a.model, "serve", "prompts must be token ids, responses carry token_ids and no text")
             : nullptr;
-    EngineClient client(*lm.engine, tok.get());
+    EngineClient client(*rt.engine, tok.get());
     if (!client.is_leader()) {
         client.follow();
         return 0;
@@ -79,11 +79,11 @@ int run_serve(ServeArgs& a) {
     serve::ServedModel sm;
     sm.name = a.served_name;
     sm.tokenizer = tok.get();
-    sm.limits = ApiLimits{lm.model->config().vocab};
+    sm.limits = ApiLimits{rt.model->config().vocab};
     sm.context = client.context();
     sm.created = int64_t(std::time(nullptr));
     server->set_ready(sm);
-    LOG_INFO("serve: ready: model \"{}\" on {} rank(s), context {}, KV cache {} blocks, at {}", sm.name, lm.world.world,
+    LOG_INFO("serve: ready: model \"{}\" on {} rank(s), context {}, KV cache {} blocks, at {}", sm.name, rt.world.world,
              client.context(), client.scheduler().pool().num_blocks(), server->url());
 
     serve::EngineLoop loop(client, inbox, metrics, a.loop);

@@ -5,7 +5,12 @@ layer above its own (kernels including runtime, the model including the engine .
 with the file, the line and the rule.
 
     base  <-  kernels/common  <-  kernels/cpu, kernels/cuda  <-  parallel
-          <-  runtime: weights, backend, tokenizer  <-  model  <-  engine  <-  launch
+          <-  runtime: weights, backend, tokenizer  <-  model  <-  engine  <-  builder  <-  launch
+                                                        model  <-  converter  <-  launch
+
+runtime/builder (a rank's backend, communicators, model shard, KV cache and engine) sits above the
+engine; runtime/converter (`lattice convert`) above the model and the weights. Neither includes the
+other, and nothing below them includes either: only launch/, benchmarks and tests do.
 
 Rules are prefixes (the longest that matches a file's path wins), so runtime/model/config.h can sit
 below runtime/weights (the weight sources parse configs) while the rest of runtime/model sits above.
@@ -36,6 +41,9 @@ RULES = {
                               "runtime/model/"],
     "runtime/engine/": BASE + ["parallel/", "runtime/backend/", "runtime/weights/", "runtime/model/",
                                "runtime/tokenizer/"],
+    "runtime/builder/": BASE + ["parallel/", "runtime/backend/", "runtime/weights/", "runtime/model/",
+                                "runtime/tokenizer/", "runtime/engine/"],
+    "runtime/converter/": BASE + ["parallel/", "runtime/backend/backend.h", "runtime/weights/", "runtime/model/"],
     "launch/": BASE + ["kernels/", "parallel/", "runtime/"],
     # benchmarks and tests sit beside the tree and may use any layer (but not each other's files).
     "benchmarks/": BASE + ["kernels/", "parallel/", "runtime/", "launch/"],
@@ -122,12 +130,16 @@ def self_test():
         write("runtime/engine/e.h", "#pragma once\n")
         write("runtime/model/m.h", '#include "runtime/engine/e.h"\n')  # upward
         write("kernels/cpu/k.cpp", '#include "kernels/cpu/missing.h"\n#include "local.h"\n')
-        write("launch/ok.cpp", '#include "runtime/model/m.h"\nconst char* e = "OMPI_COMM_WORLD_SIZE";  // LATTICE_NO_MPI\n')
+        write("launch/ok.cpp", '#include "runtime/model/m.h"\n#include "runtime/builder/b.h"\nconst char* e = "OMPI_COMM_WORLD_SIZE";  // LATTICE_NO_MPI\n')
         write("parallel/mpi_x.h", "#pragma once\n")
         write("launch/mpi_a.cpp", '#include <mpi.h>\n')
         write("launch/mpi_b.cpp", '#include "parallel/mpi_x.h"\n')
         write("launch/mpi_c.cpp", 'void f() { MPI_Finalize(); }\n')
         write("launch/eng.cpp", 'void f(R& lm) { lm.engine->step(); }\nvoid g(EngineClient& c) { c.poll(); }\n')
+        write("runtime/builder/b.h", '#include "runtime/engine/e.h"\n')  # the builder sits on the engine
+        write("runtime/converter/c.h", '#include "runtime/model/m.h"\n')
+        write("runtime/engine/e2.h", '#include "runtime/builder/b.h"\n')  # upward: engine -> builder
+        write("runtime/converter/c2.h", '#include "runtime/builder/b.h"\n')  # sideways: converter -> builder
         import io
         import contextlib
         out = io.StringIO()
@@ -139,7 +151,9 @@ def self_test():
               and "launch/mpi_a.cpp:1: launch/ includes no MPI header" in text
               and "launch/mpi_b.cpp:1: launch/ includes no MPI header" in text
               and "launch/mpi_c.cpp:1: launch/ names no MPI identifier (MPI_Finalize)" in text
-              and "launch/eng.cpp:1: launch/ drives no engine" in text and "launch/eng.cpp:2" not in text)
+              and "launch/eng.cpp:1: launch/ drives no engine" in text and "launch/eng.cpp:2" not in text
+              and "runtime/engine/e2.h:1" in text and "runtime/converter/c2.h:1" in text
+              and "runtime/builder/b.h:1" not in text and "runtime/converter/c.h:1" not in text)
         print(text + ("self-test passed" if ok else "self-test FAILED"))
         return 0 if ok else 1
 

@@ -2,20 +2,20 @@
 // given layout. Tests adjust the rest (quantization, KV blocks, micro-batches) on the result.
 #pragma once
 
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 
 namespace lattice::test {
 
 inline BuildOptions cpu_options(int threads = 1, int tp = 1, int pp = 1) {
-    BuildOptions o;
-    o.tp = tp;
-    o.pp = pp;
-    o.mpi = tp * pp > 1;
-    o.comm_timeout = 30.0;
-    o.backend.kind = BackendKind::kCpu;
-    o.backend.threads = threads;
-    o.backend.pin = false;
-    return o;
+    BuildOptions opt;
+    opt.tp = tp;
+    opt.pp = pp;
+    opt.mpi = tp * pp > 1;
+    opt.comm_timeout = 30.0;
+    opt.backend.kind = BackendKind::kCpu;
+    opt.backend.threads = threads;
+    opt.backend.pin = false;
+    return opt;
 }
 
 // A 2-layer GQA model small enough to fabricate and run in milliseconds (random weights), for the

@@ -1,5 +1,5 @@
 // GPU decode benchmark on the product path: the real Engine over the real Model (built through
-// runtime/engine/build.h, random weights), driven through its step API (Engine::add / step) exactly
+// runtime/builder/build.h, random weights), driven through its step API (Engine::add / step) exactly
 // as `lattice serve` drives it. Llama-2-70B shape (hidden 8192, 64/8 heads x 128, FFN 28672, vocab
 // 32000) in W8A8 at TP = 1, batch 1 / 8 / 32: each batch's sequences are prefilled to `--ctx`
 // positions (default 512), then the engine decodes; the timed steps are decode steps after the
@@ -27,7 +27,7 @@
 
 #include "base/cuda_check.h"
 #include "benchmarks/gpu/gpu_peaks.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/weights/random_source.h"
 
 using namespace lattice;
@@ -64,34 +64,34 @@ int main(int argc, char** argv) try {
     ModelConfig cfg = preset_config("llama-2-70b");
     cfg.n_layers = layers;
     const int64_t kMaxBatch = 32;
-    BuildOptions o;
-    o.model.quant = QuantMode::kW8A8;
-    o.model.quant_head = true;
+    BuildOptions opt;
+    opt.model.quant = QuantMode::kW8A8;
+    opt.model.quant_head = true;
     const int warm = 3;                      // decode steps before timing: eager warm-up, capture, one replay
     const int iters = quick ? 5 : 20;        // timed decode steps
     const int64_t max_new = kMaxBatch + warm + iters + 8;  // never finishes inside the timed steps
-    o.model.max_seq = ctx + max_new + 1;
-    o.engine.max_seqs = kMaxBatch;
-    o.model.max_batch_tokens = 512;  // prefill chunks; decode graphs bucket up to max_seqs
-    o.backend.kind = BackendKind::kCuda;
-    o.backend.cuda_act = DType::kF16;
-    o.devices = {device};
+    opt.model.max_seq = ctx + max_new + 1;
+    opt.engine.max_seqs = kMaxBatch;
+    opt.model.max_batch_tokens = 512;  // prefill chunks; decode graphs bucket up to max_seqs
+    opt.backend.kind = BackendKind::kCuda;
+    opt.backend.cuda_act = DType::kF16;
+    opt.devices = {device};
     auto src = make_random_source(cfg, 1234, DType::kBF16);
     const auto t_load = std::chrono::steady_clock::now();
-    Built b = build(o, *src);
+    RankRuntime rt = build(opt, *src);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
-    Backend& be = *b.backend;
-    Model& model = *b.model;
+    Backend& backend = *rt.backend;
+    Model& model = *rt.model;
     fmt::print("{}: llama-2-70b shape ({} layers), w8a8, TP=1, ctx {}, loaded in {:.1f} s, device copy {:.0f} GB/s "
                "(datasheet HBM {:.0f} GB/s [{}])\n",
-               be.name(), layers, ctx, load_s, copy_gbs, peaks.hbm_gbs, peaks.model);
+               backend.name(), layers, ctx, load_s, copy_gbs, peaks.hbm_gbs, peaks.model);
 
-    Engine& engine = *b.engine;
+    Engine& engine = *rt.engine;
     nlohmann::json rows = nlohmann::json::array();
     auto write = [&] {
         std::filesystem::create_directories(out_dir);
         nlohmann::json doc = {{"benchmark", "gpu_decode_engine"},
-                              {"backend", be.name()},
+                              {"backend", backend.name()},
                               {"shape", "llama-2-70b"},
                               {"layers", layers},
                               {"quant", "w8a8"},

@@ -43,11 +43,11 @@ Engine::Engine(Model& model, PipelineLinks links, const EngineOptions& opt) : mo
         graph_max_ = 1;
         while (graph_max_ * 2 <= std::min(opt_.max_seqs, mo.max_batch_tokens)) graph_max_ *= 2;
         const size_t W = size_t(model_.attention_shape().table_width), B = size_t(graph_max_);
-        g_tok_.reserve(B);
-        g_pos_.reserve(B);
-        g_seq_.reserve(B);
-        g_tab_.reserve(B * W);
-        g_rows_.reserve(B);
+        graph_tokens_.reserve(B);
+        graph_positions_.reserve(B);
+        graph_seqs_.reserve(B);
+        graph_tables_.reserve(B * W);
+        graph_rows_.reserve(B);
     }
     if (is_leader()) {
         const ModelConfig& c = model_.config();
@@ -207,28 +207,29 @@ bool Engine::graph_step(const StepPlan& p, const TokenBatch& b, Results* out) {
         if (ps.count != 1 || !ps.sample) return false;
     int64_t B = 1;
     while (B < T) B *= 2;
-    g_tok_.assign(b.ids, b.ids + T);
-    g_tok_.resize(size_t(B), 0);
-    g_pos_.assign(b.positions, b.positions + T);
-    g_pos_.resize(size_t(B), 0);
-    g_seq_.resize(size_t(B));
-    for (int64_t i = 0; i < B; ++i) g_seq_[size_t(i)] = int32_t(i);
-    LATTICE_CHECK(std::equal(b.seqs, b.seqs + T, g_seq_.begin()), "step {}: decode tokens out of sequence order",
+    graph_tokens_.assign(b.ids, b.ids + T);
+    graph_tokens_.resize(size_t(B), 0);
+    graph_positions_.assign(b.positions, b.positions + T);
+    graph_positions_.resize(size_t(B), 0);
+    graph_seqs_.resize(size_t(B));
+    for (int64_t i = 0; i < B; ++i) graph_seqs_[size_t(i)] = int32_t(i);
+    LATTICE_CHECK(std::equal(b.seqs, b.seqs + T, graph_seqs_.begin()), "step {}: decode tokens out of sequence order",
                   p.number);
-    g_tab_.assign(b.block_tables, b.block_tables + T * W);
-    g_tab_.resize(size_t(B * W), -1);
-    for (int64_t i = T; i < B; ++i) g_tab_[size_t(i * W)] = trash_block_;
-    const TokenBatch gb{g_tok_.data(), g_pos_.data(), g_seq_.data(), B, g_tab_.data(), B, W};
+    graph_tables_.assign(b.block_tables, b.block_tables + T * W);
+    graph_tables_.resize(size_t(B * W), -1);
+    for (int64_t i = T; i < B; ++i) graph_tables_[size_t(i * W)] = trash_block_;
+    const TokenBatch gb{graph_tokens_.data(), graph_positions_.data(), graph_seqs_.data(), B,
+                        graph_tables_.data(), B, W};
     GraphSlot& slot = graphs_[B];
     Backend& be = model_.backend();
     auto body = [this, gb, &slot] {
         const StepScope step(model_.backend(), gb);
-        g_rows_.resize(size_t(gb.count));
-        for (int64_t i = 0; i < gb.count; ++i) g_rows_[size_t(i)] = i;
+        graph_rows_.resize(size_t(gb.count));
+        for (int64_t i = 0; i < gb.count; ++i) graph_rows_[size_t(i)] = i;
         View hidden = model_.hidden_scratch(gb.count);
         model_.embed(gb, hidden);
         model_.run_layers(gb, hidden);
-        slot.logits = model_.head_logits(hidden, g_rows_);
+        slot.logits = model_.head_logits(hidden, graph_rows_);
     };
     ++counters_.graph_steps;
     if (!slot.warmed) {

@@ -202,8 +202,9 @@ private:
     int64_t graph_max_ = 0;     // largest bucket
     int32_t trash_block_ = -1;  // the KV block the padding rows write (never in the pool)
     std::unordered_map<int64_t, GraphSlot> graphs_;
-    std::vector<int32_t> g_tok_, g_pos_, g_seq_, g_tab_;  // the padded batch (capacity fixed at start)
-    std::vector<int64_t> g_rows_;
+    // The padded batch a step graph replays (capacity fixed at start).
+    std::vector<int32_t> graph_tokens_, graph_positions_, graph_seqs_, graph_tables_;
+    std::vector<int64_t> graph_rows_;
     std::vector<int32_t> pos_, seq_of_;
     std::chrono::steady_clock::time_point last_sent_;
     EngineCounters counters_;

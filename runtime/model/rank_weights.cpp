@@ -310,4 +310,16 @@ HostTensor quantize_per_channel(const HostTensor& w, const std::string& name) {
     return q;
 }
 
+ModelOptions rank_model_options(ModelOptions base, const WorldConfig& world, int64_t n_layers,
+                                const std::vector<int64_t>& pp_layer_counts) {
+    const auto stages = stage_layer_ranges(n_layers, world.pp, pp_layer_counts);
+    base.tp = world.tp;
+    base.tp_rank = world.tp_rank();
+    base.layer_begin = stages[size_t(world.pp_rank())].first;
+    base.layer_end = stages[size_t(world.pp_rank())].second;
+    base.first_stage = world.is_first_stage();
+    base.last_stage = world.is_last_stage();
+    return base;
+}
+
 }  // namespace lattice

@@ -1,6 +1,6 @@
 // RankWeights: the tensors one rank of a TP x PP layout holds, in load order, and how each is read.
 // The single home of how weights are sharded, fused and folded: Model::load hands each tensor to
-// the backend, `lattice convert` (runtime/engine/convert.h) quantizes and writes each to the rank's
+// the backend, `lattice convert` (runtime/converter/convert.h) quantizes and writes each to the rank's
 // file, so a converted checkpoint holds exactly what a load of the original would have made.
 //
 // Tensors (names are those of a converted checkpoint; shapes are this rank's, row-major):
@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "base/view.h"
+#include "parallel/world_config.h"
 #include "runtime/backend/backend.h"
 #include "runtime/model/model.h"
 #include "runtime/model/smoothquant.h"
@@ -94,5 +95,12 @@ private:
 // uses (kernels/common/quantize.h): s = max|w_row| / 127, q = round(w / s). Non-finite weights are
 // an Error naming `name`, the row and column.
 HostTensor quantize_per_channel(const HostTensor& w, const std::string& name);
+
+// `base` with the rank fields of world rank `world.rank` filled in: its TP shard (tp, tp_rank) and
+// pipeline stage (layer range of parallel/world_config.h's stage_layer_ranges over n_layers, with
+// pp_layer_counts when given; first / last stage). The one mapping from a rank to what it holds:
+// the builder asks it for its own rank, `lattice convert` for every rank file it writes.
+ModelOptions rank_model_options(ModelOptions base, const WorldConfig& world, int64_t n_layers,
+                                const std::vector<int64_t>& pp_layer_counts = {});
 
 }  // namespace lattice

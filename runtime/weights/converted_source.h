@@ -1,4 +1,4 @@
-// A converted checkpoint (`lattice convert`, runtime/engine/convert.h) read back: a folder with
+// A converted checkpoint (`lattice convert`, runtime/converter/convert.h) read back: a folder with
 // manifest.json (runtime/weights/manifest.h), one safetensors file per rank and the tokenizer files.
 //
 // open_converted_model maps only the calling rank's file. Before anything is mapped it checks that

@@ -1,4 +1,4 @@
-// manifest.json of a converted checkpoint (written by `lattice convert`, runtime/engine/convert.h):
+// manifest.json of a converted checkpoint (written by `lattice convert`, runtime/converter/convert.h):
 //   {"format": "lattice-converted", "format_version": 1, "writer": "lattice ...", "source": "...",
 //    "config": {the model's config in Hugging Face config.json form},
 //    "layout": {"tp": T, "pp": P, "stage_layers": [layers of stage 0, ..., of stage P-1]},

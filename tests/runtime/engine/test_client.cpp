@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/engine/client.h"
 #include "runtime/weights/random_source.h"
 #include "tests/test_build.h"
@@ -108,7 +108,7 @@ namespace {
 
 ModelConfig tiny() { return test::tiny_config("tiny random (test_client)"); }
 
-Built make(const TensorSource& src, int64_t max_seq = 24) {
+RankRuntime make(const TensorSource& src, int64_t max_seq = 24) {
     BuildOptions o = test::cpu_options();
     o.model.max_seq = max_seq;
     return build(o, src);
@@ -134,7 +134,7 @@ std::map<int64_t, std::vector<ClientEvent>> drain_events(EngineClient& c) {
 
 TEST_CASE("engine client: the engine's tokens, the context budget, cancel, drain, stops") {
     auto src = make_random_source(tiny(), 11, DType::kF32);
-    Built b = make(*src);
+    RankRuntime b = make(*src);
     EngineClient client(*b.engine, nullptr);
     REQUIRE(client.context() == 24);
     const std::vector<int32_t> prompt = {5, 9, 33, 17};
@@ -213,7 +213,7 @@ TEST_CASE("engine client: the engine's tokens, the context budget, cancel, drain
         ModelConfig c = tiny();
         c.eos_ids = {want[2]};
         auto eos_src = make_random_source(c, 11, DType::kF32);
-        Built e = make(*eos_src);
+        RankRuntime e = make(*eos_src);
         EngineClient ec(*e.engine, nullptr);
         ClientRequest stops = request(prompt, 8);
         stops.ignore_eos = false;

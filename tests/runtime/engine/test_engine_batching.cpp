@@ -11,7 +11,7 @@
 #include <random>
 
 #include "tests/test_build.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "tests/runtime/model/golden.h"
 
 using namespace lattice;
@@ -63,20 +63,20 @@ struct Config {
 };
 
 BuildOptions options(const Config& k) {
-    BuildOptions o = test::cpu_options();
-    o.model.block_size = k.block_size;
-    o.model.max_batch_tokens = 256;
-    o.micro_batch = k.step_tokens;
-    o.kv_blocks = k.kv_blocks;
-    o.engine.max_seqs = k.max_seqs;
-    o.engine.prefix_caching = k.prefix;
-    return o;
+    BuildOptions opt = test::cpu_options();
+    opt.model.block_size = k.block_size;
+    opt.model.max_batch_tokens = 256;
+    opt.micro_batch = k.step_tokens;
+    opt.kv_blocks = k.kv_blocks;
+    opt.engine.max_seqs = k.max_seqs;
+    opt.engine.prefix_caching = k.prefix;
+    return opt;
 }
 
 // Adds half of the cases (shuffled), then the rest one every other step while the first run.
 Run run_batched(const TensorSource& src, const std::vector<Case>& cases, const Config& k, uint64_t seed) {
-    Built b = build(options(k), src);
-    Engine& e = *b.engine;
+    RankRuntime rt = build(options(k), src);
+    Engine& e = *rt.engine;
     std::vector<size_t> order(cases.size());
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), std::mt19937_64(seed));
@@ -109,14 +109,14 @@ std::vector<std::vector<int32_t>> run_single(const TensorSource& src, const std:
     Config k{"single"};
     k.max_seqs = 1;
     k.prefix = false;
-    Built b = build(options(k), src);
+    RankRuntime rt = build(options(k), src);
     std::vector<std::vector<int32_t>> out;
     for (const Case& c : cases) {
         GenerateRequest g;
         g.prompt = c.prompt;
         g.max_new_tokens = c.n_new;
         g.ignore_eos = true;
-        out.push_back(b.engine->generate(g).tokens);
+        out.push_back(rt.engine->generate(g).tokens);
     }
     return out;
 }
@@ -173,30 +173,30 @@ TEST_CASE("64 sequences at once on one golden model") {
 TEST_CASE("admission: a request the cache can never hold is refused with the numbers") {
     auto src = open_model(golden_dir("tiny-llama2"));
     Config k{"tiny cache", 256, 4, 3};
-    Built b = build(options(k), *src);
+    RankRuntime rt = build(options(k), *src);
     EngineRequest r;
     r.prompt = std::vector<int32_t>(10, 5);
     r.max_new_tokens = 4;  // 14 positions = 4 blocks of 4 > 3
     std::string msg;
     try {
-        b.engine->add(r);
+        rt.engine->add(r);
     } catch (const Error& e) {
         msg = e.what();
     }
     CHECK(msg.find("needs 4 KV blocks") != std::string::npos);
     CHECK(msg.find("holds 3") != std::string::npos);
     r.max_new_tokens = 2;  // 12 positions = 3 blocks: fits
-    const int64_t id = b.engine->add(r);
+    const int64_t id = rt.engine->add(r);
     int64_t got = 0;
-    while (b.engine->busy())
-        for (const TokenEvent& ev : b.engine->step()) got += ev.id == id && ev.token >= 0;
+    while (rt.engine->busy())
+        for (const TokenEvent& ev : rt.engine->step()) got += ev.id == id && ev.token >= 0;
     CHECK(got == 2);
 }
 
 TEST_CASE("cancel frees a running sequence's blocks; min_tokens bans eos until reached") {
     auto src = open_model(golden_dir("tiny-llama2"));
-    Built b = build(options(Config{"cancel"}), *src);
-    Engine& e = *b.engine;
+    RankRuntime rt = build(options(Config{"cancel"}), *src);
+    Engine& e = *rt.engine;
     EngineRequest r;
     r.prompt = load_golden("tiny-llama2")[0].prompt;
     r.max_new_tokens = 50;

@@ -9,7 +9,7 @@
 #include <filesystem>
 
 #include "runtime/backend/cpu/cpu_backend.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/model/model.h"
 #include "runtime/tokenizer/tokenizer.h"
 #include "runtime/weights/gguf.h"

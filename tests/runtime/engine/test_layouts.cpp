@@ -8,7 +8,7 @@
 
 #include "tests/test_build.h"
 #include "parallel/mpi_session.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/weights/random_source.h"
 #include "tests/runtime/model/golden.h"
 
@@ -23,42 +23,42 @@ struct Result {
 };
 
 BuildOptions layout_options(int tp, int pp, int64_t micro = 0) {
-    BuildOptions o = test::cpu_options(1, tp, pp);
-    o.mpi = true;
-    o.micro_batch = micro;
-    return o;
+    BuildOptions opt = test::cpu_options(1, tp, pp);
+    opt.mpi = true;
+    opt.micro_batch = micro;
+    return opt;
 }
 
 Result run_layout(const TensorSource& src, int tp, int pp, const std::vector<int32_t>& prompt, int64_t n_new,
                   int64_t micro, int* world_rank = nullptr) {
-    Built b = build(layout_options(tp, pp, micro), src);
-    if (world_rank) *world_rank = b.world.rank;
+    RankRuntime rt = build(layout_options(tp, pp, micro), src);
+    if (world_rank) *world_rank = rt.world.rank;
     Result r;
-    r.logits = b.engine->score(prompt);
-    r.tokens = b.engine->generate(GenerateRequest{prompt, n_new, 0, {}, true, {}}).tokens;
+    r.logits = rt.engine->score(prompt);
+    r.tokens = rt.engine->generate(GenerateRequest{prompt, n_new, 0, {}, true, {}}).tokens;
     return r;
 }
 
 // The single-rank reference: the same build, one rank, no MPI.
 Result run_single(const TensorSource& src, const std::vector<int32_t>& prompt, int64_t n_new) {
-    BuildOptions o = layout_options(1, 1);
-    o.mpi = false;
-    Built b = build(o, src);
+    BuildOptions opt = layout_options(1, 1);
+    opt.mpi = false;
+    RankRuntime rt = build(opt, src);
     Result r;
-    r.logits = b.engine->score(prompt);
-    r.tokens = b.engine->generate(GenerateRequest{prompt, n_new, 0, {}, true, {}}).tokens;
+    r.logits = rt.engine->score(prompt);
+    r.tokens = rt.engine->generate(GenerateRequest{prompt, n_new, 0, {}, true, {}}).tokens;
     return r;
 }
 
 // Each request alone on one rank, no MPI: its tokens.
 std::vector<std::vector<int32_t>> single_rank_tokens(const TensorSource& src, const std::vector<GenerateRequest>& reqs,
                                                      bool prefix_caching) {
-    BuildOptions o = layout_options(1, 1);
-    o.mpi = false;
-    o.engine.prefix_caching = prefix_caching;
-    Built b = build(o, src);
+    BuildOptions opt = layout_options(1, 1);
+    opt.mpi = false;
+    opt.engine.prefix_caching = prefix_caching;
+    RankRuntime rt = build(opt, src);
     std::vector<std::vector<int32_t>> out;
-    for (const auto& r : reqs) out.push_back(b.engine->generate(r).tokens);
+    for (const auto& r : reqs) out.push_back(rt.engine->generate(r).tokens);
     return out;
 }
 
@@ -156,7 +156,7 @@ TEST_CASE("layout errors are reported by every rank, with the same message, with
         if (6 % world != 0) {
             std::string e;
             try {
-                Built b = build(layout_options(world, 1), *src);
+                RankRuntime rt = build(layout_options(world, 1), *src);
             } catch (const Error& err) {
                 e = err.what();
             }
@@ -186,9 +186,9 @@ TEST_CASE("several sequences in flight (pipelined decode) equal their single-seq
         if (!layout_fits(src->config(), tp, pp)) continue;
         CAPTURE(tp);
         CAPTURE(pp);
-        Built b = build(layout_options(tp, pp, 2), *src);
+        RankRuntime rt = build(layout_options(tp, pp, 2), *src);
         GenerateStats st;
-        std::vector<GenerateResult> got = b.engine->generate_batch(reqs, {}, &st);
+        std::vector<GenerateResult> got = rt.engine->generate_batch(reqs, {}, &st);
         for (size_t i = 0; i < reqs.size(); ++i) CHECK(got[i].tokens == want[i]);
         CHECK(st.generated_tokens == int64_t(want[0].size() + want[1].size() + want[2].size()));
         CHECK(st.sequences == 3);
@@ -204,11 +204,11 @@ TEST_CASE("the per-step breakdown: every rank's, parts that sum to its wall time
         if (!layout_fits(src->config(), tp, pp)) continue;
         CAPTURE(tp);
         CAPTURE(pp);
-        Built b = build(layout_options(tp, pp), *src);
+        RankRuntime rt = build(layout_options(tp, pp), *src);
         GenerateStats st;
-        b.engine->generate_batch(reqs, {}, &st);
+        rt.engine->generate_batch(reqs, {}, &st);
         REQUIRE(st.per_rank.size() == size_t(world));  // every rank holds every rank's
-        const int sampler = b.world.rank_of(0, pp - 1);
+        const int sampler = rt.world.rank_of(0, pp - 1);
         for (int r = 0; r < world; ++r) {
             const StepBreakdown& x = st.per_rank[size_t(r)];
             CAPTURE(r);
@@ -252,17 +252,17 @@ TEST_CASE("16 mixed sequences with preemption and prefix hits: every layout equa
         if (!layout_fits(src->config(), tp, pp)) continue;
         CAPTURE(tp);
         CAPTURE(pp);
-        BuildOptions o = layout_options(tp, pp, 32);  // 32 tokens per step: longer prompts are chunked
-        o.model.block_size = 4;
-        o.kv_blocks = 16;  // 64 positions for 16 sequences of up to 53: preemption
-        Built b = build(o, *src);
+        BuildOptions opt = layout_options(tp, pp, 32);  // 32 tokens per step: longer prompts are chunked
+        opt.model.block_size = 4;
+        opt.kv_blocks = 16;  // 64 positions for 16 sequences of up to 53: preemption
+        RankRuntime rt = build(opt, *src);
         GenerateStats st;
-        std::vector<GenerateResult> got = b.engine->generate_batch(reqs, {}, &st);
+        std::vector<GenerateResult> got = rt.engine->generate_batch(reqs, {}, &st);
         for (size_t i = 0; i < reqs.size(); ++i) CHECK(got[i].tokens == want[i]);
         CHECK(st.preemptions > 0);
         CHECK(st.cached_prompt_tokens > 0);
-        if (b.engine->is_leader())
-            CHECK(b.engine->scheduler().pool().num_free() == b.engine->scheduler().pool().num_blocks());
+        if (rt.engine->is_leader())
+            CHECK(rt.engine->scheduler().pool().num_free() == rt.engine->scheduler().pool().num_blocks());
     }
 }
 
@@ -284,15 +284,15 @@ TEST_CASE("the device step path (step graphs, backend token selection; the CPU m
         if (!layout_fits(src->config(), tp, pp)) continue;
         CAPTURE(tp);
         CAPTURE(pp);
-        BuildOptions o = layout_options(tp, pp);
-        o.backend.cpu_step_graphs = true;
-        o.backend.cpu_select_tokens = true;
-        Built b = build(o, *src);
-        std::vector<GenerateResult> got = b.engine->generate_batch(reqs);
+        BuildOptions opt = layout_options(tp, pp);
+        opt.backend.cpu_step_graphs = true;
+        opt.backend.cpu_select_tokens = true;
+        RankRuntime rt = build(opt, *src);
+        std::vector<GenerateResult> got = rt.engine->generate_batch(reqs);
         for (size_t i = 0; i < reqs.size(); ++i) CHECK(got[i].tokens == want[i]);
         if (pp == 1)
-            CHECK(b.engine->counters().graph_replays > 0);  // every TP rank replayed, collectives matched
+            CHECK(rt.engine->counters().graph_replays > 0);  // every TP rank replayed, collectives matched
         else
-            CHECK(b.engine->counters().graph_steps == 0);  // pipelines run eagerly
+            CHECK(rt.engine->counters().graph_steps == 0);  // pipelines run eagerly
     }
 }

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "base/error.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/engine/step_plan.h"
 #include "runtime/weights/random_source.h"
 #include "tests/test_build.h"
@@ -59,14 +59,14 @@ GenerateRequest greedy(std::vector<int32_t> prompt, int64_t n, const SamplingPar
 
 TEST_CASE("penalties through the engine equal the reference loop, prefix-cached prompt blocks included") {
     auto src = make_random_source(tiny(), 11, DType::kF32);
-    BuildOptions o = test::cpu_options();
-    o.model.max_seq = 64;
-    o.model.block_size = 4;  // the 20-token prompt spans 5 blocks: 4 of them cached on the second run
-    Built b = build(o, *src);
+    BuildOptions opt = test::cpu_options();
+    opt.model.max_seq = 64;
+    opt.model.block_size = 4;  // the 20-token prompt spans 5 blocks: 4 of them cached on the second run
+    RankRuntime rt = build(opt, *src);
     std::vector<int32_t> prompt;
     for (int i = 0; i < 20; ++i) prompt.push_back(int32_t((i * 7 + 3) % 61));
     const int n = 12;
-    const std::vector<int32_t> plain = b.engine->generate(greedy(prompt, n, {})).tokens;
+    const std::vector<int32_t> plain = rt.engine->generate(greedy(prompt, n, {})).tokens;
     for (int64_t last_n : {int64_t(-1), int64_t(6)}) {
         CAPTURE(last_n);
         SamplingParams p;
@@ -74,19 +74,19 @@ TEST_CASE("penalties through the engine equal the reference loop, prefix-cached 
         p.repeat_last_n = last_n;
         p.presence_penalty = 0.5f;
         p.frequency_penalty = 0.7f;
-        const std::vector<int32_t> want = reference(*b.engine, prompt, n, p, 64);
+        const std::vector<int32_t> want = reference(*rt.engine, prompt, n, p, 64);
         CHECK(want != plain);  // the penalties change the output: the comparison below can fail
-        const GenerateResult first = b.engine->generate(greedy(prompt, n, p));
+        const GenerateResult first = rt.engine->generate(greedy(prompt, n, p));
         CHECK(first.tokens == want);
         // Again: the prompt's full blocks now come from the prefix cache (never fed this time).
         GenerateStats st;
-        const std::vector<GenerateResult> again = b.engine->generate_batch({greedy(prompt, n, p)}, {}, &st);
+        const std::vector<GenerateResult> again = rt.engine->generate_batch({greedy(prompt, n, p)}, {}, &st);
         CHECK(st.cached_prompt_tokens >= 16);
         CHECK(again[0].tokens == want);
         // Logprobs are of the raw model row, not of the penalized one: the same as without penalties
         // for the same token at the same position (the first token's context is the prompt alone).
-        const GenerateResult raw = b.engine->generate(greedy(prompt, 1, {}));
-        const std::vector<float> logits = b.engine->score(prompt);
+        const GenerateResult raw = rt.engine->generate(greedy(prompt, 1, {}));
+        const std::vector<float> logits = rt.engine->score(prompt);
         std::vector<float> row(logits.end() - 61, logits.end());
         const float mx = *std::max_element(row.begin(), row.end());
         double z = 0;
@@ -139,31 +139,31 @@ TEST_CASE("the step plan carries the sampling params and the recent window; a mi
 
 TEST_CASE("a front's callback ends one sequence of a batch; the others run on") {
     auto src = make_random_source(tiny(), 12, DType::kF32);
-    Built b = build(test::cpu_options(), *src);
+    RankRuntime rt = build(test::cpu_options(), *src);
     const std::vector<GenerateRequest> reqs = {greedy({1, 2, 3}, 10, {}), greedy({4, 5}, 10, {})};
-    const std::vector<GenerateResult> free_run = b.engine->generate_batch(reqs);
+    const std::vector<GenerateResult> free_run = rt.engine->generate_batch(reqs);
     int seen0 = 0;
-    const std::vector<GenerateResult> got = b.engine->generate_batch(reqs, [&](int64_t i, int32_t) {
+    const std::vector<GenerateResult> got = rt.engine->generate_batch(reqs, [&](int64_t i, int32_t) {
         return i == 0 && ++seen0 == 3 ? FinishReason::kStop : FinishReason::kNone;
     });
     CHECK(got[0].tokens == std::vector<int32_t>(free_run[0].tokens.begin(), free_run[0].tokens.begin() + 3));
     CHECK(got[0].finish == FinishReason::kStop);
     CHECK(got[1].tokens == free_run[1].tokens);
     CHECK(got[1].finish == FinishReason::kLength);
-    CHECK_FALSE(b.engine->busy());
-    CHECK(b.engine->generate_batch(reqs)[0].tokens == free_run[0].tokens);  // usable after
+    CHECK_FALSE(rt.engine->busy());
+    CHECK(rt.engine->generate_batch(reqs)[0].tokens == free_run[0].tokens);  // usable after
 }
 
 TEST_CASE("backend token selection (the device path, run by the CPU backend): greedy rows equal the host path, "
           "penalized rows still go through the host, seeds reproduce") {
     auto src = make_random_source(tiny(), 17, DType::kF32);
     auto make = [&](bool backend_select) {
-        BuildOptions o = test::cpu_options();
-        o.model.max_seq = 64;
-        o.backend.cpu_select_tokens = backend_select;
-        return build(o, *src);
+        BuildOptions opt = test::cpu_options();
+        opt.model.max_seq = 64;
+        opt.backend.cpu_select_tokens = backend_select;
+        return build(opt, *src);
     };
-    Built host = make(false), dev = make(true);
+    RankRuntime host = make(false), dev = make(true);
     REQUIRE_FALSE(host.backend->selects_tokens());
     REQUIRE(dev.backend->selects_tokens());
     std::vector<int32_t> prompt = {5, 9, 13, 17, 21, 25, 29};
@@ -211,16 +211,16 @@ TEST_CASE("backend token selection (the device path, run by the CPU backend): gr
 TEST_CASE("step graphs (replay re-runs the captured body on CPU): padded decode buckets give the eager tokens") {
     auto src = make_random_source(tiny(), 23, DType::kF32);
     auto make = [&](bool graphs, int64_t kv_blocks) {
-        BuildOptions o = test::cpu_options();
-        o.model.max_seq = 64;
-        o.model.block_size = 4;
-        o.kv_blocks = kv_blocks;
-        o.engine.max_seqs = 8;
-        o.backend.cpu_step_graphs = graphs;
-        o.backend.cpu_select_tokens = graphs;  // the device path end to end: graphs, then selection
-        return build(o, *src);
+        BuildOptions opt = test::cpu_options();
+        opt.model.max_seq = 64;
+        opt.model.block_size = 4;
+        opt.kv_blocks = kv_blocks;
+        opt.engine.max_seqs = 8;
+        opt.backend.cpu_step_graphs = graphs;
+        opt.backend.cpu_select_tokens = graphs;  // the device path end to end: graphs, then selection
+        return build(opt, *src);
     };
-    Built eager = make(false, 64), graphs = make(true, 65);  // one more block: the padding's trash block
+    RankRuntime eager = make(false, 64), graphs = make(true, 65);  // one more block: the padding's trash block
     REQUIRE(graphs.backend->captures_steps());
     // Seven sequences of different lengths: the running batch shrinks 7 -> ... -> 1 as they finish,
     // crossing the buckets 8, 4, 2, 1, each warmed, captured, then replayed.

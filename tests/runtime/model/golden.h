@@ -3,7 +3,7 @@
 #pragma once
 
 #include "runtime/backend/cpu/cpu_backend.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/model/model.h"
 #include "runtime/weights/safetensors.h"
 #include "runtime/weights/tensor_source.h"

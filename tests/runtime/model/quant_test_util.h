@@ -11,7 +11,7 @@
 
 #include "kernels/common/quantize.h"
 #include "runtime/backend/cpu/cpu_backend.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/model/model.h"
 #include "runtime/weights/tensor_source.h"
 

@@ -4,7 +4,7 @@
 #include "tests/runtime/model/golden.h"
 
 #include "runtime/backend/cpu/cpu_backend.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/model/model.h"
 #include "runtime/weights/tensor_source.h"
 

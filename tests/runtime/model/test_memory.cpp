@@ -8,7 +8,7 @@
 #include "parallel/mpi_session.h"
 #include "parallel/parallel_context.h"
 #include "runtime/backend/cpu/cpu_backend.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "base/memory.h"
 #include "runtime/weights/random_source.h"
 #include "runtime/weights/safetensors.h"
@@ -79,15 +79,16 @@ struct Share {
     Share r;
     r.file_bytes = int64_t(fs::file_size(dir + "/model.safetensors"));
     {
-        const BuildOptions o = test::cpu_options(1, 2, 2);
+        const BuildOptions opt = test::cpu_options(1, 2, 2);
         const int64_t rss0 = resident_bytes();
         int64_t rss1 = 0;
         {
-            Built b = build(o, ModelSpec{dir, false, "", 0});  // opens the checkpoint, drops the mapping after loading
-            r.mine = b.model->weight_bytes();
+            // Opens the checkpoint, drops the mapping after loading.
+            RankRuntime rt = build(opt, ModelSpec{dir, false, "", 0});
+            r.mine = rt.model->weight_bytes();
             rss1 = resident_bytes();
             // The layout still generates (every rank holds a working shard).
-            CHECK(b.engine->generate(GenerateRequest{{1, 2, 3}, 4, 0, {}, true, {}}).tokens.size() == 4);
+            CHECK(rt.engine->generate(GenerateRequest{{1, 2, 3}, 4, 0, {}, true, {}}).tokens.size() == 4);
         }
         r.rss_growth = rss1 - rss0;
         r.all.resize(4);

@@ -129,7 +129,7 @@ TEST_CASE("fused W8A8 quantization (norm / SiLU quantize, linear_quant; the CPU 
                 CHECK(a == b);
             }
             // Chunked decode through the KV cache too: greedy tokens and their order.
-            GenerateRequest r{prompts[0], 6, {}, true, {}};
+            GenerateRequest r{prompts[0], 6, 0, {}, true, {}};
             CHECK(g_fused->generate(r).tokens == g_plain->generate(r).tokens);
         }
         // Only W8A8 is fused: W8A16 on the same backend runs the unfused ops.

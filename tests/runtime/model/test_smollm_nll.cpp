@@ -11,7 +11,7 @@
 #include <filesystem>
 
 #include "runtime/backend/cpu/cpu_backend.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/model/model.h"
 #include "runtime/model/smoothquant.h"
 #include "runtime/tokenizer/tokenizer.h"

@@ -10,7 +10,7 @@
 #include "tests/test_build.h"
 #include "parallel/mpi_session.h"
 #include "parallel/parallel_context.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/model/smoothquant.h"
 #include "tests/runtime/model/quant_test_util.h"
 #include "tests/runtime/model/golden.h"
@@ -48,11 +48,11 @@ TEST_CASE("smoothed model: tp 2 and pp 2 equal the single-rank smoothed run") {
                 continue;  // the heads do not allow this layout
             }
             CAPTURE(tp);
-            BuildOptions o = test::cpu_options(1, tp, pp);
-            o.model = quant_options(QuantMode::kNone, path);
-            Built b = build(o, src);
-            std::vector<float> got = b.engine->score(prompt);
-            if (b.world.rank == 0) {
+            BuildOptions opt = test::cpu_options(1, tp, pp);
+            opt.model = quant_options(QuantMode::kNone, path);
+            RankRuntime rt = build(opt, src);
+            std::vector<float> got = rt.engine->score(prompt);
+            if (rt.world.rank == 0) {
                 REQUIRE(got.size() == want.size());
                 CHECK(rel_error(got.data(), want.data(), want.size()) < 1e-5);
             }

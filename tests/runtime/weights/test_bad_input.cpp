@@ -6,7 +6,7 @@
 #include "base/error.h"
 #include "base/file.h"
 #include "runtime/backend/cpu/cpu_backend.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/model/model.h"
 #include "runtime/weights/safetensors.h"
 #include "runtime/weights/gguf.h"

@@ -12,7 +12,7 @@
 #include "runtime/backend/cpu/cpu_backend.h"
 #include "runtime/backend/cuda/cuda_backend.h"
 #include "runtime/backend/make_backend.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "runtime/weights/random_source.h"
 
 using namespace lattice;
@@ -112,13 +112,13 @@ ModelConfig tiny_config() {
     return c;
 }
 
-Built build_tiny(const TensorSource& src, BackendKind kind, DType act) {
-    BuildOptions o = test::cpu_options();
-    o.model.max_seq = 80;
-    o.model.max_batch_tokens = 72;
-    o.backend.kind = kind;
-    o.backend.cuda_act = act;
-    return build(o, src);
+RankRuntime build_tiny(const TensorSource& src, BackendKind kind, DType act) {
+    BuildOptions opt = test::cpu_options();
+    opt.model.max_seq = 80;
+    opt.model.max_batch_tokens = 72;
+    opt.backend.kind = kind;
+    opt.backend.cuda_act = act;
+    return build(opt, src);
 }
 
 // Logits [rows.size(), vocab] of the batch's `rows` (embed + layers + head; KV caches persist).
@@ -135,10 +135,10 @@ TEST_CASE("Model on CudaBackend == CpuBackend (prefill, decode, graph replay)" *
     INFO("seed " << seed);
     std::mt19937_64 rng(seed);
     auto src = make_random_source(tiny_config(), seed, DType::kF32);
-    Built cpu = build_tiny(*src, BackendKind::kCpu, DType::kF32);
+    RankRuntime cpu = build_tiny(*src, BackendKind::kCpu, DType::kF32);
     for (DType act : kActs) {
         INFO(dtype_name(act));
-        Built gpu = build_tiny(*src, BackendKind::kCuda, act);
+        RankRuntime gpu = build_tiny(*src, BackendKind::kCuda, act);
         CudaBackend& be = static_cast<CudaBackend&>(*gpu.backend);
         Model& mg = *gpu.model;
         Model& mc = *cpu.model;

@@ -5,7 +5,7 @@
 // the decode path (1-token chunks would be decode) and KV reuse across calls are all exercised.
 #include "tests/kernels/cuda/cuda_test_util.h"
 #include "runtime/backend/cuda/cuda_backend.h"
-#include "runtime/engine/build.h"
+#include "runtime/builder/build.h"
 #include "tests/runtime/model/golden.h"
 #include "runtime/model/model.h"
 #include "runtime/weights/tensor_source.h"

@@ -14,6 +14,9 @@
 // files r, r + W, r + 2W ... (W = world size, any W >= 1), rank 0 gathers every file's size and
 // SHA-256 and writes the manifest. A failure on any rank fails every rank (no hang) and removes the
 // partial folder. The ranks must share the output file system.
+// This room (runtime/converter/) sits above the model and the weights, beside the builder (neither
+// includes the other); which tensors a rank holds is runtime/model/rank_weights.h's, so a converted
+// folder and a load of the original agree by construction.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // convert_checkpoint (see convert.h).
-#include "runtime/engine/convert.h"
+#include "runtime/converter/convert.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -50,19 +50,15 @@ void fsync_path(const fs::path& p, bool directory) {
     LATTICE_CHECK(rc == 0, "{}: fsync failed ({})", p.string(), std::strerror(errno));
 }
 
-ModelOptions rank_options(const ConvertOptions& o, const std::vector<std::pair<int64_t, int64_t>>& stages, int rank) {
-    ModelOptions m;
-    m.quant = o.quant;
-    m.quant_head = o.quant_head;
-    m.tp = o.tp;
-    m.tp_rank = rank % o.tp;
-    const int pp_rank = rank / o.tp;
-    m.layer_begin = stages[size_t(pp_rank)].first;
-    m.layer_end = stages[size_t(pp_rank)].second;
-    m.first_stage = pp_rank == 0;
-    m.last_stage = pp_rank == o.pp - 1;
-    m.smooth_path = o.smooth_path;
-    return m;
+// What rank file `file` of the tp x pp layout holds: the builder's mapping (rank_model_options), for
+// the rank that will load it, with the conversion's quantization and smoothing.
+ModelOptions file_options(const ConvertOptions& convert, const ModelConfig& cfg, int file) {
+    ModelOptions base;
+    base.quant = convert.quant;
+    base.quant_head = convert.quant_head;
+    base.smooth_path = convert.smooth_path;
+    const WorldConfig loader = WorldConfig::make(convert.tp * convert.pp, convert.tp, convert.pp, file);
+    return rank_model_options(base, loader, cfg.n_layers, convert.pp_layers);
 }
 
 // The tensors of one rank's file, in write order: each RankWeights tensor (int8 linears as the
@@ -116,18 +112,18 @@ std::vector<std::string> write_tokenizer(const std::string& source, const fs::pa
 
 }  // namespace
 
-ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& o, Communicator& world) {
+ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& opt, Communicator& world) {
     const auto t0 = SteadyClock::now();
     const ModelConfig& cfg = src.config();
     LATTICE_CHECK(src.prepared() == nullptr, "{} is already a converted checkpoint", src.describe());
-    LATTICE_CHECK(!o.out.empty(), "convert: no output folder given");
-    LATTICE_CHECK(!o.quant_head || o.quant != QuantMode::kNone, "convert: --quant-head needs an int8 --quant");
+    LATTICE_CHECK(!opt.out.empty(), "convert: no output folder given");
+    LATTICE_CHECK(!opt.quant_head || opt.quant != QuantMode::kNone, "convert: --quant-head needs an int8 --quant");
     check_tensor_set(src);  // what a load of the original would refuse is not converted either
-    check_model_layout(cfg.dims(), o.tp, o.pp);
-    const auto stages = stage_layer_ranges(cfg.n_layers, o.pp, o.pp_layers);
-    const int W = world.size(), me = world.rank(), files = o.tp * o.pp;
+    check_model_layout(cfg.dims(), opt.tp, opt.pp);
+    const auto stages = stage_layer_ranges(cfg.n_layers, opt.pp, opt.pp_layers);
+    const int W = world.size(), me = world.rank(), files = opt.tp * opt.pp;
 
-    fs::path out = fs::absolute(fs::path(o.out)).lexically_normal();
+    fs::path out = fs::absolute(fs::path(opt.out)).lexically_normal();
     if (out.filename().empty()) out = out.parent_path();
     const fs::path parent = out.parent_path();
 
@@ -166,19 +162,19 @@ ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& 
         ConvertProgress prog;
         prog.files_total = int(my_files.size());
         for (int f : my_files) {
-            RankWeights rw(src, rank_options(o, stages, f));
+            RankWeights rw(src, file_options(opt, cfg, f));
             prog.bytes_total += data_bytes(file_specs(rw, src));
         }
         for (size_t i = 0; i < my_files.size(); ++i) {
             const int f = my_files[i];
-            RankWeights rw(src, rank_options(o, stages, f));
+            RankWeights rw(src, file_options(opt, cfg, f));
             const std::vector<SafetensorsSpec> specs = file_specs(rw, src);
             const std::string name = rank_file_name(f, files);
             prog.file = name;
             const std::map<std::string, std::string> meta = {
                 {"format", kConvertedFormat}, {"format_version", std::to_string(kConvertedFormatVersion)},
-                {"tp", std::to_string(o.tp)}, {"pp", std::to_string(o.pp)},
-                {"rank", std::to_string(f)},  {"quant", std::string(quant_mode_name(o.quant))}};
+                {"tp", std::to_string(opt.tp)}, {"pp", std::to_string(opt.pp)},
+                {"rank", std::to_string(f)},  {"quant", std::string(quant_mode_name(opt.quant))}};
             SafetensorsWriter w((tmp / name).string(), specs, meta);
             for (const RankTensor& t : rw.tensors()) {
                 HostTensor h = rw.read(t);
@@ -193,7 +189,7 @@ ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& 
                 }
                 h = {};
                 src.release_pages();
-                if (o.on_progress) o.on_progress(prog);
+                if (opt.on_progress) opt.on_progress(prog);
             }
             const std::vector<float> freqs = src.rope_freq_factors();
             if (!freqs.empty()) w.write("rope_freqs.weight", freqs.data(), int64_t(freqs.size() * sizeof(float)));
@@ -203,7 +199,7 @@ ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& 
             std::memcpy(mine[i].sha256, r.sha256.data(), 64);
             result.bytes_written += r.bytes;
             ++prog.files_done;
-            if (o.on_progress) o.on_progress(prog);
+            if (opt.on_progress) opt.on_progress(prog);
         }
     } catch (const Error& e) {
         status.failed = 1;
@@ -218,15 +214,15 @@ ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& 
     world.all_gather(View::contiguous(all.data(), DType::kU8, {per * W}),
                      View::contiguous(send.data(), DType::kU8, {per}));
 
-    Manifest m;
-    m.writer = o.writer;
-    m.source = src.describe();
-    m.config = cfg;
-    m.tp = o.tp;
-    m.pp = o.pp;
-    for (const auto& [b, e] : stages) m.stage_layers.push_back(e - b);
-    m.quant = std::string(quant_mode_name(o.quant));
-    m.quant_head = o.quant_head;
+    Manifest manifest;
+    manifest.writer = opt.writer;
+    manifest.source = src.describe();
+    manifest.config = cfg;
+    manifest.tp = opt.tp;
+    manifest.pp = opt.pp;
+    for (const auto& [b, e] : stages) manifest.stage_layers.push_back(e - b);
+    manifest.quant = std::string(quant_mode_name(opt.quant));
+    manifest.quant_head = opt.quant_head;
     std::string failure;
     for (int r = 0; r < W; ++r) {
         RankRecord rr;
@@ -243,33 +239,34 @@ ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& 
             mf.rank = int(fr.file);
             mf.bytes = fr.bytes;
             mf.sha256.assign(fr.sha256, 64);
-            m.files.push_back(mf);
+            manifest.files.push_back(mf);
         }
     }
-    std::sort(m.files.begin(), m.files.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
+    std::sort(manifest.files.begin(), manifest.files.end(),
+              [](const ManifestFile& a, const ManifestFile& b) { return a.rank < b.rank; });
 
     // Rank 0 finishes: tokenizer, manifest (last), sync, rename; then tells everyone.
     int32_t done = failure.empty() ? 1 : 0;
     if (me == 0) {
         if (done) {
             try {
-                if (!o.smooth_path.empty()) {
-                    m.smooth = fs::path(o.smooth_path).filename().string();
-                    m.smooth_sha256 = sha256_file(o.smooth_path);
+                if (!opt.smooth_path.empty()) {
+                    manifest.smooth = fs::path(opt.smooth_path).filename().string();
+                    manifest.smooth_sha256 = sha256_file(opt.smooth_path);
                 }
-                for (const std::string& n : write_tokenizer(o.source_path, tmp)) {
+                for (const std::string& n : write_tokenizer(opt.source_path, tmp)) {
                     ManifestFile mf;
                     mf.path = n;
                     mf.kind = "tokenizer";
                     mf.bytes = int64_t(fs::file_size(tmp / n));
                     mf.sha256 = sha256_file((tmp / n).string());
                     fsync_path(tmp / n, false);
-                    m.files.push_back(mf);
+                    manifest.files.push_back(mf);
                 }
-                parse_manifest(manifest_json(m), "manifest.json being written");  // what a loader will accept
+                parse_manifest(manifest_json(manifest), "manifest.json being written");  // what a loader will accept
                 {
                     std::ofstream f(tmp / "manifest.json", std::ios::binary | std::ios::trunc);
-                    f << manifest_json(m);
+                    f << manifest_json(manifest);
                     f.flush();
                     LATTICE_CHECK(f.good(), "{}: write failed", (tmp / "manifest.json").string());
                 }
@@ -293,7 +290,7 @@ ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& 
         LATTICE_FAIL("convert to {} failed: {}", out.string(),
                      failure.empty() ? std::string("rank 0 could not finish (see its error)") : failure);
     result.folder = out.string();
-    result.manifest = std::move(m);
+    result.manifest = std::move(manifest);
     result.seconds = seconds_since(t0);
     return result;
 }

@@ -10,7 +10,7 @@
 
 #include "runtime/model/rank_weights.h"
 #include "runtime/weights/converted_source.h"
-#include "tests/runtime/engine/convert_test_util.h"
+#include "tests/runtime/converter/convert_test_util.h"
 
 using namespace lattice;
 using namespace lattice::testing;
@@ -18,21 +18,21 @@ using namespace lattice::testing;
 namespace {
 
 void convert_to(const TensorSource& src, const std::string& out, QuantMode q, int tp = 1, int pp = 1) {
-    ConvertOptions o;
-    o.out = out;
-    o.tp = tp;
-    o.pp = pp;
-    o.quant = q;
+    ConvertOptions opt;
+    opt.out = out;
+    opt.tp = tp;
+    opt.pp = pp;
+    opt.quant = q;
     LocalComm world;
-    convert_checkpoint(src, o, world);
+    convert_checkpoint(src, opt, world);
 }
 
-std::string load_error(const std::string& dir, BuildOptions o, bool verify = false) {
+std::string load_error(const std::string& dir, BuildOptions opt, bool verify = false) {
     ModelSpec spec;
     spec.path = dir;
     spec.verify = verify;
     try {
-        Built b = build(o, spec);
+        RankRuntime rt = build(opt, spec);
     } catch (const Error& e) {
         return e.what();
     }
@@ -53,8 +53,8 @@ TEST_CASE("damaged files: flipped byte, truncated, missing") {
     const std::string dir = tmp / "c";
     convert_to(*src, dir, QuantMode::kW8A8);
     const std::string file = rank_file_name(0, 1), path = dir + "/" + file;
-    const BuildOptions o = cpu_options(1, 1, false, QuantMode::kW8A8);
-    CHECK(load_error(dir, o, true) == "(loaded)");
+    const BuildOptions opt = cpu_options(1, 1, false, QuantMode::kW8A8);
+    CHECK(load_error(dir, opt, true) == "(loaded)");
     for (const auto& v : verify_converted(dir)) CHECK(v.ok);
 
     SUBCASE("a flipped byte: --verify and lattice verify name the file; a load without --verify does not hash") {
@@ -68,11 +68,11 @@ TEST_CASE("damaged files: flipped byte, truncated, missing") {
             f.seekp(std::streamoff(size - 100));
             f.write(&c, 1);
         }
-        const std::string e = load_error(dir, o, true);
+        const std::string e = load_error(dir, opt, true);
         CHECK(contains(e, path));
         CHECK(contains(e, "SHA-256"));
         CHECK(contains(e, "corrupt"));
-        CHECK(load_error(dir, o, false) == "(loaded)");
+        CHECK(load_error(dir, opt, false) == "(loaded)");
         const auto v = verify_converted(dir);
         REQUIRE(v.size() == 1);
         CHECK_FALSE(v[0].ok);
@@ -81,7 +81,7 @@ TEST_CASE("damaged files: flipped byte, truncated, missing") {
     }
     SUBCASE("a truncated file: every load says so, no hashing needed") {
         fs::resize_file(path, fs::file_size(path) - 10);
-        const std::string e = load_error(dir, o);
+        const std::string e = load_error(dir, opt);
         CHECK(contains(e, path));
         CHECK(contains(e, "the manifest says"));
         CHECK(contains(e, "truncated"));
@@ -89,7 +89,7 @@ TEST_CASE("damaged files: flipped byte, truncated, missing") {
     }
     SUBCASE("a missing file") {
         fs::remove(path);
-        const std::string e = load_error(dir, o);
+        const std::string e = load_error(dir, opt);
         CHECK(contains(e, path));
         CHECK(contains(e, "missing"));
         CHECK(verify_converted(dir)[0].problem == "missing");
@@ -98,7 +98,7 @@ TEST_CASE("damaged files: flipped byte, truncated, missing") {
         nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/manifest.json"));
         j["format_version"] = 7;
         std::ofstream(dir + "/manifest.json") << j.dump();
-        const std::string e = load_error(dir, o);
+        const std::string e = load_error(dir, opt);
         CHECK(contains(e, "manifest.json"));
         CHECK(contains(e, "format version 7, but this lattice reads version 1"));
         CHECK_THROWS_AS(verify_converted(dir), Error);
@@ -113,7 +113,7 @@ TEST_CASE("damaged files: flipped byte, truncated, missing") {
                               {"bytes", 1},
                               {"sha256", std::string(64, '0')}});
         std::ofstream(dir + "/manifest.json") << j.dump();
-        CHECK(contains(load_error(dir, o),
+        CHECK(contains(load_error(dir, opt),
                        "converted for tp 1 x pp 2 (2 rank(s), quant w8a8), but this run is tp 1 x pp 1"));
     }
 }
@@ -153,8 +153,8 @@ TEST_CASE("layout, rank and settings that contradict the conversion") {
     BuildOptions autoq = cpu_options(1, 1, false, QuantMode::kNone);
     autoq.quant_auto = true;
     {
-        Built b = build(autoq, spec_of(one));
-        CHECK(b.model->options().quant == QuantMode::kW8A8);
+        RankRuntime rt = build(autoq, spec_of(one));
+        CHECK(rt.model->options().quant == QuantMode::kW8A8);
     }
     CHECK(contains(load_error(one, cpu_options(1, 1, false, QuantMode::kW8A8, tmp / "smooth.safetensors")),
                    "folded in at conversion"));

@@ -20,7 +20,7 @@
 #include "runtime/weights/converted_source.h"
 #include "runtime/weights/random_source.h"
 #include "runtime/weights/safetensors.h"
-#include "tests/runtime/engine/convert_test_util.h"
+#include "tests/runtime/converter/convert_test_util.h"
 #include "tests/test_skip.h"
 
 using namespace lattice;
@@ -32,15 +32,15 @@ namespace {
 
 ConvertResult convert_one(const TensorSource& src, const std::string& out, QuantMode q, const std::string& smooth = {},
                           const std::string& source_path = {}, int tp = 1, int pp = 1) {
-    ConvertOptions o;
-    o.out = out;
-    o.tp = tp;
-    o.pp = pp;
-    o.quant = q;
-    o.smooth_path = smooth;
-    o.source_path = source_path;
+    ConvertOptions opt;
+    opt.out = out;
+    opt.tp = tp;
+    opt.pp = pp;
+    opt.quant = q;
+    opt.smooth_path = smooth;
+    opt.source_path = source_path;
     LocalComm world;
-    return convert_checkpoint(src, o, world);
+    return convert_checkpoint(src, opt, world);
 }
 
 bool has_partial(const fs::path& parent) {
@@ -71,11 +71,11 @@ TEST_CASE(
                 CHECK(cr.folder == fs::absolute(out).lexically_normal().string());
                 CHECK(cr.manifest.files.size() >= 1);
                 RunResult want = run_built(build(cpu_options(1, 1, false, q, sm), *src), cases[0].prompt, 12);
-                BuildOptions co = cpu_options(1, 1, false, q);
+                BuildOptions build_opt = cpu_options(1, 1, false, q);
                 ModelSpec spec;
                 spec.path = out;
                 spec.verify = true;
-                RunResult got = run_built(build(co, spec), cases[0].prompt, 12);
+                RunResult got = run_built(build(build_opt, spec), cases[0].prompt, 12);
                 CHECK(same_bits(got.logits, want.logits));
                 CHECK(got.tokens == want.tokens);
                 CHECK(got.weight_bytes == want.weight_bytes);
@@ -143,17 +143,17 @@ TEST_CASE("an interrupted conversion leaves no folder that looks complete") {
     auto src = open_model(golden_dir("tiny-gqa-llama3"));
     const std::string out = tmp / "c";
     SUBCASE("an error mid-way: no folder, no partial folder") {
-        ConvertOptions o;
-        o.out = out;
-        o.quant = QuantMode::kW8A8;
+        ConvertOptions opt;
+        opt.out = out;
+        opt.quant = QuantMode::kW8A8;
         int seen = 0;
-        o.on_progress = [&](const ConvertProgress&) {
+        opt.on_progress = [&](const ConvertProgress&) {
             if (++seen == 4) LATTICE_FAIL("disk full (simulated)");
         };
         LocalComm world;
         std::string msg;
         try {
-            convert_checkpoint(*src, o, world);
+            convert_checkpoint(*src, opt, world);
         } catch (const Error& e) {
             msg = e.what();
         }
@@ -165,16 +165,16 @@ TEST_CASE("an interrupted conversion leaves no folder that looks complete") {
         const pid_t child = ::fork();
         REQUIRE(child >= 0);
         if (child == 0) {
-            ConvertOptions o;
-            o.out = out;
-            o.quant = QuantMode::kW8A8;
+            ConvertOptions opt;
+            opt.out = out;
+            opt.quant = QuantMode::kW8A8;
             int seen = 0;
-            o.on_progress = [&](const ConvertProgress&) {
+            opt.on_progress = [&](const ConvertProgress&) {
                 if (++seen == 4) ::raise(SIGKILL);
             };
             LocalComm world;
             try {
-                convert_checkpoint(*src, o, world);
+                convert_checkpoint(*src, opt, world);
             } catch (...) {
             }
             ::_exit(3);  // not reached: killed

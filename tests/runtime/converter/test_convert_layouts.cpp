@@ -14,7 +14,7 @@
 #include "parallel/parallel_context.h"
 #include "runtime/weights/converted_source.h"
 #include "runtime/weights/random_source.h"
-#include "tests/runtime/engine/convert_test_util.h"
+#include "tests/runtime/converter/convert_test_util.h"
 
 using namespace lattice;
 using namespace lattice::testing;
@@ -61,13 +61,13 @@ void remove_shared(const std::string& dir) {
 
 ConvertResult convert(const TensorSource& src, Communicator& world, const std::string& out, int tp, int pp, QuantMode q,
                       const std::string& smooth = {}) {
-    ConvertOptions o;
-    o.out = out;
-    o.tp = tp;
-    o.pp = pp;
-    o.quant = q;
-    o.smooth_path = smooth;
-    return convert_checkpoint(src, o, world);
+    ConvertOptions opt;
+    opt.out = out;
+    opt.tp = tp;
+    opt.pp = pp;
+    opt.quant = q;
+    opt.smooth_path = smooth;
+    return convert_checkpoint(src, opt, world);
 }
 
 void compare(const RunResult& got, const RunResult& want, int rank) {
@@ -141,12 +141,12 @@ TEST_CASE("a parallel conversion writes the bytes one process writes alone") {
     const ConvertResult par = convert(*src, *ctx.world_comm, dir + "/par", tp, pp, QuantMode::kW8A8);
     if (rank == 0) {
         LocalComm alone;
-        ConvertOptions o;
-        o.out = dir + "/alone";
-        o.tp = tp;
-        o.pp = pp;
-        o.quant = QuantMode::kW8A8;
-        const ConvertResult one = convert_checkpoint(*src, o, alone);
+        ConvertOptions opt;
+        opt.out = dir + "/alone";
+        opt.tp = tp;
+        opt.pp = pp;
+        opt.quant = QuantMode::kW8A8;
+        const ConvertResult one = convert_checkpoint(*src, opt, alone);
         REQUIRE(par.manifest.files.size() == size_t(tp * pp));
         REQUIRE(one.manifest.files.size() == par.manifest.files.size());
         for (size_t i = 0; i < one.manifest.files.size(); ++i) {
@@ -181,17 +181,17 @@ TEST_CASE("vocab padding (vocab % tp != 0, random weights): converted equals ori
         const int tp = layout.first, pp = layout.second;
         CAPTURE(tp);
         CAPTURE(pp);
-        ConvertOptions o;
-        o.out = dir + "/v" + std::to_string(n++);
-        o.tp = tp;
-        o.pp = pp;
-        o.quant = QuantMode::kW8A8;
-        o.quant_head = true;
-        convert_checkpoint(*src, o, *ctx.world_comm);
-        BuildOptions bo = cpu_options(tp, pp, true, QuantMode::kW8A8);
-        bo.model.quant_head = true;
-        RunResult want = run_built(build(bo, *src), prompt, 12);
-        RunResult got = run_built(build(bo, spec_of(o.out)), prompt, 12);
+        ConvertOptions opt;
+        opt.out = dir + "/v" + std::to_string(n++);
+        opt.tp = tp;
+        opt.pp = pp;
+        opt.quant = QuantMode::kW8A8;
+        opt.quant_head = true;
+        convert_checkpoint(*src, opt, *ctx.world_comm);
+        BuildOptions build_opt = cpu_options(tp, pp, true, QuantMode::kW8A8);
+        build_opt.model.quant_head = true;
+        RunResult want = run_built(build(build_opt, *src), prompt, 12);
+        RunResult got = run_built(build(build_opt, spec_of(opt.out)), prompt, 12);
         compare(got, want, rank);
         for (int32_t t : got.tokens) CHECK(t < cfg.vocab);
     }
@@ -204,14 +204,14 @@ TEST_CASE("a folder of another layout: every rank refuses it with the same messa
     auto src = open_model(golden_dir("tiny-gqa-llama3"));
     if (mpi_session().rank() == 0) {
         LocalComm alone;
-        ConvertOptions o;
-        o.out = dir + "/one";
-        convert_checkpoint(*src, o, alone);
+        ConvertOptions opt;
+        opt.out = dir + "/one";
+        convert_checkpoint(*src, opt, alone);
     }
     MPI_Barrier(MPI_COMM_WORLD);
     std::string msg;
     try {
-        Built b = build(cpu_options(world, 1, true, QuantMode::kNone), spec_of(dir + "/one"));
+        RankRuntime rt = build(cpu_options(world, 1, true, QuantMode::kNone), spec_of(dir + "/one"));
     } catch (const Error& e) {
         msg = e.what();
     }

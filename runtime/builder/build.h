@@ -8,7 +8,8 @@
 // becomes resident only as sequences fill it). Every rank takes the smallest block count of any
 // rank, since the leader's block ids address every rank's cache.
 // The CLI, the tests and the benchmarks all build through here, so there is one way a rank's
-// model comes to be. Nothing here reads argv or the environment: launch/ decides `mpi`, the
+// model comes to be. This room (runtime/builder/) sits above the engine and the model and below
+// launch/: nothing in runtime/ includes it. Nothing here reads argv or the environment: launch/ decides `mpi`, the
 // device list and the rest, and passes them in.
 #pragma once
 
@@ -61,10 +62,11 @@ struct BuildOptions {
     std::function<void(const WorldConfig&)> on_context;
 };
 
-// This rank's share of a built model, owned together. Destroyed in reverse order of declaration:
-// generator and model, then the device communicators (they use the backend's stream), the MPI
-// groups under them, and the backend last.
-struct Built {
+// Everything one rank runs with, owned together: its place in the world, backend, communicators,
+// model shard (with its KV cache) and engine. Destroyed in reverse order of declaration: engine and
+// model, then the device communicators (they use the backend's stream), the MPI groups under them,
+// and the backend last.
+struct RankRuntime {
     WorldConfig world;
     std::unique_ptr<Backend> backend;
     std::unique_ptr<Communicator> world_comm;
@@ -78,10 +80,10 @@ struct Built {
 };
 
 // From an open source (tests, tools that already hold one).
-Built build(const BuildOptions& opt, const TensorSource& src);
+RankRuntime build(const BuildOptions& opt, const TensorSource& src);
 // From a spec: the source is opened after the parallel context exists and dropped once the
 // weights are in the backend's memory (the file mappings go with it).
-Built build(const BuildOptions& opt, const ModelSpec& spec);
+RankRuntime build(const BuildOptions& opt, const ModelSpec& spec);
 
 // True when the checkpoint's linear weights are block-quantized (GGUF Q8_0, Q4_0, Q4_1).
 bool checkpoint_is_quantized(const TensorSource& src);
@@ -94,9 +96,8 @@ int64_t kv_blocks_for(const Model& model, const Backend& backend, double kv_cach
 // the default budget (or kv_cache_gb) when the model has none.
 std::unique_ptr<Engine> make_local_engine(Model& model, const EngineOptions& opt = {}, double kv_cache_gb = 0);
 
-// This rank's ModelOptions (TP shard, pipeline stage layers) and pipeline links, from its context.
-ModelOptions rank_model_options(ModelOptions base, const ParallelContext& ctx, int64_t n_layers,
-                                const std::vector<int64_t>& pp_layer_counts = {});
+// This rank's pipeline links, from its context. (Its ModelOptions: rank_model_options of
+// runtime/model/rank_weights.h, which the converter shares.)
 PipelineLinks rank_pipeline_links(const ParallelContext& ctx);
 
 }  // namespace lattice

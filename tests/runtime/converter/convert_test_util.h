@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/engine/build.h"
-#include "runtime/engine/convert.h"
+#include "runtime/builder/build.h"
+#include "runtime/converter/convert.h"
 #include "runtime/model/smoothquant.h"
 #include "tests/runtime/model/golden.h"
 #include "tests/test_build.h"
@@ -76,20 +76,20 @@ struct RunResult {
 
 // tests/test_build.h's options with the layout's MPI flag, quantization and factors.
 inline BuildOptions cpu_options(int tp, int pp, bool mpi, QuantMode q, const std::string& smooth = {}) {
-    BuildOptions o = test::cpu_options(1, tp, pp);
-    o.mpi = mpi;
-    o.comm_timeout = 60.0;
-    o.model.quant = q;
-    o.model.smooth_path = smooth;
-    return o;
+    BuildOptions opt = test::cpu_options(1, tp, pp);
+    opt.mpi = mpi;
+    opt.comm_timeout = 60.0;
+    opt.model.quant = q;
+    opt.model.smooth_path = smooth;
+    return opt;
 }
 
-inline RunResult run_built(Built b, const std::vector<int32_t>& prompt, int64_t n_new) {
+inline RunResult run_built(RankRuntime rt, const std::vector<int32_t>& prompt, int64_t n_new) {
     RunResult r;
-    r.logits = b.engine->score(prompt);
-    r.tokens = b.engine->generate(GenerateRequest{prompt, n_new, {}, true, {}}).tokens;
-    r.weight_bytes = b.model->weight_bytes();
-    r.bytes_read = b.checkpoint_bytes_read;
+    r.logits = rt.engine->score(prompt);
+    r.tokens = rt.engine->generate(GenerateRequest{prompt, n_new, 0, {}, true, {}}).tokens;
+    r.weight_bytes = rt.model->weight_bytes();
+    r.bytes_read = rt.checkpoint_bytes_read;
     return r;
 }
 

@@ -1,0 +1,219 @@
+// The builder (see build.h).
+#include "runtime/builder/build.h"
+
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <new>
+
+#include "base/log.h"
+#include "runtime/model/rank_weights.h"
+#include "runtime/weights/converted_source.h"
+#include "runtime/weights/random_source.h"
+
+namespace lattice {
+
+std::unique_ptr<TensorSource> open_spec(const ModelSpec& spec, const WorldConfig& world) {
+    if (!spec.random) {
+        LATTICE_CHECK(!spec.path.empty(), "no model given (a checkpoint path, or random weights of a preset shape)");
+        if (is_converted_folder(spec.path))
+            return open_converted_model(spec.path, ConvertedRank{world.tp, world.pp, world.rank}, spec.verify);
+        return open_model(spec.path);
+    }
+    ModelConfig cfg;
+    if (!spec.preset.empty())
+        cfg = preset_config(spec.preset);
+    else if (!spec.path.empty())
+        cfg = open_model(spec.path)->config();
+    else
+        LATTICE_FAIL("random weights need a preset shape (--config) or a model whose shape to use (--model)");
+    return make_random_source(cfg, spec.seed);
+}
+
+PipelineLinks rank_pipeline_links(const ParallelContext& ctx) {
+    PipelineLinks links;
+    if (ctx.world.world > 1) {
+        links.pipe = ctx.pp_world.get();
+        links.prev = ctx.prev_stage();
+        links.next = ctx.next_stage();
+        links.world = ctx.world_comm.get();
+        links.sampler = ctx.world.sampler_rank();
+    }
+    return links;
+}
+
+int64_t kv_blocks_for(const Model& model, const Backend& backend, double kv_cache_gb, int64_t max_seqs) {
+    const double per_block = double(model.kv_bytes_per_block());
+    LATTICE_CHECK(kv_cache_gb >= 0 && std::isfinite(kv_cache_gb), "--kv-cache-gb must be >= 0, got {}", kv_cache_gb);
+    double budget = kv_cache_gb * double(int64_t(1) << 30);
+    if (budget == 0) {
+        const double avail = double(backend.memory_available());
+        if (backend.device() == Device::kCpu)
+            budget = std::min(double(int64_t(2) << 30), avail > 0 ? 0.1 * avail : double(int64_t(2) << 30));
+        else
+            budget = 0.9 * avail;
+    }
+    if (per_block <= 0) return 1;  // a stage without layers holds no KV
+    const AttentionShape& attn = model.attention_shape();
+    // Every sequence at full context, plus the block that step graphs reserve for their padding rows
+    // (Engine: the pool then still holds max_seqs full sequences).
+    const double useful = double(std::max<int64_t>(max_seqs, 1)) * double(attn.table_width) + 1;
+    const double blocks = std::min(std::floor(budget / per_block), useful);
+    LATTICE_CHECK(blocks >= 1, "KV cache: {:.3f} GiB holds no block of {:.1f} KiB ({} tokens); raise --kv-cache-gb",
+                  budget / double(int64_t(1) << 30), per_block / 1024, model.attention_shape().block_size);
+    return int64_t(std::min(blocks, double(INT32_MAX)));
+}
+
+std::unique_ptr<Engine> make_local_engine(Model& model, const EngineOptions& opt, double kv_cache_gb) {
+    if (model.kv_blocks() == 0) model.allocate_kv(kv_blocks_for(model, model.backend(), kv_cache_gb, opt.max_seqs));
+    EngineOptions engine_opt = opt;
+    engine_opt.kv_blocks = model.kv_blocks();
+    return std::make_unique<Engine>(model, PipelineLinks{}, engine_opt);
+}
+
+bool checkpoint_is_quantized(const TensorSource& src) {
+    const std::string probe = "model.layers.0.mlp.down_proj.weight";
+    return src.has(probe) && dtype_is_block(src.info(probe).dtype);
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A lower bound of this rank's host memory for weights (1 byte per parameter, int8 being the
+// narrowest kept form) plus an explicit KV budget, against the machine's physical memory: a config
+// that cannot fit (vocab_size 2^31 - 1 with random weights) is refused with numbers before anything
+// is allocated. (The default KV budget is sized from free memory after the weights.)
+void check_host_memory(const ModelConfig& cfg, const BuildOptions& opt) {
+    const double ranks = double(opt.tp) * double(opt.pp);
+    const double kv = opt.kv_cache_gb > 0 ? opt.kv_cache_gb * double(int64_t(1) << 30) : 0.0;
+    const double need = cfg.parameter_count_estimate() / ranks + kv;
+    const double phys = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+    LATTICE_CHECK(phys <= 0 || need <= phys,
+                  "{}: this rank needs at least {:.1f} GiB for its weights and KV cache, more than the {:.1f} GiB of "
+                  "memory of this machine (vocab_size {}, hidden_size {}, num_hidden_layers {})",
+                  cfg.source, need / double(1 << 30), phys / double(1 << 30), cfg.vocab, cfg.hidden, cfg.n_layers);
+}
+
+ParallelContext make_context(const BuildOptions& opt) {
+    check_layout_sizes(opt.tp, opt.pp);
+    WaitPolicy policy;
+    policy.timeout_s = opt.comm_timeout;
+    policy.shared_memory = opt.comm_shared_memory;
+    ParallelContext ctx =
+        (opt.tp * opt.pp > 1 || opt.mpi) ? make_parallel_context(opt.tp, opt.pp, policy) : make_local_context();
+    if (opt.on_context) opt.on_context(ctx.world);
+    return ctx;
+}
+
+// On a device backend the TP and PP groups move device memory: the backend's communicator over
+// the same ranks replaces the host group, which stays alive underneath (NCCL bootstraps over it).
+std::unique_ptr<Communicator> device_group(std::unique_ptr<Communicator> host, Backend& backend, const char* name,
+                                           double timeout, RankRuntime& rt) {
+    std::unique_ptr<Communicator> dev = backend.make_group_comm(*host, name, timeout);
+    if (!dev) return host;
+    rt.host_groups.push_back(std::move(host));
+    return dev;
+}
+
+// A converted checkpoint runs as it was converted: quantization and stage split come from it, and
+// settings that contradict it are refused with both named.
+void follow_prepared(BuildOptions& opt, const PreparedLayout& prepared) {
+    const QuantMode quant = parse_quant_mode(prepared.quant);
+    if (opt.quant_auto) {
+        opt.model.quant = quant;
+        opt.model.quant_head = prepared.quant_head;
+    }
+    LATTICE_CHECK(opt.model.quant == quant && opt.model.quant_head == prepared.quant_head,
+                  "{}: converted with --quant {}{}, but this run asks for --quant {}{}: use --quant auto (or {})",
+                  prepared.folder, prepared.quant, prepared.quant_head ? " --quant-head" : "",
+                  quant_mode_name(opt.model.quant), opt.model.quant_head ? " --quant-head" : "", prepared.quant);
+    LATTICE_CHECK(opt.model.smooth_path.empty(),
+                  "{}: SmoothQuant factors are folded in at conversion ({}); drop --smooth", prepared.folder,
+                  prepared.smooth.empty() ? "none were given then" : prepared.smooth);
+    if (opt.pp_layers.empty()) opt.pp_layers = prepared.stage_layers;
+    LATTICE_CHECK(opt.pp_layers == prepared.stage_layers,
+                  "{}: converted with {} layers per stage; --pp-layers asks for {}", prepared.folder,
+                  fmt::join(prepared.stage_layers, ","), fmt::join(opt.pp_layers, ","));
+}
+
+RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const TensorSource& src,
+                     Clock::time_point t0) {
+    BuildOptions opt = requested;
+    if (const PreparedLayout* prepared = src.prepared()) {
+        follow_prepared(opt, *prepared);
+    } else if (opt.quant_auto && checkpoint_is_quantized(src)) {
+        opt.model.quant = QuantMode::kW8A8;
+        opt.model.quant_head = true;
+    }
+    RankRuntime rt;
+    rt.world = ctx.world;
+    BackendOptions backend_opt = opt.backend;
+    if (resolve_backend_kind(backend_opt.kind) == BackendKind::kCuda) {
+        backend_opt.cuda_device = ctx.world.device(opt.devices);
+        process_identity().device = backend_opt.cuda_device;
+    }
+    rt.backend = make_backend(backend_opt);
+    ctx.tp = device_group(std::move(ctx.tp), *rt.backend, "tp", opt.comm_timeout, rt);
+    ctx.pp_world = device_group(std::move(ctx.pp_world), *rt.backend, "pp", opt.comm_timeout, rt);
+    const ModelOptions model_opt = rank_model_options(opt.model, ctx.world, src.config().n_layers, opt.pp_layers);
+    if (rt.backend->device() == Device::kCpu) check_host_memory(src.config(), opt);
+    try {
+        rt.model = std::make_unique<Model>(src, *rt.backend, model_opt, ctx.tp.get());
+    } catch (const std::bad_alloc&) {
+        LATTICE_FAIL("out of memory loading {} on this rank ({:.2f} G parameters in the model)", src.describe(),
+                     src.config().parameter_count_estimate() * 1e-9);
+    }
+    int64_t blocks =
+        opt.kv_blocks > 0 ? opt.kv_blocks : kv_blocks_for(*rt.model, *rt.backend, opt.kv_cache_gb, opt.engine.max_seqs);
+    rt.checkpoint_bytes_read = {rt.model->checkpoint_bytes_read()};
+    if (ctx.world.world > 1) {  // the leader's block ids must exist on every rank
+        const int W = ctx.world.world;
+        int64_t mine[2] = {blocks, rt.model->checkpoint_bytes_read()};
+        std::vector<int64_t> all(size_t(2 * W));
+        ctx.world_comm->all_gather(View::contiguous(all.data(), DType::kI64, {2 * W}),
+                                   View::contiguous(mine, DType::kI64, {2}));
+        rt.checkpoint_bytes_read.assign(size_t(W), 0);
+        for (int r = 0; r < W; ++r) {
+            blocks = std::min(blocks, all[size_t(2 * r)]);
+            rt.checkpoint_bytes_read[size_t(r)] = all[size_t(2 * r + 1)];
+        }
+    }
+    rt.model->allocate_kv(blocks);
+    EngineOptions engine_opt = opt.engine;
+    engine_opt.kv_blocks = blocks;
+    if (opt.micro_batch > 0) engine_opt.step_tokens = opt.micro_batch;
+    engine_opt.heartbeat_s = std::min(engine_opt.heartbeat_s, opt.comm_timeout / 4);
+    rt.engine = std::make_unique<Engine>(*rt.model, rank_pipeline_links(ctx), engine_opt);
+    rt.tp_comm = std::move(ctx.tp);
+    rt.pp_comm = std::move(ctx.pp_world);
+    rt.world_comm = std::move(ctx.world_comm);
+    rt.load_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    LOG_INFO(
+        "{}: loaded {} on {} in {:.2f} s ({:.1f} MiB of weights on this rank, {:.1f} MiB read from the checkpoint, "
+        "quant {}; KV cache {} blocks of {} = {:.1f} MiB)",
+        rt.world.describe(), src.describe(), rt.backend->name(), rt.load_seconds,
+        double(rt.model->weight_bytes()) / (1 << 20), double(rt.model->checkpoint_bytes_read()) / (1 << 20),
+        quant_mode_name(model_opt.quant), blocks, rt.model->attention_shape().block_size,
+        double(blocks * rt.model->kv_bytes_per_block()) / (1 << 20));
+    return rt;
+}
+
+}  // namespace
+
+RankRuntime build(const BuildOptions& opt, const TensorSource& src) {
+    const auto t0 = Clock::now();
+    return build_in(opt, make_context(opt), src, t0);
+}
+
+RankRuntime build(const BuildOptions& opt, const ModelSpec& spec) {
+    const auto t0 = Clock::now();
+    ParallelContext ctx = make_context(opt);
+    std::unique_ptr<TensorSource> src = open_spec(spec, ctx.world);
+    return build_in(opt, std::move(ctx), *src, t0);  // src (and its file mappings) dies here
+}
+
+}  // namespace lattice
