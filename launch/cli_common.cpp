@@ -51,7 +51,9 @@ void ModelArgs::add_to(CLI::App* cmd) {
     cmd->add_option("--max-seq", max_seq,
                     fmt::format("KV cache positions per sequence (0: min(max_position_embeddings, {}))", kDefaultMaxSeq))
         ->check(int_range(0, INT32_MAX));
-    cmd->add_option("--max-batch-tokens", max_batch_tokens, "Tokens per forward pass (prompt chunk size)")
+    cmd->add_option("--max-batch-tokens", max_batch_tokens,
+                    "Prompt tokens per step (the prompt chunk); each step also holds one decode token per running "
+                    "sequence")
         ->check(int_range(1, 1 << 20));
     cmd->add_option("--kv-cache-gb", kv_cache_gb,
                     "KV cache per rank in GiB (0: 90% of free GPU memory after weights; CPU: min(2, 10% of available "
@@ -67,7 +69,7 @@ void ModelArgs::add_to(CLI::App* cmd) {
     cmd->add_option("--tp", tp, "Tensor-parallel ranks")->check(tp_flag_range());
     cmd->add_option("--pp", pp, "Pipeline-parallel stages")->check(pp_flag_range());
     cmd->add_option("--pp-layers", pp_layers, "Layers per pipeline stage, e.g. 20,20,21,19");
-    cmd->add_option("--micro-batch", micro_batch, "Prompt tokens per pipeline micro-batch (0: --max-batch-tokens)")
+    cmd->add_option("--micro-batch", micro_batch, "Prompt tokens per pipeline micro-batch step (0: --max-batch-tokens)")
         ->check(int_range(0, 1 << 20));
     cmd->add_option("--comm-timeout", comm_timeout, "Seconds before a silent peer is declared dead (0.1 .. 1 week)")
         ->check(real_range(0.1, 7 * 86400.0));

@@ -129,7 +129,7 @@ double percentile(std::vector<double> v, double q) {
 // What a batch run did, for the summary line and --stats-json.
 struct BatchTotals {
     int64_t total = 0, already = 0, done = 0, errors = 0, prompt_tokens = 0, gen_tokens = 0, abandoned = 0;
-    std::vector<double> ttfts;
+    std::vector<double> ttfts, queues;  // per request: to its first token; in the engine's queue
     Clock::time_point first_admit{}, last_done{}, last_first_token{};
     double run_seconds() const {
         return first_admit == Clock::time_point{} ? 0 : std::chrono::duration<double>(last_done - first_admit).count();
@@ -225,6 +225,7 @@ private:
         auto it = running_.find(ev.id);
         if (it == running_.end()) return;
         Running& r = it->second;
+        if (ev.queue_seconds >= 0) t_.queues.push_back(ev.queue_seconds);
         if (ev.token >= 0) {
             if (r.ttft < 0) {
                 r.ttft = std::chrono::duration<double>(Clock::now() - r.admitted).count();
@@ -287,6 +288,8 @@ void write_batch_stats(const std::string& path, const BatchTotals& t, const Rank
                      {"ttft_mean_s", t.ttfts.empty() ? 0.0 : ttft_sum / double(t.ttfts.size())},
                      {"ttft_p50_s", percentile(t.ttfts, 0.5)},
                      {"ttft_p90_s", percentile(t.ttfts, 0.9)},
+                     {"queue_p50_s", percentile(t.queues, 0.5)},
+                     {"queue_p90_s", percentile(t.queues, 0.9)},
                      {"preemptions", s1.preemptions - s0.preemptions},
                      {"peak_kv_blocks", s1.peak_blocks},
                      {"kv_blocks", client.scheduler().pool().num_blocks()},

@@ -140,6 +140,7 @@ ApiRequest parse_api_request(const json& b, bool chat, const Tokenizer* tok, con
     q.max_tokens = max_tokens;
     q.min_tokens = integer(b, "min_tokens", 0, INT32_MAX, 0);
     q.ignore_eos = boolean(b, "ignore_eos", false);
+    q.priority = integer(b, "priority", INT32_MIN, INT32_MAX, 0);
     q.sampling.temperature = float(number(b, "temperature", 0.0, 100.0, 1.0));
     q.sampling.top_p = float(number(b, "top_p", 1e-9, 1.0, 1.0));
     const int64_t top_k = integer(b, "top_k", -1, INT32_MAX, 0);

@@ -7,7 +7,7 @@
 // strings), stream, stream_options.include_usage, n (1 only), presence_penalty and frequency_penalty
 // (OpenAI's, [-2, 2], over the generated tokens), and vLLM's ignore_eos, min_tokens, min_p and
 // repetition_penalty (over prompt and output: the whole sequence, unless repeat_last_n, llama.cpp's
-// window, says fewer tokens). Sampling semantics: runtime/engine/sampler.h, shared with the CLI.
+// window, says fewer tokens), and vLLM's priority (an integer, lower runs first; default 0). Sampling semantics: runtime/engine/sampler.h, shared with the CLI.
 // Unknown fields are ignored (clients send extras such as "user"); a known field of the wrong type
 // or out of range is an Error whose message names the field.
 // Defaults: completions max_tokens 16 (OpenAI's); chat: the rest of the context (kRestOfContext to

@@ -87,6 +87,7 @@ void EngineLoop::apply(const ClientEvent& ev) {
             metrics_.observe_ttft(seconds(now - l.ticket->arrived));
         else
             metrics_.observe_itl(seconds(now - l.last_token));
+        if (ev.queue_seconds >= 0) metrics_.observe_queue(ev.queue_seconds);
         l.last_token = now;
         ++l.completion_tokens;
         ++totals_.tokens;

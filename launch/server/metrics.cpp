@@ -28,7 +28,8 @@ void Histogram::render(std::string& out, std::string_view name, std::string_view
 
 Metrics::Metrics()
     : ttft_({0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}),
-      itl_({0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5}) {}
+      itl_({0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5}),
+      queue_({0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}) {}
 
 void Metrics::count_response(std::string_view route, int status) {
     std::lock_guard lock(mu_);
@@ -63,6 +64,11 @@ void Metrics::observe_ttft(double seconds) {
 void Metrics::observe_itl(double seconds) {
     std::lock_guard lock(mu_);
     itl_.observe(seconds);
+}
+
+void Metrics::observe_queue(double seconds) {
+    std::lock_guard lock(mu_);
+    queue_.observe(seconds);
 }
 
 void Metrics::set_engine(const EngineGauges& g) {
@@ -113,6 +119,8 @@ std::string Metrics::render() const {
     scalar("ready", "gauge", "1 once the model is loaded on every rank.", ready_ ? 1 : 0);
     ttft_.render(out, "lattice_time_to_first_token_seconds", "Time from request arrival to its first token.");
     itl_.render(out, "lattice_inter_token_latency_seconds", "Time between consecutive tokens of a request.");
+    queue_.render(out, "lattice_request_queue_seconds",
+                  "Time from a request's arrival in the engine to its first scheduling (its priority's queue).");
     return out;
 }
 

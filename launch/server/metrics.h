@@ -8,7 +8,8 @@
 // Names (all prefixed lattice_): http_requests_total{route,code}, requests_finished_total{reason},
 // prompt_tokens_total, generation_tokens_total, prefix_cache_hit_tokens_total, preemptions_total,
 // client_disconnects_total, requests_running, requests_waiting, kv_blocks_used, kv_blocks_total,
-// http_connections, ready, time_to_first_token_seconds and inter_token_latency_seconds (histograms).
+// http_connections, ready, time_to_first_token_seconds, inter_token_latency_seconds and
+// request_queue_seconds (histograms; the queue: arrival in the engine to its first scheduling).
 // Route labels come from a fixed set (unknown paths are "other"), so label cardinality is bounded.
 #pragma once
 
@@ -53,6 +54,7 @@ public:
     void connection_closed();
     void observe_ttft(double seconds);
     void observe_itl(double seconds);
+    void observe_queue(double seconds);
     void set_engine(const EngineGauges& g);
     void set_ready(bool ready);
     std::string render() const;
@@ -65,7 +67,7 @@ private:
     int64_t disconnects_ = 0, connections_ = 0;
     bool ready_ = false;
     EngineGauges engine_;
-    Histogram ttft_, itl_;
+    Histogram ttft_, itl_, queue_;
 };
 
 }  // namespace lattice::serve

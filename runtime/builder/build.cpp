@@ -159,7 +159,13 @@ RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const T
     rt.backend = make_backend(backend_opt);
     ctx.tp = device_group(std::move(ctx.tp), *rt.backend, "tp", opt.comm_timeout, rt);
     ctx.pp_world = device_group(std::move(ctx.pp_world), *rt.backend, "pp", opt.comm_timeout, rt);
-    const ModelOptions model_opt = rank_model_options(opt.model, ctx.world, src.config().n_layers, opt.pp_layers);
+    ModelOptions model_opt = rank_model_options(opt.model, ctx.world, src.config().n_layers, opt.pp_layers);
+    // A step holds the prompt budget (--micro-batch, else --max-batch-tokens) and one decode token per
+    // running sequence of its micro-batch: the model's rows make room for both, so a small budget
+    // bounds prompt chunks, never how many sequences run.
+    const int64_t step_budget = opt.micro_batch > 0 ? opt.micro_batch : opt.model.max_batch_tokens;
+    const int64_t decode_rows = (opt.engine.max_seqs + ctx.world.pp - 1) / ctx.world.pp;
+    model_opt.max_batch_tokens = std::max(model_opt.max_batch_tokens, step_budget + decode_rows);
     if (rt.backend->device() == Device::kCpu) check_host_memory(src.config(), opt);
     try {
         rt.model = std::make_unique<Model>(src, *rt.backend, model_opt, ctx.tp.get());
@@ -185,7 +191,7 @@ RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const T
     rt.model->allocate_kv(blocks);
     EngineOptions engine_opt = opt.engine;
     engine_opt.kv_blocks = blocks;
-    if (opt.micro_batch > 0) engine_opt.step_tokens = opt.micro_batch;
+    engine_opt.step_tokens = step_budget;
     engine_opt.heartbeat_s = std::min(engine_opt.heartbeat_s, opt.comm_timeout / 4);
     rt.engine = std::make_unique<Engine>(*rt.model, rank_pipeline_links(ctx), engine_opt);
     rt.tp_comm = std::move(ctx.tp);

@@ -43,8 +43,12 @@ bool BlockPool::allocate(int64_t n, std::vector<int32_t>& out) {
     return true;
 }
 
+// A sequence's blocks go back tail first: the free list is used from its front, so the tail of a
+// cached prefix is evicted before its head, which every later lookup of the prefix needs first (a
+// block is only found after its parent). vLLM's free queue does the same.
 void BlockPool::release(std::span<const int32_t> blocks) {
-    for (int32_t b : blocks) {
+    for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+        const int32_t b = *it;
         LATTICE_CHECK(b >= 0 && b < int32_t(ref_.size()) && ref_[size_t(b)] > 0,
                       "KV cache: release of block {} that is not held", b);
         if (--ref_[size_t(b)] == 0) {

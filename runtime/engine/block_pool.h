@@ -4,7 +4,8 @@
 //
 // Blocks are reference counted. A block whose count drops to 0 goes to the free list; with prefix
 // caching a full block also stays findable by the hash of its tokens (and of every token before
-// it) until it is reallocated, least recently freed first. lookup() revives such a block (or shares
+// it) until it is reallocated, least recently freed first; a sequence's blocks are freed tail first,
+// so the head of a prefix, which every lookup needs, is evicted last. lookup() revives such a block (or shares
 // a live one) for a sequence whose prompt starts with the same tokens, so shared system prompts are
 // computed once.
 // Invariant (checked by tests after every run): when no sequence holds a block, num_free() ==
@@ -33,7 +34,8 @@ public:
     // Appends n blocks to `out` (reference count 1), evicting cached free blocks least recently
     // freed first. Returns false and allocates nothing when fewer than n are free.
     bool allocate(int64_t n, std::vector<int32_t>& out);
-    // Drops one reference of each block.
+    // Drops one reference of each block; those freed go to the free list tail first (`blocks` in a
+    // sequence's order: its head block is evicted last).
     void release(std::span<const int32_t> blocks);
 
     // Prefix caching. The hash of a full block chains the hash of the block before it (0 for the

@@ -36,6 +36,7 @@ ClientEvent RequestOutput::apply(const TokenEvent& ev) {
     if (ev.token >= 0) {
         e.token = ev.token;
         e.logprob = ev.logprob;
+        e.queue_seconds = ev.queue_seconds;
         ++completion_tokens_;
         // A token that ended the output by kStop is eos / a stop id: returned, but not text.
         if (text_ && ev.finish != FinishReason::kStop) {
@@ -89,6 +90,7 @@ int64_t EngineClient::submit(ClientRequest r) {
     e.min_tokens = r.min_tokens;
     e.sampling = r.sampling;
     e.ignore_eos = r.ignore_eos;
+    e.priority = r.priority;
     e.stop_ids = std::move(r.stop_token_ids);
     if (tok_ && !r.ignore_eos)  // <|im_end|>, <|eot_id|> ... end a turn as eos does
         for (int32_t id : tok_->eog_ids()) e.stop_ids.push_back(id);

@@ -45,6 +45,7 @@ struct ClientRequest {
     std::vector<std::string> stop;        // stop strings (need a tokenizer)
     std::vector<int32_t> stop_token_ids;  // ids that end the output (besides eos / end-of-generation)
     bool ignore_eos = false;
+    int64_t priority = 0;  // lower runs first; first come first served within a level
 };
 
 struct ClientEvent {
@@ -55,6 +56,7 @@ struct ClientEvent {
     FinishReason finish = FinishReason::kNone;  // not kNone: the request's last event
     bool context_full = false;  // kLength because the context is full, not max_tokens
     bool drained = false;       // kCancelled by a drain's deadline
+    double queue_seconds = -1;  // on a request's first token: submit to its first scheduling
     int64_t prompt_tokens = 0;     // the last event: usage
     int64_t completion_tokens = 0;
 };

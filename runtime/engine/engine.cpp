@@ -54,8 +54,12 @@ Engine::Engine(Model& model, PipelineLinks links, const EngineOptions& opt) : mo
         pool_ = std::make_unique<BlockPool>(model_.kv_blocks() - (graphs_on_ ? 1 : 0),
                                             model_.attention_shape().block_size, opt_.prefix_caching);
         SchedulerOptions so;
+        // A step holds the decode tokens of its running sequences, then up to step_tokens prompt
+        // tokens, all within the model's rows (the builder sizes them for max_seqs decodes beside
+        // the budget, so the budget never caps how many sequences run).
         const int64_t mbt = model_.options().max_batch_tokens;
         so.step_tokens = opt_.step_tokens > 0 ? std::min(opt_.step_tokens, mbt) : mbt;
+        so.step_capacity = mbt;
         so.max_seqs = opt_.max_seqs;
         so.max_seq = model_.max_seq();
         so.micro_batches = stages_;

@@ -46,7 +46,10 @@ struct EngineOptions {
     int64_t kv_blocks = 0;  // blocks of the paged cache (the model's allocate_kv size)
     bool prefix_caching = true;
     int64_t max_seqs = 64;     // running sequences at most
-    int64_t step_tokens = 0;   // tokens per step; 0: the model's max_batch_tokens
+    // Prompt tokens per step (0: the model's max_batch_tokens); a step also holds one decode token
+    // per running sequence of its micro-batch, all within the model's max_batch_tokens rows (the
+    // builder sizes them: the budget plus ceil(max_seqs / stages)).
+    int64_t step_tokens = 0;
     double heartbeat_s = 5.0;  // an idle leader pings the followers at least this often
     // Decode steps as captured step graphs (CUDA graphs) on a backend that has them, one per
     // batch-size bucket (powers of two up to max_seqs), padded with dummy sequences on a reserved

@@ -66,64 +66,103 @@ void Sampler::accept(int32_t token) {
     if (p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) ++counts_[token];
 }
 
-int32_t Sampler::sample(const float* raw, int64_t n, std::span<const int32_t> recent) {
-    const float* logits = penalize(raw, n, recent);
-    int32_t chosen = -1;
-    if (p_.temperature == 0.0f) {
-        chosen = argmax(logits, n);
-    } else {
-        cand_.resize(size_t(n));
-        // (logit - max) / T is <= 0 for every T > 0: a tiny temperature (1e-38) sends the others to -inf
-        // (probability 0, i.e. greedy) instead of overflowing logit / T to inf and inf - inf to NaN.
-        const float top = logits[argmax(logits, n)];
-        for (int64_t i = 0; i < n; ++i) cand_[size_t(i)] = {(logits[i] - top) / p_.temperature, int32_t(i)};
-        auto by_logit = [](const auto& a, const auto& b) {
-            return a.first > b.first || (a.first == b.first && a.second < b.second);
-        };
-        size_t keep = cand_.size();
-        if (p_.top_k > 0 && size_t(p_.top_k) < keep) {
-            keep = size_t(p_.top_k);
-            std::partial_sort(cand_.begin(), cand_.begin() + ptrdiff_t(keep), cand_.end(), by_logit);
+namespace sampling_detail {
+
+bool before_by_weight(const Candidate& a, const Candidate& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+}
+
+size_t nucleus_prefix(std::span<Candidate> c, double mass) {
+    // Quickselect on the cumulative weight: [0, lo) is in the nucleus, the cut lies in [lo, hi].
+    size_t lo = 0, hi = c.size();
+    double need = mass;
+    while (hi - lo > 32) {
+        const size_t mid = lo + (hi - lo) / 2;
+        std::nth_element(c.begin() + ptrdiff_t(lo), c.begin() + ptrdiff_t(mid), c.begin() + ptrdiff_t(hi),
+                         before_by_weight);
+        double upper = 0;
+        for (size_t i = lo; i < mid; ++i) upper += c[i].first;
+        if (upper >= need) {
+            hi = mid;
         } else {
-            std::sort(cand_.begin(), cand_.end(), by_logit);
-        }
-        cand_.resize(keep);
-        const float mx = cand_[0].first;
-        double sum = 0;
-        for (auto& c : cand_) {
-            c.first = std::exp(c.first - mx);
-            sum += c.first;
-        }
-        if (p_.top_p < 1.0f) {
-            double acc = 0;
-            size_t k = 0;
-            while (k < cand_.size()) {
-                acc += cand_[k].first / sum;
-                ++k;
-                if (acc >= p_.top_p) break;
-            }
-            cand_.resize(k);
-        }
-        if (p_.min_p > 0.0f) {
-            // cand_ is sorted: cand_[0] holds p_max (weight exp(0) = 1), the rest follow in order.
-            const double floor = double(p_.min_p) * double(cand_[0].first);
-            size_t k = 1;
-            while (k < cand_.size() && double(cand_[k].first) >= floor) ++k;
-            cand_.resize(k);
-        }
-        sum = 0;
-        for (auto& c : cand_) sum += c.first;
-        std::uniform_real_distribution<double> u(0.0, sum);
-        double r = u(rng_), acc = 0;
-        chosen = cand_.back().second;
-        for (auto& c : cand_) {
-            acc += c.first;
-            if (r < acc) {
-                chosen = c.second;
-                break;
-            }
+            need -= upper;
+            lo = mid;
         }
     }
+    std::sort(c.begin() + ptrdiff_t(lo), c.begin() + ptrdiff_t(hi), before_by_weight);
+    double acc = 0;
+    size_t k = lo;
+    while (k < hi) {
+        acc += c[k++].first;
+        if (acc >= need) break;
+    }
+    return k;
+}
+
+}  // namespace sampling_detail
+
+// Never sorts the vocabulary: the candidates are the tokens within `window` of the top (scaled)
+// logit (the others weigh < e^-window each, together < 2^-24 of the top token alone, below float32's
+// resolution of the sums: never drawn before either), top-k is a selection, top-p a quickselect on
+// the cumulative weight, min-p a filter (the top token weighs exp(0) = 1 and is always kept).
+int32_t Sampler::sample_scaled(const float* logits, int64_t n) {
+    using sampling_detail::Candidate;
+    using sampling_detail::before_by_weight;
+    const float t = p_.temperature;
+    cand_.clear();
+    if (p_.top_k > 0 && p_.top_k < n) {
+        // The k most likely in one pass: a heap whose top is the least likely kept (logit order is
+        // the scaled order, T > 0); most tokens cost one comparison with it.
+        const size_t k = size_t(p_.top_k);
+        for (int64_t i = 0; i < n; ++i) {
+            const Candidate c{logits[i], int32_t(i)};
+            if (cand_.size() < k) {
+                cand_.push_back(c);
+                std::push_heap(cand_.begin(), cand_.end(), before_by_weight);
+            } else if (before_by_weight(c, cand_.front())) {
+                std::pop_heap(cand_.begin(), cand_.end(), before_by_weight);
+                cand_.back() = c;
+                std::push_heap(cand_.begin(), cand_.end(), before_by_weight);
+            }
+        }
+        float top = cand_.front().first;
+        for (const Candidate& c : cand_) top = std::max(top, c.first);
+        // (logit - max) / T is <= 0 for every T > 0: a tiny temperature (1e-38) sends the others to
+        // -inf (weight 0, i.e. greedy) instead of overflowing logit / T to inf and inf - inf to NaN.
+        for (Candidate& c : cand_) c.first = (c.first - top) / t;
+    } else {
+        const float top = logits[argmax(logits, n)];
+        // min-p drops tokens below min_p of the top's probability anyway: a narrower window (not with
+        // top-p, whose nucleus is a share of every token's mass).
+        float window = float(std::log(double(n)) + 24.0 * std::log(2.0));
+        if (p_.min_p > 0.0f && p_.top_p >= 1.0f) window = std::min(window, -std::log(p_.min_p) + 1e-3f);
+        const float floor = top - window * t;
+        for (int64_t i = 0; i < n; ++i)
+            if (logits[i] >= floor) cand_.push_back({(logits[i] - top) / t, int32_t(i)});
+    }
+    double sum = 0;
+    for (Candidate& c : cand_) {
+        c.first = std::exp(c.first);
+        sum += c.first;
+    }
+    if (p_.top_p < 1.0f) cand_.resize(sampling_detail::nucleus_prefix(cand_, double(p_.top_p) * sum));
+    if (p_.min_p > 0.0f)
+        std::erase_if(cand_, [&](const Candidate& c) { return double(c.first) < double(p_.min_p); });
+    sum = 0;
+    for (const Candidate& c : cand_) sum += c.first;
+    std::uniform_real_distribution<double> u(0.0, sum);
+    const double r = u(rng_);
+    double acc = 0;
+    for (const Candidate& c : cand_) {
+        acc += c.first;
+        if (r < acc) return c.second;
+    }
+    return cand_.back().second;
+}
+
+int32_t Sampler::sample(const float* raw, int64_t n, std::span<const int32_t> recent) {
+    const float* logits = penalize(raw, n, recent);
+    const int32_t chosen = p_.temperature == 0.0f ? argmax(logits, n) : sample_scaled(logits, n);
     if (p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) ++counts_[chosen];
     return chosen;
 }

@@ -13,12 +13,16 @@
 //     (1 = all), then the ids with p >= min_p * p_max (0 = all; p_max is the most likely token,
 //     which is always kept, so min_p and top_p intersect in either order);
 //  4. renormalize, draw with a seeded mt19937_64 — the same seed gives the same tokens on every run.
+// Cost: no sort of the vocabulary (a top-p set is found by a quickselect on the cumulative weight,
+// top-k by a selection); tokens more than ln(vocab) + 24 ln 2 below the top scaled logit, which
+// together weigh less than 2^-24 of the top token, are never candidates.
 #pragma once
 
 #include <cstdint>
 #include <random>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace lattice {
@@ -42,6 +46,17 @@ struct SamplingParams {
 
 int32_t argmax(const float* logits, int64_t n);
 
+// Sampling internals, public for their tests.
+namespace sampling_detail {
+using Candidate = std::pair<float, int32_t>;  // weight (or scaled logit), token id
+// Larger weight first, equal weights by lower id (a total order: kept sets are exact, ties included).
+bool before_by_weight(const Candidate& a, const Candidate& b);
+// Reorders `c` so that its first k entries are the shortest prefix of `c` in before_by_weight order
+// whose weights sum to at least `mass`, and returns k (c.size() when they never do). Expected O(n):
+// a quickselect on the cumulative weight, sorting at most a few dozen entries.
+size_t nucleus_prefix(std::span<Candidate> c, double mass);
+}  // namespace sampling_detail
+
 class Sampler {
 public:
     explicit Sampler(const SamplingParams& p);
@@ -61,10 +76,11 @@ public:
 
 private:
     const float* penalize(const float* logits, int64_t n, std::span<const int32_t> recent);
+    int32_t sample_scaled(const float* logits, int64_t n);  // temperature > 0
 
     SamplingParams p_;
     std::mt19937_64 rng_;
-    std::vector<std::pair<float, int32_t>> cand_;
+    std::vector<sampling_detail::Candidate> cand_;
     std::vector<float> work_;                       // the penalized row
     std::unordered_map<int32_t, int32_t> counts_;   // generated id -> times (presence / frequency)
     std::vector<int32_t> seen_;                     // scratch: distinct ids of `recent`

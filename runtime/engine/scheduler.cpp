@@ -23,9 +23,11 @@ std::string_view finish_reason_name(FinishReason r) {
 
 Scheduler::Scheduler(const SchedulerOptions& opt, BlockPool& pool) : opt_(opt), pool_(pool) {
     LATTICE_CHECK(
-        opt_.step_tokens >= 1 && opt_.max_seqs >= 1 && opt_.max_seq >= 1 && opt_.micro_batches >= 1 && opt_.vocab >= 1,
-        "scheduler: step tokens {}, max seqs {}, max seq {}, micro-batches {}, vocab {} (all must be >= 1)",
-        opt_.step_tokens, opt_.max_seqs, opt_.max_seq, opt_.micro_batches, opt_.vocab);
+        opt_.step_tokens >= 1 && opt_.max_seqs >= 1 && opt_.max_seq >= 1 && opt_.micro_batches >= 1 && opt_.vocab >= 1 &&
+            (opt_.step_capacity == 0 || opt_.step_capacity >= opt_.step_tokens),
+        "scheduler: step tokens {}, max seqs {}, max seq {}, micro-batches {}, vocab {} (all must be >= 1), step "
+        "capacity {} (0 or >= step tokens)",
+        opt_.step_tokens, opt_.max_seqs, opt_.max_seq, opt_.micro_batches, opt_.vocab, opt_.step_capacity);
 }
 
 int64_t Scheduler::waiting() const {
@@ -64,6 +66,7 @@ int64_t Scheduler::add(EngineRequest req) {
     s.tokens = req.prompt;
     s.prompt_len = int64_t(req.prompt.size());
     s.req = std::move(req);
+    s.arrived = std::chrono::steady_clock::now();
     if (s.req.max_new_tokens == 0)
         finish(s, FinishReason::kLength, finished_, -1, 0);
     else if (s.prompt_len >= opt_.max_seq)
@@ -83,10 +86,20 @@ std::vector<TokenEvent> Scheduler::take_finished() {
     return std::exchange(finished_, {});
 }
 
+std::vector<Scheduler::Seq*> Scheduler::by_priority() {
+    std::vector<Seq*> out;
+    out.reserve(seqs_.size());
+    for (auto& [id, s] : seqs_) out.push_back(&s);
+    std::stable_sort(out.begin(), out.end(), [](const Seq* a, const Seq* b) { return a->req.priority < b->req.priority; });
+    return out;
+}
+
 bool Scheduler::preempt_one(int64_t keep, const std::vector<int64_t>& in_plan) {
-    // The youngest running sequence that nothing in flight or in this plan uses.
-    for (auto it = seqs_.rbegin(); it != seqs_.rend(); ++it) {
-        Seq& v = it->second;
+    // The running sequence of the highest priority value (the youngest among equals) that nothing in
+    // flight or in this plan uses.
+    const std::vector<Seq*> order = by_priority();
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+        Seq& v = **it;
         if (!v.running || v.inflight > 0 || std::find(in_plan.begin(), in_plan.end(), v.id) != in_plan.end()) continue;
         pool_.release(v.blocks);
         v.blocks.clear();
@@ -187,14 +200,28 @@ StepPlan Scheduler::next(int64_t number) {
         in_plan.push_back(s.id);
     };
     auto ready = [&](const Seq& s) { return s.running && !s.awaiting && !s.cancelled; };
-    // 1. One decode token for each running sequence that waits for nothing, oldest first.
-    for (auto& [id, s] : seqs_) {
-        if (budget < 1 || int64_t(in_plan.size()) >= cap) break;
+    // 1. One decode token for each running sequence that waits for nothing, oldest first. Decodes
+    //    always fit (the engine sizes a step for them beside the prompt budget): a small budget bounds
+    //    prompt chunks, never how many sequences run.
+    //    A prompt's last token (one left to compute) goes here too, but from the prompt budget.
+    const int64_t capacity = opt_.step_capacity > 0 ? opt_.step_capacity : opt_.step_tokens;
+    int64_t decodes = 0, prompt_tails = 0;
+    const std::vector<Seq*> order = by_priority();
+    for (Seq* sp : order) {
+        Seq& s = *sp;
+        if (int64_t(in_plan.size()) >= cap || decodes + prompt_tails >= capacity) break;
         if (!ready(s) || int64_t(s.tokens.size()) - s.computed != 1) continue;
-        if (ensure_blocks(s, s.computed + 1, in_plan)) take(s, 1);
+        const bool tail = s.computed < s.prompt_len;  // not a sampled token: a prompt's last
+        if (tail && prompt_tails >= opt_.step_tokens) continue;
+        if (ensure_blocks(s, s.computed + 1, in_plan)) {
+            take(s, 1);
+            ++(tail ? prompt_tails : decodes);
+        }
     }
+    budget = std::min(opt_.step_tokens - prompt_tails, capacity - decodes - prompt_tails);  // for prompt tokens
     // 2. Prefill chunks of running sequences (chunked prompts, recomputation after preemption).
-    for (auto& [id, s] : seqs_) {
+    for (Seq* sp : order) {
+        Seq& s = *sp;
         if (budget < 1 || int64_t(in_plan.size()) >= cap) break;
         const int64_t left = int64_t(s.tokens.size()) - s.computed;
         if (!ready(s) || left <= 1) continue;
@@ -203,7 +230,8 @@ StepPlan Scheduler::next(int64_t number) {
     }
     // 3. Admit waiting sequences, oldest first, while there is room; never overtake one that waits.
     int64_t n_run = n_running;
-    for (auto& [id, s] : seqs_) {
+    for (Seq* sp : order) {
+        Seq& s = *sp;
         if (budget < 1 || int64_t(in_plan.size()) >= cap || n_run >= opt_.max_seqs) break;
         if (s.running || s.cancelled) continue;
         admit_prefix(s);
@@ -216,7 +244,10 @@ StepPlan Scheduler::next(int64_t number) {
             s.chain = 0;
             break;
         }
-        if (!s.admitted_before) stats_.prompt_tokens += s.prompt_len;
+        if (!s.admitted_before) {
+            stats_.prompt_tokens += s.prompt_len;
+            s.queue_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.arrived).count();
+        }
         s.admitted_before = true;
         s.running = true;
         ++n_run;
@@ -277,10 +308,12 @@ std::vector<TokenEvent> Scheduler::complete(const StepPlan& plan, std::span<cons
                 why = FinishReason::kLength;
             else if (int64_t(s.tokens.size()) >= opt_.max_seq)
                 why = FinishReason::kLength;  // the context is full
+            const double queued = s.generated() == 1 ? s.queue_seconds : -1;  // (finish may drop s)
             if (why != FinishReason::kNone)
                 finish(s, why, out, st.token, st.logprob);
             else
                 out.push_back(TokenEvent{s.id, st.token, st.logprob, FinishReason::kNone});
+            out.back().queue_seconds = queued;
         } else {
             register_full_blocks(s, ps.start + ps.count);
             if (s.cancelled && s.inflight == 0 && !s.awaiting) {

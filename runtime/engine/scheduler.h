@@ -2,9 +2,16 @@
 // each step feeds, and where their K/V go (paged, runtime/engine/block_pool.h).
 //
 // Policy (continuous batching with chunked prefill, like vLLM's):
-//  - a step holds at most `step_tokens` tokens: first one decode token for each running sequence
-//    waiting for nothing (oldest first), then prefill chunks of running or newly admitted sequences
-//    (oldest first: a waiting request is never overtaken), so long prompts share steps with decodes;
+//  - a step holds first one decode token for each running sequence waiting for nothing (oldest
+//    first; of its micro-batch with a pipeline), then at most `step_tokens` prompt tokens: prefill
+//    chunks of running or newly admitted sequences (oldest first: a waiting request is never
+//    overtaken), so long prompts share steps with decodes and a small budget bounds the chunks
+//    (the stall a decoding sequence sees), never how many sequences run; the whole step stays
+//    within `step_capacity` (the builder sizes it for max_seqs / micro_batches decodes beside the
+//    budget);
+//  - priority: every pass above goes by (priority, arrival), lower priority values first; a waiting
+//    request is never overtaken by one of its own level or below; preemption takes the running
+//    sequence of the highest value (the youngest among equals) first;
 //  - at most `max_seqs` sequences run; with a pipeline of P stages the running sequences are split
 //    into P micro-batches so P steps can be in flight (a sequence is in at most one step awaiting a
 //    sample; prefill chunks of one prompt may be in flight back to back);
@@ -19,6 +26,7 @@
 // more blocks than the pool holds) is refused by add() with the reason.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -48,6 +56,7 @@ struct EngineRequest {
     SamplingParams sampling;
     bool ignore_eos = false;  // the model's eos does not stop (stop ids still do)
     std::vector<int32_t> stop_ids;
+    int64_t priority = 0;     // lower runs first (vLLM's), first come first served within a level
 };
 
 struct TokenEvent {
@@ -55,10 +64,12 @@ struct TokenEvent {
     int32_t token = -1;  // -1: no token (a finish without one: cancelled, or nothing to generate)
     float logprob = 0;
     FinishReason finish = FinishReason::kNone;
+    double queue_seconds = -1;  // on a sequence's first token: from add() to its first admission
 };
 
 struct SchedulerOptions {
-    int64_t step_tokens = 256;  // tokens per step (micro-batch)
+    int64_t step_tokens = 256;  // prompt tokens per step, besides the decode tokens
+    int64_t step_capacity = 0;  // tokens a step can hold in all (the model's rows); 0: step_tokens
     int64_t max_seqs = 64;      // running sequences at most
     int64_t max_seq = 0;        // positions per sequence (context)
     int micro_batches = 1;      // pipeline stages: running sequences are spread over this many steps
@@ -110,12 +121,16 @@ private:
         bool running = false;   // admitted (holds blocks) vs waiting
         bool cancelled = false;
         bool admitted_before = false;  // counted in the prompt tokens (preemption re-admits)
+        std::chrono::steady_clock::time_point arrived;  // add()
+        double queue_seconds = -1;                      // add() to the first admission
         std::vector<int32_t> blocks;
         int64_t registered = 0;  // full blocks in the prefix cache
         uint64_t chain = 0;      // hash of the last registered block
         int64_t generated() const { return int64_t(tokens.size()) - prompt_len; }
     };
 
+    // The sequences by (priority, id): the order every pass of next() takes them in.
+    std::vector<Seq*> by_priority();
     bool ensure_blocks(Seq& s, int64_t positions, const std::vector<int64_t>& in_plan);
     bool preempt_one(int64_t keep, const std::vector<int64_t>& in_plan);
     void admit_prefix(Seq& s);

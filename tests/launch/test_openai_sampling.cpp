@@ -37,6 +37,9 @@ TEST_CASE("sampling fields map onto SamplingParams") {
     CHECK(d.frequency_penalty == 0.0f);
     CHECK(d.min_p == 0.0f);
     CHECK(d.repeat_penalty == 1.0f);
+    // vLLM's priority: an integer, lower first, default 0.
+    CHECK(parse_api_request(json{{"prompt", {1}}, {"priority", -3}}, false, nullptr, kLimits).client.priority == -3);
+    CHECK(parse_api_request(json{{"prompt", {1}}}, false, nullptr, kLimits).client.priority == 0);
 }
 
 TEST_CASE("out-of-range sampling fields are refused naming the field") {
@@ -44,7 +47,9 @@ TEST_CASE("out-of-range sampling fields are refused naming the field") {
                                                                                  {"frequency_penalty", -3},
                                                                                  {"min_p", 1.5},
                                                                                  {"repetition_penalty", 0},
-                                                                                 {"presence_penalty", "high"}}) {
+                                                                                 {"presence_penalty", "high"},
+                                                                                 {"priority", "high"},
+                                                                                 {"priority", 1.5}}) {
         const char* field = field_value.first;
         const json& value = field_value.second;
         CAPTURE(field);

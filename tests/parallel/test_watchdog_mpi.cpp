@@ -4,7 +4,8 @@
 //  - peers blocked outside the watchdog's loop (a plain MPI_Recv, which never services pings) are
 //    reported silent (no report) once the grace period ends: the case a timed-out rank turns into
 //    "no answer from rank N".
-// Ordering through MPI messages only: rank 0 releases the peers after each probe returns.
+// Ordering through MPI messages only: rank 0 releases the peers after each probe returns, and the
+// peers tell rank 0 when they have left poll_request before the second probe starts.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -47,6 +48,9 @@ TEST_CASE("ControlChannel::probe: polling peers report what they wait in; blocke
                 CHECK(reps[i]->now.peer == 0);
             }
             for (int p : peers) MPI_Send(&token, 1, MPI_INT, p, 1, data);
+            // Every peer has left poll_request (it says so) before the second probe: a peer still in
+            // it, slowed by a busy machine, would answer that probe too.
+            for (int p : peers) MPI_Recv(&token, 1, MPI_INT, p, 3, data, MPI_STATUS_IGNORE);
         } else {
             set_activity("watchdog-test", "recv", 7, 0);
             MPI_Request req = MPI_REQUEST_NULL;
@@ -55,6 +59,7 @@ TEST_CASE("ControlChannel::probe: polling peers report what they wait in; blocke
             p.timeout_s = 120.0;
             CHECK(poll_request(&req, MPI_STATUS_IGNORE, p, nullptr) == WaitResult::kDone);
             clear_activity();
+            MPI_Send(&token, 1, MPI_INT, 0, 3, data);
         }
 
         // 2. Peers blocked in a plain MPI_Recv never service pings: rank 0's probe gets no report from

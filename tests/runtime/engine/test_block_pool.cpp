@@ -1,13 +1,17 @@
 // BlockPool (runtime/engine/block_pool.h): allocation all-or-nothing, reference counts, release
 // errors, least-recently-freed reuse, and the prefix cache: a cached full block is found only for
 // the same tokens after the same parent, revived from the free list, shared with a count, and
-// forgotten once its block is reallocated.
+// forgotten once its block is reallocated; a released prefix is evicted tail first (its head stays
+// findable longest). The scheduler's step budget bounds prompt tokens, not how many sequences decode.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <span>
 #include <vector>
 
 #include "base/error.h"
 #include "runtime/engine/block_pool.h"
+#include "runtime/engine/scheduler.h"
 
 using namespace lattice;
 
@@ -72,6 +76,41 @@ TEST_CASE("prefix cache: found for the same tokens after the same parent, shared
     CHECK(p.num_free() == 4);
 }
 
+TEST_CASE("prefix cache: unrelated allocations evict a released prefix from its tail; its head stays findable") {
+    // 13 tokens in blocks of 4: three full (cacheable) blocks and a partial one, in a pool of 8.
+    std::vector<int32_t> prompt(13);
+    for (int i = 0; i < 13; ++i) prompt[size_t(i)] = 100 + i;
+    auto span_of = [&](int k) { return std::span<const int32_t>(prompt.data() + 4 * k, 4); };
+    std::vector<uint64_t> hashes;
+    for (int k = 0; k < 3; ++k) hashes.push_back(BlockPool::chain_hash(k == 0 ? 0 : hashes.back(), span_of(k)));
+    // The prompt's tokens cached, its blocks released, then `unrelated` blocks allocated; returns the
+    // cached tokens a repeat of the prompt finds, walking the chain from its head as the scheduler does.
+    auto found_after = [&](int64_t unrelated) {
+        BlockPool p(8, 4, true);
+        std::vector<int32_t> seq, other, got;
+        REQUIRE(p.allocate(4, seq));
+        for (int k = 0; k < 3; ++k) p.register_full(seq[size_t(k)], hashes[size_t(k)], k == 0 ? -1 : seq[size_t(k - 1)], span_of(k));
+        p.release(seq);
+        REQUIRE(p.allocate(unrelated, other));
+        int32_t parent = -1;
+        for (int k = 0; k < 3; ++k) {
+            const int32_t b = p.lookup(hashes[size_t(k)], parent, span_of(k));
+            if (b < 0) break;
+            got.push_back(b);
+            parent = b;
+        }
+        p.release(got);
+        p.release(other);
+        CHECK(p.num_free() == 8);
+        return int64_t(got.size()) * 4;
+    };
+    CHECK(found_after(0) == 12);
+    CHECK(found_after(5) == 12);  // the 4 never-used blocks, then the partial one (it held no prefix)
+    CHECK(found_after(6) == 8);   // then the tail block: the head two remain
+    CHECK(found_after(7) == 4);
+    CHECK(found_after(8) == 0);
+}
+
 TEST_CASE("without prefix caching nothing is cached") {
     BlockPool p(2, 2, false);
     std::vector<int32_t> a;
@@ -79,4 +118,83 @@ TEST_CASE("without prefix caching nothing is cached") {
     const std::vector<int32_t> t = {7, 8};
     p.register_full(a[0], BlockPool::chain_hash(0, t), -1, t);
     CHECK(p.lookup(BlockPool::chain_hash(0, t), -1, t) == -1);
+}
+
+TEST_CASE("scheduler: a prompt budget below max_seqs bounds the chunks, not how many sequences decode per step") {
+    // 8 sequences, a budget of 4 prompt tokens per step, room for all 8 decodes beside it.
+    BlockPool pool(64, 4, false);
+    SchedulerOptions o;
+    o.step_tokens = 4;
+    o.step_capacity = 4 + 8;
+    o.max_seqs = 8;
+    o.max_seq = 64;
+    o.vocab = 100;
+    Scheduler sched(o, pool);
+    for (int i = 0; i < 8; ++i) {
+        EngineRequest r;
+        r.prompt = {1, 2, 3};
+        r.max_new_tokens = 20;
+        r.ignore_eos = true;
+        sched.add(r);
+    }
+    int64_t most_decodes = 0, most_prompt = 0;
+    for (int64_t step = 1; step <= 40 && !sched.idle(); ++step) {
+        const StepPlan p = sched.next(step);
+        int64_t decodes = 0, prompt = 0, sampled = 0;
+        for (const PlanSeq& s : p.seqs) {
+            const bool decode = s.count == 1 && s.start >= 3;
+            decodes += decode;
+            prompt += decode ? 0 : s.count;
+            sampled += s.sample;
+        }
+        CHECK(prompt <= 4);                // the budget bounds the prompt tokens of a step ...
+        CHECK(decodes + prompt <= 4 + 8);  // ... and the step stays within its capacity
+        most_decodes = std::max(most_decodes, decodes);
+        most_prompt = std::max(most_prompt, prompt);
+        std::vector<SampledToken> tokens(size_t(sampled), SampledToken{7, -1.0f});
+        sched.complete(p, tokens);
+        sched.take_finished();
+    }
+    CHECK(most_decodes == 8);  // ... but every running sequence decodes in one step (it used to be 4)
+    CHECK(most_prompt == 4);
+    CHECK(sched.idle());
+    CHECK(pool.num_free() == 64);
+}
+
+TEST_CASE("scheduler: lower priority values run first, arrival order within a level; the first token says its queue time") {
+    BlockPool pool(32, 4, false);
+    SchedulerOptions o;
+    o.step_tokens = 64;
+    o.max_seqs = 1;  // one at a time: the order of admission is the order of the runs
+    o.max_seq = 64;
+    o.vocab = 100;
+    Scheduler sched(o, pool);
+    const std::vector<int64_t> priorities = {0, 5, -1, 0, 5};  // ids 0..4
+    for (int64_t prio : priorities) {
+        EngineRequest r;
+        r.prompt = {1, 2};
+        r.max_new_tokens = 2;
+        r.ignore_eos = true;
+        r.priority = prio;
+        sched.add(r);
+    }
+    std::vector<int64_t> started;
+    int64_t first_tokens = 0;
+    for (int64_t step = 1; step <= 40 && !sched.idle(); ++step) {
+        const StepPlan p = sched.next(step);
+        int64_t sampled = 0;
+        for (const PlanSeq& s : p.seqs) {
+            if (s.start == 0) started.push_back(s.id);
+            sampled += s.sample;
+        }
+        const std::vector<SampledToken> tokens(size_t(sampled), SampledToken{7, -1.0f});
+        for (const TokenEvent& ev : sched.complete(p, tokens)) {
+            if (ev.token < 0) continue;
+            if (ev.queue_seconds >= 0) ++first_tokens;
+        }
+        sched.take_finished();
+    }
+    CHECK(started == std::vector<int64_t>{2, 0, 3, 1, 4});
+    CHECK(first_tokens == 5);  // each request's first token, and only that one, carries its queue time
+    CHECK(sched.idle());
 }

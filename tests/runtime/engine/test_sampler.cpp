@@ -5,13 +5,16 @@
 // the statistics decide once whether the algorithm is right, they do not flake. Then the penalties
 // (repetition: llama.cpp's, once per distinct id of the window; presence / frequency: OpenAI's, over
 // the tokens the sampler produced) moving the argmax exactly where the formulas say, min-p's kept set,
-// and the caller's logits left raw.
+// and the caller's logits left raw. The top-p set without a sort (nucleus_prefix) against a full sort
+// on large rows with ties, and a 32k-vocabulary row drawing only from its exact nucleus.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <random>
+#include <set>
 #include <vector>
 
 #include "base/error.h"
@@ -367,4 +370,67 @@ TEST_CASE("accept() counts backend-picked tokens for the frequency penalty, as s
     Sampler told(p);
     told.accept(0);
     CHECK(told.sample(logits.data(), 4) == 1);  // 3.0 - 2.0 < 2.9
+}
+
+TEST_CASE("nucleus_prefix: the shortest prefix in weight order reaching the mass, ties by id, as a full sort") {
+    using sampling_detail::Candidate;
+    std::mt19937_64 rng(5);
+    for (size_t n : {size_t(1), size_t(2), size_t(31), size_t(33), size_t(1000), size_t(20000)}) {
+        for (int trial = 0; trial < 6; ++trial) {
+            CAPTURE(n);
+            CAPTURE(trial);
+            std::vector<Candidate> c(n);
+            double total = 0;
+            for (size_t i = 0; i < n; ++i) {
+                // Few distinct weights in some trials: many ties, decided by id.
+                const double w = trial % 2 ? double(rng() % 7 + 1) : std::exp(-double(rng() % 100000) / 5000.0);
+                c[i] = {float(w), int32_t(i)};
+                total += float(w);
+            }
+            std::shuffle(c.begin(), c.end(), rng);
+            const double mass = total * (trial < 2 ? 0.5 : trial < 4 ? 0.9 : 1.1);
+            std::vector<Candidate> sorted = c;
+            std::sort(sorted.begin(), sorted.end(), sampling_detail::before_by_weight);
+            size_t want = 0;
+            double acc = 0;
+            while (want < n) {
+                acc += sorted[want++].first;
+                if (acc >= mass) break;
+            }
+            const size_t k = sampling_detail::nucleus_prefix(c, mass);
+            CHECK(k == want);
+            std::set<int32_t> got_ids, want_ids;
+            for (size_t i = 0; i < k; ++i) got_ids.insert(c[i].second);
+            for (size_t i = 0; i < want; ++i) want_ids.insert(sorted[i].second);
+            CHECK(got_ids == want_ids);
+        }
+    }
+}
+
+TEST_CASE("a 32k vocabulary: top-p draws only from the exact nucleus, and its head as often as it should") {
+    std::mt19937_64 rng(9);
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    std::vector<float> logits(32000);
+    for (float& l : logits) l = normal(rng);
+    logits[123] = 14.0f;  // a likely token, as language models have
+    const std::vector<double> p = softmax(logits, 1.0);
+    const std::vector<size_t> order = order_by_prob(p);
+    std::set<size_t> nucleus;
+    double acc = 0;
+    for (size_t i = 0; i < order.size() && acc < 0.9; ++i) {
+        acc += p[order[i]];
+        nucleus.insert(order[i]);
+    }
+    REQUIRE(nucleus.size() > 50);  // a real selection, not a handful
+    Sampler s(SamplingParams{1.0f, 0, 0.9f, 77});
+    int64_t head = 0;
+    const int kN = 4000;
+    for (int i = 0; i < kN; ++i) {
+        const int32_t t = s.sample(logits.data(), int64_t(logits.size()));
+        CHECK(nucleus.count(size_t(t)) == 1);
+        head += t == 123;
+    }
+    // The top token's share of the nucleus, within 5 standard deviations.
+    const double q = p[123] / acc, sd = std::sqrt(q * (1 - q) / kN);
+    CHECK(std::abs(double(head) / kN - q) < 5 * sd);
 }
