@@ -12,7 +12,9 @@
 // stopped by a signal never leaves an older file that looks like its own.
 // Appending: AppendFile is a file of lines that a job adds to as results complete (`lattice batch`):
 // each line goes out in one write() of the whole line, so a crash leaves at most a partial last line,
-// which opening the file again cuts off; the complete lines it held are handed back (to resume).
+// which opening the file again cuts off; the complete lines it held are handed back (to resume). The
+// file is locked (an fcntl write lock, gone with the process): a second job on the same file is an
+// Error naming the pid that holds it, since both would run every request.
 #pragma once
 
 #include "base/error.h"
@@ -218,6 +220,7 @@ public:
             LATTICE_CHECK(S_ISREG(st.st_mode), "{} {}: not a regular file ({})", what_, path_, file_kind(st.st_mode));
         fd_ = FileDescriptor(::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644));
         LATTICE_CHECK(fd_.get() >= 0, "{} {}: cannot open ({})", what_, path_, std::strerror(errno));
+        lock();
         recover();
     }
     const std::vector<std::string>& lines() const { return lines_; }  // complete lines found at open
@@ -243,6 +246,21 @@ public:
     }
 
 private:
+    void lock() {
+        struct flock fl {};
+        fl.l_type = F_WRLCK;
+        fl.l_whence = SEEK_SET;  // the whole file (l_start 0, l_len 0)
+        if (::fcntl(fd_.get(), F_SETLK, &fl) == 0) return;
+        const int e = errno;
+        LATTICE_CHECK(e == EACCES || e == EAGAIN, "{} {}: cannot lock ({})", what_, path_, std::strerror(e));
+        struct flock who {};
+        who.l_type = F_WRLCK;
+        who.l_whence = SEEK_SET;
+        const bool known = ::fcntl(fd_.get(), F_GETLK, &who) == 0 && who.l_type != F_UNLCK;
+        LATTICE_FAIL("{} {}: in use by another job ({}): two jobs on one output would run every request twice; "
+                     "wait for it or pick another file",
+                     what_, path_, known ? "pid " + std::to_string(who.l_pid) : std::string("its pid unknown"));
+    }
     void recover() {
         std::string all;
         char buf[65536];

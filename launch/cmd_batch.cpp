@@ -3,7 +3,8 @@
 //   input lines   {"custom_id": ID, "body": {completions or chat body, launch/openai_request.h}}
 //                 (OpenAI's batch-file shape: "method"/"url" are accepted; a "url" ending in
 //                 /chat/completions or a body with "messages" is a chat request), or a bare body
-//                 {"prompt": ...} whose id is its line number (1-based).
+//                 {"prompt": ...} whose id is "line-N" (N its 1-based line number: a string, so it can
+//                 never collide with an integer custom_id of another line).
 //   output lines  {"custom_id", "text", "token_ids", "finish_reason", "usage": {prompt_tokens,
 //                 completion_tokens}} ("text" absent for a model without a tokenizer), or
 //                 {"custom_id", "error": {"message"}} for a line that cannot run. Completion order.
@@ -15,6 +16,9 @@
 // launch/drain_signal.h): stop admitting, finish in-flight requests for up to
 // --drain-seconds, abandon the rest (they run on the next rerun), flush, exit 0 saying what is left.
 // Only rank 0 reads the input and writes the output; the other ranks follow the engine.
+// Limits per line, as the server's per body: at most kMaxLineBytes (8 MiB, serve's --max-body-bytes
+// default) and JSON nesting 64 (base/json_limits.h), else an error record for that line. The output
+// is locked while the job runs: a second job on it is refused naming the first one's pid.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -30,6 +34,7 @@
 #include "base/error.h"
 #include "launch/cli.h"
 #include "base/file.h"
+#include "base/json_limits.h"
 #include "launch/cli_common.h"
 #include "launch/drain_signal.h"
 #include "launch/openai_request.h"
@@ -41,6 +46,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
+
+constexpr int64_t kMaxLineBytes = int64_t(8) << 20;
 
 double since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -129,6 +136,8 @@ double percentile(std::vector<double> v, double q) {
 // What a batch run did, for the summary line and --stats-json.
 struct BatchTotals {
     int64_t total = 0, already = 0, done = 0, errors = 0, prompt_tokens = 0, gen_tokens = 0, abandoned = 0;
+    int64_t duplicates = 0;  // lines skipped: their custom_id belongs to an earlier line
+    int64_t requests() const { return total - duplicates; }  // distinct ids of the input
     std::vector<double> ttfts, queues;  // per request: to its first token; in the engine's queue
     Clock::time_point first_admit{}, last_done{}, last_first_token{};
     double run_seconds() const {
@@ -173,7 +182,24 @@ private:
 
     // One non-blank input line: an error record, a skip (done earlier, a duplicate id) or a submission.
     void admit_line(const std::string& line) {
-        json id = line_no_;
+        json id = fmt::format("line-{}", line_no_);
+        // The server's limits on a request body, per line: a line of 60 MB or of 20 MB of "[" would
+        // cost gigabytes in the parser before any check.
+        std::string too_big;
+        if (int64_t(line.size()) > kMaxLineBytes) {
+            too_big = fmt::format("line {}: {} bytes, more than the {} a request may have", line_no_, line.size(),
+                                  kMaxLineBytes);
+        } else {
+            try {
+                check_json_limits(line, fmt::format("line {}", line_no_), JsonLimits{});
+            } catch (const Error& e) {
+                too_big = e.message();
+            }
+        }
+        if (!too_big.empty()) {
+            if (!out_.done().count(id.dump())) record_error(id, too_big);
+            return;
+        }
         const json j = json::parse(line, nullptr, false);
         if (j.is_discarded() || !j.is_object()) {
             if (!out_.done().count(id.dump())) record_error(id, fmt::format("line {}: not a JSON object", line_no_));
@@ -184,6 +210,7 @@ private:
         if (!seen_.insert(id.dump()).second) {  // the id's record belongs to its first line
             fmt::print(stderr, "batch: line {}: custom_id {} already used by an earlier line; skipped\n", line_no_,
                        id.dump());
+            ++t_.duplicates;
             return;
         }
         if (out_.done().count(id.dump())) return;  // finished by an earlier run
@@ -275,7 +302,8 @@ void write_batch_stats(const std::string& path, const BatchTotals& t, const Rank
         std::string(quant_mode_name(rt.model->options().quant)) + (rt.model->options().quant_head ? "+head" : "");
     const json st = {{"load_seconds", rt.load_seconds},
                      {"run_seconds", run_s},
-                     {"requests", t.total},
+                     {"requests", t.requests()},
+                     {"duplicate_lines", t.duplicates},
                      {"completed", t.done - t.already - t.errors},
                      {"errors", t.errors},
                      {"skipped_already_done", t.already},
@@ -340,10 +368,14 @@ int run_batch(BatchArgs& a) {
         fmt::print(stderr,
                    "batch: stopped by signal {}: {} of {} requests done, {} left; rerun with the same --output "
                    "to finish them\n",
-                   drain_requested(), t.done, t.total, t.total - t.done);
+                   drain_requested(), t.done, t.requests(), t.requests() - t.done);
     else
-        fmt::print(stderr, "batch: {} of {} requests done ({} errors, {} from earlier runs), {} tokens in {:.2f} s\n",
-                   t.done, t.total, t.errors, t.already, t.gen_tokens, t.run_seconds());
+        fmt::print(stderr, "batch: {} of {} requests done ({} errors, {} from earlier runs{}), {} tokens in {:.2f} s\n",
+                   t.done, t.requests(), t.errors, t.already,
+                   t.duplicates > 0 ? fmt::format("; {} lines skipped: their custom_id belongs to an earlier line",
+                                                  t.duplicates)
+                                    : "",
+                   t.gen_tokens, t.run_seconds());
     return 0;
 }
 

@@ -15,6 +15,7 @@
 #include "base/memory.h"
 #include "launch/cli.h"
 #include "launch/cli_common.h"
+#include "launch/drain_signal.h"
 #include "parallel/parallel_context.h"
 #include "parallel/world_session.h"
 #include "runtime/converter/convert.h"
@@ -105,6 +106,8 @@ int run_convert(const ConvertArgs& a) {
     }
     Bar bar(a.progress, ctx.world.rank != 0);
     o.on_progress = [&bar](const ConvertProgress& p) { bar.update(p); };
+    install_drain_handlers();  // SIGTERM / SIGINT / SIGUSR1 stop it cleanly: no partial folder is left
+    o.interrupted = [] { return drain_requested() != 0; };
     LOG_INFO("convert: {} -> {} (tp {} x pp {}, quant {}{}{}) on {} process(es)", src->describe(), a.out, a.tp, a.pp,
              quant_mode_name(o.quant), o.quant_head ? ", int8 head" : "", a.smooth.empty() ? "" : ", smoothed",
              ctx.world.world);

@@ -41,8 +41,11 @@ std::vector<int32_t> token_ids(const json& a, const char* what, int64_t vocab) {
     std::vector<int32_t> ids;
     for (size_t i = 0; i < a.size(); ++i) {
         LATTICE_CHECK(a[i].is_number_integer(), "\"{}\"[{}] must be a token id (an integer)", what, i);
-        const int64_t t = a[i].get<int64_t>();
-        LATTICE_CHECK(t >= 0 && t < vocab, "\"{}\"[{}] = {} is outside the vocab of {}", what, i, t, vocab);
+        // The value as sent (an unsigned one above INT64_MAX must not wrap into a negative id).
+        const bool fits = !a[i].is_number_unsigned() || a[i].get<uint64_t>() <= uint64_t(INT64_MAX);
+        const int64_t t = fits ? a[i].get<int64_t>() : -1;
+        LATTICE_CHECK(fits && t >= 0 && t < vocab, "\"{}\"[{}] = {} is outside the vocab of {}", what, i, a[i].dump(),
+                      vocab);
         ids.push_back(int32_t(t));
     }
     return ids;
@@ -120,6 +123,21 @@ std::vector<std::string> stop_strings(const json& b, const Tokenizer* tok) {
     return stop;
 }
 
+// Fields lattice does not implement yet are refused, never accepted and ignored: a client asking for
+// logprobs or a JSON schema must not get a 200 that silently lacks them. Their neutral values pass
+// (null, false, 0-length, {"type": "text"}).
+void refuse_unsupported(const json& b) {
+    auto given = [&](const char* key) { return b.contains(key) && !b[key].is_null(); };
+    for (const char* key : {"logprobs", "echo"})
+        LATTICE_CHECK(!given(key) || b[key] == false, "\"{}\" is not supported yet", key);
+    LATTICE_CHECK(!given("top_logprobs"), "\"top_logprobs\" is not supported yet");
+    for (const char* key : {"logit_bias", "tools", "functions"})
+        LATTICE_CHECK(!given(key) || b[key].empty(), "\"{}\" is not supported yet", key);
+    const json text_format = {{"type", "text"}};
+    LATTICE_CHECK(!given("response_format") || b["response_format"] == text_format,
+                  "\"response_format\" other than {{\"type\": \"text\"}} is not supported yet");
+}
+
 }  // namespace
 
 ApiRequest parse_api_request(const json& b, bool chat, const Tokenizer* tok, const ApiLimits& lim) {
@@ -130,6 +148,7 @@ ApiRequest parse_api_request(const json& b, bool chat, const Tokenizer* tok, con
         LATTICE_CHECK(b["model"].is_string(), "\"model\" must be a string");
         r.model = b["model"].get<std::string>();
     }
+    refuse_unsupported(b);
     ClientRequest& q = r.client;
     q.prompt = api_prompt(b, chat, tok, lim);
     int64_t max_tokens = chat ? ClientRequest::kRestOfContext : 16;

@@ -9,7 +9,9 @@
 // repetition_penalty (over prompt and output: the whole sequence, unless repeat_last_n, llama.cpp's
 // window, says fewer tokens), and vLLM's priority (an integer, lower runs first; default 0). Sampling semantics: runtime/engine/sampler.h, shared with the CLI.
 // Unknown fields are ignored (clients send extras such as "user"); a known field of the wrong type
-// or out of range is an Error whose message names the field.
+// or out of range is an Error whose message names the field. Known fields lattice does not implement
+// yet (logprobs, top_logprobs, echo, logit_bias, tools, functions, a response_format other than text)
+// are refused naming the field, unless given their neutral value.
 // Defaults: completions max_tokens 16 (OpenAI's); chat: the rest of the context (kRestOfContext to
 // the engine client, runtime/engine/client.h, which owns the context budget). Temperature 1, top_p 1 (OpenAI's).
 // Seed: random unless given (reported back by the caller).

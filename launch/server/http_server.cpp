@@ -6,14 +6,18 @@
 // active()). Deltas of an older ticket are dropped by pointer identity.
 #include "launch/server/http_server.h"
 
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cerrno>
+#include <chrono>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -43,9 +47,12 @@ struct HttpServer::Impl {
     tcp::acceptor acceptor{ioc};
     net::steady_timer accept_retry{ioc};
     std::vector<std::thread> threads;
+    std::chrono::steady_clock::time_point last_accept_warning{};
+    int64_t accept_failures = 0;  // since the last warning
 
     Impl(ServerOptions o, Inbox& in, Metrics& m) : opt(std::move(o)), inbox(in), metrics(m) {}
     void accept();
+    void fit_connections_to_descriptors();
 };
 
 namespace {
@@ -67,7 +74,9 @@ public:
         net::dispatch(sock_.get_executor(), [self = shared_from_this()] {
             if (self->srv_.connections > self->srv_.opt.max_connections) {
                 self->route_ = "other";
-                self->send_reply(error_reply(503, "too many open connections (--max-connections)"), true);
+                Reply r = error_reply(503, "too many open connections (--max-connections)");
+                r.headers.emplace_back("Retry-After", "1");
+                self->send_reply(std::move(r), true);
             } else {
                 self->read_request();
             }
@@ -98,6 +107,19 @@ private:
     void on_header(beast::error_code ec) {
         if (ec) return on_read(ec);
         auto& req = parser_->get();
+        // RFC 9112 6.3: a Transfer-Encoding whose last coding is not chunked cannot frame a request,
+        // and one beside a Content-Length is how requests get smuggled past a proxy: 400, and close.
+        if (req.find(http::field::transfer_encoding) != req.end()) {
+            const std::string te(req[http::field::transfer_encoding]);
+            const size_t comma = te.find_last_of(',');
+            std::string last = te.substr(comma == std::string::npos ? 0 : comma + 1);
+            last.erase(0, last.find_first_not_of(" \t"));
+            last.erase(last.find_last_not_of(" \t") + 1);
+            if (!beast::iequals(last, "chunked") || req.find(http::field::content_length) != req.end())
+                return send_reply(error_reply(400, "Transfer-Encoding \"" + te +
+                                                       "\": only a final chunked coding, without Content-Length"),
+                                  true);
+        }
         if (beast::iequals(req[http::field::expect], "100-continue")) {  // the client waits for our go-ahead
             cont_.emplace(http::status::continue_, req.version());
             http::async_write(sock_, *cont_, [self = shared_from_this()](beast::error_code ec, size_t) {
@@ -194,7 +216,13 @@ private:
         switch (d.kind) {
             case Delta::Kind::kError:
                 ticket_.reset();
-                if (!head_sent_) return send_reply(error_reply(d.status, d.message), !keep_alive_);
+                if (!head_sent_) {
+                    Reply r = error_reply(d.status, d.message);
+                    // A 503 from the engine (queue full, shutting down): when to ask again, as the
+                    // loading 503 says.
+                    if (d.status == 503) r.headers.emplace_back("Retry-After", "1");
+                    return send_reply(std::move(r), !keep_alive_);
+                }
                 pending_ += shaper_->stream_error(d.status, d.message);
                 keep_alive_ = false;
                 stream_done_ = true;
@@ -432,8 +460,15 @@ void HttpServer::Impl::accept() {
             std::make_shared<Session>(std::move(s), *this)->start();
             return accept();
         }
-        // Out of descriptors and the like: try again shortly rather than spin.
-        LOG_WARN("serve: accept failed: {}", ec.message());
+        // Out of descriptors and the like: try again shortly rather than spin, and say so at most
+        // every 10 s (with how often it happened), not once per attempt.
+        ++accept_failures;
+        const auto now = std::chrono::steady_clock::now();
+        if (now - last_accept_warning >= std::chrono::seconds(10)) {
+            LOG_WARN("serve: accept failed {} time(s) since the last warning: {}", accept_failures, ec.message());
+            last_accept_warning = now;
+            accept_failures = 0;
+        }
         accept_retry.expires_after(std::chrono::milliseconds(100));
         accept_retry.async_wait([this](beast::error_code e) {
             if (!e && acceptor.is_open()) accept();
@@ -448,8 +483,29 @@ HttpServer::~HttpServer() {
     stop();
 }
 
+// Each connection holds a descriptor: with a low `ulimit -n`, --max-connections above what is left
+// would make accept() fail (EMFILE) instead of answering the excess with 503. Lower it to fit (the
+// descriptors open now, plus a reserve for the model's files, MPI and logs), and say so.
+void HttpServer::Impl::fit_connections_to_descriptors() {
+    rlimit rl{};
+    if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return;
+    int64_t open_now = 0;
+    if (DIR* d = ::opendir("/proc/self/fd")) {
+        while (const dirent* e = ::readdir(d)) open_now += e->d_name[0] != '.';
+        ::closedir(d);
+    }
+    constexpr int64_t kReserve = 32;
+    const int64_t room = std::max<int64_t>(1, int64_t(rl.rlim_cur) - open_now - kReserve);
+    if (opt.max_connections <= room) return;
+    LOG_WARN("serve: --max-connections {} lowered to {}: this process may open {} files (ulimit -n), {} are open; "
+             "more connections get 503",
+             opt.max_connections, room, int64_t(rl.rlim_cur), open_now);
+    opt.max_connections = room;
+}
+
 void HttpServer::start() {
     Impl& s = *impl_;
+    s.fit_connections_to_descriptors();
     LATTICE_CHECK(s.opt.threads >= 1 && s.opt.threads <= 64, "--http-threads must be in [1, 64], got {}",
                   s.opt.threads);
     LATTICE_CHECK(s.opt.port >= 0 && s.opt.port <= 65535, "--port must be in [0, 65535], got {}", s.opt.port);

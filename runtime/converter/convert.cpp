@@ -2,9 +2,11 @@
 #include "runtime/converter/convert.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -110,6 +112,26 @@ std::vector<std::string> write_tokenizer(const std::string& source, const fs::pa
     return names;
 }
 
+// Partial folders ".NAME.partial-PID" of conversions whose process is gone (killed with SIGKILL, a lost
+// node): removed, and said, before a new conversion to NAME starts. A live pid's folder is left alone.
+void remove_stale_partials(const fs::path& parent, const std::string& name) {
+    const std::string prefix = "." + name + ".partial-";
+    std::error_code ec;
+    for (const fs::directory_entry& e : fs::directory_iterator(parent, ec)) {
+        const std::string f = e.path().filename().string();
+        if (!f.starts_with(prefix)) continue;
+        const std::string digits = f.substr(prefix.size());
+        if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
+        const pid_t pid = pid_t(std::stol(digits));
+        if (pid > 0 && (::kill(pid, 0) == 0 || errno != ESRCH)) continue;  // alive (or not ours to judge)
+        std::error_code rm;
+        const auto removed = fs::remove_all(e.path(), rm);
+        LOG_WARN("convert: removed {} ({} files) left by an interrupted conversion (pid {} is gone){}",
+                 e.path().string(), removed == static_cast<std::uintmax_t>(-1) ? 0 : removed, pid,
+                 rm ? "; failed: " + rm.message() : "");
+    }
+}
+
 }  // namespace
 
 ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& opt, Communicator& world) {
@@ -136,6 +158,7 @@ ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& 
             LATTICE_CHECK(fs::is_directory(parent, ec), "{}: the parent folder of --out does not exist",
                           parent.string());
             LATTICE_CHECK(!fs::exists(out, ec), "{} already exists: remove it or choose another --out", out.string());
+            remove_stale_partials(parent, out.filename().string());
             const fs::path tmp = parent / ("." + out.filename().string() + ".partial-" + std::to_string(::getpid()));
             LATTICE_CHECK(fs::create_directory(tmp, ec) && !ec, "{}: cannot create ({})", tmp.string(),
                           ec ? ec.message() : "exists");
@@ -190,6 +213,7 @@ ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& 
                 h = {};
                 src.release_pages();
                 if (opt.on_progress) opt.on_progress(prog);
+                LATTICE_CHECK(!opt.interrupted || !opt.interrupted(), "interrupted by a signal");
             }
             const std::vector<float> freqs = src.rope_freq_factors();
             if (!freqs.empty()) w.write("rope_freqs.weight", freqs.data(), int64_t(freqs.size() * sizeof(float)));

@@ -48,6 +48,9 @@ struct ConvertOptions {
     std::string writer = "lattice";
     // Called by each rank after every tensor it wrote (tests use it to interrupt a conversion).
     std::function<void(const ConvertProgress&)> on_progress;
+    // Polled after every tensor: true stops the conversion as a failure (the partial folder is
+    // removed, nothing is left half-written). launch/ sets it from SIGTERM / SIGINT / SIGUSR1.
+    std::function<bool()> interrupted;
 };
 
 struct ConvertResult {

@@ -5,6 +5,7 @@
 
 #include "base/clock.h"
 #include "base/error.h"
+#include "base/log.h"
 
 namespace lattice {
 
@@ -62,7 +63,19 @@ ClientEvent RequestOutput::cancel(int64_t id, bool drained) {
 // ---- EngineClient --------------------------------------------------------------------------------
 
 EngineClient::EngineClient(Engine& engine, const Tokenizer* tok)
-    : engine_(engine), tok_(tok), context_(engine.model().max_seq()) {}
+    : engine_(engine), tok_(tok), context_(engine.model().max_seq()) {
+    if (!engine_.is_leader()) return;
+    // A KV cache smaller than one full-context sequence bounds the context: a request the cache can
+    // never hold would only be refused later (and a chat's default max_tokens always would be).
+    const BlockPool& pool = engine_.scheduler().pool();
+    const int64_t held = pool.num_blocks() * pool.block_size();
+    if (held < context_) {
+        LOG_WARN("the KV cache holds {} positions ({} blocks of {}), fewer than the context of {}: requests get {} "
+                 "positions (raise --kv-cache-gb for more)",
+                 held, pool.num_blocks(), pool.block_size(), context_, held);
+        context_ = held;
+    }
+}
 
 int64_t EngineClient::budget(int64_t prompt_tokens, int64_t max_tokens) const {
     LATTICE_CHECK(prompt_tokens >= 1, "the prompt is empty");

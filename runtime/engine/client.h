@@ -98,7 +98,9 @@ public:
     EngineClient(Engine& engine, const Tokenizer* tok);
 
     bool is_leader() const { return engine_.is_leader(); }
-    int64_t context() const { return context_; }  // positions per sequence, prompt and output
+    // Positions per sequence, prompt and output: the model's, or fewer when the KV cache holds fewer
+    // (leader; a warning says so).
+    int64_t context() const { return context_; }
     const Tokenizer* tokenizer() const { return tok_; }
     // The new tokens a request may have: max_tokens (kRestOfContext: all) clamped to the room the
     // prompt leaves. Error when the prompt leaves none (and more than 0 are asked for), naming both sizes.

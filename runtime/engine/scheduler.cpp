@@ -23,8 +23,8 @@ std::string_view finish_reason_name(FinishReason r) {
 
 Scheduler::Scheduler(const SchedulerOptions& opt, BlockPool& pool) : opt_(opt), pool_(pool) {
     LATTICE_CHECK(
-        opt_.step_tokens >= 1 && opt_.max_seqs >= 1 && opt_.max_seq >= 1 && opt_.micro_batches >= 1 && opt_.vocab >= 1 &&
-            (opt_.step_capacity == 0 || opt_.step_capacity >= opt_.step_tokens),
+        opt_.step_tokens >= 1 && opt_.max_seqs >= 1 && opt_.max_seq >= 1 && opt_.micro_batches >= 1 &&
+            opt_.vocab >= 1 && (opt_.step_capacity == 0 || opt_.step_capacity >= opt_.step_tokens),
         "scheduler: step tokens {}, max seqs {}, max seq {}, micro-batches {}, vocab {} (all must be >= 1), step "
         "capacity {} (0 or >= step tokens)",
         opt_.step_tokens, opt_.max_seqs, opt_.max_seq, opt_.micro_batches, opt_.vocab, opt_.step_capacity);
@@ -90,7 +90,8 @@ std::vector<Scheduler::Seq*> Scheduler::by_priority() {
     std::vector<Seq*> out;
     out.reserve(seqs_.size());
     for (auto& [id, s] : seqs_) out.push_back(&s);
-    std::stable_sort(out.begin(), out.end(), [](const Seq* a, const Seq* b) { return a->req.priority < b->req.priority; });
+    std::stable_sort(out.begin(), out.end(),
+                     [](const Seq* a, const Seq* b) { return a->req.priority < b->req.priority; });
     return out;
 }
 

@@ -50,10 +50,16 @@ public:
         const std::string problem = size_problem(path, mf);
         LATTICE_CHECK(problem.empty(), "{}: {} (rank {}'s weights; `lattice verify {}` checks every file)",
                       path.string(), problem, want.rank, folder);
-        if (verify) {
-            const std::string got = sha256_file(path.string());
-            LATTICE_CHECK(got == mf.sha256, "{}: SHA-256 {} differs from the manifest's {}: the file is corrupt",
-                          path.string(), got, mf.sha256);
+        if (verify) {  // this rank's weights, and every file the model's text comes through (the tokenizer)
+            for (const ManifestFile& f : m.files) {
+                if (&f != &mf && f.kind != "tokenizer") continue;
+                const fs::path p = fs::path(folder) / f.path;
+                const std::string size = size_problem(p, f);
+                LATTICE_CHECK(size.empty(), "{}: {}", p.string(), size);
+                const std::string got = sha256_file(p.string());
+                LATTICE_CHECK(got == f.sha256, "{}: SHA-256 {} differs from the manifest's {}: the file is corrupt",
+                              p.string(), got, f.sha256);
+            }
         }
         file_ = std::make_unique<SafetensorsFile>(path.string());
         const auto& md = file_->metadata();

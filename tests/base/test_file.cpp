@@ -12,6 +12,7 @@
 //    temporary file; a stale temporary of the same name is refused and not deleted;
 //  - AppendFile: lines appended one write each, found again on reopen; a partial last line (a job
 //    killed mid-write) is cut on reopen and reported, the complete ones kept; a folder is refused;
+//    while one process holds the file another is refused, naming the holder's pid;
 //  - "[perm]" (its own ctest entry, test_kernels_cpu_perm): an unreadable file and an unwritable folder
 //    are refused; SKIP as root, whom permissions do not stop.
 #include "base/file.h"
@@ -23,6 +24,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -344,6 +346,37 @@ TEST_CASE("AppendFile: lines survive a reopen; a partial last line is cut and re
     CHECK(all == "{\"a\": 1}\nsecond\nthird\n");  // the torn bytes are gone, not glued to "third"
     REQUIRE(::mkdir((tmp / "dir").c_str(), 0755) == 0);
     CHECK_THROWS_WITH_AS(AppendFile(tmp / "dir", "--output"), doctest::Contains("not a regular file"), Error);
+}
+
+TEST_CASE("AppendFile: a second process on the same file is refused, naming the holder's pid") {
+    Scratch tmp;
+    const std::string path = tmp / "out.jsonl";
+    AppendFile held(path, "--output");
+    int from_child[2];
+    REQUIRE(::pipe(from_child) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {  // the second job: report what opening the file said
+        std::string msg;
+        try {
+            AppendFile again(path, "--output");
+            msg = "opened";
+        } catch (const Error& e) {
+            msg = e.message();
+        }
+        [[maybe_unused]] const ssize_t w = ::write(from_child[1], msg.data(), msg.size());
+        ::_exit(0);
+    }
+    ::close(from_child[1]);
+    std::string got;
+    char buf[512];
+    for (ssize_t n; (n = ::read(from_child[0], buf, sizeof buf)) > 0;) got.append(buf, size_t(n));
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ::close(from_child[0]);
+    CHECK(has(got, "in use by another job"));
+    CHECK(has(got, "pid " + std::to_string(::getpid())));
+    held.close();
 }
 
 TEST_CASE("[perm] an unreadable file and an unwritable folder are refused, naming the path") {

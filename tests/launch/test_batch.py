@@ -2,7 +2,8 @@
 """`lattice batch` end to end on the built-in SmolLM2 model (greedy, so every run must give the same
 text): a 40-line input (each kind of line several times; every extra line costs the sanitizer stage
 time, docs/testing.md) with bad lines mixed in (bad JSON, wrong types, empty prompt, a prompt
-beyond the context; a later line repeating an id is skipped, the first keeps it);
+beyond the context, a line nested 100 deep, a line of 8 MiB; a later line repeating an id is
+skipped, the first keeps it);
   - one uninterrupted run is the reference: every valid id once with text, every bad one once as an
     error record;
   - killed with SIGKILL mid-run and rerun with the same --output until it completes: the same set
@@ -44,7 +45,7 @@ def make_input(path):
         cid = f"req-{i}"
         if i % 23 == 5:
             lines.append("{not json at all")
-            bad.add(i + 1)  # a line that is not JSON gets its line number as id
+            bad.add(f"line-{i + 1}")  # a line that is not JSON gets its line number as id
             continue
         if i % 23 == 11:
             lines.append(json.dumps({"custom_id": cid, "body": {"prompt": 17}}))
@@ -68,6 +69,18 @@ def make_input(path):
         body["temperature"] = 0
         lines.append(json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/completions", "body": body}))
         valid.add(cid)
+    # Over the per-line limits (as a request body's): nesting deeper than 64, more than 8 MiB. Neither
+    # is parsed, so each gets its line number as id ("line-N").
+    lines.append(json.dumps({"custom_id": "deep", "body": {"prompt": "x"}}) [:-2] + ', "x": ' + "[" * 100 + "]" * 100 + "}}")
+    bad.add(f"line-{len(lines)}")
+    lines.append(json.dumps({"custom_id": "big", "body": {"prompt": "x " * (4 << 20) + "y"}}))
+    bad.add(f"line-{len(lines)}")
+    # A bare body on the line whose number an integer custom_id names: both run (distinct ids).
+    lines.append(json.dumps({"custom_id": len(lines) + 2, "body": {"prompt": "The sea", "max_tokens": 3,
+                                                                  "temperature": 0}}))
+    valid.add(len(lines) + 1)
+    lines.append(json.dumps({"prompt": "The sea", "max_tokens": 3, "temperature": 0}))
+    valid.add(f"line-{len(lines)}")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     return valid, bad

@@ -2,8 +2,9 @@
 # `lattice convert` and `lattice verify` as users drive them: a converted folder generates the same
 # tokens as its original (one rank, and tp 2 under mpirun after a parallel conversion), verify says
 # "ok" per file and exits 0, names a corrupted file and exits 1, a folder of another layout is one
-# clear line naming the layout it holds, --verify catches a flipped byte at load, progress lines
-# when stderr is not a terminal, the default (Q4_1 GGUF) model converts with --quant auto and keeps
+# clear line naming the layout it holds, --verify catches a flipped byte at load (weights and
+# tokenizer), progress lines when stderr is not a terminal, SIGTERM leaves no partial folder and a dead
+# conversion's partial folder is removed by the next one, the default (Q4_1 GGUF) model converts with --quant auto and keeps
 # its tokenizer (text in, same text out).
 # Usage: test_convert.sh LATTICE_BINARY SHARED_DIR DEFAULT_MODEL
 set -u
@@ -76,6 +77,34 @@ assert q['mode'] == 'w8a8' and q['quant_head'] is True, q"
     want=$("$lattice" generate --model "$default_model" --prompt "The capital of France is" --max-new-tokens 8 --threads 1 2>/dev/null)
     got=$("$lattice" generate --model "$tmp/smol" --prompt "The capital of France is" --max-new-tokens 8 --threads 1 2>/dev/null)
     check "converted default model answers the same text" test -n "$want" -a "$got" = "$want"
+    # SIGTERM mid-conversion: exit non-zero, no partial folder left. A partial folder of a dead pid
+    # (a SIGKILLed conversion) is removed, and said, when the next conversion to that name starts.
+    dead=1
+    while [ -e "/proc/$dead" ]; do dead=$((dead + 7919)); done
+    mkdir -p "$tmp/.smol2.partial-$dead" && : >"$tmp/.smol2.partial-$dead/rank-00000-of-00001.safetensors"
+    "$lattice" convert --model "$default_model" --out "$tmp/smol2" >/dev/null 2>"$tmp/sig.err" &
+    pid=$!
+    for _ in $(seq 1 2000); do  # until its own partial folder exists (bounded poll, not an ordering sleep)
+        [ -n "$(ls -d "$tmp"/.smol2.partial-$pid 2>/dev/null)" ] && break
+        kill -0 $pid 2>/dev/null || break
+        sleep 0.01
+    done
+    kill -TERM $pid 2>/dev/null
+    wait $pid; rc=$?
+    check "convert stopped by SIGTERM exits non-zero" test $rc -ne 0
+    check "... leaves no partial folder" test -z "$(ls -d "$tmp"/.smol2.partial-* 2>/dev/null)"
+    check "... and removed the dead pid's, saying so" grep -q "partial-$dead.*interrupted conversion" "$tmp/sig.err"
+    check "... and no output folder" test ! -e "$tmp/smol2"
+    # A tampered tokenizer (same size) is caught by --verify, which checks every file the text goes through.
+    python3 - "$tmp/smol/tokenizer.gguf" <<'PY'
+import os, sys
+p = sys.argv[1]; n = os.path.getsize(p)
+with open(p, 'r+b') as f:
+    f.seek(n // 2); b = f.read(1); f.seek(n // 2); f.write(bytes([b[0] ^ 1]))
+PY
+    out=$("$lattice" generate --model "$tmp/smol" --verify --prompt-ids 1,2 --max-new-tokens 2 --threads 1 2>&1); rc=$?
+    check "--verify refuses a tampered tokenizer" test $rc -ne 0
+    check "... naming it" grep -q "tokenizer.gguf: SHA-256 .* the file is corrupt" <<<"$out"
 else
     echo "FAILED: $default_model missing (scripts/setup.sh fetches it)"; fail=$((fail + 1))
 fi

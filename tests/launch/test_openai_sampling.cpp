@@ -37,6 +37,9 @@ TEST_CASE("sampling fields map onto SamplingParams") {
     CHECK(d.frequency_penalty == 0.0f);
     CHECK(d.min_p == 0.0f);
     CHECK(d.repeat_penalty == 1.0f);
+    // A token id above INT64_MAX is named as sent, not wrapped into -1.
+    CHECK_THROWS_WITH_AS(parse_api_request(json::parse(R"({"prompt": [18446744073709551615]})"), false, nullptr, kLimits),
+                         doctest::Contains("18446744073709551615 is outside the vocab"), Error);
     // vLLM's priority: an integer, lower first, default 0.
     CHECK(parse_api_request(json{{"prompt", {1}}, {"priority", -3}}, false, nullptr, kLimits).client.priority == -3);
     CHECK(parse_api_request(json{{"prompt", {1}}}, false, nullptr, kLimits).client.priority == 0);
@@ -57,4 +60,23 @@ TEST_CASE("out-of-range sampling fields are refused naming the field") {
         b[field] = value;
         CHECK_THROWS_WITH_AS(parse_api_request(b, false, nullptr, kLimits), doctest::Contains(field), Error);
     }
+}
+
+TEST_CASE("fields not implemented yet are refused naming the field, their neutral values pass") {
+    for (const auto& field_value : std::vector<std::pair<const char*, json>>{{"logprobs", 1},
+                                                                             {"logprobs", true},
+                                                                             {"top_logprobs", 2},
+                                                                             {"echo", true},
+                                                                             {"logit_bias", {{"15", 100}}},
+                                                                             {"tools", json::array({json{{"type", "function"}}})},
+                                                                             {"response_format", {{"type", "json_object"}}}}) {
+        const char* field = field_value.first;
+        CAPTURE(field);
+        json b = {{"prompt", {1}}};
+        b[field] = field_value.second;
+        CHECK_THROWS_WITH_AS(parse_api_request(b, false, nullptr, kLimits), doctest::Contains(field), Error);
+    }
+    json neutral = {{"prompt", {1}}, {"logprobs", false}, {"echo", false}, {"top_logprobs", nullptr},
+                    {"logit_bias", json::object()}, {"tools", json::array()}, {"response_format", {{"type", "text"}}}};
+    CHECK_NOTHROW(parse_api_request(neutral, false, nullptr, kLimits));
 }

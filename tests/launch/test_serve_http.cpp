@@ -5,6 +5,8 @@
 //    --stream-buffer-bytes, while another client's stream (sharing the I/O thread) completes whole;
 //  - a client that closes its connection mid-stream, or before a non-streamed answer, is cancelled;
 //  - keep-alive: two requests on one connection; 413 over the body limit; 100-continue;
+//  - a Transfer-Encoding that cannot frame the request (not a final chunked, or beside a
+//    Content-Length) is a 400 and the connection closes: a pipelined request after it never runs;
 //  - stop_accepting(): new connections are refused.
 // Every wait is bounded (generous deadlines; a failure, never a hang).
 #include <arpa/inet.h>
@@ -239,4 +241,20 @@ TEST_CASE("keep-alive, 100-continue, the body limit, and a closed listener") {
         if (c >= 0) ::close(c);
         return c < 0;
     }));
+}
+
+TEST_CASE("a Transfer-Encoding other than a final chunked, or beside a Content-Length, is a 400 and a close") {
+    Fixture f(ServerOptions{});
+    FakeEngine engine(f.inbox, 4);
+    for (const std::string te : {"xchunked", "identity", "chunked, identity", "chunked"}) {
+        CAPTURE(te);
+        const int fd = connect_to(f.server.port());
+        // Framed by the length, a smuggled GET /v1/models would follow as a second request.
+        send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + te +
+                         "\r\nContent-Length: 2\r\n\r\n{}GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
+        const std::string got = read_until(fd, "\"fake\"");  // everything until the server closes
+        CHECK_MESSAGE(got.starts_with("HTTP/1.1 400"), got);
+        CHECK(got.find("\"fake\"") == std::string::npos);  // the pipelined request did not run
+        ::close(fd);
+    }
 }

@@ -108,9 +108,10 @@ namespace {
 
 ModelConfig tiny() { return test::tiny_config("tiny random (test_client)"); }
 
-RankRuntime make(const TensorSource& src, int64_t max_seq = 24) {
+RankRuntime make(const TensorSource& src, int64_t max_seq = 24, int64_t kv_blocks = 0) {
     BuildOptions o = test::cpu_options();
     o.model.max_seq = max_seq;
+    o.kv_blocks = kv_blocks;
     return build(o, src);
 }
 
@@ -158,6 +159,14 @@ TEST_CASE("engine client: the engine's tokens, the context budget, cancel, drain
         const auto cut = client.run({request(prompt, 8)}, [](size_t, const ClientEvent& e) { return e.token < 0; });
         CHECK(cut[0].finish == FinishReason::kCancelled);
         CHECK(cut[0].tokens == std::vector<int32_t>(want.begin(), want.begin() + 1));
+    }
+    SUBCASE("a KV cache smaller than the context bounds it: the rest of the context fits the cache") {
+        RankRuntime small = make(*src, 24, 1);  // one block of 16 positions
+        EngineClient c(*small.engine, nullptr);
+        CHECK(c.context() == 16);
+        const auto outs = c.run({request(prompt, ClientRequest::kRestOfContext)});
+        CHECK(outs[0].tokens.size() == 12);
+        CHECK(outs[0].context_full);
     }
     SUBCASE("budget: the rest of the context, a clamp, no room, zero") {
         CHECK(client.budget(4, ClientRequest::kRestOfContext) == 20);
