@@ -375,7 +375,7 @@ TEST_CASE("accept() counts backend-picked tokens for the frequency penalty, as s
 TEST_CASE("nucleus_prefix: the shortest prefix in weight order reaching the mass, ties by id, as a full sort") {
     using sampling_detail::Candidate;
     std::mt19937_64 rng(5);
-    for (size_t n : {size_t(1), size_t(2), size_t(31), size_t(33), size_t(1000), size_t(20000)}) {
+    for (size_t n : {size_t(1), size_t(2), size_t(31), size_t(33), size_t(1000), size_t(5000)}) {
         for (int trial = 0; trial < 6; ++trial) {
             CAPTURE(n);
             CAPTURE(trial);
@@ -424,7 +424,7 @@ TEST_CASE("a 32k vocabulary: top-p draws only from the exact nucleus, and its he
     REQUIRE(nucleus.size() > 50);  // a real selection, not a handful
     Sampler s(SamplingParams{1.0f, 0, 0.9f, 77});
     int64_t head = 0;
-    const int kN = 4000;
+    const int kN = 1000;
     for (int i = 0; i < kN; ++i) {
         const int32_t t = s.sample(logits.data(), int64_t(logits.size()));
         CHECK(nucleus.count(size_t(t)) == 1);
