@@ -39,7 +39,7 @@ RULES = {
     "runtime/tokenizer/": BASE + ["runtime/weights/gguf.h"],
     "runtime/model/": BASE + ["kernels/common/", "parallel/", "runtime/backend/backend.h", "runtime/weights/",
                               "runtime/model/"],
-    "runtime/engine/": BASE + ["parallel/", "runtime/backend/", "runtime/weights/", "runtime/model/",
+    "runtime/engine/": BASE + ["kernels/common/", "parallel/", "runtime/backend/", "runtime/weights/", "runtime/model/",
                                "runtime/tokenizer/"],
     "runtime/builder/": BASE + ["parallel/", "runtime/backend/", "runtime/weights/", "runtime/model/",
                                 "runtime/tokenizer/", "runtime/engine/"],

@@ -8,7 +8,7 @@
 //  - the query heads of one token share a tile's bound, so they go through it together, in
 //    register blocks of up to 8 rows (tile_rows): scores as a small GEMM against the transposed
 //    tile, online softmax per row (running max, running sum, rescaled accumulator; the weights by
-//    a vectorizable exp, exp_neg below), then the weighted V rows as a small GEMM.
+//    a vectorizable exp, exp_neg in kernels/common/fast_exp.h), then the weighted V rows as a small GEMM.
 // Every query row's arithmetic depends only on its own q and on positions 0..pos of its sequence,
 // in a fixed order (tiles from position 0, d then j), never on which other tokens share its batch
 // or run: chunked prefill, batched decode and single-token decode give bit-identical rows.
@@ -20,7 +20,8 @@
 
 #include "base/error.h"
 #include "kernels/cpu/ops.h"
-#include "kernels/cpu/multiversion.h"
+#include "kernels/common/fast_exp.h"
+#include "kernels/common/multiversion.h"
 
 
 namespace lattice::cpu {
@@ -29,20 +30,6 @@ namespace {
 
 constexpr int64_t kTile = 32;  // key positions per tile
 constexpr int64_t kRun = 16;   // query tokens per work unit
-
-// e^x for x <= 0 (softmax weights), written to vectorize: x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite
-// split of ln2), e^r by its degree-6 Taylor polynomial (relative error < 2e-7 on that range), 2^n through
-// the exponent bits. x below -87 gives e^-87 ~ 1.6e-38 instead of a denormal (it only ever scales zeros).
-// n = round(x / ln2) by the 1.5 x 2^23 trick (no floor call, branch-free: the loops that call this
-// vectorize; |x / ln2| < 2^22 here).
-inline float exp_neg(float x) {
-    x = x > -87.0f ? x : -87.0f;
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-    const float p =
-        1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
-    return p * std::bit_cast<float>((int32_t(n) + 127) << 23);
-}
 
 // The three steps of a query row against one K/V tile, for the `rows` query heads of one token
 // (they share the tile and the causal bound `valid`), in blocks of up to kRows rows so that every K

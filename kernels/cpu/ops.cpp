@@ -1,6 +1,6 @@
 // CPU kernels for the non-GEMM ops (see ops.h). Shared per-element math from kernels/common.
 #include "kernels/cpu/ops.h"
-#include "kernels/cpu/multiversion.h"
+#include "kernels/common/multiversion.h"
 
 #include "kernels/common/llama_math.h"
 #include "base/error.h"

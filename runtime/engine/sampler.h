@@ -13,9 +13,10 @@
 //     (1 = all), then the ids with p >= min_p * p_max (0 = all; p_max is the most likely token,
 //     which is always kept, so min_p and top_p intersect in either order);
 //  4. renormalize, draw with a seeded mt19937_64 — the same seed gives the same tokens on every run.
-// Cost: no sort of the vocabulary (a top-p set is found by a quickselect on the cumulative weight,
-// top-k by a selection); tokens more than ln(vocab) + 24 ln 2 below the top scaled logit, which
-// together weigh less than 2^-24 of the top token, are never candidates.
+// Cost: no sort of the vocabulary (top-k by a one-pass selection; otherwise the row's weights in one
+// vectorized pass, a top-p set's edge by a histogram of the weights, the draw by a scan in id order);
+// tokens more than ln(vocab) + 24 ln 2 below the top scaled logit, which together weigh less than
+// 2^-24 of the top token, are never candidates.
 #pragma once
 
 #include <cstdint>
@@ -77,10 +78,15 @@ public:
 private:
     const float* penalize(const float* logits, int64_t n, std::span<const int32_t> recent);
     int32_t sample_scaled(const float* logits, int64_t n);  // temperature > 0
+    int32_t sample_top_k(const float* logits, int64_t n);   // ... with 0 < top_k < n
 
     SamplingParams p_;
     std::mt19937_64 rng_;
     std::vector<sampling_detail::Candidate> cand_;
+    std::vector<float> weights_;                    // the row's weights (no top-k)
+    std::vector<double> hist_;                      // top-p's histogram of the weights
+    std::vector<uint16_t> keys_;                    // ... each weight's bucket
+    std::vector<double> blocks_;                    // the kept weights' sum per block
     std::vector<float> work_;                       // the penalized row
     std::unordered_map<int32_t, int32_t> counts_;   // generated id -> times (presence / frequency)
     std::vector<int32_t> seen_;                     // scratch: distinct ids of `recent`

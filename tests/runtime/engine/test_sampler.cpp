@@ -434,3 +434,50 @@ TEST_CASE("a 32k vocabulary: top-p draws only from the exact nucleus, and its he
     const double q = p[123] / acc, sd = std::sqrt(q * (1 - q) / kN);
     CHECK(std::abs(double(head) / kN - q) < 5 * sd);
 }
+
+// Rows of many equal logits: the kept sets' edges fall inside a group of ties, which go by id (the
+// lower ids in), in the top-k selection that passes whole groups of logits and in top-p's histogram
+// edge. 4096 entries with logits 0..12 (each value ~315 times, in scattered ids).
+TEST_CASE("ties at the edge of large top-k and top-p sets go by id, as a full sort orders them") {
+    std::vector<float> logits(4096);
+    for (size_t i = 0; i < logits.size(); ++i) logits[i] = float((i * 7919) % 13);
+    std::vector<size_t> order(logits.size());  // by logit, then id: before_by_weight's order
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return logits[a] > logits[b]; });
+    const int kN = 4000;
+    SUBCASE("top-k 400: the 12s (about 315) and the lowest-id 11s") {
+        const std::set<size_t> want(order.begin(), order.begin() + 400);
+        REQUIRE(logits[order[399]] == 11.0f);
+        REQUIRE(logits[order[400]] == 11.0f);  // the edge splits the 11s
+        Sampler s(SamplingParams{50.0f, 400, 1.0f, 3});  // hot: every kept token is likely
+        std::set<size_t> seen;
+        for (int i = 0; i < kN; ++i) {
+            const size_t t = size_t(s.sample(logits.data(), int64_t(logits.size())));
+            CHECK(want.count(t) == 1);
+            if (logits[t] == 11.0f) seen.insert(t);
+        }
+        CHECK(seen.size() > 40);  // the 11s that are in are drawn
+    }
+    SUBCASE("top-p: the 12s, the 11s, and the 10s up to the one the mass reaches") {
+        const std::vector<double> p = softmax(logits, 1.0);
+        // The mass that ends half-way through the 100th of the 10s (ids in order), so that the edge is
+        // that token whatever the float rounding.
+        double acc = 0;
+        size_t j = 0, tens = 0;
+        for (; j < order.size(); ++j) {
+            if (logits[order[j]] == 10.0f && ++tens == 100) break;
+            acc += p[order[j]];
+        }
+        const float top_p = float(acc + p[order[j]] / 2);
+        const std::set<size_t> want(order.begin(), order.begin() + ptrdiff_t(j) + 1);
+        Sampler s(SamplingParams{1.0f, 0, top_p, 5});
+        std::set<size_t> seen_tens;
+        for (int i = 0; i < kN; ++i) {
+            const size_t t = size_t(s.sample(logits.data(), int64_t(logits.size())));
+            CHECK(want.count(t) == 1);
+            if (logits[t] == 10.0f) seen_tens.insert(t);
+        }
+        CHECK(seen_tens.size() > 20);
+        CHECK(*seen_tens.rbegin() <= order[j]);
+    }
+}
