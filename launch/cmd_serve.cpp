@@ -82,6 +82,7 @@ int run_serve(ServeArgs& a) {
     sm.limits = ApiLimits{rt.model->config().vocab};
     sm.context = client.context();
     sm.created = int64_t(std::time(nullptr));
+    metrics.set_model(sm.name, sm.context);
     server->set_ready(sm);
     LOG_INFO("serve: ready: model \"{}\" on {} rank(s), context {}, KV cache {} blocks, at {}", sm.name, rt.world.world,
              client.context(), client.scheduler().pool().num_blocks(), server->url());

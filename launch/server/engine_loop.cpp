@@ -103,7 +103,8 @@ void EngineLoop::apply(const ClientEvent& ev) {
     d.prompt_tokens = ev.prompt_tokens;
     d.completion_tokens = ev.completion_tokens;
     l.ticket->deliver(std::move(d));
-    metrics_.count_finish(reason);
+    metrics_.observe_finished(reason, seconds(Clock::now() - l.ticket->arrived), ev.prompt_tokens,
+                              ev.completion_tokens);
     live_.erase(it);
 }
 

@@ -15,21 +15,63 @@ void Histogram::observe(double x) {
     ++count_;
 }
 
-void Histogram::render(std::string& out, std::string_view name, std::string_view help) const {
+void Histogram::render(std::string& out, std::string_view name, std::string_view help, std::string_view labels) const {
     out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+    const std::string sep = labels.empty() ? "" : ",";
+    const std::string own = labels.empty() ? "" : fmt::format("{{{}}}", labels);
     int64_t cum = 0;
     for (size_t i = 0; i < bounds_.size(); ++i) {
         cum += counts_[i];
-        out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds_[i], cum);
+        out += fmt::format("{}_bucket{{{}{}le=\"{}\"}} {}\n", name, labels, sep, bounds_[i], cum);
     }
     cum += counts_.back();
-    out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, cum, name, sum_, name, count_);
+    out += fmt::format("{}_bucket{{{}{}le=\"+Inf\"}} {}\n{}_sum{} {}\n{}_count{} {}\n", name, labels, sep, cum, name,
+                       own, sum_, name, own, count_);
 }
 
+namespace {
+
+// 1, 2, 5, 10, 20, 50, ... up to the first bound >= top (vLLM's buckets of token counts).
+std::vector<double> one_two_five(int64_t top) {
+    std::vector<double> b;
+    for (double scale = 1;; scale *= 10)
+        for (double m : {1.0, 2.0, 5.0}) {
+            b.push_back(m * scale);
+            if (m * scale >= double(top)) return b;
+        }
+}
+
+// A label value as Prometheus's text format quotes it.
+std::string quoted(std::string_view v) {
+    std::string out;
+    for (char c : v) {
+        if (c == '\\' || c == '"') out += '\\';
+        if (c == '\n') {
+            out += "\\n";
+            continue;
+        }
+        out += c;
+    }
+    return out;
+}
+
+}  // namespace
+
 Metrics::Metrics()
-    : ttft_({0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}),
-      itl_({0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5}),
-      queue_({0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}) {}
+    : label_("model_name=\"\""),
+      ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640}),
+      itl_({0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}),
+      queue_({0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680}),
+      e2e_({0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680}),
+      prompt_len_(one_two_five(4096)),
+      gen_len_(one_two_five(4096)) {}
+
+void Metrics::set_model(std::string_view name, int64_t max_model_len) {
+    std::lock_guard lock(mu_);
+    label_ = fmt::format("model_name=\"{}\"", quoted(name));
+    prompt_len_ = Histogram(one_two_five(max_model_len));
+    gen_len_ = Histogram(one_two_five(max_model_len));
+}
 
 void Metrics::count_response(std::string_view route, int status) {
     std::lock_guard lock(mu_);
@@ -71,6 +113,15 @@ void Metrics::observe_queue(double seconds) {
     queue_.observe(seconds);
 }
 
+void Metrics::observe_finished(std::string_view reason, double e2e_seconds, int64_t prompt_tokens,
+                               int64_t generation_tokens) {
+    std::lock_guard lock(mu_);
+    ++finishes_[std::string(reason)];
+    e2e_.observe(e2e_seconds);
+    prompt_len_.observe(double(prompt_tokens));
+    gen_len_.observe(double(generation_tokens));
+}
+
 void Metrics::set_engine(const EngineGauges& g) {
     std::lock_guard lock(mu_);
     engine_ = g;
@@ -89,9 +140,12 @@ EngineGauges Metrics::engine() const {
 std::string Metrics::render() const {
     std::lock_guard lock(mu_);
     std::string out;
-    auto scalar = [&](std::string_view name, std::string_view type, std::string_view help, int64_t v) {
-        out +=
-            fmt::format("# HELP lattice_{} {}\n# TYPE lattice_{} {}\nlattice_{} {}\n", name, help, name, type, name, v);
+    auto own = [&](std::string_view name, std::string_view type, std::string_view help, auto v) {
+        out += fmt::format("# HELP lattice_{} {}\n# TYPE lattice_{} {}\nlattice_{} {}\n", name, help, name, type, name, v);
+    };
+    auto vllm = [&](std::string_view name, std::string_view type, std::string_view help, auto v) {
+        out += fmt::format("# HELP lattice:{} {}\n# TYPE lattice:{} {}\nlattice:{}{{{}}} {}\n", name, help, name, type, name,
+                           label_, v);
     };
     out +=
         "# HELP lattice_http_requests_total HTTP responses by route and status code.\n"
@@ -99,28 +153,34 @@ std::string Metrics::render() const {
     for (const auto& [key, n] : responses_)
         out += fmt::format("lattice_http_requests_total{{route=\"{}\",code=\"{}\"}} {}\n", key.first, key.second, n);
     out +=
-        "# HELP lattice_requests_finished_total Completion requests finished, by finish reason.\n"
-        "# TYPE lattice_requests_finished_total counter\n";
+        "# HELP lattice:request_success_total Requests finished, by finish reason (abort: cancelled).\n"
+        "# TYPE lattice:request_success_total counter\n";
     for (const auto& [reason, n] : finishes_)
-        out += fmt::format("lattice_requests_finished_total{{reason=\"{}\"}} {}\n", reason, n);
-    scalar("prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", engine_.prompt_tokens);
-    scalar("generation_tokens_total", "counter", "Generated tokens.", engine_.generated_tokens);
-    scalar("prefix_cache_hit_tokens_total", "counter", "Prompt tokens found in the prefix cache.",
-           engine_.cached_tokens);
-    scalar("preemptions_total", "counter", "Sequences preempted (KV blocks ran out; recomputed later).",
-           engine_.preemptions);
-    scalar("client_disconnects_total", "counter", "Requests cancelled because the client went away or stopped reading.",
-           disconnects_);
-    scalar("requests_running", "gauge", "Sequences running (holding KV blocks).", engine_.running);
-    scalar("requests_waiting", "gauge", "Sequences waiting to be admitted.", engine_.waiting);
-    scalar("kv_blocks_used", "gauge", "KV cache blocks in use.", engine_.blocks_used);
-    scalar("kv_blocks_total", "gauge", "KV cache blocks in the pool.", engine_.blocks_total);
-    scalar("http_connections", "gauge", "Open HTTP connections.", connections_);
-    scalar("ready", "gauge", "1 once the model is loaded on every rank.", ready_ ? 1 : 0);
-    ttft_.render(out, "lattice_time_to_first_token_seconds", "Time from request arrival to its first token.");
-    itl_.render(out, "lattice_inter_token_latency_seconds", "Time between consecutive tokens of a request.");
-    queue_.render(out, "lattice_request_queue_seconds",
-                  "Time from a request's arrival in the engine to its first scheduling (its priority's queue).");
+        out += fmt::format("lattice:request_success_total{{{},finished_reason=\"{}\"}} {}\n", label_,
+                           reason == "cancelled" ? "abort" : reason, n);
+    vllm("prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", engine_.prompt_tokens);
+    vllm("generation_tokens_total", "counter", "Generated tokens.", engine_.generated_tokens);
+    vllm("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.", engine_.prompt_tokens);
+    vllm("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", engine_.cached_tokens);
+    vllm("num_preemptions_total", "counter", "Sequences preempted (KV blocks ran out; recomputed later).",
+         engine_.preemptions);
+    vllm("num_requests_running", "gauge", "Sequences running (holding KV blocks).", engine_.running);
+    vllm("num_requests_waiting", "gauge", "Sequences waiting to be admitted.", engine_.waiting);
+    vllm("kv_cache_usage_perc", "gauge", "Fraction of the KV cache blocks in use (0-1).",
+         engine_.blocks_total > 0 ? double(engine_.blocks_used) / double(engine_.blocks_total) : 0.0);
+    own("client_disconnects_total", "counter", "Requests cancelled because the client went away or stopped reading.",
+        disconnects_);
+    own("kv_blocks_used", "gauge", "KV cache blocks in use.", engine_.blocks_used);
+    own("kv_blocks_total", "gauge", "KV cache blocks in the pool.", engine_.blocks_total);
+    own("http_connections", "gauge", "Open HTTP connections.", connections_);
+    own("ready", "gauge", "1 once the model is loaded on every rank.", ready_ ? 1 : 0);
+    ttft_.render(out, "lattice:time_to_first_token_seconds", "Time from request arrival to its first token.", label_);
+    itl_.render(out, "lattice:inter_token_latency_seconds", "Time between consecutive tokens of a request.", label_);
+    queue_.render(out, "lattice:request_queue_time_seconds",
+                  "Time from a request's arrival in the engine to its first scheduling (its priority's queue).", label_);
+    e2e_.render(out, "lattice:e2e_request_latency_seconds", "Time from a request's arrival to its last token.", label_);
+    prompt_len_.render(out, "lattice:request_prompt_tokens", "Prompt tokens of finished requests.", label_);
+    gen_len_.render(out, "lattice:request_generation_tokens", "Generated tokens of finished requests.", label_);
     return out;
 }
 

@@ -147,9 +147,12 @@ class Server:
         st, _, text = self.request("GET", "/metrics")
         out = {}
         for line in text.splitlines():
-            m = re.match(r"^([a-z_]+(?:\{[^}]*\})?) (\S+)$", line)
+            m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$", line)
             if m:
-                out[m.group(1)] = float(m.group(2))
+                # lattice: metrics (vLLM's names) carry only the model_name label: keyed by the bare name.
+                labels = m.group(2) or ""
+                key = m.group(1) if labels.startswith('{model_name="') and "," not in labels else m.group(1) + labels
+                out[key] = float(m.group(3))
         return out
 
     def wait(self):
@@ -454,7 +457,7 @@ def builtin_section():
     print(f"  16 single streams: {time.time() - t0:.1f} s", flush=True)
     # The engine publishes its gauges after the step whose tokens the clients already have: wait for the
     # snapshot after the last single run (one publish carries all gauges, so its token count is final).
-    before = s.wait_metrics(lambda m: m["lattice_requests_running"] == 0 and m["lattice_requests_waiting"] == 0)
+    before = s.wait_metrics(lambda m: m["lattice:num_requests_running"] == 0 and m["lattice:num_requests_waiting"] == 0)
     results = [None] * 32
 
     def client_run(i):
@@ -470,25 +473,32 @@ def builtin_section():
               f"concurrent client {i}: {results[i]} != {single[i % 16]}")
     print(f"  32 concurrent streams: {time.time() - t0:.1f} s", flush=True)
     # The engine's gauges are published after the step whose tokens the clients already have: poll.
-    gen = lambda m: m["lattice_generation_tokens_total"] - before["lattice_generation_tokens_total"]
+    gen = lambda m: m["lattice:generation_tokens_total"] - before["lattice:generation_tokens_total"]
     m = s.wait_metrics(lambda m: gen(m) == 320 and m["lattice_kv_blocks_used"] == 0)
     check(gen(m) == 320, f"generation tokens counted: {gen(m)}")
-    check(m["lattice_time_to_first_token_seconds_count"] - before["lattice_time_to_first_token_seconds_count"] == 32,
+    check(m["lattice:time_to_first_token_seconds_count"] - before["lattice:time_to_first_token_seconds_count"] == 32,
           "TTFT observed per request")
     ok200 = 'lattice_http_requests_total{route="/v1/completions",code="200"}'
     check(m[ok200] - before[ok200] == 32, f"requests by status: {m[ok200] - before[ok200]} more 200s, want 32")
     check(m['lattice_http_requests_total{route="/v1/completions",code="413"}'] == 1, "413 counted")
     check(m["lattice_kv_blocks_used"] == 0 and m["lattice_kv_blocks_total"] > 0, f"KV blocks after the runs: {m}")
-    check(m["lattice_inter_token_latency_seconds_count"] - before["lattice_inter_token_latency_seconds_count"] == 32 * 9,
+    check(m["lattice:inter_token_latency_seconds_count"] - before["lattice:inter_token_latency_seconds_count"] == 32 * 9,
           "ITL observed per token after the first")
     text = s.request("GET", "/metrics")[2]
-    for name, kind in (("http_requests_total", "counter"), ("prompt_tokens_total", "counter"),
-                       ("generation_tokens_total", "counter"), ("preemptions_total", "counter"),
-                       ("requests_running", "gauge"), ("requests_waiting", "gauge"), ("kv_blocks_used", "gauge"),
-                       ("kv_blocks_total", "gauge"), ("time_to_first_token_seconds", "histogram"),
-                       ("inter_token_latency_seconds", "histogram")):
-        check(f"# TYPE lattice_{name} {kind}\n" in text, f"/metrics lacks {name} ({kind})")
-    check('lattice_time_to_first_token_seconds_bucket{le="+Inf"} ' in text, "TTFT histogram buckets")
+    for name, kind in (("lattice_http_requests_total", "counter"), ("lattice:prompt_tokens_total", "counter"),
+                       ("lattice:generation_tokens_total", "counter"), ("lattice:num_preemptions_total", "counter"),
+                       ("lattice:num_requests_running", "gauge"), ("lattice:num_requests_waiting", "gauge"),
+                       ("lattice:kv_cache_usage_perc", "gauge"), ("lattice_kv_blocks_used", "gauge"),
+                       ("lattice_kv_blocks_total", "gauge"), ("lattice:time_to_first_token_seconds", "histogram"),
+                       ("lattice:inter_token_latency_seconds", "histogram"),
+                       ("lattice:e2e_request_latency_seconds", "histogram"),
+                       ("lattice:request_prompt_tokens", "histogram"), ("lattice:request_success_total", "counter")):
+        check(f"# TYPE {name} {kind}\n" in text, f"/metrics lacks {name} ({kind})")
+    check(m["lattice:e2e_request_latency_seconds_count"] - before["lattice:e2e_request_latency_seconds_count"] == 32,
+          "e2e latency observed per finished request")
+    check(m["lattice:request_generation_tokens_sum"] - before["lattice:request_generation_tokens_sum"] == 320,
+          "generated tokens per finished request")
+    check('lattice:time_to_first_token_seconds_bucket{model_name="smol",le="+Inf"} ' in text, "TTFT histogram buckets")
 
     # SIGTERM mid-stream: the stream still finishes; then new connections are refused; exit 0.
     c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=300)
@@ -527,14 +537,14 @@ def queue_and_disconnect_section():
         if not chunk:
             break
         got += chunk
-    m = s.wait_metrics(lambda m: m["lattice_requests_running"] == 1 and m["lattice_kv_blocks_used"] > 0)
-    check(m["lattice_requests_running"] == 1 and m["lattice_kv_blocks_used"] > 0, f"one running stream: {m}")
+    m = s.wait_metrics(lambda m: m["lattice:num_requests_running"] == 1 and m["lattice_kv_blocks_used"] > 0)
+    check(m["lattice:num_requests_running"] == 1 and m["lattice_kv_blocks_used"] > 0, f"one running stream: {m}")
     # A second request waits; a third finds the queue full.
     second = {}
     t = threading.Thread(target=lambda: second.update(r=s.request("POST", "/v1/completions",
                                                                     {"prompt": "Hello", "max_tokens": 4})))
     t.start()
-    s.wait_metrics(lambda m: m["lattice_requests_waiting"] == 1)
+    s.wait_metrics(lambda m: m["lattice:num_requests_waiting"] == 1)
     st, hdr, body = s.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 4})
     error_body(st, body, "queue full", 503)
     check(hdr.get("Retry-After") == "1", f"queue full: Retry-After ({hdr})")
@@ -542,10 +552,11 @@ def queue_and_disconnect_section():
     sock.close()
     t.join(timeout=300)
     check(second.get("r", (0,))[0] == 200, f"the waiting request after the disconnect: {second}")
-    m = s.wait_metrics(lambda m: m["lattice_kv_blocks_used"] == 0 and m["lattice_requests_running"] == 0)
+    m = s.wait_metrics(lambda m: m["lattice_kv_blocks_used"] == 0 and m["lattice:num_requests_running"] == 0)
     check(m["lattice_kv_blocks_used"] == 0, f"blocks freed after the disconnect: {m}")
-    check(m["lattice_client_disconnects_total"] == 1 and m['lattice_requests_finished_total{reason="cancelled"}'] == 1,
-          f"disconnect counted: {m}")
+    aborted = sum(v for k, v in m.items() if k.startswith("lattice:request_success_total{")
+                  and 'finished_reason="abort"' in k)
+    check(m["lattice_client_disconnects_total"] == 1 and aborted == 1, f"disconnect counted: {m}")
     s.stop()
 
 

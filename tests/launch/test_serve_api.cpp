@@ -207,23 +207,48 @@ TEST_CASE("parse_body bounds nesting; keys_equal") {
     CHECK(!lattice::serve::keys_equal("", "abc"));
 }
 
-TEST_CASE("metrics render Prometheus text") {
+TEST_CASE("metrics render Prometheus text, vLLM's names under lattice: with the model_name label") {
     Metrics m;
+    m.set_model("smol \"x\"", 300);
     m.count_response("/v1/completions", 200);
     m.count_response("/v1/completions", 200);
     m.count_response("other", 404);
     m.observe_ttft(0.03);
     m.observe_ttft(100);
-    m.set_engine({.running = 2, .waiting = 1, .blocks_used = 5, .blocks_total = 100});
+    m.set_engine({.running = 2, .waiting = 1, .blocks_used = 5, .blocks_total = 20, .prompt_tokens = 40,
+                  .cached_tokens = 16});
+    m.observe_finished("stop", 1.2, 30, 7);
+    m.observe_finished("length", 3, 250, 50);
+    m.count_finish("cancelled");
     const std::string t = m.render();
-    CHECK(t.find("lattice_http_requests_total{route=\"/v1/completions\",code=\"200\"} 2\n") != std::string::npos);
-    CHECK(t.find("lattice_http_requests_total{route=\"other\",code=\"404\"} 1\n") != std::string::npos);
-    CHECK(t.find("lattice_requests_running 2\n") != std::string::npos);
-    CHECK(t.find("lattice_kv_blocks_used 5\n") != std::string::npos);
-    CHECK(t.find("lattice_kv_blocks_total 100\n") != std::string::npos);
-    CHECK(t.find("lattice_time_to_first_token_seconds_bucket{le=\"0.02\"} 0\n") != std::string::npos);
-    CHECK(t.find("lattice_time_to_first_token_seconds_bucket{le=\"0.04\"} 1\n") != std::string::npos);
-    CHECK(t.find("lattice_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2\n") != std::string::npos);
-    CHECK(t.find("lattice_time_to_first_token_seconds_count 2\n") != std::string::npos);
-    CHECK(t.find("# TYPE lattice_inter_token_latency_seconds histogram\n") != std::string::npos);
+    auto has = [&](const std::string& line) {
+        INFO(line);
+        CHECK(t.find(line) != std::string::npos);
+    };
+    const std::string L = "model_name=\"smol \\\"x\\\"\"";
+    has("lattice_http_requests_total{route=\"/v1/completions\",code=\"200\"} 2\n");
+    has("lattice_http_requests_total{route=\"other\",code=\"404\"} 1\n");
+    has("# TYPE lattice:num_requests_running gauge\nlattice:num_requests_running{" + L + "} 2\n");
+    has("lattice:num_requests_waiting{" + L + "} 1\n");
+    has("lattice:kv_cache_usage_perc{" + L + "} 0.25\n");
+    has("# TYPE lattice:prefix_cache_queries_total counter\nlattice:prefix_cache_queries_total{" + L + "} 40\n");
+    has("lattice:prefix_cache_hits_total{" + L + "} 16\n");
+    has("lattice_kv_blocks_used 5\n");
+    has("lattice_kv_blocks_total 20\n");
+    has("lattice:request_success_total{" + L + ",finished_reason=\"stop\"} 1\n");
+    has("lattice:request_success_total{" + L + ",finished_reason=\"length\"} 1\n");
+    has("lattice:request_success_total{" + L + ",finished_reason=\"abort\"} 1\n");
+    has("lattice:time_to_first_token_seconds_bucket{" + L + ",le=\"0.02\"} 0\n");
+    has("lattice:time_to_first_token_seconds_bucket{" + L + ",le=\"0.04\"} 1\n");
+    has("lattice:time_to_first_token_seconds_bucket{" + L + ",le=\"+Inf\"} 2\n");
+    has("lattice:time_to_first_token_seconds_count{" + L + "} 2\n");
+    has("# TYPE lattice:inter_token_latency_seconds histogram\n");
+    has("lattice:e2e_request_latency_seconds_bucket{" + L + ",le=\"1.5\"} 1\n");
+    has("lattice:e2e_request_latency_seconds_sum{" + L + "} 4.2\n");
+    // Token-count buckets in 1-2-5 steps up to the context (300): ... 100, 200, 500.
+    has("lattice:request_prompt_tokens_bucket{" + L + ",le=\"50\"} 1\n");
+    has("lattice:request_prompt_tokens_bucket{" + L + ",le=\"500\"} 2\n");
+    CHECK(t.find("le=\"1000\"") == std::string::npos);
+    has("lattice:request_generation_tokens_bucket{" + L + ",le=\"10\"} 1\n");
+    has("lattice:request_generation_tokens_count{" + L + "} 2\n");
 }
