@@ -49,7 +49,13 @@ std::string default_served_name(const ModelArgs& m) {
 int run_serve(ServeArgs& a) {
     if (a.model.model.empty() && !a.model.random_weights) a.model.model = default_model_path();
     if (a.server.api_key.empty())
-        if (const char* k = std::getenv("LATTICE_API_KEY")) a.server.api_key = k;
+        if (const char* k = std::getenv("LATTICE_API_KEY")) {
+            // Set but empty is a mistake more often than a wish (an unexpanded variable in a job script):
+            // it would serve without authentication.
+            LATTICE_CHECK(*k != '\0', "LATTICE_API_KEY is set but empty: that would serve without authentication; "
+                                       "set a key, or unset LATTICE_API_KEY to serve without one");
+            a.server.api_key = k;
+        }
     if (a.served_name.empty()) a.served_name = default_served_name(a.model);
     // Every request passes through the engine's waiting queue (admitted at the next step), so 0 would refuse all.
     LATTICE_CHECK(a.loop.max_queue >= 1, "--max-queue must be >= 1, got {}", a.loop.max_queue);
@@ -115,7 +121,11 @@ void add_serve_command(CLI::App& app, CommandRun& run) {
         ->check(CLI::Range(0, 65535));
     cmd->add_option("--api-key", s.api_key,
                     "Require \"Authorization: Bearer KEY\" on /v1 routes (or set LATTICE_API_KEY: the command line is "
-                    "visible to other users)");
+                    "visible to other users)")
+        ->check([](const std::string& v) {
+            return v.empty() ? std::string("an empty --api-key would serve without authentication; leave it out instead")
+                             : std::string();
+        });
     cmd->add_option("--served-model-name", args->served_name,
                     "The name clients pass as \"model\" (default: the model file or folder's name)");
     cmd->add_option("--max-queue", args->loop.max_queue, "Requests waiting for the engine at most (>= 1); more get 503")

@@ -328,10 +328,13 @@ def error_body(status, body, what, want):
 
 
 def bad_command_lines():
-    for args, what in ((["--max-queue", "0"], "--max-queue"), (["--port", "70000"], "--port"),
-                       (["--host", "192.0.2.1", "--port", "0"], "cannot listen on 192.0.2.1")):
+    for args, what, env in ((["--max-queue", "0"], "--max-queue", {}), (["--port", "70000"], "--port", {}),
+                            (["--host", "192.0.2.1", "--port", "0"], "cannot listen on 192.0.2.1", {}),
+                            (["--api-key", ""], "empty --api-key", {}),
+                            ([], "LATTICE_API_KEY is set but empty", {"LATTICE_API_KEY": ""})):
         try:
-            r = subprocess.run([lattice, "serve", "--model", golden] + args, capture_output=True, text=True, timeout=120)
+            r = subprocess.run([lattice, "serve", "--model", golden] + args, capture_output=True, text=True, timeout=120,
+                               env=dict(os.environ, **env))
             check(r.returncode != 0 and what in r.stderr, f"serve {args}: exit {r.returncode}: {r.stderr[-300:]}")
         except subprocess.TimeoutExpired:
             check(False, f"serve {args} did not exit")
