@@ -35,6 +35,8 @@ void attention(float* out, const float* qkv, float* k_cache, float* v_cache, con
                const int32_t* seqs, int64_t m, const AttentionArgs& a, ThreadPool& pool);
 void silu_mul(float* out, const float* gate_up, int64_t m, int64_t f, ThreadPool& pool);
 void add(float* out, const float* a, const float* b, int64_t n);
+// x[r, c] += bias[c] for rows x cols row-major x.
+void add_bias_rows(float* x, const float* bias, int64_t rows, int64_t cols);
 
 // The device token selection (kernels/cuda select_tokens) on the host, for one row of logits
 // (modified: banned ids become -inf): temperature 0 is the argmax (lowest id on ties); otherwise

@@ -322,6 +322,14 @@ void CpuBackend::add(const View& out, const View& a, const View& b) {
     cpu::add(out.ptr<float>(), a.ptr<float>(), b.ptr<float>(), out.numel());
 }
 
+void CpuBackend::add_bias(const View& x, const View& bias) {
+    check_f32(x, "add_bias");
+    check_f32(bias, "add_bias");
+    LATTICE_CHECK(x.ndim == 2 && bias.numel() == x.cols() && x.is_contiguous(), "add_bias: x {} + bias {}",
+                  x.shape_str(), bias.shape_str());
+    cpu::add_bias_rows(x.ptr<float>(), bias.ptr<float>(), x.rows(), x.cols());
+}
+
 void CpuBackend::linear(const View& out, const View& x, const Linear& w) {
     check_f32(out, "linear");
     check_f32(x, "linear");

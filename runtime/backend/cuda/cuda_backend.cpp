@@ -106,6 +106,8 @@ bool CudaBackend::supports(Op op, DType dtype) const {
         case Op::kSiluMul:
         case Op::kAdd:
             return dtype == act_;
+        case Op::kAddBias:  // q/k/v biases (qwen2) run on the CPU backend only; the model refuses them here
+            return false;
     }
     return false;
 }
