@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the model-family fixtures of tests/runtime/model/families/: a tiny random checkpoint per
-family lattice runs beyond Llama (today Qwen2), as Hugging Face safetensors + config.json and as the
+family lattice runs beyond Llama (Qwen2, Mistral), as Hugging Face safetensors + config.json and as the
 same weights in a GGUF written with gguf-py the way llama.cpp's converter lays that family out, plus
 the reference logits of every prompt position and 24 greedy tokens from an independent float64 NumPy
 forward written from the semantics of transformers' modeling code (not from lattice's):
@@ -11,6 +11,8 @@ forward written from the semantics of transformers' modeling code (not from latt
   RoPE: rotate_half (half-split pairs i, i + d/2), inv_freq = theta^(-2i/d) with rope_theta from the
   config; GQA by repeating each kv head n_heads / n_kv_heads times; causal softmax(q k^T / sqrt(d));
   RMSNorm x / sqrt(mean(x^2) + eps) * w. No bias on o_proj or the MLP.
+  MistralForCausalLM (modeling_mistral.py): the same without biases, with the sliding-window causal
+  mask: the query at i attends keys i - sliding_window < j <= i.
 
 Weights are float16 values (stored F16 in both files; GGUF norms and biases F32, as llama.cpp keeps
 1-D tensors), so both files hold exactly the values the float64 reference used. Output per family
@@ -32,6 +34,7 @@ N_NEW = 24
 
 def qwen2_spec():
     return {
+        "gguf": True,
         "name": "qwen2",
         "seed": 20261204,
         "config": {
@@ -59,6 +62,40 @@ def qwen2_spec():
     }
 
 
+def mistral_spec():
+    # Llama's tensors plus a sliding window shorter than the prompts (transformers' MistralForCausalLM:
+    # the query at i attends keys i - W < j <= i); the 40-token prompt and its continuation cross a
+    # 32-position tile of lattice's CPU attention, so windows that skip whole tiles are covered too.
+    # No GGUF: llama.cpp writes Mistral as architecture "llama", which has no window.
+    rng = np.random.default_rng(7)
+    return {
+        "name": "mistral",
+        "seed": 20261213,
+        "gguf": False,
+        "config": {
+            "architectures": ["MistralForCausalLM"],
+            "model_type": "mistral",
+            "hidden_act": "silu",
+            "hidden_size": 48,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": 128,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "rope_scaling": None,
+            "max_position_embeddings": 128,
+            "sliding_window": 6,
+            "tie_word_embeddings": False,
+            "torch_dtype": "float16",
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+        "prompts": [[1] + [int(x) for x in rng.integers(3, 128, 39)], [1, 9, 33, 70, 12, 99, 4, 51, 18, 77, 23, 64]],
+    }
+
+
 def make_weights(cfg, rng):
     H, F, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     nq, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -78,10 +115,10 @@ def make_weights(cfg, rng):
         w[p + "self_attn.q_proj.weight"] = rnd((nq * hd, H), 1.0 / np.sqrt(H))
         w[p + "self_attn.k_proj.weight"] = rnd((nkv * hd, H), 1.0 / np.sqrt(H))
         w[p + "self_attn.v_proj.weight"] = rnd((nkv * hd, H), 1.0 / np.sqrt(H))
-        # Qwen2's biases are large (k especially): make them matter.
-        w[p + "self_attn.q_proj.bias"] = rnd((nq * hd,), 0.5)
-        w[p + "self_attn.k_proj.bias"] = rnd((nkv * hd,), 1.0)
-        w[p + "self_attn.v_proj.bias"] = rnd((nkv * hd,), 0.5)
+        if cfg["model_type"] == "qwen2":  # Qwen2's biases are large (k especially): make them matter.
+            w[p + "self_attn.q_proj.bias"] = rnd((nq * hd,), 0.5)
+            w[p + "self_attn.k_proj.bias"] = rnd((nkv * hd,), 1.0)
+            w[p + "self_attn.v_proj.bias"] = rnd((nkv * hd,), 0.5)
         w[p + "self_attn.o_proj.weight"] = rnd((H, nq * hd), 1.0 / np.sqrt(nq * hd))
         w[p + "mlp.gate_proj.weight"] = rnd((F, H), 1.0 / np.sqrt(H))
         w[p + "mlp.up_proj.weight"] = rnd((F, H), 1.0 / np.sqrt(H))
@@ -115,13 +152,17 @@ def forward(cfg, w, ids):
     T = len(ids)
     pos = np.arange(T, dtype=np.float64)
     h = W["model.embed_tokens.weight"][ids]
-    mask = np.triu(np.full((T, T), -np.inf), 1)
+    mask = np.triu(np.full((T, T), -np.inf), 1)  # causal: j <= i
+    window = cfg.get("sliding_window") if cfg["model_type"] == "mistral" else None
+    if window:  # Mistral's sliding window: also j > i - window
+        mask += np.tril(np.full((T, T), -np.inf), -window)
     for l in range(L):
         p = f"model.layers.{l}."
         x = rms_norm(h, W[p + "input_layernorm.weight"], eps)
-        q = (x @ W[p + "self_attn.q_proj.weight"].T + W[p + "self_attn.q_proj.bias"]).reshape(T, nq, hd)
-        k = (x @ W[p + "self_attn.k_proj.weight"].T + W[p + "self_attn.k_proj.bias"]).reshape(T, nkv, hd)
-        v = (x @ W[p + "self_attn.v_proj.weight"].T + W[p + "self_attn.v_proj.bias"]).reshape(T, nkv, hd)
+        def proj(n):  # q/k/v projection, plus its bias where the family has one (Qwen2)
+            y = x @ W[p + f"self_attn.{n}_proj.weight"].T
+            return y + W[p + f"self_attn.{n}_proj.bias"] if p + f"self_attn.{n}_proj.bias" in W else y
+        q, k, v = proj("q").reshape(T, nq, hd), proj("k").reshape(T, nkv, hd), proj("v").reshape(T, nkv, hd)
         q, k = rope(q, pos, theta), rope(k, pos, theta)
         rep = nq // nkv
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)  # repeat_kv
@@ -226,7 +267,8 @@ def make_family(spec, out_root):
         json.dump(cfg, f, indent=2)
         f.write("\n")
     write_safetensors(os.path.join(d, "model.safetensors"), w)
-    write_gguf(os.path.join(d, "model.gguf"), spec["name"], cfg, w)
+    if spec.get("gguf", True):
+        write_gguf(os.path.join(d, "model.gguf"), spec["name"], cfg, w)
     cases, logits = [], {}
     for i, prompt in enumerate(spec["prompts"]):
         logits[f"case{i}.logits"] = forward(cfg, w, prompt).astype(np.float32)
@@ -244,6 +286,7 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "tests", "runtime", "model", "families")
     make_family(qwen2_spec(), out)
+    make_family(mistral_spec(), out)
 
 
 if __name__ == "__main__":

@@ -50,9 +50,9 @@ std::vector<Architecture> make_table() {
     llama.tensors = dense_tensors(false);
     t.push_back(llama);
 
-    // Mistral is Llama's tensors plus a sliding window; run only where the window never bites
-    // (sliding_window null or >= max_position_embeddings): ModelConfig refuses the rest. llama.cpp
-    // writes Mistral GGUFs as architecture "llama", so there is no GGUF name of its own.
+    // Mistral is Llama's tensors plus a sliding window, which attention honours (query i attends keys
+    // i - W < j <= i, on the CPU backend). llama.cpp writes Mistral GGUFs as architecture "llama"
+    // (without the window), so there is no GGUF name of its own.
     Architecture mistral = llama;
     mistral.name = "mistral";
     mistral.hf_model_types = {"mistral"};
@@ -60,10 +60,12 @@ std::vector<Architecture> make_table() {
     mistral.hf_model_type = "mistral";
     mistral.gguf_name = "";
     mistral.sliding_window = true;
+    mistral.sliding_window_honoured = true;
     mistral.rope_scaling = {"linear"};
     t.push_back(mistral);
 
-    // Qwen2 / Qwen2.5: q/k/v biases; llama.cpp keeps its q/k rows in HF order (NEOX-style rope).
+    // Qwen2 / Qwen2.5: q/k/v biases; llama.cpp keeps its q/k rows in HF order (NEOX-style rope). Its
+    // window (use_sliding_window) applies to the layers from max_window_layers on: not honoured, refused.
     Architecture qwen2;
     qwen2.name = "qwen2";
     qwen2.hf_model_types = {"qwen2"};

@@ -66,7 +66,8 @@ struct Architecture {
     std::string gguf_name;                     // GGUF general.architecture (metadata key prefix)
     bool qkv_bias = false;                     // q/k/v projections carry biases
     bool gguf_qk_interleaved = false;          // llama.cpp's converter stored q/k rows in RoPE-pair order
-    bool sliding_window = false;               // the config may carry a sliding window (refused when it bites)
+    bool sliding_window = false;               // the config may carry a sliding window
+    bool sliding_window_honoured = false;      // ... which attention applies (else refused when it bites)
     std::string sliding_window_flag;           // config.json switch the window needs ("": always applies)
     std::vector<std::string> rope_scaling;     // rope_scaling kinds accepted besides none
     int64_t moe_experts = 0;                   // MoE experts (none of the table's families yet)

@@ -158,9 +158,9 @@ void ModelConfig::validate() const {
     LATTICE_CHECK(sliding_window >= 0, "{}: sliding_window {} must be >= 0", s, sliding_window);
     LATTICE_CHECK(sliding_window == 0 || arch.sliding_window, "{}: architecture '{}' has no sliding window", s,
                   family);
-    LATTICE_CHECK(sliding_window == 0 || sliding_window >= max_position,
+    LATTICE_CHECK(sliding_window == 0 || sliding_window >= max_position || arch.sliding_window_honoured,
                   "{}: architecture '{}' with sliding_window {} < max_position_embeddings {} is not supported "
-                  "(lattice's attention is full; the window would be ignored and answers past it wrong)",
+                  "(lattice does not apply this family's window; it would be ignored and answers past it wrong)",
                   s, family, sliding_window, max_position);
     auto positive = [&](int64_t v, const char* name) {
         LATTICE_CHECK(v > 0 && v < (int64_t(1) << 31), "{}: {} must be in [1, 2^31), got {}", s, name, v);

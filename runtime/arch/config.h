@@ -26,7 +26,8 @@ struct ModelConfig {
     std::string architecture = "LlamaForCausalLM";  // HF class name (config.json architectures[0])
     std::string family = "llama";  // entry of the architecture table (runtime/arch/architecture.h)
     // Attention window (keys j with i - sliding_window < j <= i); 0: none. Only families with the
-    // option carry one, and validate() refuses a window shorter than max_position (not honoured).
+    // option carry one; validate() refuses a window shorter than max_position where the family's
+    // window is not honoured (Architecture::sliding_window_honoured).
     int64_t sliding_window = 0;
     int64_t hidden = 0;
     int64_t intermediate = 0;

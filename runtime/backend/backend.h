@@ -94,6 +94,7 @@ enum class Op : uint8_t {
     kSiluMul,
     kAdd,
     kAddBias,   // a row vector added to every row (q/k/v biases)
+    kSlidingWindow,  // attention honours AttentionShape::window
     kGemm,      // float weights
     kGemmInt8,  // W8A16 / W8A8
 };
@@ -143,6 +144,7 @@ struct AttentionShape {
     int64_t table_width = 0;  // entries per block-table row: ceil(max_seq / block_size)
     int64_t max_seq = 0;      // positions per sequence
     float scale = 1.0f;       // softmax scale, 1/sqrt(head_dim)
+    int64_t window = 0;       // sliding window: query at i attends keys i - window < j <= i; 0: all
 };
 
 // A captured step (Backend::capture_step): the backend's work of one step body, replayed for later

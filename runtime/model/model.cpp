@@ -36,6 +36,8 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
     attn_.table_width = (opt_.max_seq + opt_.block_size - 1) / opt_.block_size;
     attn_.max_seq = opt_.max_seq;
     attn_.scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
+    // A window as long as the context never bites: full attention (any backend).
+    attn_.window = cfg_.sliding_window > 0 && cfg_.sliding_window < opt_.max_seq ? cfg_.sliding_window : 0;
     const Op ops[] = {Op::kEmbed, Op::kRmsNorm, Op::kAddRmsNorm, Op::kRope, Op::kAttention, Op::kSiluMul, Op::kAdd};
     for (Op op : ops)
         LATTICE_CHECK(be_.supports(op, be_.activation_dtype()), "backend {} does not support {} in {}", be_.name(),
@@ -46,6 +48,12 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
                       "backend {} does not support {} in {}: architecture '{}' needs its q/k/v biases (run it on "
                       "the CPU backend)",
                       be_.name(), op_name(Op::kAddBias), dtype_name(be_.activation_dtype()), arch.name);
+    if (attn_.window > 0)
+        LATTICE_CHECK(be_.supports(Op::kSlidingWindow, be_.activation_dtype()),
+                      "backend {} does not support {} in {}: architecture '{}' has sliding_window {} < {} positions "
+                      "(run it on the CPU backend)",
+                      be_.name(), op_name(Op::kSlidingWindow), dtype_name(be_.activation_dtype()), arch.name,
+                      attn_.window, opt_.max_seq);
     if (opt_.quant != QuantMode::kNone)
         LATTICE_CHECK(be_.supports(Op::kGemmInt8, DType::kI8), "backend {} does not support quantization {}",
                       be_.name(), quant_mode_name(opt_.quant));
