@@ -19,7 +19,7 @@
 #include "benchmarks/bench_common.h"
 
 #include "runtime/backend/cpu/cpu_backend.h"
-#include "runtime/model/config.h"
+#include "runtime/arch/config.h"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>

@@ -24,7 +24,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/mpi_session.h"
-#include "runtime/model/config.h"
+#include "runtime/arch/config.h"
 
 using namespace lattice;
 

@@ -5,7 +5,7 @@
 #include "launch/cli_common.h"
 
 #include "parallel/world_config.h"
-#include "runtime/model/config.h"
+#include "runtime/arch/config.h"
 #include "runtime/weights/tensor_source.h"
 
 #include <fmt/format.h>

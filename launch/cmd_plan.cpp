@@ -9,7 +9,7 @@
 
 #include "base/file.h"
 #include "parallel/plan_model.h"
-#include "runtime/model/config.h"
+#include "runtime/arch/config.h"
 #include "runtime/weights/tensor_source.h"
 
 #include <fmt/format.h>

@@ -5,15 +5,16 @@ layer above its own (kernels including runtime, the model including the engine .
 with the file, the line and the rule.
 
     base  <-  kernels/common  <-  kernels/cpu, kernels/cuda  <-  parallel
-          <-  runtime: weights, backend, tokenizer  <-  model  <-  engine  <-  builder  <-  launch
+          <-  runtime: arch  <-  weights, backend, tokenizer  <-  model  <-  engine  <-  builder  <-  launch
                                                         model  <-  converter  <-  launch
 
 runtime/builder (a rank's backend, communicators, model shard, KV cache and engine) sits above the
 engine; runtime/converter (`lattice convert`) above the model and the weights. Neither includes the
 other, and nothing below them includes either: only launch/, benchmarks and tests do.
 
-Rules are prefixes (the longest that matches a file's path wins), so runtime/model/config.h can sit
-below runtime/weights (the weight sources parse configs) while the rest of runtime/model sits above.
+Rules are prefixes (the longest that matches a file's path wins). runtime/arch (ModelConfig and the
+architecture table) sits below runtime/weights: the weight sources parse configs and name tensors
+through the table, and the model, the converter and everything above read the same entries.
 launch/ is parsing and formatting: none of its files includes an MPI header (<mpi.h>, parallel/mpi_*.h)
 or names an MPI identifier (`MPI_...`, comments included); it reaches the ranks through
 parallel/world_session.h and parallel/rank_agreement.h.
@@ -33,17 +34,18 @@ RULES = {
     "kernels/cpu/": KERNELS_COMMON,
     "kernels/cuda/": KERNELS_COMMON,
     "parallel/": BASE,
-    "runtime/model/config": BASE + ["parallel/world_config.h"],
-    "runtime/weights/": BASE + ["kernels/common/", "parallel/world_config.h", "runtime/model/config.h"],
+    "runtime/arch/": BASE + ["parallel/world_config.h"],
+    "runtime/weights/": BASE + ["kernels/common/", "parallel/world_config.h", "runtime/arch/"],
     "runtime/backend/": KERNELS_COMMON + ["kernels/cpu/", "kernels/cuda/", "parallel/"],
     "runtime/tokenizer/": BASE + ["runtime/weights/gguf.h"],
-    "runtime/model/": BASE + ["kernels/common/", "parallel/", "runtime/backend/backend.h", "runtime/weights/",
-                              "runtime/model/"],
-    "runtime/engine/": BASE + ["kernels/common/", "parallel/", "runtime/backend/", "runtime/weights/", "runtime/model/",
+    "runtime/model/": BASE + ["kernels/common/", "parallel/", "runtime/backend/backend.h", "runtime/arch/",
+                              "runtime/weights/"],
+    "runtime/engine/": BASE + ["kernels/common/", "parallel/", "runtime/backend/", "runtime/arch/", "runtime/weights/",
+                               "runtime/model/",
                                "runtime/tokenizer/"],
-    "runtime/builder/": BASE + ["parallel/", "runtime/backend/", "runtime/weights/", "runtime/model/",
+    "runtime/builder/": BASE + ["parallel/", "runtime/backend/", "runtime/arch/", "runtime/weights/", "runtime/model/",
                                 "runtime/tokenizer/", "runtime/engine/"],
-    "runtime/converter/": BASE + ["parallel/", "runtime/backend/backend.h", "runtime/weights/", "runtime/model/"],
+    "runtime/converter/": BASE + ["parallel/", "runtime/backend/backend.h", "runtime/arch/", "runtime/weights/", "runtime/model/"],
     "launch/": BASE + ["kernels/", "parallel/", "runtime/"],
     # benchmarks and tests sit beside the tree and may use any layer (but not each other's files).
     "benchmarks/": BASE + ["kernels/", "parallel/", "runtime/", "launch/"],

@@ -9,6 +9,9 @@
 //    register blocks of up to 8 rows (tile_rows): scores as a small GEMM against the transposed
 //    tile, online softmax per row (running max, running sum, rescaled accumulator; the weights by
 //    a vectorizable exp, exp_neg in kernels/common/fast_exp.h), then the weighted V rows as a small GEMM.
+// A sliding window (AttentionArgs::window = W > 0) limits the keys of the query at position i to
+// i - W < j <= i, as transformers' Mistral does: tiles wholly before a row's window are skipped for that
+// row, and in the tile holding the window's start the positions before it get zero weight.
 // Every query row's arithmetic depends only on its own q and on positions 0..pos of its sequence,
 // in a fixed order (tiles from position 0, d then j), never on which other tokens share its batch
 // or run: chunked prefill, batched decode and single-token decode give bit-identical rows.
@@ -84,22 +87,24 @@ template <int R>
             }
 }
 
+// Positions [lo, valid) of the tile are the rows' keys (lo > 0 only where a sliding window starts).
 template <int R>
 [[gnu::always_inline]] inline void rows_block(float* acc, float* m, float* l, float* s, const float* q,
-                                              const float* kt, const float* v, int64_t valid, int64_t hd) {
+                                              const float* kt, const float* v, int64_t lo, int64_t valid,
+                                              int64_t hd) {
     scores_rows<R>(s, q, kt, hd);
     // online softmax, one row at a time: running max, rescale, weights into s
     for (int r = 0; r < R; ++r) {
         float* sr = s + r * kTile;
         float mt = m[r];
-        for (int64_t j = 0; j < valid; ++j) mt = std::max(mt, sr[j]);
+        for (int64_t j = lo; j < valid; ++j) mt = std::max(mt, sr[j]);
         const float rescale = exp_neg(m[r] - mt);
-        for (int64_t j = 0; j < kTile; ++j) {  // the whole tile, so that it vectorizes; zero past valid
+        for (int64_t j = 0; j < kTile; ++j) {  // the whole tile, so that it vectorizes; zero outside [lo, valid)
             const float e = exp_neg(sr[j] - mt);
-            sr[j] = j < valid ? e : 0.0f;
+            sr[j] = j < valid && j >= lo ? e : 0.0f;
         }
         float sum = 0.0f;
-        for (int64_t j = 0; j < valid; ++j) sum += sr[j];
+        for (int64_t j = lo; j < valid; ++j) sum += sr[j];
         l[r] = l[r] * rescale + sum;
         m[r] = mt;
         float* ar = acc + r * hd;
@@ -111,13 +116,13 @@ template <int R>
 // One tile for `rows` query rows (consecutive in q, acc, m, l) that share `valid`; s holds
 // kRows x kTile floats of scratch.
 LATTICE_MULTIVERSION void tile_rows(float* acc, float* m, float* l, float* s, const float* q, const float* kt,
-                                    const float* v, int64_t valid, int64_t hd, int64_t rows) {
+                                    const float* v, int64_t lo, int64_t valid, int64_t hd, int64_t rows) {
     int64_t r = 0;
     for (; r + kRows <= rows; r += kRows)
-        rows_block<kRows>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, valid, hd);
-    if (r + 4 <= rows) rows_block<4>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, valid, hd), r += 4;
-    if (r + 2 <= rows) rows_block<2>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, valid, hd), r += 2;
-    if (r < rows) rows_block<1>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, valid, hd);
+        rows_block<kRows>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, lo, valid, hd);
+    if (r + 4 <= rows) rows_block<4>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, lo, valid, hd), r += 4;
+    if (r + 2 <= rows) rows_block<2>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, lo, valid, hd), r += 2;
+    if (r < rows) rows_block<1>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, lo, valid, hd);
 }
 
 struct Scratch {
@@ -190,7 +195,11 @@ void attention(float* out, const float* qkv, float* k_cache, float* v_cache, con
             std::fill(sc.m.begin(), sc.m.begin() + rows, -3.402823466e38f);
             std::fill(sc.l.begin(), sc.l.begin() + rows, 0.0f);
             const int64_t last = positions[t0 + n - 1];
-            for (int64_t j0 = 0; j0 <= last; j0 += kTile) {
+            // First key position of a row at `pos` (0 without a window); the run's first token has the lowest.
+            const auto window_start = [&](int64_t pos) {
+                return a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : int64_t(0);
+            };
+            for (int64_t j0 = window_start(positions[t0]) / kTile * kTile; j0 <= last; j0 += kTile) {
                 const int64_t jn = std::min(kTile, last + 1 - j0);
                 for (int64_t j = 0; j < kTile; ++j) {
                     if (j < jn) {
@@ -204,10 +213,12 @@ void attention(float* out, const float* qkv, float* k_cache, float* v_cache, con
                 for (int64_t i = 0; i < n; ++i) {
                     const int64_t pos = positions[t0 + i];
                     if (pos < j0) continue;
-                    const int64_t valid = std::min(jn, pos - j0 + 1);
+                    const int64_t start = window_start(pos);
+                    if (start >= j0 + jn) continue;  // the whole tile lies before this row's window
+                    const int64_t valid = std::min(jn, pos - j0 + 1), lo = std::max<int64_t>(0, start - j0);
                     const int64_t r = i * group;  // the token's query heads: rows r .. r + group - 1
                     tile_rows(sc.acc.data() + r * hd, sc.m.data() + r, sc.l.data() + r, sc.s.data(),
-                              sc.q.data() + r * hd, sc.kt.data(), sc.v.data(), valid, hd, group);
+                              sc.q.data() + r * hd, sc.kt.data(), sc.v.data(), lo, valid, hd, group);
                 }
             }
             for (int64_t i = 0; i < n; ++i)

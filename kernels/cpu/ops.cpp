@@ -128,6 +128,13 @@ void add(float* out, const float* a, const float* b, int64_t n) {
     for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
+void add_bias_rows(float* x, const float* bias, int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; ++r) {
+        float* row = x + r * cols;
+        for (int64_t c = 0; c < cols; ++c) row[c] += bias[c];
+    }
+}
+
 double log_sum_exp(const float* x, int64_t n) {
     float mx = -INFINITY;
     for (int64_t j = 0; j < n; ++j)

@@ -28,13 +28,17 @@ struct AttentionArgs {
     const int32_t* block_tables;     // [num_seqs, table_width]
     int64_t num_seqs, table_width;
     float scale;
+    int64_t window;  // sliding window W: keys positions[i] - W < j <= positions[i]; 0: all
 };
 // Stores k/v of token i (sequence seqs[i], position positions[i]) in its block, then causal GQA
-// attention over positions 0..positions[i] of its sequence; out [m, n_heads * head_dim].
+// attention over positions 0..positions[i] of its sequence (the last `window` of them when window > 0);
+// out [m, n_heads * head_dim].
 void attention(float* out, const float* qkv, float* k_cache, float* v_cache, const int32_t* positions,
                const int32_t* seqs, int64_t m, const AttentionArgs& a, ThreadPool& pool);
 void silu_mul(float* out, const float* gate_up, int64_t m, int64_t f, ThreadPool& pool);
 void add(float* out, const float* a, const float* b, int64_t n);
+// x[r, c] += bias[c] for rows x cols row-major x.
+void add_bias_rows(float* x, const float* bias, int64_t rows, int64_t cols);
 
 // The device token selection (kernels/cuda select_tokens) on the host, for one row of logits
 // (modified: banned ids become -inf): temperature 0 is the argmax (lowest id on ties); otherwise

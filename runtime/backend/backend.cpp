@@ -35,6 +35,8 @@ std::string_view op_name(Op op) {
         case Op::kAttention: return "attention";
         case Op::kSiluMul: return "silu_mul";
         case Op::kAdd: return "add";
+        case Op::kAddBias: return "add_bias";
+        case Op::kSlidingWindow: return "sliding_window attention";
         case Op::kGemm: return "gemm";
         case Op::kGemmInt8: return "gemm_int8";
     }

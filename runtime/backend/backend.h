@@ -93,6 +93,8 @@ enum class Op : uint8_t {
     kAttention,
     kSiluMul,
     kAdd,
+    kAddBias,   // a row vector added to every row (q/k/v biases)
+    kSlidingWindow,  // attention honours AttentionShape::window
     kGemm,      // float weights
     kGemmInt8,  // W8A16 / W8A8
 };
@@ -142,6 +144,7 @@ struct AttentionShape {
     int64_t table_width = 0;  // entries per block-table row: ceil(max_seq / block_size)
     int64_t max_seq = 0;      // positions per sequence
     float scale = 1.0f;       // softmax scale, 1/sqrt(head_dim)
+    int64_t window = 0;       // sliding window: query at i attends keys i - window < j <= i; 0: all
 };
 
 // A captured step (Backend::capture_step): the backend's work of one step body, replayed for later
@@ -245,6 +248,11 @@ public:
     // out[m, f] = silu(gu[m, f]) * gu[m, F + f] where gu = [gate | up] is [m, 2F].
     virtual void silu_mul(const View& out, const View& gate_up) = 0;
     virtual void add(const View& out, const View& a, const View& b) = 0;
+    // x[r, :] += bias (f32 [cols]) for every row, in f32 (supports(Op::kAddBias); the default refuses).
+    virtual void add_bias(const View& x, const View& bias) {
+        LATTICE_FAIL("backend {} does not support add_bias ({} {} + bias {})", name(), dtype_name(x.dtype),
+                     x.shape_str(), bias.shape_str());
+    }
     // out[m, n] = x[m, k] . W^T
     virtual void linear(const View& out, const View& x, const Linear& w) = 0;
 

@@ -10,6 +10,7 @@
 #include <new>
 
 #include "base/log.h"
+#include "runtime/arch/architecture.h"
 #include "runtime/model/rank_weights.h"
 #include "runtime/weights/converted_source.h"
 #include "runtime/weights/random_source.h"
@@ -75,7 +76,7 @@ std::unique_ptr<Engine> make_local_engine(Model& model, const EngineOptions& opt
 }
 
 bool checkpoint_is_quantized(const TensorSource& src) {
-    const std::string probe = "model.layers.0.mlp.down_proj.weight";
+    const std::string probe = tensor_name(src.config(), TensorRole::kWDown, 0);
     return src.has(probe) && dtype_is_block(src.info(probe).dtype);
 }
 

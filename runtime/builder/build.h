@@ -30,7 +30,7 @@ namespace lattice {
 struct ModelSpec {
     std::string path;      // HF directory, .gguf file or converted folder (the shape of random weights when no preset)
     bool random = false;   // fabricate weights of the shape (benchmarks, tests)
-    std::string preset;    // built-in shape for random weights (runtime/model/config.h presets)
+    std::string preset;    // built-in shape for random weights (runtime/arch/config.h presets)
     uint64_t seed = 1234;  // random weights' seed
     bool verify = false;   // converted folder: check the SHA-256 of this rank's file too (sizes always)
 };

@@ -1,8 +1,9 @@
-// The Llama forward (see model.h for the sharding rules). Loading reads only this rank's slices.
+// The forward (see model.h for the sharding rules). Loading reads only this rank's slices.
 #include "runtime/model/model.h"
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "runtime/arch/architecture.h"
 #include "runtime/model/rank_weights.h"
 
 #include <algorithm>
@@ -35,10 +36,24 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
     attn_.table_width = (opt_.max_seq + opt_.block_size - 1) / opt_.block_size;
     attn_.max_seq = opt_.max_seq;
     attn_.scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
+    // A window as long as the context never bites: full attention (any backend).
+    attn_.window = cfg_.sliding_window > 0 && cfg_.sliding_window < opt_.max_seq ? cfg_.sliding_window : 0;
     const Op ops[] = {Op::kEmbed, Op::kRmsNorm, Op::kAddRmsNorm, Op::kRope, Op::kAttention, Op::kSiluMul, Op::kAdd};
     for (Op op : ops)
         LATTICE_CHECK(be_.supports(op, be_.activation_dtype()), "backend {} does not support {} in {}", be_.name(),
                       op_name(op), dtype_name(be_.activation_dtype()));
+    const Architecture& arch = architecture_of(cfg_);
+    if (arch.qkv_bias)
+        LATTICE_CHECK(be_.supports(Op::kAddBias, be_.activation_dtype()),
+                      "backend {} does not support {} in {}: architecture '{}' needs its q/k/v biases (run it on "
+                      "the CPU backend)",
+                      be_.name(), op_name(Op::kAddBias), dtype_name(be_.activation_dtype()), arch.name);
+    if (attn_.window > 0)
+        LATTICE_CHECK(be_.supports(Op::kSlidingWindow, be_.activation_dtype()),
+                      "backend {} does not support {} in {}: architecture '{}' has sliding_window {} < {} positions "
+                      "(run it on the CPU backend)",
+                      be_.name(), op_name(Op::kSlidingWindow), dtype_name(be_.activation_dtype()), arch.name,
+                      attn_.window, opt_.max_seq);
     if (opt_.quant != QuantMode::kNone)
         LATTICE_CHECK(be_.supports(Op::kGemmInt8, DType::kI8), "backend {} does not support quantization {}",
                       be_.name(), quant_mode_name(opt_.quant));
@@ -117,6 +132,7 @@ void Model::load(const TensorSource& src) {
             case WeightRole::kAttnNorm: L->attn_norm = be_.make_f32(h.view()); break;
             case WeightRole::kFfnNorm: L->ffn_norm = be_.make_f32(h.view()); break;
             case WeightRole::kWqkv: L->wqkv = make_linear(h, t.mode); break;
+            case WeightRole::kBqkv: L->qkv_bias = be_.make_f32(h.view()); break;
             case WeightRole::kWo: L->wo = make_linear(h, t.mode); break;
             case WeightRole::kWGateUp: L->w_gate_up = make_linear(h, t.mode); break;
             case WeightRole::kWDown: L->w_down = make_linear(h, t.mode); break;
@@ -149,7 +165,7 @@ void Model::allocate_kv(int64_t num_blocks) {
 int64_t Model::weight_bytes() const {
     int64_t b = embed_table_.bytes() + lm_head_.weight_bytes() + final_norm_.bytes();
     for (const auto& L : layers_)
-        b += L.attn_norm.bytes() + L.ffn_norm.bytes() + L.wqkv.weight_bytes() + L.wo.weight_bytes() +
+        b += L.attn_norm.bytes() + L.ffn_norm.bytes() + L.wqkv.weight_bytes() + L.qkv_bias.bytes() + L.wo.weight_bytes() +
              L.w_gate_up.weight_bytes() + L.w_down.weight_bytes();
     return b;
 }
@@ -212,6 +228,7 @@ void Model::run_layers(const TokenBatch& batch, const View& hidden) {
         if (li == 0) norm(View{}, L.attn_norm.view());
         if (observer_) observer_(layer, 0, normed);
         linear_normed(qkv, L.wqkv);
+        if (!L.qkv_bias.empty()) be_.add_bias(qkv, L.qkv_bias.view());
         be_.rope(qkv, batch, attn_, inv_freq_.view());
         be_.attention(attn, qkv, L.k_cache.view(), L.v_cache.view(), batch, attn_);
         be_.linear(proj, attn, L.wo);

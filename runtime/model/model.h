@@ -1,8 +1,11 @@
-// Model: the one Llama forward, for every backend and every TP x PP layout.
+// Model: the one forward of the dense families of the architecture table (runtime/arch/architecture.h:
+// Llama, Mistral without a biting window, Qwen2 with its q/k/v biases), for every backend and every
+// TP x PP layout.
 //
 // A rank holds one pipeline stage (a contiguous range of layers; the embedding on the first stage,
 // the final norm and LM head on the last) and, within it, its tensor-parallel shard:
-//   q/k/v and gate/up column-parallel (fused into one wqkv [q|k|v] and one w_gate_up [gate|up]),
+//   q/k/v and gate/up column-parallel (fused into one wqkv [q|k|v] and one w_gate_up [gate|up]; a
+//   q/k/v bias is split like its rows and added in f32 to the GEMM's output, after any dequantization),
 //   o and down row-parallel followed by one all-reduce each; attention heads split across TP ranks;
 //   kv heads split when tp <= n_kv_heads, replicated (one per rank) when tp > n_kv_heads;
 //   embedding and LM head vocab-parallel over ceil(vocab / tp) rows per rank (the last rank's
@@ -18,7 +21,7 @@
 #include "parallel/communicator.h"
 #include "runtime/backend/backend.h"
 #include "parallel/world_config.h"
-#include "runtime/model/config.h"
+#include "runtime/arch/config.h"
 #include "runtime/weights/tensor_source.h"
 
 #include <cstdint>
@@ -61,6 +64,7 @@ using ActivationObserver = std::function<void(int64_t layer, int which, const Vi
 struct LayerWeights {
     Buffer attn_norm;  // [hidden] f32
     Linear wqkv;       // [(nq + 2 nkv) * head_dim, hidden], local heads
+    Buffer qkv_bias;   // [(nq + 2 nkv) * head_dim] f32, local heads (qkv_bias families; empty otherwise)
     Linear wo;         // [hidden, nq * head_dim], local columns
     Buffer ffn_norm;   // [hidden] f32
     Linear w_gate_up;  // [2 * ffn_local, hidden]: gate rows then up rows

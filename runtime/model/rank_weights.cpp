@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "kernels/common/quantize.h"
+#include "runtime/arch/architecture.h"
 #include "runtime/weights/dequant.h"
 
 namespace lattice {
@@ -19,12 +20,6 @@ DType keep_dtype(DType t) {
     return (t == DType::kF32 || t == DType::kF16 || t == DType::kBF16) ? t : DType::kF32;
 }
 
-std::string layer_name(int64_t l, const char* suffix) {
-    return "model.layers." + std::to_string(l) + "." + suffix;
-}
-
-const char* kEmbedName = "model.embed_tokens.weight";
-const char* kHeadName = "lm_head.weight";
 
 // Rows of several host tensors stacked (q | k | v, gate | up); mixed dtypes widen to f32.
 HostTensor concat_rows(std::vector<HostTensor>& parts) {
@@ -56,6 +51,7 @@ RankWeights::RankWeights(const TensorSource& src, const ModelOptions& opt) : src
     const int64_t H = c.hidden, hd = c.head_dim;
     const ShardShape& s = shard_;
     const QuantMode head_mode = opt_.quant_head ? opt_.quant : QuantMode::kNone;
+    const bool qkv_bias = architecture_of(c).qkv_bias;
     auto add = [&](WeightRole role, int64_t layer, std::string name, int64_t rows, int64_t cols, QuantMode mode) {
         RankTensor t;
         t.role = role;
@@ -63,28 +59,29 @@ RankWeights::RankWeights(const TensorSource& src, const ModelOptions& opt) : src
         t.name = std::move(name);
         t.rows = rows;
         t.cols = cols;
-        t.vector = role == WeightRole::kFinalNorm || role == WeightRole::kAttnNorm || role == WeightRole::kFfnNorm;
+        t.vector = role == WeightRole::kFinalNorm || role == WeightRole::kAttnNorm || role == WeightRole::kFfnNorm ||
+                   role == WeightRole::kBqkv;
         t.mode = mode;
         tensors_.push_back(std::move(t));
     };
     const bool tied_float_head = opt_.last_stage && c.tie_embeddings && head_mode == QuantMode::kNone;
     if (opt_.first_stage || tied_float_head) {
-        add(WeightRole::kEmbed, -1, kEmbedName, s.vocab_rows, H, QuantMode::kNone);
+        add(WeightRole::kEmbed, -1, PreparedNames::embed(), s.vocab_rows, H, QuantMode::kNone);
         tensors_.back().table = opt_.first_stage;
         tensors_.back().tied_head = tied_float_head;
     }
     if (opt_.last_stage) {
-        if (!tied_float_head) add(WeightRole::kLmHead, -1, kHeadName, s.vocab_rows, H, head_mode);
-        add(WeightRole::kFinalNorm, -1, "model.norm.weight", 1, H, QuantMode::kNone);
+        if (!tied_float_head) add(WeightRole::kLmHead, -1, PreparedNames::lm_head(), s.vocab_rows, H, head_mode);
+        add(WeightRole::kFinalNorm, -1, PreparedNames::final_norm(), 1, H, QuantMode::kNone);
     }
     for (int64_t l = opt_.layer_begin; l < opt_.layer_end; ++l) {
-        add(WeightRole::kAttnNorm, l, layer_name(l, "input_layernorm.weight"), 1, H, QuantMode::kNone);
-        add(WeightRole::kWqkv, l, layer_name(l, "self_attn.qkv_proj.weight"), (s.n_heads + 2 * s.n_kv) * hd, H,
-            opt_.quant);
-        add(WeightRole::kWo, l, layer_name(l, "self_attn.o_proj.weight"), H, s.n_heads * hd, opt_.quant);
-        add(WeightRole::kFfnNorm, l, layer_name(l, "post_attention_layernorm.weight"), 1, H, QuantMode::kNone);
-        add(WeightRole::kWGateUp, l, layer_name(l, "mlp.gate_up_proj.weight"), 2 * s.ffn, H, opt_.quant);
-        add(WeightRole::kWDown, l, layer_name(l, "mlp.down_proj.weight"), H, s.ffn, opt_.quant);
+        add(WeightRole::kAttnNorm, l, PreparedNames::attn_norm(l), 1, H, QuantMode::kNone);
+        add(WeightRole::kWqkv, l, PreparedNames::wqkv(l), (s.n_heads + 2 * s.n_kv) * hd, H, opt_.quant);
+        if (qkv_bias) add(WeightRole::kBqkv, l, PreparedNames::bqkv(l), 1, (s.n_heads + 2 * s.n_kv) * hd, QuantMode::kNone);
+        add(WeightRole::kWo, l, PreparedNames::wo(l), H, s.n_heads * hd, opt_.quant);
+        add(WeightRole::kFfnNorm, l, PreparedNames::ffn_norm(l), 1, H, QuantMode::kNone);
+        add(WeightRole::kWGateUp, l, PreparedNames::w_gate_up(l), 2 * s.ffn, H, opt_.quant);
+        add(WeightRole::kWDown, l, PreparedNames::w_down(l), H, s.ffn, opt_.quant);
     }
     if (src.prepared())
         plan_prepared();
@@ -95,7 +92,9 @@ RankWeights::RankWeights(const TensorSource& src, const ModelOptions& opt) : src
 void RankWeights::plan_original() {
     const ModelConfig& c = src_.config();
     const int64_t H = c.hidden;
-    auto check_shape = [&](const std::string& name, std::vector<int64_t> expect) {
+    auto check_role = [&](TensorRole role, int64_t layer) {
+        const std::string name = tensor_name(c, role, layer);
+        const std::vector<int64_t> expect = tensor_shape(c, role);
         const TensorInfo& ti = src_.info(name);
         LATTICE_CHECK(ti.shape == expect, "{}: tensor \"{}\" has shape {}, expected {} from the config", ti.file, name,
                       shape_string(ti.shape), shape_string(expect));
@@ -107,35 +106,44 @@ void RankWeights::plan_original() {
         const int64_t l = t.layer;
         switch (t.role) {
             case WeightRole::kEmbed:
-                t.dtype = check_shape(kEmbedName, {c.vocab, H});
+                t.dtype = check_role(TensorRole::kEmbed, -1);
                 break;
             case WeightRole::kLmHead:
-                t.dtype = check_shape(c.tie_embeddings ? kEmbedName : kHeadName, {c.vocab, H});
+                t.dtype = check_role(c.tie_embeddings ? TensorRole::kEmbed : TensorRole::kLmHead, -1);
                 break;
             case WeightRole::kFinalNorm:
+                check_role(TensorRole::kFinalNorm, -1);
+                t.dtype = DType::kF32;
+                break;
             case WeightRole::kAttnNorm:
             case WeightRole::kFfnNorm:
-                check_shape(t.name, {H});
+                check_role(t.role == WeightRole::kAttnNorm ? TensorRole::kAttnNorm : TensorRole::kFfnNorm, l);
+                t.dtype = DType::kF32;
+                break;
+            case WeightRole::kBqkv:
+                check_role(TensorRole::kBq, l);
+                check_role(TensorRole::kBk, l);
+                check_role(TensorRole::kBv, l);
                 t.dtype = DType::kF32;
                 break;
             case WeightRole::kWqkv: {
-                const DType q = check_shape(layer_name(l, "self_attn.q_proj.weight"), {c.q_dim(), H});
-                const DType k = check_shape(layer_name(l, "self_attn.k_proj.weight"), {c.kv_dim(), H});
-                const DType v = check_shape(layer_name(l, "self_attn.v_proj.weight"), {c.kv_dim(), H});
+                const DType q = check_role(TensorRole::kWq, l);
+                const DType k = check_role(TensorRole::kWk, l);
+                const DType v = check_role(TensorRole::kWv, l);
                 t.dtype = (q == k && k == v && !smooth) ? q : DType::kF32;
                 break;
             }
             case WeightRole::kWo:
-                t.dtype = check_shape(t.name, {H, c.q_dim()});
+                t.dtype = check_role(TensorRole::kWo, l);
                 break;
             case WeightRole::kWGateUp: {
-                const DType g = check_shape(layer_name(l, "mlp.gate_proj.weight"), {c.intermediate, H});
-                const DType u = check_shape(layer_name(l, "mlp.up_proj.weight"), {c.intermediate, H});
+                const DType g = check_role(TensorRole::kWGate, l);
+                const DType u = check_role(TensorRole::kWUp, l);
                 t.dtype = (g == u && !smooth) ? g : DType::kF32;
                 break;
             }
             case WeightRole::kWDown:
-                t.dtype = check_shape(t.name, {H, c.intermediate});
+                t.dtype = check_role(TensorRole::kWDown, l);
                 break;
         }
     }
@@ -219,54 +227,78 @@ HostTensor RankWeights::read(const RankTensor& t) {
     const int64_t H = c.hidden, hd = c.head_dim;
     const ShardShape& s = shard_;
     const int64_t l = t.layer;
-    auto rows_of = [&](const std::string& name, int64_t row0, int64_t rows) {
+    auto rows_of = [&](TensorRole role, int64_t row0, int64_t rows) {
+        const std::string name = tensor_name(c, role, l);
         return read_rows(name, row0, rows, 0, H, keep_dtype(src_.info(name).dtype));
+    };
+    // Entries [col0, col0 + n) of a 1-D tensor (a bias slice), as f32.
+    auto entries_of = [&](TensorRole role, int64_t col0, int64_t n) {
+        HostTensor b = read_rows(tensor_name(c, role, l), 0, 1, col0, n, DType::kF32);
+        b.rows = 1;
+        return b;
     };
     auto fold = [&](HostTensor& w, int which) {
         if (const auto* f = smooth_of(l, which)) fold_smooth_columns(w.data, w.dtype, w.rows, w.cols, *f);
     };
     switch (t.role) {
         case WeightRole::kEmbed:
-            h = rows_of(kEmbedName, s.vocab0, s.vocab_rows);
+            h = rows_of(TensorRole::kEmbed, s.vocab0, s.vocab_rows);
             break;
         case WeightRole::kLmHead:
-            h = rows_of(c.tie_embeddings ? kEmbedName : kHeadName, s.vocab0, s.vocab_rows);
+            h = rows_of(c.tie_embeddings ? TensorRole::kEmbed : TensorRole::kLmHead, s.vocab0, s.vocab_rows);
             break;
         case WeightRole::kFinalNorm:
         case WeightRole::kAttnNorm:
         case WeightRole::kFfnNorm: {
-            h = read_rows(t.name, 0, 1, 0, H, DType::kF32);
+            const TensorRole role = t.role == WeightRole::kAttnNorm  ? TensorRole::kAttnNorm
+                                    : t.role == WeightRole::kFfnNorm ? TensorRole::kFfnNorm
+                                                                     : TensorRole::kFinalNorm;
+            h = read_rows(tensor_name(c, role, l), 0, 1, 0, H, DType::kF32);
             const auto* f = t.role == WeightRole::kAttnNorm  ? smooth_of(l, kSmoothAttn)
                             : t.role == WeightRole::kFfnNorm ? smooth_of(l, kSmoothMlp)
                                                              : nullptr;
             if (f) fold_smooth_norm(reinterpret_cast<float*>(h.data.data()), H, *f);
             break;
         }
+        case WeightRole::kBqkv: {
+            // The rank's slice of each bias, like the rows of its weight (column-parallel); SmoothQuant
+            // scales the activation's columns, not the outputs, so the bias takes no factor.
+            HostTensor q = entries_of(TensorRole::kBq, s.head0 * hd, s.n_heads * hd);
+            HostTensor k = entries_of(TensorRole::kBk, s.kv_head0 * hd, s.n_kv * hd);
+            HostTensor v = entries_of(TensorRole::kBv, s.kv_head0 * hd, s.n_kv * hd);
+            h.dtype = DType::kF32;
+            h.rows = 1;
+            h.cols = q.cols + k.cols + v.cols;
+            for (HostTensor* p : {&q, &k, &v}) h.data.insert(h.data.end(), p->data.begin(), p->data.end());
+            break;
+        }
         case WeightRole::kWqkv: {
             std::vector<HostTensor> parts;
-            parts.push_back(rows_of(layer_name(l, "self_attn.q_proj.weight"), s.head0 * hd, s.n_heads * hd));
-            parts.push_back(rows_of(layer_name(l, "self_attn.k_proj.weight"), s.kv_head0 * hd, s.n_kv * hd));
-            parts.push_back(rows_of(layer_name(l, "self_attn.v_proj.weight"), s.kv_head0 * hd, s.n_kv * hd));
+            parts.push_back(rows_of(TensorRole::kWq, s.head0 * hd, s.n_heads * hd));
+            parts.push_back(rows_of(TensorRole::kWk, s.kv_head0 * hd, s.n_kv * hd));
+            parts.push_back(rows_of(TensorRole::kWv, s.kv_head0 * hd, s.n_kv * hd));
             h = concat_rows(parts);
             fold(h, kSmoothAttn);
             break;
         }
         case WeightRole::kWo: {
-            const std::string o = t.name;
+            const std::string o = tensor_name(c, TensorRole::kWo, l);
             h = read_rows(o, 0, H, s.head0 * hd, s.n_heads * hd, keep_dtype(src_.info(o).dtype));
             break;
         }
         case WeightRole::kWGateUp: {
             std::vector<HostTensor> parts;
-            parts.push_back(rows_of(layer_name(l, "mlp.gate_proj.weight"), s.ffn0, s.ffn));
-            parts.push_back(rows_of(layer_name(l, "mlp.up_proj.weight"), s.ffn0, s.ffn));
+            parts.push_back(rows_of(TensorRole::kWGate, s.ffn0, s.ffn));
+            parts.push_back(rows_of(TensorRole::kWUp, s.ffn0, s.ffn));
             h = concat_rows(parts);
             fold(h, kSmoothMlp);
             break;
         }
-        case WeightRole::kWDown:
-            h = read_rows(t.name, 0, H, s.ffn0, s.ffn, keep_dtype(src_.info(t.name).dtype));
+        case WeightRole::kWDown: {
+            const std::string d = tensor_name(c, TensorRole::kWDown, l);
+            h = read_rows(d, 0, H, s.ffn0, s.ffn, keep_dtype(src_.info(d).dtype));
             break;
+        }
     }
     h.vector = t.vector;
     LATTICE_CHECK(h.dtype == t.dtype && h.rows == t.rows && h.cols == t.cols,

@@ -3,7 +3,8 @@
 // the backend, `lattice convert` (runtime/converter/convert.h) quantizes and writes each to the rank's
 // file, so a converted checkpoint holds exactly what a load of the original would have made.
 //
-// Tensors (names are those of a converted checkpoint; shapes are this rank's, row-major):
+// Tensors (names are those of a converted checkpoint, runtime/arch/architecture.h PreparedNames;
+// which ones a checkpoint holds and how they split: the architecture table; shapes are this rank's):
 //   model.embed_tokens.weight            [vocab_rows, hidden]  first stage; also the float LM head of a
 //                                                              tied model's last stage
 //   lm_head.weight                       [vocab_rows, hidden]  last stage, untied or with an int8 head
@@ -11,6 +12,7 @@
 //   model.layers.L.input_layernorm.weight          [hidden] f32 (1/s of SmoothQuant folded in)
 //   model.layers.L.post_attention_layernorm.weight [hidden] f32 (likewise)
 //   model.layers.L.self_attn.qkv_proj.weight  [(nq + 2 nkv) * head_dim, hidden]  q | k | v rows (s folded in)
+//   model.layers.L.self_attn.qkv_proj.bias    [(nq + 2 nkv) * head_dim] f32   q | k | v bias (qkv_bias families)
 //   model.layers.L.self_attn.o_proj.weight    [hidden, nq * head_dim]
 //   model.layers.L.mlp.gate_up_proj.weight    [2 * ffn_local, hidden]  gate | up rows (s folded in)
 //   model.layers.L.mlp.down_proj.weight       [hidden, ffn_local]
@@ -35,14 +37,15 @@
 
 namespace lattice {
 
-enum class WeightRole : uint8_t { kEmbed, kLmHead, kFinalNorm, kAttnNorm, kFfnNorm, kWqkv, kWo, kWGateUp, kWDown };
+// Linears last (RankTensor::is_linear).
+enum class WeightRole : uint8_t { kEmbed, kLmHead, kFinalNorm, kAttnNorm, kFfnNorm, kBqkv, kWqkv, kWo, kWGateUp, kWDown };
 
 struct RankTensor {
     WeightRole role = WeightRole::kEmbed;
     int64_t layer = -1;  // global layer index for per-layer roles, -1 otherwise
     std::string name;    // name in a converted checkpoint
     int64_t rows = 1, cols = 0;
-    bool vector = false;                // 1-D [cols] (norm weights)
+    bool vector = false;                // 1-D [cols] (norm weights, biases)
     QuantMode mode = QuantMode::kNone;  // linears: how the layer runs
     DType dtype = DType::kF32;          // what read() returns (i8: a converted int8 linear)
     bool table = false;                 // kEmbed: this rank's embedding table

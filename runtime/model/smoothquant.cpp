@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "base/error.h"
+#include "runtime/arch/architecture.h"
 #include "runtime/model/model.h"
 #include "runtime/weights/safetensors.h"
 
@@ -110,17 +111,16 @@ SmoothFactors compute_smooth_factors(const TensorSource& src, const ActivationSt
     SmoothFactors f;
     f.hidden = c.hidden;
     f.layer_begin = 0;
-    auto name = [](int64_t l, const char* s) { return "model.layers." + std::to_string(l) + "." + s; };
+    auto name = [&](int64_t l, TensorRole r) { return tensor_name(c, r, l); };
     for (int64_t l = 0; l < c.n_layers; ++l) {
         LATTICE_CHECK(stats.tokens_seen(l, kSmoothAttn) > 0 && stats.tokens_seen(l, kSmoothMlp) > 0,
                       "compute_smooth_factors: layer {} saw no calibration tokens", l);
         std::vector<float> wa =
             weight_column_max(src,
-                              {name(l, "self_attn.q_proj.weight"), name(l, "self_attn.k_proj.weight"),
-                               name(l, "self_attn.v_proj.weight")},
+                              {name(l, TensorRole::kWq), name(l, TensorRole::kWk), name(l, TensorRole::kWv)},
                               c.hidden);
         std::vector<float> wm =
-            weight_column_max(src, {name(l, "mlp.gate_proj.weight"), name(l, "mlp.up_proj.weight")}, c.hidden);
+            weight_column_max(src, {name(l, TensorRole::kWGate), name(l, TensorRole::kWUp)}, c.hidden);
         f.attn.push_back(smoothing_factors(stats.max_abs(l, kSmoothAttn), wa, alpha));
         f.mlp.push_back(smoothing_factors(stats.max_abs(l, kSmoothMlp), wm, alpha));
     }

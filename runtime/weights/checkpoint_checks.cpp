@@ -6,6 +6,7 @@
 
 #include "base/convert.h"
 #include "base/error.h"
+#include "runtime/arch/architecture.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,30 +17,15 @@ namespace lattice {
 
 namespace {
 
-// Tensors some checkpoints carry that the forward recomputes or never needs.
-bool ignorable(const std::string& name) {
-    return name.ends_with("rotary_emb.inv_freq");
-}
-
-// Layer index of "model.layers.N.*", -1 otherwise.
-int64_t layer_of(const std::string& name) {
-    const std::string p = "model.layers.";
-    if (name.rfind(p, 0) != 0) return -1;
-    int64_t v = 0;
-    size_t i = p.size();
-    for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && v < (int64_t(1) << 40); ++i)
-        v = v * 10 + (name[i] - '0');
-    return i > p.size() && i < name.size() && name[i] == '.' ? v : -1;
-}
-
 // Compares embed and lm_head row by row in f32; returns the first differing row or -1.
-int64_t first_differing_row(const TensorSource& src, int64_t rows, int64_t cols) {
+int64_t first_differing_row(const TensorSource& src, const std::string& embed, const std::string& head, int64_t rows,
+                            int64_t cols) {
     constexpr int64_t kChunkRows = 256;
     std::vector<float> a(size_t(kChunkRows * cols)), b(size_t(kChunkRows * cols));
     for (int64_t r0 = 0; r0 < rows; r0 += kChunkRows) {
         const int64_t n = std::min(kChunkRows, rows - r0);
-        src.read("model.embed_tokens.weight", r0, n, 0, cols, DType::kF32, a.data());
-        src.read("lm_head.weight", r0, n, 0, cols, DType::kF32, b.data());
+        src.read(embed, r0, n, 0, cols, DType::kF32, a.data());
+        src.read(head, r0, n, 0, cols, DType::kF32, b.data());
         for (int64_t r = 0; r < n; ++r)
             if (std::memcmp(a.data() + r * cols, b.data() + r * cols, size_t(cols) * sizeof(float)) != 0) return r0 + r;
     }
@@ -50,21 +36,9 @@ int64_t first_differing_row(const TensorSource& src, int64_t rows, int64_t cols)
 
 void check_tensor_set(const TensorSource& src) {
     const ModelConfig& c = src.config();
-    std::vector<std::pair<std::string, std::vector<int64_t>>> need = {
-        {"model.embed_tokens.weight", {c.vocab, c.hidden}}, {"model.norm.weight", {c.hidden}}};
-    if (!c.tie_embeddings) need.push_back({"lm_head.weight", {c.vocab, c.hidden}});
-    for (int64_t l = 0; l < c.n_layers; ++l) {
-        const std::string p = "model.layers." + std::to_string(l) + ".";
-        need.push_back({p + "self_attn.q_proj.weight", {c.q_dim(), c.hidden}});
-        need.push_back({p + "self_attn.k_proj.weight", {c.kv_dim(), c.hidden}});
-        need.push_back({p + "self_attn.v_proj.weight", {c.kv_dim(), c.hidden}});
-        need.push_back({p + "self_attn.o_proj.weight", {c.hidden, c.q_dim()}});
-        need.push_back({p + "mlp.gate_proj.weight", {c.intermediate, c.hidden}});
-        need.push_back({p + "mlp.up_proj.weight", {c.intermediate, c.hidden}});
-        need.push_back({p + "mlp.down_proj.weight", {c.hidden, c.intermediate}});
-        need.push_back({p + "input_layernorm.weight", {c.hidden}});
-        need.push_back({p + "post_attention_layernorm.weight", {c.hidden}});
-    }
+    std::vector<std::pair<std::string, std::vector<int64_t>>> need;
+    for (ExpectedTensor& t : expected_tensors(c)) need.emplace_back(std::move(t.name), std::move(t.shape));
+    const std::string embed = tensor_name(c, TensorRole::kEmbed), head_name = tensor_name(c, TensorRole::kLmHead);
     std::set<std::string> needed;
     for (const auto& [name, shape] : need) {
         LATTICE_CHECK(src.has(name), "{}: tensor \"{}\" is missing (the config {} needs it)", src.describe(), name,
@@ -77,16 +51,16 @@ void check_tensor_set(const TensorSource& src) {
     std::vector<std::string> extra, beyond;
     bool tied_head = false;
     for (const std::string& name : src.tensor_names()) {
-        if (needed.count(name) || ignorable(name)) continue;
-        if (name == "lm_head.weight" && c.tie_embeddings) {
+        if (needed.count(name) || hf_tensor_ignorable(name)) continue;
+        if (name == head_name && c.tie_embeddings) {
             tied_head = true;
             continue;
         }
-        (layer_of(name) >= c.n_layers ? beyond : extra).push_back(name);
+        (hf_layer_of(name) >= c.n_layers ? beyond : extra).push_back(name);
     }
     if (!beyond.empty()) {
         int64_t top = 0;
-        for (const auto& n : beyond) top = std::max(top, layer_of(n));
+        for (const auto& n : beyond) top = std::max(top, hf_layer_of(n));
         LATTICE_FAIL(
             "{}: num_hidden_layers is {} but the checkpoint {} holds layers up to {} ({} tensors, e.g. "
             "\"{}\"): refusing to run a model cut short; fix num_hidden_layers",
@@ -94,21 +68,20 @@ void check_tensor_set(const TensorSource& src) {
     }
     if (!extra.empty())
         LATTICE_FAIL(
-            "{}: {} tensor(s) the Llama forward does not use, e.g. \"{}\" (an unsupported feature, or a "
+            "{}: {} tensor(s) the {} forward does not use, e.g. \"{}\" (an unsupported feature, or a "
             "checkpoint that does not match its config {}): refusing to run without them",
-            src.describe(), extra.size(), extra.front(), c.source);
+            src.describe(), extra.size(), c.family, extra.front(), c.source);
     if (tied_head) {
-        const TensorInfo& ti = src.info("lm_head.weight");
-        LATTICE_CHECK(ti.shape == std::vector<int64_t>({c.vocab, c.hidden}),
-                      "{}: tie_word_embeddings is true and the checkpoint also holds lm_head.weight of shape {}: "
+        const TensorInfo& ti = src.info(head_name);
+        LATTICE_CHECK(ti.shape == tensor_shape(c, TensorRole::kLmHead),
+                      "{}: tie_word_embeddings is true and the checkpoint also holds {} of shape {}: "
                       "set tie_word_embeddings to false to use it, or remove it",
-                      c.source, shape_string(ti.shape));
-        const int64_t row = first_differing_row(src, c.vocab, c.hidden);
+                      c.source, head_name, shape_string(ti.shape));
+        const int64_t row = first_differing_row(src, embed, head_name, c.vocab, c.hidden);
         LATTICE_CHECK(row < 0,
-                      "{}: tie_word_embeddings is true but {} also holds lm_head.weight, which differs from "
-                      "model.embed_tokens.weight (first at row {}): set tie_word_embeddings to false to use it, or "
-                      "remove it",
-                      c.source, ti.file, row);
+                      "{}: tie_word_embeddings is true but {} also holds {}, which differs from {} (first at row "
+                      "{}): set tie_word_embeddings to false to use it, or remove it",
+                      c.source, ti.file, head_name, embed, row);
     }
 }
 

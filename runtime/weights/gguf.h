@@ -138,12 +138,9 @@ private:
     std::map<std::string, size_t> tensor_index_;
 };
 
-// Maps a llama.cpp tensor name to the HF name ("blk.3.attn_q.weight" ->
-// "model.layers.3.self_attn.q_proj.weight"); empty string when it has no HF counterpart
-// (e.g. rope_freqs.weight).
-std::string gguf_to_hf_name(const std::string& gguf_name);
-
-// ModelConfig from llama.* metadata (and tensor shapes for vocab / tie). Throws Error naming the file.
+// ModelConfig from <arch>.* metadata of a family in the architecture table (general.architecture
+// "llama" or "qwen2"; runtime/arch/architecture.h maps the tensor names), and tensor shapes for vocab /
+// tie. Throws Error naming the file, or the architecture and the supported ones.
 ModelConfig gguf_model_config(const GgufFile& f);
 
 // TensorSource over a .gguf file (HF names, HF shapes, q/k rows in GGUF interleaved order).

@@ -1,10 +1,11 @@
-// TensorSource over a GGUF file written by llama.cpp's converter (architecture "llama"):
-// llama.cpp tensor names mapped to HF names, shapes reversed to HF order (GGUF ne is innermost
-// first), ModelConfig from llama.* metadata, and row/col slices converted (or dequantized) into
-// the caller's buffer straight from the read-only mapping, touching only the requested rows.
-// The converter stores each q/k head's rows in an interleaved RoPE order; read() undoes it per whole
-// head (slices of q/k must hold whole heads), so callers see HF's half-split order like every other
-// source. llama3 rope scaling arrives as the rope_freqs.weight tensor of per-pair theta divisors
+// TensorSource over a GGUF file written by llama.cpp's converter (general.architecture "llama" or
+// "qwen2": the architecture table, runtime/arch/architecture.h, maps llama.cpp tensor names to HF
+// names), shapes reversed to HF order (GGUF ne is innermost first), ModelConfig from <arch>.*
+// metadata, and row/col slices converted (or dequantized) into the caller's buffer straight from the
+// read-only mapping, touching only the requested rows. For llama the converter stores each q/k
+// head's rows in an interleaved RoPE order; read() undoes it per whole head (slices of q/k must hold
+// whole heads), so callers see HF's half-split order like every other source (qwen2 keeps HF's order).
+// llama3 rope scaling arrives as the rope_freqs.weight tensor of per-pair theta divisors
 // (rope_freq_factors()).
 #include <fmt/ranges.h>
 
@@ -14,39 +15,11 @@
 #include <vector>
 
 #include "base/error.h"
+#include "runtime/arch/architecture.h"
 #include "runtime/weights/dequant.h"
 #include "runtime/weights/gguf.h"
 
 namespace lattice {
-
-std::string gguf_to_hf_name(const std::string& n) {
-    static const std::map<std::string, std::string> kTop = {
-        {"token_embd.weight", "model.embed_tokens.weight"},
-        {"output_norm.weight", "model.norm.weight"},
-        {"output.weight", "lm_head.weight"},
-    };
-    static const std::map<std::string, std::string> kLayer = {
-        {"attn_q.weight", "self_attn.q_proj.weight"},
-        {"attn_k.weight", "self_attn.k_proj.weight"},
-        {"attn_v.weight", "self_attn.v_proj.weight"},
-        {"attn_output.weight", "self_attn.o_proj.weight"},
-        {"ffn_gate.weight", "mlp.gate_proj.weight"},
-        {"ffn_up.weight", "mlp.up_proj.weight"},
-        {"ffn_down.weight", "mlp.down_proj.weight"},
-        {"attn_norm.weight", "input_layernorm.weight"},
-        {"ffn_norm.weight", "post_attention_layernorm.weight"},
-    };
-    if (auto it = kTop.find(n); it != kTop.end()) return it->second;
-    if (n.rfind("blk.", 0) != 0) return {};
-    size_t dot = n.find('.', 4);
-    if (dot == std::string::npos || dot == 4 || dot - 4 > 6) return {};
-    for (size_t k = 4; k < dot; ++k)
-        if (n[k] < '0' || n[k] > '9') return {};
-    if (dot - 4 > 1 && n[4] == '0') return {};  // no leading zeros: one canonical spelling per layer
-    auto it = kLayer.find(n.substr(dot + 1));
-    if (it == kLayer.end()) return {};
-    return "model.layers." + n.substr(4, dot - 4) + "." + it->second;
-}
 
 ModelConfig gguf_model_config(const GgufFile& f) {
     const std::string& src = f.path();
@@ -54,7 +27,11 @@ ModelConfig gguf_model_config(const GgufFile& f) {
     c.source = src;
     auto arch = f.string_value("general.architecture");
     LATTICE_CHECK(arch.has_value(), "{}: missing general.architecture", src);
-    LATTICE_CHECK(*arch == "llama", "{}: architecture \"{}\" unsupported (only llama)", src, *arch);
+    const Architecture* family = architecture_for_gguf(*arch);
+    LATTICE_CHECK(family != nullptr, "{}: architecture '{}' is not supported; supported: {}", src, *arch,
+                  supported_architectures());
+    c.family = family->name;
+    c.architecture = family->hf_classes.front();
     const std::string p = *arch + ".";
     auto req_int = [&](const std::string& key) {
         auto v = f.int_value(p + key);
@@ -102,17 +79,22 @@ ModelConfig gguf_model_config(const GgufFile& f) {
         c.rope_scaling.type = "linear";
         c.rope_scaling.factor = *lin;
     }
-    const GgufTensor* emb = f.find_tensor("token_embd.weight");
-    LATTICE_CHECK(emb != nullptr, "{}: missing tensor \"token_embd.weight\"", src);
-    LATTICE_CHECK(emb->ne.size() == 2, "{}: token_embd.weight has {} dims, expected 2", src, emb->ne.size());
+    const char* emb_name = nullptr;
+    const char* head_name = nullptr;
+    for (const TensorSpec& t : family->tensors) {
+        if (t.role == TensorRole::kEmbed) emb_name = t.gguf;
+        if (t.role == TensorRole::kLmHead) head_name = t.gguf;
+    }
+    const GgufTensor* emb = f.find_tensor(emb_name);
+    LATTICE_CHECK(emb != nullptr, "{}: missing tensor \"{}\"", src, emb_name);
+    LATTICE_CHECK(emb->ne.size() == 2, "{}: {} has {} dims, expected 2", src, emb_name, emb->ne.size());
     c.vocab = emb->ne[1];
     if (auto vs = f.int_value(p + "vocab_size"))
-        LATTICE_CHECK(*vs == c.vocab, "{}: {}vocab_size {} differs from token_embd.weight rows {}", src, p, *vs,
-                      c.vocab);
+        LATTICE_CHECK(*vs == c.vocab, "{}: {}vocab_size {} differs from {} rows {}", src, p, *vs, emb_name, c.vocab);
     if (auto nt = f.array_size("tokenizer.ggml.tokens"))
-        LATTICE_CHECK(int64_t(*nt) == c.vocab, "{}: tokenizer.ggml.tokens has {} entries, token_embd.weight {} rows",
-                      src, *nt, c.vocab);
-    c.tie_embeddings = f.find_tensor("output.weight") == nullptr;
+        LATTICE_CHECK(int64_t(*nt) == c.vocab, "{}: tokenizer.ggml.tokens has {} entries, {} {} rows", src, *nt,
+                      emb_name, c.vocab);
+    c.tie_embeddings = f.find_tensor(head_name) == nullptr;
     if (auto bos = f.int_value("tokenizer.ggml.bos_token_id")) c.bos_id = *bos;
     if (auto eos = f.int_value("tokenizer.ggml.eos_token_id")) c.eos_ids = {*eos};
     if (auto eot = f.int_value("tokenizer.ggml.eot_token_id"))
@@ -148,12 +130,13 @@ class GgufSource final : public TensorSource {
 public:
     explicit GgufSource(const std::string& path) : file_(GgufFile::open(path)) {
         config_ = gguf_model_config(*file_);
+        const Architecture& arch = architecture_of(config_);
         for (const auto& t : file_->tensors()) {
             total_bytes_ += int64_t(t.nbytes);
-            std::string hf = gguf_to_hf_name(t.name);
+            std::string hf = gguf_to_hf_name(arch, t.name);
             if (hf.empty()) {
                 // Listed under the file's own name so check_tensor_set refuses what nothing uses.
-                if (t.name != "rope_freqs.weight" && !t.name.ends_with(".attn_rot_embd")) unmapped_.push_back(t.name);
+                if (t.name != kGgufRopeFreqs && !t.name.ends_with(".attn_rot_embd")) unmapped_.push_back(t.name);
                 continue;
             }
             TensorInfo info;
@@ -161,11 +144,15 @@ public:
             info.dtype = t.dtype;
             info.shape.assign(t.ne.rbegin(), t.ne.rend());
             info.file = path;
-            const bool q = hf.ends_with("self_attn.q_proj.weight"), k = hf.ends_with("self_attn.k_proj.weight");
+            TensorRole role{};
+            hf_role_of(arch, hf, &role);
+            // llama.cpp interleaves the q/k weight rows of the families whose rope it runs in pair order.
+            const bool q = arch.gguf_qk_interleaved && role == TensorRole::kWq;
+            const bool k = arch.gguf_qk_interleaved && role == TensorRole::kWk;
             by_hf_[hf] = Entry{info, &t, q ? config_.n_heads : k ? config_.n_kv_heads : 0};
         }
         check_shapes();
-        if (const GgufTensor* rf = file_->find_tensor("rope_freqs.weight")) {
+        if (const GgufTensor* rf = file_->find_tensor(kGgufRopeFreqs)) {
             LATTICE_CHECK(rf->ne.size() == 1 && rf->ne[0] == config_.head_dim / 2 && rf->dtype == DType::kF32,
                           "{}: rope_freqs.weight must be f32 [{}], got {} with {} elements", path, config_.head_dim / 2,
                           dtype_name(rf->dtype), rf->numel());
@@ -253,22 +240,7 @@ private:
     }
 
     void check_shapes() const {
-        const ModelConfig& c = config_;
-        expect("model.embed_tokens.weight", {c.vocab, c.hidden});
-        expect("model.norm.weight", {c.hidden});
-        if (!c.tie_embeddings) expect("lm_head.weight", {c.vocab, c.hidden});
-        for (int64_t l = 0; l < c.n_layers; ++l) {
-            const std::string p = "model.layers." + std::to_string(l) + ".";
-            expect(p + "self_attn.q_proj.weight", {c.q_dim(), c.hidden});
-            expect(p + "self_attn.k_proj.weight", {c.kv_dim(), c.hidden});
-            expect(p + "self_attn.v_proj.weight", {c.kv_dim(), c.hidden});
-            expect(p + "self_attn.o_proj.weight", {c.hidden, c.q_dim()});
-            expect(p + "mlp.gate_proj.weight", {c.intermediate, c.hidden});
-            expect(p + "mlp.up_proj.weight", {c.intermediate, c.hidden});
-            expect(p + "mlp.down_proj.weight", {c.hidden, c.intermediate});
-            expect(p + "input_layernorm.weight", {c.hidden});
-            expect(p + "post_attention_layernorm.weight", {c.hidden});
-        }
+        for (const ExpectedTensor& t : expected_tensors(config_)) expect(t.name, t.shape);
     }
 
     std::unique_ptr<GgufFile> file_;

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "base/error.h"
+#include "runtime/arch/architecture.h"
 #include "runtime/weights/sha256.h"
 
 namespace lattice {
@@ -72,7 +73,7 @@ PreparedLayout Manifest::layout(const std::string& folder, int rank) const {
 
 std::string hf_config_json(const ModelConfig& c) {
     json j = {{"architectures", {c.architecture}},
-              {"model_type", "llama"},
+              {"model_type", find_architecture(c.family).hf_model_type},
               {"hidden_act", "silu"},
               {"hidden_size", c.hidden},
               {"intermediate_size", c.intermediate},
@@ -98,6 +99,8 @@ std::string hf_config_json(const ModelConfig& c) {
         j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", r.factor}};
     else
         j["rope_scaling"] = nullptr;
+    if (c.sliding_window > 0) j["sliding_window"] = c.sliding_window;
+    if (c.sliding_window > 0) j["use_sliding_window"] = true;  // Qwen2 applies the window only with it
     return j.dump(2);
 }
 

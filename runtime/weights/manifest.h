@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/model/config.h"
+#include "runtime/arch/config.h"
 #include "runtime/weights/tensor_source.h"
 
 namespace lattice {

@@ -2,6 +2,7 @@
 #include "runtime/weights/random_source.h"
 
 #include "base/error.h"
+#include "runtime/arch/architecture.h"
 #include "runtime/weights/dequant.h"
 
 #include <algorithm>
@@ -33,20 +34,21 @@ public:
     RandomSource(const ModelConfig& cfg, uint64_t seed, DType dt) : cfg_(cfg), seed_(seed), dtype_(dt) {
         cfg_.validate();
         const int64_t H = cfg.hidden;
-        add("model.embed_tokens.weight", {cfg.vocab, H}, 1.0);
-        if (!cfg.tie_embeddings) add("lm_head.weight", {cfg.vocab, H}, 1.0 / std::sqrt(double(H)));
-        add("model.norm.weight", {H}, 0.0);
-        for (int64_t l = 0; l < cfg.n_layers; ++l) {
-            const std::string p = "model.layers." + std::to_string(l) + ".";
-            add(p + "input_layernorm.weight", {H}, 0.0);
-            add(p + "post_attention_layernorm.weight", {H}, 0.0);
-            add(p + "self_attn.q_proj.weight", {cfg.q_dim(), H}, 1.0 / std::sqrt(double(H)));
-            add(p + "self_attn.k_proj.weight", {cfg.kv_dim(), H}, 1.0 / std::sqrt(double(H)));
-            add(p + "self_attn.v_proj.weight", {cfg.kv_dim(), H}, 1.0 / std::sqrt(double(H)));
-            add(p + "self_attn.o_proj.weight", {H, cfg.q_dim()}, 1.0 / std::sqrt(double(cfg.q_dim())));
-            add(p + "mlp.gate_proj.weight", {cfg.intermediate, H}, 1.0 / std::sqrt(double(H)));
-            add(p + "mlp.up_proj.weight", {cfg.intermediate, H}, 1.0 / std::sqrt(double(H)));
-            add(p + "mlp.down_proj.weight", {H, cfg.intermediate}, 1.0 / std::sqrt(double(cfg.intermediate)));
+        for (ExpectedTensor& t : expected_tensors(cfg)) {
+            double scale = 1.0 / std::sqrt(double(H));  // q, k, v, gate, up, the LM head
+            switch (t.role) {
+                case TensorRole::kEmbed: scale = 1.0; break;
+                case TensorRole::kFinalNorm:
+                case TensorRole::kAttnNorm:
+                case TensorRole::kFfnNorm: scale = 0.0; break;  // 1 + 0.1 u
+                case TensorRole::kBq:
+                case TensorRole::kBk:
+                case TensorRole::kBv: scale = 0.1; break;
+                case TensorRole::kWo: scale = 1.0 / std::sqrt(double(cfg.q_dim())); break;
+                case TensorRole::kWDown: scale = 1.0 / std::sqrt(double(cfg.intermediate)); break;
+                default: break;
+            }
+            add(t.name, std::move(t.shape), scale);
         }
     }
 

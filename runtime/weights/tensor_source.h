@@ -7,7 +7,7 @@
 
 #include "base/dtype.h"
 #include "parallel/world_config.h"
-#include "runtime/model/config.h"
+#include "runtime/arch/config.h"
 
 #include <cstdint>
 #include <memory>

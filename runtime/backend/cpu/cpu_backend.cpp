@@ -303,7 +303,7 @@ void CpuBackend::attention(const View& out, const View& qkv, const View& kc, con
     LATTICE_CHECK(b.table_width == s.table_width, "attention: block tables of width {}, the cache's are {}",
                   b.table_width, s.table_width);
     cpu::AttentionArgs a{s.n_heads,       s.n_kv_heads, s.head_dim,    s.block_size, s.num_blocks,
-                         b.block_tables, b.num_seqs,   s.table_width, s.scale};
+                         b.block_tables, b.num_seqs,   s.table_width, s.scale,      s.window};
     cpu::attention(out.ptr<float>(), qkv.ptr<float>(), kc.ptr<float>(), vc.ptr<float>(), b.positions, b.seqs, b.count,
                    a, *pool_);
 }
@@ -320,6 +320,14 @@ void CpuBackend::add(const View& out, const View& a, const View& b) {
     check_f32(out, "add");
     LATTICE_CHECK(a.numel() == out.numel() && b.numel() == out.numel(), "add: shapes differ");
     cpu::add(out.ptr<float>(), a.ptr<float>(), b.ptr<float>(), out.numel());
+}
+
+void CpuBackend::add_bias(const View& x, const View& bias) {
+    check_f32(x, "add_bias");
+    check_f32(bias, "add_bias");
+    LATTICE_CHECK(x.ndim == 2 && bias.numel() == x.cols() && x.is_contiguous(), "add_bias: x {} + bias {}",
+                  x.shape_str(), bias.shape_str());
+    cpu::add_bias_rows(x.ptr<float>(), bias.ptr<float>(), x.rows(), x.cols());
 }
 
 void CpuBackend::linear(const View& out, const View& x, const Linear& w) {

@@ -19,9 +19,23 @@
 
 namespace lattice::testing {
 
-inline std::string golden_dir(const std::string& model) { return std::string(LATTICE_SHARED_DIR) + "/golden/" + model; }
+// "families/<name>": the repository's own fixtures of the non-Llama families
+// (tests/runtime/model/families, written by scripts/make_family_fixtures.py in the same format, with a
+// model.gguf of the same weights where the family has a GGUF form); other names:
+// $LATTICE_SHARED_DIR/golden/<name>.
+inline std::string golden_dir(const std::string& model) {
+    if (model.rfind("families/", 0) == 0) return std::string(LATTICE_SOURCE_DIR) + "/tests/runtime/model/" + model;
+    return std::string(LATTICE_SHARED_DIR) + "/golden/" + model;
+}
+inline const std::vector<std::string>& family_models() {
+    static const std::vector<std::string> m = {"families/qwen2", "families/mistral"};
+    return m;
+}
+// Every golden model: the shared Llama ones and the families' (the tests of the forward, layouts,
+// quantization, SmoothQuant and conversion run over all of them).
 inline const std::vector<std::string>& golden_models() {
-    static const std::vector<std::string> m = {"tiny-llama2", "tiny-gqa-llama3", "tiny-fp16-tied"};
+    static const std::vector<std::string> m = {"tiny-llama2", "tiny-gqa-llama3", "tiny-fp16-tied", "families/qwen2",
+                                               "families/mistral"};
     return m;
 }
 

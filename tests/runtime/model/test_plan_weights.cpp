@@ -4,7 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "parallel/plan_model.h"
-#include "runtime/model/config.h"
+#include "runtime/arch/config.h"
 #include "runtime/model/model.h"
 #include "runtime/model/rank_weights.h"
 #include "runtime/weights/random_source.h"

@@ -4,6 +4,8 @@
 // identity under --quant none on every golden model, and on a golden model with a planted outlier
 // channel smoothing reduces the W8A8 logits error.
 #include <doctest/doctest.h>
+
+#include <algorithm>
 #include <unistd.h>
 
 #include <cmath>
@@ -22,7 +24,8 @@ using namespace lattice::testing;
 
 namespace {
 
-std::string tmp_path(const std::string& name) {
+std::string tmp_path(std::string name) {
+    std::replace(name.begin(), name.end(), '/', '_');  // "families/qwen2"
     return (std::filesystem::temp_directory_path() / ("lattice_sq_" + std::to_string(getpid()) + "_" + name)).string();
 }
 

@@ -17,7 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/model/config.h"
+#include "runtime/arch/architecture.h"
+#include "runtime/arch/config.h"
 #include "runtime/weights/gguf.h"
 
 using namespace lattice;
@@ -161,7 +162,7 @@ void check_model(const std::string& model, const std::string& gguf_file, bool f1
     // Every GGUF tensor with an HF name was compared (none extra besides lm_head when tied is absent).
     int64_t hf_named = 0;
     auto gf = GgufFile::open(kGolden + "gguf/" + gguf_file);
-    for (const auto& t : gf->tensors()) hf_named += !gguf_to_hf_name(t.name).empty();
+    for (const auto& t : gf->tensors()) hf_named += !gguf_to_hf_name(find_architecture("llama"), t.name).empty();
     CHECK(hf_named == int64_t(ref.size()));
 }
 
@@ -229,19 +230,26 @@ TEST_CASE("unpermute_qk_rows inverts llama.cpp's permute") {
     CHECK_THROWS_AS(unpermute_qk_rows(p.data(), 1, 5, cols), Error);
 }
 
-TEST_CASE("gguf_to_hf_name") {
-    CHECK(gguf_to_hf_name("token_embd.weight") == "model.embed_tokens.weight");
-    CHECK(gguf_to_hf_name("output.weight") == "lm_head.weight");
-    CHECK(gguf_to_hf_name("output_norm.weight") == "model.norm.weight");
-    CHECK(gguf_to_hf_name("blk.12.attn_output.weight") == "model.layers.12.self_attn.o_proj.weight");
-    CHECK(gguf_to_hf_name("blk.0.ffn_norm.weight") == "model.layers.0.post_attention_layernorm.weight");
-    CHECK(gguf_to_hf_name("blk.3.attn_norm.weight") == "model.layers.3.input_layernorm.weight");
-    CHECK(gguf_to_hf_name("blk.3.ffn_down.weight") == "model.layers.3.mlp.down_proj.weight");
-    CHECK(gguf_to_hf_name("rope_freqs.weight").empty());
-    CHECK(gguf_to_hf_name("blk.x.attn_q.weight").empty());
-    CHECK(gguf_to_hf_name("blk.01.attn_q.weight").empty());
-    CHECK(gguf_to_hf_name("blk..attn_q.weight").empty());
-    CHECK(gguf_to_hf_name("blk.1.attn_q.bias").empty());
+TEST_CASE("gguf_to_hf_name: the architecture table's llama and qwen2 entries") {
+    const Architecture& llama = find_architecture("llama");
+    CHECK(gguf_to_hf_name(llama, "token_embd.weight") == "model.embed_tokens.weight");
+    CHECK(gguf_to_hf_name(llama, "output.weight") == "lm_head.weight");
+    CHECK(gguf_to_hf_name(llama, "output_norm.weight") == "model.norm.weight");
+    CHECK(gguf_to_hf_name(llama, "blk.12.attn_output.weight") == "model.layers.12.self_attn.o_proj.weight");
+    CHECK(gguf_to_hf_name(llama, "blk.0.ffn_norm.weight") == "model.layers.0.post_attention_layernorm.weight");
+    CHECK(gguf_to_hf_name(llama, "blk.3.attn_norm.weight") == "model.layers.3.input_layernorm.weight");
+    CHECK(gguf_to_hf_name(llama, "blk.3.ffn_down.weight") == "model.layers.3.mlp.down_proj.weight");
+    CHECK(gguf_to_hf_name(llama, "rope_freqs.weight").empty());
+    CHECK(gguf_to_hf_name(llama, "blk.x.attn_q.weight").empty());
+    CHECK(gguf_to_hf_name(llama, "blk.01.attn_q.weight").empty());
+    CHECK(gguf_to_hf_name(llama, "blk..attn_q.weight").empty());
+    CHECK(gguf_to_hf_name(llama, "blk.1.attn_q.bias").empty());  // llama has no q/k/v bias
+    const Architecture& qwen2 = find_architecture("qwen2");
+    CHECK(gguf_to_hf_name(qwen2, "blk.1.attn_q.bias") == "model.layers.1.self_attn.q_proj.bias");
+    CHECK(gguf_to_hf_name(qwen2, "blk.0.attn_v.bias") == "model.layers.0.self_attn.v_proj.bias");
+    CHECK(gguf_to_hf_name(qwen2, "blk.2.attn_k.weight") == "model.layers.2.self_attn.k_proj.weight");
+    CHECK(architecture_for_gguf("qwen2") == &qwen2);
+    CHECK(architecture_for_gguf("gemma2") == nullptr);
 }
 
 TEST_CASE("default model: SmolLM2-135M-Instruct Q4_1 (models/, after scripts/fetch_default_model.sh)") {

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "runtime/model/config.h"
+#include "runtime/arch/config.h"
 #include "runtime/weights/random_source.h"
 
 using namespace lattice;

@@ -1,5 +1,7 @@
 // ModelConfig parsing (HF config.json), validation, rope frequencies and built-in presets.
-#include "runtime/model/config.h"
+#include "runtime/arch/config.h"
+
+#include "runtime/arch/architecture.h"
 
 #include "base/error.h"
 #include "base/file.h"
@@ -72,11 +74,19 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& src) {
     if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
         j["architectures"][0].is_string())
         c.architecture = j["architectures"][0].get<std::string>();
-    std::string model_type = get_optional<std::string>(j, "model_type", "llama", src);
-    LATTICE_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2" ||
-                      c.architecture == "LlamaForCausalLM",
-                  "{}: model_type \"{}\" / architecture \"{}\" is not a Llama-family model", src, model_type,
-                  c.architecture);
+    const bool has_class = j.contains("architectures");
+    std::string model_type = get_optional<std::string>(j, "model_type", "", src);
+    const Architecture* arch = architecture_for_hf(model_type, c.architecture);
+    if (!arch && model_type.empty() && !has_class) arch = &find_architecture("llama");  // bare Llama configs
+    LATTICE_CHECK(arch != nullptr, "{}: architecture '{}' is not supported; supported: {}", src,
+                  model_type.empty() ? c.architecture : model_type, supported_architectures());
+    c.family = arch->name;
+    if (arch->sliding_window) {
+        // Qwen2 names the window but applies it only with use_sliding_window; Mistral always.
+        const bool used = arch->sliding_window_flag.empty() ||
+                          get_optional<bool>(j, arch->sliding_window_flag.c_str(), false, src);
+        if (used) c.sliding_window = get_optional<int64_t>(j, "sliding_window", 0, src);
+    }
     std::string act = get_optional<std::string>(j, "hidden_act", "silu", src);
     LATTICE_CHECK(act == "silu", "{}: hidden_act \"{}\" unsupported (only silu)", src, act);
     LATTICE_CHECK(!get_optional<bool>(j, "attention_bias", false, src), "{}: attention_bias=true unsupported", src);
@@ -129,6 +139,10 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& src) {
         } else {
             LATTICE_FAIL("{}: rope_scaling type \"{}\" unsupported (llama3, linear)", src, type);
         }
+        bool allowed = c.rope_scaling.type.empty();
+        for (const std::string& k : arch->rope_scaling) allowed = allowed || k == c.rope_scaling.type;
+        LATTICE_CHECK(allowed, "{}: rope_scaling type \"{}\" is not supported for architecture '{}'", src, type,
+                      arch->name);
     }
     c.validate();
     return c;
@@ -140,6 +154,14 @@ ModelConfig load_hf_config(const std::string& path) {
 
 void ModelConfig::validate() const {
     const std::string& s = source;
+    const Architecture& arch = find_architecture(family);
+    LATTICE_CHECK(sliding_window >= 0, "{}: sliding_window {} must be >= 0", s, sliding_window);
+    LATTICE_CHECK(sliding_window == 0 || arch.sliding_window, "{}: architecture '{}' has no sliding window", s,
+                  family);
+    LATTICE_CHECK(sliding_window == 0 || sliding_window >= max_position || arch.sliding_window_honoured,
+                  "{}: architecture '{}' with sliding_window {} < max_position_embeddings {} is not supported "
+                  "(lattice does not apply this family's window; it would be ignored and answers past it wrong)",
+                  s, family, sliding_window, max_position);
     auto positive = [&](int64_t v, const char* name) {
         LATTICE_CHECK(v > 0 && v < (int64_t(1) << 31), "{}: {} must be in [1, 2^31), got {}", s, name, v);
     };
@@ -183,13 +205,16 @@ void ModelConfig::validate() const {
 
 double ModelConfig::parameter_count_estimate() const {
     const double h = double(hidden), q = double(n_heads) * double(head_dim), kv = double(n_kv_heads) * double(head_dim);
-    const double per_layer = h * (q + 2 * kv) + q * h + 3 * h * double(intermediate) + 2 * h;
+    const double bias = find_architecture(family).qkv_bias ? q + 2 * kv : 0.0;
+    const double per_layer = h * (q + 2 * kv) + q * h + 3 * h * double(intermediate) + 2 * h + bias;
     const double emb = double(vocab) * h;
     return double(n_layers) * per_layer + emb + (tie_embeddings ? 0 : emb) + h;
 }
 
 int64_t ModelConfig::parameter_count() const {
-    int64_t per_layer = hidden * (q_dim() + 2 * kv_dim()) + q_dim() * hidden + 3 * hidden * intermediate + 2 * hidden;
+    const int64_t bias = find_architecture(family).qkv_bias ? q_dim() + 2 * kv_dim() : 0;
+    int64_t per_layer =
+        hidden * (q_dim() + 2 * kv_dim()) + q_dim() * hidden + 3 * hidden * intermediate + 2 * hidden + bias;
     int64_t emb = vocab * hidden;
     return n_layers * per_layer + emb + (tie_embeddings ? 0 : emb) + hidden;
 }

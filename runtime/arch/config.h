@@ -1,6 +1,8 @@
-// ModelConfig: the Llama-family hyper-parameters every loader (config.json, GGUF metadata,
-// built-in presets) produces and the model consumes. validate() rejects inconsistent values
-// with a message naming the source and field.
+// ModelConfig: the hyper-parameters every loader (config.json, GGUF metadata, built-in presets)
+// produces and the model consumes, with the family (runtime/arch/architecture.h) they belong to.
+// validate() rejects inconsistent values, and families or options lattice does not run, with a
+// message naming the source and field. It lives in runtime/arch/ (below runtime/weights) because
+// both the weight sources, which parse configs, and the model read it.
 #pragma once
 
 #include "parallel/world_config.h"
@@ -21,7 +23,12 @@ struct RopeScaling {
 
 struct ModelConfig {
     std::string source;  // file the config came from (for error messages)
-    std::string architecture = "LlamaForCausalLM";
+    std::string architecture = "LlamaForCausalLM";  // HF class name (config.json architectures[0])
+    std::string family = "llama";  // entry of the architecture table (runtime/arch/architecture.h)
+    // Attention window (keys j with i - sliding_window < j <= i); 0: none. Only families with the
+    // option carry one; validate() refuses a window shorter than max_position where the family's
+    // window is not honoured (Architecture::sliding_window_honoured).
+    int64_t sliding_window = 0;
     int64_t hidden = 0;
     int64_t intermediate = 0;
     int64_t n_layers = 0;
@@ -53,7 +60,8 @@ struct ModelConfig {
     std::vector<float> rope_inv_freq() const;
 };
 
-// Parses a Hugging Face config.json (LlamaForCausalLM and compatible). Throws Error naming the path.
+// Parses a Hugging Face config.json of a family in the architecture table. Throws Error naming the
+// path (and, for an unsupported family, listing the supported ones).
 ModelConfig load_hf_config(const std::string& path);
 ModelConfig parse_hf_config(const std::string& json_text, const std::string& source);
 

@@ -1,0 +1,236 @@
+// The architecture table (see architecture.h): the families' entries and the name/shape lookups.
+#include "runtime/arch/architecture.h"
+
+#include "base/error.h"
+
+namespace lattice {
+
+namespace {
+
+using R = TensorRole;
+using S = TpSplit;
+using G = TensorGate;
+
+// The Llama skeleton every dense family shares; HF names after "model.layers.N.", GGUF after "blk.N.".
+const std::vector<TensorSpec> kDenseTensors = {
+    {R::kEmbed, false, "model.embed_tokens.weight", "token_embd.weight", S::kVocabRows, G::kAlways},
+    {R::kLmHead, false, "lm_head.weight", "output.weight", S::kVocabRows, G::kUntiedHead},
+    {R::kFinalNorm, false, "model.norm.weight", "output_norm.weight", S::kReplicated, G::kAlways},
+    {R::kAttnNorm, true, "input_layernorm.weight", "attn_norm.weight", S::kReplicated, G::kAlways},
+    {R::kWq, true, "self_attn.q_proj.weight", "attn_q.weight", S::kQHeadRows, G::kAlways},
+    {R::kWk, true, "self_attn.k_proj.weight", "attn_k.weight", S::kKvHeadRows, G::kAlways},
+    {R::kWv, true, "self_attn.v_proj.weight", "attn_v.weight", S::kKvHeadRows, G::kAlways},
+    {R::kBq, true, "self_attn.q_proj.bias", "attn_q.bias", S::kQHeadRows, G::kQkvBias},
+    {R::kBk, true, "self_attn.k_proj.bias", "attn_k.bias", S::kKvHeadRows, G::kQkvBias},
+    {R::kBv, true, "self_attn.v_proj.bias", "attn_v.bias", S::kKvHeadRows, G::kQkvBias},
+    {R::kWo, true, "self_attn.o_proj.weight", "attn_output.weight", S::kQHeadCols, G::kAlways},
+    {R::kFfnNorm, true, "post_attention_layernorm.weight", "ffn_norm.weight", S::kReplicated, G::kAlways},
+    {R::kWGate, true, "mlp.gate_proj.weight", "ffn_gate.weight", S::kFfnRows, G::kAlways},
+    {R::kWUp, true, "mlp.up_proj.weight", "ffn_up.weight", S::kFfnRows, G::kAlways},
+    {R::kWDown, true, "mlp.down_proj.weight", "ffn_down.weight", S::kFfnCols, G::kAlways},
+};
+
+std::vector<TensorSpec> dense_tensors(bool qkv_bias) {
+    std::vector<TensorSpec> out;
+    for (const TensorSpec& t : kDenseTensors)
+        if (t.gate != G::kQkvBias || qkv_bias) out.push_back(t);
+    return out;
+}
+
+std::vector<Architecture> make_table() {
+    std::vector<Architecture> t;
+    Architecture llama;
+    llama.name = "llama";
+    llama.hf_model_types = {"llama"};
+    llama.hf_classes = {"LlamaForCausalLM"};
+    llama.hf_model_type = "llama";
+    llama.gguf_name = "llama";
+    llama.gguf_qk_interleaved = true;
+    llama.rope_scaling = {"llama3", "linear"};
+    llama.tensors = dense_tensors(false);
+    t.push_back(llama);
+
+    // Mistral is Llama's tensors plus a sliding window, which attention honours (query i attends keys
+    // i - W < j <= i, on the CPU backend). llama.cpp writes Mistral GGUFs as architecture "llama"
+    // (without the window), so there is no GGUF name of its own.
+    Architecture mistral = llama;
+    mistral.name = "mistral";
+    mistral.hf_model_types = {"mistral"};
+    mistral.hf_classes = {"MistralForCausalLM"};
+    mistral.hf_model_type = "mistral";
+    mistral.gguf_name = "";
+    mistral.sliding_window = true;
+    mistral.sliding_window_honoured = true;
+    mistral.rope_scaling = {"linear"};
+    t.push_back(mistral);
+
+    // Qwen2 / Qwen2.5: q/k/v biases; llama.cpp keeps its q/k rows in HF order (NEOX-style rope). Its
+    // window (use_sliding_window) applies to the layers from max_window_layers on: not honoured, refused.
+    Architecture qwen2;
+    qwen2.name = "qwen2";
+    qwen2.hf_model_types = {"qwen2"};
+    qwen2.hf_classes = {"Qwen2ForCausalLM"};
+    qwen2.hf_model_type = "qwen2";
+    qwen2.gguf_name = "qwen2";
+    qwen2.qkv_bias = true;
+    qwen2.gguf_qk_interleaved = false;
+    qwen2.sliding_window = true;
+    qwen2.sliding_window_flag = "use_sliding_window";
+    qwen2.rope_scaling = {"linear"};
+    qwen2.tensors = dense_tensors(true);
+    t.push_back(qwen2);
+    return t;
+}
+
+bool gated_in(const ModelConfig& c, const TensorSpec& t) {
+    switch (t.gate) {
+        case G::kAlways: return true;
+        case G::kUntiedHead: return !c.tie_embeddings;
+        case G::kQkvBias: return architecture_of(c).qkv_bias;
+    }
+    return false;
+}
+
+const TensorSpec& spec_of(const Architecture& a, TensorRole role) {
+    for (const TensorSpec& t : a.tensors)
+        if (t.role == role) return t;
+    LATTICE_FAIL("architecture '{}' has no tensor of role {}", a.name, int(role));
+}
+
+std::string layer_prefix(int64_t l) { return "model.layers." + std::to_string(l) + "."; }
+
+// "blk.N." -> N (decimal, no leading zeros, at most 6 digits) and the rest; -1 otherwise.
+int64_t split_layer(const std::string& n, const std::string& prefix, std::string* rest) {
+    if (n.rfind(prefix, 0) != 0) return -1;
+    const size_t b = prefix.size();
+    const size_t dot = n.find('.', b);
+    if (dot == std::string::npos || dot == b || dot - b > 6) return -1;
+    int64_t v = 0;
+    for (size_t k = b; k < dot; ++k) {
+        if (n[k] < '0' || n[k] > '9') return -1;
+        v = v * 10 + (n[k] - '0');
+    }
+    if (dot - b > 1 && n[b] == '0') return -1;  // one canonical spelling per layer
+    *rest = n.substr(dot + 1);
+    return v;
+}
+
+}  // namespace
+
+const std::vector<Architecture>& architectures() {
+    static const std::vector<Architecture> table = make_table();
+    return table;
+}
+
+std::string supported_architectures() {
+    std::string s;
+    for (const Architecture& a : architectures()) s += (s.empty() ? "" : ", ") + a.name;
+    return s;
+}
+
+const Architecture& find_architecture(const std::string& name) {
+    for (const Architecture& a : architectures())
+        if (a.name == name) return a;
+    LATTICE_FAIL("architecture '{}' is not supported; supported: {}", name, supported_architectures());
+}
+
+const Architecture* architecture_for_hf(const std::string& model_type, const std::string& hf_class) {
+    for (const Architecture& a : architectures())
+        for (const std::string& m : a.hf_model_types)
+            if (m == model_type) return &a;
+    if (!model_type.empty()) return nullptr;
+    for (const Architecture& a : architectures())
+        for (const std::string& k : a.hf_classes)
+            if (k == hf_class) return &a;
+    return nullptr;
+}
+
+const Architecture* architecture_for_gguf(const std::string& gguf_name) {
+    for (const Architecture& a : architectures())
+        if (!a.gguf_name.empty() && a.gguf_name == gguf_name) return &a;
+    return nullptr;
+}
+
+const Architecture& architecture_of(const ModelConfig& c) { return find_architecture(c.family); }
+
+std::vector<int64_t> tensor_shape(const ModelConfig& c, TensorRole role) {
+    switch (role) {
+        case R::kEmbed:
+        case R::kLmHead: return {c.vocab, c.hidden};
+        case R::kFinalNorm:
+        case R::kAttnNorm:
+        case R::kFfnNorm: return {c.hidden};
+        case R::kWq: return {c.q_dim(), c.hidden};
+        case R::kWk:
+        case R::kWv: return {c.kv_dim(), c.hidden};
+        case R::kBq: return {c.q_dim()};
+        case R::kBk:
+        case R::kBv: return {c.kv_dim()};
+        case R::kWo: return {c.hidden, c.q_dim()};
+        case R::kWGate:
+        case R::kWUp: return {c.intermediate, c.hidden};
+        case R::kWDown: return {c.hidden, c.intermediate};
+    }
+    return {};
+}
+
+std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
+    const Architecture& a = architecture_of(c);
+    std::vector<ExpectedTensor> out;
+    for (const TensorSpec& t : a.tensors)
+        if (!t.per_layer && gated_in(c, t)) out.push_back({t.hf, tensor_shape(c, t.role), t.role, -1, t.split});
+    for (int64_t l = 0; l < c.n_layers; ++l)
+        for (const TensorSpec& t : a.tensors)
+            if (t.per_layer && gated_in(c, t))
+                out.push_back({layer_prefix(l) + t.hf, tensor_shape(c, t.role), t.role, l, t.split});
+    return out;
+}
+
+std::string tensor_name(const ModelConfig& c, TensorRole role, int64_t layer) {
+    const TensorSpec& t = spec_of(architecture_of(c), role);
+    if (!t.per_layer) return t.hf;
+    LATTICE_CHECK(layer >= 0, "tensor_name: per-layer tensor \"{}\" needs a layer", t.hf);
+    return layer_prefix(layer) + t.hf;
+}
+
+int64_t hf_layer_of(const std::string& name) {
+    std::string rest;
+    return split_layer(name, "model.layers.", &rest);
+}
+
+bool hf_tensor_ignorable(const std::string& name) { return name.ends_with("rotary_emb.inv_freq"); }
+
+std::string gguf_to_hf_name(const Architecture& arch, const std::string& n) {
+    for (const TensorSpec& t : arch.tensors)
+        if (!t.per_layer && n == t.gguf) return t.hf;
+    std::string rest;
+    const int64_t l = split_layer(n, "blk.", &rest);
+    if (l < 0) return {};
+    for (const TensorSpec& t : arch.tensors)
+        if (t.per_layer && rest == t.gguf) return layer_prefix(l) + t.hf;
+    return {};
+}
+
+bool hf_role_of(const Architecture& arch, const std::string& name, TensorRole* role) {
+    std::string rest;
+    const bool layered = split_layer(name, "model.layers.", &rest) >= 0;
+    for (const TensorSpec& t : arch.tensors)
+        if (t.per_layer == layered && (layered ? rest : name) == t.hf) {
+            *role = t.role;
+            return true;
+        }
+    return false;
+}
+
+std::string PreparedNames::embed() { return "model.embed_tokens.weight"; }
+std::string PreparedNames::lm_head() { return "lm_head.weight"; }
+std::string PreparedNames::final_norm() { return "model.norm.weight"; }
+std::string PreparedNames::attn_norm(int64_t l) { return layer_prefix(l) + "input_layernorm.weight"; }
+std::string PreparedNames::ffn_norm(int64_t l) { return layer_prefix(l) + "post_attention_layernorm.weight"; }
+std::string PreparedNames::wqkv(int64_t l) { return layer_prefix(l) + "self_attn.qkv_proj.weight"; }
+std::string PreparedNames::bqkv(int64_t l) { return layer_prefix(l) + "self_attn.qkv_proj.bias"; }
+std::string PreparedNames::wo(int64_t l) { return layer_prefix(l) + "self_attn.o_proj.weight"; }
+std::string PreparedNames::w_gate_up(int64_t l) { return layer_prefix(l) + "mlp.gate_up_proj.weight"; }
+std::string PreparedNames::w_down(int64_t l) { return layer_prefix(l) + "mlp.down_proj.weight"; }
+
+}  // namespace lattice

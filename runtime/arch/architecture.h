@@ -1,0 +1,130 @@
+// The architecture table: what each model family lattice runs is, in one place. Every other file
+// asks this table for a tensor's name (HF safetensors, GGUF, lattice's converted format), its shape
+// from the config and its tensor-parallel split; none spells a tensor name itself.
+//
+// One table (architecture.cpp), not a file per family: the dense families lattice runs share the
+// Llama skeleton (embedding, per-layer RMSNorm + attention + SwiGLU MLP, final norm, LM head) and
+// differ by a few options (q/k/v bias, sliding window, GGUF's q/k row order, rope scaling kinds), so
+// one list of tensor roles gated by options keeps each family an entry of a few lines, and adding a
+// dense family is one entry plus the kernels its options need (docs/adding-a-model-family.md).
+//
+// The table sits beside ModelConfig (runtime/arch/, below runtime/weights), so the weight sources
+// (names, shapes, GGUF mapping), the model (sharding, load), the converter and SmoothQuant all read
+// the same entries. A config whose family or option is not in the table is refused when it is parsed
+// (parse_hf_config, gguf_model_config), never loaded and run wrong.
+#pragma once
+
+#include "runtime/arch/config.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lattice {
+
+// A tensor's role in the forward, whatever the checkpoint calls it.
+enum class TensorRole : uint8_t {
+    kEmbed,      // [vocab, hidden]
+    kLmHead,     // [vocab, hidden] (absent when tied)
+    kFinalNorm,  // [hidden]
+    kAttnNorm,   // per layer [hidden]
+    kFfnNorm,    // per layer [hidden]
+    kWq,         // per layer [nq * head_dim, hidden]
+    kWk,         // per layer [nkv * head_dim, hidden]
+    kWv,         // per layer [nkv * head_dim, hidden]
+    kBq,         // per layer [nq * head_dim]      (qkv_bias families)
+    kBk,         // per layer [nkv * head_dim]     (qkv_bias families)
+    kBv,         // per layer [nkv * head_dim]     (qkv_bias families)
+    kWo,         // per layer [hidden, nq * head_dim]
+    kWGate,      // per layer [ffn, hidden]
+    kWUp,        // per layer [ffn, hidden]
+    kWDown,      // per layer [hidden, ffn]
+};
+
+// How a tensor splits over the tensor-parallel group (parallel/world_config.h shard_shape gives the
+// ranges): rows of the vocabulary, rows (or bias entries) of q heads / kv heads / FFN channels
+// (column-parallel), columns of q heads / FFN channels (row-parallel), or whole on every rank.
+enum class TpSplit : uint8_t { kReplicated, kVocabRows, kQHeadRows, kKvHeadRows, kFfnRows, kQHeadCols, kFfnCols };
+
+// When a tensor is part of a checkpoint.
+enum class TensorGate : uint8_t { kAlways, kUntiedHead, kQkvBias };
+
+struct TensorSpec {
+    TensorRole role;
+    bool per_layer;
+    const char* hf;    // HF name; per-layer ones after "model.layers.N."
+    const char* gguf;  // GGUF name; per-layer ones after "blk.N."
+    TpSplit split;
+    TensorGate gate;
+};
+
+struct Architecture {
+    std::string name;                          // lattice's name: "llama", "mistral", "qwen2"
+    std::vector<std::string> hf_model_types;   // config.json "model_type" values
+    std::vector<std::string> hf_classes;       // config.json "architectures"[0] values
+    std::string hf_model_type;                 // what `lattice convert` writes as model_type
+    std::string gguf_name;                     // GGUF general.architecture (metadata key prefix)
+    bool qkv_bias = false;                     // q/k/v projections carry biases
+    bool gguf_qk_interleaved = false;          // llama.cpp's converter stored q/k rows in RoPE-pair order
+    bool sliding_window = false;               // the config may carry a sliding window
+    bool sliding_window_honoured = false;      // ... which attention applies (else refused when it bites)
+    std::string sliding_window_flag;           // config.json switch the window needs ("": always applies)
+    std::vector<std::string> rope_scaling;     // rope_scaling kinds accepted besides none
+    int64_t moe_experts = 0;                   // MoE experts (none of the table's families yet)
+    std::vector<TensorSpec> tensors;           // every tensor the family may hold, gated by its options
+};
+
+// The table, in the order "supported: ..." lists it.
+const std::vector<Architecture>& architectures();
+// "llama, mistral, qwen2"
+std::string supported_architectures();
+// By lattice name; throws Error "architecture 'gemma2' is not supported; supported: ..." for others.
+const Architecture& find_architecture(const std::string& name);
+// The entry a config.json names (model_type first, then architectures[0]); nullptr when none.
+const Architecture* architecture_for_hf(const std::string& model_type, const std::string& hf_class);
+// The entry whose GGUF general.architecture is `gguf_name`; nullptr when none.
+const Architecture* architecture_for_gguf(const std::string& gguf_name);
+// The config's entry (ModelConfig::family).
+const Architecture& architecture_of(const ModelConfig& c);
+
+// One tensor a checkpoint of `c` holds: HF name, shape (HF order) and role.
+struct ExpectedTensor {
+    std::string name;
+    std::vector<int64_t> shape;
+    TensorRole role;
+    int64_t layer;  // -1 for the model-level tensors
+    TpSplit split;
+};
+// Every tensor a checkpoint of `c` must hold, model-level ones first, then layer by layer.
+std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c);
+// HF name of `role` (layer for per-layer roles); throws when the family has no such tensor.
+std::string tensor_name(const ModelConfig& c, TensorRole role, int64_t layer = -1);
+// Shape of `role` from the config, HF order.
+std::vector<int64_t> tensor_shape(const ModelConfig& c, TensorRole role);
+// Layer index of an HF per-layer name ("model.layers.N.*"), -1 otherwise.
+int64_t hf_layer_of(const std::string& name);
+// Tensors checkpoints carry that the forward recomputes (rotary_emb.inv_freq).
+bool hf_tensor_ignorable(const std::string& name);
+// HF name of a GGUF tensor of `arch`, "" when the table has none (e.g. "blk.3.attn_q.bias" ->
+// "model.layers.3.self_attn.q_proj.bias"). Layer numbers are decimal without leading zeros.
+std::string gguf_to_hf_name(const Architecture& arch, const std::string& gguf_name);
+// The role of an HF name ("" layer prefix handled), or false when the table has none.
+bool hf_role_of(const Architecture& arch, const std::string& name, TensorRole* role);
+// GGUF tensors besides the mapped ones that a reader consumes itself (rope_freqs.weight).
+constexpr const char* kGgufRopeFreqs = "rope_freqs.weight";
+
+// Names in lattice's converted (pre-sharded) format: one rank's tensors, q|k|v and gate|up fused.
+struct PreparedNames {
+    static std::string embed();
+    static std::string lm_head();
+    static std::string final_norm();
+    static std::string attn_norm(int64_t layer);
+    static std::string ffn_norm(int64_t layer);
+    static std::string wqkv(int64_t layer);
+    static std::string bqkv(int64_t layer);  // q|k|v bias, f32 (qkv_bias families)
+    static std::string wo(int64_t layer);
+    static std::string w_gate_up(int64_t layer);
+    static std::string w_down(int64_t layer);
+};
+
+}  // namespace lattice

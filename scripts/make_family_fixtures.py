@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""Writes the model-family fixtures of tests/runtime/model/families/: a tiny random checkpoint per
+family lattice runs beyond Llama (Qwen2, Mistral), as Hugging Face safetensors + config.json and as the
+same weights in a GGUF written with gguf-py the way llama.cpp's converter lays that family out, plus
+the reference logits of every prompt position and 24 greedy tokens from an independent float64 NumPy
+forward written from the semantics of transformers' modeling code (not from lattice's):
+
+  Qwen2ForCausalLM (transformers/models/qwen2/modeling_qwen2.py): embed -> per layer
+  h += o_proj(attn(rope(q_proj(x) + b_q), rope(k_proj(x) + b_k), v_proj(x) + b_v)), x = RMSNorm(h);
+  h += down_proj(silu(gate_proj(x)) * up_proj(x)), x = RMSNorm(h) -> final RMSNorm -> lm_head.
+  RoPE: rotate_half (half-split pairs i, i + d/2), inv_freq = theta^(-2i/d) with rope_theta from the
+  config; GQA by repeating each kv head n_heads / n_kv_heads times; causal softmax(q k^T / sqrt(d));
+  RMSNorm x / sqrt(mean(x^2) + eps) * w. No bias on o_proj or the MLP.
+  MistralForCausalLM (modeling_mistral.py): the same without biases, with the sliding-window causal
+  mask: the query at i attends keys i - sliding_window < j <= i.
+
+Weights are float16 values (stored F16 in both files; GGUF norms and biases F32, as llama.cpp keeps
+1-D tensors), so both files hold exactly the values the float64 reference used. Output per family
+folder (the format of ../shared/golden, read by tests/runtime/model/golden.h):
+  config.json, model.safetensors, model.gguf, expected.json (cases[i].prompt_ids, greedy_ids,
+  min_greedy_margin), expected.safetensors (case{i}.logits f32 [prompt_len, vocab]).
+Deterministic (fixed seeds); needs numpy and gguf (pip install numpy gguf), never torch. Usage:
+  python3 scripts/make_family_fixtures.py [OUT_DIR]   (default tests/runtime/model/families)
+"""
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+N_NEW = 24
+
+
+def qwen2_spec():
+    return {
+        "gguf": True,
+        "name": "qwen2",
+        "seed": 20261204,
+        "config": {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "hidden_act": "silu",
+            "hidden_size": 48,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": 128,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0,
+            "rope_scaling": None,
+            "max_position_embeddings": 128,
+            "sliding_window": 64,  # named but off (use_sliding_window false), as Qwen2.5 configs ship
+            "use_sliding_window": False,
+            "tie_word_embeddings": False,
+            "torch_dtype": "float16",
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+        "prompts": [[1, 17, 90, 3, 44, 101, 7, 63], [1, 40, 41, 42, 43]],
+    }
+
+
+def mistral_spec():
+    # Llama's tensors plus a sliding window shorter than the prompts (transformers' MistralForCausalLM:
+    # the query at i attends keys i - W < j <= i); the 40-token prompt and its continuation cross a
+    # 32-position tile of lattice's CPU attention, so windows that skip whole tiles are covered too.
+    # No GGUF: llama.cpp writes Mistral as architecture "llama", which has no window.
+    rng = np.random.default_rng(7)
+    return {
+        "name": "mistral",
+        "seed": 20261213,
+        "gguf": False,
+        "config": {
+            "architectures": ["MistralForCausalLM"],
+            "model_type": "mistral",
+            "hidden_act": "silu",
+            "hidden_size": 48,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": 128,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "rope_scaling": None,
+            "max_position_embeddings": 128,
+            "sliding_window": 6,
+            "tie_word_embeddings": False,
+            "torch_dtype": "float16",
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+        "prompts": [[1] + [int(x) for x in rng.integers(3, 128, 39)], [1, 9, 33, 70, 12, 99, 4, 51, 18, 77, 23, 64]],
+    }
+
+
+def make_weights(cfg, rng):
+    H, F, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    nq, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = H // nq
+    V = cfg["vocab_size"]
+
+    def rnd(shape, scale):
+        return (rng.standard_normal(shape) * scale).astype(np.float16)
+
+    w = {"model.embed_tokens.weight": rnd((V, H), 1.0), "model.norm.weight": (1 + rnd((H,), 0.1)).astype(np.float16)}
+    if not cfg["tie_word_embeddings"]:
+        w["lm_head.weight"] = rnd((V, H), 2.0 / np.sqrt(H))
+    for l in range(L):
+        p = f"model.layers.{l}."
+        w[p + "input_layernorm.weight"] = (1 + rnd((H,), 0.1)).astype(np.float16)
+        w[p + "post_attention_layernorm.weight"] = (1 + rnd((H,), 0.1)).astype(np.float16)
+        w[p + "self_attn.q_proj.weight"] = rnd((nq * hd, H), 1.0 / np.sqrt(H))
+        w[p + "self_attn.k_proj.weight"] = rnd((nkv * hd, H), 1.0 / np.sqrt(H))
+        w[p + "self_attn.v_proj.weight"] = rnd((nkv * hd, H), 1.0 / np.sqrt(H))
+        if cfg["model_type"] == "qwen2":  # Qwen2's biases are large (k especially): make them matter.
+            w[p + "self_attn.q_proj.bias"] = rnd((nq * hd,), 0.5)
+            w[p + "self_attn.k_proj.bias"] = rnd((nkv * hd,), 1.0)
+            w[p + "self_attn.v_proj.bias"] = rnd((nkv * hd,), 0.5)
+        w[p + "self_attn.o_proj.weight"] = rnd((H, nq * hd), 1.0 / np.sqrt(nq * hd))
+        w[p + "mlp.gate_proj.weight"] = rnd((F, H), 1.0 / np.sqrt(H))
+        w[p + "mlp.up_proj.weight"] = rnd((F, H), 1.0 / np.sqrt(H))
+        w[p + "mlp.down_proj.weight"] = rnd((H, F), 1.0 / np.sqrt(F))
+    return w
+
+
+# ---- the float64 reference forward (transformers' Qwen2 semantics) ----
+
+def rms_norm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rope(x, pos, theta):
+    # x [T, heads, d]; rotate_half: pairs (i, i + d/2)
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    ang = np.outer(pos, inv)  # [T, d/2]
+    cos = np.concatenate([np.cos(ang), np.cos(ang)], axis=-1)[:, None, :]
+    sin = np.concatenate([np.sin(ang), np.sin(ang)], axis=-1)[:, None, :]
+    rot = np.concatenate([-x[..., d // 2:], x[..., : d // 2]], axis=-1)
+    return x * cos + rot * sin
+
+
+def forward(cfg, w, ids):
+    W = {k: v.astype(np.float64) for k, v in w.items()}
+    H, L = cfg["hidden_size"], cfg["num_hidden_layers"]
+    nq, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = H // nq
+    eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
+    T = len(ids)
+    pos = np.arange(T, dtype=np.float64)
+    h = W["model.embed_tokens.weight"][ids]
+    mask = np.triu(np.full((T, T), -np.inf), 1)  # causal: j <= i
+    window = cfg.get("sliding_window") if cfg["model_type"] == "mistral" else None
+    if window:  # Mistral's sliding window: also j > i - window
+        mask += np.tril(np.full((T, T), -np.inf), -window)
+    for l in range(L):
+        p = f"model.layers.{l}."
+        x = rms_norm(h, W[p + "input_layernorm.weight"], eps)
+        def proj(n):  # q/k/v projection, plus its bias where the family has one (Qwen2)
+            y = x @ W[p + f"self_attn.{n}_proj.weight"].T
+            return y + W[p + f"self_attn.{n}_proj.bias"] if p + f"self_attn.{n}_proj.bias" in W else y
+        q, k, v = proj("q").reshape(T, nq, hd), proj("k").reshape(T, nkv, hd), proj("v").reshape(T, nkv, hd)
+        q, k = rope(q, pos, theta), rope(k, pos, theta)
+        rep = nq // nkv
+        k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)  # repeat_kv
+        out = np.empty((T, nq, hd))
+        for head in range(nq):
+            s = q[:, head, :] @ k[:, head, :].T / np.sqrt(hd) + mask
+            s = np.exp(s - s.max(axis=-1, keepdims=True))
+            s /= s.sum(axis=-1, keepdims=True)
+            out[:, head, :] = s @ v[:, head, :]
+        h = h + out.reshape(T, nq * hd) @ W[p + "self_attn.o_proj.weight"].T
+        x = rms_norm(h, W[p + "post_attention_layernorm.weight"], eps)
+        g = x @ W[p + "mlp.gate_proj.weight"].T
+        u = x @ W[p + "mlp.up_proj.weight"].T
+        h = h + (g / (1 + np.exp(-g)) * u) @ W[p + "mlp.down_proj.weight"].T
+    x = rms_norm(h, W["model.norm.weight"], eps)
+    head = W["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else W["lm_head.weight"]
+    return x @ head.T  # [T, vocab]
+
+
+def greedy(cfg, w, prompt):
+    ids = list(prompt)
+    margin = np.inf
+    for _ in range(N_NEW):
+        last = forward(cfg, w, ids)[-1]
+        top2 = np.sort(last)[-2:]
+        margin = min(margin, top2[1] - top2[0])
+        ids.append(int(np.argmax(last)))
+    return ids[len(prompt):], float(margin)
+
+
+# ---- files ----
+
+def write_safetensors(path, tensors):
+    header, offset, blobs = {}, 0, []
+    for name, arr in tensors.items():
+        dt = {np.dtype(np.float16): "F16", np.dtype(np.float32): "F32"}[arr.dtype]
+        b = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [offset, offset + len(b)]}
+        offset += len(b)
+        blobs.append(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+GGUF_NAMES = {  # llama.cpp's names for the HF ones (gguf-py's tensor map), per layer after blk.N.
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+GGUF_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+            "lm_head.weight": "output.weight"}
+
+
+def write_gguf(path, arch, cfg, w):
+    import gguf  # gguf-py, llama.cpp's writer
+
+    H, nq = cfg["hidden_size"], cfg["num_attention_heads"]
+    wr = gguf.GGUFWriter(path, arch)
+    wr.add_name("lattice tiny " + arch)
+    wr.add_context_length(cfg["max_position_embeddings"])
+    wr.add_embedding_length(H)
+    wr.add_feed_forward_length(cfg["intermediate_size"])
+    wr.add_block_count(cfg["num_hidden_layers"])
+    wr.add_head_count(nq)
+    wr.add_head_count_kv(cfg["num_key_value_heads"])
+    wr.add_rope_freq_base(cfg["rope_theta"])
+    wr.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    wr.add_bos_token_id(cfg["bos_token_id"])
+    wr.add_eos_token_id(cfg["eos_token_id"])
+    # Qwen2 is NEOX-rope in llama.cpp: its converter keeps q/k rows in HF order (no permutation).
+    for name, arr in w.items():
+        if name in GGUF_TOP:
+            g = GGUF_TOP[name]
+        else:
+            parts = name.split(".", 3)  # model, layers, N, rest
+            g = f"blk.{parts[2]}." + GGUF_NAMES[parts[3]]
+        wr.add_tensor(g, arr.astype(np.float32) if arr.ndim == 1 else arr)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+
+
+def make_family(spec, out_root):
+    cfg = spec["config"]
+    rng = np.random.default_rng(spec["seed"])
+    w = make_weights(cfg, rng)
+    d = os.path.join(out_root, spec["name"])
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    write_safetensors(os.path.join(d, "model.safetensors"), w)
+    if spec.get("gguf", True):
+        write_gguf(os.path.join(d, "model.gguf"), spec["name"], cfg, w)
+    cases, logits = [], {}
+    for i, prompt in enumerate(spec["prompts"]):
+        logits[f"case{i}.logits"] = forward(cfg, w, prompt).astype(np.float32)
+        ids, margin = greedy(cfg, w, prompt)
+        cases.append({"prompt_ids": prompt, "greedy_ids": ids, "min_greedy_margin": round(margin, 4)})
+        print(f"{spec['name']} case {i}: greedy {ids} (min margin {margin:.4f})")
+    write_safetensors(os.path.join(d, "expected.safetensors"), logits)
+    with open(os.path.join(d, "expected.json"), "w") as f:
+        json.dump({"model": spec["name"], "reference": "float64 NumPy (scripts/make_family_fixtures.py)",
+                   "cases": cases}, f, indent=1)
+        f.write("\n")
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "tests", "runtime", "model", "families")
+    make_family(qwen2_spec(), out)
+    make_family(mistral_spec(), out)
+
+
+if __name__ == "__main__":
+    main()
