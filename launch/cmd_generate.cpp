@@ -97,11 +97,17 @@ nlohmann::json breakdown_json(const GenerateStats& s) {
         r["pp_rank"] = b.pp_rank;
         r["steps"] = b.steps;
         r["wall_seconds"] = b.wall;
+        r["plan_wait"] = b.plan_wait;
         per_rank.push_back(std::move(r));
     }
     if (s.per_rank.empty()) return nlohmann::json::object();
     const StepBreakdown& r0 = s.per_rank.front();
-    return {{"steps", r0.steps}, {"wall_seconds", r0.wall}, {"rank0", parts(r0)}, {"per_rank", std::move(per_rank)}};
+    return {{"steps", r0.steps},
+            {"wall_seconds", r0.wall},
+            {"rank0", parts(r0)},
+            {"plan_wait_seconds", r0.plan_wait},  // the leader's: blocked handing plans over (part of host_overhead)
+            {"plan_bytes", r0.plan_bytes},        // the leader's encoded plans, per follower
+            {"per_rank", std::move(per_rank)}};
 }
 
 void write_stats(const std::string& path, const GenerateStats& s, const RankRuntime& rt, const ModelArgs& a, uint64_t seed) {

@@ -1,6 +1,8 @@
 // make_parallel_context: layout validation, then TP / PP communicator splits (see parallel_context.h).
 #include "parallel/parallel_context.h"
 
+#include <algorithm>
+
 #if !defined(LATTICE_NO_MPI)
 #include "parallel/mpi_comm.h"
 #include "parallel/mpi_session.h"
@@ -50,8 +52,13 @@ ParallelContext make_parallel_context(int tp, int pp, const WaitPolicy& policy) 
         ctx.tp = std::make_unique<LocalComm>();
         ctx.pp_world = std::make_unique<LocalComm>();
         ctx.world_comm = std::make_unique<LocalComm>();
+        ctx.plans = std::make_unique<LocalComm>();
         return ctx;
     }
+    // The plans' communicator first (same order on every rank: MPI_Comm_dup is collective).
+    WaitPolicy plan_policy = policy;
+    plan_policy.send_buffers = std::max(policy.send_buffers, 2 * kPlanQueue * (ctx.world.world - 1));
+    ctx.plans = MpiComm::world(plan_policy, "plans");
     auto world = MpiComm::world(policy, "world");
     const WorldConfig& w = ctx.world;
     std::unique_ptr<MpiComm> tpc = world->split(w.pp_rank(), w.tp_rank(), fmt::format("tp{}", w.pp_rank()));
@@ -82,6 +89,7 @@ ParallelContext make_local_context() {
     ctx.tp = std::make_unique<LocalComm>();
     ctx.pp_world = std::make_unique<LocalComm>();
     ctx.world_comm = std::make_unique<LocalComm>();
+    ctx.plans = std::make_unique<LocalComm>();
     return ctx;
 }
 

@@ -8,6 +8,11 @@
 //              tp_rank, i.e. `pp_world->send(x, pp_rank + 1)`, which is world rank + tp; a receive
 //              on stage s comes from `pp_rank - 1` (world rank - tp).
 //   world_comm all ranks; comm rank == world rank (sampled-token broadcast from sampler_rank()).
+//   plans      all ranks again (a duplicate of world_comm), for the leader's step plans only: its
+//              send queue holds kPlanQueue plans for every other rank (two messages each: size,
+//              bytes), so the leader, which is also pipeline stage 0, hands a plan to MPI and goes
+//              on computing instead of waiting for a follower that is busy with an earlier step;
+//              it blocks only when a follower is kPlanQueue plans behind (see Engine::send_plan).
 //
 // World size 1 (no mpirun, or mpirun -np 1): all three are LocalComm. make_parallel_context still
 // initializes MPI (OpenMPI singleton init, ~0.3 s) because only MPI knows whether this process is
@@ -26,11 +31,15 @@
 
 namespace lattice {
 
+// Step plans a follower may be behind before the leader waits for it (ParallelContext::plans).
+inline constexpr int kPlanQueue = 16;
+
 struct ParallelContext {
     WorldConfig world;
     std::unique_ptr<Communicator> tp;          // this stage's tensor-parallel group (size tp)
     std::unique_ptr<Communicator> pp_world;    // this rank's pipeline group (size pp)
     std::unique_ptr<Communicator> world_comm;  // all ranks
+    std::unique_ptr<Communicator> plans;       // all ranks: the leader's step plans (deep send queue)
 
     // Pipeline neighbours as pp_world ranks (-1 at the ends).
     int next_stage() const { return world.is_last_stage() ? -1 : world.pp_rank() + 1; }

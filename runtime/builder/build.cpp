@@ -41,6 +41,7 @@ PipelineLinks rank_pipeline_links(const ParallelContext& ctx) {
         links.prev = ctx.prev_stage();
         links.next = ctx.next_stage();
         links.world = ctx.world_comm.get();
+        links.plans = ctx.plans.get();
         links.sampler = ctx.world.sampler_rank();
     }
     return links;
@@ -198,6 +199,7 @@ RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const T
     rt.tp_comm = std::move(ctx.tp);
     rt.pp_comm = std::move(ctx.pp_world);
     rt.world_comm = std::move(ctx.world_comm);
+    rt.plans_comm = std::move(ctx.plans);
     rt.load_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     LOG_INFO(
         "{}: loaded {} on {} in {:.2f} s ({:.1f} MiB of weights on this rank, {:.1f} MiB read from the checkpoint, "

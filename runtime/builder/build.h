@@ -70,6 +70,7 @@ struct RankRuntime {
     WorldConfig world;
     std::unique_ptr<Backend> backend;
     std::unique_ptr<Communicator> world_comm;
+    std::unique_ptr<Communicator> plans_comm;  // the leader's step plans (ParallelContext::plans)
     std::vector<std::unique_ptr<Communicator>> host_groups;  // MPI groups under device communicators
     std::unique_ptr<Communicator> tp_comm;
     std::unique_ptr<Communicator> pp_comm;

@@ -74,27 +74,37 @@ Engine::~Engine() = default;
 
 // ---- messages ----
 
+// The plan goes to every follower on the plans communicator (links_.plans), whose sends are
+// buffered kPlanQueue plans deep per follower (parallel_context.h): each send copies the bytes and
+// returns, MPI completes the transfer while this rank computes its stage, and the leader blocks
+// only when some follower is that many plans behind. The time in those sends is plan_wait.
 void Engine::send_plan(const StepPlan& p) {
     last_sent_ = Clock::now();
     if (world_ == 1) return;
-    const std::vector<uint8_t> bytes = encode_plan(p);
-    int64_t n = int64_t(bytes.size());
+    const std::vector<uint8_t> bytes = encode_plan(p, plan_tables_);  // one encoding: every follower
+    int64_t n = int64_t(bytes.size());                                  // knows the same tables
+    Communicator& c = plan_comm();
+    const auto t0 = Clock::now();
     for (int r = 0; r < world_; ++r) {
         if (r == rank_) continue;
-        links_.world->send(host_view(&n, DType::kI64, 1), r);
-        links_.world->send(host_view(bytes.data(), DType::kU8, n), r);
+        c.send(host_view(&n, DType::kI64, 1), r);
+        c.send(host_view(bytes.data(), DType::kU8, n), r);
     }
+    counters_.plan_wait_seconds += since(t0);
+    ++counters_.plans_sent;
+    counters_.plan_bytes += n;
 }
 
 StepPlan Engine::recv_plan() {
     int64_t n = 0;
     const auto t0 = Clock::now();
-    links_.world->recv(host_view(&n, DType::kI64, 1), 0);
+    Communicator& c = plan_comm();
+    c.recv(host_view(&n, DType::kI64, 1), 0);
     LATTICE_CHECK(n > 0 && n < (int64_t(1) << 30), "rank {}: step plan of {} bytes from the leader", rank_, n);
     std::vector<uint8_t> bytes(static_cast<size_t>(n));
-    links_.world->recv(host_view(bytes.data(), DType::kU8, n), 0);
+    c.recv(host_view(bytes.data(), DType::kU8, n), 0);
     counters_.wait_seconds += since(t0);
-    StepPlan p = decode_plan(bytes.data(), n);
+    StepPlan p = decode_plan(bytes.data(), n, plan_tables_);
     LATTICE_CHECK(p.number == number_ + 1, "rank {}: step plan {} arrived after {} (out of order)", rank_, p.number,
                   number_);
     number_ = p.number;
@@ -349,6 +359,8 @@ StepBreakdown Engine::breakdown(const EngineCounters& c0, double comm0, double w
     b.compute = std::max(0.0, counters_.compute_seconds - c0.compute_seconds - b.communication - b.sampling);
     b.pipeline_bubble = counters_.wait_seconds - c0.wait_seconds;
     b.host_overhead = std::max(0.0, wall - b.compute - b.communication - b.sampling - b.pipeline_bubble);
+    b.plan_wait = counters_.plan_wait_seconds - c0.plan_wait_seconds;
+    b.plan_bytes = counters_.plan_bytes - c0.plan_bytes;
     return b;
 }
 

@@ -2,7 +2,8 @@
 //
 // World rank 0 is the leader: it alone holds requests and the Scheduler (scheduler.h). Each step it
 // builds a StepPlan (which sequences, which tokens, positions, block tables, sampling params) and
-// sends it to every other rank in one message; every rank runs the plan through its part of the
+// sends it to every other rank in one message (without waiting for busy ones, and with the block
+// tables as changes: step_plan.h, send_plan); every rank runs the plan through its part of the
 // model (TP shard, pipeline stage: the first stage embeds, each stage passes its hidden rows to the
 // next, the last computes logits); the sampler rank (last stage, TP rank 0) samples and returns the
 // tokens to the leader. No rank but the leader ever sees a request.
@@ -39,6 +40,7 @@ struct PipelineLinks {
     int prev = -1;                  // pipe rank of the previous stage, -1 on the first
     int next = -1;                  // pipe rank of the next stage, -1 on the last
     Communicator* world = nullptr;  // all ranks (host memory); null: a single rank
+    Communicator* plans = nullptr;  // all ranks, the step plans only (a deep send queue); null: world
     int sampler = 0;                // world rank that samples
 };
 
@@ -69,10 +71,14 @@ using GenerateRequest = EngineRequest;
 //                    (leader), the leader's next plan (followers);
 //   sampling         the sampler rank's per-sequence sampling and log-softmax;
 //   host_overhead    the rest: scheduling, plan encoding, sends, the front's callbacks.
+// plan_wait (leader) is the part of host_overhead spent blocked handing plans to the communicator
+// (a follower kPlanQueue plans behind, see send_plan); not a sixth part of the sum.
 struct StepBreakdown {
     int rank = 0, tp_rank = 0, pp_rank = 0;
     int64_t steps = 0;  // forwards this rank ran
     double wall = 0, compute = 0, communication = 0, pipeline_bubble = 0, sampling = 0, host_overhead = 0;
+    double plan_wait = 0;
+    int64_t plan_bytes = 0;  // leader: encoded plan bytes sent (to each follower)
 };
 
 struct GenerateStats {
@@ -111,6 +117,9 @@ struct EngineCounters {
     int64_t graph_steps = 0;     // of the steps, decode steps run through a step graph (eager warm-ups included)
     int64_t graph_replays = 0;   // of those, replays of a captured graph
     int64_t graphs_captured = 0; // step graphs captured (one per batch-size bucket used)
+    double plan_wait_seconds = 0;  // leader: blocked sending plans (in the communicator's send calls)
+    int64_t plans_sent = 0;        // leader: plans sent (steps, heartbeats, shutdown)
+    int64_t plan_bytes = 0;        // leader: their encoded bytes (per follower)
 };
 
 class Engine {
@@ -172,6 +181,7 @@ private:
     };
     void send_plan(const StepPlan& p);
     StepPlan recv_plan();
+    Communicator& plan_comm() const { return links_.plans ? *links_.plans : *links_.world; }
     void execute(const StepPlan& p, Results* out);
     void sample_rows(const StepPlan& p, const View& logits, Results* out);
     // A decode-only step through the captured graph of its bucket; false when the step is not one.
@@ -193,6 +203,7 @@ private:
     std::deque<StepPlan> inflight_;                  // leader: issued, results pending (pipelines)
     std::deque<std::pair<StepPlan, Results>> done_;  // leader: completed locally, not yet applied
     int64_t number_ = 0;                             // last plan number sent / received
+    PlanTables plan_tables_;  // the block tables the followers know (leader: sent; follower: received)
     std::unordered_map<int64_t, Sampler> samplers_;  // sampler rank: per-sequence state
     std::vector<float> host_rows_;  // sampler rank: logits rows sampled on the host
     // Step graphs: on when opt_.step_graphs, the backend captures steps and the model is one stage.

@@ -1,8 +1,10 @@
 // StepPlan wire format (see step_plan.h).
 #include "runtime/engine/step_plan.h"
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <unordered_set>
 
 #include "base/error.h"
 
@@ -10,7 +12,18 @@ namespace lattice {
 
 namespace {
 
-constexpr uint32_t kMagic = 0x4c505332;  // "LPS2"
+constexpr uint32_t kMagic = 0x4c505333;  // "LPS3": version 3 (block tables as changes)
+constexpr uint32_t kMagicPrefix = 0x4c505300;  // "LPS" + any version
+
+// How a sequence's block table travels (one per sequence, in plan order).
+enum TableOp : uint8_t { kKeep = 0, kAppend = 1, kReplace = 2 };
+
+// The table row's blocks: up to the last entry that is not -1.
+int64_t row_length(const int32_t* row, int64_t width) {
+    int64_t n = width;
+    while (n > 0 && row[n - 1] < 0) --n;
+    return n;
+}
 
 class Writer {
 public:
@@ -59,6 +72,11 @@ private:
     int64_t pos_ = 0;
 };
 
+// Applies a decoded plan's table changes to `known` (all checked first: on an Error nothing
+// changed) and fills p.tables [seqs x width] from the result.
+void apply_tables(StepPlan& p, const std::vector<uint8_t>& ops, const std::vector<int32_t>& counts,
+                         const std::vector<int32_t>& blocks, PlanTables& known_tables);
+
 }  // namespace
 
 int64_t StepPlan::sampled() const {
@@ -67,14 +85,38 @@ int64_t StepPlan::sampled() const {
     return n;
 }
 
-std::vector<uint8_t> encode_plan(const StepPlan& p) {
+const std::vector<int32_t>* PlanTables::find(int64_t id) const {
+    auto it = rows.find(id);
+    return it == rows.end() ? nullptr : &it->second;
+}
+
+std::vector<uint8_t> encode_plan(const StepPlan& p, PlanTables& known) {
+    const int64_t n = int64_t(p.seqs.size()), W = p.width;
+    LATTICE_CHECK(W >= 0 && int64_t(p.tables.size()) == n * W, "encode_plan: block tables {} for {} x {}",
+                  p.tables.size(), n, W);
+    for (int64_t id : p.released) known.rows.erase(id);
+    std::vector<uint8_t> ops(static_cast<size_t>(n));
+    std::vector<int32_t> counts(static_cast<size_t>(n)), blocks;
+    for (int64_t i = 0; i < n; ++i) {
+        const int32_t* row = p.tables.data() + i * W;
+        const int64_t len = row_length(row, W);
+        std::vector<int32_t>& have = known.rows[p.seqs[size_t(i)].id];  // (a new one: empty, then replaced)
+        const bool extends = int64_t(have.size()) <= len && !have.empty() &&
+                             std::equal(have.begin(), have.end(), row);
+        const int64_t from = extends ? int64_t(have.size()) : 0;
+        ops[size_t(i)] = extends ? (from == len ? kKeep : kAppend) : kReplace;
+        counts[size_t(i)] = int32_t(len - from);
+        blocks.insert(blocks.end(), row + from, row + len);
+        have.assign(row, row + len);
+    }
     Writer w;
     w.put(kMagic);
     w.put(int32_t(p.kind));
     w.put(p.number);
     w.put_vec(p.tokens);
-    w.put(int64_t(p.seqs.size()));
-    for (const PlanSeq& s : p.seqs) {
+    w.put(n);
+    for (int64_t i = 0; i < n; ++i) {
+        const PlanSeq& s = p.seqs[size_t(i)];
         w.put(s.id);
         w.put(s.start);
         w.put(s.count);
@@ -91,18 +133,33 @@ std::vector<uint8_t> encode_plan(const StepPlan& p) {
         w.put(s.sampling.frequency_penalty);
         w.put(s.sampling.min_p);
         w.put(s.n_recent);
+        w.put(ops[size_t(i)]);
+        w.put(counts[size_t(i)]);
     }
     w.put(p.width);
-    w.put_vec(p.tables);
+    w.put_vec(blocks);
     w.put_vec(p.ban_ids);
     w.put_vec(p.recent_ids);
     w.put_vec(p.released);
     return std::move(w.out);
 }
 
+std::vector<uint8_t> encode_plan(const StepPlan& p) {
+    PlanTables none;
+    return encode_plan(p, none);
+}
+
 StepPlan decode_plan(const uint8_t* data, int64_t size) {
+    PlanTables none;
+    return decode_plan(data, size, none);
+}
+
+StepPlan decode_plan(const uint8_t* data, int64_t size, PlanTables& known) {
     Reader r(data, size);
-    LATTICE_CHECK(r.get<uint32_t>("magic") == kMagic, "step plan: bad magic (not a lattice step plan)");
+    const uint32_t magic = r.get<uint32_t>("magic");
+    LATTICE_CHECK((magic & 0xffffff00u) == kMagicPrefix, "step plan: bad magic (not a lattice step plan)");
+    LATTICE_CHECK(magic == kMagic, "step plan: version {} from the leader, this rank reads version {} (mixed builds?)",
+                  int(magic & 0xffu) - int('0'), int(kMagic & 0xffu) - int('0'));
     StepPlan p;
     const int32_t kind = r.get<int32_t>("kind");
     LATTICE_CHECK(kind >= 1 && kind <= 4, "step plan: unknown kind {}", kind);
@@ -113,6 +170,8 @@ StepPlan decode_plan(const uint8_t* data, int64_t size) {
     LATTICE_CHECK(n >= 0 && n <= int64_t(p.tokens.size()) + 1, "step plan: {} sequences for {} tokens", n,
                   p.tokens.size());
     int64_t fed = 0;
+    std::vector<uint8_t> ops;
+    std::vector<int32_t> counts;
     for (int64_t i = 0; i < n; ++i) {
         PlanSeq s;
         s.id = r.get<int64_t>("id");
@@ -131,6 +190,8 @@ StepPlan decode_plan(const uint8_t* data, int64_t size) {
         s.sampling.frequency_penalty = r.get<float>("frequency_penalty");
         s.sampling.min_p = r.get<float>("min_p");
         s.n_recent = r.get<int32_t>("n_recent");
+        ops.push_back(r.get<uint8_t>("table op"));
+        counts.push_back(r.get<int32_t>("table blocks count"));
         LATTICE_CHECK(s.start >= 0 && s.count >= 1, "step plan: sequence {} start {} count {}", s.id, s.start, s.count);
         fed += s.count;
         p.seqs.push_back(s);
@@ -138,9 +199,8 @@ StepPlan decode_plan(const uint8_t* data, int64_t size) {
     LATTICE_CHECK(fed == int64_t(p.tokens.size()), "step plan: sequences feed {} tokens, the plan holds {}", fed,
                   p.tokens.size());
     p.width = r.get<int32_t>("width");
-    p.tables = r.get_vec<int32_t>("tables");
-    LATTICE_CHECK(p.width >= 0 && int64_t(p.tables.size()) == n * p.width, "step plan: block tables {} for {} x {}",
-                  p.tables.size(), n, p.width);
+    LATTICE_CHECK(p.width >= 0, "step plan: block table width {}", p.width);
+    const std::vector<int32_t> blocks = r.get_vec<int32_t>("table blocks");
     p.ban_ids = r.get_vec<int32_t>("ban ids");
     int64_t bans = 0;
     for (const PlanSeq& s : p.seqs) {
@@ -160,7 +220,61 @@ StepPlan decode_plan(const uint8_t* data, int64_t size) {
                   p.recent_ids.size(), recent);
     p.released = r.get_vec<int64_t>("released");
     LATTICE_CHECK(r.done(), "step plan: trailing bytes");
+    apply_tables(p, ops, counts, blocks, known);
     return p;
 }
+
+namespace {
+
+void apply_tables(StepPlan& p, const std::vector<uint8_t>& ops, const std::vector<int32_t>& counts,
+                  const std::vector<int32_t>& blocks, PlanTables& known_tables) {
+    auto& known = known_tables.rows;
+    const std::unordered_set<int64_t> gone(p.released.begin(), p.released.end());
+    std::unordered_map<int64_t, std::vector<int32_t>> staged;  // rows this plan sets
+    auto lookup = [&](int64_t id) -> const std::vector<int32_t>* {
+        if (auto it = staged.find(id); it != staged.end()) return &it->second;
+        if (gone.count(id)) return nullptr;
+        auto it = known.find(id);
+        return it == known.end() ? nullptr : &it->second;
+    };
+    const int64_t n = int64_t(p.seqs.size()), W = p.width;
+    size_t off = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t id = p.seqs[size_t(i)].id;
+        const int32_t k = counts[size_t(i)];
+        LATTICE_CHECK(k >= 0 && size_t(k) <= blocks.size() - off,
+                      "step plan: table blocks: sequence {} takes {} blocks, {} are left", id, k, blocks.size() - off);
+        const uint8_t op = ops[size_t(i)];
+        LATTICE_CHECK(op <= kReplace, "step plan: table op {} of sequence {} unknown", int(op), id);
+        LATTICE_CHECK(op != kKeep || k == 0, "step plan: table op: sequence {} keeps its table but lists {} blocks", id,
+                      k);
+        const auto first = blocks.begin() + std::ptrdiff_t(off), last = first + k;
+        if (op == kReplace) {
+            staged[id].assign(first, last);
+        } else {
+            const std::vector<int32_t>* have = lookup(id);
+            LATTICE_CHECK(have, "step plan: table op: sequence {} {} a block table this rank does not know", id,
+                          op == kKeep ? "keeps" : "appends to");
+            if (op == kAppend) {
+                std::vector<int32_t> row = *have;
+                row.insert(row.end(), first, last);
+                staged[id] = std::move(row);
+            }
+        }
+        off += size_t(k);
+        LATTICE_CHECK(int64_t(lookup(id)->size()) <= W, "step plan: table blocks: sequence {} holds {} blocks, width {}",
+                      id, lookup(id)->size(), W);
+    }
+    LATTICE_CHECK(off == blocks.size(), "step plan: table blocks: {} listed, the sequences take {}", blocks.size(), off);
+    p.tables.assign(size_t(n * W), -1);
+    for (int64_t i = 0; i < n; ++i) {
+        const std::vector<int32_t>& row = *lookup(p.seqs[size_t(i)].id);
+        std::copy(row.begin(), row.end(), p.tables.begin() + std::ptrdiff_t(i * W));
+    }
+    for (int64_t id : p.released) known.erase(id);
+    for (auto& [id, row] : staged) known[id] = std::move(row);
+}
+
+}  // namespace
 
 }  // namespace lattice

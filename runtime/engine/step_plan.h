@@ -7,9 +7,18 @@
 // only the leader knows it (prefix-cached prompt blocks are never fed to the other ranks).
 // Wire format: a flat little-endian byte string (encode/decode), version-tagged and bounds-checked
 // on decode; no rank but the leader ever sees a request body.
+//
+// Block tables travel as changes (version 3): the leader and every follower each keep a PlanTables,
+// the tables the followers know by sequence id. encode_plan writes each sequence's table as a
+// change against the leader's copy (kept, blocks appended, or replaced: a new or re-admitted
+// sequence) and updates it; decode_plan applies the change to the follower's copy and rebuilds
+// StepPlan::tables [seqs x width] from it. `released` ids leave both copies (before the changes
+// are applied). A decode step sends no block unless one was appended, so a plan's size grows
+// with the sequences and tokens in it, not with their context (as vLLM's cached-request deltas).
 #pragma once
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/engine/sampler.h"
@@ -44,8 +53,21 @@ struct StepPlan {
     bool empty() const { return seqs.empty(); }
 };
 
+// The block tables one side of the plan exchange knows, by sequence id (each row: the sequence's
+// blocks, no trailing -1). The leader's copy and every follower's stay equal, plan after plan.
+struct PlanTables {
+    std::unordered_map<int64_t, std::vector<int32_t>> rows;
+    const std::vector<int32_t>* find(int64_t id) const;
+    bool operator==(const PlanTables& o) const { return rows == o.rows; }
+};
+
+// Encodes p's tables as changes against `known` and updates it to p's.
+std::vector<uint8_t> encode_plan(const StepPlan& p, PlanTables& known);
+// Throws Error on a malformed message (it names the field), `known` then unchanged; otherwise
+// applies the plan's changes to `known` and fills the plan's full tables from it.
+StepPlan decode_plan(const uint8_t* data, int64_t size, PlanTables& known);
+// Self-contained forms (every table in full, against an empty PlanTables).
 std::vector<uint8_t> encode_plan(const StepPlan& p);
-// Throws Error on a malformed message (it names the field).
 StepPlan decode_plan(const uint8_t* data, int64_t size);
 
 // What the sampler rank returns for each sampled sequence, in plan order.

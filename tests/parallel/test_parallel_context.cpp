@@ -4,7 +4,10 @@
 // same message and nobody hangs.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "parallel/mpi_comm.h"
+#include "parallel/mpi_session.h"
 #include "parallel/parallel_context.h"
 
 using namespace lattice;
@@ -109,6 +112,38 @@ TEST_CASE("make_parallel_context: every (tp, pp) in 1..4 x 1..4") {
             ctx.world_comm->barrier();
         }
     }
+}
+
+// The leader hands kPlanQueue plans (a size, then a body too large to go eagerly) to every
+// follower before any follower receives one: it reaches the barrier only if none of those sends
+// waited for its receiver (with a shallower queue this times out, naming the follower).
+TEST_CASE("the plans communicator queues kPlanQueue plans per follower without waiting for them") {
+    const int world = mpi_session().size();
+    if (world == 1) return;  // (one rank: LocalComm, nothing to queue)
+    ParallelContext ctx = make_parallel_context(world, 1, 10.0);
+    REQUIRE(ctx.plans);
+    REQUIRE(ctx.plans->size() == world);
+    const int me = ctx.world.rank;
+    std::vector<int32_t> body(64 * 1024), size{int32_t(body.size())};
+    if (me == 0) {
+        for (int q = 0; q < kPlanQueue; ++q)
+            for (int r = 1; r < world; ++r) {
+                std::fill(body.begin(), body.end(), q * 100 + r);
+                ctx.plans->send(vi(size), r);
+                ctx.plans->send(vi(body), r);
+            }
+    }
+    ctx.world_comm->barrier();  // followers wait here until the leader has queued everything
+    if (me != 0)
+        for (int q = 0; q < kPlanQueue; ++q) {
+            std::vector<int32_t> n{0};
+            ctx.plans->recv(vi(n), 0);
+            REQUIRE(n[0] == int32_t(body.size()));
+            ctx.plans->recv(vi(body), 0);
+            CHECK(body.front() == q * 100 + me);
+            CHECK(body.back() == q * 100 + me);
+        }
+    ctx.plans->barrier();  // (the leader's queued sends are delivered)
 }
 
 TEST_CASE("make_parallel_context rejects a bad timeout before touching peers") {

@@ -228,6 +228,10 @@ TEST_CASE("the per-step breakdown: every rank's, parts that sum to its wall time
             if (r != sampler) CHECK(x.sampling == 0);
             // with stages, every rank waits on one: the leader for tokens, the others for activations
             if (pp > 1) CHECK(x.pipeline_bubble > 0);
+            // only the leader sends plans; the time it waited to is part of its host overhead
+            CHECK(x.plan_wait >= 0);
+            CHECK(x.plan_wait <= x.host_overhead + 1e-6);
+            CHECK((x.plan_bytes > 0) == (r == 0));
         }
     }
 }
