@@ -90,6 +90,7 @@ std::vector<uint8_t> encode_plan(const StepPlan& p) {
         w.put(s.sampling.presence_penalty);
         w.put(s.sampling.frequency_penalty);
         w.put(s.sampling.min_p);
+        w.put(s.sampling.logprobs);
         w.put(s.n_recent);
     }
     w.put(p.width);
@@ -130,6 +131,9 @@ StepPlan decode_plan(const uint8_t* data, int64_t size) {
         s.sampling.presence_penalty = r.get<float>("presence_penalty");
         s.sampling.frequency_penalty = r.get<float>("frequency_penalty");
         s.sampling.min_p = r.get<float>("min_p");
+        s.sampling.logprobs = r.get<int32_t>("logprobs");
+        LATTICE_CHECK(s.sampling.logprobs >= 0 && s.sampling.logprobs <= SamplingParams::kMaxLogprobs,
+                      "step plan: sequence {} asks for {} top logprobs", s.id, s.sampling.logprobs);
         s.n_recent = r.get<int32_t>("n_recent");
         LATTICE_CHECK(s.start >= 0 && s.count >= 1, "step plan: sequence {} start {} count {}", s.id, s.start, s.count);
         fed += s.count;
