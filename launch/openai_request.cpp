@@ -1,8 +1,12 @@
 // parse_api_request (see openai_request.h).
 #include "launch/openai_request.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <set>
 
 #include "base/error.h"
 
@@ -40,11 +44,11 @@ bool boolean(const json& b, const char* key, bool dflt) {
 std::vector<int32_t> token_ids(const json& a, const char* what, int64_t vocab) {
     std::vector<int32_t> ids;
     for (size_t i = 0; i < a.size(); ++i) {
-        LATTICE_CHECK(a[i].is_number_integer(), "\"{}\"[{}] must be a token id (an integer)", what, i);
+        LATTICE_CHECK(a[i].is_number_integer(), "{}[{}] must be a token id (an integer)", what, i);
         // The value as sent (an unsigned one above INT64_MAX must not wrap into a negative id).
         const bool fits = !a[i].is_number_unsigned() || a[i].get<uint64_t>() <= uint64_t(INT64_MAX);
         const int64_t t = fits ? a[i].get<int64_t>() : -1;
-        LATTICE_CHECK(fits && t >= 0 && t < vocab, "\"{}\"[{}] = {} is outside the vocab of {}", what, i, a[i].dump(),
+        LATTICE_CHECK(fits && t >= 0 && t < vocab, "{}[{}] = {} is outside the vocab of {}", what, i, a[i].dump(),
                       vocab);
         ids.push_back(int32_t(t));
     }
@@ -64,44 +68,64 @@ std::string message_text(const json& content, size_t i) {
     return text;
 }
 
-// The prompt's ids: "messages" through the chat template, or "prompt" (text or ids).
-std::vector<int32_t> api_prompt(const json& b, bool chat, const Tokenizer* tok, const ApiLimits& lim) {
-    std::vector<int32_t> prompt;
+std::vector<int32_t> prompt_text(const json& p, const Tokenizer* tok, const std::string& what) {
+    LATTICE_CHECK(tok != nullptr, "this model has no tokenizer: give {} as token ids", what);
+    const std::string text = p.get<std::string>();
+    LATTICE_CHECK(!text.empty(), "{} is empty", what);
+    return tok->encode(text, tok->add_bos_default(), false);
+}
+
+std::vector<int32_t> chat_prompt(const json& b, const Tokenizer* tok) {
+    LATTICE_CHECK(b.contains("messages"), "\"messages\" is required");
+    const json& m = b["messages"];
+    LATTICE_CHECK(m.is_array() && !m.empty(), "\"messages\" must be a non-empty array");
+    LATTICE_CHECK(tok != nullptr, "this model has no tokenizer, so it cannot take \"messages\"");
+    LATTICE_CHECK(tok->chat_template_kind() != ChatTemplateKind::kNone,
+                  "this model's tokenizer has no recognised chat template");
+    std::vector<ChatMessage> msgs;
+    for (size_t i = 0; i < m.size(); ++i) {
+        LATTICE_CHECK(m[i].is_object() && m[i].contains("role") && m[i]["role"].is_string(),
+                      "\"messages\"[{}] must be an object with a string \"role\"", i);
+        const std::string role = m[i]["role"].get<std::string>();
+        LATTICE_CHECK(role == "system" || role == "user" || role == "assistant",
+                      "\"messages\"[{}].role \"{}\" is not system, user or assistant", i, role);
+        LATTICE_CHECK(m[i].contains("content"), "\"messages\"[{}].content is required", i);
+        msgs.push_back({role, message_text(m[i]["content"], i)});
+    }
+    return tok->encode(tok->chat_template().render(msgs, true), false, true);
+}
+
+// The prompts' ids: "messages" through the chat template (one prompt), or "prompt": a string, token
+// ids, or a list of either (one prompt each).
+std::vector<std::vector<int32_t>> api_prompts(const json& b, bool chat, const Tokenizer* tok, const ApiLimits& lim) {
+    std::vector<std::vector<int32_t>> prompts;
     if (chat) {
-        LATTICE_CHECK(b.contains("messages"), "\"messages\" is required");
-        const json& m = b["messages"];
-        LATTICE_CHECK(m.is_array() && !m.empty(), "\"messages\" must be a non-empty array");
-        LATTICE_CHECK(tok != nullptr, "this model has no tokenizer, so it cannot take \"messages\"");
-        LATTICE_CHECK(tok->chat_template_kind() != ChatTemplateKind::kNone,
-                      "this model's tokenizer has no recognised chat template");
-        std::vector<ChatMessage> msgs;
-        for (size_t i = 0; i < m.size(); ++i) {
-            LATTICE_CHECK(m[i].is_object() && m[i].contains("role") && m[i]["role"].is_string(),
-                          "\"messages\"[{}] must be an object with a string \"role\"", i);
-            const std::string role = m[i]["role"].get<std::string>();
-            LATTICE_CHECK(role == "system" || role == "user" || role == "assistant",
-                          "\"messages\"[{}].role \"{}\" is not system, user or assistant", i, role);
-            LATTICE_CHECK(m[i].contains("content"), "\"messages\"[{}].content is required", i);
-            msgs.push_back({role, message_text(m[i]["content"], i)});
-        }
-        prompt = tok->encode(tok->chat_template().render(msgs, true), false, true);
+        prompts.push_back(chat_prompt(b, tok));
     } else {
         LATTICE_CHECK(b.contains("prompt"), "\"prompt\" is required");
-        json p = b["prompt"];
-        if (p.is_array() && p.size() == 1 && p[0].is_string()) p = p[0];  // ["text"]
+        const json& p = b["prompt"];
+        const bool list = p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array());
         if (p.is_string()) {
-            LATTICE_CHECK(tok != nullptr, "this model has no tokenizer: give \"prompt\" as token ids");
-            const std::string text = p.get<std::string>();
-            LATTICE_CHECK(!text.empty(), "\"prompt\" is empty");
-            prompt = tok->encode(text, tok->add_bos_default(), false);
+            prompts.push_back(prompt_text(p, tok, "\"prompt\""));
+        } else if (list) {
+            LATTICE_CHECK(int64_t(p.size()) <= ApiRequest::kMaxChoices, "\"prompt\": {} prompts, at most {}", p.size(),
+                          ApiRequest::kMaxChoices);
+            for (size_t i = 0; i < p.size(); ++i) {
+                const std::string what = fmt::format("\"prompt\"[{}]", i);
+                LATTICE_CHECK(p[i].is_string() == p[0].is_string() && (p[i].is_string() || p[i].is_array()),
+                              "{} must be a {} like \"prompt\"[0]", what,
+                              p[0].is_string() ? "string" : "token-id array");
+                prompts.push_back(p[i].is_string() ? prompt_text(p[i], tok, what)
+                                                   : token_ids(p[i], what.c_str(), lim.vocab));
+            }
         } else if (p.is_array()) {
-            prompt = token_ids(p, "prompt", lim.vocab);
+            prompts.push_back(token_ids(p, "\"prompt\"", lim.vocab));
         } else {
-            LATTICE_FAIL("\"prompt\" must be a string or an array of token ids");
+            LATTICE_FAIL("\"prompt\" must be a string, an array of token ids, or an array of either");
         }
     }
-    LATTICE_CHECK(!prompt.empty(), "the prompt is empty");
-    return prompt;
+    for (const auto& q : prompts) LATTICE_CHECK(!q.empty(), "the prompt is empty");
+    return prompts;
 }
 
 // "stop": a string or up to 4 non-empty strings (they need a tokenizer: they apply to the text).
@@ -123,19 +147,62 @@ std::vector<std::string> stop_strings(const json& b, const Tokenizer* tok) {
     return stop;
 }
 
-// Fields lattice does not implement yet are refused, never accepted and ignored: a client asking for
-// logprobs or a JSON schema must not get a 200 that silently lacks them. Their neutral values pass
-// (null, false, 0-length, {"type": "text"}).
-void refuse_unsupported(const json& b) {
+// Every field is known or refused (null is the same as absent): a client asking for something lattice does not do (a JSON schema,
+// tools, a misspelt field) must not get a 200 that silently lacks it. Unimplemented fields pass with
+// their neutral values (null, false, empty, {"type": "text"}).
+void refuse_unknown(const json& b, bool chat) {
+    static const std::set<std::string, std::less<>> kCommon = {
+        "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options", "n",
+        "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user", "metadata", "store",
+        "service_tier", "response_format", "min_tokens", "ignore_eos", "priority", "min_p", "repetition_penalty",
+        "repeat_last_n", "return_token_ids"};
+    static const std::set<std::string, std::less<>> kCompletions = {"prompt", "best_of", "echo", "suffix"};
+    static const std::set<std::string, std::less<>> kChat = {
+        "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
+        "parallel_tool_calls", "modalities", "audio", "prediction"};
+    for (const auto& [key, value] : b.items())
+        LATTICE_CHECK(value.is_null() || kCommon.count(key) || (chat ? kChat : kCompletions).count(key),
+                      "\"{}\" is not a field of {} requests that lattice knows", key,
+                      chat ? "chat completion" : "completion");
     auto given = [&](const char* key) { return b.contains(key) && !b[key].is_null(); };
-    for (const char* key : {"logprobs", "echo"})
-        LATTICE_CHECK(!given(key) || b[key] == false, "\"{}\" is not supported yet", key);
-    LATTICE_CHECK(!given("top_logprobs"), "\"top_logprobs\" is not supported yet");
-    for (const char* key : {"logit_bias", "tools", "functions"})
-        LATTICE_CHECK(!given(key) || b[key].empty(), "\"{}\" is not supported yet", key);
+    for (const char* key : {"logit_bias", "tools", "functions", "function_call", "suffix", "audio", "modalities",
+                            "prediction", "tool_choice"})
+        LATTICE_CHECK(!given(key) || b[key].empty() || b[key] == "none" || b[key] == "",
+                      "\"{}\" is not supported yet", key);
+    LATTICE_CHECK(!given("store") || b["store"] == false, "\"store\" is not supported (stored completions)");
     const json text_format = {{"type", "text"}};
     LATTICE_CHECK(!given("response_format") || b["response_format"] == text_format,
                   "\"response_format\" other than {{\"type\": \"text\"}} is not supported yet");
+}
+
+// logprobs (completions: k; chat: true plus top_logprobs k), echo, n and best_of.
+void parse_choices(const json& b, ApiRequest& r) {
+    const int32_t kMax = SamplingParams::kMaxLogprobs;
+    if (r.chat) {
+        const bool on = boolean(b, "logprobs", false);
+        const int64_t k = integer(b, "top_logprobs", 0, kMax, 0);
+        LATTICE_CHECK(on || !b.contains("top_logprobs") || b["top_logprobs"].is_null(),
+                      "\"top_logprobs\" needs \"logprobs\": true");
+        r.logprobs = on ? int32_t(k) : -1;
+    } else {
+        const bool off = !b.contains("logprobs") || b["logprobs"].is_null() || b["logprobs"] == false;
+        LATTICE_CHECK(off || b["logprobs"].is_number(),
+                      "\"logprobs\" must be an integer in [0, {}] (the number of most likely tokens)", kMax);
+        r.logprobs = off ? -1 : int32_t(integer(b, "logprobs", 0, kMax, -1));
+        r.echo = boolean(b, "echo", false);
+    }
+    r.client.sampling.logprobs = std::max(r.logprobs, 0);
+    r.n = integer(b, "n", 1, ApiRequest::kMaxChoices, 1);
+    r.best_of = r.chat ? r.n : integer(b, "best_of", 1, ApiRequest::kMaxChoices, r.n);
+    LATTICE_CHECK(r.best_of >= r.n, "\"best_of\" ({}) must be at least \"n\" ({})", r.best_of, r.n);
+    LATTICE_CHECK(r.best_of == r.n || !r.stream, "\"best_of\" greater than \"n\" cannot be streamed");
+    LATTICE_CHECK(int64_t(r.prompts.size()) * r.best_of <= ApiRequest::kMaxChoices,
+                  "{} prompts x \"best_of\"/\"n\" {} is more than {} sequences", r.prompts.size(), r.best_of,
+                  ApiRequest::kMaxChoices);
+    LATTICE_CHECK(r.client.max_tokens != 0 || r.echo, "\"max_tokens\" 0 needs \"echo\": true");
+    LATTICE_CHECK(!r.echo || r.logprobs < 0 || r.client.max_tokens == 0,
+                  "\"echo\" with \"logprobs\" needs \"max_tokens\": 0 (prompt logprobs beside generated ones are "
+                  "not supported)");
 }
 
 }  // namespace
@@ -148,14 +215,16 @@ ApiRequest parse_api_request(const json& b, bool chat, const Tokenizer* tok, con
         LATTICE_CHECK(b["model"].is_string(), "\"model\" must be a string");
         r.model = b["model"].get<std::string>();
     }
-    refuse_unsupported(b);
+    refuse_unknown(b, chat);
     ClientRequest& q = r.client;
-    q.prompt = api_prompt(b, chat, tok, lim);
+    r.prompts = api_prompts(b, chat, tok, lim);
+    q.prompt = r.prompts[0];
+    const bool echo = !chat && b.contains("echo") && b["echo"] == true;
     int64_t max_tokens = chat ? ClientRequest::kRestOfContext : 16;
     if (chat && b.contains("max_completion_tokens") && !b["max_completion_tokens"].is_null())
         max_tokens = integer(b, "max_completion_tokens", 1, INT32_MAX, max_tokens);
     else
-        max_tokens = integer(b, "max_tokens", 1, INT32_MAX, max_tokens);
+        max_tokens = integer(b, "max_tokens", echo ? 0 : 1, INT32_MAX, max_tokens);
     q.max_tokens = max_tokens;
     q.min_tokens = integer(b, "min_tokens", 0, INT32_MAX, 0);
     q.ignore_eos = boolean(b, "ignore_eos", false);
@@ -170,7 +239,6 @@ ApiRequest parse_api_request(const json& b, bool chat, const Tokenizer* tok, con
     } else {
         q.sampling.seed = std::random_device{}() * 0x9e3779b97f4a7c15ull ^ std::random_device{}();
     }
-    LATTICE_CHECK(integer(b, "n", 1, 1, 1) == 1, "\"n\" must be 1");
     q.stop = stop_strings(b, tok);
     // The same SamplingParams (and Sampler) as the CLI's --presence-penalty, --frequency-penalty,
     // --min-p, --repeat-penalty / --repeat-last-n (runtime/engine/sampler.h).
@@ -184,7 +252,20 @@ ApiRequest parse_api_request(const json& b, bool chat, const Tokenizer* tok, con
         LATTICE_CHECK(b["stream_options"].is_object(), "\"stream_options\" must be an object");
         r.include_usage = boolean(b["stream_options"], "include_usage", false);
     }
+    parse_choices(b, r);
     return r;
+}
+
+std::vector<ClientRequest> choice_requests(const ApiRequest& r) {
+    std::vector<ClientRequest> out;
+    for (const std::vector<int32_t>& p : r.prompts)
+        for (int64_t i = 0; i < r.best_of; ++i) {
+            ClientRequest q = r.client;
+            q.prompt = p;
+            q.sampling.seed = r.client.sampling.seed + uint64_t(i);
+            out.push_back(std::move(q));
+        }
+    return out;
 }
 
 }  // namespace lattice

@@ -1,17 +1,26 @@
 // OpenAI-shaped request bodies (completions and chat completions) to engine requests: one parser
 // for `lattice batch` (the "body" of each input line) and `lattice serve` (the HTTP body), so both
 // accept exactly the same fields with the same defaults and the same errors.
-// Fields: model, prompt (string | token-id array | [string]) or messages ([{role, content}] where
-// content is a string or [{"type": "text", "text": ...}]), max_tokens (chat also
-// max_completion_tokens), temperature, top_p, top_k (-1 or 0: off), seed, stop (string or up to 4
-// strings), stream, stream_options.include_usage, n (1 only), presence_penalty and frequency_penalty
-// (OpenAI's, [-2, 2], over the generated tokens), and vLLM's ignore_eos, min_tokens, min_p and
-// repetition_penalty (over prompt and output: the whole sequence, unless repeat_last_n, llama.cpp's
-// window, says fewer tokens), and vLLM's priority (an integer, lower runs first; default 0). Sampling semantics: runtime/engine/sampler.h, shared with the CLI.
-// Unknown fields are ignored (clients send extras such as "user"); a known field of the wrong type
-// or out of range is an Error whose message names the field. Known fields lattice does not implement
-// yet (logprobs, top_logprobs, echo, logit_bias, tools, functions, a response_format other than text)
-// are refused naming the field, unless given their neutral value.
+// Fields: model, prompt (completions: a string, an array of token ids, an array of strings or an
+// array of token-id arrays: one choice per prompt, x n) or messages ([{role, content}] where content
+// is a string or [{"type": "text", "text": ...}]), max_tokens (chat also max_completion_tokens; 0 only
+// with echo), temperature, top_p, top_k (-1 or 0: off), seed, stop (string or up to 4 strings),
+// stream, stream_options.include_usage, n and best_of (completions; best_of >= n, not with stream:
+// the n of best_of with the highest cumulative logprob; at most kMaxChoices choices in all), logprobs
+// (completions: k in [0, 20], the chosen token's log-softmax and the k most likely; chat: true, with
+// top_logprobs k in [0, 20]), echo (completions: the prompt before the output; with max_tokens 0 and
+// logprobs, the prompt's logprobs), presence_penalty and frequency_penalty (OpenAI's, [-2, 2], over the
+// generated tokens), and vLLM's ignore_eos, min_tokens, min_p and repetition_penalty (over prompt and
+// output: the whole sequence, unless repeat_last_n, llama.cpp's window, says fewer tokens), and vLLM's
+// priority (an integer, lower runs first; default 0), and return_token_ids (api.h). Sampling semantics:
+// runtime/engine/sampler.h, shared with the CLI. Choice i of prompt p has index p * n + i and seed
+// seed + i (choice_requests).
+// Metadata fields that change nothing are accepted: user, metadata, store (false), service_tier,
+// parallel_tool_calls, stream_options. Known fields lattice does not implement (logit_bias, tools,
+// tool_choice, functions, function_call, suffix, a response_format other than text, audio,
+// modalities, prediction) are refused naming the field, unless given their neutral value. Any other
+// field is refused naming it (a misspelt "max_token" must not pass silently); a known field of the
+// wrong type or out of range is an Error whose message names the field.
 // Defaults: completions max_tokens 16 (OpenAI's); chat: the rest of the context (kRestOfContext to
 // the engine client, runtime/engine/client.h, which owns the context budget). Temperature 1, top_p 1 (OpenAI's).
 // Seed: random unless given (reported back by the caller).
@@ -32,9 +41,15 @@ struct ApiLimits {
 };
 
 struct ApiRequest {
+    static constexpr int64_t kMaxChoices = 128;  // prompts x best_of
     bool chat = false;
     std::string model;              // "" when absent
-    ClientRequest client;  // to the engine client: prompt, limits, sampling, stop strings
+    ClientRequest client;  // to the engine client: the first prompt, limits, sampling, stop strings
+    std::vector<std::vector<int32_t>> prompts;  // every prompt (prompts[0] == client.prompt)
+    int64_t n = 1;                 // choices returned per prompt
+    int64_t best_of = 1;           // sequences run per prompt (>= n)
+    int32_t logprobs = -1;         // -1: none; k >= 0: each token's logprob and its k most likely (client.sampling.logprobs)
+    bool echo = false;             // completions: the prompt's text (and logprobs) before the output
     bool stream = false;
     bool include_usage = false;
     bool seed_given = false;
@@ -43,5 +58,9 @@ struct ApiRequest {
 // Throws Error naming the field at fault. `tok` may be null (a model without a tokenizer: prompts
 // must then be token ids, and messages are refused).
 ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const Tokenizer* tok, const ApiLimits& limits);
+
+// The engine requests of a parsed request, in choice order: prompt p's sequence i (of best_of) at
+// p * best_of + i, with seed + i. Every sequence asks for 0 tokens when max_tokens is 0 (echo).
+std::vector<ClientRequest> choice_requests(const ApiRequest& r);
 
 }  // namespace lattice

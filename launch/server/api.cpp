@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "base/error.h"
 #include "base/json_limits.h"
 
@@ -34,9 +37,17 @@ std::string param_of(std::string_view msg) {
     return std::string(msg.substr(a + 1, b - a - 1));
 }
 
+// Responses keep their fields in the order written (OpenAI's; a completions top_logprobs dict most
+// likely first).
+using ojson = nlohmann::ordered_json;
+
 std::string dump(const json& j) {
     // Generated text may hold bytes that never form UTF-8: they become U+FFFD, not an exception.
     return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string dump(const ojson& j) {
+    return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
 }
 
 Reply json_reply(int status, const json& j) {
@@ -104,6 +115,21 @@ Reply model_reply(std::string_view path, const KnownRoute& hit, const ServedMode
     return json_reply(200, card);
 }
 
+// max_tokens beyond the room the longest prompt leaves in the context: refused, not clamped (vLLM's).
+void check_context(const ApiRequest& r, int64_t context) {
+    if (r.client.max_tokens == ClientRequest::kRestOfContext || context <= 0) return;
+    for (const auto& p : r.prompts) {
+        const int64_t n = int64_t(p.size());
+        LATTICE_CHECK(n < context || (n == context && r.client.max_tokens == 0),
+                      "\"prompt\": {} tokens, the context holds {} (max_model_len) and the prompt must leave room",
+                      n, context);
+        LATTICE_CHECK(n + r.client.max_tokens <= context,
+                      "\"max_tokens\" is {}, but the prompt has {} tokens and the context holds {} (max_model_len): "
+                      "at most {} new tokens",
+                      r.client.max_tokens, n, context, context - n);
+    }
+}
+
 // POST /v1/completions and /v1/chat/completions: the body parsed into a call, or a 400 / 404 reply.
 void completion_route(const RouteInput& in, const RouteContext& ctx, bool chat, Routed& out) {
     const ServedModel& m = *ctx.model;
@@ -119,6 +145,8 @@ void completion_route(const RouteInput& in, const RouteContext& ctx, bool chat, 
         }
         ApiCall call;
         call.request = parse_api_request(body, chat, m.tokenizer, m.limits);
+        check_context(call.request, m.context);
+        call.tokenizer = m.tokenizer;
         const auto it = body.find("return_token_ids");
         LATTICE_CHECK(it == body.end() || it->is_null() || it->is_boolean(),
                       "\"return_token_ids\" must be true or false");
@@ -166,7 +194,10 @@ Routed route(const RouteInput& in, const RouteContext& ctx) {
         return out;
     }
     if (path == "/health") {
-        out.reply = ctx.model ? json_reply(200, {{"status", "ok"}}) : json_reply(503, {{"status", "loading"}});
+        out.reply = !ctx.model     ? json_reply(503, {{"status", "loading"}})
+                    : ctx.draining ? json_reply(503, {{"status", "draining"}})
+                                   : json_reply(200, {{"status", "ok"}});
+        if (out.reply->status == 503) out.reply->headers.emplace_back("Retry-After", "5");
     } else if (path == "/metrics") {
         Reply r;
         r.content_type = "text/plain; version=0.0.4; charset=utf-8";
@@ -190,12 +221,21 @@ ResponseShaper::ResponseShaper(const ApiCall& c)
       stream_(c.request.stream),
       include_usage_(c.request.include_usage),
       token_ids_(c.return_token_ids),
+      logprobs_(c.request.logprobs),
+      echo_(c.request.echo),
+      n_(c.request.n),
+      best_of_(c.request.best_of),
+      tok_(c.tokenizer),
       id_(c.id),
       model_(c.model),
-      created_(c.created) {}
+      created_(c.created),
+      choices_(std::max<size_t>(1, c.request.prompts.size()) * size_t(c.request.best_of)) {
+    if (echo_)
+        for (const auto& p : c.request.prompts) prompt_texts_.push_back(tok_ ? tok_->decode(p) : std::string());
+}
 
-json ResponseShaper::chunk_base() const {
-    json j = {{"id", id_},
+ojson ResponseShaper::chunk_base() const {
+    ojson j = {{"id", id_},
               {"object", chat_ ? "chat.completion.chunk" : "text_completion"},
               {"created", created_},
               {"model", model_}};
@@ -203,67 +243,155 @@ json ResponseShaper::chunk_base() const {
     return j;
 }
 
-std::string ResponseShaper::event(const json& j) {
+std::string ResponseShaper::event(const ojson& j) {
     return "data: " + dump(j) + "\n\n";
+}
+
+std::string ResponseShaper::token_string(int32_t id) const {
+    return tok_ ? tok_->token_bytes(id) : fmt::format("token_id:{}", id);
+}
+
+namespace {
+
+// JSON has no infinity (and NaN, a prompt's first token, is written null).
+ojson logprob_value(float lp) {
+    if (std::isnan(lp)) return nullptr;
+    return std::isinf(lp) ? -9999.0 : double(lp);
+}
+
+ojson bytes_of(const std::string& s) {
+    ojson b = ojson::array();
+    for (unsigned char ch : s) b.push_back(int(ch));
+    return b;
+}
+
+}  // namespace
+
+// The logprobs of c's tokens from index `from` on, in the endpoint's shape.
+ojson ResponseShaper::logprobs_json(Choice& c, size_t from) const {
+    if (logprobs_ < 0) return nullptr;
+    ojson content = ojson::array(), tokens = ojson::array(), lps = ojson::array(), tops = ojson::array(),
+         offsets = ojson::array();
+    for (size_t i = from; i < c.ids.size(); ++i) {
+        const std::string t = token_string(c.ids[i]);
+        const bool has_top = i < c.top.size() && !(std::isnan(c.logprobs[i]));
+        if (chat_) {
+            ojson alts = ojson::array();
+            if (has_top)
+                for (const SampledToken& a : c.top[i]) {
+                    const std::string at = token_string(a.token);
+                    alts.push_back({{"token", at}, {"logprob", logprob_value(a.logprob)}, {"bytes", bytes_of(at)}});
+                }
+            content.push_back(
+                {{"token", t}, {"logprob", logprob_value(c.logprobs[i])}, {"bytes", bytes_of(t)}, {"top_logprobs", alts}});
+            continue;
+        }
+        tokens.push_back(t);
+        lps.push_back(logprob_value(c.logprobs[i]));
+        if (has_top) {
+            ojson alts = ojson::object();
+            for (const SampledToken& a : c.top[i]) alts[token_string(a.token)] = logprob_value(a.logprob);
+            alts[t] = logprob_value(c.logprobs[i]);  // the chosen token too (vLLM's)
+            tops.push_back(alts);
+        } else {
+            tops.push_back(nullptr);
+        }
+        offsets.push_back(c.offset);
+        c.offset += t.size();
+    }
+    if (chat_) return {{"content", content}};
+    return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+// echo with generated tokens: the prompt's text before the choice's first.
+std::string ResponseShaper::echo_text(Choice& c, int64_t index, const Delta& d) {
+    if (!echo_ || c.echoed) return {};
+    c.echoed = true;
+    if (d.echo) return {};  // the delta is the prompt itself
+    return prompt_texts_[size_t(index / best_of_)];
 }
 
 std::string ResponseShaper::accepted() {
     if (!stream_ || !chat_) return {};
-    json j = chunk_base();
-    j["choices"] = json::array({{{"index", 0},
-                                 {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                 {"logprobs", nullptr},
-                                 {"finish_reason", nullptr}}});
-    return event(j);
+    std::string out;
+    for (int64_t i = 0; i < int64_t(choices_.size()); ++i) {
+        ojson j = chunk_base();
+        j["choices"] = ojson::array({{{"index", i},
+                                     {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                     {"logprobs", nullptr},
+                                     {"finish_reason", nullptr}}});
+        out += event(j);
+    }
+    return out;
 }
 
-std::string ResponseShaper::tokens(const std::string& text, const std::vector<int32_t>& ids) {
-    if (!stream_) {
-        text_ += text;
-        if (token_ids_) ids_.insert(ids_.end(), ids.begin(), ids.end());
-        return {};
-    }
-    if (text.empty() && !token_ids_) return {};  // held back (a possible stop string): nothing to show yet
-    json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+std::string ResponseShaper::tokens(const Delta& d) {
+    LATTICE_CHECK(d.index >= 0 && d.index < int64_t(choices_.size()), "response: choice {} of {}", d.index,
+                  choices_.size());
+    Choice& c = choices_[size_t(d.index)];
+    const std::string text = echo_text(c, d.index, d) + d.text;
+    const size_t from = c.ids.size();
+    c.text += text;
+    c.ids.insert(c.ids.end(), d.tokens.begin(), d.tokens.end());
+    c.logprobs.insert(c.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+    c.top.insert(c.top.end(), d.top.begin(), d.top.end());
+    if (!d.echo)
+        for (float lp : d.logprobs) c.sum += double(lp);
+    if (!d.finish_reason.empty()) c.finish = d.finish_reason;
+    if (!stream_) return {};
+    // Held back (a possible stop string) with nothing else to say: no chunk yet.
+    if (text.empty() && !token_ids_ && (logprobs_ < 0 || d.tokens.empty()) && d.finish_reason.empty()) return {};
+    ojson choice = {{"index", d.index},
+                   {"logprobs", logprobs_json(c, from)},
+                   {"finish_reason", d.finish_reason.empty() ? ojson(nullptr) : ojson(d.finish_reason)}};
     if (chat_)
-        choice["delta"] = {{"content", text}};
+        choice["delta"] = d.finish_reason.empty() || !text.empty() ? ojson{{"content", text}} : ojson::object();
     else
         choice["text"] = text;
-    if (token_ids_) choice["token_ids"] = ids;
-    json j = chunk_base();
-    j["choices"] = json::array({choice});
+    if (token_ids_) choice["token_ids"] = d.tokens;
+    ojson j = chunk_base();
+    j["choices"] = ojson::array({choice});
     return event(j);
 }
 
-std::string ResponseShaper::finish(const std::string& reason, int64_t prompt_tokens, int64_t completion_tokens) {
-    const json usage = {{"prompt_tokens", prompt_tokens},
-                        {"completion_tokens", completion_tokens},
-                        {"total_tokens", prompt_tokens + completion_tokens}};
+std::string ResponseShaper::finish(const Delta& d) {
+    const ojson usage = {{"prompt_tokens", d.prompt_tokens},
+                        {"completion_tokens", d.completion_tokens},
+                        {"total_tokens", d.prompt_tokens + d.completion_tokens}};
     if (!stream_) {
-        json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", reason}};
-        if (chat_)
-            choice["message"] = {{"role", "assistant"}, {"content", text_}};
-        else
-            choice["text"] = text_;
-        if (token_ids_) choice["token_ids"] = ids_;
-        return dump(json{{"id", id_},
+        ojson choices = ojson::array();
+        for (size_t p = 0; p * size_t(best_of_) < choices_.size(); ++p) {
+            // best_of > n: the n with the highest cumulative logprob (a stable order: ties by sequence).
+            std::vector<size_t> order(static_cast<size_t>(best_of_));
+            for (size_t i = 0; i < order.size(); ++i) order[i] = p * size_t(best_of_) + i;
+            std::stable_sort(order.begin(), order.end(),
+                             [&](size_t a, size_t b) { return choices_[a].sum > choices_[b].sum; });
+            if (best_of_ == n_) std::sort(order.begin(), order.end());
+            for (int64_t j = 0; j < n_; ++j) {
+                Choice& c = choices_[order[size_t(j)]];
+                c.offset = 0;
+                ojson choice = {{"index", int64_t(p) * n_ + j},
+                               {"logprobs", logprobs_json(c, 0)},
+                               {"finish_reason", c.finish}};
+                if (chat_)
+                    choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+                else
+                    choice["text"] = c.text;
+                if (token_ids_) choice["token_ids"] = c.ids;
+                choices.push_back(choice);
+            }
+        }
+        return dump(ojson{{"id", id_},
                          {"object", chat_ ? "chat.completion" : "text_completion"},
                          {"created", created_},
                          {"model", model_},
-                         {"choices", json::array({choice})},
+                         {"choices", choices},
                          {"usage", usage}});
     }
-    json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", reason}};
-    if (chat_)
-        choice["delta"] = json::object();
-    else
-        choice["text"] = "";
-    json last = chunk_base();
-    last["choices"] = json::array({choice});
-    std::string out = event(last);
+    std::string out;
     if (include_usage_) {
-        json u = chunk_base();
-        u["choices"] = json::array();
+        ojson u = chunk_base();
+        u["choices"] = ojson::array();
         u["usage"] = usage;
         out += event(u);
     }

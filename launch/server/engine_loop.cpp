@@ -3,6 +3,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/backend/backend.h"
+#include "runtime/engine/sampler.h"
+
 #include "base/error.h"
 #include "base/log.h"
 
@@ -35,13 +41,27 @@ void EngineLoop::refuse(Ticket& t, int status, std::string message) {
     ++totals_.refused;
 }
 
+void EngineLoop::drop(Ticket& t) {
+    for (int64_t eid : t.engine_ids) {
+        auto found = live_.find(eid);
+        if (found == live_.end() || found->second.ticket.get() != &t) continue;
+        client_.cancel(eid);  // its last event is ignored: it is gone from live_
+        live_.erase(found);
+    }
+}
+
 void EngineLoop::take(const Inbox::Item& it) {
     Ticket& t = *it.ticket;
     if (it.cancel) {
-        auto found = live_.find(t.engine_id);
-        if (t.engine_id < 0 || found == live_.end() || found->second.ticket != it.ticket) return;
-        client_.cancel(t.engine_id);  // its last event is ignored: the ticket is gone from live_
-        live_.erase(found);
+        const auto queued = std::find(scores_.begin(), scores_.end(), it.ticket);
+        if (queued != scores_.end()) scores_.erase(queued);
+        bool running = false;
+        for (int64_t eid : t.engine_ids) {
+            auto found = live_.find(eid);
+            running |= found != live_.end() && found->second.ticket == it.ticket;
+        }
+        if (!running && queued == scores_.end()) return;
+        drop(t);
         metrics_.count_finish("cancelled");
         ++totals_.cancelled;
         return;
@@ -51,10 +71,18 @@ void EngineLoop::take(const Inbox::Item& it) {
         return refuse(t, 503,
                       fmt::format("too many requests are waiting ({}, --max-queue); retry later",
                                   client_.scheduler().waiting()));
-    const int64_t prompt_tokens = int64_t(t.request.client.prompt.size());
+    int64_t prompt_tokens = 0;
+    for (const auto& p : t.request.prompts) prompt_tokens += int64_t(p.size());
+    if (t.request.echo && t.request.client.max_tokens == 0) {  // the prompts' logprobs: scored when idle
+        scores_.push_back(it.ticket);
+        return;
+    }
+    std::vector<ClientRequest> reqs = choice_requests(t.request);
     try {
-        t.engine_id = client_.submit(std::move(t.request.client));
+        for (ClientRequest& q : reqs) t.engine_ids.push_back(client_.submit(std::move(q)));
     } catch (const Error& e) {
+        for (int64_t eid : t.engine_ids) client_.cancel(eid);  // not in live_: their last events are ignored
+        t.engine_ids.clear();
         return refuse(t, 400, e.message());
     }
     ++totals_.requests;
@@ -62,50 +90,114 @@ void EngineLoop::take(const Inbox::Item& it) {
     d.kind = Delta::Kind::kAccepted;
     d.prompt_tokens = prompt_tokens;
     t.deliver(std::move(d));
-    live_.emplace(t.engine_id, Live{it.ticket, 0, {}});
+    t.open = int64_t(t.engine_ids.size());
+    for (size_t i = 0; i < t.engine_ids.size(); ++i) live_.emplace(t.engine_ids[i], Live{it.ticket, int64_t(i), 0, {}});
+}
+
+// echo with max_tokens 0: each prompt's logprobs from EngineClient::score (which needs an idle engine).
+void EngineLoop::score(Ticket& t) {
+    const ApiRequest& r = t.request;
+    const Tokenizer* tok = client_.tokenizer();
+    int64_t prompt_tokens = 0;
+    std::vector<Delta> choices;
+    try {
+        for (size_t p = 0; p < r.prompts.size(); ++p) {
+            const std::vector<int32_t>& ids = r.prompts[p];
+            const std::vector<float> logits = client_.score(ids);
+            const int64_t V = int64_t(logits.size() / ids.size());
+            Delta d;
+            d.echo = true;
+            d.text = tok ? tok->decode(ids) : "";
+            d.tokens = ids;
+            d.finish_reason = "length";
+            for (size_t i = 0; i < ids.size(); ++i) {
+                std::vector<SampledToken> top(size_t(r.logprobs));
+                float lp = std::nanf("");
+                if (i > 0) {  // position i - 1 predicts token i
+                    const float* row = logits.data() + (i - 1) * size_t(V);
+                    const double lse = host_log_sum_exp(row, V);
+                    lp = float(double(row[ids[i]]) - lse);
+                    std::vector<int32_t> tid(top.size());
+                    std::vector<float> tlp(top.size());
+                    top_logprobs(row, V, lse, int32_t(top.size()), tid.data(), tlp.data());
+                    for (size_t j = 0; j < top.size(); ++j) top[j] = {tid[j], tlp[j]};
+                } else {
+                    top.clear();
+                }
+                d.logprobs.push_back(lp);
+                if (r.logprobs >= 0) d.top.push_back(std::move(top));
+            }
+            prompt_tokens += int64_t(ids.size());
+            for (int64_t i = 0; i < r.best_of; ++i) {
+                d.index = int64_t(p) * r.best_of + i;
+                choices.push_back(d);
+            }
+        }
+    } catch (const Error& e) {
+        return refuse(t, 400, e.message());
+    }
+    ++totals_.requests;
+    Delta a;
+    a.kind = Delta::Kind::kAccepted;
+    a.prompt_tokens = prompt_tokens;
+    t.deliver(std::move(a));
+    for (Delta& d : choices) t.deliver(std::move(d));
+    Delta f;
+    f.kind = Delta::Kind::kFinish;
+    f.prompt_tokens = prompt_tokens;
+    t.deliver(std::move(f));
+    metrics_.count_finish("length");
 }
 
 void EngineLoop::apply(const ClientEvent& ev) {
     auto it = live_.find(ev.id);
     if (it == live_.end()) return;  // cancelled by its client
     Live& l = it->second;
+    const std::shared_ptr<Ticket> t = l.ticket;
     if (ev.finish == FinishReason::kCancelled) {  // not by its client (that one left live_): a drain
-        l.ticket->deliver(error_delta(
-            503, ev.drained ? "the server shut down before this request finished (--drain-seconds)"
-                            : "the engine cancelled this request"));
+        live_.erase(it);
+        drop(*t);  // its siblings too: the request as a whole is cut
+        t->deliver(error_delta(503, ev.drained ? "the server shut down before this request finished (--drain-seconds)"
+                                               : "the engine cancelled this request"));
         metrics_.count_finish("cancelled");
         totals_.cut_by_drain += ev.drained;
-        live_.erase(it);
         return;
     }
     Delta d;
     d.kind = Delta::Kind::kTokens;
+    d.index = l.index;
     d.text = ev.text;
     if (ev.token >= 0) {
         const Clock::time_point now = Clock::now();
-        if (l.completion_tokens == 0)
-            metrics_.observe_ttft(seconds(now - l.ticket->arrived));
-        else
+        if (!t->first_token)
+            metrics_.observe_ttft(seconds(now - t->arrived));
+        else if (l.completion_tokens > 0)
             metrics_.observe_itl(seconds(now - l.last_token));
+        t->first_token = true;
         if (ev.queue_seconds >= 0) metrics_.observe_queue(ev.queue_seconds);
         l.last_token = now;
         ++l.completion_tokens;
         ++totals_.tokens;
         d.tokens.push_back(ev.token);
+        d.logprobs.push_back(ev.logprob);
+        if (t->request.logprobs >= 0) d.top.push_back(ev.top);
     }
     if (ev.finish == FinishReason::kNone) {
-        if (!d.text.empty() || !d.tokens.empty()) l.ticket->deliver(std::move(d));
+        if (!d.text.empty() || !d.tokens.empty()) t->deliver(std::move(d));
         return;
     }
     const std::string reason(finish_reason_name(ev.finish));
-    d.kind = Delta::Kind::kFinish;
     d.finish_reason = reason;
-    d.prompt_tokens = ev.prompt_tokens;
-    d.completion_tokens = ev.completion_tokens;
-    l.ticket->deliver(std::move(d));
-    metrics_.observe_finished(reason, seconds(Clock::now() - l.ticket->arrived), ev.prompt_tokens,
-                              ev.completion_tokens);
+    t->deliver(std::move(d));
+    t->completion_tokens += ev.completion_tokens;
     live_.erase(it);
+    if (--t->open > 0) return;
+    Delta f;
+    f.kind = Delta::Kind::kFinish;
+    for (const auto& p : t->request.prompts) f.prompt_tokens += int64_t(p.size());
+    f.completion_tokens = t->completion_tokens;
+    metrics_.observe_finished(reason, seconds(Clock::now() - t->arrived), f.prompt_tokens, f.completion_tokens);
+    t->deliver(std::move(f));
 }
 
 void EngineLoop::publish() {
@@ -145,9 +237,14 @@ void EngineLoop::run(const std::function<int()>& drain_signal, const std::functi
         const bool busy = client_.busy();
         for (const Inbox::Item& it : inbox_.take(std::chrono::milliseconds(busy ? 0 : 20))) take(it);
         for (const ClientEvent& ev : client_.poll()) apply(ev);
+        while (!scores_.empty() && !client_.busy()) {
+            const std::shared_ptr<Ticket> t = scores_.front();
+            scores_.pop_front();
+            score(*t);
+        }
         publish();
         log_status(false);
-        if (client_.draining() && live_.empty() && !client_.busy()) {
+        if (client_.draining() && live_.empty() && scores_.empty() && !client_.busy()) {
             for (const Inbox::Item& it : inbox_.take(std::chrono::milliseconds(0))) take(it);  // refused: draining
             break;
         }

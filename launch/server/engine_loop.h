@@ -4,6 +4,11 @@
 //         followers) -> its events as Deltas to the tickets -> the engine's gauges to Metrics.
 // Text, stop strings, the context budget and finish reasons are the engine client's
 // (runtime/engine/client.h); this loop only maps them to tickets and HTTP statuses.
+// A request with n / best_of > 1 or a list of prompts runs as one engine sequence per choice
+// (choice_requests, openai_request.h), submitted together (the prefix cache serves the siblings the
+// blocks of their common prompt); its Deltas carry the choice index; it finishes when all have.
+// echo with max_tokens 0 (prompt logprobs) is scored (EngineClient::score) between engine rounds
+// once no request runs: such requests wait while the engine is busy.
 // Admission: a submission is refused with 503 when --max-queue requests already wait in the
 // engine, with 400 when the client refuses it (a prompt that fills the context, more KV blocks
 // than the pool holds ...).
@@ -14,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <unordered_map>
@@ -41,13 +47,16 @@ public:
     const LoopTotals& totals() const { return totals_; }
 
 private:
-    struct Live {
+    struct Live {  // one sequence of a ticket
         std::shared_ptr<Ticket> ticket;
+        int64_t index = 0;  // its choice index (Delta::index)
         int64_t completion_tokens = 0;
         Clock::time_point last_token{};
     };
     void take(const Inbox::Item& it);
     void apply(const ClientEvent& ev);
+    void drop(Ticket& t);   // cancels the ticket's running sequences
+    void score(Ticket& t);  // echo with max_tokens 0: the prompts' logprobs
     void refuse(Ticket& t, int status, std::string message);
     void publish();
     void log_status(bool force);
@@ -57,6 +66,7 @@ private:
     Metrics& metrics_;
     LoopOptions opt_;
     std::unordered_map<int64_t, Live> live_;  // by the client's id
+    std::deque<std::shared_ptr<Ticket>> scores_;  // echo with max_tokens 0, scored once the engine is idle
     LoopTotals totals_;
     Clock::time_point last_log_ = Clock::now();
     int64_t logged_tokens_ = 0;

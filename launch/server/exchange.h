@@ -7,7 +7,9 @@
 // deliver function (which must be cheap and thread-safe: it only posts to the connection's
 // executor and holds the connection weakly, so a dead connection makes delivery a no-op), then
 // submits it. The engine thread answers with Deltas, in order: kAccepted (admitted to the engine)
-// then kTokens*, then exactly one kFinish; or a single kError instead (refused, queue full, drain).
+// then kTokens* (each for one choice, by `index`; a choice's last one carries its finish_reason),
+// then exactly one kFinish (every choice ended: usage); or a single kError instead (refused, queue
+// full, drain), also after some kTokens (a drain cut the request).
 // After kFinish / kError nothing more is delivered for that ticket. A cancel for a ticket that has
 // already finished (or was never admitted) is ignored.
 // Invariants: `engine_id` and the request's prompt are touched by the engine thread only once
@@ -33,11 +35,15 @@ using Clock = std::chrono::steady_clock;
 struct Delta {
     enum class Kind { kAccepted, kTokens, kFinish, kError };
     Kind kind = Kind::kTokens;
+    int64_t index = 0;              // kTokens: the sequence (choice_requests order: prompt * best_of + i)
+    bool echo = false;              // kTokens: the prompt itself (echo), its logprobs (first: NaN, no context)
     std::string text;               // kTokens: newly visible text (stop strings held back)
     std::vector<int32_t> tokens;    // kTokens: the new token ids
-    std::string finish_reason;      // kFinish: "stop" | "length"
-    int64_t prompt_tokens = 0;      // kAccepted, kFinish
-    int64_t completion_tokens = 0;  // kFinish
+    std::vector<float> logprobs;    // kTokens: each token's log-softmax
+    std::vector<std::vector<SampledToken>> top;  // kTokens, when logprobs are asked: each token's most likely
+    std::string finish_reason;      // kTokens: on a choice's last delta, "stop" | "length"
+    int64_t prompt_tokens = 0;      // kAccepted, kFinish (every prompt once)
+    int64_t completion_tokens = 0;  // kFinish (every sequence's)
     int status = 0;                 // kError: HTTP status (400, 503 ...)
     std::string message;            // kError
 };
@@ -46,7 +52,11 @@ struct Ticket {
     ApiRequest request;                        // parsed body (the engine thread moves its prompt out)
     std::function<void(Delta&&)> deliver;      // thread-safe, never blocks
     Clock::time_point arrived = Clock::now();  // for time-to-first-token
-    int64_t engine_id = -1;                    // engine thread only
+    // engine thread only:
+    std::vector<int64_t> engine_ids;  // the client's ids of its sequences, in choice order
+    int64_t open = 0;                 // sequences not yet finished
+    int64_t completion_tokens = 0;    // of the finished ones
+    bool first_token = false;         // time-to-first-token observed
 };
 
 // Multi-producer (HTTP threads), single-consumer (engine thread) queue of submissions and cancels.

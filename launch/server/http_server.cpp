@@ -232,12 +232,11 @@ private:
                 start_stream();
                 return append(shaper_->accepted());
             case Delta::Kind::kTokens:
-                return append(shaper_->tokens(d.text, d.tokens));
+                return append(shaper_->tokens(d));
             case Delta::Kind::kFinish: {
-                if (!d.text.empty() || !d.tokens.empty()) append(shaper_->tokens(d.text, d.tokens));
                 if (closed_) return;
                 ticket_.reset();
-                std::string last = shaper_->finish(d.finish_reason, d.prompt_tokens, d.completion_tokens);
+                std::string last = shaper_->finish(d);
                 if (!streaming_) {
                     Reply rep;
                     rep.body = std::move(last);

@@ -37,6 +37,7 @@ ClientEvent RequestOutput::apply(const TokenEvent& ev) {
     if (ev.token >= 0) {
         e.token = ev.token;
         e.logprob = ev.logprob;
+        e.top = ev.top;
         e.queue_seconds = ev.queue_seconds;
         ++completion_tokens_;
         // A token that ended the output by kStop is eos / a stop id: returned, but not text.
@@ -190,6 +191,7 @@ std::vector<ClientOutput> EngineClient::run(const std::vector<ClientRequest>& re
                 if (ev.token >= 0) {
                     o.tokens.push_back(ev.token);
                     o.logprobs.push_back(ev.logprob);
+                    if (!ev.top.empty()) o.top.push_back(ev.top);
                 }
                 if (ev.finish != FinishReason::kNone) {
                     o.finish = ev.finish;

@@ -53,6 +53,8 @@ struct ClientEvent {
     std::string text;   // newly visible text ("" without a tokenizer)
     int32_t token = -1;  // the new token (-1: none, e.g. a cancel)
     float logprob = 0;   // its log-softmax under the model's raw logits
+    std::vector<SampledToken> top;  // sampling.logprobs = k > 0: the k most likely tokens of the same row
+                                    // and their log-softmax, most likely first (the token may be absent)
     FinishReason finish = FinishReason::kNone;  // not kNone: the request's last event
     bool context_full = false;  // kLength because the context is full, not max_tokens
     bool drained = false;       // kCancelled by a drain's deadline
@@ -86,6 +88,7 @@ struct ClientOutput {
     std::string text;
     std::vector<int32_t> tokens;
     std::vector<float> logprobs;
+    std::vector<std::vector<SampledToken>> top;  // per token, when sampling.logprobs > 0
     FinishReason finish = FinishReason::kNone;
     bool context_full = false;
     int64_t prompt_tokens = 0;

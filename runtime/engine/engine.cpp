@@ -120,6 +120,7 @@ void Engine::send_results(const StepPlan& p, const Results& r) {
     buf.reserve(r.tokens.size() + 1);
     buf.push_back(SampledToken{int32_t(r.tokens.size()), 0});
     buf.insert(buf.end(), r.tokens.begin(), r.tokens.end());
+    buf.insert(buf.end(), r.top.begin(), r.top.end());  // as many as the plan's sampled sequences ask for
     links_.world->send(
         host_view(reinterpret_cast<const uint8_t*>(buf.data()), DType::kU8, int64_t(buf.size() * sizeof(SampledToken))),
         0);
@@ -135,16 +136,38 @@ Engine::Results Engine::await_oldest(StepPlan* plan) {
         links_.world->recv(host_view(r.logits.data(), DType::kF32, int64_t(r.logits.size())), links_.sampler);
     } else {
         const int64_t n = plan->sampled();
-        std::vector<SampledToken> buf(static_cast<size_t>(n + 1));
+        int64_t top = 0;
+        for (const PlanSeq& ps : plan->seqs)
+            if (ps.sample) top += ps.sampling.logprobs;
+        std::vector<SampledToken> buf(static_cast<size_t>(n + 1 + top));
         links_.world->recv(
             host_view(reinterpret_cast<uint8_t*>(buf.data()), DType::kU8, int64_t(buf.size() * sizeof(SampledToken))),
             links_.sampler);
         LATTICE_CHECK(buf[0].token == n, "leader: step {} came back with {} tokens for {} samples", plan->number,
                       buf[0].token, n);
-        r.tokens.assign(buf.begin() + 1, buf.end());
+        r.tokens.assign(buf.begin() + 1, buf.begin() + 1 + n);
+        r.top.assign(buf.begin() + 1 + n, buf.end());
     }
     counters_.wait_seconds += since(t0);
     return r;
+}
+
+void Engine::attach_top(const StepPlan& p, const Results& r, std::vector<TokenEvent>& events) {
+    if (r.top.empty()) return;
+    std::unordered_map<int64_t, std::pair<size_t, int32_t>> at;  // sequence -> (offset, count) in r.top
+    size_t off = 0;
+    for (const PlanSeq& ps : p.seqs) {
+        if (!ps.sample || ps.sampling.logprobs == 0) continue;
+        at[ps.id] = {off, ps.sampling.logprobs};
+        off += size_t(ps.sampling.logprobs);
+    }
+    LATTICE_CHECK(off == r.top.size(), "step {}: {} top logprobs for {} asked", p.number, r.top.size(), off);
+    for (TokenEvent& e : events) {
+        const auto it = at.find(e.id);
+        if (it == at.end() || e.token < 0) continue;
+        const auto first = r.top.begin() + int64_t(it->second.first);
+        e.top.assign(first, first + it->second.second);
+    }
 }
 
 // ---- execution (every rank) ----
@@ -267,7 +290,8 @@ bool Engine::graph_step(const StepPlan& p, const TokenBatch& b, Results* out) {
 }
 
 // One token per sampled sequence of the step from the logits lg [rows, vocab] on the backend.
-// Rows whose sampler needs the sequence's history (penalties) or a backend that cannot select
+// Rows whose sampler needs the sequence's history (penalties), that ask for top logprobs (the
+// backends' select_tokens returns only the chosen token's) or a backend that cannot select
 // (CPU) take the host path: the row on the host, the log-softmax, the bans, Sampler::sample.
 // The rest are picked by Backend::select_tokens with a draw from their sampler, so on CUDA only
 // ids and log-probabilities leave the device.
@@ -294,11 +318,18 @@ void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
     LATTICE_CHECK(int64_t(rows.size()) == lg.rows(), "step {}: {} logit rows for {} samples", p.number, lg.rows(),
                   rows.size());
     out->tokens.resize(rows.size());
+    std::vector<size_t> top_at(rows.size());  // where each row's top logprobs go in out->top
+    size_t n_top = 0;
+    for (size_t k = 0; k < rows.size(); ++k) {
+        top_at[k] = n_top;
+        n_top += size_t(rows[k].ps->sampling.logprobs);
+    }
+    out->top.resize(n_top);
     host_rows_.clear();  // filled below when some row is sampled on the host
     std::vector<int64_t> on_backend;
     if (be.selects_tokens())
         for (size_t k = 0; k < rows.size(); ++k)
-            if (!rows[k].sampler->penalized()) on_backend.push_back(int64_t(k));
+            if (!rows[k].sampler->penalized() && rows[k].ps->sampling.logprobs == 0) on_backend.push_back(int64_t(k));
     if (!on_backend.empty()) {
         // select_tokens takes its rows contiguous: in a batch that mixes in penalized rows, every
         // row goes to the host (the penalized ones need it there) and the plain ones back to the front.
@@ -340,6 +371,12 @@ void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
         float* row = host_rows_.data() + k * size_t(V);
         // log-softmax of the model's row (temperature 1), before any ban, penalty or temperature
         const double lse = host_log_sum_exp(row, V);
+        if (const int32_t m = std::min<int32_t>(r.ps->sampling.logprobs, int32_t(V)); m > 0) {
+            int32_t ids[SamplingParams::kMaxLogprobs];
+            float lps[SamplingParams::kMaxLogprobs];
+            top_logprobs(row, V, lse, m, ids, lps);
+            for (int32_t j = 0; j < m; ++j) out->top[top_at[k] + size_t(j)] = SampledToken{ids[j], lps[j]};
+        }
         for (int32_t id : r.bans)
             if (id >= 0 && id < V) row[id] = -INFINITY;
         const int32_t tok = r.sampler->sample(row, V, r.recent);
@@ -406,10 +443,12 @@ std::vector<TokenEvent> Engine::step() {
         auto [p, r] = std::move(done_.front());
         done_.pop_front();
         ev = sched_->complete(p, r.tokens);
+        attach_top(p, r, ev);
     } else if (!inflight_.empty()) {
         StepPlan p;
         Results r = await_oldest(&p);
         ev = sched_->complete(p, r.tokens);
+        attach_top(p, r, ev);
     } else {
         heartbeat_if_due();
     }

@@ -177,8 +177,11 @@ public:
 private:
     struct Results {
         std::vector<SampledToken> tokens;
+        std::vector<SampledToken> top;  // per sampled sequence in plan order, its sampling.logprobs best
         std::vector<float> logits;
     };
+    // The top alternatives of `r` onto the events of the sequences that asked for them.
+    static void attach_top(const StepPlan& p, const Results& r, std::vector<TokenEvent>& events);
     void send_plan(const StepPlan& p);
     StepPlan recv_plan();
     Communicator& plan_comm() const { return links_.plans ? *links_.plans : *links_.world; }

@@ -23,6 +23,32 @@ void SamplingParams::validate() const {
     LATTICE_CHECK(std::isfinite(frequency_penalty) && frequency_penalty >= -2.0f && frequency_penalty <= 2.0f,
                   "--frequency-penalty must be in [-2, 2], got {}", frequency_penalty);
     LATTICE_CHECK(std::isfinite(min_p) && min_p >= 0.0f && min_p <= 1.0f, "--min-p must be in [0, 1], got {}", min_p);
+    LATTICE_CHECK(logprobs >= 0 && logprobs <= kMaxLogprobs, "top logprobs must be in [0, {}], got {}", kMaxLogprobs,
+                  logprobs);
+}
+
+void top_logprobs(const float* x, int64_t n, double lse, int32_t k, int32_t* ids, float* lps) {
+    LATTICE_CHECK(k >= 0 && k <= n, "top_logprobs: {} of a row of {}", k, n);
+    if (k == 0) return;
+    // A min-heap of the k best so far (the worst on top); `better` is the total order of the result.
+    auto better = [&](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
+    std::vector<int32_t> heap;
+    heap.reserve(size_t(k));
+    for (int32_t i = 0; i < int32_t(n); ++i) {
+        if (int32_t(heap.size()) < k) {
+            heap.push_back(i);
+            std::push_heap(heap.begin(), heap.end(), better);
+        } else if (better(i, heap.front())) {
+            std::pop_heap(heap.begin(), heap.end(), better);
+            heap.back() = i;
+            std::push_heap(heap.begin(), heap.end(), better);
+        }
+    }
+    std::sort_heap(heap.begin(), heap.end(), better);
+    for (int32_t j = 0; j < k; ++j) {
+        ids[j] = heap[size_t(j)];
+        lps[j] = float(double(x[heap[size_t(j)]]) - lse);
+    }
 }
 
 int32_t argmax(const float* x, int64_t n) {

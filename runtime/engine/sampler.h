@@ -38,6 +38,9 @@ struct SamplingParams {
     float presence_penalty = 0.0f;   // [-2, 2]
     float frequency_penalty = 0.0f;  // [-2, 2]
     float min_p = 0.0f;              // [0, 1]; 0: off
+    int32_t logprobs = 0;  // [0, kMaxLogprobs]: the k most likely tokens of the raw row are returned with
+                           // each sampled token (their log-softmax; sampling itself is unchanged)
+    static constexpr int32_t kMaxLogprobs = 20;
     void validate() const;  // throws Error naming the bad value
     // The repetition penalty looks at the sequence's last tokens (the caller must pass them).
     bool uses_recent() const { return repeat_penalty != 1.0f && repeat_last_n != 0; }
@@ -46,6 +49,10 @@ struct SamplingParams {
 };
 
 int32_t argmax(const float* logits, int64_t n);
+
+// The k most likely ids of `logits` (k <= n) and their log-probabilities logits[id] - lse, most
+// likely first, equal logits by lower id (the order OpenAI's top_logprobs lists). O(n log k).
+void top_logprobs(const float* logits, int64_t n, double lse, int32_t k, int32_t* ids, float* lps);
 
 // Sampling internals, public for their tests.
 namespace sampling_detail {

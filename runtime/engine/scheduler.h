@@ -65,6 +65,7 @@ struct TokenEvent {
     float logprob = 0;
     FinishReason finish = FinishReason::kNone;
     double queue_seconds = -1;  // on a sequence's first token: from add() to its first admission
+    std::vector<SampledToken> top{};  // sampling.logprobs > 0: the most likely tokens of its row (Engine)
 };
 
 struct SchedulerOptions {

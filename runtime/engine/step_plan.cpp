@@ -132,6 +132,7 @@ std::vector<uint8_t> encode_plan(const StepPlan& p, PlanTables& known) {
         w.put(s.sampling.presence_penalty);
         w.put(s.sampling.frequency_penalty);
         w.put(s.sampling.min_p);
+        w.put(s.sampling.logprobs);
         w.put(s.n_recent);
         w.put(ops[size_t(i)]);
         w.put(counts[size_t(i)]);
@@ -189,6 +190,9 @@ StepPlan decode_plan(const uint8_t* data, int64_t size, PlanTables& known) {
         s.sampling.presence_penalty = r.get<float>("presence_penalty");
         s.sampling.frequency_penalty = r.get<float>("frequency_penalty");
         s.sampling.min_p = r.get<float>("min_p");
+        s.sampling.logprobs = r.get<int32_t>("logprobs");
+        LATTICE_CHECK(s.sampling.logprobs >= 0 && s.sampling.logprobs <= SamplingParams::kMaxLogprobs,
+                      "step plan: sequence {} asks for {} top logprobs", s.id, s.sampling.logprobs);
         s.n_recent = r.get<int32_t>("n_recent");
         ops.push_back(r.get<uint8_t>("table op"));
         counts.push_back(r.get<int32_t>("table blocks count"));

@@ -62,11 +62,12 @@ TEST_CASE("out-of-range sampling fields are refused naming the field") {
     }
 }
 
-TEST_CASE("fields not implemented yet are refused naming the field, their neutral values pass") {
-    for (const auto& field_value : std::vector<std::pair<const char*, json>>{{"logprobs", 1},
-                                                                             {"logprobs", true},
+TEST_CASE("fields not implemented yet, wrong-endpoint and unknown fields are refused naming the field") {
+    for (const auto& field_value : std::vector<std::pair<const char*, json>>{{"logprobs", true},
+                                                                             {"logprobs", 21},
                                                                              {"top_logprobs", 2},
-                                                                             {"echo", true},
+                                                                             {"max_token", 5},
+                                                                             {"suffix", "x"},
                                                                              {"logit_bias", {{"15", 100}}},
                                                                              {"tools", json::array({json{{"type", "function"}}})},
                                                                              {"response_format", {{"type", "json_object"}}}}) {
@@ -76,7 +77,8 @@ TEST_CASE("fields not implemented yet are refused naming the field, their neutra
         b[field] = field_value.second;
         CHECK_THROWS_WITH_AS(parse_api_request(b, false, nullptr, kLimits), doctest::Contains(field), Error);
     }
-    json neutral = {{"prompt", {1}}, {"logprobs", false}, {"echo", false}, {"top_logprobs", nullptr},
-                    {"logit_bias", json::object()}, {"tools", json::array()}, {"response_format", {{"type", "text"}}}};
+    json neutral = {{"prompt", {1}},        {"logprobs", false},   {"echo", false},
+                    {"top_logprobs", nullptr}, {"logit_bias", json::object()}, {"suffix", nullptr},
+                    {"user", "u"},          {"response_format", {{"type", "text"}}}};
     CHECK_NOTHROW(parse_api_request(neutral, false, nullptr, kLimits));
 }

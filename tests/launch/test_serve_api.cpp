@@ -1,16 +1,22 @@
 // The OpenAI API layer of `lattice serve` without sockets or a model (launch/server/api.h,
 // metrics.h): routing and its refusals in order, error bodies, the response and chunk shapes,
-// the depth guard, the constant-time key compare and the Prometheus text.
+// the depth guard, the constant-time key compare and the Prometheus text; the request parser's
+// choices (n, best_of, prompt lists, logprobs, echo) and the shapes of logprobs, several choices
+// and best_of's pick; max_tokens beyond the context; /health while draining.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "base/error.h"
 #include "launch/server/api.h"
 #include "launch/server/metrics.h"
 
+using lattice::SampledToken;
 using lattice::serve::ApiCall;
+using lattice::serve::Delta;
 using lattice::serve::Metrics;
 using lattice::serve::ResponseShaper;
 using lattice::serve::RouteContext;
@@ -20,6 +26,34 @@ using lattice::serve::ServedModel;
 using nlohmann::json;
 
 namespace {
+
+// A kTokens delta of choice `index`: text, ids, their logprobs (and top alternatives when given).
+Delta tokens(const std::string& text, std::vector<int32_t> ids, int64_t index = 0, std::vector<float> lps = {},
+             std::vector<std::vector<SampledToken>> top = {}, std::string finish = "") {
+    Delta d;
+    d.index = index;
+    d.text = text;
+    if (lps.empty()) lps.assign(ids.size(), -0.5f);
+    d.tokens = std::move(ids);
+    d.logprobs = std::move(lps);
+    d.top = std::move(top);
+    d.finish_reason = std::move(finish);
+    return d;
+}
+
+Delta finish(int64_t prompt_tokens, int64_t completion_tokens) {
+    Delta d;
+    d.kind = Delta::Kind::kFinish;
+    d.prompt_tokens = prompt_tokens;
+    d.completion_tokens = completion_tokens;
+    return d;
+}
+
+json data(const std::string& ev) {
+    REQUIRE(ev.starts_with("data: "));
+    REQUIRE(ev.ends_with("\n\n"));
+    return json::parse(ev.substr(6, ev.size() - 8));
+}
 
 ServedModel tiny_model() {
     ServedModel m;
@@ -105,9 +139,31 @@ TEST_CASE("routes refuse, in order, what they must") {
         CHECK(expect_error(post("/v1/chat/completions", R"({"messages": []})", ctx), 400)["param"] == "messages");
         json long_prompt = {{"prompt", json::array()}};
         for (int i = 0; i < 64; ++i) long_prompt["prompt"].push_back(1);
-        // The context budget is the engine client's: a 400 from the engine thread (launch_serve checks it).
-        CHECK(post("/v1/completions", long_prompt.dump(), ctx).call.has_value());
+        // A prompt that fills the context: 400 here, naming the prompt (the context is ServedModel's).
+        CHECK(expect_error(post("/v1/completions", long_prompt.dump(), ctx), 400)["param"] == "prompt");
         expect_error(post("/v1/completions", R"({"prompt": "text needs a tokenizer"})", ctx), 400);
+    }
+    SUBCASE("max_tokens beyond the context's room: 400 naming max_tokens, the prompt and the context") {
+        json b = {{"prompt", json::array()}, {"max_tokens", 5}};
+        for (int i = 0; i < 60; ++i) b["prompt"].push_back(1);
+        const json e = expect_error(post("/v1/completions", b.dump(), ctx), 400);
+        CHECK(e["param"] == "max_tokens");
+        CHECK(e["message"].get<std::string>().find("60 tokens") != std::string::npos);
+        CHECK(e["message"].get<std::string>().find("64") != std::string::npos);
+        b["max_tokens"] = 4;  // exactly the room
+        CHECK(post("/v1/completions", b.dump(), ctx).call.has_value());
+        b["prompt"].push_back(1);  // a list of prompts: the longest one counts
+        b["prompt"] = json::array({json::array({1, 2}), b["prompt"]});
+        expect_error(post("/v1/completions", b.dump(), ctx), 400);
+    }
+    SUBCASE("/health: 200 when ready, 503 with Retry-After while draining") {
+        RouteContext draining = ctx;
+        draining.draining = true;
+        const Routed h = lattice::serve::route({"GET", "/health", "", ""}, draining);
+        CHECK(h.reply->status == 503);
+        CHECK(json::parse(h.reply->body)["status"] == "draining");
+        CHECK(h.reply->headers.size() == 1);
+        CHECK(lattice::serve::route({"GET", "/health", "", ""}, ctx).reply->status == 200);
     }
     SUBCASE("model: another name 404, the served name or none accepted") {
         const json e = expect_error(post("/v1/completions", R"({"model": "gpt-4", "prompt": [1]})", ctx), 404);
@@ -148,9 +204,9 @@ TEST_CASE("response shapes follow OpenAI's") {
         call.return_token_ids = true;
         ResponseShaper s(call);
         CHECK(s.accepted().empty());
-        CHECK(s.tokens("Hel", {1}).empty());
-        CHECK(s.tokens("lo", {2}).empty());
-        const json j = json::parse(s.finish("length", 4, 2));
+        CHECK(s.tokens(tokens("Hel", {1})).empty());
+        CHECK(s.tokens(tokens("lo", {2}, 0, {}, {}, "length")).empty());
+        const json j = json::parse(s.finish(finish(4, 2)));
         CHECK(j["object"] == "text_completion");
         CHECK(j["id"] == "cmpl-1");
         CHECK(j["model"] == "tiny");
@@ -164,35 +220,143 @@ TEST_CASE("response shapes follow OpenAI's") {
         call.request.stream = true;
         call.request.include_usage = true;
         ResponseShaper s(call);
-        auto data = [](const std::string& ev) {
-            REQUIRE(ev.starts_with("data: "));
-            REQUIRE(ev.ends_with("\n\n"));
-            return json::parse(ev.substr(6, ev.size() - 8));
-        };
         const json role = data(s.accepted());
         CHECK(role["object"] == "chat.completion.chunk");
         CHECK(role["choices"][0]["delta"]["role"] == "assistant");
         CHECK(role["usage"].is_null());
-        CHECK(s.tokens("", {9}).empty());  // nothing visible and no ids asked for: no chunk
-        const json c = data(s.tokens("Hi", {3}));
+        CHECK(s.tokens(tokens("", {9})).empty());  // nothing visible and no ids asked for: no chunk
+        const json c = data(s.tokens(tokens("Hi", {3})));
         CHECK(c["choices"][0]["delta"]["content"] == "Hi");
         CHECK(c["choices"][0]["finish_reason"].is_null());
+        CHECK(c["choices"][0]["logprobs"].is_null());
         CHECK(!c["choices"][0].contains("token_ids"));
-        const std::string tail = s.finish("stop", 3, 2);
-        const size_t a = tail.find("\n\n"), b = tail.find("\n\n", a + 2);
-        const json fin = data(tail.substr(0, a + 2));
+        const json fin = data(s.tokens(tokens("", {}, 0, {}, {}, "stop")));
         CHECK(fin["choices"][0]["finish_reason"] == "stop");
         CHECK(fin["choices"][0]["delta"] == json::object());
-        const json usage = data(tail.substr(a + 2, b - a));
+        const std::string tail = s.finish(finish(3, 2));
+        const size_t b = tail.find("\n\n");
+        const json usage = data(tail.substr(0, b + 2));
         CHECK(usage["choices"] == json::array());
         CHECK(usage["usage"]["total_tokens"] == 5);
         CHECK(tail.substr(b + 2) == "data: [DONE]\n\n");
     }
     SUBCASE("invalid UTF-8 in generated text is replaced, not an exception") {
         ResponseShaper s(call);
-        s.tokens(std::string("\xff\xfe", 2), {1});
-        const json j = json::parse(s.finish("stop", 1, 1));
+        s.tokens(tokens(std::string("\xff\xfe", 2), {1}, 0, {}, {}, "stop"));
+        const json j = json::parse(s.finish(finish(1, 1)));
         CHECK(j["choices"][0]["text"] == "\xEF\xBF\xBD\xEF\xBF\xBD");
+    }
+}
+
+TEST_CASE("choices: n, best_of, lists of prompts, logprobs and echo parsed; seeds seed + i") {
+    const ServedModel m = tiny_model();
+    RouteContext ctx;
+    ctx.model = &m;
+    auto call = [&](const std::string& path, const std::string& body) {
+        const Routed r = post(path, body, ctx);
+        REQUIRE_MESSAGE(r.call.has_value(), (r.reply ? r.reply->body : ""));
+        return r.call->request;
+    };
+    const lattice::ApiRequest r =
+        call("/v1/completions", R"({"prompt": [[1, 2], [3], [4, 5, 6]], "n": 2, "seed": 10, "logprobs": 3})");
+    REQUIRE(r.prompts.size() == 3);
+    CHECK(r.prompts[2] == std::vector<int32_t>{4, 5, 6});
+    CHECK(r.n == 2);
+    CHECK(r.best_of == 2);
+    CHECK(r.logprobs == 3);
+    const std::vector<lattice::ClientRequest> q = lattice::choice_requests(r);
+    REQUIRE(q.size() == 6);
+    CHECK(q[3].prompt == std::vector<int32_t>{3});  // prompt 1, sequence 1
+    CHECK(q[3].sampling.seed == 11);
+    CHECK(q[4].sampling.seed == 10);
+    CHECK(q[5].sampling.logprobs == 3);
+    CHECK(call("/v1/completions", R"({"prompt": [1], "echo": true, "max_tokens": 0, "logprobs": 0})").echo);
+    // Refusals, each naming its field.
+    for (const auto& [body, field] : std::vector<std::pair<std::string, std::string>>{
+             {R"({"prompt": [1], "n": 0})", "n"},
+             {R"({"prompt": [1], "n": 3, "best_of": 2})", "best_of"},
+             {R"({"prompt": [1], "n": 1, "best_of": 2, "stream": true})", "best_of"},
+             {R"({"prompt": [[1], "x"]})", "prompt"},
+             {R"({"prompt": [[1], [999]]})", "prompt"},
+             {R"({"prompt": [1], "max_tokens": 0})", "max_tokens"},
+             {R"({"prompt": [1], "logprobs": 21})", "logprobs"},
+             {R"({"prompt": [1], "echo": true, "logprobs": 1})", "echo"},
+             {R"({"prompt": [1], "frobnicate": 1})", "frobnicate"}}) {
+        CAPTURE(body);
+        CHECK(expect_error(post("/v1/completions", body, ctx), 400)["param"] == field);
+    }
+    CHECK(expect_error(post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}],
+        "best_of": 2})", ctx), 400)["param"] == "best_of");
+}
+
+TEST_CASE("logprobs, several choices and best_of in OpenAI's shapes") {
+    ApiCall call;
+    call.id = "cmpl-2";
+    call.model = "tiny";
+    call.request.prompts = {{1, 2}, {3}};
+    const std::vector<std::vector<SampledToken>> top = {{{7, -0.1f}, {4, -2.5f}}, {{8, -0.2f}, {9, -1.0f}}};
+    SUBCASE("completions, not streamed: per-choice logprobs dicts, most likely first; index p * n + i") {
+        call.request.n = call.request.best_of = 2;
+        call.request.logprobs = 2;
+        ResponseShaper s(call);
+        for (int64_t i = 0; i < 4; ++i)
+            s.tokens(tokens("ab", {7, 9}, i, {-0.1f, float(-1.0 - double(i))}, top, i % 2 ? "stop" : "length"));
+        const json j = json::parse(s.finish(finish(3, 8)));
+        REQUIRE(j["choices"].size() == 4);
+        for (int64_t i = 0; i < 4; ++i) CHECK(j["choices"][size_t(i)]["index"] == i);
+        const json& lp = j["choices"][3]["logprobs"];
+        CHECK(lp["tokens"] == json::array({"token_id:7", "token_id:9"}));
+        CHECK(lp["token_logprobs"][1].get<double>() == doctest::Approx(-4.0));
+        CHECK(lp["text_offset"] == json::array({0, 10}));
+        // the k best, most likely first (insertion order kept), and the chosen token when it is not among them
+        const std::string second = lp["top_logprobs"][1].dump();
+        CHECK(second.find("token_id:8") < second.find("token_id:9"));
+        CHECK(lp["top_logprobs"][1].size() == 2);
+        CHECK(lp["top_logprobs"][0].size() == 2);
+        CHECK(j["choices"][1]["finish_reason"] == "stop");
+        CHECK(j["usage"]["prompt_tokens"] == 3);
+    }
+    SUBCASE("best_of 3, n 1: the highest cumulative logprob of each prompt, re-indexed") {
+        call.request.best_of = 3;
+        ResponseShaper s(call);
+        const float lps[6] = {-3, -1, -2, -0.5f, -4, -0.1f};
+        for (int64_t i = 0; i < 6; ++i) s.tokens(tokens(std::to_string(i), {1}, i, {lps[i]}, {}, "length"));
+        const json j = json::parse(s.finish(finish(3, 6)));
+        REQUIRE(j["choices"].size() == 2);
+        CHECK(j["choices"][0]["text"] == "1");
+        CHECK(j["choices"][1]["text"] == "5");
+        CHECK(j["choices"][1]["index"] == 1);
+        CHECK(j["choices"][0]["logprobs"].is_null());
+    }
+    SUBCASE("chat, streamed: a chunk per token with its logprobs and the choice's index, even with no text") {
+        call.request.chat = true;
+        call.request.stream = true;
+        call.request.n = call.request.best_of = 2;
+        call.request.prompts = {{1}};
+        call.request.logprobs = 1;
+        ResponseShaper s(call);
+        const std::string roles = s.accepted();
+        CHECK(roles.find("\"index\":1") != std::string::npos);
+        const json c = data(s.tokens(tokens("", {7}, 1, {-0.1f}, {{{7, -0.1f}}})));
+        CHECK(c["choices"][0]["index"] == 1);
+        const json& e = c["choices"][0]["logprobs"]["content"][0];
+        CHECK(e["token"] == "token_id:7");
+        CHECK(e["bytes"] == json::array({'t', 'o', 'k', 'e', 'n', '_', 'i', 'd', ':', '7'}));
+        CHECK(e["top_logprobs"][0]["logprob"].get<double>() == doctest::Approx(-0.1));
+    }
+    SUBCASE("echo with max_tokens 0: the prompt's tokens, the first logprob null") {
+        call.request.echo = true;
+        call.request.logprobs = 0;
+        call.request.prompts = {{1, 2}};
+        ResponseShaper s(call);
+        Delta d = tokens("", {1, 2}, 0, {std::nanf(""), -2.0f}, {{}, {{2, -2.0f}}}, "length");
+        d.echo = true;
+        s.tokens(d);
+        const json j = json::parse(s.finish(finish(2, 0)));
+        const json& lp = j["choices"][0]["logprobs"];
+        CHECK(lp["token_logprobs"][0].is_null());
+        CHECK(lp["top_logprobs"][0].is_null());
+        CHECK(lp["token_logprobs"][1] == -2.0);
     }
 }
 

@@ -2,13 +2,18 @@
 // model whose heads allow the layout: identical greedy tokens, logits within 1e-5 relative, with
 // one micro-batch and with many (1 token each); plus vocab padding (vocab % tp != 0, random
 // weights), tp > kv heads, and layout errors that every rank reports without hanging.
+// Top logprobs (sampling.logprobs = k) through every layout, with backend token selection on (rows
+// that ask for them fall back to the host path): the k best of a host log-softmax of score()'s row.
 // Run under mpirun -np 2 and -np 4 (CTest).
 #include <doctest/doctest.h>
 #include <mpi.h>
+#include <algorithm>
+#include <cmath>
 
 #include "tests/test_build.h"
 #include "parallel/mpi_session.h"
 #include "runtime/builder/build.h"
+#include "runtime/engine/client.h"
 #include "runtime/weights/random_source.h"
 #include "tests/runtime/model/golden.h"
 
@@ -298,5 +303,63 @@ TEST_CASE("the device step path (step graphs, backend token selection; the CPU m
             CHECK(rt.engine->counters().graph_replays > 0);  // every TP rank replayed, collectives matched
         else
             CHECK(rt.engine->counters().graph_steps == 0);  // pipelines run eagerly
+    }
+}
+
+TEST_CASE("top logprobs in every layout: the k best of a host log-softmax of the same position, sorted") {
+    const int world = mpi_session().size();
+    auto src = open_model(golden_dir("tiny-gqa-llama3"));
+    const int64_t V = src->config().vocab;
+    for (const auto& layout : layouts_for(world)) {
+        const int tp = layout.first, pp = layout.second;
+        if (!layout_fits(src->config(), tp, pp)) continue;
+        CAPTURE(tp);
+        CAPTURE(pp);
+        BuildOptions opt = layout_options(tp, pp);
+        opt.backend.cpu_select_tokens = true;  // the plain request is picked by the backend, beside the host rows
+        RankRuntime rt = build(opt, *src);
+        EngineClient client(*rt.engine, nullptr);
+        std::vector<ClientRequest> reqs(2);
+        for (size_t i = 0; i < reqs.size(); ++i) {
+            reqs[i].prompt = {int32_t(3 + i), 17, 40, int32_t(9 + 5 * i)};
+            reqs[i].max_tokens = 5;
+            reqs[i].ignore_eos = true;
+            reqs[i].sampling.temperature = 1.0f;
+            reqs[i].sampling.seed = 7 + i;
+        }
+        reqs[0].sampling.logprobs = 6;
+        const std::vector<ClientOutput> outs = client.run(reqs);
+        // The output's tokens to every rank, then the scored sequence (score is every-rank).
+        std::vector<int32_t> seq = reqs[0].prompt;
+        int32_t n = rt.world.rank == 0 ? int32_t(outs[0].tokens.size()) : 0;
+        MPI_Bcast(&n, 1, MPI_INT32_T, 0, MPI_COMM_WORLD);
+        std::vector<int32_t> toks(size_t(n), 0);
+        if (rt.world.rank == 0) toks = outs[0].tokens;
+        MPI_Bcast(toks.data(), n, MPI_INT32_T, 0, MPI_COMM_WORLD);
+        seq.insert(seq.end(), toks.begin(), toks.end());
+        const std::vector<float> logits = rt.engine->score(seq);
+        if (rt.world.rank != 0) continue;
+        REQUIRE(n == 5);
+        REQUIRE(outs[0].top.size() == 5);
+        CHECK(outs[1].top.empty());
+        const size_t P = reqs[0].prompt.size();
+        for (size_t t = 0; t < size_t(n); ++t) {
+            const float* row = logits.data() + (P - 1 + t) * size_t(V);
+            double m = row[0], sum = 0;
+            for (int64_t v = 0; v < V; ++v) m = std::max(m, double(row[v]));
+            for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - m);
+            const double lse = m + std::log(sum);
+            std::vector<int32_t> order(static_cast<size_t>(V));
+            for (int64_t v = 0; v < V; ++v) order[size_t(v)] = int32_t(v);
+            std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+            CHECK(std::abs(outs[0].logprobs[t] - (row[toks[t]] - lse)) < 1e-4);
+            const std::vector<SampledToken>& top = outs[0].top[t];
+            REQUIRE(top.size() == 6);
+            for (size_t j = 0; j < top.size(); ++j) {
+                CHECK(top[j].token == order[j]);
+                CHECK(std::abs(top[j].logprob - (row[order[j]] - lse)) < 1e-4);
+                if (j > 0) CHECK(top[j].logprob <= top[j - 1].logprob);
+            }
+        }
     }
 }
