@@ -8,9 +8,11 @@ skipped, the first keeps it);
     error record;
   - killed with SIGKILL mid-run and rerun with the same --output until it completes: the same set
     of records, each id exactly once, the same texts (a partial last line is cut on resume);
-  - the same with SIGTERM: the run drains, exits 0 and says what is left; reruns finish the job;
-  - under mpirun -np 2 --pp 2, drained by SIGUSR1 to mpirun and resumed, the results equal the
-    single-rank ones.
+  - the same with SIGTERM: the run drains, exits 75 (requests left) and says what is left; reruns
+    finish the job and exit 0;
+  - under mpirun -np 2 --pp 2, drained by SIGUSR1 to mpirun (exit 75) and resumed, the results equal
+    the single-rank ones.
+Records are checked field by field in OpenAI's Batch output format (check_result, check_error).
 Usage: test_batch.py LATTICE_BINARY MODEL_GGUF [kill|drain]   (exit 0: pass)"""
 import json
 import os
@@ -30,6 +32,7 @@ N_LINES = 40
 # At most 8 sequences in flight: a drain (SIGTERM, SIGUSR1) finishes those and leaves the rest of the
 # 40 lines for the rerun (with the default 64 every line would be in flight at once).
 MAX_SEQS = "8"
+EXIT_LEFT = 75  # a run stopped with requests left (launch/cmd_batch.cpp kExitRequestsLeft, EX_TEMPFAIL)
 
 
 def check(ok, what):
@@ -64,10 +67,13 @@ def make_input(path):
             continue
         if i % 4 == 0:
             body = {"messages": [{"role": "user", "content": f"{words[i % 5]} number {i}?"}], "max_tokens": 6}
+            url = "/v1/chat/completions"
         else:
             body = {"prompt": f"{words[i % 5]} {i}", "max_tokens": 4 + i % 5}
+            url = "/v1/completions"
         body["temperature"] = 0
-        lines.append(json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/completions", "body": body}))
+        body["return_token_ids"] = True
+        lines.append(json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body}))
         valid.add(cid)
     # Over the per-line limits (as a request body's): nesting deeper than 64, more than 8 MiB. Neither
     # is parsed, so each gets its line number as id ("line-N").
@@ -77,9 +83,9 @@ def make_input(path):
     bad.add(f"line-{len(lines)}")
     # A bare body on the line whose number an integer custom_id names: both run (distinct ids).
     lines.append(json.dumps({"custom_id": len(lines) + 2, "body": {"prompt": "The sea", "max_tokens": 3,
-                                                                  "temperature": 0}}))
+                                                                  "temperature": 0, "return_token_ids": True}}))
     valid.add(len(lines) + 1)
-    lines.append(json.dumps({"prompt": "The sea", "max_tokens": 3, "temperature": 0}))
+    lines.append(json.dumps({"prompt": "The sea", "max_tokens": 3, "temperature": 0, "return_token_ids": True}))
     valid.add(f"line-{len(lines)}")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -130,17 +136,61 @@ def verify(name, path, valid, bad, want=None):
     check(keys <= set(recs), f"{name}: missing results for {sorted(keys - set(recs))[:5]}")
     check(bad_keys <= set(recs), f"{name}: missing error records for {sorted(bad_keys - set(recs))[:5]}")
     for k in keys & set(recs):
-        r = recs[k]
-        check("error" not in r and isinstance(r.get("text"), str) and r["finish_reason"] in ("stop", "length")
-              and r["usage"]["completion_tokens"] == len(r["token_ids"]) > 0, f"{name}: bad record {r}")
+        check_result(name, recs[k])
     for k in bad_keys & set(recs):
-        check("error" in recs[k] and recs[k]["error"]["message"], f"{name}: {k} should be an error record")
+        check_error(name, recs[k])
     if want is not None:
         for k in keys & set(recs):
             if k in want:
-                check(recs[k]["text"] == want[k]["text"] and recs[k]["token_ids"] == want[k]["token_ids"],
+                check(answer(recs[k]) == answer(want[k]),
                       f"{name}: {k} differs from the uninterrupted run: {recs[k]} vs {want[k]}")
     return recs
+
+
+def answer(rec):
+    """(text, token ids) of a result record's response body."""
+    ch = rec["response"]["body"]["choices"][0]
+    return ch["message"]["content"] if "message" in ch else ch["text"], ch.get("token_ids")
+
+
+def check_result(name, r):
+    """A result record in OpenAI's Batch output format, as vLLM's run-batch writes it: field by field."""
+    try:
+        ok = set(r) == {"id", "custom_id", "response", "error"} and r["error"] is None
+        ok = ok and r["id"].startswith("batch_req_") and set(r["response"]) == {"status_code", "request_id", "body"}
+        ok = ok and r["response"]["status_code"] == 200 and r["response"]["request_id"].startswith("req_")
+        b = r["response"]["body"]
+        chat = b["object"] == "chat.completion"
+        ok = ok and b["object"] in ("chat.completion", "text_completion")
+        ok = ok and b["id"].startswith("chatcmpl-" if chat else "cmpl-") and isinstance(b["created"], int)
+        ok = ok and isinstance(b["model"], str) and b["model"] and len(b["choices"]) == 1
+        ch = b["choices"][0]
+        ok = ok and ch["index"] == 0 and ch["finish_reason"] in ("stop", "length") and ch["logprobs"] is None
+        if chat:
+            ok = ok and ch["message"]["role"] == "assistant" and isinstance(ch["message"]["content"], str)
+        else:
+            ok = ok and isinstance(ch["text"], str)
+        u = b["usage"]
+        ok = ok and u["completion_tokens"] == len(ch["token_ids"]) > 0 and u["prompt_tokens"] > 0
+        ok = ok and u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+    except (KeyError, TypeError, AttributeError, IndexError) as e:
+        ok = False
+        r = f"{r} ({e!r})"
+    check(ok, f"{name}: bad result record {r}")
+
+
+def check_error(name, r, code=None, words=()):
+    """An error record: {"id", "custom_id", "response": null, "error": {"code", "message"}}."""
+    try:
+        ok = set(r) == {"id", "custom_id", "response", "error"} and r["response"] is None
+        ok = ok and r["id"].startswith("batch_req_") and set(r["error"]) == {"code", "message"}
+        ok = ok and isinstance(r["error"]["code"], str) and r["error"]["code"] and r["error"]["message"]
+        ok = ok and (code is None or r["error"]["code"] == code) and all(w in r["error"]["message"] for w in words)
+    except (KeyError, TypeError, AttributeError) as e:
+        ok = False
+        r = f"{r} ({e!r})"
+    check(ok, f"{name}: {r.get('custom_id') if isinstance(r, dict) else r} should be an error record"
+              f"{' ' + code if code else ''} naming {words}: {r}")
 
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -174,7 +224,7 @@ with tempfile.TemporaryDirectory() as tmp:
         # SIGTERM: drains, exits 0, says what is left; reruns finish.
         out = os.path.join(tmp, "term.jsonl")
         rc, err = run([lattice], inp, out, kill=signal.SIGTERM, after_lines=10)
-        check(rc == 0, f"SIGTERM run exits 0 (rc {rc}): {err[-500:]}")
+        check(rc == EXIT_LEFT, f"SIGTERM run exits {EXIT_LEFT} (rc {rc}): {err[-500:]}")
         check("stopped by signal 15" in err and "rerun with the same --output" in err,
               f"SIGTERM run says what is left: {err[-300:]}")
         n_after = sum(1 for _ in open(out))
@@ -199,7 +249,8 @@ with tempfile.TemporaryDirectory() as tmp:
                 break
             time.sleep(0.05)
         so, se = p.communicate(timeout=600)
-        check(p.returncode == 0 and "stopped by signal 10" in se, f"pp 2 drain on SIGUSR1 (rc {p.returncode}): {se[-500:]}")
+        check(p.returncode == EXIT_LEFT and "stopped by signal 10" in se,
+              f"pp 2 drain on SIGUSR1 exits {EXIT_LEFT} (rc {p.returncode}): {se[-500:]}")
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         check(p.returncode == 0, f"pp 2 resume exits 0 (rc {p.returncode}): {p.stderr[-500:]}")
         verify("pp 2", out, valid, bad, want)
