@@ -13,7 +13,10 @@ skipped, the first keeps it);
   - under mpirun -np 2 --pp 2, drained by SIGUSR1 to mpirun (exit 75) and resumed, the results equal
     the single-rank ones.
 Records are checked field by field in OpenAI's Batch output format (check_result, check_error).
-Usage: test_batch.py LATTICE_BINARY MODEL_GGUF [kill|drain]   (exit 0: pass)"""
+`format` (its own small inputs): both endpoints in Batch-format lines and bare bodies, and each kind of
+bad line (method, url, JSON, body, custom_id), every record checked field by field; then
+launch/slurm/batch.sbatch stopped by SIGTERM requeues itself (exit 75) and the rerun completes.
+Usage: test_batch.py LATTICE_BINARY MODEL_GGUF [kill|drain|format]   (exit 0: pass)"""
 import json
 import os
 import signal
@@ -171,7 +174,8 @@ def check_result(name, r):
         else:
             ok = ok and isinstance(ch["text"], str)
         u = b["usage"]
-        ok = ok and u["completion_tokens"] == len(ch["token_ids"]) > 0 and u["prompt_tokens"] > 0
+        ok = ok and u["completion_tokens"] == len(ch.get("token_ids", [0] * u["completion_tokens"])) > 0
+        ok = ok and u["prompt_tokens"] > 0
         ok = ok and u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
     except (KeyError, TypeError, AttributeError, IndexError) as e:
         ok = False
@@ -193,7 +197,103 @@ def check_error(name, r, code=None, words=()):
               f"{' ' + code if code else ''} naming {words}: {r}")
 
 
+def format_part(tmp):
+    """Both endpoints, Batch-format lines and bare bodies, and each kind of bad line: every output line
+    checked field by field."""
+    inp, out = os.path.join(tmp, "fmt.jsonl"), os.path.join(tmp, "fmt-out.jsonl")
+    done = {"prompt": "The sky is", "max_tokens": 3, "temperature": 0}
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0}
+    lines = [  # (line, custom_id, want: "text_completion" | "chat.completion" | an error code, words in it)
+        ({"custom_id": "cmp", "method": "POST", "url": "/v1/completions", "body": dict(done, model="m-1")},
+         "cmp", "text_completion", ()),
+        ({"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions", "body": dict(chat, return_token_ids=True)},
+         "chat", "chat.completion", ()),
+        ({"custom_id": 7, "body": chat}, 7, "chat.completion", ()),  # no url: "messages" makes it a chat
+        (done, "line-4", "text_completion", ()),
+        (chat, "line-5", "chat.completion", ()),
+        ({"custom_id": "get", "method": "GET", "url": "/v1/completions", "body": done}, "get", "invalid_method",
+         ("line 6", '"method"', "GET")),
+        ({"custom_id": "emb", "method": "POST", "url": "/v1/embeddings", "body": done}, "emb", "invalid_url",
+         ("line 7", '"url"', "/v1/embeddings")),
+        ("{not json", "line-8", "invalid_json", ("line 8",)),
+        ({"custom_id": "nomsg", "method": "POST", "url": "/v1/chat/completions", "body": done}, "nomsg",
+         "invalid_request", ("line 9", "messages")),
+        ({"custom_id": {"a": 1}, "body": done}, {"a": 1}, "invalid_custom_id", ("line 10", "custom_id")),
+    ]
+    with open(inp, "w") as f:
+        f.write("".join((ln if isinstance(ln, str) else json.dumps(ln)) + "\n" for ln, _, _, _ in lines))
+    rc, err = run([lattice], inp, out)
+    check(rc == 0, f"format: exits 0 (rc {rc}): {err[-500:]}")
+    recs, dup = records(out)
+    check(not dup and len(recs) == len(lines), f"format: {len(recs)} records for {len(lines)} lines, twice: {dup}")
+    for _, cid, want, words in lines:
+        r = recs.get(json.dumps(cid))
+        if r is None:
+            check(False, f"format: no record for {cid}")
+        elif want in ("text_completion", "chat.completion"):
+            check_result("format", r)
+            b = r["response"]["body"]
+            check(b.get("object") == want, f"format: {cid}: object {b.get('object')}, want {want}")
+            check(("token_ids" in b["choices"][0]) == (cid == "chat"), f"format: {cid}: token_ids only when asked: {b}")
+            check(b.get("model") == ("m-1" if cid == "cmp" else "SmolLM2-135M-Instruct.Q4_1.gguf"),
+                  f"format: {cid}: model {b.get('model')}")
+        else:
+            check_error("format", r, want, words)
+    ids = [r["id"] for r in recs.values()]
+    check(len(set(ids)) == len(ids), f"format: record ids repeat: {ids}")
+
+
+def sbatch_part(tmp):
+    """launch/slurm/batch.sbatch as a plain script (CPU ranks) with SLURM_JOB_ID set and a stand-in
+    `scontrol` that records its arguments: SIGTERM to the script drains lattice, which exits 75, and
+    the script requeues the job (`scontrol requeue ID`) and exits 75; the requeued run (restart 1)
+    finishes every id exactly once, exits 0 and does not requeue."""
+    inp, out = os.path.join(tmp, "sb.jsonl"), os.path.join(tmp, "sb-out.jsonl")
+    n = 40  # the engine client admits up to 16 waiting requests beyond --max-seqs: a drain finishes those
+    with open(inp, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"custom_id": f"s{i}", "method": "POST", "url": "/v1/completions",
+                                "body": {"prompt": f"Once upon a time {i}", "max_tokens": 4, "temperature": 0}}) + "\n")
+    fake = os.path.join(tmp, "bin")
+    os.makedirs(fake)
+    calls = os.path.join(tmp, "scontrol.calls")
+    with open(os.path.join(fake, "scontrol"), "w") as f:
+        f.write(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    os.chmod(os.path.join(fake, "scontrol"), 0o755)
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, REPO=repo, MODEL=model, INPUT=inp, OUTPUT=out, TP="1", PP="1", CPU_RANKS="1",
+               LATTICE=lattice, SLURM_JOB_ID="4242", DRAIN_SECONDS="60", PATH=fake + ":" + os.environ["PATH"],
+               EXTRA_ARGS="--threads 2 --progress none --max-seqs 2")
+    cmd = ["bash", os.path.join(repo, "launch", "slurm", "batch.sbatch")]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 240
+    while p.poll() is None and time.time() < deadline:
+        if os.path.exists(out) and sum(1 for _ in open(out)) >= 2:
+            p.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.05)
+    so, se = p.communicate(timeout=600)
+    got = open(calls).read() if os.path.exists(calls) else ""
+    check(p.returncode == EXIT_LEFT and got == "requeue 4242\n",
+          f"sbatch: SIGTERM: exit {p.returncode}, scontrol calls {got!r}: {so[-300:]} {se[-500:]}")
+    left = sum(1 for _ in open(out))
+    check(left < n, f"sbatch: SIGTERM came before the end ({left} of {n})")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(env, SLURM_RESTART_COUNT="1"))
+    got = open(calls).read() if os.path.exists(calls) else ""
+    check(p.returncode == 0 and got == "requeue 4242\n",
+          f"sbatch: the requeued run exits 0 without requeueing (rc {p.returncode}, calls {got!r}): {p.stderr[-500:]}")
+    recs, dup = records(out)
+    check(not dup and set(recs) == {json.dumps(f"s{i}") for i in range(n)}, f"sbatch: ids {sorted(recs)}, twice {dup}")
+    for r in recs.values():
+        check_result("sbatch", r)
+
+
 with tempfile.TemporaryDirectory() as tmp:
+    if PART == "format":
+        format_part(tmp)
+        sbatch_part(tmp)
+        print(f"test_batch: {len(fails)} failures")
+        sys.exit(1 if fails else 0)
     inp = os.path.join(tmp, "in.jsonl")
     valid, bad = make_input(inp)
     ref = os.path.join(tmp, "ref.jsonl")
