@@ -26,6 +26,7 @@
 // default) and JSON nesting 64 (base/json_limits.h), else an error record for that line. The output
 // is locked while the job runs: a second job on it is refused naming the first one's pid.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -71,17 +72,30 @@ struct BatchArgs {
     ModelArgs model;
     std::string input, output, stats_json, progress = "auto";
     double drain_seconds = 20;
+    int64_t sync_lines = 64;
+    double sync_seconds = 2;
 };
 
-// The output file (base/file.h AppendFile: one write per line, a partial last line cut on open) and
-// the ids it already holds.
+// The output file (base/file.h AppendFile: one write per line, a partial last line cut on open,
+// locked against a second job) and the ids it already holds: read line by line, only the ids kept.
+// A complete line that is not a record (a JSON object with "custom_id") cannot come from a crash (a
+// crash tears only the last line, which is cut): the file was edited or damaged. The run refuses it,
+// naming the line, rather than skip it: skipping would leave the line in the results for whoever
+// reads them, and which request it held is unknown, so nothing here can repair it. Deleting the
+// line and rerunning runs its request again.
 class ResultFile {
 public:
-    explicit ResultFile(const std::string& path) : file_(path, "--output") {
-        for (const std::string& l : file_.lines()) {
-            const json j = json::parse(l, nullptr, false);
-            if (j.is_object() && j.contains("custom_id")) done_.insert(j["custom_id"].dump());
-        }
+    ResultFile(const std::string& path, int64_t sync_lines, double sync_seconds)
+        : file_(path, "--output", [this](std::string_view l, int64_t no) { read_line(l, no); }) {
+        if (!bad_lines_.empty())
+            LATTICE_FAIL("--output {}: line {} is not a batch record{}: the file was edited or damaged (a crash "
+                         "only tears the last line, which a rerun cuts); delete or repair the line and rerun (the "
+                         "request of a deleted line runs again)",
+                         path, bad_lines_[0],
+                         bad_lines_.size() > 1 ? fmt::format(" (nor {} {})", bad_lines_.size() > 2 ? "are lines" : "is line",
+                                                             fmt::join(bad_lines_.begin() + 1, bad_lines_.end(), ", "))
+                                               : std::string());
+        file_.set_sync(sync_lines, sync_seconds);
     }
     const std::set<std::string>& done() const { return done_; }
     int64_t cut_bytes() const { return file_.cut_bytes(); }
@@ -90,11 +104,20 @@ public:
         file_.append(line.dump(-1, ' ', false, json::error_handler_t::replace));
         done_.insert(line["custom_id"].dump());
     }
+    void sync_if_due() { file_.sync_if_due(); }
     void close() { file_.close(); }
 
 private:
-    AppendFile file_;
+    void read_line(std::string_view l, int64_t no) {
+        const json j = json::parse(l, nullptr, false);
+        if (j.is_object() && j.contains("custom_id"))
+            done_.insert(j["custom_id"].dump());
+        else if (bad_lines_.size() < 10)
+            bad_lines_.push_back(no);
+    }
     std::set<std::string> done_;
+    std::vector<int64_t> bad_lines_;  // the first ten
+    AppendFile file_;
 };
 
 struct Running {
@@ -184,6 +207,7 @@ public:
             admit();
             if (!client_.busy() && !(input_left_ && !client_.draining())) break;
             for (const ClientEvent& ev : client_.poll()) apply(ev);
+            out_.sync_if_due();
             progress.update(t_.done, t_.errors, t_.gen_tokens);
         }
     }
@@ -417,6 +441,10 @@ int run_batch(BatchArgs& a) {
         if (!a.stats_json.empty())
             prepare_output_file(a.stats_json, "--stats-json", {a.model.model, a.model.smooth, a.input, a.output});
     }
+    // The output is opened (locked, checked, its done ids read) before the load too: a file another job
+    // holds, or a damaged one, is refused at once.
+    std::unique_ptr<ResultFile> out;
+    if (launcher_rank() == 0) out = std::make_unique<ResultFile>(a.output, a.sync_lines, a.sync_seconds);
     RankRuntime rt = load_model(a.model);
     install_drain_handlers();
     const std::unique_ptr<Tokenizer> tok =
@@ -427,16 +455,16 @@ int run_batch(BatchArgs& a) {
         client.follow();
         return 0;
     }
-    ResultFile out(a.output);
-    if (out.cut_bytes() > 0)
+    LATTICE_CHECK(out, "batch: the engine's leader is not the launcher's rank 0");
+    if (out->cut_bytes() > 0)
         fmt::print(stderr, "batch: {}: dropped a partial last line ({} bytes) left by an interrupted run\n", a.output,
-                   out.cut_bytes());
-    BatchRun batch(client, a.input, out, rt.model->config().vocab, model_name(a.model));
+                   out->cut_bytes());
+    BatchRun batch(client, a.input, *out, rt.model->config().vocab, model_name(a.model));
     Progress progress(a.progress, batch.totals().total);
     const SchedulerStats s0 = client.scheduler().stats();
     batch.run(a.drain_seconds, progress);
     client.shutdown();
-    out.close();
+    out->close();
     const BatchTotals& t = batch.totals();
     progress.update(t.done, t.errors, t.gen_tokens, true);
     progress.end();
@@ -473,6 +501,12 @@ void add_batch_command(CLI::App& app, CommandRun& run) {
     cmd->add_option("--drain-seconds", args->drain_seconds,
                     "On SIGTERM/SIGINT, finish in-flight requests for at most this long (default 20)")
         ->check(CLI::Range(0.0, 86400.0));
+    cmd->add_option("--sync-lines", args->sync_lines,
+                    "Flush results to the disk (fdatasync) at least every this many lines (default 64)")
+        ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+    cmd->add_option("--sync-seconds", args->sync_seconds,
+                    "... and once a result has waited this many seconds (default 2)")
+        ->check(CLI::Range(0.0, 3600.0));
     cmd->footer(R"(Examples:
   lattice batch --input requests.jsonl --output results.jsonl
   mpirun -np 2 --oversubscribe lattice batch --pp 2 --threads 1 --input requests.jsonl --output results.jsonl

@@ -14,9 +14,12 @@ skipped, the first keeps it);
     the single-rank ones.
 Records are checked field by field in OpenAI's Batch output format (check_result, check_error).
 `format` (its own small inputs): both endpoints in Batch-format lines and bare bodies, and each kind of
-bad line (method, url, JSON, body, custom_id), every record checked field by field; then
+bad line (method, url, JSON, body, custom_id), every record checked field by field; the same output
+locked by another process, or with damaged lines in its middle, is refused (naming the pid, the line
+numbers) and left as it was; then
 launch/slurm/batch.sbatch stopped by SIGTERM requeues itself (exit 75) and the rerun completes.
 Usage: test_batch.py LATTICE_BINARY MODEL_GGUF [kill|drain|format]   (exit 0: pass)"""
+import fcntl
 import json
 import os
 import signal
@@ -241,6 +244,24 @@ def format_part(tmp):
             check_error("format", r, want, words)
     ids = [r["id"] for r in recs.values()]
     check(len(set(ids)) == len(ids), f"format: record ids repeat: {ids}")
+
+    # Another job holds the output (an fcntl lock, as lattice takes): refused, naming its pid, untouched.
+    before = open(out).read()
+    with open(out, "a") as held:
+        fcntl.lockf(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        rc, err = run([lattice], inp, out)
+    check(rc == 1 and "in use by another job" in err and f"pid {os.getpid()}" in err and open(out).read() == before,
+          f"format: a locked output is refused naming the holder (rc {rc}): {err[-400:]}")
+    # Damaged lines in the middle (not a torn tail, which a rerun cuts): refused, naming them; untouched.
+    lines_out = before.splitlines(True)
+    lines_out[2] = '{"custom_id": "cmp", "resp\n'
+    lines_out[5] = "\0\0\0\0\n"
+    damaged = "".join(lines_out)
+    with open(out, "w") as f:
+        f.write(damaged)
+    rc, err = run([lattice], inp, out)
+    check(rc == 1 and "line 3 is not a batch record (nor is line 6)" in err and open(out).read() == damaged,
+          f"format: damaged lines 3 and 6 are refused by number, the file kept (rc {rc}): {err[-400:]}")
 
 
 def sbatch_part(tmp):
