@@ -12,9 +12,11 @@
 // stopped by a signal never leaves an older file that looks like its own.
 // Appending: AppendFile is a file of lines that a job adds to as results complete (`lattice batch`):
 // each line goes out in one write() of the whole line, so a crash leaves at most a partial last line,
-// which opening the file again cuts off; the complete lines it held are handed back (to resume). The
-// file is locked (an fcntl write lock, gone with the process): a second job on the same file is an
-// Error naming the pid that holds it, since both would run every request.
+// which opening the file again cuts off; the complete lines it held are handed to a visitor one at a
+// time (to resume; the file is streamed, never held whole). Lines reach the disk (fdatasync) in
+// bounded steps: every N lines, or once a line has waited S seconds (set_sync; default: every line).
+// The file is locked (an fcntl write lock, gone with the process): a second job on the same file is
+// an Error naming the pid that holds it, since both would run every request.
 #pragma once
 
 #include "base/error.h"
@@ -23,10 +25,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -213,18 +218,30 @@ private:
 
 class AppendFile {
 public:
-    // Opens (creates) `path`, cuts a partial last line, keeps the complete ones for lines().
-    AppendFile(std::string path, std::string what) : path_(std::move(path)), what_(std::move(what)) {
+    // Each complete line of the file at open (without its newline) and its 1-based number.
+    using LineVisitor = std::function<void(std::string_view line, int64_t line_no)>;
+
+    // Opens (creates) `path`, locks it, cuts a partial last line, and hands each complete line to
+    // `each_line`: streamed, one line in memory at a time, however long the file is.
+    AppendFile(std::string path, std::string what, const LineVisitor& each_line = {})
+        : path_(std::move(path)), what_(std::move(what)) {
         struct stat st {};
         if (::stat(path_.c_str(), &st) == 0)
             LATTICE_CHECK(S_ISREG(st.st_mode), "{} {}: not a regular file ({})", what_, path_, file_kind(st.st_mode));
         fd_ = FileDescriptor(::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644));
         LATTICE_CHECK(fd_.get() >= 0, "{} {}: cannot open ({})", what_, path_, std::strerror(errno));
         lock();
-        recover();
+        recover(each_line);
     }
-    const std::vector<std::string>& lines() const { return lines_; }  // complete lines found at open
-    int64_t cut_bytes() const { return cut_; }                        // of a partial last line removed
+    int64_t cut_bytes() const { return cut_; }  // of a partial last line removed
+    int64_t syncs() const { return syncs_; }    // fdatasync calls so far
+
+    // Durability in bounded steps: appended lines reach the disk (fdatasync) once `every_lines` of
+    // them wait, and by sync_if_due() once the oldest has waited `every_seconds`.
+    void set_sync(int64_t every_lines, double every_seconds) {
+        sync_lines_ = std::max<int64_t>(every_lines, 1);
+        sync_seconds_ = every_seconds;
+    }
 
     // One line (without its newline), in one write.
     void append(std::string_view line) {
@@ -237,11 +254,24 @@ public:
             LATTICE_CHECK(n > 0, "{} {}: write failed ({})", what_, path_, std::strerror(n < 0 ? errno : EIO));
             off += size_t(n);
         }
+        if (unsynced_++ == 0) oldest_ = std::chrono::steady_clock::now();
+        if (unsynced_ >= sync_lines_) sync();
+    }
+    // Syncs when a line has waited every_seconds; cheap otherwise (call it from a job's loop).
+    void sync_if_due() {
+        if (unsynced_ > 0 &&
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - oldest_).count() >= sync_seconds_)
+            sync();
+    }
+    void sync() {
+        LATTICE_CHECK(::fdatasync(fd_.get()) == 0 || errno == EINVAL, "{} {}: flush failed ({})", what_, path_,
+                      std::strerror(errno));
+        unsynced_ = 0;
+        ++syncs_;
     }
     // Flushes to the disk and closes; Error naming the file when either fails.
     void close() {
-        LATTICE_CHECK(::fsync(fd_.get()) == 0 || errno == EINVAL, "{} {}: flush failed ({})", what_, path_,
-                      std::strerror(errno));
+        sync();
         LATTICE_CHECK(fd_.close_checked() == 0, "{} {}: close failed ({})", what_, path_, std::strerror(errno));
     }
 
@@ -261,34 +291,61 @@ private:
                      "wait for it or pick another file",
                      what_, path_, known ? "pid " + std::to_string(who.l_pid) : std::string("its pid unknown"));
     }
-    void recover() {
-        std::string all;
-        char buf[65536];
-        for (off_t at = 0;;) {
-            const ssize_t n = ::pread(fd_.get(), buf, sizeof buf, at);
-            if (n < 0 && errno == EINTR) continue;
-            LATTICE_CHECK(n >= 0, "{} {}: read failed ({})", what_, path_, std::strerror(errno));
-            if (n == 0) break;
-            all.append(buf, size_t(n));
-            at += n;
+    // Bytes [at, at + n) of the file into buf (n of them, or Error).
+    void read_at(char* buf, size_t n, off_t at) const {
+        for (size_t got = 0; got < n;) {
+            const ssize_t r = ::pread(fd_.get(), buf + got, n - got, at + off_t(got));
+            if (r < 0 && errno == EINTR) continue;
+            LATTICE_CHECK(r >= 0, "{} {}: read failed ({})", what_, path_, std::strerror(errno));
+            LATTICE_CHECK(r > 0, "{} {}: file shrank while being read", what_, path_);
+            got += size_t(r);
         }
-        const size_t end = all.rfind('\n');
-        const size_t keep = end == std::string::npos ? 0 : end + 1;
-        if (keep < all.size()) {  // a line cut short by a crash: drop it, its job reruns it
-            LATTICE_CHECK(::ftruncate(fd_.get(), off_t(keep)) == 0, "{} {}: cannot cut the partial last line ({})",
-                          what_, path_, std::strerror(errno));
-            cut_ = int64_t(all.size() - keep);
+    }
+    void recover(const LineVisitor& each_line) {
+        struct stat st {};
+        LATTICE_CHECK(::fstat(fd_.get(), &st) == 0, "{} {}: cannot stat ({})", what_, path_, std::strerror(errno));
+        const off_t size = st.st_size;
+        std::vector<char> buf(size_t(1) << 16);
+        off_t keep = 0;  // after the last newline, found from the end
+        for (off_t end = size; end > 0 && keep == 0;) {
+            const off_t start = std::max<off_t>(0, end - off_t(buf.size()));
+            read_at(buf.data(), size_t(end - start), start);
+            for (off_t i = end - start; i > 0; --i)
+                if (buf[size_t(i - 1)] == '\n') {
+                    keep = start + i;
+                    break;
+                }
+            end = start;
         }
-        for (size_t pos = 0; pos < keep;) {
-            const size_t nl = all.find('\n', pos);
-            lines_.emplace_back(all, pos, nl - pos);
-            pos = nl + 1;
+        if (keep < size) {  // a line cut short by a crash: drop it, its job reruns it
+            LATTICE_CHECK(::ftruncate(fd_.get(), keep) == 0, "{} {}: cannot cut the partial last line ({})", what_,
+                          path_, std::strerror(errno));
+            cut_ = int64_t(size - keep);
+        }
+        std::string line;
+        int64_t line_no = 0;
+        for (off_t at = 0; at < keep;) {
+            const size_t n = size_t(std::min<off_t>(off_t(buf.size()), keep - at));
+            read_at(buf.data(), n, at);
+            at += off_t(n);
+            for (size_t pos = 0; pos < n;) {
+                const char* nl = static_cast<const char*>(std::memchr(buf.data() + pos, '\n', n - pos));
+                const size_t end = nl ? size_t(nl - buf.data()) : n;
+                line.append(buf.data() + pos, end - pos);
+                pos = end;
+                if (!nl) break;
+                ++pos;
+                ++line_no;
+                if (each_line) each_line(line, line_no);
+                line.clear();
+            }
         }
     }
     std::string path_, what_;
     FileDescriptor fd_;
-    std::vector<std::string> lines_;
-    int64_t cut_ = 0;
+    int64_t cut_ = 0, syncs_ = 0, unsynced_ = 0, sync_lines_ = 1;
+    double sync_seconds_ = 0;
+    std::chrono::steady_clock::time_point oldest_{};
 };
 
 }  // namespace lattice

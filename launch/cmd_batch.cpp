@@ -1,33 +1,42 @@
 // `lattice batch`: a JSONL file of requests through the engine, results appended to a JSONL file as
-// they complete; resumable.
-//   input lines   {"custom_id": ID, "body": {completions or chat body, launch/openai_request.h}}
-//                 (OpenAI's batch-file shape: "method"/"url" are accepted; a "url" ending in
-//                 /chat/completions or a body with "messages" is a chat request), or a bare body
+// they complete; resumable. Files in OpenAI's Batch format, as vLLM's `run-batch` reads and writes them.
+//   input lines   {"custom_id": ID, "method": "POST", "url": "/v1/completions" | "/v1/chat/completions",
+//                 "body": {completions or chat body, launch/openai_request.h}}: the url picks the
+//                 endpoint (any other url, or a method other than POST, is an error record naming it;
+//                 without a url a body with "messages" is a chat request), or a bare body
 //                 {"prompt": ...} whose id is "line-N" (N its 1-based line number: a string, so it can
 //                 never collide with an integer custom_id of another line).
-//   output lines  {"custom_id", "text", "token_ids", "finish_reason", "usage": {prompt_tokens,
-//                 completion_tokens}} ("text" absent for a model without a tokenizer), or
-//                 {"custom_id", "error": {"message"}} for a line that cannot run. Completion order.
+//   output lines  {"id": "batch_req_...", "custom_id", "response": {"status_code": 200, "request_id",
+//                 "body": the JSON `lattice serve` returns for that request (launch/server/api.h
+//                 ResponseShaper: "text_completion" / "chat.completion", usage, "token_ids" when the
+//                 body asks "return_token_ids" or the model has no tokenizer)}, "error": null}, or
+//                 {"id", "custom_id", "response": null, "error": {"code", "message"}} for a line that
+//                 cannot run. Completion order. "stream" is ignored (a line's response is one body);
+//                 "model" is echoed (default: the model path's last component, as serve's name).
 //                 A line repeating an earlier line's custom_id is skipped with a warning on stderr.
 // Crash safety: each output line is one write() of the whole line. A rerun with the same --output
 // first cuts a partial last line (a job killed mid-write, a lost node), then skips every id already
 // there: a job killed at any moment loses at most its in-flight requests.
 // SIGTERM / SIGINT / SIGUSR1 (what Slurm sends first; SIGUSR1 is what mpirun forwards to every rank,
 // launch/drain_signal.h): stop admitting, finish in-flight requests for up to
-// --drain-seconds, abandon the rest (they run on the next rerun), flush, exit 0 saying what is left.
+// --drain-seconds, abandon the rest (they run on the next rerun), flush, and exit kExitRequestsLeft
+// (75) saying what is left. Exit 0 only when every input line has its output record.
 // Only rank 0 reads the input and writes the output; the other ranks follow the engine.
 // Limits per line, as the server's per body: at most kMaxLineBytes (8 MiB, serve's --max-body-bytes
 // default) and JSON nesting 64 (base/json_limits.h), else an error record for that line. The output
 // is locked while the job runs: a second job on it is refused naming the first one's pid.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
 #include <string>
 
@@ -38,6 +47,7 @@
 #include "launch/cli_common.h"
 #include "launch/drain_signal.h"
 #include "launch/openai_request.h"
+#include "launch/server/api.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace lattice {
@@ -48,6 +58,11 @@ using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
 constexpr int64_t kMaxLineBytes = int64_t(8) << 20;
+// Exit status of a run that stopped with requests left (a drain signal: Slurm's time limit or
+// preemption): EX_TEMPFAIL of sysexits.h, "try again later", which is what a rerun does. It is not
+// 1 (an error: rerunning the same input fails the same way) nor 0 (Slurm records COMPLETED), so
+// launch/slurm/batch.sbatch requeues the job on it and only on it.
+constexpr int kExitRequestsLeft = 75;
 
 double since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -57,17 +72,30 @@ struct BatchArgs {
     ModelArgs model;
     std::string input, output, stats_json, progress = "auto";
     double drain_seconds = 20;
+    int64_t sync_lines = 64;
+    double sync_seconds = 2;
 };
 
-// The output file (base/file.h AppendFile: one write per line, a partial last line cut on open) and
-// the ids it already holds.
+// The output file (base/file.h AppendFile: one write per line, a partial last line cut on open,
+// locked against a second job) and the ids it already holds: read line by line, only the ids kept.
+// A complete line that is not a record (a JSON object with "custom_id") cannot come from a crash (a
+// crash tears only the last line, which is cut): the file was edited or damaged. The run refuses it,
+// naming the line, rather than skip it: skipping would leave the line in the results for whoever
+// reads them, and which request it held is unknown, so nothing here can repair it. Deleting the
+// line and rerunning runs its request again.
 class ResultFile {
 public:
-    explicit ResultFile(const std::string& path) : file_(path, "--output") {
-        for (const std::string& l : file_.lines()) {
-            const json j = json::parse(l, nullptr, false);
-            if (j.is_object() && j.contains("custom_id")) done_.insert(j["custom_id"].dump());
-        }
+    ResultFile(const std::string& path, int64_t sync_lines, double sync_seconds)
+        : file_(path, "--output", [this](std::string_view l, int64_t no) { read_line(l, no); }) {
+        if (!bad_lines_.empty())
+            LATTICE_FAIL("--output {}: line {} is not a batch record{}: the file was edited or damaged (a crash "
+                         "only tears the last line, which a rerun cuts); delete or repair the line and rerun (the "
+                         "request of a deleted line runs again)",
+                         path, bad_lines_[0],
+                         bad_lines_.size() > 1 ? fmt::format(" (nor {} {})", bad_lines_.size() > 2 ? "are lines" : "is line",
+                                                             fmt::join(bad_lines_.begin() + 1, bad_lines_.end(), ", "))
+                                               : std::string());
+        file_.set_sync(sync_lines, sync_seconds);
     }
     const std::set<std::string>& done() const { return done_; }
     int64_t cut_bytes() const { return file_.cut_bytes(); }
@@ -76,17 +104,27 @@ public:
         file_.append(line.dump(-1, ' ', false, json::error_handler_t::replace));
         done_.insert(line["custom_id"].dump());
     }
+    void sync_if_due() { file_.sync_if_due(); }
     void close() { file_.close(); }
 
 private:
-    AppendFile file_;
+    void read_line(std::string_view l, int64_t no) {
+        const json j = json::parse(l, nullptr, false);
+        if (j.is_object() && j.contains("custom_id"))
+            done_.insert(j["custom_id"].dump());
+        else if (bad_lines_.size() < 10)
+            bad_lines_.push_back(no);
+    }
     std::set<std::string> done_;
+    std::vector<int64_t> bad_lines_;  // the first ten
+    AppendFile file_;
 };
 
 struct Running {
     json custom_id;
-    std::string text;
-    std::vector<int32_t> tokens;
+    std::string hex;                                 // of the record's "batch_req_" and "req_" ids
+    std::unique_ptr<serve::ResponseShaper> shaper;  // the server's response body
+    int64_t tokens = 0;
     Clock::time_point admitted;
     double ttft = -1;
 };
@@ -148,8 +186,8 @@ struct BatchTotals {
 // The input file's requests through the engine client, results to the output file as they finish.
 class BatchRun {
 public:
-    BatchRun(EngineClient& client, const std::string& input, ResultFile& out, int64_t vocab)
-        : client_(client), in_(input), out_(out), limits_{vocab} {
+    BatchRun(EngineClient& client, const std::string& input, ResultFile& out, int64_t vocab, std::string model)
+        : client_(client), in_(input), out_(out), limits_{vocab}, model_(std::move(model)) {
         LATTICE_CHECK(in_.good(), "--input {}: cannot open", input);
         for (std::string l; std::getline(in_, l);) t_.total += l.find_first_not_of(" \t\r") != std::string::npos;
         in_.clear();
@@ -169,40 +207,61 @@ public:
             admit();
             if (!client_.busy() && !(input_left_ && !client_.draining())) break;
             for (const ClientEvent& ev : client_.poll()) apply(ev);
+            out_.sync_if_due();
             progress.update(t_.done, t_.errors, t_.gen_tokens);
         }
     }
 
 private:
-    void record_error(const json& id, const std::string& msg) {
-        out_.write(json{{"custom_id", id}, {"error", {{"message", msg}}}});
+    // A fresh hex for a record's ids: a per-run random nonce and a counter (unique across reruns).
+    std::string next_hex() { return fmt::format("{:016x}{:08x}", nonce_, ++records_); }
+
+    void record_error(const json& id, const char* code, const std::string& msg) {
+        out_.write(json{{"id", "batch_req_" + next_hex()},
+                        {"custom_id", id},
+                        {"response", nullptr},
+                        {"error", {{"code", code}, {"message", msg}}}});
         ++t_.errors;
         ++t_.done;
+    }
+
+    // The server's limits on a request body, per line: a line of 60 MB or of 20 MB of "[" would cost
+    // gigabytes in the parser before any check. "" when within them.
+    std::string over_limits(const std::string& line) const {
+        if (int64_t(line.size()) > kMaxLineBytes)
+            return fmt::format("line {}: {} bytes, more than the {} a request may have", line_no_, line.size(),
+                               kMaxLineBytes);
+        try {
+            check_json_limits(line, fmt::format("line {}", line_no_), JsonLimits{});
+        } catch (const Error& e) {
+            return e.message();
+        }
+        return {};
+    }
+
+    // The endpoint of a Batch-format line: true for chat. Error naming a bad "method" or "url".
+    bool chat_endpoint(const json& j, const json& body) const {
+        if (j.contains("method"))
+            LATTICE_CHECK(j["method"] == "POST", "line {}: \"method\" {}: a batch request must be \"POST\"", line_no_,
+                          j["method"].dump());
+        if (!j.contains("url")) return body.is_object() && body.contains("messages");
+        LATTICE_CHECK(j["url"] == "/v1/completions" || j["url"] == "/v1/chat/completions",
+                      "line {}: \"url\" {}: lattice batch runs \"/v1/completions\" and \"/v1/chat/completions\"",
+                      line_no_, j["url"].dump());
+        return j["url"] == "/v1/chat/completions";
     }
 
     // One non-blank input line: an error record, a skip (done earlier, a duplicate id) or a submission.
     void admit_line(const std::string& line) {
         json id = fmt::format("line-{}", line_no_);
-        // The server's limits on a request body, per line: a line of 60 MB or of 20 MB of "[" would
-        // cost gigabytes in the parser before any check.
-        std::string too_big;
-        if (int64_t(line.size()) > kMaxLineBytes) {
-            too_big = fmt::format("line {}: {} bytes, more than the {} a request may have", line_no_, line.size(),
-                                  kMaxLineBytes);
-        } else {
-            try {
-                check_json_limits(line, fmt::format("line {}", line_no_), JsonLimits{});
-            } catch (const Error& e) {
-                too_big = e.message();
-            }
-        }
-        if (!too_big.empty()) {
-            if (!out_.done().count(id.dump())) record_error(id, too_big);
+        if (const std::string why = over_limits(line); !why.empty()) {
+            if (!out_.done().count(id.dump())) record_error(id, "request_too_large", why);
             return;
         }
         const json j = json::parse(line, nullptr, false);
         if (j.is_discarded() || !j.is_object()) {
-            if (!out_.done().count(id.dump())) record_error(id, fmt::format("line {}: not a JSON object", line_no_));
+            if (!out_.done().count(id.dump()))
+                record_error(id, "invalid_json", fmt::format("line {}: not a JSON object", line_no_));
             return;
         }
         const bool wrapped = j.contains("body");
@@ -214,24 +273,50 @@ private:
             return;
         }
         if (out_.done().count(id.dump())) return;  // finished by an earlier run
-        try {
-            LATTICE_CHECK(id.is_string() || id.is_number_integer(), "\"custom_id\" must be a string or an integer");
-            const json& body = wrapped ? j["body"] : j;
-            const bool chat = (j.contains("url") && j["url"].is_string() &&
-                               j["url"].get<std::string>().ends_with("/chat/completions")) ||
-                              (body.is_object() && body.contains("messages"));
-            ApiRequest req = parse_api_request(body, chat, client_.tokenizer(), limits_);
-            const int64_t prompt_tokens = int64_t(req.client.prompt.size());
-            Running r;
-            r.custom_id = id;
-            r.admitted = Clock::now();
-            const int64_t eid = client_.submit(std::move(req.client));
-            if (t_.first_admit == Clock::time_point{}) t_.first_admit = r.admitted;
-            t_.prompt_tokens += prompt_tokens;
-            running_.emplace(eid, std::move(r));
-        } catch (const Error& e) {
-            record_error(id, fmt::format("line {}: {}", line_no_, e.message()));
+        if (!(id.is_string() || id.is_number_integer())) {
+            record_error(id, "invalid_custom_id",
+                         fmt::format("line {}: \"custom_id\" must be a string or an integer", line_no_));
+            return;
         }
+        const json& body = wrapped ? j["body"] : j;
+        bool chat = false;
+        try {
+            chat = wrapped ? chat_endpoint(j, body) : body.contains("messages");
+        } catch (const Error& e) {
+            record_error(id, e.message().find("\"method\"") != std::string::npos ? "invalid_method" : "invalid_url",
+                         e.message());
+            return;
+        }
+        try {
+            submit(id, body, chat);
+        } catch (const Error& e) {
+            record_error(id, "invalid_request", fmt::format("line {}: {}", line_no_, e.message()));
+        }
+    }
+
+    // A request as the server would take it (launch/server/api.cpp completion_route), to the engine.
+    void submit(const json& id, const json& body, bool chat) {
+        serve::ApiCall call;
+        call.request = parse_api_request(body, chat, client_.tokenizer(), limits_);
+        call.request.stream = false;
+        call.request.include_usage = false;
+        const auto ids = body.find("return_token_ids");
+        LATTICE_CHECK(ids == body.end() || ids->is_null() || ids->is_boolean(),
+                      "\"return_token_ids\" must be true or false");
+        call.return_token_ids = !client_.tokenizer() || (ids != body.end() && ids->is_boolean() && ids->get<bool>());
+        Running r;
+        r.custom_id = id;
+        r.hex = next_hex();
+        call.id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", r.hex);
+        call.created = int64_t(std::time(nullptr));
+        call.model = call.request.model.empty() ? model_ : call.request.model;
+        r.shaper = std::make_unique<serve::ResponseShaper>(call);
+        const int64_t prompt_tokens = int64_t(call.request.client.prompt.size());
+        r.admitted = Clock::now();
+        const int64_t eid = client_.submit(std::move(call.request.client));
+        if (t_.first_admit == Clock::time_point{}) t_.first_admit = r.admitted;
+        t_.prompt_tokens += prompt_tokens;
+        running_.emplace(eid, std::move(r));
     }
 
     // Admits input lines while the engine has little waiting.
@@ -259,30 +344,38 @@ private:
                 t_.ttfts.push_back(r.ttft);
                 t_.last_first_token = Clock::now();
             }
-            r.tokens.push_back(ev.token);
+            ++r.tokens;
         }
-        r.text += ev.text;
+        r.shaper->tokens(ev.text, ev.token >= 0 ? std::vector<int32_t>{ev.token} : std::vector<int32_t>{});
         if (ev.finish == FinishReason::kNone) return;
         if (ev.finish == FinishReason::kCancelled) {  // cut by the drain: it runs on the next rerun
             ++t_.abandoned;
         } else {
-            json j = {{"custom_id", r.custom_id}};
-            if (client_.tokenizer()) j["text"] = r.text;
-            j["token_ids"] = r.tokens;
-            j["finish_reason"] = std::string(finish_reason_name(ev.finish));
-            j["usage"] = {{"prompt_tokens", ev.prompt_tokens}, {"completion_tokens", ev.completion_tokens}};
-            out_.write(j);
-            t_.gen_tokens += int64_t(r.tokens.size());
+            const std::string body =
+                r.shaper->finish(std::string(finish_reason_name(ev.finish)), ev.prompt_tokens, ev.completion_tokens);
+            out_.write(json{{"id", "batch_req_" + r.hex},
+                            {"custom_id", r.custom_id},
+                            {"response", {{"status_code", 200}, {"request_id", "req_" + r.hex}, {"body", json::parse(body)}}},
+                            {"error", nullptr}});
+            t_.gen_tokens += r.tokens;
             t_.last_done = Clock::now();
             ++t_.done;
         }
         running_.erase(it);
     }
 
+public:
+    // Every input line has its output record (or repeats an earlier line's id).
+    bool complete() const { return !input_left_ && running_.empty() && t_.abandoned == 0; }
+
+private:
     EngineClient& client_;
     std::ifstream in_;
     ResultFile& out_;
     ApiLimits limits_;
+    std::string model_;  // "model" of a response whose request names none
+    uint64_t nonce_ = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+    int64_t records_ = 0;
     std::map<int64_t, Running> running_;  // by the client's id
     std::set<std::string> seen_;          // ids of this input (duplicates are skipped)
     int64_t line_no_ = 0;
@@ -330,6 +423,14 @@ void write_batch_stats(const std::string& path, const BatchTotals& t, const Rank
     f.commit();
 }
 
+// The "model" of a response whose request names none: what `lattice serve` calls the model by default.
+std::string model_name(const ModelArgs& m) {
+    if (m.random_weights) return m.config_preset.empty() ? "random" : m.config_preset;
+    std::string p = m.model;
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    return p.substr(p.rfind('/') + 1);  // npos + 1 == 0: the whole path
+}
+
 int run_batch(BatchArgs& a) {
     if (a.model.model.empty() && !a.model.random_weights) a.model.model = default_model_path();
     LATTICE_CHECK(!a.input.empty() && !a.output.empty(), "lattice batch needs --input FILE and --output FILE");
@@ -340,6 +441,10 @@ int run_batch(BatchArgs& a) {
         if (!a.stats_json.empty())
             prepare_output_file(a.stats_json, "--stats-json", {a.model.model, a.model.smooth, a.input, a.output});
     }
+    // The output is opened (locked, checked, its done ids read) before the load too: a file another job
+    // holds, or a damaged one, is refused at once.
+    std::unique_ptr<ResultFile> out;
+    if (launcher_rank() == 0) out = std::make_unique<ResultFile>(a.output, a.sync_lines, a.sync_seconds);
     RankRuntime rt = load_model(a.model);
     install_drain_handlers();
     const std::unique_ptr<Tokenizer> tok =
@@ -350,26 +455,27 @@ int run_batch(BatchArgs& a) {
         client.follow();
         return 0;
     }
-    ResultFile out(a.output);
-    if (out.cut_bytes() > 0)
+    LATTICE_CHECK(out, "batch: the engine's leader is not the launcher's rank 0");
+    if (out->cut_bytes() > 0)
         fmt::print(stderr, "batch: {}: dropped a partial last line ({} bytes) left by an interrupted run\n", a.output,
-                   out.cut_bytes());
-    BatchRun batch(client, a.input, out, rt.model->config().vocab);
+                   out->cut_bytes());
+    BatchRun batch(client, a.input, *out, rt.model->config().vocab, model_name(a.model));
     Progress progress(a.progress, batch.totals().total);
     const SchedulerStats s0 = client.scheduler().stats();
     batch.run(a.drain_seconds, progress);
     client.shutdown();
-    out.close();
+    out->close();
     const BatchTotals& t = batch.totals();
     progress.update(t.done, t.errors, t.gen_tokens, true);
     progress.end();
     if (!a.stats_json.empty()) write_batch_stats(a.stats_json, t, rt, s0, client);
-    if (drain_requested())
+    if (!batch.complete()) {
         fmt::print(stderr,
                    "batch: stopped by signal {}: {} of {} requests done, {} left; rerun with the same --output "
-                   "to finish them\n",
-                   drain_requested(), t.done, t.requests(), t.requests() - t.done);
-    else
+                   "to finish them (exit {})\n",
+                   drain_requested(), t.done, t.requests(), t.requests() - t.done, kExitRequestsLeft);
+        return kExitRequestsLeft;
+    }
         fmt::print(stderr, "batch: {} of {} requests done ({} errors, {} from earlier runs{}), {} tokens in {:.2f} s\n",
                    t.done, t.requests(), t.errors, t.already,
                    t.duplicates > 0 ? fmt::format("; {} lines skipped: their custom_id belongs to an earlier line",
@@ -395,6 +501,12 @@ void add_batch_command(CLI::App& app, CommandRun& run) {
     cmd->add_option("--drain-seconds", args->drain_seconds,
                     "On SIGTERM/SIGINT, finish in-flight requests for at most this long (default 20)")
         ->check(CLI::Range(0.0, 86400.0));
+    cmd->add_option("--sync-lines", args->sync_lines,
+                    "Flush results to the disk (fdatasync) at least every this many lines (default 64)")
+        ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+    cmd->add_option("--sync-seconds", args->sync_seconds,
+                    "... and once a result has waited this many seconds (default 2)")
+        ->check(CLI::Range(0.0, 3600.0));
     cmd->footer(R"(Examples:
   lattice batch --input requests.jsonl --output results.jsonl
   mpirun -np 2 --oversubscribe lattice batch --pp 2 --threads 1 --input requests.jsonl --output results.jsonl

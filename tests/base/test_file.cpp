@@ -10,8 +10,10 @@
 //  - AtomicWriter: the target changes only at commit; a writer dropped or failing (a write refused
 //    by RLIMIT_FSIZE, the target turned into a folder before commit) leaves the old target and no
 //    temporary file; a stale temporary of the same name is refused and not deleted;
-//  - AppendFile: lines appended one write each, found again on reopen; a partial last line (a job
-//    killed mid-write) is cut on reopen and reported, the complete ones kept; a folder is refused;
+//  - AppendFile: lines appended one write each, handed to the visitor on reopen with their numbers
+//    (a line longer than the reader's chunk whole, an empty one too); a partial last line (a job
+//    killed mid-write), also one longer than a chunk, is cut on reopen and reported, the complete ones
+//    kept; fdatasync every N lines and once a line has waited S seconds; a folder is refused;
 //    while one process holds the file another is refused, naming the holder's pid;
 //  - "[perm]" (its own ctest entry, test_kernels_cpu_perm): an unreadable file and an unwritable folder
 //    are refused; SKIP as root, whom permissions do not stop.
@@ -322,11 +324,19 @@ TEST_CASE("AtomicWriter: a failing write (RLIMIT_FSIZE) throws naming the path a
 TEST_CASE("AppendFile: lines survive a reopen; a partial last line is cut and reported; a folder is refused") {
     Scratch tmp;
     const std::string path = tmp / "out.jsonl";
+    std::vector<std::string> seen;
+    std::vector<int64_t> numbers;
+    const auto visit = [&](std::string_view l, int64_t no) {
+        seen.emplace_back(l);
+        numbers.push_back(no);
+    };
     {
-        AppendFile f(path, "--output");
-        CHECK(f.lines().empty());
+        AppendFile f(path, "--output", visit);
+        CHECK(seen.empty());
         CHECK(f.cut_bytes() == 0);
         f.append("{\"a\": 1}");
+        f.append(std::string(100000, 'x'));  // longer than the reader's 64 KiB chunk
+        f.append("");
         f.append("second");
         f.close();
     }
@@ -335,17 +345,46 @@ TEST_CASE("AppendFile: lines survive a reopen; a partial last line is cut and re
         torn << "{\"torn";  // a job killed in the middle of a line
     }
     {
-        AppendFile f(path, "--output");
-        CHECK(f.lines() == std::vector<std::string>{"{\"a\": 1}", "second"});
+        AppendFile f(path, "--output", visit);
+        CHECK(seen == std::vector<std::string>{"{\"a\": 1}", std::string(100000, 'x'), "", "second"});
+        CHECK(numbers == std::vector<int64_t>{1, 2, 3, 4});
         CHECK(f.cut_bytes() == 6);
         f.append("third");
         f.close();
     }
     std::ifstream in(path);
     const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    CHECK(all == "{\"a\": 1}\nsecond\nthird\n");  // the torn bytes are gone, not glued to "third"
+    // The torn bytes are gone, not glued to "third".
+    CHECK(all == "{\"a\": 1}\n" + std::string(100000, 'x') + "\n\nsecond\nthird\n");
+    {
+        std::ofstream torn(path, std::ios::app);
+        torn << std::string(70000, 'y');  // a torn line longer than a chunk: found from the end all the same
+    }
+    seen.clear();
+    {
+        AppendFile f(path, "--output", visit);
+        CHECK(f.cut_bytes() == 70000);
+        CHECK(seen.size() == 5);
+        CHECK(seen.back() == "third");
+    }
     REQUIRE(::mkdir((tmp / "dir").c_str(), 0755) == 0);
     CHECK_THROWS_WITH_AS(AppendFile(tmp / "dir", "--output"), doctest::Contains("not a regular file"), Error);
+}
+
+TEST_CASE("AppendFile: lines reach the disk every N lines, and once one has waited S seconds") {
+    Scratch tmp;
+    AppendFile f(tmp / "out.jsonl", "--output");
+    f.set_sync(3, 3600);
+    for (int i = 0; i < 7; ++i) f.append("line");
+    CHECK(f.syncs() == 2);  // after lines 3 and 6
+    f.sync_if_due();
+    CHECK(f.syncs() == 2);  // line 7 has waited less than an hour
+    f.set_sync(3, 0);
+    f.sync_if_due();
+    CHECK(f.syncs() == 3);  // now it is due
+    f.sync_if_due();
+    CHECK(f.syncs() == 3);  // nothing waits
+    f.close();
 }
 
 TEST_CASE("AppendFile: a second process on the same file is refused, naming the holder's pid") {

@@ -8,10 +8,18 @@ skipped, the first keeps it);
     error record;
   - killed with SIGKILL mid-run and rerun with the same --output until it completes: the same set
     of records, each id exactly once, the same texts (a partial last line is cut on resume);
-  - the same with SIGTERM: the run drains, exits 0 and says what is left; reruns finish the job;
-  - under mpirun -np 2 --pp 2, drained by SIGUSR1 to mpirun and resumed, the results equal the
-    single-rank ones.
-Usage: test_batch.py LATTICE_BINARY MODEL_GGUF [kill|drain]   (exit 0: pass)"""
+  - the same with SIGTERM: the run drains, exits 75 (requests left) and says what is left; reruns
+    finish the job and exit 0;
+  - under mpirun -np 2 --pp 2, drained by SIGUSR1 to mpirun (exit 75) and resumed, the results equal
+    the single-rank ones.
+Records are checked field by field in OpenAI's Batch output format (check_result, check_error).
+`format` (its own small inputs): both endpoints in Batch-format lines and bare bodies, and each kind of
+bad line (method, url, JSON, body, custom_id), every record checked field by field; the same output
+locked by another process, or with damaged lines in its middle, is refused (naming the pid, the line
+numbers) and left as it was; then
+launch/slurm/batch.sbatch stopped by SIGTERM requeues itself (exit 75) and the rerun completes.
+Usage: test_batch.py LATTICE_BINARY MODEL_GGUF [kill|drain|format]   (exit 0: pass)"""
+import fcntl
 import json
 import os
 import signal
@@ -30,6 +38,7 @@ N_LINES = 40
 # At most 8 sequences in flight: a drain (SIGTERM, SIGUSR1) finishes those and leaves the rest of the
 # 40 lines for the rerun (with the default 64 every line would be in flight at once).
 MAX_SEQS = "8"
+EXIT_LEFT = 75  # a run stopped with requests left (launch/cmd_batch.cpp kExitRequestsLeft, EX_TEMPFAIL)
 
 
 def check(ok, what):
@@ -64,10 +73,13 @@ def make_input(path):
             continue
         if i % 4 == 0:
             body = {"messages": [{"role": "user", "content": f"{words[i % 5]} number {i}?"}], "max_tokens": 6}
+            url = "/v1/chat/completions"
         else:
             body = {"prompt": f"{words[i % 5]} {i}", "max_tokens": 4 + i % 5}
+            url = "/v1/completions"
         body["temperature"] = 0
-        lines.append(json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/completions", "body": body}))
+        body["return_token_ids"] = True
+        lines.append(json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body}))
         valid.add(cid)
     # Over the per-line limits (as a request body's): nesting deeper than 64, more than 8 MiB. Neither
     # is parsed, so each gets its line number as id ("line-N").
@@ -77,9 +89,9 @@ def make_input(path):
     bad.add(f"line-{len(lines)}")
     # A bare body on the line whose number an integer custom_id names: both run (distinct ids).
     lines.append(json.dumps({"custom_id": len(lines) + 2, "body": {"prompt": "The sea", "max_tokens": 3,
-                                                                  "temperature": 0}}))
+                                                                  "temperature": 0, "return_token_ids": True}}))
     valid.add(len(lines) + 1)
-    lines.append(json.dumps({"prompt": "The sea", "max_tokens": 3, "temperature": 0}))
+    lines.append(json.dumps({"prompt": "The sea", "max_tokens": 3, "temperature": 0, "return_token_ids": True}))
     valid.add(f"line-{len(lines)}")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -130,20 +142,179 @@ def verify(name, path, valid, bad, want=None):
     check(keys <= set(recs), f"{name}: missing results for {sorted(keys - set(recs))[:5]}")
     check(bad_keys <= set(recs), f"{name}: missing error records for {sorted(bad_keys - set(recs))[:5]}")
     for k in keys & set(recs):
-        r = recs[k]
-        check("error" not in r and isinstance(r.get("text"), str) and r["finish_reason"] in ("stop", "length")
-              and r["usage"]["completion_tokens"] == len(r["token_ids"]) > 0, f"{name}: bad record {r}")
+        check_result(name, recs[k])
     for k in bad_keys & set(recs):
-        check("error" in recs[k] and recs[k]["error"]["message"], f"{name}: {k} should be an error record")
+        check_error(name, recs[k])
     if want is not None:
         for k in keys & set(recs):
             if k in want:
-                check(recs[k]["text"] == want[k]["text"] and recs[k]["token_ids"] == want[k]["token_ids"],
+                check(answer(recs[k]) == answer(want[k]),
                       f"{name}: {k} differs from the uninterrupted run: {recs[k]} vs {want[k]}")
     return recs
 
 
+def answer(rec):
+    """(text, token ids) of a result record's response body."""
+    ch = rec["response"]["body"]["choices"][0]
+    return ch["message"]["content"] if "message" in ch else ch["text"], ch.get("token_ids")
+
+
+def check_result(name, r):
+    """A result record in OpenAI's Batch output format, as vLLM's run-batch writes it: field by field."""
+    try:
+        ok = set(r) == {"id", "custom_id", "response", "error"} and r["error"] is None
+        ok = ok and r["id"].startswith("batch_req_") and set(r["response"]) == {"status_code", "request_id", "body"}
+        ok = ok and r["response"]["status_code"] == 200 and r["response"]["request_id"].startswith("req_")
+        b = r["response"]["body"]
+        chat = b["object"] == "chat.completion"
+        ok = ok and b["object"] in ("chat.completion", "text_completion")
+        ok = ok and b["id"].startswith("chatcmpl-" if chat else "cmpl-") and isinstance(b["created"], int)
+        ok = ok and isinstance(b["model"], str) and b["model"] and len(b["choices"]) == 1
+        ch = b["choices"][0]
+        ok = ok and ch["index"] == 0 and ch["finish_reason"] in ("stop", "length") and ch["logprobs"] is None
+        if chat:
+            ok = ok and ch["message"]["role"] == "assistant" and isinstance(ch["message"]["content"], str)
+        else:
+            ok = ok and isinstance(ch["text"], str)
+        u = b["usage"]
+        ok = ok and u["completion_tokens"] == len(ch.get("token_ids", [0] * u["completion_tokens"])) > 0
+        ok = ok and u["prompt_tokens"] > 0
+        ok = ok and u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+    except (KeyError, TypeError, AttributeError, IndexError) as e:
+        ok = False
+        r = f"{r} ({e!r})"
+    check(ok, f"{name}: bad result record {r}")
+
+
+def check_error(name, r, code=None, words=()):
+    """An error record: {"id", "custom_id", "response": null, "error": {"code", "message"}}."""
+    try:
+        ok = set(r) == {"id", "custom_id", "response", "error"} and r["response"] is None
+        ok = ok and r["id"].startswith("batch_req_") and set(r["error"]) == {"code", "message"}
+        ok = ok and isinstance(r["error"]["code"], str) and r["error"]["code"] and r["error"]["message"]
+        ok = ok and (code is None or r["error"]["code"] == code) and all(w in r["error"]["message"] for w in words)
+    except (KeyError, TypeError, AttributeError) as e:
+        ok = False
+        r = f"{r} ({e!r})"
+    check(ok, f"{name}: {r.get('custom_id') if isinstance(r, dict) else r} should be an error record"
+              f"{' ' + code if code else ''} naming {words}: {r}")
+
+
+def format_part(tmp):
+    """Both endpoints, Batch-format lines and bare bodies, and each kind of bad line: every output line
+    checked field by field."""
+    inp, out = os.path.join(tmp, "fmt.jsonl"), os.path.join(tmp, "fmt-out.jsonl")
+    done = {"prompt": "The sky is", "max_tokens": 3, "temperature": 0}
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0}
+    lines = [  # (line, custom_id, want: "text_completion" | "chat.completion" | an error code, words in it)
+        ({"custom_id": "cmp", "method": "POST", "url": "/v1/completions", "body": dict(done, model="m-1")},
+         "cmp", "text_completion", ()),
+        ({"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions", "body": dict(chat, return_token_ids=True)},
+         "chat", "chat.completion", ()),
+        ({"custom_id": 7, "body": chat}, 7, "chat.completion", ()),  # no url: "messages" makes it a chat
+        (done, "line-4", "text_completion", ()),
+        (chat, "line-5", "chat.completion", ()),
+        ({"custom_id": "get", "method": "GET", "url": "/v1/completions", "body": done}, "get", "invalid_method",
+         ("line 6", '"method"', "GET")),
+        ({"custom_id": "emb", "method": "POST", "url": "/v1/embeddings", "body": done}, "emb", "invalid_url",
+         ("line 7", '"url"', "/v1/embeddings")),
+        ("{not json", "line-8", "invalid_json", ("line 8",)),
+        ({"custom_id": "nomsg", "method": "POST", "url": "/v1/chat/completions", "body": done}, "nomsg",
+         "invalid_request", ("line 9", "messages")),
+        ({"custom_id": {"a": 1}, "body": done}, {"a": 1}, "invalid_custom_id", ("line 10", "custom_id")),
+    ]
+    with open(inp, "w") as f:
+        f.write("".join((ln if isinstance(ln, str) else json.dumps(ln)) + "\n" for ln, _, _, _ in lines))
+    rc, err = run([lattice], inp, out)
+    check(rc == 0, f"format: exits 0 (rc {rc}): {err[-500:]}")
+    recs, dup = records(out)
+    check(not dup and len(recs) == len(lines), f"format: {len(recs)} records for {len(lines)} lines, twice: {dup}")
+    for _, cid, want, words in lines:
+        r = recs.get(json.dumps(cid))
+        if r is None:
+            check(False, f"format: no record for {cid}")
+        elif want in ("text_completion", "chat.completion"):
+            check_result("format", r)
+            b = r["response"]["body"]
+            check(b.get("object") == want, f"format: {cid}: object {b.get('object')}, want {want}")
+            check(("token_ids" in b["choices"][0]) == (cid == "chat"), f"format: {cid}: token_ids only when asked: {b}")
+            check(b.get("model") == ("m-1" if cid == "cmp" else "SmolLM2-135M-Instruct.Q4_1.gguf"),
+                  f"format: {cid}: model {b.get('model')}")
+        else:
+            check_error("format", r, want, words)
+    ids = [r["id"] for r in recs.values()]
+    check(len(set(ids)) == len(ids), f"format: record ids repeat: {ids}")
+
+    # Another job holds the output (an fcntl lock, as lattice takes): refused, naming its pid, untouched.
+    before = open(out).read()
+    with open(out, "a") as held:
+        fcntl.lockf(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        rc, err = run([lattice], inp, out)
+    check(rc == 1 and "in use by another job" in err and f"pid {os.getpid()}" in err and open(out).read() == before,
+          f"format: a locked output is refused naming the holder (rc {rc}): {err[-400:]}")
+    # Damaged lines in the middle (not a torn tail, which a rerun cuts): refused, naming them; untouched.
+    lines_out = before.splitlines(True)
+    lines_out[2] = '{"custom_id": "cmp", "resp\n'
+    lines_out[5] = "\0\0\0\0\n"
+    damaged = "".join(lines_out)
+    with open(out, "w") as f:
+        f.write(damaged)
+    rc, err = run([lattice], inp, out)
+    check(rc == 1 and "line 3 is not a batch record (nor is line 6)" in err and open(out).read() == damaged,
+          f"format: damaged lines 3 and 6 are refused by number, the file kept (rc {rc}): {err[-400:]}")
+
+
+def sbatch_part(tmp):
+    """launch/slurm/batch.sbatch as a plain script (CPU ranks) with SLURM_JOB_ID set and a stand-in
+    `scontrol` that records its arguments: SIGTERM to the script drains lattice, which exits 75, and
+    the script requeues the job (`scontrol requeue ID`) and exits 75; the requeued run (restart 1)
+    finishes every id exactly once, exits 0 and does not requeue."""
+    inp, out = os.path.join(tmp, "sb.jsonl"), os.path.join(tmp, "sb-out.jsonl")
+    n = 40  # the engine client admits up to 16 waiting requests beyond --max-seqs: a drain finishes those
+    with open(inp, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"custom_id": f"s{i}", "method": "POST", "url": "/v1/completions",
+                                "body": {"prompt": f"Once upon a time {i}", "max_tokens": 4, "temperature": 0}}) + "\n")
+    fake = os.path.join(tmp, "bin")
+    os.makedirs(fake)
+    calls = os.path.join(tmp, "scontrol.calls")
+    with open(os.path.join(fake, "scontrol"), "w") as f:
+        f.write(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    os.chmod(os.path.join(fake, "scontrol"), 0o755)
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, REPO=repo, MODEL=model, INPUT=inp, OUTPUT=out, TP="1", PP="1", CPU_RANKS="1",
+               LATTICE=lattice, SLURM_JOB_ID="4242", DRAIN_SECONDS="60", PATH=fake + ":" + os.environ["PATH"],
+               EXTRA_ARGS="--threads 2 --progress none --max-seqs 2")
+    cmd = ["bash", os.path.join(repo, "launch", "slurm", "batch.sbatch")]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 240
+    while p.poll() is None and time.time() < deadline:
+        if os.path.exists(out) and sum(1 for _ in open(out)) >= 2:
+            p.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.05)
+    so, se = p.communicate(timeout=600)
+    got = open(calls).read() if os.path.exists(calls) else ""
+    check(p.returncode == EXIT_LEFT and got == "requeue 4242\n",
+          f"sbatch: SIGTERM: exit {p.returncode}, scontrol calls {got!r}: {so[-300:]} {se[-500:]}")
+    left = sum(1 for _ in open(out))
+    check(left < n, f"sbatch: SIGTERM came before the end ({left} of {n})")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(env, SLURM_RESTART_COUNT="1"))
+    got = open(calls).read() if os.path.exists(calls) else ""
+    check(p.returncode == 0 and got == "requeue 4242\n",
+          f"sbatch: the requeued run exits 0 without requeueing (rc {p.returncode}, calls {got!r}): {p.stderr[-500:]}")
+    recs, dup = records(out)
+    check(not dup and set(recs) == {json.dumps(f"s{i}") for i in range(n)}, f"sbatch: ids {sorted(recs)}, twice {dup}")
+    for r in recs.values():
+        check_result("sbatch", r)
+
+
 with tempfile.TemporaryDirectory() as tmp:
+    if PART == "format":
+        format_part(tmp)
+        sbatch_part(tmp)
+        print(f"test_batch: {len(fails)} failures")
+        sys.exit(1 if fails else 0)
     inp = os.path.join(tmp, "in.jsonl")
     valid, bad = make_input(inp)
     ref = os.path.join(tmp, "ref.jsonl")
@@ -174,7 +345,7 @@ with tempfile.TemporaryDirectory() as tmp:
         # SIGTERM: drains, exits 0, says what is left; reruns finish.
         out = os.path.join(tmp, "term.jsonl")
         rc, err = run([lattice], inp, out, kill=signal.SIGTERM, after_lines=10)
-        check(rc == 0, f"SIGTERM run exits 0 (rc {rc}): {err[-500:]}")
+        check(rc == EXIT_LEFT, f"SIGTERM run exits {EXIT_LEFT} (rc {rc}): {err[-500:]}")
         check("stopped by signal 15" in err and "rerun with the same --output" in err,
               f"SIGTERM run says what is left: {err[-300:]}")
         n_after = sum(1 for _ in open(out))
@@ -199,7 +370,8 @@ with tempfile.TemporaryDirectory() as tmp:
                 break
             time.sleep(0.05)
         so, se = p.communicate(timeout=600)
-        check(p.returncode == 0 and "stopped by signal 10" in se, f"pp 2 drain on SIGUSR1 (rc {p.returncode}): {se[-500:]}")
+        check(p.returncode == EXIT_LEFT and "stopped by signal 10" in se,
+              f"pp 2 drain on SIGUSR1 exits {EXIT_LEFT} (rc {p.returncode}): {se[-500:]}")
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         check(p.returncode == 0, f"pp 2 resume exits 0 (rc {p.returncode}): {p.stderr[-500:]}")
         verify("pp 2", out, valid, bad, want)

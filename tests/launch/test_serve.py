@@ -272,11 +272,17 @@ def three_fronts(s, auth, model, prompt, question):
     inp, out = os.path.join(d, "in.jsonl"), os.path.join(d, "out.jsonl")
     with open(inp, "w") as f:
         for name, body, _ in cases:
-            f.write(json.dumps({"custom_id": name, "body": dict(body, temperature=0)}) + "\n")
+            f.write(json.dumps({"custom_id": name, "body": dict(body, temperature=0, return_token_ids=True)}) + "\n")
     r = subprocess.run([lattice, "batch", "--model", model, "--threads", "2", "--input", inp, "--output", out,
                         "--progress", "none"], capture_output=True, text=True, timeout=300)
     check(r.returncode == 0, f"batch: {r.stderr[-300:]}")
-    batch = {j["custom_id"]: j for j in map(json.loads, open(out).read().splitlines())} if r.returncode == 0 else {}
+    batch = {}
+    for j in map(json.loads, open(out).read().splitlines()) if r.returncode == 0 else []:
+        b = (j.get("response") or {}).get("body", {})  # OpenAI's Batch output format: the server's body
+        ch = b.get("choices", [{}])[0]
+        batch[j["custom_id"]] = {"token_ids": ch.get("token_ids"), "finish_reason": ch.get("finish_reason"),
+                                 "text": ch["message"]["content"] if "message" in ch else ch.get("text"),
+                                 "usage": {k: b.get("usage", {}).get(k) for k in ("prompt_tokens", "completion_tokens")}}
     for name, body, _ in cases:
         chat = "messages" in body
         st, _, raw = s.request("POST", "/v1/chat/completions" if chat else "/v1/completions",

@@ -11,7 +11,11 @@
 #  - scaling-sweep.sbatch as a job array (1x1; 1x1 2x1 1x2 with `generate`): sweep.json holds
 #    every layout's --stats-json with the right tp, pp and token count
 #  - scancel of a long generation (SmolLM2 default model, when fetched): no rank process left
-#   test_slurm.sh doctor|generate
+#  - requeue (its own mode): launch/slurm/batch.sbatch on SmolLM2, Slurm's TERM to the batch script
+#    (`scancel --batch --signal=TERM`, what `--signal=B:TERM@120` sends before the time limit) mid-run:
+#    lattice drains and exits 75, the script runs `scontrol requeue`, Slurm restarts the job and the
+#    restart completes it: the job ends COMPLETED with one restart, every id in the output once
+#   test_slurm.sh doctor|generate|requeue
 # Exit 77 (CTest: skipped, with the reason printed) only where Slurm is not installed.
 set -uo pipefail
 mode=${1:-doctor}
@@ -24,8 +28,8 @@ for tool in slurmctld slurmd sbatch scontrol squeue sinfo srun; do
 done
 [ "$(id -u)" -eq 0 ] || { echo "SKIP: a local slurmd needs root"; exit 77; }
 case "$mode" in
-    doctor|generate) bin=${LATTICE_BIN:?set LATTICE_BIN to the lattice executable} ;;
-    *)               echo "usage: $0 doctor|generate"; exit 2 ;;
+    doctor|generate|requeue) bin=${LATTICE_BIN:?set LATTICE_BIN to the lattice executable} ;;
+    *)               echo "usage: $0 doctor|generate|requeue"; exit 2 ;;
 esac
 [ -x "$bin" ] || { echo "FAIL: $bin is not built"; exit 1; }
 
@@ -86,6 +90,10 @@ JobCompType=jobcomp/none
 NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=1 State=UNKNOWN
 PartitionName=lattice Nodes=$node Default=YES MaxTime=10 State=UP
 CONF
+# A requeued job waits cred_expire seconds (default 120, minimum 5) before it may start again, then for
+# the next scheduling pass (sched_interval, default 60 s): 5 and 1 here. Job ids from 9000: the cleanup
+# below kills slurmstepd by job id, and launch_slurm (job ids from 1) may run at the same time.
+[ "$mode" = requeue ] && printf "AuthInfo=cred_expire=5\nSchedulerParameters=sched_interval=1\nFirstJobId=9000\n" >> "$tmp/slurm.conf"
 export SLURM_CONF="$tmp/slurm.conf"
 t0=$(date +%s)
 slurmctld -D -i -f "$SLURM_CONF" > "$tmp/slurmctld.out" 2>&1 & ctld_pid=$!
@@ -148,6 +156,45 @@ for line in open(out):
 print(f"FAIL: {out}: no line holds the greedy ids {want}"); sys.exit(1)
 PY
 }
+
+# batch.sbatch stopped by Slurm's TERM requeues itself; the restart finishes every id once.
+requeue_test() {
+    local long_model="$src/models/SmolLM2-135M-Instruct.Q4_1.gguf" in="$tmp/requeue-in.jsonl" out="$tmp/requeue-out.jsonl"
+    local n=24 id st restarts
+    [ -e "$long_model" ] || { echo "FAIL: requeue needs $long_model (scripts/setup.sh fetches it)"; return 1; }
+    python3 -c 'import json, sys
+for i in range(int(sys.argv[1])):
+    print(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+                      "body": {"prompt": f"Once upon a time {i}", "max_tokens": 4, "temperature": 0}}))' $n > "$in"
+    id=$(cd "$src" && MODEL="$long_model" INPUT="$in" OUTPUT="$out" TP=1 PP=1 CPU_RANKS=1 LATTICE="$bin" \
+         DRAIN_SECONDS=1 COMM_TIMEOUT=30 EXTRA_ARGS="--threads 1 --progress none --max-seqs 2" \
+         sbatch --parsable --job-name=lattice-requeue --output="$tmp/requeue.out" --error="$tmp/requeue.err" \
+                --nodes=1 --ntasks-per-node=1 --gpus-per-node=0 --cpus-per-task=1 --time=3 launch/slurm/batch.sbatch 2>&1)
+    if ! [[ "$id" =~ ^[0-9]+$ ]]; then echo "FAIL: requeue: sbatch said: $id"; return 1; fi
+    job_ids="$job_ids $id"
+    for _ in $(seq 300); do [ -f "$out" ] && [ "$(wc -l < "$out")" -ge 2 ] && break; sleep 0.2; done
+    scancel --batch --signal=TERM "$id"
+    for _ in $(seq 600); do  # <= 120 s
+        st=$(job_state "$id")
+        [ "$st" = COMPLETED ] || [ "$st" = FAILED ] || [ "$st" = CANCELLED ] || [ "$st" = TIMEOUT ] && break
+        sleep 0.2
+    done
+    restarts=$(scontrol -o show job "$id" 2>/dev/null | grep -o 'Restarts=[0-9]*' | cut -d= -f2)
+    echo "requeue: job $id $st, restarts ${restarts:-?}"
+    grep -q "scontrol requeue $id" "$tmp/requeue.out" && [ "$st" = COMPLETED ] && [ "${restarts:-0}" -ge 1 ] &&
+    python3 - "$out" $n <<'PY' || { sed 's/^/  | /' "$tmp/requeue.out" "$tmp/requeue.err"; return 1; }
+import json, sys
+ids = [json.loads(l)["custom_id"] for l in open(sys.argv[1])]
+ok = sorted(ids) == sorted(f"r{i}" for i in range(int(sys.argv[2])))
+print(f"requeue: {len(ids)} records, every id once: {ok}")
+sys.exit(0 if ok else 1)
+PY
+}
+if [ "$mode" = requeue ]; then
+    requeue_test || fails=$((fails + 1))
+    [ $fails -eq 0 ] && echo "slurm: all checks passed"
+    exit $((fails > 0))
+fi
 
 for launcher in srun mpirun; do
     name="doctor-$launcher"
