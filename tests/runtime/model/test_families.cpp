@@ -4,20 +4,19 @@
 // test_golden.cpp, test_layouts, test_quant_accuracy, SmoothQuant and the converter's tests); configs
 // of unsupported families and options refused with a message naming them; a checkpoint whose tensors
 // do not fit its family refused.
-#include "tests/runtime/model/golden.h"
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
 
 #include "base/error.h"
 #include "runtime/arch/architecture.h"
 #include "runtime/arch/config.h"
 #include "runtime/weights/tensor_source.h"
-
-#include <doctest/doctest.h>
-#include <nlohmann/json.hpp>
-
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <string>
+#include "tests/runtime/model/golden.h"
 
 using namespace lattice;
 using namespace lattice::testing;
