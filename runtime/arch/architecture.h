@@ -80,7 +80,8 @@ const std::vector<Architecture>& architectures();
 std::string supported_architectures();
 // By lattice name; throws Error "architecture 'gemma2' is not supported; supported: ..." for others.
 const Architecture& find_architecture(const std::string& name);
-// The entry a config.json names (model_type first, then architectures[0]); nullptr when none.
+// The entry a config.json names: by model_type (what transformers dispatches on), by architectures[0]
+// only when model_type is absent; nullptr when none.
 const Architecture* architecture_for_hf(const std::string& model_type, const std::string& hf_class);
 // The entry whose GGUF general.architecture is `gguf_name`; nullptr when none.
 const Architecture* architecture_for_gguf(const std::string& gguf_name);
