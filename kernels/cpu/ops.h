@@ -28,7 +28,7 @@ struct AttentionArgs {
     const int32_t* block_tables;     // [num_seqs, table_width]
     int64_t num_seqs, table_width;
     float scale;
-    int64_t window;  // sliding window W: keys positions[i] - W < j <= positions[i]; 0: all
+    int64_t window = 0;  // sliding window W: keys positions[i] - W < j <= positions[i]; 0: all
 };
 // Stores k/v of token i (sequence seqs[i], position positions[i]) in its block, then causal GQA
 // attention over positions 0..positions[i] of its sequence (the last `window` of them when window > 0);

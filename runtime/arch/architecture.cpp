@@ -84,9 +84,12 @@ std::vector<Architecture> make_table() {
 
 bool gated_in(const ModelConfig& c, const TensorSpec& t) {
     switch (t.gate) {
-        case G::kAlways: return true;
-        case G::kUntiedHead: return !c.tie_embeddings;
-        case G::kQkvBias: return architecture_of(c).qkv_bias;
+        case G::kAlways:
+            return true;
+        case G::kUntiedHead:
+            return !c.tie_embeddings;
+        case G::kQkvBias:
+            return architecture_of(c).qkv_bias;
     }
     return false;
 }
@@ -97,7 +100,9 @@ const TensorSpec& spec_of(const Architecture& a, TensorRole role) {
     LATTICE_FAIL("architecture '{}' has no tensor of role {}", a.name, int(role));
 }
 
-std::string layer_prefix(int64_t l) { return "model.layers." + std::to_string(l) + "."; }
+std::string layer_prefix(int64_t l) {
+    return "model.layers." + std::to_string(l) + ".";
+}
 
 // "blk.N." -> N (decimal, no leading zeros, at most 6 digits) and the rest; -1 otherwise.
 int64_t split_layer(const std::string& n, const std::string& prefix, std::string* rest) {
@@ -151,25 +156,36 @@ const Architecture* architecture_for_gguf(const std::string& gguf_name) {
     return nullptr;
 }
 
-const Architecture& architecture_of(const ModelConfig& c) { return find_architecture(c.family); }
+const Architecture& architecture_of(const ModelConfig& c) {
+    return find_architecture(c.family);
+}
 
 std::vector<int64_t> tensor_shape(const ModelConfig& c, TensorRole role) {
     switch (role) {
         case R::kEmbed:
-        case R::kLmHead: return {c.vocab, c.hidden};
+        case R::kLmHead:
+            return {c.vocab, c.hidden};
         case R::kFinalNorm:
         case R::kAttnNorm:
-        case R::kFfnNorm: return {c.hidden};
-        case R::kWq: return {c.q_dim(), c.hidden};
+        case R::kFfnNorm:
+            return {c.hidden};
+        case R::kWq:
+            return {c.q_dim(), c.hidden};
         case R::kWk:
-        case R::kWv: return {c.kv_dim(), c.hidden};
-        case R::kBq: return {c.q_dim()};
+        case R::kWv:
+            return {c.kv_dim(), c.hidden};
+        case R::kBq:
+            return {c.q_dim()};
         case R::kBk:
-        case R::kBv: return {c.kv_dim()};
-        case R::kWo: return {c.hidden, c.q_dim()};
+        case R::kBv:
+            return {c.kv_dim()};
+        case R::kWo:
+            return {c.hidden, c.q_dim()};
         case R::kWGate:
-        case R::kWUp: return {c.intermediate, c.hidden};
-        case R::kWDown: return {c.hidden, c.intermediate};
+        case R::kWUp:
+            return {c.intermediate, c.hidden};
+        case R::kWDown:
+            return {c.hidden, c.intermediate};
     }
     return {};
 }
@@ -198,7 +214,9 @@ int64_t hf_layer_of(const std::string& name) {
     return split_layer(name, "model.layers.", &rest);
 }
 
-bool hf_tensor_ignorable(const std::string& name) { return name.ends_with("rotary_emb.inv_freq"); }
+bool hf_tensor_ignorable(const std::string& name) {
+    return name.ends_with("rotary_emb.inv_freq");
+}
 
 std::string gguf_to_hf_name(const Architecture& arch, const std::string& n) {
     for (const TensorSpec& t : arch.tensors)
@@ -222,15 +240,35 @@ bool hf_role_of(const Architecture& arch, const std::string& name, TensorRole* r
     return false;
 }
 
-std::string PreparedNames::embed() { return "model.embed_tokens.weight"; }
-std::string PreparedNames::lm_head() { return "lm_head.weight"; }
-std::string PreparedNames::final_norm() { return "model.norm.weight"; }
-std::string PreparedNames::attn_norm(int64_t l) { return layer_prefix(l) + "input_layernorm.weight"; }
-std::string PreparedNames::ffn_norm(int64_t l) { return layer_prefix(l) + "post_attention_layernorm.weight"; }
-std::string PreparedNames::wqkv(int64_t l) { return layer_prefix(l) + "self_attn.qkv_proj.weight"; }
-std::string PreparedNames::bqkv(int64_t l) { return layer_prefix(l) + "self_attn.qkv_proj.bias"; }
-std::string PreparedNames::wo(int64_t l) { return layer_prefix(l) + "self_attn.o_proj.weight"; }
-std::string PreparedNames::w_gate_up(int64_t l) { return layer_prefix(l) + "mlp.gate_up_proj.weight"; }
-std::string PreparedNames::w_down(int64_t l) { return layer_prefix(l) + "mlp.down_proj.weight"; }
+std::string PreparedNames::embed() {
+    return "model.embed_tokens.weight";
+}
+std::string PreparedNames::lm_head() {
+    return "lm_head.weight";
+}
+std::string PreparedNames::final_norm() {
+    return "model.norm.weight";
+}
+std::string PreparedNames::attn_norm(int64_t l) {
+    return layer_prefix(l) + "input_layernorm.weight";
+}
+std::string PreparedNames::ffn_norm(int64_t l) {
+    return layer_prefix(l) + "post_attention_layernorm.weight";
+}
+std::string PreparedNames::wqkv(int64_t l) {
+    return layer_prefix(l) + "self_attn.qkv_proj.weight";
+}
+std::string PreparedNames::bqkv(int64_t l) {
+    return layer_prefix(l) + "self_attn.qkv_proj.bias";
+}
+std::string PreparedNames::wo(int64_t l) {
+    return layer_prefix(l) + "self_attn.o_proj.weight";
+}
+std::string PreparedNames::w_gate_up(int64_t l) {
+    return layer_prefix(l) + "mlp.gate_up_proj.weight";
+}
+std::string PreparedNames::w_down(int64_t l) {
+    return layer_prefix(l) + "mlp.down_proj.weight";
+}
 
 }  // namespace lattice

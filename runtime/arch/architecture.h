@@ -14,11 +14,11 @@
 // (parse_hf_config, gguf_model_config), never loaded and run wrong.
 #pragma once
 
-#include "runtime/arch/config.h"
-
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "runtime/arch/config.h"
 
 namespace lattice {
 
@@ -59,19 +59,19 @@ struct TensorSpec {
 };
 
 struct Architecture {
-    std::string name;                          // lattice's name: "llama", "mistral", "qwen2"
-    std::vector<std::string> hf_model_types;   // config.json "model_type" values
-    std::vector<std::string> hf_classes;       // config.json "architectures"[0] values
-    std::string hf_model_type;                 // what `lattice convert` writes as model_type
-    std::string gguf_name;                     // GGUF general.architecture (metadata key prefix)
-    bool qkv_bias = false;                     // q/k/v projections carry biases
-    bool gguf_qk_interleaved = false;          // llama.cpp's converter stored q/k rows in RoPE-pair order
-    bool sliding_window = false;               // the config may carry a sliding window
-    bool sliding_window_honoured = false;      // ... which attention applies (else refused when it bites)
-    std::string sliding_window_flag;           // config.json switch the window needs ("": always applies)
-    std::vector<std::string> rope_scaling;     // rope_scaling kinds accepted besides none
-    int64_t moe_experts = 0;                   // MoE experts (none of the table's families yet)
-    std::vector<TensorSpec> tensors;           // every tensor the family may hold, gated by its options
+    std::string name;                         // lattice's name: "llama", "mistral", "qwen2"
+    std::vector<std::string> hf_model_types;  // config.json "model_type" values
+    std::vector<std::string> hf_classes;      // config.json "architectures"[0] values
+    std::string hf_model_type;                // what `lattice convert` writes as model_type
+    std::string gguf_name;                    // GGUF general.architecture (metadata key prefix)
+    bool qkv_bias = false;                    // q/k/v projections carry biases
+    bool gguf_qk_interleaved = false;         // llama.cpp's converter stored q/k rows in RoPE-pair order
+    bool sliding_window = false;              // the config may carry a sliding window
+    bool sliding_window_honoured = false;     // ... which attention applies (else refused when it bites)
+    std::string sliding_window_flag;          // config.json switch the window needs ("": always applies)
+    std::vector<std::string> rope_scaling;    // rope_scaling kinds accepted besides none
+    int64_t moe_experts = 0;                  // MoE experts (none of the table's families yet)
+    std::vector<TensorSpec> tensors;          // every tensor the family may hold, gated by its options
 };
 
 // The table, in the order "supported: ..." lists it.
@@ -80,7 +80,8 @@ const std::vector<Architecture>& architectures();
 std::string supported_architectures();
 // By lattice name; throws Error "architecture 'gemma2' is not supported; supported: ..." for others.
 const Architecture& find_architecture(const std::string& name);
-// The entry a config.json names (model_type first, then architectures[0]); nullptr when none.
+// The entry a config.json names: by model_type (what transformers dispatches on), by architectures[0]
+// only when model_type is absent; nullptr when none.
 const Architecture* architecture_for_hf(const std::string& model_type, const std::string& hf_class);
 // The entry whose GGUF general.architecture is `gguf_name`; nullptr when none.
 const Architecture* architecture_for_gguf(const std::string& gguf_name);

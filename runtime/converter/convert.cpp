@@ -17,6 +17,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "parallel/world_config.h"
+#include "runtime/arch/architecture.h"
 #include "runtime/model/rank_weights.h"
 #include "runtime/weights/gguf.h"
 #include "runtime/weights/gguf_writer.h"
@@ -78,7 +79,7 @@ std::vector<SafetensorsSpec> file_specs(const RankWeights& rw, const TensorSourc
         }
     }
     const std::vector<float> f = src.rope_freq_factors();
-    if (!f.empty()) specs.push_back({"rope_freqs.weight", DType::kF32, {int64_t(f.size())}});
+    if (!f.empty()) specs.push_back({kGgufRopeFreqs, DType::kF32, {int64_t(f.size())}});
     return specs;
 }
 
@@ -216,7 +217,7 @@ ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& 
                 LATTICE_CHECK(!opt.interrupted || !opt.interrupted(), "interrupted by a signal");
             }
             const std::vector<float> freqs = src.rope_freq_factors();
-            if (!freqs.empty()) w.write("rope_freqs.weight", freqs.data(), int64_t(freqs.size() * sizeof(float)));
+            if (!freqs.empty()) w.write(kGgufRopeFreqs, freqs.data(), int64_t(freqs.size() * sizeof(float)));
             const SafetensorsWriter::Result r = w.finish();
             mine[i].file = f;
             mine[i].bytes = r.bytes;

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "base/error.h"
+#include "runtime/arch/architecture.h"
 #include "runtime/weights/safetensors.h"
 #include "runtime/weights/sha256.h"
 
@@ -88,12 +89,12 @@ public:
                           info.file, name, shape_string(e.shape));
             tensors_[name] = Tensor{std::move(info), &e};
         }
-        if (has("rope_freqs.weight")) {
-            const TensorInfo& ti = info("rope_freqs.weight");
+        if (has(kGgufRopeFreqs)) {
+            const TensorInfo& ti = info(kGgufRopeFreqs);
             LATTICE_CHECK(ti.dtype == DType::kF32 && ti.shape == std::vector<int64_t>{config_.head_dim / 2},
                           "{}: rope_freqs.weight must be f32 [{}]", ti.file, config_.head_dim / 2);
             freq_factors_.resize(size_t(config_.head_dim / 2));
-            read("rope_freqs.weight", 0, 1, 0, config_.head_dim / 2, DType::kF32, freq_factors_.data());
+            read(kGgufRopeFreqs, 0, 1, 0, config_.head_dim / 2, DType::kF32, freq_factors_.data());
         }
     }
 

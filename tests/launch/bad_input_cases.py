@@ -265,7 +265,7 @@ def cases(shared):
                  p, b'{"model.norm.weight": {"dtype": "I8", "shape": [64], "data_offsets": [0, 64]}}', b"\0" * 64))),
         Case("index.json names a file outside the model", gen("{tmp}/m"), needle="not a file in the model directory",
              setup=model_copy("tiny-gqa-llama3", edit=index_escape)),
-        Case("config of another architecture", gen("{tmp}/m"), needle="not a Llama-family model",
+        Case("config of another architecture", gen("{tmp}/m"), needle="architecture 'gpt2' is not supported; supported: llama, mistral, qwen2",
              setup=model_copy(model_type="gpt2", architectures=["GPT2LMHeadModel"])),
         Case("model folder without weights", gen("{tmp}/m"), needle="no model.safetensors",
              setup=model_copy(edit=lambda d: os.remove(os.path.join(d, "model.safetensors")))),

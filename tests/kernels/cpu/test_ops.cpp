@@ -130,7 +130,11 @@ TEST_CASE("attention: many tiles, GQA groups of 8 and 6, a prompt in one call eq
     // head_dim 64 and groups of 8 (4 + 2 for 6) take the register-blocked paths; 75 positions span
     // three 32-position tiles. A prompt attended in one call and the same tokens decoded one at a
     // time must give the same bits (each row's arithmetic is independent of what shares its call).
+    // With a sliding window W (Mistral) the query at t attends t - W < j <= t only: W = 5 starts
+    // windows inside a tile and skips whole tiles, W = 40 spans a tile boundary.
+    for (const int64_t window : {int64_t(0), int64_t(5), int64_t(40)})
     for (const int64_t nh : {8, 12}) {
+        CAPTURE(window);
         CAPTURE(nh);
         std::mt19937 rng(11);
         ThreadPool pool(2, false);
@@ -141,7 +145,7 @@ TEST_CASE("attention: many tiles, GQA groups of 8 and 6, a prompt in one call eq
         auto qkv = rand_vec(size_t(n * row), rng, -2, 2);
         std::vector<int32_t> pos(static_cast<size_t>(n)), seq(static_cast<size_t>(n), 0);
         for (int64_t t = 0; t < n; ++t) pos[size_t(t)] = int32_t(t);
-        cpu::AttentionArgs a{nh, nkv, hd, block, blocks, table.data(), 1, width, 1.0f / std::sqrt(float(hd))};
+        cpu::AttentionArgs a{nh, nkv, hd, block, blocks, table.data(), 1, width, 1.0f / std::sqrt(float(hd)), window};
         std::vector<float> kc(size_t(blocks * block * nkv * hd), 0.0f), vc = kc;
         std::vector<float> all(size_t(n * nh * hd), std::nanf(""));
         cpu::attention(all.data(), qkv.data(), kc.data(), vc.data(), pos.data(), seq.data(), n, a, pool);
@@ -153,10 +157,11 @@ TEST_CASE("attention: many tiles, GQA groups of 8 and 6, a prompt in one call eq
         for (size_t i = 0; i < all.size(); ++i) differ += std::memcmp(&all[i], &one[i], 4) != 0;
         CHECK(differ == 0);
         // against a naive softmax in double, for a few rows
-        for (int64_t t : {int64_t(0), int64_t(31), int64_t(32), int64_t(74)})
+        for (int64_t t : {int64_t(0), int64_t(31), int64_t(32), int64_t(36), int64_t(74)})
             for (int64_t h : {int64_t(0), nh - 1}) {
-                std::vector<int64_t> src(size_t(t + 1));
-                std::iota(src.begin(), src.end(), int64_t(0));  // the sequence's positions 0 .. t
+                const int64_t first = window > 0 ? std::max<int64_t>(0, t - window + 1) : 0;
+                std::vector<int64_t> src(size_t(t + 1 - first));
+                std::iota(src.begin(), src.end(), first);  // the sequence's positions first .. t
                 const std::vector<double> o = naive_attention(qkv, nh, nkv, hd, a.scale, t, h, src);
                 for (int64_t i = 0; i < hd; ++i)
                     CHECK(all[size_t(t * nh * hd + h * hd + i)] ==

@@ -88,7 +88,7 @@ TEST_CASE("converted golden checkpoints equal the originals on every layout, con
     int n = 0;
     for (const auto& layout : layouts_for(world)) {
         const int tp = layout.first, pp = layout.second;
-        for (const std::string& path : golden_checkpoints()) {
+        for (const std::string& path : layout_checkpoints()) {
             auto src = open_model(path);
             if (!layout_fits(src->config(), tp, pp)) continue;
             const std::vector<int32_t> prompt = load_golden(golden_name_of(path))[0].prompt;
