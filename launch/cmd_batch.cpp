@@ -316,11 +316,18 @@ void write_batch_stats(const std::string& path, const BatchTotals& t, const Rank
                      {"ttft_mean_s", t.ttfts.empty() ? 0.0 : ttft_sum / double(t.ttfts.size())},
                      {"ttft_p50_s", percentile(t.ttfts, 0.5)},
                      {"ttft_p90_s", percentile(t.ttfts, 0.9)},
+                     {"ttft_p99_s", percentile(t.ttfts, 0.99)},
                      {"queue_p50_s", percentile(t.queues, 0.5)},
                      {"queue_p90_s", percentile(t.queues, 0.9)},
                      {"preemptions", s1.preemptions - s0.preemptions},
                      {"peak_kv_blocks", s1.peak_blocks},
                      {"kv_blocks", client.scheduler().pool().num_blocks()},
+                     {"kv_blocks_free", client.scheduler().pool().num_free()},  // all, once every request ended
+                     // The leader's engine: its forwards, and the time it was blocked handing plans over.
+                     {"steps", rt.engine->counters().steps},
+                     {"plan_wait_seconds", rt.engine->counters().plan_wait_seconds},
+                     {"plans_sent", rt.engine->counters().plans_sent},
+                     {"plan_bytes", rt.engine->counters().plan_bytes},
                      {"cached_prompt_tokens", s1.cached_tokens - s0.cached_tokens},
                      {"ranks", rt.world.world},
                      {"threads", rt.backend->threads()},

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <span>
+#include <thread>
 
 #include "base/clock.h"
 #include "base/error.h"
@@ -36,7 +37,7 @@ Engine::Engine(Model& model, PipelineLinks links, const EngineOptions& opt) : mo
     stages_ = links_.pipe ? links_.pipe->size() : 1;
     LATTICE_CHECK(model_.kv_blocks() > 0, "Engine: the model has no KV cache (Model::allocate_kv first)");
     const ModelOptions& mo = model_.options();
-    graphs_on_ = opt_.step_graphs && model_.backend().captures_steps() && stages_ == 1 && mo.first_stage &&
+    graphs_on_ = !opt_.sim && opt_.step_graphs && model_.backend().captures_steps() && stages_ == 1 && mo.first_stage &&
                  mo.last_stage && model_.kv_blocks() >= 2;
     if (graphs_on_) {
         trash_block_ = int32_t(model_.kv_blocks() - 1);
@@ -150,6 +151,7 @@ Engine::Results Engine::await_oldest(StepPlan* plan) {
 // ---- execution (every rank) ----
 
 void Engine::execute(const StepPlan& p, Results* out) {
+    if (opt_.sim) return sim_execute(p, out);
     const ModelConfig& c = model_.config();
     const AttentionShape& a = model_.attention_shape();
     const int64_t T = int64_t(p.tokens.size()), n = int64_t(p.seqs.size());
@@ -205,6 +207,50 @@ void Engine::execute(const StepPlan& p, Results* out) {
         }
     }
     counters_.compute_seconds += since(t0) - waited;
+    counters_.wait_seconds += waited;
+    ++counters_.steps;
+}
+
+// The simulated device's step (sim_device.h): the previous stage's hidden rows (16-bit, the real
+// byte count), one TP all-reduce of a layer's real byte count, then a sleep until the predicted
+// time of the whole stage step has passed since the rows arrived, the hand-off to the next stage,
+// and on the sampler one pseudo-token per sampled sequence. Every rank takes the same branches (they
+// depend on the plan only), so the collectives match.
+void Engine::sim_execute(const StepPlan& p, Results* out) {
+    LATTICE_CHECK(p.kind == StepPlan::Kind::kStep, "the simulated device has no logits to score (step {})", p.number);
+    const SimDevice& sim = *opt_.sim;
+    const ModelOptions& o = model_.options();
+    const int64_t T = int64_t(p.tokens.size());
+    double attended = 0;  // positions each token attends to, summed
+    for (const PlanSeq& ps : p.seqs)
+        attended += double(ps.count) * double(ps.start) + double(ps.count) * double(ps.count + 1) / 2.0;
+    const int64_t sampled = p.sampled();
+    sim_rows_.resize(size_t(sim.hidden_bytes(T)));
+    const View rows = host_view(sim_rows_.data(), DType::kU8, int64_t(sim_rows_.size()));
+    double waited = 0;
+    if (!o.first_stage) {
+        const auto w0 = Clock::now();
+        links_.pipe->recv(rows, links_.prev);
+        waited = since(w0);
+    }
+    const auto t0 = Clock::now();
+    if (sim.tp() > 1) {  // (as f32 words: the same bytes)
+        LATTICE_CHECK(links_.tp, "simulated device: tp {} without a TP communicator", sim.tp());
+        links_.tp->all_reduce_sum(host_view(sim_rows_.data(), DType::kF32, int64_t(sim_rows_.size() / 4)));
+    }
+    const double step_s = sim.step_seconds(T, T > 0 ? attended / double(T) : 0.0, o.last_stage ? sampled : 0);
+    std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(step_s)));
+    if (!o.last_stage) links_.pipe->send(rows, links_.next);
+    if (is_sampler()) {
+        for (int64_t id : p.released) samplers_.erase(id);
+        out->tokens.clear();
+        for (const PlanSeq& ps : p.seqs)
+            if (ps.sample)
+                out->tokens.push_back(SampledToken{
+                    SimDevice::pseudo_token(ps.id, ps.start + ps.count, model_.config().vocab, model_.config().eos_ids),
+                    0.0f});
+    }
+    counters_.compute_seconds += since(t0);
     counters_.wait_seconds += waited;
     ++counters_.steps;
 }

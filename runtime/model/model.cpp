@@ -35,6 +35,7 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
     attn_.table_width = (opt_.max_seq + opt_.block_size - 1) / opt_.block_size;
     attn_.max_seq = opt_.max_seq;
     attn_.scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
+    if (opt_.shape_only) return;
     const Op ops[] = {Op::kEmbed, Op::kRmsNorm, Op::kAddRmsNorm, Op::kRope, Op::kAttention, Op::kSiluMul, Op::kAdd};
     for (Op op : ops)
         LATTICE_CHECK(be_.supports(op, be_.activation_dtype()), "backend {} does not support {} in {}", be_.name(),
@@ -136,6 +137,10 @@ int64_t Model::kv_bytes_per_block() const {
 
 void Model::allocate_kv(int64_t num_blocks) {
     LATTICE_CHECK(num_blocks >= 1, "KV cache: {} blocks (need >= 1)", num_blocks);
+    if (opt_.shape_only) {  // (no layers_ exist to hold them)
+        attn_.num_blocks = num_blocks;
+        return;
+    }
     const DType act = be_.activation_dtype();
     for (LayerWeights& L : layers_) {
         L.k_cache = Buffer{};
