@@ -86,12 +86,14 @@ void Engine::send_plan(const StepPlan& p) {
     int64_t n = int64_t(bytes.size());                                  // knows the same tables
     Communicator& c = plan_comm();
     const auto t0 = Clock::now();
+    const double blocked0 = c.send_wait_seconds();
     for (int r = 0; r < world_; ++r) {
         if (r == rank_) continue;
         c.send(host_view(&n, DType::kI64, 1), r);
         c.send(host_view(bytes.data(), DType::kU8, n), r);
     }
     counters_.plan_wait_seconds += since(t0);
+    counters_.plan_blocked_seconds += c.send_wait_seconds() - blocked0;
     ++counters_.plans_sent;
     counters_.plan_bytes += n;
 }
@@ -406,6 +408,7 @@ StepBreakdown Engine::breakdown(const EngineCounters& c0, double comm0, double w
     b.pipeline_bubble = counters_.wait_seconds - c0.wait_seconds;
     b.host_overhead = std::max(0.0, wall - b.compute - b.communication - b.sampling - b.pipeline_bubble);
     b.plan_wait = counters_.plan_wait_seconds - c0.plan_wait_seconds;
+    b.plan_blocked = counters_.plan_blocked_seconds - c0.plan_blocked_seconds;
     b.plan_bytes = counters_.plan_bytes - c0.plan_bytes;
     return b;
 }

@@ -76,14 +76,15 @@ using GenerateRequest = EngineRequest;
 //                    (leader), the leader's next plan (followers);
 //   sampling         the sampler rank's per-sequence sampling and log-softmax;
 //   host_overhead    the rest: scheduling, plan encoding, sends, the front's callbacks.
-// plan_wait (leader) is the part of host_overhead spent blocked handing plans to the communicator
-// (a follower kPlanQueue plans behind, see send_plan); not a sixth part of the sum.
+// plan_wait (leader) is the part of host_overhead spent in the plans' send calls, plan_blocked the
+// part of that waiting for a follower kPlanQueue plans behind (see send_plan); not parts of the sum.
 struct StepBreakdown {
     int rank = 0, tp_rank = 0, pp_rank = 0;
     int64_t steps = 0;  // forwards this rank ran
     double wall = 0, compute = 0, communication = 0, pipeline_bubble = 0, sampling = 0, host_overhead = 0;
     double plan_wait = 0;
-    int64_t plan_bytes = 0;  // leader: encoded plan bytes sent (to each follower)
+    double plan_blocked = 0;  // of plan_wait, waiting for a follower kPlanQueue plans behind
+    int64_t plan_bytes = 0;   // leader: encoded plan bytes sent (to each follower)
 };
 
 struct GenerateStats {
@@ -122,7 +123,8 @@ struct EngineCounters {
     int64_t graph_steps = 0;     // of the steps, decode steps run through a step graph (eager warm-ups included)
     int64_t graph_replays = 0;   // of those, replays of a captured graph
     int64_t graphs_captured = 0; // step graphs captured (one per batch-size bucket used)
-    double plan_wait_seconds = 0;  // leader: blocked sending plans (in the communicator's send calls)
+    double plan_wait_seconds = 0;  // leader: in the plans' send calls (wall: copies, MPI, and waits)
+    double plan_blocked_seconds = 0;  // leader: of which waiting for a follower (a full plan queue)
     int64_t plans_sent = 0;        // leader: plans sent (steps, heartbeats, shutdown)
     int64_t plan_bytes = 0;        // leader: their encoded bytes (per follower)
 };
