@@ -1,5 +1,7 @@
-// Engine (see engine.h for the roles and the step protocol). Messages on the world communicator:
-//   leader -> every rank, per plan:  int64 size, then the encoded StepPlan (step_plan.h);
+// Engine (see engine.h for the roles and the step protocol). Messages on the plans communicator:
+//   leader -> every rank, per plan:  8 KiB: int64 size, then the encoded StepPlan's first bytes
+//                                    (step_plan.h); a longer plan: one more message with the rest.
+// On the world communicator:
 //   sampler -> leader, per kStep:    SampledToken[n + 1], the first holding n (sampled sequences);
 //                      per kScore:   f32 logits [tokens, vocab];
 //   leader -> every rank, after generate_batch: the results (so every rank returns them).
@@ -21,6 +23,7 @@ namespace {
 
 using Clock = SteadyClock;
 constexpr auto since = seconds_since;
+constexpr int64_t kPlanHead = 8192;  // a plan's first message: its size and up to 8184 of its bytes
 
 template <typename T>
 View host_view(T* p, DType dt, int64_t n) {
@@ -82,15 +85,21 @@ Engine::~Engine() = default;
 void Engine::send_plan(const StepPlan& p) {
     last_sent_ = Clock::now();
     if (world_ == 1) return;
-    const std::vector<uint8_t> bytes = encode_plan(p, plan_tables_);  // one encoding: every follower
-    int64_t n = int64_t(bytes.size());                                  // knows the same tables
+    // One encoding (every follower knows the same tables), framed as a head of kPlanHead bytes (the
+    // plan's size, then its first bytes) and, for a longer plan, one message with the rest: most
+    // plans are one send per follower.
+    std::vector<uint8_t> head(kPlanHead, 0);
+    const std::vector<uint8_t> bytes = encode_plan(p, plan_tables_);
+    const int64_t n = int64_t(bytes.size()), first = std::min<int64_t>(n, kPlanHead - 8);
+    std::memcpy(head.data(), &n, 8);
+    std::memcpy(head.data() + 8, bytes.data(), size_t(first));
     Communicator& c = plan_comm();
     const auto t0 = Clock::now();
     const double blocked0 = c.send_wait_seconds();
     for (int r = 0; r < world_; ++r) {
         if (r == rank_) continue;
-        c.send(host_view(&n, DType::kI64, 1), r);
-        c.send(host_view(bytes.data(), DType::kU8, n), r);
+        c.send(host_view(head.data(), DType::kU8, kPlanHead), r);
+        if (n > first) c.send(host_view(bytes.data() + first, DType::kU8, n - first), r);
     }
     counters_.plan_wait_seconds += since(t0);
     counters_.plan_blocked_seconds += c.send_wait_seconds() - blocked0;
@@ -102,10 +111,14 @@ StepPlan Engine::recv_plan() {
     int64_t n = 0;
     const auto t0 = Clock::now();
     Communicator& c = plan_comm();
-    c.recv(host_view(&n, DType::kI64, 1), 0);
+    std::vector<uint8_t> head(kPlanHead);
+    c.recv(host_view(head.data(), DType::kU8, kPlanHead), 0);
+    std::memcpy(&n, head.data(), 8);
     LATTICE_CHECK(n > 0 && n < (int64_t(1) << 30), "rank {}: step plan of {} bytes from the leader", rank_, n);
+    const int64_t first = std::min<int64_t>(n, kPlanHead - 8);
     std::vector<uint8_t> bytes(static_cast<size_t>(n));
-    c.recv(host_view(bytes.data(), DType::kU8, n), 0);
+    std::memcpy(bytes.data(), head.data() + 8, size_t(first));
+    if (n > first) c.recv(host_view(bytes.data() + first, DType::kU8, n - first), 0);
     counters_.wait_seconds += since(t0);
     StepPlan p = decode_plan(bytes.data(), n, plan_tables_);
     LATTICE_CHECK(p.number == number_ + 1, "rank {}: step plan {} arrived after {} (out of order)", rank_, p.number,
