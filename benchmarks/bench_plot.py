@@ -10,6 +10,8 @@ question, the machine in every title, units on every axis:
   allreduce.png                                  busBw vs message size (memcpy ceiling), p50/p99 latency
   gemm.png                                       int8 GOP/s per core vs m, per n x k (int8 peak per core)
   attention.png                                  KV read GB/s vs context length (stream-read ceiling)
+  sim_<model>_<gpu>.png                          the simulated device (run.py sim): tokens/s per layout
+                                                 beside the planner's prediction, and the leader's plan wait
 Speedup = decode (prefill) tok/s of a layout / that of 1x1 at the same model, quant, batch and prompt;
 efficiency = speedup / ranks."""
 import collections
@@ -301,6 +303,37 @@ def plot_attention(recs, plots, made, notes):
     save(fig, plots, "attention.png", made)
 
 
+def plot_sim(recs, plots, made, notes):
+    groups = collections.defaultdict(list)
+    for r in recs:
+        p = r["params"]
+        groups[(p["model"], p["sim_gpu"], p["sim_link"], p["requests"], p["prompt"], p["max_new_tokens"])].append(r)
+    for (model, gpu, link, n, prompt, new), rs in sorted(groups.items()):
+        rs.sort(key=lambda r: (-r["params"]["tp"], r["params"]["pp"]))
+        names = [f"{r['params']['tp']}x{r['params']['pp']}" for r in rs]
+        x = range(len(rs))
+        fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+        a.bar([i - 0.2 for i in x], [r["results"]["tokens_per_s"] for r in rs], 0.4, label="simulated run")
+        a.bar([i + 0.2 for i in x], [r["ceilings"].get("predicted_tokens_per_s") or 0 for r in rs], 0.4,
+              label="lattice plan")
+        a.set_xticks(list(x), names)
+        a.set_xlabel("tp x pp")
+        a.set_ylabel("generated tokens / s (whole run)")
+        a.legend()
+        b.bar(list(x), [100 * (r["results"].get("plan_wait_share") or 0) for r in rs], 0.5, color="#c44e52",
+              label="in plan sends")
+        b.bar(list(x), [100 * (r["results"].get("plan_blocked_share") or 0) for r in rs], 0.5, color="#4c72b0",
+              label="of which waiting on a follower")
+        b.axhline(5, color="gray", ls="--", lw=1)
+        b.set_xticks(list(x), names)
+        b.set_xlabel("tp x pp")
+        b.set_ylabel("% of the run (leader)")
+        b.legend()
+        fig.suptitle(f"--device sim: {model} on {gpu} / {link}, {n} requests of {prompt} in / {new} out\n"
+                     f"{machine_line(rs)}", fontsize=10)
+        save(fig, plots, f"sim_{slug(model)}_{slug(gpu)}.png", made)
+
+
 def plot_dir(d, plots=None):
     by = load(d)
     plots = plots or os.path.join(d if os.path.isdir(d) else os.path.dirname(d), "plots")
@@ -314,6 +347,7 @@ def plot_dir(d, plots=None):
     plot_allreduce(by.get("allreduce", []), plots, made, notes)
     plot_gemm(by.get("gemm", []), plots, made, notes)
     plot_attention(by.get("attention", []), plots, made, notes)
+    plot_sim(by.get("sim", []), plots, made, notes)
     for n in notes:
         print(f"plot: note: {n}")
     for m in made:

@@ -7,6 +7,9 @@
   benchmarks/run.py tplinear   [--np 1,2] [--config tinyllama-1.1b] [--tokens 30]  TP linears' ceiling
   benchmarks/run.py e2e        [--layouts 1x1,2x1,1x2] [--batch 1,4,16] [--prompts 64,256]
                                [--model PATH | --preset tinyllama-1.1b] [--quant w8a8] [--max-new-tokens 16]
+  benchmarks/run.py sim        [--layouts 8x1,4x2,2x4,1x8] [--requests 64] [--prompt 512] [--max-new-tokens 128]
+                               [--preset llama-2-70b] [--sim-gpu a100-pcie-40gb] [--sim-link pcie4]
+                               `lattice batch --device sim` per layout beside `lattice plan`'s prediction
   benchmarks/run.py all        gemm, allreduce, attention and e2e with their defaults
   benchmarks/run.py plot DIR   PNGs from DIR/results.jsonl into DIR/plots/
 Common options (after the sub-benchmark): --build DIR (default build), --out DIR (default
@@ -582,6 +585,93 @@ def e2e_rounds_summary(args, rec, model_name, per_round, rounds):
 
 # ---- CLI --------------------------------------------------------------------------------------
 
+# ---- sim ----------------------------------------------------------------------------------------
+
+def plan_predictions(args, lattice, ranks):
+    """`lattice plan --json` for the simulated job: {(tp, pp): layout prediction}."""
+    quant = {"none": "fp16", "auto": "fp16"}.get(args.quant, args.quant)
+    cmd = [lattice, "plan", "--model", args.preset, "--gpus", str(ranks), "--gpu", args.sim_gpu, "--interconnect",
+           args.sim_link, "--quant", quant, "--batch", str(args.requests), "--prompt", str(args.prompt), "--json"]
+    p = run_logged(cmd, 120)
+    if p.returncode != 0:
+        return {}, quant
+    return {(l["tp"], l["pp"]): l for l in json.loads(p.stdout)["layouts"]}, quant
+
+
+def bench_sim(args, rec):
+    """The simulated device (--device sim): `lattice batch` of `requests` prompts of `prompt` random ids
+    and `max_new_tokens` each (all queued at once) on every layout, beside the planner's prediction:
+    its run time = requests x prompt / prefill tok/s + requests x max_new / decode tok/s."""
+    lattice = lattice_bin(args)
+    need(lattice, "lattice")
+    layouts = args.layouts or [(8, 1), (4, 2), (2, 4), (1, 8)]
+    vocab = PRESET_VOCAB.get(args.preset, 32000)
+    inp = rec.raw("sim-input").replace(".json", ".jsonl")
+    rng = __import__("random").Random(11)
+    with open(inp, "w") as fh:
+        for _ in range(args.requests):
+            fh.write(json.dumps({"prompt": [rng.randrange(3, vocab) for _ in range(args.prompt)],
+                                 "max_tokens": args.max_new_tokens}) + "\n")
+    rows, plans = [], {}
+    for tp, pp in layouts:
+        np_ = tp * pp
+        if np_ not in plans:
+            plans[np_] = plan_predictions(args, lattice, np_)
+        pred_all, plan_quant = plans[np_]
+        tag = f"sim-tp{tp}-pp{pp}"
+        raw, out = rec.raw(tag), rec.raw(tag + "-out").replace(".json", ".jsonl")
+        for path in (raw, out):
+            if os.path.exists(path):
+                os.remove(path)
+        cmd = mpirun_prefix(np_) + [lattice, "batch", "--random-weights", "--config", args.preset, "--device", "sim",
+                                    "--sim-gpu", args.sim_gpu, "--sim-link", args.sim_link, "--quant", args.quant,
+                                    "--tp", str(tp), "--pp", str(pp), "--input", inp, "--output", out,
+                                    "--stats-json", raw, "--progress", "none"]
+        cmd += ["--sim-step-ms", str(args.sim_step_ms)] if args.sim_step_ms else []
+        cmd += shlex.split(args.extra) if args.extra else []
+        p = run_logged(cmd, args.timeout, env=mpi_env())
+        if p.returncode != 0 or not os.path.exists(raw):
+            rec.fail(f"sim {tag}", p)
+            continue
+        st = json.load(open(raw))
+        pred = pred_all.get((tp, pp), {})
+        gen = st["generated_tokens"]
+        run_s = st["run_seconds"]
+        res = {k: st.get(k) for k in ("run_seconds", "tokens_per_s", "decode_tokens_per_s", "ttft_p50_s",
+                                      "ttft_p90_s", "ttft_p99_s", "steps", "plans_sent", "plan_bytes",
+                                      "plan_wait_seconds", "plan_blocked_seconds", "kv_blocks", "kv_blocks_free",
+                                      "completed", "load_seconds")}
+        res["plan_wait_share"] = st["plan_wait_seconds"] / run_s if run_s else None
+        res["plan_blocked_share"] = st["plan_blocked_seconds"] / run_s if run_s else None
+        res["plan_bytes_per_plan"] = st["plan_bytes"] / st["plans_sent"] if st.get("plans_sent") else None
+        ceil = {}
+        if pred.get("prefill_tokens_per_s") and pred.get("decode_tokens_per_s"):
+            pf = args.requests * args.prompt / pred["prefill_tokens_per_s"]
+            dec = args.requests * args.max_new_tokens / pred["decode_tokens_per_s"]
+            ceil = {"source": "lattice plan (parallel/plan_model)", "quant": plan_quant,
+                    "predicted_run_seconds": pf + dec, "predicted_prefill_seconds": pf,
+                    "predicted_tokens_per_s": gen / (pf + dec),
+                    "predicted_decode_tokens_per_s": pred["decode_tokens_per_s"],
+                    "predicted_ttft_ms_alone": pred.get("ttft_ms"), "fits": pred.get("fits")}
+        params = {"model": args.preset, "device": "sim", "sim_gpu": args.sim_gpu, "sim_link": args.sim_link,
+                  "sim_step_ms": args.sim_step_ms, "quant": args.quant, "tp": tp, "pp": pp, "ranks": np_,
+                  "requests": args.requests, "prompt": args.prompt, "max_new_tokens": args.max_new_tokens}
+        rec.emit("sim", params, res, ceil)
+        ratio = lambda a, b: f(a / b) if a and b else "-"  # noqa: E731
+        rows.append([f"{tp}x{pp}", f(res["tokens_per_s"], 0), f(ceil.get("predicted_tokens_per_s"), 0),
+                     ratio(res["tokens_per_s"], ceil.get("predicted_tokens_per_s")),
+                     f(res["decode_tokens_per_s"], 0), f(ceil.get("predicted_decode_tokens_per_s"), 0),
+                     ratio(res["decode_tokens_per_s"], ceil.get("predicted_decode_tokens_per_s")),
+                     f(res["ttft_p50_s"]), f(res["ttft_p99_s"]), f(ceil.get("predicted_prefill_seconds")),
+                     res["steps"], f(res["plan_bytes_per_plan"], 0), f(100 * res["plan_wait_share"], 1),
+                     f(100 * res["plan_blocked_share"], 2)])
+    if rows:
+        table(f"simulated device: {args.preset} on {args.sim_gpu} over {args.sim_link} ({args.quant}), "
+              f"{args.requests} requests of {args.prompt} in / {args.max_new_tokens} out, all queued at once",
+              ["tp x pp", "tok/s", "plan tok/s", "ratio", "decode tok/s", "plan decode", "ratio", "TTFT p50 s",
+               "TTFT p99 s", "plan prefill s", "steps", "B / plan", "plan wait %", "plan blocked %"], rows)
+
+
 def common(p):
     g = p.add_argument_group("common")
     g.add_argument("--build", default=os.environ.get("LATTICE_BUILD", os.path.join(ROOT, "build")),
@@ -641,11 +731,22 @@ def main(argv=None):
     e.add_argument("--no-ceiling", action="store_true",
                    help="skip the read-bandwidth ceiling (bench_stream_mpi on the same rank count)")
     e.add_argument("--extra", default="", help="more lattice generate arguments, e.g. --extra='--comm-timeout 60'")
+    sm = sub.add_parser("sim", help="the simulated device: lattice batch --device sim per layout vs lattice plan")
+    sm.add_argument("--layouts", type=layout_list, help="TPxPP,... (default 8x1,4x2,2x4,1x8)")
+    sm.add_argument("--requests", type=int, default=64)
+    sm.add_argument("--prompt", type=int, default=512, help="prompt ids per request (default 512)")
+    sm.add_argument("--max-new-tokens", type=int, default=128)
+    sm.add_argument("--preset", "--config", dest="preset", default="llama-2-70b", help="model shape (default llama-2-70b)")
+    sm.add_argument("--sim-gpu", default="a100-pcie-40gb")
+    sm.add_argument("--sim-link", default="pcie4")
+    sm.add_argument("--sim-step-ms", type=float, default=0, help="fixed step time instead of the planner's (0)")
+    sm.add_argument("--quant", default="none", help="none (fp16 on the simulated GPU) | w8a16 | w8a8")
+    sm.add_argument("--extra", default="", help="more lattice batch arguments")
     sub.add_parser("all", help="gemm, allreduce, attention and e2e with their defaults")
     pl = sub.add_parser("plot", help="PNG plots from DIR/results.jsonl")
     pl.add_argument("dir", help="folder holding results.jsonl (plots go to DIR/plots)")
     pl.add_argument("--plots", help="output folder (default DIR/plots)")
-    for p in (g, a, t, tl, e, sub.choices["all"]):
+    for p in (g, a, t, tl, e, sm, sub.choices["all"]):
         common(p)
     args = ap.parse_args(argv)
 
@@ -669,7 +770,7 @@ def main(argv=None):
         if args.bench == "all":
             args.threads = 1 if b == "e2e" else 0
         {"gemm": bench_gemm, "allreduce": bench_allreduce, "attention": bench_attention, "tplinear": bench_tplinear,
-         "e2e": bench_e2e}[b](args, rec)
+         "e2e": bench_e2e, "sim": bench_sim}[b](args, rec)
     print(f"\nrun.py: {rec.count} point(s) appended to {rec.path} (run {rec.run_id}, {time.time() - t0:.0f} s)"
           + (f"; {rec.failures} FAILED" if rec.failures else ""))
     if args.plot:

@@ -76,8 +76,16 @@ void ModelArgs::add_to(CLI::App* cmd) {
     cmd->add_flag("--no-shm-comm", no_shm_comm,
                   "CPU ranks on one machine all-reduce and all-gather through MPI instead of shared memory (for "
                   "comparison; default: shared memory)");
-    cmd->add_option("--device", device, "auto (CUDA when built with it and a GPU exists) | cpu | cuda")
-        ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+    cmd->add_option("--device", device,
+                    "auto (CUDA when built with it and a GPU exists) | cpu | cuda | sim (simulated GPUs: the engine "
+                    "and communication for real, each forward the planner's predicted time, no weights)")
+        ->check(CLI::IsMember({"auto", "cpu", "cuda", "sim"}));
+    cmd->add_option("--sim-gpu", sim_gpu, "--device sim: the GPU simulated (a `lattice plan --gpu` name)")
+        ->capture_default_str();
+    cmd->add_option("--sim-link", sim_link, "--device sim: the link between its GPUs (a `lattice plan` link)")
+        ->capture_default_str();
+    cmd->add_option("--sim-step-ms", sim_step_ms, "--device sim: every stage step takes this long instead (0: predicted)")
+        ->check(real_range(0, 1e6));
     cmd->add_option("--dtype", dtype, "CUDA activation type: f16 | bf16")->check(CLI::IsMember({"f16", "bf16"}));
     cmd->add_option("--devices", devices, "CUDA device of each local rank, e.g. 0,1,2,3 (default: local rank)");
 }
@@ -355,6 +363,7 @@ RankRuntime load_model(const ModelArgs& a, const std::function<void(const WorldC
     o.comm_timeout = a.comm_timeout;
     o.comm_shared_memory = !a.no_shm_comm;
     o.backend.kind = parse_backend_kind(a.device);
+    o.sim = SimDeviceOptions{a.sim_gpu, a.sim_link, a.sim_step_ms};
     o.backend.threads = usable_threads(a.threads);
     o.model.on_progress = load_progress_printer();
     o.backend.mlock = a.mlock;

@@ -41,7 +41,9 @@ struct ModelArgs {
     int64_t block_size = 16;
     bool no_prefix_cache = false;
     bool enforce_eager = false;
-    std::string device = "auto";  // auto | cpu | cuda
+    std::string device = "auto";  // auto | cpu | cuda | sim
+    std::string sim_gpu = "a100-pcie-40gb", sim_link = "pcie4";  // --device sim (sim_device.h)
+    double sim_step_ms = 0;
     std::string dtype = "bf16";   // CUDA activations: f16 | bf16
     std::string devices;          // CUDA ordinals per local rank, e.g. 0,1,2,3
 

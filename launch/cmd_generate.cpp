@@ -106,6 +106,7 @@ nlohmann::json breakdown_json(const GenerateStats& s) {
             {"wall_seconds", r0.wall},
             {"rank0", parts(r0)},
             {"plan_wait_seconds", r0.plan_wait},  // the leader's: blocked handing plans over (part of host_overhead)
+            {"plan_blocked_seconds", r0.plan_blocked},  // of which waiting for a follower (a full queue)
             {"plan_bytes", r0.plan_bytes},        // the leader's encoded plans, per follower
             {"per_rank", std::move(per_rank)}};
 }

@@ -33,6 +33,9 @@ public:
     // complete each call before it returns (a no-op); a device one may queue its calls on a stream
     // without a host wait (NcclComm's deferred mode), and then this is where a dead peer is found.
     virtual void wait_idle() {}
+    // Seconds send() has waited for a receiver so far: for room in a full send queue, or for the
+    // match of a synchronous send (MpiComm); 0 for communicators whose sends never wait on one.
+    virtual double send_wait_seconds() const { return 0; }
 };
 
 // One rank: every collective is the identity; send/recv are errors.

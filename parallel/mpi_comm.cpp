@@ -517,11 +517,17 @@ void MpiComm::send(const View& in, int peer) {
     const int bytes = int(total);
     if (policy_.send_buffers <= 0) {
         MPI_Request req = MPI_REQUEST_NULL;
+        const auto t0 = std::chrono::steady_clock::now();
         issued(MPI_Isend(in.data, bytes, MPI_BYTE, peer, kDataTag, comm_, &req), "send", what, peer);
         wait(&req, MPI_STATUS_IGNORE, "send", what, peer);
+        send_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         return;
     }
-    while (int(sends_.size()) >= policy_.send_buffers) wait_oldest_send();
+    if (int(sends_.size()) >= policy_.send_buffers) {
+        const auto t0 = std::chrono::steady_clock::now();
+        while (int(sends_.size()) >= policy_.send_buffers) wait_oldest_send();
+        send_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
     PendingSend ps;
     if (!spare_bufs_.empty()) {
         ps.data = std::move(spare_bufs_.back());

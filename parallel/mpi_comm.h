@@ -73,6 +73,7 @@ public:
     void send(const View& in, int peer) override;
     void recv(const View& out, int peer) override;
     void barrier() override;
+    double send_wait_seconds() const override { return send_wait_s_; }
 
     MPI_Comm handle() const { return comm_; }
     int world_rank_of(int comm_rank) const { return world_ranks_.at(size_t(comm_rank)); }
@@ -115,6 +116,7 @@ private:
     int rank_ = 0;
     int size_ = 1;
     int calls_ = 0;
+    double send_wait_s_ = 0;  // send(): waiting for room in the queue / a synchronous match
     bool broken_ = false;
     std::vector<int> world_ranks_;  // comm rank -> world rank
     std::unique_ptr<ControlChannel> ctl_;

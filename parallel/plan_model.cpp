@@ -249,7 +249,34 @@ StageTime stage_time(const PlanRequest& r, const StageShape& st, int tp, double 
     return t;
 }
 
+// What one rank gets while `active` ranks of its node run at once.
+RankRates rates_of(const DeviceSpec& d, int active) {
+    const double n = double(std::max(active, 1));
+    RankRates x;
+    x.bw = d.bw_gbs * d.bw_eff * 1e9;
+    if (d.node_bw_gbs > 0) x.bw = std::min(x.bw, d.node_bw_gbs * 1e9 / n);
+    x.int8 = d.int8_tops * d.compute_eff * 1e12;
+    if (d.node_int8_tops > 0) x.int8 = std::min(x.int8, d.node_int8_tops * d.compute_eff * 1e12 / n);
+    x.fp = d.fp16_tflops * d.compute_eff * 1e12;
+    x.attn = d.attn_tflops > 0 ? d.attn_tflops * 1e12 : x.fp;
+    if (d.node_int8_tops > 0 && d.int8_tops > 0) {  // the float units share the cores the same way
+        const double share = std::min(1.0, d.node_int8_tops / (d.int8_tops * n));
+        x.fp *= share;
+        x.attn *= share;
+    }
+    return x;
+}
+
 }  // namespace
+
+double predict_stage_seconds(const PlanRequest& r, int tp, int pp, int stage, double tokens, double positions,
+                             double sampled) {
+    const auto stages = stage_shapes(r.model, tp, pp);
+    LATTICE_CHECK(stage >= 0 && stage < pp, "predict_stage_seconds: stage {} of {}", stage, pp);
+    PlanRequest q = r;
+    q.batch = std::max<int64_t>(1, int64_t(sampled));  // the head's rows
+    return stage_time(q, stages[size_t(stage)], tp, tokens, positions, rates_of(r.device, tp)).total;
+}
 
 MemoryEstimate estimate_memory(const PlanRequest& r, int tp, int pp) {
     const auto stages = stage_shapes(r.model, tp, pp);
@@ -304,23 +331,7 @@ LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
         if (pp > 1) t += send_s(r.nodes > 1 ? r.inter_node : r.link, 8.0);  // the sampled tokens back to the leader
         return t;
     };
-    auto rank_rates = [&](int active) {
-        const DeviceSpec& d = r.device;
-        const double n = double(std::max(active, 1));
-        RankRates x;
-        x.bw = d.bw_gbs * d.bw_eff * 1e9;
-        if (d.node_bw_gbs > 0) x.bw = std::min(x.bw, d.node_bw_gbs * 1e9 / n);
-        x.int8 = d.int8_tops * d.compute_eff * 1e12;
-        if (d.node_int8_tops > 0) x.int8 = std::min(x.int8, d.node_int8_tops * d.compute_eff * 1e12 / n);
-        x.fp = d.fp16_tflops * d.compute_eff * 1e12;
-        x.attn = d.attn_tflops > 0 ? d.attn_tflops * 1e12 : x.fp;
-        if (d.node_int8_tops > 0 && d.int8_tops > 0) {  // the float units share the cores the same way
-            const double share = std::min(1.0, d.node_int8_tops / (d.int8_tops * n));
-            x.fp *= share;
-            x.attn *= share;
-        }
-        return x;
-    };
+    auto rank_rates = [&](int active) { return rates_of(r.device, active); };
     // The step plan reaches every rank (a broadcast) before each forward.
     const double plan_s = tp * pp > 1 ? std::ceil(std::log2(double(tp * pp))) * r.link.alpha_us * 1e-6 : 0.0;
 

@@ -119,6 +119,11 @@ double kv_cache_bytes(const ModelDims& m, int tp, int64_t layers, int64_t positi
 double activation_bytes(const ModelDims& m, int tp, int64_t tokens, double bytes_per_elem, bool last_stage);
 
 MemoryEstimate estimate_memory(const PlanRequest& r, int tp, int pp);
+// Seconds one forward of `tokens` tokens, each attending to `positions` cached positions, takes on
+// pipeline stage `stage` of a tp x pp layout, its TP all-reduces included, `sampled` rows through the
+// head on the last stage (the simulated device's step: runtime/backend/sim/sim_device.h).
+double predict_stage_seconds(const PlanRequest& r, int tp, int pp, int stage, double tokens, double positions,
+                             double sampled);
 LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp);
 // Every (tp, pp) with tp * pp == devices, feasible or not (why_not says), best first: fitting
 // layouts by decode tokens/s (ties: fewer pipeline stages), then the rest.

@@ -14,7 +14,8 @@ BackendKind parse_backend_kind(std::string_view s) {
     if (s == "auto") return BackendKind::kAuto;
     if (s == "cpu") return BackendKind::kCpu;
     if (s == "cuda") return BackendKind::kCuda;
-    LATTICE_FAIL("unknown device \"{}\" (expected auto, cpu or cuda)", s);
+    if (s == "sim") return BackendKind::kSim;
+    LATTICE_FAIL("unknown device \"{}\" (expected auto, cpu, cuda or sim)", s);
 }
 
 BackendKind resolve_backend_kind(BackendKind kind) {
@@ -23,6 +24,7 @@ BackendKind resolve_backend_kind(BackendKind kind) {
 }
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
+    if (o.kind == BackendKind::kSim) return std::make_unique<CpuBackend>(CpuBackendOptions{1, false, false});
     if (resolve_backend_kind(o.kind) == BackendKind::kCpu)
         return std::make_unique<CpuBackend>(CpuBackendOptions{o.threads, o.pin, o.mlock, o.cpu_select_tokens, o.cpu_step_graphs,
                                                                 o.cpu_fused_quant});

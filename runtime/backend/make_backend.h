@@ -15,8 +15,10 @@ enum class BackendKind : uint8_t {
     kAuto,  // CUDA when built with it and a device is visible, else CPU
     kCpu,
     kCuda,
+    kSim,  // the simulated device (runtime/backend/sim/sim_device.h): a one-thread CPU backend for
+           // host scratch; the model is shape-only and the engine waits out predicted step times
 };
-BackendKind parse_backend_kind(std::string_view s);  // "auto" | "cpu" | "cuda"; throws Error
+BackendKind parse_backend_kind(std::string_view s);  // "auto" | "cpu" | "cuda" | "sim"; throws Error
 
 struct BackendOptions {
     BackendKind kind = BackendKind::kAuto;

@@ -42,6 +42,7 @@ PipelineLinks rank_pipeline_links(const ParallelContext& ctx) {
         links.next = ctx.next_stage();
         links.world = ctx.world_comm.get();
         links.plans = ctx.plans.get();
+        links.tp = ctx.tp.get();
         links.sampler = ctx.world.sampler_rank();
     }
     return links;
@@ -168,7 +169,9 @@ RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const T
     const int64_t step_budget = opt.micro_batch > 0 ? opt.micro_batch : opt.model.max_batch_tokens;
     const int64_t decode_rows = (opt.engine.max_seqs + ctx.world.pp - 1) / ctx.world.pp;
     model_opt.max_batch_tokens = std::max(model_opt.max_batch_tokens, step_budget + decode_rows);
-    if (rt.backend->device() == Device::kCpu) check_host_memory(src.config(), opt);
+    const bool sim = backend_opt.kind == BackendKind::kSim;
+    model_opt.shape_only = sim;
+    if (rt.backend->device() == Device::kCpu && !sim) check_host_memory(src.config(), opt);
     try {
         rt.model = std::make_unique<Model>(src, *rt.backend, model_opt, ctx.tp.get());
     } catch (const std::bad_alloc&) {
@@ -176,7 +179,9 @@ RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const T
                      src.config().parameter_count_estimate() * 1e-9);
     }
     int64_t blocks =
-        opt.kv_blocks > 0 ? opt.kv_blocks : kv_blocks_for(*rt.model, *rt.backend, opt.kv_cache_gb, opt.engine.max_seqs);
+        opt.kv_blocks > 0 ? opt.kv_blocks
+        : sim ? std::max<int64_t>(opt.engine.max_seqs, 1) * rt.model->attention_shape().table_width + 1
+              : kv_blocks_for(*rt.model, *rt.backend, opt.kv_cache_gb, opt.engine.max_seqs);
     rt.checkpoint_bytes_read = {rt.model->checkpoint_bytes_read()};
     if (ctx.world.world > 1) {  // the leader's block ids must exist on every rank
         const int W = ctx.world.world;
@@ -195,6 +200,13 @@ RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const T
     engine_opt.kv_blocks = blocks;
     engine_opt.step_tokens = step_budget;
     engine_opt.heartbeat_s = std::min(engine_opt.heartbeat_s, opt.comm_timeout / 4);
+    if (sim) {
+        const PlanQuant q = model_opt.quant == QuantMode::kW8A8    ? PlanQuant::kW8A8
+                            : model_opt.quant == QuantMode::kW8A16 ? PlanQuant::kW8A16
+                                                                   : PlanQuant::kFp16;
+        engine_opt.sim = std::make_shared<SimDevice>(opt.sim, src.config().dims(), ctx.world.tp, ctx.world.pp,
+                                                     ctx.world.pp_rank(), q, model_opt.max_batch_tokens);
+    }
     rt.engine = std::make_unique<Engine>(*rt.model, rank_pipeline_links(ctx), engine_opt);
     rt.tp_comm = std::move(ctx.tp);
     rt.pp_comm = std::move(ctx.pp_world);
@@ -204,7 +216,7 @@ RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const T
     LOG_INFO(
         "{}: loaded {} on {} in {:.2f} s ({:.1f} MiB of weights on this rank, {:.1f} MiB read from the checkpoint, "
         "quant {}; KV cache {} blocks of {} = {:.1f} MiB)",
-        rt.world.describe(), src.describe(), rt.backend->name(), rt.load_seconds,
+        rt.world.describe(), src.describe(), sim ? engine_opt.sim->describe() : rt.backend->name(), rt.load_seconds,
         double(rt.model->weight_bytes()) / (1 << 20), double(rt.model->checkpoint_bytes_read()) / (1 << 20),
         quant_mode_name(model_opt.quant), blocks, rt.model->attention_shape().block_size,
         double(blocks * rt.model->kv_bytes_per_block()) / (1 << 20));

@@ -20,6 +20,7 @@
 
 #include "parallel/parallel_context.h"
 #include "runtime/backend/make_backend.h"
+#include "runtime/backend/sim/sim_device.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/model.h"
 #include "runtime/weights/tensor_source.h"
@@ -56,6 +57,10 @@ struct BuildOptions {
     double comm_timeout = 60.0;  // seconds before a silent peer is an Error
     bool comm_shared_memory = true;  // MPI groups within one machine exchange through shared memory
     BackendOptions backend;      // cuda_device is replaced by this rank's device
+    // backend.kind == kSim: the simulated device (runtime/backend/sim/sim_device.h). The model is
+    // shape-only; the KV cache (bookkeeping only) holds every sequence at full context unless
+    // kv_blocks says otherwise.
+    SimDeviceOptions sim;
     std::vector<int> devices;    // CUDA ordinal per local rank (empty: the local rank)
     // Called once the rank grid exists, before any weight is read (launch/ installs its
     // termination reporter and log level here).

@@ -1,5 +1,7 @@
-// Engine (see engine.h for the roles and the step protocol). Messages on the world communicator:
-//   leader -> every rank, per plan:  int64 size, then the encoded StepPlan (step_plan.h);
+// Engine (see engine.h for the roles and the step protocol). Messages on the plans communicator:
+//   leader -> every rank, per plan:  8 KiB: int64 size, then the encoded StepPlan's first bytes
+//                                    (step_plan.h); a longer plan: one more message with the rest.
+// On the world communicator:
 //   sampler -> leader, per kStep:    SampledToken[n + 1], the first holding n (sampled sequences);
 //                      per kScore:   f32 logits [tokens, vocab];
 //   leader -> every rank, after generate_batch: the results (so every rank returns them).
@@ -10,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <span>
+#include <thread>
 
 #include "base/clock.h"
 #include "base/error.h"
@@ -20,6 +23,7 @@ namespace {
 
 using Clock = SteadyClock;
 constexpr auto since = seconds_since;
+constexpr int64_t kPlanHead = 8192;  // a plan's first message: its size and up to 8184 of its bytes
 
 template <typename T>
 View host_view(T* p, DType dt, int64_t n) {
@@ -36,7 +40,7 @@ Engine::Engine(Model& model, PipelineLinks links, const EngineOptions& opt) : mo
     stages_ = links_.pipe ? links_.pipe->size() : 1;
     LATTICE_CHECK(model_.kv_blocks() > 0, "Engine: the model has no KV cache (Model::allocate_kv first)");
     const ModelOptions& mo = model_.options();
-    graphs_on_ = opt_.step_graphs && model_.backend().captures_steps() && stages_ == 1 && mo.first_stage &&
+    graphs_on_ = !opt_.sim && opt_.step_graphs && model_.backend().captures_steps() && stages_ == 1 && mo.first_stage &&
                  mo.last_stage && model_.kv_blocks() >= 2;
     if (graphs_on_) {
         trash_block_ = int32_t(model_.kv_blocks() - 1);
@@ -81,16 +85,24 @@ Engine::~Engine() = default;
 void Engine::send_plan(const StepPlan& p) {
     last_sent_ = Clock::now();
     if (world_ == 1) return;
-    const std::vector<uint8_t> bytes = encode_plan(p, plan_tables_);  // one encoding: every follower
-    int64_t n = int64_t(bytes.size());                                  // knows the same tables
+    // One encoding (every follower knows the same tables), framed as a head of kPlanHead bytes (the
+    // plan's size, then its first bytes) and, for a longer plan, one message with the rest: most
+    // plans are one send per follower.
+    std::vector<uint8_t> head(kPlanHead, 0);
+    const std::vector<uint8_t> bytes = encode_plan(p, plan_tables_);
+    const int64_t n = int64_t(bytes.size()), first = std::min<int64_t>(n, kPlanHead - 8);
+    std::memcpy(head.data(), &n, 8);
+    std::memcpy(head.data() + 8, bytes.data(), size_t(first));
     Communicator& c = plan_comm();
     const auto t0 = Clock::now();
+    const double blocked0 = c.send_wait_seconds();
     for (int r = 0; r < world_; ++r) {
         if (r == rank_) continue;
-        c.send(host_view(&n, DType::kI64, 1), r);
-        c.send(host_view(bytes.data(), DType::kU8, n), r);
+        c.send(host_view(head.data(), DType::kU8, kPlanHead), r);
+        if (n > first) c.send(host_view(bytes.data() + first, DType::kU8, n - first), r);
     }
     counters_.plan_wait_seconds += since(t0);
+    counters_.plan_blocked_seconds += c.send_wait_seconds() - blocked0;
     ++counters_.plans_sent;
     counters_.plan_bytes += n;
 }
@@ -99,10 +111,14 @@ StepPlan Engine::recv_plan() {
     int64_t n = 0;
     const auto t0 = Clock::now();
     Communicator& c = plan_comm();
-    c.recv(host_view(&n, DType::kI64, 1), 0);
+    std::vector<uint8_t> head(kPlanHead);
+    c.recv(host_view(head.data(), DType::kU8, kPlanHead), 0);
+    std::memcpy(&n, head.data(), 8);
     LATTICE_CHECK(n > 0 && n < (int64_t(1) << 30), "rank {}: step plan of {} bytes from the leader", rank_, n);
+    const int64_t first = std::min<int64_t>(n, kPlanHead - 8);
     std::vector<uint8_t> bytes(static_cast<size_t>(n));
-    c.recv(host_view(bytes.data(), DType::kU8, n), 0);
+    std::memcpy(bytes.data(), head.data() + 8, size_t(first));
+    if (n > first) c.recv(host_view(bytes.data() + first, DType::kU8, n - first), 0);
     counters_.wait_seconds += since(t0);
     StepPlan p = decode_plan(bytes.data(), n, plan_tables_);
     LATTICE_CHECK(p.number == number_ + 1, "rank {}: step plan {} arrived after {} (out of order)", rank_, p.number,
@@ -173,6 +189,7 @@ void Engine::attach_top(const StepPlan& p, const Results& r, std::vector<TokenEv
 // ---- execution (every rank) ----
 
 void Engine::execute(const StepPlan& p, Results* out) {
+    if (opt_.sim) return sim_execute(p, out);
     const ModelConfig& c = model_.config();
     const AttentionShape& a = model_.attention_shape();
     const int64_t T = int64_t(p.tokens.size()), n = int64_t(p.seqs.size());
@@ -228,6 +245,50 @@ void Engine::execute(const StepPlan& p, Results* out) {
         }
     }
     counters_.compute_seconds += since(t0) - waited;
+    counters_.wait_seconds += waited;
+    ++counters_.steps;
+}
+
+// The simulated device's step (sim_device.h): the previous stage's hidden rows (16-bit, the real
+// byte count), one TP all-reduce of a layer's real byte count, then a sleep until the predicted
+// time of the whole stage step has passed since the rows arrived, the hand-off to the next stage,
+// and on the sampler one pseudo-token per sampled sequence. Every rank takes the same branches (they
+// depend on the plan only), so the collectives match.
+void Engine::sim_execute(const StepPlan& p, Results* out) {
+    LATTICE_CHECK(p.kind == StepPlan::Kind::kStep, "the simulated device has no logits to score (step {})", p.number);
+    const SimDevice& sim = *opt_.sim;
+    const ModelOptions& o = model_.options();
+    const int64_t T = int64_t(p.tokens.size());
+    double attended = 0;  // positions each token attends to, summed
+    for (const PlanSeq& ps : p.seqs)
+        attended += double(ps.count) * double(ps.start) + double(ps.count) * double(ps.count + 1) / 2.0;
+    const int64_t sampled = p.sampled();
+    sim_rows_.resize(size_t(sim.hidden_bytes(T)));
+    const View rows = host_view(sim_rows_.data(), DType::kU8, int64_t(sim_rows_.size()));
+    double waited = 0;
+    if (!o.first_stage) {
+        const auto w0 = Clock::now();
+        links_.pipe->recv(rows, links_.prev);
+        waited = since(w0);
+    }
+    const auto t0 = Clock::now();
+    if (sim.tp() > 1) {  // (as f32 words: the same bytes)
+        LATTICE_CHECK(links_.tp, "simulated device: tp {} without a TP communicator", sim.tp());
+        links_.tp->all_reduce_sum(host_view(sim_rows_.data(), DType::kF32, int64_t(sim_rows_.size() / 4)));
+    }
+    const double step_s = sim.step_seconds(T, T > 0 ? attended / double(T) : 0.0, o.last_stage ? sampled : 0);
+    std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(step_s)));
+    if (!o.last_stage) links_.pipe->send(rows, links_.next);
+    if (is_sampler()) {
+        for (int64_t id : p.released) samplers_.erase(id);
+        out->tokens.clear();
+        for (const PlanSeq& ps : p.seqs)
+            if (ps.sample)
+                out->tokens.push_back(SampledToken{
+                    SimDevice::pseudo_token(ps.id, ps.start + ps.count, model_.config().vocab, model_.config().eos_ids),
+                    0.0f});
+    }
+    counters_.compute_seconds += since(t0);
     counters_.wait_seconds += waited;
     ++counters_.steps;
 }
@@ -397,6 +458,7 @@ StepBreakdown Engine::breakdown(const EngineCounters& c0, double comm0, double w
     b.pipeline_bubble = counters_.wait_seconds - c0.wait_seconds;
     b.host_overhead = std::max(0.0, wall - b.compute - b.communication - b.sampling - b.pipeline_bubble);
     b.plan_wait = counters_.plan_wait_seconds - c0.plan_wait_seconds;
+    b.plan_blocked = counters_.plan_blocked_seconds - c0.plan_blocked_seconds;
     b.plan_bytes = counters_.plan_bytes - c0.plan_bytes;
     return b;
 }

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "parallel/communicator.h"
+#include "runtime/backend/sim/sim_device.h"
 #include "runtime/engine/block_pool.h"
 #include "runtime/engine/sampler.h"
 #include "runtime/engine/scheduler.h"
@@ -41,6 +42,7 @@ struct PipelineLinks {
     int next = -1;                  // pipe rank of the next stage, -1 on the last
     Communicator* world = nullptr;  // all ranks (host memory); null: a single rank
     Communicator* plans = nullptr;  // all ranks, the step plans only (a deep send queue); null: world
+    Communicator* tp = nullptr;     // this stage's TP group: the simulated device's all-reduces
     int sampler = 0;                // world rank that samples
 };
 
@@ -57,6 +59,9 @@ struct EngineOptions {
     // batch-size bucket (powers of two up to max_seqs), padded with dummy sequences on a reserved
     // KV block; single-stage models only (pp = 1). false: every step eager (--enforce-eager).
     bool step_graphs = true;
+    // The simulated device (runtime/backend/sim/sim_device.h): set, each forward waits out its
+    // predicted time instead of running the (shape-only) model, and the sampler returns pseudo-tokens.
+    std::shared_ptr<const SimDevice> sim;
 };
 
 // The every-rank convenience API (tools, tests) takes the engine's own request: ignore_eos lets the
@@ -71,14 +76,15 @@ using GenerateRequest = EngineRequest;
 //                    (leader), the leader's next plan (followers);
 //   sampling         the sampler rank's per-sequence sampling and log-softmax;
 //   host_overhead    the rest: scheduling, plan encoding, sends, the front's callbacks.
-// plan_wait (leader) is the part of host_overhead spent blocked handing plans to the communicator
-// (a follower kPlanQueue plans behind, see send_plan); not a sixth part of the sum.
+// plan_wait (leader) is the part of host_overhead spent in the plans' send calls, plan_blocked the
+// part of that waiting for a follower kPlanQueue plans behind (see send_plan); not parts of the sum.
 struct StepBreakdown {
     int rank = 0, tp_rank = 0, pp_rank = 0;
     int64_t steps = 0;  // forwards this rank ran
     double wall = 0, compute = 0, communication = 0, pipeline_bubble = 0, sampling = 0, host_overhead = 0;
     double plan_wait = 0;
-    int64_t plan_bytes = 0;  // leader: encoded plan bytes sent (to each follower)
+    double plan_blocked = 0;  // of plan_wait, waiting for a follower kPlanQueue plans behind
+    int64_t plan_bytes = 0;   // leader: encoded plan bytes sent (to each follower)
 };
 
 struct GenerateStats {
@@ -117,7 +123,8 @@ struct EngineCounters {
     int64_t graph_steps = 0;     // of the steps, decode steps run through a step graph (eager warm-ups included)
     int64_t graph_replays = 0;   // of those, replays of a captured graph
     int64_t graphs_captured = 0; // step graphs captured (one per batch-size bucket used)
-    double plan_wait_seconds = 0;  // leader: blocked sending plans (in the communicator's send calls)
+    double plan_wait_seconds = 0;  // leader: in the plans' send calls (wall: copies, MPI, and waits)
+    double plan_blocked_seconds = 0;  // leader: of which waiting for a follower (a full plan queue)
     int64_t plans_sent = 0;        // leader: plans sent (steps, heartbeats, shutdown)
     int64_t plan_bytes = 0;        // leader: their encoded bytes (per follower)
 };
@@ -186,6 +193,7 @@ private:
     StepPlan recv_plan();
     Communicator& plan_comm() const { return links_.plans ? *links_.plans : *links_.world; }
     void execute(const StepPlan& p, Results* out);
+    void sim_execute(const StepPlan& p, Results* out);
     void sample_rows(const StepPlan& p, const View& logits, Results* out);
     // A decode-only step through the captured graph of its bucket; false when the step is not one.
     bool graph_step(const StepPlan& p, const TokenBatch& b, Results* out);
@@ -209,6 +217,7 @@ private:
     PlanTables plan_tables_;  // the block tables the followers know (leader: sent; follower: received)
     std::unordered_map<int64_t, Sampler> samplers_;  // sampler rank: per-sequence state
     std::vector<float> host_rows_;  // sampler rank: logits rows sampled on the host
+    std::vector<uint8_t> sim_rows_;   // the simulated device's hidden rows (hand-offs, all-reduces)
     // Step graphs: on when opt_.step_graphs, the backend captures steps and the model is one stage.
     struct GraphSlot {
         bool warmed = false;  // one eager step of this bucket ran (scratch sized)

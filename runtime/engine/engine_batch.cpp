@@ -27,12 +27,13 @@ void broadcast_vec(Communicator& c, std::vector<T>& v, DType dt) {
 
 // Every rank's breakdown to every rank: 10 int64 each (ids, steps, then the seconds in ns).
 std::vector<StepBreakdown> Engine::gather_breakdowns(const StepBreakdown& mine) const {
-    constexpr int kFields = 12;
+    constexpr int kFields = 13;
     auto ns = [](double s) { return int64_t(s * 1e9); };
     const int64_t enc[kFields] = {mine.rank,          mine.tp_rank,       mine.pp_rank,
                                   mine.steps,         ns(mine.wall),      ns(mine.compute),
                                   ns(mine.communication), ns(mine.pipeline_bubble), ns(mine.sampling),
-                                  ns(mine.host_overhead), ns(mine.plan_wait), mine.plan_bytes};
+                                  ns(mine.host_overhead), ns(mine.plan_wait), mine.plan_bytes,
+                                  ns(mine.plan_blocked)};
     std::vector<int64_t> all(size_t(kFields) * size_t(world_));
     if (world_ > 1)
         links_.world->all_gather(View::contiguous(all.data(), DType::kI64, {int64_t(all.size())}),
@@ -55,6 +56,7 @@ std::vector<StepBreakdown> Engine::gather_breakdowns(const StepBreakdown& mine) 
         b.host_overhead = double(e[9]) * 1e-9;
         b.plan_wait = double(e[10]) * 1e-9;
         b.plan_bytes = e[11];
+        b.plan_blocked = double(e[12]) * 1e-9;
     }
     return out;
 }

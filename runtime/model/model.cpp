@@ -38,6 +38,7 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
     attn_.scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
     // A window as long as the context never bites: full attention (any backend).
     attn_.window = cfg_.sliding_window > 0 && cfg_.sliding_window < opt_.max_seq ? cfg_.sliding_window : 0;
+    if (opt_.shape_only) return;
     const Op ops[] = {Op::kEmbed, Op::kRmsNorm, Op::kAddRmsNorm, Op::kRope, Op::kAttention, Op::kSiluMul, Op::kAdd};
     for (Op op : ops)
         LATTICE_CHECK(be_.supports(op, be_.activation_dtype()), "backend {} does not support {} in {}", be_.name(),
@@ -152,6 +153,10 @@ int64_t Model::kv_bytes_per_block() const {
 
 void Model::allocate_kv(int64_t num_blocks) {
     LATTICE_CHECK(num_blocks >= 1, "KV cache: {} blocks (need >= 1)", num_blocks);
+    if (opt_.shape_only) {  // (no layers_ exist to hold them)
+        attn_.num_blocks = num_blocks;
+        return;
+    }
     const DType act = be_.activation_dtype();
     for (LayerWeights& L : layers_) {
         L.k_cache = Buffer{};

@@ -55,6 +55,9 @@ struct ModelOptions {
     // Called after each weight of this rank is in the backend (launch/ shows load progress from it;
     // nothing here prints). Elements are this rank's, bytes those read from the checkpoint so far.
     std::function<void(const LoadProgress&)> on_progress;
+    // The simulated device (runtime/backend/sim/sim_device.h): the shape and the stage's layer range
+    // only, no weights, scratch or KV memory; the engine never runs its forward.
+    bool shape_only = false;
 };
 
 // Sees the activation entering a norm-preceded GEMM: which 0 = attention input (before wqkv),

@@ -236,6 +236,8 @@ TEST_CASE("the per-step breakdown: every rank's, parts that sum to its wall time
             // only the leader sends plans; the time it waited to is part of its host overhead
             CHECK(x.plan_wait >= 0);
             CHECK(x.plan_wait <= x.host_overhead + 1e-6);
+            CHECK(x.plan_blocked >= 0);
+            CHECK(x.plan_blocked <= x.plan_wait + 1e-6);
             CHECK((x.plan_bytes > 0) == (r == 0));
         }
     }
