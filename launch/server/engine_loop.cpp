@@ -53,14 +53,15 @@ void EngineLoop::drop(Ticket& t) {
 void EngineLoop::take(const Inbox::Item& it) {
     Ticket& t = *it.ticket;
     if (it.cancel) {
-        const auto queued = std::find(scores_.begin(), scores_.end(), it.ticket);
-        if (queued != scores_.end()) scores_.erase(queued);
+        const auto at = std::find(scores_.begin(), scores_.end(), it.ticket);
+        const bool queued = at != scores_.end();
+        if (queued) scores_.erase(at);
         bool running = false;
         for (int64_t eid : t.engine_ids) {
             auto found = live_.find(eid);
             running |= found != live_.end() && found->second.ticket == it.ticket;
         }
-        if (!running && queued == scores_.end()) return;
+        if (!running && !queued) return;
         drop(t);
         metrics_.count_finish("cancelled");
         ++totals_.cancelled;
