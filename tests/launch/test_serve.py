@@ -14,12 +14,17 @@ every output is checked against `lattice generate` or the golden continuations:
      disconnects: its blocks return to the pool (/metrics) and the waiting request runs.
   4. launch/slurm/serve.sbatch run as a script with PP=2 on CPU ranks (built-in) and mpirun -np 2 --tp 2
      (golden): the same outputs; SIGTERM to the template and SIGUSR1 to mpirun drain, exit 0.
+  6. (part "choices") logprobs and top_logprobs (completions, chat, streamed = not streamed) equal the score
+     path's (echo with max_tokens 0) to 1e-4 and are sorted; n 4 at temperature 1 with a seed: 4 different
+     answers, the same twice, the siblings' prompt blocks from the prefix cache; best_of 3 picks the highest
+     cumulative logprob; a list of 3 prompts: 3 choices in order; unknown fields, best_of with stream and
+     max_tokens beyond the context are 400 naming the field.
   5. (part "fronts") the same three requests (ended by length, by a stop string, a chat) through
      `generate --json`, `batch` and serve give the same ids, text, finish reason and usage.
 Without the openai package the same requests and checks go through http.client (Api below), so the test
 never skips for want of it. Every server runs in its own process group and is killed (group and all) when
 the test fails or stops; each wait is bounded.
-Usage: test_serve.py LATTICE_BINARY MODEL_GGUF SHARED_DIR [api|fronts|all]   (exit 0: pass)"""
+Usage: test_serve.py LATTICE_BINARY MODEL_GGUF SHARED_DIR [api|choices|fronts|all]   (exit 0: pass)"""
 import atexit
 import http.client
 import json
@@ -41,8 +46,9 @@ except ImportError:
     openai = None
 
 lattice, builtin, shared = sys.argv[1], sys.argv[2], sys.argv[3]
-# api: sections 1-4; fronts: section 5 (CTest runs them as two tests: together they took 125 s under the
-# sanitizers, over the 120 s per test of scripts/test_budget.conf); all: both.
+# api: sections 1-4; choices: section 6; fronts: section 5 (CTest runs them as three tests: api and fronts
+# together took 125 s under the sanitizers, over the 120 s per test of scripts/test_budget.conf, and api
+# alone is near it); all: every one.
 PART = sys.argv[4] if len(sys.argv) > 4 else "all"
 golden = os.path.join(shared, "golden", "tiny-llama2")
 KEY = "test-key-0123456789"
@@ -404,7 +410,7 @@ def choices_and_logprobs(s, client, auth):
     # prompt's full KV blocks (the prefix cache serves them).
     before = s.metrics()["lattice_prefix_cache_hit_tokens_total"]
     long_prompt = "Once upon a time in a land far away there lived a king who had three daughters and a castle by the sea"
-    n4 = [client.create("completions", model="smol", prompt=long_prompt, max_tokens=8, temperature=1, seed=11, n=4)
+    n4 = [ids({"prompt": long_prompt, "max_tokens": 8, "temperature": 1, "seed": 11, "n": 4, "logprobs": 0})
           for _ in range(2)]
     texts = [[c["text"] for c in sorted(r["choices"], key=lambda c: c["index"])] for r in n4]
     check(len(set(texts[0])) == 4 and texts[0] == texts[1] and [c["index"] for c in n4[0]["choices"]] == [0, 1, 2, 3],
@@ -414,18 +420,14 @@ def choices_and_logprobs(s, client, auth):
     hits = s.metrics()["lattice_prefix_cache_hit_tokens_total"] - before
     check(hits >= 2 * 3 * (plen // 16) * 16, f"n 4: {hits} prompt tokens from the prefix cache")
     print(f"  n 4: {hits:.0f} prompt tokens of the siblings from the prefix cache ({plen} per prompt)", flush=True)
-    # best_of 3, n 1: one choice, the best of seeds 11..13 by cumulative logprob; not with stream.
-    b = ids({"prompt": long_prompt, "max_tokens": 8, "temperature": 1, "seed": 11, "n": 1, "best_of": 3,
-             "logprobs": 0})
-    sums = []
-    for i in range(3):
-        one = ids({"prompt": long_prompt, "max_tokens": 8, "temperature": 1, "seed": 11 + i, "logprobs": 0})
-        sums.append((sum(one["choices"][0]["logprobs"]["token_logprobs"]), one["choices"][0]["text"]))
+    # best_of 3, n 1: one choice, the best of seeds 11..13 (n 4's first three) by cumulative logprob.
+    b = ids({"prompt": long_prompt, "max_tokens": 8, "temperature": 1, "seed": 11, "n": 1, "best_of": 3})
+    sums = [(sum(c["logprobs"]["token_logprobs"]), c["text"]) for c in n4[0]["choices"][:3]]
     check(len(b["choices"]) == 1 and b["choices"][0]["text"] == max(sums)[1], f"best_of 3: {b['choices']} of {sums}")
     # A list of 3 prompts: 3 choices in order, each its prompt's single answer.
     three = ["The sea", "A red", "My dog"]
-    r = client.create("completions", model="smol", prompt=three, max_tokens=4, temperature=0)
-    singles = [client.create("completions", model="smol", prompt=p, max_tokens=4, temperature=0) for p in three]
+    r = client.create("completions", model="smol", prompt=three, max_tokens=3, temperature=0)
+    singles = [client.create("completions", model="smol", prompt=p, max_tokens=3, temperature=0) for p in three]
     check([c["index"] for c in r["choices"]] == [0, 1, 2]
           and [c["text"] for c in r["choices"]] == [x["choices"][0]["text"] for x in singles]
           and r["usage"]["prompt_tokens"] == sum(x["usage"]["prompt_tokens"] for x in singles), f"3 prompts: {r}")
@@ -507,7 +509,6 @@ def builtin_section():
           f"stop {stop!r}: {ctext!r} from {text!r}")
 
     print(f"  curl and api: {time.time() - t0:.1f} s", flush=True)
-    choices_and_logprobs(s, client, auth)
 
     # Bad inputs: status and an OpenAI error body each.
     P = "/v1/completions"
@@ -678,6 +679,11 @@ try:
         print(f"queue and disconnect: {time.time() - t0:.1f} s", flush=True)
         mpi_section(single, prompts)
         print(f"mpirun: {time.time() - t0:.1f} s", flush=True)
+    if PART in ("choices", "all"):
+        s = Server(["--model", builtin, "--threads", "2", "--served-model-name", "smol"])
+        choices_and_logprobs(s, Api(s.port, ""), {})
+        s.stop()
+        print(f"choices: {time.time() - t0:.1f} s", flush=True)
     if PART in ("fronts", "all"):
         fronts_section()
         print(f"three fronts: {time.time() - t0:.1f} s", flush=True)
