@@ -44,7 +44,7 @@ void EngineLoop::refuse(Ticket& t, int status, std::string message) {
 void EngineLoop::drop(Ticket& t) {
     for (int64_t eid : t.engine_ids) {
         auto found = live_.find(eid);
-        if (found == live_.end() || found->second.ticket.get() != &t) continue;
+        if (eid < 0 || found == live_.end() || found->second.ticket.get() != &t) continue;
         client_.cancel(eid);  // its last event is ignored: it is gone from live_
         live_.erase(found);
     }
@@ -53,14 +53,15 @@ void EngineLoop::drop(Ticket& t) {
 void EngineLoop::take(const Inbox::Item& it) {
     Ticket& t = *it.ticket;
     if (it.cancel) {
-        const auto queued = std::find(scores_.begin(), scores_.end(), it.ticket);
-        if (queued != scores_.end()) scores_.erase(queued);
+        const auto at = std::find(scores_.begin(), scores_.end(), it.ticket);
+        const bool queued = at != scores_.end();
+        if (queued) scores_.erase(at);
         bool running = false;
         for (int64_t eid : t.engine_ids) {
             auto found = live_.find(eid);
             running |= found != live_.end() && found->second.ticket == it.ticket;
         }
-        if (!running && queued == scores_.end()) return;
+        if (!running && !queued) return;
         drop(t);
         metrics_.count_finish("cancelled");
         ++totals_.cancelled;
@@ -77,11 +78,16 @@ void EngineLoop::take(const Inbox::Item& it) {
         scores_.push_back(it.ticket);
         return;
     }
-    std::vector<ClientRequest> reqs = choice_requests(t.request);
+    // Each prompt's first sequence now; its siblings once it has its first token (its prompt's full KV
+    // blocks are then in the prefix cache, which serves them to the siblings instead of a recompute).
+    t.later = choice_requests(t.request);
+    t.engine_ids.assign(t.later.size(), -1);
     try {
-        for (ClientRequest& q : reqs) t.engine_ids.push_back(client_.submit(std::move(q)));
+        for (size_t i = 0; i < t.later.size(); i += size_t(t.request.best_of))
+            t.engine_ids[i] = client_.submit(std::move(t.later[i]));
     } catch (const Error& e) {
-        for (int64_t eid : t.engine_ids) client_.cancel(eid);  // not in live_: their last events are ignored
+        for (int64_t eid : t.engine_ids)
+            if (eid >= 0) client_.cancel(eid);  // not in live_: their last events are ignored
         t.engine_ids.clear();
         return refuse(t, 400, e.message());
     }
@@ -91,7 +97,26 @@ void EngineLoop::take(const Inbox::Item& it) {
     d.prompt_tokens = prompt_tokens;
     t.deliver(std::move(d));
     t.open = int64_t(t.engine_ids.size());
-    for (size_t i = 0; i < t.engine_ids.size(); ++i) live_.emplace(t.engine_ids[i], Live{it.ticket, int64_t(i), 0, {}});
+    for (size_t i = 0; i < t.engine_ids.size(); ++i)
+        if (t.engine_ids[i] >= 0) live_.emplace(t.engine_ids[i], Live{it.ticket, int64_t(i), 0, {}});
+}
+
+// The siblings of the sequence at `index` (the first of its prompt), when they wait. False: refused.
+bool EngineLoop::submit_siblings(const std::shared_ptr<Ticket>& t, int64_t index) {
+    const int64_t k = t->request.best_of;
+    if (k == 1 || index % k != 0 || t->engine_ids[size_t(index + 1)] >= 0) return true;
+    try {
+        for (int64_t i = index + 1; i < index + k; ++i) {
+            t->engine_ids[size_t(i)] = client_.submit(std::move(t->later[size_t(i)]));
+            live_.emplace(t->engine_ids[size_t(i)], Live{t, i, 0, {}});
+        }
+    } catch (const Error& e) {
+        drop(*t);
+        t->deliver(error_delta(client_.draining() ? 503 : 400, e.message()));
+        metrics_.count_finish("cancelled");
+        return false;
+    }
+    return true;
 }
 
 // echo with max_tokens 0: each prompt's logprobs from EngineClient::score (which needs an idle engine).
@@ -111,7 +136,7 @@ void EngineLoop::score(Ticket& t) {
             d.tokens = ids;
             d.finish_reason = "length";
             for (size_t i = 0; i < ids.size(); ++i) {
-                std::vector<SampledToken> top(size_t(r.logprobs));
+                std::vector<SampledToken> top(size_t(std::max(r.logprobs, 0)));
                 float lp = std::nanf("");
                 if (i > 0) {  // position i - 1 predicts token i
                     const float* row = logits.data() + (i - 1) * size_t(V);
@@ -152,8 +177,7 @@ void EngineLoop::score(Ticket& t) {
 void EngineLoop::apply(const ClientEvent& ev) {
     auto it = live_.find(ev.id);
     if (it == live_.end()) return;  // cancelled by its client
-    Live& l = it->second;
-    const std::shared_ptr<Ticket> t = l.ticket;
+    const std::shared_ptr<Ticket> t = it->second.ticket;
     if (ev.finish == FinishReason::kCancelled) {  // not by its client (that one left live_): a drain
         live_.erase(it);
         drop(*t);  // its siblings too: the request as a whole is cut
@@ -163,6 +187,9 @@ void EngineLoop::apply(const ClientEvent& ev) {
         totals_.cut_by_drain += ev.drained;
         return;
     }
+    if (!submit_siblings(t, it->second.index)) return;
+    it = live_.find(ev.id);  // (submitting may have rehashed live_)
+    Live& l = it->second;
     Delta d;
     d.kind = Delta::Kind::kTokens;
     d.index = l.index;

@@ -5,8 +5,10 @@
 // Text, stop strings, the context budget and finish reasons are the engine client's
 // (runtime/engine/client.h); this loop only maps them to tickets and HTTP statuses.
 // A request with n / best_of > 1 or a list of prompts runs as one engine sequence per choice
-// (choice_requests, openai_request.h), submitted together (the prefix cache serves the siblings the
-// blocks of their common prompt); its Deltas carry the choice index; it finishes when all have.
+// (choice_requests, openai_request.h): each prompt's first sequence at once, its siblings when the first
+// has its first token, so that the prefix cache serves them the full KV blocks of their common prompt
+// (submitted together, every sibling would compute the prompt itself in the same step); its Deltas
+// carry the choice index; it finishes when all have.
 // echo with max_tokens 0 (prompt logprobs) is scored (EngineClient::score) between engine rounds
 // once no request runs: such requests wait while the engine is busy.
 // Admission: a submission is refused with 503 when --max-queue requests already wait in the
@@ -56,6 +58,7 @@ private:
     void take(const Inbox::Item& it);
     void apply(const ClientEvent& ev);
     void drop(Ticket& t);   // cancels the ticket's running sequences
+    bool submit_siblings(const std::shared_ptr<Ticket>& t, int64_t index);
     void score(Ticket& t);  // echo with max_tokens 0: the prompts' logprobs
     void refuse(Ticket& t, int status, std::string message);
     void publish();

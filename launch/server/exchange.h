@@ -53,7 +53,8 @@ struct Ticket {
     std::function<void(Delta&&)> deliver;      // thread-safe, never blocks
     Clock::time_point arrived = Clock::now();  // for time-to-first-token
     // engine thread only:
-    std::vector<int64_t> engine_ids;  // the client's ids of its sequences, in choice order
+    std::vector<int64_t> engine_ids;  // the client's ids of its sequences, in choice order (-1: not yet submitted)
+    std::vector<ClientRequest> later; // each prompt's siblings, submitted once its first sequence has a token
     int64_t open = 0;                 // sequences not yet finished
     int64_t completion_tokens = 0;    // of the finished ones
     bool first_token = false;         // time-to-first-token observed

@@ -9,6 +9,8 @@
 // status and, when not 200, an OpenAI error body; an accepted call has a non-empty prompt of valid
 // ids, max_tokens >= 1 (or chat's kRestOfContext: the engine client's budget), at
 // most 4 non-empty stop strings; the shaper's non-stream answer is JSON and its stream ends with "data: [DONE]".
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -116,7 +118,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (e.prompt.empty()) std::abort();
     for (int32_t id : e.prompt)
         if (id < 0 || id >= model.limits.vocab) std::abort();
-    if (e.max_tokens < 1 && !(chat && e.max_tokens == lattice::ClientRequest::kRestOfContext)) std::abort();
+    if (e.max_tokens < 1 && !(chat && e.max_tokens == lattice::ClientRequest::kRestOfContext) &&
+        !(call.request.echo && e.max_tokens == 0))
+        std::abort();
+    for (const auto& p : call.request.prompts)
+        for (int32_t id : p)
+            if (id < 0 || id >= model.limits.vocab) std::abort();
+    const int64_t sequences = int64_t(call.request.prompts.size()) * call.request.best_of;
+    if (sequences < 1 || sequences > lattice::ApiRequest::kMaxChoices || call.request.n > call.request.best_of)
+        std::abort();
     if (e.stop.size() > 4) std::abort();
     for (const std::string& s : e.stop)
         if (s.empty()) std::abort();
@@ -124,9 +134,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
     ResponseShaper shaper(call);
     std::string out = shaper.accepted();
-    out += shaper.tokens("He\xFF", {5, 6});  // invalid UTF-8 must not throw (it becomes U+FFFD)
-    out += shaper.tokens("llo", {7});
-    const std::string last = shaper.finish("length", int64_t(e.prompt.size()), 3);
+    const size_t k = size_t(std::max(call.request.logprobs, 0));
+    for (int64_t i = 0; i < sequences; ++i) {
+        lattice::serve::Delta d;
+        d.index = i;
+        d.text = "He\xFF";  // invalid UTF-8 must not throw (it becomes U+FFFD)
+        d.tokens = {5, 6};
+        d.logprobs = {-0.5f, -INFINITY};
+        if (call.request.logprobs >= 0) d.top.assign(2, std::vector<lattice::SampledToken>(k, {5, -0.5f}));
+        out += shaper.tokens(d);
+        d.text = "llo";
+        d.tokens = {7};
+        d.logprobs = {std::nanf("")};
+        if (call.request.logprobs >= 0) d.top.resize(1);
+        d.finish_reason = "length";
+        out += shaper.tokens(d);
+    }
+    lattice::serve::Delta f;
+    f.kind = lattice::serve::Delta::Kind::kFinish;
+    f.prompt_tokens = int64_t(e.prompt.size());
+    f.completion_tokens = 3 * sequences;
+    const std::string last = shaper.finish(f);
     if (shaper.streaming()) {
         if (!(out + last).ends_with("data: [DONE]\n\n")) std::abort();
     } else {

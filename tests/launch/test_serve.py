@@ -14,12 +14,17 @@ every output is checked against `lattice generate` or the golden continuations:
      disconnects: its blocks return to the pool (/metrics) and the waiting request runs.
   4. launch/slurm/serve.sbatch run as a script with PP=2 on CPU ranks (built-in) and mpirun -np 2 --tp 2
      (golden): the same outputs; SIGTERM to the template and SIGUSR1 to mpirun drain, exit 0.
+  6. (part "choices") logprobs and top_logprobs (completions, chat, streamed = not streamed) equal the score
+     path's (echo with max_tokens 0) to 1e-4 and are sorted; n 4 at temperature 1 with a seed: 4 different
+     answers, the same twice, the siblings' prompt blocks from the prefix cache; best_of 3 picks the highest
+     cumulative logprob; a list of 3 prompts: 3 choices in order; unknown fields, best_of with stream and
+     max_tokens beyond the context are 400 naming the field.
   5. (part "fronts") the same three requests (ended by length, by a stop string, a chat) through
      `generate --json`, `batch` and serve give the same ids, text, finish reason and usage.
 Without the openai package the same requests and checks go through http.client (Api below), so the test
 never skips for want of it. Every server runs in its own process group and is killed (group and all) when
 the test fails or stops; each wait is bounded.
-Usage: test_serve.py LATTICE_BINARY MODEL_GGUF SHARED_DIR [api|fronts|all]   (exit 0: pass)"""
+Usage: test_serve.py LATTICE_BINARY MODEL_GGUF SHARED_DIR [api|choices|fronts|all]   (exit 0: pass)"""
 import atexit
 import http.client
 import json
@@ -41,8 +46,9 @@ except ImportError:
     openai = None
 
 lattice, builtin, shared = sys.argv[1], sys.argv[2], sys.argv[3]
-# api: sections 1-4; fronts: section 5 (CTest runs them as two tests: together they took 125 s under the
-# sanitizers, over the 120 s per test of scripts/test_budget.conf); all: both.
+# api: sections 1-4; choices: section 6; fronts: section 5 (CTest runs them as three tests: api and fronts
+# together took 125 s under the sanitizers, over the 120 s per test of scripts/test_budget.conf, and api
+# alone is near it); all: every one.
 PART = sys.argv[4] if len(sys.argv) > 4 else "all"
 golden = os.path.join(shared, "golden", "tiny-llama2")
 KEY = "test-key-0123456789"
@@ -371,6 +377,87 @@ def golden_section():
     s.stop()
 
 
+def choices_and_logprobs(s, client, auth):
+    """logprobs, top_logprobs, echo, n, best_of and lists of prompts on the built-in model (one server)."""
+    t0 = time.time()
+    P = "/v1/completions"
+    ids = lambda body: json.loads(s.request("POST", P, dict(body, return_token_ids=True), auth)[2])
+    # Greedy with logprobs 5: the chosen token is the most likely, so it is the first of its top_logprobs.
+    prompt = "The three most common colors of flowers are"
+    c = ids({"prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 5})
+    ch = c["choices"][0]
+    lp = ch["logprobs"]
+    check(len(lp["tokens"]) == len(ch["token_ids"]) == 6 and len(lp["token_logprobs"]) == 6
+          and lp["text_offset"][0] == 0 and "".join(lp["tokens"]) == ch["text"], f"completion logprobs {lp}")
+    for i, (tok, top) in enumerate(zip(lp["tokens"], lp["top_logprobs"])):
+        vals = list(top.values())
+        check(len(top) == 5 and vals == sorted(vals, reverse=True) and list(top)[0] == tok
+              and abs(top[tok] - lp["token_logprobs"][i]) < 1e-6 and all(v <= 0 for v in vals),
+              f"top_logprobs {i}: {top} for {tok!r}")
+    # The same tokens scored (echo, max_tokens 0: the score path, a log-softmax of the prefill's logits)
+    # give the same logprobs and alternatives to 1e-4.
+    e = ids({"prompt": prompt_ids(s, auth, prompt) + ch["token_ids"], "max_tokens": 0,
+             "echo": True, "logprobs": 5})
+    elp = e["choices"][0]["logprobs"]
+    check(elp["token_logprobs"][0] is None and elp["top_logprobs"][0] is None, f"echo: first token {elp}")
+    check(e["usage"]["completion_tokens"] == 0 and e["choices"][0]["text"].endswith(ch["text"]), f"echo {e}")
+    for i in range(6):
+        got, want = elp["top_logprobs"][-6 + i], lp["top_logprobs"][i]
+        check(abs(elp["token_logprobs"][-6 + i] - lp["token_logprobs"][i]) < 1e-4
+              and set(got) == set(want) and all(abs(got[k] - want[k]) < 1e-4 for k in want),
+              f"scored logprobs {i}: {got} != generated {want}")
+    # Streamed logprobs equal the non-streamed ones.
+    chunks = [k for k in s.stream(P, {"prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 5,
+                                      "stream": True}, auth) if k != "[DONE]" and k["choices"]]
+    slp = [x for k in chunks for x in (k["choices"][0]["logprobs"] or {}).get("token_logprobs", [])]
+    check(slp == lp["token_logprobs"], f"streamed logprobs {slp} != {lp['token_logprobs']}")
+    # Chat: logprobs true, top_logprobs 3 through the openai client.
+    r = client.create("chat", model="smol", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0,
+                      logprobs=True, top_logprobs=3)
+    content = r["choices"][0]["logprobs"]["content"]
+    check(len(content) == 4 and all(len(x["top_logprobs"]) == 3 and x["top_logprobs"][0]["token"] == x["token"]
+                                    and bytes(x["bytes"]).decode("utf-8", "replace") == x["token"] for x in content)
+          and "".join(x["token"] for x in content) == r["choices"][0]["message"]["content"], f"chat logprobs {content}")
+    # n 4 at temperature 1 with a seed: 4 different answers, the same on a second call; siblings share the
+    # prompt's full KV blocks (the prefix cache serves them).
+    before = s.metrics()["lattice_prefix_cache_hit_tokens_total"]
+    long_prompt = "Once upon a time in a land far away there lived a king who had three daughters and a castle by the sea"
+    n4 = [ids({"prompt": long_prompt, "max_tokens": 8, "temperature": 1, "seed": 11, "n": 4, "logprobs": 0})
+          for _ in range(2)]
+    texts = [[c["text"] for c in sorted(r["choices"], key=lambda c: c["index"])] for r in n4]
+    check(len(set(texts[0])) == 4 and texts[0] == texts[1] and [c["index"] for c in n4[0]["choices"]] == [0, 1, 2, 3],
+          f"n 4: {texts}")
+    plen = n4[0]["usage"]["prompt_tokens"]
+    check(n4[0]["usage"]["completion_tokens"] == 32 and plen > 16, f"n 4 usage {n4[0]['usage']}")
+    hits = s.metrics()["lattice_prefix_cache_hit_tokens_total"] - before
+    check(hits >= 2 * 3 * (plen // 16) * 16, f"n 4: {hits} prompt tokens from the prefix cache")
+    print(f"  n 4: {hits:.0f} prompt tokens of the siblings from the prefix cache ({plen} per prompt)", flush=True)
+    # best_of 3, n 1: one choice, the best of seeds 11..13 (n 4's first three) by cumulative logprob.
+    b = ids({"prompt": long_prompt, "max_tokens": 8, "temperature": 1, "seed": 11, "n": 1, "best_of": 3})
+    sums = [(sum(c["logprobs"]["token_logprobs"]), c["text"]) for c in n4[0]["choices"][:3]]
+    check(len(b["choices"]) == 1 and b["choices"][0]["text"] == max(sums)[1], f"best_of 3: {b['choices']} of {sums}")
+    # A list of 3 prompts: 3 choices in order, each its prompt's single answer.
+    three = ["The sea", "A red", "My dog"]
+    r = client.create("completions", model="smol", prompt=three, max_tokens=3, temperature=0)
+    singles = [client.create("completions", model="smol", prompt=p, max_tokens=3, temperature=0) for p in three]
+    check([c["index"] for c in r["choices"]] == [0, 1, 2]
+          and [c["text"] for c in r["choices"]] == [x["choices"][0]["text"] for x in singles]
+          and r["usage"]["prompt_tokens"] == sum(x["usage"]["prompt_tokens"] for x in singles), f"3 prompts: {r}")
+    # Refusals naming the field: unknown, best_of with stream, max_tokens beyond the context.
+    for body, field in (({"frobnicate": 1}, "frobnicate"), ({"best_of": 2, "stream": True}, "best_of"),
+                        ({"max_tokens": 5000}, "max_tokens")):
+        e = error_body(*s.request("POST", P, dict({"prompt": "x"}, **body), auth)[::2], f"refused {field}", 400)
+        check(e.get("param") == field and field in e.get("message", ""), f"refusal names {field}: {e}")
+    print(f"  logprobs, echo, n, best_of, prompt lists: {time.time() - t0:.1f} s", flush=True)
+
+
+def prompt_ids(s, auth, prompt):
+    """The prompt's token ids, as the server encodes it (echo with return_token_ids)."""
+    r = json.loads(s.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 0, "echo": True,
+                                                         "return_token_ids": True}, auth)[2])
+    return r["choices"][0]["token_ids"]
+
+
 def builtin_section():
     t0 = time.time()
     s = Server(["--model", builtin, "--threads", "2", "--max-body-bytes", "100000", "--served-model-name", "smol"],
@@ -450,7 +537,8 @@ def builtin_section():
     error_body(*s.request("GET", "/nope")[::2], "unknown path", 404)
     for want, call in ((401, lambda: Api(s.port, "wrong").models()),
                        (404, lambda: client.create("completions", model="nope", prompt="x")),
-                       (400, lambda: client.create("completions", model="smol", prompt="x", n=2))):
+                       (400, lambda: client.create("completions", model="smol", prompt="x",
+                                                   extra_body={"frobnicate": 1}))):
         try:
             call()
             check(False, f"api: no error {want}")
@@ -611,6 +699,11 @@ try:
         print(f"queue and disconnect: {time.time() - t0:.1f} s", flush=True)
         mpi_section(single, prompts)
         print(f"mpirun: {time.time() - t0:.1f} s", flush=True)
+    if PART in ("choices", "all"):
+        s = Server(["--model", builtin, "--threads", "2", "--served-model-name", "smol"])
+        choices_and_logprobs(s, Api(s.port, ""), {})
+        s.stop()
+        print(f"choices: {time.time() - t0:.1f} s", flush=True)
     if PART in ("fronts", "all"):
         fronts_section()
         print(f"three fronts: {time.time() - t0:.1f} s", flush=True)

@@ -272,7 +272,7 @@ TEST_CASE("choices: n, best_of, lists of prompts, logprobs and echo parsed; seed
     CHECK(q[5].sampling.logprobs == 3);
     CHECK(call("/v1/completions", R"({"prompt": [1], "echo": true, "max_tokens": 0, "logprobs": 0})").echo);
     // Refusals, each naming its field.
-    for (const auto& [body, field] : std::vector<std::pair<std::string, std::string>>{
+    for (const auto& body_field : std::vector<std::pair<std::string, std::string>>{
              {R"({"prompt": [1], "n": 0})", "n"},
              {R"({"prompt": [1], "n": 3, "best_of": 2})", "best_of"},
              {R"({"prompt": [1], "n": 1, "best_of": 2, "stream": true})", "best_of"},
@@ -282,8 +282,9 @@ TEST_CASE("choices: n, best_of, lists of prompts, logprobs and echo parsed; seed
              {R"({"prompt": [1], "logprobs": 21})", "logprobs"},
              {R"({"prompt": [1], "echo": true, "logprobs": 1})", "echo"},
              {R"({"prompt": [1], "frobnicate": 1})", "frobnicate"}}) {
+        const std::string& body = body_field.first;
         CAPTURE(body);
-        CHECK(expect_error(post("/v1/completions", body, ctx), 400)["param"] == field);
+        CHECK(expect_error(post("/v1/completions", body, ctx), 400)["param"] == body_field.second);
     }
     CHECK(expect_error(post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}],
         "best_of": 2})", ctx), 400)["param"] == "best_of");

@@ -32,7 +32,7 @@ using namespace std::chrono_literals;
 namespace {
 
 // Answers every ticket: kAccepted, then deltas of `ids_per_delta` tokens until max_new_tokens,
-// then kFinish; notes cancels.
+// the last with its finish_reason, then kFinish; notes cancels.
 class FakeEngine {
 public:
     FakeEngine(Inbox& inbox, int ids_per_delta) : inbox_(inbox), per_(ids_per_delta) {
@@ -70,14 +70,19 @@ private:
             for (Run& r : runs) {
                 Delta d;
                 d.kind = Delta::Kind::kTokens;
-                for (int i = 0; i < per_ && r.left > 0; ++i, --r.left) d.tokens.push_back(int32_t(r.sent++ % 300));
-                if (r.left == 0) {
-                    d.kind = Delta::Kind::kFinish;
-                    d.finish_reason = "length";
-                    d.completion_tokens = r.sent;
-                    d.prompt_tokens = int64_t(r.t->request.client.prompt.size());
+                for (int i = 0; i < per_ && r.left > 0; ++i, --r.left) {
+                    d.tokens.push_back(int32_t(r.sent++ % 300));
+                    d.logprobs.push_back(-1.0f);
                 }
+                if (r.left == 0) d.finish_reason = "length";
                 r.t->deliver(std::move(d));
+                if (r.left == 0) {
+                    Delta f;
+                    f.kind = Delta::Kind::kFinish;
+                    f.completion_tokens = r.sent;
+                    f.prompt_tokens = int64_t(r.t->request.client.prompt.size());
+                    r.t->deliver(std::move(f));
+                }
             }
             std::erase_if(runs, [](const Run& r) { return r.left == 0; });
             if (!runs.empty()) std::this_thread::sleep_for(200us);  // a "step"

@@ -5,7 +5,7 @@
 //    the token that ended a request by kStop is returned but not shown; usage and context_full;
 //  - the client on a tiny random model: run() gives the engine's own tokens; the context budget
 //    (rest of context, clamp, no room, 0 tokens); cancel and drain end requests as kCancelled once;
-//    stop_token_ids stop; ignore_eos lets the model's eos pass.
+//    stop_token_ids stop; ignore_eos lets the model's eos pass; top logprobs reach the client's outputs.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -159,6 +159,22 @@ TEST_CASE("engine client: the engine's tokens, the context budget, cancel, drain
         const auto cut = client.run({request(prompt, 8)}, [](size_t, const ClientEvent& e) { return e.token < 0; });
         CHECK(cut[0].finish == FinishReason::kCancelled);
         CHECK(cut[0].tokens == std::vector<int32_t>(want.begin(), want.begin() + 1));
+    }
+    SUBCASE("top logprobs: k per token, the greedy token first with its own logprob; none unless asked") {
+        ClientRequest r = request(prompt, 8);
+        r.sampling.logprobs = 3;
+        const auto outs = client.run({r, request(prompt, 8)});
+        CHECK(outs[0].tokens == want);
+        REQUIRE(outs[0].top.size() == want.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+            REQUIRE(outs[0].top[i].size() == 3);
+            CHECK(outs[0].top[i][0].token == want[i]);
+            CHECK(outs[0].top[i][0].logprob == outs[0].logprobs[i]);
+            CHECK(outs[0].top[i][1].logprob <= outs[0].top[i][0].logprob);
+            CHECK(outs[0].top[i][2].logprob <= outs[0].top[i][1].logprob);
+        }
+        CHECK(outs[1].top.empty());
+        CHECK(outs[1].logprobs == outs[0].logprobs);
     }
     SUBCASE("a KV cache smaller than the context bounds it: the rest of the context fits the cache") {
         RankRuntime small = make(*src, 24, 1);  // one block of 16 positions

@@ -480,4 +480,33 @@ TEST_CASE("ties at the edge of large top-k and top-p sets go by id, as a full so
         CHECK(seen_tens.size() > 20);
         CHECK(*seen_tens.rbegin() <= order[j]);
     }
+
+TEST_CASE("top_logprobs: the k best of a row by a full sort, ties by lower id, most likely first") {
+    std::mt19937 rng(5);
+    std::uniform_int_distribution<int> coarse(-40, 40);  // few distinct values: many ties
+    for (int64_t n : {1, 7, 1000, 5001}) {
+        std::vector<float> row(static_cast<size_t>(n));
+        for (float& x : row) x = float(coarse(rng)) / 8.0f;
+        double m = -INFINITY, sum = 0;
+        for (float x : row) m = std::max(m, double(x));
+        for (float x : row) sum += std::exp(double(x) - m);
+        const double lse = m + std::log(sum);
+        std::vector<int32_t> order(row.size());
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+        for (int32_t k : {0, 1, 5, 20}) {
+            if (k > n) continue;
+            CAPTURE(n);
+            CAPTURE(k);
+            std::vector<int32_t> ids(size_t(k), -1);
+            std::vector<float> lps(size_t(k), 1.0f);
+            top_logprobs(row.data(), n, lse, k, ids.data(), lps.data());
+            for (int32_t j = 0; j < k; ++j) {
+                CHECK(ids[size_t(j)] == order[size_t(j)]);
+                CHECK(lps[size_t(j)] == doctest::Approx(double(row[size_t(order[size_t(j)])]) - lse));
+            }
+        }
+    }
+    float two[2] = {0, 0};
+    CHECK_THROWS_AS(top_logprobs(two, 2, 0.0, 3, nullptr, nullptr), lattice::Error);
 }

@@ -113,6 +113,7 @@ TEST_CASE("the step plan carries the sampling params and the recent window; a mi
     s.sampling.presence_penalty = -0.5f;
     s.sampling.frequency_penalty = 1.5f;
     s.sampling.min_p = 0.1f;
+    s.sampling.logprobs = 7;
     s.n_recent = 4;
     p.seqs = {s};
     p.width = 2;
@@ -129,12 +130,17 @@ TEST_CASE("the step plan carries the sampling params and the recent window; a mi
     CHECK(g.presence_penalty == -0.5f);
     CHECK(g.frequency_penalty == 1.5f);
     CHECK(g.min_p == 0.1f);
+    CHECK(g.logprobs == 7);
     CHECK(q.seqs[0].n_recent == 4);
     CHECK(q.recent_ids == p.recent_ids);
     StepPlan bad = p;
     bad.recent_ids = {4, 5, 6};  // 3 listed, 4 announced
     const std::vector<uint8_t> b2 = encode_plan(bad);
     CHECK_THROWS_WITH_AS(decode_plan(b2.data(), int64_t(b2.size())), doctest::Contains("recent ids"), Error);
+    StepPlan many = p;
+    many.seqs[0].sampling.logprobs = SamplingParams::kMaxLogprobs + 1;
+    const std::vector<uint8_t> b3 = encode_plan(many);
+    CHECK_THROWS_WITH_AS(decode_plan(b3.data(), int64_t(b3.size())), doctest::Contains("top logprobs"), Error);
 }
 
 TEST_CASE("a front's callback ends one sequence of a batch; the others run on") {
