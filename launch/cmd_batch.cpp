@@ -368,8 +368,12 @@ private:
     }
 
 public:
-    // Every input line has its output record (or repeats an earlier line's id).
-    bool complete() const { return !input_left_ && running_.empty() && t_.abandoned == 0; }
+    // Every input line has its output record (or repeats an earlier line's id). A drain that came just
+    // as the last line was admitted leaves only blanks (or nothing) unread: that is complete too.
+    bool complete() {
+        if (input_left_ && (in_ >> std::ws).peek() == std::ifstream::traits_type::eof()) input_left_ = false;
+        return !input_left_ && running_.empty() && t_.abandoned == 0;
+    }
 
 private:
     EngineClient& client_;
