@@ -87,14 +87,16 @@ class ResultFile {
 public:
     ResultFile(const std::string& path, int64_t sync_lines, double sync_seconds)
         : file_(path, "--output", [this](std::string_view l, int64_t no) { read_line(l, no); }) {
-        if (!bad_lines_.empty())
+        if (!bad_lines_.empty()) {
+            std::string more;
+            if (bad_lines_.size() > 1)
+                more = fmt::format(" (nor {} {})", bad_lines_.size() > 2 ? "are lines" : "is line",
+                                   fmt::join(bad_lines_.begin() + 1, bad_lines_.end(), ", "));
             LATTICE_FAIL("--output {}: line {} is not a batch record{}: the file was edited or damaged (a crash "
                          "only tears the last line, which a rerun cuts); delete or repair the line and rerun (the "
                          "request of a deleted line runs again)",
-                         path, bad_lines_[0],
-                         bad_lines_.size() > 1 ? fmt::format(" (nor {} {})", bad_lines_.size() > 2 ? "are lines" : "is line",
-                                                             fmt::join(bad_lines_.begin() + 1, bad_lines_.end(), ", "))
-                                               : std::string());
+                         path, bad_lines_[0], more);
+        }
         file_.set_sync(sync_lines, sync_seconds);
     }
     const std::set<std::string>& done() const { return done_; }
@@ -122,7 +124,7 @@ private:
 
 struct Running {
     json custom_id;
-    std::string hex;                                 // of the record's "batch_req_" and "req_" ids
+    std::string hex;                                // of the record's "batch_req_" and "req_" ids
     std::unique_ptr<serve::ResponseShaper> shaper;  // the server's response body
     int64_t tokens = 0;
     Clock::time_point admitted;
@@ -353,9 +355,10 @@ private:
         } else {
             const std::string body =
                 r.shaper->finish(std::string(finish_reason_name(ev.finish)), ev.prompt_tokens, ev.completion_tokens);
+            const json response = {{"status_code", 200}, {"request_id", "req_" + r.hex}, {"body", json::parse(body)}};
             out_.write(json{{"id", "batch_req_" + r.hex},
                             {"custom_id", r.custom_id},
-                            {"response", {{"status_code", 200}, {"request_id", "req_" + r.hex}, {"body", json::parse(body)}}},
+                            {"response", response},
                             {"error", nullptr}});
             t_.gen_tokens += r.tokens;
             t_.last_done = Clock::now();
@@ -365,8 +368,12 @@ private:
     }
 
 public:
-    // Every input line has its output record (or repeats an earlier line's id).
-    bool complete() const { return !input_left_ && running_.empty() && t_.abandoned == 0; }
+    // Every input line has its output record (or repeats an earlier line's id). A drain that came just
+    // as the last line was admitted leaves only blanks (or nothing) unread: that is complete too.
+    bool complete() {
+        if (input_left_ && (in_ >> std::ws).peek() == std::ifstream::traits_type::eof()) input_left_ = false;
+        return !input_left_ && running_.empty() && t_.abandoned == 0;
+    }
 
 private:
     EngineClient& client_;
@@ -507,7 +514,8 @@ void add_batch_command(CLI::App& app, CommandRun& run) {
                     "lines | none")
         ->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
     cmd->add_option("--drain-seconds", args->drain_seconds,
-                    "On SIGTERM/SIGINT, finish in-flight requests for at most this long (default 20)")
+                    "On SIGTERM/SIGINT, finish in-flight requests for at most this long, then exit 75 "
+                    "(requests left; exit 0 once every line has its record) (default 20)")
         ->check(CLI::Range(0.0, 86400.0));
     cmd->add_option("--sync-lines", args->sync_lines,
                     "Flush results to the disk (fdatasync) at least every this many lines (default 64)")

@@ -209,8 +209,8 @@ def format_part(tmp):
     lines = [  # (line, custom_id, want: "text_completion" | "chat.completion" | an error code, words in it)
         ({"custom_id": "cmp", "method": "POST", "url": "/v1/completions", "body": dict(done, model="m-1")},
          "cmp", "text_completion", ()),
-        ({"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions", "body": dict(chat, return_token_ids=True)},
-         "chat", "chat.completion", ()),
+        ({"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
+          "body": dict(chat, return_token_ids=True)}, "chat", "chat.completion", ()),
         ({"custom_id": 7, "body": chat}, 7, "chat.completion", ()),  # no url: "messages" makes it a chat
         (done, "line-4", "text_completion", ()),
         (chat, "line-5", "chat.completion", ()),
