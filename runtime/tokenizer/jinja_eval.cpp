@@ -252,14 +252,17 @@ private:
     }
 
     static std::string describe(const Expr& e) {
-        if (e.kind == Expr::Kind::kName) return "'" + e.name + "'";
+        if (e.kind == Expr::Kind::kName) return e.name;
         if (e.kind == Expr::Kind::kAttr) return describe(*e.args[0]) + "." + e.name;
+        if (e.kind == Expr::Kind::kIndex && e.args[1]->kind == Expr::Kind::kLiteral)
+            return describe(*e.args[0]) + "[" + repr(e.args[1]->literal) + "]";
+        if (e.kind == Expr::Kind::kIndex) return describe(*e.args[0]) + "[...]";
         return "the value";
     }
 
     Value need_defined(const Expr& e) {
         Value v = eval(e);
-        if (v.undefined()) throw Oops(fmt::format("{} is undefined", describe(e)));
+        if (v.undefined()) throw Oops(fmt::format("'{}' is undefined", describe(e)));
         return v;
     }
 
@@ -306,7 +309,7 @@ private:
             case K::kSlice: return slice(need_defined(*e.args[0]), e);
             case K::kCall: {
                 const Value f = eval(*e.args[0]);
-                if (f.undefined()) throw Oops(fmt::format("{} is undefined", describe(*e.args[0])));
+                if (f.undefined()) throw Oops(fmt::format("'{}' is undefined", describe(*e.args[0])));
                 if (f.kind != Value::Kind::kFunc) throw Oops(fmt::format("a {} value is not callable", kind_name(f)));
                 Args a = eval_args(e, 1);
                 return (*f.fn)(a);
@@ -416,8 +419,8 @@ private:
         if (op == ">=") return Value::boolean(!less(a, b));
         if (op == "in" || op == "not in") return Value::boolean(contains(b, a) == (op == "in"));
         if (op == "~") return Value::str(to_str(a) + to_str(b));
-        if (a.undefined()) throw Oops(fmt::format("{} is undefined", describe(*e.args[0])));
-        if (b.undefined()) throw Oops(fmt::format("{} is undefined", describe(*e.args[1])));
+        if (a.undefined()) throw Oops(fmt::format("'{}' is undefined", describe(*e.args[0])));
+        if (b.undefined()) throw Oops(fmt::format("'{}' is undefined", describe(*e.args[1])));
         if (op == "+") {
             if (a.is_string() && b.is_string()) return Value::str(a.s + b.s);
             if (a.is_list() && b.is_list()) {

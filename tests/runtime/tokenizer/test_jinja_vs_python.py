@@ -34,7 +34,7 @@ TOOLS = [
         "parameters": {"type": "object", "properties": {
             "city": {"type": "string", "description": "The city, e.g. Paris"},
             "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "description": "Unit  "},
-            "days": {"type": ["integer", "null"], "description": "Forecast days"},
+            "days": {"type": ["integer", "number"], "description": "Forecast days"},
             "tags": {"type": "array", "items": {"type": "string"}, "description": "Tags"}},
             "required": ["city"]}}},
     {"type": "function", "function": {
@@ -100,7 +100,13 @@ def cases(template_dir):
     return out
 
 
+_COMPILED = {}
+
+
 def python_render(path, ctx):
+    if path in _COMPILED:
+        return _COMPILED[path].render(**ctx)
+
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
 
@@ -116,6 +122,7 @@ def python_render(path, ctx):
     env.globals["strftime_now"] = strftime_now
     with open(path, encoding="utf-8") as f:
         template = env.from_string(f.read())
+    _COMPILED[path] = template
     return template.render(**ctx)
 
 
