@@ -301,7 +301,9 @@ private:
         for (;;) {
             const Tok& t = peek();
             if (t.kind == Tok::kEnd) {
-                if (stops.size()) fail(t, fmt::format("missing '{{% {} %}}'", *stops.begin()));
+                if (stops.size())
+                    fail(open_.empty() ? t : open_.back(),
+                         fmt::format("missing '{{% {} %}}' for this block", *(stops.end() - 1)));
                 return body;
             }
             if (t.kind == Tok::kText) {
@@ -324,8 +326,10 @@ private:
                         stop = kw.text;
                         return body;
                     }
+                open_.push_back(t);
                 p_ += 2;
                 body.push_back(parse_statement(kw));
+                open_.pop_back();
             }
         }
     }
@@ -658,7 +662,7 @@ private:
 
     ExprPtr parse_postfix(ExprPtr e) {
         for (;;) {
-            const Tok& at = peek();
+            const Tok at{Tok::kOp, "", e->line, e->col};  // errors point at the expression's start
             if (is_op(".")) {
                 ++p_;
                 auto n = make(Expr::Kind::kAttr, at);
@@ -686,7 +690,7 @@ private:
             }
         }
     }
-    ExprPtr parse_subscript(ExprPtr obj, const Tok& at) {
+    ExprPtr parse_subscript(ExprPtr obj, Tok at) {
         ExprPtr parts[3];
         int colons = 0;
         for (;;) {
@@ -741,7 +745,7 @@ private:
                 }
                 e = std::move(n);
             } else if (is_op("(")) {
-                auto n = make(Expr::Kind::kCall, at);
+                auto n = make(Expr::Kind::kCall, Tok{Tok::kOp, "", e->line, e->col});
                 n->args.push_back(std::move(e));
                 parse_call_args(*n);
                 e = std::move(n);
@@ -752,6 +756,7 @@ private:
     }
 
     std::vector<Tok> t_;
+    std::vector<Tok> open_;  // the '{%' of each block being parsed, for "missing end" errors
     const std::string& name_;
     size_t p_ = 0;
 };
