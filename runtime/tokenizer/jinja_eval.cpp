@@ -18,7 +18,7 @@ namespace {
 using Frame = std::unordered_map<std::string, Value>;
 enum class Flow { kNormal, kBreak, kContinue };
 
-constexpr int kMaxCallDepth = 200;
+constexpr int kMaxCallDepth = 64;  // macro recursion (real templates nest a few levels)
 
 class Evaluator {
 public:

@@ -341,7 +341,18 @@ private:
         return n;
     }
 
+    // Bounds the parser's recursion: templates come from checkpoint files (untrusted input).
+    struct DepthGuard {
+        Parser& p;
+        DepthGuard(Parser& parser, const Tok& at) : p(parser) {
+            if (++p.depth_ > kMaxDepth) p.fail(at, fmt::format("nesting deeper than {}", kMaxDepth));
+        }
+        ~DepthGuard() { --p.depth_; }
+    };
+    static constexpr int kMaxDepth = 200;
+
     std::unique_ptr<Node> parse_statement(const Tok& kw) {
+        DepthGuard guard(*this, kw);
         const std::string& k = kw.text;
         std::string stop;
         if (k == "if") {
@@ -462,6 +473,7 @@ private:
 
     ExprPtr parse_expr() {
         const Tok& at = peek();
+        DepthGuard guard(*this, at);
         ExprPtr e = parse_or();
         if (!is_name("if")) return e;
         ++p_;
@@ -548,6 +560,7 @@ private:
     ExprPtr parse_unary_filtered() { return parse_unary(true); }
 
     ExprPtr parse_unary(bool with_filter) {
+        DepthGuard guard(*this, peek());
         ExprPtr e;
         if (is_op("-") || is_op("+")) {
             const Tok& at = next();
@@ -756,7 +769,8 @@ private:
     }
 
     std::vector<Tok> t_;
-    std::vector<Tok> open_;  // the '{%' of each block being parsed, for "missing end" errors
+    std::vector<Tok> open_;
+    int depth_ = 0;  // the '{%' of each block being parsed, for "missing end" errors
     const std::string& name_;
     size_t p_ = 0;
 };

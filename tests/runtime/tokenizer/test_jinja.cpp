@@ -127,6 +127,11 @@ TEST_CASE("jinja: errors name the template, line and column") {
     CHECK(error_of("{{ 'a' + 1 }}") == "chat template 't' line 1 column 8: unsupported operand types for +: string and integer");
     CHECK(error_of("{% set n.x = 1 %}", {{"n", 1}}) ==
           "chat template 't' line 1 column 4: cannot set attribute 'x' of 'n': not a namespace()");
+    CHECK(error_of("{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}").find("nesting deeper than 200") != std::string::npos);
+    CHECK(error_of("{{ " + std::string(100000, '-') + "1 }}").find("nesting deeper than 200") != std::string::npos);
+    std::string ifs;
+    for (int i = 0; i < 1000; ++i) ifs += "{% if 1 %}";
+    CHECK(error_of(ifs).find("nesting deeper than 200") != std::string::npos);
     CHECK(error_of("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}").find("recursion too deep") != std::string::npos);
 }
 
