@@ -21,17 +21,34 @@ namespace {
 
 bool py_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f); }
 
+// Python's str.isspace() for one UTF-8 code point.
+bool py_space_cp(const std::string& cp) {
+    if (cp.size() == 1) return py_space(static_cast<unsigned char>(cp[0]));
+    static const char* kSpaces[] = {"\u0085", "\u00a0", "\u1680", "\u2000", "\u2001", "\u2002", "\u2003",
+                                    "\u2004", "\u2005", "\u2006", "\u2007", "\u2008", "\u2009", "\u200a",
+                                    "\u2028", "\u2029", "\u202f", "\u205f", "\u3000"};
+    for (const char* sp : kSpaces)
+        if (cp == sp) return true;
+    return false;
+}
+
+// Python's str.strip / lstrip / rstrip: whitespace, or any code point of `chars`.
 std::string strip(const std::string& s, const Value* chars, bool left, bool right) {
-    auto drop = [&](unsigned char c) {
-        if (chars && !chars->is_none() && !chars->undefined()) return chars->s.find(char(c)) != std::string::npos;
-        return py_space(c);
+    const bool custom = chars && chars->is_string();
+    if (chars && !custom && !chars->is_none() && !chars->undefined()) throw Oops("strip: chars must be a string");
+    const std::vector<std::string> set = custom ? code_points(chars->s) : std::vector<std::string>{};
+    auto drop = [&](const std::string& cp) {
+        return custom ? std::find(set.begin(), set.end(), cp) != set.end() : py_space_cp(cp);
     };
-    size_t b = 0, e = s.size();
+    const std::vector<std::string> cps = code_points(s);
+    size_t b = 0, e = cps.size();
     if (left)
-        while (b < e && drop(static_cast<unsigned char>(s[b]))) ++b;
+        while (b < e && drop(cps[b])) ++b;
     if (right)
-        while (e > b && drop(static_cast<unsigned char>(s[e - 1]))) --e;
-    return s.substr(b, e - b);
+        while (e > b && drop(cps[e - 1])) --e;
+    std::string out;
+    for (size_t i = b; i < e; ++i) out += cps[i];
+    return out;
 }
 
 std::string ascii_case(std::string s, bool upper) {

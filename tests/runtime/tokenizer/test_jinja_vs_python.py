@@ -54,7 +54,7 @@ CONVERSATIONS = {
                    {"role": "user", "content": "Tell me a joke about \"quotes\" and 'apostrophes'."}],
     "unicode": [{"role": "user", "content": "Grüße, 世界! Ça va? \t tabs\nnewlines"},
                 {"role": "assistant", "content": "Très bien — merci."},
-                {"role": "user", "content": "¿Y tú? 🙂"}],
+                {"role": "user", "content": "\u00a0¿Y tú? 🙂\u3000\n"}],
     "no_think_system": [{"role": "system", "content": "Be brief. /no_think"}, {"role": "user", "content": "Why?"}],
     "tool_call": [
         {"role": "user", "content": "Weather in Paris?"},
