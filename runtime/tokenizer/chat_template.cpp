@@ -87,7 +87,8 @@ nlohmann::ordered_json chat_messages_json(const std::vector<ChatMessage>& messag
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                                  const nlohmann::ordered_json& tools) const {
     if (jinja_) return render_json(chat_messages_json(messages), add_generation_prompt, tools);
-    LATTICE_CHECK(tools.is_null(), "chat template: this model has no chat template of its own, so tools cannot be shown to it");
+    LATTICE_CHECK(tools.is_null(),
+                  "chat template: this model has no chat template of its own, so tools cannot be shown to it");
     return render(messages, add_generation_prompt);
 }
 
@@ -103,13 +104,15 @@ std::string ChatTemplate::render_json(const nlohmann::ordered_json& messages, bo
                                                 {"eos_token", eos_}};
         return jinja_->render(context);
     }
-    LATTICE_CHECK(tools.is_null(), "chat template: this model has no chat template of its own, so tools cannot be shown to it");
+    LATTICE_CHECK(tools.is_null(),
+                  "chat template: this model has no chat template of its own, so tools cannot be shown to it");
     std::vector<ChatMessage> plain;
     for (size_t i = 0; i < messages.size(); ++i) {
         const auto& m = messages[i];
-        LATTICE_CHECK(m.is_object() && m.contains("role") && m["role"].is_string() && m.contains("content") &&
-                          m["content"].is_string(),
-                      "chat template: message {} needs string 'role' and 'content' (this model has no template of its own)", i);
+        LATTICE_CHECK(
+            m.is_object() && m.contains("role") && m["role"].is_string() && m.contains("content") &&
+                m["content"].is_string(),
+            "chat template: message {} needs string 'role' and 'content' (this model has no template of its own)", i);
         plain.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
     }
     return render(plain, add_generation_prompt);

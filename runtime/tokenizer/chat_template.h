@@ -13,9 +13,8 @@
 // (Llama 2 strips user/assistant text, Llama 3 trims every message).
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>

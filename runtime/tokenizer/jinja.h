@@ -17,10 +17,9 @@
 // Errors are lattice::Error naming the template, line and column.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <ctime>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>

@@ -1,14 +1,14 @@
 // Values and built-ins of the Jinja engine (jinja.h): Python's truth, str(), repr(), comparisons and
 // json.dumps (as transformers' tojson calls it: ensure_ascii=False, key order kept), the filters and
 // tests chat templates use, and the methods of strings and dicts. Unknown names are errors.
-#include "runtime/tokenizer/jinja_internal.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
+
+#include "runtime/tokenizer/jinja_internal.h"
 
 namespace lattice::jinja {
 
@@ -42,19 +42,30 @@ const Value* Args::kwarg(std::string_view name) const {
         if (k == name) return &v;
     return nullptr;
 }
-const Value* Args::get(size_t i, std::string_view name) const { return i < pos.size() ? &pos[i] : kwarg(name); }
+const Value* Args::get(size_t i, std::string_view name) const {
+    return i < pos.size() ? &pos[i] : kwarg(name);
+}
 
 const char* kind_name(const Value& v) {
     switch (v.kind) {
-        case Value::Kind::kUndefined: return "undefined";
-        case Value::Kind::kNone: return "none";
-        case Value::Kind::kBool: return "boolean";
-        case Value::Kind::kInt: return "integer";
-        case Value::Kind::kFloat: return "float";
-        case Value::Kind::kString: return "string";
-        case Value::Kind::kList: return "list";
-        case Value::Kind::kDict: return v.dict->is_namespace ? "namespace" : "dict";
-        case Value::Kind::kFunc: return "function";
+        case Value::Kind::kUndefined:
+            return "undefined";
+        case Value::Kind::kNone:
+            return "none";
+        case Value::Kind::kBool:
+            return "boolean";
+        case Value::Kind::kInt:
+            return "integer";
+        case Value::Kind::kFloat:
+            return "float";
+        case Value::Kind::kString:
+            return "string";
+        case Value::Kind::kList:
+            return "list";
+        case Value::Kind::kDict:
+            return v.dict->is_namespace ? "namespace" : "dict";
+        case Value::Kind::kFunc:
+            return "function";
     }
     return "?";
 }
@@ -62,14 +73,22 @@ const char* kind_name(const Value& v) {
 bool truthy(const Value& v) {
     switch (v.kind) {
         case Value::Kind::kUndefined:
-        case Value::Kind::kNone: return false;
-        case Value::Kind::kBool: return v.b;
-        case Value::Kind::kInt: return v.i != 0;
-        case Value::Kind::kFloat: return v.f != 0;
-        case Value::Kind::kString: return !v.s.empty();
-        case Value::Kind::kList: return !v.list->empty();
-        case Value::Kind::kDict: return v.dict->is_namespace || !v.dict->items.empty();
-        case Value::Kind::kFunc: return true;
+        case Value::Kind::kNone:
+            return false;
+        case Value::Kind::kBool:
+            return v.b;
+        case Value::Kind::kInt:
+            return v.i != 0;
+        case Value::Kind::kFloat:
+            return v.f != 0;
+        case Value::Kind::kString:
+            return !v.s.empty();
+        case Value::Kind::kList:
+            return !v.list->empty();
+        case Value::Kind::kDict:
+            return v.dict->is_namespace || !v.dict->items.empty();
+        case Value::Kind::kFunc:
+            return true;
     }
     return false;
 }
@@ -114,13 +133,20 @@ std::string py_quote(const std::string& s) {
     const char q = (has_single && !has_double) ? '"' : '\'';
     std::string out(1, q);
     for (unsigned char c : s) {
-        if (c == '\\') out += "\\\\";
-        else if (c == q) out += std::string("\\") + char(q);
-        else if (c == '\n') out += "\\n";
-        else if (c == '\r') out += "\\r";
-        else if (c == '\t') out += "\\t";
-        else if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
-        else out += char(c);
+        if (c == '\\')
+            out += "\\\\";
+        else if (c == q)
+            out += std::string("\\") + char(q);
+        else if (c == '\n')
+            out += "\\n";
+        else if (c == '\r')
+            out += "\\r";
+        else if (c == '\t')
+            out += "\\t";
+        else if (c < 0x20 || c == 0x7f)
+            out += fmt::format("\\x{:02x}", c);
+        else
+            out += char(c);
     }
     return out + q;
 }
@@ -129,16 +155,32 @@ void json_string(std::string& out, const std::string& s) {
     out += '"';
     for (unsigned char c : s) {
         switch (c) {
-            case '"': out += "\\\""; break;
-            case '\\': out += "\\\\"; break;
-            case '\n': out += "\\n"; break;
-            case '\r': out += "\\r"; break;
-            case '\t': out += "\\t"; break;
-            case '\b': out += "\\b"; break;
-            case '\f': out += "\\f"; break;
+            case '"':
+                out += "\\\"";
+                break;
+            case '\\':
+                out += "\\\\";
+                break;
+            case '\n':
+                out += "\\n";
+                break;
+            case '\r':
+                out += "\\r";
+                break;
+            case '\t':
+                out += "\\t";
+                break;
+            case '\b':
+                out += "\\b";
+                break;
+            case '\f':
+                out += "\\f";
+                break;
             default:
-                if (c < 0x20) out += fmt::format("\\u{:04x}", c);
-                else out += char(c);
+                if (c < 0x20)
+                    out += fmt::format("\\u{:04x}", c);
+                else
+                    out += char(c);
         }
     }
     out += '"';
@@ -152,13 +194,21 @@ void json_dump(std::string& out, const Value& v, int indent, int depth) {
     };
     const char* item_sep = indent < 0 ? ", " : ",";
     switch (v.kind) {
-        case Value::Kind::kNone: out += "null"; return;
-        case Value::Kind::kBool: out += v.b ? "true" : "false"; return;
-        case Value::Kind::kInt: out += std::to_string(v.i); return;
+        case Value::Kind::kNone:
+            out += "null";
+            return;
+        case Value::Kind::kBool:
+            out += v.b ? "true" : "false";
+            return;
+        case Value::Kind::kInt:
+            out += std::to_string(v.i);
+            return;
         case Value::Kind::kFloat:
             out += std::isnan(v.f) ? "NaN" : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity") : float_text(v.f);
             return;
-        case Value::Kind::kString: json_string(out, v.s); return;
+        case Value::Kind::kString:
+            json_string(out, v.s);
+            return;
         case Value::Kind::kList:
             if (v.list->empty()) {
                 out += "[]";
@@ -189,17 +239,21 @@ void json_dump(std::string& out, const Value& v, int indent, int depth) {
             newline(depth);
             out += '}';
             return;
-        default: throw Oops(fmt::format("tojson: a {} value is not JSON serializable", kind_name(v)));
+        default:
+            throw Oops(fmt::format("tojson: a {} value is not JSON serializable", kind_name(v)));
     }
 }
 
-double num(const Value& v) { return v.kind == Value::Kind::kFloat ? v.f : v.kind == Value::Kind::kBool ? v.b : double(v.i); }
+double num(const Value& v) {
+    return v.kind == Value::Kind::kFloat ? v.f : v.kind == Value::Kind::kBool ? v.b : double(v.i);
+}
 
 }  // namespace
 
 std::string repr(const Value& v) {
     switch (v.kind) {
-        case Value::Kind::kString: return py_quote(v.s);
+        case Value::Kind::kString:
+            return py_quote(v.s);
         case Value::Kind::kList: {
             std::string out = "[";
             for (size_t i = 0; i < v.list->size(); ++i) out += (i ? ", " : "") + repr((*v.list)[i]);
@@ -211,20 +265,29 @@ std::string repr(const Value& v) {
                 out += (i ? ", " : "") + py_quote(v.dict->items[i].first) + ": " + repr(v.dict->items[i].second);
             return out + "}";
         }
-        default: return to_str(v);
+        default:
+            return to_str(v);
     }
 }
 
 std::string to_str(const Value& v) {
     switch (v.kind) {
-        case Value::Kind::kUndefined: return "";
-        case Value::Kind::kNone: return "None";
-        case Value::Kind::kBool: return v.b ? "True" : "False";
-        case Value::Kind::kInt: return std::to_string(v.i);
-        case Value::Kind::kFloat: return float_text(v.f);
-        case Value::Kind::kString: return v.s;
-        case Value::Kind::kFunc: return "<function>";
-        default: return repr(v);
+        case Value::Kind::kUndefined:
+            return "";
+        case Value::Kind::kNone:
+            return "None";
+        case Value::Kind::kBool:
+            return v.b ? "True" : "False";
+        case Value::Kind::kInt:
+            return std::to_string(v.i);
+        case Value::Kind::kFloat:
+            return float_text(v.f);
+        case Value::Kind::kString:
+            return v.s;
+        case Value::Kind::kFunc:
+            return "<function>";
+        default:
+            return repr(v);
     }
 }
 
@@ -239,8 +302,10 @@ bool equal(const Value& a, const Value& b) {
     if (a.kind != b.kind) return false;
     switch (a.kind) {
         case Value::Kind::kUndefined:
-        case Value::Kind::kNone: return true;
-        case Value::Kind::kString: return a.s == b.s;
+        case Value::Kind::kNone:
+            return true;
+        case Value::Kind::kString:
+            return a.s == b.s;
         case Value::Kind::kList:
             if (a.list->size() != b.list->size()) return false;
             for (size_t i = 0; i < a.list->size(); ++i)
@@ -253,7 +318,8 @@ bool equal(const Value& a, const Value& b) {
                 if (!o || !equal(v, *o)) return false;
             }
             return true;
-        default: return a.fn == b.fn;
+        default:
+            return a.fn == b.fn;
     }
 }
 
@@ -268,12 +334,18 @@ bool less(const Value& a, const Value& b) {
 
 Value from_json(const nlohmann::ordered_json& j) {
     switch (j.type()) {
-        case nlohmann::ordered_json::value_t::null: return Value::none();
-        case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
-        case nlohmann::ordered_json::value_t::number_integer: return Value::integer(j.get<int64_t>());
-        case nlohmann::ordered_json::value_t::number_unsigned: return Value::integer(int64_t(j.get<uint64_t>()));
-        case nlohmann::ordered_json::value_t::number_float: return Value::real(j.get<double>());
-        case nlohmann::ordered_json::value_t::string: return Value::str(j.get<std::string>());
+        case nlohmann::ordered_json::value_t::null:
+            return Value::none();
+        case nlohmann::ordered_json::value_t::boolean:
+            return Value::boolean(j.get<bool>());
+        case nlohmann::ordered_json::value_t::number_integer:
+            return Value::integer(j.get<int64_t>());
+        case nlohmann::ordered_json::value_t::number_unsigned:
+            return Value::integer(int64_t(j.get<uint64_t>()));
+        case nlohmann::ordered_json::value_t::number_float:
+            return Value::real(j.get<double>());
+        case nlohmann::ordered_json::value_t::string:
+            return Value::str(j.get<std::string>());
         case nlohmann::ordered_json::value_t::array: {
             List l;
             for (const auto& e : j) l.push_back(from_json(e));
@@ -284,7 +356,8 @@ Value from_json(const nlohmann::ordered_json& j) {
             for (auto it = j.begin(); it != j.end(); ++it) d.dict->items.emplace_back(it.key(), from_json(it.value()));
             return d;
         }
-        default: return Value();
+        default:
+            return Value();
     }
 }
 
@@ -302,8 +375,10 @@ std::vector<std::string> code_points(const std::string& s) {
 
 List iterate(const Value& v) {
     switch (v.kind) {
-        case Value::Kind::kUndefined: return {};
-        case Value::Kind::kList: return *v.list;
+        case Value::Kind::kUndefined:
+            return {};
+        case Value::Kind::kList:
+            return *v.list;
         case Value::Kind::kDict: {
             List keys;
             for (const auto& kv : v.dict->items) keys.push_back(Value::str(kv.first));
@@ -314,17 +389,23 @@ List iterate(const Value& v) {
             for (auto& c : code_points(v.s)) chars.push_back(Value::str(std::move(c)));
             return chars;
         }
-        default: throw Oops(fmt::format("a {} value is not iterable", kind_name(v)));
+        default:
+            throw Oops(fmt::format("a {} value is not iterable", kind_name(v)));
     }
 }
 
 int64_t length(const Value& v) {
     switch (v.kind) {
-        case Value::Kind::kUndefined: return 0;
-        case Value::Kind::kString: return int64_t(code_points(v.s).size());
-        case Value::Kind::kList: return int64_t(v.list->size());
-        case Value::Kind::kDict: return int64_t(v.dict->items.size());
-        default: throw Oops(fmt::format("a {} value has no length", kind_name(v)));
+        case Value::Kind::kUndefined:
+            return 0;
+        case Value::Kind::kString:
+            return int64_t(code_points(v.s).size());
+        case Value::Kind::kList:
+            return int64_t(v.list->size());
+        case Value::Kind::kDict:
+            return int64_t(v.dict->items.size());
+        default:
+            throw Oops(fmt::format("a {} value has no length", kind_name(v)));
     }
 }
 

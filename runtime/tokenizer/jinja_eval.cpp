@@ -2,14 +2,13 @@
 // for loop's body has its own scope (a `set` inside does not leak out; namespace() attributes do),
 // `if` has none, a macro sees the template's top-level names and its parameters. Globals are
 // jinja2's range, dict, namespace and transformers' raise_exception and strftime_now.
-#include "runtime/tokenizer/jinja_internal.h"
-
-#include "base/error.h"
-
 #include <fmt/format.h>
 
 #include <cmath>
 #include <unordered_map>
+
+#include "base/error.h"
+#include "runtime/tokenizer/jinja_internal.h"
 
 namespace lattice::jinja {
 
@@ -44,12 +43,14 @@ private:
                 if (a.pos[i].kind != Value::Kind::kInt) throw Oops("range: expected integers");
                 return a.pos[i].i;
             };
-            if (a.pos.size() == 1) stop = iarg(0);
+            if (a.pos.size() == 1)
+                stop = iarg(0);
             else if (a.pos.size() >= 2) {
                 start = iarg(0);
                 stop = iarg(1);
                 if (a.pos.size() > 2) step = iarg(2);
-            } else throw Oops("range: expected 1 to 3 arguments");
+            } else
+                throw Oops("range: expected 1 to 3 arguments");
             if (step == 0) throw Oops("range: step must not be zero");
             List out;
             for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
@@ -108,21 +109,30 @@ private:
 
     Flow exec_node(const Node& n, std::string& out) {
         switch (n.kind) {
-            case Node::Kind::kText: out += n.text; return Flow::kNormal;
-            case Node::Kind::kOutput: out += to_str(eval(*n.expr)); return Flow::kNormal;
+            case Node::Kind::kText:
+                out += n.text;
+                return Flow::kNormal;
+            case Node::Kind::kOutput:
+                out += to_str(eval(*n.expr));
+                return Flow::kNormal;
             case Node::Kind::kIf:
                 for (const auto& [cond, body] : n.branches)
                     if (!cond || truthy(eval(*cond))) return exec(body, out);
                 return Flow::kNormal;
-            case Node::Kind::kFor: return exec_for(n, out);
-            case Node::Kind::kSet: exec_set(n, eval(*n.expr)); return Flow::kNormal;
+            case Node::Kind::kFor:
+                return exec_for(n, out);
+            case Node::Kind::kSet:
+                exec_set(n, eval(*n.expr));
+                return Flow::kNormal;
             case Node::Kind::kSetBlock: {
                 std::string text;
                 exec(n.body, text);
                 (*scopes_.back())[n.targets[0]] = Value::str(std::move(text));
                 return Flow::kNormal;
             }
-            case Node::Kind::kMacro: define_macro(n); return Flow::kNormal;
+            case Node::Kind::kMacro:
+                define_macro(n);
+                return Flow::kNormal;
             case Node::Kind::kBreak:
             case Node::Kind::kContinue:
                 if (loop_depth_ == 0) fail_at(prog_.name, n.line, n.col, "break/continue outside a loop");
@@ -147,8 +157,9 @@ private:
         if (n.attr_set) {
             Value ns = lookup(n.targets[0]);
             if (!ns.is_dict() || !ns.dict->is_namespace)
-                fail_at(prog_.name, n.line, n.col,
-                        fmt::format("cannot set attribute '{}' of '{}': not a namespace()", n.targets[1], n.targets[0]));
+                fail_at(
+                    prog_.name, n.line, n.col,
+                    fmt::format("cannot set attribute '{}' of '{}': not a namespace()", n.targets[1], n.targets[0]));
             ns.dict->set(n.targets[1], v);
             return;
         }
@@ -209,13 +220,18 @@ private:
             if (++call_depth_ > kMaxCallDepth) throw Oops(fmt::format("macro '{}': recursion too deep", node->text));
             auto frame = std::make_shared<Frame>();
             if (a.pos.size() > node->params.size())
-                throw Oops(fmt::format("macro '{}' takes {} arguments, got {}", node->text, node->params.size(), a.pos.size()));
+                throw Oops(fmt::format("macro '{}' takes {} arguments, got {}", node->text, node->params.size(),
+                                       a.pos.size()));
             for (size_t i = 0; i < node->params.size(); ++i) {
                 const auto& [pname, def] = node->params[i];
-                if (i < a.pos.size()) (*frame)[pname] = a.pos[i];
-                else if (const Value* kv = a.kwarg(pname)) (*frame)[pname] = *kv;
-                else if (def) (*frame)[pname] = eval(*def);
-                else (*frame)[pname] = Value();
+                if (i < a.pos.size())
+                    (*frame)[pname] = a.pos[i];
+                else if (const Value* kv = a.kwarg(pname))
+                    (*frame)[pname] = *kv;
+                else if (def)
+                    (*frame)[pname] = eval(*def);
+                else
+                    (*frame)[pname] = Value();
             }
             for (const auto& [k, v] : a.kw) {
                 bool known = false;
@@ -276,8 +292,10 @@ private:
     Value eval_inner(const Expr& e) {
         using K = Expr::Kind;
         switch (e.kind) {
-            case K::kLiteral: return e.literal;
-            case K::kName: return lookup(e.name);
+            case K::kLiteral:
+                return e.literal;
+            case K::kName:
+                return lookup(e.name);
             case K::kList:
             case K::kTuple: {
                 List l;
@@ -305,8 +323,10 @@ private:
                 }
                 return method(obj, e.name);
             }
-            case K::kIndex: return index(need_defined(*e.args[0]), eval(*e.args[1]));
-            case K::kSlice: return slice(need_defined(*e.args[0]), e);
+            case K::kIndex:
+                return index(need_defined(*e.args[0]), eval(*e.args[1]));
+            case K::kSlice:
+                return slice(need_defined(*e.args[0]), e);
             case K::kCall: {
                 const Value f = eval(*e.args[0]);
                 if (f.undefined()) throw Oops(fmt::format("'{}' is undefined", describe(*e.args[0])));
@@ -317,9 +337,8 @@ private:
             case K::kFilter: {
                 const Value v = eval(*e.args[0]);
                 Args a = eval_args(e, 1);
-                return apply_filter(e.name, v, a, [](const Value& x, const std::string& t, Args& ta) {
-                    return apply_test(t, x, ta);
-                });
+                return apply_filter(
+                    e.name, v, a, [](const Value& x, const std::string& t, Args& ta) { return apply_test(t, x, ta); });
             }
             case K::kTest: {
                 const Value v = eval(*e.args[0]);
@@ -330,9 +349,11 @@ private:
                 const Value v = need_defined(*e.args[0]);
                 if (!v.is_number()) throw Oops(fmt::format("bad operand for unary {}: {}", e.name, kind_name(v)));
                 if (e.name == "+") return v;
-                return v.kind == Value::Kind::kFloat ? Value::real(-v.f) : Value::integer(-(v.kind == Value::Kind::kBool ? v.b : v.i));
+                return v.kind == Value::Kind::kFloat ? Value::real(-v.f)
+                                                     : Value::integer(-(v.kind == Value::Kind::kBool ? v.b : v.i));
             }
-            case K::kNot: return Value::boolean(!truthy(eval(*e.args[0])));
+            case K::kNot:
+                return Value::boolean(!truthy(eval(*e.args[0])));
             case K::kAnd: {
                 Value a = eval(*e.args[0]);
                 return truthy(a) ? eval(*e.args[1]) : a;
@@ -344,7 +365,8 @@ private:
             case K::kCond:
                 if (truthy(eval(*e.args[0]))) return eval(*e.args[1]);
                 return e.args.size() > 2 ? eval(*e.args[2]) : Value();
-            case K::kBinary: return binary(e);
+            case K::kBinary:
+                return binary(e);
         }
         return Value();
     }
@@ -387,9 +409,12 @@ private:
         if (st == 0) throw Oops("slice step cannot be zero");
         std::vector<std::string> cps;
         int64_t n;
-        if (obj.is_list()) n = int64_t(obj.list->size());
-        else if (obj.is_string()) n = int64_t((cps = code_points(obj.s)).size());
-        else throw Oops(fmt::format("a {} value cannot be sliced", kind_name(obj)));
+        if (obj.is_list())
+            n = int64_t(obj.list->size());
+        else if (obj.is_string())
+            n = int64_t((cps = code_points(obj.s)).size());
+        else
+            throw Oops(fmt::format("a {} value cannot be sliced", kind_name(obj)));
         // Python's slice.indices().
         auto clamp = [&](int64_t v, bool given, int64_t def) {
             if (!given) return def;
@@ -402,8 +427,10 @@ private:
         List l;
         std::string s;
         for (int64_t i = start; st > 0 ? i < stop : i > stop; i += st) {
-            if (obj.is_list()) l.push_back((*obj.list)[size_t(i)]);
-            else s += cps[size_t(i)];
+            if (obj.is_list())
+                l.push_back((*obj.list)[size_t(i)]);
+            else
+                s += cps[size_t(i)];
         }
         return obj.is_list() ? Value::make_list(std::move(l)) : Value::str(std::move(s));
     }
@@ -429,7 +456,8 @@ private:
                 return Value::make_list(std::move(l));
             }
         }
-        if (op == "*" && (a.is_string() || b.is_string()) && (a.kind == Value::Kind::kInt || b.kind == Value::Kind::kInt)) {
+        if (op == "*" && (a.is_string() || b.is_string()) &&
+            (a.kind == Value::Kind::kInt || b.kind == Value::Kind::kInt)) {
             const std::string& s = a.is_string() ? a.s : b.s;
             const int64_t k = a.is_string() ? b.i : a.i;
             if (k > 0 && s.size() * size_t(k) > (64u << 20)) throw Oops("string repetition too long");
@@ -441,7 +469,8 @@ private:
             throw Oops(fmt::format("unsupported operand types for {}: {} and {}", op, kind_name(a), kind_name(b)));
         const bool ints = a.kind != Value::Kind::kFloat && b.kind != Value::Kind::kFloat;
         const int64_t x = a.kind == Value::Kind::kBool ? a.b : a.i, y = b.kind == Value::Kind::kBool ? b.b : b.i;
-        const double fx = a.kind == Value::Kind::kFloat ? a.f : double(x), fy = b.kind == Value::Kind::kFloat ? b.f : double(y);
+        const double fx = a.kind == Value::Kind::kFloat ? a.f : double(x),
+                     fy = b.kind == Value::Kind::kFloat ? b.f : double(y);
         if (op == "+") return ints ? Value::integer(x + y) : Value::real(fx + fy);
         if (op == "-") return ints ? Value::integer(x - y) : Value::real(fx - fy);
         if (op == "*") return ints ? Value::integer(x * y) : Value::real(fx * fy);
@@ -502,6 +531,8 @@ std::string Template::render(const nlohmann::ordered_json& context, const Render
     return Evaluator(*program_, options).run(context);
 }
 
-const std::string& Template::name() const { return program_->name; }
+const std::string& Template::name() const {
+    return program_->name;
+}
 
 }  // namespace lattice::jinja

@@ -8,18 +8,20 @@
 //            lower upper
 //   methods  str: startswith endswith split strip lstrip rstrip upper lower title capitalize replace
 //            find count join;  dict: get items keys values
-#include "runtime/tokenizer/jinja_internal.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "runtime/tokenizer/jinja_internal.h"
+
 namespace lattice::jinja {
 
 namespace {
 
-bool py_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f); }
+bool py_space(unsigned char c) {
+    return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f);
+}
 
 // Python's str.isspace() for one UTF-8 code point.
 bool py_space_cp(const std::string& cp) {
@@ -52,7 +54,8 @@ std::string strip(const std::string& s, const Value* chars, bool left, bool righ
 }
 
 std::string ascii_case(std::string s, bool upper) {
-    for (char& c : s) c = char(upper ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
+    for (char& c : s)
+        c = char(upper ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
     return s;
 }
 
@@ -61,7 +64,9 @@ std::string title(const std::string& s) {
     bool prev_letter = false;
     for (char& c : out) {
         const bool letter = std::isalpha(static_cast<unsigned char>(c)) != 0;
-        if (letter) c = char(prev_letter ? std::tolower(static_cast<unsigned char>(c)) : std::toupper(static_cast<unsigned char>(c)));
+        if (letter)
+            c = char(prev_letter ? std::tolower(static_cast<unsigned char>(c))
+                                 : std::toupper(static_cast<unsigned char>(c)));
         prev_letter = letter;
     }
     return out;
@@ -121,7 +126,8 @@ Value split(const std::string& s, const Value* sep, int64_t maxsplit) {
     if (sep->s.empty()) throw Oops("split: empty separator");
     size_t at = 0;
     for (;;) {
-        const size_t hit = (maxsplit >= 0 && int64_t(parts.size()) >= maxsplit) ? std::string::npos : s.find(sep->s, at);
+        const size_t hit =
+            (maxsplit >= 0 && int64_t(parts.size()) >= maxsplit) ? std::string::npos : s.find(sep->s, at);
         if (hit == std::string::npos) break;
         parts.push_back(Value::str(s.substr(at, hit - at)));
         at = hit + sep->s.size();
@@ -215,7 +221,8 @@ Value str_method_call(const Value& self, const std::string& name, Args& a) {
     if (name == "title") return Value::str(title(s));
     if (name == "capitalize") return Value::str(capitalize(s));
     if (name == "replace")
-        return Value::str(replace(s, need_string(a.get(0, "old"), "replace").s, need_string(a.get(1, "new"), "replace").s,
+        return Value::str(replace(s, need_string(a.get(0, "old"), "replace").s,
+                                  need_string(a.get(1, "new"), "replace").s,
                                   int_arg(a.get(2, "count"), -1, "replace")));
     if (name == "find") {
         const size_t at = s.find(need_string(a.get(0, "sub"), "find").s);
@@ -254,9 +261,12 @@ Value dict_method_call(const Value& self, const std::string& name, Args& a) {
     }
     List out;
     for (const auto& [k, v] : d.items) {
-        if (name == "items") out.push_back(Value::make_list({Value::str(k), v}));
-        else if (name == "keys") out.push_back(Value::str(k));
-        else out.push_back(v);
+        if (name == "items")
+            out.push_back(Value::make_list({Value::str(k), v}));
+        else if (name == "keys")
+            out.push_back(Value::str(k));
+        else
+            out.push_back(v);
     }
     return Value::make_list(std::move(out));
 }
@@ -264,13 +274,12 @@ Value dict_method_call(const Value& self, const std::string& name, Args& a) {
 }  // namespace
 
 Value method(const Value& obj, const std::string& name) {
-    static const char* kStr[] = {"startswith", "endswith", "split", "strip", "lstrip", "rstrip", "upper",
-                                 "lower", "title", "capitalize", "replace", "find", "count", "join"};
+    static const char* kStr[] = {"startswith", "endswith", "split",      "strip",   "lstrip", "rstrip", "upper",
+                                 "lower",      "title",    "capitalize", "replace", "find",   "count",  "join"};
     static const char* kDict[] = {"get", "items", "keys", "values"};
     if (obj.is_string()) {
         for (const char* m : kStr)
-            if (name == m)
-                return Value::func([obj, name](Args& a) { return str_method_call(obj, name, a); });
+            if (name == m) return Value::func([obj, name](Args& a) { return str_method_call(obj, name, a); });
     } else if (obj.is_dict() && !obj.dict->is_namespace) {
         for (const char* m : kDict)
             if (name == m) {
@@ -323,8 +332,7 @@ bool apply_test(const std::string& name, const Value& v, Args& a) {
         if (v.kind != K::kInt || d.kind != K::kInt || d.i == 0) throw Oops("divisibleby needs non-zero integers");
         return v.i % d.i == 0;
     }
-    if (name == "lower" || name == "upper")
-        return v.is_string() && v.s == ascii_case(v.s, name == "upper");
+    if (name == "lower" || name == "upper") return v.is_string() && v.s == ascii_case(v.s, name == "upper");
     throw Oops(fmt::format("unknown test '{}'", name));
 }
 
@@ -341,7 +349,8 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, const TestF
     if (name == "title") return Value::str(title(to_str(v)));
     if (name == "replace")
         return Value::str(replace(to_str(v), to_str(need_string(a.get(0, "old"), "replace")),
-                                  to_str(need_string(a.get(1, "new"), "replace")), int_arg(a.get(2, "count"), -1, "replace")));
+                                  to_str(need_string(a.get(1, "new"), "replace")),
+                                  int_arg(a.get(2, "count"), -1, "replace")));
     if (name == "string") return Value::str(to_str(v));
     if (name == "safe") return v;
     if (name == "list") return Value::make_list(iterate(v));

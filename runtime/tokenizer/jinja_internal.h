@@ -5,13 +5,13 @@
 // keys; a Func is a macro, a global function or a bound method.
 #pragma once
 
-#include "runtime/tokenizer/jinja.h"
-
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
 #include <utility>
 #include <vector>
+
+#include "runtime/tokenizer/jinja.h"
 
 namespace lattice::jinja {
 
@@ -33,14 +33,38 @@ struct Value {
     std::shared_ptr<Func> fn;
 
     static Value none() { return with(Kind::kNone); }
-    static Value boolean(bool v) { Value r = with(Kind::kBool); r.b = v; return r; }
-    static Value integer(int64_t v) { Value r = with(Kind::kInt); r.i = v; return r; }
-    static Value real(double v) { Value r = with(Kind::kFloat); r.f = v; return r; }
-    static Value str(std::string v) { Value r = with(Kind::kString); r.s = std::move(v); return r; }
+    static Value boolean(bool v) {
+        Value r = with(Kind::kBool);
+        r.b = v;
+        return r;
+    }
+    static Value integer(int64_t v) {
+        Value r = with(Kind::kInt);
+        r.i = v;
+        return r;
+    }
+    static Value real(double v) {
+        Value r = with(Kind::kFloat);
+        r.f = v;
+        return r;
+    }
+    static Value str(std::string v) {
+        Value r = with(Kind::kString);
+        r.s = std::move(v);
+        return r;
+    }
     static Value make_list(List v = {});
     static Value make_dict();
-    static Value func(Func f) { Value r = with(Kind::kFunc); r.fn = std::make_shared<Func>(std::move(f)); return r; }
-    static Value with(Kind k) { Value r; r.kind = k; return r; }
+    static Value func(Func f) {
+        Value r = with(Kind::kFunc);
+        r.fn = std::make_shared<Func>(std::move(f));
+        return r;
+    }
+    static Value with(Kind k) {
+        Value r;
+        r.kind = k;
+        return r;
+    }
 
     bool undefined() const { return kind == Kind::kUndefined; }
     bool is_none() const { return kind == Kind::kNone; }
@@ -99,13 +123,28 @@ struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;
 struct Expr {
     enum class Kind {
-        kLiteral, kName, kList, kTuple, kDict, kAttr, kIndex, kSlice, kCall, kFilter, kTest,
-        kUnary, kBinary, kAnd, kOr, kNot, kCond
+        kLiteral,
+        kName,
+        kList,
+        kTuple,
+        kDict,
+        kAttr,
+        kIndex,
+        kSlice,
+        kCall,
+        kFilter,
+        kTest,
+        kUnary,
+        kBinary,
+        kAnd,
+        kOr,
+        kNot,
+        kCond
     };
     Kind kind;
     int line = 0, col = 0;
     Value literal;
-    std::string name;  // name, attribute, filter/test name, operator
+    std::string name;           // name, attribute, filter/test name, operator
     std::vector<ExprPtr> args;  // operands; kDict: key, value, key, value...; kSlice: obj, start, stop, step (nullable)
     std::vector<std::pair<std::string, ExprPtr>> kwargs;
     bool negated = false;  // kTest: `is not`
@@ -120,10 +159,10 @@ struct Node {
     std::string text;                  // kText; kSet/kSetBlock/kMacro: the name
     std::vector<std::string> targets;  // kFor/kSet: names; kSet "ns.attr": targets = {ns, attr}, attr_set
     bool attr_set = false;
-    ExprPtr expr;                      // kOutput, kFor (iterable), kSet (value)
-    ExprPtr cond;                      // kFor: `if` filter
-    std::vector<std::pair<ExprPtr, Body>> branches;  // kIf: (condition or null for else, body)
-    Body body, else_body;              // kFor, kSetBlock, kMacro
+    ExprPtr expr;                                         // kOutput, kFor (iterable), kSet (value)
+    ExprPtr cond;                                         // kFor: `if` filter
+    std::vector<std::pair<ExprPtr, Body>> branches;       // kIf: (condition or null for else, body)
+    Body body, else_body;                                 // kFor, kSetBlock, kMacro
     std::vector<std::pair<std::string, ExprPtr>> params;  // kMacro: (name, default or null)
 };
 

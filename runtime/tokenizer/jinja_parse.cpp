@@ -3,11 +3,10 @@
 // newline after it; spaces and tabs between a line's start and a block or comment tag are dropped;
 // `-` strips all whitespace on its side, `+` disables lstrip/trim. Operator precedence follows
 // jinja2's parser (filters and tests bind tighter than arithmetic, `not` looser than comparisons).
-#include "runtime/tokenizer/jinja_internal.h"
+#include <fmt/format.h>
 
 #include "base/error.h"
-
-#include <fmt/format.h>
+#include "runtime/tokenizer/jinja_internal.h"
 
 namespace lattice::jinja {
 
@@ -24,7 +23,9 @@ struct Tok {
     int line, col;
 };
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool is_space(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 void append_utf8(std::string& out, uint32_t cp) {
     if (cp < 0x80) {
@@ -214,27 +215,59 @@ private:
                 for (int k = 0; k < n; ++k) {
                     const char h = s_[pos_++];
                     if (!std::isxdigit(static_cast<unsigned char>(h))) fail(pos_ - 1, "bad hex escape in string");
-                    cp = cp * 16 + uint32_t(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (std::tolower(h) - 'a' + 10));
+                    cp = cp * 16 +
+                         uint32_t(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (std::tolower(h) - 'a' + 10));
                 }
                 append_utf8(out, cp);
             };
             switch (e) {
-                case 'n': out += '\n'; break;
-                case 't': out += '\t'; break;
-                case 'r': out += '\r'; break;
-                case 'b': out += '\b'; break;
-                case 'f': out += '\f'; break;
-                case 'v': out += '\v'; break;
-                case 'a': out += '\a'; break;
-                case '0': out += '\0'; break;
-                case '\\': out += '\\'; break;
-                case '\'': out += '\''; break;
-                case '"': out += '"'; break;
-                case '\n': break;
-                case 'x': hex(2); break;
-                case 'u': hex(4); break;
-                case 'U': hex(8); break;
-                default: out += '\\'; out += e;
+                case 'n':
+                    out += '\n';
+                    break;
+                case 't':
+                    out += '\t';
+                    break;
+                case 'r':
+                    out += '\r';
+                    break;
+                case 'b':
+                    out += '\b';
+                    break;
+                case 'f':
+                    out += '\f';
+                    break;
+                case 'v':
+                    out += '\v';
+                    break;
+                case 'a':
+                    out += '\a';
+                    break;
+                case '0':
+                    out += '\0';
+                    break;
+                case '\\':
+                    out += '\\';
+                    break;
+                case '\'':
+                    out += '\'';
+                    break;
+                case '"':
+                    out += '"';
+                    break;
+                case '\n':
+                    break;
+                case 'x':
+                    hex(2);
+                    break;
+                case 'u':
+                    hex(4);
+                    break;
+                case 'U':
+                    hex(8);
+                    break;
+                default:
+                    out += '\\';
+                    out += e;
             }
         }
         if (pos_ >= s_.size()) fail(start, "unclosed string literal");
@@ -279,11 +312,16 @@ private:
     }
     static std::string describe(const Tok& t) {
         switch (t.kind) {
-            case Tok::kEnd: return "end of template";
-            case Tok::kBlockClose: return "'%}'";
-            case Tok::kVarClose: return "'}}'";
-            case Tok::kString: return "a string";
-            default: return "'" + t.text + "'";
+            case Tok::kEnd:
+                return "end of template";
+            case Tok::kBlockClose:
+                return "'%}'";
+            case Tok::kVarClose:
+                return "'}}'";
+            case Tok::kString:
+                return "a string";
+            default:
+                return "'" + t.text + "'";
         }
     }
     ExprPtr make(Expr::Kind k, const Tok& at) {
@@ -314,7 +352,8 @@ private:
                 ++p_;
                 auto n = node(Node::Kind::kOutput, t);
                 n->expr = parse_expr();
-                if (peek().kind != Tok::kVarClose) fail(peek(), fmt::format("expected '}}}}', found {}", describe(peek())));
+                if (peek().kind != Tok::kVarClose)
+                    fail(peek(), fmt::format("expected '}}}}', found {}", describe(peek())));
                 ++p_;
                 body.push_back(std::move(n));
             } else {
@@ -581,9 +620,12 @@ private:
             case Tok::kName: {
                 ++p_;
                 auto e = make(Expr::Kind::kLiteral, t);
-                if (t.text == "true" || t.text == "True") e->literal = Value::boolean(true);
-                else if (t.text == "false" || t.text == "False") e->literal = Value::boolean(false);
-                else if (t.text == "none" || t.text == "None") e->literal = Value::none();
+                if (t.text == "true" || t.text == "True")
+                    e->literal = Value::boolean(true);
+                else if (t.text == "false" || t.text == "False")
+                    e->literal = Value::boolean(false);
+                else if (t.text == "none" || t.text == "None")
+                    e->literal = Value::none();
                 else {
                     e->kind = Expr::Kind::kName;
                     e->name = t.text;
@@ -602,7 +644,8 @@ private:
                 ++p_;
                 auto e = make(Expr::Kind::kLiteral, t);
                 try {
-                    e->literal = t.kind == Tok::kInt ? Value::integer(std::stoll(t.text)) : Value::real(std::stod(t.text));
+                    e->literal =
+                        t.kind == Tok::kInt ? Value::integer(std::stoll(t.text)) : Value::real(std::stod(t.text));
                 } catch (const std::exception&) {
                     fail(t, fmt::format("number '{}' out of range", t.text));
                 }

@@ -2,14 +2,13 @@
 // lattice's Jinja engine in one process. Reads a JSON file {"now": "YYYY-MM-DD", "cases":
 // [{"template": path, "context": {...}}, ...]} (objects keep their key order) and prints a JSON
 // array with {"out": text} or {"error": message} per case.
-#include "runtime/tokenizer/jinja.h"
-
-#include "base/error.h"
-
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+
+#include "base/error.h"
+#include "runtime/tokenizer/jinja.h"
 
 int main(int argc, char** argv) {
     if (argc != 2) {

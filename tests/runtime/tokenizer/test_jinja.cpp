@@ -31,7 +31,9 @@ std::string error_of(const std::string& src, const json& ctx = json::object()) {
 
 TEST_CASE("jinja: output, comments, literals and escapes") {
     CHECK(render("a{{ 'b' }}c{# gone #}d") == "abcd");
-    CHECK(render(R"({{ "q\"\n\t\u00e9\x41" }})") == "q\"\n\t\xc3\xa9" "A");
+    CHECK(render(R"({{ "q\"\n\t\u00e9\x41" }})") ==
+          "q\"\n\t\xc3\xa9"
+          "A");
     CHECK(render("{{ 'a' 'b' }}|{{ 7 // 2 }}|{{ -7 // 2 }}|{{ -7 % 3 }}|{{ 7 / 2 }}|{{ 2 ** 10 }}|{{ 1.5 * 2 }}") ==
           "ab|3|-4|2|3.5|1024|3.0");
     CHECK(render("{{ none }}|{{ true }}|{{ [1, 'x', none] }}|{{ {'k': 'v'} }}|{{ 1 ~ 'x' ~ undefined_thing }}") ==
@@ -53,8 +55,7 @@ TEST_CASE("jinja: whitespace control as transformers configures jinja2 (trim_blo
 
 TEST_CASE("jinja: if/elif/else, for with loop variables, for-else, filters on loops, unpacking, break") {
     CHECK(render("{% for x in [3, 4, 5] %}{{ loop.index }}{{ loop.index0 }}{{ loop.first }}{{ loop.last }}"
-                 "{{ loop.length }}{{ loop.revindex }},{% endfor %}") ==
-          "10TrueFalse33,21FalseFalse32,32FalseTrue31,");
+                 "{{ loop.length }}{{ loop.revindex }},{% endfor %}") == "10TrueFalse33,21FalseFalse32,32FalseTrue31,");
     CHECK(render("{% for x in [] %}x{% else %}empty{% endfor %}") == "empty");
     CHECK(render("{% for x in [1, 2, 3, 4] if x is even %}{{ x }}{{ loop.length }}{% endfor %}") == "2242");
     CHECK(render("{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}{% for k, v in d|items %}{{ k }}{% endfor %}",
@@ -68,7 +69,8 @@ TEST_CASE("jinja: if/elif/else, for with loop variables, for-else, filters on lo
 TEST_CASE("jinja: set scoping, namespace attributes, tuple set, block set, macros") {
     // A set inside a loop stays in the loop; a namespace carries values out.
     CHECK(render("{% set x = 1 %}{% for i in [1, 2] %}{% set x = i %}{% endfor %}{{ x }}") == "1");
-    CHECK(render("{% set ns = namespace(n=0) %}{% for i in [1, 2, 3] %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }}") ==
+    CHECK(render(
+              "{% set ns = namespace(n=0) %}{% for i in [1, 2, 3] %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }}") ==
           "6");
     CHECK(render("{% set a, b = 1, 2 %}{{ b }}{{ a }}{% set t %}in{{ a }}{% endset %}{{ t }}") == "21in1");
     CHECK(render("{% macro f(a, b='d') %}[{{ a }}{{ b }}]{% endmacro %}{{ f(1) }}{{ f(2, b='x') }}{{ f(a=3) }}") ==
@@ -82,9 +84,11 @@ TEST_CASE("jinja: filters, tests, operators, subscripts and slices") {
     CHECK(render("{{ m|selectattr('role', 'equalto', 'user')|list|length }}{{ m|rejectattr('c')|list|length }}"
                  "{{ m|map(attribute='role')|join(',') }}",
                  ctx) == "22user,system,user");
-    CHECK(render("{{ ' a '|trim }}|{{ 'AB'|lower }}|{{ 'ab'|upper }}|{{ 'hELLO world'|capitalize }}|{{ 'a-b'|replace('-', '+') }}|"
-                 "{{ [1, 2]|first }}{{ [1, 2]|last }}|{{ u|default('dflt') }}|{{ 3|string + 'x' }}|{{ 'x y'|title }}") ==
-          "a|ab|AB|Hello world|a+b|12|dflt|3x|X Y");
+    CHECK(
+        render("{{ ' a '|trim }}|{{ 'AB'|lower }}|{{ 'ab'|upper }}|{{ 'hELLO world'|capitalize }}|{{ "
+               "'a-b'|replace('-', '+') }}|"
+               "{{ [1, 2]|first }}{{ [1, 2]|last }}|{{ u|default('dflt') }}|{{ 3|string + 'x' }}|{{ 'x y'|title }}") ==
+        "a|ab|AB|Hello world|a+b|12|dflt|3x|X Y");
     CHECK(render("{{ {'b': [1, 'é'], 'a': none}|tojson }}") == "{\"b\": [1, \"é\"], \"a\": null}");
     CHECK(render("{{ {'a': [1, {}]}|tojson(indent=2) }}") == "{\n  \"a\": [\n    1,\n    {}\n  ]\n}");
     CHECK(render("{{ x is none }}{{ 'a' is string }}{{ {} is mapping }}{{ [] is iterable }}{{ 1 is not string }}"
@@ -99,11 +103,12 @@ TEST_CASE("jinja: filters, tests, operators, subscripts and slices") {
 
 TEST_CASE("jinja: string and dict methods; raise_exception and strftime_now") {
     CHECK(render("{{ 'a</think>\\nb'.split('</think>')[-1].lstrip('\\n') }}|{{ 'x y  z'.split() }}|{{ ' s '.strip() }}|"
-                 "{{ '\u3000x\u00a0\n'|trim }}{{ 'éaé'.strip('é') }}{{ 'ab'.startswith('a') }}{{ 'ab'.endswith(('x', 'b')) }}|{{ 'aXa'.replace('a', 'b') }}|{{ 'Ab'.lower() }}") ==
+                 "{{ '\u3000x\u00a0\n'|trim }}{{ 'éaé'.strip('é') }}{{ 'ab'.startswith('a') }}{{ 'ab'.endswith(('x', "
+                 "'b')) }}|{{ 'aXa'.replace('a', 'b') }}|{{ 'Ab'.lower() }}") ==
           "b|['x', 'y', 'z']|s|xaTrueTrue|bXb|ab");
     const json ctx = {{"d", {{"k", 1}}}};
-    CHECK(render("{{ d.get('k') }}{{ d.get('z', 'dz') }}{{ d.get('z') }}{{ d.keys()|list }}{{ d.values()|list }}", ctx) ==
-          "1dzNone['k'][1]");
+    CHECK(render("{{ d.get('k') }}{{ d.get('z', 'dz') }}{{ d.get('z') }}{{ d.keys()|list }}{{ d.values()|list }}",
+                 ctx) == "1dzNone['k'][1]");
     std::tm tm{};
     tm.tm_year = 2024 - 1900;
     tm.tm_mon = 6;
@@ -119,20 +124,24 @@ TEST_CASE("jinja: string and dict methods; raise_exception and strftime_now") {
 TEST_CASE("jinja: errors name the template, line and column") {
     CHECK(error_of("ab\n  {% if x %}") == "chat template 't' line 2 column 3: missing '{% endif %}' for this block");
     CHECK(error_of("{{ 'open }}") == "chat template 't' line 1 column 4: unclosed string literal");
-    CHECK(error_of("x\n{% frobnicate %}") == "chat template 't' line 2 column 4: unknown or unexpected statement 'frobnicate'");
+    CHECK(error_of("x\n{% frobnicate %}") ==
+          "chat template 't' line 2 column 4: unknown or unexpected statement 'frobnicate'");
     CHECK(error_of("{{ 1 +\n}}") == "chat template 't' line 2 column 1: unexpected '}}'");
     CHECK(error_of("{{ x|nosuchfilter }}") == "chat template 't' line 1 column 5: unknown filter 'nosuchfilter'");
     CHECK(error_of("\n\n   {{ messages[0].role }}", {{"messages", json::array()}}) ==
           "chat template 't' line 3 column 7: 'messages[0]' is undefined");
-    CHECK(error_of("{{ 'a' + 1 }}") == "chat template 't' line 1 column 8: unsupported operand types for +: string and integer");
+    CHECK(error_of("{{ 'a' + 1 }}") ==
+          "chat template 't' line 1 column 8: unsupported operand types for +: string and integer");
     CHECK(error_of("{% set n.x = 1 %}", {{"n", 1}}) ==
           "chat template 't' line 1 column 4: cannot set attribute 'x' of 'n': not a namespace()");
-    CHECK(error_of("{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}").find("nesting deeper than 200") != std::string::npos);
+    CHECK(error_of("{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}")
+              .find("nesting deeper than 200") != std::string::npos);
     CHECK(error_of("{{ " + std::string(100000, '-') + "1 }}").find("nesting deeper than 200") != std::string::npos);
     std::string ifs;
     for (int i = 0; i < 1000; ++i) ifs += "{% if 1 %}";
     CHECK(error_of(ifs).find("nesting deeper than 200") != std::string::npos);
-    CHECK(error_of("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}").find("recursion too deep") != std::string::npos);
+    CHECK(error_of("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}").find("recursion too deep") !=
+          std::string::npos);
 }
 
 TEST_CASE("chat template from the model: the default model's template renders what the built-in ChatML did") {
@@ -167,7 +176,8 @@ TEST_CASE("chat template from the model: tools, tool messages and raise_exceptio
     const json tools = json::array({{{"type", "function"}, {"function", {{"name", "get_weather"}}}}});
     CHECK(t.render({{"user", "Hi"}}, true, tools) == "<s>[T]get_weather;<user>Hi<assistant>");
     CHECK(t.render({{"user", "Hi"}}, false) == "<s><user>Hi</s>");
-    const json msgs = json::array({{{"role", "assistant"}, {"content", nullptr},
+    const json msgs = json::array({{{"role", "assistant"},
+                                    {"content", nullptr},
                                     {"tool_calls", json::array({{{"id", "1"}, {"function", {{"name", "f"}}}}})}},
                                    {{"role", "tool"}, {"content", "42"}}});
     CHECK(t.render_json(msgs, false) == "<s><assistant>[{\"id\": \"1\", \"function\": {\"name\": \"f\"}}]<tool>42</s>");
