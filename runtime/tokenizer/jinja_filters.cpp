@@ -292,6 +292,23 @@ Value method(const Value& obj, const std::string& name) {
     return Value();
 }
 
+bool known_filter(std::string_view name) {
+    static constexpr std::string_view kNames[] = {
+        "trim",   "tojson", "length",  "count", "upper", "lower", "capitalize", "title",   "replace",    "string",
+        "safe",   "list",   "default", "d",     "first", "last",  "join",       "items",   "selectattr", "rejectattr",
+        "select", "reject", "map",     "int",   "float", "abs",   "round",      "reverse", "sort",       "unique"};
+    return std::find(std::begin(kNames), std::end(kNames), name) != std::end(kNames);
+}
+
+bool known_test(std::string_view name) {
+    static constexpr std::string_view kNames[] = {
+        "defined", "undefined", "none", "string",      "mapping",  "iterable", "sequence", "number", "integer",
+        "float",   "boolean",   "true", "false",       "callable", "equalto",  "eq",       "==",     "ne",
+        "!=",      "lt",        "<",    "gt",          ">",        "le",       "<=",       "ge",     ">=",
+        "in",      "odd",       "even", "divisibleby", "lower",    "upper"};
+    return std::find(std::begin(kNames), std::end(kNames), name) != std::end(kNames);
+}
+
 bool apply_test(const std::string& name, const Value& v, Args& a) {
     using K = Value::Kind;
     auto arg = [&]() -> const Value& {

@@ -111,7 +111,10 @@ int64_t length(const Value& v);
 // Strings as code points for indexing and slicing.
 std::vector<std::string> code_points(const std::string& s);
 
-// Built-ins; `name` unknown -> Oops naming it.
+// Built-ins; `name` unknown -> Oops naming it. known_*: for the parser, which rejects unknown
+// filter and test names as jinja2's compiler does (even where never reached).
+bool known_filter(std::string_view name);
+bool known_test(std::string_view name);
 using TestFn = std::function<bool(const Value&, const std::string&, Args&)>;
 Value apply_filter(const std::string& name, const Value& v, Args& args, const TestFn& test);
 bool apply_test(const std::string& name, const Value& v, Args& args);

@@ -779,7 +779,9 @@ private:
             if (is_op("|")) {
                 ++p_;
                 auto n = make(Expr::Kind::kFilter, at);
+                const Tok& name_tok = peek();
                 n->name = expect_name();
+                if (!known_filter(n->name)) fail(name_tok, fmt::format("unknown filter '{}'", n->name));
                 n->args.push_back(std::move(e));
                 if (is_op("(")) parse_call_args(*n);
                 e = std::move(n);
@@ -790,7 +792,9 @@ private:
                     ++p_;
                     n->negated = true;
                 }
+                const Tok& name_tok = peek();
                 n->name = expect_name();
+                if (!known_test(n->name)) fail(name_tok, fmt::format("unknown test '{}'", n->name));
                 n->args.push_back(std::move(e));
                 if (is_op("(")) {
                     parse_call_args(*n);
@@ -823,7 +827,19 @@ private:
 std::shared_ptr<Program> parse_template(std::string_view source, std::string name) {
     auto prog = std::make_shared<Program>();
     prog->name = std::move(name);
-    std::vector<Tok> toks = Lexer(source, prog->name).run();
+    // jinja2's defaults: newlines normalized to "\n", one trailing newline of the source dropped.
+    std::string text;
+    text.reserve(source.size());
+    for (size_t i = 0; i < source.size(); ++i) {
+        if (source[i] == '\r') {
+            text += '\n';
+            if (i + 1 < source.size() && source[i + 1] == '\n') ++i;
+        } else {
+            text += source[i];
+        }
+    }
+    if (!text.empty() && text.back() == '\n') text.pop_back();
+    std::vector<Tok> toks = Lexer(text, prog->name).run();
     prog->body = Parser(std::move(toks), prog->name).parse_all();
     return prog;
 }

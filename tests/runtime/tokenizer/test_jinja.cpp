@@ -47,10 +47,13 @@ TEST_CASE("jinja: whitespace control as transformers configures jinja2 (trim_blo
     CHECK(render("a\n    {% if true %}b{% endif %}\n") == "a\nb");
     // `-` strips all whitespace on its side, newlines included; `{{` is never lstripped.
     CHECK(render("a  \n  {{- 'b' -}}  \n c") == "abc");
-    CHECK(render("a\n  {{ 'b' }}\n") == "a\n  b\n");
+    CHECK(render("a\n  {{ 'b' }}\nz") == "a\n  b\nz");
     // `+` keeps what lstrip/trim would drop; comments trim like blocks.
-    CHECK(render("  {%+ if true %}x{% endif +%}\n") == "  x\n");
+    CHECK(render("  {%+ if true %}x{% endif +%}\nz") == "  x\nz");
     CHECK(render("{# c #}\nz") == "z");
+    // jinja2's defaults: one trailing newline of the source dropped, CRLF read as "\n".
+    CHECK(render("a\n\n") == "a\n");
+    CHECK(render("a\r\nb{% if true %}\r\nc{% endif %}") == "a\nbc");
 }
 
 TEST_CASE("jinja: if/elif/else, for with loop variables, for-else, filters on loops, unpacking, break") {
@@ -127,7 +130,10 @@ TEST_CASE("jinja: errors name the template, line and column") {
     CHECK(error_of("x\n{% frobnicate %}") ==
           "chat template 't' line 2 column 4: unknown or unexpected statement 'frobnicate'");
     CHECK(error_of("{{ 1 +\n}}") == "chat template 't' line 2 column 1: unexpected '}}'");
-    CHECK(error_of("{{ x|nosuchfilter }}") == "chat template 't' line 1 column 5: unknown filter 'nosuchfilter'");
+    // Unknown filters and tests fail at parse time, reached or not (as jinja2's compiler does).
+    CHECK(error_of("{% if false %}{{ x|nosuchfilter }}{% endif %}") ==
+          "chat template 't' line 1 column 20: unknown filter 'nosuchfilter'");
+    CHECK(error_of("{{ x is nosuchtest }}") == "chat template 't' line 1 column 9: unknown test 'nosuchtest'");
     CHECK(error_of("\n\n   {{ messages[0].role }}", {{"messages", json::array()}}) ==
           "chat template 't' line 3 column 7: 'messages[0]' is undefined");
     CHECK(error_of("{{ 'a' + 1 }}") ==
