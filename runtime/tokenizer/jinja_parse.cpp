@@ -289,6 +289,7 @@ public:
     Body parse_all() {
         std::string stop;
         Body b = parse_body({}, stop);
+        if (!unknown_.empty()) fail(unknown_[0].first, unknown_[0].second);
         return b;
     }
 
@@ -395,6 +396,7 @@ private:
         const std::string& k = kw.text;
         std::string stop;
         if (k == "if") {
+            Soft soft(*this, true);
             auto n = node(Node::Kind::kIf, kw);
             ExprPtr cond = parse_expr();
             for (;;) {
@@ -423,6 +425,7 @@ private:
             if (!is_name("in")) fail(peek(), "expected 'in' in for loop");
             ++p_;
             n->expr = parse_or();  // jinja2: no ternary here, `if` filters
+            Soft hard(*this, false);
             if (is_name("if")) {
                 ++p_;
                 n->cond = parse_or();
@@ -453,6 +456,7 @@ private:
             if (peek().kind == Tok::kBlockClose && !n->attr_set && n->targets.size() == 1) {
                 ++p_;
                 n->kind = Node::Kind::kSetBlock;
+                Soft hard(*this, false);
                 n->body = parse_body({"endset"}, stop);
                 expect_block_close();
                 return n;
@@ -478,6 +482,7 @@ private:
             }
             ++p_;
             expect_block_close();
+            Soft hard(*this, false);
             n->body = parse_body({"endmacro"}, stop);
             expect_block_close();
             return n;
@@ -513,9 +518,12 @@ private:
     ExprPtr parse_expr() {
         const Tok& at = peek();
         DepthGuard guard(*this, at);
+        const size_t mark = unknown_.size();
         ExprPtr e = parse_or();
         if (!is_name("if")) return e;
         ++p_;
+        unknown_.resize(mark);  // the whole conditional expression is soft
+        Soft soft(*this, true);
         auto c = make(Expr::Kind::kCond, at);
         c->args.push_back(parse_or());  // condition
         c->args.push_back(std::move(e));
@@ -781,7 +789,7 @@ private:
                 auto n = make(Expr::Kind::kFilter, at);
                 const Tok& name_tok = peek();
                 n->name = expect_name();
-                if (!known_filter(n->name)) fail(name_tok, fmt::format("unknown filter '{}'", n->name));
+                if (!known_filter(n->name)) unknown(name_tok, fmt::format("unknown filter '{}'", n->name));
                 n->args.push_back(std::move(e));
                 if (is_op("(")) parse_call_args(*n);
                 e = std::move(n);
@@ -794,7 +802,7 @@ private:
                 }
                 const Tok& name_tok = peek();
                 n->name = expect_name();
-                if (!known_test(n->name)) fail(name_tok, fmt::format("unknown test '{}'", n->name));
+                if (!known_test(n->name)) unknown(name_tok, fmt::format("unknown test '{}'", n->name));
                 n->args.push_back(std::move(e));
                 if (is_op("(")) {
                     parse_call_args(*n);
@@ -817,6 +825,20 @@ private:
 
     std::vector<Tok> t_;
     std::vector<Tok> open_;
+    // Unknown filter and test names. jinja2's compiler rejects them, except inside an `if` block or
+    // a conditional expression ("soft" frames; a for, macro or set block body is not soft again),
+    // where they fail only when reached; the evaluator does the latter.
+    std::vector<std::pair<Tok, std::string>> unknown_;
+    bool soft_ = false;
+    void unknown(const Tok& at, std::string msg) {
+        if (!soft_) unknown_.emplace_back(at, std::move(msg));
+    }
+    struct Soft {
+        Parser& p;
+        bool saved;
+        Soft(Parser& parser, bool soft) : p(parser), saved(parser.soft_) { p.soft_ = soft; }
+        ~Soft() { p.soft_ = saved; }
+    };
     int depth_ = 0;  // the '{%' of each block being parsed, for "missing end" errors
     const std::string& name_;
     size_t p_ = 0;

@@ -131,8 +131,12 @@ TEST_CASE("jinja: errors name the template, line and column") {
           "chat template 't' line 2 column 4: unknown or unexpected statement 'frobnicate'");
     CHECK(error_of("{{ 1 +\n}}") == "chat template 't' line 2 column 1: unexpected '}}'");
     // Unknown filters and tests fail at parse time, reached or not (as jinja2's compiler does).
-    CHECK(error_of("{% if false %}{{ x|nosuchfilter }}{% endif %}") ==
-          "chat template 't' line 1 column 20: unknown filter 'nosuchfilter'");
+    CHECK(error_of("{% for x in [] %}{{ x|nosuchfilter }}{% endfor %}") ==
+          "chat template 't' line 1 column 23: unknown filter 'nosuchfilter'");
+    // ... except inside an `if` or a conditional expression, where only reaching them fails.
+    CHECK(render("{% if false %}{{ x|nosuchfilter }}{% endif %}{{ x|nosuchfilter if false }}") == "");
+    CHECK(error_of("{% if true %}{{ x|nosuchfilter }}{% endif %}") ==
+          "chat template 't' line 1 column 18: unknown filter 'nosuchfilter'");
     CHECK(error_of("{{ x is nosuchtest }}") == "chat template 't' line 1 column 9: unknown test 'nosuchtest'");
     CHECK(error_of("\n\n   {{ messages[0].role }}", {{"messages", json::array()}}) ==
           "chat template 't' line 3 column 7: 'messages[0]' is undefined");
