@@ -255,9 +255,9 @@ std::string repr(const Value& v) {
         case Value::Kind::kString:
             return py_quote(v.s);
         case Value::Kind::kList: {
-            std::string out = "[";
+            std::string out = v.tuple ? "(" : "[";
             for (size_t i = 0; i < v.list->size(); ++i) out += (i ? ", " : "") + repr((*v.list)[i]);
-            return out + "]";
+            return out + (v.tuple ? (v.list->size() == 1 ? ",)" : ")") : "]");
         }
         case Value::Kind::kDict: {
             std::string out = "{";
@@ -307,7 +307,7 @@ bool equal(const Value& a, const Value& b) {
         case Value::Kind::kString:
             return a.s == b.s;
         case Value::Kind::kList:
-            if (a.list->size() != b.list->size()) return false;
+            if (a.tuple != b.tuple || a.list->size() != b.list->size()) return false;
             for (size_t i = 0; i < a.list->size(); ++i)
                 if (!equal((*a.list)[i], (*b.list)[i])) return false;
             return true;

@@ -300,7 +300,9 @@ private:
             case K::kTuple: {
                 List l;
                 for (const auto& x : e.args) l.push_back(eval(*x));
-                return Value::make_list(std::move(l));
+                Value v = Value::make_list(std::move(l));
+                v.tuple = e.kind == K::kTuple;
+                return v;
             }
             case K::kDict: {
                 Value d = Value::make_dict();

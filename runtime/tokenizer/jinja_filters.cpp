@@ -250,6 +250,12 @@ Value str_method_call(const Value& self, const std::string& name, Args& a) {
     throw Oops(fmt::format("strings have no method '{}'", name));
 }
 
+Value pair(const std::string& k, const Value& v) {
+    Value p = Value::make_list({Value::str(k), v});
+    p.tuple = true;
+    return p;
+}
+
 Value dict_method_call(const Value& self, const std::string& name, Args& a) {
     const Dict& d = *self.dict;
     if (name == "get") {
@@ -262,7 +268,7 @@ Value dict_method_call(const Value& self, const std::string& name, Args& a) {
     List out;
     for (const auto& [k, v] : d.items) {
         if (name == "items")
-            out.push_back(Value::make_list({Value::str(k), v}));
+            out.push_back(pair(k, v));
         else if (name == "keys")
             out.push_back(Value::str(k));
         else
@@ -398,7 +404,7 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, const TestF
         if (v.undefined()) return Value::make_list();
         if (!v.is_dict()) throw Oops(fmt::format("items: expected a mapping, got {}", kind_name(v)));
         List out;
-        for (const auto& [k, x] : v.dict->items) out.push_back(Value::make_list({Value::str(k), x}));
+        for (const auto& [k, x] : v.dict->items) out.push_back(pair(k, x));
         return Value::make_list(std::move(out));
     }
     if (name == "selectattr" || name == "rejectattr") return select(v, a, test, true, name == "selectattr");

@@ -31,6 +31,7 @@ struct Value {
     std::shared_ptr<List> list;
     std::shared_ptr<Dict> dict;
     std::shared_ptr<Func> fn;
+    bool tuple = false;  // a kList that Python would hold as a tuple (repr "(a, b)", never == a list)
 
     static Value none() { return with(Kind::kNone); }
     static Value boolean(bool v) {

@@ -352,7 +352,7 @@ private:
             } else if (t.kind == Tok::kVarOpen) {
                 ++p_;
                 auto n = node(Node::Kind::kOutput, t);
-                n->expr = parse_expr();
+                n->expr = parse_tuple_or_expr();
                 if (peek().kind != Tok::kVarClose)
                     fail(peek(), fmt::format("expected '}}}}', found {}", describe(peek())));
                 ++p_;
@@ -510,6 +510,7 @@ private:
         t->args.push_back(std::move(e));
         while (is_op(",")) {
             ++p_;
+            if (peek().kind == Tok::kVarClose || peek().kind == Tok::kBlockClose) break;  // `a, b,`
             t->args.push_back(parse_expr());
         }
         return t;

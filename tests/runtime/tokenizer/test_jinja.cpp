@@ -75,6 +75,8 @@ TEST_CASE("jinja: set scoping, namespace attributes, tuple set, block set, macro
     CHECK(render(
               "{% set ns = namespace(n=0) %}{% for i in [1, 2, 3] %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }}") ==
           "6");
+    CHECK(render("{{ 1, 'a' }}|{{ (1,) }}|{{ {'k': 1}.items()|list }}|{{ (1, 2) == [1, 2] }}") ==
+          "(1, 'a')|(1,)|[('k', 1)]|False");
     CHECK(render("{% set a, b = 1, 2 %}{{ b }}{{ a }}{% set t %}in{{ a }}{% endset %}{{ t }}") == "21in1");
     CHECK(render("{% macro f(a, b='d') %}[{{ a }}{{ b }}]{% endmacro %}{{ f(1) }}{{ f(2, b='x') }}{{ f(a=3) }}") ==
           "[1d][2x][3d]");
