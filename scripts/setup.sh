@@ -17,7 +17,7 @@ done
 here=$(cd "$(dirname "$0")/.." && pwd)
 pkgs=(build-essential cmake ninja-build ccache pkg-config clang libclang-rt-14-dev
       libfmt-dev doctest-dev nlohmann-json3-dev libcli11-dev libboost-dev
-      libopenmpi-dev openmpi-bin libsentencepiece-dev libssl-dev python3 python3-pip python3-venv unzip curl
+      libopenmpi-dev openmpi-bin libsentencepiece-dev libssl-dev python3 python3-pip python3-venv python3-jinja2 unzip curl
       slurmctld slurmd slurm-client slurm-wlm-basic-plugins)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,9 +1,11 @@
-// Chat template rendering; formats and detection rules in chat_template.h. Each render follows the
+// Chat template rendering; formats and detection rules in chat_template.h. A model's own template
+// is run by the Jinja engine (jinja.h). The fallback renders follow each
 // family's official Hugging Face Jinja template (Llama-2-chat, Llama-3-Instruct, ChatML as used by
 // Qwen2 / SmolLM2) so the prompt matches what the model was trained on, byte for byte.
 #include "runtime/tokenizer/chat_template.h"
 
 #include "base/error.h"
+#include "runtime/tokenizer/jinja.h"
 
 namespace lattice {
 
@@ -33,6 +35,8 @@ const char* chat_template_kind_name(ChatTemplateKind k) {
             return "llama3";
         case ChatTemplateKind::kChatML:
             return "chatml";
+        case ChatTemplateKind::kJinja:
+            return "jinja";
     }
     return "?";
 }
@@ -74,7 +78,48 @@ std::string chatml_default_system(std::string_view jinja) {
     return {};
 }
 
+nlohmann::ordered_json chat_messages_json(const std::vector<ChatMessage>& messages) {
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    for (const ChatMessage& m : messages) out.push_back({{"role", m.role}, {"content", m.content}});
+    return out;
+}
+
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                 const nlohmann::ordered_json& tools) const {
+    if (jinja_) return render_json(chat_messages_json(messages), add_generation_prompt, tools);
+    LATTICE_CHECK(tools.is_null(),
+                  "chat template: this model has no chat template of its own, so tools cannot be shown to it");
+    return render(messages, add_generation_prompt);
+}
+
+std::string ChatTemplate::render_json(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                      const nlohmann::ordered_json& tools) const {
+    LATTICE_CHECK(messages.is_array(), "chat template: messages must be an array");
+    LATTICE_CHECK(tools.is_null() || tools.is_array(), "chat template: tools must be an array or null");
+    if (jinja_) {
+        const nlohmann::ordered_json context = {{"messages", messages},
+                                                {"tools", tools},
+                                                {"add_generation_prompt", add_generation_prompt},
+                                                {"bos_token", bos_},
+                                                {"eos_token", eos_}};
+        return jinja_->render(context);
+    }
+    LATTICE_CHECK(tools.is_null(),
+                  "chat template: this model has no chat template of its own, so tools cannot be shown to it");
+    std::vector<ChatMessage> plain;
+    for (size_t i = 0; i < messages.size(); ++i) {
+        const auto& m = messages[i];
+        LATTICE_CHECK(
+            m.is_object() && m.contains("role") && m["role"].is_string() && m.contains("content") &&
+                m["content"].is_string(),
+            "chat template: message {} needs string 'role' and 'content' (this model has no template of its own)", i);
+        plain.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    }
+    return render(plain, add_generation_prompt);
+}
+
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+    if (jinja_) return render_json(chat_messages_json(messages), add_generation_prompt, nullptr);
     for (const ChatMessage& m : messages) check_role(m);
     std::string out;
     switch (kind_) {
@@ -124,6 +169,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
             if (add_generation_prompt) out += "<|im_start|>assistant\n";
             return out;
         }
+        case ChatTemplateKind::kJinja:  // only with a template (rendered above)
         case ChatTemplateKind::kNone: {
             // No template: contents one per line, so a base model still sees the conversation text.
             for (const ChatMessage& m : messages) out += m.content + "\n";

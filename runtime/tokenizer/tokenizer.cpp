@@ -9,6 +9,8 @@
 #include <queue>
 
 #include "base/error.h"
+#include "base/log.h"
+#include "runtime/tokenizer/jinja.h"
 #include "runtime/tokenizer/unicode.h"
 
 namespace lattice {
@@ -187,6 +189,18 @@ void Tokenizer::build_tables() {
 
     chat_kind_ = detect_chat_template(spec_.chat_template);
     if (chat_kind_ == ChatTemplateKind::kChatML) default_system_ = chatml_default_system(spec_.chat_template);
+    if (!spec_.chat_template.empty()) {
+        try {
+            jinja_ = std::make_shared<const jinja::Template>(spec_.chat_template, spec_.source);
+            if (chat_kind_ == ChatTemplateKind::kNone) chat_kind_ = ChatTemplateKind::kJinja;
+        } catch (const Error& e) {
+            // A template beyond our Jinja subset: the model still loads; chat uses the family format.
+            LOG_WARN("{}: chat template not usable ({}); {}", spec_.source, e.message(),
+                     chat_kind_ == ChatTemplateKind::kNone ? "no chat format"
+                                                           : std::string("using the built-in ") +
+                                                                 chat_template_kind_name(chat_kind_) + " format");
+        }
+    }
 }
 
 const std::string& Tokenizer::token_text(int32_t id) const {
@@ -221,6 +235,10 @@ std::string Tokenizer::describe() const {
 }
 
 ChatTemplate Tokenizer::chat_template() const {
+    if (jinja_) {
+        auto text = [&](int32_t id) { return id >= 0 ? token_text(id) : std::string(); };
+        return ChatTemplate(jinja_, chat_kind_, text(spec_.bos_id), text(spec_.eos_id));
+    }
     const bool llama2 = chat_kind_ == ChatTemplateKind::kLlama2, llama3 = chat_kind_ == ChatTemplateKind::kLlama3;
     std::string bos = (llama2 || llama3) ? token_text(spec_.bos_id) : std::string();
     std::string eos = llama2 ? token_text(spec_.eos_id) : std::string();

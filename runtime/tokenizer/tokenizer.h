@@ -86,9 +86,11 @@ public:
     const std::string& source() const { return spec_.source; }
     std::string describe() const;
 
-    // Chat template chosen from the model's metadata (Jinja text matched by family markers).
+    // Chat template family from the model's metadata (Jinja text matched by family markers); kJinja
+    // for a template of another family that parsed; kNone for no template.
     ChatTemplateKind chat_template_kind() const { return chat_kind_; }
-    // Template bound to this vocab's BOS / EOS texts; kind kNone renders plain concatenation.
+    // The model's own Jinja template when it has one that parses, else the hard-coded family; bound
+    // to this vocab's BOS / EOS texts. Kind kNone renders plain concatenation.
     ChatTemplate chat_template() const;
 
 private:
@@ -124,6 +126,7 @@ private:
                               // SentencePiece: id of <0xNN> (-1 absent); byte-level: id of the byte's char
     ChatTemplateKind chat_kind_ = ChatTemplateKind::kNone;
     std::string default_system_;
+    std::shared_ptr<const jinja::Template> jinja_;  // the model's template, parsed once
 
     // Word cache (byte-level words, SentencePiece units): bytes -> ids. Bounded; cleared when full.
     mutable std::mutex cache_mu_;

@@ -280,7 +280,7 @@ TEST_CASE("model directory: tokenizer.json + tokenizer_config.json (BOS/EOS, cha
     fs::create_symlink(kDir + "llama3-tokenizer.json", dir / "tokenizer.json");
     std::ofstream(dir / "tokenizer_config.json")
         << R"({"bos_token": "<|begin_of_text|>", "eos_token": {"content": "<|eot_id|>"}, "add_bos_token": true,
-              "chat_template": "{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' }}{% endfor %}"})";
+              "chat_template": "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"})";
     auto t = load_tokenizer(dir.string());
     CHECK(t->bos_id() == 128000);
     CHECK(t->eos_id() == t->token_id("<|eot_id|>"));
@@ -299,7 +299,7 @@ TEST_CASE("model directory: tokenizer.json + tokenizer_config.json (BOS/EOS, cha
     fs::create_directories(dir);
     fs::create_symlink(kDir + "llama2-tokenizer.model", dir / "tokenizer.model");
     std::ofstream(dir / "tokenizer_config.json")
-        << R"({"chat_template": "{{ bos_token + '[INST] ' + content + ' [/INST]' }}"})";
+        << R"({"chat_template": "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}"})";
     auto t2 = load_tokenizer(dir.string());
     CHECK(t2->kind() == TokenizerKind::kSentencePiece);
     CHECK(t2->chat_template_kind() == ChatTemplateKind::kLlama2);

@@ -1,0 +1,181 @@
+// The Jinja engine's insides (jinja.h says what is supported): the value type the evaluator works
+// on, the AST the parser builds, and the built-in filters, tests and methods.
+// Value mirrors Python's objects as jinja2 sees them: lists and dicts are shared by reference (a
+// namespace() is a dict whose attributes may be set); dicts keep insertion order and have string
+// keys; a Func is a macro, a global function or a bound method.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "runtime/tokenizer/jinja.h"
+
+namespace lattice::jinja {
+
+struct Value;
+using List = std::vector<Value>;
+struct Dict;
+struct Args;
+using Func = std::function<Value(Args&)>;
+
+struct Value {
+    enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kFunc };
+    Kind kind = Kind::kUndefined;
+    bool b = false;
+    int64_t i = 0;
+    double f = 0;
+    std::string s;
+    std::shared_ptr<List> list;
+    std::shared_ptr<Dict> dict;
+    std::shared_ptr<Func> fn;
+    bool tuple = false;  // a kList that Python would hold as a tuple (repr "(a, b)", never == a list)
+
+    static Value none() { return with(Kind::kNone); }
+    static Value boolean(bool v) {
+        Value r = with(Kind::kBool);
+        r.b = v;
+        return r;
+    }
+    static Value integer(int64_t v) {
+        Value r = with(Kind::kInt);
+        r.i = v;
+        return r;
+    }
+    static Value real(double v) {
+        Value r = with(Kind::kFloat);
+        r.f = v;
+        return r;
+    }
+    static Value str(std::string v) {
+        Value r = with(Kind::kString);
+        r.s = std::move(v);
+        return r;
+    }
+    static Value make_list(List v = {});
+    static Value make_dict();
+    static Value func(Func f) {
+        Value r = with(Kind::kFunc);
+        r.fn = std::make_shared<Func>(std::move(f));
+        return r;
+    }
+    static Value with(Kind k) {
+        Value r;
+        r.kind = k;
+        return r;
+    }
+
+    bool undefined() const { return kind == Kind::kUndefined; }
+    bool is_none() const { return kind == Kind::kNone; }
+    bool is_string() const { return kind == Kind::kString; }
+    bool is_number() const { return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool; }
+    bool is_list() const { return kind == Kind::kList; }
+    bool is_dict() const { return kind == Kind::kDict; }
+};
+
+struct Dict {
+    std::vector<std::pair<std::string, Value>> items;
+    bool is_namespace = false;
+    const Value* find(std::string_view key) const;
+    void set(const std::string& key, Value v);
+};
+
+// Call arguments: positional, then keyword (name, value).
+struct Args {
+    List pos;
+    std::vector<std::pair<std::string, Value>> kw;
+    const Value* kwarg(std::string_view name) const;
+    // Positional i, else keyword `name`, else nullptr.
+    const Value* get(size_t i, std::string_view name) const;
+};
+
+// An error without a position: the evaluator adds the line and column of the expression.
+struct Oops : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// Value semantics (Python's): truth, str(), repr(), ==, <, json.dumps.
+bool truthy(const Value& v);
+std::string to_str(const Value& v);
+std::string repr(const Value& v);
+bool equal(const Value& a, const Value& b);
+bool less(const Value& a, const Value& b);
+std::string to_json_text(const Value& v, int indent);  // indent < 0: one line
+Value from_json(const nlohmann::ordered_json& j);
+const char* kind_name(const Value& v);
+// Items of an iterable (list, dict keys, string characters); Undefined is empty.
+List iterate(const Value& v);
+// Python len(); code points for strings.
+int64_t length(const Value& v);
+// Strings as code points for indexing and slicing.
+std::vector<std::string> code_points(const std::string& s);
+
+// Built-ins; `name` unknown -> Oops naming it. known_*: for the parser, which rejects unknown
+// filter and test names as jinja2's compiler does (even where never reached).
+bool known_filter(std::string_view name);
+bool known_test(std::string_view name);
+using TestFn = std::function<bool(const Value&, const std::string&, Args&)>;
+Value apply_filter(const std::string& name, const Value& v, Args& args, const TestFn& test);
+bool apply_test(const std::string& name, const Value& v, Args& args);
+// `obj.name` where obj is a string or dict and name is one of its methods; Undefined otherwise.
+Value method(const Value& obj, const std::string& name);
+
+// ---- AST ----
+struct Expr;
+using ExprPtr = std::unique_ptr<Expr>;
+struct Expr {
+    enum class Kind {
+        kLiteral,
+        kName,
+        kList,
+        kTuple,
+        kDict,
+        kAttr,
+        kIndex,
+        kSlice,
+        kCall,
+        kFilter,
+        kTest,
+        kUnary,
+        kBinary,
+        kAnd,
+        kOr,
+        kNot,
+        kCond
+    };
+    Kind kind;
+    int line = 0, col = 0;
+    Value literal;
+    std::string name;           // name, attribute, filter/test name, operator
+    std::vector<ExprPtr> args;  // operands; kDict: key, value, key, value...; kSlice: obj, start, stop, step (nullable)
+    std::vector<std::pair<std::string, ExprPtr>> kwargs;
+    bool negated = false;  // kTest: `is not`
+};
+
+struct Node;
+using Body = std::vector<std::unique_ptr<Node>>;
+struct Node {
+    enum class Kind { kText, kOutput, kIf, kFor, kSet, kSetBlock, kMacro, kBreak, kContinue };
+    Kind kind;
+    int line = 0, col = 0;
+    std::string text;                  // kText; kSet/kSetBlock/kMacro: the name
+    std::vector<std::string> targets;  // kFor/kSet: names; kSet "ns.attr": targets = {ns, attr}, attr_set
+    bool attr_set = false;
+    ExprPtr expr;                                         // kOutput, kFor (iterable), kSet (value)
+    ExprPtr cond;                                         // kFor: `if` filter
+    std::vector<std::pair<ExprPtr, Body>> branches;       // kIf: (condition or null for else, body)
+    Body body, else_body;                                 // kFor, kSetBlock, kMacro
+    std::vector<std::pair<std::string, ExprPtr>> params;  // kMacro: (name, default or null)
+};
+
+struct Program {
+    std::string name;
+    Body body;
+};
+
+std::shared_ptr<Program> parse_template(std::string_view source, std::string name);
+[[noreturn]] void fail_at(const std::string& name, int line, int col, const std::string& msg);
+
+}  // namespace lattice::jinja
