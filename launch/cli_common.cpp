@@ -59,6 +59,11 @@ void ModelArgs::add_to(CLI::App* cmd) {
                     "KV cache per rank in GiB (0: 90% of free GPU memory after weights; CPU: min(2, 10% of available "
                     "memory))")
         ->check(real_range(0, 1 << 20));
+    cmd->add_option("--max-itl-ms", max_itl_ms,
+                    "Latency target of a step that holds decodes, in ms: such a step takes fewer prompt tokens, as "
+                    "many as the measured cost per token allows (at least 16); 0: none, the whole --max-batch-tokens "
+                    "(default: 250 on CPUs, 50 on GPUs; lattice batch: 0, throughput first)")
+        ->check(real_range(0, 1e7));
     cmd->add_option("--max-seqs", max_seqs, "Sequences running at once (continuous batching)")
         ->check(int_range(1, 1 << 16));
     cmd->add_option("--block-size", block_size, "KV cache positions per block")->check(int_range(1, 1 << 16));
@@ -351,6 +356,7 @@ RankRuntime load_model(const ModelArgs& a, const std::function<void(const WorldC
     o.model.block_size = a.block_size;
     o.kv_cache_gb = a.kv_cache_gb;
     o.engine.max_seqs = a.max_seqs;
+    o.max_itl_ms = a.max_itl_ms;
     o.engine.prefix_caching = !a.no_prefix_cache;
     o.engine.step_graphs = !a.enforce_eager;
     if (!a.pp_layers.empty()) o.pp_layers = parse_counts(a.pp_layers);

@@ -38,6 +38,7 @@ struct ModelArgs {
     bool no_shm_comm = false;
     double kv_cache_gb = 0;       // 0: the builder's default (runtime/builder/build.h)
     int64_t max_seqs = 64;
+    double max_itl_ms = -1;       // latency target of a step with decodes; -1: the device's default
     int64_t block_size = 16;
     bool no_prefix_cache = false;
     bool enforce_eager = false;

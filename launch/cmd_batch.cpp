@@ -460,6 +460,7 @@ int run_batch(BatchArgs& a) {
     // holds, or a damaged one, is refused at once.
     std::unique_ptr<ResultFile> out;
     if (launcher_rank() == 0) out = std::make_unique<ResultFile>(a.output, a.sync_lines, a.sync_seconds);
+    if (a.model.max_itl_ms < 0) a.model.max_itl_ms = 0;  // throughput first: whole prompt chunks in every step
     RankRuntime rt = load_model(a.model);
     install_drain_handlers();
     const std::unique_ptr<Tokenizer> tok =

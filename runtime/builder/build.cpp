@@ -199,6 +199,10 @@ RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const T
     EngineOptions engine_opt = opt.engine;
     engine_opt.kv_blocks = blocks;
     engine_opt.step_tokens = step_budget;
+    engine_opt.max_itl_s =
+        (opt.max_itl_ms >= 0 ? opt.max_itl_ms
+                             : rt.backend->device() == Device::kCpu ? kDefaultMaxItlMsCpu : kDefaultMaxItlMsGpu) /
+        1e3;
     engine_opt.heartbeat_s = std::min(engine_opt.heartbeat_s, opt.comm_timeout / 4);
     if (sim) {
         const PlanQuant q = model_opt.quant == QuantMode::kW8A8    ? PlanQuant::kW8A8

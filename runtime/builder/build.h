@@ -40,6 +40,12 @@ struct ModelSpec {
 // Throws Error naming the culprit.
 std::unique_ptr<TensorSource> open_spec(const ModelSpec& spec, const WorldConfig& world = {});
 
+// The default latency targets of a step that holds decodes (ms): a token every 250 ms reads as
+// streaming on a CPU, where one 256-token prompt chunk beside the decodes of a 1B model takes
+// seconds; GPUs step in tens of ms, and 50 ms keeps a stream smooth (20 tokens/s at least).
+constexpr double kDefaultMaxItlMsCpu = 250;
+constexpr double kDefaultMaxItlMsGpu = 50;
+
 struct BuildOptions {
     ModelOptions model;              // quantization, KV sizes, batch limits; tp/pp fields are filled in here
     // Quantization follows the checkpoint: one already quantized (GGUF Q8_0/Q4_x) runs W8A8 with
@@ -49,6 +55,9 @@ struct BuildOptions {
     bool quant_auto = false;
     std::vector<int64_t> pp_layers;  // layers per pipeline stage (empty: balanced)
     int64_t micro_batch = 0;         // tokens per engine step (0: max_batch_tokens)
+    // Latency target of a step with decodes in it (EngineOptions::max_itl_s), in ms; -1: the device's
+    // default (kDefaultMaxItlMsCpu / kDefaultMaxItlMsGpu), 0: none.
+    double max_itl_ms = -1;
     EngineOptions engine;            // max sequences, prefix caching (kv_blocks is computed here)
     double kv_cache_gb = 0;          // KV cache per rank in GiB; 0: the default above
     int64_t kv_blocks = 0;           // exactly this many blocks instead (tests: forced preemption)

@@ -64,6 +64,7 @@ Engine::Engine(Model& model, PipelineLinks links, const EngineOptions& opt) : mo
         const int64_t mbt = model_.options().max_batch_tokens;
         so.step_tokens = opt_.step_tokens > 0 ? std::min(opt_.step_tokens, mbt) : mbt;
         so.step_capacity = mbt;
+        so.max_itl_s = opt_.max_itl_s;
         so.max_seqs = opt_.max_seqs;
         so.max_seq = model_.max_seq();
         so.micro_batches = stages_;
@@ -482,6 +483,7 @@ bool Engine::busy() const {
 void Engine::issue(const StepPlan& plan) {
     StepPlan p = plan;
     p.number = ++number_;
+    if (p.kind == StepPlan::Kind::kStep) issued_at_[p.number] = Clock::now();
     send_plan(p);
     Results r;
     execute(p, &r);
@@ -504,11 +506,13 @@ std::vector<TokenEvent> Engine::step() {
     if (!done_.empty()) {
         auto [p, r] = std::move(done_.front());
         done_.pop_front();
+        observe_step(p);
         ev = sched_->complete(p, r.tokens);
         attach_top(p, r, ev);
     } else if (!inflight_.empty()) {
         StepPlan p;
         Results r = await_oldest(&p);
+        observe_step(p);
         ev = sched_->complete(p, r.tokens);
         attach_top(p, r, ev);
     } else {
@@ -516,6 +520,13 @@ std::vector<TokenEvent> Engine::step() {
     }
     out.insert(out.end(), ev.begin(), ev.end());
     return out;
+}
+
+void Engine::observe_step(const StepPlan& p) {
+    const auto it = issued_at_.find(p.number);
+    if (it == issued_at_.end()) return;
+    sched_->observe_step(int64_t(p.tokens.size()), since(it->second));
+    issued_at_.erase(it);
 }
 
 void Engine::heartbeat_if_due() {
@@ -541,6 +552,7 @@ void Engine::shutdown() {
         Results r = await_oldest(&p);
         if (p.kind == StepPlan::Kind::kStep) sched_->complete(p, r.tokens);
     }
+    issued_at_.clear();
     StepPlan s;
     s.kind = StepPlan::Kind::kShutdown;
     s.released = sched_->take_released();

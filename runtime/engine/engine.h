@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <functional>
 #include <memory>
 #include <string>
@@ -54,6 +55,9 @@ struct EngineOptions {
     // per running sequence of its micro-batch, all within the model's max_batch_tokens rows (the
     // builder sizes them: the budget plus ceil(max_seqs / stages)).
     int64_t step_tokens = 0;
+    // Latency target of a step with decodes in it (seconds; 0: none): the scheduler takes fewer prompt
+    // tokens into such a step, by a cost model fitted to the measured steps (--max-itl-ms).
+    double max_itl_s = 0;
     double heartbeat_s = 5.0;  // an idle leader pings the followers at least this often
     // Decode steps as captured step graphs (CUDA graphs) on a backend that has them, one per
     // batch-size bucket (powers of two up to max_seqs), padded with dummy sequences on a reserved
@@ -201,6 +205,7 @@ private:
     Results await_oldest(StepPlan* plan);
     void send_results(const StepPlan& p, const Results& r);
     void heartbeat_if_due();
+    void observe_step(const StepPlan& p);  // leader: the step's time (issue to results) to the scheduler
     std::vector<StepBreakdown> gather_breakdowns(const StepBreakdown& mine) const;
     void share_results(std::vector<GenerateResult>& res) const;
     void end_follow();
@@ -213,6 +218,7 @@ private:
     std::unique_ptr<Scheduler> sched_;               // leader
     std::deque<StepPlan> inflight_;                  // leader: issued, results pending (pipelines)
     std::deque<std::pair<StepPlan, Results>> done_;  // leader: completed locally, not yet applied
+    std::map<int64_t, std::chrono::steady_clock::time_point> issued_at_;  // leader: plan number -> when it was issued
     int64_t number_ = 0;                             // last plan number sent / received
     PlanTables plan_tables_;  // the block tables the followers know (leader: sent; follower: received)
     std::unordered_map<int64_t, Sampler> samplers_;  // sampler rank: per-sequence state

@@ -2,6 +2,7 @@
 #include "runtime/engine/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "base/error.h"
 
@@ -21,6 +22,33 @@ std::string_view finish_reason_name(FinishReason r) {
     return "?";
 }
 
+void StepCost::observe(int64_t tokens, double seconds) {
+    if (tokens < 1 || !(seconds >= 0)) return;
+    const double t = double(tokens);
+    n_ = kKeep * n_ + 1;
+    st_ = kKeep * st_ + t;
+    stt_ = kKeep * stt_ + t * t;
+    sy_ = kKeep * sy_ + seconds;
+    sty_ = kKeep * sty_ + t * seconds;
+}
+
+// The least-squares slope where the token counts vary enough to fit one (their weighted variance is
+// at least 1% of the squared mean), the mean seconds per token otherwise; never below 1e-9.
+double StepCost::b() const {
+    const double var = n_ * stt_ - st_ * st_;
+    const double fitted = var > 0.01 * st_ * st_ ? (n_ * sty_ - st_ * sy_) / var : -1;
+    return std::max(fitted > 0 ? fitted : sy_ / st_, 1e-9);
+}
+
+double StepCost::a() const {
+    return std::max(0.0, (sy_ - b() * st_) / n_);
+}
+
+int64_t StepCost::tokens_within(double seconds) const {
+    const double room = (seconds - a()) / b();
+    return room < 1 ? 0 : int64_t(std::min(room, 1e9));
+}
+
 Scheduler::Scheduler(const SchedulerOptions& opt, BlockPool& pool) : opt_(opt), pool_(pool) {
     LATTICE_CHECK(
         opt_.step_tokens >= 1 && opt_.max_seqs >= 1 && opt_.max_seq >= 1 && opt_.micro_batches >= 1 &&
@@ -28,6 +56,9 @@ Scheduler::Scheduler(const SchedulerOptions& opt, BlockPool& pool) : opt_(opt), 
         "scheduler: step tokens {}, max seqs {}, max seq {}, micro-batches {}, vocab {} (all must be >= 1), step "
         "capacity {} (0 or >= step tokens)",
         opt_.step_tokens, opt_.max_seqs, opt_.max_seq, opt_.micro_batches, opt_.vocab, opt_.step_capacity);
+    LATTICE_CHECK(std::isfinite(opt_.max_itl_s) && opt_.max_itl_s >= 0 && opt_.min_chunk >= 1,
+                  "--max-itl-ms must be >= 0 (0: no latency target), got {} ms; min chunk {} must be >= 1",
+                  opt_.max_itl_s * 1e3, opt_.min_chunk);
 }
 
 int64_t Scheduler::waiting() const {
@@ -219,7 +250,11 @@ StepPlan Scheduler::next(int64_t number) {
             ++(tail ? prompt_tails : decodes);
         }
     }
-    budget = std::min(opt_.step_tokens - prompt_tails, capacity - decodes - prompt_tails);  // for prompt tokens
+    int64_t step_tokens = opt_.step_tokens;  // the prompt budget, less where a latency target binds
+    if (opt_.max_itl_s > 0 && decodes > 0 && cost_.ready())
+        step_tokens = std::clamp(cost_.tokens_within(opt_.max_itl_s) - decodes, std::min(opt_.min_chunk, step_tokens),
+                                 step_tokens);
+    budget = std::min(step_tokens - prompt_tails, capacity - decodes - prompt_tails);  // for prompt tokens
     // 2. Prefill chunks of running sequences (chunked prompts, recomputation after preemption).
     for (Seq* sp : order) {
         Seq& s = *sp;

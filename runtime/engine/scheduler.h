@@ -9,6 +9,11 @@
 //    (the stall a decoding sequence sees), never how many sequences run; the whole step stays
 //    within `step_capacity` (the builder sizes it for max_seqs / micro_batches decodes beside the
 //    budget);
+//  - a latency target (max_itl_s > 0, `--max-itl-ms`): a step that holds decodes takes only as many
+//    prompt tokens as keep its predicted time within the target (at least min_chunk, so prompts
+//    always progress), from a cost model fitted to the measured steps (StepCost: seconds = a + b *
+//    tokens); a step without decodes stalls no one and takes the whole budget (Sarathi-Serve's
+//    stall-free batching; vLLM's chunked prefill budget is a fixed token count instead);
 //  - priority: every pass above goes by (priority, arrival), lower priority values first; a waiting
 //    request is never overtaken by one of its own level or below; preemption takes the running
 //    sequence of the highest value (the youngest among equals) first;
@@ -68,8 +73,27 @@ struct TokenEvent {
     std::vector<SampledToken> top{};  // sampling.logprobs > 0: the most likely tokens of its row (Engine)
 };
 
+// The time of a step against its token count, fitted to measured steps: seconds = a + b * tokens, by
+// least squares with exponential forgetting (recent steps weigh most: load and context lengths
+// change). Until two distinct token counts were seen, b is the mean seconds per token (a = 0).
+class StepCost {
+public:
+    void observe(int64_t tokens, double seconds);
+    bool ready() const { return n_ > 0; }
+    double a() const;
+    double b() const;
+    // The most tokens a step may hold to take at most `seconds` (0 when even the fixed part exceeds it).
+    int64_t tokens_within(double seconds) const;
+
+private:
+    static constexpr double kKeep = 0.95;  // weight of the past per new step
+    double n_ = 0, st_ = 0, stt_ = 0, sy_ = 0, sty_ = 0;
+};
+
 struct SchedulerOptions {
     int64_t step_tokens = 256;  // prompt tokens per step, besides the decode tokens
+    double max_itl_s = 0;       // latency target of a step with decodes in it (0: none; see above)
+    int64_t min_chunk = 16;     // prompt tokens a step with decodes takes at least, whatever the target
     int64_t step_capacity = 0;  // tokens a step can hold in all (the model's rows); 0: step_tokens
     int64_t max_seqs = 64;      // running sequences at most
     int64_t max_seq = 0;        // positions per sequence (context)
@@ -96,6 +120,10 @@ public:
     void cancel(int64_t id);
     // The next step (empty when nothing can run now). Marks its tokens as issued.
     StepPlan next(int64_t number);
+    // A step of `tokens` tokens took `seconds` from its plan to its sampled tokens (the latency target's
+    // cost model learns from it).
+    void observe_step(int64_t tokens, double seconds) { cost_.observe(tokens, seconds); }
+    const StepCost& step_cost() const { return cost_; }
     // The sampled tokens of `plan` (one per sampled sequence, plan order) arrived.
     std::vector<TokenEvent> complete(const StepPlan& plan, std::span<const SampledToken> sampled);
     // Finishes decided outside a step (cancel of an idle sequence, nothing to generate), drained once.
@@ -146,6 +174,7 @@ private:
     std::vector<int64_t> released_;
     std::vector<TokenEvent> finished_;
     SchedulerStats stats_;
+    StepCost cost_;
 };
 
 }  // namespace lattice

@@ -198,3 +198,83 @@ TEST_CASE("scheduler: lower priority values run first, arrival order within a le
     CHECK(first_tokens == 5);  // each request's first token, and only that one, carries its queue time
     CHECK(sched.idle());
 }
+
+TEST_CASE("step cost: a + b * tokens fitted to measured steps; tokens_within inverts it") {
+    StepCost c;
+    CHECK(!c.ready());
+    c.observe(10, 0.1);  // one token count only: b is the mean seconds per token, a is 0
+    CHECK(c.ready());
+    CHECK(c.b() == doctest::Approx(0.01));
+    CHECK(c.a() == doctest::Approx(0.0));
+    for (int64_t t : {1, 40, 7, 200, 64, 3, 128})  // 20 ms fixed + 1 ms per token
+        for (int rep = 0; rep < 3; ++rep) c.observe(t, 0.02 + 0.001 * double(t));
+    CHECK(c.b() == doctest::Approx(0.001).epsilon(0.02));
+    CHECK(c.a() == doctest::Approx(0.02).epsilon(0.05));
+    CHECK(c.tokens_within(0.1) == doctest::Approx(80).epsilon(0.05));
+    CHECK(c.tokens_within(0.015) == 0);  // below the fixed part: nothing fits
+    // The model follows a change (recent steps weigh most): the machine gets 3x slower.
+    for (int i = 0; i < 200; ++i) c.observe(1 + 17 * (i % 12), 3 * (0.02 + 0.001 * double(1 + 17 * (i % 12))));
+    CHECK(c.b() == doctest::Approx(0.003).epsilon(0.05));
+    c.observe(0, 1.0);   // ignored: no tokens
+    c.observe(5, -1.0);  // ignored: negative
+    CHECK(c.b() == doctest::Approx(0.003).epsilon(0.05));
+}
+
+// A step's time in this test: 10 ms + 2 ms per token. With 8 sequences decoding and a long prompt
+// waiting, a 61 ms target leaves floor((61 - 10) / 2) - 8 = 17 prompt tokens per step; no target: 200.
+TEST_CASE("scheduler: a latency target bounds the prompt chunk of a step with decodes, never below min_chunk") {
+    auto run = [](double max_itl_s, int64_t min_chunk) {
+        BlockPool pool(256, 8, false);
+        SchedulerOptions o;
+        o.step_tokens = 200;
+        o.step_capacity = 200 + 9;
+        o.max_seqs = 9;
+        o.max_seq = 512;
+        o.vocab = 100;
+        o.max_itl_s = max_itl_s;
+        o.min_chunk = min_chunk;
+        Scheduler sched(o, pool);
+        for (int i = 0; i < 8; ++i) {
+            EngineRequest r;
+            r.prompt = {1, 2};
+            r.max_new_tokens = 60;
+            r.ignore_eos = true;
+            sched.add(r);
+        }
+        std::vector<int64_t> chunks;  // prompt tokens of the long prompt per step, once the 8 decode
+        bool long_added = false;
+        for (int64_t step = 1; step <= 200 && !sched.idle(); ++step) {
+            const StepPlan p = sched.next(step);
+            int64_t sampled = 0, decodes = 0, long_tokens = 0;
+            for (const PlanSeq& s : p.seqs) {
+                sampled += s.sample;
+                decodes += s.id < 8 && s.start >= 2;
+                if (s.id == 8) long_tokens += s.count;
+            }
+            if (long_tokens > 0 && decodes == 8) chunks.push_back(long_tokens);
+            sched.observe_step(int64_t(p.tokens.size()), 0.010 + 0.002 * double(p.tokens.size()));
+            sched.complete(p, std::vector<SampledToken>(size_t(sampled), SampledToken{7, -1.0f}));
+            sched.take_finished();
+            if (step == 3 && !long_added) {  // the 8 decode by now: a 400-token prompt arrives
+                EngineRequest r;
+                r.prompt.assign(400, 5);
+                r.max_new_tokens = 1;
+                sched.add(r);
+                long_added = true;
+            }
+        }
+        CHECK(sched.idle());
+        CHECK(pool.num_free() == 256);
+        return chunks;
+    };
+    const std::vector<int64_t> none = run(0, 16);
+    REQUIRE(!none.empty());
+    CHECK(none.front() == 200);  // no target: the whole budget
+    const std::vector<int64_t> tight = run(0.061, 16);
+    REQUIRE(tight.size() > 2);
+    for (size_t i = 0; i + 1 < tight.size(); ++i) CHECK(tight[i] == 17);  // the last chunk: what was left
+    CHECK(tight.back() <= 17);
+    const std::vector<int64_t> below = run(0.020, 16);  // below what the decodes alone cost
+    REQUIRE(below.size() > 2);
+    for (size_t i = 0; i + 1 < below.size(); ++i) CHECK(below[i] == 16);  // min_chunk: the prompt still progresses
+}
