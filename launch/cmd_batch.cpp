@@ -300,6 +300,12 @@ private:
     void submit(const json& id, const json& body, bool chat) {
         serve::ApiCall call;
         call.request = parse_api_request(body, chat, client_.tokenizer(), limits_);
+        // One sequence per line for now: several prompts, n, best_of and echo are the server's (they
+        // would need one record per line from several engine sequences).
+        LATTICE_CHECK(call.request.prompts.size() <= 1 && call.request.n == 1 && call.request.best_of == 1 &&
+                          !call.request.echo,
+                      "a list of prompts, \"n\" or \"best_of\" above 1 and \"echo\" are not supported in batch "
+                      "files yet (one line per prompt and choice instead)");
         call.request.stream = false;
         call.request.include_usage = false;
         const auto ids = body.find("return_token_ids");
@@ -335,6 +341,14 @@ private:
         }
     }
 
+    static serve::Delta usage_delta(const ClientEvent& ev) {
+        serve::Delta f;
+        f.kind = serve::Delta::Kind::kFinish;
+        f.prompt_tokens = ev.prompt_tokens;
+        f.completion_tokens = ev.completion_tokens;
+        return f;
+    }
+
     void apply(const ClientEvent& ev) {
         auto it = running_.find(ev.id);
         if (it == running_.end()) return;
@@ -348,13 +362,23 @@ private:
             }
             ++r.tokens;
         }
-        r.shaper->tokens(ev.text, ev.token >= 0 ? std::vector<int32_t>{ev.token} : std::vector<int32_t>{});
+        serve::Delta d;
+        d.kind = serve::Delta::Kind::kTokens;
+        d.text = ev.text;
+        if (ev.token >= 0) {
+            d.tokens.push_back(ev.token);
+            d.logprobs.push_back(ev.logprob);
+            d.top.push_back(ev.top);
+        }
+        if (ev.finish != FinishReason::kNone && ev.finish != FinishReason::kCancelled)
+            d.finish_reason = finish_reason_name(ev.finish);
+        r.shaper->tokens(d);
         if (ev.finish == FinishReason::kNone) return;
         if (ev.finish == FinishReason::kCancelled) {  // cut by the drain: it runs on the next rerun
             ++t_.abandoned;
         } else {
             const std::string body =
-                r.shaper->finish(std::string(finish_reason_name(ev.finish)), ev.prompt_tokens, ev.completion_tokens);
+                r.shaper->finish(usage_delta(ev));
             const json response = {{"status_code", 200}, {"request_id", "req_" + r.hex}, {"body", json::parse(body)}};
             out_.write(json{{"id", "batch_req_" + r.hex},
                             {"custom_id", r.custom_id},

@@ -480,6 +480,7 @@ TEST_CASE("ties at the edge of large top-k and top-p sets go by id, as a full so
         CHECK(seen_tens.size() > 20);
         CHECK(*seen_tens.rbegin() <= order[j]);
     }
+}
 
 TEST_CASE("top_logprobs: the k best of a row by a full sort, ties by lower id, most likely first") {
     std::mt19937 rng(5);
