@@ -220,7 +220,7 @@ def format_part(tmp):
          ("line 7", '"url"', "/v1/embeddings")),
         ("{not json", "line-8", "invalid_json", ("line 8",)),
         ({"custom_id": "nomsg", "method": "POST", "url": "/v1/chat/completions", "body": done}, "nomsg",
-         "invalid_request", ("line 9", "messages")),
+         "invalid_request", ("line 9", '"prompt"', "chat completion")),
         ({"custom_id": {"a": 1}, "body": done}, {"a": 1}, "invalid_custom_id", ("line 10", "custom_id")),
     ]
     with open(inp, "w") as f:

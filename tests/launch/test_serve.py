@@ -420,7 +420,7 @@ def choices_and_logprobs(s, client, auth):
           and "".join(x["token"] for x in content) == r["choices"][0]["message"]["content"], f"chat logprobs {content}")
     # n 4 at temperature 1 with a seed: 4 different answers, the same on a second call; siblings share the
     # prompt's full KV blocks (the prefix cache serves them).
-    before = s.metrics()["lattice_prefix_cache_hit_tokens_total"]
+    before = s.metrics()["lattice:prefix_cache_hits_total"]
     long_prompt = "Once upon a time in a land far away there lived a king who had three daughters and a castle by the sea"
     n4 = [ids({"prompt": long_prompt, "max_tokens": 8, "temperature": 1, "seed": 11, "n": 4, "logprobs": 0})
           for _ in range(2)]
@@ -429,7 +429,7 @@ def choices_and_logprobs(s, client, auth):
           f"n 4: {texts}")
     plen = n4[0]["usage"]["prompt_tokens"]
     check(n4[0]["usage"]["completion_tokens"] == 32 and plen > 16, f"n 4 usage {n4[0]['usage']}")
-    hits = s.metrics()["lattice_prefix_cache_hit_tokens_total"] - before
+    hits = s.metrics()["lattice:prefix_cache_hits_total"] - before
     check(hits >= 2 * 3 * (plen // 16) * 16, f"n 4: {hits} prompt tokens from the prefix cache")
     print(f"  n 4: {hits:.0f} prompt tokens of the siblings from the prefix cache ({plen} per prompt)", flush=True)
     # best_of 3, n 1: one choice, the best of seeds 11..13 (n 4's first three) by cumulative logprob.

@@ -83,8 +83,9 @@ def main():
         for r in recs:
             i = int(r["custom_id"].split("-")[1]) - 1  # line-N: request id N - 1
             want = [pseudo_token(i, 16 + k) for k in range(8)]
-            if r.get("finish_reason") != "length" or r.get("token_ids") != want:
-                check(False, f"{r['custom_id']}: {r.get('finish_reason')} {r.get('token_ids')}, want length {want}")
+            ch = ((r.get("response") or {}).get("body") or {}).get("choices", [{}])[0]
+            if ch.get("finish_reason") != "length" or ch.get("token_ids") != want:
+                check(False, f"{r['custom_id']}: {ch.get('finish_reason')} {ch.get('token_ids')}, want length {want}")
                 break
     return 1 if fails else 0
 

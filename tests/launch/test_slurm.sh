@@ -165,7 +165,7 @@ requeue_test() {
     python3 -c 'import json, sys
 for i in range(int(sys.argv[1])):
     print(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
-                      "body": {"prompt": f"Once upon a time {i}", "max_tokens": 4, "temperature": 0}}))' $n > "$in"
+                      "body": {"prompt": f"Once upon a time {i}", "max_tokens": 64, "temperature": 0}}))' $n > "$in"
     id=$(cd "$src" && MODEL="$long_model" INPUT="$in" OUTPUT="$out" TP=1 PP=1 CPU_RANKS=1 LATTICE="$bin" \
          DRAIN_SECONDS=1 COMM_TIMEOUT=30 EXTRA_ARGS="--threads 1 --progress none --max-seqs 2" \
          sbatch --parsable --job-name=lattice-requeue --output="$tmp/requeue.out" --error="$tmp/requeue.err" \
