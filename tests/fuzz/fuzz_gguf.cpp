@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "runtime/weights/dequant.h"
+#include "runtime/arch/architecture.h"
 #include "runtime/weights/gguf.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -57,8 +58,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } catch (const Error&) {
     }
     std::vector<float> row;
+    const Architecture* arch = architecture_for_gguf("llama");
     for (const GgufTensor& t : f->tensors()) {
-        (void)gguf_to_hf_name(t.name);
+        try {
+            if (arch) (void)gguf_to_hf_name(*arch, t.name);
+        } catch (const Error&) {
+        }
         int64_t cols = std::min<int64_t>(t.ne[0], 1 << 16);
         cols -= cols % dtype_block_elems(t.dtype);
         row.assign(size_t(cols), 0.0f);
