@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <list>
+#include <mutex>
 #include <random>
 #include <set>
 
@@ -155,7 +157,8 @@ void refuse_unknown(const json& b, bool chat) {
         "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options", "n",
         "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user", "metadata", "store",
         "service_tier", "response_format", "min_tokens", "ignore_eos", "priority", "min_p", "repetition_penalty",
-        "repeat_last_n", "return_token_ids"};
+        "repeat_last_n", "return_token_ids", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+        "guided_decoding_backend", "guided_whitespace_pattern"};
     static const std::set<std::string, std::less<>> kCompletions = {"prompt", "best_of", "echo", "suffix"};
     static const std::set<std::string, std::less<>> kChat = {
         "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
@@ -170,9 +173,97 @@ void refuse_unknown(const json& b, bool chat) {
         LATTICE_CHECK(!given(key) || b[key].empty() || b[key] == "none" || b[key] == "",
                       "\"{}\" is not supported yet", key);
     LATTICE_CHECK(!given("store") || b["store"] == false, "\"store\" is not supported (stored completions)");
-    const json text_format = {{"type", "text"}};
-    LATTICE_CHECK(!given("response_format") || b["response_format"] == text_format,
-                  "\"response_format\" other than {{\"type\": \"text\"}} is not supported yet");
+    for (const char* key : {"guided_grammar", "guided_whitespace_pattern"})
+        LATTICE_CHECK(!given(key), "\"{}\" is not supported (guided_json, guided_regex, guided_choice and "
+                                   "response_format are)", key);
+}
+
+// Structured output: OpenAI's response_format (json_object, json_schema) or vLLM's guided_json /
+// guided_regex / guided_choice, at most one of them. The spec, compiled later (grammar_of).
+GrammarSpec grammar_spec(const json& b) {
+    GrammarSpec g;
+    std::vector<std::string> named;
+    auto given = [&](const char* key) { return b.contains(key) && !b[key].is_null(); };
+    if (given("response_format")) {
+        const json& f = b["response_format"];
+        LATTICE_CHECK(f.is_object() && f.contains("type") && f["type"].is_string(),
+                      "\"response_format\" must be an object with a \"type\" (text, json_object or json_schema)");
+        const std::string type = f["type"].get<std::string>();
+        if (type == "json_object") {
+            g.kind = GrammarSpec::Kind::kJsonObject;
+        } else if (type == "json_schema") {
+            LATTICE_CHECK(f.contains("json_schema") && f["json_schema"].is_object(),
+                          "\"response_format\": type json_schema needs a \"json_schema\" object");
+            const json& js = f["json_schema"];
+            const json schema = js.contains("schema") && !js["schema"].is_null() ? js["schema"] : json::object();
+            LATTICE_CHECK(schema.is_object() || schema.is_boolean(),
+                          "\"response_format\".json_schema.schema must be a JSON schema (an object)");
+            g.kind = GrammarSpec::Kind::kJsonSchema;
+            g.source = schema.dump();
+        } else {
+            LATTICE_CHECK(type == "text", "\"response_format\" type \"{}\" is unknown (text, json_object or json_schema)",
+                          type);
+        }
+        if (g.active()) named.push_back("response_format");
+    }
+    if (given("guided_json")) {
+        const json& s = b["guided_json"];
+        LATTICE_CHECK(s.is_object() || s.is_string(), "\"guided_json\" must be a JSON schema (an object, or its text)");
+        g.kind = GrammarSpec::Kind::kJsonSchema;
+        g.source = s.is_string() ? s.get<std::string>() : s.dump();
+        named.push_back("guided_json");
+    }
+    if (given("guided_regex")) {
+        LATTICE_CHECK(b["guided_regex"].is_string(), "\"guided_regex\" must be a string (a regular expression)");
+        g.kind = GrammarSpec::Kind::kRegex;
+        g.source = b["guided_regex"].get<std::string>();
+        named.push_back("guided_regex");
+    }
+    if (given("guided_choice")) {
+        const json& c = b["guided_choice"];
+        LATTICE_CHECK(c.is_array() && !c.empty(), "\"guided_choice\" must be a non-empty array of strings");
+        g.kind = GrammarSpec::Kind::kChoice;
+        for (size_t i = 0; i < c.size(); ++i) {
+            LATTICE_CHECK(c[i].is_string(), "\"guided_choice\"[{}] must be a string", i);
+            g.choices.push_back(c[i].get<std::string>());
+        }
+        named.push_back("guided_choice");
+    }
+    LATTICE_CHECK(named.size() <= 1, "\"{}\" and \"{}\" both constrain the output: give one", named[0], named[1]);
+    if (given("guided_decoding_backend"))
+        LATTICE_CHECK(b["guided_decoding_backend"].is_string(), "\"guided_decoding_backend\" must be a string");
+    return g;
+}
+
+// Compiled grammars by spec: a schema is compiled once, whatever number of requests use it (the
+// last kCacheSize specs are kept). Errors name the field the spec came from.
+std::shared_ptr<const Grammar> grammar_of(const GrammarSpec& spec, const json& b) {
+    constexpr size_t kCacheSize = 64;
+    static std::mutex mu;
+    static std::list<std::pair<std::string, std::shared_ptr<const Grammar>>> cache;  // most recent first
+    const std::string key = spec.key();
+    {
+        std::lock_guard lock(mu);
+        for (auto it = cache.begin(); it != cache.end(); ++it)
+            if (it->first == key) {
+                cache.splice(cache.begin(), cache, it);
+                return it->second;
+            }
+    }
+    const char* field = b.contains("guided_json") && !b["guided_json"].is_null()     ? "guided_json"
+                        : b.contains("guided_regex") && !b["guided_regex"].is_null()   ? "guided_regex"
+                        : b.contains("guided_choice") && !b["guided_choice"].is_null() ? "guided_choice"
+                                                                                       : "response_format";
+    std::shared_ptr<const Grammar> g;
+    try {
+        g = Grammar::compile(spec);
+    } catch (const Error& e) {
+        throw Error(fmt::format("\"{}\": {}", field, e.message()));
+    }
+    std::lock_guard lock(mu);
+    cache.emplace_front(key, g);
+    if (cache.size() > kCacheSize) cache.pop_back();
+    return g;
 }
 
 // logprobs (completions: k; chat: true plus top_logprobs k), echo, n and best_of.
@@ -253,6 +344,10 @@ ApiRequest parse_api_request(const json& b, bool chat, const Tokenizer* tok, con
         r.include_usage = boolean(b["stream_options"], "include_usage", false);
     }
     parse_choices(b, r);
+    if (const GrammarSpec spec = grammar_spec(b); spec.active()) {
+        LATTICE_CHECK(tok != nullptr, "structured output (\"response_format\", \"guided_*\") needs a model with a tokenizer");
+        q.grammar = grammar_of(spec, b);
+    }
     return r;
 }
 

@@ -15,9 +15,13 @@
 // priority (an integer, lower runs first; default 0), and return_token_ids (api.h). Sampling semantics:
 // runtime/engine/sampler.h, shared with the CLI. Choice i of prompt p has index p * n + i and seed
 // seed + i (choice_requests).
+// Structured output: response_format {"type": "json_object"} or {"type": "json_schema", "json_schema":
+// {"schema": ...}}, or vLLM's guided_json (a schema), guided_regex, guided_choice (one of them):
+// compiled once per distinct spec (runtime/engine/grammar.h says what is supported; an unsupported
+// schema keyword is a 400 naming it); guided_grammar is refused.
 // Metadata fields that change nothing are accepted: user, metadata, store (false), service_tier,
 // parallel_tool_calls, stream_options. Known fields lattice does not implement (logit_bias, tools,
-// tool_choice, functions, function_call, suffix, a response_format other than text, audio,
+// tool_choice, functions, function_call, suffix, audio,
 // modalities, prediction) are refused naming the field, unless given their neutral value. Any other
 // field is refused naming it (a misspelt "max_token" must not pass silently); a known field of the
 // wrong type or out of range is an Error whose message names the field.

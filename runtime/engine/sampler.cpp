@@ -51,6 +51,20 @@ void top_logprobs(const float* x, int64_t n, double lse, int32_t k, int32_t* ids
     }
 }
 
+void apply_token_mask(float* logits, int64_t n, const uint32_t* words) {
+    const int64_t nw = (n + 31) / 32;
+    uint32_t any = 0;
+    for (int64_t w = 0; w < nw; ++w) any |= words[w] & (w == nw - 1 && n % 32 ? (1u << (n % 32)) - 1 : ~0u);
+    if (!any) return;
+    for (int64_t w = 0; w < nw; ++w) {
+        const uint32_t bits = words[w];
+        if (bits == ~0u) continue;
+        const int64_t base = w * 32, end = std::min<int64_t>(base + 32, n);
+        for (int64_t id = base; id < end; ++id)
+            if (!(bits >> (id - base) & 1u)) logits[id] = -INFINITY;
+    }
+}
+
 int32_t argmax(const float* x, int64_t n) {
     int64_t best = 0;
     for (int64_t i = 1; i < n; ++i)

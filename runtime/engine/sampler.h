@@ -50,6 +50,11 @@ struct SamplingParams {
 
 int32_t argmax(const float* logits, int64_t n);
 
+// Structured output: sets logits[id] = -inf for every id whose bit (id % 32 of words[id / 32]) is
+// clear. A mask without any bit set in [0, n) leaves the row as it is (the caller's grammar then
+// refuses whatever is sampled and ends the output).
+void apply_token_mask(float* logits, int64_t n, const uint32_t* words);
+
 // The k most likely ids of `logits` (k <= n) and their log-probabilities logits[id] - lse, most
 // likely first, equal logits by lower id (the order OpenAI's top_logprobs lists). O(n log k).
 void top_logprobs(const float* logits, int64_t n, double lse, int32_t k, int32_t* ids, float* lps);

@@ -5,6 +5,8 @@
 #include <cmath>
 
 #include "base/error.h"
+#include "base/log.h"
+#include "runtime/engine/grammar.h"
 
 namespace lattice {
 
@@ -220,6 +222,13 @@ StepPlan Scheduler::next(int64_t number) {
             p.ban_ids.insert(p.ban_ids.end(), s.req.stop_ids.begin(), s.req.stop_ids.end());
             p.seqs.back().n_ban = int32_t(int64_t(p.ban_ids.size()) - ban0);
         }
+        if (ps.sample && s.req.grammar) {  // structured output: the tokens its grammar allows
+            const size_t words = size_t((opt_.vocab + 31) / 32);
+            p.mask_width = int32_t(words);
+            p.masks.resize(p.masks.size() + words);
+            s.req.grammar->fill_mask(std::span<uint32_t>(p.masks.data() + p.masks.size() - words, words));
+            p.seqs.back().masked = true;
+        }
         if (ps.sample) {  // the repetition penalty's window: the last tokens, prompt and output
             const int64_t w = std::min<int64_t>(s.req.sampling.recent_window(opt_.max_seq), int64_t(s.tokens.size()));
             p.recent_ids.insert(p.recent_ids.end(), s.tokens.end() - w, s.tokens.end());
@@ -338,18 +347,34 @@ std::vector<TokenEvent> Scheduler::complete(const StepPlan& plan, std::span<cons
             ++stats_.generated_tokens;
             register_full_blocks(s, ps.start + ps.count);
             FinishReason why = FinishReason::kNone;
-            if (is_stop(s, st.token) && s.generated() > s.req.min_tokens - 1)
-                why = FinishReason::kStop;
-            else if (s.generated() >= s.req.max_new_tokens)
-                why = FinishReason::kLength;
-            else if (int64_t(s.tokens.size()) >= opt_.max_seq)
-                why = FinishReason::kLength;  // the context is full
+            bool grammar_end = false;
+            if (GrammarMatcher* g = s.req.grammar.get()) {
+                // The mask allowed only what the grammar accepts, and end ids once it is complete.
+                if (!g->accept(st.token)) {
+                    if (!g->complete())
+                        LOG_WARN("request {}: sampled token {} is outside its grammar; the output ends here", s.id,
+                                 st.token);
+                    why = FinishReason::kStop;  // an end id: eos / end of turn (ignore_eos or not)
+                } else if (g->finished()) {
+                    why = FinishReason::kStop;
+                    grammar_end = true;
+                }
+            }
+            if (why == FinishReason::kNone) {
+                if (is_stop(s, st.token) && s.generated() > s.req.min_tokens - 1)
+                    why = FinishReason::kStop;
+                else if (s.generated() >= s.req.max_new_tokens)
+                    why = FinishReason::kLength;
+                else if (int64_t(s.tokens.size()) >= opt_.max_seq)
+                    why = FinishReason::kLength;  // the context is full
+            }
             const double queued = s.generated() == 1 ? s.queue_seconds : -1;  // (finish may drop s)
             if (why != FinishReason::kNone)
                 finish(s, why, out, st.token, st.logprob);
             else
                 out.push_back(TokenEvent{s.id, st.token, st.logprob, FinishReason::kNone});
             out.back().queue_seconds = queued;
+            out.back().grammar_end = grammar_end;
         } else {
             register_full_blocks(s, ps.start + ps.count);
             if (s.cancelled && s.inflight == 0 && !s.awaiting) {

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -44,6 +45,8 @@
 #include "runtime/engine/step_plan.h"
 
 namespace lattice {
+
+class GrammarMatcher;
 
 enum class FinishReason : uint8_t {
     kNone = 0,
@@ -62,6 +65,11 @@ struct EngineRequest {
     bool ignore_eos = false;  // the model's eos does not stop (stop ids still do)
     std::vector<int32_t> stop_ids;
     int64_t priority = 0;     // lower runs first (vLLM's), first come first served within a level
+    // Structured output (runtime/engine/grammar.h): the sequence's position in its grammar. Each step
+    // that samples it carries the mask of the tokens the grammar allows; each sampled token advances
+    // it; the output ends (kStop, the token shown as text) when the grammar is finished, or at an end
+    // id (eos, end of turn) once it is complete, ignore_eos or not. One matcher per sequence.
+    std::shared_ptr<GrammarMatcher> grammar = nullptr;
 };
 
 struct TokenEvent {
@@ -71,6 +79,7 @@ struct TokenEvent {
     FinishReason finish = FinishReason::kNone;
     double queue_seconds = -1;  // on a sequence's first token: from add() to its first admission
     std::vector<SampledToken> top{};  // sampling.logprobs > 0: the most likely tokens of its row (Engine)
+    bool grammar_end = false;  // kStop because the grammar is finished: `token` is part of the output's text
 };
 
 // The time of a step against its token count, fitted to measured steps: seconds = a + b * tokens, by

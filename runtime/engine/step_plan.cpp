@@ -12,7 +12,7 @@ namespace lattice {
 
 namespace {
 
-constexpr uint32_t kMagic = 0x4c505333;  // "LPS3": version 3 (block tables as changes)
+constexpr uint32_t kMagic = 0x4c505334;  // "LPS4": version 4 (block tables as changes, grammar masks)
 constexpr uint32_t kMagicPrefix = 0x4c505300;  // "LPS" + any version
 
 // How a sequence's block table travels (one per sequence, in plan order).
@@ -134,6 +134,7 @@ std::vector<uint8_t> encode_plan(const StepPlan& p, PlanTables& known) {
         w.put(s.sampling.min_p);
         w.put(s.sampling.logprobs);
         w.put(s.n_recent);
+        w.put(uint8_t(s.masked));
         w.put(ops[size_t(i)]);
         w.put(counts[size_t(i)]);
     }
@@ -142,6 +143,8 @@ std::vector<uint8_t> encode_plan(const StepPlan& p, PlanTables& known) {
     w.put_vec(p.ban_ids);
     w.put_vec(p.recent_ids);
     w.put_vec(p.released);
+    w.put(p.mask_width);
+    w.put_vec(p.masks);
     return std::move(w.out);
 }
 
@@ -194,6 +197,8 @@ StepPlan decode_plan(const uint8_t* data, int64_t size, PlanTables& known) {
         LATTICE_CHECK(s.sampling.logprobs >= 0 && s.sampling.logprobs <= SamplingParams::kMaxLogprobs,
                       "step plan: sequence {} asks for {} top logprobs", s.id, s.sampling.logprobs);
         s.n_recent = r.get<int32_t>("n_recent");
+        s.masked = r.get<uint8_t>("masked") != 0;
+        LATTICE_CHECK(!s.masked || s.sample, "step plan: sequence {} is masked but not sampled", s.id);
         ops.push_back(r.get<uint8_t>("table op"));
         counts.push_back(r.get<int32_t>("table blocks count"));
         LATTICE_CHECK(s.start >= 0 && s.count >= 1, "step plan: sequence {} start {} count {}", s.id, s.start, s.count);
@@ -223,6 +228,14 @@ StepPlan decode_plan(const uint8_t* data, int64_t size, PlanTables& known) {
     LATTICE_CHECK(recent == int64_t(p.recent_ids.size()), "step plan: {} recent ids listed, {} announced",
                   p.recent_ids.size(), recent);
     p.released = r.get_vec<int64_t>("released");
+    p.mask_width = r.get<int32_t>("mask width");
+    p.masks = r.get_vec<uint32_t>("masks");
+    int64_t masked = 0;
+    for (const PlanSeq& s : p.seqs) masked += s.masked;
+    LATTICE_CHECK(p.mask_width >= 0 && (masked == 0 || p.mask_width > 0) &&
+                      int64_t(p.masks.size()) == masked * int64_t(p.mask_width),
+                  "step plan: {} mask words for {} masked sequences of width {}", p.masks.size(), masked,
+                  p.mask_width);
     LATTICE_CHECK(r.done(), "step plan: trailing bytes");
     apply_tables(p, ops, counts, blocks, known);
     return p;

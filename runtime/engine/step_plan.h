@@ -34,6 +34,7 @@ struct PlanSeq {
     int32_t n_ban = 0;      // ... namely the next n_ban entries of StepPlan::ban_ids (in plan order)
     int32_t n_recent = 0;   // sampled with a repetition penalty: the sequence's last n_recent tokens are
                             // the next n_recent entries of StepPlan::recent_ids (in plan order)
+    bool masked = false;    // structured output: only the tokens of the next mask of StepPlan::masks may be sampled
     SamplingParams sampling;
 };
 
@@ -48,6 +49,9 @@ struct StepPlan {
     std::vector<int32_t> ban_ids;   // per ban_stop sequence, in plan order, its n_ban banned ids
     std::vector<int32_t> recent_ids;  // per sequence with n_recent > 0, in plan order, its last tokens
     std::vector<int64_t> released;  // sequences that ended: the sampler rank drops their state
+    int32_t mask_width = 0;         // words per mask: (vocab + 31) / 32 (0 when no sequence is masked)
+    std::vector<uint32_t> masks;    // per masked sequence, in plan order: bit id % 32 of word id / 32 set =
+                                    // token id allowed (runtime/engine/grammar.h)
 
     int64_t sampled() const;  // sequences with `sample` set
     bool empty() const { return seqs.empty(); }

@@ -19,12 +19,16 @@ every output is checked against `lattice generate` or the golden continuations:
      answers, the same twice, the siblings' prompt blocks from the prefix cache; best_of 3 picks the highest
      cumulative logprob; a list of 3 prompts: 3 choices in order; unknown fields, best_of with stream and
      max_tokens beyond the context are 400 naming the field.
+  7. (part "structured") structured output on the built-in model at temperature 1: a json_schema (chat, through
+     the openai client, n 50): every output parses and validates with jsonschema and ends by "stop"; json_object;
+     guided_regex (re.fullmatch), guided_choice (one of them); the same in a `lattice batch` file; an unsupported
+     keyword, a bad regex and two constraints at once are 400s naming the culprit.
   5. (part "fronts") the same three requests (ended by length, by a stop string, a chat) through
      `generate --json`, `batch` and serve give the same ids, text, finish reason and usage.
 Without the openai package the same requests and checks go through http.client (Api below), so the test
 never skips for want of it. Every server runs in its own process group and is killed (group and all) when
 the test fails or stops; each wait is bounded.
-Usage: test_serve.py LATTICE_BINARY MODEL_GGUF SHARED_DIR [api|choices|fronts|all]   (exit 0: pass)"""
+Usage: test_serve.py LATTICE_BINARY MODEL_GGUF SHARED_DIR [api|choices|structured|fronts|all]   (exit 0: pass)"""
 import atexit
 import http.client
 import json
@@ -451,6 +455,88 @@ def choices_and_logprobs(s, client, auth):
     print(f"  logprobs, echo, n, best_of, prompt lists: {time.time() - t0:.1f} s", flush=True)
 
 
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
+          "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 20}, "age": {"type": "integer"},
+                         "city": {"enum": ["Paris", "Rome", "Tokyo"]},
+                         "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+                         "address": {"type": "object", "required": ["zip"],
+                                     "properties": {"zip": {"type": "string", "maxLength": 6},
+                                                    "main": {"type": "boolean"}}}}}
+
+
+def structured_section(s, client):
+    """Structured output: every sampled output matches its constraint (response_format, guided_*)."""
+    import jsonschema
+    t0 = time.time()
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    r = client.create("chat", model="smol", messages=[{"role": "user", "content": "Describe a person as JSON."}],
+                      max_tokens=160, temperature=1, seed=5, n=50, response_format=fmt)
+    outs = [(c["message"]["content"], c["finish_reason"]) for c in r["choices"]]
+    valid = 0
+    for text, why in outs:
+        try:
+            jsonschema.validate(json.loads(text), PERSON)
+            valid += why == "stop"
+        except Exception as e:  # noqa: BLE001 (any failure is a failed check, reported with the text)
+            check(False, f"json_schema output does not validate ({e.__class__.__name__}): {text!r}")
+    check(len(outs) == 50 and valid == 50, f"json_schema: {valid} of {len(outs)} outputs valid and stopped")
+    check(len({t for t, _ in outs}) > 10, f"json_schema: temperature 1 gave only {len({t for t, _ in outs})} outputs")
+    print(f"  json_schema: {valid} of 50 valid ({time.time() - t0:.1f} s); e.g. {outs[0][0]}", flush=True)
+    r = client.create("completions", model="smol", prompt="A JSON object:", max_tokens=120, temperature=1, seed=3,
+                      n=6, extra_body={"response_format": {"type": "json_object"}})
+    for c in r["choices"]:
+        ok = False
+        try:
+            ok = isinstance(json.loads(c["text"]), dict) and c["finish_reason"] == "stop"
+        except ValueError:
+            pass
+        check(ok, f"json_object output: {c['text']!r} ({c['finish_reason']})")
+    regex = r"[0-9]{3}-[a-z]{2,5}(\.[a-z]+)?"
+    r = client.create("completions", model="smol", prompt="A code:", max_tokens=30, temperature=1, seed=4, n=8,
+                      extra_body={"guided_regex": regex})
+    texts = [c["text"] for c in r["choices"]]
+    check(all(re.fullmatch(regex, t) for t in texts), f"guided_regex {regex}: {texts}")
+    options = ["yes", "no", "maybe later"]
+    r = client.create("chat", model="smol", messages=[{"role": "user", "content": "Well?"}], max_tokens=10,
+                      temperature=1, seed=6, n=8, extra_body={"guided_choice": options})
+    picks = [c["message"]["content"] for c in r["choices"]]
+    check(all(p in options for p in picks), f"guided_choice: {picks}")
+    # Refusals name the culprit: an unsupported keyword (with its place), a bad regex, two constraints at once.
+    P = "/v1/completions"
+    bad = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[A-Z]"}}}
+    for body, words in ((dict(guided_json=bad), ("guided_json", "pattern")),
+                        (dict(guided_regex="(ab"), ("guided_regex",)),
+                        (dict(guided_regex="a", guided_choice=["a"]), ("guided_regex", "guided_choice")),
+                        (dict(response_format={"type": "xml"}), ("response_format", "xml"))):
+        st, _, raw = s.request("POST", P, dict({"prompt": "x", "max_tokens": 4}, **body))
+        msg = json.loads(raw).get("error", {}).get("message", "") if raw else ""
+        check(st == 400 and all(w in msg for w in words), f"refused {body}: {st} {msg!r}")
+    # The same constraints in a batch file (the Batch format; one parser for both fronts).
+    with tempfile.TemporaryDirectory() as d:
+        lines = [{"custom_id": "schema", "method": "POST", "url": "/v1/chat/completions",
+                  "body": {"messages": [{"role": "user", "content": "A person?"}], "max_tokens": 160, "seed": 1,
+                           "temperature": 1, "response_format": fmt}},
+                 {"custom_id": "choice", "method": "POST", "url": "/v1/completions",
+                  "body": {"prompt": "Well?", "max_tokens": 8, "temperature": 1, "guided_choice": options}}]
+        inp, out = os.path.join(d, "in.jsonl"), os.path.join(d, "out.jsonl")
+        with open(inp, "w") as f:
+            f.write("".join(json.dumps(l) + "\n" for l in lines))
+        p = subprocess.run([lattice, "batch", "--model", builtin, "--threads", "2", "--input", inp, "--output", out],
+                           capture_output=True, text=True, timeout=300)
+        check(p.returncode == 0, f"batch with structured output: exit {p.returncode}: {p.stderr[-400:]}")
+        got = {}
+        if os.path.exists(out):
+            for l in open(out):
+                rec = json.loads(l)
+                got[rec["custom_id"]] = rec["response"]["body"]["choices"][0] if rec.get("response") else rec
+        try:
+            jsonschema.validate(json.loads(got["schema"]["message"]["content"]), PERSON)
+            check(got["choice"]["text"] in options, f"batch guided_choice: {got['choice']}")
+        except Exception as e:  # noqa: BLE001
+            check(False, f"batch structured outputs: {e!r}: {got}")
+    print(f"  structured output: {time.time() - t0:.1f} s", flush=True)
+
+
 def prompt_ids(s, auth, prompt):
     """The prompt's token ids, as the server encodes it (echo with return_token_ids)."""
     r = json.loads(s.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 0, "echo": True,
@@ -704,6 +790,11 @@ try:
         choices_and_logprobs(s, Api(s.port, ""), {})
         s.stop()
         print(f"choices: {time.time() - t0:.1f} s", flush=True)
+    if PART in ("structured", "all"):
+        s = Server(["--model", builtin, "--threads", "2", "--served-model-name", "smol"])
+        structured_section(s, Api(s.port, ""))
+        s.stop()
+        print(f"structured: {time.time() - t0:.1f} s", flush=True)
     if PART in ("fronts", "all"):
         fronts_section()
         print(f"three fronts: {time.time() - t0:.1f} s", flush=True)

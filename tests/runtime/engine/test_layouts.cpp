@@ -2,6 +2,8 @@
 // model whose heads allow the layout: identical greedy tokens, logits within 1e-5 relative, with
 // one micro-batch and with many (1 token each); plus vocab padding (vocab % tp != 0, random
 // weights), tp > kv heads, and layout errors that every rank reports without hanging.
+// Structured output: a grammar's mask (made by the leader, carried in the plan) followed by the
+// sampler rank of every layout, with the single rank's tokens.
 // Top logprobs (sampling.logprobs = k) through every layout, with backend token selection on (rows
 // that ask for them fall back to the host path): the k best of a host log-softmax of score()'s row.
 // Run under mpirun -np 2 and -np 4 (CTest).
@@ -9,11 +11,13 @@
 #include <mpi.h>
 #include <algorithm>
 #include <cmath>
+#include <regex>
 
 #include "tests/test_build.h"
 #include "parallel/mpi_session.h"
 #include "runtime/builder/build.h"
 #include "runtime/engine/client.h"
+#include "runtime/engine/grammar.h"
 #include "runtime/weights/random_source.h"
 #include "tests/runtime/model/golden.h"
 
@@ -363,5 +367,74 @@ TEST_CASE("top logprobs in every layout: the k best of a host log-softmax of the
                 if (j > 0) CHECK(top[j].logprob <= top[j - 1].logprob);
             }
         }
+    }
+}
+
+namespace {
+
+// A made-up vocabulary over the tiny model's ids: one or two characters of "0123456789-abcxy" per
+// id (ids below 3: special, never allowed), so a regex grammar can be followed by any layout.
+std::shared_ptr<const TokenVocab> toy_vocab(int64_t V) {
+    const std::string chars = "0123456789-abcxy";
+    std::vector<std::string> bytes(size_t(V));
+    for (int64_t id = 3; id < V; ++id) {
+        bytes[size_t(id)] = std::string(1, chars[size_t(id % 16)]);
+        if (id >= V / 2) bytes[size_t(id)] += chars[size_t(id / 16 % 16)];
+    }
+    return std::make_shared<const TokenVocab>(std::move(bytes), std::vector<int32_t>{});
+}
+
+// The text of ids under toy_vocab.
+std::string toy_text(const std::vector<int32_t>& ids, int64_t V) {
+    const std::string chars = "0123456789-abcxy";
+    std::string s;
+    for (int32_t id : ids) {
+        s += chars[size_t(id % 16)];
+        if (id >= V / 2) s += chars[size_t(id / 16 % 16)];
+    }
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("structured output in every layout: the leader's grammar mask reaches the sampler rank") {
+    const int world = mpi_session().size();
+    auto src = open_model(golden_dir("tiny-gqa-llama3"));
+    const int64_t V = src->config().vocab;
+    const std::shared_ptr<const TokenVocab> vocab = toy_vocab(V);
+    GrammarSpec spec;
+    spec.kind = GrammarSpec::Kind::kRegex;
+    spec.source = "[0-9]{2,4}-[abc]+x";
+    const std::shared_ptr<const Grammar> grammar = Grammar::compile(spec);
+    auto run = [&](BuildOptions opt) {
+        RankRuntime rt = build(opt, *src);
+        std::vector<GenerateRequest> reqs(3);
+        for (size_t i = 0; i < reqs.size(); ++i) {
+            reqs[i].prompt = {int32_t(5 + i), 17, 40};
+            reqs[i].max_new_tokens = 40;
+            reqs[i].ignore_eos = true;
+            reqs[i].sampling.temperature = 1.0f;
+            reqs[i].sampling.seed = 11;
+            reqs[i].grammar = std::make_shared<GrammarMatcher>(grammar, vocab);  // one matcher per sequence
+        }
+        std::vector<std::vector<int32_t>> out;
+        for (const GenerateResult& r : rt.engine->generate_batch(reqs)) out.push_back(r.tokens);
+        return out;
+    };
+    BuildOptions single = layout_options(1, 1);
+    single.mpi = false;
+    const std::vector<std::vector<int32_t>> want = run(single);
+    REQUIRE(want.size() == 3);
+    for (const std::vector<int32_t>& toks : want) {
+        const std::string text = toy_text(toks, V);
+        CAPTURE(text);
+        CHECK(std::regex_match(text, std::regex(spec.source)));  // and it ended there: finished, not cut
+    }
+    for (const auto& layout : layouts_for(world)) {
+        const int tp = layout.first, pp = layout.second;
+        if (!layout_fits(src->config(), tp, pp)) continue;
+        CAPTURE(tp);
+        CAPTURE(pp);
+        CHECK(run(layout_options(tp, pp)) == want);  // every rank, every token (the mask went with the plan)
     }
 }

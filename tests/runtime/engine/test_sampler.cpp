@@ -511,3 +511,30 @@ TEST_CASE("top_logprobs: the k best of a row by a full sort, ties by lower id, m
     float two[2] = {0, 0};
     CHECK_THROWS_AS(top_logprobs(two, 2, 0.0, 3, nullptr, nullptr), lattice::Error);
 }
+
+TEST_CASE("apply_token_mask: clear bits become -inf, set bits keep their logit; an empty mask changes nothing") {
+    const int64_t n = 70;  // three words, the last partial
+    std::vector<float> row(size_t(n));
+    for (int64_t i = 0; i < n; ++i) row[size_t(i)] = float(i) * 0.5f - 3.0f;
+    std::vector<uint32_t> words = {0x80000001u, 0x0u, 0x2u | (1u << 5)};  // ids 0, 31, 65, 69
+    std::vector<float> got = row;
+    apply_token_mask(got.data(), n, words.data());
+    for (int64_t i = 0; i < n; ++i) {
+        const bool allowed = i == 0 || i == 31 || i == 65 || i == 69;
+        CAPTURE(i);
+        if (allowed)
+            CHECK(got[size_t(i)] == row[size_t(i)]);
+        else
+            CHECK(got[size_t(i)] == -INFINITY);
+    }
+    CHECK(argmax(got.data(), n) == 69);
+    Sampler s(SamplingParams{1.0f, 0, 1.0f, 5});  // sampled at temperature 1: only allowed ids ever come out
+    for (int k = 0; k < 200; ++k) {
+        const int32_t t = s.sample(got.data(), n);
+        CHECK((t == 0 || t == 31 || t == 65 || t == 69));
+    }
+    std::vector<uint32_t> none = {0x0u, 0x0u, 0xffffffc0u};  // only bits past n = 70 in the last word
+    got = row;
+    apply_token_mask(got.data(), n, none.data());
+    CHECK(got == row);
+}

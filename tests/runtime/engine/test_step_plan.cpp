@@ -3,7 +3,8 @@
 // follower's decoded tables equal the leader's every step and both sides' PlanTables stay equal;
 // a decode step's plan has the same size at 4k and 32k context; a change against a table the
 // follower does not know, or a cut message, is refused naming the field and leaves its tables as
-// they were.
+// they were. Grammar masks (structured output) travel with their sequences; counts that disagree
+// are refused.
 #include <doctest/doctest.h>
 
 #include <map>
@@ -139,7 +140,7 @@ TEST_CASE("plan deltas: an unknown table or a cut message is refused naming the 
                          doctest::Contains("does not know"), Error);
     CHECK(stranger.rows.empty());
     const PlanTables before = follower;
-    CHECK_THROWS_WITH_AS(decode_plan(next.data(), int64_t(next.size()) - 3, follower), doctest::Contains("released"),
+    CHECK_THROWS_WITH_AS(decode_plan(next.data(), int64_t(next.size()) - 3, follower), doctest::Contains("masks"),
                          Error);
     CHECK(follower == before);
     std::vector<uint8_t> old = next;
@@ -148,4 +149,29 @@ TEST_CASE("plan deltas: an unknown table or a cut message is refused naming the 
     const StepPlan q = decode_plan(next.data(), int64_t(next.size()), follower);
     CHECK(q.tables == std::vector<int32_t>{1, 2, 4, -1, 3, -1, -1, -1});
     CHECK(follower == leader);
+}
+
+TEST_CASE("plan masks: each masked sequence's words arrive with it; a count that disagrees is refused") {
+    std::map<int64_t, std::vector<int32_t>> tables = {{3, {1}}, {4, {2}}, {5, {6}}};
+    StepPlan p = plan_of(tables, 2, 1);
+    p.seqs[0].masked = true;
+    p.seqs[2].masked = true;
+    p.mask_width = 3;  // a vocab of 65..96
+    p.masks = {0x1u, 0x0u, 0x80000000u, 0xffffffffu, 0x12345678u, 0x0u};
+    const std::vector<uint8_t> msg = encode_plan(p);
+    const StepPlan q = decode_plan(msg.data(), int64_t(msg.size()));
+    CHECK(q.seqs[0].masked);
+    CHECK_FALSE(q.seqs[1].masked);
+    CHECK(q.seqs[2].masked);
+    CHECK(q.mask_width == 3);
+    CHECK(q.masks == p.masks);
+    StepPlan bad = p;
+    bad.masks.pop_back();  // 5 words for 2 masks of 3
+    const std::vector<uint8_t> m2 = encode_plan(bad);
+    CHECK_THROWS_WITH_AS(decode_plan(m2.data(), int64_t(m2.size())), doctest::Contains("mask words"), Error);
+    bad = p;
+    bad.seqs[0].sample = false;  // a mask on a sequence that is not sampled
+    const std::vector<uint8_t> m3 = encode_plan(bad);
+    CHECK_THROWS_WITH_AS(decode_plan(m3.data(), int64_t(m3.size())), doctest::Contains("masked but not sampled"),
+                         Error);
 }
