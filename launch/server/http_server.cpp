@@ -44,6 +44,7 @@ struct HttpServer::Impl {
     int port = 0;
     // Declared last: destroyed first, with the handlers (and so the sessions) it still holds.
     net::io_context ioc;
+    net::thread_pool route_pool{2};  // route() of large bodies (tokenizing, grammar compiles), off the I/O threads
     tcp::acceptor acceptor{ioc};
     net::steady_timer accept_retry{ioc};
     std::vector<std::thread> threads;
@@ -169,6 +170,25 @@ private:
         return route(in, RouteContext{}).route;
     }
 
+    // A request as route() takes it, owned: it may be routed on the route pool, off this strand.
+    struct Request {
+        std::string method, target, authorization, body;
+        RouteContext ctx;
+    };
+
+    // route(), never throwing: a bug or out of memory fails this request, the server goes on.
+    static Routed route_safely(const Request& q) {
+        try {
+            return route(RouteInput{q.method, q.target, q.authorization, q.body}, q.ctx);
+        } catch (const std::exception& e) {
+            LOG_ERROR("serve: internal error on {}: {}", q.target, e.what());
+            Routed r;
+            r.route = "other";
+            r.reply = error_reply(500, "internal error");
+            return r;
+        }
+    }
+
     void handle() {
         auto& req = parser_->get();
         version_ = req.version();
@@ -176,22 +196,32 @@ private:
         const auto m = req.method_string();
         const auto t = req.target();
         const auto a = req[http::field::authorization];
-        RouteContext ctx;
-        ctx.api_key = srv_.opt.api_key;
-        ctx.model = srv_.model.load();
-        ctx.draining = srv_.draining;
-        ctx.metrics = &srv_.metrics;
-        ctx.request_number = ++srv_.requests;
-        Routed r;
-        try {
-            r = route(RouteInput{{m.data(), m.size()}, {t.data(), t.size()}, {a.data(), a.size()}, req.body()}, ctx);
-        } catch (const std::exception& e) {  // a bug, or out of memory: this request fails, the server goes on
-            LOG_ERROR("serve: internal error on {}: {}", std::string_view(t.data(), t.size()), e.what());
-            r.route = "other";
-            r.reply = error_reply(500, "internal error");
-        }
-        route_ = r.route;
+        auto q = std::make_shared<Request>(Request{std::string(m.data(), m.size()), std::string(t.data(), t.size()),
+                                                   std::string(a.data(), a.size()), std::move(req.body()), {}});
         parser_.reset();
+        q->ctx.api_key = srv_.opt.api_key;
+        q->ctx.model = srv_.model.load();
+        q->ctx.draining = srv_.draining;
+        q->ctx.metrics = &srv_.metrics;
+        q->ctx.request_number = ++srv_.requests;
+        if (int64_t(q->body.size()) <= srv_.opt.route_inline_bytes) return routed(route_safely(*q));
+        // A large body (a long prompt to tokenize, a schema to compile) is routed on the route pool, so
+        // that the I/O threads go on serving every other connection meanwhile; counted as active so
+        // that a drain waits for it.
+        ++srv_.active;
+        net::post(srv_.route_pool, [self = shared_from_this(), q] {
+            if (self->srv_.opt.route_hook) self->srv_.opt.route_hook();
+            Routed r = route_safely(*q);
+            net::post(self->sock_.get_executor(), [self, q, r = std::move(r)]() mutable {
+                --self->srv_.active;
+                if (self->closed_) return;
+                self->routed(std::move(r));
+            });
+        });
+    }
+
+    void routed(Routed r) {
+        route_ = r.route;
         if (r.reply) return send_reply(std::move(*r.reply), !keep_alive_);
         in_request_ = true;
         ++srv_.active;
@@ -577,6 +607,7 @@ bool HttpServer::wait_idle(Clock::time_point deadline) const {
 void HttpServer::stop() {
     Impl& s = *impl_;
     if (s.stopped.exchange(true)) return;
+    s.route_pool.join();  // routes in progress finish (their answers are dropped with the I/O threads)
     s.ioc.stop();
     for (std::thread& t : s.threads) t.join();
     s.threads.clear();

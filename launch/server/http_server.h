@@ -3,7 +3,8 @@
 //
 // Per connection (a Session on its own strand): read a request (header, then body, within
 // --max-body-bytes: 413 beyond; the whole request within the client timeout), route it
-// (launch/server/api.h). Requests answered at once are written and the connection is kept alive
+// (launch/server/api.h; bodies over route_inline_bytes on a small pool of their own, off the I/O
+// threads, so a huge prompt's tokenizing stalls no other connection). Requests answered at once are written and the connection is kept alive
 // (HTTP/1.1) or closed. Completion requests become a Ticket submitted to the engine thread
 // (exchange.h); while one runs, the socket is watched for the client going away (EOF), which
 // cancels it, and so does a client whose unsent response data passes --stream-buffer-bytes or
@@ -18,6 +19,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -36,6 +38,10 @@ struct ServerOptions {
     double client_timeout_s = 60;           // a request must arrive, and each write complete, within this
     int threads = 1;
     int64_t max_connections = 1024;
+    // Bodies larger than this are routed (parsed, tokenized, their grammar compiled) on a pool of two
+    // threads of their own instead of the I/O thread: one huge prompt never stalls other streams.
+    int64_t route_inline_bytes = 64 << 10;
+    std::function<void()> route_hook;  // tests: runs on the route pool before each route there
 };
 
 class HttpServer {

@@ -7,7 +7,9 @@
 //  - keep-alive: two requests on one connection; 413 over the body limit; 100-continue;
 //  - a Transfer-Encoding that cannot frame the request (not a final chunked, or beside a
 //    Content-Length) is a 400 and the connection closes: a pipelined request after it never runs;
-//  - stop_accepting(): new connections are refused.
+//  - stop_accepting(): new connections are refused;
+//  - a large body is routed (parsed, tokenized) off the I/O thread: while its route is held at a
+//    gate, another connection on the one I/O thread is served.
 // Every wait is bounded (generous deadlines; a failure, never a hang).
 #include <arpa/inet.h>
 #include <doctest/doctest.h>
@@ -18,6 +20,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <string>
@@ -262,4 +266,50 @@ TEST_CASE("a Transfer-Encoding other than a final chunked, or beside a Content-L
         CHECK(got.find("\"fake\"") == std::string::npos);  // the pipelined request did not run
         ::close(fd);
     }
+}
+
+TEST_CASE("a large body is routed off the I/O thread: while its route is held, other connections are served") {
+    ServerOptions o;  // one I/O thread (the default)
+    o.route_inline_bytes = 1000;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = false;
+    std::atomic<int> held{0};
+    o.route_hook = [&] {  // the route pool holds the large request here until the gate opens
+        ++held;
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return open; });
+    };
+    Fixture f(o);
+    FakeEngine engine(f.inbox, 8);
+    auto open_gate = [&] {
+        {
+            std::lock_guard lock(mu);
+            open = true;
+        }
+        cv.notify_all();
+    };
+    struct Gate {  // opened before the server stops, whatever fails (stop() waits for the route pool)
+        std::function<void()> f;
+        ~Gate() { f(); }
+    } gate{open_gate};
+    std::string ids = "1";
+    for (int i = 1; i < 2000; ++i) ids += ",1";
+    const int big = connect_to(f.server.port());
+    send_all(big, post("/v1/completions", R"({"prompt": [)" + ids + R"(], "max_tokens": 3})"));
+    CHECK(eventually([&] { return held.load() == 1; }));
+    CHECK(f.server.active() == 1);  // counted while routed: a drain waits for it
+    const int small = connect_to(f.server.port());  // served by the one I/O thread meanwhile
+    send_all(small, post("/v1/completions", R"({"prompt": [1, 2], "max_tokens": 3})"));
+    const std::string a = read_until(small, "\"total_tokens\":5}}");
+    CHECK_MESSAGE(a.starts_with("HTTP/1.1 200"), a);
+    send_all(small, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
+    CHECK(read_until(small, "\"fake\"").starts_with("HTTP/1.1 200"));
+    CHECK(held.load() == 1);  // the large one is still held
+    open_gate();
+    const std::string b = read_until(big, "\"total_tokens\":2003}}");
+    CHECK_MESSAGE(b.starts_with("HTTP/1.1 200"), b);
+    CHECK(eventually([&] { return f.server.active() == 0; }));
+    ::close(big);
+    ::close(small);
 }
