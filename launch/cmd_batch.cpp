@@ -122,11 +122,17 @@ private:
     AppendFile file_;
 };
 
+// One input line in flight: its engine sequences (choice_requests order: prompt * best_of + i) feed
+// one response body; the record is written when the last of them finishes.
 struct Running {
     json custom_id;
     std::string hex;                                // of the record's "batch_req_" and "req_" ids
     std::unique_ptr<serve::ResponseShaper> shaper;  // the server's response body
     int64_t tokens = 0;
+    int64_t open = 0;               // sequences not finished yet
+    int64_t prompt_tokens = 0;      // every prompt once (usage)
+    int64_t completion_tokens = 0;  // of the finished sequences
+    bool abandoned = false;         // a sequence was cut by the drain: the line runs again on the next rerun
     Clock::time_point admitted;
     double ttft = -1;
 };
@@ -300,12 +306,10 @@ private:
     void submit(const json& id, const json& body, bool chat) {
         serve::ApiCall call;
         call.request = parse_api_request(body, chat, client_.tokenizer(), limits_);
-        // One sequence per line for now: several prompts, n, best_of and echo are the server's (they
-        // would need one record per line from several engine sequences).
-        LATTICE_CHECK(call.request.prompts.size() <= 1 && call.request.n == 1 && call.request.best_of == 1 &&
-                          !call.request.echo,
-                      "a list of prompts, \"n\" or \"best_of\" above 1 and \"echo\" are not supported in batch "
-                      "files yet (one line per prompt and choice instead)");
+        // A list of prompts, n and best_of: one record from several sequences, as the server's body.
+        // echo is the server's only (its prompt logprobs come from the score path, not a sequence).
+        LATTICE_CHECK(!call.request.echo,
+                      "\"echo\" is not supported in batch files (lattice serve and lattice score have it)");
         call.request.stream = false;
         call.request.include_usage = false;
         const auto ids = body.find("return_token_ids");
@@ -319,12 +323,22 @@ private:
         call.created = int64_t(std::time(nullptr));
         call.model = call.request.model.empty() ? model_ : call.request.model;
         r.shaper = std::make_unique<serve::ResponseShaper>(call);
-        const int64_t prompt_tokens = int64_t(call.request.client.prompt.size());
+        for (const std::vector<int32_t>& p : call.request.prompts) r.prompt_tokens += int64_t(p.size());
         r.admitted = Clock::now();
-        const int64_t eid = client_.submit(std::move(call.request.client));
+        std::vector<ClientRequest> seqs = choice_requests(call.request);
+        // Every sequence is submitted before any is kept, so a refusal (one prompt too long) leaves none behind.
+        std::vector<int64_t> eids;
+        try {
+            for (ClientRequest& q : seqs) eids.push_back(client_.submit(std::move(q)));
+        } catch (const Error&) {
+            for (int64_t e : eids) client_.cancel(e);  // (their cancel events find no line: dropped)
+            throw;
+        }
         if (t_.first_admit == Clock::time_point{}) t_.first_admit = r.admitted;
-        t_.prompt_tokens += prompt_tokens;
-        running_.emplace(eid, std::move(r));
+        t_.prompt_tokens += r.prompt_tokens;
+        r.open = int64_t(eids.size());
+        auto line = std::make_shared<Running>(std::move(r));
+        for (size_t i = 0; i < eids.size(); ++i) running_.emplace(eids[i], Sequence{line, int64_t(i)});
     }
 
     // Admits input lines while the engine has little waiting.
@@ -341,18 +355,10 @@ private:
         }
     }
 
-    static serve::Delta usage_delta(const ClientEvent& ev) {
-        serve::Delta f;
-        f.kind = serve::Delta::Kind::kFinish;
-        f.prompt_tokens = ev.prompt_tokens;
-        f.completion_tokens = ev.completion_tokens;
-        return f;
-    }
-
     void apply(const ClientEvent& ev) {
         auto it = running_.find(ev.id);
         if (it == running_.end()) return;
-        Running& r = it->second;
+        Running& r = *it->second.line;
         if (ev.queue_seconds >= 0) t_.queues.push_back(ev.queue_seconds);
         if (ev.token >= 0) {
             if (r.ttft < 0) {
@@ -364,6 +370,7 @@ private:
         }
         serve::Delta d;
         d.kind = serve::Delta::Kind::kTokens;
+        d.index = it->second.index;
         d.text = ev.text;
         if (ev.token >= 0) {
             d.tokens.push_back(ev.token);
@@ -374,11 +381,19 @@ private:
             d.finish_reason = finish_reason_name(ev.finish);
         r.shaper->tokens(d);
         if (ev.finish == FinishReason::kNone) return;
-        if (ev.finish == FinishReason::kCancelled) {  // cut by the drain: it runs on the next rerun
+        r.completion_tokens += ev.completion_tokens;
+        r.abandoned |= ev.finish == FinishReason::kCancelled;  // cut by the drain: it runs on the next rerun
+        const std::shared_ptr<Running> line = it->second.line;
+        running_.erase(it);
+        if (--r.open > 0) return;
+        if (r.abandoned) {
             ++t_.abandoned;
         } else {
-            const std::string body =
-                r.shaper->finish(usage_delta(ev));
+            serve::Delta f;
+            f.kind = serve::Delta::Kind::kFinish;
+            f.prompt_tokens = r.prompt_tokens;
+            f.completion_tokens = r.completion_tokens;
+            const std::string body = r.shaper->finish(f);
             const json response = {{"status_code", 200}, {"request_id", "req_" + r.hex}, {"body", json::parse(body)}};
             out_.write(json{{"id", "batch_req_" + r.hex},
                             {"custom_id", r.custom_id},
@@ -388,7 +403,6 @@ private:
             t_.last_done = Clock::now();
             ++t_.done;
         }
-        running_.erase(it);
     }
 
 public:
@@ -407,7 +421,11 @@ private:
     std::string model_;  // "model" of a response whose request names none
     uint64_t nonce_ = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
     int64_t records_ = 0;
-    std::map<int64_t, Running> running_;  // by the client's id
+    struct Sequence {
+        std::shared_ptr<Running> line;
+        int64_t index = 0;  // its choice (choice_requests order)
+    };
+    std::map<int64_t, Sequence> running_;  // by the client's id
     std::set<std::string> seen_;          // ids of this input (duplicates are skipped)
     int64_t line_no_ = 0;
     bool input_left_ = true;

@@ -511,13 +511,17 @@ def structured_section(s, client):
         st, _, raw = s.request("POST", P, dict({"prompt": "x", "max_tokens": 4}, **body))
         msg = json.loads(raw).get("error", {}).get("message", "") if raw else ""
         check(st == 400 and all(w in msg for w in words), f"refused {body}: {st} {msg!r}")
-    # The same constraints in a batch file (the Batch format; one parser for both fronts).
+    # The same constraints in a batch file (the Batch format; one parser for both fronts), and a line with a
+    # list of 2 prompts x n 2 (one record of 4 choices, as the server answers the same body).
+    multi = {"prompt": ["The sea", "A red"], "n": 2, "max_tokens": 5, "temperature": 1, "seed": 9}
+    served = json.loads(s.request("POST", P, multi)[2])
     with tempfile.TemporaryDirectory() as d:
         lines = [{"custom_id": "schema", "method": "POST", "url": "/v1/chat/completions",
                   "body": {"messages": [{"role": "user", "content": "A person?"}], "max_tokens": 160, "seed": 1,
                            "temperature": 1, "response_format": fmt}},
                  {"custom_id": "choice", "method": "POST", "url": "/v1/completions",
-                  "body": {"prompt": "Well?", "max_tokens": 8, "temperature": 1, "guided_choice": options}}]
+                  "body": {"prompt": "Well?", "max_tokens": 8, "temperature": 1, "guided_choice": options}},
+                 {"custom_id": "multi", "method": "POST", "url": "/v1/completions", "body": multi}]
         inp, out = os.path.join(d, "in.jsonl"), os.path.join(d, "out.jsonl")
         with open(inp, "w") as f:
             f.write("".join(json.dumps(l) + "\n" for l in lines))
@@ -532,6 +536,12 @@ def structured_section(s, client):
         try:
             jsonschema.validate(json.loads(got["schema"]["message"]["content"]), PERSON)
             check(got["choice"]["text"] in options, f"batch guided_choice: {got['choice']}")
+            body = json.loads(open(out).read().split("\n")[[json.loads(l)["custom_id"] for l in open(out)].index("multi")])
+            mine = sorted((c["index"], c["text"]) for c in body["response"]["body"]["choices"])
+            theirs = sorted((c["index"], c["text"]) for c in served["choices"])
+            check(mine == theirs and [i for i, _ in mine] == [0, 1, 2, 3]
+                  and body["response"]["body"]["usage"] == served["usage"],
+                  f"batch n 2 x 2 prompts: {mine} {body['response']['body']['usage']} != serve's {theirs} {served['usage']}")
         except Exception as e:  # noqa: BLE001
             check(False, f"batch structured outputs: {e!r}: {got}")
     print(f"  structured output: {time.time() - t0:.1f} s", flush=True)
