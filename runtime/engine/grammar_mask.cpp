@@ -102,16 +102,13 @@ void walk(const Nfa& n, const grammar_detail::Trie& t, const Configs& start, std
         const int d = t.depth[i];
         const Configs& parent = d == 1 ? start : sc.levels[size_t(d - 1)];
         Configs& here = sc.levels[size_t(d)];
-        step(n, parent, t.byte[i], here, sc);
-        if (here.size() == 0) {
-            i = t.end[i];
-            continue;
-        }
-        for (uint32_t k = t.tok_off[i]; k < t.tok_off[i + 1]; ++k) {
-            const int32_t id = t.toks[k];
-            words[size_t(id / 32)] |= 1u << (id % 32);
-        }
-        ++i;
+        const bool complete = step(n, parent, t.byte[i], here, sc);
+        if (here.size() > 0 || complete)  // tokens ending here are allowed, also when they end the match
+            for (uint32_t k = t.tok_off[i]; k < t.tok_off[i + 1]; ++k) {
+                const int32_t id = t.toks[k];
+                words[size_t(id / 32)] |= 1u << (id % 32);
+            }
+        i = here.size() == 0 ? t.end[i] : i + 1;  // nothing can follow: skip the subtree
     }
 }
 

@@ -376,7 +376,7 @@ namespace {
 // id (ids below 3: special, never allowed), so a regex grammar can be followed by any layout.
 std::shared_ptr<const TokenVocab> toy_vocab(int64_t V) {
     const std::string chars = "0123456789-abcxy";
-    std::vector<std::string> bytes(size_t(V));
+    std::vector<std::string> bytes(static_cast<size_t>(V));
     for (int64_t id = 3; id < V; ++id) {
         bytes[size_t(id)] = std::string(1, chars[size_t(id % 16)]);
         if (id >= V / 2) bytes[size_t(id)] += chars[size_t(id / 16 % 16)];
@@ -404,7 +404,7 @@ TEST_CASE("structured output in every layout: the leader's grammar mask reaches 
     const std::shared_ptr<const TokenVocab> vocab = toy_vocab(V);
     GrammarSpec spec;
     spec.kind = GrammarSpec::Kind::kRegex;
-    spec.source = "[0-9]{2,4}-[abc]+x";
+    spec.source = "[0-9]{2,4}-[abc]{1,6}x";  // bounded: it must end within 12 characters
     const std::shared_ptr<const Grammar> grammar = Grammar::compile(spec);
     auto run = [&](BuildOptions opt) {
         RankRuntime rt = build(opt, *src);

@@ -514,7 +514,7 @@ TEST_CASE("top_logprobs: the k best of a row by a full sort, ties by lower id, m
 
 TEST_CASE("apply_token_mask: clear bits become -inf, set bits keep their logit; an empty mask changes nothing") {
     const int64_t n = 70;  // three words, the last partial
-    std::vector<float> row(size_t(n));
+    std::vector<float> row(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) row[size_t(i)] = float(i) * 0.5f - 3.0f;
     std::vector<uint32_t> words = {0x80000001u, 0x0u, 0x2u | (1u << 5)};  // ids 0, 31, 65, 69
     std::vector<float> got = row;
