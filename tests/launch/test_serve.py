@@ -482,15 +482,19 @@ def structured_section(s, client):
     check(len(outs) == 50 and valid == 50, f"json_schema: {valid} of {len(outs)} outputs valid and stopped")
     check(len({t for t, _ in outs}) > 10, f"json_schema: temperature 1 gave only {len({t for t, _ in outs})} outputs")
     print(f"  json_schema: {valid} of 50 valid ({time.time() - t0:.1f} s); e.g. {outs[0][0]}", flush=True)
+    # json_object: free strings may run to max_tokens at temperature 1 (cut by "length": no grammar can close
+    # them then); every output that ended by itself parses as an object, and most do end.
     r = client.create("completions", model="smol", prompt="A JSON object:", max_tokens=120, temperature=1, seed=3,
                       n=6, extra_body={"response_format": {"type": "json_object"}})
-    for c in r["choices"]:
+    stopped = [c for c in r["choices"] if c["finish_reason"] == "stop"]
+    check(len(stopped) >= 4, f"json_object: only {len(stopped)} of 6 ended within 120 tokens")
+    for c in stopped:
         ok = False
         try:
-            ok = isinstance(json.loads(c["text"]), dict) and c["finish_reason"] == "stop"
+            ok = isinstance(json.loads(c["text"]), dict)
         except ValueError:
             pass
-        check(ok, f"json_object output: {c['text']!r} ({c['finish_reason']})")
+        check(ok, f"json_object output: {c['text']!r}")
     regex = r"[0-9]{3}-[a-z]{2,5}(\.[a-z]+)?"
     r = client.create("completions", model="smol", prompt="A code:", max_tokens=30, temperature=1, seed=4, n=8,
                       extra_body={"guided_regex": regex})
