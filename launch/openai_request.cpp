@@ -11,6 +11,7 @@
 #include <set>
 
 #include "base/error.h"
+#include "launch/openai_tools.h"
 
 namespace lattice {
 
@@ -77,13 +78,15 @@ std::vector<int32_t> prompt_text(const json& p, const Tokenizer* tok, const std:
     return tok->encode(text, tok->add_bos_default(), false);
 }
 
-std::vector<int32_t> chat_prompt(const json& b, const Tokenizer* tok) {
+std::vector<int32_t> chat_prompt(const json& b, const Tokenizer* tok, ToolUse& use) {
     LATTICE_CHECK(b.contains("messages"), "\"messages\" is required");
     const json& m = b["messages"];
     LATTICE_CHECK(m.is_array() && !m.empty(), "\"messages\" must be a non-empty array");
     LATTICE_CHECK(tok != nullptr, "this model has no tokenizer, so it cannot take \"messages\"");
     LATTICE_CHECK(tok->chat_template_kind() != ChatTemplateKind::kNone,
                   "this model's tokenizer has no recognised chat template");
+    use = parse_tool_use(b, *tok);
+    if (use.parse || messages_use_tools(m)) return tok->encode(render_tool_chat(b, *tok, use), false, true);
     std::vector<ChatMessage> msgs;
     for (size_t i = 0; i < m.size(); ++i) {
         LATTICE_CHECK(m[i].is_object() && m[i].contains("role") && m[i]["role"].is_string(),
@@ -99,10 +102,11 @@ std::vector<int32_t> chat_prompt(const json& b, const Tokenizer* tok) {
 
 // The prompts' ids: "messages" through the chat template (one prompt), or "prompt": a string, token
 // ids, or a list of either (one prompt each).
-std::vector<std::vector<int32_t>> api_prompts(const json& b, bool chat, const Tokenizer* tok, const ApiLimits& lim) {
+std::vector<std::vector<int32_t>> api_prompts(const json& b, bool chat, const Tokenizer* tok, const ApiLimits& lim,
+                                              ToolUse& tools) {
     std::vector<std::vector<int32_t>> prompts;
     if (chat) {
-        prompts.push_back(chat_prompt(b, tok));
+        prompts.push_back(chat_prompt(b, tok, tools));
     } else {
         LATTICE_CHECK(b.contains("prompt"), "\"prompt\" is required");
         const json& p = b["prompt"];
@@ -168,8 +172,8 @@ void refuse_unknown(const json& b, bool chat) {
                       "\"{}\" is not a field of {} requests that lattice knows", key,
                       chat ? "chat completion" : "completion");
     auto given = [&](const char* key) { return b.contains(key) && !b[key].is_null(); };
-    for (const char* key : {"logit_bias", "tools", "functions", "function_call", "suffix", "audio", "modalities",
-                            "prediction", "tool_choice"})
+    for (const char* key : {"logit_bias", "functions", "function_call", "suffix", "audio", "modalities",
+                            "prediction"})
         LATTICE_CHECK(!given(key) || b[key].empty() || b[key] == "none" || b[key] == "",
                       "\"{}\" is not supported yet", key);
     LATTICE_CHECK(!given("store") || b["store"] == false, "\"store\" is not supported (stored completions)");
@@ -180,7 +184,7 @@ void refuse_unknown(const json& b, bool chat) {
 
 // Structured output: OpenAI's response_format (json_object, json_schema) or vLLM's guided_json /
 // guided_regex / guided_choice, at most one of them. The spec, compiled later (grammar_of).
-GrammarSpec grammar_spec(const json& b) {
+GrammarSpec grammar_spec(const json& b, std::string& field) {
     GrammarSpec g;
     std::vector<std::string> named;
     auto given = [&](const char* key) { return b.contains(key) && !b[key].is_null(); };
@@ -230,6 +234,7 @@ GrammarSpec grammar_spec(const json& b) {
         named.push_back("guided_choice");
     }
     LATTICE_CHECK(named.size() <= 1, "\"{}\" and \"{}\" both constrain the output: give one", named[0], named[1]);
+    if (!named.empty()) field = named[0];
     if (given("guided_decoding_backend"))
         LATTICE_CHECK(b["guided_decoding_backend"].is_string(), "\"guided_decoding_backend\" must be a string");
     return g;
@@ -237,7 +242,7 @@ GrammarSpec grammar_spec(const json& b) {
 
 // Compiled grammars by spec: a schema is compiled once, whatever number of requests use it (the
 // last kCacheSize specs are kept). Errors name the field the spec came from.
-std::shared_ptr<const Grammar> grammar_of(const GrammarSpec& spec, const json& b) {
+std::shared_ptr<const Grammar> grammar_of(const GrammarSpec& spec, const char* field) {
     constexpr size_t kCacheSize = 64;
     static std::mutex mu;
     static std::list<std::pair<std::string, std::shared_ptr<const Grammar>>> cache;  // most recent first
@@ -250,10 +255,6 @@ std::shared_ptr<const Grammar> grammar_of(const GrammarSpec& spec, const json& b
                 return it->second;
             }
     }
-    const char* field = b.contains("guided_json") && !b["guided_json"].is_null()     ? "guided_json"
-                        : b.contains("guided_regex") && !b["guided_regex"].is_null()   ? "guided_regex"
-                        : b.contains("guided_choice") && !b["guided_choice"].is_null() ? "guided_choice"
-                                                                                       : "response_format";
     std::shared_ptr<const Grammar> g;
     try {
         g = Grammar::compile(spec);
@@ -308,7 +309,7 @@ ApiRequest parse_api_request(const json& b, bool chat, const Tokenizer* tok, con
     }
     refuse_unknown(b, chat);
     ClientRequest& q = r.client;
-    r.prompts = api_prompts(b, chat, tok, lim);
+    r.prompts = api_prompts(b, chat, tok, lim, r.tools);
     q.prompt = r.prompts[0];
     const bool echo = !chat && b.contains("echo") && b["echo"] == true;
     int64_t max_tokens = chat ? ClientRequest::kRestOfContext : 16;
@@ -344,9 +345,13 @@ ApiRequest parse_api_request(const json& b, bool chat, const Tokenizer* tok, con
         r.include_usage = boolean(b["stream_options"], "include_usage", false);
     }
     parse_choices(b, r);
-    if (const GrammarSpec spec = grammar_spec(b); spec.active()) {
+    std::string field;
+    if (const GrammarSpec spec = grammar_spec(b, field); spec.active()) {
         LATTICE_CHECK(tok != nullptr, "structured output (\"response_format\", \"guided_*\") needs a model with a tokenizer");
-        q.grammar = grammar_of(spec, b);
+        LATTICE_CHECK(!r.tools.forced, "\"tool_choice\" forcing a call cannot be combined with \"{}\"", field);
+        q.grammar = grammar_of(spec, field.c_str());
+    } else if (r.tools.forced) {
+        q.grammar = grammar_of(r.tools.grammar, "tools");
     }
     return r;
 }

@@ -20,8 +20,8 @@
 // compiled once per distinct spec (runtime/engine/grammar.h says what is supported; an unsupported
 // schema keyword is a 400 naming it); guided_grammar is refused.
 // Metadata fields that change nothing are accepted: user, metadata, store (false), service_tier,
-// parallel_tool_calls, stream_options. Known fields lattice does not implement (logit_bias, tools,
-// tool_choice, functions, function_call, suffix, audio,
+// parallel_tool_calls, stream_options. Chat: tools and tool_choice (launch/openai_tools.h). Known
+// fields lattice does not implement (logit_bias, functions, function_call, suffix, audio,
 // modalities, prediction) are refused naming the field, unless given their neutral value. Any other
 // field is refused naming it (a misspelt "max_token" must not pass silently); a known field of the
 // wrong type or out of range is an Error whose message names the field.
@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "launch/openai_tools.h"
 #include "runtime/engine/client.h"
 #include "runtime/tokenizer/tokenizer.h"
 
@@ -57,6 +58,7 @@ struct ApiRequest {
     bool stream = false;
     bool include_usage = false;
     bool seed_given = false;
+    ToolUse tools;                 // chat: "tools" / "tool_choice" (launch/openai_tools.h)
 };
 
 // Throws Error naming the field at fault. `tok` may be null (a model without a tokenizer: prompts

@@ -229,6 +229,7 @@ ResponseShaper::ResponseShaper(const ApiCall& c)
       id_(c.id),
       model_(c.model),
       created_(c.created),
+      tools_(c.request.tools),
       choices_(std::max<size_t>(1, c.request.prompts.size()) * size_t(c.request.best_of)) {
     if (echo_)
         for (const auto& p : c.request.prompts) prompt_texts_.push_back(tok_ ? tok_->decode(p) : std::string());
@@ -339,6 +340,27 @@ std::string ResponseShaper::tokens(const Delta& d) {
         for (float lp : d.logprobs) c.sum += double(lp);
     if (!d.finish_reason.empty()) c.finish = d.finish_reason;
     if (!stream_) return {};
+    if (chat_ && tools_.parse) {  // the output is parsed for calls at its end: one chunk then
+        if (d.finish_reason.empty()) return {};
+        c.offset = 0;
+        ojson choice = {{"index", d.index}, {"logprobs", logprobs_json(c, 0)}, {"finish_reason", nullptr}};
+        const ojson m = tool_message(c, d.index, choice["finish_reason"]);
+        ojson delta = ojson::object();
+        if (!m["content"].is_null()) delta["content"] = m["content"];
+        if (m.contains("tool_calls")) {
+            delta["tool_calls"] = m["tool_calls"];
+            for (size_t k = 0; k < delta["tool_calls"].size(); ++k) {  // a stream's calls carry their index
+                ojson call = {{"index", int64_t(k)}};
+                for (auto& [key, v] : delta["tool_calls"][k].items()) call[key] = v;
+                delta["tool_calls"][k] = call;
+            }
+        }
+        choice["delta"] = delta;
+        if (token_ids_) choice["token_ids"] = c.ids;
+        ojson j = chunk_base();
+        j["choices"] = ojson::array({choice});
+        return event(j);
+    }
     // Held back (a possible stop string) with nothing else to say: no chunk yet.
     if (text.empty() && !token_ids_ && (logprobs_ < 0 || d.tokens.empty()) && d.finish_reason.empty()) return {};
     ojson choice = {{"index", d.index},
@@ -373,7 +395,9 @@ std::string ResponseShaper::finish(const Delta& d) {
                 ojson choice = {{"index", int64_t(p) * n_ + j},
                                {"logprobs", logprobs_json(c, 0)},
                                {"finish_reason", c.finish}};
-                if (chat_)
+                if (chat_ && tools_.parse)
+                    choice["message"] = tool_message(c, int64_t(p) * n_ + j, choice["finish_reason"]);
+                else if (chat_)
                     choice["message"] = {{"role", "assistant"}, {"content", c.text}};
                 else
                     choice["text"] = c.text;
@@ -396,6 +420,27 @@ std::string ResponseShaper::finish(const Delta& d) {
         out += event(u);
     }
     return out + "data: [DONE]\n\n";
+}
+
+// A chat message whose text is parsed for tool calls (runtime/tokenizer/tool_calls.h): content (null
+// when there is none) and tool_calls; with calls, `finish` becomes "tool_calls".
+ojson ResponseShaper::tool_message(const Choice& c, int64_t index, ojson& finish) const {
+    const ToolCallOutput out = tools_.forced ? parse_forced_call(c.text, tools_.format)
+                                             : parse_tool_calls(c.text, tools_.format, tools_.names);
+    ojson m = {{"role", "assistant"}, {"content", out.content.empty() && !out.calls.empty() ? ojson(nullptr)
+                                                                                            : ojson(out.content)}};
+    if (out.calls.empty()) {
+        finish = c.finish;
+        return m;
+    }
+    ojson calls = ojson::array();
+    for (size_t k = 0; k < out.calls.size(); ++k)
+        calls.push_back({{"id", fmt::format("call_{}_{}_{}", id_.substr(id_.find('-') + 1), index, k)},
+                         {"type", "function"},
+                         {"function", {{"name", out.calls[k].name}, {"arguments", out.calls[k].arguments}}}});
+    m["tool_calls"] = calls;
+    finish = "tool_calls";
+    return m;
 }
 
 std::string ResponseShaper::stream_error(int status, std::string_view message) {

@@ -130,6 +130,7 @@ private:
     nlohmann::ordered_json chunk_base() const;
     nlohmann::ordered_json logprobs_json(Choice& c, size_t from) const;
     std::string token_string(int32_t id) const;
+    nlohmann::ordered_json tool_message(const Choice& c, int64_t index, nlohmann::ordered_json& finish) const;
     std::string echo_text(Choice& c, int64_t index, const Delta& d);
     static std::string event(const nlohmann::ordered_json& j);
     bool chat_, stream_, include_usage_, token_ids_;
@@ -140,6 +141,7 @@ private:
     std::vector<std::string> prompt_texts_;  // echo: each prompt's text
     std::string id_, model_;
     int64_t created_;
+    ToolUse tools_;  // chat with tools: outputs are parsed for calls
     std::vector<Choice> choices_;  // by sequence (prompt * best_of + i)
 };
 

@@ -89,6 +89,8 @@ public:
     // Chat template family from the model's metadata (Jinja text matched by family markers); kJinja
     // for a template of another family that parsed; kNone for no template.
     ChatTemplateKind chat_template_kind() const { return chat_kind_; }
+    // The model's chat template as it came (Jinja text; "" for none).
+    const std::string& chat_template_text() const { return spec_.chat_template; }
     // The model's own Jinja template when it has one that parses, else the hard-coded family; bound
     // to this vocab's BOS / EOS texts. Kind kNone renders plain concatenation.
     ChatTemplate chat_template() const;

@@ -21,8 +21,10 @@ every output is checked against `lattice generate` or the golden continuations:
      max_tokens beyond the context are 400 naming the field.
   7. (part "structured") structured output on the built-in model at temperature 1: a json_schema (chat, through
      the openai client, n 50): every output parses and validates with jsonschema and ends by "stop"; json_object;
-     guided_regex (re.fullmatch), guided_choice (one of them); the same in a `lattice batch` file; an unsupported
-     keyword, a bad regex and two constraints at once are 400s naming the culprit.
+     guided_regex (re.fullmatch), guided_choice (one of them); tools with tool_choice named / "required": one
+     call whose arguments validate (streamed: the same call in one delta), "none": text; the same in a `lattice
+     batch` file (and a line of 2 prompts x n 2 equal to the server's answer); an unsupported keyword, a bad regex,
+     two constraints at once, an unknown tool are 400s naming the culprit.
   5. (part "fronts") the same three requests (ended by length, by a stop string, a chat) through
      `generate --json`, `batch` and serve give the same ids, text, finish reason and usage.
 Without the openai package the same requests and checks go through http.client (Api below), so the test
@@ -505,14 +507,59 @@ def structured_section(s, client):
                       temperature=1, seed=6, n=8, extra_body={"guided_choice": options})
     picks = [c["message"]["content"] for c in r["choices"]]
     check(all(p in options for p in picks), f"guided_choice: {picks}")
+    # Tools: a forced call (tool_choice named, and "required" over two tools) is one call of an offered tool whose
+    # arguments validate against its parameters; streamed, the same call arrives in one delta; "none" gives text.
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+               "parameters": {"type": "object", "required": ["city"], "additionalProperties": False,
+                              "properties": {"city": {"type": "string", "maxLength": 20},
+                                             "unit": {"enum": ["celsius", "fahrenheit"]}}}}}
+    clock = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"type": "string", "maxLength": 10}}, "required": ["zone"]}}}
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
+        r = client.create("chat", model="smol", messages=ask, tools=[weather, clock], tool_choice=choice,
+                          max_tokens=80, temperature=1, seed=2, n=4)
+        for c in r["choices"]:
+            calls = c["message"].get("tool_calls") or []
+            ok = c["finish_reason"] == "tool_calls" and len(calls) == 1 and c["message"]["content"] is None
+            if ok:
+                fn = calls[0]["function"]
+                ok = fn["name"] in (["get_weather"] if choice != "required" else ["get_weather", "get_time"])
+                params = (weather if fn["name"] == "get_weather" else clock)["function"]["parameters"]
+                try:
+                    jsonschema.validate(json.loads(fn["arguments"]), params)
+                except Exception:  # noqa: BLE001
+                    ok = False
+                ok = ok and calls[0]["type"] == "function" and calls[0]["id"].startswith("call_")
+            check(ok, f"tool_choice {choice}: {c}")
+    chunks = client.create("chat", model="smol", messages=ask, tools=[weather], tool_choice="required",
+                           max_tokens=80, temperature=1, seed=2, stream=True)
+    deltas = [k["choices"][0] for k in chunks if k["choices"]]
+    streamed = [d["delta"]["tool_calls"] for d in deltas if d["delta"].get("tool_calls")]
+    whole = client.create("chat", model="smol", messages=ask, tools=[weather], tool_choice="required",
+                          max_tokens=80, temperature=1, seed=2)
+    want = whole["choices"][0]["message"]["tool_calls"]
+    check(len(streamed) == 1 and streamed[0][0]["function"] == want[0]["function"]
+          and streamed[0][0]["index"] == 0 and deltas[-1]["finish_reason"] == "tool_calls",
+          f"streamed tool call {streamed} != {want}")
+    r = client.create("chat", model="smol", messages=ask, tools=[weather], tool_choice="none", max_tokens=8,
+                      temperature=0)
+    check(r["choices"][0]["message"].get("tool_calls") in (None, []) and r["choices"][0]["message"]["content"],
+          f"tool_choice none: {r['choices'][0]}")
     # Refusals name the culprit: an unsupported keyword (with its place), a bad regex, two constraints at once.
     P = "/v1/completions"
     bad = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[A-Z]"}}}
     for body, words in ((dict(guided_json=bad), ("guided_json", "pattern")),
                         (dict(guided_regex="(ab"), ("guided_regex",)),
                         (dict(guided_regex="a", guided_choice=["a"]), ("guided_regex", "guided_choice")),
-                        (dict(response_format={"type": "xml"}), ("response_format", "xml"))):
-        st, _, raw = s.request("POST", P, dict({"prompt": "x", "max_tokens": 4}, **body))
+                        (dict(response_format={"type": "xml"}), ("response_format", "xml")),
+                        (dict(tools=[weather], tool_choice={"type": "function", "function": {"name": "nope"}}),
+                         ("tool_choice", "nope")),
+                        (dict(tools=[weather], tool_choice="required", guided_regex="a"), ("tool_choice", "guided_regex")),
+                        (dict(tools=[{"type": "function", "function": {"name": "bad name"}}]), ("tools",))):
+        chat = "tools" in body
+        st, _, raw = s.request("POST", "/v1/chat/completions" if chat else P,
+                               dict({"messages": ask} if chat else {"prompt": "x"}, max_tokens=4, **body))
         msg = json.loads(raw).get("error", {}).get("message", "") if raw else ""
         check(st == 400 and all(w in msg for w in words), f"refused {body}: {st} {msg!r}")
     # The same constraints in a batch file (the Batch format; one parser for both fronts), and a line with a

@@ -1,0 +1,123 @@
+// Tools in chat requests (see openai_tools.h).
+#include "launch/openai_tools.h"
+
+#include <fmt/format.h>
+
+#include "base/error.h"
+
+namespace lattice {
+
+namespace {
+
+using nlohmann::json;
+
+bool valid_name(const std::string& n) {
+    if (n.empty() || n.size() > 64) return false;
+    for (unsigned char c : n)
+        if (!std::isalnum(c) && c != '_' && c != '-' && c != '.') return false;
+    return true;
+}
+
+// The tools as the template sees them (ordered_json keeps the keys as the parser left them).
+nlohmann::ordered_json ordered(const json& j) {
+    return nlohmann::ordered_json::parse(j.dump());
+}
+
+}  // namespace
+
+bool messages_use_tools(const json& m) {
+    if (!m.is_array()) return false;
+    for (const json& x : m)
+        if (x.is_object() && ((x.contains("role") && x["role"] == "tool") ||
+                              (x.contains("tool_calls") && !x["tool_calls"].is_null())))
+            return true;
+    return false;
+}
+
+ToolUse parse_tool_use(const json& b, const Tokenizer& tok) {
+    ToolUse u;
+    const bool given = b.contains("tools") && !b["tools"].is_null() && !b["tools"].empty();
+    const bool choice_given = b.contains("tool_choice") && !b["tool_choice"].is_null();
+    if (!given) {
+        LATTICE_CHECK(!choice_given || b["tool_choice"] == "none" || b["tool_choice"] == "auto",
+                      "\"tool_choice\" needs \"tools\"");
+        return u;
+    }
+    const json& tools = b["tools"];
+    LATTICE_CHECK(tools.is_array() && tools.size() <= 128, "\"tools\" must be an array of at most 128 tools");
+    std::vector<json> fns;
+    for (size_t i = 0; i < tools.size(); ++i) {
+        const json& t = tools[i];
+        LATTICE_CHECK(t.is_object() && t.contains("type") && t["type"] == "function" && t.contains("function") &&
+                          t["function"].is_object(),
+                      "\"tools\"[{}] must be {{\"type\": \"function\", \"function\": {{...}}}}", i);
+        const json& f = t["function"];
+        LATTICE_CHECK(f.contains("name") && f["name"].is_string() && valid_name(f["name"].get<std::string>()),
+                      "\"tools\"[{}].function.name must be 1-64 characters of [A-Za-z0-9_.-]", i);
+        LATTICE_CHECK(!f.contains("parameters") || f["parameters"].is_null() || f["parameters"].is_object(),
+                      "\"tools\"[{}].function.parameters must be a JSON schema (an object)", i);
+        LATTICE_CHECK(u.names.insert(f["name"].get<std::string>()).second, "\"tools\"[{}]: the name \"{}\" is taken",
+                      i, f["name"].get<std::string>());
+        fns.push_back(t);
+    }
+    std::string choice = "auto";
+    std::vector<json> forced;
+    if (choice_given) {
+        const json& c = b["tool_choice"];
+        if (c.is_string()) {
+            choice = c.get<std::string>();
+            LATTICE_CHECK(choice == "auto" || choice == "none" || choice == "required",
+                          "\"tool_choice\" must be \"auto\", \"none\", \"required\" or {{\"type\": \"function\", "
+                          "\"function\": {{\"name\": ...}}}}, got \"{}\"",
+                          choice);
+            if (choice == "required") forced = fns;
+        } else {
+            LATTICE_CHECK(c.is_object() && c.contains("function") && c["function"].is_object() &&
+                              c["function"].contains("name") && c["function"]["name"].is_string(),
+                          "\"tool_choice\" must be \"auto\", \"none\", \"required\" or {{\"type\": \"function\", "
+                          "\"function\": {{\"name\": ...}}}}");
+            const std::string name = c["function"]["name"].get<std::string>();
+            LATTICE_CHECK(u.names.count(name), "\"tool_choice\" names the function \"{}\", which \"tools\" lacks", name);
+            for (const json& t : fns)
+                if (t["function"]["name"] == name) forced.push_back(t);
+            choice = "named";
+        }
+    }
+    if (choice == "none") return ToolUse{};
+    LATTICE_CHECK(tok.chat_template().from_model(),
+                  "\"tools\": this model's chat template is not its own Jinja template (a built-in {} format), which "
+                  "cannot show tools",
+                  chat_template_kind_name(tok.chat_template_kind()));
+    u.parse = true;
+    u.format = tool_call_format(tok.chat_template_text());
+    if (!forced.empty()) {
+        u.forced = true;
+        u.grammar.kind = GrammarSpec::Kind::kJsonSchema;
+        u.grammar.source = forced_call_schema(forced, u.format).dump();
+    }
+    return u;
+}
+
+std::string render_tool_chat(const json& b, const Tokenizer& tok, const ToolUse& use) {
+    const json& m = b["messages"];
+    for (size_t i = 0; i < m.size(); ++i) {
+        LATTICE_CHECK(m[i].is_object() && m[i].contains("role") && m[i]["role"].is_string(),
+                      "\"messages\"[{}] must be an object with a string \"role\"", i);
+        const std::string role = m[i]["role"].get<std::string>();
+        LATTICE_CHECK(role == "system" || role == "user" || role == "assistant" || role == "tool",
+                      "\"messages\"[{}].role \"{}\" is not system, user, assistant or tool", i, role);
+        LATTICE_CHECK(m[i].contains("content") || m[i].contains("tool_calls"),
+                      "\"messages\"[{}].content is required", i);
+    }
+    const ChatTemplate t = tok.chat_template();
+    LATTICE_CHECK(t.from_model(),
+                  "\"messages\" with tool turns: this model's chat template is a built-in {} format, which cannot "
+                  "show them",
+                  chat_template_kind_name(tok.chat_template_kind()));
+    const nlohmann::ordered_json tools = use.parse ? ordered(b["tools"]) : nlohmann::ordered_json(nullptr);
+    std::string text = t.render_json(ordered(m), true, tools);
+    if (use.forced) text += forced_prompt_suffix(use.format);
+    return text;
+}
+
+}  // namespace lattice
