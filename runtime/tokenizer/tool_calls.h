@@ -1,7 +1,7 @@
 // Tool calls in a model's output, parsed back into OpenAI's `tool_calls`, in the format the model's
 // chat template teaches it:
 //   kHermes   <tool_call>{"name": ..., "arguments": {...}}</tool_call>, any number, text between them
-//             is content (Hermes 2/3, Qwen2.5, QwQ, SmolLM3: their templates say so);
+//             is content (Hermes 2/3, Qwen2.5, QwQ: their templates say so);
 //   kMistral  [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] (Mistral, Mistral-Nemo);
 //   kJson     the whole output one JSON object {"name": ..., "parameters": {...}} ("arguments" also
 //             taken), optionally after <|python_tag|> (Llama 3.1 / 3.3's custom tools; templates
