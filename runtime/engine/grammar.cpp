@@ -52,11 +52,16 @@ int plain_chars(const std::string& s) {
 
 const char* kind_name(GrammarSpec::Kind k) {
     switch (k) {
-    case GrammarSpec::Kind::kNone: return "none";
-    case GrammarSpec::Kind::kJsonObject: return "json_object";
-    case GrammarSpec::Kind::kJsonSchema: return "json_schema";
-    case GrammarSpec::Kind::kRegex: return "regex";
-    case GrammarSpec::Kind::kChoice: return "choice";
+        case GrammarSpec::Kind::kNone:
+            return "none";
+        case GrammarSpec::Kind::kJsonObject:
+            return "json_object";
+        case GrammarSpec::Kind::kJsonSchema:
+            return "json_schema";
+        case GrammarSpec::Kind::kRegex:
+            return "regex";
+        case GrammarSpec::Kind::kChoice:
+            return "choice";
     }
     return "?";
 }
@@ -80,11 +85,16 @@ std::string GrammarSpec::key() const {
 
 std::shared_ptr<const Grammar> Grammar::compile(const GrammarSpec& spec) {
     switch (spec.kind) {
-    case GrammarSpec::Kind::kJsonObject: return std::make_shared<const Grammar>(compile_json_object());
-    case GrammarSpec::Kind::kJsonSchema: return std::make_shared<const Grammar>(compile_json_schema(spec.source));
-    case GrammarSpec::Kind::kRegex: return std::make_shared<const Grammar>(compile_regex(spec.source));
-    case GrammarSpec::Kind::kChoice: return std::make_shared<const Grammar>(compile_choice(spec.choices));
-    case GrammarSpec::Kind::kNone: break;
+        case GrammarSpec::Kind::kJsonObject:
+            return std::make_shared<const Grammar>(compile_json_object());
+        case GrammarSpec::Kind::kJsonSchema:
+            return std::make_shared<const Grammar>(compile_json_schema(spec.source));
+        case GrammarSpec::Kind::kRegex:
+            return std::make_shared<const Grammar>(compile_regex(spec.source));
+        case GrammarSpec::Kind::kChoice:
+            return std::make_shared<const Grammar>(compile_choice(spec.choices));
+        case GrammarSpec::Kind::kNone:
+            break;
     }
     LATTICE_FAIL("structured output: Grammar::compile called without a grammar (kind none)");
 }

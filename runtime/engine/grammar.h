@@ -23,7 +23,7 @@
 // Invariants: a Grammar and a TokenVocab are immutable after construction and shared between
 // threads; a GrammarMatcher is one sequence's state (copy it to fork). Whitespace: JSON output is
 // compact (one optional space after ':' and ','; none elsewhere); numbers have <= 16 integer digits,
-// <= 16 fraction digits, 1-3 exponent digits; strings accept exactly valid UTF-8 and JSON's escapes
+// <= 16 fraction digits, 1-2 exponent digits (a finite double); strings accept exactly valid UTF-8 and JSON's escapes
 // (\uXXXX excluding lone surrogates, so the output always parses). Nesting: a configuration's stack
 // holds at most kMaxStack frames (each free JSON value inside another, each array item of a schema
 // and each $ref costs one), so json_object nests 32 deep. TokenVocab at 128k tokens builds in ~60 ms.
@@ -101,7 +101,7 @@ public:
     void byte(int32_t from, uint8_t lo, uint8_t hi, int32_t to);
     void eps(int32_t from, int32_t to);
     void call(int32_t from, int32_t callee, int32_t to);  // run the rule starting at callee, then continue at to
-    std::pair<int32_t, int32_t> rule();                    // a new rule's (start, end); end returns to the caller
+    std::pair<int32_t, int32_t> rule();                   // a new rule's (start, end); end returns to the caller
     void literal(int32_t from, std::string_view bytes, int32_t to);
     void codepoints(int32_t from, const Ranges& ranges, int32_t to);  // one character of the set, as UTF-8
     int32_t opt_space(int32_t from);                                  // from, or after one ' '
@@ -186,7 +186,9 @@ struct Configs {
     std::vector<int32_t> data;
     std::vector<uint32_t> off{0};
     int32_t size() const { return int32_t(off.size()) - 1; }
-    std::span<const int32_t> at(int32_t i) const { return {data.data() + off[size_t(i)], off[size_t(i) + 1] - off[size_t(i)]}; }
+    std::span<const int32_t> at(int32_t i) const {
+        return {data.data() + off[size_t(i)], off[size_t(i) + 1] - off[size_t(i)]};
+    }
     int32_t top(int32_t i) const { return data[off[size_t(i) + 1] - 1]; }
     void clear() {
         data.clear();
@@ -209,7 +211,7 @@ public:
     // iff complete(). If nothing at all would be allowed (cannot happen for a well-formed grammar) the end ids are set.
     void fill_mask(std::span<uint32_t> words) const;
     bool accept(int32_t id);  // advances by the token; false (state unchanged) if the token was not allowed
-    bool complete() const { return complete_; }  // the bytes so far are a whole match
+    bool complete() const { return complete_; }                       // the bytes so far are a whole match
     bool finished() const { return complete_ && live_.size() == 0; }  // complete() and no byte can follow
 
     // Byte-level access (tests, tools): consumes the bytes if all can be consumed, else false and unchanged.

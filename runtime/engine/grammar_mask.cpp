@@ -15,9 +15,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "runtime/engine/grammar.h"
-
 #include "base/error.h"
+#include "runtime/engine/grammar.h"
 
 namespace lattice {
 
@@ -102,8 +101,8 @@ void walk(const Nfa& n, const grammar_detail::Trie& t, const Configs& start, std
         const int d = t.depth[i];
         const Configs& parent = d == 1 ? start : sc.levels[size_t(d - 1)];
         Configs& here = sc.levels[size_t(d)];
-        step(n, parent, t.byte[i], here, sc);
-        if (here.size() == 0) {
+        const bool complete = step(n, parent, t.byte[i], here, sc);
+        if (here.size() == 0 && !complete) {
             i = t.end[i];
             continue;
         }
@@ -111,7 +110,7 @@ void walk(const Nfa& n, const grammar_detail::Trie& t, const Configs& start, std
             const int32_t id = t.toks[k];
             words[size_t(id / 32)] |= 1u << (id % 32);
         }
-        ++i;
+        i = here.size() == 0 ? t.end[i] : i + 1;  // complete and nothing can follow: no longer token fits
     }
 }
 
@@ -130,8 +129,8 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> g, std::shared_ptr
 
 void GrammarMatcher::fill_mask(std::span<uint32_t> words) const {
     const TokenVocab& v = *vocab_;
-    LATTICE_CHECK(words.size() == size_t((v.size() + 31) / 32), "GrammarMatcher::fill_mask: {} words for a vocabulary of {}",
-                  words.size(), v.size());
+    LATTICE_CHECK(words.size() == size_t((v.size() + 31) / 32),
+                  "GrammarMatcher::fill_mask: {} words for a vocabulary of {}", words.size(), v.size());
     std::fill(words.begin(), words.end(), 0u);
     const Nfa& n = grammar_->nfa();
     Scratch& sc = scratch();

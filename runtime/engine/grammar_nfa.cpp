@@ -5,13 +5,13 @@
 // (\" \\ \/ \b \f \n \r \t, \uXXXX other than a surrogate, or a high+low surrogate pair), so every
 // output parses. String bodies are chains of character steps whose boundary states record how many
 // characters may still follow (Nfa::body_remaining: the mask's fast path). Numbers are bounded
-// (16 integer digits, 16 fraction digits, 1-3 exponent digits); integer ranges are exact decimal
+// (16 integer digits, 16 fraction digits, 1-2 exponent digits: e999 overflows a double, which
+// nlohmann::json refuses to parse); integer ranges are exact decimal
 // automata (per length, the classic lo..hi digit split).
-#include "runtime/engine/grammar.h"
-
 #include <string>
 
 #include "base/error.h"
+#include "runtime/engine/grammar.h"
 
 namespace lattice::grammar_detail {
 
@@ -25,7 +25,9 @@ struct Seq {
     uint8_t lo[4], hi[4];
 };
 
-int utf8_len(uint32_t c) { return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4; }
+int utf8_len(uint32_t c) {
+    return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
+}
 
 void encode(uint32_t c, uint8_t* out) {
     const int n = utf8_len(c);
@@ -83,7 +85,9 @@ void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<Seq>& out) {
     }
 }
 
-std::string pow10_minus1(int n) { return std::string(size_t(n), '9'); }
+std::string pow10_minus1(int n) {
+    return std::string(size_t(n), '9');
+}
 
 }  // namespace
 
@@ -98,9 +102,15 @@ int32_t NfaBuilder::state() {
     return int32_t(flags_.size()) - 1;
 }
 
-void NfaBuilder::byte(int32_t from, uint8_t lo, uint8_t hi, int32_t to) { bytes_[size_t(from)].push_back({lo, hi, to}); }
-void NfaBuilder::eps(int32_t from, int32_t to) { eps_[size_t(from)].push_back(to); }
-void NfaBuilder::call(int32_t from, int32_t callee, int32_t to) { calls_[size_t(from)].push_back({callee, to}); }
+void NfaBuilder::byte(int32_t from, uint8_t lo, uint8_t hi, int32_t to) {
+    bytes_[size_t(from)].push_back({lo, hi, to});
+}
+void NfaBuilder::eps(int32_t from, int32_t to) {
+    eps_[size_t(from)].push_back(to);
+}
+void NfaBuilder::call(int32_t from, int32_t callee, int32_t to) {
+    calls_[size_t(from)].push_back({callee, to});
+}
 
 std::pair<int32_t, int32_t> NfaBuilder::rule() {
     const int32_t s = state(), e = state();
@@ -234,7 +244,7 @@ void NfaBuilder::json_number(int32_t from, int32_t to) {
     eps(e, es);
     byte(e, '+', '+', es);
     byte(e, '-', '-', es);
-    digits(es, exp, 1, 3);
+    digits(es, exp, 1, 2);  // <= 99: 16 digits e99 stays a finite double, so every parser reads it
     eps(exp, to);
 }
 
