@@ -6,6 +6,7 @@
 #include "runtime/engine/grammar.h"
 
 #include <algorithm>
+#include <atomic>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
@@ -150,6 +151,8 @@ bool Configs::contains(std::span<const int32_t> c) const {
 TokenVocab::TokenVocab(std::vector<std::string> bytes, std::vector<int32_t> end_ids)
     : bytes_(std::move(bytes)), end_ids_(std::move(end_ids)) {
     using namespace grammar_detail;
+    static std::atomic<uint32_t> serials{0};
+    serial_ = ++serials;
     words_ = int32_t((bytes_.size() + 31) / 32);
     is_end_.assign(bytes_.size(), 0);
     for (int32_t id : end_ids_) {

@@ -31,10 +31,13 @@
 
 #include <climits>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -129,57 +132,6 @@ constexpr int64_t kMaxIntegerMagnitude = 9999999999999999;  // 16 digits
 
 }  // namespace grammar_detail
 
-// The vocabulary as byte strings (what each id decodes to) plus whatever index the mask needs (a prefix trie...).
-// Immutable and shared by every request of a model: built once (~60 ms at 128k, see the header comment).
-class TokenVocab {
-public:
-    // bytes.size() is the model's logits width (may exceed the tokenizer's vocabulary: pad ids get "").
-    // Ids with empty bytes (special/control tokens, padding) are never allowed, except `end_ids`
-    // (eos / end-of-turn ids), which are allowed exactly when the grammar's output is complete.
-    // An end id's own bytes (if any) are ignored: it only ends the output.
-    TokenVocab(std::vector<std::string> bytes, std::vector<int32_t> end_ids);
-    int32_t size() const { return int32_t(bytes_.size()); }
-    const std::string& bytes(int32_t id) const { return bytes_[size_t(id)]; }
-    const std::vector<int32_t>& end_ids() const { return end_ids_; }
-    bool is_end(int32_t id) const { return is_end_[size_t(id)] != 0; }
-
-    // Mask index (grammar_mask.cpp).
-    const grammar_detail::Trie& trie() const { return all_; }
-    const grammar_detail::Trie& nonplain_trie() const { return nonplain_; }
-    // Bitset of tokens made of at most k plain string characters (k <= kPlainMaxChars).
-    std::span<const uint32_t> plain_upto(int k) const;
-
-private:
-    std::vector<std::string> bytes_;
-    std::vector<int32_t> end_ids_;
-    std::vector<uint8_t> is_end_;
-    grammar_detail::Trie all_, nonplain_;
-    std::vector<uint32_t> plain_words_;  // (kPlainMaxChars + 1) bitsets, cumulative in k
-    int32_t words_ = 0;
-};
-
-// A compiled grammar: immutable, shareable across requests and threads.
-class Grammar {
-public:
-    // Throws lattice::Error naming what is wrong or unsupported (the schema keyword and its JSON path,
-    // e.g. `response_format.json_schema: "pattern" at /properties/name is not supported`, the regex
-    // construct and its offset, an empty choice list). Never silently ignores a keyword that constrains
-    // validity; annotation keywords (title, description, examples, default, $schema, $comment, format) are ignored.
-    static std::shared_ptr<const Grammar> compile(const GrammarSpec& spec);
-
-    explicit Grammar(grammar_detail::Nfa nfa) : nfa_(std::move(nfa)) {}
-    const grammar_detail::Nfa& nfa() const { return nfa_; }
-
-private:
-    grammar_detail::Nfa nfa_;
-};
-
-// Front ends (grammar_json_schema.cpp, grammar_regex.cpp, grammar_nfa.cpp); each throws Error naming the culprit.
-grammar_detail::Nfa compile_json_schema(const std::string& schema_text);
-grammar_detail::Nfa compile_json_object();
-grammar_detail::Nfa compile_regex(const std::string& pattern);
-grammar_detail::Nfa compile_choice(const std::vector<std::string>& choices);
-
 namespace grammar_detail {
 // A set of configurations stored flat: configuration i is data[off[i], off[i + 1]) (bottom .. top).
 struct Configs {
@@ -200,7 +152,84 @@ struct Configs {
         off.push_back(uint32_t(data.size()));
     }
 };
+
+// Configuration sets interned as ids with their byte transitions filled in lazily (a lazy DFA over
+// configuration sets: step() is a function of the set, so each (set, byte) is computed once per
+// grammar), and masks memoized per (vocabulary, set) when they were expensive. One per Grammar,
+// guarded by mu (a mask holds it throughout; masks of one grammar run one at a time). Bounded:
+// past kMaxSets sets (or kMaxMasks masks) it is cleared at the start of the next mask.
+struct DfaCache {
+    static constexpr size_t kMaxSets = 16384, kMaxMasks = 256;
+    std::mutex mu;
+    std::unordered_map<std::string, int32_t> ids;  // key: the set's flat data
+    std::deque<Configs> sets;
+    std::vector<int32_t> body;   // per set: the fast path's remaining characters, or -1
+    std::vector<int32_t> trans;  // [set * 256 + byte]: -1 unknown, else (target + 1) << 1 | complete; target -1: none
+    std::unordered_map<uint64_t, std::vector<uint32_t>> masks;  // key: vocabulary serial << 32 | set
+    void clear() {
+        ids.clear();
+        sets.clear();
+        body.clear();
+        trans.clear();
+        masks.clear();
+    }
+};
 }  // namespace grammar_detail
+
+// The vocabulary as byte strings (what each id decodes to) plus whatever index the mask needs (a prefix trie...).
+// Immutable and shared by every request of a model: built once (~60 ms at 128k, see the header comment).
+class TokenVocab {
+public:
+    // bytes.size() is the model's logits width (may exceed the tokenizer's vocabulary: pad ids get "").
+    // Ids with empty bytes (special/control tokens, padding) are never allowed, except `end_ids`
+    // (eos / end-of-turn ids), which are allowed exactly when the grammar's output is complete.
+    // An end id's own bytes (if any) are ignored: it only ends the output.
+    TokenVocab(std::vector<std::string> bytes, std::vector<int32_t> end_ids);
+    int32_t size() const { return int32_t(bytes_.size()); }
+    const std::string& bytes(int32_t id) const { return bytes_[size_t(id)]; }
+    const std::vector<int32_t>& end_ids() const { return end_ids_; }
+    bool is_end(int32_t id) const { return is_end_[size_t(id)] != 0; }
+    uint32_t serial() const { return serial_; }
+
+    // Mask index (grammar_mask.cpp).
+    const grammar_detail::Trie& trie() const { return all_; }
+    const grammar_detail::Trie& nonplain_trie() const { return nonplain_; }
+    // Bitset of tokens made of at most k plain string characters (k <= kPlainMaxChars).
+    std::span<const uint32_t> plain_upto(int k) const;
+
+private:
+    std::vector<std::string> bytes_;
+    std::vector<int32_t> end_ids_;
+    std::vector<uint8_t> is_end_;
+    grammar_detail::Trie all_, nonplain_;
+    std::vector<uint32_t> plain_words_;  // (kPlainMaxChars + 1) bitsets, cumulative in k
+    int32_t words_ = 0;
+    uint32_t serial_ = 0;  // distinguishes vocabularies in a Grammar's mask memo
+};
+
+// A compiled grammar: immutable, shareable across requests and threads.
+class Grammar {
+public:
+    // Throws lattice::Error naming what is wrong or unsupported (the schema keyword and its JSON path,
+    // e.g. `response_format.json_schema: "pattern" at /properties/name is not supported`, the regex
+    // construct and its offset, an empty choice list). Never silently ignores a keyword that constrains
+    // validity; annotation keywords (title, description, examples, default, $schema, $comment, format) are ignored.
+    static std::shared_ptr<const Grammar> compile(const GrammarSpec& spec);
+
+    explicit Grammar(grammar_detail::Nfa nfa) : nfa_(std::move(nfa)) {}
+    const grammar_detail::Nfa& nfa() const { return nfa_; }
+    grammar_detail::DfaCache& cache() const { return cache_; }
+
+private:
+    grammar_detail::Nfa nfa_;
+    mutable grammar_detail::DfaCache cache_;
+};
+
+// Front ends (grammar_json_schema.cpp, grammar_regex.cpp, grammar_nfa.cpp); each throws Error naming the culprit.
+grammar_detail::Nfa compile_json_schema(const std::string& schema_text);
+grammar_detail::Nfa compile_json_object();
+grammar_detail::Nfa compile_regex(const std::string& pattern);
+grammar_detail::Nfa compile_choice(const std::vector<std::string>& choices);
 
 // One sequence's position in a grammar. Copyable (cheap enough to copy per request).
 class GrammarMatcher {

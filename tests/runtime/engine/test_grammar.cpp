@@ -10,6 +10,7 @@
 #include <random>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/error.h"
@@ -427,6 +428,7 @@ TEST_CASE("grammar: real vocabularies (32k SentencePiece, 128k byte-level BPE)")
     const std::string dir = std::string(LATTICE_SHARED_DIR) + "/tokenizers/";
     std::mt19937 rng(11);
     const json schema = json::parse(kSchema);
+    const auto sch = compile(GrammarSpec::Kind::kJsonSchema, kSchema);  // one grammar, both vocabularies (its memo)
     for (const char* file : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-llama-bpe.gguf"}) {
         const auto tok = load_tokenizer(dir + file);
         std::vector<std::string> bytes;
@@ -437,7 +439,6 @@ TEST_CASE("grammar: real vocabularies (32k SentencePiece, 128k byte-level BPE)")
         }
         REQUIRE(!ends.empty());
         const auto v = std::make_shared<const TokenVocab>(bytes, ends);
-        const auto sch = compile(GrammarSpec::Kind::kJsonSchema, kSchema);
         for (int i = 0; i < 3; ++i) {
             const std::string b = random_walk(sch, v, rng, 64);
             const json doc = json::parse(b, nullptr, false);
@@ -451,5 +452,34 @@ TEST_CASE("grammar: real vocabularies (32k SentencePiece, 128k byte-level BPE)")
         GrammarMatcher m(sch, v);
         for (int32_t id : tok->encode(text)) REQUIRE_MESSAGE(m.accept(id), file, " token ", id);
         CHECK(m.finished());
+    }
+}
+
+TEST_CASE("grammar: one grammar masked from several threads gives each the masks of one thread") {
+    const auto v = synthetic_vocab().vocab;
+    const auto g = compile(GrammarSpec::Kind::kJsonObject, "");
+    const std::string doc = R"({"a": [1, {"b": "x\u00e9y"}, true], "c": {"d": null, "e": -2.5e-3}})";
+    auto masks = [&]() {
+        std::vector<std::vector<uint32_t>> out;
+        GrammarMatcher m(g, v);
+        for (char c : doc) {
+            std::vector<uint32_t> w(size_t((v->size() + 31) / 32));
+            m.fill_mask(w);
+            out.push_back(w);
+            REQUIRE(m.accept_bytes(std::string(1, c)));
+        }
+        return out;
+    };
+    std::vector<std::vector<std::vector<uint32_t>>> results(4);
+    std::vector<std::thread> threads;
+    for (size_t t = 0; t < results.size(); ++t) threads.emplace_back([&, t] { results[t] = masks(); });
+    for (auto& t : threads) t.join();
+    const auto fresh = compile(GrammarSpec::Kind::kJsonObject, "");
+    GrammarMatcher m(fresh, v);
+    for (size_t i = 0; i < doc.size(); ++i) {
+        std::vector<uint32_t> w(size_t((v->size() + 31) / 32));
+        m.fill_mask(w);
+        for (const auto& r : results) CHECK(r[i] == w);
+        REQUIRE(m.accept_bytes(doc.substr(i, 1)));
     }
 }
