@@ -73,9 +73,9 @@ struct Nfa {
     std::vector<int32_t> eps;
     std::vector<CallEdge> calls;
     std::vector<uint8_t> flags;
-    // String-body states at a character boundary: how many more characters the string may take
-    // (INT32_MAX: unbounded); -1 for every other state. Such a state's plain characters all lead to
-    // the body state with one less remaining, which is what the mask's precomputed sets rely on.
+    // String-body states at a character boundary: every run of at most this many plain string
+    // characters (U+0020.. but '"' and '\') can be consumed from here (INT32_MAX: any run); -1 for
+    // every other state. What the mask's precomputed plain-token sets rely on.
     std::vector<int32_t> body_remaining;
     int32_t start = 0;
     int32_t num_states() const { return int32_t(flags.size()); }
@@ -109,6 +109,8 @@ public:
     void codepoints(int32_t from, const Ranges& ranges, int32_t to);  // one character of the set, as UTF-8
     int32_t opt_space(int32_t from);                                  // from, or after one ' '
     void json_string(int32_t from, int32_t to, int32_t min_chars, int32_t max_chars);
+    // A JSON string (an object key) whose value is none of `names`.
+    void json_string_except(int32_t from, int32_t to, const std::vector<std::string>& names);
     void json_number(int32_t from, int32_t to);
     void json_integer(int32_t from, int32_t to, int64_t lo, int64_t hi);
     void free_value(int32_t from, int32_t to);   // any JSON value (the shared free-value rule)

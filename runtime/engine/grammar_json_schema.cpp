@@ -3,7 +3,8 @@
 // Supported: type (a name or a list), properties (emitted in schema order; required ones always,
 // optional ones may be skipped), required, additionalProperties (absent or false: no other keys, a
 // subset of what an absent keyword allows, which keeps output to the declared keys; true or a schema:
-// further keys, only on an object without properties), enum, const, items, prefixItems, minItems,
+// further keys after the declared ones, never equal to a declared name: along a declared name's
+// prefix such a key is written without escapes), enum, const, items, prefixItems, minItems,
 // maxItems, anyOf, oneOf (compiled as anyOf: an output matching two alternatives passes anyOf but
 // not oneOf), allOf with one member, $ref to any JSON pointer in the document (#/$defs/..,
 // #/definitions/.., "#"; recursion allowed: a $ref is a call), nullable, minLength / maxLength,
@@ -271,11 +272,7 @@ void SchemaCompiler::emit_object(const json& s, const std::string& path, int32_t
     if (s.contains("additionalProperties")) {
         const json& ap = s["additionalProperties"];
         if (!ap.is_boolean() && !ap.is_object()) refuse("additionalProperties", path, "must be a boolean or a schema");
-        if (!(ap.is_boolean() && !ap.get<bool>())) {
-            if (!props.empty())
-                refuse("additionalProperties", path, "other than false next to \"properties\" is not supported");
-            extra = &ap;
-        }
+        if (!(ap.is_boolean() && !ap.get<bool>())) extra = &ap;
     }
     const int32_t open = b_.state();
     b_.byte(from, '{', '{', open);
@@ -303,7 +300,9 @@ void SchemaCompiler::emit_object(const json& s, const std::string& path, int32_t
     }
     if (extra) {
         const int32_t ks = member_start(), key = b_.state(), kv = b_.state(), after = b_.state();
-        b_.json_string(ks, key, 0, NfaBuilder::kUnbounded);
+        std::vector<std::string> names;  // further keys are none of the declared ones
+        for (auto it = props.begin(); it != props.end(); ++it) names.push_back(it.key());
+        b_.json_string_except(ks, key, names);
         b_.byte(key, ':', ':', kv);
         const bool free = extra->is_boolean();
         if (free)
