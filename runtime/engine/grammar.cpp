@@ -6,6 +6,7 @@
 #include "runtime/engine/grammar.h"
 
 #include <algorithm>
+#include <atomic>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
@@ -52,11 +53,16 @@ int plain_chars(const std::string& s) {
 
 const char* kind_name(GrammarSpec::Kind k) {
     switch (k) {
-    case GrammarSpec::Kind::kNone: return "none";
-    case GrammarSpec::Kind::kJsonObject: return "json_object";
-    case GrammarSpec::Kind::kJsonSchema: return "json_schema";
-    case GrammarSpec::Kind::kRegex: return "regex";
-    case GrammarSpec::Kind::kChoice: return "choice";
+        case GrammarSpec::Kind::kNone:
+            return "none";
+        case GrammarSpec::Kind::kJsonObject:
+            return "json_object";
+        case GrammarSpec::Kind::kJsonSchema:
+            return "json_schema";
+        case GrammarSpec::Kind::kRegex:
+            return "regex";
+        case GrammarSpec::Kind::kChoice:
+            return "choice";
     }
     return "?";
 }
@@ -80,11 +86,16 @@ std::string GrammarSpec::key() const {
 
 std::shared_ptr<const Grammar> Grammar::compile(const GrammarSpec& spec) {
     switch (spec.kind) {
-    case GrammarSpec::Kind::kJsonObject: return std::make_shared<const Grammar>(compile_json_object());
-    case GrammarSpec::Kind::kJsonSchema: return std::make_shared<const Grammar>(compile_json_schema(spec.source));
-    case GrammarSpec::Kind::kRegex: return std::make_shared<const Grammar>(compile_regex(spec.source));
-    case GrammarSpec::Kind::kChoice: return std::make_shared<const Grammar>(compile_choice(spec.choices));
-    case GrammarSpec::Kind::kNone: break;
+        case GrammarSpec::Kind::kJsonObject:
+            return std::make_shared<const Grammar>(compile_json_object());
+        case GrammarSpec::Kind::kJsonSchema:
+            return std::make_shared<const Grammar>(compile_json_schema(spec.source));
+        case GrammarSpec::Kind::kRegex:
+            return std::make_shared<const Grammar>(compile_regex(spec.source));
+        case GrammarSpec::Kind::kChoice:
+            return std::make_shared<const Grammar>(compile_choice(spec.choices));
+        case GrammarSpec::Kind::kNone:
+            break;
     }
     LATTICE_FAIL("structured output: Grammar::compile called without a grammar (kind none)");
 }
@@ -140,6 +151,8 @@ bool Configs::contains(std::span<const int32_t> c) const {
 TokenVocab::TokenVocab(std::vector<std::string> bytes, std::vector<int32_t> end_ids)
     : bytes_(std::move(bytes)), end_ids_(std::move(end_ids)) {
     using namespace grammar_detail;
+    static std::atomic<uint32_t> serials{0};
+    serial_ = ++serials;
     words_ = int32_t((bytes_.size() + 31) / 32);
     is_end_.assign(bytes_.size(), 0);
     for (int32_t id : end_ids_) {

@@ -23,7 +23,7 @@
 // Invariants: a Grammar and a TokenVocab are immutable after construction and shared between
 // threads; a GrammarMatcher is one sequence's state (copy it to fork). Whitespace: JSON output is
 // compact (one optional space after ':' and ','; none elsewhere); numbers have <= 16 integer digits,
-// <= 16 fraction digits, 1-3 exponent digits; strings accept exactly valid UTF-8 and JSON's escapes
+// <= 16 fraction digits, 1-2 exponent digits (a finite double); strings accept exactly valid UTF-8 and JSON's escapes
 // (\uXXXX excluding lone surrogates, so the output always parses). Nesting: a configuration's stack
 // holds at most kMaxStack frames (each free JSON value inside another, each array item of a schema
 // and each $ref costs one), so json_object nests 32 deep. TokenVocab at 128k tokens builds in ~60 ms.
@@ -31,10 +31,13 @@
 
 #include <climits>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -70,9 +73,9 @@ struct Nfa {
     std::vector<int32_t> eps;
     std::vector<CallEdge> calls;
     std::vector<uint8_t> flags;
-    // String-body states at a character boundary: how many more characters the string may take
-    // (INT32_MAX: unbounded); -1 for every other state. Such a state's plain characters all lead to
-    // the body state with one less remaining, which is what the mask's precomputed sets rely on.
+    // String-body states at a character boundary: every run of at most this many plain string
+    // characters (U+0020.. but '"' and '\') can be consumed from here (INT32_MAX: any run); -1 for
+    // every other state. What the mask's precomputed plain-token sets rely on.
     std::vector<int32_t> body_remaining;
     int32_t start = 0;
     int32_t num_states() const { return int32_t(flags.size()); }
@@ -101,11 +104,13 @@ public:
     void byte(int32_t from, uint8_t lo, uint8_t hi, int32_t to);
     void eps(int32_t from, int32_t to);
     void call(int32_t from, int32_t callee, int32_t to);  // run the rule starting at callee, then continue at to
-    std::pair<int32_t, int32_t> rule();                    // a new rule's (start, end); end returns to the caller
+    std::pair<int32_t, int32_t> rule();                   // a new rule's (start, end); end returns to the caller
     void literal(int32_t from, std::string_view bytes, int32_t to);
     void codepoints(int32_t from, const Ranges& ranges, int32_t to);  // one character of the set, as UTF-8
     int32_t opt_space(int32_t from);                                  // from, or after one ' '
     void json_string(int32_t from, int32_t to, int32_t min_chars, int32_t max_chars);
+    // A JSON string (an object key) whose value is none of `names`.
+    void json_string_except(int32_t from, int32_t to, const std::vector<std::string>& names);
     void json_number(int32_t from, int32_t to);
     void json_integer(int32_t from, int32_t to, int64_t lo, int64_t hi);
     void free_value(int32_t from, int32_t to);   // any JSON value (the shared free-value rule)
@@ -129,6 +134,50 @@ constexpr int64_t kMaxIntegerMagnitude = 9999999999999999;  // 16 digits
 
 }  // namespace grammar_detail
 
+namespace grammar_detail {
+// A set of configurations stored flat: configuration i is data[off[i], off[i + 1]) (bottom .. top).
+struct Configs {
+    std::vector<int32_t> data;
+    std::vector<uint32_t> off{0};
+    int32_t size() const { return int32_t(off.size()) - 1; }
+    std::span<const int32_t> at(int32_t i) const {
+        return {data.data() + off[size_t(i)], off[size_t(i) + 1] - off[size_t(i)]};
+    }
+    int32_t top(int32_t i) const { return data[off[size_t(i) + 1] - 1]; }
+    void clear() {
+        data.clear();
+        off.resize(1);
+    }
+    bool contains(std::span<const int32_t> c) const;
+    void push(std::span<const int32_t> c) {
+        data.insert(data.end(), c.begin(), c.end());
+        off.push_back(uint32_t(data.size()));
+    }
+};
+
+// Configuration sets interned as ids with their byte transitions filled in lazily (a lazy DFA over
+// configuration sets: step() is a function of the set, so each (set, byte) is computed once per
+// grammar), and masks memoized per (vocabulary, set) when they were expensive. One per Grammar,
+// guarded by mu (a mask holds it throughout; masks of one grammar run one at a time). Bounded:
+// past kMaxSets sets (or kMaxMasks masks) it is cleared at the start of the next mask.
+struct DfaCache {
+    static constexpr size_t kMaxSets = 16384, kMaxMasks = 256;
+    std::mutex mu;
+    std::unordered_map<std::string, int32_t> ids;  // key: the set's flat data
+    std::deque<Configs> sets;
+    std::vector<int32_t> body;   // per set: the fast path's remaining characters, or -1
+    std::vector<int32_t> trans;  // [set * 256 + byte]: -1 unknown, else (target + 1) << 1 | complete; target -1: none
+    std::unordered_map<uint64_t, std::vector<uint32_t>> masks;  // key: vocabulary serial << 32 | set
+    void clear() {
+        ids.clear();
+        sets.clear();
+        body.clear();
+        trans.clear();
+        masks.clear();
+    }
+};
+}  // namespace grammar_detail
+
 // The vocabulary as byte strings (what each id decodes to) plus whatever index the mask needs (a prefix trie...).
 // Immutable and shared by every request of a model: built once (~60 ms at 128k, see the header comment).
 class TokenVocab {
@@ -142,6 +191,7 @@ public:
     const std::string& bytes(int32_t id) const { return bytes_[size_t(id)]; }
     const std::vector<int32_t>& end_ids() const { return end_ids_; }
     bool is_end(int32_t id) const { return is_end_[size_t(id)] != 0; }
+    uint32_t serial() const { return serial_; }
 
     // Mask index (grammar_mask.cpp).
     const grammar_detail::Trie& trie() const { return all_; }
@@ -156,6 +206,7 @@ private:
     grammar_detail::Trie all_, nonplain_;
     std::vector<uint32_t> plain_words_;  // (kPlainMaxChars + 1) bitsets, cumulative in k
     int32_t words_ = 0;
+    uint32_t serial_ = 0;  // distinguishes vocabularies in a Grammar's mask memo
 };
 
 // A compiled grammar: immutable, shareable across requests and threads.
@@ -169,9 +220,11 @@ public:
 
     explicit Grammar(grammar_detail::Nfa nfa) : nfa_(std::move(nfa)) {}
     const grammar_detail::Nfa& nfa() const { return nfa_; }
+    grammar_detail::DfaCache& cache() const { return cache_; }
 
 private:
     grammar_detail::Nfa nfa_;
+    mutable grammar_detail::DfaCache cache_;
 };
 
 // Front ends (grammar_json_schema.cpp, grammar_regex.cpp, grammar_nfa.cpp); each throws Error naming the culprit.
@@ -179,26 +232,6 @@ grammar_detail::Nfa compile_json_schema(const std::string& schema_text);
 grammar_detail::Nfa compile_json_object();
 grammar_detail::Nfa compile_regex(const std::string& pattern);
 grammar_detail::Nfa compile_choice(const std::vector<std::string>& choices);
-
-namespace grammar_detail {
-// A set of configurations stored flat: configuration i is data[off[i], off[i + 1]) (bottom .. top).
-struct Configs {
-    std::vector<int32_t> data;
-    std::vector<uint32_t> off{0};
-    int32_t size() const { return int32_t(off.size()) - 1; }
-    std::span<const int32_t> at(int32_t i) const { return {data.data() + off[size_t(i)], off[size_t(i) + 1] - off[size_t(i)]}; }
-    int32_t top(int32_t i) const { return data[off[size_t(i) + 1] - 1]; }
-    void clear() {
-        data.clear();
-        off.resize(1);
-    }
-    bool contains(std::span<const int32_t> c) const;
-    void push(std::span<const int32_t> c) {
-        data.insert(data.end(), c.begin(), c.end());
-        off.push_back(uint32_t(data.size()));
-    }
-};
-}  // namespace grammar_detail
 
 // One sequence's position in a grammar. Copyable (cheap enough to copy per request).
 class GrammarMatcher {
@@ -209,7 +242,7 @@ public:
     // iff complete(). If nothing at all would be allowed (cannot happen for a well-formed grammar) the end ids are set.
     void fill_mask(std::span<uint32_t> words) const;
     bool accept(int32_t id);  // advances by the token; false (state unchanged) if the token was not allowed
-    bool complete() const { return complete_; }  // the bytes so far are a whole match
+    bool complete() const { return complete_; }                       // the bytes so far are a whole match
     bool finished() const { return complete_ && live_.size() == 0; }  // complete() and no byte can follow
 
     // Byte-level access (tests, tools): consumes the bytes if all can be consumed, else false and unchanged.

@@ -3,7 +3,8 @@
 // Supported: type (a name or a list), properties (emitted in schema order; required ones always,
 // optional ones may be skipped), required, additionalProperties (absent or false: no other keys, a
 // subset of what an absent keyword allows, which keeps output to the declared keys; true or a schema:
-// further keys, only on an object without properties), enum, const, items, prefixItems, minItems,
+// further keys after the declared ones, never equal to a declared name: along a declared name's
+// prefix such a key is written without escapes), enum, const, items, prefixItems, minItems,
 // maxItems, anyOf, oneOf (compiled as anyOf: an output matching two alternatives passes anyOf but
 // not oneOf), allOf with one member, $ref to any JSON pointer in the document (#/$defs/..,
 // #/definitions/.., "#"; recursion allowed: a $ref is a call), nullable, minLength / maxLength,
@@ -29,36 +30,58 @@ using json = nlohmann::ordered_json;
 using grammar_detail::NfaBuilder;
 
 const std::set<std::string>& annotations() {
-    static const std::set<std::string> s = {"title",    "description", "examples", "default",  "$schema",
-                                            "$id",      "$comment",    "format",   "deprecated", "readOnly",
-                                            "writeOnly", "discriminator", "$defs", "definitions"};
+    static const std::set<std::string> s = {"title",     "description",   "examples", "default",    "$schema",
+                                            "$id",       "$comment",      "format",   "deprecated", "readOnly",
+                                            "writeOnly", "discriminator", "$defs",    "definitions"};
     return s;
 }
 
 const std::set<std::string>& supported() {
-    static const std::set<std::string> s = {
-        "type",          "enum",       "const",     "$ref",     "anyOf",     "oneOf",     "allOf",
-        "nullable",      "properties", "required",  "additionalProperties", "items", "prefixItems",
-        "minItems",      "maxItems",   "minLength", "maxLength", "minimum",  "maximum",   "exclusiveMinimum",
-        "exclusiveMaximum"};
+    static const std::set<std::string> s = {"type",
+                                            "enum",
+                                            "const",
+                                            "$ref",
+                                            "anyOf",
+                                            "oneOf",
+                                            "allOf",
+                                            "nullable",
+                                            "properties",
+                                            "required",
+                                            "additionalProperties",
+                                            "items",
+                                            "prefixItems",
+                                            "minItems",
+                                            "maxItems",
+                                            "minLength",
+                                            "maxLength",
+                                            "minimum",
+                                            "maximum",
+                                            "exclusiveMinimum",
+                                            "exclusiveMaximum"};
     return s;
 }
 
-std::string show(const std::string& path) { return path.empty() ? "/" : path; }
+std::string show(const std::string& path) {
+    return path.empty() ? "/" : path;
+}
 
 std::string escape_pointer(const std::string& key) {
     std::string out;
     for (char c : key) {
-        if (c == '~') out += "~0";
-        else if (c == '/') out += "~1";
-        else out += c;
+        if (c == '~')
+            out += "~0";
+        else if (c == '/')
+            out += "~1";
+        else
+            out += c;
     }
     return out;
 }
 
 bool matches_type(const json& v, const std::string& t) {
     if (t == "string") return v.is_string();
-    if (t == "integer") return v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+    if (t == "integer")
+        return v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
     if (t == "number") return v.is_number();
     if (t == "boolean") return v.is_boolean();
     if (t == "null") return v.is_null();
@@ -73,7 +96,8 @@ public:
     void emit(const json& s, const std::string& path, int32_t from, int32_t to);
 
 private:
-    [[noreturn]] void refuse(const std::string& keyword, const std::string& path, const std::string& why = "is not supported") {
+    [[noreturn]] void refuse(const std::string& keyword, const std::string& path,
+                             const std::string& why = "is not supported") {
         LATTICE_FAIL("json_schema: \"{}\" at {} {}", keyword, show(path), why);
     }
     // Keywords of s other than annotations and `allowed` are refused (they would constrain validity).
@@ -100,7 +124,8 @@ private:
 int64_t SchemaCompiler::count(const json& s, const char* key, const std::string& path, int64_t dflt) {
     if (!s.contains(key)) return dflt;
     const json& v = s[key];
-    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) refuse(key, path, "must be a non-negative integer");
+    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
+        refuse(key, path, "must be a non-negative integer");
     return std::min<int64_t>(v.get<int64_t>(), INT32_MAX - 1);
 }
 
@@ -109,10 +134,12 @@ std::vector<std::string> SchemaCompiler::types(const json& s, const std::string&
     std::vector<std::string> out;
     if (s.contains("type")) {
         const json& t = s["type"];
-        if (t.is_string()) out.push_back(t.get<std::string>());
+        if (t.is_string())
+            out.push_back(t.get<std::string>());
         else if (t.is_array())
             for (const json& x : t) out.push_back(x.is_string() ? x.get<std::string>() : "?");
-        else refuse("type", path, "must be a string or a list of strings");
+        else
+            refuse("type", path, "must be a string or a list of strings");
         for (const std::string& x : out)
             if (!known.count(x)) refuse("type", path, "names an unknown type \"" + x + "\"");
         if (out.empty()) refuse("type", path, "is an empty list");
@@ -120,9 +147,11 @@ std::vector<std::string> SchemaCompiler::types(const json& s, const std::string&
     }
     // No type: the type the keywords imply (a subset of what the schema allows), else any value.
     if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) return {"object"};
-    if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) return {"array"};
+    if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems"))
+        return {"array"};
     if (s.contains("minLength") || s.contains("maxLength")) return {"string"};
-    if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum"))
+    if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
+        s.contains("exclusiveMaximum"))
         return {"integer"};
     return {};
 }
@@ -153,7 +182,8 @@ void SchemaCompiler::emit(const json& s, const std::string& path, int32_t from, 
     }
     if (s.contains("allOf")) {
         only(s, path, {"allOf", "nullable"}, "next to \"allOf\" is not supported");
-        if (!s["allOf"].is_array() || s["allOf"].size() != 1) refuse("allOf", path, "with other than one member is not supported");
+        if (!s["allOf"].is_array() || s["allOf"].size() != 1)
+            refuse("allOf", path, "with other than one member is not supported");
         return emit(s["allOf"][0], path + "/allOf/0", from, to);
     }
     if (s.contains("enum") || s.contains("const")) return emit_literals(s, path, from, to);
@@ -233,7 +263,8 @@ void SchemaCompiler::emit_object(const json& s, const std::string& path, int32_t
         for (const json& r : s["required"]) {
             if (!r.is_string()) refuse("required", path, "must list strings");
             if (!props.contains(r.get<std::string>()))
-                refuse("required", path, "names \"" + r.get<std::string>() + "\", which is not in \"properties\" (not supported)");
+                refuse("required", path,
+                       "names \"" + r.get<std::string>() + "\", which is not in \"properties\" (not supported)");
             required.insert(r.get<std::string>());
         }
     }
@@ -241,10 +272,7 @@ void SchemaCompiler::emit_object(const json& s, const std::string& path, int32_t
     if (s.contains("additionalProperties")) {
         const json& ap = s["additionalProperties"];
         if (!ap.is_boolean() && !ap.is_object()) refuse("additionalProperties", path, "must be a boolean or a schema");
-        if (!(ap.is_boolean() && !ap.get<bool>())) {
-            if (!props.empty()) refuse("additionalProperties", path, "other than false next to \"properties\" is not supported");
-            extra = &ap;
-        }
+        if (!(ap.is_boolean() && !ap.get<bool>())) extra = &ap;
     }
     const int32_t open = b_.state();
     b_.byte(from, '{', '{', open);
@@ -272,11 +300,15 @@ void SchemaCompiler::emit_object(const json& s, const std::string& path, int32_t
     }
     if (extra) {
         const int32_t ks = member_start(), key = b_.state(), kv = b_.state(), after = b_.state();
-        b_.json_string(ks, key, 0, NfaBuilder::kUnbounded);
+        std::vector<std::string> names;  // further keys are none of the declared ones
+        for (auto it = props.begin(); it != props.end(); ++it) names.push_back(it.key());
+        b_.json_string_except(ks, key, names);
         b_.byte(key, ':', ':', kv);
         const bool free = extra->is_boolean();
-        if (free) b_.free_value(b_.opt_space(kv), after);
-        else b_.call(b_.opt_space(kv), rule_for(*extra, path + "/additionalProperties"), after);
+        if (free)
+            b_.free_value(b_.opt_space(kv), after);
+        else
+            b_.call(b_.opt_space(kv), rule_for(*extra, path + "/additionalProperties"), after);
         if (some >= 0) b_.eps(some, after);
         some = after;
         const int32_t c = b_.state();
@@ -342,7 +374,8 @@ int32_t SchemaCompiler::rule_for(const json& s, const std::string& path) {
 }
 
 int32_t SchemaCompiler::ref(const std::string& target, const std::string& path) {
-    if (target.empty() || target[0] != '#') refuse("$ref", path, "to \"" + target + "\" is not supported (only local #/... references)");
+    if (target.empty() || target[0] != '#')
+        refuse("$ref", path, "to \"" + target + "\" is not supported (only local #/... references)");
     const std::string ptr = target.substr(1);
     auto it = rules_.find(ptr);
     if (it != rules_.end()) return it->second;

@@ -13,17 +13,18 @@
 // answer all but the non-plain tokens. Scratch sets are thread_local so a mask allocates nothing
 // once warm.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
-#include "runtime/engine/grammar.h"
-
 #include "base/error.h"
+#include "runtime/engine/grammar.h"
 
 namespace lattice {
 
 namespace {
 
 using grammar_detail::Configs;
+using grammar_detail::DfaCache;
 using grammar_detail::Nfa;
 
 struct Closure {
@@ -66,7 +67,7 @@ struct Closure {
 };
 
 struct Scratch {
-    std::vector<Configs> levels;
+    std::vector<int32_t> levels;  // the set id at each trie depth
     Configs seen, tmp;
     std::vector<int32_t> cfg;
 };
@@ -95,20 +96,62 @@ bool step(const Nfa& n, const Configs& in, uint8_t b, Configs& out, Scratch& sc)
     return cl.complete;
 }
 
-void walk(const Nfa& n, const grammar_detail::Trie& t, const Configs& start, std::span<uint32_t> words, Scratch& sc) {
+// The fast path's bound for a set: the most characters a string body may still take when every
+// configuration is at a body state, else -1.
+int32_t body_bound(const Nfa& n, const Configs& c) {
+    int32_t body = -1;
+    for (int32_t i = 0; i < c.size(); ++i) {
+        const int32_t r = n.body_remaining[size_t(c.top(i))];
+        if (r < 0) return -1;
+        body = std::max(body, r);
+    }
+    return body;
+}
+
+int32_t intern(DfaCache& dc, const Nfa& n, const Configs& c) {
+    std::string key(reinterpret_cast<const char*>(c.off.data()), c.off.size() * sizeof(uint32_t));
+    key.append(reinterpret_cast<const char*>(c.data.data()), c.data.size() * sizeof(int32_t));
+    auto [it, fresh] = dc.ids.emplace(std::move(key), int32_t(dc.sets.size()));
+    if (!fresh) return it->second;
+    dc.sets.push_back(c);
+    dc.body.push_back(body_bound(n, c));
+    dc.trans.resize(dc.trans.size() + 256, -1);
+    return it->second;
+}
+
+// Set `id` --b--> (target + 1) << 1 | complete, computed once per grammar.
+int32_t transition(DfaCache& dc, const Nfa& n, int32_t id, uint8_t b, Scratch& sc) {
+    const size_t at = size_t(id) * 256 + b;
+    if (dc.trans[at] >= 0) return dc.trans[at];
+    const bool complete = step(n, dc.sets[size_t(id)], b, sc.tmp, sc);
+    const int32_t target = sc.tmp.size() == 0 ? -1 : intern(dc, n, sc.tmp);
+    dc.trans[at] = ((target + 1) << 1) | int32_t(complete);
+    return dc.trans[at];
+}
+
+void walk(DfaCache& dc, const Nfa& n, const grammar_detail::Trie& t, int32_t start, std::span<uint32_t> words,
+          Scratch& sc) {
     if (sc.levels.size() < size_t(t.max_depth) + 1) sc.levels.resize(size_t(t.max_depth) + 1);
+    sc.levels[0] = start;
     const uint32_t nodes = uint32_t(t.byte.size());
     for (uint32_t i = 1; i < nodes;) {
         const int d = t.depth[i];
-        const Configs& parent = d == 1 ? start : sc.levels[size_t(d - 1)];
-        Configs& here = sc.levels[size_t(d)];
-        const bool complete = step(n, parent, t.byte[i], here, sc);
-        if (here.size() > 0 || complete)  // tokens ending here are allowed, also when they end the match
-            for (uint32_t k = t.tok_off[i]; k < t.tok_off[i + 1]; ++k) {
-                const int32_t id = t.toks[k];
-                words[size_t(id / 32)] |= 1u << (id % 32);
-            }
-        i = here.size() == 0 ? t.end[i] : i + 1;  // nothing can follow: skip the subtree
+        const int32_t v = transition(dc, n, sc.levels[size_t(d - 1)], t.byte[i], sc);
+        const int32_t target = (v >> 1) - 1;
+        if (target < 0 && !(v & 1)) {
+            i = t.end[i];
+            continue;
+        }
+        for (uint32_t k = t.tok_off[i]; k < t.tok_off[i + 1]; ++k) {
+            const int32_t id = t.toks[k];
+            words[size_t(id / 32)] |= 1u << (id % 32);
+        }
+        if (target < 0) {  // complete and nothing can follow: no longer token fits
+            i = t.end[i];
+            continue;
+        }
+        sc.levels[size_t(d)] = target;
+        ++i;
     }
 }
 
@@ -127,26 +170,34 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> g, std::shared_ptr
 
 void GrammarMatcher::fill_mask(std::span<uint32_t> words) const {
     const TokenVocab& v = *vocab_;
-    LATTICE_CHECK(words.size() == size_t((v.size() + 31) / 32), "GrammarMatcher::fill_mask: {} words for a vocabulary of {}",
-                  words.size(), v.size());
+    LATTICE_CHECK(words.size() == size_t((v.size() + 31) / 32),
+                  "GrammarMatcher::fill_mask: {} words for a vocabulary of {}", words.size(), v.size());
     std::fill(words.begin(), words.end(), 0u);
     const Nfa& n = grammar_->nfa();
-    Scratch& sc = scratch();
-    int32_t body = -1;  // the most characters any configuration's string body may still take, if all are in one
-    for (int32_t i = 0; i < live_.size(); ++i) {
-        const int32_t r = n.body_remaining[size_t(live_.top(i))];
-        if (r < 0) {
-            body = -1;
-            break;
+    if (live_.size() > 0) {
+        DfaCache& dc = grammar_->cache();
+        std::lock_guard<std::mutex> lock(dc.mu);
+        if (dc.sets.size() > DfaCache::kMaxSets) dc.clear();
+        if (dc.masks.size() > DfaCache::kMaxMasks) dc.masks.clear();
+        const int32_t id = intern(dc, n, live_);
+        const uint64_t key = uint64_t(v.serial()) << 32 | uint32_t(id);
+        auto memo = dc.masks.find(key);
+        if (memo != dc.masks.end()) {
+            std::copy(memo->second.begin(), memo->second.end(), words.begin());
+        } else {
+            const auto t0 = std::chrono::steady_clock::now();
+            Scratch& sc = scratch();
+            const int32_t body = dc.body[size_t(id)];
+            if (body >= 0) {  // every configuration in a string body: plain tokens are precomputed
+                const auto plain = v.plain_upto(std::min(body, grammar_detail::kPlainMaxChars));
+                std::copy(plain.begin(), plain.end(), words.begin());
+                walk(dc, n, v.nonplain_trie(), id, words, sc);
+            } else {
+                walk(dc, n, v.trie(), id, words, sc);
+            }
+            if (std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(50))
+                dc.masks.emplace(key, std::vector<uint32_t>(words.begin(), words.end()));
         }
-        body = std::max(body, r);
-    }
-    if (body >= 0) {
-        const auto plain = v.plain_upto(std::min(body, grammar_detail::kPlainMaxChars));
-        for (size_t w = 0; w < words.size(); ++w) words[w] = plain[w];
-        walk(n, v.nonplain_trie(), live_, words, sc);
-    } else if (live_.size() > 0) {
-        walk(n, v.trie(), live_, words, sc);
     }
     bool any = false;
     for (uint32_t w : words) any |= w != 0;

@@ -5,13 +5,14 @@
 // (\" \\ \/ \b \f \n \r \t, \uXXXX other than a surrogate, or a high+low surrogate pair), so every
 // output parses. String bodies are chains of character steps whose boundary states record how many
 // characters may still follow (Nfa::body_remaining: the mask's fast path). Numbers are bounded
-// (16 integer digits, 16 fraction digits, 1-3 exponent digits); integer ranges are exact decimal
+// (16 integer digits, 16 fraction digits, 1-2 exponent digits: e999 overflows a double, which
+// nlohmann::json refuses to parse); integer ranges are exact decimal
 // automata (per length, the classic lo..hi digit split).
-#include "runtime/engine/grammar.h"
-
+#include <map>
 #include <string>
 
 #include "base/error.h"
+#include "runtime/engine/grammar.h"
 
 namespace lattice::grammar_detail {
 
@@ -25,7 +26,9 @@ struct Seq {
     uint8_t lo[4], hi[4];
 };
 
-int utf8_len(uint32_t c) { return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4; }
+int utf8_len(uint32_t c) {
+    return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
+}
 
 void encode(uint32_t c, uint8_t* out) {
     const int n = utf8_len(c);
@@ -83,7 +86,42 @@ void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<Seq>& out) {
     }
 }
 
-std::string pow10_minus1(int n) { return std::string(size_t(n), '9'); }
+const NfaBuilder::Ranges kPlainChars = {{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}};
+
+bool is_plain(uint32_t cp) {
+    return cp >= 0x20 && cp != '"' && cp != '\\' && cp <= 0x10FFFF;
+}
+
+NfaBuilder::Ranges subtract(const NfaBuilder::Ranges& r, uint32_t cp) {
+    NfaBuilder::Ranges out;
+    for (auto [lo, hi] : r) {
+        if (cp < lo || cp > hi) {
+            out.emplace_back(lo, hi);
+            continue;
+        }
+        if (cp > lo) out.emplace_back(lo, cp - 1);
+        if (cp < hi) out.emplace_back(cp + 1, hi);
+    }
+    return out;
+}
+
+// Code points of valid UTF-8 text (the schema's property names, which nlohmann has validated).
+std::vector<uint32_t> decode_utf8(const std::string& s) {
+    std::vector<uint32_t> out;
+    for (size_t i = 0; i < s.size();) {
+        const uint8_t b = uint8_t(s[i]);
+        const int n = b < 0x80 ? 1 : b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;
+        uint32_t c = n == 1 ? b : b & (0xFF >> (n + 1));
+        for (int k = 1; k < n && i + size_t(k) < s.size(); ++k) c = (c << 6) | (uint8_t(s[i + size_t(k)]) & 0x3F);
+        out.push_back(c);
+        i += size_t(n);
+    }
+    return out;
+}
+
+std::string pow10_minus1(int n) {
+    return std::string(size_t(n), '9');
+}
 
 }  // namespace
 
@@ -98,9 +136,15 @@ int32_t NfaBuilder::state() {
     return int32_t(flags_.size()) - 1;
 }
 
-void NfaBuilder::byte(int32_t from, uint8_t lo, uint8_t hi, int32_t to) { bytes_[size_t(from)].push_back({lo, hi, to}); }
-void NfaBuilder::eps(int32_t from, int32_t to) { eps_[size_t(from)].push_back(to); }
-void NfaBuilder::call(int32_t from, int32_t callee, int32_t to) { calls_[size_t(from)].push_back({callee, to}); }
+void NfaBuilder::byte(int32_t from, uint8_t lo, uint8_t hi, int32_t to) {
+    bytes_[size_t(from)].push_back({lo, hi, to});
+}
+void NfaBuilder::eps(int32_t from, int32_t to) {
+    eps_[size_t(from)].push_back(to);
+}
+void NfaBuilder::call(int32_t from, int32_t callee, int32_t to) {
+    calls_[size_t(from)].push_back({callee, to});
+}
 
 std::pair<int32_t, int32_t> NfaBuilder::rule() {
     const int32_t s = state(), e = state();
@@ -148,8 +192,7 @@ int32_t NfaBuilder::opt_space(int32_t from) {
 }
 
 void NfaBuilder::json_char(int32_t from, int32_t to) {
-    static const Ranges plain = {{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}};
-    codepoints(from, plain, to);
+    codepoints(from, kPlainChars, to);
     const int32_t esc = state();
     byte(from, '\\', '\\', esc);
     for (char c : std::string_view("\"\\/bfnrt")) byte(esc, uint8_t(c), uint8_t(c), to);
@@ -204,6 +247,48 @@ void NfaBuilder::json_string(int32_t from, int32_t to, int32_t min_chars, int32_
     byte(cur, '"', '"', to);
 }
 
+void NfaBuilder::json_string_except(int32_t from, int32_t to, const std::vector<std::string>& names) {
+    struct Node {
+        std::map<uint32_t, int> kids;
+        bool terminal = false;
+    };
+    std::vector<Node> trie(1);
+    for (const std::string& name : names) {
+        int at = 0;
+        for (uint32_t cp : decode_utf8(name)) {
+            auto it = trie[size_t(at)].kids.find(cp);
+            if (it == trie[size_t(at)].kids.end()) {
+                trie.emplace_back();
+                it = trie[size_t(at)].kids.emplace(cp, int(trie.size()) - 1).first;
+            }
+            at = it->second;
+        }
+        trie[size_t(at)].terminal = true;
+    }
+    // Once the key differs from every name, it is a free string (escapes allowed). Along a name's
+    // prefix only unescaped characters are taken (an escape could spell the name's next character).
+    const int32_t diverged = state();
+    body_[size_t(diverged)] = kUnbounded;
+    json_char(diverged, diverged);
+    byte(diverged, '"', '"', to);
+    std::vector<int32_t> st(trie.size());
+    for (int32_t& x : st) x = state();
+    byte(from, '"', '"', st[0]);
+    for (size_t i = 0; i < trie.size(); ++i) {
+        body_[size_t(st[i])] = kUnbounded;  // every plain character is taken from here (a child or `diverged`)
+        if (!trie[i].terminal) byte(st[i], '"', '"', to);
+        Ranges other = kPlainChars;
+        for (auto [cp, kid] : trie[i].kids) {
+            if (!is_plain(cp)) continue;  // cannot be written unescaped: the key never follows it
+            uint8_t buf[4];
+            encode(cp, buf);
+            literal(st[i], std::string_view(reinterpret_cast<const char*>(buf), size_t(utf8_len(cp))), st[size_t(kid)]);
+            other = subtract(other, cp);
+        }
+        codepoints(st[i], other, diverged);
+    }
+}
+
 void NfaBuilder::digits(int32_t from, int32_t to, int min, int max) {
     if (max == 0) return eps(from, to);
     int32_t cur = from;
@@ -234,7 +319,7 @@ void NfaBuilder::json_number(int32_t from, int32_t to) {
     eps(e, es);
     byte(e, '+', '+', es);
     byte(e, '-', '-', es);
-    digits(es, exp, 1, 3);
+    digits(es, exp, 1, 2);  // <= 99: 16 digits e99 stays a finite double, so every parser reads it
     eps(exp, to);
 }
 

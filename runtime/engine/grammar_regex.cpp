@@ -31,8 +31,10 @@ Ranges normalize(Ranges r) {
     std::sort(r.begin(), r.end());
     Ranges out;
     for (auto [lo, hi] : r) {
-        if (!out.empty() && lo <= out.back().second + 1) out.back().second = std::max(out.back().second, hi);
-        else out.emplace_back(lo, hi);
+        if (!out.empty() && lo <= out.back().second + 1)
+            out.back().second = std::max(out.back().second, hi);
+        else
+            out.emplace_back(lo, hi);
     }
     return out;
 }
@@ -104,21 +106,40 @@ private:
                             space = {{'\t', '\r'}, {' ', ' '}};
         ++i_;
         switch (c) {
-        case 'd': return digit;
-        case 'D': return complement(digit);
-        case 'w': return word;
-        case 'W': return complement(word);
-        case 's': return space;
-        case 'S': return complement(space);
-        case 'n': return {{'\n', '\n'}};
-        case 't': return {{'\t', '\t'}};
-        case 'r': return {{'\r', '\r'}};
-        case 'f': return {{'\f', '\f'}};
-        case 'v': return {{'\v', '\v'}};
-        case '0': return {{0, 0}};
-        case 'x': { const uint32_t v = hex(2); return {{v, v}}; }
-        case 'u': { const uint32_t v = hex(4); return {{v, v}}; }
-        default: break;
+            case 'd':
+                return digit;
+            case 'D':
+                return complement(digit);
+            case 'w':
+                return word;
+            case 'W':
+                return complement(word);
+            case 's':
+                return space;
+            case 'S':
+                return complement(space);
+            case 'n':
+                return {{'\n', '\n'}};
+            case 't':
+                return {{'\t', '\t'}};
+            case 'r':
+                return {{'\r', '\r'}};
+            case 'f':
+                return {{'\f', '\f'}};
+            case 'v':
+                return {{'\v', '\v'}};
+            case '0':
+                return {{0, 0}};
+            case 'x': {
+                const uint32_t v = hex(2);
+                return {{v, v}};
+            }
+            case 'u': {
+                const uint32_t v = hex(4);
+                return {{v, v}};
+            }
+            default:
+                break;
         }
         if (isdigit(uint8_t(c))) fail("a backreference", at);
         if (c == 'b' || c == 'B') fail(in_class ? "\\b in a class" : "a word boundary \\b / \\B", at);
@@ -201,7 +222,8 @@ private:
         if (c == '.') return set(complement({{'\n', '\n'}}));
         if (c == '\\') return set(escape(false));
         if (c == '^' || c == '$') fail(std::string("the anchor '") + c + "' inside the pattern", at);
-        if (c == '*' || c == '+' || c == '?' || c == '{') fail(std::string("a quantifier '") + c + "' with nothing to repeat", at);
+        if (c == '*' || c == '+' || c == '?' || c == '{')
+            fail(std::string("a quantifier '") + c + "' with nothing to repeat", at);
         --i_;
         const uint32_t lit = utf8_char();
         return set({{lit, lit}});
@@ -220,9 +242,12 @@ private:
     bool quantifier(int& min, int& max) {
         const char c = peek();
         const size_t at = i_;
-        if (c == '*') min = 0, max = kUnbounded;
-        else if (c == '+') min = 1, max = kUnbounded;
-        else if (c == '?') min = 0, max = 1;
+        if (c == '*')
+            min = 0, max = kUnbounded;
+        else if (c == '+')
+            min = 1, max = kUnbounded;
+        else if (c == '?')
+            min = 0, max = 1;
         else if (c == '{') {
             ++i_;
             min = number();
@@ -237,8 +262,10 @@ private:
             return false;
         }
         ++i_;
-        if (more() && peek() == '?') ++i_;  // lazy: the same language
-        else if (more() && peek() == '+') fail("a possessive quantifier");
+        if (more() && peek() == '?')
+            ++i_;  // lazy: the same language
+        else if (more() && peek() == '+')
+            fail("a possessive quantifier");
         return true;
     }
     Node concat() {
@@ -276,45 +303,45 @@ private:
 
 void emit(grammar_detail::NfaBuilder& b, const Node& n, int32_t from, int32_t to) {
     switch (n.kind) {
-    case Node::kSet:
-        if (n.set.empty()) return;  // an empty class matches nothing
-        return b.codepoints(from, n.set, to);
-    case Node::kAlt:
-        for (const Node& k : n.kids) emit(b, k, from, to);
-        return;
-    case Node::kConcat: {
-        int32_t cur = from;
-        for (size_t i = 0; i < n.kids.size(); ++i) {
-            const int32_t nx = i + 1 == n.kids.size() ? to : b.state();
-            emit(b, n.kids[i], cur, nx);
-            cur = nx;
-        }
-        if (n.kids.empty()) b.eps(from, to);
-        return;
-    }
-    case Node::kRepeat: {
-        int32_t cur = from;
-        for (int i = 0; i < n.min; ++i) {
-            const int32_t nx = b.state();
-            emit(b, n.kids[0], cur, nx);
-            cur = nx;
-        }
-        if (n.max == kUnbounded) {
-            const int32_t loop = b.state();
-            b.eps(cur, loop);
-            emit(b, n.kids[0], loop, loop);
-            b.eps(loop, to);
+        case Node::kSet:
+            if (n.set.empty()) return;  // an empty class matches nothing
+            return b.codepoints(from, n.set, to);
+        case Node::kAlt:
+            for (const Node& k : n.kids) emit(b, k, from, to);
+            return;
+        case Node::kConcat: {
+            int32_t cur = from;
+            for (size_t i = 0; i < n.kids.size(); ++i) {
+                const int32_t nx = i + 1 == n.kids.size() ? to : b.state();
+                emit(b, n.kids[i], cur, nx);
+                cur = nx;
+            }
+            if (n.kids.empty()) b.eps(from, to);
             return;
         }
-        for (int i = n.min; i < n.max; ++i) {
-            const int32_t nx = b.state();
+        case Node::kRepeat: {
+            int32_t cur = from;
+            for (int i = 0; i < n.min; ++i) {
+                const int32_t nx = b.state();
+                emit(b, n.kids[0], cur, nx);
+                cur = nx;
+            }
+            if (n.max == kUnbounded) {
+                const int32_t loop = b.state();
+                b.eps(cur, loop);
+                emit(b, n.kids[0], loop, loop);
+                b.eps(loop, to);
+                return;
+            }
+            for (int i = n.min; i < n.max; ++i) {
+                const int32_t nx = b.state();
+                b.eps(cur, to);
+                emit(b, n.kids[0], cur, nx);
+                cur = nx;
+            }
             b.eps(cur, to);
-            emit(b, n.kids[0], cur, nx);
-            cur = nx;
+            return;
         }
-        b.eps(cur, to);
-        return;
-    }
     }
 }
 

@@ -1,0 +1,263 @@
+// Structured output: the token mask's cost (runtime/engine/grammar.h) per generated token, at the
+// vocabularies of real tokenizers (../shared/tokenizers: Llama 2's 32k SentencePiece, Llama 3's
+// 128k byte-level BPE). For each grammar (json_object, a json_schema with nested objects, arrays,
+// enums, $refs and bounded strings, a regex) the matcher is driven two ways, one fill_mask per token:
+//   doc:  a fixed valid output tokenized greedily (longest vocabulary match at each byte), the
+//         stream a model that writes well-formed output produces;
+//   walk: tokens drawn at random from the mask itself (seeded; half the draws among the tokens that
+//         close something, so walks end), which visits the rarer wide states.
+// Reported: p50 / p99 / max / mean µs per mask over all tokens of --reps passes, and the floor: one
+// walk of the whole trie (a grammar that allows every token, no shortcut) and one pass over the mask
+// words. Also the TokenVocab build time. Usage:
+//   bench_grammar [--reps 5] [--walks 20] [--json FILE] [--shared DIR]
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "base/error.h"
+#include "benchmarks/bench_common.h"
+#include "runtime/engine/grammar.h"
+#include "runtime/tokenizer/tokenizer.h"
+
+using namespace lattice;
+
+namespace {
+
+const char* kSchema = R"({
+  "$defs": {
+    "Item": {"type": "object", "properties": {
+        "sku": {"type": "string", "maxLength": 16},
+        "qty": {"type": "integer", "minimum": 1, "maximum": 1000},
+        "price": {"type": "number"},
+        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 8}},
+      "required": ["sku", "qty", "price"], "additionalProperties": false},
+    "Status": {"type": "string", "enum": ["pending", "paid", "shipped", "delivered", "cancelled"]}
+  },
+  "type": "object",
+  "properties": {
+    "order_id": {"type": "string"},
+    "customer": {"type": "object", "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 64},
+        "email": {"type": "string", "format": "email"},
+        "vip": {"type": "boolean"}},
+      "required": ["name", "email"], "additionalProperties": false},
+    "status": {"$ref": "#/$defs/Status"},
+    "items": {"type": "array", "items": {"$ref": "#/$defs/Item"}, "minItems": 1},
+    "notes": {"anyOf": [{"type": "string"}, {"type": "null"}]}
+  },
+  "required": ["order_id", "customer", "status", "items", "notes"],
+  "additionalProperties": false
+})";
+
+const char* kSchemaDoc =
+    R"({"order_id": "A-2026-000481", "customer": {"name": "Zoë Müller-Łukasiewicz", "email": "zoe@example.org", )"
+    R"("vip": true}, "status": "shipped", "items": [{"sku": "LAT-128K", "qty": 3, "price": 19.99, "tags": ["gpu", )"
+    R"("inference", "int8"]}, {"sku": "NV-H200", "qty": 1, "price": 31999.5, "tags": []}], "notes": "Leave the )"
+    R"(parcel at the side door, please; ring twice. Fragile: contains glass \u2014 handle with care!"})";
+
+const char* kObjectDoc =
+    R"({"model": "llama-3.1-8b", "choices": [{"index": 0, "text": "The quick brown fox jumps over the lazy dog, )"
+    R"(and then it naps.", "logprobs": null, "finish_reason": "stop"}], "usage": {"prompt_tokens": 1284, )"
+    R"("completion_tokens": 96, "total_tokens": 1380}, "meta": {"langs": ["en", "de", "日本語"], "score": -0.03125, )"
+    R"("ok": true, "nested": {"a": [1, 2, [3, 4, {"b": "Привет, мир"}]], "emoji": "🙂👍"}}})";
+
+const char* kRegex = R"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z [a-z0-9._]+@[a-z]+\.(com|org|net)( [A-Z][a-z]+){1,8}\.)";
+const char* kRegexDoc = "2026-12-04T19:58:26Z jane.doe_42@example.com Hello World Again From The Lattice Team.";
+
+std::string default_shared() {
+    return (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "shared").string();
+}
+
+double now_us() {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Longest vocabulary match at each byte.
+std::vector<int32_t> greedy(const TokenVocab& v, const std::string& text) {
+    std::unordered_map<std::string, int32_t> ids;
+    size_t longest = 1;
+    for (int32_t id = 0; id < v.size(); ++id)
+        if (!v.bytes(id).empty() && ids.emplace(v.bytes(id), id).second)
+            longest = std::max(longest, v.bytes(id).size());
+    std::vector<int32_t> out;
+    for (size_t i = 0; i < text.size();) {
+        size_t n = std::min(longest, text.size() - i);
+        for (; n > 0; --n) {
+            auto it = ids.find(text.substr(i, n));
+            if (it != ids.end()) {
+                out.push_back(it->second);
+                break;
+            }
+        }
+        LATTICE_CHECK(n > 0, "bench_grammar: byte {} of the document is in no token", i);
+        i += n;
+    }
+    return out;
+}
+
+bool bit(const std::vector<uint32_t>& w, int32_t id) {
+    return (w[size_t(id / 32)] >> (id % 32)) & 1u;
+}
+
+struct Stats {
+    std::vector<double> us;
+    void add(double x) { us.push_back(x); }
+    double pct(double p) {
+        std::sort(us.begin(), us.end());
+        return us.empty() ? 0 : us[std::min(us.size() - 1, size_t(p * double(us.size())))];
+    }
+    double mean() const {
+        double s = 0;
+        for (double x : us) s += x;
+        return us.empty() ? 0 : s / double(us.size());
+    }
+};
+
+void drive_doc(const std::shared_ptr<const Grammar>& g, const std::shared_ptr<const TokenVocab>& v,
+               const std::vector<int32_t>& ids, Stats& st) {
+    GrammarMatcher m(g, v);
+    std::vector<uint32_t> w(size_t((v->size() + 31) / 32));
+    for (int32_t id : ids) {
+        const double t0 = now_us();
+        m.fill_mask(w);
+        st.add(now_us() - t0);
+        LATTICE_CHECK(bit(w, id) && m.accept(id), "bench_grammar: the document's token {} was refused", id);
+    }
+    LATTICE_CHECK(m.complete(), "bench_grammar: the document is not complete");
+}
+
+void drive_walk(const std::shared_ptr<const Grammar>& g, const std::shared_ptr<const TokenVocab>& v, std::mt19937& rng,
+                Stats& st) {
+    GrammarMatcher m(g, v);
+    std::vector<uint32_t> w(size_t((v->size() + 31) / 32));
+    std::vector<int32_t> allowed, closing;
+    for (int step = 0; step < 400 && !m.finished(); ++step) {
+        const double t0 = now_us();
+        m.fill_mask(w);
+        st.add(now_us() - t0);
+        allowed.clear();
+        closing.clear();
+        for (int32_t id = 0; id < v->size(); ++id) {
+            if (!bit(w, id)) continue;
+            allowed.push_back(id);
+            if (v->is_end(id) || v->bytes(id).find_first_of("\"}]") != std::string::npos) closing.push_back(id);
+        }
+        const auto& pool = !closing.empty() && rng() % 2 ? closing : allowed;
+        const int32_t id = pool[rng() % pool.size()];
+        if (v->is_end(id)) break;
+        m.accept(id);
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    int reps = 5, walks = 20;
+    std::string json_file, shared = default_shared();
+    for (int i = 1; i < argc; ++i) {
+        auto arg = [&](const char* name) { return std::strcmp(argv[i], name) == 0 && i + 1 < argc; };
+        if (arg("--reps"))
+            reps = std::max(1, std::atoi(argv[++i]));
+        else if (arg("--walks"))
+            walks = std::max(0, std::atoi(argv[++i]));
+        else if (arg("--json"))
+            json_file = argv[++i];
+        else if (arg("--shared"))
+            shared = argv[++i];
+        else {
+            fmt::print(stderr, "usage: {} [--reps 5] [--walks 20] [--json FILE] [--shared DIR]\n", argv[0]);
+            return 2;
+        }
+    }
+    nlohmann::json results = nlohmann::json::array();
+    try {
+        struct Kind {
+            const char* name;
+            GrammarSpec spec;
+            const char* doc;
+        };
+        std::vector<Kind> kinds = {{"json_object", {GrammarSpec::Kind::kJsonObject, "", {}}, kObjectDoc},
+                                   {"json_schema", {GrammarSpec::Kind::kJsonSchema, kSchema, {}}, kSchemaDoc},
+                                   {"regex", {GrammarSpec::Kind::kRegex, kRegex, {}}, kRegexDoc}};
+        const auto any = Grammar::compile({GrammarSpec::Kind::kRegex, "(.|\n)*", {}});
+        fmt::print("{:<26} {:>7} {:<12} {:<5} {:>6} {:>8} {:>8} {:>8} {:>8}\n", "tokenizer", "vocab", "grammar", "mode",
+                   "masks", "p50 µs", "p99 µs", "max µs", "mean µs");
+        for (const char* file : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-llama-bpe.gguf"}) {
+            const auto tok = load_tokenizer(shared + "/tokenizers/" + file);
+            std::vector<std::string> bytes;
+            std::vector<int32_t> ends;
+            for (int32_t id = 0; id < tok->vocab_size(); ++id) {
+                bytes.push_back(tok->is_control(id) ? std::string() : tok->token_bytes(id));
+                if (tok->is_eog(id)) ends.push_back(id);
+            }
+            double t0 = now_us();
+            const auto v = std::make_shared<const TokenVocab>(bytes, ends);
+            const double build_ms = (now_us() - t0) * 1e-3;
+            // The floor: every token allowed and walked (no plain-string shortcut), and the mask words alone.
+            Stats floor_walk, floor_words;
+            std::vector<uint32_t> w(size_t((v->size() + 31) / 32));
+            GrammarMatcher all(any, v);
+            Stats cold_walk;
+            for (int r = 0; r < reps; ++r) {
+                GrammarMatcher fresh(Grammar::compile({GrammarSpec::Kind::kRegex, "(.|\n)*", {}}), v);
+                t0 = now_us();
+                fresh.fill_mask(w);
+                cold_walk.add(now_us() - t0);
+                any->cache().masks.clear();  // the walk itself, not the memo
+                t0 = now_us();
+                all.fill_mask(w);
+                floor_walk.add(now_us() - t0);
+                t0 = now_us();
+                std::fill(w.begin(), w.end(), 0xFFFFFFFFu);
+                floor_words.add(now_us() - t0);
+            }
+            fmt::print(
+                "{:<26} {:>7} vocab build {:.1f} ms, trie {} nodes; floor: full trie walk {:.0f} µs (cold {:.0f} "
+                "µs), mask words {:.2f} µs\n",
+                file, v->size(), build_ms, v->trie().byte.size(), floor_walk.pct(0.5), cold_walk.pct(0.5),
+                floor_words.pct(0.5));
+            nlohmann::json row_v = {{"tokenizer", file},
+                                    {"vocab", v->size()},
+                                    {"vocab_build_ms", build_ms},
+                                    {"trie_nodes", v->trie().byte.size()},
+                                    {"full_walk_us", floor_walk.pct(0.5)}};
+            for (Kind& k : kinds) {
+                const auto g = Grammar::compile(k.spec);
+                const std::vector<int32_t> ids = greedy(*v, k.doc);
+                std::mt19937 rng(42);
+                for (const char* mode : {"doc", "walk"}) {
+                    Stats st;
+                    if (std::strcmp(mode, "doc") == 0)
+                        for (int r = 0; r < reps; ++r) drive_doc(g, v, ids, st);
+                    else
+                        for (int r = 0; r < walks; ++r) drive_walk(g, v, rng, st);
+                    const size_t n = st.us.size();
+                    const double p50 = st.pct(0.5), p99 = st.pct(0.99), mx = st.pct(1.0), mean = st.mean();
+                    fmt::print("{:<26} {:>7} {:<12} {:<5} {:>6} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f}\n", file, v->size(),
+                               k.name, mode, n, p50, p99, mx, mean);
+                    nlohmann::json row = row_v;
+                    row.update({{"grammar", k.name},
+                                {"mode", mode},
+                                {"masks", n},
+                                {"p50_us", p50},
+                                {"p99_us", p99},
+                                {"max_us", mx},
+                                {"mean_us", mean}});
+                    results.push_back(row);
+                }
+            }
+        }
+    } catch (const Error& e) {
+        fmt::print(stderr, "bench_grammar: error: {}\n", e.what());
+        return 1;
+    }
+    bench::write_json(json_file, {{"bench", "grammar"}, {"results", results}});
+    return 0;
+}
