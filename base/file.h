@@ -5,7 +5,8 @@
 // read_regular_file() adds a size limit. Errors name the role ("config file", "tokenizer" ...), the
 // path and what the path is ("a directory", "a FIFO (named pipe)" ...).
 // Writing: AtomicWriter writes "<path>.tmp.<pid>" beside the target and renames it over the target
-// only after every write and the close succeeded, so a failure never leaves a torn file. The target
+// only after every write and the close succeeded, so a failure never leaves a torn file (commit(true)
+// also puts the file and the rename on the disk before it returns, for a file others build on). The target
 // must be absent or a regular file: a rename would replace a symlink, FIFO, device node or socket
 // with a regular file, so those are refused (checked before the run and again just before the rename).
 // prepare_output() makes the same check when a run starts and removes a previous result, so a run
@@ -13,7 +14,7 @@
 // Appending: AppendFile is a file of lines that a job adds to as results complete (`lattice batch`):
 // each line goes out in one write() of the whole line, so a crash leaves at most a partial last line,
 // which opening the file again cuts off; the complete lines it held are handed to a visitor one at a
-// time (to resume; the file is streamed, never held whole). Lines reach the disk (fdatasync) in
+// time (to resume; the file is streamed, never held whole); truncate() empties it (start over). Lines reach the disk (fdatasync) in
 // bounded steps: every N lines, or once a line has waited S seconds (set_sync; default: every line).
 // The file is locked (an fcntl write lock, gone with the process): a second job on the same file is
 // an Error naming the pid that holds it, since both would run every request.
@@ -137,15 +138,17 @@ inline std::string read_regular_file(const std::string& path, int64_t limit, con
 }
 
 // Throws unless `path` may receive an output file: absent, or a regular file that is not a symlink,
-// in an existing folder.
-inline void check_output_path(const std::string& path, const std::string& what) {
+// in an existing folder. `appended`: the file is appended to in place (AppendFile), not replaced, and
+// the message says so.
+inline void check_output_path(const std::string& path, const std::string& what, bool appended = false) {
     LATTICE_CHECK(!path.empty(), "{}: empty output path", what);
     struct stat st {};
     if (::lstat(path.c_str(), &st) == 0) {
-        LATTICE_CHECK(S_ISREG(st.st_mode),
-                      "{} {} is {}: output files are written atomically (temporary file + rename), which "
-                      "would replace it; give the path of a regular file or of a new one",
-                      what, path, file_kind(st.st_mode));
+        LATTICE_CHECK(S_ISREG(st.st_mode), "{} {} is {}: {}; give the path of a regular file or of a new one", what,
+                      path, file_kind(st.st_mode),
+                      appended ? "results are appended to a regular file, opened without following a link"
+                               : "output files are written atomically (temporary file + rename), which would "
+                                 "replace it");
         return;
     }
     const int e = errno;
@@ -202,13 +205,22 @@ public:
     void write(std::string_view s) { write(s.data(), s.size()); }
 
     // Closes the temporary file and renames it over the target; Error (temporary removed) on failure.
-    void commit() {
+    // `durable`: the data is synced before the rename and the folder after it.
+    void commit(bool durable = false) {
+        LATTICE_CHECK(!durable || ::fdatasync(fd_.get()) == 0 || errno == EINVAL, "{} {}: flush failed ({})", what_,
+                      path_, std::strerror(errno));
         LATTICE_CHECK(fd_.close_checked() == 0, "{} {}: write failed at close ({})", what_, path_,
                       std::strerror(errno));
         check_output_path(path_, what_);
         LATTICE_CHECK(std::rename(tmp_.c_str(), path_.c_str()) == 0, "{} {}: rename from {} failed ({})", what_, path_,
                       tmp_, std::strerror(errno));
         tmp_.clear();
+        if (!durable) return;
+        const size_t slash = path_.rfind('/');
+        const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path_.substr(0, slash);
+        FileDescriptor d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        LATTICE_CHECK(d.get() >= 0 && (::fsync(d.get()) == 0 || errno == EINVAL), "{} {}: flush of folder {} failed ({})",
+                      what_, path_, dir, std::strerror(errno));
     }
 
 private:
@@ -234,6 +246,11 @@ public:
         recover(each_line);
     }
     int64_t cut_bytes() const { return cut_; }  // of a partial last line removed
+    // Empties the file (synced): a job that starts over.
+    void truncate() {
+        LATTICE_CHECK(::ftruncate(fd_.get(), 0) == 0, "{} {}: cannot empty it ({})", what_, path_, std::strerror(errno));
+        sync();
+    }
     int64_t syncs() const { return syncs_; }    // fdatasync calls so far
 
     // Durability in bounded steps: appended lines reach the disk (fdatasync) once `every_lines` of

@@ -172,8 +172,9 @@ std::unique_ptr<Tokenizer> optional_tokenizer(const ModelArgs& a, const char* wh
     }
 }
 
-void check_not_input(const std::string& path, const char* flag, const std::vector<std::string>& inputs) {
-    check_output_path(path, flag);
+void check_not_input(const std::string& path, const char* flag, const std::vector<std::string>& inputs,
+                     bool appended) {
+    check_output_path(path, flag, appended);
     struct stat out {};
     if (::stat(path.c_str(), &out) == 0) {
         // Removing (or later replacing) an input would destroy what the run reads: a model file named

@@ -143,6 +143,8 @@ std::unique_ptr<Tokenizer> optional_tokenizer(const ModelArgs& a, const char* wh
 void prepare_output_file(const std::string& path, const char* flag, const std::vector<std::string>& inputs);
 // The identity part alone (for an output that is appended to, not replaced): PATH is a writable
 // output path and names none of INPUTS (a file, or a file directly inside a folder, hard links too).
-void check_not_input(const std::string& path, const char* flag, const std::vector<std::string>& inputs);
+// `appended`: the output is appended to in place (the refusal of a symlink or FIFO says so).
+void check_not_input(const std::string& path, const char* flag, const std::vector<std::string>& inputs,
+                     bool appended = false);
 
 }  // namespace lattice

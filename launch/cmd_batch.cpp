@@ -17,6 +17,9 @@
 // Crash safety: each output line is one write() of the whole line. A rerun with the same --output
 // first cuts a partial last line (a job killed mid-write, a lost node), then skips every id already
 // there: a job killed at any moment loses at most its in-flight requests.
+// The output is bound to its input (launch/batch_input.h: a side file OUTPUT.input, the input's size
+// and SHA-256): a rerun after the input was edited is refused naming both files, unless lines were
+// only appended at its end (they run too); --restart empties the output and starts over.
 // SIGTERM / SIGINT / SIGUSR1 (what Slurm sends first; SIGUSR1 is what mpirun forwards to every rank,
 // launch/drain_signal.h): stop admitting, finish in-flight requests for up to
 // --drain-seconds, abandon the rest (they run on the next rerun), flush, and exit kExitRequestsLeft
@@ -41,9 +44,10 @@
 #include <string>
 
 #include "base/error.h"
-#include "launch/cli.h"
 #include "base/file.h"
 #include "base/json_limits.h"
+#include "launch/batch_input.h"
+#include "launch/cli.h"
 #include "launch/cli_common.h"
 #include "launch/drain_signal.h"
 #include "launch/openai_request.h"
@@ -74,6 +78,7 @@ struct BatchArgs {
     double drain_seconds = 20;
     int64_t sync_lines = 64;
     double sync_seconds = 2;
+    bool restart = false;
 };
 
 // The output file (base/file.h AppendFile: one write per line, a partial last line cut on open,
@@ -82,11 +87,12 @@ struct BatchArgs {
 // crash tears only the last line, which is cut): the file was edited or damaged. The run refuses it,
 // naming the line, rather than skip it: skipping would leave the line in the results for whoever
 // reads them, and which request it held is unknown, so nothing here can repair it. Deleting the
-// line and rerunning runs its request again.
+// line and rerunning runs its request again. `restart`: every line is discarded instead (--restart).
 class ResultFile {
 public:
-    ResultFile(const std::string& path, int64_t sync_lines, double sync_seconds)
-        : file_(path, "--output", [this](std::string_view l, int64_t no) { read_line(l, no); }) {
+    ResultFile(const std::string& path, int64_t sync_lines, double sync_seconds, bool restart)
+        : restart_(restart), file_(path, "--output", [this](std::string_view l, int64_t no) { read_line(l, no); }) {
+        if (restart_ && discarded_ > 0) file_.truncate();
         if (!bad_lines_.empty()) {
             std::string more;
             if (bad_lines_.size() > 1)
@@ -100,6 +106,7 @@ public:
         file_.set_sync(sync_lines, sync_seconds);
     }
     const std::set<std::string>& done() const { return done_; }
+    int64_t discarded() const { return discarded_; }  // lines emptied by `restart`
     int64_t cut_bytes() const { return file_.cut_bytes(); }
     void write(const json& line) {
         // Invalid UTF-8 in generated text (bytes no character completes) becomes U+FFFD, not an error.
@@ -111,6 +118,10 @@ public:
 
 private:
     void read_line(std::string_view l, int64_t no) {
+        if (restart_) {
+            ++discarded_;
+            return;
+        }
         const json j = json::parse(l, nullptr, false);
         if (j.is_object() && j.contains("custom_id"))
             done_.insert(j["custom_id"].dump());
@@ -119,7 +130,9 @@ private:
     }
     std::set<std::string> done_;
     std::vector<int64_t> bad_lines_;  // the first ten
-    AppendFile file_;
+    bool restart_ = false;
+    int64_t discarded_ = 0;
+    AppendFile file_;  // last: its constructor calls read_line
 };
 
 // One input line in flight: its engine sequences (choice_requests order: prompt * best_of + i) feed
@@ -492,16 +505,26 @@ int run_batch(BatchArgs& a) {
     if (a.model.model.empty() && !a.model.random_weights) a.model.model = default_model_path();
     LATTICE_CHECK(!a.input.empty() && !a.output.empty(), "lattice batch needs --input FILE and --output FILE");
     // Files are checked before the (long) load: an unreadable input, an output that is an input.
+    const std::string side = batch_input_file(a.output);
     if (launcher_rank() == 0) {
         open_regular_file(a.input, "--input");  // names a missing file, a folder or a FIFO
-        check_not_input(a.output, "--output", {a.model.model, a.model.smooth, a.input});
+        check_not_input(a.output, "--output", {a.model.model, a.model.smooth, a.input}, true);
+        check_not_input(side, "--output's input fingerprint", {a.model.model, a.model.smooth, a.input});
         if (!a.stats_json.empty())
-            prepare_output_file(a.stats_json, "--stats-json", {a.model.model, a.model.smooth, a.input, a.output});
+            prepare_output_file(a.stats_json, "--stats-json", {a.model.model, a.model.smooth, a.input, a.output, side});
     }
-    // The output is opened (locked, checked, its done ids read) before the load too: a file another job
-    // holds, or a damaged one, is refused at once.
+    // The output is opened (locked, checked, its done ids read) and bound to the input before the load
+    // too: a file another job holds, a damaged one, or one whose input was edited, is refused at once.
     std::unique_ptr<ResultFile> out;
-    if (launcher_rank() == 0) out = std::make_unique<ResultFile>(a.output, a.sync_lines, a.sync_seconds);
+    if (launcher_rank() == 0) {
+        out = std::make_unique<ResultFile>(a.output, a.sync_lines, a.sync_seconds, a.restart);
+        if (out->discarded() > 0)
+            fmt::print(stderr, "batch: --restart: discarded the {} lines of {}\n", out->discarded(), a.output);
+        const BatchInputBinding bound = bind_batch_input(a.input, a.output, !out->done().empty());
+        if (bound.appended_lines > 0)
+            fmt::print(stderr, "batch: {}: {} line(s) appended at its end since the results in {}; they run too\n",
+                       a.input, bound.appended_lines, a.output);
+    }
     if (a.model.max_itl_ms < 0) a.model.max_itl_ms = 0;  // throughput first: whole prompt chunks in every step
     RankRuntime rt = load_model(a.model);
     install_drain_handlers();
@@ -534,12 +557,12 @@ int run_batch(BatchArgs& a) {
                    drain_requested(), t.done, t.requests(), t.requests() - t.done, kExitRequestsLeft);
         return kExitRequestsLeft;
     }
-        fmt::print(stderr, "batch: {} of {} requests done ({} errors, {} from earlier runs{}), {} tokens in {:.2f} s\n",
-                   t.done, t.requests(), t.errors, t.already,
-                   t.duplicates > 0 ? fmt::format("; {} lines skipped: their custom_id belongs to an earlier line",
-                                                  t.duplicates)
-                                    : "",
-                   t.gen_tokens, t.run_seconds());
+    fmt::print(stderr, "batch: {} of {} requests done ({} errors, {} from earlier runs{}), {} tokens in {:.2f} s\n",
+               t.done, t.requests(), t.errors, t.already,
+               t.duplicates > 0
+                   ? fmt::format("; {} lines skipped: their custom_id belongs to an earlier line", t.duplicates)
+                   : "",
+               t.gen_tokens, t.run_seconds());
     return 0;
 }
 
@@ -550,7 +573,9 @@ void add_batch_command(CLI::App& app, CommandRun& run) {
     auto* cmd = app.add_subcommand("batch", "Run a JSONL file of requests (OpenAI batch shape); resumable");
     args->model.add_to(cmd);
     cmd->add_option("--input", args->input, "Requests, one JSON object per line")->required();
-    cmd->add_option("--output", args->output, "Results, appended as they complete (rerun to resume)")->required();
+    cmd->add_option("--output", args->output,
+                    "Results, appended as they complete (rerun to resume; OUTPUT.input binds them to the input)")
+        ->required();
     cmd->add_option("--stats-json", args->stats_json, "Write run statistics as JSON to this file");
     cmd->add_option("--progress", args->progress,
                     "auto (a bar on a terminal, a line every 5 s otherwise) | bar | "
@@ -566,7 +591,14 @@ void add_batch_command(CLI::App& app, CommandRun& run) {
     cmd->add_option("--sync-seconds", args->sync_seconds,
                     "... and once a result has waited this many seconds (default 2)")
         ->check(CLI::Range(0.0, 3600.0));
-    cmd->footer(R"(Examples:
+    cmd->add_flag("--restart", args->restart,
+                  "Discard the results already in --output and run every line again (after the input was edited)");
+    cmd->footer(R"(Resuming: a rerun with the same --output skips every id it holds. The input must be the one
+those results came from (OUTPUT.input records its size and SHA-256): lines appended at its end
+run too; an input edited otherwise (a line inserted, changed or removed) is refused, naming both
+files: give the edited input a new --output, or add --restart to start over.
+
+Examples:
   lattice batch --input requests.jsonl --output results.jsonl
   mpirun -np 2 --oversubscribe lattice batch --pp 2 --threads 1 --input requests.jsonl --output results.jsonl
   lattice batch --model /models/llama-2-7b --quant w8a8 --input big.jsonl --output out.jsonl --progress lines)");

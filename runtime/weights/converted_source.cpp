@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "runtime/arch/architecture.h"
 #include "runtime/weights/safetensors.h"
 #include "runtime/weights/sha256.h"
@@ -52,6 +53,10 @@ public:
         LATTICE_CHECK(problem.empty(), "{}: {} (rank {}'s weights; `lattice verify {}` checks every file)",
                       path.string(), problem, want.rank, folder);
         if (verify) {  // this rank's weights, and every file the model's text comes through (the tokenizer)
+            if (!m.sealed && want.rank == 0)
+                LOG_WARN("{}/manifest.json has no manifest_sha256 (converted by an older lattice, or the field was "
+                         "deleted): its own content is not checked; convert again for a sealed manifest",
+                         folder);
             for (const ManifestFile& f : m.files) {
                 if (&f != &mf && f.kind != "tokenizer") continue;
                 const fs::path p = fs::path(folder) / f.path;
@@ -162,10 +167,23 @@ std::unique_ptr<TensorSource> open_converted_model(const std::string& folder, co
     return std::make_unique<ConvertedSource>(folder, want, verify);
 }
 
-std::vector<FileVerdict> verify_converted(const std::string& folder, int threads,
-                                          const std::function<void(int64_t)>& on_bytes) {
-    const Manifest m = read_manifest(folder);
-    std::vector<FileVerdict> out(m.files.size());
+bool ConvertedVerdict::ok() const {
+    return sealed && manifest.ok && std::all_of(files.begin(), files.end(), [](const FileVerdict& f) { return f.ok; });
+}
+
+ConvertedVerdict verify_converted(const std::string& folder, int threads,
+                                  const std::function<void(int64_t)>& on_bytes) {
+    ConvertedVerdict verdict;
+    std::string seal;
+    const Manifest m = read_manifest(folder, &seal);
+    verdict.manifest.path = "manifest.json";
+    verdict.sealed = m.sealed;
+    verdict.manifest.ok = m.sealed && seal.empty();
+    verdict.manifest.problem = !m.sealed ? "no manifest_sha256 (converted by an older lattice, or the field was "
+                                           "deleted): its content cannot be checked; convert again to seal it"
+                                         : seal;
+    std::vector<FileVerdict>& out = verdict.files;
+    out.resize(m.files.size());
     if (threads <= 0) threads = int(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
     threads = std::max(1, std::min<int>(threads, int(m.files.size())));
     // Largest files first, so one big file is not started last.
@@ -196,7 +214,7 @@ std::vector<FileVerdict> verify_converted(const std::string& folder, int threads
     for (int t = 1; t < threads; ++t) pool.emplace_back(work);
     work();
     for (auto& t : pool) t.join();
-    return out;
+    return verdict;
 }
 
 }  // namespace lattice

@@ -9,8 +9,10 @@
 // even when the sizes agree). Tensors (rank-local, see runtime/model/rank_weights.h for the names):
 //   float tensors as the converter kept them (f32 / f16 / bf16), read() converts like any source;
 //   int8 linears "X" i8 [n, k] with f32 scales "X_scale" [n]; read() of an i8 tensor only as i8.
-// verify_converted checks every file the manifest lists (size, then SHA-256) in parallel threads and
-// reports each file's verdict; `lattice verify` prints them.
+// Every load checks the manifest's seal (manifest.h: its own content, cheap) and refuses an edited
+// manifest naming it; an unsealed one (an older conversion) loads, with a warning under `verify`.
+// verify_converted checks the manifest's seal first, then every file the manifest lists (size, then
+// SHA-256) in parallel threads, and reports each verdict; `lattice verify` prints them.
 #pragma once
 
 #include <cstdint>
@@ -39,10 +41,18 @@ struct FileVerdict {
     bool ok = false;
     std::string problem;  // why not ok: "missing", "N bytes, the manifest says M", "SHA-256 ... differs ..."
 };
-// Every file of the manifest, in manifest order. `threads` <= 0: one per core (at most 8).
-// `on_bytes` (optional, called from the worker threads) sees each chunk hashed. Throws Error only
-// when the manifest itself is missing or invalid.
-std::vector<FileVerdict> verify_converted(const std::string& folder, int threads = 0,
-                                          const std::function<void(int64_t)>& on_bytes = {});
+struct ConvertedVerdict {
+    // "manifest.json": ok when its seal matches its content; not ok with the mismatch as the problem,
+    // or (sealed false) with no seal to check: then neither intact nor corrupt, unchecked.
+    FileVerdict manifest;
+    bool sealed = false;
+    std::vector<FileVerdict> files;  // every file the manifest lists, in manifest order
+    bool ok() const;                 // a sealed, matching manifest and every file intact
+};
+// `threads` <= 0: one per core (at most 8). `on_bytes` (optional, called from the worker threads)
+// sees each chunk hashed. Throws Error only when the manifest is missing or a field of it invalid
+// (an edited but valid manifest is a verdict: its files are still checked against what it lists).
+ConvertedVerdict verify_converted(const std::string& folder, int threads = 0,
+                                  const std::function<void(int64_t)>& on_bytes = {});
 
 }  // namespace lattice

@@ -46,6 +46,31 @@ bool plain_file_name(const std::string& s) {
     return true;
 }
 
+constexpr char kSealField[] = "manifest_sha256";
+
+// SHA-256 of the canonical form (manifest.h): the object without its seal, dumped compactly.
+std::string content_sha256(json j) {
+    j.erase(kSealField);
+    const std::string canonical = j.dump(-1, ' ', false, json::error_handler_t::strict);
+    return sha256_hex(canonical.data(), canonical.size());
+}
+
+// "" when the seal matches the content (or there is none: m.sealed stays false).
+std::string check_seal(const json& j, const std::string& src, Manifest& m) {
+    if (!j.contains(kSealField)) return {};
+    const json& v = j[kSealField];
+    LATTICE_CHECK(v.is_string() && is_sha256_hex(v.get<std::string>()),
+                  "{}: \"{}\" is not 64 lowercase hex digits", src, kSealField);
+    m.sealed = true;
+    const std::string got = content_sha256(j);
+    if (got == v.get<std::string>()) return {};
+    return fmt::format("the SHA-256 of its content, {}, differs from its \"{}\" {}: the manifest was edited or "
+                       "damaged after the conversion (its config, layout, quantization or file hashes may not be "
+                       "what the files hold); convert the model again (for a deliberate edit, delete the \"{}\" "
+                       "field: the manifest then loads unchecked)",
+                       got, kSealField, v.get<std::string>(), kSealField);
+}
+
 }  // namespace
 
 std::string rank_file_name(int rank, int world) {
@@ -126,10 +151,11 @@ std::string manifest_json(const Manifest& m) {
                 {"smooth", m.smooth.empty() ? json(nullptr) : json(m.smooth)},
                 {"smooth_sha256", m.smooth_sha256.empty() ? json(nullptr) : json(m.smooth_sha256)}}},
               {"files", files}};
+    j[kSealField] = content_sha256(j);
     return j.dump(2) + "\n";
 }
 
-Manifest parse_manifest(const std::string& text, const std::string& src) {
+Manifest parse_manifest(const std::string& text, const std::string& src, std::string* seal_problem) {
     json j = json::parse(text, nullptr, false);
     LATTICE_CHECK(!j.is_discarded(), "{}: not valid JSON", src);
     LATTICE_CHECK(j.is_object(), "{}: expected a JSON object", src);
@@ -205,10 +231,16 @@ Manifest parse_manifest(const std::string& text, const std::string& src) {
     }
     LATTICE_CHECK(int(ranks.size()) == m.world(), "{}: lists {} rank files for tp {} x pp {} ({} ranks)", src,
                   ranks.size(), m.tp, m.pp, m.world());
+    // After the fields (a bad field is named as such), before any use of a valid but edited value.
+    const std::string seal = check_seal(j, src, m);
+    if (seal_problem)
+        *seal_problem = seal;
+    else
+        LATTICE_CHECK(seal.empty(), "{}: {}", src, seal);
     return m;
 }
 
-Manifest read_manifest(const std::string& folder) {
+Manifest read_manifest(const std::string& folder, std::string* seal_problem) {
     namespace fs = std::filesystem;
     const std::string path = (fs::path(folder) / "manifest.json").string();
     std::error_code ec;
@@ -223,7 +255,7 @@ Manifest read_manifest(const std::string& folder) {
     std::string text(size_t(size), '\0');
     f.read(text.data(), std::streamsize(size));
     LATTICE_CHECK(f.good(), "{}: read failed", path);
-    return parse_manifest(text, path);
+    return parse_manifest(text, path, seal_problem);
 }
 
 }  // namespace lattice

@@ -6,7 +6,15 @@
 //                     "smooth": "factors.safetensors" | null, "smooth_sha256": hex | null},
 //    "files": [{"path": "rank-00000-of-00004.safetensors", "kind": "rank", "rank": 0,
 //               "bytes": N, "sha256": "64 hex"}, ...,
-//              {"path": "tokenizer.json", "kind": "tokenizer", "bytes": N, "sha256": "..."}]}
+//              {"path": "tokenizer.json", "kind": "tokenizer", "bytes": N, "sha256": "..."}],
+//    "manifest_sha256": "64 hex"}
+// "manifest_sha256" seals the manifest's own content (the per-file hashes cover only the other files):
+// the SHA-256 of its canonical form, the parsed JSON without that field dumped compactly (nlohmann's
+// dump: keys sorted, no spaces, numbers in shortest round-trip form). Reformatting the file keeps the
+// seal; a changed value (hidden_size, a layer count, vocab, quant mode, a file's hash) breaks it and
+// every load refuses the manifest, naming it. A manifest without the field (written before the seal
+// existed, or with the field deleted for a deliberate edit) loads, and `lattice verify` reports its
+// content as unchecked (Manifest::sealed false) rather than intact.
 // World rank r (= pp_rank * tp + tp_rank, parallel/world_config.h) reads only its rank file.
 // The manifest is untrusted input: parse_manifest checks every field (types, ranges, file names that
 // stay inside the folder, exactly one file per rank, stage layers that add up to the model's) and
@@ -47,6 +55,7 @@ struct Manifest {
     bool quant_head = false;
     std::string smooth, smooth_sha256;  // "" when none
     std::vector<ManifestFile> files;
+    bool sealed = false;  // parsed: had a manifest_sha256 (and it matched, or the parse would have thrown)
 
     int world() const { return tp * pp; }
     const ManifestFile& rank_file(int rank) const;  // throws Error when absent
@@ -59,8 +68,11 @@ std::string rank_file_name(int rank, int world);
 // The config in Hugging Face config.json form; parse_hf_config of it gives back every field.
 std::string hf_config_json(const ModelConfig& c);
 
-std::string manifest_json(const Manifest& m);  // pretty-printed, newline-terminated
-Manifest parse_manifest(const std::string& text, const std::string& source);
-Manifest read_manifest(const std::string& folder);  // folder/manifest.json, size-limited
+std::string manifest_json(const Manifest& m);  // pretty-printed, newline-terminated, sealed
+// Every field checked, then the seal. A seal that does not match throws Error naming `source`, unless
+// `seal_problem` is given: then the mismatch is written there ("" when it matches) and the manifest
+// returned (`lattice verify` reports it beside the other files' verdicts).
+Manifest parse_manifest(const std::string& text, const std::string& source, std::string* seal_problem = nullptr);
+Manifest read_manifest(const std::string& folder, std::string* seal_problem = nullptr);  // folder/manifest.json
 
 }  // namespace lattice

@@ -6,7 +6,8 @@
 //    and what the path is; a regular file's descriptor is blocking and close-on-exec; the size limit
 //    is exact (limit bytes read, limit + 1 refused); contents with NUL bytes arrive whole;
 //  - check_output_path / prepare_output: a folder, a symlink, a FIFO or a missing folder are refused
-//    and left as they were; a previous result is removed;
+//    and left as they were (for a file appended in place, the message says so, not "rename"); a
+//    previous result is removed;
 //  - AtomicWriter: the target changes only at commit; a writer dropped or failing (a write refused
 //    by RLIMIT_FSIZE, the target turned into a folder before commit) leaves the old target and no
 //    temporary file; a stale temporary of the same name is refused and not deleted;
@@ -14,7 +15,8 @@
 //    (a line longer than the reader's chunk whole, an empty one too); a partial last line (a job
 //    killed mid-write), also one longer than a chunk, is cut on reopen and reported, the complete ones
 //    kept; fdatasync every N lines and once a line has waited S seconds; a folder is refused;
-//    while one process holds the file another is refused, naming the holder's pid;
+//    while one process holds the file another is refused, naming the holder's pid; truncate() starts
+//    over (AtomicWriter::commit(true), the durable commit, beside it);
 //  - "[perm]" (its own ctest entry, test_kernels_cpu_perm): an unreadable file and an unwritable folder
 //    are refused; SKIP as root, whom permissions do not stop.
 #include "base/file.h"
@@ -197,6 +199,11 @@ TEST_CASE("check_output_path: new or regular files pass; a folder, symlink, FIFO
     CHECK(has(m, "results file " + (s / "link") + " is a symbolic link"));  // a rename would replace the link
     m = error_of([&] { check_output_path(s / "fifo", "results file"); });
     CHECK(has(m, "is a FIFO (named pipe)"));
+    CHECK(has(m, "temporary file + rename"));
+    // A file appended in place (lattice batch --output) is refused for what it is, not for a rename.
+    m = error_of([&] { check_output_path(s / "fifo", "--output", true); });
+    CHECK(has(m, "appended to a regular file"));
+    CHECK(m.find("rename") == std::string::npos);
     m = error_of([&] { check_output_path(s / "nodir/out", "results file"); });
     CHECK(has(m, "results file " + (s / "nodir/out") + ": folder " + (s / "nodir") + " does not exist"));
     m = error_of([&] { check_output_path(s / "old/out", "results file"); });  // a file where the folder should be
@@ -385,6 +392,25 @@ TEST_CASE("AppendFile: lines reach the disk every N lines, and once one has wait
     f.sync_if_due();
     CHECK(f.syncs() == 3);  // nothing waits
     f.close();
+}
+
+TEST_CASE("AppendFile::truncate starts over; AtomicWriter::commit(true) leaves the whole file") {
+    Scratch tmp;
+    const std::string path = tmp / "out.jsonl";
+    {
+        AppendFile f(path, "--output");
+        f.append("one");
+        f.append("two");
+        f.truncate();
+        CHECK(slurp(path).empty());
+        f.append("three");
+        f.close();
+    }
+    CHECK(slurp(path) == "three\n");
+    AtomicWriter w(tmp / "side", "fingerprint");
+    w.write("{}\n");
+    w.commit(true);
+    CHECK(slurp(tmp / "side") == "{}\n");
 }
 
 TEST_CASE("AppendFile: a second process on the same file is refused, naming the holder's pid") {

@@ -16,8 +16,8 @@ Records are checked field by field in OpenAI's Batch output format (check_result
 `format` (its own small inputs): both endpoints in Batch-format lines and bare bodies, and each kind of
 bad line (method, url, JSON, body, custom_id), every record checked field by field; the same output
 locked by another process, or with damaged lines in its middle, is refused (naming the pid, the line
-numbers) and left as it was; then
-launch/slurm/batch.sbatch stopped by SIGTERM requeues itself (exit 75) and the rerun completes.
+numbers) and left as it was; the output is bound to its input (appended lines resume, an inserted line
+is refused, --restart starts over: input_binding_part, restart_part); then launch/slurm/batch.sbatch stopped by SIGTERM requeues itself (exit 75) and the rerun completes.
 Usage: test_batch.py LATTICE_BINARY MODEL_GGUF [kill|drain|format]   (exit 0: pass)"""
 import fcntl
 import json
@@ -98,10 +98,11 @@ def make_input(path):
     return valid, bad
 
 
-def run(args, inp, out, env=None, kill=None, after_lines=0):
-    """Runs lattice batch; with `kill`, sends that signal once the output holds `after_lines` lines."""
+def run(args, inp, out, env=None, kill=None, after_lines=0, more=()):
+    """Runs lattice batch (flags `more` added); with `kill`, sends that signal once the output holds
+    `after_lines` lines."""
     cmd = args + ["batch", "--model", model, "--input", inp, "--output", out, "--threads", "2", "--progress", "none",
-                  "--max-seqs", MAX_SEQS]
+                  "--max-seqs", MAX_SEQS] + list(more)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     if kill is not None:
         deadline = time.time() + 240
@@ -244,6 +245,7 @@ def format_part(tmp):
             check_error("format", r, want, words)
     ids = [r["id"] for r in recs.values()]
     check(len(set(ids)) == len(ids), f"format: record ids repeat: {ids}")
+    input_binding_part(inp, out)
 
     # Another job holds the output (an fcntl lock, as lattice takes): refused, naming its pid, untouched.
     before = open(out).read()
@@ -262,6 +264,67 @@ def format_part(tmp):
     rc, err = run([lattice], inp, out)
     check(rc == 1 and "line 3 is not a batch record (nor is line 6)" in err and open(out).read() == damaged,
           f"format: damaged lines 3 and 6 are refused by number, the file kept (rc {rc}): {err[-400:]}")
+    restart_part(inp, out)
+
+
+def input_binding_part(inp, out):
+    """Issue 33 item 2, on format_part's finished run: the output is bound to its input (OUTPUT.input). A line
+    appended at the end resumes (the old records kept byte for byte, only the new line runs); the issue's
+    repro, a line inserted at the top (a bare body, so every later "line-N" shifts) and a rerun on the same
+    --output, is refused naming both files, nothing changed; an output whose fingerprint is missing or
+    damaged is refused. Leaves the input with the inserted line (restart_part runs it)."""
+    side = out + ".input"
+    check(os.path.exists(side), f"bind: the run wrote {side}")
+    first = open(out).read()
+    with open(inp, "a") as f:
+        f.write(json.dumps({"prompt": "The sky is", "max_tokens": 3, "temperature": 0}) + "\n")
+    rc, err = run([lattice], inp, out)
+    recs, dup = records(out)
+    new = recs.get('"line-11"', {}).get("response") or {}
+    check(rc == 0 and "1 line(s) appended at its end" in err and open(out).read().startswith(first) and not dup
+          and "batch: 11 of 11 requests done (0 errors, 10 from earlier runs)" in err
+          and len(recs) == 11 and new.get("body", {}).get("object") == "text_completion",
+          f"bind: a line appended at the end resumes, only it runs (rc {rc}, {len(recs)} records): {err[-300:]}")
+    before, before_side = open(out).read(), open(side).read()
+    with open(inp) as f:
+        text = f.read()
+    with open(inp, "w") as f:  # the issue's repro: a line inserted at the top
+        f.write(json.dumps({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3, "temperature": 0})
+                + "\n" + text)
+    rc, err = run([lattice], inp, out)
+    check(rc == 1 and f"--input {inp} is not the input the results in --output {out} came from" in err
+          and "a line inserted, edited or removed" in err and "--restart" in err and "new --output" in err
+          and open(out).read() == before and open(side).read() == before_side,
+          f"bind: an inserted line is refused naming both files, nothing changed (rc {rc}): {err[-500:]}")
+    os.rename(side, side + ".away")
+    rc, err = run([lattice], inp, out)
+    check(rc == 1 and f"there is no {side} beside it" in err and open(out).read() == before,
+          f"bind: results without their fingerprint are refused (rc {rc}): {err[-300:]}")
+    with open(side, "w") as f:
+        f.write('{"format": "lattice-batch-input", "version": 1, "bytes": "many"}\n')
+    rc, err = run([lattice], inp, out)
+    check(rc == 1 and f"{side}: not a lattice batch input fingerprint" in err and open(out).read() == before,
+          f"bind: a damaged fingerprint is refused (rc {rc}): {err[-300:]}")
+    os.replace(side + ".away", side)
+
+
+def restart_part(inp, out):
+    """--restart on an output with damaged lines and an edited input: the output is emptied and the edited
+    input runs whole, each "line-N" its own line's request (the inserted line-1 a chat, the old bare
+    lines 4, 5 and 11 now 5, 6 and 12, the bad JSON line 9)."""
+    rc, err = run([lattice], inp, out, more=["--restart"])
+    recs, dup = records(out)
+    want = {"cmp": "text_completion", "chat": "chat.completion", 7: "chat.completion", "line-1": "chat.completion",
+            "line-5": "text_completion", "line-6": "chat.completion", "line-12": "text_completion",
+            "get": "invalid_method", "emb": "invalid_url", "line-9": "invalid_json", "nomsg": "invalid_request",
+            json.dumps({"a": 1}): "invalid_custom_id"}
+    got = {}
+    for k, r in recs.items():
+        key = json.loads(k)
+        key = json.dumps(key) if isinstance(key, dict) else key
+        got[key] = r["response"]["body"]["object"] if r.get("response") else r["error"]["code"]
+    check(rc == 0 and "--restart: discarded the 11 lines" in err and not dup and got == want,
+          f"restart: the edited input runs whole (rc {rc}): {got} {err[-300:]}")
 
 
 def sbatch_part(tmp):
@@ -351,7 +414,9 @@ with tempfile.TemporaryDirectory() as tmp:
         n_after = sum(1 for _ in open(out))
         check(n_after < len(want), f"SIGTERM came before the end ({n_after} of {len(want)} records)")
         rc, err = run([lattice], inp, out)
-        check(rc == 0 and "from earlier runs" in err, f"resume after SIGTERM: rc {rc}: {err[-300:]}")
+        # Issue 33 item 14: the count is of distinct ids (the line repeating req-3 is not a pending request).
+        check(rc == 0 and "from earlier runs" in err and f"batch: {len(want)} of {len(want)} requests done" in err,
+              f"resume after SIGTERM: rc {rc}, every request counted done: {err[-300:]}")
         verify("SIGTERM + resume", out, valid, bad, want)
 
         # Two pipeline stages under mpirun: the same results.

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # `lattice convert` and `lattice verify` as users drive them: a converted folder generates the same
 # tokens as its original (one rank, and tp 2 under mpirun after a parallel conversion), verify says
-# "ok" per file and exits 0, names a corrupted file and exits 1, a folder of another layout is one
+# "ok" per file (the manifest's own content first: its seal) and exits 0, names a corrupted file and
+# exits 1, names an edited manifest (hidden_size, layer count, vocab, quant mode: issue 33 item 5) and
+# exits 1, and says an unsealed manifest is unchecked, a folder of another layout is one
 # clear line naming the layout it holds, --verify catches a flipped byte at load (weights and
-# tokenizer), progress lines when stderr is not a terminal, SIGTERM leaves no partial folder and a dead
+# tokenizer; the tokenizer tampered as issue 33 item 4 did), progress lines when stderr is not a terminal, SIGTERM leaves no partial folder and a dead
 # conversion's partial folder is removed by the next one, the default (Q4_1 GGUF) model converts with --quant auto and keeps
 # its tokenizer (text in, same text out).
 # Usage: test_convert.sh LATTICE_BINARY SHARED_DIR DEFAULT_MODEL
@@ -27,6 +29,46 @@ check "no partial folder is left" test -z "$(ls -A "$tmp" | grep partial)"
 out=$("$lattice" verify "$tmp/c1"); rc=$?
 check "verify exits 0 on an intact folder" test $rc -eq 0
 check "verify prints ok per file" grep -q "^ok *rank-00000-of-00001.safetensors" <<<"$out"
+check "verify checks the manifest's content first" test "$(head -1 <<<"$out")" = \
+    "ok       manifest.json (its content matches its manifest_sha256)"
+check "verify counts the manifest among the intact files" grep -q "c1: 2 of 2 files intact (" <<<"$out"
+
+# An edited manifest (issue 33 item 5: each value valid, so only the seal can tell): verify names it
+# and exits 1 (the other files still checked), a load refuses it naming it; without its seal
+# (an older conversion) verify says unchecked, never intact.
+cp -r "$tmp/c1" "$tmp/c1e"
+for edit in hidden_size=256 layers=5 vocab_size=300 mode=w8a16; do
+    python3 - "$tmp/c1/manifest.json" "$tmp/c1e/manifest.json" "$edit" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+k, v = sys.argv[3].split("=")
+if k == "layers":
+    m["config"]["num_hidden_layers"] = int(v)
+    m["layout"]["stage_layers"] = [int(v)]
+elif k == "mode":
+    m["quantization"]["mode"] = v
+else:
+    m["config"][k] = int(v)
+json.dump(m, open(sys.argv[2], "w"), indent=2)
+PY
+    out=$("$lattice" verify "$tmp/c1e" 2>&1); rc=$?
+    check "verify exits 1 on a manifest edited ($edit)" test $rc -eq 1
+    check "... naming the manifest first" grep -q "^CORRUPT  manifest.json: the SHA-256 of its content" <<<"$(head -1 <<<"$out")"
+    check "... and still checking the files" grep -q "^ok *rank-00000-of-00001.safetensors" <<<"$out"
+    check "... its error line counts it" grep -q "1 corrupt or missing file(s)" <<<"$out"
+    out=$(gen --model "$tmp/c1e" 2>&1; cat "$tmp/gen.err")
+    check "a load refuses the edited manifest ($edit), naming it" \
+        grep -q "c1e/manifest.json: the SHA-256 of its content, .* edited or damaged" <<<"$out"
+done
+python3 -c "
+import json, sys; m = json.load(open('$tmp/c1/manifest.json')); del m['manifest_sha256']
+json.dump(m, open('$tmp/c1e/manifest.json', 'w'))"
+out=$("$lattice" verify "$tmp/c1e" 2>&1); rc=$?
+check "verify of an unsealed manifest exits 0 (every file it lists intact)" test $rc -eq 0
+check "... saying the manifest is unchecked" grep -q "^UNCHECKED manifest.json: no manifest_sha256" <<<"$out"
+check "... and not counting it intact" grep -q "c1e: 1 of 1 files intact; manifest.json unchecked" <<<"$out"
+out=$(gen --model "$tmp/c1e" --verify 2>&1; cat "$tmp/gen.err")
+check "--verify warns that an unsealed manifest is not checked" grep -q "manifest.json has no manifest_sha256" <<<"$out"
 want=$(gen --model "$g" --quant w8a8)
 got=$(gen --model "$tmp/c1" --verify)
 check "converted w8a8 (quant auto) generates the original's w8a8 tokens" test -n "$want" -a "$got" = "$want"
@@ -95,12 +137,17 @@ assert q['mode'] == 'w8a8' and q['quant_head'] is True, q"
     check "... leaves no partial folder" test -z "$(ls -d "$tmp"/.smol2.partial-* 2>/dev/null)"
     check "... and removed the dead pid's, saying so" grep -q "partial-$dead.*interrupted conversion" "$tmp/sig.err"
     check "... and no output folder" test ! -e "$tmp/smol2"
-    # A tampered tokenizer (same size) is caught by --verify, which checks every file the text goes through.
+    # A tampered tokenizer (same size) is caught by --verify, which checks every file the text goes
+    # through: issue 33 item 4's repro, the token "ĠParis" renamed "ĠRome!" (a load without --verify
+    # answers "Rome!").
     python3 - "$tmp/smol/tokenizer.gguf" <<'PY'
-import os, sys
-p = sys.argv[1]; n = os.path.getsize(p)
-with open(p, 'r+b') as f:
-    f.seek(n // 2); b = f.read(1); f.seek(n // 2); f.write(bytes([b[0] ^ 1]))
+import struct, sys
+p = sys.argv[1]
+b = open(p, 'rb').read()
+old, new = "\u0120Paris".encode(), "\u0120Rome!".encode()
+old = struct.pack("<Q", len(old)) + old  # the whole token (a GGUF string: u64 length, bytes)
+assert b.count(old) == 1, "no single Paris token"
+open(p, 'wb').write(b.replace(old, struct.pack("<Q", len(new)) + new))
 PY
     out=$("$lattice" generate --model "$tmp/smol" --verify --prompt-ids 1,2 --max-new-tokens 2 --threads 1 2>&1); rc=$?
     check "--verify refuses a tampered tokenizer" test $rc -ne 0

@@ -135,7 +135,7 @@ TEST_CASE("tokenizer files: copied from a HF folder, a GGUF's vocab as tokenizer
     const ConvertResult g = convert_one(*gsrc, tmp / "c_gguf", QuantMode::kW8A16, {}, gguf);
     CHECK(g.manifest.files.back().path == "tokenizer.gguf");
     CHECK(load_tokenizer(tmp / "c_gguf")->encode(text, true) == load_tokenizer(gguf)->encode(text, true));
-    CHECK(verify_converted(tmp / "c_gguf").size() == 2);
+    CHECK(verify_converted(tmp / "c_gguf").files.size() == 2);
 }
 
 TEST_CASE("an interrupted conversion leaves no folder that looks complete") {
@@ -197,7 +197,7 @@ TEST_CASE("an interrupted conversion leaves no folder that looks complete") {
         CHECK(msg.find("interrupted") != std::string::npos);
         // Converting again works; the stale partial folder stays the user's to delete.
         convert_one(*src, out, QuantMode::kW8A8);
-        CHECK(verify_converted(out).at(0).ok);
+        CHECK(verify_converted(out).ok());
     }
 }
 
@@ -276,7 +276,7 @@ TEST_CASE("[peak-rss] converting a 200 MB checkpoint costs a few times its large
         tmp / "small.out");
     const int64_t peak = convert_peak_rss(
         {"--model", tmp / "hf", "--out", tmp / "big", "--quant", "w8a8", "--progress", "none"}, tmp / "big.out");
-    CHECK(verify_converted(tmp / "big").at(0).ok);
+    CHECK(verify_converted(tmp / "big").ok());
     MESSAGE("model " << model_bytes / (1 << 20) << " MiB, largest tensor " << largest / (1 << 20)
                      << " MiB; lattice convert peak RSS " << peak / (1 << 20) << " MiB, tiny-model baseline "
                      << base / (1 << 20) << " MiB");

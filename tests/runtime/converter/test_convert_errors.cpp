@@ -1,11 +1,13 @@
 // A converted checkpoint that is damaged or does not fit the run fails with its own clear message:
 // a flipped byte (with --verify; `lattice verify` names the file), a truncated file and a missing
-// file (always, sizes are checked at every load), a manifest of another layout or another format
-// version, a rank file copied over another rank's, quantization / smoothing / stage split that
+// file (always, sizes are checked at every load), an edited manifest (its seal, at every load and in
+// `lattice verify`), a manifest of another layout or another format version, a rank file copied over another rank's, quantization / smoothing / stage split that
 // contradict the conversion, and conversions that must not start.
 #include <doctest/doctest.h>
 
 #include <fstream>
+#include <functional>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "runtime/model/rank_weights.h"
@@ -55,7 +57,7 @@ TEST_CASE("damaged files: flipped byte, truncated, missing") {
     const std::string file = rank_file_name(0, 1), path = dir + "/" + file;
     const BuildOptions opt = cpu_options(1, 1, false, QuantMode::kW8A8);
     CHECK(load_error(dir, opt, true) == "(loaded)");
-    for (const auto& v : verify_converted(dir)) CHECK(v.ok);
+    CHECK(verify_converted(dir).ok());
 
     SUBCASE("a flipped byte: --verify and lattice verify name the file; a load without --verify does not hash") {
         const auto size = fs::file_size(path);
@@ -73,7 +75,10 @@ TEST_CASE("damaged files: flipped byte, truncated, missing") {
         CHECK(contains(e, "SHA-256"));
         CHECK(contains(e, "corrupt"));
         CHECK(load_error(dir, opt, false) == "(loaded)");
-        const auto v = verify_converted(dir);
+        const auto cv = verify_converted(dir);
+        CHECK(cv.manifest.ok);
+        CHECK_FALSE(cv.ok());
+        const auto& v = cv.files;
         REQUIRE(v.size() == 1);
         CHECK_FALSE(v[0].ok);
         CHECK(v[0].path == file);
@@ -85,14 +90,14 @@ TEST_CASE("damaged files: flipped byte, truncated, missing") {
         CHECK(contains(e, path));
         CHECK(contains(e, "the manifest says"));
         CHECK(contains(e, "truncated"));
-        CHECK(contains(verify_converted(dir)[0].problem, "truncated"));
+        CHECK(contains(verify_converted(dir).files[0].problem, "truncated"));
     }
     SUBCASE("a missing file") {
         fs::remove(path);
         const std::string e = load_error(dir, opt);
         CHECK(contains(e, path));
         CHECK(contains(e, "missing"));
-        CHECK(verify_converted(dir)[0].problem == "missing");
+        CHECK(verify_converted(dir).files[0].problem == "missing");
     }
     SUBCASE("a manifest of another format version") {
         nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/manifest.json"));
@@ -103,8 +108,56 @@ TEST_CASE("damaged files: flipped byte, truncated, missing") {
         CHECK(contains(e, "format version 7, but this lattice reads version 1"));
         CHECK_THROWS_AS(verify_converted(dir), Error);
     }
+    SUBCASE("an edited manifest: every load refuses it by its seal; verify says so and still checks the files") {
+        // Valid values a load would otherwise take (issue 33 item 5): w8a16 runs the same int8 files
+        // with other activations, a rope base or an eos id changes every answer without an error.
+        const std::string mpath = dir + "/manifest.json";
+        const nlohmann::json orig = nlohmann::json::parse(std::ifstream(mpath));
+        for (const auto& edit : std::vector<std::function<void(nlohmann::json&)>>{
+                 [](auto& j) { j["quantization"]["mode"] = "w8a16"; },
+                 [](auto& j) { j["config"]["rope_theta"] = 500000.0; },
+                 [](auto& j) { j["config"]["eos_token_id"] = 3; },
+                 [](auto& j) { j["config"]["hidden_size"] = 128; },
+                 [](auto& j) { j["files"][0]["sha256"] = std::string(64, 'a'); }}) {
+            nlohmann::json j = orig;
+            edit(j);
+            std::ofstream(mpath) << j.dump(4);
+            CAPTURE(j.dump());
+            const std::string e = load_error(dir, opt);
+            CHECK(contains(e, mpath));
+            CHECK(contains(e, "differs from its \"manifest_sha256\""));
+            CHECK(contains(e, "edited or damaged"));
+            const auto v = verify_converted(dir);
+            CHECK(v.sealed);
+            CHECK_FALSE(v.manifest.ok);
+            CHECK(contains(v.manifest.problem, "edited or damaged"));
+            CHECK_FALSE(v.ok());
+            REQUIRE(v.files.size() == 1);
+        }
+        // Reformatted (other indentation, key order kept by the parser's sort): still intact.
+        std::ofstream(mpath) << orig.dump(1);
+        CHECK(load_error(dir, opt, true) == "(loaded)");
+        CHECK(verify_converted(dir).ok());
+        // A seal that is not a digest is a bad field.
+        nlohmann::json bad = orig;
+        bad["manifest_sha256"] = 5;
+        std::ofstream(mpath) << bad.dump();
+        CHECK(contains(load_error(dir, opt), "\"manifest_sha256\" is not 64 lowercase hex digits"));
+        // Without the seal (an older conversion, or deleted for a deliberate edit): loads; verify says
+        // the manifest is unchecked, and the whole is not "ok" though every file is.
+        nlohmann::json unsealed = orig;
+        unsealed.erase("manifest_sha256");
+        std::ofstream(mpath) << unsealed.dump(2);
+        CHECK(load_error(dir, opt, true) == "(loaded)");
+        const auto v = verify_converted(dir);
+        CHECK_FALSE(v.sealed);
+        CHECK_FALSE(v.ok());
+        CHECK(contains(v.manifest.problem, "no manifest_sha256"));
+        CHECK(v.files.at(0).ok);
+    }
     SUBCASE("a manifest of another layout") {
         nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/manifest.json"));
+        j.erase("manifest_sha256");  // a deliberate edit (else its seal refuses it first)
         j["layout"]["pp"] = 2;
         j["layout"]["stage_layers"] = {1, 1};
         j["files"].push_back({{"path", rank_file_name(1, 2)},
@@ -142,7 +195,7 @@ TEST_CASE("layout, rank and settings that contradict the conversion") {
         msg = err.what();
     }
     CHECK(contains(msg, "rank 1; the manifest expects"));
-    CHECK(verify_converted(tp2)[0].ok == false);  // and the hash differs
+    CHECK(verify_converted(tp2).files[0].ok == false);  // and the hash differs
 
     // Quantization: explicit settings must match; auto follows the folder.
     CHECK(contains(load_error(one, cpu_options(1, 1, false, QuantMode::kW8A16)),

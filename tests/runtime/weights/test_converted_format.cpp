@@ -148,6 +148,7 @@ TEST_CASE("hf_config_json: parse_hf_config gives back every field (presets and g
 TEST_CASE("manifest: round trip, and each bad field named") {
     const Manifest m = sample_manifest();
     const Manifest r = parse_manifest(manifest_json(m), "m.json");
+    CHECK(r.sealed);
     CHECK(r.tp == 2);
     CHECK(r.pp == 2);
     CHECK(r.stage_layers == m.stage_layers);
@@ -179,6 +180,22 @@ TEST_CASE("manifest: round trip, and each bad field named") {
     CHECK(bad([](auto& j) { j["config"]["num_hidden_layers"] = "four"; }).find("num_hidden_layers") !=
           std::string::npos);
     CHECK(error_of([] { parse_manifest("{", "m.json"); }).find("not valid JSON") != std::string::npos);
+    // The seal: a valid but changed value is refused (or reported, with seal_problem), reformatting is not.
+    CHECK(bad([](auto& j) { j["config"]["vocab_size"] = 321; }).find("m.json: the SHA-256 of its content") !=
+          std::string::npos);
+    CHECK(bad([](auto& j) { j["layout"]["stage_layers"] = {3, 1}; }).find("edited or damaged") != std::string::npos);
+    std::string problem = "unset";
+    const Manifest edited = parse_manifest(
+        [&] {
+            nlohmann::json j = nlohmann::json::parse(manifest_json(m));
+            j["quantization"]["quant_head"] = true;
+            return j.dump(3);
+        }(),
+        "m.json", &problem);
+    CHECK(edited.quant_head);
+    CHECK(problem.find("differs from its \"manifest_sha256\"") != std::string::npos);
+    CHECK(parse_manifest(nlohmann::json::parse(manifest_json(m)).dump(), "m.json", &problem).sealed);
+    CHECK(problem.empty());
     TempDir d;
     CHECK(error_of([&] { read_manifest(d.path.string()); }).find("no manifest.json") != std::string::npos);
 }
