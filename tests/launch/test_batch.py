@@ -13,6 +13,8 @@ skipped, the first keeps it);
   - under mpirun -np 2 --pp 2, drained by SIGUSR1 to mpirun (exit 75) and resumed, the results equal
     the single-rank ones.
 Records are checked field by field in OpenAI's Batch output format (check_result, check_error).
+Every 8th line from the 3rd asks for one of three choices (guided_choice), every 8th from the 7th for a
+JSON schema (response_format): their outputs are checked (and, resumed, equal the uninterrupted run's).
 `format` (its own small inputs): both endpoints in Batch-format lines and bare bodies, and each kind of
 bad line (method, url, JSON, body, custom_id), every record checked field by field; the same output
 locked by another process, or with damaged lines in its middle, is refused (naming the pid, the line
@@ -47,6 +49,33 @@ def check(ok, what):
         print("FAILED:", what)
 
 
+CHOICES = ["yes", "no", "maybe"]
+SCHEMA = {"type": "object", "required": ["answer"], "additionalProperties": False,
+          "properties": {"answer": {"type": "string", "maxLength": 12}, "sure": {"type": "boolean"}}}
+
+
+def check_structured(name, recs):
+    """The structured lines of make_input: each output is one of CHOICES / an object of SCHEMA."""
+    n = 0
+    for k, r in recs.items():
+        cid = json.loads(k)
+        if not (isinstance(cid, str) and cid.startswith("req-")) or int(cid[4:]) % 8 not in (2, 6):
+            continue
+        if not r.get("response"):  # a bad line of make_input (its own checks)
+            continue
+        i = int(cid[4:])
+        text = answer(r)[0]
+        try:
+            obj = json.loads(text) if i % 8 == 6 else None
+            ok = (text in CHOICES) if i % 8 == 2 else (isinstance(obj, dict) and set(obj) <= {"answer", "sure"}
+                                                        and isinstance(obj["answer"], str) and len(obj["answer"]) <= 12)
+        except (ValueError, KeyError):
+            ok = False
+        check(ok, f"{name}: structured output of {k}: {text!r}")
+        n += 1
+    check(n >= 6, f"{name}: only {n} structured outputs")
+
+
 def make_input(path):
     lines, valid, bad = [], set(), set()
     words = ["The sea", "A quiet village", "Numbers", "Once upon a time", "The best way to learn"]
@@ -77,6 +106,13 @@ def make_input(path):
         else:
             body = {"prompt": f"{words[i % 5]} {i}", "max_tokens": 4 + i % 5}
             url = "/v1/completions"
+        if i % 8 == 2:  # structured output: one of the choices
+            body["guided_choice"] = CHOICES
+            body["max_tokens"] = 8
+        elif i % 8 == 6:  # structured output: a JSON schema
+            body = {"messages": body.get("messages", [{"role": "user", "content": body.get("prompt", "")}]),
+                    "max_tokens": 40, "response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}}
+            url = "/v1/chat/completions"
         body["temperature"] = 0
         body["return_token_ids"] = True
         lines.append(json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body}))
@@ -385,6 +421,7 @@ with tempfile.TemporaryDirectory() as tmp:
     check(rc == 0, f"uninterrupted run exits 0 (rc {rc}): {err[-500:]}")
     want = verify("uninterrupted", ref, valid, bad)
     check(len(want) == len(valid) + len(bad), f"uninterrupted: {len(want)} records for {len(valid) + len(bad)} ids")
+    check_structured("uninterrupted", want)
 
     if PART in ("all", "kill"):
         # SIGKILL mid-run, then reruns until one completes.
