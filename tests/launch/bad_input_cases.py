@@ -385,6 +385,26 @@ def more_cases(shared, llama2, gen, model_copy):
             return []
         return setup
 
+    def batch_lines(first):
+        """setup(): tmp/in.jsonl holding `first`, then a valid line (the job must go on after it)."""
+        def setup(t):
+            with open(os.path.join(t, "in.jsonl"), "w") as f:
+                f.write(first + "\n" + '{"prompt": [1, 2], "max_tokens": 2}\n')
+            return []
+        return setup
+
+    def batch_records(codes):
+        """check(): tmp/o.jsonl holds one record per line, line-N's error code codes[N-1] (None: a result)."""
+        def check(tmp, r):
+            with open(os.path.join(tmp, "o.jsonl")) as f:
+                recs = {j["custom_id"]: j for j in map(json.loads, f)}
+            got = [(recs.get(f"line-{i + 1}") or {}).get("error") or {} for i in range(len(codes))]
+            got = [g.get("code") for g in got]
+            missing = [i + 1 for i in range(len(codes)) if f"line-{i + 1}" not in recs]
+            return f"records {got}, missing lines {missing}" if got != codes or missing or len(recs) != len(codes) \
+                else None
+        return check
+
     def weights_intact(tmp, r):
         with open(os.path.join(llama2, "model.safetensors"), "rb") as a, \
                 open(os.path.join(tmp, "m", "model.safetensors"), "rb") as b:
@@ -435,6 +455,15 @@ def more_cases(shared, llama2, gen, model_copy):
              ["batch", "--model", llama2, "--input", "{tmp}/o.jsonl.input", "--output", "{tmp}/o.jsonl"],
              needle=["o.jsonl.input", "input of this run"], setup=old_file("o.jsonl.input"),
              check=content_is("o.jsonl.input", b'{"generated_tokens": 99}')),
+        Case("batch: a 60 MB line (12M token ids) is an error record, at little memory (issue 33 item 8)",
+             ["batch", "--model", llama2, "--input", "{tmp}/in.jsonl", "--output", "{tmp}/o.jsonl", "--progress",
+              "none"], rc=0, max_rss_mb=160, logs_ok=True,
+             setup=batch_lines('{"prompt": [' + "123, " * (12 << 20) + '1], "max_tokens": 2}'),
+             check=batch_records(["request_too_large", None])),
+        Case("batch: a 20 MB line of nested [ is an error record, at little memory (issue 33 item 8)",
+             ["batch", "--model", llama2, "--input", "{tmp}/in.jsonl", "--output", "{tmp}/o.jsonl", "--progress",
+              "none"], rc=0, max_rss_mb=160, logs_ok=True, setup=batch_lines('{"prompt": ' + "[" * (20 << 20)),
+             check=batch_records(["request_too_large", None])),
         Case("batch --stats-json names the model's weights", ["batch", "--model", "{tmp}/m", "--input", "{tmp}/t.txt",
                                                               "--output", "{tmp}/o.jsonl", "--stats-json",
                                                               "{tmp}/m/model.safetensors"],
