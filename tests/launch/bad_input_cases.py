@@ -2,6 +2,16 @@
 odd files, corrupt safetensors / config / GGUF / tokenizer, memory bombs, garbage weights, flags out of
 range, write errors, clobbering, signals. `setup(tmp)` builds the input and returns extra arguments;
 `check(tmp, result)` returns a problem string (or None) about files after the run.
+
+Issue 33 (serve, batch, convert hardening): its items map to tests in docs/testing.md ("Issue 33's items
+and the tests that show them"). The cases here that belong to it, by item:
+  2    "batch --output's fingerprint (OUTPUT.input) names its --input"
+  8    "batch: a 60 MB line (12M token ids) is an error record, at little memory (issue 33 item 8)",
+       "batch: a 20 MB line of nested [ is an error record, at little memory (issue 33 item 8)"
+  Also "batch --output is a FIFO: refused as an appended file (issue 33)"
+The others live beside the server or batch they need: test_batch.py (1, 2, 3, 8, 10, 14), test_convert.sh
+(4, 5, 6), test_serve_http.cpp (7, 9), test_serve.py (10, 12, the empty API key), test_openai_sampling.cpp
+(13), tests/runtime/engine/test_client.cpp (11).
 """
 import json
 import os
