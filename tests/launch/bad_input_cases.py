@@ -8,6 +8,7 @@ and the tests that show them"). The cases here that belong to it, by item:
   2    "batch --output's fingerprint (OUTPUT.input) names its --input"
   8    "batch: a 60 MB line (12M token ids) is an error record, at little memory (issue 33 item 8)",
        "batch: a 20 MB line of nested [ is an error record, at little memory (issue 33 item 8)"
+  11   "batch: --kv-cache-gb 0.02 (29 blocks), a chat line without max_tokens runs (issue 33 item 11)"
   Also "batch --output is a FIFO: refused as an appended file (issue 33)"
 The others live beside the server or batch they need: test_batch.py (1, 2, 3, 8, 10, 14), test_convert.sh
 (4, 5, 6), test_serve_http.cpp (7, 9), test_serve.py (10, 12, the empty API key), test_openai_sampling.cpp
@@ -474,6 +475,14 @@ def more_cases(shared, llama2, gen, model_copy):
              ["batch", "--model", llama2, "--input", "{tmp}/in.jsonl", "--output", "{tmp}/o.jsonl", "--progress",
               "none"], rc=0, max_rss_mb=160, logs_ok=True, setup=batch_lines('{"prompt": ' + "[" * (20 << 20)),
              check=batch_records(["request_too_large", None])),
+        Case("batch: --kv-cache-gb 0.02 (29 blocks), a chat line without max_tokens runs (issue 33 item 11)",
+             ["batch", "--input", "{tmp}/in.jsonl", "--output", "{tmp}/o.jsonl", "--progress", "none",
+              "--kv-cache-gb", "0.02", "--threads", "2"], rc=0, logs_ok=True,
+             needle="the KV cache holds 464 positions (29 blocks of 16), fewer than the context of 4096",
+             setup=lambda t: open(os.path.join(t, "in.jsonl"), "w").write(
+                 '{"messages": [{"role": "user", "content": "Hi"}], "temperature": 0}\n') and [],
+             check=lambda t, r: None if json.load(open(os.path.join(t, "o.jsonl")))["response"]["body"]["object"]
+             == "chat.completion" else open(os.path.join(t, "o.jsonl")).read()),
         Case("batch --stats-json names the model's weights", ["batch", "--model", "{tmp}/m", "--input", "{tmp}/t.txt",
                                                               "--output", "{tmp}/o.jsonl", "--stats-json",
                                                               "{tmp}/m/model.safetensors"],
