@@ -2,6 +2,17 @@
 odd files, corrupt safetensors / config / GGUF / tokenizer, memory bombs, garbage weights, flags out of
 range, write errors, clobbering, signals. `setup(tmp)` builds the input and returns extra arguments;
 `check(tmp, result)` returns a problem string (or None) about files after the run.
+
+Issue 33 (serve, batch, convert hardening): its items map to tests in docs/testing.md ("Issue 33's items
+and the tests that show them"). The cases here that belong to it, by item:
+  2    "batch --output's fingerprint (OUTPUT.input) names its --input"
+  8    "batch: a 60 MB line (12M token ids) is an error record, at little memory (issue 33 item 8)",
+       "batch: a 20 MB line of nested [ is an error record, at little memory (issue 33 item 8)"
+  11   "batch: --kv-cache-gb 0.02 (29 blocks), a chat line without max_tokens runs (issue 33 item 11)"
+  Also "batch --output is a FIFO: refused as an appended file (issue 33)"
+The others live beside the server or batch they need: test_batch.py (1, 2, 3, 8, 10, 14), test_convert.sh
+(4, 5, 6), test_serve_http.cpp (7, 9), test_serve.py (10, 12, the empty API key), test_openai_sampling.cpp
+(13), tests/runtime/engine/test_client.cpp (11).
 """
 import json
 import os
@@ -385,6 +396,26 @@ def more_cases(shared, llama2, gen, model_copy):
             return []
         return setup
 
+    def batch_lines(first):
+        """setup(): tmp/in.jsonl holding `first`, then a valid line (the job must go on after it)."""
+        def setup(t):
+            with open(os.path.join(t, "in.jsonl"), "w") as f:
+                f.write(first + "\n" + '{"prompt": [1, 2], "max_tokens": 2}\n')
+            return []
+        return setup
+
+    def batch_records(codes):
+        """check(): tmp/o.jsonl holds one record per line, line-N's error code codes[N-1] (None: a result)."""
+        def check(tmp, r):
+            with open(os.path.join(tmp, "o.jsonl")) as f:
+                recs = {j["custom_id"]: j for j in map(json.loads, f)}
+            got = [(recs.get(f"line-{i + 1}") or {}).get("error") or {} for i in range(len(codes))]
+            got = [g.get("code") for g in got]
+            missing = [i + 1 for i in range(len(codes)) if f"line-{i + 1}" not in recs]
+            return f"records {got}, missing lines {missing}" if got != codes or missing or len(recs) != len(codes) \
+                else None
+        return check
+
     def weights_intact(tmp, r):
         with open(os.path.join(llama2, "model.safetensors"), "rb") as a, \
                 open(os.path.join(tmp, "m", "model.safetensors"), "rb") as b:
@@ -435,6 +466,23 @@ def more_cases(shared, llama2, gen, model_copy):
              ["batch", "--model", llama2, "--input", "{tmp}/o.jsonl.input", "--output", "{tmp}/o.jsonl"],
              needle=["o.jsonl.input", "input of this run"], setup=old_file("o.jsonl.input"),
              check=content_is("o.jsonl.input", b'{"generated_tokens": 99}')),
+        Case("batch: a 60 MB line (12M token ids) is an error record, at little memory (issue 33 item 8)",
+             ["batch", "--model", llama2, "--input", "{tmp}/in.jsonl", "--output", "{tmp}/o.jsonl", "--progress",
+              "none"], rc=0, max_rss_mb=160, logs_ok=True,
+             setup=batch_lines('{"prompt": [' + "123, " * (12 << 20) + '1], "max_tokens": 2}'),
+             check=batch_records(["request_too_large", None])),
+        Case("batch: a 20 MB line of nested [ is an error record, at little memory (issue 33 item 8)",
+             ["batch", "--model", llama2, "--input", "{tmp}/in.jsonl", "--output", "{tmp}/o.jsonl", "--progress",
+              "none"], rc=0, max_rss_mb=160, logs_ok=True, setup=batch_lines('{"prompt": ' + "[" * (20 << 20)),
+             check=batch_records(["request_too_large", None])),
+        Case("batch: --kv-cache-gb 0.02 (29 blocks), a chat line without max_tokens runs (issue 33 item 11)",
+             ["batch", "--input", "{tmp}/in.jsonl", "--output", "{tmp}/o.jsonl", "--progress", "none",
+              "--kv-cache-gb", "0.02", "--threads", "2"], rc=0, logs_ok=True,
+             needle="the KV cache holds 464 positions (29 blocks of 16), fewer than the context of 4096",
+             setup=lambda t: open(os.path.join(t, "in.jsonl"), "w").write(
+                 '{"messages": [{"role": "user", "content": "Hi"}], "temperature": 0}\n') and [],
+             check=lambda t, r: None if json.load(open(os.path.join(t, "o.jsonl")))["response"]["body"]["object"]
+             == "chat.completion" else open(os.path.join(t, "o.jsonl")).read()),
         Case("batch --stats-json names the model's weights", ["batch", "--model", "{tmp}/m", "--input", "{tmp}/t.txt",
                                                               "--output", "{tmp}/o.jsonl", "--stats-json",
                                                               "{tmp}/m/model.safetensors"],

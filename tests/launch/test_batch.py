@@ -259,6 +259,8 @@ def format_part(tmp):
         ({"custom_id": "nomsg", "method": "POST", "url": "/v1/chat/completions", "body": done}, "nomsg",
          "invalid_request", ("line 9", '"prompt"', "chat completion")),
         ({"custom_id": {"a": 1}, "body": done}, {"a": 1}, "invalid_custom_id", ("line 10", "custom_id")),
+        # Issue 33 item 10: what batch cannot answer in one record is refused, not ignored.
+        ({"custom_id": "echo", "body": dict(done, echo=True)}, "echo", "invalid_request", ("line 11", '"echo"')),
     ]
     with open(inp, "w") as f:
         f.write("".join((ln if isinstance(ln, str) else json.dumps(ln)) + "\n" for ln, _, _, _ in lines))
@@ -316,10 +318,10 @@ def input_binding_part(inp, out):
         f.write(json.dumps({"prompt": "The sky is", "max_tokens": 3, "temperature": 0}) + "\n")
     rc, err = run([lattice], inp, out)
     recs, dup = records(out)
-    new = recs.get('"line-11"', {}).get("response") or {}
+    new = recs.get('"line-12"', {}).get("response") or {}
     check(rc == 0 and "1 line(s) appended at its end" in err and open(out).read().startswith(first) and not dup
-          and "batch: 11 of 11 requests done (0 errors, 10 from earlier runs)" in err
-          and len(recs) == 11 and new.get("body", {}).get("object") == "text_completion",
+          and "batch: 12 of 12 requests done (0 errors, 11 from earlier runs)" in err
+          and len(recs) == 12 and new.get("body", {}).get("object") == "text_completion",
           f"bind: a line appended at the end resumes, only it runs (rc {rc}, {len(recs)} records): {err[-300:]}")
     before, before_side = open(out).read(), open(side).read()
     with open(inp) as f:
@@ -347,11 +349,11 @@ def input_binding_part(inp, out):
 def restart_part(inp, out):
     """--restart on an output with damaged lines and an edited input: the output is emptied and the edited
     input runs whole, each "line-N" its own line's request (the inserted line-1 a chat, the old bare
-    lines 4, 5 and 11 now 5, 6 and 12, the bad JSON line 9)."""
+    lines 4, 5 and 12 now 5, 6 and 13, the bad JSON line 9)."""
     rc, err = run([lattice], inp, out, more=["--restart"])
     recs, dup = records(out)
     want = {"cmp": "text_completion", "chat": "chat.completion", 7: "chat.completion", "line-1": "chat.completion",
-            "line-5": "text_completion", "line-6": "chat.completion", "line-12": "text_completion",
+            "line-5": "text_completion", "line-6": "chat.completion", "line-13": "text_completion", "echo": "invalid_request",
             "get": "invalid_method", "emb": "invalid_url", "line-9": "invalid_json", "nomsg": "invalid_request",
             json.dumps({"a": 1}): "invalid_custom_id"}
     got = {}
@@ -359,7 +361,7 @@ def restart_part(inp, out):
         key = json.loads(k)
         key = json.dumps(key) if isinstance(key, dict) else key
         got[key] = r["response"]["body"]["object"] if r.get("response") else r["error"]["code"]
-    check(rc == 0 and "--restart: discarded the 11 lines" in err and not dup and got == want,
+    check(rc == 0 and "--restart: discarded the 12 lines" in err and not dup and got == want,
           f"restart: the edited input runs whole (rc {rc}): {got} {err[-300:]}")
 
 

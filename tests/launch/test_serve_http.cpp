@@ -9,15 +9,22 @@
 //    Content-Length) is a 400 and the connection closes: a pipelined request after it never runs;
 //  - stop_accepting(): new connections are refused;
 //  - a large body is routed (parsed, tokenized) off the I/O thread: while its route is held at a
-//    gate, another connection on the one I/O thread is served.
+//    gate, another connection on the one I/O thread is served;
+//  - `ulimit -n 64` with 200 idle connections (issue 33 item 7, in a forked server process): the
+//    connection limit fits the descriptors, the excess and a valid request are answered 503 with
+//    Retry-After (not left to time out behind accept() failures), and once the idle ones go a
+//    request is served.
 // Every wait is bounded (generous deadlines; a failure, never a hang).
 #include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -312,4 +319,92 @@ TEST_CASE("a large body is routed off the I/O thread: while its route is held, o
     CHECK(eventually([&] { return f.server.active() == 0; }));
     ::close(big);
     ::close(small);
+}
+
+TEST_CASE("ulimit -n 64 and 200 idle connections: the excess and a valid request get 503 with Retry-After") {
+    int to_parent[2], from_parent[2];
+    REQUIRE(::pipe(to_parent) == 0);
+    REQUIRE(::pipe(from_parent) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {  // the server, as `ulimit -n 64; lattice serve` (--max-connections 1024) runs it
+        ::close(to_parent[0]);
+        ::close(from_parent[1]);
+        rlimit rl{};
+        ::getrlimit(RLIMIT_NOFILE, &rl);
+        rl.rlim_cur = 64;
+        if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) ::_exit(3);
+        ServerOptions o;
+        o.max_connections = 1024;
+        Fixture f(o);
+        FakeEngine engine(f.inbox, 4);
+        const int port = f.server.port();
+        if (::write(to_parent[1], &port, sizeof(port)) != sizeof(port)) ::_exit(4);
+        char c = 0;
+        [[maybe_unused]] const ssize_t n = ::read(from_parent[0], &c, 1);  // until the parent closes the pipe
+        ::_exit(0);  // no teardown in the forked child
+    }
+    ::close(to_parent[1]);
+    ::close(from_parent[0]);
+    int port = 0;
+    REQUIRE(::read(to_parent[0], &port, sizeof(port)) == sizeof(port));
+    std::vector<int> idle;
+    for (int i = 0; i < 200; ++i) {
+        const int fd = connect_to(port);
+        REQUIRE(fd >= 0);
+        idle.push_back(fd);
+    }
+    // The server holds at most what its descriptors allow (64 minus those open, minus a reserve): every
+    // other connection is answered 503 and closed at once.
+    int refused = 0, retry_after = 0;
+    std::vector<std::string> got(idle.size());
+    std::vector<bool> ended(idle.size(), false);
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (refused < 200 - 64 && std::chrono::steady_clock::now() < deadline) {
+        std::vector<pollfd> ps;
+        for (size_t i = 0; i < idle.size(); ++i)
+            if (!ended[i]) ps.push_back({idle[i], POLLIN, 0});
+        if (::poll(ps.data(), ps.size(), 100) <= 0) continue;
+        for (const pollfd& p : ps) {
+            if (!(p.revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            const size_t i = size_t(std::find(idle.begin(), idle.end(), p.fd) - idle.begin());
+            char buf[4096];
+            const ssize_t n = ::recv(p.fd, buf, sizeof(buf), 0);
+            if (n > 0) got[i].append(buf, size_t(n));
+            // A refused client goes once it has its answer (as a real one does; its descriptor is freed).
+            if (n > 0 && !got[i].ends_with("}")) continue;
+            ended[i] = true;
+            ::close(p.fd);
+            idle[i] = -1;
+            refused += got[i].starts_with("HTTP/1.1 503");
+            retry_after += got[i].find("Retry-After: 1\r\n") != std::string::npos;
+        }
+    }
+    CHECK(refused >= 200 - 64);
+    CHECK(retry_after == refused);
+    // A valid request meanwhile: a prompt 503 that says when to ask again, not a timeout.
+    const int fd = connect_to(port);
+    REQUIRE(fd >= 0);
+    send_all(fd, post("/v1/completions", R"({"prompt": [1], "max_tokens": 3})"));
+    const std::string busy = read_until(fd, "}", 30s);
+    CHECK_MESSAGE(busy.starts_with("HTTP/1.1 503"), busy);
+    CHECK(busy.find("Retry-After: 1\r\n") != std::string::npos);
+    CHECK(busy.find("too many open connections") != std::string::npos);
+    ::close(fd);
+    for (const int c : idle)
+        if (c >= 0) ::close(c);
+    // The idle connections gone, a request is served (once the server has seen them close).
+    CHECK(eventually([&] {
+        const int c = connect_to(port);
+        if (c < 0) return false;
+        send_all(c, post("/v1/completions", R"({"prompt": [1], "max_tokens": 3})"));
+        const bool ok = read_until(c, "\"total_tokens\":4}}", 30s).starts_with("HTTP/1.1 200");
+        ::close(c);
+        return ok;
+    }));
+    ::close(from_parent[1]);
+    ::close(to_parent[0]);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
 }
