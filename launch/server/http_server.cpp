@@ -24,6 +24,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "launch/server/http_framing.h"
 
 namespace lattice::serve {
 
@@ -108,19 +109,14 @@ private:
     void on_header(beast::error_code ec) {
         if (ec) return on_read(ec);
         auto& req = parser_->get();
-        // RFC 9112 6.3: a Transfer-Encoding whose last coding is not chunked cannot frame a request,
-        // and one beside a Content-Length is how requests get smuggled past a proxy: 400, and close.
+        // RFC 9112 6.3 (http_framing.h): a request whose framing could be read two ways: 400, and close.
+        std::optional<std::string_view> te;
         if (req.find(http::field::transfer_encoding) != req.end()) {
-            const std::string te(req[http::field::transfer_encoding]);
-            const size_t comma = te.find_last_of(',');
-            std::string last = te.substr(comma == std::string::npos ? 0 : comma + 1);
-            last.erase(0, last.find_first_not_of(" \t"));
-            last.erase(last.find_last_not_of(" \t") + 1);
-            if (!beast::iequals(last, "chunked") || req.find(http::field::content_length) != req.end())
-                return send_reply(error_reply(400, "Transfer-Encoding \"" + te +
-                                                       "\": only a final chunked coding, without Content-Length"),
-                                  true);
+            const auto v = req[http::field::transfer_encoding];
+            te = std::string_view(v.data(), v.size());
         }
+        if (auto refusal = framing_refusal(te, req.find(http::field::content_length) != req.end()))
+            return send_reply(error_reply(400, *refusal), true);
         if (beast::iequals(req[http::field::expect], "100-continue")) {  // the client waits for our go-ahead
             cont_.emplace(http::status::continue_, req.version());
             http::async_write(sock_, *cont_, [self = shared_from_this()](beast::error_code ec, size_t) {
