@@ -24,7 +24,8 @@ every output is checked against `lattice generate` or the golden continuations:
      guided_regex (re.fullmatch), guided_choice (one of them); tools with tool_choice named / "required": one
      call whose arguments validate (streamed: the same call in one delta), "none": text; the same in a `lattice
      batch` file (and a line of 2 prompts x n 2 equal to the server's answer); an unsupported keyword, a bad regex,
-     two constraints at once, an unknown tool are 400s naming the culprit.
+     two constraints at once, an unknown tool are 400s naming the culprit; --kv-cache-gb 0.02 (29 blocks): /v1/models
+     advertises a max_model_len the cache holds and a chat without max_tokens runs (issue 33 item 11).
   5. (part "fronts") the same three requests (ended by length, by a stop string, a chat) through
      `generate --json`, `batch` and serve give the same ids, text, finish reason and usage.
 Without the openai package the same requests and checks go through http.client (Api below), so the test
@@ -854,6 +855,17 @@ try:
     if PART in ("structured", "all"):
         s = Server(["--model", builtin, "--threads", "2", "--served-model-name", "smol"])
         structured_section(s, Api(s.port, ""))
+        s.stop()
+        # Issue 33 item 11: a KV cache of 29 blocks bounds the context /v1/models advertises, and a chat without
+        # max_tokens (the rest of that context) runs.
+        s = Server(["--model", builtin, "--threads", "2", "--served-model-name", "smol", "--kv-cache-gb", "0.02"])
+        st, _, raw = s.request("GET", "/v1/models")
+        models = json.loads(raw)["data"] if st == 200 else []
+        mml = models[0].get("max_model_len") if models else None
+        check(isinstance(mml, int) and 0 < mml <= 29 * 16, f"--kv-cache-gb 0.02: /v1/models max_model_len {mml}")
+        st, _, raw = s.request("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                                                "temperature": 0})
+        check(st == 200, f"--kv-cache-gb 0.02: a chat without max_tokens: {st} {raw[:300]}")
         s.stop()
         print(f"structured: {time.time() - t0:.1f} s", flush=True)
     if PART in ("fronts", "all"):
