@@ -115,7 +115,7 @@ private:
             const auto v = req[http::field::transfer_encoding];
             te = std::string_view(v.data(), v.size());
         }
-        if (auto refusal = framing_refusal(te, req.find(http::field::content_length) != req.end()))
+        if (auto refusal = framing_refusal(te, req.find(http::field::content_length) != req.end(), parser_->chunked()))
             return send_reply(error_reply(400, *refusal), true);
         if (beast::iequals(req[http::field::expect], "100-continue")) {  // the client waits for our go-ahead
             cont_.emplace(http::status::continue_, req.version());

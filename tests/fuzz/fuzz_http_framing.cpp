@@ -2,8 +2,9 @@
 // server's header and body limits) over a byte stream of pipelined requests, our Transfer-Encoding
 // rule (launch/server/http_framing.h) applied once each header is parsed, as the server does before
 // reading a body. Checked on every input: an accepted request with a Transfer-Encoding is framed as
-// chunked by Beast and has no Content-Length (our verdict and the parser's framing never disagree,
-// the gap request smuggling lives in); a refused one ends the stream (nothing after it is parsed,
+// chunked by Beast, has no Content-Length and ends in exactly "chunked" (our verdict and the parser's
+// framing never disagree, the gap request smuggling lives in: an obs-folded Transfer-Encoding that
+// ended in "chunked" to us but not to Beast was the first finding); a refused one ends the stream (nothing after it is parsed,
 // as the server closes the connection); no exception, no sanitizer report. Seeds (seeds_http/):
 // issue 33 item 9's cases (xchunked, identity, "chunked, identity", chunked beside a Content-Length,
 // each followed by a pipelined GET) and well-framed requests.
@@ -42,9 +43,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             te = std::string_view(v.data(), v.size());
         }
         const bool has_length = req.find(http::field::content_length) != req.end();
-        if (lattice::serve::framing_refusal(te, has_length)) return 0;  // refused: the connection closes
-        if (te && (!p.chunked() || has_length)) std::abort();            // accepted but framed otherwise
+        if (lattice::serve::framing_refusal(te, has_length, p.chunked())) return 0;  // refused: the connection closes
+        if (te && (!p.chunked() || has_length)) std::abort();  // accepted but framed otherwise
         if (!te && p.chunked()) std::abort();
+        if (te) {  // accepted: the last element is exactly "chunked" (any case), and it is a token list
+            std::string_view v = *te;
+            const size_t comma = v.find_last_of(',');
+            v = v.substr(comma == std::string_view::npos ? 0 : comma + 1);
+            while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+            while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+            bool chunked = v.size() == 7;
+            for (size_t i = 0; chunked && i < 7; ++i) chunked = (v[i] | 0x20) == "chunked"[i];
+            if (!chunked) std::abort();
+        }
         p.eager(true);
         while (!in.empty() && !p.is_done()) {
             const size_t used = p.put(boost::asio::buffer(in.data(), in.size()), ec);
