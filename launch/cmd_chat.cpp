@@ -128,7 +128,13 @@ std::string trim(const std::string& s) {
 class Chat {
 public:
     Chat(ChatArgs& a, EngineClient& client, const Tokenizer& tok, SamplingParams sp, int64_t max_position)
-        : a_(a), client_(client), tok_(tok), sp_(sp), ctx_(client.context()), max_position_(max_position) {
+        : a_(a),
+          client_(client),
+          tok_(tok),
+          sp_(sp),
+          grammar_(a.sampling.grammar()),
+          ctx_(client.context()),
+          max_position_(max_position) {
         reset();
     }
 
@@ -150,6 +156,7 @@ public:
         req.sampling = sp_;
         req.sampling.seed = sp_.seed + uint64_t(turns_++);
         req.stop = a_.sampling.stop;
+        req.grammar = grammar_;
         const std::vector<ClientOutput> outs = client_.run({req}, [&](size_t, const ClientEvent& ev) {
             if (!ev.text.empty()) {
                 write_stdout(ev.text);
@@ -210,6 +217,7 @@ private:
     EngineClient& client_;
     const Tokenizer& tok_;
     SamplingParams sp_;
+    std::shared_ptr<const Grammar> grammar_;  // --json-schema ... (every turn's answer follows it)
     int64_t ctx_, max_position_;
     std::vector<ChatMessage> msgs_;
     int64_t turns_ = 0;

@@ -223,6 +223,9 @@ PreparedPrompt prepare_prompt(GenerateArgs& a) {
     LATTICE_CHECK(a.sampling.stop.empty() || p.tok, "--stop needs a model with a tokenizer");
     p.request.sampling = a.sampling.resolve();
     p.request.stop = a.sampling.stop;
+    p.request.grammar = a.sampling.grammar();
+    LATTICE_CHECK(!p.request.grammar || p.tok,
+                  "structured output (--json-schema, --json-object, --regex, --choice) needs a model with a tokenizer");
     p.request.ignore_eos = a.ignore_eos;
     return p;
 }

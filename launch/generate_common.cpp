@@ -49,6 +49,48 @@ void SamplingArgs::add_to(CLI::App* cmd) {
         ->capture_default_str();
     cmd->add_option("--stop", stop, "Stop at this text (repeatable); it and what follows are not shown (default: none)")
         ->allow_extra_args(false);
+    cmd->add_option("--json-schema", json_schema,
+                    "Structured output: the output is JSON valid under this schema (a file, or the schema itself)");
+    cmd->add_flag("--json-object", json_object, "Structured output: the output is a JSON object");
+    cmd->add_option("--regex", regex, "Structured output: the output matches this regular expression (whole)");
+    cmd->add_option("--choice", choices, "Structured output: the output is one of these strings (repeatable)")
+        ->allow_extra_args(false);
+}
+
+std::shared_ptr<const Grammar> SamplingArgs::grammar() const {
+    GrammarSpec g;
+    const char* flag = nullptr;
+    int given = 0;
+    if (!json_schema.empty()) {
+        ++given;
+        flag = "--json-schema";
+        g.kind = GrammarSpec::Kind::kJsonSchema;
+        g.source = json_schema.front() == '{' ? json_schema : read_prompt_file(json_schema, "--json-schema");
+    }
+    if (json_object) {
+        ++given;
+        flag = "--json-object";
+        g.kind = GrammarSpec::Kind::kJsonObject;
+    }
+    if (!regex.empty()) {
+        ++given;
+        flag = "--regex";
+        g.kind = GrammarSpec::Kind::kRegex;
+        g.source = regex;
+    }
+    if (!choices.empty()) {
+        ++given;
+        flag = "--choice";
+        g.kind = GrammarSpec::Kind::kChoice;
+        g.choices = choices;
+    }
+    LATTICE_CHECK(given <= 1, "--json-schema, --json-object, --regex and --choice: give one");
+    if (!given) return nullptr;
+    try {
+        return Grammar::compile(g);
+    } catch (const Error& e) {
+        throw Error(fmt::format("{}: {}", flag, e.message()));
+    }
 }
 
 SamplingParams SamplingArgs::resolve() const {

@@ -12,9 +12,11 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "runtime/engine/grammar.h"
 #include "runtime/engine/sampler.h"
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/tokenizer/tokenizer.h"
@@ -26,12 +28,19 @@ namespace lattice {
 struct SamplingArgs {
     SamplingParams params;
     std::vector<std::string> stop;
+    // Structured output (runtime/engine/grammar.h), at most one: --json-schema (a file, or the schema
+    // itself when it starts with '{'), --json-object, --regex, --choice (repeatable).
+    std::string json_schema, regex;
+    bool json_object = false;
+    std::vector<std::string> choices;
 
     // Registers --temperature ... --stop on `cmd` with the current values as the stated defaults.
     void add_to(CLI::App* cmd);
     // `params` with the seed resolved: --seed when given, else a fresh random one. Throws Error
     // naming a bad value.
     SamplingParams resolve() const;
+    // The compiled grammar of the structured-output flags (null: none). Error naming the flag.
+    std::shared_ptr<const Grammar> grammar() const;
 
 private:
     CLI::Option* seed_opt_ = nullptr;
