@@ -4,7 +4,8 @@
 // Supported: literals, escapes (\d \w \s \D \W \S, \n \t \r \f \v \0, \xHH, \uHHHH, an escaped
 // punctuation character), classes [a-z0-9_] and [^...] (escapes inside), `.` (any character but \n),
 // groups (...), (?:...), (?P<name>...), (?<name>...), |, * + ? {m} {m,} {m,n} (a lazy `?` after a
-// quantifier changes nothing for a whole match), a leading ^ and a trailing $.
+// quantifier changes nothing for a whole match), a leading ^ and a trailing $. \d \w \s are ASCII
+// classes, not Python's Unicode ones.
 // Refused with the construct and its byte offset: backreferences, lookaround, \b \B \A \Z, anchors
 // elsewhere, possessive quantifiers, inline flags, {m,n} above 1000, anything unknown.
 #include <algorithm>
