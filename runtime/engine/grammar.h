@@ -155,6 +155,10 @@ struct Configs {
         off.resize(1);
     }
     bool contains(std::span<const int32_t> c) const;
+    void pop() {
+        off.pop_back();
+        data.resize(off.back());
+    }
     void push(std::span<const int32_t> c) {
         data.insert(data.end(), c.begin(), c.end());
         off.push_back(uint32_t(data.size()));

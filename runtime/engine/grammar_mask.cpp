@@ -27,49 +27,63 @@ using grammar_detail::Configs;
 using grammar_detail::DfaCache;
 using grammar_detail::Nfa;
 
+// Closes configurations into `out` with an explicit work list (epsilon chains of a large regex
+// repetition are long; recursion would bound them by the thread's stack).
 struct Closure {
     const Nfa& n;
     Configs& out;
     Configs& seen;
+    Configs& work;
+    std::vector<int32_t>& cur;
     bool complete = false;
 
-    void expand(std::vector<int32_t>& cfg) {
-        const int32_t s = cfg.back();
+    void expand(std::span<const int32_t> start) {
+        work.clear();
+        work.push(start);
+        while (work.size() > 0) {
+            const auto top = work.at(work.size() - 1);
+            cur.assign(top.begin(), top.end());
+            work.pop();
+            visit();
+        }
+    }
+
+private:
+    void visit() {
+        const int32_t s = cur.back();
         const size_t su = size_t(s);
         const bool has_eps = n.eps_off[su] != n.eps_off[su + 1], has_calls = n.call_off[su] != n.call_off[su + 1];
+        const bool has_bytes = n.byte_off[su] != n.byte_off[su + 1];
         if (!has_eps && !has_calls && n.flags[su] == 0) {  // the common case: a plain byte state
-            if (n.byte_off[su] != n.byte_off[su + 1] && !out.contains(cfg)) out.push(cfg);
+            if (has_bytes && !out.contains(cur)) out.push(cur);
             return;
         }
-        if (seen.contains(cfg)) return;
-        seen.push(cfg);
-        if (n.byte_off[su] != n.byte_off[su + 1]) out.push(cfg);
-        if ((n.flags[su] & grammar_detail::kFinal) && cfg.size() == 1) complete = true;
-        if ((n.flags[su] & grammar_detail::kReturn) && cfg.size() > 1) {
-            cfg.pop_back();
-            expand(cfg);
-            cfg.push_back(s);
-        }
+        if (seen.contains(cur)) return;
+        seen.push(cur);
+        if (has_bytes) out.push(cur);
+        if ((n.flags[su] & grammar_detail::kFinal) && cur.size() == 1) complete = true;
+        if ((n.flags[su] & grammar_detail::kReturn) && cur.size() > 1)
+            work.push(std::span<const int32_t>(cur.data(), cur.size() - 1));
         for (uint32_t e = n.eps_off[su]; e < n.eps_off[su + 1]; ++e) {
-            cfg.back() = n.eps[e];
-            expand(cfg);
+            cur.back() = n.eps[e];
+            work.push(cur);
         }
-        cfg.back() = s;
-        if (cfg.size() >= size_t(grammar_detail::kMaxStack)) return;
+        cur.back() = s;
+        if (cur.size() >= size_t(grammar_detail::kMaxStack)) return;
         for (uint32_t e = n.call_off[su]; e < n.call_off[su + 1]; ++e) {
-            cfg.back() = n.calls[e].ret;
-            cfg.push_back(n.calls[e].callee);
-            expand(cfg);
-            cfg.pop_back();
+            cur.back() = n.calls[e].ret;
+            cur.push_back(n.calls[e].callee);
+            work.push(cur);
+            cur.pop_back();
         }
-        cfg.back() = s;
+        cur.back() = s;
     }
 };
 
 struct Scratch {
     std::vector<int32_t> levels;  // the set id at each trie depth
-    Configs seen, tmp;
-    std::vector<int32_t> cfg;
+    Configs seen, tmp, work;
+    std::vector<int32_t> cfg, cur;
 };
 
 Scratch& scratch() {
@@ -81,7 +95,7 @@ Scratch& scratch() {
 bool step(const Nfa& n, const Configs& in, uint8_t b, Configs& out, Scratch& sc) {
     out.clear();
     sc.seen.clear();
-    Closure cl{n, out, sc.seen};
+    Closure cl{n, out, sc.seen, sc.work, sc.cur};
     for (int32_t i = 0; i < in.size(); ++i) {
         const int32_t s = in.top(i);
         for (uint32_t e = n.byte_off[size_t(s)]; e < n.byte_off[size_t(s) + 1]; ++e) {
@@ -162,8 +176,8 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> g, std::shared_ptr
     LATTICE_CHECK(grammar_ && vocab_, "GrammarMatcher: a grammar and a vocabulary are required");
     Scratch& sc = scratch();
     sc.seen.clear();
-    std::vector<int32_t> cfg{grammar_->nfa().start};
-    Closure cl{grammar_->nfa(), live_, sc.seen};
+    const std::vector<int32_t> cfg{grammar_->nfa().start};
+    Closure cl{grammar_->nfa(), live_, sc.seen, sc.work, sc.cur};
     cl.expand(cfg);
     complete_ = cl.complete;
 }

@@ -7,7 +7,8 @@
 // quantifier changes nothing for a whole match), a leading ^ and a trailing $. \d \w \s are ASCII
 // classes, not Python's Unicode ones.
 // Refused with the construct and its byte offset: backreferences, lookaround, \b \B \A \Z, anchors
-// elsewhere, possessive quantifiers, inline flags, {m,n} above 1000, anything unknown.
+// elsewhere, possessive quantifiers, inline flags, {m,n} above 1000, a pattern of more than 20000
+// automaton states (nested repetitions), anything unknown.
 #include <algorithm>
 
 #include "base/error.h"
@@ -20,6 +21,7 @@ namespace {
 using Ranges = grammar_detail::NfaBuilder::Ranges;
 constexpr int kUnbounded = -1;
 constexpr int kMaxRepeat = 1000;
+constexpr int32_t kMaxRegexStates = 20000;
 
 struct Node {
     enum Kind { kSet, kConcat, kAlt, kRepeat } kind = kConcat;
@@ -353,7 +355,12 @@ grammar_detail::Nfa compile_regex(const std::string& pattern) {
     grammar_detail::NfaBuilder b;
     const int32_t s = b.state(), f = b.state();
     emit(b, root, s, f);
-    return b.finish(s, f);
+    grammar_detail::Nfa nfa = b.finish(s, f);
+    // Repetitions multiply: (a?){1000} nested in {1000} would be a million states whose closures are slow.
+    LATTICE_CHECK(nfa.num_states() <= kMaxRegexStates,
+                  "guided_regex: the pattern expands to {} automaton states (at most {}): lower its repetition counts",
+                  nfa.num_states(), kMaxRegexStates);
+    return nfa;
 }
 
 }  // namespace lattice

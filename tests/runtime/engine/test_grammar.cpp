@@ -309,6 +309,7 @@ TEST_CASE("grammar: regex matches like std::regex_match") {
         const char* pattern;
         std::vector<const char*> inputs;
     };
+    const std::string x400y = std::string(400, 'x') + "y";
     const std::vector<Case> cases = {
         {"^[A-Z][a-z]{2,4} \\d{3}-\\d{4}$",
          {"Bob 555-1234", "Bo 555-1234", "Bobbyy 555-1234", "Bob 5551234", "bob 555-1234"}},
@@ -318,6 +319,7 @@ TEST_CASE("grammar: regex matches like std::regex_match") {
         {"[^0-9]x.", {"ax1", "1x1", "axx", "ax\n", "ax"}},
         {"-?\\d+(\\.\\d+)?", {"0", "-12.50", "1.", ".5", "--1"}},
         {"a{3}b{1,}c{0,2}", {"aaab", "aaabbbcc", "aab", "aaabccc", "aaac"}},
+        {"(x?){400}y", {"y", "xxy", "xy", x400y.c_str(), "yy"}},
         {"[a\\-z]+\\s\\S", {"a-z x", "-- !", "b x", "a  x"}},
         {"\\(\\)\\[\\]\\{\\}\\.\\*\\\\", {"()[]{}.*\\", "()[]{}.*"}},
     };
@@ -388,6 +390,7 @@ TEST_CASE("grammar: refused keywords and constructs name themselves") {
     CHECK(regex_error("a(?<!b)").find("lookaround at offset 1") != std::string::npos);
     CHECK(regex_error("\\bword").find("word boundary") != std::string::npos);
     CHECK(regex_error("a{1001}").find("above 1000") != std::string::npos);
+    CHECK(regex_error("((ab?){100}){100}").find("automaton states") != std::string::npos);
     CHECK(regex_error("a^b").find("anchor '^' inside the pattern at offset 1") != std::string::npos);
     CHECK(regex_error("(ab").find("unterminated group") != std::string::npos);
     CHECK(regex_error("*a").find("nothing to repeat") != std::string::npos);
