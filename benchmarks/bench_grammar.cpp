@@ -221,14 +221,16 @@ int main(int argc, char** argv) {
                 floor_words.add(now_us() - t0);
             }
             fmt::print(
-                "{:<26} {:>7} vocab build {:.1f} ms, trie {} nodes; floor: full trie walk {:.0f} µs (cold {:.0f} "
+                "{:<26} {:>7} vocab build {:.1f} ms, trie {} nodes ({} outside plain strings); floor: full trie walk "
+                "{:.0f} µs (cold {:.0f} "
                 "µs), mask words {:.2f} µs\n",
-                file, v->size(), build_ms, v->trie().byte.size(), floor_walk.pct(0.5), cold_walk.pct(0.5),
-                floor_words.pct(0.5));
+                file, v->size(), build_ms, v->trie().byte.size(), v->nonplain_trie().byte.size(), floor_walk.pct(0.5),
+                cold_walk.pct(0.5), floor_words.pct(0.5));
             nlohmann::json row_v = {{"tokenizer", file},
                                     {"vocab", v->size()},
                                     {"vocab_build_ms", build_ms},
                                     {"trie_nodes", v->trie().byte.size()},
+                                    {"nonplain_trie_nodes", v->nonplain_trie().byte.size()},
                                     {"full_walk_us", floor_walk.pct(0.5)}};
             for (Kind& k : kinds) {
                 const auto g = Grammar::compile(k.spec);
