@@ -278,6 +278,10 @@ TEST_CASE("grammar: additional properties never repeat a declared key") {
                               R"({"type":"object","properties":{"x":{"type":"integer"}},"additionalProperties":true})");
     CHECK(matches(free, v, "{\"x\":1,\"y\":[true,{\"x\":2}]}"));
     CHECK(!matches(free, v, "{\"x\":1,\"x\":2}"));
+    const auto bare = compile(GrammarSpec::Kind::kJsonSchema, R"({"type":"object"})");  // no properties: any object
+    CHECK(matches(bare, v, "{\"x\":1,\"y\":[true,{\"x\":2}]}"));
+    CHECK(matches(bare, v, "{}"));
+    CHECK(!matches(bare, v, "[]"));
     std::mt19937 rng(3);
     const json schema = json::parse(
         R"({"type":"object","properties":{"ab":{"type":"integer"}},"additionalProperties":{"type":"boolean"}})");
