@@ -334,6 +334,10 @@ TEST_CASE("grammar: regex matches like std::regex_match") {
         for (const char* in : c.inputs)
             CHECK_MESSAGE(matches(g, v, in) == std::regex_match(in, re), c.pattern, " on ", in);
     }
+    // A `{` that opens no quantifier is a literal, as in Python (std::regex's ECMAScript refuses it).
+    const auto braces = compile(GrammarSpec::Kind::kRegex, "\\{\"a\": \\d+\\}|{x}|a{,2}");
+    for (const char* in : {"{\"a\": 12}", "{x}", "a{,2}"}) CHECK_MESSAGE(matches(braces, v, in), std::string(in));
+    for (const char* in : {"{\"a\": }", "aa", "x"}) CHECK_MESSAGE(!matches(braces, v, in), std::string(in));
     // Non-ASCII: '.' and negated classes take whole UTF-8 characters only; classes take code point ranges.
     const auto dot = compile(GrammarSpec::Kind::kRegex, "a.b[^x]c[α-ω]");
     CHECK(matches(dot, v,
