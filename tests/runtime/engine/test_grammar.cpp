@@ -231,6 +231,47 @@ TEST_CASE("grammar: json_object accepts compact JSON objects and nothing else") 
     CHECK(!matches(g, v, nested(33)));  // past the nesting limit
 }
 
+TEST_CASE("grammar: mutated documents: whatever json_object accepts parses; regexes agree with std::regex") {
+    const auto v = synthetic_vocab().vocab;
+    const auto g = compile(GrammarSpec::Kind::kJsonObject, "");
+    std::mt19937 rng(5);
+    const std::string alphabet = "{}[]\":, 0123456789.eE+-truefalsn\\u\x01\xC3\xA9\xED\xA0\xF0\x9F\x98\x80";
+    const std::vector<std::string> seeds = {R"({"a": [1, 2.5e3, {"b": null}], "c": "x\u00e9\n"})",
+                                            R"({"k": -0.5, "l": [true, false]})"};
+    int accepted = 0;
+    for (int i = 0; i < 3000; ++i) {
+        std::string d = seeds[size_t(i) % seeds.size()];
+        for (int k = 0, n = 1 + int(rng() % 3); k < n; ++k) {
+            const size_t at = rng() % (d.size() + 1);
+            const char c = alphabet[rng() % alphabet.size()];
+            switch (rng() % 3) {
+                case 0:
+                    d.insert(at, 1, c);
+                    break;
+                case 1:
+                    if (at < d.size()) d.erase(at, 1);
+                    break;
+                default:
+                    if (at < d.size()) d[at] = c;
+            }
+        }
+        if (!matches(g, v, d)) continue;
+        ++accepted;
+        const json j = json::parse(d, nullptr, false);
+        CHECK_MESSAGE((!j.is_discarded() && j.is_object()), d);
+    }
+    CHECK(accepted > 100);  // the check above ran on many documents
+    for (const char* pattern : {"(ab|a)*b?c", "[a-c]{2,3}(x|yz)*", "a(b*|c+)d?[^a-c]?", "(a|b)*a(a|b){2}"}) {
+        const auto re = compile(GrammarSpec::Kind::kRegex, pattern);
+        const std::regex ref(pattern);
+        for (int i = 0; i < 1500; ++i) {
+            std::string in;
+            for (int k = 0, n = int(rng() % 8); k < n; ++k) in += "abcdxyz"[rng() % 7];
+            CHECK_MESSAGE(matches(re, v, in) == std::regex_match(in, ref), pattern, " on ", in);
+        }
+    }
+}
+
 TEST_CASE("grammar: json_schema keywords: valid and invalid documents") {
     const auto v = synthetic_vocab().vocab;
     const auto g = compile(GrammarSpec::Kind::kJsonSchema, kSchema);
