@@ -193,14 +193,8 @@ int main(int argc, char** argv) {
                    "masks", "p50 µs", "p99 µs", "max µs", "mean µs");
         for (const char* file : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-llama-bpe.gguf"}) {
             const auto tok = load_tokenizer(shared + "/tokenizers/" + file);
-            std::vector<std::string> bytes;
-            std::vector<int32_t> ends;
-            for (int32_t id = 0; id < tok->vocab_size(); ++id) {
-                bytes.push_back(tok->is_control(id) ? std::string() : tok->token_bytes(id));
-                if (tok->is_eog(id)) ends.push_back(id);
-            }
             double t0 = now_us();
-            const auto v = std::make_shared<const TokenVocab>(bytes, ends);
+            const auto v = make_token_vocab(*tok);
             const double build_ms = (now_us() - t0) * 1e-3;
             // The floor: every token allowed and walked (no plain-string shortcut), and the mask words alone.
             Stats floor_walk, floor_words;

@@ -219,6 +219,12 @@ private:
     uint32_t serial_ = 0;  // distinguishes vocabularies in a Grammar's mask memo
 };
 
+class Tokenizer;
+// The TokenVocab of a tokenizer: each id's decoded bytes (control, unknown and unused tokens get ""),
+// padded with "" to logits_width when the model's logits are wider; end ids: the tokenizer's
+// end-of-generation ids (eos, <|eot_id|>, <|im_end|> ...).
+std::shared_ptr<const TokenVocab> make_token_vocab(const Tokenizer& tok, int32_t logits_width = 0);
+
 // A compiled grammar: immutable, shareable across requests and threads.
 class Grammar {
 public:

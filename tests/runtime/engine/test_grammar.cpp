@@ -511,14 +511,9 @@ TEST_CASE("grammar: real vocabularies (32k SentencePiece, 128k byte-level BPE)")
     const auto sch = compile(GrammarSpec::Kind::kJsonSchema, kSchema);  // one grammar, both vocabularies (its memo)
     for (const char* file : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-llama-bpe.gguf"}) {
         const auto tok = load_tokenizer(dir + file);
-        std::vector<std::string> bytes;
-        std::vector<int32_t> ends;
-        for (int32_t id = 0; id < tok->vocab_size(); ++id) {
-            bytes.push_back(tok->is_control(id) ? std::string() : tok->token_bytes(id));
-            if (tok->is_eog(id)) ends.push_back(id);
-        }
-        REQUIRE(!ends.empty());
-        const auto v = std::make_shared<const TokenVocab>(bytes, ends);
+        const auto v = make_token_vocab(*tok, tok->vocab_size() + 64);  // logits wider than the vocabulary
+        REQUIRE(v->size() == tok->vocab_size() + 64);
+        REQUIRE(!v->end_ids().empty());
         for (int i = 0; i < 3; ++i) {
             const std::string b = random_walk(sch, v, rng, 64);
             const json doc = json::parse(b, nullptr, false);
