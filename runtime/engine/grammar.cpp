@@ -74,8 +74,8 @@ std::string GrammarSpec::key() const {
     std::string k = kind_name(kind);
     k += ':';
     if (kind == Kind::kJsonSchema) {
-        // Same schema, different spacing or key order: same key (nlohmann's object keeps keys sorted).
-        nlohmann::json j = nlohmann::json::parse(source, nullptr, false);
+        // Same schema, different spacing: same key. Key order is kept (properties are emitted in it).
+        nlohmann::ordered_json j = nlohmann::ordered_json::parse(source, nullptr, false);
         k += j.is_discarded() ? source : j.dump();
     } else if (kind == Kind::kRegex) {
         k += source;

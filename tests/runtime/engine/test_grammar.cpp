@@ -392,6 +392,18 @@ TEST_CASE("grammar: regex matches like std::regex_match") {
     CHECK(!matches(dot, v, "aeb!ca"));
 }
 
+TEST_CASE("grammar: spec keys") {
+    GrammarSpec a{GrammarSpec::Kind::kJsonSchema, R"({"type": "object", "properties": {"b": {}, "a": {}}})", {}};
+    GrammarSpec b{GrammarSpec::Kind::kJsonSchema, R"({"type":"object","properties":{"b":{},"a":{}}})", {}};
+    GrammarSpec c{GrammarSpec::Kind::kJsonSchema, R"({"type":"object","properties":{"a":{},"b":{}}})", {}};
+    CHECK(a.key() == b.key());  // spacing does not matter
+    CHECK(a.key() != c.key());  // property order does: it is the output's order
+    GrammarSpec r{GrammarSpec::Kind::kRegex, "a+", {}}, ch{GrammarSpec::Kind::kChoice, "", {"a+"}};
+    CHECK(r.key() != ch.key());
+    CHECK(!GrammarSpec{}.active());
+    CHECK(r.active());
+}
+
 TEST_CASE("grammar: choice is exactly one of the strings") {
     const auto v = synthetic_vocab().vocab;
     const auto g = compile(GrammarSpec::Kind::kChoice, "", {"yes", "no", "maybe so"});
