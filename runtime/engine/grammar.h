@@ -177,12 +177,14 @@ struct DfaCache {
     std::deque<Configs> sets;
     std::vector<int32_t> body;   // per set: the fast path's remaining characters, or -1
     std::vector<int32_t> trans;  // [set * 256 + byte]: -1 unknown, else (target + 1) << 1 | complete; target -1: none
+    std::vector<int32_t> dist;   // per set: bytes of the shortest completion (-1 unknown, INT32_MAX none found)
     std::unordered_map<uint64_t, std::vector<uint32_t>> masks;  // key: vocabulary serial << 32 | set
     void clear() {
         ids.clear();
         sets.clear();
         body.clear();
         trans.clear();
+        dist.clear();
         masks.clear();
     }
 };
@@ -260,6 +262,14 @@ public:
     bool accept(int32_t id);  // advances by the token; false (state unchanged) if the token was not allowed
     bool complete() const { return complete_; }                       // the bytes so far are a whole match
     bool finished() const { return complete_ && live_.size() == 0; }  // complete() and no byte can follow
+
+    // Finishing: bytes of the shortest completion from here (0 when complete(); INT32_MAX if none was
+    // found), and a mask of only the allowed tokens after which that distance is smaller or the output
+    // complete (when complete(): only the end ids). Sampling from it ends the output within distance()
+    // tokens, so a request about to reach max_tokens can still end well-formed: switch to it when the
+    // tokens left are no more than distance(). The first call for a state searches the grammar (~ms).
+    int32_t distance() const;
+    void fill_mask_finishing(std::span<uint32_t> words) const;
 
     // Byte-level access (tests, tools): consumes the bytes if all can be consumed, else false and unchanged.
     bool accept_bytes(std::string_view bytes);

@@ -14,7 +14,9 @@
 // once warm.
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstring>
+#include <unordered_map>
 
 #include "base/error.h"
 #include "runtime/engine/grammar.h"
@@ -130,6 +132,7 @@ int32_t intern(DfaCache& dc, const Nfa& n, const Configs& c) {
     dc.sets.push_back(c);
     dc.body.push_back(body_bound(n, c));
     dc.trans.resize(dc.trans.size() + 256, -1);
+    dc.dist.push_back(-1);
     return it->second;
 }
 
@@ -169,7 +172,72 @@ void walk(DfaCache& dc, const Nfa& n, const grammar_detail::Trie& t, int32_t sta
     }
 }
 
+// Bytes of the shortest completion from set `id` (a breadth-first search over the lazy DFA, memoized
+// per set); INT32_MAX when none is found within kMaxSearch sets.
+int32_t distance(DfaCache& dc, const Nfa& n, int32_t id, Scratch& sc) {
+    constexpr size_t kMaxSearch = 20000;
+    if (dc.dist[size_t(id)] >= 0) return dc.dist[size_t(id)];
+    std::vector<int32_t> frontier{id}, next;
+    std::unordered_map<int32_t, int32_t> seen{{id, 0}};
+    int32_t found = INT32_MAX;
+    for (int32_t depth = 1; !frontier.empty() && found == INT32_MAX && seen.size() < kMaxSearch; ++depth) {
+        next.clear();
+        for (int32_t u : frontier) {
+            for (int b = 0; b < 256 && found == INT32_MAX; ++b) {
+                const int32_t v = transition(dc, n, u, uint8_t(b), sc);
+                if (v & 1) found = depth;
+                const int32_t target = (v >> 1) - 1;
+                if (target >= 0 && seen.emplace(target, depth).second) next.push_back(target);
+            }
+            if (found != INT32_MAX) break;
+        }
+        std::swap(frontier, next);
+    }
+    dc.dist[size_t(id)] = found;
+    return found;
+}
+
 }  // namespace
+
+int32_t GrammarMatcher::distance() const {
+    if (complete_) return 0;
+    if (live_.size() == 0) return INT32_MAX;
+    DfaCache& dc = grammar_->cache();
+    std::lock_guard<std::mutex> lock(dc.mu);
+    if (dc.sets.size() > DfaCache::kMaxSets) dc.clear();
+    return ::lattice::distance(dc, grammar_->nfa(), intern(dc, grammar_->nfa(), live_), scratch());
+}
+
+void GrammarMatcher::fill_mask_finishing(std::span<uint32_t> words) const {
+    fill_mask(words);
+    const TokenVocab& v = *vocab_;
+    if (complete_) {  // end now
+        std::fill(words.begin(), words.end(), 0u);
+        for (int32_t id : v.end_ids()) words[size_t(id / 32)] |= 1u << (id % 32);
+        return;
+    }
+    if (live_.size() == 0) return;
+    const Nfa& n = grammar_->nfa();
+    DfaCache& dc = grammar_->cache();
+    std::lock_guard<std::mutex> lock(dc.mu);
+    Scratch& sc = scratch();
+    const int32_t start = intern(dc, n, live_);
+    const int32_t here = ::lattice::distance(dc, n, start, sc);
+    for (size_t w = 0; w < words.size(); ++w) {
+        for (uint32_t bits = words[w]; bits != 0; bits &= bits - 1) {
+            const int32_t id = int32_t(w * 32) + __builtin_ctz(bits);
+            if (v.is_end(id)) continue;
+            int32_t at = start, last = 0;
+            for (char c : v.bytes(id)) {
+                if (at < 0) break;
+                last = transition(dc, n, at, uint8_t(c), sc);
+                at = (last >> 1) - 1;
+            }
+            const bool keep = (last & 1) || (at >= 0 && ::lattice::distance(dc, n, at, sc) < here);
+            if (!keep) words[w] &= ~(1u << (id % 32));
+        }
+    }
+}
 
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> g, std::shared_ptr<const TokenVocab> v)
     : grammar_(std::move(g)), vocab_(std::move(v)) {

@@ -574,3 +574,58 @@ TEST_CASE("grammar: one grammar masked from several threads, or after its cache 
         REQUIRE(m.accept_bytes(doc.substr(i, 1)));
     }
 }
+
+TEST_CASE("grammar: finishing masks end the output within distance() tokens, well-formed") {
+    const auto v = synthetic_vocab().vocab;
+    std::mt19937 rng(13);
+    const json schema = json::parse(kSchema);
+    const auto obj = compile(GrammarSpec::Kind::kJsonObject, "");
+    const auto sch = compile(GrammarSpec::Kind::kJsonSchema, kSchema);
+    const auto re = compile(GrammarSpec::Kind::kRegex, "[A-Z][a-z]{2,4}( \\d{1,3})*-(yes|no)");
+    std::vector<uint32_t> w(size_t((v->size() + 31) / 32)), all(w.size());
+    for (int i = 0; i < 60; ++i) {
+        const auto& g = i % 3 == 0 ? obj : i % 3 == 1 ? sch : re;
+        GrammarMatcher m(g, v);
+        std::string out;
+        for (int k = 0, free_steps = int(rng() % 40); k < free_steps && !m.finished(); ++k) {  // uniform: long strings
+            m.fill_mask(w);
+            std::vector<int32_t> allowed;
+            for (int32_t id = 0; id < v->size(); ++id)
+                if (bit(w, id) && !v->is_end(id)) allowed.push_back(id);
+            if (allowed.empty()) break;
+            const int32_t id = allowed[rng() % allowed.size()];
+            REQUIRE(m.accept(id));
+            out += v->bytes(id);
+        }
+        const int32_t budget = m.distance();
+        REQUIRE(budget < 1000);
+        int used = 0;
+        while (!m.complete() || !m.finished()) {
+            const int32_t before = m.distance();
+            m.fill_mask_finishing(w);
+            m.fill_mask(all);
+            std::vector<int32_t> allowed;
+            for (int32_t id = 0; id < v->size(); ++id) {
+                if (!bit(w, id)) continue;
+                CHECK(bit(all, id));  // a subset of the mask
+                allowed.push_back(id);
+            }
+            REQUIRE(!allowed.empty());
+            const int32_t id = allowed[rng() % allowed.size()];
+            if (v->is_end(id)) break;
+            REQUIRE(m.accept(id));
+            out += v->bytes(id);
+            ++used;
+            CHECK(m.distance() < before);
+        }
+        CHECK(m.complete());
+        CHECK_MESSAGE(used <= budget, out);
+        if (g == re) {
+            CHECK_MESSAGE(std::regex_match(out, std::regex("[A-Z][a-z]{2,4}( \\d{1,3})*-(yes|no)")), out);
+        } else {
+            const json doc = json::parse(out, nullptr, false);
+            CHECK_MESSAGE(!doc.is_discarded(), out);
+            if (g == sch) CHECK_MESSAGE(valid(doc, schema, schema), out);
+        }
+    }
+}
