@@ -1,9 +1,13 @@
 // Structured output (runtime/engine/grammar.h): each grammar kind on hand-written valid and invalid
-// byte strings (fed whole, byte by byte, and token by token), random walks over the mask (every
+// byte strings (fed whole and byte by byte, which must agree), random walks over the mask (every
 // output parses and validates: a small checker of the supported schema keywords below; regex outputs
-// against std::regex_match), the mask against accept() on samples of ids, refused keywords and regex
-// constructs naming themselves, tokens that split a UTF-8 character or cross a string's closing
-// quote, exact integer ranges, and a 32k and a 128k real vocabulary (../shared/tokenizers).
+// against std::regex_match), the mask against accept() on samples of ids at every step, mutated
+// documents and random strings (json_object never accepts what does not parse; regexes agree with
+// std::regex), refused keywords and regex constructs naming themselves, tokens that split a UTF-8
+// character or cross a string's closing quote, exact integer ranges, additional properties that never
+// repeat a declared key, spec keys, masks from several threads and after a cache clear, finishing
+// masks that end the output within distance() tokens, and a 32k and a 128k real vocabulary
+// (../shared/tokenizers).
 #include <doctest/doctest.h>
 
 #include <nlohmann/json.hpp>
