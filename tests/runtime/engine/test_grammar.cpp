@@ -633,3 +633,41 @@ TEST_CASE("grammar: finishing masks end the output within distance() tokens, wel
         }
     }
 }
+
+TEST_CASE("grammar: a pydantic model_json_schema and an OpenAI strict schema compile and walk to valid output") {
+    const auto v = synthetic_vocab().vocab;
+    std::mt19937 rng(17);
+    const std::vector<std::string> schemas = {
+        // class Pet(BaseModel): kind: Literal["cat", "dog"]; name: str
+        // class User(BaseModel): id: conint(ge=1); name: str = Field(max_length=8); nick: Optional[str] = None;
+        //   color: Color = Color.red; pets: list[Pet] = []; scores: dict[str, int] = {}; born: datetime;
+        //   pair: tuple[int, bool]
+        R"({"$defs": {"Color": {"enum": ["red", "green"], "title": "Color", "type": "string"},
+                      "Pet": {"properties": {"kind": {"enum": ["cat", "dog"], "title": "Kind", "type": "string"},
+                                             "name": {"title": "Name", "type": "string"}},
+                              "required": ["kind", "name"], "title": "Pet", "type": "object"}},
+            "properties": {"id": {"minimum": 1, "title": "Id", "type": "integer"},
+                           "name": {"maxLength": 8, "title": "Name", "type": "string"},
+                           "nick": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": null, "title": "Nick"},
+                           "color": {"$ref": "#/$defs/Color", "default": "red"},
+                           "pets": {"default": [], "items": {"$ref": "#/$defs/Pet"}, "title": "Pets", "type": "array"},
+                           "scores": {"additionalProperties": {"type": "integer"}, "default": {}, "title": "Scores",
+                                      "type": "object"},
+                           "born": {"format": "date-time", "title": "Born", "type": "string"},
+                           "pair": {"maxItems": 2, "minItems": 2, "prefixItems": [{"type": "integer"}, {"type": "boolean"}],
+                                    "title": "Pair", "type": "array"}},
+            "required": ["id", "name", "born", "pair"], "title": "User", "type": "object"})",
+        // OpenAI strict: every property required, nullable through a type list, no additional properties.
+        R"({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": ["integer", "null"]},
+             "units": {"type": "string", "enum": ["c", "f"]}}, "required": ["city", "days", "units"],
+             "additionalProperties": false})"};
+    for (const std::string& text : schemas) {
+        const json schema = json::parse(text);
+        const auto g = compile(GrammarSpec::Kind::kJsonSchema, text);
+        for (int i = 0; i < 15; ++i) {
+            const std::string out = random_walk(g, v, rng, 8);
+            const json doc = json::parse(out, nullptr, false);
+            CHECK_MESSAGE((!doc.is_discarded() && valid(doc, schema, schema)), out);
+        }
+    }
+}
