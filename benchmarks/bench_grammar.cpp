@@ -6,6 +6,8 @@
 //         stream a model that writes well-formed output produces;
 //   walk: tokens drawn at random from the mask itself (seeded; half the draws among the tokens that
 //         close something, so walks end), which visits the rarer wide states.
+//   cold: the doc again, on a grammar compiled afresh for each pass (its lazy DFA and mask memo empty:
+//         what the first request with a new schema pays).
 // Reported: p50 / p99 / max / mean µs per mask over all tokens of --reps passes, and the floor: one
 // walk of the whole trie (a grammar that allows every token, no shortcut) and one pass over the mask
 // words. Also the TokenVocab build time. Usage:
@@ -191,14 +193,8 @@ int main(int argc, char** argv) {
                    "masks", "p50 µs", "p99 µs", "max µs", "mean µs");
         for (const char* file : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-llama-bpe.gguf"}) {
             const auto tok = load_tokenizer(shared + "/tokenizers/" + file);
-            std::vector<std::string> bytes;
-            std::vector<int32_t> ends;
-            for (int32_t id = 0; id < tok->vocab_size(); ++id) {
-                bytes.push_back(tok->is_control(id) ? std::string() : tok->token_bytes(id));
-                if (tok->is_eog(id)) ends.push_back(id);
-            }
             double t0 = now_us();
-            const auto v = std::make_shared<const TokenVocab>(bytes, ends);
+            const auto v = make_token_vocab(*tok);
             const double build_ms = (now_us() - t0) * 1e-3;
             // The floor: every token allowed and walked (no plain-string shortcut), and the mask words alone.
             Stats floor_walk, floor_words;
@@ -219,22 +215,52 @@ int main(int argc, char** argv) {
                 floor_words.add(now_us() - t0);
             }
             fmt::print(
-                "{:<26} {:>7} vocab build {:.1f} ms, trie {} nodes; floor: full trie walk {:.0f} µs (cold {:.0f} "
+                "{:<26} {:>7} vocab build {:.1f} ms, trie {} nodes ({} outside plain strings); floor: full trie walk "
+                "{:.0f} µs (cold {:.0f} "
                 "µs), mask words {:.2f} µs\n",
-                file, v->size(), build_ms, v->trie().byte.size(), floor_walk.pct(0.5), cold_walk.pct(0.5),
-                floor_words.pct(0.5));
+                file, v->size(), build_ms, v->trie().byte.size(), v->nonplain_trie().byte.size(), floor_walk.pct(0.5),
+                cold_walk.pct(0.5), floor_words.pct(0.5));
             nlohmann::json row_v = {{"tokenizer", file},
                                     {"vocab", v->size()},
                                     {"vocab_build_ms", build_ms},
                                     {"trie_nodes", v->trie().byte.size()},
+                                    {"nonplain_trie_nodes", v->nonplain_trie().byte.size()},
                                     {"full_walk_us", floor_walk.pct(0.5)}};
             for (Kind& k : kinds) {
                 const auto g = Grammar::compile(k.spec);
                 const std::vector<int32_t> ids = greedy(*v, k.doc);
+                {  // finishing mode halfway through the document: distance() and the finishing mask, first and again
+                    GrammarMatcher m(Grammar::compile(k.spec), v);
+                    for (size_t i = 0; i < ids.size() / 2; ++i) m.accept(ids[i]);
+                    std::vector<uint32_t> fw(size_t((v->size() + 31) / 32));
+                    double t = now_us();
+                    const int32_t dist = m.distance();
+                    const double dist_us = now_us() - t;
+                    t = now_us();
+                    m.fill_mask_finishing(fw);
+                    const double first_us = now_us() - t;
+                    t = now_us();
+                    m.fill_mask_finishing(fw);
+                    const double again_us = now_us() - t;
+                    fmt::print(
+                        "{:<26} {:>7} {:<12} finishing at token {}: distance {} bytes ({:.0f} µs), mask {:.0f} µs "
+                        "first, {:.0f} µs again\n",
+                        file, v->size(), k.name, ids.size() / 2, dist, dist_us, first_us, again_us);
+                    nlohmann::json row = row_v;
+                    row.update({{"grammar", k.name},
+                                {"mode", "finishing"},
+                                {"distance", dist},
+                                {"distance_us", dist_us},
+                                {"first_us", first_us},
+                                {"again_us", again_us}});
+                    results.push_back(row);
+                }
                 std::mt19937 rng(42);
-                for (const char* mode : {"doc", "walk"}) {
+                for (const char* mode : {"cold", "doc", "walk"}) {
                     Stats st;
-                    if (std::strcmp(mode, "doc") == 0)
+                    if (std::strcmp(mode, "cold") == 0)  // a grammar compiled afresh each pass: its caches empty
+                        for (int r = 0; r < reps; ++r) drive_doc(Grammar::compile(k.spec), v, ids, st);
+                    else if (std::strcmp(mode, "doc") == 0)
                         for (int r = 0; r < reps; ++r) drive_doc(g, v, ids, st);
                     else
                         for (int r = 0; r < walks; ++r) drive_walk(g, v, rng, st);
@@ -250,6 +276,7 @@ int main(int argc, char** argv) {
                                 {"p99_us", p99},
                                 {"max_us", mx},
                                 {"mean_us", mean}});
+                    row["cached_sets"] = g->cache().sets.size();
                     results.push_back(row);
                 }
             }
@@ -258,6 +285,10 @@ int main(int argc, char** argv) {
         fmt::print(stderr, "bench_grammar: error: {}\n", e.what());
         return 1;
     }
+    for (auto& r : results)
+        if (r["mode"] == "walk" && r.contains("cached_sets"))
+            fmt::print("{} {}: {} configuration sets cached\n", r["tokenizer"].get<std::string>(),
+                       r["grammar"].get<std::string>(), r["cached_sets"].get<size_t>());
     bench::write_json(json_file, {{"bench", "grammar"}, {"results", results}});
     return 0;
 }

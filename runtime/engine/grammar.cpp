@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "base/error.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace lattice {
 
@@ -73,8 +74,8 @@ std::string GrammarSpec::key() const {
     std::string k = kind_name(kind);
     k += ':';
     if (kind == Kind::kJsonSchema) {
-        // Same schema, different spacing or key order: same key (nlohmann's object keeps keys sorted).
-        nlohmann::json j = nlohmann::json::parse(source, nullptr, false);
+        // Same schema, different spacing: same key. Key order is kept (properties are emitted in it).
+        nlohmann::ordered_json j = nlohmann::ordered_json::parse(source, nullptr, false);
         k += j.is_discarded() ? source : j.dump();
     } else if (kind == Kind::kRegex) {
         k += source;
@@ -182,6 +183,16 @@ TokenVocab::TokenVocab(std::vector<std::string> bytes, std::vector<int32_t> end_
 std::span<const uint32_t> TokenVocab::plain_upto(int k) const {
     k = std::clamp(k, 0, grammar_detail::kPlainMaxChars);
     return {plain_words_.data() + size_t(k) * size_t(words_), size_t(words_)};
+}
+
+std::shared_ptr<const TokenVocab> make_token_vocab(const Tokenizer& tok, int32_t logits_width) {
+    std::vector<std::string> bytes(size_t(std::max(tok.vocab_size(), logits_width)));
+    for (int32_t id = 0; id < tok.vocab_size(); ++id) bytes[size_t(id)] = tok.token_bytes(id);
+    std::vector<int32_t> ends = tok.eog_ids();
+    if (tok.eos_id() >= 0 && std::find(ends.begin(), ends.end(), tok.eos_id()) == ends.end())
+        ends.push_back(tok.eos_id());
+    LATTICE_CHECK(!ends.empty(), "structured output: the tokenizer {} has no end-of-generation token", tok.source());
+    return std::make_shared<const TokenVocab>(std::move(bytes), std::move(ends));
 }
 
 }  // namespace lattice

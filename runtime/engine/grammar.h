@@ -16,19 +16,25 @@
 // vocabulary index, grammar_mask.cpp the matcher. A GrammarMatcher holds a set of configurations
 // (each a call stack whose top is the current state), closed under epsilon/call/return, keeping only
 // configurations whose top has byte edges; complete() is "a configuration reached kFinal".
-// Masks: the vocabulary is indexed as a byte trie in preorder (TokenVocab), walked depth-first with
-// one configuration set per depth (a subtree is skipped at its first impossible byte). Inside a JSON
-// string body (the wide state: almost every token allowed) the tokens made only of plain string
-// characters are precomputed per character count, so only the few others (quote, backslash, control
-// bytes, invalid UTF-8) are walked. Costs are in docs/performance.md ("Structured output: mask cost").
+// Masks: the vocabulary is indexed as a byte trie in preorder (TokenVocab), walked depth-first, one
+// configuration set per depth, a subtree skipped at its first impossible byte. Sets are interned per
+// Grammar with their byte transitions filled in lazily (DfaCache: a lazy DFA over configuration
+// sets), so a trie node costs one table lookup once a grammar is warm (~5.5 ns: 1.5 ms for all 275k
+// nodes of the 128k trie, the floor of a mask that allows everything). Inside a JSON string body
+// (the wide state: almost every token allowed) the tokens made only of plain string characters are
+// precomputed per character count, so only the others (quote, backslash, control bytes, invalid
+// UTF-8) are walked; masks that still took > 50 µs are memoized per (vocabulary, set). Measured
+// costs: docs/performance.md ("Structured output: mask cost").
 //
-// Invariants: a Grammar and a TokenVocab are immutable after construction and shared between
-// threads; a GrammarMatcher is one sequence's state (copy it to fork). Whitespace: JSON output is
-// compact (one optional space after ':' and ','; none elsewhere); numbers have <= 16 integer digits,
-// <= 16 fraction digits, 1-2 exponent digits (a finite double); strings accept exactly valid UTF-8 and JSON's escapes
-// (\uXXXX excluding lone surrogates, so the output always parses). Nesting: a configuration's stack
-// holds at most kMaxStack frames (each free JSON value inside another, each array item of a schema
-// and each $ref costs one), so json_object nests 32 deep. TokenVocab at 128k tokens builds in ~60 ms.
+// Invariants: TokenVocab is immutable and shared between threads; a Grammar is too, apart from its
+// DfaCache (a mutex; masks of one grammar run one at a time; bounded, ~8 MB at 128k); a
+// GrammarMatcher is one sequence's state (copy it to fork). Whitespace: JSON output is compact (one
+// optional space after ':' and ','; none elsewhere); numbers have <= 16 integer digits, <= 16
+// fraction digits, 1-2 exponent digits (a finite double); strings accept exactly valid UTF-8 and
+// JSON's escapes (\uXXXX excluding lone surrogates, so the output always parses). Nesting: a
+// configuration's stack holds at most kMaxStack frames (each free JSON value inside another, each
+// array item of a schema and each $ref costs one), so json_object nests 32 deep. TokenVocab builds
+// in ~10 ms at 32k and ~50 ms at 128k tokens.
 #pragma once
 
 #include <climits>
@@ -151,6 +157,10 @@ struct Configs {
         off.resize(1);
     }
     bool contains(std::span<const int32_t> c) const;
+    void pop() {
+        off.pop_back();
+        data.resize(off.back());
+    }
     void push(std::span<const int32_t> c) {
         data.insert(data.end(), c.begin(), c.end());
         off.push_back(uint32_t(data.size()));
@@ -163,25 +173,27 @@ struct Configs {
 // guarded by mu (a mask holds it throughout; masks of one grammar run one at a time). Bounded:
 // past kMaxSets sets (or kMaxMasks masks) it is cleared at the start of the next mask.
 struct DfaCache {
-    static constexpr size_t kMaxSets = 16384, kMaxMasks = 256;
+    static constexpr size_t kMaxSets = 4096, kMaxMasks = 256;  // 4 MB of transitions, 4 MB of masks at 128k
     std::mutex mu;
     std::unordered_map<std::string, int32_t> ids;  // key: the set's flat data
     std::deque<Configs> sets;
     std::vector<int32_t> body;   // per set: the fast path's remaining characters, or -1
     std::vector<int32_t> trans;  // [set * 256 + byte]: -1 unknown, else (target + 1) << 1 | complete; target -1: none
+    std::vector<int32_t> dist;   // per set: bytes of the shortest completion (-1 unknown, INT32_MAX none found)
     std::unordered_map<uint64_t, std::vector<uint32_t>> masks;  // key: vocabulary serial << 32 | set
     void clear() {
         ids.clear();
         sets.clear();
         body.clear();
         trans.clear();
+        dist.clear();
         masks.clear();
     }
 };
 }  // namespace grammar_detail
 
 // The vocabulary as byte strings (what each id decodes to) plus whatever index the mask needs (a prefix trie...).
-// Immutable and shared by every request of a model: built once (~60 ms at 128k, see the header comment).
+// Immutable and shared by every request of a model: built once (~50 ms at 128k, see the header comment).
 class TokenVocab {
 public:
     // bytes.size() is the model's logits width (may exceed the tokenizer's vocabulary: pad ids get "").
@@ -210,6 +222,12 @@ private:
     int32_t words_ = 0;
     uint32_t serial_ = 0;  // distinguishes vocabularies in a Grammar's mask memo
 };
+
+class Tokenizer;
+// The TokenVocab of a tokenizer: each id's decoded bytes (control, unknown and unused tokens get ""),
+// padded with "" to logits_width when the model's logits are wider; end ids: the tokenizer's
+// end-of-generation ids (eos, <|eot_id|>, <|im_end|> ...).
+std::shared_ptr<const TokenVocab> make_token_vocab(const Tokenizer& tok, int32_t logits_width = 0);
 
 // A compiled grammar: immutable, shareable across requests and threads.
 class Grammar {
@@ -246,6 +264,14 @@ public:
     bool accept(int32_t id);  // advances by the token; false (state unchanged) if the token was not allowed
     bool complete() const { return complete_; }                       // the bytes so far are a whole match
     bool finished() const { return complete_ && live_.size() == 0; }  // complete() and no byte can follow
+
+    // Finishing: bytes of the shortest completion from here (0 when complete(); INT32_MAX if none was
+    // found), and a mask of only the allowed tokens after which that distance is smaller or the output
+    // complete (when complete(): only the end ids). Sampling from it ends the output within distance()
+    // tokens, so a request about to reach max_tokens can still end well-formed: switch to it when the
+    // tokens left are no more than distance(). The first call for a state searches the grammar (~ms).
+    int32_t distance() const;
+    void fill_mask_finishing(std::span<uint32_t> words) const;
 
     // Byte-level access (tests, tools): consumes the bytes if all can be consumed, else false and unchanged.
     bool accept_bytes(std::string_view bytes);

@@ -1,8 +1,9 @@
 // JSON schema -> Nfa: the subset OpenAI structured outputs and pydantic's model_json_schema send.
 //
 // Supported: type (a name or a list), properties (emitted in schema order; required ones always,
-// optional ones may be skipped), required, additionalProperties (absent or false: no other keys, a
-// subset of what an absent keyword allows, which keeps output to the declared keys; true or a schema:
+// optional ones may be skipped), required, additionalProperties (false, or absent next to
+// properties: no other keys, a subset of what an absent keyword allows, which keeps output to the
+// declared keys; absent on an object without properties: any keys; true or a schema:
 // further keys after the declared ones, never equal to a declared name: along a declared name's
 // prefix such a key is written without escapes), enum, const, items, prefixItems, minItems,
 // maxItems, anyOf, oneOf (compiled as anyOf: an output matching two alternatives passes anyOf but
@@ -273,6 +274,9 @@ void SchemaCompiler::emit_object(const json& s, const std::string& path, int32_t
         const json& ap = s["additionalProperties"];
         if (!ap.is_boolean() && !ap.is_object()) refuse("additionalProperties", path, "must be a boolean or a schema");
         if (!(ap.is_boolean() && !ap.get<bool>())) extra = &ap;
+    } else if (props.empty()) {
+        static const json any = true;
+        extra = &any;  // {"type": "object"} alone: any object
     }
     const int32_t open = b_.state();
     b_.byte(from, '{', '{', open);

@@ -14,7 +14,9 @@
 // once warm.
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstring>
+#include <unordered_map>
 
 #include "base/error.h"
 #include "runtime/engine/grammar.h"
@@ -27,49 +29,63 @@ using grammar_detail::Configs;
 using grammar_detail::DfaCache;
 using grammar_detail::Nfa;
 
+// Closes configurations into `out` with an explicit work list (epsilon chains of a large regex
+// repetition are long; recursion would bound them by the thread's stack).
 struct Closure {
     const Nfa& n;
     Configs& out;
     Configs& seen;
+    Configs& work;
+    std::vector<int32_t>& cur;
     bool complete = false;
 
-    void expand(std::vector<int32_t>& cfg) {
-        const int32_t s = cfg.back();
+    void expand(std::span<const int32_t> start) {
+        work.clear();
+        work.push(start);
+        while (work.size() > 0) {
+            const auto top = work.at(work.size() - 1);
+            cur.assign(top.begin(), top.end());
+            work.pop();
+            visit();
+        }
+    }
+
+private:
+    void visit() {
+        const int32_t s = cur.back();
         const size_t su = size_t(s);
         const bool has_eps = n.eps_off[su] != n.eps_off[su + 1], has_calls = n.call_off[su] != n.call_off[su + 1];
+        const bool has_bytes = n.byte_off[su] != n.byte_off[su + 1];
         if (!has_eps && !has_calls && n.flags[su] == 0) {  // the common case: a plain byte state
-            if (n.byte_off[su] != n.byte_off[su + 1] && !out.contains(cfg)) out.push(cfg);
+            if (has_bytes && !out.contains(cur)) out.push(cur);
             return;
         }
-        if (seen.contains(cfg)) return;
-        seen.push(cfg);
-        if (n.byte_off[su] != n.byte_off[su + 1]) out.push(cfg);
-        if ((n.flags[su] & grammar_detail::kFinal) && cfg.size() == 1) complete = true;
-        if ((n.flags[su] & grammar_detail::kReturn) && cfg.size() > 1) {
-            cfg.pop_back();
-            expand(cfg);
-            cfg.push_back(s);
-        }
+        if (seen.contains(cur)) return;
+        seen.push(cur);
+        if (has_bytes) out.push(cur);
+        if ((n.flags[su] & grammar_detail::kFinal) && cur.size() == 1) complete = true;
+        if ((n.flags[su] & grammar_detail::kReturn) && cur.size() > 1)
+            work.push(std::span<const int32_t>(cur.data(), cur.size() - 1));
         for (uint32_t e = n.eps_off[su]; e < n.eps_off[su + 1]; ++e) {
-            cfg.back() = n.eps[e];
-            expand(cfg);
+            cur.back() = n.eps[e];
+            work.push(cur);
         }
-        cfg.back() = s;
-        if (cfg.size() >= size_t(grammar_detail::kMaxStack)) return;
+        cur.back() = s;
+        if (cur.size() >= size_t(grammar_detail::kMaxStack)) return;
         for (uint32_t e = n.call_off[su]; e < n.call_off[su + 1]; ++e) {
-            cfg.back() = n.calls[e].ret;
-            cfg.push_back(n.calls[e].callee);
-            expand(cfg);
-            cfg.pop_back();
+            cur.back() = n.calls[e].ret;
+            cur.push_back(n.calls[e].callee);
+            work.push(cur);
+            cur.pop_back();
         }
-        cfg.back() = s;
+        cur.back() = s;
     }
 };
 
 struct Scratch {
     std::vector<int32_t> levels;  // the set id at each trie depth
-    Configs seen, tmp;
-    std::vector<int32_t> cfg;
+    Configs seen, tmp, work;
+    std::vector<int32_t> cfg, cur;
 };
 
 Scratch& scratch() {
@@ -81,7 +97,7 @@ Scratch& scratch() {
 bool step(const Nfa& n, const Configs& in, uint8_t b, Configs& out, Scratch& sc) {
     out.clear();
     sc.seen.clear();
-    Closure cl{n, out, sc.seen};
+    Closure cl{n, out, sc.seen, sc.work, sc.cur};
     for (int32_t i = 0; i < in.size(); ++i) {
         const int32_t s = in.top(i);
         for (uint32_t e = n.byte_off[size_t(s)]; e < n.byte_off[size_t(s) + 1]; ++e) {
@@ -116,6 +132,7 @@ int32_t intern(DfaCache& dc, const Nfa& n, const Configs& c) {
     dc.sets.push_back(c);
     dc.body.push_back(body_bound(n, c));
     dc.trans.resize(dc.trans.size() + 256, -1);
+    dc.dist.push_back(-1);
     return it->second;
 }
 
@@ -155,15 +172,80 @@ void walk(DfaCache& dc, const Nfa& n, const grammar_detail::Trie& t, int32_t sta
     }
 }
 
+// Bytes of the shortest completion from set `id` (a breadth-first search over the lazy DFA, memoized
+// per set); INT32_MAX when none is found within kMaxSearch sets.
+int32_t distance(DfaCache& dc, const Nfa& n, int32_t id, Scratch& sc) {
+    constexpr size_t kMaxSearch = 20000;
+    if (dc.dist[size_t(id)] >= 0) return dc.dist[size_t(id)];
+    std::vector<int32_t> frontier{id}, next;
+    std::unordered_map<int32_t, int32_t> seen{{id, 0}};
+    int32_t found = INT32_MAX;
+    for (int32_t depth = 1; !frontier.empty() && found == INT32_MAX && seen.size() < kMaxSearch; ++depth) {
+        next.clear();
+        for (int32_t u : frontier) {
+            for (int b = 0; b < 256 && found == INT32_MAX; ++b) {
+                const int32_t v = transition(dc, n, u, uint8_t(b), sc);
+                if (v & 1) found = depth;
+                const int32_t target = (v >> 1) - 1;
+                if (target >= 0 && seen.emplace(target, depth).second) next.push_back(target);
+            }
+            if (found != INT32_MAX) break;
+        }
+        std::swap(frontier, next);
+    }
+    dc.dist[size_t(id)] = found;
+    return found;
+}
+
 }  // namespace
+
+int32_t GrammarMatcher::distance() const {
+    if (complete_) return 0;
+    if (live_.size() == 0) return INT32_MAX;
+    DfaCache& dc = grammar_->cache();
+    std::lock_guard<std::mutex> lock(dc.mu);
+    if (dc.sets.size() > DfaCache::kMaxSets) dc.clear();
+    return ::lattice::distance(dc, grammar_->nfa(), intern(dc, grammar_->nfa(), live_), scratch());
+}
+
+void GrammarMatcher::fill_mask_finishing(std::span<uint32_t> words) const {
+    fill_mask(words);
+    const TokenVocab& v = *vocab_;
+    if (complete_) {  // end now
+        std::fill(words.begin(), words.end(), 0u);
+        for (int32_t id : v.end_ids()) words[size_t(id / 32)] |= 1u << (id % 32);
+        return;
+    }
+    if (live_.size() == 0) return;
+    const Nfa& n = grammar_->nfa();
+    DfaCache& dc = grammar_->cache();
+    std::lock_guard<std::mutex> lock(dc.mu);
+    Scratch& sc = scratch();
+    const int32_t start = intern(dc, n, live_);
+    const int32_t here = ::lattice::distance(dc, n, start, sc);
+    for (size_t w = 0; w < words.size(); ++w) {
+        for (uint32_t bits = words[w]; bits != 0; bits &= bits - 1) {
+            const int32_t id = int32_t(w * 32) + __builtin_ctz(bits);
+            if (v.is_end(id)) continue;
+            int32_t at = start, last = 0;
+            for (char c : v.bytes(id)) {
+                if (at < 0) break;
+                last = transition(dc, n, at, uint8_t(c), sc);
+                at = (last >> 1) - 1;
+            }
+            const bool keep = (last & 1) || (at >= 0 && ::lattice::distance(dc, n, at, sc) < here);
+            if (!keep) words[w] &= ~(1u << (id % 32));
+        }
+    }
+}
 
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> g, std::shared_ptr<const TokenVocab> v)
     : grammar_(std::move(g)), vocab_(std::move(v)) {
     LATTICE_CHECK(grammar_ && vocab_, "GrammarMatcher: a grammar and a vocabulary are required");
     Scratch& sc = scratch();
     sc.seen.clear();
-    std::vector<int32_t> cfg{grammar_->nfa().start};
-    Closure cl{grammar_->nfa(), live_, sc.seen};
+    const std::vector<int32_t> cfg{grammar_->nfa().start};
+    Closure cl{grammar_->nfa(), live_, sc.seen, sc.work, sc.cur};
     cl.expand(cfg);
     complete_ = cl.complete;
 }

@@ -4,9 +4,12 @@
 // Supported: literals, escapes (\d \w \s \D \W \S, \n \t \r \f \v \0, \xHH, \uHHHH, an escaped
 // punctuation character), classes [a-z0-9_] and [^...] (escapes inside), `.` (any character but \n),
 // groups (...), (?:...), (?P<name>...), (?<name>...), |, * + ? {m} {m,} {m,n} (a lazy `?` after a
-// quantifier changes nothing for a whole match), a leading ^ and a trailing $.
+// quantifier changes nothing for a whole match; a `{` that opens no quantifier is a literal, as in
+// Python), a leading ^ and a trailing $. \d \w \s are ASCII
+// classes, not Python's Unicode ones.
 // Refused with the construct and its byte offset: backreferences, lookaround, \b \B \A \Z, anchors
-// elsewhere, possessive quantifiers, inline flags, {m,n} above 1000, anything unknown.
+// elsewhere, possessive quantifiers, inline flags, {m,n} above 1000, a pattern of more than 20000
+// automaton states (nested repetitions), anything unknown.
 #include <algorithm>
 
 #include "base/error.h"
@@ -19,6 +22,7 @@ namespace {
 using Ranges = grammar_detail::NfaBuilder::Ranges;
 constexpr int kUnbounded = -1;
 constexpr int kMaxRepeat = 1000;
+constexpr int32_t kMaxRegexStates = 20000;
 
 struct Node {
     enum Kind { kSet, kConcat, kAlt, kRepeat } kind = kConcat;
@@ -222,7 +226,7 @@ private:
         if (c == '.') return set(complement({{'\n', '\n'}}));
         if (c == '\\') return set(escape(false));
         if (c == '^' || c == '$') fail(std::string("the anchor '") + c + "' inside the pattern", at);
-        if (c == '*' || c == '+' || c == '?' || c == '{')
+        if (c == '*' || c == '+' || c == '?' || (c == '{' && is_braces(at)))
             fail(std::string("a quantifier '") + c + "' with nothing to repeat", at);
         --i_;
         const uint32_t lit = utf8_char();
@@ -239,9 +243,21 @@ private:
         return v;
     }
     // Parses a quantifier at i_ if there is one (returns false otherwise).
+    // Whether `{` at k opens a {m}, {m,} or {m,n} quantifier; otherwise it is a literal, as in Python.
+    bool is_braces(size_t k) const {
+        size_t j = k + 1, digits = 0;
+        while (j < end_ && isdigit(uint8_t(p_[j]))) ++j, ++digits;
+        if (digits == 0) return false;
+        if (j < end_ && p_[j] == ',') {
+            ++j;
+            while (j < end_ && isdigit(uint8_t(p_[j]))) ++j;
+        }
+        return j < end_ && p_[j] == '}';
+    }
     bool quantifier(int& min, int& max) {
         const char c = peek();
         const size_t at = i_;
+        if (c == '{' && !is_braces(at)) return false;
         if (c == '*')
             min = 0, max = kUnbounded;
         else if (c == '+')
@@ -352,7 +368,12 @@ grammar_detail::Nfa compile_regex(const std::string& pattern) {
     grammar_detail::NfaBuilder b;
     const int32_t s = b.state(), f = b.state();
     emit(b, root, s, f);
-    return b.finish(s, f);
+    grammar_detail::Nfa nfa = b.finish(s, f);
+    // Repetitions multiply: (a?){1000} nested in {1000} would be a million states whose closures are slow.
+    LATTICE_CHECK(nfa.num_states() <= kMaxRegexStates,
+                  "guided_regex: the pattern expands to {} automaton states (at most {}): lower its repetition counts",
+                  nfa.num_states(), kMaxRegexStates);
+    return nfa;
 }
 
 }  // namespace lattice

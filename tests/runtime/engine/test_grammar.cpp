@@ -1,9 +1,13 @@
 // Structured output (runtime/engine/grammar.h): each grammar kind on hand-written valid and invalid
-// byte strings (fed whole, byte by byte, and token by token), random walks over the mask (every
+// byte strings (fed whole and byte by byte, which must agree), random walks over the mask (every
 // output parses and validates: a small checker of the supported schema keywords below; regex outputs
-// against std::regex_match), the mask against accept() on samples of ids, refused keywords and regex
-// constructs naming themselves, tokens that split a UTF-8 character or cross a string's closing
-// quote, exact integer ranges, and a 32k and a 128k real vocabulary (../shared/tokenizers).
+// against std::regex_match), the mask against accept() on samples of ids at every step, mutated
+// documents and random strings (json_object never accepts what does not parse; regexes agree with
+// std::regex), refused keywords and regex constructs naming themselves, tokens that split a UTF-8
+// character or cross a string's closing quote, exact integer ranges, additional properties that never
+// repeat a declared key, spec keys, masks from several threads and after a cache clear, finishing
+// masks that end the output within distance() tokens, and a 32k and a 128k real vocabulary
+// (../shared/tokenizers).
 #include <doctest/doctest.h>
 
 #include <nlohmann/json.hpp>
@@ -231,6 +235,47 @@ TEST_CASE("grammar: json_object accepts compact JSON objects and nothing else") 
     CHECK(!matches(g, v, nested(33)));  // past the nesting limit
 }
 
+TEST_CASE("grammar: mutated documents: whatever json_object accepts parses; regexes agree with std::regex") {
+    const auto v = synthetic_vocab().vocab;
+    const auto g = compile(GrammarSpec::Kind::kJsonObject, "");
+    std::mt19937 rng(5);
+    const std::string alphabet = "{}[]\":, 0123456789.eE+-truefalsn\\u\x01\xC3\xA9\xED\xA0\xF0\x9F\x98\x80";
+    const std::vector<std::string> seeds = {R"({"a": [1, 2.5e3, {"b": null}], "c": "x\u00e9\n"})",
+                                            R"({"k": -0.5, "l": [true, false]})"};
+    int accepted = 0;
+    for (int i = 0; i < 3000; ++i) {
+        std::string d = seeds[size_t(i) % seeds.size()];
+        for (int k = 0, n = 1 + int(rng() % 3); k < n; ++k) {
+            const size_t at = rng() % (d.size() + 1);
+            const char c = alphabet[rng() % alphabet.size()];
+            switch (rng() % 3) {
+                case 0:
+                    d.insert(at, 1, c);
+                    break;
+                case 1:
+                    if (at < d.size()) d.erase(at, 1);
+                    break;
+                default:
+                    if (at < d.size()) d[at] = c;
+            }
+        }
+        if (!matches(g, v, d)) continue;
+        ++accepted;
+        const json j = json::parse(d, nullptr, false);
+        CHECK_MESSAGE((!j.is_discarded() && j.is_object()), d);
+    }
+    CHECK(accepted > 100);  // the check above ran on many documents
+    for (const char* pattern : {"(ab|a)*b?c", "[a-c]{2,3}(x|yz)*", "a(b*|c+)d?[^a-c]?", "(a|b)*a(a|b){2}"}) {
+        const auto re = compile(GrammarSpec::Kind::kRegex, pattern);
+        const std::regex ref(pattern);
+        for (int i = 0; i < 1500; ++i) {
+            std::string in;
+            for (int k = 0, n = int(rng() % 8); k < n; ++k) in += "abcdxyz"[rng() % 7];
+            CHECK_MESSAGE(matches(re, v, in) == std::regex_match(in, ref), pattern, " on ", in);
+        }
+    }
+}
+
 TEST_CASE("grammar: json_schema keywords: valid and invalid documents") {
     const auto v = synthetic_vocab().vocab;
     const auto g = compile(GrammarSpec::Kind::kJsonSchema, kSchema);
@@ -278,6 +323,10 @@ TEST_CASE("grammar: additional properties never repeat a declared key") {
                               R"({"type":"object","properties":{"x":{"type":"integer"}},"additionalProperties":true})");
     CHECK(matches(free, v, "{\"x\":1,\"y\":[true,{\"x\":2}]}"));
     CHECK(!matches(free, v, "{\"x\":1,\"x\":2}"));
+    const auto bare = compile(GrammarSpec::Kind::kJsonSchema, R"({"type":"object"})");  // no properties: any object
+    CHECK(matches(bare, v, "{\"x\":1,\"y\":[true,{\"x\":2}]}"));
+    CHECK(matches(bare, v, "{}"));
+    CHECK(!matches(bare, v, "[]"));
     std::mt19937 rng(3);
     const json schema = json::parse(
         R"({"type":"object","properties":{"ab":{"type":"integer"}},"additionalProperties":{"type":"boolean"}})");
@@ -309,6 +358,7 @@ TEST_CASE("grammar: regex matches like std::regex_match") {
         const char* pattern;
         std::vector<const char*> inputs;
     };
+    const std::string x400y = std::string(400, 'x') + "y";
     const std::vector<Case> cases = {
         {"^[A-Z][a-z]{2,4} \\d{3}-\\d{4}$",
          {"Bob 555-1234", "Bo 555-1234", "Bobbyy 555-1234", "Bob 5551234", "bob 555-1234"}},
@@ -318,6 +368,7 @@ TEST_CASE("grammar: regex matches like std::regex_match") {
         {"[^0-9]x.", {"ax1", "1x1", "axx", "ax\n", "ax"}},
         {"-?\\d+(\\.\\d+)?", {"0", "-12.50", "1.", ".5", "--1"}},
         {"a{3}b{1,}c{0,2}", {"aaab", "aaabbbcc", "aab", "aaabccc", "aaac"}},
+        {"(x?){400}y", {"y", "xxy", "xy", x400y.c_str(), "yy"}},
         {"[a\\-z]+\\s\\S", {"a-z x", "-- !", "b x", "a  x"}},
         {"\\(\\)\\[\\]\\{\\}\\.\\*\\\\", {"()[]{}.*\\", "()[]{}.*"}},
     };
@@ -328,6 +379,10 @@ TEST_CASE("grammar: regex matches like std::regex_match") {
         for (const char* in : c.inputs)
             CHECK_MESSAGE(matches(g, v, in) == std::regex_match(in, re), c.pattern, " on ", in);
     }
+    // A `{` that opens no quantifier is a literal, as in Python (std::regex's ECMAScript refuses it).
+    const auto braces = compile(GrammarSpec::Kind::kRegex, "\\{\"a\": \\d+\\}|{x}|a{,2}");
+    for (const char* in : {"{\"a\": 12}", "{x}", "a{,2}"}) CHECK_MESSAGE(matches(braces, v, in), std::string(in));
+    for (const char* in : {"{\"a\": }", "aa", "x"}) CHECK_MESSAGE(!matches(braces, v, in), std::string(in));
     // Non-ASCII: '.' and negated classes take whole UTF-8 characters only; classes take code point ranges.
     const auto dot = compile(GrammarSpec::Kind::kRegex, "a.b[^x]c[α-ω]");
     CHECK(matches(dot, v,
@@ -339,6 +394,18 @@ TEST_CASE("grammar: regex matches like std::regex_match") {
                    "b!c\xCE\xB2"));
     CHECK(!matches(dot, v, "aeb!c\xCE\xA9\xCE\xB2"));
     CHECK(!matches(dot, v, "aeb!ca"));
+}
+
+TEST_CASE("grammar: spec keys") {
+    GrammarSpec a{GrammarSpec::Kind::kJsonSchema, R"({"type": "object", "properties": {"b": {}, "a": {}}})", {}};
+    GrammarSpec b{GrammarSpec::Kind::kJsonSchema, R"({"type":"object","properties":{"b":{},"a":{}}})", {}};
+    GrammarSpec c{GrammarSpec::Kind::kJsonSchema, R"({"type":"object","properties":{"a":{},"b":{}}})", {}};
+    CHECK(a.key() == b.key());  // spacing does not matter
+    CHECK(a.key() != c.key());  // property order does: it is the output's order
+    GrammarSpec r{GrammarSpec::Kind::kRegex, "a+", {}}, ch{GrammarSpec::Kind::kChoice, "", {"a+"}};
+    CHECK(r.key() != ch.key());
+    CHECK(!GrammarSpec{}.active());
+    CHECK(r.active());
 }
 
 TEST_CASE("grammar: choice is exactly one of the strings") {
@@ -388,6 +455,7 @@ TEST_CASE("grammar: refused keywords and constructs name themselves") {
     CHECK(regex_error("a(?<!b)").find("lookaround at offset 1") != std::string::npos);
     CHECK(regex_error("\\bword").find("word boundary") != std::string::npos);
     CHECK(regex_error("a{1001}").find("above 1000") != std::string::npos);
+    CHECK(regex_error("((ab?){100}){100}").find("automaton states") != std::string::npos);
     CHECK(regex_error("a^b").find("anchor '^' inside the pattern at offset 1") != std::string::npos);
     CHECK(regex_error("(ab").find("unterminated group") != std::string::npos);
     CHECK(regex_error("*a").find("nothing to repeat") != std::string::npos);
@@ -459,14 +527,9 @@ TEST_CASE("grammar: real vocabularies (32k SentencePiece, 128k byte-level BPE)")
     const auto sch = compile(GrammarSpec::Kind::kJsonSchema, kSchema);  // one grammar, both vocabularies (its memo)
     for (const char* file : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-llama-bpe.gguf"}) {
         const auto tok = load_tokenizer(dir + file);
-        std::vector<std::string> bytes;
-        std::vector<int32_t> ends;
-        for (int32_t id = 0; id < tok->vocab_size(); ++id) {
-            bytes.push_back(tok->is_control(id) ? std::string() : tok->token_bytes(id));
-            if (tok->is_eog(id)) ends.push_back(id);
-        }
-        REQUIRE(!ends.empty());
-        const auto v = std::make_shared<const TokenVocab>(bytes, ends);
+        const auto v = make_token_vocab(*tok, tok->vocab_size() + 64);  // logits wider than the vocabulary
+        REQUIRE(v->size() == tok->vocab_size() + 64);
+        REQUIRE(!v->end_ids().empty());
         for (int i = 0; i < 3; ++i) {
             const std::string b = random_walk(sch, v, rng, 64);
             const json doc = json::parse(b, nullptr, false);
@@ -483,7 +546,7 @@ TEST_CASE("grammar: real vocabularies (32k SentencePiece, 128k byte-level BPE)")
     }
 }
 
-TEST_CASE("grammar: one grammar masked from several threads gives each the masks of one thread") {
+TEST_CASE("grammar: one grammar masked from several threads, or after its cache is cleared, gives the same masks") {
     const auto v = synthetic_vocab().vocab;
     const auto g = compile(GrammarSpec::Kind::kJsonObject, "");
     const std::string doc = R"({"a": [1, {"b": "x\u00e9y"}, true], "c": {"d": null, "e": -2.5e-3}})";
@@ -508,6 +571,103 @@ TEST_CASE("grammar: one grammar masked from several threads gives each the masks
         std::vector<uint32_t> w(size_t((v->size() + 31) / 32));
         m.fill_mask(w);
         for (const auto& r : results) CHECK(r[i] == w);
+        fresh->cache().clear();  // what a full cache does at the start of a mask: the same masks again
+        std::vector<uint32_t> again(w.size());
+        m.fill_mask(again);
+        CHECK(again == w);
         REQUIRE(m.accept_bytes(doc.substr(i, 1)));
+    }
+}
+
+TEST_CASE("grammar: finishing masks end the output within distance() tokens, well-formed") {
+    const auto v = synthetic_vocab().vocab;
+    std::mt19937 rng(13);
+    const json schema = json::parse(kSchema);
+    const auto obj = compile(GrammarSpec::Kind::kJsonObject, "");
+    const auto sch = compile(GrammarSpec::Kind::kJsonSchema, kSchema);
+    const auto re = compile(GrammarSpec::Kind::kRegex, "[A-Z][a-z]{2,4}( \\d{1,3})*-(yes|no)");
+    std::vector<uint32_t> w(size_t((v->size() + 31) / 32)), all(w.size());
+    for (int i = 0; i < 60; ++i) {
+        const auto& g = i % 3 == 0 ? obj : i % 3 == 1 ? sch : re;
+        GrammarMatcher m(g, v);
+        std::string out;
+        for (int k = 0, free_steps = int(rng() % 40); k < free_steps && !m.finished(); ++k) {  // uniform: long strings
+            m.fill_mask(w);
+            std::vector<int32_t> allowed;
+            for (int32_t id = 0; id < v->size(); ++id)
+                if (bit(w, id) && !v->is_end(id)) allowed.push_back(id);
+            if (allowed.empty()) break;
+            const int32_t id = allowed[rng() % allowed.size()];
+            REQUIRE(m.accept(id));
+            out += v->bytes(id);
+        }
+        const int32_t budget = m.distance();
+        REQUIRE(budget < 1000);
+        int used = 0;
+        while (!m.complete() || !m.finished()) {
+            const int32_t before = m.distance();
+            m.fill_mask_finishing(w);
+            m.fill_mask(all);
+            std::vector<int32_t> allowed;
+            for (int32_t id = 0; id < v->size(); ++id) {
+                if (!bit(w, id)) continue;
+                CHECK(bit(all, id));  // a subset of the mask
+                allowed.push_back(id);
+            }
+            REQUIRE(!allowed.empty());
+            const int32_t id = allowed[rng() % allowed.size()];
+            if (v->is_end(id)) break;
+            REQUIRE(m.accept(id));
+            out += v->bytes(id);
+            ++used;
+            CHECK(m.distance() < before);
+        }
+        CHECK(m.complete());
+        CHECK_MESSAGE(used <= budget, out);
+        if (g == re) {
+            CHECK_MESSAGE(std::regex_match(out, std::regex("[A-Z][a-z]{2,4}( \\d{1,3})*-(yes|no)")), out);
+        } else {
+            const json doc = json::parse(out, nullptr, false);
+            CHECK_MESSAGE(!doc.is_discarded(), out);
+            if (g == sch) CHECK_MESSAGE(valid(doc, schema, schema), out);
+        }
+    }
+}
+
+TEST_CASE("grammar: a pydantic model_json_schema and an OpenAI strict schema compile and walk to valid output") {
+    const auto v = synthetic_vocab().vocab;
+    std::mt19937 rng(17);
+    const std::vector<std::string> schemas = {
+        // class Pet(BaseModel): kind: Literal["cat", "dog"]; name: str
+        // class User(BaseModel): id: conint(ge=1); name: str = Field(max_length=8); nick: Optional[str] = None;
+        //   color: Color = Color.red; pets: list[Pet] = []; scores: dict[str, int] = {}; born: datetime;
+        //   pair: tuple[int, bool]
+        R"({"$defs": {"Color": {"enum": ["red", "green"], "title": "Color", "type": "string"},
+                      "Pet": {"properties": {"kind": {"enum": ["cat", "dog"], "title": "Kind", "type": "string"},
+                                             "name": {"title": "Name", "type": "string"}},
+                              "required": ["kind", "name"], "title": "Pet", "type": "object"}},
+            "properties": {"id": {"minimum": 1, "title": "Id", "type": "integer"},
+                           "name": {"maxLength": 8, "title": "Name", "type": "string"},
+                           "nick": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": null, "title": "Nick"},
+                           "color": {"$ref": "#/$defs/Color", "default": "red"},
+                           "pets": {"default": [], "items": {"$ref": "#/$defs/Pet"}, "title": "Pets", "type": "array"},
+                           "scores": {"additionalProperties": {"type": "integer"}, "default": {}, "title": "Scores",
+                                      "type": "object"},
+                           "born": {"format": "date-time", "title": "Born", "type": "string"},
+                           "pair": {"maxItems": 2, "minItems": 2, "prefixItems": [{"type": "integer"}, {"type": "boolean"}],
+                                    "title": "Pair", "type": "array"}},
+            "required": ["id", "name", "born", "pair"], "title": "User", "type": "object"})",
+        // OpenAI strict: every property required, nullable through a type list, no additional properties.
+        R"({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": ["integer", "null"]},
+             "units": {"type": "string", "enum": ["c", "f"]}}, "required": ["city", "days", "units"],
+             "additionalProperties": false})"};
+    for (const std::string& text : schemas) {
+        const json schema = json::parse(text);
+        const auto g = compile(GrammarSpec::Kind::kJsonSchema, text);
+        for (int i = 0; i < 15; ++i) {
+            const std::string out = random_walk(g, v, rng, 8);
+            const json doc = json::parse(out, nullptr, false);
+            CHECK_MESSAGE((!doc.is_discarded() && valid(doc, schema, schema)), out);
+        }
     }
 }
