@@ -116,25 +116,12 @@ int64_t EngineClient::submit(ClientRequest r) {
     return id;
 }
 
-// The model's logits width as bytes, for grammars: what each id decodes to; special and control
-// tokens (and ids past the tokenizer's vocabulary) as "", never allowed; the model's eos and the
-// tokenizer's end-of-generation ids end a complete output. Built once, on the first grammar.
+// The vocabulary grammars mask (runtime/engine/grammar.h make_token_vocab: each id's bytes, special
+// tokens never allowed, padded to the model's logits width). Built once, on the first grammar.
 std::shared_ptr<const TokenVocab> EngineClient::grammar_vocab() {
     if (vocab_) return vocab_;
     LATTICE_CHECK(tok_, "structured output needs a model with a tokenizer");
-    const int64_t V = engine_.model().config().vocab;
-    std::vector<std::string> bytes(static_cast<size_t>(V));
-    std::vector<int32_t> end;
-    for (int32_t id = 0; id < int32_t(std::min<int64_t>(V, tok_->vocab_size())); ++id) {
-        const TokenType t = tok_->token_type(id);
-        if (t == TokenType::kNormal || t == TokenType::kByte || t == TokenType::kUserDefined)
-            bytes[size_t(id)] = tok_->token_bytes(id);
-    }
-    for (int64_t id : engine_.model().config().eos_ids)
-        if (id >= 0 && id < V) end.push_back(int32_t(id));
-    for (int32_t id : tok_->eog_ids())
-        if (id < V) end.push_back(id);
-    vocab_ = std::make_shared<const TokenVocab>(std::move(bytes), std::move(end));
+    vocab_ = make_token_vocab(*tok_, int32_t(engine_.model().config().vocab));
     return vocab_;
 }
 

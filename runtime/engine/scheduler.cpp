@@ -187,6 +187,11 @@ void Scheduler::register_full_blocks(Seq& s, int64_t done) {
     }
 }
 
+namespace {
+constexpr int64_t kFinishWindow = 256;  // tokens left below which a grammar's distance is looked at
+constexpr int64_t kFinishMargin = 8;
+}  // namespace
+
 StepPlan Scheduler::next(int64_t number) {
     StepPlan p;
     p.kind = StepPlan::Kind::kStep;
@@ -226,7 +231,14 @@ StepPlan Scheduler::next(int64_t number) {
             const size_t words = size_t((opt_.vocab + 31) / 32);
             p.mask_width = int32_t(words);
             p.masks.resize(p.masks.size() + words);
-            s.req.grammar->fill_mask(std::span<uint32_t>(p.masks.data() + p.masks.size() - words, words));
+            const std::span<uint32_t> mask(p.masks.data() + p.masks.size() - words, words);
+            // Near max_tokens, only tokens that shorten the grammar's shortest completion: the output
+            // still ends well-formed (a margin for tokens that open more than they close).
+            const int64_t left = s.req.max_new_tokens - s.generated();
+            if (left <= kFinishWindow && left <= int64_t(s.req.grammar->distance()) + kFinishMargin)
+                s.req.grammar->fill_mask_finishing(mask);
+            else
+                s.req.grammar->fill_mask(mask);
             p.seqs.back().masked = true;
         }
         if (ps.sample) {  // the repetition penalty's window: the last tokens, prompt and output

@@ -68,7 +68,9 @@ struct EngineRequest {
     // Structured output (runtime/engine/grammar.h): the sequence's position in its grammar. Each step
     // that samples it carries the mask of the tokens the grammar allows; each sampled token advances
     // it; the output ends (kStop, the token shown as text) when the grammar is finished, or at an end
-    // id (eos, end of turn) once it is complete, ignore_eos or not. One matcher per sequence.
+    // id (eos, end of turn) once it is complete, ignore_eos or not. Once the tokens left to max_tokens
+    // come within 8 of the grammar's shortest completion, the mask keeps only tokens that shorten it,
+    // so the output still ends well-formed when max_tokens leaves room for that. One matcher per sequence.
     std::shared_ptr<GrammarMatcher> grammar = nullptr;
 };
 

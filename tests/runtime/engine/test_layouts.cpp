@@ -437,4 +437,24 @@ TEST_CASE("structured output in every layout: the leader's grammar mask reaches 
         CAPTURE(pp);
         CHECK(run(layout_options(tp, pp)) == want);  // every rank, every token (the mask went with the plan)
     }
+    // Near max_tokens the mask keeps only tokens that shorten the shortest completion: with 6 tokens for
+    // a grammar that needs at least 5 bytes (and, free, would rather go on for 20 characters) every output
+    // still ends matched.
+    spec.source = "[0-9]{2,4}-[abc]{1,20}x";
+    const std::shared_ptr<const Grammar> tight = Grammar::compile(spec);
+    RankRuntime rt = build(single, *src);
+    std::vector<GenerateRequest> reqs(4);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+        reqs[i].prompt = {int32_t(9 + i), 3, 50};
+        reqs[i].max_new_tokens = 6;
+        reqs[i].ignore_eos = true;
+        reqs[i].sampling.temperature = 1.0f;
+        reqs[i].sampling.seed = 3;
+        reqs[i].grammar = std::make_shared<GrammarMatcher>(tight, vocab);
+    }
+    for (const GenerateResult& r : rt.engine->generate_batch(reqs)) {
+        const std::string text = toy_text(r.tokens, V);
+        CAPTURE(text);
+        CHECK(std::regex_match(text, std::regex(spec.source)));
+    }
 }
