@@ -62,6 +62,11 @@ using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
 constexpr int64_t kMaxLineBytes = int64_t(8) << 20;
+constexpr size_t kKeepBytes = size_t(kMaxLineBytes) + 1;  // what is read of a line: one byte past the limit
+
+bool blank(const std::string& l) {
+    return l.find_first_not_of(" \t\r") == std::string::npos;
+}
 // Exit status of a run that stopped with requests left (a drain signal: Slurm's time limit or
 // preemption): EX_TEMPFAIL of sysexits.h, "try again later", which is what a rerun does. It is not
 // 1 (an error: rerunning the same input fails the same way) nor 0 (Slurm records COMPLETED), so
@@ -204,13 +209,39 @@ struct BatchTotals {
     }
 };
 
+// Reads one line (without its '\n') keeping at most `keep` bytes of it; `length` is the whole line's.
+// False at the end of the input with nothing read. A line of 60 MB costs `keep` bytes, not 60 MB (and
+// not the doubling growth of a std::getline string).
+bool read_line_bounded(std::istream& in, std::string& line, size_t keep, int64_t& length) {
+    line.clear();
+    length = 0;
+    char buf[1 << 16];
+    bool any = false;
+    for (;;) {
+        in.getline(buf, sizeof(buf));
+        const std::streamsize n = in.gcount();  // extracted, the '\n' included when found
+        any |= n > 0;
+        const bool full = in.fail() && !in.eof() && n == std::streamsize(sizeof(buf) - 1);
+        const size_t stored = size_t(n) - (full || in.eof() ? 0 : 1);
+        length += int64_t(stored);
+        if (line.size() < keep) line.append(buf, std::min(stored, keep - line.size()));
+        if (full) {  // no '\n' within the buffer: the line goes on
+            in.clear();
+            continue;
+        }
+        if (in.eof()) in.clear(std::ios::eofbit);  // a last line without '\n'
+        return any;
+    }
+}
+
 // The input file's requests through the engine client, results to the output file as they finish.
 class BatchRun {
 public:
     BatchRun(EngineClient& client, const std::string& input, ResultFile& out, int64_t vocab, std::string model)
         : client_(client), in_(input), out_(out), limits_{vocab}, model_(std::move(model)) {
         LATTICE_CHECK(in_.good(), "--input {}: cannot open", input);
-        for (std::string l; std::getline(in_, l);) t_.total += l.find_first_not_of(" \t\r") != std::string::npos;
+        int64_t length = 0;
+        for (std::string l; read_line_bounded(in_, l, kKeepBytes, length);) t_.total += !blank(l);
         in_.clear();
         in_.seekg(0);
         t_.already = t_.done = int64_t(out.done().size());
@@ -249,8 +280,8 @@ private:
     // The server's limits on a request body, per line: a line of 60 MB or of 20 MB of "[" would cost
     // gigabytes in the parser before any check. "" when within them.
     std::string over_limits(const std::string& line) const {
-        if (int64_t(line.size()) > kMaxLineBytes)
-            return fmt::format("line {}: {} bytes, more than the {} a request may have", line_no_, line.size(),
+        if (line_bytes_ > kMaxLineBytes)
+            return fmt::format("line {}: {} bytes, more than the {} a request may have", line_no_, line_bytes_,
                                kMaxLineBytes);
         try {
             check_json_limits(line, fmt::format("line {}", line_no_), JsonLimits{});
@@ -359,12 +390,12 @@ private:
         constexpr int64_t kWantWaiting = 16;
         std::string line;
         while (input_left_ && !client_.draining() && client_.scheduler().waiting() < kWantWaiting) {
-            if (!std::getline(in_, line)) {
+            if (!read_line_bounded(in_, line, kKeepBytes, line_bytes_)) {
                 input_left_ = false;
                 break;
             }
             ++line_no_;
-            if (line.find_first_not_of(" \t\r") != std::string::npos) admit_line(line);
+            if (!blank(line)) admit_line(line);
         }
     }
 
@@ -441,6 +472,7 @@ private:
     std::map<int64_t, Sequence> running_;  // by the client's id
     std::set<std::string> seen_;          // ids of this input (duplicates are skipped)
     int64_t line_no_ = 0;
+    int64_t line_bytes_ = 0;  // the current line's length (its text is kept up to kKeepBytes)
     bool input_left_ = true;
     BatchTotals t_;
 };
