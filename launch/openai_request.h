@@ -20,7 +20,7 @@
 // compiled once per distinct spec (runtime/engine/grammar.h says what is supported; an unsupported
 // schema keyword is a 400 naming it); guided_grammar is refused.
 // Metadata fields that change nothing are accepted: user, metadata, store (false), service_tier,
-// parallel_tool_calls, stream_options. Chat: tools and tool_choice (launch/openai_tools.h). Known
+// stream_options. Chat: tools, tool_choice and parallel_tool_calls (launch/openai_tools.h). Known
 // fields lattice does not implement (logit_bias, functions, function_call, suffix, audio,
 // modalities, prediction) are refused naming the field, unless given their neutral value. Any other
 // field is refused naming it (a misspelt "max_token" must not pass silently); a known field of the

@@ -90,6 +90,10 @@ ToolUse parse_tool_use(const json& b, const Tokenizer& tok) {
                   chat_template_kind_name(tok.chat_template_kind()));
     u.parse = true;
     u.format = tool_call_format(tok.chat_template_text());
+    if (b.contains("parallel_tool_calls") && !b["parallel_tool_calls"].is_null()) {
+        LATTICE_CHECK(b["parallel_tool_calls"].is_boolean(), "\"parallel_tool_calls\" must be true or false");
+        u.parallel = b["parallel_tool_calls"].get<bool>();
+    }
     if (!forced.empty()) {
         u.forced = true;
         u.grammar.kind = GrammarSpec::Kind::kJsonSchema;

@@ -8,6 +8,7 @@
 //                call of any tool: sampled under the grammar of the call object), or {"type":
 //                "function", "function": {"name"}} (one call of that tool, likewise). A forced call
 //                cannot be combined with response_format / guided_*.
+//   parallel_tool_calls  false: an output with several calls returns the first only (default true);
 //   messages     with tools, the roles "tool" (content, tool_call_id) and an assistant turn with
 //                "tool_calls" (content null) reach the template as sent.
 // A chat template of a hard-coded family (not the model's Jinja) cannot show tools: 400.
@@ -26,6 +27,7 @@ namespace lattice {
 struct ToolUse {
     bool parse = false;   // tools offered, tool_choice not "none": the output is parsed for calls
     bool forced = false;  // "required" or a named function: the output is exactly one call (grammar)
+    bool parallel = true;  // "parallel_tool_calls" (default true); false: only the first call is returned
     ToolCallFormat format = ToolCallFormat::kJson;
     std::set<std::string> names;
     GrammarSpec grammar;  // forced: the call object's JSON schema

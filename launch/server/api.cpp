@@ -425,8 +425,9 @@ std::string ResponseShaper::finish(const Delta& d) {
 // A chat message whose text is parsed for tool calls (runtime/tokenizer/tool_calls.h): content (null
 // when there is none) and tool_calls; with calls, `finish` becomes "tool_calls".
 ojson ResponseShaper::tool_message(const Choice& c, int64_t index, ojson& finish) const {
-    const ToolCallOutput out = tools_.forced ? parse_forced_call(c.text, tools_.format)
-                                             : parse_tool_calls(c.text, tools_.format, tools_.names);
+    ToolCallOutput out = tools_.forced ? parse_forced_call(c.text, tools_.format)
+                                       : parse_tool_calls(c.text, tools_.format, tools_.names);
+    if (!tools_.parallel && out.calls.size() > 1) out.calls.resize(1);  // parallel_tool_calls: false
     ojson m = {{"role", "assistant"}, {"content", out.content.empty() && !out.calls.empty() ? ojson(nullptr)
                                                                                             : ojson(out.content)}};
     if (out.calls.empty()) {

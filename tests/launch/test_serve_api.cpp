@@ -417,3 +417,57 @@ TEST_CASE("metrics render Prometheus text, vLLM's names under lattice: with the 
     has("lattice:request_generation_tokens_bucket{" + L + ",le=\"10\"} 1\n");
     has("lattice:request_generation_tokens_count{" + L + "} 2\n");
 }
+
+TEST_CASE("chat with tools: the output's calls become tool_calls, held in a stream until its end") {
+    ApiCall call;
+    call.id = "chatcmpl-7";
+    call.model = "tiny";
+    call.request.chat = true;
+    call.request.tools.parse = true;
+    call.request.tools.format = lattice::ToolCallFormat::kHermes;
+    call.request.tools.names = {"get_weather", "get_time"};
+    const std::string out =
+        "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}</tool_call>"
+        "<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>";
+    SUBCASE("not streamed: content null, both calls, finish_reason tool_calls") {
+        ResponseShaper s(call);
+        s.tokens(tokens(out, {1, 2}, 0, {}, {}, "stop"));
+        const json m = json::parse(s.finish(finish(3, 2)))["choices"][0];
+        CHECK(m["finish_reason"] == "tool_calls");
+        CHECK(m["message"]["content"].is_null());
+        REQUIRE(m["message"]["tool_calls"].size() == 2);
+        const json& c0 = m["message"]["tool_calls"][0];
+        CHECK(c0["type"] == "function");
+        CHECK(c0["id"] == "call_7_0_0");
+        CHECK(c0["function"]["name"] == "get_weather");
+        CHECK(json::parse(c0["function"]["arguments"].get<std::string>()) == json{{"city", "Oslo"}});
+    }
+    SUBCASE("parallel_tool_calls false: the first call only") {
+        call.request.tools.parallel = false;
+        ResponseShaper s(call);
+        s.tokens(tokens(out, {1, 2}, 0, {}, {}, "stop"));
+        const json m = json::parse(s.finish(finish(3, 2)))["choices"][0];
+        REQUIRE(m["message"]["tool_calls"].size() == 1);
+        CHECK(m["message"]["tool_calls"][0]["function"]["name"] == "get_weather");
+    }
+    SUBCASE("streamed: nothing until the end, then one chunk with indexed calls") {
+        call.request.stream = true;
+        ResponseShaper s(call);
+        CHECK(s.tokens(tokens(out.substr(0, 20), {1})).empty());
+        const json c = data(s.tokens(tokens(out.substr(20), {2}, 0, {}, {}, "stop")));
+        const json& ch = c["choices"][0];
+        CHECK(ch["finish_reason"] == "tool_calls");
+        CHECK(!ch["delta"].contains("content"));
+        REQUIRE(ch["delta"]["tool_calls"].size() == 2);
+        CHECK(ch["delta"]["tool_calls"][1]["index"] == 1);
+        CHECK(ch["delta"]["tool_calls"][1]["function"]["name"] == "get_time");
+    }
+    SUBCASE("an answer in words stays content, its own finish_reason") {
+        ResponseShaper s(call);
+        s.tokens(tokens("It is sunny.", {1}, 0, {}, {}, "length"));
+        const json m = json::parse(s.finish(finish(3, 1)))["choices"][0];
+        CHECK(m["finish_reason"] == "length");
+        CHECK(m["message"]["content"] == "It is sunny.");
+        CHECK(!m["message"].contains("tool_calls"));
+    }
+}
