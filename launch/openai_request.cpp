@@ -137,7 +137,7 @@ std::vector<std::vector<int32_t>> api_prompts(const json& b, bool chat, const To
 // "stop": a string or up to 4 non-empty strings (they need a tokenizer: they apply to the text).
 std::vector<std::string> stop_strings(const json& b, const Tokenizer* tok) {
     std::vector<std::string> stop;
-    if (!b.contains("stop") || b["stop"].is_null()) return stop;
+    if (!field_given(b, "stop")) return stop;
     const json& s = b["stop"];
     if (s.is_string()) {
         stop.push_back(s.get<std::string>());
@@ -171,14 +171,13 @@ void refuse_unknown(const json& b, bool chat) {
         LATTICE_CHECK(value.is_null() || kCommon.count(key) || (chat ? kChat : kCompletions).count(key),
                       "\"{}\" is not a field of {} requests that lattice knows", key,
                       chat ? "chat completion" : "completion");
-    auto given = [&](const char* key) { return b.contains(key) && !b[key].is_null(); };
     for (const char* key : {"logit_bias", "functions", "function_call", "suffix", "audio", "modalities",
                             "prediction"})
-        LATTICE_CHECK(!given(key) || b[key].empty() || b[key] == "none" || b[key] == "",
+        LATTICE_CHECK(!field_given(b, key) || b[key].empty() || b[key] == "none" || b[key] == "",
                       "\"{}\" is not supported yet", key);
-    LATTICE_CHECK(!given("store") || b["store"] == false, "\"store\" is not supported (stored completions)");
+    LATTICE_CHECK(!field_given(b, "store") || b["store"] == false, "\"store\" is not supported (stored completions)");
     for (const char* key : {"guided_grammar", "guided_whitespace_pattern"})
-        LATTICE_CHECK(!given(key), "\"{}\" is not supported (guided_json, guided_regex, guided_choice and "
+        LATTICE_CHECK(!field_given(b, key), "\"{}\" is not supported (guided_json, guided_regex, guided_choice and "
                                    "response_format are)", key);
 }
 
@@ -187,8 +186,7 @@ void refuse_unknown(const json& b, bool chat) {
 GrammarSpec grammar_spec(const json& b, std::string& field) {
     GrammarSpec g;
     std::vector<std::string> named;
-    auto given = [&](const char* key) { return b.contains(key) && !b[key].is_null(); };
-    if (given("response_format")) {
+    if (field_given(b, "response_format")) {
         const json& f = b["response_format"];
         LATTICE_CHECK(f.is_object() && f.contains("type") && f["type"].is_string(),
                       "\"response_format\" must be an object with a \"type\" (text, json_object or json_schema)");
@@ -205,25 +203,25 @@ GrammarSpec grammar_spec(const json& b, std::string& field) {
             g.kind = GrammarSpec::Kind::kJsonSchema;
             g.source = schema.dump();
         } else {
-            LATTICE_CHECK(type == "text", "\"response_format\" type \"{}\" is unknown (text, json_object or json_schema)",
-                          type);
+            LATTICE_CHECK(type == "text",
+                          "\"response_format\" type \"{}\" is unknown (text, json_object or json_schema)", type);
         }
         if (g.active()) named.push_back("response_format");
     }
-    if (given("guided_json")) {
+    if (field_given(b, "guided_json")) {
         const json& s = b["guided_json"];
         LATTICE_CHECK(s.is_object() || s.is_string(), "\"guided_json\" must be a JSON schema (an object, or its text)");
         g.kind = GrammarSpec::Kind::kJsonSchema;
         g.source = s.is_string() ? s.get<std::string>() : s.dump();
         named.push_back("guided_json");
     }
-    if (given("guided_regex")) {
+    if (field_given(b, "guided_regex")) {
         LATTICE_CHECK(b["guided_regex"].is_string(), "\"guided_regex\" must be a string (a regular expression)");
         g.kind = GrammarSpec::Kind::kRegex;
         g.source = b["guided_regex"].get<std::string>();
         named.push_back("guided_regex");
     }
-    if (given("guided_choice")) {
+    if (field_given(b, "guided_choice")) {
         const json& c = b["guided_choice"];
         LATTICE_CHECK(c.is_array() && !c.empty(), "\"guided_choice\" must be a non-empty array of strings");
         g.kind = GrammarSpec::Kind::kChoice;
@@ -235,7 +233,7 @@ GrammarSpec grammar_spec(const json& b, std::string& field) {
     }
     LATTICE_CHECK(named.size() <= 1, "\"{}\" and \"{}\" both constrain the output: give one", named[0], named[1]);
     if (!named.empty()) field = named[0];
-    if (given("guided_decoding_backend"))
+    if (field_given(b, "guided_decoding_backend"))
         LATTICE_CHECK(b["guided_decoding_backend"].is_string(), "\"guided_decoding_backend\" must be a string");
     return g;
 }
@@ -273,11 +271,11 @@ void parse_choices(const json& b, ApiRequest& r) {
     if (r.chat) {
         const bool on = boolean(b, "logprobs", false);
         const int64_t k = integer(b, "top_logprobs", 0, kMax, 0);
-        LATTICE_CHECK(on || !b.contains("top_logprobs") || b["top_logprobs"].is_null(),
+        LATTICE_CHECK(on || !field_given(b, "top_logprobs"),
                       "\"top_logprobs\" needs \"logprobs\": true");
         r.logprobs = on ? int32_t(k) : -1;
     } else {
-        const bool off = !b.contains("logprobs") || b["logprobs"].is_null() || b["logprobs"] == false;
+        const bool off = !field_given(b, "logprobs") || b["logprobs"] == false;
         LATTICE_CHECK(off || b["logprobs"].is_number(),
                       "\"logprobs\" must be an integer in [0, {}] (the number of most likely tokens)", kMax);
         r.logprobs = off ? -1 : int32_t(integer(b, "logprobs", 0, kMax, -1));
@@ -303,7 +301,7 @@ ApiRequest parse_api_request(const json& b, bool chat, const Tokenizer* tok, con
     LATTICE_CHECK(b.is_object(), "the request body must be a JSON object");
     ApiRequest r;
     r.chat = chat;
-    if (b.contains("model") && !b["model"].is_null()) {
+    if (field_given(b, "model")) {
         LATTICE_CHECK(b["model"].is_string(), "\"model\" must be a string");
         r.model = b["model"].get<std::string>();
     }
@@ -313,7 +311,7 @@ ApiRequest parse_api_request(const json& b, bool chat, const Tokenizer* tok, con
     q.prompt = r.prompts[0];
     const bool echo = !chat && b.contains("echo") && b["echo"] == true;
     int64_t max_tokens = chat ? ClientRequest::kRestOfContext : 16;
-    if (chat && b.contains("max_completion_tokens") && !b["max_completion_tokens"].is_null())
+    if (chat && field_given(b, "max_completion_tokens"))
         max_tokens = integer(b, "max_completion_tokens", 1, INT32_MAX, max_tokens);
     else
         max_tokens = integer(b, "max_tokens", echo ? 0 : 1, INT32_MAX, max_tokens);
@@ -325,7 +323,7 @@ ApiRequest parse_api_request(const json& b, bool chat, const Tokenizer* tok, con
     q.sampling.top_p = float(number(b, "top_p", 1e-9, 1.0, 1.0));
     const int64_t top_k = integer(b, "top_k", -1, INT32_MAX, 0);
     q.sampling.top_k = top_k < 0 ? 0 : top_k;
-    if (b.contains("seed") && !b["seed"].is_null()) {
+    if (field_given(b, "seed")) {
         q.sampling.seed = uint64_t(integer(b, "seed", INT64_MIN, INT64_MAX, 0));
         r.seed_given = true;
     } else {
@@ -340,14 +338,15 @@ ApiRequest parse_api_request(const json& b, bool chat, const Tokenizer* tok, con
     q.sampling.repeat_penalty = float(number(b, "repetition_penalty", 1e-6, 1e6, 1.0));
     q.sampling.repeat_last_n = integer(b, "repeat_last_n", -1, INT32_MAX, -1);
     r.stream = boolean(b, "stream", false);
-    if (b.contains("stream_options") && !b["stream_options"].is_null()) {
+    if (field_given(b, "stream_options")) {
         LATTICE_CHECK(b["stream_options"].is_object(), "\"stream_options\" must be an object");
         r.include_usage = boolean(b["stream_options"], "include_usage", false);
     }
     parse_choices(b, r);
     std::string field;
     if (const GrammarSpec spec = grammar_spec(b, field); spec.active()) {
-        LATTICE_CHECK(tok != nullptr, "structured output (\"response_format\", \"guided_*\") needs a model with a tokenizer");
+        LATTICE_CHECK(tok != nullptr,
+                      "structured output (\"response_format\", \"guided_*\") needs a model with a tokenizer");
         LATTICE_CHECK(!r.tools.forced, "\"tool_choice\" forcing a call cannot be combined with \"{}\"", field);
         q.grammar = grammar_of(spec, field.c_str());
     } else if (r.tools.forced) {

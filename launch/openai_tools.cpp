@@ -18,26 +18,19 @@ bool valid_name(const std::string& n) {
     return true;
 }
 
-// The tools as the template sees them (ordered_json keeps the keys as the parser left them).
-nlohmann::ordered_json ordered(const json& j) {
-    return nlohmann::ordered_json::parse(j.dump());
-}
-
 }  // namespace
 
 bool messages_use_tools(const json& m) {
     if (!m.is_array()) return false;
     for (const json& x : m)
-        if (x.is_object() && ((x.contains("role") && x["role"] == "tool") ||
-                              (x.contains("tool_calls") && !x["tool_calls"].is_null())))
-            return true;
+        if (x.is_object() && ((x.contains("role") && x["role"] == "tool") || field_given(x, "tool_calls"))) return true;
     return false;
 }
 
 ToolUse parse_tool_use(const json& b, const Tokenizer& tok) {
     ToolUse u;
-    const bool given = b.contains("tools") && !b["tools"].is_null() && !b["tools"].empty();
-    const bool choice_given = b.contains("tool_choice") && !b["tool_choice"].is_null();
+    const bool given = field_given(b, "tools") && !b["tools"].empty();
+    const bool choice_given = field_given(b, "tool_choice");
     if (!given) {
         LATTICE_CHECK(!choice_given || b["tool_choice"] == "none" || b["tool_choice"] == "auto",
                       "\"tool_choice\" needs \"tools\"");
@@ -54,10 +47,10 @@ ToolUse parse_tool_use(const json& b, const Tokenizer& tok) {
         const json& f = t["function"];
         LATTICE_CHECK(f.contains("name") && f["name"].is_string() && valid_name(f["name"].get<std::string>()),
                       "\"tools\"[{}].function.name must be 1-64 characters of [A-Za-z0-9_.-]", i);
-        LATTICE_CHECK(!f.contains("parameters") || f["parameters"].is_null() || f["parameters"].is_object(),
+        LATTICE_CHECK(!field_given(f, "parameters") || f["parameters"].is_object(),
                       "\"tools\"[{}].function.parameters must be a JSON schema (an object)", i);
-        LATTICE_CHECK(u.names.insert(f["name"].get<std::string>()).second, "\"tools\"[{}]: the name \"{}\" is taken",
-                      i, f["name"].get<std::string>());
+        LATTICE_CHECK(u.names.insert(f["name"].get<std::string>()).second, "\"tools\"[{}]: the name \"{}\" is taken", i,
+                      f["name"].get<std::string>());
         fns.push_back(t);
     }
     std::string choice = "auto";
@@ -77,7 +70,8 @@ ToolUse parse_tool_use(const json& b, const Tokenizer& tok) {
                           "\"tool_choice\" must be \"auto\", \"none\", \"required\" or {{\"type\": \"function\", "
                           "\"function\": {{\"name\": ...}}}}");
             const std::string name = c["function"]["name"].get<std::string>();
-            LATTICE_CHECK(u.names.count(name), "\"tool_choice\" names the function \"{}\", which \"tools\" lacks", name);
+            LATTICE_CHECK(u.names.count(name), "\"tool_choice\" names the function \"{}\", which \"tools\" lacks",
+                          name);
             for (const json& t : fns)
                 if (t["function"]["name"] == name) forced.push_back(t);
             choice = "named";
@@ -90,7 +84,7 @@ ToolUse parse_tool_use(const json& b, const Tokenizer& tok) {
                   chat_template_kind_name(tok.chat_template_kind()));
     u.parse = true;
     u.format = tool_call_format(tok.chat_template_text());
-    if (b.contains("parallel_tool_calls") && !b["parallel_tool_calls"].is_null()) {
+    if (field_given(b, "parallel_tool_calls")) {
         LATTICE_CHECK(b["parallel_tool_calls"].is_boolean(), "\"parallel_tool_calls\" must be true or false");
         u.parallel = b["parallel_tool_calls"].get<bool>();
     }
@@ -110,16 +104,18 @@ std::string render_tool_chat(const json& b, const Tokenizer& tok, const ToolUse&
         const std::string role = m[i]["role"].get<std::string>();
         LATTICE_CHECK(role == "system" || role == "user" || role == "assistant" || role == "tool",
                       "\"messages\"[{}].role \"{}\" is not system, user, assistant or tool", i, role);
-        LATTICE_CHECK(m[i].contains("content") || m[i].contains("tool_calls"),
-                      "\"messages\"[{}].content is required", i);
+        LATTICE_CHECK(m[i].contains("content") || m[i].contains("tool_calls"), "\"messages\"[{}].content is required",
+                      i);
     }
     const ChatTemplate t = tok.chat_template();
     LATTICE_CHECK(t.from_model(),
                   "\"messages\" with tool turns: this model's chat template is a built-in {} format, which cannot "
                   "show them",
                   chat_template_kind_name(tok.chat_template_kind()));
-    const nlohmann::ordered_json tools = use.parse ? ordered(b["tools"]) : nlohmann::ordered_json(nullptr);
-    std::string text = t.render_json(ordered(m), true, tools);
+    // (ordered_json keeps the keys in the order the parser left them)
+    const nlohmann::ordered_json tools =
+        use.parse ? nlohmann::ordered_json(b["tools"]) : nlohmann::ordered_json(nullptr);
+    std::string text = t.render_json(nlohmann::ordered_json(m), true, tools);
     if (use.forced) text += forced_prompt_suffix(use.format);
     return text;
 }

@@ -24,9 +24,14 @@
 
 namespace lattice {
 
+// A request body's field is present and not null (null is the same as absent, as OpenAI takes it).
+inline bool field_given(const nlohmann::json& body, const char* key) {
+    return body.contains(key) && !body[key].is_null();
+}
+
 struct ToolUse {
-    bool parse = false;   // tools offered, tool_choice not "none": the output is parsed for calls
-    bool forced = false;  // "required" or a named function: the output is exactly one call (grammar)
+    bool parse = false;    // tools offered, tool_choice not "none": the output is parsed for calls
+    bool forced = false;   // "required" or a named function: the output is exactly one call (grammar)
     bool parallel = true;  // "parallel_tool_calls" (default true); false: only the first call is returned
     ToolCallFormat format = ToolCallFormat::kJson;
     std::set<std::string> names;
