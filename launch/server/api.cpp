@@ -344,17 +344,10 @@ std::string ResponseShaper::tokens(const Delta& d) {
         if (d.finish_reason.empty()) return {};
         c.offset = 0;
         ojson choice = {{"index", d.index}, {"logprobs", logprobs_json(c, 0)}, {"finish_reason", nullptr}};
-        const ojson m = tool_message(c, d.index, choice["finish_reason"]);
+        const ojson m = tool_message(c, d.index, choice["finish_reason"], true);
         ojson delta = ojson::object();
         if (!m["content"].is_null()) delta["content"] = m["content"];
-        if (m.contains("tool_calls")) {
-            delta["tool_calls"] = m["tool_calls"];
-            for (size_t k = 0; k < delta["tool_calls"].size(); ++k) {  // a stream's calls carry their index
-                ojson call = {{"index", int64_t(k)}};
-                for (auto& [key, v] : delta["tool_calls"][k].items()) call[key] = v;
-                delta["tool_calls"][k] = call;
-            }
-        }
+        if (m.contains("tool_calls")) delta["tool_calls"] = m["tool_calls"];
         choice["delta"] = delta;
         if (token_ids_) choice["token_ids"] = c.ids;
         ojson j = chunk_base();
@@ -396,7 +389,7 @@ std::string ResponseShaper::finish(const Delta& d) {
                                {"logprobs", logprobs_json(c, 0)},
                                {"finish_reason", c.finish}};
                 if (chat_ && tools_.parse)
-                    choice["message"] = tool_message(c, int64_t(p) * n_ + j, choice["finish_reason"]);
+                    choice["message"] = tool_message(c, int64_t(p) * n_ + j, choice["finish_reason"], false);
                 else if (chat_)
                     choice["message"] = {{"role", "assistant"}, {"content", c.text}};
                 else
@@ -423,8 +416,9 @@ std::string ResponseShaper::finish(const Delta& d) {
 }
 
 // A chat message whose text is parsed for tool calls (runtime/tokenizer/tool_calls.h): content (null
-// when there is none) and tool_calls; with calls, `finish` becomes "tool_calls".
-ojson ResponseShaper::tool_message(const Choice& c, int64_t index, ojson& finish) const {
+// when there is none) and tool_calls (`streamed`: each led by its "index", as a stream's deltas
+// carry them); with calls, `finish` becomes "tool_calls".
+ojson ResponseShaper::tool_message(const Choice& c, int64_t index, ojson& finish, bool streamed) const {
     ToolCallOutput out = tools_.forced ? parse_forced_call(c.text, tools_.format)
                                        : parse_tool_calls(c.text, tools_.format, tools_.names);
     if (!tools_.parallel && out.calls.size() > 1) out.calls.resize(1);  // parallel_tool_calls: false
@@ -435,10 +429,13 @@ ojson ResponseShaper::tool_message(const Choice& c, int64_t index, ojson& finish
         return m;
     }
     ojson calls = ojson::array();
-    for (size_t k = 0; k < out.calls.size(); ++k)
-        calls.push_back({{"id", fmt::format("call_{}_{}_{}", id_.substr(id_.find('-') + 1), index, k)},
-                         {"type", "function"},
-                         {"function", {{"name", out.calls[k].name}, {"arguments", out.calls[k].arguments}}}});
+    for (size_t k = 0; k < out.calls.size(); ++k) {
+        ojson call = streamed ? ojson{{"index", int64_t(k)}} : ojson::object();
+        call["id"] = fmt::format("call_{}_{}_{}", id_.substr(id_.find('-') + 1), index, k);
+        call["type"] = "function";
+        call["function"] = {{"name", out.calls[k].name}, {"arguments", out.calls[k].arguments}};
+        calls.push_back(std::move(call));
+    }
     m["tool_calls"] = calls;
     finish = "tool_calls";
     return m;

@@ -130,7 +130,8 @@ private:
     nlohmann::ordered_json chunk_base() const;
     nlohmann::ordered_json logprobs_json(Choice& c, size_t from) const;
     std::string token_string(int32_t id) const;
-    nlohmann::ordered_json tool_message(const Choice& c, int64_t index, nlohmann::ordered_json& finish) const;
+    nlohmann::ordered_json tool_message(const Choice& c, int64_t index, nlohmann::ordered_json& finish,
+                                        bool streamed) const;
     std::string echo_text(Choice& c, int64_t index, const Delta& d);
     static std::string event(const nlohmann::ordered_json& j);
     bool chat_, stream_, include_usage_, token_ids_;
