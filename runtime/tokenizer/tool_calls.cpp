@@ -21,7 +21,9 @@ bool call_of(const json& j, const std::set<std::string>* names, ToolCall& out) {
     if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return false;
     const std::string name = j["name"].get<std::string>();
     if (names && !names->count(name)) return false;
-    const json* args = j.contains("arguments") ? &j["arguments"] : j.contains("parameters") ? &j["parameters"] : nullptr;
+    const json* args = j.contains("arguments")    ? &j["arguments"]
+                       : j.contains("parameters") ? &j["parameters"]
+                                                  : nullptr;
     if (args && args->is_string()) {  // some models write the arguments as a JSON string
         const json inner = json::parse(args->get<std::string>(), nullptr, false);
         if (!inner.is_object()) return false;

@@ -4,10 +4,10 @@
 // reading a body. Checked on every input: an accepted request with a Transfer-Encoding is framed as
 // chunked by Beast, has no Content-Length and ends in exactly "chunked" (our verdict and the parser's
 // framing never disagree, the gap request smuggling lives in: an obs-folded Transfer-Encoding that
-// ended in "chunked" to us but not to Beast was the first finding); a refused one ends the stream (nothing after it is parsed,
-// as the server closes the connection); no exception, no sanitizer report. Seeds (seeds_http/):
-// issue 33 item 9's cases (xchunked, identity, "chunked, identity", chunked beside a Content-Length,
-// each followed by a pipelined GET) and well-framed requests.
+// ended in "chunked" to us but not to Beast was the first finding); a refused one ends the stream (nothing after it is
+// parsed, as the server closes the connection); no exception, no sanitizer report. Seeds (seeds_http/): issue 33 item
+// 9's cases (xchunked, identity, "chunked, identity", chunked beside a Content-Length, each followed by a pipelined
+// GET) and well-framed requests.
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cstdint>
@@ -32,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             const size_t used = p.put(boost::asio::buffer(in.data(), in.size()), ec);
             in.remove_prefix(used);
             if (ec == http::error::need_more) return 0;  // the stream ends mid-header
-            if (ec) return 0;                             // a 400 and a close
+            if (ec) return 0;                            // a 400 and a close
             if (used == 0) return 0;
         }
         if (!p.is_header_done()) return 0;
@@ -44,7 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         const bool has_length = req.find(http::field::content_length) != req.end();
         if (lattice::serve::framing_refusal(te, has_length, p.chunked())) return 0;  // refused: the connection closes
-        if (te && (!p.chunked() || has_length)) std::abort();  // accepted but framed otherwise
+        if (te && (!p.chunked() || has_length)) std::abort();                        // accepted but framed otherwise
         if (!te && p.chunked()) std::abort();
         if (te) {  // accepted: the last element is exactly "chunked" (any case), and it is a token list
             std::string_view v = *te;

@@ -384,15 +384,29 @@ std::shared_ptr<const TokenVocab> toy_vocab(int64_t V) {
     return std::make_shared<const TokenVocab>(std::move(bytes), std::vector<int32_t>{});
 }
 
-// The text of ids under toy_vocab.
-std::string toy_text(const std::vector<int32_t>& ids, int64_t V) {
-    const std::string chars = "0123456789-abcxy";
+// The text of ids under a vocabulary.
+std::string text_of(const TokenVocab& v, const std::vector<int32_t>& ids) {
     std::string s;
-    for (int32_t id : ids) {
-        s += chars[size_t(id % 16)];
-        if (id >= V / 2) s += chars[size_t(id / 16 % 16)];
-    }
+    for (int32_t id : ids) s += v.bytes(id);
     return s;
+}
+
+// n requests sampled at temperature 1 with one seed, prompt {first + i, rest...}, each with a matcher
+// of its own (a matcher is one sequence's position in the grammar).
+std::vector<GenerateRequest> grammar_requests(size_t n, std::vector<int32_t> prompt, int64_t max_new, uint64_t seed,
+                                              const std::shared_ptr<const Grammar>& g,
+                                              const std::shared_ptr<const TokenVocab>& v) {
+    std::vector<GenerateRequest> reqs(n);
+    for (size_t i = 0; i < n; ++i) {
+        reqs[i].prompt = prompt;
+        reqs[i].prompt[0] += int32_t(i);
+        reqs[i].max_new_tokens = max_new;
+        reqs[i].ignore_eos = true;
+        reqs[i].sampling.temperature = 1.0f;
+        reqs[i].sampling.seed = seed;
+        reqs[i].grammar = std::make_shared<GrammarMatcher>(g, v);
+    }
+    return reqs;
 }
 
 }  // namespace
@@ -408,16 +422,8 @@ TEST_CASE("structured output in every layout: the leader's grammar mask reaches 
     const std::shared_ptr<const Grammar> grammar = Grammar::compile(spec);
     auto run = [&](BuildOptions opt) {
         RankRuntime rt = build(opt, *src);
-        std::vector<GenerateRequest> reqs(3);
-        for (size_t i = 0; i < reqs.size(); ++i) {
-            reqs[i].prompt = {int32_t(5 + i), 17, 40};
-            reqs[i].max_new_tokens = 40;
-            reqs[i].ignore_eos = true;
-            reqs[i].sampling.temperature = 1.0f;
-            reqs[i].sampling.seed = 11;
-            reqs[i].grammar = std::make_shared<GrammarMatcher>(grammar, vocab);  // one matcher per sequence
-        }
         std::vector<std::vector<int32_t>> out;
+        const std::vector<GenerateRequest> reqs = grammar_requests(3, {5, 17, 40}, 40, 11, grammar, vocab);
         for (const GenerateResult& r : rt.engine->generate_batch(reqs)) out.push_back(r.tokens);
         return out;
     };
@@ -426,7 +432,7 @@ TEST_CASE("structured output in every layout: the leader's grammar mask reaches 
     const std::vector<std::vector<int32_t>> want = run(single);
     REQUIRE(want.size() == 3);
     for (const std::vector<int32_t>& toks : want) {
-        const std::string text = toy_text(toks, V);
+        const std::string text = text_of(*vocab, toks);
         CAPTURE(text);
         CHECK(std::regex_match(text, std::regex(spec.source)));  // and it ended there: finished, not cut
     }
@@ -443,17 +449,8 @@ TEST_CASE("structured output in every layout: the leader's grammar mask reaches 
     spec.source = "[0-9]{2,4}-[abc]{1,20}x";
     const std::shared_ptr<const Grammar> tight = Grammar::compile(spec);
     RankRuntime rt = build(single, *src);
-    std::vector<GenerateRequest> reqs(4);
-    for (size_t i = 0; i < reqs.size(); ++i) {
-        reqs[i].prompt = {int32_t(9 + i), 3, 50};
-        reqs[i].max_new_tokens = 6;
-        reqs[i].ignore_eos = true;
-        reqs[i].sampling.temperature = 1.0f;
-        reqs[i].sampling.seed = 3;
-        reqs[i].grammar = std::make_shared<GrammarMatcher>(tight, vocab);
-    }
-    for (const GenerateResult& r : rt.engine->generate_batch(reqs)) {
-        const std::string text = toy_text(r.tokens, V);
+    for (const GenerateResult& r : rt.engine->generate_batch(grammar_requests(4, {9, 3, 50}, 6, 3, tight, vocab))) {
+        const std::string text = text_of(*vocab, r.tokens);
         CAPTURE(text);
         CHECK(std::regex_match(text, std::regex(spec.source)));
     }

@@ -55,10 +55,10 @@ TEST_CASE("Hermes: every <tool_call> block, text around them is content") {
     REQUIRE(cut.calls.size() == 1);
     CHECK(cut.calls[0].arguments == "{}");
     // Not calls: an unknown tool, broken JSON, arguments that are not an object. The text is kept whole.
-    for (const std::string bad : {"<tool_call>{\"name\": \"rm_rf\", \"arguments\": {}}</tool_call>",
-                                  "<tool_call>{\"name\": \"get_time\", \"arguments\": {</tool_call>",
-                                  "<tool_call>{\"name\": \"get_time\", \"arguments\": [1]}</tool_call>",
-                                  "It is sunny in Paris."}) {
+    for (const std::string bad :
+         {"<tool_call>{\"name\": \"rm_rf\", \"arguments\": {}}</tool_call>",
+          "<tool_call>{\"name\": \"get_time\", \"arguments\": {</tool_call>",
+          "<tool_call>{\"name\": \"get_time\", \"arguments\": [1]}</tool_call>", "It is sunny in Paris."}) {
         CAPTURE(bad);
         const ToolCallOutput r2 = parse_tool_calls(bad, ToolCallFormat::kHermes, kNames);
         CHECK(r2.calls.empty());
@@ -67,8 +67,8 @@ TEST_CASE("Hermes: every <tool_call> block, text around them is content") {
 }
 
 TEST_CASE("Llama 3.1 JSON: the whole output one object with parameters, after <|python_tag|> or not") {
-    const ToolCallOutput a = parse_tool_calls(" {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome; IT\"}}\n",
-                                              ToolCallFormat::kJson, kNames);
+    const ToolCallOutput a = parse_tool_calls(
+        " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome; IT\"}}\n", ToolCallFormat::kJson, kNames);
     REQUIRE(a.calls.size() == 1);
     CHECK(json::parse(a.calls[0].arguments) == json{{"city", "Rome; IT"}});  // a ';' inside a string is not a split
     CHECK(a.content.empty());
