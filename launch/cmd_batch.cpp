@@ -147,10 +147,8 @@ struct Running {
     std::string hex;                                // of the record's "batch_req_" and "req_" ids
     std::unique_ptr<serve::ResponseShaper> shaper;  // the server's response body
     int64_t tokens = 0;
-    int64_t open = 0;               // sequences not finished yet
-    int64_t prompt_tokens = 0;      // every prompt once (usage)
-    int64_t completion_tokens = 0;  // of the finished sequences
-    bool abandoned = false;         // a sequence was cut by the drain: the line runs again on the next rerun
+    int64_t prompt_tokens = 0;  // every prompt once (usage)
+    bool abandoned = false;     // a sequence was cut by the drain: the line runs again on the next rerun
     Clock::time_point admitted;
     double ttft = -1;
 };
@@ -369,20 +367,10 @@ private:
         r.shaper = std::make_unique<serve::ResponseShaper>(call);
         for (const std::vector<int32_t>& p : call.request.prompts) r.prompt_tokens += int64_t(p.size());
         r.admitted = Clock::now();
-        std::vector<ClientRequest> seqs = choice_requests(call.request);
-        // Every sequence is submitted before any is kept, so a refusal (one prompt too long) leaves none behind.
-        std::vector<int64_t> eids;
-        try {
-            for (ClientRequest& q : seqs) eids.push_back(client_.submit(std::move(q)));
-        } catch (const Error&) {
-            for (int64_t e : eids) client_.cancel(e);  // (their cancel events find no line: dropped)
-            throw;
-        }
+        const int64_t request = client_.submit(choice_requests(call.request), call.request.best_of);
         if (t_.first_admit == Clock::time_point{}) t_.first_admit = r.admitted;
         t_.prompt_tokens += r.prompt_tokens;
-        r.open = int64_t(eids.size());
-        auto line = std::make_shared<Running>(std::move(r));
-        for (size_t i = 0; i < eids.size(); ++i) running_.emplace(eids[i], Sequence{line, int64_t(i)});
+        running_.emplace(request, std::move(r));
     }
 
     // Admits input lines while the engine has little waiting.
@@ -402,7 +390,7 @@ private:
     void apply(const ClientEvent& ev) {
         auto it = running_.find(ev.id);
         if (it == running_.end()) return;
-        Running& r = *it->second.line;
+        Running& r = it->second;
         if (ev.queue_seconds >= 0) t_.queues.push_back(ev.queue_seconds);
         if (ev.token >= 0) {
             if (r.ttft < 0) {
@@ -414,7 +402,7 @@ private:
         }
         serve::Delta d;
         d.kind = serve::Delta::Kind::kTokens;
-        d.index = it->second.index;
+        d.index = ev.index;
         d.text = ev.text;
         if (ev.token >= 0) {
             d.tokens.push_back(ev.token);
@@ -424,19 +412,15 @@ private:
         if (ev.finish != FinishReason::kNone && ev.finish != FinishReason::kCancelled)
             d.finish_reason = finish_reason_name(ev.finish);
         r.shaper->tokens(d);
-        if (ev.finish == FinishReason::kNone) return;
-        r.completion_tokens += ev.completion_tokens;
         r.abandoned |= ev.finish == FinishReason::kCancelled;  // cut by the drain: it runs on the next rerun
-        const std::shared_ptr<Running> line = it->second.line;
-        running_.erase(it);
-        if (--r.open > 0) return;
+        if (!ev.last_of_request) return;
         if (r.abandoned) {
             ++t_.abandoned;
         } else {
             serve::Delta f;
             f.kind = serve::Delta::Kind::kFinish;
-            f.prompt_tokens = r.prompt_tokens;
-            f.completion_tokens = r.completion_tokens;
+            f.prompt_tokens = ev.request_prompt_tokens;
+            f.completion_tokens = ev.request_completion_tokens;
             const std::string body = r.shaper->finish(f);
             const json response = {{"status_code", 200}, {"request_id", "req_" + r.hex}, {"body", json::parse(body)}};
             out_.write(json{{"id", "batch_req_" + r.hex},
@@ -447,6 +431,7 @@ private:
             t_.last_done = Clock::now();
             ++t_.done;
         }
+        running_.erase(it);
     }
 
 public:
@@ -465,11 +450,7 @@ private:
     std::string model_;  // "model" of a response whose request names none
     uint64_t nonce_ = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
     int64_t records_ = 0;
-    struct Sequence {
-        std::shared_ptr<Running> line;
-        int64_t index = 0;  // its choice (choice_requests order)
-    };
-    std::map<int64_t, Sequence> running_;  // by the client's id
+    std::map<int64_t, Running> running_;  // by the client's request id
     std::set<std::string> seen_;          // ids of this input (duplicates are skipped)
     int64_t line_no_ = 0;
     int64_t line_bytes_ = 0;  // the current line's length (its text is kept up to kKeepBytes)

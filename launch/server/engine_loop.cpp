@@ -4,10 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 
-#include "runtime/backend/backend.h"
-#include "runtime/engine/sampler.h"
 
 #include "base/error.h"
 #include "base/log.h"
@@ -41,28 +38,19 @@ void EngineLoop::refuse(Ticket& t, int status, std::string message) {
     ++totals_.refused;
 }
 
-void EngineLoop::drop(Ticket& t) {
-    for (int64_t eid : t.engine_ids) {
-        auto found = live_.find(eid);
-        if (eid < 0 || found == live_.end() || found->second.ticket.get() != &t) continue;
-        client_.cancel(eid);  // its last event is ignored: it is gone from live_
-        live_.erase(found);
-    }
-}
-
 void EngineLoop::take(const Inbox::Item& it) {
     Ticket& t = *it.ticket;
     if (it.cancel) {
-        const auto at = std::find(scores_.begin(), scores_.end(), it.ticket);
-        const bool queued = at != scores_.end();
-        if (queued) scores_.erase(at);
-        bool running = false;
-        for (int64_t eid : t.engine_ids) {
-            auto found = live_.find(eid);
-            running |= found != live_.end() && found->second.ticket == it.ticket;
+        const auto queued = std::find(scores_.begin(), scores_.end(), it.ticket);
+        const auto running = live_.find(t.request_id);
+        if (queued != scores_.end()) {
+            scores_.erase(queued);
+        } else if (t.request_id >= 0 && running != live_.end() && running->second == it.ticket) {
+            client_.cancel(t.request_id);  // its last events are ignored: it is gone from live_
+            live_.erase(running);
+        } else {
+            return;  // finished, or never admitted
         }
-        if (!running && !queued) return;
-        drop(t);
         metrics_.count_finish("cancelled");
         ++totals_.cancelled;
         return;
@@ -72,23 +60,17 @@ void EngineLoop::take(const Inbox::Item& it) {
         return refuse(t, 503,
                       fmt::format("too many requests are waiting ({}, --max-queue); retry later",
                                   client_.scheduler().waiting()));
-    int64_t prompt_tokens = 0;
-    for (const auto& p : t.request.prompts) prompt_tokens += int64_t(p.size());
     if (t.request.echo && t.request.client.max_tokens == 0) {  // the prompts' logprobs: scored when idle
         scores_.push_back(it.ticket);
         return;
     }
-    // Each prompt's first sequence now; its siblings once it has its first token (its prompt's full KV
-    // blocks are then in the prefix cache, which serves them to the siblings instead of a recompute).
-    t.later = choice_requests(t.request);
-    t.engine_ids.assign(t.later.size(), -1);
+    int64_t prompt_tokens = 0;
+    for (const auto& p : t.request.prompts) prompt_tokens += int64_t(p.size());
+    std::vector<ClientRequest> choices = choice_requests(t.request);
+    t.last_token.assign(choices.size(), Clock::time_point{});
     try {
-        for (size_t i = 0; i < t.later.size(); i += size_t(t.request.best_of))
-            t.engine_ids[i] = client_.submit(std::move(t.later[i]));
+        t.request_id = client_.submit(std::move(choices), t.request.best_of);
     } catch (const Error& e) {
-        for (int64_t eid : t.engine_ids)
-            if (eid >= 0) client_.cancel(eid);  // not in live_: their last events are ignored
-        t.engine_ids.clear();
         return refuse(t, 400, e.message());
     }
     ++totals_.requests;
@@ -96,30 +78,10 @@ void EngineLoop::take(const Inbox::Item& it) {
     d.kind = Delta::Kind::kAccepted;
     d.prompt_tokens = prompt_tokens;
     t.deliver(std::move(d));
-    t.open = int64_t(t.engine_ids.size());
-    for (size_t i = 0; i < t.engine_ids.size(); ++i)
-        if (t.engine_ids[i] >= 0) live_.emplace(t.engine_ids[i], Live{it.ticket, int64_t(i), 0, {}});
+    live_.emplace(t.request_id, it.ticket);
 }
 
-// The siblings of the sequence at `index` (the first of its prompt), when they wait. False: refused.
-bool EngineLoop::submit_siblings(const std::shared_ptr<Ticket>& t, int64_t index) {
-    const int64_t k = t->request.best_of;
-    if (k == 1 || index % k != 0 || t->engine_ids[size_t(index + 1)] >= 0) return true;
-    try {
-        for (int64_t i = index + 1; i < index + k; ++i) {
-            t->engine_ids[size_t(i)] = client_.submit(std::move(t->later[size_t(i)]));
-            live_.emplace(t->engine_ids[size_t(i)], Live{t, i, 0, {}});
-        }
-    } catch (const Error& e) {
-        drop(*t);
-        t->deliver(error_delta(client_.draining() ? 503 : 400, e.message()));
-        metrics_.count_finish("cancelled");
-        return false;
-    }
-    return true;
-}
-
-// echo with max_tokens 0: each prompt's logprobs from EngineClient::score (which needs an idle engine).
+// echo with max_tokens 0: each prompt's logprobs (EngineClient::prompt_logprobs, which needs an idle engine).
 void EngineLoop::score(Ticket& t) {
     const ApiRequest& r = t.request;
     const Tokenizer* tok = client_.tokenizer();
@@ -128,30 +90,14 @@ void EngineLoop::score(Ticket& t) {
     try {
         for (size_t p = 0; p < r.prompts.size(); ++p) {
             const std::vector<int32_t>& ids = r.prompts[p];
-            const std::vector<float> logits = client_.score(ids);
-            const int64_t V = int64_t(logits.size() / ids.size());
+            PromptLogprobs lp = client_.prompt_logprobs(ids, r.logprobs);
             Delta d;
             d.echo = true;
             d.text = tok ? tok->decode(ids) : "";
             d.tokens = ids;
             d.finish_reason = "length";
-            for (size_t i = 0; i < ids.size(); ++i) {
-                std::vector<SampledToken> top(size_t(std::max(r.logprobs, 0)));
-                float lp = std::nanf("");
-                if (i > 0) {  // position i - 1 predicts token i
-                    const float* row = logits.data() + (i - 1) * size_t(V);
-                    const double lse = host_log_sum_exp(row, V);
-                    lp = float(double(row[ids[i]]) - lse);
-                    std::vector<int32_t> tid(top.size());
-                    std::vector<float> tlp(top.size());
-                    top_logprobs(row, V, lse, int32_t(top.size()), tid.data(), tlp.data());
-                    for (size_t j = 0; j < top.size(); ++j) top[j] = {tid[j], tlp[j]};
-                } else {
-                    top.clear();
-                }
-                d.logprobs.push_back(lp);
-                if (r.logprobs >= 0) d.top.push_back(std::move(top));
-            }
+            d.logprobs = std::move(lp.logprobs);
+            d.top = std::move(lp.top);
             prompt_tokens += int64_t(ids.size());
             for (int64_t i = 0; i < r.best_of; ++i) {
                 d.index = int64_t(p) * r.best_of + i;
@@ -177,33 +123,30 @@ void EngineLoop::score(Ticket& t) {
 void EngineLoop::apply(const ClientEvent& ev) {
     auto it = live_.find(ev.id);
     if (it == live_.end()) return;  // cancelled by its client
-    const std::shared_ptr<Ticket> t = it->second.ticket;
+    const std::shared_ptr<Ticket> t = it->second;
     if (ev.finish == FinishReason::kCancelled) {  // not by its client (that one left live_): a drain
         live_.erase(it);
-        drop(*t);  // its siblings too: the request as a whole is cut
+        client_.cancel(ev.id);  // the request as a whole is cut
         t->deliver(error_delta(503, ev.drained ? "the server shut down before this request finished (--drain-seconds)"
                                                : "the engine cancelled this request"));
         metrics_.count_finish("cancelled");
         totals_.cut_by_drain += ev.drained;
         return;
     }
-    if (!submit_siblings(t, it->second.index)) return;
-    it = live_.find(ev.id);  // (submitting may have rehashed live_)
-    Live& l = it->second;
     Delta d;
     d.kind = Delta::Kind::kTokens;
-    d.index = l.index;
+    d.index = ev.index;
     d.text = ev.text;
     if (ev.token >= 0) {
         const Clock::time_point now = Clock::now();
+        Clock::time_point& last = t->last_token[size_t(ev.index)];
         if (!t->first_token)
             metrics_.observe_ttft(seconds(now - t->arrived));
-        else if (l.completion_tokens > 0)
-            metrics_.observe_itl(seconds(now - l.last_token));
+        else if (last != Clock::time_point{})
+            metrics_.observe_itl(seconds(now - last));
         t->first_token = true;
         if (ev.queue_seconds >= 0) metrics_.observe_queue(ev.queue_seconds);
-        l.last_token = now;
-        ++l.completion_tokens;
+        last = now;
         ++totals_.tokens;
         d.tokens.push_back(ev.token);
         d.logprobs.push_back(ev.logprob);
@@ -216,13 +159,12 @@ void EngineLoop::apply(const ClientEvent& ev) {
     const std::string reason(finish_reason_name(ev.finish));
     d.finish_reason = reason;
     t->deliver(std::move(d));
-    t->completion_tokens += ev.completion_tokens;
+    if (!ev.last_of_request) return;
     live_.erase(it);
-    if (--t->open > 0) return;
     Delta f;
     f.kind = Delta::Kind::kFinish;
-    for (const auto& p : t->request.prompts) f.prompt_tokens += int64_t(p.size());
-    f.completion_tokens = t->completion_tokens;
+    f.prompt_tokens = ev.request_prompt_tokens;
+    f.completion_tokens = ev.request_completion_tokens;
     metrics_.observe_finished(reason, seconds(Clock::now() - t->arrived), f.prompt_tokens, f.completion_tokens);
     t->deliver(std::move(f));
 }

@@ -4,11 +4,9 @@
 //         followers) -> its events as Deltas to the tickets -> the engine's gauges to Metrics.
 // Text, stop strings, the context budget and finish reasons are the engine client's
 // (runtime/engine/client.h); this loop only maps them to tickets and HTTP statuses.
-// A request with n / best_of > 1 or a list of prompts runs as one engine sequence per choice
-// (choice_requests, openai_request.h): each prompt's first sequence at once, its siblings when the first
-// has its first token, so that the prefix cache serves them the full KV blocks of their common prompt
-// (submitted together, every sibling would compute the prompt itself in the same step); its Deltas
-// carry the choice index; it finishes when all have.
+// A request with n / best_of > 1 or a list of prompts is one client request of several choices
+// (choice_requests, openai_request.h; EngineClient::submit runs each prompt's siblings once its first
+// sequence has a token, so the prefix cache serves them); its Deltas carry the choice index.
 // echo with max_tokens 0 (prompt logprobs) is scored (EngineClient::score) between engine rounds
 // once no request runs: such requests wait while the engine is busy.
 // Admission: a submission is refused with 503 when --max-queue requests already wait in the
@@ -49,16 +47,8 @@ public:
     const LoopTotals& totals() const { return totals_; }
 
 private:
-    struct Live {  // one sequence of a ticket
-        std::shared_ptr<Ticket> ticket;
-        int64_t index = 0;  // its choice index (Delta::index)
-        int64_t completion_tokens = 0;
-        Clock::time_point last_token{};
-    };
     void take(const Inbox::Item& it);
     void apply(const ClientEvent& ev);
-    void drop(Ticket& t);   // cancels the ticket's running sequences
-    bool submit_siblings(const std::shared_ptr<Ticket>& t, int64_t index);
     void score(Ticket& t);  // echo with max_tokens 0: the prompts' logprobs
     void refuse(Ticket& t, int status, std::string message);
     void publish();
@@ -68,7 +58,7 @@ private:
     Inbox& inbox_;
     Metrics& metrics_;
     LoopOptions opt_;
-    std::unordered_map<int64_t, Live> live_;  // by the client's id
+    std::unordered_map<int64_t, std::shared_ptr<Ticket>> live_;  // by the client's request id
     std::deque<std::shared_ptr<Ticket>> scores_;  // echo with max_tokens 0, scored once the engine is idle
     LoopTotals totals_;
     Clock::time_point last_log_ = Clock::now();

@@ -12,7 +12,7 @@
 // full, drain), also after some kTokens (a drain cut the request).
 // After kFinish / kError nothing more is delivered for that ticket. A cancel for a ticket that has
 // already finished (or was never admitted) is ignored.
-// Invariants: `engine_id` and the request's prompt are touched by the engine thread only once
+// Invariants: `request_id` and the request's prompt are touched by the engine thread only once
 // submitted; everything else is written before submit() and read-only afterwards.
 #pragma once
 
@@ -53,11 +53,9 @@ struct Ticket {
     std::function<void(Delta&&)> deliver;      // thread-safe, never blocks
     Clock::time_point arrived = Clock::now();  // for time-to-first-token
     // engine thread only:
-    std::vector<int64_t> engine_ids;  // the client's ids of its sequences, in choice order (-1: not yet submitted)
-    std::vector<ClientRequest> later; // each prompt's siblings, submitted once its first sequence has a token
-    int64_t open = 0;                 // sequences not yet finished
-    int64_t completion_tokens = 0;    // of the finished ones
-    bool first_token = false;         // time-to-first-token observed
+    int64_t request_id = -1;                    // the engine client's id, once admitted
+    std::vector<Clock::time_point> last_token;  // by choice: its last token's time (inter-token latency)
+    bool first_token = false;                   // time-to-first-token observed
 };
 
 // Multi-producer (HTTP threads), single-consumer (engine thread) queue of submissions and cancels.

@@ -2,10 +2,13 @@
 #include "runtime/engine/client.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "runtime/backend/backend.h"
+#include "runtime/engine/sampler.h"
 
 namespace lattice {
 
@@ -95,13 +98,11 @@ int64_t EngineClient::budget(int64_t prompt_tokens, int64_t max_tokens) const {
     return max_tokens == ClientRequest::kRestOfContext ? room : std::min(max_tokens, room);
 }
 
-int64_t EngineClient::submit(ClientRequest r) {
-    LATTICE_CHECK(!draining_, "shutting down: no new requests are taken");
+EngineRequest EngineClient::engine_request(ClientRequest& r) {
     LATTICE_CHECK(r.stop.empty() || tok_, "stop strings need a model with a tokenizer");
     for (const std::string& s : r.stop) LATTICE_CHECK(!s.empty(), "stop strings must not be empty");
-    const int64_t prompt_tokens = int64_t(r.prompt.size());
     EngineRequest e;
-    e.max_new_tokens = budget(prompt_tokens, r.max_tokens);
+    e.max_new_tokens = budget(int64_t(r.prompt.size()), r.max_tokens);
     e.min_tokens = r.min_tokens;
     e.sampling = r.sampling;
     e.ignore_eos = r.ignore_eos;
@@ -111,9 +112,57 @@ int64_t EngineClient::submit(ClientRequest r) {
         for (int32_t id : tok_->eog_ids()) e.stop_ids.push_back(id);
     if (r.grammar) e.grammar = std::make_shared<GrammarMatcher>(r.grammar, grammar_vocab());
     e.prompt = std::move(r.prompt);
-    const int64_t id = engine_.add(std::move(e));
-    live_.emplace(id, RequestOutput(tok_, std::move(r.stop), prompt_tokens, context_));
+    engine_.scheduler().check(e);
+    return e;
+}
+
+int64_t EngineClient::submit(ClientRequest r) {
+    std::vector<ClientRequest> one;
+    one.push_back(std::move(r));
+    return submit(std::move(one), 1);
+}
+
+int64_t EngineClient::submit(std::vector<ClientRequest> choices, int64_t siblings) {
+    LATTICE_CHECK(!draining_, "shutting down: no new requests are taken");
+    const int64_t n = int64_t(choices.size());
+    LATTICE_CHECK(n > 0 && siblings >= 1 && n % siblings == 0,
+                  "a request of {} choices cannot run in runs of {} per prompt", n, siblings);
+    Request q;
+    q.siblings = siblings;
+    q.open = n;
+    q.engine_ids.assign(size_t(n), -1);
+    for (ClientRequest& c : choices) {  // every choice checked before any runs
+        q.prompt_tokens.push_back(int64_t(c.prompt.size()));
+        q.later.push_back(engine_request(c));
+        q.stops.push_back(std::move(c.stop));
+    }
+    for (int64_t i = 0; i < n; i += siblings) q.prompt_total += q.prompt_tokens[size_t(i)];
+    const int64_t id = next_request_++;
+    requests_.emplace(id, std::move(q));
+    for (int64_t i = 0; i < n; i += siblings) start(id, i);
     return id;
+}
+
+void EngineClient::start(int64_t request, int64_t index) {
+    Request& q = requests_.at(request);
+    const size_t i = size_t(index);
+    const int64_t eid = engine_.add(std::move(q.later[i]));  // checked when submitted: cannot throw
+    q.engine_ids[i] = eid;
+    live_.emplace(eid, Choice{request, index, RequestOutput(tok_, std::move(q.stops[i]), q.prompt_tokens[i], context_)});
+}
+
+ClientEvent EngineClient::ended(ClientEvent e) {
+    auto it = requests_.find(e.id);
+    Request& q = it->second;
+    q.engine_ids[size_t(e.index)] = kEnded;
+    q.completion_total += e.completion_tokens;
+    if (--q.open == 0) {
+        e.last_of_request = true;
+        e.request_prompt_tokens = q.prompt_total;
+        e.request_completion_tokens = q.completion_total;
+        requests_.erase(it);
+    }
+    return e;
 }
 
 // The vocabulary grammars mask (runtime/engine/grammar.h make_token_vocab: each id's bytes, special
@@ -125,12 +174,29 @@ std::shared_ptr<const TokenVocab> EngineClient::grammar_vocab() {
     return vocab_;
 }
 
-void EngineClient::cancel(int64_t id) {
-    auto it = live_.find(id);
-    if (it == live_.end()) return;
-    engine_.cancel(id);
-    pending_.push_back(it->second.cancel(id, false));
-    live_.erase(it);
+void EngineClient::cancel(int64_t id) { end_request(id, false); }
+
+void EngineClient::end_request(int64_t request, bool drained) {
+    auto it = requests_.find(request);
+    if (it == requests_.end()) return;
+    const std::vector<int64_t> eids = it->second.engine_ids;  // (ended() erases the request with its last choice)
+    for (size_t i = 0; i < eids.size(); ++i) {
+        ClientEvent e;
+        if (eids[i] == kEnded) continue;
+        if (eids[i] == kWaiting) {  // a sibling that never ran
+            e.id = request;
+            e.finish = FinishReason::kCancelled;
+            e.drained = drained;
+            e.prompt_tokens = requests_.at(request).prompt_tokens[i];
+        } else {
+            auto c = live_.find(eids[i]);
+            engine_.cancel(eids[i]);
+            e = c->second.out.cancel(request, drained);
+            live_.erase(c);
+        }
+        e.index = int64_t(i);
+        pending_.push_back(ended(std::move(e)));
+    }
 }
 
 void EngineClient::drain(double seconds) {
@@ -140,27 +206,54 @@ void EngineClient::drain(double seconds) {
 }
 
 void EngineClient::cut_by_drain() {
-    for (auto& [id, out] : live_) {
-        engine_.cancel(id);
-        pending_.push_back(out.cancel(id, true));
-    }
-    live_.clear();
+    std::vector<int64_t> ids;
+    for (const auto& [id, q] : requests_) ids.push_back(id);
+    for (int64_t id : ids) end_request(id, true);
 }
 
 bool EngineClient::busy() const { return !pending_.empty() || engine_.busy(); }
 
 std::vector<ClientEvent> EngineClient::poll() {
-    if (draining_ && !live_.empty() && SteadyClock::now() >= drain_deadline_) cut_by_drain();
+    if (draining_ && !requests_.empty() && SteadyClock::now() >= drain_deadline_) cut_by_drain();
     std::vector<ClientEvent> out = std::exchange(pending_, {});
     for (const TokenEvent& ev : engine_.step()) {
         auto it = live_.find(ev.id);
         if (it == live_.end()) continue;  // ended by its caller, a stop string or a drain: said already
-        ClientEvent e = it->second.apply(ev);
+        const int64_t request = it->second.request, index = it->second.index;
+        ClientEvent e = it->second.out.apply(ev);
+        e.id = request;
+        e.index = index;
         if (e.finish != FinishReason::kNone) {
-            if (it->second.stopped_by_text() && ev.finish == FinishReason::kNone) engine_.cancel(ev.id);
+            if (it->second.out.stopped_by_text() && ev.finish == FinishReason::kNone) engine_.cancel(ev.id);
             live_.erase(it);
         }
-        out.push_back(std::move(e));
+        // The first choice of a prompt has its first token (or ended without one): the prompt's KV
+        // blocks are in the prefix cache now, its siblings run.
+        auto q = requests_.find(request);
+        if (q != requests_.end() && index % q->second.siblings == 0)
+            for (int64_t i = index + 1; i < index + q->second.siblings; ++i)
+                if (q->second.engine_ids[size_t(i)] == kWaiting) start(request, i);
+        out.push_back(e.finish == FinishReason::kNone ? std::move(e) : ended(std::move(e)));
+    }
+    return out;
+}
+
+PromptLogprobs EngineClient::prompt_logprobs(const std::vector<int32_t>& prompt, int32_t top_k) {
+    const std::vector<float> logits = score(prompt);
+    const int64_t V = int64_t(logits.size() / prompt.size());
+    PromptLogprobs out;
+    out.logprobs.push_back(std::nanf(""));  // the first token has no context
+    if (top_k >= 0) out.top.emplace_back();
+    for (size_t i = 1; i < prompt.size(); ++i) {  // position i - 1 predicts token i
+        const float* row = logits.data() + (i - 1) * size_t(V);
+        const double lse = host_log_sum_exp(row, V);
+        out.logprobs.push_back(float(double(row[prompt[i]]) - lse));
+        if (top_k < 0) continue;
+        std::vector<int32_t> ids(static_cast<size_t>(top_k));
+        std::vector<float> lps(static_cast<size_t>(top_k));
+        top_logprobs(row, V, lse, top_k, ids.data(), lps.data());
+        std::vector<SampledToken>& top = out.top.emplace_back(size_t(top_k));
+        for (size_t j = 0; j < top.size(); ++j) top[j] = {ids[j], lps[j]};
     }
     return out;
 }

@@ -17,6 +17,14 @@
 //   - ignore_eos: the model's eos and the tokenizer's end-of-generation ids do not stop (explicit
 //     stop_token_ids and stop strings still do);
 //   - drain: no new requests; running ones finish until the deadline, then end as cancelled.
+// A request may hold several sequences (OpenAI's n / best_of, a list of prompts: vLLM's parent
+// request): submit(choices, siblings) takes them as one request with one id. Choices come in runs of
+// `siblings` per prompt; the first of each run runs at once, the others once it has its first token,
+// so the prefix cache serves them its prompt's full KV blocks instead of each computing the prompt in
+// the same step. Events carry the request's id and the choice's index; each choice's last event its
+// finish reason and usage; the request's very last event is marked last_of_request and carries the
+// request's usage (every prompt once, every choice's output). Every choice is checked before any
+// runs, so a refused request leaves nothing behind; a cancel or a drain ends every choice.
 // Ranks: the leader (world rank 0) submits and polls; the other ranks follow(). run() is the
 // every-rank form (generate, chat, the benchmarks): every rank calls it, the leader gets the outputs,
 // every rank the run's statistics.
@@ -53,7 +61,8 @@ struct ClientRequest {
 };
 
 struct ClientEvent {
-    int64_t id = 0;
+    int64_t id = 0;     // the request's (submit's)
+    int64_t index = 0;  // the choice (submit's order)
     std::string text;   // newly visible text ("" without a tokenizer)
     int32_t token = -1;  // the new token (-1: none, e.g. a cancel)
     float logprob = 0;   // its log-softmax under the model's raw logits
@@ -63,8 +72,18 @@ struct ClientEvent {
     bool context_full = false;  // kLength because the context is full, not max_tokens
     bool drained = false;       // kCancelled by a drain's deadline
     double queue_seconds = -1;  // on a request's first token: submit to its first scheduling
-    int64_t prompt_tokens = 0;     // the last event: usage
+    int64_t prompt_tokens = 0;     // a choice's last event: its usage
     int64_t completion_tokens = 0;
+    bool last_of_request = false;  // every choice of the request has ended: this is its last event,
+    int64_t request_prompt_tokens = 0;      // with the request's usage (each prompt once)
+    int64_t request_completion_tokens = 0;  // (every choice's tokens)
+};
+
+// The logprob of each prompt token given the ones before it (the first: NaN, it has no context), and
+// with top_k > 0 the top_k most likely tokens of each position's row (the first position: none).
+struct PromptLogprobs {
+    std::vector<float> logprobs;
+    std::vector<std::vector<SampledToken>> top;
 };
 
 // One request's output: engine token events in, client events out. The text, stop-string and
@@ -117,7 +136,10 @@ public:
     // Queues a request; returns its id. Error (naming the problem) for one that cannot run, and
     // while draining.
     int64_t submit(ClientRequest r);
-    // Ends a request now: its last event (kCancelled) comes with the next poll(). Unknown ids: ignored.
+    // Queues a request of several choices (see above): choices.size() a multiple of `siblings`.
+    int64_t submit(std::vector<ClientRequest> choices, int64_t siblings);
+    // Ends a request now: the last events (kCancelled) of its open choices come with the next poll().
+    // Unknown ids: ignored.
     void cancel(int64_t id);
     // One engine round (also the idle heartbeat to the followers): the events it produced.
     std::vector<ClientEvent> poll();
@@ -125,7 +147,7 @@ public:
     // No new requests from now on; running ones may finish for `seconds`, then end as cancelled.
     void drain(double seconds);
     bool draining() const { return draining_; }
-    int64_t active() const { return int64_t(live_.size()); }
+    int64_t active() const { return int64_t(requests_.size()); }  // requests not yet ended
     const Scheduler& scheduler() const { return engine_.scheduler(); }
     void shutdown() { engine_.shutdown(); }
 
@@ -141,9 +163,27 @@ public:
     std::vector<ClientOutput> run(const std::vector<ClientRequest>& reqs, const OnEvent& on_event = {},
                                   GenerateStats* stats = nullptr);
     // Logits of every prompt position, [prompt.size(), vocab] row-major, on the leader (Engine::score).
+    // Needs an idle engine (!busy()).
     std::vector<float> score(const std::vector<int32_t>& prompt) { return engine_.score(prompt); }
+    // The prompt's logprobs from score() (echo of OpenAI's completions).
+    PromptLogprobs prompt_logprobs(const std::vector<int32_t>& prompt, int32_t top_k);
 
 private:
+    struct Choice {  // one sequence of a request, running in the engine
+        int64_t request = 0, index = 0;
+        RequestOutput out;
+    };
+    static constexpr int64_t kWaiting = -1, kEnded = -2;  // Request::engine_ids besides engine ids
+    struct Request {  // by choice index: what it runs, its engine id (or kWaiting / kEnded), its prompt size
+        std::vector<EngineRequest> later;             // (moved into the engine when it starts)
+        std::vector<std::vector<std::string>> stops;  // (moved into its RequestOutput when it starts)
+        std::vector<int64_t> engine_ids, prompt_tokens;
+        int64_t siblings = 1, open = 0, prompt_total = 0, completion_total = 0;
+    };
+    EngineRequest engine_request(ClientRequest& r);
+    void start(int64_t request, int64_t index);  // the choice into the engine
+    ClientEvent ended(ClientEvent e);  // a choice's last event: the request's accounting
+    void end_request(int64_t request, bool drained);
     void cut_by_drain();
     std::shared_ptr<const TokenVocab> grammar_vocab();
 
@@ -151,8 +191,10 @@ private:
     const Tokenizer* tok_;
     int64_t context_ = 0;
     std::shared_ptr<const TokenVocab> vocab_;  // built on the first structured-output request
-    std::map<int64_t, RequestOutput> live_;  // by engine id
-    std::vector<ClientEvent> pending_;       // cancels' last events, for the next poll
+    std::map<int64_t, Choice> live_;     // by engine id
+    std::map<int64_t, Request> requests_;  // by request id
+    int64_t next_request_ = 0;
+    std::vector<ClientEvent> pending_;   // cancels' last events, for the next poll
     bool draining_ = false;
     std::chrono::steady_clock::time_point drain_deadline_{};
 };

@@ -75,7 +75,7 @@ int64_t Scheduler::running() const {
     return n;
 }
 
-int64_t Scheduler::add(EngineRequest req) {
+void Scheduler::check(const EngineRequest& req) const {
     LATTICE_CHECK(!req.prompt.empty(), "empty prompt: give at least one token");
     for (size_t i = 0; i < req.prompt.size(); ++i)
         LATTICE_CHECK(req.prompt[i] >= 0 && req.prompt[i] < opt_.vocab,
@@ -93,6 +93,10 @@ int64_t Scheduler::add(EngineRequest req) {
                   "request needs {} KV blocks ({} prompt + up to {} new tokens, {} tokens per block) but the cache "
                   "holds {}: raise --kv-cache-gb or lower max new tokens",
                   need, req.prompt.size(), total - int64_t(req.prompt.size()), B, pool_.num_blocks());
+}
+
+int64_t Scheduler::add(EngineRequest req) {
+    check(req);
     const int64_t id = next_id_++;
     Seq& s = seqs_[id];
     s.id = id;

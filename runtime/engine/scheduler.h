@@ -125,7 +125,9 @@ class Scheduler {
 public:
     Scheduler(const SchedulerOptions& opt, BlockPool& pool);
 
-    // Queues a request; returns its id. Throws Error (naming the limit) for one that can never run.
+    // Throws Error (naming the limit) for a request that can never run; add() would take any other.
+    void check(const EngineRequest& req) const;
+    // Queues a request (check() first); returns its id.
     int64_t add(EngineRequest req);
     // Ends a request as cancelled: at once when nothing of it is in flight, else when its step completes.
     void cancel(int64_t id);

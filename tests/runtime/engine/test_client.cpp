@@ -5,10 +5,14 @@
 //    the token that ended a request by kStop is returned but not shown; usage and context_full;
 //  - the client on a tiny random model: run() gives the engine's own tokens; the context budget
 //    (rest of context, clamp, no room, 0 tokens); cancel and drain end requests as kCancelled once;
-//    stop_token_ids stop; ignore_eos lets the model's eos pass; top logprobs reach the client's outputs.
+//    stop_token_ids stop; ignore_eos lets the model's eos pass; top logprobs reach the client's outputs;
+//  - requests of several choices: events by choice, siblings deferred to their first's first token (and
+//    served by the prefix cache), one last event with the request's usage, all-or-nothing refusal,
+//    cancel and drain ending every choice once; prompt logprobs against the score path's logits.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <string>
@@ -245,5 +249,111 @@ TEST_CASE("engine client: the engine's tokens, the context budget, cancel, drain
         const size_t at = size_t(std::find(want.begin(), want.end(), want[2]) - want.begin());
         CHECK(ec.run({stops})[0].tokens.size() == at + 1);
         CHECK(ec.run({request(prompt, 8)})[0].tokens == want);
+    }
+}
+
+TEST_CASE("engine client: a request of several choices (n / best_of, lists of prompts), prompt logprobs") {
+    auto src = make_random_source(tiny(), 11, DType::kF32);
+    RankRuntime b = make(*src, 48);
+    EngineClient client(*b.engine, nullptr);
+    // Two prompts, each with one full KV block (16 positions) that its siblings can find cached.
+    std::vector<int32_t> p0(20), p1(18);
+    for (size_t i = 0; i < p0.size(); ++i) p0[i] = int32_t(1 + (i * 7) % 60);
+    for (size_t i = 0; i < p1.size(); ++i) p1[i] = int32_t(2 + (i * 11) % 60);
+    const auto group = [&](int64_t max_tokens) {
+        std::vector<ClientRequest> choices;
+        for (const auto* p : {&p0, &p1})
+            for (int i = 0; i < 3; ++i) choices.push_back(request(*p, max_tokens));
+        return choices;
+    };
+    // Every choice ends once (kCancelled when `cancelled`); the request's last event alone is marked.
+    const auto check_ends = [](const std::vector<ClientEvent>& evs, FinishReason want) {
+        std::vector<int> ends(6, 0);
+        for (size_t i = 0; i < evs.size(); ++i) {
+            REQUIRE(evs[i].index >= 0);
+            REQUIRE(evs[i].index < 6);
+            if (evs[i].finish != FinishReason::kNone) {
+                ++ends[size_t(evs[i].index)];
+                CHECK(evs[i].finish == want);
+            }
+            CHECK(evs[i].last_of_request == (i + 1 == evs.size()));
+        }
+        CHECK(ends == std::vector<int>(6, 1));
+    };
+
+    SUBCASE("choices by index; siblings start once their first has a token, and find its prompt cached") {
+        const int64_t id = client.submit(group(4), 3);
+        CHECK(client.scheduler().waiting() == 2);  // the first choice of each prompt only
+        auto evs = drain_events(client);
+        REQUIRE(evs.size() == 1);
+        const std::vector<ClientEvent>& e = evs[id];
+        check_ends(e, FinishReason::kLength);
+        CHECK(e.back().request_prompt_tokens == 38);  // each prompt once
+        CHECK(e.back().request_completion_tokens == 24);
+        CHECK(client.scheduler().stats().cached_tokens == 4 * 16);  // 2 siblings x 2 prompts x 1 block
+        std::vector<std::vector<int32_t>> got(6);
+        for (const ClientEvent& x : e)
+            if (x.token >= 0) got[size_t(x.index)].push_back(x.token);
+        const std::vector<int32_t> want0 = client.run({request(p0, 4)})[0].tokens;
+        const std::vector<int32_t> want1 = client.run({request(p1, 4)})[0].tokens;
+        REQUIRE(want0.size() == 4);
+        for (size_t i = 0; i < 6; ++i) CHECK(got[i] == (i < 3 ? want0 : want1));  // greedy: every sibling alike
+        CHECK(client.active() == 0);
+    }
+    SUBCASE("a refused choice refuses the request: nothing runs, nothing is left") {
+        std::vector<ClientRequest> choices = group(4);
+        choices[4].prompt.assign(48, 3);  // fills the context: no room
+        CHECK_THROWS_WITH_AS(client.submit(std::move(choices), 3), doctest::Contains("fills the whole context"),
+                             Error);
+        CHECK(client.active() == 0);
+        CHECK(client.scheduler().waiting() == 0);
+        CHECK_FALSE(client.busy());
+        CHECK_THROWS_AS(client.submit(group(4), 4), Error);  // 6 choices are not runs of 4
+    }
+    SUBCASE("cancel ends every choice once, the ones that never ran too") {
+        const int64_t id = client.submit(group(4), 3);
+        client.poll();  // the first choices have their first tokens: some siblings run
+        client.cancel(id);
+        client.cancel(id);
+        auto evs = drain_events(client);
+        REQUIRE(evs.count(id));
+        std::vector<ClientEvent>& e = evs[id];
+        // Drop the tokens of the first poll's events (none was kept above): only the ends matter here.
+        e.erase(std::remove_if(e.begin(), e.end(), [](const ClientEvent& x) { return x.finish == FinishReason::kNone; }),
+                e.end());
+        check_ends(e, FinishReason::kCancelled);
+        CHECK(client.active() == 0);
+        CHECK(client.scheduler().pool().num_used() == 0);
+        client.shutdown();
+    }
+    SUBCASE("a drain's deadline ends every choice as drained") {
+        const int64_t id = client.submit(group(8), 3);
+        client.drain(0);
+        auto evs = drain_events(client);
+        check_ends(evs[id], FinishReason::kCancelled);
+        for (const ClientEvent& x : evs[id])
+            if (x.finish != FinishReason::kNone) CHECK(x.drained);
+        CHECK(client.active() == 0);
+        client.shutdown();
+    }
+    SUBCASE("prompt logprobs: each token's log-softmax given the ones before, and the k most likely") {
+        const std::vector<float> logits = client.score(p0);
+        const size_t V = logits.size() / p0.size();
+        const PromptLogprobs lp = client.prompt_logprobs(p0, 2);
+        REQUIRE(lp.logprobs.size() == p0.size());
+        REQUIRE(lp.top.size() == p0.size());
+        CHECK(std::isnan(lp.logprobs[0]));
+        CHECK(lp.top[0].empty());
+        for (size_t i = 1; i < p0.size(); ++i) {
+            const float* row = logits.data() + (i - 1) * V;
+            double m = row[0], z = 0;
+            for (size_t v = 0; v < V; ++v) m = std::max(m, double(row[v]));
+            for (size_t v = 0; v < V; ++v) z += std::exp(double(row[v]) - m);
+            CHECK(lp.logprobs[i] == doctest::Approx(double(row[p0[i]]) - m - std::log(z)).epsilon(1e-5));
+            REQUIRE(lp.top[i].size() == 2);
+            CHECK(lp.top[i][0].token == int32_t(std::max_element(row, row + V) - row));
+            CHECK(lp.top[i][1].logprob <= lp.top[i][0].logprob);
+        }
+        CHECK(client.prompt_logprobs(p0, -1).top.empty());
     }
 }
