@@ -162,10 +162,10 @@ int launcher_rank() {
     return 0;
 }
 
-std::unique_ptr<Tokenizer> optional_tokenizer(const ModelArgs& a, const char* who, const char* without) {
-    if (a.random_weights) return nullptr;
+std::unique_ptr<Tokenizer> optional_tokenizer(const ModelArgs& args, const char* who, const char* without) {
+    if (args.random_weights) return nullptr;
     try {
-        return load_tokenizer(a.model);
+        return load_tokenizer(args.model);
     } catch (const Error& e) {
         LOG_WARN("{}: no tokenizer ({}): {}", who, e.message(), without);
         return nullptr;
@@ -346,39 +346,39 @@ std::function<void(const LoadProgress&)> load_progress_printer() {
     };
 }
 
-RankRuntime load_model(const ModelArgs& a, const std::function<void(const WorldConfig&)>& on_context) {
-    BuildOptions o;
-    o.quant_auto = a.quant == "auto";
-    o.model.quant = o.quant_auto ? QuantMode::kNone : parse_quant_mode(a.quant);
-    o.model.quant_head = a.quant_head;
-    o.model.smooth_path = a.smooth;
-    o.model.max_seq = a.max_seq;
-    o.model.max_batch_tokens = a.max_batch_tokens;
-    o.model.block_size = a.block_size;
-    o.kv_cache_gb = a.kv_cache_gb;
-    o.engine.max_seqs = a.max_seqs;
-    o.max_itl_ms = a.max_itl_ms;
-    o.engine.prefix_caching = !a.no_prefix_cache;
-    o.engine.step_graphs = !a.enforce_eager;
-    if (!a.pp_layers.empty()) o.pp_layers = parse_counts(a.pp_layers);
-    o.micro_batch = a.micro_batch;
-    o.tp = a.tp;
-    o.pp = a.pp;
+RankRuntime load_model(const ModelArgs& args, const std::function<void(const WorldConfig&)>& on_context) {
+    BuildOptions opt;
+    opt.quant_auto = args.quant == "auto";
+    opt.model.quant = opt.quant_auto ? QuantMode::kNone : parse_quant_mode(args.quant);
+    opt.model.quant_head = args.quant_head;
+    opt.model.smooth_path = args.smooth;
+    opt.model.max_seq = args.max_seq;
+    opt.model.max_batch_tokens = args.max_batch_tokens;
+    opt.model.block_size = args.block_size;
+    opt.kv_cache_gb = args.kv_cache_gb;
+    opt.engine.max_seqs = args.max_seqs;
+    opt.max_itl_ms = args.max_itl_ms;
+    opt.engine.prefix_caching = !args.no_prefix_cache;
+    opt.engine.step_graphs = !args.enforce_eager;
+    if (!args.pp_layers.empty()) opt.pp_layers = parse_counts(args.pp_layers);
+    opt.micro_batch = args.micro_batch;
+    opt.tp = args.tp;
+    opt.pp = args.pp;
     // MPI only when asked for several ranks or launched by an MPI starter: a plain single-process
     // run neither pays for nor depends on MPI initialization.
-    o.mpi = started_by_mpi();
-    o.comm_timeout = a.comm_timeout;
-    o.comm_shared_memory = !a.no_shm_comm;
-    o.backend.kind = parse_backend_kind(a.device);
-    o.sim = SimDeviceOptions{a.sim_gpu, a.sim_link, a.sim_step_ms};
-    o.backend.threads = usable_threads(a.threads);
-    o.model.on_progress = load_progress_printer();
-    o.backend.mlock = a.mlock;
-    o.backend.cuda_act = a.dtype == "f16" ? DType::kF16 : DType::kBF16;
-    if (!a.devices.empty())
-        for (int32_t d : parse_id_list(a.devices, "--devices")) o.devices.push_back(d);
-    ModelSpec spec{a.model, a.random_weights, a.config_preset, a.weight_seed, a.verify};
-    if (!a.random_weights && spec.path.empty()) spec.path = default_model_path();
+    opt.mpi = started_by_mpi();
+    opt.comm_timeout = args.comm_timeout;
+    opt.comm_shared_memory = !args.no_shm_comm;
+    opt.backend.kind = parse_backend_kind(args.device);
+    opt.sim = SimDeviceOptions{args.sim_gpu, args.sim_link, args.sim_step_ms};
+    opt.backend.threads = usable_threads(args.threads);
+    opt.model.on_progress = load_progress_printer();
+    opt.backend.mlock = args.mlock;
+    opt.backend.cuda_act = args.dtype == "f16" ? DType::kF16 : DType::kBF16;
+    if (!args.devices.empty())
+        for (int32_t d : parse_id_list(args.devices, "--devices")) opt.devices.push_back(d);
+    ModelSpec spec{args.model, args.random_weights, args.config_preset, args.weight_seed, args.verify};
+    if (!args.random_weights && spec.path.empty()) spec.path = default_model_path();
     if (failure_agreement_open()) {
         // Under an MPI starter every rank opens and checks the checkpoint and the layout here, before
         // MPI's first collective, and the ranks agree (a rank that failed earlier joins from main()):
@@ -386,7 +386,7 @@ RankRuntime load_model(const ModelArgs& a, const std::function<void(const WorldC
         int code = 0;
         std::string message, detail;
         try {
-            const WorldConfig w = WorldConfig::make(launcher_world_size(), a.tp, a.pp, launcher_rank());
+            const WorldConfig w = WorldConfig::make(launcher_world_size(), args.tp, args.pp, launcher_rank());
             ModelSpec check = spec;
             check.verify = false;  // hashing is the load's job; sizes are checked when opening
             std::unique_ptr<TensorSource> src = open_spec(check, w);
@@ -401,13 +401,13 @@ RankRuntime load_model(const ModelArgs& a, const std::function<void(const WorldC
         if (agreed > 0) throw ReportedFailure{agreed};
         if (agreed < 0 && code != 0) throw Error(detail.substr(0, detail.size() - message.size()), message);
     }
-    o.on_context = [on_context](const WorldConfig& w) {
+    opt.on_context = [on_context](const WorldConfig& w) {
         // When the launcher tears the job down because a rank died, say which one before exiting.
         if (w.world > 1) report_dead_peers_on_termination();
         if (w.rank != 0 || output_settings().quiet) set_log_level(LogLevel::kWarn);
         if (on_context) on_context(w);
     };
-    return build(o, spec);
+    return build(opt, spec);
 }
 
 }  // namespace lattice

@@ -514,35 +514,36 @@ std::string model_name(const ModelArgs& m) {
     return p.substr(p.rfind('/') + 1);  // npos + 1 == 0: the whole path
 }
 
-int run_batch(BatchArgs& a) {
-    if (a.model.model.empty() && !a.model.random_weights) a.model.model = default_model_path();
-    LATTICE_CHECK(!a.input.empty() && !a.output.empty(), "lattice batch needs --input FILE and --output FILE");
+int run_batch(BatchArgs& args) {
+    if (args.model.model.empty() && !args.model.random_weights) args.model.model = default_model_path();
+    LATTICE_CHECK(!args.input.empty() && !args.output.empty(), "lattice batch needs --input FILE and --output FILE");
     // Files are checked before the (long) load: an unreadable input, an output that is an input.
-    const std::string side = batch_input_file(a.output);
+    const std::string side = batch_input_file(args.output);
     if (launcher_rank() == 0) {
-        open_regular_file(a.input, "--input");  // names a missing file, a folder or a FIFO
-        check_not_input(a.output, "--output", {a.model.model, a.model.smooth, a.input}, true);
-        check_not_input(side, "--output's input fingerprint", {a.model.model, a.model.smooth, a.input});
-        if (!a.stats_json.empty())
-            prepare_output_file(a.stats_json, "--stats-json", {a.model.model, a.model.smooth, a.input, a.output, side});
+        open_regular_file(args.input, "--input");  // names a missing file, a folder or a FIFO
+        check_not_input(args.output, "--output", {args.model.model, args.model.smooth, args.input}, true);
+        check_not_input(side, "--output's input fingerprint", {args.model.model, args.model.smooth, args.input});
+        if (!args.stats_json.empty())
+            prepare_output_file(args.stats_json, "--stats-json",
+                                {args.model.model, args.model.smooth, args.input, args.output, side});
     }
     // The output is opened (locked, checked, its done ids read) and bound to the input before the load
     // too: a file another job holds, a damaged one, or one whose input was edited, is refused at once.
     std::unique_ptr<ResultFile> out;
     if (launcher_rank() == 0) {
-        out = std::make_unique<ResultFile>(a.output, a.sync_lines, a.sync_seconds, a.restart);
+        out = std::make_unique<ResultFile>(args.output, args.sync_lines, args.sync_seconds, args.restart);
         if (out->discarded() > 0)
-            fmt::print(stderr, "batch: --restart: discarded the {} lines of {}\n", out->discarded(), a.output);
-        const BatchInputBinding bound = bind_batch_input(a.input, a.output, !out->done().empty());
+            fmt::print(stderr, "batch: --restart: discarded the {} lines of {}\n", out->discarded(), args.output);
+        const BatchInputBinding bound = bind_batch_input(args.input, args.output, !out->done().empty());
         if (bound.appended_lines > 0)
             fmt::print(stderr, "batch: {}: {} line(s) appended at its end since the results in {}; they run too\n",
-                       a.input, bound.appended_lines, a.output);
+                       args.input, bound.appended_lines, args.output);
     }
-    if (a.model.max_itl_ms < 0) a.model.max_itl_ms = 0;  // throughput first: whole prompt chunks in every step
-    RankRuntime rt = load_model(a.model);
+    if (args.model.max_itl_ms < 0) args.model.max_itl_ms = 0;  // throughput first: whole prompt chunks in every step
+    RankRuntime rt = load_model(args.model);
     install_drain_handlers();
     const std::unique_ptr<Tokenizer> tok =
-        rt.world.rank == 0 ? optional_tokenizer(a.model, "batch", "prompts must be token ids, results carry no text")
+        rt.world.rank == 0 ? optional_tokenizer(args.model, "batch", "prompts must be token ids, results carry no text")
                            : nullptr;
     EngineClient client(*rt.engine, tok.get());
     if (!client.is_leader()) {
@@ -551,18 +552,18 @@ int run_batch(BatchArgs& a) {
     }
     LATTICE_CHECK(out, "batch: the engine's leader is not the launcher's rank 0");
     if (out->cut_bytes() > 0)
-        fmt::print(stderr, "batch: {}: dropped a partial last line ({} bytes) left by an interrupted run\n", a.output,
-                   out->cut_bytes());
-    BatchRun batch(client, a.input, *out, rt.model->config().vocab, model_name(a.model));
-    Progress progress(a.progress, batch.totals().total);
+        fmt::print(stderr, "batch: {}: dropped a partial last line ({} bytes) left by an interrupted run\n",
+                   args.output, out->cut_bytes());
+    BatchRun batch(client, args.input, *out, rt.model->config().vocab, model_name(args.model));
+    Progress progress(args.progress, batch.totals().total);
     const SchedulerStats s0 = client.scheduler().stats();
-    batch.run(a.drain_seconds, progress);
+    batch.run(args.drain_seconds, progress);
     client.shutdown();
     out->close();
     const BatchTotals& t = batch.totals();
     progress.update(t.done, t.errors, t.gen_tokens, true);
     progress.end();
-    if (!a.stats_json.empty()) write_batch_stats(a.stats_json, t, rt, s0, client);
+    if (!args.stats_json.empty()) write_batch_stats(args.stats_json, t, rt, s0, client);
     if (!batch.complete()) {
         fmt::print(stderr,
                    "batch: stopped by signal {}: {} of {} requests done, {} left; rerun with the same --output "

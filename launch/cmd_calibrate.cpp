@@ -40,17 +40,17 @@ struct CalibrateArgs {
     int threads = 0;
 };
 
-int run_calibrate(const CalibrateArgs& a) {
+int run_calibrate(const CalibrateArgs& args) {
     const auto t0 = std::chrono::steady_clock::now();
-    const std::string model_path = a.model.empty() ? default_model_path() : a.model;
-    LATTICE_CHECK(a.alpha >= 0.0 && a.alpha <= 1.0, "calibrate: --alpha {} outside [0, 1]", a.alpha);
-    LATTICE_CHECK(a.max_tokens >= 1 && a.window >= 1, "calibrate: --max-tokens and --window must be >= 1");
-    prepare_output_file(a.out, "--out", {model_path, a.text});
+    const std::string model_path = args.model.empty() ? default_model_path() : args.model;
+    LATTICE_CHECK(args.alpha >= 0.0 && args.alpha <= 1.0, "calibrate: --alpha {} outside [0, 1]", args.alpha);
+    LATTICE_CHECK(args.max_tokens >= 1 && args.window >= 1, "calibrate: --max-tokens and --window must be >= 1");
+    prepare_output_file(args.out, "--out", {model_path, args.text});
     auto src = open_model(model_path);
     auto tok = load_tokenizer(model_path);
-    std::vector<int32_t> ids = tok->encode(read_text(a.text), tok->add_bos_default());
-    LATTICE_CHECK(!ids.empty(), "calibrate: {} encodes to no tokens", a.text);
-    if (int64_t(ids.size()) > a.max_tokens) ids.resize(size_t(a.max_tokens));
+    std::vector<int32_t> ids = tok->encode(read_text(args.text), tok->add_bos_default());
+    LATTICE_CHECK(!ids.empty(), "calibrate: {} encodes to no tokens", args.text);
+    if (int64_t(ids.size()) > args.max_tokens) ids.resize(size_t(args.max_tokens));
     for (int32_t id : ids)
         LATTICE_CHECK(id >= 0 && id < src->config().vocab,
                       "calibrate: tokenizer of {} produced id {} outside the "
@@ -58,17 +58,17 @@ int run_calibrate(const CalibrateArgs& a) {
                       model_path, id, src->config().vocab);
 
     CpuBackendOptions bo;
-    bo.threads = usable_threads(a.threads);
+    bo.threads = usable_threads(args.threads);
     CpuBackend be(bo);
-    ModelOptions mo;
-    mo.max_seq = std::min<int64_t>(a.window, src->config().max_position);
-    mo.max_batch_tokens = a.max_batch_tokens;
-    Model model(*src, be, mo, nullptr);
+    ModelOptions model_opt;
+    model_opt.max_seq = std::min<int64_t>(args.window, src->config().max_position);
+    model_opt.max_batch_tokens = args.max_batch_tokens;
+    Model model(*src, be, model_opt, nullptr);
     const auto t1 = std::chrono::steady_clock::now();
-    ActivationStats stats = collect_activation_stats(model, ids, mo.max_seq);
+    ActivationStats stats = collect_activation_stats(model, ids, model_opt.max_seq);
     const auto t2 = std::chrono::steady_clock::now();
-    SmoothFactors f = compute_smooth_factors(*src, stats, a.alpha);
-    write_smooth_factors(a.out, f);
+    SmoothFactors f = compute_smooth_factors(*src, stats, args.alpha);
+    write_smooth_factors(args.out, f);
     const auto t3 = std::chrono::steady_clock::now();
 
     float lo = kMaxSmooth, hi = kMinSmooth;
@@ -79,36 +79,36 @@ int run_calibrate(const CalibrateArgs& a) {
     LOG_INFO(
         "calibrate: {} tokens of {} in windows of {} through {} ({} layers); alpha {}; factors in [{:.4g}, "
         "{:.4g}]; wrote {}; load {:.2f} s, forward {:.2f} s ({:.0f} tokens/s), factors {:.2f} s",
-        ids.size(), a.text, mo.max_seq, model_path, f.attn.size(), a.alpha, lo, hi, a.out, secs(t1 - t0), secs(t2 - t1),
-        double(ids.size()) / std::max(1e-9, secs(t2 - t1)), secs(t3 - t2));
+        ids.size(), args.text, model_opt.max_seq, model_path, f.attn.size(), args.alpha, lo, hi, args.out,
+        secs(t1 - t0), secs(t2 - t1), double(ids.size()) / std::max(1e-9, secs(t2 - t1)), secs(t3 - t2));
     return 0;
 }
 
 }  // namespace
 
 void add_calibrate_command(CLI::App& app, CommandRun& run) {
-    auto a = std::make_shared<CalibrateArgs>();
+    auto args = std::make_shared<CalibrateArgs>();
     auto* cmd = app.add_subcommand("calibrate", "Compute SmoothQuant smoothing factors from a calibration text");
-    cmd->add_option("-m,--model", a->model, "HF model directory or .gguf file (default: the built-in SmolLM2)")
+    cmd->add_option("-m,--model", args->model, "HF model directory or .gguf file (default: the built-in SmolLM2)")
         ->default_str("built-in");
-    cmd->add_option("--text", a->text, "Calibration text file (UTF-8)")->required();
-    cmd->add_option("--out", a->out, "Output .safetensors (model.layers.N.{attn,mlp}_smooth, f32 [hidden])")
+    cmd->add_option("--text", args->text, "Calibration text file (UTF-8)")->required();
+    cmd->add_option("--out", args->out, "Output .safetensors (model.layers.N.{attn,mlp}_smooth, f32 [hidden])")
         ->required();
-    cmd->add_option("--alpha", a->alpha, "Migration strength: s = max|X|^alpha / max|W|^(1-alpha)")
+    cmd->add_option("--alpha", args->alpha, "Migration strength: s = max|X|^alpha / max|W|^(1-alpha)")
         ->check(real_range(0.0, 1.0));
-    cmd->add_option("--max-tokens", a->max_tokens, "Use at most this many tokens of the text")
+    cmd->add_option("--max-tokens", args->max_tokens, "Use at most this many tokens of the text")
         ->check(int_range(1, INT32_MAX));
-    cmd->add_option("--window", a->window, "Tokens per independent forward window (context length)")
+    cmd->add_option("--window", args->window, "Tokens per independent forward window (context length)")
         ->check(int_range(1, INT32_MAX));
-    cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Tokens per forward pass within a window")
+    cmd->add_option("--max-batch-tokens", args->max_batch_tokens, "Tokens per forward pass within a window")
         ->check(int_range(1, 1 << 20));
-    cmd->add_option("-t,--threads", a->threads, "CPU threads (0: one per available core; capped at those)")
+    cmd->add_option("-t,--threads", args->threads, "CPU threads (0: one per available core; capped at those)")
         ->check(int_range(0, kMaxThreadsFlag));
     cmd->footer(R"(Examples:
   lattice calibrate --text README.md --out smooth.safetensors --max-tokens 512
   lattice generate --quant w8a8 --smooth smooth.safetensors --prompt "Hello"
   lattice calibrate --model /models/llama-2-7b --text calib.txt --out smooth7b.safetensors --alpha 0.8)");
-    cmd->callback([&run, a] { run = [a] { return run_calibrate(*a); }; });
+    cmd->callback([&run, args] { run = [args] { return run_calibrate(*args); }; });
 }
 
 }  // namespace lattice

@@ -127,12 +127,12 @@ std::string trim(const std::string& s) {
 
 class Chat {
 public:
-    Chat(ChatArgs& a, EngineClient& client, const Tokenizer& tok, SamplingParams sp, int64_t max_position)
-        : a_(a),
+    Chat(ChatArgs& args, EngineClient& client, const Tokenizer& tok, SamplingParams sp, int64_t max_position)
+        : args_(args),
           client_(client),
           tok_(tok),
           sp_(sp),
-          grammar_(a.sampling.grammar()),
+          grammar_(args.sampling.grammar()),
           ctx_(client.context()),
           max_position_(max_position) {
         reset();
@@ -140,7 +140,7 @@ public:
 
     void reset() {
         msgs_.clear();
-        if (!a_.system.empty()) msgs_.push_back({"system", a_.system});
+        if (!args_.system.empty()) msgs_.push_back({"system", args_.system});
     }
 
     // One user turn: fit the conversation into the context, stream the answer, keep it.
@@ -148,14 +148,14 @@ public:
         msgs_.push_back({"user", message});
         std::optional<std::vector<int32_t>> prompt = fit();
         if (!prompt) return;
-        if (a_.verbose_prompt)
+        if (args_.verbose_prompt)
             print_stderr(fmt::format("chat: prompt of {} tokens: {}\n", prompt->size(), fmt::join(*prompt, " ")));
         ClientRequest req;
         req.prompt = std::move(*prompt);
-        req.max_tokens = a_.max_new_tokens > 0 ? a_.max_new_tokens : ClientRequest::kRestOfContext;
+        req.max_tokens = args_.max_new_tokens > 0 ? args_.max_new_tokens : ClientRequest::kRestOfContext;
         req.sampling = sp_;
         req.sampling.seed = sp_.seed + uint64_t(turns_++);
-        req.stop = a_.sampling.stop;
+        req.stop = args_.sampling.stop;
         req.grammar = grammar_;
         const std::vector<ClientOutput> outs = client_.run({req}, [&](size_t, const ClientEvent& ev) {
             if (!ev.text.empty()) {
@@ -174,8 +174,8 @@ public:
                 "chat: the context of {} positions is full: the answer is cut; the oldest messages go next turn "
                 "(or /reset)\n",
                 ctx_));
-        else if (r.finish == FinishReason::kLength && a_.max_new_tokens > 0)
-            print_stderr(fmt::format("chat: the answer reached --max-new-tokens {}\n", a_.max_new_tokens));
+        else if (r.finish == FinishReason::kLength && args_.max_new_tokens > 0)
+            print_stderr(fmt::format("chat: the answer reached --max-new-tokens {}\n", args_.max_new_tokens));
         msgs_.push_back({"assistant", r.text});
     }
 
@@ -183,7 +183,7 @@ private:
     // The conversation's tokens, after dropping the oldest exchanges that do not fit; nullopt (and
     // the new message dropped) when the newest message cannot fit even alone.
     std::optional<std::vector<int32_t>> fit() {
-        const size_t first = !a_.system.empty() ? 1 : 0;  // the system message always stays
+        const size_t first = !args_.system.empty() ? 1 : 0;  // the system message always stays
         size_t dropped = 0;
         for (;;) {
             std::vector<int32_t> ids = encode_chat(tok_, msgs_, "chat");
@@ -213,7 +213,7 @@ private:
         }
     }
 
-    ChatArgs& a_;
+    ChatArgs& args_;
     EngineClient& client_;
     const Tokenizer& tok_;
     SamplingParams sp_;
@@ -223,19 +223,19 @@ private:
     int64_t turns_ = 0;
 };
 
-int run_chat(ChatArgs& a) {
-    LATTICE_CHECK(a.model.tp * a.model.pp == 1,
+int run_chat(ChatArgs& args) {
+    LATTICE_CHECK(args.model.tp * args.model.pp == 1,
                   "lattice chat runs on one rank (--tp {} --pp {} asked for {}); for a multi-rank model use lattice "
                   "serve and a chat client",
-                  a.model.tp, a.model.pp, a.model.tp * a.model.pp);
-    LATTICE_CHECK(!a.model.random_weights, "lattice chat needs a model with a tokenizer and a chat template");
-    if (a.model.model.empty()) a.model.model = default_model_path();
+                  args.model.tp, args.model.pp, args.model.tp * args.model.pp);
+    LATTICE_CHECK(!args.model.random_weights, "lattice chat needs a model with a tokenizer and a chat template");
+    if (args.model.model.empty()) args.model.model = default_model_path();
     // The tokenizer and the sampling options are checked before the (long) load.
-    const std::unique_ptr<Tokenizer> tok = load_tokenizer(a.model.model);
+    const std::unique_ptr<Tokenizer> tok = load_tokenizer(args.model.model);
     encode_chat(*tok, {{"user", "hi"}}, "chat");  // a model without a chat template fails here
-    check_utf8(a.system, "--system");
-    const SamplingParams sp = a.sampling.resolve();
-    RankRuntime rt = load_model(a.model);
+    check_utf8(args.system, "--system");
+    const SamplingParams sp = args.sampling.resolve();
+    RankRuntime rt = load_model(args.model);
     LATTICE_CHECK(rt.world.world == 1,
                   "lattice chat runs on one rank, this job has {} (start it without mpirun, or use lattice serve)",
                   rt.world.world);
@@ -247,7 +247,7 @@ int run_chat(ChatArgs& a) {
             "/exit or Ctrl-C at the prompt leaves.\n");
     install_sigint();
     EngineClient client(*rt.engine, tok.get());
-    Chat chat(a, client, *tok, sp, rt.model->config().max_position);
+    Chat chat(args, client, *tok, sp, rt.model->config().max_position);
     LineReader in;
     for (;;) {
         clear_interrupt();  // the Ctrl-C that stopped an answer must not also leave at this prompt

@@ -18,6 +18,7 @@
 #include "launch/drain_signal.h"
 #include "parallel/parallel_context.h"
 #include "parallel/world_session.h"
+#include "runtime/builder/build.h"
 #include "runtime/converter/convert.h"
 
 namespace lattice {
@@ -75,42 +76,38 @@ private:
     bool tty_ = false, off_ = false;
 };
 
-int run_convert(const ConvertArgs& a) {
+int run_convert(const ConvertArgs& args) {
     // Several ranks only under an MPI starter; every rank then takes files of its own.
     ParallelContext ctx = make_local_context();
     if (started_by_mpi()) {  // never true in a build without MPI
-        ctx = make_parallel_context(join_world().size, 1, a.comm_timeout);
+        ctx = make_parallel_context(join_world().size, 1, args.comm_timeout);
         report_dead_peers_on_termination();
         if (ctx.world.rank != 0) set_log_level(LogLevel::kWarn);
     }
     ConvertOptions o;
-    o.out = a.out;
-    o.tp = a.tp;
-    o.pp = a.pp;
-    if (!a.pp_layers.empty())
-        for (int32_t v : parse_id_list(a.pp_layers, "--pp-layers")) o.pp_layers.push_back(v);
-    o.smooth_path = a.smooth;
-    o.source_path = a.model;
+    o.out = args.out;
+    o.tp = args.tp;
+    o.pp = args.pp;
+    if (!args.pp_layers.empty())
+        for (int32_t v : parse_id_list(args.pp_layers, "--pp-layers")) o.pp_layers.push_back(v);
+    o.smooth_path = args.smooth;
+    o.source_path = args.model;
     o.writer = "lattice 0.1.0";
     ModelSpec spec;
-    spec.path = a.model;
+    spec.path = args.model;
     std::unique_ptr<TensorSource> src = open_spec(spec);
-    if (a.quant == "auto") {
-        // As a load with --quant auto would run it: a block-quantized GGUF as w8a8 with an int8 head.
-        const bool q = checkpoint_is_quantized(*src);
-        o.quant = q ? QuantMode::kW8A8 : QuantMode::kNone;
-        o.quant_head = q || a.quant_head;
-    } else {
-        o.quant = parse_quant_mode(a.quant);
-        o.quant_head = a.quant_head;
-    }
-    Bar bar(a.progress, ctx.world.rank != 0);
+    // As a load with --quant auto would run it (auto_quant).
+    const QuantChoice quant = args.quant == "auto" ? auto_quant(*src, args.quant_head)
+                                                   : QuantChoice{parse_quant_mode(args.quant), args.quant_head};
+    o.quant = quant.quant;
+    o.quant_head = quant.quant_head;
+    Bar bar(args.progress, ctx.world.rank != 0);
     o.on_progress = [&bar](const ConvertProgress& p) { bar.update(p); };
     install_drain_handlers();  // SIGTERM / SIGINT / SIGUSR1 stop it cleanly: no partial folder is left
     o.interrupted = [] { return drain_requested() != 0; };
-    LOG_INFO("convert: {} -> {} (tp {} x pp {}, quant {}{}{}) on {} process(es)", src->describe(), a.out, a.tp, a.pp,
-             quant_mode_name(o.quant), o.quant_head ? ", int8 head" : "", a.smooth.empty() ? "" : ", smoothed",
-             ctx.world.world);
+    LOG_INFO("convert: {} -> {} (tp {} x pp {}, quant {}{}{}) on {} process(es)", src->describe(), args.out, args.tp,
+             args.pp, quant_mode_name(o.quant), o.quant_head ? ", int8 head" : "",
+             args.smooth.empty() ? "" : ", smoothed", ctx.world.world);
     ConvertResult r = convert_checkpoint(*src, o, *ctx.world_comm);
     bar.end();
     if (ctx.world.rank == 0) {

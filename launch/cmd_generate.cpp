@@ -111,50 +111,51 @@ nlohmann::json breakdown_json(const GenerateStats& s) {
             {"per_rank", std::move(per_rank)}};
 }
 
-void write_stats(const std::string& path, const GenerateStats& s, const RankRuntime& rt, const ModelArgs& a, uint64_t seed) {
-    nlohmann::json j = {{"prompt_tokens", s.prompt_tokens},
-                        {"prefill_seconds", s.prefill_seconds},
-                        {"generated_tokens", s.generated_tokens},
-                        {"decode_seconds", s.decode_seconds},
-                        {"prefill_tokens_per_s", s.prefill_seconds > 0 ? double(s.prompt_tokens) / s.prefill_seconds : 0.0},
-                        {"decode_tokens_per_s", decode_rate(s)},
-                        {"sequences", s.sequences},
-                        {"seed", seed},
-                        {"idle_seconds_rank0", s.idle_seconds},
-                        {"compute_seconds_rank0", s.compute_seconds},
-                        {"bubble_rank0", s.prefill_seconds + s.decode_seconds > 0
-                                             ? s.idle_seconds / (s.prefill_seconds + s.decode_seconds)
-                                             : 0.0},
-                        {"threads", rt.backend->threads()},
-                        {"ranks", rt.world.world},
-                        {"tp", a.tp},
-                        {"pp", a.pp},
-                        {"quant", quant_mode_name(rt.model->options().quant)},
-                        {"quant_head", rt.model->options().quant_head},
-                        {"preemptions", s.preemptions},
-                        {"peak_kv_blocks", s.peak_kv_blocks},
-                        {"backend", rt.backend->name()},
-                        {"weight_bytes_per_rank", rt.model->weight_bytes()},
-                        {"load_seconds", rt.load_seconds},
-                        {"checkpoint_bytes_read_per_rank", rt.checkpoint_bytes_read},
-                        {"rss_bytes_rank0", resident_bytes()},
-                        {"breakdown", breakdown_json(s)}};
+void write_stats(const std::string& path, const GenerateStats& s, const RankRuntime& rt, const ModelArgs& args,
+                 uint64_t seed) {
+    nlohmann::json j = {
+        {"prompt_tokens", s.prompt_tokens},
+        {"prefill_seconds", s.prefill_seconds},
+        {"generated_tokens", s.generated_tokens},
+        {"decode_seconds", s.decode_seconds},
+        {"prefill_tokens_per_s", s.prefill_seconds > 0 ? double(s.prompt_tokens) / s.prefill_seconds : 0.0},
+        {"decode_tokens_per_s", decode_rate(s)},
+        {"sequences", s.sequences},
+        {"seed", seed},
+        {"idle_seconds_rank0", s.idle_seconds},
+        {"compute_seconds_rank0", s.compute_seconds},
+        {"bubble_rank0",
+         s.prefill_seconds + s.decode_seconds > 0 ? s.idle_seconds / (s.prefill_seconds + s.decode_seconds) : 0.0},
+        {"threads", rt.backend->threads()},
+        {"ranks", rt.world.world},
+        {"tp", args.tp},
+        {"pp", args.pp},
+        {"quant", quant_mode_name(rt.model->options().quant)},
+        {"quant_head", rt.model->options().quant_head},
+        {"preemptions", s.preemptions},
+        {"peak_kv_blocks", s.peak_kv_blocks},
+        {"backend", rt.backend->name()},
+        {"weight_bytes_per_rank", rt.model->weight_bytes()},
+        {"load_seconds", rt.load_seconds},
+        {"checkpoint_bytes_read_per_rank", rt.checkpoint_bytes_read},
+        {"rss_bytes_rank0", resident_bytes()},
+        {"breakdown", breakdown_json(s)}};
     AtomicWriter f(path, "--stats-json");
     f.write(j.dump(2) + "\n");
     f.commit();
 }
 
 // The prompt text from --prompt, --prompt-file or stdin; "" when --prompt-ids gives ids instead.
-std::string prompt_text(const GenerateArgs& a) {
-    const int given = int(!a.prompt.empty()) + int(!a.prompt_file.empty()) + int(!a.prompt_ids.empty());
+std::string prompt_text(const GenerateArgs& args) {
+    const int given = int(!args.prompt.empty()) + int(!args.prompt_file.empty()) + int(!args.prompt_ids.empty());
     LATTICE_CHECK(given <= 1, "give one prompt: --prompt TEXT, --prompt-file FILE or --prompt-ids 1,2,3");
-    if (a.prompt == "-") return read_prompt_stdin();
-    if (!a.prompt.empty()) {
-        check_utf8(a.prompt, "--prompt");
-        return a.prompt;
+    if (args.prompt == "-") return read_prompt_stdin();
+    if (!args.prompt.empty()) {
+        check_utf8(args.prompt, "--prompt");
+        return args.prompt;
     }
-    if (!a.prompt_file.empty()) return read_prompt_file(a.prompt_file, "--prompt-file");
-    if (!a.prompt_ids.empty()) return {};
+    if (!args.prompt_file.empty()) return read_prompt_file(args.prompt_file, "--prompt-file");
+    if (!args.prompt_ids.empty()) return {};
     LATTICE_CHECK(stdin_is_redirected(),
                   "no prompt: give --prompt TEXT, --prompt-file FILE, --prompt - (stdin) or --prompt-ids 1,2,3, or "
                   "pipe the prompt into stdin");
@@ -170,24 +171,24 @@ std::vector<int32_t> encode_prompt(const Tokenizer& tok, const std::string& text
 }
 
 // Rank 0's output of the finished run: JSON lines, the streamed text's end, whole texts or ids.
-void print_outputs(const GenerateArgs& a, const std::vector<ClientOutput>& outs, bool show_text, bool stream,
+void print_outputs(const GenerateArgs& args, const std::vector<ClientOutput>& outs, bool show_text, bool stream,
                    uint64_t seed) {
     for (size_t i = 0; i < outs.size(); ++i) {
         const ClientOutput& o = outs[i];
-        if (a.json) {
+        if (args.json) {
             nlohmann::json j = {{"index", i}};
             if (show_text) j["text"] = o.text;
             j["token_ids"] = o.tokens;
             j["finish_reason"] = std::string(finish_reason_name(o.finish));
             j["usage"] = {{"prompt_tokens", o.prompt_tokens}, {"completion_tokens", int64_t(o.tokens.size())}};
             j["seed"] = seed + i;
-            if (a.logprobs) j["logprobs"] = o.logprobs;
+            if (args.logprobs) j["logprobs"] = o.logprobs;
             // Invalid UTF-8 in generated text (bytes no character completes) becomes U+FFFD.
             write_stdout(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
         } else if (stream) {
             write_stdout("\n");
         } else if (show_text) {
-            if (a.batch > 1) write_stdout(fmt::format("--- sequence {} ---\n", i));
+            if (args.batch > 1) write_stdout(fmt::format("--- sequence {} ---\n", i));
             write_stdout(o.text + "\n");
         } else {
             write_stdout(fmt::format("{}\n", fmt::join(o.tokens, " ")));
@@ -204,43 +205,44 @@ struct PreparedPrompt {
     bool text_prompt = false;
 };
 
-PreparedPrompt prepare_prompt(GenerateArgs& a) {
+PreparedPrompt prepare_prompt(GenerateArgs& args) {
     PreparedPrompt p;
-    if (!a.stats_json.empty()) prepare_output_file(a.stats_json, "--stats-json", {a.model.model, a.model.smooth});
-    const std::string text = prompt_text(a);
+    if (!args.stats_json.empty())
+        prepare_output_file(args.stats_json, "--stats-json", {args.model.model, args.model.smooth});
+    const std::string text = prompt_text(args);
     p.text_prompt = !text.empty();
     if (p.text_prompt) {
-        LATTICE_CHECK(!a.model.random_weights, "a text prompt needs a model with a tokenizer (use --prompt-ids)");
-        p.tok = load_tokenizer(a.model.model);
-        p.request.prompt = encode_prompt(*p.tok, text, a.chat, a.system);
+        LATTICE_CHECK(!args.model.random_weights, "a text prompt needs a model with a tokenizer (use --prompt-ids)");
+        p.tok = load_tokenizer(args.model.model);
+        p.request.prompt = encode_prompt(*p.tok, text, args.chat, args.system);
     } else {
-        LATTICE_CHECK(!a.chat, "--chat needs a text prompt (--prompt, --prompt-file or stdin)");
-        p.request.prompt = parse_id_list(a.prompt_ids, "--prompt-ids");
-        if (!a.model.random_weights && (a.json || !a.sampling.stop.empty()))
-            p.tok = optional_tokenizer(a.model, "generate", "no text in the output, --stop cannot apply");
+        LATTICE_CHECK(!args.chat, "--chat needs a text prompt (--prompt, --prompt-file or stdin)");
+        p.request.prompt = parse_id_list(args.prompt_ids, "--prompt-ids");
+        if (!args.model.random_weights && (args.json || !args.sampling.stop.empty()))
+            p.tok = optional_tokenizer(args.model, "generate", "no text in the output, --stop cannot apply");
     }
     LATTICE_CHECK(!p.request.prompt.empty(), "the prompt is empty");
-    LATTICE_CHECK(a.sampling.stop.empty() || p.tok, "--stop needs a model with a tokenizer");
-    p.request.sampling = a.sampling.resolve();
-    p.request.stop = a.sampling.stop;
-    p.request.grammar = a.sampling.grammar();
+    LATTICE_CHECK(args.sampling.stop.empty() || p.tok, "--stop needs a model with a tokenizer");
+    p.request.sampling = args.sampling.resolve();
+    p.request.stop = args.sampling.stop;
+    p.request.grammar = args.sampling.grammar();
     LATTICE_CHECK(!p.request.grammar || p.tok,
                   "structured output (--json-schema, --json-object, --regex, --choice) needs a model with a tokenizer");
-    p.request.ignore_eos = a.ignore_eos;
+    p.request.ignore_eos = args.ignore_eos;
     return p;
 }
 
-int run_generate(GenerateArgs& a) {
-    if (a.model.model.empty() && !a.model.random_weights) a.model.model = default_model_path();
+int run_generate(GenerateArgs& args) {
+    if (args.model.model.empty() && !args.model.random_weights) args.model.model = default_model_path();
     PreparedPrompt p;
-    if (launcher_rank() == 0) p = prepare_prompt(a);  // everything from the user is checked before the load
-    RankRuntime rt = load_model(a.model);
+    if (launcher_rank() == 0) p = prepare_prompt(args);  // everything from the user is checked before the load
+    RankRuntime rt = load_model(args.model);
     const bool rank0 = rt.world.rank == 0;
     EngineClient client(*rt.engine, p.tok.get());
     const uint64_t seed = p.request.sampling.seed;
     std::vector<ClientRequest> reqs;
     if (rank0) {
-        const int64_t n = a.max_new_tokens, prompt_tokens = int64_t(p.request.prompt.size());
+        const int64_t n = args.max_new_tokens, prompt_tokens = int64_t(p.request.prompt.size());
         // An error (no room at all) is the run's: every rank learns it from run() below.
         const int64_t room = prompt_tokens < client.context() ? client.budget(prompt_tokens, n) : n;
         if (room < n)
@@ -248,19 +250,19 @@ int run_generate(GenerateArgs& a) {
                      "of {} tokens: the output stops there",
                      client.context(), room, n, prompt_tokens);
         if (p.request.sampling.temperature > 0)  // (greedy does not draw: its seed changes nothing)
-            print_stderr(a.batch > 1 ? fmt::format("seed: {} (sequence i: {} + i)\n", seed, seed)
-                                     : fmt::format("seed: {}\n", seed));
-        for (int64_t i = 0; i < a.batch; ++i) {
+            print_stderr(args.batch > 1 ? fmt::format("seed: {} (sequence i: {} + i)\n", seed, seed)
+                                        : fmt::format("seed: {}\n", seed));
+        for (int64_t i = 0; i < args.batch; ++i) {
             reqs.push_back(p.request);
             reqs.back().max_tokens = n;
             reqs.back().sampling.seed = seed + uint64_t(i);  // distinct streams per sequence, reproducible
         }
     } else {
-        reqs.resize(size_t(a.batch));
+        reqs.resize(size_t(args.batch));
     }
     // Text is shown for a text prompt or --json, streamed when it is one sequence of plain text.
-    const bool show_text = rank0 && p.tok && !a.print_ids && (p.text_prompt || a.json);
-    const bool stream = show_text && !a.json && a.batch == 1;
+    const bool show_text = rank0 && p.tok && !args.print_ids && (p.text_prompt || args.json);
+    const bool stream = show_text && !args.json && args.batch == 1;
     GenerateStats total;
     const std::vector<ClientOutput> outs = client.run(
         reqs,
@@ -273,16 +275,16 @@ int run_generate(GenerateArgs& a) {
         },
         &total);
     if (!rank0) return 0;
-    print_outputs(a, outs, show_text, stream, seed);
+    print_outputs(args, outs, show_text, stream, seed);
     for (size_t i = 0; i < outs.size(); ++i)
         if (outs[i].context_full)
-            print_stderr(fmt::format(
-                "generate: {}the context of {} positions is full after {} new tokens: the output is cut "
-                "(finish_reason length; raise --max-seq, up to {})\n",
-                a.batch > 1 ? fmt::format("sequence {}: ", i) : "", client.context(), outs[i].tokens.size(),
-                rt.model->config().max_position));
+            print_stderr(
+                fmt::format("generate: {}the context of {} positions is full after {} new tokens: the output is cut "
+                            "(finish_reason length; raise --max-seq, up to {})\n",
+                            args.batch > 1 ? fmt::format("sequence {}: ", i) : "", client.context(),
+                            outs[i].tokens.size(), rt.model->config().max_position));
     print_stats(total);
-    if (!a.stats_json.empty()) write_stats(a.stats_json, total, rt, a.model, seed);
+    if (!args.stats_json.empty()) write_stats(args.stats_json, total, rt, args.model, seed);
     return 0;
 }
 

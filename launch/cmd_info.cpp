@@ -41,44 +41,40 @@ struct InfoArgs {
 
 // The memory of the largest rank of the layout (tp rank 0 of each stage; TP ranks of a stage differ
 // by at most a vocabulary row).
-void print_memory(const TensorSource& src, const InfoArgs& a) {
+void print_memory(const TensorSource& src, const InfoArgs& args) {
     const ModelConfig& c = src.config();
-    check_model_layout(c.dims(), a.tp, a.pp);
-    ModelOptions mo;
-    if (a.quant == "auto") {
-        const bool q = checkpoint_is_quantized(src);
-        mo.quant = q ? QuantMode::kW8A8 : QuantMode::kNone;
-        mo.quant_head = q || a.quant_head;
-    } else {
-        mo.quant = parse_quant_mode(a.quant);
-        mo.quant_head = a.quant_head;
-    }
-    const bool cuda = a.device == "cuda";
+    check_model_layout(c.dims(), args.tp, args.pp);
+    const QuantChoice quant = args.quant == "auto" ? auto_quant(src, args.quant_head)
+                                                   : QuantChoice{parse_quant_mode(args.quant), args.quant_head};
+    const bool cuda = args.device == "cuda";
     const int64_t act = cuda ? 2 : 4;  // activation (and KV) bytes per element
-    const int64_t max_seq = resolve_max_seq(a.max_seq, c.max_position);  // the model's own default
+    const int64_t max_seq = resolve_max_seq(args.max_seq, c.max_position);  // the model's own default
     LATTICE_CHECK(max_seq <= c.max_position, "--max-seq {} exceeds the model's max_position_embeddings {}", max_seq,
                   c.max_position);
-    const auto stages = stage_layer_ranges(c.n_layers, a.pp);
+    const auto stages = stage_layer_ranges(c.n_layers, args.pp);
     double best = -1, best_w = 0, best_kv = 0, best_act = 0;
     int best_stage = 0;
-    for (int p = 0; p < a.pp; ++p) {
-        ModelOptions o = mo;
-        o.tp = a.tp;
+    for (int p = 0; p < args.pp; ++p) {
+        ModelOptions o;
+        o.quant = quant.quant;
+        o.quant_head = quant.quant_head;
+        o.tp = args.tp;
         o.tp_rank = 0;
         o.layer_begin = stages[size_t(p)].first;
         o.layer_end = stages[size_t(p)].second;
         o.first_stage = p == 0;
-        o.last_stage = p == a.pp - 1;
+        o.last_stage = p == args.pp - 1;
         const double w = RankWeights(src, o).resident_bytes(cuda);
-        const double kv = kv_cache_bytes(c.dims(), a.tp, o.layer_end - o.layer_begin, max_seq, double(act));
-        const double act_b = activation_bytes(c.dims(), a.tp, a.max_batch_tokens, double(act), o.last_stage);
+        const double kv = kv_cache_bytes(c.dims(), args.tp, o.layer_end - o.layer_begin, max_seq, double(act));
+        const double act_b = activation_bytes(c.dims(), args.tp, args.max_batch_tokens, double(act), o.last_stage);
         if (w + kv + act_b > best) best = w + kv + act_b, best_w = w, best_kv = kv, best_act = act_b, best_stage = p;
     }
-    print_stdout("memory per rank (quant {}{}, tp {} x pp {}, {}, context {}): {:.3f} GiB = weights {:.3f} GiB + KV "
-                 "cache {:.3f} GiB per sequence of {} positions + activations ~{:.3f} GiB ({} tokens per step){}\n",
-                 quant_mode_name(mo.quant), mo.quant_head && mo.quant != QuantMode::kNone ? " + head" : "", a.tp,
-                 a.pp, cuda ? "cuda" : "cpu", max_seq, to_gib(best), to_gib(best_w), to_gib(best_kv), max_seq, to_gib(best_act),
-                 a.max_batch_tokens, a.pp > 1 ? fmt::format(" (largest: pp stage {})", best_stage) : "");
+    print_stdout(
+        "memory per rank (quant {}{}, tp {} x pp {}, {}, context {}): {:.3f} GiB = weights {:.3f} GiB + KV "
+        "cache {:.3f} GiB per sequence of {} positions + activations ~{:.3f} GiB ({} tokens per step){}\n",
+        quant_mode_name(quant.quant), quant.quant_head && quant.quant != QuantMode::kNone ? " + head" : "", args.tp,
+        args.pp, cuda ? "cuda" : "cpu", max_seq, to_gib(best), to_gib(best_w), to_gib(best_kv), max_seq,
+        to_gib(best_act), args.max_batch_tokens, args.pp > 1 ? fmt::format(" (largest: pp stage {})", best_stage) : "");
 }
 
 }  // namespace
@@ -86,30 +82,30 @@ void print_memory(const TensorSource& src, const InfoArgs& a) {
 void add_info_command(CLI::App& app, CommandRun& run) {
     auto* cmd = app.add_subcommand(
         "info", "Print a model's configuration, parameter count, weight bytes and the memory a rank needs to run it");
-    auto a = std::make_shared<InfoArgs>();
-    cmd->add_option("-m,--model", a->model,
+    auto args = std::make_shared<InfoArgs>();
+    cmd->add_option("-m,--model", args->model,
                     "HF model directory or .gguf file (default: the built-in SmolLM2-135M-Instruct)")
         ->default_str("built-in");
-    cmd->add_option("--quant", a->quant, "Quantization of the memory estimate: auto | none | w8a16 | w8a8")
+    cmd->add_option("--quant", args->quant, "Quantization of the memory estimate: auto | none | w8a16 | w8a8")
         ->check(CLI::IsMember({"auto", "none", "w8a16", "w8a8"}));
-    cmd->add_flag("--quant-head", a->quant_head, "The estimate quantizes the LM head too");
-    cmd->add_option("--tp", a->tp, "Tensor-parallel ranks of the estimate")->check(tp_flag_range());
-    cmd->add_option("--pp", a->pp, "Pipeline stages of the estimate")->check(pp_flag_range());
-    cmd->add_option("--max-seq,--context", a->max_seq,
+    cmd->add_flag("--quant-head", args->quant_head, "The estimate quantizes the LM head too");
+    cmd->add_option("--tp", args->tp, "Tensor-parallel ranks of the estimate")->check(tp_flag_range());
+    cmd->add_option("--pp", args->pp, "Pipeline stages of the estimate")->check(pp_flag_range());
+    cmd->add_option("--max-seq,--context", args->max_seq,
                     fmt::format("Context of the estimate's KV cache, positions (0: min(max_position_embeddings, {}))",
                                 kDefaultMaxSeq))
         ->check(int_range(0, INT32_MAX));
-    cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Tokens per forward pass of the activation estimate")
+    cmd->add_option("--max-batch-tokens", args->max_batch_tokens, "Tokens per forward pass of the activation estimate")
         ->check(int_range(1, 1 << 20));
-    cmd->add_option("--device", a->device, "Backend of the estimate: cpu (f32 activations) | cuda (16-bit)")
+    cmd->add_option("--device", args->device, "Backend of the estimate: cpu (f32 activations) | cuda (16-bit)")
         ->check(CLI::IsMember({"cpu", "cuda"}));
     cmd->footer(R"(Examples:
   lattice info                                     # the built-in model
   lattice info --tp 3 --pp 2 --context 2048       # its memory per rank on 6 ranks
   lattice info --model /models/llama-2-70b --quant w8a8 --tp 8)");
-    cmd->callback([&run, a] {
-        run = [a] {
-            const std::string path = a->model.empty() ? default_model_path() : a->model;
+    cmd->callback([&run, args] {
+        run = [args] {
+            const std::string path = args->model.empty() ? default_model_path() : args->model;
             std::unique_ptr<TensorSource> src = open_model(path);
             const ModelConfig& c = src->config();
             print_stdout("model: {}\n", src->describe());
@@ -134,7 +130,7 @@ void add_info_command(CLI::App& app, CommandRun& run) {
             if (src->prepared())
                 print_stdout("memory per rank: see the manifest (a converted folder runs on the layout it holds)\n");
             else
-                print_memory(*src, *a);
+                print_memory(*src, *args);
             return 0;
         };
     });

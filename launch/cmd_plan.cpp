@@ -89,23 +89,24 @@ void apply_calibration(const std::string& path, DeviceSpec& d, LinkSpec& l) {
 
 
 // The planner's request from the flags.
-PlanRequest plan_request(const PlanArgs& a) {
+PlanRequest plan_request(const PlanArgs& args) {
     PlanRequest r;
-    r.model = load_dims(a.model);
-    r.device = find_device(a.gpu);
-    r.link = find_link(a.link.empty() ? r.device.link : a.link);
-    r.inter_node = find_link(a.inter_node);
-    if (!a.calibration.empty()) apply_calibration(a.calibration, r.device, r.link);
-    if (a.price >= 0) r.device.price_per_hour = a.price;
-    r.devices = a.gpus;
-    r.nodes = a.nodes;
-    LATTICE_CHECK(a.gpus % a.nodes == 0, "--gpus {} cannot be spread evenly over --nodes {}", a.gpus, a.nodes);
-    r.quant = a.quant == "none" ? (r.device.cpu ? PlanQuant::kF32 : PlanQuant::kFp16) : parse_plan_quant(a.quant);
-    r.quant_head = a.quant_head;
-    r.batch = a.batch;
-    r.context = a.context;
-    r.prompt = std::min(a.prompt, a.context);
-    r.max_batch_tokens = a.max_batch_tokens;
+    r.model = load_dims(args.model);
+    r.device = find_device(args.gpu);
+    r.link = find_link(args.link.empty() ? r.device.link : args.link);
+    r.inter_node = find_link(args.inter_node);
+    if (!args.calibration.empty()) apply_calibration(args.calibration, r.device, r.link);
+    if (args.price >= 0) r.device.price_per_hour = args.price;
+    r.devices = args.gpus;
+    r.nodes = args.nodes;
+    LATTICE_CHECK(args.gpus % args.nodes == 0, "--gpus {} cannot be spread evenly over --nodes {}", args.gpus,
+                  args.nodes);
+    r.quant = args.quant == "none" ? (r.device.cpu ? PlanQuant::kF32 : PlanQuant::kFp16) : parse_plan_quant(args.quant);
+    r.quant_head = args.quant_head;
+    r.batch = args.batch;
+    r.context = args.context;
+    r.prompt = std::min(args.prompt, args.context);
+    r.max_batch_tokens = args.max_batch_tokens;
     return r;
 }
 
@@ -212,11 +213,11 @@ int print_plan_table(const PlanRequest& r, const std::vector<LayoutPrediction>& 
     return 0;
 }
 
-int run_plan(const PlanArgs& a) {
-    const PlanRequest r = plan_request(a);
+int run_plan(const PlanArgs& args) {
+    const PlanRequest r = plan_request(args);
     const auto plans = plan_layouts(r);
     const bool any = !plans.empty() && plans.front().feasible && plans.front().fits;
-    if (!a.json) return print_plan_table(r, plans, any);
+    if (!args.json) return print_plan_table(r, plans, any);
     print_plan_json(r, plans, any);
     return any ? 0 : 1;
 }
@@ -224,45 +225,50 @@ int run_plan(const PlanArgs& a) {
 }  // namespace
 
 void add_plan_command(CLI::App& app, CommandRun& run) {
-    auto a = std::make_shared<PlanArgs>();
+    auto args = std::make_shared<PlanArgs>();
     auto* cmd = app.add_subcommand(
         "plan", "Predict memory and speed of every tp x pp layout of a model on N devices, and recommend one");
-    cmd->add_option("--model", a->model, "HF folder, config.json, .gguf file or preset (llama-2-70b, llama-2-13b, ...)")
+    cmd->add_option("--model", args->model,
+                    "HF folder, config.json, .gguf file or preset (llama-2-70b, llama-2-13b, ...)")
         ->capture_default_str();
-    cmd->add_option("--gpus", a->gpus, "Devices (ranks) in all")->required()->check(int_range(1, 4096));
-    cmd->add_option("--nodes", a->nodes, "Nodes they are spread over")->check(int_range(1, 4096))->capture_default_str();
+    cmd->add_option("--gpus", args->gpus, "Devices (ranks) in all")->required()->check(int_range(1, 4096));
+    cmd->add_option("--nodes", args->nodes, "Nodes they are spread over")
+        ->check(int_range(1, 4096))
+        ->capture_default_str();
     std::string devs;
     for (const auto& d : device_table()) devs += (devs.empty() ? "" : " | ") + d.name;
-    cmd->add_option("--gpu", a->gpu, "Device: " + devs + " (cpu: one rank per core)")->capture_default_str();
+    cmd->add_option("--gpu", args->gpu, "Device: " + devs + " (cpu: one rank per core)")->capture_default_str();
     std::string links;
     for (const auto& l : link_table()) links += (links.empty() ? "" : " | ") + l.name;
-    cmd->add_option("--interconnect", a->link, "Link within a node: " + links + " (default: the device's)");
-    cmd->add_option("--inter-node", a->inter_node, "Link between nodes")->capture_default_str();
-    cmd->add_option("--quant", a->quant, "w8a8 | w8a16 | fp16 | bf16 | f32 | none")->capture_default_str();
-    cmd->add_flag("--quant-head", a->quant_head, "The LM head in int8 too");
-    cmd->add_option("--batch", a->batch, "Concurrent sequences")->check(int_range(1, 1 << 20))->capture_default_str();
-    cmd->add_option("--context", a->context, "Positions per sequence the KV cache holds")
-        ->check(int_range(1, 1 << 24))
-        ->capture_default_str();
-    cmd->add_option("--prompt", a->prompt, "Prompt tokens (prefill, time to first token; decode attends to them)")
-        ->check(int_range(1, 1 << 24))
-        ->capture_default_str();
-    cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Tokens per forward (prefill chunk)")
+    cmd->add_option("--interconnect", args->link, "Link within a node: " + links + " (default: the device's)");
+    cmd->add_option("--inter-node", args->inter_node, "Link between nodes")->capture_default_str();
+    cmd->add_option("--quant", args->quant, "w8a8 | w8a16 | fp16 | bf16 | f32 | none")->capture_default_str();
+    cmd->add_flag("--quant-head", args->quant_head, "The LM head in int8 too");
+    cmd->add_option("--batch", args->batch, "Concurrent sequences")
         ->check(int_range(1, 1 << 20))
         ->capture_default_str();
-    cmd->add_option("--price", a->price, "USD per device-hour: adds the cost per million generated tokens")
+    cmd->add_option("--context", args->context, "Positions per sequence the KV cache holds")
+        ->check(int_range(1, 1 << 24))
+        ->capture_default_str();
+    cmd->add_option("--prompt", args->prompt, "Prompt tokens (prefill, time to first token; decode attends to them)")
+        ->check(int_range(1, 1 << 24))
+        ->capture_default_str();
+    cmd->add_option("--max-batch-tokens", args->max_batch_tokens, "Tokens per forward (prefill chunk)")
+        ->check(int_range(1, 1 << 20))
+        ->capture_default_str();
+    cmd->add_option("--price", args->price, "USD per device-hour: adds the cost per million generated tokens")
         ->check(real_range(0.0, 1e6));
-    cmd->add_option("--calibration", a->calibration,
+    cmd->add_option("--calibration", args->calibration,
                     "JSON with measured figures: {\"device\": {bw_gbs, node_bw_gbs, int8_tops, ...}, \"link\": "
                     "{alpha_us, bw_gbs}} (benchmarks/validate_plan.py writes one)");
-    cmd->add_flag("--json", a->json, "One JSON object on stdout");
+    cmd->add_flag("--json", args->json, "One JSON object on stdout");
     cmd->footer(R"(Examples:
   lattice plan --model llama-2-70b --gpus 4 --gpu a100-pcie-40gb            # 70B in INT8 on a PCIe node
   lattice plan --model llama-2-70b --gpus 8 --gpu a100-pcie-40gb --quant fp16 --batch 8
   lattice plan --model llama-2-13b --gpus 2 --gpu a10 --price 1.0           # 2 x A10 ...
   lattice plan --model llama-2-13b --gpus 1 --gpu a100-pcie-40gb --price 3.0  # ... or 1 x A100?
   lattice plan --model tinyllama-1.1b --gpus 2 --gpu cpu --json)");
-    cmd->callback([&run, a] { run = [a] { return run_plan(*a); }; });
+    cmd->callback([&run, args] { run = [args] { return run_plan(*args); }; });
 }
 
 }  // namespace lattice

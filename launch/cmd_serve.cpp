@@ -46,27 +46,27 @@ std::string default_served_name(const ModelArgs& m) {
     return slash == std::string::npos ? p : p.substr(slash + 1);
 }
 
-int run_serve(ServeArgs& a) {
-    if (a.model.model.empty() && !a.model.random_weights) a.model.model = default_model_path();
-    if (a.server.api_key.empty())
+int run_serve(ServeArgs& args) {
+    if (args.model.model.empty() && !args.model.random_weights) args.model.model = default_model_path();
+    if (args.server.api_key.empty())
         if (const char* k = std::getenv("LATTICE_API_KEY")) {
             // Set but empty is a mistake more often than a wish (an unexpanded variable in a job script):
             // it would serve without authentication.
             LATTICE_CHECK(*k != '\0', "LATTICE_API_KEY is set but empty: that would serve without authentication; "
                                        "set a key, or unset LATTICE_API_KEY to serve without one");
-            a.server.api_key = k;
+            args.server.api_key = k;
         }
-    if (a.served_name.empty()) a.served_name = default_served_name(a.model);
+    if (args.served_name.empty()) args.served_name = default_served_name(args.model);
     // Every request passes through the engine's waiting queue (admitted at the next step), so 0 would refuse all.
-    LATTICE_CHECK(a.loop.max_queue >= 1, "--max-queue must be >= 1, got {}", a.loop.max_queue);
+    LATTICE_CHECK(args.loop.max_queue >= 1, "--max-queue must be >= 1, got {}", args.loop.max_queue);
 
     // Declared before the server: its I/O threads use them until it stops.
     serve::Inbox inbox;
     serve::Metrics metrics;
     std::unique_ptr<serve::HttpServer> server;
-    RankRuntime rt = load_model(a.model, [&](const WorldConfig& w) {
+    RankRuntime rt = load_model(args.model, [&](const WorldConfig& w) {
         if (w.rank != 0) return;
-        server = std::make_unique<serve::HttpServer>(a.server, inbox, metrics);
+        server = std::make_unique<serve::HttpServer>(args.server, inbox, metrics);
         server->start();
         print_stdout("lattice serve: listening on {}\n", server->url());
         flush_stdout();
@@ -74,16 +74,16 @@ int run_serve(ServeArgs& a) {
     install_drain_handlers();
     if (rt.world.world > 1) rt.world_comm->barrier();  // every rank holds its shard and KV cache
     const std::unique_ptr<Tokenizer> tok =
-        rt.world.rank == 0
-            ? optional_tokenizer(a.model, "serve", "prompts must be token ids, responses carry token_ids and no text")
-            : nullptr;
+        rt.world.rank == 0 ? optional_tokenizer(args.model, "serve",
+                                                "prompts must be token ids, responses carry token_ids and no text")
+                           : nullptr;
     EngineClient client(*rt.engine, tok.get());
     if (!client.is_leader()) {
         client.follow();
         return 0;
     }
     serve::ServedModel sm;
-    sm.name = a.served_name;
+    sm.name = args.served_name;
     sm.tokenizer = tok.get();
     sm.limits = ApiLimits{rt.model->config().vocab};
     sm.context = client.context();
@@ -93,7 +93,7 @@ int run_serve(ServeArgs& a) {
     LOG_INFO("serve: ready: model \"{}\" on {} rank(s), context {}, KV cache {} blocks, at {}", sm.name, rt.world.world,
              client.context(), client.scheduler().pool().num_blocks(), server->url());
 
-    serve::EngineLoop loop(client, inbox, metrics, a.loop);
+    serve::EngineLoop loop(client, inbox, metrics, args.loop);
     loop.run([] { return drain_requested(); }, [&] { server->stop_accepting(); });
     // The last responses may still be on their way out.
     const bool flushed = server->wait_idle(serve::Clock::now() + std::chrono::seconds(5));

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 
-
 #include "base/error.h"
 #include "base/log.h"
 
@@ -57,9 +56,9 @@ void EngineLoop::take(const Inbox::Item& it) {
     }
     if (client_.draining()) return refuse(t, 503, "the server is shutting down and takes no new requests");
     if (client_.scheduler().waiting() >= opt_.max_queue)
-        return refuse(t, 503,
-                      fmt::format("too many requests are waiting ({}, --max-queue); retry later",
-                                  client_.scheduler().waiting()));
+        return refuse(
+            t, 503,
+            fmt::format("too many requests are waiting ({}, --max-queue); retry later", client_.scheduler().waiting()));
     if (t.request.echo && t.request.client.max_tokens == 0) {  // the prompts' logprobs: scored when idle
         scores_.push_back(it.ticket);
         return;

@@ -82,6 +82,11 @@ bool checkpoint_is_quantized(const TensorSource& src) {
     return src.has(probe) && dtype_is_block(src.info(probe).dtype);
 }
 
+QuantChoice auto_quant(const TensorSource& src, bool quant_head) {
+    if (checkpoint_is_quantized(src)) return {QuantMode::kW8A8, true};
+    return {QuantMode::kNone, quant_head};
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -148,9 +153,10 @@ RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const T
     BuildOptions opt = requested;
     if (const PreparedLayout* prepared = src.prepared()) {
         follow_prepared(opt, *prepared);
-    } else if (opt.quant_auto && checkpoint_is_quantized(src)) {
-        opt.model.quant = QuantMode::kW8A8;
-        opt.model.quant_head = true;
+    } else if (opt.quant_auto) {
+        const QuantChoice q = auto_quant(src, opt.model.quant_head);
+        opt.model.quant = q.quant;
+        opt.model.quant_head = q.quant_head;
     }
     RankRuntime rt;
     rt.world = ctx.world;

@@ -102,6 +102,14 @@ RankRuntime build(const BuildOptions& opt, const ModelSpec& spec);
 
 // True when the checkpoint's linear weights are block-quantized (GGUF Q8_0, Q4_0, Q4_1).
 bool checkpoint_is_quantized(const TensorSource& src);
+// --quant auto, the one rule (the builder, `lattice info` and `lattice convert` ask it): a
+// block-quantized checkpoint runs as W8A8 with an int8 LM head; any other unquantized, its LM head
+// quantized only when `quant_head` asks (which then changes nothing).
+struct QuantChoice {
+    QuantMode quant = QuantMode::kNone;
+    bool quant_head = false;
+};
+QuantChoice auto_quant(const TensorSource& src, bool quant_head);
 
 // KV blocks for this rank from the options and the model (before the world-wide minimum).
 // Never more than max_seqs sequences of the full context can use.

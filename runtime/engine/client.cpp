@@ -148,7 +148,8 @@ void EngineClient::start(int64_t request, int64_t index) {
     const size_t i = size_t(index);
     const int64_t eid = engine_.add(std::move(q.later[i]));  // checked when submitted: cannot throw
     q.engine_ids[i] = eid;
-    live_.emplace(eid, Choice{request, index, RequestOutput(tok_, std::move(q.stops[i]), q.prompt_tokens[i], context_)});
+    live_.emplace(eid,
+                  Choice{request, index, RequestOutput(tok_, std::move(q.stops[i]), q.prompt_tokens[i], context_)});
 }
 
 ClientEvent EngineClient::ended(ClientEvent e) {
@@ -174,7 +175,9 @@ std::shared_ptr<const TokenVocab> EngineClient::grammar_vocab() {
     return vocab_;
 }
 
-void EngineClient::cancel(int64_t id) { end_request(id, false); }
+void EngineClient::cancel(int64_t id) {
+    end_request(id, false);
+}
 
 void EngineClient::end_request(int64_t request, bool drained) {
     auto it = requests_.find(request);

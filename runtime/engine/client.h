@@ -72,9 +72,9 @@ struct ClientEvent {
     bool context_full = false;  // kLength because the context is full, not max_tokens
     bool drained = false;       // kCancelled by a drain's deadline
     double queue_seconds = -1;  // on a request's first token: submit to its first scheduling
-    int64_t prompt_tokens = 0;     // a choice's last event: its usage
+    int64_t prompt_tokens = 0;  // a choice's last event: its usage
     int64_t completion_tokens = 0;
-    bool last_of_request = false;  // every choice of the request has ended: this is its last event,
+    bool last_of_request = false;           // every choice of the request has ended: this is its last event,
     int64_t request_prompt_tokens = 0;      // with the request's usage (each prompt once)
     int64_t request_completion_tokens = 0;  // (every choice's tokens)
 };
@@ -182,7 +182,7 @@ private:
     };
     EngineRequest engine_request(ClientRequest& r);
     void start(int64_t request, int64_t index);  // the choice into the engine
-    ClientEvent ended(ClientEvent e);  // a choice's last event: the request's accounting
+    ClientEvent ended(ClientEvent e);            // a choice's last event: the request's accounting
     void end_request(int64_t request, bool drained);
     void cut_by_drain();
     std::shared_ptr<const TokenVocab> grammar_vocab();
@@ -191,10 +191,10 @@ private:
     const Tokenizer* tok_;
     int64_t context_ = 0;
     std::shared_ptr<const TokenVocab> vocab_;  // built on the first structured-output request
-    std::map<int64_t, Choice> live_;     // by engine id
-    std::map<int64_t, Request> requests_;  // by request id
+    std::map<int64_t, Choice> live_;           // by engine id
+    std::map<int64_t, Request> requests_;      // by request id
     int64_t next_request_ = 0;
-    std::vector<ClientEvent> pending_;   // cancels' last events, for the next poll
+    std::vector<ClientEvent> pending_;  // cancels' last events, for the next poll
     bool draining_ = false;
     std::chrono::steady_clock::time_point drain_deadline_{};
 };

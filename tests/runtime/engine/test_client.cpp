@@ -303,8 +303,7 @@ TEST_CASE("engine client: a request of several choices (n / best_of, lists of pr
     SUBCASE("a refused choice refuses the request: nothing runs, nothing is left") {
         std::vector<ClientRequest> choices = group(4);
         choices[4].prompt.assign(48, 3);  // fills the context: no room
-        CHECK_THROWS_WITH_AS(client.submit(std::move(choices), 3), doctest::Contains("fills the whole context"),
-                             Error);
+        CHECK_THROWS_WITH_AS(client.submit(std::move(choices), 3), doctest::Contains("fills the whole context"), Error);
         CHECK(client.active() == 0);
         CHECK(client.scheduler().waiting() == 0);
         CHECK_FALSE(client.busy());
@@ -319,8 +318,9 @@ TEST_CASE("engine client: a request of several choices (n / best_of, lists of pr
         REQUIRE(evs.count(id));
         std::vector<ClientEvent>& e = evs[id];
         // Drop the tokens of the first poll's events (none was kept above): only the ends matter here.
-        e.erase(std::remove_if(e.begin(), e.end(), [](const ClientEvent& x) { return x.finish == FinishReason::kNone; }),
-                e.end());
+        e.erase(
+            std::remove_if(e.begin(), e.end(), [](const ClientEvent& x) { return x.finish == FinishReason::kNone; }),
+            e.end());
         check_ends(e, FinishReason::kCancelled);
         CHECK(client.active() == 0);
         CHECK(client.scheduler().pool().num_used() == 0);
