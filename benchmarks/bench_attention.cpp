@@ -3,11 +3,12 @@
 // prefill chunk of --queries tokens each (causal, at positions ctx .. ctx + queries - 1).
 //   bench_attention [--config tinyllama-1.1b | --heads 32 --kv-heads 4 --head-dim 64] [--threads N]
 //                   [--contexts 128,512,2048,8192] [--batches 1,4,16] [--queries 1] [--block 16]
-//                   [--hot] [--min-time 0.2] [--json FILE]
-// Layout: K and V caches [num_blocks, block_size, n_kv, head_dim] f32 from alloc_lazy (as the model's), each sequence's
+//                   [--hot] [--min-time 0.2] [--kv-dtype f32|f16|bf16|int8] [--json FILE]
+// Layout: K and V caches [num_blocks, block_size, n_kv, kv_row_elems] of --kv-dtype from alloc_lazy (as the
+// model's; int8 rows carry their f32 scale after head_dim values), each sequence's
 // blocks taken from a shuffled free list (a paged cache after some churn, not one contiguous run);
 // the decode token of sequence s sits at position ctx, so one call reads (ctx + 1) positions of K
-// and V per kv head per sequence: kv_bytes = batch * (ctx + 1) * n_kv * head_dim * 4 * 2 (with
+// and V per kv head per sequence: kv_bytes = batch * (ctx + 1) * n_kv * row bytes * 2 (with
 // q queries: ctx + q positions, once; FLOPs = 4 * n_heads * head_dim * the positions each query
 // attends to, summed: the figure the planner's attention rate stands for).
 // A decode step visits every layer's cache once, so by default (dram) each point rotates through
@@ -25,6 +26,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -49,6 +51,30 @@ void fill(float* p, int64_t n, uint64_t seed) {
     }
 }
 
+// A cache of `rows` rows of head_dim elements of `dt`, values in [-1, 1) (int8: scale 1/127).
+void fill_cache(const View& c, int64_t rows, int64_t hd, DType dt, uint64_t seed) {
+    if (dt == DType::kF32) return fill(c.ptr<float>(), rows * hd, seed);
+    std::vector<float> x(static_cast<size_t>(hd));
+    uint8_t* p = static_cast<uint8_t*>(c.data);
+    const int64_t rb = kv_row_elems(dt, hd) * int64_t(dtype_size(dt));
+    for (int64_t r = 0; r < rows; ++r) {
+        fill(x.data(), hd, seed * 1000003 + uint64_t(r));
+        uint8_t* row = p + r * rb;
+        for (int64_t d = 0; d < hd; ++d) {
+            if (dt == DType::kI8) {
+                row[d] = uint8_t(int8_t(std::lround(x[size_t(d)] * 127.0f)));
+            } else {
+                const uint16_t h = dt == DType::kF16 ? f32_to_f16(x[size_t(d)]) : f32_to_bf16(x[size_t(d)]);
+                std::memcpy(row + 2 * d, &h, 2);
+            }
+        }
+        if (dt == DType::kI8) {
+            const float scale = 1.0f / 127.0f;
+            std::memcpy(row + hd, &scale, 4);
+        }
+    }
+}
+
 std::vector<int64_t> parse_list(const std::string& s, const char* what, int64_t min) {
     std::vector<int64_t> v;
     size_t i = 0;
@@ -68,7 +94,8 @@ std::vector<int64_t> parse_list(const std::string& s, const char* what, int64_t 
 
 int main(int argc, char** argv) {
     CLI::App app{"CPU paged decode attention: KV read GB/s against the stream-read ceiling"};
-    std::string preset = "tinyllama-1.1b", contexts_s = "128,512,2048,8192", batches_s = "1,4,16", json_path;
+    std::string preset = "tinyllama-1.1b", contexts_s = "128,512,2048,8192", batches_s = "1,4,16", json_path,
+                kv_dtype_s = "f32";
     int threads = 0;
     int64_t heads = 0, kv_heads = 0, head_dim = 0, block = 16, queries = 1;
     double min_time = 0.2, footprint = double(1ll << 30);
@@ -87,11 +114,14 @@ int main(int argc, char** argv) {
     app.add_flag("--hot", hot, "reuse one cache (no rotation through per-layer copies)");
     app.add_option("--footprint", footprint, "bytes of KV the rotation spans at least (default 1 GiB)");
     app.add_option("--min-time", min_time, "seconds per timed pass")->check(CLI::Range(0.001, 60.0));
+    app.add_option("--kv-dtype", kv_dtype_s, "KV cache elements: f32 | f16 | bf16 | int8")
+        ->check(CLI::IsMember({"f32", "f16", "bf16", "int8"}));
     app.add_option("--json", json_path, "write results as JSON");
     CLI11_PARSE(app, argc, argv);
 
     try {
         const ModelConfig cfg = preset_config(preset);
+        const DType kvt = resolve_kv_dtype(parse_kv_dtype(kv_dtype_s), DType::kF32);
         const int64_t nh = heads > 0 ? heads : cfg.n_heads, nkv = kv_heads > 0 ? kv_heads : cfg.n_kv_heads;
         const int64_t hd = head_dim > 0 ? head_dim : cfg.head_dim;
         LATTICE_CHECK(nh % nkv == 0, "--heads {} is not a multiple of --kv-heads {}", nh, nkv);
@@ -103,12 +133,13 @@ int main(int argc, char** argv) {
         CpuBackend be(opt);
         const double ceiling = bench::measure_read_bandwidth(be.pool());
         const int64_t row = (nh + 2 * nkv) * hd;
-        fmt::print("# paged {} attention, CpuBackend ({}), heads {}/{} x {}, block {}, {}\n",
+        const double row_bytes = double(kv_row_elems(kvt, hd) * int64_t(dtype_size(kvt)));
+        fmt::print("# paged {} attention, CpuBackend ({}), heads {}/{} x {}, block {}, {} KV cache, {}\n",
                    queries == 1 ? "decode" : fmt::format("prefill ({} queries per sequence)", queries), be.name(), nh,
-                   nkv, hd, block,
+                   nkv, hd, block, kv_dtype_s,
                    hot ? "hot (one cache)" : fmt::format("rotating >= {:.0f} MiB of caches", footprint / 1048576));
-        fmt::print("# ceiling: stream read {:.2f} GB/s ({} threads); kv GB/s = batch (ctx+q) nkv hd 4 B x 2 / time\n",
-                   ceiling, be.threads());
+        fmt::print("# ceiling: stream read {:.2f} GB/s ({} threads); kv GB/s = batch (ctx+q) nkv {:.0f} B x 2 / time\n",
+                   ceiling, be.threads(), row_bytes);
         fmt::print("{:>7} {:>6} {:>7} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8}\n", "ctx", "batch", "copies", "kv MiB",
                    "time(us)", "median(us)", "kv GB/s", "GFLOP/s", "of ceil");
 
@@ -149,15 +180,15 @@ int main(int argc, char** argv) {
                 tb.num_seqs = b;
                 tb.table_width = width;
 
-                const int64_t cache_elems = nblocks * block * nkv * hd;
-                const double cache_bytes = 2.0 * double(cache_elems) * 4;
+                const int64_t cache_rows = nblocks * block * nkv;
+                const double cache_bytes = 2.0 * double(cache_rows) * row_bytes;
                 pt.copies = hot ? 1 : std::max<int64_t>(1, int64_t(std::ceil(footprint / cache_bytes)));
                 std::vector<Buffer> kc, vc;
                 for (int64_t c = 0; c < pt.copies; ++c) {
-                    kc.push_back(be.alloc_lazy(DType::kF32, {nblocks, block, nkv, hd}));
-                    vc.push_back(be.alloc_lazy(DType::kF32, {nblocks, block, nkv, hd}));
-                    fill(kc.back().view().ptr<float>(), cache_elems, uint64_t(2 * c + 1));
-                    fill(vc.back().view().ptr<float>(), cache_elems, uint64_t(2 * c + 2));
+                    kc.push_back(be.alloc_lazy(kvt, {nblocks, block, nkv, kv_row_elems(kvt, hd)}));
+                    vc.push_back(be.alloc_lazy(kvt, {nblocks, block, nkv, kv_row_elems(kvt, hd)}));
+                    fill_cache(kc.back().view(), cache_rows, hd, kvt, uint64_t(2 * c + 1));
+                    fill_cache(vc.back().view(), cache_rows, hd, kvt, uint64_t(2 * c + 2));
                 }
                 Buffer qkv = be.alloc(DType::kF32, {b * q, row}), out = be.alloc(DType::kF32, {b * q, nh * hd});
                 fill(qkv.view().ptr<float>(), b * q * row, 99);
@@ -187,7 +218,7 @@ int main(int argc, char** argv) {
                 const int64_t bad = std::count_if(o, o + b * q * nh * hd, [](float x) { return !std::isfinite(x); });
                 LATTICE_CHECK(bad == 0, "ctx {} batch {}: {} output elements not finite after timing", ctx, b, bad);
 
-                pt.kv_bytes = double(b) * double(ctx + q) * double(nkv * hd) * 4.0 * 2.0;
+                pt.kv_bytes = double(b) * double(ctx + q) * double(nkv) * row_bytes * 2.0;
                 // query i (0-based) attends to ctx + i + 1 positions
                 const double attended = double(b) * (double(q) * double(ctx + 1) + double(q) * double(q - 1) / 2.0);
                 pt.footprint_bytes = cache_bytes * double(pt.copies);
@@ -210,6 +241,7 @@ int main(int argc, char** argv) {
             j["head_dim"] = hd;
             j["block_size"] = block;
             j["queries"] = queries;
+            j["kv_dtype"] = kv_dtype_s;
             j["mode"] = hot ? "hot" : "dram";
             j["read_bw_gbs"] = ceiling;
             j["results"] = nlohmann::json::array();

@@ -59,6 +59,11 @@ void ModelArgs::add_to(CLI::App* cmd) {
                     "KV cache per rank in GiB (0: 90% of free GPU memory after weights; CPU: min(2, 10% of available "
                     "memory))")
         ->check(real_range(0, 1 << 20));
+    cmd->add_option("--kv-cache-dtype", kv_cache_dtype,
+                    "KV cache elements: auto (the activation dtype: f32 on CPUs) | f32 | f16 | bf16 | int8 (one scale per "
+                    "token and KV head: about half the bytes of f16, a quarter of f32)")
+        ->check(CLI::IsMember({"auto", "f32", "f16", "bf16", "int8"}))
+        ->capture_default_str();
     cmd->add_option("--max-itl-ms", max_itl_ms,
                     "Latency target of a step that holds decodes, in ms: such a step takes fewer prompt tokens, as "
                     "many as the measured cost per token allows (at least 16); 0: none, the whole --max-batch-tokens "
@@ -355,6 +360,7 @@ RankRuntime load_model(const ModelArgs& args, const std::function<void(const Wor
     opt.model.max_seq = args.max_seq;
     opt.model.max_batch_tokens = args.max_batch_tokens;
     opt.model.block_size = args.block_size;
+    opt.model.kv_dtype = parse_kv_dtype(args.kv_cache_dtype);
     opt.kv_cache_gb = args.kv_cache_gb;
     opt.engine.max_seqs = args.max_seqs;
     opt.max_itl_ms = args.max_itl_ms;

@@ -36,6 +36,7 @@ struct InfoArgs {
     int64_t max_seq = 0;
     int64_t max_batch_tokens = 256;
     std::string device = "cpu";
+    std::string kv_cache_dtype = "auto";
 };
 
 
@@ -47,7 +48,8 @@ void print_memory(const TensorSource& src, const InfoArgs& args) {
     const QuantChoice quant = args.quant == "auto" ? auto_quant(src, args.quant_head)
                                                    : QuantChoice{parse_quant_mode(args.quant), args.quant_head};
     const bool cuda = args.device == "cuda";
-    const int64_t act = cuda ? 2 : 4;  // activation (and KV) bytes per element
+    const int64_t act = cuda ? 2 : 4;  // activation bytes per element
+    const double kv_elem = kv_element_bytes(args.kv_cache_dtype, c.head_dim, !cuda);
     const int64_t max_seq = resolve_max_seq(args.max_seq, c.max_position);  // the model's own default
     LATTICE_CHECK(max_seq <= c.max_position, "--max-seq {} exceeds the model's max_position_embeddings {}", max_seq,
                   c.max_position);
@@ -65,16 +67,16 @@ void print_memory(const TensorSource& src, const InfoArgs& args) {
         o.first_stage = p == 0;
         o.last_stage = p == args.pp - 1;
         const double w = RankWeights(src, o).resident_bytes(cuda);
-        const double kv = kv_cache_bytes(c.dims(), args.tp, o.layer_end - o.layer_begin, max_seq, double(act));
+        const double kv = kv_cache_bytes(c.dims(), args.tp, o.layer_end - o.layer_begin, max_seq, kv_elem);
         const double act_b = activation_bytes(c.dims(), args.tp, args.max_batch_tokens, double(act), o.last_stage);
         if (w + kv + act_b > best) best = w + kv + act_b, best_w = w, best_kv = kv, best_act = act_b, best_stage = p;
     }
     print_stdout(
         "memory per rank (quant {}{}, tp {} x pp {}, {}, context {}): {:.3f} GiB = weights {:.3f} GiB + KV "
-        "cache {:.3f} GiB per sequence of {} positions + activations ~{:.3f} GiB ({} tokens per step){}\n",
+        "cache {:.3f} GiB per sequence of {} positions ({}) + activations ~{:.3f} GiB ({} tokens per step){}\n",
         quant_mode_name(quant.quant), quant.quant_head && quant.quant != QuantMode::kNone ? " + head" : "", args.tp,
         args.pp, cuda ? "cuda" : "cpu", max_seq, to_gib(best), to_gib(best_w), to_gib(best_kv), max_seq,
-        to_gib(best_act), args.max_batch_tokens, args.pp > 1 ? fmt::format(" (largest: pp stage {})", best_stage) : "");
+        args.kv_cache_dtype == "auto" ? (cuda ? "f16" : "f32") : args.kv_cache_dtype, to_gib(best_act), args.max_batch_tokens, args.pp > 1 ? fmt::format(" (largest: pp stage {})", best_stage) : "");
 }
 
 }  // namespace
@@ -88,6 +90,10 @@ void add_info_command(CLI::App& app, CommandRun& run) {
         ->default_str("built-in");
     cmd->add_option("--quant", args->quant, "Quantization of the memory estimate: auto | none | w8a16 | w8a8")
         ->check(CLI::IsMember({"auto", "none", "w8a16", "w8a8"}));
+    cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype,
+                    "KV cache elements of the estimate: auto (f32 on cpu, 16-bit on cuda) | f32 | f16 | bf16 | int8")
+        ->check(CLI::IsMember({"auto", "f32", "f16", "bf16", "int8"}))
+        ->capture_default_str();
     cmd->add_flag("--quant-head", args->quant_head, "The estimate quantizes the LM head too");
     cmd->add_option("--tp", args->tp, "Tensor-parallel ranks of the estimate")->check(tp_flag_range());
     cmd->add_option("--pp", args->pp, "Pipeline stages of the estimate")->check(pp_flag_range());

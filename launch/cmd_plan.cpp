@@ -25,7 +25,7 @@ namespace {
 
 struct PlanArgs {
     std::string model = "llama-2-70b", gpu = "a100-pcie-40gb", link, inter_node = "ib-hdr", quant = "w8a8",
-                calibration;
+                calibration, kv_cache_dtype = "auto";
     int gpus = 0, nodes = 1;
     bool quant_head = false, json = false;
     int64_t batch = 1, context = kDefaultMaxSeq, prompt = 512, max_batch_tokens = 256;
@@ -107,6 +107,7 @@ PlanRequest plan_request(const PlanArgs& args) {
     r.context = args.context;
     r.prompt = std::min(args.prompt, args.context);
     r.max_batch_tokens = args.max_batch_tokens;
+    r.kv_bytes = kv_element_bytes(args.kv_cache_dtype, r.model.head_dim, r.device.cpu);
     return r;
 }
 
@@ -244,6 +245,10 @@ void add_plan_command(CLI::App& app, CommandRun& run) {
     cmd->add_option("--inter-node", args->inter_node, "Link between nodes")->capture_default_str();
     cmd->add_option("--quant", args->quant, "w8a8 | w8a16 | fp16 | bf16 | f32 | none")->capture_default_str();
     cmd->add_flag("--quant-head", args->quant_head, "The LM head in int8 too");
+    cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype,
+                    "KV cache elements: auto (f32 on CPUs, 16-bit on GPUs) | f32 | f16 | bf16 | int8")
+        ->check(CLI::IsMember({"auto", "f32", "f16", "bf16", "int8"}))
+        ->capture_default_str();
     cmd->add_option("--batch", args->batch, "Concurrent sequences")
         ->check(int_range(1, 1 << 20))
         ->capture_default_str();

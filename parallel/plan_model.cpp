@@ -133,6 +133,15 @@ const char* plan_quant_name(PlanQuant q) {
     return "?";
 }
 
+double kv_element_bytes(const std::string& kv_dtype, int64_t head_dim, bool cpu) {
+    if (kv_dtype == "auto") return cpu ? 4.0 : 2.0;
+    if (kv_dtype == "f32") return 4.0;
+    if (kv_dtype == "f16" || kv_dtype == "bf16") return 2.0;
+    LATTICE_CHECK(kv_dtype == "int8", "--kv-cache-dtype \"{}\": expected auto, f32, f16, bf16 or int8", kv_dtype);
+    LATTICE_CHECK(head_dim > 0, "kv_element_bytes: head_dim {}", head_dim);
+    return 1.0 + 4.0 / double(head_dim);  // runtime/backend/backend.h kv_row_elems: the row's scale
+}
+
 double kv_cache_bytes(const ModelDims& m, int tp, int64_t layers, int64_t positions, double bytes_per_elem) {
     const ShardShape s = shard_shape(m, tp, 0);
     return double(layers) * 2.0 * double(positions) * double(s.n_kv) * double(m.head_dim) * bytes_per_elem;
@@ -180,6 +189,7 @@ bool int8_weights(PlanQuant q) { return q == PlanQuant::kW8A8 || q == PlanQuant:
 
 // Bytes per element of activations and KV cache: CPU f32, GPU fp16/bf16.
 double act_bytes(const PlanRequest& r) { return r.device.cpu ? 4.0 : 2.0; }
+double kv_bytes(const PlanRequest& r) { return r.kv_bytes > 0 ? r.kv_bytes : act_bytes(r); }
 // Bytes per unquantized weight: 16-bit (the checkpoints' bf16/fp16, which the CPU backend keeps and
 // the GPU computes in) unless f32 is asked for.
 double float_weight_bytes(const PlanRequest& r) { return r.quant == PlanQuant::kF32 ? 4.0 : 2.0; }
@@ -228,7 +238,7 @@ StageTime stage_time(const PlanRequest& r, const StageShape& st, int tp, double 
     const double w_bytes = stage_weight_bytes(r, st, true) + tokens * double(m.hidden) * float_weight_bytes(r) *
                                                                   (st.embed_params > 0 ? 1.0 : 0.0);
     const double kv_read = double(st.layers) * 2.0 * tokens * positions * double(s.n_kv) * double(m.head_dim) *
-                           act_bytes(r);
+                           kv_bytes(r);
     const double mem_s = w_bytes / rate.bw;
     const double attn_flops = double(st.layers) * 4.0 * tokens * positions * double(s.n_heads) * double(m.head_dim);
     // The head runs for the sampled rows only (one per sequence; at most `tokens`), at the float
@@ -285,7 +295,7 @@ MemoryEstimate estimate_memory(const PlanRequest& r, int tp, int pp) {
     for (int p = 0; p < pp; ++p) {
         MemoryEstimate e;
         e.weights = stage_weight_bytes(r, stages[size_t(p)], false);
-        e.kv = kv_cache_bytes(r.model, tp, stages[size_t(p)].layers, r.batch * r.context, act_bytes(r));
+        e.kv = kv_cache_bytes(r.model, tp, stages[size_t(p)].layers, r.batch * r.context, kv_bytes(r));
         e.activations = activation_bytes(r.model, tp, r.max_batch_tokens, act_bytes(r), p == pp - 1);
         e.reserved = r.device.reserved_gib * double(int64_t(1) << 30);
         e.heaviest_stage = p;

@@ -90,7 +90,12 @@ struct PlanRequest {
     int64_t context = kDefaultMaxSeq;  // positions per sequence the KV cache holds
     int64_t prompt = 512;              // prompt tokens (prefill / time to first token)
     int64_t max_batch_tokens = 256;    // tokens per forward (prefill chunks)
+    double kv_bytes = 0;               // per cached K/V element (kv_element_bytes); 0: the activations'
 };
+
+// Bytes per cached K/V element for a --kv-cache-dtype (auto: the activations', f32 on CPUs, 16-bit on
+// GPUs; int8: one byte plus the row's f32 scale shared by head_dim elements). Error naming a bad name.
+double kv_element_bytes(const std::string& kv_dtype, int64_t head_dim, bool cpu);
 
 struct MemoryEstimate {
     double weights = 0, kv = 0, activations = 0, reserved = 0;  // bytes

@@ -12,6 +12,10 @@
 // A sliding window (AttentionArgs::window = W > 0) limits the keys of the query at position i to
 // i - W < j <= i, as transformers' Mistral does: tiles wholly before a row's window are skipped for that
 // row, and in the tile holding the window's start the positions before it get zero weight.
+// The cache holds f32, f16, bf16 or int8 rows (kv_row_bytes): an int8 row is head_dim values then
+// their f32 scale (symmetric, one scale per token and kv head, kernels/common/quantize.h), quantized
+// as the token is stored; every dtype is read into the f32 tile as it is gathered, so attention never
+// needs a dequantized copy of the cache and the tile math is the same for all of them.
 // Every query row's arithmetic depends only on its own q and on positions 0..pos of its sequence,
 // in a fixed order (tiles from position 0, d then j), never on which other tokens share its batch
 // or run: chunked prefill, batched decode and single-token decode give bit-identical rows.
@@ -24,6 +28,7 @@
 #include "base/error.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/common/fast_exp.h"
+#include "kernels/common/quantize.h"
 #include "kernels/common/multiversion.h"
 
 
@@ -126,14 +131,79 @@ LATTICE_MULTIVERSION void tile_rows(float* acc, float* m, float* l, float* s, co
 }
 
 struct Scratch {
-    std::vector<float> q, acc, m, l, kt, v, s;
+    std::vector<float> q, acc, m, l, kt, v, s, row;
 };
+
+// One token's k or v head (hd floats) into its cache row.
+void store_row(uint8_t* dst, const float* x, int64_t hd, DType dt) {
+    switch (dt) {
+        case DType::kF32:
+            std::memcpy(dst, x, size_t(hd) * 4);
+            return;
+        case DType::kF16:
+            for (int64_t d = 0; d < hd; ++d) {
+                const uint16_t h = f32_to_f16(x[d]);
+                std::memcpy(dst + 2 * d, &h, 2);
+            }
+            return;
+        case DType::kBF16:
+            for (int64_t d = 0; d < hd; ++d) {
+                const uint16_t h = f32_to_bf16(x[d]);
+                std::memcpy(dst + 2 * d, &h, 2);
+            }
+            return;
+        case DType::kI8: {
+            const float scale = quantize_row_int8(x, hd, reinterpret_cast<int8_t*>(dst));
+            std::memcpy(dst + hd, &scale, 4);
+            return;
+        }
+        default:
+            LATTICE_FAIL("attention: a KV cache of {} is not supported", dtype_name(dt));
+    }
+}
+
+// A cache row as hd floats.
+LATTICE_MULTIVERSION void load_row(float* __restrict out, const uint8_t* __restrict src, int64_t hd, DType dt) {
+    switch (dt) {
+        case DType::kF32:
+            std::memcpy(out, src, size_t(hd) * 4);
+            return;
+        case DType::kF16:
+            for (int64_t d = 0; d < hd; ++d) {
+                uint16_t h;
+                std::memcpy(&h, src + 2 * d, 2);
+                out[d] = f16_to_f32(h);
+            }
+            return;
+        case DType::kBF16:
+            for (int64_t d = 0; d < hd; ++d) {
+                uint16_t h;
+                std::memcpy(&h, src + 2 * d, 2);
+                out[d] = bf16_to_f32(h);
+            }
+            return;
+        default: {  // kI8 (checked when stored and on entry)
+            float scale;
+            std::memcpy(&scale, src + hd, 4);
+            const int8_t* q = reinterpret_cast<const int8_t*>(src);
+            for (int64_t d = 0; d < hd; ++d) out[d] = float(q[d]) * scale;
+        }
+    }
+}
 
 }  // namespace
 
-void attention(float* out, const float* qkv, float* k_cache, float* v_cache, const int32_t* positions,
+int64_t kv_row_bytes(DType kv, int64_t head_dim) {
+    return kv == DType::kI8 ? head_dim + 4 : head_dim * int64_t(dtype_size(kv));
+}
+
+void attention(float* out, const float* qkv, void* k_cache, void* v_cache, const int32_t* positions,
                const int32_t* seqs, int64_t m, const AttentionArgs& a, ThreadPool& pool) {
     const int64_t hd = a.head_dim, nh = a.n_heads, nkv = a.n_kv, B = a.block_size;
+    const DType dt = a.kv_dtype;
+    LATTICE_CHECK(dt == DType::kF32 || dt == DType::kF16 || dt == DType::kBF16 || dt == DType::kI8,
+                  "attention: a KV cache of {} is not supported (f32, f16, bf16, i8)", dtype_name(dt));
+    const int64_t rb = kv_row_bytes(dt, hd);
     const int64_t row = (nh + 2 * nkv) * hd;
     const int64_t group = nh / nkv;
     // Validate every token's blocks once (all positions it reads), so the loops below index freely.
@@ -149,15 +219,14 @@ void attention(float* out, const float* qkv, float* k_cache, float* v_cache, con
                           "attention: token {} reads block {} (entry {} of sequence {}), the cache has {} blocks", t,
                           table[b], b, seqs[t], a.num_blocks);
     }
-    auto cache_row = [&](float* c, int64_t seq, int64_t pos, int64_t g) {
+    auto cache_row = [&](void* c, int64_t seq, int64_t pos, int64_t g) {
         const int64_t block = a.block_tables[seq * a.table_width + pos / B];
-        return c + ((block * B + pos % B) * nkv + g) * hd;
+        return static_cast<uint8_t*>(c) + ((block * B + pos % B) * nkv + g) * rb;
     };
     for (int64_t t = 0; t < m; ++t)
         for (int64_t g = 0; g < nkv; ++g) {
-            std::memcpy(cache_row(k_cache, seqs[t], positions[t], g), qkv + t * row + (nh + g) * hd, size_t(hd) * 4);
-            std::memcpy(cache_row(v_cache, seqs[t], positions[t], g), qkv + t * row + (nh + nkv + g) * hd,
-                        size_t(hd) * 4);
+            store_row(cache_row(k_cache, seqs[t], positions[t], g), qkv + t * row + (nh + g) * hd, hd, dt);
+            store_row(cache_row(v_cache, seqs[t], positions[t], g), qkv + t * row + (nh + nkv + g) * hd, hd, dt);
         }
     // Runs of consecutive tokens of one sequence with increasing positions.
     std::vector<std::pair<int64_t, int64_t>> runs;  // (first token, count)
@@ -181,6 +250,7 @@ void attention(float* out, const float* qkv, float* k_cache, float* v_cache, con
         sc.kt.resize(size_t(hd * kTile));
         sc.v.resize(size_t(kTile * hd));
         sc.s.resize(size_t(kRows * kTile));
+        sc.row.resize(size_t(hd));
         for (int64_t u = u0; u < u1; ++u) {
             const auto [t0, n] = runs[size_t(u / nkv)];
             const int64_t g = u % nkv, seq = seqs[t0];
@@ -203,9 +273,9 @@ void attention(float* out, const float* qkv, float* k_cache, float* v_cache, con
                 const int64_t jn = std::min(kTile, last + 1 - j0);
                 for (int64_t j = 0; j < kTile; ++j) {
                     if (j < jn) {
-                        const float* k = cache_row(k_cache, seq, j0 + j, g);
-                        for (int64_t d = 0; d < hd; ++d) sc.kt[size_t(d * kTile + j)] = k[d];
-                        std::memcpy(sc.v.data() + j * hd, cache_row(v_cache, seq, j0 + j, g), size_t(hd) * 4);
+                        load_row(sc.row.data(), cache_row(k_cache, seq, j0 + j, g), hd, dt);
+                        for (int64_t d = 0; d < hd; ++d) sc.kt[size_t(d * kTile + j)] = sc.row[size_t(d)];
+                        load_row(sc.v.data() + j * hd, cache_row(v_cache, seq, j0 + j, g), hd, dt);
                     } else {
                         for (int64_t d = 0; d < hd; ++d) sc.kt[size_t(d * kTile + j)] = 0.0f;
                     }

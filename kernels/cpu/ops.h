@@ -1,6 +1,6 @@
 // CPU kernels for the non-GEMM ops of the Llama forward, fp32 activations.
 // Layouts: activations [m, cols] row-major; qkv rows are [q heads | k heads | v heads], each head
-// head_dim contiguous; KV caches are paged: [num_blocks, block_size, n_kv, head_dim] fp32, position p
+// head_dim contiguous; KV caches are paged: [num_blocks, block_size, n_kv] rows of kv_row_bytes, position p
 // of sequence s in block block_tables[s * table_width + p / block_size], row p % block_size.
 // Hot loops are compiled for several ISAs (GCC target_clones) and picked by the loader at start-up.
 #pragma once
@@ -29,11 +29,15 @@ struct AttentionArgs {
     int64_t num_seqs, table_width;
     float scale;
     int64_t window = 0;  // sliding window W: keys positions[i] - W < j <= positions[i]; 0: all
+    DType kv_dtype = DType::kF32;  // the cache's rows: f32, f16, bf16 or i8 (kv_row_bytes)
 };
-// Stores k/v of token i (sequence seqs[i], position positions[i]) in its block, then causal GQA
-// attention over positions 0..positions[i] of its sequence (the last `window` of them when window > 0);
-// out [m, n_heads * head_dim].
-void attention(float* out, const float* qkv, float* k_cache, float* v_cache, const int32_t* positions,
+// Bytes of one cache row (a token's k or v of one kv head): head_dim elements, and for i8 the row's
+// f32 scale after them (x ~= q * scale, symmetric per token and kv head, kernels/common/quantize.h).
+int64_t kv_row_bytes(DType kv, int64_t head_dim);
+// Stores k/v of token i (sequence seqs[i], position positions[i]) in its block (converted or
+// quantized to kv_dtype), then causal GQA attention over positions 0..positions[i] of its sequence (the
+// last `window` of them when window > 0); out [m, n_heads * head_dim].
+void attention(float* out, const float* qkv, void* k_cache, void* v_cache, const int32_t* positions,
                const int32_t* seqs, int64_t m, const AttentionArgs& a, ThreadPool& pool);
 void silu_mul(float* out, const float* gate_up, int64_t m, int64_t f, ThreadPool& pool);
 void add(float* out, const float* a, const float* b, int64_t n);

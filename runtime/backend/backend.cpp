@@ -26,6 +26,34 @@ QuantMode parse_quant_mode(std::string_view s) {
     LATTICE_FAIL("unknown quantization \"{}\" (expected none, w8a16 or w8a8)", s);
 }
 
+std::string_view kv_dtype_name(KvDtype k) {
+    switch (k) {
+        case KvDtype::kAuto: return "auto";
+        case KvDtype::kF32: return "f32";
+        case KvDtype::kF16: return "f16";
+        case KvDtype::kBF16: return "bf16";
+        case KvDtype::kInt8: return "int8";
+    }
+    return "?";
+}
+
+KvDtype parse_kv_dtype(std::string_view s) {
+    for (KvDtype k : {KvDtype::kAuto, KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kInt8})
+        if (s == kv_dtype_name(k)) return k;
+    LATTICE_FAIL("--kv-cache-dtype \"{}\": expected auto, f32, f16, bf16 or int8", s);
+}
+
+DType resolve_kv_dtype(KvDtype k, DType activation) {
+    switch (k) {
+        case KvDtype::kF32: return DType::kF32;
+        case KvDtype::kF16: return DType::kF16;
+        case KvDtype::kBF16: return DType::kBF16;
+        case KvDtype::kInt8: return DType::kI8;
+        case KvDtype::kAuto: break;
+    }
+    return activation;
+}
+
 std::string_view op_name(Op op) {
     switch (op) {
         case Op::kEmbed: return "embed";
@@ -39,6 +67,7 @@ std::string_view op_name(Op op) {
         case Op::kSlidingWindow: return "sliding_window attention";
         case Op::kGemm: return "gemm";
         case Op::kGemmInt8: return "gemm_int8";
+        case Op::kKvCache: return "a KV cache";
     }
     return "?";
 }

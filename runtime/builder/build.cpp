@@ -225,11 +225,11 @@ RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const T
     rt.load_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     LOG_INFO(
         "{}: loaded {} on {} in {:.2f} s ({:.1f} MiB of weights on this rank, {:.1f} MiB read from the checkpoint, "
-        "quant {}; KV cache {} blocks of {} = {:.1f} MiB)",
+        "quant {}; KV cache {} blocks of {} = {:.1f} MiB, {})",
         rt.world.describe(), src.describe(), sim ? engine_opt.sim->describe() : rt.backend->name(), rt.load_seconds,
         double(rt.model->weight_bytes()) / (1 << 20), double(rt.model->checkpoint_bytes_read()) / (1 << 20),
         quant_mode_name(model_opt.quant), blocks, rt.model->attention_shape().block_size,
-        double(blocks * rt.model->kv_bytes_per_block()) / (1 << 20));
+        double(blocks * rt.model->kv_bytes_per_block()) / (1 << 20), dtype_name(rt.model->kv_dtype()));
     return rt;
 }
 

@@ -38,7 +38,10 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
     attn_.scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
     // A window as long as the context never bites: full attention (any backend).
     attn_.window = cfg_.sliding_window > 0 && cfg_.sliding_window < opt_.max_seq ? cfg_.sliding_window : 0;
+    kv_dtype_ = resolve_kv_dtype(opt_.kv_dtype, be_.activation_dtype());
     if (opt_.shape_only) return;
+    LATTICE_CHECK(be_.supports(Op::kKvCache, kv_dtype_), "backend {} does not support --kv-cache-dtype {} ({})",
+                  be_.name(), kv_dtype_name(opt_.kv_dtype), dtype_name(kv_dtype_));
     const Op ops[] = {Op::kEmbed, Op::kRmsNorm, Op::kAddRmsNorm, Op::kRope, Op::kAttention, Op::kSiluMul, Op::kAdd};
     for (Op op : ops)
         LATTICE_CHECK(be_.supports(op, be_.activation_dtype()), "backend {} does not support {} in {}", be_.name(),
@@ -147,8 +150,8 @@ void Model::load(const TensorSource& src) {
 }
 
 int64_t Model::kv_bytes_per_block() const {
-    return int64_t(layers_.size()) * 2 * opt_.block_size * shard_.n_kv * cfg_.head_dim *
-           dtype_size(be_.activation_dtype());
+    return int64_t(layers_.size()) * 2 * opt_.block_size * shard_.n_kv * kv_row_elems(kv_dtype_, cfg_.head_dim) *
+           dtype_size(kv_dtype_);
 }
 
 void Model::allocate_kv(int64_t num_blocks) {
@@ -157,12 +160,12 @@ void Model::allocate_kv(int64_t num_blocks) {
         attn_.num_blocks = num_blocks;
         return;
     }
-    const DType act = be_.activation_dtype();
+    const int64_t row = kv_row_elems(kv_dtype_, cfg_.head_dim);
     for (LayerWeights& L : layers_) {
         L.k_cache = Buffer{};
         L.v_cache = Buffer{};
-        L.k_cache = be_.alloc_lazy(act, {num_blocks, opt_.block_size, shard_.n_kv, cfg_.head_dim});
-        L.v_cache = be_.alloc_lazy(act, {num_blocks, opt_.block_size, shard_.n_kv, cfg_.head_dim});
+        L.k_cache = be_.alloc_lazy(kv_dtype_, {num_blocks, opt_.block_size, shard_.n_kv, row});
+        L.v_cache = be_.alloc_lazy(kv_dtype_, {num_blocks, opt_.block_size, shard_.n_kv, row});
     }
     attn_.num_blocks = num_blocks;
 }

@@ -45,6 +45,7 @@ struct ModelOptions {
     bool quant_head = false;        // also quantize the LM head (embedding stays float)
     int64_t max_seq = 0;            // positions per sequence; 0: resolve_max_seq (parallel/world_config.h)
     int64_t block_size = 16;        // KV positions per cache block
+    KvDtype kv_dtype = KvDtype::kAuto;  // the KV cache's element type (auto: the activation dtype)
     int64_t max_batch_tokens = 256; // tokens per forward call (longer prompts are chunked by the caller)
     int tp = 1, tp_rank = 0;
     int64_t layer_begin = 0, layer_end = -1;  // this stage's layers; -1: all
@@ -72,7 +73,7 @@ struct LayerWeights {
     Buffer ffn_norm;   // [hidden] f32
     Linear w_gate_up;  // [2 * ffn_local, hidden]: gate rows then up rows
     Linear w_down;     // [hidden, ffn_local]
-    Buffer k_cache;    // [kv_blocks, block_size, nkv_local, head_dim] activation dtype
+    Buffer k_cache;    // [kv_blocks, block_size, nkv_local, kv_row_elems] of kv_dtype() (backend.h)
     Buffer v_cache;
 };
 
@@ -91,6 +92,7 @@ public:
     const AttentionShape& attention_shape() const { return attn_; }
     // Bytes of K/V cache one block costs on this rank (every local layer, K and V).
     int64_t kv_bytes_per_block() const;
+    DType kv_dtype() const { return kv_dtype_; }  // the KV cache's elements (ModelOptions::kv_dtype resolved)
     // (Re)allocates the paged K/V cache of every local layer with `num_blocks` blocks (zeroed).
     void allocate_kv(int64_t num_blocks);
     int64_t kv_blocks() const { return attn_.num_blocks; }
@@ -144,6 +146,7 @@ private:
 
     ModelConfig cfg_;
     Backend& be_;
+    DType kv_dtype_ = DType::kF32;
     ModelOptions opt_;
     Communicator* tp_comm_;
     LocalComm local_comm_;

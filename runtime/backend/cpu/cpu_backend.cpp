@@ -44,6 +44,8 @@ bool CpuBackend::supports(Op op, DType dtype) const {
         case Op::kGemm:
         case Op::kEmbed: return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
         case Op::kGemmInt8: return dtype == DType::kI8;
+        case Op::kKvCache:
+            return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16 || dtype == DType::kI8;
         default: return dtype == DType::kF32;
     }
 }
@@ -297,15 +299,19 @@ void CpuBackend::attention(const View& out, const View& qkv, const View& kc, con
                            const AttentionShape& s) {
     check_f32(out, "attention");
     check_f32(qkv, "attention");
+    LATTICE_CHECK(supports(Op::kKvCache, kc.dtype) && vc.dtype == kc.dtype && kc.is_contiguous() &&
+                      vc.is_contiguous(),
+                  "attention: a KV cache of {} / {} is not supported here", dtype_name(kc.dtype), dtype_name(vc.dtype));
     LATTICE_CHECK(kc.ndim == 4 && kc.dim(0) == s.num_blocks && kc.dim(1) == s.block_size &&
-                      kc.dim(2) == s.n_kv_heads && kc.dim(3) == s.head_dim && vc.numel() == kc.numel(),
-                  "attention: k cache {} does not match the attention shape", kc.shape_str());
+                      kc.dim(2) == s.n_kv_heads && kc.dim(3) == kv_row_elems(kc.dtype, s.head_dim) &&
+                      vc.numel() == kc.numel(),
+                  "attention: k cache {} ({}) does not match the attention shape", kc.shape_str(),
+                  dtype_name(kc.dtype));
     LATTICE_CHECK(b.table_width == s.table_width, "attention: block tables of width {}, the cache's are {}",
                   b.table_width, s.table_width);
     cpu::AttentionArgs a{s.n_heads,       s.n_kv_heads, s.head_dim,    s.block_size, s.num_blocks,
-                         b.block_tables, b.num_seqs,   s.table_width, s.scale,      s.window};
-    cpu::attention(out.ptr<float>(), qkv.ptr<float>(), kc.ptr<float>(), vc.ptr<float>(), b.positions, b.seqs, b.count,
-                   a, *pool_);
+                         b.block_tables, b.num_seqs,   s.table_width, s.scale,      s.window, kc.dtype};
+    cpu::attention(out.ptr<float>(), qkv.ptr<float>(), kc.data, vc.data, b.positions, b.seqs, b.count, a, *pool_);
 }
 
 void CpuBackend::silu_mul(const View& out, const View& gu) {

@@ -103,6 +103,7 @@ bool CudaBackend::supports(Op op, DType dtype) const {
         case Op::kAddRmsNorm:
         case Op::kRope:
         case Op::kAttention:
+        case Op::kKvCache:  // (an INT8 KV cache runs on the CPU backend only for now)
         case Op::kSiluMul:
         case Op::kAdd:
             return dtype == act_;

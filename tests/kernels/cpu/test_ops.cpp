@@ -1,7 +1,9 @@
 // CPU ops against straightforward double-precision references: rmsnorm (+ fused residual add),
-// rope (half-split pairs), causal GQA attention over a multi-slot KV cache, silu_mul, embed with a
+// rope (half-split pairs), causal GQA attention over a multi-slot KV cache (f32, f16, bf16 and int8
+// rows), silu_mul, embed with a
 // vocab-parallel row offset, the sampling log-sum-exp. Odd sizes, several threads, poisoned outputs.
 #include "kernels/cpu/ops.h"
+#include "kernels/common/quantize.h"
 
 #include <doctest/doctest.h>
 
@@ -168,6 +170,70 @@ TEST_CASE("attention: many tiles, GQA groups of 8 and 6, a prompt in one call eq
                           doctest::Approx(o[size_t(i)]).epsilon(1e-4).scale(1.0));
             }
     }
+}
+
+TEST_CASE("attention over f16, bf16 and int8 KV caches: the stored rows' values, bit-identical by chunks") {
+    // Each token's k and v are converted (f16, bf16) or quantized (int8: one scale per token and KV head)
+    // as they are stored; attention must equal a naive softmax over exactly those values, and a prompt in
+    // one call the same tokens one at a time. head_dim 72 is not a multiple of the 16-wide paths.
+    for (const DType dt : {DType::kF16, DType::kBF16, DType::kI8})
+        for (const int64_t window : {int64_t(0), int64_t(9)}) {
+            CAPTURE(dtype_name(dt));
+            CAPTURE(window);
+            std::mt19937 rng(21);
+            ThreadPool pool(2, false);
+            const int64_t hd = 72, nh = 6, nkv = 2, block = 8, n = 41, width = (n + block - 1) / block;
+            const int64_t row = (nh + 2 * nkv) * hd, blocks = width + 2;
+            std::vector<int32_t> table(static_cast<size_t>(width));
+            for (int64_t b = 0; b < width; ++b) table[size_t(b)] = int32_t((b * 5 + 2) % blocks);
+            auto qkv = rand_vec(size_t(n * row), rng, -3, 3);
+            std::vector<int32_t> pos(static_cast<size_t>(n)), seq(static_cast<size_t>(n), 0);
+            for (int64_t t = 0; t < n; ++t) pos[size_t(t)] = int32_t(t);
+            cpu::AttentionArgs a{nh, nkv, hd, block, blocks, table.data(), 1, width, 1.0f / std::sqrt(float(hd)),
+                                 window, dt};
+            const size_t cache_bytes = size_t(blocks * block * nkv * cpu::kv_row_bytes(dt, hd));
+            CHECK(cpu::kv_row_bytes(dt, hd) == (dt == DType::kI8 ? hd + 4 : 2 * hd));
+            std::vector<uint8_t> kc(cache_bytes, 0), vc = kc, kc1 = kc, vc1 = kc;
+            std::vector<float> all(size_t(n * nh * hd), std::nanf("")), one = all;
+            cpu::attention(all.data(), qkv.data(), kc.data(), vc.data(), pos.data(), seq.data(), n, a, pool);
+            for (int64_t t = 0; t < n; ++t)
+                cpu::attention(one.data() + t * nh * hd, qkv.data() + t * row, kc1.data(), vc1.data(), &pos[size_t(t)],
+                               &seq[size_t(t)], 1, a, pool);
+            CHECK(std::memcmp(all.data(), one.data(), all.size() * 4) == 0);
+            // The reference: k and v heads replaced by the values the cache holds.
+            std::vector<float> stored = qkv;
+            for (int64_t t = 0; t < n; ++t)
+                for (int64_t h = nh; h < nh + 2 * nkv; ++h) {
+                    float* x = stored.data() + t * row + h * hd;
+                    if (dt == DType::kI8) {
+                        std::vector<int8_t> q(static_cast<size_t>(hd));
+                        const float sc = quantize_row_int8(x, hd, q.data());
+                        for (int64_t i = 0; i < hd; ++i) x[i] = float(q[size_t(i)]) * sc;
+                    } else {
+                        for (int64_t i = 0; i < hd; ++i)
+                            x[i] = dt == DType::kF16 ? f16_to_f32(f32_to_f16(x[i])) : bf16_to_f32(f32_to_bf16(x[i]));
+                    }
+                }
+            for (int64_t t : {int64_t(0), int64_t(7), int64_t(8), int64_t(23), int64_t(40)})
+                for (int64_t h : {int64_t(0), int64_t(4)}) {
+                    const int64_t first = window > 0 ? std::max<int64_t>(0, t - window + 1) : 0;
+                    std::vector<int64_t> src(size_t(t + 1 - first));
+                    std::iota(src.begin(), src.end(), first);
+                    // q from the original rows (it is not stored), k / v as stored
+                    std::vector<float> mixed = stored;
+                    std::copy(qkv.begin() + t * row, qkv.begin() + t * row + nh * hd, mixed.begin() + t * row);
+                    const std::vector<double> o = naive_attention(mixed, nh, nkv, hd, a.scale, t, h, src);
+                    const std::vector<double> exact = naive_attention(qkv, nh, nkv, hd, a.scale, t, h, src);
+                    double err = 0;
+                    for (int64_t i = 0; i < hd; ++i) {
+                        const float got = all[size_t(t * nh * hd + h * hd + i)];
+                        CHECK(got == doctest::Approx(o[size_t(i)]).epsilon(1e-4).scale(1.0));
+                        err = std::max(err, std::abs(double(got) - exact[size_t(i)]));
+                    }
+                    // and close to attention over the unrounded k / v (a scale or row mix-up is not)
+                    CHECK(err < (dt == DType::kI8 ? 0.06 : dt == DType::kBF16 ? 0.06 : 0.005));
+                }
+        }
 }
 
 TEST_CASE("attention rejects positions beyond the block tables and blocks outside the cache") {
