@@ -318,9 +318,10 @@ float nucleus_edge(float* w, int64_t n, double mass, float window, std::vector<d
 // weights' float bits (the bucket holding the nucleus's edge is the only one sorted, via
 // nucleus_prefix); min-p a threshold (the top token weighs exp(0) = 1 and is always kept); the draw
 // a scan in id order over the kept weights.
-int32_t Sampler::sample_scaled(const float* logits, int64_t n) {
+double Sampler::prepare_scaled(const float* logits, int64_t n) {
     const float t = p_.temperature;
-    if (p_.top_k > 0 && p_.top_k < n) return sample_top_k(logits, n);
+    if (p_.top_k > 0 && p_.top_k < n) return prepare_top_k(logits, n);
+    top_k_mode_ = false;
     const float top = row_max(logits, n);
     // min-p drops tokens below min_p of the top's probability anyway: a narrower window (not with
     // top-p, whose nucleus is a share of every token's mass).
@@ -333,21 +334,63 @@ int32_t Sampler::sample_scaled(const float* logits, int64_t n) {
     weights_.resize(size_t(padded));
     float* w = weights_.data();
     const double sum = scaled_weights(logits, n, top, t, floor, w);
-    float thr = p_.min_p;
+    thr_ = p_.min_p;
     if (p_.top_p < 1.0f)
-        thr = std::max(thr, nucleus_edge(w, n, double(p_.top_p) * sum, window, hist_, keys_, cand_));
+        thr_ = std::max(thr_, nucleus_edge(w, n, double(p_.top_p) * sum, window, hist_, keys_, cand_));
     blocks_.resize(size_t(padded / kBlock));
-    const double kept = kept_blocks(w, padded, thr, blocks_.data());
+    return kept_blocks(w, padded, thr_, blocks_.data());
+}
+
+int32_t Sampler::draw_prepared(int64_t n, double r) const {
+    if (!top_k_mode_) return draw_in_order(weights_.data(), n, thr_, blocks_.data(), r);
+    double acc = 0;
+    for (const sampling_detail::Candidate& c : cand_) {
+        acc += c.first;
+        if (r < acc) return c.second;
+    }
+    return cand_.back().second;
+}
+
+double Sampler::kept_weight(int32_t id, int64_t n) const {
+    if (id < 0 || id >= n) return 0.0;
+    if (top_k_mode_) {
+        for (const sampling_detail::Candidate& c : cand_)
+            if (c.second == id) return c.first;
+        return 0.0;
+    }
+    const float w = weights_[size_t(id)];
+    return w >= thr_ && w > 0 ? double(w) : 0.0;
+}
+
+void Sampler::remove_kept(int32_t id) {
+    if (top_k_mode_) {
+        std::erase_if(cand_, [&](const sampling_detail::Candidate& c) { return c.second == id; });
+        return;
+    }
+    blocks_[size_t(id / kBlock)] -= double(weights_[size_t(id)]);
+    weights_[size_t(id)] = 0.0f;
+}
+
+// Never sorts the vocabulary. With top-k: a one-pass k-heap, then the k candidates as below. Without:
+// the weights of the whole row in one vectorized pass (tokens more than `window` below the top scaled
+// logit weigh 0: each < e^-window, together < 2^-24 of the top token alone, below float32's
+// resolution of the sums: never drawn before either); top-p's exact nucleus by a histogram of the
+// weights' float bits (the bucket holding the nucleus's edge is the only one sorted, via
+// nucleus_prefix); min-p a threshold (the top token weighs exp(0) = 1 and is always kept); the draw
+// a scan in id order over the kept weights.
+int32_t Sampler::sample_scaled(const float* logits, int64_t n) {
+    const double kept = prepare_scaled(logits, n);
     std::uniform_real_distribution<double> u(0.0, kept);
-    return draw_in_order(w, n, thr, blocks_.data(), u(rng_));
+    return draw_prepared(n, u(rng_));
 }
 
 // top-k: the k most likely in one pass, a heap whose top is the least likely kept (logit order is
 // the scaled order, T > 0); most tokens cost one comparison with it. Then top-p (a quickselect on the
-// k) and min-p as filters, and the draw over the candidates.
-int32_t Sampler::sample_top_k(const float* logits, int64_t n) {
+// k) and min-p as filters; the kept candidates' weights sum is returned (the draw scans them).
+double Sampler::prepare_top_k(const float* logits, int64_t n) {
     using sampling_detail::Candidate;
     using sampling_detail::before_by_weight;
+    top_k_mode_ = true;
     const float t = p_.temperature;
     cand_.clear();
     const size_t k = size_t(p_.top_k);
@@ -379,14 +422,30 @@ int32_t Sampler::sample_top_k(const float* logits, int64_t n) {
         std::erase_if(cand_, [&](const Candidate& c) { return double(c.first) < double(p_.min_p); });
     sum = 0;
     for (const Candidate& c : cand_) sum += c.first;
-    std::uniform_real_distribution<double> u(0.0, sum);
-    const double r = u(rng_);
-    double acc = 0;
-    for (const Candidate& c : cand_) {
-        acc += c.first;
-        if (r < acc) return c.second;
+    return sum;
+}
+
+int32_t Sampler::verify(const float* logits, int64_t n, int32_t draft, bool* accepted) {
+    LATTICE_CHECK(!penalized(), "Sampler::verify: a penalized sequence does not speculate");
+    if (p_.temperature == 0.0f) {
+        const int32_t t = argmax(logits, n);
+        *accepted = t == draft;
+        return t;
     }
-    return cand_.back().second;
+    double kept = prepare_scaled(logits, n);
+    const double wd = kept_weight(draft, n);
+    if (wd > 0) {
+        std::uniform_real_distribution<double> u(0.0, kept);
+        if (u(rng_) < wd) {  // with probability p(draft) = wd / kept
+            *accepted = true;
+            return draft;
+        }
+        remove_kept(draft);
+        kept -= wd;
+    }
+    *accepted = false;
+    std::uniform_real_distribution<double> u(0.0, kept);  // p with the draft removed, renormalized
+    return draw_prepared(n, u(rng_));
 }
 
 int32_t Sampler::sample(const float* raw, int64_t n, std::span<const int32_t> recent) {

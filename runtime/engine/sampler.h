@@ -76,6 +76,12 @@ public:
     // `recent`: the sequence's last recent_window() tokens (fewer at its start); ignored when the
     // repetition penalty is off. Ids outside [0, n) are ignored.
     int32_t sample(const float* logits, int64_t n, std::span<const int32_t> recent = {});
+    // Speculative decoding's check of a drafted token (one proposed deterministically, e.g. by n-gram
+    // lookup): greedy returns the argmax, accepted when it is the draft. Otherwise, with p the
+    // distribution sample() draws from: the draft is accepted with probability p(draft), else a token
+    // is drawn from p without the draft, renormalized, so the returned token follows p exactly
+    // (rejection sampling with a one-hot draft distribution). Not for penalized sequences (Error).
+    int32_t verify(const float* logits, int64_t n, int32_t draft, bool* accepted);
 
     // For a backend that selects the token itself (Backend::select_tokens): whether this sequence
     // needs its history on the host (a penalty is on), then one uniform [0, 1) draw from the
@@ -90,11 +96,19 @@ public:
 private:
     const float* penalize(const float* logits, int64_t n, std::span<const int32_t> recent);
     int32_t sample_scaled(const float* logits, int64_t n);  // temperature > 0
-    int32_t sample_top_k(const float* logits, int64_t n);   // ... with 0 < top_k < n
+    // The kept set of a row at temperature > 0 (top-k candidates, or the row's weights over a threshold),
+    // its weights summed; then a draw at r in [0, that sum), the weight of an id in it, its removal.
+    double prepare_scaled(const float* logits, int64_t n);
+    double prepare_top_k(const float* logits, int64_t n);  // ... with 0 < top_k < n
+    int32_t draw_prepared(int64_t n, double r) const;
+    double kept_weight(int32_t id, int64_t n) const;
+    void remove_kept(int32_t id);
 
     SamplingParams p_;
     std::mt19937_64 rng_;
     std::vector<sampling_detail::Candidate> cand_;
+    bool top_k_mode_ = false;                       // the prepared set is cand_ (else weights_ >= thr_)
+    float thr_ = 0.0f;
     std::vector<float> weights_;                    // the row's weights (no top-k)
     std::vector<double> hist_;                      // top-p's histogram of the weights
     std::vector<uint16_t> keys_;                    // ... each weight's bucket

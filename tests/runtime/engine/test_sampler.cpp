@@ -6,7 +6,8 @@
 // (repetition: llama.cpp's, once per distinct id of the window; presence / frequency: OpenAI's, over
 // the tokens the sampler produced) moving the argmax exactly where the formulas say, min-p's kept set,
 // and the caller's logits left raw. The top-p set without a sort (nucleus_prefix) against a full sort
-// on large rows with ties, and a 32k-vocabulary row drawing only from its exact nucleus.
+// on large rows with ties, and a 32k-vocabulary row drawing only from its exact nucleus. verify()
+// (speculative decoding): the output follows p for any draft, accepted at rate p(draft).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -537,4 +538,64 @@ TEST_CASE("apply_token_mask: clear bits become -inf, set bits keep their logit; 
     got = row;
     apply_token_mask(got.data(), n, none.data());
     CHECK(got == row);
+}
+
+TEST_CASE("verify (speculative decoding): the returned token follows p whatever the draft; accepted at p(draft)") {
+    // Rejection sampling against a one-hot draft: accept with probability p(draft), else draw from p
+    // without the draft. The output must follow p itself for any draft: likely, unlikely, or outside the
+    // kept set (top-k / top-p), each with temperature, top-k and top-p variants.
+    struct Case {
+        SamplingParams p;
+        std::vector<double> want;
+    };
+    const std::vector<double> p1 = softmax(kLogits, 0.8);
+    const std::vector<size_t> order = order_by_prob(p1);
+    std::vector<Case> cases = {{SamplingParams{0.8f, 0, 1.0f, 51}, p1},
+                               {SamplingParams{0.8f, 4, 1.0f, 52}, restrict_to(p1, {order.begin(), order.begin() + 4})}};
+    size_t n = 0;
+    double acc = 0;
+    while (acc < 0.6) acc += p1[order[n++]];
+    cases.push_back({SamplingParams{0.8f, 0, 0.6f, 53}, restrict_to(p1, {order.begin(), order.begin() + ptrdiff_t(n)})});
+    for (const Case& c : cases) {
+        for (const size_t draft : {order[0], order[2], order[8]}) {
+            CAPTURE(c.p.top_k);
+            CAPTURE(c.p.top_p);
+            CAPTURE(draft);
+            Sampler s(c.p);
+            std::vector<int64_t> counts(kLogits.size(), 0);
+            int64_t accepted = 0, bad = 0;
+            for (int i = 0; i < kDraws; ++i) {
+                bool ok = false;
+                const int32_t t = s.verify(kLogits.data(), int64_t(kLogits.size()), int32_t(draft), &ok);
+                if (t < 0 || t >= int32_t(kLogits.size()) || ok != (t == int32_t(draft))) {
+                    ++bad;
+                    continue;
+                }
+                accepted += ok;
+                ++counts[size_t(t)];
+            }
+            REQUIRE(bad == 0);
+            int dof = 0;
+            const double x = chi2(counts, c.want, &dof);
+            CHECK(x < chi2_critical(dof));
+            // P(accept) = p(draft): within 4 standard deviations of the binomial
+            const double pd = c.want[draft], sd = std::sqrt(kDraws * pd * (1 - pd));
+            CHECK(std::abs(double(accepted) - kDraws * pd) <= 4 * sd + 1e-9);
+        }
+    }
+    SUBCASE("greedy: the argmax, accepted when it is the draft") {
+        Sampler g(SamplingParams{0.0f, 0, 1.0f, 1});
+        bool ok = false;
+        CHECK(g.verify(kLogits.data(), int64_t(kLogits.size()), 1, &ok) == 1);
+        CHECK(ok);
+        CHECK(g.verify(kLogits.data(), int64_t(kLogits.size()), 9, &ok) == 1);
+        CHECK_FALSE(ok);
+    }
+    SUBCASE("a penalized sequence does not speculate") {
+        SamplingParams pen{0.8f, 0, 1.0f, 1};
+        pen.presence_penalty = 0.5f;
+        Sampler q(pen);
+        bool ok = false;
+        CHECK_THROWS_AS(q.verify(kLogits.data(), int64_t(kLogits.size()), 1, &ok), Error);
+    }
 }
