@@ -64,6 +64,15 @@ void ModelArgs::add_to(CLI::App* cmd) {
                     "token and KV head: about half the bytes of f16, a quarter of f32)")
         ->check(CLI::IsMember({"auto", "f32", "f16", "bf16", "int8"}))
         ->capture_default_str();
+    cmd->add_option("--speculative", speculative,
+                    "Speculative decoding: none | ngram (prompt lookup: drafts copied from where the sequence's last "
+                    "tokens occurred before, checked by the model in the same step; output distribution unchanged)")
+        ->check(CLI::IsMember({"none", "ngram"}))
+        ->capture_default_str();
+    cmd->add_option("--num-speculative-tokens", num_speculative_tokens,
+                    "Drafts per decoding sequence per step with --speculative ngram")
+        ->check(int_range(1, kMaxSpeculativeTokens))
+        ->capture_default_str();
     cmd->add_option("--max-itl-ms", max_itl_ms,
                     "Latency target of a step that holds decodes, in ms: such a step takes fewer prompt tokens, as "
                     "many as the measured cost per token allows (at least 16); 0: none, the whole --max-batch-tokens "
@@ -363,6 +372,7 @@ RankRuntime load_model(const ModelArgs& args, const std::function<void(const Wor
     opt.model.kv_dtype = parse_kv_dtype(args.kv_cache_dtype);
     opt.kv_cache_gb = args.kv_cache_gb;
     opt.engine.max_seqs = args.max_seqs;
+    opt.engine.speculative_tokens = args.speculative == "ngram" ? args.num_speculative_tokens : 0;
     opt.max_itl_ms = args.max_itl_ms;
     opt.engine.prefix_caching = !args.no_prefix_cache;
     opt.engine.step_graphs = !args.enforce_eager;

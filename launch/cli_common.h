@@ -38,6 +38,8 @@ struct ModelArgs {
     bool no_shm_comm = false;
     double kv_cache_gb = 0;       // 0: the builder's default (runtime/builder/build.h)
     std::string kv_cache_dtype = "auto";  // runtime/backend/backend.h KvDtype
+    std::string speculative = "none";     // none | ngram (runtime/engine/speculative.h)
+    int64_t num_speculative_tokens = 4;
     int64_t max_seqs = 64;
     double max_itl_ms = -1;       // latency target of a step with decodes; -1: the device's default
     int64_t block_size = 16;

@@ -498,6 +498,8 @@ void write_batch_stats(const std::string& path, const BatchTotals& t, const Rank
                      {"plans_sent", rt.engine->counters().plans_sent},
                      {"plan_bytes", rt.engine->counters().plan_bytes},
                      {"cached_prompt_tokens", s1.cached_tokens - s0.cached_tokens},
+                     {"drafted_tokens", s1.drafted_tokens - s0.drafted_tokens},
+                     {"accepted_tokens", s1.accepted_tokens - s0.accepted_tokens},
                      {"ranks", rt.world.world},
                      {"threads", rt.backend->threads()},
                      {"quant", quant}};

@@ -76,6 +76,9 @@ void print_stats(const GenerateStats& s) {
         s.prompt_tokens, s.prefill_seconds, s.prefill_seconds > 0 ? double(s.prompt_tokens) / s.prefill_seconds : 0.0,
         decode_tokens(s), s.decode_seconds, decode_rate(s), s.generated_tokens);
     if (s.sequences > 1) line += fmt::format(" over {} sequences", s.sequences);
+    if (s.drafted_tokens > 0)
+        line += fmt::format("; speculative: {} of {} drafts accepted ({:.0f}%)", s.accepted_tokens, s.drafted_tokens,
+                            100.0 * double(s.accepted_tokens) / double(s.drafted_tokens));
     line += "\n";
     print_stderr(line);
 }
@@ -134,6 +137,8 @@ void write_stats(const std::string& path, const GenerateStats& s, const RankRunt
         {"quant_head", rt.model->options().quant_head},
         {"preemptions", s.preemptions},
         {"peak_kv_blocks", s.peak_kv_blocks},
+        {"drafted_tokens", s.drafted_tokens},
+        {"accepted_tokens", s.accepted_tokens},
         {"backend", rt.backend->name()},
         {"weight_bytes_per_rank", rt.model->weight_bytes()},
         {"load_seconds", rt.load_seconds},

@@ -179,6 +179,8 @@ void EngineLoop::publish() {
     g.prompt_tokens = s.stats().prompt_tokens;
     g.generated_tokens = s.stats().generated_tokens;
     g.cached_tokens = s.stats().cached_tokens;
+    g.drafted_tokens = s.stats().drafted_tokens;
+    g.accepted_tokens = s.stats().accepted_tokens;
     metrics_.set_engine(g);
 }
 

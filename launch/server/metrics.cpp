@@ -162,6 +162,9 @@ std::string Metrics::render() const {
     vllm("generation_tokens_total", "counter", "Generated tokens.", engine_.generated_tokens);
     vllm("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.", engine_.prompt_tokens);
     vllm("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", engine_.cached_tokens);
+    vllm("spec_decode_num_draft_tokens_total", "counter", "Speculative drafts fed (--speculative).",
+         engine_.drafted_tokens);
+    vllm("spec_decode_num_accepted_tokens_total", "counter", "Speculative drafts accepted.", engine_.accepted_tokens);
     vllm("num_preemptions_total", "counter", "Sequences preempted (KV blocks ran out; recomputed later).",
          engine_.preemptions);
     vllm("num_requests_running", "gauge", "Sequences running (holding KV blocks).", engine_.running);

@@ -32,6 +32,7 @@ struct EngineGauges {
     int64_t running = 0, waiting = 0;
     int64_t blocks_used = 0, blocks_total = 0;
     int64_t preemptions = 0, prompt_tokens = 0, generated_tokens = 0, cached_tokens = 0;
+    int64_t drafted_tokens = 0, accepted_tokens = 0;  // speculative decoding
 };
 
 // Cumulative histogram with fixed upper bounds (+Inf implied).

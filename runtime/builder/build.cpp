@@ -174,7 +174,9 @@ RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const T
     // bounds prompt chunks, never how many sequences run.
     const int64_t step_budget = opt.micro_batch > 0 ? opt.micro_batch : opt.model.max_batch_tokens;
     const int64_t decode_rows = (opt.engine.max_seqs + ctx.world.pp - 1) / ctx.world.pp;
-    model_opt.max_batch_tokens = std::max(model_opt.max_batch_tokens, step_budget + decode_rows);
+    // Each decode row may carry speculative drafts (EngineOptions::speculative_tokens) beside it.
+    model_opt.max_batch_tokens =
+        std::max(model_opt.max_batch_tokens, step_budget + decode_rows * (1 + opt.engine.speculative_tokens));
     const bool sim = backend_opt.kind == BackendKind::kSim;
     model_opt.shape_only = sim;
     if (rt.backend->device() == Device::kCpu && !sim) check_host_memory(src.config(), opt);

@@ -70,6 +70,10 @@ Engine::Engine(Model& model, PipelineLinks links, const EngineOptions& opt) : mo
         so.micro_batches = stages_;
         so.vocab = c.vocab;
         so.eos_ids = c.eos_ids;
+        LATTICE_CHECK(opt_.speculative_tokens >= 0 && opt_.speculative_tokens <= kMaxSpeculativeTokens,
+                      "speculative tokens {}: must be in [0, {}]", opt_.speculative_tokens, kMaxSpeculativeTokens);
+        so.spec_tokens = opt_.speculative_tokens;
+        so.proposer = opt_.draft_proposer;
         sched_ = std::make_unique<Scheduler>(so, *pool_);
     }
     last_sent_ = Clock::now();
@@ -133,7 +137,7 @@ void Engine::send_results(const StepPlan& p, const Results& r) {
         links_.world->send(host_view(r.logits.data(), DType::kF32, int64_t(r.logits.size())), 0);
         return;
     }
-    std::vector<SampledToken> buf;
+    std::vector<SampledToken> buf;  // {slots, 0}, a token per slot (plan.sample_slots()), the top logprobs
     buf.reserve(r.tokens.size() + 1);
     buf.push_back(SampledToken{int32_t(r.tokens.size()), 0});
     buf.insert(buf.end(), r.tokens.begin(), r.tokens.end());
@@ -152,7 +156,7 @@ Engine::Results Engine::await_oldest(StepPlan* plan) {
         r.logits.resize(plan->tokens.size() * size_t(model_.config().vocab));
         links_.world->recv(host_view(r.logits.data(), DType::kF32, int64_t(r.logits.size())), links_.sampler);
     } else {
-        const int64_t n = plan->sampled();
+        const int64_t n = plan->sample_slots();
         int64_t top = 0;
         for (const PlanSeq& ps : plan->seqs)
             if (ps.sample) top += ps.sampling.logprobs;
@@ -160,7 +164,7 @@ Engine::Results Engine::await_oldest(StepPlan* plan) {
         links_.world->recv(
             host_view(reinterpret_cast<uint8_t*>(buf.data()), DType::kU8, int64_t(buf.size() * sizeof(SampledToken))),
             links_.sampler);
-        LATTICE_CHECK(buf[0].token == n, "leader: step {} came back with {} tokens for {} samples", plan->number,
+        LATTICE_CHECK(buf[0].token == n, "leader: step {} came back with {} token slots for {}", plan->number,
                       buf[0].token, n);
         r.tokens.assign(buf.begin() + 1, buf.begin() + 1 + n);
         r.top.assign(buf.begin() + 1 + n, buf.end());
@@ -207,7 +211,8 @@ void Engine::execute(const StepPlan& p, Results* out) {
             seq_of_[size_t(i)] = int32_t(s);
             if (p.kind == StepPlan::Kind::kScore) rows.push_back(i);
         }
-        if (p.kind == StepPlan::Kind::kStep && ps.sample) rows.push_back(i - 1);
+        if (p.kind == StepPlan::Kind::kStep && ps.sample)  // the last row, and the drafts' rows before it
+            for (int64_t d = ps.n_draft; d >= 0; --d) rows.push_back(i - 1 - d);
     }
     if (is_sampler())
         for (int64_t id : p.released) samplers_.erase(id);
@@ -283,11 +288,14 @@ void Engine::sim_execute(const StepPlan& p, Results* out) {
     if (is_sampler()) {
         for (int64_t id : p.released) samplers_.erase(id);
         out->tokens.clear();
-        for (const PlanSeq& ps : p.seqs)
-            if (ps.sample)
-                out->tokens.push_back(SampledToken{
-                    SimDevice::pseudo_token(ps.id, ps.start + ps.count, model_.config().vocab, model_.config().eos_ids),
-                    0.0f});
+        for (const PlanSeq& ps : p.seqs) {
+            if (!ps.sample) continue;
+            out->tokens.push_back(SampledToken{
+                SimDevice::pseudo_token(ps.id, ps.start + ps.count - ps.n_draft, model_.config().vocab,
+                                        model_.config().eos_ids),
+                0.0f});
+            out->tokens.insert(out->tokens.end(), size_t(ps.n_draft), SampledToken{-1, 0.0f});  // drafts refused
+        }
     }
     counters_.compute_seconds += since(t0);
     counters_.wait_seconds += waited;
@@ -365,10 +373,16 @@ void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
         const PlanSeq* ps;
         std::span<const int32_t> bans, recent;
         Sampler* sampler;
-        const uint32_t* mask;  // structured output: the allowed ids' bits (null: all allowed)
+        const uint32_t* mask;   // structured output: the allowed ids' bits (null: all allowed)
+        int64_t row = 0;        // its first logit row (n_draft + 1 rows with drafts)
+        size_t slot = 0;        // its first token slot in out->tokens
+        const int32_t* drafts;  // n_draft drafted ids (the fed tokens after the first)
     };
     std::vector<Row> rows;
-    size_t ban = 0, recent = 0, mask = 0;
+    size_t ban = 0, recent = 0, mask = 0, fed = 0;
+    int64_t logit_rows = 0;
+    size_t slots = 0;
+    bool drafts = false;
     LATTICE_CHECK(p.masks.empty() || p.mask_width == (V + 31) / 32, "step {}: masks of {} words for a vocab of {}",
                   p.number, p.mask_width, V);
     for (const PlanSeq& ps : p.seqs) {
@@ -378,14 +392,18 @@ void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
         recent += size_t(ps.n_recent);
         const uint32_t* allowed = ps.masked ? p.masks.data() + mask : nullptr;
         mask += ps.masked ? size_t(p.mask_width) : 0;
+        fed += size_t(ps.count);
         if (!ps.sample) continue;
         auto it = samplers_.find(ps.id);
         if (it == samplers_.end()) it = samplers_.emplace(ps.id, Sampler(ps.sampling)).first;
-        rows.push_back({&ps, ps.ban_stop ? bans : std::span<const int32_t>{}, last, &it->second, allowed});
+        rows.push_back({&ps, ps.ban_stop ? bans : std::span<const int32_t>{}, last, &it->second, allowed, logit_rows,
+                        slots, p.tokens.data() + fed - size_t(ps.n_draft)});
+        logit_rows += 1 + ps.n_draft;
+        slots += size_t(1 + ps.n_draft);
+        drafts |= ps.n_draft > 0;
     }
-    LATTICE_CHECK(int64_t(rows.size()) == lg.rows(), "step {}: {} logit rows for {} samples", p.number, lg.rows(),
-                  rows.size());
-    out->tokens.resize(rows.size());
+    LATTICE_CHECK(logit_rows == lg.rows(), "step {}: {} logit rows for {} samples", p.number, lg.rows(), logit_rows);
+    out->tokens.assign(slots, SampledToken{-1, 0.0f});
     std::vector<size_t> top_at(rows.size());  // where each row's top logprobs go in out->top
     size_t n_top = 0;
     for (size_t k = 0; k < rows.size(); ++k) {
@@ -397,18 +415,20 @@ void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
     std::vector<int64_t> on_backend;
     if (be.selects_tokens())
         for (size_t k = 0; k < rows.size(); ++k)
-            if (!rows[k].sampler->penalized() && rows[k].ps->sampling.logprobs == 0 && !rows[k].mask)
+            if (!rows[k].sampler->penalized() && rows[k].ps->sampling.logprobs == 0 && !rows[k].mask &&
+                rows[k].ps->n_draft == 0)
                 on_backend.push_back(int64_t(k));
     if (!on_backend.empty()) {
-        // select_tokens takes its rows contiguous: in a batch that mixes in penalized rows, every
-        // row goes to the host (the penalized ones need it there) and the plain ones back to the front.
+        // select_tokens takes its rows contiguous: in a batch that mixes in penalized (or speculating)
+        // rows, every row goes to the host (those need it there) and the plain ones back to the front.
         View sel = lg;
         if (int64_t(on_backend.size()) != lg.rows()) {
             sel = lg.row_range(0, int64_t(on_backend.size()));
             host_rows_.resize(size_t(lg.rows() * V));
             be.download(host_rows_.data(), lg);
             for (size_t j = 0; j < on_backend.size(); ++j)
-                be.upload(sel.row_range(int64_t(j), int64_t(j) + 1), host_rows_.data() + size_t(on_backend[j] * V));
+                be.upload(sel.row_range(int64_t(j), int64_t(j) + 1),
+                          host_rows_.data() + size_t(rows[size_t(on_backend[j])].row * V));
         }
         std::vector<TokenSelect> sels(on_backend.size());
         for (size_t j = 0; j < on_backend.size(); ++j) {
@@ -422,7 +442,7 @@ void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
         be.select_tokens(sel, sels, ids.data(), lps.data());
         for (size_t j = 0; j < on_backend.size(); ++j) {
             rows[size_t(on_backend[j])].sampler->accept(ids[j]);
-            out->tokens[size_t(on_backend[j])] = SampledToken{ids[j], lps[j]};
+            out->tokens[rows[size_t(on_backend[j])].slot] = SampledToken{ids[j], lps[j]};
         }
     }
     if (on_backend.size() == rows.size()) return;
@@ -437,7 +457,12 @@ void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
             continue;
         }
         const Row& r = rows[k];
-        float* row = host_rows_.data() + k * size_t(V);
+        if (r.ps->n_draft > 0) {
+            verify_drafts(r.ps->n_draft, r.drafts, host_rows_.data() + size_t(r.row * V), V, r.bans, *r.sampler,
+                          out->tokens.data() + r.slot);
+            continue;
+        }
+        float* row = host_rows_.data() + size_t(r.row * V);
         // log-softmax of the model's row (temperature 1), before any ban, penalty or temperature
         const double lse = host_log_sum_exp(row, V);
         if (const int32_t m = std::min<int32_t>(r.ps->sampling.logprobs, int32_t(V)); m > 0) {
@@ -450,7 +475,25 @@ void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
             if (id >= 0 && id < V) row[id] = -INFINITY;
         if (r.mask) apply_token_mask(row, V, r.mask);
         const int32_t tok = r.sampler->sample(row, V, r.recent);
-        out->tokens[k] = SampledToken{tok, float(double(row[tok]) - lse)};  // (the Sampler leaves row raw)
+        out->tokens[r.slot] = SampledToken{tok, float(double(row[tok]) - lse)};  // (the Sampler leaves row raw)
+    }
+}
+
+// A speculating sequence's n_draft + 1 rows (row i follows draft i, row 0 the last verified token):
+// each draft checked in order (Sampler::verify, which keeps the sampled distribution exact) until one
+// is refused, whose row's token replaces it; when all pass, the last row gives one more token. The
+// tokens go to out[0 ..], each with its raw log-softmax; the slots after them stay -1.
+void Engine::verify_drafts(int32_t n_draft, const int32_t* drafts, float* rows, int64_t V,
+                           std::span<const int32_t> bans, Sampler& sampler, SampledToken* out) {
+    for (int32_t i = 0; i <= n_draft; ++i) {
+        float* row = rows + size_t(i) * size_t(V);
+        const double lse = host_log_sum_exp(row, V);
+        for (int32_t id : bans)
+            if (id >= 0 && id < V) row[id] = -INFINITY;
+        bool accepted = false;
+        const int32_t tok = i < n_draft ? sampler.verify(row, V, drafts[i], &accepted) : sampler.sample(row, V);
+        out[i] = SampledToken{tok, float(double(row[tok]) - lse)};
+        if (!accepted) return;
     }
 }
 

@@ -23,6 +23,7 @@
 #include <map>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -47,6 +48,8 @@ struct PipelineLinks {
     int sampler = 0;                // world rank that samples
 };
 
+inline constexpr int64_t kMaxSpeculativeTokens = 16;  // drafts per sequence per step at most
+
 struct EngineOptions {
     int64_t kv_blocks = 0;  // blocks of the paged cache (the model's allocate_kv size)
     bool prefix_caching = true;
@@ -59,6 +62,12 @@ struct EngineOptions {
     // tokens into such a step, by a cost model fitted to the measured steps (--max-itl-ms).
     double max_itl_s = 0;
     double heartbeat_s = 5.0;  // an idle leader pings the followers at least this often
+    // Speculative decoding by prompt lookup (runtime/engine/speculative.h): drafts per decoding sequence
+    // per step, checked in the same step (0: off). The builder adds rows for them
+    // (--speculative ngram --num-speculative-tokens k).
+    int64_t speculative_tokens = 0;
+    // Their proposer (leader): null is prompt lookup (runtime/engine/scheduler.h SchedulerOptions::proposer).
+    std::function<std::vector<int32_t>(std::span<const int32_t> tokens, int64_t k)> draft_proposer;
     // Decode steps as captured step graphs (CUDA graphs) on a backend that has them, one per
     // batch-size bucket (powers of two up to max_seqs), padded with dummy sequences on a reserved
     // KV block; single-stage models only (pp = 1). false: every step eager (--enforce-eager).
@@ -102,6 +111,8 @@ struct GenerateStats {
     int64_t preemptions = 0;
     int64_t peak_kv_blocks = 0;
     int64_t cached_prompt_tokens = 0;
+    int64_t drafted_tokens = 0;   // speculative decoding: drafts fed
+    int64_t accepted_tokens = 0;  // ... and accepted
     std::vector<StepBreakdown> per_rank;  // every world rank's, in rank order (every rank gets all)
 };
 
@@ -199,6 +210,8 @@ private:
     void execute(const StepPlan& p, Results* out);
     void sim_execute(const StepPlan& p, Results* out);
     void sample_rows(const StepPlan& p, const View& logits, Results* out);
+    static void verify_drafts(int32_t n_draft, const int32_t* drafts, float* rows, int64_t V,
+                              std::span<const int32_t> bans, Sampler& sampler, SampledToken* out);
     // A decode-only step through the captured graph of its bucket; false when the step is not one.
     bool graph_step(const StepPlan& p, const TokenBatch& b, Results* out);
     void issue(const StepPlan& p);

@@ -73,7 +73,7 @@ Engine::RunMark Engine::mark_run() const {
 GenerateStats Engine::finish_run(const RunMark& m, int64_t sequences, double prefill_seconds,
                                  const std::string& error) {
     const double wall_s = since(m.start);  // this rank's run (the stats' broadcast not counted)
-    // The leader's numbers, to every rank: 7 stats and the error's length, then the error's bytes.
+    // The leader's numbers, to every rank: 9 stats and the error's length, then the error's bytes.
     std::vector<int64_t> meta;
     std::vector<int32_t> text;
     if (is_leader()) {
@@ -85,6 +85,8 @@ GenerateStats Engine::finish_run(const RunMark& m, int64_t sequences, double pre
                 s1.preemptions - m.sched.preemptions,
                 s1.peak_blocks,
                 s1.cached_tokens - m.sched.cached_tokens,
+                s1.drafted_tokens - m.sched.drafted_tokens,
+                s1.accepted_tokens - m.sched.accepted_tokens,
                 int64_t(error.size())};
         text.assign(error.begin(), error.end());
     }
@@ -92,8 +94,8 @@ GenerateStats Engine::finish_run(const RunMark& m, int64_t sequences, double pre
         broadcast_vec(*links_.world, meta, DType::kI64);
         broadcast_vec(*links_.world, text, DType::kI32);
     }
-    LATTICE_CHECK(meta.size() == 8, "engine: {} run statistics from the leader, expected 8", meta.size());
-    if (meta[7] > 0) {
+    LATTICE_CHECK(meta.size() == 10, "engine: {} run statistics from the leader, expected 10", meta.size());
+    if (meta[9] > 0) {
         const std::string msg(text.begin(), text.end());
         if (is_leader()) LATTICE_FAIL("{}", msg);
         LATTICE_FAIL("the leader (rank 0) failed: {}", msg);
@@ -107,6 +109,8 @@ GenerateStats Engine::finish_run(const RunMark& m, int64_t sequences, double pre
     stats.preemptions = meta[4];
     stats.peak_kv_blocks = meta[5];
     stats.cached_prompt_tokens = meta[6];
+    stats.drafted_tokens = meta[7];
+    stats.accepted_tokens = meta[8];
     stats.idle_seconds = counters_.wait_seconds - m.counters.wait_seconds;
     stats.compute_seconds = counters_.compute_seconds - m.counters.compute_seconds;
     stats.per_rank = gather_breakdowns(breakdown(m.counters, m.comm_seconds, wall_s));

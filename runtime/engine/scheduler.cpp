@@ -1,5 +1,6 @@
 // Scheduler (see scheduler.h for the policy).
 #include "runtime/engine/scheduler.h"
+#include "runtime/engine/speculative.h"
 
 #include <algorithm>
 #include <cmath>
@@ -211,17 +212,19 @@ StepPlan Scheduler::next(int64_t number) {
                             ? std::max<int64_t>(1, (active + opt_.micro_batches - 1) / opt_.micro_batches)
                             : opt_.max_seqs;
     std::vector<int64_t> in_plan;
-    auto take = [&](Seq& s, int64_t n) {
+    auto take = [&](Seq& s, int64_t n, const std::vector<int32_t>& drafts = {}) {
         const int64_t ban0 = int64_t(p.ban_ids.size());
         PlanSeq ps;
         ps.id = s.id;
         ps.start = int32_t(s.computed);
-        ps.count = int32_t(n);
+        ps.count = int32_t(n + int64_t(drafts.size()));
+        ps.n_draft = int32_t(drafts.size());
         ps.sample = s.computed + n == int64_t(s.tokens.size());
         ps.ban_stop = ps.sample && s.generated() < s.req.min_tokens;
         ps.sampling = s.req.sampling;
         p.seqs.push_back(ps);
         p.tokens.insert(p.tokens.end(), s.tokens.begin() + s.computed, s.tokens.begin() + s.computed + n);
+        p.tokens.insert(p.tokens.end(), drafts.begin(), drafts.end());
         std::vector<int32_t> row(size_t(p.width), -1);
         std::copy(s.blocks.begin(), s.blocks.end(), row.begin());
         p.tables.insert(p.tables.end(), row.begin(), row.end());
@@ -250,7 +253,8 @@ StepPlan Scheduler::next(int64_t number) {
             p.recent_ids.insert(p.recent_ids.end(), s.tokens.end() - w, s.tokens.end());
             p.seqs.back().n_recent = int32_t(w);
         }
-        s.computed += n;
+        s.computed += n + int64_t(drafts.size());  // (complete() takes back the refused drafts)
+        stats_.drafted_tokens += int64_t(drafts.size());
         ++s.inflight;
         s.awaiting = ps.sample;
         budget -= n;
@@ -262,24 +266,31 @@ StepPlan Scheduler::next(int64_t number) {
     //    prompt chunks, never how many sequences run.
     //    A prompt's last token (one left to compute) goes here too, but from the prompt budget.
     const int64_t capacity = opt_.step_capacity > 0 ? opt_.step_capacity : opt_.step_tokens;
-    int64_t decodes = 0, prompt_tails = 0;
+    int64_t decodes = 0, prompt_tails = 0, drafted = 0;
     const std::vector<Seq*> order = by_priority();
     for (Seq* sp : order) {
         Seq& s = *sp;
-        if (int64_t(in_plan.size()) >= cap || decodes + prompt_tails >= capacity) break;
+        if (int64_t(in_plan.size()) >= cap || decodes + prompt_tails + drafted >= capacity) break;
         if (!ready(s) || int64_t(s.tokens.size()) - s.computed != 1) continue;
         const bool tail = s.computed < s.prompt_len;  // not a sampled token: a prompt's last
         if (tail && prompt_tails >= opt_.step_tokens) continue;
+        // Drafts take room the prompt budget leaves in the step (beside a decode token for every
+        // running sequence that may still come).
+        const int64_t decode_rows = (opt_.max_seqs + opt_.micro_batches - 1) / opt_.micro_batches;
+        const int64_t room = capacity - opt_.step_tokens - std::min(decode_rows, capacity) - drafted;
+        std::vector<int32_t> drafts = tail ? std::vector<int32_t>{} : drafts_for(s, room);
+        if (!drafts.empty() && !ensure_blocks(s, s.computed + 1 + int64_t(drafts.size()), in_plan)) drafts.clear();
         if (ensure_blocks(s, s.computed + 1, in_plan)) {
-            take(s, 1);
+            take(s, 1, drafts);
             ++(tail ? prompt_tails : decodes);
+            drafted += int64_t(drafts.size());
         }
     }
     int64_t step_tokens = opt_.step_tokens;  // the prompt budget, less where a latency target binds
     if (opt_.max_itl_s > 0 && decodes > 0 && cost_.ready())
         step_tokens = std::clamp(cost_.tokens_within(opt_.max_itl_s) - decodes, std::min(opt_.min_chunk, step_tokens),
                                  step_tokens);
-    budget = std::min(step_tokens - prompt_tails, capacity - decodes - prompt_tails);  // for prompt tokens
+    budget = std::min(step_tokens - prompt_tails, capacity - decodes - prompt_tails - drafted);  // for prompt tokens
     // 2. Prefill chunks of running sequences (chunked prompts, recomputation after preemption).
     for (Seq* sp : order) {
         Seq& s = *sp;
@@ -319,6 +330,24 @@ StepPlan Scheduler::next(int64_t number) {
     return p;
 }
 
+std::vector<int32_t> Scheduler::drafts_for(const Seq& s, int64_t room) const {
+    if (opt_.spec_tokens <= 0 || room <= 0 || s.req.grammar || s.req.sampling.logprobs > 0 ||
+        s.req.sampling.uses_recent() || s.req.sampling.presence_penalty != 0.0f ||
+        s.req.sampling.frequency_penalty != 0.0f || s.generated() < s.req.min_tokens)
+        return {};
+    // Every draft accepted and one more token must stay within max_new_tokens and the context.
+    const int64_t k = std::min({opt_.spec_tokens, room, s.req.max_new_tokens - s.generated() - 1,
+                                opt_.max_seq - int64_t(s.tokens.size()) - 1});
+    if (k <= 0) return {};
+    std::vector<int32_t> d =
+        opt_.proposer ? opt_.proposer(s.tokens, k) : ngram_drafts(s.tokens, k, opt_.spec_ngram_min, opt_.spec_ngram_max);
+    if (int64_t(d.size()) > k) d.resize(size_t(k));
+    for (int32_t t : d)
+        LATTICE_CHECK(t >= 0 && t < opt_.vocab, "speculative decoding: draft token {} outside the vocab of {}", t,
+                      opt_.vocab);
+    return d;
+}
+
 bool Scheduler::is_stop(const Seq& s, int32_t t) const {
     if (!s.req.ignore_eos && std::find(opt_.eos_ids.begin(), opt_.eos_ids.end(), int64_t(t)) != opt_.eos_ids.end())
         return true;
@@ -336,18 +365,58 @@ void Scheduler::finish(Seq& s, FinishReason why, std::vector<TokenEvent>& out, i
     seqs_.erase(s.id);
 }
 
+bool Scheduler::append(Seq& s, const SampledToken& st, std::vector<TokenEvent>& out) {
+    LATTICE_CHECK(st.token >= 0 && st.token < opt_.vocab, "scheduler: sampled token {} outside the vocab", st.token);
+    s.tokens.push_back(st.token);
+    ++stats_.generated_tokens;
+    FinishReason why = FinishReason::kNone;
+    bool grammar_end = false;
+    if (GrammarMatcher* g = s.req.grammar.get()) {
+        // The mask allowed only what the grammar accepts, and end ids once it is complete.
+        if (!g->accept(st.token)) {
+            if (!g->complete())
+                LOG_WARN("request {}: sampled token {} is outside its grammar; the output ends here", s.id, st.token);
+            why = FinishReason::kStop;  // an end id: eos / end of turn (ignore_eos or not)
+        } else if (g->finished()) {
+            why = FinishReason::kStop;
+            grammar_end = true;
+        }
+    }
+    if (why == FinishReason::kNone) {
+        if (is_stop(s, st.token) && s.generated() > s.req.min_tokens - 1)
+            why = FinishReason::kStop;
+        else if (s.generated() >= s.req.max_new_tokens)
+            why = FinishReason::kLength;
+        else if (int64_t(s.tokens.size()) >= opt_.max_seq)
+            why = FinishReason::kLength;  // the context is full
+    }
+    const double queued = s.generated() == 1 ? s.queue_seconds : -1;  // (finish may drop s)
+    if (why != FinishReason::kNone)
+        finish(s, why, out, st.token, st.logprob);
+    else
+        out.push_back(TokenEvent{s.id, st.token, st.logprob, FinishReason::kNone});
+    out.back().queue_seconds = queued;
+    out.back().grammar_end = grammar_end;
+    return why == FinishReason::kNone;
+}
+
 std::vector<TokenEvent> Scheduler::complete(const StepPlan& plan, std::span<const SampledToken> sampled) {
     std::vector<TokenEvent> out = take_finished();
     size_t k = 0;
+    int64_t fed = 0;  // plan.tokens before this sequence's
     for (const PlanSeq& ps : plan.seqs) {
+        const int64_t first_fed = fed;
+        fed += ps.count;
         auto it = seqs_.find(ps.id);
         LATTICE_CHECK(it != seqs_.end(), "scheduler: step {} completed for unknown sequence {}", plan.number, ps.id);
         Seq& s = it->second;
         --s.inflight;
         if (ps.sample) {
-            LATTICE_CHECK(k < sampled.size(), "scheduler: step {} returned {} tokens for {} samples", plan.number,
-                          sampled.size(), plan.sampled());
-            const SampledToken st = sampled[k++];
+            const size_t slots = size_t(1 + ps.n_draft);
+            LATTICE_CHECK(k + slots <= sampled.size(), "scheduler: step {} returned {} token slots for {}",
+                          plan.number, sampled.size(), plan.sample_slots());
+            const std::span<const SampledToken> got = sampled.subspan(k, slots);
+            k += slots;
             s.awaiting = false;
             if (s.cancelled) {
                 if (s.inflight == 0) {
@@ -357,40 +426,23 @@ std::vector<TokenEvent> Scheduler::complete(const StepPlan& plan, std::span<cons
                 }
                 continue;
             }
-            LATTICE_CHECK(st.token >= 0 && st.token < opt_.vocab, "scheduler: sampled token {} outside the vocab",
-                          st.token);
-            s.tokens.push_back(st.token);
-            ++stats_.generated_tokens;
-            register_full_blocks(s, ps.start + ps.count);
-            FinishReason why = FinishReason::kNone;
-            bool grammar_end = false;
-            if (GrammarMatcher* g = s.req.grammar.get()) {
-                // The mask allowed only what the grammar accepts, and end ids once it is complete.
-                if (!g->accept(st.token)) {
-                    if (!g->complete())
-                        LOG_WARN("request {}: sampled token {} is outside its grammar; the output ends here", s.id,
-                                 st.token);
-                    why = FinishReason::kStop;  // an end id: eos / end of turn (ignore_eos or not)
-                } else if (g->finished()) {
-                    why = FinishReason::kStop;
-                    grammar_end = true;
-                }
-            }
-            if (why == FinishReason::kNone) {
-                if (is_stop(s, st.token) && s.generated() > s.req.min_tokens - 1)
-                    why = FinishReason::kStop;
-                else if (s.generated() >= s.req.max_new_tokens)
-                    why = FinishReason::kLength;
-                else if (int64_t(s.tokens.size()) >= opt_.max_seq)
-                    why = FinishReason::kLength;  // the context is full
-            }
-            const double queued = s.generated() == 1 ? s.queue_seconds : -1;  // (finish may drop s)
-            if (why != FinishReason::kNone)
-                finish(s, why, out, st.token, st.logprob);
-            else
-                out.push_back(TokenEvent{s.id, st.token, st.logprob, FinishReason::kNone});
-            out.back().queue_seconds = queued;
-            out.back().grammar_end = grammar_end;
+            size_t m = 0;  // tokens returned: the accepted drafts and one more
+            while (m < slots && got[m].token >= 0) ++m;
+            LATTICE_CHECK(m >= 1, "scheduler: step {} returned no token for sequence {}", plan.number, s.id);
+            for (size_t j = m; j < slots; ++j)
+                LATTICE_CHECK(got[j].token == -1, "scheduler: step {}: sequence {}'s token slots are not a run",
+                              plan.number, s.id);
+            for (size_t j = 0; j + 1 < m; ++j)
+                LATTICE_CHECK(got[j].token == plan.tokens[size_t(first_fed + 1) + j],
+                              "scheduler: step {}: sequence {}'s token {} is not the draft it accepted", plan.number,
+                              s.id, j);
+            stats_.accepted_tokens += int64_t(m) - 1;
+            // K/V are valid for the fed token and the accepted drafts; refused drafts' positions are
+            // overwritten when they are fed again.
+            s.computed = ps.start + ps.count - ps.n_draft + int64_t(m) - 1;
+            register_full_blocks(s, s.computed);
+            for (size_t j = 0; j < m; ++j)
+                if (!append(s, got[j], out)) break;  // (s may be gone)
         } else {
             register_full_blocks(s, ps.start + ps.count);
             if (s.cancelled && s.inflight == 0 && !s.awaiting) {
@@ -400,7 +452,7 @@ std::vector<TokenEvent> Scheduler::complete(const StepPlan& plan, std::span<cons
             }
         }
     }
-    LATTICE_CHECK(k == sampled.size(), "scheduler: step {} returned {} tokens for {} samples", plan.number,
+    LATTICE_CHECK(k == sampled.size(), "scheduler: step {} returned {} token slots for {}", plan.number,
                   sampled.size(), k);
     return out;
 }

@@ -25,6 +25,10 @@
 //    generated so far) are recomputed when it is admitted again. Never a crash, never a truncation;
 //  - prefix caching: an admitted prompt reuses cached full blocks of an identical prefix (at least
 //    its last token is always computed, for its logits); full blocks are cached as they complete.
+// Speculative decoding (spec_tokens > 0): a decoding sequence's step feeds its last token and up to
+// spec_tokens prompt-lookup drafts; the accepted ones and one more come back at once (their K/V stay,
+// the rest is overwritten later: computed falls back to the accepted length), each through the stop
+// rules in order. Drafts use room a step has beside its prompt budget (step_capacity).
 // Stop rules, applied when a sampled token arrives: eos (unless ignore_eos) or a stop id after at
 // least min_tokens (before that they are banned from sampling), max_new_tokens, or the context
 // (max_seq positions) full. A request that can never run (empty, prompt longer than the context,
@@ -34,6 +38,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -111,6 +116,14 @@ struct SchedulerOptions {
     int micro_batches = 1;      // pipeline stages: running sequences are spread over this many steps
     int64_t vocab = 0;          // token ids are checked against it
     std::vector<int64_t> eos_ids;
+    // Speculative decoding by prompt lookup (runtime/engine/speculative.h): a decoding sequence feeds up
+    // to spec_tokens drafts after its last token and the sampler checks them in the same step. 0: off.
+    // Sequences with a grammar, penalties, top logprobs or min_tokens still to reach decode normally.
+    int64_t spec_tokens = 0;
+    int spec_ngram_min = 1, spec_ngram_max = 3;
+    // The drafts of a sequence (its tokens so far, at most k): null is prompt lookup. A hook for other
+    // proposers (tests; a draft model).
+    std::function<std::vector<int32_t>(std::span<const int32_t> tokens, int64_t k)> proposer;
 };
 
 struct SchedulerStats {
@@ -119,6 +132,8 @@ struct SchedulerStats {
     int64_t cached_tokens = 0;  // prompt tokens found in the prefix cache
     int64_t prompt_tokens = 0;  // over admitted requests
     int64_t generated_tokens = 0;
+    int64_t drafted_tokens = 0;   // speculative decoding: drafts fed
+    int64_t accepted_tokens = 0;  // ... of which the sampler accepted
 };
 
 class Scheduler {
@@ -137,7 +152,8 @@ public:
     // cost model learns from it).
     void observe_step(int64_t tokens, double seconds) { cost_.observe(tokens, seconds); }
     const StepCost& step_cost() const { return cost_; }
-    // The sampled tokens of `plan` (one per sampled sequence, plan order) arrived.
+    // The sampled tokens of `plan` arrived: plan.sample_slots() slots, 1 + n_draft per sampled sequence in
+    // plan order, its tokens first (a speculating sequence's accepted drafts, then one more), then -1s.
     std::vector<TokenEvent> complete(const StepPlan& plan, std::span<const SampledToken> sampled);
     // Finishes decided outside a step (cancel of an idle sequence, nothing to generate), drained once.
     std::vector<TokenEvent> take_finished();
@@ -179,6 +195,9 @@ private:
     void register_full_blocks(Seq& s, int64_t done);
     void finish(Seq& s, FinishReason why, std::vector<TokenEvent>& out, int32_t token, float logprob);
     bool is_stop(const Seq& s, int32_t token) const;
+    std::vector<int32_t> drafts_for(const Seq& s, int64_t room) const;  // speculative decoding
+    // One sampled token of s: appended, its stop rules, its event (and the finish). False once s ended.
+    bool append(Seq& s, const SampledToken& st, std::vector<TokenEvent>& out);
 
     SchedulerOptions opt_;
     BlockPool& pool_;

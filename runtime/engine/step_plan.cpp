@@ -12,7 +12,7 @@ namespace lattice {
 
 namespace {
 
-constexpr uint32_t kMagic = 0x4c505334;  // "LPS4": version 4 (block tables as changes, grammar masks)
+constexpr uint32_t kMagic = 0x4c505335;  // "LPS5": version 5 (block tables as changes, grammar masks, drafts)
 constexpr uint32_t kMagicPrefix = 0x4c505300;  // "LPS" + any version
 
 // How a sequence's block table travels (one per sequence, in plan order).
@@ -85,6 +85,12 @@ int64_t StepPlan::sampled() const {
     return n;
 }
 
+int64_t StepPlan::sample_slots() const {
+    int64_t n = 0;
+    for (const PlanSeq& s : seqs) n += s.sample ? 1 + s.n_draft : 0;
+    return n;
+}
+
 const std::vector<int32_t>* PlanTables::find(int64_t id) const {
     auto it = rows.find(id);
     return it == rows.end() ? nullptr : &it->second;
@@ -135,6 +141,7 @@ std::vector<uint8_t> encode_plan(const StepPlan& p, PlanTables& known) {
         w.put(s.sampling.logprobs);
         w.put(s.n_recent);
         w.put(uint8_t(s.masked));
+        w.put(s.n_draft);
         w.put(ops[size_t(i)]);
         w.put(counts[size_t(i)]);
     }
@@ -199,6 +206,12 @@ StepPlan decode_plan(const uint8_t* data, int64_t size, PlanTables& known) {
         s.n_recent = r.get<int32_t>("n_recent");
         s.masked = r.get<uint8_t>("masked") != 0;
         LATTICE_CHECK(!s.masked || s.sample, "step plan: sequence {} is masked but not sampled", s.id);
+        s.n_draft = r.get<int32_t>("n_draft");
+        LATTICE_CHECK(s.n_draft == 0 || (s.n_draft > 0 && s.sample && s.n_draft < s.count && !s.masked &&
+                                         s.n_recent == 0 && s.sampling.logprobs == 0),
+                      "step plan: sequence {} verifies {} drafts of {} fed tokens (sampled: {}, masked: {}, recent "
+                      "ids: {}, top logprobs: {})",
+                      s.id, s.n_draft, s.count, s.sample, s.masked, s.n_recent, s.sampling.logprobs);
         ops.push_back(r.get<uint8_t>("table op"));
         counts.push_back(r.get<int32_t>("table blocks count"));
         LATTICE_CHECK(s.start >= 0 && s.count >= 1, "step plan: sequence {} start {} count {}", s.id, s.start, s.count);

@@ -2,7 +2,8 @@
 // to every other rank as one message. Token i of the batch belongs to seqs[s] (s found by the
 // running sums of `count`), sits at position seqs[s].start + (i - first token of s), and its K/V go
 // to block tables[s * width + position / block_size]. After the forward, the sampler rank samples
-// the last token of every sequence with `sample` set (kStep), or returns the logits of every token
+// the last token of every sequence with `sample` set (kStep; with n_draft drafts, the last n_draft + 1
+// rows: speculative decoding), or returns the logits of every token
 // (kScore). The token history a repetition penalty reads travels in the plan (recent_ids) because
 // only the leader knows it (prefix-cached prompt blocks are never fed to the other ranks).
 // Wire format: a flat little-endian byte string (encode/decode), version-tagged and bounds-checked
@@ -35,6 +36,10 @@ struct PlanSeq {
     int32_t n_recent = 0;   // sampled with a repetition penalty: the sequence's last n_recent tokens are
                             // the next n_recent entries of StepPlan::recent_ids (in plan order)
     bool masked = false;    // structured output: only the tokens of the next mask of StepPlan::masks may be sampled
+    int32_t n_draft = 0;    // speculative decoding: the last n_draft fed tokens are drafts. The sampler checks
+                            // them in order against the rows before them (Sampler::verify) and returns the
+                            // accepted ones and one more token: 1 .. n_draft + 1 tokens (sampled, not masked,
+                            // no recent ids, no top logprobs)
     SamplingParams sampling;
 };
 
@@ -54,6 +59,9 @@ struct StepPlan {
                                     // token id allowed (runtime/engine/grammar.h)
 
     int64_t sampled() const;  // sequences with `sample` set
+    // Token slots of the sampler's answer: 1 + n_draft per sampled sequence, in plan order (a sequence's
+    // tokens first, the slots it leaves unused -1).
+    int64_t sample_slots() const;
     bool empty() const { return seqs.empty(); }
 };
 

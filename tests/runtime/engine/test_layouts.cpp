@@ -6,6 +6,7 @@
 // sampler rank of every layout, with the single rank's tokens.
 // Top logprobs (sampling.logprobs = k) through every layout, with backend token selection on (rows
 // that ask for them fall back to the host path): the k best of a host log-softmax of score()'s row.
+// Speculative decoding (prompt lookup, 4 drafts): the single rank's greedy tokens in every layout.
 // Run under mpirun -np 2 and -np 4 (CTest).
 #include <doctest/doctest.h>
 #include <mpi.h>
@@ -202,6 +203,34 @@ TEST_CASE("several sequences in flight (pipelined decode) equal their single-seq
         CHECK(st.generated_tokens == int64_t(want[0].size() + want[1].size() + want[2].size()));
         CHECK(st.sequences == 3);
     }
+}
+
+TEST_CASE("speculative decoding (prompt lookup) in every layout: the single rank's greedy tokens") {
+    const int world = mpi_session().size();
+    // This model's greedy continuations run the same token many times over: prompt lookup drafts them.
+    auto src = open_model(golden_dir("tiny-fp16-tied"));
+    const auto cases = load_golden("tiny-fp16-tied");
+    const std::vector<GenerateRequest> reqs = {{cases[1].prompt, 24, 0, {}, true, {}},
+                                               {cases[0].prompt, 24, 0, {}, true, {}}};
+    const std::vector<std::vector<int32_t>> want = single_rank_tokens(*src, reqs, true);
+    CHECK(want[0] == cases[1].greedy);
+    int ran = 0;
+    for (const auto& layout : layouts_for(world)) {
+        const int tp = layout.first, pp = layout.second;
+        if (!layout_fits(src->config(), tp, pp)) continue;
+        CAPTURE(tp);
+        CAPTURE(pp);
+        BuildOptions opt = layout_options(tp, pp);
+        opt.engine.speculative_tokens = 4;
+        RankRuntime rt = build(opt, *src);
+        GenerateStats st;
+        const std::vector<GenerateResult> got = rt.engine->generate_batch(reqs, {}, &st);
+        for (size_t i = 0; i < reqs.size(); ++i) CHECK(got[i].tokens == want[i]);
+        CHECK(st.drafted_tokens > 0);  // every rank learns the leader's counts
+        CHECK(st.accepted_tokens > 0);
+        ++ran;
+    }
+    CHECK(ran > 0);
 }
 
 TEST_CASE("the per-step breakdown: every rank's, parts that sum to its wall time, in the right places") {
