@@ -3,6 +3,7 @@
 //  - prompt lookup: the longest recent suffix's earlier occurrence, what followed it, at most k;
 //  - greedy: the tokens equal decoding without drafts, for single sequences and a batch of them,
 //    at the ends of max_new_tokens and of the context, W8A8 and f32 (drafts were fed and accepted);
+//    every golden case's reference tokens, one by one and all cases of a model batched;
 //  - sampling (temperature 1, top-k 4): the joint distribution of the first two sampled tokens over
 //    many seeds matches the exact one from score()'s rows (chi-square at 1e-4), with drafts from a
 //    proposer that offers the second row's most likely token, so both the accept and the refuse
@@ -18,8 +19,10 @@
 #include "runtime/engine/speculative.h"
 #include "runtime/weights/random_source.h"
 #include "tests/test_build.h"
+#include "tests/runtime/model/golden.h"
 
 using namespace lattice;
+using namespace lattice::testing;
 
 namespace {
 
@@ -191,4 +194,26 @@ TEST_CASE("speculative sampling keeps the target distribution; a stop id inside 
         CHECK(got.tokens == std::vector<int32_t>(full.begin(), full.begin() + ptrdiff_t(at) + 1));
         CHECK(got.finish == FinishReason::kStop);
     }
+}
+
+TEST_CASE("speculative greedy decoding gives every golden case's reference tokens") {
+    int64_t drafted = 0, accepted = 0;
+    for (const auto& m : golden_models()) {
+        CAPTURE(m);
+        auto src = open_model(golden_dir(m));
+        const auto cases = load_golden(m);
+        BuildOptions o = test::cpu_options();
+        o.engine.speculative_tokens = 4;
+        RankRuntime rt = build(o, *src);
+        std::vector<GenerateRequest> reqs;
+        for (const auto& c : cases) reqs.push_back(request(c.prompt, int64_t(c.greedy.size())));
+        for (size_t i = 0; i < cases.size(); ++i) CHECK(rt.engine->generate(reqs[i]).tokens == cases[i].greedy);
+        GenerateStats st;
+        const std::vector<GenerateResult> all = rt.engine->generate_batch(reqs, {}, &st);
+        for (size_t i = 0; i < cases.size(); ++i) CHECK(all[i].tokens == cases[i].greedy);
+        drafted += st.drafted_tokens;
+        accepted += st.accepted_tokens;
+    }
+    MESSAGE("golden cases batched: " << accepted << " of " << drafted << " drafts accepted");
+    CHECK(accepted > 0);
 }
