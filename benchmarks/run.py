@@ -215,13 +215,13 @@ def parse_size(s):
     return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
 
 
-def int_list(s):
+def int_list(s, least=1):
     try:
         v = [int(x) for x in s.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{s}: not a comma-separated list of integers")
-    if not v or min(v) <= 0:
-        raise argparse.ArgumentTypeError(f"{s}: positive integers expected")
+    if not v or min(v) < least:
+        raise argparse.ArgumentTypeError(f"{s}: integers >= {least} expected")
     return v
 
 
@@ -672,6 +672,78 @@ def bench_sim(args, rec):
                "TTFT p99 s", "plan prefill s", "steps", "B / plan", "plan wait %", "plan blocked %"], rows)
 
 
+SPEC_TEXT = ("The old lighthouse stood at the edge of the cliff for more than two hundred years. Every night, its "
+             "keeper climbed the narrow stairs to light the lamp, and every morning he wrote a few lines in a thick "
+             "leather book: the weather, the ships that passed, and anything unusual he had seen on the water. When "
+             "the last keeper retired, the town council decided to turn the building into a small museum.")
+SPEC_TASKS = {
+    # A repetitive task: the output copies the prompt (rewriting, editing, summarizing quote much of it).
+    "rewrite": "Rewrite the following paragraph exactly, word for word:\n\n" + SPEC_TEXT +
+               "\n\nRewritten paragraph:\n\nThe old lighthouse",
+    # Free text: little to look up.
+    "free": "Write a short story about a dragon who learns to bake bread.\n\nOnce upon a time",
+}
+
+
+def bench_spec(args, rec):
+    """Speculative decoding by prompt lookup: single-stream decode of `lattice generate` (greedy) on one task
+    with --speculative ngram at each draft count beside plain decoding, interleaved over rounds; the same
+    ids are required of every run (greedy output does not change with drafts)."""
+    lattice = lattice_bin(args)
+    need(lattice, "lattice")
+    source = ["--model", args.model] if args.model else []
+    model_name = os.path.basename(os.path.normpath(args.model)) if args.model else "built-in SmolLM2-135M"
+    per = {}  # (task, k) -> [(decode tok/s, drafted, accepted)]
+    ids_of = {}
+    for rnd in range(max(1, args.rounds)):
+        for task in args.tasks:
+            prompt = rec.raw(f"spec-prompt-{task}").replace(".json", ".txt")
+            with open(prompt, "w") as fh:
+                fh.write(SPEC_TASKS[task])
+            for k in args.drafts:
+                raw = rec.raw(f"spec-{task}-k{k}-r{rnd}")
+                cmd = [lattice, "generate"] + source + ["--prompt-file", prompt, "-n", str(args.max_new_tokens),
+                                                        "--ignore-eos", "--print-ids", "--stats-json", raw, "-q"]
+                cmd += ["--threads", str(args.threads)] if args.threads else []
+                cmd += ["--speculative", "ngram", "--num-speculative-tokens", str(k)] if k > 0 else []
+                cmd += shlex.split(args.extra) if args.extra else []
+                p = run_logged(cmd, args.timeout)
+                if p.returncode != 0 or not os.path.exists(raw):
+                    rec.fail(f"spec {task} k={k}", p)
+                    continue
+                st = json.load(open(raw))
+                ids = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
+                if ids_of.setdefault(task, ids) != ids:
+                    rec.fail(f"spec {task} k={k}: greedy ids differ from the first run's")
+                per.setdefault((task, k), []).append((st["decode_tokens_per_s"], st.get("drafted_tokens", 0),
+                                                      st.get("accepted_tokens", 0)))
+    rows = []
+    for task in args.tasks:
+        base = per.get((task, 0))
+        base_med = statistics.median(r[0] for r in base) if base else None
+        for k in args.drafts:
+            runs = per.get((task, k))
+            if not runs:
+                continue
+            med = statistics.median(r[0] for r in runs)
+            drafted, accepted = sum(r[1] for r in runs), sum(r[2] for r in runs)
+            res = {"decode_tokens_per_s": med, "decode_tokens_per_s_runs": [r[0] for r in runs],
+                   "drafted_tokens": drafted, "accepted_tokens": accepted,
+                   "acceptance": accepted / drafted if drafted else None,
+                   "speedup_vs_plain": med / base_med if base_med and k > 0 else None}
+            params = {"model": model_name, "task": task, "speculative": "ngram" if k else "none",
+                      "num_speculative_tokens": k, "max_new_tokens": args.max_new_tokens, "rounds": len(runs),
+                      "threads": args.threads, "load_avg": os.getloadavg()[0]}
+            rec.emit("spec", params, res, {"baseline": "plain decoding, same binary, same run"})
+            rows.append([task, k or "plain", f(med, 1), f(res["speedup_vs_plain"]),
+                         f(100 * res["acceptance"], 0) if res["acceptance"] is not None else "-",
+                         f"{accepted}/{drafted}"])
+    if rows:
+        table(f"speculative decoding (prompt lookup), {model_name}, greedy, {args.max_new_tokens} new tokens, "
+              f"median of {max(1, args.rounds)} interleaved rounds (load {os.getloadavg()[0]:.1f})",
+              ["task", "drafts", "decode tok/s", "speedup", "accepted %", "accepted/drafted"], rows)
+
+
 def common(p):
     g = p.add_argument_group("common")
     g.add_argument("--build", default=os.environ.get("LATTICE_BUILD", os.path.join(ROOT, "build")),
@@ -742,11 +814,19 @@ def main(argv=None):
     sm.add_argument("--sim-step-ms", type=float, default=0, help="fixed step time instead of the planner's (0)")
     sm.add_argument("--quant", default="none", help="none (fp16 on the simulated GPU) | w8a16 | w8a8")
     sm.add_argument("--extra", default="", help="more lattice batch arguments")
+    sp = sub.add_parser("spec", help="speculative decoding (prompt lookup) vs plain decoding, lattice generate")
+    sp.add_argument("--model", help="checkpoint (default: the built-in model)")
+    sp.add_argument("--tasks", type=lambda v: v.split(","), default=["rewrite", "free"],
+                    help="rewrite (copies its prompt) and/or free (default both)")
+    sp.add_argument("--drafts", type=lambda v: int_list(v, 0), default=[0, 2, 4, 8], help="draft counts, 0 = plain (default 0,2,4,8)")
+    sp.add_argument("--max-new-tokens", type=int, default=96)
+    sp.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    sp.add_argument("--extra", default="", help="more lattice generate arguments")
     sub.add_parser("all", help="gemm, allreduce, attention and e2e with their defaults")
     pl = sub.add_parser("plot", help="PNG plots from DIR/results.jsonl")
     pl.add_argument("dir", help="folder holding results.jsonl (plots go to DIR/plots)")
     pl.add_argument("--plots", help="output folder (default DIR/plots)")
-    for p in (g, a, t, tl, e, sm, sub.choices["all"]):
+    for p in (g, a, t, tl, e, sm, sp, sub.choices["all"]):
         common(p)
     args = ap.parse_args(argv)
 
@@ -770,7 +850,7 @@ def main(argv=None):
         if args.bench == "all":
             args.threads = 1 if b == "e2e" else 0
         {"gemm": bench_gemm, "allreduce": bench_allreduce, "attention": bench_attention, "tplinear": bench_tplinear,
-         "e2e": bench_e2e, "sim": bench_sim}[b](args, rec)
+         "e2e": bench_e2e, "sim": bench_sim, "spec": bench_spec}[b](args, rec)
     print(f"\nrun.py: {rec.count} point(s) appended to {rec.path} (run {rec.run_id}, {time.time() - t0:.0f} s)"
           + (f"; {rec.failures} FAILED" if rec.failures else ""))
     if args.plot:
