@@ -51,6 +51,11 @@ void ModelArgs::add_to(CLI::App* cmd) {
     cmd->add_option("--max-seq", max_seq,
                     fmt::format("KV cache positions per sequence (0: min(max_position_embeddings, {}))", kDefaultMaxSeq))
         ->check(int_range(0, INT32_MAX));
+    add_engine_options(cmd);
+}
+
+// The engine's options: steps, KV cache, speculative decoding, scheduling.
+void ModelArgs::add_engine_options(CLI::App* cmd) {
     cmd->add_option("--max-batch-tokens", max_batch_tokens,
                     "Prompt tokens per step (the prompt chunk); each step also holds one decode token per running "
                     "sequence")
@@ -85,6 +90,11 @@ void ModelArgs::add_to(CLI::App* cmd) {
     cmd->add_flag("--enforce-eager", enforce_eager,
                   "Run every step eagerly: no CUDA graphs for decode steps (on CUDA they are captured per batch-size "
                   "bucket by default; CPU runs eagerly anyway)");
+    add_layout_options(cmd);
+}
+
+// Layout and device options.
+void ModelArgs::add_layout_options(CLI::App* cmd) {
     cmd->add_option("--tp", tp, "Tensor-parallel ranks")->check(tp_flag_range());
     cmd->add_option("--pp", pp, "Pipeline-parallel stages")->check(pp_flag_range());
     cmd->add_option("--pp-layers", pp_layers, "Layers per pipeline stage, e.g. 20,20,21,19");

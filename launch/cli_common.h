@@ -52,6 +52,10 @@ struct ModelArgs {
     std::string devices;          // CUDA ordinals per local rank, e.g. 0,1,2,3
 
     void add_to(CLI::App* cmd);
+
+private:
+    void add_engine_options(CLI::App* cmd);
+    void add_layout_options(CLI::App* cmd);
 };
 
 // Builds this rank's model from the options (runtime/builder/build.h); MPI joins when tp * pp > 1 or
