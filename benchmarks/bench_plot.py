@@ -322,6 +322,8 @@ def plot_sim(recs, plots, made, notes):
         a.legend()
         b.bar(list(x), [100 * (r["results"].get("plan_wait_share") or 0) for r in rs], 0.5, color="#c44e52",
               label="in plan sends")
+        b.bar(list(x), [100 * (r["results"].get("plan_cpu_share") or 0) for r in rs], 0.5, color="#55a868",
+              label="of which the leader ran (CPU)")
         b.bar(list(x), [100 * (r["results"].get("plan_blocked_share") or 0) for r in rs], 0.5, color="#4c72b0",
               label="of which waiting on a follower")
         b.axhline(5, color="gray", ls="--", lw=1)

@@ -639,10 +639,15 @@ def bench_sim(args, rec):
         run_s = st["run_seconds"]
         res = {k: st.get(k) for k in ("run_seconds", "tokens_per_s", "decode_tokens_per_s", "ttft_p50_s",
                                       "ttft_p90_s", "ttft_p99_s", "steps", "plans_sent", "plan_bytes",
-                                      "plan_wait_seconds", "plan_blocked_seconds", "kv_blocks", "kv_blocks_free",
-                                      "completed", "load_seconds")}
-        res["plan_wait_share"] = st["plan_wait_seconds"] / run_s if run_s else None
-        res["plan_blocked_share"] = st["plan_blocked_seconds"] / run_s if run_s else None
+                                      "plan_wait_seconds", "plan_blocked_seconds", "plan_cpu_seconds",
+                                      "sim_overrun_seconds", "kv_blocks", "kv_blocks_free", "completed",
+                                      "load_seconds")}
+        share = lambda k: st[k] / run_s if run_s and st.get(k) is not None else None  # noqa: E731
+        res["plan_wait_share"] = share("plan_wait_seconds")
+        res["plan_blocked_share"] = share("plan_blocked_seconds")
+        res["plan_cpu_share"] = share("plan_cpu_seconds")
+        res["sim_overrun_share"] = share("sim_overrun_seconds")
+        res["load_avg"] = os.getloadavg()[0]  # the machine's, after the run (other sessions share it)
         res["plan_bytes_per_plan"] = st["plan_bytes"] / st["plans_sent"] if st.get("plans_sent") else None
         ceil = {}
         if pred.get("prefill_tokens_per_s") and pred.get("decode_tokens_per_s"):
@@ -664,12 +669,14 @@ def bench_sim(args, rec):
                      ratio(res["decode_tokens_per_s"], ceil.get("predicted_decode_tokens_per_s")),
                      f(res["ttft_p50_s"]), f(res["ttft_p99_s"]), f(ceil.get("predicted_prefill_seconds")),
                      res["steps"], f(res["plan_bytes_per_plan"], 0), f(100 * res["plan_wait_share"], 1),
-                     f(100 * res["plan_blocked_share"], 2)])
+                     f(100 * res["plan_blocked_share"], 2), f(100 * (res["plan_cpu_share"] or 0), 2),
+                     f(100 * (res["sim_overrun_share"] or 0), 1), f(res["load_avg"], 1)])
     if rows:
         table(f"simulated device: {args.preset} on {args.sim_gpu} over {args.sim_link} ({args.quant}), "
               f"{args.requests} requests of {args.prompt} in / {args.max_new_tokens} out, all queued at once",
               ["tp x pp", "tok/s", "plan tok/s", "ratio", "decode tok/s", "plan decode", "ratio", "TTFT p50 s",
-               "TTFT p99 s", "plan prefill s", "steps", "B / plan", "plan wait %", "plan blocked %"], rows)
+               "TTFT p99 s", "plan prefill s", "steps", "B / plan", "plan wait %", "plan blocked %", "plan CPU %",
+               "overrun %", "load"], rows)
 
 
 SPEC_TEXT = ("The old lighthouse stood at the edge of the cliff for more than two hundred years. Every night, its "

@@ -495,6 +495,8 @@ void write_batch_stats(const std::string& path, const BatchTotals& t, const Rank
                      {"steps", rt.engine->counters().steps},
                      {"plan_wait_seconds", rt.engine->counters().plan_wait_seconds},
                      {"plan_blocked_seconds", rt.engine->counters().plan_blocked_seconds},
+                     {"plan_cpu_seconds", rt.engine->counters().plan_cpu_seconds},
+                     {"sim_overrun_seconds", rt.engine->counters().sim_overrun_seconds},
                      {"plans_sent", rt.engine->counters().plans_sent},
                      {"plan_bytes", rt.engine->counters().plan_bytes},
                      {"cached_prompt_tokens", s1.cached_tokens - s0.cached_tokens},

@@ -365,8 +365,9 @@ LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
     out.bound = compute_bound ? "compute" : "memory";
 
     // Prefill: chunks of at most max_batch_tokens flow through the stages (a pipeline when pp > 1).
-    // With pp > 1 the engine's scheduler also caps a step at ceil(sequences / pp) sequences, so the
-    // prompts of a batch split into micro-batches that pipeline (runtime/engine/scheduler.cpp).
+    // With pp > 1 the engine's scheduler also admits at most ceil(sequences / pp) sequences a step and
+    // gives every step in flight a chunk, so the prompts of a batch split into micro-batches that
+    // pipeline (runtime/engine/scheduler.cpp).
     // One chunk's way through the stages (the pipeline's fill and drain) runs one stage at a time,
     // at the rate of its TP group alone; the other chunks follow a step behind the slowest stage,
     // while up to min(chunks, pp) stages compute at once and share the node (CPU ranks).

@@ -100,7 +100,7 @@ void Engine::send_plan(const StepPlan& p) {
     std::memcpy(head.data() + 8, bytes.data(), size_t(first));
     Communicator& c = plan_comm();
     const auto t0 = Clock::now();
-    const double blocked0 = c.send_wait_seconds();
+    const double cpu0 = thread_cpu_seconds(), blocked0 = c.send_wait_seconds();
     for (int r = 0; r < world_; ++r) {
         if (r == rank_) continue;
         c.send(host_view(head.data(), DType::kU8, kPlanHead), r);
@@ -108,6 +108,7 @@ void Engine::send_plan(const StepPlan& p) {
     }
     counters_.plan_wait_seconds += since(t0);
     counters_.plan_blocked_seconds += c.send_wait_seconds() - blocked0;
+    counters_.plan_cpu_seconds += thread_cpu_seconds() - cpu0;
     ++counters_.plans_sent;
     counters_.plan_bytes += n;
 }
@@ -283,6 +284,9 @@ void Engine::sim_execute(const StepPlan& p, Results* out) {
         links_.tp->all_reduce_sum(host_view(sim_rows_.data(), DType::kF32, int64_t(sim_rows_.size() / 4)));
     }
     const double step_s = sim.step_seconds(T, T > 0 ? attended / double(T) : 0.0, o.last_stage ? sampled : 0);
+    // The real all-reduce counts against the step's predicted time (which includes the link): what
+    // runs past it (a machine with fewer cores than ranks) is the simulation's overrun.
+    counters_.sim_overrun_seconds += std::max(0.0, since(t0) - step_s);
     std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(step_s)));
     if (!o.last_stage) links_.pipe->send(rows, links_.next);
     if (is_sampler()) {

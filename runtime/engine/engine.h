@@ -140,6 +140,8 @@ struct EngineCounters {
     int64_t graphs_captured = 0; // step graphs captured (one per batch-size bucket used)
     double plan_wait_seconds = 0;  // leader: in the plans' send calls (wall: copies, MPI, and waits)
     double plan_blocked_seconds = 0;  // leader: of which waiting for a follower (a full plan queue)
+    double plan_cpu_seconds = 0;      // leader: of which its thread ran (the rest: descheduled, or blocked)
+    double sim_overrun_seconds = 0;   // simulated device: real work of a step past the step's predicted time
     int64_t plans_sent = 0;        // leader: plans sent (steps, heartbeats, shutdown)
     int64_t plan_bytes = 0;        // leader: their encoded bytes (per follower)
 };

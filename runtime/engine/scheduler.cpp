@@ -266,11 +266,19 @@ StepPlan Scheduler::next(int64_t number) {
     //    prompt chunks, never how many sequences run.
     //    A prompt's last token (one left to compute) goes here too, but from the prompt budget.
     const int64_t capacity = opt_.step_capacity > 0 ? opt_.step_capacity : opt_.step_tokens;
+    //    With a pipeline, a step takes at most its share of the sequences that decode (ready or
+    //    awaiting a sample), so the micro-batches in flight hold equal numbers of decodes: sequences
+    //    whose prompts end in steps of one parity would otherwise fill that parity's steps first.
+    int64_t decoding = 0;
+    for (const auto& [id, s] : seqs_)
+        decoding += s.running && (s.awaiting || int64_t(s.tokens.size()) - s.computed == 1);
+    const int64_t mb = opt_.micro_batches;
+    const int64_t decode_cap = mb > 1 ? std::min(cap, std::max<int64_t>(1, (decoding + mb - 1) / mb)) : cap;
     int64_t decodes = 0, prompt_tails = 0, drafted = 0;
     const std::vector<Seq*> order = by_priority();
     for (Seq* sp : order) {
         Seq& s = *sp;
-        if (int64_t(in_plan.size()) >= cap || decodes + prompt_tails + drafted >= capacity) break;
+        if (int64_t(in_plan.size()) >= decode_cap || decodes + prompt_tails + drafted >= capacity) break;
         if (!ready(s) || int64_t(s.tokens.size()) - s.computed != 1) continue;
         const bool tail = s.computed < s.prompt_len;  // not a sampled token: a prompt's last
         if (tail && prompt_tails >= opt_.step_tokens) continue;
@@ -291,10 +299,14 @@ StepPlan Scheduler::next(int64_t number) {
         step_tokens = std::clamp(cost_.tokens_within(opt_.max_itl_s) - decodes, std::min(opt_.min_chunk, step_tokens),
                                  step_tokens);
     budget = std::min(step_tokens - prompt_tails, capacity - decodes - prompt_tails - drafted);  // for prompt tokens
-    // 2. Prefill chunks of running sequences (chunked prompts, recomputation after preemption).
+    // 2. Prefill chunks of running sequences (chunked prompts, recomputation after preemption). Not
+    //    bound by the micro-batch cap: the cap spreads sequences over the steps in flight as they are
+    //    admitted and as they decode, while the prompt tokens are most of a step's work, so a step whose
+    //    cap its decodes fill still takes a chunk (else with a pipeline every other step is decodes only,
+    //    a fraction of the others' time, and the stages idle in between).
     for (Seq* sp : order) {
         Seq& s = *sp;
-        if (budget < 1 || int64_t(in_plan.size()) >= cap) break;
+        if (budget < 1) break;
         const int64_t left = int64_t(s.tokens.size()) - s.computed;
         if (!ready(s) || left <= 1) continue;
         const int64_t n = std::min(left, budget);

@@ -19,7 +19,11 @@
 //    sequence of the highest value (the youngest among equals) first;
 //  - at most `max_seqs` sequences run; with a pipeline of P stages the running sequences are split
 //    into P micro-batches so P steps can be in flight (a sequence is in at most one step awaiting a
-//    sample; prefill chunks of one prompt may be in flight back to back);
+//    sample; prefill chunks of one prompt may be in flight back to back): a step takes at most 1/P of
+//    the decoding sequences and admits new ones up to 1/P of the active ones, while the chunks of
+//    running prompts go in any step (prompt tokens are most of a step's work): the steps in flight
+//    stay equal, so no stage idles waiting on a short partner step (vLLM pins sequences to one of P
+//    virtual engines instead, each with its own budget);
 //  - blocks are allocated as positions are reached; when they run out the youngest running sequence
 //    that nothing in flight uses is preempted: its blocks return to the pool, its tokens (prompt and
 //    generated so far) are recomputed when it is admitted again. Never a crash, never a truncation;

@@ -7,7 +7,8 @@ tp 4 x pp 2 under mpirun -np 8 (each stage step a fixed 1 ms) runs `lattice batc
   - the tokens are the device's pseudo-tokens: hash(sequence id, position), never the eos id, so
     they equal this file's copy of the hash (requests get ids 0..63 in input order);
   - every KV block is back in the pool (kv_blocks_free == kv_blocks), the leader's stats show its
-    steps (>= 8: each request needs 8 decode rounds) and plans (one per step at least, with bytes);
+    steps (>= 8: each request needs 8 decode rounds) and plans (one per step at least, with bytes),
+    the leader's CPU time in plan sends (within their wall time) and the steps' overrun;
   - a GPU name the device table lacks is refused naming it, before any rank starts.
 Usage: test_sim_device.py LATTICE_BINARY   (exit 0 pass, 77 skip without mpirun, 1 fail)"""
 import json
@@ -70,12 +71,18 @@ def main():
             return 1
         st = json.load(open(stats))
         print(json.dumps({k: st.get(k) for k in ("load_seconds", "run_seconds", "steps", "plans_sent", "plan_bytes",
-                                                 "plan_wait_seconds", "kv_blocks", "kv_blocks_free")}))
+                                                 "plan_wait_seconds", "plan_cpu_seconds", "sim_overrun_seconds", "kv_blocks",
+                                                 "kv_blocks_free")}))
         check(st["load_seconds"] < 10, f"starts in seconds: load_seconds {st['load_seconds']}")
         check(st["completed"] == 64 and st["errors"] == 0, f"64 completed, 0 errors: {st['completed']}, {st['errors']}")
         check(st["generated_tokens"] == 64 * 8, f"64 x 8 tokens: {st['generated_tokens']}")
         check(st["kv_blocks_free"] == st["kv_blocks"], f"every KV block back: {st['kv_blocks_free']} of {st['kv_blocks']}")
         check(st["steps"] >= 8, f"the leader's steps: {st['steps']}")
+        check(0 <= st["plan_cpu_seconds"] <= st["plan_wait_seconds"] + 1e-3,
+              f"the leader's CPU time in plan sends is part of their wall time: {st['plan_cpu_seconds']} of "
+              f"{st['plan_wait_seconds']} s")
+        check(0 <= st["sim_overrun_seconds"] < st["run_seconds"],
+              f"the overrun of simulated steps is within the run: {st['sim_overrun_seconds']} s")
         check(st["plans_sent"] >= st["steps"] and st["plan_bytes"] > 0,
               f"a plan per step: {st['plans_sent']} plans ({st['plan_bytes']} bytes) for {st['steps']} steps")
         recs = [json.loads(l) for l in open(out)]
