@@ -71,11 +71,17 @@ void ModelArgs::add_engine_options(CLI::App* cmd) {
         ->capture_default_str();
     cmd->add_option("--speculative", speculative,
                     "Speculative decoding: none | ngram (prompt lookup: drafts copied from where the sequence's last "
-                    "tokens occurred before, checked by the model in the same step; output distribution unchanged)")
-        ->check(CLI::IsMember({"none", "ngram"}))
+                    "tokens occurred before) | draft:PATH (a small model of the same vocabulary drafts greedily, on "
+                    "rank 0's CPU); the model checks the drafts in one step, its output distribution unchanged")
+        ->check(CLI::Validator(
+            [](std::string& v) -> std::string {
+                if (v == "none" || v == "ngram" || (v.rfind("draft:", 0) == 0 && v.size() > 6)) return {};
+                return "expected none, ngram or draft:PATH";
+            },
+            "none|ngram|draft:PATH"))
         ->capture_default_str();
     cmd->add_option("--num-speculative-tokens", num_speculative_tokens,
-                    "Drafts per decoding sequence per step with --speculative ngram")
+                    "Drafts per decoding sequence per step with --speculative")
         ->check(int_range(1, kMaxSpeculativeTokens))
         ->capture_default_str();
     cmd->add_option("--max-itl-ms", max_itl_ms,
@@ -382,7 +388,8 @@ RankRuntime load_model(const ModelArgs& args, const std::function<void(const Wor
     opt.model.kv_dtype = parse_kv_dtype(args.kv_cache_dtype);
     opt.kv_cache_gb = args.kv_cache_gb;
     opt.engine.max_seqs = args.max_seqs;
-    opt.engine.speculative_tokens = args.speculative == "ngram" ? args.num_speculative_tokens : 0;
+    opt.engine.speculative_tokens = args.speculative != "none" ? args.num_speculative_tokens : 0;
+    if (args.speculative.rfind("draft:", 0) == 0) opt.draft.path = args.speculative.substr(6);
     opt.max_itl_ms = args.max_itl_ms;
     opt.engine.prefix_caching = !args.no_prefix_cache;
     opt.engine.step_graphs = !args.enforce_eager;

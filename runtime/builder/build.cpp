@@ -148,6 +148,34 @@ void follow_prepared(BuildOptions& opt, const PreparedLayout& prepared) {
                   fmt::join(prepared.stage_layers, ","), fmt::join(opt.pp_layers, ","));
 }
 
+// The draft model of speculative decoding on the leader: its own CPU backend and single-rank engine
+// (prefix caching on: each proposal recomputes only what earlier ones did not cache).
+void load_draft(const BuildOptions& opt, RankRuntime& rt, EngineOptions& engine_opt) {
+    LATTICE_CHECK(engine_opt.speculative_tokens > 0, "a draft model needs speculative tokens (--num-speculative-tokens)");
+    if (rt.world.rank != 0) return;
+    const std::unique_ptr<TensorSource> src = open_spec(opt.draft);
+    BackendOptions b = opt.backend;
+    b.kind = BackendKind::kCpu;
+    rt.draft_backend = make_backend(b);
+    ModelOptions mo;
+    const QuantChoice q = auto_quant(*src, false);
+    mo.quant = q.quant;
+    mo.quant_head = q.quant_head;
+    mo.max_seq = std::min(rt.model->max_seq(), src->config().max_position);
+    rt.draft_model = std::make_unique<Model>(*src, *rt.draft_backend, mo, nullptr);
+    EngineOptions eo;
+    eo.max_seqs = 1;
+    eo.step_graphs = false;
+    rt.draft_engine = make_local_engine(*rt.draft_model, eo);
+    rt.draft = std::make_unique<DraftModel>(*rt.draft_engine, rt.model->config().vocab);
+    DraftModel* d = rt.draft.get();
+    engine_opt.draft_proposer = [d](std::span<const int32_t> tokens, int64_t k) { return d->propose(tokens, k); };
+    LOG_INFO("speculative decoding: draft model {} ({} layers, {:.1f} MiB, quant {}) on the leader's CPU, {} drafts "
+             "per step",
+             src->describe(), src->config().n_layers, double(rt.draft_model->weight_bytes()) / (1 << 20),
+             quant_mode_name(mo.quant), engine_opt.speculative_tokens);
+}
+
 RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const TensorSource& src,
                      Clock::time_point t0) {
     BuildOptions opt = requested;
@@ -219,6 +247,7 @@ RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const T
         engine_opt.sim = std::make_shared<SimDevice>(opt.sim, src.config().dims(), ctx.world.tp, ctx.world.pp,
                                                      ctx.world.pp_rank(), q, model_opt.max_batch_tokens);
     }
+    if (!opt.draft.path.empty() || opt.draft.random) load_draft(opt, rt, engine_opt);
     rt.engine = std::make_unique<Engine>(*rt.model, rank_pipeline_links(ctx), engine_opt);
     rt.tp_comm = std::move(ctx.tp);
     rt.pp_comm = std::move(ctx.pp_world);

@@ -21,6 +21,7 @@
 #include "parallel/parallel_context.h"
 #include "runtime/backend/make_backend.h"
 #include "runtime/backend/sim/sim_device.h"
+#include "runtime/engine/draft_model.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/model.h"
 #include "runtime/weights/tensor_source.h"
@@ -48,6 +49,10 @@ constexpr double kDefaultMaxItlMsGpu = 50;
 
 struct BuildOptions {
     ModelOptions model;              // quantization, KV sizes, batch limits; tp/pp fields are filled in here
+    // Speculative decoding with a draft model (runtime/engine/draft_model.h): its checkpoint (empty path:
+    // none), loaded on the leader only, on the CPU, quantized as --quant auto would; its drafts per step
+    // are engine.speculative_tokens.
+    ModelSpec draft;
     // Quantization follows the checkpoint: one already quantized (GGUF Q8_0/Q4_x) runs W8A8 with
     // the LM head quantized too, a converted one runs as converted, others keep model.quant /
     // quant_head. Without quant_auto a converted checkpoint's quantization must equal model.quant /
@@ -89,6 +94,12 @@ struct RankRuntime {
     std::unique_ptr<Communicator> tp_comm;
     std::unique_ptr<Communicator> pp_comm;
     std::unique_ptr<Model> model;
+    // The draft model's (leader, speculative decoding with BuildOptions::draft): declared before the
+    // engine, which holds its proposer, so they outlive it.
+    std::unique_ptr<Backend> draft_backend;
+    std::unique_ptr<Model> draft_model;
+    std::unique_ptr<Engine> draft_engine;
+    std::unique_ptr<DraftModel> draft;
     std::unique_ptr<Engine> engine;
     double load_seconds = 0;  // parallel context to ready engine
     std::vector<int64_t> checkpoint_bytes_read;  // per world rank: checkpoint tensor bytes it read

@@ -7,7 +7,9 @@
 //  - sampling (temperature 1, top-k 4): the joint distribution of the first two sampled tokens over
 //    many seeds matches the exact one from score()'s rows (chi-square at 1e-4), with drafts from a
 //    proposer that offers the second row's most likely token, so both the accept and the refuse
-//    paths run; stop ids inside accepted drafts end the output there.
+//    paths run; stop ids inside accepted drafts end the output there;
+//  - a draft model (the target itself: every draft accepted; random weights of its shape: most refused):
+//    the target's golden tokens either way; a draft with a larger vocabulary is refused.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -216,4 +218,37 @@ TEST_CASE("speculative greedy decoding gives every golden case's reference token
     }
     MESSAGE("golden cases batched: " << accepted << " of " << drafted << " drafts accepted");
     CHECK(accepted > 0);
+}
+
+TEST_CASE("speculative decoding with a draft model: the target's greedy tokens; a larger vocabulary is refused") {
+    // The draft is the target's own checkpoint (every draft is the target's argmax: all accepted) and
+    // random weights of its shape (most drafts refused): the output is the target's either way.
+    const std::string target = golden_dir("tiny-gqa-llama3");
+    const auto cases = load_golden("tiny-gqa-llama3");
+    for (const bool random : {false, true}) {
+        CAPTURE(random);
+        BuildOptions o = test::cpu_options();
+        o.engine.speculative_tokens = 3;
+        o.draft = ModelSpec{target, random, "", 99};
+        RankRuntime rt = build(o, ModelSpec{target});
+        REQUIRE(rt.draft != nullptr);
+        std::vector<GenerateRequest> reqs;
+        for (const auto& c : cases) reqs.push_back(request(c.prompt, int64_t(c.greedy.size())));
+        GenerateStats st;
+        const std::vector<GenerateResult> got = rt.engine->generate_batch(reqs, {}, &st);
+        for (size_t i = 0; i < cases.size(); ++i) CHECK(got[i].tokens == cases[i].greedy);
+        MESSAGE(std::string(random ? "random" : "the target's") << " draft: " << st.accepted_tokens << " of " << st.drafted_tokens
+                                                     << " accepted");
+        CHECK(st.drafted_tokens > 0);
+        if (!random) CHECK(st.accepted_tokens == st.drafted_tokens);
+        if (random) CHECK(st.accepted_tokens < st.drafted_tokens / 2);
+    }
+    BuildOptions o = test::cpu_options();
+    o.engine.speculative_tokens = 3;
+    o.draft.path = golden_dir("tiny-gqa-llama3");  // 1024 tokens for a target of 320
+    CHECK_THROWS_WITH_AS(build(o, ModelSpec{golden_dir("tiny-llama2")}),
+                         doctest::Contains("vocabulary of 1024 tokens is larger than the target's 320"), Error);
+    o.engine.speculative_tokens = 0;
+    CHECK_THROWS_WITH_AS(build(o, ModelSpec{golden_dir("tiny-llama2")}), doctest::Contains("needs speculative tokens"),
+                         Error);
 }
