@@ -1,4 +1,5 @@
 // `lattice convert --model M --out DIR --tp N --pp M --quant none|w8a16|w8a8|auto [--quant-head]
+//                 [--kv-cache-dtype D] (the folder's default KV cache, in the manifest)
 // [--smooth FILE] [--pp-layers a,b,..] [--progress auto|bar|lines|none]`: a pre-sharded checkpoint,
 // one file per rank, already quantized (runtime/converter/convert.h). Under mpirun the ranks convert in
 // parallel (rank r writes files r, r + W, ...); any number of ranks works, one included.
@@ -26,7 +27,7 @@ namespace lattice {
 namespace {
 
 struct ConvertArgs {
-    std::string model, out, quant = "auto", smooth, pp_layers, progress = "auto";
+    std::string model, out, quant = "auto", smooth, pp_layers, progress = "auto", kv_cache_dtype = "auto";
     int tp = 1, pp = 1;
     bool quant_head = false;
     double comm_timeout = 600;
@@ -101,6 +102,7 @@ int run_convert(const ConvertArgs& args) {
                                                    : QuantChoice{parse_quant_mode(args.quant), args.quant_head};
     o.quant = quant.quant;
     o.quant_head = quant.quant_head;
+    o.kv_cache_dtype = args.kv_cache_dtype;
     Bar bar(args.progress, ctx.world.rank != 0);
     o.on_progress = [&bar](const ConvertProgress& p) { bar.update(p); };
     install_drain_handlers();  // SIGTERM / SIGINT / SIGUSR1 stop it cleanly: no partial folder is left
@@ -134,6 +136,10 @@ void add_convert_command(CLI::App& app, CommandRun& run) {
                     "none | w8a16 | w8a8 | auto (w8a8 with an int8 head for a Q4/Q8 GGUF, none otherwise)")
         ->check(CLI::IsMember({"auto", "none", "w8a16", "w8a8"}));
     cmd->add_flag("--quant-head", args->quant_head, "Quantize the LM head too");
+    cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype,
+                    "The KV cache runs of the folder use unless they say otherwise: auto | f32 | f16 | bf16 | int8")
+        ->check(CLI::IsMember({"auto", "f32", "f16", "bf16", "int8"}))
+        ->capture_default_str();
     cmd->add_option("--smooth", args->smooth, "SmoothQuant factors (lattice calibrate) to fold into the weights");
     cmd->add_option("--progress", args->progress, "auto (a bar on a terminal, lines otherwise) | bar | lines | none")
         ->check(CLI::IsMember({"auto", "bar", "lines", "none"}));

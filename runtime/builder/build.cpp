@@ -142,6 +142,7 @@ void follow_prepared(BuildOptions& opt, const PreparedLayout& prepared) {
     LATTICE_CHECK(opt.model.smooth_path.empty(),
                   "{}: SmoothQuant factors are folded in at conversion ({}); drop --smooth", prepared.folder,
                   prepared.smooth.empty() ? "none were given then" : prepared.smooth);
+    if (opt.model.kv_dtype == KvDtype::kAuto) opt.model.kv_dtype = parse_kv_dtype(prepared.kv_cache_dtype);
     if (opt.pp_layers.empty()) opt.pp_layers = prepared.stage_layers;
     LATTICE_CHECK(opt.pp_layers == prepared.stage_layers,
                   "{}: converted with {} layers per stage; --pp-layers asks for {}", prepared.folder,

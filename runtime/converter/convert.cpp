@@ -248,6 +248,7 @@ ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& 
     for (const auto& [b, e] : stages) manifest.stage_layers.push_back(e - b);
     manifest.quant = std::string(quant_mode_name(opt.quant));
     manifest.quant_head = opt.quant_head;
+    manifest.kv_cache_dtype = kv_dtype_name(parse_kv_dtype(opt.kv_cache_dtype));  // (checked: a name it knows)
     std::string failure;
     for (int r = 0; r < W; ++r) {
         RankRecord rr;

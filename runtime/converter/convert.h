@@ -43,6 +43,7 @@ struct ConvertOptions {
     std::vector<int64_t> pp_layers;  // layers per stage; empty: balanced (parallel/world_config.h)
     QuantMode quant = QuantMode::kNone;
     bool quant_head = false;  // int8 LM head too (int8 modes)
+    std::string kv_cache_dtype = "auto";  // the manifest's default KV cache for runs (--kv-cache-dtype)
     std::string smooth_path;  // SmoothQuant factors to fold in ("" none)
     std::string source_path;  // where the tokenizer files are: HF folder or .gguf ("" none)
     std::string writer = "lattice";

@@ -93,6 +93,7 @@ PreparedLayout Manifest::layout(const std::string& folder, int rank) const {
     p.quant = quant;
     p.quant_head = quant_head;
     p.smooth = smooth;
+    p.kv_cache_dtype = kv_cache_dtype;
     return p;
 }
 
@@ -151,6 +152,7 @@ std::string manifest_json(const Manifest& m) {
                 {"smooth", m.smooth.empty() ? json(nullptr) : json(m.smooth)},
                 {"smooth_sha256", m.smooth_sha256.empty() ? json(nullptr) : json(m.smooth_sha256)}}},
               {"files", files}};
+    if (m.kv_cache_dtype != "auto") j["defaults"] = {{"kv_cache_dtype", m.kv_cache_dtype}};
     j[kSealField] = content_sha256(j);
     return j.dump(2) + "\n";
 }
@@ -204,6 +206,18 @@ Manifest parse_manifest(const std::string& text, const std::string& src, std::st
     if (q.contains("smooth_sha256") && !q["smooth_sha256"].is_null()) {
         m.smooth_sha256 = string_field(q, "smooth_sha256", qw);
         LATTICE_CHECK(is_sha256_hex(m.smooth_sha256), "{}: smooth_sha256 is not 64 lowercase hex digits", qw);
+    }
+
+    if (j.contains("defaults")) {  // optional: a run's defaults chosen at conversion
+        const std::string dw = src + " defaults";
+        const json& d = j["defaults"];
+        LATTICE_CHECK(d.is_object(), "{}: must be an object", dw);
+        for (const auto& [key, v] : d.items())
+            LATTICE_CHECK(key == "kv_cache_dtype", "{}: unknown field \"{}\" (kv_cache_dtype)", dw, key);
+        if (d.contains("kv_cache_dtype")) m.kv_cache_dtype = string_field(d, "kv_cache_dtype", dw);
+        LATTICE_CHECK(m.kv_cache_dtype == "auto" || m.kv_cache_dtype == "f32" || m.kv_cache_dtype == "f16" ||
+                          m.kv_cache_dtype == "bf16" || m.kv_cache_dtype == "int8",
+                      "{}: kv_cache_dtype \"{}\" unknown (auto, f32, f16, bf16, int8)", dw, m.kv_cache_dtype);
     }
 
     const json& files = field(j, "files", src);

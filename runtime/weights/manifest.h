@@ -54,6 +54,7 @@ struct Manifest {
     std::string quant = "none";
     bool quant_head = false;
     std::string smooth, smooth_sha256;  // "" when none
+    std::string kv_cache_dtype = "auto";  // "defaults": what a run uses unless told otherwise (--kv-cache-dtype)
     std::vector<ManifestFile> files;
     bool sealed = false;  // parsed: had a manifest_sha256 (and it matched, or the parse would have thrown)
 

@@ -42,6 +42,7 @@ struct PreparedLayout {
     std::vector<int64_t> stage_layers;  // layers per pipeline stage
     std::string quant = "none";         // none | w8a16 | w8a8 (runtime/backend/backend.h QuantMode names)
     bool quant_head = false;            // the LM head is int8 too
+    std::string kv_cache_dtype = "auto";  // the KV cache a run uses unless told (--kv-cache-dtype)
     std::string smooth;                 // name of the folded SmoothQuant factor file, "" when none
     // The rank's place in the layout: WorldConfig's arithmetic (throws Error for an invalid one).
     WorldConfig world() const { return WorldConfig::make(tp * pp, tp, pp, rank); }

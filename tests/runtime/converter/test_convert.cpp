@@ -101,6 +101,18 @@ TEST_CASE("open_model of a single-rank converted folder; lattice info's view of 
     CHECK(conv->describe().find("converted") != std::string::npos);
     CHECK(conv->info("model.layers.0.self_attn.qkv_proj.weight").dtype == DType::kI8);
     CHECK(conv->info("model.layers.0.self_attn.qkv_proj.weight_scale").dtype == DType::kF32);
+    // The manifest's default KV cache (convert --kv-cache-dtype): a run takes it unless told otherwise.
+    ConvertOptions o;
+    o.out = tmp / "kv";
+    o.quant = QuantMode::kW8A8;
+    o.kv_cache_dtype = "int8";
+    LocalComm world;
+    convert_checkpoint(*src, o, world);
+    BuildOptions b = test::cpu_options();
+    b.quant_auto = true;
+    CHECK(build(b, *open_model(tmp / "kv")).model->kv_dtype() == DType::kI8);
+    b.model.kv_dtype = KvDtype::kF16;
+    CHECK(build(b, *open_model(tmp / "kv")).model->kv_dtype() == DType::kF16);
 }
 
 TEST_CASE("tokenizer files: copied from a HF folder, a GGUF's vocab as tokenizer.gguf; listed with their hashes") {

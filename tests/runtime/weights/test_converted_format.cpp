@@ -180,6 +180,17 @@ TEST_CASE("manifest: round trip, and each bad field named") {
     CHECK(bad([](auto& j) { j["config"]["num_hidden_layers"] = "four"; }).find("num_hidden_layers") !=
           std::string::npos);
     CHECK(error_of([] { parse_manifest("{", "m.json"); }).find("not valid JSON") != std::string::npos);
+    // Run defaults: absent is auto; a KV cache dtype round-trips into the layout; others are refused.
+    CHECK(r.kv_cache_dtype == "auto");
+    Manifest with = m;
+    with.kv_cache_dtype = "int8";
+    const Manifest wr = parse_manifest(manifest_json(with), "m.json");
+    CHECK(wr.kv_cache_dtype == "int8");
+    CHECK(wr.layout("dir", 0).kv_cache_dtype == "int8");
+    CHECK(bad([](auto& j) { j["defaults"] = {{"kv_cache_dtype", "fp4"}}; }).find("kv_cache_dtype \"fp4\" unknown") !=
+          std::string::npos);
+    CHECK(bad([](auto& j) { j["defaults"] = {{"threads", 4}}; }).find("unknown field \"threads\"") !=
+          std::string::npos);
     // The seal: a valid but changed value is refused (or reported, with seal_problem), reformatting is not.
     CHECK(bad([](auto& j) { j["config"]["vocab_size"] = 321; }).find("m.json: the SHA-256 of its content") !=
           std::string::npos);
