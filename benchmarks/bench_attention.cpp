@@ -51,15 +51,18 @@ void fill(float* p, int64_t n, uint64_t seed) {
     }
 }
 
-// A cache of `rows` rows of head_dim elements of `dt`, values in [-1, 1) (int8: scale 1/127).
-void fill_cache(const View& c, int64_t rows, int64_t hd, DType dt, uint64_t seed) {
+// A cache of `rows` rows of head_dim elements of `dt`, values in [-1, 1) (int8: values then each block's
+// `block_rows` scales of 1/127, backend.h's layout).
+void fill_cache(const View& c, int64_t rows, int64_t block_rows, int64_t hd, DType dt, uint64_t seed) {
     if (dt == DType::kF32) return fill(c.ptr<float>(), rows * hd, seed);
     std::vector<float> x(static_cast<size_t>(hd));
     uint8_t* p = static_cast<uint8_t*>(c.data);
     const int64_t rb = kv_row_elems(dt, hd) * int64_t(dtype_size(dt));
+    const int64_t values = dt == DType::kI8 ? hd : rb;
     for (int64_t r = 0; r < rows; ++r) {
         fill(x.data(), hd, seed * 1000003 + uint64_t(r));
-        uint8_t* row = p + r * rb;
+        const int64_t blk = r / block_rows, in = r % block_rows;
+        uint8_t* row = p + blk * block_rows * rb + in * values;
         for (int64_t d = 0; d < hd; ++d) {
             if (dt == DType::kI8) {
                 row[d] = uint8_t(int8_t(std::lround(x[size_t(d)] * 127.0f)));
@@ -70,7 +73,7 @@ void fill_cache(const View& c, int64_t rows, int64_t hd, DType dt, uint64_t seed
         }
         if (dt == DType::kI8) {
             const float scale = 1.0f / 127.0f;
-            std::memcpy(row + hd, &scale, 4);
+            std::memcpy(p + blk * block_rows * rb + block_rows * hd + in * 4, &scale, 4);
         }
     }
 }
@@ -187,8 +190,8 @@ int main(int argc, char** argv) {
                 for (int64_t c = 0; c < pt.copies; ++c) {
                     kc.push_back(be.alloc_lazy(kvt, {nblocks, block, nkv, kv_row_elems(kvt, hd)}));
                     vc.push_back(be.alloc_lazy(kvt, {nblocks, block, nkv, kv_row_elems(kvt, hd)}));
-                    fill_cache(kc.back().view(), cache_rows, hd, kvt, uint64_t(2 * c + 1));
-                    fill_cache(vc.back().view(), cache_rows, hd, kvt, uint64_t(2 * c + 2));
+                    fill_cache(kc.back().view(), cache_rows, block * nkv, hd, kvt, uint64_t(2 * c + 1));
+                    fill_cache(vc.back().view(), cache_rows, block * nkv, hd, kvt, uint64_t(2 * c + 2));
                 }
                 Buffer qkv = be.alloc(DType::kF32, {b * q, row}), out = be.alloc(DType::kF32, {b * q, nh * hd});
                 fill(qkv.view().ptr<float>(), b * q * row, 99);

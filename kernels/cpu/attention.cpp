@@ -12,10 +12,12 @@
 // A sliding window (AttentionArgs::window = W > 0) limits the keys of the query at position i to
 // i - W < j <= i, as transformers' Mistral does: tiles wholly before a row's window are skipped for that
 // row, and in the tile holding the window's start the positions before it get zero weight.
-// The cache holds f32, f16, bf16 or int8 rows (kv_row_bytes): an int8 row is head_dim values then
-// their f32 scale (symmetric, one scale per token and kv head, kernels/common/quantize.h), quantized
-// as the token is stored; every dtype is read into the f32 tile as it is gathered, so attention never
-// needs a dequantized copy of the cache and the tile math is the same for all of them.
+// The cache holds f32, f16, bf16 or int8 rows (kv_row_bytes): an int8 block holds its
+// [block_size, n_kv, head_dim] int8 values, then their [block_size, n_kv] f32 scales (symmetric, one
+// scale per token and kv head, kernels/common/quantize.h; values first so that each row starts
+// 16-byte aligned for vector loads on GPUs), quantized as the token is stored; every dtype is read
+// into the f32 tile as it is gathered, so attention never needs a dequantized copy of the cache and
+// the tile math is the same for all of them.
 // Every query row's arithmetic depends only on its own q and on positions 0..pos of its sequence,
 // in a fixed order (tiles from position 0, d then j), never on which other tokens share its batch
 // or run: chunked prefill, batched decode and single-token decode give bit-identical rows.
@@ -134,8 +136,8 @@ struct Scratch {
     std::vector<float> q, acc, m, l, kt, v, s, row;
 };
 
-// One token's k or v head (hd floats) into its cache row.
-void store_row(uint8_t* dst, const float* x, int64_t hd, DType dt) {
+// One token's k or v head (hd floats) into its cache row (an int8 row's scale into *scale).
+void store_row(uint8_t* dst, uint8_t* scale_dst, const float* x, int64_t hd, DType dt) {
     switch (dt) {
         case DType::kF32:
             std::memcpy(dst, x, size_t(hd) * 4);
@@ -154,7 +156,7 @@ void store_row(uint8_t* dst, const float* x, int64_t hd, DType dt) {
             return;
         case DType::kI8: {
             const float scale = quantize_row_int8(x, hd, reinterpret_cast<int8_t*>(dst));
-            std::memcpy(dst + hd, &scale, 4);
+            std::memcpy(scale_dst, &scale, 4);
             return;
         }
         default:
@@ -162,8 +164,9 @@ void store_row(uint8_t* dst, const float* x, int64_t hd, DType dt) {
     }
 }
 
-// A cache row as hd floats.
-LATTICE_MULTIVERSION void load_row(float* __restrict out, const uint8_t* __restrict src, int64_t hd, DType dt) {
+// A cache row as hd floats (an int8 row times its scale at *scale_src).
+LATTICE_MULTIVERSION void load_row(float* __restrict out, const uint8_t* __restrict src, const uint8_t* scale_src,
+                                   int64_t hd, DType dt) {
     switch (dt) {
         case DType::kF32:
             std::memcpy(out, src, size_t(hd) * 4);
@@ -184,7 +187,7 @@ LATTICE_MULTIVERSION void load_row(float* __restrict out, const uint8_t* __restr
             return;
         default: {  // kI8 (checked when stored and on entry)
             float scale;
-            std::memcpy(&scale, src + hd, 4);
+            std::memcpy(&scale, scale_src, 4);
             const int8_t* q = reinterpret_cast<const int8_t*>(src);
             for (int64_t d = 0; d < hd; ++d) out[d] = float(q[d]) * scale;
         }
@@ -219,14 +222,22 @@ void attention(float* out, const float* qkv, void* k_cache, void* v_cache, const
                           "attention: token {} reads block {} (entry {} of sequence {}), the cache has {} blocks", t,
                           table[b], b, seqs[t], a.num_blocks);
     }
+    // Block b's bytes start at b * B * nkv * rb; an int8 block's scales follow its values.
+    const int64_t values = dt == DType::kI8 ? hd : rb;  // bytes of a row's values
     auto cache_row = [&](void* c, int64_t seq, int64_t pos, int64_t g) {
         const int64_t block = a.block_tables[seq * a.table_width + pos / B];
-        return static_cast<uint8_t*>(c) + ((block * B + pos % B) * nkv + g) * rb;
+        return static_cast<uint8_t*>(c) + block * B * nkv * rb + ((pos % B) * nkv + g) * values;
+    };
+    auto row_scale = [&](void* c, int64_t seq, int64_t pos, int64_t g) {
+        const int64_t block = a.block_tables[seq * a.table_width + pos / B];
+        return static_cast<uint8_t*>(c) + block * B * nkv * rb + B * nkv * hd + ((pos % B) * nkv + g) * 4;
     };
     for (int64_t t = 0; t < m; ++t)
         for (int64_t g = 0; g < nkv; ++g) {
-            store_row(cache_row(k_cache, seqs[t], positions[t], g), qkv + t * row + (nh + g) * hd, hd, dt);
-            store_row(cache_row(v_cache, seqs[t], positions[t], g), qkv + t * row + (nh + nkv + g) * hd, hd, dt);
+            const int64_t s = seqs[t], p = positions[t];
+            store_row(cache_row(k_cache, s, p, g), row_scale(k_cache, s, p, g), qkv + t * row + (nh + g) * hd, hd, dt);
+            store_row(cache_row(v_cache, s, p, g), row_scale(v_cache, s, p, g), qkv + t * row + (nh + nkv + g) * hd,
+                      hd, dt);
         }
     // Runs of consecutive tokens of one sequence with increasing positions.
     std::vector<std::pair<int64_t, int64_t>> runs;  // (first token, count)
@@ -273,9 +284,11 @@ void attention(float* out, const float* qkv, void* k_cache, void* v_cache, const
                 const int64_t jn = std::min(kTile, last + 1 - j0);
                 for (int64_t j = 0; j < kTile; ++j) {
                     if (j < jn) {
-                        load_row(sc.row.data(), cache_row(k_cache, seq, j0 + j, g), hd, dt);
+                        load_row(sc.row.data(), cache_row(k_cache, seq, j0 + j, g),
+                                 row_scale(k_cache, seq, j0 + j, g), hd, dt);
                         for (int64_t d = 0; d < hd; ++d) sc.kt[size_t(d * kTile + j)] = sc.row[size_t(d)];
-                        load_row(sc.v.data() + j * hd, cache_row(v_cache, seq, j0 + j, g), hd, dt);
+                        load_row(sc.v.data() + j * hd, cache_row(v_cache, seq, j0 + j, g),
+                                 row_scale(v_cache, seq, j0 + j, g), hd, dt);
                     } else {
                         for (int64_t d = 0; d < hd; ++d) sc.kt[size_t(d * kTile + j)] = 0.0f;
                     }

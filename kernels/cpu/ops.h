@@ -32,7 +32,8 @@ struct AttentionArgs {
     DType kv_dtype = DType::kF32;  // the cache's rows: f32, f16, bf16 or i8 (kv_row_bytes)
 };
 // Bytes of one cache row (a token's k or v of one kv head): head_dim elements, and for i8 the row's
-// f32 scale after them (x ~= q * scale, symmetric per token and kv head, kernels/common/quantize.h).
+// f32 scale (x ~= q * scale, symmetric per token and kv head, kernels/common/quantize.h). An i8 block
+// holds its [block_size, n_kv, head_dim] values, then their [block_size, n_kv] scales.
 int64_t kv_row_bytes(DType kv, int64_t head_dim);
 // Stores k/v of token i (sequence seqs[i], position positions[i]) in its block (converted or
 // quantized to kv_dtype), then causal GQA attention over positions 0..positions[i] of its sequence (the

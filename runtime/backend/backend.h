@@ -71,14 +71,16 @@ std::string_view quant_mode_name(QuantMode q);
 QuantMode parse_quant_mode(std::string_view s);  // throws Error naming the bad value
 
 // The KV cache's element type (--kv-cache-dtype); auto: the backend's activation dtype. INT8 rows are
-// symmetric with one f32 scale per token and KV head, stored after the row's head_dim int8 values
-// (kv_row_elems): quantized as each token is written, read through the attention kernels.
+// symmetric with one f32 scale per token and KV head (kv_row_elems counts 4 bytes per row for it): a
+// block holds its [block_size, n_kv, head_dim] int8 values, then their [block_size, n_kv] f32 scales
+// (rows stay 16-byte aligned for vector loads); quantized as each token is written, read through the
+// attention kernels.
 enum class KvDtype : uint8_t { kAuto, kF32, kF16, kBF16, kInt8 };
 std::string_view kv_dtype_name(KvDtype k);
 KvDtype parse_kv_dtype(std::string_view s);  // throws Error naming the bad value
 DType resolve_kv_dtype(KvDtype k, DType activation);
 // Elements of the KV cache's last dimension for one token and KV head: head_dim, and for i8 four more
-// bytes that hold the row's f32 scale.
+// bytes for the row's f32 scale (stored at the end of its block, above).
 inline int64_t kv_row_elems(DType kv, int64_t head_dim) { return kv == DType::kI8 ? head_dim + 4 : head_dim; }
 
 // A linear layer y[m, n] = x[m, k] . W[n, k]^T, prepared once at load by Backend::make_linear.
