@@ -39,6 +39,7 @@ std::string_view op_name(Op op) {
         case Op::kSlidingWindow: return "sliding_window attention";
         case Op::kGemm: return "gemm";
         case Op::kGemmInt8: return "gemm_int8";
+        case Op::kMoe: return "mixture-of-experts routing";
     }
     return "?";
 }

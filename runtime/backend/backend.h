@@ -97,6 +97,7 @@ enum class Op : uint8_t {
     kSlidingWindow,  // attention honours AttentionShape::window
     kGemm,      // float weights
     kGemmInt8,  // W8A16 / W8A8
+    kMoe,       // the row moves of a mixture-of-experts block: gather_rows, scatter_add_rows, fill_zero
 };
 std::string_view op_name(Op op);
 // Throws unless copy_columns(dst, col0, src) is in bounds on `device` (Backend::copy_columns).
@@ -255,6 +256,23 @@ public:
     }
     // out[m, n] = x[m, k] . W^T
     virtual void linear(const View& out, const View& x, const Linear& w) = 0;
+
+    // The moves of a mixture-of-experts block (supports(Op::kMoe); the defaults refuse): an expert's
+    // tokens gathered into contiguous rows, its outputs added back weighted by their router weights.
+    // dst[i, :] = src[rows[i], :] for i < rows.size() (dst has at least that many rows).
+    virtual void gather_rows(const View& dst, const View& src, std::span<const int32_t> rows) {
+        LATTICE_FAIL("backend {} does not support gather_rows ({} rows of {})", name(), rows.size(), src.shape_str());
+    }
+    // dst[rows[i], :] += weights[i] * src[i, :], in f32.
+    virtual void scatter_add_rows(const View& dst, const View& src, std::span<const int32_t> rows,
+                                  std::span<const float> weights) {
+        LATTICE_FAIL("backend {} does not support scatter_add_rows ({} rows into {})", name(), rows.size(),
+                     dst.shape_str());
+    }
+    // x = 0.
+    virtual void fill_zero(const View& x) {
+        LATTICE_FAIL("backend {} does not support fill_zero ({})", name(), x.shape_str());
+    }
 
     // Fused quantization for W8A8 (the model uses these when fuses_quant()): the norm and the SiLU
     // also quantize their output per token in the same pass, and the W8A8 linears that read it skip

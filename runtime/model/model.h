@@ -1,6 +1,6 @@
-// Model: the one forward of the dense families of the architecture table (runtime/arch/architecture.h:
-// Llama, Mistral without a biting window, Qwen2 with its q/k/v biases), for every backend and every
-// TP x PP layout.
+// Model: the one forward of the families of the architecture table (runtime/arch/architecture.h:
+// Llama, Mistral with its sliding window, Qwen2 with its q/k/v biases, Mixtral's mixture of experts),
+// for every backend and every TP x PP layout (a backend refuses at load what it does not run).
 //
 // A rank holds one pipeline stage (a contiguous range of layers; the embedding on the first stage,
 // the final norm and LM head on the last) and, within it, its tensor-parallel shard:
@@ -11,6 +11,10 @@
 //   embedding and LM head vocab-parallel over ceil(vocab / tp) rows per rank (the last rank's
 //   padding rows do not exist: their logits are never produced, so they never win sampling).
 // The residual stream [tokens, hidden] is replicated across the TP group.
+// A MoE layer (Mixtral) replaces gate/up/down by a replicated router [experts, hidden] and per expert
+// a gate/up and a down split like the dense ones: every TP rank routes the same tokens
+// (runtime/model/moe_routing.h), runs its slice of each chosen expert over that expert's gathered
+// rows, adds the outputs back weighted, and the one all-reduce after the block sums the slices.
 //
 // Batches are flattened tokens with (sequence, position) each (runtime/backend/backend.h
 // TokenBatch): prefill chunks of some sequences and decode tokens of others mix freely. K/V live in
@@ -22,6 +26,7 @@
 #include "runtime/backend/backend.h"
 #include "parallel/world_config.h"
 #include "runtime/arch/config.h"
+#include "runtime/model/moe_routing.h"
 #include "runtime/weights/tensor_source.h"
 
 #include <cstdint>
@@ -72,6 +77,9 @@ struct LayerWeights {
     Buffer ffn_norm;   // [hidden] f32
     Linear w_gate_up;  // [2 * ffn_local, hidden]: gate rows then up rows
     Linear w_down;     // [hidden, ffn_local]
+    Linear router;                      // MoE: [experts, hidden] float, replicated
+    std::vector<Linear> expert_gate_up;  // MoE: per expert [2 * ffn_local, hidden]
+    std::vector<Linear> expert_down;     // MoE: per expert [hidden, ffn_local]
     Buffer k_cache;    // [kv_blocks, block_size, nkv_local, head_dim] activation dtype
     Buffer v_cache;
 };
@@ -141,6 +149,10 @@ private:
     // they are (make_linear_int8), float ones are prepared (and quantized) by make_linear.
     Linear make_linear(HostTensor& w, QuantMode mode);
     void tp_all_reduce(const View& x);  // timed (comm_seconds)
+    // out = the MoE block of layer L over normed [T, hidden] (this rank's slice of every expert).
+    void moe_block(LayerWeights& L, const View& normed, const View& out);
+    // out = down(silu(gate) * up) of gu's rows: fused-quantized through qa_ffn_ when fused_quant_.
+    void gated_down(const View& gu, const View& out, const Linear& down);
 
     ModelConfig cfg_;
     Backend& be_;
@@ -161,6 +173,10 @@ private:
 
     // Scratch activations for max_batch_tokens rows.
     Buffer hidden_, normed_, qkv_, attn_out_, proj_, gate_up_, act_, head_in_, logits_;
+    // MoE: router logits [T, experts], an expert's gathered inputs and outputs [T, hidden].
+    Buffer router_logits_, moe_in_, moe_out_;
+    std::vector<float> router_host_;
+    MoeRoutes routes_;
     // Fused W8A8 quantization (Backend::fuses_quant, every layer linear W8A8): the norms quantize
     // the hidden-size activations into qa_hidden_ (read by wqkv and w_gate_up), SiLU * up into
     // qa_ffn_ (read by w_down).

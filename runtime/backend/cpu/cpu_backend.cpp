@@ -322,6 +322,42 @@ void CpuBackend::add(const View& out, const View& a, const View& b) {
     cpu::add(out.ptr<float>(), a.ptr<float>(), b.ptr<float>(), out.numel());
 }
 
+void CpuBackend::gather_rows(const View& dst, const View& src, std::span<const int32_t> rows) {
+    check_f32(dst, "gather_rows");
+    check_f32(src, "gather_rows");
+    const int64_t n = int64_t(rows.size()), c = src.cols();
+    LATTICE_CHECK(dst.ndim == 2 && src.ndim == 2 && dst.cols() == c && dst.rows() >= n && dst.is_contiguous() &&
+                      src.is_contiguous(),
+                  "gather_rows: {} rows of {} into {}", n, src.shape_str(), dst.shape_str());
+    for (int64_t i = 0; i < n; ++i) {
+        const int32_t r = rows[size_t(i)];
+        LATTICE_CHECK(r >= 0 && r < src.rows(), "gather_rows: row {} of {}", r, src.shape_str());
+        std::memcpy(dst.ptr<float>() + i * c, src.ptr<float>() + int64_t(r) * c, size_t(c) * sizeof(float));
+    }
+}
+
+void CpuBackend::scatter_add_rows(const View& dst, const View& src, std::span<const int32_t> rows,
+                                  std::span<const float> weights) {
+    check_f32(dst, "scatter_add_rows");
+    check_f32(src, "scatter_add_rows");
+    const int64_t n = int64_t(rows.size()), c = dst.cols();
+    LATTICE_CHECK(dst.ndim == 2 && src.ndim == 2 && src.cols() == c && src.rows() >= n && weights.size() == rows.size() &&
+                      dst.is_contiguous() && src.is_contiguous(),
+                  "scatter_add_rows: {} rows of {} into {} ({} weights)", n, src.shape_str(), dst.shape_str(),
+                  weights.size());
+    for (int64_t i = 0; i < n; ++i) {
+        const int32_t r = rows[size_t(i)];
+        LATTICE_CHECK(r >= 0 && r < dst.rows(), "scatter_add_rows: row {} of {}", r, dst.shape_str());
+        cpu::axpy(dst.ptr<float>() + int64_t(r) * c, weights[size_t(i)], src.ptr<float>() + i * c, c);
+    }
+}
+
+void CpuBackend::fill_zero(const View& x) {
+    check_f32(x, "fill_zero");
+    LATTICE_CHECK(x.is_contiguous(), "fill_zero: {} is not contiguous", x.shape_str());
+    std::memset(x.data, 0, size_t(x.bytes()));
+}
+
 void CpuBackend::add_bias(const View& x, const View& bias) {
     check_f32(x, "add_bias");
     check_f32(bias, "add_bias");

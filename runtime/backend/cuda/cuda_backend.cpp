@@ -106,8 +106,9 @@ bool CudaBackend::supports(Op op, DType dtype) const {
         case Op::kSiluMul:
         case Op::kAdd:
             return dtype == act_;
-        case Op::kAddBias:        // q/k/v biases (qwen2) and sliding windows (mistral) run on the CPU
-        case Op::kSlidingWindow:  // backend only; the model refuses them here at load
+        case Op::kAddBias:        // q/k/v biases (qwen2), sliding windows (mistral) and MoE blocks
+        case Op::kSlidingWindow:  // (mixtral) run on the CPU backend only; the model refuses them here
+        case Op::kMoe:            // at load
             return false;
     }
     return false;
