@@ -26,7 +26,11 @@ LATTICE_MULTIVERSION float dot(const float* a, const float* b, int64_t n) {
     return s;
 }
 
-LATTICE_MULTIVERSION LATTICE_MULTIVERSION float sum_squares(const float* x, int64_t n) {
+LATTICE_MULTIVERSION void axpy(float* y, float a, const float* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+LATTICE_MULTIVERSION float sum_squares(const float* x, int64_t n) {
     float acc[16] = {0};
     int64_t i = 0;
     for (; i + 16 <= n; i += 16)
