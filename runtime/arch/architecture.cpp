@@ -321,7 +321,7 @@ bool hf_role_of(const Architecture& arch, const std::string& name, TensorRole* r
     for (const TensorSpec& t : arch.tensors) {
         if (t.per_layer != layered) continue;
         int64_t e = -1;
-        if ((layered ? rest : name) == t.hf || (t.per_expert && match_expert(rest, t.hf, &e))) {
+        if (t.per_expert ? layered && match_expert(rest, t.hf, &e) : (layered ? rest : name) == t.hf) {
             *role = t.role;
             return true;
         }

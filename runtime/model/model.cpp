@@ -3,8 +3,8 @@
 
 #include "base/clock.h"
 #include "base/log.h"
-#include "runtime/arch/architecture.h"
 #include "base/convert.h"
+#include "runtime/arch/architecture.h"
 #include "runtime/model/moe_routing.h"
 #include "runtime/model/rank_weights.h"
 
@@ -202,6 +202,18 @@ int64_t Model::weight_bytes() const {
     return b;
 }
 
+int64_t Model::streamed_weight_bytes() const {
+    int64_t b = weight_bytes() - embed_table_.bytes();
+    // Experts of one layer have equal shapes: a token reads k of the E.
+    for (const auto& L : layers_) {
+        int64_t experts = 0;
+        for (size_t e = 0; e < L.expert_down.size(); ++e)
+            experts += L.expert_gate_up[e].weight_bytes() + L.expert_down[e].weight_bytes();
+        if (experts > 0) b -= experts - experts / cfg_.n_experts * cfg_.n_experts_used;
+    }
+    return b;
+}
+
 View Model::hidden_scratch(int64_t count) {
     LATTICE_CHECK(count >= 1 && count <= opt_.max_batch_tokens, "batch of {} tokens exceeds max_batch_tokens {}",
                   count, opt_.max_batch_tokens);
@@ -318,6 +330,8 @@ void Model::moe_block(LayerWeights& L, const View& normed, const View& out) {
         be_.linear(gu, in, L.expert_gate_up[size_t(e)]);
         gated_down(gu, y, L.expert_down[size_t(e)]);
         be_.scatter_add_rows(out, y, rows, std::span<const float>(routes_.weights.data() + b, size_t(n)));
+        moe_counters_.expert_runs += 1;
+        moe_counters_.expert_rows += n;
     }
 }
 

@@ -107,9 +107,16 @@ public:
     int64_t weight_bytes() const;  // bytes of weights held by this rank
     // Bytes of checkpoint tensor data this rank read while loading (its slices, in file encoding).
     int64_t checkpoint_bytes_read() const { return checkpoint_bytes_read_; }
-    // Bytes of weights one decode step streams from memory: everything but the embedding table,
-    // of which a step reads one row per token (the decode-bandwidth floor's numerator).
-    int64_t streamed_weight_bytes() const { return weight_bytes() - embed_table_.bytes(); }
+    // Bytes of weights one decode step of one token streams from memory: everything but the embedding
+    // table, of which a step reads one row per token, and in a MoE layer only the num_experts_per_tok
+    // experts the token is routed to (the decode-bandwidth floor's numerator).
+    int64_t streamed_weight_bytes() const;
+    // MoE layers: expert FFNs run (one expert's slice over its gathered rows) and the rows they ran
+    // over, since the model was made; a decode step of one token runs num_experts_per_tok per layer.
+    struct MoeCounters {
+        int64_t expert_runs = 0, expert_rows = 0;
+    };
+    const MoeCounters& moe_counters() const { return moe_counters_; }
 
     // First stage: embeds batch.ids into `hidden` [count, hidden].
     void embed(const TokenBatch& batch, const View& hidden);
@@ -177,6 +184,7 @@ private:
     Buffer router_logits_, moe_in_, moe_out_;
     std::vector<float> router_host_;
     MoeRoutes routes_;
+    MoeCounters moe_counters_;
     // Fused W8A8 quantization (Backend::fuses_quant, every layer linear W8A8): the norms quantize
     // the hidden-size activations into qa_hidden_ (read by wqkv and w_gate_up), SiLU * up into
     // qa_ffn_ (read by w_down).

@@ -8,10 +8,9 @@
 
 namespace lattice {
 
-void route_tokens(const float* logits, int64_t tokens, int64_t experts, int64_t k, bool renormalize,
-                  MoeRoutes* out) {
-    LATTICE_CHECK(tokens >= 0 && experts >= 1 && k >= 1 && k <= experts, "route_tokens: {} tokens, top {} of {} experts",
-                  tokens, k, experts);
+void route_tokens(const float* logits, int64_t tokens, int64_t experts, int64_t k, bool renormalize, MoeRoutes* out) {
+    LATTICE_CHECK(tokens >= 0 && experts >= 1 && k >= 1 && k <= experts,
+                  "route_tokens: {} tokens, top {} of {} experts", tokens, k, experts);
     std::vector<int32_t> chosen(size_t(tokens * k));
     std::vector<double> weight(size_t(tokens * k));
     std::vector<double> p(static_cast<size_t>(experts));

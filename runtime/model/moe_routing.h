@@ -16,15 +16,14 @@ namespace lattice {
 
 struct MoeRoutes {
     int64_t experts = 0;
-    std::vector<int32_t> begin;    // [experts + 1]: expert e's slots are [begin[e], begin[e + 1])
-    std::vector<int32_t> tokens;   // per slot: the token (row of the batch)
-    std::vector<float> weights;    // per slot: the token's weight for that expert
+    std::vector<int32_t> begin;   // [experts + 1]: expert e's slots are [begin[e], begin[e + 1])
+    std::vector<int32_t> tokens;  // per slot: the token (row of the batch)
+    std::vector<float> weights;   // per slot: the token's weight for that expert
     int64_t count(int64_t e) const { return begin[size_t(e) + 1] - begin[size_t(e)]; }
 };
 
 // Routes `tokens` rows of f32 router logits [tokens, experts] to k experts each. Non-finite logits
 // are an Error naming the token and expert.
-void route_tokens(const float* logits, int64_t tokens, int64_t experts, int64_t k, bool renormalize,
-                  MoeRoutes* out);
+void route_tokens(const float* logits, int64_t tokens, int64_t experts, int64_t k, bool renormalize, MoeRoutes* out);
 
 }  // namespace lattice
