@@ -75,7 +75,8 @@ ModelConfig load_hf_config(const std::string& path);
 ModelConfig parse_hf_config(const std::string& json_text, const std::string& source);
 
 // Built-in shapes for random-weight benchmarks: "tinyllama-1.1b", "llama-2-7b", "llama-2-13b", "llama-2-70b",
-// "llama-3-8b", "llama-3-70b". Throws Error listing the names for an unknown one.
+// "llama-3-8b", "llama-3-70b", "mixtral-8x7b", "mixtral-tiny-8x1.1b" (TinyLlama's layers with 8 experts top 2
+// of a quarter of its FFN each). Throws Error listing the names for an unknown one.
 ModelConfig preset_config(const std::string& name);
 std::vector<std::string> preset_names();
 
