@@ -259,14 +259,17 @@ public:
 
     // The moves of a mixture-of-experts block (supports(Op::kMoe); the defaults refuse): an expert's
     // tokens gathered into contiguous rows, its outputs added back weighted by their router weights.
-    // dst[i, :] = src[rows[i], :] for i < rows.size() (dst has at least that many rows).
-    virtual void gather_rows(const View& dst, const View& src, std::span<const int32_t> rows) {
-        LATTICE_FAIL("backend {} does not support gather_rows ({} rows of {})", name(), rows.size(), src.shape_str());
+    // `rows` (i32 [n]) and `weights` (f32 [n]) are on this backend's device (Model uploads a layer's
+    // routes in one copy); activations are in the activation dtype, contiguous [rows, cols].
+    // dst[i, :] = src[rows[i], :] for i < n (dst has at least n rows); a row outside src is an Error
+    // on the CPU, a zero row on a device (whose kernels cannot throw).
+    virtual void gather_rows(const View& dst, const View& src, const View& rows) {
+        LATTICE_FAIL("backend {} does not support gather_rows ({} rows of {})", name(), rows.numel(), src.shape_str());
     }
-    // dst[rows[i], :] += weights[i] * src[i, :], in f32.
-    virtual void scatter_add_rows(const View& dst, const View& src, std::span<const int32_t> rows,
-                                  std::span<const float> weights) {
-        LATTICE_FAIL("backend {} does not support scatter_add_rows ({} rows into {})", name(), rows.size(),
+    // dst[rows[i], :] += weights[i] * src[i, :], in f32 (rounded once per row into dst's dtype). The
+    // rows of one call are distinct (a token meets an expert at most once).
+    virtual void scatter_add_rows(const View& dst, const View& src, const View& rows, const View& weights) {
+        LATTICE_FAIL("backend {} does not support scatter_add_rows ({} rows into {})", name(), rows.numel(),
                      dst.shape_str());
     }
     // x = 0.

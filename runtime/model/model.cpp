@@ -82,6 +82,8 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
         router_logits_ = be_.alloc(act, {T, cfg_.n_experts});
         moe_in_ = be_.alloc(act, {T, H});
         moe_out_ = be_.alloc(act, {T, H});
+        route_rows_ = be_.alloc(DType::kI32, {T * cfg_.n_experts_used});
+        route_weights_ = be_.alloc(DType::kF32, {T * cfg_.n_experts_used});
     }
     if (opt_.last_stage) {
         head_in_ = be_.alloc(act, {T, H});
@@ -318,18 +320,23 @@ void Model::moe_block(LayerWeights& L, const View& normed, const View& out) {
         convert_elements(raw.data(), logits.dtype, router_host_.data(), DType::kF32, T * E);
     }
     route_tokens(router_host_.data(), T, E, cfg_.n_experts_used, architecture_of(cfg_).moe_renormalize, &routes_);
+    // The layer's routes reach the device in one copy each; every expert reads its slice of them.
+    const int64_t slots = T * cfg_.n_experts_used;
+    be_.upload(View::contiguous(route_rows_.data(), DType::kI32, {slots}, be_.device()), routes_.tokens.data());
+    be_.upload(View::contiguous(route_weights_.data(), DType::kF32, {slots}, be_.device()), routes_.weights.data());
     be_.fill_zero(out);
     for (int64_t e = 0; e < E; ++e) {
         const int64_t n = routes_.count(e);
-        if (n == 0) continue;
-        const size_t b = size_t(routes_.begin[size_t(e)]);
-        const std::span<const int32_t> rows(routes_.tokens.data() + b, size_t(n));
+        if (n == 0) continue;  // an expert no token chose: its weights are not read
+        const int64_t b = routes_.begin[size_t(e)];
+        const View rows = View::contiguous(route_rows_.ptr<int32_t>() + b, DType::kI32, {n}, be_.device()),
+                   weights = View::contiguous(route_weights_.ptr<float>() + b, DType::kF32, {n}, be_.device());
         const View in = moe_in_.view().row_range(0, n), gu = gate_up_.view().row_range(0, n),
                    y = moe_out_.view().row_range(0, n);
         be_.gather_rows(in, normed, rows);
         be_.linear(gu, in, L.expert_gate_up[size_t(e)]);
         gated_down(gu, y, L.expert_down[size_t(e)]);
-        be_.scatter_add_rows(out, y, rows, std::span<const float>(routes_.weights.data() + b, size_t(n)));
+        be_.scatter_add_rows(out, y, rows, weights);
         moe_counters_.expert_runs += 1;
         moe_counters_.expert_rows += n;
     }

@@ -147,6 +147,10 @@ public:
     // (the TP group is deferred: run_layers and head_logits wait for it once, bounded, at their end).
     double comm_seconds() const { return comm_seconds_; }
 
+    // Whether a step's work can be captured and replayed (Backend::capture_step): not for a MoE model,
+    // whose router logits come to the host every layer to pick the experts and size their GEMMs.
+    bool capturable() const { return !cfg_.is_moe(); }
+
     // Calibration hook (runtime/smoothquant.h); empty (the default) costs one branch per GEMM.
     void set_observer(ActivationObserver obs) { observer_ = std::move(obs); }
 
@@ -182,6 +186,7 @@ private:
     Buffer hidden_, normed_, qkv_, attn_out_, proj_, gate_up_, act_, head_in_, logits_;
     // MoE: router logits [T, experts], an expert's gathered inputs and outputs [T, hidden].
     Buffer router_logits_, moe_in_, moe_out_;
+    Buffer route_rows_, route_weights_;  // [T * k] i32 tokens and f32 weights of a layer's routes, by expert
     std::vector<float> router_host_;
     MoeRoutes routes_;
     MoeCounters moe_counters_;

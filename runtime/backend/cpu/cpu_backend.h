@@ -69,9 +69,8 @@ public:
     void silu_mul(const View& out, const View& gate_up) override;
     void add(const View& out, const View& a, const View& b) override;
     void add_bias(const View& x, const View& bias) override;
-    void gather_rows(const View& dst, const View& src, std::span<const int32_t> rows) override;
-    void scatter_add_rows(const View& dst, const View& src, std::span<const int32_t> rows,
-                          std::span<const float> weights) override;
+    void gather_rows(const View& dst, const View& src, const View& rows) override;
+    void scatter_add_rows(const View& dst, const View& src, const View& rows, const View& weights) override;
     void fill_zero(const View& x) override;
     void linear(const View& out, const View& x, const Linear& w) override;
     bool fuses_quant() const override { return fused_quant_; }

@@ -105,11 +105,10 @@ bool CudaBackend::supports(Op op, DType dtype) const {
         case Op::kAttention:
         case Op::kSiluMul:
         case Op::kAdd:
+        case Op::kAddBias:        // q/k/v biases (qwen2)
+        case Op::kSlidingWindow:  // AttnDims::window in both attention kernels (mistral)
+        case Op::kMoe:            // gather / scatter-add rows, fill_zero (mixtral)
             return dtype == act_;
-        case Op::kAddBias:        // q/k/v biases (qwen2), sliding windows (mistral) and MoE blocks
-        case Op::kSlidingWindow:  // (mixtral) run on the CPU backend only; the model refuses them here
-        case Op::kMoe:            // at load
-            return false;
     }
     return false;
 }
