@@ -313,10 +313,45 @@ TEST_CASE(
     }
 }
 
+TEST_CASE("CpuBackend row moves: gather, weighted scatter-add, and a row outside the tensor refused naming it") {
+    CpuBackend be(CpuBackendOptions{1, false, false});
+    std::vector<float> src = {1, 2, 3, 4, 5, 6}, dst(4, -1.0f), acc = {10, 20, 30, 40, 50, 60};
+    std::vector<int32_t> rows = {2, 0};
+    std::vector<float> w = {0.5f, 2.0f};
+    const View s = View::contiguous(src.data(), DType::kF32, {3, 2}),
+               d = View::contiguous(dst.data(), DType::kF32, {2, 2});
+    const View r = View::contiguous(rows.data(), DType::kI32, {2}), wv = View::contiguous(w.data(), DType::kF32, {2});
+    be.gather_rows(d, s, r);
+    CHECK(dst == std::vector<float>{5, 6, 1, 2});
+    be.scatter_add_rows(View::contiguous(acc.data(), DType::kF32, {3, 2}), d, r, wv);
+    CHECK(acc == std::vector<float>{12, 24, 30, 40, 52.5f, 63});  // row 2 += 0.5 [5 6], row 0 += 2 [1 2]
+    rows[1] = 3;
+    try {
+        be.gather_rows(d, s, r);
+        FAIL("row 3 of 3 was gathered");
+    } catch (const Error& e) {
+        CHECK(std::string(e.what()).find("gather_rows: row 3 of [3, 2]") != std::string::npos);
+    }
+    rows[1] = -1;
+    CHECK_THROWS_AS(be.scatter_add_rows(View::contiguous(acc.data(), DType::kF32, {3, 2}), d, r, wv), Error);
+}
+
 TEST_CASE("a decode step runs only the experts its token is routed to; prefill runs each chosen expert once") {
     auto src = open_model(golden_dir(kMixtral));
     const ModelConfig& c = src->config();
     CpuBackend be(CpuBackendOptions{1, false, false});
+    {  // The INT8 experts (W8A8, per-expert GEMMs over gathered rows): one decode token, k experts a layer.
+        ModelOptions mo;
+        mo.quant = QuantMode::kW8A8;
+        Model q(*src, be, mo, nullptr);
+        auto gen = make_local_engine(q);
+        GenerateRequest req{load_golden(kMixtral)[0].prompt, 3, 0, {}, true, {}};
+        const Model::MoeCounters before = q.moe_counters();
+        gen->generate(req);
+        const int64_t T = int64_t(req.prompt.size());
+        // The prefill routes T tokens (k slots each), then 2 decode steps route one token each.
+        CHECK(q.moe_counters().expert_rows - before.expert_rows == c.n_layers * (T + 2) * c.n_experts_used);
+    }
     Model model(*src, be, ModelOptions{}, nullptr);
     const AttentionShape& a = model.attention_shape();
     model.allocate_kv(a.table_width);
