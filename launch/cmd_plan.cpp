@@ -184,9 +184,10 @@ void print_plan_json(const PlanRequest& r, const std::vector<LayoutPrediction>& 
 int print_plan_table(const PlanRequest& r, const std::vector<LayoutPrediction>& plans, bool any) {
     const double params = dims_params(r.model);
     auto cost = [&](const LayoutPrediction& p) { return usd_per_million(r, p); };
-    print_stdout("{} ({:.1f}B parameters, {} layers{}) on {} x {} ({} node{}, {}{}), {}, batch {}, context {}, prompt {}\n",
-                 r.model.name, params / 1e9, r.model.n_layers, experts_note(r.model), r.devices, r.device.label, r.nodes, r.nodes > 1 ? "s" : "",
-                 r.link.name, r.nodes > 1 ? " within, " + r.inter_node.name + " between" : "", plan_quant_name(r.quant),
+    print_stdout("{} ({:.1f}B parameters, {} layers{}) on {} x {} ({} node{}, {}{}), {}, batch {}, context {}, "
+                 "prompt {}\n",
+                 r.model.name, params / 1e9, r.model.n_layers, experts_note(r.model), r.devices, r.device.label,
+                 r.nodes, r.nodes > 1 ? "s" : "", r.link.name, r.nodes > 1 ? " within, " + r.inter_node.name + " between" : "", plan_quant_name(r.quant),
                  r.batch, r.context, r.prompt);
     print_stdout("{:>3} {:>3} | {:>8} {:>8} {:>6} {:>8} {:>4} | {:>9} {:>9} {:>10} {:>9} {:>5} {:>7}{}\n", "tp", "pp",
                  "weights", "kv", "act", "total", "fits", "decode/s", "ms/token", "prefill/s", "TTFT ms", "comm",

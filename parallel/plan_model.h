@@ -13,7 +13,8 @@
 // - reserved: the device's fixed overhead (CUDA context, cuBLASLt workspace, NCCL buffers).
 // Step time of a stage = the linear layers' roofline max(weight bytes / achievable bandwidth, ops /
 // achievable peak) (MoE: the bytes of the experts the step's tokens touch, experts_touched, and the
-// ops of the k experts each token runs; experts split over TP like a dense FFN, no expert parallelism) (plus (1 - overlap) x the smaller of the two where the device does not overlap
+// ops of the k experts each token runs; experts split over TP like a dense FFN, no expert
+// parallelism) (plus (1 - overlap) x the smaller of the two where the device does not overlap
 // them) + attention's, max(KV bytes / bandwidth, attention FLOPs / attention's achieved rate) + 2
 // all-reduces per layer (ring alpha-beta: 2(n-1) alpha + 2(n-1)/n bytes / bw) + a fixed per-layer
 // overhead; stages hand off one activation per micro-batch (alpha + bytes / bw).

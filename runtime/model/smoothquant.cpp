@@ -124,7 +124,8 @@ SmoothFactors compute_smooth_factors(const TensorSource& src, const ActivationSt
         if (c.is_moe()) {
             mlp_in.push_back(name(l, TensorRole::kRouter));
             for (int64_t e = 0; e < c.n_experts; ++e)
-                for (TensorRole r : {TensorRole::kExpGate, TensorRole::kExpUp}) mlp_in.push_back(tensor_name(c, r, l, e));
+                for (TensorRole r : {TensorRole::kExpGate, TensorRole::kExpUp})
+                    mlp_in.push_back(tensor_name(c, r, l, e));
         } else {
             mlp_in = {name(l, TensorRole::kWGate), name(l, TensorRole::kWUp)};
         }

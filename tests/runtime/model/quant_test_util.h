@@ -47,9 +47,10 @@ private:
     float factor_;
 };
 
-// Delegates to `inner`; the layer matrices (q k v o gate up down, and a MoE family's experts) are served as f32 after a round
-// trip through the engine's int8 weight scheme (per output row: s = max|w| / 127, w' = q s), so an
-// fp32 run of this source computes what W8A16 computes, with float GEMMs.
+// Delegates to `inner`; the layer matrices (q k v o gate up down, and a MoE family's experts) are
+// served as f32 after a round trip through the engine's int8 weight scheme (per output row:
+// s = max|w| / 127, w' = q s), so an fp32 run of this source computes what W8A16 computes, with
+// float GEMMs.
 class FakeQuantSource final : public TensorSource {
 public:
     explicit FakeQuantSource(std::unique_ptr<TensorSource> inner) : inner_(std::move(inner)) {}
