@@ -187,8 +187,9 @@ int print_plan_table(const PlanRequest& r, const std::vector<LayoutPrediction>& 
     print_stdout("{} ({:.1f}B parameters, {} layers{}) on {} x {} ({} node{}, {}{}), {}, batch {}, context {}, "
                  "prompt {}\n",
                  r.model.name, params / 1e9, r.model.n_layers, experts_note(r.model), r.devices, r.device.label,
-                 r.nodes, r.nodes > 1 ? "s" : "", r.link.name, r.nodes > 1 ? " within, " + r.inter_node.name + " between" : "", plan_quant_name(r.quant),
-                 r.batch, r.context, r.prompt);
+                 r.nodes, r.nodes > 1 ? "s" : "", r.link.name,
+                 r.nodes > 1 ? " within, " + r.inter_node.name + " between" : "", plan_quant_name(r.quant), r.batch,
+                 r.context, r.prompt);
     print_stdout("{:>3} {:>3} | {:>8} {:>8} {:>6} {:>8} {:>4} | {:>9} {:>9} {:>10} {:>9} {:>5} {:>7}{}\n", "tp", "pp",
                  "weights", "kv", "act", "total", "fits", "decode/s", "ms/token", "prefill/s", "TTFT ms", "comm",
                  "bound", r.device.price_per_hour > 0 ? "  $/Mtok" : "");
