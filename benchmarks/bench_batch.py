@@ -11,9 +11,15 @@ S_TG for the same (npp 128, ntg 64, npl N); the ratio of their total times. Goal
 of llama.cpp's time; decode at 16 sequences >= 8x lattice's own single-sequence decode.
 llama.cpp is not part of lattice: build it from the llama-cpp-python sdist (its vendor/llama.cpp)
 and point LLAMA_CPP_BIN at the folder holding llama-batched-bench; without it only lattice runs.
+--preset mixtral-tiny-8x1.1b runs the same workload on the Mixtral-style shape of that name (TinyLlama's
+attention and layers, 8 experts top 2 of a quarter of its FFN each: 1.9 B parameters, 0.7 B active per
+token), written the way current llama.cpp writes Mixtral (merged ffn_*_exps tensors); N = 1 is decode
+alone, N = 16 the 16-request batch (issue 32).
 Usage: benchmarks/bench_batch.py [--build build] [--out benchmarks/results/cpu-2core-spr]
                                  [--n 1,4,16,64] [--threads 2] [--model FILE.gguf]
-Writes batch.json (all numbers, machine, commit) and prints a markdown table."""
+                                 [--preset tinyllama-1.1b | mixtral-tiny-8x1.1b]
+Writes batch.json (batch_<preset>.json for another preset; all numbers, machine, commit) and prints a
+markdown table."""
 import argparse
 import json
 import os
@@ -57,16 +63,19 @@ def main():
     ap.add_argument("--out", default=os.path.join(root, "benchmarks", "results", "cpu-2core-spr"))
     ap.add_argument("--n", default="1,4,16,64")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--model", default=os.path.join(os.environ.get("LATTICE_BENCH_CACHE", "/tmp/lattice-bench"),
-                                                    "tinyllama-1.1b.q8_0.gguf"))
+    ap.add_argument("--preset", default="tinyllama-1.1b", choices=["tinyllama-1.1b", "mixtral-tiny-8x1.1b"],
+                    help="shape of the random GGUF written when --model does not exist")
+    ap.add_argument("--model", default="")
     a = ap.parse_args()
+    if not a.model:
+        a.model = os.path.join(os.environ.get("LATTICE_BENCH_CACHE", "/tmp/lattice-bench"), f"{a.preset}.q8_0.gguf")
     lattice = os.path.join(a.build, "launch", "lattice")
     if not os.path.exists(a.model):
         os.makedirs(os.path.dirname(a.model), exist_ok=True)
         vocab = os.path.join(root, "..", "shared", "tokenizers", "ggml-vocab-llama-spm.gguf")
-        print(f"writing {a.model} (random TinyLlama-1.1B weights, q8_0) ...", file=sys.stderr)
+        print(f"writing {a.model} (random {a.preset} weights, q8_0) ...", file=sys.stderr)
         subprocess.run([sys.executable, os.path.join(here, "tools", "make_random_gguf.py"), "--preset",
-                        "tinyllama-1.1b", "--type", "q8_0", "--seed", "1", "--vocab-from", vocab, "--out", a.model],
+                        a.preset, "--type", "q8_0", "--seed", "1", "--vocab-from", vocab, "--out", a.model],
                        check=True)
     llama_bin = os.environ.get("LLAMA_CPP_BIN", "")
     batched = os.path.join(llama_bin, "llama-batched-bench") if llama_bin else ""
@@ -80,6 +89,7 @@ def main():
                     ids = [rng.randrange(3, 32000) for _ in range(128)]
                     f.write(json.dumps({"custom_id": i, "body": {"prompt": ids, "max_tokens": 64, "ignore_eos": True,
                                                                  "temperature": 0}}) + "\n")
+            load_before = os.getloadavg()  # the machine may be shared: each row says what else ran
             t0 = time.time()
             p = sh([lattice, "batch", "--model", a.model, "--input", inp, "--output", out, "--threads",
                     str(a.threads), "--stats-json", stats, "--progress", "none", "--max-seq", "256"], timeout=3600)
@@ -90,8 +100,9 @@ def main():
             row = {"n": n, "lattice": {k: s[k] for k in ("run_seconds", "tokens_per_s", "decode_tokens_per_s",
                                                          "ttft_mean_s", "ttft_p50_s", "load_seconds", "generated_tokens",
                                                          "preemptions", "peak_kv_blocks", "quant")},
-                   "lattice_wall_s": wall}
+                   "lattice_wall_s": wall, "load_avg_before": list(load_before)}
             if batched and os.path.exists(batched):
+                row["load_avg_before_llama_cpp"] = list(os.getloadavg())
                 row["llama_cpp"] = llama_batched(batched, a.model, n, a.threads)
                 row["time_ratio_lattice_to_llama"] = s["run_seconds"] / row["llama_cpp"]["T_s"]
             rows.append(row)
@@ -100,11 +111,13 @@ def main():
     for r in rows:
         if one and one["lattice"]["decode_tokens_per_s"] > 0:
             r["decode_vs_single"] = r["lattice"]["decode_tokens_per_s"] / one["lattice"]["decode_tokens_per_s"]
-    doc = {"benchmark": "batch", "model": "tinyllama-1.1b random, q8_0 GGUF", "threads": a.threads,
+    doc = {"benchmark": "batch", "model": f"{os.path.basename(a.model)} ({a.preset} random, q8_0 GGUF)",
+           "threads": a.threads,
            "workload": "N requests x (128 prompt + 64 new tokens)", "machine": machine(), "rows": rows,
            "llama_cpp_bin": llama_bin or None}
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "batch.json"), "w") as f:
+    name = "batch.json" if a.preset == "tinyllama-1.1b" else f"batch_{a.preset}.json"
+    with open(os.path.join(a.out, name), "w") as f:
         json.dump(doc, f, indent=2)
     print("| N | lattice s | tok/s | TTFT mean s | decode tok/s | decode / N=1 | llama.cpp s | llama.cpp S_TG | "
           "lattice / llama.cpp time |")

@@ -41,7 +41,7 @@ ROOT = os.path.dirname(HERE)
 SCHEMA = "lattice-bench/1"
 DEFAULT_PRESET = "tinyllama-1.1b"
 PRESET_VOCAB = {"tinyllama-1.1b": 32000, "llama-2-7b": 32000, "llama-2-13b": 32000, "llama-2-70b": 32000,
-                "llama-3-8b": 128256, "llama-3-70b": 128256}
+                "llama-3-8b": 128256, "llama-3-70b": 128256, "mixtral-8x7b": 32000, "mixtral-tiny-8x1.1b": 32000}
 
 
 def log(msg):

@@ -36,7 +36,8 @@ void ModelArgs::add_to(CLI::App* cmd) {
                   "Converted checkpoint: check the SHA-256 of each rank's file before loading it (sizes always are)");
     cmd->add_flag("--random-weights", random_weights, "Fabricate weights of the model's shape from --seed-weights");
     cmd->add_option("--config", config_preset, "Built-in shape for --random-weights (tinyllama-1.1b, llama-2-7b, "
-                                               "llama-2-70b, llama-3-8b, llama-3-70b)");
+                                               "llama-2-70b, llama-3-8b, llama-3-70b, mixtral-8x7b, "
+                                               "mixtral-tiny-8x1.1b)");
     cmd->add_option("--seed-weights", weight_seed, "Seed for --random-weights")->check(uint_range(0, UINT64_MAX));
     cmd->add_option("--quant", quant,
                     "Linear layers: auto | none | w8a16 | w8a8 (auto: w8a8 with --quant-head for a checkpoint that is "

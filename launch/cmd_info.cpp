@@ -124,6 +124,14 @@ void add_info_command(CLI::App& app, CommandRun& run) {
                          c.rope_scaling.type.empty() ? "none" : c.rope_scaling.type);
             print_stdout("tie_embeddings: {}  bos: {}  eos: {}\n", c.tie_embeddings, c.bos_id,
                          fmt::join(c.eos_ids, ","));
+            if (c.is_moe()) {
+                // Each token runs k of the E experts: what it computes and, decoding alone, reads.
+                const int64_t active = c.parameter_count() - c.n_layers * (c.n_experts - c.n_experts_used) * 3 *
+                                                                 c.hidden * c.intermediate;
+                print_stdout("experts: {} per layer, {} per token (intermediate is each expert's); active parameters "
+                             "per token: {} ({:.3f} B)\n",
+                             c.n_experts, c.n_experts_used, active, double(active) * 1e-9);
+            }
             if (!src->prepared()) check_tensor_set(*src);  // a converted file is checked when a rank loads it
             const int64_t params = c.parameter_count(), listed = listed_elements(*src);
             // Sources that list their tensors must hold what the config describes (rope tables aside).

@@ -43,11 +43,21 @@ ModelDims load_dims(const std::string& m) {
     return open_model(m)->config().dims();
 }
 
-double dims_params(const ModelDims& d) {
+// Parameters of the model; `experts` FFNs per layer (a MoE model: every expert held, or the
+// n_experts_used a token runs), plus the router.
+double dims_params(const ModelDims& d, double experts) {
     const double h = double(d.hidden);
     const double layer = h * double(d.n_heads + 2 * d.n_kv_heads) * double(d.head_dim) +
-                         double(d.n_heads * d.head_dim) * h + 3.0 * h * double(d.intermediate) + 2.0 * h;
+                         double(d.n_heads * d.head_dim) * h + experts * 3.0 * h * double(d.intermediate) +
+                         double(d.n_experts) * h + 2.0 * h;
     return double(d.n_layers) * layer + double(d.vocab) * h * (d.tie_embeddings ? 1.0 : 2.0) + h;
+}
+double dims_params(const ModelDims& d) { return dims_params(d, double(std::max<int64_t>(d.n_experts, 1))); }
+double active_params(const ModelDims& d) { return dims_params(d, double(std::max<int64_t>(d.n_experts_used, 1))); }
+std::string experts_note(const ModelDims& d) {
+    return d.n_experts > 0 ? fmt::format(", {} experts, {} per token: {:.1f}B active", d.n_experts, d.n_experts_used,
+                                         active_params(d) / 1e9)
+                           : "";
 }
 
 // Overrides from a calibration file: {"device": {field: value, ...}, "link": {...}}.
@@ -123,6 +133,9 @@ void print_plan_json(const PlanRequest& r, const std::vector<LayoutPrediction>& 
     auto cost = [&](const LayoutPrediction& p) { return usd_per_million(r, p); };
     nlohmann::json j = {{"model", r.model.name},
                         {"parameters", params},
+                        {"active_parameters", active_params(r.model)},
+                        {"experts", r.model.n_experts},
+                        {"experts_per_token", r.model.n_experts_used},
                         {"device", r.device.name},
                         {"device_label", r.device.label},
                         {"devices", r.devices},
@@ -173,10 +186,12 @@ void print_plan_json(const PlanRequest& r, const std::vector<LayoutPrediction>& 
 int print_plan_table(const PlanRequest& r, const std::vector<LayoutPrediction>& plans, bool any) {
     const double params = dims_params(r.model);
     auto cost = [&](const LayoutPrediction& p) { return usd_per_million(r, p); };
-    print_stdout("{} ({:.1f}B parameters, {} layers) on {} x {} ({} node{}, {}{}), {}, batch {}, context {}, prompt {}\n",
-                 r.model.name, params / 1e9, r.model.n_layers, r.devices, r.device.label, r.nodes, r.nodes > 1 ? "s" : "",
-                 r.link.name, r.nodes > 1 ? " within, " + r.inter_node.name + " between" : "", plan_quant_name(r.quant),
-                 r.batch, r.context, r.prompt);
+    print_stdout("{} ({:.1f}B parameters, {} layers{}) on {} x {} ({} node{}, {}{}), {}, batch {}, context {}, "
+                 "prompt {}\n",
+                 r.model.name, params / 1e9, r.model.n_layers, experts_note(r.model), r.devices, r.device.label,
+                 r.nodes, r.nodes > 1 ? "s" : "", r.link.name,
+                 r.nodes > 1 ? " within, " + r.inter_node.name + " between" : "", plan_quant_name(r.quant), r.batch,
+                 r.context, r.prompt);
     print_stdout("{:>3} {:>3} | {:>8} {:>8} {:>6} {:>8} {:>4} | {:>9} {:>9} {:>10} {:>9} {:>5} {:>7}{}\n", "tp", "pp",
                  "weights", "kv", "act", "total", "fits", "decode/s", "ms/token", "prefill/s", "TTFT ms", "comm",
                  "bound", r.device.price_per_hour > 0 ? "  $/Mtok" : "");

@@ -153,30 +153,52 @@ double activation_bytes(const ModelDims& m, int tp, int64_t tokens, double bytes
     double b = T * bytes_per_elem *
                (3.0 * double(m.hidden) + double((s.n_heads + 2 * s.n_kv) * m.head_dim) +
                 double(s.n_heads * m.head_dim) + 3.0 * double(s.ffn));
+    // A MoE layer: the router's logits and an expert's gathered inputs and outputs.
+    if (m.n_experts > 0) b += T * bytes_per_elem * (double(m.n_experts) + 2.0 * double(m.hidden));
     if (last_stage) b += T * 4.0 * double(s.vocab_per_rank) * double(tp);
     return b;
+}
+
+double experts_touched(const ModelDims& m, double tokens) {
+    if (m.n_experts <= 0) return 1.0;
+    const double e = double(m.n_experts), k = double(std::clamp<int64_t>(m.n_experts_used, 1, m.n_experts));
+    if (tokens <= 1.0) return k;
+    return e * (1.0 - std::pow(1.0 - k / e, tokens));
 }
 
 namespace {
 
 struct StageShape {
     int64_t layers = 0;
-    double linear_params = 0;  // q/k/v/o/gate/up/down of its layers (this rank's shard)
+    double attn_params = 0;    // q/k/v/o of its layers (this rank's shard)
+    double ffn_params = 0;     // gate/up/down of its layers: the dense FFN's shard, or ONE expert's (MoE)
+    double router_params = 0;  // MoE: the routers [experts, hidden] of its layers (replicated, float)
+    double experts = 1;        // FFNs per layer (dense: 1)
     double head_params = 0;    // the LM head rows (last stage)
     double embed_params = 0;   // the embedding rows (first stage; decode reads one row per token)
     double small_params = 0;   // norms
+    // Linear weights held, and those a forward of `tokens` tokens reads (the experts they touch).
+    double linear_params() const { return attn_params + experts * ffn_params; }
+    double linear_params_read(const ModelDims& m, double tokens) const {
+        return attn_params + experts_touched(m, tokens) * ffn_params;
+    }
 };
 
 std::vector<StageShape> stage_shapes(const ModelDims& m, int tp, int pp) {
     const ShardShape s = shard_shape(m, tp, 0);
     const double h = double(m.hidden), hd = double(m.head_dim);
-    const double per_layer = h * double(s.n_heads + 2 * s.n_kv) * hd + double(s.n_heads) * hd * h + 3.0 * h * double(s.ffn);
+    const double attn = h * double(s.n_heads + 2 * s.n_kv) * hd + double(s.n_heads) * hd * h;
     std::vector<StageShape> out;
     const auto ranges = stage_layer_ranges(m.n_layers, pp);
     for (int p = 0; p < pp; ++p) {
         StageShape st;
         st.layers = ranges[size_t(p)].second - ranges[size_t(p)].first;
-        st.linear_params = double(st.layers) * per_layer;
+        st.attn_params = double(st.layers) * attn;
+        st.ffn_params = double(st.layers) * 3.0 * h * double(s.ffn);
+        if (m.n_experts > 0) {
+            st.experts = double(m.n_experts);
+            st.router_params = double(st.layers) * double(m.n_experts) * h;
+        }
         st.small_params = double(st.layers) * 2.0 * h + (p == pp - 1 ? h : 0.0);
         if (p == 0) st.embed_params = double(s.vocab_rows) * h;
         if (p == pp - 1) st.head_params = double(s.vocab_rows) * h;
@@ -198,9 +220,12 @@ double linear_bytes(const PlanRequest& r, double params, double rows_hint) {
     return int8_weights(r.quant) ? params + 8.0 * rows_hint : params * float_weight_bytes(r);
 }
 
-double stage_weight_bytes(const PlanRequest& r, const StageShape& st, bool decode_reads) {
-    const double rows = st.linear_params / double(std::max<int64_t>(r.model.hidden, 1));  // ~output channels
-    double b = linear_bytes(r, st.linear_params, rows) + st.small_params * 4.0;
+// Bytes of the stage's weights: held (decode_reads false), or read by one forward of `tokens` tokens
+// (the embedding apart, one row per token; a MoE layer's experts those tokens are routed to).
+double stage_weight_bytes(const PlanRequest& r, const StageShape& st, bool decode_reads, double tokens = 1) {
+    const double linear = decode_reads ? st.linear_params_read(r.model, tokens) : st.linear_params();
+    const double rows = linear / double(std::max<int64_t>(r.model.hidden, 1));  // ~output channels
+    double b = linear_bytes(r, linear, rows) + st.small_params * 4.0 + st.router_params * float_weight_bytes(r);
     const double head_b = r.quant_head && int8_weights(r.quant) ? st.head_params + 8.0 * st.head_params / double(r.model.hidden)
                                                                 : st.head_params * float_weight_bytes(r);
     b += head_b;
@@ -235,7 +260,7 @@ StageTime stage_time(const PlanRequest& r, const StageShape& st, int tp, double 
                      const RankRates& rate) {
     const ModelDims& m = r.model;
     const ShardShape s = shard_shape(m, tp, 0);
-    const double w_bytes = stage_weight_bytes(r, st, true) + tokens * double(m.hidden) * float_weight_bytes(r) *
+    const double w_bytes = stage_weight_bytes(r, st, true, tokens) + tokens * double(m.hidden) * float_weight_bytes(r) *
                                                                   (st.embed_params > 0 ? 1.0 : 0.0);
     const double kv_read = double(st.layers) * 2.0 * tokens * positions * double(s.n_kv) * double(m.head_dim) *
                            kv_bytes(r);
@@ -246,7 +271,12 @@ StageTime stage_time(const PlanRequest& r, const StageShape& st, int tp, double 
     // reads against its achieved rate.
     const double head_rows = std::min(tokens, double(r.batch));
     const bool head_int8 = r.quant == PlanQuant::kW8A8 && r.quant_head;
-    const double comp_s = 2.0 * tokens * st.linear_params / (r.quant == PlanQuant::kW8A8 ? rate.int8 : rate.fp) +
+    // Each token runs the attention and its num_experts_per_tok experts (dense: the one FFN), the
+    // router at the float rate.
+    const double used = m.n_experts > 0 ? double(std::clamp<int64_t>(m.n_experts_used, 1, m.n_experts)) : 1.0;
+    const double comp_s = 2.0 * tokens * (st.attn_params + used * st.ffn_params) /
+                              (r.quant == PlanQuant::kW8A8 ? rate.int8 : rate.fp) +
+                          2.0 * tokens * st.router_params / rate.fp +
                           2.0 * head_rows * st.head_params / (head_int8 ? rate.int8 : rate.fp);
     const double attn_s = std::max(kv_read / rate.bw, attn_flops / rate.attn);
     StageTime t;

@@ -7,11 +7,14 @@
 // - weights: per-layer q/k/v/o and gate/up/down shards (world_config's shard_shape) at the quant's
 //   bytes per weight (+ 8 B of scale and column sum per int8 output channel), norms, the embedding
 //   rows on the first stage and the head on the last (tied: the same rows, stored once per stage);
+//   a MoE layer holds every expert's gate/up/down shard and a float router [experts, hidden];
 // - KV cache: batch x context positions x local kv heads x head_dim x 2 (k, v) per layer;
 // - activations: one forward of max_batch_tokens (launch's `info` uses the same estimate);
 // - reserved: the device's fixed overhead (CUDA context, cuBLASLt workspace, NCCL buffers).
 // Step time of a stage = the linear layers' roofline max(weight bytes / achievable bandwidth, ops /
-// achievable peak) (plus (1 - overlap) x the smaller of the two where the device does not overlap
+// achievable peak) (MoE: the bytes of the experts the step's tokens touch, experts_touched, and the
+// ops of the k experts each token runs; experts split over TP like a dense FFN, no expert
+// parallelism) (plus (1 - overlap) x the smaller of the two where the device does not overlap
 // them) + attention's, max(KV bytes / bandwidth, attention FLOPs / attention's achieved rate) + 2
 // all-reduces per layer (ring alpha-beta: 2(n-1) alpha + 2(n-1)/n bytes / bw) + a fixed per-layer
 // overhead; stages hand off one activation per micro-batch (alpha + bytes / bw).
@@ -120,8 +123,12 @@ struct LayoutPrediction {
 // Bytes of the KV cache of one rank's layers for `positions` cached positions (k and v).
 double kv_cache_bytes(const ModelDims& m, int tp, int64_t layers, int64_t positions, double bytes_per_elem);
 // One forward of `tokens` tokens on one rank: hidden states and norms, q/k/v, attention output,
-// gate/up, and (last stage) the gathered f32 logits.
+// gate/up, a MoE layer's router logits and gathered rows, and (last stage) the gathered f32 logits.
 double activation_bytes(const ModelDims& m, int tp, int64_t tokens, double bytes_per_elem, bool last_stage);
+// MoE: the experts of a layer that a forward of `tokens` tokens runs, expected under uniform,
+// independent routing (each token picks n_experts_used of n_experts): E (1 - (1 - k/E)^tokens); k for
+// one token, E for many. Dense models: 1.
+double experts_touched(const ModelDims& m, double tokens);
 
 MemoryEstimate estimate_memory(const PlanRequest& r, int tp, int pp);
 // Seconds one forward of `tokens` tokens, each attending to `positions` cached positions, takes on

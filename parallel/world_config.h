@@ -64,6 +64,9 @@ struct ModelDims {
     // What the planner (plan_model.h) needs besides; the layout rules ignore them.
     int64_t hidden = 0, head_dim = 0;
     bool tie_embeddings = false;
+    // Mixture of experts: experts per layer and per token (0: dense); each expert's FFN of
+    // `intermediate` channels splits over TP like a dense FFN.
+    int64_t n_experts = 0, n_experts_used = 0;
 };
 
 // The tensor-parallel shard of one rank.

@@ -13,6 +13,12 @@ forward written from the semantics of transformers' modeling code (not from latt
   RMSNorm x / sqrt(mean(x^2) + eps) * w. No bias on o_proj or the MLP.
   MistralForCausalLM (modeling_mistral.py): the same without biases, with the sliding-window causal
   mask: the query at i attends keys i - sliding_window < j <= i.
+  MixtralForCausalLM (modeling_mixtral.py, MixtralSparseMoeBlock): Mistral's attention; the MLP is
+  router logits = x @ gate.T, p = softmax(logits), the top num_experts_per_tok experts (lower index
+  first on ties), their p renormalized to sum 1, h += sum_e p_e * w2_e(silu(w1_e x) * w3_e x).
+  Its GGUF is written as llama.cpp's converter writes Mixtral: architecture "llama" with
+  llama.expert_count / expert_used_count, q/k rows permuted into RoPE pair order, and each layer's
+  experts stacked into one 3-D ffn_{gate,up,down}_exps tensor.
 
 Weights are float16 values (stored F16 in both files; GGUF norms and biases F32, as llama.cpp keeps
 1-D tensors), so both files hold exactly the values the float64 reference used. Output per family
@@ -96,6 +102,41 @@ def mistral_spec():
     }
 
 
+def mixtral_spec():
+    # 4 experts, top 2 (the issue's tiny Mixtral), GQA; no window (Mixtral configs ship null).
+    rng = np.random.default_rng(11)
+    return {
+        "name": "mixtral",
+        "seed": 20261382,  # the seed of 300 whose router and greedy margins are widest
+        "gguf": True,
+        "config": {
+            "architectures": ["MixtralForCausalLM"],
+            "model_type": "mixtral",
+            "hidden_act": "silu",
+            "hidden_size": 64,
+            "intermediate_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "vocab_size": 128,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 1000000.0,
+            "rope_scaling": None,
+            "max_position_embeddings": 128,
+            "sliding_window": None,
+            "router_aux_loss_coef": 0.02,
+            "output_router_logits": False,
+            "tie_word_embeddings": False,
+            "torch_dtype": "float16",
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+        "prompts": [[1] + [int(x) for x in rng.integers(3, 128, 15)], [1, 5, 88, 31, 120, 64, 7]],
+    }
+
+
 def make_weights(cfg, rng):
     H, F, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     nq, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -120,6 +161,14 @@ def make_weights(cfg, rng):
             w[p + "self_attn.k_proj.bias"] = rnd((nkv * hd,), 1.0)
             w[p + "self_attn.v_proj.bias"] = rnd((nkv * hd,), 0.5)
         w[p + "self_attn.o_proj.weight"] = rnd((H, nq * hd), 1.0 / np.sqrt(nq * hd))
+        if "num_local_experts" in cfg:  # Mixtral's sparse MoE block; a router that prefers clearly
+            w[p + "block_sparse_moe.gate.weight"] = rnd((cfg["num_local_experts"], H), 3.0 / np.sqrt(H))
+            for e in range(cfg["num_local_experts"]):
+                q = p + f"block_sparse_moe.experts.{e}."
+                w[q + "w1.weight"] = rnd((F, H), 1.0 / np.sqrt(H))
+                w[q + "w2.weight"] = rnd((H, F), 1.0 / np.sqrt(F))
+                w[q + "w3.weight"] = rnd((F, H), 1.0 / np.sqrt(H))
+            continue
         w[p + "mlp.gate_proj.weight"] = rnd((F, H), 1.0 / np.sqrt(H))
         w[p + "mlp.up_proj.weight"] = rnd((F, H), 1.0 / np.sqrt(H))
         w[p + "mlp.down_proj.weight"] = rnd((H, F), 1.0 / np.sqrt(F))
@@ -143,6 +192,29 @@ def rope(x, pos, theta):
     return x * cos + rot * sin
 
 
+ROUTER_MARGIN = [np.inf]  # smallest gap between the k-th and (k+1)-th router logit seen
+
+
+def moe(cfg, W, p, x):
+    # transformers' MixtralSparseMoeBlock: softmax over the router logits, top k, renormalized.
+    E, k = cfg["num_local_experts"], cfg["num_experts_per_tok"]
+    logits = x @ W[p + "block_sparse_moe.gate.weight"].T  # [T, E]
+    prob = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    prob /= prob.sum(axis=-1, keepdims=True)
+    out = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        order = np.argsort(-prob[t], kind="stable")  # descending, lower index first among equals
+        ROUTER_MARGIN[0] = min(ROUTER_MARGIN[0], logits[t, order[k - 1]] - logits[t, order[k]])
+        top = order[:k]
+        wt = prob[t, top] / prob[t, top].sum()
+        for e, we in zip(top, wt):
+            q = p + f"block_sparse_moe.experts.{e}."
+            g = x[t] @ W[q + "w1.weight"].T
+            u = x[t] @ W[q + "w3.weight"].T
+            out[t] += we * ((g / (1 + np.exp(-g)) * u) @ W[q + "w2.weight"].T)
+    return out
+
+
 def forward(cfg, w, ids):
     W = {k: v.astype(np.float64) for k, v in w.items()}
     H, L = cfg["hidden_size"], cfg["num_hidden_layers"]
@@ -153,7 +225,7 @@ def forward(cfg, w, ids):
     pos = np.arange(T, dtype=np.float64)
     h = W["model.embed_tokens.weight"][ids]
     mask = np.triu(np.full((T, T), -np.inf), 1)  # causal: j <= i
-    window = cfg.get("sliding_window") if cfg["model_type"] == "mistral" else None
+    window = cfg.get("sliding_window") if cfg["model_type"] in ("mistral", "mixtral") else None
     if window:  # Mistral's sliding window: also j > i - window
         mask += np.tril(np.full((T, T), -np.inf), -window)
     for l in range(L):
@@ -174,6 +246,9 @@ def forward(cfg, w, ids):
             out[:, head, :] = s @ v[:, head, :]
         h = h + out.reshape(T, nq * hd) @ W[p + "self_attn.o_proj.weight"].T
         x = rms_norm(h, W[p + "post_attention_layernorm.weight"], eps)
+        if "num_local_experts" in cfg:
+            h = h + moe(cfg, W, p, x)
+            continue
         g = x @ W[p + "mlp.gate_proj.weight"].T
         u = x @ W[p + "mlp.up_proj.weight"].T
         h = h + (g / (1 + np.exp(-g)) * u) @ W[p + "mlp.down_proj.weight"].T
@@ -227,11 +302,43 @@ GGUF_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight
             "lm_head.weight": "output.weight"}
 
 
+def permute_qk(wt, n_head):
+    # llama.cpp's convert_hf_to_gguf.py LlamaModel.permute: HF's half-split rows -> RoPE pair order.
+    return wt.reshape(n_head, 2, wt.shape[0] // n_head // 2, *wt.shape[1:]).swapaxes(1, 2).reshape(wt.shape)
+
+
+def gguf_mixtral_tensors(cfg, w):
+    # Mixtral as llama.cpp writes it: "llama" names, q/k permuted, experts stacked per layer.
+    out = {}
+    E = cfg["num_local_experts"]
+    for name, arr in w.items():
+        if name in GGUF_TOP:
+            out[GGUF_TOP[name]] = arr
+            continue
+        parts = name.split(".", 3)
+        blk, rest = f"blk.{parts[2]}.", parts[3]
+        if rest.startswith("block_sparse_moe.experts."):
+            continue
+        if rest == "block_sparse_moe.gate.weight":
+            out[blk + "ffn_gate_inp.weight"] = arr
+            for hf, g in (("w1", "ffn_gate_exps"), ("w3", "ffn_up_exps"), ("w2", "ffn_down_exps")):
+                out[blk + g + ".weight"] = np.stack(
+                    [w[f"model.layers.{parts[2]}.block_sparse_moe.experts.{e}.{hf}.weight"] for e in range(E)])
+            continue
+        if rest == "self_attn.q_proj.weight":
+            arr = permute_qk(arr, cfg["num_attention_heads"])
+        if rest == "self_attn.k_proj.weight":
+            arr = permute_qk(arr, cfg["num_key_value_heads"])
+        out[blk + GGUF_NAMES[rest]] = arr
+    return out
+
+
 def write_gguf(path, arch, cfg, w):
     import gguf  # gguf-py, llama.cpp's writer
 
     H, nq = cfg["hidden_size"], cfg["num_attention_heads"]
-    wr = gguf.GGUFWriter(path, arch)
+    moe = "num_local_experts" in cfg
+    wr = gguf.GGUFWriter(path, "llama" if moe else arch)
     wr.add_name("lattice tiny " + arch)
     wr.add_context_length(cfg["max_position_embeddings"])
     wr.add_embedding_length(H)
@@ -243,13 +350,20 @@ def write_gguf(path, arch, cfg, w):
     wr.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     wr.add_bos_token_id(cfg["bos_token_id"])
     wr.add_eos_token_id(cfg["eos_token_id"])
-    # Qwen2 is NEOX-rope in llama.cpp: its converter keeps q/k rows in HF order (no permutation).
-    for name, arr in w.items():
-        if name in GGUF_TOP:
-            g = GGUF_TOP[name]
-        else:
-            parts = name.split(".", 3)  # model, layers, N, rest
-            g = f"blk.{parts[2]}." + GGUF_NAMES[parts[3]]
+    if moe:
+        wr.add_expert_count(cfg["num_local_experts"])
+        wr.add_expert_used_count(cfg["num_experts_per_tok"])
+        tensors = gguf_mixtral_tensors(cfg, w)
+    else:
+        # Qwen2 is NEOX-rope in llama.cpp: its converter keeps q/k rows in HF order (no permutation).
+        tensors = {}
+        for name, arr in w.items():
+            if name in GGUF_TOP:
+                tensors[GGUF_TOP[name]] = arr
+            else:
+                parts = name.split(".", 3)  # model, layers, N, rest
+                tensors[f"blk.{parts[2]}." + GGUF_NAMES[parts[3]]] = arr
+    for g, arr in tensors.items():
         wr.add_tensor(g, arr.astype(np.float32) if arr.ndim == 1 else arr)
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
@@ -270,11 +384,14 @@ def make_family(spec, out_root):
     if spec.get("gguf", True):
         write_gguf(os.path.join(d, "model.gguf"), spec["name"], cfg, w)
     cases, logits = [], {}
+    ROUTER_MARGIN[0] = np.inf
     for i, prompt in enumerate(spec["prompts"]):
         logits[f"case{i}.logits"] = forward(cfg, w, prompt).astype(np.float32)
         ids, margin = greedy(cfg, w, prompt)
         cases.append({"prompt_ids": prompt, "greedy_ids": ids, "min_greedy_margin": round(margin, 4)})
         print(f"{spec['name']} case {i}: greedy {ids} (min margin {margin:.4f})")
+    if "num_local_experts" in cfg:
+        print(f"{spec['name']}: smallest router margin (k-th minus next expert logit) {ROUTER_MARGIN[0]:.4f}")
     write_safetensors(os.path.join(d, "expected.safetensors"), logits)
     with open(os.path.join(d, "expected.json"), "w") as f:
         json.dump({"model": spec["name"], "reference": "float64 NumPy (scripts/make_family_fixtures.py)",
@@ -287,6 +404,7 @@ def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "tests", "runtime", "model", "families")
     make_family(qwen2_spec(), out)
     make_family(mistral_spec(), out)
+    make_family(mixtral_spec(), out)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes a GGUF v3 file of a Llama model with random weights, for side-by-side benchmarks.
+"""Writes a GGUF v3 file of a Llama (or Mixtral-style MoE) model with random weights, for side-by-side benchmarks.
 
 Purpose: lattice and llama.cpp both load GGUF, so one file of a given shape (e.g. TinyLlama-1.1B)
 lets the two engines be timed on exactly the same weights without downloading a real checkpoint.
@@ -12,6 +12,8 @@ Usage:
   make_random_gguf.py --preset tinyllama-1.1b --type q8_0 --seed 1 \
       --vocab-from ../shared/tokenizers/ggml-vocab-llama-spm.gguf --out tinyllama-1.1b.q8_0.gguf
   make_random_gguf.py --preset tiny --type f32 --vocab-from ... --out tiny.gguf    (for tests)
+  make_random_gguf.py --preset mixtral-tiny-8x1.1b --type q8_0 ...    (8 experts top 2: lattice's preset
+      of the same name, TinyLlama's layers with experts of a quarter of its FFN each)
 
 File layout (all little-endian), as read by llama.cpp's gguf loader and lattice's runtime/gguf.cpp:
   "GGUF" | u32 version=3 | u64 n_tensors | u64 n_kv
@@ -34,6 +36,11 @@ Tensors (llama.cpp names; ne = [in, out] for matrices, so each row of `out` is c
   blk.N.attn_k.weight / attn_v.weight [hidden, kv_heads * head_dim]
   blk.N.ffn_gate.weight / ffn_up.weight [hidden, ffn]   blk.N.ffn_down.weight [ffn, hidden]
   output_norm.weight [hidden] f32           output.weight [hidden, vocab]
+A MoE preset (experts > 0) replaces the three ffn_* tensors as current llama.cpp writes Mixtral (still
+architecture llama, with llama.expert_count and llama.expert_used_count): the router
+blk.N.ffn_gate_inp.weight [hidden, experts] f32, and every expert of a layer in one 3-D tensor,
+blk.N.ffn_gate_exps.weight / ffn_up_exps.weight [hidden, ffn, experts], ffn_down_exps.weight
+[ffn, hidden, experts] (expert e's rows follow expert e - 1's).
 Matrices are stored in --type: f32, f16, or q8_0 (blocks of 32 values along a row: f16 scale
 d = max|x| / 127, then 32 int8 q = round(x / d); 34 bytes per block). Q/K rows are random, so
 llama.cpp's rotary-pair permutation of converted checkpoints has no meaning here.
@@ -74,6 +81,12 @@ PRESETS = {
                            ffn=5632, vocab=32000, rope_theta=10000.0, rms_eps=1e-5, ctx=2048),
     "tiny": dict(name="tiny-llama random", hidden=64, layers=2, heads=4, kv_heads=2, ffn=128,
                  vocab=32000, rope_theta=10000.0, rms_eps=1e-5, ctx=2048),
+    "tiny-moe": dict(name="tiny Mixtral-style random", hidden=64, layers=2, heads=4, kv_heads=2, ffn=64,
+                     vocab=32000, rope_theta=1e6, rms_eps=1e-5, ctx=2048, experts=4, experts_used=2),
+    # runtime/arch/config.cpp's preset of the same name.
+    "mixtral-tiny-8x1.1b": dict(name="Mixtral-style 8x TinyLlama-1.1B random", hidden=2048, layers=22, heads=32,
+                                kv_heads=4, ffn=1408, vocab=32000, rope_theta=1e6, rms_eps=1e-5, ctx=2048,
+                                experts=8, experts_used=2),
 }
 
 SLAB_ELEMS = 1 << 22  # values generated per step (16 MB as f32)
@@ -182,10 +195,21 @@ def tensor_plan(p, wtype):
             (b + "attn_v.weight", [h, kv_dim], wtype, "weight"),
             (b + "attn_output.weight", [h, h], wtype, "weight"),
             (b + "ffn_norm.weight", [h], GGML_F32, "norm"),
-            (b + "ffn_gate.weight", [h, p["ffn"]], wtype, "weight"),
-            (b + "ffn_up.weight", [h, p["ffn"]], wtype, "weight"),
-            (b + "ffn_down.weight", [p["ffn"], h], wtype, "weight"),
         ]
+        e = p.get("experts", 0)
+        if e:
+            plan += [
+                (b + "ffn_gate_inp.weight", [h, e], GGML_F32, "weight"),
+                (b + "ffn_gate_exps.weight", [h, p["ffn"], e], wtype, "weight"),
+                (b + "ffn_up_exps.weight", [h, p["ffn"], e], wtype, "weight"),
+                (b + "ffn_down_exps.weight", [p["ffn"], h, e], wtype, "weight"),
+            ]
+        else:
+            plan += [
+                (b + "ffn_gate.weight", [h, p["ffn"]], wtype, "weight"),
+                (b + "ffn_up.weight", [h, p["ffn"]], wtype, "weight"),
+                (b + "ffn_down.weight", [p["ffn"], h], wtype, "weight"),
+            ]
     plan += [("output_norm.weight", [h], GGML_F32, "norm"),
              ("output.weight", [h, p["vocab"]], wtype, "weight")]
     return plan
@@ -245,6 +269,8 @@ def main():
         kv("llama.rope.dimension_count", T_U32, p["hidden"] // p["heads"]),
         kv("llama.vocab_size", T_U32, p["vocab"]),
     ]
+    if p.get("experts", 0):
+        ours += [kv("llama.expert_count", T_U32, p["experts"]), kv("llama.expert_used_count", T_U32, p["experts_used"])]
     kvs = ours + copied
 
     plan = tensor_plan(p, wtype)

@@ -5,6 +5,9 @@
 //   attention_prefill: flash-style: a block owns a tile of <= 32 query rows of one sequence and one
 //                      q head, walks the sequence's KV in 32-position tiles through shared memory, and
 //                      keeps per-row (max, sum, acc) in registers; causal by each row's position.
+// A sliding window W (AttnDims::window, Mistral) limits the query at p to keys p - W < j <= p: decode
+// splits cover only that span (its first position lo = max(0, p + 1 - W)); prefill starts at the KV
+// tile of the tile's first row's lo and masks each row's keys before its own lo.
 // GQA: q head h reads kv head h / (nh / nkv). Scores, softmax and accumulation are fp32; the
 // exp/max bookkeeping is the OnlineSoftmax of kernels/common/llama_math.h (decode tiles use its
 // tile form: one max per tile, one rescale of the accumulator per tile).
@@ -53,6 +56,11 @@ namespace {
 
 constexpr int kMaxR = kMaxHeadDim / 32;  // head dims per lane
 constexpr float kNegInf = -3.402823466e38f;
+
+// First position a query with `len` positions (0..len-1) attends under a window (0: none).
+__host__ __device__ __forceinline__ int64_t window_start(int64_t len, int64_t window) {
+    return window > 0 && len > window ? len - window : 0;
+}
 
 // Offset (in elements) of position `pos` of batch sequence `seq`, kv head `kvh`; -1 when the table
 // has no block there (the host validated tables; never read or write out of bounds).
@@ -260,8 +268,9 @@ __global__ void __launch_bounds__(kDecThreads, DecCfg<KH, NSP>::kMinBlocks)
     const int32_t pos = a.positions[token], seq = a.seqs[token];
     if (pos < 0 || pos >= d.max_seq || seq < 0 || seq >= a.kv.num_seqs) return;  // block-uniform
     const int64_t len = int64_t(pos) + 1;
-    const int64_t chunk = decode_chunk(len, a.splits);
-    const int64_t start = int64_t(split) * chunk;
+    const int64_t lo = window_start(len, d.window);  // positions [lo, len) are attended
+    const int64_t chunk = decode_chunk(len - lo, a.splits);
+    const int64_t start = lo + int64_t(split) * chunk;
     if (start >= len) return;  // block-uniform: an unused split
     const int64_t end = min(start + chunk, len);
     const int64_t hd = d.head_dim;
@@ -507,8 +516,8 @@ __global__ void __launch_bounds__(kMergeThreads)
     const int tid = int(threadIdx.x);
     const int32_t pos = positions[token], seq = seqs[token];
     const bool valid = pos >= 0 && pos < d.max_seq && seq >= 0 && seq < kv.num_seqs;
-    const int64_t len = int64_t(pos) + 1;
-    const int n = valid ? int(uint32_t(len - 1) / uint32_t(decode_chunk(len, splits))) + 1 : 0;  // used splits
+    const int64_t len = int64_t(pos) + 1, span = len - window_start(len, d.window);
+    const int n = valid ? int(uint32_t(span - 1) / uint32_t(decode_chunk(span, splits))) + 1 : 0;  // used splits
     const int64_t base = (token * d.n_heads + h) * splits;
 
     float mx = kNegInf;
@@ -580,7 +589,9 @@ __global__ void __launch_bounds__(kPrefillWarps * 32)
 #pragma unroll
         for (int r = 0; r < kMaxR; ++r) acc[rr][r] = 0.0f;
     }
-    for (int64_t kt = 0; kt < tile.kv_len; kt += kKvTile) {
+    // Rows' positions increase along the tile: the first row's window start bounds every row's.
+    const int64_t first = window_start(int64_t(positions[tile.start]) + 1, d.window);
+    for (int64_t kt = first / kKvTile * kKvTile; kt < tile.kv_len; kt += kKvTile) {
         __syncthreads();
         for (int64_t t = threadIdx.x; t < kKvTile * hd; t += blockDim.x) {
             const int64_t j = t / hd, c = t % hd, p = kt + j;
@@ -593,7 +604,9 @@ __global__ void __launch_bounds__(kPrefillWarps * 32)
         for (int rr = 0; rr < kRowsPerWarp; ++rr) {
             const int row = warp + kPrefillWarps * rr;
             if (row_pos[rr] < kt) continue;  // row absent, or the whole KV tile is in its future
-            const bool valid = kt + lane <= row_pos[rr];
+            const int64_t lo = window_start(int64_t(row_pos[rr]) + 1, d.window);
+            if (kt + kKvTile <= lo) continue;  // the whole KV tile is before the row's window
+            const bool valid = kt + lane <= row_pos[rr] && kt + lane >= lo;
             float s = valid ? dot_smem(qs + row * ld, ks + lane * ld, hd) * d.scale : kNegInf;
             const float m_new = fmaxf(m[rr], warp_max(s));
             const float rescale = math::exp_f32(m[rr] - m_new);
@@ -630,7 +643,7 @@ __global__ void __launch_bounds__(kPrefillWarps * 32)
 void check_dims(const AttnDims& d, const char* op) {
     KERNEL_CHECK(d.head_dim > 0 && d.head_dim <= kMaxHeadDim && d.head_dim % 2 == 0 && d.n_kv_heads > 0 &&
                      d.n_heads % d.n_kv_heads == 0 && d.max_seq > 0 && d.block_size > 0 && d.num_blocks > 0 &&
-                     d.table_width * d.block_size >= d.max_seq,
+                     d.table_width * d.block_size >= d.max_seq && d.window >= 0,
                  std::string("cuda::") + op + ": unsupported shape heads " + std::to_string(d.n_heads) + "/" +
                      std::to_string(d.n_kv_heads) + ", head_dim " + std::to_string(d.head_dim) +
                      " (even, <= " + std::to_string(kMaxHeadDim) + ")");
@@ -688,7 +701,8 @@ int decode_splits(int64_t m, const AttnDims& d) {
     const int64_t group = std::max<int64_t>(1, d.n_heads / nkv);
     const int64_t blocks_per_split = std::max<int64_t>(1, m) * nkv * ceil_div(group, kDecMaxHeads);
     int64_t s = ceil_div(kDecTargetBlocks, blocks_per_split);
-    s = std::min(s, ceil_div(std::max<int64_t>(1, d.max_seq), kDecodeChunk));  // no split below kDecodeChunk
+    const int64_t span = d.window > 0 ? std::min(d.max_seq, d.window) : d.max_seq;  // positions a token attends
+    s = std::min(s, ceil_div(std::max<int64_t>(1, span), kDecodeChunk));  // no split below kDecodeChunk
     return int(std::clamp<int64_t>(s, 1, kDecMaxSplits));
 }
 

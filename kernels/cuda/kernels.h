@@ -33,6 +33,7 @@ struct AttnDims {
     int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0, max_seq = 0;
     int64_t block_size = 0, num_blocks = 0, table_width = 0;  // the paged cache
     float scale = 1.0f;
+    int64_t window = 0;  // sliding window W (Mistral): the query at p attends keys p - W < j <= p; 0: all
 };
 
 // The paged cache's block tables on the device: [num_seqs, width] block ids.
@@ -80,6 +81,17 @@ void fill_random(void* out, DType dtype, int64_t n, uint64_t seed, float scale, 
 // Converts f32/f16/bf16 -> act elementwise (n elements).
 void convert(void* out, DType out_dtype, const void* in, DType in_dtype, int64_t n, cudaStream_t stream);
 
+// ---- row moves and row-vector ops of the model families (rows.cu) ----
+// x[i, :] += bias (f32 [n]) for every row of x [m, n], in fp32 (q/k/v biases, Qwen2).
+void add_bias(void* x, const float* bias, int64_t m, int64_t n, DType act, cudaStream_t stream);
+// dst[i, :] = src[rows[i], :] for i < n; rows (device i32 [n]) outside [0, src_rows) give zero rows.
+void gather_rows(void* dst, const void* src, const int32_t* rows, int64_t n, int64_t src_rows, int64_t cols, DType act,
+                 cudaStream_t stream);
+// dst[rows[i], :] += w[i] * src[i, :] in fp32, rounded once into act (rows distinct within a call;
+// rows outside [0, dst_rows) are skipped): a MoE expert's weighted outputs back to their tokens.
+void scatter_add_rows(void* dst, const void* src, const int32_t* rows, const float* w, int64_t n, int64_t dst_rows,
+                      int64_t cols, DType act, cudaStream_t stream);
+
 // ---- attention (attention.cu) ----
 // Writes k, v of every token into its sequence's block at positions[i].
 void kv_store(void* k_cache, void* v_cache, const void* qkv, const int32_t* positions, const int32_t* seqs,
@@ -87,7 +99,8 @@ void kv_store(void* k_cache, void* v_cache, const void* qkv, const int32_t* posi
               const AttnDims& d, DType act, cudaStream_t stream);
 // One query token per row, any slots: a block per (split, kv head) serves all of the kv head's query
 // heads and writes per-split (max, sum, acc) to the workspace, then a merge kernel writes out. Tokens
-// outside the context or the tables get zero rows. workspace: decode_workspace_floats(m, d) floats
+// outside the context or the tables get zero rows. With a window the splits cover the token's last
+// min(pos + 1, window) positions only. workspace: decode_workspace_floats(m, d) floats
 // ([m, nh, S, hd] accumulators, then [m, nh, S, 2] (max, sum)), S = decode_splits(m, d).
 int decode_splits(int64_t m, const AttnDims& d);
 // Positions per split for a token attending to `len` positions: ceil(len / splits) rounded up to a

@@ -30,10 +30,25 @@ const std::vector<TensorSpec> kDenseTensors = {
     {R::kWDown, true, "mlp.down_proj.weight", "ffn_down.weight", S::kFfnCols, G::kAlways},
 };
 
-std::vector<TensorSpec> dense_tensors(bool qkv_bias) {
+// A sparse MoE block in place of the MLP (Mixtral's names: w1 gate, w3 up, w2 down; llama.cpp's
+// ffn_*_exps hold every expert of a layer in one 3-D tensor, older GGUFs one ffn_*.E tensor each).
+const std::vector<TensorSpec> kMoeTensors = {
+    {R::kRouter, true, "block_sparse_moe.gate.weight", "ffn_gate_inp.weight", S::kReplicated, G::kAlways},
+    {R::kExpGate, true, "block_sparse_moe.experts.*.w1.weight", "ffn_gate.*.weight", S::kFfnRows, G::kAlways, true,
+     "ffn_gate_exps.weight"},
+    {R::kExpUp, true, "block_sparse_moe.experts.*.w3.weight", "ffn_up.*.weight", S::kFfnRows, G::kAlways, true,
+     "ffn_up_exps.weight"},
+    {R::kExpDown, true, "block_sparse_moe.experts.*.w2.weight", "ffn_down.*.weight", S::kFfnCols, G::kAlways, true,
+     "ffn_down_exps.weight"},
+};
+
+std::vector<TensorSpec> dense_tensors(bool qkv_bias, bool moe = false) {
     std::vector<TensorSpec> out;
-    for (const TensorSpec& t : kDenseTensors)
-        if (t.gate != G::kQkvBias || qkv_bias) out.push_back(t);
+    for (const TensorSpec& t : kDenseTensors) {
+        const bool mlp = t.role == R::kWGate || t.role == R::kWUp || t.role == R::kWDown;
+        if ((t.gate != G::kQkvBias || qkv_bias) && !(moe && mlp)) out.push_back(t);
+    }
+    if (moe) out.insert(out.end(), kMoeTensors.begin(), kMoeTensors.end());
     return out;
 }
 
@@ -79,6 +94,23 @@ std::vector<Architecture> make_table() {
     qwen2.rope_scaling = {"linear"};
     qwen2.tensors = dense_tensors(true);
     t.push_back(qwen2);
+
+    // Mixtral: Mistral's attention (and window) with a sparse MoE block for the MLP: the router
+    // [experts, hidden] picks num_experts_per_tok experts per token by softmax, their weights
+    // renormalized (transformers' MixtralSparseMoeBlock). Each expert's FFN splits over TP like a dense
+    // FFN (gate/up rows, down columns), the router is replicated. llama.cpp writes it as "llama" with
+    // llama.expert_count, q/k rows interleaved like llama's.
+    Architecture mixtral = mistral;
+    mixtral.name = "mixtral";
+    mixtral.hf_model_types = {"mixtral"};
+    mixtral.hf_classes = {"MixtralForCausalLM"};
+    mixtral.hf_model_type = "mixtral";
+    mixtral.gguf_name = "llama";
+    mixtral.gguf_qk_interleaved = true;
+    mixtral.moe = true;
+    mixtral.moe_renormalize = true;
+    mixtral.tensors = dense_tensors(false, true);
+    t.push_back(mixtral);
     return t;
 }
 
@@ -120,6 +152,24 @@ int64_t split_layer(const std::string& n, const std::string& prefix, std::string
     return v;
 }
 
+// Whether `s` is `pattern` with a decimal expert number (no leading zeros, < 2^20) at kExpertMark.
+bool match_expert(const std::string& s, const char* pattern, int64_t* expert) {
+    const std::string p = pattern;
+    const size_t at = p.find(kExpertMark);
+    if (at == std::string::npos || s.size() <= p.size() - 1) return false;
+    const size_t tail = p.size() - at - 1;
+    if (s.compare(0, at, p, 0, at) != 0 || s.compare(s.size() - tail, tail, p, at + 1, tail) != 0) return false;
+    const size_t digits = s.size() - tail - at;
+    if (digits == 0 || digits > 6 || (digits > 1 && s[at] == '0')) return false;
+    int64_t v = 0;
+    for (size_t k = at; k < at + digits; ++k) {
+        if (s[k] < '0' || s[k] > '9') return false;
+        v = v * 10 + (s[k] - '0');
+    }
+    *expert = v;
+    return true;
+}
+
 }  // namespace
 
 const std::vector<Architecture>& architectures() {
@@ -150,9 +200,22 @@ const Architecture* architecture_for_hf(const std::string& model_type, const std
     return nullptr;
 }
 
-const Architecture* architecture_for_gguf(const std::string& gguf_name) {
+const Architecture* architecture_for_gguf(const std::string& gguf_name, bool moe) {
     for (const Architecture& a : architectures())
-        if (!a.gguf_name.empty() && a.gguf_name == gguf_name) return &a;
+        if (!a.gguf_name.empty() && a.gguf_name == gguf_name && a.moe == moe) return &a;
+    return nullptr;
+}
+
+std::string expert_name(const char* pattern, int64_t expert) {
+    std::string s = pattern;
+    const size_t at = s.find(kExpertMark);
+    if (at != std::string::npos) s.replace(at, 1, std::to_string(expert));
+    return s;
+}
+
+const TensorSpec* gguf_merged_spec(const Architecture& arch, const std::string& rest) {
+    for (const TensorSpec& t : arch.tensors)
+        if (t.per_expert && rest == t.gguf_merged) return &t;
     return nullptr;
 }
 
@@ -185,7 +248,13 @@ std::vector<int64_t> tensor_shape(const ModelConfig& c, TensorRole role) {
         case R::kWUp:
             return {c.intermediate, c.hidden};
         case R::kWDown:
+        case R::kExpDown:
             return {c.hidden, c.intermediate};
+        case R::kRouter:
+            return {c.n_experts, c.hidden};
+        case R::kExpGate:
+        case R::kExpUp:
+            return {c.intermediate, c.hidden};
     }
     return {};
 }
@@ -196,17 +265,26 @@ std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
     for (const TensorSpec& t : a.tensors)
         if (!t.per_layer && gated_in(c, t)) out.push_back({t.hf, tensor_shape(c, t.role), t.role, -1, t.split});
     for (int64_t l = 0; l < c.n_layers; ++l)
-        for (const TensorSpec& t : a.tensors)
-            if (t.per_layer && gated_in(c, t))
+        for (const TensorSpec& t : a.tensors) {
+            if (!t.per_layer || !gated_in(c, t)) continue;
+            if (!t.per_expert) {
                 out.push_back({layer_prefix(l) + t.hf, tensor_shape(c, t.role), t.role, l, t.split});
+                continue;
+            }
+            for (int64_t e = 0; e < c.n_experts; ++e)
+                out.push_back({layer_prefix(l) + expert_name(t.hf, e), tensor_shape(c, t.role), t.role, l, t.split, e});
+        }
     return out;
 }
 
-std::string tensor_name(const ModelConfig& c, TensorRole role, int64_t layer) {
+std::string tensor_name(const ModelConfig& c, TensorRole role, int64_t layer, int64_t expert) {
     const TensorSpec& t = spec_of(architecture_of(c), role);
     if (!t.per_layer) return t.hf;
     LATTICE_CHECK(layer >= 0, "tensor_name: per-layer tensor \"{}\" needs a layer", t.hf);
-    return layer_prefix(layer) + t.hf;
+    if (!t.per_expert) return layer_prefix(layer) + t.hf;
+    LATTICE_CHECK(expert >= 0 && expert < c.n_experts, "tensor_name: per-expert tensor \"{}\": expert {} of {}", t.hf,
+                  expert, c.n_experts);
+    return layer_prefix(layer) + expert_name(t.hf, expert);
 }
 
 int64_t hf_layer_of(const std::string& name) {
@@ -224,19 +302,30 @@ std::string gguf_to_hf_name(const Architecture& arch, const std::string& n) {
     std::string rest;
     const int64_t l = split_layer(n, "blk.", &rest);
     if (l < 0) return {};
-    for (const TensorSpec& t : arch.tensors)
-        if (t.per_layer && rest == t.gguf) return layer_prefix(l) + t.hf;
+    for (const TensorSpec& t : arch.tensors) {
+        if (!t.per_layer) continue;
+        if (!t.per_expert && rest == t.gguf) return layer_prefix(l) + t.hf;
+        int64_t e = -1;
+        if (t.per_expert && match_expert(rest, t.gguf, &e)) return layer_prefix(l) + expert_name(t.hf, e);
+    }
     return {};
+}
+
+int64_t gguf_layer_of(const std::string& name, std::string* rest) {
+    return split_layer(name, "blk.", rest);
 }
 
 bool hf_role_of(const Architecture& arch, const std::string& name, TensorRole* role) {
     std::string rest;
     const bool layered = split_layer(name, "model.layers.", &rest) >= 0;
-    for (const TensorSpec& t : arch.tensors)
-        if (t.per_layer == layered && (layered ? rest : name) == t.hf) {
+    for (const TensorSpec& t : arch.tensors) {
+        if (t.per_layer != layered) continue;
+        int64_t e = -1;
+        if (t.per_expert ? layered && match_expert(rest, t.hf, &e) : (layered ? rest : name) == t.hf) {
             *role = t.role;
             return true;
         }
+    }
     return false;
 }
 
@@ -269,6 +358,15 @@ std::string PreparedNames::w_gate_up(int64_t l) {
 }
 std::string PreparedNames::w_down(int64_t l) {
     return layer_prefix(l) + "mlp.down_proj.weight";
+}
+std::string PreparedNames::router(int64_t l) {
+    return layer_prefix(l) + "block_sparse_moe.gate.weight";
+}
+std::string PreparedNames::expert_gate_up(int64_t l, int64_t e) {
+    return layer_prefix(l) + "block_sparse_moe.experts." + std::to_string(e) + ".gate_up_proj.weight";
+}
+std::string PreparedNames::expert_down(int64_t l, int64_t e) {
+    return layer_prefix(l) + "block_sparse_moe.experts." + std::to_string(e) + ".down_proj.weight";
 }
 
 }  // namespace lattice

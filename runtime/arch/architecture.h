@@ -39,6 +39,10 @@ enum class TensorRole : uint8_t {
     kWGate,      // per layer [ffn, hidden]
     kWUp,        // per layer [ffn, hidden]
     kWDown,      // per layer [hidden, ffn]
+    kRouter,     // per layer [experts, hidden]        (MoE families)
+    kExpGate,    // per layer and expert [ffn, hidden] (MoE families)
+    kExpUp,      // per layer and expert [ffn, hidden] (MoE families)
+    kExpDown,    // per layer and expert [hidden, ffn] (MoE families)
 };
 
 // How a tensor splits over the tensor-parallel group (parallel/world_config.h shard_shape gives the
@@ -49,6 +53,9 @@ enum class TpSplit : uint8_t { kReplicated, kVocabRows, kQHeadRows, kKvHeadRows,
 // When a tensor is part of a checkpoint.
 enum class TensorGate : uint8_t { kAlways, kUntiedHead, kQkvBias };
 
+// Per-expert names hold kExpertMark where the expert's number goes ("block_sparse_moe.experts.*.w1.weight").
+constexpr char kExpertMark = '*';
+
 struct TensorSpec {
     TensorRole role;
     bool per_layer;
@@ -56,6 +63,9 @@ struct TensorSpec {
     const char* gguf;  // GGUF name; per-layer ones after "blk.N."
     TpSplit split;
     TensorGate gate;
+    bool per_expert = false;         // one tensor per expert (its number at kExpertMark in hf and gguf)
+    const char* gguf_merged = "";    // per-expert tensors: llama.cpp's one 3-D tensor of every expert
+                                     // ([experts, rows, cols] in HF order), after "blk.N."
 };
 
 struct Architecture {
@@ -70,7 +80,11 @@ struct Architecture {
     bool sliding_window_honoured = false;     // ... which attention applies (else refused when it bites)
     std::string sliding_window_flag;          // config.json switch the window needs ("": always applies)
     std::vector<std::string> rope_scaling;    // rope_scaling kinds accepted besides none
-    int64_t moe_experts = 0;                  // MoE experts (none of the table's families yet)
+    // Mixture of experts: each layer's FFN is experts routed per token (Mixtral's sparse MoE block:
+    // softmax over the router's logits, the top num_experts_per_tok, their weights renormalized to
+    // sum 1 when moe_renormalize); GGUF marks such a model by <arch>.expert_count.
+    bool moe = false;
+    bool moe_renormalize = true;
     std::vector<TensorSpec> tensors;          // every tensor the family may hold, gated by its options
 };
 
@@ -83,8 +97,9 @@ const Architecture& find_architecture(const std::string& name);
 // The entry a config.json names: by model_type (what transformers dispatches on), by architectures[0]
 // only when model_type is absent; nullptr when none.
 const Architecture* architecture_for_hf(const std::string& model_type, const std::string& hf_class);
-// The entry whose GGUF general.architecture is `gguf_name`; nullptr when none.
-const Architecture* architecture_for_gguf(const std::string& gguf_name);
+// The entry whose GGUF general.architecture is `gguf_name` and that is (not) a MoE family, as the file's
+// <arch>.expert_count says (llama.cpp writes Mixtral as "llama" with experts); nullptr when none.
+const Architecture* architecture_for_gguf(const std::string& gguf_name, bool moe = false);
 // The config's entry (ModelConfig::family).
 const Architecture& architecture_of(const ModelConfig& c);
 
@@ -95,11 +110,13 @@ struct ExpectedTensor {
     TensorRole role;
     int64_t layer;  // -1 for the model-level tensors
     TpSplit split;
+    int64_t expert = -1;  // per-expert tensors: the expert
 };
 // Every tensor a checkpoint of `c` must hold, model-level ones first, then layer by layer.
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c);
-// HF name of `role` (layer for per-layer roles); throws when the family has no such tensor.
-std::string tensor_name(const ModelConfig& c, TensorRole role, int64_t layer = -1);
+// HF name of `role` (layer for per-layer roles, expert for per-expert ones); throws when the family has
+// no such tensor.
+std::string tensor_name(const ModelConfig& c, TensorRole role, int64_t layer = -1, int64_t expert = -1);
 // Shape of `role` from the config, HF order.
 std::vector<int64_t> tensor_shape(const ModelConfig& c, TensorRole role);
 // Layer index of an HF per-layer name ("model.layers.N.*"), -1 otherwise.
@@ -111,6 +128,12 @@ bool hf_tensor_ignorable(const std::string& name);
 std::string gguf_to_hf_name(const Architecture& arch, const std::string& gguf_name);
 // The role of an HF name ("" layer prefix handled), or false when the table has none.
 bool hf_role_of(const Architecture& arch, const std::string& name, TensorRole* role);
+// The per-expert specs of `arch` whose merged GGUF name is `rest` (after "blk.N."), nullptr when none.
+const TensorSpec* gguf_merged_spec(const Architecture& arch, const std::string& rest);
+// `pattern` with kExpertMark replaced by the expert's number.
+std::string expert_name(const char* pattern, int64_t expert);
+// "blk.N." + rest -> N and rest (decimal layer numbers without leading zeros); -1 otherwise.
+int64_t gguf_layer_of(const std::string& name, std::string* rest);
 // GGUF tensors besides the mapped ones that a reader consumes itself (rope_freqs.weight).
 constexpr const char* kGgufRopeFreqs = "rope_freqs.weight";
 
@@ -126,6 +149,9 @@ struct PreparedNames {
     static std::string wo(int64_t layer);
     static std::string w_gate_up(int64_t layer);
     static std::string w_down(int64_t layer);
+    static std::string router(int64_t layer);                    // [experts, hidden], replicated
+    static std::string expert_gate_up(int64_t layer, int64_t e);  // [2 * ffn_local, hidden]
+    static std::string expert_down(int64_t layer, int64_t e);     // [hidden, ffn_local]
 };
 
 }  // namespace lattice

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -98,6 +99,10 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& src) {
     c.n_heads = get_required<int64_t>(j, "num_attention_heads", src);
     c.n_kv_heads = get_optional<int64_t>(j, "num_key_value_heads", c.n_heads, src);
     c.vocab = get_required<int64_t>(j, "vocab_size", src);
+    if (arch->moe) {
+        c.n_experts = get_required<int64_t>(j, "num_local_experts", src);
+        c.n_experts_used = get_required<int64_t>(j, "num_experts_per_tok", src);
+    }
     LATTICE_CHECK(c.n_heads > 0, "{}: num_attention_heads must be positive, got {}", src, c.n_heads);
     if (!j.contains("head_dim") || j["head_dim"].is_null())
         LATTICE_CHECK(c.hidden % c.n_heads == 0, "{}: num_attention_heads {} does not divide hidden_size {}", src,
@@ -162,6 +167,14 @@ void ModelConfig::validate() const {
                   "{}: architecture '{}' with sliding_window {} < max_position_embeddings {} is not supported "
                   "(lattice does not apply this family's window; it would be ignored and answers past it wrong)",
                   s, family, sliding_window, max_position);
+    LATTICE_CHECK(arch.moe == (n_experts > 0),
+                  "{}: architecture '{}' {} experts, but the config gives num_local_experts {}", s, family,
+                  arch.moe ? "routes tokens to" : "has no", n_experts);
+    if (arch.moe)
+        LATTICE_CHECK(n_experts <= kMaxExperts && n_experts_used >= 1 && n_experts_used <= n_experts,
+                      "{}: num_local_experts {} must be in [1, {}] and num_experts_per_tok {} in [1, "
+                      "num_local_experts]",
+                      s, n_experts, kMaxExperts, n_experts_used);
     auto positive = [&](int64_t v, const char* name) {
         LATTICE_CHECK(v > 0 && v < (int64_t(1) << 31), "{}: {} must be in [1, 2^31), got {}", s, name, v);
     };
@@ -206,15 +219,18 @@ void ModelConfig::validate() const {
 double ModelConfig::parameter_count_estimate() const {
     const double h = double(hidden), q = double(n_heads) * double(head_dim), kv = double(n_kv_heads) * double(head_dim);
     const double bias = find_architecture(family).qkv_bias ? q + 2 * kv : 0.0;
-    const double per_layer = h * (q + 2 * kv) + q * h + 3 * h * double(intermediate) + 2 * h + bias;
+    // A MoE layer: every expert's FFN plus the router [experts, hidden].
+    const double experts = double(std::max<int64_t>(n_experts, 1)), router = n_experts > 0 ? double(n_experts) * h : 0;
+    const double per_layer = h * (q + 2 * kv) + q * h + experts * 3 * h * double(intermediate) + router + 2 * h + bias;
     const double emb = double(vocab) * h;
     return double(n_layers) * per_layer + emb + (tie_embeddings ? 0 : emb) + h;
 }
 
 int64_t ModelConfig::parameter_count() const {
     const int64_t bias = find_architecture(family).qkv_bias ? q_dim() + 2 * kv_dim() : 0;
-    int64_t per_layer =
-        hidden * (q_dim() + 2 * kv_dim()) + q_dim() * hidden + 3 * hidden * intermediate + 2 * hidden + bias;
+    const int64_t experts = std::max<int64_t>(n_experts, 1), router = n_experts * hidden;
+    int64_t per_layer = hidden * (q_dim() + 2 * kv_dim()) + q_dim() * hidden + experts * 3 * hidden * intermediate +
+                        router + 2 * hidden + bias;
     int64_t emb = vocab * hidden;
     return n_layers * per_layer + emb + (tie_embeddings ? 0 : emb) + hidden;
 }
@@ -271,10 +287,22 @@ ModelConfig make_preset(const char* name, int64_t hidden, int64_t ffn, int64_t l
     }
     return c;
 }
+
+// Mixtral's shape (mistralai/Mixtral-8x7B-v0.1 config.json: no window) with `experts` top `used`.
+ModelConfig make_mixtral(const char* name, int64_t hidden, int64_t ffn, int64_t layers, int64_t heads, int64_t kv,
+                         int64_t experts, int64_t used, int64_t max_pos) {
+    ModelConfig c = make_preset(name, hidden, ffn, layers, heads, kv, 32000, 1e6, max_pos, false);
+    c.family = "mixtral";
+    c.architecture = "MixtralForCausalLM";
+    c.n_experts = experts;
+    c.n_experts_used = used;
+    return c;
+}
 }  // namespace
 
 std::vector<std::string> preset_names() {
-    return {"tinyllama-1.1b", "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b"};
+    return {"tinyllama-1.1b", "llama-2-7b",   "llama-2-13b",  "llama-2-70b",
+            "llama-3-8b",     "llama-3-70b", "mixtral-8x7b", "mixtral-tiny-8x1.1b"};
 }
 
 ModelConfig preset_config(const std::string& name) {
@@ -284,6 +312,10 @@ ModelConfig preset_config(const std::string& name) {
     if (name == "llama-2-70b") return make_preset("llama-2-70b", 8192, 28672, 80, 64, 8, 32000, 1e4, 4096, false);
     if (name == "llama-3-8b") return make_preset("llama-3-8b", 4096, 14336, 32, 32, 8, 128256, 5e5, 8192, true);
     if (name == "llama-3-70b") return make_preset("llama-3-70b", 8192, 28672, 80, 64, 8, 128256, 5e5, 8192, true);
+    if (name == "mixtral-8x7b") return make_mixtral("mixtral-8x7b", 4096, 14336, 32, 32, 8, 8, 2, 32768);
+    // TinyLlama-1.1B's attention and layers with 8 experts top 2, each a quarter of its FFN (1408 of
+    // 5632): 1.9 B parameters (~2 GB in INT8), 0.7 B active per token.
+    if (name == "mixtral-tiny-8x1.1b") return make_mixtral("mixtral-tiny-8x1.1b", 2048, 1408, 22, 32, 4, 8, 2, 2048);
     std::string names;
     for (auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
     LATTICE_FAIL("unknown model preset \"{}\" (known: {})", name, names);

@@ -13,6 +13,9 @@
 
 namespace lattice {
 
+// Experts per MoE layer lattice accepts (Mixtral 8, DeepSeek/Qwen MoE up to 160).
+constexpr int64_t kMaxExperts = 256;
+
 struct RopeScaling {
     std::string type;  // "" (none), "llama3", "linear"
     double factor = 1.0;
@@ -30,7 +33,11 @@ struct ModelConfig {
     // window is not honoured (Architecture::sliding_window_honoured).
     int64_t sliding_window = 0;
     int64_t hidden = 0;
-    int64_t intermediate = 0;
+    int64_t intermediate = 0;  // FFN channels (of each expert in a MoE family)
+    // Mixture of experts (families with Architecture::moe): experts per layer (num_local_experts) and
+    // experts each token is routed to (num_experts_per_tok); 0 for dense families.
+    int64_t n_experts = 0;
+    int64_t n_experts_used = 0;
     int64_t n_layers = 0;
     int64_t n_heads = 0;
     int64_t n_kv_heads = 0;
@@ -47,9 +54,11 @@ struct ModelConfig {
     void validate() const;  // throws Error
     int64_t q_dim() const { return n_heads * head_dim; }
     int64_t kv_dim() const { return n_kv_heads * head_dim; }
+    bool is_moe() const { return n_experts > 0; }
     // What the layout rules (parallel/world_config.h) need to know.
     ModelDims dims() const {
-        return {n_layers, n_heads, n_kv_heads, intermediate, vocab, source, hidden, head_dim, tie_embeddings};
+        return {n_layers, n_heads, n_kv_heads, intermediate, vocab, source, hidden, head_dim, tie_embeddings,
+                n_experts, n_experts_used};
     }
     // Parameters of the full model (embedding and head counted once when tied); validate() bounds
     // it to 1e15, so the int64 form cannot overflow on a validated config.
@@ -66,7 +75,8 @@ ModelConfig load_hf_config(const std::string& path);
 ModelConfig parse_hf_config(const std::string& json_text, const std::string& source);
 
 // Built-in shapes for random-weight benchmarks: "tinyllama-1.1b", "llama-2-7b", "llama-2-13b", "llama-2-70b",
-// "llama-3-8b", "llama-3-70b". Throws Error listing the names for an unknown one.
+// "llama-3-8b", "llama-3-70b", "mixtral-8x7b", "mixtral-tiny-8x1.1b" (TinyLlama's layers with 8 experts top 2
+// of a quarter of its FFN each). Throws Error listing the names for an unknown one.
 ModelConfig preset_config(const std::string& name);
 std::vector<std::string> preset_names();
 

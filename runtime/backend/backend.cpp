@@ -68,6 +68,7 @@ std::string_view op_name(Op op) {
         case Op::kGemm: return "gemm";
         case Op::kGemmInt8: return "gemm_int8";
         case Op::kKvCache: return "a KV cache";
+        case Op::kMoe: return "mixture-of-experts routing";
     }
     return "?";
 }

@@ -111,6 +111,7 @@ enum class Op : uint8_t {
     kGemm,      // float weights
     kGemmInt8,  // W8A16 / W8A8
     kKvCache,   // attention over a KV cache of this dtype (kv_row_elems)
+    kMoe,       // the row moves of a mixture-of-experts block: gather_rows, scatter_add_rows, fill_zero
 };
 std::string_view op_name(Op op);
 // Throws unless copy_columns(dst, col0, src) is in bounds on `device` (Backend::copy_columns).
@@ -269,6 +270,26 @@ public:
     }
     // out[m, n] = x[m, k] . W^T
     virtual void linear(const View& out, const View& x, const Linear& w) = 0;
+
+    // The moves of a mixture-of-experts block (supports(Op::kMoe); the defaults refuse): an expert's
+    // tokens gathered into contiguous rows, its outputs added back weighted by their router weights.
+    // `rows` (i32 [n]) and `weights` (f32 [n]) are on this backend's device (Model uploads a layer's
+    // routes in one copy); activations are in the activation dtype, contiguous [rows, cols].
+    // dst[i, :] = src[rows[i], :] for i < n (dst has at least n rows); a row outside src is an Error
+    // on the CPU, a zero row on a device (whose kernels cannot throw).
+    virtual void gather_rows(const View& dst, const View& src, const View& rows) {
+        LATTICE_FAIL("backend {} does not support gather_rows ({} rows of {})", name(), rows.numel(), src.shape_str());
+    }
+    // dst[rows[i], :] += weights[i] * src[i, :], in f32 (rounded once per row into dst's dtype). The
+    // rows of one call are distinct (a token meets an expert at most once).
+    virtual void scatter_add_rows(const View& dst, const View& src, const View& rows, const View& weights) {
+        LATTICE_FAIL("backend {} does not support scatter_add_rows ({} rows into {})", name(), rows.numel(),
+                     dst.shape_str());
+    }
+    // x = 0.
+    virtual void fill_zero(const View& x) {
+        LATTICE_FAIL("backend {} does not support fill_zero ({})", name(), x.shape_str());
+    }
 
     // Fused quantization for W8A8 (the model uses these when fuses_quant()): the norm and the SiLU
     // also quantize their output per token in the same pass, and the W8A8 linears that read it skip

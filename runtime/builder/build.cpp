@@ -78,7 +78,9 @@ std::unique_ptr<Engine> make_local_engine(Model& model, const EngineOptions& opt
 }
 
 bool checkpoint_is_quantized(const TensorSource& src) {
-    const std::string probe = tensor_name(src.config(), TensorRole::kWDown, 0);
+    const ModelConfig& c = src.config();
+    const std::string probe =
+        c.is_moe() ? tensor_name(c, TensorRole::kExpDown, 0, 0) : tensor_name(c, TensorRole::kWDown, 0);
     return src.has(probe) && dtype_is_block(src.info(probe).dtype);
 }
 

@@ -40,8 +40,8 @@ Engine::Engine(Model& model, PipelineLinks links, const EngineOptions& opt) : mo
     stages_ = links_.pipe ? links_.pipe->size() : 1;
     LATTICE_CHECK(model_.kv_blocks() > 0, "Engine: the model has no KV cache (Model::allocate_kv first)");
     const ModelOptions& mo = model_.options();
-    graphs_on_ = !opt_.sim && opt_.step_graphs && model_.backend().captures_steps() && stages_ == 1 && mo.first_stage &&
-                 mo.last_stage && model_.kv_blocks() >= 2;
+    graphs_on_ = !opt_.sim && opt_.step_graphs && model_.backend().captures_steps() && model_.capturable() &&
+                 stages_ == 1 && mo.first_stage && mo.last_stage && model_.kv_blocks() >= 2;
     if (graphs_on_) {
         trash_block_ = int32_t(model_.kv_blocks() - 1);
         graph_max_ = 1;

@@ -3,7 +3,9 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/convert.h"
 #include "runtime/arch/architecture.h"
+#include "runtime/model/moe_routing.h"
 #include "runtime/model/rank_weights.h"
 
 #include <algorithm>
@@ -58,6 +60,11 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
                       "(run it on the CPU backend)",
                       be_.name(), op_name(Op::kSlidingWindow), dtype_name(be_.activation_dtype()), arch.name,
                       attn_.window, opt_.max_seq);
+    if (cfg_.is_moe())
+        LATTICE_CHECK(be_.supports(Op::kMoe, be_.activation_dtype()),
+                      "backend {} does not support {} in {}: architecture '{}' routes tokens to {} experts (run it "
+                      "on the CPU backend)",
+                      be_.name(), op_name(Op::kMoe), dtype_name(be_.activation_dtype()), arch.name, cfg_.n_experts);
     if (opt_.quant != QuantMode::kNone)
         LATTICE_CHECK(be_.supports(Op::kGemmInt8, DType::kI8), "backend {} does not support quantization {}",
                       be_.name(), quant_mode_name(opt_.quant));
@@ -74,16 +81,28 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
     proj_ = be_.alloc(act, {T, H});
     gate_up_ = be_.alloc(act, {T, 2 * shard_.ffn});
     act_ = be_.alloc(act, {T, shard_.ffn});
+    if (cfg_.is_moe() && !layers_.empty()) {
+        router_logits_ = be_.alloc(act, {T, cfg_.n_experts});
+        moe_in_ = be_.alloc(act, {T, H});
+        moe_out_ = be_.alloc(act, {T, H});
+        route_rows_ = be_.alloc(DType::kI32, {T * cfg_.n_experts_used});
+        route_weights_ = be_.alloc(DType::kF32, {T * cfg_.n_experts_used});
+    }
     if (opt_.last_stage) {
         head_in_ = be_.alloc(act, {T, H});
         // T rows of logits, of which a step fills one per sampled sequence: lazily materialized.
         logits_ = be_.alloc_lazy(DType::kF32, {int64_t(opt_.tp) * T * shard_.vocab_per_rank});
         if (opt_.tp > 1) logits_full_ = be_.alloc_lazy(DType::kF32, {T * cfg_.vocab});
     }
+    const auto w8a8 = [](const Linear& w) { return w.mode == QuantMode::kW8A8; };
     fused_quant_ = be_.fuses_quant() && !layers_.empty() &&
-                   std::all_of(layers_.begin(), layers_.end(), [](const LayerWeights& L) {
-                       return L.wqkv.mode == QuantMode::kW8A8 && L.w_gate_up.mode == QuantMode::kW8A8 &&
-                              L.w_down.mode == QuantMode::kW8A8;
+                   std::all_of(layers_.begin(), layers_.end(), [&](const LayerWeights& L) {
+                       const bool ffn = L.expert_down.empty() ? w8a8(L.w_gate_up) && w8a8(L.w_down)
+                                                              : std::all_of(L.expert_gate_up.begin(),
+                                                                            L.expert_gate_up.end(), w8a8) &&
+                                                                    std::all_of(L.expert_down.begin(),
+                                                                                L.expert_down.end(), w8a8);
+                       return w8a8(L.wqkv) && ffn;
                    });
     if (fused_quant_) {
         qa_hidden_ = be_.alloc_quant_acts(T, H);
@@ -114,6 +133,10 @@ void Model::load(const TensorSource& src) {
 
     RankWeights weights(src, opt_);
     layers_.resize(size_t(opt_.layer_end - opt_.layer_begin));
+    for (LayerWeights& L : layers_) {
+        L.expert_gate_up.resize(size_t(c.n_experts));
+        L.expert_down.resize(size_t(c.n_experts));
+    }
     LoadProgress progress;
     progress.tensors_total = int64_t(weights.tensors().size());
     for (const RankTensor& t : weights.tensors()) progress.elements_total += t.rows * t.cols;
@@ -140,6 +163,9 @@ void Model::load(const TensorSource& src) {
             case WeightRole::kWo: L->wo = make_linear(h, t.mode); break;
             case WeightRole::kWGateUp: L->w_gate_up = make_linear(h, t.mode); break;
             case WeightRole::kWDown: L->w_down = make_linear(h, t.mode); break;
+            case WeightRole::kRouter: L->router = make_linear(h, t.mode); break;
+            case WeightRole::kExpGateUp: L->expert_gate_up[size_t(t.expert)] = make_linear(h, t.mode); break;
+            case WeightRole::kExpDown: L->expert_down[size_t(t.expert)] = make_linear(h, t.mode); break;
         }
     }
     checkpoint_bytes_read_ = weights.bytes_read();
@@ -172,9 +198,24 @@ void Model::allocate_kv(int64_t num_blocks) {
 
 int64_t Model::weight_bytes() const {
     int64_t b = embed_table_.bytes() + lm_head_.weight_bytes() + final_norm_.bytes();
-    for (const auto& L : layers_)
+    for (const auto& L : layers_) {
         b += L.attn_norm.bytes() + L.ffn_norm.bytes() + L.wqkv.weight_bytes() + L.qkv_bias.bytes() + L.wo.weight_bytes() +
-             L.w_gate_up.weight_bytes() + L.w_down.weight_bytes();
+             L.w_gate_up.weight_bytes() + L.w_down.weight_bytes() + L.router.weight_bytes();
+        for (size_t e = 0; e < L.expert_down.size(); ++e)
+            b += L.expert_gate_up[e].weight_bytes() + L.expert_down[e].weight_bytes();
+    }
+    return b;
+}
+
+int64_t Model::streamed_weight_bytes() const {
+    int64_t b = weight_bytes() - embed_table_.bytes();
+    // Experts of one layer have equal shapes: a token reads k of the E.
+    for (const auto& L : layers_) {
+        int64_t experts = 0;
+        for (size_t e = 0; e < L.expert_down.size(); ++e)
+            experts += L.expert_gate_up[e].weight_bytes() + L.expert_down[e].weight_bytes();
+        if (experts > 0) b -= experts - experts / cfg_.n_experts * cfg_.n_experts_used;
+    }
     return b;
 }
 
@@ -214,7 +255,7 @@ void Model::run_layers(const TokenBatch& batch, const View& hidden) {
     const float eps = float(cfg_.rms_eps);
     View normed = normed_.view().row_range(0, T), qkv = qkv_.view().row_range(0, T),
          attn = attn_out_.view().row_range(0, T), proj = proj_.view().row_range(0, T),
-         gu = gate_up_.view().row_range(0, T), act = act_.view().row_range(0, T);
+         gu = gate_up_.view().row_range(0, T);
     // hidden += x (x empty: no add), normed = rmsnorm(hidden) * w, quantized too when fused.
     const auto norm = [&](const View& x, const View& w) {
         if (fused_quant_)
@@ -243,13 +284,11 @@ void Model::run_layers(const TokenBatch& batch, const View& hidden) {
         if (opt_.tp > 1) tp_all_reduce(proj);
         norm(proj, L.ffn_norm.view());
         if (observer_) observer_(layer, 1, normed);
-        linear_normed(gu, L.w_gate_up);
-        if (fused_quant_) {
-            be_.silu_mul_quant(act, qa_ffn_, gu);
-            be_.linear_quant(proj, qa_ffn_, L.w_down);
+        if (L.expert_down.empty()) {
+            linear_normed(gu, L.w_gate_up);
+            gated_down(gu, proj, L.w_down);
         } else {
-            be_.silu_mul(act, gu);
-            be_.linear(proj, act, L.w_down);
+            moe_block(L, normed, proj);
         }
         if (opt_.tp > 1) tp_all_reduce(proj);
         if (li + 1 < layers_.size())
@@ -258,6 +297,52 @@ void Model::run_layers(const TokenBatch& batch, const View& hidden) {
             be_.add(hidden, hidden, proj);
     }
     if (opt_.tp > 1) tp_comm_->wait_idle();  // bounded: a dead peer is an Error here, never a hang
+}
+
+void Model::gated_down(const View& gu, const View& out, const Linear& down) {
+    const View act = act_.view().row_range(0, gu.rows());
+    if (fused_quant_) {
+        be_.silu_mul_quant(act, qa_ffn_, gu);
+        be_.linear_quant(out, qa_ffn_, down);
+    } else {
+        be_.silu_mul(act, gu);
+        be_.linear(out, act, down);
+    }
+}
+
+void Model::moe_block(LayerWeights& L, const View& normed, const View& out) {
+    const int64_t T = normed.rows(), E = cfg_.n_experts;
+    const View logits = router_logits_.view().row_range(0, T);
+    be_.linear(logits, normed, L.router);
+    router_host_.resize(size_t(T * E));
+    if (logits.dtype == DType::kF32) {
+        be_.download(router_host_.data(), logits);
+    } else {
+        std::vector<uint8_t> raw(size_t(logits.bytes()));
+        be_.download(raw.data(), logits);
+        convert_elements(raw.data(), logits.dtype, router_host_.data(), DType::kF32, T * E);
+    }
+    route_tokens(router_host_.data(), T, E, cfg_.n_experts_used, architecture_of(cfg_).moe_renormalize, &routes_);
+    // The layer's routes reach the device in one copy each; every expert reads its slice of them.
+    const int64_t slots = T * cfg_.n_experts_used;
+    be_.upload(View::contiguous(route_rows_.data(), DType::kI32, {slots}, be_.device()), routes_.tokens.data());
+    be_.upload(View::contiguous(route_weights_.data(), DType::kF32, {slots}, be_.device()), routes_.weights.data());
+    be_.fill_zero(out);
+    for (int64_t e = 0; e < E; ++e) {
+        const int64_t n = routes_.count(e);
+        if (n == 0) continue;  // an expert no token chose: its weights are not read
+        const int64_t b = routes_.begin[size_t(e)];
+        const View rows = View::contiguous(route_rows_.ptr<int32_t>() + b, DType::kI32, {n}, be_.device()),
+                   weights = View::contiguous(route_weights_.ptr<float>() + b, DType::kF32, {n}, be_.device());
+        const View in = moe_in_.view().row_range(0, n), gu = gate_up_.view().row_range(0, n),
+                   y = moe_out_.view().row_range(0, n);
+        be_.gather_rows(in, normed, rows);
+        be_.linear(gu, in, L.expert_gate_up[size_t(e)]);
+        gated_down(gu, y, L.expert_down[size_t(e)]);
+        be_.scatter_add_rows(out, y, rows, weights);
+        moe_counters_.expert_runs += 1;
+        moe_counters_.expert_rows += n;
+    }
 }
 
 View Model::head_logits(const View& hidden, const std::vector<int64_t>& rows) {

@@ -1,6 +1,6 @@
-// Model: the one forward of the dense families of the architecture table (runtime/arch/architecture.h:
-// Llama, Mistral without a biting window, Qwen2 with its q/k/v biases), for every backend and every
-// TP x PP layout.
+// Model: the one forward of the families of the architecture table (runtime/arch/architecture.h:
+// Llama, Mistral with its sliding window, Qwen2 with its q/k/v biases, Mixtral's mixture of experts),
+// for every backend and every TP x PP layout (a backend refuses at load what it does not run).
 //
 // A rank holds one pipeline stage (a contiguous range of layers; the embedding on the first stage,
 // the final norm and LM head on the last) and, within it, its tensor-parallel shard:
@@ -11,6 +11,10 @@
 //   embedding and LM head vocab-parallel over ceil(vocab / tp) rows per rank (the last rank's
 //   padding rows do not exist: their logits are never produced, so they never win sampling).
 // The residual stream [tokens, hidden] is replicated across the TP group.
+// A MoE layer (Mixtral) replaces gate/up/down by a replicated router [experts, hidden] and per expert
+// a gate/up and a down split like the dense ones: every TP rank routes the same tokens
+// (runtime/model/moe_routing.h), runs its slice of each chosen expert over that expert's gathered
+// rows, adds the outputs back weighted, and the one all-reduce after the block sums the slices.
 //
 // Batches are flattened tokens with (sequence, position) each (runtime/backend/backend.h
 // TokenBatch): prefill chunks of some sequences and decode tokens of others mix freely. K/V live in
@@ -22,6 +26,7 @@
 #include "runtime/backend/backend.h"
 #include "parallel/world_config.h"
 #include "runtime/arch/config.h"
+#include "runtime/model/moe_routing.h"
 #include "runtime/weights/tensor_source.h"
 
 #include <cstdint>
@@ -73,6 +78,9 @@ struct LayerWeights {
     Buffer ffn_norm;   // [hidden] f32
     Linear w_gate_up;  // [2 * ffn_local, hidden]: gate rows then up rows
     Linear w_down;     // [hidden, ffn_local]
+    Linear router;                      // MoE: [experts, hidden] float, replicated
+    std::vector<Linear> expert_gate_up;  // MoE: per expert [2 * ffn_local, hidden]
+    std::vector<Linear> expert_down;     // MoE: per expert [hidden, ffn_local]
     Buffer k_cache;    // [kv_blocks, block_size, nkv_local, kv_row_elems] of kv_dtype() (backend.h)
     Buffer v_cache;
 };
@@ -101,9 +109,16 @@ public:
     int64_t weight_bytes() const;  // bytes of weights held by this rank
     // Bytes of checkpoint tensor data this rank read while loading (its slices, in file encoding).
     int64_t checkpoint_bytes_read() const { return checkpoint_bytes_read_; }
-    // Bytes of weights one decode step streams from memory: everything but the embedding table,
-    // of which a step reads one row per token (the decode-bandwidth floor's numerator).
-    int64_t streamed_weight_bytes() const { return weight_bytes() - embed_table_.bytes(); }
+    // Bytes of weights one decode step of one token streams from memory: everything but the embedding
+    // table, of which a step reads one row per token, and in a MoE layer only the num_experts_per_tok
+    // experts the token is routed to (the decode-bandwidth floor's numerator).
+    int64_t streamed_weight_bytes() const;
+    // MoE layers: expert FFNs run (one expert's slice over its gathered rows) and the rows they ran
+    // over, since the model was made; a decode step of one token runs num_experts_per_tok per layer.
+    struct MoeCounters {
+        int64_t expert_runs = 0, expert_rows = 0;
+    };
+    const MoeCounters& moe_counters() const { return moe_counters_; }
 
     // First stage: embeds batch.ids into `hidden` [count, hidden].
     void embed(const TokenBatch& batch, const View& hidden);
@@ -134,6 +149,10 @@ public:
     // (the TP group is deferred: run_layers and head_logits wait for it once, bounded, at their end).
     double comm_seconds() const { return comm_seconds_; }
 
+    // Whether a step's work can be captured and replayed (Backend::capture_step): not for a MoE model,
+    // whose router logits come to the host every layer to pick the experts and size their GEMMs.
+    bool capturable() const { return !cfg_.is_moe(); }
+
     // Calibration hook (runtime/smoothquant.h); empty (the default) costs one branch per GEMM.
     void set_observer(ActivationObserver obs) { observer_ = std::move(obs); }
 
@@ -143,6 +162,10 @@ private:
     // they are (make_linear_int8), float ones are prepared (and quantized) by make_linear.
     Linear make_linear(HostTensor& w, QuantMode mode);
     void tp_all_reduce(const View& x);  // timed (comm_seconds)
+    // out = the MoE block of layer L over normed [T, hidden] (this rank's slice of every expert).
+    void moe_block(LayerWeights& L, const View& normed, const View& out);
+    // out = down(silu(gate) * up) of gu's rows: fused-quantized through qa_ffn_ when fused_quant_.
+    void gated_down(const View& gu, const View& out, const Linear& down);
 
     ModelConfig cfg_;
     Backend& be_;
@@ -164,6 +187,12 @@ private:
 
     // Scratch activations for max_batch_tokens rows.
     Buffer hidden_, normed_, qkv_, attn_out_, proj_, gate_up_, act_, head_in_, logits_;
+    // MoE: router logits [T, experts], an expert's gathered inputs and outputs [T, hidden].
+    Buffer router_logits_, moe_in_, moe_out_;
+    Buffer route_rows_, route_weights_;  // [T * k] i32 tokens and f32 weights of a layer's routes, by expert
+    std::vector<float> router_host_;
+    MoeRoutes routes_;
+    MoeCounters moe_counters_;
     // Fused W8A8 quantization (Backend::fuses_quant, every layer linear W8A8): the norms quantize
     // the hidden-size activations into qa_hidden_ (read by wqkv and w_gate_up), SiLU * up into
     // qa_ffn_ (read by w_down).

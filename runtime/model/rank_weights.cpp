@@ -52,10 +52,12 @@ RankWeights::RankWeights(const TensorSource& src, const ModelOptions& opt) : src
     const ShardShape& s = shard_;
     const QuantMode head_mode = opt_.quant_head ? opt_.quant : QuantMode::kNone;
     const bool qkv_bias = architecture_of(c).qkv_bias;
-    auto add = [&](WeightRole role, int64_t layer, std::string name, int64_t rows, int64_t cols, QuantMode mode) {
+    auto add = [&](WeightRole role, int64_t layer, std::string name, int64_t rows, int64_t cols, QuantMode mode,
+                   int64_t expert = -1) {
         RankTensor t;
         t.role = role;
         t.layer = layer;
+        t.expert = expert;
         t.name = std::move(name);
         t.rows = rows;
         t.cols = cols;
@@ -80,8 +82,16 @@ RankWeights::RankWeights(const TensorSource& src, const ModelOptions& opt) : src
         if (qkv_bias) add(WeightRole::kBqkv, l, PreparedNames::bqkv(l), 1, (s.n_heads + 2 * s.n_kv) * hd, QuantMode::kNone);
         add(WeightRole::kWo, l, PreparedNames::wo(l), H, s.n_heads * hd, opt_.quant);
         add(WeightRole::kFfnNorm, l, PreparedNames::ffn_norm(l), 1, H, QuantMode::kNone);
-        add(WeightRole::kWGateUp, l, PreparedNames::w_gate_up(l), 2 * s.ffn, H, opt_.quant);
-        add(WeightRole::kWDown, l, PreparedNames::w_down(l), H, s.ffn, opt_.quant);
+        if (!c.is_moe()) {
+            add(WeightRole::kWGateUp, l, PreparedNames::w_gate_up(l), 2 * s.ffn, H, opt_.quant);
+            add(WeightRole::kWDown, l, PreparedNames::w_down(l), H, s.ffn, opt_.quant);
+            continue;
+        }
+        add(WeightRole::kRouter, l, PreparedNames::router(l), c.n_experts, H, QuantMode::kNone);
+        for (int64_t e = 0; e < c.n_experts; ++e) {
+            add(WeightRole::kExpGateUp, l, PreparedNames::expert_gate_up(l, e), 2 * s.ffn, H, opt_.quant, e);
+            add(WeightRole::kExpDown, l, PreparedNames::expert_down(l, e), H, s.ffn, opt_.quant, e);
+        }
     }
     if (src.prepared())
         plan_prepared();
@@ -92,8 +102,8 @@ RankWeights::RankWeights(const TensorSource& src, const ModelOptions& opt) : src
 void RankWeights::plan_original() {
     const ModelConfig& c = src_.config();
     const int64_t H = c.hidden;
-    auto check_role = [&](TensorRole role, int64_t layer) {
-        const std::string name = tensor_name(c, role, layer);
+    auto check_role = [&](TensorRole role, int64_t layer, int64_t expert = -1) {
+        const std::string name = tensor_name(c, role, layer, expert);
         const std::vector<int64_t> expect = tensor_shape(c, role);
         const TensorInfo& ti = src_.info(name);
         LATTICE_CHECK(ti.shape == expect, "{}: tensor \"{}\" has shape {}, expected {} from the config", ti.file, name,
@@ -144,6 +154,20 @@ void RankWeights::plan_original() {
             }
             case WeightRole::kWDown:
                 t.dtype = check_role(TensorRole::kWDown, l);
+                break;
+            case WeightRole::kRouter: {
+                const DType d = check_role(TensorRole::kRouter, l);
+                t.dtype = smooth ? DType::kF32 : d;
+                break;
+            }
+            case WeightRole::kExpGateUp: {
+                const DType g = check_role(TensorRole::kExpGate, l, t.expert);
+                const DType u = check_role(TensorRole::kExpUp, l, t.expert);
+                t.dtype = (g == u && !smooth) ? g : DType::kF32;
+                break;
+            }
+            case WeightRole::kExpDown:
+                t.dtype = check_role(TensorRole::kExpDown, l, t.expert);
                 break;
         }
     }
@@ -228,7 +252,7 @@ HostTensor RankWeights::read(const RankTensor& t) {
     const ShardShape& s = shard_;
     const int64_t l = t.layer;
     auto rows_of = [&](TensorRole role, int64_t row0, int64_t rows) {
-        const std::string name = tensor_name(c, role, l);
+        const std::string name = tensor_name(c, role, l, t.expert);
         return read_rows(name, row0, rows, 0, H, keep_dtype(src_.info(name).dtype));
     };
     // Entries [col0, col0 + n) of a 1-D tensor (a bias slice), as f32.
@@ -294,9 +318,25 @@ HostTensor RankWeights::read(const RankTensor& t) {
             fold(h, kSmoothMlp);
             break;
         }
-        case WeightRole::kWDown: {
-            const std::string d = tensor_name(c, TensorRole::kWDown, l);
+        case WeightRole::kWDown:
+        case WeightRole::kExpDown: {
+            const TensorRole role = t.role == WeightRole::kWDown ? TensorRole::kWDown : TensorRole::kExpDown;
+            const std::string d = tensor_name(c, role, l, t.expert);
             h = read_rows(d, 0, H, s.ffn0, s.ffn, keep_dtype(src_.info(d).dtype));
+            break;
+        }
+        case WeightRole::kRouter:
+            // Replicated; SmoothQuant divides the MLP input's columns by s, so the router, which reads
+            // the same input, takes s into its columns like gate/up.
+            h = rows_of(TensorRole::kRouter, 0, c.n_experts);
+            fold(h, kSmoothMlp);
+            break;
+        case WeightRole::kExpGateUp: {
+            std::vector<HostTensor> parts;
+            parts.push_back(rows_of(TensorRole::kExpGate, s.ffn0, s.ffn));
+            parts.push_back(rows_of(TensorRole::kExpUp, s.ffn0, s.ffn));
+            h = concat_rows(parts);
+            fold(h, kSmoothMlp);
             break;
         }
     }

@@ -16,6 +16,10 @@
 //   model.layers.L.self_attn.o_proj.weight    [hidden, nq * head_dim]
 //   model.layers.L.mlp.gate_up_proj.weight    [2 * ffn_local, hidden]  gate | up rows (s folded in)
 //   model.layers.L.mlp.down_proj.weight       [hidden, ffn_local]
+// MoE families hold instead of the two mlp tensors (per layer L, expert E):
+//   model.layers.L.block_sparse_moe.gate.weight                     [experts, hidden] float (s folded in)
+//   model.layers.L.block_sparse_moe.experts.E.gate_up_proj.weight   [2 * ffn_local, hidden] (s folded in)
+//   model.layers.L.block_sparse_moe.experts.E.down_proj.weight      [hidden, ffn_local]
 // From an original checkpoint (HF, GGUF, random) read() slices, fuses and folds; float tensors keep
 // the checkpoint's precision (block-quantized GGUF and SmoothQuant-folded ones become f32). From a
 // converted checkpoint (TensorSource::prepared()) read() is a read: a linear stored as int8 comes
@@ -38,11 +42,26 @@
 namespace lattice {
 
 // Linears last (RankTensor::is_linear).
-enum class WeightRole : uint8_t { kEmbed, kLmHead, kFinalNorm, kAttnNorm, kFfnNorm, kBqkv, kWqkv, kWo, kWGateUp, kWDown };
+enum class WeightRole : uint8_t {
+    kEmbed,
+    kLmHead,
+    kFinalNorm,
+    kAttnNorm,
+    kFfnNorm,
+    kBqkv,
+    kWqkv,
+    kWo,
+    kWGateUp,
+    kWDown,
+    kRouter,       // MoE: [experts, hidden], replicated, always float (routing must not move with INT8)
+    kExpGateUp,    // MoE: one expert's [2 * ffn_local, hidden]
+    kExpDown,      // MoE: one expert's [hidden, ffn_local]
+};
 
 struct RankTensor {
     WeightRole role = WeightRole::kEmbed;
     int64_t layer = -1;  // global layer index for per-layer roles, -1 otherwise
+    int64_t expert = -1; // per-expert roles: the expert
     std::string name;    // name in a converted checkpoint
     int64_t rows = 1, cols = 0;
     bool vector = false;                // 1-D [cols] (norm weights, biases)

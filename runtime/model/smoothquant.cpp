@@ -119,8 +119,17 @@ SmoothFactors compute_smooth_factors(const TensorSource& src, const ActivationSt
             weight_column_max(src,
                               {name(l, TensorRole::kWq), name(l, TensorRole::kWk), name(l, TensorRole::kWv)},
                               c.hidden);
-        std::vector<float> wm =
-            weight_column_max(src, {name(l, TensorRole::kWGate), name(l, TensorRole::kWUp)}, c.hidden);
+        // The MLP input feeds gate/up, or in a MoE layer the router and every expert's gate/up.
+        std::vector<std::string> mlp_in;
+        if (c.is_moe()) {
+            mlp_in.push_back(name(l, TensorRole::kRouter));
+            for (int64_t e = 0; e < c.n_experts; ++e)
+                for (TensorRole r : {TensorRole::kExpGate, TensorRole::kExpUp})
+                    mlp_in.push_back(tensor_name(c, r, l, e));
+        } else {
+            mlp_in = {name(l, TensorRole::kWGate), name(l, TensorRole::kWUp)};
+        }
+        std::vector<float> wm = weight_column_max(src, mlp_in, c.hidden);
         f.attn.push_back(smoothing_factors(stats.max_abs(l, kSmoothAttn), wa, alpha));
         f.mlp.push_back(smoothing_factors(stats.max_abs(l, kSmoothMlp), wm, alpha));
     }

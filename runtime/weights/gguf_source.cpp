@@ -27,12 +27,21 @@ ModelConfig gguf_model_config(const GgufFile& f) {
     c.source = src;
     auto arch = f.string_value("general.architecture");
     LATTICE_CHECK(arch.has_value(), "{}: missing general.architecture", src);
-    const Architecture* family = architecture_for_gguf(*arch);
-    LATTICE_CHECK(family != nullptr, "{}: architecture '{}' is not supported; supported: {}", src, *arch,
+    const std::string p = *arch + ".";
+    // llama.cpp writes Mixtral as "llama" with <arch>.expert_count experts per layer.
+    const int64_t experts = f.int_value(p + "expert_count").value_or(0);
+    const Architecture* family = architecture_for_gguf(*arch, experts > 0);
+    LATTICE_CHECK(family != nullptr, "{}: architecture '{}'{} is not supported; supported: {}", src, *arch,
+                  experts > 0 ? fmt::format(" with {} experts ({}expert_count)", experts, p) : "",
                   supported_architectures());
     c.family = family->name;
     c.architecture = family->hf_classes.front();
-    const std::string p = *arch + ".";
+    if (experts > 0) {
+        c.n_experts = experts;
+        auto used = f.int_value(p + "expert_used_count");
+        LATTICE_CHECK(used.has_value(), "{}: missing metadata key \"{}expert_used_count\"", src, p);
+        c.n_experts_used = *used;
+    }
     auto req_int = [&](const std::string& key) {
         auto v = f.int_value(p + key);
         LATTICE_CHECK(v.has_value(), "{}: missing metadata key \"{}\"", src, p + key);
@@ -133,6 +142,7 @@ public:
         const Architecture& arch = architecture_of(config_);
         for (const auto& t : file_->tensors()) {
             total_bytes_ += int64_t(t.nbytes);
+            if (add_merged_experts(arch, t)) continue;
             std::string hf = gguf_to_hf_name(arch, t.name);
             if (hf.empty()) {
                 // Listed under the file's own name so check_tensor_set refuses what nothing uses.
@@ -171,7 +181,7 @@ public:
     void read(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType out_dtype,
               void* dst) const override {
         const Entry& e = entry(name);
-        const int64_t n_rows = e.tensor->numel() / e.tensor->ne[0];
+        const int64_t n_rows = e.info.rows();
         const int64_t n_cols = e.tensor->ne[0];
         LATTICE_CHECK(
             row0 >= 0 && rows >= 0 && row0 <= n_rows - rows && col0 >= 0 && cols >= 0 && col0 <= n_cols - cols,
@@ -185,7 +195,7 @@ public:
                           "{}: tensor \"{}\" is {}: column slice [{}, +{}) must be 32-aligned", file_->path(), name,
                           dtype_name(e.info.dtype), col0, cols);
         const int64_t row_bytes = dtype_bytes(e.info.dtype, n_cols);
-        const uint8_t* base = file_->tensor_data(*e.tensor);
+        const uint8_t* base = file_->tensor_data(*e.tensor) + e.row_base * row_bytes;
         auto* out = static_cast<uint8_t*>(dst);
         const int64_t out_row_bytes = cols * dtype_size(out_dtype);
         const bool qk = e.qk_heads > 0;
@@ -223,7 +233,29 @@ private:
         TensorInfo info;
         const GgufTensor* tensor = nullptr;
         int64_t qk_heads = 0;  // q/k projections: heads whose rows read() un-permutes; 0 otherwise
+        int64_t row_base = 0;  // one expert of a merged 3-D tensor: its first row in the tensor
     };
+
+    // A merged expert tensor (blk.N.ffn_gate_exps.weight, ne [cols, rows, experts]) becomes one HF
+    // entry per expert, each a row range of it; false for every other tensor.
+    bool add_merged_experts(const Architecture& arch, const GgufTensor& t) {
+        std::string rest;
+        const int64_t layer = gguf_layer_of(t.name, &rest);
+        const TensorSpec* spec = layer >= 0 ? gguf_merged_spec(arch, rest) : nullptr;
+        if (!spec) return false;
+        LATTICE_CHECK(t.ne.size() == 3 && t.ne[2] == config_.n_experts,
+                      "{}: tensor \"{}\" has shape [{}] (GGUF order), expected 3 dims with {} experts outermost",
+                      file_->path(), t.name, fmt::join(t.ne, ", "), config_.n_experts);
+        for (int64_t e = 0; e < t.ne[2]; ++e) {
+            TensorInfo info;
+            info.name = "model.layers." + std::to_string(layer) + "." + expert_name(spec->hf, e);
+            info.dtype = t.dtype;
+            info.shape = {t.ne[1], t.ne[0]};
+            info.file = file_->path();
+            by_hf_[info.name] = Entry{info, &t, 0, e * t.ne[1]};
+        }
+        return true;
+    }
 
     const Entry& entry(const std::string& name) const {
         auto it = by_hf_.find(name);

@@ -45,7 +45,8 @@ public:
                 case TensorRole::kBk:
                 case TensorRole::kBv: scale = 0.1; break;
                 case TensorRole::kWo: scale = 1.0 / std::sqrt(double(cfg.q_dim())); break;
-                case TensorRole::kWDown: scale = 1.0 / std::sqrt(double(cfg.intermediate)); break;
+                case TensorRole::kWDown:
+                case TensorRole::kExpDown: scale = 1.0 / std::sqrt(double(cfg.intermediate)); break;
                 default: break;
             }
             add(t.name, std::move(t.shape), scale);

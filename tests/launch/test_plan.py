@@ -6,7 +6,8 @@
    and fails when a prediction (decode or prefill tokens/s) leaves +-25% of what was measured.
    (The runs are measured by `validate_plan.py --out` on a quiet machine, never inside ctest.)
 2. The command: a recommendation for 70B on 4 A100s, the JSON form, "no layout fits" as exit 1,
-   and bad input (unknown device, missing model, broken calibration file) named in one error line.
+   and bad input (unknown device, missing model, broken calibration file) named in one error line;
+   Mixtral 8x7B's experts counted (46.7 B parameters held, 12.9 B active per token: its model card's).
 Usage: test_plan.py LATTICE REPO_ROOT
 """
 import json
@@ -55,6 +56,14 @@ lay = j.get("layouts", [])
 check(len(lay) == 4 and all("decode_tokens_per_s" in x and x["memory_gib"]["total"] > 0 for x in lay if x["feasible"]),
       "--json: every layout of 8 GPUs with memory and speed")
 check(j.get("recommended", {}).get("tp") == lay[0]["tp"] if lay else False, "--json: the first layout is the recommended one")
+r = plan("--model", "mixtral-8x7b", "--gpus", "4", "--gpu", "a100-sxm-80gb", "--json")
+j = json.loads(r.stdout) if r.returncode == 0 else {}
+check(j.get("experts") == 8 and j.get("experts_per_token") == 2 and abs(j.get("parameters", 0) / 1e9 - 46.7) < 0.1 and
+      abs(j.get("active_parameters", 0) / 1e9 - 12.9) < 0.1, "mixtral-8x7b: 8 experts, 2 per token, 46.7B held, 12.9B active")
+lay = [x for x in j.get("layouts", []) if x["feasible"]]
+# INT8: ~44 GiB of weights over 4 GPUs (each GPU holds a quarter of every expert and of attention).
+check(len(lay) == 3 and all(10.5 < x["memory_gib"]["weights"] < 11.5 for x in lay),
+      f"mixtral-8x7b w8a8 on 4 GPUs: ~11 GiB of weights per GPU in every layout ({[x['memory_gib']['weights'] for x in lay]})")
 r = plan("--model", "llama-2-70b", "--gpus", "1", "--gpu", "a10")
 check(r.returncode == 1 and "no layout fits" in r.stdout, "70B on one A10: no layout fits, exit 1")
 r = plan("--model", "llama-2-70b", "--gpus", "2", "--gpu", "a200")

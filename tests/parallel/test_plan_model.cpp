@@ -142,6 +142,56 @@ TEST_CASE("a batch fills the pipeline and turns decode compute bound") {
     CHECK(predict_layout(c, 1, 1).bound == "memory");
 }
 
+TEST_CASE("MoE: memory holds every expert, a decode token reads and computes k of them, a batch touches more") {
+    // TinyLlama's layers with 8 experts top 2 of intermediate F, against dense models of F x 8 (what it
+    // holds) and F x 2 (what one token runs).
+    ModelDims moe = tinyllama();
+    moe.intermediate = 1408;
+    moe.n_experts = 8;
+    moe.n_experts_used = 2;
+    ModelDims held = tinyllama(), active = tinyllama();
+    held.intermediate = 8 * 1408;
+    active.intermediate = 2 * 1408;
+    CHECK(experts_touched(moe, 1) == 2.0);
+    CHECK(experts_touched(moe, 2) == doctest::Approx(8.0 * (1.0 - 0.75 * 0.75)));
+    CHECK(experts_touched(moe, 64) == doctest::Approx(8.0).epsilon(1e-6));
+    CHECK(experts_touched(tinyllama(), 64) == 1.0);
+    auto on = [](const ModelDims& m, int64_t batch, PlanQuant q) {
+        PlanRequest r = a100(1, q);
+        r.model = m;
+        r.batch = batch;
+        return r;
+    };
+    const double router = 22.0 * 8 * 2048 * 2;  // bytes: [8, 2048] per layer, 16-bit
+    const auto w = [&](const ModelDims& m, PlanQuant q) { return estimate_memory(on(m, 1, q), 1, 1).weights; };
+    CHECK(w(moe, PlanQuant::kFp16) == doctest::Approx(w(held, PlanQuant::kFp16) + router));
+    CHECK(w(moe, PlanQuant::kW8A8) == doctest::Approx(w(held, PlanQuant::kW8A8) + router));
+    ModelDims one = moe;  // the same FFN width, dense
+    one.n_experts = one.n_experts_used = 0;
+    CHECK(activation_bytes(moe, 1, 16, 2.0, false) ==
+          doctest::Approx(activation_bytes(one, 1, 16, 2.0, false) + 16 * 2.0 * (8 + 2 * 2048)));
+    // Decode at batch 1 reads two experts: as fast as the dense model of 2F (the router's few KB aside),
+    // and well ahead of the one that reads all 8 (2.7x the bytes; attention, head and overheads alike).
+    const double t_moe = predict_stage_seconds(on(moe, 1, PlanQuant::kW8A8), 1, 1, 0, 1, 512, 1);
+    const double t_active = predict_stage_seconds(on(active, 1, PlanQuant::kW8A8), 1, 1, 0, 1, 512, 1);
+    const double t_held = predict_stage_seconds(on(held, 1, PlanQuant::kW8A8), 1, 1, 0, 1, 512, 1);
+    CHECK(t_moe == doctest::Approx(t_active).epsilon(0.01));
+    CHECK(t_held > 1.6 * t_moe);
+    // 64 tokens touch (nearly) every expert: the bytes of the held model, the ops of the active one.
+    PlanRequest big = on(moe, 64, PlanQuant::kW8A8);
+    big.device.int8_tops = 1e6;  // compute free: bytes alone
+    PlanRequest big_held = big;
+    big_held.model = held;
+    CHECK(predict_stage_seconds(big, 1, 1, 0, 64, 512, 1) ==
+          doctest::Approx(predict_stage_seconds(big_held, 1, 1, 0, 64, 512, 1)).epsilon(0.01));
+    big.device = big_held.device = find_device("a100-pcie-40gb");
+    big.device.bw_gbs = big_held.device.bw_gbs = 1e9;  // bandwidth free: ops alone
+    PlanRequest big_active = big_held;
+    big_active.model = active;
+    CHECK(predict_stage_seconds(big, 1, 1, 0, 64, 512, 1) ==
+          doctest::Approx(predict_stage_seconds(big_active, 1, 1, 0, 64, 512, 1)).epsilon(0.01));
+}
+
 TEST_CASE("CPU ranks of one node share its memory bandwidth and memory") {
     PlanRequest c = tinyllama_on_cpu(2);
     c.device.bw_gbs = 10;

@@ -328,6 +328,56 @@ void CpuBackend::add(const View& out, const View& a, const View& b) {
     cpu::add(out.ptr<float>(), a.ptr<float>(), b.ptr<float>(), out.numel());
 }
 
+namespace {
+// Host i32 [n] row indices (and f32 [n] weights when given): the index views of gather / scatter-add.
+void check_row_index(const View& rows, const View* weights, const char* op) {
+    LATTICE_CHECK(rows.dtype == DType::kI32 && rows.device == Device::kCpu && rows.ndim == 1 && rows.is_contiguous(),
+                  "{}: rows must be a host i32 vector, got {} {}", op, dtype_name(rows.dtype), rows.shape_str());
+    if (weights)
+        LATTICE_CHECK(weights->dtype == DType::kF32 && weights->device == Device::kCpu &&
+                          weights->numel() == rows.numel() && weights->is_contiguous(),
+                      "{}: weights must be a host f32 vector of {}, got {} {}", op, rows.numel(),
+                      dtype_name(weights->dtype), weights->shape_str());
+}
+}  // namespace
+
+void CpuBackend::gather_rows(const View& dst, const View& src, const View& rows) {
+    check_f32(dst, "gather_rows");
+    check_f32(src, "gather_rows");
+    check_row_index(rows, nullptr, "gather_rows");
+    const int64_t n = rows.numel(), c = src.cols();
+    LATTICE_CHECK(dst.ndim == 2 && src.ndim == 2 && dst.cols() == c && dst.rows() >= n && dst.is_contiguous() &&
+                      src.is_contiguous(),
+                  "gather_rows: {} rows of {} into {}", n, src.shape_str(), dst.shape_str());
+    const int32_t* idx = rows.ptr<int32_t>();
+    for (int64_t i = 0; i < n; ++i) {
+        LATTICE_CHECK(idx[i] >= 0 && idx[i] < src.rows(), "gather_rows: row {} of {}", idx[i], src.shape_str());
+        std::memcpy(dst.ptr<float>() + i * c, src.ptr<float>() + int64_t(idx[i]) * c, size_t(c) * sizeof(float));
+    }
+}
+
+void CpuBackend::scatter_add_rows(const View& dst, const View& src, const View& rows, const View& weights) {
+    check_f32(dst, "scatter_add_rows");
+    check_f32(src, "scatter_add_rows");
+    check_row_index(rows, &weights, "scatter_add_rows");
+    const int64_t n = rows.numel(), c = dst.cols();
+    LATTICE_CHECK(dst.ndim == 2 && src.ndim == 2 && src.cols() == c && src.rows() >= n && dst.is_contiguous() &&
+                      src.is_contiguous(),
+                  "scatter_add_rows: {} rows of {} into {}", n, src.shape_str(), dst.shape_str());
+    const int32_t* idx = rows.ptr<int32_t>();
+    const float* w = weights.ptr<float>();
+    for (int64_t i = 0; i < n; ++i) {
+        LATTICE_CHECK(idx[i] >= 0 && idx[i] < dst.rows(), "scatter_add_rows: row {} of {}", idx[i], dst.shape_str());
+        cpu::axpy(dst.ptr<float>() + int64_t(idx[i]) * c, w[i], src.ptr<float>() + i * c, c);
+    }
+}
+
+void CpuBackend::fill_zero(const View& x) {
+    check_f32(x, "fill_zero");
+    LATTICE_CHECK(x.is_contiguous(), "fill_zero: {} is not contiguous", x.shape_str());
+    std::memset(x.data, 0, size_t(x.bytes()));
+}
+
 void CpuBackend::add_bias(const View& x, const View& bias) {
     check_f32(x, "add_bias");
     check_f32(bias, "add_bias");

@@ -69,6 +69,9 @@ public:
     void silu_mul(const View& out, const View& gate_up) override;
     void add(const View& out, const View& a, const View& b) override;
     void add_bias(const View& x, const View& bias) override;
+    void gather_rows(const View& dst, const View& src, const View& rows) override;
+    void scatter_add_rows(const View& dst, const View& src, const View& rows, const View& weights) override;
+    void fill_zero(const View& x) override;
     void linear(const View& out, const View& x, const Linear& w) override;
     bool fuses_quant() const override { return fused_quant_; }
     QuantActs alloc_quant_acts(int64_t rows, int64_t k) override;

@@ -106,10 +106,10 @@ bool CudaBackend::supports(Op op, DType dtype) const {
         case Op::kKvCache:  // (an INT8 KV cache runs on the CPU backend only for now)
         case Op::kSiluMul:
         case Op::kAdd:
+        case Op::kAddBias:        // q/k/v biases (qwen2)
+        case Op::kSlidingWindow:  // AttnDims::window in both attention kernels (mistral)
+        case Op::kMoe:            // gather / scatter-add rows, fill_zero (mixtral)
             return dtype == act_;
-        case Op::kAddBias:        // q/k/v biases (qwen2) and sliding windows (mistral) run on the CPU
-        case Op::kSlidingWindow:  // backend only; the model refuses them here at load
-            return false;
     }
     return false;
 }

@@ -86,6 +86,11 @@ public:
                    const AttentionShape& s) override;
     void silu_mul(const View& out, const View& gate_up) override;
     void add(const View& out, const View& a, const View& b) override;
+    // The families' ops (cuda_backend_families.cpp): q/k/v biases, MoE row moves.
+    void add_bias(const View& x, const View& bias) override;
+    void gather_rows(const View& dst, const View& src, const View& rows) override;
+    void scatter_add_rows(const View& dst, const View& src, const View& rows, const View& weights) override;
+    void fill_zero(const View& x) override;
     void linear(const View& out, const View& x, const Linear& w) override;
     // Fused W8A8 quantization: the norm and SiLU kernels quantize their output in the same pass
     // (cuda::add_rmsnorm_quant, cuda::silu_mul_quant); linear_quant skips linear's quantize launch.

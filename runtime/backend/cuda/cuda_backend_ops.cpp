@@ -239,6 +239,7 @@ void CudaBackend::attention(const View& out, const View& qkv, const View& k_cach
     d.num_blocks = s.num_blocks;
     d.table_width = s.table_width;
     d.scale = s.scale;
+    d.window = s.window;
     const int32_t* pos = meta_dev_ + m;
     const int32_t* seqs = meta_dev_ + 2 * m;
     const cuda::KvTables kv{meta_dev_ + 7 * m, batch.num_seqs};

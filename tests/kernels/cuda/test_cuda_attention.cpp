@@ -5,6 +5,9 @@
 // - Flash-decoding: GQA groups 1, 4, 8 (and 3, 12: masked heads, two head chunks), head_dim 64 and
 //   128, f16 and bf16, one batch of tokens whose lengths sit on the split boundaries (1, chunk - 1,
 //   chunk, chunk + 1, 3 chunk + 7, where splits grow past one chunk, the longest context), and m = 1.
+// - A sliding window (Mistral): both paths with windows of 1 position to more than the longest
+//   context, tiles wholly before a row's window and rows whose window starts mid-tile; flash-decoding
+//   with windows across its split boundaries.
 // - Decode semantics the CPU op rejects, against a float64 reference: block-table entries outside the
 //   cache skip their positions (a sequence with none left gets zeros), tokens outside the context or
 //   the tables get zeros; head_dim 20 and an unaligned qkv (the scalar-load fallback).
@@ -44,14 +47,18 @@ cuda::AttnDims attn_dims(int64_t nh, int64_t nkv, int64_t hd, int64_t max_seq, i
 // One decode problem: shapes, block tables, fp32 caches and queries (already rounded to the activation
 // dtype), and one (position, sequence) per token.
 struct DecodeProblem {
-    int64_t nh = 0, nkv = 0, hd = 0, max_seq = 0, bs = 16, n_seqs = 0, n_blocks = 0;
+    int64_t nh = 0, nkv = 0, hd = 0, max_seq = 0, bs = 16, n_seqs = 0, n_blocks = 0, window = 0;
     std::vector<int32_t> tables, pos, seqs;
     std::vector<float> kc, vc, qkv;
     int64_t width() const { return (max_seq + bs - 1) / bs; }
     int64_t row() const { return (nh + 2 * nkv) * hd; }
     int64_t m() const { return int64_t(pos.size()); }
     float scale() const { return 1.0f / std::sqrt(float(hd)); }
-    cuda::AttnDims dims() const { return attn_dims(nh, nkv, hd, max_seq, bs, n_blocks, width(), scale()); }
+    cuda::AttnDims dims() const {
+        cuda::AttnDims d = attn_dims(nh, nkv, hd, max_seq, bs, n_blocks, width(), scale());
+        d.window = window;
+        return d;
+    }
 };
 
 // Random caches and queries. full_tables: every table entry is a block (a permutation of n_seqs *
@@ -109,7 +116,8 @@ std::vector<float> device_decode(const DecodeProblem& p, DType act, int64_t qkv_
 
 std::vector<float> cpu_decode(const DecodeProblem& p, ThreadPool& pool) {
     std::vector<float> out(size_t(p.m() * p.nh * p.hd)), k = p.kc, v = p.vc;
-    const cpu::AttentionArgs args{p.nh, p.nkv, p.hd, p.bs, p.n_blocks, p.tables.data(), p.n_seqs, p.width(), p.scale()};
+    const cpu::AttentionArgs args{p.nh,     p.nkv,     p.hd,      p.bs,    p.n_blocks, p.tables.data(),
+                                  p.n_seqs, p.width(), p.scale(), p.window};
     cpu::attention(out.data(), p.qkv.data(), k.data(), v.data(), p.pos.data(), p.seqs.data(), p.m(), args, pool);
     return out;
 }
@@ -326,5 +334,76 @@ TEST_CASE("cuda flash-decoding: masked table entries and tokens outside the cont
                 CHECK(std::all_of(row, row + nh * hd, [](float x) { return x == 0.0f; }));
             }
         }
+    }
+}
+
+TEST_CASE("cuda attention with a sliding window: decode, prefill and flash-decoding splits equal the CPU op" *
+          doctest::test_suite("cuda")) {
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    ThreadPool pool(1, false);
+    const int64_t nh = 8, nkv = 2, hd = 64, n_seqs = 3, max_seq = 300, bs = 16;
+    const int64_t row = (nh + 2 * nkv) * hd, width = (max_seq + bs - 1) / bs, n_blocks = n_seqs * width;
+    const float scale = 1.0f / std::sqrt(float(hd));
+    // make_batch's rows: positions 0-2, 100-140 (two prefill tiles), 299 and 257; windows of one
+    // position, shorter than a tile, a tile, a row's window starting mid-tile, longer than any context.
+    for (DType act : {DType::kF16, DType::kBF16}) {
+        for (int64_t window : {int64_t(1), int64_t(7), int64_t(32), int64_t(45), int64_t(400)}) {
+            INFO(dtype_name(act) << " window " << window);
+            std::vector<int32_t> tables(static_cast<size_t>(n_blocks));
+            std::iota(tables.begin(), tables.end(), 0);
+            std::shuffle(tables.begin(), tables.end(), rng);
+            const Batch b = make_batch(false);
+            const int64_t m = int64_t(b.pos.size());
+            const size_t cache_n = size_t(n_blocks * bs * nkv * hd);
+            std::vector<float> kc = random_vec(rng, cache_n), vc = random_vec(rng, cache_n);
+            std::vector<float> qkv = random_vec(rng, size_t(m * row), -2, 2);
+            for (auto* v : {&kc, &vc, &qkv})
+                for (auto& x : *v) x = round_act(x, act);
+            std::vector<float> ref(static_cast<size_t>(m * nh * hd)), kref = kc, vref = vc;
+            cpu::AttentionArgs args{nh, nkv, hd, bs, n_blocks, tables.data(), n_seqs, width, scale, window};
+            cpu::attention(ref.data(), qkv.data(), kref.data(), vref.data(), b.pos.data(), b.slots.data(), m, args,
+                           pool);
+            REQUIRE(any_nonzero(ref));
+            cuda::AttnDims d = attn_dims(nh, nkv, hd, max_seq, bs, n_blocks, width, scale);
+            d.window = window;
+            DevBuf dqkv(to_act(qkv, act)), dpos(b.pos), dslots(b.slots), dtables(tables);
+            const cuda::KvTables kv{dtables.get<int32_t>(), n_seqs};
+            for (int path = 0; path < 2; ++path) {
+                INFO((path == 0 ? "decode" : "prefill"));
+                DevBuf dk(to_act(kc, act)), dv(to_act(vc, act)), dout(size_t(m * nh * hd) * 2);
+                cuda::kv_store(dk.get(), dv.get(), dqkv.get(), dpos.get<int32_t>(), dslots.get<int32_t>(), kv, m, d,
+                               act, nullptr);
+                if (path == 0) {
+                    DevBuf ws(size_t(cuda::decode_workspace_floats(m, d)) * 4);
+                    cuda::attention_decode(dout.get(), dqkv.get(), dk.get(), dv.get(), dpos.get<int32_t>(),
+                                           dslots.get<int32_t>(), kv, m, d, ws.get<float>(), act, nullptr);
+                } else {
+                    std::vector<cuda::PrefillTile> tiles(static_cast<size_t>(m));
+                    const int64_t nt = cuda::build_prefill_tiles(tiles.data(), b.pos.data(), b.slots.data(), m);
+                    tiles.resize(size_t(nt));
+                    DevBuf dt(tiles);
+                    cuda::attention_prefill(dout.get(), dqkv.get(), dk.get(), dv.get(), dpos.get<int32_t>(),
+                                            dt.get<cuda::PrefillTile>(), nt, kv, d, act, nullptr);
+                }
+                CUDA_OK(cudaDeviceSynchronize());
+                CHECK(rel_err(from_act(dout.download<uint16_t>(size_t(m * nh * hd)), act), ref) < tol_for(act));
+            }
+        }
+    }
+    // Flash-decoding: a window of 3 chunks + 7 positions over tokens whose lengths straddle it and the
+    // split boundaries of its span (the splits follow min(len, window), never the whole length).
+    const int64_t C = cuda::kDecodeChunk, W = 3 * C + 7, long_seq = 2600;
+    const std::vector<int64_t> lens = {1, C, W - 1, W, W + 1, 2 * W + 5, long_seq - 1, long_seq};
+    std::vector<int32_t> pos, seqs;
+    for (size_t i = 0; i < lens.size(); ++i) pos.push_back(int32_t(lens[i] - 1)), seqs.push_back(int32_t(i));
+    for (DType act : {DType::kF16, DType::kBF16}) {
+        INFO(dtype_name(act) << " flash-decoding window " << W);
+        DecodeProblem p = make_problem(rng, act, 16, 2, 128, long_seq, int64_t(lens.size()), pos, seqs, false);
+        p.window = W;
+        const std::vector<float> ref = cpu_decode(p, pool);
+        REQUIRE(any_nonzero(ref));
+        CHECK(rel_err(device_decode(p, act), ref) < tol_for(act));
     }
 }

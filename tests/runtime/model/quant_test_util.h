@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/common/quantize.h"
+#include "runtime/arch/architecture.h"
 #include "runtime/backend/cpu/cpu_backend.h"
 #include "runtime/builder/build.h"
 #include "runtime/model/model.h"
@@ -46,9 +47,10 @@ private:
     float factor_;
 };
 
-// Delegates to `inner`; the layer matrices (q k v o gate up down) are served as f32 after a round
-// trip through the engine's int8 weight scheme (per output row: s = max|w| / 127, w' = q s), so an
-// fp32 run of this source computes what W8A16 computes, with float GEMMs.
+// Delegates to `inner`; the layer matrices (q k v o gate up down, and a MoE family's experts) are
+// served as f32 after a round trip through the engine's int8 weight scheme (per output row:
+// s = max|w| / 127, w' = q s), so an fp32 run of this source computes what W8A16 computes, with
+// float GEMMs.
 class FakeQuantSource final : public TensorSource {
 public:
     explicit FakeQuantSource(std::unique_ptr<TensorSource> inner) : inner_(std::move(inner)) {}
@@ -83,8 +85,24 @@ public:
     int64_t total_bytes() const override { return inner_->total_bytes(); }
 
 private:
-    static bool is_layer_matrix(const std::string& n) {
-        return n.starts_with("model.layers.") && n.ends_with("_proj.weight");
+    // The matrices the engine quantizes: the table's layer linears (a MoE family's experts too), not
+    // the router, which stays float.
+    bool is_layer_matrix(const std::string& n) const {
+        TensorRole role{};
+        if (hf_layer_of(n) < 0 || !hf_role_of(architecture_of(inner_->config()), n, &role)) return false;
+        switch (role) {
+            case TensorRole::kWq:
+            case TensorRole::kWk:
+            case TensorRole::kWv:
+            case TensorRole::kWo:
+            case TensorRole::kWGate:
+            case TensorRole::kWUp:
+            case TensorRole::kWDown:
+            case TensorRole::kExpGate:
+            case TensorRole::kExpUp:
+            case TensorRole::kExpDown: return true;
+            default: return false;
+        }
     }
     std::unique_ptr<TensorSource> inner_;
     mutable std::map<std::string, TensorInfo> infos_;

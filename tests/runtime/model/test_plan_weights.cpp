@@ -50,6 +50,10 @@ TEST_CASE("planner weight bytes match the loader's within 1%") {
         {"llama-2-7b", DType::kBF16, QuantMode::kW8A8, false, 2, 2, true},
         {"llama-2-7b", DType::kBF16, QuantMode::kNone, false, 4, 1, true},
         {"llama-3-8b", DType::kBF16, QuantMode::kW8A16, false, 2, 4, true},
+        // MoE: every expert's shard and the float router are held.
+        {"mixtral-tiny-8x1.1b", DType::kBF16, QuantMode::kW8A8, false, 2, 1, false},
+        {"mixtral-tiny-8x1.1b", DType::kF32, QuantMode::kNone, false, 1, 2, false},
+        {"mixtral-8x7b", DType::kBF16, QuantMode::kW8A16, false, 4, 2, true},
     };
     for (const Case& k : cases) {
         CAPTURE(k.preset);

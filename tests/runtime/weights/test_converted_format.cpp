@@ -142,6 +142,9 @@ TEST_CASE("hf_config_json: parse_hf_config gives back every field (presets and g
         CHECK(r.tie_embeddings == c.tie_embeddings);
         CHECK(r.bos_id == c.bos_id);
         CHECK(r.eos_ids == c.eos_ids);
+        CHECK(r.family == c.family);
+        CHECK(r.n_experts == c.n_experts);
+        CHECK(r.n_experts_used == c.n_experts_used);
     }
 }
 
