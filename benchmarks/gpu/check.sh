@@ -277,7 +277,10 @@ if [[ -z "$bin_dir" ]] && step_begin build 140 0; then
   if [[ $configured -eq 0 ]]; then
     step_end SKIP "configure did not pass"
   else
-    mapfile -t cuda_tests < <(cd "$build" && ctest -N -L cuda 2>/dev/null | sed -n 's/^ *Test *#[0-9]*: *\([^ ]*\).*/\1/p')
+    # The executables of the CUDA tests (one binary may serve several ctest entries).
+    mapfile -t cuda_tests < <(cd "$build" && ctest -N -L cuda --show-only=json-v1 2>/dev/null | python3 -c '
+import json, os, sys
+print("\n".join(sorted({os.path.basename(t["command"][0]) for t in json.load(sys.stdin)["tests"] if t.get("command")})))')
     targets=("${cuda_tests[@]}" bench_gpu_gemm bench_gpu_attention bench_gpu_decode lattice)
     keep_going=()
     [[ -f "$build/build.ninja" ]] && keep_going=(-- -k 0)
@@ -291,7 +294,7 @@ if [[ -z "$bin_dir" ]] && step_begin build 140 0; then
     missing=()
     for t in "${targets[@]}"; do [[ -n "$(exe "$t")" ]] || missing+=("$t"); done
     if [[ $rc -eq 0 ]]; then
-        step_end PASS "${#targets[@]} targets for sm_$arch with $jobs jobs (${#cuda_tests[@]} CUDA tests), ${cpu_s:-?} CPU-s"
+        step_end PASS "${#targets[@]} targets for sm_$arch with $jobs jobs (${#cuda_tests[@]} CUDA test binaries), ${cpu_s:-?} CPU-s"
     else
         grep -E 'error|FAILED' "$out/build.log" | head -20
         step_end "$(status_of $rc)" "exit $rc; not built: ${missing[*]:-none} (build.log)"
