@@ -378,17 +378,20 @@ if kind == "gemm":
 elif kind == "attention":
     print(", ".join(f"ctx {x['ctx']} b{x['batch']} {x['pct_copy']:.0f}%" for x in d["rows"]) + " of the copy bandwidth")
 elif kind == "decode":
-    s = d.get("slope") or {}
-    g = [x for x in d.get("graph", []) if x["batch"] == 1]
     parts = []
-    if s:
-        parts.append(f"{d['shape']} b1 slope {s['pct_of_floor']:.0f}% of floor")
-    if g:
-        parts.append(f"graph alone {g[0]['pct_of_floor']:.0f}%")
-    e = [x for x in d.get("rows", []) if x["batch"] == 1]
-    if e:
-        parts.append(f"engine step {e[0]['pct_of_floor']:.0f}% ({e[0]['tokens_per_s']:.0f} tok/s)")
-    print(", ".join(parts) or "no rows")
+    for sec in d.get("sections", []):
+        p = []
+        s1 = [x for x in sec.get("slope", []) if x["batch"] == 1]
+        if s1:
+            p.append(f"slope {s1[0]['pct_of_floor']:.0f}%")
+        g1 = [x for x in sec.get("graph", []) if x["batch"] == 1]
+        if g1:
+            p.append(f"graph {g1[0]['pct_of_floor']:.0f}%")
+        e1 = [x for x in sec.get("engine", []) if x["batch"] == 1]
+        if e1:
+            p.append(f"engine {e1[0]['pct_of_floor']:.0f}% ({e1[0]['tokens_per_s']:.0f} tok/s)")
+        parts.append(f"{sec['shape']} b1: " + (", ".join(p) or "nothing measured"))
+    print("; ".join(parts) + " of the floor" if parts else "no section")
 elif kind == "e2e":
     print(f"{d['decode_tokens_per_s']:.0f} tok/s (load {d['load_seconds']:.0f} s)")
 EOF

@@ -224,7 +224,7 @@ else
 fi
 say "results in $results, check.sh's output in $results.log"
 if [[ $bundle -eq 1 ]]; then
-    python3 "$here/bundle.py" pack "$tree/build-gpu-check" "$root/gpu-kit" "$root"
+    python3 "$here/bundle.py" pack "$tree/build-gpu-check" "$root/gpu-kit" "$tree"  # the sources that were built
     copy_tree 0
     run_check "$cache/check-bundle.log"
     cp "$cache/check-bundle.log" "$results-bundle.log"

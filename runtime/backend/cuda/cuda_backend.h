@@ -26,6 +26,8 @@
 
 #include <functional>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/kernels.h"
@@ -107,6 +109,14 @@ public:
     // Top-k/top-p/temperature sampling, one SampleParams per row (host array); synchronizes.
     void sample(const View& logits, const cuda::SampleParams* host_params, int32_t* host_ids);
 
+    // Per-op timing of eager steps (benchmarks: the per-kernel breakdown of a decode step). While on,
+    // every op records a CUDA event pair around its launches on the stream (about a microsecond of
+    // gap per op, so the breakdown's sum exceeds a graph replay's time); op_times() waits for the
+    // stream and returns (op name, microseconds) in issue order, clearing the record. Linear layers
+    // are named by mode and shape ("linear w8a8 2560x2048 m=1"). Refused while capturing.
+    void set_op_timing(bool on);
+    std::vector<std::pair<std::string, double>> op_times();
+
     // Graph capture hooks used by CudaGraph.
     void begin_capture();
     void end_capture();
@@ -127,6 +137,22 @@ public:
     void after_replay(const MetaArea& area);
 
 private:
+    // Records the ops' event pairs while op timing is on (see set_op_timing); a no-op otherwise.
+    class OpTimer {
+    public:
+        OpTimer(CudaBackend& be, const char* op, QuantMode mode = QuantMode::kNone, int64_t n = 0, int64_t k = 0,
+                int64_t m = -1);
+        ~OpTimer();
+        OpTimer(const OpTimer&) = delete;
+        OpTimer& operator=(const OpTimer&) = delete;
+
+    private:
+        CudaBackend* be_ = nullptr;  // null: timing off
+    };
+    struct OpRecord {
+        std::string name;
+        cudaEvent_t start, end;
+    };
     struct Scratch {
         void* p = nullptr;
         size_t bytes = 0;
@@ -167,8 +193,12 @@ private:
     std::vector<void*> retired_host_;  // outgrown pinned staging areas
 
     Scratch xq_, sx_, acc_, wdeq_, attn_ws_, ids_out_, params_, select_;
-    TokenBatch step_;                  // the batch begin_step staged (count 0 outside a step)
-    std::vector<char> select_host_;    // pinned-free staging of select_tokens' params and bans
+    TokenBatch step_;                // the batch begin_step staged (count 0 outside a step)
+    std::vector<char> select_host_;  // pinned-free staging of select_tokens' params and bans
+    bool op_timing_ = false;
+    std::vector<OpRecord> op_records_;
+    std::vector<cudaEvent_t> op_events_;  // created on first use, reused after op_times()
+    size_t op_events_used_ = 0;
 };
 
 // Capture/replay of one decode step per batch-size bucket. How the engine uses it:
@@ -189,6 +219,9 @@ public:
 
     void capture(CudaBackend& backend, const TokenBatch& batch, const std::function<void()>& body);
     void replay(CudaBackend& backend, const TokenBatch& batch);
+    // Launches the graph again with the batch the last replay staged, without staging or waiting
+    // (benchmarks: the graph alone, back to back, timed by events). replay() must have run once.
+    void relaunch(CudaBackend& backend);
     bool ready() const { return exec_ != nullptr; }
     int64_t batch_count() const { return count_; }
 
@@ -197,6 +230,7 @@ private:
     cudaGraphExec_t exec_ = nullptr;
     int64_t count_ = 0;
     int64_t tiles_ = 0;
+    bool replayed_ = false;
     CudaBackend::MetaArea area_;
 };
 

@@ -159,6 +159,7 @@ void CudaBackend::after_replay(const MetaArea& area) {
 
 // ---- ops ----
 void CudaBackend::embed(const View& out, const View& table, const TokenBatch& batch, int64_t row_offset) {
+    const OpTimer timer(*this, "embed");
     check_act(out, "embed", "out");
     LATTICE_CHECK(batch.ids, "CudaBackend::embed: batch has no token ids");
     LATTICE_CHECK(table.device == Device::kCuda && table.ndim == 2 && table.cols() == out.cols(),
@@ -170,6 +171,7 @@ void CudaBackend::embed(const View& out, const View& table, const TokenBatch& ba
 }
 
 void CudaBackend::rmsnorm(const View& out, const View& x, const View& w, float eps) {
+    const OpTimer timer(*this, "rmsnorm");
     check_act(out, "rmsnorm", "out");
     check_act(x, "rmsnorm", "x");
     check_rows_cols(out, x.rows(), x.cols(), "rmsnorm", "out");
@@ -179,6 +181,7 @@ void CudaBackend::rmsnorm(const View& out, const View& x, const View& w, float e
 }
 
 void CudaBackend::add_rmsnorm(const View& residual, const View& x, const View& out, const View& w, float eps) {
+    const OpTimer timer(*this, "add_rmsnorm");
     check_act(residual, "add_rmsnorm", "residual");
     check_act(x, "add_rmsnorm", "x");
     check_act(out, "add_rmsnorm", "out");
@@ -190,6 +193,7 @@ void CudaBackend::add_rmsnorm(const View& residual, const View& x, const View& o
 }
 
 void CudaBackend::rope(const View& qkv, const TokenBatch& batch, const AttentionShape& s, const View& inv_freq) {
+    const OpTimer timer(*this, "rope");
     check_act(qkv, "rope", "qkv");
     check_rows_cols(qkv, batch.count, (s.n_heads + 2 * s.n_kv_heads) * s.head_dim, "rope", "qkv");
     LATTICE_CHECK(
@@ -202,6 +206,7 @@ void CudaBackend::rope(const View& qkv, const TokenBatch& batch, const Attention
 
 void CudaBackend::attention(const View& out, const View& qkv, const View& k_cache, const View& v_cache,
                             const TokenBatch& batch, const AttentionShape& s) {
+    const OpTimer timer(*this, "attention");
     const int64_t m = batch.count;
     check_act(out, "attention", "out");
     check_act(qkv, "attention", "qkv");
@@ -245,8 +250,7 @@ void CudaBackend::attention(const View& out, const View& qkv, const View& k_cach
     cuda::kv_store(k_cache.data, v_cache.data, qkv.data, pos, seqs, kv, m, d, act_, stream_);
     if (meta_tiles_ == m) {  // every tile is one token: decode (graph-stable grid)
         float* ws = static_cast<float*>(scratch(attn_ws_, size_t(cuda::decode_workspace_floats(m, d)) * 4, "attn"));
-        cuda::attention_decode(out.data, qkv.data, k_cache.data, v_cache.data, pos, seqs, kv, m, d, ws, act_,
-                               stream_);
+        cuda::attention_decode(out.data, qkv.data, k_cache.data, v_cache.data, pos, seqs, kv, m, d, ws, act_, stream_);
     } else {
         const auto* tiles = reinterpret_cast<const cuda::PrefillTile*>(meta_dev_ + 3 * m);
         cuda::attention_prefill(out.data, qkv.data, k_cache.data, v_cache.data, pos, tiles, meta_tiles_, kv, d, act_,
@@ -255,6 +259,7 @@ void CudaBackend::attention(const View& out, const View& qkv, const View& k_cach
 }
 
 void CudaBackend::silu_mul(const View& out, const View& gate_up) {
+    const OpTimer timer(*this, "silu_mul");
     check_act(out, "silu_mul", "out");
     check_act(gate_up, "silu_mul", "gate_up");
     check_rows_cols(gate_up, out.rows(), 2 * out.cols(), "silu_mul", "gate_up");
@@ -262,6 +267,7 @@ void CudaBackend::silu_mul(const View& out, const View& gate_up) {
 }
 
 void CudaBackend::add(const View& out, const View& a, const View& b) {
+    const OpTimer timer(*this, "add");
     check_act(out, "add", "out");
     check_act(a, "add", "a");
     check_act(b, "add", "b");
@@ -271,6 +277,7 @@ void CudaBackend::add(const View& out, const View& a, const View& b) {
 }
 
 void CudaBackend::linear(const View& out, const View& x, const Linear& w) {
+    const OpTimer timer(*this, "linear", w.mode, w.n, w.k, x.rows());
     // out may be f32 (the LM head writes f32 logits); everything else is in the activation dtype.
     const DType od = out.dtype;
     if (od != DType::kF32) check_act(out, "linear", "out");
@@ -329,14 +336,16 @@ void CudaBackend::matmul_w8a8(const View& out, const int8_t* xq, const float* sx
 }
 
 void CudaBackend::linear_quant(const View& out, const QuantActs& qa, const Linear& w) {
+    const OpTimer timer(*this, "linear", w.mode, w.n, w.k, out.rows());
     const DType od = out.dtype;
     if (od != DType::kF32) check_act(out, "linear_quant", "out");
     LATTICE_CHECK(out.device == Device::kCuda && out.is_contiguous(),
                   "CudaBackend::linear_quant: out must be a contiguous device tensor");
     const int64_t m = out.rows();
     check_rows_cols(out, m, w.n, "linear_quant", "out");
-    LATTICE_CHECK(w.mode == QuantMode::kW8A8 && w.weight_dtype == DType::kI8 && w.weight.view().device == Device::kCuda &&
-                      w.weight.view().shape[0] == round_up(w.n, 16) && w.weight.view().shape[1] == qa.ld,
+    LATTICE_CHECK(w.mode == QuantMode::kW8A8 && w.weight_dtype == DType::kI8 &&
+                      w.weight.view().device == Device::kCuda && w.weight.view().shape[0] == round_up(w.n, 16) &&
+                      w.weight.view().shape[1] == qa.ld,
                   "CudaBackend::linear_quant: {} weight {} for quantized activations of k = {} (ld {})",
                   quant_mode_name(w.mode), w.weight.view().shape_str(), qa.k, qa.ld);
     check_quant_acts(qa, m, w.k, "linear_quant");
@@ -373,6 +382,7 @@ void CudaBackend::sample(const View& logits, const cuda::SampleParams* host_para
 
 void CudaBackend::select_tokens(const View& logits, std::span<const TokenSelect> rows, int32_t* host_ids,
                                 float* host_logprobs) {
+    const OpTimer timer(*this, "select_tokens");
     LATTICE_CHECK(logits.device == Device::kCuda && logits.dtype == DType::kF32 && logits.ndim == 2 &&
                       logits.is_contiguous() && logits.rows() == int64_t(rows.size()),
                   "CudaBackend::select_tokens: logits {} {} for {} rows (f32 [rows, vocab] on the device)",
@@ -404,8 +414,8 @@ void CudaBackend::select_tokens(const View& logits, std::span<const TokenSelect>
     auto* ids = reinterpret_cast<int32_t*>(dev + in_bytes);
     auto* lps = reinterpret_cast<float*>(dev + in_bytes + size_t(m) * 4);
     cuda::select_tokens(ids, lps, static_cast<float*>(logits.data), m, logits.cols(),
-                        reinterpret_cast<const cuda::SelectParams*>(dev), reinterpret_cast<const int32_t*>(dev + pbytes),
-                        stream_);
+                        reinterpret_cast<const cuda::SelectParams*>(dev),
+                        reinterpret_cast<const int32_t*>(dev + pbytes), stream_);
     std::vector<int32_t> out(size_t(m) * 2);
     CUDA_CHECK(cudaMemcpyAsync(out.data(), ids, size_t(m) * 8, cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -452,6 +462,12 @@ void CudaGraph::replay(CudaBackend& be, const TokenBatch& batch) {
                   tiles_);
     CUDA_CHECK(cudaGraphLaunch(exec_, be.stream()));
     be.after_replay(area_);
+    replayed_ = true;
+}
+
+void CudaGraph::relaunch(CudaBackend& be) {
+    LATTICE_CHECK(exec_ && replayed_, "CudaGraph::relaunch before a replay");
+    CUDA_CHECK(cudaGraphLaunch(exec_, be.stream()));
 }
 
 namespace {
@@ -484,8 +500,9 @@ QuantActs CudaBackend::alloc_quant_acts(int64_t rows, int64_t k) {
     return qa;
 }
 
-void CudaBackend::add_rmsnorm_quant(const View& residual, const View& x, const View& out, QuantActs& qa,
-                                    const View& w, float eps) {
+void CudaBackend::add_rmsnorm_quant(const View& residual, const View& x, const View& out, QuantActs& qa, const View& w,
+                                    float eps) {
+    const OpTimer timer(*this, "add_rmsnorm_quant");
     check_act(residual, "add_rmsnorm_quant", "residual");
     if (x.data) {
         check_act(x, "add_rmsnorm_quant", "x");
@@ -501,6 +518,7 @@ void CudaBackend::add_rmsnorm_quant(const View& residual, const View& x, const V
 }
 
 void CudaBackend::silu_mul_quant(const View& out, QuantActs& qa, const View& gate_up) {
+    const OpTimer timer(*this, "silu_mul_quant");
     check_act(out, "silu_mul_quant", "out");
     check_act(gate_up, "silu_mul_quant", "gate_up");
     check_rows_cols(gate_up, out.rows(), 2 * out.cols(), "silu_mul_quant", "gate_up");
