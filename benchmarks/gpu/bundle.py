@@ -8,6 +8,10 @@ in gpu-kit/bin/, so that its device minutes go to tests and benchmarks instead o
                                        CUDA tests (tests.json) and sources.json: the SHA-256 of every
                                        build input of SOURCE_ROOT (the files that decide what the
                                        binaries are), the architecture and the build's compiler.
+  targets BUILD_DIR                    prints the executables of the CUDA tests (label cuda) from the
+                                       build folder's CTestTestfile.cmake files, one per line: what
+                                       check.sh builds (ctest's JSON names a test's command only once
+                                       its executable exists).
   verify KIT_DIR SOURCE_ROOT           exit 0 when the bundle matches the tree and every executable's
                                        shared libraries resolve (ldd, with LD_LIBRARY_PATH as given);
                                        otherwise exit 1 and one line saying why (the first changed,
@@ -21,6 +25,7 @@ cmake/ folder. Standard library only.
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -59,6 +64,22 @@ def cmake_cache(build, key):
     return ""
 
 
+def cuda_test_executables(build, label="cuda"):
+    """{test name: executable path} of the tests carrying `label`, read from CTestTestfile.cmake."""
+    exes, labels = {}, {}
+    for d, _, names in os.walk(build):
+        if "CTestTestfile.cmake" not in names:
+            continue
+        for line in open(os.path.join(d, "CTestTestfile.cmake"), errors="replace"):
+            m = re.match(r'add_test\(\[=\[(.+?)\]=\] "([^"]+)"', line)
+            if m:
+                exes[m.group(1)] = m.group(2)
+            m = re.match(r'set_tests_properties\(\[=\[(.+?)\]=\] PROPERTIES .*LABELS "([^"]*)"', line)
+            if m:
+                labels[m.group(1)] = m.group(2).split(";")
+    return {n: p for n, p in exes.items() if label in labels.get(n, [])}
+
+
 def pack(build, kit, root):
     out = os.path.join(kit, "bin")
     shutil.rmtree(out, ignore_errors=True)
@@ -66,8 +87,10 @@ def pack(build, kit, root):
     listing = subprocess.run(["ctest", "-N", "-L", "cuda", "--show-only=json-v1"], cwd=build, check=True,
                              capture_output=True, text=True).stdout
     tests = json.loads(listing)
-    wanted = {os.path.basename(t["command"][0]) for t in tests.get("tests", []) if t.get("command")}
-    wanted |= set(EXECUTABLES)
+    unbuilt = [t["name"] for t in tests.get("tests", []) if not t.get("command")]
+    if unbuilt:
+        sys.exit(f"bundle.py pack: tests without a built executable in {build}: {' '.join(unbuilt)}")
+    wanted = {os.path.basename(p) for p in cuda_test_executables(build).values()} | set(EXECUTABLES)
     found = {}
     for d, _, names in os.walk(build):
         for n in names:
@@ -136,6 +159,10 @@ def verify(kit, root):
 def main():
     if len(sys.argv) == 5 and sys.argv[1] == "pack":
         pack(*sys.argv[2:])
+        return 0
+    if len(sys.argv) == 3 and sys.argv[1] == "targets":
+        names = sorted({os.path.basename(p) for p in cuda_test_executables(sys.argv[2]).values()})
+        print("\n".join(n for n in names if n not in ("mpiexec", "mpirun")))
         return 0
     if len(sys.argv) == 4 and sys.argv[1] == "verify":
         return verify(*sys.argv[2:])

@@ -201,7 +201,12 @@ if root:
     doc["wheel_header"] = header_version(os.path.join(root, "include", "nccl.h"))
 json.dump(doc, open(path, "w"), indent=2)
 EOF
-nccl_note="$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(f"NCCL {d[\"library\"]} (header: " + (f"wheel {d[\"wheel_header\"]}" if d["wheel_header"] else f"kit {d[\"kit_header\"]}") + ")" if d["wheel"] else "no NCCL wheel")' "$work/nccl.json" 2>/dev/null || echo "NCCL ?")"
+nccl_note="$(python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+lib, wh, kh = d["library"], d["wheel_header"], d["kit_header"]
+print("NCCL %s (header: %s)" % (lib, ("wheel " + wh) if wh else ("kit %s" % kh)) if d["wheel"] else "no NCCL wheel")' \
+    "$work/nccl.json" 2>/dev/null || echo "NCCL ?")"
 shared="$root/../shared"
 [[ -d "$shared/golden" ]] || shared="$kit/shared"
 export LATTICE_SHARED_DIR="$shared" LATTICE_SOURCE_DIR="$root"
@@ -216,7 +221,13 @@ env_line="$(nproc) cores, nvcc ${nvcc_v:-none}, cmake ${cmake_v:-none}, ${cxx_v:
 if [[ -z "$nvcc_v" || -z "$cmake_v" ]]; then
     step_end FAIL "no nvcc or cmake on PATH (CUDA_HOME?)"
 else
-    smi="$( (( have_gpu )) && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); s=d["nvidia_smi"]; p=d.get("properties",{}); print(f"SM {s.get(\"clocks.sm\")}/{s.get(\"clocks.max.sm\")}, power cap {s.get(\"power.limit\")}, MIG {s.get(\"mig.mode.current\")}, ECC {s.get(\"ecc.mode.current\")}, {p.get(\"sm_count\", \"?\")} SMs, L2 {(p.get(\"l2_bytes\") or 0) >> 20} MiB")' "$work/device.json" 2>/dev/null)"
+    smi="$( (( have_gpu )) && python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+s, p = d["nvidia_smi"], d.get("properties", {})
+print("SM %s/%s, power cap %s, MIG %s, ECC %s, %s SMs, L2 %d MiB" % (s.get("clocks.sm"), s.get("clocks.max.sm"),
+      s.get("power.limit"), s.get("mig.mode.current"), s.get("ecc.mode.current"), p.get("sm_count", "?"),
+      (p.get("l2_bytes") or 0) >> 20))' "$work/device.json" 2>/dev/null)"
     step_end PASS "${gpu_name:-no GPU (nvidia-smi absent or silent)}${smi:+ ($smi)}, build for sm_$arch, ${jobs} jobs"
 fi
 
@@ -278,9 +289,7 @@ if [[ -z "$bin_dir" ]] && step_begin build 140 0; then
     step_end SKIP "configure did not pass"
   else
     # The executables of the CUDA tests (one binary may serve several ctest entries).
-    mapfile -t cuda_tests < <(cd "$build" && ctest -N -L cuda --show-only=json-v1 2>/dev/null | python3 -c '
-import json, os, sys
-print("\n".join(sorted({os.path.basename(t["command"][0]) for t in json.load(sys.stdin)["tests"] if t.get("command")})))')
+    mapfile -t cuda_tests < <(python3 "$here/bundle.py" targets "$build")
     targets=("${cuda_tests[@]}" bench_gpu_gemm bench_gpu_attention bench_gpu_decode lattice)
     keep_going=()
     [[ -f "$build/build.ninja" ]] && keep_going=(-- -k 0)
@@ -331,7 +340,7 @@ for r in d["runs"]:
     if r["status"] in ("FAIL", "TIMEOUT"):
         cases = r.get("cases") or []
         badc = [c for c in cases if c["status"] in ("FAIL", "TIMEOUT")]
-        out.append(f"{r[\"name\"]} {r[\"status\"]}" + (f" ({len(badc)}/{len(cases)} cases bad on rerun)" if cases else ""))
+        out.append("%s %s" % (r["name"], r["status"]) + (" (%d/%d cases bad on rerun)" % (len(badc), len(cases)) if cases else ""))
 print("; ".join(out))' "$work/tests.json" 2>/dev/null)"
     note="$passed passed, $failed failed, $timed timed out, $skipped skipped${bad:+: $bad}"
     (( notrun > 0 )) && note+=", $notrun not run"
@@ -358,7 +367,7 @@ if step_begin sanitize 40 1; then
         note="$(python3 -c '
 import json, sys
 d = json.load(open(sys.argv[1]))
-print(", ".join(f"{r[\"name\"]} {r[\"status\"]}" + (f" ({r[\"summary\"]})" if r.get("summary") else "") for r in d["runs"]))' "$work/sanitize.json" 2>/dev/null)"
+print(", ".join("%s %s" % (r["name"], r["status"]) + (" (%s)" % r["summary"] if r.get("summary") else "") for r in d["runs"]))' "$work/sanitize.json" 2>/dev/null)"
         step_end "$( [[ $rc -eq 0 ]] && echo PASS || ( [[ $rc -eq 77 ]] && echo SKIP || echo FAIL ))" "${note:-runner exit $rc} (tests.log)"
     fi
 fi

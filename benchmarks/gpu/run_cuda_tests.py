@@ -149,7 +149,8 @@ def load_tests(path, bin_dir, label):
         if label and label not in labels:
             continue
         cmd = list(t.get("command") or [])
-        if not cmd:
+        if not cmd:  # ctest names no command for a test whose executable was not built
+            tests.append({"name": t["name"], "cmd": None, "env": {}})
             continue
         if bin_dir:
             cmd[0] = os.path.join(bin_dir, os.path.basename(cmd[0]))
@@ -194,6 +195,12 @@ def mode_tests(args, report, clock, base_env):
     results = {}
 
     def work(t):
+        if t["cmd"] is None:
+            run = {"name": t["name"], "status": "FAIL", "seconds": 0, "rc": None, "tail": "its executable was not built"}
+            report.add(run)
+            results[t["name"]] = run
+            print(f"{t['name']:<28} FAIL     not built", flush=True)
+            return
         status, rc, secs, out = run_one(t["cmd"], dict(base_env, **t["env"]), min(args.timeout, clock.left()))
         run = {"name": t["name"], "status": status, "seconds": round(secs, 1), "rc": rc, "tail": tail(out)}
         report.log(f"{t['name']}: {status} in {secs:.1f} s (rc {rc}): {' '.join(t['cmd'])}", out)
@@ -205,7 +212,7 @@ def mode_tests(args, report, clock, base_env):
         list(pool.map(work, tests))
     for t in tests:
         run = results[t["name"]]
-        if run["status"] in ("FAIL", "TIMEOUT"):
+        if run["status"] in ("FAIL", "TIMEOUT") and t["cmd"] is not None:
             if clock.left() < 5:
                 run["cases"] = [{"name": "(all)", "status": "NOT RUN", "seconds": 0, "tail": "out of time"}]
             else:
