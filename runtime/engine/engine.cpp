@@ -25,6 +25,27 @@ using Clock = SteadyClock;
 constexpr auto since = seconds_since;
 constexpr int64_t kPlanHead = 8192;  // a plan's first message: its size and up to 8184 of its bytes
 
+// The step graphs' batch sizes: `given` (increasing, positive; those above cap dropped), or by default
+// vLLM's list: 1, 2, 4, then every multiple of 8 up to cap, and cap itself as the last.
+std::vector<int64_t> graph_bucket_list(const std::vector<int64_t>& given, int64_t cap) {
+    std::vector<int64_t> b;
+    if (given.empty()) {
+        for (int64_t v : {1, 2, 4})
+            if (v <= cap) b.push_back(v);
+        for (int64_t v = 8; v <= cap; v += 8) b.push_back(v);
+        if (b.empty() || b.back() != cap) b.push_back(cap);
+        return b;
+    }
+    for (int64_t v : given) {
+        LATTICE_CHECK(v >= 1 && (b.empty() || v > b.back()),
+                      "step graph buckets must be increasing positive batch sizes (got {} after {})", v,
+                      b.empty() ? 0 : b.back());
+        if (v <= cap) b.push_back(v);
+    }
+    LATTICE_CHECK(!b.empty(), "no step graph bucket within {} sequences (max sequences and max batch tokens)", cap);
+    return b;
+}
+
 template <typename T>
 View host_view(T* p, DType dt, int64_t n) {
     return View::contiguous(const_cast<std::remove_const_t<T>*>(p), dt, {n});
@@ -40,12 +61,13 @@ Engine::Engine(Model& model, PipelineLinks links, const EngineOptions& opt) : mo
     stages_ = links_.pipe ? links_.pipe->size() : 1;
     LATTICE_CHECK(model_.kv_blocks() > 0, "Engine: the model has no KV cache (Model::allocate_kv first)");
     const ModelOptions& mo = model_.options();
-    graphs_on_ = !opt_.sim && opt_.step_graphs && model_.backend().captures_steps() && stages_ == 1 && mo.first_stage &&
-                 mo.last_stage && model_.kv_blocks() >= 2;
+    // Every rank decides alike (the options and the backend kind are the same everywhere), so the
+    // leader's pool and every stage agree on the reserved trash block.
+    graphs_on_ = !opt_.sim && opt_.step_graphs && model_.backend().captures_steps() && model_.kv_blocks() >= 2;
     if (graphs_on_) {
         trash_block_ = int32_t(model_.kv_blocks() - 1);
-        graph_max_ = 1;
-        while (graph_max_ * 2 <= std::min(opt_.max_seqs, mo.max_batch_tokens)) graph_max_ *= 2;
+        graph_buckets_ = graph_bucket_list(opt_.graph_buckets, std::min(opt_.max_seqs, mo.max_batch_tokens));
+        graph_max_ = graph_buckets_.back();
         const size_t W = size_t(model_.attention_shape().table_width), B = size_t(graph_max_);
         graph_tokens_.reserve(B);
         graph_positions_.reserve(B);
@@ -213,8 +235,10 @@ void Engine::execute(const StepPlan& p, Results* out) {
         for (int64_t id : p.released) samplers_.erase(id);
     const TokenBatch b{p.tokens.data(), pos_.data(), seq_of_.data(), T, p.tables.data(), n, p.width};
     const auto t0 = Clock::now();
-    if (graphs_on_ && graph_step(p, b, out)) {
-        counters_.compute_seconds += since(t0);
+    double graph_waited = 0;
+    if (graphs_on_ && graph_step(p, b, out, &graph_waited)) {
+        counters_.compute_seconds += since(t0) - graph_waited;
+        counters_.wait_seconds += graph_waited;
         ++counters_.steps;
         return;
     }
@@ -278,7 +302,8 @@ void Engine::sim_execute(const StepPlan& p, Results* out) {
         links_.tp->all_reduce_sum(host_view(sim_rows_.data(), DType::kF32, int64_t(sim_rows_.size() / 4)));
     }
     const double step_s = sim.step_seconds(T, T > 0 ? attended / double(T) : 0.0, o.last_stage ? sampled : 0);
-    std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(step_s)));
+    std::this_thread::sleep_until(t0 +
+                                  std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(step_s)));
     if (!o.last_stage) links_.pipe->send(rows, links_.next);
     if (is_sampler()) {
         for (int64_t id : p.released) samplers_.erase(id);
@@ -295,17 +320,19 @@ void Engine::sim_execute(const StepPlan& p, Results* out) {
 }
 
 // Decode-only steps (one sampled token per sequence, at most graph_max_ of them) run as the
-// captured graph of their bucket, the smallest power of two holding them: the batch is padded
+// captured graph of their bucket, the smallest of graph_buckets_ holding them: the batch is padded
 // with dummy sequences (token 0 at position 0, writing the reserved trash block), the first step of
 // a bucket runs eagerly (sizing scratch), the second captures and replays, the rest replay. Every
-// rank takes the same branch (it depends only on the plan), so TP collectives stay matched.
-bool Engine::graph_step(const StepPlan& p, const TokenBatch& b, Results* out) {
+// rank takes the same branch (it depends only on the plan), so TP collectives stay matched, and with
+// pipeline stages every stage pads alike: a stage receives the previous stage's padded rows into the
+// bucket's hidden rows before its graph runs and sends them on after it (the hand-offs stay outside
+// the graph, on the backend's stream for a device communicator). `waited`: seconds in the receive.
+bool Engine::graph_step(const StepPlan& p, const TokenBatch& b, Results* out, double* waited) {
     const int64_t T = b.count, W = b.table_width;
     if (p.kind != StepPlan::Kind::kStep || T > graph_max_ || b.num_seqs != T) return false;
     for (const PlanSeq& ps : p.seqs)
         if (ps.count != 1 || !ps.sample) return false;
-    int64_t B = 1;
-    while (B < T) B *= 2;
+    const int64_t B = *std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), T);
     graph_tokens_.assign(b.ids, b.ids + T);
     graph_tokens_.resize(size_t(B), 0);
     graph_positions_.assign(b.positions, b.positions + T);
@@ -317,19 +344,27 @@ bool Engine::graph_step(const StepPlan& p, const TokenBatch& b, Results* out) {
     graph_tables_.assign(b.block_tables, b.block_tables + T * W);
     graph_tables_.resize(size_t(B * W), -1);
     for (int64_t i = T; i < B; ++i) graph_tables_[size_t(i * W)] = trash_block_;
-    const TokenBatch gb{graph_tokens_.data(), graph_positions_.data(), graph_seqs_.data(), B,
-                        graph_tables_.data(), B, W};
+    const TokenBatch gb{
+        graph_tokens_.data(), graph_positions_.data(), graph_seqs_.data(), B, graph_tables_.data(), B, W};
     GraphSlot& slot = graphs_[B];
+    if (!slot.hidden.data) slot.hidden = model_.hidden_scratch(B);  // stable: the model's scratch never moves
     Backend& be = model_.backend();
+    const ModelOptions& o = model_.options();
     auto body = [this, gb, &slot] {
         const StepScope step(model_.backend(), gb);
-        graph_rows_.resize(size_t(gb.count));
-        for (int64_t i = 0; i < gb.count; ++i) graph_rows_[size_t(i)] = i;
-        View hidden = model_.hidden_scratch(gb.count);
-        model_.embed(gb, hidden);
-        model_.run_layers(gb, hidden);
-        slot.logits = model_.head_logits(hidden, graph_rows_);
+        if (model_.options().first_stage) model_.embed(gb, slot.hidden);
+        model_.run_layers(gb, slot.hidden);
+        if (model_.options().last_stage) {
+            graph_rows_.resize(size_t(gb.count));
+            for (int64_t i = 0; i < gb.count; ++i) graph_rows_[size_t(i)] = i;
+            slot.logits = model_.head_logits(slot.hidden, graph_rows_);
+        }
     };
+    if (!o.first_stage) {
+        const auto w0 = Clock::now();
+        links_.pipe->recv(slot.hidden, links_.prev);
+        *waited += since(w0);
+    }
     ++counters_.graph_steps;
     if (!slot.warmed) {
         body();
@@ -343,6 +378,7 @@ bool Engine::graph_step(const StepPlan& p, const TokenBatch& b, Results* out) {
         ++counters_.graph_replays;
         model_.wait_comm();
     }
+    if (!o.last_stage) links_.pipe->send(slot.hidden, links_.next);
     if (is_sampler()) {
         const auto ts = Clock::now();
         sample_rows(p, slot.logits.row_range(0, T), out);
@@ -414,7 +450,8 @@ void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
         for (size_t j = 0; j < on_backend.size(); ++j) {
             const Row& r = rows[size_t(on_backend[j])];
             const SamplingParams& sp = r.sampler->params();
-            sels[j] = {sp.temperature, int32_t(std::min<int64_t>(sp.top_k, INT32_MAX)), sp.top_p, sp.min_p,
+            sels[j] = {sp.temperature,    int32_t(std::min<int64_t>(sp.top_k, INT32_MAX)),
+                       sp.top_p,          sp.min_p,
                        r.sampler->draw(), r.bans};
         }
         std::vector<int32_t> ids(on_backend.size());

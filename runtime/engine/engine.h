@@ -20,8 +20,8 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -50,7 +50,7 @@ struct PipelineLinks {
 struct EngineOptions {
     int64_t kv_blocks = 0;  // blocks of the paged cache (the model's allocate_kv size)
     bool prefix_caching = true;
-    int64_t max_seqs = 64;     // running sequences at most
+    int64_t max_seqs = 64;  // running sequences at most
     // Prompt tokens per step (0: the model's max_batch_tokens); a step also holds one decode token
     // per running sequence of its micro-batch, all within the model's max_batch_tokens rows (the
     // builder sizes them: the budget plus ceil(max_seqs / stages)).
@@ -60,9 +60,14 @@ struct EngineOptions {
     double max_itl_s = 0;
     double heartbeat_s = 5.0;  // an idle leader pings the followers at least this often
     // Decode steps as captured step graphs (CUDA graphs) on a backend that has them, one per
-    // batch-size bucket (powers of two up to max_seqs), padded with dummy sequences on a reserved
-    // KV block; single-stage models only (pp = 1). false: every step eager (--enforce-eager).
+    // batch-size bucket, padded with dummy sequences on a reserved KV block; every layout (with
+    // pipeline stages each stage captures its own part; the hand-offs run between the graphs).
+    // false: every step eager (--enforce-eager).
     bool step_graphs = true;
+    // The buckets, increasing (empty: 1, 2, 4, then every multiple of 8 up to min(max_seqs, the
+    // model's max_batch_tokens), which is the last); a decode step of T sequences runs the smallest
+    // bucket >= T. Sizes above that cap are dropped; T above the last bucket runs eagerly.
+    std::vector<int64_t> graph_buckets;
     // The simulated device (runtime/backend/sim/sim_device.h): set, each forward waits out its
     // predicted time instead of running the (shape-only) model, and the sampler returns pseudo-tokens.
     std::shared_ptr<const SimDevice> sim;
@@ -121,16 +126,16 @@ struct GenerateResult {
 // What a rank has done so far (every rank keeps its own).
 struct EngineCounters {
     int64_t steps = 0;
-    double compute_seconds = 0;  // embed, layers, head and sampling, TP communication included
-    double sample_seconds = 0;   // of which sampling (sampler rank)
-    double wait_seconds = 0;     // blocked on a peer: pipeline receive, the leader's token receive, the next plan
-    int64_t graph_steps = 0;     // of the steps, decode steps run through a step graph (eager warm-ups included)
-    int64_t graph_replays = 0;   // of those, replays of a captured graph
-    int64_t graphs_captured = 0; // step graphs captured (one per batch-size bucket used)
-    double plan_wait_seconds = 0;  // leader: in the plans' send calls (wall: copies, MPI, and waits)
+    double compute_seconds = 0;       // embed, layers, head and sampling, TP communication included
+    double sample_seconds = 0;        // of which sampling (sampler rank)
+    double wait_seconds = 0;          // blocked on a peer: pipeline receive, the leader's token receive, the next plan
+    int64_t graph_steps = 0;          // of the steps, decode steps run through a step graph (eager warm-ups included)
+    int64_t graph_replays = 0;        // of those, replays of a captured graph
+    int64_t graphs_captured = 0;      // step graphs captured (one per batch-size bucket used)
+    double plan_wait_seconds = 0;     // leader: in the plans' send calls (wall: copies, MPI, and waits)
     double plan_blocked_seconds = 0;  // leader: of which waiting for a follower (a full plan queue)
-    int64_t plans_sent = 0;        // leader: plans sent (steps, heartbeats, shutdown)
-    int64_t plan_bytes = 0;        // leader: their encoded bytes (per follower)
+    int64_t plans_sent = 0;           // leader: plans sent (steps, heartbeats, shutdown)
+    int64_t plan_bytes = 0;           // leader: their encoded bytes (per follower)
 };
 
 class Engine {
@@ -200,7 +205,7 @@ private:
     void sim_execute(const StepPlan& p, Results* out);
     void sample_rows(const StepPlan& p, const View& logits, Results* out);
     // A decode-only step through the captured graph of its bucket; false when the step is not one.
-    bool graph_step(const StepPlan& p, const TokenBatch& b, Results* out);
+    bool graph_step(const StepPlan& p, const TokenBatch& b, Results* out, double* waited);
     void issue(const StepPlan& p);
     Results await_oldest(StepPlan* plan);
     void send_results(const StepPlan& p, const Results& r);
@@ -214,25 +219,27 @@ private:
     PipelineLinks links_;
     EngineOptions opt_;
     int rank_ = 0, world_ = 1, stages_ = 1;
-    std::unique_ptr<BlockPool> pool_;                // leader
-    std::unique_ptr<Scheduler> sched_;               // leader
-    std::deque<StepPlan> inflight_;                  // leader: issued, results pending (pipelines)
-    std::deque<std::pair<StepPlan, Results>> done_;  // leader: completed locally, not yet applied
+    std::unique_ptr<BlockPool> pool_;                                     // leader
+    std::unique_ptr<Scheduler> sched_;                                    // leader
+    std::deque<StepPlan> inflight_;                                       // leader: issued, results pending (pipelines)
+    std::deque<std::pair<StepPlan, Results>> done_;                       // leader: completed locally, not yet applied
     std::map<int64_t, std::chrono::steady_clock::time_point> issued_at_;  // leader: plan number -> when it was issued
-    int64_t number_ = 0;                             // last plan number sent / received
+    int64_t number_ = 0;                                                  // last plan number sent / received
     PlanTables plan_tables_;  // the block tables the followers know (leader: sent; follower: received)
     std::unordered_map<int64_t, Sampler> samplers_;  // sampler rank: per-sequence state
-    std::vector<float> host_rows_;  // sampler rank: logits rows sampled on the host
-    std::vector<uint8_t> sim_rows_;   // the simulated device's hidden rows (hand-offs, all-reduces)
-    // Step graphs: on when opt_.step_graphs, the backend captures steps and the model is one stage.
+    std::vector<float> host_rows_;                   // sampler rank: logits rows sampled on the host
+    std::vector<uint8_t> sim_rows_;                  // the simulated device's hidden rows (hand-offs, all-reduces)
+    // Step graphs: on when opt_.step_graphs and the backend captures steps (any TP x PP layout).
     struct GraphSlot {
         bool warmed = false;  // one eager step of this bucket ran (scratch sized)
         std::unique_ptr<StepGraph> graph;
-        View logits;          // where the graph leaves the bucket's logits [bucket, vocab]
+        View hidden;  // the bucket's hidden rows [bucket, hidden] (a later stage receives into them)
+        View logits;  // where the graph leaves the bucket's logits [bucket, vocab] (last stage)
     };
     bool graphs_on_ = false;
-    int64_t graph_max_ = 0;     // largest bucket
-    int32_t trash_block_ = -1;  // the KV block the padding rows write (never in the pool)
+    std::vector<int64_t> graph_buckets_;  // increasing batch sizes (EngineOptions::graph_buckets)
+    int64_t graph_max_ = 0;               // largest bucket
+    int32_t trash_block_ = -1;            // the KV block the padding rows write (never in the pool)
     std::unordered_map<int64_t, GraphSlot> graphs_;
     // The padded batch a step graph replays (capacity fixed at start).
     std::vector<int32_t> graph_tokens_, graph_positions_, graph_seqs_, graph_tables_;

@@ -79,7 +79,7 @@ CudaBackend::~CudaBackend() {
     cudaSetDevice(device_);
     if (stream_) cudaStreamSynchronize(stream_);
     for (cudaEvent_t e : op_events_) cudaEventDestroy(e);
-    for (Scratch* s : {&xq_, &sx_, &acc_, &wdeq_, &attn_ws_, &ids_out_, &params_})
+    for (Scratch* s : {&xq_, &sx_, &acc_, &attn_ws_, &ids_out_, &params_, &select_})
         if (s->p) cudaFree(s->p);
     lt_.reset();
     for (void* p : retired_dev_) cudaFree(p);

@@ -5,9 +5,12 @@
 //   kNone   weight [n, k] in the activation dtype (f32/f16/bf16 host weights converted once);
 //           y = x . W^T through cuBLASLt (TN, fp32 accumulate).
 //   kW8A16  weight [n_pad, k_pad] int8 (zero padded to multiples of 16), scales [n_pad] f32;
-//           m <= 16: GEMV; m > 16: dequantize into a scratch matrix, then the float GEMM.
+//           m <= 16: GEMV; m > 16: cuda::gemm_w8a16 (tensor cores, the int8 tile converted in shared
+//           memory: no dequantized copy of the weight is ever written).
 //   kW8A8   same storage; x is quantized per token into int8 [m, k_pad] (+ scales [m]);
-//           m <= 16: dp4a GEMV; m > 16: cuBLASLt IMMA (int32 out), then one fused dequant epilogue.
+//           m <= 16: dp4a GEMV; m > 16: cuBLASLt IMMA (int32 out), then one fused dequant epilogue;
+//           a shape cuBLASLt has no algorithm for runs the GEMV in 16-row chunks (a warning once per
+//           shape, never an error).
 //           With fuses_quant() the quantization is fused into the norm / SwiGLU kernel before it
 //           (add_rmsnorm_quant, silu_mul_quant) and linear_quant starts from the int8 rows.
 // Token metadata (ids, positions, sequences, block tables) is staged in pinned host memory and copied with one
@@ -26,6 +29,7 @@
 
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,7 +41,8 @@ namespace lattice {
 
 namespace cuda {
 class LtGemm;
-}
+struct LtOptions;
+}  // namespace cuda
 
 class CudaBackend final : public Backend {
 public:
@@ -108,6 +113,10 @@ public:
     void argmax(const View& logits, int32_t* host_ids);
     // Top-k/top-p/temperature sampling, one SampleParams per row (host array); synchronizes.
     void sample(const View& logits, const cuda::SampleParams* host_params, int32_t* host_ids);
+
+    // Replaces the cuBLASLt options (tests: LtOptions::int8_unavailable forces the W8A8 fallback).
+    // Before any graph capture (graphs keep the plans they were captured with).
+    void set_lt_options(const cuda::LtOptions& options);
 
     // Per-op timing of eager steps (benchmarks: the per-kernel breakdown of a decode step). While on,
     // every op records a CUDA event pair around its launches on the stream (about a microsecond of
@@ -192,9 +201,10 @@ private:
     std::vector<void*> retired_dev_;   // outgrown device buffers a graph may still use
     std::vector<void*> retired_host_;  // outgrown pinned staging areas
 
-    Scratch xq_, sx_, acc_, wdeq_, attn_ws_, ids_out_, params_, select_;
-    TokenBatch step_;                // the batch begin_step staged (count 0 outside a step)
-    std::vector<char> select_host_;  // pinned-free staging of select_tokens' params and bans
+    Scratch xq_, sx_, acc_, attn_ws_, ids_out_, params_, select_;
+    TokenBatch step_;                                     // the batch begin_step staged (count 0 outside a step)
+    std::vector<char> select_host_;                       // pinned-free staging of select_tokens' params and bans
+    std::set<std::pair<int64_t, int64_t>> lt_fallbacks_;  // (n, k) of int8 shapes cuBLASLt has no algorithm for
     bool op_timing_ = false;
     std::vector<OpRecord> op_records_;
     std::vector<cudaEvent_t> op_events_;  // created on first use, reused after op_times()

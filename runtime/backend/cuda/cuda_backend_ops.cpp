@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "base/cuda_check.h"
+#include "base/log.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "runtime/backend/cuda/cuda_backend.h"
 #include "runtime/backend/make_backend.h"
@@ -304,15 +305,13 @@ void CudaBackend::linear(const View& out, const View& x, const Linear& w) {
     const auto* wq = w.weight.ptr<int8_t>();
     const auto* sw = w.scales.ptr<float>();
     // Crossover: decode batches of m <= kGemvMaxRows (16) tokens run the GEMVs (weights read once,
-    // no tile padding); W8A16 above it dequantizes once and runs the float GEMM, W8A8 runs IMMA.
+    // no tile padding); W8A16 above it runs the tensor-core GEMM that converts the int8 weight tile by
+    // tile (no dequantized copy), W8A8 runs IMMA.
     if (w.mode == QuantMode::kW8A16) {
-        if (m <= cuda::kGemvMaxRows) {
+        if (m <= cuda::kGemvMaxRows)
             cuda::gemv_w8a16(out.data, x.data, wq, k_pad, sw, m, n, k, act_, od, stream_);
-        } else {
-            void* wd = scratch(wdeq_, size_t(n * k) * 2, "w8a16 dequantized weight");
-            cuda::dequant_weights(wd, wq, k_pad, sw, n, k, act_, stream_);
-            lt_->gemm_float(out.data, n, x.data, k, wd, k, m, n, k, act_, od, stream_);
-        }
+        else
+            cuda::gemm_w8a16(out.data, x.data, wq, k_pad, sw, m, n, k, act_, od, stream_);
         return;
     }
     // W8A8: per-token dynamic int8 activations.
@@ -326,13 +325,34 @@ void CudaBackend::matmul_w8a8(const View& out, const int8_t* xq, const float* sx
     const int64_t n = w.n, n_pad = w.weight.view().shape[0], k_pad = w.weight.view().shape[1];
     const auto* wq = w.weight.ptr<int8_t>();
     const auto* sw = w.scales.ptr<float>();
-    if (m <= cuda::kGemvMaxRows) {
-        cuda::gemv_w8a8(out.data, xq, k_pad, sx, wq, k_pad, sw, m, n, k_pad, act_, out.dtype, stream_);
-    } else {
+    if (m > cuda::kGemvMaxRows) {
         auto* acc = static_cast<int32_t*>(scratch(acc_, size_t(m * n_pad) * 4, "int32 accumulators"));
-        lt_->gemm_i8(acc, n_pad, xq, k_pad, wq, k_pad, m, n_pad, k_pad, stream_);
-        cuda::dequant_i32(out.data, acc, n_pad, sx, sw, m, n, act_, out.dtype, stream_);
+        if (lt_->try_gemm_i8(acc, n_pad, xq, k_pad, wq, k_pad, m, n_pad, k_pad, stream_)) {
+            cuda::dequant_i32(out.data, acc, n_pad, sx, sw, m, n, act_, out.dtype, stream_);
+            return;
+        }
+        // cuBLASLt has no algorithm for this shape: the GEMV in chunks of kGemvMaxRows rows (each
+        // chunk reads the weights once more: slower, same int32 dots, same results). Said once per shape.
+        if (lt_fallbacks_.insert({n_pad, k_pad}).second)
+            LOG_WARN(
+                "cuda:{}: cuBLASLt has no int8 algorithm for n={} k={} (m={}): W8A8 runs the GEMV in chunks of "
+                "{} rows for this shape (correct, slower)",
+                device_, n_pad, k_pad, m, cuda::kGemvMaxRows);
     }
+    const size_t es = size_t(dtype_size(out.dtype));
+    for (int64_t r0 = 0; r0 < m; r0 += cuda::kGemvMaxRows) {
+        const int64_t rows = std::min<int64_t>(cuda::kGemvMaxRows, m - r0);
+        cuda::gemv_w8a8(static_cast<char*>(out.data) + size_t(r0 * n) * es, xq + r0 * k_pad, k_pad, sx + r0, wq, k_pad,
+                        sw, rows, n, k_pad, act_, out.dtype, stream_);
+    }
+}
+
+void CudaBackend::set_lt_options(const cuda::LtOptions& options) {
+    LATTICE_CHECK(!capturing_ && graphs_ == 0, "CudaBackend::set_lt_options after a graph was captured");
+    make_current();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    lt_ = std::make_unique<cuda::LtGemm>(options);
+    lt_fallbacks_.clear();
 }
 
 void CudaBackend::linear_quant(const View& out, const QuantActs& qa, const Linear& w) {

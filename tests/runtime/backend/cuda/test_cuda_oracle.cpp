@@ -11,10 +11,10 @@
 //      tie: below kTieFactor x the worst absolute logit error (a divergence at a clear margin fails);
 //    - the chosen tokens' log-probabilities agree within the same margin until then.
 //    Reported (MESSAGE): steps equal, first near tie, the gaps, the errors.
-// 2. One decode step of 32 sequences at different lengths (the engine's largest default bucket)
-//    captured in a step graph and replayed: its logits equal the eager step's bit for bit (same
-//    kernels, same cuBLASLt algorithms, same KV writes), and the CPU's within tolerance; quant none
-//    and W8A8.
+// 2. One decode step of 24 and of 32 sequences at different lengths (buckets of the engine's default
+//    list, 24 not a power of two) captured in a step graph and replayed: its logits equal the eager
+//    step's bit for bit (same kernels, same cuBLASLt algorithms, same KV writes), and the CPU's within
+//    tolerance; quant none and W8A8.
 #include <algorithm>
 #include <cstdlib>
 #include <numeric>
@@ -187,30 +187,36 @@ TEST_CASE("oracle: a graph-replayed decode step of 32 sequences equals the eager
             mg.forward(pb, {len - 1}, sink.data());
             mc.forward(pb, {len - 1}, sink.data());
         }
-        // The decode step: one token per sequence at its next position.
-        std::vector<int32_t> ids(static_cast<size_t>(B)), pos = lens, seqs(static_cast<size_t>(B));
-        for (int64_t s = 0; s < B; ++s) ids[size_t(s)] = int32_t(rng() % uint64_t(V)), seqs[size_t(s)] = int32_t(s);
-        const TokenBatch db{ids.data(), pos.data(), seqs.data(), B, tables.data(), B, W};
-        std::vector<int64_t> rows(static_cast<size_t>(B));
-        std::iota(rows.begin(), rows.end(), 0);
-        std::vector<float> eager(size_t(B * V)), want(size_t(B * V)), replayed(size_t(B * V));
-        mg.forward(db, rows, eager.data());  // eager: also sizes every scratch buffer for 32 rows
-        mc.forward(db, rows, want.data());
-        REQUIRE(any_nonzero(want));
-        View logits;
-        auto body = [&] {
-            const StepScope step(mg.backend(), db);
-            View hidden = mg.hidden_scratch(B);
-            mg.embed(db, hidden);
-            mg.run_layers(db, hidden);
-            logits = mg.head_logits(hidden, rows);
-        };
-        std::unique_ptr<StepGraph> graph = gpu.backend->capture_step(db, body);
-        gpu.backend->replay_step(*graph, db);  // rewrites the same KV rows with the same values
-        REQUIRE(logits.rows() == B);
-        gpu.backend->download(replayed.data(), logits);
-        CHECK(replayed == eager);
-        // fp16 activations vs fp32 through two layers and the head (test_cuda_backend's bound).
-        CHECK(rel_err(replayed, want) < (q == QuantMode::kNone ? 3e-2 : 5e-2));
+        // The decode step: one token per sequence at its next position, for the first 24 (a bucket
+        // that is not a power of two) and then all 32 sequences.
+        for (const int64_t bn : {int64_t(24), B}) {
+            INFO("bucket " << bn);
+            std::vector<int32_t> ids(static_cast<size_t>(bn)), pos(lens.begin(), lens.begin() + bn),
+                seqs(static_cast<size_t>(bn));
+            for (int64_t s = 0; s < bn; ++s)
+                ids[size_t(s)] = int32_t(rng() % uint64_t(V)), seqs[size_t(s)] = int32_t(s);
+            const TokenBatch db{ids.data(), pos.data(), seqs.data(), bn, tables.data(), bn, W};
+            std::vector<int64_t> rows(static_cast<size_t>(bn));
+            std::iota(rows.begin(), rows.end(), 0);
+            std::vector<float> eager(size_t(bn * V)), want(size_t(bn * V)), replayed(size_t(bn * V));
+            mg.forward(db, rows, eager.data());  // eager: also sizes every scratch buffer for bn rows
+            mc.forward(db, rows, want.data());
+            REQUIRE(any_nonzero(want));
+            View logits;
+            auto body = [&] {
+                const StepScope step(mg.backend(), db);
+                View hidden = mg.hidden_scratch(bn);
+                mg.embed(db, hidden);
+                mg.run_layers(db, hidden);
+                logits = mg.head_logits(hidden, rows);
+            };
+            std::unique_ptr<StepGraph> graph = gpu.backend->capture_step(db, body);
+            gpu.backend->replay_step(*graph, db);  // rewrites the same KV rows with the same values
+            REQUIRE(logits.rows() == bn);
+            gpu.backend->download(replayed.data(), logits);
+            CHECK(replayed == eager);
+            // fp16 activations vs fp32 through two layers and the head (test_cuda_backend's bound).
+            CHECK(rel_err(replayed, want) < (q == QuantMode::kNone ? 3e-2 : 5e-2));
+        }
     }
 }
