@@ -28,8 +28,8 @@
 namespace {
 constexpr int kSkipCode = 77;
 
-int g_cases_run = 0;                 // test cases started (a case with subcases counts once)
-std::vector<std::string> g_skipped;  // "case: reason" per skipped case
+int g_cases_run = 0;                    // test cases started (a case with subcases counts once)
+std::vector<std::string> g_skipped;     // "case: reason" per skipped case
 std::string g_current_case;
 
 // Counts the cases that run, so that a skip never turns a run with passing cases into "Skipped".
@@ -118,8 +118,7 @@ int main(int argc, char** argv) {
     const cudaError_t err = cudaGetDeviceCount(&count);
     if (!query && (err != cudaSuccess || count < LATTICE_TEST_CUDA_DEVICES)) {
         std::printf("SKIP: needs %d CUDA device(s), found %d (%s)\n", LATTICE_TEST_CUDA_DEVICES,
-                    err == cudaSuccess ? count : 0,
-                    err == cudaSuccess ? "cudaGetDeviceCount" : cudaGetErrorString(err));
+                    err == cudaSuccess ? count : 0, err == cudaSuccess ? "cudaGetDeviceCount" : cudaGetErrorString(err));
         std::fflush(stdout);
         return kSkipCode;
     }
@@ -128,10 +127,9 @@ int main(int argc, char** argv) {
     const int rc = ctx.run();
     if (rc != 0 || g_skipped.empty() || ctx.shouldExit()) return rc;
     if (int(g_skipped.size()) < g_cases_run) {
-        std::printf(
-            "FAILED: %zu of %d test cases skipped beside cases that ran: a skip would hide their result; "
-            "give the skipping case a ctest entry of its own (tests/test_skip.h)\n",
-            g_skipped.size(), g_cases_run);
+        std::printf("FAILED: %zu of %d test cases skipped beside cases that ran: a skip would hide their result; "
+                    "give the skipping case a ctest entry of its own (tests/test_skip.h)\n",
+                    g_skipped.size(), g_cases_run);
         return 1;
     }
     for (const std::string& s : g_skipped) std::printf("SKIP: %s\n", s.c_str());

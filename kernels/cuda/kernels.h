@@ -83,7 +83,8 @@ void convert(void* out, DType out_dtype, const void* in, DType in_dtype, int64_t
 // ---- attention (attention.cu) ----
 // Writes k, v of every token into its sequence's block at positions[i].
 void kv_store(void* k_cache, void* v_cache, const void* qkv, const int32_t* positions, const int32_t* seqs,
-              const KvTables& kv, int64_t m, const AttnDims& d, DType act, cudaStream_t stream);
+              const KvTables& kv, int64_t m,
+              const AttnDims& d, DType act, cudaStream_t stream);
 // One query token per row, any slots: a block per (split, kv head) serves all of the kv head's query
 // heads and writes per-split (max, sum, acc) to the workspace, then a merge kernel writes out. Tokens
 // outside the context or the tables get zero rows. workspace: decode_workspace_floats(m, d) floats
@@ -98,8 +99,8 @@ LATTICE_HD int64_t decode_chunk(int64_t len, int64_t splits) {
 }
 int64_t decode_workspace_floats(int64_t m, const AttnDims& d);
 void attention_decode(void* out, const void* qkv, const void* k_cache, const void* v_cache, const int32_t* positions,
-                      const int32_t* seqs, const KvTables& kv, int64_t m, const AttnDims& d, float* workspace,
-                      DType act, cudaStream_t stream);
+                      const int32_t* seqs, const KvTables& kv, int64_t m, const AttnDims& d, float* workspace, DType act,
+                      cudaStream_t stream);
 // Tiled (flash-style) prefill over tiles built by build_prefill_tiles (host).
 void attention_prefill(void* out, const void* qkv, const void* k_cache, const void* v_cache, const int32_t* positions,
                        const PrefillTile* tiles, int64_t n_tiles, const KvTables& kv, const AttnDims& d, DType act,
@@ -143,11 +144,11 @@ struct SampleParams {
 void sample(int32_t* out, const void* logits, DType dtype, int64_t m, int64_t vocab, const SampleParams* params,
             cudaStream_t stream);
 struct SelectParams {
-    float temperature;           // 0: greedy (argmax, lowest index on ties); > 0: sample as `sample` does
-    int32_t top_k;               // <= 0: no top-k
-    float top_p;                 // (0, 1]
-    float min_p;                 // [0, 1]: keep p >= min_p * p_max (0: off)
-    float u;                     // uniform [0, 1) draw
+    float temperature;  // 0: greedy (argmax, lowest index on ties); > 0: sample as `sample` does
+    int32_t top_k;      // <= 0: no top-k
+    float top_p;        // (0, 1]
+    float min_p;        // [0, 1]: keep p >= min_p * p_max (0: off)
+    float u;            // uniform [0, 1) draw
     int32_t ban_begin, ban_end;  // this row's banned ids: bans[ban_begin, ban_end)
 };
 // One token per row of f32 logits [m, vocab] (modified: banned ids become -inf): ids[i] and

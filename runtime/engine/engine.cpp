@@ -302,8 +302,7 @@ void Engine::sim_execute(const StepPlan& p, Results* out) {
         links_.tp->all_reduce_sum(host_view(sim_rows_.data(), DType::kF32, int64_t(sim_rows_.size() / 4)));
     }
     const double step_s = sim.step_seconds(T, T > 0 ? attended / double(T) : 0.0, o.last_stage ? sampled : 0);
-    std::this_thread::sleep_until(t0 +
-                                  std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(step_s)));
+    std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(step_s)));
     if (!o.last_stage) links_.pipe->send(rows, links_.next);
     if (is_sampler()) {
         for (int64_t id : p.released) samplers_.erase(id);
@@ -344,8 +343,8 @@ bool Engine::graph_step(const StepPlan& p, const TokenBatch& b, Results* out, do
     graph_tables_.assign(b.block_tables, b.block_tables + T * W);
     graph_tables_.resize(size_t(B * W), -1);
     for (int64_t i = T; i < B; ++i) graph_tables_[size_t(i * W)] = trash_block_;
-    const TokenBatch gb{
-        graph_tokens_.data(), graph_positions_.data(), graph_seqs_.data(), B, graph_tables_.data(), B, W};
+    const TokenBatch gb{graph_tokens_.data(), graph_positions_.data(), graph_seqs_.data(), B,
+                        graph_tables_.data(), B, W};
     GraphSlot& slot = graphs_[B];
     if (!slot.hidden.data) slot.hidden = model_.hidden_scratch(B);  // stable: the model's scratch never moves
     Backend& be = model_.backend();
@@ -450,8 +449,7 @@ void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
         for (size_t j = 0; j < on_backend.size(); ++j) {
             const Row& r = rows[size_t(on_backend[j])];
             const SamplingParams& sp = r.sampler->params();
-            sels[j] = {sp.temperature,    int32_t(std::min<int64_t>(sp.top_k, INT32_MAX)),
-                       sp.top_p,          sp.min_p,
+            sels[j] = {sp.temperature, int32_t(std::min<int64_t>(sp.top_k, INT32_MAX)), sp.top_p, sp.min_p,
                        r.sampler->draw(), r.bans};
         }
         std::vector<int32_t> ids(on_backend.size());

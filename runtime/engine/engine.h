@@ -20,8 +20,8 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <map>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -50,7 +50,7 @@ struct PipelineLinks {
 struct EngineOptions {
     int64_t kv_blocks = 0;  // blocks of the paged cache (the model's allocate_kv size)
     bool prefix_caching = true;
-    int64_t max_seqs = 64;  // running sequences at most
+    int64_t max_seqs = 64;     // running sequences at most
     // Prompt tokens per step (0: the model's max_batch_tokens); a step also holds one decode token
     // per running sequence of its micro-batch, all within the model's max_batch_tokens rows (the
     // builder sizes them: the budget plus ceil(max_seqs / stages)).
@@ -126,16 +126,16 @@ struct GenerateResult {
 // What a rank has done so far (every rank keeps its own).
 struct EngineCounters {
     int64_t steps = 0;
-    double compute_seconds = 0;       // embed, layers, head and sampling, TP communication included
-    double sample_seconds = 0;        // of which sampling (sampler rank)
-    double wait_seconds = 0;          // blocked on a peer: pipeline receive, the leader's token receive, the next plan
-    int64_t graph_steps = 0;          // of the steps, decode steps run through a step graph (eager warm-ups included)
-    int64_t graph_replays = 0;        // of those, replays of a captured graph
-    int64_t graphs_captured = 0;      // step graphs captured (one per batch-size bucket used)
-    double plan_wait_seconds = 0;     // leader: in the plans' send calls (wall: copies, MPI, and waits)
+    double compute_seconds = 0;  // embed, layers, head and sampling, TP communication included
+    double sample_seconds = 0;   // of which sampling (sampler rank)
+    double wait_seconds = 0;     // blocked on a peer: pipeline receive, the leader's token receive, the next plan
+    int64_t graph_steps = 0;     // of the steps, decode steps run through a step graph (eager warm-ups included)
+    int64_t graph_replays = 0;   // of those, replays of a captured graph
+    int64_t graphs_captured = 0; // step graphs captured (one per batch-size bucket used)
+    double plan_wait_seconds = 0;  // leader: in the plans' send calls (wall: copies, MPI, and waits)
     double plan_blocked_seconds = 0;  // leader: of which waiting for a follower (a full plan queue)
-    int64_t plans_sent = 0;           // leader: plans sent (steps, heartbeats, shutdown)
-    int64_t plan_bytes = 0;           // leader: their encoded bytes (per follower)
+    int64_t plans_sent = 0;        // leader: plans sent (steps, heartbeats, shutdown)
+    int64_t plan_bytes = 0;        // leader: their encoded bytes (per follower)
 };
 
 class Engine {
@@ -219,16 +219,16 @@ private:
     PipelineLinks links_;
     EngineOptions opt_;
     int rank_ = 0, world_ = 1, stages_ = 1;
-    std::unique_ptr<BlockPool> pool_;                                     // leader
-    std::unique_ptr<Scheduler> sched_;                                    // leader
-    std::deque<StepPlan> inflight_;                                       // leader: issued, results pending (pipelines)
-    std::deque<std::pair<StepPlan, Results>> done_;                       // leader: completed locally, not yet applied
+    std::unique_ptr<BlockPool> pool_;                // leader
+    std::unique_ptr<Scheduler> sched_;               // leader
+    std::deque<StepPlan> inflight_;                  // leader: issued, results pending (pipelines)
+    std::deque<std::pair<StepPlan, Results>> done_;  // leader: completed locally, not yet applied
     std::map<int64_t, std::chrono::steady_clock::time_point> issued_at_;  // leader: plan number -> when it was issued
-    int64_t number_ = 0;                                                  // last plan number sent / received
+    int64_t number_ = 0;                             // last plan number sent / received
     PlanTables plan_tables_;  // the block tables the followers know (leader: sent; follower: received)
     std::unordered_map<int64_t, Sampler> samplers_;  // sampler rank: per-sequence state
-    std::vector<float> host_rows_;                   // sampler rank: logits rows sampled on the host
-    std::vector<uint8_t> sim_rows_;                  // the simulated device's hidden rows (hand-offs, all-reduces)
+    std::vector<float> host_rows_;  // sampler rank: logits rows sampled on the host
+    std::vector<uint8_t> sim_rows_;   // the simulated device's hidden rows (hand-offs, all-reduces)
     // Step graphs: on when opt_.step_graphs and the backend captures steps (any TP x PP layout).
     struct GraphSlot {
         bool warmed = false;  // one eager step of this bucket ran (scratch sized)

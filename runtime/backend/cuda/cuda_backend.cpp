@@ -198,10 +198,9 @@ std::unique_ptr<Communicator> CudaBackend::make_group_comm(Communicator& host, c
     if (name == "tp") comm->set_wait_mode(NcclComm::WaitMode::kDeferred);
     return comm;
 #else
-    LATTICE_FAIL(
-        "{} group of {} ranks on CUDA needs NCCL, which this build lacks (reconfigure where nccl.h and "
-        "libnccl are found)",
-        name, host.size());
+    LATTICE_FAIL("{} group of {} ranks on CUDA needs NCCL, which this build lacks (reconfigure where nccl.h and "
+                 "libnccl are found)",
+                 name, host.size());
 #endif
 }
 
@@ -293,14 +292,14 @@ Linear CudaBackend::make_linear(const View& host_w, QuantMode mode) {
 }
 
 Linear CudaBackend::make_linear_int8(const View& host_q, const View& host_scales, QuantMode mode) {
-    LATTICE_CHECK(
-        host_q.device == Device::kCpu && host_q.ndim == 2 && host_q.is_contiguous() && host_q.dtype == DType::kI8,
-        "CudaBackend::make_linear_int8: expected contiguous host i8 [n, k] weights, got {} {}",
-        dtype_name(host_q.dtype), host_q.shape_str());
+    LATTICE_CHECK(host_q.device == Device::kCpu && host_q.ndim == 2 && host_q.is_contiguous() &&
+                      host_q.dtype == DType::kI8,
+                  "CudaBackend::make_linear_int8: expected contiguous host i8 [n, k] weights, got {} {}",
+                  dtype_name(host_q.dtype), host_q.shape_str());
     LATTICE_CHECK(mode != QuantMode::kNone, "CudaBackend::make_linear_int8: quant mode none has no int8 weights");
     const int64_t n = host_q.shape[0], k = host_q.shape[1];
-    LATTICE_CHECK(host_scales.device == Device::kCpu && host_scales.dtype == DType::kF32 && host_scales.numel() == n &&
-                      host_scales.is_contiguous(),
+    LATTICE_CHECK(host_scales.device == Device::kCpu && host_scales.dtype == DType::kF32 &&
+                      host_scales.numel() == n && host_scales.is_contiguous(),
                   "CudaBackend::make_linear_int8: scales must be host f32 [{}], got {} {}", n,
                   dtype_name(host_scales.dtype), host_scales.shape_str());
     // Zero padded to multiples of 16 (IMMA / GEMV loads); padding rows have scale 0.

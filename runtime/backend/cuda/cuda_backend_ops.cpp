@@ -251,7 +251,8 @@ void CudaBackend::attention(const View& out, const View& qkv, const View& k_cach
     cuda::kv_store(k_cache.data, v_cache.data, qkv.data, pos, seqs, kv, m, d, act_, stream_);
     if (meta_tiles_ == m) {  // every tile is one token: decode (graph-stable grid)
         float* ws = static_cast<float*>(scratch(attn_ws_, size_t(cuda::decode_workspace_floats(m, d)) * 4, "attn"));
-        cuda::attention_decode(out.data, qkv.data, k_cache.data, v_cache.data, pos, seqs, kv, m, d, ws, act_, stream_);
+        cuda::attention_decode(out.data, qkv.data, k_cache.data, v_cache.data, pos, seqs, kv, m, d, ws, act_,
+                               stream_);
     } else {
         const auto* tiles = reinterpret_cast<const cuda::PrefillTile*>(meta_dev_ + 3 * m);
         cuda::attention_prefill(out.data, qkv.data, k_cache.data, v_cache.data, pos, tiles, meta_tiles_, kv, d, act_,
@@ -363,9 +364,8 @@ void CudaBackend::linear_quant(const View& out, const QuantActs& qa, const Linea
                   "CudaBackend::linear_quant: out must be a contiguous device tensor");
     const int64_t m = out.rows();
     check_rows_cols(out, m, w.n, "linear_quant", "out");
-    LATTICE_CHECK(w.mode == QuantMode::kW8A8 && w.weight_dtype == DType::kI8 &&
-                      w.weight.view().device == Device::kCuda && w.weight.view().shape[0] == round_up(w.n, 16) &&
-                      w.weight.view().shape[1] == qa.ld,
+    LATTICE_CHECK(w.mode == QuantMode::kW8A8 && w.weight_dtype == DType::kI8 && w.weight.view().device == Device::kCuda &&
+                      w.weight.view().shape[0] == round_up(w.n, 16) && w.weight.view().shape[1] == qa.ld,
                   "CudaBackend::linear_quant: {} weight {} for quantized activations of k = {} (ld {})",
                   quant_mode_name(w.mode), w.weight.view().shape_str(), qa.k, qa.ld);
     check_quant_acts(qa, m, w.k, "linear_quant");
@@ -434,8 +434,8 @@ void CudaBackend::select_tokens(const View& logits, std::span<const TokenSelect>
     auto* ids = reinterpret_cast<int32_t*>(dev + in_bytes);
     auto* lps = reinterpret_cast<float*>(dev + in_bytes + size_t(m) * 4);
     cuda::select_tokens(ids, lps, static_cast<float*>(logits.data), m, logits.cols(),
-                        reinterpret_cast<const cuda::SelectParams*>(dev),
-                        reinterpret_cast<const int32_t*>(dev + pbytes), stream_);
+                        reinterpret_cast<const cuda::SelectParams*>(dev), reinterpret_cast<const int32_t*>(dev + pbytes),
+                        stream_);
     std::vector<int32_t> out(size_t(m) * 2);
     CUDA_CHECK(cudaMemcpyAsync(out.data(), ids, size_t(m) * 8, cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -9,18 +9,17 @@
 // Run under mpirun -np 2 and -np 4 (CTest).
 #include <doctest/doctest.h>
 #include <mpi.h>
-
 #include <algorithm>
 #include <cmath>
 #include <regex>
 
+#include "tests/test_build.h"
 #include "parallel/mpi_session.h"
 #include "runtime/builder/build.h"
 #include "runtime/engine/client.h"
 #include "runtime/engine/grammar.h"
 #include "runtime/weights/random_source.h"
 #include "tests/runtime/model/golden.h"
-#include "tests/test_build.h"
 
 using namespace lattice;
 using namespace lattice::testing;
@@ -208,8 +207,7 @@ TEST_CASE("several sequences in flight (pipelined decode) equal their single-seq
 TEST_CASE("the per-step breakdown: every rank's, parts that sum to its wall time, in the right places") {
     const int world = mpi_session().size();
     auto src = open_model(golden_dir("tiny-gqa-llama3"));
-    const std::vector<GenerateRequest> reqs = {{{5, 9, 14, 3, 77, 21}, 12, 0, {}, true, {}},
-                                               {{7, 8, 9}, 8, 0, {}, true, {}}};
+    const std::vector<GenerateRequest> reqs = {{{5, 9, 14, 3, 77, 21}, 12, 0, {}, true, {}}, {{7, 8, 9}, 8, 0, {}, true, {}}};
     for (const auto& layout : layouts_for(world)) {
         const int tp = layout.first, pp = layout.second;
         if (!layout_fits(src->config(), tp, pp)) continue;
@@ -283,8 +281,7 @@ TEST_CASE("16 mixed sequences with preemption and prefix hits: every layout equa
     }
 }
 
-TEST_CASE(
-    "the device step path (step graphs, backend token selection; the CPU mirrors) in every layout equals one rank") {
+TEST_CASE("the device step path (step graphs, backend token selection; the CPU mirrors) in every layout equals one rank") {
     const int world = mpi_session().size();
     auto src = open_model(golden_dir("tiny-gqa-llama3"));
     const int64_t vocab = src->config().vocab;

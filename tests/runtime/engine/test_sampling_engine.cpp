@@ -21,9 +21,7 @@ using namespace lattice;
 
 namespace {
 
-ModelConfig tiny() {
-    return test::tiny_config("tiny random (test_sampling_engine)");
-}
+ModelConfig tiny() { return test::tiny_config("tiny random (test_sampling_engine)"); }
 
 // Greedy with the penalties, by the formulas of runtime/engine/sampler.h on score()'s last row.
 std::vector<int32_t> reference(Engine& e, std::vector<int32_t> seq, int n, const SamplingParams& p, int64_t max_seq) {
@@ -37,8 +35,8 @@ std::vector<int32_t> reference(Engine& e, std::vector<int32_t> seq, int n, const
         std::vector<int32_t> window(seq.end() - w, seq.end());
         std::sort(window.begin(), window.end());
         window.erase(std::unique(window.begin(), window.end()), window.end());
-        for (int32_t t : window)
-            row[size_t(t)] = row[size_t(t)] > 0 ? row[size_t(t)] / p.repeat_penalty : row[size_t(t)] * p.repeat_penalty;
+        for (int32_t t : window) row[size_t(t)] = row[size_t(t)] > 0 ? row[size_t(t)] / p.repeat_penalty
+                                                                     : row[size_t(t)] * p.repeat_penalty;
         for (const auto& [t, c] : generated) row[size_t(t)] -= p.frequency_penalty * float(c) + p.presence_penalty;
         const int32_t next = argmax(row.data(), V);
         out.push_back(next);
@@ -151,8 +149,9 @@ TEST_CASE("a front's callback ends one sequence of a batch; the others run on") 
     const std::vector<GenerateRequest> reqs = {greedy({1, 2, 3}, 10, {}), greedy({4, 5}, 10, {})};
     const std::vector<GenerateResult> free_run = rt.engine->generate_batch(reqs);
     int seen0 = 0;
-    const std::vector<GenerateResult> got = rt.engine->generate_batch(
-        reqs, [&](int64_t i, int32_t) { return i == 0 && ++seen0 == 3 ? FinishReason::kStop : FinishReason::kNone; });
+    const std::vector<GenerateResult> got = rt.engine->generate_batch(reqs, [&](int64_t i, int32_t) {
+        return i == 0 && ++seen0 == 3 ? FinishReason::kStop : FinishReason::kNone;
+    });
     CHECK(got[0].tokens == std::vector<int32_t>(free_run[0].tokens.begin(), free_run[0].tokens.begin() + 3));
     CHECK(got[0].finish == FinishReason::kStop);
     CHECK(got[1].tokens == free_run[1].tokens);
@@ -161,9 +160,8 @@ TEST_CASE("a front's callback ends one sequence of a batch; the others run on") 
     CHECK(rt.engine->generate_batch(reqs)[0].tokens == free_run[0].tokens);  // usable after
 }
 
-TEST_CASE(
-    "backend token selection (the device path, run by the CPU backend): greedy rows equal the host path, "
-    "penalized rows still go through the host, seeds reproduce") {
+TEST_CASE("backend token selection (the device path, run by the CPU backend): greedy rows equal the host path, "
+          "penalized rows still go through the host, seeds reproduce") {
     auto src = make_random_source(tiny(), 17, DType::kF32);
     auto make = [&](bool backend_select) {
         BuildOptions opt = test::cpu_options();
@@ -195,8 +193,7 @@ TEST_CASE(
         CAPTURE(i);
         CHECK(b[i].tokens == a[i].tokens);
         REQUIRE(b[i].logprobs.size() == a[i].logprobs.size());
-        for (size_t k = 0; k < a[i].logprobs.size(); ++k)
-            CHECK(b[i].logprobs[k] == doctest::Approx(a[i].logprobs[k]).epsilon(1e-4));
+        for (size_t k = 0; k < a[i].logprobs.size(); ++k) CHECK(b[i].logprobs[k] == doctest::Approx(a[i].logprobs[k]).epsilon(1e-4));
     }
     CHECK(a[0].tokens != a[1].tokens);  // the penalties changed that row: it was not taken as plain
     // The sampled plain row: a seed reproduces on the same backend; every token in range, with a
@@ -262,8 +259,7 @@ TEST_CASE("step graphs (replay re-runs the captured body on CPU): padded decode 
     const std::vector<GenerateResult> c = graphs.engine->generate_batch(reqs);
     for (size_t i = 0; i < a.size(); ++i) CHECK(c[i].tokens == a[i].tokens);
     CHECK(graphs.engine->counters().graphs_captured == 4);  // nothing captured twice
-    CHECK(graphs.engine->counters().graph_steps - g.graph_steps ==
-          graphs.engine->counters().graph_replays - g.graph_replays);
+    CHECK(graphs.engine->counters().graph_steps - g.graph_steps == graphs.engine->counters().graph_replays - g.graph_replays);
 }
 
 // Buckets that are not powers of two: the default list (1, 2, 4, 8, 16, 24 for 24 sequences) and a
