@@ -3,17 +3,20 @@
 (in the simulated bare GPU machine, benchmarks/gpu/simulate.sh --bundle) and carried to the GPU machine
 in gpu-kit/bin/, so that its device minutes go to tests and benchmarks instead of a build.
 
-  pack BUILD_DIR KIT_DIR SOURCE_ROOT   copies the check's executables out of BUILD_DIR into KIT_DIR/bin
-                                       (symbols stripped when `strip` exists), the CTest listing of the
-                                       CUDA tests (tests.json) and sources.json: the SHA-256 of every
+  pack BUILD_DIR KIT_DIR SOURCE_ROOT   packs the check's executables out of BUILD_DIR (symbols stripped
+                                       when `strip` exists) into KIT_DIR/bin/executables.tar.xz (66 MiB
+                                       of binaries sharing the runtime compress to ~4 MiB in one xz
+                                       stream), beside the listing of the CUDA tests (tests.json, from
+                                       CTestTestfile.cmake) and sources.json: the SHA-256 of every
                                        build input of SOURCE_ROOT (the files that decide what the
                                        binaries are), the architecture and the build's compiler.
   targets BUILD_DIR                    prints the executables of the CUDA tests (label cuda) from the
                                        build folder's CTestTestfile.cmake files, one per line: what
                                        check.sh builds (ctest's JSON names a test's command only once
                                        its executable exists).
-  verify KIT_DIR SOURCE_ROOT           exit 0 when the bundle matches the tree and every executable's
-                                       shared libraries resolve (ldd, with LD_LIBRARY_PATH as given);
+  verify KIT_DIR SOURCE_ROOT DEST      exit 0 when the bundle matches the tree, its executables are
+                                       unpacked into DEST (once per archive) and every one's shared
+                                       libraries resolve (ldd, with LD_LIBRARY_PATH as given);
                                        otherwise exit 1 and one line saying why (the first changed,
                                        added or removed source; a library not found). check.sh then
                                        builds on the GPU machine instead.
@@ -24,15 +27,19 @@ cmake/ folder. Standard library only.
 """
 import hashlib
 import json
+import lzma
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 
 ROOTS = ("base", "kernels", "runtime", "parallel", "launch", "tests", "benchmarks", "cmake")
 SUFFIXES = (".cpp", ".h", ".hpp", ".cu", ".cuh", ".inc", ".cmake", ".in")
 EXECUTABLES = ("bench_gpu_gemm", "bench_gpu_decode", "bench_gpu_attention", "lattice")
+ARCHIVE = "executables.tar.xz"
 
 
 def build_inputs(root):
@@ -64,32 +71,45 @@ def cmake_cache(build, key):
     return ""
 
 
-def cuda_test_executables(build, label="cuda"):
-    """{test name: executable path} of the tests carrying `label`, read from CTestTestfile.cmake."""
-    exes, labels = {}, {}
+def ctest_listing(build, label="cuda"):
+    """The tests carrying `label`, read from the build folder's CTestTestfile.cmake files, in the shape of
+    `ctest --show-only=json-v1` ({"tests": [{"name", "command", "properties": [LABELS, ENVIRONMENT]}]}),
+    which names a command only where its executable exists on this machine (not so for a build made
+    in the simulated root and read from outside it)."""
+    cmds, props = {}, {}
     for d, _, names in os.walk(build):
         if "CTestTestfile.cmake" not in names:
             continue
         for line in open(os.path.join(d, "CTestTestfile.cmake"), errors="replace"):
-            m = re.match(r'add_test\(\[=\[(.+?)\]=\] "([^"]+)"', line)
+            m = re.match(r"add_test\(\[=\[(.+?)\]=\] (.*)\)\s*$", line)
             if m:
-                exes[m.group(1)] = m.group(2)
-            m = re.match(r'set_tests_properties\(\[=\[(.+?)\]=\] PROPERTIES .*LABELS "([^"]*)"', line)
+                cmds[m.group(1)] = [a.replace('\\"', '"') for a in re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(2))]
+            m = re.match(r"set_tests_properties\(\[=\[(.+?)\]=\] PROPERTIES (.*)\)\s*$", line)
             if m:
-                labels[m.group(1)] = m.group(2).split(";")
-    return {n: p for n, p in exes.items() if label in labels.get(n, [])}
+                p = {}
+                for key in ("LABELS", "ENVIRONMENT"):
+                    v = re.search(key + r' "([^"]*)"', m.group(2))
+                    p[key] = v.group(1).split(";") if v else []
+                props[m.group(1)] = p
+    tests = []
+    for name, cmd in cmds.items():
+        p = props.get(name, {"LABELS": [], "ENVIRONMENT": []})
+        if label in p["LABELS"]:
+            tests.append({"name": name, "command": cmd,
+                          "properties": [{"name": k, "value": v} for k, v in p.items()]})
+    return {"kind": "ctestInfo", "source": "bundle.py (CTestTestfile.cmake)", "tests": tests}
+
+
+def cuda_test_executables(build, label="cuda"):
+    """{test name: executable path} of the tests carrying `label`."""
+    return {t["name"]: t["command"][0] for t in ctest_listing(build, label)["tests"] if t["command"]}
 
 
 def pack(build, kit, root):
     out = os.path.join(kit, "bin")
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    listing = subprocess.run(["ctest", "-N", "-L", "cuda", "--show-only=json-v1"], cwd=build, check=True,
-                             capture_output=True, text=True).stdout
-    tests = json.loads(listing)
-    unbuilt = [t["name"] for t in tests.get("tests", []) if not t.get("command")]
-    if unbuilt:
-        sys.exit(f"bundle.py pack: tests without a built executable in {build}: {' '.join(unbuilt)}")
+    listing = ctest_listing(build)
     wanted = {os.path.basename(p) for p in cuda_test_executables(build).values()} | set(EXECUTABLES)
     found = {}
     for d, _, names in os.walk(build):
@@ -101,26 +121,35 @@ def pack(build, kit, root):
     if missing:
         sys.exit(f"bundle.py pack: not built in {build}: {' '.join(missing)}")
     strip = shutil.which("strip")
-    for n, p in sorted(found.items()):
-        shutil.copy2(p, os.path.join(out, n))
-        if strip:
-            subprocess.run([strip, "--strip-unneeded", os.path.join(out, n)], check=False)
+    raw = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for n, p in sorted(found.items()):
+            shutil.copy2(p, os.path.join(tmp, n))
+            if strip:
+                subprocess.run([strip, "--strip-unneeded", os.path.join(tmp, n)], check=False)
+            raw += os.path.getsize(os.path.join(tmp, n))
+        # One xz stream with a 64 MiB dictionary: the binaries share most of their code (each links
+        # the runtime), so together they compress ~16x, 66 MiB to 4.
+        with tarfile.open(os.path.join(out, ARCHIVE), "w:xz", preset=9 | lzma.PRESET_EXTREME) as tar:
+            for n in sorted(found):
+                tar.add(os.path.join(tmp, n), arcname=n)
     with open(os.path.join(out, "tests.json"), "w") as f:
-        f.write(listing)
+        json.dump(listing, f, indent=1)
     files = build_inputs(root)
     doc = {"cuda_architectures": cmake_cache(build, "CMAKE_CUDA_ARCHITECTURES"),
            "cxx": cmake_cache(build, "CMAKE_CXX_COMPILER"),
            "nvcc": cmake_cache(build, "CMAKE_CUDA_COMPILER"),
            "executables": sorted(found),
+           "archive_sha256": digest(out, ARCHIVE),
            "sources": {rel: digest(root, rel) for rel in files}}
     with open(os.path.join(out, "sources.json"), "w") as f:
         json.dump(doc, f, indent=1)
-    size = sum(os.path.getsize(os.path.join(out, n)) for n in os.listdir(out))
-    print(f"bundle: {len(found)} executables for sm_{doc['cuda_architectures']}, {len(files)} sources hashed, "
-          f"{size / 1048576:.1f} MiB in {out}")
+    size = os.path.getsize(os.path.join(out, ARCHIVE))
+    print(f"bundle: {len(found)} executables for sm_{doc['cuda_architectures']} ({raw / 1048576:.1f} MiB stripped, "
+          f"{size / 1048576:.1f} MiB in {ARCHIVE}), {len(files)} sources hashed, in {out}")
 
 
-def verify(kit, root):
+def verify(kit, root, dest):
     out = os.path.join(kit, "bin")
     try:
         doc = json.load(open(os.path.join(out, "sources.json")))
@@ -139,9 +168,26 @@ def verify(kit, root):
         if digest(root, rel) != want[rel]:
             print(f"stale: {rel} changed since the bundle was built")
             return 1
+    if digest(out, ARCHIVE) != doc["archive_sha256"]:
+        print(f"{ARCHIVE} does not match its sources.json (a partial copy?)")
+        return 1
+    stamp = os.path.join(dest, ".archive_sha256")
+    if not (os.path.exists(stamp) and open(stamp).read() == doc["archive_sha256"]):
+        shutil.rmtree(dest, ignore_errors=True)
+        os.makedirs(dest)
+        with tarfile.open(os.path.join(out, ARCHIVE), "r:xz") as tar:
+            for m in tar.getmembers():  # plain files with plain names only
+                if not m.isfile() or "/" in m.name or m.name.startswith("."):
+                    print(f"{ARCHIVE}: unexpected member {m.name!r}")
+                    return 1
+            try:
+                tar.extractall(dest, filter="data")
+            except TypeError:  # Python before 3.11.4 / 3.12: no extraction filters (members checked above)
+                tar.extractall(dest)
+        open(stamp, "w").write(doc["archive_sha256"])
     ldd = shutil.which("ldd")
     for n in doc["executables"]:
-        p = os.path.join(out, n)
+        p = os.path.join(dest, n)
         if not os.access(p, os.X_OK):
             print(f"{n} is missing or not executable")
             return 1
@@ -152,7 +198,7 @@ def verify(kit, root):
                 print(f"{n} does not load: {(bad or [r.stderr.strip()])[0]}")
                 return 1
     print(f"{len(doc['executables'])} executables for sm_{doc['cuda_architectures']} match the tree "
-          f"({len(want)} sources) and load")
+          f"({len(want)} sources) and load{'' if ldd else ' (no ldd: not checked)'}")
     return 0
 
 
@@ -164,7 +210,7 @@ def main():
         names = sorted({os.path.basename(p) for p in cuda_test_executables(sys.argv[2]).values()})
         print("\n".join(n for n in names if n not in ("mpiexec", "mpirun")))
         return 0
-    if len(sys.argv) == 4 and sys.argv[1] == "verify":
+    if len(sys.argv) == 5 and sys.argv[1] == "verify":
         return verify(*sys.argv[2:])
     sys.exit(__doc__)
 

@@ -8,8 +8,9 @@
 # Steps and deadlines (seconds, each cut to what the budget has left; they sum to 450):
 #   env        15  GPU (nvidia-smi -q: clocks, power cap, MIG, ECC; SM count and L2 via PyTorch), nvcc,
 #                  CMake, compiler, the NCCL wheel (library version, and whether it ships include/)
-#   bundle     10  gpu-kit/bin: executables built for sm_90 here; used when their sources match this tree
-#                  and their libraries load (bundle.py verify), else the next two steps build them
+#   bundle     10  gpu-kit/bin: executables built for sm_90 here (executables.tar.xz); unpacked and used
+#                  when their sources match this tree and their libraries load (bundle.py verify), else
+#                  the next two steps build them
 #   configure  30  Release, this GPU's architecture, headers from gpu-kit/include (fmt header-only),
 #                  NCCL header and library from the same wheel (gpu-kit's header only when the wheel
 #                  has none), golden data from gpu-kit/shared
@@ -241,11 +242,11 @@ if step_begin bundle 10 0; then
     elif ! grep -q "\"cuda_architectures\": \"$arch\"" "$kit/bin/sources.json"; then
         step_end SKIP "the bundle is not for sm_$arch: building here"
     else
-        timeout -k 5 "$allowed" python3 "$here/bundle.py" verify "$kit" "$root" >"$work/bundle.txt" 2>&1
+        timeout -k 5 "$allowed" python3 "$here/bundle.py" verify "$kit" "$root" "$build/bundle-bin" >"$work/bundle.txt" 2>&1
         rc=$?
         note="$(tail -1 "$work/bundle.txt")"
         if [[ $rc -eq 0 ]]; then
-            bin_dir="$kit/bin"
+            bin_dir="$build/bundle-bin"
             step_end PASS "$note"
         else
             echo "bundle not used: $note" >>"$out/build.log"
@@ -314,7 +315,7 @@ fi
 # ---- the CUDA tests: one process per binary, then the failed ones case by case ----
 tests_listing=""
 if [[ -n "$bin_dir" ]]; then
-    tests_listing="$bin_dir/tests.json"
+    tests_listing="$kit/bin/tests.json"
 elif [[ $configured -eq 1 ]]; then
     tests_listing="$work/ctest-cuda.json"
     (cd "$build" && ctest -N -L cuda --show-only=json-v1 >"$tests_listing" 2>/dev/null) || tests_listing=""

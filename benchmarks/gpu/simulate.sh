@@ -225,7 +225,7 @@ fi
 say "results in $results, check.sh's output in $results.log"
 if [[ $bundle -eq 1 ]]; then
     python3 "$here/bundle.py" pack "$tree/build-gpu-check" "$root/gpu-kit" "$tree"  # the sources that were built
-    copy_tree 0
+    copy_tree 1  # the build folder stays for later --keep-build runs; with the bundle check.sh builds nothing
     run_check "$cache/check-bundle.log"
     cp "$cache/check-bundle.log" "$results-bundle.log"
     verify bundle && [[ $rc -eq 0 ]] || die "the run with the bundle did not pass (check.sh rc $rc)"

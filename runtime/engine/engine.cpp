@@ -387,12 +387,13 @@ bool Engine::graph_step(const StepPlan& p, const TokenBatch& b, Results* out, do
 }
 
 // One token per sampled sequence of the step from the logits lg [rows, vocab] on the backend.
-// Rows whose sampler needs the sequence's history (penalties), that ask for top logprobs (the
-// backends' select_tokens returns only the chosen token's), that a grammar masks (structured output:
-// the leader's mask, applied to the host row like the bans) or a backend that cannot select
-// (CPU) take the host path: the row on the host, the log-softmax, the bans, Sampler::sample.
-// The rest are picked by Backend::select_tokens with a draw from their sampler, so on CUDA only
-// ids and log-probabilities leave the device.
+// Rows that ask for top logprobs (the backends' select_tokens returns only the chosen token's), that
+// a grammar masks (structured output: the leader's mask, applied to the host row like the bans) or a
+// backend that cannot select (CPU) take the host path: the row on the host, the log-softmax, the
+// bans, Sampler::sample. The rest are picked by Backend::select_tokens with a draw from their
+// sampler and their penalties as per-id edits (Sampler::penalty_list: the recent window's ids and the
+// generated counts, applied on the device before the bans), so on CUDA only ids and log-probabilities
+// leave the device, penalized rows included.
 void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
     const int64_t V = model_.config().vocab;
     Backend& be = model_.backend();
@@ -432,11 +433,10 @@ void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
     std::vector<int64_t> on_backend;
     if (be.selects_tokens())
         for (size_t k = 0; k < rows.size(); ++k)
-            if (!rows[k].sampler->penalized() && rows[k].ps->sampling.logprobs == 0 && !rows[k].mask)
-                on_backend.push_back(int64_t(k));
+            if (rows[k].ps->sampling.logprobs == 0 && !rows[k].mask) on_backend.push_back(int64_t(k));
     if (!on_backend.empty()) {
-        // select_tokens takes its rows contiguous: in a batch that mixes in penalized rows, every
-        // row goes to the host (the penalized ones need it there) and the plain ones back to the front.
+        // select_tokens takes its rows contiguous: in a batch that mixes in host rows (top logprobs,
+        // masks), every row goes to the host (those need it there) and the others back to the front.
         View sel = lg;
         if (int64_t(on_backend.size()) != lg.rows()) {
             sel = lg.row_range(0, int64_t(on_backend.size()));
@@ -446,11 +446,14 @@ void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
                 be.upload(sel.row_range(int64_t(j), int64_t(j) + 1), host_rows_.data() + size_t(on_backend[j] * V));
         }
         std::vector<TokenSelect> sels(on_backend.size());
+        penalties_.resize(std::max(penalties_.size(), on_backend.size()));
         for (size_t j = 0; j < on_backend.size(); ++j) {
             const Row& r = rows[size_t(on_backend[j])];
             const SamplingParams& sp = r.sampler->params();
+            // The penalties go with the row (applied before the bans and the pick, on the device).
+            r.sampler->penalty_list(r.recent, V, penalties_[j]);
             sels[j] = {sp.temperature, int32_t(std::min<int64_t>(sp.top_k, INT32_MAX)), sp.top_p, sp.min_p,
-                       r.sampler->draw(), r.bans};
+                       r.sampler->draw(), r.bans, sp.repeat_penalty, penalties_[j]};
         }
         std::vector<int32_t> ids(on_backend.size());
         std::vector<float> lps(on_backend.size());

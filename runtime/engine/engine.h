@@ -228,6 +228,7 @@ private:
     PlanTables plan_tables_;  // the block tables the followers know (leader: sent; follower: received)
     std::unordered_map<int64_t, Sampler> samplers_;  // sampler rank: per-sequence state
     std::vector<float> host_rows_;  // sampler rank: logits rows sampled on the host
+    std::vector<std::vector<TokenPenalty>> penalties_;  // sampler rank: each backend row's penalty edits
     std::vector<uint8_t> sim_rows_;   // the simulated device's hidden rows (hand-offs, all-reduces)
     // Step graphs: on when opt_.step_graphs and the backend captures steps (any TP x PP layout).
     struct GraphSlot {

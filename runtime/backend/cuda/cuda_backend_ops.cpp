@@ -410,32 +410,46 @@ void CudaBackend::select_tokens(const View& logits, std::span<const TokenSelect>
     const int64_t m = logits.rows();
     if (m == 0) return;
     make_current();
-    // One staging block: [params m | bans] then, on the device, [ids m | logprobs m] after it.
+    // One staging block: [params m | bans | (16-byte aligned) penalty edits] then, on the device,
+    // [ids m | logprobs m] after it.
     std::vector<cuda::SelectParams> params(static_cast<size_t>(m));
     std::vector<int32_t> bans;
+    std::vector<cuda::PenaltyEdit> edits;
+    const int64_t V = logits.cols();
     for (int64_t i = 0; i < m; ++i) {
         const TokenSelect& r = rows[size_t(i)];
         LATTICE_CHECK(r.temperature >= 0.0f && r.top_p > 0.0f && r.top_p <= 1.0f && r.min_p >= 0.0f &&
-                          r.min_p <= 1.0f && r.u >= 0.0f && r.u < 1.0f,
-                      "CudaBackend::select_tokens: row {}: temperature {} top_p {} min_p {} u {} out of range", i,
-                      r.temperature, r.top_p, r.min_p, r.u);
+                          r.min_p <= 1.0f && r.u >= 0.0f && r.u < 1.0f && r.repeat_penalty > 0.0f,
+                      "CudaBackend::select_tokens: row {}: temperature {} top_p {} min_p {} u {} repeat penalty {} "
+                      "out of range",
+                      i, r.temperature, r.top_p, r.min_p, r.u, r.repeat_penalty);
         cuda::SelectParams& p = params[size_t(i)];
         p = {r.temperature, r.top_k > 0 ? r.top_k : 0, r.top_p, r.min_p, r.u, int32_t(bans.size()), 0};
         bans.insert(bans.end(), r.bans.begin(), r.bans.end());
         p.ban_end = int32_t(bans.size());
+        p.repeat_penalty = r.repeat_penalty;
+        p.pen_begin = int32_t(edits.size());
+        for (const TokenPenalty& e : r.penalties) {
+            LATTICE_CHECK(e.id >= 0 && e.id < V, "CudaBackend::select_tokens: row {}: penalty on id {} of {}", i, e.id,
+                          V);
+            edits.push_back(cuda::PenaltyEdit{e.id, e.repeat, e.sub, 0.0f});
+        }
+        p.pen_end = int32_t(edits.size());
     }
     const size_t pbytes = params.size() * sizeof(cuda::SelectParams), bbytes = bans.size() * 4;
-    const size_t in_bytes = (pbytes + bbytes + 15) / 16 * 16;
+    const size_t eoff = (pbytes + bbytes + 15) / 16 * 16, ebytes = edits.size() * sizeof(cuda::PenaltyEdit);
+    const size_t in_bytes = (eoff + ebytes + 15) / 16 * 16;
     char* dev = static_cast<char*>(scratch(select_, in_bytes + size_t(m) * 8, "token selection"));
-    select_host_.resize(in_bytes);
+    select_host_.assign(in_bytes, 0);
     std::memcpy(select_host_.data(), params.data(), pbytes);
     if (bbytes) std::memcpy(select_host_.data() + pbytes, bans.data(), bbytes);
+    if (ebytes) std::memcpy(select_host_.data() + eoff, edits.data(), ebytes);
     CUDA_CHECK(cudaMemcpyAsync(dev, select_host_.data(), in_bytes, cudaMemcpyHostToDevice, stream_));
     auto* ids = reinterpret_cast<int32_t*>(dev + in_bytes);
     auto* lps = reinterpret_cast<float*>(dev + in_bytes + size_t(m) * 4);
     cuda::select_tokens(ids, lps, static_cast<float*>(logits.data), m, logits.cols(),
                         reinterpret_cast<const cuda::SelectParams*>(dev), reinterpret_cast<const int32_t*>(dev + pbytes),
-                        stream_);
+                        ebytes ? reinterpret_cast<cuda::PenaltyEdit*>(dev + eoff) : nullptr, stream_);
     std::vector<int32_t> out(size_t(m) * 2);
     CUDA_CHECK(cudaMemcpyAsync(out.data(), ids, size_t(m) * 8, cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));

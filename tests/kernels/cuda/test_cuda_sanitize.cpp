@@ -182,7 +182,7 @@ TEST_CASE("sanitize: row kernels (norm + quantize, SiLU + quantize, rope, embed,
     const std::vector<int32_t> bans = {5};
     DevBuf dlog(logits), dparams(params), dbans(bans), dids_out(3 * 4), dlps(3 * 4);
     cuda::select_tokens(dids_out.get<int32_t>(), dlps.get<float>(), dlog.get<float>(), 3, vocab,
-                        dparams.get<cuda::SelectParams>(), dbans.get<int32_t>(), nullptr);
+                        dparams.get<cuda::SelectParams>(), dbans.get<int32_t>(), nullptr, nullptr);
     const std::vector<int32_t> picked = dids_out.download<int32_t>(3);
     CHECK(picked[0] == 7);
     CHECK(picked[1] >= 0);

@@ -63,6 +63,8 @@ TEST_CASE("penalties through the engine equal the reference loop, prefix-cached 
     opt.model.max_seq = 64;
     opt.model.block_size = 4;  // the 20-token prompt spans 5 blocks: 4 of them cached on the second run
     RankRuntime rt = build(opt, *src);
+    opt.backend.cpu_select_tokens = true;  // the device path: the penalties go to select_tokens as edits
+    RankRuntime dev = build(opt, *src);
     std::vector<int32_t> prompt;
     for (int i = 0; i < 20; ++i) prompt.push_back(int32_t((i * 7 + 3) % 61));
     const int n = 12;
@@ -78,6 +80,11 @@ TEST_CASE("penalties through the engine equal the reference loop, prefix-cached 
         CHECK(want != plain);  // the penalties change the output: the comparison below can fail
         const GenerateResult first = rt.engine->generate(greedy(prompt, n, p));
         CHECK(first.tokens == want);
+        const GenerateResult on_dev = dev.engine->generate(greedy(prompt, n, p));
+        CHECK(on_dev.tokens == want);
+        REQUIRE(on_dev.logprobs.size() == first.logprobs.size());
+        for (size_t k = 0; k < first.logprobs.size(); ++k)
+            CHECK(on_dev.logprobs[k] == doctest::Approx(first.logprobs[k]).epsilon(1e-4));
         // Again: the prompt's full blocks now come from the prefix cache (never fed this time).
         GenerateStats st;
         const std::vector<GenerateResult> again = rt.engine->generate_batch({greedy(prompt, n, p)}, {}, &st);
@@ -161,7 +168,7 @@ TEST_CASE("a front's callback ends one sequence of a batch; the others run on") 
 }
 
 TEST_CASE("backend token selection (the device path, run by the CPU backend): greedy rows equal the host path, "
-          "penalized rows still go through the host, seeds reproduce") {
+          "penalized ones too (their penalties as per-id edits), seeds reproduce") {
     auto src = make_random_source(tiny(), 17, DType::kF32);
     auto make = [&](bool backend_select) {
         BuildOptions opt = test::cpu_options();
@@ -189,7 +196,7 @@ TEST_CASE("backend token selection (the device path, run by the CPU backend): gr
     const std::vector<GenerateResult> b = dev.engine->generate_batch(reqs);
     REQUIRE(a.size() == reqs.size());
     REQUIRE(b.size() == reqs.size());
-    for (size_t i : {size_t(0), size_t(1), size_t(2), size_t(4)}) {  // greedy, or penalized (host sampler either way)
+    for (size_t i : {size_t(0), size_t(1), size_t(4)}) {  // greedy rows, penalized or not: the same picks and logprobs
         CAPTURE(i);
         CHECK(b[i].tokens == a[i].tokens);
         REQUIRE(b[i].logprobs.size() == a[i].logprobs.size());
@@ -198,14 +205,18 @@ TEST_CASE("backend token selection (the device path, run by the CPU backend): gr
     CHECK(a[0].tokens != a[1].tokens);  // the penalties changed that row: it was not taken as plain
     // The sampled plain row: a seed reproduces on the same backend; every token in range, with a
     // log-probability of the raw row.
+    // The sampled penalized row (2) is drawn on the backend too: the same checks.
     const std::vector<GenerateResult> again = dev.engine->generate_batch(reqs);
-    CHECK(again[3].tokens == b[3].tokens);
-    CHECK(b[3].tokens.size() == 10);
-    for (size_t k = 0; k < b[3].tokens.size(); ++k) {
-        CHECK(b[3].tokens[k] >= 0);
-        CHECK(b[3].tokens[k] < 61);
-        CHECK(b[3].logprobs[k] <= 0.0f);
-        CHECK(std::isfinite(b[3].logprobs[k]));
+    for (size_t i : {size_t(2), size_t(3)}) {
+        CAPTURE(i);
+        CHECK(again[i].tokens == b[i].tokens);
+        CHECK(b[i].tokens.size() == 10);
+        for (size_t k = 0; k < b[i].tokens.size(); ++k) {
+            CHECK(b[i].tokens[k] >= 0);
+            CHECK(b[i].tokens[k] < 61);
+            CHECK(b[i].logprobs[k] <= 0.0f);
+            CHECK(std::isfinite(b[i].logprobs[k]));
+        }
     }
     SamplingParams other = hot;
     other.seed = 124;
