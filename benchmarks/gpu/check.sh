@@ -213,11 +213,20 @@ shared="$root/../shared"
 export LATTICE_SHARED_DIR="$shared" LATTICE_SOURCE_DIR="$root"
 # Carried binaries find the wheel's NCCL and the toolkit's cuBLASLt here (their RPATH is the build
 # machine's); binaries built here have their own RPATH.
-export LD_LIBRARY_PATH="${nccl_root:+$nccl_root/lib:}$cuda_home/lib64:$cuda_home/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# PyTorch's cuBLAS and CUDA runtime wheels come after the toolkit, for a toolkit without them.
+wheel_libs="$(timeout 10 python3 -c '
+import importlib, os
+for m in ("nvidia.cublas", "nvidia.cuda_runtime"):
+    try:
+        print(os.path.join(list(importlib.import_module(m).__path__)[0], "lib"))
+    except Exception:
+        pass' 2>/dev/null | paste -sd: -)"
+export LD_LIBRARY_PATH="${nccl_root:+$nccl_root/lib:}$cuda_home/lib64:$cuda_home/lib${wheel_libs:+:$wheel_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 sanitizer="$(command -v compute-sanitizer || ls "$cuda_home"/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)"
 env_line="$(nproc) cores, nvcc ${nvcc_v:-none}, cmake ${cmake_v:-none}, ${cxx_v:-no c++}, python3 $(python3 -c 'import platform; print(platform.python_version())' 2>/dev/null || echo none), $nccl_note, compute-sanitizer ${sanitizer:+yes}${sanitizer:-no}"
 { echo "GPU: ${gpu_name:-none} ${driver:+driver $driver} sm_$arch"; echo "$env_line"; echo "kit: $kit"
-  echo "golden: $shared/golden"; echo "NCCL wheel: ${nccl_root:-none}"; [[ -n "${LATTICE_TEST_INJECT:-}" ]] &&
+  echo "golden: $shared/golden"; echo "NCCL wheel: ${nccl_root:-none}"; echo "LD_LIBRARY_PATH: $LD_LIBRARY_PATH"
+  echo "compute-sanitizer: ${sanitizer:-none}"; [[ -n "${LATTICE_TEST_INJECT:-}" ]] &&
   echo "LATTICE_TEST_INJECT=$LATTICE_TEST_INJECT (injected faults)"; } | tee -a "$out/build.log"
 if [[ -z "$nvcc_v" || -z "$cmake_v" ]]; then
     step_end FAIL "no nvcc or cmake on PATH (CUDA_HOME?)"
