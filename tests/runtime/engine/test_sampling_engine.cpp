@@ -303,7 +303,9 @@ TEST_CASE(
     }
     RankRuntime eager = make(false, {});
     const std::vector<GenerateResult> want = eager.engine->generate_batch(reqs);
-    for (const auto& [buckets, captures] : {std::pair<std::vector<int64_t>, int64_t>{{}, 4}, {{3, 5, 13}, 3}}) {
+    for (const auto& run : {std::pair<std::vector<int64_t>, int64_t>{{}, 4}, {{3, 5, 13}, 3}}) {
+        const std::vector<int64_t>& buckets = run.first;  // (no structured binding: clang 14 cannot capture one)
+        const int64_t captures = run.second;
         CAPTURE(buckets.size());
         RankRuntime graphs = make(true, buckets);
         const std::vector<GenerateResult> got = graphs.engine->generate_batch(reqs);
