@@ -4,10 +4,18 @@
 // (SKIP_RETURN_CODE in tests/CMakeLists.txt) — never as a pass. A single case that cannot check
 // what it is for here says so with LATTICE_SKIP (tests/test_skip.h); a run in which every case that
 // ran skipped exits kSkipCode too, and one in which a skip sits beside a completed case fails.
+// Queries that run no case (--list-test-cases, --count, --help ...) answer without the device check,
+// so benchmarks/gpu/run_cuda_tests.py can list a CUDA binary's cases anywhere.
+// LATTICE_TEST_INJECT (benchmarks/gpu/check.sh's proof that one bad test costs nothing else): a
+// comma-separated list of fail:<binary> and hang:<binary>; the named binary (argv[0]'s file name)
+// then fails at once, or hangs until killed, before any case runs. Never set outside that proof.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -57,11 +65,58 @@ void record_skip(const std::string& reason) {
 }
 }  // namespace lattice::test
 
+namespace {
+// True when argv asks doctest a question (list, count, help, version) instead of running cases.
+bool query_only(int argc, char** argv) {
+    static const char* const kQueries[] = {
+        "list-test-cases", "ltc", "list-test-suites", "lts", "list-reporters", "lr", "count", "c", "help", "h", "?",
+        "version",         "v"};
+    for (int i = 1; i < argc; ++i) {
+        const char* a = argv[i];
+        if (a[0] != '-') continue;
+        a += a[1] == '-' ? 2 : 1;
+        if (std::strncmp(a, "dt-", 3) == 0) a += 3;
+        const std::string flag(a, std::strcspn(a, "="));
+        for (const char* q : kQueries)
+            if (flag == q) return true;
+    }
+    return false;
+}
+
+// LATTICE_TEST_INJECT: "fail:<binary>" exits 1, "hang:<binary>" blocks until killed.
+void inject_fault(const char* argv0) {
+    const char* spec = std::getenv("LATTICE_TEST_INJECT");
+    if (!spec || !*spec) return;
+    const char* slash = std::strrchr(argv0, '/');
+    const std::string self = slash ? slash + 1 : argv0;
+    std::string item;
+    for (const char* p = spec;; ++p) {
+        if (*p != ',' && *p != '\0') {
+            item += *p;
+            continue;
+        }
+        const size_t colon = item.find(':');
+        if (colon != std::string::npos && item.substr(colon + 1) == self) {
+            const std::string what = item.substr(0, colon);
+            std::printf("LATTICE_TEST_INJECT: injected %s in %s\n", what.c_str(), self.c_str());
+            std::fflush(stdout);
+            if (what == "fail") std::exit(1);
+            if (what == "hang")
+                for (;;) pause();
+        }
+        item.clear();
+        if (*p == '\0') break;
+    }
+}
+}  // namespace
+
 int main(int argc, char** argv) {
+    const bool query = query_only(argc, argv);
+    if (!query) inject_fault(argv[0]);
 #if LATTICE_TEST_CUDA_DEVICES > 0
     int count = 0;
     const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count < LATTICE_TEST_CUDA_DEVICES) {
+    if (!query && (err != cudaSuccess || count < LATTICE_TEST_CUDA_DEVICES)) {
         std::printf("SKIP: needs %d CUDA device(s), found %d (%s)\n", LATTICE_TEST_CUDA_DEVICES,
                     err == cudaSuccess ? count : 0, err == cudaSuccess ? "cudaGetDeviceCount" : cudaGetErrorString(err));
         std::fflush(stdout);

@@ -1,4 +1,5 @@
-// GPU GEMM benchmark: INT8 (cuBLASLt IMMA, int32 out) and FP16 (cuBLASLt, fp32 accumulate) TOPS at
+// GPU GEMM benchmark: INT8 (cuBLASLt IMMA, int32 out) and FP16 (cuBLASLt, fp32 accumulate) TOPS,
+// first at 4096^3 (the goal: INT8 >= 70% of the dense tensor-core peak), then at
 // m = 1, 16, 256, 4096 on n x k = 8192 x 8192 and 28672 x 8192 (Llama-70B o/qkv-class and
 // gate/up-class shapes), plus the decode GEMVs the backend runs at m <= kGemvMaxRows = 16 (W8A8
 // dp4a, W8A16) with their weight bandwidth against HBM. Ratios: the dense peaks of gpu_peaks.h.
@@ -10,7 +11,8 @@
 // Method: weights and activations random on the device, 3 warm-up calls (the first plans and,
 // with autotuning, times the cuBLASLt candidates), then timed batches of calls with CUDA events
 // until >= 0.2 s per configuration; results checked for NaN after timing.
-// Output: a table on stdout and gemm.json in --out DIR (default ./gpu-results).
+// Output: a table on stdout and gemm.json in --out DIR (default ./gpu-results), rewritten after every
+// row (a run cut off by its deadline keeps the rows it measured; "complete" says whether it ended).
 // Usage: bench_gpu_gemm [--out DIR] [--device N] [--quick] [--no-autotune]
 #include <fmt/format.h>
 
@@ -138,11 +140,33 @@ int main(int argc, char** argv) try {
     cuda::fill_random(sx.p, DType::kF32, max_m, 6, 0.01f, stream);
 
     nlohmann::json rows = nlohmann::json::array();
+    nlohmann::json paths = nlohmann::json::array();
+    auto write = [&](bool complete) {
+        std::filesystem::create_directories(out_dir);
+        nlohmann::json doc = {{"benchmark", "gpu_gemm"},
+                              {"gpu", prop.name},
+                              {"sm", prop.major * 10 + prop.minor},
+                              {"sm_count", prop.multiProcessorCount},
+                              {"l2_bytes", prop.l2CacheSize},
+                              {"peaks",
+                               {{"model", peaks.model},
+                                {"int8_tops", peaks.int8_tops},
+                                {"fp16_tflops", peaks.fp16_tflops},
+                                {"hbm_gbs", peaks.hbm_gbs}}},
+                              {"gemv_max_rows", cuda::kGemvMaxRows},
+                              {"lt_autotune", lt_options.autotune},
+                              {"complete", complete},
+                              {"rows", rows},
+                              {"paths", paths}};
+        const std::string tmp = out_dir + "/gemm.json.tmp";
+        std::ofstream(tmp) << doc.dump(2) << "\n";
+        std::filesystem::rename(tmp, out_dir + "/gemm.json");
+    };
     fmt::print("\n{:<22} {:>6} {:>6} {:>6} {:>10} {:>9} {:>8} {:>9} {:>8}  {}\n", "kernel", "m", "n", "k", "time_us",
                "TOPS", "%peak", "GB/s", "%HBM", "path");
     // path: "gemv" or lt_path(); lt: the chosen algorithm's JSON (null for the GEMVs).
-    auto report = [&](const std::string& kernel, int64_t m, int64_t n, double s, double peak_tops, double bytes,
-                      const std::string& path, const nlohmann::json& lt_algo) {
+    auto report = [&](const std::string& kernel, int64_t m, int64_t n, int64_t k, double s, double peak_tops,
+                      double bytes, const std::string& path, const nlohmann::json& lt_algo) {
         const double tops = 2.0 * double(m) * double(n) * double(k) / s / 1e12;
         const double gbs = bytes / s / 1e9;
         const double pct = peak_tops > 0 ? 100.0 * tops / peak_tops : 0.0;
@@ -160,9 +184,23 @@ int main(int argc, char** argv) try {
                         {"pct_hbm", pct_hbm},
                         {"path", path},
                         {"lt_algo", lt_algo}});
+        write(false);
     };
+    // The headline first: 4096^3, INT8 and FP16.
+    {
+        const int64_t c = 4096;
+        const double s8 = time_per_call(
+            stream, [&] { lt.gemm_i8(acc.as<int32_t>(), c, x8.as<int8_t>(), c, w8.as<int8_t>(), c, c, c, c, stream); },
+            min_s);
+        report("int8 cublasLt IMMA", c, c, c, s8, peaks.int8_tops, 3.0 * double(c) * c + 4.0 * c * c,
+               lt_path(lt.last_algo()), lt_json(lt.last_algo()));
+        const double s16 = time_per_call(
+            stream, [&] { lt.gemm_float(y16.p, c, x16.p, c, w16.p, c, c, c, c, DType::kF16, DType::kF16, stream); },
+            min_s);
+        report("fp16 cublasLt", c, c, c, s16, peaks.fp16_tflops, 6.0 * double(c) * c, lt_path(lt.last_algo()),
+               lt_json(lt.last_algo()));
+    }
     // What CudaBackend::linear runs per (n, m): W8A8 and W8A16 paths with their times.
-    nlohmann::json paths = nlohmann::json::array();
     std::vector<std::string> summary;
     for (auto [n, kk] : shapes) {
         for (int64_t m : ms) {
@@ -171,14 +209,14 @@ int main(int argc, char** argv) try {
                 [&] { lt.gemm_i8(acc.as<int32_t>(), n, x8.as<int8_t>(), k, w8.as<int8_t>(), k, m, n, k, stream); },
                 min_s);
             const cuda::LtAlgoInfo a8 = lt.last_algo();
-            report("int8 cublasLt IMMA", m, n, s8, peaks.int8_tops, double(n) * k + double(m) * k + 4.0 * m * n,
+            report("int8 cublasLt IMMA", m, n, k, s8, peaks.int8_tops, double(n) * k + double(m) * k + 4.0 * m * n,
                    lt_path(a8), lt_json(a8));
             const double s16 = time_per_call(
                 stream, [&] { lt.gemm_float(y16.p, n, x16.p, k, w16.p, k, m, n, k, DType::kF16, DType::kF16, stream); },
                 min_s);
             const cuda::LtAlgoInfo a16 = lt.last_algo();
-            report("fp16 cublasLt", m, n, s16, peaks.fp16_tflops, 2.0 * (double(n) * k + double(m) * k + double(m) * n),
-                   lt_path(a16), lt_json(a16));
+            report("fp16 cublasLt", m, n, k, s16, peaks.fp16_tflops,
+                   2.0 * (double(n) * k + double(m) * k + double(m) * n), lt_path(a16), lt_json(a16));
             LATTICE_CHECK(finite_f16(y16.p, size_t(m * n)), "fp16 GEMM produced inf/NaN at m={} n={}", m, n);
             const bool gemv = m <= cuda::kGemvMaxRows;  // CudaBackend::linear's crossover
             double sg8 = 0, sg16 = 0;
@@ -190,7 +228,7 @@ int main(int argc, char** argv) try {
                                         m, n, k, DType::kF16, DType::kF16, stream);
                     },
                     min_s);
-                report("w8a8 GEMV (dp4a)", m, n, sg8, peaks.int8_tops, double(n) * k + 4.0 * n, "gemv", nullptr);
+                report("w8a8 GEMV (dp4a)", m, n, k, sg8, peaks.int8_tops, double(n) * k + 4.0 * n, "gemv", nullptr);
                 sg16 = time_per_call(
                     stream,
                     [&] {
@@ -198,7 +236,7 @@ int main(int argc, char** argv) try {
                                          DType::kF16, stream);
                     },
                     min_s);
-                report("w8a16 GEMV", m, n, sg16, peaks.fp16_tflops, double(n) * k + 4.0 * n, "gemv", nullptr);
+                report("w8a16 GEMV", m, n, k, sg16, peaks.fp16_tflops, double(n) * k + 4.0 * n, "gemv", nullptr);
             }
             // W8A16 above the crossover also dequantizes the weights (not timed here) before the fp16 GEMM.
             const std::string w8a8_path = gemv ? "gemv" : lt_path(a8),
@@ -225,20 +263,7 @@ int main(int argc, char** argv) try {
                cuda::kGemvMaxRows, lt_options.autotune ? "on" : "off", "n", "m");
     for (const std::string& line : summary) fmt::print("{}\n", line);
     CUDA_CHECK(cudaStreamSynchronize(stream));
-    std::filesystem::create_directories(out_dir);
-    nlohmann::json doc = {{"benchmark", "gpu_gemm"},
-                          {"gpu", prop.name},
-                          {"sm", prop.major * 10 + prop.minor},
-                          {"peaks",
-                           {{"model", peaks.model},
-                            {"int8_tops", peaks.int8_tops},
-                            {"fp16_tflops", peaks.fp16_tflops},
-                            {"hbm_gbs", peaks.hbm_gbs}}},
-                          {"gemv_max_rows", cuda::kGemvMaxRows},
-                          {"lt_autotune", lt_options.autotune},
-                          {"rows", rows},
-                          {"paths", paths}};
-    std::ofstream(out_dir + "/gemm.json") << doc.dump(2) << "\n";
+    write(true);
     fmt::print("\nwrote {}/gemm.json\n", out_dir);
     cudaStreamDestroy(stream);
     return 0;

@@ -8,12 +8,18 @@
 #   gpu-kit/include/{fmt,nlohmann,CLI,doctest}  headers of the Debian -dev packages (apt-get download
 #                                              + dpkg -x; the installed package's files if the
 #                                              registry is unreachable); fmt is used header-only
-#   gpu-kit/nccl/include/                      nccl.h (+ nccl_device*) from the CUDA toolkit here, for
-#                                              a machine whose NCCL library (PyTorch's wheel) has no
-#                                              header; the library itself stays on that machine
+#   gpu-kit/nccl/include/                      nccl.h (+ nccl_device*) of PyPI's nvidia-nccl-cu13 wheel
+#                                              (NCCL_WHEEL_VERSION, default 2.28.9, the version of this
+#                                              machine's toolkit NCCL that the simulation's stand-in wheel
+#                                              library is), for a GPU machine whose wheel lacks include/;
+#                                              check.sh prefers the header of the wheel installed there,
+#                                              beside its library. The toolkit's nccl.h only when the
+#                                              registry is unreachable (said in MANIFEST)
 #   gpu-kit/shared/golden/                     copy of ../shared/golden (the golden checkpoints)
 #   gpu-kit/MANIFEST                           what came from where, with versions
-# Usage: benchmarks/gpu/prepare.sh [KIT_DIR]   (env: SHARED_DIR, CUDA_HOME)
+#   gpu-kit/bin/                               (only from simulate.sh --bundle: executables for sm_90)
+# Usage: benchmarks/gpu/prepare.sh [KIT_DIR]   (env: SHARED_DIR, CUDA_HOME, NCCL_WHEEL_VERSION,
+#        LATTICE_KIT_CACHE: where the downloaded wheel is kept, default ~/.cache/lattice-gpu-kit)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -21,6 +27,8 @@ root="$(cd "$here/../.." && pwd)"
 kit="${1:-$root/gpu-kit}"
 shared="${SHARED_DIR:-$root/../shared}"
 cuda="${CUDA_HOME:-/usr/local/cuda}"
+nccl_wheel_version="${NCCL_WHEEL_VERSION:-2.28.9}"
+cache="${LATTICE_KIT_CACHE:-$HOME/.cache/lattice-gpu-kit}"
 limit_mib=50
 # Debian package -> the folder of /usr/include it provides.
 packages=(libfmt-dev:fmt nlohmann-json3-dev:nlohmann libcli11-dev:CLI doctest-dev:doctest)
@@ -58,18 +66,45 @@ for entry in "${packages[@]}"; do
 done
 [[ -f "$kit/include/fmt/format-inl.h" ]] || die "fmt headers lack format-inl.h (needed header-only)"
 
-# NCCL header: the toolkit's (this machine's CUDA ships NCCL), else a system one.
-nccl_h=""
-for d in "$cuda/include" /usr/include /usr/local/include; do
-    [[ -f "$d/nccl.h" ]] && { nccl_h="$d"; break; }
-done
-[[ -n "$nccl_h" ]] || die "no nccl.h under $cuda/include, /usr/include or /usr/local/include"
-cp -a "$nccl_h/nccl.h" "$kit/nccl/include/"
-[[ -f "$nccl_h/nccl_device.h" ]] && cp -a "$nccl_h/nccl_device.h" "$kit/nccl/include/"
-[[ -d "$nccl_h/nccl_device" ]] && cp -a "$nccl_h/nccl_device" "$kit/nccl/include/"
+# NCCL header: from the nvidia-nccl-cu13 wheel (pip download, cached); the toolkit's if that fails.
+mkdir -p "$cache"
+whl="$(ls "$cache"/nvidia_nccl_cu13-"$nccl_wheel_version"-*.whl 2>/dev/null | head -1)"
+if [[ -z "$whl" ]]; then
+    python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_18_x86_64 --python-version 3.12 \
+        --implementation cp "nvidia-nccl-cu13==$nccl_wheel_version" -d "$cache" >/dev/null 2>&1 || true
+    whl="$(ls "$cache"/nvidia_nccl_cu13-"$nccl_wheel_version"-*.whl 2>/dev/null | head -1)"
+fi
+if [[ -n "$whl" ]] && python3 - "$whl" "$kit/nccl/include" <<'PY'
+import os, sys, zipfile
+whl, dst = sys.argv[1:]
+prefix = "nvidia/nccl/include/"
+n = 0
+with zipfile.ZipFile(whl) as z:
+    for info in z.infolist():
+        if info.filename.startswith(prefix) and not info.is_dir():
+            path = os.path.join(dst, info.filename[len(prefix):])
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(z.read(info))
+            n += 1
+sys.exit(0 if n and os.path.exists(os.path.join(dst, "nccl.h")) else 1)
+PY
+then
+    nccl_from="$(basename "$whl") (pip download; the header of that wheel)"
+else
+    nccl_h=""
+    for d in "$cuda/include" /usr/include /usr/local/include; do
+        [[ -f "$d/nccl.h" ]] && { nccl_h="$d"; break; }
+    done
+    [[ -n "$nccl_h" ]] || die "no nvidia-nccl-cu13 wheel and no nccl.h under $cuda/include, /usr/include or /usr/local/include"
+    cp -a "$nccl_h/nccl.h" "$kit/nccl/include/"
+    [[ -f "$nccl_h/nccl_device.h" ]] && cp -a "$nccl_h/nccl_device.h" "$kit/nccl/include/"
+    [[ -d "$nccl_h/nccl_device" ]] && cp -a "$nccl_h/nccl_device" "$kit/nccl/include/"
+    nccl_from="$(readlink -f "$nccl_h") (registry unreachable: the toolkit's header)"
+fi
 nccl_ver="$(awk '/define NCCL_(MAJOR|MINOR|PATCH) /{v=v (v?".":"") $3} END{print v}' "$kit/nccl/include/nccl.h")"
-echo "nccl/include: nccl.h $nccl_ver from $(readlink -f "$nccl_h")" >>"$manifest"
-echo "  nccl/include <- nccl.h $nccl_ver from $nccl_h"
+echo "nccl/include: nccl.h $nccl_ver from $nccl_from" >>"$manifest"
+echo "  nccl/include <- nccl.h $nccl_ver from $nccl_from"
 
 # Golden data (tests read LATTICE_SHARED_DIR/golden; check.sh points it here).
 [[ -d "$shared/golden" ]] || die "no golden data at $shared/golden (set SHARED_DIR)"

@@ -140,9 +140,10 @@ LtGemm::Plan& LtGemm::plan(const Key& key, bool int8) {
     }
     cublasLtMatmulPreferenceDestroy(pref);
     pref = nullptr;
+    if (int8 && options_.int8_unavailable) p.cands.clear();
     if (p.cands.empty()) {
-        release();
-        LATTICE_FAIL("cuBLASLt has no algorithm for {}: {}", what(), cublas_status_name(last));
+        p.unavailable = true;  // the caller throws (gemm_*) or falls back (try_gemm_i8)
+        p.last_error = last == CUBLAS_STATUS_SUCCESS ? CUBLAS_STATUS_NOT_SUPPORTED : last;
     }
     p.info.candidates = int(p.cands.size());
     ++plans_built_;
@@ -233,12 +234,13 @@ void LtGemm::choose(Plan& p, const Args& a, cudaStream_t stream) {
     ++plans_timed_;
 }
 
-void LtGemm::launch(Plan& p, const Key& key, const Args& a, cudaStream_t stream) {
+bool LtGemm::launch(Plan& p, const Args& a, cudaStream_t stream) {
     last_ = &p;
+    if (p.unavailable) return false;
     if (p.chosen < 0) choose(p, a, stream);
     while (p.chosen >= 0) {
         const cublasStatus_t st = matmul(p, p.cands[size_t(p.chosen)], a, stream);
-        if (st == CUBLAS_STATUS_SUCCESS) return;
+        if (st == CUBLAS_STATUS_SUCCESS) return true;
         // Refused (no timing here: this may be a capture): the next live candidate in heuristic order.
         const int from = p.chosen;
         drop(p, from, st);
@@ -248,11 +250,16 @@ void LtGemm::launch(Plan& p, const Key& key, const Args& a, cudaStream_t stream)
         for (int i = 0; i < from && p.chosen < 0; ++i)
             if (!p.cands[size_t(i)].dropped) set_chosen(p, i, false, 0.0f);
     }
+    p.unavailable = true;
+    return false;
+}
+
+void LtGemm::fail_unavailable(const Plan& p, const Key& key) const {
     LATTICE_FAIL(
-        "cuBLASLt: all {} candidate algorithms failed for {} GEMM m={} n={} k={} (ldx {}, ldw {}, ldy {}; "
-        "pointers aligned to {}/{}/{} bytes); last status {}",
-        p.cands.size(), DType(key.dtype) == DType::kI8 ? "int8 (IMMA)" : dtype_name(DType(key.dtype)), key.m, key.n,
-        key.k, key.ldx, key.ldw, key.ldy, key.align_x, key.align_w, key.align_y, cublas_status_name(p.last_error));
+        "cuBLASLt has no working algorithm ({} candidates, every one refused or none offered) for {} GEMM m={} n={} "
+        "k={} (ldx {}, ldw {}, ldy {}; pointers aligned to {}/{}/{} bytes); last status {}",
+        p.cands.size(), p.int8 ? "int8 (IMMA)" : dtype_name(DType(key.dtype)), key.m, key.n, key.k, key.ldx, key.ldw,
+        key.ldy, key.align_x, key.align_w, key.align_y, cublas_status_name(p.last_error));
 }
 
 void LtGemm::gemm_float(void* y, int64_t ldy, const void* x, int64_t ldx, const void* w, int64_t ldw, int64_t m,
@@ -264,11 +271,12 @@ void LtGemm::gemm_float(void* y, int64_t ldy, const void* x, int64_t ldx, const 
                   "LtGemm::gemm_float: bad shape m={} n={} k={} ldx={} ldw={} ldy={}", m, n, k, ldx, ldw, ldy);
     const Key key{int(dtype), int(out_dtype), m, n, k, ldx, ldw, ldy, align_of(w), align_of(x), align_of(y)};
     const float alpha = 1.0f, beta = 0.0f;
-    launch(plan(key, false), key, Args{&alpha, &beta, w, x, y}, stream);
+    Plan& p = plan(key, false);
+    if (!launch(p, Args{&alpha, &beta, w, x, y}, stream)) fail_unavailable(p, key);
 }
 
-void LtGemm::gemm_i8(int32_t* c, int64_t ldc, const int8_t* xq, int64_t ldx, const int8_t* w, int64_t ldw, int64_t m,
-                     int64_t n, int64_t k, cudaStream_t stream) {
+LtGemm::Key LtGemm::i8_key(int32_t* c, int64_t ldc, const int8_t* xq, int64_t ldx, const int8_t* w, int64_t ldw,
+                           int64_t m, int64_t n, int64_t k) const {
     LATTICE_CHECK(m > 0 && n > 0 && k > 0 && ldx >= k && ldw >= k && ldc >= n,
                   "LtGemm::gemm_i8: bad shape m={} n={} k={} ldx={} ldw={} ldc={}", m, n, k, ldx, ldw, ldc);
     LATTICE_CHECK(n % 4 == 0 && k % 4 == 0 && ldx % 4 == 0 && ldw % 4 == 0 && ldc % 4 == 0,
@@ -277,9 +285,22 @@ void LtGemm::gemm_i8(int32_t* c, int64_t ldc, const int8_t* xq, int64_t ldx, con
     const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
     LATTICE_CHECK(!misaligned(c) && !misaligned(xq) && !misaligned(w),
                   "LtGemm::gemm_i8: pointers must be 16-byte aligned");
-    const Key key{int(DType::kI8), int(DType::kI32), m, n, k, ldx, ldw, ldc, align_of(w), align_of(xq), align_of(c)};
+    return Key{int(DType::kI8), int(DType::kI32), m, n, k, ldx, ldw, ldc, align_of(w), align_of(xq), align_of(c)};
+}
+
+void LtGemm::gemm_i8(int32_t* c, int64_t ldc, const int8_t* xq, int64_t ldx, const int8_t* w, int64_t ldw, int64_t m,
+                     int64_t n, int64_t k, cudaStream_t stream) {
+    const Key key = i8_key(c, ldc, xq, ldx, w, ldw, m, n, k);
+    Plan& p = plan(key, true);
     const int32_t alpha = 1, beta = 0;
-    launch(plan(key, true), key, Args{&alpha, &beta, w, xq, c}, stream);
+    if (!launch(p, Args{&alpha, &beta, w, xq, c}, stream)) fail_unavailable(p, key);
+}
+
+bool LtGemm::try_gemm_i8(int32_t* c, int64_t ldc, const int8_t* xq, int64_t ldx, const int8_t* w, int64_t ldw,
+                         int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+    const Key key = i8_key(c, ldc, xq, ldx, w, ldw, m, n, k);
+    const int32_t alpha = 1, beta = 0;
+    return launch(plan(key, true), Args{&alpha, &beta, w, xq, c}, stream);
 }
 
 }  // namespace lattice::cuda

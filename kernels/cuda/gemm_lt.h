@@ -30,6 +30,10 @@
 // query and no timing. Timing needs the caller's stream not to be capturing; do not tune while
 // another stream of this thread captures in global / thread-local mode (the synchronize would
 // invalidate that capture): warm every shape up eagerly first, as the engine does.
+// No algorithm: a shape for which the heuristic returns no candidate, or whose every candidate
+// cublasLtMatmul refuses, makes gemm_* throw (naming the shape and status); try_gemm_i8 returns false
+// instead (the plan remembers it: later calls of the shape return false at once, with no query), so
+// the caller can take another path (CudaBackend: the GEMV in row chunks, with a warning once).
 // One LtGemm per stream owner (not thread-safe).
 #pragma once
 
@@ -53,6 +57,9 @@ struct LtOptions {
     bool autotune_float = false;
     int max_candidates = 8;  // heuristic results requested per workspace setting (1..32)
     int tune_iters = 3;      // timed runs per candidate after one untimed run
+    // Tests: behave as if cuBLASLt had no int8 algorithm for any shape (try_gemm_i8 returns false,
+    // gemm_i8 throws), to exercise the callers' fallbacks on a GPU where every shape has one.
+    bool int8_unavailable = false;
 };
 
 // The algorithm a plan settled on (for benchmarks and tests).
@@ -83,6 +90,9 @@ public:
     // c[m, ldc] (int32) = xq[m, ldx] . W[n, ldw]^T over k (int8, exact int32 accumulation).
     void gemm_i8(int32_t* c, int64_t ldc, const int8_t* xq, int64_t ldx, const int8_t* w, int64_t ldw, int64_t m,
                  int64_t n, int64_t k, cudaStream_t stream);
+    // gemm_i8, or false (nothing enqueued) when cuBLASLt has no working algorithm for the shape.
+    bool try_gemm_i8(int32_t* c, int64_t ldc, const int8_t* xq, int64_t ldx, const int8_t* w, int64_t ldw, int64_t m,
+                     int64_t n, int64_t k, cudaStream_t stream);
 
     // The algorithm of the shape the last gemm_* call ran (index -1 before any call).
     const LtAlgoInfo& last_algo() const { return last_ ? last_->info : no_info_; }
@@ -109,7 +119,8 @@ private:
         cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
         std::vector<Candidate> cands;
         bool int8 = false;
-        int chosen = -1;                                    // into cands; -1: not chosen yet
+        int chosen = -1;           // into cands; -1: not chosen yet
+        bool unavailable = false;  // no candidate, or every one refused: try_gemm_i8 returns false
         cublasStatus_t last_error = CUBLAS_STATUS_SUCCESS;  // of the last refused candidate
         LtAlgoInfo info;
     };
@@ -120,7 +131,11 @@ private:
     };
 
     Plan& plan(const Key& key, bool int8);
-    void launch(Plan& p, const Key& key, const Args& a, cudaStream_t stream);
+    // Runs the plan's chosen algorithm; false when none works (the plan is then marked unavailable).
+    bool launch(Plan& p, const Args& a, cudaStream_t stream);
+    [[noreturn]] void fail_unavailable(const Plan& p, const Key& key) const;
+    Key i8_key(int32_t* c, int64_t ldc, const int8_t* xq, int64_t ldx, const int8_t* w, int64_t ldw, int64_t m,
+               int64_t n, int64_t k) const;
     void choose(Plan& p, const Args& a, cudaStream_t stream);
     cublasStatus_t matmul(const Plan& p, const Candidate& c, const Args& a, cudaStream_t stream) const;
     void set_chosen(Plan& p, int i, bool timed, float us);

@@ -135,6 +135,14 @@ void gemv_w8a16(void* out, const void* x, const int8_t* w, int64_t ldw, const fl
 void gemv_w8a8(void* out, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw, const float* sw,
                int64_t m, int64_t n, int64_t k, DType act, DType out_dtype, cudaStream_t stream);
 
+// ---- W8A16 GEMM for m > kGemvMaxRows (gemm_w8a16.cu) ----
+// out[m, n] = (x[m, k] . w[n, :k]^T) * sw[n]: int8 weights converted to the activation dtype tile by
+// tile in shared memory (tensor cores, WMMA, fp32 accumulate; no dequantized copy of the weight), x
+// [m, k] contiguous (any k; 16-byte loads when k % 8 == 0 and x is 16-byte aligned), w 16-byte
+// aligned with ldw a multiple of 16 >= k and zero columns past k. out_dtype: act or f32.
+void gemm_w8a16(void* out, const void* x, const int8_t* w, int64_t ldw, const float* sw, int64_t m, int64_t n,
+                int64_t k, DType act, DType out_dtype, cudaStream_t stream);
+
 // ---- sampling (sampling.cu) ----
 // out[i] = argmax_j logits[i, j] (lowest index on ties). logits dtype f32/f16/bf16.
 void argmax(int32_t* out, const void* logits, DType dtype, int64_t m, int64_t vocab, cudaStream_t stream);
@@ -155,10 +163,22 @@ struct SelectParams {
     float min_p;        // [0, 1]: keep p >= min_p * p_max (0: off)
     float u;            // uniform [0, 1) draw
     int32_t ban_begin, ban_end;  // this row's banned ids: bans[ban_begin, ban_end)
+    float repeat_penalty = 1.0f;     // for this row's edits with repeat set
+    int32_t pen_begin = 0, pen_end = 0;  // this row's penalty edits: edits[pen_begin, pen_end)
 };
-// One token per row of f32 logits [m, vocab] (modified: banned ids become -inf): ids[i] and
-// logprobs[i] = log softmax(raw row i)[ids[i]]. params: device [m]; bans: device ids.
+// A penalty on one id of a row (the sampler's repetition / presence / frequency penalties): l = repeat
+// ? (l > 0 ? l / repeat_penalty : l * repeat_penalty) : l, then l -= sub. Each id at most once per
+// row. `raw` is written by select_tokens: the id's logit before the edit.
+struct PenaltyEdit {
+    int32_t id;
+    int32_t repeat;
+    float sub;
+    float raw;
+};
+// One token per row of f32 logits [m, vocab] (modified: penalized ids edited, then banned ids set to
+// -inf): ids[i] and logprobs[i] = log softmax(raw row i)[ids[i]] (raw: before the edits and bans).
+// params: device [m]; bans: device ids; edits: device, writable (null when no row has any).
 void select_tokens(int32_t* ids, float* logprobs, float* logits, int64_t m, int64_t vocab, const SelectParams* params,
-                   const int32_t* bans, cudaStream_t stream);
+                   const int32_t* bans, PenaltyEdit* edits, cudaStream_t stream);
 
 }  // namespace lattice::cuda

@@ -171,10 +171,12 @@ __global__ void __launch_bounds__(kThreads)
     if (c >= 0) out[blockIdx.x] = int32_t(c);
 }
 
-// One row per block: log-sum-exp of the raw row, bans set to -inf in place, then argmax
-// (temperature 0) or sample_row; the pick's log-probability is of the raw row.
+// One row per block: log-sum-exp of the raw row, the penalty edits (raw values kept in the edits),
+// bans set to -inf in place, then argmax (temperature 0) or sample_row; the pick's log-probability is
+// of the raw row.
 __global__ void __launch_bounds__(kThreads) select_kernel(int32_t* ids, float* logprobs, float* logits, int64_t vocab,
-                                                          const SelectParams* params, const int32_t* bans) {
+                                                          const SelectParams* params, const int32_t* bans,
+                                                          PenaltyEdit* edits) {
     __shared__ RowShared sh;
     __shared__ float sv[kThreads];
     __shared__ int64_t si[kThreads];
@@ -194,6 +196,17 @@ __global__ void __launch_bounds__(kThreads) select_kernel(int32_t* ids, float* l
         }
     z = block_sum(z, sh.scratch);
     const float lse = mx + logf(z);
+    // Each id is edited by one thread (an id appears once per row); the barrier below publishes both
+    // the edited row and the raw values.
+    for (int32_t e = p.pen_begin + int32_t(threadIdx.x); e < p.pen_end; e += int32_t(blockDim.x)) {
+        const int32_t id = edits[e].id;
+        if (id < 0 || id >= vocab) continue;
+        float l = row[id];
+        edits[e].raw = l;
+        if (edits[e].repeat) l = l > 0.0f ? l / p.repeat_penalty : l * p.repeat_penalty;
+        row[id] = l - edits[e].sub;
+    }
+    __syncthreads();  // the edits land before the bans (a banned id stays -inf whatever its penalty)
     for (int32_t b = p.ban_begin + int32_t(threadIdx.x); b < p.ban_end; b += int32_t(blockDim.x)) {
         const int32_t id = bans[b];
         if (id >= 0 && id < vocab) row[id] = -INFINITY;
@@ -207,8 +220,11 @@ __global__ void __launch_bounds__(kThreads) select_kernel(int32_t* ids, float* l
         choice = sample_row(row, vocab, p.temperature, p.top_k, p.top_p, p.min_p, p.u, sh);
     }
     if (choice < 0) return;
+    float value = row[choice];  // never banned unless every token is: then -inf
+    for (int32_t e = p.pen_begin; e < p.pen_end; ++e)
+        if (edits[e].id == choice) value = edits[e].raw;  // edited: its raw logit
     ids[blockIdx.x] = int32_t(choice);
-    logprobs[blockIdx.x] = row[choice] - lse;  // never banned unless every token is: then -inf
+    logprobs[blockIdx.x] = value - lse;
 }
 
 }  // namespace
@@ -232,11 +248,11 @@ void sample(int32_t* out, const void* logits, DType dtype, int64_t m, int64_t vo
 }
 
 void select_tokens(int32_t* ids, float* logprobs, float* logits, int64_t m, int64_t vocab, const SelectParams* params,
-                   const int32_t* bans, cudaStream_t stream) {
+                   const int32_t* bans, PenaltyEdit* edits, cudaStream_t stream) {
     KERNEL_CHECK(vocab > 0 && vocab < (int64_t(1) << 24) && m >= 0 && m <= 0x7fffffff,
                  "cuda::select_tokens: vocab " + std::to_string(vocab) + " out of range (< 2^24)");
     if (m == 0) return;
-    select_kernel<<<unsigned(m), kThreads, 0, stream>>>(ids, logprobs, logits, vocab, params, bans);
+    select_kernel<<<unsigned(m), kThreads, 0, stream>>>(ids, logprobs, logits, vocab, params, bans, edits);
     CUDA_CHECK_LAUNCH();
 }
 

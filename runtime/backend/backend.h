@@ -131,7 +131,18 @@ struct TokenBatch {
     int64_t table_width = 0;                // == AttentionShape::table_width
 };
 
-// One row of a step's token selection on the backend (Backend::select_tokens).
+// A penalty on one id of a row (the sampler's repetition / presence / frequency penalties, made by
+// Sampler::penalty_list): l = repeat ? (l > 0 ? l / repeat_penalty : l * repeat_penalty) : l; then
+// l -= sub. Each id at most once per row.
+struct TokenPenalty {
+    int32_t id = 0;
+    int32_t repeat = 0;  // 1: the repetition penalty applies (the id is in the recent window)
+    float sub = 0.0f;    // frequency_penalty * count + presence_penalty (0: none)
+};
+
+// One row of a step's token selection on the backend (Backend::select_tokens). The penalties are
+// applied to the row first, then the bans, then the selection; the returned log-probability is that
+// of the raw row (before any of them), as on the host path.
 struct TokenSelect {
     float temperature = 0.0f;  // 0: greedy (lowest id on ties)
     int32_t top_k = 0;         // 0: all
@@ -139,6 +150,8 @@ struct TokenSelect {
     float min_p = 0.0f;        // [0, 1]
     float u = 0.0f;            // the sequence's uniform [0, 1) draw (its sampler owns the RNG)
     std::span<const int32_t> bans;  // ids that may not be picked (stop tokens before min_tokens)
+    float repeat_penalty = 1.0f;    // for the penalties with repeat set
+    std::span<const TokenPenalty> penalties;
 };
 
 // Activations quantized per token for the W8A8 linears that read them: made by

@@ -25,6 +25,27 @@ using Clock = SteadyClock;
 constexpr auto since = seconds_since;
 constexpr int64_t kPlanHead = 8192;  // a plan's first message: its size and up to 8184 of its bytes
 
+// The step graphs' batch sizes: `given` (increasing, positive; those above cap dropped), or by default
+// vLLM's list: 1, 2, 4, then every multiple of 8 up to cap, and cap itself as the last.
+std::vector<int64_t> graph_bucket_list(const std::vector<int64_t>& given, int64_t cap) {
+    std::vector<int64_t> b;
+    if (given.empty()) {
+        for (int64_t v : {1, 2, 4})
+            if (v <= cap) b.push_back(v);
+        for (int64_t v = 8; v <= cap; v += 8) b.push_back(v);
+        if (b.empty() || b.back() != cap) b.push_back(cap);
+        return b;
+    }
+    for (int64_t v : given) {
+        LATTICE_CHECK(v >= 1 && (b.empty() || v > b.back()),
+                      "step graph buckets must be increasing positive batch sizes (got {} after {})", v,
+                      b.empty() ? 0 : b.back());
+        if (v <= cap) b.push_back(v);
+    }
+    LATTICE_CHECK(!b.empty(), "no step graph bucket within {} sequences (max sequences and max batch tokens)", cap);
+    return b;
+}
+
 template <typename T>
 View host_view(T* p, DType dt, int64_t n) {
     return View::contiguous(const_cast<std::remove_const_t<T>*>(p), dt, {n});
@@ -40,12 +61,14 @@ Engine::Engine(Model& model, PipelineLinks links, const EngineOptions& opt) : mo
     stages_ = links_.pipe ? links_.pipe->size() : 1;
     LATTICE_CHECK(model_.kv_blocks() > 0, "Engine: the model has no KV cache (Model::allocate_kv first)");
     const ModelOptions& mo = model_.options();
+    // Every rank decides alike (the options, the backend kind and the model are the same everywhere), so
+    // the leader's pool and every stage agree on the reserved trash block.
     graphs_on_ = !opt_.sim && opt_.step_graphs && model_.backend().captures_steps() && model_.capturable() &&
-                 stages_ == 1 && mo.first_stage && mo.last_stage && model_.kv_blocks() >= 2;
+                 model_.kv_blocks() >= 2;
     if (graphs_on_) {
         trash_block_ = int32_t(model_.kv_blocks() - 1);
-        graph_max_ = 1;
-        while (graph_max_ * 2 <= std::min(opt_.max_seqs, mo.max_batch_tokens)) graph_max_ *= 2;
+        graph_buckets_ = graph_bucket_list(opt_.graph_buckets, std::min(opt_.max_seqs, mo.max_batch_tokens));
+        graph_max_ = graph_buckets_.back();
         const size_t W = size_t(model_.attention_shape().table_width), B = size_t(graph_max_);
         graph_tokens_.reserve(B);
         graph_positions_.reserve(B);
@@ -219,8 +242,10 @@ void Engine::execute(const StepPlan& p, Results* out) {
         for (int64_t id : p.released) samplers_.erase(id);
     const TokenBatch b{p.tokens.data(), pos_.data(), seq_of_.data(), T, p.tables.data(), n, p.width};
     const auto t0 = Clock::now();
-    if (graphs_on_ && graph_step(p, b, out)) {
-        counters_.compute_seconds += since(t0);
+    double graph_waited = 0;
+    if (graphs_on_ && graph_step(p, b, out, &graph_waited)) {
+        counters_.compute_seconds += since(t0) - graph_waited;
+        counters_.wait_seconds += graph_waited;
         ++counters_.steps;
         return;
     }
@@ -307,17 +332,19 @@ void Engine::sim_execute(const StepPlan& p, Results* out) {
 }
 
 // Decode-only steps (one sampled token per sequence, at most graph_max_ of them) run as the
-// captured graph of their bucket, the smallest power of two holding them: the batch is padded
+// captured graph of their bucket, the smallest of graph_buckets_ holding them: the batch is padded
 // with dummy sequences (token 0 at position 0, writing the reserved trash block), the first step of
 // a bucket runs eagerly (sizing scratch), the second captures and replays, the rest replay. Every
-// rank takes the same branch (it depends only on the plan), so TP collectives stay matched.
-bool Engine::graph_step(const StepPlan& p, const TokenBatch& b, Results* out) {
+// rank takes the same branch (it depends only on the plan), so TP collectives stay matched, and with
+// pipeline stages every stage pads alike: a stage receives the previous stage's padded rows into the
+// bucket's hidden rows before its graph runs and sends them on after it (the hand-offs stay outside
+// the graph, on the backend's stream for a device communicator). `waited`: seconds in the receive.
+bool Engine::graph_step(const StepPlan& p, const TokenBatch& b, Results* out, double* waited) {
     const int64_t T = b.count, W = b.table_width;
     if (p.kind != StepPlan::Kind::kStep || T > graph_max_ || b.num_seqs != T) return false;
     for (const PlanSeq& ps : p.seqs)
         if (ps.count != 1 || !ps.sample) return false;
-    int64_t B = 1;
-    while (B < T) B *= 2;
+    const int64_t B = *std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), T);
     graph_tokens_.assign(b.ids, b.ids + T);
     graph_tokens_.resize(size_t(B), 0);
     graph_positions_.assign(b.positions, b.positions + T);
@@ -332,16 +359,24 @@ bool Engine::graph_step(const StepPlan& p, const TokenBatch& b, Results* out) {
     const TokenBatch gb{graph_tokens_.data(), graph_positions_.data(), graph_seqs_.data(), B,
                         graph_tables_.data(), B, W};
     GraphSlot& slot = graphs_[B];
+    if (!slot.hidden.data) slot.hidden = model_.hidden_scratch(B);  // stable: the model's scratch never moves
     Backend& be = model_.backend();
+    const ModelOptions& o = model_.options();
     auto body = [this, gb, &slot] {
         const StepScope step(model_.backend(), gb);
-        graph_rows_.resize(size_t(gb.count));
-        for (int64_t i = 0; i < gb.count; ++i) graph_rows_[size_t(i)] = i;
-        View hidden = model_.hidden_scratch(gb.count);
-        model_.embed(gb, hidden);
-        model_.run_layers(gb, hidden);
-        slot.logits = model_.head_logits(hidden, graph_rows_);
+        if (model_.options().first_stage) model_.embed(gb, slot.hidden);
+        model_.run_layers(gb, slot.hidden);
+        if (model_.options().last_stage) {
+            graph_rows_.resize(size_t(gb.count));
+            for (int64_t i = 0; i < gb.count; ++i) graph_rows_[size_t(i)] = i;
+            slot.logits = model_.head_logits(slot.hidden, graph_rows_);
+        }
     };
+    if (!o.first_stage) {
+        const auto w0 = Clock::now();
+        links_.pipe->recv(slot.hidden, links_.prev);
+        *waited += since(w0);
+    }
     ++counters_.graph_steps;
     if (!slot.warmed) {
         body();
@@ -355,6 +390,7 @@ bool Engine::graph_step(const StepPlan& p, const TokenBatch& b, Results* out) {
         ++counters_.graph_replays;
         model_.wait_comm();
     }
+    if (!o.last_stage) links_.pipe->send(slot.hidden, links_.next);
     if (is_sampler()) {
         const auto ts = Clock::now();
         sample_rows(p, slot.logits.row_range(0, T), out);
@@ -364,12 +400,13 @@ bool Engine::graph_step(const StepPlan& p, const TokenBatch& b, Results* out) {
 }
 
 // One token per sampled sequence of the step from the logits lg [rows, vocab] on the backend.
-// Rows whose sampler needs the sequence's history (penalties), that ask for top logprobs (the
-// backends' select_tokens returns only the chosen token's), that a grammar masks (structured output:
-// the leader's mask, applied to the host row like the bans) or a backend that cannot select
-// (CPU) take the host path: the row on the host, the log-softmax, the bans, Sampler::sample.
-// The rest are picked by Backend::select_tokens with a draw from their sampler, so on CUDA only
-// ids and log-probabilities leave the device.
+// Rows that ask for top logprobs (the backends' select_tokens returns only the chosen token's), that
+// a grammar masks (structured output: the leader's mask, applied to the host row like the bans) or a
+// backend that cannot select (CPU) take the host path: the row on the host, the log-softmax, the
+// bans, Sampler::sample. The rest are picked by Backend::select_tokens with a draw from their
+// sampler and their penalties as per-id edits (Sampler::penalty_list: the recent window's ids and the
+// generated counts, applied on the device before the bans), so on CUDA only ids and log-probabilities
+// leave the device, penalized rows included.
 void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
     const int64_t V = model_.config().vocab;
     Backend& be = model_.backend();
@@ -386,7 +423,6 @@ void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
     size_t ban = 0, recent = 0, mask = 0, fed = 0;
     int64_t logit_rows = 0;
     size_t slots = 0;
-    bool drafts = false;
     LATTICE_CHECK(p.masks.empty() || p.mask_width == (V + 31) / 32, "step {}: masks of {} words for a vocab of {}",
                   p.number, p.mask_width, V);
     for (const PlanSeq& ps : p.seqs) {
@@ -404,7 +440,6 @@ void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
                         slots, p.tokens.data() + fed - size_t(ps.n_draft)});
         logit_rows += 1 + ps.n_draft;
         slots += size_t(1 + ps.n_draft);
-        drafts |= ps.n_draft > 0;
     }
     LATTICE_CHECK(logit_rows == lg.rows(), "step {}: {} logit rows for {} samples", p.number, lg.rows(), logit_rows);
     out->tokens.assign(slots, SampledToken{-1, 0.0f});
@@ -419,12 +454,12 @@ void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
     std::vector<int64_t> on_backend;
     if (be.selects_tokens())
         for (size_t k = 0; k < rows.size(); ++k)
-            if (!rows[k].sampler->penalized() && rows[k].ps->sampling.logprobs == 0 && !rows[k].mask &&
-                rows[k].ps->n_draft == 0)
+            if (rows[k].ps->sampling.logprobs == 0 && !rows[k].mask && rows[k].ps->n_draft == 0)
                 on_backend.push_back(int64_t(k));
     if (!on_backend.empty()) {
-        // select_tokens takes its rows contiguous: in a batch that mixes in penalized (or speculating)
-        // rows, every row goes to the host (those need it there) and the plain ones back to the front.
+        // select_tokens takes its rows contiguous: in a batch that mixes in host rows (top logprobs,
+        // masks, drafts to verify), every row goes to the host (those need it there) and the others back
+        // to the front.
         View sel = lg;
         if (int64_t(on_backend.size()) != lg.rows()) {
             sel = lg.row_range(0, int64_t(on_backend.size()));
@@ -435,11 +470,14 @@ void Engine::sample_rows(const StepPlan& p, const View& lg, Results* out) {
                           host_rows_.data() + size_t(rows[size_t(on_backend[j])].row * V));
         }
         std::vector<TokenSelect> sels(on_backend.size());
+        penalties_.resize(std::max(penalties_.size(), on_backend.size()));
         for (size_t j = 0; j < on_backend.size(); ++j) {
             const Row& r = rows[size_t(on_backend[j])];
             const SamplingParams& sp = r.sampler->params();
+            // The penalties go with the row (applied before the bans and the pick, on the device).
+            r.sampler->penalty_list(r.recent, V, penalties_[j]);
             sels[j] = {sp.temperature, int32_t(std::min<int64_t>(sp.top_k, INT32_MAX)), sp.top_p, sp.min_p,
-                       r.sampler->draw(), r.bans};
+                       r.sampler->draw(), r.bans, sp.repeat_penalty, penalties_[j]};
         }
         std::vector<int32_t> ids(on_backend.size());
         std::vector<float> lps(on_backend.size());

@@ -69,9 +69,14 @@ struct EngineOptions {
     // Their proposer (leader): null is prompt lookup (runtime/engine/scheduler.h SchedulerOptions::proposer).
     std::function<std::vector<int32_t>(std::span<const int32_t> tokens, int64_t k)> draft_proposer;
     // Decode steps as captured step graphs (CUDA graphs) on a backend that has them, one per
-    // batch-size bucket (powers of two up to max_seqs), padded with dummy sequences on a reserved
-    // KV block; single-stage models only (pp = 1). false: every step eager (--enforce-eager).
+    // batch-size bucket, padded with dummy sequences on a reserved KV block; every layout (with
+    // pipeline stages each stage captures its own part; the hand-offs run between the graphs).
+    // false: every step eager (--enforce-eager).
     bool step_graphs = true;
+    // The buckets, increasing (empty: 1, 2, 4, then every multiple of 8 up to min(max_seqs, the
+    // model's max_batch_tokens), which is the last); a decode step of T sequences runs the smallest
+    // bucket >= T. Sizes above that cap are dropped; T above the last bucket runs eagerly.
+    std::vector<int64_t> graph_buckets;
     // The simulated device (runtime/backend/sim/sim_device.h): set, each forward waits out its
     // predicted time instead of running the (shape-only) model, and the sampler returns pseudo-tokens.
     std::shared_ptr<const SimDevice> sim;
@@ -215,7 +220,7 @@ private:
     static void verify_drafts(int32_t n_draft, const int32_t* drafts, float* rows, int64_t V,
                               std::span<const int32_t> bans, Sampler& sampler, SampledToken* out);
     // A decode-only step through the captured graph of its bucket; false when the step is not one.
-    bool graph_step(const StepPlan& p, const TokenBatch& b, Results* out);
+    bool graph_step(const StepPlan& p, const TokenBatch& b, Results* out, double* waited);
     void issue(const StepPlan& p);
     Results await_oldest(StepPlan* plan);
     void send_results(const StepPlan& p, const Results& r);
@@ -238,16 +243,19 @@ private:
     PlanTables plan_tables_;  // the block tables the followers know (leader: sent; follower: received)
     std::unordered_map<int64_t, Sampler> samplers_;  // sampler rank: per-sequence state
     std::vector<float> host_rows_;  // sampler rank: logits rows sampled on the host
+    std::vector<std::vector<TokenPenalty>> penalties_;  // sampler rank: each backend row's penalty edits
     std::vector<uint8_t> sim_rows_;   // the simulated device's hidden rows (hand-offs, all-reduces)
-    // Step graphs: on when opt_.step_graphs, the backend captures steps and the model is one stage.
+    // Step graphs: on when opt_.step_graphs and the backend captures steps (any TP x PP layout).
     struct GraphSlot {
         bool warmed = false;  // one eager step of this bucket ran (scratch sized)
         std::unique_ptr<StepGraph> graph;
-        View logits;          // where the graph leaves the bucket's logits [bucket, vocab]
+        View hidden;  // the bucket's hidden rows [bucket, hidden] (a later stage receives into them)
+        View logits;  // where the graph leaves the bucket's logits [bucket, vocab] (last stage)
     };
     bool graphs_on_ = false;
-    int64_t graph_max_ = 0;     // largest bucket
-    int32_t trash_block_ = -1;  // the KV block the padding rows write (never in the pool)
+    std::vector<int64_t> graph_buckets_;  // increasing batch sizes (EngineOptions::graph_buckets)
+    int64_t graph_max_ = 0;               // largest bucket
+    int32_t trash_block_ = -1;            // the KV block the padding rows write (never in the pool)
     std::unordered_map<int64_t, GraphSlot> graphs_;
     // The padded batch a step graph replays (capacity fixed at start).
     std::vector<int32_t> graph_tokens_, graph_positions_, graph_seqs_, graph_tables_;

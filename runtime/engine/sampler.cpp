@@ -99,6 +99,33 @@ const float* Sampler::penalize(const float* logits, int64_t n, std::span<const i
     return work_.data();
 }
 
+void Sampler::penalty_list(std::span<const int32_t> recent, int64_t n, std::vector<TokenPenalty>& out) {
+    out.clear();
+    const bool rep = p_.uses_recent() && !recent.empty();
+    const bool other = (p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) && !counts_.empty();
+    if (rep) {
+        // Each distinct id once, as penalize() does (llama.cpp's semantics); out's ids then sorted.
+        seen_.assign(recent.begin(), recent.end());
+        std::sort(seen_.begin(), seen_.end());
+        seen_.erase(std::unique(seen_.begin(), seen_.end()), seen_.end());
+        for (int32_t t : seen_)
+            if (t >= 0 && t < n) out.push_back(TokenPenalty{t, 1, 0.0f});
+    }
+    if (!other) return;
+    const size_t n_rep = out.size();  // out[0, n_rep): the repetition entries, sorted by id
+    for (const auto& [t, c] : counts_) {
+        if (t < 0 || t >= n) continue;
+        const float sub = p_.frequency_penalty * float(c) + p_.presence_penalty;
+        // An id of the window too: one edit with both.
+        const auto it = std::lower_bound(out.begin(), out.begin() + ptrdiff_t(n_rep), t,
+                                         [](const TokenPenalty& e, int32_t id) { return e.id < id; });
+        if (it != out.begin() + ptrdiff_t(n_rep) && it->id == t)
+            it->sub = sub;
+        else
+            out.push_back(TokenPenalty{t, 0, sub});
+    }
+}
+
 float Sampler::draw() {
     if (p_.temperature == 0.0f) return 0.0f;  // greedy draws nothing, as sample() does
     // 24 random bits: a float in [0, 1) exactly (no rounding up to 1).

@@ -26,6 +26,8 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/backend/backend.h"
+
 namespace lattice {
 
 struct SamplingParams {
@@ -90,6 +92,11 @@ public:
         return p_.uses_recent() || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
     }
     const SamplingParams& params() const { return p_; }
+    // The penalties of this sequence's next token as per-id edits for Backend::select_tokens (the
+    // same ids and values penalize() applies on the host): each distinct id of `recent` in [0, n)
+    // with repeat set when the repetition penalty is on, each generated id with its presence and
+    // frequency term. Cleared first; empty when no penalty applies.
+    void penalty_list(std::span<const int32_t> recent, int64_t n, std::vector<TokenPenalty>& out);
     float draw();
     void accept(int32_t token);
 

@@ -186,10 +186,29 @@ void CpuBackend::select_tokens(const View& logits, std::span<const TokenSelect> 
                   "CpuBackend::select_tokens: logits {} {} for {} rows", dtype_name(logits.dtype), logits.shape_str(),
                   rows.size());
     const int64_t V = logits.cols();
+    std::vector<float> raw;
     for (size_t i = 0; i < rows.size(); ++i) {
         const TokenSelect& r = rows[i];
-        ids[i] = cpu::select_token(static_cast<float*>(logits.data) + int64_t(i) * V, V, r.temperature, r.top_k,
-                                   r.top_p, r.min_p, r.u, r.bans.data(), int64_t(r.bans.size()), &logprobs[i]);
+        float* row = static_cast<float*>(logits.data) + int64_t(i) * V;
+        // Penalties first (the device's order), the log-probability of the raw row: the raw values of
+        // the edited ids are kept to undo the pick's edit.
+        const double lse = r.penalties.empty() ? 0.0 : cpu::log_sum_exp(row, V);
+        raw.clear();
+        for (const TokenPenalty& e : r.penalties) {
+            LATTICE_CHECK(e.id >= 0 && e.id < V, "CpuBackend::select_tokens: row {}: penalty on id {} of {}", i, e.id, V);
+            float& l = row[e.id];
+            raw.push_back(l);
+            if (e.repeat) l = l > 0 ? l / r.repeat_penalty : l * r.repeat_penalty;
+            l -= e.sub;
+        }
+        ids[i] = cpu::select_token(row, V, r.temperature, r.top_k, r.top_p, r.min_p, r.u, r.bans.data(),
+                                   int64_t(r.bans.size()), &logprobs[i]);
+        if (!r.penalties.empty()) {
+            float value = row[ids[i]];  // raw unless the pick was edited (bans spare the pick)
+            for (size_t e = 0; e < r.penalties.size(); ++e)
+                if (r.penalties[e].id == ids[i]) value = raw[e];
+            logprobs[i] = float(double(value) - lse);
+        }
     }
 }
 

@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <thread>
 #include <vector>
 
-#include "kernels/common/quantize.h"
 #include "base/cuda_check.h"
-#include "kernels/cuda/gemm_lt.h"
 #include "base/log.h"
+#include "kernels/common/quantize.h"
+#include "kernels/cuda/gemm_lt.h"
 #if defined(LATTICE_HAVE_NCCL)
 #include "parallel/cuda/nccl_comm.h"
 #endif
@@ -76,7 +78,8 @@ CudaBackend::CudaBackend(int device, DType act) : device_(device), act_(act) {
 CudaBackend::~CudaBackend() {
     cudaSetDevice(device_);
     if (stream_) cudaStreamSynchronize(stream_);
-    for (Scratch* s : {&xq_, &sx_, &acc_, &wdeq_, &attn_ws_, &ids_out_, &params_})
+    for (cudaEvent_t e : op_events_) cudaEventDestroy(e);
+    for (Scratch* s : {&xq_, &sx_, &acc_, &attn_ws_, &ids_out_, &params_, &select_})
         if (s->p) cudaFree(s->p);
     lt_.reset();
     for (void* p : retired_dev_) cudaFree(p);
@@ -255,12 +258,35 @@ Linear CudaBackend::make_linear(const View& host_w, QuantMode mode) {
         sync();
         return lin;
     }
-    // int8 modes: symmetric per output channel (the CPU's formula), then the pre-quantized path.
+    // int8 modes: symmetric per output channel (the CPU's formula), then the pre-quantized path. The
+    // rows are spread over the host's cores: a 70B-class layer holds 856 M weights (seconds on one).
     std::vector<int8_t> q(size_t(n * k));
     std::vector<float> scales(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
-        host_row_f32(host_w, i, k, row.data());
-        scales[size_t(i)] = quantize_row_int8(row.data(), k, &q[size_t(i * k)]);  // same as the CPU
+    auto quantize_rows = [&](int64_t lo, int64_t hi) {
+        std::vector<float> buf(static_cast<size_t>(k));
+        for (int64_t i = lo; i < hi; ++i) {
+            host_row_f32(host_w, i, k, buf.data());
+            scales[size_t(i)] = quantize_row_int8(buf.data(), k, &q[size_t(i * k)]);  // same as the CPU
+        }
+    };
+    const int64_t threads =
+        std::clamp<int64_t>(n * k / (int64_t(1) << 22), 1, std::min<int64_t>(16, std::thread::hardware_concurrency()));
+    if (threads <= 1) {
+        quantize_rows(0, n);
+    } else {
+        std::vector<std::thread> pool;
+        std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
+        for (int64_t t = 0; t < threads; ++t)
+            pool.emplace_back([&, t] {
+                try {
+                    quantize_rows(n * t / threads, n * (t + 1) / threads);
+                } catch (...) {
+                    errors[size_t(t)] = std::current_exception();
+                }
+            });
+        for (auto& th : pool) th.join();
+        for (auto& e : errors)
+            if (e) std::rethrow_exception(e);
     }
     return make_linear_int8(View::contiguous(q.data(), DType::kI8, {n, k}),
                             View::contiguous(scales.data(), DType::kF32, {n}), mode);
@@ -330,6 +356,45 @@ Linear CudaBackend::make_random_linear(int64_t n, int64_t k, QuantMode mode, uin
     }
     sync();
     return lin;
+}
+
+// ---- per-op timing (benchmarks) ----
+void CudaBackend::set_op_timing(bool on) {
+    LATTICE_CHECK(!capturing_, "CudaBackend::set_op_timing during graph capture");
+    op_timing_ = on;
+}
+
+std::vector<std::pair<std::string, double>> CudaBackend::op_times() {
+    std::vector<std::pair<std::string, double>> out;
+    if (!op_records_.empty()) CUDA_CHECK(cudaEventSynchronize(op_records_.back().end));
+    for (const OpRecord& r : op_records_) {
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, r.start, r.end));
+        out.emplace_back(r.name, double(ms) * 1e3);
+    }
+    op_records_.clear();
+    op_events_used_ = 0;
+    return out;
+}
+
+CudaBackend::OpTimer::OpTimer(CudaBackend& be, const char* op, QuantMode mode, int64_t n, int64_t k, int64_t m) {
+    if (!be.op_timing_ || be.capturing_) return;
+    be_ = &be;
+    while (be.op_events_.size() < be.op_events_used_ + 2) {
+        cudaEvent_t e = nullptr;
+        CUDA_CHECK(cudaEventCreate(&e));
+        be.op_events_.push_back(e);
+    }
+    OpRecord r;
+    r.name = n > 0 ? fmt::format("{} {} {}x{} m={}", op, quant_mode_name(mode), n, k, m) : std::string(op);
+    r.start = be.op_events_[be.op_events_used_++];
+    r.end = be.op_events_[be.op_events_used_++];
+    CUDA_CHECK(cudaEventRecord(r.start, be.stream_));
+    be.op_records_.push_back(std::move(r));
+}
+
+CudaBackend::OpTimer::~OpTimer() {
+    if (be_) cudaEventRecord(be_->op_records_.back().end, be_->stream_);  // never throws: a destructor
 }
 
 Buffer CudaBackend::make_f32(const View& host) {

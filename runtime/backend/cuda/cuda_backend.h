@@ -5,9 +5,12 @@
 //   kNone   weight [n, k] in the activation dtype (f32/f16/bf16 host weights converted once);
 //           y = x . W^T through cuBLASLt (TN, fp32 accumulate).
 //   kW8A16  weight [n_pad, k_pad] int8 (zero padded to multiples of 16), scales [n_pad] f32;
-//           m <= 16: GEMV; m > 16: dequantize into a scratch matrix, then the float GEMM.
+//           m <= 16: GEMV; m > 16: cuda::gemm_w8a16 (tensor cores, the int8 tile converted in shared
+//           memory: no dequantized copy of the weight is ever written).
 //   kW8A8   same storage; x is quantized per token into int8 [m, k_pad] (+ scales [m]);
-//           m <= 16: dp4a GEMV; m > 16: cuBLASLt IMMA (int32 out), then one fused dequant epilogue.
+//           m <= 16: dp4a GEMV; m > 16: cuBLASLt IMMA (int32 out), then one fused dequant epilogue;
+//           a shape cuBLASLt has no algorithm for runs the GEMV in 16-row chunks (a warning once per
+//           shape, never an error).
 //           With fuses_quant() the quantization is fused into the norm / SwiGLU kernel before it
 //           (add_rmsnorm_quant, silu_mul_quant) and linear_quant starts from the int8 rows.
 // Token metadata (ids, positions, sequences, block tables) is staged in pinned host memory and copied with one
@@ -26,6 +29,9 @@
 
 #include <functional>
 #include <memory>
+#include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/kernels.h"
@@ -35,7 +41,8 @@ namespace lattice {
 
 namespace cuda {
 class LtGemm;
-}
+struct LtOptions;
+}  // namespace cuda
 
 class CudaBackend final : public Backend {
 public:
@@ -112,6 +119,18 @@ public:
     // Top-k/top-p/temperature sampling, one SampleParams per row (host array); synchronizes.
     void sample(const View& logits, const cuda::SampleParams* host_params, int32_t* host_ids);
 
+    // Replaces the cuBLASLt options (tests: LtOptions::int8_unavailable forces the W8A8 fallback).
+    // Before any graph capture (graphs keep the plans they were captured with).
+    void set_lt_options(const cuda::LtOptions& options);
+
+    // Per-op timing of eager steps (benchmarks: the per-kernel breakdown of a decode step). While on,
+    // every op records a CUDA event pair around its launches on the stream (about a microsecond of
+    // gap per op, so the breakdown's sum exceeds a graph replay's time); op_times() waits for the
+    // stream and returns (op name, microseconds) in issue order, clearing the record. Linear layers
+    // are named by mode and shape ("linear w8a8 2560x2048 m=1"). Refused while capturing.
+    void set_op_timing(bool on);
+    std::vector<std::pair<std::string, double>> op_times();
+
     // Graph capture hooks used by CudaGraph.
     void begin_capture();
     void end_capture();
@@ -132,6 +151,22 @@ public:
     void after_replay(const MetaArea& area);
 
 private:
+    // Records the ops' event pairs while op timing is on (see set_op_timing); a no-op otherwise.
+    class OpTimer {
+    public:
+        OpTimer(CudaBackend& be, const char* op, QuantMode mode = QuantMode::kNone, int64_t n = 0, int64_t k = 0,
+                int64_t m = -1);
+        ~OpTimer();
+        OpTimer(const OpTimer&) = delete;
+        OpTimer& operator=(const OpTimer&) = delete;
+
+    private:
+        CudaBackend* be_ = nullptr;  // null: timing off
+    };
+    struct OpRecord {
+        std::string name;
+        cudaEvent_t start, end;
+    };
     struct Scratch {
         void* p = nullptr;
         size_t bytes = 0;
@@ -171,9 +206,14 @@ private:
     std::vector<void*> retired_dev_;   // outgrown device buffers a graph may still use
     std::vector<void*> retired_host_;  // outgrown pinned staging areas
 
-    Scratch xq_, sx_, acc_, wdeq_, attn_ws_, ids_out_, params_, select_;
-    TokenBatch step_;                  // the batch begin_step staged (count 0 outside a step)
-    std::vector<char> select_host_;    // pinned-free staging of select_tokens' params and bans
+    Scratch xq_, sx_, acc_, attn_ws_, ids_out_, params_, select_;
+    TokenBatch step_;                                     // the batch begin_step staged (count 0 outside a step)
+    std::vector<char> select_host_;                       // pinned-free staging of select_tokens' params and bans
+    std::set<std::pair<int64_t, int64_t>> lt_fallbacks_;  // (n, k) of int8 shapes cuBLASLt has no algorithm for
+    bool op_timing_ = false;
+    std::vector<OpRecord> op_records_;
+    std::vector<cudaEvent_t> op_events_;  // created on first use, reused after op_times()
+    size_t op_events_used_ = 0;
 };
 
 // Capture/replay of one decode step per batch-size bucket. How the engine uses it:
@@ -194,6 +234,9 @@ public:
 
     void capture(CudaBackend& backend, const TokenBatch& batch, const std::function<void()>& body);
     void replay(CudaBackend& backend, const TokenBatch& batch);
+    // Launches the graph again with the batch the last replay staged, without staging or waiting
+    // (benchmarks: the graph alone, back to back, timed by events). replay() must have run once.
+    void relaunch(CudaBackend& backend);
     bool ready() const { return exec_ != nullptr; }
     int64_t batch_count() const { return count_; }
 
@@ -202,6 +245,7 @@ private:
     cudaGraphExec_t exec_ = nullptr;
     int64_t count_ = 0;
     int64_t tiles_ = 0;
+    bool replayed_ = false;
     CudaBackend::MetaArea area_;
 };
 

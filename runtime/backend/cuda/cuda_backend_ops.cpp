@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "base/cuda_check.h"
+#include "base/log.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "runtime/backend/cuda/cuda_backend.h"
 #include "runtime/backend/make_backend.h"
@@ -159,6 +160,7 @@ void CudaBackend::after_replay(const MetaArea& area) {
 
 // ---- ops ----
 void CudaBackend::embed(const View& out, const View& table, const TokenBatch& batch, int64_t row_offset) {
+    const OpTimer timer(*this, "embed");
     check_act(out, "embed", "out");
     LATTICE_CHECK(batch.ids, "CudaBackend::embed: batch has no token ids");
     LATTICE_CHECK(table.device == Device::kCuda && table.ndim == 2 && table.cols() == out.cols(),
@@ -170,6 +172,7 @@ void CudaBackend::embed(const View& out, const View& table, const TokenBatch& ba
 }
 
 void CudaBackend::rmsnorm(const View& out, const View& x, const View& w, float eps) {
+    const OpTimer timer(*this, "rmsnorm");
     check_act(out, "rmsnorm", "out");
     check_act(x, "rmsnorm", "x");
     check_rows_cols(out, x.rows(), x.cols(), "rmsnorm", "out");
@@ -179,6 +182,7 @@ void CudaBackend::rmsnorm(const View& out, const View& x, const View& w, float e
 }
 
 void CudaBackend::add_rmsnorm(const View& residual, const View& x, const View& out, const View& w, float eps) {
+    const OpTimer timer(*this, "add_rmsnorm");
     check_act(residual, "add_rmsnorm", "residual");
     check_act(x, "add_rmsnorm", "x");
     check_act(out, "add_rmsnorm", "out");
@@ -190,6 +194,7 @@ void CudaBackend::add_rmsnorm(const View& residual, const View& x, const View& o
 }
 
 void CudaBackend::rope(const View& qkv, const TokenBatch& batch, const AttentionShape& s, const View& inv_freq) {
+    const OpTimer timer(*this, "rope");
     check_act(qkv, "rope", "qkv");
     check_rows_cols(qkv, batch.count, (s.n_heads + 2 * s.n_kv_heads) * s.head_dim, "rope", "qkv");
     LATTICE_CHECK(
@@ -202,6 +207,7 @@ void CudaBackend::rope(const View& qkv, const TokenBatch& batch, const Attention
 
 void CudaBackend::attention(const View& out, const View& qkv, const View& k_cache, const View& v_cache,
                             const TokenBatch& batch, const AttentionShape& s) {
+    const OpTimer timer(*this, "attention");
     const int64_t m = batch.count;
     check_act(out, "attention", "out");
     check_act(qkv, "attention", "qkv");
@@ -256,6 +262,7 @@ void CudaBackend::attention(const View& out, const View& qkv, const View& k_cach
 }
 
 void CudaBackend::silu_mul(const View& out, const View& gate_up) {
+    const OpTimer timer(*this, "silu_mul");
     check_act(out, "silu_mul", "out");
     check_act(gate_up, "silu_mul", "gate_up");
     check_rows_cols(gate_up, out.rows(), 2 * out.cols(), "silu_mul", "gate_up");
@@ -263,6 +270,7 @@ void CudaBackend::silu_mul(const View& out, const View& gate_up) {
 }
 
 void CudaBackend::add(const View& out, const View& a, const View& b) {
+    const OpTimer timer(*this, "add");
     check_act(out, "add", "out");
     check_act(a, "add", "a");
     check_act(b, "add", "b");
@@ -272,6 +280,7 @@ void CudaBackend::add(const View& out, const View& a, const View& b) {
 }
 
 void CudaBackend::linear(const View& out, const View& x, const Linear& w) {
+    const OpTimer timer(*this, "linear", w.mode, w.n, w.k, x.rows());
     // out may be f32 (the LM head writes f32 logits); everything else is in the activation dtype.
     const DType od = out.dtype;
     if (od != DType::kF32) check_act(out, "linear", "out");
@@ -298,15 +307,13 @@ void CudaBackend::linear(const View& out, const View& x, const Linear& w) {
     const auto* wq = w.weight.ptr<int8_t>();
     const auto* sw = w.scales.ptr<float>();
     // Crossover: decode batches of m <= kGemvMaxRows (16) tokens run the GEMVs (weights read once,
-    // no tile padding); W8A16 above it dequantizes once and runs the float GEMM, W8A8 runs IMMA.
+    // no tile padding); W8A16 above it runs the tensor-core GEMM that converts the int8 weight tile by
+    // tile (no dequantized copy), W8A8 runs IMMA.
     if (w.mode == QuantMode::kW8A16) {
-        if (m <= cuda::kGemvMaxRows) {
+        if (m <= cuda::kGemvMaxRows)
             cuda::gemv_w8a16(out.data, x.data, wq, k_pad, sw, m, n, k, act_, od, stream_);
-        } else {
-            void* wd = scratch(wdeq_, size_t(n * k) * 2, "w8a16 dequantized weight");
-            cuda::dequant_weights(wd, wq, k_pad, sw, n, k, act_, stream_);
-            lt_->gemm_float(out.data, n, x.data, k, wd, k, m, n, k, act_, od, stream_);
-        }
+        else
+            cuda::gemm_w8a16(out.data, x.data, wq, k_pad, sw, m, n, k, act_, od, stream_);
         return;
     }
     // W8A8: per-token dynamic int8 activations.
@@ -320,16 +327,38 @@ void CudaBackend::matmul_w8a8(const View& out, const int8_t* xq, const float* sx
     const int64_t n = w.n, n_pad = w.weight.view().shape[0], k_pad = w.weight.view().shape[1];
     const auto* wq = w.weight.ptr<int8_t>();
     const auto* sw = w.scales.ptr<float>();
-    if (m <= cuda::kGemvMaxRows) {
-        cuda::gemv_w8a8(out.data, xq, k_pad, sx, wq, k_pad, sw, m, n, k_pad, act_, out.dtype, stream_);
-    } else {
+    if (m > cuda::kGemvMaxRows) {
         auto* acc = static_cast<int32_t*>(scratch(acc_, size_t(m * n_pad) * 4, "int32 accumulators"));
-        lt_->gemm_i8(acc, n_pad, xq, k_pad, wq, k_pad, m, n_pad, k_pad, stream_);
-        cuda::dequant_i32(out.data, acc, n_pad, sx, sw, m, n, act_, out.dtype, stream_);
+        if (lt_->try_gemm_i8(acc, n_pad, xq, k_pad, wq, k_pad, m, n_pad, k_pad, stream_)) {
+            cuda::dequant_i32(out.data, acc, n_pad, sx, sw, m, n, act_, out.dtype, stream_);
+            return;
+        }
+        // cuBLASLt has no algorithm for this shape: the GEMV in chunks of kGemvMaxRows rows (each
+        // chunk reads the weights once more: slower, same int32 dots, same results). Said once per shape.
+        if (lt_fallbacks_.insert({n_pad, k_pad}).second)
+            LOG_WARN(
+                "cuda:{}: cuBLASLt has no int8 algorithm for n={} k={} (m={}): W8A8 runs the GEMV in chunks of "
+                "{} rows for this shape (correct, slower)",
+                device_, n_pad, k_pad, m, cuda::kGemvMaxRows);
+    }
+    const size_t es = size_t(dtype_size(out.dtype));
+    for (int64_t r0 = 0; r0 < m; r0 += cuda::kGemvMaxRows) {
+        const int64_t rows = std::min<int64_t>(cuda::kGemvMaxRows, m - r0);
+        cuda::gemv_w8a8(static_cast<char*>(out.data) + size_t(r0 * n) * es, xq + r0 * k_pad, k_pad, sx + r0, wq, k_pad,
+                        sw, rows, n, k_pad, act_, out.dtype, stream_);
     }
 }
 
+void CudaBackend::set_lt_options(const cuda::LtOptions& options) {
+    LATTICE_CHECK(!capturing_ && graphs_ == 0, "CudaBackend::set_lt_options after a graph was captured");
+    make_current();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    lt_ = std::make_unique<cuda::LtGemm>(options);
+    lt_fallbacks_.clear();
+}
+
 void CudaBackend::linear_quant(const View& out, const QuantActs& qa, const Linear& w) {
+    const OpTimer timer(*this, "linear", w.mode, w.n, w.k, out.rows());
     const DType od = out.dtype;
     if (od != DType::kF32) check_act(out, "linear_quant", "out");
     LATTICE_CHECK(out.device == Device::kCuda && out.is_contiguous(),
@@ -374,6 +403,7 @@ void CudaBackend::sample(const View& logits, const cuda::SampleParams* host_para
 
 void CudaBackend::select_tokens(const View& logits, std::span<const TokenSelect> rows, int32_t* host_ids,
                                 float* host_logprobs) {
+    const OpTimer timer(*this, "select_tokens");
     LATTICE_CHECK(logits.device == Device::kCuda && logits.dtype == DType::kF32 && logits.ndim == 2 &&
                       logits.is_contiguous() && logits.rows() == int64_t(rows.size()),
                   "CudaBackend::select_tokens: logits {} {} for {} rows (f32 [rows, vocab] on the device)",
@@ -381,32 +411,46 @@ void CudaBackend::select_tokens(const View& logits, std::span<const TokenSelect>
     const int64_t m = logits.rows();
     if (m == 0) return;
     make_current();
-    // One staging block: [params m | bans] then, on the device, [ids m | logprobs m] after it.
+    // One staging block: [params m | bans | (16-byte aligned) penalty edits] then, on the device,
+    // [ids m | logprobs m] after it.
     std::vector<cuda::SelectParams> params(static_cast<size_t>(m));
     std::vector<int32_t> bans;
+    std::vector<cuda::PenaltyEdit> edits;
+    const int64_t V = logits.cols();
     for (int64_t i = 0; i < m; ++i) {
         const TokenSelect& r = rows[size_t(i)];
         LATTICE_CHECK(r.temperature >= 0.0f && r.top_p > 0.0f && r.top_p <= 1.0f && r.min_p >= 0.0f &&
-                          r.min_p <= 1.0f && r.u >= 0.0f && r.u < 1.0f,
-                      "CudaBackend::select_tokens: row {}: temperature {} top_p {} min_p {} u {} out of range", i,
-                      r.temperature, r.top_p, r.min_p, r.u);
+                          r.min_p <= 1.0f && r.u >= 0.0f && r.u < 1.0f && r.repeat_penalty > 0.0f,
+                      "CudaBackend::select_tokens: row {}: temperature {} top_p {} min_p {} u {} repeat penalty {} "
+                      "out of range",
+                      i, r.temperature, r.top_p, r.min_p, r.u, r.repeat_penalty);
         cuda::SelectParams& p = params[size_t(i)];
         p = {r.temperature, r.top_k > 0 ? r.top_k : 0, r.top_p, r.min_p, r.u, int32_t(bans.size()), 0};
         bans.insert(bans.end(), r.bans.begin(), r.bans.end());
         p.ban_end = int32_t(bans.size());
+        p.repeat_penalty = r.repeat_penalty;
+        p.pen_begin = int32_t(edits.size());
+        for (const TokenPenalty& e : r.penalties) {
+            LATTICE_CHECK(e.id >= 0 && e.id < V, "CudaBackend::select_tokens: row {}: penalty on id {} of {}", i, e.id,
+                          V);
+            edits.push_back(cuda::PenaltyEdit{e.id, e.repeat, e.sub, 0.0f});
+        }
+        p.pen_end = int32_t(edits.size());
     }
     const size_t pbytes = params.size() * sizeof(cuda::SelectParams), bbytes = bans.size() * 4;
-    const size_t in_bytes = (pbytes + bbytes + 15) / 16 * 16;
+    const size_t eoff = (pbytes + bbytes + 15) / 16 * 16, ebytes = edits.size() * sizeof(cuda::PenaltyEdit);
+    const size_t in_bytes = (eoff + ebytes + 15) / 16 * 16;
     char* dev = static_cast<char*>(scratch(select_, in_bytes + size_t(m) * 8, "token selection"));
-    select_host_.resize(in_bytes);
+    select_host_.assign(in_bytes, 0);
     std::memcpy(select_host_.data(), params.data(), pbytes);
     if (bbytes) std::memcpy(select_host_.data() + pbytes, bans.data(), bbytes);
+    if (ebytes) std::memcpy(select_host_.data() + eoff, edits.data(), ebytes);
     CUDA_CHECK(cudaMemcpyAsync(dev, select_host_.data(), in_bytes, cudaMemcpyHostToDevice, stream_));
     auto* ids = reinterpret_cast<int32_t*>(dev + in_bytes);
     auto* lps = reinterpret_cast<float*>(dev + in_bytes + size_t(m) * 4);
     cuda::select_tokens(ids, lps, static_cast<float*>(logits.data), m, logits.cols(),
                         reinterpret_cast<const cuda::SelectParams*>(dev), reinterpret_cast<const int32_t*>(dev + pbytes),
-                        stream_);
+                        ebytes ? reinterpret_cast<cuda::PenaltyEdit*>(dev + eoff) : nullptr, stream_);
     std::vector<int32_t> out(size_t(m) * 2);
     CUDA_CHECK(cudaMemcpyAsync(out.data(), ids, size_t(m) * 8, cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -453,6 +497,12 @@ void CudaGraph::replay(CudaBackend& be, const TokenBatch& batch) {
                   tiles_);
     CUDA_CHECK(cudaGraphLaunch(exec_, be.stream()));
     be.after_replay(area_);
+    replayed_ = true;
+}
+
+void CudaGraph::relaunch(CudaBackend& be) {
+    LATTICE_CHECK(exec_ && replayed_, "CudaGraph::relaunch before a replay");
+    CUDA_CHECK(cudaGraphLaunch(exec_, be.stream()));
 }
 
 namespace {
@@ -485,8 +535,9 @@ QuantActs CudaBackend::alloc_quant_acts(int64_t rows, int64_t k) {
     return qa;
 }
 
-void CudaBackend::add_rmsnorm_quant(const View& residual, const View& x, const View& out, QuantActs& qa,
-                                    const View& w, float eps) {
+void CudaBackend::add_rmsnorm_quant(const View& residual, const View& x, const View& out, QuantActs& qa, const View& w,
+                                    float eps) {
+    const OpTimer timer(*this, "add_rmsnorm_quant");
     check_act(residual, "add_rmsnorm_quant", "residual");
     if (x.data) {
         check_act(x, "add_rmsnorm_quant", "x");
@@ -502,6 +553,7 @@ void CudaBackend::add_rmsnorm_quant(const View& residual, const View& x, const V
 }
 
 void CudaBackend::silu_mul_quant(const View& out, QuantActs& qa, const View& gate_up) {
+    const OpTimer timer(*this, "silu_mul_quant");
     check_act(out, "silu_mul_quant", "out");
     check_act(gate_up, "silu_mul_quant", "gate_up");
     check_rows_cols(gate_up, out.rows(), 2 * out.cols(), "silu_mul_quant", "gate_up");

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -82,6 +83,43 @@ inline double rel_err(const std::vector<float>& got, const std::vector<float>& r
         if (!std::isfinite(got[i])) return INFINITY;  // poisoned / unwritten element
     }
     return std::sqrt(num / (den > 0 ? den : 1.0));
+}
+
+// Per-row max error: max over rows of max_j |got - ref| / max_j |ref| (a row of zeros divides by 1).
+// Relative L2 over a whole tensor hides one bad row among many (a wrong head, token or output
+// channel); this does not. Unwritten (NaN) elements give infinity.
+inline double max_row_err(const std::vector<float>& got, const std::vector<float>& ref, int64_t rows, int64_t cols) {
+    double worst = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+        double diff = 0, scale = 0;
+        for (int64_t j = 0; j < cols; ++j) {
+            const size_t i = size_t(r * cols + j);
+            if (!std::isfinite(got[i])) return INFINITY;
+            diff = std::max(diff, std::fabs(double(got[i]) - double(ref[i])));
+            scale = std::max(scale, std::fabs(double(ref[i])));
+        }
+        worst = std::max(worst, diff / (scale > 0 ? scale : 1.0));
+    }
+    return worst;
+}
+
+// Per-row tolerances: one rounding of the output to the activation dtype is at most 2^-11 (f16) or
+// 2^-8 (bf16) of the row's largest value; the rest is fp32 summation order.
+constexpr double kRowTolF16 = 4e-3;
+constexpr double kRowTolBF16 = 2e-2;
+inline double row_tol_for(DType act) {
+    return act == DType::kF16 ? kRowTolF16 : kRowTolBF16;
+}
+
+// Both measures against the activation dtype's tolerances (got and ref are [rows, cols]).
+inline void check_close(const std::vector<float>& got, const std::vector<float>& ref, int64_t rows, int64_t cols,
+                        DType act) {
+    REQUIRE(got.size() == size_t(rows * cols));
+    REQUIRE(ref.size() == got.size());
+    const double l2 = rel_err(got, ref), row = max_row_err(got, ref, rows, cols);
+    INFO("rows " << rows << " cols " << cols << ": relative L2 " << l2 << ", per-row max " << row);
+    CHECK(l2 < tol_for(act));
+    CHECK(row < row_tol_for(act));
 }
 
 inline bool any_nonzero(const std::vector<float>& v) {

@@ -16,10 +16,10 @@
 #include <numeric>
 #include <tuple>
 
-#include "tests/kernels/cuda/cuda_test_util.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/kernels.h"
+#include "tests/kernels/cuda/attention_test_util.h"
 
 using namespace lattice;
 using namespace lattice::test;
@@ -29,148 +29,6 @@ namespace {
 struct Batch {
     std::vector<int32_t> pos, slots;
 };
-
-cuda::AttnDims attn_dims(int64_t nh, int64_t nkv, int64_t hd, int64_t max_seq, int64_t bs, int64_t n_blocks,
-                         int64_t table_width, float scale) {
-    cuda::AttnDims d;
-    d.n_heads = nh;
-    d.n_kv_heads = nkv;
-    d.head_dim = hd;
-    d.max_seq = max_seq;
-    d.block_size = bs;
-    d.num_blocks = n_blocks;
-    d.table_width = table_width;
-    d.scale = scale;
-    return d;
-}
-
-// One decode problem: shapes, block tables, fp32 caches and queries (already rounded to the activation
-// dtype), and one (position, sequence) per token.
-struct DecodeProblem {
-    int64_t nh = 0, nkv = 0, hd = 0, max_seq = 0, bs = 16, n_seqs = 0, n_blocks = 0, window = 0;
-    std::vector<int32_t> tables, pos, seqs;
-    std::vector<float> kc, vc, qkv;
-    int64_t width() const { return (max_seq + bs - 1) / bs; }
-    int64_t row() const { return (nh + 2 * nkv) * hd; }
-    int64_t m() const { return int64_t(pos.size()); }
-    float scale() const { return 1.0f / std::sqrt(float(hd)); }
-    cuda::AttnDims dims() const {
-        cuda::AttnDims d = attn_dims(nh, nkv, hd, max_seq, bs, n_blocks, width(), scale());
-        d.window = window;
-        return d;
-    }
-};
-
-// Random caches and queries. full_tables: every table entry is a block (a permutation of n_seqs *
-// width blocks); otherwise each sequence gets distinct blocks (shuffled) for the positions its tokens
-// reach and random valid ids past them (never read: an over-read would pull in foreign rows).
-DecodeProblem make_problem(std::mt19937_64& rng, DType act, int64_t nh, int64_t nkv, int64_t hd, int64_t max_seq,
-                           int64_t n_seqs, std::vector<int32_t> pos, std::vector<int32_t> seqs, bool full_tables) {
-    DecodeProblem p;
-    p.nh = nh, p.nkv = nkv, p.hd = hd, p.max_seq = max_seq, p.n_seqs = n_seqs;
-    p.pos = std::move(pos), p.seqs = std::move(seqs);
-    const int64_t w = p.width();
-    std::vector<int64_t> need(size_t(n_seqs), full_tables ? w : 0);
-    for (int64_t t = 0; t < p.m(); ++t)
-        if (p.seqs[t] >= 0 && p.seqs[t] < n_seqs && p.pos[t] >= 0 && p.pos[t] < max_seq)
-            need[size_t(p.seqs[t])] = std::max<int64_t>(need[size_t(p.seqs[t])], p.pos[t] / p.bs + 1);
-    for (int64_t n : need) p.n_blocks += n;
-    p.n_blocks = std::max<int64_t>(p.n_blocks, 1);
-    std::vector<int32_t> ids(size_t(p.n_blocks));
-    std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), rng);
-    p.tables.resize(size_t(n_seqs * w));
-    size_t next = 0;
-    for (int64_t s = 0; s < n_seqs; ++s)
-        for (int64_t b = 0; b < w; ++b)
-            p.tables[size_t(s * w + b)] = b < need[size_t(s)] ? ids[next++] : int32_t(rng() % uint64_t(p.n_blocks));
-    const size_t cache_n = size_t(p.n_blocks * p.bs * nkv * hd);
-    p.kc = random_vec(rng, cache_n);
-    p.vc = random_vec(rng, cache_n);
-    p.qkv = random_vec(rng, size_t(p.m() * p.row()), -2, 2);
-    for (auto* v : {&p.kc, &p.vc, &p.qkv})
-        for (auto& x : *v) x = round_act(x, act);
-    return p;
-}
-
-// kv_store + attention_decode on the device: out [m, nh * hd]. qkv sits qkv_offset elements into its
-// buffer (not a multiple of 8: unaligned, the scalar-load path). The workspace starts poisoned, so a
-// split the merge reads but nobody wrote shows as NaN.
-std::vector<float> device_decode(const DecodeProblem& p, DType act, int64_t qkv_offset = 0) {
-    const int64_t m = p.m();
-    std::vector<float> padded(size_t(qkv_offset), 0.0f);
-    padded.insert(padded.end(), p.qkv.begin(), p.qkv.end());
-    DevBuf dqkv(to_act(padded, act)), dpos(p.pos), dseqs(p.seqs), dtables(p.tables);
-    DevBuf dk(to_act(p.kc, act)), dv(to_act(p.vc, act)), dout(size_t(m * p.nh * p.hd) * 2);
-    const cuda::AttnDims d = p.dims();
-    const cuda::KvTables kv{dtables.get<int32_t>(), p.n_seqs};
-    const void* q = dqkv.get<uint16_t>() + qkv_offset;
-    cuda::kv_store(dk.get(), dv.get(), q, dpos.get<int32_t>(), dseqs.get<int32_t>(), kv, m, d, act, nullptr);
-    DevBuf ws(size_t(cuda::decode_workspace_floats(m, d)) * 4);
-    cuda::attention_decode(dout.get(), q, dk.get(), dv.get(), dpos.get<int32_t>(), dseqs.get<int32_t>(), kv, m, d,
-                           ws.get<float>(), act, nullptr);
-    CUDA_OK(cudaGetLastError());
-    CUDA_OK(cudaDeviceSynchronize());
-    return from_act(dout.download<uint16_t>(size_t(m * p.nh * p.hd)), act);
-}
-
-std::vector<float> cpu_decode(const DecodeProblem& p, ThreadPool& pool) {
-    std::vector<float> out(size_t(p.m() * p.nh * p.hd)), k = p.kc, v = p.vc;
-    const cpu::AttentionArgs args{p.nh,     p.nkv,     p.hd,      p.bs,    p.n_blocks, p.tables.data(),
-                                  p.n_seqs, p.width(), p.scale(), p.window};
-    cpu::attention(out.data(), p.qkv.data(), k.data(), v.data(), p.pos.data(), p.seqs.data(), p.m(), args, pool);
-    return out;
-}
-
-// float64 reference with the device's rules for what the CPU op rejects: a position whose table entry
-// is not a block of the cache is skipped (and not stored); a token outside the context or the tables,
-// or with no position left, gets zeros.
-std::vector<float> naive_decode(const DecodeProblem& p) {
-    const int64_t m = p.m(), hd = p.hd, group = p.nh / p.nkv, w = p.width();
-    std::vector<float> k = p.kc, v = p.vc, out(size_t(m * p.nh * hd), 0.0f);
-    auto valid = [&](int64_t t) {
-        return p.seqs[t] >= 0 && p.seqs[t] < p.n_seqs && p.pos[t] >= 0 && p.pos[t] < p.max_seq;
-    };
-    auto row_of = [&](int64_t t, int64_t q, int64_t g) -> int64_t {  // element offset, -1: no block
-        const int32_t b = p.tables[size_t(p.seqs[t] * w + q / p.bs)];
-        return b >= 0 && b < p.n_blocks ? ((b * p.bs + q % p.bs) * p.nkv + g) * hd : -1;
-    };
-    for (int64_t t = 0; t < m; ++t)
-        for (int64_t g = 0; g < p.nkv && valid(t); ++g) {
-            const int64_t off = row_of(t, p.pos[t], g);
-            if (off < 0) continue;
-            for (int64_t i = 0; i < hd; ++i) {
-                k[size_t(off + i)] = p.qkv[size_t(t * p.row() + (p.nh + g) * hd + i)];
-                v[size_t(off + i)] = p.qkv[size_t(t * p.row() + (p.nh + p.nkv + g) * hd + i)];
-            }
-        }
-    for (int64_t t = 0; t < m; ++t) {
-        if (!valid(t)) continue;
-        for (int64_t h = 0; h < p.nh; ++h) {
-            const float* q = p.qkv.data() + t * p.row() + h * hd;
-            std::vector<double> s;
-            std::vector<int64_t> offs;
-            for (int64_t j = 0; j <= p.pos[t]; ++j) {
-                const int64_t off = row_of(t, j, h / group);
-                if (off < 0) continue;
-                double dot = 0;
-                for (int64_t i = 0; i < hd; ++i) dot += double(q[i]) * double(p.scale()) * double(k[size_t(off + i)]);
-                s.push_back(dot);
-                offs.push_back(off);
-            }
-            if (s.empty()) continue;
-            const double mx = *std::max_element(s.begin(), s.end());
-            double sum = 0;
-            for (double& x : s) sum += (x = std::exp(x - mx));
-            for (int64_t i = 0; i < hd; ++i) {
-                double a = 0;
-                for (size_t j = 0; j < s.size(); ++j) a += s[j] * double(v[size_t(offs[j] + i)]);
-                out[size_t((t * p.nh + h) * hd + i)] = float(a / sum);
-            }
-        }
-    }
-    return out;
-}
 
 Batch make_batch(bool single) {
     Batch b;
@@ -241,7 +99,7 @@ TEST_CASE("cuda attention: decode and prefill paths equal the CPU op" * doctest:
                                                 dt.get<cuda::PrefillTile>(), nt, kv, d, act, nullptr);
                     }
                     std::vector<float> got = from_act(dout.download<uint16_t>(size_t(m * nh * hd)), act);
-                    CHECK(rel_err(got, ref) < tol_for(act));
+                    check_close(got, ref, m * nh, hd, act);  // per (token, head) row
                     // The caches hold exactly what the CPU stored.
                     CHECK(from_act(dk.download<uint16_t>(cache_n), act) == kref);
                     CHECK(from_act(dv.download<uint16_t>(cache_n), act) == vref);
@@ -297,7 +155,7 @@ TEST_CASE("cuda flash-decoding: split boundaries, GQA groups and head dims equal
                                                : make_problem(rng, act, nh, nkv, hd, max_seq, m, pos, seqs, false);
                 const std::vector<float> ref = cpu_decode(p, pool);
                 REQUIRE(any_nonzero(ref));
-                CHECK(rel_err(device_decode(p, act), ref) < tol_for(act));
+                check_close(device_decode(p, act), ref, p.m() * p.nh, p.hd, act);
             }
         }
     }
@@ -327,7 +185,7 @@ TEST_CASE("cuda flash-decoding: masked table entries and tokens outside the cont
             const std::vector<float> ref = naive_decode(p);
             REQUIRE(any_nonzero(ref));
             const std::vector<float> got = device_decode(p, act, qkv_offset);
-            CHECK(rel_err(got, ref) < tol_for(act));
+            check_close(got, ref, p.m() * nh, hd, act);
             for (int64_t t : zero_rows) {
                 INFO("token " << t);
                 const auto row = got.begin() + t * nh * hd;

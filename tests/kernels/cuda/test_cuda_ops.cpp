@@ -80,7 +80,7 @@ TEST_CASE("cuda rmsnorm, add_rmsnorm and the fused quantize" * doctest::test_sui
             cuda::rmsnorm(dout.get(), dx.get(), dw.get<float>(), m, n, 1e-5f, act, nullptr);
             std::vector<float> got = from_act(dout.download<uint16_t>(size_t(m * n)), act), ref(size_t(m * n));
             cpu::rmsnorm(ref.data(), x.data(), w.data(), m, n, 1e-5f, pool());
-            CHECK(rel_err(got, ref) < tol_for(act));
+            check_close(got, ref, m, n, act);
 
             // Fused: residual += x, out = norm(residual), q = quantize(out).
             const int64_t ldq = (n + 15) / 16 * 16;
@@ -92,8 +92,8 @@ TEST_CASE("cuda rmsnorm, add_rmsnorm and the fused quantize" * doctest::test_sui
             std::vector<float> out_got = from_act(dout.download<uint16_t>(size_t(m * n)), act);
             std::vector<float> res_ref = r, out_ref(size_t(m * n));
             cpu::add_rmsnorm(res_ref.data(), x.data(), out_ref.data(), w.data(), m, n, 1e-5f, pool());
-            CHECK(rel_err(res_got, res_ref) < tol_for(act));
-            CHECK(rel_err(out_got, out_ref) < tol_for(act));
+            check_close(res_got, res_ref, m, n, act);
+            check_close(out_got, out_ref, m, n, act);
             // The int8 rows must be exactly the shared quantize_row_int8 of the device's own output.
             std::vector<int8_t> q = dq.download<int8_t>(size_t(m * ldq));
             std::vector<float> s = ds.download<float>(size_t(m));
@@ -153,7 +153,7 @@ TEST_CASE("cuda rope: half-split pairs, GQA row layout, large positions" * docte
                 cuda::rope(dq.get(), dpos.get<int32_t>(), m, nh, nkv, hd, dinv.get<float>(), act, nullptr);
                 std::vector<float> got = from_act(dq.download<uint16_t>(size_t(m * row)), act);
                 cpu::rope(qkv.data(), m, row, pos.data(), nh + nkv, hd, inv.data(), pool());
-                CHECK(rel_err(got, qkv) < tol_for(act));
+                check_close(got, qkv, m * (nh + 2 * nkv), hd, act);  // per head row
                 // v heads untouched (bit-exact).
                 for (int64_t i = 0; i < m; ++i)
                     for (int64_t j = (nh + nkv) * hd; j < row; ++j)
@@ -174,7 +174,7 @@ TEST_CASE("cuda silu_mul, add, dequant_weights" * doctest::test_suite("cuda")) {
             cuda::silu_mul(dout.get(), dgu.get(), m, f, act, nullptr);
             std::vector<float> ref(static_cast<size_t>(m * f));
             cpu::silu_mul(ref.data(), gu.data(), m, f, pool());
-            CHECK(rel_err(from_act(dout.download<uint16_t>(size_t(m * f)), act), ref) < tol_for(act));
+            check_close(from_act(dout.download<uint16_t>(size_t(m * f)), act), ref, m, f, act);
 
             std::vector<float> a = random_vec(rng, size_t(m * f)), b = random_vec(rng, size_t(m * f));
             DevBuf da(rounded(a, act)), db(rounded(b, act));
@@ -216,7 +216,7 @@ TEST_CASE("cuda silu_mul_quant equals silu_mul then quantize_rows" * doctest::te
             std::vector<float> out = from_act(dout.download<uint16_t>(size_t(m * f)), act);
             std::vector<float> ref(static_cast<size_t>(m * f));
             cpu::silu_mul(ref.data(), gu.data(), m, f, pool());
-            CHECK(rel_err(out, ref) < tol_for(act));
+            check_close(out, ref, m, f, act);
             // Unfused on the device: the same out bits, then quantize_rows of them.
             DevBuf dout2(size_t(m * f) * 2), dq2(size_t(m * ldq)), ds2(size_t(m) * 4);
             cuda::silu_mul(dout2.get(), dgu.get(), m, f, act, nullptr);

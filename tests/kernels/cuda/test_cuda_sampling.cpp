@@ -125,7 +125,7 @@ TEST_CASE("cuda select_tokens: greedy and sampled rows, bans, min_p, raw log-pro
     const std::vector<float> raw = logits;
     DevBuf dl(logits), dp(params), db(bans), dids(size_t(m) * 4), dlp(size_t(m) * 4);
     cuda::select_tokens(dids.get<int32_t>(), dlp.get<float>(), dl.get<float>(), m, v, dp.get<cuda::SelectParams>(),
-                        db.get<int32_t>(), nullptr);
+                        db.get<int32_t>(), nullptr, nullptr);
     const std::vector<int32_t> ids = dids.download<int32_t>(size_t(m));
     const std::vector<float> lps = dlp.download<float>(size_t(m));
     std::vector<float> banned0(raw.begin(), raw.begin() + v);
@@ -147,4 +147,77 @@ TEST_CASE("cuda select_tokens: greedy and sampled rows, bans, min_p, raw log-pro
         const double want = double(raw[size_t(i * v + ids[size_t(i)])]) - (mx + std::log(z));
         CHECK(lps[size_t(i)] == doctest::Approx(want).epsilon(1e-4));
     }
+}
+
+// Penalties on the device: per-id edits (repetition: divide a positive logit / multiply a negative
+// one; presence + frequency: subtract) before the bans and the pick, as the host sampler applies
+// them; the pick's log-probability stays that of the raw row. Greedy rows, so the pick is exact:
+// row 0: its argmax repetition-penalized (x 1/8) loses to the runner-up; row 1: the argmax gets a
+// subtraction that sinks it, the runner-up is repetition-penalized too; row 2: edits on ids that
+// stay below the argmax change nothing; row 3: a negative logit penalized both ways (x rp, then
+// minus sub), and an edit on a banned id stays banned.
+TEST_CASE("cuda select_tokens: penalty edits before the pick, the raw row's log-probability" *
+          doctest::test_suite("cuda")) {
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    const int64_t v = 1001, m = 4;
+    std::vector<float> logits = random_vec(rng, size_t(m * v), -2, 2);
+    auto at = [&](int64_t i, int64_t j) -> float& { return logits[size_t(i * v + j)]; };
+    at(0, 10) = 6.0f, at(0, 11) = 5.0f;   // 6 / 8 = 0.75 < 5: id 11 wins
+    at(1, 20) = 6.0f, at(1, 21) = 5.5f, at(1, 22) = 5.0f;  // 20 - 3 = 3; 21 / 2 = 2.75: id 22 wins
+    at(2, 30) = 7.0f;                      // stays the argmax
+    at(3, 40) = 9.0f, at(3, 41) = 8.0f;   // 40 banned (and edited); 41 - 0.5 = 7.5 still above 4
+    const std::vector<cuda::PenaltyEdit> edits = {
+        {10, 1, 0.0f, 0.0f},                        // row 0
+        {20, 0, 3.0f, 0.0f},  {21, 1, 0.0f, 0.0f},  // row 1
+        {5, 1, 0.5f, 0.0f},   {6, 0, 1.0f, 0.0f},   // row 2
+        {40, 1, 2.0f, 0.0f},  {41, 0, 0.5f, 0.0f},  // row 3
+    };
+    const std::vector<int32_t> bans = {40};
+    std::vector<cuda::SelectParams> params(static_cast<size_t>(m));
+    const int32_t pen[][2] = {{0, 1}, {1, 3}, {3, 5}, {5, 7}};
+    const float rp[] = {8.0f, 2.0f, 1.3f, 1.5f};
+    for (int64_t i = 0; i < m; ++i) {
+        params[size_t(i)] = {0.0f, 0, 1.0f, 0.0f, 0.0f, i == 3 ? 0 : 1, 1};  // only row 3 has the ban
+        params[size_t(i)].repeat_penalty = rp[i];
+        params[size_t(i)].pen_begin = pen[i][0];
+        params[size_t(i)].pen_end = pen[i][1];
+    }
+    const std::vector<float> raw = logits;
+    DevBuf dl(logits), dp(params), db(bans), de(edits), dids(size_t(m) * 4), dlp(size_t(m) * 4);
+    cuda::select_tokens(dids.get<int32_t>(), dlp.get<float>(), dl.get<float>(), m, v, dp.get<cuda::SelectParams>(),
+                        db.get<int32_t>(), de.get<cuda::PenaltyEdit>(), nullptr);
+    const std::vector<int32_t> ids = dids.download<int32_t>(size_t(m));
+    const std::vector<float> lps = dlp.download<float>(size_t(m));
+    // The host's penalized rows (Sampler::penalize's formula) and their argmax.
+    std::vector<float> host = raw;
+    for (int64_t i = 0; i < m; ++i)
+        for (int32_t e = pen[i][0]; e < pen[i][1]; ++e) {
+            float& l = host[size_t(i * v + edits[size_t(e)].id)];
+            if (edits[size_t(e)].repeat) l = l > 0 ? l / rp[i] : l * rp[i];
+            l -= edits[size_t(e)].sub;
+        }
+    host[size_t(3 * v + 40)] = -INFINITY;
+    CHECK(ids[0] == 11);
+    CHECK(ids[1] == 22);
+    CHECK(ids[2] == 30);
+    CHECK(ids[3] == 41);
+    const std::vector<float> edited = dl.download<float>(size_t(m * v));
+    CHECK(edited == host);  // the row as the host would have sampled from it
+    for (int64_t i = 0; i < m; ++i) {
+        INFO("row " << i);
+        CHECK(ids[size_t(i)] == int32_t(std::max_element(host.begin() + i * v, host.begin() + (i + 1) * v) -
+                                        (host.begin() + i * v)));
+        double mx = -INFINITY, z = 0;
+        for (int64_t j = 0; j < v; ++j) mx = std::max(mx, double(raw[size_t(i * v + j)]));
+        for (int64_t j = 0; j < v; ++j) z += std::exp(double(raw[size_t(i * v + j)]) - mx);
+        CHECK(lps[size_t(i)] ==
+              doctest::Approx(double(raw[size_t(i * v + ids[size_t(i)])]) - (mx + std::log(z))).epsilon(1e-4));
+    }
+    // The raw logits of the edited ids came back in the edits.
+    const std::vector<cuda::PenaltyEdit> back = de.download<cuda::PenaltyEdit>(edits.size());
+    for (int64_t i = 0; i < m; ++i)
+        for (int32_t e = pen[i][0]; e < pen[i][1]; ++e)
+            CHECK(back[size_t(e)].raw == raw[size_t(i * v + edits[size_t(e)].id)]);
 }

@@ -334,10 +334,9 @@ TEST_CASE("the device step path (step graphs, backend token selection; the CPU m
         RankRuntime rt = build(opt, *src);
         std::vector<GenerateResult> got = rt.engine->generate_batch(reqs);
         for (size_t i = 0; i < reqs.size(); ++i) CHECK(got[i].tokens == want[i]);
-        if (pp == 1)
-            CHECK(rt.engine->counters().graph_replays > 0);  // every TP rank replayed, collectives matched
-        else
-            CHECK(rt.engine->counters().graph_steps == 0);  // pipelines run eagerly
+        // Every rank of every stage replayed: TP collectives and the stages' hand-offs around the
+        // graphs matched (a pipeline stage captures its own part, receiving and sending outside it).
+        CHECK(rt.engine->counters().graph_replays > 0);
     }
 }
 

@@ -63,6 +63,8 @@ TEST_CASE("penalties through the engine equal the reference loop, prefix-cached 
     opt.model.max_seq = 64;
     opt.model.block_size = 4;  // the 20-token prompt spans 5 blocks: 4 of them cached on the second run
     RankRuntime rt = build(opt, *src);
+    opt.backend.cpu_select_tokens = true;  // the device path: the penalties go to select_tokens as edits
+    RankRuntime dev = build(opt, *src);
     std::vector<int32_t> prompt;
     for (int i = 0; i < 20; ++i) prompt.push_back(int32_t((i * 7 + 3) % 61));
     const int n = 12;
@@ -78,6 +80,11 @@ TEST_CASE("penalties through the engine equal the reference loop, prefix-cached 
         CHECK(want != plain);  // the penalties change the output: the comparison below can fail
         const GenerateResult first = rt.engine->generate(greedy(prompt, n, p));
         CHECK(first.tokens == want);
+        const GenerateResult on_dev = dev.engine->generate(greedy(prompt, n, p));
+        CHECK(on_dev.tokens == want);
+        REQUIRE(on_dev.logprobs.size() == first.logprobs.size());
+        for (size_t k = 0; k < first.logprobs.size(); ++k)
+            CHECK(on_dev.logprobs[k] == doctest::Approx(first.logprobs[k]).epsilon(1e-4));
         // Again: the prompt's full blocks now come from the prefix cache (never fed this time).
         GenerateStats st;
         const std::vector<GenerateResult> again = rt.engine->generate_batch({greedy(prompt, n, p)}, {}, &st);
@@ -161,7 +168,7 @@ TEST_CASE("a front's callback ends one sequence of a batch; the others run on") 
 }
 
 TEST_CASE("backend token selection (the device path, run by the CPU backend): greedy rows equal the host path, "
-          "penalized rows still go through the host, seeds reproduce") {
+          "penalized ones too (their penalties as per-id edits), seeds reproduce") {
     auto src = make_random_source(tiny(), 17, DType::kF32);
     auto make = [&](bool backend_select) {
         BuildOptions opt = test::cpu_options();
@@ -189,7 +196,7 @@ TEST_CASE("backend token selection (the device path, run by the CPU backend): gr
     const std::vector<GenerateResult> b = dev.engine->generate_batch(reqs);
     REQUIRE(a.size() == reqs.size());
     REQUIRE(b.size() == reqs.size());
-    for (size_t i : {size_t(0), size_t(1), size_t(2), size_t(4)}) {  // greedy, or penalized (host sampler either way)
+    for (size_t i : {size_t(0), size_t(1), size_t(4)}) {  // greedy rows, penalized or not: the same picks and logprobs
         CAPTURE(i);
         CHECK(b[i].tokens == a[i].tokens);
         REQUIRE(b[i].logprobs.size() == a[i].logprobs.size());
@@ -198,14 +205,18 @@ TEST_CASE("backend token selection (the device path, run by the CPU backend): gr
     CHECK(a[0].tokens != a[1].tokens);  // the penalties changed that row: it was not taken as plain
     // The sampled plain row: a seed reproduces on the same backend; every token in range, with a
     // log-probability of the raw row.
+    // The sampled penalized row (2) is drawn on the backend too: the same checks.
     const std::vector<GenerateResult> again = dev.engine->generate_batch(reqs);
-    CHECK(again[3].tokens == b[3].tokens);
-    CHECK(b[3].tokens.size() == 10);
-    for (size_t k = 0; k < b[3].tokens.size(); ++k) {
-        CHECK(b[3].tokens[k] >= 0);
-        CHECK(b[3].tokens[k] < 61);
-        CHECK(b[3].logprobs[k] <= 0.0f);
-        CHECK(std::isfinite(b[3].logprobs[k]));
+    for (size_t i : {size_t(2), size_t(3)}) {
+        CAPTURE(i);
+        CHECK(again[i].tokens == b[i].tokens);
+        CHECK(b[i].tokens.size() == 10);
+        for (size_t k = 0; k < b[i].tokens.size(); ++k) {
+            CHECK(b[i].tokens[k] >= 0);
+            CHECK(b[i].tokens[k] < 61);
+            CHECK(b[i].logprobs[k] <= 0.0f);
+            CHECK(std::isfinite(b[i].logprobs[k]));
+        }
     }
     SamplingParams other = hot;
     other.seed = 124;
@@ -260,4 +271,55 @@ TEST_CASE("step graphs (replay re-runs the captured body on CPU): padded decode 
     for (size_t i = 0; i < a.size(); ++i) CHECK(c[i].tokens == a[i].tokens);
     CHECK(graphs.engine->counters().graphs_captured == 4);  // nothing captured twice
     CHECK(graphs.engine->counters().graph_steps - g.graph_steps == graphs.engine->counters().graph_replays - g.graph_replays);
+}
+
+// Buckets that are not powers of two: the default list (1, 2, 4, 8, 16, 24 for 24 sequences) and a
+// given one ({3, 5, 13}): a running batch of T sequences replays the smallest bucket >= T, padded, and
+// every sequence gets the eager engine's tokens. 20 sequences, one finishing per step, shrink through
+// the buckets 24 (20..17 running), 16, 8, 4 (two steps: warm-up, capture), 2 and 1 (one step each:
+// warm-up only), so 4 captures (a power-of-two list would have run 20..17 eagerly: max 16); with
+// {3, 5, 13}: 20..14 eagerly, then 13, 5 and 3 captured.
+TEST_CASE(
+    "step graph buckets that are not powers of two (default 1, 2, 4, 8, 16, 24, ...; or given) pad to the "
+    "smallest bucket and give the eager tokens") {
+    auto src = make_random_source(tiny(), 31, DType::kF32);
+    auto make = [&](bool graphs, std::vector<int64_t> buckets) {
+        BuildOptions opt = test::cpu_options();
+        opt.model.max_seq = 64;
+        opt.model.block_size = 4;
+        opt.model.max_batch_tokens = 128;
+        opt.kv_blocks = 20 * 16 + 1;  // one more block: the padding's trash block
+        opt.engine.max_seqs = 24;
+        opt.engine.graph_buckets = std::move(buckets);
+        opt.backend.cpu_step_graphs = graphs;
+        opt.backend.cpu_select_tokens = graphs;
+        return build(opt, *src);
+    };
+    std::vector<GenerateRequest> reqs;
+    for (int i = 0; i < 20; ++i) {
+        std::vector<int32_t> prompt;
+        for (int k = 0; k < 2 + i % 5; ++k) prompt.push_back(int32_t((k * 7 + i * 3 + 1) % 61));
+        reqs.push_back(greedy(prompt, 2 + i, {}));
+    }
+    RankRuntime eager = make(false, {});
+    const std::vector<GenerateResult> want = eager.engine->generate_batch(reqs);
+    for (const auto& run : {std::pair<std::vector<int64_t>, int64_t>{{}, 4}, {{3, 5, 13}, 3}}) {
+        const std::vector<int64_t>& buckets = run.first;  // (no structured binding: clang 14 cannot capture one)
+        const int64_t captures = run.second;
+        CAPTURE(buckets.size());
+        RankRuntime graphs = make(true, buckets);
+        const std::vector<GenerateResult> got = graphs.engine->generate_batch(reqs);
+        for (size_t i = 0; i < reqs.size(); ++i) {
+            CAPTURE(i);
+            CHECK(got[i].tokens == want[i].tokens);
+        }
+        const EngineCounters c = graphs.engine->counters();
+        CHECK(c.graphs_captured == captures);
+        CHECK(c.graph_replays > 0);
+    }
+    BuildOptions bad = test::cpu_options();
+    bad.backend.cpu_step_graphs = true;
+    bad.kv_blocks = 64;
+    bad.engine.graph_buckets = {4, 2};
+    CHECK_THROWS_WITH_AS(build(bad, *src), doctest::Contains("increasing positive"), Error);
 }

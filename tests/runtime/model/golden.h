@@ -7,6 +7,7 @@
 #include "runtime/model/model.h"
 #include "runtime/weights/safetensors.h"
 #include "runtime/weights/tensor_source.h"
+#include "tests/test_paths.h"
 
 #include <doctest/doctest.h>
 
@@ -24,8 +25,8 @@ namespace lattice::testing {
 // model.gguf of the same weights where the family has a GGUF form); other names:
 // $LATTICE_SHARED_DIR/golden/<name>.
 inline std::string golden_dir(const std::string& model) {
-    if (model.rfind("families/", 0) == 0) return std::string(LATTICE_SOURCE_DIR) + "/tests/runtime/model/" + model;
-    return std::string(LATTICE_SHARED_DIR) + "/golden/" + model;
+    if (model.rfind("families/", 0) == 0) return test::source_dir() + "/tests/runtime/model/" + model;
+    return test::shared_dir() + "/golden/" + model;
 }
 inline const std::vector<std::string>& family_models() {
     static const std::vector<std::string> m = {"families/qwen2", "families/mistral", "families/mixtral"};

@@ -9,15 +9,16 @@
 // - the families beyond Llama (tests/runtime/model/families: qwen2's q/k/v biases, mistral's sliding
 //   window, mixtral's experts) through the engine in W8A8 on both backends: logits of a prompt scored
 //   whole and token by token, and a greedy continuation (a MoE model runs without step graphs).
-#include "tests/test_build.h"
-#include "tests/kernels/cuda/cuda_test_util.h"
 #include "kernels/common/quantize.h"
+#include "kernels/cuda/gemm_lt.h"
 #include "runtime/backend/cpu/cpu_backend.h"
 #include "runtime/backend/cuda/cuda_backend.h"
 #include "runtime/backend/make_backend.h"
 #include "runtime/builder/build.h"
 #include "runtime/weights/random_source.h"
+#include "tests/kernels/cuda/cuda_test_util.h"
 #include "tests/runtime/model/golden.h"
+#include "tests/test_build.h"
 
 using namespace lattice;
 using namespace lattice::test;
@@ -93,6 +94,43 @@ TEST_CASE("CudaBackend linear: none, w8a16, w8a8 at GEMV and GEMM sizes" * docte
                 else
                     CHECK(rel_err(got, ref) < tol_for(act));
             }
+        }
+    }
+}
+
+// A shape cuBLASLt has no int8 algorithm for (forced: LtOptions::int8_unavailable) runs the GEMV in
+// 16-row chunks: the same int32 dots and dequant order, so the output equals the IMMA path's exactly.
+TEST_CASE("CudaBackend W8A8 without a cuBLASLt int8 algorithm: GEMV row chunks, the same output" *
+          doctest::test_suite("cuda")) {
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    const int64_t n = 45, k = 77;
+    std::vector<float> w = random_vec(rng, size_t(n * k));
+    for (DType act : kActs) {
+        CudaBackend be(0, act);
+        Linear lin = be.make_linear(View::contiguous(w.data(), DType::kF32, {n, k}), QuantMode::kW8A8);
+        std::vector<std::vector<float>> imma;
+        std::vector<std::vector<float>> xs;
+        for (int64_t m : {17, 40}) {
+            std::vector<float> x = random_vec(rng, size_t(m * k), -2, 2);
+            Buffer dx = dev_act(be, x, m, k);
+            Buffer dy = be.alloc(act, {m, n});
+            be.linear(dy.view(), dx.view(), lin);
+            imma.push_back(host_act(be, dy.view()));
+            xs.push_back(x);
+        }
+        cuda::LtOptions none;
+        none.int8_unavailable = true;
+        be.set_lt_options(none);
+        for (size_t c = 0; c < xs.size(); ++c) {
+            const int64_t m = int64_t(xs[c].size()) / k;
+            INFO(dtype_name(act) << " m=" << m);
+            Buffer dx = dev_act(be, xs[c], m, k);
+            Buffer dy = be.alloc(act, {m, n});
+            be.linear(dy.view(), dx.view(), lin);  // no throw: the fallback
+            REQUIRE(any_nonzero(imma[c]));
+            CHECK(host_act(be, dy.view()) == imma[c]);
         }
     }
 }
