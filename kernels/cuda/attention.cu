@@ -5,6 +5,11 @@
 //   attention_prefill: flash-style: a block owns a tile of <= 32 query rows of one sequence and one
 //                      q head, walks the sequence's KV in 32-position tiles through shared memory, and
 //                      keeps per-row (max, sum, acc) in registers; causal by each row's position.
+// An INT8 cache (AttnDims::kv_int8): kv_store quantizes each token's k and v rows (one scale per row,
+// the math of kernels/common/quantize.h, so the CPU op stores the same bytes for the same input);
+// decode runs decode_int8_kernel (one warp per position, round robin, the row's int8 values times its
+// scale in registers) into the same workspace and merge as flash-decoding; prefill converts each K/V
+// tile as it is staged in shared memory. Neither makes a dequantized copy of the cache.
 // A sliding window W (AttnDims::window, Mistral) limits the query at p to keys p - W < j <= p: decode
 // splits cover only that span (its first position lo = max(0, p + 1 - W)); prefill starts at the KV
 // tile of the tile's first row's lo and masks each row's keys before its own lo.
@@ -48,6 +53,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/common/quantize.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -85,6 +91,56 @@ __global__ void kv_store_kernel(T* kc, T* vc, const T* qkv, const int32_t* posit
     for (int64_t t = threadIdx.x; t < kvw; t += blockDim.x) {
         kc[base + t] = k[t];
         vc[base + t] = v[t];
+    }
+}
+
+// ---- INT8 cache rows ----
+struct Int8Row {
+    int64_t values = -1, scale = -1;  // byte offsets in the cache; -1: no block there
+};
+
+// Where the int8 row of position `pos` of `seq`, kv head `kvh` lies: its block's values first, then the
+// block's scales (runtime/backend/backend.h).
+__device__ __forceinline__ Int8Row int8_row(const KvTables& kv, const AttnDims& d, int32_t seq, int64_t pos,
+                                            int64_t kvh) {
+    Int8Row r;
+    if (seq < 0 || seq >= kv.num_seqs || pos < 0 || pos >= d.max_seq) return r;
+    const int32_t block = kv.tables[int64_t(seq) * d.table_width + pos / d.block_size];
+    if (block < 0 || block >= d.num_blocks) return r;
+    const int64_t rows = d.block_size * d.n_kv_heads;
+    const int64_t base = int64_t(block) * rows * (d.head_dim + 4), i = (pos % d.block_size) * d.n_kv_heads + kvh;
+    r.values = base + i * d.head_dim;
+    r.scale = base + rows * d.head_dim + i * 4;
+    return r;
+}
+
+__device__ __forceinline__ float int8_scale_at(const int8_t* cache, int64_t off) {
+    float s;
+    memcpy(&s, cache + off, 4);  // (4-byte aligned only when block_size * nkv * (hd + 4) is)
+    return s;
+}
+
+// One block per token; each warp quantizes whole rows ((kv head, k or v) pairs round robin): the
+// row's absmax by a warp reduction (order-independent: the same scale as the CPU's), then each value.
+template <typename T>
+__global__ void kv_store_int8_kernel(int8_t* kc, int8_t* vc, const T* qkv, const int32_t* positions,
+                                     const int32_t* seqs, KvTables kv, AttnDims d) {
+    const int64_t i = blockIdx.x, hd = d.head_dim;
+    const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5, warps = int(blockDim.x) >> 5;
+    const int64_t row_len = (d.n_heads + 2 * d.n_kv_heads) * hd;
+    for (int64_t job = warp; job < 2 * d.n_kv_heads; job += warps) {
+        const int64_t g = job >> 1;
+        const bool is_v = (job & 1) != 0;
+        const Int8Row at = int8_row(kv, d, seqs[i], positions[i], g);
+        if (at.values < 0) continue;  // warp-uniform
+        const T* x = qkv + i * row_len + (d.n_heads + (is_v ? d.n_kv_heads : 0) + g) * hd;
+        float amax = 0.0f;
+        for (int64_t c = lane; c < hd; c += 32) amax = fmaxf(amax, fabsf(to_f32(x[c])));
+        amax = warp_max(amax);
+        const float s = int8_scale_from_absmax(amax);
+        int8_t* cache = is_v ? vc : kc;
+        for (int64_t c = lane; c < hd; c += 32) cache[at.values + c] = quantize_int8_value(to_f32(x[c]), s);
+        if (lane == 0) memcpy(cache + at.scale, &s, 4);
     }
 }
 
@@ -501,6 +557,123 @@ __global__ void __launch_bounds__(kDecThreads, DecCfg<KH, NSP>::kMinBlocks)
     }
 }
 
+// ---- decode over an INT8 cache ----
+constexpr int kI8Warps = 4;
+constexpr int kI8R = kMaxHeadDim / 32;  // head dims per lane
+
+// One block per (split, kv head x head chunk, token), as decode_split_kernel, writing the same
+// workspace (m, l, unnormalized acc per q head and split) for decode_merge_kernel. Each warp takes the
+// split's positions round robin: the K row's int8 values times its scale in registers (lane c holds
+// dims c, c + 32, ...), a warp sum per q head for the scores, an online softmax per head, then the V
+// row the same way into acc. The block's warps merge by log-sum-exp through shared memory
+// ([kDecMaxHeads][hd] pre-scaled q, then [warps][kDecMaxHeads][hd] accumulators).
+template <typename T>
+__global__ void __launch_bounds__(kI8Warps * 32)
+    decode_int8_kernel(const T* __restrict__ qkv, const int8_t* __restrict__ kc, const int8_t* __restrict__ vc,
+                       DecodeArgs a) {
+    extern __shared__ __align__(16) float i8_smem[];
+    __shared__ float ml_sm[kI8Warps][kDecMaxHeads][2];
+    const AttnDims& d = a.d;
+    const int split = int(blockIdx.x);
+    const int64_t token = blockIdx.z;
+    const int kvh = int(blockIdx.y) / a.hchunks, hc = int(blockIdx.y) % a.hchunks;
+    const int32_t pos = a.positions[token], seq = a.seqs[token];
+    if (pos < 0 || pos >= d.max_seq || seq < 0 || seq >= a.kv.num_seqs) return;  // block-uniform
+    const int64_t len = int64_t(pos) + 1;
+    const int64_t lo = window_start(len, d.window);
+    const int64_t chunk = decode_chunk(len - lo, a.splits);
+    const int64_t start = lo + int64_t(split) * chunk;
+    if (start >= len) return;  // block-uniform: an unused split
+    const int64_t end = min(start + chunk, len);
+    const int64_t hd = d.head_dim;
+    const int h0 = kvh * a.group + hc * kDecMaxHeads;
+    const int ng = min(kDecMaxHeads, a.group - hc * kDecMaxHeads);
+    const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
+
+    float* qs = i8_smem;  // [kDecMaxHeads][hd], times the softmax scale
+    const T* qrow = qkv + token * (d.n_heads + 2 * d.n_kv_heads) * hd;
+    for (int64_t t = threadIdx.x; t < int64_t(ng) * hd; t += blockDim.x)
+        qs[t] = to_f32(qrow[(h0 + t / hd) * hd + t % hd]) * d.scale;
+    __syncthreads();
+
+    float m_run[kDecMaxHeads], l_run[kDecMaxHeads], acc[kDecMaxHeads][kI8R];
+#pragma unroll
+    for (int g = 0; g < kDecMaxHeads; ++g) {
+        m_run[g] = kNegInf;
+        l_run[g] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < kI8R; ++r) acc[g][r] = 0.0f;
+    }
+    for (int64_t p = start + warp; p < end; p += kI8Warps) {
+        const Int8Row at = int8_row(a.kv, d, seq, p, kvh);
+        if (at.values < 0) continue;  // warp-uniform: a table entry outside the cache
+        const float ks = int8_scale_at(kc, at.scale), vs = int8_scale_at(vc, at.scale);
+        float kr[kI8R], vr[kI8R];
+#pragma unroll
+        for (int r = 0; r < kI8R; ++r) {
+            const int64_t c = lane + 32 * r;
+            kr[r] = c < hd ? float(kc[at.values + c]) * ks : 0.0f;
+            vr[r] = c < hd ? float(vc[at.values + c]) * vs : 0.0f;
+        }
+#pragma unroll
+        for (int g = 0; g < kDecMaxHeads; ++g) {
+            if (g >= ng) break;
+            float part = 0.0f;
+#pragma unroll
+            for (int r = 0; r < kI8R; ++r) {
+                const int64_t c = lane + 32 * r;
+                if (c < hd) part = fmaf(qs[g * hd + c], kr[r], part);
+            }
+            const float sc = warp_sum(part);
+            const float m_new = fmaxf(m_run[g], sc);
+            const float rescale = math::exp_f32(m_run[g] - m_new);
+            const float w = math::exp_f32(sc - m_new);
+            l_run[g] = l_run[g] * rescale + w;
+            m_run[g] = m_new;
+#pragma unroll
+            for (int r = 0; r < kI8R; ++r) acc[g][r] = fmaf(w, vr[r], acc[g][r] * rescale);
+        }
+    }
+    float* accs = i8_smem + kDecMaxHeads * hd;  // [warp][kDecMaxHeads][hd]
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < kDecMaxHeads; ++g) {
+        if (g >= ng) break;
+#pragma unroll
+        for (int r = 0; r < kI8R; ++r) {
+            const int64_t c = lane + 32 * r;
+            if (c < hd) accs[(warp * kDecMaxHeads + g) * hd + c] = acc[g][r];
+        }
+        if (lane == 0) {
+            ml_sm[warp][g][0] = m_run[g];
+            ml_sm[warp][g][1] = l_run[g];
+        }
+    }
+    __syncthreads();
+    for (int g = 0; g < ng; ++g) {
+        float mx = kNegInf;
+#pragma unroll
+        for (int w = 0; w < kI8Warps; ++w) mx = fmaxf(mx, ml_sm[w][g][0]);
+        float wt[kI8Warps], l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kI8Warps; ++w) {
+            wt[w] = math::exp_f32(ml_sm[w][g][0] - mx);  // a warp without rows: m = kNegInf, l = acc = 0
+            l += wt[w] * ml_sm[w][g][1];
+        }
+        const int64_t idx = (token * d.n_heads + h0 + g) * a.splits + split;
+        if (threadIdx.x == 0) {
+            a.ws_ml[idx * 2] = mx;
+            a.ws_ml[idx * 2 + 1] = l;
+        }
+        for (int64_t dd = threadIdx.x; dd < hd; dd += blockDim.x) {
+            float v = 0.0f;
+#pragma unroll
+            for (int w = 0; w < kI8Warps; ++w) v = fmaf(wt[w], accs[(w * kDecMaxHeads + g) * hd + dd], v);
+            a.ws_acc[idx * hd + dd] = v;
+        }
+    }
+}
+
 // One block per (q head, token): out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the
 // token's used splits, M = max_s m_s (max first, so the weighted sums are independent loads rather
 // than a chain of merges). Tokens outside the context or the tables, and rows whose every position
@@ -562,8 +735,12 @@ __device__ __forceinline__ float dot_smem(const T* a, const T* b, int64_t hd) {
 
 template <typename T>
 __global__ void __launch_bounds__(kPrefillWarps * 32)
-    prefill_kernel(T* out, const T* qkv, const T* kc, const T* vc, const int32_t* positions, const PrefillTile* tiles,
-                   KvTables kv, AttnDims d) {
+    prefill_kernel(T* out, const T* qkv, const void* kcache, const void* vcache, const int32_t* positions,
+                   const PrefillTile* tiles, KvTables kv, AttnDims d) {
+    const T* kc = static_cast<const T*>(kcache);
+    const T* vc = static_cast<const T*>(vcache);
+    const int8_t* kc8 = static_cast<const int8_t*>(kcache);
+    const int8_t* vc8 = static_cast<const int8_t*>(vcache);
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const PrefillTile tile = tiles[blockIdx.x];
     const int64_t h = blockIdx.y, hd = d.head_dim, nkv = d.n_kv_heads, ld = hd + 2;  // +2: no bank conflicts
@@ -595,6 +772,14 @@ __global__ void __launch_bounds__(kPrefillWarps * 32)
         __syncthreads();
         for (int64_t t = threadIdx.x; t < kKvTile * hd; t += blockDim.x) {
             const int64_t j = t / hd, c = t % hd, p = kt + j;
+            if (d.kv_int8) {  // the tile's rows as the activation type, each value times its row's scale
+                const Int8Row at = p < tile.kv_len ? int8_row(kv, d, tile.seq, p, kvh) : Int8Row{};
+                ks[j * ld + c] = at.values >= 0 ? from_f32<T>(float(kc8[at.values + c]) * int8_scale_at(kc8, at.scale))
+                                                : from_f32<T>(0.0f);
+                vs[j * ld + c] = at.values >= 0 ? from_f32<T>(float(vc8[at.values + c]) * int8_scale_at(vc8, at.scale))
+                                                : from_f32<T>(0.0f);
+                continue;
+            }
             const int64_t off = p < tile.kv_len ? kv_offset(kv, d, tile.seq, p, kvh) : -1;
             ks[j * ld + c] = off >= 0 ? kc[off + c] : from_f32<T>(0.0f);
             vs[j * ld + c] = off >= 0 ? vc[off + c] : from_f32<T>(0.0f);
@@ -690,6 +875,13 @@ void kv_store(void* k_cache, void* v_cache, const void* qkv, const int32_t* posi
               const KvTables& kv, int64_t m, const AttnDims& d, DType act, cudaStream_t stream) {
     check_dims(d, "kv_store");
     if (m == 0) return;
+    if (d.kv_int8) {
+        LATTICE_DISPATCH_ACT(act, kv_store_int8_kernel<T><<<unsigned(m), 128, 0, stream>>>(
+                                      static_cast<int8_t*>(k_cache), static_cast<int8_t*>(v_cache),
+                                      static_cast<const T*>(qkv), positions, seqs, kv, d));
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     LATTICE_DISPATCH_ACT(
         act, kv_store_kernel<T><<<unsigned(m), 256, 0, stream>>>(static_cast<T*>(k_cache), static_cast<T*>(v_cache),
                                                                  static_cast<const T*>(qkv), positions, seqs, kv, d));
@@ -739,7 +931,14 @@ void attention_decode(void* out, const void* qkv, const void* k_cache, const voi
     const int kh = group == 1 ? 1 : group <= 4 ? 4 : 8;
     const int nsp = pow2_ceil(std::max<int64_t>(8, nseg));
     LATTICE_DISPATCH_ACT(act, {
-        launch_decode<T>(kh, nsp, grid, a, qkv, k_cache, v_cache, stream);
+        if (d.kv_int8) {
+            const size_t smem = size_t(1 + kI8Warps) * kDecMaxHeads * size_t(d.head_dim) * 4;  // <= 40 KiB
+            decode_int8_kernel<T><<<grid, kI8Warps * 32, smem, stream>>>(
+                static_cast<const T*>(qkv), static_cast<const int8_t*>(k_cache), static_cast<const int8_t*>(v_cache),
+                a);
+        } else {
+            launch_decode<T>(kh, nsp, grid, a, qkv, k_cache, v_cache, stream);
+        }
         CUDA_CHECK_LAUNCH();
         decode_merge_kernel<T><<<dim3(unsigned(d.n_heads), unsigned(m)), kMergeThreads, 0, stream>>>(
             static_cast<T*>(out), positions, seqs, kv, d, splits, a.ws_acc, a.ws_ml);
@@ -758,9 +957,8 @@ void attention_prefill(void* out, const void* qkv, const void* k_cache, const vo
     LATTICE_DISPATCH_ACT(act, {
         if (smem > 48 * 1024)
             CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        prefill_kernel<T><<<grid, kPrefillWarps * 32, smem, stream>>>(
-            static_cast<T*>(out), static_cast<const T*>(qkv), static_cast<const T*>(k_cache),
-            static_cast<const T*>(v_cache), positions, tiles, kv, d);
+        prefill_kernel<T><<<grid, kPrefillWarps * 32, smem, stream>>>(static_cast<T*>(out), static_cast<const T*>(qkv),
+                                                                        k_cache, v_cache, positions, tiles, kv, d);
     });
     CUDA_CHECK_LAUNCH();
 }

@@ -105,8 +105,9 @@ bool CudaBackend::supports(Op op, DType dtype) const {
         case Op::kRmsNorm:
         case Op::kAddRmsNorm:
         case Op::kRope:
+        case Op::kKvCache:  // the activation dtype, or int8 (AttnDims::kv_int8)
+            return dtype == act_ || dtype == DType::kI8;
         case Op::kAttention:
-        case Op::kKvCache:  // (an INT8 KV cache runs on the CPU backend only for now)
         case Op::kSiluMul:
         case Op::kAdd:
         case Op::kAddBias:        // q/k/v biases (qwen2)

@@ -211,15 +211,22 @@ void CudaBackend::attention(const View& out, const View& qkv, const View& k_cach
     const int64_t m = batch.count;
     check_act(out, "attention", "out");
     check_act(qkv, "attention", "qkv");
-    check_act(k_cache, "attention", "k_cache");
-    check_act(v_cache, "attention", "v_cache");
+    const bool int8 = k_cache.dtype == DType::kI8;  // --kv-cache-dtype int8; otherwise the activation dtype
+    if (!int8) {
+        check_act(k_cache, "attention", "k_cache");
+        check_act(v_cache, "attention", "v_cache");
+    }
+    LATTICE_CHECK(v_cache.dtype == k_cache.dtype && k_cache.device == Device::kCuda && v_cache.device == Device::kCuda,
+                  "CudaBackend::attention: k cache {} and v cache {} on the device", dtype_name(k_cache.dtype),
+                  dtype_name(v_cache.dtype));
     check_rows_cols(qkv, m, (s.n_heads + 2 * s.n_kv_heads) * s.head_dim, "attention", "qkv");
     check_rows_cols(out, m, s.n_heads * s.head_dim, "attention", "out");
+    const int64_t row = kv_row_elems(k_cache.dtype, s.head_dim);
     LATTICE_CHECK(k_cache.ndim == 4 && k_cache.shape[0] == s.num_blocks && k_cache.shape[1] == s.block_size &&
-                      k_cache.shape[2] == s.n_kv_heads && k_cache.shape[3] == s.head_dim &&
+                      k_cache.shape[2] == s.n_kv_heads && k_cache.shape[3] == row &&
                       v_cache.numel() == k_cache.numel() && batch.table_width == s.table_width,
                   "CudaBackend::attention: cache {} (tables of width {}) does not match [{}, {}, {}, {}] (width {})",
-                  k_cache.shape_str(), batch.table_width, s.num_blocks, s.block_size, s.n_kv_heads, s.head_dim,
+                  k_cache.shape_str(), batch.table_width, s.num_blocks, s.block_size, s.n_kv_heads, row,
                   s.table_width);
     // Every position a token touches must be in a block of the cache (the kernels also guard).
     for (int64_t i = 0; i < m; ++i) {
@@ -246,6 +253,7 @@ void CudaBackend::attention(const View& out, const View& qkv, const View& k_cach
     d.table_width = s.table_width;
     d.scale = s.scale;
     d.window = s.window;
+    d.kv_int8 = int8;
     const int32_t* pos = meta_dev_ + m;
     const int32_t* seqs = meta_dev_ + 2 * m;
     const cuda::KvTables kv{meta_dev_ + 7 * m, batch.num_seqs};

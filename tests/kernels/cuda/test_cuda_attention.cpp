@@ -8,6 +8,8 @@
 // - A sliding window (Mistral): both paths with windows of 1 position to more than the longest
 //   context, tiles wholly before a row's window and rows whose window starts mid-tile; flash-decoding
 //   with windows across its split boundaries.
+// - An INT8 cache (--kv-cache-dtype int8): the device stores the CPU op's bytes (values and scales) for
+//   the same inputs, and decode and prefill over it equal the CPU op's output, with and without a window.
 // - Decode semantics the CPU op rejects, against a float64 reference: block-table entries outside the
 //   cache skip their positions (a sequence with none left gets zeros), tokens outside the context or
 //   the tables get zeros; head_dim 20 and an unaligned qkv (the scalar-load fallback).
@@ -264,4 +266,68 @@ TEST_CASE("cuda attention with a sliding window: decode, prefill and flash-decod
         REQUIRE(any_nonzero(ref));
         CHECK(rel_err(device_decode(p, act), ref) < tol_for(act));
     }
+}
+
+TEST_CASE("cuda attention over an INT8 KV cache: the CPU op's int8 cache and output, decode and prefill" *
+          doctest::test_suite("cuda")) {
+    // The same rounded inputs on both sides: the device quantizes each row as the CPU does (the same
+    // scale and int8 values: compared byte for byte after the store), and both attend over those values.
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    ThreadPool pool(1, false);
+    for (const int64_t hd : {int64_t(64), int64_t(128)})
+        for (const int64_t window : {int64_t(0), int64_t(45)})
+            for (DType act : {DType::kF16, DType::kBF16}) {
+                INFO(dtype_name(act) << " head_dim " << hd << " window " << window);
+                const int64_t nh = 8, nkv = 2, n_seqs = 3, max_seq = 300, bs = 16;
+                const int64_t row = (nh + 2 * nkv) * hd, width = (max_seq + bs - 1) / bs, n_blocks = n_seqs * width;
+                const float scale = 1.0f / std::sqrt(float(hd));
+                std::vector<int32_t> tables(static_cast<size_t>(n_blocks));
+                std::iota(tables.begin(), tables.end(), 0);
+                std::shuffle(tables.begin(), tables.end(), rng);
+                const Batch b = make_batch(false);
+                const int64_t m = int64_t(b.pos.size());
+                std::vector<float> qkv = random_vec(rng, size_t(m * row), -2, 2);
+                for (auto& x : qkv) x = round_act(x, act);
+                const size_t cache_bytes = size_t(n_blocks * bs * nkv * (hd + 4));
+                // The CPU reference over the int8 cache it fills, both caches starting zeroed (positions no
+                // token writes hold zero values and scales on both sides).
+                const std::vector<uint8_t> zero(cache_bytes, 0);
+                std::vector<uint8_t> kref = zero, vref = zero;
+                std::vector<float> ref(static_cast<size_t>(m * nh * hd));
+                cpu::AttentionArgs args{nh, nkv, hd, bs, n_blocks, tables.data(), n_seqs, width, scale, window,
+                                        DType::kI8};
+                cpu::attention(ref.data(), qkv.data(), kref.data(), vref.data(), b.pos.data(), b.slots.data(), m, args,
+                               pool);
+                REQUIRE(any_nonzero(ref));
+                cuda::AttnDims d = attn_dims(nh, nkv, hd, max_seq, bs, n_blocks, width, scale);
+                d.window = window;
+                d.kv_int8 = true;
+                DevBuf dqkv(to_act(qkv, act)), dpos(b.pos), dslots(b.slots), dtables(tables);
+                const cuda::KvTables kv{dtables.get<int32_t>(), n_seqs};
+                for (int path = 0; path < 2; ++path) {
+                    INFO((path == 0 ? "decode" : "prefill"));
+                    DevBuf dk(zero), dv(zero), dout(size_t(m * nh * hd) * 2);
+                    cuda::kv_store(dk.get(), dv.get(), dqkv.get(), dpos.get<int32_t>(), dslots.get<int32_t>(), kv, m,
+                                   d, act, nullptr);
+                    CUDA_OK(cudaDeviceSynchronize());
+                    CHECK(dk.download<uint8_t>(cache_bytes) == kref);  // the same int8 values and scales
+                    CHECK(dv.download<uint8_t>(cache_bytes) == vref);
+                    if (path == 0) {
+                        DevBuf ws(size_t(cuda::decode_workspace_floats(m, d)) * 4);
+                        cuda::attention_decode(dout.get(), dqkv.get(), dk.get(), dv.get(), dpos.get<int32_t>(),
+                                               dslots.get<int32_t>(), kv, m, d, ws.get<float>(), act, nullptr);
+                    } else {
+                        std::vector<cuda::PrefillTile> tiles(static_cast<size_t>(m));
+                        const int64_t nt = cuda::build_prefill_tiles(tiles.data(), b.pos.data(), b.slots.data(), m);
+                        tiles.resize(size_t(nt));
+                        DevBuf dt(tiles);
+                        cuda::attention_prefill(dout.get(), dqkv.get(), dk.get(), dv.get(), dpos.get<int32_t>(),
+                                                dt.get<cuda::PrefillTile>(), nt, kv, d, act, nullptr);
+                    }
+                    CUDA_OK(cudaDeviceSynchronize());
+                    check_close(from_act(dout.download<uint16_t>(size_t(m * nh * hd)), act), ref, m, nh * hd, act);
+                }
+            }
 }
