@@ -25,6 +25,9 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <vector>
 
 #include "base/error.h"
@@ -164,6 +167,25 @@ void store_row(uint8_t* dst, uint8_t* scale_dst, const float* x, int64_t hd, DTy
     }
 }
 
+#if defined(__x86_64__)
+// f16 -> f32 by the F16C instruction (exact, as f16_to_f32), 8 at a time: the compiler does not
+// vectorize the bit manipulation of the portable conversion.
+__attribute__((target("avx2,f16c"))) void f16_row_f16c(float* out, const uint8_t* src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i))));
+    for (; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        out[i] = f16_to_f32(h);
+    }
+}
+const bool kF16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+#else
+constexpr bool kF16c = false;
+void f16_row_f16c(float*, const uint8_t*, int64_t) {}
+#endif
+
 // A cache row as hd floats (an int8 row times its scale at *scale_src).
 LATTICE_MULTIVERSION void load_row(float* __restrict out, const uint8_t* __restrict src, const uint8_t* scale_src,
                                    int64_t hd, DType dt) {
@@ -172,6 +194,7 @@ LATTICE_MULTIVERSION void load_row(float* __restrict out, const uint8_t* __restr
             std::memcpy(out, src, size_t(hd) * 4);
             return;
         case DType::kF16:
+            if (kF16c) return f16_row_f16c(out, src, hd);
             for (int64_t d = 0; d < hd; ++d) {
                 uint16_t h;
                 std::memcpy(&h, src + 2 * d, 2);
