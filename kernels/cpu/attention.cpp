@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstring>
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 #include <vector>
@@ -180,7 +181,12 @@ __attribute__((target("avx2,f16c"))) void f16_row_f16c(float* out, const uint8_t
         out[i] = f16_to_f32(h);
     }
 }
-const bool kF16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+// cpuid leaf 1, ecx bit 29 (clang's __builtin_cpu_supports does not know "f16c").
+bool has_f16c() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+}
+const bool kF16c = has_f16c();
 #else
 constexpr bool kF16c = false;
 void f16_row_f16c(float*, const uint8_t*, int64_t) {}

@@ -298,6 +298,38 @@ __device__ __forceinline__ int64_t dec_row_offset(const DecodeArgs& a, int32_t s
     return ((int64_t(block) * a.d.block_size + r) * a.d.n_kv_heads + kvh) * a.d.head_dim;
 }
 
+// A decode block's warps merged by log-sum-exp into the workspace, per q head g < ng of the block
+// (heads h0 + g): ws_ml = (the warps' max m, their weighted l), ws_acc = their weighted accumulators.
+// ml [warp][KH][2]; warp w's accumulator of head g is accb[(w * KH + g) * stride + dim].
+template <int KH>
+__device__ __forceinline__ void write_split(const DecodeArgs& a, const float (&ml)[kDecWarps][KH][2],
+                                            const float* accb, int64_t stride, int64_t token, int h0, int ng,
+                                            int split) {
+    const int64_t hd = a.d.head_dim;
+    for (int g = 0; g < ng; ++g) {
+        float mx = kNegInf;
+#pragma unroll
+        for (int w = 0; w < kDecWarps; ++w) mx = fmaxf(mx, ml[w][g][0]);
+        float wt[kDecWarps], l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kDecWarps; ++w) {
+            wt[w] = math::exp_f32(ml[w][g][0] - mx);  // a warp without rows: m = kNegInf, l = acc = 0
+            l += wt[w] * ml[w][g][1];
+        }
+        const int64_t idx = (token * a.d.n_heads + h0 + g) * a.splits + split;
+        if (threadIdx.x == 0) {
+            a.ws_ml[idx * 2] = mx;
+            a.ws_ml[idx * 2 + 1] = l;
+        }
+        for (int64_t dd = threadIdx.x; dd < hd; dd += blockDim.x) {
+            float v = 0.0f;
+#pragma unroll
+            for (int w = 0; w < kDecWarps; ++w) v = fmaf(wt[w], accb[(w * KH + g) * stride + dd], v);
+            a.ws_acc[idx * hd + dd] = v;
+        }
+    }
+}
+
 // One block per (split, kv head x head chunk, token): writes (m, l, unnormalized acc) of every q
 // head it serves for this split. Tokens outside the context or the tables, and splits past the
 // token's length, write nothing (the merge kernel does not read them).
@@ -533,32 +565,11 @@ __global__ void __launch_bounds__(kDecThreads, DecCfg<KH, NSP>::kMinBlocks)
         ml_sm[warp][shead][1] = l_run;
     }
     __syncthreads();
-    for (int g = 0; g < ng; ++g) {
-        float mx = kNegInf;
-#pragma unroll
-        for (int w = 0; w < kDecWarps; ++w) mx = fmaxf(mx, ml_sm[w][g][0]);
-        float wt[kDecWarps], l = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kDecWarps; ++w) {
-            wt[w] = math::exp_f32(ml_sm[w][g][0] - mx);  // a warp without rows: m = kNegInf, l = acc = 0
-            l += wt[w] * ml_sm[w][g][1];
-        }
-        const int64_t idx = (token * d.n_heads + h0 + g) * a.splits + split;
-        if (threadIdx.x == 0) {
-            a.ws_ml[idx * 2] = mx;
-            a.ws_ml[idx * 2 + 1] = l;
-        }
-        for (int64_t dd = threadIdx.x; dd < hd; dd += kDecThreads) {
-            float v = 0.0f;
-#pragma unroll
-            for (int w = 0; w < kDecWarps; ++w) v = fmaf(wt[w], accb[(w * KH + g) * (NSP * 8) + dd], v);
-            a.ws_acc[idx * hd + dd] = v;
-        }
-    }
+    write_split<KH>(a, ml_sm, accb, NSP * 8, token, h0, ng, split);
 }
 
 // ---- decode over an INT8 cache ----
-constexpr int kI8Warps = 4;
+constexpr int kI8Warps = kDecWarps;  // (write_split merges kDecWarps warps)
 constexpr int kI8R = kMaxHeadDim / 32;  // head dims per lane
 
 // One block per (split, kv head x head chunk, token), as decode_split_kernel, writing the same
@@ -650,28 +661,7 @@ __global__ void __launch_bounds__(kI8Warps * 32)
         }
     }
     __syncthreads();
-    for (int g = 0; g < ng; ++g) {
-        float mx = kNegInf;
-#pragma unroll
-        for (int w = 0; w < kI8Warps; ++w) mx = fmaxf(mx, ml_sm[w][g][0]);
-        float wt[kI8Warps], l = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kI8Warps; ++w) {
-            wt[w] = math::exp_f32(ml_sm[w][g][0] - mx);  // a warp without rows: m = kNegInf, l = acc = 0
-            l += wt[w] * ml_sm[w][g][1];
-        }
-        const int64_t idx = (token * d.n_heads + h0 + g) * a.splits + split;
-        if (threadIdx.x == 0) {
-            a.ws_ml[idx * 2] = mx;
-            a.ws_ml[idx * 2 + 1] = l;
-        }
-        for (int64_t dd = threadIdx.x; dd < hd; dd += blockDim.x) {
-            float v = 0.0f;
-#pragma unroll
-            for (int w = 0; w < kI8Warps; ++w) v = fmaf(wt[w], accs[(w * kDecMaxHeads + g) * hd + dd], v);
-            a.ws_acc[idx * hd + dd] = v;
-        }
-    }
+    write_split<kDecMaxHeads>(a, ml_sm, accs, hd, token, h0, ng, split);
 }
 
 // One block per (q head, token): out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the
