@@ -115,8 +115,11 @@ void add_info_command(CLI::App& app, CommandRun& run) {
             std::unique_ptr<TensorSource> src = open_model(path);
             const ModelConfig& c = src->config();
             print_stdout("model: {}\n", src->describe());
-            print_stdout("architecture: {} (family {}{})\n", c.architecture, c.family,
-                         c.sliding_window > 0 ? fmt::format(", sliding window {}", c.sliding_window) : "");
+            print_stdout("architecture: {} (family {}{}{})\n", c.architecture, c.family,
+                         c.sliding_window > 0 ? fmt::format(", sliding window {}", c.sliding_window) : "",
+                         c.sliding_window > 0 && c.window_layer_begin > 0
+                             ? fmt::format(" in layers {} and up", c.window_layer_begin)
+                             : "");
             print_stdout("hidden: {}  intermediate: {}  layers: {}  heads: {}  kv_heads: {}  head_dim: {}\n", c.hidden,
                          c.intermediate, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim);
             print_stdout("vocab: {}  max_position: {}  rms_eps: {}  rope_theta: {}  rope_scaling: {}\n", c.vocab,

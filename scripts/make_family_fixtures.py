@@ -13,6 +13,8 @@ forward written from the semantics of transformers' modeling code (not from latt
   RMSNorm x / sqrt(mean(x^2) + eps) * w. No bias on o_proj or the MLP.
   MistralForCausalLM (modeling_mistral.py): the same without biases, with the sliding-window causal
   mask: the query at i attends keys i - sliding_window < j <= i.
+  Qwen2 with use_sliding_window (configuration_qwen2.py layer_types): that window in the layers
+  i >= max_window_layers only ("sliding_attention"), full attention below (the qwen2-swa fixture).
   MixtralForCausalLM (modeling_mixtral.py, MixtralSparseMoeBlock): Mistral's attention; the MLP is
   router logits = x @ gate.T, p = softmax(logits), the top num_experts_per_tok experts (lower index
   first on ties), their p renormalized to sum 1, h += sum_e p_e * w2_e(silu(w1_e x) * w3_e x).
@@ -66,6 +68,16 @@ def qwen2_spec():
         },
         "prompts": [[1, 17, 90, 3, 44, 101, 7, 63], [1, 40, 41, 42, 43]],
     }
+
+
+def qwen2_swa_spec():
+    # Qwen2 with its window switched on: layer 0 full attention, layer 1 (>= max_window_layers) a
+    # window of 5 positions, shorter than both prompts. No GGUF: llama.cpp's qwen2 has no window.
+    spec = qwen2_spec()
+    spec.update(name="qwen2-swa", seed=20261229, gguf=False,  # the seed of 40 with the widest greedy margin
+                prompts=[[1, 9, 80, 33, 4, 120, 61, 18, 99, 2, 47, 70], [1, 40, 41, 42, 43, 44, 45]])
+    spec["config"] = dict(spec["config"], sliding_window=5, use_sliding_window=True, max_window_layers=1)
+    return spec
 
 
 def mistral_spec():
@@ -215,6 +227,15 @@ def moe(cfg, W, p, x):
     return out
 
 
+def layer_window(cfg, l):
+    # Mistral / Mixtral: every layer; Qwen2: with use_sliding_window, layers l >= max_window_layers.
+    if cfg["model_type"] in ("mistral", "mixtral"):
+        return cfg.get("sliding_window")
+    if cfg["model_type"] == "qwen2" and cfg.get("use_sliding_window"):
+        return cfg["sliding_window"] if l >= cfg.get("max_window_layers", 28) else None
+    return None
+
+
 def forward(cfg, w, ids):
     W = {k: v.astype(np.float64) for k, v in w.items()}
     H, L = cfg["hidden_size"], cfg["num_hidden_layers"]
@@ -224,11 +245,12 @@ def forward(cfg, w, ids):
     T = len(ids)
     pos = np.arange(T, dtype=np.float64)
     h = W["model.embed_tokens.weight"][ids]
-    mask = np.triu(np.full((T, T), -np.inf), 1)  # causal: j <= i
-    window = cfg.get("sliding_window") if cfg["model_type"] in ("mistral", "mixtral") else None
-    if window:  # Mistral's sliding window: also j > i - window
-        mask += np.tril(np.full((T, T), -np.inf), -window)
+    causal = np.triu(np.full((T, T), -np.inf), 1)  # causal: j <= i
     for l in range(L):
+        mask = causal.copy()
+        window = layer_window(cfg, l)
+        if window:  # a sliding window: also j > i - window
+            mask += np.tril(np.full((T, T), -np.inf), -window)
         p = f"model.layers.{l}."
         x = rms_norm(h, W[p + "input_layernorm.weight"], eps)
         def proj(n):  # q/k/v projection, plus its bias where the family has one (Qwen2)
@@ -403,6 +425,7 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "tests", "runtime", "model", "families")
     make_family(qwen2_spec(), out)
+    make_family(qwen2_swa_spec(), out)
     make_family(mistral_spec(), out)
     make_family(mixtral_spec(), out)
 

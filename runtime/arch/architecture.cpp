@@ -66,7 +66,7 @@ std::vector<Architecture> make_table() {
     t.push_back(llama);
 
     // Mistral is Llama's tensors plus a sliding window, which attention honours (query i attends keys
-    // i - W < j <= i, on the CPU backend). llama.cpp writes Mistral GGUFs as architecture "llama"
+    // i - W < j <= i, in every layer). llama.cpp writes Mistral GGUFs as architecture "llama"
     // (without the window), so there is no GGUF name of its own.
     Architecture mistral = llama;
     mistral.name = "mistral";
@@ -80,7 +80,8 @@ std::vector<Architecture> make_table() {
     t.push_back(mistral);
 
     // Qwen2 / Qwen2.5: q/k/v biases; llama.cpp keeps its q/k rows in HF order (NEOX-style rope). Its
-    // window (use_sliding_window) applies to the layers from max_window_layers on: not honoured, refused.
+    // window applies only with use_sliding_window, and then to the layers i >= max_window_layers
+    // (transformers' Qwen2Config layer_types; default 28); Qwen2.5 ships it off.
     Architecture qwen2;
     qwen2.name = "qwen2";
     qwen2.hf_model_types = {"qwen2"};
@@ -90,7 +91,10 @@ std::vector<Architecture> make_table() {
     qwen2.qkv_bias = true;
     qwen2.gguf_qk_interleaved = false;
     qwen2.sliding_window = true;
+    qwen2.sliding_window_honoured = true;
     qwen2.sliding_window_flag = "use_sliding_window";
+    qwen2.sliding_window_layers = "max_window_layers";
+    qwen2.sliding_window_layers_default = 28;
     qwen2.rope_scaling = {"linear"};
     qwen2.tensors = dense_tensors(true);
     t.push_back(qwen2);

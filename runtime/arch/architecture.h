@@ -79,6 +79,8 @@ struct Architecture {
     bool sliding_window = false;              // the config may carry a sliding window
     bool sliding_window_honoured = false;     // ... which attention applies (else refused when it bites)
     std::string sliding_window_flag;          // config.json switch the window needs ("": always applies)
+    std::string sliding_window_layers;        // config.json key of the first windowed layer ("": every layer)
+    int64_t sliding_window_layers_default = 0;  // ... when the config omits it
     std::vector<std::string> rope_scaling;    // rope_scaling kinds accepted besides none
     // Mixture of experts: each layer's FFN is experts routed per token (Mixtral's sparse MoE block:
     // softmax over the router's logits, the top num_experts_per_tok, their weights renormalized to

@@ -87,6 +87,9 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& src) {
         const bool used = arch->sliding_window_flag.empty() ||
                           get_optional<bool>(j, arch->sliding_window_flag.c_str(), false, src);
         if (used) c.sliding_window = get_optional<int64_t>(j, "sliding_window", 0, src);
+        if (used && !arch->sliding_window_layers.empty())
+            c.window_layer_begin = get_optional<int64_t>(j, arch->sliding_window_layers.c_str(),
+                                                         arch->sliding_window_layers_default, src);
     }
     std::string act = get_optional<std::string>(j, "hidden_act", "silu", src);
     LATTICE_CHECK(act == "silu", "{}: hidden_act \"{}\" unsupported (only silu)", src, act);
@@ -99,6 +102,21 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& src) {
     c.n_heads = get_required<int64_t>(j, "num_attention_heads", src);
     c.n_kv_heads = get_optional<int64_t>(j, "num_key_value_heads", c.n_heads, src);
     c.vocab = get_required<int64_t>(j, "vocab_size", src);
+    // Newer transformers configs spell the layers' attention out (layer_types): it must be the pattern
+    // the window fields give (full, then sliding from window_layer_begin), which is all lattice runs.
+    if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+        const auto& lt = j["layer_types"];
+        LATTICE_CHECK(lt.is_array() && int64_t(lt.size()) == c.n_layers, "{}: layer_types must list {} layers", src,
+                      c.n_layers);
+        for (int64_t i = 0; i < c.n_layers; ++i) {
+            const bool sliding = c.sliding_window > 0 && i >= c.window_layer_begin;
+            const char* want = sliding ? "sliding_attention" : "full_attention";
+            LATTICE_CHECK(lt[size_t(i)].is_string() && lt[size_t(i)].get<std::string>() == want,
+                          "{}: layer_types[{}] is {} but sliding_window {} from layer {} gives \"{}\" (other "
+                          "per-layer attention patterns are not supported)",
+                          src, i, lt[size_t(i)].dump(), c.sliding_window, c.window_layer_begin, want);
+        }
+    }
     if (arch->moe) {
         c.n_experts = get_required<int64_t>(j, "num_local_experts", src);
         c.n_experts_used = get_required<int64_t>(j, "num_experts_per_tok", src);
@@ -161,6 +179,8 @@ void ModelConfig::validate() const {
     const std::string& s = source;
     const Architecture& arch = find_architecture(family);
     LATTICE_CHECK(sliding_window >= 0, "{}: sliding_window {} must be >= 0", s, sliding_window);
+    LATTICE_CHECK(window_layer_begin >= 0 && window_layer_begin < (int64_t(1) << 31),
+                  "{}: the window's first layer (max_window_layers) {} must be >= 0", s, window_layer_begin);
     LATTICE_CHECK(sliding_window == 0 || arch.sliding_window, "{}: architecture '{}' has no sliding window", s,
                   family);
     LATTICE_CHECK(sliding_window == 0 || sliding_window >= max_position || arch.sliding_window_honoured,

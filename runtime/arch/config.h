@@ -32,6 +32,8 @@ struct ModelConfig {
     // option carry one; validate() refuses a window shorter than max_position where the family's
     // window is not honoured (Architecture::sliding_window_honoured).
     int64_t sliding_window = 0;
+    // The window limits the layers >= window_layer_begin only (Qwen2's max_window_layers); 0: all.
+    int64_t window_layer_begin = 0;
     int64_t hidden = 0;
     int64_t intermediate = 0;  // FFN channels (of each expert in a MoE family)
     // Mixture of experts (families with Architecture::moe): experts per layer (num_local_experts) and

@@ -38,8 +38,12 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
     attn_.table_width = (opt_.max_seq + opt_.block_size - 1) / opt_.block_size;
     attn_.max_seq = opt_.max_seq;
     attn_.scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
-    // A window as long as the context never bites: full attention (any backend).
-    attn_.window = cfg_.sliding_window > 0 && cfg_.sliding_window < opt_.max_seq ? cfg_.sliding_window : 0;
+    // A window as long as the context never bites: full attention (any backend); nor does one that
+    // starts past the last layer (Qwen2's max_window_layers). run_layers drops it below that layer.
+    attn_.window = cfg_.sliding_window > 0 && cfg_.sliding_window < opt_.max_seq &&
+                           cfg_.window_layer_begin < cfg_.n_layers
+                       ? cfg_.sliding_window
+                       : 0;
     kv_dtype_ = resolve_kv_dtype(opt_.kv_dtype, be_.activation_dtype());
     if (opt_.shape_only) return;
     LATTICE_CHECK(be_.supports(Op::kKvCache, kv_dtype_), "backend {} does not support --kv-cache-dtype {} ({})",
@@ -279,7 +283,9 @@ void Model::run_layers(const TokenBatch& batch, const View& hidden) {
         linear_normed(qkv, L.wqkv);
         if (!L.qkv_bias.empty()) be_.add_bias(qkv, L.qkv_bias.view());
         be_.rope(qkv, batch, attn_, inv_freq_.view());
-        be_.attention(attn, qkv, L.k_cache.view(), L.v_cache.view(), batch, attn_);
+        AttentionShape shape = attn_;
+        if (layer < cfg_.window_layer_begin) shape.window = 0;  // full attention below the windowed layers
+        be_.attention(attn, qkv, L.k_cache.view(), L.v_cache.view(), batch, shape);
         be_.linear(proj, attn, L.wo);
         if (opt_.tp > 1) tp_all_reduce(proj);
         norm(proj, L.ffn_norm.view());

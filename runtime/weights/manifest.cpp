@@ -127,6 +127,7 @@ std::string hf_config_json(const ModelConfig& c) {
         j["rope_scaling"] = nullptr;
     if (c.sliding_window > 0) j["sliding_window"] = c.sliding_window;
     if (c.sliding_window > 0) j["use_sliding_window"] = true;  // Qwen2 applies the window only with it
+    if (c.sliding_window > 0) j["max_window_layers"] = c.window_layer_begin;  // ... from this layer on
     if (c.is_moe()) {
         j["num_local_experts"] = c.n_experts;
         j["num_experts_per_tok"] = c.n_experts_used;

@@ -29,14 +29,15 @@ inline std::string golden_dir(const std::string& model) {
     return test::shared_dir() + "/golden/" + model;
 }
 inline const std::vector<std::string>& family_models() {
-    static const std::vector<std::string> m = {"families/qwen2", "families/mistral", "families/mixtral"};
+    static const std::vector<std::string> m = {"families/qwen2", "families/qwen2-swa", "families/mistral",
+                                                "families/mixtral"};
     return m;
 }
 // Every golden model: the shared Llama ones and the families' (the tests of the forward, layouts,
 // quantization, SmoothQuant and conversion run over all of them).
 inline const std::vector<std::string>& golden_models() {
     static const std::vector<std::string> m = {"tiny-llama2", "tiny-gqa-llama3", "tiny-fp16-tied", "families/qwen2",
-                                               "families/mistral", "families/mixtral"};
+                                               "families/qwen2-swa", "families/mistral", "families/mixtral"};
     return m;
 }
 

@@ -1,6 +1,6 @@
 // The architecture table (runtime/arch/architecture.h) and the families beyond Llama: the Qwen2
 // fixture (tests/runtime/model/families/qwen2, scripts/make_family_fixtures.py's float64 reference)
-// from its GGUF copy (the HF folders of qwen2, mistral and mixtral run with every golden model in
+// from its GGUF copy (the HF folders of qwen2, qwen2-swa, mistral and mixtral run with every golden model in
 // test_golden.cpp, test_layouts, test_quant_accuracy, SmoothQuant and the converter's tests; GGUF vs HF
 // per TP rank and Mixtral's own checks are in test_moe.cpp); configs
 // of unsupported families and options refused with a message naming them; a checkpoint whose tensors
@@ -108,12 +108,30 @@ TEST_CASE("unsupported architectures and options are refused at load, naming the
     m["sliding_window"] = -1;
     CHECK(refusal(m).find("sliding_window -1 must be >= 0") != std::string::npos);
 
-    // Qwen2 applies its window only with use_sliding_window, and then only from max_window_layers on:
-    // not honoured, so refused where it would bite.
+    // Qwen2 applies its window only with use_sliding_window, and then only from max_window_layers on
+    // (28 when not given; the families/qwen2-swa fixture checks the numbers). A layer_types list must be
+    // that pattern; any other is refused naming the layer.
     nlohmann::json q = qwen2_config();
+    CHECK(parse_hf_config(q.dump(), "q").sliding_window == 0);  // named, switched off
     q["use_sliding_window"] = true;
-    CHECK(refusal(q).find("architecture 'qwen2' with sliding_window 64 < max_position_embeddings 128") !=
-          std::string::npos);
+    ModelConfig qc = parse_hf_config(q.dump(), "q");
+    CHECK(qc.sliding_window == 64);
+    CHECK(qc.window_layer_begin == 28);
+    q["max_window_layers"] = 1;
+    CHECK(parse_hf_config(q.dump(), "q").window_layer_begin == 1);
+    q["layer_types"] = {"full_attention", "sliding_attention"};
+    CHECK(parse_hf_config(q.dump(), "q").window_layer_begin == 1);
+    q["layer_types"] = {"sliding_attention", "full_attention"};
+    CHECK(refusal(q).find("layer_types[0] is \"sliding_attention\" but sliding_window 64 from layer 1 gives "
+                          "\"full_attention\"") != std::string::npos);
+    q["layer_types"] = {"full_attention"};
+    CHECK(refusal(q).find("layer_types must list 2 layers") != std::string::npos);
+    q["max_window_layers"] = -1;
+    q.erase("layer_types");
+    CHECK(refusal(q).find("max_window_layers) -1 must be >= 0") != std::string::npos);
+    q = qwen2_config();  // Qwen2.5 as saved by newer transformers: the window off, every layer full
+    q["layer_types"] = {"full_attention", "full_attention"};
+    CHECK(parse_hf_config(q.dump(), "q").sliding_window == 0);
     q = qwen2_config();
     q["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"original_max_position_embeddings", 64}};
     CHECK(refusal(q).find("rope_scaling type \"llama3\" is not supported for architecture 'qwen2'") !=

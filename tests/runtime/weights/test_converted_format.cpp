@@ -117,12 +117,16 @@ TEST_CASE("SafetensorsWriter: tensors in pieces, metadata, hash of the written f
     CHECK(error_of([&] { w2.finish(); }).find("\"x\" incomplete") != std::string::npos);
 }
 
-TEST_CASE("hf_config_json: parse_hf_config gives back every field (presets and golden configs)") {
+TEST_CASE("hf_config_json: parse_hf_config gives back every field (presets, golden and family configs)") {
     std::vector<ModelConfig> cfgs;
     for (const auto& n : preset_names()) cfgs.push_back(preset_config(n));
     for (const char* g : {"tiny-llama2", "tiny-gqa-llama3", "tiny-fp16-tied"})
         cfgs.push_back(load_hf_config(golden(std::string(g) + "/config.json")));
     cfgs.back().rope_scaling = RopeScaling{"linear", 2.5, 1.0, 4.0, 8192};
+    // The families' windows (Qwen2's from max_window_layers on) and experts.
+    for (const char* f : {"qwen2", "qwen2-swa", "mistral", "mixtral"})
+        cfgs.push_back(load_hf_config(std::string(LATTICE_SOURCE_DIR) + "/tests/runtime/model/families/" + f +
+                                      "/config.json"));
     for (const ModelConfig& c : cfgs) {
         CAPTURE(c.source);
         const ModelConfig r = parse_hf_config(hf_config_json(c), "round trip");
@@ -143,6 +147,8 @@ TEST_CASE("hf_config_json: parse_hf_config gives back every field (presets and g
         CHECK(r.bos_id == c.bos_id);
         CHECK(r.eos_ids == c.eos_ids);
         CHECK(r.family == c.family);
+        CHECK(r.sliding_window == c.sliding_window);
+        CHECK(r.window_layer_begin == c.window_layer_begin);
         CHECK(r.n_experts == c.n_experts);
         CHECK(r.n_experts_used == c.n_experts_used);
     }
