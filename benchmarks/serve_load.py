@@ -144,6 +144,7 @@ def level(port, clients, requests, prompts, max_tokens, extra):
                     failed[0] += 1
                 print(f"  request failed: {e}", file=sys.stderr)
 
+    load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
@@ -153,7 +154,8 @@ def level(port, clients, requests, prompts, max_tokens, extra):
     wall = time.perf_counter() - t0
     return {"clients": clients, "requests": clients * requests, "failed": failed[0], "tokens": tokens[0],
             "wall_s": wall, "tokens_per_s": tokens[0] / wall, "ttft_p50_s": pct(ttfts, 0.5),
-            "ttft_p99_s": pct(ttfts, 0.99), "itl_p50_s": pct(gaps, 0.5), "itl_p99_s": pct(gaps, 0.99)}
+            "ttft_p99_s": pct(ttfts, 0.99), "itl_p50_s": pct(gaps, 0.5), "itl_p99_s": pct(gaps, 0.99),
+            "load_1min_before": load0, "load_1min_after": os.getloadavg()[0]}  # the machine is shared
 
 
 def main():
@@ -215,12 +217,13 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, a.name + ".json"), "w") as f:
         json.dump(doc, f, indent=2)
-    print("| server | C | tok/s | TTFT p50 s | TTFT p99 s | ITL p50 ms | ITL p99 ms | failed |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| server | C | tok/s | TTFT p50 s | TTFT p99 s | ITL p50 ms | ITL p99 ms | failed | load |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, rs in rows.items():
         for r in rs:
             print(f"| {name} | {r['clients']} | {r['tokens_per_s']:.1f} | {r['ttft_p50_s']:.2f} | {r['ttft_p99_s']:.2f} "
-                  f"| {r['itl_p50_s'] * 1e3:.1f} | {r['itl_p99_s'] * 1e3:.1f} | {r['failed']} |")
+                  f"| {r['itl_p50_s'] * 1e3:.1f} | {r['itl_p99_s'] * 1e3:.1f} | {r['failed']} "
+                  f"| {r['load_1min_before']:.1f}-{r['load_1min_after']:.1f} |")
     if "llama_server" in rows:
         for l, s in zip(rows["lattice"], rows["llama_server"]):
             print(f"C={l['clients']}: lattice / llama-server tok/s {l['tokens_per_s'] / s['tokens_per_s']:.2f}, "
