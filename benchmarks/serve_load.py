@@ -17,7 +17,8 @@ Every server binds 127.0.0.1 on a free port and is killed (process group) howeve
 Usage: benchmarks/serve_load.py [--build build] [--out benchmarks/results/cpu-2core-spr]
                                 [--clients 1,4,16,64] [--requests 2] [--prompt-tokens 128]
                                 [--max-tokens 64] [--threads 2] [--model FILE.gguf]
-                                [--lattice-args '--max-batch-tokens 32'] [--name serve]
+                                [--lattice-args '--max-batch-tokens 32'] [--llama-args '--poll 0']
+                                [--no-lattice] [--name serve]
 Writes NAME.json (default serve.json: all numbers, machine, commit) and prints a markdown table."""
 import argparse
 import atexit
@@ -144,6 +145,7 @@ def level(port, clients, requests, prompts, max_tokens, extra):
                     failed[0] += 1
                 print(f"  request failed: {e}", file=sys.stderr)
 
+    load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
@@ -153,7 +155,8 @@ def level(port, clients, requests, prompts, max_tokens, extra):
     wall = time.perf_counter() - t0
     return {"clients": clients, "requests": clients * requests, "failed": failed[0], "tokens": tokens[0],
             "wall_s": wall, "tokens_per_s": tokens[0] / wall, "ttft_p50_s": pct(ttfts, 0.5),
-            "ttft_p99_s": pct(ttfts, 0.99), "itl_p50_s": pct(gaps, 0.5), "itl_p99_s": pct(gaps, 0.99)}
+            "ttft_p99_s": pct(ttfts, 0.99), "itl_p50_s": pct(gaps, 0.5), "itl_p99_s": pct(gaps, 0.99),
+            "load_1min_before": load0, "load_1min_after": os.getloadavg()[0]}  # the machine is shared
 
 
 def main():
@@ -167,6 +170,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=32000, help="prompt ids are drawn from [3, vocab)")
     ap.add_argument("--lattice-args", default="", help="extra `lattice serve` flags, e.g. '--max-batch-tokens 32'")
+    ap.add_argument("--llama-args", default="", help="extra llama-server flags, e.g. '--poll 0'")
+    ap.add_argument("--no-lattice", action="store_true", help="run llama-server only")
     ap.add_argument("--name", default="serve", help="result file NAME.json (a variant keeps the main run's file)")
     ap.add_argument("--model", default=os.path.join(os.environ.get("LATTICE_BENCH_CACHE", "/tmp/lattice-bench"),
                                                     "tinyllama-1.1b.q8_0.gguf"))
@@ -188,13 +193,14 @@ def main():
     lattice = [os.path.join(a.build, "launch", "lattice"), "serve", "--model", a.model, "--threads", str(a.threads),
                "--port", str(port), "--max-seq", str(ctx), "--max-seqs", str(max(levels)),
                "--max-queue", str(max(levels) * 2)] + a.lattice_args.split()
-    p = start(lattice, port, "/health")
-    rows["lattice"] = []
-    for c in levels:
-        r = level(port, c, a.requests, prompts, a.max_tokens, {"return_token_ids": True})
-        rows["lattice"].append(r)
-        print(f"lattice C={c}: {json.dumps(r)}", file=sys.stderr)
-    stop(p)
+    if not a.no_lattice:
+        p = start(lattice, port, "/health")
+        rows["lattice"] = []
+        for c in levels:
+            r = level(port, c, a.requests, prompts, a.max_tokens, {"return_token_ids": True})
+            rows["lattice"].append(r)
+            print(f"lattice C={c}: {json.dumps(r)}", file=sys.stderr)
+        stop(p)
 
     llama_bin = os.environ.get("LLAMA_CPP_BIN", "")
     server = os.path.join(llama_bin, "llama-server") if llama_bin else ""
@@ -203,7 +209,7 @@ def main():
         for c in levels:  # slots are fixed at start: one server per level
             port = free_port()
             p = start([server, "-m", a.model, "-t", str(a.threads), "--host", "127.0.0.1", "--port", str(port),
-                       "-np", str(c), "-c", str(ctx * c), "--no-webui"], port, "/health")
+                       "-np", str(c), "-c", str(ctx * c), "--no-webui"] + a.llama_args.split(), port, "/health")
             r = level(port, c, a.requests, prompts, a.max_tokens, {})
             rows["llama_server"].append(r)
             print(f"llama-server C={c}: {json.dumps(r)}", file=sys.stderr)
@@ -211,17 +217,18 @@ def main():
 
     doc = {"benchmark": "serve", "model": os.path.basename(a.model), "threads": a.threads,
            "workload": f"C clients x {a.requests} streamed requests of {a.prompt_tokens} prompt + {a.max_tokens} "
-                       "new tokens", "lattice_args": a.lattice_args, "machine": machine(), "rows": rows, "llama_cpp_bin": llama_bin or None}
+                       "new tokens", "lattice_args": a.lattice_args, "llama_args": a.llama_args, "machine": machine(), "rows": rows, "llama_cpp_bin": llama_bin or None}
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, a.name + ".json"), "w") as f:
         json.dump(doc, f, indent=2)
-    print("| server | C | tok/s | TTFT p50 s | TTFT p99 s | ITL p50 ms | ITL p99 ms | failed |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| server | C | tok/s | TTFT p50 s | TTFT p99 s | ITL p50 ms | ITL p99 ms | failed | load |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, rs in rows.items():
         for r in rs:
             print(f"| {name} | {r['clients']} | {r['tokens_per_s']:.1f} | {r['ttft_p50_s']:.2f} | {r['ttft_p99_s']:.2f} "
-                  f"| {r['itl_p50_s'] * 1e3:.1f} | {r['itl_p99_s'] * 1e3:.1f} | {r['failed']} |")
-    if "llama_server" in rows:
+                  f"| {r['itl_p50_s'] * 1e3:.1f} | {r['itl_p99_s'] * 1e3:.1f} | {r['failed']} "
+                  f"| {r['load_1min_before']:.1f}-{r['load_1min_after']:.1f} |")
+    if "llama_server" in rows and "lattice" in rows:
         for l, s in zip(rows["lattice"], rows["llama_server"]):
             print(f"C={l['clients']}: lattice / llama-server tok/s {l['tokens_per_s'] / s['tokens_per_s']:.2f}, "
                   f"ITL p99 {l['itl_p99_s'] / s['itl_p99_s']:.2f}")
