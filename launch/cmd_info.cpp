@@ -44,9 +44,9 @@ struct InfoArgs {
 void print_memory(const TensorSource& src, const InfoArgs& args) {
     const ModelConfig& c = src.config();
     check_model_layout(c.dims(), args.tp, args.pp);
-    const QuantChoice quant = args.quant == "auto" ? auto_quant(src, args.quant_head)
-                                                   : QuantChoice{parse_quant_mode(args.quant), args.quant_head};
     const bool cuda = args.device == "cuda";
+    const QuantChoice quant = args.quant == "auto" ? auto_quant(src, args.quant_head, !cuda)
+                                                   : QuantChoice{parse_quant_mode(args.quant), args.quant_head};
     const int64_t act = cuda ? 2 : 4;  // activation (and KV) bytes per element
     const int64_t max_seq = resolve_max_seq(args.max_seq, c.max_position);  // the model's own default
     LATTICE_CHECK(max_seq <= c.max_position, "--max-seq {} exceeds the model's max_position_embeddings {}", max_seq,
@@ -86,8 +86,8 @@ void add_info_command(CLI::App& app, CommandRun& run) {
     cmd->add_option("-m,--model", args->model,
                     "HF model directory or .gguf file (default: the built-in SmolLM2-135M-Instruct)")
         ->default_str("built-in");
-    cmd->add_option("--quant", args->quant, "Quantization of the memory estimate: auto | none | w8a16 | w8a8")
-        ->check(CLI::IsMember({"auto", "none", "w8a16", "w8a8"}));
+    cmd->add_option("--quant", args->quant, "Quantization of the memory estimate: auto | none | w8a16 | w8a8 | w4a16 | w4a8")
+        ->check(CLI::IsMember({"auto", "none", "w8a16", "w8a8", "w4a16", "w4a8"}));
     cmd->add_flag("--quant-head", args->quant_head, "The estimate quantizes the LM head too");
     cmd->add_option("--tp", args->tp, "Tensor-parallel ranks of the estimate")->check(tp_flag_range());
     cmd->add_option("--pp", args->pp, "Pipeline stages of the estimate")->check(pp_flag_range());

@@ -159,6 +159,24 @@ Int4Weights quantize_weights_int4(const float* w, int64_t n, int64_t k, int64_t 
     return out;
 }
 
+Int4Weights int4_from_blocks(const void* blocks, DType t, int64_t n, int64_t k) {
+    LATTICE_CHECK(t == DType::kQ4_0 || t == DType::kQ4_1, "int4_from_blocks: dtype {} is not q4_0 or q4_1",
+                  dtype_name(t));
+    LATTICE_CHECK(blocks && n > 0 && k > 0 && k % kInt4Block == 0,
+                  "int4_from_blocks: {} [{}, {}] (k must be a multiple of 32)", dtype_name(t), n, k);
+    const bool q4_1 = t == DType::kQ4_1;
+    Int4Weights w(n, k, kInt4Block, q4_1 ? Int4Kind::kAffine : Int4Kind::kOffset8);
+    const int64_t nb = n * (k / kInt4Block), bytes = dtype_block_bytes(t), head = q4_1 ? 4 : 2;
+    const auto* src = static_cast<const uint8_t*>(blocks);
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = src + b * bytes;
+        std::memcpy(&w.d[size_t(b)], blk, 2);
+        if (q4_1) std::memcpy(&w.m[size_t(b)], blk + 2, 2);
+        std::memcpy(&w.qs[size_t(b * 16)], blk + head, 16);
+    }
+    return w;
+}
+
 PackedInt4 pack_int4_weights(const Int4Matrix& w, IsaLevel isa) {
     check_int4_matrix(w, "pack_int4_weights");
     LATTICE_CHECK(isa_supported(isa), "pack_int4_weights: ISA '{}' not supported by this CPU", isa_name(isa));

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/dtype.h"
 #include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -81,6 +82,11 @@ float int4_value(const Int4Matrix& w, int64_t row, int64_t col);
 // rounded d and m (q = 0 where d is 0). Throws Error on non-finite weights or a scale past f16's range,
 // naming the element.
 Int4Weights quantize_weights_int4(const float* w, int64_t n, int64_t k, int64_t group);
+
+// GGUF Q4_0 / Q4_1 blocks of a row-major [n, k] matrix (k a multiple of 32; base/dtype.h: per 32 elements an
+// f16 d, for Q4_1 an f16 m, then 16 bytes of nibbles in this header's order) as 4-bit weights in groups of 32:
+// kOffset8 for q4_0, kAffine for q4_1. Nibbles and f16 values are copied, so every value is the block's own.
+Int4Weights int4_from_blocks(const void* blocks, DType t, int64_t n, int64_t k);
 
 // Weights packed for the kernels (layout above).
 struct PackedInt4 {

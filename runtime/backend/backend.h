@@ -65,7 +65,15 @@ enum class QuantMode : uint8_t {
     kNone,   // float weights (checkpoint precision: f32/f16/bf16), float GEMM
     kW8A16,  // int8 weights, per-output-channel scale; activations stay float
     kW8A8,   // int8 weights and per-token dynamically quantized int8 activations, int32 accumulate
+    kW4A16,  // 4-bit weights in groups along k (f16 scales, offsets), dequantized in registers; float activations
+    kW4A8,   // 4-bit weights x per-token int8 activations, int32 per group then the group's scale
 };
+inline bool is_int4(QuantMode q) { return q == QuantMode::kW4A16 || q == QuantMode::kW4A8; }
+// The 8-bit mode with the same activations (W4A8 -> W8A8, W4A16 -> W8A16); itself otherwise. A 4-bit run's
+// LM head runs so unless the checkpoint holds the head in 4 bits (runtime/model/rank_weights.h).
+inline QuantMode int8_counterpart(QuantMode q) {
+    return q == QuantMode::kW4A8 ? QuantMode::kW8A8 : q == QuantMode::kW4A16 ? QuantMode::kW8A16 : q;
+}
 
 std::string_view quant_mode_name(QuantMode q);
 QuantMode parse_quant_mode(std::string_view s);  // throws Error naming the bad value
@@ -76,7 +84,8 @@ struct Linear {
     int64_t n = 0;  // output features
     int64_t k = 0;  // input features
     QuantMode mode = QuantMode::kNone;
-    DType weight_dtype = DType::kF32;  // logical element type: f32/f16/bf16, or i8 for W8A16/W8A8
+    DType weight_dtype = DType::kF32;  // logical element type: f32/f16/bf16, i8 for W8A16/W8A8, or the 4-bit
+                                       // form of W4A16/W4A8 (q4_0: offset 8; q4_1: affine)
     Buffer weight;                     // backend-specific layout of the [n, k] matrix
     Buffer scales;                     // [n] f32 per-output-channel scales (int8 modes)
     Buffer aux;                        // backend-specific extra (e.g. per-channel weight sums)
@@ -97,6 +106,7 @@ enum class Op : uint8_t {
     kSlidingWindow,  // attention honours AttentionShape::window
     kGemm,      // float weights
     kGemmInt8,  // W8A16 / W8A8
+    kGemmInt4,  // W4A16 / W4A8
 };
 std::string_view op_name(Op op);
 // Throws unless copy_columns(dst, col0, src) is in bounds on `device` (Backend::copy_columns).
@@ -219,7 +229,9 @@ public:
 
     // Prepares a linear layer from host weights w [n, k] (f32/f16/bf16, row-major).
     // kNone keeps f16/bf16 as they are (exact) or converts to the backend's preferred dtype;
-    // int8 modes quantize symmetrically per output channel.
+    // int8 modes quantize symmetrically per output channel; 4-bit modes (supports(Op::kGemmInt4)) quantize
+    // float weights in affine groups of 32 (kernels/cpu/int4_gemm.h) and take GGUF Q4_0 / Q4_1 blocks
+    // (w of dtype q4_0 / q4_1, [n, k] elements) as they are, repacked, nothing rounded again.
     virtual Linear make_linear(const View& host_w, QuantMode mode) = 0;
     // Prepares an int8 linear layer (kW8A16 / kW8A8) from weights already quantized symmetrically per
     // output channel: host_q i8 [n, k] row-major, host_scales f32 [n] (w ~= q * scale). Nothing is

@@ -82,7 +82,15 @@ bool checkpoint_is_quantized(const TensorSource& src) {
     return src.has(probe) && dtype_is_block(src.info(probe).dtype);
 }
 
-QuantChoice auto_quant(const TensorSource& src, bool quant_head) {
+bool checkpoint_is_4bit(const TensorSource& src) {
+    const std::string probe = tensor_name(src.config(), TensorRole::kWDown, 0);
+    if (!src.has(probe)) return false;
+    const DType t = src.info(probe).dtype;
+    return t == DType::kQ4_0 || t == DType::kQ4_1;
+}
+
+QuantChoice auto_quant(const TensorSource& src, bool quant_head, bool int4_kernels) {
+    if (int4_kernels && checkpoint_is_4bit(src)) return {QuantMode::kW4A8, true};
     if (checkpoint_is_quantized(src)) return {QuantMode::kW8A8, true};
     return {QuantMode::kNone, quant_head};
 }
@@ -154,7 +162,8 @@ RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const T
     if (const PreparedLayout* prepared = src.prepared()) {
         follow_prepared(opt, *prepared);
     } else if (opt.quant_auto) {
-        const QuantChoice q = auto_quant(src, opt.model.quant_head);
+        const QuantChoice q = auto_quant(src, opt.model.quant_head,
+                                         resolve_backend_kind(opt.backend.kind) == BackendKind::kCpu);
         opt.model.quant = q.quant;
         opt.model.quant_head = q.quant_head;
     }

@@ -21,22 +21,29 @@ DType keep_dtype(DType t) {
 }
 
 
-// Rows of several host tensors stacked (q | k | v, gate | up); mixed dtypes widen to f32.
+bool is_q4(DType t) { return t == DType::kQ4_0 || t == DType::kQ4_1; }
+
+// Rows of several host tensors stacked (q | k | v, gate | up); mixed dtypes widen to f32 (the planner only
+// reads 4-bit blocks raw when every part has the same block type: plan_original).
 HostTensor concat_rows(std::vector<HostTensor>& parts) {
     DType dt = parts[0].dtype;
     for (auto& p : parts)
         if (p.dtype != dt) dt = DType::kF32;
+    LATTICE_CHECK(!dtype_is_block(dt) || dt == parts[0].dtype, "concat_rows: mixed block types");
     HostTensor out;
     out.dtype = dt;
     out.cols = parts[0].cols;
     for (auto& p : parts) out.rows += p.rows;
-    out.data.resize(size_t(out.rows * out.cols * dtype_size(dt)));
+    out.data.resize(size_t(dtype_bytes(dt, out.rows * out.cols)));
     uint8_t* dst = out.data.data();
     for (auto& p : parts) {
         LATTICE_CHECK(p.cols == out.cols, "concat_rows: column mismatch {} vs {}", p.cols, out.cols);
         const int64_t n = p.rows * p.cols;
-        convert_elements(p.data.data(), p.dtype, dst, dt, n);
-        dst += n * dtype_size(dt);
+        if (dtype_is_block(dt))
+            std::memcpy(dst, p.data.data(), size_t(dtype_bytes(dt, n)));  // same blocks, row after row
+        else
+            convert_elements(p.data.data(), p.dtype, dst, dt, n);
+        dst += dtype_bytes(dt, n);
         p.data = {};  // keep the peak near one fused tensor plus one part
     }
     return out;
@@ -92,13 +99,38 @@ RankWeights::RankWeights(const TensorSource& src, const ModelOptions& opt) : src
 void RankWeights::plan_original() {
     const ModelConfig& c = src_.config();
     const int64_t H = c.hidden;
-    auto check_role = [&](TensorRole role, int64_t layer) {
+    // The tensor's dtype as stored (checked against the config's shape first).
+    auto stored = [&](TensorRole role, int64_t layer) {
         const std::string name = tensor_name(c, role, layer);
         const std::vector<int64_t> expect = tensor_shape(c, role);
         const TensorInfo& ti = src_.info(name);
         LATTICE_CHECK(ti.shape == expect, "{}: tensor \"{}\" has shape {}, expected {} from the config", ti.file, name,
                       shape_string(ti.shape), shape_string(expect));
-        return keep_dtype(ti.dtype);
+        return ti.dtype;
+    };
+    auto check_role = [&](TensorRole role, int64_t layer) { return keep_dtype(stored(role, layer)); };
+    // A linear's read dtype: GGUF Q4_0 / Q4_1 blocks stay blocks for a 4-bit mode (repacked, never rounded
+    // again), everything else is read as float (kept, or widened to f32) and quantized by the backend.
+    auto linear_dtype = [&](std::initializer_list<TensorRole> roles, int64_t layer, QuantMode mode, bool folded) {
+        const DType first = stored(*roles.begin(), layer);
+        bool same = true, same_kept = true;
+        for (TensorRole r : roles) {
+            same &= stored(r, layer) == first;
+            same_kept &= check_role(r, layer) == keep_dtype(first);
+        }
+        if (is_int4(mode) && is_q4(first) && same && !folded) return first;
+        return same_kept && !folded ? keep_dtype(first) : DType::kF32;
+    };
+    // A row-parallel linear's column slice must keep whole blocks of a block-quantized tensor (4-bit groups).
+    auto check_column_split = [&](TensorRole role, int64_t layer, int64_t col0, int64_t cols) {
+        const std::string name = tensor_name(c, role, layer);
+        const TensorInfo& ti = src_.info(name);
+        const int64_t g = dtype_block_elems(ti.dtype);
+        LATTICE_CHECK(g == 1 || (col0 % g == 0 && cols % g == 0),
+                      "{}: tensor \"{}\" is {} (groups of {} along its {} columns); tp {} gives rank {} columns [{}, "
+                      "{}), which cuts a group: choose a tp that splits {} columns into multiples of {}",
+                      ti.file, name, dtype_name(ti.dtype), g, ti.cols(), opt_.tp, opt_.tp_rank, col0, col0 + cols,
+                      ti.cols(), g);
     };
     if (!opt_.smooth_path.empty()) smooth_ = read_smooth_factors(opt_.smooth_path, H, opt_.layer_begin, opt_.layer_end);
     const bool smooth = !opt_.smooth_path.empty();
@@ -108,9 +140,13 @@ void RankWeights::plan_original() {
             case WeightRole::kEmbed:
                 t.dtype = check_role(TensorRole::kEmbed, -1);
                 break;
-            case WeightRole::kLmHead:
-                t.dtype = check_role(c.tie_embeddings ? TensorRole::kEmbed : TensorRole::kLmHead, -1);
+            case WeightRole::kLmHead: {
+                const TensorRole head = c.tie_embeddings ? TensorRole::kEmbed : TensorRole::kLmHead;
+                // A 4-bit run keeps the head at 8 bits unless the checkpoint stores it in 4 (rank_weights.h).
+                if (is_int4(t.mode) && !is_q4(stored(head, -1))) t.mode = int8_counterpart(t.mode);
+                t.dtype = linear_dtype({head}, -1, t.mode, false);
                 break;
+            }
             case WeightRole::kFinalNorm:
                 check_role(TensorRole::kFinalNorm, -1);
                 t.dtype = DType::kF32;
@@ -126,24 +162,19 @@ void RankWeights::plan_original() {
                 check_role(TensorRole::kBv, l);
                 t.dtype = DType::kF32;
                 break;
-            case WeightRole::kWqkv: {
-                const DType q = check_role(TensorRole::kWq, l);
-                const DType k = check_role(TensorRole::kWk, l);
-                const DType v = check_role(TensorRole::kWv, l);
-                t.dtype = (q == k && k == v && !smooth) ? q : DType::kF32;
+            case WeightRole::kWqkv:
+                t.dtype = linear_dtype({TensorRole::kWq, TensorRole::kWk, TensorRole::kWv}, l, t.mode, smooth);
                 break;
-            }
             case WeightRole::kWo:
-                t.dtype = check_role(TensorRole::kWo, l);
+                t.dtype = linear_dtype({TensorRole::kWo}, l, t.mode, false);
+                check_column_split(TensorRole::kWo, l, shard_.head0 * c.head_dim, shard_.n_heads * c.head_dim);
                 break;
-            case WeightRole::kWGateUp: {
-                const DType g = check_role(TensorRole::kWGate, l);
-                const DType u = check_role(TensorRole::kWUp, l);
-                t.dtype = (g == u && !smooth) ? g : DType::kF32;
+            case WeightRole::kWGateUp:
+                t.dtype = linear_dtype({TensorRole::kWGate, TensorRole::kWUp}, l, t.mode, smooth);
                 break;
-            }
             case WeightRole::kWDown:
-                t.dtype = check_role(TensorRole::kWDown, l);
+                t.dtype = linear_dtype({TensorRole::kWDown}, l, t.mode, false);
+                check_column_split(TensorRole::kWDown, l, shard_.ffn0, shard_.ffn);
                 break;
         }
     }
@@ -205,7 +236,7 @@ HostTensor RankWeights::read_rows(const std::string& name, int64_t row0, int64_t
     h.dtype = dtype;
     h.rows = rows;
     h.cols = cols;
-    h.data.resize(size_t(rows * cols * dtype_size(dtype)));
+    h.data.resize(size_t(dtype_bytes(dtype, rows * cols)));
     src_.read(name, row0, rows, col0, cols, dtype, h.data.data());
     bytes_read_ += dtype_bytes(src_.info(name).dtype, rows * cols);
     return h;
@@ -227,9 +258,11 @@ HostTensor RankWeights::read(const RankTensor& t) {
     const int64_t H = c.hidden, hd = c.head_dim;
     const ShardShape& s = shard_;
     const int64_t l = t.layer;
+    // Parts of a linear planned as raw 4-bit blocks are read as blocks; everything else as float.
+    auto part_dtype = [&](const std::string& name) { return is_q4(t.dtype) ? t.dtype : keep_dtype(src_.info(name).dtype); };
     auto rows_of = [&](TensorRole role, int64_t row0, int64_t rows) {
         const std::string name = tensor_name(c, role, l);
-        return read_rows(name, row0, rows, 0, H, keep_dtype(src_.info(name).dtype));
+        return read_rows(name, row0, rows, 0, H, part_dtype(name));
     };
     // Entries [col0, col0 + n) of a 1-D tensor (a bias slice), as f32.
     auto entries_of = [&](TensorRole role, int64_t col0, int64_t n) {
@@ -283,7 +316,7 @@ HostTensor RankWeights::read(const RankTensor& t) {
         }
         case WeightRole::kWo: {
             const std::string o = tensor_name(c, TensorRole::kWo, l);
-            h = read_rows(o, 0, H, s.head0 * hd, s.n_heads * hd, keep_dtype(src_.info(o).dtype));
+            h = read_rows(o, 0, H, s.head0 * hd, s.n_heads * hd, part_dtype(o));
             break;
         }
         case WeightRole::kWGateUp: {
@@ -296,7 +329,7 @@ HostTensor RankWeights::read(const RankTensor& t) {
         }
         case WeightRole::kWDown: {
             const std::string d = tensor_name(c, TensorRole::kWDown, l);
-            h = read_rows(d, 0, H, s.ffn0, s.ffn, keep_dtype(src_.info(d).dtype));
+            h = read_rows(d, 0, H, s.ffn0, s.ffn, part_dtype(d));
             break;
         }
     }
@@ -311,7 +344,9 @@ double RankWeights::resident_bytes(bool cuda) const {
     double w = 0;
     for (const RankTensor& t : tensors_) {
         const double n = double(t.rows) * double(t.cols);
-        if (t.is_linear() && t.mode != QuantMode::kNone)
+        if (t.is_linear() && is_int4(t.mode))  // kernels/cpu/int4_gemm.h: per 32 weights 16 B + f16 d (+ f16 m)
+            w += double((t.rows + 15) / 16 * 16) * double((t.cols + 31) / 32) * (t.dtype == DType::kQ4_0 ? 18 : 20);
+        else if (t.is_linear() && t.mode != QuantMode::kNone)
             w += n + 8.0 * double(t.rows);
         else
             w += n * double(cuda && !t.vector ? 2 : dtype_size(t.dtype));

@@ -177,9 +177,11 @@ public:
             row0 >= 0 && rows >= 0 && row0 <= n_rows - rows && col0 >= 0 && cols >= 0 && col0 <= n_cols - cols,
             "{}: read of tensor \"{}\" rows [{}, +{}) cols [{}, +{}) outside its [{}, {}]", file_->path(), name, row0,
             rows, col0, cols, n_rows, n_cols);
-        LATTICE_CHECK(out_dtype == DType::kF32 || out_dtype == DType::kF16 || out_dtype == DType::kBF16,
-                      "{}: tensor \"{}\": output dtype {} unsupported (f32, f16, bf16)", file_->path(), name,
-                      dtype_name(out_dtype));
+        // The tensor's own block type: its raw blocks (a 4-bit run repacks them, runtime/model/rank_weights.h).
+        const bool raw = dtype_is_block(out_dtype) && out_dtype == e.info.dtype;
+        LATTICE_CHECK(raw || out_dtype == DType::kF32 || out_dtype == DType::kF16 || out_dtype == DType::kBF16,
+                      "{}: tensor \"{}\" ({}): output dtype {} unsupported (f32, f16, bf16, or its own block type)",
+                      file_->path(), name, dtype_name(e.info.dtype), dtype_name(out_dtype));
         if (dtype_is_block(e.info.dtype))
             LATTICE_CHECK(col0 % 32 == 0 && cols % 32 == 0,
                           "{}: tensor \"{}\" is {}: column slice [{}, +{}) must be 32-aligned", file_->path(), name,
@@ -187,7 +189,7 @@ public:
         const int64_t row_bytes = dtype_bytes(e.info.dtype, n_cols);
         const uint8_t* base = file_->tensor_data(*e.tensor);
         auto* out = static_cast<uint8_t*>(dst);
-        const int64_t out_row_bytes = cols * dtype_size(out_dtype);
+        const int64_t out_row_bytes = dtype_bytes(out_dtype, cols);
         const bool qk = e.qk_heads > 0;
         const int64_t hd = config_.head_dim;
         if (qk)
@@ -196,6 +198,14 @@ public:
                           name, row0, rows, hd);
         for (int64_t r = 0; r < rows; ++r) {
             uint8_t* o = out + r * out_row_bytes;
+            if (raw) {
+                std::memcpy(o, base + (row0 + r) * row_bytes + dtype_bytes(out_dtype, col0), size_t(out_row_bytes));
+                if (const int64_t b = first_non_finite_block(o, out_dtype, cols / 32); b >= 0) [[unlikely]]
+                    LATTICE_FAIL("{}: tensor \"{}\" ({}): block of row {} columns [{}, {}) has a non-finite scale",
+                                 file_->path(), e.tensor->name, dtype_name(out_dtype), row0 + r, col0 + 32 * b,
+                                 col0 + 32 * b + 32);
+                continue;
+            }
             convert_row_slice(base + (row0 + r) * row_bytes, e.info.dtype, col0, cols, o, out_dtype);
             // Row numbers as stored (q/k rows before un-permuting), so the message names the GGUF tensor.
             if (first_non_finite(o, out_dtype, cols) >= 0) [[unlikely]] {

@@ -61,7 +61,8 @@ public:
     virtual bool has(const std::string& name) const = 0;
     virtual const TensorInfo& info(const std::string& name) const = 0;  // throws Error if missing
     // Converts the slice to `out_dtype` (f32, f16 or bf16) into dst, row-major [rows, cols].
-    // Block-quantized tensors need col0 and cols to be multiples of 32.
+    // Block-quantized tensors need col0 and cols to be multiples of 32; a GGUF source also gives them as
+    // they are when `out_dtype` is the tensor's own block type (rows of whole blocks, scales checked finite).
     virtual void read(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols,
                       DType out_dtype, void* dst) const = 0;
     // Optional per-pair rope frequency divisors (GGUF rope_freqs.weight), empty if none.
