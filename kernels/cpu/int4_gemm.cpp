@@ -270,7 +270,7 @@ auto w4a16_kernel(IsaLevel isa) {
     return &int4_detail::w4a16_panels_scalar;
 }
 
-// Scratch of the W4A8 activations: rows of ldq int8, then the group sums, then the scales.
+// Scratch of the W4A8 activations: rows of ldq int8, then the group sums, then the group scales.
 struct W4A8Scratch {
     Int4Acts acts;
     int8_t* q = nullptr;
@@ -282,7 +282,7 @@ W4A8Scratch w4a8_scratch(int64_t m, const PackedInt4& w) {
     thread_local ScratchVec buf;
     const int64_t ldq = round_up(w.k_padded, 64);
     const int64_t q_bytes = m * ldq, sum_bytes = round_up(m * w.groups * 4, 64);
-    uint8_t* base = scratch(buf, size_t(q_bytes + sum_bytes + m * 4));
+    uint8_t* base = scratch(buf, size_t(q_bytes + 2 * sum_bytes));
     W4A8Scratch s;
     s.q = reinterpret_cast<int8_t*>(base);
     s.xsum = reinterpret_cast<int32_t*>(base + q_bytes);
@@ -291,13 +291,24 @@ W4A8Scratch w4a8_scratch(int64_t m, const PackedInt4& w) {
     return s;
 }
 
-// Zero padding past k and the group sums of one quantized row.
-void finish_w4a8_row(int8_t* q, int32_t* xsum, const PackedInt4& w) {
+// One row: each group quantized on its own (quantize_row_int8, or its bit-identical AVX2 form), zero padding
+// past k, the group sums.
+void quantize_w4a8_row(const float* x, const PackedInt4& w, int8_t* q, int32_t* xsum, float* scales) {
+    const bool simd = w.isa != IsaLevel::kScalar;
+    for (int64_t g = 0; g < w.groups; ++g) {
+        const int64_t c0 = g * w.group, len = std::min(w.k, c0 + w.group) - c0;
+        if (len <= 0) {
+            scales[g] = 1.0f;
+        } else {
+            scales[g] = simd ? int8_detail::quantize_row_int8_avx2(x + c0, len, q + c0)
+                             : quantize_row_int8(x + c0, len, q + c0);
+        }
+    }
     std::memset(q + w.k, 0, size_t(w.k_padded - w.k));
     for (int64_t g = 0; g < w.groups; ++g) {
-        int32_t s = 0;
-        for (int64_t i = g * w.group; i < (g + 1) * w.group; ++i) s += q[i];
-        xsum[g] = s;
+        int32_t sum = 0;
+        for (int64_t i = g * w.group; i < (g + 1) * w.group; ++i) sum += q[i];
+        xsum[g] = sum;
     }
 }
 
@@ -312,11 +323,6 @@ void for_rows(int64_t m, ThreadPool& pool, Fn&& fn) {
     });
 }
 
-void run_w4a8(const W4A8Scratch& s, int64_t m, const PackedInt4& w, float* y, ThreadPool& pool) {
-    auto kernel = w4a8_kernel(w.isa);
-    pool.parallel_for(w.n_panels, [&](int64_t p0, int64_t p1, int) { kernel(s.acts, m, w, p0, p1, y, w.n); });
-}
-
 }  // namespace
 
 void gemm_w4a8(const float* x, int64_t m, int64_t k, const PackedInt4& w, float* y, ThreadPool& pool) {
@@ -326,28 +332,10 @@ void gemm_w4a8(const float* x, int64_t m, int64_t k, const PackedInt4& w, float*
     LATTICE_CHECK(x && y, "gemm_w4a8: null pointer");
     W4A8Scratch s = w4a8_scratch(m, w);
     for_rows(m, pool, [&](int64_t r) {
-        int8_t* q = s.q + r * s.acts.ldq;
-        s.scales[r] = w.isa == IsaLevel::kScalar ? quantize_row_int8(x + r * k, k, q)
-                                                 : int8_detail::quantize_row_int8_avx2(x + r * k, k, q);
-        finish_w4a8_row(q, s.xsum + r * w.groups, w);
+        quantize_w4a8_row(x + r * k, w, s.q + r * s.acts.ldq, s.xsum + r * w.groups, s.scales + r * w.groups);
     });
-    run_w4a8(s, m, w, y, pool);
-}
-
-void gemm_w4a8_quantized(const int8_t* xq, int64_t ldx, const float* x_scales, int64_t m, int64_t k,
-                         const PackedInt4& w, float* y, ThreadPool& pool) {
-    check_packed(w, k, "gemm_w4a8_quantized");
-    LATTICE_CHECK(m >= 0 && ldx >= k, "gemm_w4a8_quantized: m = {}, ldx = {} for k = {}", m, ldx, k);
-    if (m == 0) return;
-    LATTICE_CHECK(xq && x_scales && y, "gemm_w4a8_quantized: null pointer");
-    W4A8Scratch s = w4a8_scratch(m, w);
-    for_rows(m, pool, [&](int64_t r) {
-        int8_t* q = s.q + r * s.acts.ldq;
-        std::memcpy(q, xq + r * ldx, size_t(k));
-        s.scales[r] = x_scales[r];
-        finish_w4a8_row(q, s.xsum + r * w.groups, w);
-    });
-    run_w4a8(s, m, w, y, pool);
+    auto kernel = w4a8_kernel(w.isa);
+    pool.parallel_for(w.n_panels, [&](int64_t p0, int64_t p1, int) { kernel(s.acts, m, w, p0, p1, y, w.n); });
 }
 
 void gemm_w4a16(const float* x, int64_t m, int64_t k, const PackedInt4& w, float* y, ThreadPool& pool) {

@@ -105,19 +105,18 @@ PackedInt4 pack_int4_weights(const Int4Matrix& w, IsaLevel isa);
 // The dequantized weights back from the packed layout: out [n, k] f32 (int4_value of the source, bit for bit).
 void dequantize_packed_int4(const PackedInt4& w, float* out);
 
-// W4A8: x [m, k] f32 is quantized per row (quantize_row_int8: xq, s_x) and
-//   y[r, c] = s_x[r] * acc,  acc = sum over groups g in order of
-//     kOffset8:   acc = fma(float(I_g - 8 X_g), d_g, acc)
-//     kZeroPoint: acc = fma(float(I_g - z_g X_g), d_g, acc)
-//     kAffine:    acc = fma(float(I_g), d_g, acc); acc = fma(m_g, float(X_g), acc)
-// where I_g = sum_{k in g} q xq and X_g = sum_{k in g} xq are exact int32. Every ISA path performs exactly
-// these float operations, so y is bit-identical across paths; in real arithmetic acc * s_x equals
-// sum_k w[c, k] * (xq[r, k] * s_x[r]) over the dequantized weights. y: [m, n].
+// W4A8: each row of x [m, k] f32 is quantized per group of the weights' G columns (quantize_row_int8 over
+// the group: scale s_{r,g}, int8 xq; a per-token scale per group, as llama.cpp's Q8 activation blocks, so an
+// outlier channel costs resolution in its own group only), and
+//   y[r, c] = acc,  acc = sum over groups g in order of
+//     kOffset8:   acc = fma(float(I_g - 8 X_g), d_g * s_g, acc)
+//     kZeroPoint: acc = fma(float(I_g - z_g X_g), d_g * s_g, acc)
+//     kAffine:    acc = fma(float(I_g), d_g * s_g, acc); acc = fma(m_g * s_g, float(X_g), acc)
+// where I_g = sum_{k in g} q xq and X_g = sum_{k in g} xq are exact int32 and the products d_g * s_g,
+// m_g * s_g are rounded to f32. Every ISA path performs exactly these float operations, so y is
+// bit-identical across paths; in real arithmetic it is sum_k w[c, k] * (xq[r, k] * s_{r,g(k)}) with the
+// dequantized weights (q d + m unrounded), within (2 groups + 2) units of roundoff of the terms. y: [m, n].
 void gemm_w4a8(const float* x, int64_t m, int64_t k, const PackedInt4& w, float* y, ThreadPool& pool);
-
-// gemm_w4a8 on rows quantized beforehand (quantize_row_int8_simd): xq [m, ldx] int8, x_scales [m].
-void gemm_w4a8_quantized(const int8_t* xq, int64_t ldx, const float* x_scales, int64_t m, int64_t k,
-                         const PackedInt4& w, float* y, ThreadPool& pool);
 
 // W4A16 (weight-only): y[r, c] = sum_k x[r, k] * w[c, k] computed per group as
 //   d_g * sum_{k in g} x (q - 8 | q - z)      or      d_g * sum_{k in g} x q + m_g * sum_{k in g} x

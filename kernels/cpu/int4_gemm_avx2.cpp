@@ -107,14 +107,16 @@ inline void w4a8_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_
 #pragma GCC unroll 4
             for (int r = 0; r < MR; ++r) {
                 const int32_t X = a.xsum[(r0 + r) * a.ldsum + g];
+                const __m256 sg = _mm256_set1_ps(a.scales[(r0 + r) * a.ldsum + g]);
+                const __m256 ds = _mm256_mul_ps(d, sg);
                 if constexpr (K == Int4Kind::kOffset8) {
-                    fma_acc(acc[r][h], _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][h], _mm256_set1_epi32(8 * X))), d);
+                    fma_acc(acc[r][h], _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][h], _mm256_set1_epi32(8 * X))), ds);
                 } else if constexpr (K == Int4Kind::kZeroPoint) {
                     const __m256i corr = _mm256_mullo_epi32(z, _mm256_set1_epi32(X));
-                    fma_acc(acc[r][h], _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][h], corr)), d);
+                    fma_acc(acc[r][h], _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][h], corr)), ds);
                 } else {
-                    fma_acc(acc[r][h], _mm256_cvtepi32_ps(isum[r][h]), d);
-                    fma_acc(acc[r][h], mn, _mm256_set1_ps(float(X)));
+                    fma_acc(acc[r][h], _mm256_cvtepi32_ps(isum[r][h]), ds);
+                    fma_acc(acc[r][h], _mm256_mul_ps(mn, sg), _mm256_set1_ps(float(X)));
                 }
             }
         }
@@ -122,9 +124,7 @@ inline void w4a8_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_
 #pragma GCC unroll 4
     for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 2
-        for (int h = 0; h < NH; ++h)
-            store8(y + (r0 + r) * ldy, p * kInt8PanelN + (h0 + h) * 8, w.n,
-                   _mm256_mul_ps(acc[r][h], _mm256_set1_ps(a.scales[r0 + r])));
+        for (int h = 0; h < NH; ++h) store8(y + (r0 + r) * ldy, p * kInt8PanelN + (h0 + h) * 8, w.n, acc[r][h]);
 }
 
 template <Int4Kind K>

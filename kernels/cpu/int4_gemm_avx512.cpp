@@ -3,7 +3,8 @@
 //   W4A8: a 64-byte chunk of a block (16 channels x 8 nibbles) is split in registers into its low and
 //     high nibbles (and, shift + and): two u8 operands of vpdpbusd against the broadcast int8 activations
 //     (the signed operand, so no +128 correction). Each group's int32 sums then take the group epilogue
-//     of int4_gemm.h (vcvtph2ps for the f16 scales, one or two FMAs), in the order the scalar path uses,
+//     of int4_gemm.h (vcvtph2ps for the f16 scales, the product with the row's group scale, one or two
+//     FMAs), in the order the scalar path uses,
 //     so the results are bit-identical to it. Register tile MR rows x NP panels: decode (m = 1) streams 4
 //     panels at once (4 independent chains, each panel's weights read once), m = 2 two, larger m 4 rows
 //     x 2 panels (prefill: each panel pair is reused across all rows of A from L1/L2).
@@ -105,14 +106,16 @@ inline void w4a8_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_
 #pragma GCC unroll 4
             for (int r = 0; r < MR; ++r) {
                 const int32_t X = a.xsum[(r0 + r) * a.ldsum + g];
+                const __m512 sg = _mm512_set1_ps(a.scales[(r0 + r) * a.ldsum + g]);
+                const __m512 ds = _mm512_mul_ps(d, sg);
                 if constexpr (K == Int4Kind::kOffset8) {
-                    fma_acc(acc[r][j], _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[r][j], _mm512_set1_epi32(8 * X))), d);
+                    fma_acc(acc[r][j], _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[r][j], _mm512_set1_epi32(8 * X))), ds);
                 } else if constexpr (K == Int4Kind::kZeroPoint) {
                     const __m512i corr = _mm512_mullo_epi32(z, _mm512_set1_epi32(X));
-                    fma_acc(acc[r][j], _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[r][j], corr)), d);
+                    fma_acc(acc[r][j], _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[r][j], corr)), ds);
                 } else {
-                    fma_acc(acc[r][j], _mm512_cvtepi32_ps(isum[r][j]), d);
-                    fma_acc(acc[r][j], mn, _mm512_set1_ps(float(X)));
+                    fma_acc(acc[r][j], _mm512_cvtepi32_ps(isum[r][j]), ds);
+                    fma_acc(acc[r][j], _mm512_mul_ps(mn, sg), _mm512_set1_ps(float(X)));
                 }
             }
         }
@@ -121,9 +124,7 @@ inline void w4a8_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_
     for (int j = 0; j < NP; ++j) {
         const __mmask16 mk = tail_mask(p + j, w.n);
 #pragma GCC unroll 4
-        for (int r = 0; r < MR; ++r)
-            _mm512_mask_storeu_ps(y + (r0 + r) * ldy + (p + j) * kInt8PanelN, mk,
-                                  _mm512_mul_ps(acc[r][j], _mm512_set1_ps(a.scales[r0 + r])));
+        for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + (p + j) * kInt8PanelN, mk, acc[r][j]);
     }
 }
 

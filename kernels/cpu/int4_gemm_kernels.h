@@ -4,7 +4,7 @@
 // Each *_panels function computes all m rows for output panels [p0, p1) of the packed weights (layout in
 // int4_gemm.h) and writes y[r * ldy + c] for the channels c < n of those panels only.
 // W4A8 activations (Int4Acts): q int8 [m][ldq] (ldq >= k_padded, zero past k), xsum int32 [m][ldsum]
-// (sum of q over each group), scales f32 [m].
+// (sum of q over each group), scales f32 [m][ldsum] (one per row and group).
 // W4A16 activations (F32Acts): x f32 [m][ldx] (ldx >= k_padded, zero past k), xsum f32 [m][ldsum] (sum of x
 // over each group, read by kAffine only).
 #pragma once
@@ -20,7 +20,7 @@ struct Int4Acts {
     int64_t ldq = 0;
     const int32_t* xsum = nullptr;
     int64_t ldsum = 0;
-    const float* scales = nullptr;
+    const float* scales = nullptr;  // [m][ldsum]
 };
 
 struct F32Acts {

@@ -1,6 +1,7 @@
 // Scalar reference paths of the 4-bit GEMMs, reading the same packed layout as the SIMD paths
 // (int4_gemm.h). Plain loops; the W4A8 one performs exactly the float operations int4_gemm.h specifies
-// (std::fma per group in group order, then the row scale), which every SIMD path must match bit for bit.
+// (per group in group order: the products of the weight and activation scales, std::fma), which every
+// SIMD path must match bit for bit.
 #include <cmath>
 #include <cstring>
 
@@ -49,18 +50,19 @@ void w4a8_panels_scalar(const Int4Acts& a, int64_t m, const PackedInt4& w, int64
                             }
                     }
                 const int32_t X = a.xsum[r * a.ldsum + g];
+                const float sg = a.scales[r * a.ldsum + g];
                 for (int j = 0; j < kInt8PanelN; ++j) {
                     const float d = f16_to_f32(load_u16(blk + scale_offset(G) + 2 * j));
                     if (w.kind == Int4Kind::kAffine) {
                         const float mn = f16_to_f32(load_u16(blk + extra_offset(G) + 2 * j));
-                        acc[j] = std::fma(float(isum[j]), d, acc[j]);
-                        acc[j] = std::fma(mn, float(X), acc[j]);
+                        acc[j] = std::fma(float(isum[j]), d * sg, acc[j]);
+                        acc[j] = std::fma(mn * sg, float(X), acc[j]);
                     } else {
-                        acc[j] = std::fma(float(isum[j] - zero_point(w, blk, j) * X), d, acc[j]);
+                        acc[j] = std::fma(float(isum[j] - zero_point(w, blk, j) * X), d * sg, acc[j]);
                     }
                 }
             }
-            for (int64_t j = 0; j < cnt; ++j) y[r * ldy + j0 + j] = acc[j] * a.scales[r];
+            for (int64_t j = 0; j < cnt; ++j) y[r * ldy + j0 + j] = acc[j];
         }
     }
 }

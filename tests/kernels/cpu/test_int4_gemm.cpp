@@ -5,8 +5,9 @@
 // and tails of m, n off the 16-channel panels and k off the group; outputs poisoned with guard cells; 1 vs 3
 // threads bit-identical; the float -> 4-bit quantizer's round-trip bound; bad input refused.
 //
-// Bounds (u = 2^-24, first order): W4A8 performs per group one or two fmas into acc and one final multiply,
-// so |y - Y| <= (2 groups + 1) u s_x sum_g (|d_g I'_g| + |m_g X_g|) with the exact integers I', X.
+// Bounds (u = 2^-24, first order): W4A8 performs per group one or two fmas into acc, each of a product of two
+// scales rounded once, so |y - Y| <= (2 groups + 2) u sum_g s_g (|d_g I'_g| + |m_g X_g|) with the exact
+// integers I', X of the group-quantized activations.
 // W4A16 sums k products per group (or k products of rounded dequantized weights in the prefill tile), plus
 // 2 ops per group and the group sums of x: |y - Y| <= (k + 2 groups + 4) u sum_k |x_k| (|d (q - z)| + |m|).
 #include <doctest/doctest.h>
@@ -54,8 +55,24 @@ struct Ref {
     std::vector<double> bound;  // [m, n]
 };
 
-// W4A8 in double from the unpacked weights and the int8 rows (independent of the packed layout).
-Ref ref_w4a8(const Int4Weights& w, const std::vector<int8_t>& xq, const std::vector<float>& sx, int64_t m) {
+// Activations quantized as gemm_w4a8 does: each group of `group` columns of each row on its own.
+struct GroupActs {
+    std::vector<int8_t> q;  // [m, k]
+    std::vector<float> s;   // [m, groups]
+};
+GroupActs quantize_groups(const std::vector<float>& x, int64_t m, int64_t k, int64_t group) {
+    const int64_t groups = (k + group - 1) / group;
+    GroupActs a{std::vector<int8_t>(size_t(m * k)), std::vector<float>(size_t(m * groups))};
+    for (int64_t r = 0; r < m; ++r)
+        for (int64_t g = 0; g < groups; ++g) {
+            const int64_t c0 = g * group, len = std::min(k, c0 + group) - c0;
+            a.s[size_t(r * groups + g)] = quantize_row_int8(x.data() + r * k + c0, len, a.q.data() + r * k + c0);
+        }
+    return a;
+}
+
+// W4A8 in double from the unpacked weights and the quantized rows (independent of the packed layout).
+Ref ref_w4a8(const Int4Weights& w, const GroupActs& a, int64_t m) {
     const Int4Matrix mat = w.matrix();
     const int64_t groups = mat.groups();
     Ref out{std::vector<double>(size_t(m * w.n)), std::vector<double>(size_t(m * w.n))};
@@ -65,23 +82,23 @@ Ref ref_w4a8(const Int4Weights& w, const std::vector<int8_t>& xq, const std::vec
             for (int64_t g = 0; g < groups; ++g) {
                 int64_t I = 0, X = 0;
                 for (int64_t i = g * w.group; i < std::min(w.k, (g + 1) * w.group); ++i) {
-                    I += int64_t(nibble(w, c, i)) * xq[size_t(r * w.k + i)];
-                    X += xq[size_t(r * w.k + i)];
+                    I += int64_t(nibble(w, c, i)) * a.q[size_t(r * w.k + i)];
+                    X += a.q[size_t(r * w.k + i)];
                 }
                 const size_t gi = size_t(c * groups + g);
-                const double d = f16_to_f32(w.d[gi]);
+                const double d = f16_to_f32(w.d[gi]), sg = a.s[size_t(r * groups + g)];
                 double t1 = 0, t2 = 0;
-                if (w.kind == Int4Kind::kOffset8) t1 = d * double(I - 8 * X);
-                if (w.kind == Int4Kind::kZeroPoint) t1 = d * double(I - int64_t(w.z[gi]) * X);
+                if (w.kind == Int4Kind::kOffset8) t1 = d * sg * double(I - 8 * X);
+                if (w.kind == Int4Kind::kZeroPoint) t1 = d * sg * double(I - int64_t(w.z[gi]) * X);
                 if (w.kind == Int4Kind::kAffine) {
-                    t1 = d * double(I);
-                    t2 = double(f16_to_f32(w.m[gi])) * double(X);
+                    t1 = d * sg * double(I);
+                    t2 = double(f16_to_f32(w.m[gi])) * sg * double(X);
                 }
                 y += t1 + t2;
                 mag += std::fabs(t1) + std::fabs(t2);
             }
-            out.y[size_t(r * w.n + c)] = y * sx[size_t(r)];
-            out.bound[size_t(r * w.n + c)] = 1.01 * double(2 * groups + 1) * kU * mag * sx[size_t(r)] + 1e-30;
+            out.y[size_t(r * w.n + c)] = y;
+            out.bound[size_t(r * w.n + c)] = 1.01 * double(2 * groups + 2) * kU * mag + 1e-30;
         }
     return out;
 }
@@ -198,15 +215,12 @@ TEST_CASE("w4a8: every ISA path equals the scalar path bit for bit, within the b
                     Int4Weights w = random_int4(n, k, group, kind, rng);
                     const int64_t mmax = 9;
                     std::vector<float> x = random_f32(size_t(mmax * k), rng);
-                    x[0] = 50.0f;  // an outlier: the largest activation quantizes to 127
-                    std::vector<int8_t> xq(x.size());
-                    std::vector<float> sx(static_cast<size_t>(mmax));
-                    for (int64_t r = 0; r < mmax; ++r)
-                        sx[size_t(r)] = quantize_row_int8(x.data() + r * k, k, xq.data() + r * k);
-                    REQUIRE(any_nonzero(xq));
+                    x[0] = 50.0f;  // an outlier: the largest activation of its group quantizes to 127
+                    const GroupActs acts = quantize_groups(x, mmax, k, group);
+                    REQUIRE(any_nonzero(acts.q));
                     for (int64_t m : {1, 2, 3, 5, 9}) {
                         CAPTURE(m);
-                        const Ref ref = ref_w4a8(w, xq, sx, m);
+                        const Ref ref = ref_w4a8(w, acts, m);
                         std::vector<float> base;
                         for (IsaLevel isa : supported_isas()) {
                             CAPTURE(isa_name(isa));
@@ -224,7 +238,7 @@ TEST_CASE("w4a8: every ISA path equals the scalar path bit for bit, within the b
                 }
 }
 
-TEST_CASE("w4a8: prefill sizes (m = 17, 33) and pre-quantized rows give the same bits") {
+TEST_CASE("w4a8: prefill sizes (m = 17, 33) on 1 and 3 threads give the same bits") {
     ThreadPool pool(3), one(1);
     std::mt19937 rng(99);
     const int64_t n = 70, k = 192, m = 33;
@@ -232,10 +246,7 @@ TEST_CASE("w4a8: prefill sizes (m = 17, 33) and pre-quantized rows give the same
         CAPTURE(int4_kind_name(kind));
         Int4Weights w = random_int4(n, k, 64, kind, rng);
         std::vector<float> x = random_f32(size_t(m * k), rng);
-        std::vector<int8_t> xq(x.size());
-        std::vector<float> sx(static_cast<size_t>(m));
-        for (int64_t r = 0; r < m; ++r) sx[size_t(r)] = quantize_row_int8_simd(x.data() + r * k, k, xq.data() + r * k);
-        const Ref ref = ref_w4a8(w, xq, sx, m);
+        const Ref ref = ref_w4a8(w, quantize_groups(x, m, k, 64), m);
         std::vector<float> base;
         for (IsaLevel isa : supported_isas()) {
             CAPTURE(isa_name(isa));
@@ -245,10 +256,7 @@ TEST_CASE("w4a8: prefill sizes (m = 17, 33) and pre-quantized rows give the same
                     run_poisoned(mm, n, [&](float* out) { gemm_w4a8(x.data(), mm, k, p, out, pool); });
                 std::vector<float> y1 =
                     run_poisoned(mm, n, [&](float* out) { gemm_w4a8(x.data(), mm, k, p, out, one); });
-                std::vector<float> yq = run_poisoned(
-                    mm, n, [&](float* out) { gemm_w4a8_quantized(xq.data(), k, sx.data(), mm, k, p, out, pool); });
                 REQUIRE(std::memcmp(y.data(), y1.data(), y.size() * 4) == 0);
-                REQUIRE(std::memcmp(y.data(), yq.data(), y.size() * 4) == 0);
                 if (mm == m) {
                     check_within(y, ref, "w4a8 prefill");
                     if (base.empty()) base = y;
