@@ -48,42 +48,6 @@ void check_packed(const PackedInt4& w, int64_t k, const char* fn) {
 
 }  // namespace
 
-std::string_view int4_kind_name(Int4Kind k) {
-    switch (k) {
-        case Int4Kind::kOffset8:
-            return "offset8";
-        case Int4Kind::kZeroPoint:
-            return "zero-point";
-        case Int4Kind::kAffine:
-            return "affine";
-    }
-    return "?";
-}
-
-Int4Weights::Int4Weights(int64_t n_, int64_t k_, int64_t group_, Int4Kind kind_)
-    : n(n_), k(k_), group(group_), kind(kind_) {
-    LATTICE_CHECK(n > 0 && k > 0 && (group == 32 || group == 64 || group == 128),
-                  "Int4Weights: shape [{}, {}] with group {} (groups of 32, 64 or 128)", n, k, group);
-    const int64_t kp = round_up(k, group), groups = kp / group;
-    qs.assign(size_t(n * kp / 2), 0);
-    d.assign(size_t(n * groups), 0);
-    if (kind == Int4Kind::kAffine) m.assign(size_t(n * groups), 0);
-    if (kind == Int4Kind::kZeroPoint) z.assign(size_t(n * groups), 0);
-}
-
-Int4Matrix Int4Weights::matrix() const {
-    Int4Matrix w;
-    w.n = n;
-    w.k = k;
-    w.group = group;
-    w.kind = kind;
-    w.qs = qs.data();
-    w.d = d.data();
-    w.m = m.empty() ? nullptr : m.data();
-    w.z = z.empty() ? nullptr : z.data();
-    return w;
-}
-
 void check_int4_matrix(const Int4Matrix& w, const char* what) {
     LATTICE_CHECK(w.n > 0 && w.k > 0 && w.k <= kInt4MaxK, "{}: 4-bit weights of shape [{}, {}] (k at most {})", what,
                   w.n, w.k, kInt4MaxK);
@@ -93,6 +57,15 @@ void check_int4_matrix(const Int4Matrix& w, const char* what) {
     LATTICE_CHECK(w.qs && w.d, "{}: 4-bit weights without nibbles or scales", what);
     LATTICE_CHECK(w.kind != Int4Kind::kAffine || w.m, "{}: affine 4-bit weights without minimums", what);
     LATTICE_CHECK(w.kind != Int4Kind::kZeroPoint || w.z, "{}: zero-point 4-bit weights without zero points", what);
+    if (w.perm) {
+        std::vector<uint8_t> seen(size_t(w.k), 0);
+        for (int64_t c = 0; c < w.k; ++c) {
+            LATTICE_CHECK(w.perm[c] >= 0 && w.perm[c] < w.k && !seen[size_t(w.perm[c])],
+                          "{}: the input-channel permutation is not one of 0..{} (column {} maps to {})", what, w.k - 1,
+                          c, w.perm[c]);
+            seen[size_t(w.perm[c])] = 1;
+        }
+    }
     const int64_t groups = w.groups();
     for (int64_t i = 0; i < w.n * groups; ++i) {
         const float d = f16_to_f32(w.d[i]);
@@ -109,25 +82,10 @@ void check_int4_matrix(const Int4Matrix& w, const char* what) {
     }
 }
 
-float int4_value(const Int4Matrix& w, int64_t row, int64_t col) {
-    const int64_t kp = w.k_padded(), blk = col / kInt4Block, i = col % kInt4Block;
-    const uint8_t b = w.qs[row * (kp / 2) + blk * 16 + (i & 15)];
-    const int32_t q = i < 16 ? (b & 15) : (b >> 4);
-    const int64_t gi = row * w.groups() + col / w.group;
-    const float d = f16_to_f32(w.d[gi]);
-    switch (w.kind) {
-        case Int4Kind::kOffset8:
-            return float(q - 8) * d;
-        case Int4Kind::kZeroPoint:
-            return float(q - int32_t(w.z[gi])) * d;
-        case Int4Kind::kAffine:
-            return float(q) * d + f16_to_f32(w.m[gi]);
-    }
-    return 0.0f;
-}
-
 Int4Weights quantize_weights_int4(const float* w, int64_t n, int64_t k, int64_t group) {
     LATTICE_CHECK(w, "quantize_weights_int4: null weights");
+    LATTICE_CHECK(n > 0 && k > 0 && (group == 32 || group == 64 || group == 128),
+                  "quantize_weights_int4: shape [{}, {}] with group {} (groups of 32, 64 or 128)", n, k, group);
     Int4Weights out(n, k, group, Int4Kind::kAffine);
     const int64_t kp = round_up(k, group), groups = kp / group;
     for (int64_t r = 0; r < n; ++r) {
@@ -159,24 +117,6 @@ Int4Weights quantize_weights_int4(const float* w, int64_t n, int64_t k, int64_t 
     return out;
 }
 
-Int4Weights int4_from_blocks(const void* blocks, DType t, int64_t n, int64_t k) {
-    LATTICE_CHECK(t == DType::kQ4_0 || t == DType::kQ4_1, "int4_from_blocks: dtype {} is not q4_0 or q4_1",
-                  dtype_name(t));
-    LATTICE_CHECK(blocks && n > 0 && k > 0 && k % kInt4Block == 0,
-                  "int4_from_blocks: {} [{}, {}] (k must be a multiple of 32)", dtype_name(t), n, k);
-    const bool q4_1 = t == DType::kQ4_1;
-    Int4Weights w(n, k, kInt4Block, q4_1 ? Int4Kind::kAffine : Int4Kind::kOffset8);
-    const int64_t nb = n * (k / kInt4Block), bytes = dtype_block_bytes(t), head = q4_1 ? 4 : 2;
-    const auto* src = static_cast<const uint8_t*>(blocks);
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = src + b * bytes;
-        std::memcpy(&w.d[size_t(b)], blk, 2);
-        if (q4_1) std::memcpy(&w.m[size_t(b)], blk + 2, 2);
-        std::memcpy(&w.qs[size_t(b * 16)], blk + head, 16);
-    }
-    return w;
-}
-
 PackedInt4 pack_int4_weights(const Int4Matrix& w, IsaLevel isa) {
     check_int4_matrix(w, "pack_int4_weights");
     LATTICE_CHECK(isa_supported(isa), "pack_int4_weights: ISA '{}' not supported by this CPU", isa_name(isa));
@@ -191,6 +131,7 @@ PackedInt4 pack_int4_weights(const Int4Matrix& w, IsaLevel isa) {
     p.isa = isa;
     p.block_bytes = 8 * w.group + 32 + extra_bytes(w.kind);
     p.data.assign(size_t(p.n_panels * p.groups * p.block_bytes), 0);
+    if (w.perm) p.perm.assign(w.perm, w.perm + w.k);
     const int64_t row_bytes = p.k_padded / 2, subs = w.group / kInt4Block;
     for (int64_t panel = 0; panel < p.n_panels; ++panel) {
         const int64_t rows = std::min<int64_t>(kInt8PanelN, w.n - panel * kInt8PanelN);
@@ -237,7 +178,7 @@ void dequantize_packed_int4(const PackedInt4& w, float* out) {
                     v = float(q) * d + f16_to_f32(h);
                     break;
             }
-            out[row * w.k + col] = v;
+            out[row * w.k + (w.perm.empty() ? col : w.perm[size_t(col)])] = v;
         }
     }
 }
@@ -332,7 +273,14 @@ void gemm_w4a8(const float* x, int64_t m, int64_t k, const PackedInt4& w, float*
     LATTICE_CHECK(x && y, "gemm_w4a8: null pointer");
     W4A8Scratch s = w4a8_scratch(m, w);
     for_rows(m, pool, [&](int64_t r) {
-        quantize_w4a8_row(x + r * k, w, s.q + r * s.acts.ldq, s.xsum + r * w.groups, s.scales + r * w.groups);
+        const float* row = x + r * k;
+        if (!w.perm.empty()) {  // act-order: stored column c holds input channel perm[c]
+            thread_local std::vector<float> gathered;
+            gathered.resize(size_t(k));
+            for (int64_t c = 0; c < k; ++c) gathered[size_t(c)] = row[w.perm[size_t(c)]];
+            row = gathered.data();
+        }
+        quantize_w4a8_row(row, w, s.q + r * s.acts.ldq, s.xsum + r * w.groups, s.scales + r * w.groups);
     });
     auto kernel = w4a8_kernel(w.isa);
     pool.parallel_for(w.n_panels, [&](int64_t p0, int64_t p1, int) { kernel(s.acts, m, w, p0, p1, y, w.n); });
@@ -344,25 +292,30 @@ void gemm_w4a16(const float* x, int64_t m, int64_t k, const PackedInt4& w, float
     if (m == 0) return;
     LATTICE_CHECK(x && y, "gemm_w4a16: null pointer");
     F32Acts a{x, k, nullptr, w.groups};
-    const bool pad = w.k_padded != k, sums = w.kind == Int4Kind::kAffine;
-    if (pad || sums) {
+    // A copy of the rows when the kernels need zero padding past k or the act-order gather, group sums for
+    // the affine kind.
+    const bool copy = w.k_padded != k || !w.perm.empty(), sums = w.kind == Int4Kind::kAffine;
+    if (copy || sums) {
         thread_local ScratchVec buf;
-        const int64_t ldx = pad ? w.k_padded : k;
-        float* base = reinterpret_cast<float*>(scratch(buf, size_t((pad ? m * ldx : 0) + m * w.groups) * 4));
-        float* xs = base;
-        if (pad) {
+        const int64_t ldx = copy ? w.k_padded : k;
+        float* base = reinterpret_cast<float*>(scratch(buf, size_t((copy ? m * ldx : 0) + m * w.groups) * 4));
+        if (copy) {
             for (int64_t r = 0; r < m; ++r) {
-                std::memcpy(xs + r * ldx, x + r * k, size_t(k) * 4);
-                std::fill(xs + r * ldx + k, xs + (r + 1) * ldx, 0.0f);
+                float* dst = base + r * ldx;
+                if (w.perm.empty())
+                    std::memcpy(dst, x + r * k, size_t(k) * 4);
+                else
+                    for (int64_t c = 0; c < k; ++c) dst[c] = x[r * k + w.perm[size_t(c)]];
+                std::fill(dst + k, dst + ldx, 0.0f);
             }
-            a.x = xs;
+            a.x = base;
             a.ldx = ldx;
         }
-        float* xsum = base + (pad ? m * ldx : 0);
+        float* xsum = base + (copy ? m * ldx : 0);
         for (int64_t r = 0; r < m; ++r)
             for (int64_t g = 0; g < w.groups; ++g) {
                 float s = 0.0f;
-                for (int64_t i = g * w.group; i < std::min(k, (g + 1) * w.group); ++i) s += x[r * k + i];
+                for (int64_t i = g * w.group; i < std::min(k, (g + 1) * w.group); ++i) s += a.x[r * a.ldx + i];
                 xsum[r * w.groups + g] = s;
             }
         a.xsum = xsum;

@@ -4,15 +4,11 @@
 // The scheme, the exact relation of each result to the dequantized weights, and the measurements:
 // docs/quantization.md ("4-bit weights").
 //
-// Weights: per output channel n, groups of G consecutive k (G = 32, 64 or 128) share an f16 scale d and,
-// by kind, an offset:
-//   kOffset8    w = (q - 8) d        GGUF Q4_0
-//   kZeroPoint  w = (q - z) d        z in 0..15 per group (AWQ / GPTQ qzeros)
-//   kAffine     w = q d + m          GGUF Q4_1; also what quantize_weights_int4 makes from float weights
-// with q in 0..15. Dequantized values are computed as the float expressions above (q - 8 and q - z are
-// exact small integers, q d is exact: d has 11 significant bits), which is gguf-py's arithmetic.
+// Weights: the unpacked form of kernels/common/int4.h (kinds offset8 / zero-point / affine, groups of 32, 64
+// or 128, f16 scales, an optional act-order permutation of the input channels, which the fronts apply to the
+// activations when they prepare them).
 //
-// Int4Matrix is the unpacked input (row-major, GGUF's nibble order); PackedInt4 the layout the kernels
+// PackedInt4 is the layout the kernels
 // stream (prepared once at load). Output channels in panels of 16 (n padded with zero channels), k
 // padded to a multiple of G (zero nibbles; activations are zero there). Panel p's groups are
 // consecutive blocks of block_bytes, block (p, g) at data + (p * groups + g) * block_bytes:
@@ -32,50 +28,18 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "kernels/common/int4.h"
 #include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace lattice {
 
-enum class Int4Kind : uint8_t { kOffset8, kZeroPoint, kAffine };
-std::string_view int4_kind_name(Int4Kind k);  // "offset8", "zero-point", "affine"
-
-// Elements per 4-bit block of the unpacked form (GGUF's block), and the largest k every path is exact for.
-inline constexpr int64_t kInt4Block = 32;
+// The largest k every path is exact for.
 inline constexpr int64_t kInt4MaxK = 1 << 20;
 
-// Unpacked 4-bit weights [n, k] (non-owning). Rows hold k_padded() = round_up(k, group) elements.
-struct Int4Matrix {
-    int64_t n = 0, k = 0;
-    int64_t group = 32;  // 32, 64 or 128
-    Int4Kind kind = Int4Kind::kAffine;
-    const uint8_t* qs = nullptr;  // [n][k_padded / 2]: 16 bytes per 32-element block, byte i = element i
-                                  // (low nibble) and element 16 + i (high nibble) of the block (GGUF order)
-    const uint16_t* d = nullptr;  // f16 [n][groups]
-    const uint16_t* m = nullptr;  // f16 [n][groups], kAffine
-    const uint8_t* z = nullptr;   // [n][groups] zero points 0..15, kZeroPoint
-    int64_t k_padded() const { return (k + group - 1) / group * group; }
-    int64_t groups() const { return k_padded() / group; }
-};
-
-// Owning storage for an Int4Matrix (quantize_weights_int4, the checkpoint repackers, tests).
-struct Int4Weights {
-    int64_t n = 0, k = 0, group = 32;
-    Int4Kind kind = Int4Kind::kAffine;
-    std::vector<uint8_t> qs;
-    std::vector<uint16_t> d, m;
-    std::vector<uint8_t> z;
-    // Sized and zero-filled for [n, k] in groups of `group`.
-    Int4Weights(int64_t n, int64_t k, int64_t group, Int4Kind kind);
-    Int4Weights() = default;
-    Int4Matrix matrix() const;
-};
-
-// Checks an Int4Matrix (shape, group, pointers, zero points <= 15, finite scales); throws Error naming `what`.
+// Checks an Int4Matrix (shape, group, pointers, zero points <= 15, finite scales, a permutation of 0..k-1);
+// throws Error naming `what`.
 void check_int4_matrix(const Int4Matrix& w, const char* what);
-
-// Dequantized element [row, col] (col < k_padded) in f32, by the kind's formula above.
-float int4_value(const Int4Matrix& w, int64_t row, int64_t col);
 
 // Affine 4-bit quantization of float weights w [n, k] in groups of `group` along k:
 // d = f16((max - min) / 15), m = f16(min) of the group, q = clamp(round((w - m) / d), 0, 15) with the
@@ -83,17 +47,13 @@ float int4_value(const Int4Matrix& w, int64_t row, int64_t col);
 // naming the element.
 Int4Weights quantize_weights_int4(const float* w, int64_t n, int64_t k, int64_t group);
 
-// GGUF Q4_0 / Q4_1 blocks of a row-major [n, k] matrix (k a multiple of 32; base/dtype.h: per 32 elements an
-// f16 d, for Q4_1 an f16 m, then 16 bytes of nibbles in this header's order) as 4-bit weights in groups of 32:
-// kOffset8 for q4_0, kAffine for q4_1. Nibbles and f16 values are copied, so every value is the block's own.
-Int4Weights int4_from_blocks(const void* blocks, DType t, int64_t n, int64_t k);
-
 // Weights packed for the kernels (layout above).
 struct PackedInt4 {
     std::vector<uint8_t, AlignedAllocator64<uint8_t>> data;  // [n_panels][groups][block_bytes]
     int64_t n = 0, k = 0, k_padded = 0, group = 32, groups = 0, n_panels = 0, block_bytes = 0;
     Int4Kind kind = Int4Kind::kAffine;
     IsaLevel isa = IsaLevel::kScalar;  // kernel used by the gemm calls (kAvxVnni runs the AVX2 kernels)
+    std::vector<int32_t> perm;         // [k] input channel of each stored column (act-order), empty: identity
 
     const uint8_t* block(int64_t p, int64_t g) const { return data.data() + (p * groups + g) * block_bytes; }
     int64_t bytes() const { return int64_t(data.size()); }
@@ -102,7 +62,8 @@ struct PackedInt4 {
 // Packs w for `isa`. Throws when the CPU cannot run `isa`, k > kInt4MaxK or the matrix is invalid.
 PackedInt4 pack_int4_weights(const Int4Matrix& w, IsaLevel isa);
 
-// The dequantized weights back from the packed layout: out [n, k] f32 (int4_value of the source, bit for bit).
+// The dequantized weights back from the packed layout: out [n, k] f32 in input-channel order
+// (dequantize_int4 of the source, bit for bit).
 void dequantize_packed_int4(const PackedInt4& w, float* out);
 
 // W4A8: each row of x [m, k] f32 is quantized per group of the weights' G columns (quantize_row_int8 over

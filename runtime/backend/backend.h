@@ -11,6 +11,7 @@
 #pragma once
 
 #include "base/dtype.h"
+#include "kernels/common/int4.h"
 #include "parallel/communicator.h"
 #include "base/error.h"
 #include "base/view.h"
@@ -84,8 +85,8 @@ struct Linear {
     int64_t n = 0;  // output features
     int64_t k = 0;  // input features
     QuantMode mode = QuantMode::kNone;
-    DType weight_dtype = DType::kF32;  // logical element type: f32/f16/bf16, i8 for W8A16/W8A8, or the 4-bit
-                                       // form of W4A16/W4A8 (q4_0: offset 8; q4_1: affine)
+    DType weight_dtype = DType::kF32;  // logical element type: f32/f16/bf16, i8 for W8A16/W8A8, u8 for the
+                                       // 4-bit W4A16/W4A8 (the packed form is backend-private)
     Buffer weight;                     // backend-specific layout of the [n, k] matrix
     Buffer scales;                     // [n] f32 per-output-channel scales (int8 modes)
     Buffer aux;                        // backend-specific extra (e.g. per-channel weight sums)
@@ -230,9 +231,13 @@ public:
     // Prepares a linear layer from host weights w [n, k] (f32/f16/bf16, row-major).
     // kNone keeps f16/bf16 as they are (exact) or converts to the backend's preferred dtype;
     // int8 modes quantize symmetrically per output channel; 4-bit modes (supports(Op::kGemmInt4)) quantize
-    // float weights in affine groups of 32 (kernels/cpu/int4_gemm.h) and take GGUF Q4_0 / Q4_1 blocks
-    // (w of dtype q4_0 / q4_1, [n, k] elements) as they are, repacked, nothing rounded again.
+    // in affine groups of 32 (kernels/cpu/int4_gemm.h quantize_weights_int4), then make_linear_int4.
     virtual Linear make_linear(const View& host_w, QuantMode mode) = 0;
+    // Prepares a 4-bit linear (kW4A16 / kW4A8) from weights already in 4 bits (kernels/common/int4.h: a GGUF
+    // Q4 file's blocks, an AWQ / GPTQ checkpoint's groups), nothing rounded again; the default refuses.
+    virtual Linear make_linear_int4(const Int4Matrix& w, QuantMode mode) {
+        LATTICE_FAIL("backend {} has no 4-bit weights ({} [{}, {}])", name(), quant_mode_name(mode), w.n, w.k);
+    }
     // Prepares an int8 linear layer (kW8A16 / kW8A8) from weights already quantized symmetrically per
     // output channel: host_q i8 [n, k] row-major, host_scales f32 [n] (w ~= q * scale). Nothing is
     // quantized again: the layer equals make_linear of the float weights those came from (a converted

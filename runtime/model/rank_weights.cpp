@@ -21,32 +21,50 @@ DType keep_dtype(DType t) {
 }
 
 
-bool is_q4(DType t) { return t == DType::kQ4_0 || t == DType::kQ4_1; }
-
-// Rows of several host tensors stacked (q | k | v, gate | up); mixed dtypes widen to f32 (the planner only
-// reads 4-bit blocks raw when every part has the same block type: plan_original).
+// Rows of several host tensors stacked (q | k | v, gate | up); mixed dtypes widen to f32.
 HostTensor concat_rows(std::vector<HostTensor>& parts) {
     DType dt = parts[0].dtype;
     for (auto& p : parts)
         if (p.dtype != dt) dt = DType::kF32;
-    LATTICE_CHECK(!dtype_is_block(dt) || dt == parts[0].dtype, "concat_rows: mixed block types");
     HostTensor out;
     out.dtype = dt;
     out.cols = parts[0].cols;
     for (auto& p : parts) out.rows += p.rows;
-    out.data.resize(size_t(dtype_bytes(dt, out.rows * out.cols)));
+    out.data.resize(size_t(out.rows * out.cols * dtype_size(dt)));
     uint8_t* dst = out.data.data();
     for (auto& p : parts) {
         LATTICE_CHECK(p.cols == out.cols, "concat_rows: column mismatch {} vs {}", p.cols, out.cols);
         const int64_t n = p.rows * p.cols;
-        if (dtype_is_block(dt))
-            std::memcpy(dst, p.data.data(), size_t(dtype_bytes(dt, n)));  // same blocks, row after row
-        else
-            convert_elements(p.data.data(), p.dtype, dst, dt, n);
-        dst += dtype_bytes(dt, n);
+        convert_elements(p.data.data(), p.dtype, dst, dt, n);
+        dst += n * dtype_size(dt);
         p.data = {};  // keep the peak near one fused tensor plus one part
     }
     return out;
+}
+
+// 4-bit parts stacked by rows (q | k | v, gate | up): the planner gave them one group and kind; an act-order
+// permutation (the input channels' order) must be the same for all, as it is when one input Hessian ordered
+// them (GPTQ).
+Int4Weights concat_int4(std::vector<Int4Weights>& parts, const std::string& name) {
+    Int4Weights out = std::move(parts[0]);
+    for (size_t i = 1; i < parts.size(); ++i) {
+        Int4Weights& p = parts[i];
+        LATTICE_CHECK(p.k == out.k && p.group == out.group && p.kind == out.kind && p.perm == out.perm,
+                      "\"{}\": its 4-bit parts differ in columns, group, kind or act-order permutation (g_idx), so "
+                      "they cannot be fused; run with --quant w8a8 or w8a16",
+                      name);
+        out.n += p.n;
+        out.qs.insert(out.qs.end(), p.qs.begin(), p.qs.end());
+        out.d.insert(out.d.end(), p.d.begin(), p.d.end());
+        out.m.insert(out.m.end(), p.m.begin(), p.m.end());
+        out.z.insert(out.z.end(), p.z.begin(), p.z.end());
+        p = Int4Weights{};
+    }
+    return out;
+}
+
+int64_t int4_bytes(const Int4Weights& w) {
+    return int64_t(w.qs.size() + 2 * (w.d.size() + w.m.size()) + w.z.size() + 4 * w.perm.size());
 }
 
 }  // namespace
@@ -109,28 +127,40 @@ void RankWeights::plan_original() {
         return ti.dtype;
     };
     auto check_role = [&](TensorRole role, int64_t layer) { return keep_dtype(stored(role, layer)); };
-    // A linear's read dtype: GGUF Q4_0 / Q4_1 blocks stay blocks for a 4-bit mode (repacked, never rounded
-    // again), everything else is read as float (kept, or widened to f32) and quantized by the backend.
-    auto linear_dtype = [&](std::initializer_list<TensorRole> roles, int64_t layer, QuantMode mode, bool folded) {
-        const DType first = stored(*roles.begin(), layer);
-        bool same = true, same_kept = true;
+    // A linear of a 4-bit run whose parts are all stored in 4 bits alike (group, kind, act-order or not) is
+    // read in its 4-bit form (read_int4: nothing dequantized or rounded again); any other linear as float
+    // (kept, or widened to f32 when parts differ or SmoothQuant is folded in), which the backend quantizes.
+    auto plan_linear = [&](RankTensor& t, std::initializer_list<TensorRole> roles, int64_t layer, bool folded) {
+        const TensorInfo& first = src_.info(tensor_name(c, *roles.begin(), layer));
+        bool same_kept = true, int4 = first.int4_group > 0 && !folded && is_int4(t.mode);
         for (TensorRole r : roles) {
-            same &= stored(r, layer) == first;
-            same_kept &= check_role(r, layer) == keep_dtype(first);
+            stored(r, layer);
+            const TensorInfo& ti = src_.info(tensor_name(c, r, layer));
+            same_kept &= keep_dtype(ti.dtype) == keep_dtype(first.dtype);
+            int4 &= ti.int4_group == first.int4_group && ti.int4_kind == first.int4_kind &&
+                    ti.int4_perm == first.int4_perm;
         }
-        if (is_int4(mode) && is_q4(first) && same && !folded) return first;
-        return same_kept && !folded ? keep_dtype(first) : DType::kF32;
+        t.int4 = int4;
+        t.int4_group = int4 ? first.int4_group : 0;
+        t.int4_kind = first.int4_kind;
+        t.dtype = int4 ? DType::kU8 : same_kept && !folded ? keep_dtype(first.dtype) : DType::kF32;
     };
-    // A row-parallel linear's column slice must keep whole blocks of a block-quantized tensor (4-bit groups).
-    auto check_column_split = [&](TensorRole role, int64_t layer, int64_t col0, int64_t cols) {
+    // A row-parallel linear's column slice must keep whole blocks of a block-quantized tensor and, read in 4
+    // bits, whole groups (and all of an act-order tensor's columns).
+    auto check_column_split = [&](const RankTensor& t, TensorRole role, int64_t layer, int64_t col0, int64_t cols) {
         const std::string name = tensor_name(c, role, layer);
         const TensorInfo& ti = src_.info(name);
-        const int64_t g = dtype_block_elems(ti.dtype);
+        const int64_t g = std::max(dtype_block_elems(ti.dtype), t.int4 ? ti.int4_group : int64_t(1));
         LATTICE_CHECK(g == 1 || (col0 % g == 0 && cols % g == 0),
                       "{}: tensor \"{}\" is {} (groups of {} along its {} columns); tp {} gives rank {} columns [{}, "
                       "{}), which cuts a group: choose a tp that splits {} columns into multiples of {}",
-                      ti.file, name, dtype_name(ti.dtype), g, ti.cols(), opt_.tp, opt_.tp_rank, col0, col0 + cols,
-                      ti.cols(), g);
+                      ti.file, name, t.int4 && ti.int4_group > 1 ? "4-bit" : dtype_name(ti.dtype), g, ti.cols(),
+                      opt_.tp, opt_.tp_rank, col0, col0 + cols, ti.cols(), g);
+        LATTICE_CHECK(!t.int4 || !ti.int4_perm || cols == ti.cols(),
+                      "{}: tensor \"{}\" is 4-bit with act-order (GPTQ desc_act: its groups are spread over all {} "
+                      "columns), which tp {} would split: run it with tp 1 along this dimension, or a checkpoint "
+                      "without desc_act",
+                      ti.file, name, ti.cols(), opt_.tp);
     };
     if (!opt_.smooth_path.empty()) smooth_ = read_smooth_factors(opt_.smooth_path, H, opt_.layer_begin, opt_.layer_end);
     const bool smooth = !opt_.smooth_path.empty();
@@ -143,8 +173,10 @@ void RankWeights::plan_original() {
             case WeightRole::kLmHead: {
                 const TensorRole head = c.tie_embeddings ? TensorRole::kEmbed : TensorRole::kLmHead;
                 // A 4-bit run keeps the head at 8 bits unless the checkpoint stores it in 4 (rank_weights.h).
-                if (is_int4(t.mode) && !is_q4(stored(head, -1))) t.mode = int8_counterpart(t.mode);
-                t.dtype = linear_dtype({head}, -1, t.mode, false);
+                stored(head, -1);
+                if (is_int4(t.mode) && src_.info(tensor_name(c, head, -1)).int4_group == 0)
+                    t.mode = int8_counterpart(t.mode);
+                plan_linear(t, {head}, -1, false);
                 break;
             }
             case WeightRole::kFinalNorm:
@@ -163,18 +195,18 @@ void RankWeights::plan_original() {
                 t.dtype = DType::kF32;
                 break;
             case WeightRole::kWqkv:
-                t.dtype = linear_dtype({TensorRole::kWq, TensorRole::kWk, TensorRole::kWv}, l, t.mode, smooth);
+                plan_linear(t, {TensorRole::kWq, TensorRole::kWk, TensorRole::kWv}, l, smooth);
                 break;
             case WeightRole::kWo:
-                t.dtype = linear_dtype({TensorRole::kWo}, l, t.mode, false);
-                check_column_split(TensorRole::kWo, l, shard_.head0 * c.head_dim, shard_.n_heads * c.head_dim);
+                plan_linear(t, {TensorRole::kWo}, l, false);
+                check_column_split(t, TensorRole::kWo, l, shard_.head0 * c.head_dim, shard_.n_heads * c.head_dim);
                 break;
             case WeightRole::kWGateUp:
-                t.dtype = linear_dtype({TensorRole::kWGate, TensorRole::kWUp}, l, t.mode, smooth);
+                plan_linear(t, {TensorRole::kWGate, TensorRole::kWUp}, l, smooth);
                 break;
             case WeightRole::kWDown:
-                t.dtype = linear_dtype({TensorRole::kWDown}, l, t.mode, false);
-                check_column_split(TensorRole::kWDown, l, shard_.ffn0, shard_.ffn);
+                plan_linear(t, {TensorRole::kWDown}, l, false);
+                check_column_split(t, TensorRole::kWDown, l, shard_.ffn0, shard_.ffn);
                 break;
         }
     }
@@ -254,12 +286,13 @@ HostTensor RankWeights::read(const RankTensor& t) {
         h.vector = t.vector;
         return h;
     }
+    if (t.int4) return read_int4(t);
     const ModelConfig& c = src_.config();
     const int64_t H = c.hidden, hd = c.head_dim;
     const ShardShape& s = shard_;
     const int64_t l = t.layer;
     // Parts of a linear planned as raw 4-bit blocks are read as blocks; everything else as float.
-    auto part_dtype = [&](const std::string& name) { return is_q4(t.dtype) ? t.dtype : keep_dtype(src_.info(name).dtype); };
+    auto part_dtype = [&](const std::string& name) { return keep_dtype(src_.info(name).dtype); };
     auto rows_of = [&](TensorRole role, int64_t row0, int64_t rows) {
         const std::string name = tensor_name(c, role, l);
         return read_rows(name, row0, rows, 0, H, part_dtype(name));
@@ -340,14 +373,59 @@ HostTensor RankWeights::read(const RankTensor& t) {
     return h;
 }
 
+// A linear planned in 4 bits: the rank's slices of its parts (as read()'s float path slices them), stacked.
+HostTensor RankWeights::read_int4(const RankTensor& t) {
+    const ModelConfig& c = src_.config();
+    const int64_t H = c.hidden, hd = c.head_dim;
+    const ShardShape& s = shard_;
+    std::vector<Int4Weights> parts;
+    auto part = [&](TensorRole role, int64_t row0, int64_t rows, int64_t col0, int64_t cols) {
+        const std::string name = tensor_name(c, role, t.layer);
+        parts.push_back(src_.read_int4(name, row0, rows, col0, cols));
+        bytes_read_ += int4_bytes(parts.back());
+    };
+    switch (t.role) {
+        case WeightRole::kEmbed:
+        case WeightRole::kLmHead:
+            part(c.tie_embeddings ? TensorRole::kEmbed : TensorRole::kLmHead, s.vocab0, s.vocab_rows, 0, H);
+            break;
+        case WeightRole::kWqkv:
+            part(TensorRole::kWq, s.head0 * hd, s.n_heads * hd, 0, H);
+            part(TensorRole::kWk, s.kv_head0 * hd, s.n_kv * hd, 0, H);
+            part(TensorRole::kWv, s.kv_head0 * hd, s.n_kv * hd, 0, H);
+            break;
+        case WeightRole::kWo: part(TensorRole::kWo, 0, H, s.head0 * hd, s.n_heads * hd); break;
+        case WeightRole::kWGateUp:
+            part(TensorRole::kWGate, s.ffn0, s.ffn, 0, H);
+            part(TensorRole::kWUp, s.ffn0, s.ffn, 0, H);
+            break;
+        case WeightRole::kWDown: part(TensorRole::kWDown, 0, H, s.ffn0, s.ffn); break;
+        default: LATTICE_FAIL("RankWeights: \"{}\" is not a linear and has no 4-bit form", t.name);
+    }
+    HostTensor h;
+    h.dtype = DType::kU8;
+    h.q4 = concat_int4(parts, t.name);
+    h.rows = h.q4.n;
+    h.cols = h.q4.k;
+    LATTICE_CHECK(h.rows == t.rows && h.cols == t.cols && h.q4.group == t.int4_group,
+                  "RankWeights: \"{}\" read as 4-bit [{}, {}] in groups of {}, planned [{}, {}] in groups of {}", t.name,
+                  h.rows, h.cols, h.q4.group, t.rows, t.cols, t.int4_group);
+    return h;
+}
+
 double RankWeights::resident_bytes(bool cuda) const {
     double w = 0;
     for (const RankTensor& t : tensors_) {
         const double n = double(t.rows) * double(t.cols);
-        if (t.is_linear() && is_int4(t.mode))  // kernels/cpu/int4_gemm.h: per 32 weights 16 B + f16 d (+ f16 m)
-            w += double((t.rows + 15) / 16 * 16) * double((t.cols + 31) / 32) * (t.dtype == DType::kQ4_0 ? 18 : 20);
-        else if (t.is_linear() && t.mode != QuantMode::kNone)
+        if (t.is_linear() && is_int4(t.mode)) {
+            // kernels/cpu/int4_gemm.h: per channel and group G / 2 bytes of nibbles, an f16 d, and an f16 m or a
+            // zero point (+ a pad byte) except for offset8; channels padded to 16. Float weights: affine G = 32.
+            const int64_t g = t.int4 ? t.int4_group : 32;
+            const double extra = t.int4 && t.int4_kind == Int4Kind::kOffset8 ? 0 : 2;
+            w += double((t.rows + 15) / 16 * 16) * double((t.cols + g - 1) / g) * (double(g) / 2 + 2 + extra);
+        } else if (t.is_linear() && t.mode != QuantMode::kNone) {
             w += n + 8.0 * double(t.rows);
+        }
         else
             w += n * double(cuda && !t.vector ? 2 : dtype_size(t.dtype));
     }

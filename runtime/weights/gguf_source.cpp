@@ -146,6 +146,10 @@ public:
             info.file = path;
             TensorRole role{};
             hf_role_of(arch, hf, &role);
+            if (t.dtype == DType::kQ4_0 || t.dtype == DType::kQ4_1) {
+                info.int4_group = 32;
+                info.int4_kind = t.dtype == DType::kQ4_0 ? Int4Kind::kOffset8 : Int4Kind::kAffine;
+            }
             // llama.cpp interleaves the q/k weight rows of the families whose rope it runs in pair order.
             const bool q = arch.gguf_qk_interleaved && role == TensorRole::kWq;
             const bool k = arch.gguf_qk_interleaved && role == TensorRole::kWk;
@@ -215,6 +219,27 @@ public:
             }
         }
         if (qk) unpermute_qk_rows_bytes(dst, rows / hd, hd, out_row_bytes);
+    }
+    // Q4_0 / Q4_1 blocks as 4-bit weights in groups of 32: the blocks' nibbles, f16 d (and m) copied, so every
+    // value is the block's own (the raw read un-permutes q/k rows like the float read).
+    Int4Weights read_int4(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
+                          int64_t cols) const override {
+        const Entry& e = entry(name);
+        const DType t = e.info.dtype;
+        LATTICE_CHECK(e.info.int4_group > 0, "{}: tensor \"{}\" is {}, not 4-bit", file_->path(), name,
+                      dtype_name(t));
+        std::vector<uint8_t> raw(size_t(dtype_bytes(t, rows * cols)));
+        read(name, row0, rows, col0, cols, t, raw.data());
+        const bool q4_1 = t == DType::kQ4_1;
+        Int4Weights w(rows, cols, 32, q4_1 ? Int4Kind::kAffine : Int4Kind::kOffset8);
+        const int64_t nb = rows * (cols / 32), bytes = dtype_block_bytes(t), head = q4_1 ? 4 : 2;
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t* blk = raw.data() + b * bytes;
+            std::memcpy(&w.d[size_t(b)], blk, 2);
+            if (q4_1) std::memcpy(&w.m[size_t(b)], blk + 2, 2);
+            std::memcpy(&w.qs[size_t(b * 16)], blk + head, 16);
+        }
+        return w;
     }
     std::vector<float> rope_freq_factors() const override { return freq_factors_; }
     std::vector<std::string> tensor_names() const override {

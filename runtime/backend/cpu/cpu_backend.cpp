@@ -45,7 +45,7 @@ bool CpuBackend::supports(Op op, DType dtype) const {
         case Op::kGemm:
         case Op::kEmbed: return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
         case Op::kGemmInt8: return dtype == DType::kI8;
-        case Op::kGemmInt4: return dtype == DType::kQ4_0 || dtype == DType::kQ4_1;
+        case Op::kGemmInt4: return dtype == DType::kU8;  // 4-bit weights (Linear::weight_dtype u8)
         default: return dtype == DType::kF32;
     }
 }
@@ -196,10 +196,9 @@ void CpuBackend::select_tokens(const View& logits, std::span<const TokenSelect> 
 Linear CpuBackend::make_linear(const View& w, QuantMode mode) {
     LATTICE_CHECK(w.ndim == 2 && w.is_contiguous(), "make_linear: expected a contiguous [n, k] weight, got {}",
                   w.shape_str());
-    if (is_int4(mode)) return make_linear_int4(w, mode);
+    if (is_int4(mode)) return make_linear_float_int4(w, mode);
     LATTICE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16,
-                  "make_linear: weight dtype {} unsupported for quant {}{}", dtype_name(w.dtype),
-                  quant_mode_name(mode), dtype_is_block(w.dtype) ? " (block weights need w4a8 or w4a16)" : "");
+                  "make_linear: weight dtype {} unsupported for quant {}", dtype_name(w.dtype), quant_mode_name(mode));
     const int64_t n = w.dim(0), k = w.dim(1);
     if (mode != QuantMode::kNone) {
         // Symmetric per-output-channel int8, then the same packing a pre-quantized layer gets.
@@ -222,29 +221,29 @@ Linear CpuBackend::make_linear(const View& w, QuantMode mode) {
     return l;
 }
 
-// 4-bit: GGUF Q4_0 / Q4_1 blocks repacked as they are, float weights quantized in affine groups of 32 (Q4_1's
-// form); packed once for the kernels (kernels/cpu/int4_gemm.h), the unpacked copy dropped.
-Linear CpuBackend::make_linear_int4(const View& w, QuantMode mode) {
+// 4-bit from float weights: affine groups of 32 (Q4_1's form), then the packing a 4-bit checkpoint's gets.
+Linear CpuBackend::make_linear_float_int4(const View& w, QuantMode mode) {
+    LATTICE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16,
+                  "make_linear: {} weights cannot be quantized to {} (f32, f16 or bf16)", dtype_name(w.dtype),
+                  quant_mode_name(mode));
     const int64_t n = w.dim(0), k = w.dim(1);
+    std::vector<float> wf(static_cast<size_t>(w.numel()));
+    convert_elements(w.data, w.dtype, wf.data(), DType::kF32, w.numel());
+    const Int4Weights q = quantize_weights_int4(wf.data(), n, k, kInt4Block);
+    wf = {};
+    return make_linear_int4(q.matrix(), mode);
+}
+
+// Packed once for the kernels (kernels/cpu/int4_gemm.h); the caller's unpacked copy can go.
+Linear CpuBackend::make_linear_int4(const Int4Matrix& w, QuantMode mode) {
+    LATTICE_CHECK(is_int4(mode), "make_linear_int4: quant mode {} has no 4-bit weights", quant_mode_name(mode));
     Linear l;
-    l.n = n;
-    l.k = k;
+    l.n = w.n;
+    l.k = w.k;
     l.mode = mode;
-    Int4Weights q;
-    if (w.dtype == DType::kQ4_0 || w.dtype == DType::kQ4_1) {
-        q = int4_from_blocks(w.data, w.dtype, n, k);
-        l.weight_dtype = w.dtype;
-    } else {
-        LATTICE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16,
-                      "make_linear: {} weights cannot be quantized to {} (f32, f16, bf16, q4_0 or q4_1)",
-                      dtype_name(w.dtype), quant_mode_name(mode));
-        std::vector<float> wf(static_cast<size_t>(w.numel()));
-        convert_elements(w.data, w.dtype, wf.data(), DType::kF32, w.numel());
-        q = quantize_weights_int4(wf.data(), n, k, kInt4Block);
-        l.weight_dtype = DType::kQ4_1;
-    }
-    auto packed = std::make_shared<PackedInt4>(pack_int4_weights(q.matrix(), detect_isa()));
-    l.prepared_bytes = packed->bytes();
+    l.weight_dtype = DType::kU8;
+    auto packed = std::make_shared<PackedInt4>(pack_int4_weights(w, detect_isa()));
+    l.prepared_bytes = packed->bytes() + int64_t(packed->perm.size() * sizeof(int32_t));
     l.prepared = std::move(packed);
     return l;
 }

@@ -58,6 +58,7 @@ public:
 
     Linear make_linear(const View& host_w, QuantMode mode) override;
     Linear make_linear_int8(const View& host_q, const View& host_scales, QuantMode mode) override;
+    Linear make_linear_int4(const Int4Matrix& w, QuantMode mode) override;
     Buffer make_f32(const View& host) override;
     Buffer make_table(const View& host) override;
 
@@ -84,7 +85,7 @@ public:
 private:
     static constexpr size_t kMapBytes = kHugePageBytes;  // allocations from here on are mapped (map_huge)
     Buffer alloc_bytes(DType dtype, View view_shape, bool huge_pages = true);
-    Linear make_linear_int4(const View& w, QuantMode mode);
+    Linear make_linear_float_int4(const View& w, QuantMode mode);
     std::unique_ptr<ThreadPool> pool_;
     bool mlock_ = false;
     bool select_tokens_ = false;

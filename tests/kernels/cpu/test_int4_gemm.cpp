@@ -12,6 +12,7 @@
 // 2 ops per group and the group sums of x: |y - Y| <= (k + 2 groups + 4) u sum_k |x_k| (|d (q - z)| + |m|).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -30,11 +31,8 @@ constexpr double kU = 1.0 / (1 << 24);
 constexpr int64_t kGuard = 37;
 constexpr Int4Kind kKinds[] = {Int4Kind::kOffset8, Int4Kind::kZeroPoint, Int4Kind::kAffine};
 
-// Nibble q of element [r, c] of the unpacked form.
 int32_t nibble(const Int4Weights& w, int64_t r, int64_t c) {
-    const int64_t kp = (w.k + w.group - 1) / w.group * w.group;
-    const uint8_t b = w.qs[size_t(r * (kp / 2) + c / 32 * 16 + c % 16)];
-    return c % 32 < 16 ? (b & 15) : (b >> 4);
+    return w.nibble(r, c);
 }
 
 // Random weights of a kind: all nibbles, scales of both signs (f16), minimums, zero points; corners 0 and 15.
@@ -174,7 +172,7 @@ TEST_CASE("int4: packing keeps every dequantized value, for each kind and group"
                     int64_t bad = 0;
                     for (int64_t r = 0; r < n; ++r)
                         for (int64_t c = 0; c < k; ++c) {
-                            const float want = int4_value(mat, r, c);
+                            const float want = int4_value(mat, r, c);  // no permutation: stored = channel order
                             bad += std::memcmp(&want, &out[size_t(r * k + c)], 4) != 0;
                         }
                     REQUIRE(bad == 0);
@@ -355,11 +353,50 @@ TEST_CASE("int4: bad weights and calls are refused with the culprit named") {
     Int4Matrix bad = d.matrix();
     bad.group = 48;
     CHECK_THROWS_WITH_AS(pack_int4_weights(bad, IsaLevel::kScalar), doctest::Contains("group size 48"), Error);
-    CHECK_THROWS_AS(Int4Weights(2, 64, 16, Int4Kind::kAffine), Error);
+    Int4Weights g16(2, 64, 16, Int4Kind::kAffine);
+    CHECK_THROWS_WITH_AS(pack_int4_weights(g16.matrix(), IsaLevel::kScalar), doctest::Contains("group size 16"), Error);
+    CHECK_THROWS_WITH_AS(quantize_weights_int4(std::vector<float>(64).data(), 1, 64, 16).n,
+                         doctest::Contains("group 16"), Error);
+    Int4Weights p2(2, 64, 32, Int4Kind::kOffset8);
+    p2.perm.assign(64, 0);  // not a permutation
+    CHECK_THROWS_WITH_AS(pack_int4_weights(p2.matrix(), IsaLevel::kScalar), doctest::Contains("permutation"), Error);
     Int4Weights ok(2, 64, 32, Int4Kind::kAffine);
     PackedInt4 p = pack_int4_weights(ok.matrix(), IsaLevel::kScalar);
     std::vector<float> x(63), y(2);
     CHECK_THROWS_WITH_AS(gemm_w4a8(x.data(), 1, 63, p, y.data(), pool), doctest::Contains("k = 63"), Error);
     CHECK_THROWS_WITH_AS(gemm_w4a16(x.data(), 1, 63, p, y.data(), pool), doctest::Contains("k = 63"), Error);
     CHECK_THROWS_AS(gemm_w4a8(x.data(), 1, 64, PackedInt4{}, y.data(), pool), Error);
+}
+
+TEST_CASE("int4: an act-order permutation gathers the activations: equal to the gathered rows without one") {
+    ThreadPool pool(1);
+    std::mt19937 rng(21);
+    const int64_t n = 40, k = 96, m = 5;
+    for (Int4Kind kind : kKinds) {
+        CAPTURE(int4_kind_name(kind));
+        Int4Weights w = random_int4(n, k, 32, kind, rng);
+        Int4Weights wp = w;
+        wp.perm.resize(size_t(k));
+        for (int64_t c = 0; c < k; ++c) wp.perm[size_t(c)] = int32_t(c);
+        std::shuffle(wp.perm.begin(), wp.perm.end(), rng);
+        std::vector<float> x = random_f32(size_t(m * k), rng), xg(x.size());
+        for (int64_t r = 0; r < m; ++r)
+            for (int64_t c = 0; c < k; ++c) xg[size_t(r * k + c)] = x[size_t(r * k + wp.perm[size_t(c)])];
+        std::vector<float> deq(size_t(n * k));
+        dequantize_packed_int4(pack_int4_weights(wp.matrix(), IsaLevel::kScalar), deq.data());
+        for (int64_t c = 0; c < k; ++c)  // stored column c is input channel perm[c]
+            REQUIRE(deq[size_t(3 * k + wp.perm[size_t(c)])] == int4_value(w.matrix(), 3, c));
+        for (IsaLevel isa : supported_isas()) {
+            CAPTURE(isa_name(isa));
+            const PackedInt4 p = pack_int4_weights(w.matrix(), isa), pp = pack_int4_weights(wp.matrix(), isa);
+            for (int64_t mm : {int64_t(1), m}) {
+                auto a = run_poisoned(mm, n, [&](float* y) { gemm_w4a8(xg.data(), mm, k, p, y, pool); });
+                auto b = run_poisoned(mm, n, [&](float* y) { gemm_w4a8(x.data(), mm, k, pp, y, pool); });
+                CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+                auto c = run_poisoned(mm, n, [&](float* y) { gemm_w4a16(xg.data(), mm, k, p, y, pool); });
+                auto d = run_poisoned(mm, n, [&](float* y) { gemm_w4a16(x.data(), mm, k, pp, y, pool); });
+                CHECK(std::memcmp(c.data(), d.data(), c.size() * 4) == 0);
+            }
+        }
+    }
 }

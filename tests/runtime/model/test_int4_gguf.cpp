@@ -42,13 +42,16 @@ TEST_CASE("4-bit GGUF: the plan reads Q4 blocks raw, keeps a Q8_0 head 8-bit, re
     o.quant_head = true;
     {
         RankWeights rw(*src, o);
-        CHECK(find(rw, WeightRole::kWqkv).dtype == DType::kQ4_1);
-        CHECK(find(rw, WeightRole::kWqkv).mode == QuantMode::kW4A8);
-        CHECK(find(rw, WeightRole::kWo).dtype == DType::kQ4_0);
-        CHECK(find(rw, WeightRole::kWGateUp).dtype == DType::kQ4_1);
-        CHECK(find(rw, WeightRole::kWDown).dtype == DType::kQ4_0);
+        for (WeightRole role : {WeightRole::kWqkv, WeightRole::kWo, WeightRole::kWGateUp, WeightRole::kWDown}) {
+            CHECK(find(rw, role).int4);
+            CHECK(find(rw, role).mode == QuantMode::kW4A8);
+            CHECK(find(rw, role).int4_group == 32);
+        }
+        CHECK(find(rw, WeightRole::kWqkv).int4_kind == Int4Kind::kAffine);
+        CHECK(find(rw, WeightRole::kWo).int4_kind == Int4Kind::kOffset8);
         const RankTensor& head = find(rw, WeightRole::kLmHead);  // tied, Q8_0 in the file
         CHECK(head.mode == QuantMode::kW8A8);
+        CHECK_FALSE(head.int4);
         CHECK(head.dtype == DType::kF32);
         // 16-channel panels, per 32 weights 16 B of nibbles + f16 d (+ f16 m for Q4_1); the head int8 + 8 B per
         // row; the embedding table (Q8_0 in the file) f32; three f32 norms.
@@ -57,24 +60,29 @@ TEST_CASE("4-bit GGUF: the plan reads Q4 blocks raw, keeps a Q8_0 head 8-bit, re
                             (V * H + 8 * V) + V * H * 4 + 3 * H * 4;
         CHECK(rw.resident_bytes(false) == doctest::Approx(want));
         HostTensor h = rw.read(find(rw, WeightRole::kWqkv));
-        CHECK(h.dtype == DType::kQ4_1);
-        CHECK(h.data.size() == size_t(3 * H * H / 32 * 20));
+        REQUIRE(h.int4());
+        CHECK(h.q4.n == 3 * test::kQ4H);
+        CHECK(h.q4.kind == Int4Kind::kAffine);
+        CHECK(h.q4.qs.size() == size_t(3 * H * H / 2));
     }
     o.quant = QuantMode::kW4A16;
     CHECK(find(RankWeights(*src, o), WeightRole::kLmHead).mode == QuantMode::kW8A16);
     o.quant = QuantMode::kW8A8;
-    CHECK(find(RankWeights(*src, o), WeightRole::kWqkv).dtype == DType::kF32);  // 8-bit runs read float
+    CHECK_FALSE(find(RankWeights(*src, o), WeightRole::kWqkv).int4);  // 8-bit runs read float
+    CHECK(find(RankWeights(*src, o), WeightRole::kWqkv).dtype == DType::kF32);
     // q and k of different block types: the fused q|k|v is read as f32 and quantized to 4 bits at load.
     test::Q4Types mixed;
     mixed.k = DType::kQ4_0;
     auto msrc = open_model(q4_file(mixed, "test_int4_mixed.gguf"));
     o.quant = QuantMode::kW4A8;
+    CHECK_FALSE(find(RankWeights(*msrc, o), WeightRole::kWqkv).int4);
     CHECK(find(RankWeights(*msrc, o), WeightRole::kWqkv).dtype == DType::kF32);
     CHECK(find(RankWeights(*msrc, o), WeightRole::kWqkv).mode == QuantMode::kW4A8);
+    CHECK(find(RankWeights(*msrc, o), WeightRole::kWo).int4);
     // tp 2: down_proj's 96 columns split at 48, inside a block of 32.
     o.tp = 2;
     o.tp_rank = 1;
-    CHECK_THROWS_WITH_AS(RankWeights(*src, o), doctest::Contains("model.layers.0.mlp.down_proj.weight\" is q4_0"),
+    CHECK_THROWS_WITH_AS(RankWeights(*src, o), doctest::Contains("model.layers.0.mlp.down_proj.weight\" is 4-bit"),
                          Error);
     CHECK_THROWS_WITH_AS(RankWeights(*src, o), doctest::Contains("columns [48, 96), which cuts a group"), Error);
 }

@@ -1,9 +1,8 @@
-// GGUF 4-bit blocks kept as they are: the 4-bit path (int4_from_blocks, then the kernels' packed layout read
-// back) gives exactly gguf-py's dequantization of Q4_0 / Q4_1 blocks (data/q4_blocks.gguf, written by
-// data/make_q4_fixtures.py with gguf-py: random block bytes, corner scales), and so does the f32 path
-// (dequant_q4_*); GgufSource gives a tensor's raw blocks for a row / column slice (q/k rows un-permuted like
-// the float read) whose values equal the float read's; a wrong block type or a non-finite scale is refused
-// with the tensor named.
+// GGUF 4-bit blocks kept as they are: GgufSource::read_int4 (then the kernels' packed layout read back) gives
+// exactly gguf-py's dequantization of Q4_0 / Q4_1 blocks (data/q4_blocks.gguf, written by
+// data/make_q4_fixtures.py with gguf-py: random block bytes, corner scales), and so does the f32 read; a row /
+// column slice's 4-bit read (q/k rows un-permuted like the float read) equals the float read of the slice; a
+// wrong block type or a non-finite scale is refused with the tensor named.
 #include <doctest/doctest.h>
 
 // GCC 12 reports a false -Wstringop-overflow inside std::vector::insert when GgufBuilder::build is inlined here.
@@ -32,22 +31,35 @@ int64_t first_difference(const float* a, const float* b, int64_t n) {
 
 }  // namespace
 
-TEST_CASE("gguf-py fixture: 4-bit unpacking and dequantization equal gguf-py's values bit for bit") {
-    auto f = GgufFile::open(std::string(LATTICE_SOURCE_DIR) + "/tests/runtime/weights/data/q4_blocks.gguf");
-    for (const auto& [name, dtype] : {std::pair{"q4_0", DType::kQ4_0}, std::pair{"q4_1", DType::kQ4_1}}) {
-        CAPTURE(name);
-        const GgufTensor& t = f->tensor(name);
-        const GgufTensor& e = f->tensor(std::string(name) + ".expected");
-        REQUIRE(t.dtype == dtype);
+TEST_CASE("gguf-py fixture: lattice's 4-bit reads and f32 reads of Q4_0 / Q4_1 equal gguf-py's values bit for bit") {
+    const std::string path = std::string(LATTICE_SOURCE_DIR) + "/tests/runtime/weights/data/q4_blocks.gguf";
+    auto src = open_gguf_model(path);
+    auto f = GgufFile::open(path);  // the expected tensors, which the model source does not map
+    const int64_t hd = src->config().head_dim;
+    const std::pair<const char*, const char*> linears[] = {
+        {"attn_q", "self_attn.q_proj"},      {"attn_k", "self_attn.k_proj"}, {"attn_v", "self_attn.v_proj"},
+        {"attn_output", "self_attn.o_proj"}, {"ffn_gate", "mlp.gate_proj"},  {"ffn_up", "mlp.up_proj"},
+        {"ffn_down", "mlp.down_proj"}};
+    double biggest = 0;
+    for (const auto& [gguf_name, hf] : linears) {
+        CAPTURE(gguf_name);
+        const std::string name = std::string("model.layers.0.") + hf + ".weight";
+        const GgufTensor& e = f->tensor(std::string("blk.0.") + gguf_name + ".weight.expected");
         REQUIRE(e.dtype == DType::kF32);
-        REQUIRE(t.ne == e.ne);
-        const int64_t rows = t.ne[1], cols = t.ne[0];
-        std::vector<float> want(size_t(rows * cols));
-        std::memcpy(want.data(), f->tensor_data(e), want.size() * 4);
-        double biggest = 0;
+        const int64_t rows = e.ne[1], cols = e.ne[0];
+        std::vector<float> file_order(size_t(rows * cols)), want(file_order.size());
+        std::memcpy(file_order.data(), f->tensor_data(e), file_order.size() * 4);
+        // llama.cpp's converter stores q/k rows of each head in pair order: GGUF row 2i + j is HF row j * hd/2 + i.
+        const bool qk = std::string(gguf_name) == "attn_q" || std::string(gguf_name) == "attn_k";
+        for (int64_t r = 0; r < rows; ++r) {
+            const int64_t h = r / hd, i = r % hd, to = qk ? h * hd + (i % 2) * (hd / 2) + i / 2 : r;
+            std::memcpy(&want[size_t(to * cols)], &file_order[size_t(r * cols)], size_t(cols) * 4);
+        }
         for (float v : want) biggest = std::max(biggest, double(std::fabs(v)));
-        CHECK(biggest > 1e5);  // the corner scales (65504) are in the file
-        const Int4Weights w = int4_from_blocks(f->tensor_data(t), dtype, rows, cols);
+        const TensorInfo& ti = src->info(name);
+        CHECK(ti.int4_group == 32);
+        CHECK(ti.int4_kind == (ti.dtype == DType::kQ4_0 ? Int4Kind::kOffset8 : Int4Kind::kAffine));
+        const Int4Weights w = src->read_int4(name, 0, rows, 0, cols);
         for (IsaLevel isa : test::supported_isas()) {
             CAPTURE(isa_name(isa));
             const PackedInt4 p = pack_int4_weights(w.matrix(), isa);
@@ -56,15 +68,13 @@ TEST_CASE("gguf-py fixture: 4-bit unpacking and dequantization equal gguf-py's v
             CHECK(first_difference(got.data(), want.data(), rows * cols) == -1);
         }
         std::vector<float> f32(want.size(), -1.0f);
-        if (dtype == DType::kQ4_0)
-            dequant_q4_0(f->tensor_data(t), f32.data(), rows * cols);
-        else
-            dequant_q4_1(f->tensor_data(t), f32.data(), rows * cols);
+        src->read(name, 0, rows, 0, cols, DType::kF32, f32.data());
         CHECK(first_difference(f32.data(), want.data(), rows * cols) == -1);
     }
+    CHECK(biggest > 1e5);  // the corner scales (65504) are in the file
 }
 
-TEST_CASE("gguf source: raw 4-bit blocks of a slice equal the float read of the same slice") {
+TEST_CASE("gguf source: the 4-bit read of a slice equals the float read of the same slice") {
     const std::string path = test::write_file(std::string(LATTICE_BINARY_DIR) + "/test_int4_blocks.gguf",
                                               test::q4_llama_gguf(test::Q4Types{}));
     auto src = open_gguf_model(path);
@@ -80,11 +90,9 @@ TEST_CASE("gguf source: raw 4-bit blocks of a slice equal the float read of the 
         CAPTURE(s.name);
         const DType t = src->info(s.name).dtype;
         REQUIRE((t == DType::kQ4_0 || t == DType::kQ4_1));
-        std::vector<uint8_t> raw(size_t(dtype_bytes(t, s.rows * s.cols)));
-        src->read(s.name, s.row0, s.rows, s.col0, s.cols, t, raw.data());
         std::vector<float> f32(size_t(s.rows * s.cols));
         src->read(s.name, s.row0, s.rows, s.col0, s.cols, DType::kF32, f32.data());
-        const Int4Weights w = int4_from_blocks(raw.data(), t, s.rows, s.cols);
+        const Int4Weights w = src->read_int4(s.name, s.row0, s.rows, s.col0, s.cols);
         int64_t bad = 0;
         for (int64_t r = 0; r < s.rows; ++r)
             for (int64_t c = 0; c < s.cols; ++c) {
@@ -109,12 +117,10 @@ TEST_CASE("gguf source: a 4-bit block with a non-finite scale is refused, naming
             std::memcpy(data.data() + (7 * 2 + 1) * 20, &inf, 2);
         });
     auto src = open_gguf_model(test::write_file(std::string(LATTICE_BINARY_DIR) + "/test_int4_bad_scale.gguf", bytes));
-    std::vector<uint8_t> raw(size_t(dtype_bytes(DType::kQ4_1, test::kQ4F * test::kQ4H)));
-    CHECK_THROWS_WITH_AS(
-        src->read("model.layers.0.mlp.up_proj.weight", 0, test::kQ4F, 0, test::kQ4H, DType::kQ4_1, raw.data()),
-        doctest::Contains("blk.0.ffn_up.weight\" (q4_1): block of row 7 columns [32, 64)"), Error);
-    // Other rows and the float read of the same row's finite block still work; the float read names it too.
-    src->read("model.layers.0.mlp.up_proj.weight", 0, 7, 0, test::kQ4H, DType::kQ4_1, raw.data());
+    CHECK_THROWS_WITH_AS(src->read_int4("model.layers.0.mlp.up_proj.weight", 0, test::kQ4F, 0, test::kQ4H),
+                         doctest::Contains("blk.0.ffn_up.weight\" (q4_1): block of row 7 columns [32, 64)"), Error);
+    // Other rows still read; the float read of the row names the tensor too.
+    CHECK(src->read_int4("model.layers.0.mlp.up_proj.weight", 0, 7, 0, test::kQ4H).n == 7);
     std::vector<float> f32(size_t(test::kQ4H));
     CHECK_THROWS_WITH_AS(src->read("model.layers.0.mlp.up_proj.weight", 7, 1, 0, test::kQ4H, DType::kF32, f32.data()),
                          doctest::Contains("blk.0.ffn_up.weight"), Error);

@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""Writes q4_blocks.gguf: GGUF Q4_0 and Q4_1 tensors of random block bytes beside gguf-py's dequantization
-of them, the independent reference test_int4_load.cpp checks lattice's 4-bit unpacking against bit for bit.
+"""Writes q4_blocks.gguf: a one-layer llama GGUF whose linears are Q4_0 (q, k, v, o) and Q4_1 (gate, up, down)
+blocks of random bytes, each beside gguf-py's dequantization of it, the independent reference
+test_int4_blocks.cpp checks lattice's 4-bit reads (GgufSource::read_int4, then the kernels' packed layout
+read back) and its f32 reads against, bit for bit.
 
-Tensors (numpy shape [rows, cols]; GGUF ne reversed), all from numpy.random.default_rng(SEED):
-  q4_0           Q4_0 [5, 96]   random nibbles; f16 scales of random bits (any sign, subnormals included,
-                                inf / NaN excluded) with corner blocks: the largest f16 (65504), the smallest
-                                subnormal, -0.0
-  q4_0.expected  F32 [5, 96]    gguf.quants.dequantize(q4_0)
-  q4_1, q4_1.expected           the same for Q4_1 (random f16 d and m)
+Model: hidden 32, ffn 64, 1 layer, 1 head of 32 (and 1 kv head), vocab 8, rms eps 1e-5; token_embd and the
+norms f32. Block bytes from numpy.random.default_rng(SEED): random nibbles; f16 scales (and Q4_1 minimums) of
+random bits (any sign, subnormals included, inf / NaN excluded), with corner blocks: the largest f16 (65504),
+the smallest subnormal, -0.0, a minimum of -65504, nibbles 0 and 15.
+Each linear "blk.0.X.weight" has "blk.0.X.weight.expected" (F32, same shape) = gguf.quants.dequantize of its
+bytes, in the file's row order (the test un-permutes q/k rows as llama.cpp's converter permuted them).
 Development-time only (CI does not install gguf): pip install gguf numpy, then
   python3 make_q4_fixtures.py tests/runtime/weights/data/q4_blocks.gguf
-The file is committed (~4 KB); rerunning with the same gguf version rewrites the same bytes.
+The file is committed (~50 KB); rerunning with the same gguf version rewrites the same bytes.
 """
 import sys
 
@@ -19,7 +21,7 @@ import gguf
 from gguf import GGMLQuantizationType as Q
 
 SEED = 20261205
-ROWS, COLS = 5, 96
+H, F, V = 32, 64, 8
 
 
 def random_f16_bits(rng, n):
@@ -28,8 +30,8 @@ def random_f16_bits(rng, n):
     return bits
 
 
-def blocks(rng, qtype):
-    n = ROWS * COLS // 32
+def blocks(rng, qtype, rows, cols):
+    n = rows * cols // 32
     head = 2 if qtype == Q.Q4_0 else 4
     raw = np.zeros((n, head + 16), dtype=np.uint8)
     raw[:, head:] = rng.integers(0, 256, size=(n, 16), dtype=np.uint32).astype(np.uint8)
@@ -41,19 +43,33 @@ def blocks(rng, qtype):
         m[3] = 0xFBFF  # -65504
         raw[:, 2:4] = m.view(np.uint8).reshape(n, 2)
     raw[0, head] = 0xF0  # nibbles 0 and 15
-    return raw.reshape(ROWS, COLS // 32 * (head + 16))
+    return raw.reshape(rows, cols // 32 * (head + 16))
 
 
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     rng = np.random.default_rng(SEED)
-    w = gguf.GGUFWriter(sys.argv[1], arch="lattice-fixture")
-    for name, qtype in (("q4_0", Q.Q4_0), ("q4_1", Q.Q4_1)):
-        raw = blocks(rng, qtype)
-        expected = gguf.quants.dequantize(raw, qtype).astype(np.float32).reshape(ROWS, COLS)
-        w.add_tensor(name, raw, raw_dtype=qtype)  # shape from the bytes: [ROWS, COLS] elements
-        w.add_tensor(name + ".expected", expected)
+    w = gguf.GGUFWriter(sys.argv[1], arch="llama")
+    w.add_context_length(64)
+    w.add_embedding_length(H)
+    w.add_feed_forward_length(F)
+    w.add_block_count(1)
+    w.add_head_count(1)
+    w.add_head_count_kv(1)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tensor("token_embd.weight", rng.standard_normal((V, H)).astype(np.float32))
+    w.add_tensor("output_norm.weight", np.ones(H, dtype=np.float32))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(H, dtype=np.float32))
+    w.add_tensor("blk.0.ffn_norm.weight", np.ones(H, dtype=np.float32))
+    linears = [("attn_q", Q.Q4_0, H, H), ("attn_k", Q.Q4_0, H, H), ("attn_v", Q.Q4_0, H, H),
+               ("attn_output", Q.Q4_0, H, H), ("ffn_gate", Q.Q4_1, F, H), ("ffn_up", Q.Q4_1, F, H),
+               ("ffn_down", Q.Q4_1, H, F)]
+    for name, qtype, rows, cols in linears:
+        raw = blocks(rng, qtype, rows, cols)
+        expected = gguf.quants.dequantize(raw, qtype).astype(np.float32).reshape(rows, cols)
+        w.add_tensor(f"blk.0.{name}.weight", raw, raw_dtype=qtype)  # shape from the bytes: [rows, cols] elements
+        w.add_tensor(f"blk.0.{name}.weight.expected", expected)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
