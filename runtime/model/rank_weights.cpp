@@ -20,7 +20,6 @@ DType keep_dtype(DType t) {
     return (t == DType::kF32 || t == DType::kF16 || t == DType::kBF16) ? t : DType::kF32;
 }
 
-
 // Rows of several host tensors stacked (q | k | v, gate | up); mixed dtypes widen to f32.
 HostTensor concat_rows(std::vector<HostTensor>& parts) {
     DType dt = parts[0].dtype;
@@ -137,8 +136,8 @@ void RankWeights::plan_original() {
             stored(r, layer);
             const TensorInfo& ti = src_.info(tensor_name(c, r, layer));
             same_kept &= keep_dtype(ti.dtype) == keep_dtype(first.dtype);
-            int4 &= ti.int4_group == first.int4_group && ti.int4_kind == first.int4_kind &&
-                    ti.int4_perm == first.int4_perm;
+            int4 &=
+                ti.int4_group == first.int4_group && ti.int4_kind == first.int4_kind && ti.int4_perm == first.int4_perm;
         }
         t.int4 = int4;
         t.int4_group = int4 ? first.int4_group : 0;
@@ -394,13 +393,18 @@ HostTensor RankWeights::read_int4(const RankTensor& t) {
             part(TensorRole::kWk, s.kv_head0 * hd, s.n_kv * hd, 0, H);
             part(TensorRole::kWv, s.kv_head0 * hd, s.n_kv * hd, 0, H);
             break;
-        case WeightRole::kWo: part(TensorRole::kWo, 0, H, s.head0 * hd, s.n_heads * hd); break;
+        case WeightRole::kWo:
+            part(TensorRole::kWo, 0, H, s.head0 * hd, s.n_heads * hd);
+            break;
         case WeightRole::kWGateUp:
             part(TensorRole::kWGate, s.ffn0, s.ffn, 0, H);
             part(TensorRole::kWUp, s.ffn0, s.ffn, 0, H);
             break;
-        case WeightRole::kWDown: part(TensorRole::kWDown, 0, H, s.ffn0, s.ffn); break;
-        default: LATTICE_FAIL("RankWeights: \"{}\" is not a linear and has no 4-bit form", t.name);
+        case WeightRole::kWDown:
+            part(TensorRole::kWDown, 0, H, s.ffn0, s.ffn);
+            break;
+        default:
+            LATTICE_FAIL("RankWeights: \"{}\" is not a linear and has no 4-bit form", t.name);
     }
     HostTensor h;
     h.dtype = DType::kU8;
@@ -408,8 +412,8 @@ HostTensor RankWeights::read_int4(const RankTensor& t) {
     h.rows = h.q4.n;
     h.cols = h.q4.k;
     LATTICE_CHECK(h.rows == t.rows && h.cols == t.cols && h.q4.group == t.int4_group,
-                  "RankWeights: \"{}\" read as 4-bit [{}, {}] in groups of {}, planned [{}, {}] in groups of {}", t.name,
-                  h.rows, h.cols, h.q4.group, t.rows, t.cols, t.int4_group);
+                  "RankWeights: \"{}\" read as 4-bit [{}, {}] in groups of {}, planned [{}, {}] in groups of {}",
+                  t.name, h.rows, h.cols, h.q4.group, t.rows, t.cols, t.int4_group);
     return h;
 }
 
@@ -425,8 +429,7 @@ double RankWeights::resident_bytes(bool cuda) const {
             w += double((t.rows + 15) / 16 * 16) * double((t.cols + g - 1) / g) * (double(g) / 2 + 2 + extra);
         } else if (t.is_linear() && t.mode != QuantMode::kNone) {
             w += n + 8.0 * double(t.rows);
-        }
-        else
+        } else
             w += n * double(cuda && !t.vector ? 2 : dtype_size(t.dtype));
     }
     return w;

@@ -226,8 +226,7 @@ public:
                           int64_t cols) const override {
         const Entry& e = entry(name);
         const DType t = e.info.dtype;
-        LATTICE_CHECK(e.info.int4_group > 0, "{}: tensor \"{}\" is {}, not 4-bit", file_->path(), name,
-                      dtype_name(t));
+        LATTICE_CHECK(e.info.int4_group > 0, "{}: tensor \"{}\" is {}, not 4-bit", file_->path(), name, dtype_name(t));
         std::vector<uint8_t> raw(size_t(dtype_bytes(t, rows * cols)));
         read(name, row0, rows, col0, cols, t, raw.data());
         const bool q4_1 = t == DType::kQ4_1;

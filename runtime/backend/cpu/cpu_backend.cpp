@@ -45,7 +45,8 @@ bool CpuBackend::supports(Op op, DType dtype) const {
         case Op::kGemm:
         case Op::kEmbed: return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
         case Op::kGemmInt8: return dtype == DType::kI8;
-        case Op::kGemmInt4: return dtype == DType::kU8;  // 4-bit weights (Linear::weight_dtype u8)
+        case Op::kGemmInt4:
+            return dtype == DType::kU8;  // 4-bit weights (Linear::weight_dtype u8)
         default: return dtype == DType::kF32;
     }
 }
