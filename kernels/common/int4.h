@@ -5,7 +5,8 @@
 // Per output channel n, groups of G consecutive stored columns (G = 32, 64 or 128) share an f16 scale d and,
 // by kind, an offset:
 //   kOffset8    w = (q - 8) d        GGUF Q4_0
-//   kZeroPoint  w = (q - z) d        z in 0..15 per group (AWQ / GPTQ zero points)
+//   kZeroPoint  w = (q - z) d        z in 0..16 per group (AWQ / GPTQ zero points; 16 only from GPTQ v1 files,
+//                                    which store z - 1 in 4 bits and are read as stored + 1)
 //   kAffine     w = q d + m          GGUF Q4_1; lattice's quantizer of float weights
 // with q in 0..15, computed in f32 as written (q - 8, q - z and q d are exact: d has 11 significant bits), which
 // is gguf-py's arithmetic and the NumPy references' (tests). Stored column c is input channel perm[c] when a
@@ -48,7 +49,7 @@ struct Int4Matrix {
     const uint8_t* qs = nullptr;    // [n][k_padded / 2] nibbles (order above)
     const uint16_t* d = nullptr;    // f16 [n][groups]
     const uint16_t* m = nullptr;    // f16 [n][groups], kAffine
-    const uint8_t* z = nullptr;     // [n][groups] zero points 0..15, kZeroPoint
+    const uint8_t* z = nullptr;     // [n][groups] zero points 0..16, kZeroPoint
     const int32_t* perm = nullptr;  // [k] input channel of each stored column, or null (identity)
     int64_t k_padded() const { return (k + group - 1) / group * group; }
     int64_t groups() const { return k_padded() / group; }

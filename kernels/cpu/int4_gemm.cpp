@@ -76,8 +76,8 @@ void check_int4_matrix(const Int4Matrix& w, const char* what) {
             LATTICE_CHECK(std::isfinite(mn), "{}: minimum {} of channel {} group {} is not finite", what, mn,
                           i / groups, i % groups);
         }
-        if (w.z)
-            LATTICE_CHECK(w.z[i] <= 15, "{}: zero point {} of channel {} group {} is not 4-bit", what, int(w.z[i]),
+        if (w.z)  // 16: a GPTQ v1 file's stored zero of 15 + 1, which AutoGPTQ and exllama use as such
+            LATTICE_CHECK(w.z[i] <= 16, "{}: zero point {} of channel {} group {} is not in 0..16", what, int(w.z[i]),
                           i / groups, i % groups);
     }
 }

@@ -37,7 +37,7 @@ namespace lattice {
 // The largest k every path is exact for.
 inline constexpr int64_t kInt4MaxK = 1 << 20;
 
-// Checks an Int4Matrix (shape, group, pointers, zero points <= 15, finite scales, a permutation of 0..k-1);
+// Checks an Int4Matrix (shape, group, pointers, zero points <= 16, finite scales, a permutation of 0..k-1);
 // throws Error naming `what`.
 void check_int4_matrix(const Int4Matrix& w, const char* what);
 

@@ -79,14 +79,12 @@ std::unique_ptr<Engine> make_local_engine(Model& model, const EngineOptions& opt
 
 bool checkpoint_is_quantized(const TensorSource& src) {
     const std::string probe = tensor_name(src.config(), TensorRole::kWDown, 0);
-    return src.has(probe) && dtype_is_block(src.info(probe).dtype);
+    return src.has(probe) && (dtype_is_block(src.info(probe).dtype) || src.info(probe).int4_group > 0);
 }
 
 bool checkpoint_is_4bit(const TensorSource& src) {
     const std::string probe = tensor_name(src.config(), TensorRole::kWDown, 0);
-    if (!src.has(probe)) return false;
-    const DType t = src.info(probe).dtype;
-    return t == DType::kQ4_0 || t == DType::kQ4_1;
+    return src.has(probe) && src.info(probe).int4_group > 0;
 }
 
 QuantChoice auto_quant(const TensorSource& src, bool quant_head, bool int4_kernels) {

@@ -100,9 +100,9 @@ RankRuntime build(const BuildOptions& opt, const TensorSource& src);
 // weights are in the backend's memory (the file mappings go with it).
 RankRuntime build(const BuildOptions& opt, const ModelSpec& spec);
 
-// True when the checkpoint's linear weights are block-quantized (GGUF Q8_0, Q4_0, Q4_1).
+// True when the checkpoint's linear weights are quantized (GGUF Q8_0, Q4_0, Q4_1; AWQ, GPTQ).
 bool checkpoint_is_quantized(const TensorSource& src);
-// True when they are 4-bit blocks (GGUF Q4_0, Q4_1).
+// True when they are 4-bit (GGUF Q4_0, Q4_1; AWQ, GPTQ: TensorInfo::int4_group).
 bool checkpoint_is_4bit(const TensorSource& src);
 // --quant auto, the one rule (the builder, `lattice info` and `lattice convert` ask it): a 4-bit
 // checkpoint runs as W4A8 where 4-bit kernels exist (`int4_kernels`: the CPU backend), its blocks kept as

@@ -38,7 +38,7 @@ int32_t nibble(const Int4Weights& w, int64_t r, int64_t c) {
 // Random weights of a kind: all nibbles, scales of both signs (f16), minimums, zero points; corners 0 and 15.
 Int4Weights random_int4(int64_t n, int64_t k, int64_t group, Int4Kind kind, std::mt19937& rng) {
     Int4Weights w(n, k, group, kind);
-    std::uniform_int_distribution<int> byte(0, 255), zp(0, 15);
+    std::uniform_int_distribution<int> byte(0, 255), zp(0, 16);  // 16: GPTQ v1's stored 15 + 1
     std::normal_distribution<float> nd(0.0f, 0.02f);
     for (auto& b : w.qs) b = uint8_t(byte(rng));
     w.qs[0] = 0xF0;  // q = 0 and q = 15 in every case
@@ -344,8 +344,8 @@ TEST_CASE("quantize_weights_int4: round trip within half a step, ties of the ran
 TEST_CASE("int4: bad weights and calls are refused with the culprit named") {
     ThreadPool pool(1);
     Int4Weights z(2, 64, 32, Int4Kind::kZeroPoint);
-    z.z[3] = 16;
-    CHECK_THROWS_WITH_AS(pack_int4_weights(z.matrix(), IsaLevel::kScalar), doctest::Contains("zero point 16"), Error);
+    z.z[3] = 17;
+    CHECK_THROWS_WITH_AS(pack_int4_weights(z.matrix(), IsaLevel::kScalar), doctest::Contains("zero point 17"), Error);
     Int4Weights d(2, 64, 32, Int4Kind::kOffset8);
     d.d[1] = 0x7C00;  // +inf in f16
     CHECK_THROWS_WITH_AS(pack_int4_weights(d.matrix(), IsaLevel::kScalar), doctest::Contains("channel 0 group 1"),
