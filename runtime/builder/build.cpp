@@ -220,6 +220,8 @@ RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const T
     if (sim) {
         const PlanQuant q = model_opt.quant == QuantMode::kW8A8    ? PlanQuant::kW8A8
                             : model_opt.quant == QuantMode::kW8A16 ? PlanQuant::kW8A16
+                            : model_opt.quant == QuantMode::kW4A8  ? PlanQuant::kW4A8
+                            : model_opt.quant == QuantMode::kW4A16 ? PlanQuant::kW4A16
                                                                    : PlanQuant::kFp16;
         engine_opt.sim = std::make_shared<SimDevice>(opt.sim, src.config().dims(), ctx.world.tp, ctx.world.pp,
                                                      ctx.world.pp_rank(), q, model_opt.max_batch_tokens);

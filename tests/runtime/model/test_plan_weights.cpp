@@ -50,6 +50,8 @@ TEST_CASE("planner weight bytes match the loader's within 1%") {
         {"llama-2-7b", DType::kBF16, QuantMode::kW8A8, false, 2, 2, true},
         {"llama-2-7b", DType::kBF16, QuantMode::kNone, false, 4, 1, true},
         {"llama-3-8b", DType::kBF16, QuantMode::kW8A16, false, 2, 4, true},
+        {"tinyllama-1.1b", DType::kBF16, QuantMode::kW4A8, true, 2, 1, false},  // 4-bit layers, int8 head
+        {"tinyllama-1.1b", DType::kBF16, QuantMode::kW4A16, false, 1, 2, false},
     };
     for (const Case& k : cases) {
         CAPTURE(k.preset);
@@ -66,6 +68,8 @@ TEST_CASE("planner weight bytes match the loader's within 1%") {
         r.devices = k.tp * k.pp;
         r.quant = k.q == QuantMode::kW8A8   ? PlanQuant::kW8A8
                   : k.q == QuantMode::kW8A16 ? PlanQuant::kW8A16
+                  : k.q == QuantMode::kW4A8  ? PlanQuant::kW4A8
+                  : k.q == QuantMode::kW4A16 ? PlanQuant::kW4A16
                   : k.cuda                   ? PlanQuant::kFp16
                                              : PlanQuant::kF32;
         r.quant_head = k.quant_head;
