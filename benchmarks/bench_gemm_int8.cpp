@@ -1,4 +1,5 @@
-// INT8 GEMM benchmark: GOP/s of W8A8 and W8A16 for each ISA path this CPU runs, at m = 1, 16, 128,
+// INT8 and 4-bit GEMM benchmark: GOP/s of W8A8, W8A16, W4A8 and W4A16 (4-bit: GGUF Q4_1's form, group 32,
+// int4_gemm.h) for each ISA path this CPU runs, at m = 1, 16, 128,
 // 512 on n x k = 4096 x 4096 and 11008 x 4096 (the 4096x4096 and 4096x11008 layers), with
 //   - the ratio to this CPU's int8 peak, measured by a register-only loop of the best ISA's instruction
 //     (vpdpbusd zmm; else vpdpbusd ymm; else AVX2's vpmaddwd + vpaddd) (12 independent
@@ -8,9 +9,11 @@
 //     weights every call, L3-resident) and "dram" (rotating through copies totalling > 1 GiB), the
 //     decode-realistic number.
 // Time is the best of the repetitions (the machine is shared; best is the least disturbed run).
-// Usage: bench_gemm_int8 [--full] [--threads N] [--json FILE]. Default (quick) keeps the run < ~60 s:
-// the scalar path only at m = 1, AVX2 not at m = 128, W8A16 not on the AVX-VNNI level (it runs the
-// AVX2 float kernel), and a short time budget per point (best of >= 1 timed run after a warm-up).
+// GB/s counts the packed bytes a call streams (4-bit: nibbles, f16 scales and minimums, 5 bits per weight).
+// Usage: bench_gemm_int8 [--full] [--threads N] [--modes w8a8,w8a16,w4a8,w4a16] [--json FILE]. Default (quick)
+// keeps the run < ~2 min: the scalar path only at m = 1, AVX2 not at m = 128, W8A16 and the 4-bit modes not on
+// the AVX-VNNI level (it runs the AVX2 float and 4-bit kernels), and a short time budget per point (best of
+// >= 1 timed run after a warm-up).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -29,6 +32,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/dtype.h"
+#include "kernels/cpu/int4_gemm.h"
 #include "kernels/cpu/int8_gemm.h"
 
 using namespace lattice;
@@ -139,6 +144,7 @@ struct Row {
     int64_t m, n, k;
     double ms_core;  // best CPU time of the call on a 1-thread pool (caller thread)
     double ms_wall;  // best wall time on the all-thread pool
+    double weight_bytes;  // packed bytes streamed per call (scales and group data included)
 };
 
 // Best-of timing of `call` with a time budget: the caller thread's CPU time (1-thread pool) or wall.
@@ -162,6 +168,7 @@ int main(int argc, char** argv) {
     int threads = 0;
     std::vector<std::pair<int64_t, int64_t>> shapes = {{4096, 4096}, {11008, 4096}};
     std::string json_path, only_isa;
+    std::vector<std::string> modes = {"w8a8", "w8a16", "w4a8", "w4a16"};
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         if (a == "--full") full = true;
@@ -169,6 +176,21 @@ int main(int argc, char** argv) {
         else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
         else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
         else if (a == "--isa" && i + 1 < argc) only_isa = argv[++i];
+        else if (a == "--modes" && i + 1 < argc) {  // w8a8,w8a16,w4a8,w4a16
+            modes.clear();
+            std::string v = argv[++i];
+            for (size_t pos = 0; pos <= v.size();) {
+                size_t end = std::min(v.find(',', pos), v.size());
+                modes.push_back(v.substr(pos, end - pos));
+                if (modes.back() != "w8a8" && modes.back() != "w8a16" && modes.back() != "w4a8" &&
+                    modes.back() != "w4a16") {
+                    std::fprintf(stderr, "bench_gemm_int8: bad --modes entry '%s' (w8a8, w8a16, w4a8, w4a16)\n",
+                                 modes.back().c_str());
+                    return 2;
+                }
+                pos = end + 1;
+            }
+        }
         else if (a == "--shapes" && i + 1 < argc) {  // NxK,NxK (e.g. TinyLlama's 2048x2048,5632x2048,2048x5632)
             shapes.clear();
             std::string v = argv[++i];
@@ -187,7 +209,7 @@ int main(int argc, char** argv) {
             }
         } else {
             std::fprintf(stderr, "usage: %s [--quick|--full] [--threads N] [--isa scalar|avx2|avxvnni|avx512] "
-                         "[--shapes NxK,...] [--json FILE]\n", argv[0]);
+                         "[--shapes NxK,...] [--modes w8a8,w8a16,w4a8,w4a16] [--json FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -261,29 +283,44 @@ int main(int argc, char** argv) {
         if (isa_supported(l) && (only_isa.empty() || parse_isa(only_isa) == l)) isas.push_back(l);
 
     std::vector<Row> rows;
-    fmt::print("{:<8} {:<6} {:<5} {:>4} {:>6} {:>6} | {:>9} {:>8} {:>7} {:>7} {:>7} | {:>9} {:>8}\n", "isa", "mode",
-               "kind", "m", "n", "k", "core ms", "GOP/s", "%peak", "GB/s", "%bw", "wall ms", "GOP/s");
+    fmt::print("{:<8} {:<6} {:<5} {:>4} {:>6} {:>6} | {:>9} {:>8} {:>7} {:>7} {:>7} | {:>9} {:>8} {:>7}\n", "isa",
+               "mode", "kind", "m", "n", "k", "core ms", "GOP/s", "%peak", "GB/s", "%bw", "wall ms", "GOP/s", "GB/s");
     std::mt19937 rng(42);
     for (auto [n, k] : shapes) {
         std::vector<int8_t> q(static_cast<size_t>(n * k));
         std::uniform_int_distribution<int> d(-127, 127);
         for (auto& v : q) v = int8_t(d(rng));
         std::vector<float> sw(static_cast<size_t>(n), 0.01f);
-        PackedInt8 base = pack_int8_weights(q.data(), n, k, IsaLevel::kScalar);
-        // Rotating copies (> 1 GiB together) for the DRAM-streaming m = 1 numbers.
-        const size_t wbytes = base.data.size();
-        std::vector<PackedInt8> copies((bw_bytes + wbytes - 1) / wbytes);
-        for (auto& c : copies) c = base;
+        // 4-bit weights of the same shape: random nibbles, f16 scales and minimums (GGUF Q4_1's form).
+        Int4Weights q4(n, k, 32, Int4Kind::kAffine);
+        std::uniform_int_distribution<int> byte(0, 255);
+        for (auto& v : q4.qs) v = uint8_t(byte(rng));
+        for (auto& v : q4.d) v = f32_to_f16(0.001f);
+        for (auto& v : q4.m) v = f32_to_f16(-0.008f);
         const int64_t mmax = 512;
         std::vector<float> x(static_cast<size_t>(mmax * k)), y(static_cast<size_t>(mmax * n));
         std::normal_distribution<float> nd(0.0f, 1.0f);
         for (auto& v : x) v = nd(rng);
-        for (IsaLevel isa : isas) {
-            base.isa = isa;  // one packed layout serves every ISA (int8_gemm.h)
-            for (auto& c : copies) c.isa = isa;
-            for (const char* mode : {"w8a8", "w8a16"}) {
-                bool w16 = std::string(mode) == "w8a16";
-                if (!full && w16 && isa == IsaLevel::kAvxVnni) continue;
+        for (const std::string& mode : modes) {
+            const bool int4 = mode == "w4a8" || mode == "w4a16";
+            const bool w16 = mode == "w8a16" || mode == "w4a16";
+            // One packed layout serves every ISA (int8_gemm.h, int4_gemm.h); rotating copies (> 1 GiB
+            // together) for the DRAM-streaming m = 1 numbers.
+            PackedInt8 base;
+            PackedInt4 base4;
+            if (int4)
+                base4 = pack_int4_weights(q4.matrix(), IsaLevel::kScalar);
+            else
+                base = pack_int8_weights(q.data(), n, k, IsaLevel::kScalar);
+            const size_t wbytes = int4 ? size_t(base4.bytes()) : base.data.size();
+            std::vector<PackedInt8> copies(int4 ? 0 : (bw_bytes + wbytes - 1) / wbytes, base);
+            std::vector<PackedInt4> copies4(int4 ? (bw_bytes + wbytes - 1) / wbytes : 0, base4);
+            for (IsaLevel isa : isas) {
+                base.isa = base4.isa = isa;
+                for (auto& c : copies) c.isa = isa;
+                for (auto& c : copies4) c.isa = isa;
+                if (!full && w16 && isa == IsaLevel::kAvxVnni) continue;  // the AVX2 float kernel
+                if (!full && int4 && isa == IsaLevel::kAvxVnni) continue;  // the AVX2 4-bit kernels
                 for (int64_t m : {1, 16, 128, 512}) {
                     if (!full && isa == IsaLevel::kScalar && m > 1) continue;
                     if (!full && isa == IsaLevel::kAvx2 && best_isa() != IsaLevel::kAvx2 && m == 128)
@@ -294,21 +331,28 @@ int main(int argc, char** argv) {
                         const double budget = full ? 1.0 : 0.05;
                         auto run = [&](ThreadPool& p) {
                             return [&, dram](int rep) {
+                                if (int4) {
+                                    const PackedInt4& w = dram ? copies4[size_t(rep) % copies4.size()] : base4;
+                                    if (w16) gemm_w4a16(x.data(), m, k, w, y.data(), p);
+                                    else gemm_w4a8(x.data(), m, k, w, y.data(), p);
+                                    return;
+                                }
                                 const PackedInt8& w = dram ? copies[size_t(rep) % copies.size()] : base;
                                 if (w16) gemm_w8a16(x.data(), m, k, w, sw.data(), y.data(), p);
                                 else gemm_w8a8(x.data(), m, k, w, sw.data(), y.data(), p);
                             };
                         };
                         Row r{std::string(isa_name(isa)), mode, kind, m, n, k,
-                              1e3 * best_time(run(pool1), true, budget), 1e3 * best_time(run(pool), false, budget)};
+                              1e3 * best_time(run(pool1), true, budget), 1e3 * best_time(run(pool), false, budget),
+                              double(wbytes)};
                         const double ops = 2.0 * double(m) * double(n) * double(k);
                         const double core_s = r.ms_core * 1e-3;
                         fmt::print("{:<8} {:<6} {:<5} {:>4} {:>6} {:>6} | {:>9.3f} {:>8.1f} {:>6.1f}% {:>7.1f} {:>6.1f}% "
-                                   "| {:>9.3f} {:>8.1f}\n",
+                                   "| {:>9.3f} {:>8.1f} {:>7.1f}\n",
                                    r.isa, r.mode, r.kind, r.m, r.n, r.k, r.ms_core, ops / core_s / 1e9,
                                    peak_core > 0 ? 100.0 * ops / core_s / peak_core : 0.0,
                                    double(wbytes) / core_s / 1e9, 100.0 * double(wbytes) / core_s / bw_core, r.ms_wall,
-                                   ops / (r.ms_wall * 1e-3) / 1e9);
+                                   ops / (r.ms_wall * 1e-3) / 1e9, double(wbytes) / (r.ms_wall * 1e-3) / 1e9);
                         std::fflush(stdout);
                         rows.push_back(r);
                     }
@@ -331,13 +375,14 @@ int main(int argc, char** argv) {
         j["results"] = nlohmann::json::array();
         for (const Row& r : rows) {
             const double ops = 2.0 * double(r.m) * double(r.n) * double(r.k);
-            const double wb = double((r.n + 15) / 16 * 16) * double((r.k + 3) / 4 * 4);
+            const double wb = r.weight_bytes;
             const double core_s = r.ms_core * 1e-3;
             j["results"].push_back({{"isa", r.isa}, {"mode", r.mode}, {"kind", r.kind}, {"m", r.m}, {"n", r.n},
                                     {"k", r.k}, {"ms_core_cpu", r.ms_core}, {"gops_core", ops / core_s / 1e9},
                                     {"pct_peak_core", peak_core > 0 ? 100.0 * ops / core_s / peak_core : 0.0},
                                     {"weight_gbs_core", wb / core_s / 1e9},
                                     {"pct_mem_bw_core", 100.0 * wb / core_s / bw_core}, {"ms_wall", r.ms_wall},
+                                    {"weight_bytes", wb}, {"weight_gbs_wall", wb / (r.ms_wall * 1e-3) / 1e9},
                                     {"gops_wall", ops / (r.ms_wall * 1e-3) / 1e9}});
         }
         std::ofstream f(json_path);

@@ -40,9 +40,9 @@ void ModelArgs::add_to(CLI::App* cmd) {
                                                "mixtral-tiny-8x1.1b)");
     cmd->add_option("--seed-weights", weight_seed, "Seed for --random-weights")->check(uint_range(0, UINT64_MAX));
     cmd->add_option("--quant", quant,
-                    "Linear layers: auto | none | w8a16 | w8a8 (auto: w8a8 with --quant-head for a checkpoint that is "
-                    "already quantized, e.g. a Q4/Q8 GGUF; none otherwise)")
-        ->check(CLI::IsMember({"auto", "none", "w8a16", "w8a8"}));
+                    "Linear layers: auto | none | w8a16 | w8a8 | w4a16 | w4a8 (auto: for a checkpoint that is already "
+                    "quantized, w4a8 for a Q4_0/Q4_1 GGUF on the CPU, else w8a8, with --quant-head; none otherwise)")
+        ->check(CLI::IsMember({"auto", "none", "w8a16", "w8a8", "w4a16", "w4a8"}));
     cmd->add_flag("--quant-head", quant_head, "Quantize the LM head too (embedding stays float)");
     cmd->add_option("--smooth", smooth,
                     "SmoothQuant factors from lattice calibrate (.safetensors), folded into the weights at load");

@@ -97,8 +97,8 @@ int run_convert(const ConvertArgs& args) {
     ModelSpec spec;
     spec.path = args.model;
     std::unique_ptr<TensorSource> src = open_spec(spec);
-    // As a load with --quant auto would run it (auto_quant).
-    const QuantChoice quant = args.quant == "auto" ? auto_quant(*src, args.quant_head)
+    // As a load with --quant auto would run it (auto_quant), in 8 bits: convert does not write 4-bit files yet.
+    const QuantChoice quant = args.quant == "auto" ? auto_quant(*src, args.quant_head, false)
                                                    : QuantChoice{parse_quant_mode(args.quant), args.quant_head};
     o.quant = quant.quant;
     o.quant_head = quant.quant_head;
@@ -134,7 +134,7 @@ void add_convert_command(CLI::App& app, CommandRun& run) {
     cmd->add_option("--pp-layers", args->pp_layers, "Layers per pipeline stage, e.g. 20,20,21,19");
     cmd->add_option("--quant", args->quant,
                     "none | w8a16 | w8a8 | auto (w8a8 with an int8 head for a Q4/Q8 GGUF, none otherwise)")
-        ->check(CLI::IsMember({"auto", "none", "w8a16", "w8a8"}));
+        ->check(CLI::IsMember({"auto", "none", "w8a16", "w8a8", "w4a16", "w4a8"}));
     cmd->add_flag("--quant-head", args->quant_head, "Quantize the LM head too");
     cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype,
                     "The KV cache runs of the folder use unless they say otherwise: auto | f32 | f16 | bf16 | int8")

@@ -141,6 +141,7 @@ void write_stats(const std::string& path, const GenerateStats& s, const RankRunt
         {"accepted_tokens", s.accepted_tokens},
         {"backend", rt.backend->name()},
         {"weight_bytes_per_rank", rt.model->weight_bytes()},
+        {"streamed_weight_bytes_per_rank", rt.model->streamed_weight_bytes()},  // read once per decode step
         {"load_seconds", rt.load_seconds},
         {"checkpoint_bytes_read_per_rank", rt.checkpoint_bytes_read},
         {"rss_bytes_rank0", resident_bytes()},

@@ -45,9 +45,9 @@ struct InfoArgs {
 void print_memory(const TensorSource& src, const InfoArgs& args) {
     const ModelConfig& c = src.config();
     check_model_layout(c.dims(), args.tp, args.pp);
-    const QuantChoice quant = args.quant == "auto" ? auto_quant(src, args.quant_head)
-                                                   : QuantChoice{parse_quant_mode(args.quant), args.quant_head};
     const bool cuda = args.device == "cuda";
+    const QuantChoice quant = args.quant == "auto" ? auto_quant(src, args.quant_head, !cuda)
+                                                   : QuantChoice{parse_quant_mode(args.quant), args.quant_head};
     const int64_t act = cuda ? 2 : 4;  // activation bytes per element
     const double kv_elem = kv_element_bytes(args.kv_cache_dtype, c.head_dim, !cuda);
     const int64_t max_seq = resolve_max_seq(args.max_seq, c.max_position);  // the model's own default
@@ -56,6 +56,7 @@ void print_memory(const TensorSource& src, const InfoArgs& args) {
     const auto stages = stage_layer_ranges(c.n_layers, args.pp);
     double best = -1, best_w = 0, best_kv = 0, best_act = 0;
     int best_stage = 0;
+    std::string head;  // the LM head's mode when quantized (a 4-bit run keeps an 8-bit one: rank_weights.h)
     for (int p = 0; p < args.pp; ++p) {
         ModelOptions o;
         o.quant = quant.quant;
@@ -66,7 +67,11 @@ void print_memory(const TensorSource& src, const InfoArgs& args) {
         o.layer_end = stages[size_t(p)].second;
         o.first_stage = p == 0;
         o.last_stage = p == args.pp - 1;
-        const double w = RankWeights(src, o).resident_bytes(cuda);
+        const RankWeights rw(src, o);
+        const double w = rw.resident_bytes(cuda);
+        for (const RankTensor& t : rw.tensors())
+            if (t.role == WeightRole::kLmHead && t.mode != QuantMode::kNone)
+                head = fmt::format(" + {} head", quant_mode_name(t.mode));
         const double kv = kv_cache_bytes(c.dims(), args.tp, o.layer_end - o.layer_begin, max_seq, kv_elem);
         const double act_b = activation_bytes(c.dims(), args.tp, args.max_batch_tokens, double(act), o.last_stage);
         if (w + kv + act_b > best) best = w + kv + act_b, best_w = w, best_kv = kv, best_act = act_b, best_stage = p;
@@ -74,7 +79,7 @@ void print_memory(const TensorSource& src, const InfoArgs& args) {
     print_stdout(
         "memory per rank (quant {}{}, tp {} x pp {}, {}, context {}): {:.3f} GiB = weights {:.3f} GiB + KV "
         "cache {:.3f} GiB per sequence of {} positions ({}) + activations ~{:.3f} GiB ({} tokens per step){}\n",
-        quant_mode_name(quant.quant), quant.quant_head && quant.quant != QuantMode::kNone ? " + head" : "", args.tp,
+        quant_mode_name(quant.quant), head, args.tp,
         args.pp, cuda ? "cuda" : "cpu", max_seq, to_gib(best), to_gib(best_w), to_gib(best_kv), max_seq,
         args.kv_cache_dtype == "auto" ? (cuda ? "f16" : "f32") : args.kv_cache_dtype, to_gib(best_act), args.max_batch_tokens, args.pp > 1 ? fmt::format(" (largest: pp stage {})", best_stage) : "");
 }
@@ -88,8 +93,8 @@ void add_info_command(CLI::App& app, CommandRun& run) {
     cmd->add_option("-m,--model", args->model,
                     "HF model directory or .gguf file (default: the built-in SmolLM2-135M-Instruct)")
         ->default_str("built-in");
-    cmd->add_option("--quant", args->quant, "Quantization of the memory estimate: auto | none | w8a16 | w8a8")
-        ->check(CLI::IsMember({"auto", "none", "w8a16", "w8a8"}));
+    cmd->add_option("--quant", args->quant, "Quantization of the memory estimate: auto | none | w8a16 | w8a8 | w4a16 | w4a8")
+        ->check(CLI::IsMember({"auto", "none", "w8a16", "w8a8", "w4a16", "w4a8"}));
     cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype,
                     "KV cache elements of the estimate: auto (f32 on cpu, 16-bit on cuda) | f32 | f16 | bf16 | int8")
         ->check(CLI::IsMember({"auto", "f32", "f16", "bf16", "int8"}))

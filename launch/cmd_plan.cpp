@@ -112,6 +112,9 @@ PlanRequest plan_request(const PlanArgs& args) {
     LATTICE_CHECK(args.gpus % args.nodes == 0, "--gpus {} cannot be spread evenly over --nodes {}", args.gpus,
                   args.nodes);
     r.quant = args.quant == "none" ? (r.device.cpu ? PlanQuant::kF32 : PlanQuant::kFp16) : parse_plan_quant(args.quant);
+    LATTICE_CHECK(r.device.cpu || (r.quant != PlanQuant::kW4A8 && r.quant != PlanQuant::kW4A16),
+                  "--quant {}: 4-bit weights run on CPUs only (no CUDA 4-bit kernels yet); use w8a8 on {}", args.quant,
+                  r.device.name);
     r.quant_head = args.quant_head;
     r.batch = args.batch;
     r.context = args.context;
@@ -220,12 +223,12 @@ int print_plan_table(const PlanRequest& r, const std::vector<LayoutPrediction>& 
                                   "communication, {}-bound)",
                                   b.decode_tokens_per_s, 100.0 * b.comm_share, b.bound);
     print_stdout("recommended: tp {} x pp {}: {}\n", b.tp, b.pp, why);
+    const bool int8_rate = r.quant == PlanQuant::kW8A8 || r.quant == PlanQuant::kW4A8;
     print_stdout("assumptions: {} {:.3g} GB/s x {:.2f} achieved, {} {:.3g} T{}/s x {:.2f}; {} alpha {:.1f} us, {:.0f} GB/s "
                  "(sources: parallel/plan_model.cpp)\n",
-                 r.device.name, r.device.bw_gbs, r.device.bw_eff, r.quant == PlanQuant::kW8A8 ? "int8" : "fp",
-                 r.quant == PlanQuant::kW8A8 ? r.device.int8_tops : r.device.fp16_tflops,
-                 r.quant == PlanQuant::kW8A8 ? "OP" : "FLOP", r.device.compute_eff, r.link.name, r.link.alpha_us,
-                 r.link.bw_gbs);
+                 r.device.name, r.device.bw_gbs, r.device.bw_eff, int8_rate ? "int8" : "fp",
+                 int8_rate ? r.device.int8_tops : r.device.fp16_tflops, int8_rate ? "OP" : "FLOP", r.device.compute_eff,
+                 r.link.name, r.link.alpha_us, r.link.bw_gbs);
     return 0;
 }
 
@@ -258,7 +261,8 @@ void add_plan_command(CLI::App& app, CommandRun& run) {
     for (const auto& l : link_table()) links += (links.empty() ? "" : " | ") + l.name;
     cmd->add_option("--interconnect", args->link, "Link within a node: " + links + " (default: the device's)");
     cmd->add_option("--inter-node", args->inter_node, "Link between nodes")->capture_default_str();
-    cmd->add_option("--quant", args->quant, "w8a8 | w8a16 | fp16 | bf16 | f32 | none")->capture_default_str();
+    cmd->add_option("--quant", args->quant, "w8a8 | w8a16 | w4a8 | w4a16 (cpu) | fp16 | bf16 | f32 | none")
+        ->capture_default_str();
     cmd->add_flag("--quant-head", args->quant_head, "The LM head in int8 too");
     cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype,
                     "KV cache elements: auto (f32 on CPUs, 16-bit on GPUs) | f32 | f16 | bf16 | int8")

@@ -118,15 +118,19 @@ const LinkSpec& find_link(const std::string& name) { return find_named(link_tabl
 PlanQuant parse_plan_quant(const std::string& s) {
     if (s == "w8a8") return PlanQuant::kW8A8;
     if (s == "w8a16") return PlanQuant::kW8A16;
+    if (s == "w4a8") return PlanQuant::kW4A8;
+    if (s == "w4a16") return PlanQuant::kW4A16;
     if (s == "fp16" || s == "bf16") return PlanQuant::kFp16;
     if (s == "f32") return PlanQuant::kF32;
-    LATTICE_FAIL("unknown --quant \"{}\" (w8a8, w8a16, fp16, bf16, f32, none)", s);
+    LATTICE_FAIL("unknown --quant \"{}\" (w8a8, w8a16, w4a8, w4a16, fp16, bf16, f32, none)", s);
 }
 
 const char* plan_quant_name(PlanQuant q) {
     switch (q) {
         case PlanQuant::kW8A8: return "w8a8";
         case PlanQuant::kW8A16: return "w8a16";
+        case PlanQuant::kW4A8: return "w4a8";
+        case PlanQuant::kW4A16: return "w4a16";
         case PlanQuant::kFp16: return "fp16";
         case PlanQuant::kF32: return "f32";
     }
@@ -208,6 +212,11 @@ std::vector<StageShape> stage_shapes(const ModelDims& m, int tp, int pp) {
 }
 
 bool int8_weights(PlanQuant q) { return q == PlanQuant::kW8A8 || q == PlanQuant::kW8A16; }
+bool int4_weights(PlanQuant q) { return q == PlanQuant::kW4A8 || q == PlanQuant::kW4A16; }
+// int8 x int8 products (W8A8, W4A8) run at the int8 rate, the rest at the float rate.
+bool int8_products(PlanQuant q) { return q == PlanQuant::kW8A8 || q == PlanQuant::kW4A8; }
+// 4-bit weights: 16 bytes of nibbles, an f16 scale and an f16 minimum per 32 (kernels/cpu/int4_gemm.h).
+constexpr double kInt4BytesPerWeight = 20.0 / 32.0;
 
 // Bytes per element of activations and KV cache: CPU f32, GPU fp16/bf16.
 double act_bytes(const PlanRequest& r) { return r.device.cpu ? 4.0 : 2.0; }
@@ -217,6 +226,7 @@ double kv_bytes(const PlanRequest& r) { return r.kv_bytes > 0 ? r.kv_bytes : act
 double float_weight_bytes(const PlanRequest& r) { return r.quant == PlanQuant::kF32 ? 4.0 : 2.0; }
 
 double linear_bytes(const PlanRequest& r, double params, double rows_hint) {
+    if (int4_weights(r.quant)) return params * kInt4BytesPerWeight;
     return int8_weights(r.quant) ? params + 8.0 * rows_hint : params * float_weight_bytes(r);
 }
 
@@ -226,8 +236,10 @@ double stage_weight_bytes(const PlanRequest& r, const StageShape& st, bool decod
     const double linear = decode_reads ? st.linear_params_read(r.model, tokens) : st.linear_params();
     const double rows = linear / double(std::max<int64_t>(r.model.hidden, 1));  // ~output channels
     double b = linear_bytes(r, linear, rows) + st.small_params * 4.0 + st.router_params * float_weight_bytes(r);
-    const double head_b = r.quant_head && int8_weights(r.quant) ? st.head_params + 8.0 * st.head_params / double(r.model.hidden)
-                                                                : st.head_params * float_weight_bytes(r);
+    // A quantized head is int8, 4-bit runs included (runtime/model/rank_weights.h).
+    const bool head_q = r.quant_head && (int8_weights(r.quant) || int4_weights(r.quant));
+    const double head_b = head_q ? st.head_params + 8.0 * st.head_params / double(r.model.hidden)
+                                 : st.head_params * float_weight_bytes(r);
     b += head_b;
     // The embedding is stored on the first stage (tied and one stage: the head's rows serve both).
     if (!decode_reads && !(r.model.tie_embeddings && st.head_params > 0)) b += st.embed_params * float_weight_bytes(r);
@@ -270,12 +282,12 @@ StageTime stage_time(const PlanRequest& r, const StageShape& st, int tp, double 
     // rate unless it is quantized. Attention is its own kernel with its own roofline: the KV it
     // reads against its achieved rate.
     const double head_rows = std::min(tokens, double(r.batch));
-    const bool head_int8 = r.quant == PlanQuant::kW8A8 && r.quant_head;
+    const bool head_int8 = int8_products(r.quant) && r.quant_head;
     // Each token runs the attention and its num_experts_per_tok experts (dense: the one FFN), the
     // router at the float rate.
     const double used = m.n_experts > 0 ? double(std::clamp<int64_t>(m.n_experts_used, 1, m.n_experts)) : 1.0;
     const double comp_s = 2.0 * tokens * (st.attn_params + used * st.ffn_params) /
-                              (r.quant == PlanQuant::kW8A8 ? rate.int8 : rate.fp) +
+                              (int8_products(r.quant) ? rate.int8 : rate.fp) +
                           2.0 * tokens * st.router_params / rate.fp +
                           2.0 * head_rows * st.head_params / (head_int8 ? rate.int8 : rate.fp);
     const double attn_s = std::max(kv_read / rate.bw, attn_flops / rate.attn);

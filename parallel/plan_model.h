@@ -76,8 +76,10 @@ const std::vector<LinkSpec>& link_table();
 const DeviceSpec& find_device(const std::string& name);
 const LinkSpec& find_link(const std::string& name);
 
-enum class PlanQuant { kW8A8, kW8A16, kFp16, kF32 };
-PlanQuant parse_plan_quant(const std::string& s);  // w8a8 | w8a16 | fp16 | bf16 | f32 | none (f32 on cpu, fp16 on gpus)
+// kW4A8 / kW4A16: 4-bit weights, counted as lattice's affine groups of 32 (5 bits a weight: nibbles, an f16 scale
+// and minimum per 32; AWQ / GPTQ's groups of 128 are a little smaller) with an 8-bit LM head; CPUs only.
+enum class PlanQuant { kW8A8, kW8A16, kFp16, kF32, kW4A8, kW4A16 };
+PlanQuant parse_plan_quant(const std::string& s);  // w8a8 | w8a16 | w4a8 | w4a16 | fp16 | bf16 | f32 | none (f32 on cpu, fp16 on gpus)
 const char* plan_quant_name(PlanQuant q);
 
 struct PlanRequest {
@@ -88,7 +90,7 @@ struct PlanRequest {
     int devices = 1;              // ranks in all
     int nodes = 1;
     PlanQuant quant = PlanQuant::kW8A8;
-    bool quant_head = false;      // the LM head in int8 too
+    bool quant_head = false;      // the LM head in int8 too (also with 4-bit weights)
     int64_t batch = 1;                 // concurrent sequences
     int64_t context = kDefaultMaxSeq;  // positions per sequence the KV cache holds
     int64_t prompt = 512;              // prompt tokens (prefill / time to first token)

@@ -23,7 +23,7 @@ File layout (all little-endian), as read by llama.cpp's gguf loader and lattice'
   zero padding to general.alignment (32 unless --alignment), then the tensor data, each tensor
   padded to the alignment.
 Metadata: general.architecture=llama, general.name, general.alignment, general.file_type
-(0 all-f32, 1 mostly-f16, 7 mostly-q8_0), general.quantization_version=2, llama.* hyper-parameters
+(0 all-f32, 1 mostly-f16, 2 mostly-q4_0, 3 mostly-q4_1, 7 mostly-q8_0), general.quantization_version=2, llama.* hyper-parameters
 (context_length, embedding_length, block_count, feed_forward_length, attention.head_count,
 attention.head_count_kv, attention.layer_norm_rms_epsilon, rope.freq_base, rope.dimension_count,
 vocab_size), then the tokenizer.* keys of --vocab-from copied byte for byte. Its general.* and
@@ -42,8 +42,9 @@ blk.N.ffn_gate_inp.weight [hidden, experts] f32, and every expert of a layer in 
 blk.N.ffn_gate_exps.weight / ffn_up_exps.weight [hidden, ffn, experts], ffn_down_exps.weight
 [ffn, hidden, experts] (expert e's rows follow expert e - 1's).
 Matrices are stored in --type: f32, f16, or q8_0 (blocks of 32 values along a row: f16 scale
-d = max|x| / 127, then 32 int8 q = round(x / d); 34 bytes per block). Q/K rows are random, so
-llama.cpp's rotary-pair permutation of converted checkpoints has no meaning here.
+d = max|x| / 127, then 32 int8 q = round(x / d); 34 bytes per block), q4_0 or q4_1 (llama.cpp's
+reference quantizers: 18 / 20 bytes per 32 values; the token embedding and the output matrix too). Q/K
+rows are random, so llama.cpp's rotary-pair permutation of converted checkpoints has no meaning here.
 
 Random values: tensor i is drawn from numpy.random.Generator(PCG64(SeedSequence(seed,
 spawn_key=(i,)))), a stream of its own, generated and written a slab of rows at a time, so memory
@@ -71,10 +72,14 @@ SCALAR_SIZE = {T_U8: 1, T_I8: 1, T_U16: 2, T_I16: 2, T_U32: 4, T_I32: 4, T_F32: 
                T_U64: 8, T_I64: 8, T_F64: 8}
 
 # ggml tensor types used here, and general.file_type (llama_ftype) per --type.
-GGML_F32, GGML_F16, GGML_Q8_0 = 0, 1, 8
-WEIGHT_TYPES = {"f32": (GGML_F32, 0), "f16": (GGML_F16, 1), "q8_0": (GGML_Q8_0, 7)}
+GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0 = 0, 1, 2, 3, 8
+WEIGHT_TYPES = {"f32": (GGML_F32, 0), "f16": (GGML_F16, 1), "q8_0": (GGML_Q8_0, 7), "q4_0": (GGML_Q4_0, 2),
+                "q4_1": (GGML_Q4_1, 3)}
 QK8_0 = 32
 Q8_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "i1", (QK8_0,))])  # 34 bytes, unpadded
+Q4_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "u1", (QK8_0 // 2,))])  # 18 bytes
+Q4_1_BLOCK = np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", (QK8_0 // 2,))])  # 20 bytes
+BLOCK_TYPES = {GGML_Q8_0: Q8_0_BLOCK, GGML_Q4_0: Q4_0_BLOCK, GGML_Q4_1: Q4_1_BLOCK}
 
 PRESETS = {
     "tinyllama-1.1b": dict(name="TinyLlama-1.1B random", hidden=2048, layers=22, heads=32, kv_heads=4,
@@ -158,8 +163,8 @@ def tensor_nbytes(ggml_type, ne):
         return 4 * n
     if ggml_type == GGML_F16:
         return 2 * n
-    assert ne[0] % QK8_0 == 0, f"q8_0 needs rows that are a multiple of {QK8_0}, got {ne[0]}"
-    return n // QK8_0 * Q8_0_BLOCK.itemsize
+    assert ne[0] % QK8_0 == 0, f"block types need rows that are a multiple of {QK8_0}, got {ne[0]}"
+    return n // QK8_0 * BLOCK_TYPES[ggml_type].itemsize
 
 
 def quantize_q8_0(x):
@@ -173,11 +178,47 @@ def quantize_q8_0(x):
     return out
 
 
+def pack_nibbles(q):
+    """q: [blocks, 32] uint8 in 0..15 -> [blocks, 16]: byte i = element i (low nibble) | element 16 + i (high)."""
+    return (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)
+
+
+def quantize_q4_0(x):
+    """llama.cpp's quantize_row_q4_0_ref: d = (the value of largest magnitude) / -8, q = min(15, int(x / d + 8.5))."""
+    xb = x.reshape(-1, QK8_0)
+    idx = np.abs(xb).argmax(axis=1)
+    d = xb[np.arange(xb.shape[0]), idx] / -8.0
+    inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+    q = np.minimum(15, (xb * inv[:, None] + 8.5).astype(np.int32)).astype(np.uint8)
+    out = np.empty(xb.shape[0], dtype=Q4_0_BLOCK)
+    out["d"] = d.astype(np.float16)
+    out["qs"] = pack_nibbles(q)
+    return out
+
+
+def quantize_q4_1(x):
+    """llama.cpp's quantize_row_q4_1_ref: d = (max - min) / 15, m = min, q = min(15, int((x - min) / d + 0.5))."""
+    xb = x.reshape(-1, QK8_0)
+    mn, mx = xb.min(axis=1), xb.max(axis=1)
+    d = (mx - mn) / 15.0
+    inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+    q = np.minimum(15, ((xb - mn[:, None]) * inv[:, None] + 0.5).astype(np.int32)).astype(np.uint8)
+    out = np.empty(xb.shape[0], dtype=Q4_1_BLOCK)
+    out["d"] = d.astype(np.float16)
+    out["m"] = mn.astype(np.float16)
+    out["qs"] = pack_nibbles(q)
+    return out
+
+
 def encode(x, ggml_type):
     if ggml_type == GGML_F32:
         return x.astype("<f4", copy=False)
     if ggml_type == GGML_F16:
         return x.astype("<f2")
+    if ggml_type == GGML_Q4_0:
+        return quantize_q4_0(x)
+    if ggml_type == GGML_Q4_1:
+        return quantize_q4_1(x)
     return quantize_q8_0(x)
 
 

@@ -15,6 +15,8 @@ std::string_view quant_mode_name(QuantMode q) {
         case QuantMode::kNone: return "none";
         case QuantMode::kW8A16: return "w8a16";
         case QuantMode::kW8A8: return "w8a8";
+        case QuantMode::kW4A16: return "w4a16";
+        case QuantMode::kW4A8: return "w4a8";
     }
     return "?";
 }
@@ -23,7 +25,9 @@ QuantMode parse_quant_mode(std::string_view s) {
     if (s == "none") return QuantMode::kNone;
     if (s == "w8a16") return QuantMode::kW8A16;
     if (s == "w8a8") return QuantMode::kW8A8;
-    LATTICE_FAIL("unknown quantization \"{}\" (expected none, w8a16 or w8a8)", s);
+    if (s == "w4a16") return QuantMode::kW4A16;
+    if (s == "w4a8") return QuantMode::kW4A8;
+    LATTICE_FAIL("unknown quantization \"{}\" (expected none, w8a16, w8a8, w4a16 or w4a8)", s);
 }
 
 std::string_view kv_dtype_name(KvDtype k) {
@@ -69,6 +73,7 @@ std::string_view op_name(Op op) {
         case Op::kGemmInt8: return "gemm_int8";
         case Op::kKvCache: return "a KV cache";
         case Op::kMoe: return "mixture-of-experts routing";
+        case Op::kGemmInt4: return "gemm_int4";
     }
     return "?";
 }

@@ -11,6 +11,7 @@
 #pragma once
 
 #include "base/dtype.h"
+#include "kernels/common/int4.h"
 #include "parallel/communicator.h"
 #include "base/error.h"
 #include "base/view.h"
@@ -65,7 +66,15 @@ enum class QuantMode : uint8_t {
     kNone,   // float weights (checkpoint precision: f32/f16/bf16), float GEMM
     kW8A16,  // int8 weights, per-output-channel scale; activations stay float
     kW8A8,   // int8 weights and per-token dynamically quantized int8 activations, int32 accumulate
+    kW4A16,  // 4-bit weights in groups along k (f16 scales, offsets), dequantized in registers; float activations
+    kW4A8,   // 4-bit weights x per-token int8 activations, int32 per group then the group's scale
 };
+inline bool is_int4(QuantMode q) { return q == QuantMode::kW4A16 || q == QuantMode::kW4A8; }
+// The 8-bit mode with the same activations (W4A8 -> W8A8, W4A16 -> W8A16); itself otherwise. A 4-bit run's
+// LM head runs so unless the checkpoint holds the head in 4 bits (runtime/model/rank_weights.h).
+inline QuantMode int8_counterpart(QuantMode q) {
+    return q == QuantMode::kW4A8 ? QuantMode::kW8A8 : q == QuantMode::kW4A16 ? QuantMode::kW8A16 : q;
+}
 
 std::string_view quant_mode_name(QuantMode q);
 QuantMode parse_quant_mode(std::string_view s);  // throws Error naming the bad value
@@ -89,7 +98,8 @@ struct Linear {
     int64_t n = 0;  // output features
     int64_t k = 0;  // input features
     QuantMode mode = QuantMode::kNone;
-    DType weight_dtype = DType::kF32;  // logical element type: f32/f16/bf16, or i8 for W8A16/W8A8
+    DType weight_dtype = DType::kF32;  // logical element type: f32/f16/bf16, i8 for W8A16/W8A8, u8 for the
+                                       // 4-bit W4A16/W4A8 (the packed form is backend-private)
     Buffer weight;                     // backend-specific layout of the [n, k] matrix
     Buffer scales;                     // [n] f32 per-output-channel scales (int8 modes)
     Buffer aux;                        // backend-specific extra (e.g. per-channel weight sums)
@@ -112,6 +122,7 @@ enum class Op : uint8_t {
     kGemmInt8,  // W8A16 / W8A8
     kKvCache,   // attention over a KV cache of this dtype (kv_row_elems)
     kMoe,       // the row moves of a mixture-of-experts block: gather_rows, scatter_add_rows, fill_zero
+    kGemmInt4,  // W4A16 / W4A8
 };
 std::string_view op_name(Op op);
 // Throws unless copy_columns(dst, col0, src) is in bounds on `device` (Backend::copy_columns).
@@ -247,8 +258,14 @@ public:
 
     // Prepares a linear layer from host weights w [n, k] (f32/f16/bf16, row-major).
     // kNone keeps f16/bf16 as they are (exact) or converts to the backend's preferred dtype;
-    // int8 modes quantize symmetrically per output channel.
+    // int8 modes quantize symmetrically per output channel; 4-bit modes (supports(Op::kGemmInt4)) quantize
+    // in affine groups of 32 (kernels/cpu/int4_gemm.h quantize_weights_int4), then make_linear_int4.
     virtual Linear make_linear(const View& host_w, QuantMode mode) = 0;
+    // Prepares a 4-bit linear (kW4A16 / kW4A8) from weights already in 4 bits (kernels/common/int4.h: a GGUF
+    // Q4 file's blocks, an AWQ / GPTQ checkpoint's groups), nothing rounded again; the default refuses.
+    virtual Linear make_linear_int4(const Int4Matrix& w, QuantMode mode) {
+        LATTICE_FAIL("backend {} has no 4-bit weights ({} [{}, {}])", name(), quant_mode_name(mode), w.n, w.k);
+    }
     // Prepares an int8 linear layer (kW8A16 / kW8A8) from weights already quantized symmetrically per
     // output channel: host_q i8 [n, k] row-major, host_scales f32 [n] (w ~= q * scale). Nothing is
     // quantized again: the layer equals make_linear of the float weights those came from (a converted

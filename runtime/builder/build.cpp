@@ -77,14 +77,23 @@ std::unique_ptr<Engine> make_local_engine(Model& model, const EngineOptions& opt
     return std::make_unique<Engine>(model, PipelineLinks{}, engine_opt);
 }
 
-bool checkpoint_is_quantized(const TensorSource& src) {
-    const ModelConfig& c = src.config();
-    const std::string probe =
-        c.is_moe() ? tensor_name(c, TensorRole::kExpDown, 0, 0) : tensor_name(c, TensorRole::kWDown, 0);
-    return src.has(probe) && dtype_is_block(src.info(probe).dtype);
+// A layer-0 down projection (the first expert's in a MoE model): what the checkpoint's linears are stored as.
+static std::string down_probe(const ModelConfig& c) {
+    return c.is_moe() ? tensor_name(c, TensorRole::kExpDown, 0, 0) : tensor_name(c, TensorRole::kWDown, 0);
 }
 
-QuantChoice auto_quant(const TensorSource& src, bool quant_head) {
+bool checkpoint_is_quantized(const TensorSource& src) {
+    const std::string probe = down_probe(src.config());
+    return src.has(probe) && (dtype_is_block(src.info(probe).dtype) || src.info(probe).int4_group > 0);
+}
+
+bool checkpoint_is_4bit(const TensorSource& src) {
+    const std::string probe = down_probe(src.config());
+    return src.has(probe) && src.info(probe).int4_group > 0;
+}
+
+QuantChoice auto_quant(const TensorSource& src, bool quant_head, bool int4_kernels) {
+    if (int4_kernels && checkpoint_is_4bit(src)) return {QuantMode::kW4A8, true};
     if (checkpoint_is_quantized(src)) return {QuantMode::kW8A8, true};
     return {QuantMode::kNone, quant_head};
 }
@@ -161,7 +170,7 @@ void load_draft(const BuildOptions& opt, RankRuntime& rt, EngineOptions& engine_
     b.kind = BackendKind::kCpu;
     rt.draft_backend = make_backend(b);
     ModelOptions mo;
-    const QuantChoice q = auto_quant(*src, false);
+    const QuantChoice q = auto_quant(*src, false, true);  // the draft runs on the CPU: 4-bit kernels
     mo.quant = q.quant;
     mo.quant_head = q.quant_head;
     mo.max_seq = std::min(rt.model->max_seq(), src->config().max_position);
@@ -185,7 +194,8 @@ RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const T
     if (const PreparedLayout* prepared = src.prepared()) {
         follow_prepared(opt, *prepared);
     } else if (opt.quant_auto) {
-        const QuantChoice q = auto_quant(src, opt.model.quant_head);
+        const QuantChoice q = auto_quant(src, opt.model.quant_head,
+                                         resolve_backend_kind(opt.backend.kind) == BackendKind::kCpu);
         opt.model.quant = q.quant;
         opt.model.quant_head = q.quant_head;
     }
@@ -246,6 +256,8 @@ RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const T
     if (sim) {
         const PlanQuant q = model_opt.quant == QuantMode::kW8A8    ? PlanQuant::kW8A8
                             : model_opt.quant == QuantMode::kW8A16 ? PlanQuant::kW8A16
+                            : model_opt.quant == QuantMode::kW4A8  ? PlanQuant::kW4A8
+                            : model_opt.quant == QuantMode::kW4A16 ? PlanQuant::kW4A16
                                                                    : PlanQuant::kFp16;
         engine_opt.sim = std::make_shared<SimDevice>(opt.sim, src.config().dims(), ctx.world.tp, ctx.world.pp,
                                                      ctx.world.pp_rank(), q, model_opt.max_batch_tokens);

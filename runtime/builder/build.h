@@ -111,16 +111,22 @@ RankRuntime build(const BuildOptions& opt, const TensorSource& src);
 // weights are in the backend's memory (the file mappings go with it).
 RankRuntime build(const BuildOptions& opt, const ModelSpec& spec);
 
-// True when the checkpoint's linear weights are block-quantized (GGUF Q8_0, Q4_0, Q4_1).
+// True when the checkpoint's linear weights are quantized (GGUF Q8_0, Q4_0, Q4_1; AWQ, GPTQ).
 bool checkpoint_is_quantized(const TensorSource& src);
-// --quant auto, the one rule (the builder, `lattice info` and `lattice convert` ask it): a
-// block-quantized checkpoint runs as W8A8 with an int8 LM head; any other unquantized, its LM head
-// quantized only when `quant_head` asks (which then changes nothing).
+// True when they are 4-bit (GGUF Q4_0, Q4_1; AWQ, GPTQ: TensorInfo::int4_group).
+bool checkpoint_is_4bit(const TensorSource& src);
+// --quant auto, the one rule (the builder, `lattice info` and `lattice convert` ask it): a 4-bit
+// checkpoint runs as W4A8 where 4-bit kernels exist (`int4_kernels`: the CPU backend), its blocks kept as
+// they are (W4A8 rather than W4A16: on the CPU it streams the weights at the memory's rate while W4A16
+// is compute-bound, and its NLL on the built-in model is within 0.05 nats of f32, test_smollm_nll);
+// elsewhere, and for any other block-quantized checkpoint, W8A8. Quantized checkpoints get a quantized LM
+// head (8-bit unless the file holds it in 4). Any other checkpoint runs unquantized, its LM head quantized
+// only when `quant_head` asks (which then changes nothing).
 struct QuantChoice {
     QuantMode quant = QuantMode::kNone;
     bool quant_head = false;
 };
-QuantChoice auto_quant(const TensorSource& src, bool quant_head);
+QuantChoice auto_quant(const TensorSource& src, bool quant_head, bool int4_kernels);
 
 // KV blocks for this rank from the options and the model (before the world-wide minimum).
 // Never more than max_seqs sequences of the full context can use.

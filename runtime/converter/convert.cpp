@@ -141,6 +141,9 @@ ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& 
     LATTICE_CHECK(src.prepared() == nullptr, "{} is already a converted checkpoint", src.describe());
     LATTICE_CHECK(!opt.out.empty(), "convert: no output folder given");
     LATTICE_CHECK(!opt.quant_head || opt.quant != QuantMode::kNone, "convert: --quant-head needs an int8 --quant");
+    LATTICE_CHECK(!is_int4(opt.quant), "convert: 4-bit quantization ({}) is not written by lattice convert yet; "
+                  "convert with w8a8 or w8a16, or run the checkpoint itself with --quant {}", quant_mode_name(opt.quant),
+                  quant_mode_name(opt.quant));
     check_tensor_set(src);  // what a load of the original would refuse is not converted either
     check_model_layout(cfg.dims(), opt.tp, opt.pp);
     const auto stages = stage_layer_ranges(cfg.n_layers, opt.pp, opt.pp_layers);

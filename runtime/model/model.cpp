@@ -72,6 +72,10 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
     if (opt_.quant != QuantMode::kNone)
         LATTICE_CHECK(be_.supports(Op::kGemmInt8, DType::kI8), "backend {} does not support quantization {}",
                       be_.name(), quant_mode_name(opt_.quant));
+    if (is_int4(opt_.quant))  // (a 4-bit run's LM head may be int8: rank_weights.h)
+        LATTICE_CHECK(be_.supports(Op::kGemmInt4, DType::kU8),
+                      "backend {} has no 4-bit kernels for quantization {} (run it on the CPU backend, or use w8a8)",
+                      be_.name(), quant_mode_name(opt_.quant));
     // Every tensor needed is there with its shape, and nothing is left unused; a converted checkpoint
     // holds rank-local names instead, which RankWeights checks against the rank's plan.
     if (!src.prepared()) check_tensor_set(src);
@@ -117,6 +121,7 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
 Model::~Model() = default;
 
 Linear Model::make_linear(HostTensor& w, QuantMode mode) {
+    if (w.int4()) return be_.make_linear_int4(w.q4.matrix(), mode);
     if (w.dtype == DType::kI8) return be_.make_linear_int8(w.view(), w.scales_view(), mode);
     return be_.make_linear(w.view(), mode);
 }

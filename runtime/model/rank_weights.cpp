@@ -20,7 +20,6 @@ DType keep_dtype(DType t) {
     return (t == DType::kF32 || t == DType::kF16 || t == DType::kBF16) ? t : DType::kF32;
 }
 
-
 // Rows of several host tensors stacked (q | k | v, gate | up); mixed dtypes widen to f32.
 HostTensor concat_rows(std::vector<HostTensor>& parts) {
     DType dt = parts[0].dtype;
@@ -40,6 +39,31 @@ HostTensor concat_rows(std::vector<HostTensor>& parts) {
         p.data = {};  // keep the peak near one fused tensor plus one part
     }
     return out;
+}
+
+// 4-bit parts stacked by rows (q | k | v, gate | up): the planner gave them one group and kind; an act-order
+// permutation (the input channels' order) must be the same for all, as it is when one input Hessian ordered
+// them (GPTQ).
+Int4Weights concat_int4(std::vector<Int4Weights>& parts, const std::string& name) {
+    Int4Weights out = std::move(parts[0]);
+    for (size_t i = 1; i < parts.size(); ++i) {
+        Int4Weights& p = parts[i];
+        LATTICE_CHECK(p.k == out.k && p.group == out.group && p.kind == out.kind && p.perm == out.perm,
+                      "\"{}\": its 4-bit parts differ in columns, group, kind or act-order permutation (g_idx), so "
+                      "they cannot be fused; run with --quant w8a8 or w8a16",
+                      name);
+        out.n += p.n;
+        out.qs.insert(out.qs.end(), p.qs.begin(), p.qs.end());
+        out.d.insert(out.d.end(), p.d.begin(), p.d.end());
+        out.m.insert(out.m.end(), p.m.begin(), p.m.end());
+        out.z.insert(out.z.end(), p.z.begin(), p.z.end());
+        p = Int4Weights{};
+    }
+    return out;
+}
+
+int64_t int4_bytes(const Int4Weights& w) {
+    return int64_t(w.qs.size() + 2 * (w.d.size() + w.m.size()) + w.z.size() + 4 * w.perm.size());
 }
 
 }  // namespace
@@ -102,13 +126,52 @@ RankWeights::RankWeights(const TensorSource& src, const ModelOptions& opt) : src
 void RankWeights::plan_original() {
     const ModelConfig& c = src_.config();
     const int64_t H = c.hidden;
-    auto check_role = [&](TensorRole role, int64_t layer, int64_t expert = -1) {
+    // The tensor's dtype as stored (checked against the config's shape first).
+    auto stored = [&](TensorRole role, int64_t layer, int64_t expert = -1) {
         const std::string name = tensor_name(c, role, layer, expert);
         const std::vector<int64_t> expect = tensor_shape(c, role);
         const TensorInfo& ti = src_.info(name);
         LATTICE_CHECK(ti.shape == expect, "{}: tensor \"{}\" has shape {}, expected {} from the config", ti.file, name,
                       shape_string(ti.shape), shape_string(expect));
-        return keep_dtype(ti.dtype);
+        return ti.dtype;
+    };
+    auto check_role = [&](TensorRole role, int64_t layer, int64_t expert = -1) {
+        return keep_dtype(stored(role, layer, expert));
+    };
+    // A linear of a 4-bit run whose parts are all stored in 4 bits alike (group, kind, act-order or not) is
+    // read in its 4-bit form (read_int4: nothing dequantized or rounded again); any other linear as float
+    // (kept, or widened to f32 when parts differ or SmoothQuant is folded in), which the backend quantizes.
+    auto plan_linear = [&](RankTensor& t, std::initializer_list<TensorRole> roles, int64_t layer, bool folded) {
+        const TensorInfo& first = src_.info(tensor_name(c, *roles.begin(), layer, t.expert));
+        bool same_kept = true, int4 = first.int4_group > 0 && !folded && is_int4(t.mode);
+        for (TensorRole r : roles) {
+            stored(r, layer, t.expert);
+            const TensorInfo& ti = src_.info(tensor_name(c, r, layer, t.expert));
+            same_kept &= keep_dtype(ti.dtype) == keep_dtype(first.dtype);
+            int4 &=
+                ti.int4_group == first.int4_group && ti.int4_kind == first.int4_kind && ti.int4_perm == first.int4_perm;
+        }
+        t.int4 = int4;
+        t.int4_group = int4 ? first.int4_group : 0;
+        t.int4_kind = first.int4_kind;
+        t.dtype = int4 ? DType::kU8 : same_kept && !folded ? keep_dtype(first.dtype) : DType::kF32;
+    };
+    // A row-parallel linear's column slice must keep whole blocks of a block-quantized tensor and, read in 4
+    // bits, whole groups (and all of an act-order tensor's columns).
+    auto check_column_split = [&](const RankTensor& t, TensorRole role, int64_t layer, int64_t col0, int64_t cols) {
+        const std::string name = tensor_name(c, role, layer, t.expert);
+        const TensorInfo& ti = src_.info(name);
+        const int64_t g = std::max(dtype_block_elems(ti.dtype), t.int4 ? ti.int4_group : int64_t(1));
+        LATTICE_CHECK(g == 1 || (col0 % g == 0 && cols % g == 0),
+                      "{}: tensor \"{}\" is {} (groups of {} along its {} columns); tp {} gives rank {} columns [{}, "
+                      "{}), which cuts a group: choose a tp that splits {} columns into multiples of {}",
+                      ti.file, name, t.int4 && ti.int4_group > 1 ? "4-bit" : dtype_name(ti.dtype), g, ti.cols(),
+                      opt_.tp, opt_.tp_rank, col0, col0 + cols, ti.cols(), g);
+        LATTICE_CHECK(!t.int4 || !ti.int4_perm || cols == ti.cols(),
+                      "{}: tensor \"{}\" is 4-bit with act-order (GPTQ desc_act: its groups are spread over all {} "
+                      "columns), which tp {} would split: run it with tp 1 along this dimension, or a checkpoint "
+                      "without desc_act",
+                      ti.file, name, ti.cols(), opt_.tp);
     };
     if (!opt_.smooth_path.empty()) smooth_ = read_smooth_factors(opt_.smooth_path, H, opt_.layer_begin, opt_.layer_end);
     const bool smooth = !opt_.smooth_path.empty();
@@ -118,9 +181,15 @@ void RankWeights::plan_original() {
             case WeightRole::kEmbed:
                 t.dtype = check_role(TensorRole::kEmbed, -1);
                 break;
-            case WeightRole::kLmHead:
-                t.dtype = check_role(c.tie_embeddings ? TensorRole::kEmbed : TensorRole::kLmHead, -1);
+            case WeightRole::kLmHead: {
+                const TensorRole head = c.tie_embeddings ? TensorRole::kEmbed : TensorRole::kLmHead;
+                // A 4-bit run keeps the head at 8 bits unless the checkpoint stores it in 4 (rank_weights.h).
+                stored(head, -1);
+                if (is_int4(t.mode) && src_.info(tensor_name(c, head, -1)).int4_group == 0)
+                    t.mode = int8_counterpart(t.mode);
+                plan_linear(t, {head}, -1, false);
                 break;
+            }
             case WeightRole::kFinalNorm:
                 check_role(TensorRole::kFinalNorm, -1);
                 t.dtype = DType::kF32;
@@ -136,38 +205,31 @@ void RankWeights::plan_original() {
                 check_role(TensorRole::kBv, l);
                 t.dtype = DType::kF32;
                 break;
-            case WeightRole::kWqkv: {
-                const DType q = check_role(TensorRole::kWq, l);
-                const DType k = check_role(TensorRole::kWk, l);
-                const DType v = check_role(TensorRole::kWv, l);
-                t.dtype = (q == k && k == v && !smooth) ? q : DType::kF32;
+            case WeightRole::kWqkv:
+                plan_linear(t, {TensorRole::kWq, TensorRole::kWk, TensorRole::kWv}, l, smooth);
                 break;
-            }
             case WeightRole::kWo:
-                t.dtype = check_role(TensorRole::kWo, l);
+                plan_linear(t, {TensorRole::kWo}, l, false);
+                check_column_split(t, TensorRole::kWo, l, shard_.head0 * c.head_dim, shard_.n_heads * c.head_dim);
                 break;
-            case WeightRole::kWGateUp: {
-                const DType g = check_role(TensorRole::kWGate, l);
-                const DType u = check_role(TensorRole::kWUp, l);
-                t.dtype = (g == u && !smooth) ? g : DType::kF32;
+            case WeightRole::kWGateUp:
+                plan_linear(t, {TensorRole::kWGate, TensorRole::kWUp}, l, smooth);
                 break;
-            }
             case WeightRole::kWDown:
-                t.dtype = check_role(TensorRole::kWDown, l);
+                plan_linear(t, {TensorRole::kWDown}, l, false);
+                check_column_split(t, TensorRole::kWDown, l, shard_.ffn0, shard_.ffn);
                 break;
             case WeightRole::kRouter: {
                 const DType d = check_role(TensorRole::kRouter, l);
                 t.dtype = smooth ? DType::kF32 : d;
                 break;
             }
-            case WeightRole::kExpGateUp: {
-                const DType g = check_role(TensorRole::kExpGate, l, t.expert);
-                const DType u = check_role(TensorRole::kExpUp, l, t.expert);
-                t.dtype = (g == u && !smooth) ? g : DType::kF32;
+            case WeightRole::kExpGateUp:
+                plan_linear(t, {TensorRole::kExpGate, TensorRole::kExpUp}, l, smooth);
                 break;
-            }
             case WeightRole::kExpDown:
-                t.dtype = check_role(TensorRole::kExpDown, l, t.expert);
+                plan_linear(t, {TensorRole::kExpDown}, l, false);
+                check_column_split(t, TensorRole::kExpDown, l, shard_.ffn0, shard_.ffn);
                 break;
         }
     }
@@ -229,7 +291,7 @@ HostTensor RankWeights::read_rows(const std::string& name, int64_t row0, int64_t
     h.dtype = dtype;
     h.rows = rows;
     h.cols = cols;
-    h.data.resize(size_t(rows * cols * dtype_size(dtype)));
+    h.data.resize(size_t(dtype_bytes(dtype, rows * cols)));
     src_.read(name, row0, rows, col0, cols, dtype, h.data.data());
     bytes_read_ += dtype_bytes(src_.info(name).dtype, rows * cols);
     return h;
@@ -247,13 +309,16 @@ HostTensor RankWeights::read(const RankTensor& t) {
         h.vector = t.vector;
         return h;
     }
+    if (t.int4) return read_int4(t);
     const ModelConfig& c = src_.config();
     const int64_t H = c.hidden, hd = c.head_dim;
     const ShardShape& s = shard_;
     const int64_t l = t.layer;
+    // Parts of a linear planned as raw 4-bit blocks are read as blocks; everything else as float.
+    auto part_dtype = [&](const std::string& name) { return keep_dtype(src_.info(name).dtype); };
     auto rows_of = [&](TensorRole role, int64_t row0, int64_t rows) {
         const std::string name = tensor_name(c, role, l, t.expert);
-        return read_rows(name, row0, rows, 0, H, keep_dtype(src_.info(name).dtype));
+        return read_rows(name, row0, rows, 0, H, part_dtype(name));
     };
     // Entries [col0, col0 + n) of a 1-D tensor (a bias slice), as f32.
     auto entries_of = [&](TensorRole role, int64_t col0, int64_t n) {
@@ -307,7 +372,7 @@ HostTensor RankWeights::read(const RankTensor& t) {
         }
         case WeightRole::kWo: {
             const std::string o = tensor_name(c, TensorRole::kWo, l);
-            h = read_rows(o, 0, H, s.head0 * hd, s.n_heads * hd, keep_dtype(src_.info(o).dtype));
+            h = read_rows(o, 0, H, s.head0 * hd, s.n_heads * hd, part_dtype(o));
             break;
         }
         case WeightRole::kWGateUp: {
@@ -322,7 +387,7 @@ HostTensor RankWeights::read(const RankTensor& t) {
         case WeightRole::kExpDown: {
             const TensorRole role = t.role == WeightRole::kWDown ? TensorRole::kWDown : TensorRole::kExpDown;
             const std::string d = tensor_name(c, role, l, t.expert);
-            h = read_rows(d, 0, H, s.ffn0, s.ffn, keep_dtype(src_.info(d).dtype));
+            h = read_rows(d, 0, H, s.ffn0, s.ffn, part_dtype(d));
             break;
         }
         case WeightRole::kRouter:
@@ -347,13 +412,71 @@ HostTensor RankWeights::read(const RankTensor& t) {
     return h;
 }
 
+// A linear planned in 4 bits: the rank's slices of its parts (as read()'s float path slices them), stacked.
+HostTensor RankWeights::read_int4(const RankTensor& t) {
+    const ModelConfig& c = src_.config();
+    const int64_t H = c.hidden, hd = c.head_dim;
+    const ShardShape& s = shard_;
+    std::vector<Int4Weights> parts;
+    auto part = [&](TensorRole role, int64_t row0, int64_t rows, int64_t col0, int64_t cols) {
+        const std::string name = tensor_name(c, role, t.layer, t.expert);
+        parts.push_back(src_.read_int4(name, row0, rows, col0, cols));
+        bytes_read_ += int4_bytes(parts.back());
+    };
+    switch (t.role) {
+        case WeightRole::kEmbed:
+        case WeightRole::kLmHead:
+            part(c.tie_embeddings ? TensorRole::kEmbed : TensorRole::kLmHead, s.vocab0, s.vocab_rows, 0, H);
+            break;
+        case WeightRole::kWqkv:
+            part(TensorRole::kWq, s.head0 * hd, s.n_heads * hd, 0, H);
+            part(TensorRole::kWk, s.kv_head0 * hd, s.n_kv * hd, 0, H);
+            part(TensorRole::kWv, s.kv_head0 * hd, s.n_kv * hd, 0, H);
+            break;
+        case WeightRole::kWo:
+            part(TensorRole::kWo, 0, H, s.head0 * hd, s.n_heads * hd);
+            break;
+        case WeightRole::kWGateUp:
+            part(TensorRole::kWGate, s.ffn0, s.ffn, 0, H);
+            part(TensorRole::kWUp, s.ffn0, s.ffn, 0, H);
+            break;
+        case WeightRole::kWDown:
+            part(TensorRole::kWDown, 0, H, s.ffn0, s.ffn);
+            break;
+        case WeightRole::kExpGateUp:
+            part(TensorRole::kExpGate, s.ffn0, s.ffn, 0, H);
+            part(TensorRole::kExpUp, s.ffn0, s.ffn, 0, H);
+            break;
+        case WeightRole::kExpDown:
+            part(TensorRole::kExpDown, 0, H, s.ffn0, s.ffn);
+            break;
+        default:
+            LATTICE_FAIL("RankWeights: \"{}\" is not a linear and has no 4-bit form", t.name);
+    }
+    HostTensor h;
+    h.dtype = DType::kU8;
+    h.q4 = concat_int4(parts, t.name);
+    h.rows = h.q4.n;
+    h.cols = h.q4.k;
+    LATTICE_CHECK(h.rows == t.rows && h.cols == t.cols && h.q4.group == t.int4_group,
+                  "RankWeights: \"{}\" read as 4-bit [{}, {}] in groups of {}, planned [{}, {}] in groups of {}",
+                  t.name, h.rows, h.cols, h.q4.group, t.rows, t.cols, t.int4_group);
+    return h;
+}
+
 double RankWeights::resident_bytes(bool cuda) const {
     double w = 0;
     for (const RankTensor& t : tensors_) {
         const double n = double(t.rows) * double(t.cols);
-        if (t.is_linear() && t.mode != QuantMode::kNone)
+        if (t.is_linear() && is_int4(t.mode)) {
+            // kernels/cpu/int4_gemm.h: per channel and group G / 2 bytes of nibbles, an f16 d, and an f16 m or a
+            // zero point (+ a pad byte) except for offset8; channels padded to 16. Float weights: affine G = 32.
+            const int64_t g = t.int4 ? t.int4_group : 32;
+            const double extra = t.int4 && t.int4_kind == Int4Kind::kOffset8 ? 0 : 2;
+            w += double((t.rows + 15) / 16 * 16) * double((t.cols + g - 1) / g) * (double(g) / 2 + 2 + extra);
+        } else if (t.is_linear() && t.mode != QuantMode::kNone) {
             w += n + 8.0 * double(t.rows);
-        else
+        } else
             w += n * double(cuda && !t.vector ? 2 : dtype_size(t.dtype));
     }
     return w;

@@ -21,7 +21,16 @@
 //   model.layers.L.block_sparse_moe.experts.E.gate_up_proj.weight   [2 * ffn_local, hidden] (s folded in)
 //   model.layers.L.block_sparse_moe.experts.E.down_proj.weight      [hidden, ffn_local]
 // From an original checkpoint (HF, GGUF, random) read() slices, fuses and folds; float tensors keep
-// the checkpoint's precision (block-quantized GGUF and SmoothQuant-folded ones become f32). From a
+// the checkpoint's precision (block-quantized GGUF and SmoothQuant-folded ones become f32), except that a
+// 4-bit run (w4a8, w4a16) reads linears stored in 4 bits (GGUF Q4_0 / Q4_1, AWQ, GPTQ: TensorInfo::int4_group)
+// in that form (TensorSource::read_int4; fused parts only when all are alike), which the backend packs
+// without rounding anything again; other linears of a 4-bit run are read as float and quantized to 4 bits
+// by the backend. The LM head of a
+// 4-bit run is 4-bit only when the checkpoint stores it so, else 8-bit (w8a8 / w8a16: the head is a
+// fifth of a small model's bytes and the most sensitive matrix). A row-parallel split (o_proj,
+// down_proj under tp) must keep whole blocks of a block-quantized tensor and whole groups of one read in
+// 4 bits (an act-order one cannot be split along its columns at all); the plan refuses one that cuts a
+// group, naming the tensor and the columns. From a
 // converted checkpoint (TensorSource::prepared()) read() is a read: a linear stored as int8 comes
 // back as int8 [n, k] with its f32 scales [n] ("<name>_scale"), which the model gives the backend
 // without quantizing again. The constructor checks every tensor's presence and shape (and, for a
@@ -66,19 +75,25 @@ struct RankTensor {
     int64_t rows = 1, cols = 0;
     bool vector = false;                // 1-D [cols] (norm weights, biases)
     QuantMode mode = QuantMode::kNone;  // linears: how the layer runs
-    DType dtype = DType::kF32;          // what read() returns (i8: a converted int8 linear)
+    DType dtype = DType::kF32;          // what read() returns (i8: a converted int8 linear; u8: 4-bit, int4)
+    bool int4 = false;                  // a 4-bit run's linear read in its stored 4-bit form (HostTensor::q4)
+    int64_t int4_group = 0;             // int4: its group and kind
+    Int4Kind int4_kind = Int4Kind::kAffine;
     bool table = false;                 // kEmbed: this rank's embedding table
     bool tied_head = false;             // kEmbed: also the float LM head (tied embeddings, last stage)
     bool is_linear() const { return role == WeightRole::kLmHead || role >= WeightRole::kWqkv || tied_head; }
 };
 
-// A tensor in host memory: float [rows, cols] of `dtype`, or int8 [rows, cols] with scales [rows].
+// A tensor in host memory: float [rows, cols] of `dtype`, int8 [rows, cols] with scales [rows], or 4-bit
+// weights [rows, cols] (q4, kernels/common/int4.h; dtype u8).
 struct HostTensor {
     DType dtype = DType::kF32;
     int64_t rows = 0, cols = 0;
     bool vector = false;
     std::vector<uint8_t> data;
     std::vector<float> scales;  // [rows] when dtype == kI8
+    Int4Weights q4;             // 4-bit weights (RankTensor::int4)
+    bool int4() const { return !q4.qs.empty(); }
     View view() {
         return vector ? View::contiguous(data.data(), dtype, {cols})
                       : View::contiguous(data.data(), dtype, {rows, cols});
@@ -95,12 +110,14 @@ public:
     // Bytes of checkpoint tensor data read so far (in the checkpoint's own encoding).
     int64_t bytes_read() const { return bytes_read_; }
     // Bytes these tensors take once loaded: int8 linears one byte per weight plus an f32 scale and
-    // column sum per output channel; float tensors in the checkpoint's precision on the CPU, 16-bit
+    // column sum per output channel; 4-bit linears 18 (q4_0) or 20 bytes per 32 weights, channels padded to
+    // 16 (kernels/cpu/int4_gemm.h); float tensors in the checkpoint's precision on the CPU, 16-bit
     // matrices with `cuda` (launch's `info` prints it; the planner's estimate is checked against it).
     double resident_bytes(bool cuda) const;
 
 private:
     HostTensor read_rows(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType dtype);
+    HostTensor read_int4(const RankTensor& t);
     void plan_original();
     void plan_prepared();
     const std::vector<float>* smooth_of(int64_t layer, int which) const;

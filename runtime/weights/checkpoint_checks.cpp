@@ -119,6 +119,10 @@ int64_t first_non_finite(const void* data, DType t, int64_t n) {
     }
 }
 
+Int4Weights TensorSource::read_int4(const std::string& name, int64_t, int64_t, int64_t, int64_t) const {
+    LATTICE_FAIL("{}: tensor \"{}\" is not stored in 4 bits", describe(), name);
+}
+
 void check_slice(const TensorInfo& info, int64_t row0, int64_t rows, int64_t col0, int64_t cols) {
     const int64_t R = info.rows(), C = info.cols();
     LATTICE_CHECK(row0 >= 0 && rows >= 0 && row0 <= R - rows && col0 >= 0 && cols >= 0 && col0 <= C - cols,

@@ -55,6 +55,14 @@ void dequant_q4_1(const uint8_t* blocks, float* out, int64_t n) {
     }
 }
 
+int64_t first_non_finite_block(const uint8_t* blocks, DType t, int64_t n) {
+    const int64_t bytes = dtype_block_bytes(t), halves = t == DType::kQ4_1 ? 2 : 1;
+    for (int64_t b = 0; b < n; ++b)
+        for (int64_t i = 0; i < halves; ++i)
+            if ((load_u16(blocks + b * bytes + 2 * i) & 0x7C00) == 0x7C00) return b;  // f16 exponent all ones
+    return -1;
+}
+
 void convert_row_slice(const void* row, DType src_t, int64_t col0, int64_t cols, void* dst, DType dst_t) {
     LATTICE_CHECK(col0 >= 0 && cols >= 0, "convert_row_slice: negative range [{}, +{})", col0, cols);
     LATTICE_CHECK(dst_t == DType::kF32 || dst_t == DType::kF16 || dst_t == DType::kBF16,

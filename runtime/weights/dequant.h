@@ -18,6 +18,9 @@ void dequant_q8_0(const uint8_t* blocks, float* out, int64_t n);
 void dequant_q4_0(const uint8_t* blocks, float* out, int64_t n);
 void dequant_q4_1(const uint8_t* blocks, float* out, int64_t n);
 
+// Index of the first of `n` blocks whose f16 scale (or Q4_1 minimum) is not finite, -1 when all are.
+int64_t first_non_finite_block(const uint8_t* blocks, DType t, int64_t n);
+
 // Converts elements [col0, col0 + cols) of one row of `src_t` (whose first element is at `row`)
 // into dst as dst_t (f32, f16 or bf16). Block types need col0 and cols multiples of 32.
 // Throws Error on an unsupported pair or misaligned block slice.

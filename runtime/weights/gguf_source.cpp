@@ -156,6 +156,10 @@ public:
             info.file = path;
             TensorRole role{};
             hf_role_of(arch, hf, &role);
+            if (t.dtype == DType::kQ4_0 || t.dtype == DType::kQ4_1) {
+                info.int4_group = 32;
+                info.int4_kind = t.dtype == DType::kQ4_0 ? Int4Kind::kOffset8 : Int4Kind::kAffine;
+            }
             // llama.cpp interleaves the q/k weight rows of the families whose rope it runs in pair order.
             const bool q = arch.gguf_qk_interleaved && role == TensorRole::kWq;
             const bool k = arch.gguf_qk_interleaved && role == TensorRole::kWk;
@@ -187,9 +191,11 @@ public:
             row0 >= 0 && rows >= 0 && row0 <= n_rows - rows && col0 >= 0 && cols >= 0 && col0 <= n_cols - cols,
             "{}: read of tensor \"{}\" rows [{}, +{}) cols [{}, +{}) outside its [{}, {}]", file_->path(), name, row0,
             rows, col0, cols, n_rows, n_cols);
-        LATTICE_CHECK(out_dtype == DType::kF32 || out_dtype == DType::kF16 || out_dtype == DType::kBF16,
-                      "{}: tensor \"{}\": output dtype {} unsupported (f32, f16, bf16)", file_->path(), name,
-                      dtype_name(out_dtype));
+        // The tensor's own block type: its raw blocks (a 4-bit run repacks them, runtime/model/rank_weights.h).
+        const bool raw = dtype_is_block(out_dtype) && out_dtype == e.info.dtype;
+        LATTICE_CHECK(raw || out_dtype == DType::kF32 || out_dtype == DType::kF16 || out_dtype == DType::kBF16,
+                      "{}: tensor \"{}\" ({}): output dtype {} unsupported (f32, f16, bf16, or its own block type)",
+                      file_->path(), name, dtype_name(e.info.dtype), dtype_name(out_dtype));
         if (dtype_is_block(e.info.dtype))
             LATTICE_CHECK(col0 % 32 == 0 && cols % 32 == 0,
                           "{}: tensor \"{}\" is {}: column slice [{}, +{}) must be 32-aligned", file_->path(), name,
@@ -197,7 +203,7 @@ public:
         const int64_t row_bytes = dtype_bytes(e.info.dtype, n_cols);
         const uint8_t* base = file_->tensor_data(*e.tensor) + e.row_base * row_bytes;
         auto* out = static_cast<uint8_t*>(dst);
-        const int64_t out_row_bytes = cols * dtype_size(out_dtype);
+        const int64_t out_row_bytes = dtype_bytes(out_dtype, cols);
         const bool qk = e.qk_heads > 0;
         const int64_t hd = config_.head_dim;
         if (qk)
@@ -206,6 +212,14 @@ public:
                           name, row0, rows, hd);
         for (int64_t r = 0; r < rows; ++r) {
             uint8_t* o = out + r * out_row_bytes;
+            if (raw) {
+                std::memcpy(o, base + (row0 + r) * row_bytes + dtype_bytes(out_dtype, col0), size_t(out_row_bytes));
+                if (const int64_t b = first_non_finite_block(o, out_dtype, cols / 32); b >= 0) [[unlikely]]
+                    LATTICE_FAIL("{}: tensor \"{}\" ({}): block of row {} columns [{}, {}) has a non-finite scale",
+                                 file_->path(), e.tensor->name, dtype_name(out_dtype), row0 + r, col0 + 32 * b,
+                                 col0 + 32 * b + 32);
+                continue;
+            }
             convert_row_slice(base + (row0 + r) * row_bytes, e.info.dtype, col0, cols, o, out_dtype);
             // Row numbers as stored (q/k rows before un-permuting), so the message names the GGUF tensor.
             if (first_non_finite(o, out_dtype, cols) >= 0) [[unlikely]] {
@@ -215,6 +229,26 @@ public:
             }
         }
         if (qk) unpermute_qk_rows_bytes(dst, rows / hd, hd, out_row_bytes);
+    }
+    // Q4_0 / Q4_1 blocks as 4-bit weights in groups of 32: the blocks' nibbles, f16 d (and m) copied, so every
+    // value is the block's own (the raw read un-permutes q/k rows like the float read).
+    Int4Weights read_int4(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
+                          int64_t cols) const override {
+        const Entry& e = entry(name);
+        const DType t = e.info.dtype;
+        LATTICE_CHECK(e.info.int4_group > 0, "{}: tensor \"{}\" is {}, not 4-bit", file_->path(), name, dtype_name(t));
+        std::vector<uint8_t> raw(size_t(dtype_bytes(t, rows * cols)));
+        read(name, row0, rows, col0, cols, t, raw.data());
+        const bool q4_1 = t == DType::kQ4_1;
+        Int4Weights w(rows, cols, 32, q4_1 ? Int4Kind::kAffine : Int4Kind::kOffset8);
+        const int64_t nb = rows * (cols / 32), bytes = dtype_block_bytes(t), head = q4_1 ? 4 : 2;
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t* blk = raw.data() + b * bytes;
+            std::memcpy(&w.d[size_t(b)], blk, 2);
+            if (q4_1) std::memcpy(&w.m[size_t(b)], blk + 2, 2);
+            std::memcpy(&w.qs[size_t(b * 16)], blk + head, 16);
+        }
+        return w;
     }
     std::vector<float> rope_freq_factors() const override { return freq_factors_; }
     std::vector<std::string> tensor_names() const override {

@@ -1,20 +1,22 @@
 // TensorSource over a Hugging Face checkpoint directory: config.json plus model.safetensors, or the
 // shards named by model.safetensors.index.json. Files stay mapped while the source lives; the model
 // copies (and converts) what it keeps, then drops the source. open_model() picks the format.
-#include "runtime/weights/converted_source.h"
-#include "runtime/weights/safetensors.h"
-#include "runtime/weights/tensor_source.h"
+// An AWQ / GPTQ checkpoint (quantization_config) shows each packed linear as "<P>.weight", a 4-bit tensor
+// (TensorInfo::int4_group; read_int4 gives it, read() dequantizes it): runtime/weights/hf_int4.h.
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
 
 #include "base/error.h"
 #include "base/file.h"
 #include "base/json_limits.h"
-
-#include <nlohmann/json.hpp>
-
-#include <filesystem>
-#include <map>
-#include <memory>
-#include <set>
+#include "runtime/arch/architecture.h"
+#include "runtime/weights/converted_source.h"
+#include "runtime/weights/hf_int4.h"
+#include "runtime/weights/safetensors.h"
+#include "runtime/weights/tensor_source.h"
 
 namespace lattice {
 
@@ -30,6 +32,8 @@ class HfSource final : public TensorSource {
 public:
     explicit HfSource(const std::string& dir) : dir_(dir) {
         config_ = load_hf_config(join(dir, "config.json"));
+        quant_ = parse_hf_quant_config(read_regular_file(join(dir, "config.json"), kMaxIndexBytes, "config file"),
+                                       join(dir, "config.json"));
         const std::string index = join(dir, "model.safetensors.index.json");
         const std::string single = join(dir, "model.safetensors");
         if (path_kind(index, "index") != PathKind::kMissing) {
@@ -40,15 +44,26 @@ public:
             files_.push_back(std::make_unique<SafetensorsFile>(single));
             for (const auto& [name, e] : files_[0]->entries()) add(name, 0, e);
         }
+        collect_int4();
     }
 
     const ModelConfig& config() const override { return config_; }
-    bool has(const std::string& name) const override { return tensors_.count(name) != 0; }
-    const TensorInfo& info(const std::string& name) const override { return at(name).info; }
+    bool has(const std::string& name) const override { return tensors_.count(name) != 0 || int4_.count(name) != 0; }
+    const TensorInfo& info(const std::string& name) const override {
+        auto it = int4_.find(name);
+        return it != int4_.end() ? it->second.info : at(name).info;
+    }
     std::vector<std::string> tensor_names() const override {
         std::vector<std::string> out;
         for (const auto& [n, t] : tensors_) out.push_back(n);
+        for (const auto& [n, t] : int4_) out.push_back(n);
         return out;
+    }
+    Int4Weights read_int4(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
+                          int64_t cols) const override {
+        auto it = int4_.find(name);
+        LATTICE_CHECK(it != int4_.end(), "{}: tensor \"{}\" is not stored in 4 bits", dir_, name);
+        return it->second.linear.read_int4(row0, rows, col0, cols);
     }
     std::string describe() const override { return dir_ + " (safetensors, " + std::to_string(files_.size()) + " file(s))"; }
     void release_pages() const override {
@@ -57,11 +72,18 @@ public:
     int64_t total_bytes() const override {
         int64_t b = 0;
         for (const auto& [n, t] : tensors_) b += t.entry->end - t.entry->begin;
+        for (const auto& [n, t] : int4_) b += t.linear.stored_bytes();
         return b;
     }
 
     void read(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType out_dtype,
               void* dst) const override {
+        if (auto it = int4_.find(name); it != int4_.end()) {  // AWQ / GPTQ: dequantized
+            std::vector<float> f(size_t(rows * cols));
+            it->second.linear.read_f32(row0, rows, col0, cols, f.data());
+            convert_elements(f.data(), DType::kF32, dst, out_dtype, rows * cols);
+            return;
+        }
         const Tensor& t = at(name);
         check_slice(t.info, row0, rows, col0, cols);
         const int64_t C = t.info.cols();
@@ -90,8 +112,11 @@ private:
     }
 
     void add(const std::string& name, int file, const SafetensorsEntry& e) {
+        LATTICE_CHECK(quant_ || !name.ends_with(".qweight"),
+                      "{}: tensor \"{}\" is packed 4-bit (AWQ / GPTQ) but config.json has no quantization_config",
+                      files_[size_t(file)]->path(), name);
         LATTICE_CHECK(e.dtype == DType::kF32 || e.dtype == DType::kF16 || e.dtype == DType::kBF16 ||
-                          name.find("weight") == std::string::npos,
+                          name.find("weight") == std::string::npos || (quant_ && name.ends_with(".qweight")),
                       "{}: tensor \"{}\" has dtype {}; weights must be f32, f16 or bf16", files_[size_t(file)]->path(),
                       name, dtype_name(e.dtype));
         Tensor t;
@@ -139,8 +164,60 @@ private:
         }
     }
 
+    // AWQ / GPTQ: every "<P>.qweight" with its qzeros, scales (and g_idx) becomes the 4-bit linear "<P>.weight"
+    // (hf_int4.h); its parts leave the tensor list, and so does an all-zero "<P>.bias" the family has no use for
+    // (AutoGPTQ writes one for every linear).
+    void collect_int4() {
+        std::vector<std::string> prefixes;
+        for (const auto& [name, t] : tensors_)
+            if (name.ends_with(".qweight")) prefixes.push_back(name.substr(0, name.size() - 8));
+        if (!quant_) return;  // (add() refused any .qweight then)
+        const bool qkv_bias = architecture_of(config_).qkv_bias;
+        for (const std::string& p : prefixes) {
+            auto part = [&](const char* suffix) {
+                auto it = tensors_.find(p + suffix);
+                if (it == tensors_.end()) return HfInt4Linear::Part{};
+                const Tensor& t = it->second;
+                return HfInt4Linear::Part{t.entry, files_[size_t(t.file)]->bytes(*t.entry), t.info.file};
+            };
+            const std::string name = p + ".weight";
+            LATTICE_CHECK(tensors_.count(name) == 0, "{}: \"{}\" is stored both as float and as 4-bit (.qweight)", dir_,
+                          name);
+            HfInt4Linear lin(*quant_, name, part(".qweight"), part(".qzeros"), part(".scales"), part(".g_idx"));
+            TensorInfo info;
+            info.name = name;
+            info.dtype = DType::kU8;
+            info.shape = {lin.n(), lin.k()};
+            info.file = tensors_.at(p + ".qweight").info.file;
+            info.int4_group = quant_->group;
+            info.int4_kind = Int4Kind::kZeroPoint;
+            info.int4_perm = lin.permuted();
+            for (const char* suffix : {".qweight", ".qzeros", ".scales", ".g_idx"}) tensors_.erase(p + suffix);
+            int4_.emplace(name, Int4Tensor{std::move(info), std::move(lin)});
+            const bool wanted_bias =
+                qkv_bias && (p.ends_with(".q_proj") || p.ends_with(".k_proj") || p.ends_with(".v_proj"));
+            if (auto b = tensors_.find(p + ".bias"); b != tensors_.end() && !wanted_bias && all_zero(b->second))
+                tensors_.erase(b);
+        }
+    }
+
+    bool all_zero(const Tensor& t) const {
+        const uint8_t* d = files_[size_t(t.file)]->bytes(*t.entry);
+        const int64_t n = t.entry->end - t.entry->begin;
+        for (int64_t i = 0; i < n; ++i)  // +0.0 and -0.0 of any float type: all bits zero but the signs
+            if (d[i] != 0 && !(d[i] == 0x80 && (i + 1) % dtype_size(t.info.dtype) == 0)) return false;
+        return true;
+    }
+
+    struct Int4Tensor {
+        TensorInfo info;
+        HfInt4Linear linear;
+    };
+
     std::string dir_;
     ModelConfig config_;
+    std::optional<HfQuantConfig> quant_;
+    std::map<std::string, Int4Tensor> int4_;
     std::vector<std::unique_ptr<SafetensorsFile>> files_;
     std::map<std::string, Tensor> tensors_;
 };

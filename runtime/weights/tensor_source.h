@@ -6,6 +6,7 @@
 #pragma once
 
 #include "base/dtype.h"
+#include "kernels/common/int4.h"
 #include "parallel/world_config.h"
 #include "runtime/arch/config.h"
 
@@ -25,9 +26,14 @@ inline std::string shape_string(const std::vector<int64_t>& shape) {
 
 struct TensorInfo {
     std::string name;  // canonical HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
-    DType dtype = DType::kF32;
+    DType dtype = DType::kF32;   // as stored (a 4-bit AWQ / GPTQ linear: u8, see int4_group)
     std::vector<int64_t> shape;  // HF order, outermost first
     std::string file;            // file holding it (for error messages)
+    // > 0: a linear stored in 4 bits in groups of this many columns (GGUF Q4_0 / Q4_1, AWQ, GPTQ), which
+    // read_int4 gives without dequantizing; its kind, and whether its columns carry an act-order permutation.
+    int64_t int4_group = 0;
+    Int4Kind int4_kind = Int4Kind::kAffine;
+    bool int4_perm = false;
     int64_t rows() const { return shape.size() >= 2 ? shape[0] : 1; }
     int64_t cols() const { return shape.empty() ? 1 : shape.back(); }
 };
@@ -62,9 +68,16 @@ public:
     virtual bool has(const std::string& name) const = 0;
     virtual const TensorInfo& info(const std::string& name) const = 0;  // throws Error if missing
     // Converts the slice to `out_dtype` (f32, f16 or bf16) into dst, row-major [rows, cols].
-    // Block-quantized tensors need col0 and cols to be multiples of 32.
+    // Block-quantized tensors need col0 and cols to be multiples of 32; a GGUF source also gives them as
+    // they are when `out_dtype` is the tensor's own block type (rows of whole blocks, scales checked finite).
     virtual void read(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols,
                       DType out_dtype, void* dst) const = 0;
+    // The 4-bit form (kernels/common/int4.h) of rows [row0, row0 + rows) x columns [col0, col0 + cols) of a
+    // tensor with info().int4_group > 0: nibbles, f16 scales, zero points or minimums as stored, nothing
+    // dequantized. col0 and cols must be multiples of the group, and a tensor with an act-order permutation
+    // can only be read whole along its columns; a slice that breaks either is an Error naming the tensor.
+    virtual Int4Weights read_int4(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
+                                  int64_t cols) const;
     // Optional per-pair rope frequency divisors (GGUF rope_freqs.weight), empty if none.
     virtual std::vector<float> rope_freq_factors() const { return {}; }
     virtual std::string describe() const = 0;  // path and format, for logs and errors

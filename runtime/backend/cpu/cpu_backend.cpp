@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/gemm_f32.h"
 #include "kernels/cpu/huge_pages.h"
+#include "kernels/cpu/int4_gemm.h"
 #include "kernels/cpu/int8_gemm.h"
 #include "base/convert.h"
 #include "kernels/cpu/ops.h"
@@ -46,6 +47,8 @@ bool CpuBackend::supports(Op op, DType dtype) const {
         case Op::kGemmInt8: return dtype == DType::kI8;
         case Op::kKvCache:
             return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16 || dtype == DType::kI8;
+        case Op::kGemmInt4:
+            return dtype == DType::kU8;  // 4-bit weights (Linear::weight_dtype u8)
         default: return dtype == DType::kF32;
     }
 }
@@ -215,8 +218,9 @@ void CpuBackend::select_tokens(const View& logits, std::span<const TokenSelect> 
 Linear CpuBackend::make_linear(const View& w, QuantMode mode) {
     LATTICE_CHECK(w.ndim == 2 && w.is_contiguous(), "make_linear: expected a contiguous [n, k] weight, got {}",
                   w.shape_str());
+    if (is_int4(mode)) return make_linear_float_int4(w, mode);
     LATTICE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16,
-                  "make_linear: weight dtype {} unsupported", dtype_name(w.dtype));
+                  "make_linear: weight dtype {} unsupported for quant {}", dtype_name(w.dtype), quant_mode_name(mode));
     const int64_t n = w.dim(0), k = w.dim(1);
     if (mode != QuantMode::kNone) {
         // Symmetric per-output-channel int8, then the same packing a pre-quantized layer gets.
@@ -239,11 +243,39 @@ Linear CpuBackend::make_linear(const View& w, QuantMode mode) {
     return l;
 }
 
+// 4-bit from float weights: affine groups of 32 (Q4_1's form), then the packing a 4-bit checkpoint's gets.
+Linear CpuBackend::make_linear_float_int4(const View& w, QuantMode mode) {
+    LATTICE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16,
+                  "make_linear: {} weights cannot be quantized to {} (f32, f16 or bf16)", dtype_name(w.dtype),
+                  quant_mode_name(mode));
+    const int64_t n = w.dim(0), k = w.dim(1);
+    std::vector<float> wf(static_cast<size_t>(w.numel()));
+    convert_elements(w.data, w.dtype, wf.data(), DType::kF32, w.numel());
+    const Int4Weights q = quantize_weights_int4(wf.data(), n, k, kInt4Block);
+    wf = {};
+    return make_linear_int4(q.matrix(), mode);
+}
+
+// Packed once for the kernels (kernels/cpu/int4_gemm.h); the caller's unpacked copy can go.
+Linear CpuBackend::make_linear_int4(const Int4Matrix& w, QuantMode mode) {
+    LATTICE_CHECK(is_int4(mode), "make_linear_int4: quant mode {} has no 4-bit weights", quant_mode_name(mode));
+    Linear l;
+    l.n = w.n;
+    l.k = w.k;
+    l.mode = mode;
+    l.weight_dtype = DType::kU8;
+    auto packed = std::make_shared<PackedInt4>(pack_int4_weights(w, detect_isa()));
+    l.prepared_bytes = packed->bytes() + int64_t(packed->perm.size() * sizeof(int32_t));
+    l.prepared = std::move(packed);
+    return l;
+}
+
 Linear CpuBackend::make_linear_int8(const View& q, const View& scales, QuantMode mode) {
     LATTICE_CHECK(q.ndim == 2 && q.is_contiguous() && q.dtype == DType::kI8 && q.device == Device::kCpu,
                   "make_linear_int8: expected contiguous host i8 [n, k] weights, got {} {}", dtype_name(q.dtype),
                   q.shape_str());
-    LATTICE_CHECK(mode != QuantMode::kNone, "make_linear_int8: quant mode none has no int8 weights");
+    LATTICE_CHECK(mode == QuantMode::kW8A8 || mode == QuantMode::kW8A16, "make_linear_int8: quant mode {} has no int8 "
+                  "weights", quant_mode_name(mode));
     Linear l;
     l.n = q.dim(0);
     l.k = q.dim(1);
@@ -421,6 +453,14 @@ void CpuBackend::linear(const View& out, const View& x, const Linear& w) {
         case QuantMode::kW8A16:
             gemm_w8a16(x.ptr<float>(), x.rows(), w.k, *static_cast<const PackedInt8*>(w.prepared.get()),
                        w.scales.ptr<float>(), out.ptr<float>(), *pool_);
+            break;
+        case QuantMode::kW4A8:
+            gemm_w4a8(x.ptr<float>(), x.rows(), w.k, *static_cast<const PackedInt4*>(w.prepared.get()),
+                      out.ptr<float>(), *pool_);
+            break;
+        case QuantMode::kW4A16:
+            gemm_w4a16(x.ptr<float>(), x.rows(), w.k, *static_cast<const PackedInt4*>(w.prepared.get()),
+                       out.ptr<float>(), *pool_);
             break;
     }
 }

@@ -1,6 +1,7 @@
 // CpuBackend: the Backend on host memory, fp32 activations, forwarding to kernels/cpu.
 // Float weights keep their checkpoint precision (f32/f16/bf16: widening is exact, bandwidth is
-// what decode pays for); int8 weights are packed once at load for the SIMD INT8 kernels.
+// what decode pays for); int8 and 4-bit weights are packed once at load for the SIMD kernels
+// (kernels/cpu/int8_gemm.h, int4_gemm.h).
 // Memory is 64-byte aligned anonymous memory (never a file mapping), optionally mlock'ed.
 #pragma once
 
@@ -57,6 +58,7 @@ public:
 
     Linear make_linear(const View& host_w, QuantMode mode) override;
     Linear make_linear_int8(const View& host_q, const View& host_scales, QuantMode mode) override;
+    Linear make_linear_int4(const Int4Matrix& w, QuantMode mode) override;
     Buffer make_f32(const View& host) override;
     Buffer make_table(const View& host) override;
 
@@ -86,6 +88,7 @@ public:
 private:
     static constexpr size_t kMapBytes = kHugePageBytes;  // allocations from here on are mapped (map_huge)
     Buffer alloc_bytes(DType dtype, View view_shape, bool huge_pages = true);
+    Linear make_linear_float_int4(const View& w, QuantMode mode);
     std::unique_ptr<ThreadPool> pool_;
     bool mlock_ = false;
     bool select_tokens_ = false;

@@ -1,5 +1,6 @@
 // Helpers for the quantization tests: a TensorSource wrapper that plants an activation outlier
-// (one hidden channel of every input/post-attention norm weight scaled), pseudo-random token ids,
+// (one hidden channel of every input/post-attention norm weight scaled), wrappers that serve the layer
+// matrices rounded through the int8 and the 4-bit schemes, pseudo-random token ids,
 // and a one-call "load this source with these options and score these prompts".
 #pragma once
 
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "kernels/common/quantize.h"
+#include "kernels/cpu/int4_gemm.h"
 #include "runtime/arch/architecture.h"
 #include "runtime/backend/cpu/cpu_backend.h"
 #include "runtime/builder/build.h"
@@ -46,6 +48,26 @@ private:
     int64_t channel_;
     float factor_;
 };
+
+// The matrices the engine quantizes: the table's layer linears (a MoE family's experts too), not
+// the router, which stays float.
+inline bool quantized_layer_matrix(const ModelConfig& c, const std::string& n) {
+    TensorRole role{};
+    if (hf_layer_of(n) < 0 || !hf_role_of(architecture_of(c), n, &role)) return false;
+    switch (role) {
+        case TensorRole::kWq:
+        case TensorRole::kWk:
+        case TensorRole::kWv:
+        case TensorRole::kWo:
+        case TensorRole::kWGate:
+        case TensorRole::kWUp:
+        case TensorRole::kWDown:
+        case TensorRole::kExpGate:
+        case TensorRole::kExpUp:
+        case TensorRole::kExpDown: return true;
+        default: return false;
+    }
+}
 
 // Delegates to `inner`; the layer matrices (q k v o gate up down, and a MoE family's experts) are
 // served as f32 after a round trip through the engine's int8 weight scheme (per output row:
@@ -85,25 +107,48 @@ public:
     int64_t total_bytes() const override { return inner_->total_bytes(); }
 
 private:
-    // The matrices the engine quantizes: the table's layer linears (a MoE family's experts too), not
-    // the router, which stays float.
-    bool is_layer_matrix(const std::string& n) const {
-        TensorRole role{};
-        if (hf_layer_of(n) < 0 || !hf_role_of(architecture_of(inner_->config()), n, &role)) return false;
-        switch (role) {
-            case TensorRole::kWq:
-            case TensorRole::kWk:
-            case TensorRole::kWv:
-            case TensorRole::kWo:
-            case TensorRole::kWGate:
-            case TensorRole::kWUp:
-            case TensorRole::kWDown:
-            case TensorRole::kExpGate:
-            case TensorRole::kExpUp:
-            case TensorRole::kExpDown: return true;
-            default: return false;
+    bool is_layer_matrix(const std::string& n) const { return quantized_layer_matrix(inner_->config(), n); }
+    std::unique_ptr<TensorSource> inner_;
+    mutable std::map<std::string, TensorInfo> infos_;
+};
+
+// Delegates to `inner`; the layer matrices (q k v o gate up down, a MoE family's experts) are served as
+// f32 after a round trip through the 4-bit scheme a backend applies to float weights (kernels/cpu/int4_gemm.h quantize_weights_int4:
+// affine groups of 32 along each row of the slice read, from its first column, as the backend gets the
+// slice), so an fp32 run of this source at a layout computes with exactly the dequantized weights a W4A16
+// or W4A8 run of `inner` at that layout holds, with float GEMMs and float activations.
+class FakeInt4Source final : public TensorSource {
+public:
+    explicit FakeInt4Source(std::unique_ptr<TensorSource> inner) : inner_(std::move(inner)) {}
+    const ModelConfig& config() const override { return inner_->config(); }
+    bool has(const std::string& n) const override { return inner_->has(n); }
+    const TensorInfo& info(const std::string& n) const override {
+        if (!is_layer_matrix(n)) return inner_->info(n);
+        auto it = infos_.find(n);
+        if (it == infos_.end()) {
+            TensorInfo ti = inner_->info(n);
+            ti.dtype = DType::kF32;
+            it = infos_.emplace(n, ti).first;
         }
+        return it->second;
     }
+    void read(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType out,
+              void* dst) const override {
+        if (!is_layer_matrix(name)) return inner_->read(name, row0, rows, col0, cols, out, dst);
+        LATTICE_CHECK(out == DType::kF32, "FakeInt4Source: {} read as {}", name, dtype_name(out));
+        std::vector<float> w(static_cast<size_t>(rows * cols));
+        inner_->read(name, row0, rows, col0, cols, DType::kF32, w.data());
+        const Int4Weights q = quantize_weights_int4(w.data(), rows, cols, kInt4Block);
+        const Int4Matrix m = q.matrix();
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < cols; ++c) static_cast<float*>(dst)[r * cols + c] = int4_value(m, r, c);
+    }
+    std::vector<float> rope_freq_factors() const override { return inner_->rope_freq_factors(); }
+    std::string describe() const override { return inner_->describe() + " (fake-quantized to 4 bits)"; }
+    int64_t total_bytes() const override { return inner_->total_bytes(); }
+
+private:
+    bool is_layer_matrix(const std::string& n) const { return quantized_layer_matrix(inner_->config(), n); }
     std::unique_ptr<TensorSource> inner_;
     mutable std::map<std::string, TensorInfo> infos_;
 };

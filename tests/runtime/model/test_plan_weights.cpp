@@ -54,6 +54,9 @@ TEST_CASE("planner weight bytes match the loader's within 1%") {
         {"mixtral-tiny-8x1.1b", DType::kBF16, QuantMode::kW8A8, false, 2, 1, false},
         {"mixtral-tiny-8x1.1b", DType::kF32, QuantMode::kNone, false, 1, 2, false},
         {"mixtral-8x7b", DType::kBF16, QuantMode::kW8A16, false, 4, 2, true},
+        {"tinyllama-1.1b", DType::kBF16, QuantMode::kW4A8, true, 2, 1, false},  // 4-bit layers, int8 head
+        {"tinyllama-1.1b", DType::kBF16, QuantMode::kW4A16, false, 1, 2, false},
+        {"mixtral-tiny-8x1.1b", DType::kBF16, QuantMode::kW4A8, false, 2, 1, false},  // 4-bit experts
     };
     for (const Case& k : cases) {
         CAPTURE(k.preset);
@@ -70,6 +73,8 @@ TEST_CASE("planner weight bytes match the loader's within 1%") {
         r.devices = k.tp * k.pp;
         r.quant = k.q == QuantMode::kW8A8   ? PlanQuant::kW8A8
                   : k.q == QuantMode::kW8A16 ? PlanQuant::kW8A16
+                  : k.q == QuantMode::kW4A8  ? PlanQuant::kW4A8
+                  : k.q == QuantMode::kW4A16 ? PlanQuant::kW4A16
                   : k.cuda                   ? PlanQuant::kFp16
                                              : PlanQuant::kF32;
         r.quant_head = k.quant_head;

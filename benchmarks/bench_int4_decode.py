@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Single-sequence decode of 4-bit GGUF files: lattice with default flags (`lattice generate`, so --quant auto:
+W4A8 from the Q4 blocks, the LM head int8 unless the file holds it in 4 bits) against llama.cpp's llama-bench
+on the same file, in the same run, rounds interleaved (lattice, llama.cpp, lattice, ...) so a busy spell of a
+shared VM hits both alike.
+
+Models (default): the built-in SmolLM2-135M-Instruct Q4_1 GGUF (models/; its token embedding / tied head is
+Q8_0) and the TinyLlama-1.1B shape with random weights in Q4_0 and in Q4_1 (every matrix, head included;
+benchmarks/tools/make_random_gguf.py, Llama 2 vocab from ../shared), made on first use in --cache.
+Per model and round: decode tok/s of both; lattice's streamed weight bytes per token (--stats-json
+streamed_weight_bytes_per_rank) and the KV bytes the last step read (f32 K and V of every position); the read
+bandwidth of the same thread count (bench_decode's 1 GiB stream read, measured in the same round); the floor
+time per token = bytes / bandwidth and the share of it lattice reaches; the 1-minute load average before
+each run (the machine is shared: the table says how busy it was).
+llama.cpp is not part of lattice: build llama-bench from the llama-cpp-python sdist
+(`pip download --no-binary :all: llama-cpp-python`, its vendor/llama.cpp, cmake -DGGML_NATIVE=ON) and pass
+--llama-bench (or LLAMA_CPP_BIN=folder); without it only lattice runs.
+Usage: benchmarks/bench_int4_decode.py [--build build] [--llama-bench PATH] [--models builtin,tinyllama-q4_0,...]
+                                       [--rounds 3] [--tokens 128] [--threads 2] [--out DIR] [--cache DIR]
+Writes int4_decode.json (every run, the medians, machine, commit) into --out and prints a markdown table."""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+here = os.path.dirname(os.path.abspath(__file__))
+root = os.path.dirname(here)
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+
+def machine():
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
+    return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(),
+            "isa": [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni") if f in flags],
+            "commit": sh(["git", "-C", root, "rev-parse", "--short", "HEAD"]).stdout.strip(),
+            "git_dirty": bool(sh(["git", "-C", root, "status", "--porcelain"]).stdout.strip())}
+
+
+def model_files(names, cache):
+    """name -> GGUF path; synthetic files are written on first use."""
+    out = {}
+    for name in names:
+        if name == "builtin":
+            out[name] = os.path.join(root, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+            continue
+        preset, qtype = name.rsplit("-", 1)
+        path = os.path.join(cache, f"{preset}.{qtype}.gguf")
+        if not os.path.exists(path):
+            os.makedirs(cache, exist_ok=True)
+            vocab = os.path.join(os.path.dirname(root), "shared", "tokenizers", "ggml-vocab-llama-spm.gguf")
+            p = sh([sys.executable, os.path.join(here, "tools", "make_random_gguf.py"), "--preset", preset, "--type",
+                    qtype, "--seed", "1", "--vocab-from", vocab, "--out", path])
+            if p.returncode != 0:
+                sys.exit(f"make_random_gguf.py failed for {name}: {p.stderr[-500:]}")
+        out[name] = path
+    return out
+
+
+def run_lattice(build, path, tokens, threads):
+    with tempfile.TemporaryDirectory() as tmp:
+        stats = os.path.join(tmp, "stats.json")
+        p = sh([os.path.join(build, "launch", "lattice"), "generate", "--model", path, "--prompt-ids", "1,450,4955",
+                "--max-new-tokens", str(tokens), "--ignore-eos", "--threads", str(threads), "--stats-json", stats],
+               timeout=1800)
+        if p.returncode != 0:
+            raise RuntimeError(f"lattice generate failed: {p.stderr[-500:]}")
+        s = json.load(open(stats))
+    return {"decode_tokens_per_s": s["decode_tokens_per_s"], "quant": s["quant"], "quant_head": s["quant_head"],
+            "streamed_weight_bytes": s["streamed_weight_bytes_per_rank"], "backend": s["backend"],
+            "generated_tokens": s["generated_tokens"]}
+
+
+def run_bench_decode(build, path, tokens, threads):
+    """bench_decode on the same file: the read bandwidth of `threads` threads and the KV bytes of the last step."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "d.json")
+        p = sh([os.path.join(build, "benchmarks", "bench_decode"), "--model", path, "--quant", "auto", "--prompt", "3",
+                "--decode", str(tokens), "--threads", str(threads), "--json", out], timeout=1800)
+        if p.returncode != 0:
+            raise RuntimeError(f"bench_decode failed: {p.stderr[-500:]}")
+        return json.load(open(out))
+
+
+def run_llama(binary, path, tokens, threads):
+    p = sh([binary, "-m", path, "-p", "0", "-n", str(tokens), "-t", str(threads), "-r", "1", "-o", "json"],
+           timeout=1800)
+    if p.returncode != 0:
+        raise RuntimeError(f"llama-bench failed: {p.stderr[-500:]}")
+    rows = json.loads(p.stdout)
+    row = next(r for r in rows if r.get("n_gen") == tokens)
+    return {"decode_tokens_per_s": row["avg_ts"], "model_type": row.get("model_type"),
+            "model_size": row.get("model_size"), "build_commit": row.get("build_commit")}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(root, "build"))
+    ap.add_argument("--llama-bench", default=os.path.join(os.environ.get("LLAMA_CPP_BIN", ""), "llama-bench"))
+    ap.add_argument("--models", default="builtin,tinyllama-1.1b-q4_0,tinyllama-1.1b-q4_1")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=os.path.join(root, "benchmarks", "results", "cpu-2core-epyc-zen4"))
+    ap.add_argument("--cache", default=os.environ.get("LATTICE_BENCH_CACHE", "/tmp/lattice-bench"))
+    a = ap.parse_args()
+    llama = a.llama_bench if os.path.isfile(a.llama_bench) else None
+    if not llama:
+        print(f"llama-bench not found ({a.llama_bench}): lattice only", file=sys.stderr)
+    files = model_files(a.models.split(","), a.cache)
+    runs = []
+    for rnd in range(a.rounds):
+        for name, path in files.items():
+            load = os.getloadavg()[0]
+            d = run_bench_decode(a.build, path, a.tokens, a.threads)
+            lat = run_lattice(a.build, path, a.tokens, a.threads)
+            lat["load_1min"] = load
+            ref = None
+            if llama:
+                ref = run_llama(llama, path, a.tokens, a.threads)
+                ref["load_1min"] = os.getloadavg()[0]
+            runs.append({"round": rnd, "model": name, "file": path, "lattice": lat, "llama_cpp": ref,
+                         "read_bw_gb_per_s": d["memory_bandwidth_gb_per_s"], "kv_bytes_last_step": d["kv_bytes_last_step"],
+                         "bench_decode_tokens_per_s": d["decode_tokens_per_s"], "time": time.time()})
+            print(f"round {rnd} {name}: lattice {lat['decode_tokens_per_s']:.1f} tok/s"
+                  + (f", llama.cpp {ref['decode_tokens_per_s']:.1f} tok/s" if ref else "")
+                  + f" (load {load:.1f})", file=sys.stderr, flush=True)
+    summary = []
+    print("| model | lattice quant | streamed MiB/token (weights + KV at the end) | read GB/s | lattice tok/s | "
+          "llama.cpp tok/s | lattice / llama.cpp | share of the floor | load (1 min) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in files:
+        rs = [r for r in runs if r["model"] == name]
+        lt = [r["lattice"]["decode_tokens_per_s"] for r in rs]
+        lc = [r["llama_cpp"]["decode_tokens_per_s"] for r in rs if r["llama_cpp"]]
+        ratio = [r["lattice"]["decode_tokens_per_s"] / r["llama_cpp"]["decode_tokens_per_s"] for r in rs
+                 if r["llama_cpp"]]
+        wb = rs[0]["lattice"]["streamed_weight_bytes"]
+        # Share of the floor: a token needs (weights + the average KV read) / bandwidth at best.
+        share = [r["lattice"]["decode_tokens_per_s"] * (wb + r["kv_bytes_last_step"] / 2) / (r["read_bw_gb_per_s"] * 1e9)
+                 for r in rs]
+        loads = [r["lattice"]["load_1min"] for r in rs]
+        s = {"model": name, "quant": rs[0]["lattice"]["quant"] + ("+head" if rs[0]["lattice"]["quant_head"] else ""),
+             "streamed_weight_bytes": wb, "kv_bytes_last_step": rs[0]["kv_bytes_last_step"],
+             "read_bw_gb_per_s_median": statistics.median(r["read_bw_gb_per_s"] for r in rs),
+             "lattice_tokens_per_s_median": statistics.median(lt),
+             "llama_cpp_tokens_per_s_median": statistics.median(lc) if lc else None,
+             "ratio_median": statistics.median(ratio) if ratio else None, "ratio_per_round": ratio,
+             "share_of_floor_median": statistics.median(share), "load_1min": [min(loads), max(loads)]}
+        summary.append(s)
+        fmt = lambda v, f: "-" if v is None else format(v, f)
+        print(f"| {name} | {s['quant']} | {wb / 2**20:.1f} + {s['kv_bytes_last_step'] / 2**20:.1f} | "
+              f"{s['read_bw_gb_per_s_median']:.1f} | {s['lattice_tokens_per_s_median']:.1f} | "
+              f"{fmt(s['llama_cpp_tokens_per_s_median'], '.1f')} | {fmt(s['ratio_median'], '.2f')} "
+              f"({', '.join(format(x, '.2f') for x in ratio)}) | {s['share_of_floor_median']:.2f} | "
+              f"{min(loads):.1f}-{max(loads):.1f} |")
+    os.makedirs(a.out, exist_ok=True)
+    out = os.path.join(a.out, "int4_decode.json")
+    json.dump({"bench": "int4_decode", "machine": machine(), "tokens": a.tokens, "threads": a.threads,
+               "rounds": a.rounds, "llama_bench": llama, "summary": summary, "runs": runs}, open(out, "w"), indent=2)
+    print(f"wrote {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

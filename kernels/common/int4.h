@@ -1,0 +1,124 @@
+// 4-bit weights in groups, the unpacked form every source gives and every backend takes: GGUF Q4_0 / Q4_1
+// blocks, AWQ / GPTQ checkpoints and lattice's own quantizer all arrive as an Int4Weights, whatever their file
+// layout (runtime/weights undoes it), and a backend packs it for its kernels (kernels/cpu/int4_gemm.h).
+//
+// Per output channel n, groups of G consecutive stored columns (G = 32, 64 or 128) share an f16 scale d and,
+// by kind, an offset:
+//   kOffset8    w = (q - 8) d        GGUF Q4_0
+//   kZeroPoint  w = (q - z) d        z in 0..16 per group (AWQ / GPTQ zero points; 16 only from GPTQ v1 files,
+//                                    which store z - 1 in 4 bits and are read as stored + 1)
+//   kAffine     w = q d + m          GGUF Q4_1; lattice's quantizer of float weights
+// with q in 0..15, computed in f32 as written (q - 8, q - z and q d are exact: d has 11 significant bits), which
+// is gguf-py's arithmetic and the NumPy references' (tests). Stored column c is input channel perm[c] when a
+// permutation is given (GPTQ act-order: the channels sorted by group so that groups are contiguous; the
+// activations are gathered the same way), else input channel c.
+// Nibble order: 16 bytes per 32 stored columns; byte i of block b holds column 32 b + i (low nibble) and
+// 32 b + 16 + i (high nibble), GGUF's order. Rows hold k_padded() = round_up(k, G) columns (zero past k).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "base/dtype.h"
+
+namespace lattice {
+
+enum class Int4Kind : uint8_t { kOffset8, kZeroPoint, kAffine };
+
+inline std::string_view int4_kind_name(Int4Kind k) {
+    switch (k) {
+        case Int4Kind::kOffset8:
+            return "offset8";
+        case Int4Kind::kZeroPoint:
+            return "zero-point";
+        case Int4Kind::kAffine:
+            return "affine";
+    }
+    return "?";
+}
+
+// Columns per 16-byte nibble block.
+inline constexpr int64_t kInt4Block = 32;
+
+// Non-owning view of 4-bit weights [n, k].
+struct Int4Matrix {
+    int64_t n = 0, k = 0;
+    int64_t group = 32;  // 32, 64 or 128
+    Int4Kind kind = Int4Kind::kAffine;
+    const uint8_t* qs = nullptr;    // [n][k_padded / 2] nibbles (order above)
+    const uint16_t* d = nullptr;    // f16 [n][groups]
+    const uint16_t* m = nullptr;    // f16 [n][groups], kAffine
+    const uint8_t* z = nullptr;     // [n][groups] zero points 0..16, kZeroPoint
+    const int32_t* perm = nullptr;  // [k] input channel of each stored column, or null (identity)
+    int64_t k_padded() const { return (k + group - 1) / group * group; }
+    int64_t groups() const { return k_padded() / group; }
+};
+
+// Owning storage of an Int4Matrix.
+struct Int4Weights {
+    int64_t n = 0, k = 0, group = 32;
+    Int4Kind kind = Int4Kind::kAffine;
+    std::vector<uint8_t> qs;
+    std::vector<uint16_t> d, m;
+    std::vector<uint8_t> z;
+    std::vector<int32_t> perm;  // empty: identity
+    Int4Weights() = default;
+    // Sized and zero-filled for [n, k] in groups of `group` (the caller checks the group; see check_int4_matrix).
+    Int4Weights(int64_t n_, int64_t k_, int64_t group_, Int4Kind kind_) : n(n_), k(k_), group(group_), kind(kind_) {
+        const int64_t kp = group_ > 0 ? (k_ + group_ - 1) / group_ * group_ : 0, groups = group_ > 0 ? kp / group_ : 0;
+        qs.assign(size_t(n_ * kp / 2), 0);
+        d.assign(size_t(n_ * groups), 0);
+        if (kind_ == Int4Kind::kAffine) m.assign(size_t(n_ * groups), 0);
+        if (kind_ == Int4Kind::kZeroPoint) z.assign(size_t(n_ * groups), 0);
+    }
+    Int4Matrix matrix() const {
+        Int4Matrix w;
+        w.n = n;
+        w.k = k;
+        w.group = group;
+        w.kind = kind;
+        w.qs = qs.data();
+        w.d = d.data();
+        w.m = m.empty() ? nullptr : m.data();
+        w.z = z.empty() ? nullptr : z.data();
+        w.perm = perm.empty() ? nullptr : perm.data();
+        return w;
+    }
+    int64_t k_padded() const { return (k + group - 1) / group * group; }
+    int64_t groups() const { return k_padded() / group; }
+    // The nibble of stored column c of row r, and setting it.
+    uint8_t nibble(int64_t r, int64_t c) const {
+        const uint8_t b = qs[size_t(r * (k_padded() / 2) + c / kInt4Block * 16 + c % 16)];
+        return c % kInt4Block < 16 ? uint8_t(b & 15) : uint8_t(b >> 4);
+    }
+    void set_nibble(int64_t r, int64_t c, uint8_t q) {
+        uint8_t& b = qs[size_t(r * (k_padded() / 2) + c / kInt4Block * 16 + c % 16)];
+        b = c % kInt4Block < 16 ? uint8_t((b & 0xF0) | (q & 15)) : uint8_t((b & 0x0F) | (q << 4));
+    }
+};
+
+// Dequantized value of stored column `col` (< k_padded) of row `row`, in f32, by the kind's formula.
+inline float int4_value(const Int4Matrix& w, int64_t row, int64_t col) {
+    const uint8_t b = w.qs[row * (w.k_padded() / 2) + col / kInt4Block * 16 + col % 16];
+    const int32_t q = col % kInt4Block < 16 ? (b & 15) : (b >> 4);
+    const int64_t gi = row * w.groups() + col / w.group;
+    const float d = f16_to_f32(w.d[gi]);
+    switch (w.kind) {
+        case Int4Kind::kOffset8:
+            return float(q - 8) * d;
+        case Int4Kind::kZeroPoint:
+            return float(q - int32_t(w.z[gi])) * d;
+        case Int4Kind::kAffine:
+            return float(q) * d + f16_to_f32(w.m[gi]);
+    }
+    return 0.0f;
+}
+
+// All weights dequantized into out [n, k] in input-channel order (through the permutation), f32.
+inline void dequantize_int4(const Int4Matrix& w, float* out) {
+    for (int64_t r = 0; r < w.n; ++r)
+        for (int64_t c = 0; c < w.k; ++c) out[r * w.k + (w.perm ? w.perm[c] : c)] = int4_value(w, r, c);
+}
+
+}  // namespace lattice

@@ -1,0 +1,88 @@
+// 4-bit weight GEMMs for the CPU backend: W4A8 (4-bit weights x per-token int8 activations, int32 dot
+// products per group, then the group's float scale) and W4A16 (4-bit weights dequantized in registers
+// against f32 activations), with a scalar reference and AVX2 / AVX-512 VNNI paths chosen at run time.
+// The scheme, the exact relation of each result to the dequantized weights, and the measurements:
+// docs/quantization.md ("4-bit weights").
+//
+// Weights: the unpacked form of kernels/common/int4.h (kinds offset8 / zero-point / affine, groups of 32, 64
+// or 128, f16 scales, an optional act-order permutation of the input channels, which the fronts apply to the
+// activations when they prepare them).
+//
+// PackedInt4 is the layout the kernels
+// stream (prepared once at load). Output channels in panels of 16 (n padded with zero channels), k
+// padded to a multiple of G (zero nibbles; activations are zero there). Panel p's groups are
+// consecutive blocks of block_bytes, block (p, g) at data + (p * groups + g) * block_bytes:
+//   [0, 8G)          nibbles: for each 32-element sub-block s < G / 32 and chunk c < 4, 64 bytes at
+//                    s * 256 + c * 64; byte 4 j + t holds channel 16 p + j's elements
+//                    32 s' + 4 c + t (low nibble) and 32 s' + 16 + 4 c + t (high nibble), s' = G / 32 * g + s
+//   [8G, 8G + 32)    d: f16[16]
+//   [8G + 32, +32)   kAffine: m f16[16];  kZeroPoint: z u8[16] then 16 zero bytes;  kOffset8: absent
+// A 64-byte chunk's low nibbles are one vpdpbusd operand (16 channels x 4 k, unsigned), its high nibbles
+// another; the activations are the signed operand, so there is no +128 correction (docs/quantization.md).
+//
+// Threads split output panels (N), never K; results do not depend on the thread count. Outputs must not
+// alias inputs. The gemm calls keep a thread_local activation scratch of the calling thread.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "base/dtype.h"
+#include "kernels/common/int4.h"
+#include "kernels/cpu/int8_gemm.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace lattice {
+
+// The largest k every path is exact for.
+inline constexpr int64_t kInt4MaxK = 1 << 20;
+
+// Checks an Int4Matrix (shape, group, pointers, zero points <= 16, finite scales, a permutation of 0..k-1);
+// throws Error naming `what`.
+void check_int4_matrix(const Int4Matrix& w, const char* what);
+
+// Affine 4-bit quantization of float weights w [n, k] in groups of `group` along k:
+// d = f16((max - min) / 15), m = f16(min) of the group, q = clamp(round((w - m) / d), 0, 15) with the
+// rounded d and m (q = 0 where d is 0). Throws Error on non-finite weights or a scale past f16's range,
+// naming the element.
+Int4Weights quantize_weights_int4(const float* w, int64_t n, int64_t k, int64_t group);
+
+// Weights packed for the kernels (layout above).
+struct PackedInt4 {
+    std::vector<uint8_t, AlignedAllocator64<uint8_t>> data;  // [n_panels][groups][block_bytes]
+    int64_t n = 0, k = 0, k_padded = 0, group = 32, groups = 0, n_panels = 0, block_bytes = 0;
+    Int4Kind kind = Int4Kind::kAffine;
+    IsaLevel isa = IsaLevel::kScalar;  // kernel used by the gemm calls (kAvxVnni runs the AVX2 kernels)
+    std::vector<int32_t> perm;         // [k] input channel of each stored column (act-order), empty: identity
+
+    const uint8_t* block(int64_t p, int64_t g) const { return data.data() + (p * groups + g) * block_bytes; }
+    int64_t bytes() const { return int64_t(data.size()); }
+};
+
+// Packs w for `isa`. Throws when the CPU cannot run `isa`, k > kInt4MaxK or the matrix is invalid.
+PackedInt4 pack_int4_weights(const Int4Matrix& w, IsaLevel isa);
+
+// The dequantized weights back from the packed layout: out [n, k] f32 in input-channel order
+// (dequantize_int4 of the source, bit for bit).
+void dequantize_packed_int4(const PackedInt4& w, float* out);
+
+// W4A8: each row of x [m, k] f32 is quantized per group of the weights' G columns (quantize_row_int8 over
+// the group: scale s_{r,g}, int8 xq; a per-token scale per group, as llama.cpp's Q8 activation blocks, so an
+// outlier channel costs resolution in its own group only), and
+//   y[r, c] = acc,  acc = sum over groups g in order of
+//     kOffset8:   acc = fma(float(I_g - 8 X_g), d_g * s_g, acc)
+//     kZeroPoint: acc = fma(float(I_g - z_g X_g), d_g * s_g, acc)
+//     kAffine:    acc = fma(float(I_g), d_g * s_g, acc); acc = fma(m_g * s_g, float(X_g), acc)
+// where I_g = sum_{k in g} q xq and X_g = sum_{k in g} xq are exact int32 and the products d_g * s_g,
+// m_g * s_g are rounded to f32. Every ISA path performs exactly these float operations, so y is
+// bit-identical across paths; in real arithmetic it is sum_k w[c, k] * (xq[r, k] * s_{r,g(k)}) with the
+// dequantized weights (q d + m unrounded), within (2 groups + 2) units of roundoff of the terms. y: [m, n].
+void gemm_w4a8(const float* x, int64_t m, int64_t k, const PackedInt4& w, float* y, ThreadPool& pool);
+
+// W4A16 (weight-only): y[r, c] = sum_k x[r, k] * w[c, k] computed per group as
+//   d_g * sum_{k in g} x (q - 8 | q - z)      or      d_g * sum_{k in g} x q + m_g * sum_{k in g} x
+// with f32 accumulation whose order differs between ISA paths (and between decode and prefill), so
+// paths agree within a rounding bound (tests/kernels/cpu/test_int4_gemm.cpp derives it), not bit for bit.
+void gemm_w4a16(const float* x, int64_t m, int64_t k, const PackedInt4& w, float* y, ThreadPool& pool);
+
+}  // namespace lattice

@@ -1,0 +1,384 @@
+// AVX-512 VNNI paths of the 4-bit GEMMs (compiled with -mavx512f/bw/vl/dq/vnni; called only when cpuid
+// reports them). Layout and numerics: int4_gemm.h.
+//   W4A8: a 64-byte chunk of a block (16 channels x 8 nibbles) is split in registers into its low and
+//     high nibbles (and, shift + and): two u8 operands of vpdpbusd against the broadcast int8 activations
+//     (the signed operand, so no +128 correction). Each group's int32 sums then take the group epilogue
+//     of int4_gemm.h (vcvtph2ps for the f16 scales, the product with the row's group scale, one or two
+//     FMAs), in the order the scalar path uses,
+//     so the results are bit-identical to it. Register tile MR rows x NP panels: decode (m = 1) streams 4
+//     panels at once (4 independent chains, each panel's weights read once), m = 2 two, larger m 4 rows
+//     x 2 panels (prefill: each panel pair is reused across all rows of A from L1/L2).
+//   W4A16: nibble t of each 32-bit lane becomes a float by the 2^23 trick (bits 0x4B000000 | q is
+//     2^23 + q; subtracting 2^23 + z leaves q - z exactly): shift, vpternlogd (and + or), subtract, then
+//     an FMA against the broadcast activation, per group summed and scaled by d (plus m * sum(x) for the
+//     affine kind). For m >= 16 each panel pair is dequantized to f32 once ([k_padded][16] per panel) and an
+//     8 x 32 FMA tile runs over it.
+//   No software prefetch: on Zen 4 the hardware prefetchers alone keep the m = 1 GEMV at the DRAM stream
+//   rate, and a prefetch 0.5-8 KiB ahead cost 5-25% (bench_gemm_int8 --modes w4a8, docs/quantization.md).
+#include <immintrin.h>
+
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/int4_gemm_kernels.h"
+
+// GCC 12's AVX-512 intrinsics use _mm512_undefined_*() internally and trip a false positive.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace lattice::int4_detail {
+namespace {
+
+// acc += dot4(u8 a, s8 b) per int32 lane (inline asm: int8_gemm_avx512.cpp says why).
+inline void dpbusd(__m512i& acc, __m512i a_u8, __m512i b_s8) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a_u8), "v"(b_s8));
+}
+// acc += a * b, one rounding (vfmadd231ps), as std::fma in the scalar path.
+inline void fma_acc(__m512& acc, __m512 a, __m512 b) {
+    __asm__("vfmadd231ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+}
+
+inline __mmask16 tail_mask(int64_t p, int64_t n) {
+    const int64_t cnt = n - p * kInt8PanelN;
+    return cnt >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cnt) - 1u);
+}
+
+inline int32_t load_i32(const void* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+inline __m512 load_f16x16(const uint8_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// Rows [r0, r0 + MR) x panels [p, p + NP).
+template <Int4Kind K, int MR, int NP>
+inline void w4a8_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t p, float* y, int64_t ldy) {
+    const int64_t G = w.group, subs = G / kInt4Block, bb = w.block_bytes, ps = w.groups * bb;
+    const uint8_t* b0 = w.block(p, 0);
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    __m512 acc[MR][NP];
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < w.groups; ++g) {
+        const uint8_t* bg = b0 + g * bb;
+        __m512i isum[MR][NP];
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+            for (int j = 0; j < NP; ++j) isum[r][j] = _mm512_setzero_si512();
+        for (int64_t s = 0; s < subs; ++s) {
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; ++c) {
+                __m512i lo[NP], hi[NP];
+#pragma GCC unroll 4
+                for (int j = 0; j < NP; ++j) {
+                    const uint8_t* src = bg + j * ps + s * 256 + c * 64;
+                    const __m512i v = _mm512_loadu_si512(src);
+                    lo[j] = _mm512_and_si512(v, mask);
+                    hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+                }
+#pragma GCC unroll 4
+                for (int r = 0; r < MR; ++r) {
+                    const int8_t* xs = a.q + (r0 + r) * a.ldq + g * G + s * kInt4Block + c * 4;
+                    const __m512i alo = _mm512_set1_epi32(load_i32(xs)), ahi = _mm512_set1_epi32(load_i32(xs + 16));
+#pragma GCC unroll 4
+                    for (int j = 0; j < NP; ++j) {
+                        dpbusd(isum[r][j], lo[j], alo);
+                        dpbusd(isum[r][j], hi[j], ahi);
+                    }
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; ++j) {
+            const uint8_t* bs = bg + j * ps;
+            const __m512 d = load_f16x16(bs + scale_offset(G));
+            [[maybe_unused]] __m512 mn;
+            [[maybe_unused]] __m512i z;
+            if constexpr (K == Int4Kind::kAffine) mn = load_f16x16(bs + extra_offset(G));
+            if constexpr (K == Int4Kind::kZeroPoint)
+                z = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bs + extra_offset(G))));
+#pragma GCC unroll 4
+            for (int r = 0; r < MR; ++r) {
+                const int32_t X = a.xsum[(r0 + r) * a.ldsum + g];
+                const __m512 sg = _mm512_set1_ps(a.scales[(r0 + r) * a.ldsum + g]);
+                const __m512 ds = _mm512_mul_ps(d, sg);
+                if constexpr (K == Int4Kind::kOffset8) {
+                    fma_acc(acc[r][j], _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[r][j], _mm512_set1_epi32(8 * X))), ds);
+                } else if constexpr (K == Int4Kind::kZeroPoint) {
+                    const __m512i corr = _mm512_mullo_epi32(z, _mm512_set1_epi32(X));
+                    fma_acc(acc[r][j], _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[r][j], corr)), ds);
+                } else {
+                    fma_acc(acc[r][j], _mm512_cvtepi32_ps(isum[r][j]), ds);
+                    fma_acc(acc[r][j], _mm512_mul_ps(mn, sg), _mm512_set1_ps(float(X)));
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NP; ++j) {
+        const __mmask16 mk = tail_mask(p + j, w.n);
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + (p + j) * kInt8PanelN, mk, acc[r][j]);
+    }
+}
+
+template <Int4Kind K, int NP, int MR>
+inline void w4a8_rows(int rem, const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t p, float* y, int64_t ldy) {
+    if (rem == MR) {
+        w4a8_tile<K, MR, NP>(a, r0, w, p, y, ldy);
+    } else if constexpr (MR > 1) {
+        w4a8_rows<K, NP, MR - 1>(rem, a, r0, w, p, y, ldy);
+    }
+}
+
+template <Int4Kind K, int NP, int MRMAX>
+inline void w4a8_all_rows(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p, float* y, int64_t ldy) {
+    for (int64_t r0 = 0; r0 < m; r0 += MRMAX)
+        w4a8_rows<K, NP, MRMAX>(int(m - r0 < MRMAX ? m - r0 : MRMAX), a, r0, w, p, y, ldy);
+}
+
+template <Int4Kind K>
+void w4a8_panels(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y, int64_t ldy) {
+    int64_t p = p0;
+    if (m == 1) {
+        for (; p + 4 <= p1; p += 4) w4a8_tile<K, 1, 4>(a, 0, w, p, y, ldy);
+        for (; p < p1; ++p) w4a8_tile<K, 1, 1>(a, 0, w, p, y, ldy);
+    } else if (m == 2) {
+        for (; p + 2 <= p1; p += 2) w4a8_tile<K, 2, 2>(a, 0, w, p, y, ldy);
+        for (; p < p1; ++p) w4a8_tile<K, 2, 1>(a, 0, w, p, y, ldy);
+    } else {
+        for (; p + 2 <= p1; p += 2) w4a8_all_rows<K, 2, 4>(a, m, w, p, y, ldy);
+        for (; p < p1; ++p) w4a8_all_rows<K, 1, 4>(a, m, w, p, y, ldy);
+    }
+}
+
+// ---- W4A16 ----
+
+constexpr uint32_t kMagic = 0x4B000000u;  // float bits of 2^23
+
+// Per-channel value subtracted from 2^23 + q: 2^23 + 8, 2^23 + z, or 2^23 (affine).
+template <Int4Kind K>
+inline __m512 w4_bias(const uint8_t* bs, int64_t G) {
+    if constexpr (K == Int4Kind::kOffset8) return _mm512_set1_ps(8388616.0f);
+    if constexpr (K == Int4Kind::kAffine) return _mm512_set1_ps(8388608.0f);
+    const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bs + extra_offset(G))));
+    return _mm512_castsi512_ps(_mm512_or_si512(z, _mm512_set1_epi32(int32_t(kMagic))));
+}
+
+// q - z of nibble `shift / 4` of every 32-bit lane, as f32.
+template <int kShift>
+inline __m512 w4_nibble(__m512i v, __m512 bias) {
+    const __m512i sh = kShift ? _mm512_srli_epi32(v, kShift) : v;
+    // (sh & 0xF) | kMagic: vpternlogd with A = sh, B = 0xF, C = magic -> (A & B) | C = 0xEA.
+    const __m512i bits =
+        _mm512_ternarylogic_epi32(sh, _mm512_set1_epi32(0xF), _mm512_set1_epi32(int32_t(kMagic)), 0xEA);
+    return _mm512_sub_ps(_mm512_castsi512_ps(bits), bias);
+}
+
+template <Int4Kind K, int MR, int NP>
+inline void w4a16_tile(const F32Acts& a, int64_t r0, const PackedInt4& w, int64_t p, float* y, int64_t ldy) {
+    const int64_t G = w.group, subs = G / kInt4Block, bb = w.block_bytes, ps = w.groups * bb;
+    const uint8_t* b0 = w.block(p, 0);
+    __m512 acc[MR][NP];
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < w.groups; ++g) {
+        const uint8_t* bg = b0 + g * bb;
+        __m512 sum[MR][NP], bias[NP];
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; ++j) {
+            bias[j] = w4_bias<K>(bg + j * ps, G);
+#pragma GCC unroll 4
+            for (int r = 0; r < MR; ++r) sum[r][j] = _mm512_setzero_ps();
+        }
+        for (int64_t s = 0; s < subs; ++s) {
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; ++c) {
+#pragma GCC unroll 4
+                for (int j = 0; j < NP; ++j) {
+                    const uint8_t* src = bg + j * ps + s * 256 + c * 64;
+                    const __m512i v = _mm512_loadu_si512(src);
+                    __m512 wv[8];
+                    wv[0] = w4_nibble<0>(v, bias[j]);
+                    wv[1] = w4_nibble<8>(v, bias[j]);
+                    wv[2] = w4_nibble<16>(v, bias[j]);
+                    wv[3] = w4_nibble<24>(v, bias[j]);
+                    wv[4] = w4_nibble<4>(v, bias[j]);
+                    wv[5] = w4_nibble<12>(v, bias[j]);
+                    wv[6] = w4_nibble<20>(v, bias[j]);
+                    wv[7] = w4_nibble<28>(v, bias[j]);
+#pragma GCC unroll 4
+                    for (int r = 0; r < MR; ++r) {
+                        const float* xs = a.x + (r0 + r) * a.ldx + g * G + s * kInt4Block + c * 4;
+#pragma GCC unroll 4
+                        for (int t = 0; t < 4; ++t) {
+                            fma_acc(sum[r][j], wv[t], _mm512_set1_ps(xs[t]));
+                            fma_acc(sum[r][j], wv[4 + t], _mm512_set1_ps(xs[16 + t]));
+                        }
+                    }
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; ++j) {
+            const uint8_t* bs = bg + j * ps;
+            const __m512 d = load_f16x16(bs + scale_offset(G));
+#pragma GCC unroll 4
+            for (int r = 0; r < MR; ++r) {
+                fma_acc(acc[r][j], sum[r][j], d);
+                if constexpr (K == Int4Kind::kAffine)
+                    fma_acc(acc[r][j], load_f16x16(bs + extra_offset(G)),
+                            _mm512_set1_ps(a.xsum[(r0 + r) * a.ldsum + g]));
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NP; ++j) {
+        const __mmask16 mk = tail_mask(p + j, w.n);
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + (p + j) * kInt8PanelN, mk, acc[r][j]);
+    }
+}
+
+template <Int4Kind K, int NP, int MR>
+inline void w4a16_rows(int rem, const F32Acts& a, int64_t r0, const PackedInt4& w, int64_t p, float* y, int64_t ldy) {
+    if (rem == MR) {
+        w4a16_tile<K, MR, NP>(a, r0, w, p, y, ldy);
+    } else if constexpr (MR > 1) {
+        w4a16_rows<K, NP, MR - 1>(rem, a, r0, w, p, y, ldy);
+    }
+}
+
+// Prefill: panel p dequantized to f32, k-major [k_padded][16], into out.
+template <Int4Kind K>
+inline void dequant_panel(const PackedInt4& w, int64_t p, float* out) {
+    const int64_t G = w.group, subs = G / kInt4Block;
+    for (int64_t g = 0; g < w.groups; ++g) {
+        const uint8_t* bg = w.block(p, g);
+        const __m512 bias = w4_bias<K>(bg, G), d = load_f16x16(bg + scale_offset(G));
+        [[maybe_unused]] __m512 mn;
+        if constexpr (K == Int4Kind::kAffine) mn = load_f16x16(bg + extra_offset(G));
+        for (int64_t s = 0; s < subs; ++s)
+            for (int c = 0; c < 4; ++c) {
+                const __m512i v = _mm512_loadu_si512(bg + s * 256 + c * 64);
+                __m512 wv[8] = {w4_nibble<0>(v, bias),  w4_nibble<8>(v, bias), w4_nibble<16>(v, bias),
+                                w4_nibble<24>(v, bias), w4_nibble<4>(v, bias), w4_nibble<12>(v, bias),
+                                w4_nibble<20>(v, bias), w4_nibble<28>(v, bias)};
+                float* o = out + (g * G + s * kInt4Block + c * 4) * 16;
+                for (int t = 0; t < 4; ++t) {
+                    // (q - z) d is exact; q d + m rounds once (the dequantized value of int4_gemm.h).
+                    if constexpr (K == Int4Kind::kAffine) {
+                        _mm512_store_ps(o + t * 16, _mm512_fmadd_ps(wv[t], d, mn));
+                        _mm512_store_ps(o + (16 + t) * 16, _mm512_fmadd_ps(wv[4 + t], d, mn));
+                    } else {
+                        _mm512_store_ps(o + t * 16, _mm512_mul_ps(wv[t], d));
+                        _mm512_store_ps(o + (16 + t) * 16, _mm512_mul_ps(wv[4 + t], d));
+                    }
+                }
+            }
+    }
+}
+
+// Rows [r0, r0 + MR) x NP dequantized panels (bf: NP consecutive [kp][16] blocks) starting at panel p.
+template <int MR, int NP>
+inline void fd_tile(const float* x, int64_t ldx, const float* bf, int64_t kp, int64_t p, int64_t r0, int64_t n,
+                    float* y, int64_t ldy) {
+    const float* xr = x + r0 * ldx;
+    __m512 acc[MR][NP];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+        for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t kk = 0; kk < kp; ++kk) {
+        __m512 bv[NP];
+#pragma GCC unroll 2
+        for (int j = 0; j < NP; ++j) bv[j] = _mm512_load_ps(bf + j * kp * 16 + kk * 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            const __m512 xv = _mm512_set1_ps(xr[r * ldx + kk]);
+#pragma GCC unroll 2
+            for (int j = 0; j < NP; ++j) fma_acc(acc[r][j], bv[j], xv);
+        }
+    }
+#pragma GCC unroll 2
+    for (int j = 0; j < NP; ++j) {
+        const __mmask16 mk = tail_mask(p + j, n);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + (p + j) * kInt8PanelN, mk, acc[r][j]);
+    }
+}
+
+template <int NP, int MR>
+inline void fd_rows(int rem, const float* x, int64_t ldx, const float* bf, int64_t kp, int64_t p, int64_t r0, int64_t n,
+                    float* y, int64_t ldy) {
+    if (rem == MR) {
+        fd_tile<MR, NP>(x, ldx, bf, kp, p, r0, n, y, ldy);
+    } else if constexpr (MR > 1) {
+        fd_rows<NP, MR - 1>(rem, x, ldx, bf, kp, p, r0, n, y, ldy);
+    }
+}
+
+template <Int4Kind K, int NP>
+void fd_panels(const F32Acts& a, int64_t m, const PackedInt4& w, int64_t p, float* y, int64_t ldy, float* bf) {
+    for (int j = 0; j < NP; ++j) dequant_panel<K>(w, p + j, bf + j * w.k_padded * 16);
+    constexpr int kMr = 8;
+    for (int64_t r0 = 0; r0 < m; r0 += kMr)
+        fd_rows<NP, kMr>(int(m - r0 < kMr ? m - r0 : kMr), a.x, a.ldx, bf, w.k_padded, p, r0, w.n, y, ldy);
+}
+
+template <Int4Kind K>
+void w4a16_panels(const F32Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y, int64_t ldy) {
+    int64_t p = p0;
+    if (m == 1) {
+        for (; p + 4 <= p1; p += 4) w4a16_tile<K, 1, 4>(a, 0, w, p, y, ldy);
+        for (; p < p1; ++p) w4a16_tile<K, 1, 1>(a, 0, w, p, y, ldy);
+    } else if (m < 16) {
+        for (; p + 2 <= p1; p += 2)
+            for (int64_t r0 = 0; r0 < m; r0 += 4)
+                w4a16_rows<K, 2, 4>(int(m - r0 < 4 ? m - r0 : 4), a, r0, w, p, y, ldy);
+        for (; p < p1; ++p)
+            for (int64_t r0 = 0; r0 < m; r0 += 4)
+                w4a16_rows<K, 1, 4>(int(m - r0 < 4 ? m - r0 : 4), a, r0, w, p, y, ldy);
+    } else {  // prefill: each panel pair dequantized to f32 once (thread-local, L2-sized), reused for all rows
+        thread_local std::vector<float, AlignedAllocator64<float>> bf;
+        if (bf.size() < size_t(2 * w.k_padded * kInt8PanelN)) bf.resize(size_t(2 * w.k_padded * kInt8PanelN));
+        for (; p + 2 <= p1; p += 2) fd_panels<K, 2>(a, m, w, p, y, ldy, bf.data());
+        for (; p < p1; ++p) fd_panels<K, 1>(a, m, w, p, y, ldy, bf.data());
+    }
+}
+
+}  // namespace
+
+void w4a8_panels_avx512(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y,
+                        int64_t ldy) {
+    switch (w.kind) {
+        case Int4Kind::kOffset8:
+            return w4a8_panels<Int4Kind::kOffset8>(a, m, w, p0, p1, y, ldy);
+        case Int4Kind::kZeroPoint:
+            return w4a8_panels<Int4Kind::kZeroPoint>(a, m, w, p0, p1, y, ldy);
+        case Int4Kind::kAffine:
+            return w4a8_panels<Int4Kind::kAffine>(a, m, w, p0, p1, y, ldy);
+    }
+}
+
+void w4a16_panels_avx512(const F32Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y,
+                         int64_t ldy) {
+    switch (w.kind) {
+        case Int4Kind::kOffset8:
+            return w4a16_panels<Int4Kind::kOffset8>(a, m, w, p0, p1, y, ldy);
+        case Int4Kind::kZeroPoint:
+            return w4a16_panels<Int4Kind::kZeroPoint>(a, m, w, p0, p1, y, ldy);
+        case Int4Kind::kAffine:
+            return w4a16_panels<Int4Kind::kAffine>(a, m, w, p0, p1, y, ldy);
+    }
+}
+
+}  // namespace lattice::int4_detail
