@@ -70,12 +70,12 @@ inline bool quantized_layer_matrix(const ModelConfig& c, const std::string& n) {
 }
 
 // Delegates to `inner`; the layer matrices (q k v o gate up down, and a MoE family's experts) are
-// served as f32 after a round trip through the engine's int8 weight scheme (per output row:
-// s = max|w| / 127, w' = q s), so an fp32 run of this source computes what W8A16 computes, with
-// float GEMMs.
-class FakeQuantSource final : public TensorSource {
+// served as f32 after a round trip through a weight scheme: Round::apply(name, inner, row0, rows, col0,
+// cols, dst) writes the rounded slice. The fake sources below are its two instances.
+template <class Round>
+class RoundedSource final : public TensorSource {
 public:
-    explicit FakeQuantSource(std::unique_ptr<TensorSource> inner) : inner_(std::move(inner)) {}
+    explicit RoundedSource(std::unique_ptr<TensorSource> inner) : inner_(std::move(inner)) {}
     const ModelConfig& config() const override { return inner_->config(); }
     bool has(const std::string& n) const override { return inner_->has(n); }
     const TensorInfo& info(const std::string& n) const override {
@@ -91,67 +91,55 @@ public:
     void read(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType out,
               void* dst) const override {
         if (!is_layer_matrix(name)) return inner_->read(name, row0, rows, col0, cols, out, dst);
-        LATTICE_CHECK(out == DType::kF32, "FakeQuantSource: {} read as {}", name, dtype_name(out));
-        const int64_t K = inner_->info(name).cols();
+        LATTICE_CHECK(out == DType::kF32, "{}: {} read as {}", Round::kName, name, dtype_name(out));
+        Round::apply(name, *inner_, row0, rows, col0, cols, static_cast<float*>(dst));
+    }
+    std::vector<float> rope_freq_factors() const override { return inner_->rope_freq_factors(); }
+    std::string describe() const override { return inner_->describe() + " (" + Round::kName + ")"; }
+    int64_t total_bytes() const override { return inner_->total_bytes(); }
+
+private:
+    bool is_layer_matrix(const std::string& n) const { return quantized_layer_matrix(inner_->config(), n); }
+    std::unique_ptr<TensorSource> inner_;
+    mutable std::map<std::string, TensorInfo> infos_;
+};
+
+// The engine's int8 weight scheme (per output row over the whole row: s = max|w| / 127, w' = q s), so an
+// fp32 run computes what W8A16 computes, with float GEMMs.
+struct Int8Rounding {
+    static constexpr const char* kName = "fake-quantized";
+    static void apply(const std::string& name, const TensorSource& inner, int64_t row0, int64_t rows, int64_t col0,
+                      int64_t cols, float* dst) {
+        const int64_t K = inner.info(name).cols();
         std::vector<float> full(static_cast<size_t>(rows * K));
-        inner_->read(name, row0, rows, 0, K, DType::kF32, full.data());
+        inner.read(name, row0, rows, 0, K, DType::kF32, full.data());
         for (int64_t r = 0; r < rows; ++r) {
             float* w = full.data() + r * K;
             const float sc = int8_scale_from_absmax(absmax_row(w, K));
             for (int64_t j = 0; j < K; ++j) w[j] = float(quantize_int8_value(w[j], sc)) * sc;
-            std::copy(w + col0, w + col0 + cols, static_cast<float*>(dst) + r * cols);
+            std::copy(w + col0, w + col0 + cols, dst + r * cols);
         }
     }
-    std::vector<float> rope_freq_factors() const override { return inner_->rope_freq_factors(); }
-    std::string describe() const override { return inner_->describe() + " (fake-quantized)"; }
-    int64_t total_bytes() const override { return inner_->total_bytes(); }
-
-private:
-    bool is_layer_matrix(const std::string& n) const { return quantized_layer_matrix(inner_->config(), n); }
-    std::unique_ptr<TensorSource> inner_;
-    mutable std::map<std::string, TensorInfo> infos_;
 };
+using FakeQuantSource = RoundedSource<Int8Rounding>;
 
-// Delegates to `inner`; the layer matrices (q k v o gate up down, a MoE family's experts) are served as
-// f32 after a round trip through the 4-bit scheme a backend applies to float weights (kernels/cpu/int4_gemm.h quantize_weights_int4:
-// affine groups of 32 along each row of the slice read, from its first column, as the backend gets the
-// slice), so an fp32 run of this source at a layout computes with exactly the dequantized weights a W4A16
-// or W4A8 run of `inner` at that layout holds, with float GEMMs and float activations.
-class FakeInt4Source final : public TensorSource {
-public:
-    explicit FakeInt4Source(std::unique_ptr<TensorSource> inner) : inner_(std::move(inner)) {}
-    const ModelConfig& config() const override { return inner_->config(); }
-    bool has(const std::string& n) const override { return inner_->has(n); }
-    const TensorInfo& info(const std::string& n) const override {
-        if (!is_layer_matrix(n)) return inner_->info(n);
-        auto it = infos_.find(n);
-        if (it == infos_.end()) {
-            TensorInfo ti = inner_->info(n);
-            ti.dtype = DType::kF32;
-            it = infos_.emplace(n, ti).first;
-        }
-        return it->second;
-    }
-    void read(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType out,
-              void* dst) const override {
-        if (!is_layer_matrix(name)) return inner_->read(name, row0, rows, col0, cols, out, dst);
-        LATTICE_CHECK(out == DType::kF32, "FakeInt4Source: {} read as {}", name, dtype_name(out));
+// The 4-bit scheme a backend applies to float weights (kernels/cpu/int4_gemm.h quantize_weights_int4: affine
+// groups of 32 along each row of the slice read, from its first column, as the backend gets the slice), so
+// an fp32 run at a layout computes with exactly the dequantized weights a W4A16 or W4A8 run at that layout
+// holds, with float GEMMs and float activations.
+struct Int4Rounding {
+    static constexpr const char* kName = "fake-quantized to 4 bits";
+    static void apply(const std::string& name, const TensorSource& inner, int64_t row0, int64_t rows, int64_t col0,
+                      int64_t cols, float* dst) {
         std::vector<float> w(static_cast<size_t>(rows * cols));
-        inner_->read(name, row0, rows, col0, cols, DType::kF32, w.data());
+        inner.read(name, row0, rows, col0, cols, DType::kF32, w.data());
         const Int4Weights q = quantize_weights_int4(w.data(), rows, cols, kInt4Block);
         const Int4Matrix m = q.matrix();
         for (int64_t r = 0; r < rows; ++r)
-            for (int64_t c = 0; c < cols; ++c) static_cast<float*>(dst)[r * cols + c] = int4_value(m, r, c);
+            for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = int4_value(m, r, c);
     }
-    std::vector<float> rope_freq_factors() const override { return inner_->rope_freq_factors(); }
-    std::string describe() const override { return inner_->describe() + " (fake-quantized to 4 bits)"; }
-    int64_t total_bytes() const override { return inner_->total_bytes(); }
-
-private:
-    bool is_layer_matrix(const std::string& n) const { return quantized_layer_matrix(inner_->config(), n); }
-    std::unique_ptr<TensorSource> inner_;
-    mutable std::map<std::string, TensorInfo> infos_;
 };
+using FakeInt4Source = RoundedSource<Int4Rounding>;
 
 inline std::vector<int32_t> random_ids(size_t n, int64_t vocab, uint32_t seed) {
     std::mt19937 rng(seed);
