@@ -16,6 +16,7 @@
 #include "runtime/model/smoothquant.h"
 #include "tests/runtime/model/golden.h"
 #include "tests/test_build.h"
+#include "tests/test_temp_dir.h"
 
 namespace lattice::testing {
 
@@ -51,19 +52,6 @@ inline std::string golden_name_of(const std::string& path) {
     return best;
 }
 
-struct TempDir {
-    fs::path path;
-    explicit TempDir(const std::string& stem = "lattice_convert") {
-        std::string t = (fs::temp_directory_path() / (stem + "_XXXXXX")).string();
-        REQUIRE(::mkdtemp(t.data()) != nullptr);
-        path = t;
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-    std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
 
 // Factors in [0.5, 2] for every layer, written as `lattice calibrate` writes them.
 inline void write_random_smooth(const ModelConfig& c, const std::string& path, uint32_t seed) {

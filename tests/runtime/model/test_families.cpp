@@ -20,6 +20,7 @@
 #include "runtime/model/rank_weights.h"
 #include "runtime/weights/tensor_source.h"
 #include "tests/runtime/model/golden.h"
+#include "tests/test_temp_dir.h"
 
 using namespace lattice;
 using namespace lattice::testing;
@@ -43,18 +44,6 @@ std::string refusal(const nlohmann::json& j) {
     return "";
 }
 
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        std::string t = (fs::temp_directory_path() / "lattice_families_XXXXXX").string();
-        REQUIRE(::mkdtemp(t.data()) != nullptr);
-        path = t;
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-};
 
 }  // namespace
 

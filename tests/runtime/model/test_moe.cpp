@@ -24,6 +24,7 @@
 #include "runtime/weights/tensor_source.h"
 #include "tests/runtime/model/golden.h"
 #include "tests/runtime/weights/gguf_builder.h"
+#include "tests/test_temp_dir.h"
 
 using namespace lattice;
 using namespace lattice::testing;
@@ -48,18 +49,6 @@ std::string refusal(const nlohmann::json& j) {
     return "";
 }
 
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        std::string t = (fs::temp_directory_path() / "lattice_moe_XXXXXX").string();
-        REQUIRE(::mkdtemp(t.data()) != nullptr);
-        path = t;
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-};
 
 // Rewrites `src` (scalar metadata copied) with each tensor passed through `split`: it returns the
 // tensors to write in its place (itself unchanged for most).

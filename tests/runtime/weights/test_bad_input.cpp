@@ -12,6 +12,7 @@
 #include "runtime/weights/gguf.h"
 #include "runtime/weights/tensor_source.h"
 #include "tests/runtime/weights/gguf_builder.h"
+#include "tests/test_temp_dir.h"
 
 #include <doctest/doctest.h>
 #include <sys/stat.h>
@@ -27,20 +28,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        path = fs::temp_directory_path() / ("lattice-bad-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++));
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ~TempDir() { fs::remove_all(path); }
-    static int& counter() {
-        static int c = 0;
-        return c;
-    }
-    std::string operator/(const std::string& n) const { return (path / n).string(); }
-};
 
 std::string read_file(const std::string& p) {
     std::ifstream f(p, std::ios::binary);

@@ -17,24 +17,14 @@
 #include "runtime/weights/manifest.h"
 #include "runtime/weights/safetensors.h"
 #include "runtime/weights/sha256.h"
+#include "tests/test_temp_dir.h"
 
 using namespace lattice;
 namespace fs = std::filesystem;
+using lattice::testing::TempDir;
 
 namespace {
 
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        std::string t = (fs::temp_directory_path() / "lattice_fmt_XXXXXX").string();
-        REQUIRE(::mkdtemp(t.data()) != nullptr);
-        path = t;
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-};
 
 std::string golden(const std::string& rel) {
     return std::string(LATTICE_SHARED_DIR) + "/golden/" + rel;
