@@ -751,6 +751,55 @@ def bench_spec(args, rec):
               ["task", "drafts", "decode tok/s", "speedup", "accepted %", "accepted/drafted"], rows)
 
 
+def bench_kv(args, rec):
+    """KV cache element types at a long context: single-stream decode of `lattice generate` after a prompt of
+    each length, with each --kv-cache-dtype, interleaved over rounds; the ratio is to f16 in the same round
+    set. Decode at long contexts reads the whole cache every token: its bytes per token (kv_bytes_per_token,
+    from the model's layers and KV heads) beside the weights' set how fast it can go."""
+    lattice = lattice_bin(args)
+    need(lattice, "lattice")
+    source = ["--model", args.model] if args.model else []
+    model_name = os.path.basename(os.path.normpath(args.model)) if args.model else "built-in SmolLM2-135M"
+    vocab = model_vocab(args) if args.model else None  # the built-in GGUF: ids below 1000 exist in any vocabulary
+    per = {}  # (prompt, dtype) -> [decode tok/s]
+    for rnd in range(max(1, args.rounds)):
+        for n in args.prompts:
+            ids = prompt_ids(n, vocab)
+            for dt in args.dtypes:
+                raw = rec.raw(f"kv-{dt}-p{n}-r{rnd}")
+                cmd = [lattice, "generate"] + source + ["--prompt-ids", ",".join(map(str, ids)), "-n",
+                                                        str(args.max_new_tokens), "--ignore-eos", "--max-seq",
+                                                        str(n + args.max_new_tokens + 8), "--kv-cache-dtype", dt,
+                                                        "--stats-json", raw, "-q"]
+                cmd += ["--threads", str(args.threads)] if args.threads else []
+                cmd += shlex.split(args.extra) if args.extra else []
+                p = run_logged(cmd, args.timeout)
+                if p.returncode != 0 or not os.path.exists(raw):
+                    rec.fail(f"kv {dt} prompt {n}", p)
+                    continue
+                per.setdefault((n, dt), []).append(json.load(open(raw))["decode_tokens_per_s"])
+    rows = []
+    for n in args.prompts:
+        base = per.get((n, "f16"))
+        base_med = statistics.median(base) if base else None
+        for dt in args.dtypes:
+            runs = per.get((n, dt))
+            if not runs:
+                continue
+            med = statistics.median(runs)
+            res = {"decode_tokens_per_s": med, "decode_tokens_per_s_runs": runs,
+                   "ratio_vs_f16": med / base_med if base_med else None}
+            params = {"model": model_name, "prompt_tokens": n, "kv_cache_dtype": dt,
+                      "max_new_tokens": args.max_new_tokens, "rounds": len(runs), "threads": args.threads,
+                      "load_avg": os.getloadavg()[0], "extra": args.extra}
+            rec.emit("kv", params, res, {"baseline": "--kv-cache-dtype f16, same binary, same run"})
+            rows.append([n, dt, f(med, 1), f(res["ratio_vs_f16"])])
+    if rows:
+        table(f"KV cache element types, {model_name}, single stream, {args.max_new_tokens} new tokens, "
+              f"median of {max(1, args.rounds)} interleaved rounds (load {os.getloadavg()[0]:.1f})",
+              ["prompt", "KV dtype", "decode tok/s", "vs f16"], rows)
+
+
 def common(p):
     g = p.add_argument_group("common")
     g.add_argument("--build", default=os.environ.get("LATTICE_BUILD", os.path.join(ROOT, "build")),
@@ -829,11 +878,18 @@ def main(argv=None):
     sp.add_argument("--max-new-tokens", type=int, default=96)
     sp.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     sp.add_argument("--extra", default="", help="more lattice generate arguments")
+    kv = sub.add_parser("kv", help="--kv-cache-dtype at long contexts: single-stream decode, lattice generate")
+    kv.add_argument("--model", help="checkpoint (default: the built-in model)")
+    kv.add_argument("--prompts", type=lambda v: int_list(v, 1), default=[4000], help="prompt lengths (default 4000)")
+    kv.add_argument("--dtypes", type=lambda v: v.split(","), default=["f32", "f16", "int8"])
+    kv.add_argument("--max-new-tokens", type=int, default=32)
+    kv.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
+    kv.add_argument("--extra", default="", help="more lattice generate arguments")
     sub.add_parser("all", help="gemm, allreduce, attention and e2e with their defaults")
     pl = sub.add_parser("plot", help="PNG plots from DIR/results.jsonl")
     pl.add_argument("dir", help="folder holding results.jsonl (plots go to DIR/plots)")
     pl.add_argument("--plots", help="output folder (default DIR/plots)")
-    for p in (g, a, t, tl, e, sm, sp, sub.choices["all"]):
+    for p in (g, a, t, tl, e, sm, sp, kv, sub.choices["all"]):
         common(p)
     args = ap.parse_args(argv)
 
@@ -857,7 +913,7 @@ def main(argv=None):
         if args.bench == "all":
             args.threads = 1 if b == "e2e" else 0
         {"gemm": bench_gemm, "allreduce": bench_allreduce, "attention": bench_attention, "tplinear": bench_tplinear,
-         "e2e": bench_e2e, "sim": bench_sim, "spec": bench_spec}[b](args, rec)
+         "e2e": bench_e2e, "sim": bench_sim, "spec": bench_spec, "kv": bench_kv}[b](args, rec)
     print(f"\nrun.py: {rec.count} point(s) appended to {rec.path} (run {rec.run_id}, {time.time() - t0:.0f} s)"
           + (f"; {rec.failures} FAILED" if rec.failures else ""))
     if args.plot:

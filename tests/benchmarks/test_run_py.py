@@ -167,6 +167,19 @@ def main():
             not tl[1]["params"]["weight_bytes_per_rank"] < tl[0]["params"]["weight_bytes_per_rank"]:
         fail(f"tplinear: the 1-rank run is the baseline and 2 ranks hold less each: {[r['params'] for r in tl]}")
 
+    # kv: each --kv-cache-dtype once, the ratio to f16 in the same run.
+    run(base + ["kv", "--model", model, "--prompts", "8", "--dtypes", "f16,int8", "--max-new-tokens", "2",
+                "--rounds", "1"] + common)
+    kv = [r for r in lines(jsonl) if r["bench"] == "kv"]
+    if [r["params"]["kv_cache_dtype"] for r in kv] != ["f16", "int8"]:
+        fail(f"kv points {[r['params'] for r in kv]}")
+    for r in kv:
+        check_schema(r)
+        if not r["results"]["decode_tokens_per_s"] > 0 or r["params"]["prompt_tokens"] != 8:
+            fail(f"kv point {r['params']} {r['results']}")
+    if kv[0]["results"]["ratio_vs_f16"] != 1.0:
+        fail(f"kv: f16 is the baseline: {kv[0]['results']}")
+
     # plot: needs matplotlib (this interpreter's or the checkout's .venv).
     py = None
     for cand in (sys.executable, os.path.join(a.source, ".venv", "bin", "python3")):
