@@ -348,8 +348,8 @@ void run_gemm(OutT* out, const T* x, int64_t ldx, const Int4Dev& w, int64_t m, c
 
 void check_weights(const Int4Dev& w, const char* op) {
     const bool group_ok = w.group == 32 || w.group == 64 || w.group == 128;
-    KERNEL_CHECK(group_ok && w.n >= 0 && w.k >= 0 && w.kp == (w.k + w.group - 1) / w.group * w.group && w.qs &&
-                     w.d && (w.a || !w.affine) && reinterpret_cast<uintptr_t>(w.qs) % 16 == 0,
+    KERNEL_CHECK(group_ok && w.n >= 0 && w.k >= 0 && w.kp == (w.k + w.group - 1) / w.group * w.group && w.qs && w.d &&
+                     (w.a || !w.affine) && reinterpret_cast<uintptr_t>(w.qs) % 16 == 0,
                  std::string("cuda::") + op + ": 4-bit weights [" + std::to_string(w.n) + ", " + std::to_string(w.k) +
                      "], group " + std::to_string(w.group) + ", kp " + std::to_string(w.kp) +
                      " (group 32/64/128, kp = k rounded up to it, nibbles 16-byte aligned, minimums for affine)");
@@ -369,15 +369,15 @@ void int4_gather_rows(void* xg, const void* x, const int32_t* perm, int64_t m, i
                                                   std::to_string(k) + ", kp " + std::to_string(kp));
     if (m == 0 || kp == 0) return;
     const unsigned grid = unsigned(std::min<int64_t>(ceil_div(m * kp, 256), 8192));
-    LATTICE_DISPATCH_ACT(act, gather_kernel<T><<<grid, 256, 0, stream>>>(static_cast<T*>(xg), static_cast<const T*>(x),
-                                                                         perm, m, k, kp));
+    LATTICE_DISPATCH_ACT(
+        act, gather_kernel<T><<<grid, 256, 0, stream>>>(static_cast<T*>(xg), static_cast<const T*>(x), perm, m, k, kp));
     CUDA_CHECK_LAUNCH();
 }
 
 void gemv_w4a16(void* out, const void* x, const Int4Dev& w, int64_t m, DType act, DType out_dtype,
                 cudaStream_t stream) {
-    KERNEL_CHECK(m >= 1 && m <= kInt4GemvMaxRows, "cuda::gemv_w4a16: m = " + std::to_string(m) + " (1.." +
-                                                      std::to_string(kInt4GemvMaxRows) + ")");
+    KERNEL_CHECK(m >= 1 && m <= kInt4GemvMaxRows,
+                 "cuda::gemv_w4a16: m = " + std::to_string(m) + " (1.." + std::to_string(kInt4GemvMaxRows) + ")");
     check_weights(w, "gemv_w4a16");
     KERNEL_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0, "cuda::gemv_w4a16: x must be 16-byte aligned");
     check_out(out_dtype, act, "gemv_w4a16");

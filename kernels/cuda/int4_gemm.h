@@ -38,8 +38,7 @@ void int4_gather_rows(void* xg, const void* x, const int32_t* perm, int64_t m, i
 
 // Decode GEMV, 1 <= m <= kInt4GemvMaxRows: out[m, n] = x[m, :kp] . W^T with x [m, kp] contiguous, in stored
 // column order and zero in [k, kp) (int4_gather_rows), 16-byte aligned. out_dtype: act or f32.
-void gemv_w4a16(void* out, const void* x, const Int4Dev& w, int64_t m, DType act, DType out_dtype,
-                cudaStream_t stream);
+void gemv_w4a16(void* out, const void* x, const Int4Dev& w, int64_t m, DType act, DType out_dtype, cudaStream_t stream);
 
 // Prefill GEMM, any m: out[m, n] = x[m, :k] . W^T with x [m, ldx] rows (ldx >= k) in stored column order
 // (tensor cores: the 4-bit tile dequantized to the activation dtype in shared memory). out_dtype: act or f32.

@@ -54,9 +54,10 @@ Linear CudaBackend::make_linear_int4(const Int4Matrix& w, QuantMode mode) {
     check_int4_matrix(w, "CudaBackend::make_linear_int4");
     LATTICE_CHECK(w.n > 0 && w.k > 0, "CudaBackend::make_linear_int4: empty 4-bit weight [{}, {}]", w.n, w.k);
     if (mode == QuantMode::kW4A8 && !w4a8_noted_) {
-        LOG_INFO("cuda:{}: w4a8 runs as w4a16 on CUDA (4-bit weights dequantized against {} activations; no "
-                 "int8-activation 4-bit kernel)",
-                 device_, dtype_name(act_));
+        LOG_INFO(
+            "cuda:{}: w4a8 runs as w4a16 on CUDA (4-bit weights dequantized against {} activations; no "
+            "int8-activation 4-bit kernel)",
+            device_, dtype_name(act_));
         w4a8_noted_ = true;
     }
     make_current();
@@ -92,8 +93,8 @@ Linear CudaBackend::make_linear_int4(const Int4Matrix& w, QuantMode mode) {
 
 void CudaBackend::linear_int4(const View& out, const View& x, const Linear& w) {
     const auto* lay = static_cast<const CudaInt4Layout*>(w.prepared.get());
-    LATTICE_CHECK(lay && w.weight_dtype == DType::kU8 && w.weight.view().ndim == 2 &&
-                      w.weight.view().shape[0] == w.n && w.weight.view().shape[1] * 2 == lay->kp,
+    LATTICE_CHECK(lay && w.weight_dtype == DType::kU8 && w.weight.view().ndim == 2 && w.weight.view().shape[0] == w.n &&
+                      w.weight.view().shape[1] * 2 == lay->kp,
                   "CudaBackend::linear: 4-bit weight {} [{}, {}] was not made by CudaBackend::make_linear_int4",
                   w.weight.view().shape_str(), w.n, w.k);
     cuda::Int4Dev d;

@@ -50,8 +50,8 @@ std::vector<float> random_x(std::mt19937_64& rng, int64_t m, int64_t k, DType ac
 }
 
 // Gathers x on the device into stored column order [m, kp] (poisoned first) and checks it exactly.
-void gather_checked(DevBuf& xg, const DevBuf& dx, const std::vector<float>& x, const Int4Weights& w,
-                    const DevInt4& dw, int64_t m, DType act) {
+void gather_checked(DevBuf& xg, const DevBuf& dx, const std::vector<float>& x, const Int4Weights& w, const DevInt4& dw,
+                    int64_t m, DType act) {
     const int64_t kp = w.k_padded();
     xg.poison();
     cuda::int4_gather_rows(xg.get(), dx.get(), dw.perm_ptr(), m, w.k, kp, act, nullptr);
@@ -65,8 +65,8 @@ void gather_checked(DevBuf& xg, const DevBuf& dx, const std::vector<float>& x, c
     CHECK(exact);
 }
 
-void run_case(std::mt19937_64& rng, DType act, Int4Kind kind, int64_t group, bool perm, int64_t m, int64_t n,
-              int64_t k, bool gemv) {
+void run_case(std::mt19937_64& rng, DType act, Int4Kind kind, int64_t group, bool perm, int64_t m, int64_t n, int64_t k,
+              bool gemv) {
     INFO(dtype_name(act) << " " << int4_kind_name(kind) << " group " << group << (perm ? " act-order" : "") << " m "
                          << m << " n " << n << " k " << k << (gemv ? " gemv" : " gemm"));
     const Int4Weights w = random_int4(n, k, group, kind, perm, rng);
@@ -83,8 +83,8 @@ void run_case(std::mt19937_64& rng, DType act, Int4Kind kind, int64_t group, boo
         if (gemv)
             cuda::gemv_w4a16(out.get(), xg.get(), dw.dev, m, act, od, nullptr);
         else
-            cuda::gemm_w4a16(out.get(), gathered ? xg.get() : dx.get(), gathered ? w.k_padded() : k, dw.dev, m, act,
-                             od, nullptr);
+            cuda::gemm_w4a16(out.get(), gathered ? xg.get() : dx.get(), gathered ? w.k_padded() : k, dw.dev, m, act, od,
+                             nullptr);
         bool guard_ok = false;
         const std::vector<float> got = read_out(out, m * n, od, act, guard_ok);
         CHECK(guard_ok);
