@@ -98,7 +98,7 @@ int run_convert(const ConvertArgs& args) {
     spec.path = args.model;
     std::unique_ptr<TensorSource> src = open_spec(spec);
     // As a load with --quant auto would run it (auto_quant), in 8 bits: convert does not write 4-bit files yet.
-    const QuantChoice quant = args.quant == "auto" ? auto_quant(*src, args.quant_head, false)
+    const QuantChoice quant = args.quant == "auto" ? auto_quant(*src, args.quant_head, QuantMode::kNone)
                                                    : QuantChoice{parse_quant_mode(args.quant), args.quant_head};
     o.quant = quant.quant;
     o.quant_head = quant.quant_head;

@@ -46,7 +46,8 @@ void print_memory(const TensorSource& src, const InfoArgs& args) {
     const ModelConfig& c = src.config();
     check_model_layout(c.dims(), args.tp, args.pp);
     const bool cuda = args.device == "cuda";
-    const QuantChoice quant = args.quant == "auto" ? auto_quant(src, args.quant_head, !cuda)
+    const QuantChoice quant = args.quant == "auto"
+                                  ? auto_quant(src, args.quant_head, cuda ? QuantMode::kW4A16 : QuantMode::kW4A8)
                                                    : QuantChoice{parse_quant_mode(args.quant), args.quant_head};
     const int64_t act = cuda ? 2 : 4;  // activation bytes per element
     const double kv_elem = kv_element_bytes(args.kv_cache_dtype, c.head_dim, !cuda);

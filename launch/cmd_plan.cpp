@@ -112,9 +112,8 @@ PlanRequest plan_request(const PlanArgs& args) {
     LATTICE_CHECK(args.gpus % args.nodes == 0, "--gpus {} cannot be spread evenly over --nodes {}", args.gpus,
                   args.nodes);
     r.quant = args.quant == "none" ? (r.device.cpu ? PlanQuant::kF32 : PlanQuant::kFp16) : parse_plan_quant(args.quant);
-    LATTICE_CHECK(r.device.cpu || (r.quant != PlanQuant::kW4A8 && r.quant != PlanQuant::kW4A16),
-                  "--quant {}: 4-bit weights run on CPUs only (no CUDA 4-bit kernels yet); use w8a8 on {}", args.quant,
-                  r.device.name);
+    // CUDA runs W4A8 as W4A16 (runtime/backend/cuda/cuda_backend_int4.cpp): the same 4-bit bytes, the fp rate.
+    if (!r.device.cpu && r.quant == PlanQuant::kW4A8) r.quant = PlanQuant::kW4A16;
     r.quant_head = args.quant_head;
     r.batch = args.batch;
     r.context = args.context;
@@ -261,7 +260,7 @@ void add_plan_command(CLI::App& app, CommandRun& run) {
     for (const auto& l : link_table()) links += (links.empty() ? "" : " | ") + l.name;
     cmd->add_option("--interconnect", args->link, "Link within a node: " + links + " (default: the device's)");
     cmd->add_option("--inter-node", args->inter_node, "Link between nodes")->capture_default_str();
-    cmd->add_option("--quant", args->quant, "w8a8 | w8a16 | w4a8 | w4a16 (cpu) | fp16 | bf16 | f32 | none")
+    cmd->add_option("--quant", args->quant, "w8a8 | w8a16 | w4a8 (gpus: as w4a16) | w4a16 | fp16 | bf16 | f32 | none")
         ->capture_default_str();
     cmd->add_flag("--quant-head", args->quant_head, "The LM head in int8 too");
     cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype,

@@ -77,7 +77,8 @@ const DeviceSpec& find_device(const std::string& name);
 const LinkSpec& find_link(const std::string& name);
 
 // kW4A8 / kW4A16: 4-bit weights, counted as lattice's affine groups of 32 (5 bits a weight: nibbles, an f16 scale
-// and minimum per 32; AWQ / GPTQ's groups of 128 are a little smaller) with an 8-bit LM head; CPUs only.
+// and minimum per 32; AWQ / GPTQ's groups of 128 are a little smaller) with an 8-bit LM head, on CPUs and GPUs alike
+// (a GPU runs W4A16 at its fp rate; launch/cmd_plan.cpp plans W4A8 on a GPU as W4A16, which is what CUDA runs).
 enum class PlanQuant { kW8A8, kW8A16, kFp16, kF32, kW4A8, kW4A16 };
 PlanQuant parse_plan_quant(const std::string& s);  // w8a8 | w8a16 | w4a8 | w4a16 | fp16 | bf16 | f32 | none (f32 on cpu, fp16 on gpus)
 const char* plan_quant_name(PlanQuant q);

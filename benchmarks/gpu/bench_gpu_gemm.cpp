@@ -2,7 +2,9 @@
 // first at 4096^3 (the goal: INT8 >= 70% of the dense tensor-core peak), then at
 // m = 1, 16, 256, 4096 on n x k = 8192 x 8192 and 28672 x 8192 (Llama-70B o/qkv-class and
 // gate/up-class shapes), plus the decode GEMVs the backend runs at m <= kGemvMaxRows = 16 (W8A8
-// dp4a, W8A16) with their weight bandwidth against HBM. Ratios: the dense peaks of gpu_peaks.h.
+// dp4a, W8A16) with their weight bandwidth against HBM, and the 4-bit W4A16 linears (kernels/cuda/int4_gemm.h:
+// affine groups of 32, 5 bits a weight; the GEMV at m <= kInt4GemvMaxRows = 8, the tensor-core GEMM above).
+// Ratios: the dense peaks of gpu_peaks.h.
 // Every row names its path: "gemv", or "lt#i/c", the cuBLASLt algorithm LtGemm chose (index i in
 // the heuristic's order of c candidates; int8 and fp16 both timed unless --no-autotune, while the
 // backend's default times int8 only; algo/tile/split-k ids in the JSON). A summary gives, per
@@ -30,6 +32,7 @@
 #include "base/error.h"
 #include "benchmarks/gpu/gpu_peaks.h"
 #include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/int4_gemm.h"
 #include "kernels/cuda/kernels.h"
 
 using namespace lattice;
@@ -138,6 +141,22 @@ int main(int argc, char** argv) try {
     cuda::fill_random(x16.p, DType::kF16, max_m * k, 4, 1.0f, stream);
     cuda::fill_random(sw.p, DType::kF32, max_n, 5, 0.01f, stream);
     cuda::fill_random(sx.p, DType::kF32, max_m, 6, 0.01f, stream);
+    // 4-bit weights [max_n, k]: any byte is two valid nibbles; f16 scales and minimums per group of 32.
+    DevMem q4(size_t(max_n) * k / 2), q4meta(size_t(max_n) * (k / 32) * 2 * 2);
+    cuda::fill_random(q4.p, DType::kI8, max_n * k / 2, 7, 0, stream);
+    cuda::fill_random(q4meta.p, DType::kF16, max_n * (k / 32) * 2, 8, 0.01f, stream);
+    auto int4_dev = [&](int64_t n) {
+        cuda::Int4Dev d;
+        d.qs = q4.as<uint8_t>();
+        d.d = q4meta.as<uint16_t>();
+        d.a = q4meta.as<uint16_t>() + n * (k / 32);
+        d.affine = true;
+        d.n = n;
+        d.k = k;
+        d.kp = k;
+        d.group = 32;
+        return d;
+    };
 
     nlohmann::json rows = nlohmann::json::array();
     nlohmann::json paths = nlohmann::json::array();
@@ -238,6 +257,21 @@ int main(int argc, char** argv) try {
                     min_s);
                 report("w8a16 GEMV", m, n, k, sg16, peaks.fp16_tflops, double(n) * k + 4.0 * n, "gemv", nullptr);
             }
+            // W4A16: CudaBackend::linear's 4-bit path (GEMV for m <= 8, else the tensor-core GEMM).
+            const bool gemv4 = m <= cuda::kInt4GemvMaxRows;
+            const cuda::Int4Dev q = int4_dev(n);
+            const double s4 = time_per_call(
+                stream,
+                [&] {
+                    if (gemv4)
+                        cuda::gemv_w4a16(y16.p, x16.p, q, m, DType::kF16, DType::kF16, stream);
+                    else
+                        cuda::gemm_w4a16(y16.p, x16.p, k, q, m, DType::kF16, DType::kF16, stream);
+                },
+                min_s);
+            report(gemv4 ? "w4a16 GEMV" : "w4a16 GEMM (wmma)", m, n, k, s4, peaks.fp16_tflops,
+                   double(n) * k * (0.5 + 4.0 / 32) + 2.0 * double(m) * (k + n), gemv4 ? "gemv4" : "wmma", nullptr);
+            LATTICE_CHECK(finite_f16(y16.p, size_t(m * n)), "w4a16 produced inf/NaN at m={} n={}", m, n);
             // W8A16 above the crossover also dequantizes the weights (not timed here) before the fp16 GEMM.
             const std::string w8a8_path = gemv ? "gemv" : lt_path(a8),
                               w8a16_path = gemv ? "gemv" : "dequant+" + lt_path(a16);
@@ -251,12 +285,16 @@ int main(int argc, char** argv) try {
                              {"w8a16_path", w8a16_path},
                              {"w8a16_us", (gemv ? sg16 : s16) * 1e6},
                              {"fp16_lt_us", s16 * 1e6},
+                             {"w4a16_path", gemv4 ? "gemv4" : "wmma"},
+                             {"w4a16_us", s4 * 1e6},
                              {"fp16_lt_algo", lt_json(a16)}});
             summary.push_back(fmt::format(
-                "{:>6} {:>6}  W8A8 {:<10} {:>9.1f} us{}   W8A16 {:<18} {:>9.1f} us{}", n, m, w8a8_path,
+                "{:>6} {:>6}  W8A8 {:<10} {:>9.1f} us{}   W8A16 {:<18} {:>9.1f} us{}   W4A16 {:<6} {:>9.1f} us", n, m,
+                w8a8_path,
                 (gemv ? sg8 : s8) * 1e6, gemv ? fmt::format(" (IMMA {} {:.1f} us)", lt_path(a8), s8 * 1e6) : "",
                 w8a16_path, (gemv ? sg16 : s16) * 1e6,
-                gemv ? fmt::format(" (fp16 {} {:.1f} us)", lt_path(a16), s16 * 1e6) : " (+ dequant)"));
+                gemv ? fmt::format(" (fp16 {} {:.1f} us)", lt_path(a16), s16 * 1e6) : " (+ dequant)",
+                gemv4 ? "gemv4" : "wmma", s4 * 1e6));
         }
     }
     fmt::print("\nCudaBackend::linear paths (GEMV for m <= {}; cuBLASLt autotune {}):\n{:>6} {:>6}\n",

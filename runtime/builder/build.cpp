@@ -92,10 +92,20 @@ bool checkpoint_is_4bit(const TensorSource& src) {
     return src.has(probe) && src.info(probe).int4_group > 0;
 }
 
-QuantChoice auto_quant(const TensorSource& src, bool quant_head, bool int4_kernels) {
-    if (int4_kernels && checkpoint_is_4bit(src)) return {QuantMode::kW4A8, true};
+QuantChoice auto_quant(const TensorSource& src, bool quant_head, QuantMode int4_mode) {
+    LATTICE_CHECK(int4_mode == QuantMode::kNone || is_int4(int4_mode), "auto_quant: {} is not a 4-bit mode",
+                  quant_mode_name(int4_mode));
+    if (int4_mode != QuantMode::kNone && checkpoint_is_4bit(src)) return {int4_mode, true};
     if (checkpoint_is_quantized(src)) return {QuantMode::kW8A8, true};
     return {QuantMode::kNone, quant_head};
+}
+
+QuantMode int4_mode_for(BackendKind kind) {
+    switch (resolve_backend_kind(kind)) {
+        case BackendKind::kCpu: return QuantMode::kW4A8;
+        case BackendKind::kCuda: return QuantMode::kW4A16;
+        default: return QuantMode::kNone;
+    }
 }
 
 namespace {
@@ -170,7 +180,7 @@ void load_draft(const BuildOptions& opt, RankRuntime& rt, EngineOptions& engine_
     b.kind = BackendKind::kCpu;
     rt.draft_backend = make_backend(b);
     ModelOptions mo;
-    const QuantChoice q = auto_quant(*src, false, true);  // the draft runs on the CPU: 4-bit kernels
+    const QuantChoice q = auto_quant(*src, false, QuantMode::kW4A8);  // the draft runs on the CPU
     mo.quant = q.quant;
     mo.quant_head = q.quant_head;
     mo.max_seq = std::min(rt.model->max_seq(), src->config().max_position);
@@ -194,8 +204,7 @@ RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const T
     if (const PreparedLayout* prepared = src.prepared()) {
         follow_prepared(opt, *prepared);
     } else if (opt.quant_auto) {
-        const QuantChoice q = auto_quant(src, opt.model.quant_head,
-                                         resolve_backend_kind(opt.backend.kind) == BackendKind::kCpu);
+        const QuantChoice q = auto_quant(src, opt.model.quant_head, int4_mode_for(opt.backend.kind));
         opt.model.quant = q.quant;
         opt.model.quant_head = q.quant_head;
     }

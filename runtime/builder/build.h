@@ -116,17 +116,21 @@ bool checkpoint_is_quantized(const TensorSource& src);
 // True when they are 4-bit (GGUF Q4_0, Q4_1; AWQ, GPTQ: TensorInfo::int4_group).
 bool checkpoint_is_4bit(const TensorSource& src);
 // --quant auto, the one rule (the builder, `lattice info` and `lattice convert` ask it): a 4-bit
-// checkpoint runs as W4A8 where 4-bit kernels exist (`int4_kernels`: the CPU backend), its blocks kept as
-// they are (W4A8 rather than W4A16: on the CPU it streams the weights at the memory's rate while W4A16
-// is compute-bound, and its NLL on the built-in model is within 0.05 nats of f32, test_smollm_nll);
-// elsewhere, and for any other block-quantized checkpoint, W8A8. Quantized checkpoints get a quantized LM
+// checkpoint runs in `int4_mode`, the 4-bit mode of the device's kernels, its blocks kept as they are:
+// W4A8 on the CPU (rather than W4A16: on the CPU it streams the weights at the memory's rate while W4A16
+// is compute-bound, and its NLL on the built-in model is within 0.05 nats of f32, test_smollm_nll), W4A16
+// on CUDA (its 4-bit kernels dequantize against f16/bf16 activations; cuda_backend_int4.cpp); kNone where
+// there are no 4-bit kernels (the simulated device; `lattice convert`, which writes no 4-bit files): there,
+// and for any other block-quantized checkpoint, W8A8. Quantized checkpoints get a quantized LM
 // head (8-bit unless the file holds it in 4). Any other checkpoint runs unquantized, its LM head quantized
 // only when `quant_head` asks (which then changes nothing).
 struct QuantChoice {
     QuantMode quant = QuantMode::kNone;
     bool quant_head = false;
 };
-QuantChoice auto_quant(const TensorSource& src, bool quant_head, bool int4_kernels);
+QuantChoice auto_quant(const TensorSource& src, bool quant_head, QuantMode int4_mode);
+// The 4-bit mode a backend runs (auto_quant's int4_mode): kW4A8 on the CPU, kW4A16 on CUDA, else kNone.
+QuantMode int4_mode_for(BackendKind kind);
 
 // KV blocks for this rank from the options and the model (before the world-wide minimum).
 // Never more than max_seqs sequences of the full context can use.

@@ -471,9 +471,11 @@ double RankWeights::resident_bytes(bool cuda) const {
         if (t.is_linear() && is_int4(t.mode)) {
             // kernels/cpu/int4_gemm.h: per channel and group G / 2 bytes of nibbles, an f16 d, and an f16 m or a
             // zero point (+ a pad byte) except for offset8; channels padded to 16. Float weights: affine G = 32.
+            // CUDA (kernels/cuda/int4_gemm.h): the same bytes per group (a zero point as f16), channels unpadded.
             const int64_t g = t.int4 ? t.int4_group : 32;
             const double extra = t.int4 && t.int4_kind == Int4Kind::kOffset8 ? 0 : 2;
-            w += double((t.rows + 15) / 16 * 16) * double((t.cols + g - 1) / g) * (double(g) / 2 + 2 + extra);
+            const int64_t rows = cuda ? t.rows : (t.rows + 15) / 16 * 16;
+            w += double(rows) * double((t.cols + g - 1) / g) * (double(g) / 2 + 2 + extra);
         } else if (t.is_linear() && t.mode != QuantMode::kNone) {
             w += n + 8.0 * double(t.rows);
         } else

@@ -111,7 +111,7 @@ public:
     int64_t bytes_read() const { return bytes_read_; }
     // Bytes these tensors take once loaded: int8 linears one byte per weight plus an f32 scale and
     // column sum per output channel; 4-bit linears 18 (q4_0) or 20 bytes per 32 weights, channels padded to
-    // 16 (kernels/cpu/int4_gemm.h); float tensors in the checkpoint's precision on the CPU, 16-bit
+    // 16 on the CPU (kernels/cpu/int4_gemm.h), unpadded with `cuda` (kernels/cuda/int4_gemm.h); float tensors in the checkpoint's precision on the CPU, 16-bit
     // matrices with `cuda` (launch's `info` prints it; the planner's estimate is checked against it).
     double resident_bytes(bool cuda) const;
 

@@ -7,7 +7,8 @@
    (The runs are measured by `validate_plan.py --out` on a quiet machine, never inside ctest.)
 2. The command: a recommendation for 70B on 4 A100s, the JSON form, "no layout fits" as exit 1,
    and bad input (unknown device, missing model, broken calibration file) named in one error line;
-   Mixtral 8x7B's experts counted (46.7 B parameters held, 12.9 B active per token: its model card's).
+   Mixtral 8x7B's experts counted (46.7 B parameters held, 12.9 B active per token: its model card's); 4-bit
+   weights on GPUs (W4A8 planned as W4A16, ~5/8 of int8's bytes; 70B fits 2 A100-40GB).
 Usage: test_plan.py LATTICE REPO_ROOT
 """
 import json
@@ -64,6 +65,17 @@ lay = [x for x in j.get("layouts", []) if x["feasible"]]
 # INT8: ~44 GiB of weights over 4 GPUs (each GPU holds a quarter of every expert and of attention).
 check(len(lay) == 3 and all(10.5 < x["memory_gib"]["weights"] < 11.5 for x in lay),
       f"mixtral-8x7b w8a8 on 4 GPUs: ~11 GiB of weights per GPU in every layout ({[x['memory_gib']['weights'] for x in lay]})")
+# 4-bit on GPUs (CUDA's W4A16 kernels): ~0.63 bytes a weight, so 70B fits 2 A100-40GB; W4A8 is planned as W4A16.
+r8 = plan("--model", "llama-2-70b", "--gpus", "4", "--gpu", "a100-pcie-40gb", "--json")
+r4 = plan("--model", "llama-2-70b", "--gpus", "4", "--gpu", "a100-pcie-40gb", "--quant", "w4a8", "--json")
+j8 = json.loads(r8.stdout) if r8.returncode == 0 else {}
+j4 = json.loads(r4.stdout) if r4.returncode == 0 else {}
+w8 = [x["memory_gib"]["weights"] for x in j8.get("layouts", []) if x["tp"] == 4]
+w4 = [x["memory_gib"]["weights"] for x in j4.get("layouts", []) if x["tp"] == 4]
+check(j4.get("quant") == "w4a16" and len(w4) == 1 and len(w8) == 1 and 0.55 < w4[0] / w8[0] < 0.7,
+      f"70B --quant w4a8 on 4 A100s: planned as w4a16, ~5/8 of int8's weight bytes ({w4} vs {w8} GiB, {r4.stderr.strip()!r})")
+r = plan("--model", "llama-2-70b", "--gpus", "2", "--gpu", "a100-pcie-40gb", "--quant", "w4a16")
+check(r.returncode == 0 and "recommended:" in r.stdout, f"70B w4a16 fits 2 A100-40GB ({r.stdout[-300:]!r} {r.stderr!r})")
 r = plan("--model", "llama-2-70b", "--gpus", "1", "--gpu", "a10")
 check(r.returncode == 1 and "no layout fits" in r.stdout, "70B on one A10: no layout fits, exit 1")
 r = plan("--model", "llama-2-70b", "--gpus", "2", "--gpu", "a200")

@@ -79,7 +79,7 @@ CudaBackend::~CudaBackend() {
     cudaSetDevice(device_);
     if (stream_) cudaStreamSynchronize(stream_);
     for (cudaEvent_t e : op_events_) cudaEventDestroy(e);
-    for (Scratch* s : {&xq_, &sx_, &acc_, &attn_ws_, &ids_out_, &params_, &select_})
+    for (Scratch* s : {&xq_, &sx_, &acc_, &attn_ws_, &ids_out_, &params_, &select_, &xg_})
         if (s->p) cudaFree(s->p);
     lt_.reset();
     for (void* p : retired_dev_) cudaFree(p);
@@ -102,8 +102,8 @@ bool CudaBackend::supports(Op op, DType dtype) const {
             return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
         case Op::kGemmInt8:
             return dtype == DType::kI8;
-        case Op::kGemmInt4:  // no CUDA 4-bit kernels yet: the model refuses w4a8 / w4a16 here at load
-            return false;
+        case Op::kGemmInt4:  // 4-bit weights (Linear::weight_dtype u8): W4A16, W4A8 made as W4A16
+            return dtype == DType::kU8;
         case Op::kRmsNorm:
         case Op::kAddRmsNorm:
         case Op::kRope:
@@ -238,6 +238,7 @@ void CudaBackend::check_act(const View& v, const char* op, const char* what) con
 Linear CudaBackend::make_linear(const View& host_w, QuantMode mode) {
     LATTICE_CHECK(host_w.device == Device::kCpu && host_w.ndim == 2 && host_w.is_contiguous(),
                   "CudaBackend::make_linear: expected a contiguous host [n, k] matrix, got {}", host_w.shape_str());
+    if (is_int4(mode)) return make_linear_float_int4(host_w, mode);
     const int64_t n = host_w.shape[0], k = host_w.shape[1];
     Linear lin;
     lin.n = n;
@@ -331,6 +332,8 @@ Linear CudaBackend::make_linear_int8(const View& host_q, const View& host_scales
 
 Linear CudaBackend::make_random_linear(int64_t n, int64_t k, QuantMode mode, uint64_t seed) {
     LATTICE_CHECK(n > 0 && k > 0, "CudaBackend::make_random_linear: shape [{}, {}]", n, k);
+    LATTICE_CHECK(!is_int4(mode), "CudaBackend::make_random_linear: no random 4-bit weights ({} [{}, {}]); use "
+                  "make_linear with host weights", quant_mode_name(mode), n, k);
     Linear lin;
     lin.n = n;
     lin.k = k;

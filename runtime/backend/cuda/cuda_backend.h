@@ -7,6 +7,10 @@
 //   kW8A16  weight [n_pad, k_pad] int8 (zero padded to multiples of 16), scales [n_pad] f32;
 //           m <= 16: GEMV; m > 16: cuda::gemm_w8a16 (tensor cores, the int8 tile converted in shared
 //           memory: no dequantized copy of the weight is ever written).
+//   kW4A16  4-bit weights as the checkpoint holds them (kernels/cuda/int4_gemm.h: nibbles, f16 scales and zero
+//           points / minimums, the act-order permutation): m <= 8: cuda::gemv_w4a16; m > 8: cuda::gemm_w4a16
+//           (tensor cores, the nibble tile dequantized in shared memory). kW4A8 is made as kW4A16 here (no
+//           int8-activation 4-bit kernel; the activations stay f16/bf16): cuda_backend_int4.cpp.
 //   kW8A8   same storage; x is quantized per token into int8 [m, k_pad] (+ scales [m]);
 //           m <= 16: dp4a GEMV; m > 16: cuBLASLt IMMA (int32 out), then one fused dequant epilogue;
 //           a shape cuBLASLt has no algorithm for runs the GEMV in 16-row chunks (a warning once per
@@ -82,6 +86,8 @@ public:
 
     Linear make_linear(const View& host_w, QuantMode mode) override;
     Linear make_linear_int8(const View& host_q, const View& host_scales, QuantMode mode) override;
+    // 4-bit linears (cuda_backend_int4.cpp): uploaded packed; kW4A8 is made as kW4A16 (said once in the log).
+    Linear make_linear_int4(const Int4Matrix& w, QuantMode mode) override;
     Buffer make_f32(const View& host) override;
     Buffer make_table(const View& host) override;
 
@@ -182,6 +188,10 @@ private:
     void make_current() const;
     // out[m, n] = xq . W^T * sx * sw for int8 rows quantized per token (GEMV for small m, else IMMA).
     void matmul_w8a8(const View& out, const int8_t* xq, const float* sx, const Linear& w, int64_t m);
+    // 4-bit (cuda_backend_int4.cpp): float host weights quantized to affine groups of 32 first (as the CPU does),
+    // and the W4A16 dispatch of linear().
+    Linear make_linear_float_int4(const View& host_w, QuantMode mode);
+    void linear_int4(const View& out, const View& x, const Linear& w);
 
     int device_ = 0;
     DType act_;
@@ -207,6 +217,8 @@ private:
     std::vector<void*> retired_host_;  // outgrown pinned staging areas
 
     Scratch xq_, sx_, acc_, attn_ws_, ids_out_, params_, select_;
+    Scratch xg_;                // activations gathered into a 4-bit linear's stored column order (act-order, k padding)
+    bool w4a8_noted_ = false;   // "W4A8 runs as W4A16" logged once
     TokenBatch step_;                                     // the batch begin_step staged (count 0 outside a step)
     std::vector<char> select_host_;                       // pinned-free staging of select_tokens' params and bans
     std::set<std::pair<int64_t, int64_t>> lt_fallbacks_;  // (n, k) of int8 shapes cuBLASLt has no algorithm for

@@ -307,6 +307,10 @@ void CudaBackend::linear(const View& out, const View& x, const Linear& w) {
         lt_->gemm_float(out.data, n, x.data, k, w.weight.data(), k, m, n, k, act_, od, stream_);
         return;
     }
+    if (is_int4(w.mode)) {
+        linear_int4(out, x, w);
+        return;
+    }
     const int64_t n_pad = w.weight.view().shape[0], k_pad = w.weight.view().shape[1];
     LATTICE_CHECK(w.weight_dtype == DType::kI8 && n_pad == round_up(n, 16) && k_pad == round_up(k, 16) &&
                       w.scales.view().numel() == n_pad,

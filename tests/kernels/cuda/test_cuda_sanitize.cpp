@@ -13,6 +13,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/kernels.h"
 #include "tests/kernels/cuda/attention_test_util.h"
+#include "tests/kernels/cuda/int4_test_util.h"
 
 using namespace lattice;
 using namespace lattice::test;
@@ -116,6 +117,31 @@ TEST_CASE("sanitize: W8A8 and W8A16 GEMV row counts and the int32 epilogue" * do
             for (int64_t j = 0; j < n; ++j)
                 CHECK(got[size_t(i * n + j)] ==
                       round_act(float(acc[size_t(i * 48 + j)]) * sx[size_t(i)] * sw[size_t(j)], act));
+    }
+}
+
+TEST_CASE("sanitize: W4A16 gather, GEMV and tensor-core GEMM (act-order, k off the group)" *
+          doctest::test_suite("cuda")) {
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    const DType act = DType::kBF16;
+    const int64_t n = 37, k = 70;  // kp = 96 (group 32) or 128 (group 64 / 128): padded columns everywhere
+    for (Int4Kind kind : {Int4Kind::kOffset8, Int4Kind::kZeroPoint, Int4Kind::kAffine}) {
+        const int64_t group = kind == Int4Kind::kOffset8 ? 32 : kind == Int4Kind::kZeroPoint ? 64 : 128;
+        const Int4Weights w = random_int4(n, k, group, kind, kind != Int4Kind::kAffine, rng);
+        const DevInt4 dw(w);
+        for (int64_t m : {int64_t(1), int64_t(8), int64_t(17)}) {
+            INFO(int4_kind_name(kind) << " m " << m);
+            const std::vector<float> x = rounded_vec(rng, size_t(m * k), act);
+            DevBuf dx(to_act(x, act)), xg(size_t(m * w.k_padded()) * 2), dy(size_t(m * n) * 2);
+            cuda::int4_gather_rows(xg.get(), dx.get(), dw.perm_ptr(), m, k, w.k_padded(), act, nullptr);
+            if (m <= cuda::kInt4GemvMaxRows)
+                cuda::gemv_w4a16(dy.get(), xg.get(), dw.dev, m, act, act, nullptr);
+            else
+                cuda::gemm_w4a16(dy.get(), xg.get(), w.k_padded(), dw.dev, m, act, act, nullptr);
+            check_close(from_act(dy.download<uint16_t>(size_t(m * n)), act), cpu_w4a16(w, x, m), m, n, act);
+        }
     }
 }
 

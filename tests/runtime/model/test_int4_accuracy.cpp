@@ -62,7 +62,7 @@ TEST_CASE("AWQ / GPTQ checkpoints: W4A16 equals their NumPy-dequantized twin in 
         const std::string dir = std::string(LATTICE_SOURCE_DIR) + "/tests/runtime/weights/data/" + model;
         auto src = open_model(dir);
         auto ref = open_model(dir + "-ref");
-        const QuantChoice q = auto_quant(*src, false, true);
+        const QuantChoice q = auto_quant(*src, false, QuantMode::kW4A8);
         CHECK(q.quant == QuantMode::kW4A8);
         CHECK(q.quant_head);
         const std::vector<std::vector<int32_t>> prompts = {random_ids(20, src->config().vocab, 7)};

@@ -1,7 +1,7 @@
 // A GGUF 4-bit checkpoint in a 4-bit run (tests/runtime/weights/q4_gguf.h: Q4_0 / Q4_1 linears, a Q8_0 tied
 // embedding): the plan reads the linears as raw blocks (a fused q|k|v only when its parts share a type), keeps
 // the LM head 8-bit unless it is 4-bit in the file, and counts 18 / 20 bytes per 32 weights; a tp split that
-// cuts a block is refused naming the tensor; --quant auto picks W4A8 where 4-bit kernels exist; and the W4A16
+// cuts a block is refused naming the tensor; --quant auto picks W4A8 on the CPU, W4A16 on CUDA; and the W4A16
 // logits equal an fp32 run of the same file (the blocks dequantized to f32) to float summation noise, so the
 // raw-block path holds exactly the file's values.
 #include <doctest/doctest.h>
@@ -87,13 +87,19 @@ TEST_CASE("4-bit GGUF: the plan reads Q4 blocks raw, keeps a Q8_0 head 8-bit, re
     CHECK_THROWS_WITH_AS(RankWeights(*src, o), doctest::Contains("columns [48, 96), which cuts a group"), Error);
 }
 
-TEST_CASE("4-bit GGUF: --quant auto picks W4A8 where 4-bit kernels exist; W4A16 logits equal the file in fp32") {
+TEST_CASE("4-bit GGUF: --quant auto picks W4A8 on the CPU, W4A16 on CUDA; W4A16 logits equal the file in fp32") {
     auto src = open_model(q4_file(test::Q4Types{}, "test_int4_e2e.gguf"));
     CHECK(checkpoint_is_4bit(*src));
-    const QuantChoice cpu = auto_quant(*src, false, true), other = auto_quant(*src, false, false);
+    const QuantChoice cpu = auto_quant(*src, false, QuantMode::kW4A8), other = auto_quant(*src, false, QuantMode::kNone);
+    const QuantChoice cuda = auto_quant(*src, false, int4_mode_for(BackendKind::kCuda));
     CHECK(cpu.quant == QuantMode::kW4A8);
     CHECK(cpu.quant_head);
     CHECK(other.quant == QuantMode::kW8A8);
+    CHECK(cuda.quant == QuantMode::kW4A16);  // CUDA's 4-bit kernels are W4A16
+    CHECK(cuda.quant_head);
+    CHECK(int4_mode_for(BackendKind::kCpu) == QuantMode::kW4A8);
+    CHECK(int4_mode_for(BackendKind::kSim) == QuantMode::kNone);
+    CHECK_THROWS_AS(auto_quant(*src, false, QuantMode::kW8A8), Error);
     const std::vector<std::vector<int32_t>> prompts = {random_ids(24, test::kQ4V, 3)};
     const auto f32 = score_all(*src, quant_options(QuantMode::kNone), prompts)[0];
     const auto w16 = score_all(*src, quant_options(QuantMode::kW4A16), prompts)[0];

@@ -57,6 +57,8 @@ TEST_CASE("planner weight bytes match the loader's within 1%") {
         {"tinyllama-1.1b", DType::kBF16, QuantMode::kW4A8, true, 2, 1, false},  // 4-bit layers, int8 head
         {"tinyllama-1.1b", DType::kBF16, QuantMode::kW4A16, false, 1, 2, false},
         {"mixtral-tiny-8x1.1b", DType::kBF16, QuantMode::kW4A8, false, 2, 1, false},  // 4-bit experts
+        {"llama-2-7b", DType::kBF16, QuantMode::kW4A16, false, 2, 1, true},  // CUDA's 4-bit layout: unpadded channels
+        {"llama-3-8b", DType::kBF16, QuantMode::kW4A16, true, 1, 2, true},
     };
     for (const Case& k : cases) {
         CAPTURE(k.preset);

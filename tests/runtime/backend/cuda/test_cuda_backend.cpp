@@ -1,6 +1,9 @@
 // CudaBackend against CpuBackend and exact references, through the Backend interface the model uses:
 // - linear for none / w8a16 / w8a8 at m = 1, 5 (GEMV paths) and 17 (cuBLASLt paths); W8A8 is
 //   bit-exact against quantize_row + int32 dot + the same dequant order;
+// - 4-bit linears (make_linear_int4 of every kind with and without act-order, k off the group; make_linear of
+//   float weights): W4A16 and W4A8 (made as W4A16 here) at m = 1, 5 (GEMV: x read directly or gathered) and
+//   17, 40 (tensor-core GEMM) against CpuBackend's W4A16 on the same weights;
 // - a tiny random Model built through the builder on both backends: logits of a two-sequence
 //   prefill, then decode steps;
 // - metadata staging: a new batch with the same count but other positions is really re-uploaded;
@@ -9,7 +12,11 @@
 // - the families beyond Llama (tests/runtime/model/families: qwen2's q/k/v biases, mistral's sliding
 //   window, mixtral's experts) through the engine in W8A8 on both backends: logits of a prompt scored
 //   whole and token by token, and a greedy continuation (a MoE model runs without step graphs).
+#include <array>
+#include <numeric>
+
 #include "kernels/common/quantize.h"
+#include "kernels/cpu/int4_gemm.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "runtime/backend/cpu/cpu_backend.h"
 #include "runtime/backend/cuda/cuda_backend.h"
@@ -93,6 +100,64 @@ TEST_CASE("CudaBackend linear: none, w8a16, w8a8 at GEMV and GEMM sizes" * docte
                     CHECK(got == ref);
                 else
                     CHECK(rel_err(got, ref) < tol_for(act));
+            }
+        }
+    }
+}
+
+TEST_CASE("CudaBackend linear: 4-bit weights == CpuBackend W4A16 (kinds, act-order, GEMV and GEMM)" *
+          doctest::test_suite("cuda")) {
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    CpuBackendOptions co;
+    co.threads = 1;
+    co.pin = false;
+    CpuBackend cpu(co);
+    const int64_t n = 45;
+    for (DType act : kActs) {
+        CudaBackend be(0, act);
+        for (int64_t k : {int64_t(96), int64_t(77)}) {  // 77: k off the group (kp = 96)
+            std::vector<float> wf = random_vec(rng, size_t(n * k));
+            const View hw = View::contiguous(wf.data(), DType::kF32, {n, k});
+            for (int variant = 0; variant < 4; ++variant) {
+                // Variant 3: the float weights quantized by make_linear (affine groups of 32) on both backends.
+                const Int4Kind kind = std::array{Int4Kind::kOffset8, Int4Kind::kZeroPoint, Int4Kind::kAffine,
+                                                 Int4Kind::kAffine}[size_t(variant)];
+                const bool from_float = variant == 3;
+                Int4Weights w = quantize_weights_int4(wf.data(), n, k, 32);
+                if (kind != Int4Kind::kAffine) {  // the same nibbles under the other kinds' offsets
+                    w = Int4Weights(n, k, 32, kind);
+                    Int4Weights a = quantize_weights_int4(wf.data(), n, k, 32);
+                    w.qs = a.qs;
+                    w.d = a.d;
+                    for (auto& z : w.z) z = uint8_t(rng() % 17);
+                    w.perm.resize(size_t(k));  // act-order
+                    std::iota(w.perm.begin(), w.perm.end(), 0);
+                    std::shuffle(w.perm.begin(), w.perm.end(), rng);
+                }
+                for (QuantMode mode : {QuantMode::kW4A16, QuantMode::kW4A8}) {
+                    Linear lg = from_float ? be.make_linear(hw, mode) : be.make_linear_int4(w.matrix(), mode);
+                    Linear lc = from_float ? cpu.make_linear(hw, QuantMode::kW4A16)
+                                           : cpu.make_linear_int4(w.matrix(), QuantMode::kW4A16);
+                    CHECK(lg.mode == QuantMode::kW4A16);  // W4A8 is made as W4A16 on CUDA
+                    CHECK(lg.weight_dtype == DType::kU8);
+                    CHECK(lg.weight_bytes() < n * k);  // packed: no int8 (or wider) copy
+                    for (int64_t m : {1, 5, 17, 40}) {
+                        INFO(dtype_name(act) << " " << int4_kind_name(kind) << (from_float ? " from float" : "")
+                                             << " " << quant_mode_name(mode) << " k=" << k << " m=" << m);
+                        std::vector<float> x = random_vec(rng, size_t(m * k), -2, 2);
+                        Buffer dx = dev_act(be, x, m, k);  // x rounded to act: the CPU gets the same values
+                        Buffer dy = be.alloc(act, {m, n});
+                        be.linear(dy.view(), dx.view(), lg);
+                        Buffer cx = cpu.alloc(DType::kF32, {m, k}), cy = cpu.alloc(DType::kF32, {m, n});
+                        std::memcpy(cx.data(), x.data(), x.size() * 4);
+                        cpu.linear(cy.view(), cx.view(), lc);
+                        const std::vector<float> ref(cy.ptr<float>(), cy.ptr<float>() + m * n);
+                        REQUIRE(any_nonzero(ref));
+                        check_close(host_act(be, dy.view()), ref, m, n, act);
+                    }
+                }
             }
         }
     }

@@ -3,7 +3,12 @@
 // Tolerances (relative L2 over all logits): fp16 activations 1e-2 (the bar), bf16 3e-2
 // (8-bit mantissa activations). Prompts are scored in chunks of 3 tokens too, so prefill tiles,
 // the decode path (1-token chunks would be decode) and KV reuse across calls are all exercised.
+// 4-bit: every golden model quantized to W4A16 at load (affine groups of 32, the same quantizer on both
+// backends) on the GPU against CpuBackend's W4A16 in fp32 (which equals a float forward over the dequantized
+// weights to ~1e-6, test_int4_accuracy), same tolerances, whole prompts (the tensor-core GEMM) and 1-token
+// chunks (the 4-bit GEMV).
 #include "tests/kernels/cuda/cuda_test_util.h"
+#include "runtime/backend/cpu/cpu_backend.h"
 #include "runtime/backend/cuda/cuda_backend.h"
 #include "runtime/builder/build.h"
 #include "tests/runtime/model/golden.h"
@@ -33,6 +38,44 @@ TEST_CASE("golden checkpoints on CudaBackend: logits vs the float64 reference" *
                     REQUIRE(logits.size() == c.logits.size());
                     const double err = rel_error(logits.data(), c.logits.data(), logits.size());
                     MESSAGE(name << " " << dtype_name(act) << " chunk " << chunk << ": rel err " << err);
+                    CHECK(err < (act == DType::kF16 ? 1e-2 : 3e-2));
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("golden checkpoints in W4A16 on CudaBackend: logits vs CpuBackend's W4A16" * doctest::test_suite("cuda")) {
+    for (const auto& name : golden_models()) {
+        const auto cases = load_golden(name);
+        REQUIRE(!cases.empty());
+        auto src = open_model(golden_dir(name));
+        CpuBackendOptions co;
+        co.threads = 1;
+        co.pin = false;
+        CpuBackend cpu(co);
+        ModelOptions mc;
+        mc.quant = QuantMode::kW4A16;
+        mc.max_batch_tokens = 256;
+        Model cpu_model(*src, cpu, mc, nullptr);
+        auto cpu_gen = make_local_engine(cpu_model);
+        std::vector<std::vector<float>> want;
+        for (const GoldenCase& c : cases) want.push_back(cpu_gen->score(c.prompt));
+        for (DType act : {DType::kF16, DType::kBF16}) {
+            for (int64_t chunk : {int64_t(256), int64_t(1)}) {
+                CAPTURE(name);
+                CAPTURE(dtype_name(act));
+                CAPTURE(chunk);
+                CudaBackend be(0, act);
+                ModelOptions mo = mc;
+                mo.max_batch_tokens = chunk;
+                Model model(*src, be, mo, nullptr);
+                auto gen = make_local_engine(model);
+                for (size_t i = 0; i < cases.size(); ++i) {
+                    const std::vector<float> logits = gen->score(cases[i].prompt);
+                    REQUIRE(logits.size() == want[i].size());
+                    const double err = rel_error(logits.data(), want[i].data(), logits.size());
+                    MESSAGE(name << " w4a16 " << dtype_name(act) << " chunk " << chunk << ": rel err vs CPU " << err);
                     CHECK(err < (act == DType::kF16 ? 1e-2 : 3e-2));
                 }
             }
