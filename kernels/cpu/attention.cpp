@@ -311,6 +311,16 @@ void attention(float* out, const float* qkv, void* k_cache, void* v_cache, const
             };
             for (int64_t j0 = window_start(positions[t0]) / kTile * kTile; j0 <= last; j0 += kTile) {
                 const int64_t jn = std::min(kTile, last + 1 - j0);
+                // The next tile's rows (and int8 scales) requested ahead: one head's rows are nkv rows
+                // apart in their blocks, and a decode step reads each once, from memory.
+                for (int64_t j = j0 + kTile; j < std::min(j0 + 2 * kTile, last + 1); ++j) {
+                    __builtin_prefetch(cache_row(k_cache, seq, j, g));
+                    __builtin_prefetch(cache_row(v_cache, seq, j, g));
+                    if (dt == DType::kI8 && j % 16 == 0) {
+                        __builtin_prefetch(row_scale(k_cache, seq, j, g));
+                        __builtin_prefetch(row_scale(v_cache, seq, j, g));
+                    }
+                }
                 for (int64_t j = 0; j < kTile; ++j) {
                     if (j < jn) {
                         load_row(sc.row.data(), cache_row(k_cache, seq, j0 + j, g),
