@@ -41,7 +41,8 @@ TEST_CASE("gguf-py fixture: lattice's 4-bit reads and f32 reads of Q4_0 / Q4_1 e
         {"attn_output", "self_attn.o_proj"}, {"ffn_gate", "mlp.gate_proj"},  {"ffn_up", "mlp.up_proj"},
         {"ffn_down", "mlp.down_proj"}};
     double biggest = 0;
-    for (const auto& [gguf_name, hf] : linears) {
+    for (const auto& [gguf_name_, hf] : linears) {
+        const char* gguf_name = gguf_name_;  // (a structured binding cannot be captured in clang 14)
         CAPTURE(gguf_name);
         const std::string name = std::string("model.layers.0.") + hf + ".weight";
         const GgufTensor& e = f->tensor(std::string("blk.0.") + gguf_name + ".weight.expected");
@@ -121,7 +122,7 @@ TEST_CASE("gguf source: a 4-bit block with a non-finite scale is refused, naming
                          doctest::Contains("blk.0.ffn_up.weight\" (q4_1): block of row 7 columns [32, 64)"), Error);
     // Other rows still read; the float read of the row names the tensor too.
     CHECK(src->read_int4("model.layers.0.mlp.up_proj.weight", 0, 7, 0, test::kQ4H).n == 7);
-    std::vector<float> f32(size_t(test::kQ4H));
+    std::vector<float> f32(static_cast<size_t>(test::kQ4H));
     CHECK_THROWS_WITH_AS(src->read("model.layers.0.mlp.up_proj.weight", 7, 1, 0, test::kQ4H, DType::kF32, f32.data()),
                          doctest::Contains("blk.0.ffn_up.weight"), Error);
 }
