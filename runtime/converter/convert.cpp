@@ -90,7 +90,8 @@ std::vector<SafetensorsSpec> file_specs(const RankWeights& rw, const TensorSourc
             specs.push_back({t.name, DType::kU8, {t.rows, kp / 2}});
             specs.push_back({t.name + kInt4ScaleSuffix, DType::kF16, {t.rows, groups}});
             if (l.kind == Int4Kind::kAffine) specs.push_back({t.name + kInt4MinSuffix, DType::kF16, {t.rows, groups}});
-            if (l.kind == Int4Kind::kZeroPoint) specs.push_back({t.name + kInt4ZeroSuffix, DType::kU8, {t.rows, groups}});
+            if (l.kind == Int4Kind::kZeroPoint)
+                specs.push_back({t.name + kInt4ZeroSuffix, DType::kU8, {t.rows, groups}});
             if (l.perm) specs.push_back({t.name + kInt4PermSuffix, DType::kI32, {t.cols}});
             if (meta) (*meta)[kInt4MetaPrefix + t.name] = int4_meta_value(t.cols, l.group, l.kind);
         } else if (t.mode != QuantMode::kNone) {
@@ -110,8 +111,8 @@ int64_t write_int4(SafetensorsWriter& w, const RankTensor& t, const Int4Weights&
     const Int4Layout l = int4_layout(t);
     LATTICE_CHECK(q.n == t.rows && q.k == t.cols && q.group == l.group && q.kind == l.kind &&
                       q.perm.empty() == !l.perm && (q.perm.empty() || int64_t(q.perm.size()) == t.cols),
-                  "convert: 4-bit \"{}\" came as [{}, {}] {} groups of {}, planned [{}, {}] {} groups of {}", t.name, q.n,
-                  q.k, int4_kind_name(q.kind), q.group, t.rows, t.cols, int4_kind_name(l.kind), l.group);
+                  "convert: 4-bit \"{}\" came as [{}, {}] {} groups of {}, planned [{}, {}] {} groups of {}", t.name,
+                  q.n, q.k, int4_kind_name(q.kind), q.group, t.rows, t.cols, int4_kind_name(l.kind), l.group);
     int64_t b = 0;
     auto put = [&](const std::string& name, const void* data, size_t bytes) {
         w.write(name, data, int64_t(bytes));
@@ -235,9 +236,9 @@ ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& 
             const int f = my_files[i];
             RankWeights rw(src, file_options(opt, cfg, f));
             std::map<std::string, std::string> meta = {
-                {"format", kConvertedFormat}, {"format_version", std::to_string(kConvertedFormatVersion)},
+                {"format", kConvertedFormat},   {"format_version", std::to_string(kConvertedFormatVersion)},
                 {"tp", std::to_string(opt.tp)}, {"pp", std::to_string(opt.pp)},
-                {"rank", std::to_string(f)},  {"quant", std::string(quant_mode_name(opt.quant))}};
+                {"rank", std::to_string(f)},    {"quant", std::string(quant_mode_name(opt.quant))}};
             const std::vector<SafetensorsSpec> specs = file_specs(rw, src, &meta);
             const std::string name = rank_file_name(f, files);
             prog.file = name;

@@ -5,8 +5,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstring>
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -165,8 +165,9 @@ public:
                       name, n, k, row0, rows, col0, cols);
         Int4Weights w(n, k, t.info.int4_group, t.info.int4_kind);
         auto copy = [&](const SafetensorsEntry* e, void* dst, size_t bytes) {
-            LATTICE_CHECK(e && e->end - e->begin == int64_t(bytes), "{}: 4-bit tensor \"{}\": a part has {} bytes, {} expected",
-                          t.info.file, name, e ? e->end - e->begin : 0, bytes);
+            LATTICE_CHECK(e && e->end - e->begin == int64_t(bytes),
+                          "{}: 4-bit tensor \"{}\": a part has {} bytes, {} expected", t.info.file, name,
+                          e ? e->end - e->begin : 0, bytes);
             if (bytes) std::memcpy(dst, file_->bytes(*e), bytes);
         };
         copy(t.entry, w.qs.data(), w.qs.size());
@@ -204,12 +205,13 @@ private:
             const std::string pn = name + suffix;
             auto it = entries.find(pn);
             if (!want) {
-                LATTICE_CHECK(it == entries.end(), "{}: 4-bit tensor \"{}\" of kind {} has a part \"{}\" it cannot have",
-                              file, name, int4_kind_name(kind), pn);
+                LATTICE_CHECK(it == entries.end(),
+                              "{}: 4-bit tensor \"{}\" of kind {} has a part \"{}\" it cannot have", file, name,
+                              int4_kind_name(kind), pn);
                 return static_cast<const SafetensorsEntry*>(nullptr);
             }
-            LATTICE_CHECK(it != entries.end(), "{}: 4-bit tensor \"{}\" ({}): its part \"{}\" is missing", file,
-                          name, value, pn);
+            LATTICE_CHECK(it != entries.end(), "{}: 4-bit tensor \"{}\" ({}): its part \"{}\" is missing", file, name,
+                          value, pn);
             LATTICE_CHECK(it->second.dtype == dtype && it->second.shape == shape,
                           "{}: 4-bit tensor \"{}\" ({}): part \"{}\" is {} {}, expected {} {} (truncated or from "
                           "another tensor?)",
@@ -220,13 +222,12 @@ private:
         };
         const int64_t kp = (k + group - 1) / group * group, groups = kp / group;
         auto it = entries.find(name);
-        LATTICE_CHECK(it != entries.end() && it->second.dtype == DType::kU8 && it->second.shape.size() == 2 &&
-                          it->second.shape[1] == kp / 2 && it->second.shape[0] > 0,
-                      "{}: 4-bit tensor \"{}\" ({}): its nibbles must be u8 [n, {}], found {}", file, name, value,
-                      kp / 2,
-                      it == entries.end() ? std::string("nothing")
-                                          : std::string(dtype_name(it->second.dtype)) + " " +
-                                                shape_string(it->second.shape));
+        LATTICE_CHECK(
+            it != entries.end() && it->second.dtype == DType::kU8 && it->second.shape.size() == 2 &&
+                it->second.shape[1] == kp / 2 && it->second.shape[0] > 0,
+            "{}: 4-bit tensor \"{}\" ({}): its nibbles must be u8 [n, {}], found {}", file, name, value, kp / 2,
+            it == entries.end() ? std::string("nothing")
+                                : std::string(dtype_name(it->second.dtype)) + " " + shape_string(it->second.shape));
         const int64_t n = it->second.shape[0];
         Tensor t;
         t.entry = &it->second;

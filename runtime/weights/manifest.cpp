@@ -228,9 +228,9 @@ Manifest parse_manifest(const std::string& text, const std::string& src, std::st
     const std::string qw = src + " quantization";
     const json& q = field(j, "quantization", src);
     m.quant = string_field(q, "mode", qw);
-    LATTICE_CHECK(m.quant == "none" || m.quant == "w8a16" || m.quant == "w8a8" || m.quant == "w4a16" ||
-                      m.quant == "w4a8",
-                  "{}: mode \"{}\" unknown (none, w8a16, w8a8, w4a16, w4a8)", qw, m.quant);
+    LATTICE_CHECK(
+        m.quant == "none" || m.quant == "w8a16" || m.quant == "w8a8" || m.quant == "w4a16" || m.quant == "w4a8",
+        "{}: mode \"{}\" unknown (none, w8a16, w8a8, w4a16, w4a8)", qw, m.quant);
     const json& qh = field(q, "quant_head", qw);
     LATTICE_CHECK(qh.is_boolean(), "{}: quant_head must be true or false", qw);
     m.quant_head = qh.get<bool>();

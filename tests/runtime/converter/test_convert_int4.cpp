@@ -108,8 +108,7 @@ TEST_CASE("4-bit GGUF converted: Q4 blocks kept, mixed q|k|v quantized as a load
         const Int4Weights b = src->read_int4("model.layers.0.mlp.down_proj.weight", 0, test::kQ4H, 0, test::kQ4F);
         CHECK(a.qs == b.qs);
         CHECK(a.d == b.d);
-        CHECK_THROWS_WITH_AS(conv->read_int4(kDown, 0, 1, 0, test::kQ4F),
-                             doctest::Contains("is read whole"), Error);
+        CHECK_THROWS_WITH_AS(conv->read_int4(kDown, 0, 1, 0, test::kQ4F), doctest::Contains("is read whole"), Error);
     }
 }
 

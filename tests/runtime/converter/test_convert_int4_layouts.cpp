@@ -91,7 +91,8 @@ TEST_CASE("4-bit folders converted in parallel equal the source at tp 2 and pp 2
                 CHECK(got.weight_bytes == want.weight_bytes);
                 REQUIRE(got.bytes_read.size() == 2);
                 auto file = open_converted_model(out, {tp, pp, rank});
-                CHECK(file->info("model.layers." + std::to_string(pp == 2 && rank == 1 ? src->config().n_layers - 1 : 0) +
+                CHECK(file->info("model.layers." +
+                                 std::to_string(pp == 2 && rank == 1 ? src->config().n_layers - 1 : 0) +
                                  ".self_attn.o_proj.weight")
                           .int4_group > 0);
                 CHECK(got.bytes_read[size_t(rank)] == file->total_bytes());
