@@ -32,8 +32,8 @@
 // 4 bits (an act-order one cannot be split along its columns at all); the plan refuses one that cuts a
 // group, naming the tensor and the columns. From a
 // converted checkpoint (TensorSource::prepared()) read() is a read: a linear stored as int8 comes
-// back as int8 [n, k] with its f32 scales [n] ("<name>_scale"), which the model gives the backend
-// without quantizing again. The constructor checks every tensor's presence and shape (and, for a
+// back as int8 [n, k] with its f32 scales [n] ("<name>_scale"), one stored in 4 bits as its 4-bit form
+// (every linear of a 4-bit run but an 8-bit head), which the model gives the backend without quantizing again. The constructor checks every tensor's presence and shape (and, for a
 // converted checkpoint, that it was made for this rank, layers and quantization) before any read.
 #pragma once
 
