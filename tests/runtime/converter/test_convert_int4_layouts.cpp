@@ -67,7 +67,8 @@ TEST_CASE("4-bit folders converted in parallel equal the source at tp 2 and pp 2
     int n = 0, runs = 0;
     for (const Case& c : cases) {
         auto src = open_model(c.path);
-        for (const auto& [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}}) {
+        for (const auto& layout : {std::pair{2, 1}, std::pair{1, 2}}) {
+            const int tp = layout.first, pp = layout.second;  // (clang: a structured binding cannot be captured)
             if (!layout_fits(src->config(), tp, pp)) continue;
             for (QuantMode q : {QuantMode::kW4A8, QuantMode::kW4A16}) {
                 CAPTURE(c.path);
