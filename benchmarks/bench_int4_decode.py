@@ -11,17 +11,23 @@ Per model and round: decode tok/s of both; lattice's streamed weight bytes per t
 streamed_weight_bytes_per_rank) and the KV bytes the last step read (f32 K and V of every position); the read
 bandwidth of the same thread count (bench_decode's 1 GiB stream read, measured in the same round); the floor
 time per token = bytes / bandwidth and the share of it lattice reaches; the 1-minute load average before
-each run (the machine is shared: the table says how busy it was).
+each run (the machine is shared: the table says how busy it was). Beside the wall-clock rates, the CPU time
+per decoded token of each (getrusage of the child, user + system, a short run of --short-tokens subtracted from
+the full one so that loading and prefill cancel): on a shared VM wall clock measures the neighbours as much as
+the engines, and a spin-waiting thread pool (llama.cpp's) loses more of it than lattice's; CPU time per token
+is the work each engine does for a token (spinning included), much less sensitive to the load.
 llama.cpp is not part of lattice: build llama-bench from the llama-cpp-python sdist
 (`pip download --no-binary :all: llama-cpp-python`, its vendor/llama.cpp, cmake -DGGML_NATIVE=ON) and pass
 --llama-bench (or LLAMA_CPP_BIN=folder); without it only lattice runs.
 Usage: benchmarks/bench_int4_decode.py [--build build] [--llama-bench PATH] [--models builtin,tinyllama-q4_0,...]
-                                       [--rounds 3] [--tokens 128] [--threads 2] [--out DIR] [--cache DIR]
+                                       [--rounds 3] [--tokens 128] [--short-tokens 16] [--threads 2] [--out DIR]
+                                       [--cache DIR]
 Writes int4_decode.json (every run, the medians, machine, commit) into --out and prints a markdown table."""
 import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -63,6 +69,14 @@ def model_files(names, cache):
                 sys.exit(f"make_random_gguf.py failed for {name}: {p.stderr[-500:]}")
         out[name] = path
     return out
+
+
+def cpu_seconds(fn):
+    """fn()'s result and the CPU seconds (user + system) its child processes used."""
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = fn()
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return out, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
 
 
 def run_lattice(build, path, tokens, threads):
@@ -108,6 +122,7 @@ def main():
     ap.add_argument("--models", default="builtin,tinyllama-1.1b-q4_0,tinyllama-1.1b-q4_1")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--short-tokens", type=int, default=16, help="the short run whose CPU time is subtracted")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=os.path.join(root, "benchmarks", "results", "cpu-2core-epyc-zen4"))
     ap.add_argument("--cache", default=os.environ.get("LATTICE_BENCH_CACHE", "/tmp/lattice-bench"))
@@ -121,22 +136,30 @@ def main():
         for name, path in files.items():
             load = os.getloadavg()[0]
             d = run_bench_decode(a.build, path, a.tokens, a.threads)
-            lat = run_lattice(a.build, path, a.tokens, a.threads)
+            lat, cpu = cpu_seconds(lambda: run_lattice(a.build, path, a.tokens, a.threads))
+            _, cpu_short = cpu_seconds(lambda: run_lattice(a.build, path, a.short_tokens, a.threads))
             lat["load_1min"] = load
+            lat["cpu_ms_per_token"] = 1e3 * (cpu - cpu_short) / (a.tokens - a.short_tokens)
             ref = None
             if llama:
-                ref = run_llama(llama, path, a.tokens, a.threads)
-                ref["load_1min"] = os.getloadavg()[0]
+                load_ref = os.getloadavg()[0]
+                ref, cpu = cpu_seconds(lambda: run_llama(llama, path, a.tokens, a.threads))
+                _, cpu_short = cpu_seconds(lambda: run_llama(llama, path, a.short_tokens, a.threads))
+                ref["load_1min"] = load_ref
+                ref["cpu_ms_per_token"] = 1e3 * (cpu - cpu_short) / (a.tokens - a.short_tokens)
             runs.append({"round": rnd, "model": name, "file": path, "lattice": lat, "llama_cpp": ref,
                          "read_bw_gb_per_s": d["memory_bandwidth_gb_per_s"], "kv_bytes_last_step": d["kv_bytes_last_step"],
                          "bench_decode_tokens_per_s": d["decode_tokens_per_s"], "time": time.time()})
-            print(f"round {rnd} {name}: lattice {lat['decode_tokens_per_s']:.1f} tok/s"
-                  + (f", llama.cpp {ref['decode_tokens_per_s']:.1f} tok/s" if ref else "")
+            print(f"round {rnd} {name}: lattice {lat['decode_tokens_per_s']:.1f} tok/s, {lat['cpu_ms_per_token']:.2f} "
+                  "CPU ms/token"
+                  + (f", llama.cpp {ref['decode_tokens_per_s']:.1f} tok/s, {ref['cpu_ms_per_token']:.2f} CPU ms/token"
+                     if ref else "")
                   + f" (load {load:.1f})", file=sys.stderr, flush=True)
     summary = []
     print("| model | lattice quant | streamed MiB/token (weights + KV at the end) | read GB/s | lattice tok/s | "
-          "llama.cpp tok/s | lattice / llama.cpp | share of the floor | load (1 min) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "llama.cpp tok/s | lattice / llama.cpp | share of the floor | CPU ms/token lattice / llama.cpp (ratio) "
+          "| load (1 min) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in files:
         rs = [r for r in runs if r["model"] == name]
         lt = [r["lattice"]["decode_tokens_per_s"] for r in rs]
@@ -147,24 +170,30 @@ def main():
         # Share of the floor: a token needs (weights + the average KV read) / bandwidth at best.
         share = [r["lattice"]["decode_tokens_per_s"] * (wb + r["kv_bytes_last_step"] / 2) / (r["read_bw_gb_per_s"] * 1e9)
                  for r in rs]
-        loads = [r["lattice"]["load_1min"] for r in rs]
+        loads = [r["lattice"]["load_1min"] for r in rs] + [r["llama_cpp"]["load_1min"] for r in rs if r["llama_cpp"]]
+        cl = statistics.median(r["lattice"]["cpu_ms_per_token"] for r in rs)
+        cc = statistics.median(r["llama_cpp"]["cpu_ms_per_token"] for r in rs) if lc else None
         s = {"model": name, "quant": rs[0]["lattice"]["quant"] + ("+head" if rs[0]["lattice"]["quant_head"] else ""),
              "streamed_weight_bytes": wb, "kv_bytes_last_step": rs[0]["kv_bytes_last_step"],
              "read_bw_gb_per_s_median": statistics.median(r["read_bw_gb_per_s"] for r in rs),
              "lattice_tokens_per_s_median": statistics.median(lt),
              "llama_cpp_tokens_per_s_median": statistics.median(lc) if lc else None,
              "ratio_median": statistics.median(ratio) if ratio else None, "ratio_per_round": ratio,
-             "share_of_floor_median": statistics.median(share), "load_1min": [min(loads), max(loads)]}
+             "share_of_floor_median": statistics.median(share), "load_1min": [min(loads), max(loads)],
+             "lattice_cpu_ms_per_token_median": cl, "llama_cpp_cpu_ms_per_token_median": cc,
+             "cpu_time_ratio_median": cc / cl if cc else None}
         summary.append(s)
         fmt = lambda v, f: "-" if v is None else format(v, f)
         print(f"| {name} | {s['quant']} | {wb / 2**20:.1f} + {s['kv_bytes_last_step'] / 2**20:.1f} | "
               f"{s['read_bw_gb_per_s_median']:.1f} | {s['lattice_tokens_per_s_median']:.1f} | "
               f"{fmt(s['llama_cpp_tokens_per_s_median'], '.1f')} | {fmt(s['ratio_median'], '.2f')} "
               f"({', '.join(format(x, '.2f') for x in ratio)}) | {s['share_of_floor_median']:.2f} | "
+              f"{cl:.2f} / {fmt(cc, '.2f')} ({fmt(s['cpu_time_ratio_median'], '.2f')}) | "
               f"{min(loads):.1f}-{max(loads):.1f} |")
     os.makedirs(a.out, exist_ok=True)
     out = os.path.join(a.out, "int4_decode.json")
-    json.dump({"bench": "int4_decode", "machine": machine(), "tokens": a.tokens, "threads": a.threads,
+    json.dump({"bench": "int4_decode", "machine": machine(), "tokens": a.tokens, "short_tokens": a.short_tokens,
+               "threads": a.threads, "date": time.strftime("%Y-%m-%d %H:%M %Z"),
                "rounds": a.rounds, "llama_bench": llama, "summary": summary, "runs": runs}, open(out, "w"), indent=2)
     print(f"wrote {out}", file=sys.stderr)
 

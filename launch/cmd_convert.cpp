@@ -1,4 +1,4 @@
-// `lattice convert --model M --out DIR --tp N --pp M --quant none|w8a16|w8a8|auto [--quant-head]
+// `lattice convert --model M --out DIR --tp N --pp M --quant none|w8a16|w8a8|w4a16|w4a8|auto [--quant-head]
 //                 [--kv-cache-dtype D] (the folder's default KV cache, in the manifest)
 // [--smooth FILE] [--pp-layers a,b,..] [--progress auto|bar|lines|none]`: a pre-sharded checkpoint,
 // one file per rank, already quantized (runtime/converter/convert.h). Under mpirun the ranks convert in
@@ -97,8 +97,9 @@ int run_convert(const ConvertArgs& args) {
     ModelSpec spec;
     spec.path = args.model;
     std::unique_ptr<TensorSource> src = open_spec(spec);
-    // As a load with --quant auto would run it (auto_quant), in 8 bits: convert does not write 4-bit files yet.
-    const QuantChoice quant = args.quant == "auto" ? auto_quant(*src, args.quant_head, QuantMode::kNone)
+    // As a CPU load with --quant auto would run it (auto_quant): W4A8 for a 4-bit checkpoint (GGUF Q4, AWQ,
+    // GPTQ; its 4-bit linears kept as stored), W8A8 with an int8 head for another quantized one, else float.
+    const QuantChoice quant = args.quant == "auto" ? auto_quant(*src, args.quant_head, int4_mode_for(BackendKind::kCpu))
                                                    : QuantChoice{parse_quant_mode(args.quant), args.quant_head};
     o.quant = quant.quant;
     o.quant_head = quant.quant_head;
@@ -133,7 +134,8 @@ void add_convert_command(CLI::App& app, CommandRun& run) {
     cmd->add_option("--pp", args->pp, "Pipeline stages of the layout")->check(pp_flag_range());
     cmd->add_option("--pp-layers", args->pp_layers, "Layers per pipeline stage, e.g. 20,20,21,19");
     cmd->add_option("--quant", args->quant,
-                    "none | w8a16 | w8a8 | auto (w8a8 with an int8 head for a Q4/Q8 GGUF, none otherwise)")
+                    "none | w8a16 | w8a8 | w4a16 | w4a8 | auto (w4a8 for a 4-bit checkpoint: GGUF Q4_0 / Q4_1, AWQ, "
+                    "GPTQ; w8a8 with an int8 head for a Q8 GGUF; none otherwise)")
         ->check(CLI::IsMember({"auto", "none", "w8a16", "w8a8", "w4a16", "w4a8"}));
     cmd->add_flag("--quant-head", args->quant_head, "Quantize the LM head too");
     cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype,

@@ -29,23 +29,11 @@
 
 #include "base/dtype.h"
 #include "kernels/common/int4.h"
+#include "kernels/common/int4_quantize.h"
 #include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace lattice {
-
-// The largest k every path is exact for.
-inline constexpr int64_t kInt4MaxK = 1 << 20;
-
-// Checks an Int4Matrix (shape, group, pointers, zero points <= 16, finite scales, a permutation of 0..k-1);
-// throws Error naming `what`.
-void check_int4_matrix(const Int4Matrix& w, const char* what);
-
-// Affine 4-bit quantization of float weights w [n, k] in groups of `group` along k:
-// d = f16((max - min) / 15), m = f16(min) of the group, q = clamp(round((w - m) / d), 0, 15) with the
-// rounded d and m (q = 0 where d is 0). Throws Error on non-finite weights or a scale past f16's range,
-// naming the element.
-Int4Weights quantize_weights_int4(const float* w, int64_t n, int64_t k, int64_t group);
 
 // Weights packed for the kernels (layout above).
 struct PackedInt4 {

@@ -64,14 +64,37 @@ ModelOptions file_options(const ConvertOptions& convert, const ModelConfig& cfg,
     return rank_model_options(base, loader, cfg.n_layers, convert.pp_layers);
 }
 
+// How a 4-bit run's linear is stored: the checkpoint's own group and kind when it is read in 4 bits, else what
+// quantize_int4 makes of the float weights (affine groups of 32, the backends' make_linear).
+struct Int4Layout {
+    int64_t group = kInt4Block;
+    Int4Kind kind = Int4Kind::kAffine;
+    bool perm = false;
+};
+Int4Layout int4_layout(const RankTensor& t) {
+    return t.int4 ? Int4Layout{t.int4_group, t.int4_kind, t.int4_perm} : Int4Layout{};
+}
+
 // The tensors of one rank's file, in write order: each RankWeights tensor (int8 linears as the
-// weight and its scales), then the rope frequency factors of a GGUF source.
-std::vector<SafetensorsSpec> file_specs(const RankWeights& rw, const TensorSource& src) {
+// weight and its scales; 4-bit ones as their parts, manifest.h), then the rope frequency factors of a GGUF
+// source. `meta` gets the header metadata the 4-bit tensors need.
+std::vector<SafetensorsSpec> file_specs(const RankWeights& rw, const TensorSource& src,
+                                        std::map<std::string, std::string>* meta = nullptr) {
     std::vector<SafetensorsSpec> specs;
     for (const RankTensor& t : rw.tensors()) {
         const std::vector<int64_t> shape =
             t.vector ? std::vector<int64_t>{t.cols} : std::vector<int64_t>{t.rows, t.cols};
-        if (t.mode != QuantMode::kNone) {
+        if (is_int4(t.mode)) {
+            const Int4Layout l = int4_layout(t);
+            const int64_t kp = (t.cols + l.group - 1) / l.group * l.group, groups = kp / l.group;
+            specs.push_back({t.name, DType::kU8, {t.rows, kp / 2}});
+            specs.push_back({t.name + kInt4ScaleSuffix, DType::kF16, {t.rows, groups}});
+            if (l.kind == Int4Kind::kAffine) specs.push_back({t.name + kInt4MinSuffix, DType::kF16, {t.rows, groups}});
+            if (l.kind == Int4Kind::kZeroPoint)
+                specs.push_back({t.name + kInt4ZeroSuffix, DType::kU8, {t.rows, groups}});
+            if (l.perm) specs.push_back({t.name + kInt4PermSuffix, DType::kI32, {t.cols}});
+            if (meta) (*meta)[kInt4MetaPrefix + t.name] = int4_meta_value(t.cols, l.group, l.kind);
+        } else if (t.mode != QuantMode::kNone) {
             specs.push_back({t.name, DType::kI8, shape});
             specs.push_back({t.name + kScaleSuffix, DType::kF32, {t.rows}});
         } else {
@@ -81,6 +104,26 @@ std::vector<SafetensorsSpec> file_specs(const RankWeights& rw, const TensorSourc
     const std::vector<float> f = src.rope_freq_factors();
     if (!f.empty()) specs.push_back({kGgufRopeFreqs, DType::kF32, {int64_t(f.size())}});
     return specs;
+}
+
+// A 4-bit linear's parts in file_specs' order; returns the bytes written.
+int64_t write_int4(SafetensorsWriter& w, const RankTensor& t, const Int4Weights& q) {
+    const Int4Layout l = int4_layout(t);
+    LATTICE_CHECK(q.n == t.rows && q.k == t.cols && q.group == l.group && q.kind == l.kind &&
+                      q.perm.empty() == !l.perm && (q.perm.empty() || int64_t(q.perm.size()) == t.cols),
+                  "convert: 4-bit \"{}\" came as [{}, {}] {} groups of {}, planned [{}, {}] {} groups of {}", t.name,
+                  q.n, q.k, int4_kind_name(q.kind), q.group, t.rows, t.cols, int4_kind_name(l.kind), l.group);
+    int64_t b = 0;
+    auto put = [&](const std::string& name, const void* data, size_t bytes) {
+        w.write(name, data, int64_t(bytes));
+        b += int64_t(bytes);
+    };
+    put(t.name, q.qs.data(), q.qs.size());
+    put(t.name + kInt4ScaleSuffix, q.d.data(), q.d.size() * sizeof(uint16_t));
+    if (l.kind == Int4Kind::kAffine) put(t.name + kInt4MinSuffix, q.m.data(), q.m.size() * sizeof(uint16_t));
+    if (l.kind == Int4Kind::kZeroPoint) put(t.name + kInt4ZeroSuffix, q.z.data(), q.z.size());
+    if (l.perm) put(t.name + kInt4PermSuffix, q.perm.data(), q.perm.size() * sizeof(int32_t));
+    return b;
 }
 
 int64_t data_bytes(const std::vector<SafetensorsSpec>& specs) {
@@ -141,9 +184,6 @@ ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& 
     LATTICE_CHECK(src.prepared() == nullptr, "{} is already a converted checkpoint", src.describe());
     LATTICE_CHECK(!opt.out.empty(), "convert: no output folder given");
     LATTICE_CHECK(!opt.quant_head || opt.quant != QuantMode::kNone, "convert: --quant-head needs an int8 --quant");
-    LATTICE_CHECK(!is_int4(opt.quant), "convert: 4-bit quantization ({}) is not written by lattice convert yet; "
-                  "convert with w8a8 or w8a16, or run the checkpoint itself with --quant {}", quant_mode_name(opt.quant),
-                  quant_mode_name(opt.quant));
     check_tensor_set(src);  // what a load of the original would refuse is not converted either
     check_model_layout(cfg.dims(), opt.tp, opt.pp);
     const auto stages = stage_layer_ranges(cfg.n_layers, opt.pp, opt.pp_layers);
@@ -195,17 +235,20 @@ ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& 
         for (size_t i = 0; i < my_files.size(); ++i) {
             const int f = my_files[i];
             RankWeights rw(src, file_options(opt, cfg, f));
-            const std::vector<SafetensorsSpec> specs = file_specs(rw, src);
+            std::map<std::string, std::string> meta = {
+                {"format", kConvertedFormat},   {"format_version", std::to_string(kConvertedFormatVersion)},
+                {"tp", std::to_string(opt.tp)}, {"pp", std::to_string(opt.pp)},
+                {"rank", std::to_string(f)},    {"quant", std::string(quant_mode_name(opt.quant))}};
+            const std::vector<SafetensorsSpec> specs = file_specs(rw, src, &meta);
             const std::string name = rank_file_name(f, files);
             prog.file = name;
-            const std::map<std::string, std::string> meta = {
-                {"format", kConvertedFormat}, {"format_version", std::to_string(kConvertedFormatVersion)},
-                {"tp", std::to_string(opt.tp)}, {"pp", std::to_string(opt.pp)},
-                {"rank", std::to_string(f)},  {"quant", std::string(quant_mode_name(opt.quant))}};
             SafetensorsWriter w((tmp / name).string(), specs, meta);
             for (const RankTensor& t : rw.tensors()) {
                 HostTensor h = rw.read(t);
-                if (t.mode != QuantMode::kNone) {
+                if (is_int4(t.mode)) {  // the checkpoint's 4-bit blocks as read, or float quantized as a load would
+                    if (!h.int4()) h = quantize_int4(h, t.name);
+                    prog.bytes_done += write_int4(w, t, h.q4);
+                } else if (t.mode != QuantMode::kNone) {
                     h = quantize_per_channel(h, t.name);
                     w.write(t.name, h.data.data(), int64_t(h.data.size()));
                     w.write(t.name + kScaleSuffix, h.scales.data(), int64_t(h.scales.size() * sizeof(float)));

@@ -2,7 +2,10 @@
 // of one safetensors file per rank of a tp x pp layout, each holding exactly the tensors that rank
 // loads (runtime/model/rank_weights.h: sharded, q|k|v and gate|up fused, SmoothQuant folded in) and,
 // for int8 modes, already quantized (i8 [n, k] + f32 scales "<name>_scale" [n], the backends' own
-// formula), plus manifest.json (runtime/weights/manifest.h) and the tokenizer files (copied from a
+// formula); for 4-bit modes (w4a8, w4a16) each linear in its 4-bit parts (runtime/weights/manifest.h): the
+// source's own groups where the rank reads it in 4 bits (GGUF Q4 blocks, AWQ / GPTQ), else quantized by the
+// backends' own function (kernels/common/int4_quantize.h), the LM head int8 unless the source's is 4-bit;
+// plus manifest.json (runtime/weights/manifest.h) and the tokenizer files (copied from a
 // HF folder; a GGUF's vocabulary as a metadata-only tokenizer.gguf).
 //
 // Streaming: one tensor at a time is read, quantized, written and hashed, and the source's file
@@ -42,7 +45,7 @@ struct ConvertOptions {
     int tp = 1, pp = 1;
     std::vector<int64_t> pp_layers;  // layers per stage; empty: balanced (parallel/world_config.h)
     QuantMode quant = QuantMode::kNone;
-    bool quant_head = false;  // int8 LM head too (int8 modes)
+    bool quant_head = false;  // quantized LM head too (int8 modes; 8-bit in 4-bit modes unless stored in 4 bits)
     std::string kv_cache_dtype = "auto";  // the manifest's default KV cache for runs (--kv-cache-dtype)
     std::string smooth_path;  // SmoothQuant factors to fold in ("" none)
     std::string source_path;  // where the tokenizer files are: HF folder or .gguf ("" none)

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "base/error.h"
+#include "kernels/common/int4_quantize.h"
 #include "kernels/common/quantize.h"
 #include "runtime/arch/architecture.h"
 #include "runtime/weights/dequant.h"
@@ -154,6 +155,7 @@ void RankWeights::plan_original() {
         t.int4 = int4;
         t.int4_group = int4 ? first.int4_group : 0;
         t.int4_kind = first.int4_kind;
+        t.int4_perm = int4 && first.int4_perm;
         t.dtype = int4 ? DType::kU8 : same_kept && !folded ? keep_dtype(first.dtype) : DType::kF32;
     };
     // A row-parallel linear's column slice must keep whole blocks of a block-quantized tensor and, read in 4
@@ -263,6 +265,21 @@ void RankWeights::plan_prepared() {
         LATTICE_CHECK(ti.shape == want, "{}: tensor \"{}\" has shape {}, rank {} needs {}", ti.file, t.name,
                       shape_string(ti.shape), p.rank, shape_string(want));
         t.dtype = ti.dtype;
+        // A 4-bit run's LM head is 8-bit unless the checkpoint held it in 4 bits (plan_original): the file says
+        // which.
+        if (t.role == WeightRole::kLmHead && is_int4(t.mode) && ti.dtype == DType::kI8)
+            t.mode = int8_counterpart(t.mode);
+        if (!t.vector && is_int4(t.mode)) {
+            LATTICE_CHECK(ti.int4_group > 0, "{}: tensor \"{}\" must be 4-bit for quant {}, is {}", ti.file, t.name,
+                          quant_mode_name(t.mode), dtype_name(ti.dtype));
+            t.int4 = true;
+            t.int4_group = ti.int4_group;
+            t.int4_kind = ti.int4_kind;
+            t.int4_perm = ti.int4_perm;
+            continue;
+        }
+        LATTICE_CHECK(ti.int4_group == 0, "{}: tensor \"{}\" is 4-bit but this rank runs it with quant {}", ti.file,
+                      t.name, quant_mode_name(t.mode));
         if (t.vector) {
             LATTICE_CHECK(ti.dtype == DType::kF32, "{}: tensor \"{}\" must be f32, is {}", ti.file, t.name,
                           dtype_name(ti.dtype));
@@ -299,6 +316,14 @@ HostTensor RankWeights::read_rows(const std::string& name, int64_t row0, int64_t
 
 HostTensor RankWeights::read(const RankTensor& t) {
     HostTensor h;
+    if (src_.prepared() && t.int4) {  // stored as this rank holds it: nothing sliced, fused or rounded
+        h.dtype = DType::kU8;
+        h.q4 = src_.read_int4(t.name, 0, t.rows, 0, t.cols);
+        h.rows = h.q4.n;
+        h.cols = h.q4.k;
+        bytes_read_ += int4_bytes(h.q4);
+        return h;
+    }
     if (src_.prepared()) {
         h = read_rows(t.name, 0, t.rows, 0, t.cols, t.dtype);
         if (t.dtype == DType::kI8) {
@@ -503,6 +528,24 @@ HostTensor quantize_per_channel(const HostTensor& w, const std::string& name) {
                           row[size_t(j)], i, j);
         q.scales[size_t(i)] =
             quantize_row_int8(row.data(), w.cols, reinterpret_cast<int8_t*>(q.data.data()) + i * w.cols);
+    }
+    return q;
+}
+
+HostTensor quantize_int4(const HostTensor& w, const std::string& name) {
+    if (w.int4()) return w;
+    LATTICE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16,
+                  "quantize \"{}\" to 4 bits: dtype {} is not float", name, dtype_name(w.dtype));
+    std::vector<float> f(size_t(w.rows * w.cols));
+    convert_elements(w.data.data(), w.dtype, f.data(), DType::kF32, w.rows * w.cols);
+    HostTensor q;
+    q.dtype = DType::kU8;
+    q.rows = w.rows;
+    q.cols = w.cols;
+    try {
+        q.q4 = quantize_weights_int4(f.data(), w.rows, w.cols, kInt4Block);
+    } catch (const Error& e) {
+        LATTICE_FAIL("quantize \"{}\" to 4 bits: {}", name, e.message());
     }
     return q;
 }

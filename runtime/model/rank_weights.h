@@ -32,8 +32,8 @@
 // 4 bits (an act-order one cannot be split along its columns at all); the plan refuses one that cuts a
 // group, naming the tensor and the columns. From a
 // converted checkpoint (TensorSource::prepared()) read() is a read: a linear stored as int8 comes
-// back as int8 [n, k] with its f32 scales [n] ("<name>_scale"), which the model gives the backend
-// without quantizing again. The constructor checks every tensor's presence and shape (and, for a
+// back as int8 [n, k] with its f32 scales [n] ("<name>_scale"), one stored in 4 bits as its 4-bit form
+// (every linear of a 4-bit run but an 8-bit head), which the model gives the backend without quantizing again. The constructor checks every tensor's presence and shape (and, for a
 // converted checkpoint, that it was made for this rank, layers and quantization) before any read.
 #pragma once
 
@@ -79,6 +79,7 @@ struct RankTensor {
     bool int4 = false;                  // a 4-bit run's linear read in its stored 4-bit form (HostTensor::q4)
     int64_t int4_group = 0;             // int4: its group and kind
     Int4Kind int4_kind = Int4Kind::kAffine;
+    bool int4_perm = false;             // int4: its columns carry an act-order permutation
     bool table = false;                 // kEmbed: this rank's embedding table
     bool tied_head = false;             // kEmbed: also the float LM head (tied embeddings, last stage)
     bool is_linear() const { return role == WeightRole::kLmHead || role >= WeightRole::kWqkv || tied_head; }
@@ -134,6 +135,10 @@ private:
 // uses (kernels/common/quantize.h): s = max|w_row| / 127, q = round(w / s). Non-finite weights are
 // an Error naming `name`, the row and column.
 HostTensor quantize_per_channel(const HostTensor& w, const std::string& name);
+
+// 4-bit of float host weights, what every backend's make_linear does for a 4-bit mode (kernels/common/
+// int4_quantize.h: affine groups of 32); a tensor already 4-bit is returned as it is. Errors name `name`.
+HostTensor quantize_int4(const HostTensor& w, const std::string& name);
 
 // `base` with the rank fields of world rank `world.rank` filled in: its TP shard (tp, tp_rank) and
 // pipeline stage (layer range of parallel/world_config.h's stage_layer_ranges over n_layers, with

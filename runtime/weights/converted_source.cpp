@@ -6,13 +6,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "base/error.h"
 #include "base/log.h"
+#include "kernels/common/int4_quantize.h"
 #include "runtime/arch/architecture.h"
 #include "runtime/weights/safetensors.h"
 #include "runtime/weights/sha256.h"
@@ -81,7 +84,14 @@ public:
                       "pp {}, rank {} (a file from another conversion or rank?)",
                       path.string(), meta("format"), meta("format_version"), meta("tp"), meta("pp"), meta("rank"),
                       kConvertedFormat, m.format_version, m.tp, m.pp, want.rank);
+        std::set<std::string> int4_parts;  // entries that are parts of a 4-bit tensor (read through it)
+        for (const auto& [key, value] : md) {
+            if (!key.starts_with(kInt4MetaPrefix)) continue;
+            const std::string name = key.substr(std::strlen(kInt4MetaPrefix));
+            tensors_[name] = int4_tensor(path.string(), name, value, int4_parts);
+        }
         for (const auto& [name, e] : file_->entries()) {
+            if (int4_parts.count(name)) continue;
             TensorInfo info;
             info.name = name;
             info.dtype = e.dtype;
@@ -89,9 +99,13 @@ public:
             info.file = path.string();
             LATTICE_CHECK(
                 e.dtype == DType::kF32 || e.dtype == DType::kF16 || e.dtype == DType::kBF16 || e.dtype == DType::kI8,
-                "{}: tensor \"{}\" has dtype {} (f32, f16, bf16 or i8 expected)", info.file, name, dtype_name(e.dtype));
+                "{}: tensor \"{}\" has dtype {} (f32, f16, bf16 or i8 expected; u8 and i32 only as parts of a 4-bit "
+                "tensor named in the header's \"{}<name>\" metadata)",
+                info.file, name, dtype_name(e.dtype), kInt4MetaPrefix);
             LATTICE_CHECK(e.shape.size() == 1 || e.shape.size() == 2, "{}: tensor \"{}\" has shape {} (1-D or 2-D)",
                           info.file, name, shape_string(e.shape));
+            LATTICE_CHECK(!tensors_.count(name), "{}: tensor \"{}\" is both stored and named as a 4-bit tensor",
+                          info.file, name);
             tensors_[name] = Tensor{std::move(info), &e};
         }
         if (has(kGgufRopeFreqs)) {
@@ -114,7 +128,7 @@ public:
     }
     int64_t total_bytes() const override {
         int64_t b = 0;
-        for (const auto& [n, t] : tensors_) b += t.entry->end - t.entry->begin;
+        for (const auto& [n, e] : file_->entries()) b += e.end - e.begin;
         return b;
     }
 
@@ -122,6 +136,8 @@ public:
               void* dst) const override {
         const Tensor& t = at(name);
         check_slice(t.info, row0, rows, col0, cols);
+        LATTICE_CHECK(t.info.int4_group == 0, "{}: tensor \"{}\" is stored in 4 bits: read it with read_int4",
+                      t.info.file, name);
         const int64_t C = t.info.cols();
         const bool i8 = t.info.dtype == DType::kI8;
         LATTICE_CHECK(i8 ? out_dtype == DType::kI8
@@ -136,11 +152,100 @@ public:
                              cols);
     }
 
+    // The whole tensor (a converted file holds exactly the rank's slice): its parts copied as stored, then the
+    // checks every 4-bit load makes (finite scales and minimums, zero points in 0..16, a permutation), naming it.
+    Int4Weights read_int4(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
+                          int64_t cols) const override {
+        const Tensor& t = at(name);
+        LATTICE_CHECK(t.info.int4_group > 0, "{}: tensor \"{}\" is {}, not 4-bit", t.info.file, name,
+                      dtype_name(t.info.dtype));
+        const int64_t n = t.info.rows(), k = t.info.cols();
+        LATTICE_CHECK(row0 == 0 && rows == n && col0 == 0 && cols == k,
+                      "{}: 4-bit tensor \"{}\" [{}, {}] is read whole, not rows [{}, +{}) cols [{}, +{})", t.info.file,
+                      name, n, k, row0, rows, col0, cols);
+        Int4Weights w(n, k, t.info.int4_group, t.info.int4_kind);
+        auto copy = [&](const SafetensorsEntry* e, void* dst, size_t bytes) {
+            LATTICE_CHECK(e && e->end - e->begin == int64_t(bytes),
+                          "{}: 4-bit tensor \"{}\": a part has {} bytes, {} expected", t.info.file, name,
+                          e ? e->end - e->begin : 0, bytes);
+            if (bytes) std::memcpy(dst, file_->bytes(*e), bytes);
+        };
+        copy(t.entry, w.qs.data(), w.qs.size());
+        copy(t.d, w.d.data(), w.d.size() * 2);
+        if (t.m) copy(t.m, w.m.data(), w.m.size() * 2);
+        if (t.z) copy(t.z, w.z.data(), w.z.size());
+        if (t.perm) {
+            w.perm.resize(size_t(k));
+            copy(t.perm, w.perm.data(), w.perm.size() * 4);
+        }
+        const std::string what = fmt::format("{}: 4-bit tensor \"{}\"", t.info.file, name);
+        check_int4_matrix(w.matrix(), what.c_str());
+        return w;
+    }
+
 private:
     struct Tensor {
         TensorInfo info;
-        const SafetensorsEntry* entry = nullptr;
+        const SafetensorsEntry* entry = nullptr;  // a 4-bit tensor: its nibbles; then its other parts
+        const SafetensorsEntry *d = nullptr, *m = nullptr, *z = nullptr, *perm = nullptr;
     };
+
+    // A 4-bit tensor from its header metadata value and its parts' entries, every shape checked against it.
+    Tensor int4_tensor(const std::string& file, const std::string& name, const std::string& value,
+                       std::set<std::string>& parts) const {
+        int64_t k = 0, group = 0;
+        Int4Kind kind = Int4Kind::kAffine;
+        LATTICE_CHECK(parse_int4_meta_value(value, &k, &group, &kind) && k > 0 && k <= kInt4MaxK &&
+                          (group == 32 || group == 64 || group == 128),
+                      "{}: 4-bit tensor \"{}\": header metadata \"{}\" is not \"k=K group=32|64|128 "
+                      "kind=offset8|zero-point|affine\" (K in 1..{})",
+                      file, name, value, kInt4MaxK);
+        const auto& entries = file_->entries();
+        auto part = [&](const std::string& suffix, DType dtype, std::vector<int64_t> shape, bool want) {
+            const std::string pn = name + suffix;
+            auto it = entries.find(pn);
+            if (!want) {
+                LATTICE_CHECK(it == entries.end(),
+                              "{}: 4-bit tensor \"{}\" of kind {} has a part \"{}\" it cannot have", file, name,
+                              int4_kind_name(kind), pn);
+                return static_cast<const SafetensorsEntry*>(nullptr);
+            }
+            LATTICE_CHECK(it != entries.end(), "{}: 4-bit tensor \"{}\" ({}): its part \"{}\" is missing", file, name,
+                          value, pn);
+            LATTICE_CHECK(it->second.dtype == dtype && it->second.shape == shape,
+                          "{}: 4-bit tensor \"{}\" ({}): part \"{}\" is {} {}, expected {} {} (truncated or from "
+                          "another tensor?)",
+                          file, name, value, pn, dtype_name(it->second.dtype), shape_string(it->second.shape),
+                          dtype_name(dtype), shape_string(shape));
+            parts.insert(pn);
+            return &it->second;
+        };
+        const int64_t kp = (k + group - 1) / group * group, groups = kp / group;
+        auto it = entries.find(name);
+        LATTICE_CHECK(
+            it != entries.end() && it->second.dtype == DType::kU8 && it->second.shape.size() == 2 &&
+                it->second.shape[1] == kp / 2 && it->second.shape[0] > 0,
+            "{}: 4-bit tensor \"{}\" ({}): its nibbles must be u8 [n, {}], found {}", file, name, value, kp / 2,
+            it == entries.end() ? std::string("nothing")
+                                : std::string(dtype_name(it->second.dtype)) + " " + shape_string(it->second.shape));
+        const int64_t n = it->second.shape[0];
+        Tensor t;
+        t.entry = &it->second;
+        parts.insert(name);
+        t.d = part(kInt4ScaleSuffix, DType::kF16, {n, groups}, true);
+        t.m = part(kInt4MinSuffix, DType::kF16, {n, groups}, kind == Int4Kind::kAffine);
+        t.z = part(kInt4ZeroSuffix, DType::kU8, {n, groups}, kind == Int4Kind::kZeroPoint);
+        const bool perm = entries.count(name + kInt4PermSuffix) != 0;
+        t.perm = part(kInt4PermSuffix, DType::kI32, {k}, perm);
+        t.info.name = name;
+        t.info.dtype = DType::kU8;
+        t.info.shape = {n, k};
+        t.info.file = file;
+        t.info.int4_group = group;
+        t.info.int4_kind = kind;
+        t.info.int4_perm = perm;
+        return t;
+    }
     const Tensor& at(const std::string& name) const {
         auto it = tensors_.find(name);
         LATTICE_CHECK(it != tensors_.end(), "{}: tensor \"{}\" missing from rank {}'s file", folder_, name,

@@ -8,7 +8,10 @@
 // metadata must name the same format, layout and rank (a file copied over another rank's is caught
 // even when the sizes agree). Tensors (rank-local, see runtime/model/rank_weights.h for the names):
 //   float tensors as the converter kept them (f32 / f16 / bf16), read() converts like any source;
-//   int8 linears "X" i8 [n, k] with f32 scales "X_scale" [n]; read() of an i8 tensor only as i8.
+//   int8 linears "X" i8 [n, k] with f32 scales "X_scale" [n]; read() of an i8 tensor only as i8;
+//   4-bit linears "X" (u8 [n, k], TensorInfo::int4_group > 0) from their parts and the header's "int4:X"
+//   metadata (manifest.h), every shape checked at open; read_int4 gives the whole tensor (its values checked
+//   as every 4-bit load checks them, errors naming the tensor), read() refuses it.
 // Every load checks the manifest's seal (manifest.h: its own content, cheap) and refuses an edited
 // manifest naming it; an unsealed one (an older conversion) loads, with a warning under `verify`.
 // verify_converted checks the manifest's seal first, then every file the manifest lists (size, then

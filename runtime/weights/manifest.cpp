@@ -73,6 +73,29 @@ std::string check_seal(const json& j, const std::string& src, Manifest& m) {
 
 }  // namespace
 
+std::string int4_meta_value(int64_t k, int64_t group, Int4Kind kind) {
+    return fmt::format("k={} group={} kind={}", k, group, int4_kind_name(kind));
+}
+
+bool parse_int4_meta_value(const std::string& v, int64_t* k, int64_t* group, Int4Kind* kind) {
+    // Exactly the writer's form: "k=<digits> group=<digits> kind=<name>".
+    auto number = [](const std::string& s, int64_t* out) {
+        if (s.empty() || s.size() > 12 || s.find_first_not_of("0123456789") != std::string::npos) return false;
+        *out = std::stoll(s);
+        return true;
+    };
+    const size_t g = v.find(" group="), kd = v.find(" kind=");
+    if (!v.starts_with("k=") || g == std::string::npos || kd == std::string::npos || kd < g) return false;
+    if (!number(v.substr(2, g - 2), k) || !number(v.substr(g + 7, kd - g - 7), group)) return false;
+    const std::string name = v.substr(kd + 6);
+    for (Int4Kind c : {Int4Kind::kOffset8, Int4Kind::kZeroPoint, Int4Kind::kAffine})
+        if (name == int4_kind_name(c)) {
+            *kind = c;
+            return true;
+        }
+    return false;
+}
+
 std::string rank_file_name(int rank, int world) {
     return fmt::format("rank-{:05}-of-{:05}.safetensors", rank, world);
 }
@@ -152,8 +175,12 @@ std::string manifest_json(const Manifest& m) {
                {{"mode", m.quant},
                 {"quant_head", m.quant_head},
                 {"scheme", m.quant == "none" ? "float weights as in the source (fused, smoothing folded in)"
-                                             : "symmetric per-output-channel int8 [n, k], f32 scales [n] in "
-                                               "\"<name>_scale\""},
+                           : m.quant == "w4a8" || m.quant == "w4a16"
+                               ? "4-bit linears: u8 nibbles [n, k_padded / 2] in \"<name>\", f16 scales [n, groups] in "
+                                 "\"<name>_d\", f16 minimums \"<name>_m\" or u8 zero points \"<name>_z\" by kind, i32 "
+                                 "act-order permutation \"<name>_perm\" [k], header metadata \"int4:<name>\"; an 8-bit "
+                                 "LM head as int8 [n, k] with f32 scales [n] in \"<name>_scale\""
+                               : "symmetric per-output-channel int8 [n, k], f32 scales [n] in \"<name>_scale\""},
                 {"smooth", m.smooth.empty() ? json(nullptr) : json(m.smooth)},
                 {"smooth_sha256", m.smooth_sha256.empty() ? json(nullptr) : json(m.smooth_sha256)}}},
               {"files", files}};
@@ -201,8 +228,9 @@ Manifest parse_manifest(const std::string& text, const std::string& src, std::st
     const std::string qw = src + " quantization";
     const json& q = field(j, "quantization", src);
     m.quant = string_field(q, "mode", qw);
-    LATTICE_CHECK(m.quant == "none" || m.quant == "w8a16" || m.quant == "w8a8",
-                  "{}: mode \"{}\" unknown (none, w8a16, w8a8)", qw, m.quant);
+    LATTICE_CHECK(
+        m.quant == "none" || m.quant == "w8a16" || m.quant == "w8a8" || m.quant == "w4a16" || m.quant == "w4a8",
+        "{}: mode \"{}\" unknown (none, w8a16, w8a8, w4a16, w4a8)", qw, m.quant);
     const json& qh = field(q, "quant_head", qw);
     LATTICE_CHECK(qh.is_boolean(), "{}: quant_head must be true or false", qw);
     m.quant_head = qh.get<bool>();

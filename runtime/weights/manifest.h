@@ -2,7 +2,7 @@
 //   {"format": "lattice-converted", "format_version": 1, "writer": "lattice ...", "source": "...",
 //    "config": {the model's config in Hugging Face config.json form},
 //    "layout": {"tp": T, "pp": P, "stage_layers": [layers of stage 0, ..., of stage P-1]},
-//    "quantization": {"mode": "none" | "w8a16" | "w8a8", "quant_head": bool, "scheme": "...",
+//    "quantization": {"mode": "none" | "w8a16" | "w8a8" | "w4a16" | "w4a8", "quant_head": bool, "scheme": "...",
 //                     "smooth": "factors.safetensors" | null, "smooth_sha256": hex | null},
 //    "files": [{"path": "rank-00000-of-00004.safetensors", "kind": "rank", "rank": 0,
 //               "bytes": N, "sha256": "64 hex"}, ...,
@@ -36,6 +36,21 @@ inline constexpr int kConvertedFormatVersion = 1;
 inline constexpr int64_t kMaxManifestBytes = int64_t(16) << 20;
 // The per-output-channel scales of int8 tensor "X" are the f32 [rows] tensor "X" + kScaleSuffix.
 inline constexpr char kScaleSuffix[] = "_scale";
+// A 4-bit linear "X" [n, k] in groups of G (kernels/common/int4.h; a 4-bit run's every linear but an 8-bit
+// LM head) is stored as its unpacked form, nothing re-rounded:
+//   "X"       u8  [n, k_padded / 2]  nibbles, int4.h's order        "X_d"    f16 [n, groups]  scales
+//   "X_m"     f16 [n, groups]        minimums (kind affine only)    "X_z"    u8  [n, groups]  zero points
+//   "X_perm"  i32 [k]                act-order permutation (only when the source has one)
+// and the rank file's header metadata "int4:X" = "k=K group=G kind=offset8|zero-point|affine" (k is not
+// implied by the padded nibbles). The reader (converted_source.cpp) checks every shape against it.
+inline constexpr char kInt4MetaPrefix[] = "int4:";
+inline constexpr char kInt4ScaleSuffix[] = "_d";
+inline constexpr char kInt4MinSuffix[] = "_m";
+inline constexpr char kInt4ZeroSuffix[] = "_z";
+inline constexpr char kInt4PermSuffix[] = "_perm";
+// The header metadata value of a 4-bit tensor, and its parse (false when malformed).
+std::string int4_meta_value(int64_t k, int64_t group, Int4Kind kind);
+bool parse_int4_meta_value(const std::string& v, int64_t* k, int64_t* group, Int4Kind* kind);
 
 struct ManifestFile {
     std::string path;  // name inside the folder (no '/')

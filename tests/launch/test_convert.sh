@@ -6,7 +6,7 @@
 # exits 1, and says an unsealed manifest is unchecked, a folder of another layout is one
 # clear line naming the layout it holds, --verify catches a flipped byte at load (weights and
 # tokenizer; the tokenizer tampered as issue 33 item 4 did), progress lines when stderr is not a terminal, SIGTERM leaves no partial folder and a dead
-# conversion's partial folder is removed by the next one, the default (Q4_1 GGUF) model converts with --quant auto and keeps
+# conversion's partial folder is removed by the next one, the default (Q4_1 GGUF) model converts with --quant auto (w4a8) and keeps
 # its tokenizer (text in, same text out).
 # Usage: test_convert.sh LATTICE_BINARY SHARED_DIR DEFAULT_MODEL
 set -u
@@ -109,16 +109,16 @@ out=$("$lattice" convert --model "$g" --out "$tmp/c1" 2>&1); rc=$?
 check "convert refuses an existing --out" test $rc -eq 1
 check "... saying so" grep -q "already exists" <<<"$out"
 
-# The default model (Q4_1 GGUF): --quant auto converts to w8a8 with an int8 head; text round trip.
+# The default model (Q4_1 GGUF): --quant auto converts to w4a8 (its Q4_1 blocks kept) with an int8 head, as a
+# CPU run of the GGUF with --quant auto runs it; text round trip.
 if [ -f "$default_model" ]; then
     "$lattice" convert --model "$default_model" --out "$tmp/smol" --progress lines >/dev/null 2>&1
     check "default model converts" test -f "$tmp/smol/tokenizer.gguf"
-    check "its manifest says w8a8 with an int8 head" python3 -c "
+    check "its manifest says w4a8 with an int8 head" python3 -c "
 import json; q = json.load(open('$tmp/smol/manifest.json'))['quantization']
-assert q['mode'] == 'w8a8' and q['quant_head'] is True, q"
-    # (--quant auto runs the GGUF itself as w4a8; convert writes 8-bit folders only, so compare with w8a8.)
-    want=$("$lattice" generate --model "$default_model" --quant w8a8 --quant-head --prompt "The capital of France is" \
-        --max-new-tokens 8 --threads 1 2>/dev/null)
+assert q['mode'] == 'w4a8' and q['quant_head'] is True, q"
+    want=$("$lattice" generate --model "$default_model" --prompt "The capital of France is" --max-new-tokens 8 \
+        --threads 1 2>/dev/null)
     got=$("$lattice" generate --model "$tmp/smol" --prompt "The capital of France is" --max-new-tokens 8 --threads 1 2>/dev/null)
     check "converted default model answers the same text" test -n "$want" -a "$got" = "$want"
     # SIGTERM mid-conversion: exit non-zero, no partial folder left. A partial folder of a dead pid

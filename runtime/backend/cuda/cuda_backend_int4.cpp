@@ -21,7 +21,7 @@
 
 #include "base/convert.h"
 #include "base/log.h"
-#include "kernels/cpu/int4_gemm.h"
+#include "kernels/common/int4_quantize.h"
 #include "kernels/cuda/int4_gemm.h"
 #include "runtime/backend/cuda/cuda_backend.h"
 
