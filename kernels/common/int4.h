@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "base/dtype.h"
@@ -25,6 +26,18 @@
 namespace lattice {
 
 enum class Int4Kind : uint8_t { kOffset8, kZeroPoint, kAffine };
+
+// Calls f(std::integral_constant<Int4Kind, k>{}) for the run-time kind k: one switch for the kernels'
+// per-kind template instances (each ISA's translation unit instantiates its own).
+template <class F>
+decltype(auto) with_int4_kind(Int4Kind k, F&& f) {
+    switch (k) {
+        case Int4Kind::kOffset8: return f(std::integral_constant<Int4Kind, Int4Kind::kOffset8>{});
+        case Int4Kind::kZeroPoint: return f(std::integral_constant<Int4Kind, Int4Kind::kZeroPoint>{});
+        case Int4Kind::kAffine: break;
+    }
+    return f(std::integral_constant<Int4Kind, Int4Kind::kAffine>{});
+}
 
 inline std::string_view int4_kind_name(Int4Kind k) {
     switch (k) {

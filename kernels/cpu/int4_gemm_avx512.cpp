@@ -359,26 +359,12 @@ void w4a16_panels(const F32Acts& a, int64_t m, const PackedInt4& w, int64_t p0, 
 
 void w4a8_panels_avx512(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y,
                         int64_t ldy) {
-    switch (w.kind) {
-        case Int4Kind::kOffset8:
-            return w4a8_panels<Int4Kind::kOffset8>(a, m, w, p0, p1, y, ldy);
-        case Int4Kind::kZeroPoint:
-            return w4a8_panels<Int4Kind::kZeroPoint>(a, m, w, p0, p1, y, ldy);
-        case Int4Kind::kAffine:
-            return w4a8_panels<Int4Kind::kAffine>(a, m, w, p0, p1, y, ldy);
-    }
+    with_int4_kind(w.kind, [&](auto kind) { w4a8_panels<kind.value>(a, m, w, p0, p1, y, ldy); });
 }
 
 void w4a16_panels_avx512(const F32Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y,
                          int64_t ldy) {
-    switch (w.kind) {
-        case Int4Kind::kOffset8:
-            return w4a16_panels<Int4Kind::kOffset8>(a, m, w, p0, p1, y, ldy);
-        case Int4Kind::kZeroPoint:
-            return w4a16_panels<Int4Kind::kZeroPoint>(a, m, w, p0, p1, y, ldy);
-        case Int4Kind::kAffine:
-            return w4a16_panels<Int4Kind::kAffine>(a, m, w, p0, p1, y, ldy);
-    }
+    with_int4_kind(w.kind, [&](auto kind) { w4a16_panels<kind.value>(a, m, w, p0, p1, y, ldy); });
 }
 
 }  // namespace lattice::int4_detail
