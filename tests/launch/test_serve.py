@@ -269,13 +269,20 @@ def generate_json(model, args):
     return json.loads(r.stdout.splitlines()[0]) if r.returncode == 0 else {}
 
 
+def spaced_word(text):
+    """' word' for a word of `text` from its middle on that follows a space (a word after a newline has
+    none before it), or None: a stop string the text holds."""
+    words = text.split()
+    spaced = [w for w in words[len(words) // 2:] + words[:len(words) // 2] if " " + w in text]
+    return " " + spaced[0] if spaced else None
+
+
 def three_fronts(s, auth, model, prompt, question):
     """One request each (a completion ended by its length, one by a stop string, a chat ended by the
     model) through `generate --json`, `batch` and serve: the same ids, text, finish reason and usage
     (the fronts share the engine client). Returns generate's outputs."""
     first = generate_json(model, ["--prompt", prompt, "-n", "20"])
-    words = first.get("text", "").split()
-    stop = " " + words[len(words) // 2] if words else " the"  # a stop string the text holds
+    stop = spaced_word(first.get("text", "")) or " the"  # a stop string the text holds
     cases = [("length", {"prompt": prompt, "max_tokens": 20}, ["--prompt", prompt, "-n", "20"]),
              ("stop", {"prompt": prompt, "max_tokens": 20, "stop": [stop]}, ["--prompt", prompt, "-n", "20", "--stop", stop]),
              ("chat", {"messages": [{"role": "user", "content": question}], "max_tokens": 24},
@@ -661,8 +668,8 @@ def builtin_section():
     check(client.models() == ["smol"], "api models list")
 
     # A stop string: the text ends right before it.
-    words = text.split()
-    stop = " " + words[len(words) // 2]
+    stop = spaced_word(text)
+    check(stop is not None, f"no word after a space in {text!r}")
     c = client.create("completions", model="smol", prompt=prompt, max_tokens=20, temperature=0, stop=[stop])
     ctext = c["choices"][0]["text"]
     check(c["choices"][0]["finish_reason"] == "stop" and ctext == text[:text.find(stop)],
