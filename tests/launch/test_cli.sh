@@ -99,12 +99,15 @@ bad "unknown preset" "llama-9" generate --random-weights --config llama-9 --prom
 smol=${LATTICE_DEFAULT_MODEL:-$(cd "$(dirname "$0")/../.." && pwd)/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 if [ -f "$smol" ]; then
     start=$(date +%s)
+    # $tmp in the command line tells this job's ranks from those of tests running beside it.
+    mark="$tmp/hang-stats.json"
     "${mpirun[@]}" -np 2 "$lattice" generate --model "$smol" --prompt "Tell me a long story about the sea." \
-        --max-new-tokens 2000 --ignore-eos --pp 2 --threads 1 --comm-timeout 3 >"$tmp/hang.out" 2>"$tmp/hang" &
+        --max-new-tokens 2000 --ignore-eos --pp 2 --threads 1 --comm-timeout 3 --stats-json "$mark" \
+        >"$tmp/hang.out" 2>"$tmp/hang" &
     job=$!
     victim=""
     for _ in $(seq 100); do  # find world rank 1 by its environment
-        for p in $(pgrep -f "lattice generate --model $smol"); do
+        for p in $(pgrep -f -- "--stats-json $mark"); do
             tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && victim=$p
         done
         [ -n "$victim" ] && break
@@ -124,10 +127,10 @@ if [ -f "$smol" ]; then
     check "hung rank: job ends within timeout + 10 s (took $took s)" test $took -le 13
     check "hung rank: the error names the silent rank" grep -q "timed out after 3.0 s.*no answer from rank 1" "$tmp/hang"
     for _ in $(seq 100); do  # the continued victim handles its pending termination (<= 10 s)
-        [ -z "$(pgrep -f "lattice generate --model $smol" | xargs -r ps -o stat= -p | grep -v Z)" ] && break
+        [ -z "$(pgrep -f -- "--stats-json $mark" | xargs -r ps -o stat= -p | grep -v Z)" ] && break
         sleep 0.1
     done
-    check "hung rank: no lattice process left" test -z "$(pgrep -f "lattice generate --model $smol" | xargs -r ps -o stat= -p | grep -v Z)"
+    check "hung rank: no lattice process left" test -z "$(pgrep -f -- "--stats-json $mark" | xargs -r ps -o stat= -p | grep -v Z)"
 else
     echo "FAIL: hung-rank test needs the default model ($smol): run scripts/setup.sh"
     fail=$((fail + 1))
