@@ -11,50 +11,17 @@
 #include "parallel/mpi_session.h"
 #include "parallel/parallel_context.h"
 #include "runtime/weights/converted_source.h"
+#include "tests/runtime/converter/convert_mpi_util.h"
 #include "tests/runtime/converter/convert_test_util.h"
 
 using namespace lattice;
 using namespace lattice::testing;
 
-namespace {
-
-// A folder every rank sees: rank 0 makes it, everyone gets its name.
-std::string shared_temp_dir() {
-    char buf[256] = {};
-    if (mpi_session().rank() == 0) {
-        std::string t = (fs::temp_directory_path() / "lattice_convert_int4_XXXXXX").string();
-        REQUIRE(::mkdtemp(t.data()) != nullptr);
-        std::strncpy(buf, t.c_str(), sizeof(buf) - 1);
-    }
-    MPI_Bcast(buf, sizeof(buf), MPI_CHAR, 0, MPI_COMM_WORLD);
-    return buf;
-}
-
-void remove_shared(const std::string& dir) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (mpi_session().rank() == 0) {
-        std::error_code ec;
-        fs::remove_all(dir, ec);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
-}
-
-bool layout_fits(const ModelConfig& c, int tp, int pp) {
-    try {
-        check_model_layout(c.dims(), tp, pp);
-        return true;
-    } catch (const Error&) {
-        return false;
-    }
-}
-
-}  // namespace
-
 TEST_CASE("4-bit folders converted in parallel equal the source at tp 2 and pp 2") {
     REQUIRE(mpi_session().size() == 2);
     const int rank = mpi_session().rank();
     ParallelContext ctx = make_parallel_context(2, 1, 60.0);  // the converting ranks: both
-    const std::string dir = shared_temp_dir();
+    const std::string dir = shared_temp_dir("lattice_convert_int4");
     const std::string data = std::string(LATTICE_SOURCE_DIR) + "/tests/runtime/weights/data/";
     struct Case {
         std::string path;

@@ -14,6 +14,7 @@
 #include "parallel/parallel_context.h"
 #include "runtime/weights/converted_source.h"
 #include "runtime/weights/random_source.h"
+#include "tests/runtime/converter/convert_mpi_util.h"
 #include "tests/runtime/converter/convert_test_util.h"
 
 using namespace lattice;
@@ -27,36 +28,6 @@ std::vector<std::pair<int, int>> layouts_for(int world) {
         for (int pp : {1, 2, 4})
             if (tp * pp == world) out.emplace_back(tp, pp);
     return out;
-}
-
-bool layout_fits(const ModelConfig& c, int tp, int pp) {
-    try {
-        check_model_layout(c.dims(), tp, pp);
-        return true;
-    } catch (const Error&) {
-        return false;
-    }
-}
-
-// A folder every rank sees: rank 0 makes it, everyone gets its name.
-std::string shared_temp_dir() {
-    char buf[256] = {};
-    if (mpi_session().rank() == 0) {
-        std::string t = (fs::temp_directory_path() / "lattice_convert_mpi_XXXXXX").string();
-        REQUIRE(::mkdtemp(t.data()) != nullptr);
-        std::strncpy(buf, t.c_str(), sizeof(buf) - 1);
-    }
-    MPI_Bcast(buf, sizeof(buf), MPI_CHAR, 0, MPI_COMM_WORLD);
-    return buf;
-}
-
-void remove_shared(const std::string& dir) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (mpi_session().rank() == 0) {
-        std::error_code ec;
-        fs::remove_all(dir, ec);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
 }
 
 ConvertResult convert(const TensorSource& src, Communicator& world, const std::string& out, int tp, int pp, QuantMode q,
@@ -84,7 +55,7 @@ TEST_CASE("converted golden checkpoints equal the originals on every layout, con
     const int world = mpi_session().size();
     const int rank = mpi_session().rank();
     ParallelContext ctx = make_parallel_context(world, 1, 60.0);  // the converting ranks: all of them
-    const std::string dir = shared_temp_dir();
+    const std::string dir = shared_temp_dir("lattice_convert_mpi");
     int n = 0;
     for (const auto& layout : layouts_for(world)) {
         const int tp = layout.first, pp = layout.second;
@@ -134,7 +105,7 @@ TEST_CASE("a parallel conversion writes the bytes one process writes alone") {
     const int world = mpi_session().size();
     const int rank = mpi_session().rank();
     ParallelContext ctx = make_parallel_context(world, 1, 60.0);
-    const std::string dir = shared_temp_dir();
+    const std::string dir = shared_temp_dir("lattice_convert_mpi");
     auto src = open_model(golden_dir("tiny-gqa-llama3"));
     // More files than ranks: each rank writes several (world 2: 4 files; world 4: 8 files).
     const int tp = 2, pp = world == 2 ? 2 : 4;
@@ -161,7 +132,7 @@ TEST_CASE("vocab padding (vocab % tp != 0, random weights): converted equals ori
     const int world = mpi_session().size();
     const int rank = mpi_session().rank();
     ParallelContext ctx = make_parallel_context(world, 1, 60.0);
-    const std::string dir = shared_temp_dir();
+    const std::string dir = shared_temp_dir("lattice_convert_mpi");
     ModelConfig cfg;
     cfg.source = "test";
     cfg.hidden = 64;
@@ -200,7 +171,7 @@ TEST_CASE("vocab padding (vocab % tp != 0, random weights): converted equals ori
 
 TEST_CASE("a folder of another layout: every rank refuses it with the same message, nobody hangs") {
     const int world = mpi_session().size();
-    const std::string dir = shared_temp_dir();
+    const std::string dir = shared_temp_dir("lattice_convert_mpi");
     auto src = open_model(golden_dir("tiny-gqa-llama3"));
     if (mpi_session().rank() == 0) {
         LocalComm alone;
