@@ -2,22 +2,29 @@
 //  - a work unit is (run, kv head): a run is up to kRun consecutive batch tokens of one sequence
 //    (increasing positions), so all `group` query heads of a kv head and all tokens of the run
 //    share each K/V tile; decode (one token) still shares a tile among its query heads;
-//  - keys are walked in tiles of kTile positions aligned to position 0; each tile is gathered
-//    through the block table once per unit, K transposed ([head_dim][kTile]) so the scores of a
-//    query row against the whole tile vectorize over positions with no horizontal sums;
+//  - keys are walked in tiles of kTile (16) positions aligned to position 0. The K cache is stored
+//    transposed per block and kv head ([head_dim][block_size]), so a tile of an f32 cache whose block
+//    size is a multiple of 16 is read where it lies: the scores of a query row against the whole tile
+//    vectorize over positions with no horizontal sums and no copy; V rows are read in place too.
+//    Other element types are converted into a per-thread f32 tile (each K row of a tile contiguous);
+//    block sizes that are not a multiple of 16 are gathered position by position;
 //  - the query heads of one token share a tile's bound, so they go through it together, in
 //    register blocks of up to 8 rows (tile_rows): scores as a small GEMM against the transposed
 //    tile, online softmax per row (running max, running sum, rescaled accumulator; the weights by
-//    a vectorizable exp, exp_neg in kernels/common/fast_exp.h), then the weighted V rows as a small GEMM.
+//    a vectorizable exp, exp_neg in kernels/common/fast_exp.h), then the weighted V rows as a small GEMM;
+//  - when a step has fewer (run, kv head) units than twice the threads (decode of one sequence), an
+//    in-place unit is split by query heads, at the register blocks' bounds, so more threads have
+//    work: no row's arithmetic changes.
 // A sliding window (AttentionArgs::window = W > 0) limits the keys of the query at position i to
 // i - W < j <= i, as transformers' Mistral does: tiles wholly before a row's window are skipped for that
 // row, and in the tile holding the window's start the positions before it get zero weight.
-// The cache holds f32, f16, bf16 or int8 rows (kv_row_bytes): an int8 block holds its
-// [block_size, n_kv, head_dim] int8 values, then their [block_size, n_kv] f32 scales (symmetric, one
-// scale per token and kv head, kernels/common/quantize.h; values first so that each row starts
-// 16-byte aligned for vector loads on GPUs), quantized as the token is stored; every dtype is read
-// into the f32 tile as it is gathered, so attention never needs a dequantized copy of the cache and
-// the tile math is the same for all of them.
+// The cache holds f32, f16, bf16 or int8 elements (kv_row_bytes per token and kv head). A block holds
+// K as [n_kv][head_dim][block_size] (element d of position p of kv head g at (g * head_dim + d) *
+// block_size + p % block_size) and V as [block_size][n_kv][head_dim] rows; an int8 block's values come
+// first, then their [block_size, n_kv] f32 scales (symmetric, one scale per token and kv head,
+// kernels/common/quantize.h), quantized as the token is stored. Every dtype is read as f32 (in place
+// or into the tile), so attention never needs a dequantized copy of the cache and the tile math is
+// the same for all of them.
 // Every query row's arithmetic depends only on its own q and on positions 0..pos of its sequence,
 // in a fixed order (tiles from position 0, d then j), never on which other tokens share its batch
 // or run: chunked prefill, batched decode and single-token decode give bit-identical rows.
@@ -42,7 +49,7 @@ namespace lattice::cpu {
 
 namespace {
 
-constexpr int64_t kTile = 32;  // key positions per tile
+constexpr int64_t kTile = 16;  // key positions per tile; a tile never straddles a block when block_size % 16 == 0
 constexpr int64_t kRun = 16;   // query tokens per work unit
 
 // The three steps of a query row against one K/V tile, for the `rows` query heads of one token
@@ -52,48 +59,47 @@ constexpr int64_t kRun = 16;   // query tokens per work unit
 // head dimensions, never across rows), so the result does not depend on the block sizes.
 constexpr int kRows = 8;
 
-// s[r][j] = sum_d q[r][d] * kt[d][j] for j < kTile (kt padded with zeros past the valid positions),
-// summed in order of d.
+// 16 floats as one value: GCC / clang lower it to one zmm, two ymm or four xmm registers, the same
+// lane-wise arithmetic on every ISA. Loaded and stored with memcpy (no alignment assumed).
+using F16x = float __attribute__((vector_size(64)));
+static_assert(kTile == 16, "a tile is one F16x of positions");
+[[gnu::always_inline]] inline void load16(F16x& v, const float* p) { std::memcpy(&v, p, sizeof(v)); }
+
+// s[r][j] = sum_d q[r][d] * kt[d * ldk + j] for j < kTile, summed in order of d. Lanes past the tile's
+// valid positions hold whatever the block holds there (finite or not): their scores are never used.
 template <int R>
 [[gnu::always_inline]] inline void scores_rows(float* __restrict s, const float* __restrict q,
-                                               const float* __restrict kt, int64_t hd) {
-    float acc[R][kTile] = {};
+                                               const float* __restrict kt, int64_t ldk, int64_t hd) {
+    F16x acc[R] = {};
     for (int64_t d = 0; d < hd; ++d) {
-        const float* k = kt + d * kTile;
-        for (int r = 0; r < R; ++r) {
-            const float qd = q[r * hd + d];
-            for (int64_t j = 0; j < kTile; ++j) acc[r][j] += qd * k[j];
-        }
+        F16x k;
+        load16(k, kt + d * ldk);
+        for (int r = 0; r < R; ++r) acc[r] += q[r * hd + d] * k;
     }
-    for (int r = 0; r < R; ++r)
-        for (int64_t j = 0; j < kTile; ++j) s[r * kTile + j] = acc[r][j];
+    for (int r = 0; r < R; ++r) std::memcpy(s + r * kTile, &acc[r], sizeof(F16x));
 }
 
-// acc[r][d] += sum_j p[r][j] * v[j][d] over j < valid, in order of j.
+// acc[r][d] += sum_j p[r][j] * v[j * ldv + d] over j < valid, in order of j.
 template <int R>
 [[gnu::always_inline]] inline void pv_rows(float* __restrict acc, const float* __restrict p, int64_t valid,
-                                           const float* __restrict v, int64_t hd) {
+                                           const float* __restrict v, int64_t ldv, int64_t hd) {
     constexpr int64_t kD = 16;
     int64_t d0 = 0;
     for (; d0 + kD <= hd; d0 += kD) {
-        float a[R][kD];
-        for (int r = 0; r < R; ++r)
-            for (int64_t x = 0; x < kD; ++x) a[r][x] = acc[r * hd + d0 + x];
+        F16x a[R];
+        for (int r = 0; r < R; ++r) load16(a[r], acc + r * hd + d0);
         for (int64_t j = 0; j < valid; ++j) {
-            const float* vr = v + j * hd + d0;
-            for (int r = 0; r < R; ++r) {
-                const float pj = p[r * kTile + j];
-                for (int64_t x = 0; x < kD; ++x) a[r][x] += pj * vr[x];
-            }
+            F16x vr;
+            load16(vr, v + j * ldv + d0);
+            for (int r = 0; r < R; ++r) a[r] += p[r * kTile + j] * vr;
         }
-        for (int r = 0; r < R; ++r)
-            for (int64_t x = 0; x < kD; ++x) acc[r * hd + d0 + x] = a[r][x];
+        for (int r = 0; r < R; ++r) std::memcpy(acc + r * hd + d0, &a[r], sizeof(F16x));
     }
     if (d0 < hd)  // a head_dim that is not a multiple of 16: the rest one column at a time
         for (int r = 0; r < R; ++r)
             for (int64_t j = 0; j < valid; ++j) {
                 const float pj = p[r * kTile + j];
-                const float* vr = v + j * hd;
+                const float* vr = v + j * ldv;
                 for (int64_t d = d0; d < hd; ++d) acc[r * hd + d] += pj * vr[d];
             }
 }
@@ -101,9 +107,9 @@ template <int R>
 // Positions [lo, valid) of the tile are the rows' keys (lo > 0 only where a sliding window starts).
 template <int R>
 [[gnu::always_inline]] inline void rows_block(float* acc, float* m, float* l, float* s, const float* q,
-                                              const float* kt, const float* v, int64_t lo, int64_t valid,
-                                              int64_t hd) {
-    scores_rows<R>(s, q, kt, hd);
+                                              const float* kt, int64_t ldk, const float* v, int64_t ldv,
+                                              int64_t lo, int64_t valid, int64_t hd) {
+    scores_rows<R>(s, q, kt, ldk, hd);
     // online softmax, one row at a time: running max, rescale, weights into s
     for (int r = 0; r < R; ++r) {
         float* sr = s + r * kTile;
@@ -121,23 +127,26 @@ template <int R>
         float* ar = acc + r * hd;
         for (int64_t d = 0; d < hd; ++d) ar[d] *= rescale;
     }
-    pv_rows<R>(acc, s, valid, v, hd);
+    pv_rows<R>(acc, s, valid, v, ldv, hd);
 }
 
 // One tile for `rows` query rows (consecutive in q, acc, m, l) that share `valid`; s holds
 // kRows x kTile floats of scratch.
 LATTICE_MULTIVERSION void tile_rows(float* acc, float* m, float* l, float* s, const float* q, const float* kt,
-                                    const float* v, int64_t lo, int64_t valid, int64_t hd, int64_t rows) {
+                                    int64_t ldk, const float* v, int64_t ldv, int64_t lo, int64_t valid, int64_t hd,
+                                    int64_t rows) {
     int64_t r = 0;
     for (; r + kRows <= rows; r += kRows)
-        rows_block<kRows>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, lo, valid, hd);
-    if (r + 4 <= rows) rows_block<4>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, lo, valid, hd), r += 4;
-    if (r + 2 <= rows) rows_block<2>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, lo, valid, hd), r += 2;
-    if (r < rows) rows_block<1>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, v, lo, valid, hd);
+        rows_block<kRows>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, ldk, v, ldv, lo, valid, hd);
+    if (r + 4 <= rows) rows_block<4>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, ldk, v, ldv, lo, valid, hd), r += 4;
+    if (r + 2 <= rows) rows_block<2>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, ldk, v, ldv, lo, valid, hd), r += 2;
+    if (r < rows) rows_block<1>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, ldk, v, ldv, lo, valid, hd);
 }
 
+// Per-thread scratch of the work units (kept between calls: no allocation per layer).
 struct Scratch {
-    std::vector<float> q, acc, m, l, kt, v, s, row;
+    std::vector<float> q, acc, m, l, kt, v, s, scales;
+    std::vector<int8_t> q8;
 };
 
 // One token's k or v head (hd floats) into its cache row (an int8 row's scale into *scale).
@@ -160,6 +169,33 @@ void store_row(uint8_t* dst, uint8_t* scale_dst, const float* x, int64_t hd, DTy
             return;
         case DType::kI8: {
             const float scale = quantize_row_int8(x, hd, reinterpret_cast<int8_t*>(dst));
+            std::memcpy(scale_dst, &scale, 4);
+            return;
+        }
+        default:
+            LATTICE_FAIL("attention: a KV cache of {} is not supported", dtype_name(dt));
+    }
+}
+
+// One token's k head (hd floats) into its cache column: element d at dst + d * stride (the K block of a
+// kv head is [head_dim][block_size], transposed); an int8 column's scale into *scale_dst.
+void store_column(uint8_t* dst, int64_t stride, uint8_t* scale_dst, const float* x, int64_t hd, DType dt,
+                  std::vector<int8_t>& q8) {
+    switch (dt) {
+        case DType::kF32:
+            for (int64_t d = 0; d < hd; ++d) std::memcpy(dst + d * stride, x + d, 4);
+            return;
+        case DType::kF16:
+        case DType::kBF16:
+            for (int64_t d = 0; d < hd; ++d) {
+                const uint16_t h = dt == DType::kF16 ? f32_to_f16(x[d]) : f32_to_bf16(x[d]);
+                std::memcpy(dst + d * stride, &h, 2);
+            }
+            return;
+        case DType::kI8: {
+            q8.resize(size_t(hd));
+            const float scale = quantize_row_int8(x, hd, q8.data());
+            for (int64_t d = 0; d < hd; ++d) dst[d * stride] = uint8_t(q8[size_t(d)]);
             std::memcpy(scale_dst, &scale, 4);
             return;
         }
@@ -223,11 +259,71 @@ LATTICE_MULTIVERSION void load_row(float* __restrict out, const uint8_t* __restr
     }
 }
 
+
+// One cache element as a float (int8 times `scale`).
+float load_element(const uint8_t* src, float scale, DType dt) {
+    uint16_t h;
+    switch (dt) {
+        case DType::kF32: {
+            float x;
+            std::memcpy(&x, src, 4);
+            return x;
+        }
+        case DType::kF16:
+            std::memcpy(&h, src, 2);
+            return f16_to_f32(h);
+        case DType::kBF16:
+            std::memcpy(&h, src, 2);
+            return bf16_to_f32(h);
+        default:
+            return float(*reinterpret_cast<const int8_t*>(src)) * scale;
+    }
+}
+
+// A K tile of a block (the tile's first column at kc; K row d at kc + d * stride bytes) as f32
+// kt[d][kTile], lanes jn .. kTile - 1 zero; int8 column j times scales[j].
+LATTICE_MULTIVERSION void load_k_tile(float* __restrict kt, const uint8_t* __restrict kc, int64_t stride,
+                                      const float* __restrict scales, int64_t jn, int64_t hd, DType dt) {
+    for (int64_t d = 0; d < hd; ++d) {
+        float* o = kt + d * kTile;
+        const uint8_t* src = kc + d * stride;
+        switch (dt) {
+            case DType::kF32:
+                std::memcpy(o, src, size_t(jn) * 4);
+                break;
+            case DType::kF16:
+                if (kF16c) {
+                    f16_row_f16c(o, src, jn);
+                    break;
+                }
+                for (int64_t j = 0; j < jn; ++j) {
+                    uint16_t h;
+                    std::memcpy(&h, src + 2 * j, 2);
+                    o[j] = f16_to_f32(h);
+                }
+                break;
+            case DType::kBF16:
+                for (int64_t j = 0; j < jn; ++j) {
+                    uint16_t h;
+                    std::memcpy(&h, src + 2 * j, 2);
+                    o[j] = bf16_to_f32(h);
+                }
+                break;
+            default: {
+                const int8_t* q = reinterpret_cast<const int8_t*>(src);
+                for (int64_t j = 0; j < jn; ++j) o[j] = float(q[j]) * scales[j];
+            }
+        }
+        for (int64_t j = jn; j < kTile; ++j) o[j] = 0.0f;
+    }
+}
+
 }  // namespace
 
 int64_t kv_row_bytes(DType kv, int64_t head_dim) {
     return kv == DType::kI8 ? head_dim + 4 : head_dim * int64_t(dtype_size(kv));
 }
+
 
 void attention(float* out, const float* qkv, void* k_cache, void* v_cache, const int32_t* positions,
                const int32_t* seqs, int64_t m, const AttentionArgs& a, ThreadPool& pool) {
@@ -251,23 +347,34 @@ void attention(float* out, const float* qkv, void* k_cache, void* v_cache, const
                           "attention: token {} reads block {} (entry {} of sequence {}), the cache has {} blocks", t,
                           table[b], b, seqs[t], a.num_blocks);
     }
-    // Block b's bytes start at b * B * nkv * rb; an int8 block's scales follow its values.
-    const int64_t values = dt == DType::kI8 ? hd : rb;  // bytes of a row's values
-    auto cache_row = [&](void* c, int64_t seq, int64_t pos, int64_t g) {
-        const int64_t block = a.block_tables[seq * a.table_width + pos / B];
-        return static_cast<uint8_t*>(c) + block * B * nkv * rb + ((pos % B) * nkv + g) * values;
+    // Block b's bytes start at b * B * nkv * rb; an int8 block's scales follow its values. V rows: position p,
+    // kv head g at row (p % B) * nkv + g. K: kv head g's [hd][B] elements (transposed), element d of position p
+    // at (g * hd + d) * B + p % B; int8 scales as V's.
+    const int64_t es = dt == DType::kI8 ? 1 : int64_t(dtype_size(dt));  // bytes per element
+    const int64_t values = hd * es;                                     // bytes of a row's values
+    auto block_of = [&](void* c, int64_t seq, int64_t pos) {
+        return static_cast<uint8_t*>(c) + int64_t(a.block_tables[seq * a.table_width + pos / B]) * B * nkv * rb;
+    };
+    auto v_row = [&](int64_t seq, int64_t pos, int64_t g) {
+        return block_of(v_cache, seq, pos) + ((pos % B) * nkv + g) * values;
+    };
+    auto k_column = [&](int64_t seq, int64_t pos, int64_t g) {  // element d at + d * B * es
+        return block_of(k_cache, seq, pos) + (g * hd * B + pos % B) * es;
     };
     auto row_scale = [&](void* c, int64_t seq, int64_t pos, int64_t g) {
-        const int64_t block = a.block_tables[seq * a.table_width + pos / B];
-        return static_cast<uint8_t*>(c) + block * B * nkv * rb + B * nkv * hd + ((pos % B) * nkv + g) * 4;
+        return reinterpret_cast<float*>(block_of(c, seq, pos) + B * nkv * hd) + (pos % B) * nkv + g;
     };
-    for (int64_t t = 0; t < m; ++t)
-        for (int64_t g = 0; g < nkv; ++g) {
-            const int64_t s = seqs[t], p = positions[t];
-            store_row(cache_row(k_cache, s, p, g), row_scale(k_cache, s, p, g), qkv + t * row + (nh + g) * hd, hd, dt);
-            store_row(cache_row(v_cache, s, p, g), row_scale(v_cache, s, p, g), qkv + t * row + (nh + nkv + g) * hd,
-                      hd, dt);
-        }
+    {
+        std::vector<int8_t> q8;
+        for (int64_t t = 0; t < m; ++t)
+            for (int64_t g = 0; g < nkv; ++g) {
+                const int64_t s = seqs[t], p = positions[t];
+                store_column(k_column(s, p, g), B * es, reinterpret_cast<uint8_t*>(row_scale(k_cache, s, p, g)),
+                             qkv + t * row + (nh + g) * hd, hd, dt, q8);
+                store_row(v_row(s, p, g), reinterpret_cast<uint8_t*>(row_scale(v_cache, s, p, g)),
+                          qkv + t * row + (nh + nkv + g) * hd, hd, dt);
+            }
+    }
     // Runs of consecutive tokens of one sequence with increasing positions.
     std::vector<std::pair<int64_t, int64_t>> runs;  // (first token, count)
     for (int64_t t = 0; t < m; ++t) {
@@ -280,9 +387,23 @@ void attention(float* out, const float* qkv, void* k_cache, void* v_cache, const
         }
         runs.emplace_back(t, 1);
     }
-    const int64_t units = int64_t(runs.size()) * nkv;
+    // f32 caches whose blocks hold whole tiles are read in place: K tiles as they lie ([hd][B], row stride B),
+    // V rows at their stride. Other dtypes and block sizes are converted into a per-thread tile first.
+    const bool in_place = dt == DType::kF32 && B % kTile == 0;
+    // A unit is (run, kv head, part of the kv head's query heads). The parts are the register blocks
+    // tile_rows cuts a group into (8, 8, ..., 4, 2, 1), so a row's arithmetic (which the block size R
+    // does change: the compiler schedules each R's loops its own way) is the same split or not. In place
+    // (nothing converted twice) units are split when there are fewer than twice the threads.
+    std::vector<int64_t> cuts{0};  // part p: query heads cuts[p] .. cuts[p + 1] - 1
+    for (int64_t h = 0; h < group;) {
+        h += group - h >= kRows ? kRows : group - h >= 4 ? 4 : group - h >= 2 ? 2 : 1;
+        cuts.push_back(h);
+    }
+    const int64_t base_units = int64_t(runs.size()) * nkv;
+    if (!in_place || base_units >= 2 * pool.size()) cuts = {0, group};
+    const int64_t parts = int64_t(cuts.size()) - 1, units = base_units * parts;
     pool.parallel_for(units, [&](int64_t u0, int64_t u1, int) {
-        Scratch sc;
+        thread_local Scratch sc;
         sc.q.resize(size_t(kRun * group * hd));
         sc.acc.resize(sc.q.size());
         sc.m.resize(size_t(kRun * group));
@@ -290,15 +411,16 @@ void attention(float* out, const float* qkv, void* k_cache, void* v_cache, const
         sc.kt.resize(size_t(hd * kTile));
         sc.v.resize(size_t(kTile * hd));
         sc.s.resize(size_t(kRows * kTile));
-        sc.row.resize(size_t(hd));
+        sc.scales.resize(size_t(kTile));
         for (int64_t u = u0; u < u1; ++u) {
-            const auto [t0, n] = runs[size_t(u / nkv)];
-            const int64_t g = u % nkv, seq = seqs[t0];
-            const int64_t rows = n * group;
+            const auto [t0, n] = runs[size_t(u / (nkv * parts))];
+            const int64_t g = (u / parts) % nkv, part = u % parts, seq = seqs[t0];
+            const int64_t h0 = cuts[size_t(part)], gh = cuts[size_t(part) + 1] - h0;  // query heads h0 .. h0 + gh - 1
+            const int64_t rows = n * gh;
             for (int64_t i = 0; i < n; ++i)
-                for (int64_t hh = 0; hh < group; ++hh) {
-                    const float* q = qkv + (t0 + i) * row + (g * group + hh) * hd;
-                    float* dst = sc.q.data() + (i * group + hh) * hd;
+                for (int64_t hh = 0; hh < gh; ++hh) {
+                    const float* q = qkv + (t0 + i) * row + (g * group + h0 + hh) * hd;
+                    float* dst = sc.q.data() + (i * gh + hh) * hd;
                     for (int64_t d = 0; d < hd; ++d) dst[d] = q[d] * a.scale;
                 }
             std::fill(sc.acc.begin(), sc.acc.begin() + rows * hd, 0.0f);
@@ -311,43 +433,54 @@ void attention(float* out, const float* qkv, void* k_cache, void* v_cache, const
             };
             for (int64_t j0 = window_start(positions[t0]) / kTile * kTile; j0 <= last; j0 += kTile) {
                 const int64_t jn = std::min(kTile, last + 1 - j0);
-                // The next tile's rows (and int8 scales) requested ahead: one head's rows are nkv rows
-                // apart in their blocks, and a decode step reads each once, from memory.
-                for (int64_t j = j0 + kTile; j < std::min(j0 + 2 * kTile, last + 1); ++j) {
-                    __builtin_prefetch(cache_row(k_cache, seq, j, g));
-                    __builtin_prefetch(cache_row(v_cache, seq, j, g));
-                    if (dt == DType::kI8 && j % 16 == 0) {
-                        __builtin_prefetch(row_scale(k_cache, seq, j, g));
-                        __builtin_prefetch(row_scale(v_cache, seq, j, g));
+                const float *kt = sc.kt.data(), *v = sc.v.data();
+                int64_t ldk = kTile, ldv = hd;
+                if (in_place) {
+                    kt = reinterpret_cast<const float*>(k_column(seq, j0, g));
+                    ldk = B;
+                    v = reinterpret_cast<const float*>(v_row(seq, j0, g));
+                    ldv = nkv * hd;
+                    // The next tile's K lines and V rows requested ahead: a decode step reads each once, from
+                    // memory.
+                    if (j0 + kTile <= last) {
+                        const uint8_t* kn = k_column(seq, j0 + kTile, g);
+                        for (int64_t d = 0; d < hd; ++d) __builtin_prefetch(kn + d * B * 4);
+                        for (int64_t j = j0 + kTile; j < std::min(j0 + 2 * kTile, last + 1); ++j)
+                            for (int64_t x = 0; x < values; x += 64) __builtin_prefetch(v_row(seq, j, g) + x);
+                    }
+                } else if (B % kTile == 0) {  // the tile lies in one block: each K row of it is contiguous
+                    if (dt == DType::kI8)
+                        for (int64_t j = 0; j < jn; ++j) sc.scales[size_t(j)] = *row_scale(k_cache, seq, j0 + j, g);
+                    load_k_tile(sc.kt.data(), k_column(seq, j0, g), B * es, sc.scales.data(), jn, hd, dt);
+                } else {  // a block size that is not a multiple of the tile: one position at a time
+                    std::fill(sc.kt.begin(), sc.kt.end(), 0.0f);
+                    for (int64_t j = 0; j < jn; ++j) {
+                        const float scale = dt == DType::kI8 ? *row_scale(k_cache, seq, j0 + j, g) : 1.0f;
+                        const uint8_t* kc = k_column(seq, j0 + j, g);
+                        for (int64_t d = 0; d < hd; ++d)
+                            sc.kt[size_t(d * kTile + j)] = load_element(kc + d * B * es, scale, dt);
                     }
                 }
-                for (int64_t j = 0; j < kTile; ++j) {
-                    if (j < jn) {
-                        load_row(sc.row.data(), cache_row(k_cache, seq, j0 + j, g),
-                                 row_scale(k_cache, seq, j0 + j, g), hd, dt);
-                        for (int64_t d = 0; d < hd; ++d) sc.kt[size_t(d * kTile + j)] = sc.row[size_t(d)];
-                        load_row(sc.v.data() + j * hd, cache_row(v_cache, seq, j0 + j, g),
-                                 row_scale(v_cache, seq, j0 + j, g), hd, dt);
-                    } else {
-                        for (int64_t d = 0; d < hd; ++d) sc.kt[size_t(d * kTile + j)] = 0.0f;
-                    }
-                }
+                if (!in_place)
+                    for (int64_t j = 0; j < jn; ++j)
+                        load_row(sc.v.data() + j * hd, v_row(seq, j0 + j, g),
+                                 reinterpret_cast<const uint8_t*>(row_scale(v_cache, seq, j0 + j, g)), hd, dt);
                 for (int64_t i = 0; i < n; ++i) {
                     const int64_t pos = positions[t0 + i];
                     if (pos < j0) continue;
                     const int64_t start = window_start(pos);
                     if (start >= j0 + jn) continue;  // the whole tile lies before this row's window
                     const int64_t valid = std::min(jn, pos - j0 + 1), lo = std::max<int64_t>(0, start - j0);
-                    const int64_t r = i * group;  // the token's query heads: rows r .. r + group - 1
+                    const int64_t r = i * gh;  // the token's query heads of this unit: rows r .. r + gh - 1
                     tile_rows(sc.acc.data() + r * hd, sc.m.data() + r, sc.l.data() + r, sc.s.data(),
-                              sc.q.data() + r * hd, sc.kt.data(), sc.v.data(), lo, valid, hd, group);
+                              sc.q.data() + r * hd, kt, ldk, v, ldv, lo, valid, hd, gh);
                 }
             }
             for (int64_t i = 0; i < n; ++i)
-                for (int64_t hh = 0; hh < group; ++hh) {
-                    const int64_t r = i * group + hh;
+                for (int64_t hh = 0; hh < gh; ++hh) {
+                    const int64_t r = i * gh + hh;
                     const float inv = 1.0f / sc.l[size_t(r)];
-                    float* o = out + (t0 + i) * nh * hd + (g * group + hh) * hd;
+                    float* o = out + (t0 + i) * nh * hd + (g * group + h0 + hh) * hd;
                     for (int64_t d = 0; d < hd; ++d) o[d] = sc.acc[size_t(r * hd + d)] * inv;
                 }
         }

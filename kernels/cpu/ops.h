@@ -1,7 +1,8 @@
 // CPU kernels for the non-GEMM ops of the Llama forward, fp32 activations.
 // Layouts: activations [m, cols] row-major; qkv rows are [q heads | k heads | v heads], each head
-// head_dim contiguous; KV caches are paged: [num_blocks, block_size, n_kv] rows of kv_row_bytes, position p
-// of sequence s in block block_tables[s * table_width + p / block_size], row p % block_size.
+// head_dim contiguous; KV caches are paged: num_blocks blocks of block_size * n_kv * kv_row_bytes, position p
+// of sequence s in block block_tables[s * table_width + p / block_size]; inside a block V is rows
+// [block_size, n_kv, head_dim] and K is transposed, [n_kv, head_dim, block_size] (attention.cpp says why).
 // Hot loops are compiled for several ISAs (GCC target_clones) and picked by the loader at start-up.
 #pragma once
 
@@ -33,7 +34,7 @@ struct AttentionArgs {
 };
 // Bytes of one cache row (a token's k or v of one kv head): head_dim elements, and for i8 the row's
 // f32 scale (x ~= q * scale, symmetric per token and kv head, kernels/common/quantize.h). An i8 block
-// holds its [block_size, n_kv, head_dim] values, then their [block_size, n_kv] scales.
+// holds its values (K transposed, as above), then their [block_size, n_kv] scales.
 int64_t kv_row_bytes(DType kv, int64_t head_dim);
 // Stores k/v of token i (sequence seqs[i], position positions[i]) in its block (converted or
 // quantized to kv_dtype), then causal GQA attention over positions 0..positions[i] of its sequence (the

@@ -4,6 +4,7 @@
 // vocab-parallel row offset, the sampling log-sum-exp. Odd sizes, several threads, poisoned outputs.
 #include "kernels/cpu/ops.h"
 #include "kernels/common/quantize.h"
+#include "tests/kernels/kv_layout.h"
 
 #include <doctest/doctest.h>
 
@@ -234,6 +235,60 @@ TEST_CASE("attention over f16, bf16 and int8 KV caches: the stored rows' values,
                     CHECK(err < (dt == DType::kI8 ? 0.06 : dt == DType::kBF16 ? 0.06 : 0.005));
                 }
         }
+}
+
+TEST_CASE("attention's cache layout: K transposed per block and kv head, V rows, int8 scales after the values") {
+    // Each stored token's k must be where kernels/cpu/ops.h says (tests/kernels/kv_layout.h maps it to the
+    // row layout the CUDA tests compare against), v in its row; f32 exactly, int8 as quantize_row_int8.
+    const int64_t hd = 8, nh = 4, nkv = 2, bs = 4, n = 6, width = 2, blocks = 3, row = (nh + 2 * nkv) * hd;
+    const std::vector<int32_t> table{2, 0};  // positions 0..3 in block 2, 4..5 in block 0
+    std::mt19937 rng(5);
+    const auto qkv = rand_vec(size_t(n * row), rng, -2, 2);
+    std::vector<int32_t> pos(static_cast<size_t>(n)), seq(static_cast<size_t>(n), 0);
+    std::iota(pos.begin(), pos.end(), 0);
+    ThreadPool pool(1, false);
+    std::vector<float> out(size_t(n * nh * hd));
+    for (const DType dt : {DType::kF32, DType::kI8}) {
+        CAPTURE(dtype_name(dt));
+        const int64_t rb = cpu::kv_row_bytes(dt, hd), row_elems = dt == DType::kI8 ? hd + 4 : hd;
+        std::vector<uint8_t> kc(size_t(blocks * bs * nkv * rb), 0), vc = kc;
+        const cpu::AttentionArgs a{nh, nkv, hd, bs, blocks, table.data(), 1, width, 0.5f, 0, dt};
+        cpu::attention(out.data(), qkv.data(), kc.data(), vc.data(), pos.data(), seq.data(), n, a, pool);
+        std::vector<uint8_t> krows;
+        if (dt == DType::kF32) {
+            std::vector<float> kf(kc.size() / 4);
+            std::memcpy(kf.data(), kc.data(), kc.size());
+            const std::vector<float> r = test::k_cpu_to_rows(kf, blocks, bs, nkv, hd);
+            CHECK(test::k_rows_to_cpu(r, blocks, bs, nkv, hd) == kf);
+            krows.resize(kc.size());
+            std::memcpy(krows.data(), r.data(), kc.size());
+        } else {
+            krows = test::k_cache_layout(kc, blocks, bs, nkv, hd, row_elems, false);
+            CHECK(test::k_cache_layout(krows, blocks, bs, nkv, hd, row_elems, true) == kc);
+        }
+        for (int64_t t = 0; t < n; ++t)
+            for (int64_t g = 0; g < nkv; ++g)
+                for (int kv = 0; kv < 2; ++kv) {
+                    CAPTURE(t);
+                    CAPTURE(g);
+                    CAPTURE(kv);
+                    const std::vector<uint8_t>& c = kv == 0 ? krows : vc;
+                    const int64_t block = table[size_t(t / bs)], r = (t % bs) * nkv + g;
+                    const float* x = qkv.data() + t * row + (nh + kv * nkv + g) * hd;
+                    const uint8_t* at = c.data() + block * bs * nkv * rb;
+                    if (dt == DType::kF32) {
+                        CHECK(std::memcmp(at + r * hd * 4, x, size_t(hd) * 4) == 0);
+                    } else {
+                        std::vector<int8_t> q(static_cast<size_t>(hd));
+                        const float scale = quantize_row_int8(x, hd, q.data());
+                        CHECK(std::memcmp(at + r * hd, q.data(), size_t(hd)) == 0);
+                        float stored;
+                        std::memcpy(&stored, at + bs * nkv * hd + r * 4, 4);
+                        CHECK(stored == scale);
+                    }
+                }
+        (void)row_elems;
+    }
 }
 
 TEST_CASE("attention rejects positions beyond the block tables and blocks outside the cache") {

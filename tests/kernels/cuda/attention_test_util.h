@@ -13,6 +13,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/kernels.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
+#include "tests/kernels/kv_layout.h"
 
 namespace lattice::test {
 
@@ -102,7 +103,9 @@ inline std::vector<float> device_decode(const DecodeProblem& p, DType act, int64
 }
 
 inline std::vector<float> cpu_decode(const DecodeProblem& p, ThreadPool& pool) {
-    std::vector<float> out(size_t(p.m() * p.nh * p.hd)), k = p.kc, v = p.vc;
+    // The CPU op keeps K transposed per block (tests/kernels/kv_layout.h): the same cache in its layout.
+    std::vector<float> out(size_t(p.m() * p.nh * p.hd)), k = k_rows_to_cpu(p.kc, p.n_blocks, p.bs, p.nkv, p.hd),
+                                                         v = p.vc;
     const cpu::AttentionArgs args{p.nh,     p.nkv,     p.hd,      p.bs,    p.n_blocks, p.tables.data(),
                                   p.n_seqs, p.width(), p.scale(), p.window};
     cpu::attention(out.data(), p.qkv.data(), k.data(), v.data(), p.pos.data(), p.seqs.data(), p.m(), args, pool);
