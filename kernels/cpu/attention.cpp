@@ -3,10 +3,11 @@
 //    (increasing positions), so all `group` query heads of a kv head and all tokens of the run
 //    share each K/V tile; decode (one token) still shares a tile among its query heads;
 //  - keys are walked in tiles of kTile (16) positions aligned to position 0. The K cache is stored
-//    transposed per block and kv head ([head_dim][block_size]), so a tile of an f32 cache whose block
-//    size is a multiple of 16 is read where it lies: the scores of a query row against the whole tile
-//    vectorize over positions with no horizontal sums and no copy; V rows are read in place too.
-//    Other element types are converted into a per-thread f32 tile (each K row of a tile contiguous);
+//    transposed per block and kv head ([head_dim][block_size]), so a tile of a cache whose block size
+//    is a multiple of 16 is read where it lies (f32, bf16 by a shift, int8 widened in registers, its row
+//    scales applied to the scores and to the softmax weights): the scores of a query row against the
+//    whole tile vectorize over positions with no horizontal sums and no copy; V rows are read in place
+//    too. f16 tiles are converted into a per-thread f32 tile (each K row of a tile contiguous, F16C);
 //    block sizes that are not a multiple of 16 are gathered position by position;
 //  - the query heads of one token share a tile's bound, so they go through it together, in
 //    register blocks of up to 8 rows (tile_rows): scores as a small GEMM against the transposed
@@ -32,6 +33,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <immintrin.h>
@@ -62,54 +64,109 @@ constexpr int kRows = 8;
 // 16 floats as one value: GCC / clang lower it to one zmm, two ymm or four xmm registers, the same
 // lane-wise arithmetic on every ISA. Loaded and stored with memcpy (no alignment assumed).
 using F16x = float __attribute__((vector_size(64)));
+using I8x16 = int8_t __attribute__((vector_size(16)));
+using U16x16 = uint16_t __attribute__((vector_size(32)));
+using U32x16 = uint32_t __attribute__((vector_size(64)));
+using I16x16 = int16_t __attribute__((vector_size(32)));
+using I32x16 = int32_t __attribute__((vector_size(64)));
 static_assert(kTile == 16, "a tile is one F16x of positions");
-[[gnu::always_inline]] inline void load16(F16x& v, const float* p) { std::memcpy(&v, p, sizeof(v)); }
 
-// s[r][j] = sum_d q[r][d] * kt[d * ldk + j] for j < kTile, summed in order of d. Lanes past the tile's
-// valid positions hold whatever the block holds there (finite or not): their scores are never used.
-template <int R>
-[[gnu::always_inline]] inline void scores_rows(float* __restrict s, const float* __restrict q,
-                                               const float* __restrict kt, int64_t ldk, int64_t hd) {
+// How a tile's elements are read: f32 as they are; int8 (converted exactly, the row scales applied to the
+// scores and the weights, below); bf16 (exactly, by a shift).
+enum class Elem { kF32, kI8, kBF16 };
+template <Elem E>
+using ElemT = std::conditional_t<E == Elem::kF32, float, std::conditional_t<E == Elem::kI8, int8_t, uint16_t>>;
+
+template <Elem E>
+[[gnu::always_inline]] inline void load16(F16x& v, const ElemT<E>* p) {
+    if constexpr (E == Elem::kF32) {
+        std::memcpy(&v, p, sizeof(v));
+    } else if constexpr (E == Elem::kI8) {
+        I8x16 q;
+        std::memcpy(&q, p, sizeof(q));
+        // Widened one doubling at a time: GCC 12 lowers each to one sign extension (vpmovsxbw, vpmovsxwd) but
+        // scalarizes int8 -> int32 or int8 -> float done at once.
+        v = __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(q, I16x16), I32x16), F16x);
+    } else {
+        U16x16 h;
+        std::memcpy(&h, p, sizeof(h));
+        const U32x16 bits = __builtin_convertvector(h, U32x16) << 16;
+        std::memcpy(&v, &bits, sizeof(v));
+    }
+}
+
+// A K/V tile as the rows read it: K row d of the tile at k + d * ldk (kTile elements), V row j at
+// v + j * ldv; int8: the tile's K and V row scales (kTile each), else null.
+template <Elem E>
+struct Tile {
+    const ElemT<E>* k;
+    int64_t ldk;
+    const ElemT<E>* v;
+    int64_t ldv;
+    const float* k_scale = nullptr;
+    const float* v_scale = nullptr;
+};
+
+// s[r][j] = sum_d q[r][d] * k[d][j] for j < kTile, summed in order of d (int8: then times k's row scale
+// j). Lanes past the tile's valid positions hold whatever the block holds there (finite or not): their
+// scores are never used.
+template <int R, Elem E>
+[[gnu::always_inline]] inline void scores_rows(float* __restrict s, const float* __restrict q, const Tile<E>& t,
+                                               int64_t hd) {
     F16x acc[R] = {};
     for (int64_t d = 0; d < hd; ++d) {
         F16x k;
-        load16(k, kt + d * ldk);
+        load16<E>(k, t.k + d * t.ldk);
         for (int r = 0; r < R; ++r) acc[r] += q[r * hd + d] * k;
+    }
+    if constexpr (E == Elem::kI8) {
+        F16x sc;
+        std::memcpy(&sc, t.k_scale, sizeof(sc));
+        for (int r = 0; r < R; ++r) acc[r] *= sc;
     }
     for (int r = 0; r < R; ++r) std::memcpy(s + r * kTile, &acc[r], sizeof(F16x));
 }
 
-// acc[r][d] += sum_j p[r][j] * v[j * ldv + d] over j < valid, in order of j.
-template <int R>
+// acc[r][d] += sum_j p[r][j] * v[j][d] over j < valid, in order of j (int8: p[r][j] times v's row scale j).
+template <int R, Elem E>
 [[gnu::always_inline]] inline void pv_rows(float* __restrict acc, const float* __restrict p, int64_t valid,
-                                           const float* __restrict v, int64_t ldv, int64_t hd) {
+                                           const Tile<E>& t, int64_t hd) {
     constexpr int64_t kD = 16;
+    float w[R][kTile];
+    for (int r = 0; r < R; ++r)
+        for (int64_t j = 0; j < kTile; ++j)
+            w[r][j] = E == Elem::kI8 ? p[r * kTile + j] * t.v_scale[j] : p[r * kTile + j];
     int64_t d0 = 0;
     for (; d0 + kD <= hd; d0 += kD) {
         F16x a[R];
-        for (int r = 0; r < R; ++r) load16(a[r], acc + r * hd + d0);
+        for (int r = 0; r < R; ++r) std::memcpy(&a[r], acc + r * hd + d0, sizeof(F16x));
         for (int64_t j = 0; j < valid; ++j) {
             F16x vr;
-            load16(vr, v + j * ldv + d0);
-            for (int r = 0; r < R; ++r) a[r] += p[r * kTile + j] * vr;
+            load16<E>(vr, t.v + j * t.ldv + d0);
+            for (int r = 0; r < R; ++r) a[r] += w[r][j] * vr;
         }
         for (int r = 0; r < R; ++r) std::memcpy(acc + r * hd + d0, &a[r], sizeof(F16x));
     }
     if (d0 < hd)  // a head_dim that is not a multiple of 16: the rest one column at a time
         for (int r = 0; r < R; ++r)
             for (int64_t j = 0; j < valid; ++j) {
-                const float pj = p[r * kTile + j];
-                const float* vr = v + j * ldv;
-                for (int64_t d = d0; d < hd; ++d) acc[r * hd + d] += pj * vr[d];
+                const ElemT<E>* vr = t.v + j * t.ldv;
+                for (int64_t d = d0; d < hd; ++d) {
+                    float x;
+                    if constexpr (E == Elem::kBF16)
+                        x = bf16_to_f32(vr[d]);
+                    else
+                        x = float(vr[d]);
+                    acc[r * hd + d] += w[r][j] * x;
+                }
             }
 }
 
 // Positions [lo, valid) of the tile are the rows' keys (lo > 0 only where a sliding window starts).
-template <int R>
+template <int R, Elem E>
 [[gnu::always_inline]] inline void rows_block(float* acc, float* m, float* l, float* s, const float* q,
-                                              const float* kt, int64_t ldk, const float* v, int64_t ldv,
-                                              int64_t lo, int64_t valid, int64_t hd) {
-    scores_rows<R>(s, q, kt, ldk, hd);
+                                              const Tile<E>& t, int64_t lo, int64_t valid, int64_t hd) {
+    scores_rows<R, E>(s, q, t, hd);
     // online softmax, one row at a time: running max, rescale, weights into s
     for (int r = 0; r < R; ++r) {
         float* sr = s + r * kTile;
@@ -127,20 +184,32 @@ template <int R>
         float* ar = acc + r * hd;
         for (int64_t d = 0; d < hd; ++d) ar[d] *= rescale;
     }
-    pv_rows<R>(acc, s, valid, v, ldv, hd);
+    pv_rows<R, E>(acc, s, valid, t, hd);
 }
 
 // One tile for `rows` query rows (consecutive in q, acc, m, l) that share `valid`; s holds
 // kRows x kTile floats of scratch.
-LATTICE_MULTIVERSION void tile_rows(float* acc, float* m, float* l, float* s, const float* q, const float* kt,
-                                    int64_t ldk, const float* v, int64_t ldv, int64_t lo, int64_t valid, int64_t hd,
-                                    int64_t rows) {
+template <Elem E>
+[[gnu::always_inline]] inline void tile_rows_of(float* acc, float* m, float* l, float* s, const float* q,
+                                                const Tile<E>& t, int64_t lo, int64_t valid, int64_t hd,
+                                                int64_t rows) {
     int64_t r = 0;
-    for (; r + kRows <= rows; r += kRows)
-        rows_block<kRows>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, ldk, v, ldv, lo, valid, hd);
-    if (r + 4 <= rows) rows_block<4>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, ldk, v, ldv, lo, valid, hd), r += 4;
-    if (r + 2 <= rows) rows_block<2>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, ldk, v, ldv, lo, valid, hd), r += 2;
-    if (r < rows) rows_block<1>(acc + r * hd, m + r, l + r, s, q + r * hd, kt, ldk, v, ldv, lo, valid, hd);
+    for (; r + kRows <= rows; r += kRows) rows_block<kRows, E>(acc + r * hd, m + r, l + r, s, q + r * hd, t, lo, valid, hd);
+    if (r + 4 <= rows) rows_block<4, E>(acc + r * hd, m + r, l + r, s, q + r * hd, t, lo, valid, hd), r += 4;
+    if (r + 2 <= rows) rows_block<2, E>(acc + r * hd, m + r, l + r, s, q + r * hd, t, lo, valid, hd), r += 2;
+    if (r < rows) rows_block<1, E>(acc + r * hd, m + r, l + r, s, q + r * hd, t, lo, valid, hd);
+}
+LATTICE_MULTIVERSION void tile_rows(float* acc, float* m, float* l, float* s, const float* q, const Tile<Elem::kF32>& t,
+                                    int64_t lo, int64_t valid, int64_t hd, int64_t rows) {
+    tile_rows_of(acc, m, l, s, q, t, lo, valid, hd, rows);
+}
+LATTICE_MULTIVERSION void tile_rows(float* acc, float* m, float* l, float* s, const float* q, const Tile<Elem::kI8>& t,
+                                    int64_t lo, int64_t valid, int64_t hd, int64_t rows) {
+    tile_rows_of(acc, m, l, s, q, t, lo, valid, hd, rows);
+}
+LATTICE_MULTIVERSION void tile_rows(float* acc, float* m, float* l, float* s, const float* q,
+                                    const Tile<Elem::kBF16>& t, int64_t lo, int64_t valid, int64_t hd, int64_t rows) {
+    tile_rows_of(acc, m, l, s, q, t, lo, valid, hd, rows);
 }
 
 // Per-thread scratch of the work units (kept between calls: no allocation per layer).
@@ -387,9 +456,10 @@ void attention(float* out, const float* qkv, void* k_cache, void* v_cache, const
         }
         runs.emplace_back(t, 1);
     }
-    // f32 caches whose blocks hold whole tiles are read in place: K tiles as they lie ([hd][B], row stride B),
-    // V rows at their stride. Other dtypes and block sizes are converted into a per-thread tile first.
-    const bool in_place = dt == DType::kF32 && B % kTile == 0;
+    // Caches whose blocks hold whole tiles are read in place (f32, int8, bf16: K tiles as they lie, [hd][B]
+    // with row stride B, V rows at their stride). f16 tiles and other block sizes are converted into a
+    // per-thread f32 tile first.
+    const bool in_place = B % kTile == 0 && dt != DType::kF16;
     // A unit is (run, kv head, part of the kv head's query heads). The parts are the register blocks
     // tile_rows cuts a group into (8, 8, ..., 4, 2, 1), so a row's arithmetic (which the block size R
     // does change: the compiler schedules each R's loops its own way) is the same split or not. In place
@@ -411,7 +481,7 @@ void attention(float* out, const float* qkv, void* k_cache, void* v_cache, const
         sc.kt.resize(size_t(hd * kTile));
         sc.v.resize(size_t(kTile * hd));
         sc.s.resize(size_t(kRows * kTile));
-        sc.scales.resize(size_t(kTile));
+        sc.scales.resize(size_t(2 * kTile));
         for (int64_t u = u0; u < u1; ++u) {
             const auto [t0, n] = runs[size_t(u / (nkv * parts))];
             const int64_t g = (u / parts) % nkv, part = u % parts, seq = seqs[t0];
@@ -433,24 +503,49 @@ void attention(float* out, const float* qkv, void* k_cache, void* v_cache, const
             };
             for (int64_t j0 = window_start(positions[t0]) / kTile * kTile; j0 <= last; j0 += kTile) {
                 const int64_t jn = std::min(kTile, last + 1 - j0);
-                const float *kt = sc.kt.data(), *v = sc.v.data();
-                int64_t ldk = kTile, ldv = hd;
+                // The tile through the rows of every token of the run that reach it.
+                const auto attend = [&](const auto& tile) {
+                    for (int64_t i = 0; i < n; ++i) {
+                        const int64_t pos = positions[t0 + i];
+                        if (pos < j0) continue;
+                        const int64_t start = window_start(pos);
+                        if (start >= j0 + jn) continue;  // the whole tile lies before this row's window
+                        const int64_t valid = std::min(jn, pos - j0 + 1), lo = std::max<int64_t>(0, start - j0);
+                        const int64_t r = i * gh;  // the token's query heads of this unit: rows r .. r + gh - 1
+                        tile_rows(sc.acc.data() + r * hd, sc.m.data() + r, sc.l.data() + r, sc.s.data(),
+                                  sc.q.data() + r * hd, tile, lo, valid, hd, gh);
+                    }
+                };
                 if (in_place) {
-                    kt = reinterpret_cast<const float*>(k_column(seq, j0, g));
-                    ldk = B;
-                    v = reinterpret_cast<const float*>(v_row(seq, j0, g));
-                    ldv = nkv * hd;
+                    const uint8_t *kc = k_column(seq, j0, g), *vc = v_row(seq, j0, g);
                     // The next tile's K lines and V rows requested ahead: a decode step reads each once, from
                     // memory.
                     if (j0 + kTile <= last) {
                         const uint8_t* kn = k_column(seq, j0 + kTile, g);
-                        for (int64_t d = 0; d < hd; ++d) __builtin_prefetch(kn + d * B * 4);
+                        for (int64_t d = 0; d < hd; d += std::max<int64_t>(1, 64 / (B * es)))
+                            __builtin_prefetch(kn + d * B * es);
                         for (int64_t j = j0 + kTile; j < std::min(j0 + 2 * kTile, last + 1); ++j)
                             for (int64_t x = 0; x < values; x += 64) __builtin_prefetch(v_row(seq, j, g) + x);
                     }
-                } else if (B % kTile == 0) {  // the tile lies in one block: each K row of it is contiguous
-                    if (dt == DType::kI8)
-                        for (int64_t j = 0; j < jn; ++j) sc.scales[size_t(j)] = *row_scale(k_cache, seq, j0 + j, g);
+                    if (dt == DType::kF32) {
+                        attend(Tile<Elem::kF32>{reinterpret_cast<const float*>(kc), B,
+                                                reinterpret_cast<const float*>(vc), nkv * hd});
+                    } else if (dt == DType::kBF16) {
+                        attend(Tile<Elem::kBF16>{reinterpret_cast<const uint16_t*>(kc), B,
+                                                 reinterpret_cast<const uint16_t*>(vc), nkv * hd});
+                    } else {  // int8: the tile's row scales (lanes past jn zero)
+                        float* ks = sc.scales.data();
+                        float* vs = ks + kTile;
+                        for (int64_t j = 0; j < kTile; ++j) {
+                            ks[j] = j < jn ? *row_scale(k_cache, seq, j0 + j, g) : 0.0f;
+                            vs[j] = j < jn ? *row_scale(v_cache, seq, j0 + j, g) : 0.0f;
+                        }
+                        attend(Tile<Elem::kI8>{reinterpret_cast<const int8_t*>(kc), B,
+                                               reinterpret_cast<const int8_t*>(vc), nkv * hd, ks, vs});
+                    }
+                    continue;
+                }
+                if (B % kTile == 0) {  // the tile lies in one block: each K row of it is contiguous
                     load_k_tile(sc.kt.data(), k_column(seq, j0, g), B * es, sc.scales.data(), jn, hd, dt);
                 } else {  // a block size that is not a multiple of the tile: one position at a time
                     std::fill(sc.kt.begin(), sc.kt.end(), 0.0f);
@@ -461,20 +556,10 @@ void attention(float* out, const float* qkv, void* k_cache, void* v_cache, const
                             sc.kt[size_t(d * kTile + j)] = load_element(kc + d * B * es, scale, dt);
                     }
                 }
-                if (!in_place)
-                    for (int64_t j = 0; j < jn; ++j)
-                        load_row(sc.v.data() + j * hd, v_row(seq, j0 + j, g),
-                                 reinterpret_cast<const uint8_t*>(row_scale(v_cache, seq, j0 + j, g)), hd, dt);
-                for (int64_t i = 0; i < n; ++i) {
-                    const int64_t pos = positions[t0 + i];
-                    if (pos < j0) continue;
-                    const int64_t start = window_start(pos);
-                    if (start >= j0 + jn) continue;  // the whole tile lies before this row's window
-                    const int64_t valid = std::min(jn, pos - j0 + 1), lo = std::max<int64_t>(0, start - j0);
-                    const int64_t r = i * gh;  // the token's query heads of this unit: rows r .. r + gh - 1
-                    tile_rows(sc.acc.data() + r * hd, sc.m.data() + r, sc.l.data() + r, sc.s.data(),
-                              sc.q.data() + r * hd, kt, ldk, v, ldv, lo, valid, hd, gh);
-                }
+                for (int64_t j = 0; j < jn; ++j)
+                    load_row(sc.v.data() + j * hd, v_row(seq, j0 + j, g),
+                             reinterpret_cast<const uint8_t*>(row_scale(v_cache, seq, j0 + j, g)), hd, dt);
+                attend(Tile<Elem::kF32>{sc.kt.data(), kTile, sc.v.data(), hd});
             }
             for (int64_t i = 0; i < n; ++i)
                 for (int64_t hh = 0; hh < gh; ++hh) {

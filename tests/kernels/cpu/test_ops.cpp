@@ -177,14 +177,18 @@ TEST_CASE("attention over f16, bf16 and int8 KV caches: the stored rows' values,
     // Each token's k and v are converted (f16, bf16) or quantized (int8: one scale per token and KV head)
     // as they are stored; attention must equal a naive softmax over exactly those values, and a prompt in
     // one call the same tokens one at a time. head_dim 72 is not a multiple of the 16-wide paths.
+    // Block 16 reads int8 and bf16 tiles in place (int8: row scales applied to the scores and the weights),
+    // block 8 converts them first: both paths.
     for (const DType dt : {DType::kF16, DType::kBF16, DType::kI8})
-        for (const int64_t window : {int64_t(0), int64_t(9)}) {
+        for (const int64_t window : {int64_t(0), int64_t(9)})
+        for (const int64_t block : {int64_t(8), int64_t(16)}) {
             CAPTURE(dtype_name(dt));
             CAPTURE(window);
+            CAPTURE(block);
             std::mt19937 rng(21);
             ThreadPool pool(2, false);
-            const int64_t hd = 72, nh = 6, nkv = 2, block = 8, n = 41, width = (n + block - 1) / block;
-            const int64_t row = (nh + 2 * nkv) * hd, blocks = width + 2;
+            const int64_t hd = 72, nh = 6, nkv = 2, n = 41, width = (n + block - 1) / block;
+            const int64_t row = (nh + 2 * nkv) * hd, blocks = width + 3;  // 5 coprime with it: no block twice
             std::vector<int32_t> table(static_cast<size_t>(width));
             for (int64_t b = 0; b < width; ++b) table[size_t(b)] = int32_t((b * 5 + 2) % blocks);
             auto qkv = rand_vec(size_t(n * row), rng, -3, 3);
