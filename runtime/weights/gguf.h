@@ -69,7 +69,7 @@ struct GgufValue {
 struct GgufTensor {
     std::string name;           // GGUF name, e.g. "blk.0.attn_q.weight"
     uint32_t ggml_type = 0;     // raw ggml type number
-    DType dtype = DType::kF32;  // f32, f16, bf16, q8_0, q4_0, q4_1
+    DType dtype = DType::kF32;  // f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K
     std::vector<int64_t> ne;    // GGUF order: ne[0] innermost (= HF's last dim)
     uint64_t offset = 0;        // relative to the data section
     uint64_t nbytes = 0;
