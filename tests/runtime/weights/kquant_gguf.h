@@ -41,11 +41,16 @@ inline std::vector<uint8_t> k_tensor_bytes(DType t, int64_t rows, int64_t cols, 
 
 inline uint32_t k_ggml_type_of(DType t) {
     switch (t) {
-        case DType::kQ4_K: return 12;
-        case DType::kQ5_K: return 13;
-        case DType::kQ6_K: return 14;
-        case DType::kQ8_0: return 8;
-        default: return 0;  // f32: not produced by k_tensor_bytes
+        case DType::kQ4_K:
+            return 12;
+        case DType::kQ5_K:
+            return 13;
+        case DType::kQ6_K:
+            return 14;
+        case DType::kQ8_0:
+            return 8;
+        default:
+            return 0;  // f32: not produced by k_tensor_bytes
     }
 }
 
