@@ -29,7 +29,7 @@ struct TensorInfo {
     DType dtype = DType::kF32;   // as stored (a 4-bit AWQ / GPTQ linear: u8, see int4_group)
     std::vector<int64_t> shape;  // HF order, outermost first
     std::string file;            // file holding it (for error messages)
-    // > 0: a linear stored in 4 bits in groups of this many columns (GGUF Q4_0 / Q4_1, AWQ, GPTQ), which
+    // > 0: a linear stored in 4 bits in groups of this many columns (GGUF Q4_0 / Q4_1 / Q4_K, AWQ, GPTQ), which
     // read_int4 gives without dequantizing; its kind, and whether its columns carry an act-order permutation.
     int64_t int4_group = 0;
     Int4Kind int4_kind = Int4Kind::kAffine;
