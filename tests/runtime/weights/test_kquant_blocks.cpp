@@ -221,7 +221,7 @@ TEST_CASE("gguf source: a K-quant super-block with a non-finite scale is refused
     CHECK_THROWS_WITH_AS(src->read_int4("model.layers.0.mlp.up_proj.weight", 0, test::kKF, 0, test::kKH),
                          doctest::Contains("blk.0.ffn_up.weight\" (q4_K): block of row 3 columns [0, 256)"), Error);
     CHECK(src->read_int4("model.layers.0.mlp.up_proj.weight", 0, 3, 0, test::kKH).n == 3);
-    std::vector<float> row(size_t(test::kKF));
+    std::vector<float> row(static_cast<size_t>(test::kKF));
     CHECK_THROWS_WITH_AS(src->read("model.layers.0.mlp.down_proj.weight", 5, 1, 0, test::kKF, DType::kF32, row.data()),
                          doctest::Contains("blk.0.ffn_down.weight"), Error);
     src->read("model.layers.0.mlp.down_proj.weight", 4, 1, 0, test::kKF, DType::kF32, row.data());  // others read
