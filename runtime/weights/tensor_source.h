@@ -74,7 +74,8 @@ public:
                       DType out_dtype, void* dst) const = 0;
     // The 4-bit form (kernels/common/int4.h) of rows [row0, row0 + rows) x columns [col0, col0 + cols) of a
     // tensor with info().int4_group > 0: nibbles, f16 scales, zero points or minimums as stored, nothing
-    // dequantized. col0 and cols must be multiples of the group, and a tensor with an act-order permutation
+    // dequantized. col0 and cols must be multiples of the group (and of a GGUF block type's block: 256 for Q4_K,
+    // whose groups are its 32-element sub-blocks), and a tensor with an act-order permutation
     // can only be read whole along its columns; a slice that breaks either is an Error naming the tensor.
     virtual Int4Weights read_int4(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
                                   int64_t cols) const;
