@@ -23,10 +23,16 @@ enum class DType : uint8_t {
     kU8,
     kI32,
     kI64,
-    // GGUF block types (32 elements per block along the innermost dimension).
+    // GGUF block types along the innermost dimension: 32 elements per block (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1),
+    // 256 per super-block (the K-quants Q4_K, Q5_K, Q6_K). Layouts: runtime/weights/dequant.h.
     kQ8_0,
     kQ4_0,
     kQ4_1,
+    kQ5_0,
+    kQ5_1,
+    kQ4_K,
+    kQ5_K,
+    kQ6_K,
 };
 
 // Bytes per element for plain types; block types answer per block via block_bytes().
@@ -43,13 +49,23 @@ inline int64_t dtype_size(DType t) {
     }
 }
 
-inline bool dtype_is_block(DType t) { return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1; }
-inline int64_t dtype_block_elems(DType t) { return dtype_is_block(t) ? 32 : 1; }
+inline bool dtype_is_k_quant(DType t) { return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K; }
+inline bool dtype_is_block(DType t) {
+    return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1 ||
+           dtype_is_k_quant(t);
+}
+// Elements per block: every slice of a block type starts and ends on a multiple of this.
+inline int64_t dtype_block_elems(DType t) { return dtype_is_k_quant(t) ? 256 : dtype_is_block(t) ? 32 : 1; }
 inline int64_t dtype_block_bytes(DType t) {
     switch (t) {
         case DType::kQ8_0: return 2 + 32;
         case DType::kQ4_0: return 2 + 16;
         case DType::kQ4_1: return 2 + 2 + 16;
+        case DType::kQ5_0: return 2 + 4 + 16;
+        case DType::kQ5_1: return 2 + 2 + 4 + 16;
+        case DType::kQ4_K: return 2 + 2 + 12 + 128;
+        case DType::kQ5_K: return 2 + 2 + 12 + 32 + 128;
+        case DType::kQ6_K: return 128 + 64 + 16 + 2;
         default: return dtype_size(t);
     }
 }
@@ -68,6 +84,11 @@ inline std::string_view dtype_name(DType t) {
         case DType::kQ8_0: return "q8_0";
         case DType::kQ4_0: return "q4_0";
         case DType::kQ4_1: return "q4_1";
+        case DType::kQ5_0: return "q5_0";
+        case DType::kQ5_1: return "q5_1";
+        case DType::kQ4_K: return "q4_K";
+        case DType::kQ5_K: return "q5_K";
+        case DType::kQ6_K: return "q6_K";
     }
     return "?";
 }

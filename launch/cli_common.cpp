@@ -41,7 +41,7 @@ void ModelArgs::add_to(CLI::App* cmd) {
     cmd->add_option("--seed-weights", weight_seed, "Seed for --random-weights")->check(uint_range(0, UINT64_MAX));
     cmd->add_option("--quant", quant,
                     "Linear layers: auto | none | w8a16 | w8a8 | w4a16 | w4a8 (auto: for a checkpoint that is already "
-                    "quantized, a 4-bit one (GGUF Q4_0/Q4_1, AWQ, GPTQ) as w4a8 on the CPU and w4a16 on CUDA, "
+                    "quantized, a 4-bit one (GGUF Q4_0/Q4_1/Q4_K(_M), AWQ, GPTQ) as w4a8 on the CPU and w4a16 on CUDA, "
                     "else w8a8, with --quant-head; none otherwise)")
         ->check(CLI::IsMember({"auto", "none", "w8a16", "w8a8", "w4a16", "w4a8"}));
     cmd->add_flag("--quant-head", quant_head, "Quantize the LM head too (embedding stays float)");

@@ -134,8 +134,8 @@ void add_convert_command(CLI::App& app, CommandRun& run) {
     cmd->add_option("--pp", args->pp, "Pipeline stages of the layout")->check(pp_flag_range());
     cmd->add_option("--pp-layers", args->pp_layers, "Layers per pipeline stage, e.g. 20,20,21,19");
     cmd->add_option("--quant", args->quant,
-                    "none | w8a16 | w8a8 | w4a16 | w4a8 | auto (w4a8 for a 4-bit checkpoint: GGUF Q4_0 / Q4_1, AWQ, "
-                    "GPTQ; w8a8 with an int8 head for a Q8 GGUF; none otherwise)")
+                    "none | w8a16 | w8a8 | w4a16 | w4a8 | auto (w4a8 for a 4-bit checkpoint: GGUF Q4_0 / Q4_1 / "
+                    "Q4_K, AWQ, GPTQ; w8a8 with an int8 head for a Q8 GGUF; none otherwise)")
         ->check(CLI::IsMember({"auto", "none", "w8a16", "w8a8", "w4a16", "w4a8"}));
     cmd->add_flag("--quant-head", args->quant_head, "Quantize the LM head too");
     cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype,

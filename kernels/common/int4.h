@@ -7,7 +7,9 @@
 //   kOffset8    w = (q - 8) d        GGUF Q4_0
 //   kZeroPoint  w = (q - z) d        z in 0..16 per group (AWQ / GPTQ zero points; 16 only from GPTQ v1 files,
 //                                    which store z - 1 in 4 bits and are read as stored + 1)
-//   kAffine     w = q d + m          GGUF Q4_1; lattice's quantizer of float weights
+//   kAffine     w = q d + m          GGUF Q4_1; GGUF Q4_K (each 32-element sub-block a group: d = f16(d_super * sc),
+//                                    m = f16(-dmin * mn), rounded once; runtime/weights/dequant.h); lattice's
+//                                    quantizer of float weights
 // with q in 0..15, computed in f32 as written (q - 8, q - z and q d are exact: d has 11 significant bits), which
 // is gguf-py's arithmetic and the NumPy references' (tests). Stored column c is input channel perm[c] when a
 // permutation is given (GPTQ act-order: the channels sorted by group so that groups are contiguous; the

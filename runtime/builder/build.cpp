@@ -88,8 +88,27 @@ bool checkpoint_is_quantized(const TensorSource& src) {
 }
 
 bool checkpoint_is_4bit(const TensorSource& src) {
-    const std::string probe = down_probe(src.config());
-    return src.has(probe) && src.info(probe).int4_group > 0;
+    const ModelConfig& c = src.config();
+    const std::initializer_list<TensorRole> dense = {TensorRole::kWq,   TensorRole::kWk,    TensorRole::kWv,
+                                                     TensorRole::kWo,   TensorRole::kWGate, TensorRole::kWUp,
+                                                     TensorRole::kWDown};
+    const std::initializer_list<TensorRole> moe = {TensorRole::kWq,     TensorRole::kWk,      TensorRole::kWv,
+                                                   TensorRole::kWo,     TensorRole::kExpGate, TensorRole::kExpUp,
+                                                   TensorRole::kExpDown};
+    double four = 0, all = 0;
+    for (int64_t l = 0; l < c.n_layers; ++l)
+        for (TensorRole r : c.is_moe() ? moe : dense) {
+            const bool expert = r == TensorRole::kExpGate || r == TensorRole::kExpUp || r == TensorRole::kExpDown;
+            for (int64_t e = 0; e < (expert ? c.n_experts : 1); ++e) {
+                const std::string name = tensor_name(c, r, l, expert ? e : -1);
+                if (!src.has(name)) continue;
+                const TensorInfo& ti = src.info(name);
+                const double n = double(ti.rows()) * double(ti.cols());
+                all += n;
+                if (ti.int4_group > 0) four += n;
+            }
+        }
+    return all > 0 && 2 * four > all;
 }
 
 QuantChoice auto_quant(const TensorSource& src, bool quant_head, QuantMode int4_mode) {

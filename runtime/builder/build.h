@@ -111,9 +111,11 @@ RankRuntime build(const BuildOptions& opt, const TensorSource& src);
 // weights are in the backend's memory (the file mappings go with it).
 RankRuntime build(const BuildOptions& opt, const ModelSpec& spec);
 
-// True when the checkpoint's linear weights are quantized (GGUF Q8_0, Q4_0, Q4_1; AWQ, GPTQ).
+// True when the checkpoint's linear weights are quantized (GGUF block types; AWQ, GPTQ).
 bool checkpoint_is_quantized(const TensorSource& src);
-// True when they are 4-bit (GGUF Q4_0, Q4_1; AWQ, GPTQ: TensorInfo::int4_group).
+// True when most of them (by weights, over every layer's linears) are 4-bit (GGUF Q4_0, Q4_1, Q4_K; AWQ, GPTQ:
+// TensorInfo::int4_group): a llama.cpp Q4_K_M file stores some attn_v / ffn_down layers (layer 0's among them)
+// in Q6_K, so no single tensor decides.
 bool checkpoint_is_4bit(const TensorSource& src);
 // --quant auto, the one rule (the builder, `lattice info` and `lattice convert` ask it): a 4-bit
 // checkpoint runs in `int4_mode`, the 4-bit mode of the device's kernels, its blocks kept as they are:

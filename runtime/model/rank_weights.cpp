@@ -167,8 +167,9 @@ void RankWeights::plan_original() {
         LATTICE_CHECK(g == 1 || (col0 % g == 0 && cols % g == 0),
                       "{}: tensor \"{}\" is {} (groups of {} along its {} columns); tp {} gives rank {} columns [{}, "
                       "{}), which cuts a group: choose a tp that splits {} columns into multiples of {}",
-                      ti.file, name, t.int4 && ti.int4_group > 1 ? "4-bit" : dtype_name(ti.dtype), g, ti.cols(),
-                      opt_.tp, opt_.tp_rank, col0, col0 + cols, ti.cols(), g);
+                      ti.file, name,
+                      t.int4 && ti.int4_group >= dtype_block_elems(ti.dtype) ? "4-bit" : dtype_name(ti.dtype), g,
+                      ti.cols(), opt_.tp, opt_.tp_rank, col0, col0 + cols, ti.cols(), g);
         LATTICE_CHECK(!t.int4 || !ti.int4_perm || cols == ti.cols(),
                       "{}: tensor \"{}\" is 4-bit with act-order (GPTQ desc_act: its groups are spread over all {} "
                       "columns), which tp {} would split: run it with tp 1 along this dimension, or a checkpoint "

@@ -22,7 +22,7 @@
 //   model.layers.L.block_sparse_moe.experts.E.down_proj.weight      [hidden, ffn_local]
 // From an original checkpoint (HF, GGUF, random) read() slices, fuses and folds; float tensors keep
 // the checkpoint's precision (block-quantized GGUF and SmoothQuant-folded ones become f32), except that a
-// 4-bit run (w4a8, w4a16) reads linears stored in 4 bits (GGUF Q4_0 / Q4_1, AWQ, GPTQ: TensorInfo::int4_group)
+// 4-bit run (w4a8, w4a16) reads linears stored in 4 bits (GGUF Q4_0 / Q4_1 / Q4_K, AWQ, GPTQ: TensorInfo::int4_group)
 // in that form (TensorSource::read_int4; fused parts only when all are alike), which the backend packs
 // without rounding anything again; other linears of a 4-bit run are read as float and quantized to 4 bits
 // by the backend. The LM head of a

@@ -58,6 +58,16 @@ std::optional<DType> supported_dtype(uint32_t ggml_type) {
             return DType::kQ4_0;
         case 3:
             return DType::kQ4_1;
+        case 6:
+            return DType::kQ5_0;
+        case 7:
+            return DType::kQ5_1;
+        case 12:
+            return DType::kQ4_K;
+        case 13:
+            return DType::kQ5_K;
+        case 14:
+            return DType::kQ6_K;
         default:
             return std::nullopt;
     }
@@ -407,8 +417,9 @@ void GgufFile::parse_all() {
         t.ggml_type = c.read<uint32_t>("tensor type");
         auto dt = supported_dtype(t.ggml_type);
         LATTICE_CHECK(dt.has_value(),
-                      "{}: tensor \"{}\": ggml type {} ({}) is not supported (f32, f16, bf16, q8_0, q4_0, q4_1)", file,
-                      t.name, t.ggml_type, ggml_type_name(t.ggml_type));
+                      "{}: tensor \"{}\": ggml type {} ({}) is not supported (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, "
+                      "q5_1, q4_K, q5_K, q6_K)",
+                      file, t.name, t.ggml_type, ggml_type_name(t.ggml_type));
         t.dtype = *dt;
         LATTICE_CHECK(t.ne[0] % dtype_block_elems(t.dtype) == 0,
                       "{}: tensor \"{}\": innermost dimension {} is not a multiple of the {} block size {}", file,

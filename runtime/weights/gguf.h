@@ -8,7 +8,8 @@
 // bytes actually present before anything was allocated; tensor data ranges lie inside the file,
 // are aligned, do not overlap and account for every byte of the data section (gaps and the tail
 // shorter than the alignment, zero padding after the infos); keys and tensor names are unique; only tensor types F32,
-// F16, BF16, Q8_0, Q4_0, Q4_1 are accepted. The file is mmapped read-only; string and array values are copied out at
+// F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K are accepted (others: an Error naming the type and
+// this list). The file is mmapped read-only; string and array values are copied out at
 // parse time (small), tensor bytes are read straight from the mapping.
 #pragma once
 
@@ -69,7 +70,7 @@ struct GgufValue {
 struct GgufTensor {
     std::string name;           // GGUF name, e.g. "blk.0.attn_q.weight"
     uint32_t ggml_type = 0;     // raw ggml type number
-    DType dtype = DType::kF32;  // f32, f16, bf16, q8_0, q4_0, q4_1
+    DType dtype = DType::kF32;  // f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K
     std::vector<int64_t> ne;    // GGUF order: ne[0] innermost (= HF's last dim)
     uint64_t offset = 0;        // relative to the data section
     uint64_t nbytes = 0;

@@ -156,7 +156,8 @@ public:
             info.file = path;
             TensorRole role{};
             hf_role_of(arch, hf, &role);
-            if (t.dtype == DType::kQ4_0 || t.dtype == DType::kQ4_1) {
+            // 4-bit block types: read_int4 gives them as groups of 32 (Q4_K: each 32-element sub-block a group).
+            if (t.dtype == DType::kQ4_0 || t.dtype == DType::kQ4_1 || t.dtype == DType::kQ4_K) {
                 info.int4_group = 32;
                 info.int4_kind = t.dtype == DType::kQ4_0 ? Int4Kind::kOffset8 : Int4Kind::kAffine;
             }
@@ -196,10 +197,11 @@ public:
         LATTICE_CHECK(raw || out_dtype == DType::kF32 || out_dtype == DType::kF16 || out_dtype == DType::kBF16,
                       "{}: tensor \"{}\" ({}): output dtype {} unsupported (f32, f16, bf16, or its own block type)",
                       file_->path(), name, dtype_name(e.info.dtype), dtype_name(out_dtype));
+        const int64_t be = dtype_block_elems(e.info.dtype);
         if (dtype_is_block(e.info.dtype))
-            LATTICE_CHECK(col0 % 32 == 0 && cols % 32 == 0,
-                          "{}: tensor \"{}\" is {}: column slice [{}, +{}) must be 32-aligned", file_->path(), name,
-                          dtype_name(e.info.dtype), col0, cols);
+            LATTICE_CHECK(col0 % be == 0 && cols % be == 0,
+                          "{}: tensor \"{}\" is {}: column slice [{}, +{}) must be {}-aligned", file_->path(), name,
+                          dtype_name(e.info.dtype), col0, cols, be);
         const int64_t row_bytes = dtype_bytes(e.info.dtype, n_cols);
         const uint8_t* base = file_->tensor_data(*e.tensor) + e.row_base * row_bytes;
         auto* out = static_cast<uint8_t*>(dst);
@@ -214,10 +216,10 @@ public:
             uint8_t* o = out + r * out_row_bytes;
             if (raw) {
                 std::memcpy(o, base + (row0 + r) * row_bytes + dtype_bytes(out_dtype, col0), size_t(out_row_bytes));
-                if (const int64_t b = first_non_finite_block(o, out_dtype, cols / 32); b >= 0) [[unlikely]]
+                if (const int64_t b = first_non_finite_block(o, out_dtype, cols / be); b >= 0) [[unlikely]]
                     LATTICE_FAIL("{}: tensor \"{}\" ({}): block of row {} columns [{}, {}) has a non-finite scale",
-                                 file_->path(), e.tensor->name, dtype_name(out_dtype), row0 + r, col0 + 32 * b,
-                                 col0 + 32 * b + 32);
+                                 file_->path(), e.tensor->name, dtype_name(out_dtype), row0 + r, col0 + be * b,
+                                 col0 + be * b + be);
                 continue;
             }
             convert_row_slice(base + (row0 + r) * row_bytes, e.info.dtype, col0, cols, o, out_dtype);
@@ -231,7 +233,8 @@ public:
         if (qk) unpermute_qk_rows_bytes(dst, rows / hd, hd, out_row_bytes);
     }
     // Q4_0 / Q4_1 blocks as 4-bit weights in groups of 32: the blocks' nibbles, f16 d (and m) copied, so every
-    // value is the block's own (the raw read un-permutes q/k rows like the float read).
+    // value is the block's own (the raw read un-permutes q/k rows like the float read). Q4_K super-blocks: one
+    // affine group per 32-element sub-block, its scale and minimum rounded once to f16 (q4_k_to_int4, dequant.h).
     Int4Weights read_int4(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
                           int64_t cols) const override {
         const Entry& e = entry(name);
@@ -239,6 +242,18 @@ public:
         LATTICE_CHECK(e.info.int4_group > 0, "{}: tensor \"{}\" is {}, not 4-bit", file_->path(), name, dtype_name(t));
         std::vector<uint8_t> raw(size_t(dtype_bytes(t, rows * cols)));
         read(name, row0, rows, col0, cols, t, raw.data());
+        if (t == DType::kQ4_K) {
+            Int4Weights w(rows, cols, 32, Int4Kind::kAffine);
+            if (const int64_t g = q4_k_to_int4(raw.data(), rows * cols, w.qs.data(), w.d.data(), w.m.data()); g >= 0) {
+                const int64_t r = g / (cols / 32), c = col0 + g % (cols / 32) * 32;
+                LATTICE_FAIL(
+                    "{}: tensor \"{}\" (q4_K): sub-block of row {} columns [{}, {}) has a scale d * sc or "
+                    "minimum dmin * mn beyond f16's range (65504), which a 4-bit run holds in f16: run it "
+                    "with --quant w8a8 or w8a16",
+                    file_->path(), e.tensor->name, row0 + r, c, c + 32);
+            }
+            return w;
+        }
         const bool q4_1 = t == DType::kQ4_1;
         Int4Weights w(rows, cols, 32, q4_1 ? Int4Kind::kAffine : Int4Kind::kOffset8);
         const int64_t nb = rows * (cols / 32), bytes = dtype_block_bytes(t), head = q4_1 ? 4 : 2;

@@ -29,7 +29,7 @@ struct TensorInfo {
     DType dtype = DType::kF32;   // as stored (a 4-bit AWQ / GPTQ linear: u8, see int4_group)
     std::vector<int64_t> shape;  // HF order, outermost first
     std::string file;            // file holding it (for error messages)
-    // > 0: a linear stored in 4 bits in groups of this many columns (GGUF Q4_0 / Q4_1, AWQ, GPTQ), which
+    // > 0: a linear stored in 4 bits in groups of this many columns (GGUF Q4_0 / Q4_1 / Q4_K, AWQ, GPTQ), which
     // read_int4 gives without dequantizing; its kind, and whether its columns carry an act-order permutation.
     int64_t int4_group = 0;
     Int4Kind int4_kind = Int4Kind::kAffine;
@@ -74,7 +74,8 @@ public:
                       DType out_dtype, void* dst) const = 0;
     // The 4-bit form (kernels/common/int4.h) of rows [row0, row0 + rows) x columns [col0, col0 + cols) of a
     // tensor with info().int4_group > 0: nibbles, f16 scales, zero points or minimums as stored, nothing
-    // dequantized. col0 and cols must be multiples of the group, and a tensor with an act-order permutation
+    // dequantized. col0 and cols must be multiples of the group (and of a GGUF block type's block: 256 for Q4_K,
+    // whose groups are its 32-element sub-blocks), and a tensor with an act-order permutation
     // can only be read whole along its columns; a slice that breaks either is an Error naming the tensor.
     virtual Int4Weights read_int4(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
                                   int64_t cols) const;

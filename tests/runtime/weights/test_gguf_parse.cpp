@@ -267,10 +267,11 @@ TEST_CASE("gguf: bad tensor offsets, types and duplicates name the tensor") {
     }
     SUBCASE("unsupported tensor types") {
         auto b = base;
-        GgufBuilder::patch<uint32_t>(b, g.tensor_type_pos[1], 12);
+        GgufBuilder::patch<uint32_t>(b, g.tensor_type_pos[1], 10);
         std::string m = parse_error(b);
         CHECK_MSG_HAS(m, "b.weight");
-        CHECK_MSG_HAS(m, "ggml type 12 (q4_K)");
+        CHECK_MSG_HAS(m, "ggml type 10 (q2_K)");
+        CHECK_MSG_HAS(m, "q5_1, q4_K, q5_K, q6_K)");  // the supported list
         b = base;
         GgufBuilder::patch<uint32_t>(b, g.tensor_type_pos[0], 1234);
         m = parse_error(b);

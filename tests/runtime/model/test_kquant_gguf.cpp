@@ -1,0 +1,163 @@
+// GGUF K-quant checkpoints in a 4-bit run (tests/runtime/weights/kquant_gguf.h: Q4_K / Q5_K / Q6_K linears mixed
+// as llama.cpp's Q4_K_M mixes them): the plan keeps Q4_K linears (and a tied Q4_K embedding's LM head) 4-bit and
+// reads Q6_K ones and fused linears with a Q6_K part as float, which the backend quantizes; a tp split through a
+// 256-element super-block is refused naming the tensor; --quant auto picks 4-bit when most linear weights are
+// 4-bit; an all-Q4_K model's W4A16 logits equal its f32 read to within the repack's f16 rounding of the scales,
+// and the gguf-py fixture model (data/kquant_blocks.gguf) runs in W4A8 within the 4-bit GGUF tolerance.
+#include <doctest/doctest.h>
+
+// GCC 12 reports a false -Wstringop-overflow inside std::vector::insert when GgufBuilder::build is inlined here.
+#pragma GCC diagnostic ignored "-Wstringop-overflow"
+
+#include <string>
+
+#include "runtime/builder/build.h"
+#include "runtime/model/rank_weights.h"
+#include "tests/runtime/model/golden.h"
+#include "tests/runtime/model/quant_test_util.h"
+#include "tests/runtime/weights/kquant_gguf.h"
+#include "tests/runtime/weights/q4_gguf.h"
+
+using namespace lattice;
+using namespace lattice::testing;
+
+namespace {
+
+std::string k_file(const test::KTypes& ty, const char* name) {
+    return test::write_file(std::string(LATTICE_BINARY_DIR) + "/" + name, test::kquant_llama_gguf(ty));
+}
+
+const RankTensor& find(const RankWeights& rw, WeightRole role) {
+    for (const RankTensor& t : rw.tensors())
+        if (t.role == role) return t;
+    FAIL("no tensor of role " << int(role));
+    return rw.tensors().front();
+}
+
+test::KTypes all(DType t) {
+    test::KTypes ty;
+    ty.embed = ty.q = ty.k = ty.v = ty.o = ty.gate = ty.up = ty.down = t;
+    return ty;
+}
+
+// The fixture's model tensors only: its "<name>.expected" and "corner.*" tensors (the reference values the read
+// tests use) are hidden from check_tensor_set, which would refuse them as unused.
+class ModelTensorsOnly final : public TensorSource {
+public:
+    explicit ModelTensorsOnly(std::unique_ptr<TensorSource> inner) : inner_(std::move(inner)) {}
+    const ModelConfig& config() const override { return inner_->config(); }
+    bool has(const std::string& n) const override { return inner_->has(n); }
+    const TensorInfo& info(const std::string& n) const override { return inner_->info(n); }
+    void read(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType out,
+              void* dst) const override {
+        inner_->read(name, row0, rows, col0, cols, out, dst);
+    }
+    Int4Weights read_int4(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
+                          int64_t cols) const override {
+        return inner_->read_int4(name, row0, rows, col0, cols);
+    }
+    std::vector<std::string> tensor_names() const override {
+        std::vector<std::string> out;
+        for (std::string& n : inner_->tensor_names())
+            if (!n.ends_with(".expected") && !n.starts_with("corner.")) out.push_back(std::move(n));
+        return out;
+    }
+    std::string describe() const override { return inner_->describe(); }
+    int64_t total_bytes() const override { return inner_->total_bytes(); }
+
+private:
+    std::unique_ptr<TensorSource> inner_;
+};
+
+}  // namespace
+
+TEST_CASE("K-quant GGUF: the plan keeps Q4_K linears 4-bit, reads Q6_K (and q|k|v with a Q6_K part) as float") {
+    auto src = open_model(k_file(test::KTypes{}, "test_kquant_plan.gguf"));
+    ModelOptions o;
+    o.quant = QuantMode::kW4A8;
+    o.quant_head = true;
+    {
+        RankWeights rw(*src, o);
+        for (WeightRole role : {WeightRole::kWo, WeightRole::kWGateUp, WeightRole::kLmHead}) {
+            CAPTURE(int(role));
+            CHECK(find(rw, role).int4);
+            CHECK(find(rw, role).mode == QuantMode::kW4A8);
+            CHECK(find(rw, role).int4_group == 32);
+            CHECK(find(rw, role).int4_kind == Int4Kind::kAffine);
+        }
+        // q, k Q4_K and v Q6_K: the fused q|k|v as f32, quantized to 4 bits at load; down (Q6_K) likewise.
+        for (WeightRole role : {WeightRole::kWqkv, WeightRole::kWDown}) {
+            CAPTURE(int(role));
+            CHECK_FALSE(find(rw, role).int4);
+            CHECK(find(rw, role).dtype == DType::kF32);
+            CHECK(find(rw, role).mode == QuantMode::kW4A8);
+        }
+        CHECK(find(rw, WeightRole::kEmbed).dtype == DType::kF32);  // the Q4_K table widened
+        HostTensor h = rw.read(find(rw, WeightRole::kWGateUp));
+        REQUIRE(h.int4());
+        CHECK(h.q4.n == 2 * test::kKF);
+        CHECK(h.q4.d.size() == size_t(2 * test::kKF * test::kKH / 32));
+        HostTensor e = rw.read(find(rw, WeightRole::kEmbed));
+        CHECK(e.rows == test::kKV);
+    }
+    // tp 2: o_proj's 256 columns split at 128, inside a super-block of 256.
+    o.tp = 2;
+    o.tp_rank = 1;
+    CHECK_THROWS_WITH_AS(
+        RankWeights(*src, o),
+        doctest::Contains("\"model.layers.0.self_attn.o_proj.weight\" is q4_K (groups of 256 along "
+                          "its 256 columns); tp 2 gives rank 1 columns [128, 256), which cuts a group"),
+        Error);
+    // The same split of a Q6_K down_proj in an 8-bit run (read as float, still whole super-blocks only).
+    test::KTypes six = all(DType::kQ6_K);
+    six.o = DType::kQ8_0;
+    auto s6 = open_model(k_file(six, "test_kquant_q6.gguf"));
+    o.quant = QuantMode::kW8A8;
+    CHECK_THROWS_WITH_AS(RankWeights(*s6, o), doctest::Contains("\"model.layers.0.mlp.down_proj.weight\" is q6_K"),
+                         Error);
+    o.tp = 1;
+    o.tp_rank = 0;
+    CHECK(find(RankWeights(*s6, o), WeightRole::kWDown).dtype == DType::kF32);
+}
+
+TEST_CASE("K-quant GGUF: --quant auto picks 4-bit when most linear weights are Q4_K, 8-bit for Q6_K / Q5_K") {
+    auto mixed = open_model(k_file(test::KTypes{}, "test_kquant_auto.gguf"));  // down and v Q6_K, like layer 0
+    CHECK(checkpoint_is_4bit(*mixed));
+    CHECK(auto_quant(*mixed, false, QuantMode::kW4A8).quant == QuantMode::kW4A8);
+    CHECK(auto_quant(*mixed, false, QuantMode::kW4A16).quant == QuantMode::kW4A16);
+    for (DType t : {DType::kQ6_K, DType::kQ5_K}) {
+        CAPTURE(dtype_name(t));
+        auto src = open_model(k_file(all(t), "test_kquant_auto8.gguf"));
+        CHECK_FALSE(checkpoint_is_4bit(*src));
+        CHECK(checkpoint_is_quantized(*src));
+        CHECK(auto_quant(*src, false, QuantMode::kW4A8).quant == QuantMode::kW8A8);
+    }
+    test::KTypes few = all(DType::kQ6_K);  // only o and down 4-bit: 512 of 1536 rows of 256
+    few.o = few.down = DType::kQ4_K;
+    CHECK_FALSE(checkpoint_is_4bit(*open_model(k_file(few, "test_kquant_auto_few.gguf"))));
+}
+
+TEST_CASE("K-quant GGUF: all-Q4_K W4A16 logits equal the f32 read up to the scales' f16 rounding; W4A8 in bounds") {
+    auto src = open_model(k_file(all(DType::kQ4_K), "test_kquant_e2e.gguf"));
+    const std::vector<std::vector<int32_t>> prompts = {random_ids(24, test::kKV, 3)};
+    const auto f32 = score_all(*src, quant_options(QuantMode::kNone), prompts)[0];
+    const auto w16 = score_all(*src, quant_options(QuantMode::kW4A16), prompts)[0];
+    const auto w8 = score_all(*src, quant_options(QuantMode::kW4A8), prompts)[0];
+    const double e16 = rel_error(w16.data(), f32.data(), f32.size()), e8 = rel_error(w8.data(), f32.data(), f32.size());
+    MESSAGE("all-Q4_K GGUF against the file in fp32: W4A16 " << e16 << ", W4A8 " << e8);
+    // Each weight moves by at most 2^-11 (~4.9e-4) of its group's scale and minimum.
+    CHECK(e16 < 1e-3);
+    CHECK(e8 < 5e-2);
+    CHECK(e8 > e16);
+}
+
+TEST_CASE("gguf-py K-quant fixture model: W4A8 logits within the 4-bit GGUF tolerance of its f32 read") {
+    const std::string path = std::string(LATTICE_SOURCE_DIR) + "/tests/runtime/weights/data/kquant_blocks.gguf";
+    ModelTensorsOnly src(open_model(path));
+    const std::vector<std::vector<int32_t>> prompts = {random_ids(16, src.config().vocab, 5)};
+    const auto f32 = score_all(src, quant_options(QuantMode::kNone), prompts)[0];
+    const auto w8 = score_all(src, quant_options(QuantMode::kW4A8), prompts)[0];
+    const double e8 = rel_error(w8.data(), f32.data(), f32.size());
+    MESSAGE("K-quant fixture model against its f32 read: W4A8 " << e8);
+    CHECK(e8 < 5e-2);
+}
