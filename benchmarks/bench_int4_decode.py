@@ -6,7 +6,9 @@ shared VM hits both alike.
 
 Models (default): the built-in SmolLM2-135M-Instruct Q4_1 GGUF (models/; its token embedding / tied head is
 Q8_0) and the TinyLlama-1.1B shape with random weights in Q4_0 and in Q4_1 (every matrix, head included;
-benchmarks/tools/make_random_gguf.py, Llama 2 vocab from ../shared), made on first use in --cache.
+benchmarks/tools/make_random_gguf.py, Llama 2 vocab from ../shared), made on first use in --cache;
+tinyllama-1.1b-q4_k_m (not default): llama-quantize's Q4_K_M mix of the Q8_0 one (Q4_K, Q6_K for attn_v /
+ffn_down of some layers and the head).
 Per model and round: decode tok/s of both; lattice's streamed weight bytes per token (--stats-json
 streamed_weight_bytes_per_rank) and the KV bytes the last step read (f32 K and V of every position); the read
 bandwidth of the same thread count (bench_decode's 1 GiB stream read, measured in the same round); the floor
@@ -51,8 +53,9 @@ def machine():
             "git_dirty": bool(sh(["git", "-C", root, "status", "--porcelain"]).stdout.strip())}
 
 
-def model_files(names, cache):
-    """name -> GGUF path; synthetic files are written on first use."""
+def model_files(names, cache, quantize):
+    """name -> GGUF path; synthetic files are written on first use. A K-quant mix (tinyllama-1.1b-q4_k_m) is
+    llama.cpp's llama-quantize of the synthetic Q8_0 file (the --llama-bench folder's llama-quantize)."""
     out = {}
     for name in names:
         if name == "builtin":
@@ -60,6 +63,13 @@ def model_files(names, cache):
             continue
         preset, qtype = name.rsplit("-", 1)
         path = os.path.join(cache, f"{preset}.{qtype}.gguf")
+        if not os.path.exists(path) and qtype.startswith("q") and "_k" in qtype:
+            src = model_files([f"{preset}-q8_0"], cache, quantize)[f"{preset}-q8_0"]
+            if not quantize:
+                sys.exit(f"{name}: made by llama.cpp's llama-quantize, which was not found beside --llama-bench")
+            p = sh([quantize, src, path, qtype.upper()])
+            if p.returncode != 0:
+                sys.exit(f"llama-quantize failed for {name}: {p.stderr[-500:]}")
         if not os.path.exists(path):
             os.makedirs(cache, exist_ok=True)
             vocab = os.path.join(os.path.dirname(root), "shared", "tokenizers", "ggml-vocab-llama-spm.gguf")
@@ -130,7 +140,8 @@ def main():
     llama = a.llama_bench if os.path.isfile(a.llama_bench) else None
     if not llama:
         print(f"llama-bench not found ({a.llama_bench}): lattice only", file=sys.stderr)
-    files = model_files(a.models.split(","), a.cache)
+    quantize = os.path.join(os.path.dirname(a.llama_bench), "llama-quantize")
+    files = model_files(a.models.split(","), a.cache, quantize if os.path.isfile(quantize) else None)
     runs = []
     for rnd in range(a.rounds):
         for name, path in files.items():
