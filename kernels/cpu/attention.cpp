@@ -483,7 +483,9 @@ void attention(float* out, const float* qkv, void* k_cache, void* v_cache, const
         sc.s.resize(size_t(kRows * kTile));
         sc.scales.resize(size_t(2 * kTile));
         for (int64_t u = u0; u < u1; ++u) {
-            const auto [t0, n] = runs[size_t(u / (nkv * parts))];
+            // Plain variables, not a structured binding: the lambdas below capture them (clang 14 refuses a
+            // captured binding).
+            const int64_t t0 = runs[size_t(u / (nkv * parts))].first, n = runs[size_t(u / (nkv * parts))].second;
             const int64_t g = (u / parts) % nkv, part = u % parts, seq = seqs[t0];
             const int64_t h0 = cuts[size_t(part)], gh = cuts[size_t(part) + 1] - h0;  // query heads h0 .. h0 + gh - 1
             const int64_t rows = n * gh;
