@@ -122,4 +122,30 @@ public:
     std::vector<size_t> tensor_name_pos, tensor_type_pos, tensor_offset_pos;  // absolute
 };
 
+// The key-values of the one-layer llama fixtures of the 4-bit and K-quant tests (q4_gguf.h, kquant_gguf.h):
+// rms eps 1e-6, rope base 10000, context 128, bos 1, eos 2.
+inline void add_one_layer_llama_kv(GgufBuilder& g, uint64_t hidden, uint64_t ffn, uint32_t heads, uint32_t kv_heads) {
+    g.kv_str("general.architecture", "llama");
+    g.kv_u32("llama.embedding_length", uint32_t(hidden));
+    g.kv_u32("llama.feed_forward_length", uint32_t(ffn));
+    g.kv_u32("llama.block_count", 1);
+    g.kv_u32("llama.attention.head_count", heads);
+    g.kv_u32("llama.attention.head_count_kv", kv_heads);
+    g.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-6f);
+    g.kv_f32("llama.rope.freq_base", 10000.0f);
+    g.kv_u32("llama.context_length", 128);
+    g.kv_u32("tokenizer.ggml.bos_token_id", 1);
+    g.kv_u32("tokenizer.ggml.eos_token_id", 2);
+}
+
+// n f32 norm weights 1 + 0.01 (k % 13), as the bytes of an F32 tensor.
+inline std::vector<uint8_t> norm_weight_bytes(int64_t n) {
+    std::vector<uint8_t> v(size_t(n) * 4);
+    for (int64_t k = 0; k < n; ++k) {
+        const float x = 1.0f + 0.01f * float(k % 13);
+        std::memcpy(&v[size_t(k) * 4], &x, 4);
+    }
+    return v;
+}
+
 }  // namespace lattice::test

@@ -59,27 +59,10 @@ inline std::vector<uint8_t> kquant_llama_gguf(
     const KTypes& ty, uint32_t seed = 5,
     const std::function<void(const std::string&, std::vector<uint8_t>&)>& patch = {}) {
     std::mt19937 rng(seed);
-    auto norm = [](int64_t n) {
-        std::vector<uint8_t> v(size_t(n) * 4);
-        for (int64_t k = 0; k < n; ++k) {
-            const float x = 1.0f + 0.01f * float(k % 13);
-            std::memcpy(&v[size_t(k) * 4], &x, 4);
-        }
-        return v;
-    };
+    const auto norm = norm_weight_bytes;
     const uint64_t H = kKH, F = kKF, HD = kKHeadDim;
     GgufBuilder g;
-    g.kv_str("general.architecture", "llama");
-    g.kv_u32("llama.embedding_length", uint32_t(H));
-    g.kv_u32("llama.feed_forward_length", uint32_t(F));
-    g.kv_u32("llama.block_count", 1);
-    g.kv_u32("llama.attention.head_count", 2);
-    g.kv_u32("llama.attention.head_count_kv", 1);
-    g.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-6f);
-    g.kv_f32("llama.rope.freq_base", 10000.0f);
-    g.kv_u32("llama.context_length", 128);
-    g.kv_u32("tokenizer.ggml.bos_token_id", 1);
-    g.kv_u32("tokenizer.ggml.eos_token_id", 2);
+    add_one_layer_llama_kv(g, H, F, 2, 1);
     auto lin = [&](const char* name, DType t, uint64_t rows, uint64_t cols) {
         std::vector<uint8_t> data = k_tensor_bytes(t, int64_t(rows), int64_t(cols), rng);
         if (patch) patch(name, data);
