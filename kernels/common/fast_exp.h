@@ -23,4 +23,18 @@ inline float exp_neg(float x) {
     return p * std::bit_cast<float>((int32_t(n) + 127) << 23);
 }
 
+// exp_neg of every lane of a GCC vector of floats (F, e.g. float __attribute__((vector_size(64)))), I the
+// int32 vector of as many lanes: the same operations in the same order, so each lane has exp_neg's bits.
+// For loops that GCC does not vectorize from the scalar form (reductions without -ffast-math).
+template <class F, class I>
+inline F exp_neg_lanes(F x) {
+    x = x > -87.0f ? x : F{} - 87.0f;
+    const F n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    const F r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+    const F p =
+        1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+    const I e = (__builtin_convertvector(n, I) + 127) << 23;
+    return p * std::bit_cast<F>(e);
+}
+
 }  // namespace lattice

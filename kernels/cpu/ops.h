@@ -57,6 +57,8 @@ int32_t select_token(float* row, int64_t vocab, float temperature, int64_t top_k
 // log(sum_j exp(x[j])) over a row, in double (NaN entries count as -inf; -inf when every entry
 // is): the log-softmax denominator of select_token and of the engine's host sampling path.
 double log_sum_exp(const float* x, int64_t n);
+// The lowest index of the largest entry of a row (n < 2^31; NaN never chosen; 0 when no entry exceeds -inf).
+int64_t argmax(const float* x, int64_t n);
 
 // Vector primitives (exposed for tests).
 float dot(const float* a, const float* b, int64_t n);

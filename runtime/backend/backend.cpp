@@ -10,6 +10,10 @@ double host_log_sum_exp(const float* row, int64_t n) {
     return cpu::log_sum_exp(row, n);
 }
 
+int32_t host_argmax(const float* row, int64_t n) {
+    return int32_t(cpu::argmax(row, n));
+}
+
 std::string_view quant_mode_name(QuantMode q) {
     switch (q) {
         case QuantMode::kNone: return "none";

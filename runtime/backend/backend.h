@@ -348,6 +348,8 @@ public:
 // log(sum_j exp(row[j])) of a host row (NaN counts as -inf): the log-softmax denominator of the
 // engine's host sampling path: kernels/cpu/ops.h log_sum_exp, which select_token uses too.
 double host_log_sum_exp(const float* row, int64_t n);
+// The lowest id of the largest logit of a host row (NaN never; 0 when none exceeds -inf): greedy sampling.
+int32_t host_argmax(const float* row, int64_t n);
 
 // begin_step ... end_step for one scope (end_step also when the step throws).
 class StepScope {

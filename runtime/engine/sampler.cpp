@@ -1,5 +1,6 @@
 // Sampler implementation (see sampler.h).
 #include "runtime/engine/sampler.h"
+#include "runtime/backend/backend.h"
 
 #include <algorithm>
 #include <bit>
@@ -66,10 +67,7 @@ void apply_token_mask(float* logits, int64_t n, const uint32_t* words) {
 }
 
 int32_t argmax(const float* x, int64_t n) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; ++i)
-        if (x[i] > x[best]) best = i;
-    return int32_t(best);
+    return host_argmax(x, n);
 }
 
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {

@@ -318,15 +318,22 @@ TEST_CASE("attention rejects positions beyond the block tables and blocks outsid
 TEST_CASE("silu_mul and embed with a vocab-parallel offset") {
     std::mt19937 rng(4);
     ThreadPool pool(2, false);
-    const int64_t m = 3, f = 13;
-    auto gu = rand_vec(size_t(m * 2 * f), rng, -4, 4);
-    std::vector<float> out(size_t(m * f), std::nanf(""));
-    cpu::silu_mul(out.data(), gu.data(), m, f, pool);
-    for (int64_t r = 0; r < m; ++r)
-        for (int64_t i = 0; i < f; ++i) {
-            const double g = gu[size_t(r * 2 * f + i)], u = gu[size_t(r * 2 * f + f + i)];
-            CHECK(out[size_t(r * f + i)] == doctest::Approx(g / (1 + std::exp(-g)) * u).epsilon(1e-5));
-        }
+    // f = 13: the scalar tail only; 45: two 16-lane vectors and a tail, gates out to +-30 and beyond
+    // (e^-|g| below float's normal range: the gate's sign decides)
+    for (const int64_t f : {int64_t(13), int64_t(45)}) {
+        const int64_t m = 3;
+        auto gu = rand_vec(size_t(m * 2 * f), rng, f == 13 ? -4.0f : -30.0f, f == 13 ? 4.0f : 30.0f);
+        if (f == 45) gu[0] = -100.0f, gu[1] = 100.0f, gu[2] = 0.0f, gu[3] = -1e-30f;
+        std::vector<float> out(size_t(m * f), std::nanf(""));
+        cpu::silu_mul(out.data(), gu.data(), m, f, pool);
+        for (int64_t r = 0; r < m; ++r)
+            for (int64_t i = 0; i < f; ++i) {
+                const double g = gu[size_t(r * 2 * f + i)], u = gu[size_t(r * 2 * f + f + i)];
+                const double want = g / (1 + std::exp(-g)) * u;
+                CHECK_MESSAGE(std::fabs(out[size_t(r * f + i)] - want) <= 1e-6 * std::fabs(want) + 1e-30,
+                              "f ", f, " row ", r, " col ", i, ": ", out[size_t(r * f + i)], " vs ", want);
+            }
+    }
     // Table rows 10..14 of a 20-row vocab (this rank's shard), bf16.
     const int64_t n = 6;
     std::vector<uint16_t> table(size_t(5 * n));
@@ -386,6 +393,34 @@ TEST_CASE("select_token: greedy with bans, top-k / top-p / min-p kept sets, freq
     CHECK(near(freqs(1.0f, 0, 1.0f, 0.0f, {0, 1}), expect({2, 3, 4, 5}, 1.0f)));  // bans leave the set
 }
 
+TEST_CASE("argmax: the lowest index of the largest entry across lanes and tail, NaN never, 0 without any") {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int64_t n : {int64_t(1), int64_t(5), int64_t(16), int64_t(37), int64_t(49152), int64_t(49159)}) {
+        std::vector<float> x(size_t(n), -1.0f);
+        CHECK(cpu::argmax(x.data(), n) == 0);  // all equal: the first
+        x[size_t(n - 1)] = 3.0f;
+        CHECK(cpu::argmax(x.data(), n) == n - 1);  // the last (a tail entry when n % 16 != 0)
+        if (n < 37) continue;
+        x[20] = 3.0f;  // tie in another lane, lower index
+        CHECK(cpu::argmax(x.data(), n) == 20);
+        x[4] = 3.0f;  // a lower lane of an earlier vector
+        CHECK(cpu::argmax(x.data(), n) == 4);
+        x[36] = 3.0f;  // same lane as 20 and 4's vector neighbour, higher index: no change
+        CHECK(cpu::argmax(x.data(), n) == 4);
+        x[0] = nan;
+        x[n / 2] = nan;
+        CHECK(cpu::argmax(x.data(), n) == 4);  // NaN never wins, even at index 0
+        x[size_t(n / 3)] = 3.5f;
+        CHECK(cpu::argmax(x.data(), n) == n / 3);
+    }
+    std::vector<float> none(40, -INFINITY);
+    none[9] = nan;
+    CHECK(cpu::argmax(none.data(), 40) == 0);
+    std::vector<float> inf_last(33, 0.0f);
+    inf_last[32] = INFINITY;
+    CHECK(cpu::argmax(inf_last.data(), 33) == 32);
+}
+
 TEST_CASE("log_sum_exp equals the double-precision log-sum-exp at odd lengths, with NaN and -inf entries") {
     std::mt19937 g(2024);
     std::normal_distribution<float> d(0.0f, 4.0f);
@@ -407,6 +442,9 @@ TEST_CASE("log_sum_exp equals the double-precision log-sum-exp at odd lengths, w
         const double got = cpu::log_sum_exp(x.data(), n);
         CHECK_MESSAGE(std::fabs(got - want) < 1e-5 * std::fabs(want), "n ", n, ": ", got, " vs ", want);
     }
+    // equal logits: log n, the float partial sums exact
+    std::vector<float> flat(128257, 2.0f);
+    CHECK(cpu::log_sum_exp(flat.data(), 128257) == doctest::Approx(2.0 + std::log(128257.0)).epsilon(1e-9));
     std::vector<float> all_inf(33, -INFINITY);
     CHECK(cpu::log_sum_exp(all_inf.data(), 33) == -INFINITY);
     std::vector<float> one{-3.5f};
