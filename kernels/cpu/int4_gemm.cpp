@@ -215,7 +215,8 @@ void gemm_w4a8(const float* x, int64_t m, int64_t k, const PackedInt4& w, float*
         quantize_w4a8_row(row, w, s.q + r * s.acts.ldq, s.xsum + r * w.groups, s.scales + r * w.groups);
     });
     auto kernel = w4a8_kernel(w.isa);
-    pool.parallel_for(w.n_panels, [&](int64_t p0, int64_t p1, int) { kernel(s.acts, m, w, p0, p1, y, w.n); });
+    pool.parallel_chunks(w.n_panels, chunk_for(w.n_panels, pool.size()),
+                         [&](int64_t p0, int64_t p1, int) { kernel(s.acts, m, w, p0, p1, y, w.n); });
 }
 
 void gemm_w4a16(const float* x, int64_t m, int64_t k, const PackedInt4& w, float* y, ThreadPool& pool) {
@@ -253,7 +254,8 @@ void gemm_w4a16(const float* x, int64_t m, int64_t k, const PackedInt4& w, float
         a.xsum = xsum;
     }
     auto kernel = w4a16_kernel(w.isa);
-    pool.parallel_for(w.n_panels, [&](int64_t p0, int64_t p1, int) { kernel(a, m, w, p0, p1, y, w.n); });
+    pool.parallel_chunks(w.n_panels, chunk_for(w.n_panels, pool.size()),
+                         [&](int64_t p0, int64_t p1, int) { kernel(a, m, w, p0, p1, y, w.n); });
 }
 
 }  // namespace lattice

@@ -74,7 +74,8 @@ void run_s8_kernel(const uint8_t* a, int64_t m, int64_t lda, const PackedInt8& w
         case IsaLevel::kAvxVnni: kernel = &int8_detail::s8_panels_avxvnni; break;
         case IsaLevel::kAvx512Vnni: kernel = &int8_detail::s8_panels_avx512; break;
     }
-    pool.parallel_for(w.n_panels, [&](int64_t p0, int64_t p1, int) { kernel(a, m, lda, w, p0, p1, ep); });
+    pool.parallel_chunks(w.n_panels, chunk_for(w.n_panels, pool.size()),
+                         [&](int64_t p0, int64_t p1, int) { kernel(a, m, lda, w, p0, p1, ep); });
 }
 
 // Runs fn(row) for rows [0, m): on the caller alone for small m (decode), else across the pool.
@@ -309,8 +310,8 @@ void gemm_w8a16(const float* x, int64_t m, int64_t k, const PackedInt8& w, const
         case IsaLevel::kAvxVnni: kernel = &int8_detail::w8a16_panels_avx2; break;  // no VNNI for float FMA
         case IsaLevel::kAvx512Vnni: kernel = &int8_detail::w8a16_panels_avx512; break;
     }
-    pool.parallel_for(w.n_panels,
-                      [&](int64_t p0, int64_t p1, int) { kernel(xp, m, ldx, w, w_scales, p0, p1, y, w.n); });
+    pool.parallel_chunks(w.n_panels, chunk_for(w.n_panels, pool.size()),
+                         [&](int64_t p0, int64_t p1, int) { kernel(xp, m, ldx, w, w_scales, p0, p1, y, w.n); });
 }
 
 }  // namespace lattice

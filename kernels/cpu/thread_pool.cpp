@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <system_error>
 #include <vector>
 
@@ -122,6 +123,21 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     run_on_all([&](int t) {
         auto [lo, hi] = split_range(n, t, nt, grain);
         if (lo < hi) fn(lo, hi, t);
+    });
+}
+
+void ThreadPool::parallel_chunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t, int)>& fn) {
+    if (n <= 0) return;
+    if (chunk < 1) chunk = 1;
+    if (n_threads_ == 1 || n <= chunk) {
+        fn(0, n, 0);
+        return;
+    }
+    std::atomic<int64_t> next{0};
+    run_on_all([&](int t) {
+        for (int64_t lo = next.fetch_add(chunk, std::memory_order_relaxed); lo < n;
+             lo = next.fetch_add(chunk, std::memory_order_relaxed))
+            fn(lo, std::min(n, lo + chunk), t);
     });
 }
 

@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <vector>
 
@@ -21,6 +22,40 @@ TEST_CASE("split_range covers [0, n) contiguously with grain alignment") {
             }
             CHECK(expect == n);
         }
+    }
+}
+
+TEST_CASE("parallel_chunks visits every index once, in chunks of the size asked, each thread's in order") {
+    CHECK(chunk_for(192, 2) == 24);
+    CHECK(chunk_for(5, 2) == 1);
+    CHECK(chunk_for(100, 3, 4, 16) == 16);
+    for (int threads : {1, 2, 4}) {
+        ThreadPool pool(threads, false);
+        for (int64_t chunk : {int64_t(1), int64_t(7), int64_t(64), int64_t(20000)}) {
+            std::vector<std::atomic<int>> hits(10007);
+            std::vector<std::vector<std::pair<int64_t, int64_t>>> calls{size_t(threads)};
+            for (int rep = 0; rep < 20; ++rep) {
+                for (auto& c : calls) c.clear();
+                pool.parallel_chunks(int64_t(hits.size()), chunk, [&](int64_t lo, int64_t hi, int t) {
+                    calls[size_t(t)].push_back({lo, hi});
+                    for (int64_t i = lo; i < hi; ++i) hits[size_t(i)].fetch_add(1);
+                });
+                if (threads == 1 || chunk >= int64_t(hits.size())) {  // one call over everything, on the caller
+                    CHECK(calls[0] == std::vector<std::pair<int64_t, int64_t>>{{0, int64_t(hits.size())}});
+                    continue;
+                }
+                for (auto& c : calls)
+                    for (size_t i = 0; i < c.size(); ++i) {
+                        CHECK(c[i].first % chunk == 0);  // chunks start on their grid
+                        CHECK(c[i].second - c[i].first == std::min<int64_t>(chunk, int64_t(hits.size()) - c[i].first));
+                        if (i > 0) CHECK(c[i].first > c[i - 1].first);
+                    }
+            }
+            for (auto& h : hits) CHECK(h.load() == 20);
+        }
+        int calls0 = 0;
+        pool.parallel_chunks(0, 4, [&](int64_t, int64_t, int) { ++calls0; });
+        CHECK(calls0 == 0);
     }
 }
 
