@@ -53,10 +53,11 @@ inline __m512 load_f16x16(const uint8_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// Rows [r0, r0 + MR) x panels [p, p + NP).
+// Rows [r0, r0 + MR) x panels [p, p + NP), which lie in one interleave unit of the layout (p % 4 + NP <= 4
+// when interleaved: the callers step from an aligned p0).
 template <Int4Kind K, int MR, int NP>
 inline void w4a8_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t p, float* y, int64_t ldy) {
-    const int64_t G = w.group, subs = G / kInt4Block, bb = w.block_bytes, ps = w.groups * bb;
+    const int64_t G = w.group, subs = G / kInt4Block, ps = w.panel_stride;
     const uint8_t* b0 = w.block(p, 0);
     const __m512i mask = _mm512_set1_epi8(0x0F);
     __m512 acc[MR][NP];
@@ -65,7 +66,7 @@ inline void w4a8_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_
 #pragma GCC unroll 4
         for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_ps();
     for (int64_t g = 0; g < w.groups; ++g) {
-        const uint8_t* bg = b0 + g * bb;
+        const uint8_t* bg = b0 + g * w.group_stride;
         __m512i isum[MR][NP];
 #pragma GCC unroll 4
         for (int r = 0; r < MR; ++r)
@@ -183,7 +184,7 @@ inline __m512 w4_nibble(__m512i v, __m512 bias) {
 
 template <Int4Kind K, int MR, int NP>
 inline void w4a16_tile(const F32Acts& a, int64_t r0, const PackedInt4& w, int64_t p, float* y, int64_t ldy) {
-    const int64_t G = w.group, subs = G / kInt4Block, bb = w.block_bytes, ps = w.groups * bb;
+    const int64_t G = w.group, subs = G / kInt4Block, ps = w.panel_stride;
     const uint8_t* b0 = w.block(p, 0);
     __m512 acc[MR][NP];
 #pragma GCC unroll 4
@@ -191,7 +192,7 @@ inline void w4a16_tile(const F32Acts& a, int64_t r0, const PackedInt4& w, int64_
 #pragma GCC unroll 4
         for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_ps();
     for (int64_t g = 0; g < w.groups; ++g) {
-        const uint8_t* bg = b0 + g * bb;
+        const uint8_t* bg = b0 + g * w.group_stride;
         __m512 sum[MR][NP], bias[NP];
 #pragma GCC unroll 4
         for (int j = 0; j < NP; ++j) {

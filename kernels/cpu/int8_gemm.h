@@ -15,8 +15,8 @@
 // k <= kInt8MaxK (|sum| <= 128 * 128 * k < 2^31; VNNI intermediates wrap mod 2^32 and the
 // correction restores the exact value).
 //
-// Threads split N (panels), never K: each thread streams its own contiguous slice of panels; results
-// do not depend on the thread count. Outputs must not alias inputs. The gemm calls keep a thread_local
+// Threads split N (panels), never K, in contiguous chunks claimed from a shared counter
+// (ThreadPool::parallel_chunks); results do not depend on the thread count. Outputs must not alias inputs. The gemm calls keep a thread_local
 // activation scratch of the calling thread (m * k_padded bytes, grown on demand).
 // ISA selection: detect_isa() returns the override (set_isa_override, set by launch/ or tests from
 // LATTICE_ISA through parse_isa) or else the best level cpuid reports. kernels/ never reads the
