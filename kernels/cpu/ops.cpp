@@ -116,9 +116,10 @@ void rope(float* qkv, int64_t m, int64_t row_stride, const int32_t* positions, i
 
 // Row loops of the decode step that GCC does not vectorize as scalar code: silu_mul's libm exp and the
 // sampling's passes over the whole vocabulary row (49152 logits for the built-in model). They run on 16-float
-// vector values (GCC vector extensions: one zmm, two ymm or four xmm
-// registers, the same lane-wise arithmetic on every ISA; without -ffast-math GCC vectorizes no float
-// reduction written as a scalar loop). Loaded with memcpy (no alignment assumed).
+// vector values (GCC vector extensions: one zmm, two ymm or four xmm registers, the same operations per
+// lane on every ISA, though GCC contracts multiply-adds into FMAs in the clones whose ISA has them; without
+// -ffast-math GCC vectorizes no float reduction written as a scalar loop). Loaded with memcpy (no alignment
+// assumed).
 namespace {
 using F16x = float __attribute__((vector_size(64)));
 using I16x = int32_t __attribute__((vector_size(64)));
@@ -130,7 +131,7 @@ inline F16x load16(const float* p) {
 // silu(g) * u = g * sigmoid(g) * u, sigmoid from t = e^-|g| by exp_neg (never overflows): 1 / (1 + t) for
 // g >= 0, t / (1 + t) below; relative error a few 1e-7 against the libm form (math::silu), which costs a
 // libm call per element: 30 of these rows per decoded token of the built-in model took 4% of its time.
-// The same operations on 16 lanes and in the tail, so every element has the same bits wherever it lies.
+// The same template on 16 lanes and on the tail's one-lane vectors.
 template <class F, class I>
 inline F silu_lanes(F g, F u) {
     const F t = exp_neg_lanes<F, I>(g < 0.0f ? g : -g);
