@@ -62,17 +62,13 @@ PackedInt4 pack_int4_weights(const Int4Matrix& w, IsaLevel isa) {
     p.kind = w.kind;
     p.isa = isa;
     p.block_bytes = 8 * w.group + 32 + extra_bytes(w.kind);
-    p.interleave = p.groups * p.block_bytes <= PackedInt4::kInterleaveMaxPanelBytes ? PackedInt4::kQuad : 1;
-    p.group_stride = p.interleave * p.block_bytes;
-    p.panel_stride = p.interleave == 1 ? p.groups * p.block_bytes : p.block_bytes;
-    const int64_t units = (p.n_panels + p.interleave - 1) / p.interleave;
-    p.data.assign(size_t(units * p.groups * p.group_stride), 0);
+    p.data.assign(size_t(p.n_panels * p.groups * p.block_bytes), 0);
     if (w.perm) p.perm.assign(w.perm, w.perm + w.k);
     const int64_t row_bytes = p.k_padded / 2, subs = w.group / kInt4Block;
     for (int64_t panel = 0; panel < p.n_panels; ++panel) {
         const int64_t rows = std::min<int64_t>(kInt8PanelN, w.n - panel * kInt8PanelN);
         for (int64_t g = 0; g < p.groups; ++g) {
-            uint8_t* blk = const_cast<uint8_t*>(p.block(panel, g));
+            uint8_t* blk = p.data.data() + (panel * p.groups + g) * p.block_bytes;
             for (int64_t j = 0; j < rows; ++j) {
                 const int64_t row = panel * kInt8PanelN + j;
                 const uint8_t* src = w.qs + row * row_bytes + g * subs * 16;
@@ -219,7 +215,7 @@ void gemm_w4a8(const float* x, int64_t m, int64_t k, const PackedInt4& w, float*
         quantize_w4a8_row(row, w, s.q + r * s.acts.ldq, s.xsum + r * w.groups, s.scales + r * w.groups);
     });
     auto kernel = w4a8_kernel(w.isa);
-    pool.parallel_chunks(w.n_panels, chunk_for(w.n_panels, pool.size(), 4, w.interleave),
+    pool.parallel_chunks(w.n_panels, chunk_for(w.n_panels, pool.size()),
                          [&](int64_t p0, int64_t p1, int) { kernel(s.acts, m, w, p0, p1, y, w.n); });
 }
 
@@ -258,7 +254,7 @@ void gemm_w4a16(const float* x, int64_t m, int64_t k, const PackedInt4& w, float
         a.xsum = xsum;
     }
     auto kernel = w4a16_kernel(w.isa);
-    pool.parallel_chunks(w.n_panels, chunk_for(w.n_panels, pool.size(), 4, w.interleave),
+    pool.parallel_chunks(w.n_panels, chunk_for(w.n_panels, pool.size()),
                          [&](int64_t p0, int64_t p1, int) { kernel(a, m, w, p0, p1, y, w.n); });
 }
 

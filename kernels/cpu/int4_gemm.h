@@ -10,17 +10,8 @@
 //
 // PackedInt4 is the layout the kernels
 // stream (prepared once at load). Output channels in panels of 16 (n padded with zero channels), k
-// padded to a multiple of G (zero nibbles; activations are zero there). A panel's blocks (one per group)
-// are either consecutive (interleave 1) or, for short panels (at most kInterleaveMaxPanelBytes: k up to
-// ~800), interleaved in quads (interleave 4: the decode tile's 4 panels, the last quad padded with zero
-// panels), the 4 panels' blocks of group g side by side, so that the decode tile reads one sequential
-// stream. Measured on a Zen 4 VM (bench_gemm_int8, m = 1 from DRAM, one core): k = 576 panels of 5.8 KiB
-// gained ~15% from the quads (4 streams of a few KiB each, restarted every tile, leave the prefetchers
-// short of the stream rate), while k >= 1536 lost 13-22% (4 long streams at once keep more reads in flight
-// than one). Block (p, g), block_bytes long, with il = interleave, at
-//   data + (p / il) * groups * group_stride + g * group_stride + (p % il) * block_bytes,
-// group_stride = il * block_bytes; the next panel's block of the same group is panel_stride further (bytes
-// for il = 4, where the two panels lie in one quad; groups * block_bytes for il = 1):
+// padded to a multiple of G (zero nibbles; activations are zero there). Panel p's groups are
+// consecutive blocks of block_bytes, block (p, g) at data + (p * groups + g) * block_bytes:
 //   [0, 8G)          nibbles: for each 32-element sub-block s < G / 32 and chunk c < 4, 64 bytes at
 //                    s * 256 + c * 64; byte 4 j + t holds channel 16 p + j's elements
 //                    32 s' + 4 c + t (low nibble) and 32 s' + 16 + 4 c + t (high nibble), s' = G / 32 * g + s
@@ -29,7 +20,7 @@
 // A 64-byte chunk's low nibbles are one vpdpbusd operand (16 channels x 4 k, unsigned), its high nibbles
 // another; the activations are the signed operand, so there is no +128 correction (docs/quantization.md).
 //
-// Threads split output panels (N) in whole interleave units, never K; results do not depend on the thread count. Outputs must not
+// Threads split output panels (N), never K; results do not depend on the thread count. Outputs must not
 // alias inputs. The gemm calls keep a thread_local activation scratch of the calling thread.
 #pragma once
 
@@ -46,18 +37,13 @@ namespace lattice {
 
 // Weights packed for the kernels (layout above).
 struct PackedInt4 {
-    static constexpr int64_t kQuad = 4;  // panels interleaved per group when interleaved (the decode tile's width)
-    static constexpr int64_t kInterleaveMaxPanelBytes = 8192;
-    std::vector<uint8_t, AlignedAllocator64<uint8_t>> data;  // [n_panels / il][groups][il][block_bytes]
+    std::vector<uint8_t, AlignedAllocator64<uint8_t>> data;  // [n_panels][groups][block_bytes]
     int64_t n = 0, k = 0, k_padded = 0, group = 32, groups = 0, n_panels = 0, block_bytes = 0;
-    int64_t interleave = 1, group_stride = 0, panel_stride = 0;  // layout above
     Int4Kind kind = Int4Kind::kAffine;
     IsaLevel isa = IsaLevel::kScalar;  // kernel used by the gemm calls (kAvxVnni runs the AVX2 kernels)
     std::vector<int32_t> perm;         // [k] input channel of each stored column (act-order), empty: identity
 
-    const uint8_t* block(int64_t p, int64_t g) const {
-        return data.data() + (p / interleave) * groups * group_stride + g * group_stride + (p % interleave) * block_bytes;
-    }
+    const uint8_t* block(int64_t p, int64_t g) const { return data.data() + (p * groups + g) * block_bytes; }
     int64_t bytes() const { return int64_t(data.size()); }
 };
 

@@ -46,7 +46,7 @@ inline void store8(float* y, int64_t c0, int64_t n, __m256 v) {
 // Rows [r0, r0 + MR) x halves [h0, h0 + NH) of panel p.
 template <Int4Kind K, int MR, int NH>
 inline void w4a8_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t p, int h0, float* y, int64_t ldy) {
-    const int64_t G = w.group, subs = G / kInt4Block;
+    const int64_t G = w.group, subs = G / kInt4Block, bb = w.block_bytes;
     const uint8_t* b0 = w.block(p, 0);
     const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     __m256 acc[MR][NH];
@@ -55,7 +55,7 @@ inline void w4a8_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_
 #pragma GCC unroll 2
         for (int h = 0; h < NH; ++h) acc[r][h] = _mm256_setzero_ps();
     for (int64_t g = 0; g < w.groups; ++g) {
-        const uint8_t* bg = b0 + g * w.group_stride;
+        const uint8_t* bg = b0 + g * bb;
         __m256i isum[MR][NH];
 #pragma GCC unroll 4
         for (int r = 0; r < MR; ++r)
@@ -165,13 +165,13 @@ inline __m256 w4_nibble(__m256i v, __m256 bias) {
 // Rows [r0, r0 + MR) x half h of panel p.
 template <Int4Kind K, int MR>
 inline void w4a16_tile(const F32Acts& a, int64_t r0, const PackedInt4& w, int64_t p, int h, float* y, int64_t ldy) {
-    const int64_t G = w.group, subs = G / kInt4Block;
+    const int64_t G = w.group, subs = G / kInt4Block, bb = w.block_bytes;
     const uint8_t* b0 = w.block(p, 0);
     __m256 acc[MR];
 #pragma GCC unroll 4
     for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < w.groups; ++g) {
-        const uint8_t* bg = b0 + g * w.group_stride;
+        const uint8_t* bg = b0 + g * bb;
         const __m256 bias = w4_bias<K>(bg, G, h);
         __m256 sum[MR];
 #pragma GCC unroll 4

@@ -5,9 +5,9 @@
 //     (the signed operand, so no +128 correction). Each group's int32 sums then take the group epilogue
 //     of int4_gemm.h (vcvtph2ps for the f16 scales, the product with the row's group scale, one or two
 //     FMAs), in the order the scalar path uses,
-//     so the results are bit-identical to it. Register tile MR rows x NP panels: decode (m = 1) streams 4
-//     panels at once (4 independent chains, each panel's weights read once), m = 2 two, larger m 4 rows
-//     x 2 panels (prefill: each panel pair is reused across all rows of A from L1/L2).
+//     so the results are bit-identical to it. Decode (m = 1) reads one panel at a time (one sequential stream
+//     per thread, four accumulators per group); register tile MR rows x NP panels for m = 2 (two panels) and
+//     larger m (4 rows x 2 panels: prefill, each panel pair reused across all rows of A from L1/L2).
 //   W4A16: nibble t of each 32-bit lane becomes a float by the 2^23 trick (bits 0x4B000000 | q is
 //     2^23 + q; subtracting 2^23 + z leaves q - z exactly): shift, vpternlogd (and + or), subtract, then
 //     an FMA against the broadcast activation, per group summed and scaled by d (plus m * sum(x) for the
@@ -53,11 +53,10 @@ inline __m512 load_f16x16(const uint8_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// Rows [r0, r0 + MR) x panels [p, p + NP), which lie in one interleave unit of the layout (p % 4 + NP <= 4
-// when interleaved: the callers step from an aligned p0).
+// Rows [r0, r0 + MR) x panels [p, p + NP).
 template <Int4Kind K, int MR, int NP>
 inline void w4a8_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t p, float* y, int64_t ldy) {
-    const int64_t G = w.group, subs = G / kInt4Block, ps = w.panel_stride;
+    const int64_t G = w.group, subs = G / kInt4Block, bb = w.block_bytes, ps = w.groups * bb;
     const uint8_t* b0 = w.block(p, 0);
     const __m512i mask = _mm512_set1_epi8(0x0F);
     __m512 acc[MR][NP];
@@ -66,7 +65,7 @@ inline void w4a8_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_
 #pragma GCC unroll 4
         for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_ps();
     for (int64_t g = 0; g < w.groups; ++g) {
-        const uint8_t* bg = b0 + g * w.group_stride;
+        const uint8_t* bg = b0 + g * bb;
         __m512i isum[MR][NP];
 #pragma GCC unroll 4
         for (int r = 0; r < MR; ++r)
@@ -129,6 +128,50 @@ inline void w4a8_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_
     }
 }
 
+// Decode (m = 1), one panel at a time: a chunk's panels are read in memory order, one sequential stream (the
+// 4-panel tile's 4 streams reached 55-80% of the per-core DRAM rate, this 90-100%: docs/quantization.md). Four int32 accumulators per group (chunks c even / odd, low / high nibbles) keep
+// vpdpbusd's latency hidden; their sum is exact, so the group's epilogue and the result are w4a8_tile's.
+template <Int4Kind K>
+inline void w4a8_gemv_panel(const Int4Acts& a, const PackedInt4& w, int64_t p, float* y) {
+    const int64_t G = w.group, subs = G / kInt4Block;
+    const uint8_t* b0 = w.block(p, 0);
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t g = 0; g < w.groups; ++g) {
+        const uint8_t* bg = b0 + g * w.block_bytes;
+        __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+        for (int64_t s = 0; s < subs; ++s) {
+            const int8_t* xs = a.q + g * G + s * kInt4Block;
+            const __m512i v0 = _mm512_loadu_si512(bg + s * 256), v1 = _mm512_loadu_si512(bg + s * 256 + 64);
+            const __m512i v2 = _mm512_loadu_si512(bg + s * 256 + 128), v3 = _mm512_loadu_si512(bg + s * 256 + 192);
+            dpbusd(s0, _mm512_and_si512(v0, mask), _mm512_set1_epi32(load_i32(xs)));
+            dpbusd(s1, _mm512_and_si512(_mm512_srli_epi16(v0, 4), mask), _mm512_set1_epi32(load_i32(xs + 16)));
+            dpbusd(s2, _mm512_and_si512(v1, mask), _mm512_set1_epi32(load_i32(xs + 4)));
+            dpbusd(s3, _mm512_and_si512(_mm512_srli_epi16(v1, 4), mask), _mm512_set1_epi32(load_i32(xs + 20)));
+            dpbusd(s0, _mm512_and_si512(v2, mask), _mm512_set1_epi32(load_i32(xs + 8)));
+            dpbusd(s1, _mm512_and_si512(_mm512_srli_epi16(v2, 4), mask), _mm512_set1_epi32(load_i32(xs + 24)));
+            dpbusd(s2, _mm512_and_si512(v3, mask), _mm512_set1_epi32(load_i32(xs + 12)));
+            dpbusd(s3, _mm512_and_si512(_mm512_srli_epi16(v3, 4), mask), _mm512_set1_epi32(load_i32(xs + 28)));
+        }
+        const __m512i isum = _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(s2, s3));
+        const __m512 d = load_f16x16(bg + scale_offset(G));
+        const int32_t X = a.xsum[g];
+        const __m512 sg = _mm512_set1_ps(a.scales[g]);
+        const __m512 ds = _mm512_mul_ps(d, sg);
+        if constexpr (K == Int4Kind::kOffset8) {
+            fma_acc(acc, _mm512_cvtepi32_ps(_mm512_sub_epi32(isum, _mm512_set1_epi32(8 * X))), ds);
+        } else if constexpr (K == Int4Kind::kZeroPoint) {
+            const __m512i z =
+                _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bg + extra_offset(G))));
+            fma_acc(acc, _mm512_cvtepi32_ps(_mm512_sub_epi32(isum, _mm512_mullo_epi32(z, _mm512_set1_epi32(X)))), ds);
+        } else {
+            fma_acc(acc, _mm512_cvtepi32_ps(isum), ds);
+            fma_acc(acc, _mm512_mul_ps(load_f16x16(bg + extra_offset(G)), sg), _mm512_set1_ps(float(X)));
+        }
+    }
+    _mm512_mask_storeu_ps(y + p * kInt8PanelN, tail_mask(p, w.n), acc);
+}
+
 template <Int4Kind K, int NP, int MR>
 inline void w4a8_rows(int rem, const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t p, float* y, int64_t ldy) {
     if (rem == MR) {
@@ -148,8 +191,7 @@ template <Int4Kind K>
 void w4a8_panels(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y, int64_t ldy) {
     int64_t p = p0;
     if (m == 1) {
-        for (; p + 4 <= p1; p += 4) w4a8_tile<K, 1, 4>(a, 0, w, p, y, ldy);
-        for (; p < p1; ++p) w4a8_tile<K, 1, 1>(a, 0, w, p, y, ldy);
+        for (; p < p1; ++p) w4a8_gemv_panel<K>(a, w, p, y);
     } else if (m == 2) {
         for (; p + 2 <= p1; p += 2) w4a8_tile<K, 2, 2>(a, 0, w, p, y, ldy);
         for (; p < p1; ++p) w4a8_tile<K, 2, 1>(a, 0, w, p, y, ldy);
@@ -184,7 +226,7 @@ inline __m512 w4_nibble(__m512i v, __m512 bias) {
 
 template <Int4Kind K, int MR, int NP>
 inline void w4a16_tile(const F32Acts& a, int64_t r0, const PackedInt4& w, int64_t p, float* y, int64_t ldy) {
-    const int64_t G = w.group, subs = G / kInt4Block, ps = w.panel_stride;
+    const int64_t G = w.group, subs = G / kInt4Block, bb = w.block_bytes, ps = w.groups * bb;
     const uint8_t* b0 = w.block(p, 0);
     __m512 acc[MR][NP];
 #pragma GCC unroll 4
@@ -192,7 +234,7 @@ inline void w4a16_tile(const F32Acts& a, int64_t r0, const PackedInt4& w, int64_
 #pragma GCC unroll 4
         for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_ps();
     for (int64_t g = 0; g < w.groups; ++g) {
-        const uint8_t* bg = b0 + g * w.group_stride;
+        const uint8_t* bg = b0 + g * bb;
         __m512 sum[MR][NP], bias[NP];
 #pragma GCC unroll 4
         for (int j = 0; j < NP; ++j) {

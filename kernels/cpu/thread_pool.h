@@ -55,11 +55,11 @@ private:
 };
 
 // The chunk for parallel_chunks: about `per_thread` chunks per thread (enough for a late thread to lose
-// little, few enough that each stays a long stream of weights), a multiple of `align` items.
-inline int64_t chunk_for(int64_t n, int threads, int64_t per_thread = 4, int64_t align = 1) {
+// little, few enough that each stays a long stream of weights), at least `min_chunk` items.
+inline int64_t chunk_for(int64_t n, int threads, int64_t per_thread = 4, int64_t min_chunk = 1) {
     const int64_t parts = int64_t(threads) * per_thread;
     const int64_t c = (n + parts - 1) / parts;
-    return c <= align ? align : (c + align - 1) / align * align;
+    return c > min_chunk ? c : min_chunk;
 }
 
 // Contiguous range of thread `t` of `nt` over [0, n), aligned to `grain`.

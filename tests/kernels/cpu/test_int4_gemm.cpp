@@ -156,8 +156,8 @@ TEST_CASE("int4: packing keeps every dequantized value, for each kind and group"
     std::mt19937 rng(7);
     for (Int4Kind kind : kKinds)
         for (int64_t group : {32, 64, 128})
-            for (int64_t n : {1, 16, 17, 40, 70})
-                for (int64_t k : {32, 40, 128, 200, 1024}) {
+            for (int64_t n : {1, 16, 17, 40})
+                for (int64_t k : {32, 40, 128, 200}) {
                     CAPTURE(int4_kind_name(kind));
                     CAPTURE(group);
                     CAPTURE(n);
@@ -166,18 +166,7 @@ TEST_CASE("int4: packing keeps every dequantized value, for each kind and group"
                     const Int4Matrix mat = w.matrix();
                     PackedInt4 p = pack_int4_weights(mat, IsaLevel::kScalar);
                     CHECK(p.k_padded % group == 0);
-                    // short panels in quads (the last padded), each group's 4 blocks side by side; long
-                    // panels (k = 1024: 32 groups, over 8 KiB) one after another
-                    const int64_t il = p.groups * p.block_bytes <= 8192 ? 4 : 1;
-                    CHECK(p.interleave == il);
-                    CHECK(p.bytes() == (p.n_panels + il - 1) / il * il * p.groups * p.block_bytes);
-                    for (int64_t panel = 0; panel < p.n_panels; ++panel)
-                        for (int64_t g = 0; g < p.groups; ++g) {
-                            CHECK(p.block(panel, g) - p.data.data() ==
-                                  ((panel / il * p.groups + g) * il + panel % il) * p.block_bytes);
-                            if (panel % il + 1 < il || il == 1)  // the next panel of the tile
-                                CHECK(p.block(panel, g) + p.panel_stride == p.block(panel + 1, g));
-                        }
+                    CHECK(p.bytes() == p.n_panels * p.groups * p.block_bytes);
                     std::vector<float> out(size_t(n * k));
                     dequantize_packed_int4(p, out.data());
                     int64_t bad = 0;
@@ -215,8 +204,8 @@ TEST_CASE("w4a8: every ISA path equals the scalar path bit for bit, within the b
     std::mt19937 rng(1234);
     for (Int4Kind kind : kKinds)
         for (int64_t group : {32, 64, 128})
-            for (int64_t n : {1, 17, 40, 70})  // 70: two quads of panels, the second partial
-                for (int64_t k : {32, 40, 256, 1024}) {  // 1024 (group 32): panels not interleaved
+            for (int64_t n : {1, 17, 40, 70})  // 70: 5 panels, several chunks of the 3-thread pool
+                for (int64_t k : {32, 40, 256}) {
                     CAPTURE(int4_kind_name(kind));
                     CAPTURE(group);
                     CAPTURE(n);

@@ -29,8 +29,6 @@ TEST_CASE("parallel_chunks visits every index once, in chunks of the size asked,
     CHECK(chunk_for(192, 2) == 24);
     CHECK(chunk_for(5, 2) == 1);
     CHECK(chunk_for(100, 3, 4, 16) == 16);
-    CHECK(chunk_for(60, 2, 4, 4) == 8);
-    CHECK(chunk_for(36, 2, 4, 4) == 8);
     for (int threads : {1, 2, 4}) {
         ThreadPool pool(threads, false);
         for (int64_t chunk : {int64_t(1), int64_t(7), int64_t(64), int64_t(20000)}) {
