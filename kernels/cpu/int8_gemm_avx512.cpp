@@ -2,8 +2,9 @@
 // reports them). Layout and operand forms: int8_gemm.h / int8_gemm_kernels.h.
 //   s8 (W8A8 / s8s8): vpdpbusd zmm on (a + 128) u8 x q s8, one zmm per k-group and panel (16 channels
 //     x 4 k); result - 128 * col_sums is the exact signed sum. Register tile MR rows x NP panels:
-//     decode (m <= 4) runs all rows over 4 panels at a time so the 4+ independent accumulator chains
-//     hide vpdpbusd latency while the weights stream once; prefill keeps an 8 x 32 C tile in 16 zmm
+//     decode (m = 1) reads one panel at a time (s8_gemv_panel: one sequential stream, four accumulators);
+//     m <= 4 runs all rows over 4 panels at a time so the 4+ independent accumulator chains hide
+//     vpdpbusd latency while the weights stream once; prefill keeps an 8 x 32 C tile in 16 zmm
 //     and reuses each pair of packed panels (L2-resident) across all rows of A.
 //   W8A16: each 64-byte k-group is read as 16 int32 (one per channel); byte t is sign-extended with
 //     shift left / arithmetic shift right, converted to f32 and FMA'd against broadcast x[4g + t]
@@ -89,6 +90,35 @@ inline void s8_tile(const uint8_t* a, int64_t lda, const PackedInt8& w, int64_t 
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) store16(_mm512_sub_epi32(acc[r][j], corr), r0 + r, p + j, w.n, ep);
     }
+}
+
+// Decode (m = 1), one panel at a time: a chunk's panels are read in memory order, one sequential stream, and
+// no software prefetch (the hardware's keeps one stream at the rate; a prefetch 2 KiB ahead cost 10-25%).
+// bench_gemm_int8 w8a8 m = 1 from DRAM, one core, two runs: 960x576 / 3072x576 / 576x1536 / 2048x2048 /
+// 49152x576 at 28-34 / 29-30 / 29-30 / 32-33 / 32-33 GB/s, where the 4-panel tile below (4 prefetched
+// streams) read 18-19 / 18-19 / 24-25 / 27 / 19. Four accumulators (k-groups g % 4) hide vpdpbusd's
+// latency; their sum is exact, so the result is s8_tile's.
+inline void s8_gemv_panel(const uint8_t* a, const PackedInt8& w, int64_t p, const Int8Epilogue& ep) {
+    const int64_t groups = w.k_padded / kInt8GroupK;
+    const int8_t* b = w.panel(p);
+    __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t g = 0;
+    for (; g + 4 <= groups; g += 4) {
+        int32_t v[4];
+        std::memcpy(v, a + g * 4, 16);
+        dpbusd(s0, _mm512_set1_epi32(v[0]), _mm512_load_si512(b + g * 64));
+        dpbusd(s1, _mm512_set1_epi32(v[1]), _mm512_load_si512(b + g * 64 + 64));
+        dpbusd(s2, _mm512_set1_epi32(v[2]), _mm512_load_si512(b + g * 64 + 128));
+        dpbusd(s3, _mm512_set1_epi32(v[3]), _mm512_load_si512(b + g * 64 + 192));
+    }
+    for (; g < groups; ++g) {
+        int32_t v;
+        std::memcpy(&v, a + g * 4, 4);
+        dpbusd(s0, _mm512_set1_epi32(v), _mm512_load_si512(b + g * 64));
+    }
+    const __m512i acc = _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(s2, s3));
+    const __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512(w.col_sums.data() + p * kInt8PanelN), 7);
+    store16(_mm512_sub_epi32(acc, corr), 0, p, w.n, ep);
 }
 
 template <int NP, int MR>
@@ -244,7 +274,9 @@ void s8_panels_avx512(const void* a_void, int64_t m, int64_t lda, const PackedIn
                       const Int8Epilogue& ep) {
     const uint8_t* a = static_cast<const uint8_t*>(a_void);
     int64_t p = p0;
-    if (m <= 4) {  // decode / GEMV: weights stream once, 4 panels x m rows of accumulators
+    if (m == 1) {
+        for (; p < p1; ++p) s8_gemv_panel(a, w, p, ep);
+    } else if (m <= 4) {  // a few rows: weights stream once, 4 panels x m rows of accumulators
         for (; p + 4 <= p1; p += 4) s8_all_rows<4, 4>(a, m, lda, w, p, ep);
         for (; p < p1; ++p) s8_all_rows<1, 4>(a, m, lda, w, p, ep);
     } else {  // prefill: 8 x 32 register tile, each panel pair reused across all rows
