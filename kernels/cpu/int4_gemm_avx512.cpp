@@ -53,6 +53,39 @@ inline __m512 load_f16x16(const uint8_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
+// A panel's per-group parameters at its block bs: the f16 scales d, and the minima (affine) or zero points
+// (zero-point); the others zero.
+struct GroupParams {
+    __m512 d, mn;
+    __m512i z;
+};
+template <Int4Kind K>
+inline GroupParams group_params(const uint8_t* bs, int64_t G) {
+    GroupParams q{load_f16x16(bs + scale_offset(G)), _mm512_setzero_ps(), _mm512_setzero_si512()};
+    if constexpr (K == Int4Kind::kAffine) q.mn = load_f16x16(bs + extra_offset(G));
+    if constexpr (K == Int4Kind::kZeroPoint)
+        q.z = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bs + extra_offset(G))));
+    return q;
+}
+
+// The group epilogue of int4_gemm.h for one row and panel: the group's exact int32 sums isum (X: the row's sum of
+// the group's activations, s their scale) into acc, in the float operations every path performs. The tiles
+// and the decode GEMV both end each group here, so their results are the same bits.
+template <Int4Kind K>
+inline void group_epilogue(__m512& acc, __m512i isum, const GroupParams& q, int32_t X, float s) {
+    const __m512 sg = _mm512_set1_ps(s);
+    const __m512 ds = _mm512_mul_ps(q.d, sg);
+    if constexpr (K == Int4Kind::kOffset8) {
+        fma_acc(acc, _mm512_cvtepi32_ps(_mm512_sub_epi32(isum, _mm512_set1_epi32(8 * X))), ds);
+    } else if constexpr (K == Int4Kind::kZeroPoint) {
+        const __m512i corr = _mm512_mullo_epi32(q.z, _mm512_set1_epi32(X));
+        fma_acc(acc, _mm512_cvtepi32_ps(_mm512_sub_epi32(isum, corr)), ds);
+    } else {
+        fma_acc(acc, _mm512_cvtepi32_ps(isum), ds);
+        fma_acc(acc, _mm512_mul_ps(q.mn, sg), _mm512_set1_ps(float(X)));
+    }
+}
+
 // Rows [r0, r0 + MR) x panels [p, p + NP).
 template <Int4Kind K, int MR, int NP>
 inline void w4a8_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t p, float* y, int64_t ldy) {
@@ -96,28 +129,11 @@ inline void w4a8_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_
         }
 #pragma GCC unroll 4
         for (int j = 0; j < NP; ++j) {
-            const uint8_t* bs = bg + j * ps;
-            const __m512 d = load_f16x16(bs + scale_offset(G));
-            [[maybe_unused]] __m512 mn;
-            [[maybe_unused]] __m512i z;
-            if constexpr (K == Int4Kind::kAffine) mn = load_f16x16(bs + extra_offset(G));
-            if constexpr (K == Int4Kind::kZeroPoint)
-                z = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bs + extra_offset(G))));
+            const GroupParams q = group_params<K>(bg + j * ps, G);
 #pragma GCC unroll 4
-            for (int r = 0; r < MR; ++r) {
-                const int32_t X = a.xsum[(r0 + r) * a.ldsum + g];
-                const __m512 sg = _mm512_set1_ps(a.scales[(r0 + r) * a.ldsum + g]);
-                const __m512 ds = _mm512_mul_ps(d, sg);
-                if constexpr (K == Int4Kind::kOffset8) {
-                    fma_acc(acc[r][j], _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[r][j], _mm512_set1_epi32(8 * X))), ds);
-                } else if constexpr (K == Int4Kind::kZeroPoint) {
-                    const __m512i corr = _mm512_mullo_epi32(z, _mm512_set1_epi32(X));
-                    fma_acc(acc[r][j], _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[r][j], corr)), ds);
-                } else {
-                    fma_acc(acc[r][j], _mm512_cvtepi32_ps(isum[r][j]), ds);
-                    fma_acc(acc[r][j], _mm512_mul_ps(mn, sg), _mm512_set1_ps(float(X)));
-                }
-            }
+            for (int r = 0; r < MR; ++r)
+                group_epilogue<K>(acc[r][j], isum[r][j], q, a.xsum[(r0 + r) * a.ldsum + g],
+                                  a.scales[(r0 + r) * a.ldsum + g]);
         }
     }
 #pragma GCC unroll 4
@@ -129,8 +145,9 @@ inline void w4a8_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_
 }
 
 // Decode (m = 1), one panel at a time: a chunk's panels are read in memory order, one sequential stream (the
-// 4-panel tile's 4 streams reached 55-80% of the per-core DRAM rate, this 90-100%: docs/quantization.md). Four int32 accumulators per group (chunks c even / odd, low / high nibbles) keep
-// vpdpbusd's latency hidden; their sum is exact, so the group's epilogue and the result are w4a8_tile's.
+// 4-panel tile's 4 streams reached 55-80% of the per-core DRAM rate, this 90-100%: docs/quantization.md). Four
+// int32 accumulators per group (chunks c even / odd, low / high nibbles) keep vpdpbusd's latency hidden; their
+// sum is exact, and group_epilogue ends each group, so the result is w4a8_tile's.
 template <Int4Kind K>
 inline void w4a8_gemv_panel(const Int4Acts& a, const PackedInt4& w, int64_t p, float* y) {
     const int64_t G = w.group, subs = G / kInt4Block;
@@ -154,20 +171,7 @@ inline void w4a8_gemv_panel(const Int4Acts& a, const PackedInt4& w, int64_t p, f
             dpbusd(s3, _mm512_and_si512(_mm512_srli_epi16(v3, 4), mask), _mm512_set1_epi32(load_i32(xs + 28)));
         }
         const __m512i isum = _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(s2, s3));
-        const __m512 d = load_f16x16(bg + scale_offset(G));
-        const int32_t X = a.xsum[g];
-        const __m512 sg = _mm512_set1_ps(a.scales[g]);
-        const __m512 ds = _mm512_mul_ps(d, sg);
-        if constexpr (K == Int4Kind::kOffset8) {
-            fma_acc(acc, _mm512_cvtepi32_ps(_mm512_sub_epi32(isum, _mm512_set1_epi32(8 * X))), ds);
-        } else if constexpr (K == Int4Kind::kZeroPoint) {
-            const __m512i z =
-                _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bg + extra_offset(G))));
-            fma_acc(acc, _mm512_cvtepi32_ps(_mm512_sub_epi32(isum, _mm512_mullo_epi32(z, _mm512_set1_epi32(X)))), ds);
-        } else {
-            fma_acc(acc, _mm512_cvtepi32_ps(isum), ds);
-            fma_acc(acc, _mm512_mul_ps(load_f16x16(bg + extra_offset(G)), sg), _mm512_set1_ps(float(X)));
-        }
+        group_epilogue<K>(acc, isum, group_params<K>(bg, G), a.xsum[g], a.scales[g]);
     }
     _mm512_mask_storeu_ps(y + p * kInt8PanelN, tail_mask(p, w.n), acc);
 }
