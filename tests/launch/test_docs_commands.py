@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The shell commands of README.md and docs/*.md run as written.
+"""The shell commands of README.md and of every page under docs/ (subfolders included) run as written.
 
 Every line of every ```sh block is a command (a trailing backslash joins the next line). Each runs
 with bash, in order, in one temporary folder that stands in for the repository root: its entries
@@ -55,6 +55,15 @@ def commands(path):
     return out
 
 
+def doc_pages(docs_dir):
+    """Every .md file under docs_dir, subfolders included, in a stable order (path order)."""
+    pages = []
+    for d, dirs, files in os.walk(docs_dir):
+        dirs.sort()
+        pages += [os.path.join(d, f) for f in files if f.endswith(".md")]
+    return sorted(pages)
+
+
 def main():
     if len(sys.argv) != 3:
         print(__doc__)
@@ -63,8 +72,7 @@ def main():
     if not os.path.exists(os.path.join(src, MODEL)) and not os.environ.get("LATTICE_DEFAULT_MODEL"):
         print(f"SKIP: the built-in model {MODEL} is not there (scripts/setup.sh fetches it)")
         return 77
-    docs = [os.path.join(src, "README.md")] + sorted(
-        os.path.join(src, "docs", f) for f in os.listdir(os.path.join(src, "docs")) if f.endswith(".md"))
+    docs = [os.path.join(src, "README.md")] + doc_pages(os.path.join(src, "docs"))
     root = tempfile.mkdtemp(prefix="lattice-docs-")
     try:
         for d in os.listdir(src):  # the checkout's files and folders, read-only by convention
@@ -107,7 +115,7 @@ def main():
                     print(f"FAIL {where} (rc {rc}, {dt:.1f} s): {cmd}")
                     for l in (out.strip().splitlines()[-5:] + err.strip().splitlines()[-10:]):
                         print(f"     | {l}")
-        print(f"docs commands: {passed} ran, {len(skipped)} skipped (marked), {len(failed)} failed, "
+        print(f"docs commands of {len(docs)} pages: {passed} ran, {len(skipped)} skipped (marked), {len(failed)} failed, "
               f"{time.monotonic() - t_all:.0f} s")
         if not passed and not failed:
             print("FAIL: no command found to run (are the ```sh blocks gone?)")
