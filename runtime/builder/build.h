@@ -138,6 +138,15 @@ QuantMode int4_mode_for(BackendKind kind);
 // Never more than max_seqs sequences of the full context can use.
 int64_t kv_blocks_for(const Model& model, const Backend& backend, double kv_cache_gb, int64_t max_seqs);
 
+// A single-rank model on a backend of its own, built without a parallel context or KV cache
+// (`lattice calibrate`'s float forward): Error naming the checkpoint when it does not fit the options.
+// Declared backend first, so the model goes first.
+struct LocalModel {
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<Model> model;
+};
+LocalModel make_local_model(const TensorSource& src, const BackendOptions& backend, const ModelOptions& opt);
+
 // A single-rank engine over a model built by hand (tests, calibration): allocates the KV cache with
 // the default budget (or kv_cache_gb) when the model has none.
 std::unique_ptr<Engine> make_local_engine(Model& model, const EngineOptions& opt = {}, double kv_cache_gb = 0);
