@@ -111,8 +111,7 @@ void add_info_command(CLI::App& app, CommandRun& run) {
                          fmt::join(c.eos_ids, ","));
             if (c.is_moe()) {
                 // Each token runs k of the E experts: what it computes and, decoding alone, reads.
-                const int64_t active = c.parameter_count() - c.n_layers * (c.n_experts - c.n_experts_used) * 3 *
-                                                                 c.hidden * c.intermediate;
+                const int64_t active = c.active_parameter_count();
                 print_stdout("experts: {} per layer, {} per token (intermediate is each expert's); active parameters "
                              "per token: {} ({:.3f} B)\n",
                              c.n_experts, c.n_experts_used, active, double(active) * 1e-9);

@@ -7,7 +7,8 @@
 //  - largest_rank_memory(): follows the loader's plan (a TP split halves the linears, the largest stage
 //    of a PP split holds the larger layer range's KV cache, w8a8 is smaller than float, --quant auto of
 //    a float checkpoint keeps it float), and refuses a layout or context the model cannot take;
-//  - checked_parameter_count() and make_local_model().
+//  - checked_parameter_count() and make_local_model();
+//  - ModelConfig::active_parameter_count() and the planner's model_parameters / active_parameters agree.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -158,4 +159,17 @@ TEST_CASE("checked_parameter_count and make_local_model") {
     CHECK(m.backend->device() == Device::kCpu);
     CHECK(m.model->max_seq() == 16);
     CHECK(m.model->config().n_layers == c.n_layers);
+}
+
+TEST_CASE("parameter counts: the config's and the planner's agree, dense and MoE") {
+    ModelConfig c = test::tiny_config("test_builder_front");
+    CHECK(c.active_parameter_count() == c.parameter_count());  // dense: every parameter runs
+    CHECK(model_parameters(c.dims()) == doctest::Approx(double(c.parameter_count())));
+    CHECK(active_parameters(c.dims()) == doctest::Approx(double(c.parameter_count())));
+    c.n_experts = 4;
+    c.n_experts_used = 2;
+    const int64_t unused_ffns = c.n_layers * 2 * 3 * c.hidden * c.intermediate;  // two experts' FFNs per layer
+    CHECK(c.active_parameter_count() == c.parameter_count() - unused_ffns);
+    CHECK(model_parameters(c.dims()) == doctest::Approx(double(c.parameter_count())));
+    CHECK(active_parameters(c.dims()) == doctest::Approx(double(c.active_parameter_count())));
 }
