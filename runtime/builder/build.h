@@ -8,7 +8,8 @@
 // becomes resident only as sequences fill it). Every rank takes the smallest block count of any
 // rank, since the leader's block ids address every rank's cache.
 // The CLI, the tests and the benchmarks all build through here, so there is one way a rank's
-// model comes to be. This room (runtime/builder/) sits above the engine and the model and below
+// model comes to be; the CLI's commands through load.h (the checks and the ranks' agreement before
+// the build) and estimate.h (`lattice info`'s sizes without loading). This room (runtime/builder/) sits above the engine and the model and below
 // launch/: nothing in runtime/ includes it. Nothing here reads argv or the environment: launch/ decides `mpi`, the
 // device list and the rest, and passes them in.
 #pragma once
