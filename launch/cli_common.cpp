@@ -6,7 +6,6 @@
 #include "base/clock.h"
 #include "kernels/cpu/thread_pool.h"
 #include "parallel/rank_agreement.h"
-#include "parallel/world_config.h"
 #include "parallel/world_session.h"
 
 #include <dirent.h>
@@ -378,7 +377,8 @@ std::function<void(const LoadProgress&)> load_progress_printer() {
     };
 }
 
-RankRuntime load_model(const ModelArgs& args, const std::function<void(const WorldConfig&)>& on_context) {
+// The flags as the builder's options (parsing only: what they mean is the builder's).
+BuildOptions build_options(const ModelArgs& args) {
     BuildOptions opt;
     opt.quant_auto = args.quant == "auto";
     opt.model.quant = opt.quant_auto ? QuantMode::kNone : parse_quant_mode(args.quant);
@@ -412,29 +412,21 @@ RankRuntime load_model(const ModelArgs& args, const std::function<void(const Wor
     opt.backend.cuda_act = args.dtype == "f16" ? DType::kF16 : DType::kBF16;
     if (!args.devices.empty())
         for (int32_t d : parse_id_list(args.devices, "--devices")) opt.devices.push_back(d);
+    return opt;
+}
+
+RankRuntime load_model(const ModelArgs& args, const std::function<void(const WorldConfig&)>& on_context) {
+    BuildOptions opt = build_options(args);
     ModelSpec spec{args.model, args.random_weights, args.config_preset, args.weight_seed, args.verify};
     if (!args.random_weights && spec.path.empty()) spec.path = default_model_path();
+    // Under an MPI starter the builder checks the model and layout on every rank before MPI's first
+    // collective and the ranks agree (a rank that failed earlier joins from main()); this front only
+    // prints the verdict: one line from rank 0, the same exit code everywhere.
+    LoadAgreement agreement;
     if (failure_agreement_open()) {
-        // Under an MPI starter every rank opens and checks the checkpoint and the layout here, before
-        // MPI's first collective, and the ranks agree (a rank that failed earlier joins from main()):
-        // a bad model, layout or argument is one line from rank 0 and the same exit code everywhere.
-        int code = 0;
-        std::string message, detail;
-        try {
-            const WorldConfig w = WorldConfig::make(launcher_world_size(), args.tp, args.pp, launcher_rank());
-            ModelSpec check = spec;
-            check.verify = false;  // hashing is the load's job; sizes are checked when opening
-            std::unique_ptr<TensorSource> src = open_spec(check, w);
-            if (!src->prepared() && !spec.random) check_tensor_set(*src);
-            check_model_layout(src->config().dims(), w.tp, w.pp);
-        } catch (const Error& e) {
-            code = 1, message = e.message(), detail = e.what();
-        } catch (const std::bad_alloc&) {
-            code = 1, message = detail = "out of memory opening the model";
-        }
-        const int agreed = agree_and_report_failure(code, message, detail);
-        if (agreed > 0) throw ReportedFailure{agreed};
-        if (agreed < 0 && code != 0) throw Error(detail.substr(0, detail.size() - message.size()), message);
+        agreement.world = launcher_world_size();
+        agreement.rank = launcher_rank();
+        agreement.agree = agree_and_report_failure;
     }
     opt.on_context = [on_context](const WorldConfig& w) {
         // When the launcher tears the job down because a rank died, say which one before exiting.
@@ -442,7 +434,7 @@ RankRuntime load_model(const ModelArgs& args, const std::function<void(const Wor
         if (w.rank != 0 || output_settings().quiet) set_log_level(LogLevel::kWarn);
         if (on_context) on_context(w);
     };
-    return build(opt, spec);
+    return load(opt, spec, agreement);
 }
 
 }  // namespace lattice

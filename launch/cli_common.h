@@ -1,9 +1,11 @@
-// Options shared by every command that loads a model (generate, score, calibrate, serve ...) and
-// the code that turns them into a backend + model + parallel layout for this rank; the range checks
+// Options shared by every command that loads a model (generate, score, serve ...) and their
+// translation into the builder's options (the builder makes the rank's backend, model and layout,
+// runtime/builder/load.h; launch/ prints what it reports); the range checks
 // every numeric flag uses; checked writes to stdout; output files prepared before a run.
 #pragma once
 
 #include "runtime/builder/build.h"
+#include "runtime/builder/load.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 #include <CLI/CLI.hpp>
@@ -58,8 +60,9 @@ private:
     void add_layout_options(CLI::App* cmd);
 };
 
-// Builds this rank's model from the options (runtime/builder/build.h); MPI joins when tp * pp > 1 or
-// when an MPI starter launched this process (read from the environment here, in launch/).
+// Builds this rank's model from the options (runtime/builder/load.h: checked and, under an MPI
+// starter, agreed on by every rank first); MPI joins when tp * pp > 1 or when an MPI starter
+// launched this process (read from the environment here, in launch/).
 // `on_context` runs once the rank grid exists, before any weight is read (`lattice serve` listens
 // from there on, answering "loading").
 RankRuntime load_model(const ModelArgs& a, const std::function<void(const WorldConfig&)>& on_context = {});
@@ -76,16 +79,15 @@ OutputSettings& output_settings();
 // ---- One line per error, also under MPI ---------------------------------------------------------
 // An error that every rank meets (a bad argument, a missing or malformed model, a layout the model
 // cannot take) is printed once, by rank 0, and every rank exits with the same code after finalizing
-// MPI. The ranks agree (parallel/rank_agreement.h; launch/ only prints the line) at one point, before the first collective after MPI start-up: the
-// load of a model (load_model, once the rank grid exists and the checkpoint was opened and checked)
-// or, for a rank that failed before it, main()'s error path; a command that needs no model agrees
-// when it ends. Only a failure on some ranks alone, later, is printed by its rank and aborts the job.
+// MPI. The ranks agree (parallel/rank_agreement.h; launch/ only prints the line) at one point,
+// before the first collective after MPI start-up: the load of a model (load_model: the builder's
+// checked load, runtime/builder/load.h, once the checkpoint was opened and checked) or, for a rank
+// that failed before it, main()'s error path; a command that needs no model agrees when it ends.
+// Only a failure on some ranks alone, later, is printed by its rank and aborts the job.
 //
-// Thrown on every rank once the ranks agreed on a failure: rank 0 has printed the one line;
-// main() only finalizes MPI and exits with `code`.
-struct ReportedFailure {
-    int code = 1;
-};
+// Thrown on every rank once the ranks agreed on a failure (the builder's AgreedFailure): rank 0 has
+// printed the one line; main() only finalizes MPI and exits with `code`.
+using ReportedFailure = AgreedFailure;
 // The number of ranks the MPI starter launched (1 without one).
 int launcher_world_size();
 // True when an MPI starter (mpirun, srun with PMI/PMIx) launched this process: the command then

@@ -1,13 +1,13 @@
 // `lattice batch`: a JSONL file of requests through the engine, results appended to a JSONL file as
 // they complete; resumable. Files in OpenAI's Batch format, as vLLM's `run-batch` reads and writes them.
 //   input lines   {"custom_id": ID, "method": "POST", "url": "/v1/completions" | "/v1/chat/completions",
-//                 "body": {completions or chat body, launch/openai_request.h}}: the url picks the
+//                 "body": {completions or chat body, launch/openai/request.h}}: the url picks the
 //                 endpoint (any other url, or a method other than POST, is an error record naming it;
 //                 without a url a body with "messages" is a chat request), or a bare body
 //                 {"prompt": ...} whose id is "line-N" (N its 1-based line number: a string, so it can
 //                 never collide with an integer custom_id of another line).
 //   output lines  {"id": "batch_req_...", "custom_id", "response": {"status_code": 200, "request_id",
-//                 "body": the JSON `lattice serve` returns for that request (launch/server/api.h
+//                 "body": the JSON `lattice serve` returns for that request (launch/openai/response.h
 //                 ResponseShaper: "text_completion" / "chat.completion", usage, "token_ids" when the
 //                 body asks "return_token_ids" or the model has no tokenizer)}, "error": null}, or
 //                 {"id", "custom_id", "response": null, "error": {"code", "message"}} for a line that
@@ -50,8 +50,8 @@
 #include "launch/cli.h"
 #include "launch/cli_common.h"
 #include "launch/drain_signal.h"
-#include "launch/openai_request.h"
-#include "launch/server/api.h"
+#include "launch/openai/request.h"
+#include "launch/openai/response.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace lattice {
@@ -145,7 +145,7 @@ private:
 struct Running {
     json custom_id;
     std::string hex;                                // of the record's "batch_req_" and "req_" ids
-    std::unique_ptr<serve::ResponseShaper> shaper;  // the server's response body
+    std::unique_ptr<openai::ResponseShaper> shaper;  // the server's response body
     int64_t tokens = 0;
     int64_t prompt_tokens = 0;  // every prompt once (usage)
     bool abandoned = false;     // a sequence was cut by the drain: the line runs again on the next rerun
@@ -344,30 +344,27 @@ private:
         }
     }
 
-    // A request as the server would take it (launch/server/api.cpp completion_route), to the engine.
+    // A request as the server would take it (the OpenAI protocol of launch/openai/), to the engine.
     void submit(const json& id, const json& body, bool chat) {
-        serve::ApiCall call;
-        call.request = parse_api_request(body, chat, client_.tokenizer(), limits_);
+        openai::ApiCall call;
+        call.request = openai::parse_api_request(body, chat, client_.tokenizer(), limits_);
         // A list of prompts, n and best_of: one record from several sequences, as the server's body.
         // echo is the server's only (its prompt logprobs come from the score path, not a sequence).
         LATTICE_CHECK(!call.request.echo,
                       "\"echo\" is not supported in batch files (lattice serve and lattice score have it)");
         call.request.stream = false;
         call.request.include_usage = false;
-        const auto ids = body.find("return_token_ids");
-        LATTICE_CHECK(ids == body.end() || ids->is_null() || ids->is_boolean(),
-                      "\"return_token_ids\" must be true or false");
-        call.return_token_ids = !client_.tokenizer() || (ids != body.end() && ids->is_boolean() && ids->get<bool>());
+        call.return_token_ids = openai::parse_return_token_ids(body, client_.tokenizer());
         Running r;
         r.custom_id = id;
         r.hex = next_hex();
         call.id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", r.hex);
         call.created = int64_t(std::time(nullptr));
         call.model = call.request.model.empty() ? model_ : call.request.model;
-        r.shaper = std::make_unique<serve::ResponseShaper>(call);
+        r.shaper = std::make_unique<openai::ResponseShaper>(call);
         for (const std::vector<int32_t>& p : call.request.prompts) r.prompt_tokens += int64_t(p.size());
         r.admitted = Clock::now();
-        const int64_t request = client_.submit(choice_requests(call.request), call.request.best_of);
+        const int64_t request = client_.submit(openai::choice_requests(call.request), call.request.best_of);
         if (t_.first_admit == Clock::time_point{}) t_.first_admit = r.admitted;
         t_.prompt_tokens += r.prompt_tokens;
         running_.emplace(request, std::move(r));
@@ -400,28 +397,13 @@ private:
             }
             ++r.tokens;
         }
-        serve::Delta d;
-        d.kind = serve::Delta::Kind::kTokens;
-        d.index = ev.index;
-        d.text = ev.text;
-        if (ev.token >= 0) {
-            d.tokens.push_back(ev.token);
-            d.logprobs.push_back(ev.logprob);
-            d.top.push_back(ev.top);
-        }
-        if (ev.finish != FinishReason::kNone && ev.finish != FinishReason::kCancelled)
-            d.finish_reason = finish_reason_name(ev.finish);
-        r.shaper->tokens(d);
+        r.shaper->tokens(openai::token_delta(ev, true));
         r.abandoned |= ev.finish == FinishReason::kCancelled;  // cut by the drain: it runs on the next rerun
         if (!ev.last_of_request) return;
         if (r.abandoned) {
             ++t_.abandoned;
         } else {
-            serve::Delta f;
-            f.kind = serve::Delta::Kind::kFinish;
-            f.prompt_tokens = ev.request_prompt_tokens;
-            f.completion_tokens = ev.request_completion_tokens;
-            const std::string body = r.shaper->finish(f);
+            const std::string body = r.shaper->finish(openai::finish_delta(ev));
             const json response = {{"status_code", 200}, {"request_id", "req_" + r.hex}, {"body", json::parse(body)}};
             out_.write(json{{"id", "batch_req_" + r.hex},
                             {"custom_id", r.custom_id},
@@ -446,7 +428,7 @@ private:
     EngineClient& client_;
     std::ifstream in_;
     ResultFile& out_;
-    ApiLimits limits_;
+    openai::ApiLimits limits_;
     std::string model_;  // "model" of a response whose request names none
     uint64_t nonce_ = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
     int64_t records_ = 0;

@@ -3,8 +3,9 @@
 // text. The text is tokenized with the model's tokenizer and run in independent windows of
 // --window tokens (each from position 0, no LM head); the weight column maxima are read from the
 // checkpoint itself, so the factors belong to the original (unsmoothed) weights.
-// Single rank, CPU, fp32: calibration is an offline step; the resulting file is then loaded by
-// every rank of any TP x PP layout (each applies the factors of its own layers).
+// Single rank, CPU, fp32 (the builder's make_local_model): calibration is an offline step; the
+// resulting file is then loaded by every rank of any TP x PP layout (each applies the factors of its
+// own layers).
 #include <algorithm>
 #include <chrono>
 #include <iterator>
@@ -14,8 +15,7 @@
 #include "launch/cli_common.h"
 #include "base/file.h"
 #include "base/log.h"
-#include "runtime/backend/cpu/cpu_backend.h"
-#include "runtime/model/model.h"
+#include "runtime/builder/build.h"
 #include "runtime/model/smoothquant.h"
 #include "runtime/tokenizer/tokenizer.h"
 
@@ -57,15 +57,15 @@ int run_calibrate(const CalibrateArgs& args) {
                       "model's vocab {}",
                       model_path, id, src->config().vocab);
 
-    CpuBackendOptions bo;
+    BackendOptions bo;
+    bo.kind = BackendKind::kCpu;
     bo.threads = usable_threads(args.threads);
-    CpuBackend be(bo);
-    ModelOptions model_opt;
+    ModelOptions model_opt;  // float: the maxima of the original weights' activations
     model_opt.max_seq = std::min<int64_t>(args.window, src->config().max_position);
     model_opt.max_batch_tokens = args.max_batch_tokens;
-    Model model(*src, be, model_opt, nullptr);
+    const LocalModel local = make_local_model(*src, bo, model_opt);
     const auto t1 = std::chrono::steady_clock::now();
-    ActivationStats stats = collect_activation_stats(model, ids, model_opt.max_seq);
+    ActivationStats stats = collect_activation_stats(*local.model, ids, model_opt.max_seq);
     const auto t2 = std::chrono::steady_clock::now();
     SmoothFactors f = compute_smooth_factors(*src, stats, args.alpha);
     write_smooth_factors(args.out, f);

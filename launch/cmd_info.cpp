@@ -5,16 +5,12 @@
 // --max-batch-tokens. The checkpoint is checked against its config first (check_tensor_set: every
 // tensor present with its shape, nothing unexplained), so the parameter count printed is the
 // tensors' own, and an absurd config is an error rather than a number.
-// The weight plan is the loader's own (RankWeights: which tensors a rank holds, their shapes and
-// what quantization each gets), so the estimate follows the code that loads; bytes per element
-// follow the CPU backend (float weights keep the checkpoint's precision, int8 linears hold one byte
-// per weight plus f32 scales and column sums) or, with --device cuda, 16-bit floats.
+// The count and the estimate are the builder's (runtime/builder/estimate.h: the loader's own weight
+// plan, so the estimate follows the code that loads); this command parses and prints.
 #include "base/memory.h"
 #include "launch/cli.h"
 #include "launch/cli_common.h"
-#include "parallel/plan_model.h"
-#include "runtime/builder/build.h"
-#include "runtime/model/rank_weights.h"
+#include "runtime/builder/estimate.h"
 #include "runtime/weights/tensor_source.h"
 
 #include <fmt/format.h>
@@ -40,49 +36,29 @@ struct InfoArgs {
 };
 
 
-// The memory of the largest rank of the layout (tp rank 0 of each stage; TP ranks of a stage differ
-// by at most a vocabulary row).
+// The memory of the largest rank of the layout (the builder's estimate, runtime/builder/estimate.h).
 void print_memory(const TensorSource& src, const InfoArgs& args) {
-    const ModelConfig& c = src.config();
-    check_model_layout(c.dims(), args.tp, args.pp);
-    const bool cuda = args.device == "cuda";
-    const QuantChoice quant = args.quant == "auto"
-                                  ? auto_quant(src, args.quant_head, cuda ? QuantMode::kW4A16 : QuantMode::kW4A8)
-                                                   : QuantChoice{parse_quant_mode(args.quant), args.quant_head};
-    const int64_t act = cuda ? 2 : 4;  // activation bytes per element
-    const double kv_elem = kv_element_bytes(args.kv_cache_dtype, c.head_dim, !cuda);
-    const int64_t max_seq = resolve_max_seq(args.max_seq, c.max_position);  // the model's own default
-    LATTICE_CHECK(max_seq <= c.max_position, "--max-seq {} exceeds the model's max_position_embeddings {}", max_seq,
-                  c.max_position);
-    const auto stages = stage_layer_ranges(c.n_layers, args.pp);
-    double best = -1, best_w = 0, best_kv = 0, best_act = 0;
-    int best_stage = 0;
-    std::string head;  // the LM head's mode when quantized (a 4-bit run keeps an 8-bit one: rank_weights.h)
-    for (int p = 0; p < args.pp; ++p) {
-        ModelOptions o;
-        o.quant = quant.quant;
-        o.quant_head = quant.quant_head;
-        o.tp = args.tp;
-        o.tp_rank = 0;
-        o.layer_begin = stages[size_t(p)].first;
-        o.layer_end = stages[size_t(p)].second;
-        o.first_stage = p == 0;
-        o.last_stage = p == args.pp - 1;
-        const RankWeights rw(src, o);
-        const double w = rw.resident_bytes(cuda);
-        for (const RankTensor& t : rw.tensors())
-            if (t.role == WeightRole::kLmHead && t.mode != QuantMode::kNone)
-                head = fmt::format(" + {} head", quant_mode_name(t.mode));
-        const double kv = kv_cache_bytes(c.dims(), args.tp, o.layer_end - o.layer_begin, max_seq, kv_elem);
-        const double act_b = activation_bytes(c.dims(), args.tp, args.max_batch_tokens, double(act), o.last_stage);
-        if (w + kv + act_b > best) best = w + kv + act_b, best_w = w, best_kv = kv, best_act = act_b, best_stage = p;
-    }
+    MemoryQuery q;
+    q.quant_auto = args.quant == "auto";
+    if (!q.quant_auto) q.quant = parse_quant_mode(args.quant);
+    q.quant_head = args.quant_head;
+    q.tp = args.tp;
+    q.pp = args.pp;
+    q.max_seq = args.max_seq;
+    q.max_batch_tokens = args.max_batch_tokens;
+    q.device = parse_backend_kind(args.device);
+    q.kv_cache_dtype = args.kv_cache_dtype;
+    const RankMemory m = largest_rank_memory(src, q);
+    const bool cuda = q.device == BackendKind::kCuda;
+    // The LM head's mode when quantized (a 4-bit run keeps an 8-bit one: rank_weights.h).
+    const std::string head = m.head != QuantMode::kNone ? fmt::format(" + {} head", quant_mode_name(m.head)) : "";
     print_stdout(
         "memory per rank (quant {}{}, tp {} x pp {}, {}, context {}): {:.3f} GiB = weights {:.3f} GiB + KV "
         "cache {:.3f} GiB per sequence of {} positions ({}) + activations ~{:.3f} GiB ({} tokens per step){}\n",
-        quant_mode_name(quant.quant), head, args.tp,
-        args.pp, cuda ? "cuda" : "cpu", max_seq, to_gib(best), to_gib(best_w), to_gib(best_kv), max_seq,
-        args.kv_cache_dtype == "auto" ? (cuda ? "f16" : "f32") : args.kv_cache_dtype, to_gib(best_act), args.max_batch_tokens, args.pp > 1 ? fmt::format(" (largest: pp stage {})", best_stage) : "");
+        quant_mode_name(m.quant), head, args.tp, args.pp, cuda ? "cuda" : "cpu", m.max_seq, to_gib(m.total()),
+        to_gib(m.weights), to_gib(m.kv), m.max_seq,
+        args.kv_cache_dtype == "auto" ? (cuda ? "f16" : "f32") : args.kv_cache_dtype, to_gib(m.activations),
+        args.max_batch_tokens, args.pp > 1 ? fmt::format(" (largest: pp stage {})", m.stage) : "");
 }
 
 }  // namespace
@@ -135,18 +111,12 @@ void add_info_command(CLI::App& app, CommandRun& run) {
                          fmt::join(c.eos_ids, ","));
             if (c.is_moe()) {
                 // Each token runs k of the E experts: what it computes and, decoding alone, reads.
-                const int64_t active = c.parameter_count() - c.n_layers * (c.n_experts - c.n_experts_used) * 3 *
-                                                                 c.hidden * c.intermediate;
+                const int64_t active = c.active_parameter_count();
                 print_stdout("experts: {} per layer, {} per token (intermediate is each expert's); active parameters "
                              "per token: {} ({:.3f} B)\n",
                              c.n_experts, c.n_experts_used, active, double(active) * 1e-9);
             }
-            if (!src->prepared()) check_tensor_set(*src);  // a converted file is checked when a rank loads it
-            const int64_t params = c.parameter_count(), listed = listed_elements(*src);
-            // Sources that list their tensors must hold what the config describes (rope tables aside).
-            LATTICE_CHECK(listed == 0 || listed >= params,
-                          "{}: the config describes {} parameters but the checkpoint's tensors hold {}",
-                          src->describe(), params, listed);
+            const int64_t params = checked_parameter_count(*src);
             print_stdout("parameters: {} ({:.3f} B)\n", params, double(params) * 1e-9);
             print_stdout("weight bytes in checkpoint: {} ({:.3f} GiB)\n", src->total_bytes(),
                          to_gib(double(src->total_bytes())));

@@ -43,20 +43,9 @@ ModelDims load_dims(const std::string& m) {
     return open_model(m)->config().dims();
 }
 
-// Parameters of the model; `experts` FFNs per layer (a MoE model: every expert held, or the
-// n_experts_used a token runs), plus the router.
-double dims_params(const ModelDims& d, double experts) {
-    const double h = double(d.hidden);
-    const double layer = h * double(d.n_heads + 2 * d.n_kv_heads) * double(d.head_dim) +
-                         double(d.n_heads * d.head_dim) * h + experts * 3.0 * h * double(d.intermediate) +
-                         double(d.n_experts) * h + 2.0 * h;
-    return double(d.n_layers) * layer + double(d.vocab) * h * (d.tie_embeddings ? 1.0 : 2.0) + h;
-}
-double dims_params(const ModelDims& d) { return dims_params(d, double(std::max<int64_t>(d.n_experts, 1))); }
-double active_params(const ModelDims& d) { return dims_params(d, double(std::max<int64_t>(d.n_experts_used, 1))); }
 std::string experts_note(const ModelDims& d) {
     return d.n_experts > 0 ? fmt::format(", {} experts, {} per token: {:.1f}B active", d.n_experts, d.n_experts_used,
-                                         active_params(d) / 1e9)
+                                         active_parameters(d) / 1e9)
                            : "";
 }
 
@@ -111,9 +100,7 @@ PlanRequest plan_request(const PlanArgs& args) {
     r.nodes = args.nodes;
     LATTICE_CHECK(args.gpus % args.nodes == 0, "--gpus {} cannot be spread evenly over --nodes {}", args.gpus,
                   args.nodes);
-    r.quant = args.quant == "none" ? (r.device.cpu ? PlanQuant::kF32 : PlanQuant::kFp16) : parse_plan_quant(args.quant);
-    // CUDA runs W4A8 as W4A16 (runtime/backend/cuda/cuda_backend_int4.cpp): the same 4-bit bytes, the fp rate.
-    if (!r.device.cpu && r.quant == PlanQuant::kW4A8) r.quant = PlanQuant::kW4A16;
+    r.quant = device_plan_quant(args.quant, r.device.cpu);
     r.quant_head = args.quant_head;
     r.batch = args.batch;
     r.context = args.context;
@@ -131,11 +118,11 @@ double usd_per_million(const PlanRequest& r, const LayoutPrediction& p) {
 }
 
 void print_plan_json(const PlanRequest& r, const std::vector<LayoutPrediction>& plans, bool any) {
-    const double params = dims_params(r.model);
+    const double params = model_parameters(r.model);
     auto cost = [&](const LayoutPrediction& p) { return usd_per_million(r, p); };
     nlohmann::json j = {{"model", r.model.name},
                         {"parameters", params},
-                        {"active_parameters", active_params(r.model)},
+                        {"active_parameters", active_parameters(r.model)},
                         {"experts", r.model.n_experts},
                         {"experts_per_token", r.model.n_experts_used},
                         {"device", r.device.name},
@@ -186,7 +173,7 @@ void print_plan_json(const PlanRequest& r, const std::vector<LayoutPrediction>& 
 
 // The table, the recommendation and its assumptions; 1 when no layout fits.
 int print_plan_table(const PlanRequest& r, const std::vector<LayoutPrediction>& plans, bool any) {
-    const double params = dims_params(r.model);
+    const double params = model_parameters(r.model);
     auto cost = [&](const LayoutPrediction& p) { return usd_per_million(r, p); };
     print_stdout("{} ({:.1f}B parameters, {} layers{}) on {} x {} ({} node{}, {}{}), {}, batch {}, context {}, "
                  "prompt {}\n",

@@ -85,7 +85,7 @@ int run_serve(ServeArgs& args) {
     serve::ServedModel sm;
     sm.name = args.served_name;
     sm.tokenizer = tok.get();
-    sm.limits = ApiLimits{rt.model->config().vocab};
+    sm.limits = openai::ApiLimits{rt.model->config().vocab};
     sm.context = client.context();
     sm.created = int64_t(std::time(nullptr));
     metrics.set_model(sm.name, sm.context);

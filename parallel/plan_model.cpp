@@ -137,6 +137,33 @@ const char* plan_quant_name(PlanQuant q) {
     return "?";
 }
 
+PlanQuant device_plan_quant(const std::string& s, bool cpu) {
+    if (s == "none") return cpu ? PlanQuant::kF32 : PlanQuant::kFp16;
+    const PlanQuant q = parse_plan_quant(s);
+    return !cpu && q == PlanQuant::kW4A8 ? PlanQuant::kW4A16 : q;
+}
+
+namespace {
+
+// Parameters with `experts` FFNs per layer (a MoE model: every expert held, or the n_experts_used a
+// token runs), plus the router.
+double shape_parameters(const ModelDims& d, double experts) {
+    const double h = double(d.hidden);
+    const double layer = h * double(d.n_heads + 2 * d.n_kv_heads) * double(d.head_dim) +
+                         double(d.n_heads * d.head_dim) * h + experts * 3.0 * h * double(d.intermediate) +
+                         double(d.n_experts) * h + 2.0 * h;
+    return double(d.n_layers) * layer + double(d.vocab) * h * (d.tie_embeddings ? 1.0 : 2.0) + h;
+}
+
+}  // namespace
+
+double model_parameters(const ModelDims& d) {
+    return shape_parameters(d, double(std::max<int64_t>(d.n_experts, 1)));
+}
+double active_parameters(const ModelDims& d) {
+    return shape_parameters(d, double(std::max<int64_t>(d.n_experts_used, 1)));
+}
+
 double kv_element_bytes(const std::string& kv_dtype, int64_t head_dim, bool cpu) {
     if (kv_dtype == "auto") return cpu ? 4.0 : 2.0;
     if (kv_dtype == "f32") return 4.0;

@@ -78,10 +78,19 @@ const LinkSpec& find_link(const std::string& name);
 
 // kW4A8 / kW4A16: 4-bit weights, counted as lattice's affine groups of 32 (5 bits a weight: nibbles, an f16 scale
 // and minimum per 32; AWQ / GPTQ's groups of 128 are a little smaller) with an 8-bit LM head, on CPUs and GPUs alike
-// (a GPU runs W4A16 at its fp rate; launch/cmd_plan.cpp plans W4A8 on a GPU as W4A16, which is what CUDA runs).
+// (a GPU runs W4A16 at its fp rate; device_plan_quant plans W4A8 on a GPU as W4A16, which is what CUDA runs).
 enum class PlanQuant { kW8A8, kW8A16, kFp16, kF32, kW4A8, kW4A16 };
-PlanQuant parse_plan_quant(const std::string& s);  // w8a8 | w8a16 | w4a8 | w4a16 | fp16 | bf16 | f32 | none (f32 on cpu, fp16 on gpus)
+PlanQuant parse_plan_quant(const std::string& s);  // w8a8 | w8a16 | w4a8 | w4a16 | fp16 | bf16 | f32
 const char* plan_quant_name(PlanQuant q);
+// What a device runs for a --quant name: parse_plan_quant, "none" as the device's floats (f32 on a
+// CPU, fp16 on a GPU), and W4A8 on a GPU as W4A16 (CUDA's 4-bit kernels take 16-bit activations).
+PlanQuant device_plan_quant(const std::string& s, bool cpu);
+
+// Parameters of a model's shape (attention, every expert's FFN and the router, norms, embedding and
+// an untied head), and those one token runs (a MoE model: its n_experts_used FFNs). Doubles: the
+// planner's shapes may be of any size.
+double model_parameters(const ModelDims& d);
+double active_parameters(const ModelDims& d);
 
 struct PlanRequest {
     ModelDims model;              // hidden and head_dim must be set

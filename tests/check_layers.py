@@ -12,6 +12,13 @@ runtime/builder (a rank's backend, communicators, model shard, KV cache and engi
 engine; runtime/converter (`lattice convert`) above the model and the weights. Neither includes the
 other, and nothing below them includes either: only launch/, benchmarks and tests do.
 
+Inside launch/ (the fronts):   launch/openai/  <-  launch/server/  <-  launch/ (cmd_*, cli_common ...)
+launch/openai/ (the OpenAI protocol that serve and batch share) includes neither launch/server/ (the
+HTTP transport, metrics, the engine loop) nor the commands; launch/server/ may include launch/openai/
+but not the commands; the commands include both. And launch/ builds no model: runtime/backend/ and
+runtime/model/ are the builder's (launch/ asks runtime/builder/), except runtime/model/smoothquant.h,
+the calibration API `lattice calibrate` drives.
+
 Rules are prefixes (the longest that matches a file's path wins). runtime/arch (ModelConfig and the
 architecture table) sits below runtime/weights: the weight sources parse configs and name tensors
 through the table, and the model, the converter and everything above read the same entries.
@@ -19,7 +26,8 @@ launch/ is parsing and formatting: none of its files includes an MPI header (<mp
 or names an MPI identifier (`MPI_...`, comments included); it reaches the ranks through
 parallel/world_session.h and parallel/rank_agreement.h.
 Usage: check_layers.py [REPO_ROOT]   (exit 0: clean; 1: violations, listed)
-       check_layers.py --self-test     (the check itself catches an upward include and a bad path)
+       check_layers.py --self-test     (the check itself catches an upward include and a bad path,
+                                        also inside launch/)
 """
 import os
 import re
@@ -46,7 +54,11 @@ RULES = {
     "runtime/builder/": BASE + ["parallel/", "runtime/backend/", "runtime/arch/", "runtime/weights/", "runtime/model/",
                                 "runtime/tokenizer/", "runtime/engine/"],
     "runtime/converter/": BASE + ["parallel/", "runtime/backend/backend.h", "runtime/arch/", "runtime/weights/", "runtime/model/"],
-    "launch/": BASE + ["kernels/", "parallel/", "runtime/"],
+    # launch/ builds no backend or model itself: it asks runtime/builder/.
+    "launch/": BASE + ["kernels/", "parallel/", "runtime/arch/", "runtime/weights/", "runtime/tokenizer/",
+                       "runtime/engine/", "runtime/builder/", "runtime/converter/", "runtime/model/smoothquant.h"],
+    "launch/openai/": BASE + ["runtime/engine/", "runtime/tokenizer/"],
+    "launch/server/": BASE + ["launch/openai/", "runtime/engine/", "runtime/tokenizer/"],
     # benchmarks and tests sit beside the tree and may use any layer (but not each other's files).
     "benchmarks/": BASE + ["kernels/", "parallel/", "runtime/", "launch/"],
     "tests/": BASE + ["kernels/", "parallel/", "runtime/", "launch/"],
@@ -132,7 +144,19 @@ def self_test():
         write("runtime/engine/e.h", "#pragma once\n")
         write("runtime/model/m.h", '#include "runtime/engine/e.h"\n')  # upward
         write("kernels/cpu/k.cpp", '#include "kernels/cpu/missing.h"\n#include "local.h"\n')
-        write("launch/ok.cpp", '#include "runtime/model/m.h"\n#include "runtime/builder/b.h"\nconst char* e = "OMPI_COMM_WORLD_SIZE";  // LATTICE_NO_MPI\n')
+        write("launch/ok.cpp", '#include "runtime/engine/e.h"\n#include "runtime/builder/b.h"\nconst char* e = "OMPI_COMM_WORLD_SIZE";  // LATTICE_NO_MPI\n')
+        # inside launch/: openai <- server <- the commands; the commands build no model themselves
+        write("launch/cli.h", "#pragma once\n")
+        write("launch/openai/o.h", '#include "runtime/engine/e.h"\n')
+        write("launch/openai/o_up.cpp", '#include "launch/server/s.h"\n#include "launch/cli.h"\n')  # both upward
+        write("launch/server/s.h", '#include "launch/openai/o.h"\n')
+        write("launch/server/s_up.cpp", '#include "launch/cli.h"\n')  # upward: server -> commands
+        write("launch/cmd_x.cpp",
+              '#include "launch/server/s.h"\n#include "launch/openai/o.h"\n#include "launch/cli.h"\n')
+        write("runtime/model/smoothquant.h", "#pragma once\n")
+        write("runtime/backend/be.h", "#pragma once\n")
+        write("launch/cmd_build.cpp", '#include "runtime/model/smoothquant.h"\n#include "runtime/model/m.h"\n'
+                                      '#include "runtime/backend/be.h"\n')
         write("parallel/mpi_x.h", "#pragma once\n")
         write("launch/mpi_a.cpp", '#include <mpi.h>\n')
         write("launch/mpi_b.cpp", '#include "parallel/mpi_x.h"\n')
@@ -155,7 +179,12 @@ def self_test():
               and "launch/mpi_c.cpp:1: launch/ names no MPI identifier (MPI_Finalize)" in text
               and "launch/eng.cpp:1: launch/ drives no engine" in text and "launch/eng.cpp:2" not in text
               and "runtime/engine/e2.h:1" in text and "runtime/converter/c2.h:1" in text
-              and "runtime/builder/b.h:1" not in text and "runtime/converter/c.h:1" not in text)
+              and "runtime/builder/b.h:1" not in text and "runtime/converter/c.h:1" not in text
+              and "launch/openai/o_up.cpp:1" in text and "launch/openai/o_up.cpp:2" in text
+              and "launch/server/s_up.cpp:1" in text and "launch/server/s.h:" not in text
+              and "launch/openai/o.h:" not in text and "launch/cmd_x.cpp" not in text
+              and "launch/cmd_build.cpp:1" not in text and "launch/cmd_build.cpp:2" in text
+              and "launch/cmd_build.cpp:3" in text)
         print(text + ("self-test passed" if ok else "self-test FAILED"))
         return 0 if ok else 1
 

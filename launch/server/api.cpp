@@ -1,13 +1,11 @@
-// Routes and response shapes of the OpenAI-compatible API (see api.h).
+// HTTP routes of the OpenAI-compatible API (see api.h).
 #include "launch/server/api.h"
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <cmath>
+#include <ctime>
 
 #include "base/error.h"
-#include "base/json_limits.h"
 
 namespace lattice::serve {
 
@@ -15,73 +13,21 @@ namespace {
 
 using nlohmann::json;
 
-std::string_view error_type(int status) {
-    switch (status) {
-        case 401:
-            return "authentication_error";
-        case 404:
-            return "not_found_error";
-        case 503:
-            return "server_error";
-        default:
-            return status >= 500 ? "server_error" : "invalid_request_error";
-    }
-}
-
-// The field an Error message names first ("\"max_tokens\" must be ..." -> max_tokens).
-std::string param_of(std::string_view msg) {
-    const size_t a = msg.find('"');
-    if (a == std::string_view::npos) return {};
-    const size_t b = msg.find('"', a + 1);
-    if (b == std::string_view::npos || b == a + 1 || b - a > 40) return {};
-    return std::string(msg.substr(a + 1, b - a - 1));
-}
-
-// Responses keep their fields in the order written (OpenAI's; a completions top_logprobs dict most
-// likely first).
-using ojson = nlohmann::ordered_json;
-
-std::string dump(const json& j) {
-    // Generated text may hold bytes that never form UTF-8: they become U+FFFD, not an exception.
-    return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-std::string dump(const ojson& j) {
-    return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
-}
-
 Reply json_reply(int status, const json& j) {
     Reply r;
     r.status = status;
-    r.body = dump(j);
+    r.body = openai::json_text(j);
     return r;
 }
 
 }  // namespace
 
-std::string error_json(int status, std::string_view message, std::string_view param, std::string_view code) {
-    json e = {{"message", std::string(message)},
-              {"type", std::string(error_type(status))},
-              {"param", param.empty() ? json(nullptr) : json(std::string(param))},
-              {"code", code.empty() ? json(nullptr) : json(std::string(code))}};
-    return dump(json{{"error", e}});
-}
-
 Reply error_reply(int status, std::string_view message, std::string_view param, std::string_view code) {
     Reply r;
     r.status = status;
-    r.body = error_json(status, message, param, code);
+    r.body = openai::error_json(status, message, param, code);
     if (status == 401) r.headers.emplace_back("WWW-Authenticate", "Bearer");
     return r;
-}
-
-json parse_body(std::string_view body, int max_depth) {
-    JsonLimits lim;
-    lim.max_depth = max_depth;
-    check_json_limits(body, "the request body", lim);
-    json j = json::parse(body.begin(), body.end(), nullptr, false);
-    LATTICE_CHECK(!j.is_discarded(), "the body is not valid JSON");
-    return j;
 }
 
 bool keys_equal(std::string_view given, std::string_view expected) {
@@ -115,26 +61,11 @@ Reply model_reply(std::string_view path, const KnownRoute& hit, const ServedMode
     return json_reply(200, card);
 }
 
-// max_tokens beyond the room the longest prompt leaves in the context: refused, not clamped (vLLM's).
-void check_context(const ApiRequest& r, int64_t context) {
-    if (r.client.max_tokens == ClientRequest::kRestOfContext || context <= 0) return;
-    for (const auto& p : r.prompts) {
-        const int64_t n = int64_t(p.size());
-        LATTICE_CHECK(n < context || (n == context && r.client.max_tokens == 0),
-                      "\"prompt\": {} tokens, the context holds {} (max_model_len) and the prompt must leave room",
-                      n, context);
-        LATTICE_CHECK(n + r.client.max_tokens <= context,
-                      "\"max_tokens\" is {}, but the prompt has {} tokens and the context holds {} (max_model_len): "
-                      "at most {} new tokens",
-                      r.client.max_tokens, n, context, context - n);
-    }
-}
-
 // POST /v1/completions and /v1/chat/completions: the body parsed into a call, or a 400 / 404 reply.
 void completion_route(const RouteInput& in, const RouteContext& ctx, bool chat, Routed& out) {
     const ServedModel& m = *ctx.model;
     try {
-        const json body = parse_body(in.body);
+        const json body = openai::parse_body(in.body);
         if (body.is_object() && body.contains("model") && body["model"].is_string() &&
             body["model"].get<std::string>() != m.name) {
             out.reply = error_reply(404,
@@ -143,20 +74,17 @@ void completion_route(const RouteInput& in, const RouteContext& ctx, bool chat, 
                                     "model", "model_not_found");
             return;
         }
-        ApiCall call;
-        call.request = parse_api_request(body, chat, m.tokenizer, m.limits);
-        check_context(call.request, m.context);
+        openai::ApiCall call;
+        call.request = openai::parse_api_request(body, chat, m.tokenizer, m.limits);
+        openai::check_context(call.request, m.context);
         call.tokenizer = m.tokenizer;
-        const auto it = body.find("return_token_ids");
-        LATTICE_CHECK(it == body.end() || it->is_null() || it->is_boolean(),
-                      "\"return_token_ids\" must be true or false");
-        call.return_token_ids = !m.tokenizer || (it != body.end() && it->is_boolean() && it->get<bool>());
+        call.return_token_ids = openai::parse_return_token_ids(body, m.tokenizer);
         call.id = fmt::format("{}-{:016x}", chat ? "chatcmpl" : "cmpl", ctx.request_number);
         call.created = int64_t(std::time(nullptr));
         call.model = m.name;
         out.call = std::move(call);
     } catch (const Error& e) {
-        out.reply = error_reply(400, e.message(), param_of(e.message()));
+        out.reply = error_reply(400, e.message(), openai::error_param(e.message()));
     }
 }
 
@@ -214,235 +142,6 @@ Routed route(const RouteInput& in, const RouteContext& ctx) {
         completion_route(in, ctx, path == "/v1/chat/completions", out);
     }
     return out;
-}
-
-ResponseShaper::ResponseShaper(const ApiCall& c)
-    : chat_(c.request.chat),
-      stream_(c.request.stream),
-      include_usage_(c.request.include_usage),
-      token_ids_(c.return_token_ids),
-      logprobs_(c.request.logprobs),
-      echo_(c.request.echo),
-      n_(c.request.n),
-      best_of_(c.request.best_of),
-      tok_(c.tokenizer),
-      id_(c.id),
-      model_(c.model),
-      created_(c.created),
-      tools_(c.request.tools),
-      choices_(std::max<size_t>(1, c.request.prompts.size()) * size_t(c.request.best_of)) {
-    if (echo_)
-        for (const auto& p : c.request.prompts) prompt_texts_.push_back(tok_ ? tok_->decode(p) : std::string());
-}
-
-ojson ResponseShaper::chunk_base() const {
-    ojson j = {{"id", id_},
-              {"object", chat_ ? "chat.completion.chunk" : "text_completion"},
-              {"created", created_},
-              {"model", model_}};
-    if (include_usage_) j["usage"] = nullptr;
-    return j;
-}
-
-std::string ResponseShaper::event(const ojson& j) {
-    return "data: " + dump(j) + "\n\n";
-}
-
-std::string ResponseShaper::token_string(int32_t id) const {
-    return tok_ ? tok_->token_bytes(id) : fmt::format("token_id:{}", id);
-}
-
-namespace {
-
-// JSON has no infinity (and NaN, a prompt's first token, is written null).
-ojson logprob_value(float lp) {
-    if (std::isnan(lp)) return nullptr;
-    return std::isinf(lp) ? -9999.0 : double(lp);
-}
-
-ojson bytes_of(const std::string& s) {
-    ojson b = ojson::array();
-    for (unsigned char ch : s) b.push_back(int(ch));
-    return b;
-}
-
-}  // namespace
-
-// The logprobs of c's tokens from index `from` on, in the endpoint's shape.
-ojson ResponseShaper::logprobs_json(Choice& c, size_t from) const {
-    if (logprobs_ < 0) return nullptr;
-    ojson content = ojson::array(), tokens = ojson::array(), lps = ojson::array(), tops = ojson::array(),
-         offsets = ojson::array();
-    for (size_t i = from; i < c.ids.size(); ++i) {
-        const std::string t = token_string(c.ids[i]);
-        const bool has_top = i < c.top.size() && !(std::isnan(c.logprobs[i]));
-        if (chat_) {
-            ojson alts = ojson::array();
-            if (has_top)
-                for (const SampledToken& a : c.top[i]) {
-                    const std::string at = token_string(a.token);
-                    alts.push_back({{"token", at}, {"logprob", logprob_value(a.logprob)}, {"bytes", bytes_of(at)}});
-                }
-            content.push_back(
-                {{"token", t}, {"logprob", logprob_value(c.logprobs[i])}, {"bytes", bytes_of(t)}, {"top_logprobs", alts}});
-            continue;
-        }
-        tokens.push_back(t);
-        lps.push_back(logprob_value(c.logprobs[i]));
-        if (has_top) {
-            ojson alts = ojson::object();
-            for (const SampledToken& a : c.top[i]) alts[token_string(a.token)] = logprob_value(a.logprob);
-            alts[t] = logprob_value(c.logprobs[i]);  // the chosen token too (vLLM's)
-            tops.push_back(alts);
-        } else {
-            tops.push_back(nullptr);
-        }
-        offsets.push_back(c.offset);
-        c.offset += t.size();
-    }
-    if (chat_) return {{"content", content}};
-    return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
-}
-
-// echo with generated tokens: the prompt's text before the choice's first.
-std::string ResponseShaper::echo_text(Choice& c, int64_t index, const Delta& d) {
-    if (!echo_ || c.echoed) return {};
-    c.echoed = true;
-    if (d.echo) return {};  // the delta is the prompt itself
-    return prompt_texts_[size_t(index / best_of_)];
-}
-
-std::string ResponseShaper::accepted() {
-    if (!stream_ || !chat_) return {};
-    std::string out;
-    for (int64_t i = 0; i < int64_t(choices_.size()); ++i) {
-        ojson j = chunk_base();
-        j["choices"] = ojson::array({{{"index", i},
-                                     {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                     {"logprobs", nullptr},
-                                     {"finish_reason", nullptr}}});
-        out += event(j);
-    }
-    return out;
-}
-
-std::string ResponseShaper::tokens(const Delta& d) {
-    LATTICE_CHECK(d.index >= 0 && d.index < int64_t(choices_.size()), "response: choice {} of {}", d.index,
-                  choices_.size());
-    Choice& c = choices_[size_t(d.index)];
-    const std::string text = echo_text(c, d.index, d) + d.text;
-    const size_t from = c.ids.size();
-    c.text += text;
-    c.ids.insert(c.ids.end(), d.tokens.begin(), d.tokens.end());
-    c.logprobs.insert(c.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
-    c.top.insert(c.top.end(), d.top.begin(), d.top.end());
-    if (!d.echo)
-        for (float lp : d.logprobs) c.sum += double(lp);
-    if (!d.finish_reason.empty()) c.finish = d.finish_reason;
-    if (!stream_) return {};
-    if (chat_ && tools_.parse) {  // the output is parsed for calls at its end: one chunk then
-        if (d.finish_reason.empty()) return {};
-        c.offset = 0;
-        ojson choice = {{"index", d.index}, {"logprobs", logprobs_json(c, 0)}, {"finish_reason", nullptr}};
-        const ojson m = tool_message(c, d.index, choice["finish_reason"], true);
-        ojson delta = ojson::object();
-        if (!m["content"].is_null()) delta["content"] = m["content"];
-        if (m.contains("tool_calls")) delta["tool_calls"] = m["tool_calls"];
-        choice["delta"] = delta;
-        if (token_ids_) choice["token_ids"] = c.ids;
-        ojson j = chunk_base();
-        j["choices"] = ojson::array({choice});
-        return event(j);
-    }
-    // Held back (a possible stop string) with nothing else to say: no chunk yet.
-    if (text.empty() && !token_ids_ && (logprobs_ < 0 || d.tokens.empty()) && d.finish_reason.empty()) return {};
-    ojson choice = {{"index", d.index},
-                   {"logprobs", logprobs_json(c, from)},
-                   {"finish_reason", d.finish_reason.empty() ? ojson(nullptr) : ojson(d.finish_reason)}};
-    if (chat_)
-        choice["delta"] = d.finish_reason.empty() || !text.empty() ? ojson{{"content", text}} : ojson::object();
-    else
-        choice["text"] = text;
-    if (token_ids_) choice["token_ids"] = d.tokens;
-    ojson j = chunk_base();
-    j["choices"] = ojson::array({choice});
-    return event(j);
-}
-
-std::string ResponseShaper::finish(const Delta& d) {
-    const ojson usage = {{"prompt_tokens", d.prompt_tokens},
-                        {"completion_tokens", d.completion_tokens},
-                        {"total_tokens", d.prompt_tokens + d.completion_tokens}};
-    if (!stream_) {
-        ojson choices = ojson::array();
-        for (size_t p = 0; p * size_t(best_of_) < choices_.size(); ++p) {
-            // best_of > n: the n with the highest cumulative logprob (a stable order: ties by sequence).
-            std::vector<size_t> order(static_cast<size_t>(best_of_));
-            for (size_t i = 0; i < order.size(); ++i) order[i] = p * size_t(best_of_) + i;
-            std::stable_sort(order.begin(), order.end(),
-                             [&](size_t a, size_t b) { return choices_[a].sum > choices_[b].sum; });
-            if (best_of_ == n_) std::sort(order.begin(), order.end());
-            for (int64_t j = 0; j < n_; ++j) {
-                Choice& c = choices_[order[size_t(j)]];
-                c.offset = 0;
-                ojson choice = {{"index", int64_t(p) * n_ + j},
-                               {"logprobs", logprobs_json(c, 0)},
-                               {"finish_reason", c.finish}};
-                if (chat_ && tools_.parse)
-                    choice["message"] = tool_message(c, int64_t(p) * n_ + j, choice["finish_reason"], false);
-                else if (chat_)
-                    choice["message"] = {{"role", "assistant"}, {"content", c.text}};
-                else
-                    choice["text"] = c.text;
-                if (token_ids_) choice["token_ids"] = c.ids;
-                choices.push_back(choice);
-            }
-        }
-        return dump(ojson{{"id", id_},
-                         {"object", chat_ ? "chat.completion" : "text_completion"},
-                         {"created", created_},
-                         {"model", model_},
-                         {"choices", choices},
-                         {"usage", usage}});
-    }
-    std::string out;
-    if (include_usage_) {
-        ojson u = chunk_base();
-        u["choices"] = ojson::array();
-        u["usage"] = usage;
-        out += event(u);
-    }
-    return out + "data: [DONE]\n\n";
-}
-
-// A chat message whose text is parsed for tool calls (runtime/tokenizer/tool_calls.h): content (null
-// when there is none) and tool_calls (`streamed`: each led by its "index", as a stream's deltas
-// carry them); with calls, `finish` becomes "tool_calls".
-ojson ResponseShaper::tool_message(const Choice& c, int64_t index, ojson& finish, bool streamed) const {
-    ToolCallOutput out = tools_.forced ? parse_forced_call(c.text, tools_.format)
-                                       : parse_tool_calls(c.text, tools_.format, tools_.names);
-    if (!tools_.parallel && out.calls.size() > 1) out.calls.resize(1);  // parallel_tool_calls: false
-    ojson m = {{"role", "assistant"}, {"content", out.content.empty() && !out.calls.empty() ? ojson(nullptr)
-                                                                                            : ojson(out.content)}};
-    if (out.calls.empty()) {
-        finish = c.finish;
-        return m;
-    }
-    ojson calls = ojson::array();
-    for (size_t k = 0; k < out.calls.size(); ++k) {
-        ojson call = streamed ? ojson{{"index", int64_t(k)}} : ojson::object();
-        call["id"] = fmt::format("call_{}_{}_{}", id_.substr(id_.find('-') + 1), index, k);
-        call["type"] = "function";
-        call["function"] = {{"name", out.calls[k].name}, {"arguments", out.calls[k].arguments}};
-        calls.push_back(std::move(call));
-    }
-    m["tool_calls"] = calls;
-    finish = "tool_calls";
-    return m;
-}
-
-std::string ResponseShaper::stream_error(int status, std::string_view message) {
-    return "data: " + error_json(status, message) + "\n\n";
 }
 
 }  // namespace lattice::serve

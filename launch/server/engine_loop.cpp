@@ -16,9 +16,9 @@ double seconds(Clock::duration d) {
     return std::chrono::duration<double>(d).count();
 }
 
-Delta error_delta(int status, std::string message) {
-    Delta d;
-    d.kind = Delta::Kind::kError;
+openai::Delta error_delta(int status, std::string message) {
+    openai::Delta d;
+    d.kind = openai::Delta::Kind::kError;
     d.status = status;
     d.message = std::move(message);
     return d;
@@ -65,7 +65,7 @@ void EngineLoop::take(const Inbox::Item& it) {
     }
     int64_t prompt_tokens = 0;
     for (const auto& p : t.request.prompts) prompt_tokens += int64_t(p.size());
-    std::vector<ClientRequest> choices = choice_requests(t.request);
+    std::vector<ClientRequest> choices = openai::choice_requests(t.request);
     t.last_token.assign(choices.size(), Clock::time_point{});
     try {
         t.request_id = client_.submit(std::move(choices), t.request.best_of);
@@ -73,8 +73,8 @@ void EngineLoop::take(const Inbox::Item& it) {
         return refuse(t, 400, e.message());
     }
     ++totals_.requests;
-    Delta d;
-    d.kind = Delta::Kind::kAccepted;
+    openai::Delta d;
+    d.kind = openai::Delta::Kind::kAccepted;
     d.prompt_tokens = prompt_tokens;
     t.deliver(std::move(d));
     live_.emplace(t.request_id, it.ticket);
@@ -82,15 +82,15 @@ void EngineLoop::take(const Inbox::Item& it) {
 
 // echo with max_tokens 0: each prompt's logprobs (EngineClient::prompt_logprobs, which needs an idle engine).
 void EngineLoop::score(Ticket& t) {
-    const ApiRequest& r = t.request;
+    const openai::ApiRequest& r = t.request;
     const Tokenizer* tok = client_.tokenizer();
     int64_t prompt_tokens = 0;
-    std::vector<Delta> choices;
+    std::vector<openai::Delta> choices;
     try {
         for (size_t p = 0; p < r.prompts.size(); ++p) {
             const std::vector<int32_t>& ids = r.prompts[p];
             PromptLogprobs lp = client_.prompt_logprobs(ids, r.logprobs);
-            Delta d;
+            openai::Delta d;
             d.echo = true;
             d.text = tok ? tok->decode(ids) : "";
             d.tokens = ids;
@@ -107,13 +107,13 @@ void EngineLoop::score(Ticket& t) {
         return refuse(t, 400, e.message());
     }
     ++totals_.requests;
-    Delta a;
-    a.kind = Delta::Kind::kAccepted;
+    openai::Delta a;
+    a.kind = openai::Delta::Kind::kAccepted;
     a.prompt_tokens = prompt_tokens;
     t.deliver(std::move(a));
-    for (Delta& d : choices) t.deliver(std::move(d));
-    Delta f;
-    f.kind = Delta::Kind::kFinish;
+    for (openai::Delta& d : choices) t.deliver(std::move(d));
+    openai::Delta f;
+    f.kind = openai::Delta::Kind::kFinish;
     f.prompt_tokens = prompt_tokens;
     t.deliver(std::move(f));
     metrics_.count_finish("length");
@@ -132,10 +132,7 @@ void EngineLoop::apply(const ClientEvent& ev) {
         totals_.cut_by_drain += ev.drained;
         return;
     }
-    Delta d;
-    d.kind = Delta::Kind::kTokens;
-    d.index = ev.index;
-    d.text = ev.text;
+    openai::Delta d = openai::token_delta(ev, t->request.logprobs >= 0);
     if (ev.token >= 0) {
         const Clock::time_point now = Clock::now();
         Clock::time_point& last = t->last_token[size_t(ev.index)];
@@ -147,23 +144,16 @@ void EngineLoop::apply(const ClientEvent& ev) {
         if (ev.queue_seconds >= 0) metrics_.observe_queue(ev.queue_seconds);
         last = now;
         ++totals_.tokens;
-        d.tokens.push_back(ev.token);
-        d.logprobs.push_back(ev.logprob);
-        if (t->request.logprobs >= 0) d.top.push_back(ev.top);
     }
     if (ev.finish == FinishReason::kNone) {
         if (!d.text.empty() || !d.tokens.empty()) t->deliver(std::move(d));
         return;
     }
-    const std::string reason(finish_reason_name(ev.finish));
-    d.finish_reason = reason;
+    const std::string reason = d.finish_reason;
     t->deliver(std::move(d));
     if (!ev.last_of_request) return;
     live_.erase(it);
-    Delta f;
-    f.kind = Delta::Kind::kFinish;
-    f.prompt_tokens = ev.request_prompt_tokens;
-    f.completion_tokens = ev.request_completion_tokens;
+    openai::Delta f = openai::finish_delta(ev);
     metrics_.observe_finished(reason, seconds(Clock::now() - t->arrived), f.prompt_tokens, f.completion_tokens);
     t->deliver(std::move(f));
 }

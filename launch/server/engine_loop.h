@@ -5,7 +5,7 @@
 // Text, stop strings, the context budget and finish reasons are the engine client's
 // (runtime/engine/client.h); this loop only maps them to tickets and HTTP statuses.
 // A request with n / best_of > 1 or a list of prompts is one client request of several choices
-// (choice_requests, openai_request.h; EngineClient::submit runs each prompt's siblings once its first
+// (choice_requests, launch/openai/request.h; EngineClient::submit runs each prompt's siblings once its first
 // sequence has a token, so the prefix cache serves them); its Deltas carry the choice index.
 // echo with max_tokens 0 (prompt logprobs) is scored (EngineClient::score) between engine rounds
 // once no request runs: such requests wait while the engine is busy.

@@ -6,10 +6,8 @@
 // A Ticket is one API request in flight. The HTTP side creates it with the parsed request and a
 // deliver function (which must be cheap and thread-safe: it only posts to the connection's
 // executor and holds the connection weakly, so a dead connection makes delivery a no-op), then
-// submits it. The engine thread answers with Deltas, in order: kAccepted (admitted to the engine)
-// then kTokens* (each for one choice, by `index`; a choice's last one carries its finish_reason),
-// then exactly one kFinish (every choice ended: usage); or a single kError instead (refused, queue
-// full, drain), also after some kTokens (a drain cut the request).
+// submits it. The engine thread answers with Deltas (launch/openai/response.h), in their order:
+// kAccepted, kTokens*, then one kFinish; or a single kError instead.
 // After kFinish / kError nothing more is delivered for that ticket. A cancel for a ticket that has
 // already finished (or was never admitted) is ignored.
 // Invariants: `request_id` and the request's prompt are touched by the engine thread only once
@@ -26,31 +24,15 @@
 #include <string>
 #include <vector>
 
-#include "launch/openai_request.h"
+#include "launch/openai/response.h"
 
 namespace lattice::serve {
 
 using Clock = std::chrono::steady_clock;
 
-struct Delta {
-    enum class Kind { kAccepted, kTokens, kFinish, kError };
-    Kind kind = Kind::kTokens;
-    int64_t index = 0;              // kTokens: the sequence (choice_requests order: prompt * best_of + i)
-    bool echo = false;              // kTokens: the prompt itself (echo), its logprobs (first: NaN, no context)
-    std::string text;               // kTokens: newly visible text (stop strings held back)
-    std::vector<int32_t> tokens;    // kTokens: the new token ids
-    std::vector<float> logprobs;    // kTokens: each token's log-softmax
-    std::vector<std::vector<SampledToken>> top;  // kTokens, when logprobs are asked: each token's most likely
-    std::string finish_reason;      // kTokens: on a choice's last delta, "stop" | "length"
-    int64_t prompt_tokens = 0;      // kAccepted, kFinish (every prompt once)
-    int64_t completion_tokens = 0;  // kFinish (every sequence's)
-    int status = 0;                 // kError: HTTP status (400, 503 ...)
-    std::string message;            // kError
-};
-
 struct Ticket {
-    ApiRequest request;                        // parsed body (the engine thread moves its prompt out)
-    std::function<void(Delta&&)> deliver;      // thread-safe, never blocks
+    openai::ApiRequest request;                // parsed body (the engine thread moves its prompt out)
+    std::function<void(openai::Delta&&)> deliver;  // thread-safe, never blocks
     Clock::time_point arrived = Clock::now();  // for time-to-first-token
     // engine thread only:
     int64_t request_id = -1;                    // the engine client's id, once admitted

@@ -227,7 +227,7 @@ private:
         ticket_->request = std::move(r.call->request);
         std::weak_ptr<Session> weak = shared_from_this();
         const Ticket* id = ticket_.get();
-        ticket_->deliver = [weak, id](Delta&& d) {
+        ticket_->deliver = [weak, id](openai::Delta&& d) {
             if (Self s = weak.lock())
                 net::post(s->sock_.get_executor(),
                           [s, id, d = std::move(d)]() mutable { s->on_delta(id, std::move(d)); });
@@ -237,10 +237,10 @@ private:
     }
 
     // ---- the engine's answers ----
-    void on_delta(const Ticket* id, Delta&& d) {
+    void on_delta(const Ticket* id, openai::Delta&& d) {
         if (closed_ || !ticket_ || ticket_.get() != id) return;
         switch (d.kind) {
-            case Delta::Kind::kError:
+            case openai::Delta::Kind::kError:
                 ticket_.reset();
                 if (!head_sent_) {
                     Reply r = error_reply(d.status, d.message);
@@ -253,13 +253,13 @@ private:
                 keep_alive_ = false;
                 stream_done_ = true;
                 return pump();
-            case Delta::Kind::kAccepted:
+            case openai::Delta::Kind::kAccepted:
                 if (!streaming_) return;
                 start_stream();
                 return append(shaper_->accepted());
-            case Delta::Kind::kTokens:
+            case openai::Delta::Kind::kTokens:
                 return append(shaper_->tokens(d));
-            case Delta::Kind::kFinish: {
+            case openai::Delta::Kind::kFinish: {
                 if (closed_) return;
                 ticket_.reset();
                 std::string last = shaper_->finish(d);
@@ -466,7 +466,7 @@ private:
     std::optional<http::response<http::empty_body>> head_;
     std::optional<http::response_serializer<http::empty_body>> head_sr_;
     std::shared_ptr<Ticket> ticket_;
-    std::optional<ResponseShaper> shaper_;
+    std::optional<openai::ResponseShaper> shaper_;
     std::string route_ = "other", pending_, inflight_;
     std::array<char, 4096> sink_{};
     size_t drained_ = 0;

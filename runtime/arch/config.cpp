@@ -255,6 +255,10 @@ int64_t ModelConfig::parameter_count() const {
     return n_layers * per_layer + emb + (tie_embeddings ? 0 : emb) + hidden;
 }
 
+int64_t ModelConfig::active_parameter_count() const {
+    return parameter_count() - n_layers * (n_experts - n_experts_used) * 3 * hidden * intermediate;
+}
+
 bool ModelConfig::is_eos(int64_t id) const {
     for (int64_t e : eos_ids)
         if (e == id) return true;

@@ -65,6 +65,9 @@ struct ModelConfig {
     // Parameters of the full model (embedding and head counted once when tied); validate() bounds
     // it to 1e15, so the int64 form cannot overflow on a validated config.
     int64_t parameter_count() const;
+    // The parameters one token runs: a MoE model's n_experts_used of its n_experts FFNs (a dense
+    // model: parameter_count()).
+    int64_t active_parameter_count() const;
     double parameter_count_estimate() const;
     bool is_eos(int64_t id) const;
     // Per-pair inverse frequencies [head_dim/2] with rope scaling applied (HF semantics).

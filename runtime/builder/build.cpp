@@ -70,6 +70,13 @@ int64_t kv_blocks_for(const Model& model, const Backend& backend, double kv_cach
     return int64_t(std::min(blocks, double(INT32_MAX)));
 }
 
+LocalModel make_local_model(const TensorSource& src, const BackendOptions& backend, const ModelOptions& opt) {
+    LocalModel m;
+    m.backend = make_backend(backend);
+    m.model = std::make_unique<Model>(src, *m.backend, opt, nullptr);
+    return m;
+}
+
 std::unique_ptr<Engine> make_local_engine(Model& model, const EngineOptions& opt, double kv_cache_gb) {
     if (model.kv_blocks() == 0) model.allocate_kv(kv_blocks_for(model, model.backend(), kv_cache_gb, opt.max_seqs));
     EngineOptions engine_opt = opt;

@@ -8,7 +8,8 @@
 // becomes resident only as sequences fill it). Every rank takes the smallest block count of any
 // rank, since the leader's block ids address every rank's cache.
 // The CLI, the tests and the benchmarks all build through here, so there is one way a rank's
-// model comes to be. This room (runtime/builder/) sits above the engine and the model and below
+// model comes to be; the CLI's commands through load.h (the checks and the ranks' agreement before
+// the build) and estimate.h (`lattice info`'s sizes without loading). This room (runtime/builder/) sits above the engine and the model and below
 // launch/: nothing in runtime/ includes it. Nothing here reads argv or the environment: launch/ decides `mpi`, the
 // device list and the rest, and passes them in.
 #pragma once
@@ -137,6 +138,15 @@ QuantMode int4_mode_for(BackendKind kind);
 // KV blocks for this rank from the options and the model (before the world-wide minimum).
 // Never more than max_seqs sequences of the full context can use.
 int64_t kv_blocks_for(const Model& model, const Backend& backend, double kv_cache_gb, int64_t max_seqs);
+
+// A single-rank model on a backend of its own, built without a parallel context or KV cache
+// (`lattice calibrate`'s float forward): Error naming the checkpoint when it does not fit the options.
+// Declared backend first, so the model goes first.
+struct LocalModel {
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<Model> model;
+};
+LocalModel make_local_model(const TensorSource& src, const BackendOptions& backend, const ModelOptions& opt);
 
 // A single-rank engine over a model built by hand (tests, calibration): allocates the KV cache with
 // the default budget (or kv_cache_gb) when the model has none.

@@ -1,6 +1,6 @@
 // libFuzzer target for `lattice serve`'s request handling without sockets: route() (path, method,
 // API key, readiness, drain, JSON body -> parse_api_request through a real tokenizer and chat
-// template) and, for accepted calls, the ResponseShaper's JSON and SSE output.
+// template) and, for accepted calls, the ResponseShaper's JSON and SSE output (launch/openai/).
 // Input: byte 0 = flags (bit 0 chat, bit 1 API key required, bit 2 model still loading, bit 3
 // draining, bits 4-5 method, bit 6 no tokenizer, bit 7 custom target), then, with bit 7, a target
 // up to the first '\n'; the rest is the body. The API key (when required) is "fuzz-key"; inputs of odd
@@ -25,7 +25,7 @@
 
 namespace {
 
-using lattice::serve::ResponseShaper;
+using lattice::openai::ResponseShaper;
 
 // A small SentencePiece vocab with byte fallback (every text encodes) and a ChatML template.
 const lattice::Tokenizer& tokenizer() {
@@ -91,7 +91,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     lattice::serve::ServedModel model;
     model.name = "fuzz-model";
     model.tokenizer = (flags & 0x40) ? nullptr : &tokenizer();
-    model.limits = lattice::ApiLimits{model.tokenizer ? model.tokenizer->vocab_size() : 300};
+    model.limits = lattice::openai::ApiLimits{model.tokenizer ? model.tokenizer->vocab_size() : 300};
     model.created = 1;
     lattice::serve::Metrics metrics;
     lattice::serve::RouteContext ctx;
@@ -113,7 +113,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (metrics.render().empty()) std::abort();
         return 0;
     }
-    const lattice::serve::ApiCall& call = *r.call;
+    const lattice::openai::ApiCall& call = *r.call;
     const lattice::ClientRequest& e = call.request.client;
     if (e.prompt.empty()) std::abort();
     for (int32_t id : e.prompt)
@@ -125,7 +125,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         for (int32_t id : p)
             if (id < 0 || id >= model.limits.vocab) std::abort();
     const int64_t sequences = int64_t(call.request.prompts.size()) * call.request.best_of;
-    if (sequences < 1 || sequences > lattice::ApiRequest::kMaxChoices || call.request.n > call.request.best_of)
+    if (sequences < 1 || sequences > lattice::openai::ApiRequest::kMaxChoices || call.request.n > call.request.best_of)
         std::abort();
     if (e.stop.size() > 4) std::abort();
     for (const std::string& s : e.stop)
@@ -136,7 +136,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::string out = shaper.accepted();
     const size_t k = size_t(std::max(call.request.logprobs, 0));
     for (int64_t i = 0; i < sequences; ++i) {
-        lattice::serve::Delta d;
+        lattice::openai::Delta d;
         d.index = i;
         d.text = "He\xFF";  // invalid UTF-8 must not throw (it becomes U+FFFD)
         d.tokens = {5, 6};
@@ -150,8 +150,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         d.finish_reason = "length";
         out += shaper.tokens(d);
     }
-    lattice::serve::Delta f;
-    f.kind = lattice::serve::Delta::Kind::kFinish;
+    lattice::openai::Delta f;
+    f.kind = lattice::openai::Delta::Kind::kFinish;
     f.prompt_tokens = int64_t(e.prompt.size());
     f.completion_tokens = 3 * sequences;
     const std::string last = shaper.finish(f);

@@ -1,4 +1,4 @@
-// The OpenAI-shaped request parser (launch/openai_request.h) maps the sampling fields onto the same
+// The OpenAI-shaped request parser (launch/openai/request.h) maps the sampling fields onto the same
 // SamplingParams the CLI fills (runtime/engine/sampler.h): presence / frequency penalties, min_p and
 // vLLM's repetition_penalty (over the whole sequence unless repeat_last_n), with their defaults
 // (off), and refuses out-of-range values naming the field.
@@ -7,9 +7,10 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
-#include "launch/openai_request.h"
+#include "launch/openai/request.h"
 
 using namespace lattice;
+using namespace lattice::openai;
 using nlohmann::json;
 
 namespace {

@@ -1,8 +1,9 @@
-// The OpenAI API layer of `lattice serve` without sockets or a model (launch/server/api.h,
-// metrics.h): routing and its refusals in order, error bodies, the response and chunk shapes,
-// the depth guard, the constant-time key compare and the Prometheus text; the request parser's
-// choices (n, best_of, prompt lists, logprobs, echo) and the shapes of logprobs, several choices
-// and best_of's pick; max_tokens beyond the context; /health while draining.
+// The OpenAI API layer of `lattice serve` without sockets or a model: the routes (launch/server/
+// api.h, metrics.h) and the protocol they answer with (launch/openai/): routing and its refusals in
+// order, error bodies, the response and chunk shapes, the depth guard, the constant-time key compare
+// and the Prometheus text; the request parser's choices (n, best_of, prompt lists, logprobs, echo)
+// and the shapes of logprobs, several choices and best_of's pick; max_tokens beyond the context;
+// /health while draining.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -15,10 +16,10 @@
 #include "launch/server/metrics.h"
 
 using lattice::SampledToken;
-using lattice::serve::ApiCall;
-using lattice::serve::Delta;
+using lattice::openai::ApiCall;
+using lattice::openai::Delta;
+using lattice::openai::ResponseShaper;
 using lattice::serve::Metrics;
-using lattice::serve::ResponseShaper;
 using lattice::serve::RouteContext;
 using lattice::serve::Routed;
 using lattice::serve::RouteInput;
@@ -257,14 +258,14 @@ TEST_CASE("choices: n, best_of, lists of prompts, logprobs and echo parsed; seed
         REQUIRE_MESSAGE(r.call.has_value(), (r.reply ? r.reply->body : ""));
         return r.call->request;
     };
-    const lattice::ApiRequest r =
+    const lattice::openai::ApiRequest r =
         call("/v1/completions", R"({"prompt": [[1, 2], [3], [4, 5, 6]], "n": 2, "seed": 10, "logprobs": 3})");
     REQUIRE(r.prompts.size() == 3);
     CHECK(r.prompts[2] == std::vector<int32_t>{4, 5, 6});
     CHECK(r.n == 2);
     CHECK(r.best_of == 2);
     CHECK(r.logprobs == 3);
-    const std::vector<lattice::ClientRequest> q = lattice::choice_requests(r);
+    const std::vector<lattice::ClientRequest> q = lattice::openai::choice_requests(r);
     REQUIRE(q.size() == 6);
     CHECK(q[3].prompt == std::vector<int32_t>{3});  // prompt 1, sequence 1
     CHECK(q[3].sampling.seed == 11);
@@ -362,9 +363,9 @@ TEST_CASE("logprobs, several choices and best_of in OpenAI's shapes") {
 }
 
 TEST_CASE("parse_body bounds nesting; keys_equal") {
-    CHECK(lattice::serve::parse_body(R"({"a": [[1]], "s": "[[[[[[["})", 3)["a"][0][0] == 1);
-    CHECK_THROWS_AS(lattice::serve::parse_body("[[[[1]]]]", 3), lattice::Error);
-    CHECK_THROWS_AS(lattice::serve::parse_body("", 3), lattice::Error);
+    CHECK(lattice::openai::parse_body(R"({"a": [[1]], "s": "[[[[[[["})", 3)["a"][0][0] == 1);
+    CHECK_THROWS_AS(lattice::openai::parse_body("[[[[1]]]]", 3), lattice::Error);
+    CHECK_THROWS_AS(lattice::openai::parse_body("", 3), lattice::Error);
     CHECK(lattice::serve::keys_equal("abc", "abc"));
     CHECK(!lattice::serve::keys_equal("abd", "abc"));
     CHECK(!lattice::serve::keys_equal("ab", "abc"));

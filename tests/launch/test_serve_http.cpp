@@ -38,6 +38,7 @@
 #include "launch/server/http_server.h"
 
 using namespace lattice::serve;
+using lattice::openai::Delta;
 using namespace std::chrono_literals;
 
 namespace {

@@ -12,7 +12,7 @@
 // logprobs, the prompt's logprobs), presence_penalty and frequency_penalty (OpenAI's, [-2, 2], over the
 // generated tokens), and vLLM's ignore_eos, min_tokens, min_p and repetition_penalty (over prompt and
 // output: the whole sequence, unless repeat_last_n, llama.cpp's window, says fewer tokens), and vLLM's
-// priority (an integer, lower runs first; default 0), and return_token_ids (api.h). Sampling semantics:
+// priority (an integer, lower runs first; default 0), and return_token_ids (response.h). Sampling semantics:
 // runtime/engine/sampler.h, shared with the CLI. Choice i of prompt p has index p * n + i and seed
 // seed + i (choice_requests).
 // Structured output: response_format {"type": "json_object"} or {"type": "json_schema", "json_schema":
@@ -20,7 +20,7 @@
 // compiled once per distinct spec (runtime/engine/grammar.h says what is supported; an unsupported
 // schema keyword is a 400 naming it); guided_grammar is refused.
 // Metadata fields that change nothing are accepted: user, metadata, store (false), service_tier,
-// stream_options. Chat: tools, tool_choice and parallel_tool_calls (launch/openai_tools.h). Known
+// stream_options. Chat: tools, tool_choice and parallel_tool_calls (launch/openai/tools.h). Known
 // fields lattice does not implement (logit_bias, functions, function_call, suffix, audio,
 // modalities, prediction) are refused naming the field, unless given their neutral value. Any other
 // field is refused naming it (a misspelt "max_token" must not pass silently); a known field of the
@@ -33,13 +33,14 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
-#include "launch/openai_tools.h"
+#include "launch/openai/tools.h"
 #include "runtime/engine/client.h"
 #include "runtime/tokenizer/tokenizer.h"
 
-namespace lattice {
+namespace lattice::openai {
 
 struct ApiLimits {
     int64_t vocab = 0;  // token ids of a prompt are checked against it
@@ -58,7 +59,7 @@ struct ApiRequest {
     bool stream = false;
     bool include_usage = false;
     bool seed_given = false;
-    ToolUse tools;                 // chat: "tools" / "tool_choice" (launch/openai_tools.h)
+    ToolUse tools;                 // chat: "tools" / "tool_choice" (launch/openai/tools.h)
 };
 
 // Throws Error naming the field at fault. `tok` may be null (a model without a tokenizer: prompts
@@ -69,4 +70,16 @@ ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const Tokeni
 // p * best_of + i, with seed + i. Every sequence asks for 0 tokens when max_tokens is 0 (echo).
 std::vector<ClientRequest> choice_requests(const ApiRequest& r);
 
-}  // namespace lattice
+// The body as JSON; Error when it is not JSON or nests deeper than `max_depth` (nlohmann's copy and
+// destruction recurse, so depth is bounded before parsing, by base/json_limits.h).
+nlohmann::json parse_body(std::string_view body, int max_depth = 64);
+
+// Checks of a parsed request against the served model's context (max_model_len; <= 0: none): a
+// prompt must leave room, and "max_tokens" more than the context leaves after the prompt is an
+// Error naming max_tokens, the prompt's length and the context (vLLM's, never clamped).
+void check_context(const ApiRequest& r, int64_t context);
+
+// The "return_token_ids" extension (response.h): true or false; always true without a tokenizer.
+bool parse_return_token_ids(const nlohmann::json& body, const Tokenizer* tok);
+
+}  // namespace lattice::openai

@@ -1,11 +1,11 @@
-// Tools in chat requests (see openai_tools.h).
-#include "launch/openai_tools.h"
+// Tools in chat requests (see tools.h).
+#include "launch/openai/tools.h"
 
 #include <fmt/format.h>
 
 #include "base/error.h"
 
-namespace lattice {
+namespace lattice::openai {
 
 namespace {
 
@@ -120,4 +120,4 @@ std::string render_tool_chat(const json& b, const Tokenizer& tok, const ToolUse&
     return text;
 }
 
-}  // namespace lattice
+}  // namespace lattice::openai

@@ -1,5 +1,5 @@
-// parse_api_request (see openai_request.h).
-#include "launch/openai_request.h"
+// parse_api_request and the request checks of the OpenAI protocol (see request.h).
+#include "launch/openai/request.h"
 
 #include <fmt/format.h>
 
@@ -11,9 +11,10 @@
 #include <set>
 
 #include "base/error.h"
-#include "launch/openai_tools.h"
+#include "base/json_limits.h"
+#include "launch/openai/tools.h"
 
-namespace lattice {
+namespace lattice::openai {
 
 namespace {
 
@@ -367,4 +368,34 @@ std::vector<ClientRequest> choice_requests(const ApiRequest& r) {
     return out;
 }
 
-}  // namespace lattice
+nlohmann::json parse_body(std::string_view body, int max_depth) {
+    JsonLimits lim;
+    lim.max_depth = max_depth;
+    check_json_limits(body, "the request body", lim);
+    nlohmann::json j = nlohmann::json::parse(body.begin(), body.end(), nullptr, false);
+    LATTICE_CHECK(!j.is_discarded(), "the body is not valid JSON");
+    return j;
+}
+
+// max_tokens beyond the room the longest prompt leaves in the context: refused, not clamped (vLLM's).
+void check_context(const ApiRequest& r, int64_t context) {
+    if (r.client.max_tokens == ClientRequest::kRestOfContext || context <= 0) return;
+    for (const auto& p : r.prompts) {
+        const int64_t n = int64_t(p.size());
+        LATTICE_CHECK(n < context || (n == context && r.client.max_tokens == 0),
+                      "\"prompt\": {} tokens, the context holds {} (max_model_len) and the prompt must leave room",
+                      n, context);
+        LATTICE_CHECK(n + r.client.max_tokens <= context,
+                      "\"max_tokens\" is {}, but the prompt has {} tokens and the context holds {} (max_model_len): "
+                      "at most {} new tokens",
+                      r.client.max_tokens, n, context, context - n);
+    }
+}
+
+bool parse_return_token_ids(const nlohmann::json& body, const Tokenizer* tok) {
+    const auto it = body.find("return_token_ids");
+    LATTICE_CHECK(it == body.end() || it->is_null() || it->is_boolean(), "\"return_token_ids\" must be true or false");
+    return !tok || (it != body.end() && it->is_boolean() && it->get<bool>());
+}
+
+}  // namespace lattice::openai

@@ -1,5 +1,5 @@
 // Tools in chat requests (OpenAI's "tools" and "tool_choice"; the parse of the request side; the
-// output side is runtime/tokenizer/tool_calls.h, the response shape launch/server/api.cpp):
+// output side is runtime/tokenizer/tool_calls.h, the response shape launch/openai/response.cpp):
 //   tools        [{"type": "function", "function": {"name", "description"?, "parameters"?: JSON schema}}]
 //                (at most 128, names unique, [A-Za-z0-9_.-]{1,64}); they reach the model's chat template
 //                as its `tools` variable, in the request's order;
@@ -22,7 +22,7 @@
 #include "runtime/tokenizer/tokenizer.h"
 #include "runtime/tokenizer/tool_calls.h"
 
-namespace lattice {
+namespace lattice::openai {
 
 // A request body's field is present and not null (null is the same as absent, as OpenAI takes it).
 inline bool field_given(const nlohmann::json& body, const char* key) {
@@ -48,4 +48,4 @@ bool messages_use_tools(const nlohmann::json& messages);
 // "none") the tools, through the model's template; a forced call's prompt suffix appended.
 std::string render_tool_chat(const nlohmann::json& body, const Tokenizer& tok, const ToolUse& use);
 
-}  // namespace lattice
+}  // namespace lattice::openai

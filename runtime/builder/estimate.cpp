@@ -1,0 +1,57 @@
+// Parameter count and per-rank memory without loading (see estimate.h).
+#include "runtime/builder/estimate.h"
+
+#include "parallel/plan_model.h"
+#include "parallel/world_config.h"
+#include "runtime/builder/build.h"
+#include "runtime/model/rank_weights.h"
+
+namespace lattice {
+
+int64_t checked_parameter_count(const TensorSource& src) {
+    if (!src.prepared()) check_tensor_set(src);  // a converted file is checked when a rank loads it
+    const int64_t params = src.config().parameter_count(), listed = listed_elements(src);
+    // Sources that list their tensors must hold what the config describes (rope tables aside).
+    LATTICE_CHECK(listed == 0 || listed >= params,
+                  "{}: the config describes {} parameters but the checkpoint's tensors hold {}", src.describe(),
+                  params, listed);
+    return params;
+}
+
+RankMemory largest_rank_memory(const TensorSource& src, const MemoryQuery& q) {
+    const ModelConfig& c = src.config();
+    check_model_layout(c.dims(), q.tp, q.pp);
+    const bool cuda = q.device == BackendKind::kCuda;
+    const QuantChoice quant = q.quant_auto ? auto_quant(src, q.quant_head, int4_mode_for(q.device))
+                                           : QuantChoice{q.quant, q.quant_head};
+    const double act = cuda ? 2 : 4;  // activation bytes per element
+    const double kv_elem = kv_element_bytes(q.kv_cache_dtype, c.head_dim, !cuda);
+    RankMemory best;
+    best.quant = quant.quant;
+    best.max_seq = resolve_max_seq(q.max_seq, c.max_position);  // the model's own default
+    LATTICE_CHECK(best.max_seq <= c.max_position, "--max-seq {} exceeds the model's max_position_embeddings {}",
+                  best.max_seq, c.max_position);
+    ModelOptions base;
+    base.quant = quant.quant;
+    base.quant_head = quant.quant_head;
+    QuantMode head = QuantMode::kNone;
+    double largest = -1;
+    for (int p = 0; p < q.pp; ++p) {
+        const WorldConfig w = WorldConfig::make(q.tp * q.pp, q.tp, q.pp, p * q.tp);  // TP rank 0 of stage p
+        const ModelOptions o = rank_model_options(base, w, c.n_layers);
+        const RankWeights rw(src, o);
+        for (const RankTensor& t : rw.tensors())
+            if (t.role == WeightRole::kLmHead && t.mode != QuantMode::kNone) head = t.mode;
+        const double weights = rw.resident_bytes(cuda);
+        const double kv = kv_cache_bytes(c.dims(), q.tp, o.layer_end - o.layer_begin, best.max_seq, kv_elem);
+        const double activations = activation_bytes(c.dims(), q.tp, q.max_batch_tokens, act, o.last_stage);
+        if (weights + kv + activations > largest) {
+            largest = weights + kv + activations;
+            best.stage = p, best.weights = weights, best.kv = kv, best.activations = activations;
+        }
+    }
+    best.head = head;
+    return best;
+}
+
+}  // namespace lattice
