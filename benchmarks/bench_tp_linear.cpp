@@ -9,7 +9,7 @@
 // the sync jitter of 2 x layers waits per token, and the engine's own work (attention, norms, the
 // head, sampling, scheduling). Running this with -np 1 and -np 2 measures the first two without the
 // third, so `lattice generate --stats-json`'s tp speedup can be read against what the machine
-// allows (docs/performance.md). Weights are random int8 in huge pages (as the engine's), rotated
+// allows (docs/benchmark-results.md). Weights are random int8 in huge pages (as the engine's), rotated
 // through all layers so nothing stays in cache; time is per token, median and best over --tokens.
 // Usage: mpirun -np N bench_tp_linear [--config tinyllama-1.1b|config.json] [--tokens 30] [--no-sync] [--json F]
 #include "benchmarks/bench_common.h"

@@ -7,7 +7,7 @@
 // few increments per token is nothing next to a forward pass.
 // Names. What vLLM also measures carries vLLM's name with the prefix `lattice:` instead of `vllm:`,
 // its type and its `model_name` label, so that a vLLM Grafana dashboard works after one prefix
-// substitution (docs/serve.md has the table): num_requests_running, num_requests_waiting,
+// substitution (docs/metrics.md has the table): num_requests_running, num_requests_waiting,
 // kv_cache_usage_perc (gauges); prompt_tokens_total, generation_tokens_total, num_preemptions_total,
 // prefix_cache_queries_total and prefix_cache_hits_total (tokens), request_success_total
 // {finished_reason: stop | length | abort} (counters); time_to_first_token_seconds,
