@@ -82,8 +82,9 @@ void ModelArgs::add_engine_options(CLI::App* cmd) {
             "none|ngram|draft:PATH"))
         ->capture_default_str();
     cmd->add_option("--num-speculative-tokens", num_speculative_tokens,
-                    "Drafts per decoding sequence per step with --speculative")
+                    "Drafts per decoding sequence per step with --speculative (refused without it)")
         ->check(int_range(1, kMaxSpeculativeTokens))
+        ->each([this](const std::string&) { num_speculative_given = true; })
         ->capture_default_str();
     cmd->add_option("--max-itl-ms", max_itl_ms,
                     "Latency target of a step that holds decodes, in ms: such a step takes fewer prompt tokens, as "
@@ -390,6 +391,8 @@ BuildOptions build_options(const ModelArgs& args) {
     opt.model.kv_dtype = parse_kv_dtype(args.kv_cache_dtype);
     opt.kv_cache_gb = args.kv_cache_gb;
     opt.engine.max_seqs = args.max_seqs;
+    LATTICE_CHECK(!args.num_speculative_given || args.speculative != "none",
+                  "--num-speculative-tokens needs --speculative ngram or draft:PATH (speculative decoding is off)");
     opt.engine.speculative_tokens = args.speculative != "none" ? args.num_speculative_tokens : 0;
     if (args.speculative.rfind("draft:", 0) == 0) opt.draft.path = args.speculative.substr(6);
     opt.max_itl_ms = args.max_itl_ms;

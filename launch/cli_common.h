@@ -42,6 +42,7 @@ struct ModelArgs {
     std::string kv_cache_dtype = "auto";  // runtime/backend/backend.h KvDtype
     std::string speculative = "none";     // none | ngram (runtime/engine/speculative.h)
     int64_t num_speculative_tokens = 4;
+    bool num_speculative_given = false;   // --num-speculative-tokens on the command line (needs --speculative)
     int64_t max_seqs = 64;
     double max_itl_ms = -1;       // latency target of a step with decodes; -1: the device's default
     int64_t block_size = 16;

@@ -128,7 +128,7 @@ int run_convert(const ConvertArgs& args) {
 void add_convert_command(CLI::App& app, CommandRun& run) {
     auto args = std::make_shared<ConvertArgs>();
     auto* cmd = app.add_subcommand("convert", "Write a pre-sharded, pre-quantized checkpoint: one file per rank");
-    cmd->add_option("--model", args->model, "HF model directory or .gguf file")->required();
+    cmd->add_option("-m,--model", args->model, "HF model directory or .gguf file")->required();
     cmd->add_option("--out", args->out, "Folder to create (must not exist)")->required();
     cmd->add_option("--tp", args->tp, "Tensor-parallel ranks of the layout")->check(tp_flag_range());
     cmd->add_option("--pp", args->pp, "Pipeline stages of the layout")->check(pp_flag_range());

@@ -26,7 +26,7 @@ void add_verify_command(CLI::App& app, CommandRun& run) {
     auto args = std::make_shared<Args>();
     auto* cmd = app.add_subcommand("verify", "Check every file of a converted checkpoint against its manifest");
     cmd->add_option("dir", args->dir, "Converted checkpoint folder (lattice convert --out)")->required();
-    cmd->add_option("--threads", args->threads, "Files hashed at once (0: one per core, at most 8)")
+    cmd->add_option("-t,--threads", args->threads, "Files hashed at once (0: one per core, at most 8)")
         ->check(int_range(0, kMaxThreadsFlag));
     cmd->footer(R"(Examples:
   lattice verify conv/

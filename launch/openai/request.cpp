@@ -318,6 +318,9 @@ ApiRequest parse_api_request(const json& b, bool chat, const Tokenizer* tok, con
         max_tokens = integer(b, "max_tokens", echo ? 0 : 1, INT32_MAX, max_tokens);
     q.max_tokens = max_tokens;
     q.min_tokens = integer(b, "min_tokens", 0, INT32_MAX, 0);
+    // vLLM's rule: a floor above the cap cannot be met (the chat default, the rest of the context, is no cap).
+    LATTICE_CHECK(max_tokens == ClientRequest::kRestOfContext || q.min_tokens <= max_tokens,
+                  "\"min_tokens\" ({}) must be at most \"max_tokens\" ({})", q.min_tokens, max_tokens);
     q.ignore_eos = boolean(b, "ignore_eos", false);
     q.priority = integer(b, "priority", INT32_MIN, INT32_MAX, 0);
     q.sampling.temperature = float(number(b, "temperature", 0.0, 100.0, 1.0));

@@ -49,6 +49,15 @@ ToolUse parse_tool_use(const json& b, const Tokenizer& tok) {
                       "\"tools\"[{}].function.name must be 1-64 characters of [A-Za-z0-9_.-]", i);
         LATTICE_CHECK(!field_given(f, "parameters") || f["parameters"].is_object(),
                       "\"tools\"[{}].function.parameters must be a JSON schema (an object)", i);
+        // Compiled whatever tool_choice is (as "required" would): a schema the grammar cannot take is the
+        // client's error now, not a surprise on a later request that forces the call.
+        if (field_given(f, "parameters")) {
+            try {
+                Grammar::compile(GrammarSpec{GrammarSpec::Kind::kJsonSchema, f["parameters"].dump(), {}});
+            } catch (const Error& e) {
+                throw Error(fmt::format("\"tools\"[{}].function.parameters: {}", i, e.message()));
+            }
+        }
         LATTICE_CHECK(u.names.insert(f["name"].get<std::string>()).second, "\"tools\"[{}]: the name \"{}\" is taken", i,
                       f["name"].get<std::string>());
         fns.push_back(t);

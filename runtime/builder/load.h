@@ -15,6 +15,7 @@
 #include <string>
 
 #include "runtime/builder/build.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace lattice {
 
@@ -44,5 +45,11 @@ void check_load(const ModelSpec& spec, const WorldConfig& world);
 // (AgreedFailure when some rank failed; this rank's own Error when it failed and the peers did not
 // answer), then build(opt, spec).
 RankRuntime load(const BuildOptions& opt, const ModelSpec& spec, const LoadAgreement& agreement = {});
+
+// A draft model of speculative decoding proposes token ids that the target reads as its own: every id
+// the two share must be the same token text. Throws Error naming the draft and the first id whose
+// pieces differ (same size or not: a draft larger than the target is DraftModel's error). load() runs
+// it on the leader when both checkpoints carry a tokenizer.
+void check_draft_vocabulary(const Tokenizer& target, const Tokenizer& draft, const std::string& draft_name);
 
 }  // namespace lattice

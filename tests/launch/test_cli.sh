@@ -36,6 +36,11 @@ out=$("$lattice" layout --tp 4 --model "$shared/golden/tiny-fp16-tied" --cpu --c
 check "layout refused (exit 1) for heads that do not split over tp 4" test $rc -eq 1
 check "layout refusal names the field" grep -q "does not divide num_attention_heads 6" <<<"$out"
 
+# Speculative options without --speculative are refused, not ignored.
+out=$("$lattice" generate --model "$g" --prompt-ids "$prompt" --max-new-tokens 2 --num-speculative-tokens 3 2>&1 >/dev/null); rc=$?
+check "--num-speculative-tokens without --speculative refused (exit 1)" test $rc -eq 1
+check "... with one line naming what it needs" grep -q -- "--num-speculative-tokens needs --speculative" <<<"$out"
+
 # generate stops at eos unless --ignore-eos: the model's eos id (2) ends the output.
 out=$("$lattice" generate --model "$g" --prompt-ids "$prompt" --max-new-tokens 24 --print-ids 2>/dev/null)
 check "without --ignore-eos output is a prefix of the greedy run, ending at eos or full" python3 -c "

@@ -19,14 +19,14 @@ g=$shared/golden/tiny-gqa-llama3
 prompt=$(python3 -c "import json; print(','.join(map(str, json.load(open('$g/expected.json'))['cases'][1]['prompt_ids'])))")
 gen() { "$lattice" generate --prompt-ids "$prompt" --max-new-tokens 16 --ignore-eos --print-ids --threads 1 "$@" 2>"$tmp/gen.err"; }
 
-# One rank: convert, verify, generate the same tokens as the original.
-"$lattice" convert --model "$g" --out "$tmp/c1" --quant w8a8 >"$tmp/convert.out" 2>"$tmp/convert.err"
+# One rank: convert, verify, generate the same tokens as the original (-m and -t as in every command).
+"$lattice" convert -m "$g" --out "$tmp/c1" --quant w8a8 >"$tmp/convert.out" 2>"$tmp/convert.err"
 check "convert exits 0" test $? -eq 0
 check "convert prints progress lines when stderr is not a terminal" grep -q "^convert: .* GiB .* MB/s, ETA" "$tmp/convert.err"
 check "convert's last line names the folder and the peak memory" grep -q "converted .* -> $tmp/c1: .*peak resident memory" "$tmp/convert.out"
 check "the folder holds the manifest and one rank file" test -f "$tmp/c1/manifest.json" -a -f "$tmp/c1/rank-00000-of-00001.safetensors"
 check "no partial folder is left" test -z "$(ls -A "$tmp" | grep partial)"
-out=$("$lattice" verify "$tmp/c1"); rc=$?
+out=$("$lattice" verify -t 1 "$tmp/c1"); rc=$?
 check "verify exits 0 on an intact folder" test $rc -eq 0
 check "verify prints ok per file" grep -q "^ok *rank-00000-of-00001.safetensors" <<<"$out"
 check "verify checks the manifest's content first" test "$(head -1 <<<"$out")" = \

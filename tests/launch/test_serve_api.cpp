@@ -14,6 +14,8 @@
 #include "base/error.h"
 #include "launch/server/api.h"
 #include "launch/server/metrics.h"
+#include "launch/openai/tools.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 using lattice::SampledToken;
 using lattice::openai::ApiCall;
@@ -143,6 +145,14 @@ TEST_CASE("routes refuse, in order, what they must") {
         // A prompt that fills the context: 400 here, naming the prompt (the context is ServedModel's).
         CHECK(expect_error(post("/v1/completions", long_prompt.dump(), ctx), 400)["param"] == "prompt");
         expect_error(post("/v1/completions", R"({"prompt": "text needs a tokenizer"})", ctx), 400);
+    }
+    SUBCASE("min_tokens above max_tokens: 400 naming both (vLLM's rule); equal is fine") {
+        const json e =
+            expect_error(post("/v1/completions", R"({"prompt": [1], "max_tokens": 4, "min_tokens": 5})", ctx), 400);
+        CHECK(e["param"] == "min_tokens");
+        CHECK(e["message"].get<std::string>().find("(5)") != std::string::npos);
+        CHECK(e["message"].get<std::string>().find("(4)") != std::string::npos);
+        CHECK(post("/v1/completions", R"({"prompt": [1], "max_tokens": 4, "min_tokens": 4})", ctx).call.has_value());
     }
     SUBCASE("max_tokens beyond the context's room: 400 naming max_tokens, the prompt and the context") {
         json b = {{"prompt", json::array()}, {"max_tokens", 5}};
@@ -470,5 +480,28 @@ TEST_CASE("chat with tools: the output's calls become tool_calls, held in a stre
         CHECK(m["finish_reason"] == "length");
         CHECK(m["message"]["content"] == "It is sunny.");
         CHECK(!m["message"].contains("tool_calls"));
+    }
+}
+
+TEST_CASE("tools: each parameters schema is compiled whatever tool_choice is") {
+    lattice::TokenizerSpec spec;
+    spec.tokens = {"<unk>", "a"};
+    spec.scores = {0.0f, 0.0f};
+    const lattice::Tokenizer tok(std::move(spec));
+    const json bad = {{"type", "function"},
+                      {"function",
+                       {{"name", "f"},
+                        {"parameters", {{"type", "object"}, {"properties", {{"x", {{"type", "no-such-type"}}}}}}}}}};
+    for (const char* choice : {"auto", "none", "required"}) {
+        CAPTURE(choice);
+        const json b = {{"tools", json::array({bad})}, {"tool_choice", choice}};
+        try {
+            (void)lattice::openai::parse_tool_use(b, tok);
+            FAIL("an invalid parameters schema was accepted");
+        } catch (const lattice::Error& e) {
+            const std::string m = e.message();
+            CHECK(m.find("\"tools\"[0].function.parameters") != std::string::npos);
+            CHECK(m.find("no-such-type") != std::string::npos);
+        }
     }
 }

@@ -173,3 +173,32 @@ TEST_CASE("parameter counts: the config's and the planner's agree, dense and MoE
     CHECK(model_parameters(c.dims()) == doctest::Approx(double(c.parameter_count())));
     CHECK(active_parameters(c.dims()) == doctest::Approx(double(c.active_parameter_count())));
 }
+
+namespace {
+Tokenizer byte_tokenizer(std::vector<std::string> tokens) {
+    TokenizerSpec s;
+    s.kind = TokenizerKind::kSentencePiece;
+    s.tokens = std::move(tokens);
+    s.scores.assign(s.tokens.size(), 0.0f);
+    s.source = "test";
+    return Tokenizer(std::move(s));
+}
+}  // namespace
+
+TEST_CASE("check_draft_vocabulary: the first id whose pieces differ is named") {
+    const Tokenizer target = byte_tokenizer({"<unk>", "<s>", "</s>", "a", "b", "c"});
+    // The same pieces (a smaller draft shares the target's first ids): accepted.
+    CHECK_NOTHROW(check_draft_vocabulary(target, byte_tokenizer({"<unk>", "<s>", "</s>", "a", "b", "c"}), "d"));
+    CHECK_NOTHROW(check_draft_vocabulary(target, byte_tokenizer({"<unk>", "<s>", "</s>", "a"}), "d"));
+    // The same count, one piece moved: refused at its id, naming both pieces and the draft.
+    try {
+        check_draft_vocabulary(target, byte_tokenizer({"<unk>", "<s>", "</s>", "a", "c", "b"}), "drafts/x.gguf");
+        FAIL("a draft with other pieces was accepted");
+    } catch (const Error& e) {
+        const std::string m = e.message();
+        CHECK(m.find("drafts/x.gguf") != std::string::npos);
+        CHECK(m.find("token 4") != std::string::npos);
+        CHECK(m.find("\"c\"") != std::string::npos);
+        CHECK(m.find("\"b\"") != std::string::npos);
+    }
+}
