@@ -56,8 +56,8 @@ namespace {
 // Row loops of the decode step that GCC does not vectorize as scalar code: silu_mul's libm exp and the
 // sampling's passes over the whole vocabulary row (49152 logits for the built-in model). They run on 16-float
 // vector values (GCC vector extensions: one zmm, two ymm or four xmm registers, the same operations per
-// lane on every ISA variant; without -ffast-math GCC vectorizes no float reduction written as a scalar loop). Loaded with memcpy (no alignment
-// assumed).
+// lane on every ISA variant; without -ffast-math GCC vectorizes no float reduction written as a scalar
+// loop). Loaded with memcpy (no alignment assumed).
 using F16x = float __attribute__((vector_size(64)));
 using I16x = int32_t __attribute__((vector_size(64)));
 [[gnu::always_inline]] inline F16x load16(const float* p) {
