@@ -279,7 +279,7 @@ int main(int argc, char** argv) {
                bw_wall / 1e9, nt);
 
     std::vector<IsaLevel> isas;
-    for (IsaLevel l : {IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvxVnni, IsaLevel::kAvx512Vnni})
+    for (IsaLevel l : all_isa_levels())
         if (isa_supported(l) && (only_isa.empty() || parse_isa(only_isa) == l)) isas.push_back(l);
 
     std::vector<Row> rows;

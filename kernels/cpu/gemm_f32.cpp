@@ -5,31 +5,6 @@
 
 namespace lattice {
 
-FloatIsa best_float_isa() {
-#if defined(__x86_64__)
-    static const FloatIsa isa = [] {
-        __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-            __builtin_cpu_supports("avx512vl"))
-            return FloatIsa::kAvx512;
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return FloatIsa::kAvx2;
-        return FloatIsa::kScalar;
-    }();
-    return isa;
-#else
-    return FloatIsa::kScalar;
-#endif
-}
-
-std::string_view float_isa_name(FloatIsa isa) {
-    switch (isa) {
-        case FloatIsa::kScalar: return "scalar";
-        case FloatIsa::kAvx2: return "avx2";
-        case FloatIsa::kAvx512: return "avx512";
-    }
-    return "?";
-}
-
 namespace detail {
 
 void gemm_f32_rows_scalar(const float* x, int64_t m, int64_t k, const void* w, DType wt, int64_t n0, int64_t n1,
@@ -64,14 +39,15 @@ void gemm_f32_rows_scalar(const float* x, int64_t m, int64_t k, const void* w, D
 }  // namespace detail
 
 void gemm_f32(const float* x, int64_t m, int64_t k, const void* w, DType wt, int64_t n, float* y, ThreadPool& pool,
-              FloatIsa isa) {
+              IsaLevel isa) {
     LATTICE_CHECK(wt == DType::kF32 || wt == DType::kF16 || wt == DType::kBF16, "gemm_f32: weight dtype {} unsupported",
                   dtype_name(wt));
-    if (isa == FloatIsa::kAvx512 && best_float_isa() != FloatIsa::kAvx512) isa = best_float_isa();
-    if (isa == FloatIsa::kAvx2 && best_float_isa() == FloatIsa::kScalar) isa = FloatIsa::kScalar;
-    auto fn = isa == FloatIsa::kAvx512 ? detail::gemm_f32_rows_avx512
-              : isa == FloatIsa::kAvx2 ? detail::gemm_f32_rows_avx2
-                                       : detail::gemm_f32_rows_scalar;
+    LATTICE_CHECK(isa_supported(isa), "gemm_f32: ISA '{}' not supported by this CPU", isa_name(isa));
+    const IsaLevel level = vector_level(isa);
+    note_path(KernelFamily::kGemmF32, level);
+    auto fn = level == IsaLevel::kAvx512Vnni ? detail::gemm_f32_rows_avx512
+              : level == IsaLevel::kAvx2     ? detail::gemm_f32_rows_avx2
+                                             : detail::gemm_f32_rows_scalar;
     pool.parallel_for(
         n, [&](int64_t n0, int64_t n1, int) { fn(x, m, k, w, wt, n0, n1, y, n); }, 16);
 }

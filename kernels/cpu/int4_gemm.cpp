@@ -15,21 +15,19 @@
 #include "base/error.h"
 #include "kernels/common/quantize.h"
 #include "kernels/cpu/int4_gemm_kernels.h"
+#include "kernels/cpu/gemm_front.h"
 #include "kernels/cpu/int8_gemm_kernels.h"
 
 namespace lattice {
+
+using gemm_front::for_rows;
+using gemm_front::scratch;
+using gemm_front::ScratchVec;
 
 using int4_detail::F32Acts;
 using int4_detail::Int4Acts;
 
 namespace {
-
-using ScratchVec = std::vector<uint8_t, AlignedAllocator64<uint8_t>>;
-
-uint8_t* scratch(ScratchVec& v, size_t bytes) {
-    if (v.size() < bytes) v.resize(bytes);
-    return v.data();
-}
 
 int64_t round_up(int64_t v, int64_t to) {
     return (v + to - 1) / to * to;
@@ -117,30 +115,13 @@ void dequantize_packed_int4(const PackedInt4& w, float* out) {
 
 namespace {
 
-auto w4a8_kernel(IsaLevel isa) {
-    switch (isa) {
-        case IsaLevel::kScalar:
-            return &int4_detail::w4a8_panels_scalar;
-        case IsaLevel::kAvx2:
-        case IsaLevel::kAvxVnni:
-            return &int4_detail::w4a8_panels_avx2;  // vpmaddubsw cannot saturate on 4-bit
-        case IsaLevel::kAvx512Vnni:
-            return &int4_detail::w4a8_panels_avx512;
-    }
-    return &int4_detail::w4a8_panels_scalar;
-}
-
-auto w4a16_kernel(IsaLevel isa) {
-    switch (isa) {
-        case IsaLevel::kScalar:
-            return &int4_detail::w4a16_panels_scalar;
-        case IsaLevel::kAvx2:
-        case IsaLevel::kAvxVnni:
-            return &int4_detail::w4a16_panels_avx2;
-        case IsaLevel::kAvx512Vnni:
-            return &int4_detail::w4a16_panels_avx512;
-    }
-    return &int4_detail::w4a16_panels_scalar;
+// The 4-bit kernels have scalar, AVX2 and AVX-512 forms: vector_level of the packed level (AVX-VNNI runs the
+// AVX2 kernels: vpmaddubsw cannot saturate on 4-bit; AMX the AVX-512 ones).
+template <class Fn>
+Fn kernel_for(IsaLevel packed, Fn scalar, Fn avx2, Fn avx512) {
+    const IsaLevel level = vector_level(packed);
+    note_path(KernelFamily::kGemmInt4, level);
+    return level == IsaLevel::kAvx512Vnni ? avx512 : level == IsaLevel::kAvx2 ? avx2 : scalar;
 }
 
 // Scratch of the W4A8 activations: rows of ldq int8, then the group sums, then the group scales.
@@ -185,16 +166,6 @@ void quantize_w4a8_row(const float* x, const PackedInt4& w, int8_t* q, int32_t* 
     }
 }
 
-template <class Fn>
-void for_rows(int64_t m, ThreadPool& pool, Fn&& fn) {
-    if (m < 8 || pool.size() == 1) {
-        for (int64_t r = 0; r < m; ++r) fn(r);
-        return;
-    }
-    pool.parallel_for(m, [&](int64_t r0, int64_t r1, int) {
-        for (int64_t r = r0; r < r1; ++r) fn(r);
-    });
-}
 
 }  // namespace
 
@@ -214,7 +185,8 @@ void gemm_w4a8(const float* x, int64_t m, int64_t k, const PackedInt4& w, float*
         }
         quantize_w4a8_row(row, w, s.q + r * s.acts.ldq, s.xsum + r * w.groups, s.scales + r * w.groups);
     });
-    auto kernel = w4a8_kernel(w.isa);
+    const auto kernel = kernel_for(w.isa, &int4_detail::w4a8_panels_scalar, &int4_detail::w4a8_panels_avx2,
+                                   &int4_detail::w4a8_panels_avx512);
     pool.parallel_chunks(w.n_panels, chunk_for(w.n_panels, pool.size()),
                          [&](int64_t p0, int64_t p1, int) { kernel(s.acts, m, w, p0, p1, y, w.n); });
 }
@@ -253,7 +225,8 @@ void gemm_w4a16(const float* x, int64_t m, int64_t k, const PackedInt4& w, float
             }
         a.xsum = xsum;
     }
-    auto kernel = w4a16_kernel(w.isa);
+    const auto kernel = kernel_for(w.isa, &int4_detail::w4a16_panels_scalar, &int4_detail::w4a16_panels_avx2,
+                                   &int4_detail::w4a16_panels_avx512);
     pool.parallel_chunks(w.n_panels, chunk_for(w.n_panels, pool.size()),
                          [&](int64_t p0, int64_t p1, int) { kernel(a, m, w, p0, p1, y, w.n); });
 }

@@ -40,7 +40,7 @@ struct PackedInt4 {
     std::vector<uint8_t, AlignedAllocator64<uint8_t>> data;  // [n_panels][groups][block_bytes]
     int64_t n = 0, k = 0, k_padded = 0, group = 32, groups = 0, n_panels = 0, block_bytes = 0;
     Int4Kind kind = Int4Kind::kAffine;
-    IsaLevel isa = IsaLevel::kScalar;  // kernel used by the gemm calls (kAvxVnni runs the AVX2 kernels)
+    IsaLevel isa = IsaLevel::kScalar;  // kernel used by the gemm calls (vector_level of it, isa.h)
     std::vector<int32_t> perm;         // [k] input channel of each stored column (act-order), empty: identity
 
     const uint8_t* block(int64_t p, int64_t g) const { return data.data() + (p * groups + g) * block_bytes; }

@@ -43,6 +43,39 @@ inline void store8(float* y, int64_t c0, int64_t n, __m256 v) {
     for (int64_t i = 0; i < n - c0; ++i) y[c0 + i] = tmp[i];
 }
 
+// Half hh's (channels 8 hh .. 8 hh + 7) per-group parameters at block bg: the f16 scales d, and the minima
+// (affine) or zero points (zero-point); the others unset.
+struct GroupParams {
+    __m256 d, mn;
+    __m256i z;
+};
+template <Int4Kind K>
+inline GroupParams group_params(const uint8_t* bg, int64_t G, int hh) {
+    const uint8_t* bs = bg + hh * 8 * 2;  // f16 scales of channels 8 hh ..
+    GroupParams q{load_f16x8(bs + scale_offset(G)), _mm256_setzero_ps(), _mm256_setzero_si256()};
+    if constexpr (K == Int4Kind::kAffine) q.mn = load_f16x8(bs + extra_offset(G));
+    if constexpr (K == Int4Kind::kZeroPoint)
+        q.z = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bg + extra_offset(G) + hh * 8)));
+    return q;
+}
+
+// The group epilogue of int4_gemm.h for one row and half: the group's exact int32 sums isum (X: the row's sum
+// of the group's activations, s their scale) into acc, in the float operations every path performs.
+template <Int4Kind K>
+inline void group_epilogue(__m256& acc, __m256i isum, const GroupParams& q, int32_t X, float s) {
+    const __m256 sg = _mm256_set1_ps(s);
+    const __m256 ds = _mm256_mul_ps(q.d, sg);
+    if constexpr (K == Int4Kind::kOffset8) {
+        fma_acc(acc, _mm256_cvtepi32_ps(_mm256_sub_epi32(isum, _mm256_set1_epi32(8 * X))), ds);
+    } else if constexpr (K == Int4Kind::kZeroPoint) {
+        const __m256i corr = _mm256_mullo_epi32(q.z, _mm256_set1_epi32(X));
+        fma_acc(acc, _mm256_cvtepi32_ps(_mm256_sub_epi32(isum, corr)), ds);
+    } else {
+        fma_acc(acc, _mm256_cvtepi32_ps(isum), ds);
+        fma_acc(acc, _mm256_mul_ps(q.mn, sg), _mm256_set1_ps(float(X)));
+    }
+}
+
 // Rows [r0, r0 + MR) x halves [h0, h0 + NH) of panel p.
 template <Int4Kind K, int MR, int NH>
 inline void w4a8_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t p, int h0, float* y, int64_t ldy) {
@@ -96,29 +129,11 @@ inline void w4a8_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_
         }
 #pragma GCC unroll 2
         for (int h = 0; h < NH; ++h) {
-            const uint8_t* bs = bg + (h0 + h) * 8 * 2;  // f16 scales of channels 8 (h0 + h) ..
-            const __m256 d = load_f16x8(bs + scale_offset(G));
-            [[maybe_unused]] __m256 mn;
-            [[maybe_unused]] __m256i z;
-            if constexpr (K == Int4Kind::kAffine) mn = load_f16x8(bs + extra_offset(G));
-            if constexpr (K == Int4Kind::kZeroPoint)
-                z = _mm256_cvtepu8_epi32(
-                    _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bg + extra_offset(G) + (h0 + h) * 8)));
+            const GroupParams q = group_params<K>(bg, G, h0 + h);
 #pragma GCC unroll 4
-            for (int r = 0; r < MR; ++r) {
-                const int32_t X = a.xsum[(r0 + r) * a.ldsum + g];
-                const __m256 sg = _mm256_set1_ps(a.scales[(r0 + r) * a.ldsum + g]);
-                const __m256 ds = _mm256_mul_ps(d, sg);
-                if constexpr (K == Int4Kind::kOffset8) {
-                    fma_acc(acc[r][h], _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][h], _mm256_set1_epi32(8 * X))), ds);
-                } else if constexpr (K == Int4Kind::kZeroPoint) {
-                    const __m256i corr = _mm256_mullo_epi32(z, _mm256_set1_epi32(X));
-                    fma_acc(acc[r][h], _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][h], corr)), ds);
-                } else {
-                    fma_acc(acc[r][h], _mm256_cvtepi32_ps(isum[r][h]), ds);
-                    fma_acc(acc[r][h], _mm256_mul_ps(mn, sg), _mm256_set1_ps(float(X)));
-                }
-            }
+            for (int r = 0; r < MR; ++r)
+                group_epilogue<K>(acc[r][h], isum[r][h], q, a.xsum[(r0 + r) * a.ldsum + g],
+                                  a.scales[(r0 + r) * a.ldsum + g]);
         }
     }
 #pragma GCC unroll 4

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/gemm_avx512.h"
 #include "kernels/cpu/int4_gemm_kernels.h"
 
 // GCC 12's AVX-512 intrinsics use _mm512_undefined_*() internally and trip a false positive.
@@ -29,19 +30,10 @@
 namespace lattice::int4_detail {
 namespace {
 
-// acc += dot4(u8 a, s8 b) per int32 lane (inline asm: int8_gemm_avx512.cpp says why).
-inline void dpbusd(__m512i& acc, __m512i a_u8, __m512i b_s8) {
-    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a_u8), "v"(b_s8));
-}
-// acc += a * b, one rounding (vfmadd231ps), as std::fma in the scalar path.
-inline void fma_acc(__m512& acc, __m512 a, __m512 b) {
-    __asm__("vfmadd231ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
-}
-
-inline __mmask16 tail_mask(int64_t p, int64_t n) {
-    const int64_t cnt = n - p * kInt8PanelN;
-    return cnt >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cnt) - 1u);
-}
+using avx512::dpbusd;
+using avx512::fd_all_rows;
+using avx512::fma_acc;
+using avx512::tail_mask;
 
 inline int32_t load_i32(const void* p) {
     int32_t v;
@@ -176,19 +168,10 @@ inline void w4a8_gemv_panel(const Int4Acts& a, const PackedInt4& w, int64_t p, f
     _mm512_mask_storeu_ps(y + p * kInt8PanelN, tail_mask(p, w.n), acc);
 }
 
-template <Int4Kind K, int NP, int MR>
-inline void w4a8_rows(int rem, const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t p, float* y, int64_t ldy) {
-    if (rem == MR) {
-        w4a8_tile<K, MR, NP>(a, r0, w, p, y, ldy);
-    } else if constexpr (MR > 1) {
-        w4a8_rows<K, NP, MR - 1>(rem, a, r0, w, p, y, ldy);
-    }
-}
 
 template <Int4Kind K, int NP, int MRMAX>
 inline void w4a8_all_rows(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p, float* y, int64_t ldy) {
-    for (int64_t r0 = 0; r0 < m; r0 += MRMAX)
-        w4a8_rows<K, NP, MRMAX>(int(m - r0 < MRMAX ? m - r0 : MRMAX), a, r0, w, p, y, ldy);
+    for_row_blocks<MRMAX>(m, [&]<int MR>(int64_t r0) { w4a8_tile<K, MR, NP>(a, r0, w, p, y, ldy); });
 }
 
 template <Int4Kind K>
@@ -295,15 +278,6 @@ inline void w4a16_tile(const F32Acts& a, int64_t r0, const PackedInt4& w, int64_
     }
 }
 
-template <Int4Kind K, int NP, int MR>
-inline void w4a16_rows(int rem, const F32Acts& a, int64_t r0, const PackedInt4& w, int64_t p, float* y, int64_t ldy) {
-    if (rem == MR) {
-        w4a16_tile<K, MR, NP>(a, r0, w, p, y, ldy);
-    } else if constexpr (MR > 1) {
-        w4a16_rows<K, NP, MR - 1>(rem, a, r0, w, p, y, ldy);
-    }
-}
-
 // Prefill: panel p dequantized to f32, k-major [k_padded][16], into out.
 template <Int4Kind K>
 inline void dequant_panel(const PackedInt4& w, int64_t p, float* out) {
@@ -334,51 +308,10 @@ inline void dequant_panel(const PackedInt4& w, int64_t p, float* out) {
     }
 }
 
-// Rows [r0, r0 + MR) x NP dequantized panels (bf: NP consecutive [kp][16] blocks) starting at panel p.
-template <int MR, int NP>
-inline void fd_tile(const float* x, int64_t ldx, const float* bf, int64_t kp, int64_t p, int64_t r0, int64_t n,
-                    float* y, int64_t ldy) {
-    const float* xr = x + r0 * ldx;
-    __m512 acc[MR][NP];
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-        for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_ps();
-    for (int64_t kk = 0; kk < kp; ++kk) {
-        __m512 bv[NP];
-#pragma GCC unroll 2
-        for (int j = 0; j < NP; ++j) bv[j] = _mm512_load_ps(bf + j * kp * 16 + kk * 16);
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) {
-            const __m512 xv = _mm512_set1_ps(xr[r * ldx + kk]);
-#pragma GCC unroll 2
-            for (int j = 0; j < NP; ++j) fma_acc(acc[r][j], bv[j], xv);
-        }
-    }
-#pragma GCC unroll 2
-    for (int j = 0; j < NP; ++j) {
-        const __mmask16 mk = tail_mask(p + j, n);
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + (p + j) * kInt8PanelN, mk, acc[r][j]);
-    }
-}
-
-template <int NP, int MR>
-inline void fd_rows(int rem, const float* x, int64_t ldx, const float* bf, int64_t kp, int64_t p, int64_t r0, int64_t n,
-                    float* y, int64_t ldy) {
-    if (rem == MR) {
-        fd_tile<MR, NP>(x, ldx, bf, kp, p, r0, n, y, ldy);
-    } else if constexpr (MR > 1) {
-        fd_rows<NP, MR - 1>(rem, x, ldx, bf, kp, p, r0, n, y, ldy);
-    }
-}
-
 template <Int4Kind K, int NP>
 void fd_panels(const F32Acts& a, int64_t m, const PackedInt4& w, int64_t p, float* y, int64_t ldy, float* bf) {
     for (int j = 0; j < NP; ++j) dequant_panel<K>(w, p + j, bf + j * w.k_padded * 16);
-    constexpr int kMr = 8;
-    for (int64_t r0 = 0; r0 < m; r0 += kMr)
-        fd_rows<NP, kMr>(int(m - r0 < kMr ? m - r0 : kMr), a.x, a.ldx, bf, w.k_padded, p, r0, w.n, y, ldy);
+    fd_all_rows<NP>(a.x, m, a.ldx, bf, w.k_padded, nullptr, p, w.n, y, ldy);
 }
 
 template <Int4Kind K>
@@ -389,11 +322,9 @@ void w4a16_panels(const F32Acts& a, int64_t m, const PackedInt4& w, int64_t p0, 
         for (; p < p1; ++p) w4a16_tile<K, 1, 1>(a, 0, w, p, y, ldy);
     } else if (m < 16) {
         for (; p + 2 <= p1; p += 2)
-            for (int64_t r0 = 0; r0 < m; r0 += 4)
-                w4a16_rows<K, 2, 4>(int(m - r0 < 4 ? m - r0 : 4), a, r0, w, p, y, ldy);
+            for_row_blocks<4>(m, [&]<int MR>(int64_t r0) { w4a16_tile<K, MR, 2>(a, r0, w, p, y, ldy); });
         for (; p < p1; ++p)
-            for (int64_t r0 = 0; r0 < m; r0 += 4)
-                w4a16_rows<K, 1, 4>(int(m - r0 < 4 ? m - r0 : 4), a, r0, w, p, y, ldy);
+            for_row_blocks<4>(m, [&]<int MR>(int64_t r0) { w4a16_tile<K, MR, 1>(a, r0, w, p, y, ldy); });
     } else {  // prefill: each panel pair dequantized to f32 once (thread-local, L2-sized), reused for all rows
         thread_local std::vector<float, AlignedAllocator64<float>> bf;
         if (bf.size() < size_t(2 * w.k_padded * kInt8PanelN)) bf.resize(size_t(2 * w.k_padded * kInt8PanelN));

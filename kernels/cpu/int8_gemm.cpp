@@ -1,4 +1,4 @@
-// INT8 GEMM front end: ISA detection and override, weight quantization and packing, per-call
+// INT8 GEMM front end: weight quantization and packing, per-call
 // activation preparation (quantize once per row, then widen/offset for the chosen kernel) and the
 // split of output panels across the thread pool. Kernels live in int8_gemm_{ref,avx2,avxvnni,avx512}.cpp.
 // Activation scratch is a thread_local buffer of the calling thread, grown on demand (no per-call
@@ -6,33 +6,25 @@
 #include "kernels/cpu/int8_gemm.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cpu/gemm_front.h"
 #include "kernels/cpu/int8_gemm_kernels.h"
 #include "kernels/common/quantize.h"
 #include "base/error.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
 
 namespace lattice {
+
+using gemm_front::for_rows;
+using gemm_front::scratch;
+using gemm_front::ScratchVec;
 
 using int8_detail::Int8Epilogue;
 
 namespace {
-
-std::atomic<int> g_isa_override{-1};
-
-using ScratchVec = std::vector<uint8_t, AlignedAllocator64<uint8_t>>;
-
-uint8_t* scratch(ScratchVec& v, size_t bytes) {
-    if (v.size() < bytes) v.resize(bytes);
-    return v.data();
-}
 
 void check_packed(const PackedInt8& w, int64_t k, const char* fn) {
     LATTICE_CHECK(!w.data.empty() && w.n > 0 && w.k > 0, "{}: weights are not packed (empty PackedInt8)", fn);
@@ -59,6 +51,7 @@ void finish_row(uint8_t* dst, int64_t k, int64_t k_padded, IsaLevel isa) {
         }
         case IsaLevel::kAvxVnni:
         case IsaLevel::kAvx512Vnni:
+        case IsaLevel::kAmx:
             for (int64_t i = 0; i < k; ++i) dst[i] = uint8_t(dst[i] ^ 0x80u);  // a + 128 as u8
             std::memset(dst + k, 0x80, size_t(k_padded - k));
             break;
@@ -72,98 +65,21 @@ void run_s8_kernel(const uint8_t* a, int64_t m, int64_t lda, const PackedInt8& w
         case IsaLevel::kScalar: kernel = &int8_detail::s8_panels_scalar; break;
         case IsaLevel::kAvx2: kernel = &int8_detail::s8_panels_avx2; break;
         case IsaLevel::kAvxVnni: kernel = &int8_detail::s8_panels_avxvnni; break;
-        case IsaLevel::kAvx512Vnni: kernel = &int8_detail::s8_panels_avx512; break;
+        case IsaLevel::kAvx512Vnni:
+        case IsaLevel::kAmx: kernel = &int8_detail::s8_panels_avx512; break;  // no AMX tiles yet
     }
+    note_path(KernelFamily::kGemmInt8, w.isa == IsaLevel::kAmx ? IsaLevel::kAvx512Vnni : w.isa);
     pool.parallel_chunks(w.n_panels, chunk_for(w.n_panels, pool.size()),
                          [&](int64_t p0, int64_t p1, int) { kernel(a, m, lda, w, p0, p1, ep); });
 }
 
-// Runs fn(row) for rows [0, m): on the caller alone for small m (decode), else across the pool.
-template <class Fn>
-void for_rows(int64_t m, ThreadPool& pool, Fn&& fn) {
-    if (m < 8 || pool.size() == 1) {
-        for (int64_t r = 0; r < m; ++r) fn(r);
-        return;
-    }
-    pool.parallel_for(m, [&](int64_t r0, int64_t r1, int) {
-        for (int64_t r = r0; r < r1; ++r) fn(r);
-    });
-}
 
 }  // namespace
 
-std::string_view isa_name(IsaLevel isa) {
-    switch (isa) {
-        case IsaLevel::kScalar: return "scalar";
-        case IsaLevel::kAvx2: return "avx2";
-        case IsaLevel::kAvxVnni: return "avxvnni";
-        case IsaLevel::kAvx512Vnni: return "avx512";
-    }
-    return "?";
-}
-
-IsaLevel parse_isa(std::string_view s) {
-    if (s == "scalar") return IsaLevel::kScalar;
-    if (s == "avx2") return IsaLevel::kAvx2;
-    if (s == "avxvnni" || s == "avx-vnni") return IsaLevel::kAvxVnni;
-    if (s == "avx512" || s == "avx512vnni" || s == "avx512_vnni") return IsaLevel::kAvx512Vnni;
-    LATTICE_FAIL("unknown ISA level '{}' (expected scalar, avx2, avxvnni or avx512)", s);
-}
-
-#if defined(__x86_64__) || defined(__i386__)
-// AVX-VNNI (VEX-encoded vpdpbusd): CPUID.(EAX=7, ECX=1):EAX bit 4. Asked of CPUID itself because clang 14's
-// __builtin_cpu_supports does not know "avxvnni"; the OS's YMM state is covered by the avx2 check beside it.
-static bool cpu_has_avxvnni() {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
-    return (a >> 4) & 1u;
-}
-#endif
-
-bool isa_supported(IsaLevel isa) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    switch (isa) {
-        case IsaLevel::kScalar: return true;
-        case IsaLevel::kAvx2: return avx2;
-        case IsaLevel::kAvxVnni: return avx2 && cpu_has_avxvnni();
-        case IsaLevel::kAvx512Vnni:
-            return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                   __builtin_cpu_supports("avx512vnni");
-    }
-    return false;
-#else
-    return isa == IsaLevel::kScalar;
-#endif
-}
-
-IsaLevel best_isa() {
-    static const IsaLevel best = [] {
-        for (IsaLevel l : {IsaLevel::kAvx512Vnni, IsaLevel::kAvxVnni, IsaLevel::kAvx2})
-            if (isa_supported(l)) return l;
-        return IsaLevel::kScalar;
-    }();
-    return best;
-}
-
-IsaLevel detect_isa() {
-    int o = g_isa_override.load(std::memory_order_relaxed);
-    return o >= 0 ? IsaLevel(o) : best_isa();
-}
-
-void set_isa_override(IsaLevel isa) {
-    LATTICE_CHECK(isa_supported(isa), "ISA override '{}' is not supported by this CPU (best: {})", isa_name(isa),
-                  isa_name(best_isa()));
-    g_isa_override.store(int(isa), std::memory_order_relaxed);
-}
-
-void clear_isa_override() { g_isa_override.store(-1, std::memory_order_relaxed); }
-
 float quantize_row_int8_simd(const float* x, int64_t k, int8_t* q) {
-    static const bool simd = isa_supported(IsaLevel::kAvx2);  // bit-identical to the scalar (tested)
-    return simd ? int8_detail::quantize_row_int8_avx2(x, k, q) : quantize_row_int8(x, k, q);
+    // Bit-identical to the scalar (tested); the scalar level runs the portable form.
+    return detect_isa() != IsaLevel::kScalar ? int8_detail::quantize_row_int8_avx2(x, k, q)
+                                             : quantize_row_int8(x, k, q);
 }
 
 void quantize_weights_per_channel(const float* w, int64_t n, int64_t k, int8_t* q, float* scales) {
@@ -303,13 +219,12 @@ void gemm_w8a16(const float* x, int64_t m, int64_t k, const PackedInt8& w, const
         }
         xp = xs;
     }
-    auto kernel = &int8_detail::w8a16_panels_scalar;
-    switch (w.isa) {
-        case IsaLevel::kScalar: kernel = &int8_detail::w8a16_panels_scalar; break;
-        case IsaLevel::kAvx2:
-        case IsaLevel::kAvxVnni: kernel = &int8_detail::w8a16_panels_avx2; break;  // no VNNI for float FMA
-        case IsaLevel::kAvx512Vnni: kernel = &int8_detail::w8a16_panels_avx512; break;
-    }
+    // No VNNI or AMX form for float FMA: vector_level's kernel.
+    const IsaLevel level = vector_level(w.isa);
+    const auto kernel = level == IsaLevel::kAvx512Vnni ? &int8_detail::w8a16_panels_avx512
+                        : level == IsaLevel::kAvx2     ? &int8_detail::w8a16_panels_avx2
+                                                       : &int8_detail::w8a16_panels_scalar;
+    note_path(KernelFamily::kGemmInt8, level);
     pool.parallel_chunks(w.n_panels, chunk_for(w.n_panels, pool.size()),
                          [&](int64_t p0, int64_t p1, int) { kernel(xp, m, ldx, w, w_scales, p0, p1, y, w.n); });
 }

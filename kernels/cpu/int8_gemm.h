@@ -18,9 +18,8 @@
 // Threads split N (panels), never K, in contiguous chunks claimed from a shared counter
 // (ThreadPool::parallel_chunks); results do not depend on the thread count. Outputs must not alias inputs. The gemm calls keep a thread_local
 // activation scratch of the calling thread (m * k_padded bytes, grown on demand).
-// ISA selection: detect_isa() returns the override (set_isa_override, set by launch/ or tests from
-// LATTICE_ISA through parse_isa) or else the best level cpuid reports. kernels/ never reads the
-// environment.
+// ISA: the level is the one decision of isa.h, taken when the weights are packed (PackedInt8::isa); the
+// amx level runs the avx512 kernels, avxvnni's W8A16 the avx2 one.
 #pragma once
 
 #include <cstddef>
@@ -31,30 +30,16 @@
 #include <vector>
 
 #include "kernels/cpu/huge_pages.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace lattice {
-
-enum class IsaLevel : uint8_t { kScalar, kAvx2, kAvxVnni, kAvx512Vnni };
 
 // Largest k for which every path is exact in int32.
 inline constexpr int64_t kInt8MaxK = 131071;
 // Output channels per packed panel and k per group.
 inline constexpr int64_t kInt8PanelN = 16;
 inline constexpr int64_t kInt8GroupK = 4;
-
-std::string_view isa_name(IsaLevel isa);  // "scalar", "avx2", "avxvnni", "avx512"
-// Parses "scalar|avx2|avxvnni|avx512" (also "avx512vnni", "avx-vnni"); throws Error naming the bad value.
-IsaLevel parse_isa(std::string_view s);
-// Whether this CPU (cpuid) can run the level.
-bool isa_supported(IsaLevel isa);
-// Best level cpuid reports, ignoring any override.
-IsaLevel best_isa();
-// The override when one is set, else best_isa().
-IsaLevel detect_isa();
-// Forces detect_isa() to return `isa`; throws Error when this CPU cannot run it.
-void set_isa_override(IsaLevel isa);
-void clear_isa_override();
 
 // 64-byte aligned allocator so that packed panels can be read with aligned zmm loads; from 2 MiB
 // on, memory comes from map_huge (huge pages: the packed weights are what decode streams).

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/cpu/int8_gemm_kernels.h"
+#include "kernels/cpu/row_blocks.h"
 #include "kernels/common/quantize.h"
 
 namespace lattice::int8_detail {
@@ -119,23 +120,11 @@ inline void f_tile(const float* x, int64_t ldx, const PackedInt8& w, const float
     }
 }
 
-template <int NP, int MR>
-inline void f_tile_rows(int rem, const float* x, int64_t ldx, const PackedInt8& w, const float* scales, int64_t p,
-                        int64_t r0, float* y, int64_t ldy) {
-    if (rem == MR) {
-        f_tile<MR, NP>(x, ldx, w, scales, p, r0, y, ldy);
-    } else if constexpr (MR > 1) {
-        f_tile_rows<NP, MR - 1>(rem, x, ldx, w, scales, p, r0, y, ldy);
-    }
-}
 
 template <int NP, int MRMAX>
 inline void f_all_rows(const float* x, int64_t m, int64_t ldx, const PackedInt8& w, const float* scales, int64_t p,
                        float* y, int64_t ldy) {
-    for (int64_t r0 = 0; r0 < m; r0 += MRMAX) {
-        int rem = int(m - r0 < MRMAX ? m - r0 : MRMAX);
-        f_tile_rows<NP, MRMAX>(rem, x, ldx, w, scales, p, r0, y, ldy);
-    }
+    for_row_blocks<MRMAX>(m, [&]<int MR>(int64_t r0) { f_tile<MR, NP>(x, ldx, w, scales, p, r0, y, ldy); });
 }
 
 // acc += a * b; inline asm keeps each accumulator in one register (GCC 12 shuffles them otherwise).
@@ -187,15 +176,6 @@ inline void fd_tile(const float* x, int64_t ldx, const float* bf, int64_t kp, co
     }
 }
 
-template <int MR>
-inline void fd_tile_rows(int rem, const float* x, int64_t ldx, const float* bf, int64_t kp, const float* scales,
-                         int64_t p, int64_t r0, int64_t n, float* y, int64_t ldy) {
-    if (rem == MR) {
-        fd_tile<MR>(x, ldx, bf, kp, scales, p, r0, n, y, ldy);
-    } else if constexpr (MR > 1) {
-        fd_tile_rows<MR - 1>(rem, x, ldx, bf, kp, scales, p, r0, n, y, ldy);
-    }
-}
 
 }  // namespace
 
@@ -251,13 +231,10 @@ void w8a16_panels_avx2(const float* x, int64_t m, int64_t ldx, const PackedInt8&
     } else {  // prefill: each panel converted to f32 once (thread-local), reused across all rows
         thread_local std::vector<float, AlignedAllocator64<float>> bf;
         if (bf.size() < size_t(w.k_padded * kInt8PanelN)) bf.resize(size_t(w.k_padded * kInt8PanelN));
-        constexpr int kMr = 6;
         for (; p < p1; ++p) {
             dequant_panel(w.panel(p), w.k_padded / kInt8GroupK, bf.data());
-            for (int64_t r0 = 0; r0 < m; r0 += kMr) {
-                int rem = int(m - r0 < kMr ? m - r0 : kMr);
-                fd_tile_rows<kMr>(rem, x, ldx, bf.data(), w.k_padded, scales, p, r0, w.n, y, ldy);
-            }
+            for_row_blocks<6>(
+                m, [&]<int MR>(int64_t r0) { fd_tile<MR>(x, ldx, bf.data(), w.k_padded, scales, p, r0, w.n, y, ldy); });
         }
     }
 }

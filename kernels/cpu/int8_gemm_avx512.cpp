@@ -16,6 +16,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/gemm_avx512.h"
 #include "kernels/cpu/int8_gemm_kernels.h"
 
 // GCC 12's AVX-512 intrinsics use _mm512_undefined_*() internally and trip a false positive.
@@ -25,24 +26,14 @@
 namespace lattice::int8_detail {
 namespace {
 
-// acc += dot4(u8 a, s8 b) per int32 lane. Inline asm with a read-write operand: GCC 12 otherwise
-// copies every accumulator through a fresh register (and the stack) each k step for the destructive
-// vpdpbusd, costing ~half the throughput of the prefill tile.
-inline void dpbusd(__m512i& acc, __m512i a_u8, __m512i b_s8) {
-    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a_u8), "v"(b_s8));
-}
-
-// acc += a * b (same reason as dpbusd above).
-inline void fma_acc(__m512& acc, __m512 a, __m512 b) { __asm__("vfmadd231ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b)); }
+using avx512::dpbusd;
+using avx512::fd_all_rows;
+using avx512::fma_acc;
+using avx512::tail_mask;
 
 // Software prefetch distance along each panel stream (hardware prefetch alone leaves the decode
 // GEMV and the small-m tile below the DRAM stream rate when several panel streams run at once).
 constexpr int64_t kPrefetchBytes = 2048;
-
-inline __mmask16 tail_mask(int64_t p, int64_t n) {
-    int64_t cnt = n - p * kInt8PanelN;
-    return cnt >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cnt) - 1u);
-}
 
 inline void store16(__m512i s, int64_t r, int64_t p, int64_t n, const Int8Epilogue& ep) {
     const int64_t j0 = p * kInt8PanelN;
@@ -92,6 +83,13 @@ inline void s8_tile(const uint8_t* a, int64_t lda, const PackedInt8& w, int64_t 
     }
 }
 
+// All rows of panels [p, p + NP) in tiles of up to MRMAX rows.
+template <int NP, int MRMAX>
+inline void s8_all_rows(const uint8_t* a, int64_t m, int64_t lda, const PackedInt8& w, int64_t p,
+                        const Int8Epilogue& ep) {
+    for_row_blocks<MRMAX>(m, [&]<int MR>(int64_t r0) { s8_tile<MR, NP>(a, lda, w, p, r0, ep); });
+}
+
 // Decode (m = 1), one panel at a time: a chunk's panels are read in memory order, one sequential stream, and
 // no software prefetch (the hardware's keeps one stream at the rate; a prefetch 2 KiB ahead cost 10-25%).
 // bench_gemm_int8 w8a8 m = 1 from DRAM, one core, two runs: 960x576 / 3072x576 / 576x1536 / 2048x2048 /
@@ -121,24 +119,6 @@ inline void s8_gemv_panel(const uint8_t* a, const PackedInt8& w, int64_t p, cons
     store16(_mm512_sub_epi32(acc, corr), 0, p, w.n, ep);
 }
 
-template <int NP, int MR>
-inline void s8_tile_rows(int rem, const uint8_t* a, int64_t lda, const PackedInt8& w, int64_t p, int64_t r0,
-                         const Int8Epilogue& ep) {
-    if (rem == MR) {
-        s8_tile<MR, NP>(a, lda, w, p, r0, ep);
-    } else if constexpr (MR > 1) {
-        s8_tile_rows<NP, MR - 1>(rem, a, lda, w, p, r0, ep);
-    }
-}
-
-template <int NP, int MRMAX>
-inline void s8_all_rows(const uint8_t* a, int64_t m, int64_t lda, const PackedInt8& w, int64_t p,
-                        const Int8Epilogue& ep) {
-    for (int64_t r0 = 0; r0 < m; r0 += MRMAX) {
-        int rem = int(m - r0 < MRMAX ? m - r0 : MRMAX);
-        s8_tile_rows<NP, MRMAX>(rem, a, lda, w, p, r0, ep);
-    }
-}
 
 template <int MR, int NP>
 inline void f_tile(const float* x, int64_t ldx, const PackedInt8& w, const float* scales, int64_t p, int64_t r0,
@@ -184,23 +164,11 @@ inline void f_tile(const float* x, int64_t ldx, const PackedInt8& w, const float
     }
 }
 
-template <int NP, int MR>
-inline void f_tile_rows(int rem, const float* x, int64_t ldx, const PackedInt8& w, const float* scales, int64_t p,
-                        int64_t r0, float* y, int64_t ldy) {
-    if (rem == MR) {
-        f_tile<MR, NP>(x, ldx, w, scales, p, r0, y, ldy);
-    } else if constexpr (MR > 1) {
-        f_tile_rows<NP, MR - 1>(rem, x, ldx, w, scales, p, r0, y, ldy);
-    }
-}
 
 template <int NP, int MRMAX>
 inline void f_all_rows(const float* x, int64_t m, int64_t ldx, const PackedInt8& w, const float* scales, int64_t p,
                        float* y, int64_t ldy) {
-    for (int64_t r0 = 0; r0 < m; r0 += MRMAX) {
-        int rem = int(m - r0 < MRMAX ? m - r0 : MRMAX);
-        f_tile_rows<NP, MRMAX>(rem, x, ldx, w, scales, p, r0, y, ldy);
-    }
+    for_row_blocks<MRMAX>(m, [&]<int MR>(int64_t r0) { f_tile<MR, NP>(x, ldx, w, scales, p, r0, y, ldy); });
 }
 
 // Prefill W8A16: panel p converted once to f32, k-major ([k_padded][16] floats), into `out`.
@@ -215,57 +183,12 @@ inline void dequant_panel(const int8_t* b, int64_t groups, float* out) {
     }
 }
 
-// Rows [r0, r0 + MR) x NP dequantized panels (bf: NP consecutive [kp][16] blocks) starting at panel p.
-template <int MR, int NP>
-inline void fd_tile(const float* x, int64_t ldx, const float* bf, int64_t kp, const float* scales, int64_t p,
-                    int64_t r0, int64_t n, float* y, int64_t ldy) {
-    const float* xr = x + r0 * ldx;
-    __m512 acc[MR][NP];
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-        for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_ps();
-    for (int64_t kk = 0; kk < kp; ++kk) {
-        __m512 bv[NP];
-#pragma GCC unroll 2
-        for (int j = 0; j < NP; ++j) bv[j] = _mm512_load_ps(bf + j * kp * 16 + kk * 16);
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) {
-            __m512 xv = _mm512_set1_ps(xr[r * ldx + kk]);
-#pragma GCC unroll 2
-            for (int j = 0; j < NP; ++j) fma_acc(acc[r][j], bv[j], xv);
-        }
-    }
-#pragma GCC unroll 2
-    for (int j = 0; j < NP; ++j) {
-        const int64_t j0 = (p + j) * kInt8PanelN;
-        const __mmask16 mk = tail_mask(p + j, n);
-        __m512 sc = _mm512_maskz_loadu_ps(mk, scales + j0);
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + j0, mk, _mm512_mul_ps(acc[r][j], sc));
-    }
-}
-
-template <int NP, int MR>
-inline void fd_tile_rows(int rem, const float* x, int64_t ldx, const float* bf, int64_t kp, const float* scales,
-                         int64_t p, int64_t r0, int64_t n, float* y, int64_t ldy) {
-    if (rem == MR) {
-        fd_tile<MR, NP>(x, ldx, bf, kp, scales, p, r0, n, y, ldy);
-    } else if constexpr (MR > 1) {
-        fd_tile_rows<NP, MR - 1>(rem, x, ldx, bf, kp, scales, p, r0, n, y, ldy);
-    }
-}
-
 template <int NP>
 void fd_panels(const float* x, int64_t m, int64_t ldx, const PackedInt8& w, const float* scales, int64_t p, float* y,
                int64_t ldy, float* bf) {
     const int64_t groups = w.k_padded / kInt8GroupK;
     for (int j = 0; j < NP; ++j) dequant_panel(w.panel(p + j), groups, bf + j * w.k_padded * 16);
-    constexpr int kMr = 8;
-    for (int64_t r0 = 0; r0 < m; r0 += kMr) {
-        int rem = int(m - r0 < kMr ? m - r0 : kMr);
-        fd_tile_rows<NP, kMr>(rem, x, ldx, bf, w.k_padded, scales, p, r0, w.n, y, ldy);
-    }
+    fd_all_rows<NP>(x, m, ldx, bf, w.k_padded, scales, p, w.n, y, ldy);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kernels/cpu/int8_gemm_kernels.h"
+#include "kernels/cpu/row_blocks.h"
 
 namespace lattice::int8_detail {
 namespace {
@@ -85,23 +86,12 @@ inline void s8_tile(const uint8_t* a, int64_t lda, const PackedInt8& w, int64_t 
     }
 }
 
-template <int NP, int MR>
-inline void s8_tile_rows(int rem, const uint8_t* a, int64_t lda, const PackedInt8& w, int64_t p, int64_t r0,
-                         const Int8Epilogue& ep) {
-    if (rem == MR) {
-        s8_tile<MR, NP>(a, lda, w, p, r0, ep);
-    } else if constexpr (MR > 1) {
-        s8_tile_rows<NP, MR - 1>(rem, a, lda, w, p, r0, ep);
-    }
-}
 
+// All rows of panels [p, p + NP) in tiles of up to MRMAX rows.
 template <int NP, int MRMAX>
 inline void s8_all_rows(const uint8_t* a, int64_t m, int64_t lda, const PackedInt8& w, int64_t p,
                         const Int8Epilogue& ep) {
-    for (int64_t r0 = 0; r0 < m; r0 += MRMAX) {
-        int rem = int(m - r0 < MRMAX ? m - r0 : MRMAX);
-        s8_tile_rows<NP, MRMAX>(rem, a, lda, w, p, r0, ep);
-    }
+    for_row_blocks<MRMAX>(m, [&]<int MR>(int64_t r0) { s8_tile<MR, NP>(a, lda, w, p, r0, ep); });
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 // head_dim contiguous; KV caches are paged: num_blocks blocks of block_size * n_kv * kv_row_bytes, position p
 // of sequence s in block block_tables[s * table_width + p / block_size]; inside a block V is rows
 // [block_size, n_kv, head_dim] and K is transposed, [n_kv, head_dim, block_size] (attention.cpp says why).
-// Hot loops are compiled for several ISAs (GCC target_clones) and picked by the loader at start-up.
+// Hot loops are compiled for several ISAs (isa_variants.h) and picked per call by the one ISA decision (isa.h).
 #pragma once
 
 #include "kernels/cpu/thread_pool.h"

@@ -25,24 +25,14 @@
 #include <type_traits>
 
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/gemv_common.cuh"
 #include "kernels/cuda/kernels.h"
 
 namespace lattice::cuda {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
-constexpr int kChannels = 4;    // output channels per warp
+using namespace gemv_common;
 constexpr int kStep = 32 * 16;  // k elements one warp covers per step (16 bytes of weights per lane)
-
-// 16 bytes of weights: streamed once, kept out of L1 so x stays there.
-__device__ __forceinline__ int4 load_weights(const int8_t* p) {
-    int4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
-}
 
 // 4 int8 (one 32-bit word, little endian) -> 4 exact floats without I2F (a quarter-rate unit):
 // byte b + 128 becomes the low mantissa byte of 2^23, so the float is 2^23 + 128 + b exactly.
@@ -52,26 +42,6 @@ __device__ __forceinline__ void i8x4_to_f32(uint32_t q, float (&f)[4]) {
     f[1] = __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7441)) - 8388736.0f;
     f[2] = __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7442)) - 8388736.0f;
     f[3] = __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7443)) - 8388736.0f;
-}
-
-// 4 consecutive activations (8 bytes) -> floats.
-template <typename T>
-__device__ __forceinline__ void act4_to_f32(uint2 r, float (&f)[4]);
-template <>
-__device__ __forceinline__ void act4_to_f32<__half>(uint2 r, float (&f)[4]) {
-    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&r.x));
-    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&r.y));
-    f[0] = a.x;
-    f[1] = a.y;
-    f[2] = b.x;
-    f[3] = b.y;
-}
-template <>
-__device__ __forceinline__ void act4_to_f32<__nv_bfloat16>(uint2 r, float (&f)[4]) {
-    f[0] = __uint_as_float(r.x << 16);
-    f[1] = __uint_as_float(r.x & 0xffff0000u);
-    f[2] = __uint_as_float(r.y << 16);
-    f[3] = __uint_as_float(r.y & 0xffff0000u);
 }
 
 // Warp reduction of V per-lane values v[0..V) into whole sums spread over the lanes.
@@ -293,37 +263,8 @@ __global__ void __launch_bounds__(kThreads, kW8A8MinBlocks)
     });
 }
 
-int sm_count() {
-    thread_local int device = -1, sms = 0;
-    int d = 0;
-    CUDA_CHECK(cudaGetDevice(&d));
-    if (d != device) {
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
-        device = d;
-    }
-    return sms;
-}
-
-// log2 of the k-slices per channel group: the fewest (1, 2, 4, 8) giving >= 16 warps per SM,
-// while every slice keeps >= 2 steps of k.
-int pick_slices_log(int64_t n, int64_t k) {
-    const int64_t groups = ceil_div(n, kChannels), want = int64_t(16) * sm_count();
-    int ks_log = 0;
-    while (ks_log < 3 && (groups << ks_log) < want && k >= (int64_t(4) * kStep << ks_log)) ++ks_log;
-    return ks_log;
-}
-
 unsigned grid_for(int64_t n, int ks_log) {
     return unsigned(ceil_div(n, int64_t(kWarps >> ks_log) * kChannels));
-}
-
-// Calls f(std::integral_constant<int, M>) for M == m (1 <= m <= kGemvMaxRows).
-template <int M = 1, typename F>
-void with_rows(int64_t m, F&& f) {
-    if constexpr (M < kGemvMaxRows) {
-        if (m != M) return with_rows<M + 1>(m, f);
-    }
-    f(std::integral_constant<int, M>{});
 }
 
 template <typename T, typename O>
@@ -334,8 +275,8 @@ void run_w8a16(O* o, const T* x, const int8_t* w, int64_t ldw, const float* sw, 
             <<<unsigned(ceil_div(n, kWarps)), kThreads, 0, stream>>>(o, x, w, ldw, sw, int(m), n, k);
         return;
     }
-    const int ks_log = pick_slices_log(n, k);
-    with_rows(m, [&](auto rows) {
+    const int ks_log = pick_slices_log(n, k, int64_t(4) * kStep);
+    with_rows<kGemvMaxRows>(m, [&](auto rows) {
         gemv_w8a16_kernel<T, O, decltype(rows)::value>
             <<<grid_for(n, ks_log), kThreads, 0, stream>>>(o, x, w, ldw, sw, n, k, ks_log);
     });
@@ -344,8 +285,8 @@ void run_w8a16(O* o, const T* x, const int8_t* w, int64_t ldw, const float* sw, 
 template <typename O>
 void run_w8a8(O* o, const int8_t* xq, int64_t ldx, const float* sx, const int8_t* w, int64_t ldw, const float* sw,
               int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
-    const int ks_log = pick_slices_log(n, k);
-    with_rows(m, [&](auto rows) {
+    const int ks_log = pick_slices_log(n, k, int64_t(4) * kStep);
+    with_rows<kGemvMaxRows>(m, [&](auto rows) {
         gemv_w8a8_kernel<O, decltype(rows)::value>
             <<<grid_for(n, ks_log), kThreads, 0, stream>>>(o, xq, ldx, sx, w, ldw, sw, n, k, ks_log);
     });

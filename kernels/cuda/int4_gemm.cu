@@ -28,13 +28,13 @@
 // Invariants. Checked: group 32 / 64 / 128, kp = k rounded up to the group, 1 <= m <= 8 for the GEMV, x 16-byte
 // aligned for the GEMV. Assumed (CudaBackend::make_linear_int4 guarantees): qs rows of kp / 2 bytes from a
 // 16-byte aligned base (kp / 2 is a multiple of 16), d / a [n][kp / G], perm a permutation of 0..k-1.
-#include <mma.h>
-
 #include <algorithm>
 #include <string>
 
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/gemv_common.cuh"
 #include "kernels/cuda/int4_gemm.h"
+#include "kernels/cuda/wmma_tile.cuh"
 
 namespace lattice::cuda {
 namespace {
@@ -75,38 +75,7 @@ __global__ void gather_kernel(T* __restrict__ xg, const T* __restrict__ x, const
 }
 
 // ---------------------------------------------------------------------------------------------- GEMV
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
-constexpr int kChannels = 4;  // output channels per warp
-
-// 16 bytes of weights: streamed once, kept out of L1 so x stays there.
-__device__ __forceinline__ int4 load_weights(const uint8_t* p) {
-    int4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
-}
-
-// 4 consecutive activations (8 bytes) -> floats.
-template <typename T>
-__device__ __forceinline__ void act4_to_f32(uint2 r, float (&f)[4]);
-template <>
-__device__ __forceinline__ void act4_to_f32<__half>(uint2 r, float (&f)[4]) {
-    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&r.x));
-    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&r.y));
-    f[0] = a.x;
-    f[1] = a.y;
-    f[2] = b.x;
-    f[3] = b.y;
-}
-template <>
-__device__ __forceinline__ void act4_to_f32<__nv_bfloat16>(uint2 r, float (&f)[4]) {
-    f[0] = __uint_as_float(r.x << 16);
-    f[1] = __uint_as_float(r.x & 0xffff0000u);
-    f[2] = __uint_as_float(r.y << 16);
-    f[3] = __uint_as_float(r.y & 0xffff0000u);
-}
+using namespace gemv_common;
 
 // The 4 nibbles (one per byte, each < 16) of `u` dequantized: f = 2^23 + q exactly, f - (2^23 + c) = q - c.
 __device__ __forceinline__ void dequant4(uint32_t u, float cm, float d, float m, float* f) {
@@ -203,86 +172,35 @@ __global__ void __launch_bounds__(kThreads, w4a16_min_blocks(M))
     }
 }
 
-int sm_count() {
-    thread_local int device = -1, sms = 0;
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    if (dev != device) {
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        device = dev;
-    }
-    return sms;
-}
-
-// log2 of the k-slices per channel group: the fewest (1, 2, 4, 8) giving >= 16 warps per SM, while every slice
-// keeps >= 2 steps of 32 blocks.
-int pick_slices_log(int64_t n, int64_t blocks) {
-    const int64_t groups = ceil_div(n, kChannels), want = int64_t(16) * sm_count();
-    int ks_log = 0;
-    while (ks_log < 3 && (groups << ks_log) < want && blocks >= (int64_t(128) << ks_log)) ++ks_log;
-    return ks_log;
-}
-
-template <int M = 1, typename F>
-void with_rows(int64_t m, F&& f) {
-    if constexpr (M < kInt4GemvMaxRows) {
-        if (m != M) return with_rows<M + 1>(m, f);
-    }
-    f(std::integral_constant<int, M>{});
-}
-
 template <typename T, typename O>
 void run_gemv(O* o, const T* x, const Int4Dev& w, int64_t m, cudaStream_t stream) {
-    const int ks_log = pick_slices_log(w.n, w.kp / 32);
+    const int ks_log = pick_slices_log(w.n, w.kp / 32, 128);  // >= 2 steps of 32 blocks a slice
     const unsigned grid = unsigned(ceil_div(w.n, int64_t(kWarps >> ks_log) * kChannels));
-    with_rows(m, [&](auto rows) {
+    with_rows<kInt4GemvMaxRows>(m, [&](auto rows) {
         gemv_w4a16_kernel<T, O, decltype(rows)::value><<<grid, kThreads, 0, stream>>>(o, x, w, ks_log);
     });
 }
 
 // ---------------------------------------------------------------------------------------------- GEMM
-namespace wmma = nvcuda::wmma;
-
-constexpr int kBM = 64, kBN = 128, kBK = 32;
-constexpr int kLds = kBK + 8;  // staged row length (elements): 80 bytes, a multiple of 16 (WMMA ldm)
-constexpr int kLdc = kBN + 4;  // accumulator staging row (floats)
-constexpr size_t kSmemAB = size_t(kBM + kBN) * kLds * 2;
-constexpr size_t kSmemC = size_t(kBM) * kLdc * 4;
-constexpr size_t kSmem = kSmemAB > kSmemC ? kSmemAB : kSmemC;  // 33 KiB: under the 48 KiB default
-static_assert(kBM * kBK == kThreads * 8 && kBN * kBK == kThreads * 16, "one x load and 8 nibble bytes per thread");
+namespace wt = wmma_tile;
+static_assert(wt::kBN * wt::kBK == wt::kThreads * 16, "8 nibble bytes (16 weights) per thread per tile");
 
 template <typename T, typename OutT, bool kVecX>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(wt::kThreads)
     w4a16_wmma_kernel(OutT* __restrict__ out, const T* __restrict__ x, int64_t ldx, const Int4Dev w, int64_t m) {
+    using wt::kBK;
+    using wt::kLds;
     extern __shared__ __align__(128) unsigned char smem[];
-    T* as = reinterpret_cast<T*>(smem);          // [kBM][kLds]
-    T* bs = as + kBM * kLds;                     // [kBN][kLds]: weight row j is column j of B (col-major k x n)
-    float* cs = reinterpret_cast<float*>(smem);  // [kBM][kLdc], after the k loop
-    const int tid = int(threadIdx.x), warp = tid >> 5;
-    const int wm = warp / 4, wn = warp % 4;  // 2 x 4 warps of 32 x 32
-    const int64_t m0 = int64_t(blockIdx.y) * kBM, n0 = int64_t(blockIdx.x) * kBN;
+    const auto [as, bs, cs, tid, wm, wn, m0, n0] = wt::block_of<T>(smem);
     const int64_t n = w.n, k = w.k, row_bytes = w.kp / 2, groups = w.kp / w.group;
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    wt::Acc acc[2][2];
+    wt::zero(acc);
 
-    const int xr = tid / 4, xc = (tid % 4) * 8;  // x tile: 8 elements per thread
     const int wr = tid / 2, wh = (tid % 2) * 8;  // weight tile: bytes wh..wh+7 of row wr's 16-byte block
     const T zero = from_f32<T>(0.0f);
     for (int64_t k0 = 0; k0 < k; k0 += kBK) {
-        {
-            const int64_t gm = m0 + xr, gk = k0 + xc;
-            T* dst = as + xr * kLds + xc;
-            if (kVecX && gm < m && gk + 8 <= k) {
-                *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(x + gm * ldx + gk);
-            } else {
-#pragma unroll
-                for (int e = 0; e < 8; ++e) dst[e] = gm < m && gk + e < k ? x[gm * ldx + gk + e] : zero;
-            }
-        }
+        wt::stage_x<T, kVecX>(as, x, ldx, m, k, m0, k0, tid);
         {
             const int64_t gn = n0 + wr;
             T* dst = bs + wr * kLds;
@@ -307,43 +225,20 @@ __global__ void __launch_bounds__(kThreads)
             }
         }
         __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < kBK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b[2];
-#pragma unroll
-            for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], as + (wm * 32 + i * 16) * kLds + kk, kLds);
-#pragma unroll
-            for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], bs + (wn * 32 + j * 16) * kLds + kk, kLds);
-#pragma unroll
-            for (int i = 0; i < 2; ++i)
-#pragma unroll
-                for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
-        }
+        wt::mma_step(acc, as, bs, wm, wn);
         __syncthreads();  // the tiles are overwritten next step (and by cs after the loop)
     }
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-            wmma::store_matrix_sync(cs + (wm * 32 + i * 16) * kLdc + wn * 32 + j * 16, acc[i][j], kLdc,
-                                    wmma::mem_row_major);
-    __syncthreads();
-    for (int idx = tid; idx < kBM * kBN; idx += kThreads) {
-        const int r = idx / kBN, c = idx % kBN;
-        const int64_t gm = m0 + r, gn = n0 + c;
-        if (gm < m && gn < n) out[gm * n + gn] = from_f32<OutT>(cs[r * kLdc + c]);
-    }
+    wt::store_tile<OutT, false>(out, cs, acc, nullptr, m, n, m0, n0, tid, wm, wn);
 }
 
 template <typename T, typename OutT>
 void run_gemm(OutT* out, const T* x, int64_t ldx, const Int4Dev& w, int64_t m, cudaStream_t stream) {
-    const dim3 grid(unsigned(ceil_div(w.n, kBN)), unsigned(ceil_div(m, kBM)));
+    const dim3 grid(unsigned(ceil_div(w.n, wt::kBN)), unsigned(ceil_div(m, wt::kBM)));
     const bool vec = ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
     if (vec)
-        w4a16_wmma_kernel<T, OutT, true><<<grid, kThreads, kSmem, stream>>>(out, x, ldx, w, m);
+        w4a16_wmma_kernel<T, OutT, true><<<grid, wt::kThreads, wt::kSmem, stream>>>(out, x, ldx, w, m);
     else
-        w4a16_wmma_kernel<T, OutT, false><<<grid, kThreads, kSmem, stream>>>(out, x, ldx, w, m);
+        w4a16_wmma_kernel<T, OutT, false><<<grid, wt::kThreads, wt::kSmem, stream>>>(out, x, ldx, w, m);
 }
 
 void check_weights(const Int4Dev& w, const char* op) {
@@ -397,7 +292,8 @@ void gemm_w4a16(void* out, const void* x, int64_t ldx, const Int4Dev& w, int64_t
     check_weights(w, "gemm_w4a16");
     KERNEL_CHECK(m >= 0 && ldx >= w.k, "cuda::gemm_w4a16: m " + std::to_string(m) + ", ldx " + std::to_string(ldx) +
                                            " (>= k = " + std::to_string(w.k) + ")");
-    KERNEL_CHECK(ceil_div(m, kBM) <= 65535, "cuda::gemm_w4a16: m = " + std::to_string(m) + " rows (grid too large)");
+    KERNEL_CHECK(ceil_div(m, wt::kBM) <= 65535,
+                 "cuda::gemm_w4a16: m = " + std::to_string(m) + " rows (grid too large)");
     check_out(out_dtype, act, "gemm_w4a16");
     if (m == 0 || w.n == 0) return;
     LATTICE_DISPATCH_ACT(act, {

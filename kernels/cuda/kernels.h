@@ -50,7 +50,7 @@ struct PrefillTile {
     int32_t start, count, seq, kv_len;  // kv_len = last row's position + 1
 };
 
-// ---- elementwise / norms (elementwise.cu) ----
+// ---- elementwise / norms (elementwise.cu; the row norms, quantize and silu_mul: norm_quant.cu) ----
 void embed(void* out, DType act, const void* table, DType table_dtype, int64_t table_rows, int64_t hidden,
            const int32_t* ids, int64_t m, int64_t row_offset, cudaStream_t stream);
 void rmsnorm(void* out, const void* x, const float* w, int64_t m, int64_t n, float eps, DType act, cudaStream_t stream);
@@ -95,7 +95,7 @@ void gather_rows(void* dst, const void* src, const int32_t* rows, int64_t n, int
 void scatter_add_rows(void* dst, const void* src, const int32_t* rows, const float* w, int64_t n, int64_t dst_rows,
                       int64_t cols, DType act, cudaStream_t stream);
 
-// ---- attention (attention.cu) ----
+// ---- attention (attention_kv_store.cu, attention_decode.cu, attention_decode_int8.cu, attention_prefill.cu) ----
 // Writes k, v of every token into its sequence's block at positions[i].
 void kv_store(void* k_cache, void* v_cache, const void* qkv, const int32_t* positions, const int32_t* seqs,
               const KvTables& kv, int64_t m,

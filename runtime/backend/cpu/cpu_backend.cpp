@@ -36,7 +36,7 @@ CpuBackend::CpuBackend(const CpuBackendOptions& opt)
 CpuBackend::~CpuBackend() = default;
 
 std::string CpuBackend::name() const {
-    return "cpu (" + std::string(float_isa_name(best_float_isa())) + ", " + std::to_string(pool_->size()) +
+    return "cpu (" + std::string(isa_name(detect_isa())) + ", " + std::to_string(pool_->size()) +
            " threads)";
 }
 

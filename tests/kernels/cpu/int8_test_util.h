@@ -14,10 +14,10 @@ namespace lattice::test {
 // Every level this CPU runs, capped by LATTICE_ISA when set (e.g. LATTICE_ISA=avx2 tests scalar and
 // avx2 only, as on a CPU without VNNI). The kernels never read the environment; tests and launch/ do.
 inline std::vector<IsaLevel> supported_isas() {
-    IsaLevel cap = IsaLevel::kAvx512Vnni;
+    IsaLevel cap = IsaLevel::kAmx;
     if (const char* e = std::getenv("LATTICE_ISA"); e && *e) cap = parse_isa(e);
     std::vector<IsaLevel> out;
-    for (IsaLevel l : {IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvxVnni, IsaLevel::kAvx512Vnni})
+    for (IsaLevel l : all_isa_levels())
         if (isa_supported(l) && l <= cap) out.push_back(l);
     return out;
 }

@@ -40,9 +40,10 @@ Weights make_weights(DType dt, int64_t n, int64_t k, std::mt19937& rng) {
 TEST_CASE("gemm_f32: every ISA path matches a float64 reference on awkward shapes") {
     std::mt19937 rng(123);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    std::vector<FloatIsa> isas = {FloatIsa::kScalar};
-    if (best_float_isa() != FloatIsa::kScalar) isas.push_back(FloatIsa::kAvx2);
-    if (best_float_isa() == FloatIsa::kAvx512) isas.push_back(FloatIsa::kAvx512);
+    // The float GEMM's own forms: scalar, avx2, avx512 (the other levels run one of them).
+    std::vector<IsaLevel> isas;
+    for (IsaLevel l : {IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512Vnni})
+        if (isa_supported(l)) isas.push_back(l);
     for (int threads : {1, 3}) {
         ThreadPool pool(threads, false);
         for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
@@ -60,8 +61,8 @@ TEST_CASE("gemm_f32: every ISA path matches a float64 reference on awkward shape
                                 ref[size_t(i * n + j)] = acc;
                             }
                         const void* wp = dt == DType::kF32 ? static_cast<const void*>(w.f32.data()) : w.bits.data();
-                        for (FloatIsa isa : isas) {
-                            CAPTURE(float_isa_name(isa));
+                        for (IsaLevel isa : isas) {
+                            CAPTURE(isa_name(isa));
                             CAPTURE(dtype_name(dt));
                             CAPTURE(m);
                             CAPTURE(n);
@@ -93,7 +94,7 @@ TEST_CASE("gemm_f32: large prefill shape takes the converted-panel path and agre
     std::vector<float> x(size_t(m * k));
     for (auto& v : x) v = u(rng);
     std::vector<float> a(size_t(m * n), std::nanf("")), b(size_t(m * n), std::nanf(""));
-    gemm_f32(x.data(), m, k, w.bits.data(), DType::kBF16, n, a.data(), pool, FloatIsa::kScalar);
+    gemm_f32(x.data(), m, k, w.bits.data(), DType::kBF16, n, a.data(), pool, IsaLevel::kScalar);
     gemm_f32(x.data(), m, k, w.bits.data(), DType::kBF16, n, b.data(), pool);
     for (size_t i = 0; i < a.size(); ++i) CHECK(std::fabs(a[i] - b[i]) <= 1e-4f * (1.0f + std::fabs(a[i])));
 }

@@ -50,176 +50,19 @@
 // 4096 positions: 16 MiB per layer, 3.5 us at 4.8 TB/s. The workspace (2 MiB at S = 64) and q/out
 // stay in L2. At G = 8 the fp32 CUDA-core math is 4 FMA per cache byte against ~7 issue slots per
 // HBM byte on an H200, so the kernel sits near the compute limit too; tensor-core mma is the next step.
+// Files: attention_common.cuh lists them; this one holds the flash-decoding kernel, the merge and attention_decode.
 #include <algorithm>
 #include <cstring>
 
 #include "kernels/common/quantize.h"
+#include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/kernels.h"
 
 namespace lattice::cuda {
 namespace {
 
-constexpr int kMaxR = kMaxHeadDim / 32;  // head dims per lane
-constexpr float kNegInf = -3.402823466e38f;
-
-// First position a query with `len` positions (0..len-1) attends under a window (0: none).
-__host__ __device__ __forceinline__ int64_t window_start(int64_t len, int64_t window) {
-    return window > 0 && len > window ? len - window : 0;
-}
-
-// Offset (in elements) of position `pos` of batch sequence `seq`, kv head `kvh`; -1 when the table
-// has no block there (the host validated tables; never read or write out of bounds).
-__device__ __forceinline__ int64_t kv_offset(const KvTables& kv, const AttnDims& d, int32_t seq, int64_t pos,
-                                             int64_t kvh) {
-    if (seq < 0 || seq >= kv.num_seqs || pos < 0 || pos >= d.max_seq) return -1;
-    const int32_t block = kv.tables[int64_t(seq) * d.table_width + pos / d.block_size];
-    if (block < 0 || block >= d.num_blocks) return -1;
-    return ((int64_t(block) * d.block_size + pos % d.block_size) * d.n_kv_heads + kvh) * d.head_dim;
-}
-
-template <typename T>
-__global__ void kv_store_kernel(T* kc, T* vc, const T* qkv, const int32_t* positions, const int32_t* seqs,
-                                KvTables kv, AttnDims d) {
-    const int64_t i = blockIdx.x;
-    const int64_t base = kv_offset(kv, d, seqs[i], positions[i], 0);
-    if (base < 0) return;
-    const int64_t row_len = (d.n_heads + 2 * d.n_kv_heads) * d.head_dim;
-    const T* k = qkv + i * row_len + d.n_heads * d.head_dim;
-    const T* v = k + d.n_kv_heads * d.head_dim;
-    const int64_t kvw = d.n_kv_heads * d.head_dim;
-    for (int64_t t = threadIdx.x; t < kvw; t += blockDim.x) {
-        kc[base + t] = k[t];
-        vc[base + t] = v[t];
-    }
-}
-
-// ---- INT8 cache rows ----
-struct Int8Row {
-    int64_t values = -1, scale = -1;  // byte offsets in the cache; -1: no block there
-};
-
-// Where the int8 row of position `pos` of `seq`, kv head `kvh` lies: its block's values first, then the
-// block's scales (runtime/backend/backend.h).
-__device__ __forceinline__ Int8Row int8_row(const KvTables& kv, const AttnDims& d, int32_t seq, int64_t pos,
-                                            int64_t kvh) {
-    Int8Row r;
-    if (seq < 0 || seq >= kv.num_seqs || pos < 0 || pos >= d.max_seq) return r;
-    const int32_t block = kv.tables[int64_t(seq) * d.table_width + pos / d.block_size];
-    if (block < 0 || block >= d.num_blocks) return r;
-    const int64_t rows = d.block_size * d.n_kv_heads;
-    const int64_t base = int64_t(block) * rows * (d.head_dim + 4), i = (pos % d.block_size) * d.n_kv_heads + kvh;
-    r.values = base + i * d.head_dim;
-    r.scale = base + rows * d.head_dim + i * 4;
-    return r;
-}
-
-__device__ __forceinline__ float int8_scale_at(const int8_t* cache, int64_t off) {
-    float s;
-    memcpy(&s, cache + off, 4);  // (4-byte aligned only when block_size * nkv * (hd + 4) is)
-    return s;
-}
-
-// One block per token; each warp quantizes whole rows ((kv head, k or v) pairs round robin): the
-// row's absmax by a warp reduction (order-independent: the same scale as the CPU's), then each value.
-template <typename T>
-__global__ void kv_store_int8_kernel(int8_t* kc, int8_t* vc, const T* qkv, const int32_t* positions,
-                                     const int32_t* seqs, KvTables kv, AttnDims d) {
-    const int64_t i = blockIdx.x, hd = d.head_dim;
-    const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5, warps = int(blockDim.x) >> 5;
-    const int64_t row_len = (d.n_heads + 2 * d.n_kv_heads) * hd;
-    for (int64_t job = warp; job < 2 * d.n_kv_heads; job += warps) {
-        const int64_t g = job >> 1;
-        const bool is_v = (job & 1) != 0;
-        const Int8Row at = int8_row(kv, d, seqs[i], positions[i], g);
-        if (at.values < 0) continue;  // warp-uniform
-        const T* x = qkv + i * row_len + (d.n_heads + (is_v ? d.n_kv_heads : 0) + g) * hd;
-        float amax = 0.0f;
-        for (int64_t c = lane; c < hd; c += 32) amax = fmaxf(amax, fabsf(to_f32(x[c])));
-        amax = warp_max(amax);
-        const float s = int8_scale_from_absmax(amax);
-        int8_t* cache = is_v ? vc : kc;
-        for (int64_t c = lane; c < hd; c += 32) cache[at.values + c] = quantize_int8_value(to_f32(x[c]), s);
-        if (lane == 0) memcpy(cache + at.scale, &s, 4);
-    }
-}
-
-// ---- decode (flash-decoding) ----
-constexpr int kDecWarps = 4;
-constexpr int kDecThreads = kDecWarps * 32;
-constexpr int kDecMaxHeads = 8;         // query heads per block; larger GQA groups take head chunks
-constexpr int kDecTargetBlocks = 512;   // H200: 132 SMs x 3 resident blocks (hd 128) = 396 slots
-constexpr int kDecMaxSplits = 256;
-constexpr int kMergeThreads = 256;      // >= kMaxHeadDim
-
-constexpr int ilog2(int x) {
-    return x <= 1 ? 0 : 1 + ilog2(x / 2);
-}
-int pow2_ceil(int64_t x) {
-    int p = 1;
-    while (p < x) p *= 2;
-    return p;
-}
-
-// n / d for 0 <= n < 2^31 by a multiply-high (Granlund-Montgomery, round-up multiplier): the
-// decode kernel maps every row's position to its block without a 64-bit division.
-// mul = ceil(2^(31 + p) / d), p = ceil(log2 d): n * mul / 2^(31 + p) = n / d + n e / (d 2^(31 + p))
-// with e < d <= 2^p, so the error term is < 1 / d and the floor is exact for all n < 2^31.
-struct FastDiv {
-    uint32_t d = 1, mul = 0, shift = 0;
-};
-
-FastDiv make_fast_div(uint32_t d) {
-    FastDiv f;
-    f.d = d;
-    if (d <= 1) return f;
-    uint32_t p = 0;
-    while ((uint64_t(1) << p) < d) ++p;
-    f.mul = uint32_t(((uint64_t(1) << (31 + p)) + d - 1) / d);
-    f.shift = p - 1;
-    return f;
-}
-
-__device__ __forceinline__ uint32_t fast_div(const FastDiv& f, uint32_t n) {
-    return f.d == 1 ? n : __umulhi(n, f.mul) >> f.shift;
-}
-
-// Per-instantiation shape of the decode block: KH heads per block (a power of two >= the heads
-// it serves), NSP lanes per row of 8-element segments (power of two >= head_dim / 8).
-template <int KH, int NSP>
-struct DecCfg {
-    static constexpr int kHPL = (KH == 8 && NSP <= 16) ? 4 : KH;  // heads per lane (q, acc registers)
-    static constexpr int kHG = KH / kHPL;                          // head groups in a row's lanes
-    static constexpr int kLPR = NSP * kHG;                         // lanes per row
-    static constexpr int kRSW = 32 / kLPR;                         // rows a warp computes at once
-    static constexpr int kTw = NSP == 32 ? 8 : 16;                 // positions per warp tile
-    static constexpr int kRPL = kTw / kRSW;                        // rows per lane per tile
-    static constexpr int kLPH = 32 / KH;                           // softmax lanes per head
-    static constexpr int kVPL = (kTw + kLPH - 1) / kLPH;           // softmax scores per lane
-    static constexpr int kCopies = 2 * kTw * NSP / 32;             // 16-byte copies per lane per tile
-    // Ring: [warp][stage 2][K, V][kTw][NSP] uint4; reused by the block merge ([warp][KH][NSP * 8] f32).
-    static constexpr int kRingPerWarp = 2 * 2 * kTw * NSP;         // uint4
-    static constexpr size_t kRingBytes = size_t(kDecWarps) * kRingPerWarp * 16;
-    // Register budget: 4 blocks per SM (<= 128 registers) except with 8 heads per lane (hd > 128).
-    static constexpr int kMinBlocks = kHPL == 8 ? 2 : 4;
-    static_assert(kLPR <= 32 && kRPL >= 1 && kCopies % 2 == 0 && (kTw * NSP) % 32 == 0);
-    static_assert(size_t(kDecWarps) * KH * NSP * 8 * 4 <= kRingBytes);
-};
-
-struct DecodeArgs {
-    const int32_t* positions;
-    const int32_t* seqs;
-    KvTables kv;
-    AttnDims d;
-    FastDiv bs_div;  // block_size
-    int splits;      // S: grid.x and the workspace's splits per (token, q head)
-    int hchunks;     // head chunks per kv head: grid.y = nkv * hchunks
-    int group;       // nh / nkv
-    int nseg;        // ceil(head_dim / 8): segment lanes that hold data
-    bool vec;        // head_dim % 8 == 0 and 16-byte aligned qkv / caches: uint4 loads, cp.async
-    float* ws_acc;   // [m, nh, S, hd]
-    float* ws_ml;    // [m, nh, S, 2]
-};
+using namespace attn;
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
     const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -296,38 +139,6 @@ __device__ __forceinline__ int64_t dec_row_offset(const DecodeArgs& a, int32_t s
     const int32_t block = a.kv.tables[int64_t(seq) * a.d.table_width + bi];
     if (block < 0 || block >= a.d.num_blocks) return -1;
     return ((int64_t(block) * a.d.block_size + r) * a.d.n_kv_heads + kvh) * a.d.head_dim;
-}
-
-// A decode block's warps merged by log-sum-exp into the workspace, per q head g < ng of the block
-// (heads h0 + g): ws_ml = (the warps' max m, their weighted l), ws_acc = their weighted accumulators.
-// ml [warp][KH][2]; warp w's accumulator of head g is accb[(w * KH + g) * stride + dim].
-template <int KH>
-__device__ __forceinline__ void write_split(const DecodeArgs& a, const float (&ml)[kDecWarps][KH][2],
-                                            const float* accb, int64_t stride, int64_t token, int h0, int ng,
-                                            int split) {
-    const int64_t hd = a.d.head_dim;
-    for (int g = 0; g < ng; ++g) {
-        float mx = kNegInf;
-#pragma unroll
-        for (int w = 0; w < kDecWarps; ++w) mx = fmaxf(mx, ml[w][g][0]);
-        float wt[kDecWarps], l = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kDecWarps; ++w) {
-            wt[w] = math::exp_f32(ml[w][g][0] - mx);  // a warp without rows: m = kNegInf, l = acc = 0
-            l += wt[w] * ml[w][g][1];
-        }
-        const int64_t idx = (token * a.d.n_heads + h0 + g) * a.splits + split;
-        if (threadIdx.x == 0) {
-            a.ws_ml[idx * 2] = mx;
-            a.ws_ml[idx * 2 + 1] = l;
-        }
-        for (int64_t dd = threadIdx.x; dd < hd; dd += blockDim.x) {
-            float v = 0.0f;
-#pragma unroll
-            for (int w = 0; w < kDecWarps; ++w) v = fmaf(wt[w], accb[(w * KH + g) * stride + dd], v);
-            a.ws_acc[idx * hd + dd] = v;
-        }
-    }
 }
 
 // One block per (split, kv head x head chunk, token): writes (m, l, unnormalized acc) of every q
@@ -568,102 +379,6 @@ __global__ void __launch_bounds__(kDecThreads, DecCfg<KH, NSP>::kMinBlocks)
     write_split<KH>(a, ml_sm, accb, NSP * 8, token, h0, ng, split);
 }
 
-// ---- decode over an INT8 cache ----
-constexpr int kI8Warps = kDecWarps;  // (write_split merges kDecWarps warps)
-constexpr int kI8R = kMaxHeadDim / 32;  // head dims per lane
-
-// One block per (split, kv head x head chunk, token), as decode_split_kernel, writing the same
-// workspace (m, l, unnormalized acc per q head and split) for decode_merge_kernel. Each warp takes the
-// split's positions round robin: the K row's int8 values times its scale in registers (lane c holds
-// dims c, c + 32, ...), a warp sum per q head for the scores, an online softmax per head, then the V
-// row the same way into acc. The block's warps merge by log-sum-exp through shared memory
-// ([kDecMaxHeads][hd] pre-scaled q, then [warps][kDecMaxHeads][hd] accumulators).
-template <typename T>
-__global__ void __launch_bounds__(kI8Warps * 32)
-    decode_int8_kernel(const T* __restrict__ qkv, const int8_t* __restrict__ kc, const int8_t* __restrict__ vc,
-                       DecodeArgs a) {
-    extern __shared__ __align__(16) float i8_smem[];
-    __shared__ float ml_sm[kI8Warps][kDecMaxHeads][2];
-    const AttnDims& d = a.d;
-    const int split = int(blockIdx.x);
-    const int64_t token = blockIdx.z;
-    const int kvh = int(blockIdx.y) / a.hchunks, hc = int(blockIdx.y) % a.hchunks;
-    const int32_t pos = a.positions[token], seq = a.seqs[token];
-    if (pos < 0 || pos >= d.max_seq || seq < 0 || seq >= a.kv.num_seqs) return;  // block-uniform
-    const int64_t len = int64_t(pos) + 1;
-    const int64_t lo = window_start(len, d.window);
-    const int64_t chunk = decode_chunk(len - lo, a.splits);
-    const int64_t start = lo + int64_t(split) * chunk;
-    if (start >= len) return;  // block-uniform: an unused split
-    const int64_t end = min(start + chunk, len);
-    const int64_t hd = d.head_dim;
-    const int h0 = kvh * a.group + hc * kDecMaxHeads;
-    const int ng = min(kDecMaxHeads, a.group - hc * kDecMaxHeads);
-    const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
-
-    float* qs = i8_smem;  // [kDecMaxHeads][hd], times the softmax scale
-    const T* qrow = qkv + token * (d.n_heads + 2 * d.n_kv_heads) * hd;
-    for (int64_t t = threadIdx.x; t < int64_t(ng) * hd; t += blockDim.x)
-        qs[t] = to_f32(qrow[(h0 + t / hd) * hd + t % hd]) * d.scale;
-    __syncthreads();
-
-    float m_run[kDecMaxHeads], l_run[kDecMaxHeads], acc[kDecMaxHeads][kI8R];
-#pragma unroll
-    for (int g = 0; g < kDecMaxHeads; ++g) {
-        m_run[g] = kNegInf;
-        l_run[g] = 0.0f;
-#pragma unroll
-        for (int r = 0; r < kI8R; ++r) acc[g][r] = 0.0f;
-    }
-    for (int64_t p = start + warp; p < end; p += kI8Warps) {
-        const Int8Row at = int8_row(a.kv, d, seq, p, kvh);
-        if (at.values < 0) continue;  // warp-uniform: a table entry outside the cache
-        const float ks = int8_scale_at(kc, at.scale), vs = int8_scale_at(vc, at.scale);
-        float kr[kI8R], vr[kI8R];
-#pragma unroll
-        for (int r = 0; r < kI8R; ++r) {
-            const int64_t c = lane + 32 * r;
-            kr[r] = c < hd ? float(kc[at.values + c]) * ks : 0.0f;
-            vr[r] = c < hd ? float(vc[at.values + c]) * vs : 0.0f;
-        }
-#pragma unroll
-        for (int g = 0; g < kDecMaxHeads; ++g) {
-            if (g >= ng) break;
-            float part = 0.0f;
-#pragma unroll
-            for (int r = 0; r < kI8R; ++r) {
-                const int64_t c = lane + 32 * r;
-                if (c < hd) part = fmaf(qs[g * hd + c], kr[r], part);
-            }
-            const float sc = warp_sum(part);
-            const float m_new = fmaxf(m_run[g], sc);
-            const float rescale = math::exp_f32(m_run[g] - m_new);
-            const float w = math::exp_f32(sc - m_new);
-            l_run[g] = l_run[g] * rescale + w;
-            m_run[g] = m_new;
-#pragma unroll
-            for (int r = 0; r < kI8R; ++r) acc[g][r] = fmaf(w, vr[r], acc[g][r] * rescale);
-        }
-    }
-    float* accs = i8_smem + kDecMaxHeads * hd;  // [warp][kDecMaxHeads][hd]
-    __syncthreads();
-#pragma unroll
-    for (int g = 0; g < kDecMaxHeads; ++g) {
-        if (g >= ng) break;
-#pragma unroll
-        for (int r = 0; r < kI8R; ++r) {
-            const int64_t c = lane + 32 * r;
-            if (c < hd) accs[(warp * kDecMaxHeads + g) * hd + c] = acc[g][r];
-        }
-        if (lane == 0) {
-            ml_sm[warp][g][0] = m_run[g];
-            ml_sm[warp][g][1] = l_run[g];
-        }
-    }
-    __syncthreads();
-    write_split<kDecMaxHeads>(a, ml_sm, accs, hd, token, h0, ng, split);
-}
-
 // One block per (q head, token): out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the
 // token's used splits, M = max_s m_s (max first, so the weighted sums are independent loads rather
 // than a chain of merges). Tokens outside the context or the tables, and rows whose every position
@@ -711,119 +426,6 @@ __global__ void __launch_bounds__(kMergeThreads)
     }
 }
 
-// ---- prefill ----
-constexpr int kPrefillWarps = 4;
-constexpr int kKvTile = 32;
-constexpr int kRowsPerWarp = kPrefillRows / kPrefillWarps;
-
-template <typename T>
-__device__ __forceinline__ float dot_smem(const T* a, const T* b, int64_t hd) {
-    float s = 0.0f;
-    for (int64_t k = 0; k < hd; ++k) s += to_f32(a[k]) * to_f32(b[k]);
-    return s;
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kPrefillWarps * 32)
-    prefill_kernel(T* out, const T* qkv, const void* kcache, const void* vcache, const int32_t* positions,
-                   const PrefillTile* tiles, KvTables kv, AttnDims d) {
-    const T* kc = static_cast<const T*>(kcache);
-    const T* vc = static_cast<const T*>(vcache);
-    const int8_t* kc8 = static_cast<const int8_t*>(kcache);
-    const int8_t* vc8 = static_cast<const int8_t*>(vcache);
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    const PrefillTile tile = tiles[blockIdx.x];
-    const int64_t h = blockIdx.y, hd = d.head_dim, nkv = d.n_kv_heads, ld = hd + 2;  // +2: no bank conflicts
-    const int64_t kvh = h / (d.n_heads / nkv);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    T* qs = reinterpret_cast<T*>(smem_raw);
-    T* ks = qs + kPrefillRows * ld;
-    T* vs = ks + kKvTile * ld;
-    const int64_t row_len = (d.n_heads + 2 * nkv) * hd;
-
-    for (int64_t t = threadIdx.x; t < kPrefillRows * hd; t += blockDim.x) {
-        const int64_t r = t / hd, c = t % hd;
-        qs[r * ld + c] = r < tile.count ? qkv[(tile.start + r) * row_len + h * hd + c] : from_f32<T>(0.0f);
-    }
-    int32_t row_pos[kRowsPerWarp];
-    float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kMaxR];
-#pragma unroll
-    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-        const int row = warp + kPrefillWarps * rr;
-        row_pos[rr] = row < tile.count ? positions[tile.start + row] : -1;
-        m[rr] = kNegInf;
-        l[rr] = 0.0f;
-#pragma unroll
-        for (int r = 0; r < kMaxR; ++r) acc[rr][r] = 0.0f;
-    }
-    // Rows' positions increase along the tile: the first row's window start bounds every row's.
-    const int64_t first = window_start(int64_t(positions[tile.start]) + 1, d.window);
-    for (int64_t kt = first / kKvTile * kKvTile; kt < tile.kv_len; kt += kKvTile) {
-        __syncthreads();
-        for (int64_t t = threadIdx.x; t < kKvTile * hd; t += blockDim.x) {
-            const int64_t j = t / hd, c = t % hd, p = kt + j;
-            if (d.kv_int8) {  // the tile's rows as the activation type, each value times its row's scale
-                const Int8Row at = p < tile.kv_len ? int8_row(kv, d, tile.seq, p, kvh) : Int8Row{};
-                ks[j * ld + c] = at.values >= 0 ? from_f32<T>(float(kc8[at.values + c]) * int8_scale_at(kc8, at.scale))
-                                                : from_f32<T>(0.0f);
-                vs[j * ld + c] = at.values >= 0 ? from_f32<T>(float(vc8[at.values + c]) * int8_scale_at(vc8, at.scale))
-                                                : from_f32<T>(0.0f);
-                continue;
-            }
-            const int64_t off = p < tile.kv_len ? kv_offset(kv, d, tile.seq, p, kvh) : -1;
-            ks[j * ld + c] = off >= 0 ? kc[off + c] : from_f32<T>(0.0f);
-            vs[j * ld + c] = off >= 0 ? vc[off + c] : from_f32<T>(0.0f);
-        }
-        __syncthreads();
-#pragma unroll
-        for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-            const int row = warp + kPrefillWarps * rr;
-            if (row_pos[rr] < kt) continue;  // row absent, or the whole KV tile is in its future
-            const int64_t lo = window_start(int64_t(row_pos[rr]) + 1, d.window);
-            if (kt + kKvTile <= lo) continue;  // the whole KV tile is before the row's window
-            const bool valid = kt + lane <= row_pos[rr] && kt + lane >= lo;
-            float s = valid ? dot_smem(qs + row * ld, ks + lane * ld, hd) * d.scale : kNegInf;
-            const float m_new = fmaxf(m[rr], warp_max(s));
-            const float rescale = math::exp_f32(m[rr] - m_new);
-            const float p = valid ? math::exp_f32(s - m_new) : 0.0f;
-            l[rr] = l[rr] * rescale + warp_sum(p);
-            m[rr] = m_new;
-#pragma unroll
-            for (int r = 0; r < kMaxR; ++r) acc[rr][r] *= rescale;
-            for (int j = 0; j < kKvTile; ++j) {
-                const float pj = __shfl_sync(0xffffffffu, p, j);
-                if (pj == 0.0f) continue;  // uniform across the warp
-#pragma unroll
-                for (int r = 0; r < kMaxR; ++r) {
-                    const int64_t dd = lane + 32 * r;
-                    if (dd < hd) acc[rr][r] += pj * to_f32(vs[j * ld + dd]);
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-        const int row = warp + kPrefillWarps * rr;
-        if (row >= tile.count) continue;
-        T* o = out + (tile.start + row) * d.n_heads * hd + h * hd;
-        const float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
-#pragma unroll
-        for (int r = 0; r < kMaxR; ++r) {
-            const int64_t dd = lane + 32 * r;
-            if (dd < hd) o[dd] = from_f32<T>(acc[rr][r] * inv);
-        }
-    }
-}
-
-void check_dims(const AttnDims& d, const char* op) {
-    KERNEL_CHECK(d.head_dim > 0 && d.head_dim <= kMaxHeadDim && d.head_dim % 2 == 0 && d.n_kv_heads > 0 &&
-                     d.n_heads % d.n_kv_heads == 0 && d.max_seq > 0 && d.block_size > 0 && d.num_blocks > 0 &&
-                     d.table_width * d.block_size >= d.max_seq && d.window >= 0,
-                 std::string("cuda::") + op + ": unsupported shape heads " + std::to_string(d.n_heads) + "/" +
-                     std::to_string(d.n_kv_heads) + ", head_dim " + std::to_string(d.head_dim) +
-                     " (even, <= " + std::to_string(kMaxHeadDim) + ")");
-}
-
 template <typename T, int KH, int NSP>
 void launch_decode_split(dim3 grid, const DecodeArgs& a, const void* qkv, const void* kc, const void* vc,
                          cudaStream_t stream) {
@@ -860,23 +462,6 @@ bool aligned16(const void* p) {
 }
 
 }  // namespace
-
-void kv_store(void* k_cache, void* v_cache, const void* qkv, const int32_t* positions, const int32_t* seqs,
-              const KvTables& kv, int64_t m, const AttnDims& d, DType act, cudaStream_t stream) {
-    check_dims(d, "kv_store");
-    if (m == 0) return;
-    if (d.kv_int8) {
-        LATTICE_DISPATCH_ACT(act, kv_store_int8_kernel<T><<<unsigned(m), 128, 0, stream>>>(
-                                      static_cast<int8_t*>(k_cache), static_cast<int8_t*>(v_cache),
-                                      static_cast<const T*>(qkv), positions, seqs, kv, d));
-        CUDA_CHECK_LAUNCH();
-        return;
-    }
-    LATTICE_DISPATCH_ACT(
-        act, kv_store_kernel<T><<<unsigned(m), 256, 0, stream>>>(static_cast<T*>(k_cache), static_cast<T*>(v_cache),
-                                                                 static_cast<const T*>(qkv), positions, seqs, kv, d));
-    CUDA_CHECK_LAUNCH();
-}
 
 int decode_splits(int64_t m, const AttnDims& d) {
     const int64_t nkv = std::max<int64_t>(1, d.n_kv_heads);
@@ -922,10 +507,7 @@ void attention_decode(void* out, const void* qkv, const void* k_cache, const voi
     const int nsp = pow2_ceil(std::max<int64_t>(8, nseg));
     LATTICE_DISPATCH_ACT(act, {
         if (d.kv_int8) {
-            const size_t smem = size_t(1 + kI8Warps) * kDecMaxHeads * size_t(d.head_dim) * 4;  // <= 40 KiB
-            decode_int8_kernel<T><<<grid, kI8Warps * 32, smem, stream>>>(
-                static_cast<const T*>(qkv), static_cast<const int8_t*>(k_cache), static_cast<const int8_t*>(v_cache),
-                a);
+            launch_decode_int8<T>(grid, a, qkv, k_cache, v_cache, stream);
         } else {
             launch_decode<T>(kh, nsp, grid, a, qkv, k_cache, v_cache, stream);
         }
@@ -934,42 +516,6 @@ void attention_decode(void* out, const void* qkv, const void* k_cache, const voi
             static_cast<T*>(out), positions, seqs, kv, d, splits, a.ws_acc, a.ws_ml);
     });
     CUDA_CHECK_LAUNCH();
-}
-
-void attention_prefill(void* out, const void* qkv, const void* k_cache, const void* v_cache, const int32_t* positions,
-                       const PrefillTile* tiles, int64_t n_tiles, const KvTables& kv, const AttnDims& d, DType act,
-                       cudaStream_t stream) {
-    check_dims(d, "attention_prefill");
-    KERNEL_CHECK(n_tiles <= 0x7fffffff && d.n_heads <= 65535, "cuda::attention_prefill: grid too large");
-    if (n_tiles == 0) return;
-    const size_t smem = size_t(kPrefillRows + 2 * kKvTile) * size_t(d.head_dim + 2) * 2;
-    const dim3 grid(unsigned(n_tiles), unsigned(d.n_heads));
-    LATTICE_DISPATCH_ACT(act, {
-        if (smem > 48 * 1024)
-            CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        prefill_kernel<T><<<grid, kPrefillWarps * 32, smem, stream>>>(static_cast<T*>(out), static_cast<const T*>(qkv),
-                                                                        k_cache, v_cache, positions, tiles, kv, d);
-    });
-    CUDA_CHECK_LAUNCH();
-}
-
-int64_t build_prefill_tiles(PrefillTile* tiles, const int32_t* positions, const int32_t* seqs, int64_t m) {
-    int64_t n = 0;
-    for (int64_t i = 0; i < m; ++i) {
-        PrefillTile* cur = n > 0 ? &tiles[n - 1] : nullptr;
-        const bool extend = cur && cur->seq == seqs[i] && cur->start + cur->count == i && cur->count < kPrefillRows;
-        if (extend) {
-            KERNEL_CHECK(positions[i] > positions[i - 1],
-                         "attention: token " + std::to_string(i) + " of sequence " + std::to_string(seqs[i]) +
-                             " has position " + std::to_string(positions[i]) + " after " +
-                             std::to_string(positions[i - 1]) + " (positions must increase within a sequence)");
-            ++cur->count;
-            cur->kv_len = positions[i] + 1;
-        } else {
-            tiles[n++] = PrefillTile{int32_t(i), 1, seqs[i], positions[i] + 1};
-        }
-    }
-    return n;
 }
 
 }  // namespace lattice::cuda
