@@ -228,7 +228,7 @@ if has_step sanitize && step_begin sanitize 90 1; then
     else
         timeout --foreground -k 2 "$allowed" "${runner[@]}" sanitize --sanitizer "$sanitizer" --bin "$san_bin" \
             --json "$work/sanitize.json" --log "$out/tests.log" --deadline "$(sec $(( allowed_ms - runner_margin_ms )))" \
-            --timeout "$(sec "$(ms 30)")"
+            --timeout "$(sec "$(ms 30)")" --min-share "$(sec "$(ms 10)")"
         rc=$?
         note="$(report note sanitize "$work/sanitize.json")"
         case $rc in 0) st=PASS ;; 77) st=SKIP ;; 124 | 137) st=PASS; note+=" (cut at the deadline)" ;; *) st=FAIL ;; esac

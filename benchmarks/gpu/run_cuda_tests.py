@@ -351,8 +351,11 @@ def mode_sanitize(args, report, clock, base_env):
     plans = [("memcheck", ["--tool", "memcheck", "--leak-check", "no"], n) for n in names]
     plans += [(tool, ["--tool", tool], n) for tool in ("racecheck", "synccheck") for n in race]
     for i, (tool, opts, case) in enumerate(plans):
-        # An equal share of what is left for each run still to come, at most --timeout.
-        budget = min(args.timeout, clock.left() / (len(plans) - i))
+        # An equal share of what is left for each run still to come, at most --timeout; when that share is
+        # below --min-share, this run gets --min-share (the first cases get a real chance, the last are
+        # NOT RUN) rather than every run a share too small to finish.
+        left = clock.left()
+        budget = min(args.timeout, max(left / (len(plans) - i), min(args.min_share, left)))
         cmd = [args.sanitizer] + opts + common + [exe, f"--test-case={case_filter(case)}"]
         status, rc, secs, out = run_one(cmd, env, budget)
         if rc == SANITIZER_ERROR_CODE:
@@ -385,7 +388,8 @@ def main():
     ap.add_argument("--deadline", type=float, required=True, help="seconds for the whole call")
     ap.add_argument("--timeout", type=float, default=60, help="seconds per test binary / rerun / tool run")
     ap.add_argument("--jobs", type=int, default=4)
-    ap.add_argument("--min-share", type=float, default=10, help="diagnose: seconds below which a failure is not")
+    ap.add_argument("--min-share", type=float, default=10, help="diagnose: seconds below which a failure is not diagnosed; sanitize: "
+                    "the least a tool run is given while time is left")
     ap.add_argument("--pid-file", default="", help="keep the live process groups' ids here")
     args = ap.parse_args()
     global PID_FILE
