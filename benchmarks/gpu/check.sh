@@ -32,7 +32,8 @@
 #      LATTICE_NCCL_ROOT, CHECK_NCCL (auto|off), CHECK_CUDA_ARCH (90, when no GPU), CHECK_BUDGET_S (the
 #      stage's), CHECK_TIME_SCALE (1; may be fractional: multiplies every deadline and timeout, the
 #      dry run uses 0.05), CHECK_BUNDLE (auto|off), CHECK_TEST_TIMEOUT (60), CHECK_TEST_JOBS (4),
-#      CHECK_SEED (one LATTICE_TEST_SEED for every test: reproduces a run), DECODE_LAYERS (8),
+#      CHECK_SEED (one LATTICE_TEST_SEED for every test: reproduces a run), CHECK_ONLY (ctest names,
+#      comma-separated: stage 1 runs only those), DECODE_LAYERS (8),
 #      LATTICE_TEST_INJECT (fail:<binary>,hang:<binary>: tests/doctest_main.cpp's injected faults).
 set -uo pipefail
 
@@ -194,7 +195,7 @@ if has_step tests && step_begin tests 130 1; then
         (( have_gpu )) || echo "(no GPU: every CUDA test binary exits 77, SKIP)"
         timeout --foreground -k 2 "$allowed" "${runner[@]}" tests --tests "$tests_listing" ${bin_dir:+--bin-dir "$bin_dir"} \
             --json "$work/tests.json" --log "$out/tests.log" --deadline "$(sec $(( allowed_ms - runner_margin_ms )))" \
-            --timeout "$test_timeout" --jobs "${CHECK_TEST_JOBS:-4}"
+            --timeout "$test_timeout" --jobs "${CHECK_TEST_JOBS:-4}" ${CHECK_ONLY:+--only "$CHECK_ONLY"}
         rc=$?
         note="$(report note tests "$work/tests.json")"
         read -r passed failed timed skipped notrun < <(python3 -c '
