@@ -125,6 +125,9 @@ def note(kind, path):
         s = f"{d['passed']} passed, {d['failed']} failed, {d['timed_out']} timed out, {d['skipped']} skipped"
         if d.get("not_run"):
             s += f", {d['not_run']} not run"
+        unfinished = [n for n in d.get("tests", []) if n not in {r["name"] for r in d["runs"]}]
+        if unfinished:  # the runner was cut off by the step's deadline while these ran or waited
+            s += f", {len(unfinished)} not finished: {', '.join(unfinished)}"
         if bad:
             s += ": " + "; ".join(bad)
         elif d["passed"] == 0 and d.get("skip_reasons"):

@@ -8,7 +8,8 @@ Deadlines run at CHECK_TIME_SCALE = 0.1 (stage 1's 240 s are 12 s here, stage 2'
 
   stage1  stage 1 with an injected failing test (test_cuda_sampling: a CUDA error, 1 memcheck error),
           a hang (test_cuda_ops) and a seed-dependent failure (test_cuda_int4 fails on odd seeds);
-  stage2  stage 2 with a decode benchmark that hangs past its deadline.
+  stage2  stage 1 with a stale bundle (a source changed since it was packed): it says which and stops,
+          configuring nothing; then stage 2 with a decode benchmark that hangs past its deadline.
           Shows: each stage within its budget, wall clock from its start; every test's
           verdict with its seed, echoed by the binary; each failure rerun alone with THE SAME seed and
           CUDA_LAUNCH_BLOCKING=1 and memchecked, within the stage; the hang named by its case; the
@@ -209,6 +210,27 @@ def check_stage2(src, tmp, env):
     return wall
 
 
+def check_stale(src, tmp, env):
+    """A bundle whose sources no longer match the tree: stage 1 says so and stops, building nothing."""
+    kit = os.path.join(tmp, "stale-kit")
+    shutil.copytree(env["LATTICE_KIT"], kit)
+    path = os.path.join(kit, "bin", "sources.json")
+    doc = json.load(open(path))
+    first = sorted(doc["sources"])[0]
+    doc["sources"][first] = "0" * 64
+    json.dump(doc, open(path, "w"))
+    out = os.path.join(tmp, "out-stale")
+    rc, wall, _ = run_stage(src, 1, dict(env, LATTICE_KIT=kit, FAKE_GPU_PLAN=plan(tmp, {})), out)
+    _, doc = read_summary(out, 1)
+    steps = {s["name"]: s for s in doc["steps"]}
+    if rc != 1 or steps["bundle"]["status"] != "SKIP" or f"stale: {first} changed" not in steps["bundle"]["note"] or \
+            steps["tests"]["status"] != "FAIL" or "no usable bundle" not in steps["tests"]["note"]:
+        fail(f"a stale bundle: exit {rc}, {steps.get('bundle')}, {steps.get('tests')}")
+    if os.path.exists(os.path.join(env["BUILD_DIR"], "CMakeCache.txt")):
+        fail("stage 1 configured a build")
+    print(f"a stale bundle: stage 1 said '{steps['bundle']['note']}' and stopped in {wall:.1f} s")
+
+
 def check_kills(src, tmp, env, seed):
     rng = random.Random(seed)
     print(f"kill points drawn with --seed {seed}")
@@ -252,6 +274,7 @@ def main():
             print(f"PASS: stage 1 in {w:.2f} s <= {BUDGET[1] * SCALE:.1f} s (x{SCALE}); each failure rerun with its "
                   "seed and memchecked within it")
         elif what == "stage2":
+            check_stale(src, tmp, env)
             w = check_stage2(src, tmp, env)
             print(f"PASS: stage 2 in {w:.2f} s <= {BUDGET[2] * SCALE:.1f} s (x{SCALE}); the cut-off benchmark's rows kept")
         elif what == "kill":
