@@ -79,12 +79,12 @@ ms() { awk -v s="$1" -v k="$scale" 'BEGIN { printf "%d", s * k * 1000 }'; }
 sec() { awk -v m="$1" 'BEGIN { printf "%.1f", m / 1000 }'; }
 elapsed_ms() { echo $(( $(now_ms) - t0_ms )); }
 budget_ms=$(ms "$budget_s")
-# Held back from every other step: gpu-after's deadline and a margin (scaled), plus a second of real time
+# Held back from every other step: gpu-after's deadline and a margin (scaled), plus 1.5 s of real time
 # for the bookkeeping after a step's command (its notes, the summary: Python starts; not scaled).
-reserve_ms=$(( $(ms 12) + 1000 ))
+reserve_ms=$(( $(ms 12) + 1500 ))
 # Per step: the deadline of its command is its share less this real-time allowance for its bookkeeping,
 # and a runner's own deadline is less again (it must write its JSON before the step's timeout kills it).
-overhead_ms=600
+overhead_ms=800
 runner_margin_ms=$(( $(ms 2) + 500 ))
 test_timeout="$(sec "$(ms "${CHECK_TEST_TIMEOUT:-60}")")"
 mkdir -p "$work"
