@@ -145,7 +145,7 @@ run_check() {  # run_check STAGE LOG [VAR=VALUE ...]
     say "check.sh $stage exited $rc after $(( $(date +%s) - t_run )) s"
 }
 
-# 5. What came back, and whether it is what the issue asks of a machine without a GPU.
+# 5. What came back, and whether it is what a machine without a GPU must show.
 # verify MODE (plain | inject | bundle): copies $OUT to $results, prints the verdict, returns 0/1.
 verify() {
     rm -rf "$results"
