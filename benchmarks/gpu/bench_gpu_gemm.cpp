@@ -15,9 +15,13 @@
 // until >= 0.2 s per configuration; results checked for NaN after timing.
 // Output: a table on stdout and gemm.json in --out DIR (default ./gpu-results), rewritten after every
 // row (a run cut off by its deadline keeps the rows it measured; "complete" says whether it ended).
-// Usage: bench_gpu_gemm [--out DIR] [--device N] [--quick] [--no-autotune]
+// --deadline S: no configuration starts after S seconds; gemm.json then says "complete": false and
+// "cut_at_deadline": true (check.sh passes its step's deadline). IMMA at m <= kGemvMaxRows goes through
+// try_gemm_i8, as the backend would (it runs the GEMV there): a shape cuBLASLt refuses is a row saying so.
+// Usage: bench_gpu_gemm [--out DIR] [--device N] [--quick] [--no-autotune] [--deadline S]
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -97,6 +101,8 @@ int main(int argc, char** argv) try {
     std::string out_dir = "gpu-results";
     int device = 0;
     bool quick = false;
+    double deadline_s = 1e30;
+    const auto t_start = std::chrono::steady_clock::now();
     cuda::LtOptions lt_options;
     lt_options.autotune_float = true;  // the fp16 rows show what timing finds (the backend default is off)
     for (int i = 1; i < argc; ++i) {
@@ -109,9 +115,13 @@ int main(int argc, char** argv) try {
             quick = true;
         else if (a == "--no-autotune")
             lt_options.autotune = lt_options.autotune_float = false;
+        else if (a == "--deadline" && i + 1 < argc)
+            deadline_s = std::stod(argv[++i]);
         else
             LATTICE_FAIL(
-                "bench_gpu_gemm: unknown argument '{}' (usage: [--out DIR] [--device N] [--quick] [--no-autotune])", a);
+                "bench_gpu_gemm: unknown argument '{}' (usage: [--out DIR] [--device N] [--quick] [--no-autotune] "
+                "[--deadline S])",
+                a);
     }
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -160,6 +170,11 @@ int main(int argc, char** argv) try {
 
     nlohmann::json rows = nlohmann::json::array();
     nlohmann::json paths = nlohmann::json::array();
+    bool cut = false;
+    auto past_deadline = [&] {
+        cut = cut || std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count() > deadline_s;
+        return cut;
+    };
     auto write = [&](bool complete) {
         std::filesystem::create_directories(out_dir);
         nlohmann::json doc = {{"benchmark", "gpu_gemm"},
@@ -175,6 +190,7 @@ int main(int argc, char** argv) try {
                               {"gemv_max_rows", cuda::kGemvMaxRows},
                               {"lt_autotune", lt_options.autotune},
                               {"complete", complete},
+                              {"cut_at_deadline", cut},
                               {"rows", rows},
                               {"paths", paths}};
         const std::string tmp = out_dir + "/gemm.json.tmp";
@@ -223,13 +239,25 @@ int main(int argc, char** argv) try {
     std::vector<std::string> summary;
     for (auto [n, kk] : shapes) {
         for (int64_t m : ms) {
-            const double s8 = time_per_call(
-                stream,
-                [&] { lt.gemm_i8(acc.as<int32_t>(), n, x8.as<int8_t>(), k, w8.as<int8_t>(), k, m, n, k, stream); },
-                min_s);
-            const cuda::LtAlgoInfo a8 = lt.last_algo();
-            report("int8 cublasLt IMMA", m, n, k, s8, peaks.int8_tops, double(n) * k + double(m) * k + 4.0 * m * n,
-                   lt_path(a8), lt_json(a8));
+            if (past_deadline()) break;
+            const bool gemv = m <= cuda::kGemvMaxRows;  // CudaBackend::linear's crossover
+            // Where the backend never asks IMMA (m <= 16), cuBLASLt may have no algorithm: try first.
+            const bool imma = !gemv || lt.try_gemm_i8(acc.as<int32_t>(), n, x8.as<int8_t>(), k, w8.as<int8_t>(), k, m,
+                                                      n, k, stream);
+            double s8 = 0;
+            cuda::LtAlgoInfo a8{};
+            if (imma) {
+                s8 = time_per_call(
+                    stream,
+                    [&] { lt.gemm_i8(acc.as<int32_t>(), n, x8.as<int8_t>(), k, w8.as<int8_t>(), k, m, n, k, stream); },
+                    min_s);
+                a8 = lt.last_algo();
+                report("int8 cublasLt IMMA", m, n, k, s8, peaks.int8_tops,
+                       double(n) * k + double(m) * k + 4.0 * m * n, lt_path(a8), lt_json(a8));
+            } else {
+                fmt::print("int8 cublasLt IMMA      {:>6} {:>6} {:>6}  no algorithm (the backend runs the GEMV)\n", m,
+                           n, k);
+            }
             const double s16 = time_per_call(
                 stream, [&] { lt.gemm_float(y16.p, n, x16.p, k, w16.p, k, m, n, k, DType::kF16, DType::kF16, stream); },
                 min_s);
@@ -237,7 +265,6 @@ int main(int argc, char** argv) try {
             report("fp16 cublasLt", m, n, k, s16, peaks.fp16_tflops,
                    2.0 * (double(n) * k + double(m) * k + double(m) * n), lt_path(a16), lt_json(a16));
             LATTICE_CHECK(finite_f16(y16.p, size_t(m * n)), "fp16 GEMM produced inf/NaN at m={} n={}", m, n);
-            const bool gemv = m <= cuda::kGemvMaxRows;  // CudaBackend::linear's crossover
             double sg8 = 0, sg16 = 0;
             if (gemv) {
                 sg8 = time_per_call(
@@ -280,8 +307,8 @@ int main(int argc, char** argv) try {
                              {"m", m},
                              {"w8a8_path", w8a8_path},
                              {"w8a8_us", (gemv ? sg8 : s8) * 1e6},
-                             {"imma_us", s8 * 1e6},
-                             {"w8a8_lt_algo", lt_json(a8)},
+                             {"imma_us", imma ? nlohmann::json(s8 * 1e6) : nlohmann::json()},
+                             {"w8a8_lt_algo", imma ? lt_json(a8) : nlohmann::json()},
                              {"w8a16_path", w8a16_path},
                              {"w8a16_us", (gemv ? sg16 : s16) * 1e6},
                              {"fp16_lt_us", s16 * 1e6},
@@ -291,7 +318,9 @@ int main(int argc, char** argv) try {
             summary.push_back(fmt::format(
                 "{:>6} {:>6}  W8A8 {:<10} {:>9.1f} us{}   W8A16 {:<18} {:>9.1f} us{}   W4A16 {:<6} {:>9.1f} us", n, m,
                 w8a8_path,
-                (gemv ? sg8 : s8) * 1e6, gemv ? fmt::format(" (IMMA {} {:.1f} us)", lt_path(a8), s8 * 1e6) : "",
+                (gemv ? sg8 : s8) * 1e6,
+                gemv ? (imma ? fmt::format(" (IMMA {} {:.1f} us)", lt_path(a8), s8 * 1e6) : std::string(" (no IMMA)"))
+                     : std::string(),
                 w8a16_path, (gemv ? sg16 : s16) * 1e6,
                 gemv ? fmt::format(" (fp16 {} {:.1f} us)", lt_path(a16), s16 * 1e6) : " (+ dequant)",
                 gemv4 ? "gemv4" : "wmma", s4 * 1e6));
@@ -301,7 +330,8 @@ int main(int argc, char** argv) try {
                cuda::kGemvMaxRows, lt_options.autotune ? "on" : "off", "n", "m");
     for (const std::string& line : summary) fmt::print("{}\n", line);
     CUDA_CHECK(cudaStreamSynchronize(stream));
-    write(true);
+    if (cut) fmt::print("\nstopped at the deadline ({} s): {} rows measured\n", deadline_s, rows.size());
+    write(!cut);
     fmt::print("\nwrote {}/gemm.json\n", out_dir);
     cudaStreamDestroy(stream);
     return 0;

@@ -19,8 +19,15 @@
 #   gpu-kit/MANIFEST                           what came from where, with versions
 #   gpu-kit/bin/                               (only from simulate.sh --bundle: executables for sm_90)
 # Usage: benchmarks/gpu/prepare.sh [KIT_DIR]   (env: SHARED_DIR, CUDA_HOME, NCCL_WHEEL_VERSION,
-#        LATTICE_KIT_CACHE: where the downloaded wheel is kept, default ~/.cache/lattice-gpu-kit)
-set -euo pipefail
+#        LATTICE_KIT_CACHE: where the downloaded wheel is kept, default ~/.cache/lattice-gpu-kit;
+#        LATTICE_KIT_PIP: the pip command, default "python3 -m pip"; tests/gpu/test_prepare.sh puts a stub
+#        there that writes a small wheel, so the empty-cache path is tested without the ~190 MiB download)
+# On a fresh machine the wheel is not cached: it is downloaded (said first, with the size to expect);
+# when that fails the toolkit's nccl.h is used and MANIFEST says so. Every way this script can stop
+# says why on stderr (die, or the ERR trap naming the line and command), never a bare exit status.
+set -eEuo pipefail
+trap 'echo "prepare.sh: line $LINENO: \"$BASH_COMMAND\" failed (exit $?)" >&2' ERR
+shopt -s nullglob
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -50,7 +57,9 @@ for entry in "${packages[@]}"; do
     dir="${entry##*:}"
     how=""
     if (cd "$tmp" && apt-get download -q "$pkg" >/dev/null 2>&1); then
-        deb="$(ls "$tmp"/"${pkg}"_*.deb | head -1)"
+        debs=("$tmp"/"${pkg}"_*.deb)
+        (( ${#debs[@]} )) || die "apt-get download $pkg succeeded but left no ${pkg}_*.deb"
+        deb="${debs[0]}"
         dpkg -x "$deb" "$tmp/x-$pkg"
         [[ -d "$tmp/x-$pkg/usr/include/$dir" ]] || die "$deb has no usr/include/$dir"
         cp -a "$tmp/x-$pkg/usr/include/$dir" "$kit/include/"
@@ -67,12 +76,25 @@ done
 [[ -f "$kit/include/fmt/format-inl.h" ]] || die "fmt headers lack format-inl.h (needed header-only)"
 
 # NCCL header: from the nvidia-nccl-cu13 wheel (pip download, cached); the toolkit's if that fails.
-mkdir -p "$cache"
-whl="$(ls "$cache"/nvidia_nccl_cu13-"$nccl_wheel_version"-*.whl 2>/dev/null | head -1)"
+# (Globs with nullglob, never `ls | head`: under pipefail an empty cache must not end the script.)
+mkdir -p "$cache" || die "cannot create the wheel cache $cache (set LATTICE_KIT_CACHE)"
+cached_wheel() {
+    local w=("$cache"/nvidia_nccl_cu13-"$nccl_wheel_version"-*.whl)
+    (( ${#w[@]} )) && echo "${w[0]}"
+    return 0
+}
+whl="$(cached_wheel)"
 if [[ -z "$whl" ]]; then
-    python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_18_x86_64 --python-version 3.12 \
-        --implementation cp "nvidia-nccl-cu13==$nccl_wheel_version" -d "$cache" >/dev/null 2>&1 || true
-    whl="$(ls "$cache"/nvidia_nccl_cu13-"$nccl_wheel_version"-*.whl 2>/dev/null | head -1)"
+    read -r -a pip_cmd <<<"${LATTICE_KIT_PIP:-python3 -m pip}"
+    echo "  nvidia-nccl-cu13 $nccl_wheel_version is not in $cache: downloading it (${pip_cmd[*]} download; ~190 MiB, once)"
+    if ! "${pip_cmd[@]}" download -q --no-deps --only-binary=:all: --platform manylinux_2_18_x86_64 \
+        --python-version 3.12 --implementation cp "nvidia-nccl-cu13==$nccl_wheel_version" -d "$cache" \
+        >"$tmp/pip.log" 2>&1; then
+        echo "  the download failed (the toolkit's nccl.h instead); pip said:" >&2
+        tail -5 "$tmp/pip.log" | sed 's/^/    /' >&2
+    fi
+    whl="$(cached_wheel)"
+    [[ -n "$whl" ]] || echo "  no nvidia_nccl_cu13-$nccl_wheel_version-*.whl in $cache after the download" >&2
 fi
 if [[ -n "$whl" ]] && python3 - "$whl" "$kit/nccl/include" <<'PY'
 import os, sys, zipfile

@@ -14,8 +14,10 @@
 # instead that the tests step FAILs naming exactly those two (FAIL and TIMEOUT), that both were rerun
 # case by case, that every other test binary still ran (SKIP: no GPU) and every later step still ran.
 # --bundle, after a passing run, packs the root's executables (built for sm_90 in the bare root, the
-# closest thing here to the GPU machine) into gpu-kit/bin (bundle.py pack), then runs the check again
-# on a fresh build folder to prove that it takes them (the bundle step PASSes; no configure or build).
+# closest thing here to the GPU machine) into gpu-kit/bin (bundle.py pack), then runs the device's two
+# calls, `check.sh 1` and `check.sh 2`, on a fresh copy to prove that they take them (the bundle step
+# PASSes; nothing is configured or built) and says the bundle's size and each stage's wall time there.
+# The first run is `check.sh all` (it builds: there is no bundle yet).
 #
 # The root is cached outside the repository (default /var/cache/lattice-gpu-sim/<suite>), so reruns
 # start in seconds; --fresh rebuilds it. Needs root (debootstrap, chroot, mount namespaces).
@@ -121,11 +123,12 @@ for f in include/nccl.h include/nccl_device.h include/nccl_device lib/libnccl.so
 done
 ln -sfn cuda-sim "$sysroot/usr/local/cuda"
 export CHECK_TIME_SCALE="${CHECK_TIME_SCALE:-12}"
-run_check() {
-    local log=$1; shift
+run_check() {  # run_check STAGE LOG [VAR=VALUE ...]
+    local stage=$1 log=$2; shift 2
     rm -rf "$sysroot/out"
     mkdir -p "$sysroot/out"
-    say "check.sh in the root (no GPU, CHECK_TIME_SCALE=$CHECK_TIME_SCALE, JOBS=$(nproc)${*:+, $*})"
+    say "check.sh $stage in the root (no GPU, CHECK_TIME_SCALE=$CHECK_TIME_SCALE, JOBS=$(nproc)${*:+, $*})"
+    local t_run; t_run=$(date +%s)
     set +e
     unshare --mount --propagation private bash -euo pipefail -c '
         sysroot=$1 cuda=$2 hide=$3; shift 3
@@ -135,14 +138,14 @@ run_check() {
         mount --rbind /dev "$sysroot/dev"
         mount -t tmpfs tmpfs "$sysroot/tmp"
         exec chroot "$sysroot" /usr/bin/env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root LANG=C.UTF-8 \
-            OUT=/out CHECK_TIME_SCALE="$CHECK_TIME_SCALE" "$@" bash -c "cd /work/lattice && bash benchmarks/gpu/check.sh"
-    ' _ "$sysroot" "$cuda_host" "$cache/hide-nccl" "$@" 2>&1 | tee "$log"
+            OUT=/out CHECK_TIME_SCALE="$CHECK_TIME_SCALE" "$@" bash -c "cd /work/lattice && bash benchmarks/gpu/check.sh \$STAGE"
+    ' _ "$sysroot" "$cuda_host" "$cache/hide-nccl" "$@" STAGE="$stage" 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
     set -e
-    say "check.sh exited $rc"
+    say "check.sh $stage exited $rc after $(( $(date +%s) - t_run )) s"
 }
 
-# 5. What came back, and whether it is what the issue asks of a machine without a GPU.
+# 5. What came back, and whether it is what a machine without a GPU must show.
 # verify MODE (plain | inject | bundle): copies $OUT to $results, prints the verdict, returns 0/1.
 verify() {
     rm -rf "$results"
@@ -160,7 +163,10 @@ doc = json.load(open(sys.argv[1]))
 mode = sys.argv[2]
 steps = {s["name"]: s for s in doc["steps"]}
 bad = []
-order = ["env", "bundle", "configure", "build", "tests", "sanitize", "gemm", "attention", "decode", "e2e"]
+order = {"1": ["env", "bundle", "tests", "sanitize", "gpu-after"],
+         "2": ["env", "bundle", "gemm", "attention", "decode", "e2e", "gpu-after"]}.get(
+    str(doc.get("stage")), ["env", "bundle", "configure", "build", "tests", "sanitize", "gemm", "attention", "decode",
+                            "e2e", "gpu-after"])
 bundle_used = steps.get("bundle", {}).get("status") == "PASS"
 if mode == "bundle" and not bundle_used:
     bad.append(f"bundle is {steps.get('bundle', {}).get('status')}, not PASS: {steps.get('bundle', {}).get('note')}")
@@ -178,10 +184,10 @@ for name in order:
         bad.append(f"step {name} did not run")
 tests = doc.get("tests") or {}
 runs = {r["name"]: r for r in tests.get("runs", [])}
-if not runs:
+if not runs and "tests" in order:
     bad.append("no test binary ran")
 for s in doc["steps"]:
-    if mode == "inject" and s["name"] == "tests":
+    if mode == "inject" and s["name"] in ("tests", "diagnose"):
         continue
     if s["status"] in ("FAIL", "TIMEOUT"):
         bad.append(f"{s['name']} {s['status']}: {s.get('note', '')}")
@@ -195,13 +201,14 @@ if mode == "inject":
         r = runs.get(name)
         if not r or r["status"] != status:
             bad.append(f"{name} is {r and r['status']}, not {status}")
-        elif not r.get("cases") or not any(c["status"] == status for c in r["cases"]):
-            bad.append(f"{name} was not rerun case by case ({r.get('cases')})")
+        elif (r.get("diagnosis") or {}).get("rerun", {}).get("status") != status or \
+                r["diagnosis"]["seed"] != r["seed"]:
+            bad.append(f"{name} was not rerun alone with its seed {r.get('seed')} ({r.get('diagnosis')})")
     others = [r for n, r in runs.items() if n not in want]
     if not others or any(r["status"] != "SKIP" for r in others):
         bad.append("the other test binaries did not all run (SKIP): " + ", ".join(f"{n} {r['status']}" for n, r in runs.items()))
-    print("injected: " + "; ".join(f"{n} {runs[n]['status']}, rerun: " +
-          ", ".join(c["status"] for c in runs[n].get("cases", [])) for n in want if n in runs))
+    print("injected: " + "; ".join(f"{n} {runs[n]['status']} (seed {runs[n].get('seed')}), rerun with it: " +
+          str(((runs[n].get("diagnosis") or {}).get("rerun") or {}).get("status")) for n in want if n in runs))
 if doc.get("gpu"):
     bad.append(f"a GPU was seen: {doc['gpu']}")
 for b in bad:
@@ -214,12 +221,12 @@ PY
 
 copy_tree "$keep_build"
 if [[ $inject -eq 1 ]]; then
-    run_check "$cache/check-run.log" LATTICE_TEST_INJECT=fail:test_cuda_sampling,hang:test_cuda_ops CHECK_TEST_TIMEOUT=3
+    run_check all "$cache/check-run.log" LATTICE_TEST_INJECT=fail:test_cuda_sampling,hang:test_cuda_ops CHECK_TEST_TIMEOUT=3
     cp "$cache/check-run.log" "$results.log"
     verify inject || die "the injected run did not show what it should (check.sh rc $rc)"
     [[ $rc -eq 1 ]] || die "check.sh exited $rc with an injected failure, not 1"
 else
-    run_check "$cache/check-run.log"
+    run_check all "$cache/check-run.log"
     cp "$cache/check-run.log" "$results.log"
     verify plain && [[ $rc -eq 0 ]] || die "the simulated run did not pass (check.sh rc $rc)"
 fi
@@ -227,8 +234,12 @@ say "results in $results, check.sh's output in $results.log"
 if [[ $bundle -eq 1 ]]; then
     python3 "$here/bundle.py" pack "$tree/build-gpu-check" "$root/gpu-kit" "$tree"  # the sources that were built
     copy_tree 1  # the build folder stays for later --keep-build runs; with the bundle check.sh builds nothing
-    run_check "$cache/check-bundle.log"
-    cp "$cache/check-bundle.log" "$results-bundle.log"
-    verify bundle && [[ $rc -eq 0 ]] || die "the run with the bundle did not pass (check.sh rc $rc)"
-    say "bundle: $(du -sh "$root/gpu-kit/bin" | cut -f1) in $root/gpu-kit/bin; the check took it (log: $results-bundle.log)"
+    for st in 1 2; do  # the device's two calls
+        t_st=$(date +%s)
+        run_check "$st" "$cache/check-stage$st.log"
+        cp "$cache/check-stage$st.log" "$results-stage$st.log"
+        verify bundle && [[ $rc -eq 0 ]] || die "stage $st with the bundle did not pass (check.sh rc $rc)"
+        say "stage $st took $(( $(date +%s) - t_st )) s here (no GPU: every GPU step SKIPs)"
+    done
+    say "bundle: $(du -sh "$root/gpu-kit/bin" | cut -f1) in $root/gpu-kit/bin, gpu-kit/ $(du -sh "$root/gpu-kit" | cut -f1) in all; both stages took it (logs: $results-stage1.log, $results-stage2.log)"
 fi

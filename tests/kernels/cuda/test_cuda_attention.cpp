@@ -92,7 +92,7 @@ TEST_CASE("cuda attention: decode and prefill paths equal the CPU op" * doctest:
                         DevBuf ws(size_t(cuda::decode_workspace_floats(m, d)) * 4);
                         cuda::attention_decode(dout.get(), dqkv.get(), dk.get(), dv.get(), dpos.get<int32_t>(),
                                                dslots.get<int32_t>(), kv, m, d, ws.get<float>(), act, nullptr);
-                        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+                        CUDA_OK(cudaDeviceSynchronize());
                     } else {
                         std::vector<cuda::PrefillTile> tiles(static_cast<size_t>(m));
                         const int64_t nt = cuda::build_prefill_tiles(tiles.data(), b.pos.data(), b.slots.data(), m);

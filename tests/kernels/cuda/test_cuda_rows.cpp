@@ -71,7 +71,9 @@ TEST_CASE("cuda gather_rows and scatter_add_rows: an expert's rows out and its w
             for (int64_t i = 0; i < n; ++i)
                 cpu::axpy(ref.data() + int64_t(rows[size_t(i)]) * cols, w[size_t(i)], y.data() + i * cols, cols);
             std::vector<float> out = from_act(ddst.download<uint16_t>(size_t(t * cols)), act);
-            CHECK(rel_err(out, ref) < tol_for(act) / 4);  // one fma and one rounding per element
+            // One fma and one output rounding per element: <= u + 2^-24 (cuda_test_util.h (a), (b)), i.e.
+            // 4.9e-4 f16 / 3.9e-3 bf16, against tol / 4 = 1e-3 / 7.5e-3: 2x over the worst case.
+            CHECK(rel_err(out, ref) < tol_for(act) / 4);
             for (int64_t r = 0; r < t; ++r) {             // tokens no row names: bit for bit
                 if (std::find(rows.begin(), rows.end(), int32_t(r)) != rows.end()) continue;
                 CHECK(std::equal(out.begin() + r * cols, out.begin() + (r + 1) * cols, dst.begin() + r * cols));

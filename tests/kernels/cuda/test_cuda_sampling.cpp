@@ -29,7 +29,11 @@ TEST_CASE("cuda argmax: lowest index on ties, NaN ignored" * doctest::test_suite
 namespace {
 
 // Serial reference of the device sampling algorithm; returns -1 when u lies within `eps` of a CDF
-// boundary (summation order could legitimately flip the pick there).
+// boundary (summation order could legitimately flip the pick there). eps = 1e-4 of the total: the device
+// sums exp() in fp32 (expf <= 2 ulp) in its own order; for v <= 3001 positive terms the cumulative sums
+// differ from these double ones by ~2^-24 sqrt(v) = 3e-6 of the total (rounding errors of random
+// direction), 30x under eps; even all 3001 errors aligned (1.8e-4) would flip a pick only for u within
+// 1.8e-4 of a boundary, a chance of ~4e-4 per row.
 int32_t sample_ref(const float* logits, int64_t v, const cuda::SampleParams& p, double eps) {
     std::vector<float> x(static_cast<size_t>(v));
     float mx = -INFINITY;
@@ -145,6 +149,9 @@ TEST_CASE("cuda select_tokens: greedy and sampled rows, bans, min_p, raw log-pro
         for (int64_t j = 0; j < v; ++j) mx = std::max(mx, double(raw[size_t(i * v + j)]));
         for (int64_t j = 0; j < v; ++j) z += std::exp(double(raw[size_t(i * v + j)]) - mx);
         const double want = double(raw[size_t(i * v + ids[size_t(i)])]) - (mx + std::log(z));
+        // log p = x - (max + log z): x and max are exact; z is an fp32 sum of expf over v = 2003 terms, off by
+        // ~2^-24 sqrt(v) = 3e-6 relative (<= 1.2e-4 with every error aligned), so log z by as much in
+        // absolute terms; doctest's Approx allows 1e-4 x (1 + |log p|) >= 1e-4: 30x the typical error.
         CHECK(lps[size_t(i)] == doctest::Approx(want).epsilon(1e-4));
     }
 }
@@ -212,6 +219,7 @@ TEST_CASE("cuda select_tokens: penalty edits before the pick, the raw row's log-
         double mx = -INFINITY, z = 0;
         for (int64_t j = 0; j < v; ++j) mx = std::max(mx, double(raw[size_t(i * v + j)]));
         for (int64_t j = 0; j < v; ++j) z += std::exp(double(raw[size_t(i * v + j)]) - mx);
+        // The raw log-probability within 1e-4 x (1 + |log p|), as in the case above (v = 1001 here).
         CHECK(lps[size_t(i)] ==
               doctest::Approx(double(raw[size_t(i * v + ids[size_t(i)])]) - (mx + std::log(z))).epsilon(1e-4));
     }

@@ -25,8 +25,8 @@ bool setup(Ctx& c) {
     MPI_Comm_rank(MPI_COMM_WORLD, &c.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &c.size);
     REQUIRE(cuda_devices() >= c.size);  // the test main skips (exit 77) with fewer devices
-    REQUIRE(cudaSetDevice(c.rank) == cudaSuccess);
-    REQUIRE(cudaStreamCreate(&c.stream) == cudaSuccess);
+    CUDA_OK(cudaSetDevice(c.rank));
+    CUDA_OK(cudaStreamCreate(&c.stream));
     return true;
 }
 

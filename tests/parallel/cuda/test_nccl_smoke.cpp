@@ -6,6 +6,12 @@
 // and replayed with new inputs (the output follows the input, so the captured NCCL kernels ran), and
 // the destructor finalizes within its bound. Also reported: the NCCL version of the header this was
 // compiled with and of the library loaded (the wheel's), whose major versions must agree.
+// Ordering: DevBuf's poisoning memset and upload run on the legacy default stream (cudaMemset is
+// asynchronous to the host; a pageable cudaMemcpy may return once the data is staged, before the DMA
+// lands), while NCCL and the graph run on a cudaStreamNonBlocking stream, which does NOT wait for the
+// legacy stream. So every such host-side preparation is followed by settle() (cudaDeviceSynchronize)
+// before the next collective: without it a collective may read the input before its upload lands, or
+// the poison may land after a collective wrote the output, and the exact checks fail at random.
 #include <nccl.h>
 
 #include "parallel/communicator.h"
@@ -21,6 +27,11 @@ View dview(const DevBuf& b, DType t, int64_t n) {
     return View::contiguous(b.get(), t, {n}, Device::kCuda);
 }
 
+// Legacy-stream work (DevBuf's memset, upload, poison) done before the non-blocking stream runs more.
+void settle() {
+    CUDA_OK(cudaDeviceSynchronize());
+}
+
 }  // namespace
 
 TEST_CASE("NcclComm on one rank: init, collectives, graph capture and replay, finalize" * doctest::test_suite("cuda")) {
@@ -29,9 +40,9 @@ TEST_CASE("NcclComm on one rank: init, collectives, graph capture and replay, fi
     MESSAGE("NCCL header " << NCCL_MAJOR << "." << NCCL_MINOR << "." << NCCL_PATCH << ", library " << version / 10000
                            << "." << version / 100 % 100 << "." << version % 100);
     CHECK(version / 10000 == NCCL_MAJOR);
-    REQUIRE(cudaSetDevice(0) == cudaSuccess);
+    CUDA_OK(cudaSetDevice(0));
     cudaStream_t stream = nullptr;
-    REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const int64_t n = 1003;
     std::vector<float> a(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) a[size_t(i)] = float(i % 17) - 8.0f;
@@ -41,11 +52,13 @@ TEST_CASE("NcclComm on one rank: init, collectives, graph capture and replay, fi
         CHECK(comm.rank() == 0);
         CHECK(comm.size() == 1);
         DevBuf in(a), out(size_t(n) * 4);
+        settle();
         comm.all_reduce_sum(dview(in, DType::kF32, n));
         CHECK(in.download<float>(size_t(n)) == a);
         comm.all_gather(dview(out, DType::kF32, n), dview(in, DType::kF32, n));
         CHECK(out.download<float>(size_t(n)) == a);
         out.poison();
+        settle();
         comm.reduce_scatter_sum(dview(out, DType::kF32, n), dview(in, DType::kF32, n));
         CHECK(out.download<float>(size_t(n)) == a);
         comm.broadcast(dview(in, DType::kF32, n), 0);
@@ -54,21 +67,23 @@ TEST_CASE("NcclComm on one rank: init, collectives, graph capture and replay, fi
 
         // Captured: out = all_gather(in); out = all_reduce(out). Replayed with new inputs.
         out.poison();
+        settle();
         cudaGraph_t graph = nullptr;
         cudaGraphExec_t exec = nullptr;
-        REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+        CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
         comm.all_gather(dview(out, DType::kF32, n), dview(in, DType::kF32, n));
         comm.all_reduce_sum(dview(out, DType::kF32, n));
-        REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
-        REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+        CUDA_OK(cudaStreamEndCapture(stream, &graph));
+        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
         for (int r = 0; r < 3; ++r) {
             INFO("replay " << r);
             std::vector<float> b(static_cast<size_t>(n));
             for (int64_t i = 0; i < n; ++i) b[size_t(i)] = float((i * (r + 3)) % 101) - 50.0f;
             in.upload(b);
-            REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
+            settle();
+            CUDA_OK(cudaGraphLaunch(exec, stream));
             comm.wait_idle();
-            REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+            CUDA_OK(cudaStreamSynchronize(stream));
             CHECK(out.download<float>(size_t(n)) == b);
         }
         cudaGraphExecDestroy(exec);

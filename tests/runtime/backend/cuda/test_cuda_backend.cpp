@@ -249,7 +249,10 @@ TEST_CASE("Model on CudaBackend == CpuBackend (prefill, decode, graph replay)" *
         CudaBackend& be = static_cast<CudaBackend&>(*gpu.backend);
         Model& mg = *gpu.model;
         Model& mc = *cpu.model;
-        const double tol = act == DType::kF16 ? 3e-2 : 1e-1;  // two layers and the head of roundings
+        // Relative L2 over the logits of two layers and the head with activations rounded after every op:
+        // benchmarks/gpu/tolerance_model.py at this shape (hidden 96, 2 layers, vocab 50), worst of 200
+        // random models: 1.0e-3 f16, 7.8e-3 bf16 (W8A8: 1.1e-2, 1.7e-2). 3e-2 / 1e-1 are 30x / 13x over.
+        const double tol = act == DType::kF16 ? 3e-2 : 1e-1;
         // Two sequences: 0 in the first blocks of the paged cache, 1 in the next ones.
         const int64_t W = mc.attention_shape().table_width;
         REQUIRE(mg.kv_blocks() >= 2 * W);
@@ -330,6 +333,8 @@ TEST_CASE("the families on CudaBackend == CpuBackend in W8A8: biases, sliding wi
             };
             const auto cpu = run(BackendKind::kCpu, 256);
             REQUIRE(any_nonzero(cpu.first));
+            // W8A8 on the golden models: the int8 roundings of fp16 / bf16 activations vs fp32 ones, modelled
+            // by tolerance_model.py at the tiny shape as 1.1e-2 (f16) / 1.7e-2 (bf16): 2.7x / 6x under these.
             const double tol = act == DType::kF16 ? 3e-2 : 1e-1;
             for (int64_t chunk : {int64_t(256), int64_t(1)}) {
                 INFO("chunk " << chunk);

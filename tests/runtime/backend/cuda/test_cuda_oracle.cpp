@@ -33,16 +33,25 @@ using namespace lattice::test;
 
 namespace {
 
-constexpr double kRowTolNone = 2e-2;  // fp16 activations through 4 layers and the head, per logits row
-constexpr double kRowTolW8A8 = 5e-2;  // + int8 activations quantized from fp16 vs fp32 rows
+// Per logits row, relative L2, GPU (fp16 activations stored after every op, fp32 accumulation) vs CPU
+// (fp32). benchmarks/gpu/tolerance_model.py emulates both at this test's shape (TinyLlama, 4 layers,
+// random_source's weights, 16 positions, 2 models): worst 7.9e-4 with quant none, 1.3e-2 with W8A8 (the
+// int8 rounding of an activation flips where the fp16 and fp32 values straddle a quantum: a whole quantum,
+// absmax / 127, on those elements). Tolerances: 25x and 3.7x over those worst rows.
+constexpr double kRowTolNone = 2e-2;
+constexpr double kRowTolW8A8 = 5e-2;
 // W4A16: quant none's fp16 activations, plus the prefill GEMM's dequantized weights rounded to fp16 once (2^-12
-// relative on average; the CPU keeps them in fp32): not measured on a GPU yet, so a margin over kRowTolNone.
+// relative on average; the CPU keeps them in fp32): about one more output rounding per linear, ~1e-3 by the
+// same model; 3e-2 keeps quant none's margin and more.
 constexpr double kRowTolW4A16 = 3e-2;
 
 double row_tol(QuantMode q) {
     return q == QuantMode::kNone ? kRowTolNone : q == QuantMode::kW4A16 ? kRowTolW4A16 : kRowTolW8A8;
 }
-constexpr double kTieFactor = 4.0;    // a near tie: CPU top-2 gap < 4 x the worst |logit error|
+// A near tie: CPU top-2 gap < 4 x the worst |logit error| of the run (measured, not assumed): a flip of
+// the argmax needs the two errors to close the gap, |e1| + |e2| <= 2 x worst, so 4x is twice what a flip
+// can take; a divergence outside it is a real difference.
+constexpr double kTieFactor = 4.0;
 
 int64_t oracle_layers() {
     const char* e = std::getenv("LATTICE_ORACLE_LAYERS");
