@@ -12,6 +12,9 @@
 // and the string body, where every configuration is at a body state and the precomputed plain sets
 // answer all but the non-plain tokens. Scratch sets are thread_local so a mask allocates nothing
 // once warm.
+// Finishing: distance() in bytes from the compile-time costs (grammar_check.cpp); min_remaining_tokens()
+// in tokens by a breadth-first search over sets with the vocabulary's tokens as edges (a trie walk per
+// set, as for a mask), memoized per (vocabulary, set) in the DfaCache.
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -172,29 +175,95 @@ void walk(DfaCache& dc, const Nfa& n, const grammar_detail::Trie& t, int32_t sta
     }
 }
 
-// Bytes of the shortest completion from set `id` (a breadth-first search over the lazy DFA, memoized
-// per set); INT32_MAX when none is found within kMaxSearch sets.
-int32_t distance(DfaCache& dc, const Nfa& n, int32_t id, Scratch& sc) {
-    constexpr size_t kMaxSearch = 20000;
+// Bytes of the shortest completion from set `id`: the least over its configurations of the sum of
+// their frames' Nfa::finish_bytes (grammar_check.cpp), memoized per set; INT32_MAX when none ends.
+int32_t distance(DfaCache& dc, const Nfa& n, int32_t id, Scratch&) {
     if (dc.dist[size_t(id)] >= 0) return dc.dist[size_t(id)];
-    std::vector<int32_t> frontier{id}, next;
-    std::unordered_map<int32_t, int32_t> seen{{id, 0}};
-    int32_t found = INT32_MAX;
-    for (int32_t depth = 1; !frontier.empty() && found == INT32_MAX && seen.size() < kMaxSearch; ++depth) {
+    const Configs& c = dc.sets[size_t(id)];
+    int64_t best = grammar_detail::kNever;
+    for (int32_t i = 0; i < c.size(); ++i) {
+        int64_t sum = 0;
+        for (int32_t s : c.at(i)) {
+            const int32_t f = n.finish_bytes[size_t(s)];
+            if (f == grammar_detail::kNever) {
+                sum = grammar_detail::kNever;
+                break;
+            }
+            sum += f;
+        }
+        best = std::min(best, sum);
+    }
+    dc.dist[size_t(id)] = int32_t(std::min<int64_t>(best, grammar_detail::kNever));
+    return dc.dist[size_t(id)];
+}
+
+// The distinct sets one token leads to from set `start` (the trie walk of walk(), recording each
+// token's target instead of its bit); whether some token completes the output.
+bool token_targets(DfaCache& dc, const Nfa& n, const grammar_detail::Trie& t, int32_t start,
+                   std::vector<int32_t>& out, Scratch& sc) {
+    if (sc.levels.size() < size_t(t.max_depth) + 1) sc.levels.resize(size_t(t.max_depth) + 1);
+    sc.levels[0] = start;
+    bool completes = false;
+    out.clear();
+    const uint32_t nodes = uint32_t(t.byte.size());
+    for (uint32_t i = 1; i < nodes;) {
+        const int d = t.depth[i];
+        const int32_t v = transition(dc, n, sc.levels[size_t(d - 1)], t.byte[i], sc);
+        const int32_t target = (v >> 1) - 1;
+        if (target < 0 && !(v & 1)) {
+            i = t.end[i];
+            continue;
+        }
+        if (t.tok_off[i] != t.tok_off[i + 1]) {
+            completes |= (v & 1) != 0;
+            if (target >= 0 && std::find(out.begin(), out.end(), target) == out.end()) out.push_back(target);
+        }
+        if (target < 0) {
+            i = t.end[i];
+            continue;
+        }
+        sc.levels[size_t(d)] = target;
+        ++i;
+    }
+    return completes;
+}
+
+// Tokens of the shortest completion from set `id`: a breadth-first search over sets with tokens as
+// edges, memoized per (vocabulary, set). Past kMaxExpand sets it gives up and answers the byte
+// distance, an upper bound wherever every byte is a token (byte-level BPE; SentencePiece with byte
+// fallback). 0 is never returned for a set (a set is not complete by itself: its caller knows).
+int32_t token_distance(DfaCache& dc, const Nfa& n, const TokenVocab& v, int32_t id, Scratch& sc) {
+    constexpr int kMaxExpand = 64;
+    const auto key = [&](int32_t set) { return uint64_t(v.serial()) << 32 | uint32_t(set); };
+    if (auto it = dc.tok_dist.find(key(id)); it != dc.tok_dist.end()) return it->second;
+    std::vector<int32_t> frontier{id}, next, targets;
+    std::vector<int32_t> seen{id};
+    int64_t best = grammar_detail::kNever;
+    int expanded = 0;
+    for (int32_t depth = 1; !frontier.empty() && best > depth - 1; ++depth) {
         next.clear();
         for (int32_t u : frontier) {
-            for (int b = 0; b < 256 && found == INT32_MAX; ++b) {
-                const int32_t v = transition(dc, n, u, uint8_t(b), sc);
-                if (v & 1) found = depth;
-                const int32_t target = (v >> 1) - 1;
-                if (target >= 0 && seen.emplace(target, depth).second) next.push_back(target);
+            if (u != id)
+                if (auto it = dc.tok_dist.find(key(u)); it != dc.tok_dist.end()) {  // known: no need to walk
+                    best = std::min<int64_t>(best, int64_t(depth - 1) + it->second);
+                    continue;
+                }
+            if (++expanded > kMaxExpand) {
+                const int32_t bytes = distance(dc, n, id, sc);
+                return best < grammar_detail::kNever ? int32_t(std::min<int64_t>(best, bytes)) : bytes;
             }
-            if (found != INT32_MAX) break;
+            if (token_targets(dc, n, v.trie(), u, targets, sc)) best = std::min<int64_t>(best, depth);
+            for (int32_t t : targets)
+                if (std::find(seen.begin(), seen.end(), t) == seen.end()) {
+                    seen.push_back(t);
+                    next.push_back(t);
+                }
         }
         std::swap(frontier, next);
     }
-    dc.dist[size_t(id)] = found;
-    return found;
+    const int32_t r = int32_t(std::min<int64_t>(best, grammar_detail::kNever));
+    dc.tok_dist.emplace(key(id), r);
+    return r;
 }
 
 }  // namespace
@@ -206,6 +275,52 @@ int32_t GrammarMatcher::distance() const {
     std::lock_guard<std::mutex> lock(dc.mu);
     if (dc.sets.size() > DfaCache::kMaxSets) dc.clear();
     return ::lattice::distance(dc, grammar_->nfa(), intern(dc, grammar_->nfa(), live_), scratch());
+}
+
+int32_t GrammarMatcher::min_remaining_tokens() const {
+    if (complete_) return 0;
+    if (live_.size() == 0) return INT32_MAX;
+    DfaCache& dc = grammar_->cache();
+    std::lock_guard<std::mutex> lock(dc.mu);
+    if (dc.sets.size() > DfaCache::kMaxSets) dc.clear();
+    return token_distance(dc, grammar_->nfa(), *vocab_, intern(dc, grammar_->nfa(), live_), scratch());
+}
+
+void GrammarMatcher::fill_mask_within(std::span<uint32_t> words, int64_t tokens_left) const {
+    fill_mask(words);
+    const TokenVocab& v = *vocab_;
+    if (live_.size() == 0 || tokens_left <= 0) return;  // nothing can follow, or nothing is left to promise
+    const Nfa& n = grammar_->nfa();
+    DfaCache& dc = grammar_->cache();
+    std::lock_guard<std::mutex> lock(dc.mu);
+    if (dc.sets.size() > DfaCache::kMaxSets) dc.clear();
+    Scratch& sc = scratch();
+    const int32_t start = intern(dc, n, live_);
+    std::vector<uint32_t> kept(words.begin(), words.end());
+    bool any = false;
+    for (size_t w = 0; w < words.size(); ++w) {
+        for (uint32_t bits = words[w]; bits != 0; bits &= bits - 1) {
+            const int32_t id = int32_t(w * 32) + __builtin_ctz(bits);
+            if (v.is_end(id)) {
+                any = true;
+                continue;
+            }
+            int32_t at = start, last = 0;
+            for (char c : v.bytes(id)) {
+                if (at < 0) break;
+                last = transition(dc, n, at, uint8_t(c), sc);
+                at = (last >> 1) - 1;
+            }
+            const bool keep = (last & 1) || (at >= 0 && tokens_left > 1 &&
+                                              int64_t(token_distance(dc, n, v, at, sc)) <= tokens_left - 1);
+            if (keep)
+                any = true;
+            else
+                kept[w] &= ~(1u << (id % 32));
+        }
+    }
+    // No token keeps the promise (tokens_left is below the shortest completion): the plain mask stands.
+    if (any) std::copy(kept.begin(), kept.end(), words.begin());
 }
 
 void GrammarMatcher::fill_mask_finishing(std::span<uint32_t> words) const {

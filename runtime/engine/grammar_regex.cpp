@@ -363,6 +363,10 @@ void emit(grammar_detail::NfaBuilder& b, const Node& n, int32_t from, int32_t to
 
 }  // namespace
 
+void regex_fragment(grammar_detail::NfaBuilder& b, const std::string& pattern, int32_t from, int32_t to) {
+    emit(b, Parser(pattern).parse(), from, to);
+}
+
 grammar_detail::Nfa compile_regex(const std::string& pattern) {
     const Node root = Parser(pattern).parse();
     grammar_detail::NfaBuilder b;
