@@ -295,7 +295,7 @@ public:
 
     // Tokens of the shortest completion from here in this vocabulary (0 when complete(); INT32_MAX
     // if none): what the reserve near max_tokens needs. Exact (a search over the lazy DFA with tokens
-    // as edges, memoized per state) unless the search passes 64 states, then the byte distance (an
+    // as edges, memoized per state) unless the search passes 256 states, then the byte distance (an
     // upper bound where every byte is a token). And the mask of the allowed tokens after which the
     // output is complete or can still be completed within tokens_left - 1 tokens (end ids when
     // complete()): sampling from it with tokens_left = max_tokens - generated ends the output

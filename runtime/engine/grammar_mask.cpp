@@ -229,39 +229,75 @@ bool token_targets(DfaCache& dc, const Nfa& n, const grammar_detail::Trie& t, in
 }
 
 // Tokens of the shortest completion from set `id`: a breadth-first search over sets with tokens as
-// edges, memoized per (vocabulary, set). Past kMaxExpand sets it gives up and answers the byte
-// distance, an upper bound wherever every byte is a token (byte-level BPE; SentencePiece with byte
-// fallback). 0 is never returned for a set (a set is not complete by itself: its caller knows).
+// edges (each expansion a trie walk), level by level until a completion is found; then a backward pass
+// over the explored sets gives each its own distance, memoized per (vocabulary, set) where it is
+// provably exact (no shorter way can leave the explored levels), so the sets along the way answer at
+// once later. Past kMaxExpand expansions it gives up and answers the least of the best completion found
+// and the byte distance, an upper bound wherever every byte is a token (byte-level BPE; SentencePiece
+// with byte fallback). A set is never complete by itself (its caller knows), so the answer is >= 1.
 int32_t token_distance(DfaCache& dc, const Nfa& n, const TokenVocab& v, int32_t id, Scratch& sc) {
-    constexpr int kMaxExpand = 64;
+    constexpr int kMaxExpand = 256;
+    constexpr int64_t kNone = grammar_detail::kNever;
     const auto key = [&](int32_t set) { return uint64_t(v.serial()) << 32 | uint32_t(set); };
     if (auto it = dc.tok_dist.find(key(id)); it != dc.tok_dist.end()) return it->second;
-    std::vector<int32_t> frontier{id}, next, targets;
-    std::vector<int32_t> seen{id};
-    int64_t best = grammar_detail::kNever;
+    struct Node {
+        int32_t set, depth;
+        int64_t dist = kNone;  // known (memo) or being computed
+        bool expanded = false, completes = false;
+        std::vector<int32_t> succ;  // node indices
+    };
+    std::vector<Node> nodes{{id, 0}};
+    std::unordered_map<int32_t, int32_t> index{{id, 0}};
+    std::vector<int32_t> targets;
+    int64_t best = kNone;
+    int32_t last_level = -1;
     int expanded = 0;
-    for (int32_t depth = 1; !frontier.empty() && best > depth - 1; ++depth) {
-        next.clear();
-        for (int32_t u : frontier) {
-            if (u != id)
-                if (auto it = dc.tok_dist.find(key(u)); it != dc.tok_dist.end()) {  // known: no need to walk
-                    best = std::min<int64_t>(best, int64_t(depth - 1) + it->second);
+    for (size_t begin = 0; begin < nodes.size();) {
+        const size_t end = nodes.size();
+        const int32_t depth = nodes[begin].depth;
+        for (size_t i = begin; i < end; ++i) {
+            if (i != 0)
+                if (auto it = dc.tok_dist.find(key(nodes[i].set)); it != dc.tok_dist.end()) {
+                    nodes[i].dist = it->second;
+                    best = std::min<int64_t>(best, depth + int64_t(it->second));
                     continue;
                 }
             if (++expanded > kMaxExpand) {
                 const int32_t bytes = distance(dc, n, id, sc);
-                return best < grammar_detail::kNever ? int32_t(std::min<int64_t>(best, bytes)) : bytes;
+                return int32_t(std::min<int64_t>(best, bytes));
             }
-            if (token_targets(dc, n, v.trie(), u, targets, sc)) best = std::min<int64_t>(best, depth);
-            for (int32_t t : targets)
-                if (std::find(seen.begin(), seen.end(), t) == seen.end()) {
-                    seen.push_back(t);
-                    next.push_back(t);
+            nodes[i].expanded = true;
+            nodes[i].completes = token_targets(dc, n, v.trie(), nodes[i].set, targets, sc);
+            if (nodes[i].completes) best = std::min<int64_t>(best, depth + 1);
+            for (int32_t t : targets) {
+                const auto [it, fresh] = index.emplace(t, int32_t(nodes.size()));
+                if (fresh) nodes.push_back({t, depth + 1});
+                nodes[i].succ.push_back(it->second);
+            }
+        }
+        last_level = depth;
+        begin = end;
+        if (best <= depth + 1) break;
+    }
+    // Backward: each expanded set's distance within the explored part (a few rounds: cycles are rare).
+    for (Node& u : nodes)
+        if (u.expanded) u.dist = u.completes ? 1 : kNone;
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (Node& u : nodes) {
+            if (!u.expanded) continue;
+            for (int32_t j : u.succ)
+                if (nodes[size_t(j)].dist != kNone && nodes[size_t(j)].dist + 1 < u.dist) {
+                    u.dist = nodes[size_t(j)].dist + 1;
+                    changed = true;
                 }
         }
-        std::swap(frontier, next);
     }
-    const int32_t r = int32_t(std::min<int64_t>(best, grammar_detail::kNever));
+    // A way through a set never expanded (depth > last_level) takes at least last_level + 2 - depth.
+    for (const Node& u : nodes)
+        if (u.expanded && u.dist != kNone && u.dist <= int64_t(last_level) + 2 - u.depth)
+            dc.tok_dist.emplace(key(u.set), int32_t(u.dist));
+    const int32_t r = int32_t(std::min<int64_t>(nodes[0].dist, kNone));
     dc.tok_dist.emplace(key(id), r);
     return r;
 }
