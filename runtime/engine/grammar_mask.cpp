@@ -3,6 +3,9 @@
 // A step moves every live configuration along its top state's byte edges and closes the result:
 // epsilon edges replace the top, call edges replace it by the return state and push the callee, a
 // kReturn state pops (at the bottom frame nothing is popped; kFinal there means "complete").
+// States from which the frame can never end (Nfa::finish_bytes kNever: a branch of a regex through a
+// class that matches nothing, a rule that only leads back to itself) are never entered, so every
+// live configuration can still be completed and a mask is empty only when the output is complete.
 // Configurations are deduplicated per closure (a linear scan: sets hold a handful), and a stack
 // deeper than kMaxStack is dropped, which is what bounds nesting and makes recursion through
 // calls that consume nothing terminate.
@@ -70,12 +73,16 @@ private:
         if ((n.flags[su] & grammar_detail::kReturn) && cur.size() > 1)
             work.push(std::span<const int32_t>(cur.data(), cur.size() - 1));
         for (uint32_t e = n.eps_off[su]; e < n.eps_off[su + 1]; ++e) {
+            if (n.finish_bytes[size_t(n.eps[e])] == grammar_detail::kNever) continue;  // a dead end
             cur.back() = n.eps[e];
             work.push(cur);
         }
         cur.back() = s;
         if (cur.size() >= size_t(grammar_detail::kMaxStack)) return;
         for (uint32_t e = n.call_off[su]; e < n.call_off[su + 1]; ++e) {
+            if (n.finish_bytes[size_t(n.calls[e].callee)] == grammar_detail::kNever ||
+                n.finish_bytes[size_t(n.calls[e].ret)] == grammar_detail::kNever)
+                continue;
             cur.back() = n.calls[e].ret;
             cur.push_back(n.calls[e].callee);
             work.push(cur);
@@ -106,6 +113,7 @@ bool step(const Nfa& n, const Configs& in, uint8_t b, Configs& out, Scratch& sc)
         for (uint32_t e = n.byte_off[size_t(s)]; e < n.byte_off[size_t(s) + 1]; ++e) {
             const grammar_detail::ByteEdge& ed = n.bytes[e];
             if (b < ed.lo || b > ed.hi) continue;
+            if (n.finish_bytes[size_t(ed.to)] == grammar_detail::kNever) continue;  // no way on from there
             const auto c = in.at(i);
             sc.cfg.assign(c.begin(), c.end());
             sc.cfg.back() = ed.to;

@@ -103,6 +103,18 @@ TEST_CASE("grammar limits: a schema or regex that admits no finite document is r
               {"type":"null"}]}},"required":["c"]}},"$ref":"#/$defs/t"})") == "(compiled)");
     CHECK(error_of(K::kJsonSchema, R"({"type":"array","items":{"$ref":"#"}})") == "(compiled)");
     CHECK(error_of(K::kRegex, "[^\\s\\S]|ok") == "(compiled)");
+    // A branch that can never end is never entered: after "x" only "y" is allowed (found by fuzz_grammar:
+    // the mask was empty on a prefix of such a branch).
+    const auto dead = compile(K::kRegex, "xy|xqa[^\\d\\D]z|x[^\\w\\W]");
+    const auto v = vocab({});
+    GrammarMatcher m(dead, v);
+    REQUIRE(m.accept_bytes("x"));
+    std::vector<uint32_t> w(size_t((v->size() + 31) / 32));
+    m.fill_mask(w);
+    for (int32_t id = 0; id < v->size(); ++id) CHECK_MESSAGE(bit(w, id) == (id == 'y'), id);
+    // Bytes that are no UTF-8 character are refused in a pattern (they made a partial character).
+    CHECK(has(error_of(K::kRegex, "a\xfd\xf5\x02b"), "invalid UTF-8"));
+    CHECK(has(error_of(K::kRegex, "\xed\xa0\x80"), "invalid UTF-8"));  // a surrogate
 }
 
 TEST_CASE("grammar limits: 1000 and 5000 required properties compile and report a finite distance") {
