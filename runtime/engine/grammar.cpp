@@ -195,6 +195,10 @@ TokenVocab::TokenVocab(std::vector<std::string> bytes, std::vector<int32_t> end_
     }
     all_.build(bytes_, all);
     nonplain_.build(bytes_, nonplain);
+    std::vector<uint8_t> single(256, 0);
+    for (const std::string& b : bytes_)
+        if (b.size() == 1) single[uint8_t(b[0])] = 1;
+    all_bytes_ = std::all_of(single.begin(), single.end(), [](uint8_t x) { return x != 0; });
 }
 
 std::span<const uint32_t> TokenVocab::plain_upto(int k) const {

@@ -220,6 +220,9 @@ public:
     const std::vector<int32_t>& end_ids() const { return end_ids_; }
     bool is_end(int32_t id) const { return is_end_[size_t(id)] != 0; }
     uint32_t serial() const { return serial_; }
+    // Whether each of the 256 bytes is a token by itself (byte-level BPE; SentencePiece with byte
+    // fallback): then an output of k bytes takes at most k tokens.
+    bool has_all_bytes() const { return all_bytes_; }
 
     // Mask index (grammar_mask.cpp).
     const grammar_detail::Trie& trie() const { return all_; }
@@ -235,6 +238,7 @@ private:
     std::vector<uint32_t> plain_words_;  // (kPlainMaxChars + 1) bitsets, cumulative in k
     int32_t words_ = 0;
     uint32_t serial_ = 0;  // distinguishes vocabularies in a Grammar's mask memo
+    bool all_bytes_ = false;
 };
 
 class Tokenizer;

@@ -242,8 +242,11 @@ bool token_targets(DfaCache& dc, const Nfa& n, const grammar_detail::Trie& t, in
 // provably exact (no shorter way can leave the explored levels), so the sets along the way answer at
 // once later. Past kMaxExpand expansions it gives up and answers the least of the best completion found
 // and the byte distance, an upper bound wherever every byte is a token (byte-level BPE; SentencePiece
-// with byte fallback). A set is never complete by itself (its caller knows), so the answer is >= 1.
-int32_t token_distance(DfaCache& dc, const Nfa& n, const TokenVocab& v, int32_t id, Scratch& sc) {
+// with byte fallback), memoized too so a long document does not search again. With `limit`, the search
+// stops past that many tokens and answers limit + 1 when no completion is that close (not memoized).
+// A set is never complete by itself (its caller knows), so the answer is >= 1.
+int32_t token_distance(DfaCache& dc, const Nfa& n, const TokenVocab& v, int32_t id, Scratch& sc,
+                       int64_t limit = grammar_detail::kNever) {
     constexpr int kMaxExpand = 256;
     constexpr int64_t kNone = grammar_detail::kNever;
     const auto key = [&](int32_t set) { return uint64_t(v.serial()) << 32 | uint32_t(set); };
@@ -271,8 +274,9 @@ int32_t token_distance(DfaCache& dc, const Nfa& n, const TokenVocab& v, int32_t 
                     continue;
                 }
             if (++expanded > kMaxExpand) {
-                const int32_t bytes = distance(dc, n, id, sc);
-                return int32_t(std::min<int64_t>(best, bytes));
+                const int32_t r = int32_t(std::min<int64_t>(best, distance(dc, n, id, sc)));
+                dc.tok_dist.emplace(key(id), r);
+                return r;
             }
             nodes[i].expanded = true;
             nodes[i].completes = token_targets(dc, n, v.trie(), nodes[i].set, targets, sc);
@@ -286,6 +290,7 @@ int32_t token_distance(DfaCache& dc, const Nfa& n, const TokenVocab& v, int32_t 
         last_level = depth;
         begin = end;
         if (best <= depth + 1) break;
+        if (depth + 1 >= limit && best > limit) return int32_t(limit + 1);  // nothing within the limit
     }
     // Backward: each expanded set's distance within the explored part (a few rounds: cycles are rare).
     for (Node& u : nodes)
@@ -355,8 +360,12 @@ void GrammarMatcher::fill_mask_within(std::span<uint32_t> words, int64_t tokens_
                 last = transition(dc, n, at, uint8_t(c), sc);
                 at = (last >> 1) - 1;
             }
-            const bool keep = (last & 1) || (at >= 0 && tokens_left > 1 &&
-                                              int64_t(token_distance(dc, n, v, at, sc)) <= tokens_left - 1);
+            // Bytes bound tokens from above where every byte is a token: the search only near the end.
+            const int64_t need = tokens_left - 1;
+            const bool keep = (last & 1) ||
+                              (at >= 0 && need >= 1 &&
+                               ((v.has_all_bytes() && int64_t(::lattice::distance(dc, n, at, sc)) <= need) ||
+                                int64_t(token_distance(dc, n, v, at, sc, need)) <= need));
             if (keep)
                 any = true;
             else
