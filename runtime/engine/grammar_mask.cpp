@@ -345,11 +345,21 @@ void GrammarMatcher::fill_mask_within(std::span<uint32_t> words, int64_t tokens_
     if (dc.sets.size() > DfaCache::kMaxSets) dc.clear();
     Scratch& sc = scratch();
     const int32_t start = intern(dc, n, live_);
+    const int64_t need = tokens_left - 1;
+    // Inside an unbounded string body a plain token leads back to this set, or at most 3 bytes short of
+    // a character boundary: far enough from the end they are all kept at once (not walked one by one).
+    const bool bulk_plain = dc.body[size_t(start)] == INT32_MAX && v.has_all_bytes() &&
+                            int64_t(::lattice::distance(dc, n, start, sc)) + 3 <= need;
+    const auto plain = v.plain_upto(grammar_detail::kPlainMaxChars);
     std::vector<uint32_t> kept(words.begin(), words.end());
     bool any = false;
     for (size_t w = 0; w < words.size(); ++w) {
         for (uint32_t bits = words[w]; bits != 0; bits &= bits - 1) {
             const int32_t id = int32_t(w * 32) + __builtin_ctz(bits);
+            if (bulk_plain && (plain[w] >> (id % 32) & 1u)) {
+                any = true;
+                continue;
+            }
             if (v.is_end(id)) {
                 any = true;
                 continue;
@@ -361,7 +371,6 @@ void GrammarMatcher::fill_mask_within(std::span<uint32_t> words, int64_t tokens_
                 at = (last >> 1) - 1;
             }
             // Bytes bound tokens from above where every byte is a token: the search only near the end.
-            const int64_t need = tokens_left - 1;
             const bool keep = (last & 1) ||
                               (at >= 0 && need >= 1 &&
                                ((v.has_all_bytes() && int64_t(::lattice::distance(dc, n, at, sc)) <= need) ||
