@@ -1,4 +1,5 @@
-// The side file that binds a batch output to its input; see batch_input.h for the rule.
+// The side file that binds a batch output to its input, and the ids of input lines; see batch_input.h
+// for the rules.
 #include "launch/batch_input.h"
 
 #include <fmt/format.h>
@@ -8,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <unordered_map>
 #include <vector>
 
 #include "base/error.h"
@@ -109,12 +111,137 @@ Fingerprint read_side(const std::string& side, const std::string& output) {
     return f;
 }
 
+// The ids: a scan of the top-level members of a line that parses only the custom_id value.
+size_t skip_ws(std::string_view s, size_t i) {
+    while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\r' || s[i] == '\n')) ++i;
+    return i;
+}
+
+// One past the closing quote of the string opening at s[i]; npos when the line ends first.
+size_t string_end(std::string_view s, size_t i) {
+    for (++i; i < s.size(); ++i) {
+        if (s[i] == '\\')
+            ++i;
+        else if (s[i] == '"')
+            return i + 1;
+    }
+    return std::string_view::npos;
+}
+
+// One past the value starting at s[i] (not validated: brackets matched, strings skipped); npos when
+// the line ends first.
+size_t value_end(std::string_view s, size_t i) {
+    if (i >= s.size()) return std::string_view::npos;
+    if (s[i] == '"') return string_end(s, i);
+    if (s[i] == '{' || s[i] == '[') {
+        int64_t depth = 0;
+        for (; i < s.size(); ++i) {
+            const char c = s[i];
+            if (c == '"') {
+                i = string_end(s, i);
+                if (i == std::string_view::npos) return i;
+                --i;
+            } else if (c == '{' || c == '[') {
+                ++depth;
+            } else if ((c == '}' || c == ']') && --depth == 0) {
+                return i + 1;
+            }
+        }
+        return std::string_view::npos;
+    }
+    while (i < s.size() && s[i] != ',' && s[i] != '}' && s[i] != ']' && s[i] != ' ' && s[i] != '\t' &&
+           s[i] != '\r' && s[i] != '\n')
+        ++i;
+    return i;
+}
+
+// The line's top-level "custom_id" (the last, as a JSON parser keeps it), or a discarded value.
+json find_custom_id(std::string_view s) {
+    constexpr size_t kMaxIdBytes = 4096;
+    json found(json::value_t::discarded);
+    size_t i = skip_ws(s, 0);
+    if (i >= s.size() || s[i] != '{') return found;
+    ++i;
+    for (;;) {
+        i = skip_ws(s, i);
+        if (i >= s.size() || s[i] != '"') return found;
+        const size_t key_end = string_end(s, i);
+        if (key_end == std::string_view::npos) return found;
+        const json key = json::parse(s.substr(i, key_end - i), nullptr, false);
+        i = skip_ws(s, key_end);
+        if (i >= s.size() || s[i] != ':') return found;
+        i = skip_ws(s, i + 1);
+        const size_t end = value_end(s, i);
+        if (end == std::string_view::npos) return found;
+        if (key.is_string() && key.get<std::string>() == "custom_id") {
+            found = end - i <= kMaxIdBytes ? json::parse(s.substr(i, end - i), nullptr, false) : json();
+            if (found.is_discarded()) found = nullptr;  // a value, not JSON: the caller's error record says so
+        }
+        i = skip_ws(s, end);
+        if (i >= s.size() || s[i] != ',') return found;
+        ++i;
+    }
+}
+
 }  // namespace batch_input_detail
+
+nlohmann::json batch_line_id(std::string_view line, int64_t line_no) {
+    using nlohmann::json;
+    json id = batch_input_detail::find_custom_id(line);
+    return id.is_discarded() ? json(fmt::format("line-{}", line_no)) : id;
+}
+
+void check_batch_ids(const std::string& input) {
+    using nlohmann::json;
+    FileDescriptor fd = open_regular_file(input, "--input");
+    std::unordered_map<std::string, int64_t> first_line;  // id as JSON text -> its line
+    std::vector<char> buf(size_t(1) << 20);
+    std::string line;
+    int64_t line_no = 0;
+    bool open = false;  // a line has begun and not ended
+    auto finish_line = [&]() {
+        ++line_no;
+        open = false;
+        if (line.find_first_not_of(" \t\r") == std::string::npos) return line.clear();
+        const json id = batch_line_id(line, line_no);
+        line.clear();
+        if (!id.is_string() && !id.is_number_integer()) return;  // an error record of its own
+        const auto [it, fresh] = first_line.emplace(id.dump(), line_no);
+        LATTICE_CHECK(fresh,
+                      "--input {}: lines {} and {} both have the id {}{}; results are keyed by id (a rerun skips "
+                      "the ids already in --output), so one of the two would never run: give every line its own "
+                      "\"custom_id\"",
+                      input, it->second, line_no, id.dump(),
+                      id.is_string() && id.get<std::string>().rfind("line-", 0) == 0
+                          ? " (\"line-N\" is also the id of a bare body on line N, a line without \"custom_id\")"
+                          : "");
+    };
+    for (;;) {
+        const ssize_t n = ::read(fd.get(), buf.data(), buf.size());
+        if (n < 0 && errno == EINTR) continue;
+        LATTICE_CHECK(n >= 0, "--input {}: read failed ({})", input, std::strerror(errno));
+        if (n == 0) break;
+        for (size_t at = 0; at < size_t(n);) {
+            const char* nl = static_cast<const char*>(std::memchr(buf.data() + at, '\n', size_t(n) - at));
+            const size_t end = nl ? size_t(nl - buf.data()) : size_t(n);
+            if (line.size() < kBatchLineKeepBytes)
+                line.append(buf.data() + at, std::min(end - at, kBatchLineKeepBytes - line.size()));
+            open = true;
+            at = end;
+            if (nl) {
+                finish_line();
+                ++at;
+            }
+        }
+    }
+    if (open) finish_line();
+}
 
 std::string batch_input_file(const std::string& output) { return output + ".input"; }
 
 BatchInputBinding bind_batch_input(const std::string& input, const std::string& output, bool has_results) {
     using namespace batch_input_detail;
+    check_batch_ids(input);
     const std::string side = batch_input_file(output);
     BatchInputBinding b;
     if (!has_results) {  // nothing to mix with: this input's fingerprint, whatever an old side file said

@@ -18,10 +18,22 @@
 // the same way: which input its results came from cannot be told. The content counts, not the path:
 // the input may be moved or renamed. The input must not change while a job runs (it is read twice:
 // fingerprinted here, then line by line).
+//
+// Ids. A line's id is its top-level "custom_id" whenever it has one, whatever else is wrong with the
+// line (no "body", not JSON after the id, too long or too deep to parse: the id is found by a scan
+// of the top-level members, not by parsing the line), else "line-N" (N its 1-based line number).
+// Within an input every id is unique: a custom_id repeated, or one equal to the "line-N" of a line
+// without a custom_id, refuses the whole input before the model loads, naming both lines. Refused
+// rather than renamed because results are keyed by id (a rerun skips the ids already in the
+// output), so two lines with one id would share one record and one of them would silently never
+// run; OpenAI's Batch API refuses such a file at upload too. So every input line yields exactly one
+// output record, under its own custom_id when it has one.
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 namespace lattice {
 
@@ -36,6 +48,18 @@ struct BatchInputBinding {
 // Checks --input against the output's side file and (re)writes it; Error naming the input, the output
 // and the side file when the results cannot be resumed from this input. `has_results`: the output
 // holds at least one record.
+// Also refuses an input whose ids are not unique (check_batch_ids), first.
 BatchInputBinding bind_batch_input(const std::string& input, const std::string& output, bool has_results);
+
+// The id of one input line as read (`line`: its first bytes when it is longer than the reader keeps):
+// its top-level "custom_id" value (parsed; null when that value is not a JSON scalar of at most 4 KiB),
+// else "line-N".
+nlohmann::json batch_line_id(std::string_view line, int64_t line_no);
+
+// Error naming both lines and the id when two non-blank lines of the input have the same string or
+// integer id. Lines are read as `lattice batch` reads them: split at '\n', blank ones (only spaces,
+// tabs, '\r') skipped but counted, at most kBatchLineKeepBytes of each looked at.
+constexpr size_t kBatchLineKeepBytes = (size_t(8) << 20) + 1;  // cmd_batch.cpp's kKeepBytes
+void check_batch_ids(const std::string& input);
 
 }  // namespace lattice

@@ -4,8 +4,8 @@
 //                 "body": {completions or chat body, launch/openai/request.h}}: the url picks the
 //                 endpoint (any other url, or a method other than POST, is an error record naming it;
 //                 without a url a body with "messages" is a chat request), or a bare body
-//                 {"prompt": ...} whose id is "line-N" (N its 1-based line number: a string, so it can
-//                 never collide with an integer custom_id of another line).
+//                 {"prompt": ...} whose id is "line-N" (N its 1-based line number). Ids are unique
+//                 within an input, else it is refused before the model loads (launch/batch_input.h).
 //   output lines  {"id": "batch_req_...", "custom_id", "response": {"status_code": 200, "request_id",
 //                 "body": the JSON `lattice serve` returns for that request (launch/openai/response.h
 //                 ResponseShaper: "text_completion" / "chat.completion", usage, "token_ids" when the
@@ -13,7 +13,7 @@
 //                 {"id", "custom_id", "response": null, "error": {"code", "message"}} for a line that
 //                 cannot run. Completion order. "stream" is ignored (a line's response is one body);
 //                 "model" is echoed (default: the model path's last component, as serve's name).
-//                 A line repeating an earlier line's custom_id is skipped with a warning on stderr.
+//                 Every line's record carries its custom_id when it has one (batch_line_id).
 // Crash safety: each output line is one write() of the whole line. A rerun with the same --output
 // first cuts a partial last line (a job killed mid-write, a lost node), then skips every id already
 // there: a job killed at any moment loses at most its in-flight requests.
@@ -303,7 +303,7 @@ private:
 
     // One non-blank input line: an error record, a skip (done earlier, a duplicate id) or a submission.
     void admit_line(const std::string& line) {
-        json id = fmt::format("line-{}", line_no_);
+        json id = batch_line_id(line, line_no_);
         if (const std::string why = over_limits(line); !why.empty()) {
             if (!out_.done().count(id.dump())) record_error(id, "request_too_large", why);
             return;
@@ -315,7 +315,6 @@ private:
             return;
         }
         const bool wrapped = j.contains("body");
-        if (wrapped && j.contains("custom_id")) id = j["custom_id"];
         if (!seen_.insert(id.dump()).second) {  // the id's record belongs to its first line
             fmt::print(stderr, "batch: line {}: custom_id {} already used by an earlier line; skipped\n", line_no_,
                        id.dump());
@@ -326,6 +325,11 @@ private:
         if (!(id.is_string() || id.is_number_integer())) {
             record_error(id, "invalid_custom_id",
                          fmt::format("line {}: \"custom_id\" must be a string or an integer", line_no_));
+            return;
+        }
+        if (!wrapped && j.contains("custom_id")) {
+            record_error(id, "invalid_request",
+                         fmt::format("line {}: a line with \"custom_id\" needs its request in \"body\"", line_no_));
             return;
         }
         const json& body = wrapped ? j["body"] : j;

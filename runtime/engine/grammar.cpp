@@ -86,19 +86,36 @@ std::string GrammarSpec::key() const {
 }
 
 std::shared_ptr<const Grammar> Grammar::compile(const GrammarSpec& spec) {
+    grammar_detail::Nfa nfa;
+    const char* what = "";
     switch (spec.kind) {
         case GrammarSpec::Kind::kJsonObject:
-            return std::make_shared<const Grammar>(compile_json_object());
-        case GrammarSpec::Kind::kJsonSchema:
-            return std::make_shared<const Grammar>(compile_json_schema(spec.source));
-        case GrammarSpec::Kind::kRegex:
-            return std::make_shared<const Grammar>(compile_regex(spec.source));
-        case GrammarSpec::Kind::kChoice:
-            return std::make_shared<const Grammar>(compile_choice(spec.choices));
-        case GrammarSpec::Kind::kNone:
+            nfa = compile_json_object();
+            what = "json_object";
             break;
+        case GrammarSpec::Kind::kJsonSchema:
+            nfa = compile_json_schema(spec.source);
+            what = "json_schema";
+            break;
+        case GrammarSpec::Kind::kRegex:
+            nfa = compile_regex(spec.source);
+            what = "guided_regex";
+            break;
+        case GrammarSpec::Kind::kChoice:
+            nfa = compile_choice(spec.choices);
+            what = "choice";
+            break;
+        case GrammarSpec::Kind::kNone:
+            LATTICE_FAIL("structured output: Grammar::compile called without a grammar (kind none)");
     }
-    LATTICE_FAIL("structured output: Grammar::compile called without a grammar (kind none)");
+    // A grammar that no finite output completes would answer "" as if it were a whole document.
+    grammar_detail::analyze(nfa);
+    grammar_detail::check_finite(nfa, what);
+    return std::make_shared<const Grammar>(std::move(nfa));
+}
+
+Grammar::Grammar(grammar_detail::Nfa nfa) : nfa_(std::move(nfa)) {
+    if (nfa_.finish_bytes.size() != nfa_.flags.size()) grammar_detail::analyze(nfa_);
 }
 
 namespace grammar_detail {
@@ -178,6 +195,10 @@ TokenVocab::TokenVocab(std::vector<std::string> bytes, std::vector<int32_t> end_
     }
     all_.build(bytes_, all);
     nonplain_.build(bytes_, nonplain);
+    std::vector<uint8_t> single(256, 0);
+    for (const std::string& b : bytes_)
+        if (b.size() == 1) single[uint8_t(b[0])] = 1;
+    all_bytes_ = std::all_of(single.begin(), single.end(), [](uint8_t x) { return x != 0; });
 }
 
 std::span<const uint32_t> TokenVocab::plain_upto(int k) const {

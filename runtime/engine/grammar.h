@@ -12,7 +12,8 @@
 // byte-range edges, epsilon edges and call edges (push a return state, jump to a rule's start); a rule
 // ends at a kReturn state, the whole grammar at kFinal. grammar_nfa.cpp builds the shared pieces
 // (UTF-8 code point ranges, JSON strings / numbers / integer ranges, the free JSON value rule),
-// grammar_json_schema.cpp and grammar_regex.cpp the two front ends, grammar.cpp compile() and the
+// grammar_json_schema.cpp and grammar_regex.cpp the two front ends, grammar_check.cpp each state's
+// shortest way out and the check that some finite output exists, grammar.cpp compile() and the
 // vocabulary index, grammar_mask.cpp the matcher. A GrammarMatcher holds a set of configurations
 // (each a call stack whose top is the current state), closed under epsilon/call/return, keeping only
 // configurations whose top has byte edges; complete() is "a configuration reached kFinal".
@@ -63,6 +64,7 @@ struct GrammarSpec {
 namespace grammar_detail {
 
 constexpr int kMaxStack = 33;  // frames per configuration (top-level + 32 nested)
+constexpr int32_t kNever = INT32_MAX;  // Nfa::finish_bytes / finish_depth of a state that cannot end its frame
 
 struct ByteEdge {
     uint8_t lo, hi;
@@ -86,8 +88,18 @@ struct Nfa {
     // every other state. What the mask's precomputed plain-token sets rely on.
     std::vector<int32_t> body_remaining;
     int32_t start = 0;
+    // Filled by analyze() (grammar_check.cpp): per state, bytes of the shortest way to the end of its
+    // frame, and the frames that way needs above it (kNever: none). rule_names: the front end's name
+    // of each rule it made (rule start, e.g. a JSON pointer), for errors.
+    std::vector<int32_t> finish_bytes, finish_depth;
+    std::vector<std::pair<int32_t, std::string>> rule_names;
     int32_t num_states() const { return int32_t(flags.size()); }
 };
+
+void analyze(Nfa& n);
+// Throws Error (prefixed by `what`) when no finite output matches: a rule that can never end (named),
+// or a shortest output nested deeper than kMaxStack allows.
+void check_finite(const Nfa& n, const std::string& what);
 
 // A byte trie over token ids in preorder: node i's subtree is [i, end[i]); node 0 is the root.
 struct Trie {
@@ -179,7 +191,8 @@ struct DfaCache {
     std::deque<Configs> sets;
     std::vector<int32_t> body;   // per set: the fast path's remaining characters, or -1
     std::vector<int32_t> trans;  // [set * 256 + byte]: -1 unknown, else (target + 1) << 1 | complete; target -1: none
-    std::vector<int32_t> dist;   // per set: bytes of the shortest completion (-1 unknown, INT32_MAX none found)
+    std::vector<int32_t> dist;   // per set: bytes of the shortest completion (-1 unknown, INT32_MAX none)
+    std::unordered_map<uint64_t, int32_t> tok_dist;  // vocabulary serial << 32 | set: tokens of the shortest completion
     std::unordered_map<uint64_t, std::vector<uint32_t>> masks;  // key: vocabulary serial << 32 | set
     void clear() {
         ids.clear();
@@ -187,6 +200,7 @@ struct DfaCache {
         body.clear();
         trans.clear();
         dist.clear();
+        tok_dist.clear();
         masks.clear();
     }
 };
@@ -206,6 +220,9 @@ public:
     const std::vector<int32_t>& end_ids() const { return end_ids_; }
     bool is_end(int32_t id) const { return is_end_[size_t(id)] != 0; }
     uint32_t serial() const { return serial_; }
+    // Whether each of the 256 bytes is a token by itself (byte-level BPE; SentencePiece with byte
+    // fallback): then an output of k bytes takes at most k tokens.
+    bool has_all_bytes() const { return all_bytes_; }
 
     // Mask index (grammar_mask.cpp).
     const grammar_detail::Trie& trie() const { return all_; }
@@ -221,6 +238,7 @@ private:
     std::vector<uint32_t> plain_words_;  // (kPlainMaxChars + 1) bitsets, cumulative in k
     int32_t words_ = 0;
     uint32_t serial_ = 0;  // distinguishes vocabularies in a Grammar's mask memo
+    bool all_bytes_ = false;
 };
 
 class Tokenizer;
@@ -235,10 +253,14 @@ public:
     // Throws lattice::Error naming what is wrong or unsupported (the schema keyword and its JSON path,
     // e.g. `response_format.json_schema: "pattern" at /properties/name is not supported`, the regex
     // construct and its offset, an empty choice list). Never silently ignores a keyword that constrains
-    // validity; annotation keywords (title, description, examples, default, $schema, $comment, format) are ignored.
+    // validity; annotation keywords (title, description, examples, default, $schema, $comment) are ignored;
+    // string formats are compiled (date-time, date, time, email, uuid, ipv4, uri) or refused by name.
+    // Also refused: a grammar no finite output completes (a rule that can never end, named, or a
+    // shortest output nested past kMaxStack), a schema past 5000 properties, a grammar past 1M states.
     static std::shared_ptr<const Grammar> compile(const GrammarSpec& spec);
 
-    explicit Grammar(grammar_detail::Nfa nfa) : nfa_(std::move(nfa)) {}
+    // Analyzes the Nfa (grammar_detail::analyze) unless the compiler did.
+    explicit Grammar(grammar_detail::Nfa nfa);
     const grammar_detail::Nfa& nfa() const { return nfa_; }
     grammar_detail::DfaCache& cache() const { return cache_; }
 
@@ -252,6 +274,8 @@ grammar_detail::Nfa compile_json_schema(const std::string& schema_text);
 grammar_detail::Nfa compile_json_object();
 grammar_detail::Nfa compile_regex(const std::string& pattern);
 grammar_detail::Nfa compile_choice(const std::vector<std::string>& choices);
+// A whole match of `pattern` (the guided_regex subset) between two states of a builder (JSON schema formats).
+void regex_fragment(grammar_detail::NfaBuilder& b, const std::string& pattern, int32_t from, int32_t to);
 
 // One sequence's position in a grammar. Copyable (cheap enough to copy per request).
 class GrammarMatcher {
@@ -269,9 +293,20 @@ public:
     // found), and a mask of only the allowed tokens after which that distance is smaller or the output
     // complete (when complete(): only the end ids). Sampling from it ends the output within distance()
     // tokens, so a request about to reach max_tokens can still end well-formed: switch to it when the
-    // tokens left are no more than distance(). The first call for a state searches the grammar (~ms).
+    // tokens left are no more than distance(). distance() sums per-state costs computed at compile time.
     int32_t distance() const;
     void fill_mask_finishing(std::span<uint32_t> words) const;
+
+    // Tokens of the shortest completion from here in this vocabulary (0 when complete(); INT32_MAX
+    // if none): what the reserve near max_tokens needs. Exact (a search over the lazy DFA with tokens
+    // as edges, memoized per state) unless the search passes 256 states, then the byte distance (an
+    // upper bound where every byte is a token). And the mask of the allowed tokens after which the
+    // output is complete or can still be completed within tokens_left - 1 tokens (end ids when
+    // complete()): sampling from it with tokens_left = max_tokens - generated ends the output
+    // well-formed whenever max_tokens was at least the shortest document. When no token can (the
+    // budget is already below the shortest completion) it is fill_mask()'s mask.
+    int32_t min_remaining_tokens() const;
+    void fill_mask_within(std::span<uint32_t> words, int64_t tokens_left) const;
 
     // Byte-level access (tests, tools): consumes the bytes if all can be consumed, else false and unchanged.
     bool accept_bytes(std::string_view bytes);

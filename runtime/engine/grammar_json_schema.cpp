@@ -13,7 +13,12 @@
 // Refused with an Error naming keyword and JSON path: every other keyword (pattern, multipleOf,
 // patternProperties, uniqueItems, minProperties, not, if/then/else, ...), number bounds, constraining
 // keywords next to $ref / anyOf / allOf / enum / const. Ignored (annotations): title, description,
-// examples, default, $schema, $id, $comment, format, deprecated, readOnly, writeOnly, discriminator.
+// examples, default, $schema, $id, $comment, deprecated, readOnly, writeOnly, discriminator.
+// format on a string: date-time, date, time (RFC 3339, time with its offset), email (dot-atom local
+// part @ dot-separated host labels), uuid, ipv4 (dotted decimal 0-255), uri (scheme ":" then RFC 3986
+// characters or %XX) are compiled as the string's grammar (not next to minLength / maxLength); any
+// other format is refused by name. On other types format constrains nothing (JSON Schema) and is
+// not looked at.
 // Array items and $refs are compiled once as rules and called, so bounded arrays stay small.
 #include <cmath>
 #include <map>
@@ -31,9 +36,10 @@ using json = nlohmann::ordered_json;
 using grammar_detail::NfaBuilder;
 
 const std::set<std::string>& annotations() {
-    static const std::set<std::string> s = {"title",     "description",   "examples", "default",    "$schema",
-                                            "$id",       "$comment",      "format",   "deprecated", "readOnly",
-                                            "writeOnly", "discriminator", "$defs",    "definitions"};
+    static const std::set<std::string> s = {"title",    "description", "examples",  "default",
+                                            "$schema",  "$id",         "$comment",  "deprecated",
+                                            "readOnly", "writeOnly",   "discriminator", "$defs",
+                                            "definitions"};
     return s;
 }
 
@@ -58,8 +64,31 @@ const std::set<std::string>& supported() {
                                             "minimum",
                                             "maximum",
                                             "exclusiveMinimum",
-                                            "exclusiveMaximum"};
+                                            "exclusiveMaximum",
+                                            "format"};
     return s;
+}
+
+// The string formats compiled as grammars: the characters between the quotes, as a guided_regex
+// (none needs JSON escaping: no '"', '\' or control characters).
+const char* format_pattern(const std::string& f) {
+    static const std::string kDate = "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])";
+    static const std::string kTime =
+        "([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\\.[0-9]{1,9})?([Zz]|[+\\-]([01][0-9]|2[0-3]):[0-5][0-9])";
+    static const std::string kDateTime = kDate + "[Tt]" + kTime;
+    static const std::string kOctet = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])";
+    static const std::string kIpv4 = "(" + kOctet + "\\.){3}" + kOctet;
+    static const std::string kAtom = "[A-Za-z0-9!#$%&'*+/=?^_\\x60{|}~\\-]+";
+    static const std::string kLabel = "[A-Za-z0-9]([A-Za-z0-9\\-]*[A-Za-z0-9])?";
+    static const std::string kEmail = kAtom + "(\\." + kAtom + ")*@" + kLabel + "(\\." + kLabel + ")+";
+    static const std::string kUuid = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}";
+    static const std::string kUri =
+        "[A-Za-z][A-Za-z0-9+.\\-]*:([A-Za-z0-9\\-._~:/?#\\[\\]@!$&'()*+,;=]|%[0-9A-Fa-f]{2})*";
+    static const std::map<std::string, const std::string*> formats = {
+        {"date-time", &kDateTime}, {"date", &kDate}, {"time", &kTime}, {"email", &kEmail},
+        {"uuid", &kUuid},          {"ipv4", &kIpv4}, {"uri", &kUri}};
+    const auto it = formats.find(f);
+    return it == formats.end() ? nullptr : it->second->c_str();
 }
 
 std::string show(const std::string& path) {
@@ -120,6 +149,13 @@ private:
     NfaBuilder& b_;
     const json& root_;
     std::map<std::string, int32_t> rules_;  // by JSON pointer
+    // Properties emitted in all (OpenAI's structured outputs allow 5000): each costs states and
+    // masks over the members still open; past this the schema is refused, not compiled for seconds.
+    static constexpr int kMaxProperties = 5000;
+    int properties_ = 0;
+
+public:
+    std::vector<std::pair<int32_t, std::string>> names_;  // (rule start, JSON pointer) in creation order
 };
 
 int64_t SchemaCompiler::count(const json& s, const char* key, const std::string& path, int64_t dflt) {
@@ -150,7 +186,7 @@ std::vector<std::string> SchemaCompiler::types(const json& s, const std::string&
     if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) return {"object"};
     if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems"))
         return {"array"};
-    if (s.contains("minLength") || s.contains("maxLength")) return {"string"};
+    if (s.contains("minLength") || s.contains("maxLength") || s.contains("format")) return {"string"};
     if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
         s.contains("exclusiveMaximum"))
         return {"integer"};
@@ -247,6 +283,20 @@ void SchemaCompiler::emit_integer(const json& s, const std::string& path, int32_
 }
 
 void SchemaCompiler::emit_string(const json& s, const std::string& path, int32_t from, int32_t to) {
+    if (s.contains("format")) {
+        if (!s["format"].is_string()) refuse("format", path, "must be a string");
+        const std::string f = s["format"].get<std::string>();
+        const char* pattern = format_pattern(f);
+        if (!pattern)
+            refuse("format", path,
+                   "\"" + f + "\" is not supported (supported: date-time, date, time, email, uuid, ipv4, uri)");
+        if (s.contains("minLength") || s.contains("maxLength"))
+            refuse("format", path, "next to minLength / maxLength is not supported");
+        const int32_t open = b_.state(), close = b_.state();
+        b_.byte(from, '"', '"', open);
+        regex_fragment(b_, pattern, open, close);
+        return b_.byte(close, '"', '"', to);
+    }
     const int64_t lo = count(s, "minLength", path, 0), hi = count(s, "maxLength", path, NfaBuilder::kUnbounded);
     if (lo > hi) refuse("minLength", path, "is greater than maxLength");
     if (hi != NfaBuilder::kUnbounded && hi > 100000) refuse("maxLength", path, "above 100000 is not supported");
@@ -292,6 +342,9 @@ void SchemaCompiler::emit_object(const json& s, const std::string& path, int32_t
         return ks;
     };
     for (auto it = props.begin(); it != props.end(); ++it) {
+        if (++properties_ > kMaxProperties)
+            refuse("properties", path,
+                   fmt::format("brings the schema past {} properties in all (not supported)", kMaxProperties));
         const int32_t ks = member_start(), kv = b_.state(), after = b_.state();
         b_.literal(ks, json(it.key()).dump() + ":", kv);
         emit(it.value(), path + "/properties/" + escape_pointer(it.key()), b_.opt_space(kv), after);
@@ -373,6 +426,7 @@ int32_t SchemaCompiler::rule_for(const json& s, const std::string& path) {
     if (it != rules_.end()) return it->second;
     const auto [start, end] = b_.rule();
     rules_[path] = start;
+    names_.emplace_back(start, show(path));
     emit(s, path, start, end);
     return start;
 }
@@ -404,8 +458,11 @@ grammar_detail::Nfa compile_json_schema(const std::string& schema_text) {
     }
     NfaBuilder b;
     const int32_t s = b.state(), f = b.state();
-    SchemaCompiler(b, root).emit(root, "", s, f);
-    return b.finish(s, f);
+    SchemaCompiler c(b, root);
+    c.emit(root, "", s, f);
+    grammar_detail::Nfa n = b.finish(s, f);
+    n.rule_names = std::move(c.names_);
+    return n;
 }
 
 }  // namespace lattice

@@ -3,6 +3,9 @@
 // A step moves every live configuration along its top state's byte edges and closes the result:
 // epsilon edges replace the top, call edges replace it by the return state and push the callee, a
 // kReturn state pops (at the bottom frame nothing is popped; kFinal there means "complete").
+// States from which the frame can never end (Nfa::finish_bytes kNever: a branch of a regex through a
+// class that matches nothing, a rule that only leads back to itself) are never entered, so every
+// live configuration can still be completed and a mask is empty only when the output is complete.
 // Configurations are deduplicated per closure (a linear scan: sets hold a handful), and a stack
 // deeper than kMaxStack is dropped, which is what bounds nesting and makes recursion through
 // calls that consume nothing terminate.
@@ -12,6 +15,9 @@
 // and the string body, where every configuration is at a body state and the precomputed plain sets
 // answer all but the non-plain tokens. Scratch sets are thread_local so a mask allocates nothing
 // once warm.
+// Finishing: distance() in bytes from the compile-time costs (grammar_check.cpp); min_remaining_tokens()
+// in tokens by a breadth-first search over sets with the vocabulary's tokens as edges (a trie walk per
+// set, as for a mask), memoized per (vocabulary, set) in the DfaCache.
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -67,12 +73,16 @@ private:
         if ((n.flags[su] & grammar_detail::kReturn) && cur.size() > 1)
             work.push(std::span<const int32_t>(cur.data(), cur.size() - 1));
         for (uint32_t e = n.eps_off[su]; e < n.eps_off[su + 1]; ++e) {
+            if (n.finish_bytes[size_t(n.eps[e])] == grammar_detail::kNever) continue;  // a dead end
             cur.back() = n.eps[e];
             work.push(cur);
         }
         cur.back() = s;
         if (cur.size() >= size_t(grammar_detail::kMaxStack)) return;
         for (uint32_t e = n.call_off[su]; e < n.call_off[su + 1]; ++e) {
+            if (n.finish_bytes[size_t(n.calls[e].callee)] == grammar_detail::kNever ||
+                n.finish_bytes[size_t(n.calls[e].ret)] == grammar_detail::kNever)
+                continue;
             cur.back() = n.calls[e].ret;
             cur.push_back(n.calls[e].callee);
             work.push(cur);
@@ -103,6 +113,7 @@ bool step(const Nfa& n, const Configs& in, uint8_t b, Configs& out, Scratch& sc)
         for (uint32_t e = n.byte_off[size_t(s)]; e < n.byte_off[size_t(s) + 1]; ++e) {
             const grammar_detail::ByteEdge& ed = n.bytes[e];
             if (b < ed.lo || b > ed.hi) continue;
+            if (n.finish_bytes[size_t(ed.to)] == grammar_detail::kNever) continue;  // no way on from there
             const auto c = in.at(i);
             sc.cfg.assign(c.begin(), c.end());
             sc.cfg.back() = ed.to;
@@ -172,29 +183,136 @@ void walk(DfaCache& dc, const Nfa& n, const grammar_detail::Trie& t, int32_t sta
     }
 }
 
-// Bytes of the shortest completion from set `id` (a breadth-first search over the lazy DFA, memoized
-// per set); INT32_MAX when none is found within kMaxSearch sets.
-int32_t distance(DfaCache& dc, const Nfa& n, int32_t id, Scratch& sc) {
-    constexpr size_t kMaxSearch = 20000;
+// Bytes of the shortest completion from set `id`: the least over its configurations of the sum of
+// their frames' Nfa::finish_bytes (grammar_check.cpp), memoized per set; INT32_MAX when none ends.
+int32_t distance(DfaCache& dc, const Nfa& n, int32_t id, Scratch&) {
     if (dc.dist[size_t(id)] >= 0) return dc.dist[size_t(id)];
-    std::vector<int32_t> frontier{id}, next;
-    std::unordered_map<int32_t, int32_t> seen{{id, 0}};
-    int32_t found = INT32_MAX;
-    for (int32_t depth = 1; !frontier.empty() && found == INT32_MAX && seen.size() < kMaxSearch; ++depth) {
-        next.clear();
-        for (int32_t u : frontier) {
-            for (int b = 0; b < 256 && found == INT32_MAX; ++b) {
-                const int32_t v = transition(dc, n, u, uint8_t(b), sc);
-                if (v & 1) found = depth;
-                const int32_t target = (v >> 1) - 1;
-                if (target >= 0 && seen.emplace(target, depth).second) next.push_back(target);
+    const Configs& c = dc.sets[size_t(id)];
+    int64_t best = grammar_detail::kNever;
+    for (int32_t i = 0; i < c.size(); ++i) {
+        int64_t sum = 0;
+        for (int32_t s : c.at(i)) {
+            const int32_t f = n.finish_bytes[size_t(s)];
+            if (f == grammar_detail::kNever) {
+                sum = grammar_detail::kNever;
+                break;
             }
-            if (found != INT32_MAX) break;
+            sum += f;
         }
-        std::swap(frontier, next);
+        best = std::min(best, sum);
     }
-    dc.dist[size_t(id)] = found;
-    return found;
+    dc.dist[size_t(id)] = int32_t(std::min<int64_t>(best, grammar_detail::kNever));
+    return dc.dist[size_t(id)];
+}
+
+// The distinct sets one token leads to from set `start` (the trie walk of walk(), recording each
+// token's target instead of its bit); whether some token completes the output.
+bool token_targets(DfaCache& dc, const Nfa& n, const grammar_detail::Trie& t, int32_t start,
+                   std::vector<int32_t>& out, Scratch& sc) {
+    if (sc.levels.size() < size_t(t.max_depth) + 1) sc.levels.resize(size_t(t.max_depth) + 1);
+    sc.levels[0] = start;
+    bool completes = false;
+    out.clear();
+    const uint32_t nodes = uint32_t(t.byte.size());
+    for (uint32_t i = 1; i < nodes;) {
+        const int d = t.depth[i];
+        const int32_t v = transition(dc, n, sc.levels[size_t(d - 1)], t.byte[i], sc);
+        const int32_t target = (v >> 1) - 1;
+        if (target < 0 && !(v & 1)) {
+            i = t.end[i];
+            continue;
+        }
+        if (t.tok_off[i] != t.tok_off[i + 1]) {
+            completes |= (v & 1) != 0;
+            if (target >= 0 && std::find(out.begin(), out.end(), target) == out.end()) out.push_back(target);
+        }
+        if (target < 0) {
+            i = t.end[i];
+            continue;
+        }
+        sc.levels[size_t(d)] = target;
+        ++i;
+    }
+    return completes;
+}
+
+// Tokens of the shortest completion from set `id`: a breadth-first search over sets with tokens as
+// edges (each expansion a trie walk), level by level until a completion is found; then a backward pass
+// over the explored sets gives each its own distance, memoized per (vocabulary, set) where it is
+// provably exact (no shorter way can leave the explored levels), so the sets along the way answer at
+// once later. Past kMaxExpand expansions it gives up and answers the least of the best completion found
+// and the byte distance, an upper bound wherever every byte is a token (byte-level BPE; SentencePiece
+// with byte fallback), memoized too so a long document does not search again. With `limit`, the search
+// stops past that many tokens and answers limit + 1 when no completion is that close (not memoized).
+// A set is never complete by itself (its caller knows), so the answer is >= 1.
+int32_t token_distance(DfaCache& dc, const Nfa& n, const TokenVocab& v, int32_t id, Scratch& sc,
+                       int64_t limit = grammar_detail::kNever) {
+    constexpr int kMaxExpand = 256;
+    constexpr int64_t kNone = grammar_detail::kNever;
+    const auto key = [&](int32_t set) { return uint64_t(v.serial()) << 32 | uint32_t(set); };
+    if (auto it = dc.tok_dist.find(key(id)); it != dc.tok_dist.end()) return it->second;
+    struct Node {
+        int32_t set, depth;
+        int64_t dist = kNone;  // known (memo) or being computed
+        bool expanded = false, completes = false;
+        std::vector<int32_t> succ;  // node indices
+    };
+    std::vector<Node> nodes{{id, 0}};
+    std::unordered_map<int32_t, int32_t> index{{id, 0}};
+    std::vector<int32_t> targets;
+    int64_t best = kNone;
+    int32_t last_level = -1;
+    int expanded = 0;
+    for (size_t begin = 0; begin < nodes.size();) {
+        const size_t end = nodes.size();
+        const int32_t depth = nodes[begin].depth;
+        for (size_t i = begin; i < end; ++i) {
+            if (i != 0)
+                if (auto it = dc.tok_dist.find(key(nodes[i].set)); it != dc.tok_dist.end()) {
+                    nodes[i].dist = it->second;
+                    best = std::min<int64_t>(best, depth + int64_t(it->second));
+                    continue;
+                }
+            if (++expanded > kMaxExpand) {
+                const int32_t r = int32_t(std::min<int64_t>(best, distance(dc, n, id, sc)));
+                dc.tok_dist.emplace(key(id), r);
+                return r;
+            }
+            nodes[i].expanded = true;
+            nodes[i].completes = token_targets(dc, n, v.trie(), nodes[i].set, targets, sc);
+            if (nodes[i].completes) best = std::min<int64_t>(best, depth + 1);
+            for (int32_t t : targets) {
+                const auto [it, fresh] = index.emplace(t, int32_t(nodes.size()));
+                if (fresh) nodes.push_back({t, depth + 1});
+                nodes[i].succ.push_back(it->second);
+            }
+        }
+        last_level = depth;
+        begin = end;
+        if (best <= depth + 1) break;
+        if (depth + 1 >= limit && best > limit) return int32_t(limit + 1);  // nothing within the limit
+    }
+    // Backward: each expanded set's distance within the explored part (a few rounds: cycles are rare).
+    for (Node& u : nodes)
+        if (u.expanded) u.dist = u.completes ? 1 : kNone;
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (Node& u : nodes) {
+            if (!u.expanded) continue;
+            for (int32_t j : u.succ)
+                if (nodes[size_t(j)].dist != kNone && nodes[size_t(j)].dist + 1 < u.dist) {
+                    u.dist = nodes[size_t(j)].dist + 1;
+                    changed = true;
+                }
+        }
+    }
+    // A way through a set never expanded (depth > last_level) takes at least last_level + 2 - depth.
+    for (const Node& u : nodes)
+        if (u.expanded && u.dist != kNone && u.dist <= int64_t(last_level) + 2 - u.depth)
+            dc.tok_dist.emplace(key(u.set), int32_t(u.dist));
+    const int32_t r = int32_t(std::min<int64_t>(nodes[0].dist, kNone));
+    dc.tok_dist.emplace(key(id), r);
+    return r;
 }
 
 }  // namespace
@@ -206,6 +324,65 @@ int32_t GrammarMatcher::distance() const {
     std::lock_guard<std::mutex> lock(dc.mu);
     if (dc.sets.size() > DfaCache::kMaxSets) dc.clear();
     return ::lattice::distance(dc, grammar_->nfa(), intern(dc, grammar_->nfa(), live_), scratch());
+}
+
+int32_t GrammarMatcher::min_remaining_tokens() const {
+    if (complete_) return 0;
+    if (live_.size() == 0) return INT32_MAX;
+    DfaCache& dc = grammar_->cache();
+    std::lock_guard<std::mutex> lock(dc.mu);
+    if (dc.sets.size() > DfaCache::kMaxSets) dc.clear();
+    return token_distance(dc, grammar_->nfa(), *vocab_, intern(dc, grammar_->nfa(), live_), scratch());
+}
+
+void GrammarMatcher::fill_mask_within(std::span<uint32_t> words, int64_t tokens_left) const {
+    fill_mask(words);
+    const TokenVocab& v = *vocab_;
+    if (live_.size() == 0 || tokens_left <= 0) return;  // nothing can follow, or nothing is left to promise
+    const Nfa& n = grammar_->nfa();
+    DfaCache& dc = grammar_->cache();
+    std::lock_guard<std::mutex> lock(dc.mu);
+    if (dc.sets.size() > DfaCache::kMaxSets) dc.clear();
+    Scratch& sc = scratch();
+    const int32_t start = intern(dc, n, live_);
+    const int64_t need = tokens_left - 1;
+    // Inside an unbounded string body a plain token leads back to this set, or at most 3 bytes short of
+    // a character boundary: far enough from the end they are all kept at once (not walked one by one).
+    const bool bulk_plain = dc.body[size_t(start)] == INT32_MAX && v.has_all_bytes() &&
+                            int64_t(::lattice::distance(dc, n, start, sc)) + 3 <= need;
+    const auto plain = v.plain_upto(grammar_detail::kPlainMaxChars);
+    std::vector<uint32_t> kept(words.begin(), words.end());
+    bool any = false;
+    for (size_t w = 0; w < words.size(); ++w) {
+        for (uint32_t bits = words[w]; bits != 0; bits &= bits - 1) {
+            const int32_t id = int32_t(w * 32) + __builtin_ctz(bits);
+            if (bulk_plain && (plain[w] >> (id % 32) & 1u)) {
+                any = true;
+                continue;
+            }
+            if (v.is_end(id)) {
+                any = true;
+                continue;
+            }
+            int32_t at = start, last = 0;
+            for (char c : v.bytes(id)) {
+                if (at < 0) break;
+                last = transition(dc, n, at, uint8_t(c), sc);
+                at = (last >> 1) - 1;
+            }
+            // Bytes bound tokens from above where every byte is a token: the search only near the end.
+            const bool keep = (last & 1) ||
+                              (at >= 0 && need >= 1 &&
+                               ((v.has_all_bytes() && int64_t(::lattice::distance(dc, n, at, sc)) <= need) ||
+                                int64_t(token_distance(dc, n, v, at, sc, need)) <= need));
+            if (keep)
+                any = true;
+            else
+                kept[w] &= ~(1u << (id % 32));
+        }
+    }
+    // No token keeps the promise (tokens_left is below the shortest completion): the plain mask stands.
+    if (any) std::copy(kept.begin(), kept.end(), words.begin());
 }
 
 void GrammarMatcher::fill_mask_finishing(std::span<uint32_t> words) const {

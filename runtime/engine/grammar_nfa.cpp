@@ -18,7 +18,7 @@ namespace lattice::grammar_detail {
 
 namespace {
 
-constexpr int32_t kMaxStates = 4'000'000;
+constexpr int32_t kMaxStates = 1'000'000;  // ~1 s of compiling; 5000 properties of scalars take ~750k
 
 // One maximal run of byte ranges: a UTF-8 sequence of n bytes, each within [lo[i], hi[i]].
 struct Seq {
@@ -126,7 +126,7 @@ std::string pow10_minus1(int n) {
 }  // namespace
 
 int32_t NfaBuilder::state() {
-    LATTICE_CHECK(int32_t(flags_.size()) < kMaxStates, "structured output: the grammar is too large (over {} states)",
+    LATTICE_CHECK(int32_t(flags_.size()) < kMaxStates, "structured output: the grammar is too large (over {} automaton states): fewer properties, items or alternatives",
                   kMaxStates);
     bytes_.emplace_back();
     eps_.emplace_back();

@@ -83,7 +83,13 @@ private:
         const int n = b < 0x80 ? 1 : b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 0;
         if (n == 0 || i_ + size_t(n) > end_) fail("invalid UTF-8");
         uint32_t c = n == 1 ? b : b & (0xFF >> (n + 1));
-        for (int k = 1; k < n; ++k) c = (c << 6) | (uint8_t(p_[i_ + size_t(k)]) & 0x3F);
+        for (int k = 1; k < n; ++k) {
+            const uint8_t cb = uint8_t(p_[i_ + size_t(k)]);
+            if ((cb & 0xC0) != 0x80) fail("invalid UTF-8");
+            c = (c << 6) | (cb & 0x3F);
+        }
+        static const uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};  // shorter encodings are overlong
+        if (c < kMin[n] || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) fail("invalid UTF-8");
         i_ += size_t(n);
         return c;
     }
@@ -362,6 +368,10 @@ void emit(grammar_detail::NfaBuilder& b, const Node& n, int32_t from, int32_t to
 }
 
 }  // namespace
+
+void regex_fragment(grammar_detail::NfaBuilder& b, const std::string& pattern, int32_t from, int32_t to) {
+    emit(b, Parser(pattern).parse(), from, to);
+}
 
 grammar_detail::Nfa compile_regex(const std::string& pattern) {
     const Node root = Parser(pattern).parse();

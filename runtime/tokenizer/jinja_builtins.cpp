@@ -187,6 +187,8 @@ void json_string(std::string& out, const std::string& s) {
 }
 
 void json_dump(std::string& out, const Value& v, int indent, int depth) {
+    const Nest nest;
+    charge_growing(out.size());
     auto newline = [&](int d) {
         if (indent < 0) return;
         out += '\n';
@@ -244,6 +246,11 @@ void json_dump(std::string& out, const Value& v, int indent, int depth) {
     }
 }
 
+// Bytes of the UTF-8 sequence a lead byte starts (1 for a byte that starts none).
+size_t cp_bytes(unsigned char c) {
+    return c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+}
+
 double num(const Value& v) {
     return v.kind == Value::Kind::kFloat ? v.f : v.kind == Value::Kind::kBool ? v.b : double(v.i);
 }
@@ -251,18 +258,24 @@ double num(const Value& v) {
 }  // namespace
 
 std::string repr(const Value& v) {
+    const Nest nest;
     switch (v.kind) {
         case Value::Kind::kString:
             return py_quote(v.s);
         case Value::Kind::kList: {
             std::string out = v.tuple ? "(" : "[";
-            for (size_t i = 0; i < v.list->size(); ++i) out += (i ? ", " : "") + repr((*v.list)[i]);
+            for (size_t i = 0; i < v.list->size(); ++i) {
+                out += (i ? ", " : "") + repr((*v.list)[i]);
+                charge_growing(out.size());
+            }
             return out + (v.tuple ? (v.list->size() == 1 ? ",)" : ")") : "]");
         }
         case Value::Kind::kDict: {
             std::string out = "{";
-            for (size_t i = 0; i < v.dict->items.size(); ++i)
+            for (size_t i = 0; i < v.dict->items.size(); ++i) {
                 out += (i ? ", " : "") + py_quote(v.dict->items[i].first) + ": " + repr(v.dict->items[i].second);
+                charge_growing(out.size());
+            }
             return out + "}";
         }
         default:
@@ -298,6 +311,8 @@ std::string to_json_text(const Value& v, int indent) {
 }
 
 bool equal(const Value& a, const Value& b) {
+    const Nest nest;
+    charge_steps(1);
     if (a.is_number() && b.is_number()) return num(a) == num(b);
     if (a.kind != b.kind) return false;
     switch (a.kind) {
@@ -324,6 +339,8 @@ bool equal(const Value& a, const Value& b) {
 }
 
 bool less(const Value& a, const Value& b) {
+    const Nest nest;
+    charge_steps(1);
     if (a.is_number() && b.is_number()) return num(a) < num(b);
     if (a.is_string() && b.is_string()) return a.s < b.s;
     if (a.is_list() && b.is_list()) {
@@ -362,11 +379,11 @@ Value from_json(const nlohmann::ordered_json& j) {
 }
 
 std::vector<std::string> code_points(const std::string& s) {
+    charge_steps(int64_t(s.size() / 16));  // a step is about an expression's work: ~16 bytes split here
     std::vector<std::string> out;
     for (size_t i = 0; i < s.size();) {
         const unsigned char c = static_cast<unsigned char>(s[i]);
-        size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
-        n = std::min(n, s.size() - i);
+        const size_t n = std::min(cp_bytes(c), s.size() - i);
         out.push_back(s.substr(i, n));
         i += n;
     }
@@ -378,8 +395,10 @@ List iterate(const Value& v) {
         case Value::Kind::kUndefined:
             return {};
         case Value::Kind::kList:
+            if (Budget* b = Budget::current()) b->copied(*v.list);
             return *v.list;
         case Value::Kind::kDict: {
+            charge_steps(int64_t(v.dict->items.size()));
             List keys;
             for (const auto& kv : v.dict->items) keys.push_back(Value::str(kv.first));
             return keys;
@@ -398,8 +417,11 @@ int64_t length(const Value& v) {
     switch (v.kind) {
         case Value::Kind::kUndefined:
             return 0;
-        case Value::Kind::kString:
-            return int64_t(code_points(v.s).size());
+        case Value::Kind::kString: {
+            int64_t n = 0;  // code_points(v.s).size() without making them
+            for (size_t i = 0; i < v.s.size(); ++n) i += std::min(cp_bytes(static_cast<unsigned char>(v.s[i])), v.s.size() - i);
+            return n;
+        }
         case Value::Kind::kList:
             return int64_t(v.list->size());
         case Value::Kind::kDict:

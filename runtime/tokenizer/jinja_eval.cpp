@@ -2,6 +2,9 @@
 // for loop's body has its own scope (a `set` inside does not leak out; namespace() attributes do),
 // `if` has none, a macro sees the template's top-level names and its parameters. Globals are
 // jinja2's range, dict, namespace and transformers' raise_exception and strftime_now.
+// Every statement and expression charges the render's Budget (jinja.h): a step and a level of
+// nesting each, the strings it makes; loops an iteration per item; string building is checked
+// before the string grows, so a runaway template ends before it allocates past a limit.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -28,6 +31,7 @@ public:
 
     std::string run(const nlohmann::ordered_json& context) {
         if (!context.is_object() && !context.is_null()) throw Error("chat template context must be a JSON object");
+        Budget budget(opt_.limits, context, opt_.usage);
         if (context.is_object())
             for (auto it = context.begin(); it != context.end(); ++it) (*scopes_[0])[it.key()] = from_json(it.value());
         std::string out;
@@ -52,11 +56,18 @@ private:
             } else
                 throw Oops("range: expected 1 to 3 arguments");
             if (step == 0) throw Oops("range: step must not be zero");
+            // Python's len(range(...)), in wide arithmetic (the bounds may be anywhere in int64).
+            const __int128 span = step > 0 ? __int128(stop) - start : __int128(start) - stop;
+            const __int128 mag = step > 0 ? __int128(step) : -__int128(step);
+            const __int128 n = span <= 0 ? 0 : (span + mag - 1) / mag;
+            const int64_t cap = Budget::current() ? Budget::current()->limits().loop_iterations : 1000000;
+            if (n > cap)
+                throw Oops(fmt::format("range of {} items: the render exceeds its budget of {} loop iterations",
+                                       int64_t(std::min<__int128>(n, INT64_MAX)), cap));
+            charge_steps(int64_t(n));
             List out;
-            for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-                if (out.size() > 1000000) throw Oops("range: too long");
-                out.push_back(Value::integer(i));
-            }
+            out.reserve(size_t(n));
+            for (int64_t i = 0; i < int64_t(n); ++i) out.push_back(Value::integer(start + i * step));
             return Value::make_list(std::move(out));
         });
         auto make_dict = [](bool ns) {
@@ -108,12 +119,19 @@ private:
     }
 
     Flow exec_node(const Node& n, std::string& out) {
+        Budget& budget = *Budget::current();
+        const Nest nest;
+        try {
+            budget.step();
+        } catch (const Oops& o) {
+            fail_at(prog_.name, n.line, n.col, o.what());
+        }
         switch (n.kind) {
             case Node::Kind::kText:
-                out += n.text;
+                append(out, n.text, n);
                 return Flow::kNormal;
             case Node::Kind::kOutput:
-                out += to_str(eval(*n.expr));
+                append(out, to_str(eval(*n.expr)), n);
                 return Flow::kNormal;
             case Node::Kind::kIf:
                 for (const auto& [cond, body] : n.branches)
@@ -139,6 +157,16 @@ private:
                 return n.kind == Node::Kind::kBreak ? Flow::kBreak : Flow::kContinue;
         }
         return Flow::kNormal;
+    }
+
+    void append(std::string& out, const std::string& text, const Node& n) {
+        try {
+            Budget::current()->produced(text.size());
+            Budget::current()->growing(out.size() + text.size());
+        } catch (const Oops& o) {
+            fail_at(prog_.name, n.line, n.col, o.what());
+        }
+        out += text;
     }
 
     void bind(Frame& f, const Node& n, const Value& item) {
@@ -187,6 +215,11 @@ private:
         ++loop_depth_;
         const int64_t len = int64_t(items.size());
         for (int64_t i = 0; i < len; ++i) {
+            try {
+                Budget::current()->loop_iteration();
+            } catch (const Oops& o) {
+                fail_at(prog_.name, n.line, n.col, o.what());
+            }
             bind(f, n, items[size_t(i)]);
             Value loop = Value::make_dict();
             Dict& d = *loop.dict;
@@ -261,7 +294,12 @@ private:
     // ---- expressions ----
     Value eval(const Expr& e) {
         try {
-            return eval_inner(e);
+            const Nest nest;
+            Budget& budget = *Budget::current();
+            budget.step();
+            Value v = eval_inner(e);
+            if (v.is_string()) budget.produced(v.s.size());
+            return v;
         } catch (const Oops& o) {
             fail_at(prog_.name, e.line, e.col, o.what());
         }
@@ -426,6 +464,7 @@ private:
         };
         const int64_t start = clamp(start0, has_start, st > 0 ? 0 : n - 1);
         const int64_t stop = clamp(stop0, has_stop, st > 0 ? n : -1);
+        charge_steps(std::max<int64_t>(0, st > 0 ? (stop - start) / st : (start - stop) / -st));
         List l;
         std::string s;
         for (int64_t i = start; st > 0 ? i < stop : i > stop; i += st) {
@@ -447,12 +486,21 @@ private:
         if (op == "<=") return Value::boolean(!less(b, a));
         if (op == ">=") return Value::boolean(!less(a, b));
         if (op == "in" || op == "not in") return Value::boolean(contains(b, a) == (op == "in"));
-        if (op == "~") return Value::str(to_str(a) + to_str(b));
+        if (op == "~") {
+            const std::string x = to_str(a), y = to_str(b);
+            charge_growing(x.size() + y.size());
+            return Value::str(x + y);
+        }
         if (a.undefined()) throw Oops(fmt::format("'{}' is undefined", describe(*e.args[0])));
         if (b.undefined()) throw Oops(fmt::format("'{}' is undefined", describe(*e.args[1])));
         if (op == "+") {
-            if (a.is_string() && b.is_string()) return Value::str(a.s + b.s);
+            if (a.is_string() && b.is_string()) {
+                charge_growing(a.s.size() + b.s.size());
+                return Value::str(a.s + b.s);
+            }
             if (a.is_list() && b.is_list()) {
+                Budget::current()->copied(*a.list);
+                Budget::current()->copied(*b.list);
                 List l = *a.list;
                 l.insert(l.end(), b.list->begin(), b.list->end());
                 return Value::make_list(std::move(l));
@@ -462,7 +510,7 @@ private:
             (a.kind == Value::Kind::kInt || b.kind == Value::Kind::kInt)) {
             const std::string& s = a.is_string() ? a.s : b.s;
             const int64_t k = a.is_string() ? b.i : a.i;
-            if (k > 0 && s.size() * size_t(k) > (64u << 20)) throw Oops("string repetition too long");
+            if (k > 0 && !s.empty()) charge_growing(uint64_t(k) > (uint64_t(1) << 48) / s.size() ? SIZE_MAX : s.size() * size_t(k));
             std::string out;
             for (int64_t i = 0; i < k; ++i) out += s;
             return Value::str(out);

@@ -88,6 +88,7 @@ std::string replace(const std::string& s, const std::string& from, const std::st
                 out += cp;
                 continue;
             }
+            charge_growing(out.size() + to.size() + cp.size());
             out += to + cp;
             ++done;
         }
@@ -97,6 +98,7 @@ std::string replace(const std::string& s, const std::string& from, const std::st
     for (;;) {
         const size_t hit = (count >= 0 && done >= count) ? std::string::npos : s.find(from, at);
         if (hit == std::string::npos) break;
+        charge_growing(out.size() + (hit - at) + to.size());
         out += s.substr(at, hit - at) + to;
         at = hit + from.size();
         ++done;
@@ -241,6 +243,7 @@ Value str_method_call(const Value& self, const std::string& name, Args& a) {
         if (!items) throw Oops("join: missing argument");
         bool first = true;
         for (const Value& v : iterate(*items)) {
+            charge_growing(out.size() + s.size() + (v.is_string() ? v.s.size() : 0));
             if (!first) out += s;
             out += need_string(&v, "join").s;
             first = false;
@@ -265,6 +268,7 @@ Value dict_method_call(const Value& self, const std::string& name, Args& a) {
         const Value* def = a.get(1, "default");
         return def ? *def : Value::none();
     }
+    charge_steps(int64_t(d.items.size()));
     List out;
     for (const auto& [k, v] : d.items) {
         if (name == "items")
@@ -393,9 +397,12 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, const TestF
         const Value* attr = a.get(1, "attribute");
         std::string out;
         bool first = true;
+        const std::string sep_text = sep ? to_str(*sep) : "";
         for (const Value& x : iterate(v)) {
-            if (!first) out += sep ? to_str(*sep) : "";
-            out += to_str(attr ? attribute(x, to_str(*attr)) : x);
+            const std::string text = to_str(attr ? attribute(x, to_str(*attr)) : x);
+            charge_growing(out.size() + sep_text.size() + text.size());
+            if (!first) out += sep_text;
+            out += text;
             first = false;
         }
         return Value::str(out);
@@ -403,6 +410,7 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, const TestF
     if (name == "items") {
         if (v.undefined()) return Value::make_list();
         if (!v.is_dict()) throw Oops(fmt::format("items: expected a mapping, got {}", kind_name(v)));
+        charge_steps(int64_t(v.dict->items.size()));
         List out;
         for (const auto& [k, x] : v.dict->items) out.push_back(pair(k, x));
         return Value::make_list(std::move(out));

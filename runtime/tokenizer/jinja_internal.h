@@ -5,6 +5,7 @@
 // keys; a Func is a macro, a global function or a bound method.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
@@ -94,6 +95,74 @@ struct Args {
 // An error without a position: the evaluator adds the line and column of the expression.
 struct Oops : std::runtime_error {
     using std::runtime_error::runtime_error;
+};
+
+// The render budget (jinja.h): one per render, installed for the render's thread so the built-ins
+// (which copy lists, build strings and compare values) charge it too; outside a render (none
+// installed) every charge is free. Past a limit it throws Oops naming the limit; the evaluator adds
+// the template's name, line and column.
+class Budget {
+public:
+    Budget(const RenderLimits& floors, const nlohmann::ordered_json& context, RenderUsage* usage);
+    ~Budget();
+    Budget(const Budget&) = delete;
+    Budget& operator=(const Budget&) = delete;
+    static Budget* current();
+
+    void step(int64_t n = 1) {
+        if ((used_.steps += n) > lim_.steps) over("steps", lim_.steps);
+    }
+    void loop_iteration() {
+        if (++used_.loop_iterations > lim_.loop_iterations) over("loop iterations", lim_.loop_iterations);
+    }
+    // A string of `size` bytes is being built (checked before or while it grows).
+    void growing(size_t size) {
+        const int64_t n = size > size_t(INT64_MAX) ? INT64_MAX : int64_t(size);
+        if (n > used_.string_bytes) {
+            used_.string_bytes = n;
+            if (used_.string_bytes > lim_.string_bytes) over("bytes in one string", lim_.string_bytes);
+        }
+    }
+    // A string of `size` bytes was made or copied.
+    void produced(size_t size) {
+        growing(size);
+        if ((used_.total_bytes += int64_t(std::min<size_t>(size, size_t(INT64_MAX / 2)))) > lim_.total_bytes)
+            over("bytes of strings in all", lim_.total_bytes);
+    }
+    void copied(const List& items);  // a list copy: a step per item, its strings' bytes
+    void enter() {
+        if (++depth_ > used_.depth && (used_.depth = depth_) > lim_.depth) over("levels of nesting", lim_.depth);
+    }
+    void leave() { --depth_; }
+    const RenderLimits& limits() const { return lim_; }
+
+private:
+    [[noreturn]] void over(const char* what, int64_t limit) const;
+    RenderLimits lim_;
+    RenderUsage used_;
+    RenderUsage* out_;
+    Budget* prev_;
+    int32_t depth_ = 0;
+};
+
+// Charges of the built-ins, free outside a render.
+inline void charge_steps(int64_t n) {
+    if (Budget* b = Budget::current()) b->step(n);
+}
+inline void charge_growing(size_t size) {
+    if (Budget* b = Budget::current()) b->growing(size);
+}
+// One level of nesting for as long as it lives (recursion over statements, expressions, values).
+struct Nest {
+    Budget* b = Budget::current();
+    Nest() {
+        if (b) b->enter();
+    }
+    ~Nest() {
+        if (b) b->leave();
+    }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
 };
 
 // Value semantics (Python's): truth, str(), repr(), ==, <, json.dumps.

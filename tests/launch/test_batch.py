@@ -2,8 +2,8 @@
 """`lattice batch` end to end on the built-in SmolLM2 model (greedy, so every run must give the same
 text): a 200-line input in Release, 40 under the sanitizers (each kind of line several times; every
 extra line costs the sanitizer stage time, docs/testing.md) with bad lines mixed in (bad JSON, wrong types, empty prompt, a prompt
-beyond the context, a line nested 100 deep, a line of 8 MiB; a later line repeating an id is
-skipped, the first keeps it);
+beyond the context, a line nested 100 deep, a line of 8 MiB, a line with custom_id but no body:
+each an error record under its own custom_id);
   - one uninterrupted run is the reference: every valid id once with text, every bad one once as an
     error record;
   - killed with SIGKILL mid-run and rerun with the same --output until it completes: the same set
@@ -19,7 +19,11 @@ JSON schema (response_format): their outputs are checked (and, resumed, equal th
 bad line (method, url, JSON, body, custom_id), every record checked field by field; the same output
 locked by another process, or with damaged lines in its middle, is refused (naming the pid, the line
 numbers) and left as it was; the output is bound to its input (appended lines resume, an inserted line
-is refused, --restart starts over: input_binding_part, restart_part); then launch/slurm/batch.sbatch stopped by SIGTERM requeues itself (exit 75) and the rerun completes.
+is refused, --restart starts over: input_binding_part, restart_part); ids: an input where two lines
+share an id (a repeated custom_id, or a custom_id "line-N" equal to a bare body's) is refused before the
+model loads naming both lines, and a 15 MB line, a line with custom_id but no body and a line that
+stops being JSON after its custom_id each get one record under their custom_id (ids_part); then
+launch/slurm/batch.sbatch stopped by SIGTERM requeues itself (exit 75) and the rerun completes.
 Usage: test_batch.py LATTICE_BINARY MODEL_GGUF [kill|drain|format]   (exit 0: pass)"""
 import fcntl
 import json
@@ -99,8 +103,9 @@ def make_input(path):
             lines.append(json.dumps({"custom_id": cid, "body": {"prompt": list(range(1, 9000)), "max_tokens": 2}}))
             bad.add(cid)
             continue
-        if i == 38:
-            lines.append(json.dumps({"custom_id": "req-3", "body": {"prompt": "dup"}}))  # duplicate of req-3
+        if i == 38:  # a custom_id but no body: an error record under its own id
+            lines.append(json.dumps({"custom_id": cid, "prompt": "no body"}))
+            bad.add(cid)
             continue
         if i % 4 == 0:
             body = {"messages": [{"role": "user", "content": f"{words[i % 5]} number {i}?"}], "max_tokens": 6}
@@ -120,11 +125,11 @@ def make_input(path):
         lines.append(json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body}))
         valid.add(cid)
     # Over the per-line limits (as a request body's): nesting deeper than 64, more than 8 MiB. Neither
-    # is parsed, so each gets its line number as id ("line-N").
+    # is parsed, yet each record carries the line's custom_id (found by a scan of the top-level members).
     lines.append(json.dumps({"custom_id": "deep", "body": {"prompt": "x"}}) [:-2] + ', "x": ' + "[" * 100 + "]" * 100 + "}}")
-    bad.add(f"line-{len(lines)}")
+    bad.add("deep")
     lines.append(json.dumps({"custom_id": "big", "body": {"prompt": "x " * (4 << 20) + "y"}}))
-    bad.add(f"line-{len(lines)}")
+    bad.add("big")
     # A bare body on the line whose number an integer custom_id names: both run (distinct ids).
     lines.append(json.dumps({"custom_id": len(lines) + 2, "body": {"prompt": "The sea", "max_tokens": 3,
                                                                   "temperature": 0, "return_token_ids": True}}))
@@ -307,6 +312,55 @@ def format_part(tmp):
     restart_part(inp, out)
 
 
+def ids_part(tmp):
+    """Ids are unique within an input or it is refused before the model loads, naming both lines; every
+    line gets one record under its own custom_id, however broken the rest of the line."""
+    inp, out = os.path.join(tmp, "ids.jsonl"), os.path.join(tmp, "ids-out.jsonl")
+    done = {"prompt": "The sky is", "max_tokens": 2, "temperature": 0}
+    refusals = [  # (lines, words the refusal must hold)
+        ([done, {"custom_id": "line-1", "body": done}], ("lines 1 and 2", '"line-1"', "bare", "custom_id")),
+        ([{"custom_id": "a", "body": done}, done, {"custom_id": "a", "body": done}], ("lines 1 and 3", '"a"')),
+        ([{"custom_id": 5, "body": done}, "", {"custom_id": 5, "prompt": "no body"}], ("lines 1 and 3", " 5")),
+    ]
+    for lines, words in refusals:
+        with open(inp, "w") as f:
+            f.write("".join((ln if isinstance(ln, str) else json.dumps(ln)) + "\n" for ln in lines))
+        if os.path.exists(out):
+            os.unlink(out)
+        t0 = time.time()
+        # A model that does not exist: the refusal comes first, before any load.
+        cmd = [lattice, "batch", "--model", os.path.join(tmp, "no-such-model.gguf"), "--input", inp, "--output", out]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        ok = p.returncode == 1 and all(w in p.stderr for w in words) and "no-such-model" not in p.stderr
+        check(ok, f"ids: {lines} refused naming both lines before the model loads (rc {p.returncode}): {p.stderr[-400:]}")
+        check(not os.path.exists(out) or os.path.getsize(out) == 0, "ids: a refused input writes no record")
+        check(time.time() - t0 < 60, "ids: the refusal is immediate")
+    # One record per line under its own custom_id: a 15 MB line whose id comes first, a line with
+    # custom_id but no body, a line that stops being JSON after its custom_id, an integer id equal to
+    # a later bare body's line number (distinct: 4 is not "line-4").
+    lines = [('{"custom_id": "huge", "body": {"prompt": "' + "x " * (15 << 19) + '"}}', "huge", "request_too_large",
+              ("line 1", "bytes")),
+             ({"custom_id": "nobody", "prompt": "x"}, "nobody", "invalid_request", ("line 2", '"body"')),
+             ('{"custom_id": "broken", "body": {"prompt": ', "broken", "invalid_json", ("line 3",)),
+             ({"custom_id": 4, "body": done}, 4, "text_completion", ()),
+             (done, "line-5", "text_completion", ())]
+    with open(inp, "w") as f:
+        f.write("".join((ln if isinstance(ln, str) else json.dumps(ln)) + "\n" for ln, _, _, _ in lines))
+    os.unlink(out) if os.path.exists(out) else None
+    rc, err = run([lattice], inp, out)
+    check(rc == 0, f"ids: exits 0 (rc {rc}): {err[-500:]}")
+    recs, dup = records(out)
+    check(not dup and len(recs) == len(lines), f"ids: {len(recs)} records for {len(lines)} lines: {sorted(recs)}")
+    for _, cid, want, words in lines:
+        r = recs.get(json.dumps(cid))
+        if r is None:
+            check(False, f"ids: no record under {cid!r}: {sorted(recs)}")
+        elif want == "text_completion":
+            check_result("ids", r)
+        else:
+            check_error("ids", r, want, words)
+
+
 def input_binding_part(inp, out):
     """Issue 33 item 2, on format_part's finished run: the output is bound to its input (OUTPUT.input). A line
     appended at the end resumes (the old records kept byte for byte, only the new line runs); the issue's
@@ -415,6 +469,7 @@ def sbatch_part(tmp):
 with tempfile.TemporaryDirectory() as tmp:
     if PART == "format":
         format_part(tmp)
+        ids_part(tmp)
         sbatch_part(tmp)
         print(f"test_batch: {len(fails)} failures")
         sys.exit(1 if fails else 0)
@@ -455,7 +510,7 @@ with tempfile.TemporaryDirectory() as tmp:
         n_after = sum(1 for _ in open(out))
         check(n_after < len(want), f"SIGTERM came before the end ({n_after} of {len(want)} records)")
         rc, err = run([lattice], inp, out)
-        # Issue 33 item 14: the count is of distinct ids (the line repeating req-3 is not a pending request).
+        # Every line is one request with its own id (an input repeating an id is refused up front).
         check(rc == 0 and "from earlier runs" in err and f"batch: {len(want)} of {len(want)} requests done" in err,
               f"resume after SIGTERM: rc {rc}, every request counted done: {err[-300:]}")
         verify("SIGTERM + resume", out, valid, bad, want)

@@ -196,7 +196,7 @@ const std::string kSchema = R"({
     "tags": {"type": "array", "items": {"$ref": "#/$defs/Tag"}, "minItems": 1, "maxItems": 3},
     "point": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "boolean"}], "items": false,
               "minItems": 2},
-    "nick": {"type": "string", "nullable": true, "format": "email"},
+    "nick": {"type": "string", "nullable": true, "format": "date-time"},
     "kind": {"const": "person"},
     "meta": {"type": "object", "additionalProperties": {"type": "integer", "maximum": 9}}
   },
