@@ -14,8 +14,10 @@
 #    line ("lattice-mpirun: mpirun did not end ... killing it"), sends SIGTERM to mpirun and the
 #    process groups of mpirun's children (local ranks, rsh/ssh agents), and SIGKILL 3 s later to what
 #    is left. The job's exit status is then mpirun's death by signal (137 or 143 from a shell).
-#  - OpenMPI's banner for a lost daemon ("Remote daemon: ... on node b") gets one line of its own:
-#    "lattice-mpirun: lost host b (ranks 2-3): ..." (the ranks from the wrapper's placement).
+#  - OpenMPI's banners for a lost host get one line of their own, "lattice-mpirun: lost host b (ranks
+#    2-3): ..." (the ranks from the wrapper's placement): a lost daemon ("Remote daemon: ... on node b"),
+#    a TCP peer hangup ("Peer host: b"), or a daemon failure while the login agent (ssh) of host b,
+#    one of mpirun's children whose command line names b and orted, is gone.
 #  - It exits at end of file, or once mpirun has ended (gone or a zombie) and the pipe has been quiet
 #    for 1 s (a process that inherited the pipe may hold it), or 5 s after mpirun ended.
 # Invariants: the relay never drops or reorders bytes; without a fatal line it never signals anything.
@@ -27,7 +29,26 @@ import sys
 import time
 
 FATAL = b"lattice: error:"
-LOST_DAEMON = re.compile(rb"Remote daemon: .* on node (\S+)")
+LOST_DAEMON = re.compile(rb"Remote daemon: .* on node (\S+)|^\s*Peer host:\s+(\S+)")
+DAEMON_FAILED = (b"ORTE was unable to reliably start one or more daemons", b"ORTE has lost communication")
+
+
+def _agent_hosts(target):
+    """pid -> host of mpirun's login agents (ssh or plm_rsh_agent: 'AGENT [-opts] HOST ... orted ...')."""
+    out = {}
+    for c in _children(target):
+        try:
+            with open(f"/proc/{c}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if not any(b"orted" in a for a in argv):
+            continue
+        # The first word that is no option, path (the agent script run by its interpreter) or setting.
+        host = next((a for a in argv[1:] if a and not a.startswith(b"-") and b"/" not in a and b"=" not in a), None)
+        if host:
+            out[c] = host.decode(errors="replace")
+    return out
 
 
 def _alive(pid):
@@ -82,6 +103,7 @@ def _watch(rfd, target, grace_s, prog, host_ranks):
     fatal_line = b""
     pending = b""
     quiet_since = gone_at = None
+    agents, polled = {}, 0.0
     while True:
         ready, _, _ = select.select([rfd], [], [], 0.2)
         if ready:
@@ -95,13 +117,17 @@ def _watch(rfd, target, grace_s, prog, host_ranks):
                 if fatal_at is None and line.startswith(FATAL):
                     fatal_at, fatal_line = time.monotonic(), line
                 m = LOST_DAEMON.search(line)
-                if m and not lost:
-                    lost = m.group(1).decode(errors="replace")
+                gone = [h for c, h in agents.items() if not _alive(c)]
+                if not lost and (m or (any(d in line for d in DAEMON_FAILED) and gone)):
+                    lost = (m.group(1) or m.group(2)).decode(errors="replace") if m else ",".join(gone)
                     ranks = host_ranks.get(lost, "")
                     _write_all(2, f"{prog}: lost host {lost}{' (' + ranks + ')' if ranks else ''}: OpenMPI lost "
                                   f"its daemon there (host down, or the link to it); the job ends\n".encode())
             quiet_since = None
             continue
+        if time.monotonic() - polled > 0.5:  # the login agents, while they live (hosts they reach)
+            polled = time.monotonic()
+            agents.update(_agent_hosts(target))
         if not _alive(target):
             gone_at = gone_at or time.monotonic()
             quiet_since = quiet_since or time.monotonic()
