@@ -122,7 +122,7 @@ def _watch(rfd, target, grace_s, prog, host_ranks):
                     lost = (m.group(1) or m.group(2)).decode(errors="replace") if m else ",".join(gone)
                     ranks = host_ranks.get(lost, "")
                     _write_all(2, f"{prog}: lost host {lost}{' (' + ranks + ')' if ranks else ''}: OpenMPI lost "
-                                  f"its daemon there (host down, or the link to it); the job ends\n".encode())
+                                  f"its daemon there or could not start it (host down or unreachable); the job ends\n".encode())
             quiet_since = None
             continue
         if time.monotonic() - polled > 0.5:  # the login agents, while they live (hosts they reach)

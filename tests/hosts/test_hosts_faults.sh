@@ -12,6 +12,8 @@
 #                                  fatal line; the line naming rank 1 and host b is rank 0's own. b's
 #                                  MPI daemon stays (nothing can reach it; it would wait for its TCP
 #                                  to give up), but b's rank must be gone.
+#   test_hosts_faults.sh start     b unreachable from the start (its link down before the launch): its
+#                                  MPI daemon cannot call back; the job ends naming b (times from launch)
 #   test_hosts_faults.sh daemon    b's MPI daemon frozen (SIGSTOP), then b's link down: b's rank times
 #                                  out, its MPI_Abort cannot reach its daemon, so it must exit by itself
 #                                  with code 69 (parallel/world_session.h) within T + 10 s.
@@ -25,7 +27,7 @@ src=${LATTICE_SOURCE_DIR:-$(cd "$here/../.." && pwd)}
 bin=${LATTICE_BIN:?set LATTICE_BIN to the lattice executable}
 W="$src/launch/lattice-mpirun"
 model=${LATTICE_KILL_TEST_MODEL:-$src/models/SmolLM2-135M-Instruct.Q4_1.gguf}
-mode=${1:?mode: kill, link, link-nokeepalive or daemon}
+mode=${1:?mode: kill, link, link-nokeepalive, daemon or start}
 [ -e "$model" ] || hosts_skip "$model missing (scripts/setup.sh fetches it)"
 T=8      # --comm-timeout
 G=10     # lattice-mpirun --abort-grace
@@ -49,25 +51,30 @@ rank_pid() {  # rank_pid HOST: the lattice rank process on HOST
     done
 }
 
+t0=$(date +%s.%N)
+[ "$mode" = start ] && link_down b  # b never reachable: its daemon cannot call back
 host_run a "$W" --hosts a:1,b:1 --tp 1 --pp 2 --cpu --bind none --abort-grace $G -- "$bin" generate --model "$model" \
     --prompt "Once upon a time" --max-new-tokens 4000 --temperature 0 --ignore-eos --comm-timeout $T \
     > "$HOSTS_DIR/out" 2> "$HOSTS_DIR/err" &
 job=$!
 # Mid-generation: the streamed text (flushed per token) has grown past 20 bytes.
 for _ in $(seq 1200); do
+    [ "$mode" = start ] && break
     [ "$(stat -c %s "$HOSTS_DIR/out")" -gt 20 ] && break
     kill -0 $job 2> /dev/null || break
     sleep 0.1
 done
-if [ "$(stat -c %s "$HOSTS_DIR/out")" -le 20 ] || ! kill -0 $job 2> /dev/null; then
+if [ "$mode" != start ] && { [ "$(stat -c %s "$HOSTS_DIR/out")" -le 20 ] || ! kill -0 $job 2> /dev/null; }; then
     echo "FAIL: the generation never started streaming"; sed 's/^/  | /' "$HOSTS_DIR/err"; exit 1
 fi
-victim=$(rank_pid b)
-[ -n "$victim" ] || { echo "FAIL: no rank on host b"; exit 1; }
-orted=$(for p in $(live_pids b); do [ "$(cat /proc/$p/comm)" = orted ] && echo "$p"; done)
-
-t0=$(date +%s.%N)
+if [ "$mode" != start ]; then
+    victim=$(rank_pid b)
+    [ -n "$victim" ] || { echo "FAIL: no rank on host b"; exit 1; }
+    orted=$(for p in $(live_pids b); do [ "$(cat /proc/$p/comm)" = orted ] && echo "$p"; done)
+    t0=$(date +%s.%N)
+fi
 case $mode in
+    start) ;;
     kill) kill -KILL $(live_pids b) ;;
     link | link-nokeepalive) link_down b ;;
     daemon) kill -STOP $orted; link_down b ;;
@@ -98,7 +105,7 @@ awk -v a="$t_all" -v l="$limit" 'BEGIN { exit !(a <= l) }' || fail "the job took
 [ $rc -ne 0 ] || fail "the job exited 0 after losing host b"
 
 case $mode in
-    kill | link) line=$(grep -m1 "^lattice-mpirun: lost host b (rank 1)" "$HOSTS_DIR/err") ;;
+    kill | link | start) line=$(grep -m1 "^lattice-mpirun: lost host b (rank 1)" "$HOSTS_DIR/err") ;;
     link-nokeepalive)
         line=$(grep -m1 "^lattice: error: .*rank 1 \[pid $victim on b\]" "$HOSTS_DIR/err")
         grep -q "^lattice-mpirun: mpirun did not end $G s after a rank's fatal error" "$HOSTS_DIR/err" ||
