@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# A real two-node Slurm on emulated hosts (hosts_lib.sh): slurmctld in the test's namespace (on the
+# bridge, 10.77.0.254), one slurmd per host (`slurmd -N a` inside host a's namespaces, with a /tmp of its
+# own as a real node has: PMIx keeps per-step folders there), auth/none + cred/none (no munge),
+# proctrack/linuxproc + task/none (no cgroups). launch/slurm/lattice-multinode.sbatch, --nodes=2
+# --ntasks-per-node=2, TP=2 PP=2 on CPU ranks:
+#  - RUN=doctor with srun --mpi=pmix: ranks 0-1 on a, 2-3 on b (one TP group = one stage per node);
+#  - RUN=generate with srun --mpi=pmix and with lattice-mpirun (mpirun inside the allocation): the
+#    printed ids equal tiny-llama2's golden greedy ids (first 8).
+# SKIP (77) without Slurm's tools or namespaces; the srun jobs are skipped (said so) without PMIx.
+# Everything dies with the test (PID namespace); the Slurm folder under /var/tmp is removed on exit.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/hosts_lib.sh"
+for tool in slurmctld slurmd sbatch scontrol sinfo srun; do
+    command -v "$tool" > /dev/null || hosts_skip "$tool not installed (scripts/setup.sh installs Slurm)"
+done
+hosts_enter "$0" "$@"
+src=${LATTICE_SOURCE_DIR:-$(cd "$here/../.." && pwd)}
+shared=${LATTICE_SHARED_DIR:-$src/../shared}
+bin=${LATTICE_BIN:?set LATTICE_BIN to the lattice executable}
+model="$shared/golden/tiny-llama2"
+n=8
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+hosts_make a b || { echo "FAIL: cannot make the hosts"; exit 1; }
+tmp=$(mktemp -d /var/tmp/lattice-slurm-hosts.XXXXXX)
+trap 'rm -rf "$HOSTS_DIR" "$tmp"' EXIT
+ctl=$(hostname -s)
+ip addr add 10.77.0.254/24 dev sw
+echo "10.77.0.254 $ctl" >> "$HOSTS_DIR/hosts"
+mkdir -p "$tmp/state" "$tmp/spool-a" "$tmp/spool-b"
+cat > "$tmp/slurm.conf" <<CONF
+ClusterName=latticehosts
+SlurmctldHost=$ctl(10.77.0.254)
+AuthType=auth/none
+CredType=cred/none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$tmp/state
+SlurmdSpoolDir=$tmp/spool-%n
+SlurmctldPidFile=$tmp/slurmctld.pid
+SlurmdPidFile=$tmp/slurmd-%n.pid
+SlurmctldLogFile=$tmp/slurmctld.log
+SlurmdLogFile=$tmp/slurmd-%n.log
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+MpiDefault=none
+MailProg=/bin/true
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+NodeName=a NodeAddr=10.77.0.1 CPUs=2 RealMemory=1 State=UNKNOWN
+NodeName=b NodeAddr=10.77.0.2 CPUs=2 RealMemory=1 State=UNKNOWN
+PartitionName=lattice Nodes=a,b Default=YES MaxTime=10 State=UP
+CONF
+export SLURM_CONF="$tmp/slurm.conf"
+slurmctld -D -i -f "$SLURM_CONF" > "$tmp/slurmctld.out" 2>&1 &
+for h in a b; do
+    host_run $h unshare --mount --propagation private \
+        sh -c "mount -t tmpfs tmpfs /tmp && cd / && exec slurmd -D -N $h -f '$SLURM_CONF'" > "$tmp/slurmd-$h.out" 2>&1 &
+done
+state=""
+for _ in $(seq 150); do
+    state=$(timeout 5 sinfo -h -o %T 2> /dev/null | sort -u | tr '\n' ' ')
+    [ "$state" = "idle " ] && break
+    sleep 0.2
+done
+[ "$state" = "idle " ] || { echo "FAIL: Slurm did not come up (node states '$state')"; tail -n 5 "$tmp"/*.log "$tmp"/*.out; exit 1; }
+
+job_state() { scontrol -o show job "$1" 2> /dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
+run_job() {  # run_job NAME RUN LAUNCHER: lattice-multinode.sbatch on 2 nodes x 2 tasks, waited for (bounded)
+    local name=$1 id st
+    id=$(cd "$src" && MODEL="$model" TP=2 PP=2 RUN="$2" LAUNCHER="$3" LATTICE="$bin" PROMPT_IDS=$prompt \
+         MAX_NEW_TOKENS=$n COMM_TIMEOUT=30 sbatch --parsable --output="$tmp/$name.out" --error="$tmp/$name.err" \
+         --nodes=2 --ntasks-per-node=2 --gpus-per-node=0 --cpus-per-task=1 --time=2 \
+         launch/slurm/lattice-multinode.sbatch 2>&1)
+    [[ "$id" =~ ^[0-9]+$ ]] || { fail "$name: sbatch said: $id"; return 1; }
+    for _ in $(seq 450); do  # <= 90 s
+        st=$(job_state "$id")
+        case "$st" in PENDING | CONFIGURING | RUNNING | COMPLETING | "") sleep 0.2 ;; *) break ;; esac
+    done
+    echo "$name: job $id $st"
+    [ "$st" = COMPLETED ] || { fail "$name: job $id ended $st"; sed 's/^/  | /' "$tmp/$name.out" "$tmp/$name.err"; return 1; }
+}
+prompt=$(python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['cases'][0]['prompt_ids'])))" "$model/expected.json")
+want=$(python3 -c "import json,sys; print(' '.join(map(str, json.load(open(sys.argv[1]))['cases'][0]['greedy_ids'][:$n])))" "$model/expected.json")
+
+launchers="mpirun"
+if srun --mpi=list 2>&1 | grep -qw pmix; then launchers="srun mpirun"; else echo "SKIP (srun jobs): this Slurm has no PMIx plugin"; fi
+if [[ "$launchers" == srun* ]] && run_job doctor doctor srun; then
+    for line in "world: 4 rank(s) on 2 host(s), asked tp 2 x pp 2" "rank 0 on a:" "rank 1 on a:" "rank 2 on b:" "rank 3 on b:"; do
+        grep -qF -- "$line" "$tmp/doctor.out" || { fail "doctor: no '$line'"; sed 's/^/  | /' "$tmp/doctor.out"; }
+    done
+fi
+for l in $launchers; do
+    run_job "generate-$l" generate "$l" || continue
+    if grep -qxF -- "$want" "$tmp/generate-$l.out"; then
+        echo "generate-$l: $n golden tokens across 2 Slurm nodes"
+    else
+        fail "generate-$l: want '$want'"; sed 's/^/  | /' "$tmp/generate-$l.out" "$tmp/generate-$l.err"
+    fi
+done
+[ $fails -eq 0 ]
