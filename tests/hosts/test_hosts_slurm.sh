@@ -7,6 +7,10 @@
 #  - RUN=doctor with srun --mpi=pmix: ranks 0-1 on a, 2-3 on b (one TP group = one stage per node);
 #  - RUN=generate with srun --mpi=pmix and with lattice-mpirun (mpirun inside the allocation): the
 #    printed ids equal tiny-llama2's golden greedy ids (first 8).
+#   test_hosts_slurm.sh requeue: launch/slurm/batch.sbatch across the 2 nodes (TP=1 PP=2, one stage per
+#   node, the default SmolLM2 model; SKIP without it) stopped by Slurm's TERM mid-run: lattice drains,
+#   exits 75, the script requeues the job, and the restart completes it: COMPLETED, >= 1 restart, every
+#   id in the output once.
 # SKIP (77) without Slurm's tools or namespaces; the srun jobs are skipped (said so) without PMIx.
 # Everything dies with the test (PID namespace); the Slurm folder under /var/tmp is removed on exit.
 set -uo pipefail
@@ -16,6 +20,7 @@ for tool in slurmctld slurmd sbatch scontrol sinfo srun; do
     command -v "$tool" > /dev/null || hosts_skip "$tool not installed (scripts/setup.sh installs Slurm)"
 done
 hosts_enter "$0" "$@"
+mode=${1:-run}
 src=${LATTICE_SOURCE_DIR:-$(cd "$here/../.." && pwd)}
 shared=${LATTICE_SHARED_DIR:-$src/../shared}
 bin=${LATTICE_BIN:?set LATTICE_BIN to the lattice executable}
@@ -57,6 +62,8 @@ NodeName=a NodeAddr=10.77.0.1 CPUs=2 RealMemory=1 State=UNKNOWN
 NodeName=b NodeAddr=10.77.0.2 CPUs=2 RealMemory=1 State=UNKNOWN
 PartitionName=lattice Nodes=a,b Default=YES MaxTime=10 State=UP
 CONF
+# A requeued job may start again cred_expire (>= 5) s later, at the next scheduling pass (1 s here).
+[ "$mode" = requeue ] && printf "AuthInfo=cred_expire=5\nSchedulerParameters=sched_interval=1\n" >> "$tmp/slurm.conf"
 export SLURM_CONF="$tmp/slurm.conf"
 slurmctld -D -i -f "$SLURM_CONF" > "$tmp/slurmctld.out" 2>&1 &
 for h in a b; do
@@ -89,6 +96,43 @@ run_job() {  # run_job NAME RUN LAUNCHER: lattice-multinode.sbatch on 2 nodes x 
 prompt=$(python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['cases'][0]['prompt_ids'])))" "$model/expected.json")
 want=$(python3 -c "import json,sys; print(' '.join(map(str, json.load(open(sys.argv[1]))['cases'][0]['greedy_ids'][:$n])))" "$model/expected.json")
 
+if [ "$mode" = requeue ]; then
+    long_model="$src/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    [ -e "$long_model" ] || hosts_skip "$long_model missing (scripts/setup.sh fetches it)"
+    in="$tmp/requeue-in.jsonl" out="$tmp/requeue-out.jsonl" nreq=16
+    python3 -c 'import json, sys
+for i in range(int(sys.argv[1])):
+    print(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+                      "body": {"prompt": f"Once upon a time {i}", "max_tokens": 48, "temperature": 0}}))' $nreq > "$in"
+    id=$(cd "$src" && MODEL="$long_model" INPUT="$in" OUTPUT="$out" TP=1 PP=2 CPU_RANKS=1 LATTICE="$bin" \
+         DRAIN_SECONDS=1 COMM_TIMEOUT=30 EXTRA_ARGS="--threads 1 --progress none --max-seqs 2" \
+         sbatch --parsable --job-name=lattice-requeue --output="$tmp/requeue.out" --error="$tmp/requeue.err" \
+                --nodes=2 --ntasks-per-node=1 --gpus-per-node=0 --cpus-per-task=1 --time=3 launch/slurm/batch.sbatch 2>&1)
+    [[ "$id" =~ ^[0-9]+$ ]] || { echo "FAIL: requeue: sbatch said: $id"; exit 1; }
+    for _ in $(seq 450); do [ -f "$out" ] && [ "$(wc -l < "$out")" -ge 2 ] && break; sleep 0.2; done
+    [ -f "$out" ] && [ "$(wc -l < "$out")" -ge 2 ] || fail "requeue: no 2 records before the TERM"
+    scancel --batch --signal=TERM "$id"
+    for _ in $(seq 450); do  # <= 90 s
+        st=$(job_state "$id")
+        case "$st" in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL) break ;; esac
+        sleep 0.2
+    done
+    restarts=$(scontrol -o show job "$id" 2> /dev/null | grep -o 'Restarts=[0-9]*' | cut -d= -f2)
+    echo "requeue: job $id $st, restarts ${restarts:-?}"
+    grep -q "scontrol requeue $id" "$tmp/requeue.out" || fail "requeue: the script did not requeue the job"
+    [ "$st" = COMPLETED ] && [ "${restarts:-0}" -ge 1 ] || fail "requeue: want COMPLETED after >= 1 restart"
+    [ "$(grep -c "2 CPU ranks, 1 per node on 2 node(s)" "$tmp/requeue.err")" -ge 2 ] ||
+        fail "requeue: both runs were not one rank per node on 2 nodes"
+    python3 - "$out" $nreq <<'PY' || fail "requeue: records"
+import json, sys
+ids = [json.loads(l)["custom_id"] for l in open(sys.argv[1])]
+ok = sorted(ids) == sorted(f"r{i}" for i in range(int(sys.argv[2])))
+print(f"requeue: {len(ids)} records, every id once: {ok}")
+sys.exit(0 if ok else 1)
+PY
+    [ $fails -eq 0 ] || sed 's/^/  | /' "$tmp/requeue.out" "$tmp/requeue.err"
+    exit $((fails > 0))
+fi
 launchers="mpirun"
 if srun --mpi=list 2>&1 | grep -qw pmix; then launchers="srun mpirun"; else echo "SKIP (srun jobs): this Slurm has no PMIx plugin"; fi
 if [[ "$launchers" == srun* ]] && run_job doctor doctor srun; then
