@@ -76,9 +76,19 @@ def _children(pid):
 
 
 def _signal_job(pid, sig):
+    """sig to mpirun and to each child's process group (OpenMPI gives ranks and agents their own); a
+    child still in mpirun's group (the caller's job: a shell, a batch script) gets it alone."""
+    try:
+        own = os.getpgid(pid)
+    except OSError:
+        own = None
     for c in _children(pid):
         try:
-            os.killpg(os.getpgid(c), sig)
+            g = os.getpgid(c)
+            if g != own:
+                os.killpg(g, sig)
+            else:
+                os.kill(c, sig)
         except OSError:
             pass
     try:
@@ -159,11 +169,20 @@ def start(grace_s, prog, host_ranks):
             if os.fork() != 0:
                 os._exit(0)
             os.close(wfd)
-            os.setpgid(0, 0)  # the terminal's Ctrl-C goes to the job, not to the relay of its last words
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            signal.signal(signal.SIGHUP, signal.SIG_IGN)
-            _watch(rfd, target, grace_s, prog, host_ranks)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)
+            try:
+                os.setpgid(0, 0)  # the terminal's Ctrl-C goes to the job, not to the relay of its last words
+            except OSError:
+                pass
+            try:
+                _watch(rfd, target, grace_s, prog, host_ranks)
+            except Exception:  # never leave mpirun writing into a pipe nobody reads: relay to the end
+                while True:
+                    data = os.read(rfd, 65536)
+                    if not data:
+                        break
+                    _write_all(2, data)
         finally:
             os._exit(0)
     os.waitpid(child, 0)
