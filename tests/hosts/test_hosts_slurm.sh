@@ -7,6 +7,10 @@
 #  - RUN=doctor with srun --mpi=pmix: ranks 0-1 on a, 2-3 on b (one TP group = one stage per node);
 #  - RUN=generate with srun --mpi=pmix and with lattice-mpirun (mpirun inside the allocation): the
 #    printed ids equal tiny-llama2's golden greedy ids (first 8).
+#   test_hosts_slurm.sh serve: launch/slurm/serve.sbatch across the 2 nodes (TP=1 PP=2, SmolLM2; SKIP
+#   without it), HOST=0.0.0.0: /health answers from outside the hosts (the test's namespace), a
+#   completion of 8 tokens at temperature 0 comes back, scancel (TERM -> drain) ends the job and no
+#   process is left on either host.
 #   test_hosts_slurm.sh requeue: launch/slurm/batch.sbatch across the 2 nodes (TP=1 PP=2, one stage per
 #   node, the default SmolLM2 model; SKIP without it) stopped by Slurm's TERM mid-run: lattice drains,
 #   exits 75, the script requeues the job, and the restart completes it: COMPLETED, >= 1 restart, every
@@ -96,9 +100,54 @@ run_job() {  # run_job NAME RUN LAUNCHER: lattice-multinode.sbatch on 2 nodes x 
 prompt=$(python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['cases'][0]['prompt_ids'])))" "$model/expected.json")
 want=$(python3 -c "import json,sys; print(' '.join(map(str, json.load(open(sys.argv[1]))['cases'][0]['greedy_ids'][:$n])))" "$model/expected.json")
 
+long_model="$src/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+[ "$mode" = run ] || [ -e "$long_model" ] || hosts_skip "$long_model missing (scripts/setup.sh fetches it)"
+if [ "$mode" = serve ]; then
+    id=$(cd "$src" && MODEL="$long_model" TP=1 PP=2 CPU_RANKS=1 LATTICE="$bin" HOST=0.0.0.0 PORT=8000 \
+         DRAIN_SECONDS=2 COMM_TIMEOUT=30 EXTRA_ARGS="--threads 1" \
+         sbatch --parsable --job-name=lattice-serve --output="$tmp/serve.out" --error="$tmp/serve.err" \
+                --nodes=2 --ntasks-per-node=1 --gpus-per-node=0 --cpus-per-task=1 --time=3 launch/slurm/serve.sbatch 2>&1)
+    [[ "$id" =~ ^[0-9]+$ ]] || { echo "FAIL: serve: sbatch said: $id"; exit 1; }
+    python3 - <<'PY' || fail "serve: no answer from the server on host a"
+import json, sys, time, urllib.request
+base = "http://10.77.0.1:8000"
+deadline = time.monotonic() + 90
+while True:
+    try:
+        if urllib.request.urlopen(base + "/health", timeout=5).status == 200:
+            break
+    except OSError:
+        pass
+    if time.monotonic() > deadline:
+        sys.exit("no /health 200 within 90 s")
+    time.sleep(0.3)
+req = urllib.request.Request(base + "/v1/completions", method="POST", headers={"Content-Type": "application/json"},
+                             data=json.dumps({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}).encode())
+r = json.load(urllib.request.urlopen(req, timeout=60))
+n = r["usage"]["completion_tokens"]
+print(f"serve: completion across 2 Slurm nodes: {n} tokens, {r['choices'][0]['text']!r}")
+sys.exit(0 if n == 8 and r["choices"][0]["text"] else 1)
+PY
+    grep -q "1 per node on 2 node(s)" "$tmp/serve.err" || fail "serve: not one rank per node on 2 nodes"
+    scancel "$id"
+    for _ in $(seq 300); do  # <= 60 s
+        st=$(job_state "$id")
+        case "$st" in PENDING | CONFIGURING | RUNNING | COMPLETING | "") sleep 0.2 ;; *) break ;; esac
+    done
+    echo "serve: job $id $st after scancel"
+    case "$st" in COMPLETED | CANCELLED) ;; *) fail "serve: job $id ended $st" ;; esac
+    left=""
+    for _ in $(seq 100); do
+        left=$(for h in a b; do for p in $(host_pids $h); do
+            tr '\0' ' ' < "/proc/$p/cmdline" 2> /dev/null | grep -q "lattice serve\|orted" && echo "$p"; done; done)
+        [ -z "$left" ] && break
+        sleep 0.2
+    done
+    [ -z "$left" ] || fail "serve: processes left: $left"
+    [ $fails -eq 0 ] || sed 's/^/  | /' "$tmp/serve.out" "$tmp/serve.err"
+    exit $((fails > 0))
+fi
 if [ "$mode" = requeue ]; then
-    long_model="$src/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-    [ -e "$long_model" ] || hosts_skip "$long_model missing (scripts/setup.sh fetches it)"
     in="$tmp/requeue-in.jsonl" out="$tmp/requeue-out.jsonl" nreq=16
     python3 -c 'import json, sys
 for i in range(int(sys.argv[1])):
