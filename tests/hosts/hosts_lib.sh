@@ -46,7 +46,10 @@ hosts_enter() {
 hosts_make() {
     HOSTS_DIR=$(mktemp -d /tmp/lattice-hosts.XXXXXX)
     export HOSTS_DIR
-    trap 'rm -rf "$HOSTS_DIR"' EXIT
+    trap hosts_cleanup EXIT
+    # Its contents live in a tmpfs of the test's mount namespace: gone with the test even on SIGKILL
+    # (then only the empty folder stays).
+    mount -t tmpfs -o size=64m tmpfs "$HOSTS_DIR" || return 1
     ip link set lo up
     ip link add sw type bridge && ip link set sw up || return 1
     {
@@ -88,6 +91,13 @@ hosts_make() {
             sleep 0.01
         done
     done
+}
+
+# The EXIT trap of hosts_make: unmount $HOSTS_DIR (lazily: /etc/hosts is bound to a file in it), then
+# remove the folder it covered.
+hosts_cleanup() {
+    umount -l "$HOSTS_DIR" 2> /dev/null
+    rm -rf "$HOSTS_DIR"
 }
 
 host_pid() { awk -v h="$1" '$1 == h { print $2 }' "$HOSTS_DIR/map"; }

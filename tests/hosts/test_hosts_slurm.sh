@@ -34,7 +34,7 @@ fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 hosts_make a b || { echo "FAIL: cannot make the hosts"; exit 1; }
 tmp=$(mktemp -d /var/tmp/lattice-slurm-hosts.XXXXXX)
-trap 'rm -rf "$HOSTS_DIR" "$tmp"' EXIT
+trap 'hosts_cleanup; rm -rf "$tmp"' EXIT
 ctl=$(hostname -s)
 ip addr add 10.77.0.254/24 dev sw
 echo "10.77.0.254 $ctl" >> "$HOSTS_DIR/hosts"
