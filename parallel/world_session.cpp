@@ -5,8 +5,15 @@
 #include "parallel/mpi_session.h"
 #endif
 
+#include <fmt/format.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
 #include <numeric>
+#include <thread>
 
 namespace lattice {
 
@@ -31,11 +38,28 @@ void finalize_world() {
     if (mpi_active()) MPI_Finalize();
 }
 
+// MPI_Abort hands the job's end to the launcher (mpirun, its daemons). When the launcher cannot be
+// reached (this host cut off, its daemon hung) that may never end this process, so a detached thread
+// ends it kAbortSelfExitAfterS later with kAbortSelfExitCode and one line naming it. The line is built
+// before the thread starts: the thread only sleeps, write()s and _exit()s.
 void abort_world(int code) {
     if (!mpi_active()) return;
     int size = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+    if (size <= 1) return;
+    const MpiSession& s = mpi_session();
+    auto line = std::make_shared<std::string>(fmt::format(
+        "lattice: rank {} on {}: MPI_Abort did not end this rank within {:g} s (launcher unreachable?); it exits "
+        "by itself with code {}\n",
+        s.rank(), s.host(), kAbortSelfExitAfterS, kAbortSelfExitCode));
+    std::fflush(stdout);
+    std::thread([line] {
+        std::this_thread::sleep_for(std::chrono::duration<double>(kAbortSelfExitAfterS));
+        ssize_t ignored = write(2, line->data(), line->size());
+        (void)ignored;
+        _exit(kAbortSelfExitCode);
+    }).detach();
+    MPI_Abort(MPI_COMM_WORLD, code);
 }
 
 void report_dead_peers_on_termination() {

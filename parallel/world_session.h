@@ -36,7 +36,12 @@ WorldPlace join_world();
 void finalize_world();
 
 // Ends every rank of the job with `code` when MPI is running with more than one rank, so that no
-// peer waits forever for this one; returns (doing nothing) otherwise.
+// peer waits forever for this one; returns (doing nothing) otherwise. A rank whose MPI_Abort has not
+// ended it kAbortSelfExitAfterS later (the launcher or this host's MPI daemon unreachable) prints one
+// line naming its rank and host and exits with kAbortSelfExitCode: it never depends on the launcher
+// to die.
+inline constexpr double kAbortSelfExitAfterS = 10.0;
+inline constexpr int kAbortSelfExitCode = 69;  // EX_UNAVAILABLE: the launcher could not end the job
 void abort_world(int code);
 
 // When the job's launcher tears it down (a rank died), print one line naming the dead local peers

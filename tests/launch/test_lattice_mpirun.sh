@@ -63,11 +63,21 @@ expect_cmd "mpirun -np 2$R --map-by ppr:2:numa --bind-to numa $NCCL1 lattice gen
 # GPUs interleaved over NUMA nodes: not bound rather than bound to the wrong socket.
 expect_cmd "mpirun -np 4$R --map-by ppr:4:node --bind-to none $NCCL1 lattice generate --tp 4 --pp 1" \
     --tp 4 --gpu-numa 0,1,0,1 -- lattice generate
-# Two nodes: TP inside a node, PP across; no NCCL_IB_DISABLE; slots set to ranks per node.
-expect_cmd "mpirun -np 16$R --host n1:8,n2:8 --map-by ppr:4:numa --bind-to numa $NCCLN lattice generate --tp 8 --pp 2" \
+# Two nodes: TP inside a node, PP across; no NCCL_IB_DISABLE; slots set to ranks per node; TCP keepalive
+# on OpenMPI's daemon links from the command's --comm-timeout T (T/4 idle, 5 probes T/10 apart; 60 s
+# when absent), the user's OMPI_MCA_ value winning.
+KA="--mca oob_tcp_keepalive_time 15 --mca oob_tcp_keepalive_intvl 6 --mca oob_tcp_keepalive_probes 5"
+expect_cmd "mpirun -np 16$R --host n1:8,n2:8 --map-by ppr:4:numa --bind-to numa $KA $NCCLN lattice generate --tp 8 --pp 2" \
     --tp 8 --pp 2 --hosts n1,n2 --gpu-numa 0,0,0,0,1,1,1,1 -- lattice generate
-expect_cmd "mpirun -np 8$R --host n1:4,n2:4 --map-by ppr:4:node --bind-to none $NCCLN lattice generate --tp 4 --pp 2" \
+expect_cmd "mpirun -np 8$R --host n1:4,n2:4 --map-by ppr:4:node --bind-to none $KA $NCCLN lattice generate --tp 4 --pp 2" \
     --tp 4 --pp 2 --hosts n1:8,n2:8 --gpu-numa 0,0,0,0,1,1,1,1 -- lattice generate
+expect_cmd "mpirun -np 4$R --host a:2,b:2 --map-by ppr:2:node --bind-to none --mca oob_tcp_keepalive_time 2 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 5 lattice generate --comm-timeout 8 --tp 2 --pp 2" \
+    --tp 2 --pp 2 --hosts a,b --cpu --bind none -- lattice generate --comm-timeout 8
+n=$((n + 1))
+got=$(env -i PATH="$PATH" LATTICE_BIN="${LATTICE_BIN:-}" OMPI_MCA_oob_tcp_keepalive_time=300 "$W" --dry-run --tp 2 --pp 2 \
+      --hosts a,b --cpu --bind none -- lattice generate 2>/dev/null)
+want="mpirun -np 4$R --host a:2,b:2 --map-by ppr:2:node --bind-to none --mca oob_tcp_keepalive_intvl 6 --mca oob_tcp_keepalive_probes 5 lattice generate --tp 2 --pp 2"
+[ "$got" = "$want" ] || { echo "FAIL: keepalive override"; echo "  want: $want"; echo "  got:  $got"; fails=$((fails + 1)); }
 # The user's NCCL values win over the defaults, and other NCCL_*/LATTICE_* variables are forwarded.
 n=$((n + 1))
 got=$(env -i PATH="$PATH" LATTICE_BIN="${LATTICE_BIN:-}" NCCL_P2P_LEVEL=SYS NCCL_SOCKET_IFNAME=eth0 LATTICE_LOG=debug "$W" --dry-run --tp 2 \
@@ -78,7 +88,7 @@ expect_cmd "mpirun -np 2$R --map-by ppr:2:numa --bind-to numa -x CUDA_DEVICE_ORD
     --tp 2 --gpu-numa 0,0 --no-nccl-defaults -- lattice generate
 # Hostfile with slots.
 hf=$(mktemp); printf '# two nodes\nn1 slots=4\nn2 slots=4 max_slots=4\n' > "$hf"
-expect_cmd "mpirun -np 8$R --hostfile $hf --map-by ppr:4:node --bind-to none $NCCLN lattice generate --tp 4 --pp 2" \
+expect_cmd "mpirun -np 8$R --hostfile $hf --map-by ppr:4:node --bind-to none $KA $NCCLN lattice generate --tp 4 --pp 2" \
     --tp 4 --pp 2 --hostfile "$hf" --gpus-per-node 4 -- lattice generate
 
 # Refusals (exit 2, nothing on stdout, one line naming the problem).
@@ -88,6 +98,7 @@ expect_refusal "need 8 GPUs per node but there are 4" --tp 4 --pp 2 --gpu-numa 0
 expect_refusal "6 ranks per node do not hold whole TP groups of 4" --tp 4 --pp 3 --hosts a,b --cpu -- lattice generate
 expect_refusal "cannot be spread evenly over 3 nodes" --tp 2 --pp 2 --hosts a,b,c --cpu -- lattice generate
 expect_refusal "3 nodes but only tp*pp = 2 ranks" --tp 2 --hosts a,b,c --cpu -- lattice generate
+expect_refusal "--abort-grace -1 is out of range" --tp 2 --hosts a,b --cpu --abort-grace -1 -- lattice generate
 expect_refusal "host 'n2' has 2 slots but the layout needs 4" --tp 4 --pp 2 --hosts n1:4,n2:2 --gpus-per-node 8 -- lattice generate
 expect_refusal "the lattice command says --tp 4 but the wrapper was given --tp 2" --tp 2 --cpu -- lattice generate --tp 4
 expect_refusal "the lattice command says --pp 1 but the wrapper was given --pp 2" --tp 2 --pp 2 --cpu --cores-per-node 8 -- lattice generate --pp=1
