@@ -67,7 +67,7 @@ struct EngineOptions {
     // (--speculative ngram --num-speculative-tokens k).
     int64_t speculative_tokens = 0;
     // Their proposer (leader): null is prompt lookup (runtime/engine/scheduler.h SchedulerOptions::proposer).
-    std::function<std::vector<int32_t>(std::span<const int32_t> tokens, int64_t k)> draft_proposer;
+    DraftProposer draft_proposer;
     // Decode steps as captured step graphs (CUDA graphs) on a backend that has them, one per
     // batch-size bucket, padded with dummy sequences on a reserved KV block; every layout (with
     // pipeline stages each stage captures its own part; the hand-offs run between the graphs).
