@@ -11,62 +11,16 @@
 namespace lattice {
 
 namespace {
-
 using Clock = SteadyClock;
 constexpr auto since = seconds_since;
-
-template <typename T>
-void broadcast_vec(Communicator& c, std::vector<T>& v, DType dt) {
-    int64_t n = int64_t(v.size());
-    c.broadcast(View::contiguous(&n, DType::kI64, {1}), 0);
-    v.resize(size_t(n));
-    if (n > 0) c.broadcast(View::contiguous(v.data(), dt, {n}), 0);
-}
-
 }  // namespace
-
-// Every rank's breakdown to every rank: 10 int64 each (ids, steps, then the seconds in ns).
-std::vector<StepBreakdown> Engine::gather_breakdowns(const StepBreakdown& mine) const {
-    constexpr int kFields = 13;
-    auto ns = [](double s) { return int64_t(s * 1e9); };
-    const int64_t enc[kFields] = {mine.rank,          mine.tp_rank,       mine.pp_rank,
-                                  mine.steps,         ns(mine.wall),      ns(mine.compute),
-                                  ns(mine.communication), ns(mine.pipeline_bubble), ns(mine.sampling),
-                                  ns(mine.host_overhead), ns(mine.plan_wait), mine.plan_bytes,
-                                  ns(mine.plan_blocked)};
-    std::vector<int64_t> all(size_t(kFields) * size_t(world_));
-    if (world_ > 1)
-        links_.world->all_gather(View::contiguous(all.data(), DType::kI64, {int64_t(all.size())}),
-                                 View::contiguous(const_cast<int64_t*>(enc), DType::kI64, {kFields}));
-    else
-        std::copy(enc, enc + kFields, all.begin());
-    std::vector<StepBreakdown> out(static_cast<size_t>(world_));
-    for (int r = 0; r < world_; ++r) {
-        const int64_t* e = all.data() + size_t(r) * kFields;
-        StepBreakdown& b = out[size_t(r)];
-        b.rank = int(e[0]);
-        b.tp_rank = int(e[1]);
-        b.pp_rank = int(e[2]);
-        b.steps = e[3];
-        b.wall = double(e[4]) * 1e-9;
-        b.compute = double(e[5]) * 1e-9;
-        b.communication = double(e[6]) * 1e-9;
-        b.pipeline_bubble = double(e[7]) * 1e-9;
-        b.sampling = double(e[8]) * 1e-9;
-        b.host_overhead = double(e[9]) * 1e-9;
-        b.plan_wait = double(e[10]) * 1e-9;
-        b.plan_bytes = e[11];
-        b.plan_blocked = double(e[12]) * 1e-9;
-    }
-    return out;
-}
 
 Engine::RunMark Engine::mark_run() const {
     RunMark m;
     m.start = Clock::now();
     m.counters = counters_;
     m.comm_seconds = model_.comm_seconds();
-    if (is_leader()) m.sched = sched_->stats();
+    if (is_leader()) m.sched = core_->scheduler().stats();
     return m;
 }
 
@@ -77,7 +31,7 @@ GenerateStats Engine::finish_run(const RunMark& m, int64_t sequences, double pre
     std::vector<int64_t> meta;
     std::vector<int32_t> text;
     if (is_leader()) {
-        const SchedulerStats& s1 = sched_->stats();
+        const SchedulerStats& s1 = core_->scheduler().stats();
         meta = {s1.prompt_tokens - m.sched.prompt_tokens,
                 s1.generated_tokens - m.sched.generated_tokens,
                 int64_t(prefill_seconds * 1e9),
@@ -90,10 +44,8 @@ GenerateStats Engine::finish_run(const RunMark& m, int64_t sequences, double pre
                 int64_t(error.size())};
         text.assign(error.begin(), error.end());
     }
-    if (world_ > 1) {
-        broadcast_vec(*links_.world, meta, DType::kI64);
-        broadcast_vec(*links_.world, text, DType::kI32);
-    }
+    exec_.broadcast(meta);
+    exec_.broadcast(text);
     LATTICE_CHECK(meta.size() == 10, "engine: {} run statistics from the leader, expected 10", meta.size());
     if (meta[9] > 0) {
         const std::string msg(text.begin(), text.end());
@@ -113,7 +65,7 @@ GenerateStats Engine::finish_run(const RunMark& m, int64_t sequences, double pre
     stats.accepted_tokens = meta[8];
     stats.idle_seconds = counters_.wait_seconds - m.counters.wait_seconds;
     stats.compute_seconds = counters_.compute_seconds - m.counters.compute_seconds;
-    stats.per_rank = gather_breakdowns(breakdown(m.counters, m.comm_seconds, wall_s));
+    stats.per_rank = exec_.gather_breakdowns(breakdown(m.counters, m.comm_seconds, wall_s));
     return stats;
 }
 
@@ -138,8 +90,8 @@ std::vector<GenerateResult> Engine::generate_batch(const std::vector<GenerateReq
                 index[added.back()] = i;
             }
         } catch (const Error& e) {
-            for (int64_t id : added) sched_->cancel(id);  // nothing of them ran yet
-            sched_->take_finished();
+            for (int64_t id : added) core_->cancel(id);  // nothing of them ran yet
+            core_->scheduler().take_finished();
             error = e.what();
         }
         size_t started = 0;
@@ -181,7 +133,7 @@ std::vector<GenerateResult> Engine::generate_batch(const std::vector<GenerateReq
 // The leader's results to every rank: per result its token count and finish (int64), then all
 // tokens (int32) and logprobs (f32), one broadcast each.
 void Engine::share_results(std::vector<GenerateResult>& res) const {
-    if (world_ == 1) return;
+    if (exec_.world() == 1) return;
     std::vector<int64_t> meta;
     std::vector<int32_t> tokens;
     std::vector<float> logprobs;
@@ -192,9 +144,9 @@ void Engine::share_results(std::vector<GenerateResult>& res) const {
             tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.end());
             logprobs.insert(logprobs.end(), r.logprobs.begin(), r.logprobs.end());
         }
-    broadcast_vec(*links_.world, meta, DType::kI64);
-    broadcast_vec(*links_.world, tokens, DType::kI32);
-    broadcast_vec(*links_.world, logprobs, DType::kF32);
+    exec_.broadcast(meta);
+    exec_.broadcast(tokens);
+    exec_.broadcast(logprobs);
     LATTICE_CHECK(meta.size() == 2 * res.size() && tokens.size() == logprobs.size(),
                   "generate: {} result fields for {} requests", meta.size(), res.size());
     size_t off = 0;
@@ -221,9 +173,9 @@ std::vector<float> Engine::score(const std::vector<int32_t>& prompt) {
         follow();
         return {};
     }
-    const ModelConfig& c = model_.config();
     const AttentionShape& a = model_.attention_shape();
-    const int64_t T = int64_t(prompt.size()), V = c.vocab;
+    const int64_t T = int64_t(prompt.size()), V = model_.config().vocab;
+    BlockPool& pool = core_->pool();
     std::vector<float> out;
     std::vector<int32_t> blocks;
     try {
@@ -236,54 +188,51 @@ std::vector<float> Engine::score(const std::vector<int32_t>& prompt) {
             LATTICE_CHECK(prompt[size_t(i)] >= 0 && prompt[size_t(i)] < V,
                           "prompt token {} (at index {}) is outside the vocab of {}", prompt[size_t(i)], i, V);
         const int64_t need = (T + a.block_size - 1) / a.block_size;
-        LATTICE_CHECK(pool_->allocate(need, blocks), "score: {} tokens need {} KV blocks, the cache holds {}", T, need,
-                      pool_->num_blocks());
+        LATTICE_CHECK(pool.allocate(need, blocks), "score: {} tokens need {} KV blocks, the cache holds {}", T, need,
+                      pool.num_blocks());
         std::vector<int32_t> row(size_t(a.table_width), -1);
         std::copy(blocks.begin(), blocks.end(), row.begin());
-        const int64_t chunk = std::min(model_.options().max_batch_tokens, T);
-        out.resize(size_t(T * V));
-        int64_t issued = 0, received = 0;
-        auto collect = [&](const StepPlan& p, const Results& r) {
-            const int64_t n = p.seqs[0].count;
-            LATTICE_CHECK(int64_t(r.logits.size()) == n * V, "score: {} logits for {} tokens", r.logits.size(), n);
-            std::copy(r.logits.begin(), r.logits.end(), out.begin() + int64_t(p.seqs[0].start) * V);
-            received += n;
-        };
-        while (received < T) {
-            while (issued < T && int64_t(inflight_.size() + done_.size()) < stages_) {
-                StepPlan p;
-                p.kind = StepPlan::Kind::kScore;
-                const int64_t n = std::min(chunk, T - issued);
-                p.tokens.assign(prompt.begin() + issued, prompt.begin() + issued + n);
-                PlanSeq ps;
-                ps.id = -1;
-                ps.start = int32_t(issued);
-                ps.count = int32_t(n);
-                p.seqs.push_back(ps);
-                p.width = int32_t(a.table_width);
-                p.tables = row;
-                issue(p);
-                issued += n;
-            }
-            if (!done_.empty()) {
-                auto [p, r] = std::move(done_.front());
-                done_.pop_front();
-                collect(p, r);
-            } else {
-                StepPlan p;
-                Results r = await_oldest(&p);
-                collect(p, r);
-            }
-        }
+        out = score_chunks(prompt, row);
     } catch (...) {
-        if (!blocks.empty()) pool_->release(blocks);
-        inflight_.clear();
-        done_.clear();
+        if (!blocks.empty()) pool.release(blocks);
+        core_->abandon();
         shutdown();
         throw;
     }
-    pool_->release(blocks);
+    pool.release(blocks);
     shutdown();
+    return out;
+}
+
+// The prompt in kScore plans of up to max_batch_tokens tokens (as many in flight as there are stages),
+// their logits into one [tokens, vocab] array.
+std::vector<float> Engine::score_chunks(const std::vector<int32_t>& prompt, const std::vector<int32_t>& table) {
+    const int64_t T = int64_t(prompt.size()), V = model_.config().vocab;
+    const int64_t chunk = std::min(model_.options().max_batch_tokens, T);
+    std::vector<float> out(size_t(T * V));
+    int64_t issued = 0, received = 0;
+    while (received < T) {
+        while (issued < T && core_->has_room()) {
+            StepPlan p;
+            p.kind = StepPlan::Kind::kScore;
+            const int64_t n = std::min(chunk, T - issued);
+            p.tokens.assign(prompt.begin() + issued, prompt.begin() + issued + n);
+            PlanSeq ps;
+            ps.id = -1;
+            ps.start = int32_t(issued);
+            ps.count = int32_t(n);
+            p.seqs.push_back(ps);
+            p.width = int32_t(table.size());
+            p.tables = table;
+            core_->issue(std::move(p));
+            issued += n;
+        }
+        const auto [p, r] = core_->take_oldest();
+        const int64_t n = p.seqs[0].count;
+        LATTICE_CHECK(int64_t(r.logits.size()) == n * V, "score: {} logits for {} tokens", r.logits.size(), n);
+        std::copy(r.logits.begin(), r.logits.end(), out.begin() + int64_t(p.seqs[0].start) * V);
+        received += n;
+    }
     return out;
 }
 
