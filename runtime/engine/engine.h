@@ -12,8 +12,8 @@
 // stage); the sampler rank (last stage, TP rank 0) samples and returns the tokens to the leader.
 // With P pipeline stages the leader keeps up to P steps in flight, so stages overlap whenever the
 // running sequences split into P micro-batches; prefill chunks of one prompt pipeline the same way.
-// The fronts drive the leader through EngineClient (client.h); the other ranks follow().
-// generate_batch(), generate() and score() are the every-rank conveniences for tools and tests.
+// The fronts drive the leader through EngineClient (client.h), which also holds the every-rank
+// runs (generate_batch, generate, score); the other ranks follow().
 #pragma once
 
 #include <chrono>
@@ -100,8 +100,8 @@ public:
     void follow();
 
     // ---- every rank ----
-    // Runs the requests to completion (leader) / follows (others); results on every rank. Sequence i
-    // samples with seed reqs[i].sampling.seed + i (distinct streams, reproducible).
+    // EngineClient's generate_batch / generate / score (client.h), for the callers that hold an Engine
+    // only: each builds a client without a tokenizer and forwards.
     std::vector<GenerateResult> generate_batch(const std::vector<GenerateRequest>& reqs,
                                                const TokenCallback& on_token = {}, GenerateStats* total = nullptr);
     GenerateResult generate(const GenerateRequest& req, const std::function<void(int32_t)>& on_token = {});
@@ -120,7 +120,6 @@ public:
     GenerateStats finish_run(const RunMark& mark, int64_t sequences, double prefill_seconds, const std::string& error);
     // The leader's results to every rank (a collective).
     void share_results(std::vector<GenerateResult>& res) const;
-    // Logits of every prompt position, [prompt.size(), vocab] row-major, on world rank 0.
     std::vector<float> score(const std::vector<int32_t>& prompt);
 
     const EngineCounters& counters() const { return counters_; }
@@ -128,8 +127,6 @@ public:
     StepBreakdown breakdown(const EngineCounters& since, double comm_since, double wall_seconds) const;
 
 private:
-    std::vector<float> score_chunks(const std::vector<int32_t>& prompt, const std::vector<int32_t>& table);
-
     Model& model_;
     PipelineLinks links_;
     EngineOptions opt_;
