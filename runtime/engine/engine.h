@@ -18,13 +18,9 @@
 
 #include <chrono>
 #include <cstdint>
-#include <deque>
-#include <map>
 #include <functional>
 #include <memory>
-#include <span>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "parallel/communicator.h"

@@ -1,5 +1,7 @@
-// Scheduler: the leader's (world rank 0) view of every request: which sequences run, which tokens
-// each step feeds, and where their K/V go (paged, runtime/engine/block_pool.h).
+// Scheduler: the leader's (world rank 0) view of every request: which sequences run and which tokens
+// each step feeds (vLLM v1's Scheduler). Where their K/V go is KvCacheManager's (kv_cache_manager.h,
+// over the paged BlockPool): it allocates blocks, finds and registers cached prefixes and picks which
+// sequence a shortage preempts; the scheduler asks it and follows.
 //
 // Policy (continuous batching with chunked prefill, like vLLM's):
 //  - a step holds first one decode token for each running sequence waiting for nothing (oldest
