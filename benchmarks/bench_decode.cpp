@@ -11,6 +11,7 @@
 
 #include "base/log.h"
 #include "kernels/cpu/thread_pool.h"
+#include "runtime/engine/client.h"
 #include "runtime/builder/build.h"
 #include "runtime/weights/random_source.h"
 
@@ -53,7 +54,7 @@ int main(int argc, char** argv) {
         const double load_s = rt.load_seconds;
         src.reset();
         Model& model = *rt.model;
-        Engine& engine = *rt.engine;
+        EngineClient engine(*rt.engine, nullptr, true);
         GenerateRequest req;
         for (int64_t i = 0; i < prompt; ++i) req.prompt.push_back(int32_t((i * 7919 + 13) % cfg.vocab));
         req.max_new_tokens = decode;

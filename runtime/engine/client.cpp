@@ -67,7 +67,7 @@ ClientEvent RequestOutput::cancel(int64_t id, bool drained) {
 
 // ---- EngineClient --------------------------------------------------------------------------------
 
-EngineClient::EngineClient(Engine& engine, const Tokenizer* tok)
+EngineClient::EngineClient(Engine& engine, const Tokenizer* tok, bool quiet)
     : engine_(engine), tok_(tok), context_(engine.model().max_seq()) {
     if (!engine_.is_leader()) return;
     // A KV cache smaller than one full-context sequence bounds the context: a request the cache can
@@ -75,9 +75,10 @@ EngineClient::EngineClient(Engine& engine, const Tokenizer* tok)
     const BlockPool& pool = engine_.scheduler().pool();
     const int64_t held = pool.num_blocks() * pool.block_size();
     if (held < context_) {
-        LOG_WARN("the KV cache holds {} positions ({} blocks of {}), fewer than the context of {}: requests get {} "
-                 "positions (raise --kv-cache-gb for more)",
-                 held, pool.num_blocks(), pool.block_size(), context_, held);
+        if (!quiet)
+            LOG_WARN("the KV cache holds {} positions ({} blocks of {}), fewer than the context of {}: requests get "
+                     "{} positions (raise --kv-cache-gb for more)",
+                     held, pool.num_blocks(), pool.block_size(), context_, held);
         context_ = held;
     }
 }

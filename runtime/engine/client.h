@@ -120,8 +120,9 @@ struct ClientOutput {
 
 class EngineClient {
 public:
-    // `tok` may be null (a model without a tokenizer: no text, no stop strings).
-    EngineClient(Engine& engine, const Tokenizer* tok);
+    // `tok` may be null (a model without a tokenizer: no text, no stop strings). `quiet`: no warning
+    // that the KV cache holds less than the context (a tool's or a test's client for generate / score).
+    EngineClient(Engine& engine, const Tokenizer* tok, bool quiet = false);
 
     bool is_leader() const { return engine_.is_leader(); }
     // Positions per sequence, prompt and output: the model's, or fewer when the KV cache holds fewer
@@ -162,9 +163,15 @@ public:
     using OnEvent = std::function<bool(size_t index, const ClientEvent& event)>;
     std::vector<ClientOutput> run(const std::vector<ClientRequest>& reqs, const OnEvent& on_event = {},
                                   GenerateStats* stats = nullptr);
-    // Logits of every prompt position, [prompt.size(), vocab] row-major, on the leader (Engine::score).
-    // Needs an idle engine (!busy()).
-    std::vector<float> score(const std::vector<int32_t>& prompt) { return engine_.score(prompt); }
+    // Logits of every prompt position, [prompt.size(), vocab] row-major, on the leader (kScore plans of
+    // up to max_batch_tokens tokens, as many in flight as there are stages). Needs an idle engine.
+    std::vector<float> score(const std::vector<int32_t>& prompt);
+    // The engine's own requests, ids in and ids out (tools, tests, the draft model): runs them to
+    // completion (leader) / follows (others); results on every rank. Sequence i samples with seed
+    // reqs[i].sampling.seed + i (distinct streams, reproducible); on_token: see TokenCallback.
+    std::vector<GenerateResult> generate_batch(const std::vector<GenerateRequest>& reqs,
+                                               const TokenCallback& on_token = {}, GenerateStats* total = nullptr);
+    GenerateResult generate(const GenerateRequest& req, const std::function<void(int32_t)>& on_token = {});
     // The prompt's logprobs from score() (echo of OpenAI's completions).
     PromptLogprobs prompt_logprobs(const std::vector<int32_t>& prompt, int32_t top_k);
 
@@ -186,6 +193,7 @@ private:
     void end_request(int64_t request, bool drained);
     void cut_by_drain();
     std::shared_ptr<const TokenVocab> grammar_vocab();
+    std::vector<float> score_chunks(const std::vector<int32_t>& prompt, const std::vector<int32_t>& table);
 
     Engine& engine_;
     const Tokenizer* tok_;

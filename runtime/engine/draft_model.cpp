@@ -8,7 +8,7 @@
 namespace lattice {
 
 DraftModel::DraftModel(Engine& draft, int64_t target_vocab)
-    : draft_(draft), max_seq_(draft.model().max_seq()), vocab_(draft.model().config().vocab) {
+    : draft_(draft), client_(draft, nullptr, true), max_seq_(draft.model().max_seq()), vocab_(draft.model().config().vocab) {
     LATTICE_CHECK(draft_.is_leader(), "the draft model runs on the leader");
     const int64_t v = draft_.model().config().vocab;
     LATTICE_CHECK(v <= target_vocab,
@@ -26,7 +26,7 @@ std::vector<int32_t> DraftModel::propose(std::span<const int32_t> tokens, int64_
     r.prompt.assign(tokens.begin(), tokens.end());
     r.max_new_tokens = k;
     r.ignore_eos = true;  // the target decides where the output ends
-    return draft_.generate(r).tokens;
+    return client_.generate(r).tokens;
 }
 
 }  // namespace lattice

@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "runtime/engine/client.h"
 #include "runtime/engine/engine.h"
 
 namespace lattice {
@@ -27,6 +28,7 @@ public:
 
 private:
     Engine& draft_;
+    EngineClient client_;  // its every-rank generate (the draft engine has one rank)
     int64_t max_seq_ = 0, vocab_ = 0;
 };
 

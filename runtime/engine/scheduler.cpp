@@ -52,7 +52,7 @@ int64_t StepCost::tokens_within(double seconds) const {
     return room < 1 ? 0 : int64_t(std::min(room, 1e9));
 }
 
-Scheduler::Scheduler(const SchedulerOptions& opt, BlockPool& pool) : opt_(opt), pool_(pool) {
+Scheduler::Scheduler(const SchedulerOptions& opt, BlockPool& pool) : opt_(opt), kv_(pool) {
     LATTICE_CHECK(
         opt_.step_tokens >= 1 && opt_.max_seqs >= 1 && opt_.max_seq >= 1 && opt_.micro_batches >= 1 &&
             opt_.vocab >= 1 && (opt_.step_capacity == 0 || opt_.step_capacity >= opt_.step_tokens),
@@ -87,13 +87,13 @@ void Scheduler::check(const EngineRequest& req) const {
     LATTICE_CHECK(req.max_new_tokens >= 0, "max new tokens must be >= 0, got {}", req.max_new_tokens);
     LATTICE_CHECK(req.min_tokens >= 0, "min tokens must be >= 0, got {}", req.min_tokens);
     req.sampling.validate();
-    const int64_t B = pool_.block_size();
+    const int64_t B = kv_.block_size();
     const int64_t total = std::min<int64_t>(int64_t(req.prompt.size()) + req.max_new_tokens, opt_.max_seq);
-    const int64_t need = (total + B - 1) / B;
-    LATTICE_CHECK(need <= pool_.num_blocks(),
+    const int64_t need = kv_.blocks_for(total);
+    LATTICE_CHECK(need <= kv_.pool().num_blocks(),
                   "request needs {} KV blocks ({} prompt + up to {} new tokens, {} tokens per block) but the cache "
                   "holds {}: raise --kv-cache-gb or lower max new tokens",
-                  need, req.prompt.size(), total - int64_t(req.prompt.size()), B, pool_.num_blocks());
+                  need, req.prompt.size(), total - int64_t(req.prompt.size()), B, kv_.pool().num_blocks());
 }
 
 int64_t Scheduler::add(EngineRequest req) {
@@ -133,63 +133,31 @@ std::vector<Scheduler::Seq*> Scheduler::by_priority() {
     return out;
 }
 
-bool Scheduler::preempt_one(int64_t keep, const std::vector<int64_t>& in_plan) {
-    // The running sequence of the highest priority value (the youngest among equals) that nothing in
-    // flight or in this plan uses.
-    const std::vector<Seq*> order = by_priority();
-    for (auto it = order.rbegin(); it != order.rend(); ++it) {
-        Seq& v = **it;
-        if (!v.running || v.inflight > 0 || std::find(in_plan.begin(), in_plan.end(), v.id) != in_plan.end()) continue;
-        pool_.release(v.blocks);
-        v.blocks.clear();
-        v.computed = 0;
-        v.registered = 0;
-        v.chain = 0;
-        v.running = false;
-        ++stats_.preemptions;
-        return v.id != keep;
-    }
-    return false;
+void Scheduler::release(Seq& s) {
+    kv_.free(s.id);
+    released_.push_back(s.id);
+}
+
+void Scheduler::preempt(Seq& v) {
+    kv_.free(v.id);  // its tokens (prompt and generated so far) are recomputed when it is admitted again
+    v.computed = 0;
+    v.running = false;
+    ++stats_.preemptions;
 }
 
 bool Scheduler::ensure_blocks(Seq& s, int64_t positions, const std::vector<int64_t>& in_plan) {
-    const int64_t B = pool_.block_size();
-    const int64_t need = (positions + B - 1) / B - int64_t(s.blocks.size());
-    if (need <= 0) return true;
-    while (!pool_.allocate(need, s.blocks)) {
+    while (!kv_.allocate(s.id, positions)) {
         if (!s.running) return false;  // admissions never preempt
-        if (!preempt_one(s.id, in_plan)) return false;
+        std::vector<KvCacheManager::Candidate> candidates;  // running, and nothing in flight or in this plan uses them
+        for (const auto& [id, v] : seqs_)
+            if (v.running && v.inflight == 0 && std::find(in_plan.begin(), in_plan.end(), id) == in_plan.end())
+                candidates.push_back({id, v.req.priority});
+        const int64_t victim = KvCacheManager::choose_victim(candidates);
+        if (victim < 0) return false;
+        preempt(seqs_.at(victim));
+        if (victim == s.id) return false;
     }
     return true;
-}
-
-void Scheduler::admit_prefix(Seq& s) {
-    if (!pool_.prefix_caching()) return;
-    const int64_t B = pool_.block_size();
-    // Full blocks only, and at least the last token left to compute (its logits are needed).
-    for (int64_t b = 0; (b + 1) * B <= int64_t(s.tokens.size()) - 1; ++b) {
-        std::span<const int32_t> blk(s.tokens.data() + b * B, size_t(B));
-        const uint64_t h = BlockPool::chain_hash(s.chain, blk);
-        const int32_t found = pool_.lookup(h, s.blocks.empty() ? -1 : s.blocks.back(), blk);
-        if (found < 0) break;
-        s.blocks.push_back(found);
-        s.chain = h;
-        ++s.registered;
-        s.computed += B;
-        stats_.cached_tokens += B;
-    }
-}
-
-void Scheduler::register_full_blocks(Seq& s, int64_t done) {
-    if (!pool_.prefix_caching()) return;
-    const int64_t B = pool_.block_size();
-    for (int64_t b = s.registered; b < done / B && b < int64_t(s.blocks.size()); ++b) {
-        std::span<const int32_t> blk(s.tokens.data() + b * B, size_t(B));
-        const uint64_t h = BlockPool::chain_hash(s.chain, blk);
-        pool_.register_full(s.blocks[size_t(b)], h, b > 0 ? s.blocks[size_t(b - 1)] : -1, blk);
-        s.chain = h;
-        s.registered = b + 1;
-    }
 }
 
 namespace {
@@ -197,135 +165,126 @@ constexpr int64_t kFinishWindow = 256;  // tokens left below which a grammar's d
 constexpr int64_t kFinishMargin = 8;
 }  // namespace
 
-StepPlan Scheduler::next(int64_t number) {
-    StepPlan p;
-    p.kind = StepPlan::Kind::kStep;
-    p.number = number;
-    const int64_t B = pool_.block_size();
-    p.width = int32_t((opt_.max_seq + B - 1) / B);
-    int64_t budget = opt_.step_tokens;
-    const int64_t n_running = running();
-    // With a pipeline, spread the active sequences (running, and waiting ones that may start) over
-    // the micro-batches that can be in flight.
-    const int64_t active = std::min(opt_.max_seqs, n_running + waiting());
-    const int64_t cap = opt_.micro_batches > 1
-                            ? std::max<int64_t>(1, (active + opt_.micro_batches - 1) / opt_.micro_batches)
-                            : opt_.max_seqs;
-    std::vector<int64_t> in_plan;
-    auto take = [&](Seq& s, int64_t n, const std::vector<int32_t>& drafts = {}) {
-        const int64_t ban0 = int64_t(p.ban_ids.size());
-        PlanSeq ps;
-        ps.id = s.id;
-        ps.start = int32_t(s.computed);
-        ps.count = int32_t(n + int64_t(drafts.size()));
-        ps.n_draft = int32_t(drafts.size());
-        ps.sample = s.computed + n == int64_t(s.tokens.size());
-        ps.ban_stop = ps.sample && s.generated() < s.req.min_tokens;
-        ps.sampling = s.req.sampling;
-        p.seqs.push_back(ps);
-        p.tokens.insert(p.tokens.end(), s.tokens.begin() + s.computed, s.tokens.begin() + s.computed + n);
-        p.tokens.insert(p.tokens.end(), drafts.begin(), drafts.end());
-        std::vector<int32_t> row(size_t(p.width), -1);
-        std::copy(s.blocks.begin(), s.blocks.end(), row.begin());
-        p.tables.insert(p.tables.end(), row.begin(), row.end());
-        if (ps.ban_stop) {  // eos (unless ignored) and the stop ids may not be sampled yet
-            if (!s.req.ignore_eos)
-                for (int64_t e : opt_.eos_ids) p.ban_ids.push_back(int32_t(e));
-            p.ban_ids.insert(p.ban_ids.end(), s.req.stop_ids.begin(), s.req.stop_ids.end());
-            p.seqs.back().n_ban = int32_t(int64_t(p.ban_ids.size()) - ban0);
-        }
-        if (ps.sample && s.req.grammar) {  // structured output: the tokens its grammar allows
-            const size_t words = size_t((opt_.vocab + 31) / 32);
-            p.mask_width = int32_t(words);
-            p.masks.resize(p.masks.size() + words);
-            const std::span<uint32_t> mask(p.masks.data() + p.masks.size() - words, words);
-            // Near max_tokens, only tokens that shorten the grammar's shortest completion: the output
-            // still ends well-formed (a margin for tokens that open more than they close).
-            const int64_t left = s.req.max_new_tokens - s.generated();
-            if (left <= kFinishWindow && left <= int64_t(s.req.grammar->distance()) + kFinishMargin)
-                s.req.grammar->fill_mask_finishing(mask);
-            else
-                s.req.grammar->fill_mask(mask);
-            p.seqs.back().masked = true;
-        }
-        if (ps.sample) {  // the repetition penalty's window: the last tokens, prompt and output
-            const int64_t w = std::min<int64_t>(s.req.sampling.recent_window(opt_.max_seq), int64_t(s.tokens.size()));
-            p.recent_ids.insert(p.recent_ids.end(), s.tokens.end() - w, s.tokens.end());
-            p.seqs.back().n_recent = int32_t(w);
-        }
-        s.computed += n + int64_t(drafts.size());  // (complete() takes back the refused drafts)
-        stats_.drafted_tokens += int64_t(drafts.size());
-        ++s.inflight;
-        s.awaiting = ps.sample;
-        budget -= n;
-        in_plan.push_back(s.id);
-    };
-    auto ready = [&](const Seq& s) { return s.running && !s.awaiting && !s.cancelled; };
-    // 1. One decode token for each running sequence that waits for nothing, oldest first. Decodes
-    //    always fit (the engine sizes a step for them beside the prompt budget): a small budget bounds
-    //    prompt chunks, never how many sequences run.
-    //    A prompt's last token (one left to compute) goes here too, but from the prompt budget.
-    const int64_t capacity = opt_.step_capacity > 0 ? opt_.step_capacity : opt_.step_tokens;
-    //    With a pipeline, a step takes at most its share of the sequences that decode (ready or
-    //    awaiting a sample), so the micro-batches in flight hold equal numbers of decodes: sequences
-    //    whose prompts end in steps of one parity would otherwise fill that parity's steps first.
+// Structured output: the tokens the grammar of s allows, as the plan's next mask.
+void Scheduler::add_mask(StepPlan& p, Seq& s) const {
+    const size_t words = size_t((opt_.vocab + 31) / 32);
+    p.mask_width = int32_t(words);
+    p.masks.resize(p.masks.size() + words);
+    const std::span<uint32_t> mask(p.masks.data() + p.masks.size() - words, words);
+    // Near max_tokens, only tokens that shorten the grammar's shortest completion: the output
+    // still ends well-formed (a margin for tokens that open more than they close).
+    const int64_t left = s.req.max_new_tokens - s.generated();
+    if (left <= kFinishWindow && left <= int64_t(s.req.grammar->distance()) + kFinishMargin)
+        s.req.grammar->fill_mask_finishing(mask);
+    else
+        s.req.grammar->fill_mask(mask);
+    p.seqs.back().masked = true;
+}
+
+// n tokens of s (from its first not computed) and its drafts into the plan.
+void Scheduler::take(Building& b, Seq& s, int64_t n, const std::vector<int32_t>& drafts) {
+    StepPlan& p = b.p;
+    const int64_t ban0 = int64_t(p.ban_ids.size());
+    PlanSeq ps;
+    ps.id = s.id;
+    ps.start = int32_t(s.computed);
+    ps.count = int32_t(n + int64_t(drafts.size()));
+    ps.n_draft = int32_t(drafts.size());
+    ps.sample = s.computed + n == int64_t(s.tokens.size());
+    ps.ban_stop = ps.sample && s.generated() < s.req.min_tokens;
+    ps.sampling = s.req.sampling;
+    p.seqs.push_back(ps);
+    p.tokens.insert(p.tokens.end(), s.tokens.begin() + s.computed, s.tokens.begin() + s.computed + n);
+    p.tokens.insert(p.tokens.end(), drafts.begin(), drafts.end());
+    std::vector<int32_t> row(size_t(p.width), -1);
+    const std::span<const int32_t> blocks = kv_.blocks(s.id);
+    std::copy(blocks.begin(), blocks.end(), row.begin());
+    p.tables.insert(p.tables.end(), row.begin(), row.end());
+    if (ps.ban_stop) {  // eos (unless ignored) and the stop ids may not be sampled yet
+        if (!s.req.ignore_eos)
+            for (int64_t e : opt_.eos_ids) p.ban_ids.push_back(int32_t(e));
+        p.ban_ids.insert(p.ban_ids.end(), s.req.stop_ids.begin(), s.req.stop_ids.end());
+        p.seqs.back().n_ban = int32_t(int64_t(p.ban_ids.size()) - ban0);
+    }
+    if (ps.sample && s.req.grammar) add_mask(p, s);
+    if (ps.sample) {  // the repetition penalty's window: the last tokens, prompt and output
+        const int64_t w = std::min<int64_t>(s.req.sampling.recent_window(opt_.max_seq), int64_t(s.tokens.size()));
+        p.recent_ids.insert(p.recent_ids.end(), s.tokens.end() - w, s.tokens.end());
+        p.seqs.back().n_recent = int32_t(w);
+    }
+    s.computed += n + int64_t(drafts.size());  // (complete() takes back the refused drafts)
+    stats_.drafted_tokens += int64_t(drafts.size());
+    ++s.inflight;
+    s.awaiting = ps.sample;
+    b.budget -= n;
+    b.in_plan.push_back(s.id);
+}
+
+// 1. One decode token for each running sequence that waits for nothing, oldest first. Decodes
+//    always fit (the engine sizes a step for them beside the prompt budget): a small budget bounds
+//    prompt chunks, never how many sequences run.
+//    A prompt's last token (one left to compute) goes here too, but from the prompt budget.
+//    With a pipeline, a step takes at most its share of the sequences that decode (ready or
+//    awaiting a sample), so the micro-batches in flight hold equal numbers of decodes: sequences
+//    whose prompts end in steps of one parity would otherwise fill that parity's steps first.
+void Scheduler::take_decodes(Building& b, const std::vector<Seq*>& order) {
+    const int64_t capacity = step_capacity();
     int64_t decoding = 0;
     for (const auto& [id, s] : seqs_)
         decoding += s.running && (s.awaiting || int64_t(s.tokens.size()) - s.computed == 1);
     const int64_t mb = opt_.micro_batches;
-    const int64_t decode_cap = mb > 1 ? std::min(cap, std::max<int64_t>(1, (decoding + mb - 1) / mb)) : cap;
-    int64_t decodes = 0, prompt_tails = 0, drafted = 0;
-    const std::vector<Seq*> order = by_priority();
+    const int64_t decode_cap = mb > 1 ? std::min(b.cap, std::max<int64_t>(1, (decoding + mb - 1) / mb)) : b.cap;
     for (Seq* sp : order) {
         Seq& s = *sp;
-        if (int64_t(in_plan.size()) >= decode_cap || decodes + prompt_tails + drafted >= capacity) break;
+        if (int64_t(b.in_plan.size()) >= decode_cap || b.decodes + b.prompt_tails + b.drafted >= capacity) break;
         if (!ready(s) || int64_t(s.tokens.size()) - s.computed != 1) continue;
         const bool tail = s.computed < s.prompt_len;  // not a sampled token: a prompt's last
-        if (tail && prompt_tails >= opt_.step_tokens) continue;
+        if (tail && b.prompt_tails >= opt_.step_tokens) continue;
         // Drafts take room the prompt budget leaves in the step (beside a decode token for every
         // running sequence that may still come).
         const int64_t decode_rows = (opt_.max_seqs + opt_.micro_batches - 1) / opt_.micro_batches;
-        const int64_t room = capacity - opt_.step_tokens - std::min(decode_rows, capacity) - drafted;
+        const int64_t room = capacity - opt_.step_tokens - std::min(decode_rows, capacity) - b.drafted;
         std::vector<int32_t> drafts = tail ? std::vector<int32_t>{} : drafts_for(s, room);
-        if (!drafts.empty() && !ensure_blocks(s, s.computed + 1 + int64_t(drafts.size()), in_plan)) drafts.clear();
-        if (ensure_blocks(s, s.computed + 1, in_plan)) {
-            take(s, 1, drafts);
-            ++(tail ? prompt_tails : decodes);
-            drafted += int64_t(drafts.size());
+        if (!drafts.empty() && !ensure_blocks(s, s.computed + 1 + int64_t(drafts.size()), b.in_plan)) drafts.clear();
+        if (ensure_blocks(s, s.computed + 1, b.in_plan)) {
+            take(b, s, 1, drafts);
+            ++(tail ? b.prompt_tails : b.decodes);
+            b.drafted += int64_t(drafts.size());
         }
     }
-    int64_t step_tokens = opt_.step_tokens;  // the prompt budget, less where a latency target binds
-    if (opt_.max_itl_s > 0 && decodes > 0 && cost_.ready())
-        step_tokens = std::clamp(cost_.tokens_within(opt_.max_itl_s) - decodes, std::min(opt_.min_chunk, step_tokens),
-                                 step_tokens);
-    budget = std::min(step_tokens - prompt_tails, capacity - decodes - prompt_tails - drafted);  // for prompt tokens
-    // 2. Prefill chunks of running sequences (chunked prompts, recomputation after preemption). Not
-    //    bound by the micro-batch cap: the cap spreads sequences over the steps in flight as they are
-    //    admitted and as they decode, while the prompt tokens are most of a step's work, so a step whose
-    //    cap its decodes fill still takes a chunk (else with a pipeline every other step is decodes only,
-    //    a fraction of the others' time, and the stages idle in between).
+}
+
+// 2. Prefill chunks of running sequences (chunked prompts, recomputation after preemption). Not
+//    bound by the micro-batch cap: the cap spreads sequences over the steps in flight as they are
+//    admitted and as they decode, while the prompt tokens are most of a step's work, so a step whose
+//    cap its decodes fill still takes a chunk (else with a pipeline every other step is decodes only,
+//    a fraction of the others' time, and the stages idle in between).
+void Scheduler::take_chunks(Building& b, const std::vector<Seq*>& order) {
     for (Seq* sp : order) {
         Seq& s = *sp;
-        if (budget < 1) break;
+        if (b.budget < 1) break;
         const int64_t left = int64_t(s.tokens.size()) - s.computed;
         if (!ready(s) || left <= 1) continue;
-        const int64_t n = std::min(left, budget);
-        if (ensure_blocks(s, s.computed + n, in_plan)) take(s, n);
+        const int64_t n = std::min(left, b.budget);
+        if (ensure_blocks(s, s.computed + n, b.in_plan)) take(b, s, n);
     }
-    // 3. Admit waiting sequences, oldest first, while there is room; never overtake one that waits.
+}
+
+// 3. Admit waiting sequences, oldest first, while there is room; never overtake one that waits.
+void Scheduler::admit(Building& b, const std::vector<Seq*>& order, int64_t n_running) {
     int64_t n_run = n_running;
     for (Seq* sp : order) {
         Seq& s = *sp;
-        if (budget < 1 || int64_t(in_plan.size()) >= cap || n_run >= opt_.max_seqs) break;
+        if (b.budget < 1 || int64_t(b.in_plan.size()) >= b.cap || n_run >= opt_.max_seqs) break;
         if (s.running || s.cancelled) continue;
-        admit_prefix(s);
-        const int64_t n = std::min<int64_t>(int64_t(s.tokens.size()) - s.computed, budget);
-        if (!ensure_blocks(s, s.computed + n, in_plan)) {
-            pool_.release(s.blocks);  // undo the prefix hits: try again when blocks free up
+        const int64_t cached = kv_.admit_prefix(s.id, s.tokens);
+        s.computed += cached;
+        stats_.cached_tokens += cached;
+        const int64_t n = std::min<int64_t>(int64_t(s.tokens.size()) - s.computed, b.budget);
+        if (!ensure_blocks(s, s.computed + n, b.in_plan)) {
+            kv_.free(s.id);  // undo the prefix hits: try again when blocks free up
             stats_.cached_tokens -= s.computed;
-            s.blocks.clear();
-            s.computed = s.registered = 0;
-            s.chain = 0;
+            s.computed = 0;
             break;
         }
         if (!s.admitted_before) {
@@ -335,11 +294,34 @@ StepPlan Scheduler::next(int64_t number) {
         s.admitted_before = true;
         s.running = true;
         ++n_run;
-        take(s, n);
+        take(b, s, n);
     }
-    if (!p.seqs.empty()) p.released = std::exchange(released_, {});
-    stats_.peak_blocks = std::max(stats_.peak_blocks, pool_.num_used());
-    return p;
+}
+
+StepPlan Scheduler::next(int64_t number) {
+    Building b;
+    b.p.kind = StepPlan::Kind::kStep;
+    b.p.number = number;
+    b.p.width = int32_t(kv_.blocks_for(opt_.max_seq));
+    b.budget = opt_.step_tokens;
+    const int64_t n_running = running();
+    // With a pipeline, spread the active sequences (running, and waiting ones that may start) over
+    // the micro-batches that can be in flight.
+    const int64_t active = std::min(opt_.max_seqs, n_running + waiting());
+    b.cap = opt_.micro_batches > 1 ? std::max<int64_t>(1, (active + opt_.micro_batches - 1) / opt_.micro_batches)
+                                   : opt_.max_seqs;
+    const std::vector<Seq*> order = by_priority();
+    take_decodes(b, order);
+    int64_t step_tokens = opt_.step_tokens;  // the prompt budget, less where a latency target binds
+    if (opt_.max_itl_s > 0 && b.decodes > 0 && cost_.ready())
+        step_tokens = std::clamp(cost_.tokens_within(opt_.max_itl_s) - b.decodes,
+                                 std::min(opt_.min_chunk, step_tokens), step_tokens);
+    b.budget = std::min(step_tokens - b.prompt_tails, step_capacity() - b.decodes - b.prompt_tails - b.drafted);
+    take_chunks(b, order);
+    admit(b, order, n_running);
+    if (!b.p.seqs.empty()) b.p.released = std::exchange(released_, {});
+    stats_.peak_blocks = std::max(stats_.peak_blocks, kv_.pool().num_used());
+    return std::move(b.p);
 }
 
 std::vector<int32_t> Scheduler::drafts_for(const Seq& s, int64_t room) const {
@@ -372,8 +354,7 @@ void Scheduler::finish(Seq& s, FinishReason why, std::vector<TokenEvent>& out, i
         s.cancelled = true;
         return;
     }
-    pool_.release(s.blocks);
-    released_.push_back(s.id);
+    release(s);
     seqs_.erase(s.id);
 }
 
@@ -432,8 +413,7 @@ std::vector<TokenEvent> Scheduler::complete(const StepPlan& plan, std::span<cons
             s.awaiting = false;
             if (s.cancelled) {
                 if (s.inflight == 0) {
-                    pool_.release(s.blocks);
-                    released_.push_back(s.id);
+                    release(s);
                     seqs_.erase(it);
                 }
                 continue;
@@ -452,14 +432,13 @@ std::vector<TokenEvent> Scheduler::complete(const StepPlan& plan, std::span<cons
             // K/V are valid for the fed token and the accepted drafts; refused drafts' positions are
             // overwritten when they are fed again.
             s.computed = ps.start + ps.count - ps.n_draft + int64_t(m) - 1;
-            register_full_blocks(s, s.computed);
+            kv_.register_full_blocks(s.id, s.tokens, s.computed);
             for (size_t j = 0; j < m; ++j)
                 if (!append(s, got[j], out)) break;  // (s may be gone)
         } else {
-            register_full_blocks(s, ps.start + ps.count);
+            kv_.register_full_blocks(s.id, s.tokens, ps.start + ps.count);
             if (s.cancelled && s.inflight == 0 && !s.awaiting) {
-                pool_.release(s.blocks);
-                released_.push_back(s.id);
+                release(s);
                 seqs_.erase(it);
             }
         }

@@ -1,5 +1,7 @@
-// Scheduler: the leader's (world rank 0) view of every request: which sequences run, which tokens
-// each step feeds, and where their K/V go (paged, runtime/engine/block_pool.h).
+// Scheduler: the leader's (world rank 0) view of every request: which sequences run and which tokens
+// each step feeds (vLLM v1's Scheduler). Where their K/V go is KvCacheManager's (kv_cache_manager.h,
+// over the paged BlockPool): it allocates blocks, finds and registers cached prefixes and picks which
+// sequence a shortage preempts; the scheduler asks it and follows.
 //
 // Policy (continuous batching with chunked prefill, like vLLM's):
 //  - a step holds first one decode token for each running sequence waiting for nothing (oldest
@@ -51,6 +53,8 @@
 #include <vector>
 
 #include "runtime/engine/block_pool.h"
+#include "runtime/engine/kv_cache_manager.h"
+#include "runtime/engine/speculative.h"
 #include "runtime/engine/step_plan.h"
 
 namespace lattice {
@@ -127,7 +131,7 @@ struct SchedulerOptions {
     int spec_ngram_min = 1, spec_ngram_max = 3;
     // The drafts of a sequence (its tokens so far, at most k): null is prompt lookup. A hook for other
     // proposers (tests; a draft model).
-    std::function<std::vector<int32_t>(std::span<const int32_t> tokens, int64_t k)> proposer;
+    DraftProposer proposer;
 };
 
 struct SchedulerStats {
@@ -169,7 +173,7 @@ public:
     int64_t waiting() const;
     int64_t running() const;
     const SchedulerStats& stats() const { return stats_; }
-    const BlockPool& pool() const { return pool_; }
+    const BlockPool& pool() const { return kv_.pool(); }
 
 private:
     struct Seq {
@@ -185,18 +189,31 @@ private:
         bool admitted_before = false;  // counted in the prompt tokens (preemption re-admits)
         std::chrono::steady_clock::time_point arrived;  // add()
         double queue_seconds = -1;                      // add() to the first admission
-        std::vector<int32_t> blocks;
-        int64_t registered = 0;  // full blocks in the prefix cache
-        uint64_t chain = 0;      // hash of the last registered block
         int64_t generated() const { return int64_t(tokens.size()) - prompt_len; }
     };
 
     // The sequences by (priority, id): the order every pass of next() takes them in.
     std::vector<Seq*> by_priority();
+    // Blocks for `positions` positions of s; a running s may preempt others (KvCacheManager's choice
+    // among those nothing in flight or in this plan uses) and even itself (then false).
     bool ensure_blocks(Seq& s, int64_t positions, const std::vector<int64_t>& in_plan);
-    bool preempt_one(int64_t keep, const std::vector<int64_t>& in_plan);
-    void admit_prefix(Seq& s);
-    void register_full_blocks(Seq& s, int64_t done);
+    void preempt(Seq& v);
+    // One next(): the plan being built and what it has taken so far.
+    struct Building {
+        StepPlan p;
+        std::vector<int64_t> in_plan;  // the sequences in p
+        int64_t budget = 0;            // prompt tokens left
+        int64_t cap = 0;               // sequences a step takes (a micro-batch's share)
+        int64_t decodes = 0, prompt_tails = 0, drafted = 0;
+    };
+    static bool ready(const Seq& s) { return s.running && !s.awaiting && !s.cancelled; }
+    int64_t step_capacity() const { return opt_.step_capacity > 0 ? opt_.step_capacity : opt_.step_tokens; }
+    void take(Building& b, Seq& s, int64_t n, const std::vector<int32_t>& drafts = {});
+    void add_mask(StepPlan& p, Seq& s) const;
+    void take_decodes(Building& b, const std::vector<Seq*>& order);
+    void take_chunks(Building& b, const std::vector<Seq*>& order);
+    void admit(Building& b, const std::vector<Seq*>& order, int64_t n_running);
+    void release(Seq& s);  // its blocks back, and the sampler rank told (it leaves seqs_ after)
     void finish(Seq& s, FinishReason why, std::vector<TokenEvent>& out, int32_t token, float logprob);
     bool is_stop(const Seq& s, int32_t token) const;
     std::vector<int32_t> drafts_for(const Seq& s, int64_t room) const;  // speculative decoding
@@ -204,7 +221,7 @@ private:
     bool append(Seq& s, const SampledToken& st, std::vector<TokenEvent>& out);
 
     SchedulerOptions opt_;
-    BlockPool& pool_;
+    KvCacheManager kv_;
     std::map<int64_t, Seq> seqs_;  // by id = arrival order
     int64_t next_id_ = 0;
     std::vector<int64_t> released_;

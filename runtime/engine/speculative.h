@@ -7,10 +7,16 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
 namespace lattice {
+
+// A proposer of drafts (the leader's): up to k tokens to follow `tokens` (a sequence's tokens so far).
+// Prompt lookup (ngram_drafts) when none is given; a draft model (draft_model.h) or a test's otherwise.
+// The drafts are checked in one place, the sampler rank's StepSampler::verify_drafts (step_sampler.h).
+using DraftProposer = std::function<std::vector<int32_t>(std::span<const int32_t> tokens, int64_t k)>;
 
 // Up to k drafts for the sequence `tokens` (prompt and output so far): for n from max_n down to min_n,
 // the most recent earlier occurrence of its last n tokens that has a token after it; the up to k

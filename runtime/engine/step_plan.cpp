@@ -165,6 +165,43 @@ StepPlan decode_plan(const uint8_t* data, int64_t size) {
     return decode_plan(data, size, none);
 }
 
+namespace {
+
+// One sequence's fields (its table op and count follow it in the message).
+PlanSeq read_seq(Reader& r) {
+    PlanSeq s;
+    s.id = r.get<int64_t>("id");
+    s.start = r.get<int32_t>("start");
+    s.count = r.get<int32_t>("count");
+    s.sample = r.get<uint8_t>("sample") != 0;
+    s.ban_stop = r.get<uint8_t>("ban_stop") != 0;
+    s.n_ban = r.get<int32_t>("n_ban");
+    s.sampling.temperature = r.get<float>("temperature");
+    s.sampling.top_k = r.get<int64_t>("top_k");
+    s.sampling.top_p = r.get<float>("top_p");
+    s.sampling.seed = r.get<uint64_t>("seed");
+    s.sampling.repeat_penalty = r.get<float>("repeat_penalty");
+    s.sampling.repeat_last_n = r.get<int64_t>("repeat_last_n");
+    s.sampling.presence_penalty = r.get<float>("presence_penalty");
+    s.sampling.frequency_penalty = r.get<float>("frequency_penalty");
+    s.sampling.min_p = r.get<float>("min_p");
+    s.sampling.logprobs = r.get<int32_t>("logprobs");
+    LATTICE_CHECK(s.sampling.logprobs >= 0 && s.sampling.logprobs <= SamplingParams::kMaxLogprobs,
+                  "step plan: sequence {} asks for {} top logprobs", s.id, s.sampling.logprobs);
+    s.n_recent = r.get<int32_t>("n_recent");
+    s.masked = r.get<uint8_t>("masked") != 0;
+    LATTICE_CHECK(!s.masked || s.sample, "step plan: sequence {} is masked but not sampled", s.id);
+    s.n_draft = r.get<int32_t>("n_draft");
+    LATTICE_CHECK(s.n_draft == 0 || (s.n_draft > 0 && s.sample && s.n_draft < s.count && !s.masked &&
+                                     s.n_recent == 0 && s.sampling.logprobs == 0),
+                  "step plan: sequence {} verifies {} drafts of {} fed tokens (sampled: {}, masked: {}, recent "
+                  "ids: {}, top logprobs: {})",
+                  s.id, s.n_draft, s.count, s.sample, s.masked, s.n_recent, s.sampling.logprobs);
+    return s;
+}
+
+}  // namespace
+
 StepPlan decode_plan(const uint8_t* data, int64_t size, PlanTables& known) {
     Reader r(data, size);
     const uint32_t magic = r.get<uint32_t>("magic");
@@ -184,34 +221,7 @@ StepPlan decode_plan(const uint8_t* data, int64_t size, PlanTables& known) {
     std::vector<uint8_t> ops;
     std::vector<int32_t> counts;
     for (int64_t i = 0; i < n; ++i) {
-        PlanSeq s;
-        s.id = r.get<int64_t>("id");
-        s.start = r.get<int32_t>("start");
-        s.count = r.get<int32_t>("count");
-        s.sample = r.get<uint8_t>("sample") != 0;
-        s.ban_stop = r.get<uint8_t>("ban_stop") != 0;
-        s.n_ban = r.get<int32_t>("n_ban");
-        s.sampling.temperature = r.get<float>("temperature");
-        s.sampling.top_k = r.get<int64_t>("top_k");
-        s.sampling.top_p = r.get<float>("top_p");
-        s.sampling.seed = r.get<uint64_t>("seed");
-        s.sampling.repeat_penalty = r.get<float>("repeat_penalty");
-        s.sampling.repeat_last_n = r.get<int64_t>("repeat_last_n");
-        s.sampling.presence_penalty = r.get<float>("presence_penalty");
-        s.sampling.frequency_penalty = r.get<float>("frequency_penalty");
-        s.sampling.min_p = r.get<float>("min_p");
-        s.sampling.logprobs = r.get<int32_t>("logprobs");
-        LATTICE_CHECK(s.sampling.logprobs >= 0 && s.sampling.logprobs <= SamplingParams::kMaxLogprobs,
-                      "step plan: sequence {} asks for {} top logprobs", s.id, s.sampling.logprobs);
-        s.n_recent = r.get<int32_t>("n_recent");
-        s.masked = r.get<uint8_t>("masked") != 0;
-        LATTICE_CHECK(!s.masked || s.sample, "step plan: sequence {} is masked but not sampled", s.id);
-        s.n_draft = r.get<int32_t>("n_draft");
-        LATTICE_CHECK(s.n_draft == 0 || (s.n_draft > 0 && s.sample && s.n_draft < s.count && !s.masked &&
-                                         s.n_recent == 0 && s.sampling.logprobs == 0),
-                      "step plan: sequence {} verifies {} drafts of {} fed tokens (sampled: {}, masked: {}, recent "
-                      "ids: {}, top logprobs: {})",
-                      s.id, s.n_draft, s.count, s.sample, s.masked, s.n_recent, s.sampling.logprobs);
+        PlanSeq s = read_seq(r);
         ops.push_back(r.get<uint8_t>("table op"));
         counts.push_back(r.get<int32_t>("table blocks count"));
         LATTICE_CHECK(s.start >= 0 && s.count >= 1, "step plan: sequence {} start {} count {}", s.id, s.start, s.count);

@@ -9,12 +9,13 @@
 // seconds on 8 ranks of a laptop. The sampler rank returns pseudo-tokens, a hash of the sequence id
 // and the position (never an eos id), so a request runs to its max_tokens.
 //
-// Why here and shaped so: the engine (runtime/engine) keeps its one execute() and branches to a sim
-// step at the top, because what is simulated is the model's forward, not a backend's kernels (a
-// Backend with no-op kernels would still need the weights to be allocated and "uploaded", 140 GB
-// for a 70B model); this file holds the device's step-time model so that the engine only asks "how
-// long does this step take here". The wait is a sleep, not a busy-wait: the ranks of a simulated
-// 8-GPU job share a few cores, and a spinning rank would steal the time the others need to run the
+// Why here and shaped so: the engine runs the simulated device as one of its two ModelRunners
+// (runtime/engine/sim_runner.h, beside the BackendRunner of the real model), chosen when the engine is
+// built, because what is simulated is the model's forward, not a backend's kernels (a Backend with
+// no-op kernels would still need the weights to be allocated and "uploaded", 140 GB for a 70B model);
+// this file holds the device's step-time model so that the runner only asks "how long does this step
+// take here". The wait is a sleep, not a busy-wait: the ranks of a simulated 8-GPU job share a few
+// cores, and a spinning rank would steal the time the others need to run the
 // real scheduler and communication (sleep overshoot is tens of microseconds against steps of
 // milliseconds; the engine counts the whole step as compute either way).
 #pragma once

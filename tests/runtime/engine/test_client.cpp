@@ -147,7 +147,7 @@ TEST_CASE("engine client: the engine's tokens, the context budget, cancel, drain
     g.prompt = prompt;
     g.max_new_tokens = 8;
     g.ignore_eos = true;
-    const std::vector<int32_t> want = b.engine->generate(g).tokens;
+    const std::vector<int32_t> want = EngineClient(*b.engine, nullptr, true).generate(g).tokens;
     REQUIRE(want.size() == 8);
 
     SUBCASE("run() returns the engine's tokens, logprobs and finish") {

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "tests/test_build.h"
+#include "runtime/engine/client.h"
 #include "runtime/builder/build.h"
 #include "tests/runtime/model/golden.h"
 
@@ -116,7 +117,7 @@ std::vector<std::vector<int32_t>> run_single(const TensorSource& src, const std:
         g.prompt = c.prompt;
         g.max_new_tokens = c.n_new;
         g.ignore_eos = true;
-        out.push_back(rt.engine->generate(g).tokens);
+        out.push_back(EngineClient(*rt.engine, nullptr, true).generate(g).tokens);
     }
     return out;
 }

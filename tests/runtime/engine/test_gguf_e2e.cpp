@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "runtime/engine/client.h"
 #include "runtime/backend/cpu/cpu_backend.h"
 #include "runtime/builder/build.h"
 #include "runtime/model/model.h"
@@ -59,7 +60,7 @@ TEST_CASE("default model: SmolLM2-135M-Instruct Q4_1 models English") {
     Model model(*src, be, mo, nullptr);
     auto gen = make_local_engine(model);
     const int64_t V = src->config().vocab;
-    std::vector<float> logits = gen->score(ids);
+    std::vector<float> logits = EngineClient(*gen, nullptr, true).score(ids);
     REQUIRE(logits.size() == ids.size() * size_t(V));
     const double nll = mean_nll(logits, ids, V);
     MESSAGE("SmolLM2 mean NLL " << nll << " nats/token over " << ids.size() - 1
@@ -92,7 +93,7 @@ TEST_CASE("default model: greedy chat answer is the recorded English sentence (1
         req.prompt = ids;
         req.max_new_tokens = 16;
         req.ignore_eos = true;
-        std::vector<int32_t> out = gen->generate(req).tokens;
+        std::vector<int32_t> out = EngineClient(*gen, nullptr, true).generate(req).tokens;
         std::string text = tok->decode(out);
         CAPTURE(text);
         CHECK(out == kRecorded);

@@ -44,8 +44,8 @@ Result run_layout(const TensorSource& src, int tp, int pp, const std::vector<int
     RankRuntime rt = build(layout_options(tp, pp, micro), src);
     if (world_rank) *world_rank = rt.world.rank;
     Result r;
-    r.logits = rt.engine->score(prompt);
-    r.tokens = rt.engine->generate(GenerateRequest{prompt, n_new, 0, {}, true, {}}).tokens;
+    r.logits = EngineClient(*rt.engine, nullptr, true).score(prompt);
+    r.tokens = EngineClient(*rt.engine, nullptr, true).generate(GenerateRequest{prompt, n_new, 0, {}, true, {}}).tokens;
     return r;
 }
 
@@ -55,8 +55,8 @@ Result run_single(const TensorSource& src, const std::vector<int32_t>& prompt, i
     opt.mpi = false;
     RankRuntime rt = build(opt, src);
     Result r;
-    r.logits = rt.engine->score(prompt);
-    r.tokens = rt.engine->generate(GenerateRequest{prompt, n_new, 0, {}, true, {}}).tokens;
+    r.logits = EngineClient(*rt.engine, nullptr, true).score(prompt);
+    r.tokens = EngineClient(*rt.engine, nullptr, true).generate(GenerateRequest{prompt, n_new, 0, {}, true, {}}).tokens;
     return r;
 }
 
@@ -68,7 +68,7 @@ std::vector<std::vector<int32_t>> single_rank_tokens(const TensorSource& src, co
     opt.engine.prefix_caching = prefix_caching;
     RankRuntime rt = build(opt, src);
     std::vector<std::vector<int32_t>> out;
-    for (const auto& r : reqs) out.push_back(rt.engine->generate(r).tokens);
+    for (const auto& r : reqs) out.push_back(EngineClient(*rt.engine, nullptr, true).generate(r).tokens);
     return out;
 }
 
@@ -198,7 +198,7 @@ TEST_CASE("several sequences in flight (pipelined decode) equal their single-seq
         CAPTURE(pp);
         RankRuntime rt = build(layout_options(tp, pp, 2), *src);
         GenerateStats st;
-        std::vector<GenerateResult> got = rt.engine->generate_batch(reqs, {}, &st);
+        std::vector<GenerateResult> got = EngineClient(*rt.engine, nullptr, true).generate_batch(reqs, {}, &st);
         for (size_t i = 0; i < reqs.size(); ++i) CHECK(got[i].tokens == want[i]);
         CHECK(st.generated_tokens == int64_t(want[0].size() + want[1].size() + want[2].size()));
         CHECK(st.sequences == 3);
@@ -224,7 +224,7 @@ TEST_CASE("speculative decoding (prompt lookup) in every layout: the single rank
         opt.engine.speculative_tokens = 4;
         RankRuntime rt = build(opt, *src);
         GenerateStats st;
-        const std::vector<GenerateResult> got = rt.engine->generate_batch(reqs, {}, &st);
+        const std::vector<GenerateResult> got = EngineClient(*rt.engine, nullptr, true).generate_batch(reqs, {}, &st);
         for (size_t i = 0; i < reqs.size(); ++i) CHECK(got[i].tokens == want[i]);
         CHECK(st.drafted_tokens > 0);  // every rank learns the leader's counts
         CHECK(st.accepted_tokens > 0);
@@ -244,7 +244,7 @@ TEST_CASE("the per-step breakdown: every rank's, parts that sum to its wall time
         CAPTURE(pp);
         RankRuntime rt = build(layout_options(tp, pp), *src);
         GenerateStats st;
-        rt.engine->generate_batch(reqs, {}, &st);
+        EngineClient(*rt.engine, nullptr, true).generate_batch(reqs, {}, &st);
         REQUIRE(st.per_rank.size() == size_t(world));  // every rank holds every rank's
         const int sampler = rt.world.rank_of(0, pp - 1);
         for (int r = 0; r < world; ++r) {
@@ -301,7 +301,7 @@ TEST_CASE("16 mixed sequences with preemption and prefix hits: every layout equa
         opt.kv_blocks = 16;  // 64 positions for 16 sequences of up to 53: preemption
         RankRuntime rt = build(opt, *src);
         GenerateStats st;
-        std::vector<GenerateResult> got = rt.engine->generate_batch(reqs, {}, &st);
+        std::vector<GenerateResult> got = EngineClient(*rt.engine, nullptr, true).generate_batch(reqs, {}, &st);
         for (size_t i = 0; i < reqs.size(); ++i) CHECK(got[i].tokens == want[i]);
         CHECK(st.preemptions > 0);
         CHECK(st.cached_prompt_tokens > 0);
@@ -332,7 +332,7 @@ TEST_CASE("the device step path (step graphs, backend token selection; the CPU m
         opt.backend.cpu_step_graphs = true;
         opt.backend.cpu_select_tokens = true;
         RankRuntime rt = build(opt, *src);
-        std::vector<GenerateResult> got = rt.engine->generate_batch(reqs);
+        std::vector<GenerateResult> got = EngineClient(*rt.engine, nullptr, true).generate_batch(reqs);
         for (size_t i = 0; i < reqs.size(); ++i) CHECK(got[i].tokens == want[i]);
         // Every rank of every stage replayed: TP collectives and the stages' hand-offs around the
         // graphs matched (a pipeline stage captures its own part, receiving and sending outside it).
@@ -371,7 +371,7 @@ TEST_CASE("top logprobs in every layout: the k best of a host log-softmax of the
         if (rt.world.rank == 0) toks = outs[0].tokens;
         MPI_Bcast(toks.data(), n, MPI_INT32_T, 0, MPI_COMM_WORLD);
         seq.insert(seq.end(), toks.begin(), toks.end());
-        const std::vector<float> logits = rt.engine->score(seq);
+        const std::vector<float> logits = EngineClient(*rt.engine, nullptr, true).score(seq);
         if (rt.world.rank != 0) continue;
         REQUIRE(n == 5);
         REQUIRE(outs[0].top.size() == 5);
@@ -452,7 +452,7 @@ TEST_CASE("structured output in every layout: the leader's grammar mask reaches 
         RankRuntime rt = build(opt, *src);
         std::vector<std::vector<int32_t>> out;
         const std::vector<GenerateRequest> reqs = grammar_requests(3, {5, 17, 40}, 40, 11, grammar, vocab);
-        for (const GenerateResult& r : rt.engine->generate_batch(reqs)) out.push_back(r.tokens);
+        for (const GenerateResult& r : EngineClient(*rt.engine, nullptr, true).generate_batch(reqs)) out.push_back(r.tokens);
         return out;
     };
     BuildOptions single = layout_options(1, 1);
@@ -477,7 +477,7 @@ TEST_CASE("structured output in every layout: the leader's grammar mask reaches 
     spec.source = "[0-9]{2,4}-[abc]{1,20}x";
     const std::shared_ptr<const Grammar> tight = Grammar::compile(spec);
     RankRuntime rt = build(single, *src);
-    for (const GenerateResult& r : rt.engine->generate_batch(grammar_requests(4, {9, 3, 50}, 6, 3, tight, vocab))) {
+    for (const GenerateResult& r : EngineClient(*rt.engine, nullptr, true).generate_batch(grammar_requests(4, {9, 3, 50}, 6, 3, tight, vocab))) {
         const std::string text = text_of(*vocab, r.tokens);
         CAPTURE(text);
         CHECK(std::regex_match(text, std::regex(spec.source)));

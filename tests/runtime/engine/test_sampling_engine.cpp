@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "runtime/engine/client.h"
 #include "runtime/builder/build.h"
 #include "runtime/engine/step_plan.h"
 #include "runtime/weights/random_source.h"
@@ -29,7 +30,7 @@ std::vector<int32_t> reference(Engine& e, std::vector<int32_t> seq, int n, const
     std::map<int32_t, int> generated;
     std::vector<int32_t> out;
     for (int k = 0; k < n; ++k) {
-        const std::vector<float> logits = e.score(seq);
+        const std::vector<float> logits = EngineClient(e, nullptr, true).score(seq);
         std::vector<float> row(logits.end() - V, logits.end());
         const int64_t w = std::min<int64_t>(p.recent_window(max_seq), int64_t(seq.size()));
         std::vector<int32_t> window(seq.end() - w, seq.end());
@@ -68,7 +69,7 @@ TEST_CASE("penalties through the engine equal the reference loop, prefix-cached 
     std::vector<int32_t> prompt;
     for (int i = 0; i < 20; ++i) prompt.push_back(int32_t((i * 7 + 3) % 61));
     const int n = 12;
-    const std::vector<int32_t> plain = rt.engine->generate(greedy(prompt, n, {})).tokens;
+    const std::vector<int32_t> plain = EngineClient(*rt.engine, nullptr, true).generate(greedy(prompt, n, {})).tokens;
     for (int64_t last_n : {int64_t(-1), int64_t(6)}) {
         CAPTURE(last_n);
         SamplingParams p;
@@ -78,22 +79,22 @@ TEST_CASE("penalties through the engine equal the reference loop, prefix-cached 
         p.frequency_penalty = 0.7f;
         const std::vector<int32_t> want = reference(*rt.engine, prompt, n, p, 64);
         CHECK(want != plain);  // the penalties change the output: the comparison below can fail
-        const GenerateResult first = rt.engine->generate(greedy(prompt, n, p));
+        const GenerateResult first = EngineClient(*rt.engine, nullptr, true).generate(greedy(prompt, n, p));
         CHECK(first.tokens == want);
-        const GenerateResult on_dev = dev.engine->generate(greedy(prompt, n, p));
+        const GenerateResult on_dev = EngineClient(*dev.engine, nullptr, true).generate(greedy(prompt, n, p));
         CHECK(on_dev.tokens == want);
         REQUIRE(on_dev.logprobs.size() == first.logprobs.size());
         for (size_t k = 0; k < first.logprobs.size(); ++k)
             CHECK(on_dev.logprobs[k] == doctest::Approx(first.logprobs[k]).epsilon(1e-4));
         // Again: the prompt's full blocks now come from the prefix cache (never fed this time).
         GenerateStats st;
-        const std::vector<GenerateResult> again = rt.engine->generate_batch({greedy(prompt, n, p)}, {}, &st);
+        const std::vector<GenerateResult> again = EngineClient(*rt.engine, nullptr, true).generate_batch({greedy(prompt, n, p)}, {}, &st);
         CHECK(st.cached_prompt_tokens >= 16);
         CHECK(again[0].tokens == want);
         // Logprobs are of the raw model row, not of the penalized one: the same as without penalties
         // for the same token at the same position (the first token's context is the prompt alone).
-        const GenerateResult raw = rt.engine->generate(greedy(prompt, 1, {}));
-        const std::vector<float> logits = rt.engine->score(prompt);
+        const GenerateResult raw = EngineClient(*rt.engine, nullptr, true).generate(greedy(prompt, 1, {}));
+        const std::vector<float> logits = EngineClient(*rt.engine, nullptr, true).score(prompt);
         std::vector<float> row(logits.end() - 61, logits.end());
         const float mx = *std::max_element(row.begin(), row.end());
         double z = 0;
@@ -154,9 +155,9 @@ TEST_CASE("a front's callback ends one sequence of a batch; the others run on") 
     auto src = make_random_source(tiny(), 12, DType::kF32);
     RankRuntime rt = build(test::cpu_options(), *src);
     const std::vector<GenerateRequest> reqs = {greedy({1, 2, 3}, 10, {}), greedy({4, 5}, 10, {})};
-    const std::vector<GenerateResult> free_run = rt.engine->generate_batch(reqs);
+    const std::vector<GenerateResult> free_run = EngineClient(*rt.engine, nullptr, true).generate_batch(reqs);
     int seen0 = 0;
-    const std::vector<GenerateResult> got = rt.engine->generate_batch(reqs, [&](int64_t i, int32_t) {
+    const std::vector<GenerateResult> got = EngineClient(*rt.engine, nullptr, true).generate_batch(reqs, [&](int64_t i, int32_t) {
         return i == 0 && ++seen0 == 3 ? FinishReason::kStop : FinishReason::kNone;
     });
     CHECK(got[0].tokens == std::vector<int32_t>(free_run[0].tokens.begin(), free_run[0].tokens.begin() + 3));
@@ -164,7 +165,7 @@ TEST_CASE("a front's callback ends one sequence of a batch; the others run on") 
     CHECK(got[1].tokens == free_run[1].tokens);
     CHECK(got[1].finish == FinishReason::kLength);
     CHECK_FALSE(rt.engine->busy());
-    CHECK(rt.engine->generate_batch(reqs)[0].tokens == free_run[0].tokens);  // usable after
+    CHECK(EngineClient(*rt.engine, nullptr, true).generate_batch(reqs)[0].tokens == free_run[0].tokens);  // usable after
 }
 
 TEST_CASE("backend token selection (the device path, run by the CPU backend): greedy rows equal the host path, "
@@ -192,8 +193,8 @@ TEST_CASE("backend token selection (the device path, run by the CPU backend): gr
     const std::vector<GenerateRequest> reqs = {greedy(prompt, 10, pen), greedy(prompt, 10, {}),
                                                greedy(prompt, 10, hot_pen), greedy(prompt, 10, hot),
                                                greedy({3, 4}, 10, {})};
-    const std::vector<GenerateResult> a = host.engine->generate_batch(reqs);
-    const std::vector<GenerateResult> b = dev.engine->generate_batch(reqs);
+    const std::vector<GenerateResult> a = EngineClient(*host.engine, nullptr, true).generate_batch(reqs);
+    const std::vector<GenerateResult> b = EngineClient(*dev.engine, nullptr, true).generate_batch(reqs);
     REQUIRE(a.size() == reqs.size());
     REQUIRE(b.size() == reqs.size());
     for (size_t i : {size_t(0), size_t(1), size_t(4)}) {  // greedy rows, penalized or not: the same picks and logprobs
@@ -206,7 +207,7 @@ TEST_CASE("backend token selection (the device path, run by the CPU backend): gr
     // The sampled plain row: a seed reproduces on the same backend; every token in range, with a
     // log-probability of the raw row.
     // The sampled penalized row (2) is drawn on the backend too: the same checks.
-    const std::vector<GenerateResult> again = dev.engine->generate_batch(reqs);
+    const std::vector<GenerateResult> again = EngineClient(*dev.engine, nullptr, true).generate_batch(reqs);
     for (size_t i : {size_t(2), size_t(3)}) {
         CAPTURE(i);
         CHECK(again[i].tokens == b[i].tokens);
@@ -222,7 +223,7 @@ TEST_CASE("backend token selection (the device path, run by the CPU backend): gr
     other.seed = 124;
     std::vector<GenerateRequest> reseeded = reqs;
     reseeded[3].sampling = other;
-    CHECK(dev.engine->generate_batch(reseeded)[3].tokens != b[3].tokens);
+    CHECK(EngineClient(*dev.engine, nullptr, true).generate_batch(reseeded)[3].tokens != b[3].tokens);
 }
 
 TEST_CASE("step graphs (replay re-runs the captured body on CPU): padded decode buckets give the eager tokens") {
@@ -250,8 +251,8 @@ TEST_CASE("step graphs (replay re-runs the captured body on CPU): padded decode 
     SamplingParams pen;
     pen.repeat_penalty = 5.0f;
     reqs[2].sampling = pen;  // a penalized row inside a graph step goes through the host sampler
-    const std::vector<GenerateResult> a = eager.engine->generate_batch(reqs);
-    const std::vector<GenerateResult> b = graphs.engine->generate_batch(reqs);
+    const std::vector<GenerateResult> a = EngineClient(*eager.engine, nullptr, true).generate_batch(reqs);
+    const std::vector<GenerateResult> b = EngineClient(*graphs.engine, nullptr, true).generate_batch(reqs);
     REQUIRE(a.size() == b.size());
     CHECK(eager.engine->counters().graph_steps == 0);
     const EngineCounters g = graphs.engine->counters();
@@ -267,7 +268,7 @@ TEST_CASE("step graphs (replay re-runs the captured body on CPU): padded decode 
             CHECK(b[i].logprobs[k] == doctest::Approx(a[i].logprobs[k]).epsilon(1e-4));
     }
     // Again on the same engine: every bucket now replays its captured graph from the first step.
-    const std::vector<GenerateResult> c = graphs.engine->generate_batch(reqs);
+    const std::vector<GenerateResult> c = EngineClient(*graphs.engine, nullptr, true).generate_batch(reqs);
     for (size_t i = 0; i < a.size(); ++i) CHECK(c[i].tokens == a[i].tokens);
     CHECK(graphs.engine->counters().graphs_captured == 4);  // nothing captured twice
     CHECK(graphs.engine->counters().graph_steps - g.graph_steps == graphs.engine->counters().graph_replays - g.graph_replays);
@@ -302,13 +303,13 @@ TEST_CASE(
         reqs.push_back(greedy(prompt, 2 + i, {}));
     }
     RankRuntime eager = make(false, {});
-    const std::vector<GenerateResult> want = eager.engine->generate_batch(reqs);
+    const std::vector<GenerateResult> want = EngineClient(*eager.engine, nullptr, true).generate_batch(reqs);
     for (const auto& run : {std::pair<std::vector<int64_t>, int64_t>{{}, 4}, {{3, 5, 13}, 3}}) {
         const std::vector<int64_t>& buckets = run.first;  // (no structured binding: clang 14 cannot capture one)
         const int64_t captures = run.second;
         CAPTURE(buckets.size());
         RankRuntime graphs = make(true, buckets);
-        const std::vector<GenerateResult> got = graphs.engine->generate_batch(reqs);
+        const std::vector<GenerateResult> got = EngineClient(*graphs.engine, nullptr, true).generate_batch(reqs);
         for (size_t i = 0; i < reqs.size(); ++i) {
             CAPTURE(i);
             CHECK(got[i].tokens == want[i].tokens);

@@ -17,6 +17,7 @@
 #include <numeric>
 #include <vector>
 
+#include "runtime/engine/client.h"
 #include "runtime/builder/build.h"
 #include "runtime/engine/speculative.h"
 #include "runtime/weights/random_source.h"
@@ -99,12 +100,12 @@ TEST_CASE("speculative greedy decoding gives the tokens of plain decoding") {
                                              request(std::vector<int32_t>(50, 19), 14)};
         RankRuntime plain = build(options(0, q), *src);
         std::vector<std::vector<int32_t>> want;
-        for (const auto& r : reqs) want.push_back(plain.engine->generate(r).tokens);
+        for (const auto& r : reqs) want.push_back(EngineClient(*plain.engine, nullptr, true).generate(r).tokens);
         RankRuntime spec = build(options(4, q), *src);
         int64_t drafted = 0, accepted = 0;
         for (size_t i = 0; i < reqs.size(); ++i) {
             CAPTURE(i);
-            const GenerateResult got = spec.engine->generate(reqs[i]);
+            const GenerateResult got = EngineClient(*spec.engine, nullptr, true).generate(reqs[i]);
             CHECK(got.tokens == want[i]);
             drafted += got.stats.drafted_tokens;
             accepted += got.stats.accepted_tokens;
@@ -114,7 +115,7 @@ TEST_CASE("speculative greedy decoding gives the tokens of plain decoding") {
         CHECK(accepted <= drafted);
         // all at once: continuous batching with several speculating sequences in a step
         GenerateStats st;
-        const std::vector<GenerateResult> batch = spec.engine->generate_batch(reqs, {}, &st);
+        const std::vector<GenerateResult> batch = EngineClient(*spec.engine, nullptr, true).generate_batch(reqs, {}, &st);
         for (size_t i = 0; i < reqs.size(); ++i) CHECK(batch[i].tokens == want[i]);
         CHECK(st.drafted_tokens > 0);
         MESSAGE(quant_mode_name(q) << ": " << accepted << " of " << drafted << " drafts accepted one by one, "
@@ -130,7 +131,7 @@ TEST_CASE("speculative sampling keeps the target distribution; a stop id inside 
     RankRuntime plain = build(options(0), *src);
     const int64_t V = tiny().vocab;
     // The exact joint distribution of (t1, t2) and, per t1, the most likely t2 (the proposer's draft).
-    const std::vector<float> l0 = plain.engine->score(prompt);
+    const std::vector<float> l0 = EngineClient(*plain.engine, nullptr, true).score(prompt);
     const std::vector<double> p1 = top_k_softmax(l0.data() + (prompt.size() - 1) * size_t(V), V, kTemp, kTopK);
     std::vector<std::vector<double>> p2(static_cast<size_t>(V));
     std::vector<int32_t> likely(static_cast<size_t>(V), 0);
@@ -138,7 +139,7 @@ TEST_CASE("speculative sampling keeps the target distribution; a stop id inside 
         if (p1[size_t(a)] == 0) continue;
         std::vector<int32_t> seq = prompt;
         seq.push_back(a);
-        const std::vector<float> l = plain.engine->score(seq);
+        const std::vector<float> l = EngineClient(*plain.engine, nullptr, true).score(seq);
         p2[size_t(a)] = top_k_softmax(l.data() + prompt.size() * size_t(V), V, kTemp, kTopK);
         likely[size_t(a)] = int32_t(std::max_element(p2[size_t(a)].begin(), p2[size_t(a)].end()) - p2[size_t(a)].begin());
     }
@@ -158,7 +159,7 @@ TEST_CASE("speculative sampling keeps the target distribution; a stop id inside 
         reqs.push_back(r);
     }
     GenerateStats st;
-    const std::vector<GenerateResult> out = spec.engine->generate_batch(reqs, {}, &st);
+    const std::vector<GenerateResult> out = EngineClient(*spec.engine, nullptr, true).generate_batch(reqs, {}, &st);
     std::vector<int64_t> counts(size_t(V * V), 0);
     for (const GenerateResult& r : out) {
         REQUIRE(r.tokens.size() == 3);
@@ -188,10 +189,10 @@ TEST_CASE("speculative sampling keeps the target distribution; a stop id inside 
     SUBCASE("a stop id among accepted drafts ends the output at it") {
         RankRuntime g = build(options(4), *src);
         const std::vector<int32_t> rep = {3, 9, 14, 3, 9, 14, 3, 9};
-        const std::vector<int32_t> full = plain.engine->generate(request(rep, 30)).tokens;
+        const std::vector<int32_t> full = EngineClient(*plain.engine, nullptr, true).generate(request(rep, 30)).tokens;
         GenerateRequest r = request(rep, 30);
         r.stop_ids = {full[7]};
-        const GenerateResult got = g.engine->generate(r);
+        const GenerateResult got = EngineClient(*g.engine, nullptr, true).generate(r);
         const size_t at = size_t(std::find(full.begin(), full.end(), full[7]) - full.begin());
         CHECK(got.tokens == std::vector<int32_t>(full.begin(), full.begin() + ptrdiff_t(at) + 1));
         CHECK(got.finish == FinishReason::kStop);
@@ -209,9 +210,9 @@ TEST_CASE("speculative greedy decoding gives every golden case's reference token
         RankRuntime rt = build(o, *src);
         std::vector<GenerateRequest> reqs;
         for (const auto& c : cases) reqs.push_back(request(c.prompt, int64_t(c.greedy.size())));
-        for (size_t i = 0; i < cases.size(); ++i) CHECK(rt.engine->generate(reqs[i]).tokens == cases[i].greedy);
+        for (size_t i = 0; i < cases.size(); ++i) CHECK(EngineClient(*rt.engine, nullptr, true).generate(reqs[i]).tokens == cases[i].greedy);
         GenerateStats st;
-        const std::vector<GenerateResult> all = rt.engine->generate_batch(reqs, {}, &st);
+        const std::vector<GenerateResult> all = EngineClient(*rt.engine, nullptr, true).generate_batch(reqs, {}, &st);
         for (size_t i = 0; i < cases.size(); ++i) CHECK(all[i].tokens == cases[i].greedy);
         drafted += st.drafted_tokens;
         accepted += st.accepted_tokens;
@@ -235,7 +236,7 @@ TEST_CASE("speculative decoding with a draft model: the target's greedy tokens; 
         std::vector<GenerateRequest> reqs;
         for (const auto& c : cases) reqs.push_back(request(c.prompt, int64_t(c.greedy.size())));
         GenerateStats st;
-        const std::vector<GenerateResult> got = rt.engine->generate_batch(reqs, {}, &st);
+        const std::vector<GenerateResult> got = EngineClient(*rt.engine, nullptr, true).generate_batch(reqs, {}, &st);
         for (size_t i = 0; i < cases.size(); ++i) CHECK(got[i].tokens == cases[i].greedy);
         MESSAGE(std::string(random ? "random" : "the target's") << " draft: " << st.accepted_tokens << " of " << st.drafted_tokens
                                                      << " accepted");
