@@ -12,7 +12,7 @@
 // "lattice: error: ..."); 2 a bad command line (one line naming the flag and "see lattice CMD
 // --help"); 3 an internal error (a bug: every input is meant to give 1 or 2). A command whose stdout
 // cannot be written (full disk, closed descriptor) exits 1 naming stdout. Under MPI, 69: a rank whose
-// MPI_Abort did not end it within 10 s (launcher or MPI daemon unreachable) exited by itself
+// abort of the job did not end it within 10 s (launcher or MPI daemon unreachable) exited by itself
 // (parallel/world_session.h abort_world).
 #include "kernels/cpu/int8_gemm.h"
 #include "launch/cli.h"
