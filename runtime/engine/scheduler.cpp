@@ -161,8 +161,10 @@ bool Scheduler::ensure_blocks(Seq& s, int64_t positions, const std::vector<int64
 }
 
 namespace {
-constexpr int64_t kFinishWindow = 256;  // tokens left below which a grammar's distance is looked at
-constexpr int64_t kFinishMargin = 8;
+// Tokens left below which the mask keeps only tokens after which the grammar can still be completed in
+// the tokens that remain (counted in this vocabulary's tokens: GrammarMatcher::min_remaining_tokens).
+// Above it the plain mask: no single token lengthens the shortest completion by 256 tokens.
+constexpr int64_t kFinishWindow = 256;
 }  // namespace
 
 // Structured output: the tokens the grammar of s allows, as the plan's next mask.
@@ -171,11 +173,11 @@ void Scheduler::add_mask(StepPlan& p, Seq& s) const {
     p.mask_width = int32_t(words);
     p.masks.resize(p.masks.size() + words);
     const std::span<uint32_t> mask(p.masks.data() + p.masks.size() - words, words);
-    // Near max_tokens, only tokens that shorten the grammar's shortest completion: the output
-    // still ends well-formed (a margin for tokens that open more than they close).
+    // Near max_tokens, only tokens after which the output can still end well-formed within the tokens
+    // left: it does whenever max_tokens was at least the shortest document.
     const int64_t left = s.req.max_new_tokens - s.generated();
-    if (left <= kFinishWindow && left <= int64_t(s.req.grammar->distance()) + kFinishMargin)
-        s.req.grammar->fill_mask_finishing(mask);
+    if (left <= kFinishWindow)
+        s.req.grammar->fill_mask_within(mask, left);
     else
         s.req.grammar->fill_mask(mask);
     p.seqs.back().masked = true;
