@@ -138,7 +138,8 @@ int main(int argc, char** argv) {
         // Errors met before MPI starts name the rank the launcher gave this process (MPI sets the same).
         lattice::process_identity().rank = lattice::launcher_rank();
         lattice::process_identity().world = lattice::launcher_world_size();
-        // LATTICE_ISA=scalar|avx2|avxvnni|avx512 picks the int8 CPU kernels (kernels/ never reads the env).
+        // LATTICE_ISA=scalar|avx2|avxvnni|avx512|amx pins the one CPU ISA level every CPU kernel family obeys
+        // (GEMMs, attention, elementwise; kernels/cpu/isa.h). kernels/ never reads the env.
         if (const char* isa = std::getenv("LATTICE_ISA"); isa && *isa)
             lattice::set_isa_override(lattice::parse_isa(isa));
         rc = run ? run() : 1;
