@@ -1,6 +1,6 @@
 // View: a non-owning, trivially copyable window on a tensor {data, dtype, device, shape, strides}.
 // Sizes and strides are int64 elements (not bytes). Row-major: the last dimension is innermost.
-// A View never frees; ownership lives in Buffer (runtime/backend.h).
+// A View never frees; ownership lives in Buffer (runtime/backend/backend.h).
 #pragma once
 
 #include "base/dtype.h"

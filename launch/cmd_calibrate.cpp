@@ -1,5 +1,5 @@
 // `lattice calibrate --model M --text FILE --out smooth.safetensors [--alpha 0.5] [--max-tokens N]`:
-// SmoothQuant factors (runtime/smoothquant.h) from the activation maxima of a float forward over a
+// SmoothQuant factors (runtime/model/smoothquant.h) from the activation maxima of a float forward over a
 // text. The text is tokenized with the model's tokenizer and run in independent windows of
 // --window tokens (each from position 0, no LM head); the weight column maxima are read from the
 // checkpoint itself, so the factors belong to the original (unsmoothed) weights.

@@ -1,7 +1,8 @@
 // The layout planner's model (what `lattice plan` prints): for a model shape, a device, a link and
 // a tp x pp layout, the memory one rank needs and the prefill/decode speed a roofline predicts.
 // Pure arithmetic on ModelDims, no MPI, no files: unit-tested in tests/parallel/test_plan_model.cpp
-// and validated against measured runs on CPU ranks (tests/launch/test_plan_validation.py).
+// and validated against measured runs on CPU ranks (benchmarks/validate_plan.py, checked by
+// tests/launch/test_plan.py).
 //
 // The model, per rank (the largest: TP rank 0 of the heaviest stage):
 // - weights: per-layer q/k/v/o and gate/up/down shards (world_config's shard_shape) at the quant's

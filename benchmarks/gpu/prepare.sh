@@ -20,7 +20,7 @@
 #   gpu-kit/bin/                               (only from simulate.sh --bundle: executables for sm_90)
 # Usage: benchmarks/gpu/prepare.sh [KIT_DIR]   (env: SHARED_DIR, CUDA_HOME, NCCL_WHEEL_VERSION,
 #        LATTICE_KIT_CACHE: where the downloaded wheel is kept, default ~/.cache/lattice-gpu-kit;
-#        LATTICE_KIT_PIP: the pip command, default "python3 -m pip"; tests/gpu/test_prepare.sh puts a stub
+#        LATTICE_KIT_PIP: the pip command, default "python3 -m pip"; tests/gpu/test_prepare.py puts a stub
 #        there that writes a small wheel, so the empty-cache path is tested without the ~190 MiB download)
 # On a fresh machine the wheel is not cached: it is downloaded (said first, with the size to expect);
 # when that fails the toolkit's nccl.h is used and MANIFEST says so. Every way this script can stop

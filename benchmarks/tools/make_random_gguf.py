@@ -15,7 +15,7 @@ Usage:
   make_random_gguf.py --preset mixtral-tiny-8x1.1b --type q8_0 ...    (8 experts top 2: lattice's preset
       of the same name, TinyLlama's layers with experts of a quarter of its FFN each)
 
-File layout (all little-endian), as read by llama.cpp's gguf loader and lattice's runtime/gguf.cpp:
+File layout (all little-endian), as read by llama.cpp's gguf loader and lattice's runtime/weights/gguf.cpp:
   "GGUF" | u32 version=3 | u64 n_tensors | u64 n_kv
   n_kv   x  key (u64 len + utf-8) | u32 value type | value
   n_tensors x name (u64 len + utf-8) | u32 n_dims | u64 ne[n_dims] (innermost first) | u32 ggml type

@@ -2,7 +2,7 @@
 // Why: decode streams every weight once per token. With 4 KiB pages each core walks the page table
 // every 64 cache lines; with two ranks streaming at once (tp 2 on two cores) that cost showed up as
 // ~15% less bandwidth per core (m = 1 W8A8 over TinyLlama's layers, 2-vCPU EPYC: 15.5 -> 17.6 GB/s
-// per rank with huge pages, 17.7 GB/s for one rank alone either way; docs/performance.md).
+// per rank with huge pages, 17.7 GB/s for one rank alone either way; docs/benchmark-results.md).
 // Debian (and most distributions) ship THP in "madvise" mode, so a buffer gets huge pages only when
 // it asks: map_huge() maps anonymous memory aligned to 2 MiB and calls madvise(MADV_HUGEPAGE) over
 // it. Where THP is off or unsupported the madvise fails quietly and the buffer is ordinary pages.

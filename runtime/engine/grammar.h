@@ -25,7 +25,7 @@
 // (the wide state: almost every token allowed) the tokens made only of plain string characters are
 // precomputed per character count, so only the others (quote, backslash, control bytes, invalid
 // UTF-8) are walked; masks that still took > 50 µs are memoized per (vocabulary, set). Measured
-// costs: docs/performance.md ("Structured output: mask cost").
+// costs: docs/benchmark-results.md ("Structured output: mask cost").
 //
 // Invariants: TokenVocab is immutable and shared between threads; a Grammar is too, apart from its
 // DfaCache (a mutex; masks of one grammar run one at a time; bounded, ~8 MB at 128k); a

@@ -55,7 +55,7 @@ struct ModelOptions {
     int tp = 1, tp_rank = 0;
     int64_t layer_begin = 0, layer_end = -1;  // this stage's layers; -1: all
     bool first_stage = true, last_stage = true;
-    // SmoothQuant factors (runtime/smoothquant.h) folded into the norm and wqkv / w_gate_up weights
+    // SmoothQuant factors (runtime/model/smoothquant.h) folded into the norm and wqkv / w_gate_up weights
     // at load; empty: none.
     std::string smooth_path;
     // Called after each weight of this rank is in the backend (launch/ shows load progress from it;
@@ -153,7 +153,7 @@ public:
     // whose router logits come to the host every layer to pick the experts and size their GEMMs.
     bool capturable() const { return !cfg_.is_moe(); }
 
-    // Calibration hook (runtime/smoothquant.h); empty (the default) costs one branch per GEMM.
+    // Calibration hook (runtime/model/smoothquant.h); empty (the default) costs one branch per GEMM.
     void set_observer(ActivationObserver obs) { observer_ = std::move(obs); }
 
 private:

@@ -115,7 +115,7 @@ void check_slice(const TensorInfo& info, int64_t row0, int64_t rows, int64_t col
 // Opens a model: a HF directory (config.json + safetensors), a .gguf file, or a converted folder
 // (manifest.json) of a single-rank layout (other layouts: open_converted_model, which needs the rank).
 std::unique_ptr<TensorSource> open_model(const std::string& path);
-// The GGUF reader behind open_model for *.gguf paths (runtime/gguf_source.cpp).
+// The GGUF reader behind open_model for *.gguf paths (runtime/weights/gguf_source.cpp).
 std::unique_ptr<TensorSource> open_gguf_model(const std::string& path);
 
 }  // namespace lattice

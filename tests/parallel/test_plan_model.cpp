@@ -1,6 +1,7 @@
 // The planner's model (parallel/plan_model.h): memory per device against figures worked out by hand,
 // what fits where, the roofline's regimes, and the ordering of the recommendation. (Its speed
-// predictions are validated against measured runs in tests/launch/test_plan_validation.py.)
+// predictions are validated against measured runs in benchmarks/validate_plan.py, checked by
+// tests/launch/test_plan.py.)
 #include <doctest/doctest.h>
 
 #include "base/error.h"

@@ -1,4 +1,4 @@
-// SmoothQuant (runtime/smoothquant.h): the factor formula and its edge cases, the factor file
+// SmoothQuant (runtime/model/smoothquant.h): the factor formula and its edge cases, the factor file
 // (round trip; every malformed case rejected naming file and tensor), the activation observer
 // (sees exactly rmsnorm(embedding) * g at layer 0 and every token of every layer), folding is the
 // identity under --quant none on every golden model, and on a golden model with a planted outlier
