@@ -1,18 +1,18 @@
-"""The case table of test_bad_input.py, one Case per hostile input, grouped by the classes of issue 16:
-odd files, corrupt safetensors / config / GGUF / tokenizer, memory bombs, garbage weights, flags out of
-range, write errors, clobbering, signals. `setup(tmp)` builds the input and returns extra arguments;
-`check(tmp, result)` returns a problem string (or None) about files after the run.
+"""The case table of test_bad_input.py, one Case per hostile input, grouped by class: odd files, corrupt
+safetensors / config / GGUF / tokenizer, memory bombs, garbage weights, flags out of range, write errors,
+clobbering, signals. `setup(tmp)` builds the input and returns extra arguments; `check(tmp, result)`
+returns a problem string (or None) about files after the run.
 
-Issue 33 (serve, batch, convert hardening): its items map to tests in docs/testing.md ("Issue 33's items
-and the tests that show them"). The cases here that belong to it, by item:
-  2    "batch --output's fingerprint (OUTPUT.input) names its --input"
-  8    "batch: a 60 MB line (12M token ids) is an error record, at little memory (issue 33 item 8)",
-       "batch: a 20 MB line of nested [ is an error record, at little memory (issue 33 item 8)"
-  11   "batch: --kv-cache-gb 0.02 (29 blocks), a chat line without max_tokens runs (issue 33 item 11)"
-  Also "batch --output is a FIFO: refused as an appended file (issue 33)"
-The others live beside the server or batch they need: test_batch.py (1, 2, 3, 8, 10, 14), test_convert.sh
-(4, 5, 6), test_serve_http.cpp (7, 9), test_serve.py (10, 12, the empty API key), test_openai_sampling.cpp
-(13), tests/runtime/engine/test_client.cpp (11).
+Some cases belong to the hardening of serve, batch and convert against hostile or unlucky input, which
+docs/testing.md maps to its tests ("Hardening: serve, batch and convert against hostile or unlucky
+input"); the ones here:
+  - resume after the input was edited: "batch --output's fingerprint (OUTPUT.input) names its --input"
+  - huge and deeply nested batch lines: "batch: a 60 MB line (12M token ids) is an error record, at little
+    memory", "batch: a 20 MB line of nested [ is an error record, at little memory"
+  - a small KV cache: "batch: --kv-cache-gb 0.02 (29 blocks), a chat line without max_tokens runs"
+  - batch's output refusals: "batch --output is a FIFO: refused as an appended file"
+The others live beside the server or batch they need: test_batch.py, test_convert.sh, test_serve_http.cpp,
+test_serve.py, test_openai_sampling.cpp and tests/runtime/engine/test_client.cpp.
 """
 import json
 import os
@@ -456,7 +456,7 @@ def more_cases(shared, llama2, gen, model_copy):
         Case("batch --output names its --input", ["batch", "--model", llama2, "--input", "{tmp}/t.txt", "--output",
                                                   "{tmp}/t.txt"],
              needle="input of this run", setup=old_file("t.txt"), check=content_is("t.txt", b'{"generated_tokens": 99}')),
-        Case("batch --output is a FIFO: refused as an appended file (issue 33)",
+        Case("batch --output is a FIFO: refused as an appended file",
              ["batch", "--model", llama2, "--input", "{tmp}/t.txt", "--output", "{tmp}/fifo"],
              needle=["--output", "FIFO", "appended to a regular file"],
              setup=lambda t: os.mkfifo(os.path.join(t, "fifo")) or old_file("t.txt")(t),
@@ -466,16 +466,16 @@ def more_cases(shared, llama2, gen, model_copy):
              ["batch", "--model", llama2, "--input", "{tmp}/o.jsonl.input", "--output", "{tmp}/o.jsonl"],
              needle=["o.jsonl.input", "input of this run"], setup=old_file("o.jsonl.input"),
              check=content_is("o.jsonl.input", b'{"generated_tokens": 99}')),
-        Case("batch: a 60 MB line (12M token ids) is an error record, at little memory (issue 33 item 8)",
+        Case("batch: a 60 MB line (12M token ids) is an error record, at little memory",
              ["batch", "--model", llama2, "--input", "{tmp}/in.jsonl", "--output", "{tmp}/o.jsonl", "--progress",
               "none"], rc=0, max_rss_mb=160, logs_ok=True,
              setup=batch_lines('{"prompt": [' + "123, " * (12 << 20) + '1], "max_tokens": 2}'),
              check=batch_records(["request_too_large", None])),
-        Case("batch: a 20 MB line of nested [ is an error record, at little memory (issue 33 item 8)",
+        Case("batch: a 20 MB line of nested [ is an error record, at little memory",
              ["batch", "--model", llama2, "--input", "{tmp}/in.jsonl", "--output", "{tmp}/o.jsonl", "--progress",
               "none"], rc=0, max_rss_mb=160, logs_ok=True, setup=batch_lines('{"prompt": ' + "[" * (20 << 20)),
              check=batch_records(["request_too_large", None])),
-        Case("batch: --kv-cache-gb 0.02 (29 blocks), a chat line without max_tokens runs (issue 33 item 11)",
+        Case("batch: --kv-cache-gb 0.02 (29 blocks), a chat line without max_tokens runs",
              ["batch", "--input", "{tmp}/in.jsonl", "--output", "{tmp}/o.jsonl", "--progress", "none",
               "--kv-cache-gb", "0.02", "--threads", "2"], rc=0, logs_ok=True,
              needle="the KV cache holds 464 positions (29 blocks of 16), fewer than the context of 4096",
