@@ -94,6 +94,10 @@ CONF
 # the next scheduling pass (sched_interval, default 60 s): 5 and 1 here. Job ids from 9000: the cleanup
 # below kills slurmstepd by job id, and launch_slurm (job ids from 1) may run at the same time.
 [ "$mode" = requeue ] && printf "AuthInfo=cred_expire=5\nSchedulerParameters=sched_interval=1\nFirstJobId=9000\n" >> "$tmp/slurm.conf"
+# PMIx's per-step folders (spmix_appdir_<uid>_<job>.<step>) in this run's folder, not /tmp: one left
+# there by a killed run made every later first job's srun step fail ("task launch failed").
+mkdir -p "$tmp/pmix"
+echo "PMIxCliTmpDirBase=$tmp/pmix" > "$tmp/mpi.conf"
 export SLURM_CONF="$tmp/slurm.conf"
 t0=$(date +%s)
 slurmctld -D -i -f "$SLURM_CONF" > "$tmp/slurmctld.out" 2>&1 & ctld_pid=$!
