@@ -168,8 +168,7 @@ void Evaluator::bind(Frame& f, const Node& n, const Value& item) {
     }
     List parts = item.is_list() ? *item.list : List{};
     if (!item.is_list() || parts.size() != n.targets.size())
-        fail_at(prog_.name, n.line, n.col,
-                fmt::format("cannot unpack {} into {} names", repr(item), n.targets.size()));
+        fail_at(prog_.name, n.line, n.col, fmt::format("cannot unpack {} into {} names", repr(item), n.targets.size()));
     for (size_t i = 0; i < parts.size(); ++i) f[n.targets[i]] = parts[i];
 }
 
@@ -177,9 +176,8 @@ void Evaluator::exec_set(const Node& n, const Value& v) {
     if (n.attr_set) {
         Value ns = lookup(n.targets[0]);
         if (!ns.is_dict() || !ns.dict->is_namespace)
-            fail_at(
-                prog_.name, n.line, n.col,
-                fmt::format("cannot set attribute '{}' of '{}': not a namespace()", n.targets[1], n.targets[0]));
+            fail_at(prog_.name, n.line, n.col,
+                    fmt::format("cannot set attribute '{}' of '{}': not a namespace()", n.targets[1], n.targets[0]));
         ns.dict->set(n.targets[1], v);
         return;
     }
@@ -245,8 +243,8 @@ void Evaluator::define_macro(const Node& n) {
         if (++call_depth_ > kMaxCallDepth) throw Oops(fmt::format("macro '{}': recursion too deep", node->text));
         auto frame = std::make_shared<Frame>();
         if (a.pos.size() > node->params.size())
-            throw Oops(fmt::format("macro '{}' takes {} arguments, got {}", node->text, node->params.size(),
-                                   a.pos.size()));
+            throw Oops(
+                fmt::format("macro '{}' takes {} arguments, got {}", node->text, node->params.size(), a.pos.size()));
         for (size_t i = 0; i < node->params.size(); ++i) {
             const auto& [pname, def] = node->params[i];
             if (i < a.pos.size())

@@ -99,8 +99,8 @@ Value Evaluator::eval_inner(const Expr& e) {
         case K::kFilter: {
             const Value v = eval(*e.args[0]);
             Args a = eval_args(e, 1);
-            return apply_filter(
-                e.name, v, a, [](const Value& x, const std::string& t, Args& ta) { return apply_test(t, x, ta); });
+            return apply_filter(e.name, v, a,
+                                [](const Value& x, const std::string& t, Args& ta) { return apply_test(t, x, ta); });
         }
         case K::kTest: {
             const Value v = eval(*e.args[0]);
@@ -226,11 +226,11 @@ Value Evaluator::binary(const Expr& e) {
             return Value::make_list(std::move(l));
         }
     }
-    if (op == "*" && (a.is_string() || b.is_string()) &&
-        (a.kind == Value::Kind::kInt || b.kind == Value::Kind::kInt)) {
+    if (op == "*" && (a.is_string() || b.is_string()) && (a.kind == Value::Kind::kInt || b.kind == Value::Kind::kInt)) {
         const std::string& s = a.is_string() ? a.s : b.s;
         const int64_t k = a.is_string() ? b.i : a.i;
-        if (k > 0 && !s.empty()) charge_growing(uint64_t(k) > (uint64_t(1) << 48) / s.size() ? SIZE_MAX : s.size() * size_t(k));
+        if (k > 0 && !s.empty())
+            charge_growing(uint64_t(k) > (uint64_t(1) << 48) / s.size() ? SIZE_MAX : s.size() * size_t(k));
         std::string out;
         for (int64_t i = 0; i < k; ++i) out += s;
         return Value::str(out);

@@ -5,11 +5,12 @@
 // `-` strips all whitespace on its side, `+` disables lstrip/trim. String literals are decoded with
 // Python's escapes. Invariants: the token list always ends with one kEnd; each token carries the
 // 1-based line and column of its first character; errors go through fail_at (jinja_internal.h).
+#include "runtime/tokenizer/jinja_lex.h"
+
 #include <fmt/format.h>
 
 #include "base/error.h"
 #include "runtime/tokenizer/jinja_internal.h"
-#include "runtime/tokenizer/jinja_lex.h"
 
 namespace lattice::jinja {
 

@@ -34,8 +34,7 @@ Body Parser::parse_body(std::initializer_list<std::string_view> stops, std::stri
             ++p_;
             auto n = node(Node::Kind::kOutput, t);
             n->expr = parse_tuple_or_expr();
-            if (peek().kind != Tok::kVarClose)
-                fail(peek(), fmt::format("expected '}}}}', found {}", describe(peek())));
+            if (peek().kind != Tok::kVarClose) fail(peek(), fmt::format("expected '}}}}', found {}", describe(peek())));
             ++p_;
             body.push_back(std::move(n));
         } else {

@@ -162,8 +162,7 @@ ExprPtr Parser::parse_primary() {
             ++p_;
             auto e = make(Expr::Kind::kLiteral, t);
             try {
-                e->literal =
-                    t.kind == Tok::kInt ? Value::integer(std::stoll(t.text)) : Value::real(std::stod(t.text));
+                e->literal = t.kind == Tok::kInt ? Value::integer(std::stoll(t.text)) : Value::real(std::stod(t.text));
             } catch (const std::exception&) {
                 fail(t, fmt::format("number '{}' out of range", t.text));
             }
