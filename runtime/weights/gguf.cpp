@@ -1,6 +1,7 @@
-// GGUF parser (see gguf.h for the layout). Hand-written rather than linking ggml: the format is
-// small, and every field here is validated against the bytes present before it is used, which is
-// the point of the exercise for untrusted files (llama.cpp's reader trusts far more).
+// GGUF parser (see gguf.h for the layout; the typed accessors of a parsed file are gguf_lookup.cpp).
+// Hand-written rather than linking ggml: the format is small, and every field here is validated
+// against the bytes present before it is used, which is the point of the exercise for untrusted
+// files (llama.cpp's reader trusts far more).
 // Limits: counts are checked against the remaining bytes times the smallest possible encoding
 // of one element, so a lying count fails before any allocation; arrays nest at most kMaxDepth.
 #include "runtime/weights/gguf.h"
@@ -16,6 +17,7 @@
 
 #include "base/error.h"
 #include "base/file.h"
+#include "runtime/weights/gguf_internal.h"
 
 namespace lattice {
 
@@ -141,21 +143,7 @@ private:
     const std::string& name_;
 };
 
-bool is_int_type(GgufType t) {
-    switch (t) {
-        case GgufType::kU8:
-        case GgufType::kI8:
-        case GgufType::kU16:
-        case GgufType::kI16:
-        case GgufType::kU32:
-        case GgufType::kI32:
-        case GgufType::kU64:
-        case GgufType::kI64:
-            return true;
-        default:
-            return false;
-    }
-}
+using gguf_internal::is_int_type;
 
 // f32 metadata (eps, theta) as the double of its shortest round-trip decimal, so 1e-5f reads as
 // 1e-5 and a GGUF config compares equal to the config.json it was converted from.
@@ -484,118 +472,6 @@ void GgufFile::check_regions(const std::vector<const GgufTensor*>& order, uint64
                   "{}: {} unaccounted bytes after the last tensor ({}): the tensor count ({}) or offsets do not "
                   "describe the file",
                   file, trailing, prev, tensors_.size());
-}
-
-bool GgufFile::has(const std::string& key) const {
-    return kv_index_.count(key) != 0;
-}
-
-const GgufValue* GgufFile::find(const std::string& key) const {
-    auto it = kv_index_.find(key);
-    return it == kv_index_.end() ? nullptr : &kv_[it->second].second;
-}
-
-std::vector<std::string> GgufFile::keys() const {
-    std::vector<std::string> out;
-    out.reserve(kv_.size());
-    for (const auto& kv : kv_) out.push_back(kv.first);
-    return out;
-}
-
-namespace {
-[[noreturn]] void wrong_type(const std::string& file, const std::string& key, const GgufValue& v,
-                             const char* expected) {
-    if (v.type == GgufType::kArray)
-        LATTICE_FAIL("{}: key \"{}\" is an array of {}, expected {}", file, key, gguf_type_name(v.elem_type), expected);
-    LATTICE_FAIL("{}: key \"{}\" has type {}, expected {}", file, key, gguf_type_name(v.type), expected);
-}
-
-int64_t to_int64(const GgufValue& v, const std::string& file, const std::string& key) {
-    if (v.type == GgufType::kU8 || v.type == GgufType::kU16 || v.type == GgufType::kU32 || v.type == GgufType::kU64) {
-        LATTICE_CHECK(v.u <= uint64_t(std::numeric_limits<int64_t>::max()), "{}: key \"{}\": value {} overflows int64",
-                      file, key, v.u);
-        return int64_t(v.u);
-    }
-    return v.i;
-}
-}  // namespace
-
-std::optional<std::string> GgufFile::string_value(const std::string& key) const {
-    const GgufValue* v = find(key);
-    if (!v) return std::nullopt;
-    if (v->type != GgufType::kString) wrong_type(path_, key, *v, "string");
-    return v->s;
-}
-
-std::optional<int64_t> GgufFile::int_value(const std::string& key) const {
-    const GgufValue* v = find(key);
-    if (!v) return std::nullopt;
-    if (!v->is_integer()) wrong_type(path_, key, *v, "an integer");
-    return to_int64(*v, path_, key);
-}
-
-std::optional<double> GgufFile::float_value(const std::string& key) const {
-    const GgufValue* v = find(key);
-    if (!v) return std::nullopt;
-    if (v->is_float()) return v->f;
-    if (!v->is_integer()) wrong_type(path_, key, *v, "a number");
-    return double(to_int64(*v, path_, key));
-}
-
-std::optional<bool> GgufFile::bool_value(const std::string& key) const {
-    const GgufValue* v = find(key);
-    if (!v) return std::nullopt;
-    if (v->type != GgufType::kBool) wrong_type(path_, key, *v, "bool");
-    return v->i != 0;
-}
-
-std::optional<size_t> GgufFile::array_size(const std::string& key) const {
-    const GgufValue* v = find(key);
-    if (!v) return std::nullopt;
-    if (v->type != GgufType::kArray) wrong_type(path_, key, *v, "an array");
-    return v->count;
-}
-
-std::vector<std::string> GgufFile::string_array(const std::string& key) const {
-    const GgufValue* v = find(key);
-    if (!v) return {};
-    if (v->type != GgufType::kArray || v->elem_type != GgufType::kString) wrong_type(path_, key, *v, "array of string");
-    return v->strs;
-}
-
-std::vector<float> GgufFile::float_array(const std::string& key) const {
-    const GgufValue* v = find(key);
-    if (!v) return {};
-    if (v->type != GgufType::kArray || (v->elem_type != GgufType::kF32 && v->elem_type != GgufType::kF64))
-        wrong_type(path_, key, *v, "array of f32/f64");
-    std::vector<float> out(v->count);
-    for (size_t k = 0; k < v->count; ++k) out[k] = float(v->element(k).f);
-    return out;
-}
-
-std::vector<int32_t> GgufFile::int_array(const std::string& key) const {
-    const GgufValue* v = find(key);
-    if (!v) return {};
-    if (v->type != GgufType::kArray || !is_int_type(v->elem_type)) wrong_type(path_, key, *v, "array of integers");
-    std::vector<int32_t> out(v->count);
-    for (size_t k = 0; k < v->count; ++k) {
-        int64_t x = to_int64(v->element(k), path_, key);
-        LATTICE_CHECK(x >= std::numeric_limits<int32_t>::min() && x <= std::numeric_limits<int32_t>::max(),
-                      "{}: key \"{}\": element {} = {} overflows int32", path_, key, k, x);
-        out[k] = int32_t(x);
-    }
-    return out;
-}
-
-const GgufTensor* GgufFile::find_tensor(const std::string& name) const {
-    auto it = tensor_index_.find(name);
-    return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
-}
-
-const GgufTensor& GgufFile::tensor(const std::string& name) const {
-    const GgufTensor* t = find_tensor(name);
-    LATTICE_CHECK(t != nullptr, "{}: no tensor \"{}\"", path_, name);
-    return *t;
 }
 
 }  // namespace lattice
