@@ -11,20 +11,6 @@
 
 namespace lattice {
 
-std::string_view finish_reason_name(FinishReason r) {
-    switch (r) {
-        case FinishReason::kNone:
-            return "none";
-        case FinishReason::kStop:
-            return "stop";
-        case FinishReason::kLength:
-            return "length";
-        case FinishReason::kCancelled:
-            return "cancelled";
-    }
-    return "?";
-}
-
 void StepCost::observe(int64_t tokens, double seconds) {
     if (tokens < 1 || !(seconds >= 0)) return;
     const double t = double(tokens);

@@ -67,8 +67,21 @@ enum class FinishReason : uint8_t {
     kLength,     // max_new_tokens reached, or the context (max_seq positions) is full
     kCancelled,  // by its caller (a front's user, a drain)
 };
-// The one set of words every front prints (OpenAI's): "stop", "length", "cancelled".
-std::string_view finish_reason_name(FinishReason r);
+// The one set of words every front prints (OpenAI's): "stop", "length", "cancelled". Inline: the fronts'
+// protocol code (launch/openai/, and the fuzz targets built from it) needs it without the scheduler.
+inline std::string_view finish_reason_name(FinishReason r) {
+    switch (r) {
+        case FinishReason::kNone:
+            return "none";
+        case FinishReason::kStop:
+            return "stop";
+        case FinishReason::kLength:
+            return "length";
+        case FinishReason::kCancelled:
+            return "cancelled";
+    }
+    return "?";
+}
 
 struct EngineRequest {
     std::vector<int32_t> prompt;
