@@ -12,7 +12,7 @@
 //              send queue holds kPlanQueue plans for every other rank (two messages each: size,
 //              bytes), so the leader, which is also pipeline stage 0, hands a plan to MPI and goes
 //              on computing instead of waiting for a follower that is busy with an earlier step;
-//              it blocks only when a follower is kPlanQueue plans behind (see Engine::send_plan).
+//              it blocks only when a follower is kPlanQueue plans behind (see RankExecutor::send_plan).
 //
 // World size 1 (no mpirun, or mpirun -np 1): all three are LocalComm. make_parallel_context still
 // initializes MPI (OpenMPI singleton init, ~0.3 s) because only MPI knows whether this process is
