@@ -26,6 +26,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
+
+#include <fmt/format.h>
 
 #include "base/error.h"
 
@@ -96,6 +99,8 @@ const std::vector<LinkSpec>& link_table() {
         {"nvlink3", 2.0, 230, "NVLink 3: 300 GB/s/dir (A100 SXM); NCCL ~230 GB/s bus bandwidth"},
         {"nvlink4", 2.0, 360, "NVLink 4: 450 GB/s/dir (H100/H200 SXM); NCCL ~360 GB/s bus bandwidth"},
         {"ib-hdr", 5.0, 23, "InfiniBand HDR 200 Gb/s = 25 GB/s per port"},
+        {"ib-hdr100", 5.0, 11.5, "InfiniBand HDR100 100 Gb/s = 12.5 GB/s per port; ~11.5 GB/s achieved bus bandwidth"},
+        {"eth25", 10.0, 2.9, "25 Gb/s Ethernet = 3.1 GB/s; TCP ~2.9 GB/s, ~10 us a small message"},
         {"shm", 0.6, 1.7, "OpenMPI shared memory between CPU ranks of one node (measured, 2-core EPYC VM)"},
     };
     return t;
@@ -114,6 +119,27 @@ const T& find_named(const std::vector<T>& table, const std::string& name, const 
 
 const DeviceSpec& find_device(const std::string& name) { return find_named(device_table(), name, "device"); }
 const LinkSpec& find_link(const std::string& name) { return find_named(link_table(), name, "interconnect"); }
+
+LinkSpec parse_link(const std::string& spec) {
+    for (const LinkSpec& l : link_table())
+        if (l.name == spec) return l;
+    const size_t comma = spec.find(',');
+    if (comma == std::string::npos) return find_link(spec);  // the error lists the names
+    double bw = 0, alpha = -1;
+    try {
+        size_t a = 0, b = 0;
+        bw = std::stod(spec.substr(0, comma), &a);
+        alpha = std::stod(spec.substr(comma + 1), &b);
+        if (a != comma || b != spec.size() - comma - 1) bw = 0;
+    } catch (const std::exception&) {
+        bw = 0;
+    }
+    LATTICE_CHECK(std::isfinite(bw) && bw > 0 && std::isfinite(alpha) && alpha >= 0,
+                  "link \"{}\": a name or GB/s,latency-us (e.g. 12.5,5), bandwidth > 0 and latency >= 0", spec);
+    return LinkSpec{fmt::format("{:g}GB/s,{:g}us", bw, alpha), alpha, bw, "given as GB/s,latency-us"};
+}
+
+bool tp_crosses_nodes(const PlanRequest& r, int tp) { return r.nodes > 1 && tp > r.devices / r.nodes; }
 
 PlanQuant parse_plan_quant(const std::string& s) {
     if (s == "w8a8") return PlanQuant::kW8A8;
@@ -320,9 +346,11 @@ StageTime stage_time(const PlanRequest& r, const StageShape& st, int tp, double 
     const double attn_s = std::max(kv_read / rate.bw, attn_flops / rate.attn);
     StageTime t;
     t.compute_bound = comp_s + attn_flops / rate.attn > mem_s + kv_read / rate.bw;
-    t.comm = double(st.layers) * 2.0 * allreduce_s(r.link, tp, tokens * double(m.hidden) * act_bytes(r));
+    // A TP group that spans nodes all-reduces over a ring whose slowest hops are the inter-node link.
+    const LinkSpec& tp_link = tp_crosses_nodes(r, tp) ? r.inter_node : r.link;
+    t.comm = double(st.layers) * 2.0 * allreduce_s(tp_link, tp, tokens * double(m.hidden) * act_bytes(r));
     if (st.head_params > 0 && tp > 1)  // the gathered logits of the sampled rows
-        t.comm += allreduce_s(r.link, tp, tokens * double(s.vocab_per_rank) * 4.0 * double(tp) / 2.0);
+        t.comm += allreduce_s(tp_link, tp, tokens * double(s.vocab_per_rank) * 4.0 * double(tp) / 2.0);
     t.total = std::max(mem_s, comp_s) + (1.0 - r.device.overlap) * std::min(mem_s, comp_s) + attn_s + t.comm +
               double(st.layers) * r.device.layer_overhead_us * 1e-6;
     return t;
@@ -387,7 +415,9 @@ LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
         } else {
             place.gpus_per_node = (tp * pp + r.nodes - 1) / std::max(r.nodes, 1);
         }
-        check_placement(tp, pp, place);
+        // A TP group over whole nodes is what lattice-mpirun refuses but mpirun runs: predicted, flagged.
+        out.tp_crosses_nodes = tp_crosses_nodes(r, tp) && (tp * pp) % r.nodes == 0 && tp % (tp * pp / r.nodes) == 0;
+        if (!out.tp_crosses_nodes) check_placement(tp, pp, place);
     } catch (const Error& e) {
         out.feasible = false;
         out.why_not = e.message();
@@ -466,9 +496,13 @@ std::vector<LayoutPrediction> plan_layouts(const PlanRequest& r) {
     for (int tp = 1; tp <= r.devices; ++tp)
         if (r.devices % tp == 0) v.push_back(predict_layout(r, tp, r.devices / tp));
     std::stable_sort(v.begin(), v.end(), [](const LayoutPrediction& a, const LayoutPrediction& b) {
-        const int ka = a.feasible && a.fits ? 0 : a.feasible ? 1 : 2, kb = b.feasible && b.fits ? 0 : b.feasible ? 1 : 2;
+        // fitting layouts first, those with a TP group across nodes after the others
+        auto key = [](const LayoutPrediction& p) {
+            return !p.feasible ? 3 : !p.fits ? 2 : p.tp_crosses_nodes ? 1 : 0;
+        };
+        const int ka = key(a), kb = key(b);
         if (ka != kb) return ka < kb;
-        if (ka == 2) return false;
+        if (ka == 3) return false;
         if (a.decode_tokens_per_s != b.decode_tokens_per_s) return a.decode_tokens_per_s > b.decode_tokens_per_s;
         return a.pp < b.pp;
     });
