@@ -18,20 +18,15 @@
 # SKIP (77) without Slurm's tools or namespaces; the srun jobs are skipped (said so) without PMIx.
 # Everything dies with the test (PID namespace); the Slurm folder under /var/tmp is removed on exit.
 set -uo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-source "$here/hosts_lib.sh"
+source "$(dirname "$0")/hosts_lib.sh"
 for tool in slurmctld slurmd sbatch scontrol sinfo srun; do
     command -v "$tool" > /dev/null || hosts_skip "$tool not installed (scripts/setup.sh installs Slurm)"
 done
-hosts_enter "$0" "$@"
+hosts_test_init "$0" "$@"
+source "$src/tests/launch/slurm_conf.sh"
 mode=${1:-run}
-src=${LATTICE_SOURCE_DIR:-$(cd "$here/../.." && pwd)}
-shared=${LATTICE_SHARED_DIR:-$src/../shared}
-bin=${LATTICE_BIN:?set LATTICE_BIN to the lattice executable}
 model="$shared/golden/tiny-llama2"
 n=8
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 hosts_make a b || { echo "FAIL: cannot make the hosts"; exit 1; }
 tmp=$(mktemp -d /var/tmp/lattice-slurm-hosts.XXXXXX)
 trap 'hosts_cleanup; rm -rf "$tmp"' EXIT
@@ -39,33 +34,10 @@ ctl=$(hostname -s)
 ip addr add 10.77.0.254/24 dev sw
 echo "10.77.0.254 $ctl" >> "$HOSTS_DIR/hosts"
 mkdir -p "$tmp/state" "$tmp/spool-a" "$tmp/spool-b"
-cat > "$tmp/slurm.conf" <<CONF
-ClusterName=latticehosts
-SlurmctldHost=$ctl(10.77.0.254)
-AuthType=auth/none
-CredType=cred/none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation=$tmp/state
-SlurmdSpoolDir=$tmp/spool-%n
-SlurmctldPidFile=$tmp/slurmctld.pid
-SlurmdPidFile=$tmp/slurmd-%n.pid
-SlurmctldLogFile=$tmp/slurmctld.log
-SlurmdLogFile=$tmp/slurmd-%n.log
-SchedulerType=sched/builtin
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-ReturnToService=2
-MpiDefault=none
-MailProg=/bin/true
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-NodeName=a NodeAddr=10.77.0.1 CPUs=2 RealMemory=1 State=UNKNOWN
-NodeName=b NodeAddr=10.77.0.2 CPUs=2 RealMemory=1 State=UNKNOWN
-PartitionName=lattice Nodes=a,b Default=YES MaxTime=10 State=UP
-CONF
+slurm_conf_write "$tmp" latticehosts "$ctl" 10.77.0.254 \
+    "NodeName=a NodeAddr=10.77.0.1 CPUs=2 RealMemory=1 State=UNKNOWN" \
+    "NodeName=b NodeAddr=10.77.0.2 CPUs=2 RealMemory=1 State=UNKNOWN" \
+    "PartitionName=lattice Nodes=a,b Default=YES MaxTime=10 State=UP"
 # A requeued job may start again cred_expire (>= 5) s later, at the next scheduling pass (1 s here).
 [ "$mode" = requeue ] && printf "AuthInfo=cred_expire=5\nSchedulerParameters=sched_interval=1\n" >> "$tmp/slurm.conf"
 export SLURM_CONF="$tmp/slurm.conf"
@@ -100,8 +72,8 @@ run_job() {  # run_job NAME RUN LAUNCHER: lattice-multinode.sbatch on 2 nodes x 
 prompt=$(python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['cases'][0]['prompt_ids'])))" "$model/expected.json")
 want=$(python3 -c "import json,sys; print(' '.join(map(str, json.load(open(sys.argv[1]))['cases'][0]['greedy_ids'][:$n])))" "$model/expected.json")
 
-long_model="$src/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-[ "$mode" = run ] || [ -e "$long_model" ] || hosts_skip "$long_model missing (scripts/setup.sh fetches it)"
+long_model=$smol
+[ "$mode" = run ] || need_smol
 if [ "$mode" = serve ]; then
     id=$(cd "$src" && MODEL="$long_model" TP=1 PP=2 CPU_RANKS=1 LATTICE="$bin" HOST=0.0.0.0 PORT=8000 \
          DRAIN_SECONDS=2 COMM_TIMEOUT=30 EXTRA_ARGS="--threads 1" \
