@@ -5,12 +5,13 @@
 # for the same cluster (--nodes 2 --inter-node-link L). Not a test: a benchmark (root, ~2 min).
 #   benchmarks/sim_hosts.sh [--link ib-hdr100] [--requests 64] [--prompt 512] [--max-new-tokens 128]
 #                           [--preset llama-2-70b] [--sim-gpu a100-pcie-40gb] [--sim-link pcie4]
-#                           [--layouts "4x2 8x1"] [--out bench-results/sim-hosts] [--no-shape]
+#                           [--layouts "4x2 8x1 4x2@1"] [--out bench-results/sim-hosts] [--no-shape]
 # Layouts: 4x2 is tp 4 inside each host and one pipeline stage per host (launched by lattice-mpirun
 # --hosts a:4,b:4: the activations cross the link); 8x1 is one TP group over both hosts (lattice-mpirun
 # refuses it, so plain mpirun --host a:4,b:4 starts it), simulated with --sim-link L: the planner models
 # a TP group across nodes as a ring all-reduce whose slowest hops are L, so the simulated step of 8x1 is
-# the planner's own for that cluster.
+# the planner's own for that cluster. LAYOUT@1 runs the same 8 ranks on host a alone (stages meet over
+# shared memory, no TCP), beside the planner's figure for 2 nodes: what the crossing itself costs.
 # The link: a token bucket (`tc qdisc ... tbf`) at L's bandwidth on both switch ports (each direction);
 # the kernel here has no netem, so L's latency is not added: the veth's own round trip (measured and
 # printed, with the shaped bandwidth) stands in for it.
@@ -28,7 +29,7 @@ source "$root/tests/hosts/hosts_lib.sh"
 export LATTICE_BIN=${LATTICE_BIN:-$root/build/launch/lattice}
 hosts_test_init "$0" "$@"
 link=ib-hdr100 requests=64 prompt=512 new=128 preset=llama-2-70b gpu=a100-pcie-40gb node_link=pcie4
-layouts="4x2 8x1" out=$root/bench-results/sim-hosts shape=1
+layouts="4x2 8x1 4x2@1" out=$root/bench-results/sim-hosts shape=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --link) link=$2; shift ;;
@@ -79,10 +80,16 @@ while True:
     n += len(b)
 print(f"{n / (time.monotonic() - t0) / 1e9:.2f}")
 PY
-sleep 0.5
+server=$!
 rtt=$(host_run b python3 - <<'PY'
 import socket, time
-c = socket.create_connection(("10.77.0.1", 5099)); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+for _ in range(300):  # until the server listens (a bounded retry)
+    try:
+        c = socket.create_connection(("10.77.0.1", 5099))
+        break
+    except OSError:
+        time.sleep(0.05)
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 rt = []
 for _ in range(200):
     t0 = time.monotonic(); c.sendall(b"x" * 64); got = 0
@@ -97,17 +104,18 @@ rt.sort()
 print(f"{rt[len(rt) // 2] * 1e6:.0f}")
 PY
 )
-wait
+wait $server
 echo "link b -> a: $(cat "$d/link.txt") GB/s measured (shaped to $bw GB/s: $([ $shape = 1 ] && echo yes || echo no)), median round trip ${rtt} us (TCP, 64 B)"
 
 python3 -c "import json, random; r = random.Random(11); [print(json.dumps({'prompt': [r.randrange(3, 32000) for _ in range($prompt)], 'max_tokens': $new})) for _ in range($requests)]" > "$d/in.jsonl"
-common=(batch --random-weights --config "$preset" --device sim --sim-gpu "$gpu" --quant fp16 --input "$d/in.jsonl"
+common=(batch --random-weights --config "$preset" --device sim --sim-gpu "$gpu" --quant none --input "$d/in.jsonl"
         --progress none --comm-timeout 300)
 for l in $layouts; do
-    tp=${l%x*} pp=${l#*x}
+    spec=${l%@1} tp=${spec%x*} pp=${spec#*x} where=a:4,b:4
+    [ "$spec" != "$l" ] && where=a:8  # LAYOUT@1: the same 8 ranks on host a alone (no TCP), a baseline
     rm -f "$d/out-$l.jsonl"
-    if [ $((4 % tp)) -eq 0 ]; then  # TP inside a host: the wrapper, one stage per host
-        host_run a timeout 600 "$W" --hosts a:4,b:4 --tp "$tp" --pp "$pp" --cpu --bind none -q -- "$bin" "${common[@]}" \
+    if [ $((4 % tp)) -eq 0 ] || [ $where = a:8 ]; then  # TP inside a host: the wrapper, one stage per host
+        host_run a timeout 600 "$W" --hosts $where --tp "$tp" --pp "$pp" --cpu --bind none -q -- "$bin" "${common[@]}" \
             --sim-link "$node_link" --output "$d/out-$l.jsonl" --stats-json "$d/stats-$l.json" > "$d/run-$l.log" 2>&1
     else  # TP across the hosts: plain mpirun, the TP all-reduce over the inter-node link
         host_run a timeout 600 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 8 --host a:4,b:4 \
@@ -129,7 +137,7 @@ plan = {(x["tp"], x["pp"]): x for x in json.load(open(os.path.join(d, "plan.json
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
 rows, got = [], {}
 for l in layouts.split():
-    tp, pp = map(int, l.split("x"))
+    tp, pp = map(int, l.split("@")[0].split("x"))
     path = os.path.join(d, f"stats-{l}.json")
     if not os.path.exists(path):
         rows.append(f"| {tp}x{pp} | {link} | failed |")
@@ -144,8 +152,9 @@ for l in layouts.split():
          "predicted_run_seconds": pf + dec, "run_seconds": run,
          "plan_wait_share": st["plan_wait_seconds"] / run, "sim_overrun_share": st["sim_overrun_seconds"] / run,
          "load": float(open(os.path.join(d, f"load-{l}")).read())}
-    got[(tp, pp)] = r
-    rows.append(f"| {tp}x{pp} | {link} | {r['tokens_per_s']:.0f} | {pred:.0f} | **{r['ratio']:.2f}** | "
+    r["hosts"] = 1 if l.endswith("@1") else 2
+    got[l] = r
+    rows.append(f"| {tp}x{pp}{' on 1 host' if l.endswith('@1') else ''} | {link if r['hosts'] == 2 else '-'} | {r['tokens_per_s']:.0f} | {pred:.0f} | **{r['ratio']:.2f}** | "
                 f"{r['decode_tokens_per_s']:.0f} | {p['decode_tokens_per_s']:.0f} | {r['ttft_p50_s']:.2f} | "
                 f"{run:.1f} | {pf + dec:.1f} | {100 * r['plan_wait_share']:.1f} | {100 * r['sim_overrun_share']:.1f} | "
                 f"{r['load']:.1f} |")
@@ -161,8 +170,8 @@ print("| tp x pp | inter-node | tok/s | plan tok/s | ratio | decode tok/s | plan
       "plan run s | plan wait % | overrun % | load |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 print("\n".join(rows))
-if (8, 1) in got and (4, 2) in got:
-    m = got[(8, 1)]["tokens_per_s"] / got[(4, 2)]["tokens_per_s"]
-    pr = got[(8, 1)]["predicted_tokens_per_s"] / got[(4, 2)]["predicted_tokens_per_s"]
+if "8x1" in got and "4x2" in got:
+    m = got["8x1"]["tokens_per_s"] / got["4x2"]["tokens_per_s"]
+    pr = got["8x1"]["predicted_tokens_per_s"] / got["4x2"]["predicted_tokens_per_s"]
     print(f"\ntp 8 / tp 4 x pp 2 tokens/s: measured {m:.2f}, planner {pr:.2f}")
 PY
