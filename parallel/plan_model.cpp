@@ -430,13 +430,18 @@ LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
                r.device.mem_gib * double(int64_t(1) << 30);
     const auto stages = stage_shapes(r.model, tp, pp);
     // Hand-offs between stages: over the node link while the stages share a node, else the network.
+    // Every rank of a stage sends its copy of the rows to its peer of the next stage (a blocking send
+    // after its step), so a hop that crosses nodes moves tp copies through the node's link and belongs to
+    // the sending stage's step (cross_s); hops inside a node overlap the next step (handoff_s).
     const int stages_per_node = std::max(1, ranks_per_node / tp);
+    auto crosses = [&](int p) { return r.nodes > 1 && p + 1 < pp && (p + 1) % stages_per_node == 0; };
+    auto cross_s = [&](int p, double tokens) {
+        return crosses(p) ? send_s(r.inter_node, double(tp) * tokens * double(r.model.hidden) * act_bytes(r)) : 0.0;
+    };
     auto handoff_s = [&](double tokens) {
         double t = 0;
-        for (int p = 0; p + 1 < pp; ++p) {
-            const bool crosses = (p + 1) % stages_per_node == 0;
-            t += send_s(crosses ? r.inter_node : r.link, tokens * double(r.model.hidden) * act_bytes(r));
-        }
+        for (int p = 0; p + 1 < pp; ++p)
+            if (!crosses(p)) t += send_s(r.link, tokens * double(r.model.hidden) * act_bytes(r));
         if (pp > 1) t += send_s(r.nodes > 1 ? r.inter_node : r.link, 8.0);  // the sampled tokens back to the leader
         return t;
     };
@@ -450,10 +455,12 @@ LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
     const int active = std::min(ranks_per_node, tp * int(std::min<int64_t>(m, pp)));
     double sum = 0, slowest = 0, comm = 0;
     bool compute_bound = false;
-    for (const StageShape& st : stages) {
-        const StageTime t = stage_time(r, st, tp, micro, double(r.prompt), rank_rates(active));
+    for (int p = 0; p < pp; ++p) {
+        StageTime t = stage_time(r, stages[size_t(p)], tp, micro, double(r.prompt), rank_rates(active));
+        const double hop = cross_s(p, micro);
+        t.total += hop;
         sum += t.total;
-        comm += t.comm;
+        comm += t.comm + hop;
         if (t.total > slowest) slowest = t.total, compute_bound = t.compute_bound;
     }
     const double hand = handoff_s(micro);
@@ -476,10 +483,12 @@ LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
         const int alone = std::min(ranks_per_node, tp);
         const int together = std::min(ranks_per_node, tp * int(std::min<double>(chunks, pp)));
         double s = 0, worst = 0;
-        for (const StageShape& st : stages) {
+        for (int p = 0; p < pp; ++p) {
+            const StageShape& st = stages[size_t(p)];
             // each chunk attends to half the prompt on average
-            s += stage_time(r, st, tp, chunk, double(r.prompt) / 2.0, rank_rates(alone)).total;
-            worst = std::max(worst, stage_time(r, st, tp, chunk, double(r.prompt) / 2.0, rank_rates(together)).total);
+            s += stage_time(r, st, tp, chunk, double(r.prompt) / 2.0, rank_rates(alone)).total + cross_s(p, chunk);
+            worst = std::max(worst, stage_time(r, st, tp, chunk, double(r.prompt) / 2.0, rank_rates(together)).total +
+                                        cross_s(p, chunk));
         }
         return s + (chunks - 1.0) * worst + handoff_s(chunk) + chunks * plan_s;
     };

@@ -19,7 +19,9 @@
 // them) + attention's, max(KV bytes / bandwidth, attention FLOPs / attention's achieved rate) + 2
 // all-reduces per layer (ring alpha-beta: 2(n-1) alpha + 2(n-1)/n bytes / bw; over the inter-node link
 // when the TP group spans nodes) + a fixed per-layer overhead; stages hand off one activation per
-// micro-batch (alpha + bytes / bw; over the inter-node link where the hop crosses nodes).
+// micro-batch (alpha + bytes / bw); a hop that crosses nodes carries tp copies (each rank sends its rows
+// to its peer of the next stage) over the inter-node link and counts in the sending stage's step (a
+// blocking send), one inside a node overlaps the next step.
 // With pp > 1 the engine keeps min(batch, pp) micro-batches in flight: a decode round takes
 // max(m x slowest stage, sum of stages + hand-offs), and yields one token per sequence.
 #pragma once

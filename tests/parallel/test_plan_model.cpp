@@ -160,6 +160,14 @@ TEST_CASE("the inter-node link carries what crosses nodes: TP all-reduces of a g
     CHECK(tp8_loss > 3.0 * pp_loss);
     // the prefill of tp 8 moves batch x prompt tokens through every all-reduce: slower over ethernet
     CHECK(tp8_eth.prefill_tokens_per_s < one.prefill_tokens_per_s);
+    // A hop across nodes carries one copy of the rows per TP rank, inside the sending stage's step: one
+    // prompt of 256 tokens (one chunk) at tp 4 x pp 2 takes 4 x 256 x 8192 x 2 bytes / (1 GB/s) longer
+    // over a 1 GB/s link than over a 1000 GB/s one.
+    PlanRequest slow = req(2, "pcie4", "1,0"), fast = req(2, "pcie4", "1000,0");
+    slow.batch = fast.batch = 1;
+    slow.prompt = fast.prompt = 256;
+    const double extra_ms = predict_layout(slow, 4, 2).ttft_ms - predict_layout(fast, 4, 2).ttft_ms;
+    CHECK(extra_ms == doctest::Approx(4.0 * 256 * 8192 * 2 * (1e-9 - 1e-12) * 1e3).epsilon(0.01));
 }
 
 TEST_CASE("decode at batch 1 is memory bound: int8 beats fp16, and tensor parallelism pays on GPUs") {
