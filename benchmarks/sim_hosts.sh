@@ -12,6 +12,7 @@
 # a TP group across nodes as a ring all-reduce whose slowest hops are L, so the simulated step of 8x1 is
 # the planner's own for that cluster. LAYOUT@1 runs the same 8 ranks on host a alone (stages meet over
 # shared memory, no TCP), beside the planner's figure for 2 nodes: what the crossing itself costs.
+# MTU=1500 keeps Ethernet's frame size (default: 65000, see below).
 # The link: a token bucket (`tc qdisc ... tbf`) at L's bandwidth on both switch ports (each direction);
 # the kernel here has no netem, so L's latency is not added: the veth's own round trip (measured and
 # printed, with the shaped bandwidth) stands in for it.
@@ -50,10 +51,18 @@ done
 mkdir -p "$out"
 hosts_make a b || { echo "sim_hosts.sh: cannot make the hosts"; exit 1; }
 d=$HOSTS_DIR
+# Jumbo frames (64 KB) on the emulated link: TCP over a veth costs CPU per packet, and this machine's
+# cores are what carries the link (at 1500 bytes it reaches ~0.6 GB/s on 2 loaded cores).
+if [ "${MTU:-65000}" != 1500 ]; then
+    for dev in sw p-a p-b; do ip link set "$dev" mtu "${MTU:-65000}"; done
+    for h in a b; do host_run $h ip link set eth0 mtu "${MTU:-65000}"; done
+fi
 
 # The planner's view of the cluster (also gives the link's bandwidth for the shaping).
 "$bin" plan --model "$preset" --gpus 8 --nodes 2 --gpu "$gpu" --interconnect "$node_link" --inter-node-link "$link" \
     --quant fp16 --batch "$requests" --prompt "$prompt" --json > "$d/plan.json" || { echo "lattice plan failed"; exit 1; }
+"$bin" plan --model "$preset" --gpus 8 --gpu "$gpu" --interconnect "$node_link" --quant fp16 --batch "$requests" \
+    --prompt "$prompt" --json > "$d/plan1.json" || { echo "lattice plan (one node) failed"; exit 1; }
 bw=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["inter_node_link_spec"]["bw_gbs"])' "$d/plan.json")
 if [ "$shape" = 1 ]; then
     mbit=$(python3 -c "print(int($bw * 8000))")
@@ -133,7 +142,8 @@ python3 - "$d" "$out/results.jsonl" "$link" "$bw" "$shape" "$(cat "$d/link.txt")
 import json, os, platform, sys, time
 d, res, link, bw, shaped, meas_bw, rtt, req, prompt, new, layouts, preset, gpu, node_link = sys.argv[1:15]
 req, prompt, new = int(req), int(prompt), int(new)
-plan = {(x["tp"], x["pp"]): x for x in json.load(open(os.path.join(d, "plan.json")))["layouts"]}
+plans = {n: {(x["tp"], x["pp"]): x for x in json.load(open(os.path.join(d, f)))["layouts"]}
+         for n, f in ((2, "plan.json"), (1, "plan1.json"))}
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
 rows, got = [], {}
 for l in layouts.split():
@@ -142,7 +152,8 @@ for l in layouts.split():
     if not os.path.exists(path):
         rows.append(f"| {tp}x{pp} | {link} | failed |")
         continue
-    st, p = json.load(open(path)), plan[(tp, pp)]
+    one = l.endswith("@1")  # one host: beside the planner's one-node figure
+    st, p = json.load(open(path)), plans[1 if one else 2][(tp, pp)]
     pf, dec = req * prompt / p["prefill_tokens_per_s"], req * new / p["decode_tokens_per_s"]
     pred = st["generated_tokens"] / (pf + dec)
     run = st["run_seconds"]
@@ -152,7 +163,7 @@ for l in layouts.split():
          "predicted_run_seconds": pf + dec, "run_seconds": run,
          "plan_wait_share": st["plan_wait_seconds"] / run, "sim_overrun_share": st["sim_overrun_seconds"] / run,
          "load": float(open(os.path.join(d, f"load-{l}")).read())}
-    r["hosts"] = 1 if l.endswith("@1") else 2
+    r["hosts"] = 1 if one else 2
     got[l] = r
     rows.append(f"| {tp}x{pp}{' on 1 host' if l.endswith('@1') else ''} | {link if r['hosts'] == 2 else '-'} | {r['tokens_per_s']:.0f} | {pred:.0f} | **{r['ratio']:.2f}** | "
                 f"{r['decode_tokens_per_s']:.0f} | {p['decode_tokens_per_s']:.0f} | {r['ttft_p50_s']:.2f} | "
