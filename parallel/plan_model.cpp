@@ -401,10 +401,9 @@ MemoryEstimate estimate_memory(const PlanRequest& r, int tp, int pp) {
     return best;
 }
 
-LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
-    LayoutPrediction out;
-    out.tp = tp;
-    out.pp = pp;
+namespace {
+// Whether the model and the nodes allow tp x pp (out.feasible, out.why_not; out.tp_crosses_nodes).
+void check_feasible(const PlanRequest& r, int tp, int pp, LayoutPrediction& out) {
     try {
         check_model_layout(r.model, tp, pp);
         Placement place;
@@ -421,8 +420,16 @@ LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
     } catch (const Error& e) {
         out.feasible = false;
         out.why_not = e.message();
-        return out;
     }
+}
+}  // namespace
+
+LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
+    LayoutPrediction out;
+    out.tp = tp;
+    out.pp = pp;
+    check_feasible(r, tp, pp, out);
+    if (!out.feasible) return out;
     out.memory = estimate_memory(r, tp, pp);
     const int ranks_per_node = tp * pp / r.nodes;
     // CPU ranks of a node share its memory; a GPU has its own.
