@@ -11,8 +11,8 @@
 #   without it), HOST=0.0.0.0: /health answers from outside the hosts (the test's namespace), a
 #   completion of 8 tokens at temperature 0 comes back, scancel (TERM -> drain) ends the job and no
 #   process is left on either host.
-#   test_hosts_slurm.sh requeue: launch/slurm/batch.sbatch across the 2 nodes (TP=1 PP=2, one stage per
-#   node, the default SmolLM2 model; SKIP without it) stopped by Slurm's TERM mid-run: lattice drains,
+#   test_hosts_slurm.sh requeue: launch/slurm/batch.sbatch across the 2 nodes (TP=1 PP=auto: one stage per
+#   node of the allocation, the default SmolLM2 model; SKIP without it) stopped by Slurm's TERM mid-run: lattice drains,
 #   exits 75, the script requeues the job, and the restart completes it: COMPLETED, >= 1 restart, every
 #   id in the output once.
 # SKIP (77) without Slurm's tools or namespaces; the srun jobs are skipped (said so) without PMIx.
@@ -125,7 +125,7 @@ if [ "$mode" = requeue ]; then
 for i in range(int(sys.argv[1])):
     print(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
                       "body": {"prompt": f"Once upon a time {i}", "max_tokens": 48, "temperature": 0}}))' $nreq > "$in"
-    id=$(cd "$src" && MODEL="$long_model" INPUT="$in" OUTPUT="$out" TP=1 PP=2 CPU_RANKS=1 LATTICE="$bin" \
+    id=$(cd "$src" && MODEL="$long_model" INPUT="$in" OUTPUT="$out" TP=1 PP=auto CPU_RANKS=1 LATTICE="$bin" \
          DRAIN_SECONDS=1 COMM_TIMEOUT=30 EXTRA_ARGS="--threads 1 --progress none --max-seqs 2" \
          sbatch --parsable --job-name=lattice-requeue --output="$tmp/requeue.out" --error="$tmp/requeue.err" \
                 --nodes=2 --ntasks-per-node=1 --gpus-per-node=0 --cpus-per-task=1 --time=3 launch/slurm/batch.sbatch 2>&1)
@@ -144,6 +144,8 @@ for i in range(int(sys.argv[1])):
     [ "$st" = COMPLETED ] && [ "${restarts:-0}" -ge 1 ] || fail "requeue: want COMPLETED after >= 1 restart"
     [ "$(grep -c "2 CPU ranks, 1 per node on 2 node(s)" "$tmp/requeue.err")" -ge 2 ] ||
         fail "requeue: both runs were not one rank per node on 2 nodes"
+    [ "$(grep -c "TP=1 PP=2 on 2 node(s) a,b" "$tmp/requeue.out")" -ge 2 ] ||
+        fail "requeue: PP=auto did not make one stage per node of the allocation"
     python3 - "$out" $nreq <<'PY' || fail "requeue: records"
 import json, sys
 ids = [json.loads(l)["custom_id"] for l in open(sys.argv[1])]
