@@ -92,8 +92,8 @@ PlanRequest plan_request(const PlanArgs& args) {
     PlanRequest r;
     r.model = load_dims(args.model);
     r.device = find_device(args.gpu);
-    r.link = find_link(args.link.empty() ? r.device.link : args.link);
-    r.inter_node = find_link(args.inter_node);
+    r.link = parse_link(args.link.empty() ? r.device.link : args.link);
+    r.inter_node = parse_link(args.inter_node);
     if (!args.calibration.empty()) apply_calibration(args.calibration, r.device, r.link);
     if (args.price >= 0) r.device.price_per_hour = args.price;
     r.devices = args.gpus;
@@ -147,6 +147,8 @@ void print_plan_json(const PlanRequest& r, const std::vector<LayoutPrediction>& 
                           {"compute_eff", r.device.compute_eff},
                           {"source", r.device.source}}},
                         {"link_spec", {{"alpha_us", r.link.alpha_us}, {"bw_gbs", r.link.bw_gbs}}},
+                        {"inter_node_link", r.inter_node.name},
+                        {"inter_node_link_spec", {{"alpha_us", r.inter_node.alpha_us}, {"bw_gbs", r.inter_node.bw_gbs}}},
                         {"layouts", nlohmann::json::array()}};
     for (const auto& p : plans) {
         nlohmann::json l = {{"tp", p.tp}, {"pp", p.pp}, {"feasible", p.feasible}};
@@ -154,6 +156,7 @@ void print_plan_json(const PlanRequest& r, const std::vector<LayoutPrediction>& 
             l["why_not"] = p.why_not;
         } else {
             l["fits"] = p.fits;
+            l["tp_crosses_nodes"] = p.tp_crosses_nodes;
             l["memory_gib"] = {{"weights", to_gib(p.memory.weights)},   {"kv_cache", to_gib(p.memory.kv)},
                                {"activations", to_gib(p.memory.activations)}, {"reserved", to_gib(p.memory.reserved)},
                                {"total", to_gib(p.memory.total())},       {"heaviest_stage", p.memory.heaviest_stage}};
@@ -184,18 +187,24 @@ int print_plan_table(const PlanRequest& r, const std::vector<LayoutPrediction>& 
     print_stdout("{:>3} {:>3} | {:>8} {:>8} {:>6} {:>8} {:>4} | {:>9} {:>9} {:>10} {:>9} {:>5} {:>7}{}\n", "tp", "pp",
                  "weights", "kv", "act", "total", "fits", "decode/s", "ms/token", "prefill/s", "TTFT ms", "comm",
                  "bound", r.device.price_per_hour > 0 ? "  $/Mtok" : "");
+    bool crossing = false;
     for (const auto& p : plans) {
         if (!p.feasible) {
             print_stdout("{:>3} {:>3} | not possible: {}\n", p.tp, p.pp, p.why_not);
             continue;
         }
         print_stdout("{:>3} {:>3} | {:>7.2f}G {:>7.2f}G {:>5.2f}G {:>7.2f}G {:>4} | {:>9.1f} {:>9.2f} {:>10.0f} {:>9.0f} "
-                     "{:>4.0f}% {:>7}{}\n",
+                     "{:>4.0f}% {:>7}{}{}\n",
                      p.tp, p.pp, to_gib(p.memory.weights), to_gib(p.memory.kv), to_gib(p.memory.activations),
                      to_gib(p.memory.total()), p.fits ? "yes" : "NO", p.decode_tokens_per_s, p.decode_token_latency_ms,
                      p.prefill_tokens_per_s, p.ttft_ms, 100.0 * p.comm_share, p.bound,
-                     cost(p) > 0 ? fmt::format("  {:>6.2f}", cost(p)) : "");
+                     cost(p) > 0 ? fmt::format("  {:>6.2f}", cost(p)) : "", p.tp_crosses_nodes ? "  *" : "");
+        crossing |= p.tp_crosses_nodes;
     }
+    if (crossing)
+        print_stdout("*: the TP group spans nodes, its all-reduces cross {} (lattice-mpirun refuses such a layout; "
+                     "plain mpirun runs it)\n",
+                     r.inter_node.name);
     print_stdout("memory per {} (GiB): weights + KV cache for batch x context + activations of {} tokens + {:.1f} "
                  "reserved; fits: <= {:.1f} GiB{}\n",
                  r.device.cpu ? "rank" : "GPU", r.max_batch_tokens, r.device.reserved_gib, r.device.mem_gib,
@@ -215,6 +224,10 @@ int print_plan_table(const PlanRequest& r, const std::vector<LayoutPrediction>& 
                  r.device.name, r.device.bw_gbs, r.device.bw_eff, int8_rate ? "int8" : "fp",
                  int8_rate ? r.device.int8_tops : r.device.fp16_tflops, int8_rate ? "OP" : "FLOP", r.device.compute_eff,
                  r.link.name, r.link.alpha_us, r.link.bw_gbs);
+    if (r.nodes > 1)
+        print_stdout("between nodes: {} alpha {:.1f} us, {:.3g} GB/s (pipeline hops that cross nodes, TP groups that "
+                     "span them)\n",
+                     r.inter_node.name, r.inter_node.alpha_us, r.inter_node.bw_gbs);
     return 0;
 }
 
@@ -245,8 +258,12 @@ void add_plan_command(CLI::App& app, CommandRun& run) {
     cmd->add_option("--gpu", args->gpu, "Device: " + devs + " (cpu: one rank per core)")->capture_default_str();
     std::string links;
     for (const auto& l : link_table()) links += (links.empty() ? "" : " | ") + l.name;
-    cmd->add_option("--interconnect", args->link, "Link within a node: " + links + " (default: the device's)");
-    cmd->add_option("--inter-node", args->inter_node, "Link between nodes")->capture_default_str();
+    cmd->add_option("--interconnect", args->link,
+                    "Link within a node: " + links + " or GB/s,latency-us (default: the device's)");
+    cmd->add_option("--inter-node-link,--inter-node", args->inter_node,
+                    "Link between nodes: a link name above (ib-hdr100: 100 Gb/s, 5 us; eth25: 25 Gb/s, 10 us) or "
+                    "GB/s,latency-us (e.g. 12.5,5)")
+        ->capture_default_str();
     cmd->add_option("--quant", args->quant, "w8a8 | w8a16 | w4a8 (gpus: as w4a16) | w4a16 | fp16 | bf16 | f32 | none")
         ->capture_default_str();
     cmd->add_flag("--quant-head", args->quant_head, "The LM head in int8 too");
@@ -277,7 +294,8 @@ void add_plan_command(CLI::App& app, CommandRun& run) {
   lattice plan --model llama-2-70b --gpus 8 --gpu a100-pcie-40gb --quant fp16 --batch 8
   lattice plan --model llama-2-13b --gpus 2 --gpu a10 --price 1.0           # 2 x A10 ...
   lattice plan --model llama-2-13b --gpus 1 --gpu a100-pcie-40gb --price 3.0  # ... or 1 x A100?
-  lattice plan --model tinyllama-1.1b --gpus 2 --gpu cpu --json)");
+  lattice plan --model tinyllama-1.1b --gpus 2 --gpu cpu --json
+  lattice plan --model llama-2-70b --gpus 8 --nodes 2 --inter-node-link ib-hdr100 --quant fp16 --batch 64)");
     cmd->callback([&run, args] { run = [args] { return run_plan(*args); }; });
 }
 

@@ -26,6 +26,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
+
+#include <fmt/format.h>
 
 #include "base/error.h"
 
@@ -96,6 +99,8 @@ const std::vector<LinkSpec>& link_table() {
         {"nvlink3", 2.0, 230, "NVLink 3: 300 GB/s/dir (A100 SXM); NCCL ~230 GB/s bus bandwidth"},
         {"nvlink4", 2.0, 360, "NVLink 4: 450 GB/s/dir (H100/H200 SXM); NCCL ~360 GB/s bus bandwidth"},
         {"ib-hdr", 5.0, 23, "InfiniBand HDR 200 Gb/s = 25 GB/s per port"},
+        {"ib-hdr100", 5.0, 11.5, "InfiniBand HDR100 100 Gb/s = 12.5 GB/s per port; ~11.5 GB/s achieved bus bandwidth"},
+        {"eth25", 10.0, 2.9, "25 Gb/s Ethernet = 3.1 GB/s; TCP ~2.9 GB/s, ~10 us a small message"},
         {"shm", 0.6, 1.7, "OpenMPI shared memory between CPU ranks of one node (measured, 2-core EPYC VM)"},
     };
     return t;
@@ -114,6 +119,27 @@ const T& find_named(const std::vector<T>& table, const std::string& name, const 
 
 const DeviceSpec& find_device(const std::string& name) { return find_named(device_table(), name, "device"); }
 const LinkSpec& find_link(const std::string& name) { return find_named(link_table(), name, "interconnect"); }
+
+LinkSpec parse_link(const std::string& spec) {
+    for (const LinkSpec& l : link_table())
+        if (l.name == spec) return l;
+    const size_t comma = spec.find(',');
+    if (comma == std::string::npos) return find_link(spec);  // the error lists the names
+    double bw = 0, alpha = -1;
+    try {
+        size_t a = 0, b = 0;
+        bw = std::stod(spec.substr(0, comma), &a);
+        alpha = std::stod(spec.substr(comma + 1), &b);
+        if (a != comma || b != spec.size() - comma - 1) bw = 0;
+    } catch (const std::exception&) {
+        bw = 0;
+    }
+    LATTICE_CHECK(std::isfinite(bw) && bw > 0 && std::isfinite(alpha) && alpha >= 0,
+                  "link \"{}\": a name or GB/s,latency-us (e.g. 12.5,5), bandwidth > 0 and latency >= 0", spec);
+    return LinkSpec{fmt::format("{:g}GB/s,{:g}us", bw, alpha), alpha, bw, "given as GB/s,latency-us"};
+}
+
+bool tp_crosses_nodes(const PlanRequest& r, int tp) { return r.nodes > 1 && tp > r.devices / r.nodes; }
 
 PlanQuant parse_plan_quant(const std::string& s) {
     if (s == "w8a8") return PlanQuant::kW8A8;
@@ -320,9 +346,11 @@ StageTime stage_time(const PlanRequest& r, const StageShape& st, int tp, double 
     const double attn_s = std::max(kv_read / rate.bw, attn_flops / rate.attn);
     StageTime t;
     t.compute_bound = comp_s + attn_flops / rate.attn > mem_s + kv_read / rate.bw;
-    t.comm = double(st.layers) * 2.0 * allreduce_s(r.link, tp, tokens * double(m.hidden) * act_bytes(r));
+    // A TP group that spans nodes all-reduces over a ring whose slowest hops are the inter-node link.
+    const LinkSpec& tp_link = tp_crosses_nodes(r, tp) ? r.inter_node : r.link;
+    t.comm = double(st.layers) * 2.0 * allreduce_s(tp_link, tp, tokens * double(m.hidden) * act_bytes(r));
     if (st.head_params > 0 && tp > 1)  // the gathered logits of the sampled rows
-        t.comm += allreduce_s(r.link, tp, tokens * double(s.vocab_per_rank) * 4.0 * double(tp) / 2.0);
+        t.comm += allreduce_s(tp_link, tp, tokens * double(s.vocab_per_rank) * 4.0 * double(tp) / 2.0);
     t.total = std::max(mem_s, comp_s) + (1.0 - r.device.overlap) * std::min(mem_s, comp_s) + attn_s + t.comm +
               double(st.layers) * r.device.layer_overhead_us * 1e-6;
     return t;
@@ -373,10 +401,9 @@ MemoryEstimate estimate_memory(const PlanRequest& r, int tp, int pp) {
     return best;
 }
 
-LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
-    LayoutPrediction out;
-    out.tp = tp;
-    out.pp = pp;
+namespace {
+// Whether the model and the nodes allow tp x pp (out.feasible, out.why_not; out.tp_crosses_nodes).
+void check_feasible(const PlanRequest& r, int tp, int pp, LayoutPrediction& out) {
     try {
         check_model_layout(r.model, tp, pp);
         Placement place;
@@ -387,12 +414,22 @@ LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
         } else {
             place.gpus_per_node = (tp * pp + r.nodes - 1) / std::max(r.nodes, 1);
         }
-        check_placement(tp, pp, place);
+        // A TP group over whole nodes is what lattice-mpirun refuses but mpirun runs: predicted, flagged.
+        out.tp_crosses_nodes = tp_crosses_nodes(r, tp) && (tp * pp) % r.nodes == 0 && tp % (tp * pp / r.nodes) == 0;
+        if (!out.tp_crosses_nodes) check_placement(tp, pp, place);
     } catch (const Error& e) {
         out.feasible = false;
         out.why_not = e.message();
-        return out;
     }
+}
+}  // namespace
+
+LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
+    LayoutPrediction out;
+    out.tp = tp;
+    out.pp = pp;
+    check_feasible(r, tp, pp, out);
+    if (!out.feasible) return out;
     out.memory = estimate_memory(r, tp, pp);
     const int ranks_per_node = tp * pp / r.nodes;
     // CPU ranks of a node share its memory; a GPU has its own.
@@ -400,13 +437,18 @@ LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
                r.device.mem_gib * double(int64_t(1) << 30);
     const auto stages = stage_shapes(r.model, tp, pp);
     // Hand-offs between stages: over the node link while the stages share a node, else the network.
+    // Every rank of a stage sends its copy of the rows to its peer of the next stage (a blocking send
+    // after its step), so a hop that crosses nodes moves tp copies through the node's link and belongs to
+    // the sending stage's step (cross_s); hops inside a node overlap the next step (handoff_s).
     const int stages_per_node = std::max(1, ranks_per_node / tp);
+    auto crosses = [&](int p) { return r.nodes > 1 && p + 1 < pp && (p + 1) % stages_per_node == 0; };
+    auto cross_s = [&](int p, double tokens) {
+        return crosses(p) ? send_s(r.inter_node, double(tp) * tokens * double(r.model.hidden) * act_bytes(r)) : 0.0;
+    };
     auto handoff_s = [&](double tokens) {
         double t = 0;
-        for (int p = 0; p + 1 < pp; ++p) {
-            const bool crosses = (p + 1) % stages_per_node == 0;
-            t += send_s(crosses ? r.inter_node : r.link, tokens * double(r.model.hidden) * act_bytes(r));
-        }
+        for (int p = 0; p + 1 < pp; ++p)
+            if (!crosses(p)) t += send_s(r.link, tokens * double(r.model.hidden) * act_bytes(r));
         if (pp > 1) t += send_s(r.nodes > 1 ? r.inter_node : r.link, 8.0);  // the sampled tokens back to the leader
         return t;
     };
@@ -420,10 +462,12 @@ LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
     const int active = std::min(ranks_per_node, tp * int(std::min<int64_t>(m, pp)));
     double sum = 0, slowest = 0, comm = 0;
     bool compute_bound = false;
-    for (const StageShape& st : stages) {
-        const StageTime t = stage_time(r, st, tp, micro, double(r.prompt), rank_rates(active));
+    for (int p = 0; p < pp; ++p) {
+        StageTime t = stage_time(r, stages[size_t(p)], tp, micro, double(r.prompt), rank_rates(active));
+        const double hop = cross_s(p, micro);
+        t.total += hop;
         sum += t.total;
-        comm += t.comm;
+        comm += t.comm + hop;
         if (t.total > slowest) slowest = t.total, compute_bound = t.compute_bound;
     }
     const double hand = handoff_s(micro);
@@ -446,10 +490,12 @@ LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp) {
         const int alone = std::min(ranks_per_node, tp);
         const int together = std::min(ranks_per_node, tp * int(std::min<double>(chunks, pp)));
         double s = 0, worst = 0;
-        for (const StageShape& st : stages) {
+        for (int p = 0; p < pp; ++p) {
+            const StageShape& st = stages[size_t(p)];
             // each chunk attends to half the prompt on average
-            s += stage_time(r, st, tp, chunk, double(r.prompt) / 2.0, rank_rates(alone)).total;
-            worst = std::max(worst, stage_time(r, st, tp, chunk, double(r.prompt) / 2.0, rank_rates(together)).total);
+            s += stage_time(r, st, tp, chunk, double(r.prompt) / 2.0, rank_rates(alone)).total + cross_s(p, chunk);
+            worst = std::max(worst, stage_time(r, st, tp, chunk, double(r.prompt) / 2.0, rank_rates(together)).total +
+                                        cross_s(p, chunk));
         }
         return s + (chunks - 1.0) * worst + handoff_s(chunk) + chunks * plan_s;
     };
@@ -466,9 +512,13 @@ std::vector<LayoutPrediction> plan_layouts(const PlanRequest& r) {
     for (int tp = 1; tp <= r.devices; ++tp)
         if (r.devices % tp == 0) v.push_back(predict_layout(r, tp, r.devices / tp));
     std::stable_sort(v.begin(), v.end(), [](const LayoutPrediction& a, const LayoutPrediction& b) {
-        const int ka = a.feasible && a.fits ? 0 : a.feasible ? 1 : 2, kb = b.feasible && b.fits ? 0 : b.feasible ? 1 : 2;
+        // fitting layouts first, those with a TP group across nodes after the others
+        auto key = [](const LayoutPrediction& p) {
+            return !p.feasible ? 3 : !p.fits ? 2 : p.tp_crosses_nodes ? 1 : 0;
+        };
+        const int ka = key(a), kb = key(b);
         if (ka != kb) return ka < kb;
-        if (ka == 2) return false;
+        if (ka == 3) return false;
         if (a.decode_tokens_per_s != b.decode_tokens_per_s) return a.decode_tokens_per_s > b.decode_tokens_per_s;
         return a.pp < b.pp;
     });

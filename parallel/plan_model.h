@@ -17,8 +17,11 @@
 // ops of the k experts each token runs; experts split over TP like a dense FFN, no expert
 // parallelism) (plus (1 - overlap) x the smaller of the two where the device does not overlap
 // them) + attention's, max(KV bytes / bandwidth, attention FLOPs / attention's achieved rate) + 2
-// all-reduces per layer (ring alpha-beta: 2(n-1) alpha + 2(n-1)/n bytes / bw) + a fixed per-layer
-// overhead; stages hand off one activation per micro-batch (alpha + bytes / bw).
+// all-reduces per layer (ring alpha-beta: 2(n-1) alpha + 2(n-1)/n bytes / bw; over the inter-node link
+// when the TP group spans nodes) + a fixed per-layer overhead; stages hand off one activation per
+// micro-batch (alpha + bytes / bw); a hop that crosses nodes carries tp copies (each rank sends its rows
+// to its peer of the next stage) over the inter-node link and counts in the sending stage's step (a
+// blocking send), one inside a node overlaps the next step.
 // With pp > 1 the engine keeps min(batch, pp) micro-batches in flight: a decode round takes
 // max(m x slowest stage, sum of stages + hand-offs), and yields one token per sequence.
 #pragma once
@@ -76,6 +79,8 @@ const std::vector<LinkSpec>& link_table();
 // Throws Error listing the known names.
 const DeviceSpec& find_device(const std::string& name);
 const LinkSpec& find_link(const std::string& name);
+// A table name, or "GB/s,latency-us" (e.g. "12.5,5": 12.5 GB/s, 5 us a hop). Error naming the forms.
+LinkSpec parse_link(const std::string& spec);
 
 // kW4A8 / kW4A16: 4-bit weights, counted as lattice's affine groups of 32 (5 bits a weight: nibbles, an f16 scale
 // and minimum per 32; AWQ / GPTQ's groups of 128 are a little smaller) with an 8-bit LM head, on CPUs and GPUs alike
@@ -97,7 +102,7 @@ struct PlanRequest {
     ModelDims model;              // hidden and head_dim must be set
     DeviceSpec device;            // a table entry, possibly calibrated
     LinkSpec link;                // between the devices of a node
-    LinkSpec inter_node;          // between nodes (pipeline hand-offs that cross them)
+    LinkSpec inter_node;          // between nodes (pipeline hand-offs that cross them, a TP group spanning them)
     int devices = 1;              // ranks in all
     int nodes = 1;
     PlanQuant quant = PlanQuant::kW8A8;
@@ -122,6 +127,7 @@ struct MemoryEstimate {
 struct LayoutPrediction {
     int tp = 1, pp = 1;
     bool feasible = true;  // the model allows this tp x pp on these nodes
+    bool tp_crosses_nodes = false;  // feasible only by a TP group spanning nodes (lattice-mpirun refuses it)
     std::string why_not;   // when not
     MemoryEstimate memory;
     bool fits = false;
@@ -150,8 +156,11 @@ MemoryEstimate estimate_memory(const PlanRequest& r, int tp, int pp);
 double predict_stage_seconds(const PlanRequest& r, int tp, int pp, int stage, double tokens, double positions,
                              double sampled);
 LayoutPrediction predict_layout(const PlanRequest& r, int tp, int pp);
+// Whether a TP group of tp ranks spans nodes (r.devices ranks evenly on r.nodes nodes).
+bool tp_crosses_nodes(const PlanRequest& r, int tp);
 // Every (tp, pp) with tp * pp == devices, feasible or not (why_not says), best first: fitting
-// layouts by decode tokens/s (ties: fewer pipeline stages), then the rest.
+// layouts by decode tokens/s (ties: fewer pipeline stages), those with TP across nodes after them,
+// then the rest.
 std::vector<LayoutPrediction> plan_layouts(const PlanRequest& r);
 
 }  // namespace lattice

@@ -2,7 +2,8 @@
 """Keeps the behaviour -> test maps of docs/ honest. A map is any markdown table of a page under docs/
 whose header row's second column is "CTest test" (docs/testing.md, "Where each behaviour is tested").
 In every row of a map, each CTest name of the second column (separated by ";" or ",") must be a
-registered test (an add_test NAME, or a lattice_test / foreach-built name found in a tests/
+registered test (an add_test NAME, a lattice_test, a call of a CMake function that registers its first
+argument such as hosts_test(), or a name a foreach builds from its items, found in a tests/
 CMakeLists.txt), and each "quoted" piece of the third column must occur in some file under tests/ (a
 Case name, a check message, a TEST_CASE title, with the "..." shorthand for a cut: each side of it must
 occur). Rows whose second column is "lead" are skipped.
@@ -26,8 +27,39 @@ def read_tests(root):
     return "\n".join(corpus), "\n".join(cmake)
 
 
+def wrappers(cmake):
+    """Names of the CMake functions that register a test named by their first parameter
+    (`function(hosts_test name ...)` whose body has `NAME ${name}`)."""
+    out = []
+    for m in re.finditer(r"function\((\w+)\s+(\w+)[^)]*\)(.*?)endfunction", cmake, re.S):
+        if re.search(r"NAME\s+\$\{" + re.escape(m.group(2)) + r"\}[\s)]", m.group(3)):
+            out.append(m.group(1))
+    return out
+
+
+def registered_names(cmake):
+    """Every test name the CMake text builds: NAME x, set(_name x) and calls of a wrapper (wrappers()),
+    literal or inside a foreach over a list of items, each ${...} of the name then replaced by every item
+    (and the item with - as _, the string(REPLACE "-" "_") idiom)."""
+    calls = "|".join(re.escape(w) + r"\(\s*" for w in wrappers(cmake))
+    pattern = r"(?:NAME\s+|set\(_name\s+" + ("|" + calls if calls else "") + r")([\w${}-]+)[\s)]"
+    loops = [(m.start(), m.end(), m.group(2).split()) for m in re.finditer(r"foreach\((\w+)\s+([^)]*)\)", cmake)
+             if "IN" not in m.group(2).split()]
+    names = set()
+    for m in re.finditer(pattern, cmake):
+        name = m.group(1)
+        if "${" not in name:
+            names.add(name)
+            continue
+        before = [lp for lp in loops if lp[1] <= m.start() and "endforeach" not in cmake[lp[1]:m.start()]]
+        for item in before[-1][2] if before else []:
+            for v in {item, item.replace("-", "_")}:
+                names.add(re.sub(r"\$\{\w+\}", v, name))
+    return names
+
+
 def registered(name, cmake):
-    if re.search(r"(NAME|set\(_name)\s+" + re.escape(name) + r"[\s)]", cmake):
+    if name in registered_names(cmake):
         return True
     # foreach-built names: launch_batch_${_part} with kill / drain / format in the loop or beside it
     m = re.match(r"(.*?_)([a-z0-9]+)$", name)
@@ -119,6 +151,21 @@ def self_test():
             failures.append("an unregistered test was not reported")
         if not any("a quote found nowhere" in p for p in problems):
             failures.append("a quote found nowhere was not reported")
+        # a wrapper function's calls and a foreach's names (a hyphenated item as the loop's _ name)
+        write(root, "tests/sub/CMakeLists.txt",
+              "function(my_test name script)\n    add_test(NAME ${name} COMMAND bash ${script})\nendfunction()\n"
+              "my_test(test_gamma g.sh)\nforeach(_mode one two-three)\n    string(REPLACE \"-\" \"_\" _n ${_mode})\n"
+              "    my_test(test_delta_${_n} d.sh ${_mode})\nendforeach()\nmy_test(test_late_${_n} x.sh)\n")
+        write(root, "docs/sub/more.md", "| item | CTest test | where |\n|---|---|---|\n"
+                                         "| c | test_gamma, test_delta_one; test_delta_two_three | \"alpha holds\" |\n")
+        problems, _ = check(root)
+        if problems:
+            failures.append(f"a wrapper's call or a foreach-built name not recognised: {problems}")
+        write(root, "docs/sub/more.md", "| item | CTest test | where |\n|---|---|---|\n"
+                                         "| c | test_delta_four; test_late_one | \"alpha holds\" |\n")
+        problems, _ = check(root)
+        if len(problems) != 2:  # four is not an item; _n outside the loop names nothing
+            failures.append(f"names outside a foreach's items were taken: {problems}")
     for f in failures:
         print("SELF-TEST FAILED:", f)
     print("check_test_map self-test:", "failed" if failures else "ok")

@@ -10,6 +10,10 @@
 #    and bind mount with them: nothing to clean up by hand, and two runs side by side never share a
 #    name (their namespaces are distinct). Where the machine refuses namespaces it exits 77 (SKIP) with
 #    the reason.
+#  - hosts_test_init "$0" "$@" (a test's first line after sourcing this file): hosts_enter, then what every
+#    test uses: src (the checkout), shared (../shared), bin (the lattice executable, $LATTICE_BIN), W
+#    (launch/lattice-mpirun), smol (the default SmolLM2 model; need_smol SKIPs without it), fails and
+#    fail MESSAGE (prints FAIL: and counts).
 #  - hosts_make a b [c d]: each host is a holder process (`sleep`) in its own network namespace and UTS
 #    namespace with its own hostname, loopback up, and eth0 (a veth pair) plugged into a bridge `sw`
 #    in the test's namespace (the "switch"), address 10.77.0.<i+1>/24. /etc/hosts is bind-mounted
@@ -42,6 +46,20 @@ hosts_enter() {
     HOSTS_INSIDE=1 exec unshare --pid --fork --kill-child --mount --propagation private --mount-proc --net \
         -- bash "$@"
 }
+
+hosts_test_init() {
+    hosts_enter "$@"
+    src=${LATTICE_SOURCE_DIR:-$(cd "$hosts_here/../.." && pwd)}
+    shared=${LATTICE_SHARED_DIR:-$src/../shared}
+    bin=${LATTICE_BIN:?set LATTICE_BIN to the lattice executable}
+    W="$src/launch/lattice-mpirun"
+    smol=${LATTICE_KILL_TEST_MODEL:-$src/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+    fails=0
+}
+
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+need_smol() { [ -e "$smol" ] || hosts_skip "$smol missing (scripts/setup.sh fetches it)"; }
 
 hosts_make() {
     HOSTS_DIR=$(mktemp -d /tmp/lattice-hosts.XXXXXX)

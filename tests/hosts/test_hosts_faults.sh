@@ -20,15 +20,11 @@
 # Each prints "fault MODE: exit RC after S s; all processes gone after S2 s; line: ..." (the measured
 # times of docs/multi-host.md). Waits are bounded polls on conditions.
 set -uo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-source "$here/hosts_lib.sh"
-hosts_enter "$0" "$@"
-src=${LATTICE_SOURCE_DIR:-$(cd "$here/../.." && pwd)}
-bin=${LATTICE_BIN:?set LATTICE_BIN to the lattice executable}
-W="$src/launch/lattice-mpirun"
-model=${LATTICE_KILL_TEST_MODEL:-$src/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+source "$(dirname "$0")/hosts_lib.sh"
+hosts_test_init "$0" "$@"
 mode=${1:?mode: kill, link, link-nokeepalive, daemon or start}
-[ -e "$model" ] || hosts_skip "$model missing (scripts/setup.sh fetches it)"
+need_smol
+model=$smol
 T=8      # --comm-timeout
 G=10     # lattice-mpirun --abort-grace
 SELF=10  # a rank's self-exit after a failed MPI_Abort (kAbortSelfExitAfterS)

@@ -11,17 +11,10 @@
 #     its golden tokens; tp 2 x pp 2 over 4 hosts of 1 slot is refused with one line (a TP group must
 #     stay inside a node) before anything starts.
 set -uo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-source "$here/hosts_lib.sh"
-hosts_enter "$0" "$@"
-src=${LATTICE_SOURCE_DIR:-$(cd "$here/../.." && pwd)}
-shared=${LATTICE_SHARED_DIR:-$src/../shared}
-bin=${LATTICE_BIN:?set LATTICE_BIN to the lattice executable}
-W="$src/launch/lattice-mpirun"
+source "$(dirname "$0")/hosts_lib.sh"
+hosts_test_init "$0" "$@"
 mode=${1:-2}
 n=16
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
 golden() {  # golden MODEL CASE prompt|greedy
     python3 - "$1/expected.json" "$2" "$3" "$n" <<'PY'

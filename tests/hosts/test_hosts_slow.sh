@@ -5,17 +5,11 @@
 # --comm-timeout 20. Checks: the shaped run exits 0 with the same text as an unshaped run on the same
 # hosts, and its decode is slower (the stats line's tok/s), i.e. the shaping did bite.
 set -uo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-source "$here/hosts_lib.sh"
-hosts_enter "$0" "$@"
-src=${LATTICE_SOURCE_DIR:-$(cd "$here/../.." && pwd)}
-bin=${LATTICE_BIN:?set LATTICE_BIN to the lattice executable}
-W="$src/launch/lattice-mpirun"
-model=${LATTICE_KILL_TEST_MODEL:-$src/models/SmolLM2-135M-Instruct.Q4_1.gguf}
-[ -e "$model" ] || hosts_skip "$model missing (scripts/setup.sh fetches it)"
+source "$(dirname "$0")/hosts_lib.sh"
+hosts_test_init "$0" "$@"
+need_smol
+model=$smol
 command -v tc > /dev/null || hosts_skip "tc not found"
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 hosts_make a b || { echo "FAIL: cannot make the hosts"; exit 1; }
 
 run() {  # run NAME [shape]: generation on a:1,b:1; with "shape", b's port is rate-limited once text streams

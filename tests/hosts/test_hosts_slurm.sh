@@ -11,27 +11,22 @@
 #   without it), HOST=0.0.0.0: /health answers from outside the hosts (the test's namespace), a
 #   completion of 8 tokens at temperature 0 comes back, scancel (TERM -> drain) ends the job and no
 #   process is left on either host.
-#   test_hosts_slurm.sh requeue: launch/slurm/batch.sbatch across the 2 nodes (TP=1 PP=2, one stage per
-#   node, the default SmolLM2 model; SKIP without it) stopped by Slurm's TERM mid-run: lattice drains,
+#   test_hosts_slurm.sh requeue: launch/slurm/batch.sbatch across the 2 nodes (TP=1 PP=auto: one stage per
+#   node of the allocation, the default SmolLM2 model; SKIP without it) stopped by Slurm's TERM mid-run: lattice drains,
 #   exits 75, the script requeues the job, and the restart completes it: COMPLETED, >= 1 restart, every
 #   id in the output once.
 # SKIP (77) without Slurm's tools or namespaces; the srun jobs are skipped (said so) without PMIx.
 # Everything dies with the test (PID namespace); the Slurm folder under /var/tmp is removed on exit.
 set -uo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-source "$here/hosts_lib.sh"
+source "$(dirname "$0")/hosts_lib.sh"
 for tool in slurmctld slurmd sbatch scontrol sinfo srun; do
     command -v "$tool" > /dev/null || hosts_skip "$tool not installed (scripts/setup.sh installs Slurm)"
 done
-hosts_enter "$0" "$@"
+hosts_test_init "$0" "$@"
+source "$src/tests/launch/slurm_conf.sh"
 mode=${1:-run}
-src=${LATTICE_SOURCE_DIR:-$(cd "$here/../.." && pwd)}
-shared=${LATTICE_SHARED_DIR:-$src/../shared}
-bin=${LATTICE_BIN:?set LATTICE_BIN to the lattice executable}
 model="$shared/golden/tiny-llama2"
 n=8
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 hosts_make a b || { echo "FAIL: cannot make the hosts"; exit 1; }
 tmp=$(mktemp -d /var/tmp/lattice-slurm-hosts.XXXXXX)
 trap 'hosts_cleanup; rm -rf "$tmp"' EXIT
@@ -39,33 +34,10 @@ ctl=$(hostname -s)
 ip addr add 10.77.0.254/24 dev sw
 echo "10.77.0.254 $ctl" >> "$HOSTS_DIR/hosts"
 mkdir -p "$tmp/state" "$tmp/spool-a" "$tmp/spool-b"
-cat > "$tmp/slurm.conf" <<CONF
-ClusterName=latticehosts
-SlurmctldHost=$ctl(10.77.0.254)
-AuthType=auth/none
-CredType=cred/none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation=$tmp/state
-SlurmdSpoolDir=$tmp/spool-%n
-SlurmctldPidFile=$tmp/slurmctld.pid
-SlurmdPidFile=$tmp/slurmd-%n.pid
-SlurmctldLogFile=$tmp/slurmctld.log
-SlurmdLogFile=$tmp/slurmd-%n.log
-SchedulerType=sched/builtin
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-ReturnToService=2
-MpiDefault=none
-MailProg=/bin/true
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-NodeName=a NodeAddr=10.77.0.1 CPUs=2 RealMemory=1 State=UNKNOWN
-NodeName=b NodeAddr=10.77.0.2 CPUs=2 RealMemory=1 State=UNKNOWN
-PartitionName=lattice Nodes=a,b Default=YES MaxTime=10 State=UP
-CONF
+slurm_conf_write "$tmp" latticehosts "$ctl" 10.77.0.254 \
+    "NodeName=a NodeAddr=10.77.0.1 CPUs=2 RealMemory=1 State=UNKNOWN" \
+    "NodeName=b NodeAddr=10.77.0.2 CPUs=2 RealMemory=1 State=UNKNOWN" \
+    "PartitionName=lattice Nodes=a,b Default=YES MaxTime=10 State=UP"
 # A requeued job may start again cred_expire (>= 5) s later, at the next scheduling pass (1 s here).
 [ "$mode" = requeue ] && printf "AuthInfo=cred_expire=5\nSchedulerParameters=sched_interval=1\n" >> "$tmp/slurm.conf"
 export SLURM_CONF="$tmp/slurm.conf"
@@ -100,8 +72,8 @@ run_job() {  # run_job NAME RUN LAUNCHER: lattice-multinode.sbatch on 2 nodes x 
 prompt=$(python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['cases'][0]['prompt_ids'])))" "$model/expected.json")
 want=$(python3 -c "import json,sys; print(' '.join(map(str, json.load(open(sys.argv[1]))['cases'][0]['greedy_ids'][:$n])))" "$model/expected.json")
 
-long_model="$src/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-[ "$mode" = run ] || [ -e "$long_model" ] || hosts_skip "$long_model missing (scripts/setup.sh fetches it)"
+long_model=$smol
+[ "$mode" = run ] || need_smol
 if [ "$mode" = serve ]; then
     id=$(cd "$src" && MODEL="$long_model" TP=1 PP=2 CPU_RANKS=1 LATTICE="$bin" HOST=0.0.0.0 PORT=8000 \
          DRAIN_SECONDS=2 COMM_TIMEOUT=30 EXTRA_ARGS="--threads 1" \
@@ -153,7 +125,7 @@ if [ "$mode" = requeue ]; then
 for i in range(int(sys.argv[1])):
     print(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
                       "body": {"prompt": f"Once upon a time {i}", "max_tokens": 48, "temperature": 0}}))' $nreq > "$in"
-    id=$(cd "$src" && MODEL="$long_model" INPUT="$in" OUTPUT="$out" TP=1 PP=2 CPU_RANKS=1 LATTICE="$bin" \
+    id=$(cd "$src" && MODEL="$long_model" INPUT="$in" OUTPUT="$out" TP=1 PP=auto CPU_RANKS=1 LATTICE="$bin" \
          DRAIN_SECONDS=1 COMM_TIMEOUT=30 EXTRA_ARGS="--threads 1 --progress none --max-seqs 2" \
          sbatch --parsable --job-name=lattice-requeue --output="$tmp/requeue.out" --error="$tmp/requeue.err" \
                 --nodes=2 --ntasks-per-node=1 --gpus-per-node=0 --cpus-per-task=1 --time=3 launch/slurm/batch.sbatch 2>&1)
@@ -172,6 +144,8 @@ for i in range(int(sys.argv[1])):
     [ "$st" = COMPLETED ] && [ "${restarts:-0}" -ge 1 ] || fail "requeue: want COMPLETED after >= 1 restart"
     [ "$(grep -c "2 CPU ranks, 1 per node on 2 node(s)" "$tmp/requeue.err")" -ge 2 ] ||
         fail "requeue: both runs were not one rank per node on 2 nodes"
+    [ "$(grep -c "TP=1 PP=2 on 2 node(s) a,b" "$tmp/requeue.out")" -ge 2 ] ||
+        fail "requeue: PP=auto did not make one stage per node of the allocation"
     python3 - "$out" $nreq <<'PY' || fail "requeue: records"
 import json, sys
 ids = [json.loads(l)["custom_id"] for l in open(sys.argv[1])]

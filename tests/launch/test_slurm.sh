@@ -21,6 +21,7 @@ set -uo pipefail
 mode=${1:-doctor}
 src=${LATTICE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 shared=${LATTICE_SHARED_DIR:-$src/../shared}
+source "$src/tests/launch/slurm_conf.sh"
 model="$shared/golden/tiny-llama2"
 new_tokens=8
 for tool in slurmctld slurmd sbatch scontrol squeue sinfo srun; do
@@ -61,35 +62,10 @@ s=[socket.socket() for _ in range(2)]
 print(*[x.getsockname()[1] for x in s])')
 node=latticenode
 cpus=$(nproc)
-mkdir -p "$tmp/state" "$tmp/spool"
-cat > "$tmp/slurm.conf" <<CONF
-ClusterName=latticetest
-SlurmctldHost=$(hostname -s)(127.0.0.1)
-SlurmctldPort=$port1
-SlurmdPort=$port2
-AuthType=auth/none
-CredType=cred/none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation=$tmp/state
-SlurmdSpoolDir=$tmp/spool
-SlurmctldPidFile=$tmp/slurmctld.pid
-SlurmdPidFile=$tmp/slurmd.pid
-SlurmctldLogFile=$tmp/slurmctld.log
-SlurmdLogFile=$tmp/slurmd.log
-SchedulerType=sched/builtin
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-ReturnToService=2
-MpiDefault=none
-MailProg=/bin/true
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=1 State=UNKNOWN
-PartitionName=lattice Nodes=$node Default=YES MaxTime=10 State=UP
-CONF
+mkdir -p "$tmp/state" "$tmp/spool-$node"
+slurm_conf_write "$tmp" latticetest "$(hostname -s)" 127.0.0.1 "SlurmctldPort=$port1" "SlurmdPort=$port2" \
+    "NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=1 State=UNKNOWN" \
+    "PartitionName=lattice Nodes=$node Default=YES MaxTime=10 State=UP"
 # A requeued job waits cred_expire seconds (default 120, minimum 5) before it may start again, then for
 # the next scheduling pass (sched_interval, default 60 s): 5 and 1 here. Job ids from 9000: the cleanup
 # below kills slurmstepd by job id, and launch_slurm (job ids from 1) may run at the same time.
@@ -109,7 +85,7 @@ for _ in $(seq 100); do
     sleep 0.2
 done
 if [ "$state" != idle ]; then
-    echo "FAIL: Slurm did not come up (node state '$state')"; tail -n 20 "$tmp"/slurmctld.log "$tmp"/slurmd.log "$tmp"/*.out
+    echo "FAIL: Slurm did not come up (node state '$state')"; tail -n 20 "$tmp"/slurmctld.log "$tmp/slurmd-$node.log" "$tmp"/*.out
     exit 1
 fi
 echo "slurm up in $(( $(date +%s) - t0 )) s (ports $port1/$port2)"

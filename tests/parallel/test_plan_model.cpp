@@ -8,6 +8,7 @@
 #include "parallel/plan_model.h"
 
 #include <cmath>
+#include <string>
 
 using namespace lattice;
 
@@ -98,11 +99,75 @@ TEST_CASE("layouts the model or the node cannot take say why") {
     // infeasible ones sort last
     CHECK(plans.front().feasible);
     CHECK_FALSE(plans.back().feasible);
-    // a TP group never spans nodes: tp 8 on 2 nodes of 4 GPUs is refused, tp 4 x pp 2 is not
+    // a TP group that spans nodes is predicted but flagged (lattice-mpirun refuses it) and sorts after the
+    // layouts that keep TP inside a node; one that does not cover whole nodes stays impossible
     PlanRequest two = a100(8, PlanQuant::kW8A8);
     two.nodes = 2;
-    CHECK_FALSE(predict_layout(two, 8, 1).feasible);
-    CHECK(predict_layout(two, 4, 2).feasible);
+    CHECK(predict_layout(two, 8, 1).feasible);
+    CHECK(predict_layout(two, 8, 1).tp_crosses_nodes);
+    CHECK_FALSE(predict_layout(two, 4, 2).tp_crosses_nodes);
+    const auto sorted = plan_layouts(two);
+    CHECK_FALSE(sorted.front().tp_crosses_nodes);
+    PlanRequest six = a100(6, PlanQuant::kW8A8);
+    six.nodes = 3;  // 2 ranks a node: tp 3 would cover a node and a half
+    CHECK_FALSE(predict_layout(six, 3, 2).feasible);
+}
+
+TEST_CASE("links: names, GB/s,latency and the refusals") {
+    CHECK(parse_link("ib-hdr100").bw_gbs == doctest::Approx(11.5));
+    CHECK(parse_link("eth25").alpha_us == doctest::Approx(10.0));
+    const LinkSpec l = parse_link("12.5,5");
+    CHECK(l.bw_gbs == doctest::Approx(12.5));
+    CHECK(l.alpha_us == doctest::Approx(5.0));
+    CHECK(l.name == "12.5GB/s,5us");
+    for (const char* bad : {"12.5", "x,5", "0,5", "5,-1", "5,5x", ",5", "infiniband"}) {
+        CAPTURE(bad);
+        CHECK_THROWS_AS(parse_link(bad), Error);
+    }
+}
+
+TEST_CASE("the inter-node link carries what crosses nodes: TP all-reduces of a group that spans them, PP hops") {
+    // 70B fp16, batch 64, 2 nodes of 4 A100 PCIe.
+    auto req = [](int nodes, const std::string& link, const std::string& inter) {
+        PlanRequest r = a100(8, PlanQuant::kFp16);
+        r.nodes = nodes;
+        r.batch = 64;
+        r.link = parse_link(link);
+        r.inter_node = parse_link(inter);
+        return r;
+    };
+    // With the inter-node link equal to the node's, two nodes predict what one does (the link is all
+    // that differs) ...
+    const auto one = predict_layout(req(1, "pcie4", "pcie4"), 8, 1);
+    const auto same = predict_layout(req(2, "pcie4", "pcie4"), 8, 1);
+    CHECK(same.decode_tokens_per_s == doctest::Approx(one.decode_tokens_per_s));
+    CHECK(same.ttft_ms == doctest::Approx(one.ttft_ms));
+    // ... a slower one slows tp 8 (160 all-reduces a step over it) far more than tp 4 x pp 2 (one hop).
+    const auto tp8_ib = predict_layout(req(2, "pcie4", "ib-hdr100"), 8, 1);
+    const auto tp8_eth = predict_layout(req(2, "pcie4", "eth25"), 8, 1);
+    const auto pp_ib = predict_layout(req(2, "pcie4", "ib-hdr100"), 4, 2);
+    const auto pp_eth = predict_layout(req(2, "pcie4", "eth25"), 4, 2);
+    const auto pp_one = predict_layout(req(1, "pcie4", "pcie4"), 4, 2);
+    CHECK(tp8_ib.decode_tokens_per_s < one.decode_tokens_per_s);
+    CHECK(tp8_eth.decode_tokens_per_s < tp8_ib.decode_tokens_per_s);
+    CHECK(tp8_eth.comm_share > one.comm_share);
+    // (the decode of 2 micro-batches waits on the slower stage, not the hop; a lone prompt crosses it)
+    CHECK(pp_eth.decode_tokens_per_s <= pp_ib.decode_tokens_per_s);
+    CHECK(pp_eth.ttft_ms > pp_ib.ttft_ms);
+    CHECK(pp_ib.decode_tokens_per_s <= pp_one.decode_tokens_per_s);
+    const double tp8_loss = 1.0 - tp8_eth.decode_tokens_per_s / one.decode_tokens_per_s;
+    const double pp_loss = 1.0 - pp_eth.decode_tokens_per_s / pp_one.decode_tokens_per_s;
+    CHECK(tp8_loss > 3.0 * pp_loss);
+    // the prefill of tp 8 moves batch x prompt tokens through every all-reduce: slower over ethernet
+    CHECK(tp8_eth.prefill_tokens_per_s < one.prefill_tokens_per_s);
+    // A hop across nodes carries one copy of the rows per TP rank, inside the sending stage's step: one
+    // prompt of 256 tokens (one chunk) at tp 4 x pp 2 takes 4 x 256 x 8192 x 2 bytes / (1 GB/s) longer
+    // over a 1 GB/s link than over a 1000 GB/s one.
+    PlanRequest slow = req(2, "pcie4", "1,0"), fast = req(2, "pcie4", "1000,0");
+    slow.batch = fast.batch = 1;
+    slow.prompt = fast.prompt = 256;
+    const double extra_ms = predict_layout(slow, 4, 2).ttft_ms - predict_layout(fast, 4, 2).ttft_ms;
+    CHECK(extra_ms == doctest::Approx(4.0 * 256 * 8192 * 2 * (1e-9 - 1e-12) * 1e3).epsilon(0.01));
 }
 
 TEST_CASE("decode at batch 1 is memory bound: int8 beats fp16, and tensor parallelism pays on GPUs") {

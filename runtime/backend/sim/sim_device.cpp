@@ -17,7 +17,7 @@ SimDevice::SimDevice(const SimDeviceOptions& o, const ModelDims& dims, int tp, i
     req_.model = dims;
     req_.device = find_device(o.gpu);
     LATTICE_CHECK(!req_.device.cpu, "--sim-gpu {}: a GPU of the device table, not the CPU entry", o.gpu);
-    req_.link = find_link(o.link);
+    req_.link = parse_link(o.link);
     req_.inter_node = req_.link;
     req_.devices = tp * pp;
     req_.quant = quant;

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# A batch job that lost a node finishes on the node left, at a smaller layout (emulated hosts,
+# hosts_lib.sh). launch/slurm/batch.sbatch run as a plain script on host a (as a restarted Slurm job
+# runs it), PP=auto (one pipeline stage per node it has), TP=2, tiny-llama2 (CPU ranks, greedy, ignore_eos):
+#  1. HOSTS=a:2,b:2: tp 2 x pp 2, one stage per host; once >= 2 records are written, every process on
+#     b is SIGKILLed: the job ends (non-zero) with some ids left;
+#  2. HOSTS=a:2 (what is left): the script picks tp 2 x pp 1 on a, resumes from OUTPUT and exits 0.
+# Checks: the second run's layout line says TP=2 PP=1 on 1 node; every custom_id has exactly one record;
+# the records written before the loss are unchanged (byte for byte, the output's first lines); ids i and
+# i + 6 share a prompt, so each id done at tp 2 x pp 2 before the loss has a twin done at tp 2 after it:
+# their texts must be equal (greedy outputs do not depend on pp). ~10 s.
+set -uo pipefail
+source "$(dirname "$0")/hosts_lib.sh"
+hosts_test_init "$0" "$@"
+model="$shared/golden/tiny-llama2"
+nreq=12
+hosts_make a b || { echo "FAIL: cannot make the hosts"; exit 1; }
+in="$HOSTS_DIR/in.jsonl"
+python3 - "$in" $nreq <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(int(sys.argv[2])):
+        f.write(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+                            "body": {"prompt": [1, 5 + i % 6, 7, 9], "max_tokens": 24, "temperature": 0,
+                                     "ignore_eos": True}}) + "\n")
+PY
+
+batch() {  # batch HOSTS OUTPUT LOG: batch.sbatch as a plain script on host a
+    host_run a env MODEL="$model" INPUT="$in" OUTPUT="$2" TP=2 PP=auto HOSTS="$1" CPU_RANKS=1 LATTICE="$bin" \
+        LATTICE_MPIRUN="$W" DRAIN_SECONDS=1 COMM_TIMEOUT=10 EXTRA_ARGS="--threads 1 --progress none --max-seqs 1" \
+        timeout 100 bash "$src/launch/slurm/batch.sbatch" > "$3" 2>&1
+}
+
+# 1. two hosts, b lost mid-batch
+out="$HOSTS_DIR/out.jsonl"
+t0=$(date +%s.%N)
+batch a:2,b:2 "$out" "$HOSTS_DIR/run1.log" &
+job=$!
+for _ in $(seq 600); do  # <= 30 s
+    [ -f "$out" ] && [ "$(wc -l < "$out")" -ge 2 ] && break
+    kill -0 $job 2> /dev/null || break
+    sleep 0.05
+done
+kill -KILL $(host_pids b) 2> /dev/null
+wait $job
+rc1=$?
+# The complete lines the loss left (a torn last line would be cut by the rerun).
+python3 -c 'import sys; d = open(sys.argv[1], "rb").read(); open(sys.argv[2], "wb").write(d[:d.rfind(b"\n") + 1])' \
+    "$out" "$HOSTS_DIR/before.jsonl" 2> /dev/null || : > "$HOSTS_DIR/before.jsonl"
+n1=$(wc -l < "$HOSTS_DIR/before.jsonl")
+echo "run 1 (tp 2 x pp 2 on a:2,b:2, b killed): exit $rc1 after $(elapsed "$t0") s, $n1 of $nreq records"
+grep -qF "TP=2 PP=2 on 2 node(s)" "$HOSTS_DIR/run1.log" || fail "run 1: not TP=2 PP=2 on 2 nodes"
+[ $rc1 -ne 0 ] || fail "run 1 exited 0: b was killed too late"
+[ "$n1" -ge 2 ] && [ "$n1" -lt $nreq ] || fail "run 1: want 2..$((nreq - 1)) records before the loss, got $n1"
+
+# 2. what is left: host a alone
+t0=$(date +%s.%N)
+batch a:2 "$out" "$HOSTS_DIR/run2.log"
+rc2=$?
+echo "run 2 (PP=auto on a:2): exit $rc2 after $(elapsed "$t0") s; $(grep -o 'TP=2 PP=[0-9]* on [0-9]* node(s)' "$HOSTS_DIR/run2.log")"
+[ $rc2 -eq 0 ] || fail "run 2 exited $rc2"
+grep -qF "TP=2 PP=1 on 1 node(s)" "$HOSTS_DIR/run2.log" || fail "run 2: not TP=2 PP=1 on 1 node"
+
+python3 - "$out" "$HOSTS_DIR/before.jsonl" $nreq <<'PY' || fails=$((fails + 1))
+import json, sys
+out, before = (open(p, "rb").read() for p in sys.argv[1:3])
+n = int(sys.argv[3])
+bad = []
+if not out.startswith(before):
+    bad.append("the records written before the loss changed")
+recs = [json.loads(l) for l in out.splitlines()]
+ids = [r["custom_id"] for r in recs]
+if sorted(ids) != sorted(f"r{i}" for i in range(n)):
+    bad.append(f"ids: {sorted(ids)}")
+text = lambda r: r["response"]["body"]["choices"][0]["text"]  # noqa: E731
+by_id = {r["custom_id"]: text(r) for r in recs}
+early = [json.loads(l)["custom_id"] for l in before.splitlines()]
+diff = [i for i in early if int(i[1:]) < 6 and by_id.get(i) != by_id.get(f"r{int(i[1:]) + 6}")]
+if diff or not any(int(i[1:]) < 6 for i in early):
+    bad.append(f"outputs differ between tp 2 x pp 2 (before the loss) and tp 2 (after it), ids {diff or early}")
+for b in bad:
+    print("FAIL:", b)
+kept = len(before.splitlines())
+if not bad:
+    print(f"every id once ({len(ids)} records), the {kept} written before the loss unchanged and equal to "
+          "their twins run at tp 2 on one host")
+sys.exit(1 if bad else 0)
+PY
+[ $fails -eq 0 ] || sed 's/^/  | /' "$HOSTS_DIR"/run*.log
+[ $fails -eq 0 ]
