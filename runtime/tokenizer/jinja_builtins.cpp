@@ -12,8 +12,62 @@
 
 namespace lattice::jinja {
 
+namespace {
+
+// The work list of the ~Value now freeing on this thread (null when none is): values whose containers
+// are to be freed wait here instead of being freed inside their parent's destructor.
+thread_local List* t_freeing = nullptr;
+
+bool holds_values(const Value& v) {
+    return v.list || v.dict || v.fn;
+}
+
+// Moves the values inside the containers that `v` alone holds onto `work` (their slots left empty).
+void detach(Value& v, List& work) {
+    if (v.list && v.list.use_count() == 1)
+        for (Value& x : *v.list)
+            if (holds_values(x)) work.push_back(std::move(x));
+    if (v.dict && v.dict.use_count() == 1)
+        for (auto& kv : v.dict->items)
+            if (holds_values(kv.second)) work.push_back(std::move(kv.second));
+}
+
+void charge_nesting(int32_t levels) {
+    if (Budget* b = Budget::current()) b->nested(levels);
+}
+
+}  // namespace
+
+void Value::release() noexcept {
+    if (t_freeing) {  // inside another ~Value: hand the children over, the members then free flat
+        detach(*this, *t_freeing);
+        return;
+    }
+    List work;
+    t_freeing = &work;
+    detach(*this, work);
+    list.reset();
+    dict.reset();
+    fn.reset();  // a function's captured values land on the work list too
+    while (!work.empty()) {
+        Value v = std::move(work.back());
+        work.pop_back();
+    }  // each v's destructor moves its own children onto `work`
+    t_freeing = nullptr;
+}
+
+int32_t Value::nesting() const {
+    if (kind == Kind::kList) return nest;
+    if (kind == Kind::kDict) return dict->nest;
+    return 0;
+}
+
 Value Value::make_list(List v) {
+    int32_t inner = 0;
+    for (const Value& x : v) inner = std::max(inner, x.nesting());
+    charge_nesting(inner + 1);
     Value r = with(Kind::kList);
+    r.nest = inner + 1;
     r.list = std::make_shared<List>(std::move(v));
     return r;
 }
@@ -28,7 +82,14 @@ const Value* Dict::find(std::string_view key) const {
         if (k == key) return &v;
     return nullptr;
 }
+void Dict::holds(const Value& v) {
+    const int32_t levels = v.nesting() + 1;
+    if (levels <= nest) return;
+    charge_nesting(levels);
+    nest = levels;
+}
 void Dict::set(const std::string& key, Value v) {
+    holds(v);
     for (auto& [k, old] : items)
         if (k == key) {
             old = std::move(v);
@@ -191,8 +252,10 @@ void json_dump(std::string& out, const Value& v, int indent, int depth) {
     charge_growing(out.size());
     auto newline = [&](int d) {
         if (indent < 0) return;
+        const size_t pad = size_t(indent) * size_t(d);  // tojson clamps indent to 2^20; d is under the depth limit
+        charge_growing(out.size() + 1 + pad);
         out += '\n';
-        out.append(size_t(indent * d), ' ');
+        out.append(pad, ' ');
     };
     const char* item_sep = indent < 0 ? ", " : ",";
     switch (v.kind) {
@@ -370,7 +433,10 @@ Value from_json(const nlohmann::ordered_json& j) {
         }
         case nlohmann::ordered_json::value_t::object: {
             Value d = Value::make_dict();
-            for (auto it = j.begin(); it != j.end(); ++it) d.dict->items.emplace_back(it.key(), from_json(it.value()));
+            for (auto it = j.begin(); it != j.end(); ++it) {
+                d.dict->items.emplace_back(it.key(), from_json(it.value()));
+                d.dict->holds(d.dict->items.back().second);
+            }
             return d;
         }
         default:

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 
 #include "runtime/tokenizer/jinja_internal.h"
@@ -160,8 +161,9 @@ Value attribute(const Value& v, const std::string& path) {
             const Value* f = cur.dict->find(part);
             cur = f ? *f : Value();
         } else if (cur.is_list() && !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit)) {
-            const size_t i = std::stoul(part);
-            cur = i < cur.list->size() ? (*cur.list)[i] : Value();
+            size_t i = 0;  // an index past size_t is past the list too
+            const auto res = std::from_chars(part.data(), part.data() + part.size(), i);
+            cur = res.ec == std::errc() && i < cur.list->size() ? (*cur.list)[i] : Value();
         } else {
             cur = Value();
         }
@@ -368,7 +370,8 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, const TestF
     if (name == "trim") return Value::str(strip(to_str(v), a.get(0, "chars"), true, true));
     if (name == "tojson") {
         const Value* ind = a.get(0, "indent");
-        return Value::str(to_json_text(v, ind && ind->kind == K::kInt ? int(ind->i) : -1));
+        const int64_t indent = ind && ind->kind == K::kInt ? std::clamp<int64_t>(ind->i, -1, 1 << 20) : -1;
+        return Value::str(to_json_text(v, int(indent)));
     }
     if (name == "length" || name == "count") return Value::integer(length(v));
     if (name == "upper" || name == "lower") return Value::str(ascii_case(to_str(v), name == "upper"));
@@ -434,7 +437,11 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, const TestF
         return Value::make_list(std::move(out));
     }
     if (name == "int") {
-        if (v.kind == K::kFloat) return Value::integer(int64_t(v.f));
+        if (v.kind == K::kFloat) {  // Python: OverflowError / ValueError; the cast would be undefined
+            if (!(v.f >= -9223372036854775808.0 && v.f < 9223372036854775808.0))
+                throw Oops(fmt::format("int: {} is not an integer in 64 bits", to_str(v)));
+            return Value::integer(int64_t(v.f));
+        }
         if (v.kind == K::kInt || v.kind == K::kBool) return Value::integer(v.kind == K::kBool ? v.b : v.i);
         try {
             return Value::integer(std::stoll(strip(to_str(v), nullptr, true, true)));
@@ -451,7 +458,10 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, const TestF
         }
     }
     if (name == "abs") {
-        if (v.kind == K::kInt) return Value::integer(v.i < 0 ? -v.i : v.i);
+        if (v.kind == K::kInt) {
+            if (v.i == INT64_MIN) throw Oops(fmt::format("abs: |{}| is beyond 64 bits", v.i));
+            return Value::integer(v.i < 0 ? -v.i : v.i);
+        }
         if (v.kind == K::kFloat) return Value::real(std::fabs(v.f));
         throw Oops("abs: expected a number");
     }
