@@ -136,6 +136,7 @@ public:
 
     void step(int64_t n = 1) {
         if ((used_.steps += n) > lim_.steps) over("steps", lim_.steps);
+        if (interrupt_ && interrupt_->load(std::memory_order_relaxed)) interrupted();
     }
     void loop_iteration() {
         if (++used_.loop_iterations > lim_.loop_iterations) over("loop iterations", lim_.loop_iterations);
@@ -167,6 +168,8 @@ public:
 
 private:
     [[noreturn]] void over(const char* what, int64_t limit) const;
+    [[noreturn]] static void interrupted();
+    const std::atomic<bool>* interrupt_;  // RenderInterrupt's flag for this thread, or null
     RenderLimits lim_;
     RenderUsage used_;
     RenderUsage* out_;
