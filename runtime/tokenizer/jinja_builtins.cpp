@@ -383,6 +383,7 @@ bool equal(const Value& a, const Value& b) {
         case Value::Kind::kNone:
             return true;
         case Value::Kind::kString:
+            if (a.s.size() == b.s.size()) charge_scan(a.s.size());
             return a.s == b.s;
         case Value::Kind::kList:
             if (a.tuple != b.tuple || a.list->size() != b.list->size()) return false;
@@ -405,7 +406,10 @@ bool less(const Value& a, const Value& b) {
     const Nest nest;
     charge_steps(1);
     if (a.is_number() && b.is_number()) return num(a) < num(b);
-    if (a.is_string() && b.is_string()) return a.s < b.s;
+    if (a.is_string() && b.is_string()) {
+        charge_scan(std::min(a.s.size(), b.s.size()));
+        return a.s < b.s;
+    }
     if (a.is_list() && b.is_list()) {
         return std::lexicographical_compare(a.list->begin(), a.list->end(), b.list->begin(), b.list->end(), less);
     }
@@ -484,6 +488,7 @@ int64_t length(const Value& v) {
         case Value::Kind::kUndefined:
             return 0;
         case Value::Kind::kString: {
+            charge_scan(v.s.size());
             int64_t n = 0;  // code_points(v.s).size() without making them
             for (size_t i = 0; i < v.s.size(); ++n) i += std::min(cp_bytes(static_cast<unsigned char>(v.s[i])), v.s.size() - i);
             return n;

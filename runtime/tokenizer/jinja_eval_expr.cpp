@@ -317,6 +317,7 @@ Value Evaluator::binary(const Expr& e) {
 bool Evaluator::contains(const Value& hay, const Value& needle) {
     if (hay.is_string()) {
         if (!needle.is_string()) throw Oops(fmt::format("'in <string>' needs a string, not {}", kind_name(needle)));
+        charge_scan(hay.s.size());
         return hay.s.find(needle.s) != std::string::npos;
     }
     if (hay.is_dict()) return needle.is_string() && hay.dict->find(needle.s) != nullptr;

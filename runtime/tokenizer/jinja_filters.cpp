@@ -229,11 +229,13 @@ Value str_method_call(const Value& self, const std::string& name, Args& a) {
                                   need_string(a.get(1, "new"), "replace").s,
                                   int_arg(a.get(2, "count"), -1, "replace")));
     if (name == "find") {
+        charge_scan(s.size());
         const size_t at = s.find(need_string(a.get(0, "sub"), "find").s);
         return Value::integer(at == std::string::npos ? -1 : int64_t(code_points(s.substr(0, at)).size()));
     }
     if (name == "count") {
         const std::string& x = need_string(a.get(0, "sub"), "count").s;
+        charge_scan(s.size());
         int64_t n = 0;
         if (x.empty()) return Value::integer(int64_t(code_points(s).size()) + 1);
         for (size_t at = s.find(x); at != std::string::npos; at = s.find(x, at + x.size())) ++n;
@@ -361,7 +363,11 @@ bool apply_test(const std::string& name, const Value& v, Args& a) {
         if (v.kind != K::kInt || d.kind != K::kInt || d.i == 0) throw Oops("divisibleby needs non-zero integers");
         return v.i % d.i == 0;
     }
-    if (name == "lower" || name == "upper") return v.is_string() && v.s == ascii_case(v.s, name == "upper");
+    if (name == "lower" || name == "upper") {
+        if (!v.is_string()) return false;
+        charge_scan(v.s.size());
+        return v.s == ascii_case(v.s, name == "upper");
+    }
     throw Oops(fmt::format("unknown test '{}'", name));
 }
 

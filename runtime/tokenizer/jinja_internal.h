@@ -184,6 +184,11 @@ inline void charge_steps(int64_t n) {
 inline void charge_growing(size_t size) {
     if (Budget* b = Budget::current()) b->growing(size);
 }
+// A scan of `bytes` that makes no string (length, `in`, ==, count): a step per 16 bytes, as code_points
+// charges, so that a loop over a long string's length is held by the step limit.
+inline void charge_scan(size_t bytes) {
+    charge_steps(int64_t(std::min<size_t>(bytes, size_t(1) << 60) / 16));
+}
 // One level of nesting for as long as it lives (recursion over statements, expressions, values).
 struct Nest {
     Budget* b = Budget::current();

@@ -9,7 +9,7 @@ every output is checked against `lattice generate` or the golden continuations:
      its status and an OpenAI error body (400 malformed JSON / wrong types / empty messages / prompt
      beyond the context, 401, 404 model and path, 405, 413); 32 concurrent streaming clients (16
      prompts, twice each) get the tokens of their prompts' single runs; /metrics counts them; SIGTERM during a stream: the stream
-     finishes, new connections are refused, exit 0.
+     finishes, while /health answers 503 "draining" with Retry-After and a new completion 503; exit 0.
   3. --max-seqs 1 --max-queue 1: a running stream, a waiting request, then 503; the stream's client
      disconnects: its blocks return to the pool (/metrics) and the waiting request runs.
   4. launch/slurm/serve.sbatch run as a script with PP=2 on CPU ranks (built-in) and mpirun -np 2 --tp 2
@@ -752,25 +752,27 @@ def builtin_section():
           "generated tokens per finished request")
     check('lattice:time_to_first_token_seconds_bucket{model_name="smol",le="+Inf"} ' in text, "TTFT histogram buckets")
 
-    # SIGTERM mid-stream: the stream still finishes; then new connections are refused; exit 0.
+    # SIGTERM mid-stream, the drain: the listener stays open; GET /health answers 503 "draining" with
+    # Retry-After (polled until it does) and a new completion 503, while the stream goes on and finishes
+    # whole; then exit 0.
     c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=300)
-    c.request("POST", P, body=json.dumps(dict(body(prompt), max_tokens=48)), headers=auth)
+    c.request("POST", P, body=json.dumps(dict(body(prompt), max_tokens=96)), headers=auth)
     r = c.getresponse()
     first = r.readline()
     s.p.send_signal(signal.SIGTERM)
+    health = (0, {}, "")
+    deadline = time.time() + 60
+    while time.time() < deadline and health[0] != 503:
+        health = s.request("GET", "/health", timeout=30)
+        check(health[0] in (200, 503), f"/health while draining: {health[0]} (the listener must stay open)")
+    check(health[0] == 503 and health[1].get("Retry-After") == "5" and '"draining"' in health[2],
+          f"/health while draining: {health}")
+    late = s.request("POST", P, dict(body(prompt), stream=False), auth, timeout=60)
+    check(late[0] == 503 and "shutting down" in late[2], f"a new completion while draining: {late[:1]} {late[2][:200]}")
     rest = [first] + list(r)
     events = [json.loads(l[6:]) if l.strip() != b"data: [DONE]" else "[DONE]" for l in rest if l.startswith(b"data: ")]
     ids, _, finish = stream_ids(events)
-    check(len(ids) == 48 and finish == "length" and events[-1] == "[DONE]", f"drained stream: {len(ids)} {finish}")
-    refused = False
-    deadline = time.time() + 60
-    while time.time() < deadline and not refused:
-        try:
-            socket.create_connection(("127.0.0.1", s.port), timeout=5).close()
-            time.sleep(0.05)
-        except OSError:
-            refused = True
-    check(refused, "new connections refused while draining")
+    check(len(ids) == 96 and finish == "length" and events[-1] == "[DONE]", f"drained stream: {len(ids)} {finish}")
     rc = s.wait()
     check(rc == 0, f"exit status after SIGTERM: {rc}")
     check(any("stopped by signal 15" in l for l in s.err), f"drain report: {''.join(s.err[-5:])}")

@@ -107,6 +107,19 @@ TEST_CASE("jinja budget: lists, joins, replaces, values and filters that blow up
                   1, "levels of nesting");
     // A namespace holding itself (the one way to make a cycle): printing it ends at the limit.
     check_runaway("{% set ns = namespace(x=1) %}{% set ns.x = ns %}{{ ns }}", 1, "levels of nesting");
+    // Scans of a long string that make no string (length, `in`, ==, count) are charged per byte: a loop
+    // over a 4 MB message's length took ~1 ms an iteration within the loop limit (a minute's render).
+    const json long_message = {{"messages", json::array({{{"content", std::string(4 << 20, 'a')}}})}};
+    for (const char* scan : {"{{ messages[0].content|length }}", "{{ 'z' in messages[0].content }}",
+                             "{{ messages[0].content == messages[0].content }}", "{{ messages[0].content.count('z') }}"}) {
+        const std::string src = std::string("{% for i in range(50000) %}\n") + scan + "{% endfor %}";
+        CAPTURE(src);
+        const Outcome o = run(src, long_message);
+        MESSAGE(o.seconds << " s: " << o.error);
+        CHECK(has(o.error, "hostile.jinja' line 2"));
+        CHECK(has(o.error, "steps"));
+        CHECK(o.seconds < kRunawaySeconds);
+    }
     // Quadratic filters on a long list run out of steps.
     check_runaway("{{ range(40000)|unique|list|length }}", 1, "steps");
     // Many macro calls, each cheap.
