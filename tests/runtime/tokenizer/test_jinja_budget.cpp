@@ -1,10 +1,14 @@
 // The Jinja engine's render budget (jinja.h): runaway templates end quickly with an Error naming
 // the limit, the template and its line (a string doubled 40 times; two nested range(100000); list
-// doubling, huge joins and replaces, deep values, quadratic filters), and the real templates of
-// ../shared/chat-templates stay under a tenth of every limit on small and large conversations
-// (the margin is asserted and the largest use printed).
+// doubling, huge joins and replaces, values nested 40000 deep, scans of a long string, quadratic
+// filters), and the real templates of ../shared/chat-templates stay under a tenth of every limit on
+// small and large conversations (the margin is asserted and the largest use printed). Also what
+// fuzz_jinja and the sanitizers found (each an Error naming the line: indices past 64 bits, int64
+// overflow, float to int, slice steps, tojson's indent), an interrupted render, and a value of any
+// depth freed in constant stack.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -154,6 +158,16 @@ TEST_CASE("jinja: what fuzz_jinja and hostile templates found is an Error naming
     // tojson's indent is charged before its padding is made (2^31 spaces a line, an int overflow on the next).
     CHECK(has(error_of("{{ [[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]|tojson(indent=2147483647) }}"), "exceeds its budget"));
     CHECK(out_of("{{ [[1]]|tojson(indent=2147483647)|length > 1000 }}") == "True");
+    // RenderInterrupt (a server draining): once its flag is set, a render on the thread ends at its next step.
+    std::atomic<bool> stop{false};
+    {
+        const jinja::RenderInterrupt scope(&stop);
+        CHECK(out_of("{{ 1 }}") == "1");
+        stop = true;
+        const std::string e = error_of("{% for i in range(3) %}{{ i }}{% endfor %}");
+        CHECK_MESSAGE((has(e, "hostile.jinja' line 1") && has(e, "the render was interrupted")), e);
+    }
+    CHECK(out_of("{{ 1 }}") == "1");  // the scope has ended: renders here are not interrupted
 }
 
 TEST_CASE("jinja: a value of any depth frees without recursing per level (lists, dicts, functions)") {
