@@ -31,7 +31,9 @@ every output is checked against `lattice generate` or the golden continuations:
 Without the openai package the same requests and checks go through http.client (Api below), so the test
 never skips for want of it. Every server runs in its own process group and is killed (group and all) when
 the test fails or stops; each wait is bounded.
-Usage: test_serve.py LATTICE_BINARY MODEL_GGUF SHARED_DIR [api|choices|structured|fronts|all]   (exit 0: pass)"""
+  8. (part "drain") a chat template render of seconds (tiny-llama2, a small tokenizer): /health and /metrics
+     answer while it runs; SIGTERM during it interrupts it (503) and the server exits 0 within --drain-seconds.
+Usage: test_serve.py LATTICE_BINARY MODEL_GGUF SHARED_DIR [api|choices|structured|fronts|drain|all]   (exit 0: pass)"""
 import atexit
 import http.client
 import json
@@ -842,6 +844,45 @@ def mpi_section(single, prompts):
     s.stop(signal.SIGUSR1, "mpirun tp 2")
 
 
+def drain_render_section():
+    """A near-budget chat template render (to the step limit) on tiny-llama2 with a small tokenizer:
+    GET /health and /metrics answer while it runs (it is on a route thread, not the I/O thread); SIGTERM during
+    it ends the render at its next step (the request gets 503 naming the interruption) and the process exits 0
+    well within --drain-seconds."""
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as d:
+        for f in ("config.json", "model.safetensors"):
+            os.symlink(os.path.join(golden, f), os.path.join(d, f))
+        vocab = {"<s>": 0, "</s>": 1, "\u2581": 2, "a": 3, "\u2581a": 4}
+        with open(os.path.join(d, "tokenizer.json"), "w") as f:
+            json.dump({"model": {"type": "BPE", "byte_fallback": False, "vocab": vocab, "merges": ["\u2581 a"]},
+                       "added_tokens": [{"id": 0, "content": "<s>", "special": True},
+                                        {"id": 1, "content": "</s>", "special": True}]}, f)
+        # Runs to the step limit: ~0.5 s of CPU (Release), the longest a 60 KB conversation's render may take.
+        slow = ("{% for m in messages %}{% for i in range(1000) %}{% set x = ((m.content ~ i) ~ (m.content ~ i) ~ "
+                "(m.content ~ i) ~ (m.content ~ i) ~ (m.content ~ i))|length %}{% endfor %}{% endfor %}{{ bos_token }}a")
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+            json.dump({"bos_token": "<s>", "eos_token": "</s>", "chat_template": slow}, f)
+        s = Server(["--model", d, "--threads", "1", "--drain-seconds", "5"])
+        # 61 KB: under the 64 KiB up to which bodies used to be routed on the I/O thread.
+        body = {"messages": [{"role": "user", "content": "a"}] * 1800, "max_tokens": 2}
+        result = {}
+        chat = threading.Thread(target=lambda: result.update(r=s.request("POST", "/v1/chat/completions", body,
+                                                                         timeout=300)))
+        chat.start()
+        polls = [s.request("GET", path, timeout=60)[0] for path in ("/health", "/metrics") * 5]
+        check(polls == [200] * 10, f"/health and /metrics during a render: {polls}")
+        check(chat.is_alive(), "the render still runs after the polls (else they proved nothing: a faster machine?)")
+        t0 = time.time()
+        s.p.send_signal(signal.SIGTERM)
+        rc = s.wait()
+        took = time.time() - t0
+        chat.join(timeout=60)
+        st, _, text = result.get("r", (0, {}, ""))
+        check(st == 503 and "interrupted" in text, f"the chat whose render SIGTERM interrupted: {st} {text[:300]}")
+        check(rc == 0 and took < 5, f"SIGTERM during a render: exit {rc} after {took:.1f} s (--drain-seconds 5)")
+        print(f"  SIGTERM during a render: exit after {took:.2f} s", flush=True)
+
+
 print(f"test_serve: {'openai ' + openai.__version__ if openai else 'http.client (no openai package)'} client",
       flush=True)
 t0 = time.time()
@@ -877,6 +918,9 @@ try:
         check(st == 200, f"--kv-cache-gb 0.02: a chat without max_tokens: {st} {raw[:300]}")
         s.stop()
         print(f"structured: {time.time() - t0:.1f} s", flush=True)
+    if PART in ("drain", "all"):
+        drain_render_section()
+        print(f"drain during a render: {time.time() - t0:.1f} s", flush=True)
     if PART in ("fronts", "all"):
         fronts_section()
         print(f"three fronts: {time.time() - t0:.1f} s", flush=True)
