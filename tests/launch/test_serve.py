@@ -869,6 +869,9 @@ def drain_render_section():
         chat = threading.Thread(target=lambda: result.update(r=s.request("POST", "/v1/chat/completions", body,
                                                                          timeout=300)))
         chat.start()
+        deadline = time.time() + 60  # the chat's connection open (its 61 KB body then arrives in a few ms)
+        while time.time() < deadline and s.metrics().get("lattice_http_connections", 0) < 2:
+            time.sleep(0.005)
         polls = [s.request("GET", path, timeout=60)[0] for path in ("/health", "/metrics") * 5]
         check(polls == [200] * 10, f"/health and /metrics during a render: {polls}")
         check(chat.is_alive(), "the render still runs after the polls (else they proved nothing: a faster machine?)")
