@@ -758,7 +758,7 @@ def builtin_section():
     # Retry-After (polled until it does) and a new completion 503, while the stream goes on and finishes
     # whole; then exit 0.
     c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=300)
-    c.request("POST", P, body=json.dumps(dict(body(prompt), max_tokens=96)), headers=auth)
+    c.request("POST", P, body=json.dumps(dict(body(prompt), max_tokens=48)), headers=auth)
     r = c.getresponse()
     first = r.readline()
     s.p.send_signal(signal.SIGTERM)
@@ -774,7 +774,7 @@ def builtin_section():
     rest = [first] + list(r)
     events = [json.loads(l[6:]) if l.strip() != b"data: [DONE]" else "[DONE]" for l in rest if l.startswith(b"data: ")]
     ids, _, finish = stream_ids(events)
-    check(len(ids) == 96 and finish == "length" and events[-1] == "[DONE]", f"drained stream: {len(ids)} {finish}")
+    check(len(ids) == 48 and finish == "length" and events[-1] == "[DONE]", f"drained stream: {len(ids)} {finish}")
     rc = s.wait()
     check(rc == 0, f"exit status after SIGTERM: {rc}")
     check(any("stopped by signal 15" in l for l in s.err), f"drain report: {''.join(s.err[-5:])}")
