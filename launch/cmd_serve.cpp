@@ -6,9 +6,10 @@
 //   others   build their shard, pass the barrier and follow the leader's step plans until its shutdown.
 // Prints one line "lattice serve: listening on http://HOST:PORT" on stdout when bound (--port 0
 // picks a free port: scripts read it there).
-// SIGTERM / SIGINT / SIGUSR1 (launch/drain_signal.h): stop accepting, finish in-flight requests for
-// up to --drain-seconds (cut after that, with a 503 error to their clients), give the connections a
-// few seconds to take their last bytes, exit 0.
+// SIGTERM / SIGINT / SIGUSR1 (launch/drain_signal.h): drain (GET /health answers 503 "draining" with
+// Retry-After, new requests 503, the listener open), finish in-flight requests for up to
+// --drain-seconds (cut after that, with a 503 error to their clients), give the connections a few
+// seconds to take their last bytes, exit 0.
 // The API key comes from --api-key or, better (the command line is visible to every user of the
 // machine), the environment variable LATTICE_API_KEY.
 #include <fmt/format.h>
@@ -94,7 +95,7 @@ int run_serve(ServeArgs& args) {
              client.context(), client.scheduler().pool().num_blocks(), server->url());
 
     serve::EngineLoop loop(client, inbox, metrics, args.loop);
-    loop.run([] { return drain_requested(); }, [&] { server->stop_accepting(); });
+    loop.run([] { return drain_requested(); }, [&] { server->begin_drain(); });
     // The last responses may still be on their way out.
     const bool flushed = server->wait_idle(serve::Clock::now() + std::chrono::seconds(5));
     server->stop();

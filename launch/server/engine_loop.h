@@ -12,8 +12,8 @@
 // Admission: a submission is refused with 503 when --max-queue requests already wait in the
 // engine, with 400 when the client refuses it (a prompt that fills the context, more KV blocks
 // than the pool holds ...).
-// Drain: when drain_signal() turns non-zero, on_drain() is called once (the server closes its
-// listener) and the client drains: new submissions get 503; running requests finish until
+// Drain: when drain_signal() turns non-zero, on_drain() is called once (the server answers /health
+// with 503 and refuses new requests, its listener still open) and the client drains: new submissions get 503; running requests finish until
 // --drain-seconds have passed, then the client cancels them and their clients get a 503 error (an
 // error event on a stream). run() returns once nothing is left in the engine.
 #pragma once

@@ -25,6 +25,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "launch/server/http_framing.h"
+#include "runtime/tokenizer/jinja.h"
 
 namespace lattice::serve {
 
@@ -38,6 +39,7 @@ struct HttpServer::Impl {
     Inbox& inbox;
     Metrics& metrics;
     std::atomic<bool> draining{false}, stopped{false};
+    std::atomic<bool> interrupt_renders{false};  // the route threads' jinja::RenderInterrupt flag
     std::atomic<int64_t> active{0}, connections{0};
     std::atomic<uint64_t> requests{0};
     std::unique_ptr<ServedModel> model_storage;
@@ -45,7 +47,9 @@ struct HttpServer::Impl {
     int port = 0;
     // Declared last: destroyed first, with the handlers (and so the sessions) it still holds.
     net::io_context ioc;
-    net::thread_pool route_pool{2};  // route() of large bodies (tokenizing, grammar compiles), off the I/O threads
+    // route() of every POST (chat templates rendered, prompts tokenized, grammars compiled), off the I/O
+    // threads. Its queue is bounded by the connections: each has at most one request being routed.
+    net::thread_pool route_pool{2};
     tcp::acceptor acceptor{ioc};
     net::steady_timer accept_retry{ioc};
     std::vector<std::thread> threads;
@@ -200,20 +204,44 @@ private:
         q->ctx.draining = srv_.draining;
         q->ctx.metrics = &srv_.metrics;
         q->ctx.request_number = ++srv_.requests;
-        if (int64_t(q->body.size()) <= srv_.opt.route_inline_bytes) return routed(route_safely(*q));
-        // A large body (a long prompt to tokenize, a schema to compile) is routed on the route pool, so
-        // that the I/O threads go on serving every other connection meanwhile; counted as active so
-        // that a drain waits for it.
+        // GET routes (health, metrics, the model card) answer at once. A POST may render a chat template,
+        // tokenize a long prompt or compile a grammar: it is routed on the route pool, so that the I/O
+        // threads go on serving every other connection meanwhile (GET /health included); counted as
+        // active so that a drain waits for it, and its template render is interrupted when the server
+        // drains (it would only be refused).
+        if (q->method != "POST") return routed(route_safely(*q));
         ++srv_.active;
         net::post(srv_.route_pool, [self = shared_from_this(), q] {
             if (self->srv_.opt.route_hook) self->srv_.opt.route_hook();
-            Routed r = route_safely(*q);
+            Routed r;
+            {
+                const jinja::RenderInterrupt interrupt(&self->srv_.interrupt_renders);
+                r = route_safely(*q);
+            }
+            if (self->srv_.draining) refuse_when_draining(r);
             net::post(self->sock_.get_executor(), [self, q, r = std::move(r)]() mutable {
                 --self->srv_.active;
                 if (self->closed_) return;
                 self->routed(std::move(r));
             });
         });
+    }
+
+    // A request routed while the drain began: it is not in flight (the engine would refuse it), and a
+    // render interrupted by the drain failed it with a 400; either is a 503 (the message kept).
+    static void refuse_when_draining(Routed& r) {
+        if (r.call) {
+            r.call.reset();
+            r.reply = error_reply(503, "the server is shutting down and takes no new requests");
+        } else if (r.reply && r.reply->status == 400) {
+            const auto j = nlohmann::json::parse(r.reply->body, nullptr, false);
+            const bool named = j.is_object() && j.contains("error") && j["error"].is_object() &&
+                               j["error"].contains("message") && j["error"]["message"].is_string();
+            r.reply = error_reply(503, named ? j["error"]["message"].get<std::string>() : "the server is shutting down");
+        } else {
+            return;
+        }
+        r.reply->headers.emplace_back("Retry-After", "5");
     }
 
     void routed(Routed r) {
@@ -581,14 +609,10 @@ void HttpServer::set_ready(ServedModel model) {
     impl_->metrics.set_ready(true);
 }
 
-void HttpServer::stop_accepting() {
+void HttpServer::begin_drain() {
     Impl& s = *impl_;
     s.draining = true;
-    net::post(s.ioc, [&s] {
-        beast::error_code ec;
-        s.acceptor.close(ec);
-        s.accept_retry.cancel();
-    });
+    s.interrupt_renders = true;
 }
 
 int64_t HttpServer::active() const {
@@ -603,10 +627,13 @@ bool HttpServer::wait_idle(Clock::time_point deadline) const {
 void HttpServer::stop() {
     Impl& s = *impl_;
     if (s.stopped.exchange(true)) return;
+    s.interrupt_renders = true;
     s.route_pool.join();  // routes in progress finish (their answers are dropped with the I/O threads)
     s.ioc.stop();
     for (std::thread& t : s.threads) t.join();
     s.threads.clear();
+    beast::error_code ec;
+    s.acceptor.close(ec);  // no I/O thread runs: new connections are refused from here on
 }
 
 }  // namespace lattice::serve

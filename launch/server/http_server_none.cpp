@@ -32,7 +32,7 @@ std::string HttpServer::url() const {
 void HttpServer::set_ready(ServedModel) {
     no_boost();
 }
-void HttpServer::stop_accepting() {
+void HttpServer::begin_drain() {
     no_boost();
 }
 int64_t HttpServer::active() const {

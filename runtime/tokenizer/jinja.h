@@ -25,8 +25,10 @@
 // conversation: the real templates of ../shared/chat-templates use under a tenth of every limit at
 // every size (test_jinja_budget), while a runaway one (a string doubled in a loop, two nested
 // range(100000)) ends within ~0.1 s with an Error naming the limit, the template and the line.
+// A caller may also end the renders of a thread from outside (RenderInterrupt: a server draining).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <ctime>
 #include <memory>
@@ -64,6 +66,21 @@ struct RenderOptions {
     std::optional<std::tm> now;
     RenderLimits limits;
     RenderUsage* usage = nullptr;  // filled in when given (also when the render fails)
+};
+
+// While one lives, renders on this thread check `*flag` at every step and, once it is set, end with
+// an Error naming the template and its line ("interrupted"). Scoped per thread; nests (the previous
+// flag returns). `lattice serve` sets one on its route threads and raises it when it drains.
+class RenderInterrupt {
+public:
+    explicit RenderInterrupt(const std::atomic<bool>* flag);
+    ~RenderInterrupt();
+    RenderInterrupt(const RenderInterrupt&) = delete;
+    RenderInterrupt& operator=(const RenderInterrupt&) = delete;
+    static const std::atomic<bool>* current();
+
+private:
+    const std::atomic<bool>* prev_;
 };
 
 class Template {

@@ -1,7 +1,8 @@
 // The render budget of the Jinja engine (jinja.h, class Budget in jinja_internal.h): the limits of
 // one render are RenderLimits' floors plus an allowance per JSON value and per string byte of the
 // context, measured once here; the budget is installed for the render's thread (renders do not nest)
-// and copies its usage out when the render ends, failed or not.
+// and copies its usage out when the render ends, failed or not. It also takes the thread's
+// RenderInterrupt flag (checked at every step) when it starts.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@ namespace lattice::jinja {
 namespace {
 
 thread_local Budget* t_current = nullptr;
+thread_local const std::atomic<bool>* t_interrupt = nullptr;
 
 struct ContextSize {
     int64_t values = 0, bytes = 0;
@@ -44,7 +46,7 @@ int64_t grant(int64_t floor, int64_t per, int64_t units) {
 }  // namespace
 
 Budget::Budget(const RenderLimits& floors, const nlohmann::ordered_json& context, RenderUsage* usage)
-    : lim_(floors), out_(usage), prev_(t_current) {
+    : interrupt_(t_interrupt), lim_(floors), out_(usage), prev_(t_current) {
     ContextSize size;
     measure(context, 0, floors.depth, size);
     lim_.steps = grant(floors.steps, floors.steps_per_value, size.values);
@@ -69,6 +71,22 @@ void Budget::copied(const List& items) {
     step(int64_t(items.size()));
     for (const Value& v : items)
         if (v.is_string()) produced(v.s.size());
+}
+
+void Budget::interrupted() {
+    throw Oops("the render was interrupted (the server is shutting down)");
+}
+
+RenderInterrupt::RenderInterrupt(const std::atomic<bool>* flag) : prev_(t_interrupt) {
+    t_interrupt = flag;
+}
+
+RenderInterrupt::~RenderInterrupt() {
+    t_interrupt = prev_;
+}
+
+const std::atomic<bool>* RenderInterrupt::current() {
+    return t_interrupt;
 }
 
 void Budget::over(const char* what, int64_t limit) const {

@@ -12,8 +12,62 @@
 
 namespace lattice::jinja {
 
+namespace {
+
+// The work list of the ~Value now freeing on this thread (null when none is): values whose containers
+// are to be freed wait here instead of being freed inside their parent's destructor.
+thread_local List* t_freeing = nullptr;
+
+bool holds_values(const Value& v) {
+    return v.list || v.dict || v.fn;
+}
+
+// Moves the values inside the containers that `v` alone holds onto `work` (their slots left empty).
+void detach(Value& v, List& work) {
+    if (v.list && v.list.use_count() == 1)
+        for (Value& x : *v.list)
+            if (holds_values(x)) work.push_back(std::move(x));
+    if (v.dict && v.dict.use_count() == 1)
+        for (auto& kv : v.dict->items)
+            if (holds_values(kv.second)) work.push_back(std::move(kv.second));
+}
+
+void charge_nesting(int32_t levels) {
+    if (Budget* b = Budget::current()) b->nested(levels);
+}
+
+}  // namespace
+
+void Value::release() noexcept {
+    if (t_freeing) {  // inside another ~Value: hand the children over, the members then free flat
+        detach(*this, *t_freeing);
+        return;
+    }
+    List work;
+    t_freeing = &work;
+    detach(*this, work);
+    list.reset();
+    dict.reset();
+    fn.reset();  // a function's captured values land on the work list too
+    while (!work.empty()) {
+        Value v = std::move(work.back());
+        work.pop_back();
+    }  // each v's destructor moves its own children onto `work`
+    t_freeing = nullptr;
+}
+
+int32_t Value::nesting() const {
+    if (kind == Kind::kList) return nest;
+    if (kind == Kind::kDict) return dict->nest;
+    return 0;
+}
+
 Value Value::make_list(List v) {
+    int32_t inner = 0;
+    for (const Value& x : v) inner = std::max(inner, x.nesting());
+    charge_nesting(inner + 1);
     Value r = with(Kind::kList);
+    r.nest = inner + 1;
     r.list = std::make_shared<List>(std::move(v));
     return r;
 }
@@ -28,7 +82,14 @@ const Value* Dict::find(std::string_view key) const {
         if (k == key) return &v;
     return nullptr;
 }
+void Dict::holds(const Value& v) {
+    const int32_t levels = v.nesting() + 1;
+    if (levels <= nest) return;
+    charge_nesting(levels);
+    nest = levels;
+}
 void Dict::set(const std::string& key, Value v) {
+    holds(v);
     for (auto& [k, old] : items)
         if (k == key) {
             old = std::move(v);
@@ -191,8 +252,10 @@ void json_dump(std::string& out, const Value& v, int indent, int depth) {
     charge_growing(out.size());
     auto newline = [&](int d) {
         if (indent < 0) return;
+        const size_t pad = size_t(indent) * size_t(d);  // tojson clamps indent to 2^20; d is under the depth limit
+        charge_growing(out.size() + 1 + pad);
         out += '\n';
-        out.append(size_t(indent * d), ' ');
+        out.append(pad, ' ');
     };
     const char* item_sep = indent < 0 ? ", " : ",";
     switch (v.kind) {
@@ -320,6 +383,7 @@ bool equal(const Value& a, const Value& b) {
         case Value::Kind::kNone:
             return true;
         case Value::Kind::kString:
+            if (a.s.size() == b.s.size()) charge_scan(a.s.size());
             return a.s == b.s;
         case Value::Kind::kList:
             if (a.tuple != b.tuple || a.list->size() != b.list->size()) return false;
@@ -342,7 +406,10 @@ bool less(const Value& a, const Value& b) {
     const Nest nest;
     charge_steps(1);
     if (a.is_number() && b.is_number()) return num(a) < num(b);
-    if (a.is_string() && b.is_string()) return a.s < b.s;
+    if (a.is_string() && b.is_string()) {
+        charge_scan(std::min(a.s.size(), b.s.size()));
+        return a.s < b.s;
+    }
     if (a.is_list() && b.is_list()) {
         return std::lexicographical_compare(a.list->begin(), a.list->end(), b.list->begin(), b.list->end(), less);
     }
@@ -370,7 +437,10 @@ Value from_json(const nlohmann::ordered_json& j) {
         }
         case nlohmann::ordered_json::value_t::object: {
             Value d = Value::make_dict();
-            for (auto it = j.begin(); it != j.end(); ++it) d.dict->items.emplace_back(it.key(), from_json(it.value()));
+            for (auto it = j.begin(); it != j.end(); ++it) {
+                d.dict->items.emplace_back(it.key(), from_json(it.value()));
+                d.dict->holds(d.dict->items.back().second);
+            }
             return d;
         }
         default:
@@ -418,6 +488,7 @@ int64_t length(const Value& v) {
         case Value::Kind::kUndefined:
             return 0;
         case Value::Kind::kString: {
+            charge_scan(v.s.size());
             int64_t n = 0;  // code_points(v.s).size() without making them
             for (size_t i = 0; i < v.s.size(); ++n) i += std::min(cp_bytes(static_cast<unsigned char>(v.s[i])), v.s.size() - i);
             return n;

@@ -23,11 +23,20 @@ constexpr int kMaxCallDepth = 64;  // macro recursion (real templates nest a few
 
 }  // namespace
 
+Evaluator::~Evaluator() {
+    for (const auto& w : namespaces_)
+        if (const std::shared_ptr<Dict> d = w.lock()) d->items.clear();
+}
+
 std::string Evaluator::run(const nlohmann::ordered_json& context) {
     if (!context.is_object() && !context.is_null()) throw Error("chat template context must be a JSON object");
     Budget budget(opt_.limits, context, opt_.usage);
-    if (context.is_object())
-        for (auto it = context.begin(); it != context.end(); ++it) (*scopes_[0])[it.key()] = from_json(it.value());
+    try {
+        if (context.is_object())
+            for (auto it = context.begin(); it != context.end(); ++it) (*scopes_[0])[it.key()] = from_json(it.value());
+    } catch (const Oops& o) {
+        throw Error(fmt::format("chat template '{}': the context: {}", prog_.name, o.what()));
+    }
     std::string out;
     exec(prog_.body, out);
     return out;
@@ -74,7 +83,11 @@ void Evaluator::install_globals(Frame& g) {
             return d;
         };
     };
-    g["namespace"] = Value::func(make_dict(true));
+    g["namespace"] = Value::func([this, build = make_dict(true)](Args& a) {
+        Value d = build(a);
+        namespaces_.push_back(d.dict);
+        return d;
+    });
     g["dict"] = Value::func(make_dict(false));
     g["raise_exception"] = Value::func([](Args& a) -> Value {
         throw Oops(fmt::format("raise_exception: {}", a.pos.empty() ? std::string() : to_str(a.pos[0])));
@@ -110,14 +123,19 @@ Flow Evaluator::exec(const Body& body, std::string& out) {
     return Flow::kNormal;
 }
 
+// Every Oops a statement raises outside its expressions (printing a value, unpacking, a budget
+// charge) becomes an Error at the statement's line; an expression's own carry its position already.
 Flow Evaluator::exec_node(const Node& n, std::string& out) {
-    Budget& budget = *Budget::current();
-    const Nest nest;
     try {
-        budget.step();
+        return run_node(n, out);
     } catch (const Oops& o) {
         fail_at(prog_.name, n.line, n.col, o.what());
     }
+}
+
+Flow Evaluator::run_node(const Node& n, std::string& out) {
+    const Nest nest;
+    Budget::current()->step();
     switch (n.kind) {
         case Node::Kind::kText:
             append(out, n.text, n);
@@ -178,7 +196,11 @@ void Evaluator::exec_set(const Node& n, const Value& v) {
         if (!ns.is_dict() || !ns.dict->is_namespace)
             fail_at(prog_.name, n.line, n.col,
                     fmt::format("cannot set attribute '{}' of '{}': not a namespace()", n.targets[1], n.targets[0]));
-        ns.dict->set(n.targets[1], v);
+        try {
+            ns.dict->set(n.targets[1], v);
+        } catch (const Oops& o) {
+            fail_at(prog_.name, n.line, n.col, o.what());
+        }
         return;
     }
     bind(*scopes_.back(), n, v);
@@ -205,29 +227,14 @@ Flow Evaluator::exec_for(const Node& n, std::string& out) {
     ++loop_depth_;
     const int64_t len = int64_t(items.size());
     for (int64_t i = 0; i < len; ++i) {
+        Value loop;
         try {
             Budget::current()->loop_iteration();
+            loop = loop_value(items, i);
         } catch (const Oops& o) {
             fail_at(prog_.name, n.line, n.col, o.what());
         }
         bind(f, n, items[size_t(i)]);
-        Value loop = Value::make_dict();
-        Dict& d = *loop.dict;
-        d.set("index", Value::integer(i + 1));
-        d.set("index0", Value::integer(i));
-        d.set("revindex", Value::integer(len - i));
-        d.set("revindex0", Value::integer(len - i - 1));
-        d.set("first", Value::boolean(i == 0));
-        d.set("last", Value::boolean(i == len - 1));
-        d.set("length", Value::integer(len));
-        d.set("depth", Value::integer(1));
-        d.set("depth0", Value::integer(0));
-        if (i > 0) d.set("previtem", items[size_t(i - 1)]);
-        if (i + 1 < len) d.set("nextitem", items[size_t(i + 1)]);
-        d.set("cycle", Value::func([i](Args& a) {
-                  if (a.pos.empty()) throw Oops("loop.cycle: no arguments");
-                  return a.pos[size_t(i) % a.pos.size()];
-              }));
         f["loop"] = loop;
         if (exec(n.body, out) == Flow::kBreak) break;
     }
@@ -235,6 +242,29 @@ Flow Evaluator::exec_for(const Node& n, std::string& out) {
     scopes_.pop_back();
     if (items.empty()) exec(n.else_body, out);
     return Flow::kNormal;
+}
+
+// jinja2's `loop` for item i of items.
+Value Evaluator::loop_value(const List& items, int64_t i) {
+    const int64_t len = int64_t(items.size());
+    Value loop = Value::make_dict();
+    Dict& d = *loop.dict;
+    d.set("index", Value::integer(i + 1));
+    d.set("index0", Value::integer(i));
+    d.set("revindex", Value::integer(len - i));
+    d.set("revindex0", Value::integer(len - i - 1));
+    d.set("first", Value::boolean(i == 0));
+    d.set("last", Value::boolean(i == len - 1));
+    d.set("length", Value::integer(len));
+    d.set("depth", Value::integer(1));
+    d.set("depth0", Value::integer(0));
+    if (i > 0) d.set("previtem", items[size_t(i - 1)]);
+    if (i + 1 < len) d.set("nextitem", items[size_t(i + 1)]);
+    d.set("cycle", Value::func([i](Args& a) {
+              if (a.pos.empty()) throw Oops("loop.cycle: no arguments");
+              return a.pos[size_t(i) % a.pos.size()];
+          }));
+    return loop;
 }
 
 void Evaluator::define_macro(const Node& n) {

@@ -2,7 +2,9 @@
 // evaluates an Expr to a Value with jinja2's semantics for names, attributes and subscripts (a
 // missing one is Undefined, not an error), slices, calls, filters and tests, and the operators
 // (Python's arithmetic, comparison and `in`). Every expression charges the render's Budget: a step
-// and a level of nesting, and the strings it makes, checked before a string grows.
+// and a level of nesting, and the strings it makes, checked before a string grows. Integers are
+// int64: where Python's would grow past 64 bits the result is an Oops, never undefined behaviour;
+// slices take any int64 step.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -24,8 +26,52 @@ Value Evaluator::eval(const Expr& e) {
         return v;
     } catch (const Oops& o) {
         fail_at(prog_.name, e.line, e.col, o.what());
+    } catch (const std::logic_error& o) {  // out_of_range, length_error...: a bug here, still the template's line
+        fail_at(prog_.name, e.line, e.col, fmt::format("internal error: {}", o.what()));
     }
 }
+
+namespace {
+
+// Python's ints do not overflow; int64 ones must not either (undefined behaviour): past int64 an Oops.
+[[noreturn]] void overflow(int64_t x, const char* op, int64_t y) {
+    throw Oops(fmt::format("integer overflow: {} {} {} is beyond 64 bits", x, op, y));
+}
+
+int64_t int_arith(char op, int64_t x, int64_t y) {
+    int64_t r = 0;
+    const bool over = op == '+'   ? __builtin_add_overflow(x, y, &r)
+                      : op == '-' ? __builtin_sub_overflow(x, y, &r)
+                                  : __builtin_mul_overflow(x, y, &r);
+    if (over) overflow(x, op == '+' ? "+" : op == '-' ? "-" : "*", y);
+    return r;
+}
+
+int64_t int_power(int64_t x, int64_t y) {  // y >= 0; squaring by halves, each product checked
+    int64_t r = 1, base = x;
+    for (uint64_t e = uint64_t(y); e; e >>= 1) {
+        if ((e & 1) && __builtin_mul_overflow(r, base, &r)) overflow(x, "**", y);
+        if (e > 1 && __builtin_mul_overflow(base, base, &base)) overflow(x, "**", y);
+    }
+    return r;
+}
+
+// Python's // and % on ints (floor division; the remainder takes the divisor's sign); y != 0.
+int64_t int_floordiv(const std::string& op, int64_t x, int64_t y) {
+    if (y == -1) {
+        if (op == "%") return 0;
+        if (x == INT64_MIN) overflow(x, "//", y);
+        return -x;
+    }
+    int64_t q = x / y, r = x % y;
+    if (r != 0 && ((r < 0) != (y < 0))) {
+        --q;
+        r += y;
+    }
+    return op == "//" ? q : r;
+}
+
+}  // namespace
 
 std::string Evaluator::describe(const Expr& e) {
     if (e.kind == Expr::Kind::kName) return e.name;
@@ -111,8 +157,10 @@ Value Evaluator::eval_inner(const Expr& e) {
             const Value v = need_defined(*e.args[0]);
             if (!v.is_number()) throw Oops(fmt::format("bad operand for unary {}: {}", e.name, kind_name(v)));
             if (e.name == "+") return v;
-            return v.kind == Value::Kind::kFloat ? Value::real(-v.f)
-                                                 : Value::integer(-(v.kind == Value::Kind::kBool ? v.b : v.i));
+            if (v.kind == Value::Kind::kFloat) return Value::real(-v.f);
+            const int64_t x = v.kind == Value::Kind::kBool ? v.b : v.i;
+            if (x == INT64_MIN) overflow(0, "-", x);
+            return Value::integer(-x);
         }
         case K::kNot:
             return Value::boolean(!truthy(eval(*e.args[0])));
@@ -184,10 +232,15 @@ Value Evaluator::slice(const Value& obj, const Expr& e) {
     };
     const int64_t start = clamp(start0, has_start, st > 0 ? 0 : n - 1);
     const int64_t stop = clamp(stop0, has_stop, st > 0 ? n : -1);
-    charge_steps(std::max<int64_t>(0, st > 0 ? (stop - start) / st : (start - stop) / -st));
+    // Items taken, in wide arithmetic: the step may be anywhere in int64.
+    const __int128 span = st > 0 ? __int128(stop) - start : __int128(start) - stop;
+    const __int128 mag = st > 0 ? __int128(st) : -__int128(st);
+    const int64_t count = span <= 0 ? 0 : int64_t((span + mag - 1) / mag);
+    charge_steps(count);
     List l;
     std::string s;
-    for (int64_t i = start; st > 0 ? i < stop : i > stop; i += st) {
+    for (int64_t k = 0; k < count; ++k) {
+        const int64_t i = int64_t(start + __int128(k) * st);
         if (obj.is_list())
             l.push_back((*obj.list)[size_t(i)]);
         else
@@ -241,32 +294,21 @@ Value Evaluator::binary(const Expr& e) {
     const int64_t x = a.kind == Value::Kind::kBool ? a.b : a.i, y = b.kind == Value::Kind::kBool ? b.b : b.i;
     const double fx = a.kind == Value::Kind::kFloat ? a.f : double(x),
                  fy = b.kind == Value::Kind::kFloat ? b.f : double(y);
-    if (op == "+") return ints ? Value::integer(x + y) : Value::real(fx + fy);
-    if (op == "-") return ints ? Value::integer(x - y) : Value::real(fx - fy);
-    if (op == "*") return ints ? Value::integer(x * y) : Value::real(fx * fy);
+    if (op == "+") return ints ? Value::integer(int_arith('+', x, y)) : Value::real(fx + fy);
+    if (op == "-") return ints ? Value::integer(int_arith('-', x, y)) : Value::real(fx - fy);
+    if (op == "*") return ints ? Value::integer(int_arith('*', x, y)) : Value::real(fx * fy);
     if (op == "/") {
         if (fy == 0) throw Oops("division by zero");
         return Value::real(fx / fy);
     }
     if (op == "//" || op == "%") {
         if (fy == 0) throw Oops(op == "%" ? "modulo by zero" : "division by zero");
-        if (ints) {
-            int64_t q = x / y, r = x % y;
-            if (r != 0 && ((r < 0) != (y < 0))) {
-                --q;
-                r += y;
-            }
-            return Value::integer(op == "//" ? q : r);
-        }
+        if (ints) return Value::integer(int_floordiv(op, x, y));
         const double q = std::floor(fx / fy);
         return Value::real(op == "//" ? q : fx - q * fy);
     }
     if (op == "**") {
-        if (ints && y >= 0) {
-            int64_t r = 1;
-            for (int64_t i = 0; i < y && i < 64; ++i) r *= x;
-            return Value::integer(r);
-        }
+        if (ints && y >= 0) return Value::integer(int_power(x, y));
         return Value::real(std::pow(fx, fy));
     }
     throw Oops(fmt::format("unknown operator '{}'", op));
@@ -275,6 +317,7 @@ Value Evaluator::binary(const Expr& e) {
 bool Evaluator::contains(const Value& hay, const Value& needle) {
     if (hay.is_string()) {
         if (!needle.is_string()) throw Oops(fmt::format("'in <string>' needs a string, not {}", kind_name(needle)));
+        charge_scan(hay.s.size());
         return hay.s.find(needle.s) != std::string::npos;
     }
     if (hay.is_dict()) return needle.is_string() && hay.dict->find(needle.s) != nullptr;

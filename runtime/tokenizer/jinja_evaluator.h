@@ -3,7 +3,9 @@
 // half (jinja_eval_expr.cpp: expressions, indexing, slicing, operators). One Evaluator renders one
 // template once. Invariants: scopes_ is never empty (scopes_[0] holds the globals and the context);
 // loop_depth_ and call_depth_ count the for loops and macro calls now running; every statement and
-// expression charges the render's Budget (jinja.h).
+// expression charges the render's Budget (jinja.h). namespaces_ holds every namespace() the render
+// made: the only values a template can change, so the only way it can make a value hold itself; the
+// destructor empties them, so that no such cycle outlives the render.
 #pragma once
 
 #include <memory>
@@ -24,6 +26,9 @@ public:
         scopes_.push_back(std::make_shared<Frame>());
         install_globals(*scopes_[0]);
     }
+    ~Evaluator();
+    Evaluator(const Evaluator&) = delete;
+    Evaluator& operator=(const Evaluator&) = delete;
 
     std::string run(const nlohmann::ordered_json& context);
 
@@ -33,11 +38,13 @@ private:
 
     // ---- statements (jinja_eval.cpp) ----
     Flow exec(const Body& body, std::string& out);
-    Flow exec_node(const Node& n, std::string& out);
+    Flow exec_node(const Node& n, std::string& out);  // run_node, its Oops made an Error at its line
+    Flow run_node(const Node& n, std::string& out);
     void append(std::string& out, const std::string& text, const Node& n);
     void bind(Frame& f, const Node& n, const Value& item);
     void exec_set(const Node& n, const Value& v);
     Flow exec_for(const Node& n, std::string& out);
+    static Value loop_value(const List& items, int64_t i);
     void define_macro(const Node& n);
 
     // ---- expressions (jinja_eval_expr.cpp) ----
@@ -56,6 +63,7 @@ private:
     RenderOptions opt_;
     std::vector<std::shared_ptr<Frame>> scopes_;
     int loop_depth_ = 0, call_depth_ = 0;
+    std::vector<std::weak_ptr<Dict>> namespaces_;
 };
 
 }  // namespace lattice::jinja

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 
 #include "runtime/tokenizer/jinja_internal.h"
@@ -160,8 +161,9 @@ Value attribute(const Value& v, const std::string& path) {
             const Value* f = cur.dict->find(part);
             cur = f ? *f : Value();
         } else if (cur.is_list() && !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit)) {
-            const size_t i = std::stoul(part);
-            cur = i < cur.list->size() ? (*cur.list)[i] : Value();
+            size_t i = 0;  // an index past size_t is past the list too
+            const auto res = std::from_chars(part.data(), part.data() + part.size(), i);
+            cur = res.ec == std::errc() && i < cur.list->size() ? (*cur.list)[i] : Value();
         } else {
             cur = Value();
         }
@@ -227,11 +229,13 @@ Value str_method_call(const Value& self, const std::string& name, Args& a) {
                                   need_string(a.get(1, "new"), "replace").s,
                                   int_arg(a.get(2, "count"), -1, "replace")));
     if (name == "find") {
+        charge_scan(s.size());
         const size_t at = s.find(need_string(a.get(0, "sub"), "find").s);
         return Value::integer(at == std::string::npos ? -1 : int64_t(code_points(s.substr(0, at)).size()));
     }
     if (name == "count") {
         const std::string& x = need_string(a.get(0, "sub"), "count").s;
+        charge_scan(s.size());
         int64_t n = 0;
         if (x.empty()) return Value::integer(int64_t(code_points(s).size()) + 1);
         for (size_t at = s.find(x); at != std::string::npos; at = s.find(x, at + x.size())) ++n;
@@ -359,7 +363,11 @@ bool apply_test(const std::string& name, const Value& v, Args& a) {
         if (v.kind != K::kInt || d.kind != K::kInt || d.i == 0) throw Oops("divisibleby needs non-zero integers");
         return v.i % d.i == 0;
     }
-    if (name == "lower" || name == "upper") return v.is_string() && v.s == ascii_case(v.s, name == "upper");
+    if (name == "lower" || name == "upper") {
+        if (!v.is_string()) return false;
+        charge_scan(v.s.size());
+        return v.s == ascii_case(v.s, name == "upper");
+    }
     throw Oops(fmt::format("unknown test '{}'", name));
 }
 
@@ -368,7 +376,8 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, const TestF
     if (name == "trim") return Value::str(strip(to_str(v), a.get(0, "chars"), true, true));
     if (name == "tojson") {
         const Value* ind = a.get(0, "indent");
-        return Value::str(to_json_text(v, ind && ind->kind == K::kInt ? int(ind->i) : -1));
+        const int64_t indent = ind && ind->kind == K::kInt ? std::clamp<int64_t>(ind->i, -1, 1 << 20) : -1;
+        return Value::str(to_json_text(v, int(indent)));
     }
     if (name == "length" || name == "count") return Value::integer(length(v));
     if (name == "upper" || name == "lower") return Value::str(ascii_case(to_str(v), name == "upper"));
@@ -434,7 +443,11 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, const TestF
         return Value::make_list(std::move(out));
     }
     if (name == "int") {
-        if (v.kind == K::kFloat) return Value::integer(int64_t(v.f));
+        if (v.kind == K::kFloat) {  // Python: OverflowError / ValueError; the cast would be undefined
+            if (!(v.f >= -9223372036854775808.0 && v.f < 9223372036854775808.0))
+                throw Oops(fmt::format("int: {} is not an integer in 64 bits", to_str(v)));
+            return Value::integer(int64_t(v.f));
+        }
         if (v.kind == K::kInt || v.kind == K::kBool) return Value::integer(v.kind == K::kBool ? v.b : v.i);
         try {
             return Value::integer(std::stoll(strip(to_str(v), nullptr, true, true)));
@@ -451,7 +464,10 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, const TestF
         }
     }
     if (name == "abs") {
-        if (v.kind == K::kInt) return Value::integer(v.i < 0 ? -v.i : v.i);
+        if (v.kind == K::kInt) {
+            if (v.i == INT64_MIN) throw Oops(fmt::format("abs: |{}| is beyond 64 bits", v.i));
+            return Value::integer(v.i < 0 ? -v.i : v.i);
+        }
         if (v.kind == K::kFloat) return Value::real(std::fabs(v.f));
         throw Oops("abs: expected a number");
     }

@@ -3,6 +3,14 @@
 // Value mirrors Python's objects as jinja2 sees them: lists and dicts are shared by reference (a
 // namespace() is a dict whose attributes may be set); dicts keep insertion order and have string
 // keys; a Func is a macro, a global function or a bound method.
+// Nesting: a list or dict knows how many levels of lists and dicts it holds (itself included), and
+// one built deeper than the render's depth limit is an Oops (Budget::nested). A list is immutable, so
+// its count is fixed when it is made; a dict's grows as values are set in it (values that held a
+// namespace before it grew keep their count: the limit is checked where a value is built). Freeing
+// never recurses per level: ~Value moves the children of the containers it alone holds onto one
+// work list per thread and frees them from there, so a value of any depth (or a namespace() that a
+// template made hold itself, which the Evaluator breaks up when the render ends) frees in constant
+// stack.
 #pragma once
 
 #include <algorithm>
@@ -33,6 +41,16 @@ struct Value {
     std::shared_ptr<Dict> dict;
     std::shared_ptr<Func> fn;
     bool tuple = false;  // a kList that Python would hold as a tuple (repr "(a, b)", never == a list)
+    int32_t nest = 0;    // kList: levels of lists and dicts, itself included (dicts keep theirs in Dict)
+
+    Value() = default;
+    Value(const Value&) = default;
+    Value(Value&&) noexcept = default;
+    Value& operator=(const Value&) = default;
+    Value& operator=(Value&&) noexcept = default;
+    ~Value() {
+        if (list || dict || fn) release();
+    }
 
     static Value none() { return with(Kind::kNone); }
     static Value boolean(bool v) {
@@ -74,13 +92,20 @@ struct Value {
     bool is_number() const { return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool; }
     bool is_list() const { return kind == Kind::kList; }
     bool is_dict() const { return kind == Kind::kDict; }
+    // Levels of lists and dicts in this value (0 for a scalar or a function).
+    int32_t nesting() const;
+
+private:
+    void release() noexcept;  // frees what only this value holds, without recursing per level
 };
 
 struct Dict {
     std::vector<std::pair<std::string, Value>> items;
     bool is_namespace = false;
+    int32_t nest = 1;  // levels of lists and dicts, itself included; grows as values are set
     const Value* find(std::string_view key) const;
-    void set(const std::string& key, Value v);
+    void set(const std::string& key, Value v);  // counts v's nesting (Oops past the render's depth limit)
+    void holds(const Value& v);                 // counts v's nesting, for items added directly
 };
 
 // Call arguments: positional, then keyword (name, value).
@@ -111,6 +136,7 @@ public:
 
     void step(int64_t n = 1) {
         if ((used_.steps += n) > lim_.steps) over("steps", lim_.steps);
+        if (interrupt_ && interrupt_->load(std::memory_order_relaxed)) interrupted();
     }
     void loop_iteration() {
         if (++used_.loop_iterations > lim_.loop_iterations) over("loop iterations", lim_.loop_iterations);
@@ -134,10 +160,16 @@ public:
         if (++depth_ > used_.depth && (used_.depth = depth_) > lim_.depth) over("levels of nesting", lim_.depth);
     }
     void leave() { --depth_; }
+    // A value `levels` deep is being built (lists and dicts, Value::nesting).
+    void nested(int32_t levels) {
+        if (levels > used_.depth && (used_.depth = levels) > lim_.depth) over("levels of nesting", lim_.depth);
+    }
     const RenderLimits& limits() const { return lim_; }
 
 private:
     [[noreturn]] void over(const char* what, int64_t limit) const;
+    [[noreturn]] static void interrupted();
+    const std::atomic<bool>* interrupt_;  // RenderInterrupt's flag for this thread, or null
     RenderLimits lim_;
     RenderUsage used_;
     RenderUsage* out_;
@@ -151,6 +183,11 @@ inline void charge_steps(int64_t n) {
 }
 inline void charge_growing(size_t size) {
     if (Budget* b = Budget::current()) b->growing(size);
+}
+// A scan of `bytes` that makes no string (length, `in`, ==, count): a step per 16 bytes, as code_points
+// charges, so that a loop over a long string's length is held by the step limit.
+inline void charge_scan(size_t bytes) {
+    charge_steps(int64_t(std::min<size_t>(bytes, size_t(1) << 60) / 16));
 }
 // One level of nesting for as long as it lives (recursion over statements, expressions, values).
 struct Nest {

@@ -5,6 +5,8 @@
 // arithmetic, `not` looser than comparisons, as in jinja2's parser.
 #include <fmt/format.h>
 
+#include <charconv>
+
 #include "base/error.h"
 #include "runtime/tokenizer/jinja_internal.h"
 #include "runtime/tokenizer/jinja_parser.h"
@@ -242,7 +244,11 @@ ExprPtr Parser::parse_postfix(ExprPtr e) {
             if (peek().kind == Tok::kInt) {
                 n->kind = Expr::Kind::kIndex;
                 auto idx = make(Expr::Kind::kLiteral, peek());
-                idx->literal = Value::integer(std::stoll(next().text));
+                int64_t i = 0;
+                const Tok& it = next();
+                if (std::from_chars(it.text.data(), it.text.data() + it.text.size(), i).ec != std::errc())
+                    fail(it, fmt::format("index '{}' out of range", it.text));
+                idx->literal = Value::integer(i);
                 n->args.push_back(std::move(e));
                 n->args.push_back(std::move(idx));
             } else {

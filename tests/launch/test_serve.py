@@ -9,7 +9,7 @@ every output is checked against `lattice generate` or the golden continuations:
      its status and an OpenAI error body (400 malformed JSON / wrong types / empty messages / prompt
      beyond the context, 401, 404 model and path, 405, 413); 32 concurrent streaming clients (16
      prompts, twice each) get the tokens of their prompts' single runs; /metrics counts them; SIGTERM during a stream: the stream
-     finishes, new connections are refused, exit 0.
+     finishes, while /health answers 503 "draining" with Retry-After and a new completion 503; exit 0.
   3. --max-seqs 1 --max-queue 1: a running stream, a waiting request, then 503; the stream's client
      disconnects: its blocks return to the pool (/metrics) and the waiting request runs.
   4. launch/slurm/serve.sbatch run as a script with PP=2 on CPU ranks (built-in) and mpirun -np 2 --tp 2
@@ -31,7 +31,9 @@ every output is checked against `lattice generate` or the golden continuations:
 Without the openai package the same requests and checks go through http.client (Api below), so the test
 never skips for want of it. Every server runs in its own process group and is killed (group and all) when
 the test fails or stops; each wait is bounded.
-Usage: test_serve.py LATTICE_BINARY MODEL_GGUF SHARED_DIR [api|choices|structured|fronts|all]   (exit 0: pass)"""
+  8. (part "drain") a chat template render of seconds (tiny-llama2, a small tokenizer): /health and /metrics
+     answer while it runs; SIGTERM during it interrupts it (503) and the server exits 0 within --drain-seconds.
+Usage: test_serve.py LATTICE_BINARY MODEL_GGUF SHARED_DIR [api|choices|structured|fronts|drain|all]   (exit 0: pass)"""
 import atexit
 import http.client
 import json
@@ -752,25 +754,27 @@ def builtin_section():
           "generated tokens per finished request")
     check('lattice:time_to_first_token_seconds_bucket{model_name="smol",le="+Inf"} ' in text, "TTFT histogram buckets")
 
-    # SIGTERM mid-stream: the stream still finishes; then new connections are refused; exit 0.
+    # SIGTERM mid-stream, the drain: the listener stays open; GET /health answers 503 "draining" with
+    # Retry-After (polled until it does) and a new completion 503, while the stream goes on and finishes
+    # whole; then exit 0.
     c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=300)
     c.request("POST", P, body=json.dumps(dict(body(prompt), max_tokens=48)), headers=auth)
     r = c.getresponse()
     first = r.readline()
     s.p.send_signal(signal.SIGTERM)
+    health = (0, {}, "")
+    deadline = time.time() + 60
+    while time.time() < deadline and health[0] != 503:
+        health = s.request("GET", "/health", timeout=30)
+        check(health[0] in (200, 503), f"/health while draining: {health[0]} (the listener must stay open)")
+    check(health[0] == 503 and health[1].get("Retry-After") == "5" and '"draining"' in health[2],
+          f"/health while draining: {health}")
+    late = s.request("POST", P, dict(body(prompt), stream=False), auth, timeout=60)
+    check(late[0] == 503 and "shutting down" in late[2], f"a new completion while draining: {late[:1]} {late[2][:200]}")
     rest = [first] + list(r)
     events = [json.loads(l[6:]) if l.strip() != b"data: [DONE]" else "[DONE]" for l in rest if l.startswith(b"data: ")]
     ids, _, finish = stream_ids(events)
     check(len(ids) == 48 and finish == "length" and events[-1] == "[DONE]", f"drained stream: {len(ids)} {finish}")
-    refused = False
-    deadline = time.time() + 60
-    while time.time() < deadline and not refused:
-        try:
-            socket.create_connection(("127.0.0.1", s.port), timeout=5).close()
-            time.sleep(0.05)
-        except OSError:
-            refused = True
-    check(refused, "new connections refused while draining")
     rc = s.wait()
     check(rc == 0, f"exit status after SIGTERM: {rc}")
     check(any("stopped by signal 15" in l for l in s.err), f"drain report: {''.join(s.err[-5:])}")
@@ -840,6 +844,48 @@ def mpi_section(single, prompts):
     s.stop(signal.SIGUSR1, "mpirun tp 2")
 
 
+def drain_render_section():
+    """A near-budget chat template render (to the step limit) on tiny-llama2 with a small tokenizer:
+    GET /health and /metrics answer while it runs (it is on a route thread, not the I/O thread); SIGTERM during
+    it ends the render at its next step (the request gets 503 naming the interruption) and the process exits 0
+    well within --drain-seconds."""
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as d:
+        for f in ("config.json", "model.safetensors"):
+            os.symlink(os.path.join(golden, f), os.path.join(d, f))
+        vocab = {"<s>": 0, "</s>": 1, "\u2581": 2, "a": 3, "\u2581a": 4}
+        with open(os.path.join(d, "tokenizer.json"), "w") as f:
+            json.dump({"model": {"type": "BPE", "byte_fallback": False, "vocab": vocab, "merges": ["\u2581 a"]},
+                       "added_tokens": [{"id": 0, "content": "<s>", "special": True},
+                                        {"id": 1, "content": "</s>", "special": True}]}, f)
+        # Runs to the step limit: ~0.5 s of CPU (Release), the longest a 60 KB conversation's render may take.
+        slow = ("{% for m in messages %}{% for i in range(1000) %}{% set x = ((m.content ~ i) ~ (m.content ~ i) ~ "
+                "(m.content ~ i) ~ (m.content ~ i) ~ (m.content ~ i))|length %}{% endfor %}{% endfor %}{{ bos_token }}a")
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+            json.dump({"bos_token": "<s>", "eos_token": "</s>", "chat_template": slow}, f)
+        s = Server(["--model", d, "--threads", "1", "--drain-seconds", "5"])
+        # 61 KB: under the 64 KiB up to which bodies used to be routed on the I/O thread.
+        body = {"messages": [{"role": "user", "content": "a"}] * 1800, "max_tokens": 2}
+        result = {}
+        chat = threading.Thread(target=lambda: result.update(r=s.request("POST", "/v1/chat/completions", body,
+                                                                         timeout=300)))
+        chat.start()
+        deadline = time.time() + 60  # the chat's connection open (its 61 KB body then arrives in a few ms)
+        while time.time() < deadline and s.metrics().get("lattice_http_connections", 0) < 2:
+            time.sleep(0.005)
+        polls = [s.request("GET", path, timeout=60)[0] for path in ("/health", "/metrics") * 5]
+        check(polls == [200] * 10, f"/health and /metrics during a render: {polls}")
+        check(chat.is_alive(), "the render still runs after the polls (else they proved nothing: a faster machine?)")
+        t0 = time.time()
+        s.p.send_signal(signal.SIGTERM)
+        rc = s.wait()
+        took = time.time() - t0
+        chat.join(timeout=60)
+        st, _, text = result.get("r", (0, {}, ""))
+        check(st == 503 and "interrupted" in text, f"the chat whose render SIGTERM interrupted: {st} {text[:300]}")
+        check(rc == 0 and took < 5, f"SIGTERM during a render: exit {rc} after {took:.1f} s (--drain-seconds 5)")
+        print(f"  SIGTERM during a render: exit after {took:.2f} s", flush=True)
+
+
 print(f"test_serve: {'openai ' + openai.__version__ if openai else 'http.client (no openai package)'} client",
       flush=True)
 t0 = time.time()
@@ -875,6 +921,9 @@ try:
         check(st == 200, f"--kv-cache-gb 0.02: a chat without max_tokens: {st} {raw[:300]}")
         s.stop()
         print(f"structured: {time.time() - t0:.1f} s", flush=True)
+    if PART in ("drain", "all"):
+        drain_render_section()
+        print(f"drain during a render: {time.time() - t0:.1f} s", flush=True)
     if PART in ("fronts", "all"):
         fronts_section()
         print(f"three fronts: {time.time() - t0:.1f} s", flush=True)

@@ -7,9 +7,11 @@
 //  - keep-alive: two requests on one connection; 413 over the body limit; 100-continue;
 //  - a Transfer-Encoding that cannot frame the request (not a final chunked, or beside a
 //    Content-Length) is a 400 and the connection closes: a pipelined request after it never runs;
-//  - stop_accepting(): new connections are refused;
-//  - a large body is routed (parsed, tokenized) off the I/O thread: while its route is held at a
-//    gate, another connection on the one I/O thread is served;
+//  - the drain (begin_drain): the listener stays open; GET /health answers 503 "draining" with
+//    Retry-After and a new completion 503, while a stream in flight runs to its end; a chat template
+//    render being routed when the drain begins is interrupted (a 503 naming the template's line);
+//  - every POST is routed (parsed, its chat template rendered, tokenized) off the I/O thread: while
+//    its route is held at a gate, /health, /metrics and other requests on the one I/O thread answer;
 //  - `ulimit -n 64` with 200 idle connections (issue 33 item 7, in a forked server process): the
 //    connection limit fits the descriptors, the excess and a valid request are answered 503 with
 //    Retry-After (not left to time out behind accept() failures), and once the idle ones go a
@@ -28,6 +30,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <set>
@@ -36,6 +40,7 @@
 #include <vector>
 
 #include "launch/server/http_server.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 using namespace lattice::serve;
 using lattice::openai::Delta;
@@ -58,6 +63,7 @@ public:
         std::lock_guard lock(mu_);
         return int(cancelled_.size());
     }
+    std::atomic<bool> hold{false};  // while set, requests are accepted but get no tokens
 
 private:
     struct Run {
@@ -80,6 +86,7 @@ private:
                 runs.push_back({it.ticket, it.ticket->request.client.max_tokens, 0});
             }
             for (Run& r : runs) {
+                if (hold) break;
                 Delta d;
                 d.kind = Delta::Kind::kTokens;
                 for (int i = 0; i < per_ && r.left > 0; ++i, --r.left) {
@@ -167,9 +174,10 @@ struct Fixture {
     Inbox inbox;
     Metrics metrics;
     HttpServer server;
-    explicit Fixture(ServerOptions o) : server((o.port = 0, o), inbox, metrics) {
+    explicit Fixture(ServerOptions o, const lattice::Tokenizer* tok = nullptr) : server((o.port = 0, o), inbox, metrics) {
         server.start();
         ServedModel m;
+        m.tokenizer = tok;
         m.name = "fake";
         m.limits = {300};
         m.context = int64_t(1) << 30;
@@ -225,7 +233,7 @@ TEST_CASE("a client that goes away is cancelled, streamed or not") {
     CHECK(eventually([&] { return f.server.active() == 0; }));
 }
 
-TEST_CASE("keep-alive, 100-continue, the body limit, and a closed listener") {
+TEST_CASE("keep-alive, 100-continue, the body limit, and the drain's 503s on a new connection") {
     ServerOptions o;
     o.max_body_bytes = 1000;
     Fixture f(o);
@@ -252,12 +260,14 @@ TEST_CASE("keep-alive, 100-continue, the body limit, and a closed listener") {
     CHECK(r.find("Connection: close") != std::string::npos);
     ::close(big);
 
-    f.server.stop_accepting();
-    CHECK(eventually([&] {
-        const int c = connect_to(f.server.port());
-        if (c >= 0) ::close(c);
-        return c < 0;
-    }));
+    f.server.begin_drain();
+    const int late = connect_to(f.server.port());  // the listener stays open while the server drains
+    REQUIRE(late >= 0);
+    send_all(late, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    const std::string health = read_until(late, "\"draining\"");
+    CHECK_MESSAGE(health.starts_with("HTTP/1.1 503"), health);
+    CHECK(health.find("Retry-After: 5") != std::string::npos);
+    ::close(late);
 }
 
 TEST_CASE("a Transfer-Encoding other than a final chunked, or beside a Content-Length, is a 400 and a close") {
@@ -286,15 +296,14 @@ TEST_CASE("a Transfer-Encoding other than a final chunked, or beside a Content-L
     ::close(fd);
 }
 
-TEST_CASE("a large body is routed off the I/O thread: while its route is held, other connections are served") {
+TEST_CASE("every POST is routed off the I/O thread: while one is held, /health, /metrics and others answer") {
     ServerOptions o;  // one I/O thread (the default)
-    o.route_inline_bytes = 1000;
     std::mutex mu;
     std::condition_variable cv;
     bool open = false;
-    std::atomic<int> held{0};
-    o.route_hook = [&] {  // the route pool holds the large request here until the gate opens
-        ++held;
+    std::atomic<int> routed{0};
+    o.route_hook = [&] {  // the route pool holds the first request here until the gate opens
+        if (routed++ > 0) return;
         std::unique_lock lock(mu);
         cv.wait(lock, [&] { return open; });
     };
@@ -311,25 +320,93 @@ TEST_CASE("a large body is routed off the I/O thread: while its route is held, o
         std::function<void()> f;
         ~Gate() { f(); }
     } gate{open_gate};
-    std::string ids = "1";
-    for (int i = 1; i < 2000; ++i) ids += ",1";
-    const int big = connect_to(f.server.port());
-    send_all(big, post("/v1/completions", R"({"prompt": [)" + ids + R"(], "max_tokens": 3})"));
-    CHECK(eventually([&] { return held.load() == 1; }));
+    // A small body: what is routed off the I/O thread is every POST, whatever its size.
+    const int held = connect_to(f.server.port());
+    send_all(held, post("/v1/completions", R"({"prompt": [1, 2, 3], "max_tokens": 3})"));
+    CHECK(eventually([&] { return routed.load() == 1; }));
     CHECK(f.server.active() == 1);  // counted while routed: a drain waits for it
-    const int small = connect_to(f.server.port());  // served by the one I/O thread meanwhile
-    send_all(small, post("/v1/completions", R"({"prompt": [1, 2], "max_tokens": 3})"));
-    const std::string a = read_until(small, "\"total_tokens\":5}}");
+    const int other = connect_to(f.server.port());  // served by the one I/O thread meanwhile
+    send_all(other, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    CHECK(read_until(other, "\"ok\"").starts_with("HTTP/1.1 200"));
+    send_all(other, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    CHECK(read_until(other, "lattice_http_requests_total").starts_with("HTTP/1.1 200"));
+    send_all(other, post("/v1/completions", R"({"prompt": [1, 2], "max_tokens": 3})"));  // the pool's other thread
+    const std::string a = read_until(other, "\"total_tokens\":5}}");
     CHECK_MESSAGE(a.starts_with("HTTP/1.1 200"), a);
-    send_all(small, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
-    CHECK(read_until(small, "\"fake\"").starts_with("HTTP/1.1 200"));
-    CHECK(held.load() == 1);  // the large one is still held
+    CHECK(eventually([&] { return f.server.active() == 1; }));  // the first is still held
+    CHECK(routed.load() == 2);
     open_gate();
-    const std::string b = read_until(big, "\"total_tokens\":2003}}");
+    const std::string b = read_until(held, "\"total_tokens\":6}}");
     CHECK_MESSAGE(b.starts_with("HTTP/1.1 200"), b);
     CHECK(eventually([&] { return f.server.active() == 0; }));
-    ::close(big);
-    ::close(small);
+    ::close(held);
+    ::close(other);
+}
+
+TEST_CASE("drain: the listener stays open; /health 503, a new completion 503, the stream in flight completes") {
+    Fixture f(ServerOptions{});
+    FakeEngine engine(f.inbox, 1);
+    engine.hold = true;  // the stream is accepted and then waits: in flight across the drain
+    const int stream = connect_to(f.server.port());
+    send_all(stream, post("/v1/completions", R"({"prompt": [1], "max_tokens": 20, "stream": true})"));
+    const std::string head = read_until(stream, "\r\n\r\n");
+    CHECK_MESSAGE(head.starts_with("HTTP/1.1 200"), head);
+    CHECK(f.server.active() == 1);
+    f.server.begin_drain();
+    for (int i = 0; i < 2; ++i) {  // twice: a poll, not a one-off
+        const int c = connect_to(f.server.port());
+        REQUIRE(c >= 0);
+        send_all(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+        const std::string h = read_until(c, "\"draining\"");
+        CHECK_MESSAGE(h.starts_with("HTTP/1.1 503"), h);
+        CHECK(h.find("Retry-After: 5") != std::string::npos);
+        ::close(c);
+    }
+    const int late = connect_to(f.server.port());
+    send_all(late, post("/v1/completions", R"({"prompt": [1], "max_tokens": 3})"));
+    const std::string refused = read_until(late, "shutting down");
+    CHECK_MESSAGE(refused.starts_with("HTTP/1.1 503"), refused);
+    ::close(late);
+    CHECK(f.server.active() == 1);  // the stream is still in flight
+    engine.hold = false;
+    const std::string rest = head + read_until(stream, "data: [DONE]\n\n");
+    CHECK(rest.find("\"finish_reason\":\"length\"") != std::string::npos);
+    CHECK(rest.find("data: [DONE]\n\n") != std::string::npos);
+    CHECK(eventually([&] { return f.server.active() == 0; }));
+    ::close(stream);
+}
+
+TEST_CASE("drain: a chat template render being routed is interrupted, and answered 503 naming its line") {
+    // A model folder's tokenizer with a chat template whose second line would run for a long time.
+    char tmpl[] = "/tmp/lattice_drain_render_XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    const std::string dir = tmpl;
+    struct Cleanup {
+        std::string d;
+        ~Cleanup() { std::filesystem::remove_all(d); }
+    } cleanup{dir};
+    std::ofstream(dir + "/tokenizer.json") << R"({"model": {"type": "BPE", "byte_fallback": false,
+        "vocab": {"<s>": 0, "</s>": 1, "\u2581": 2, "a": 3, "\u2581a": 4}, "merges": ["\u2581 a"]},
+        "added_tokens": [{"id": 0, "content": "<s>", "special": true}, {"id": 1, "content": "</s>", "special": true}]})";
+    std::ofstream(dir + "/tokenizer_config.json")
+        << R"({"bos_token": "<s>", "eos_token": "</s>", "chat_template": "{{ bos_token }}\n)"
+           R"({% for i in range(40000) %}{% for m in messages %}{{ m.content|length }}{% endfor %}{% endfor %}a"})";
+    const std::unique_ptr<lattice::Tokenizer> tok = lattice::load_tokenizer(dir);
+    ServerOptions o;
+    HttpServer* server = nullptr;
+    o.route_hook = [&] { server->begin_drain(); };  // the drain begins as the request is routed
+    Fixture f(o, tok.get());
+    server = &f.server;
+    FakeEngine engine(f.inbox, 1);
+    const int c = connect_to(f.server.port());
+    send_all(c, post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}], "max_tokens": 2})"));
+    const std::string got = read_until(c, "}}");
+    CHECK_MESSAGE(got.starts_with("HTTP/1.1 503"), got);
+    CHECK(got.find("Retry-After: 5") != std::string::npos);
+    CHECK_MESSAGE(got.find("line 1") != std::string::npos, got);  // its first step, the drain having begun
+    CHECK(got.find("interrupted") != std::string::npos);
+    ::close(c);
+    CHECK(eventually([&] { return f.server.active() == 0; }));
 }
 
 TEST_CASE("ulimit -n 64 and 200 idle connections: the excess and a valid request get 503 with Retry-After") {

@@ -1,10 +1,14 @@
 // The Jinja engine's render budget (jinja.h): runaway templates end quickly with an Error naming
 // the limit, the template and its line (a string doubled 40 times; two nested range(100000); list
-// doubling, huge joins and replaces, deep values, quadratic filters), and the real templates of
-// ../shared/chat-templates stay under a tenth of every limit on small and large conversations
-// (the margin is asserted and the largest use printed).
+// doubling, huge joins and replaces, values nested 40000 deep, scans of a long string, quadratic
+// filters), and the real templates of ../shared/chat-templates stay under a tenth of every limit on
+// small and large conversations (the margin is asserted and the largest use printed). Also what
+// fuzz_jinja and the sanitizers found (each an Error naming the line: indices past 64 bits, int64
+// overflow, float to int, slice steps, tojson's indent), an interrupted render, and a value of any
+// depth freed in constant stack.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +16,7 @@
 
 #include "base/error.h"
 #include "runtime/tokenizer/jinja.h"
+#include "runtime/tokenizer/jinja_internal.h"
 #include "tests/test_paths.h"
 
 using namespace lattice;
@@ -94,21 +99,96 @@ TEST_CASE("jinja budget: lists, joins, replaces, values and filters that blow up
     check_runaway("{{ ('a' * 100000).replace('', 'b' * 1000) }}", 1, "bytes in one string");
     check_runaway("{{ ('a' * 10000)|replace('a', 'b' * 10000) }}", 1, "bytes in one string");
     check_runaway("{% set l = range(50000)|map('string')|list %}{{ (l|tojson) * 1000 }}", 1, "bytes in one string");
-    // Values nested by a loop: printing or comparing them recurses no deeper than the limit. 1000 levels
-    // (4x the limit), not more: the nesting is not limited while values are built, and freeing a value
-    // recurses once per level; 40000 levels overflowed the stack under AddressSanitizer's larger frames.
-    check_runaway("{% set ns = namespace(x=1) %}{% for i in range(1000) %}{% set ns.x = [ns.x] %}{% endfor %}"
+    // Values nested by a loop (40000 levels asked): building one deeper than the limit is the error, at
+    // the line that builds it; nothing is printed or compared, and nothing recurses per level to free it.
+    check_runaway("{% set ns = namespace(x=[]) %}{% for i in range(40000) %}{% set ns.x = [ns.x] %}{% endfor %}", 1,
+                  "levels of nesting");
+    check_runaway("{% set ns = namespace(x=1) %}\n{% for i in range(40000) %}\n{% set ns.x = {'k': ns.x} %}{% endfor %}"
                   "{{ ns.x|tojson }}",
-                  1, "levels of nesting");
-    check_runaway("{% set ns = namespace(x=1) %}{% for i in range(1000) %}{% set ns.x = [ns.x] %}{% endfor %}"
+                  3, "levels of nesting");
+    check_runaway("{% set ns = namespace(x=1) %}{% for i in range(40000) %}{% set ns.x = [ns.x] %}{% endfor %}"
                   "{{ ns.x == ns.x }}",
                   1, "levels of nesting");
+    // A namespace holding itself (the one way to make a cycle): printing it ends at the limit.
+    check_runaway("{% set ns = namespace(x=1) %}{% set ns.x = ns %}{{ ns }}", 1, "levels of nesting");
+    // Scans of a long string that make no string (length, `in`, ==, count) are charged a step per 16
+    // bytes, as code_points is: before, only the bytes-of-all-strings limit held such a loop (0.7 s here).
+    const json long_message = {{"messages", json::array({{{"content", std::string(1 << 20, 'a')}}})}};
+    for (const char* scan : {"{{ messages[0].content|length }}", "{{ 'z' in messages[0].content }}",
+                             "{{ messages[0].content == messages[0].content }}", "{{ messages[0].content.count('z') }}"}) {
+        const std::string src = std::string("{% for i in range(50000) %}\n") + scan + "{% endfor %}";
+        CAPTURE(src);
+        const Outcome o = run(src, long_message);
+        MESSAGE(o.seconds << " s: " << o.error);
+        CHECK(has(o.error, "hostile.jinja' line 2"));
+        CHECK(has(o.error, "steps"));
+        CHECK(o.seconds < kRunawaySeconds);
+    }
     // Quadratic filters on a long list run out of steps.
     check_runaway("{{ range(40000)|unique|list|length }}", 1, "steps");
     // Many macro calls, each cheap.
     check_runaway("{% macro f() %}{% for i in range(40) %}{{ i }}{% endfor %}{% endmacro %}"
                   "{% for i in range(40000) %}{{ f() }}{% endfor %}",
                   1, "budget");
+}
+
+TEST_CASE("jinja: what fuzz_jinja and hostile templates found is an Error naming the line, never a crash") {
+    auto error_of = [](const std::string& src) { return run(src).error; };
+    auto out_of = [](const std::string& src) { return jinja::Template(src, "t").render(json::object()); };
+    // std::out_of_range escaped the engine (std::terminate): an index or attribute past 64 bits.
+    CHECK(has(error_of("x\n{{ [1].99999999999999999999 }}"), "line 2 column 8: index '99999999999999999999' out of range"));
+    CHECK(out_of("{{ [[1]]|map(attribute='99999999999999999999999')|list|length }}") == "1");
+    // Signed overflow (undefined behaviour; INT64_MIN // -1 is SIGFPE): an Error, as Python's would be a big int.
+    for (const char* src : {"{{ 9223372036854775807 + 1 }}", "{{ (-9223372036854775807 - 1) - 1 }}",
+                            "{{ 4294967296 * 4294967296 }}", "{{ (-9223372036854775807 - 1) // -1 }}",
+                            "{{ -(-9223372036854775807 - 1) }}", "{{ 3 ** 50 }}", "{{ (-9223372036854775807 - 1)|abs }}"}) {
+        CAPTURE(src);
+        CHECK(has(error_of(src), "hostile.jinja' line 1"));
+        CHECK(has(error_of(src), "beyond 64 bits"));
+    }
+    CHECK(out_of("{{ (-9223372036854775807 - 1) % -1 }} {{ (-1) ** 65 }} {{ (-2) ** 63 }} {{ 2 ** 62 }} {{ 7 // -2 }}") ==
+          "0 -1 -9223372036854775808 4611686018427387904 -4");
+    // A float past int64 (or NaN) to int: the cast would be undefined behaviour.
+    CHECK(has(error_of("{{ 1e300|int }}"), "not an integer in 64 bits"));
+    CHECK(has(error_of("{{ 'nan'|float|int }}"), "not an integer in 64 bits"));
+    CHECK(out_of("{{ -2.7|int }} {{ 2.7|int }}") == "-2 2");
+    // Slice steps anywhere in int64 (the index arithmetic overflowed).
+    CHECK(out_of("{{ [1, 2, 3][1::9223372036854775807] }} {{ [1, 2, 3][::-9223372036854775807 - 1] }}") == "[2] [3]");
+    CHECK(out_of("{{ 'abcdef'[5:0:-2] }} {{ [0, 1, 2, 3, 4][::2] }}") == "fdb [0, 2, 4]");
+    // tojson's indent is charged before its padding is made (2^31 spaces a line, an int overflow on the next).
+    CHECK(has(error_of("{{ [[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]|tojson(indent=2147483647) }}"), "exceeds its budget"));
+    CHECK(out_of("{{ [[1]]|tojson(indent=2147483647)|length > 1000 }}") == "True");
+    // RenderInterrupt (a server draining): once its flag is set, a render on the thread ends at its next step.
+    std::atomic<bool> stop{false};
+    {
+        const jinja::RenderInterrupt scope(&stop);
+        CHECK(out_of("{{ 1 }}") == "1");
+        stop = true;
+        const std::string e = error_of("{% for i in range(3) %}{{ i }}{% endfor %}");
+        CHECK_MESSAGE((has(e, "hostile.jinja' line 1") && has(e, "the render was interrupted")), e);
+    }
+    CHECK(out_of("{{ 1 }}") == "1");  // the scope has ended: renders here are not interrupted
+}
+
+TEST_CASE("jinja: a value of any depth frees without recursing per level (lists, dicts, functions)") {
+    // Outside a render there is no depth limit: this is the destructor alone, 300000 levels deep
+    // (freeing recursed once per level: 40000 overflowed the stack under AddressSanitizer).
+    jinja::Value v = jinja::Value::integer(1);
+    for (int i = 0; i < 300000; ++i) {
+        if (i % 1000 == 999) {  // a function holding the value so far (a macro or method capturing it)
+            v = jinja::Value::func([v](jinja::Args&) { return v; });
+        } else if (i % 2 == 0) {
+            v = jinja::Value::make_list({v});
+        } else {
+            jinja::Value d = jinja::Value::make_dict();
+            d.dict->set("k", v);
+            v = d;
+        }
+        if (i == 997) CHECK(v.nesting() == 998);  // lists and dicts count their levels
+    }
+    CHECK(v.kind == jinja::Value::Kind::kFunc);
+    v = jinja::Value();  // the whole chain goes here
+    CHECK(v.undefined());
 }
 
 TEST_CASE("jinja budget: usage is reported, limits grow with the context, and small limits hold") {
