@@ -143,7 +143,7 @@ std::vector<uint8_t> encode_plan(const StepPlan& p, PlanTables& known) {
         w.put(s.n_recent);
         w.put(uint8_t(s.masked));
         w.put(s.n_draft);
-        w.put(s.lora);
+        w.put(uint16_t(s.lora));  // (< kMaxLoraSlots: two bytes keep a decode step's plan small)
         w.put(ops[size_t(i)]);
         w.put(counts[size_t(i)]);
     }
@@ -205,7 +205,7 @@ PlanSeq read_seq(Reader& r) {
                   "step plan: sequence {} verifies {} drafts of {} fed tokens (sampled: {}, masked: {}, recent "
                   "ids: {}, top logprobs: {})",
                   s.id, s.n_draft, s.count, s.sample, s.masked, s.n_recent, s.sampling.logprobs);
-    s.lora = r.get<int32_t>("lora");
+    s.lora = r.get<uint16_t>("lora");
     LATTICE_CHECK(s.lora >= 0 && s.lora < kMaxLoraSlots, "step plan: sequence {} asks for LoRA slot {}", s.id, s.lora);
     return s;
 }
