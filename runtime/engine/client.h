@@ -153,6 +153,7 @@ public:
     bool draining() const { return draining_; }
     int64_t active() const { return int64_t(requests_.size()); }  // requests not yet ended
     const Scheduler& scheduler() const { return engine_.scheduler(); }
+    LoraRegistry& loras() { return engine_.loras(); }  // the adapters on offer (leader)
     void shutdown() { engine_.shutdown(); }
 
     // ---- followers ----
