@@ -19,9 +19,10 @@ using namespace lattice::testing;
 
 namespace {
 
-RankRuntime build_base(const std::string& base, int64_t max_loras = 4) {
+RankRuntime build_base(const std::string& base, int64_t max_loras = 4, QuantMode quant = QuantMode::kNone) {
     BuildOptions opt = test::cpu_options(1);
     opt.model.max_batch_tokens = 64;
+    opt.model.quant = quant;
     opt.engine.max_loras = max_loras;
     opt.engine.max_lora_rank = 16;
     auto src = open_model(lora_base_path(base));
@@ -67,6 +68,28 @@ TEST_CASE("LoRA: unmerged adapters equal the float64 merged reference (1e-5), GG
             const std::vector<float> ref = cases.logits("b16", 0);
             const std::vector<float> got = client.score(cases.prompts[0], "b16-gguf");
             CHECK(rel_error(got.data(), ref.data(), ref.size()) < 1e-5);
+        }
+    }
+}
+
+TEST_CASE("LoRA: on INT8 and 4-bit bases the adapter adds no error beyond the quantized base's") {
+    // The adapter's product stays f32 over any base format: against the merged float64 reference, the adapted
+    // quantized model errs about as the quantized base does against its own reference.
+    const LoraCases cases("tiny-llama2");
+    for (const QuantMode q : {QuantMode::kW8A8, QuantMode::kW8A16, QuantMode::kW4A16, QuantMode::kW4A8}) {
+        CAPTURE(quant_mode_name(q));
+        RankRuntime rt = build_base("tiny-llama2", 4, q);
+        add_fixture_adapters(*rt.engine, "tiny-llama2");
+        EngineClient client(*rt.engine, nullptr, true);
+        const std::vector<float> ref_base = cases.logits("base", 0);
+        const std::vector<float> got_base = client.score(cases.prompts[0]);
+        const double e_base = rel_error(got_base.data(), ref_base.data(), ref_base.size());
+        for (const std::string& a : lora_adapters()) {
+            const std::vector<float> ref = cases.logits(a, 0);
+            const std::vector<float> got = client.score(cases.prompts[0], a);
+            const double e = rel_error(got.data(), ref.data(), ref.size());
+            MESSAGE(quant_mode_name(q) << " " << a << ": rel err " << e << " (base " << e_base << ")");
+            CHECK(e < 1.5 * e_base);
         }
     }
 }
