@@ -4,7 +4,6 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "launch/server/api.h"
-#include "runtime/model/lora.h"
 
 #include <fmt/format.h>
 
@@ -29,9 +28,7 @@ std::vector<std::pair<std::string, std::string>> LoraCatalog::list() const {
 
 void LoraCatalog::load(const std::string& name, const std::string& path) {
     LATTICE_CHECK(!has(name), "the LoRA adapter '{}' has already been loaded", name);
-    LoraReadOptions ro;
-    ro.max_rank = max_rank_;
-    read_lora_adapter(name, path, cfg_, ro);  // every check before anything changes
+    checker_.check(name, path);  // every check before anything changes
     std::lock_guard lock(mu_);
     LATTICE_CHECK(std::none_of(names_.begin(), names_.end(), [&](const auto& n) { return n.first == name; }),
                   "the LoRA adapter '{}' has already been loaded", name);

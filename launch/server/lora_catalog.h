@@ -17,7 +17,6 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/arch/config.h"
 #include "runtime/engine/lora_registry.h"
 
 namespace lattice::serve {
@@ -26,7 +25,8 @@ struct Reply;
 
 class LoraCatalog {
 public:
-    LoraCatalog(const ModelConfig& cfg, int64_t max_rank) : cfg_(cfg), max_rank_(max_rank) {}
+    // `checker`: the engine's registry, whose check() (thread-safe) reads an adapter against the base.
+    explicit LoraCatalog(const LoraRegistry& checker) : checker_(checker) {}
     // An adapter the registry holds already (the --lora flags).
     void seed(const std::string& name, const std::string& path);
     bool has(const std::string& name) const;
@@ -42,8 +42,7 @@ private:
         bool load = true;
         std::string name, path;
     };
-    ModelConfig cfg_;
-    int64_t max_rank_;
+    const LoraRegistry& checker_;
     mutable std::mutex mu_;
     std::vector<std::pair<std::string, std::string>> names_;
     std::deque<Op> ops_;

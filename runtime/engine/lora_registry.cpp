@@ -100,6 +100,12 @@ void LoraRegistry::release(int32_t slot, int64_t tokens) {
     }
 }
 
+void LoraRegistry::check(const std::string& name, const std::string& path) const {
+    LoraReadOptions ro;
+    ro.max_rank = max_rank_;
+    read_lora_adapter(name, path, cfg_, ro);
+}
+
 std::vector<LoraLoad> LoraRegistry::take_loads() {
     std::vector<LoraLoad> out;
     out.swap(loads_);

@@ -37,6 +37,9 @@ public:
 
     // Registers `name` (not the base's name, not taken) after reading and checking the adapter at `path`.
     void add(const std::string& name, const std::string& path);
+    // The reading and checking of add() alone (an Error naming the fault). Reads only what the constructor
+    // set, so any thread may call it (serve's HTTP threads check a load before answering).
+    void check(const std::string& name, const std::string& path) const;
     // Unregisters `name` (Error naming it when unknown).
     void remove(const std::string& name);
     bool has(const std::string& name) const { return entries_.count(name) > 0; }

@@ -44,7 +44,8 @@ Routed post(const RouteContext& ctx, const std::string& path, const json& body) 
 
 TEST_CASE("serve LoRA routes: models list, adapter by model, 404 naming it, load / unload checked") {
     const ModelConfig cfg = golden_config();
-    LoraCatalog cat(cfg, 16);
+    LoraRegistry reg(cfg, 2, 16);
+    LoraCatalog cat(reg);
     cat.seed("a4", fixture("tiny-llama2/a4"));
     ServedModel m;
     m.name = "tiny";
@@ -87,7 +88,6 @@ TEST_CASE("serve LoRA routes: models list, adapter by model, 404 naming it, load
     CHECK(post(ctx, "/v1/unload_lora_adapter", {{"lora_name", "a4"}}).reply->status == 200);
     CHECK(!cat.has("a4"));
     // The engine thread's registry gets the queued load of b16 and the unload of a4, in order.
-    LoraRegistry reg(cfg, 2, 16);
     reg.add("a4", fixture("tiny-llama2/a4"));
     cat.apply(reg);
     CHECK(reg.has("b16"));
