@@ -177,6 +177,9 @@ void EngineLoop::publish() {
     g.cached_tokens = s.stats().cached_tokens;
     g.drafted_tokens = s.stats().drafted_tokens;
     g.accepted_tokens = s.stats().accepted_tokens;
+    for (const LoraInfo& i : client_.loras().list())
+        g.loras.push_back(LoraGauge{i.name, i.requests, i.tokens, i.active, i.resident});
+    g.max_loras = client_.loras().max_loras();
     metrics_.set_engine(g);
 }
 

@@ -12,6 +12,7 @@
 
 #include "launch/server/api.h"
 #include "launch/server/lora_catalog.h"
+#include "launch/server/metrics.h"
 #include "runtime/arch/config.h"
 #include "tests/test_paths.h"
 
@@ -99,4 +100,18 @@ TEST_CASE("serve LoRA routes: models list, adapter by model, 404 naming it, load
         {"POST", "/v1/load_lora_adapter", "", json{{"lora_name", "c8"}, {"lora_path", fixture("tiny-llama2/c8")}}.dump()},
         open);
     CHECK(refused.reply->status == 403);
+}
+
+TEST_CASE("serve LoRA metrics: requests, tokens and running per adapter, resident of max_loras") {
+    serve::Metrics metrics;
+    metrics.set_model("tiny", 64);
+    serve::EngineGauges g;
+    g.loras = {serve::LoraGauge{"sql", 3, 120, 1, true}, serve::LoraGauge{"chat", 1, 9, 0, false}};
+    g.max_loras = 2;
+    metrics.set_engine(g);
+    const std::string text = metrics.render();
+    CHECK(text.find("lattice:lora_requests_total{model_name=\"tiny\",lora_name=\"sql\"} 3") != std::string::npos);
+    CHECK(text.find("lattice:lora_tokens_total{model_name=\"tiny\",lora_name=\"chat\"} 9") != std::string::npos);
+    CHECK(text.find("lattice:lora_requests_running{model_name=\"tiny\",lora_name=\"sql\"} 1") != std::string::npos);
+    CHECK(text.find("lattice:lora_resident{model_name=\"tiny\",max_loras=\"2\"} 1") != std::string::npos);
 }
