@@ -89,7 +89,7 @@ int run_serve(ServeArgs& args) {
     sm.limits = openai::ApiLimits{rt.model->config().vocab};
     sm.context = client.context();
     sm.created = int64_t(std::time(nullptr));
-    loras = std::make_unique<serve::LoraCatalog>(client.loras());
+    loras = std::make_unique<serve::LoraCatalog>(client.loras(), sm.name);
     for (const LoraInfo& i : client.loras().list()) loras->seed(i.name, i.path);
     sm.loras = loras.get();
     args.loop.loras = loras.get();

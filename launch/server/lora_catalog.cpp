@@ -12,6 +12,7 @@
 namespace lattice::serve {
 
 void LoraCatalog::seed(const std::string& name, const std::string& path) {
+    LATTICE_CHECK(name != base_, "LoRA adapter '{}' takes the served model's name (--served-model-name)", name);
     std::lock_guard lock(mu_);
     names_.emplace_back(name, path);
 }
@@ -28,6 +29,7 @@ std::vector<std::pair<std::string, std::string>> LoraCatalog::list() const {
 
 void LoraCatalog::load(const std::string& name, const std::string& path) {
     LATTICE_CHECK(!has(name), "the LoRA adapter '{}' has already been loaded", name);
+    LATTICE_CHECK(name != base_, "the LoRA adapter name '{}' is the served model's", name);
     checker_.check(name, path);  // every check before anything changes
     std::lock_guard lock(mu_);
     LATTICE_CHECK(std::none_of(names_.begin(), names_.end(), [&](const auto& n) { return n.first == name; }),

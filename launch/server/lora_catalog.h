@@ -25,9 +25,10 @@ struct Reply;
 
 class LoraCatalog {
 public:
-    // `checker`: the engine's registry, whose check() (thread-safe) reads an adapter against the base.
-    explicit LoraCatalog(const LoraRegistry& checker) : checker_(checker) {}
-    // An adapter the registry holds already (the --lora flags).
+    // `checker`: the engine's registry, whose check() (thread-safe) reads an adapter against the base;
+    // `base`: the served model's name, which no adapter may take.
+    LoraCatalog(const LoraRegistry& checker, std::string base) : checker_(checker), base_(std::move(base)) {}
+    // An adapter the registry holds already (the --lora flags); Error when it takes the base's name.
     void seed(const std::string& name, const std::string& path);
     bool has(const std::string& name) const;
     std::vector<std::pair<std::string, std::string>> list() const;  // name, path
@@ -43,6 +44,7 @@ private:
         std::string name, path;
     };
     const LoraRegistry& checker_;
+    std::string base_;
     mutable std::mutex mu_;
     std::vector<std::pair<std::string, std::string>> names_;
     std::deque<Op> ops_;

@@ -46,7 +46,7 @@ Routed post(const RouteContext& ctx, const std::string& path, const json& body) 
 TEST_CASE("serve LoRA routes: models list, adapter by model, 404 naming it, load / unload checked") {
     const ModelConfig cfg = golden_config();
     LoraRegistry reg(cfg, 2, 16);
-    LoraCatalog cat(reg);
+    LoraCatalog cat(reg, "tiny");
     cat.seed("a4", fixture("tiny-llama2/a4"));
     ServedModel m;
     m.name = "tiny";
@@ -85,6 +85,8 @@ TEST_CASE("serve LoRA routes: models list, adapter by model, 404 naming it, load
     CHECK(post(ctx, "/v1/load_lora_adapter", {{"lora_name", "b16"}, {"lora_path", fixture("tiny-llama2/b16")}})
               .reply->status == 400);
     CHECK(post(ctx, "/v1/load_lora_adapter", {{"lora_name", "q"}}).reply->status == 400);  // no lora_path
+    CHECK(post(ctx, "/v1/load_lora_adapter", {{"lora_name", "tiny"}, {"lora_path", fixture("tiny-llama2/c8")}})
+              .reply->status == 400);  // the base's name
     CHECK(post(ctx, "/v1/unload_lora_adapter", {{"lora_name", "zz"}}).reply->status == 404);
     CHECK(post(ctx, "/v1/unload_lora_adapter", {{"lora_name", "a4"}}).reply->status == 200);
     CHECK(!cat.has("a4"));
