@@ -94,6 +94,15 @@ void ModelArgs::add_engine_options(CLI::App* cmd) {
     cmd->add_option("--max-seqs", max_seqs, "Sequences running at once (continuous batching)")
         ->check(int_range(1, 1 << 16));
     cmd->add_option("--block-size", block_size, "KV cache positions per block")->check(int_range(1, 1 << 16));
+    cmd->add_option("--lora", loras,
+                    "LoRA adapter NAME=PATH (a PEFT folder or a llama.cpp GGUF LoRA file), applied unmerged; repeatable. "
+                    "serve / batch: requests pick one by \"model\"; generate / chat: run with it (one)");
+    cmd->add_option("--max-loras", max_loras, "LoRA adapters resident at once (least recently used ones leave)")
+        ->check(int_range(1, 4095))
+        ->capture_default_str();
+    cmd->add_option("--max-lora-rank", max_lora_rank, "Largest LoRA rank accepted")
+        ->check(int_range(1, 1 << 16))
+        ->capture_default_str();
     cmd->add_flag("--no-prefix-cache", no_prefix_cache, "Do not reuse cached KV blocks of identical prompt prefixes");
     cmd->add_flag("--enforce-eager", enforce_eager,
                   "Run every step eagerly: no CUDA graphs for decode steps (on CUDA they are captured per batch-size "
@@ -391,6 +400,8 @@ BuildOptions build_options(const ModelArgs& args) {
     opt.model.kv_dtype = parse_kv_dtype(args.kv_cache_dtype);
     opt.kv_cache_gb = args.kv_cache_gb;
     opt.engine.max_seqs = args.max_seqs;
+    opt.engine.max_loras = args.max_loras;
+    opt.engine.max_lora_rank = args.max_lora_rank;
     LATTICE_CHECK(!args.num_speculative_given || args.speculative != "none",
                   "--num-speculative-tokens needs --speculative ngram or draft:PATH (speculative decoding is off)");
     opt.engine.speculative_tokens = args.speculative != "none" ? args.num_speculative_tokens : 0;
@@ -418,6 +429,23 @@ BuildOptions build_options(const ModelArgs& args) {
     return opt;
 }
 
+std::pair<std::string, std::string> parse_lora_flag(const std::string& flag) {
+    const size_t eq = flag.find('=');
+    if (eq != std::string::npos) {
+        LATTICE_CHECK(eq > 0 && eq + 1 < flag.size(), "--lora {}: expected NAME=PATH", flag);
+        return {flag.substr(0, eq), flag.substr(eq + 1)};
+    }
+    std::string p = flag;
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    return {p.substr(p.rfind('/') == std::string::npos ? 0 : p.rfind('/') + 1), flag};
+}
+
+std::string ModelArgs::run_lora(const char* command) const {
+    LATTICE_CHECK(loras.size() <= 1, "{} runs with one adapter: give one --lora (serve and batch pick among several)",
+                  command);
+    return loras.empty() ? "" : parse_lora_flag(loras[0]).first;
+}
+
 RankRuntime load_model(const ModelArgs& args, const std::function<void(const WorldConfig&)>& on_context) {
     BuildOptions opt = build_options(args);
     ModelSpec spec{args.model, args.random_weights, args.config_preset, args.weight_seed, args.verify};
@@ -437,7 +465,14 @@ RankRuntime load_model(const ModelArgs& args, const std::function<void(const Wor
         if (w.rank != 0 || output_settings().quiet) set_log_level(LogLevel::kWarn);
         if (on_context) on_context(w);
     };
-    return load(opt, spec, agreement);
+    RankRuntime rt = load(opt, spec, agreement);
+    if (rt.engine->is_leader())
+        for (const std::string& f : args.loras) {
+            const auto [name, path] = parse_lora_flag(f);
+            rt.engine->loras().add(name, path);
+            LOG_INFO("LoRA adapter '{}' from {}", name, path);
+        }
+    return rt;
 }
 
 }  // namespace lattice

@@ -53,8 +53,15 @@ struct ModelArgs {
     double sim_step_ms = 0;
     std::string dtype = "bf16";   // CUDA activations: f16 | bf16
     std::string devices;          // CUDA ordinals per local rank, e.g. 0,1,2,3
+    // LoRA adapters (docs/lora.md): --lora NAME=PATH (or PATH: named by its last component), registered on
+    // rank 0 once the model is loaded; --max-loras resident at once, --max-lora-rank the largest rank.
+    std::vector<std::string> loras;
+    int64_t max_loras = 4;
+    int64_t max_lora_rank = 64;
 
     void add_to(CLI::App* cmd);
+    // The adapter generate and chat run with: the one --lora's name, "" without; an Error for several.
+    std::string run_lora(const char* command) const;
 
 private:
     void add_engine_options(CLI::App* cmd);
@@ -67,6 +74,8 @@ private:
 // `on_context` runs once the rank grid exists, before any weight is read (`lattice serve` listens
 // from there on, answering "loading").
 RankRuntime load_model(const ModelArgs& a, const std::function<void(const WorldConfig&)>& on_context = {});
+// "NAME=PATH" -> {NAME, PATH}; "PATH" -> {its last component, PATH}.
+std::pair<std::string, std::string> parse_lora_flag(const std::string& flag);
 
 // Command-line output settings (main.cpp's global --verbose / --quiet).
 // verbose: errors keep their [host rank file:line] origin and every failing rank prints its own line.

@@ -368,7 +368,10 @@ private:
         r.shaper = std::make_unique<openai::ResponseShaper>(call);
         for (const std::vector<int32_t>& p : call.request.prompts) r.prompt_tokens += int64_t(p.size());
         r.admitted = Clock::now();
-        const int64_t request = client_.submit(openai::choice_requests(call.request), call.request.best_of);
+        std::vector<ClientRequest> choices = openai::choice_requests(call.request);
+        if (!call.request.model.empty() && client_.is_leader() && client_.loras().has(call.request.model))
+            for (ClientRequest& c : choices) c.lora = call.request.model;  // a line picks an adapter by "model"
+        const int64_t request = client_.submit(std::move(choices), call.request.best_of);
         if (t_.first_admit == Clock::time_point{}) t_.first_admit = r.admitted;
         t_.prompt_tokens += r.prompt_tokens;
         running_.emplace(request, std::move(r));

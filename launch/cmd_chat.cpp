@@ -157,6 +157,7 @@ public:
         req.sampling.seed = sp_.seed + uint64_t(turns_++);
         req.stop = args_.sampling.stop;
         req.grammar = grammar_;
+        req.lora = args_.model.run_lora("chat");
         const std::vector<ClientOutput> outs = client_.run({req}, [&](size_t, const ClientEvent& ev) {
             if (!ev.text.empty()) {
                 write_stdout(ev.text);

@@ -228,6 +228,7 @@ PreparedPrompt prepare_prompt(GenerateArgs& args) {
             p.tok = optional_tokenizer(args.model, "generate", "no text in the output, --stop cannot apply");
     }
     LATTICE_CHECK(!p.request.prompt.empty(), "the prompt is empty");
+    p.request.lora = args.model.run_lora("generate");
     LATTICE_CHECK(args.sampling.stop.empty() || p.tok, "--stop needs a model with a tokenizer");
     p.request.sampling = args.sampling.resolve();
     p.request.stop = args.sampling.stop;

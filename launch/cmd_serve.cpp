@@ -64,6 +64,7 @@ int run_serve(ServeArgs& args) {
     // Declared before the server: its I/O threads use them until it stops.
     serve::Inbox inbox;
     serve::Metrics metrics;
+    std::unique_ptr<serve::LoraCatalog> loras;  // (outlives the server, whose threads read it)
     std::unique_ptr<serve::HttpServer> server;
     RankRuntime rt = load_model(args.model, [&](const WorldConfig& w) {
         if (w.rank != 0) return;
@@ -89,6 +90,10 @@ int run_serve(ServeArgs& args) {
     sm.limits = openai::ApiLimits{rt.model->config().vocab};
     sm.context = client.context();
     sm.created = int64_t(std::time(nullptr));
+    loras = std::make_unique<serve::LoraCatalog>(client.loras(), sm.name);
+    for (const LoraInfo& i : client.loras().list()) loras->seed(i.name, i.path);
+    sm.loras = loras.get();
+    args.loop.loras = loras.get();
     metrics.set_model(sm.name, sm.context);
     server->set_ready(sm);
     LOG_INFO("serve: ready: model \"{}\" on {} rank(s), context {}, KV cache {} blocks, at {}", sm.name, rt.world.world,

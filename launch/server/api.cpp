@@ -53,8 +53,19 @@ Reply model_reply(std::string_view path, const KnownRoute& hit, const ServedMode
                        {"created", m.created},
                        {"owned_by", "lattice"},
                        {"max_model_len", m.context}};
-    if (!hit.prefix) return json_reply(200, {{"object", "list"}, {"data", json::array({card})}});
+    json cards = json::array({card});
+    if (m.loras)
+        for (const auto& [name, root] : m.loras->list()) {
+            json a = card;
+            a["id"] = name;
+            a["root"] = root;
+            a["parent"] = m.name;
+            cards.push_back(a);
+        }
+    if (!hit.prefix) return json_reply(200, {{"object", "list"}, {"data", cards}});
     const std::string_view id = path.substr(hit.path.size());
+    for (const json& c : cards)
+        if (c["id"] == id) return json_reply(200, c);
     if (id != m.name)
         return error_reply(404, fmt::format("model \"{}\" does not exist; this server serves \"{}\"", id, m.name),
                            "model", "model_not_found");
@@ -67,7 +78,8 @@ void completion_route(const RouteInput& in, const RouteContext& ctx, bool chat, 
     try {
         const json body = openai::parse_body(in.body);
         if (body.is_object() && body.contains("model") && body["model"].is_string() &&
-            body["model"].get<std::string>() != m.name) {
+            body["model"].get<std::string>() != m.name &&
+            !(m.loras && m.loras->has(body["model"].get<std::string>()))) {
             out.reply = error_reply(404,
                                     fmt::format("model \"{}\" does not exist; this server serves \"{}\"",
                                                 body["model"].get<std::string>(), m.name),
@@ -81,7 +93,7 @@ void completion_route(const RouteInput& in, const RouteContext& ctx, bool chat, 
         call.return_token_ids = openai::parse_return_token_ids(body, m.tokenizer);
         call.id = fmt::format("{}-{:016x}", chat ? "chatcmpl" : "cmpl", ctx.request_number);
         call.created = int64_t(std::time(nullptr));
-        call.model = m.name;
+        call.model = call.request.model.empty() ? m.name : call.request.model;
         out.call = std::move(call);
     } catch (const Error& e) {
         out.reply = error_reply(400, e.message(), openai::error_param(e.message()));
@@ -97,6 +109,7 @@ Routed route(const RouteInput& in, const RouteContext& ctx) {
         {"/v1/completions", "POST", false}, {"/v1/chat/completions", "POST", false},
         {"/v1/models", "GET", false},       {"/v1/models/", "GET", true},
         {"/health", "GET", false},          {"/metrics", "GET", false},
+        {"/v1/load_lora_adapter", "POST", false}, {"/v1/unload_lora_adapter", "POST", false},
     };
     const KnownRoute* hit = nullptr;
     for (const KnownRoute& k : kRoutes)
@@ -134,6 +147,13 @@ Routed route(const RouteInput& in, const RouteContext& ctx) {
     } else if (!ctx.model) {
         out.reply = error_reply(503, "the model is still loading; retry when GET /health answers 200");
         out.reply->headers.emplace_back("Retry-After", "5");
+    } else if (hit->path.ends_with("_lora_adapter")) {
+        if (!ctx.model->loras) {
+            out.reply = error_reply(404, "this server serves no LoRA adapters", "", "not_found");
+        } else {
+            out.reply = lora_admin_reply(hit->path == "/v1/load_lora_adapter", in.body, !ctx.api_key.empty(),
+                                         *ctx.model->loras);
+        }
     } else if (hit->path.starts_with("/v1/models")) {
         out.reply = model_reply(path, *hit, *ctx.model);
     } else if (ctx.draining) {

@@ -5,7 +5,8 @@
 // (tests/fuzz/fuzz_serve_request.cpp).
 //
 // Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id},
-// GET /health, GET /metrics. Checks, in order: unknown path 404; /v1/* without
+// GET /health, GET /metrics, POST /v1/load_lora_adapter, POST /v1/unload_lora_adapter (lora_catalog.h;
+// /v1/models lists the adapters with "parent": the base; a request's "model" may name one). Checks, in order: unknown path 404; /v1/* without
 // `Authorization: Bearer KEY` (when a key is set) 401, compared in constant time; wrong method 405
 // (with Allow); model still loading 503; server draining 503; body not JSON (or nested deeper
 // than 64) 400; "model" other than the served name 404 (absent is fine); any field error of
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "launch/openai/request.h"
+#include "launch/server/lora_catalog.h"
 #include "launch/openai/response.h"
 #include "launch/server/metrics.h"
 #include "runtime/tokenizer/tokenizer.h"
@@ -37,6 +39,7 @@ struct ServedModel {
     openai::ApiLimits limits;
     int64_t context = 0;  // positions per sequence, prompt and output (max_model_len)
     int64_t created = 0;  // unix time the server became ready
+    LoraCatalog* loras = nullptr;  // LoRA adapters: names a request's "model" may give (null: none)
 };
 
 // A response decided without the engine.

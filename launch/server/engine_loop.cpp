@@ -59,6 +59,9 @@ void EngineLoop::take(const Inbox::Item& it) {
         return refuse(
             t, 503,
             fmt::format("too many requests are waiting ({}, --max-queue); retry later", client_.scheduler().waiting()));
+    if (t.request.echo && t.request.client.max_tokens == 0 && !t.request.model.empty() && client_.is_leader() &&
+        client_.loras().has(t.request.model))
+        return refuse(t, 400, "echo with max_tokens 0 (prompt logprobs) is not supported with a LoRA adapter");
     if (t.request.echo && t.request.client.max_tokens == 0) {  // the prompts' logprobs: scored when idle
         scores_.push_back(it.ticket);
         return;
@@ -66,6 +69,9 @@ void EngineLoop::take(const Inbox::Item& it) {
     int64_t prompt_tokens = 0;
     for (const auto& p : t.request.prompts) prompt_tokens += int64_t(p.size());
     std::vector<ClientRequest> choices = openai::choice_requests(t.request);
+    if (opt_.loras) opt_.loras->apply(client_.loras());  // a load answered before this request arrived
+    if (!t.request.model.empty() && client_.loras().has(t.request.model))
+        for (ClientRequest& c : choices) c.lora = t.request.model;  // (the route passes the base's name or an adapter's)
     t.last_token.assign(choices.size(), Clock::time_point{});
     try {
         t.request_id = client_.submit(std::move(choices), t.request.best_of);
@@ -171,6 +177,9 @@ void EngineLoop::publish() {
     g.cached_tokens = s.stats().cached_tokens;
     g.drafted_tokens = s.stats().drafted_tokens;
     g.accepted_tokens = s.stats().accepted_tokens;
+    for (const LoraInfo& i : client_.loras().list())
+        g.loras.push_back(LoraGauge{i.name, i.requests, i.tokens, i.active, i.resident});
+    g.max_loras = client_.loras().max_loras();
     metrics_.set_engine(g);
 }
 
@@ -194,6 +203,7 @@ void EngineLoop::run(const std::function<int()>& drain_signal, const std::functi
             client_.drain(opt_.drain_seconds);
             on_drain();
         }
+        if (opt_.loras) opt_.loras->apply(client_.loras());
         const bool busy = client_.busy();
         for (const Inbox::Item& it : inbox_.take(std::chrono::milliseconds(busy ? 0 : 20))) take(it);
         for (const ClientEvent& ev : client_.poll()) apply(ev);

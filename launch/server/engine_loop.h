@@ -25,6 +25,7 @@
 #include <unordered_map>
 
 #include "launch/server/exchange.h"
+#include "launch/server/lora_catalog.h"
 #include "launch/server/metrics.h"
 #include "runtime/engine/client.h"
 
@@ -34,6 +35,7 @@ struct LoopOptions {
     int64_t max_queue = 256;    // requests waiting in the engine at most; more: 503
     double drain_seconds = 30;  // after a drain signal, how long running requests may go on
     double log_every_s = 10;    // a status line while requests run (0: never)
+    LoraCatalog* loras = nullptr;  // the adapters' runtime loads and unloads (applied before submissions)
 };
 
 struct LoopTotals {

@@ -137,6 +137,28 @@ EngineGauges Metrics::engine() const {
     return engine_;
 }
 
+// Per LoRA adapter (lattice's own names: vLLM exports only an info gauge): requests, tokens (prompt and
+// generated, counted when a request ends), running requests, residency; and the slots in use.
+void Metrics::render_loras(std::string& out) const {
+    if (engine_.loras.empty() && engine_.max_loras == 0) return;
+    int64_t resident = 0;
+    const char* kinds[][3] = {{"lora_requests_total", "counter", "Requests admitted with the LoRA adapter."},
+                              {"lora_tokens_total", "counter", "Prompt and generated tokens of its ended requests."},
+                              {"lora_requests_running", "gauge", "Requests holding the adapter now."}};
+    for (int k = 0; k < 3; ++k) {
+        out += fmt::format("# HELP lattice:{} {}\n# TYPE lattice:{} {}\n", kinds[k][0], kinds[k][2], kinds[k][0],
+                           kinds[k][1]);
+        for (const LoraGauge& g : engine_.loras) {
+            const int64_t v = k == 0 ? g.requests : k == 1 ? g.tokens : g.running;
+            out += fmt::format("lattice:{}{{{},lora_name=\"{}\"}} {}\n", kinds[k][0], label_, g.name, v);
+        }
+    }
+    for (const LoraGauge& g : engine_.loras) resident += g.resident;
+    out += fmt::format("# HELP lattice:lora_resident Adapters resident in the model's slots (of max_loras).\n"
+                       "# TYPE lattice:lora_resident gauge\nlattice:lora_resident{{{},max_loras=\"{}\"}} {}\n",
+                       label_, engine_.max_loras, resident);
+}
+
 std::string Metrics::render() const {
     std::lock_guard lock(mu_);
     std::string out;
@@ -171,6 +193,7 @@ std::string Metrics::render() const {
     vllm("num_requests_waiting", "gauge", "Sequences waiting to be admitted.", engine_.waiting);
     vllm("kv_cache_usage_perc", "gauge", "Fraction of the KV cache blocks in use (0-1).",
          engine_.blocks_total > 0 ? double(engine_.blocks_used) / double(engine_.blocks_total) : 0.0);
+    render_loras(out);
     own("client_disconnects_total", "counter", "Requests cancelled because the client went away or stopped reading.",
         disconnects_);
     own("kv_blocks_used", "gauge", "KV cache blocks in use.", engine_.blocks_used);

@@ -28,7 +28,16 @@
 
 namespace lattice::serve {
 
+// One LoRA adapter's counts (runtime/engine/lora_registry.h LoraInfo).
+struct LoraGauge {
+    std::string name;
+    int64_t requests = 0, tokens = 0, running = 0;
+    bool resident = false;
+};
+
 struct EngineGauges {
+    std::vector<LoraGauge> loras;  // registered adapters, by name
+    int64_t max_loras = 0;
     int64_t running = 0, waiting = 0;
     int64_t blocks_used = 0, blocks_total = 0;
     int64_t preemptions = 0, prompt_tokens = 0, generated_tokens = 0, cached_tokens = 0;
@@ -83,6 +92,7 @@ private:
     bool ready_ = false;
     EngineGauges engine_;
     std::string label_;  // model_name="..."
+    void render_loras(std::string& out) const;
     Histogram ttft_, itl_, queue_, e2e_, prompt_len_, gen_len_;
 };
 

@@ -142,6 +142,8 @@ struct TokenBatch {
     const int32_t* block_tables = nullptr;  // [num_seqs, table_width], -1: unused
     int64_t num_seqs = 0;
     int64_t table_width = 0;                // == AttentionShape::table_width
+    const int32_t* seq_loras = nullptr;     // [num_seqs] LoRA slot of each sequence (Model::set_lora), 0: the
+                                            // base; null: every sequence the base (host memory)
 };
 
 // A penalty on one id of a row (the sampler's repetition / presence / frequency penalties, made by

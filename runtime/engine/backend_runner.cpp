@@ -76,7 +76,12 @@ void BackendRunner::execute(const StepPlan& p, StepResults* out) {
             for (int64_t d = ps.n_draft; d >= 0; --d) rows.push_back(i - 1 - d);
     }
     if (is_sampler()) sampler_.release(p.released);
-    const TokenBatch b{p.tokens.data(), pos_.data(), seq_of_.data(), T, p.tables.data(), n, p.width};
+    load_loras(p);
+    TokenBatch b{p.tokens.data(), pos_.data(), seq_of_.data(), T, p.tables.data(), n, p.width};
+    seq_loras_.resize(size_t(n));
+    for (int64_t s = 0; s < n; ++s) seq_loras_[size_t(s)] = p.seqs[size_t(s)].lora;
+    if (std::any_of(seq_loras_.begin(), seq_loras_.end(), [](int32_t l) { return l != 0; }))
+        b.seq_loras = seq_loras_.data();  // (no step graph: it captures no adapter grouping)
     const auto t0 = Clock::now();
     double waited = 0;
     if (!(graphs_on_ && graph_step(p, b, out, &waited))) {
@@ -108,6 +113,23 @@ void BackendRunner::execute(const StepPlan& p, StepResults* out) {
     ++counters_.steps;
 }
 
+// The plan's adapter loads and removals, before its forward: this rank's layers of each file (the leader
+// checked the whole adapter when it was added).
+void BackendRunner::load_loras(const StepPlan& p) {
+    for (const LoraLoad& l : p.loras) {
+        if (l.path.empty()) {
+            model_.set_lora(l.slot, nullptr);
+            continue;
+        }
+        LoraReadOptions ro;
+        ro.max_rank = INT64_MAX;
+        ro.layer_begin = model_.options().layer_begin;
+        ro.layer_end = model_.options().layer_end;
+        model_.set_lora(l.slot, std::make_shared<const LoraAdapter>(read_lora_adapter(l.name, l.path,
+                                                                                      model_.config(), ro)));
+    }
+}
+
 void BackendRunner::pad_batch(const StepPlan& p, const TokenBatch& b, int64_t B) {
     const int64_t T = b.count, W = b.table_width;
     graph_tokens_.assign(b.ids, b.ids + T);
@@ -129,7 +151,7 @@ void BackendRunner::pad_batch(const StepPlan& p, const TokenBatch& b, int64_t B)
 // seconds in the receive.
 bool BackendRunner::graph_step(const StepPlan& p, const TokenBatch& b, StepResults* out, double* waited) {
     const int64_t T = b.count, W = b.table_width;
-    if (p.kind != StepPlan::Kind::kStep || T > graph_max_ || b.num_seqs != T) return false;
+    if (p.kind != StepPlan::Kind::kStep || T > graph_max_ || b.num_seqs != T || b.seq_loras) return false;
     for (const PlanSeq& ps : p.seqs)
         if (ps.count != 1 || !ps.sample) return false;
     const int64_t B = *std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), T);

@@ -56,6 +56,8 @@ private:
     EngineCounters& counters_;
     StepSampler sampler_;
     std::vector<int32_t> pos_, seq_of_;
+    std::vector<int32_t> seq_loras_;
+    void load_loras(const StepPlan& p);  // [seqs] the plan's LoRA slots (TokenBatch::seq_loras)
     struct GraphSlot {
         bool warmed = false;  // one eager step of this bucket ran (scratch sized)
         std::unique_ptr<StepGraph> graph;

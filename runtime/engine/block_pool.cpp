@@ -71,13 +71,13 @@ uint64_t BlockPool::chain_hash(uint64_t parent, std::span<const int32_t> tokens)
     return h;
 }
 
-int32_t BlockPool::lookup(uint64_t hash, int32_t parent, std::span<const int32_t> tokens) {
+int32_t BlockPool::lookup(uint64_t hash, int32_t parent, std::span<const int32_t> tokens, uint64_t root) {
     if (!prefix_caching_) return -1;
     auto it = index_.find(hash);
     if (it == index_.end()) return -1;
     const int32_t b = it->second;
     const Cached& c = cached_[size_t(b)];
-    if (!c.valid || c.parent != parent || !std::equal(c.tokens.begin(), c.tokens.end(), tokens.begin(), tokens.end()))
+    if (!c.valid || c.parent != parent || c.root != root || !std::equal(c.tokens.begin(), c.tokens.end(), tokens.begin(), tokens.end()))
         return -1;
     if (in_free_[size_t(b)]) take_from_free(b);
     ++ref_[size_t(b)];
@@ -85,7 +85,8 @@ int32_t BlockPool::lookup(uint64_t hash, int32_t parent, std::span<const int32_t
     return b;
 }
 
-void BlockPool::register_full(int32_t block, uint64_t hash, int32_t parent, std::span<const int32_t> tokens) {
+void BlockPool::register_full(int32_t block, uint64_t hash, int32_t parent, std::span<const int32_t> tokens,
+                              uint64_t root) {
     if (!prefix_caching_) return;
     LATTICE_CHECK(
         block >= 0 && block < int32_t(ref_.size()) && ref_[size_t(block)] > 0 && int64_t(tokens.size()) == block_size_,
@@ -95,6 +96,7 @@ void BlockPool::register_full(int32_t block, uint64_t hash, int32_t parent, std:
     if (c.valid) evict(block);
     c.hash = hash;
     c.parent = parent;
+    c.root = root;
     c.tokens.assign(tokens.begin(), tokens.end());
     c.valid = true;
     index_[hash] = block;

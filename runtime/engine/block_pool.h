@@ -42,11 +42,13 @@ public:
     // first), so equal hashes mean equal prefixes.
     static uint64_t chain_hash(uint64_t parent, std::span<const int32_t> tokens);
     // The cached block holding exactly `tokens` after the block `parent` (-1: at the start), with
-    // one more reference, or -1. Verifies tokens and parent, so a hash collision cannot alias.
-    int32_t lookup(uint64_t hash, int32_t parent, std::span<const int32_t> tokens);
+    // one more reference, or -1. Verifies tokens, parent and root (the chain's key: a LoRA adapter's, 0
+    // for the base), so a hash collision cannot alias.
+    int32_t lookup(uint64_t hash, int32_t parent, std::span<const int32_t> tokens, uint64_t root = 0);
     // Records that `block` (referenced, full) holds `tokens` after `parent`, findable by `hash`.
     // A block already cached under that hash keeps the entry.
-    void register_full(int32_t block, uint64_t hash, int32_t parent, std::span<const int32_t> tokens);
+    void register_full(int32_t block, uint64_t hash, int32_t parent, std::span<const int32_t> tokens,
+                       uint64_t root = 0);
 
     int64_t cache_hits() const { return hits_; }  // blocks found by lookup()
 
@@ -54,6 +56,7 @@ private:
     struct Cached {
         uint64_t hash = 0;
         int32_t parent = -1;
+        uint64_t root = 0;
         std::vector<int32_t> tokens;
         bool valid = false;
     };

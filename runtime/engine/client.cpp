@@ -138,6 +138,16 @@ int64_t EngineClient::submit(std::vector<ClientRequest> choices, int64_t sibling
         q.stops.push_back(std::move(c.stop));
     }
     for (int64_t i = 0; i < n; i += siblings) q.prompt_total += q.prompt_tokens[size_t(i)];
+    if (!choices[0].lora.empty()) {  // held until the request's last choice ends (ended())
+        for (const ClientRequest& c : choices)
+            LATTICE_CHECK(c.lora == choices[0].lora, "the choices of one request name different adapters");
+        const LoraRegistry::Ref ref = engine_.loras().acquire(choices[0].lora);
+        q.lora = ref.slot;
+        for (EngineRequest& e : q.later) {
+            e.lora = ref.slot;
+            e.lora_key = ref.key;
+        }
+    }
     const int64_t id = next_request_++;
     requests_.emplace(id, std::move(q));
     for (int64_t i = 0; i < n; i += siblings) start(id, i);
@@ -162,6 +172,7 @@ ClientEvent EngineClient::ended(ClientEvent e) {
         e.last_of_request = true;
         e.request_prompt_tokens = q.prompt_total;
         e.request_completion_tokens = q.completion_total;
+        engine_.loras().release(q.lora, q.prompt_total + q.completion_total);
         requests_.erase(it);
     }
     return e;

@@ -58,6 +58,9 @@ struct ClientRequest {
     // Structured output (runtime/engine/grammar.h): sampling follows the grammar's token mask and the
     // output ends when the grammar is finished (kStop, the last token shown). Null: free text.
     std::shared_ptr<const Grammar> grammar = nullptr;
+    // The LoRA adapter the request runs with (its name in the engine's LoraRegistry; "": the base).
+    // Every choice of one submit names the same.
+    std::string lora;
 };
 
 struct ClientEvent {
@@ -150,6 +153,7 @@ public:
     bool draining() const { return draining_; }
     int64_t active() const { return int64_t(requests_.size()); }  // requests not yet ended
     const Scheduler& scheduler() const { return engine_.scheduler(); }
+    LoraRegistry& loras() { return engine_.loras(); }  // the adapters on offer (leader)
     void shutdown() { engine_.shutdown(); }
 
     // ---- followers ----
@@ -165,7 +169,8 @@ public:
                                   GenerateStats* stats = nullptr);
     // Logits of every prompt position, [prompt.size(), vocab] row-major, on the leader (kScore plans of
     // up to max_batch_tokens tokens, as many in flight as there are stages). Needs an idle engine.
-    std::vector<float> score(const std::vector<int32_t>& prompt);
+    // `lora`: an adapter's name in the registry (leader), "" the base.
+    std::vector<float> score(const std::vector<int32_t>& prompt, const std::string& lora = "");
     // The engine's own requests, ids in and ids out (tools, tests, the draft model): runs them to
     // completion (leader) / follows (others); results on every rank. Sequence i samples with seed
     // reqs[i].sampling.seed + i (distinct streams, reproducible); on_token: see TokenCallback.
@@ -186,6 +191,7 @@ private:
         std::vector<std::vector<std::string>> stops;  // (moved into its RequestOutput when it starts)
         std::vector<int64_t> engine_ids, prompt_tokens;
         int64_t siblings = 1, open = 0, prompt_total = 0, completion_total = 0;
+        int32_t lora = 0;  // the LoRA slot it holds (released with its last choice)
     };
     EngineRequest engine_request(ClientRequest& r);
     void start(int64_t request, int64_t index);  // the choice into the engine
@@ -193,7 +199,8 @@ private:
     void end_request(int64_t request, bool drained);
     void cut_by_drain();
     std::shared_ptr<const TokenVocab> grammar_vocab();
-    std::vector<float> score_chunks(const std::vector<int32_t>& prompt, const std::vector<int32_t>& table);
+    std::vector<float> score_chunks(const std::vector<int32_t>& prompt, const std::vector<int32_t>& table,
+                                    int32_t lora);
 
     Engine& engine_;
     const Tokenizer* tok_;

@@ -84,7 +84,7 @@ GenerateResult EngineClient::generate(const GenerateRequest& req, const std::fun
     return std::move(r[0]);
 }
 
-std::vector<float> EngineClient::score(const std::vector<int32_t>& prompt) {
+std::vector<float> EngineClient::score(const std::vector<int32_t>& prompt, const std::string& lora) {
     if (!is_leader()) {
         engine_.follow();
         return {};
@@ -96,8 +96,10 @@ std::vector<float> EngineClient::score(const std::vector<int32_t>& prompt) {
     BlockPool& pool = core.pool();
     std::vector<float> out;
     std::vector<int32_t> blocks;
+    int32_t slot = 0;
     try {
         LATTICE_CHECK(!engine_.busy(), "score: the engine is busy with requests");
+        if (!lora.empty()) slot = engine_.loras().acquire(lora).slot;
         LATTICE_CHECK(T >= 1, "empty prompt: give at least one token");
         LATTICE_CHECK(T <= model.max_seq(),
                       "prompt of {} tokens is longer than the model's context ({} positions per sequence)", T,
@@ -110,21 +112,24 @@ std::vector<float> EngineClient::score(const std::vector<int32_t>& prompt) {
                       pool.num_blocks());
         std::vector<int32_t> row(size_t(a.table_width), -1);
         std::copy(blocks.begin(), blocks.end(), row.begin());
-        out = score_chunks(prompt, row);
+        out = score_chunks(prompt, row, slot);
     } catch (...) {
+        if (slot) engine_.loras().release(slot);
         if (!blocks.empty()) pool.release(blocks);
         core.abandon();
         engine_.shutdown();
         throw;
     }
     pool.release(blocks);
+    if (slot) engine_.loras().release(slot, T);
     engine_.shutdown();
     return out;
 }
 
 // The prompt in kScore plans of up to max_batch_tokens tokens (as many in flight as there are stages),
 // their logits into one [tokens, vocab] array.
-std::vector<float> EngineClient::score_chunks(const std::vector<int32_t>& prompt, const std::vector<int32_t>& table) {
+std::vector<float> EngineClient::score_chunks(const std::vector<int32_t>& prompt, const std::vector<int32_t>& table,
+                                              int32_t lora) {
     EngineCore& core = engine_.core();
     const int64_t T = int64_t(prompt.size()), V = engine_.model().config().vocab;
     const int64_t chunk = std::min(engine_.model().options().max_batch_tokens, T);
@@ -140,6 +145,7 @@ std::vector<float> EngineClient::score_chunks(const std::vector<int32_t>& prompt
             ps.id = -1;
             ps.start = int32_t(issued);
             ps.count = int32_t(n);
+            ps.lora = lora;
             p.seqs.push_back(ps);
             p.width = int32_t(table.size());
             p.tables = table;

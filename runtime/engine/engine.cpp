@@ -54,6 +54,9 @@ Engine::Engine(Model& model, PipelineLinks links, const EngineOptions& opt)
     co.block_size = model_.attention_shape().block_size;
     co.prefix_caching = opt_.prefix_caching;
     co.heartbeat_s = opt_.heartbeat_s;
+    co.model = model_.config();
+    co.max_loras = opt_.max_loras;
+    co.max_lora_rank = opt_.max_lora_rank;
     core_ = std::make_unique<EngineCore>(co, exec_, *runner_);
 }
 

@@ -66,6 +66,10 @@ struct EngineOptions {
     // The simulated device (runtime/backend/sim/sim_device.h): set, each forward waits out its
     // predicted time instead of running the (shape-only) model, and the sampler returns pseudo-tokens.
     std::shared_ptr<const SimDevice> sim;
+    // LoRA (runtime/engine/lora_registry.h): adapters resident at once (--max-loras) and the largest
+    // rank accepted (--max-lora-rank).
+    int64_t max_loras = 4;
+    int64_t max_lora_rank = 64;
 };
 
 class Engine {
@@ -91,6 +95,7 @@ public:
     void shutdown();
     const Scheduler& scheduler() const;
     EngineCore& core();
+    LoraRegistry& loras() { return core().loras(); }
 
     // ---- followers ----
     void follow();

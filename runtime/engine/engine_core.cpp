@@ -18,11 +18,13 @@ EngineCore::EngineCore(const EngineCoreOptions& opt, RankExecutor& exec, ModelRu
       exec_(exec),
       runner_(runner),
       pool_(opt.kv_blocks, opt.block_size, opt.prefix_caching),
-      sched_(opt.sched, pool_) {
+      sched_(opt.sched, pool_),
+      loras_(opt.model, opt.max_loras, opt.max_lora_rank) {
     LATTICE_CHECK(opt_.stages >= 1, "engine: {} pipeline stages", opt_.stages);
 }
 
 void EngineCore::issue(StepPlan p) {
+    p.loras = loras_.take_loads();
     exec_.number(p);
     if (p.kind == StepPlan::Kind::kStep) issued_at_[p.number] = Clock::now();
     exec_.send_plan(p);

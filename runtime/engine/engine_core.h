@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "runtime/engine/block_pool.h"
+#include "runtime/engine/lora_registry.h"
 #include "runtime/engine/model_runner.h"
 #include "runtime/engine/rank_executor.h"
 #include "runtime/engine/scheduler.h"
@@ -32,6 +33,8 @@ struct EngineCoreOptions {
     bool prefix_caching = true;
     int stages = 1;              // pipeline stages: steps in flight at most
     double heartbeat_s = 5.0;    // an idle leader pings the followers at least this often
+    ModelConfig model;           // the base (LoRA adapters are checked against it)
+    int64_t max_loras = 4, max_lora_rank = 64;  // LoraRegistry's
 };
 
 class EngineCore {
@@ -50,6 +53,8 @@ public:
     Scheduler& scheduler() { return sched_; }
     const Scheduler& scheduler() const { return sched_; }
     BlockPool& pool() { return pool_; }
+    // The LoRA adapters on offer; their loads ride on the next issued plan.
+    LoraRegistry& loras() { return loras_; }
 
     // Plans the scheduler did not make (score): issue while has_room(), take the results in order.
     bool has_room() const { return int64_t(inflight_.size() + done_.size()) < opt_.stages; }
@@ -71,6 +76,7 @@ private:
     ModelRunner& runner_;
     BlockPool pool_;
     Scheduler sched_;
+    LoraRegistry loras_;
     std::deque<StepPlan> inflight_;                       // issued, results pending from the sampler rank
     std::deque<std::pair<StepPlan, StepResults>> done_;  // completed on this rank (it samples), not applied
     std::map<int64_t, std::chrono::steady_clock::time_point> issued_at_;  // plan number -> when issued

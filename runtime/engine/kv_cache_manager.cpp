@@ -9,8 +9,9 @@ bool KvCacheManager::allocate(int64_t seq, int64_t positions) {
     return need <= 0 || pool_.allocate(need, t.blocks);
 }
 
-int64_t KvCacheManager::admit_prefix(int64_t seq, std::span<const int32_t> tokens) {
+int64_t KvCacheManager::admit_prefix(int64_t seq, std::span<const int32_t> tokens, uint64_t root) {
     Table& t = tables_[seq];
+    if (t.blocks.empty() && t.registered == 0) t.chain = t.root = root;
     if (!pool_.prefix_caching()) return 0;
     const int64_t B = block_size();
     int64_t found_tokens = 0;
@@ -18,7 +19,7 @@ int64_t KvCacheManager::admit_prefix(int64_t seq, std::span<const int32_t> token
     for (int64_t b = int64_t(t.blocks.size()); (b + 1) * B <= int64_t(tokens.size()) - 1; ++b) {
         const std::span<const int32_t> blk = tokens.subspan(size_t(b * B), size_t(B));
         const uint64_t h = BlockPool::chain_hash(t.chain, blk);
-        const int32_t found = pool_.lookup(h, t.blocks.empty() ? -1 : t.blocks.back(), blk);
+        const int32_t found = pool_.lookup(h, t.blocks.empty() ? -1 : t.blocks.back(), blk, t.root);
         if (found < 0) break;
         t.blocks.push_back(found);
         t.chain = h;
@@ -37,7 +38,7 @@ void KvCacheManager::register_full_blocks(int64_t seq, std::span<const int32_t> 
     for (int64_t b = t.registered; b < done / B && b < int64_t(t.blocks.size()); ++b) {
         const std::span<const int32_t> blk = tokens.subspan(size_t(b * B), size_t(B));
         const uint64_t h = BlockPool::chain_hash(t.chain, blk);
-        pool_.register_full(t.blocks[size_t(b)], h, b > 0 ? t.blocks[size_t(b - 1)] : -1, blk);
+        pool_.register_full(t.blocks[size_t(b)], h, b > 0 ? t.blocks[size_t(b - 1)] : -1, blk, t.root);
         t.chain = h;
         t.registered = b + 1;
     }

@@ -36,7 +36,9 @@ public:
     bool allocate(int64_t seq, int64_t positions);
     // The cached full blocks of the prefix of `tokens` (never its last token) into the (empty) table of
     // `seq`; returns the tokens they hold (a multiple of the block size; 0 without prefix caching).
-    int64_t admit_prefix(int64_t seq, std::span<const int32_t> tokens);
+    // `root` keys the chain's start (the LoRA adapter's key; 0: the base model): K/V computed under one
+    // adapter are never found by a sequence of another.
+    int64_t admit_prefix(int64_t seq, std::span<const int32_t> tokens, uint64_t root = 0);
     // Registers the full blocks of `seq` within its first `done` tokens (of `tokens`) in the prefix cache.
     void register_full_blocks(int64_t seq, std::span<const int32_t> tokens, int64_t done);
     // Every block of `seq` back to the pool (its tail first: its head, which lookups need, is evicted last).
@@ -55,7 +57,8 @@ private:
     struct Table {
         std::vector<int32_t> blocks;
         int64_t registered = 0;  // full blocks in the prefix cache (a prefix of blocks)
-        uint64_t chain = 0;      // hash of the last registered block
+        uint64_t chain = 0;      // hash of the last registered block (the root before the first)
+        uint64_t root = 0;       // admit_prefix's root
     };
     BlockPool& pool_;
     std::unordered_map<int64_t, Table> tables_;

@@ -181,6 +181,7 @@ void Scheduler::take(Building& b, Seq& s, int64_t n, const std::vector<int32_t>&
     ps.sample = s.computed + n == int64_t(s.tokens.size());
     ps.ban_stop = ps.sample && s.generated() < s.req.min_tokens;
     ps.sampling = s.req.sampling;
+    ps.lora = s.req.lora;
     p.seqs.push_back(ps);
     p.tokens.insert(p.tokens.end(), s.tokens.begin() + s.computed, s.tokens.begin() + s.computed + n);
     p.tokens.insert(p.tokens.end(), drafts.begin(), drafts.end());
@@ -265,7 +266,7 @@ void Scheduler::admit(Building& b, const std::vector<Seq*>& order, int64_t n_run
         Seq& s = *sp;
         if (b.budget < 1 || int64_t(b.in_plan.size()) >= b.cap || n_run >= opt_.max_seqs) break;
         if (s.running || s.cancelled) continue;
-        const int64_t cached = kv_.admit_prefix(s.id, s.tokens);
+        const int64_t cached = kv_.admit_prefix(s.id, s.tokens, s.req.lora_key);
         s.computed += cached;
         stats_.cached_tokens += cached;
         const int64_t n = std::min<int64_t>(int64_t(s.tokens.size()) - s.computed, b.budget);

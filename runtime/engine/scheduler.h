@@ -98,6 +98,11 @@ struct EngineRequest {
     // come within 8 of the grammar's shortest completion, the mask keeps only tokens that shorten it,
     // so the output still ends well-formed when max_tokens leaves room for that. One matcher per sequence.
     std::shared_ptr<GrammarMatcher> grammar = nullptr;
+    // LoRA: the slot of the request's adapter on every rank (Model::set_lora; 0: the base) and its
+    // identity in the prefix cache (unique per adapter load, so a slot reused by another adapter never
+    // shares K/V; 0: the base). Set by the engine client from the adapter's name.
+    int32_t lora = 0;
+    uint64_t lora_key = 0;
 };
 
 struct TokenEvent {

@@ -12,7 +12,8 @@ namespace lattice {
 
 namespace {
 
-constexpr uint32_t kMagic = 0x4c505335;  // "LPS5": version 5 (block tables as changes, grammar masks, drafts)
+constexpr uint32_t kMagic = 0x4c505336;  // "LPS6": version 6 (block tables as changes, grammar masks, drafts,
+                                         // LoRA slots)
 constexpr uint32_t kMagicPrefix = 0x4c505300;  // "LPS" + any version
 
 // How a sequence's block table travels (one per sequence, in plan order).
@@ -142,6 +143,7 @@ std::vector<uint8_t> encode_plan(const StepPlan& p, PlanTables& known) {
         w.put(s.n_recent);
         w.put(uint8_t(s.masked));
         w.put(s.n_draft);
+        w.put(uint16_t(s.lora));  // (< kMaxLoraSlots: two bytes keep a decode step's plan small)
         w.put(ops[size_t(i)]);
         w.put(counts[size_t(i)]);
     }
@@ -152,6 +154,12 @@ std::vector<uint8_t> encode_plan(const StepPlan& p, PlanTables& known) {
     w.put_vec(p.released);
     w.put(p.mask_width);
     w.put_vec(p.masks);
+    w.put(int64_t(p.loras.size()));
+    for (const LoraLoad& l : p.loras) {
+        w.put(l.slot);
+        w.put_vec(std::vector<char>(l.name.begin(), l.name.end()));
+        w.put_vec(std::vector<char>(l.path.begin(), l.path.end()));
+    }
     return std::move(w.out);
 }
 
@@ -197,6 +205,8 @@ PlanSeq read_seq(Reader& r) {
                   "step plan: sequence {} verifies {} drafts of {} fed tokens (sampled: {}, masked: {}, recent "
                   "ids: {}, top logprobs: {})",
                   s.id, s.n_draft, s.count, s.sample, s.masked, s.n_recent, s.sampling.logprobs);
+    s.lora = r.get<uint16_t>("lora");
+    LATTICE_CHECK(s.lora >= 0 && s.lora < kMaxLoraSlots, "step plan: sequence {} asks for LoRA slot {}", s.id, s.lora);
     return s;
 }
 
@@ -259,6 +269,17 @@ StepPlan decode_plan(const uint8_t* data, int64_t size, PlanTables& known) {
                       int64_t(p.masks.size()) == masked * int64_t(p.mask_width),
                   "step plan: {} mask words for {} masked sequences of width {}", p.masks.size(), masked,
                   p.mask_width);
+    const int64_t n_loras = r.get<int64_t>("adapter loads");
+    LATTICE_CHECK(n_loras >= 0 && n_loras <= kMaxLoraSlots, "step plan: {} adapter loads", n_loras);
+    for (int64_t i = 0; i < n_loras; ++i) {
+        LoraLoad l;
+        l.slot = r.get<int32_t>("adapter slot");
+        const std::vector<char> name = r.get_vec<char>("adapter name"), path = r.get_vec<char>("adapter path");
+        l.name.assign(name.begin(), name.end());
+        l.path.assign(path.begin(), path.end());
+        LATTICE_CHECK(l.slot >= 1 && l.slot < kMaxLoraSlots, "step plan: adapter '{}' into slot {}", l.name, l.slot);
+        p.loras.push_back(std::move(l));
+    }
     LATTICE_CHECK(r.done(), "step plan: trailing bytes");
     apply_tables(p, ops, counts, blocks, known);
     return p;

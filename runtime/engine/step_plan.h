@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -41,6 +42,17 @@ struct PlanSeq {
                             // accepted ones and one more token: 1 .. n_draft + 1 tokens (sampled, not masked,
                             // no recent ids, no top logprobs)
     SamplingParams sampling;
+    int32_t lora = 0;       // LoRA slot of the sequence's adapter on every rank (Model::set_lora); 0: the base
+};
+
+inline constexpr int32_t kMaxLoraSlots = 4096;
+
+// A LoRA adapter every rank puts into (path empty: removes from) a slot of its model before the plan's
+// forward (Model::set_lora): the leader's LoraRegistry (lora_registry.h) decides, the ranks each read
+// their shard of the file.
+struct LoraLoad {
+    int32_t slot = 0;
+    std::string name, path;
 };
 
 struct StepPlan {
@@ -57,6 +69,7 @@ struct StepPlan {
     int32_t mask_width = 0;         // words per mask: (vocab + 31) / 32 (0 when no sequence is masked)
     std::vector<uint32_t> masks;    // per masked sequence, in plan order: bit id % 32 of word id / 32 set =
                                     // token id allowed (runtime/engine/grammar.h)
+    std::vector<LoraLoad> loras;    // adapters into their slots before this plan runs
 
     int64_t sampled() const;  // sequences with `sample` set
     // Token slots of the sampler's answer: 1 + n_draft per sampled sequence, in plan order (a sequence's

@@ -261,6 +261,7 @@ void Model::run_layers(const TokenBatch& batch, const View& hidden) {
                       "token {} at position {} of sequence {} is outside the context ({} positions) or the batch's "
                       "{} block tables",
                       i, batch.positions[i], batch.seqs[i], opt_.max_seq, batch.num_seqs);
+    prepare_lora(batch);
     const float eps = float(cfg_.rms_eps);
     View normed = normed_.view().row_range(0, T), qkv = qkv_.view().row_range(0, T),
          attn = attn_out_.view().row_range(0, T), proj = proj_.view().row_range(0, T),
@@ -286,18 +287,22 @@ void Model::run_layers(const TokenBatch& batch, const View& hidden) {
         if (li == 0) norm(View{}, L.attn_norm.view());
         if (observer_) observer_(layer, 0, normed);
         linear_normed(qkv, L.wqkv);
+        add_lora(qkv, normed, li, LoraSite::kQkv);
         if (!L.qkv_bias.empty()) be_.add_bias(qkv, L.qkv_bias.view());
         be_.rope(qkv, batch, attn_, inv_freq_.view());
         AttentionShape shape = attn_;
         if (layer < cfg_.window_layer_begin) shape.window = 0;  // full attention below the windowed layers
         be_.attention(attn, qkv, L.k_cache.view(), L.v_cache.view(), batch, shape);
         be_.linear(proj, attn, L.wo);
+        add_lora(proj, attn, li, LoraSite::kO);
         if (opt_.tp > 1) tp_all_reduce(proj);
         norm(proj, L.ffn_norm.view());
         if (observer_) observer_(layer, 1, normed);
         if (L.expert_down.empty()) {
             linear_normed(gu, L.w_gate_up);
+            add_lora(gu, normed, li, LoraSite::kGateUp);
             gated_down(gu, proj, L.w_down);
+            add_lora(proj, act_.view().row_range(0, T), li, LoraSite::kDown);
         } else {
             moe_block(L, normed, proj);
         }

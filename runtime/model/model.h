@@ -26,6 +26,7 @@
 #include "runtime/backend/backend.h"
 #include "parallel/world_config.h"
 #include "runtime/arch/config.h"
+#include "runtime/model/lora.h"
 #include "runtime/model/moe_routing.h"
 #include "runtime/weights/tensor_source.h"
 
@@ -156,6 +157,16 @@ public:
     // Calibration hook (runtime/model/smoothquant.h); empty (the default) costs one branch per GEMM.
     void set_observer(ActivationObserver obs) { observer_ = std::move(obs); }
 
+    // LoRA (runtime/model/lora.h): puts this rank's shard of `ad` (which holds at least this stage's
+    // layers) in `slot` >= 1, replacing what was there; null empties the slot. A batch's
+    // TokenBatch::seq_loras picks a slot per sequence; an empty slot there is an Error. Refused on a
+    // backend without row gather / scatter-add (Op::kMoe) and with SmoothQuant folding.
+    void set_lora(int32_t slot, std::shared_ptr<const LoraAdapter> ad);
+    bool has_lora(int32_t slot) const {
+        return slot >= 1 && slot < int32_t(loras_.size()) && loras_[size_t(slot)].adapter != nullptr;
+    }
+    int64_t lora_bytes() const;  // bytes of adapter weights this rank holds
+
 private:
     void load(const TensorSource& src);
     // The one place a linear is made: int8 weights of a converted checkpoint go to the backend as
@@ -166,6 +177,11 @@ private:
     void moe_block(LayerWeights& L, const View& normed, const View& out);
     // out = down(silu(gate) * up) of gu's rows: fused-quantized through qa_ffn_ when fused_quant_.
     void gated_down(const View& gu, const View& out, const Linear& down);
+    // LoRA: the batch's rows grouped by adapter slot (once per run_layers), then, after projection `site`
+    // of local layer li: out[rows of each slot] += s * (in A^T) B^T (model_lora.cpp). No adapter in the
+    // batch: one branch.
+    void prepare_lora(const TokenBatch& batch);
+    void add_lora(const View& out, const View& in, size_t li, LoraSite site);
 
     ModelConfig cfg_;
     Backend& be_;
@@ -199,6 +215,19 @@ private:
     bool fused_quant_ = false;
     QuantActs qa_hidden_, qa_ffn_;
     Buffer logits_full_;  // [rows, vocab] f32: the gathered blocks in vocabulary order (tp > 1)
+    // LoRA: shards by slot (0 unused); this batch's groups (a slot's rows are lora_rows_[begin, begin + n),
+    // its scale in lora_scales_ beside them, on the device); scratch [max_batch_tokens, *] made with the
+    // first adapter: gathered inputs, x A^T, one part's B product, the fused projection's delta.
+    struct LoraGroup {
+        int32_t slot = 0;
+        int64_t begin = 0, n = 0;
+    };
+    std::vector<LoraShard> loras_;
+    std::vector<LoraGroup> lora_groups_;
+    std::vector<int32_t> lora_rows_host_;
+    std::vector<float> lora_scales_host_;
+    Buffer lora_rows_, lora_scales_, lora_in_, lora_t_, lora_y_, lora_d_;
+    int64_t lora_scratch_rank_ = 0;
 };
 
 }  // namespace lattice

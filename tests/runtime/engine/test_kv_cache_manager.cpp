@@ -71,6 +71,21 @@ TEST_CASE("kv cache manager: a prompt takes the registered full blocks of its pr
     CHECK(pool.cache_hits() == 4);  // 1 (b) + 2 (a) + 1 (two)
 }
 
+TEST_CASE("kv cache manager: a prefix cached under one root (LoRA adapter) is not found under another") {
+    BlockPool pool(16, 4, true);
+    KvCacheManager kv(pool);
+    const std::vector<int32_t> a = iota_tokens(10);
+    CHECK(kv.admit_prefix(0, a, 7) == 0);
+    REQUIRE(kv.allocate(0, 10));
+    kv.register_full_blocks(0, a, 10);
+    CHECK(kv.admit_prefix(1, a) == 0);     // the base model: nothing
+    CHECK(kv.admit_prefix(2, a, 8) == 0);  // another adapter: nothing
+    CHECK(kv.admit_prefix(3, a, 7) == 8);  // the same adapter: both blocks
+    CHECK(kv.blocks(3)[0] == kv.blocks(0)[0]);
+    for (int64_t s = 0; s < 4; ++s) kv.free(s);
+    CHECK(pool.num_free() == pool.num_blocks());
+}
+
 TEST_CASE("kv cache manager: without prefix caching nothing is found or registered") {
     BlockPool pool(8, 2, false);
     KvCacheManager kv(pool);

@@ -140,8 +140,8 @@ TEST_CASE("plan deltas: an unknown table or a cut message is refused naming the 
                          doctest::Contains("does not know"), Error);
     CHECK(stranger.rows.empty());
     const PlanTables before = follower;
-    CHECK_THROWS_WITH_AS(decode_plan(next.data(), int64_t(next.size()) - 3, follower), doctest::Contains("masks"),
-                         Error);
+    CHECK_THROWS_WITH_AS(decode_plan(next.data(), int64_t(next.size()) - 3, follower),
+                         doctest::Contains("adapter loads"), Error);
     CHECK(follower == before);
     std::vector<uint8_t> old = next;
     old[0] = 0x32;  // version 2 (the magic is little-endian: its low byte is the version)
@@ -174,4 +174,25 @@ TEST_CASE("plan masks: each masked sequence's words arrive with it; a count that
     const std::vector<uint8_t> m3 = encode_plan(bad);
     CHECK_THROWS_WITH_AS(decode_plan(m3.data(), int64_t(m3.size())), doctest::Contains("masked but not sampled"),
                          Error);
+}
+
+TEST_CASE("plan LoRA: each sequence's adapter slot and the plan's adapter loads arrive; a bad slot is refused") {
+    StepPlan p = plan_of({{7, {1, 2}}, {8, {3}}}, 4, 1);
+    p.seqs[0].lora = 3;
+    p.loras = {LoraLoad{3, "sql", "/adapters/sql"}, LoraLoad{2, "old", ""}};
+    PlanTables leader, follower;
+    std::vector<uint8_t> m = encode_plan(p, leader);
+    CHECK(p.loras.size() == 2);
+    const StepPlan q = decode_plan(m.data(), int64_t(m.size()), follower);
+    CHECK(q.seqs[0].lora == 3);
+    CHECK(q.seqs[1].lora == 0);
+    REQUIRE(q.loras.size() == 2);
+    CHECK(q.loras[0].slot == 3);
+    CHECK(q.loras[0].name == "sql");
+    CHECK(q.loras[0].path == "/adapters/sql");
+    CHECK(q.loras[1].path.empty());
+    p.loras[0].slot = kMaxLoraSlots;
+    PlanTables l2, f2;
+    m = encode_plan(p, l2);
+    CHECK_THROWS_WITH_AS(decode_plan(m.data(), int64_t(m.size()), f2), doctest::Contains("into slot 4096"), Error);
 }
