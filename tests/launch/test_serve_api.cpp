@@ -433,7 +433,7 @@ TEST_CASE("metrics render Prometheus text, vLLM's names under lattice: with the 
     has("lattice:request_generation_tokens_count{" + L + "} 2\n");
 }
 
-TEST_CASE("chat with tools: the output's calls become tool_calls, held in a stream until its end") {
+TEST_CASE("chat with tools: the output's calls become tool_calls; streamed, each name first, then its arguments") {
     ApiCall call;
     call.id = "chatcmpl-7";
     call.model = "tiny";

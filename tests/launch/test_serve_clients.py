@@ -107,14 +107,29 @@ class Server:
             check(False, "serve did not stop")
 
 
-def score_logprobs(ids):
+TMP = tempfile.TemporaryDirectory()
+
+
+def start(args):
+    """A lattice command in the background (it loads its model while the server answers)."""
+    return subprocess.Popen([lattice] + args + ["--model", model, "--threads", "1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finished(p, what):
+    out, err = p.communicate(timeout=240)
+    check(p.returncode == 0, f"{what}: rc {p.returncode}: {err[-400:]}")
+
+
+def start_score(ids):
+    out = os.path.join(TMP.name, "logits.safetensors")
+    return start(["score", "--kv-cache-gb", "0.05", "--prompt-ids", ",".join(map(str, ids)), "--out", out]), out
+
+
+def score_logprobs(ids, scoring):
     """log-softmax of `lattice score`'s logits: logprob of ids[i] given ids[:i] (i >= 1)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "logits.safetensors")
-        r = subprocess.run([lattice, "score", "--model", model, "--threads", "2", "--kv-cache-gb", "0.05",
-                            "--prompt-ids", ",".join(map(str, ids)), "--out", out], capture_output=True, text=True)
-        check(r.returncode == 0, f"lattice score: {r.stderr[-300:]}")
-        raw = open(out, "rb").read()
+    finished(scoring[0], "lattice score")
+    raw = open(scoring[1], "rb").read()
     n = struct.unpack("<Q", raw[:8])[0]
     meta = json.loads(raw[8:8 + n])["logits"]
     T, V = meta["shape"]
@@ -153,6 +168,7 @@ def lm_eval_section(s):
     check(st == 200 and "eos_token" in info and info["chat_template"], f"/tokenizer_info: {str(info)[:200]}")
     text = "Question: What is the capital of France?\nAnswer: Paris is the capital of France"
     ids = s.post("/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"]
+    scoring = start_score(ids)
     check(s.post("/detokenize", {"tokens": ids})["prompt"] == text, "detokenize(tokenize(text)) != text")
     # loglikelihood: lm-eval sends each (context, continuation) as context_enc + continuation_enc and slices at
     # len(context_enc); three splits of one sequence, so one `lattice score` checks them all.
@@ -160,7 +176,7 @@ def lm_eval_section(s):
     payload = {"model": NAME, "prompt": [ids] * 3, "temperature": 0, "max_tokens": 1, "logprobs": 1, "seed": 1234,
                "echo": True}
     out = s.post("/v1/completions", payload)
-    want = score_logprobs(ids)
+    want = score_logprobs(ids, scoring)
     for choice in out.get("choices", []):
         lp = choice["logprobs"]
         check(len(lp["tokens"]) == len(ids) + 1 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
@@ -325,27 +341,23 @@ def same(a, b, where, diffs):
         diffs.append(f"{where}: {json.dumps(a)[:120]} != {json.dumps(b)[:120]}")
 
 
-def batch_section(s):
+def start_batch():
+    inp, out = os.path.join(TMP.name, "in.jsonl"), os.path.join(TMP.name, "out.jsonl")
+    with open(inp, "w") as f:
+        for cid, url, body in bodies():
+            f.write(json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body}) + "\n")
+    return start(["batch", "--input", inp, "--output", out, "--kv-cache-gb", "0.2", "--progress", "none"]), out
+
+
+def batch_section(s, batch):
     t0 = time.time()
     cases = bodies()
-    serve_out = {}
-    for cid, url, body in cases:
-        t1 = time.time()
-        serve_out[cid] = s.request("POST", url, body)
-        print(f"    {cid}: {time.time() - t1:.2f} s", flush=True)
-    print(f"  serve: {time.time() - t0:.1f} s", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        inp, out = os.path.join(tmp, "in.jsonl"), os.path.join(tmp, "out.jsonl")
-        with open(inp, "w") as f:
-            for cid, url, body in cases:
-                f.write(json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body}) + "\n")
-        r = subprocess.run([lattice, "batch", "--model", model, "--input", inp, "--output", out, "--threads", "2",
-                            "--kv-cache-gb", "0.2", "--progress", "none"], capture_output=True, text=True)
-        check(r.returncode == 0, f"batch: rc {r.returncode}: {r.stderr[-400:]}")
-        recs = {}
-        for line in open(out):
-            j = json.loads(line)
-            recs[j["custom_id"]] = j
+    serve_out = {cid: s.request("POST", url, body) for cid, url, body in cases}
+    finished(batch[0], "lattice batch")
+    recs = {}
+    for line in open(batch[1]):
+        j = json.loads(line)
+        recs[j["custom_id"]] = j
     for cid, _, _ in cases:
         st, want = serve_out[cid]
         rec = recs.get(cid)
@@ -363,15 +375,19 @@ def batch_section(s):
 
 
 t0 = time.time()
+batch_run = start_batch()
 server = Server()
 print(f"serve ready: {time.time() - t0:.1f} s", flush=True)
 try:
-    for section in (lm_eval_section, endpoints_section, tool_loop_section, batch_section):
+    for section in (lm_eval_section, endpoints_section, tool_loop_section, lambda s: batch_section(s, batch_run)):
         t1 = time.time()
         section(server)
-        print(f"{section.__name__}: {time.time() - t1:.1f} s", flush=True)
+        print(f"{getattr(section, '__name__', 'batch_section').strip('<>')}: {time.time() - t1:.1f} s", flush=True)
 finally:
     server.stop()
+    for p in (batch_run[0],):
+        if p.poll() is None:
+            p.kill()
 for what, body in bodies_4xx:
     leak = path_leak(body, [model])
     check(not leak, f"{what}: the error body shows the server path {leak!r}: {body[:300]}")
