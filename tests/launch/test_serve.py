@@ -47,6 +47,8 @@ import threading
 import time
 import traceback
 
+from serve_bodies import path_leak
+
 try:
     import openai
 except ImportError:
@@ -138,6 +140,9 @@ class Server:
             r = c.getresponse()
             out = (r.status, dict(r.getheaders()), r.read().decode())
             c.close()
+            if out[0] >= 400:  # no error body shows a server path (serve_bodies.py)
+                leak = path_leak(out[2], (builtin, golden))
+                check(not leak, f"{method} {path}: {out[0]} body shows the server path {leak!r}: {out[2][:200]}")
             return out
         except OSError:
             return 0, {}, ""
@@ -221,6 +226,8 @@ class Api:
                 r = api.create(**kw, extra_body=extra_body)
                 return [c.model_dump() for c in r] if kw.get("stream") else r.model_dump()
             except openai.APIStatusError as e:
+                leak = path_leak(json.dumps(e.body), (builtin, golden))
+                check(not leak, f"{what}: {e.status_code} body shows the server path {leak!r}")
                 raise ApiError(e.status_code, e.message)
         body = dict(kw, **(extra_body or {}))
         path = "/v1/completions" if what == "completions" else "/v1/chat/completions"
@@ -230,7 +237,10 @@ class Api:
                                                                      "Content-Type": "application/json"})
             r = c.getresponse()
             if r.status != 200:
-                raise ApiError(r.status, json.loads(r.read())["error"]["message"])
+                text = r.read().decode()
+                leak = path_leak(text, (builtin, golden))
+                check(not leak, f"{what}: {r.status} body shows the server path {leak!r}")
+                raise ApiError(r.status, json.loads(text)["error"]["message"])
             if not kw.get("stream"):
                 return json.loads(r.read())
             data = [l.decode().rstrip("\n")[6:] for l in r if l.startswith(b"data: ")]
