@@ -70,6 +70,7 @@ void EngineLoop::take(const Inbox::Item& it) {
 // Into the engine, after the prompts' own deltas (echo, prompt_logprobs) when it has them.
 void EngineLoop::admit(const std::shared_ptr<Ticket>& tp, std::vector<openai::Delta> prompt_deltas) {
     Ticket& t = *tp;
+    if (client_.draining()) return refuse(t, 503, "the server is shutting down and takes no new requests");
     int64_t prompt_tokens = 0;
     for (const auto& p : t.request.prompts) prompt_tokens += int64_t(p.size());
     std::vector<ClientRequest> choices = openai::choice_requests(t.request);
