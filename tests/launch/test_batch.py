@@ -68,7 +68,7 @@ def check_structured(name, recs):
         cid = json.loads(k)
         if not (isinstance(cid, str) and cid.startswith("req-")) or int(cid[4:]) % 8 not in (2, 6):
             continue
-        if not r.get("response"):  # a bad line of make_input (its own checks)
+        if not r.get("response") or r["response"]["status_code"] != 200:  # a bad line of make_input (its own checks)
             continue
         i = int(cid[4:])
         text = answer(r)[0]
