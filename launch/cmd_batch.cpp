@@ -244,7 +244,10 @@ bool read_line_bounded(std::istream& in, std::string& line, size_t keep, int64_t
 class BatchRun {
 public:
     BatchRun(EngineClient& client, const std::string& input, ResultFile& out, int64_t vocab, std::string model)
-        : client_(client), in_(input), out_(out), model_{std::move(model), client.tokenizer(), {vocab}, client.context()} {
+        : client_(client),
+          in_(input),
+          out_(out),
+          model_{std::move(model), client.tokenizer(), {vocab}, client.context()} {
         LATTICE_CHECK(in_.good(), "--input {}: cannot open", input);
         int64_t length = 0;
         for (std::string l; read_line_bounded(in_, l, kKeepBytes, length);) t_.total += !blank(l);
@@ -364,8 +367,8 @@ private:
         Running r;
         r.custom_id = id;
         r.hex = next_hex();
-        openai::Prepared p = openai::prepare_call(body, chat, model_, fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", r.hex),
-                                                  int64_t(std::time(nullptr)));
+        openai::Prepared p = openai::prepare_call(
+            body, chat, model_, fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", r.hex), int64_t(std::time(nullptr)));
         if (p.refusal) return record_refusal(r, *p.refusal);
         openai::ApiCall& call = *p.call;
         call.request.stream = false;  // a line's response is one body
@@ -426,7 +429,8 @@ private:
 
     void write_result(const Running& r, const std::string& body) {
         const json response = {{"status_code", 200}, {"request_id", "req_" + r.hex}, {"body", json::parse(body)}};
-        out_.write(json{{"id", "batch_req_" + r.hex}, {"custom_id", r.custom_id}, {"response", response}, {"error", nullptr}});
+        out_.write(
+            json{{"id", "batch_req_" + r.hex}, {"custom_id", r.custom_id}, {"response", response}, {"error", nullptr}});
         t_.last_done = Clock::now();
         ++t_.done;
     }
@@ -436,7 +440,8 @@ private:
     void record_refusal(const Running& r, const openai::Refusal& why) {
         const json response = {
             {"status_code", why.status}, {"request_id", "req_" + r.hex}, {"body", json::parse(why.body())}};
-        out_.write(json{{"id", "batch_req_" + r.hex}, {"custom_id", r.custom_id}, {"response", response}, {"error", nullptr}});
+        out_.write(
+            json{{"id", "batch_req_" + r.hex}, {"custom_id", r.custom_id}, {"response", response}, {"error", nullptr}});
         ++t_.errors;
         ++t_.done;
     }
@@ -492,7 +497,7 @@ private:
     EngineClient& client_;
     std::ifstream in_;
     ResultFile& out_;
-    openai::ModelInfo model_;  // the served model as serve would name it (its "model" check, its context)
+    openai::ModelInfo model_;      // the served model as serve would name it (its "model" check, its context)
     std::deque<Running> scoring_;  // lines whose prompts are scored once the engine is idle (echo, prompt_logprobs)
     uint64_t nonce_ = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
     int64_t records_ = 0;

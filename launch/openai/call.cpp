@@ -11,7 +11,8 @@ namespace {
 
 void replace_all(std::string& s, const std::string& from, const std::string& to) {
     if (from.empty()) return;
-    for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+    for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+        s.replace(at, from.size(), to);
 }
 
 }  // namespace

@@ -139,8 +139,8 @@ void refuse_unknown(const json& b, bool chat) {
         "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options", "n",
         "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user", "metadata", "store",
         "service_tier", "response_format", "min_tokens", "ignore_eos", "priority", "min_p", "repetition_penalty",
-        "repeat_last_n", "return_token_ids", "prompt_logprobs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-        "guided_decoding_backend", "guided_whitespace_pattern"};
+        "repeat_last_n", "return_token_ids", "prompt_logprobs", "guided_json", "guided_regex", "guided_choice",
+        "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern"};
     static const std::set<std::string, std::less<>> kCompletions = {"prompt", "best_of", "echo", "suffix"};
     static const std::set<std::string, std::less<>> kChat = {
         "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions", "function_call",

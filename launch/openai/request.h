@@ -10,11 +10,11 @@
 // (completions: k in [0, 20], the chosen token's log-softmax and the k most likely; chat: true, with
 // top_logprobs k in [0, 20]), echo (completions: the prompt before the output; with logprobs, the
 // prompt's logprobs (the first null) before the generated tokens', any max_tokens, as vLLM and OpenAI's
-// legacy API), vLLM's prompt_logprobs (both endpoints: k in [0, 20]; not with stream), presence_penalty and frequency_penalty (OpenAI's, [-2, 2], over the
-// generated tokens), and vLLM's ignore_eos, min_tokens, min_p and repetition_penalty (over prompt and
-// output: the whole sequence, unless repeat_last_n, llama.cpp's window, says fewer tokens), and vLLM's
-// priority (an integer, lower runs first; default 0), and return_token_ids (response.h).
-// Chat messages are normalized before the template as vLLM does (launch/openai/messages.h). Sampling semantics:
+// legacy API), vLLM's prompt_logprobs (both endpoints: k in [0, 20]; not with stream), presence_penalty and
+// frequency_penalty (OpenAI's, [-2, 2], over the generated tokens), and vLLM's ignore_eos, min_tokens, min_p and
+// repetition_penalty (over prompt and output: the whole sequence, unless repeat_last_n, llama.cpp's window, says fewer
+// tokens), and vLLM's priority (an integer, lower runs first; default 0), and return_token_ids (response.h). Chat
+// messages are normalized before the template as vLLM does (launch/openai/messages.h). Sampling semantics:
 // runtime/engine/sampler.h, shared with the CLI. Choice i of prompt p has index p * n + i and seed
 // seed + i (choice_requests).
 // Structured output: response_format {"type": "json_object"} or {"type": "json_schema", "json_schema":
@@ -74,7 +74,9 @@ ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const Tokeni
 std::vector<ClientRequest> choice_requests(const ApiRequest& r);
 
 // Whether the prompts are scored before they run (echo with logprobs, prompt_logprobs).
-inline bool scores_prompt(const ApiRequest& r) { return (r.echo && r.logprobs >= 0) || r.prompt_logprobs >= 0; }
+inline bool scores_prompt(const ApiRequest& r) {
+    return (r.echo && r.logprobs >= 0) || r.prompt_logprobs >= 0;
+}
 
 // The body as JSON; Error when it is not JSON or nests deeper than `max_depth` (nlohmann's copy and
 // destruction recurse, so depth is bounded before parsing, by base/json_limits.h).

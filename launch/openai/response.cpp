@@ -207,7 +207,8 @@ ojson ResponseShaper::prompt_logprobs_json(const Delta& d) const {
         }
         ojson row = ojson::object();
         const auto entry = [&](int32_t id, float lp, int64_t rank) {
-            row[std::to_string(id)] = {{"logprob", logprob_value(lp)}, {"rank", rank}, {"decoded_token", token_string(id)}};
+            row[std::to_string(id)] = {
+                {"logprob", logprob_value(lp)}, {"rank", rank}, {"decoded_token", token_string(id)}};
         };
         entry(d.tokens[i], d.logprobs[i], i < d.ranks.size() ? d.ranks[i] : 0);
         if (i < d.top.size())
@@ -252,9 +253,9 @@ std::string ResponseShaper::tokens(const Delta& d) {
 
 std::string ResponseShaper::finish(const Delta& d) {
     const ojson usage = {{"prompt_tokens", d.prompt_tokens},
-                        {"completion_tokens", d.completion_tokens},
-                        {"total_tokens", d.prompt_tokens + d.completion_tokens},
-                        {"prompt_tokens_details", {{"cached_tokens", d.cached_tokens}}}};
+                         {"completion_tokens", d.completion_tokens},
+                         {"total_tokens", d.prompt_tokens + d.completion_tokens},
+                         {"prompt_tokens_details", {{"cached_tokens", d.cached_tokens}}}};
     if (!stream_) {
         ojson choices = ojson::array();
         for (size_t p = 0; p * size_t(best_of_) < choices_.size(); ++p) {
@@ -281,13 +282,11 @@ std::string ResponseShaper::finish(const Delta& d) {
                 choices.push_back(choice);
             }
         }
-        ojson body = {{"id", id_},
-                      {"object", chat_ ? "chat.completion" : "text_completion"},
-                      {"created", created_},
-                      {"model", model_},
-                      {"choices", choices},
-                      {"usage", usage}};
-        if (chat_ && prompt_logprobs_ >= 0) body["prompt_logprobs"] = choices_.empty() ? nullptr : choices_[0].prompt_lps;
+        ojson body = {{"id", id_},           {"object", chat_ ? "chat.completion" : "text_completion"},
+                      {"created", created_}, {"model", model_},
+                      {"choices", choices},  {"usage", usage}};
+        if (chat_ && prompt_logprobs_ >= 0)
+            body["prompt_logprobs"] = choices_.empty() ? nullptr : choices_[0].prompt_lps;
         return dump(body);
     }
     std::string out;
@@ -333,7 +332,8 @@ std::string ResponseShaper::tool_chunk(Choice& c, const Delta& d) {
     ojson delta = ojson::object();
     if (!piece.content.empty()) delta["content"] = piece.content;
     if (!piece.calls.empty()) delta["tool_calls"] = piece.calls;
-    ojson choice = {{"index", d.index}, {"delta", delta}, {"logprobs", logprobs_json(c, c.sent)}, {"finish_reason", finish}};
+    ojson choice = {
+        {"index", d.index}, {"delta", delta}, {"logprobs", logprobs_json(c, c.sent)}, {"finish_reason", finish}};
     if (token_ids_) choice["token_ids"] = std::vector<int32_t>(c.ids.begin() + std::ptrdiff_t(c.sent), c.ids.end());
     c.sent = c.ids.size();
     ojson j = chunk_base();

@@ -24,13 +24,16 @@ bool flag(const json& b, const char* key, bool dflt) {
 std::optional<Refusal> check_body(const json& b, const ModelInfo& m) {
     if (!b.is_object()) return Refusal{400, "the request body must be a JSON object", "", ""};
     if (field_given(b, "model") && (!b["model"].is_string() || b["model"].get<std::string>() != m.name))
-        return Refusal{404, fmt::format("model {} does not exist; this server serves \"{}\"", b["model"].dump(), m.name),
+        return Refusal{404,
+                       fmt::format("model {} does not exist; this server serves \"{}\"", b["model"].dump(), m.name),
                        "model", "model_not_found"};
     if (!m.tokenizer) return Refusal{400, "this model has no tokenizer", "", ""};
     return std::nullopt;
 }
 
-Answer refused(const Refusal& r) { return {r.status, r.body()}; }
+Answer refused(const Refusal& r) {
+    return {r.status, r.body()};
+}
 
 std::vector<int32_t> tokens_of(const json& b, const ModelInfo& m) {
     const Tokenizer& tok = *m.tokenizer;
@@ -77,7 +80,8 @@ Answer detokenize_answer(std::string_view text, const ModelInfo& m) {
         for (size_t i = 0; i < b["tokens"].size(); ++i) {
             const json& t = b["tokens"][i];
             LATTICE_CHECK(t.is_number_integer() && t.get<int64_t>() >= 0 && t.get<int64_t>() < m.limits.vocab,
-                          "\"tokens\"[{}] = {} is not a token id of this model (vocab {})", i, t.dump(), m.limits.vocab);
+                          "\"tokens\"[{}] = {} is not a token id of this model (vocab {})", i, t.dump(),
+                          m.limits.vocab);
             ids.push_back(int32_t(t.get<int64_t>()));
         }
         return {200, json_text(json{{"prompt", m.tokenizer->decode(ids)}})};
@@ -99,6 +103,8 @@ Answer tokenizer_info_answer(const ModelInfo& m) {
     return {200, json_text(out)};
 }
 
-Answer version_answer() { return {200, json_text(json{{"version", std::string(kVersion)}})}; }
+Answer version_answer() {
+    return {200, json_text(json{{"version", std::string(kVersion)}})};
+}
 
 }  // namespace lattice::openai

@@ -14,7 +14,9 @@ std::string compact(const ojson& j) {
     return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
 }
 
-bool ws(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+bool ws(char c) {
+    return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+}
 
 size_t skip_ws(std::string_view t, size_t i) {
     while (i < t.size() && ws(t[i])) ++i;

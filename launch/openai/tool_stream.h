@@ -33,7 +33,7 @@ public:
 
     // What to send now, given the whole output so far.
     struct Piece {
-        std::string content;                                    // "" : none
+        std::string content;                                             // "" : none
         nlohmann::ordered_json calls = nlohmann::ordered_json::array();  // delta tool_calls entries
         bool empty() const { return content.empty() && calls.empty(); }
     };

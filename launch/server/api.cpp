@@ -78,10 +78,9 @@ void completion_route(const RouteInput& in, const RouteContext& ctx, bool chat, 
         out.reply = error_reply(400, e.message(), openai::error_param(e.message()));
         return;
     }
-    openai::Prepared p =
-        openai::prepare_call(body, chat, model_info(m),
-                             fmt::format("{}-{:016x}", chat ? "chatcmpl" : "cmpl", ctx.request_number),
-                             int64_t(std::time(nullptr)));
+    openai::Prepared p = openai::prepare_call(body, chat, model_info(m),
+                                              fmt::format("{}-{:016x}", chat ? "chatcmpl" : "cmpl", ctx.request_number),
+                                              int64_t(std::time(nullptr)));
     if (p.refusal)
         out.reply = error_reply(p.refusal->status, p.refusal->message, p.refusal->param, p.refusal->code);
     else

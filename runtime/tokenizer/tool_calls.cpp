@@ -27,8 +27,8 @@ bool call_of(const ojson& j, const std::set<std::string>* names, ToolCall& out) 
     const std::string name = j["name"].get<std::string>();
     if (names && !names->count(name)) return false;
     const ojson* args = j.contains("arguments")    ? &j["arguments"]
-                       : j.contains("parameters") ? &j["parameters"]
-                                                  : nullptr;
+                        : j.contains("parameters") ? &j["parameters"]
+                                                   : nullptr;
     if (args && args->is_string()) {  // some models write the arguments as a JSON string
         const ojson inner = ojson::parse(args->get<std::string>(), nullptr, false);
         if (!inner.is_object()) return false;
@@ -91,7 +91,7 @@ ToolCallOutput parse_json(std::string_view text, const std::set<std::string>& na
         ojson j;
         for (;;) {  // a ';' inside a string of the object: try the longer piece
             j = ojson::parse(t.substr(at, semi == std::string_view::npos ? std::string_view::npos : semi - at), nullptr,
-                            false);
+                             false);
             if (!j.is_discarded() || semi == std::string_view::npos) break;
             semi = t.find(';', semi + 1);
         }

@@ -68,7 +68,7 @@ def check_structured(name, recs):
         cid = json.loads(k)
         if not (isinstance(cid, str) and cid.startswith("req-")) or int(cid[4:]) % 8 not in (2, 6):
             continue
-        if not r.get("response") or r["response"]["status_code"] != 200:  # a bad line of make_input (its own checks)
+        if not r.get("response") or r["response"]["status_code"] != 200:  # a bad line (its own checks)
             continue
         i = int(cid[4:])
         text = answer(r)[0]
@@ -265,8 +265,8 @@ def format_part(tmp):
     chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0}
     lines = [  # (line, custom_id, want: "text_completion" | "chat.completion" | an error code, words in it)
         # "model" is checked as serve checks it: an unknown one is serve's 404 (OpenAI's example model here).
-        ({"custom_id": "cmp", "method": "POST", "url": "/v1/completions", "body": dict(done, model="gpt-3.5-turbo-0125")},
-         "cmp", 404, ("gpt-3.5-turbo-0125", "does not exist")),
+        ({"custom_id": "cmp", "method": "POST", "url": "/v1/completions",
+          "body": dict(done, model="gpt-3.5-turbo-0125")}, "cmp", 404, ("gpt-3.5-turbo-0125", "does not exist")),
         ({"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
           "body": dict(chat, return_token_ids=True)}, "chat", "chat.completion", ()),
         ({"custom_id": 7, "body": chat}, 7, "chat.completion", ()),  # no url: "messages" makes it a chat
@@ -425,9 +425,9 @@ def restart_part(inp, out):
     rc, err = run([lattice], inp, out, more=["--restart"])
     recs, dup = records(out)
     want = {"chat": "chat.completion", 7: "chat.completion", "line-1": "chat.completion",
-            "line-5": "text_completion", "line-6": "chat.completion", "line-13": "text_completion", "echo": "text_completion",
-            "get": "invalid_method", "emb": "invalid_url", "line-9": "invalid_json", "nomsg": 400, "cmp": 404,
-            json.dumps({"a": 1}): "invalid_custom_id"}
+            "line-5": "text_completion", "line-6": "chat.completion", "line-13": "text_completion",
+            "echo": "text_completion", "get": "invalid_method", "emb": "invalid_url", "line-9": "invalid_json",
+            "nomsg": 400, "cmp": 404, json.dumps({"a": 1}): "invalid_custom_id"}
     got = {}
     for k, r in recs.items():
         key = json.loads(k)

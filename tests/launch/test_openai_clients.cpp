@@ -72,8 +72,8 @@ TEST_CASE("chat messages are normalized as vLLM does before the template") {
     CHECK(n[1]["tool_calls"][0]["function"]["arguments"] == nlohmann::ordered_json{{"x", 1}});
     CHECK(n[2]["tool_call_id"] == "c1");
     CHECK(n[3]["content"] == "");
-    CHECK_THROWS_WITH_AS(lattice::openai::normalize_messages(json::parse(
-                             R"([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])")),
+    CHECK_THROWS_WITH_AS(lattice::openai::normalize_messages(
+                             json::parse(R"([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])")),
                          doctest::Contains("\"image_url\" parts are not supported"), lattice::Error);
     CHECK_THROWS_AS(lattice::openai::normalize_messages(json::parse(R"([{"content": "x"}])")), lattice::Error);
 }
@@ -88,7 +88,8 @@ TEST_CASE("the openai SDK's tool loop renders; a template error names its line a
         "tools": [{"type": "function", "function": {"name": "f"}}], "max_tokens": 2})";
     const lattice::serve::Routed ok = request("POST", "/v1/chat/completions", loop, m);
     CHECK_MESSAGE(ok.call.has_value(), (ok.reply ? ok.reply->body : ""));
-    const lattice::Tokenizer bad = tokenizer_with("{% for m in messages %}\n{{ raise_exception('no ' + m['role']) }}{% endfor %}");
+    const lattice::Tokenizer bad =
+        tokenizer_with("{% for m in messages %}\n{{ raise_exception('no ' + m['role']) }}{% endfor %}");
     const ServedModel mb = model_of(bad);
     const lattice::serve::Routed r =
         request("POST", "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}]})", mb);
