@@ -10,9 +10,13 @@
 //                 "body": the JSON `lattice serve` returns for that request (launch/openai/response.h
 //                 ResponseShaper: "text_completion" / "chat.completion", usage, "token_ids" when the
 //                 body asks "return_token_ids" or the model has no tokenizer)}, "error": null}, or
-//                 {"id", "custom_id", "response": null, "error": {"code", "message"}} for a line that
-//                 cannot run. Completion order. "stream" is ignored (a line's response is one body);
-//                 "model" is echoed (default: the model path's last component, as serve's name).
+//                 a body serve refuses: "response": {"status_code": 400 | 404, "request_id", "body":
+//                 serve's error body}, "error": null (the same validation: launch/openai/call.h; the
+//                 served name is the model path's last component, as serve's default, and "model"
+//                 must match it as in serve); {"id", "custom_id", "response": null, "error": {"code",
+//                 "message"}} for a line that is no request (bad JSON, id, method, url, size).
+//                 Completion order. "stream" is ignored (a line's response is one body). echo with
+//                 logprobs and prompt_logprobs score the prompts once the engine is idle, as serve.
 //                 Every line's record carries its custom_id when it has one (batch_line_id).
 // Crash safety: each output line is one write() of the whole line. A rerun with the same --output
 // first cuts a partial last line (a job killed mid-write, a lost node), then skips every id already
@@ -35,6 +39,7 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -50,6 +55,7 @@
 #include "launch/cli.h"
 #include "launch/cli_common.h"
 #include "launch/drain_signal.h"
+#include "launch/openai/call.h"
 #include "launch/openai/request.h"
 #include "launch/openai/response.h"
 #include "runtime/tokenizer/tokenizer.h"
@@ -146,6 +152,8 @@ struct Running {
     json custom_id;
     std::string hex;                                // of the record's "batch_req_" and "req_" ids
     std::unique_ptr<openai::ResponseShaper> shaper;  // the server's response body
+    openai::ApiRequest request;                      // the parsed body (its prompts until it runs)
+    bool logprobs = false;                           // its tokens' alternatives are asked for
     int64_t tokens = 0;
     int64_t prompt_tokens = 0;  // every prompt once (usage)
     bool abandoned = false;     // a sequence was cut by the drain: the line runs again on the next rerun
@@ -236,8 +244,12 @@ bool read_line_bounded(std::istream& in, std::string& line, size_t keep, int64_t
 class BatchRun {
 public:
     BatchRun(EngineClient& client, const std::string& input, ResultFile& out, int64_t vocab, std::string model)
-        : client_(client), in_(input), out_(out), limits_{vocab}, model_(std::move(model)) {
+        : client_(client),
+          in_(input),
+          out_(out),
+          model_{std::move(model), client.tokenizer(), {vocab}, client.context(), {}} {
         LATTICE_CHECK(in_.good(), "--input {}: cannot open", input);
+        model_.is_adapter = [this](const std::string& name) { return client_.is_leader() && client_.loras().has(name); };
         int64_t length = 0;
         for (std::string l; read_line_bounded(in_, l, kKeepBytes, length);) t_.total += !blank(l);
         in_.clear();
@@ -255,6 +267,7 @@ public:
                 client_.drain(drain_seconds);
             }
             admit();
+            while (!scoring_.empty() && !client_.busy() && !client_.draining()) score_next();
             if (!client_.busy() && !(input_left_ && !client_.draining())) break;
             for (const ClientEvent& ev : client_.poll()) apply(ev);
             out_.sync_if_due();
@@ -348,33 +361,97 @@ private:
         }
     }
 
-    // A request as the server would take it (the OpenAI protocol of launch/openai/), to the engine.
+    // A request as the server would take it (launch/openai/call.h: serve's validation, its 400 / 404
+    // answers written as the record's response), to the engine; one whose prompts are scored (echo,
+    // prompt_logprobs) waits until the engine is idle, as in serve.
     void submit(const json& id, const json& body, bool chat) {
-        openai::ApiCall call;
-        call.request = openai::parse_api_request(body, chat, client_.tokenizer(), limits_);
-        // A list of prompts, n and best_of: one record from several sequences, as the server's body.
-        // echo is the server's only (its prompt logprobs come from the score path, not a sequence).
-        LATTICE_CHECK(!call.request.echo,
-                      "\"echo\" is not supported in batch files (lattice serve and lattice score have it)");
-        call.request.stream = false;
-        call.request.include_usage = false;
-        call.return_token_ids = openai::parse_return_token_ids(body, client_.tokenizer());
         Running r;
         r.custom_id = id;
         r.hex = next_hex();
-        call.id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", r.hex);
-        call.created = int64_t(std::time(nullptr));
-        call.model = call.request.model.empty() ? model_ : call.request.model;
+        openai::Prepared p = openai::prepare_call(
+            body, chat, model_, fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", r.hex), int64_t(std::time(nullptr)));
+        if (p.refusal) return record_refusal(r, *p.refusal);
+        openai::ApiCall& call = *p.call;
+        call.request.stream = false;  // a line's response is one body
+        call.request.include_usage = false;
         r.shaper = std::make_unique<openai::ResponseShaper>(call);
-        for (const std::vector<int32_t>& p : call.request.prompts) r.prompt_tokens += int64_t(p.size());
+        r.logprobs = call.request.logprobs >= 0;
+        for (const std::vector<int32_t>& q : call.request.prompts) r.prompt_tokens += int64_t(q.size());
+        r.request = std::move(call.request);
+        if (openai::scores_prompt(r.request) || (r.request.echo && r.request.client.max_tokens == 0)) {
+            if (model_.is_adapter(r.request.model))  // as serve's engine loop answers it
+                return record_refusal(
+                    r, openai::Refusal{400, "prompt logprobs (echo, prompt_logprobs) are not supported with a LoRA adapter",
+                                       "", ""});
+            scoring_.push_back(std::move(r));
+            return;
+        }
+        start(std::move(r));
+    }
+
+    void start(Running r) {
         r.admitted = Clock::now();
-        std::vector<ClientRequest> choices = openai::choice_requests(call.request);
-        if (!call.request.model.empty() && client_.is_leader() && client_.loras().has(call.request.model))
-            for (ClientRequest& c : choices) c.lora = call.request.model;  // a line picks an adapter by "model"
-        const int64_t request = client_.submit(std::move(choices), call.request.best_of);
+        int64_t request = 0;
+        try {
+            std::vector<ClientRequest> choices = openai::choice_requests(r.request);
+            if (!r.request.model.empty() && client_.is_leader() && client_.loras().has(r.request.model))
+                for (ClientRequest& c : choices) c.lora = r.request.model;  // a line picks an adapter by "model"
+            request = client_.submit(std::move(choices), r.request.best_of);
+        } catch (const Error& e) {  // what the engine refuses, serve answers 400
+            return record_refusal(r, openai::Refusal{400, e.message(), openai::error_param(e.message()), ""});
+        }
         if (t_.first_admit == Clock::time_point{}) t_.first_admit = r.admitted;
         t_.prompt_tokens += r.prompt_tokens;
+        r.request.prompts.clear();
         running_.emplace(request, std::move(r));
+    }
+
+    // The next scored line (the engine is idle): its prompts' deltas, then its record (max_tokens 0) or its run.
+    void score_next() {
+        Running r = std::move(scoring_.front());
+        scoring_.pop_front();
+        const openai::ApiRequest& q = r.request;
+        const Tokenizer* tok = client_.tokenizer();
+        for (size_t i = 0; i < q.prompts.size(); ++i) {
+            PromptLogprobs lp = client_.prompt_logprobs(q.prompts[i], std::max(q.logprobs, q.prompt_logprobs));
+            openai::Delta d;
+            d.echo = true;
+            d.text = tok ? tok->decode(q.prompts[i]) : "";
+            d.tokens = q.prompts[i];
+            if (q.client.max_tokens == 0) d.finish_reason = "length";
+            d.logprobs = std::move(lp.logprobs);
+            d.top = std::move(lp.top);
+            d.ranks = std::move(lp.ranks);
+            for (int64_t k = 0; k < q.best_of; ++k) {
+                d.index = int64_t(i) * q.best_of + k;
+                r.shaper->tokens(d);
+            }
+        }
+        if (q.client.max_tokens != 0) return start(std::move(r));
+        openai::Delta f;
+        f.kind = openai::Delta::Kind::kFinish;
+        f.prompt_tokens = r.prompt_tokens;
+        t_.prompt_tokens += r.prompt_tokens;
+        write_result(r, r.shaper->finish(f));
+    }
+
+    void write_result(const Running& r, const std::string& body) {
+        const json response = {{"status_code", 200}, {"request_id", "req_" + r.hex}, {"body", json::parse(body)}};
+        out_.write(
+            json{{"id", "batch_req_" + r.hex}, {"custom_id", r.custom_id}, {"response", response}, {"error", nullptr}});
+        t_.last_done = Clock::now();
+        ++t_.done;
+    }
+
+    // What serve answers 400 / 404: the record's response carries that status and serve's error body
+    // (OpenAI's Batch output for a request the API refused).
+    void record_refusal(const Running& r, const openai::Refusal& why) {
+        const json response = {
+            {"status_code", why.status}, {"request_id", "req_" + r.hex}, {"body", json::parse(why.body())}};
+        out_.write(
+            json{{"id", "batch_req_" + r.hex}, {"custom_id", r.custom_id}, {"response", response}, {"error", nullptr}});
+        ++t_.errors;
+        ++t_.done;
     }
 
     // Admits input lines while the engine has little waiting.
@@ -404,21 +481,14 @@ private:
             }
             ++r.tokens;
         }
-        r.shaper->tokens(openai::token_delta(ev, true));
+        r.shaper->tokens(openai::token_delta(ev, r.logprobs));
         r.abandoned |= ev.finish == FinishReason::kCancelled;  // cut by the drain: it runs on the next rerun
         if (!ev.last_of_request) return;
         if (r.abandoned) {
             ++t_.abandoned;
         } else {
-            const std::string body = r.shaper->finish(openai::finish_delta(ev));
-            const json response = {{"status_code", 200}, {"request_id", "req_" + r.hex}, {"body", json::parse(body)}};
-            out_.write(json{{"id", "batch_req_" + r.hex},
-                            {"custom_id", r.custom_id},
-                            {"response", response},
-                            {"error", nullptr}});
             t_.gen_tokens += r.tokens;
-            t_.last_done = Clock::now();
-            ++t_.done;
+            write_result(r, r.shaper->finish(openai::finish_delta(ev)));
         }
         running_.erase(it);
     }
@@ -428,15 +498,15 @@ public:
     // as the last line was admitted leaves only blanks (or nothing) unread: that is complete too.
     bool complete() {
         if (input_left_ && (in_ >> std::ws).peek() == std::ifstream::traits_type::eof()) input_left_ = false;
-        return !input_left_ && running_.empty() && t_.abandoned == 0;
+        return !input_left_ && running_.empty() && scoring_.empty() && t_.abandoned == 0;
     }
 
 private:
     EngineClient& client_;
     std::ifstream in_;
     ResultFile& out_;
-    openai::ApiLimits limits_;
-    std::string model_;  // "model" of a response whose request names none
+    openai::ModelInfo model_;      // the served model as serve would name it (its "model" check, its context)
+    std::deque<Running> scoring_;  // lines whose prompts are scored once the engine is idle (echo, prompt_logprobs)
     uint64_t nonce_ = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
     int64_t records_ = 0;
     std::map<int64_t, Running> running_;  // by the client's request id

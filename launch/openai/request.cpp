@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "base/json_limits.h"
+#include "launch/openai/messages.h"
 #include "launch/openai/tools.h"
 
 namespace lattice::openai {
@@ -59,19 +60,6 @@ std::vector<int32_t> token_ids(const json& a, const char* what, int64_t vocab) {
     return ids;
 }
 
-std::string message_text(const json& content, size_t i) {
-    if (content.is_string()) return content.get<std::string>();
-    LATTICE_CHECK(content.is_array(), "\"messages\"[{}].content must be a string or an array of text parts", i);
-    std::string text;
-    for (const json& part : content) {
-        LATTICE_CHECK(
-            part.is_object() && part.value("type", "") == "text" && part.contains("text") && part["text"].is_string(),
-            "\"messages\"[{}].content: only {{\"type\": \"text\", \"text\": ...}} parts are supported", i);
-        text += part["text"].get<std::string>();
-    }
-    return text;
-}
-
 std::vector<int32_t> prompt_text(const json& p, const Tokenizer* tok, const std::string& what) {
     LATTICE_CHECK(tok != nullptr, "this model has no tokenizer: give {} as token ids", what);
     const std::string text = p.get<std::string>();
@@ -87,18 +75,7 @@ std::vector<int32_t> chat_prompt(const json& b, const Tokenizer* tok, ToolUse& u
     LATTICE_CHECK(tok->chat_template_kind() != ChatTemplateKind::kNone,
                   "this model's tokenizer has no recognised chat template");
     use = parse_tool_use(b, *tok);
-    if (use.parse || messages_use_tools(m)) return tok->encode(render_tool_chat(b, *tok, use), false, true);
-    std::vector<ChatMessage> msgs;
-    for (size_t i = 0; i < m.size(); ++i) {
-        LATTICE_CHECK(m[i].is_object() && m[i].contains("role") && m[i]["role"].is_string(),
-                      "\"messages\"[{}] must be an object with a string \"role\"", i);
-        const std::string role = m[i]["role"].get<std::string>();
-        LATTICE_CHECK(role == "system" || role == "user" || role == "assistant",
-                      "\"messages\"[{}].role \"{}\" is not system, user or assistant", i, role);
-        LATTICE_CHECK(m[i].contains("content"), "\"messages\"[{}].content is required", i);
-        msgs.push_back({role, message_text(m[i]["content"], i)});
-    }
-    return tok->encode(tok->chat_template().render(msgs, true), false, true);
+    return tok->encode(render_chat(normalize_messages(m), b, *tok, use), false, true);
 }
 
 // The prompts' ids: "messages" through the chat template (one prompt), or "prompt": a string, token
@@ -162,8 +139,8 @@ void refuse_unknown(const json& b, bool chat) {
         "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options", "n",
         "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user", "metadata", "store",
         "service_tier", "response_format", "min_tokens", "ignore_eos", "priority", "min_p", "repetition_penalty",
-        "repeat_last_n", "return_token_ids", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-        "guided_decoding_backend", "guided_whitespace_pattern"};
+        "repeat_last_n", "return_token_ids", "prompt_logprobs", "guided_json", "guided_regex", "guided_choice",
+        "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern"};
     static const std::set<std::string, std::less<>> kCompletions = {"prompt", "best_of", "echo", "suffix"};
     static const std::set<std::string, std::less<>> kChat = {
         "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
@@ -291,9 +268,9 @@ void parse_choices(const json& b, ApiRequest& r) {
                   "{} prompts x \"best_of\"/\"n\" {} is more than {} sequences", r.prompts.size(), r.best_of,
                   ApiRequest::kMaxChoices);
     LATTICE_CHECK(r.client.max_tokens != 0 || r.echo, "\"max_tokens\" 0 needs \"echo\": true");
-    LATTICE_CHECK(!r.echo || r.logprobs < 0 || r.client.max_tokens == 0,
-                  "\"echo\" with \"logprobs\" needs \"max_tokens\": 0 (prompt logprobs beside generated ones are "
-                  "not supported)");
+    // vLLM's prompt_logprobs: the prompt's tokens scored, not streamed (vLLM's rule).
+    r.prompt_logprobs = int32_t(integer(b, "prompt_logprobs", 0, kMax, -1));
+    LATTICE_CHECK(r.prompt_logprobs < 0 || !r.stream, "\"prompt_logprobs\" are not available with \"stream\": true");
 }
 
 }  // namespace

@@ -8,11 +8,13 @@
 // stream, stream_options.include_usage, n and best_of (completions; best_of >= n, not with stream:
 // the n of best_of with the highest cumulative logprob; at most kMaxChoices choices in all), logprobs
 // (completions: k in [0, 20], the chosen token's log-softmax and the k most likely; chat: true, with
-// top_logprobs k in [0, 20]), echo (completions: the prompt before the output; with max_tokens 0 and
-// logprobs, the prompt's logprobs), presence_penalty and frequency_penalty (OpenAI's, [-2, 2], over the
-// generated tokens), and vLLM's ignore_eos, min_tokens, min_p and repetition_penalty (over prompt and
-// output: the whole sequence, unless repeat_last_n, llama.cpp's window, says fewer tokens), and vLLM's
-// priority (an integer, lower runs first; default 0), and return_token_ids (response.h). Sampling semantics:
+// top_logprobs k in [0, 20]), echo (completions: the prompt before the output; with logprobs, the
+// prompt's logprobs (the first null) before the generated tokens', any max_tokens, as vLLM and OpenAI's
+// legacy API), vLLM's prompt_logprobs (both endpoints: k in [0, 20]; not with stream), presence_penalty and
+// frequency_penalty (OpenAI's, [-2, 2], over the generated tokens), and vLLM's ignore_eos, min_tokens, min_p and
+// repetition_penalty (over prompt and output: the whole sequence, unless repeat_last_n, llama.cpp's window, says fewer
+// tokens), and vLLM's priority (an integer, lower runs first; default 0), and return_token_ids (response.h). Chat
+// messages are normalized before the template as vLLM does (launch/openai/messages.h). Sampling semantics:
 // runtime/engine/sampler.h, shared with the CLI. Choice i of prompt p has index p * n + i and seed
 // seed + i (choice_requests).
 // Structured output: response_format {"type": "json_object"} or {"type": "json_schema", "json_schema":
@@ -56,6 +58,7 @@ struct ApiRequest {
     int64_t best_of = 1;           // sequences run per prompt (>= n)
     int32_t logprobs = -1;         // -1: none; k >= 0: each token's logprob and its k most likely (client.sampling.logprobs)
     bool echo = false;             // completions: the prompt's text (and logprobs) before the output
+    int32_t prompt_logprobs = -1;  // vLLM's: -1 none; k >= 0: each prompt token's logprob, rank and k most likely
     bool stream = false;
     bool include_usage = false;
     bool seed_given = false;
@@ -69,6 +72,11 @@ ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const Tokeni
 // The engine requests of a parsed request, in choice order: prompt p's sequence i (of best_of) at
 // p * best_of + i, with seed + i. Every sequence asks for 0 tokens when max_tokens is 0 (echo).
 std::vector<ClientRequest> choice_requests(const ApiRequest& r);
+
+// Whether the prompts are scored before they run (echo with logprobs, prompt_logprobs).
+inline bool scores_prompt(const ApiRequest& r) {
+    return (r.echo && r.logprobs >= 0) || r.prompt_logprobs >= 0;
+}
 
 // The body as JSON; Error when it is not JSON or nests deeper than `max_depth` (nlohmann's copy and
 // destruction recurse, so depth is bounded before parsing, by base/json_limits.h).

@@ -72,6 +72,7 @@ Delta finish_delta(const ClientEvent& ev) {
     f.kind = Delta::Kind::kFinish;
     f.prompt_tokens = ev.request_prompt_tokens;
     f.completion_tokens = ev.request_completion_tokens;
+    f.cached_tokens = ev.request_cached_tokens;
     return f;
 }
 
@@ -89,6 +90,7 @@ ResponseShaper::ResponseShaper(const ApiCall& c)
       include_usage_(c.request.include_usage),
       token_ids_(c.return_token_ids),
       logprobs_(c.request.logprobs),
+      prompt_logprobs_(c.request.prompt_logprobs),
       echo_(c.request.echo),
       n_(c.request.n),
       best_of_(c.request.best_of),
@@ -100,6 +102,7 @@ ResponseShaper::ResponseShaper(const ApiCall& c)
       choices_(std::max<size_t>(1, c.request.prompts.size()) * size_t(c.request.best_of)) {
     if (echo_)
         for (const auto& p : c.request.prompts) prompt_texts_.push_back(tok_ ? tok_->decode(p) : std::string());
+    for (Choice& ch : choices_) ch.tool_stream = ToolCallStream(tools_.format, tools_.forced);
 }
 
 ojson ResponseShaper::chunk_base() const {
@@ -146,7 +149,7 @@ ojson ResponseShaper::logprobs_json(Choice& c, size_t from) const {
         if (chat_) {
             ojson alts = ojson::array();
             if (has_top)
-                for (const SampledToken& a : c.top[i]) {
+                for (const SampledToken& a : c.top[i]) {  // (chat has no echo: k entries)
                     const std::string at = token_string(a.token);
                     alts.push_back({{"token", at}, {"logprob", logprob_value(a.logprob)}, {"bytes", bytes_of(at)}});
                 }
@@ -158,7 +161,8 @@ ojson ResponseShaper::logprobs_json(Choice& c, size_t from) const {
         lps.push_back(logprob_value(c.logprobs[i]));
         if (has_top) {
             ojson alts = ojson::object();
-            for (const SampledToken& a : c.top[i]) alts[token_string(a.token)] = logprob_value(a.logprob);
+            for (size_t k = 0; k < c.top[i].size() && k < size_t(logprobs_); ++k)
+                alts[token_string(c.top[i][k].token)] = logprob_value(c.top[i][k].logprob);
             alts[t] = logprob_value(c.logprobs[i]);  // the chosen token too (vLLM's)
             tops.push_back(alts);
         } else {
@@ -193,10 +197,34 @@ std::string ResponseShaper::accepted() {
     return out;
 }
 
+// vLLM's prompt_logprobs of a prompt delta: [null, {"ID": {"logprob", "rank", "decoded_token"}}, ...].
+ojson ResponseShaper::prompt_logprobs_json(const Delta& d) const {
+    ojson out = ojson::array();
+    for (size_t i = 0; i < d.tokens.size(); ++i) {
+        if (i == 0 || i >= d.logprobs.size() || std::isnan(d.logprobs[i])) {
+            out.push_back(nullptr);
+            continue;
+        }
+        ojson row = ojson::object();
+        const auto entry = [&](int32_t id, float lp, int64_t rank) {
+            row[std::to_string(id)] = {
+                {"logprob", logprob_value(lp)}, {"rank", rank}, {"decoded_token", token_string(id)}};
+        };
+        entry(d.tokens[i], d.logprobs[i], i < d.ranks.size() ? d.ranks[i] : 0);
+        if (i < d.top.size())
+            for (size_t k = 0; k < d.top[i].size() && k < size_t(prompt_logprobs_); ++k)
+                if (d.top[i][k].token != d.tokens[i]) entry(d.top[i][k].token, d.top[i][k].logprob, int64_t(k) + 1);
+        out.push_back(std::move(row));
+    }
+    return out;
+}
+
 std::string ResponseShaper::tokens(const Delta& d) {
     LATTICE_CHECK(d.index >= 0 && d.index < int64_t(choices_.size()), "response: choice {} of {}", d.index,
                   choices_.size());
     Choice& c = choices_[size_t(d.index)];
+    if (d.echo && prompt_logprobs_ >= 0) c.prompt_lps = prompt_logprobs_json(d);
+    if (d.echo && !echo_) return {};  // prompt_logprobs alone: the prompt is not part of the choice
     const std::string text = echo_text(c, d.index, d) + d.text;
     const size_t from = c.ids.size();
     c.text += text;
@@ -207,20 +235,7 @@ std::string ResponseShaper::tokens(const Delta& d) {
         for (float lp : d.logprobs) c.sum += double(lp);
     if (!d.finish_reason.empty()) c.finish = d.finish_reason;
     if (!stream_) return {};
-    if (chat_ && tools_.parse) {  // the output is parsed for calls at its end: one chunk then
-        if (d.finish_reason.empty()) return {};
-        c.offset = 0;
-        ojson choice = {{"index", d.index}, {"logprobs", logprobs_json(c, 0)}, {"finish_reason", nullptr}};
-        const ojson m = tool_message(c, d.index, choice["finish_reason"], true);
-        ojson delta = ojson::object();
-        if (!m["content"].is_null()) delta["content"] = m["content"];
-        if (m.contains("tool_calls")) delta["tool_calls"] = m["tool_calls"];
-        choice["delta"] = delta;
-        if (token_ids_) choice["token_ids"] = c.ids;
-        ojson j = chunk_base();
-        j["choices"] = ojson::array({choice});
-        return event(j);
-    }
+    if (chat_ && tools_.parse) return tool_chunk(c, d);
     // Held back (a possible stop string) with nothing else to say: no chunk yet.
     if (text.empty() && !token_ids_ && (logprobs_ < 0 || d.tokens.empty()) && d.finish_reason.empty()) return {};
     ojson choice = {{"index", d.index},
@@ -238,8 +253,9 @@ std::string ResponseShaper::tokens(const Delta& d) {
 
 std::string ResponseShaper::finish(const Delta& d) {
     const ojson usage = {{"prompt_tokens", d.prompt_tokens},
-                        {"completion_tokens", d.completion_tokens},
-                        {"total_tokens", d.prompt_tokens + d.completion_tokens}};
+                         {"completion_tokens", d.completion_tokens},
+                         {"total_tokens", d.prompt_tokens + d.completion_tokens},
+                         {"prompt_tokens_details", {{"cached_tokens", d.cached_tokens}}}};
     if (!stream_) {
         ojson choices = ojson::array();
         for (size_t p = 0; p * size_t(best_of_) < choices_.size(); ++p) {
@@ -262,15 +278,16 @@ std::string ResponseShaper::finish(const Delta& d) {
                 else
                     choice["text"] = c.text;
                 if (token_ids_) choice["token_ids"] = c.ids;
+                if (!chat_ && prompt_logprobs_ >= 0) choice["prompt_logprobs"] = c.prompt_lps;
                 choices.push_back(choice);
             }
         }
-        return dump(ojson{{"id", id_},
-                         {"object", chat_ ? "chat.completion" : "text_completion"},
-                         {"created", created_},
-                         {"model", model_},
-                         {"choices", choices},
-                         {"usage", usage}});
+        ojson body = {{"id", id_},           {"object", chat_ ? "chat.completion" : "text_completion"},
+                      {"created", created_}, {"model", model_},
+                      {"choices", choices},  {"usage", usage}};
+        if (chat_ && prompt_logprobs_ >= 0)
+            body["prompt_logprobs"] = choices_.empty() ? nullptr : choices_[0].prompt_lps;
+        return dump(body);
     }
     std::string out;
     if (include_usage_) {
@@ -282,13 +299,53 @@ std::string ResponseShaper::finish(const Delta& d) {
     return out + "data: [DONE]\n\n";
 }
 
+ToolCallOutput ResponseShaper::tool_calls_of(const Choice& c) const {
+    ToolCallOutput out = tools_.forced ? parse_forced_call(c.text, tools_.format)
+                                       : parse_tool_calls(c.text, tools_.format, tools_.names);
+    if (!tools_.parallel && out.calls.size() > 1) out.calls.resize(1);  // parallel_tool_calls: false
+    return out;
+}
+
+std::string ResponseShaper::call_id_prefix(int64_t index) const {
+    return fmt::format("call_{}_{}_", id_.substr(id_.find('-') + 1), index);
+}
+
+// A streamed chat with tools: the calls as they are written (tool_stream.h), the rest at the end.
+std::string ResponseShaper::tool_chunk(Choice& c, const Delta& d) {
+    const bool last = !d.finish_reason.empty();
+    ToolCallStream::Piece piece = c.tool_stream.push(c.text, tools_.names, call_id_prefix(d.index));
+    ojson finish = nullptr;
+    if (last) {
+        const ToolCallOutput out = tool_calls_of(c);
+        const ToolCallStream::Piece rest = c.tool_stream.finish(out, call_id_prefix(d.index));
+        piece.content += rest.content;
+        for (const ojson& x : rest.calls) piece.calls.push_back(x);
+        finish = out.calls.empty() ? c.finish : "tool_calls";
+    }
+    if (!tools_.parallel) {  // parallel_tool_calls false: the first call only
+        ojson first = ojson::array();
+        for (const ojson& x : piece.calls)
+            if (x["index"] == 0) first.push_back(x);
+        piece.calls = std::move(first);
+    }
+    if (piece.empty() && !last) return {};
+    ojson delta = ojson::object();
+    if (!piece.content.empty()) delta["content"] = piece.content;
+    if (!piece.calls.empty()) delta["tool_calls"] = piece.calls;
+    ojson choice = {
+        {"index", d.index}, {"delta", delta}, {"logprobs", logprobs_json(c, c.sent)}, {"finish_reason", finish}};
+    if (token_ids_) choice["token_ids"] = std::vector<int32_t>(c.ids.begin() + std::ptrdiff_t(c.sent), c.ids.end());
+    c.sent = c.ids.size();
+    ojson j = chunk_base();
+    j["choices"] = ojson::array({choice});
+    return event(j);
+}
+
 // A chat message whose text is parsed for tool calls (runtime/tokenizer/tool_calls.h): content (null
 // when there is none) and tool_calls (`streamed`: each led by its "index", as a stream's deltas
 // carry them); with calls, `finish` becomes "tool_calls".
 ojson ResponseShaper::tool_message(const Choice& c, int64_t index, ojson& finish, bool streamed) const {
-    ToolCallOutput out = tools_.forced ? parse_forced_call(c.text, tools_.format)
-                                       : parse_tool_calls(c.text, tools_.format, tools_.names);
-    if (!tools_.parallel && out.calls.size() > 1) out.calls.resize(1);  // parallel_tool_calls: false
+    const ToolCallOutput out = tool_calls_of(c);
     ojson m = {{"role", "assistant"}, {"content", out.content.empty() && !out.calls.empty() ? ojson(nullptr)
                                                                                             : ojson(out.content)}};
     if (out.calls.empty()) {
@@ -298,7 +355,7 @@ ojson ResponseShaper::tool_message(const Choice& c, int64_t index, ojson& finish
     ojson calls = ojson::array();
     for (size_t k = 0; k < out.calls.size(); ++k) {
         ojson call = streamed ? ojson{{"index", int64_t(k)}} : ojson::object();
-        call["id"] = fmt::format("call_{}_{}_{}", id_.substr(id_.find('-') + 1), index, k);
+        call["id"] = call_id_prefix(index) + std::to_string(k);
         call["type"] = "function";
         call["function"] = {{"name", out.calls[k].name}, {"arguments", out.calls[k].arguments}};
         calls.push_back(std::move(call));

@@ -8,10 +8,15 @@
 // carry their own tokens' (a chunk is sent for every token when logprobs are asked, even while its
 // text is held back). A token's string is the text it decodes to ("token_id:N" without a tokenizer);
 // a logprob of -inf is written -9999.0 (JSON has no infinity). echo: the prompt's text before the
-// choice's (with max_tokens 0: the prompt's tokens and logprobs, the first null, as OpenAI).
+// choice's, and with logprobs the prompt's tokens and logprobs (the first null) before the generated
+// ones', text_offset running on (OpenAI's legacy shape, vLLM's). vLLM's prompt_logprobs: completions put
+// "prompt_logprobs" in each choice, chat at the top level: [null, {"ID": {"logprob", "rank",
+// "decoded_token"}} (the prompt's token and its row's k most likely), ...]. usage carries
+// "prompt_tokens_details": {"cached_tokens"} (prompt tokens the prefix cache served).
 // Extension: "return_token_ids": true puts "token_ids" in each choice (and in each stream chunk);
 // a model without a tokenizer always returns them (its text is empty).
-// Chat with tools: the output is parsed for calls (runtime/tokenizer/tool_calls.h) into "tool_calls".
+// Chat with tools: the output is parsed for calls (runtime/tokenizer/tool_calls.h) into "tool_calls";
+// streamed, each call's name first, then its arguments piece by piece (launch/openai/tool_stream.h).
 // Error bodies: {"error": {"message", "type", "param", "code"}} as OpenAI writes them.
 // Text that never forms UTF-8 is written with U+FFFD, never an exception.
 #pragma once
@@ -23,6 +28,7 @@
 #include <vector>
 
 #include "launch/openai/request.h"
+#include "launch/openai/tool_stream.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace lattice::openai {
@@ -40,9 +46,11 @@ struct Delta {
     std::vector<int32_t> tokens;    // kTokens: the new token ids
     std::vector<float> logprobs;    // kTokens: each token's log-softmax
     std::vector<std::vector<SampledToken>> top;  // kTokens, when logprobs are asked: each token's most likely
+    std::vector<int64_t> ranks;     // kTokens of a prompt (echo): each token's rank in its row (prompt_logprobs)
     std::string finish_reason;      // kTokens: on a choice's last delta, "stop" | "length"
     int64_t prompt_tokens = 0;      // kAccepted, kFinish (every prompt once)
     int64_t completion_tokens = 0;  // kFinish (every sequence's)
+    int64_t cached_tokens = 0;      // kFinish: prompt tokens the prefix cache served (each prompt once)
     int status = 0;                 // kError: HTTP status (400, 503 ...)
     std::string message;            // kError
 };
@@ -92,8 +100,11 @@ private:
         std::vector<int32_t> ids;
         std::vector<float> logprobs;
         std::vector<std::vector<SampledToken>> top;
+        nlohmann::ordered_json prompt_lps;  // prompt_logprobs: the prompt's, in vLLM's shape (null: not asked)
         std::string finish;
         size_t offset = 0;  // completions' text_offset of the next token
+        ToolCallStream tool_stream;  // chat with tools, streamed: the calls sent so far
+        size_t sent = 0;             // chat with tools, streamed: tokens whose logprobs / ids were sent
         bool echoed = false;
         double sum = 0;  // cumulative logprob of the generated tokens (best_of)
     };
@@ -102,10 +113,14 @@ private:
     std::string token_string(int32_t id) const;
     nlohmann::ordered_json tool_message(const Choice& c, int64_t index, nlohmann::ordered_json& finish,
                                         bool streamed) const;
+    ToolCallOutput tool_calls_of(const Choice& c) const;
+    std::string call_id_prefix(int64_t index) const;
+    std::string tool_chunk(Choice& c, const Delta& d);
     std::string echo_text(Choice& c, int64_t index, const Delta& d);
+    nlohmann::ordered_json prompt_logprobs_json(const Delta& d) const;
     static std::string event(const nlohmann::ordered_json& j);
     bool chat_, stream_, include_usage_, token_ids_;
-    int32_t logprobs_;
+    int32_t logprobs_, prompt_logprobs_;
     bool echo_;
     int64_t n_, best_of_;
     const Tokenizer* tok_;

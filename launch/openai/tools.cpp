@@ -105,16 +105,12 @@ ToolUse parse_tool_use(const json& b, const Tokenizer& tok) {
     return u;
 }
 
-std::string render_tool_chat(const json& b, const Tokenizer& tok, const ToolUse& use) {
-    const json& m = b["messages"];
+std::string render_tool_chat(const nlohmann::ordered_json& m, const json& b, const Tokenizer& tok, const ToolUse& use,
+                             bool add_generation_prompt) {
     for (size_t i = 0; i < m.size(); ++i) {
-        LATTICE_CHECK(m[i].is_object() && m[i].contains("role") && m[i]["role"].is_string(),
-                      "\"messages\"[{}] must be an object with a string \"role\"", i);
         const std::string role = m[i]["role"].get<std::string>();
         LATTICE_CHECK(role == "system" || role == "user" || role == "assistant" || role == "tool",
                       "\"messages\"[{}].role \"{}\" is not system, user, assistant or tool", i, role);
-        LATTICE_CHECK(m[i].contains("content") || m[i].contains("tool_calls"), "\"messages\"[{}].content is required",
-                      i);
     }
     const ChatTemplate t = tok.chat_template();
     LATTICE_CHECK(t.from_model(),
@@ -124,7 +120,7 @@ std::string render_tool_chat(const json& b, const Tokenizer& tok, const ToolUse&
     // (ordered_json keeps the keys in the order the parser left them)
     const nlohmann::ordered_json tools =
         use.parse ? nlohmann::ordered_json(b["tools"]) : nlohmann::ordered_json(nullptr);
-    std::string text = t.render_json(nlohmann::ordered_json(m), true, tools);
+    std::string text = t.render_json(m, add_generation_prompt, tools);
     if (use.forced) text += forced_prompt_suffix(use.format);
     return text;
 }

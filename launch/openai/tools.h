@@ -10,7 +10,7 @@
 //                cannot be combined with response_format / guided_*.
 //   parallel_tool_calls  false: an output with several calls returns the first only (default true);
 //   messages     with tools, the roles "tool" (content, tool_call_id) and an assistant turn with
-//                "tool_calls" (content null) reach the template as sent.
+//                "tool_calls" (content null: "") reach the template (normalized: launch/openai/messages.h).
 // A chat template of a hard-coded family (not the model's Jinja) cannot show tools: 400.
 #pragma once
 
@@ -44,8 +44,10 @@ ToolUse parse_tool_use(const nlohmann::json& body, const Tokenizer& tok);
 // Whether the messages need the template's JSON form (tool roles, tool_calls).
 bool messages_use_tools(const nlohmann::json& messages);
 
-// The prompt text of a chat body that uses tools: the messages as sent and (unless tool_choice is
-// "none") the tools, through the model's template; a forced call's prompt suffix appended.
-std::string render_tool_chat(const nlohmann::json& body, const Tokenizer& tok, const ToolUse& use);
+// The prompt text of a chat body that uses tools: its messages (normalized: launch/openai/messages.h)
+// and (unless tool_choice is "none") the tools, through the model's template; a forced call's prompt
+// suffix appended.
+std::string render_tool_chat(const nlohmann::ordered_json& messages, const nlohmann::json& body, const Tokenizer& tok,
+                             const ToolUse& use, bool add_generation_prompt = true);
 
 }  // namespace lattice::openai

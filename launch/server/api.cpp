@@ -6,6 +6,8 @@
 #include <ctime>
 
 #include "base/error.h"
+#include "launch/openai/call.h"
+#include "launch/openai/tokenize.h"
 
 namespace lattice::serve {
 
@@ -72,32 +74,43 @@ Reply model_reply(std::string_view path, const KnownRoute& hit, const ServedMode
     return json_reply(200, card);
 }
 
-// POST /v1/completions and /v1/chat/completions: the body parsed into a call, or a 400 / 404 reply.
+openai::ModelInfo model_info(const ServedModel& m) {
+    openai::ModelInfo info{m.name, m.tokenizer, m.limits, m.context, {}};
+    if (m.loras) info.is_adapter = [loras = m.loras](const std::string& name) { return loras->has(name); };
+    return info;
+}
+
+// POST /v1/completions and /v1/chat/completions: the body parsed into a call, or a 400 / 404 reply
+// (openai/call.h: the validation `lattice batch` shares).
 void completion_route(const RouteInput& in, const RouteContext& ctx, bool chat, Routed& out) {
     const ServedModel& m = *ctx.model;
+    nlohmann::json body;
     try {
-        const json body = openai::parse_body(in.body);
-        if (body.is_object() && body.contains("model") && body["model"].is_string() &&
-            body["model"].get<std::string>() != m.name &&
-            !(m.loras && m.loras->has(body["model"].get<std::string>()))) {
-            out.reply = error_reply(404,
-                                    fmt::format("model \"{}\" does not exist; this server serves \"{}\"",
-                                                body["model"].get<std::string>(), m.name),
-                                    "model", "model_not_found");
-            return;
-        }
-        openai::ApiCall call;
-        call.request = openai::parse_api_request(body, chat, m.tokenizer, m.limits);
-        openai::check_context(call.request, m.context);
-        call.tokenizer = m.tokenizer;
-        call.return_token_ids = openai::parse_return_token_ids(body, m.tokenizer);
-        call.id = fmt::format("{}-{:016x}", chat ? "chatcmpl" : "cmpl", ctx.request_number);
-        call.created = int64_t(std::time(nullptr));
-        call.model = call.request.model.empty() ? m.name : call.request.model;
-        out.call = std::move(call);
+        body = openai::parse_body(in.body);
     } catch (const Error& e) {
         out.reply = error_reply(400, e.message(), openai::error_param(e.message()));
+        return;
     }
+    openai::Prepared p = openai::prepare_call(body, chat, model_info(m),
+                                              fmt::format("{}-{:016x}", chat ? "chatcmpl" : "cmpl", ctx.request_number),
+                                              int64_t(std::time(nullptr)));
+    if (p.refusal)
+        out.reply = error_reply(p.refusal->status, p.refusal->message, p.refusal->param, p.refusal->code);
+    else
+        out.call = std::move(p.call);
+}
+
+// vLLM's tokenizer routes and /version (openai/tokenize.h).
+Reply tokenizer_route(std::string_view path, const RouteInput& in, const ServedModel& m) {
+    const openai::ModelInfo info = model_info(m);
+    const openai::Answer a = path == "/tokenize"         ? openai::tokenize_answer(in.body, info)
+                             : path == "/detokenize"     ? openai::detokenize_answer(in.body, info)
+                             : path == "/tokenizer_info" ? openai::tokenizer_info_answer(info)
+                                                         : openai::version_answer();
+    Reply r;
+    r.status = a.status;
+    r.body = a.body;
+    return r;
 }
 
 }  // namespace
@@ -110,6 +123,8 @@ Routed route(const RouteInput& in, const RouteContext& ctx) {
         {"/v1/models", "GET", false},       {"/v1/models/", "GET", true},
         {"/health", "GET", false},          {"/metrics", "GET", false},
         {"/v1/load_lora_adapter", "POST", false}, {"/v1/unload_lora_adapter", "POST", false},
+        {"/tokenize", "POST", false},       {"/detokenize", "POST", false},
+        {"/tokenizer_info", "GET", false},  {"/version", "GET", false},
     };
     const KnownRoute* hit = nullptr;
     for (const KnownRoute& k : kRoutes)
@@ -144,6 +159,8 @@ Routed route(const RouteInput& in, const RouteContext& ctx) {
         r.content_type = "text/plain; version=0.0.4; charset=utf-8";
         if (ctx.metrics) r.body = ctx.metrics->render();
         out.reply = std::move(r);
+    } else if (path == "/version") {
+        out.reply = tokenizer_route(path, in, ServedModel{});
     } else if (!ctx.model) {
         out.reply = error_reply(503, "the model is still loading; retry when GET /health answers 200");
         out.reply->headers.emplace_back("Retry-After", "5");
@@ -156,6 +173,8 @@ Routed route(const RouteInput& in, const RouteContext& ctx) {
         }
     } else if (hit->path.starts_with("/v1/models")) {
         out.reply = model_reply(path, *hit, *ctx.model);
+    } else if (!hit->path.starts_with("/v1/")) {  // /tokenize, /detokenize, /tokenizer_info
+        out.reply = tokenizer_route(path, in, *ctx.model);
     } else if (ctx.draining) {
         out.reply = error_reply(503, "the server is shutting down and takes no new requests");
     } else {

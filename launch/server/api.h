@@ -6,14 +6,16 @@
 //
 // Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id},
 // GET /health, GET /metrics, POST /v1/load_lora_adapter, POST /v1/unload_lora_adapter (lora_catalog.h;
-// /v1/models lists the adapters with "parent": the base; a request's "model" may name one). Checks, in order: unknown path 404; /v1/* without
-// `Authorization: Bearer KEY` (when a key is set) 401, compared in constant time; wrong method 405
-// (with Allow); model still loading 503; server draining 503; body not JSON (or nested deeper
-// than 64) 400; "model" other than the served name 404 (absent is fine); any field error of
-// parse_api_request 400 (its message, and the field as "param"); the prompt and max_tokens against
-// the context (openai/request.h check_context) 400. Queue-full 503 and engine refusals 400 come
-// later, from the engine thread (launch/server/engine_loop.h).
-// Error bodies: openai/response.h error_json; a 401 also carries WWW-Authenticate: Bearer.
+// /v1/models lists the adapters with "parent": the base; a request's "model" may name one), and vLLM's POST
+// /tokenize, POST /detokenize, GET /tokenizer_info, GET /version (launch/openai/tokenize.h; like vLLM's, outside
+// /v1 and so without the API key). Checks, in order: unknown path 404; /v1/* without `Authorization: Bearer KEY`
+// (when a key is set) 401, compared in constant time; wrong method 405 (with Allow); model still loading 503; server
+// draining 503; body not JSON (or nested deeper than 64) 400; then openai/call.h prepare_call (shared with `lattice
+// batch`): "model" other than the served name or an adapter's 404 (absent is fine); any field error of
+// parse_api_request 400 (its message, and the field as "param"); the prompt and max_tokens against the context
+// (check_context) 400. No error body names a server path (the tokenizer's file is written as the served name).
+// Queue-full 503 and engine refusals 400 come later, from the engine thread (launch/server/engine_loop.h). Error
+// bodies: openai/response.h error_json; a 401 also carries WWW-Authenticate: Bearer.
 #pragma once
 
 #include <cstdint>

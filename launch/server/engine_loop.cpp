@@ -59,13 +59,21 @@ void EngineLoop::take(const Inbox::Item& it) {
         return refuse(
             t, 503,
             fmt::format("too many requests are waiting ({}, --max-queue); retry later", client_.scheduler().waiting()));
-    if (t.request.echo && t.request.client.max_tokens == 0 && !t.request.model.empty() && client_.is_leader() &&
-        client_.loras().has(t.request.model))
-        return refuse(t, 400, "echo with max_tokens 0 (prompt logprobs) is not supported with a LoRA adapter");
-    if (t.request.echo && t.request.client.max_tokens == 0) {  // the prompts' logprobs: scored when idle
+    const openai::ApiRequest& r = t.request;
+    const bool scored = openai::scores_prompt(r) || (r.echo && r.client.max_tokens == 0);
+    if (scored && !r.model.empty() && client_.is_leader() && client_.loras().has(r.model))
+        return refuse(t, 400, "prompt logprobs (echo, prompt_logprobs) are not supported with a LoRA adapter");
+    if (scored) {  // the prompts scored when idle
         scores_.push_back(it.ticket);
         return;
     }
+    admit(it.ticket, {});
+}
+
+// Into the engine, after the prompts' own deltas (echo, prompt_logprobs) when it has them.
+void EngineLoop::admit(const std::shared_ptr<Ticket>& tp, std::vector<openai::Delta> prompt_deltas) {
+    Ticket& t = *tp;
+    if (client_.draining()) return refuse(t, 503, "the server is shutting down and takes no new requests");
     int64_t prompt_tokens = 0;
     for (const auto& p : t.request.prompts) prompt_tokens += int64_t(p.size());
     std::vector<ClientRequest> choices = openai::choice_requests(t.request);
@@ -83,26 +91,31 @@ void EngineLoop::take(const Inbox::Item& it) {
     d.kind = openai::Delta::Kind::kAccepted;
     d.prompt_tokens = prompt_tokens;
     t.deliver(std::move(d));
-    live_.emplace(t.request_id, it.ticket);
+    for (openai::Delta& p : prompt_deltas) t.deliver(std::move(p));
+    live_.emplace(t.request_id, tp);
 }
 
-// echo with max_tokens 0: each prompt's logprobs (EngineClient::prompt_logprobs, which needs an idle engine).
-void EngineLoop::score(Ticket& t) {
+// The prompts' logprobs (EngineClient::prompt_logprobs, which needs an idle engine): echo's and
+// prompt_logprobs' deltas; with max_tokens 0 they are the whole answer, else the request runs after them.
+void EngineLoop::score(const std::shared_ptr<Ticket>& tp) {
+    Ticket& t = *tp;
     const openai::ApiRequest& r = t.request;
     const Tokenizer* tok = client_.tokenizer();
+    const bool only = r.client.max_tokens == 0;
     int64_t prompt_tokens = 0;
     std::vector<openai::Delta> choices;
     try {
         for (size_t p = 0; p < r.prompts.size(); ++p) {
             const std::vector<int32_t>& ids = r.prompts[p];
-            PromptLogprobs lp = client_.prompt_logprobs(ids, r.logprobs);
+            PromptLogprobs lp = client_.prompt_logprobs(ids, std::max(r.logprobs, r.prompt_logprobs));
             openai::Delta d;
             d.echo = true;
             d.text = tok ? tok->decode(ids) : "";
             d.tokens = ids;
-            d.finish_reason = "length";
+            if (only) d.finish_reason = "length";
             d.logprobs = std::move(lp.logprobs);
             d.top = std::move(lp.top);
+            d.ranks = std::move(lp.ranks);
             prompt_tokens += int64_t(ids.size());
             for (int64_t i = 0; i < r.best_of; ++i) {
                 d.index = int64_t(p) * r.best_of + i;
@@ -112,6 +125,7 @@ void EngineLoop::score(Ticket& t) {
     } catch (const Error& e) {
         return refuse(t, 400, e.message());
     }
+    if (!only) return admit(tp, std::move(choices));
     ++totals_.requests;
     openai::Delta a;
     a.kind = openai::Delta::Kind::kAccepted;
@@ -210,7 +224,7 @@ void EngineLoop::run(const std::function<int()>& drain_signal, const std::functi
         while (!scores_.empty() && !client_.busy()) {
             const std::shared_ptr<Ticket> t = scores_.front();
             scores_.pop_front();
-            score(*t);
+            score(t);
         }
         publish();
         log_status(false);

@@ -7,8 +7,9 @@
 // A request with n / best_of > 1 or a list of prompts is one client request of several choices
 // (choice_requests, launch/openai/request.h; EngineClient::submit runs each prompt's siblings once its first
 // sequence has a token, so the prefix cache serves them); its Deltas carry the choice index.
-// echo with max_tokens 0 (prompt logprobs) is scored (EngineClient::score) between engine rounds
-// once no request runs: such requests wait while the engine is busy.
+// A request whose prompts are scored (echo, with logprobs or max_tokens 0; prompt_logprobs) is scored
+// (EngineClient::score) between engine rounds once no request runs (such requests wait while the engine
+// is busy); its prompt deltas come first, then, unless max_tokens is 0, it runs as any other.
 // Admission: a submission is refused with 503 when --max-queue requests already wait in the
 // engine, with 400 when the client refuses it (a prompt that fills the context, more KV blocks
 // than the pool holds ...).
@@ -51,7 +52,8 @@ public:
 private:
     void take(const Inbox::Item& it);
     void apply(const ClientEvent& ev);
-    void score(Ticket& t);  // echo with max_tokens 0: the prompts' logprobs
+    void admit(const std::shared_ptr<Ticket>& t, std::vector<openai::Delta> prompt_deltas);
+    void score(const std::shared_ptr<Ticket>& t);  // echo, prompt_logprobs: the prompts' logprobs
     void refuse(Ticket& t, int status, std::string message);
     void publish();
     void log_status(bool force);

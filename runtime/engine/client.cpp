@@ -42,6 +42,7 @@ ClientEvent RequestOutput::apply(const TokenEvent& ev) {
         e.logprob = ev.logprob;
         e.top = ev.top;
         e.queue_seconds = ev.queue_seconds;
+        e.cached_tokens = ev.cached_tokens;
         ++completion_tokens_;
         // A token that ended the output by kStop is eos / a stop id: returned, but not text (the
         // grammar's last token is text: it completes the output).
@@ -173,6 +174,7 @@ ClientEvent EngineClient::ended(ClientEvent e) {
         e.request_prompt_tokens = q.prompt_total;
         e.request_completion_tokens = q.completion_total;
         engine_.loras().release(q.lora, q.prompt_total + q.completion_total);
+        e.request_cached_tokens = q.cached_total;
         requests_.erase(it);
     }
     return e;
@@ -238,13 +240,15 @@ std::vector<ClientEvent> EngineClient::poll() {
         ClientEvent e = it->second.out.apply(ev);
         e.id = request;
         e.index = index;
+        auto q = requests_.find(request);
+        if (q != requests_.end() && e.cached_tokens > 0 && index % q->second.siblings == 0)
+            q->second.cached_total += e.cached_tokens;
         if (e.finish != FinishReason::kNone) {
             if (it->second.out.stopped_by_text() && ev.finish == FinishReason::kNone) engine_.cancel(ev.id);
             live_.erase(it);
         }
         // The first choice of a prompt has its first token (or ended without one): the prompt's KV
         // blocks are in the prefix cache now, its siblings run.
-        auto q = requests_.find(request);
         if (q != requests_.end() && index % q->second.siblings == 0)
             for (int64_t i = index + 1; i < index + q->second.siblings; ++i)
                 if (q->second.engine_ids[size_t(i)] == kWaiting) start(request, i);
@@ -258,11 +262,13 @@ PromptLogprobs EngineClient::prompt_logprobs(const std::vector<int32_t>& prompt,
     const int64_t V = int64_t(logits.size() / prompt.size());
     PromptLogprobs out;
     out.logprobs.push_back(std::nanf(""));  // the first token has no context
+    out.ranks.push_back(0);
     if (top_k >= 0) out.top.emplace_back();
     for (size_t i = 1; i < prompt.size(); ++i) {  // position i - 1 predicts token i
         const float* row = logits.data() + (i - 1) * size_t(V);
         const double lse = host_log_sum_exp(row, V);
         out.logprobs.push_back(float(double(row[prompt[i]]) - lse));
+        out.ranks.push_back(1 + std::count_if(row, row + V, [&](float x) { return x > row[prompt[i]]; }));
         if (top_k < 0) continue;
         std::vector<int32_t> ids(static_cast<size_t>(top_k));
         std::vector<float> lps(static_cast<size_t>(top_k));

@@ -75,18 +75,22 @@ struct ClientEvent {
     bool context_full = false;  // kLength because the context is full, not max_tokens
     bool drained = false;       // kCancelled by a drain's deadline
     double queue_seconds = -1;  // on a request's first token: submit to its first scheduling
+    int64_t cached_tokens = -1;  // on a choice's first token: its prompt tokens the prefix cache served
     int64_t prompt_tokens = 0;  // a choice's last event: its usage
     int64_t completion_tokens = 0;
     bool last_of_request = false;           // every choice of the request has ended: this is its last event,
     int64_t request_prompt_tokens = 0;      // with the request's usage (each prompt once)
     int64_t request_completion_tokens = 0;  // (every choice's tokens)
+    int64_t request_cached_tokens = 0;      // (each prompt's first choice: prompt tokens from the prefix cache)
 };
 
 // The logprob of each prompt token given the ones before it (the first: NaN, it has no context), and
-// with top_k > 0 the top_k most likely tokens of each position's row (the first position: none).
+// with top_k > 0 the top_k most likely tokens of each position's row (the first position: none);
+// ranks: each token's rank in its row (1: the most likely; the first position: 0).
 struct PromptLogprobs {
     std::vector<float> logprobs;
     std::vector<std::vector<SampledToken>> top;
+    std::vector<int64_t> ranks;
 };
 
 // One request's output: engine token events in, client events out. The text, stop-string and
@@ -190,7 +194,7 @@ private:
         std::vector<EngineRequest> later;             // (moved into the engine when it starts)
         std::vector<std::vector<std::string>> stops;  // (moved into its RequestOutput when it starts)
         std::vector<int64_t> engine_ids, prompt_tokens;
-        int64_t siblings = 1, open = 0, prompt_total = 0, completion_total = 0;
+        int64_t siblings = 1, open = 0, prompt_total = 0, completion_total = 0, cached_total = 0;
         int32_t lora = 0;  // the LoRA slot it holds (released with its last choice)
     };
     EngineRequest engine_request(ClientRequest& r);

@@ -279,6 +279,7 @@ void Scheduler::admit(Building& b, const std::vector<Seq*>& order, int64_t n_run
         if (!s.admitted_before) {
             stats_.prompt_tokens += s.prompt_len;
             s.queue_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.arrived).count();
+            s.cached_prompt = cached;
         }
         s.admitted_before = true;
         s.running = true;
@@ -373,11 +374,13 @@ bool Scheduler::append(Seq& s, const SampledToken& st, std::vector<TokenEvent>& 
             why = FinishReason::kLength;  // the context is full
     }
     const double queued = s.generated() == 1 ? s.queue_seconds : -1;  // (finish may drop s)
+    const int64_t cached = s.generated() == 1 ? s.cached_prompt : -1;
     if (why != FinishReason::kNone)
         finish(s, why, out, st.token, st.logprob);
     else
         out.push_back(TokenEvent{s.id, st.token, st.logprob, FinishReason::kNone});
     out.back().queue_seconds = queued;
+    out.back().cached_tokens = cached;
     out.back().grammar_end = grammar_end;
     return why == FinishReason::kNone;
 }

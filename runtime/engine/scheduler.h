@@ -113,6 +113,7 @@ struct TokenEvent {
     double queue_seconds = -1;  // on a sequence's first token: from add() to its first admission
     std::vector<SampledToken> top{};  // sampling.logprobs > 0: the most likely tokens of its row (Engine)
     bool grammar_end = false;  // kStop because the grammar is finished: `token` is part of the output's text
+    int64_t cached_tokens = -1;  // on a sequence's first token: its prompt tokens the prefix cache served
 };
 
 // The time of a step against its token count, fitted to measured steps: seconds = a + b * tokens, by
@@ -207,6 +208,7 @@ private:
         bool admitted_before = false;  // counted in the prompt tokens (preemption re-admits)
         std::chrono::steady_clock::time_point arrived;  // add()
         double queue_seconds = -1;                      // add() to the first admission
+        int64_t cached_prompt = 0;                      // prompt tokens from the prefix cache at that admission
         int64_t generated() const { return int64_t(tokens.size()) - prompt_len; }
     };
 

@@ -8,6 +8,11 @@ namespace lattice {
 namespace {
 
 using nlohmann::json;
+using ojson = nlohmann::ordered_json;  // a call's arguments keep the model's key order (vLLM's, and a stream's)
+
+std::string compact(const ojson& j) {
+    return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
 
 std::string_view trim(std::string_view s) {
     const size_t a = s.find_first_not_of(" \t\r\n");
@@ -17,21 +22,21 @@ std::string_view trim(std::string_view s) {
 }
 
 // One call object ({"name", "arguments" | "parameters"}) naming an offered tool, else false.
-bool call_of(const json& j, const std::set<std::string>* names, ToolCall& out) {
+bool call_of(const ojson& j, const std::set<std::string>* names, ToolCall& out) {
     if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return false;
     const std::string name = j["name"].get<std::string>();
     if (names && !names->count(name)) return false;
-    const json* args = j.contains("arguments")    ? &j["arguments"]
-                       : j.contains("parameters") ? &j["parameters"]
-                                                  : nullptr;
+    const ojson* args = j.contains("arguments")    ? &j["arguments"]
+                        : j.contains("parameters") ? &j["parameters"]
+                                                   : nullptr;
     if (args && args->is_string()) {  // some models write the arguments as a JSON string
-        const json inner = json::parse(args->get<std::string>(), nullptr, false);
+        const ojson inner = ojson::parse(args->get<std::string>(), nullptr, false);
         if (!inner.is_object()) return false;
-        out = {name, inner.dump()};
+        out = {name, compact(inner)};
         return true;
     }
     if (args && !args->is_object()) return false;
-    out = {name, args ? args->dump() : "{}"};
+    out = {name, args ? compact(*args) : "{}"};
     return true;
 }
 
@@ -47,7 +52,7 @@ ToolCallOutput parse_hermes(std::string_view text, const std::set<std::string>& 
         const size_t end = close == std::string_view::npos ? text.size() : close + kClose.size();
         if (close == std::string_view::npos) close = text.size();  // cut at the end of the output
         ToolCall c;
-        if (!call_of(json::parse(text.substr(body, close - body), nullptr, false), &names, c)) break;
+        if (!call_of(ojson::parse(text.substr(body, close - body), nullptr, false), &names, c)) break;
         out.content += text.substr(at, open - at);
         out.calls.push_back(std::move(c));
         at = end;
@@ -62,9 +67,9 @@ ToolCallOutput parse_mistral(std::string_view text, const std::set<std::string>&
     static constexpr std::string_view kTag = "[TOOL_CALLS]";
     const size_t tag = text.find(kTag);
     if (tag == std::string_view::npos) return {std::string(text), {}};
-    const json j = json::parse(trim(text.substr(tag + kTag.size())), nullptr, false);
+    const ojson j = ojson::parse(trim(text.substr(tag + kTag.size())), nullptr, false);
     ToolCallOutput out;
-    for (const json& x : j.is_array() ? j : json::array({j})) {
+    for (const ojson& x : j.is_array() ? j : ojson::array({j})) {
         ToolCall c;
         if (!call_of(x, &names, c)) return {std::string(text), {}};
         out.calls.push_back(std::move(c));
@@ -83,10 +88,10 @@ ToolCallOutput parse_json(std::string_view text, const std::set<std::string>& na
     size_t at = 0;
     while (at < t.size()) {
         size_t semi = t.find(';', at);
-        json j;
+        ojson j;
         for (;;) {  // a ';' inside a string of the object: try the longer piece
-            j = json::parse(t.substr(at, semi == std::string_view::npos ? std::string_view::npos : semi - at), nullptr,
-                            false);
+            j = ojson::parse(t.substr(at, semi == std::string_view::npos ? std::string_view::npos : semi - at), nullptr,
+                             false);
             if (!j.is_discarded() || semi == std::string_view::npos) break;
             semi = t.find(';', semi + 1);
         }
@@ -134,7 +139,7 @@ ToolCallOutput parse_tool_calls(std::string_view text, ToolCallFormat f, const s
 ToolCallOutput parse_forced_call(std::string_view text, ToolCallFormat f) {
     (void)f;
     ToolCall c;
-    if (!call_of(json::parse(trim(text), nullptr, false), nullptr, c)) return {std::string(text), {}};
+    if (!call_of(ojson::parse(trim(text), nullptr, false), nullptr, c)) return {std::string(text), {}};
     return {"", {std::move(c)}};
 }
 

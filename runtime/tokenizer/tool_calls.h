@@ -32,7 +32,7 @@ std::string_view tool_call_format_name(ToolCallFormat f);
 
 struct ToolCall {
     std::string name;
-    std::string arguments;  // a JSON object's text
+    std::string arguments;  // a JSON object's compact text, its keys in the model's order
 };
 
 struct ToolCallOutput {

@@ -16,7 +16,8 @@ Records are checked field by field in OpenAI's Batch output format (check_result
 Every 8th line from the 3rd asks for one of three choices (guided_choice), every 8th from the 7th for a
 JSON schema (response_format): their outputs are checked (and, resumed, equal the uninterrupted run's).
 `format` (its own small inputs): both endpoints in Batch-format lines and bare bodies, and each kind of
-bad line (method, url, JSON, body, custom_id), every record checked field by field; the same output
+bad line (method, url, JSON, custom_id: error records; a body serve refuses, an unknown "model": serve's
+400 / 404 as the record's response, check_refusal), every record checked field by field; the same output
 locked by another process, or with damaged lines in its middle, is refused (naming the pid, the line
 numbers) and left as it was; the output is bound to its input (appended lines resume, an inserted line
 is refused, --restart starts over: input_binding_part, restart_part); ids: an input where two lines
@@ -67,7 +68,7 @@ def check_structured(name, recs):
         cid = json.loads(k)
         if not (isinstance(cid, str) and cid.startswith("req-")) or int(cid[4:]) % 8 not in (2, 6):
             continue
-        if not r.get("response"):  # a bad line of make_input (its own checks)
+        if not r.get("response") or r["response"]["status_code"] != 200:  # a bad line (its own checks)
             continue
         i = int(cid[4:])
         text = answer(r)[0]
@@ -187,8 +188,8 @@ def verify(name, path, valid, bad, want=None):
     check(bad_keys <= set(recs), f"{name}: missing error records for {sorted(bad_keys - set(recs))[:5]}")
     for k in keys & set(recs):
         check_result(name, recs[k])
-    for k in bad_keys & set(recs):
-        check_error(name, recs[k])
+    for k in bad_keys & set(recs):  # a line that is no request: an error record; a body serve refuses: its 400
+        check_refusal(name, recs[k], 400) if recs[k].get("response") else check_error(name, recs[k])
     if want is not None:
         for k in keys & set(recs):
             if k in want:
@@ -244,6 +245,18 @@ def check_error(name, r, code=None, words=()):
               f"{' ' + code if code else ''} naming {words}: {r}")
 
 
+def check_refusal(name, r, status, words=()):
+    """A body serve refuses: {"id", "custom_id", "response": {"status_code", "request_id", "body": serve's
+    error body}, "error": null}."""
+    try:
+        e = r["response"]["body"]["error"]
+        ok = r["error"] is None and r["response"]["status_code"] == status and r["response"]["request_id"]
+        ok = ok and set(e) == {"message", "type", "param", "code"} and all(w in e["message"] for w in words)
+    except (KeyError, TypeError) as x:
+        ok, r = False, f"{r} ({x!r})"
+    check(ok, f"{name}: should be serve's {status} naming {words}: {r}")
+
+
 def format_part(tmp):
     """Both endpoints, Batch-format lines and bare bodies, and each kind of bad line: every output line
     checked field by field."""
@@ -251,8 +264,9 @@ def format_part(tmp):
     done = {"prompt": "The sky is", "max_tokens": 3, "temperature": 0}
     chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0}
     lines = [  # (line, custom_id, want: "text_completion" | "chat.completion" | an error code, words in it)
-        ({"custom_id": "cmp", "method": "POST", "url": "/v1/completions", "body": dict(done, model="m-1")},
-         "cmp", "text_completion", ()),
+        # "model" is checked as serve checks it: an unknown one is serve's 404 (OpenAI's example model here).
+        ({"custom_id": "cmp", "method": "POST", "url": "/v1/completions",
+          "body": dict(done, model="gpt-3.5-turbo-0125")}, "cmp", 404, ("gpt-3.5-turbo-0125", "does not exist")),
         ({"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
           "body": dict(chat, return_token_ids=True)}, "chat", "chat.completion", ()),
         ({"custom_id": 7, "body": chat}, 7, "chat.completion", ()),  # no url: "messages" makes it a chat
@@ -264,10 +278,10 @@ def format_part(tmp):
          ("line 7", '"url"', "/v1/embeddings")),
         ("{not json", "line-8", "invalid_json", ("line 8",)),
         ({"custom_id": "nomsg", "method": "POST", "url": "/v1/chat/completions", "body": done}, "nomsg",
-         "invalid_request", ("line 9", '"prompt"', "chat completion")),
+         400, ('"prompt"', "chat completion")),
         ({"custom_id": {"a": 1}, "body": done}, {"a": 1}, "invalid_custom_id", ("line 10", "custom_id")),
-        # Issue 33 item 10: what batch cannot answer in one record is refused, not ignored.
-        ({"custom_id": "echo", "body": dict(done, echo=True)}, "echo", "invalid_request", ("line 11", '"echo"')),
+        # echo runs as in serve (the prompt's text before the output).
+        ({"custom_id": "echo", "body": dict(done, echo=True)}, "echo", "text_completion", ()),
     ]
     with open(inp, "w") as f:
         f.write("".join((ln if isinstance(ln, str) else json.dumps(ln)) + "\n" for ln, _, _, _ in lines))
@@ -284,8 +298,10 @@ def format_part(tmp):
             b = r["response"]["body"]
             check(b.get("object") == want, f"format: {cid}: object {b.get('object')}, want {want}")
             check(("token_ids" in b["choices"][0]) == (cid == "chat"), f"format: {cid}: token_ids only when asked: {b}")
-            check(b.get("model") == ("m-1" if cid == "cmp" else "SmolLM2-135M-Instruct.Q4_1.gguf"),
-                  f"format: {cid}: model {b.get('model')}")
+            check(b.get("model") == "SmolLM2-135M-Instruct.Q4_1.gguf", f"format: {cid}: model {b.get('model')}")
+            check(cid != "echo" or b["choices"][0]["text"].startswith("The sky is"), f"format: echo: {b}")
+        elif isinstance(want, int):
+            check_refusal("format", r, want, words)
         else:
             check_error("format", r, want, words)
     ids = [r["id"] for r in recs.values()]
@@ -408,15 +424,16 @@ def restart_part(inp, out):
     lines 4, 5 and 12 now 5, 6 and 13, the bad JSON line 9)."""
     rc, err = run([lattice], inp, out, more=["--restart"])
     recs, dup = records(out)
-    want = {"cmp": "text_completion", "chat": "chat.completion", 7: "chat.completion", "line-1": "chat.completion",
-            "line-5": "text_completion", "line-6": "chat.completion", "line-13": "text_completion", "echo": "invalid_request",
-            "get": "invalid_method", "emb": "invalid_url", "line-9": "invalid_json", "nomsg": "invalid_request",
-            json.dumps({"a": 1}): "invalid_custom_id"}
+    want = {"chat": "chat.completion", 7: "chat.completion", "line-1": "chat.completion",
+            "line-5": "text_completion", "line-6": "chat.completion", "line-13": "text_completion",
+            "echo": "text_completion", "get": "invalid_method", "emb": "invalid_url", "line-9": "invalid_json",
+            "nomsg": 400, "cmp": 404, json.dumps({"a": 1}): "invalid_custom_id"}
     got = {}
     for k, r in recs.items():
         key = json.loads(k)
         key = json.dumps(key) if isinstance(key, dict) else key
-        got[key] = r["response"]["body"]["object"] if r.get("response") else r["error"]["code"]
+        got[key] = (r["response"]["body"].get("object") or r["response"]["status_code"]) if r.get("response") \
+            else r["error"]["code"]
     check(rc == 0 and "--restart: discarded the 12 lines" in err and not dup and got == want,
           f"restart: the edited input runs whole (rc {rc}): {got} {err[-300:]}")
 

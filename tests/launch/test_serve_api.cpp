@@ -224,7 +224,10 @@ TEST_CASE("response shapes follow OpenAI's") {
         CHECK(j["choices"][0]["text"] == "Hello");
         CHECK(j["choices"][0]["token_ids"] == json::array({1, 2}));
         CHECK(j["choices"][0]["finish_reason"] == "length");
-        CHECK(j["usage"] == json{{"prompt_tokens", 4}, {"completion_tokens", 2}, {"total_tokens", 6}});
+        CHECK(j["usage"] == json{{"prompt_tokens", 4},
+                                 {"completion_tokens", 2},
+                                 {"total_tokens", 6},
+                                 {"prompt_tokens_details", {{"cached_tokens", 0}}}});
     }
     SUBCASE("chat, streamed with usage: role chunk, content chunks, finish chunk, usage chunk, [DONE]") {
         call.request.chat = true;
@@ -291,7 +294,8 @@ TEST_CASE("choices: n, best_of, lists of prompts, logprobs and echo parsed; seed
              {R"({"prompt": [[1], [999]]})", "prompt"},
              {R"({"prompt": [1], "max_tokens": 0})", "max_tokens"},
              {R"({"prompt": [1], "logprobs": 21})", "logprobs"},
-             {R"({"prompt": [1], "echo": true, "logprobs": 1})", "echo"},
+             {R"({"prompt": [1], "prompt_logprobs": 1, "stream": true})", "prompt_logprobs"},
+             {R"({"prompt": [1], "prompt_logprobs": 21})", "prompt_logprobs"},
              {R"({"prompt": [1], "frobnicate": 1})", "frobnicate"}}) {
         const std::string& body = body_field.first;
         CAPTURE(body);
@@ -429,7 +433,7 @@ TEST_CASE("metrics render Prometheus text, vLLM's names under lattice: with the 
     has("lattice:request_generation_tokens_count{" + L + "} 2\n");
 }
 
-TEST_CASE("chat with tools: the output's calls become tool_calls, held in a stream until its end") {
+TEST_CASE("chat with tools: the output's calls become tool_calls; streamed, each name first, then its arguments") {
     ApiCall call;
     call.id = "chatcmpl-7";
     call.model = "tiny";
@@ -461,17 +465,31 @@ TEST_CASE("chat with tools: the output's calls become tool_calls, held in a stre
         REQUIRE(m["message"]["tool_calls"].size() == 1);
         CHECK(m["message"]["tool_calls"][0]["function"]["name"] == "get_weather");
     }
-    SUBCASE("streamed: nothing until the end, then one chunk with indexed calls") {
+    SUBCASE("streamed: each call's name as soon as it is complete, its arguments member by member") {
         call.request.stream = true;
         ResponseShaper s(call);
-        CHECK(s.tokens(tokens(out.substr(0, 20), {1})).empty());
-        const json c = data(s.tokens(tokens(out.substr(20), {2}, 0, {}, {}, "stop")));
-        const json& ch = c["choices"][0];
-        CHECK(ch["finish_reason"] == "tool_calls");
-        CHECK(!ch["delta"].contains("content"));
-        REQUIRE(ch["delta"]["tool_calls"].size() == 2);
-        CHECK(ch["delta"]["tool_calls"][1]["index"] == 1);
-        CHECK(ch["delta"]["tool_calls"][1]["function"]["name"] == "get_time");
+        std::string calls_args[2];
+        std::vector<json> deltas;
+        for (size_t i = 0; i < out.size(); i += 7) {  // 7 bytes a token
+            const bool last = i + 7 >= out.size();
+            const std::string ev = s.tokens(tokens(out.substr(i, 7), {1}, 0, {}, {}, last ? "stop" : ""));
+            if (ev.empty()) continue;
+            const json ch = data(ev)["choices"][0];
+            CHECK(!ch["delta"].contains("content"));
+            if (last) CHECK(ch["finish_reason"] == "tool_calls");
+            for (const json& tc : ch["delta"].value("tool_calls", json::array())) deltas.push_back(tc);
+        }
+        REQUIRE(deltas.size() >= 4);
+        CHECK(deltas[0]["index"] == 0);
+        CHECK(deltas[0]["id"] == "call_7_0_0");
+        CHECK(deltas[0]["function"]["name"] == "get_weather");
+        CHECK(deltas[0]["function"]["arguments"] == "");
+        for (const json& tc : deltas) {
+            if (tc.contains("id")) CHECK(tc["function"].contains("name"));
+            calls_args[tc["index"].get<size_t>()] += tc["function"]["arguments"].get<std::string>();
+        }
+        CHECK(calls_args[0] == R"({"city":"Oslo"})");
+        CHECK(calls_args[1] == "{}");
     }
     SUBCASE("an answer in words stays content, its own finish_reason") {
         ResponseShaper s(call);

@@ -48,6 +48,11 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// The end of a response body: its usage (the fake engine's prompt cache serves nothing).
+std::string usage_tail(int total) {
+    return "\"total_tokens\":" + std::to_string(total) + ",\"prompt_tokens_details\":{\"cached_tokens\":0}}}";
+}
+
 // Answers every ticket: kAccepted, then deltas of `ids_per_delta` tokens until max_new_tokens,
 // the last with its finish_reason, then kFinish; notes cancels.
 class FakeEngine {
@@ -240,7 +245,7 @@ TEST_CASE("keep-alive, 100-continue, the body limit, and the drain's 503s on a n
     FakeEngine engine(f.inbox, 4);
     const int fd = connect_to(f.server.port());
     send_all(fd, post("/v1/completions", R"({"prompt": [1], "max_tokens": 3})"));
-    std::string a = read_until(fd, "\"total_tokens\":4}}");
+    std::string a = read_until(fd, usage_tail(4));
     CHECK_MESSAGE(a.starts_with("HTTP/1.1 200"), a);
     send_all(fd, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");  // the same connection
     const std::string models = read_until(fd, "\"fake\"");
@@ -250,7 +255,7 @@ TEST_CASE("keep-alive, 100-continue, the body limit, and the drain's 503s on a n
                      std::to_string(body.size()) + "\r\n\r\n");
     CHECK(read_until(fd, "\r\n\r\n").starts_with("HTTP/1.1 100 Continue"));
     send_all(fd, body);
-    CHECK(read_until(fd, "\"total_tokens\":3}}").starts_with("HTTP/1.1 200"));
+    CHECK(read_until(fd, usage_tail(3)).starts_with("HTTP/1.1 200"));
     ::close(fd);
 
     const int big = connect_to(f.server.port());
@@ -331,12 +336,12 @@ TEST_CASE("every POST is routed off the I/O thread: while one is held, /health, 
     send_all(other, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
     CHECK(read_until(other, "lattice_http_requests_total").starts_with("HTTP/1.1 200"));
     send_all(other, post("/v1/completions", R"({"prompt": [1, 2], "max_tokens": 3})"));  // the pool's other thread
-    const std::string a = read_until(other, "\"total_tokens\":5}}");
+    const std::string a = read_until(other, usage_tail(5));
     CHECK_MESSAGE(a.starts_with("HTTP/1.1 200"), a);
     CHECK(eventually([&] { return f.server.active() == 1; }));  // the first is still held
     CHECK(routed.load() == 2);
     open_gate();
-    const std::string b = read_until(held, "\"total_tokens\":6}}");
+    const std::string b = read_until(held, usage_tail(6));
     CHECK_MESSAGE(b.starts_with("HTTP/1.1 200"), b);
     CHECK(eventually([&] { return f.server.active() == 0; }));
     ::close(held);
@@ -486,7 +491,7 @@ TEST_CASE("ulimit -n 64 and 200 idle connections: the excess and a valid request
         const int c = connect_to(port);
         if (c < 0) return false;
         send_all(c, post("/v1/completions", R"({"prompt": [1], "max_tokens": 3})"));
-        const bool ok = read_until(c, "\"total_tokens\":4}}", 30s).starts_with("HTTP/1.1 200");
+        const bool ok = read_until(c, usage_tail(4), 30s).starts_with("HTTP/1.1 200");
         ::close(c);
         return ok;
     }));
