@@ -144,6 +144,7 @@ std::shared_ptr<const OnednnInt8> onednn_pack_int8(const int8_t* q, int64_t n, i
     LATTICE_CHECK(q && n > 0 && k > 0, "onednn_pack_int8: bad weights [{}, {}]", n, k);
     LATTICE_CHECK(isa == IsaLevel::kAvx512Vnni || isa == IsaLevel::kAmx,
                   "onednn_pack_int8: oneDNN serves the avx512 and amx levels only, not '{}'", isa_name(isa));
+    (void)cpu_features();  // the tile permission is asked for (isa.cpp) before oneDNN's first primitive
     std::call_once(g_isa_once, [isa] {
         // avx512_core_bf16 is the highest level below AMX in oneDNN 2.6's list.
         const auto cap = isa == IsaLevel::kAmx ? dnnl::cpu_isa::all : dnnl::cpu_isa::avx512_core_bf16;
