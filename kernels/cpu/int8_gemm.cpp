@@ -119,11 +119,6 @@ float quantize_row_int8_simd(const float* x, int64_t k, int8_t* q) {
                                              : quantize_row_int8(x, k, q);
 }
 
-int64_t packed_int8_bytes(const PackedInt8& w) {
-    return int64_t(w.data.size()) + int64_t(w.col_sums.size() * sizeof(int32_t)) +
-           (w.onednn ? onednn_int8_bytes(*w.onednn) : 0);
-}
-
 void quantize_weights_per_channel(const float* w, int64_t n, int64_t k, int8_t* q, float* scales) {
     LATTICE_CHECK(n > 0 && k > 0, "quantize_weights_per_channel: bad shape [{}, {}]", n, k);
     LATTICE_CHECK(w && q && scales, "quantize_weights_per_channel: null pointer");

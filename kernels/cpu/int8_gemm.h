@@ -104,9 +104,6 @@ struct PackedInt8 {
     const int8_t* panel(int64_t p) const { return data.data() + p * panel_bytes(); }
 };
 
-// Bytes the packed weights hold: panels, column sums and oneDNN's copy where there is one.
-int64_t packed_int8_bytes(const PackedInt8& w);
-
 // Symmetric per-output-channel quantization of w [n, k] (row-major f32):
 // q = round(w / s) (half away from zero), s = max|w_row| / 127 (s = 1 if the row is all zero).
 // Throws on non-finite weights. scales: [n].

@@ -291,7 +291,7 @@ Linear CpuBackend::make_linear_int8(const View& q, const View& scales, QuantMode
     std::memcpy(l.scales.data(), scales.data, size_t(l.n) * sizeof(float));
     auto packed = std::make_shared<PackedInt8>(
         pack_int8_weights(static_cast<const int8_t*>(q.data), l.n, l.k, detect_isa()));
-    l.prepared_bytes = packed_int8_bytes(*packed);
+    l.prepared_bytes = int64_t(packed->data.size()) + int64_t(packed->col_sums.size() * sizeof(int32_t));
     l.prepared = std::move(packed);
     l.weight_dtype = DType::kI8;
     return l;
