@@ -92,7 +92,9 @@ std::shared_ptr<const Prim> prim_for(int64_t m, int64_t k, int64_t width, int64_
 }
 
 // c: the chunk's int32 sums [m, width] (dense); writes y or c of `ep` for columns [j0, j0 + width).
-void chunk_epilogue(const int32_t* s, int64_t m, int64_t j0, int64_t width, const int32_t* col_sums,
+// Compiled for AVX-512F (oneDNN serves only the avx512 and amx levels): conversions and products, no sums,
+// so no contraction into FMA; the same IEEE operations as the VNNI kernels' store16, lane for lane.
+__attribute__((target("avx512f"))) void chunk_epilogue(const int32_t* s, int64_t m, int64_t j0, int64_t width, const int32_t* col_sums,
                     const int8_detail::Int8Epilogue& ep) {
     for (int64_t r = 0; r < m; ++r) {
         const int32_t* sr = s + r * width;
