@@ -134,7 +134,7 @@ void quantize_weights_per_channel(const float* w, int64_t n, int64_t k, int8_t* 
     }
 }
 
-PackedInt8 pack_int8_weights(const int8_t* q, int64_t n, int64_t k, IsaLevel isa) {
+PackedInt8 pack_int8_weights(const int8_t* q, int64_t n, int64_t k, IsaLevel isa, bool w8a8) {
     LATTICE_CHECK(q, "pack_int8_weights: null weights");
     LATTICE_CHECK(n > 0 && k > 0, "pack_int8_weights: bad shape [{}, {}]", n, k);
     LATTICE_CHECK(k <= kInt8MaxK, "pack_int8_weights: k = {} exceeds {} (int32 accumulation would overflow)", k,
@@ -168,7 +168,7 @@ PackedInt8 pack_int8_weights(const int8_t* q, int64_t n, int64_t k, IsaLevel isa
         for (int64_t kk = 0; kk < k; ++kk) sum += src[kk];
         p.col_sums[size_t(i)] = sum;
     }
-    if (int8_uses_onednn(isa)) {
+    if (w8a8 && int8_uses_onednn(isa)) {
         std::string why;
         p.onednn = onednn_pack_int8(q, n, k, isa, &why);
         if (!p.onednn) LOG_INFO("int8 GEMM: oneDNN not used for [{}, {}]: {}", n, k, why);

@@ -110,7 +110,9 @@ struct PackedInt8 {
 void quantize_weights_per_channel(const float* w, int64_t n, int64_t k, int8_t* q, float* scales);
 
 // Packs q [n, k] (row-major int8) for `isa`. Throws when the CPU cannot run `isa` or k > kInt8MaxK.
-PackedInt8 pack_int8_weights(const int8_t* q, int64_t n, int64_t k, IsaLevel isa);
+// w8a8: the weights serve gemm_w8a8 / gemm_s8s8_s32 (a oneDNN copy is made when int8_uses_onednn(isa));
+// false for weights only gemm_w8a16 reads, which never get one.
+PackedInt8 pack_int8_weights(const int8_t* q, int64_t n, int64_t k, IsaLevel isa, bool w8a8 = true);
 
 // W8A8: y[m, n] = sum_k xq[m, k] * q[n, k] * (sx[m] * sw[n]) with xq, sx from quantize_row_int8
 // (per token); int32 accumulation, exact; the float epilogue is float(c) * (sx[m] * sw[n]), so all

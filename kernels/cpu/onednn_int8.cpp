@@ -94,8 +94,8 @@ std::shared_ptr<const Prim> prim_for(int64_t m, int64_t k, int64_t width, int64_
 // c: the chunk's int32 sums [m, width] (dense); writes y or c of `ep` for columns [j0, j0 + width).
 // Compiled for AVX-512F (oneDNN serves only the avx512 and amx levels): conversions and products, no sums,
 // so no contraction into FMA; the same IEEE operations as the VNNI kernels' store16, lane for lane.
-__attribute__((target("avx512f"))) void chunk_epilogue(const int32_t* s, int64_t m, int64_t j0, int64_t width, const int32_t* col_sums,
-                    const int8_detail::Int8Epilogue& ep) {
+__attribute__((target("avx512f"))) void chunk_epilogue(const int32_t* s, int64_t m, int64_t j0, int64_t width,
+                                                       const int32_t* col_sums, const int8_detail::Int8Epilogue& ep) {
     for (int64_t r = 0; r < m; ++r) {
         const int32_t* sr = s + r * width;
         if (ep.y) {
@@ -159,7 +159,8 @@ std::shared_ptr<const OnednnInt8> onednn_pack_int8(const int8_t* q, int64_t n, i
         LOG_INFO("int8 GEMM: W8A8 at m >= {} runs {} (level {})", kInt8OnednnMinM, onednn_describe(), isa_name(isa));
     });
     if (g_isa_fixed != isa) {
-        if (why) *why = fmt::format("oneDNN was fixed at the '{}' level earlier in this process", isa_name(g_isa_fixed));
+        if (why)
+            *why = fmt::format("oneDNN was fixed at the '{}' level earlier in this process", isa_name(g_isa_fixed));
         return nullptr;
     }
     auto w = std::make_shared<OnednnInt8>();

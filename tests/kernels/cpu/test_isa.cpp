@@ -1,6 +1,7 @@
 // The one CPU ISA decision (kernels/cpu/isa.h): the choice from simulated CPU features (AMX refused, absent,
 // without the OS's tile state) and from simulated probes (the tile permission asked once, only where the CPU
-// and the OS have AMX; LATTICE_ISA=amx without it an error naming why), the level names, and that the override reaches every kernel family: under
+// and the OS have AMX; LATTICE_ISA=amx without it an error naming why), the level names, and that the
+// override reaches every kernel family: under
 // the scalar level the int8 and 4-bit GEMMs (packed as the backend packs them, at detect_isa()), the float
 // GEMM, attention and the elementwise loops each report the scalar kernel as the one that ran (last_path),
 // and at every other level this CPU runs, the level's own form, with results that agree (GEMMs W8A8 / W4A8

@@ -134,6 +134,7 @@ TEST_CASE("onednn: W8A8 float output bit-identical to the VNNI kernel [onednn]")
     {
         ProviderGuard g(Int8Provider::kOnednn);
         od = pack_int8_weights(q.data(), n, k, onednn_level());
+        CHECK(!pack_int8_weights(q.data(), n, k, onednn_level(), false).onednn);  // W8A16-only weights: no copy
     }
     for (int64_t m : {int64_t(1), int64_t(16), int64_t(100)}) {
         CAPTURE(m);
