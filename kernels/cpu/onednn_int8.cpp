@@ -34,9 +34,11 @@ namespace {
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
+// The engine and the primitive cache live until the process ends (never destroyed): their destructors would
+// otherwise run after libdnnl's own statics at exit.
 dnnl::engine& cpu_engine() {
-    static dnnl::engine e(dnnl::engine::kind::cpu, 0);
-    return e;
+    static dnnl::engine* e = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+    return *e;
 }
 
 // One OpenMP thread for the calling thread (libgomp's ICVs are per thread): oneDNN then runs the call on
@@ -71,7 +73,8 @@ struct Prim {
 
 using PrimKey = std::tuple<int64_t, int64_t, int64_t, int64_t>;  // m, k, width, lda
 std::mutex g_prims_mu;
-std::map<PrimKey, std::shared_ptr<const Prim>> g_prims;  // nullptr: oneDNN has no primitive for the key
+// nullptr entries: oneDNN has no primitive for the key.
+auto& g_prims = *new std::map<PrimKey, std::shared_ptr<const Prim>>;
 
 // The cached primitive for m rows of a chunk whose layout is wd (nullptr when oneDNN refuses the shape).
 std::shared_ptr<const Prim> prim_for(int64_t m, int64_t k, int64_t width, int64_t lda, const dnnl::memory::desc& wd) {
