@@ -6,10 +6,12 @@
 // and the KV cache bytes the last decode step read besides (f32 K and V of every cached position).
 // Prefill is compute bound; we report tokens/s and GFLOP/s (2 x parameters x tokens).
 // Usage: bench_decode [--model FILE | --config tinyllama-1.1b] [--threads N] [--prompt 128] [--decode 32]
-//                     [--quant auto|none|w8a16|w8a8|w4a16|w4a8] [--json FILE]
+//                     [--quant auto|none|w8a16|w8a8|w4a16|w4a8] [--int8-gemm auto|own|onednn] [--json FILE]
+// --int8-gemm picks who runs the W8A8 GEMMs at m >= 16 (kernels/cpu/int8_gemm.h, Int8Provider).
 #include "benchmarks/bench_common.h"
 
 #include "base/log.h"
+#include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/thread_pool.h"
 #include "runtime/engine/client.h"
 #include "runtime/builder/build.h"
@@ -22,7 +24,7 @@ using namespace lattice;
 
 int main(int argc, char** argv) {
     CLI::App app{"lattice decode/prefill benchmark (a checkpoint or random weights)"};
-    std::string preset = "tinyllama-1.1b", quant = "none", json, model_path;
+    std::string preset = "tinyllama-1.1b", quant = "none", json, model_path, int8_gemm = "auto";
     int threads = 0;
     int64_t prompt = 128, decode = 32;
     app.add_option("--config", preset);
@@ -32,8 +34,10 @@ int main(int argc, char** argv) {
     app.add_option("--decode", decode);
     app.add_option("--quant", quant);
     app.add_option("--json", json);
+    app.add_option("--int8-gemm", int8_gemm, "W8A8 GEMM provider at m >= 16: auto, own or onednn");
     CLI11_PARSE(app, argc, argv);
     try {
+        set_int8_provider(parse_int8_provider(int8_gemm));
         std::unique_ptr<TensorSource> src = model_path.empty() ? make_random_source(preset_config(preset), 42)
                                                                : open_model(model_path);
         const ModelConfig cfg = src->config();
@@ -79,6 +83,7 @@ int main(int argc, char** argv) {
                    decode_tps / floor_tps);
         bench::write_json(json, {{"model", preset},
                                  {"quant", quant},
+                                 {"int8_gemm", int8_gemm},
                                  {"threads", rt.backend->threads()},
                                  {"weight_bytes", bytes},
                                  {"load_seconds", load_s},

@@ -8,6 +8,10 @@
 //     1 GiB buffer). The L3 here is large (hundreds of MB), so m = 1 is timed twice: "hot" (the same
 //     weights every call, L3-resident) and "dram" (rotating through copies totalling > 1 GiB), the
 //     decode-realistic number.
+// Where the build has oneDNN (libdnnl) and the CPU AVX-512 VNNI, W8A8 also runs through oneDNN's matmul
+// (onednn_int8.h: u8 x s8 -> s32 plus lattice's epilogue, weights reordered once; on AMX Xeons oneDNN picks
+// its tile kernels) at m = 16, 128, 512 in the same run, rows "onednn" with the implementation oneDNN chose,
+// and a closing table of lattice's best-ISA W8A8 against it (ratio = lattice GOP/s / oneDNN GOP/s).
 // Time is the best of the repetitions (the machine is shared; best is the least disturbed run).
 // GB/s counts the packed bytes a call streams (4-bit: nibbles, f16 scales and minimums, 5 bits per weight).
 // Usage: bench_gemm_int8 [--full] [--threads N] [--modes w8a8,w8a16,w4a8,w4a16] [--json FILE]. Default (quick)
@@ -35,6 +39,7 @@
 #include "base/dtype.h"
 #include "kernels/cpu/int4_gemm.h"
 #include "kernels/cpu/int8_gemm.h"
+#include "kernels/cpu/onednn_int8.h"
 
 using namespace lattice;
 
@@ -145,7 +150,43 @@ struct Row {
     double ms_core;  // best CPU time of the call on a 1-thread pool (caller thread)
     double ms_wall;  // best wall time on the all-thread pool
     double weight_bytes;  // packed bytes streamed per call (scales and group data included)
+    std::string impl;     // oneDNN rows: the implementation oneDNN chose
 };
+
+void print_row(const Row& r, double peak_core, double bw_core) {
+    const double ops = 2.0 * double(r.m) * double(r.n) * double(r.k);
+    const double core_s = r.ms_core * 1e-3;
+    fmt::print("{:<8} {:<6} {:<5} {:>4} {:>6} {:>6} | {:>9.3f} {:>8.1f} {:>6.1f}% {:>7.1f} {:>6.1f}% "
+               "| {:>9.3f} {:>8.1f} {:>7.1f}{}\n",
+               r.isa, r.mode, r.kind, r.m, r.n, r.k, r.ms_core, ops / core_s / 1e9,
+               peak_core > 0 ? 100.0 * ops / core_s / peak_core : 0.0, r.weight_bytes / core_s / 1e9,
+               100.0 * r.weight_bytes / core_s / bw_core, r.ms_wall, ops / (r.ms_wall * 1e-3) / 1e9,
+               r.weight_bytes / (r.ms_wall * 1e-3) / 1e9, r.impl.empty() ? "" : "  " + r.impl);
+    std::fflush(stdout);
+}
+
+// lattice's best-ISA W8A8 against oneDNN at each (n, k, m) both ran: GOP/s per core and on all threads.
+void print_onednn_ratios(const std::vector<Row>& rows) {
+    bool header = false;
+    for (const Row& o : rows) {
+        if (o.isa != "onednn") continue;
+        const Row* best = nullptr;
+        for (const Row& r : rows)
+            if (r.isa != "onednn" && r.mode == "w8a8" && r.kind == "hot" && r.m == o.m && r.n == o.n &&
+                r.k == o.k && (!best || r.ms_core < best->ms_core))
+                best = &r;
+        if (!best) continue;
+        if (!header)
+            fmt::print("W8A8, lattice ({}) / oneDNN ({}):\n{:>4} {:>6} {:>6} | {:>10} {:>10} {:>6} | {:>10} {:>10} "
+                       "{:>6}\n", best->isa, o.impl, "m", "n", "k", "own core", "oneDNN", "ratio", "own wall", "oneDNN",
+                       "ratio");
+        header = true;
+        const double ops = 2.0 * double(o.m) * double(o.n) * double(o.k) / 1e6;  // GOP/s from ms
+        fmt::print("{:>4} {:>6} {:>6} | {:>10.1f} {:>10.1f} {:>5.2f}x | {:>10.1f} {:>10.1f} {:>5.2f}x\n", o.m, o.n, o.k,
+                   ops / best->ms_core, ops / o.ms_core, o.ms_core / best->ms_core, ops / best->ms_wall,
+                   ops / o.ms_wall, o.ms_wall / best->ms_wall);
+    }
+}
 
 // Best-of timing of `call` with a time budget: the caller thread's CPU time (1-thread pool) or wall.
 template <class F>
@@ -315,6 +356,24 @@ int main(int argc, char** argv) {
             const size_t wbytes = int4 ? size_t(base4.bytes()) : base.data.size();
             std::vector<PackedInt8> copies(int4 ? 0 : (bw_bytes + wbytes - 1) / wbytes, base);
             std::vector<PackedInt4> copies4(int4 ? (bw_bytes + wbytes - 1) / wbytes : 0, base4);
+            // oneDNN beside lattice's kernels (W8A8, m >= kInt8OnednnMinM, hot weights).
+            const IsaLevel od_isa = best_isa() >= IsaLevel::kAvx512Vnni ? best_isa() : IsaLevel::kScalar;
+            if (mode == "w8a8" && onednn_compiled() && od_isa != IsaLevel::kScalar) {
+                set_int8_provider(Int8Provider::kOnednn);
+                PackedInt8 od = pack_int8_weights(q.data(), n, k, od_isa);
+                set_int8_provider(Int8Provider::kAuto);
+                for (int64_t m : {16, 128, 512}) {
+                    const double budget = full ? 1.0 : 0.05;
+                    auto run = [&](ThreadPool& p) {
+                        return [&](int) { gemm_w8a8(x.data(), m, k, od, sw.data(), y.data(), p); };
+                    };
+                    Row r{"onednn", mode, "hot", m, n, k, 1e3 * best_time(run(pool1), true, budget),
+                          1e3 * best_time(run(pool), false, budget), double(od.data.size()), {}};
+                    r.impl = onednn_int8_impl(*od.onednn, m, (k + 63) / 64 * 64);
+                    print_row(r, peak_core, bw_core);
+                    rows.push_back(r);
+                }
+            }
             for (IsaLevel isa : isas) {
                 base.isa = base4.isa = isa;
                 for (auto& c : copies) c.isa = isa;
@@ -344,27 +403,21 @@ int main(int argc, char** argv) {
                         };
                         Row r{std::string(isa_name(isa)), mode, kind, m, n, k,
                               1e3 * best_time(run(pool1), true, budget), 1e3 * best_time(run(pool), false, budget),
-                              double(wbytes)};
-                        const double ops = 2.0 * double(m) * double(n) * double(k);
-                        const double core_s = r.ms_core * 1e-3;
-                        fmt::print("{:<8} {:<6} {:<5} {:>4} {:>6} {:>6} | {:>9.3f} {:>8.1f} {:>6.1f}% {:>7.1f} {:>6.1f}% "
-                                   "| {:>9.3f} {:>8.1f} {:>7.1f}\n",
-                                   r.isa, r.mode, r.kind, r.m, r.n, r.k, r.ms_core, ops / core_s / 1e9,
-                                   peak_core > 0 ? 100.0 * ops / core_s / peak_core : 0.0,
-                                   double(wbytes) / core_s / 1e9, 100.0 * double(wbytes) / core_s / bw_core, r.ms_wall,
-                                   ops / (r.ms_wall * 1e-3) / 1e9, double(wbytes) / (r.ms_wall * 1e-3) / 1e9);
-                        std::fflush(stdout);
+                              double(wbytes), {}};
+                        print_row(r, peak_core, bw_core);
                         rows.push_back(r);
                     }
                 }
             }
         }
     }
+    print_onednn_ratios(rows);
     fmt::print("total {:.1f} s\n", bench::now() - t_start);
     if (!json_path.empty()) {
         nlohmann::json j;
         j["threads"] = nt;
         j["best_isa"] = std::string(isa_name(best_isa()));
+        j["onednn"] = onednn_compiled() ? onednn_describe() : std::string();
         j["int8_peak_kind"] = peak_kind;
         j["int8_peak_gops_core"] = peak_core / 1e9;
         j["int8_peak_gops_all"] = peak_all / 1e9;
@@ -383,7 +436,7 @@ int main(int argc, char** argv) {
                                     {"weight_gbs_core", wb / core_s / 1e9},
                                     {"pct_mem_bw_core", 100.0 * wb / core_s / bw_core}, {"ms_wall", r.ms_wall},
                                     {"weight_bytes", wb}, {"weight_gbs_wall", wb / (r.ms_wall * 1e-3) / 1e9},
-                                    {"gops_wall", ops / (r.ms_wall * 1e-3) / 1e9}});
+                                    {"gops_wall", ops / (r.ms_wall * 1e-3) / 1e9}, {"impl", r.impl}});
         }
         std::ofstream f(json_path);
         if (!f) {

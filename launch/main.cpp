@@ -142,6 +142,9 @@ int main(int argc, char** argv) {
         // (GEMMs, attention, elementwise; kernels/cpu/isa.h). kernels/ never reads the env.
         if (const char* isa = std::getenv("LATTICE_ISA"); isa && *isa)
             lattice::set_isa_override(lattice::parse_isa(isa));
+        // LATTICE_INT8_GEMM=auto|own|onednn: who runs the W8A8 GEMMs at m >= 16 (kernels/cpu/int8_gemm.h).
+        if (const char* p = std::getenv("LATTICE_INT8_GEMM"); p && *p)
+            lattice::set_int8_provider(lattice::parse_int8_provider(p));
         rc = run ? run() : 1;
         lattice::flush_stdout();  // what a command printed must have reached its file
     } catch (const lattice::ReportedFailure& f) {

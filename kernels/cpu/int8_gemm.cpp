@@ -6,14 +6,17 @@
 #include "kernels/cpu/int8_gemm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
 
 #include "kernels/cpu/gemm_front.h"
 #include "kernels/cpu/int8_gemm_kernels.h"
+#include "kernels/cpu/onednn_int8.h"
 #include "kernels/common/quantize.h"
 #include "base/error.h"
+#include "base/log.h"
 
 
 namespace lattice {
@@ -58,8 +61,17 @@ void finish_row(uint8_t* dst, int64_t k, int64_t k_padded, IsaLevel isa) {
     }
 }
 
+std::atomic<uint8_t> g_provider{uint8_t(Int8Provider::kAuto)};
+std::atomic<int> g_last_provider{-1};  // -1: none yet; else 0 own, 1 onednn
+
 void run_s8_kernel(const uint8_t* a, int64_t m, int64_t lda, const PackedInt8& w, const Int8Epilogue& ep,
                    ThreadPool& pool) {
+    if (w.onednn && m >= kInt8OnednnMinM && onednn_int8_gemm(a, m, lda, *w.onednn, w.col_sums.data(), ep, pool)) {
+        note_path(KernelFamily::kGemmInt8, w.isa);
+        g_last_provider.store(1, std::memory_order_relaxed);
+        return;
+    }
+    g_last_provider.store(0, std::memory_order_relaxed);
     auto kernel = &int8_detail::s8_panels_scalar;
     switch (w.isa) {
         case IsaLevel::kScalar: kernel = &int8_detail::s8_panels_scalar; break;
@@ -75,6 +87,31 @@ void run_s8_kernel(const uint8_t* a, int64_t m, int64_t lda, const PackedInt8& w
 
 
 }  // namespace
+
+void set_int8_provider(Int8Provider p) { g_provider.store(uint8_t(p), std::memory_order_relaxed); }
+Int8Provider int8_provider() { return Int8Provider(g_provider.load(std::memory_order_relaxed)); }
+
+Int8Provider parse_int8_provider(std::string_view s) {
+    if (s == "auto") return Int8Provider::kAuto;
+    if (s == "own") return Int8Provider::kOwn;
+    if (s == "onednn") return Int8Provider::kOnednn;
+    LATTICE_FAIL("unknown int8 GEMM provider '{}' (expected auto, own or onednn)", s);
+}
+
+bool int8_uses_onednn(IsaLevel isa) {
+    const bool level_ok = isa == IsaLevel::kAvx512Vnni || isa == IsaLevel::kAmx;
+    switch (int8_provider()) {
+        case Int8Provider::kOwn: return false;
+        case Int8Provider::kOnednn: return level_ok;
+        case Int8Provider::kAuto: return isa == IsaLevel::kAmx && onednn_compiled();
+    }
+    return false;
+}
+
+std::string_view last_int8_provider() {
+    const int v = g_last_provider.load(std::memory_order_relaxed);
+    return v < 0 ? "" : v == 1 ? "onednn" : "own";
+}
 
 float quantize_row_int8_simd(const float* x, int64_t k, int8_t* q) {
     // Bit-identical to the scalar (tested); the scalar level runs the portable form.
@@ -97,7 +134,7 @@ void quantize_weights_per_channel(const float* w, int64_t n, int64_t k, int8_t* 
     }
 }
 
-PackedInt8 pack_int8_weights(const int8_t* q, int64_t n, int64_t k, IsaLevel isa) {
+PackedInt8 pack_int8_weights(const int8_t* q, int64_t n, int64_t k, IsaLevel isa, bool w8a8) {
     LATTICE_CHECK(q, "pack_int8_weights: null weights");
     LATTICE_CHECK(n > 0 && k > 0, "pack_int8_weights: bad shape [{}, {}]", n, k);
     LATTICE_CHECK(k <= kInt8MaxK, "pack_int8_weights: k = {} exceeds {} (int32 accumulation would overflow)", k,
@@ -130,6 +167,11 @@ PackedInt8 pack_int8_weights(const int8_t* q, int64_t n, int64_t k, IsaLevel isa
         int32_t sum = 0;
         for (int64_t kk = 0; kk < k; ++kk) sum += src[kk];
         p.col_sums[size_t(i)] = sum;
+    }
+    if (w8a8 && int8_uses_onednn(isa)) {
+        std::string why;
+        p.onednn = onednn_pack_int8(q, n, k, isa, &why);
+        if (!p.onednn) LOG_INFO("int8 GEMM: oneDNN not used for [{}, {}]: {}", n, k, why);
     }
     return p;
 }

@@ -20,11 +20,16 @@
 // activation scratch of the calling thread (m * k_padded bytes, grown on demand).
 // ISA: the level is the one decision of isa.h, taken when the weights are packed (PackedInt8::isa); the
 // amx level runs the avx512 kernels, avxvnni's W8A16 the avx2 one.
+// Provider (Int8Provider): at m >= kInt8OnednnMinM the W8A8 / s8s8 GEMMs run oneDNN's matmul instead where
+// the weights carry a oneDNN copy (PackedInt8::onednn, made at packing when int8_uses_onednn(isa)): by
+// default at the amx level only, where oneDNN's tile kernels are what reaches AMX (onednn_int8.h says why
+// and what was measured). Decode (m < kInt8OnednnMinM) always runs the kernels here, on the packed panels.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <new>
 #include <string_view>
 #include <vector>
@@ -37,6 +42,8 @@ namespace lattice {
 
 // Largest k for which every path is exact in int32.
 inline constexpr int64_t kInt8MaxK = 131071;
+// Smallest m the oneDNN provider takes (below it, the GEMV-class kernels here stream the panels).
+inline constexpr int64_t kInt8OnednnMinM = 16;
 // Output channels per packed panel and k per group.
 inline constexpr int64_t kInt8PanelN = 16;
 inline constexpr int64_t kInt8GroupK = 4;
@@ -68,6 +75,20 @@ struct AlignedAllocator64 {
     bool operator==(const AlignedAllocator64<U>&) const noexcept { return true; }
 };
 
+struct OnednnInt8;  // onednn_int8.h
+
+// Who runs the W8A8 / s8s8 GEMMs at m >= kInt8OnednnMinM. kAuto: oneDNN at the amx level when the build has
+// it, else lattice's kernels; kOwn: always lattice's; kOnednn: oneDNN at the avx512 and amx levels (throws
+// at packing when the build has no oneDNN). Read when weights are packed; a process-wide setting.
+enum class Int8Provider : uint8_t { kAuto, kOwn, kOnednn };
+void set_int8_provider(Int8Provider p);
+Int8Provider int8_provider();
+Int8Provider parse_int8_provider(std::string_view s);  // "auto", "own", "onednn"; throws Error otherwise
+// Whether weights packed for `isa` get a oneDNN copy under the current provider setting.
+bool int8_uses_onednn(IsaLevel isa);
+// Who ran the last W8A8 / s8s8 GEMM ("own" or "onednn"; "" before any), for tests and diagnostics.
+std::string_view last_int8_provider();
+
 // Weights packed for the kernels (layout above). Move-only in practice (large).
 struct PackedInt8 {
     std::vector<int8_t, AlignedAllocator64<int8_t>> data;  // [n_panels][k_padded / 4][16][4]
@@ -77,6 +98,7 @@ struct PackedInt8 {
     int64_t n_panels = 0;                                   // ceil(n / 16)
     std::vector<int32_t> col_sums;                          // [n_panels * 16] sum_k q[n, k] (0 past n)
     IsaLevel isa = IsaLevel::kScalar;                       // kernel used by the gemm calls
+    std::shared_ptr<const OnednnInt8> onednn;               // oneDNN's copy (m >= kInt8OnednnMinM), or null
 
     int64_t panel_bytes() const { return k_padded * kInt8PanelN; }
     const int8_t* panel(int64_t p) const { return data.data() + p * panel_bytes(); }
@@ -88,7 +110,9 @@ struct PackedInt8 {
 void quantize_weights_per_channel(const float* w, int64_t n, int64_t k, int8_t* q, float* scales);
 
 // Packs q [n, k] (row-major int8) for `isa`. Throws when the CPU cannot run `isa` or k > kInt8MaxK.
-PackedInt8 pack_int8_weights(const int8_t* q, int64_t n, int64_t k, IsaLevel isa);
+// w8a8: the weights serve gemm_w8a8 / gemm_s8s8_s32 (a oneDNN copy is made when int8_uses_onednn(isa));
+// false for weights only gemm_w8a16 reads, which never get one.
+PackedInt8 pack_int8_weights(const int8_t* q, int64_t n, int64_t k, IsaLevel isa, bool w8a8 = true);
 
 // W8A8: y[m, n] = sum_k xq[m, k] * q[n, k] * (sx[m] * sw[n]) with xq, sx from quantize_row_int8
 // (per token); int32 accumulation, exact; the float epilogue is float(c) * (sx[m] * sw[n]), so all

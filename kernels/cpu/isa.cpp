@@ -52,28 +52,25 @@ std::string request_amx_permission() {
 #endif
 }
 
-CpuFeatures detect_features() {
-    CpuFeatures f;
+CpuProbe probe_this_cpu() {
+    CpuProbe p;
     __builtin_cpu_init();
-    f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    p.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     unsigned a = 0, b = 0, c = 0, d = 0;
     // F16C: CPUID.1:ECX[29] (clang 14's __builtin_cpu_supports does not know "f16c").
-    f.avx2 = f.avx2 && __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+    p.avx2 = p.avx2 && __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
     // AVX-VNNI: CPUID.(7,1):EAX[4] (nor "avxvnni"); the YMM state is covered by the avx2 check.
-    f.avxvnni = f.avx2 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 4) & 1u);
-    f.avx512 = f.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+    p.avxvnni = p.avx2 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 4) & 1u);
+    p.avx512 = p.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                __builtin_cpu_supports("avx512vnni");
-    f.amx_cpu = __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 24) & 1u) && ((d >> 25) & 1u);
-    f.amx_os = f.amx_cpu && (xcr0() & (3u << 17)) == (3u << 17);
-    if (f.avx512 && f.amx_cpu && f.amx_os) {
-        f.amx_refusal = request_amx_permission();
-        f.amx_granted = f.amx_refusal.empty();
-    }
-    return f;
+    p.amx_cpu = __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 24) & 1u) && ((d >> 25) & 1u);
+    p.xcr0 = xcr0();
+    p.request_amx_permission = &request_amx_permission;
+    return p;
 }
 #else
-CpuFeatures detect_features() { return {}; }
+CpuProbe probe_this_cpu() { return {}; }
 #endif
 
 bool level_has_features(IsaLevel l, const CpuFeatures& f) {
@@ -139,8 +136,24 @@ IsaChoice choose_isa(const CpuFeatures& f) {
     return r;
 }
 
+CpuProbe cpu_probe() { return probe_this_cpu(); }
+
+CpuFeatures features_from_probe(const CpuProbe& p) {
+    CpuFeatures f;
+    f.avx2 = p.avx2;
+    f.avxvnni = p.avx2 && p.avxvnni;
+    f.avx512 = p.avx2 && p.avx512;
+    f.amx_cpu = p.amx_cpu;
+    f.amx_os = p.amx_cpu && (p.xcr0 & (uint64_t(3) << 17)) == (uint64_t(3) << 17);
+    if (f.avx512 && f.amx_cpu && f.amx_os) {
+        f.amx_refusal = p.request_amx_permission ? p.request_amx_permission() : "no way to ask on this platform";
+        f.amx_granted = f.amx_refusal.empty();
+    }
+    return f;
+}
+
 const CpuFeatures& cpu_features() {
-    static const CpuFeatures f = detect_features();
+    static const CpuFeatures f = features_from_probe(probe_this_cpu());
     return f;
 }
 
@@ -156,8 +169,8 @@ IsaLevel detect_isa() {
 }
 
 void set_isa_override(IsaLevel isa) {
-    LATTICE_CHECK(isa_supported(isa), "ISA override '{}' is not supported by this CPU (best: {})", isa_name(isa),
-                  isa_name(best_isa()));
+    LATTICE_CHECK(isa_supported(isa), "ISA override '{}' is not supported by this CPU (best: {}){}", isa_name(isa),
+                  isa_name(best_isa()), isa == IsaLevel::kAmx ? fmt::format(": {}", amx_note()) : std::string());
     g_isa_override.store(int(isa), std::memory_order_relaxed);
 }
 

@@ -7,8 +7,11 @@
 //   avxvnni  avx2 + VEX vpdpbusd (ymm); int8 GEMMs only, everything else runs its avx2 form
 //   avx512   AVX-512 F/BW/VL/DQ + VNNI
 //   amx      avx512 + AMX-TILE/INT8 with the tile data permission granted by the kernel
-//            (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once per process). No kernel has an
-//            AMX form yet: at this level every family runs its avx512 kernels.
+//            (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once per process, the first time
+//            cpu_features() runs, which every kernel family's level check does before its first call; oneDNN
+//            asks again for itself, later, and is granted the same). At this level the W8A8 / s8s8 GEMMs at
+//            m >= 16 run oneDNN's matmul, whose tile kernels use AMX, where the build has libdnnl
+//            (onednn_int8.h); every other family, and those GEMMs without libdnnl, run their avx512 kernels.
 // A family that has no form for a level runs the highest form it has below it (vector_level below for the
 // float loops); what ran is recorded per family (last_path) so that tests can see it instead of assuming it.
 //
@@ -19,8 +22,10 @@
 // it checks). The level is read per call (one relaxed atomic load), so an override set after start-up
 // reaches the float loops at once and the packed GEMMs from their next packing.
 //
-// The decision itself is a pure function of the CPU's features (choose_isa), so a refused AMX permission is
-// testable on any machine.
+// The decision itself is a pure function of the CPU's features (choose_isa), and the features come from a
+// probe (CpuProbe: cpuid, XCR0 and the permission request) that tests replace, so a refused AMX permission and
+// a CPU without AMX are testable on any machine. Forcing a level this machine cannot run (LATTICE_ISA=amx
+// without AMX or without the permission) is an error that says why (set_isa_override).
 #pragma once
 
 #include <cstdint>
@@ -72,6 +77,19 @@ struct IsaChoice {
 
 // The decision: the highest level whose features are all present; AMX also needs the OS and the permission.
 IsaChoice choose_isa(const CpuFeatures& f);
+
+// What detection reads from the machine; cpu_probe() is the real one.
+struct CpuProbe {
+    bool avx2 = false, avxvnni = false, avx512 = false;  // as in CpuFeatures (cpuid with the OS's YMM/ZMM state)
+    bool amx_cpu = false;                                 // CPUID.(7,0):EDX[24, 25]
+    uint64_t xcr0 = 0;                                    // XGETBV(0)
+    // Asks the kernel for the tile data permission; "" when granted, else why not.
+    std::string (*request_amx_permission)() = nullptr;
+};
+CpuProbe cpu_probe();
+// The features a probe reports: the permission is asked for (once, by this call) only when the CPU has
+// AMX-TILE/INT8 and AVX-512 VNNI and the OS enables the tile state; never otherwise.
+CpuFeatures features_from_probe(const CpuProbe& p);
 // This machine's features (asks the kernel for the tile permission when the CPU and OS have AMX; once).
 const CpuFeatures& cpu_features();
 // Why this process does not use AMX ("" when it does): for `lattice info` and the INFO line logged, once,

@@ -290,7 +290,7 @@ Linear CpuBackend::make_linear_int8(const View& q, const View& scales, QuantMode
     l.scales = alloc_bytes(DType::kF32, View::contiguous(nullptr, DType::kF32, {l.n}));
     std::memcpy(l.scales.data(), scales.data, size_t(l.n) * sizeof(float));
     auto packed = std::make_shared<PackedInt8>(
-        pack_int8_weights(static_cast<const int8_t*>(q.data), l.n, l.k, detect_isa()));
+        pack_int8_weights(static_cast<const int8_t*>(q.data), l.n, l.k, detect_isa(), mode == QuantMode::kW8A8));
     l.prepared_bytes = int64_t(packed->data.size()) + int64_t(packed->col_sums.size() * sizeof(int32_t));
     l.prepared = std::move(packed);
     l.weight_dtype = DType::kI8;

@@ -1,5 +1,7 @@
 // The one CPU ISA decision (kernels/cpu/isa.h): the choice from simulated CPU features (AMX refused, absent,
-// without the OS's tile state), the level names, and that the override reaches every kernel family: under
+// without the OS's tile state) and from simulated probes (the tile permission asked once, only where the CPU
+// and the OS have AMX; LATTICE_ISA=amx without it an error naming why), the level names, and that the
+// override reaches every kernel family: under
 // the scalar level the int8 and 4-bit GEMMs (packed as the backend packs them, at detect_isa()), the float
 // GEMM, attention and the elementwise loops each report the scalar kernel as the one that ran (last_path),
 // and at every other level this CPU runs, the level's own form, with results that agree (GEMMs W8A8 / W4A8
@@ -145,6 +147,69 @@ TEST_CASE("isa: the decision from simulated CPU features, AMX refused or absent"
     amx = features(true, true, false);  // AMX without AVX-512 VNNI: not a level
     amx.amx_cpu = amx.amx_os = amx.amx_granted = true;
     CHECK(choose_isa(amx).best == IsaLevel::kAvxVnni);
+}
+
+namespace {
+int g_requests = 0;
+std::string refuse_permission() {
+    ++g_requests;
+    return "arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA) failed: Operation not permitted";
+}
+std::string grant_permission() {
+    ++g_requests;
+    return {};
+}
+// A Sapphire Rapids-like probe: AVX-512 VNNI, AMX in CPUID, the tile state enabled in XCR0.
+CpuProbe spr_probe(std::string (*request)()) {
+    CpuProbe p;
+    p.avx2 = p.avxvnni = p.avx512 = p.amx_cpu = true;
+    p.xcr0 = 0x602e7;  // x87, SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM, XTILECFG, XTILEDATA
+    p.request_amx_permission = request;
+    return p;
+}
+}  // namespace
+
+TEST_CASE("isa: the tile permission is asked once, only where CPU and OS have AMX; refused or absent -> avx512") {
+    g_requests = 0;
+    const CpuFeatures refused = features_from_probe(spr_probe(&refuse_permission));
+    CHECK(g_requests == 1);
+    CHECK(!refused.amx_granted);
+    const IsaChoice c = choose_isa(refused);
+    CHECK(c.best == IsaLevel::kAvx512Vnni);
+    CHECK(c.amx_note.find("Operation not permitted") != std::string::npos);
+
+    g_requests = 0;
+    const IsaChoice granted = choose_isa(features_from_probe(spr_probe(&grant_permission)));
+    CHECK(g_requests == 1);
+    CHECK(granted.best == IsaLevel::kAmx);
+
+    g_requests = 0;
+    CpuProbe no_amx = spr_probe(&grant_permission);  // CPUID without AMX (this AMD EPYC, Ice Lake ...)
+    no_amx.amx_cpu = false;
+    const IsaChoice absent = choose_isa(features_from_probe(no_amx));
+    CHECK(g_requests == 0);  // never asked for
+    CHECK(absent.best == IsaLevel::kAvx512Vnni);
+    CHECK(absent.amx_note.find("no AMX") != std::string::npos);
+
+    CpuProbe no_os = spr_probe(&grant_permission);  // a kernel or VM that does not enable the tile state
+    no_os.xcr0 = 0xe7;
+    const IsaChoice hidden = choose_isa(features_from_probe(no_os));
+    CHECK(g_requests == 0);
+    CHECK(hidden.best == IsaLevel::kAvx512Vnni);
+    CHECK(hidden.amx_note.find("XCR0") != std::string::npos);
+
+    // This machine's real probe agrees with the features the process uses (asked at most once: cached).
+    const CpuProbe real = cpu_probe();
+    CHECK(real.amx_cpu == cpu_features().amx_cpu);
+    CHECK(real.avx512 == cpu_features().avx512);
+    if (!isa_supported(IsaLevel::kAmx)) {  // forcing amx here: an error that says why
+        try {
+            set_isa_override(IsaLevel::kAmx);
+            FAIL("set_isa_override(amx) did not throw");
+        } catch (const Error& e) {
+            CHECK(std::string(e.what()).find(std::string(amx_note())) != std::string::npos);
+        }
+    }
 }
 
 TEST_CASE("isa: names, parsing, this CPU's levels and the override") {
