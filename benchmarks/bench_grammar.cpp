@@ -73,6 +73,11 @@ const char* kObjectDoc =
 const char* kRegex = R"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z [a-z0-9._]+@[a-z]+\.(com|org|net)( [A-Z][a-z]+){1,8}\.)";
 const char* kRegexDoc = "2026-12-04T19:58:26Z jane.doe_42@example.com Hello World Again From The Lattice Team.";
 
+std::string default_model() {
+    return (std::filesystem::path(__FILE__).parent_path().parent_path() / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+        .string();
+}
+
 std::string default_shared() {
     return (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "shared").string();
 }
@@ -158,11 +163,82 @@ void drive_walk(const std::shared_ptr<const Grammar>& g, const std::shared_ptr<c
     }
 }
 
+
+// A schema of n properties (string and integer alternately; all required, or all optional) and a valid
+// document of it (every property present, short string values).
+std::string props_schema(int n, bool required) {
+    nlohmann::ordered_json s = {{"type", "object"}, {"properties", nlohmann::json::object()}};
+    if (required) s["required"] = nlohmann::json::array();
+    for (int i = 0; i < n; ++i) {
+        const std::string k = "field_" + std::to_string(i);
+        s["properties"][k] = {{"type", i % 2 ? "integer" : "string"}};
+        if (required) s["required"].push_back(k);
+    }
+    return s.dump();
+}
+
+std::string props_doc(int n) {
+    std::string d = "{";
+    for (int i = 0; i < n; ++i) {
+        d += (i ? ", \"field_" : "\"field_") + std::to_string(i) + "\": ";
+        d += i % 2 ? std::to_string(i * 37 % 1000) : "\"value " + std::to_string(i) + " of the record\"";
+    }
+    return d + "}";
+}
+
+// The n-property schemas: µs per mask along the document, plain (fill_mask) and within the reserve
+// (fill_mask_within with the document's remaining tokens + 4 left: every step inside the scheduler's
+// finishing window), each on a grammar compiled afresh (cold: its caches empty) and again (warm).
+void bench_props(const std::string& file, const std::shared_ptr<const TokenVocab>& v, int n, int reps,
+                 nlohmann::json& results) {
+    const std::string doc = props_doc(n);
+    const std::vector<int32_t> ids = greedy(*v, doc);
+    for (bool required : {true, false}) {
+        const GrammarSpec spec{GrammarSpec::Kind::kJsonSchema, props_schema(n, required), {}};
+        for (const char* mode : {"plain", "within"}) {
+            const bool within = std::strcmp(mode, "within") == 0;
+            Stats cold, warm;
+            int64_t refused = 0;
+            for (int r = 0; r < reps; ++r) {
+                const auto g = Grammar::compile(spec);
+                for (Stats* st : {&cold, &warm}) {
+                    GrammarMatcher m(g, v);
+                    std::vector<uint32_t> w(size_t((v->size() + 31) / 32));
+                    for (size_t i = 0; i < ids.size(); ++i) {
+                        const double t0 = now_us();
+                        if (within)
+                            m.fill_mask_within(w, int64_t(ids.size() - i) + 4);
+                        else
+                            m.fill_mask(w);
+                        st->add(now_us() - t0);
+                        refused += !bit(w, ids[i]);  // (within: the reserve's bound is not exact past 256 states)
+                        LATTICE_CHECK(m.accept(ids[i]), "bench_grammar: token {} refused", i);
+                    }
+                    LATTICE_CHECK(m.complete(), "bench_grammar: the document is not complete");
+                }
+            }
+            for (auto [name, st] : {std::pair<const char*, Stats*>{"cold", &cold}, {"warm", &warm}}) {
+                const std::string grammar = fmt::format("{}{}", n, required ? "req" : "opt");
+                const std::string m = fmt::format("{}-{}", mode, name);
+                const double p50 = st->pct(0.5), p99 = st->pct(0.99), mx = st->pct(1.0), mean = st->mean();
+                fmt::print("{:<26} {:>7} {:<12} {:<12} {:>6} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f}  ({:.1f} ms a doc{})\n",
+                           file, v->size(), grammar, m, st->us.size(), p50, p99, mx, mean,
+                           mean * double(ids.size()) * 1e-3,
+                           refused ? fmt::format(", {} doc tokens outside the mask", refused) : "");
+                results.push_back({{"tokenizer", file}, {"vocab", v->size()}, {"grammar", "props" + grammar},
+                                   {"mode", m}, {"masks", st->us.size()}, {"doc_tokens", ids.size()},
+                                   {"p50_us", p50}, {"p99_us", p99}, {"max_us", mx}, {"mean_us", mean}});
+            }
+        }
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-    int reps = 5, walks = 20;
-    std::string json_file, shared = default_shared();
+    int reps = 5, walks = 20, props = 200;
+    bool props_only = false;
+    std::string json_file, shared = default_shared(), model = default_model();
     for (int i = 1; i < argc; ++i) {
         auto arg = [&](const char* name) { return std::strcmp(argv[i], name) == 0 && i + 1 < argc; };
         if (arg("--reps"))
@@ -173,8 +249,15 @@ int main(int argc, char** argv) {
             json_file = argv[++i];
         else if (arg("--shared"))
             shared = argv[++i];
+        else if (arg("--model"))
+            model = argv[++i];
+        else if (arg("--props"))
+            props = std::max(1, std::atoi(argv[++i]));
+        else if (std::strcmp(argv[i], "--props-only") == 0)
+            props_only = true;
         else {
-            fmt::print(stderr, "usage: {} [--reps 5] [--walks 20] [--json FILE] [--shared DIR]\n", argv[0]);
+            fmt::print(stderr, "usage: {} [--reps 5] [--walks 20] [--props 200] [--props-only] [--json FILE] "
+                       "[--shared DIR] [--model GGUF]\n", argv[0]);
             return 2;
         }
     }
@@ -191,11 +274,17 @@ int main(int argc, char** argv) {
         const auto any = Grammar::compile({GrammarSpec::Kind::kRegex, "(.|\n)*", {}});
         fmt::print("{:<26} {:>7} {:<12} {:<5} {:>6} {:>8} {:>8} {:>8} {:>8}\n", "tokenizer", "vocab", "grammar", "mode",
                    "masks", "p50 µs", "p99 µs", "max µs", "mean µs");
-        for (const char* file : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-llama-bpe.gguf"}) {
-            const auto tok = load_tokenizer(shared + "/tokenizers/" + file);
+        std::vector<std::string> files = {shared + "/tokenizers/ggml-vocab-llama-spm.gguf",
+                                          shared + "/tokenizers/ggml-vocab-llama-bpe.gguf"};
+        if (std::filesystem::exists(model)) files.insert(files.begin(), model);
+        for (const std::string& path : files) {
+            const std::string file = std::filesystem::path(path).filename().string();
+            const auto tok = load_tokenizer(path);
             double t0 = now_us();
             const auto v = make_token_vocab(*tok);
             const double build_ms = (now_us() - t0) * 1e-3;
+            bench_props(file, v, props, reps, results);
+            if (props_only) continue;
             // The floor: every token allowed and walked (no plain-string shortcut), and the mask words alone.
             Stats floor_walk, floor_words;
             std::vector<uint32_t> w(size_t((v->size() + 31) / 32));
