@@ -25,8 +25,13 @@
 
 #include "base/error.h"
 #include "benchmarks/bench_common.h"
+#include "runtime/backend/cpu/cpu_backend.h"
+#include "runtime/builder/build.h"
+#include "runtime/engine/client.h"
 #include "runtime/engine/grammar.h"
+#include "runtime/model/model.h"
 #include "runtime/tokenizer/tokenizer.h"
+#include "runtime/weights/tensor_source.h"
 
 using namespace lattice;
 
@@ -233,11 +238,68 @@ void bench_props(const std::string& file, const std::shared_ptr<const TokenVocab
     }
 }
 
+
+// One schema-heavy request beside a plain one, on the built-in model (2 threads): a plain 16-token
+// completion alone, then submitted just after a request with the n-property schema (max_tokens 256:
+// its shortest document is longer, so every mask of it is the reserve's). Reported: the plain
+// request's ms per token (first token to last) and its total time, median over reps.
+void bench_engine(const std::string& model_path, int props, int reps, nlohmann::json& results) {
+    auto src = open_model(model_path);
+    auto tok = load_tokenizer(model_path);
+    CpuBackend be(CpuBackendOptions{2, false, false});
+    ModelOptions mo;
+    mo.max_seq = 1024;
+    Model model(*src, be, mo, nullptr);
+    auto engine = make_local_engine(model);
+    EngineClient client(*engine, tok.get(), true);
+    const GrammarSpec spec{GrammarSpec::Kind::kJsonSchema, props_schema(props, true), {}};
+    for (bool beside : {false, true}) {
+        Stats per_token, total;
+        int64_t schema_tokens = 0;
+        for (int r = 0; r < reps; ++r) {
+            int64_t schema_id = -1, plain_id = -1;
+            if (beside) {
+                ClientRequest s;
+                s.prompt = tok->encode("Fill in the record as JSON.");
+                s.max_tokens = 256;
+                s.grammar = Grammar::compile(spec);  // a new request's grammar: its caches empty
+                schema_id = client.submit(std::move(s));
+            }
+            ClientRequest p;
+            p.prompt = tok->encode("Write a short story about a lighthouse keeper.");
+            p.max_tokens = 16;
+            p.ignore_eos = true;
+            const double t0 = now_us();
+            plain_id = client.submit(std::move(p));
+            double first = -1, last = -1;
+            for (bool done = false; !done;)
+                for (const ClientEvent& e : client.poll()) {
+                    if (e.id == schema_id && e.token >= 0) ++schema_tokens;
+                    if (e.id != plain_id) continue;
+                    if (first < 0) first = now_us();
+                    last = now_us();
+                    done |= e.finish != FinishReason::kNone;
+                }
+            if (schema_id >= 0) client.cancel(schema_id);
+            while (client.busy()) client.poll();
+            per_token.add((last - first) / 15 * 1e-3);
+            total.add((last - t0) * 1e-3);
+        }
+        const char* mode = beside ? "beside-schema" : "alone";
+        fmt::print("engine (built-in model, 2 threads): plain 16 tokens {:<14} {:>7.1f} ms/token, {:>7.1f} ms in all "
+                   "(median of {}; the {}-property schema request made {} tokens meanwhile)\n",
+                   mode, per_token.pct(0.5), total.pct(0.5), reps, props, schema_tokens);
+        results.push_back({{"grammar", fmt::format("props{}req", props)}, {"mode", std::string("engine-") + mode},
+                           {"plain_ms_per_token", per_token.pct(0.5)}, {"plain_total_ms", total.pct(0.5)},
+                           {"schema_tokens", schema_tokens}, {"reps", reps}});
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     int reps = 5, walks = 20, props = 200;
-    bool props_only = false;
+    bool props_only = false, engine_only = false;
     std::string json_file, shared = default_shared(), model = default_model();
     for (int i = 1; i < argc; ++i) {
         auto arg = [&](const char* name) { return std::strcmp(argv[i], name) == 0 && i + 1 < argc; };
@@ -255,8 +317,10 @@ int main(int argc, char** argv) {
             props = std::max(1, std::atoi(argv[++i]));
         else if (std::strcmp(argv[i], "--props-only") == 0)
             props_only = true;
+        else if (std::strcmp(argv[i], "--engine-only") == 0)
+            engine_only = true;
         else {
-            fmt::print(stderr, "usage: {} [--reps 5] [--walks 20] [--props 200] [--props-only] [--json FILE] "
+            fmt::print(stderr, "usage: {} [--reps 5] [--walks 20] [--props 200] [--props-only] [--engine-only] [--json FILE] "
                        "[--shared DIR] [--model GGUF]\n", argv[0]);
             return 2;
         }
@@ -274,9 +338,11 @@ int main(int argc, char** argv) {
         const auto any = Grammar::compile({GrammarSpec::Kind::kRegex, "(.|\n)*", {}});
         fmt::print("{:<26} {:>7} {:<12} {:<5} {:>6} {:>8} {:>8} {:>8} {:>8}\n", "tokenizer", "vocab", "grammar", "mode",
                    "masks", "p50 µs", "p99 µs", "max µs", "mean µs");
+        if (std::filesystem::exists(model)) bench_engine(model, props, reps, results);
         std::vector<std::string> files = {shared + "/tokenizers/ggml-vocab-llama-spm.gguf",
                                           shared + "/tokenizers/ggml-vocab-llama-bpe.gguf"};
         if (std::filesystem::exists(model)) files.insert(files.begin(), model);
+        if (engine_only) files.clear();
         for (const std::string& path : files) {
             const std::string file = std::filesystem::path(path).filename().string();
             const auto tok = load_tokenizer(path);

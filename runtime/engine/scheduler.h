@@ -60,6 +60,7 @@
 namespace lattice {
 
 class GrammarMatcher;
+class MaskWorker;
 
 enum class FinishReason : uint8_t {
     kNone = 0,
@@ -155,11 +156,13 @@ struct SchedulerStats {
     int64_t generated_tokens = 0;
     int64_t drafted_tokens = 0;   // speculative decoding: drafts fed
     int64_t accepted_tokens = 0;  // ... of which the sampler accepted
+    int64_t mask_skips = 0;       // steps a sequence with a grammar sat out because its mask was not done
 };
 
 class Scheduler {
 public:
     Scheduler(const SchedulerOptions& opt, BlockPool& pool);
+    ~Scheduler();
 
     // Throws Error (naming the limit) for a request that can never run; add() would take any other.
     void check(const EngineRequest& req) const;
@@ -187,6 +190,8 @@ public:
     int64_t running() const;
     const SchedulerStats& stats() const { return stats_; }
     const BlockPool& pool() const { return kv_.pool(); }
+    // Structured output's masks (runtime/engine/grammar_worker.h): its statistics; hold() for tests.
+    MaskWorker& mask_worker();
 
 private:
     struct Seq {
@@ -218,11 +223,17 @@ private:
         int64_t budget = 0;            // prompt tokens left
         int64_t cap = 0;               // sequences a step takes (a micro-batch's share)
         int64_t decodes = 0, prompt_tails = 0, drafted = 0;
+        std::chrono::steady_clock::time_point mask_deadline;  // masks not done by then: their sequence waits
+        bool mask_skipped = false;                            // some sequence did
     };
+    // How long a step waits for a pending grammar mask: this share of its predicted time (StepCost),
+    // at least kMaskWaitMin_s. A plain sequence's step grows by that much at most.
+    static constexpr double kMaskWaitShare = 0.1, kMaskWaitMin_s = 200e-6;
     static bool ready(const Seq& s) { return s.running && !s.awaiting && !s.cancelled; }
     int64_t step_capacity() const { return opt_.step_capacity > 0 ? opt_.step_capacity : opt_.step_tokens; }
     void take(Building& b, Seq& s, int64_t n, const std::vector<int32_t>& drafts = {});
     void add_mask(StepPlan& p, Seq& s) const;
+    bool mask_ready(Building& b, const Seq& s);
     void take_decodes(Building& b, const std::vector<Seq*>& order);
     void take_chunks(Building& b, const std::vector<Seq*>& order);
     void admit(Building& b, const std::vector<Seq*>& order, int64_t n_running);
@@ -241,6 +252,7 @@ private:
     std::vector<TokenEvent> finished_;
     SchedulerStats stats_;
     StepCost cost_;
+    std::unique_ptr<MaskWorker> masks_;
 };
 
 }  // namespace lattice
