@@ -313,8 +313,8 @@ StepPlan Scheduler::next(int64_t number) {
     const std::vector<Seq*> order = by_priority();
     // Masks not done by a small share of the step's predicted time keep only their own sequence waiting.
     const double predicted = cost_.ready() ? cost_.a() + cost_.b() * double(std::max<int64_t>(1, n_running)) : 0;
-    b.mask_deadline = SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(
-                                               std::max(kMaskWaitMin_s, kMaskWaitShare * predicted)));
+    const std::chrono::duration<double> wait(std::max(kMaskWaitMin_s, kMaskWaitShare * predicted));
+    b.mask_deadline = SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(wait);
     take_decodes(b, order);
     int64_t step_tokens = opt_.step_tokens;  // the prompt budget, less where a latency target binds
     if (opt_.max_itl_s > 0 && b.decodes > 0 && cost_.ready())
@@ -323,7 +323,9 @@ StepPlan Scheduler::next(int64_t number) {
     b.budget = std::min(step_tokens - b.prompt_tails, step_capacity() - b.decodes - b.prompt_tails - b.drafted);
     take_chunks(b, order);
     admit(b, order, n_running);
-    if (b.p.seqs.empty() && b.mask_skipped) {  // nothing else to run: wait for the masks
+    const bool in_flight =
+        std::any_of(seqs_.begin(), seqs_.end(), [](const auto& e) { return e.second.inflight > 0; });
+    if (b.p.seqs.empty() && b.mask_skipped && !in_flight) {  // nothing to run or complete: wait for the masks
         b.mask_deadline = SteadyClock::time_point::max();
         take_decodes(b, order);
     }

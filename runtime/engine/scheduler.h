@@ -30,7 +30,11 @@
 //    that nothing in flight uses is preempted: its blocks return to the pool, its tokens (prompt and
 //    generated so far) are recomputed when it is admitted again. Never a crash, never a truncation;
 //  - prefix caching: an admitted prompt reuses cached full blocks of an identical prefix (at least
-//    its last token is always computed, for its logits); full blocks are cached as they complete.
+//    its last token is always computed, for its logits); full blocks are cached as they complete;
+//  - structured output: a sequence's next mask is computed on the MaskWorker's thread
+//    (grammar_worker.h) from the moment its token is accepted; a step waits for a mask at most
+//    kMaskWaitShare of its predicted time, then runs without that sequence (its prompt's last token
+//    held back too), so a slow mask delays its own sequence only; a step with nothing else waits for it.
 // Speculative decoding (spec_tokens > 0): a decoding sequence's step feeds its last token and up to
 // spec_tokens prompt-lookup drafts; the accepted ones and one more come back at once (their K/V stay,
 // the rest is overwritten later: computed falls back to the accepted length), each through the stop
@@ -95,9 +99,10 @@ struct EngineRequest {
     // Structured output (runtime/engine/grammar.h): the sequence's position in its grammar. Each step
     // that samples it carries the mask of the tokens the grammar allows; each sampled token advances
     // it; the output ends (kStop, the token shown as text) when the grammar is finished, or at an end
-    // id (eos, end of turn) once it is complete, ignore_eos or not. Once the tokens left to max_tokens
-    // come within 8 of the grammar's shortest completion, the mask keeps only tokens that shorten it,
-    // so the output still ends well-formed when max_tokens leaves room for that. One matcher per sequence.
+    // id (eos, end of turn) once it is complete, ignore_eos or not. Near max_tokens the mask keeps only
+    // tokens after which the output can still be completed in the tokens left, so it ends well-formed
+    // when max_tokens leaves room for that (grammar_worker.h: mask_for). Masks are computed on the
+    // MaskWorker's thread (a sequence whose mask is late sits the step out). One matcher per sequence.
     std::shared_ptr<GrammarMatcher> grammar = nullptr;
 };
 
