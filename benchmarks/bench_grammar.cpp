@@ -320,7 +320,7 @@ void bench_engine(const std::string& model_path, int props, int reps, int thread
 
 int main(int argc, char** argv) {
     int reps = 5, walks = 20, props = 200, threads = 2;
-    bool props_only = false, engine_only = false;
+    bool props_only = false, engine_only = false, floor_only = false;
     std::string json_file, shared = default_shared(), model = default_model();
     for (int i = 1; i < argc; ++i) {
         auto arg = [&](const char* name) { return std::strcmp(argv[i], name) == 0 && i + 1 < argc; };
@@ -342,6 +342,8 @@ int main(int argc, char** argv) {
             props_only = true;
         else if (std::strcmp(argv[i], "--engine-only") == 0)
             engine_only = true;
+        else if (std::strcmp(argv[i], "--floor-only") == 0)  // the full trie walk only (A/B of the walk)
+            floor_only = true;
         else {
             fmt::print(stderr,
                        "usage: {} [--reps 5] [--walks 20] [--props 200] [--props-only] [--engine-only] "
@@ -374,7 +376,7 @@ int main(int argc, char** argv) {
             double t0 = now_us();
             const auto v = make_token_vocab(*tok);
             const double build_ms = (now_us() - t0) * 1e-3;
-            bench_props(file, v, props, reps, results);
+            if (!floor_only) bench_props(file, v, props, reps, results);
             if (props_only) continue;
             // The floor: every token allowed and walked (no plain-string shortcut), and the mask words alone.
             Stats floor_walk, floor_words;
@@ -406,7 +408,7 @@ int main(int argc, char** argv) {
                                     {"trie_nodes", v->trie().byte.size()},
                                     {"nonplain_trie_nodes", v->nonplain_trie().byte.size()},
                                     {"full_walk_us", floor_walk.pct(0.5)}};
-            for (Kind& k : kinds) {
+            for (Kind& k : floor_only ? std::vector<Kind>{} : kinds) {
                 const auto g = Grammar::compile(k.spec);
                 const std::vector<int32_t> ids = greedy(*v, k.doc);
                 {  // finishing mode halfway through the document: distance() and the finishing mask, first and again

@@ -173,7 +173,7 @@ int32_t token_transition(DfaCache& dc, const Nfa& n, int32_t start, const std::s
 // (v: the transition's (target + 1) << 1 | complete); the subtree below it is skipped when the target
 // is none (complete, nothing can follow: no longer token fits).
 template <class OnNode>
-void walk_trie(DfaCache& dc, const Nfa& n, const grammar_detail::Trie& t, int32_t start, Scratch& sc,
+[[gnu::always_inline]] inline void walk_trie(DfaCache& dc, const Nfa& n, const grammar_detail::Trie& t, int32_t start, Scratch& sc,
                OnNode&& on_node) {
     if (sc.levels.size() < size_t(t.max_depth) + 1) sc.levels.resize(size_t(t.max_depth) + 1);
     sc.levels[0] = start;
@@ -199,10 +199,11 @@ void walk_trie(DfaCache& dc, const Nfa& n, const grammar_detail::Trie& t, int32_
 // The mask: the bit of every token at a reached node.
 void walk(DfaCache& dc, const Nfa& n, const grammar_detail::Trie& t, int32_t start, std::span<uint32_t> words,
           Scratch& sc) {
-    walk_trie(dc, n, t, start, sc, [&](uint32_t i, int32_t) {
+    uint32_t* const w = words.data();
+    walk_trie(dc, n, t, start, sc, [&t, w](uint32_t i, int32_t) {
         for (uint32_t k = t.tok_off[i]; k < t.tok_off[i + 1]; ++k) {
             const int32_t id = t.toks[k];
-            words[size_t(id / 32)] |= 1u << (id % 32);
+            w[size_t(id / 32)] |= 1u << (id % 32);
         }
     });
 }
