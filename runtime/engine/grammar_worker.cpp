@@ -55,7 +55,10 @@ bool MaskWorker::ready(int64_t seq, int64_t generation, Clock::time_point deadli
     if (!job) return true;  // take() computes it (nothing to wait for)
     if (job->done) return true;
     const auto t0 = Clock::now();
-    done_cv_.wait_until(lock, deadline, [&] { return job->done; });
+    if (deadline == Clock::time_point::max())  // (no deadline arithmetic near the clock's end)
+        done_cv_.wait(lock, [&] { return job->done; });
+    else
+        done_cv_.wait_until(lock, deadline, [&] { return job->done; });
     ++stats_.waited;
     stats_.wait_s += std::chrono::duration<double>(Clock::now() - t0).count();
     return job->done;
