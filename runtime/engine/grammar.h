@@ -286,6 +286,7 @@ public:
     // iff complete(). If nothing at all would be allowed (cannot happen for a well-formed grammar) the end ids are set.
     void fill_mask(std::span<uint32_t> words) const;
     bool accept(int32_t id);  // advances by the token; false (state unchanged) if the token was not allowed
+    const TokenVocab& vocab() const { return *vocab_; }
     bool complete() const { return complete_; }                       // the bytes so far are a whole match
     bool finished() const { return complete_ && live_.size() == 0; }  // complete() and no byte can follow
 

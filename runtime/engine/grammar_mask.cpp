@@ -157,8 +157,24 @@ int32_t transition(DfaCache& dc, const Nfa& n, int32_t id, uint8_t b, Scratch& s
     return dc.trans[at];
 }
 
-void walk(DfaCache& dc, const Nfa& n, const grammar_detail::Trie& t, int32_t start, std::span<uint32_t> words,
-          Scratch& sc) {
+// One token's bytes from set `start`: (target + 1) << 1 | complete, as transition() for a byte.
+int32_t token_transition(DfaCache& dc, const Nfa& n, int32_t start, const std::string& bytes, Scratch& sc) {
+    int32_t at = start, last = 0;
+    for (char c : bytes) {
+        if (at < 0) break;
+        last = transition(dc, n, at, uint8_t(c), sc);
+        at = (last >> 1) - 1;
+    }
+    return last;
+}
+
+// The vocabulary-trie walk every mask shares: preorder from set `start`, one set per depth, a subtree
+// skipped at its first byte that leads nowhere. on_node(node, v) sees each node some byte path reaches
+// (v: the transition's (target + 1) << 1 | complete); the subtree below it is skipped when the target
+// is none (complete, nothing can follow: no longer token fits).
+template <class OnNode>
+[[gnu::always_inline]] inline void walk_trie(DfaCache& dc, const Nfa& n, const grammar_detail::Trie& t, int32_t start, Scratch& sc,
+               OnNode&& on_node) {
     if (sc.levels.size() < size_t(t.max_depth) + 1) sc.levels.resize(size_t(t.max_depth) + 1);
     sc.levels[0] = start;
     const uint32_t nodes = uint32_t(t.byte.size());
@@ -170,17 +186,26 @@ void walk(DfaCache& dc, const Nfa& n, const grammar_detail::Trie& t, int32_t sta
             i = t.end[i];
             continue;
         }
-        for (uint32_t k = t.tok_off[i]; k < t.tok_off[i + 1]; ++k) {
-            const int32_t id = t.toks[k];
-            words[size_t(id / 32)] |= 1u << (id % 32);
-        }
-        if (target < 0) {  // complete and nothing can follow: no longer token fits
+        on_node(i, v);
+        if (target < 0) {
             i = t.end[i];
             continue;
         }
         sc.levels[size_t(d)] = target;
         ++i;
     }
+}
+
+// The mask: the bit of every token at a reached node.
+void walk(DfaCache& dc, const Nfa& n, const grammar_detail::Trie& t, int32_t start, std::span<uint32_t> words,
+          Scratch& sc) {
+    uint32_t* const w = words.data();
+    walk_trie(dc, n, t, start, sc, [&t, w](uint32_t i, int32_t) {
+        for (uint32_t k = t.tok_off[i]; k < t.tok_off[i + 1]; ++k) {
+            const int32_t id = t.toks[k];
+            w[size_t(id / 32)] |= 1u << (id % 32);
+        }
+    });
 }
 
 // Bytes of the shortest completion from set `id`: the least over its configurations of the sum of
@@ -206,33 +231,17 @@ int32_t distance(DfaCache& dc, const Nfa& n, int32_t id, Scratch&) {
 }
 
 // The distinct sets one token leads to from set `start` (the trie walk of walk(), recording each
-// token's target instead of its bit); whether some token completes the output.
+// token's target instead of its bit: walk_trie with another visitor); whether some token completes the output.
 bool token_targets(DfaCache& dc, const Nfa& n, const grammar_detail::Trie& t, int32_t start,
                    std::vector<int32_t>& out, Scratch& sc) {
-    if (sc.levels.size() < size_t(t.max_depth) + 1) sc.levels.resize(size_t(t.max_depth) + 1);
-    sc.levels[0] = start;
     bool completes = false;
     out.clear();
-    const uint32_t nodes = uint32_t(t.byte.size());
-    for (uint32_t i = 1; i < nodes;) {
-        const int d = t.depth[i];
-        const int32_t v = transition(dc, n, sc.levels[size_t(d - 1)], t.byte[i], sc);
+    walk_trie(dc, n, t, start, sc, [&](uint32_t i, int32_t v) {
+        if (t.tok_off[i] == t.tok_off[i + 1]) return;
+        completes |= (v & 1) != 0;
         const int32_t target = (v >> 1) - 1;
-        if (target < 0 && !(v & 1)) {
-            i = t.end[i];
-            continue;
-        }
-        if (t.tok_off[i] != t.tok_off[i + 1]) {
-            completes |= (v & 1) != 0;
-            if (target >= 0 && std::find(out.begin(), out.end(), target) == out.end()) out.push_back(target);
-        }
-        if (target < 0) {
-            i = t.end[i];
-            continue;
-        }
-        sc.levels[size_t(d)] = target;
-        ++i;
-    }
+        if (target >= 0 && std::find(out.begin(), out.end(), target) == out.end()) out.push_back(target);
+    });
     return completes;
 }
 
@@ -364,12 +373,7 @@ void GrammarMatcher::fill_mask_within(std::span<uint32_t> words, int64_t tokens_
                 any = true;
                 continue;
             }
-            int32_t at = start, last = 0;
-            for (char c : v.bytes(id)) {
-                if (at < 0) break;
-                last = transition(dc, n, at, uint8_t(c), sc);
-                at = (last >> 1) - 1;
-            }
+            const int32_t last = token_transition(dc, n, start, v.bytes(id), sc), at = (last >> 1) - 1;
             // Bytes bound tokens from above where every byte is a token: the search only near the end.
             const bool keep = (last & 1) ||
                               (at >= 0 && need >= 1 &&
@@ -404,12 +408,7 @@ void GrammarMatcher::fill_mask_finishing(std::span<uint32_t> words) const {
         for (uint32_t bits = words[w]; bits != 0; bits &= bits - 1) {
             const int32_t id = int32_t(w * 32) + __builtin_ctz(bits);
             if (v.is_end(id)) continue;
-            int32_t at = start, last = 0;
-            for (char c : v.bytes(id)) {
-                if (at < 0) break;
-                last = transition(dc, n, at, uint8_t(c), sc);
-                at = (last >> 1) - 1;
-            }
+            const int32_t last = token_transition(dc, n, start, v.bytes(id), sc), at = (last >> 1) - 1;
             const bool keep = (last & 1) || (at >= 0 && ::lattice::distance(dc, n, at, sc) < here);
             if (!keep) words[w] &= ~(1u << (id % 32));
         }

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "runtime/engine/grammar.h"
+#include "runtime/engine/grammar_worker.h"
 
 namespace lattice {
 
@@ -38,7 +40,8 @@ int64_t StepCost::tokens_within(double seconds) const {
     return room < 1 ? 0 : int64_t(std::min(room, 1e9));
 }
 
-Scheduler::Scheduler(const SchedulerOptions& opt, BlockPool& pool) : opt_(opt), kv_(pool) {
+Scheduler::Scheduler(const SchedulerOptions& opt, BlockPool& pool)
+    : opt_(opt), kv_(pool), masks_(std::make_unique<MaskWorker>()) {
     LATTICE_CHECK(
         opt_.step_tokens >= 1 && opt_.max_seqs >= 1 && opt_.max_seq >= 1 && opt_.micro_batches >= 1 &&
             opt_.vocab >= 1 && (opt_.step_capacity == 0 || opt_.step_capacity >= opt_.step_tokens),
@@ -49,6 +52,8 @@ Scheduler::Scheduler(const SchedulerOptions& opt, BlockPool& pool) : opt_(opt), 
                   "--max-itl-ms must be >= 0 (0: no latency target), got {} ms; min chunk {} must be >= 1",
                   opt_.max_itl_s * 1e3, opt_.min_chunk);
 }
+
+Scheduler::~Scheduler() = default;
 
 int64_t Scheduler::waiting() const {
     int64_t n = 0;
@@ -95,6 +100,8 @@ int64_t Scheduler::add(EngineRequest req) {
         finish(s, FinishReason::kLength, finished_, -1, 0);
     else if (s.prompt_len >= opt_.max_seq)
         finish(s, FinishReason::kLength, finished_, -1, 0);  // the context is full
+    else if (s.req.grammar)  // the first mask, computed while the prompt waits and is computed
+        masks_->request(id, 0, *s.req.grammar, s.req.max_new_tokens);
     return id;
 }
 
@@ -121,6 +128,7 @@ std::vector<Scheduler::Seq*> Scheduler::by_priority() {
 
 void Scheduler::release(Seq& s) {
     kv_.free(s.id);
+    if (s.req.grammar) masks_->forget(s.id);
     released_.push_back(s.id);
 }
 
@@ -146,27 +154,28 @@ bool Scheduler::ensure_blocks(Seq& s, int64_t positions, const std::vector<int64
     return true;
 }
 
-namespace {
-// Tokens left below which the mask keeps only tokens after which the grammar can still be completed in
-// the tokens that remain (counted in this vocabulary's tokens: GrammarMatcher::min_remaining_tokens).
-// Above it the plain mask: no single token lengthens the shortest completion by 256 tokens.
-constexpr int64_t kFinishWindow = 256;
-}  // namespace
-
-// Structured output: the tokens the grammar of s allows, as the plan's next mask.
+// Structured output: the tokens the grammar of s allows, as the plan's next mask (grammar_worker.h: computed
+// on the mask thread since s's last token was accepted; the callers checked mask_ready()).
 void Scheduler::add_mask(StepPlan& p, Seq& s) const {
     const size_t words = size_t((opt_.vocab + 31) / 32);
     p.mask_width = int32_t(words);
     p.masks.resize(p.masks.size() + words);
     const std::span<uint32_t> mask(p.masks.data() + p.masks.size() - words, words);
-    // Near max_tokens, only tokens after which the output can still end well-formed within the tokens
-    // left: it does whenever max_tokens was at least the shortest document.
-    const int64_t left = s.req.max_new_tokens - s.generated();
-    if (left <= kFinishWindow)
-        s.req.grammar->fill_mask_within(mask, left);
-    else
-        s.req.grammar->fill_mask(mask);
+    masks_->take(s.id, s.generated(), *s.req.grammar, s.req.max_new_tokens - s.generated(), mask);
     p.seqs.back().masked = true;
+}
+
+// Whether a step may sample s now: it has no grammar, or its next mask is done (waiting for it until the
+// step's mask deadline at most). Else s sits this step out (the others do not wait for its mask).
+bool Scheduler::mask_ready(Building& b, const Seq& s) {
+    if (!s.req.grammar || masks_->ready(s.id, s.generated(), b.mask_deadline)) return true;
+    b.mask_skipped = true;
+    ++stats_.mask_skips;
+    return false;
+}
+
+MaskWorker& Scheduler::mask_worker() {
+    return *masks_;
 }
 
 // n tokens of s (from its first not computed) and its drafts into the plan.
@@ -229,6 +238,7 @@ void Scheduler::take_decodes(Building& b, const std::vector<Seq*>& order) {
         if (!ready(s) || int64_t(s.tokens.size()) - s.computed != 1) continue;
         const bool tail = s.computed < s.prompt_len;  // not a sampled token: a prompt's last
         if (tail && b.prompt_tails >= opt_.step_tokens) continue;
+        if (!mask_ready(b, s)) continue;
         // Drafts take room the prompt budget leaves in the step (beside a decode token for every
         // running sequence that may still come).
         const int64_t decode_rows = (opt_.max_seqs + opt_.micro_batches - 1) / opt_.micro_batches;
@@ -254,7 +264,8 @@ void Scheduler::take_chunks(Building& b, const std::vector<Seq*>& order) {
         if (b.budget < 1) break;
         const int64_t left = int64_t(s.tokens.size()) - s.computed;
         if (!ready(s) || left <= 1) continue;
-        const int64_t n = std::min(left, b.budget);
+        int64_t n = std::min(left, b.budget);
+        if (n == left && !mask_ready(b, s)) --n;  // its last token (and the sample) once the mask is done
         if (ensure_blocks(s, s.computed + n, b.in_plan)) take(b, s, n);
     }
 }
@@ -269,7 +280,8 @@ void Scheduler::admit(Building& b, const std::vector<Seq*>& order, int64_t n_run
         const int64_t cached = kv_.admit_prefix(s.id, s.tokens, s.req.lora_key);
         s.computed += cached;
         stats_.cached_tokens += cached;
-        const int64_t n = std::min<int64_t>(int64_t(s.tokens.size()) - s.computed, b.budget);
+        int64_t n = std::min<int64_t>(int64_t(s.tokens.size()) - s.computed, b.budget);
+        if (n > 1 && n == int64_t(s.tokens.size()) - s.computed && !mask_ready(b, s)) --n;  // (as take_chunks)
         if (!ensure_blocks(s, s.computed + n, b.in_plan)) {
             kv_.free(s.id);  // undo the prefix hits: try again when blocks free up
             stats_.cached_tokens -= s.computed;
@@ -301,6 +313,10 @@ StepPlan Scheduler::next(int64_t number) {
     b.cap = opt_.micro_batches > 1 ? std::max<int64_t>(1, (active + opt_.micro_batches - 1) / opt_.micro_batches)
                                    : opt_.max_seqs;
     const std::vector<Seq*> order = by_priority();
+    // Masks not done by a small share of the step's predicted time keep only their own sequence waiting.
+    const double predicted = cost_.ready() ? cost_.a() + cost_.b() * double(std::max<int64_t>(1, n_running)) : 0;
+    const std::chrono::duration<double> wait(std::max(kMaskWaitMin_s, kMaskWaitShare * predicted));
+    b.mask_deadline = SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(wait);
     take_decodes(b, order);
     int64_t step_tokens = opt_.step_tokens;  // the prompt budget, less where a latency target binds
     if (opt_.max_itl_s > 0 && b.decodes > 0 && cost_.ready())
@@ -309,6 +325,12 @@ StepPlan Scheduler::next(int64_t number) {
     b.budget = std::min(step_tokens - b.prompt_tails, step_capacity() - b.decodes - b.prompt_tails - b.drafted);
     take_chunks(b, order);
     admit(b, order, n_running);
+    const bool in_flight =
+        std::any_of(seqs_.begin(), seqs_.end(), [](const auto& e) { return e.second.inflight > 0; });
+    if (b.p.seqs.empty() && b.mask_skipped && !in_flight) {  // nothing to run or complete: wait for the masks
+        b.mask_deadline = SteadyClock::time_point::max();
+        take_decodes(b, order);
+    }
     if (!b.p.seqs.empty()) b.p.released = std::exchange(released_, {});
     stats_.peak_blocks = std::max(stats_.peak_blocks, kv_.pool().num_used());
     return std::move(b.p);
@@ -375,10 +397,13 @@ bool Scheduler::append(Seq& s, const SampledToken& st, std::vector<TokenEvent>& 
     }
     const double queued = s.generated() == 1 ? s.queue_seconds : -1;  // (finish may drop s)
     const int64_t cached = s.generated() == 1 ? s.cached_prompt : -1;
-    if (why != FinishReason::kNone)
+    if (why != FinishReason::kNone) {
         finish(s, why, out, st.token, st.logprob);
-    else
+    } else {
         out.push_back(TokenEvent{s.id, st.token, st.logprob, FinishReason::kNone});
+        if (s.req.grammar)  // the next mask, beside the next step
+            masks_->request(s.id, s.generated(), *s.req.grammar, s.req.max_new_tokens - s.generated());
+    }
     out.back().queue_seconds = queued;
     out.back().cached_tokens = cached;
     out.back().grammar_end = grammar_end;

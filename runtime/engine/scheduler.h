@@ -30,7 +30,11 @@
 //    that nothing in flight uses is preempted: its blocks return to the pool, its tokens (prompt and
 //    generated so far) are recomputed when it is admitted again. Never a crash, never a truncation;
 //  - prefix caching: an admitted prompt reuses cached full blocks of an identical prefix (at least
-//    its last token is always computed, for its logits); full blocks are cached as they complete.
+//    its last token is always computed, for its logits); full blocks are cached as they complete;
+//  - structured output: a sequence's next mask is computed on the MaskWorker's thread
+//    (grammar_worker.h) from the moment its token is accepted; a step waits for a mask at most
+//    kMaskWaitShare of its predicted time, then runs without that sequence (its prompt's last token
+//    held back too), so a slow mask delays its own sequence only; a step with nothing else waits for it.
 // Speculative decoding (spec_tokens > 0): a decoding sequence's step feeds its last token and up to
 // spec_tokens prompt-lookup drafts; the accepted ones and one more come back at once (their K/V stay,
 // the rest is overwritten later: computed falls back to the accepted length), each through the stop
@@ -60,6 +64,7 @@
 namespace lattice {
 
 class GrammarMatcher;
+class MaskWorker;
 
 enum class FinishReason : uint8_t {
     kNone = 0,
@@ -94,9 +99,10 @@ struct EngineRequest {
     // Structured output (runtime/engine/grammar.h): the sequence's position in its grammar. Each step
     // that samples it carries the mask of the tokens the grammar allows; each sampled token advances
     // it; the output ends (kStop, the token shown as text) when the grammar is finished, or at an end
-    // id (eos, end of turn) once it is complete, ignore_eos or not. Once the tokens left to max_tokens
-    // come within 8 of the grammar's shortest completion, the mask keeps only tokens that shorten it,
-    // so the output still ends well-formed when max_tokens leaves room for that. One matcher per sequence.
+    // id (eos, end of turn) once it is complete, ignore_eos or not. Near max_tokens the mask keeps only
+    // tokens after which the output can still be completed in the tokens left, so it ends well-formed
+    // when max_tokens leaves room for that (grammar_worker.h: mask_for). Masks are computed on the
+    // MaskWorker's thread (a sequence whose mask is late sits the step out). One matcher per sequence.
     std::shared_ptr<GrammarMatcher> grammar = nullptr;
     // LoRA: the slot of the request's adapter on every rank (Model::set_lora; 0: the base) and its
     // identity in the prefix cache (unique per adapter load, so a slot reused by another adapter never
@@ -161,11 +167,13 @@ struct SchedulerStats {
     int64_t generated_tokens = 0;
     int64_t drafted_tokens = 0;   // speculative decoding: drafts fed
     int64_t accepted_tokens = 0;  // ... of which the sampler accepted
+    int64_t mask_skips = 0;       // steps a sequence with a grammar sat out because its mask was not done
 };
 
 class Scheduler {
 public:
     Scheduler(const SchedulerOptions& opt, BlockPool& pool);
+    ~Scheduler();
 
     // Throws Error (naming the limit) for a request that can never run; add() would take any other.
     void check(const EngineRequest& req) const;
@@ -193,6 +201,8 @@ public:
     int64_t running() const;
     const SchedulerStats& stats() const { return stats_; }
     const BlockPool& pool() const { return kv_.pool(); }
+    // Structured output's masks (runtime/engine/grammar_worker.h): its statistics; hold() for tests.
+    MaskWorker& mask_worker();
 
 private:
     struct Seq {
@@ -225,11 +235,17 @@ private:
         int64_t budget = 0;            // prompt tokens left
         int64_t cap = 0;               // sequences a step takes (a micro-batch's share)
         int64_t decodes = 0, prompt_tails = 0, drafted = 0;
+        std::chrono::steady_clock::time_point mask_deadline;  // masks not done by then: their sequence waits
+        bool mask_skipped = false;                            // some sequence did
     };
+    // How long a step waits for a pending grammar mask: this share of its predicted time (StepCost),
+    // at least kMaskWaitMin_s. A plain sequence's step grows by that much at most.
+    static constexpr double kMaskWaitShare = 0.1, kMaskWaitMin_s = 200e-6;
     static bool ready(const Seq& s) { return s.running && !s.awaiting && !s.cancelled; }
     int64_t step_capacity() const { return opt_.step_capacity > 0 ? opt_.step_capacity : opt_.step_tokens; }
     void take(Building& b, Seq& s, int64_t n, const std::vector<int32_t>& drafts = {});
     void add_mask(StepPlan& p, Seq& s) const;
+    bool mask_ready(Building& b, const Seq& s);
     void take_decodes(Building& b, const std::vector<Seq*>& order);
     void take_chunks(Building& b, const std::vector<Seq*>& order);
     void admit(Building& b, const std::vector<Seq*>& order, int64_t n_running);
@@ -248,6 +264,7 @@ private:
     std::vector<TokenEvent> finished_;
     SchedulerStats stats_;
     StepCost cost_;
+    std::unique_ptr<MaskWorker> masks_;
 };
 
 }  // namespace lattice
