@@ -24,6 +24,9 @@ struct RopeScaling {
     int64_t original_max_position = 8192;
 };
 
+// The gated MLP's activation (config.json hidden_act / hidden_activation): SwiGLU or GeGLU (tanh GELU).
+enum class HiddenAct : uint8_t { kSilu, kGeluTanh };
+
 struct ModelConfig {
     std::string source;  // file the config came from (for error messages)
     std::string architecture = "LlamaForCausalLM";  // HF class name (config.json architectures[0])
@@ -34,6 +37,19 @@ struct ModelConfig {
     int64_t sliding_window = 0;
     // The window limits the layers >= window_layer_begin only (Qwen2's max_window_layers); 0: all.
     int64_t window_layer_begin = 0;
+    // Interleaved local / global attention (Gemma 2: 2, Gemma 3: 6): with a window, layer l is global (full
+    // attention) when (l + 1) % window_pattern == 0 and windowed otherwise; 0: window_layer_begin's rule.
+    int64_t window_pattern = 0;
+    // The forward's per-family values (0: the plain Llama behaviour), set from config.json by the family's
+    // entry: the rope base of the windowed layers (Gemma 3's rope_local_base_freq, unscaled), the attention
+    // scale (query_pre_attn_scalar^-0.5), soft-caps of the attention scores and of the final logits.
+    double rope_local_theta = 0;
+    double query_pre_attn_scalar = 0;
+    double attn_softcap = 0;
+    double final_softcap = 0;
+    HiddenAct hidden_act = HiddenAct::kSilu;
+    // MoE: the top-k router weights renormalized to sum 1 (Mixtral always; Qwen3-MoE's norm_topk_prob).
+    bool moe_renormalize = true;
     int64_t hidden = 0;
     int64_t intermediate = 0;  // FFN channels (of each expert in a MoE family)
     // Mixture of experts (families with Architecture::moe): experts per layer (num_local_experts) and
@@ -57,6 +73,13 @@ struct ModelConfig {
     int64_t q_dim() const { return n_heads * head_dim; }
     int64_t kv_dim() const { return n_kv_heads * head_dim; }
     bool is_moe() const { return n_experts > 0; }
+    // Whether layer l's attention is limited to the sliding window (window_layer_begin / window_pattern).
+    bool layer_windowed(int64_t l) const {
+        if (sliding_window <= 0) return false;
+        return window_pattern > 0 ? (l + 1) % window_pattern != 0 : l >= window_layer_begin;
+    }
+    // The softmax scale of attention scores: query_pre_attn_scalar^-0.5, else head_dim^-0.5.
+    double attention_scale() const;
     // What the layout rules (parallel/world_config.h) need to know.
     ModelDims dims() const {
         return {n_layers, n_heads, n_kv_heads, intermediate, vocab, source, hidden, head_dim, tie_embeddings,
@@ -70,8 +93,9 @@ struct ModelConfig {
     int64_t active_parameter_count() const;
     double parameter_count_estimate() const;
     bool is_eos(int64_t id) const;
-    // Per-pair inverse frequencies [head_dim/2] with rope scaling applied (HF semantics).
-    std::vector<float> rope_inv_freq() const;
+    // Per-pair inverse frequencies [head_dim/2] with rope scaling applied (HF semantics); local: those of
+    // the windowed layers (rope_local_theta, unscaled) where the family has a local base.
+    std::vector<float> rope_inv_freq(bool local = false) const;
 };
 
 // Parses a Hugging Face config.json of a family in the architecture table. Throws Error naming the
