@@ -76,7 +76,9 @@ void add_qwen(std::vector<Architecture>& t) {
 
     // Qwen3: no biases; q and k normed per head (RMSNorm over head_dim, one weight for every head) after
     // their projections and before RoPE (transformers' Qwen3Attention q_norm / k_norm).
+    // llama.cpp's "qwen3" keeps q/k rows in HF order (NEOX rope) and names the norms attn_{q,k}_norm.
     Architecture qwen3 = qwen_base("qwen3", "Qwen3ForCausalLM");
+    qwen3.gguf_name = "qwen3";
     qwen3.qk_norm = true;
     qwen3.tensors = dense_tensors(false);
     for (const TensorSpec& s : qk_norm_tensors()) qwen3.tensors.push_back(s);

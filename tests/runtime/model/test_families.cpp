@@ -16,11 +16,13 @@
 
 #include "base/convert.h"
 #include "base/error.h"
+#include "runtime/weights/safetensors.h"
 #include "runtime/arch/architecture.h"
 #include "runtime/arch/config.h"
 #include "runtime/model/rank_weights.h"
 #include "runtime/weights/tensor_source.h"
 #include "tests/runtime/model/golden.h"
+#include "tests/runtime/weights/gguf_builder.h"
 #include "tests/test_temp_dir.h"
 
 using namespace lattice;
@@ -223,4 +225,60 @@ TEST_CASE("the block families' configs: their options parsed, their variants ref
     m["decoder_sparse_step"] = 1;
     m["mlp_only_layers"] = {0};
     CHECK(refusal(m).find("mlp_only_layers [0] unsupported") != std::string::npos);
+}
+
+TEST_CASE("qwen3 from GGUF (llama.cpp's qwen3 names, q/k norms, q/k rows in HF order) equals its HF load") {
+    // The families/qwen3 weights written as llama.cpp writes Qwen3 (no window: llama.cpp's qwen3 has none),
+    // against the HF folder with its window switched off: the same forward over the same values.
+    const std::string dir = golden_dir("families/qwen3");
+    std::ifstream cf(dir + "/config.json");
+    nlohmann::json j = nlohmann::json::parse(cf);
+    j["use_sliding_window"] = false;
+    TempDir tmp;
+    fs::create_directories(tmp.path / "hf");
+    std::ofstream(tmp.path / "hf" / "config.json") << j.dump();
+    fs::create_symlink(dir + "/model.safetensors", tmp.path / "hf" / "model.safetensors");
+    const ModelConfig c = parse_hf_config(j.dump(), "qwen3");
+    test::GgufBuilder b;
+    b.kv_str("general.architecture", "qwen3");
+    b.kv_u32("qwen3.context_length", uint32_t(c.max_position));
+    b.kv_u32("qwen3.embedding_length", uint32_t(c.hidden));
+    b.kv_u32("qwen3.feed_forward_length", uint32_t(c.intermediate));
+    b.kv_u32("qwen3.block_count", uint32_t(c.n_layers));
+    b.kv_u32("qwen3.attention.head_count", uint32_t(c.n_heads));
+    b.kv_u32("qwen3.attention.head_count_kv", uint32_t(c.n_kv_heads));
+    b.kv_u32("qwen3.attention.key_length", uint32_t(c.head_dim));
+    b.kv_u32("qwen3.attention.value_length", uint32_t(c.head_dim));
+    b.kv_f32("qwen3.rope.freq_base", float(c.rope_theta));
+    b.kv_f32("qwen3.attention.layer_norm_rms_epsilon", float(c.rms_eps));
+    SafetensorsFile st(dir + "/model.safetensors");
+    const Architecture& arch = find_architecture("qwen3");
+    int written = 0;
+    for (const TensorSpec& t : arch.tensors)
+        for (int64_t l = 0; l < (t.per_layer ? c.n_layers : 1); ++l) {
+            const std::string hf = t.per_layer ? "model.layers." + std::to_string(l) + "." + t.hf : t.hf;
+            const SafetensorsEntry* e = st.find(hf);
+            if (!e) continue;  // (the tied head)
+            std::vector<uint64_t> ne(e->shape.rbegin(), e->shape.rend());
+            const uint8_t* p = st.bytes(*e);
+            b.tensor(t.per_layer ? "blk." + std::to_string(l) + "." + t.gguf : t.gguf, 1 /* F16 */, ne,
+                     std::vector<uint8_t>(p, p + (e->end - e->begin)));
+            ++written;
+        }
+    CHECK(written == int(st.entries().size()));
+    const std::vector<uint8_t> img = b.build();
+    std::ofstream(tmp.path / "qwen3.gguf", std::ios::binary).write(reinterpret_cast<const char*>(img.data()),
+                                                                    std::streamsize(img.size()));
+    auto gguf = open_model((tmp.path / "qwen3.gguf").string());
+    CHECK(gguf->config().family == "qwen3");
+    auto hf = open_model((tmp.path / "hf").string());
+    const std::vector<int32_t> prompt = load_golden("families/qwen3").front().prompt;
+    auto logits = [&](const TensorSource& src) {
+        CpuBackend be(CpuBackendOptions{1, false, false});
+        Model model(src, be, ModelOptions{}, nullptr);
+        return make_local_engine(model)->score(prompt);
+    };
+    const std::vector<float> a = logits(*gguf), want = logits(*hf);
+    REQUIRE(a.size() == want.size());
+    CHECK(rel_error(a.data(), want.data(), a.size()) == 0.0);
 }
