@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the fixtures of the families built from lattice's shared blocks beyond Llama's skeleton
-(tests/runtime/model/families/{qwen3,gemma2,gemma3,qwen3-moe}): a tiny random checkpoint each (Hugging
+(tests/runtime/model/families/{qwen3,gemma2,gemma3,phi3,qwen3-moe}): a tiny random checkpoint each (Hugging
 Face safetensors + config.json), the reference logits of every prompt position and 12 greedy tokens from
 an independent float64 NumPy forward written from the semantics of transformers' modeling code (not from
 lattice's):
@@ -23,6 +23,10 @@ lattice's):
   without soft-caps (null in the config), with q_norm / k_norm (Gemma3RMSNorm, (1 + w)) per head before
   RoPE; layer i windowed when (i + 1) % sliding_window_pattern != 0, its RoPE from rope_local_base_freq
   (unscaled), the global layers' from rope_theta with rope_scaling (linear: inv_freq / factor).
+  Phi3ForCausalLM (models/phi3/modeling_phi3.py): Llama's layer (RMSNorm, SwiGLU) over fused
+  projections: qkv = qkv_proj(x), q = qkv[:, :nq*hd], k = the next nkv*hd, v = the rest;
+  gate, up = gate_up_proj(x).chunk(2) (gate first), mlp = down(silu(gate) * up); the sliding window
+  in every layer.
 RoPE everywhere: rotate_half (pairs i, i + d/2), inv_freq = base^(-2i/d); GQA by repeat_kv.
 
 Weights are float16 values stored F16 (norms too), so the checkpoint holds exactly the values the
@@ -74,6 +78,10 @@ def specs():
                                attn_logit_softcapping=None, final_logit_softcapping=None,
                                rope_theta=1000000.0, rope_local_base_freq=10000.0,
                                rope_scaling={"rope_type": "linear", "factor": 4.0})},
+        {"name": "phi3", "seed": 35, "prompts": [long_prompt, [1, 9, 33, 70, 12, 9, 4, 51]],
+         "config": base_config("phi3", "Phi3ForCausalLM", hidden_act="silu", sliding_window=5,
+                               original_max_position_embeddings=128, tie_word_embeddings=False,
+                               rope_theta=10000.0)},
         {"name": "qwen3-moe", "seed": 34, "prompts": [long_prompt, [1, 5, 88, 31, 90, 64, 7]],
          "config": base_config("qwen3_moe", "Qwen3MoeForCausalLM", hidden_act="silu", num_experts=8,
                                num_experts_per_tok=3, moe_intermediate_size=16, norm_topk_prob=True,
@@ -121,6 +129,10 @@ def make_weights(cfg, rng):
         w[p + "mlp.gate_proj.weight"] = rnd((F, H), 1.0 / np.sqrt(H))
         w[p + "mlp.up_proj.weight"] = rnd((F, H), 1.0 / np.sqrt(H))
         w[p + "mlp.down_proj.weight"] = rnd((H, F), 1.0 / np.sqrt(F))
+        if cfg["model_type"] == "phi3":  # Phi-3's checkpoint holds them fused: q|k|v and gate|up rows
+            w[p + "self_attn.qkv_proj.weight"] = np.concatenate(
+                [w.pop(p + f"self_attn.{n}_proj.weight") for n in ("q", "k", "v")])
+            w[p + "mlp.gate_up_proj.weight"] = np.concatenate([w.pop(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")])
     return w
 
 
@@ -156,6 +168,8 @@ def windowed(cfg, l):
         return (l + 1) % 2 != 0
     if mt == "gemma3_text":
         return (l + 1) % cfg["sliding_window_pattern"] != 0
+    if mt == "phi3":
+        return cfg.get("sliding_window") is not None
     return cfg.get("use_sliding_window", False) and l >= cfg.get("max_window_layers", 28)
 
 
@@ -164,9 +178,15 @@ def attention(cfg, W, p, x, l, pos):
     nq, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     mt, eps = cfg["model_type"], cfg["rms_norm_eps"]
     gemma = mt.startswith("gemma")
-    q = (x @ W[p + "self_attn.q_proj.weight"].T).reshape(T, nq, hd)
-    k = (x @ W[p + "self_attn.k_proj.weight"].T).reshape(T, nkv, hd)
-    v = (x @ W[p + "self_attn.v_proj.weight"].T).reshape(T, nkv, hd)
+    if mt == "phi3":  # Phi3Attention: one qkv_proj, sliced q | k | v
+        qkv = x @ W[p + "self_attn.qkv_proj.weight"].T
+        q = qkv[:, : nq * hd].reshape(T, nq, hd)
+        k = qkv[:, nq * hd: (nq + nkv) * hd].reshape(T, nkv, hd)
+        v = qkv[:, (nq + nkv) * hd:].reshape(T, nkv, hd)
+    else:
+        q = (x @ W[p + "self_attn.q_proj.weight"].T).reshape(T, nq, hd)
+        k = (x @ W[p + "self_attn.k_proj.weight"].T).reshape(T, nkv, hd)
+        v = (x @ W[p + "self_attn.v_proj.weight"].T).reshape(T, nkv, hd)
     if p + "self_attn.q_norm.weight" in W:
         q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps, gemma)
         k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps, gemma)
@@ -232,7 +252,10 @@ def forward(cfg, w, ids):
         if "num_experts" in cfg:
             h = h + moe(cfg, W, p, x)
             continue
-        g, u = x @ W[p + "mlp.gate_proj.weight"].T, x @ W[p + "mlp.up_proj.weight"].T
+        if cfg["model_type"] == "phi3":  # Phi3MLP: gate_up_proj(x).chunk(2), gate first
+            g, u = np.split(x @ W[p + "mlp.gate_up_proj.weight"].T, 2, axis=-1)
+        else:
+            g, u = x @ W[p + "mlp.gate_proj.weight"].T, x @ W[p + "mlp.up_proj.weight"].T
         m = ((gelu_tanh(g) if gemma else g / (1 + np.exp(-g))) * u) @ W[p + "mlp.down_proj.weight"].T
         h = h + (rms_norm(m, W[p + "post_feedforward_layernorm.weight"], eps, True) if gemma else m)
     x = rms_norm(h, W["model.norm.weight"], eps, gemma)

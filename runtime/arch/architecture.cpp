@@ -18,6 +18,7 @@ std::vector<Architecture> make_table() {
     families::add_qwen(t);
     families::add_mixtral(t);
     families::add_gemma(t);
+    families::add_phi(t);
     return t;
 }
 

@@ -13,6 +13,7 @@ void add_llama(std::vector<Architecture>& table);    // llama, mistral
 void add_qwen(std::vector<Architecture>& table);     // qwen2, qwen3, qwen3_moe
 void add_mixtral(std::vector<Architecture>& table);  // mixtral (family_llama.cpp)
 void add_gemma(std::vector<Architecture>& table);    // gemma2, gemma3 (text)
+void add_phi(std::vector<Architecture>& table);      // phi3
 
 // Llama's skeleton (embedding, per layer RMSNorm + q/k/v/o + RMSNorm + gate/up/down, final norm, LM
 // head; HF names after "model.layers.N.", GGUF after "blk.N."), with q/k/v biases when qkv_bias and

@@ -84,7 +84,7 @@ TEST_CASE("unsupported architectures and options are refused at load, naming the
     j["model_type"] = "falcon";
     j["architectures"] = {"FalconForCausalLM"};
     CHECK(refusal(j).find("architecture 'falcon' is not supported; supported: llama, mistral, qwen2, qwen3, "
-                          "qwen3_moe, mixtral, gemma2, gemma3") != std::string::npos);
+                          "qwen3_moe, mixtral, gemma2, gemma3, phi3") != std::string::npos);
     j.erase("model_type");  // the class name alone
     CHECK(refusal(j).find("architecture 'FalconForCausalLM' is not supported") != std::string::npos);
     // Families that need blocks lattice lacks are refused naming the reason.
@@ -214,6 +214,16 @@ TEST_CASE("the block families' configs: their options parsed, their variants ref
             ++qk;
         }
     CHECK(qk == 2 * c.n_layers);
+
+    nlohmann::json p3 = config_of("phi3");
+    c = parse_hf_config(p3.dump(), "phi3");
+    CHECK(tensor_name(c, TensorRole::kWk, 1) == "model.layers.1.self_attn.qkv_proj.weight:k");  // a fused part
+    CHECK(c.layer_windowed(0));
+    p3["partial_rotary_factor"] = 0.75;  // Phi-3.5 / Phi-4-mini
+    CHECK(refusal(p3).find("partial_rotary_factor 0.75 unsupported") != std::string::npos);
+    p3.erase("partial_rotary_factor");
+    p3["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {1.0}}};
+    CHECK(refusal(p3).find("rope_scaling type \"longrope\" unsupported") != std::string::npos);
 
     nlohmann::json m = config_of("qwen3-moe");
     c = parse_hf_config(m.dump(), "qwen3-moe");
