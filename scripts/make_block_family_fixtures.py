@@ -26,7 +26,10 @@ lattice's):
   Phi3ForCausalLM (models/phi3/modeling_phi3.py): Llama's layer (RMSNorm, SwiGLU) over fused
   projections: qkv = qkv_proj(x), q = qkv[:, :nq*hd], k = the next nkv*hd, v = the rest;
   gate, up = gate_up_proj(x).chunk(2) (gate first), mlp = down(silu(gate) * up); the sliding window
-  in every layer.
+  in every layer. With rope_scaling longrope (modeling_rope_utils.py _compute_longrope_parameters and
+  Phi3RotaryEmbedding's dynamic update): inv_freq = 1 / (ext_i * base^(2i/d)), ext the long_factor when
+  the forward's length exceeds original_max_position_embeddings (every forward here: the prompts are
+  longer), else the short_factor; cos and sin times sqrt(1 + ln(max_pos / orig) / ln(orig)).
 RoPE everywhere: rotate_half (pairs i, i + d/2), inv_freq = base^(-2i/d); GQA by repeat_kv.
 
 Weights are float16 values stored F16 (norms too), so the checkpoint holds exactly the values the
@@ -82,6 +85,13 @@ def specs():
          "config": base_config("phi3", "Phi3ForCausalLM", hidden_act="silu", sliding_window=5,
                                original_max_position_embeddings=128, tie_word_embeddings=False,
                                rope_theta=10000.0)},
+        {"name": "phi3-longrope", "seed": 36, "prompts": [long_prompt, [1, 9, 33, 70, 12, 9, 4, 51, 77, 3]],
+         "config": base_config("phi3", "Phi3ForCausalLM", hidden_act="silu", sliding_window=None,
+                               original_max_position_embeddings=8, tie_word_embeddings=False,
+                               rope_theta=10000.0,
+                               rope_scaling={"type": "longrope",
+                                             "short_factor": [round(float(x), 3) for x in rng.uniform(1, 2, 8)],
+                                             "long_factor": [round(float(x), 3) for x in rng.uniform(1, 6, 8)]})},
         {"name": "qwen3-moe", "seed": 34, "prompts": [long_prompt, [1, 5, 88, 31, 90, 64, 7]],
          "config": base_config("qwen3_moe", "Qwen3MoeForCausalLM", hidden_act="silu", num_experts=8,
                                num_experts_per_tok=3, moe_intermediate_size=16, norm_topk_prob=True,
@@ -153,6 +163,21 @@ def rope(x, pos, base, factor=1.0):
     return x * cos + rot * sin
 
 
+def longrope(x, pos, cfg):
+    # Phi-3's LongRoPE: the ext factors by the forward's length, cos / sin times the attention factor
+    rs, d = cfg["rope_scaling"], x.shape[-1]
+    orig, max_pos = cfg["original_max_position_embeddings"], cfg["max_position_embeddings"]
+    ext = np.array(rs["long_factor"] if len(pos) > orig else rs["short_factor"], dtype=np.float64)
+    inv = 1.0 / (ext * cfg["rope_theta"] ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    factor = max_pos / orig
+    af = np.sqrt(1 + np.log(factor) / np.log(orig)) if factor > 1 else 1.0
+    ang = np.outer(pos, inv)
+    cos = np.concatenate([np.cos(ang)] * 2, axis=-1)[:, None, :] * af
+    sin = np.concatenate([np.sin(ang)] * 2, axis=-1)[:, None, :] * af
+    rot = np.concatenate([-x[..., d // 2:], x[..., : d // 2]], axis=-1)
+    return x * cos + rot * sin
+
+
 def gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
@@ -196,7 +221,10 @@ def attention(cfg, W, p, x, l, pos):
     else:
         rs = cfg.get("rope_scaling") or {}
         base, factor = cfg["rope_theta"], rs.get("factor", 1.0) if rs.get("rope_type") == "linear" else 1.0
-    q, k = rope(q, pos, base, factor), rope(k, pos, base, factor)
+    if (cfg.get("rope_scaling") or {}).get("type") == "longrope":
+        q, k = longrope(q, pos, cfg), longrope(k, pos, cfg)
+    else:
+        q, k = rope(q, pos, base, factor), rope(k, pos, base, factor)
     rep = nq // nkv
     k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
     scaling = cfg["query_pre_attn_scalar"] ** -0.5 if gemma else hd ** -0.5

@@ -68,7 +68,9 @@ constexpr char kExpertMark = '*';
 struct TensorSpec {
     TensorRole role;
     bool per_layer;
-    const char* hf;    // HF name; per-layer ones after "model.layers.N."
+    const char* hf;    // HF name; per-layer ones after "model.layers.N."; "<fused>:<part>" for a part of a
+                       // checkpoint tensor that fuses several (Phi-3's qkv_proj: the HF source shows it as
+                       // its parts, row ranges in table order)
     const char* gguf;  // GGUF name; per-layer ones after "blk.N."
     TpSplit split;
     TensorGate gate;

@@ -17,6 +17,29 @@ namespace lattice {
 namespace {
 constexpr int64_t kMaxConfigBytes = 1 << 20;
 
+// Phi-3's LongRoPE: short / long factor lists, original_max_position_embeddings (top level, else in
+// rope_scaling, else max_position_embeddings) and an optional attention_factor.
+void read_longrope(const nlohmann::json& j, const nlohmann::json& rs, ModelConfig& c) {
+    const std::string& src = c.source;
+    RopeScaling& r = c.rope_scaling;
+    r.type = "longrope";
+    for (const char* key : {"short_factor", "long_factor"}) {
+        LATTICE_CHECK(rs.contains(key) && rs[key].is_array() && rs[key].size() <= 4096,
+                      "{}: rope_scaling {} must be a list of numbers", src, key);
+        auto& out = std::string(key) == "short_factor" ? r.short_factor : r.long_factor;
+        for (const auto& v : rs[key]) {
+            LATTICE_CHECK(v.is_number(), "{}: rope_scaling {} must be a list of numbers", src, key);
+            out.push_back(v.get<double>());
+        }
+    }
+    const int64_t max_pos = config_json::get_optional<int64_t>(j, "max_position_embeddings", 2048, src);
+    r.original_max_position = config_json::get_optional<int64_t>(
+        j, "original_max_position_embeddings",
+        config_json::get_optional<int64_t>(rs, "original_max_position_embeddings", max_pos, src), src);
+    r.factor = r.original_max_position > 0 ? double(max_pos) / double(r.original_max_position) : 1.0;
+    r.attention_factor = config_json::get_optional<double>(rs, "attention_factor", 0.0, src);
+}
+
 // The per-layer norm weights beyond Llama's two: QK-norm's two [head_dim], the sandwich norms' two [hidden].
 int64_t extra_norm_params(const Architecture& a, int64_t hidden, int64_t head_dim) {
     return (a.qk_norm ? 2 * head_dim : 0) + (a.sandwich_norms ? 2 * hidden : 0);
@@ -139,8 +162,10 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& src) {
         } else if (type == "linear") {
             c.rope_scaling.type = "linear";
             c.rope_scaling.factor = get_required<double>(rs, "factor", src + " rope_scaling");
+        } else if (type == "longrope" || type == "su") {
+            read_longrope(j, rs, c);
         } else {
-            LATTICE_FAIL("{}: rope_scaling type \"{}\" unsupported (llama3, linear)", src, type);
+            LATTICE_FAIL("{}: rope_scaling type \"{}\" unsupported (llama3, linear, longrope)", src, type);
         }
         bool allowed = c.rope_scaling.type.empty();
         for (const std::string& k : arch->rope_scaling) allowed = allowed || k == c.rope_scaling.type;
@@ -221,6 +246,18 @@ void ModelConfig::validate() const {
                   "{}: window pattern {}, local rope base {}, query_pre_attn_scalar {}, soft-caps {} / {} must be "
                   "finite and >= 0",
                   s, window_pattern, rope_local_theta, query_pre_attn_scalar, attn_softcap, final_softcap);
+    if (rope_scaling.type == "longrope")
+        LATTICE_CHECK(int64_t(rope_scaling.short_factor.size()) == head_dim / 2 &&
+                          int64_t(rope_scaling.long_factor.size()) == head_dim / 2 &&
+                          rope_scaling.original_max_position > 0 && std::isfinite(rope_scaling.attention_factor) &&
+                          rope_scaling.attention_factor >= 0,
+                      "{}: longrope needs {} short and long factors (head_dim / 2), got {} and {}, and "
+                      "original_max_position_embeddings {} > 0",
+                      s, head_dim / 2, rope_scaling.short_factor.size(), rope_scaling.long_factor.size(),
+                      rope_scaling.original_max_position);
+    for (const auto* list : {&rope_scaling.short_factor, &rope_scaling.long_factor})
+        for (double f : *list)
+            LATTICE_CHECK(std::isfinite(f) && f > 0, "{}: longrope factor {} must be positive and finite", s, f);
     LATTICE_CHECK(hidden_act == arch.hidden_act, "{}: architecture '{}' runs one activation, not this config's", s,
                   family);
 }
@@ -260,14 +297,26 @@ double ModelConfig::attention_scale() const {
     return 1.0 / std::sqrt(query_pre_attn_scalar > 0 ? query_pre_attn_scalar : double(head_dim));
 }
 
-std::vector<float> ModelConfig::rope_inv_freq(bool local) const {
+double ModelConfig::rope_attention_factor() const {
+    const RopeScaling& r = rope_scaling;
+    if (r.type != "longrope") return 1.0;
+    if (r.attention_factor > 0) return r.attention_factor;
+    return r.factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(r.factor) / std::log(double(r.original_max_position)));
+}
+
+std::vector<float> ModelConfig::rope_inv_freq(bool local, int64_t context) const {
     const int64_t half = head_dim / 2;
     std::vector<float> inv(static_cast<size_t>(half));
     local = local && rope_local_theta > 0;
+    const bool longrope = !local && rope_scaling.type == "longrope";
+    const std::vector<double>& ext =
+        context > rope_scaling.original_max_position ? rope_scaling.long_factor : rope_scaling.short_factor;
     for (int64_t i = 0; i < half; ++i) {
         double f = 1.0 / std::pow(local ? rope_local_theta : rope_theta, double(2 * i) / double(head_dim));
         if (local) {
             // the local layers' rope: unscaled (transformers' Gemma 3 rotary_emb_local)
+        } else if (longrope) {
+            f = 1.0 / (ext[size_t(i)] * std::pow(rope_theta, double(2 * i) / double(head_dim)));
         } else if (rope_scaling.type == "llama3") {
             // transformers' _compute_llama3_parameters
             const double low_wavelen = double(rope_scaling.original_max_position) / rope_scaling.low_freq_factor;

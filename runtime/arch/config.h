@@ -17,11 +17,16 @@ namespace lattice {
 constexpr int64_t kMaxExperts = 256;
 
 struct RopeScaling {
-    std::string type;  // "" (none), "llama3", "linear"
+    std::string type;  // "" (none), "llama3", "linear", "longrope" (also written "su")
     double factor = 1.0;
     double low_freq_factor = 1.0;
     double high_freq_factor = 4.0;
     int64_t original_max_position = 8192;
+    // longrope (Phi-3): per-pair divisors [head_dim / 2] of the frequencies, the long ones for a context past
+    // original_max_position; cos and sin times attention_factor (0: sqrt(1 + ln(factor) / ln(original)),
+    // factor = max_position / original_max_position, or 1 when that is <= 1).
+    std::vector<double> short_factor, long_factor;
+    double attention_factor = 0;
 };
 
 // The gated MLP's activation (config.json hidden_act / hidden_activation): SwiGLU or GeGLU (tanh GELU).
@@ -94,8 +99,12 @@ struct ModelConfig {
     double parameter_count_estimate() const;
     bool is_eos(int64_t id) const;
     // Per-pair inverse frequencies [head_dim/2] with rope scaling applied (HF semantics); local: those of
-    // the windowed layers (rope_local_theta, unscaled) where the family has a local base.
-    std::vector<float> rope_inv_freq(bool local = false) const;
+    // the windowed layers (rope_local_theta, unscaled) where the family has a local base. longrope: the
+    // long factors when `context` (the positions a sequence may reach) exceeds original_max_position, as
+    // llama.cpp picks them by its context (transformers picks per forward by its length).
+    std::vector<float> rope_inv_freq(bool local = false, int64_t context = 0) const;
+    // longrope's factor on cos and sin (RopeScaling::attention_factor resolved); 1 otherwise.
+    double rope_attention_factor() const;
 };
 
 // Parses a Hugging Face config.json of a family in the architecture table. Throws Error naming the

@@ -3,7 +3,9 @@
 // self_attn.qkv_proj and gate|up into mlp.gate_up_proj. The table names each part "<fused>:<part>"
 // (runtime/weights/hf_source.cpp shows the fused tensor as its parts, row ranges in table order), so a
 // TP rank reads only its own heads' and channels' rows of each. LongRoPE (rope_scaling longrope / su, the
-// 128k models) and a partial rotary factor are refused when the config is parsed.
+// 128k models): short / long factors on the frequencies, the long ones when the context exceeds
+// original_max_position_embeddings, and its attention factor (config.cpp). A partial rotary factor
+// (Phi-3.5, Phi-4-mini) is refused when the config is parsed.
 #include "runtime/arch/config_json.h"
 #include "runtime/arch/families.h"
 
@@ -19,6 +21,14 @@ void read_phi3(const nlohmann::json& j, ModelConfig& c) {
                   partial);
 }
 
+void write_phi3(const ModelConfig& c, nlohmann::json& j) {
+    const RopeScaling& r = c.rope_scaling;
+    if (r.type != "longrope") return;
+    j["rope_scaling"] = {{"type", "longrope"}, {"short_factor", r.short_factor}, {"long_factor", r.long_factor}};
+    if (r.attention_factor > 0) j["rope_scaling"]["attention_factor"] = r.attention_factor;
+    j["original_max_position_embeddings"] = r.original_max_position;
+}
+
 }  // namespace
 
 void add_phi(std::vector<Architecture>& t) {
@@ -30,6 +40,8 @@ void add_phi(std::vector<Architecture>& t) {
     phi3.sliding_window = true;
     phi3.sliding_window_honoured = true;
     phi3.read_config = read_phi3;
+    phi3.write_config = write_phi3;
+    phi3.rope_scaling = {"longrope"};
     phi3.tensors = dense_tensors(false);
     for (TensorSpec& s : phi3.tensors) {
         if (s.role == R::kWq) s.hf = "self_attn.qkv_proj.weight:q";

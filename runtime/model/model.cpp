@@ -41,7 +41,9 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
     attn_.num_blocks = 0;  // allocate_kv
     attn_.table_width = (opt_.max_seq + opt_.block_size - 1) / opt_.block_size;
     attn_.max_seq = opt_.max_seq;
-    attn_.scale = float(cfg_.attention_scale());
+    // longrope's factor on cos and sin scales q and k alike: the scores by its square.
+    const double af = cfg_.rope_attention_factor();
+    attn_.scale = float(af == 1.0 ? cfg_.attention_scale() : cfg_.attention_scale() * af * af);
     attn_.softcap = float(cfg_.attn_softcap);
     // A window as long as the context never bites: full attention (any backend); nor does one no layer
     // has (Qwen2's max_window_layers past the last layer). attention_block drops it in the global layers.
@@ -147,7 +149,7 @@ Linear Model::make_linear(HostTensor& w, QuantMode mode) {
 void Model::load(const TensorSource& src) {
     const ModelConfig& c = cfg_;
     const int64_t hd = c.head_dim;
-    std::vector<float> inv = c.rope_inv_freq();
+    std::vector<float> inv = c.rope_inv_freq(false, opt_.max_seq);
     std::vector<float> factors = src.rope_freq_factors();
     if (!factors.empty()) {
         // GGUF carries llama3 scaling as per-pair divisors of the unscaled frequencies.

@@ -3,7 +3,8 @@
 // embedding scale, GeGLU, sandwich norms, query_pre_attn_scalar, alternating windows, attention and
 // final-logit soft-caps that bind), Gemma 3 (5:1 local / global layers, local rope base, linear rope
 // scaling on the global layers, QK-norm), Phi-3 (fused qkv_proj / gate_up_proj split at load, so tp 2 reads
-// each rank's rows of every part; a window in every layer) and Qwen3-MoE (8 experts top 3, norm_topk_prob). Each fixture
+// each rank's rows of every part; a window in every layer; LongRoPE's long factors and attention factor
+// past original_max_position_embeddings) and Qwen3-MoE (8 experts top 3, norm_topk_prob). Each fixture
 // (tests/runtime/model/families/<name>, scripts/make_block_family_fixtures.py: a float64 NumPy forward
 // written from transformers' modeling code) at 1 rank, tp 2 and pp 2 (mpirun -np 2): the logits of every
 // prompt position within 1e-5 relative of the reference and every greedy token; W8A16 and W8A8 at 1 rank
@@ -23,7 +24,8 @@ namespace {
 
 const std::vector<std::string>& block_families() {
     static const std::vector<std::string> m = {"families/qwen3", "families/gemma2", "families/gemma3",
-                                               "families/phi3", "families/qwen3-moe"};
+                                               "families/phi3", "families/phi3-longrope",
+                                               "families/qwen3-moe"};
     return m;
 }
 

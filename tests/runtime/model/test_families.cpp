@@ -223,7 +223,15 @@ TEST_CASE("the block families' configs: their options parsed, their variants ref
     CHECK(refusal(p3).find("partial_rotary_factor 0.75 unsupported") != std::string::npos);
     p3.erase("partial_rotary_factor");
     p3["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {1.0}}};
-    CHECK(refusal(p3).find("rope_scaling type \"longrope\" unsupported") != std::string::npos);
+    CHECK(refusal(p3).find("longrope needs 8 short and long factors (head_dim / 2), got 1 and 1") !=
+          std::string::npos);
+    c = parse_hf_config(config_of("phi3-longrope").dump(), "phi3-longrope");
+    CHECK(c.rope_attention_factor() == doctest::Approx(std::sqrt(1 + std::log(16.0) / std::log(8.0))));
+    CHECK(c.rope_inv_freq(false, 8) != c.rope_inv_freq(false, 9));  // short factors up to 8 positions, long past
+    nlohmann::json q3l = config_of("qwen3");
+    q3l["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {1.0}}};
+    CHECK(refusal(q3l).find("rope_scaling type \"longrope\" is not supported for architecture 'qwen3'") !=
+          std::string::npos);
 
     nlohmann::json m = config_of("qwen3-moe");
     c = parse_hf_config(m.dump(), "qwen3-moe");
