@@ -131,4 +131,23 @@ LATTICE_HD float silu(float x) {
     return x / (1.0f + exp_f32(-x));
 }
 
+LATTICE_HD float tanh_f32(float x) {
+#if defined(__CUDA_ARCH__)
+    return tanhf(x);
+#else
+    return std::tanh(x);
+#endif
+}
+
+// ---- GELU (tanh approximation: Gemma's gelu_pytorch_tanh) and soft-capping -----------------
+LATTICE_HD float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+    return 0.5f * x * (1.0f + tanh_f32(k * (x + 0.044715f * x * x * x)));
+}
+
+// cap * tanh(x / cap): Gemma 2's attention scores and final logits.
+LATTICE_HD float softcap(float x, float cap) {
+    return cap * tanh_f32(x / cap);
+}
+
 }  // namespace lattice::math

@@ -16,6 +16,8 @@
 //  - when a step has fewer (run, kv head) units than twice the threads (decode of one sequence), an
 //    in-place unit is split by query heads, at the register blocks' bounds, so more threads have
 //    work: no row's arithmetic changes.
+// A soft-cap (AttentionArgs::softcap = c > 0, Gemma 2) turns each score s (q . k * scale) into
+// c * tanh(s / c) before the softmax.
 // A sliding window (AttentionArgs::window = W > 0) limits the keys of the query at position i to
 // i - W < j <= i, as transformers' Mistral does: tiles wholly before a row's window are skipped for that
 // row, and in the tile holding the window's start the positions before it get zero weight.
@@ -131,8 +133,10 @@ void attend(const Job& j, const Unit& u, Scratch& sc, int64_t j0, int64_t jn, at
         if (start >= j0 + jn) continue;  // the whole tile lies before this row's window
         const int64_t valid = std::min(jn, pos - j0 + 1), lo = std::max<int64_t>(0, start - j0);
         const int64_t r = i * u.gh;  // the token's query heads of this unit: rows r .. r + gh - 1
-        fn(sc.acc.data() + r * hd, sc.m.data() + r, sc.l.data() + r, sc.s.data(), sc.q.data() + r * hd, tile, lo,
-           valid, hd, u.gh);
+        Tile<E> t = tile;
+        t.softcap = j.a.softcap;
+        fn(sc.acc.data() + r * hd, sc.m.data() + r, sc.l.data() + r, sc.s.data(), sc.q.data() + r * hd, t, lo, valid,
+           hd, u.gh);
     }
 }
 

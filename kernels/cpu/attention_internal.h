@@ -37,6 +37,7 @@ struct Tile {
     int64_t ldv;
     const float* k_scale = nullptr;
     const float* v_scale = nullptr;
+    float softcap = 0.0f;  // AttentionArgs::softcap: scores become softcap * tanh(score / softcap); 0: none
 };
 
 // One tile for `rows` query rows (consecutive in q, acc, m, l) that share the tile's keys [lo, valid):

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kernels/common/fast_exp.h"
+#include "kernels/common/llama_math.h"
 #include "kernels/cpu/attention_internal.h"
 #include "kernels/cpu/isa_variants.h"
 
@@ -109,6 +110,8 @@ template <int R, Elem E>
 [[gnu::always_inline]] inline void rows_block(float* acc, float* m, float* l, float* s, const float* q,
                                               const Tile<E>& t, int64_t lo, int64_t valid, int64_t hd) {
     scores_rows<R, E>(s, q, t, hd);
+    if (t.softcap > 0.0f)
+        for (int j = 0; j < R * int(kTile); ++j) s[j] = math::softcap(s[j], t.softcap);
     // online softmax, one row at a time: running max, rescale, weights into s
     for (int r = 0; r < R; ++r) {
         float* sr = s + r * kTile;

@@ -248,6 +248,40 @@ void silu_mul(float* out, const float* gu, int64_t m, int64_t f, ThreadPool& poo
     });
 }
 
+void gelu_tanh_mul(float* out, const float* gu, int64_t m, int64_t f, ThreadPool& pool) {
+    pool.parallel_for(m, [&](int64_t r0, int64_t r1, int) {
+        for (int64_t r = r0; r < r1; ++r) {
+            const float *g = gu + r * 2 * f, *u = g + f;
+            float* o = out + r * f;
+            for (int64_t j = 0; j < f; ++j) o[j] = math::gelu_tanh(g[j]) * u[j];
+        }
+    });
+}
+
+void head_rmsnorm(float* qkv, int64_t m, int64_t row_stride, int64_t nq, int64_t nkv, int64_t hd, const float* q_w,
+                  const float* k_w, float eps, ThreadPool& pool) {
+    const IsaLevel l = vec_level();
+    const auto sum_squares = sum_squares_body_variants.at(l);
+    const auto scale_mul = scale_mul_body_variants.at(l);
+    const int64_t heads = nq + nkv;
+    pool.parallel_for(m * heads, [&](int64_t i0, int64_t i1, int) {
+        for (int64_t i = i0; i < i1; ++i) {
+            const int64_t h = i % heads;
+            float* x = qkv + (i / heads) * row_stride + h * hd;
+            const float inv = math::rms_inv(sum_squares(x, hd), hd, eps);
+            scale_mul(x, x, h < nq ? q_w : k_w, inv, hd);
+        }
+    });
+}
+
+void scale(float* x, int64_t n, float s) {
+    for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+void softcap(float* x, int64_t n, float cap) {
+    for (int64_t i = 0; i < n; ++i) x[i] = math::softcap(x[i], cap);
+}
+
 void add(float* out, const float* a, const float* b, int64_t n) {
     for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }

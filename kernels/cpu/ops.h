@@ -1,4 +1,4 @@
-// CPU kernels for the non-GEMM ops of the Llama forward, fp32 activations.
+// CPU kernels for the non-GEMM ops of the forward (every family's blocks), fp32 activations.
 // Layouts: activations [m, cols] row-major; qkv rows are [q heads | k heads | v heads], each head
 // head_dim contiguous; KV caches are paged: num_blocks blocks of block_size * n_kv * kv_row_bytes, position p
 // of sequence s in block block_tables[s * table_width + p / block_size]; inside a block V is rows
@@ -30,6 +30,7 @@ struct AttentionArgs {
     int64_t num_seqs, table_width;
     float scale;
     int64_t window = 0;  // sliding window W: keys positions[i] - W < j <= positions[i]; 0: all
+    float softcap = 0.0f;  // scores (q . k * scale) become softcap * tanh(score / softcap); 0: none
     DType kv_dtype = DType::kF32;  // the cache's rows: f32, f16, bf16 or i8 (kv_row_bytes)
 };
 // Bytes of one cache row (a token's k or v of one kv head): head_dim elements, and for i8 the row's
@@ -42,6 +43,16 @@ int64_t kv_row_bytes(DType kv, int64_t head_dim);
 void attention(float* out, const float* qkv, void* k_cache, void* v_cache, const int32_t* positions,
                const int32_t* seqs, int64_t m, const AttentionArgs& a, ThreadPool& pool);
 void silu_mul(float* out, const float* gate_up, int64_t m, int64_t f, ThreadPool& pool);
+// out[r, j] = gelu_tanh(gu[r, j]) * gu[r, f + j]: GELU's tanh approximation 0.5 x (1 + tanh(sqrt(2/pi)
+// (x + 0.044715 x^3))) (GeGLU).
+void gelu_tanh_mul(float* out, const float* gate_up, int64_t m, int64_t f, ThreadPool& pool);
+// QK-norm: each of the first nq + nkv heads (of head_dim each) of every qkv row (row_stride floats)
+// becomes rmsnorm(head) * w, w = q_w for the nq q heads and k_w for the nkv k heads.
+void head_rmsnorm(float* qkv, int64_t m, int64_t row_stride, int64_t nq, int64_t nkv, int64_t head_dim,
+                  const float* q_w, const float* k_w, float eps, ThreadPool& pool);
+// x[i] *= s; x[i] = cap * tanh(x[i] / cap).
+void scale(float* x, int64_t n, float s);
+void softcap(float* x, int64_t n, float cap);
 void add(float* out, const float* a, const float* b, int64_t n);
 // x[r, c] += bias[c] for rows x cols row-major x.
 void add_bias_rows(float* x, const float* bias, int64_t rows, int64_t cols);

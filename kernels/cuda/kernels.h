@@ -95,6 +95,17 @@ void gather_rows(void* dst, const void* src, const int32_t* rows, int64_t n, int
 void scatter_add_rows(void* dst, const void* src, const int32_t* rows, const float* w, int64_t n, int64_t dst_rows,
                       int64_t cols, DType act, cudaStream_t stream);
 
+// ---- the blocks beyond Llama's skeleton (family_ops.cu) ----
+// out[r, j] = gelu_tanh(gu[r, j]) * gu[r, f + j] (GeGLU), gu [m, 2f].
+void gelu_tanh_mul(void* out, const void* gate_up, int64_t m, int64_t f, DType act, cudaStream_t stream);
+// QK-norm: the first nq + nkv heads (hd each) of every row (row_len elements) of qkv become rmsnorm(head) * w
+// (q_w for q heads, k_w for k heads; f32 [hd] on the device).
+void head_rmsnorm(void* qkv, int64_t m, int64_t row_len, int64_t nq, int64_t nkv, int64_t hd, const float* q_w,
+                  const float* k_w, float eps, DType act, cudaStream_t stream);
+// x *= s and x = cap * tanh(x / cap) over n elements of dtype (f32 or the activation dtype).
+void scale(void* x, int64_t n, float s, DType dtype, cudaStream_t stream);
+void softcap(void* x, int64_t n, float cap, DType dtype, cudaStream_t stream);
+
 // ---- attention (attention_kv_store.cu, attention_decode.cu, attention_decode_int8.cu, attention_prefill.cu) ----
 // Writes k, v of every token into its sequence's block at positions[i].
 void kv_store(void* k_cache, void* v_cache, const void* qkv, const int32_t* positions, const int32_t* seqs,

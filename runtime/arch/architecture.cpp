@@ -2,6 +2,7 @@
 #include "runtime/arch/architecture.h"
 
 #include "base/error.h"
+#include "runtime/arch/families.h"
 
 namespace lattice {
 
@@ -11,110 +12,13 @@ using R = TensorRole;
 using S = TpSplit;
 using G = TensorGate;
 
-// The Llama skeleton every dense family shares; HF names after "model.layers.N.", GGUF after "blk.N.".
-const std::vector<TensorSpec> kDenseTensors = {
-    {R::kEmbed, false, "model.embed_tokens.weight", "token_embd.weight", S::kVocabRows, G::kAlways},
-    {R::kLmHead, false, "lm_head.weight", "output.weight", S::kVocabRows, G::kUntiedHead},
-    {R::kFinalNorm, false, "model.norm.weight", "output_norm.weight", S::kReplicated, G::kAlways},
-    {R::kAttnNorm, true, "input_layernorm.weight", "attn_norm.weight", S::kReplicated, G::kAlways},
-    {R::kWq, true, "self_attn.q_proj.weight", "attn_q.weight", S::kQHeadRows, G::kAlways},
-    {R::kWk, true, "self_attn.k_proj.weight", "attn_k.weight", S::kKvHeadRows, G::kAlways},
-    {R::kWv, true, "self_attn.v_proj.weight", "attn_v.weight", S::kKvHeadRows, G::kAlways},
-    {R::kBq, true, "self_attn.q_proj.bias", "attn_q.bias", S::kQHeadRows, G::kQkvBias},
-    {R::kBk, true, "self_attn.k_proj.bias", "attn_k.bias", S::kKvHeadRows, G::kQkvBias},
-    {R::kBv, true, "self_attn.v_proj.bias", "attn_v.bias", S::kKvHeadRows, G::kQkvBias},
-    {R::kWo, true, "self_attn.o_proj.weight", "attn_output.weight", S::kQHeadCols, G::kAlways},
-    {R::kFfnNorm, true, "post_attention_layernorm.weight", "ffn_norm.weight", S::kReplicated, G::kAlways},
-    {R::kWGate, true, "mlp.gate_proj.weight", "ffn_gate.weight", S::kFfnRows, G::kAlways},
-    {R::kWUp, true, "mlp.up_proj.weight", "ffn_up.weight", S::kFfnRows, G::kAlways},
-    {R::kWDown, true, "mlp.down_proj.weight", "ffn_down.weight", S::kFfnCols, G::kAlways},
-};
-
-// A sparse MoE block in place of the MLP (Mixtral's names: w1 gate, w3 up, w2 down; llama.cpp's
-// ffn_*_exps hold every expert of a layer in one 3-D tensor, older GGUFs one ffn_*.E tensor each).
-const std::vector<TensorSpec> kMoeTensors = {
-    {R::kRouter, true, "block_sparse_moe.gate.weight", "ffn_gate_inp.weight", S::kReplicated, G::kAlways},
-    {R::kExpGate, true, "block_sparse_moe.experts.*.w1.weight", "ffn_gate.*.weight", S::kFfnRows, G::kAlways, true,
-     "ffn_gate_exps.weight"},
-    {R::kExpUp, true, "block_sparse_moe.experts.*.w3.weight", "ffn_up.*.weight", S::kFfnRows, G::kAlways, true,
-     "ffn_up_exps.weight"},
-    {R::kExpDown, true, "block_sparse_moe.experts.*.w2.weight", "ffn_down.*.weight", S::kFfnCols, G::kAlways, true,
-     "ffn_down_exps.weight"},
-};
-
-std::vector<TensorSpec> dense_tensors(bool qkv_bias, bool moe = false) {
-    std::vector<TensorSpec> out;
-    for (const TensorSpec& t : kDenseTensors) {
-        const bool mlp = t.role == R::kWGate || t.role == R::kWUp || t.role == R::kWDown;
-        if ((t.gate != G::kQkvBias || qkv_bias) && !(moe && mlp)) out.push_back(t);
-    }
-    if (moe) out.insert(out.end(), kMoeTensors.begin(), kMoeTensors.end());
-    return out;
-}
-
 std::vector<Architecture> make_table() {
     std::vector<Architecture> t;
-    Architecture llama;
-    llama.name = "llama";
-    llama.hf_model_types = {"llama"};
-    llama.hf_classes = {"LlamaForCausalLM"};
-    llama.hf_model_type = "llama";
-    llama.gguf_name = "llama";
-    llama.gguf_qk_interleaved = true;
-    llama.rope_scaling = {"llama3", "linear"};
-    llama.tensors = dense_tensors(false);
-    t.push_back(llama);
-
-    // Mistral is Llama's tensors plus a sliding window, which attention honours (query i attends keys
-    // i - W < j <= i, in every layer). llama.cpp writes Mistral GGUFs as architecture "llama"
-    // (without the window), so there is no GGUF name of its own.
-    Architecture mistral = llama;
-    mistral.name = "mistral";
-    mistral.hf_model_types = {"mistral"};
-    mistral.hf_classes = {"MistralForCausalLM"};
-    mistral.hf_model_type = "mistral";
-    mistral.gguf_name = "";
-    mistral.sliding_window = true;
-    mistral.sliding_window_honoured = true;
-    mistral.rope_scaling = {"linear"};
-    t.push_back(mistral);
-
-    // Qwen2 / Qwen2.5: q/k/v biases; llama.cpp keeps its q/k rows in HF order (NEOX-style rope). Its
-    // window applies only with use_sliding_window, and then to the layers i >= max_window_layers
-    // (transformers' Qwen2Config layer_types; default 28); Qwen2.5 ships it off.
-    Architecture qwen2;
-    qwen2.name = "qwen2";
-    qwen2.hf_model_types = {"qwen2"};
-    qwen2.hf_classes = {"Qwen2ForCausalLM"};
-    qwen2.hf_model_type = "qwen2";
-    qwen2.gguf_name = "qwen2";
-    qwen2.qkv_bias = true;
-    qwen2.gguf_qk_interleaved = false;
-    qwen2.sliding_window = true;
-    qwen2.sliding_window_honoured = true;
-    qwen2.sliding_window_flag = "use_sliding_window";
-    qwen2.sliding_window_layers = "max_window_layers";
-    qwen2.sliding_window_layers_default = 28;
-    qwen2.rope_scaling = {"linear"};
-    qwen2.tensors = dense_tensors(true);
-    t.push_back(qwen2);
-
-    // Mixtral: Mistral's attention (and window) with a sparse MoE block for the MLP: the router
-    // [experts, hidden] picks num_experts_per_tok experts per token by softmax, their weights
-    // renormalized (transformers' MixtralSparseMoeBlock). Each expert's FFN splits over TP like a dense
-    // FFN (gate/up rows, down columns), the router is replicated. llama.cpp writes it as "llama" with
-    // llama.expert_count, q/k rows interleaved like llama's.
-    Architecture mixtral = mistral;
-    mixtral.name = "mixtral";
-    mixtral.hf_model_types = {"mixtral"};
-    mixtral.hf_classes = {"MixtralForCausalLM"};
-    mixtral.hf_model_type = "mixtral";
-    mixtral.gguf_name = "llama";
-    mixtral.gguf_qk_interleaved = true;
-    mixtral.moe = true;
-    mixtral.moe_renormalize = true;
-    mixtral.tensors = dense_tensors(false, true);
-    t.push_back(mixtral);
+    families::add_llama(t);
+    families::add_qwen(t);
+    families::add_mixtral(t);
+    families::add_gemma(t);
+    families::add_phi(t);
     return t;
 }
 
@@ -176,6 +80,67 @@ bool match_expert(const std::string& s, const char* pattern, int64_t* expert) {
 
 }  // namespace
 
+namespace families {
+
+// The Llama skeleton every dense family shares; HF names after "model.layers.N.", GGUF after "blk.N.".
+namespace {
+using R = TensorRole;
+using S = TpSplit;
+using G = TensorGate;
+
+const std::vector<TensorSpec> kDenseTensors = {
+    {R::kEmbed, false, "model.embed_tokens.weight", "token_embd.weight", S::kVocabRows, G::kAlways},
+    {R::kLmHead, false, "lm_head.weight", "output.weight", S::kVocabRows, G::kUntiedHead},
+    {R::kFinalNorm, false, "model.norm.weight", "output_norm.weight", S::kReplicated, G::kAlways},
+    {R::kAttnNorm, true, "input_layernorm.weight", "attn_norm.weight", S::kReplicated, G::kAlways},
+    {R::kWq, true, "self_attn.q_proj.weight", "attn_q.weight", S::kQHeadRows, G::kAlways},
+    {R::kWk, true, "self_attn.k_proj.weight", "attn_k.weight", S::kKvHeadRows, G::kAlways},
+    {R::kWv, true, "self_attn.v_proj.weight", "attn_v.weight", S::kKvHeadRows, G::kAlways},
+    {R::kBq, true, "self_attn.q_proj.bias", "attn_q.bias", S::kQHeadRows, G::kQkvBias},
+    {R::kBk, true, "self_attn.k_proj.bias", "attn_k.bias", S::kKvHeadRows, G::kQkvBias},
+    {R::kBv, true, "self_attn.v_proj.bias", "attn_v.bias", S::kKvHeadRows, G::kQkvBias},
+    {R::kWo, true, "self_attn.o_proj.weight", "attn_output.weight", S::kQHeadCols, G::kAlways},
+    {R::kFfnNorm, true, "post_attention_layernorm.weight", "ffn_norm.weight", S::kReplicated, G::kAlways},
+    {R::kWGate, true, "mlp.gate_proj.weight", "ffn_gate.weight", S::kFfnRows, G::kAlways},
+    {R::kWUp, true, "mlp.up_proj.weight", "ffn_up.weight", S::kFfnRows, G::kAlways},
+    {R::kWDown, true, "mlp.down_proj.weight", "ffn_down.weight", S::kFfnCols, G::kAlways},
+};
+
+// A sparse MoE block in place of the MLP (Mixtral's names: w1 gate, w3 up, w2 down; llama.cpp's
+// ffn_*_exps hold every expert of a layer in one 3-D tensor, older GGUFs one ffn_*.E tensor each).
+const std::vector<TensorSpec> kMoeTensors = {
+    {R::kRouter, true, "block_sparse_moe.gate.weight", "ffn_gate_inp.weight", S::kReplicated, G::kAlways},
+    {R::kExpGate, true, "block_sparse_moe.experts.*.w1.weight", "ffn_gate.*.weight", S::kFfnRows, G::kAlways, true,
+     "ffn_gate_exps.weight"},
+    {R::kExpUp, true, "block_sparse_moe.experts.*.w3.weight", "ffn_up.*.weight", S::kFfnRows, G::kAlways, true,
+     "ffn_up_exps.weight"},
+    {R::kExpDown, true, "block_sparse_moe.experts.*.w2.weight", "ffn_down.*.weight", S::kFfnCols, G::kAlways, true,
+     "ffn_down_exps.weight"},
+};
+}  // namespace
+
+std::vector<TensorSpec> dense_tensors(bool qkv_bias, bool moe) {
+    std::vector<TensorSpec> out;
+    for (const TensorSpec& t : kDenseTensors)
+        if (t.gate != G::kQkvBias || qkv_bias) out.push_back(t);
+    if (!moe) return out;
+    out = without_mlp(std::move(out));
+    out.insert(out.end(), kMoeTensors.begin(), kMoeTensors.end());
+    return out;
+}
+
+std::vector<TensorSpec> without_mlp(std::vector<TensorSpec> tensors) {
+    std::erase_if(tensors, [](const TensorSpec& t) { return t.role == R::kWGate || t.role == R::kWUp || t.role == R::kWDown; });
+    return tensors;
+}
+
+std::vector<TensorSpec> qk_norm_tensors() {
+    return {{R::kQNorm, true, "self_attn.q_norm.weight", "attn_q_norm.weight", S::kReplicated, G::kAlways},
+            {R::kKNorm, true, "self_attn.k_norm.weight", "attn_k_norm.weight", S::kReplicated, G::kAlways}};
+}
+
+}  // namespace families
+
 const std::vector<Architecture>& architectures() {
     static const std::vector<Architecture> table = make_table();
     return table;
@@ -202,6 +167,24 @@ const Architecture* architecture_for_hf(const std::string& model_type, const std
         for (const std::string& k : a.hf_classes)
             if (k == hf_class) return &a;
     return nullptr;
+}
+
+std::string unsupported_reason(const std::string& model_type, const std::string& hf_class) {
+    // Families whose configs parse but whose forward needs blocks lattice does not have.
+    static const struct {
+        const char* model_type;
+        const char* hf_class;
+        const char* reason;
+    } kRefused[] = {
+        {"deepseek_v2", "DeepseekV2ForCausalLM", "DeepSeek's multi-head latent attention (MLA) is not implemented"},
+        {"deepseek_v3", "DeepseekV3ForCausalLM", "DeepSeek's multi-head latent attention (MLA) is not implemented"},
+        {"gemma3", "Gemma3ForConditionalGeneration",
+         "a Gemma 3 checkpoint with its vision tower is not loaded: use a text-only Gemma3ForCausalLM checkpoint "
+         "(model_type gemma3_text)"},
+    };
+    for (const auto& r : kRefused)
+        if (model_type == r.model_type || (model_type.empty() && hf_class == r.hf_class)) return r.reason;
+    return "";
 }
 
 const Architecture* architecture_for_gguf(const std::string& gguf_name, bool moe) {
@@ -235,7 +218,12 @@ std::vector<int64_t> tensor_shape(const ModelConfig& c, TensorRole role) {
         case R::kFinalNorm:
         case R::kAttnNorm:
         case R::kFfnNorm:
+        case R::kPostAttnNorm:
+        case R::kPostFfnNorm:
             return {c.hidden};
+        case R::kQNorm:
+        case R::kKNorm:
+            return {c.head_dim};
         case R::kWq:
             return {c.q_dim(), c.hidden};
         case R::kWk:
@@ -371,6 +359,19 @@ std::string PreparedNames::expert_gate_up(int64_t l, int64_t e) {
 }
 std::string PreparedNames::expert_down(int64_t l, int64_t e) {
     return layer_prefix(l) + "block_sparse_moe.experts." + std::to_string(e) + ".down_proj.weight";
+}
+
+std::string PreparedNames::q_norm(int64_t l) {
+    return layer_prefix(l) + "self_attn.q_norm.weight";
+}
+std::string PreparedNames::k_norm(int64_t l) {
+    return layer_prefix(l) + "self_attn.k_norm.weight";
+}
+std::string PreparedNames::post_attn_norm(int64_t l) {
+    return layer_prefix(l) + "sandwich.post_attention_norm.weight";
+}
+std::string PreparedNames::post_ffn_norm(int64_t l) {
+    return layer_prefix(l) + "sandwich.post_feedforward_norm.weight";
 }
 
 }  // namespace lattice

@@ -2,21 +2,26 @@
 // asks this table for a tensor's name (HF safetensors, GGUF, lattice's converted format), its shape
 // from the config and its tensor-parallel split; none spells a tensor name itself.
 //
-// One table (architecture.cpp), not a file per family: the dense families lattice runs share the
-// Llama skeleton (embedding, per-layer RMSNorm + attention + SwiGLU MLP, final norm, LM head) and
-// differ by a few options (q/k/v bias, sliding window, GGUF's q/k row order, rope scaling kinds), so
-// one list of tensor roles gated by options keeps each family an entry of a few lines, and adding a
-// dense family is one entry plus the kernels its options need (docs/adding-a-model-family.md).
+// One entry per family, each made in its family file (runtime/arch/family_*.cpp, registered in
+// families.h): its names (config.json model_type and class, GGUF architecture), its tensors (the
+// Llama skeleton's roles, gated by options, plus the roles of its extra blocks), the blocks of its
+// forward (norm kind, QK-norm, sandwich norms, activation, embedding scale; runtime/model/model.cpp
+// assembles the forward from them) and the config.json keys of its own options (read_config). Adding
+// a family whose blocks exist is one family file plus its line in families.h
+// (docs/adding-a-model-family.md).
 //
 // The table sits beside ModelConfig (runtime/arch/, below runtime/weights), so the weight sources
 // (names, shapes, GGUF mapping), the model (sharding, load), the converter and SmoothQuant all read
 // the same entries. A config whose family or option is not in the table is refused when it is parsed
-// (parse_hf_config, gguf_model_config), never loaded and run wrong.
+// (parse_hf_config, gguf_model_config), never loaded and run wrong; families known to need blocks
+// lattice lacks (DeepSeek's multi-head latent attention, Gemma 3's vision tower) are refused by name.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "runtime/arch/config.h"
 
@@ -43,6 +48,10 @@ enum class TensorRole : uint8_t {
     kExpGate,    // per layer and expert [ffn, hidden] (MoE families)
     kExpUp,      // per layer and expert [ffn, hidden] (MoE families)
     kExpDown,    // per layer and expert [hidden, ffn] (MoE families)
+    kQNorm,      // per layer [head_dim]  (QK-norm families)
+    kKNorm,      // per layer [head_dim]  (QK-norm families)
+    kPostAttnNorm,  // per layer [hidden] (sandwich-norm families: on the attention block's output)
+    kPostFfnNorm,   // per layer [hidden] (sandwich-norm families: on the MLP block's output)
 };
 
 // How a tensor splits over the tensor-parallel group (parallel/world_config.h shard_shape gives the
@@ -59,7 +68,9 @@ constexpr char kExpertMark = '*';
 struct TensorSpec {
     TensorRole role;
     bool per_layer;
-    const char* hf;    // HF name; per-layer ones after "model.layers.N."
+    const char* hf;    // HF name; per-layer ones after "model.layers.N."; "<fused>:<part>" for a part of a
+                       // checkpoint tensor that fuses several (Phi-3's qkv_proj: the HF source shows it as
+                       // its parts, row ranges in table order)
     const char* gguf;  // GGUF name; per-layer ones after "blk.N."
     TpSplit split;
     TensorGate gate;
@@ -86,7 +97,17 @@ struct Architecture {
     // softmax over the router's logits, the top num_experts_per_tok, their weights renormalized to
     // sum 1 when moe_renormalize); GGUF marks such a model by <arch>.expert_count.
     bool moe = false;
-    bool moe_renormalize = true;
+    bool moe_renormalize = true;              // the default of ModelConfig::moe_renormalize
+    // The blocks of the forward beyond Llama's (runtime/model/model.cpp):
+    bool norm_one_plus = false;   // RMSNorm weights are stored as w and applied as (1 + w) (Gemma)
+    bool qk_norm = false;         // an RMSNorm over each q and k head before RoPE (kQNorm, kKNorm)
+    bool sandwich_norms = false;  // the attention and MLP outputs normed before the residual add (kPost*Norm)
+    bool embed_scale = false;     // embeddings times sqrt(hidden) (Gemma)
+    HiddenAct hidden_act = HiddenAct::kSilu;  // the one activation the family's configs may name
+    // The family's own config.json keys (after the shared ones) into c; null: none. Throws naming the key.
+    void (*read_config)(const nlohmann::json& j, ModelConfig& c) = nullptr;
+    // Those keys written back (the config.json of a converted checkpoint); null: none.
+    void (*write_config)(const ModelConfig& c, nlohmann::json& j) = nullptr;
     std::vector<TensorSpec> tensors;          // every tensor the family may hold, gated by its options
 };
 
@@ -99,6 +120,8 @@ const Architecture& find_architecture(const std::string& name);
 // The entry a config.json names: by model_type (what transformers dispatches on), by architectures[0]
 // only when model_type is absent; nullptr when none.
 const Architecture* architecture_for_hf(const std::string& model_type, const std::string& hf_class);
+// Why a known family is not run ("" when it is not one of those): the reason a refusal names.
+std::string unsupported_reason(const std::string& model_type, const std::string& hf_class);
 // The entry whose GGUF general.architecture is `gguf_name` and that is (not) a MoE family, as the file's
 // <arch>.expert_count says (llama.cpp writes Mixtral as "llama" with experts); nullptr when none.
 const Architecture* architecture_for_gguf(const std::string& gguf_name, bool moe = false);
@@ -154,6 +177,10 @@ struct PreparedNames {
     static std::string router(int64_t layer);                    // [experts, hidden], replicated
     static std::string expert_gate_up(int64_t layer, int64_t e);  // [2 * ffn_local, hidden]
     static std::string expert_down(int64_t layer, int64_t e);     // [hidden, ffn_local]
+    static std::string q_norm(int64_t layer);                     // [head_dim] f32 (QK-norm families)
+    static std::string k_norm(int64_t layer);
+    static std::string post_attn_norm(int64_t layer);             // [hidden] f32 (sandwich-norm families)
+    static std::string post_ffn_norm(int64_t layer);
 };
 
 }  // namespace lattice

@@ -2,12 +2,11 @@
 #include "runtime/arch/config.h"
 
 #include "runtime/arch/architecture.h"
+#include "runtime/arch/config_json.h"
 
 #include "base/error.h"
 #include "base/file.h"
 #include "base/json_limits.h"
-
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -18,44 +17,55 @@ namespace lattice {
 namespace {
 constexpr int64_t kMaxConfigBytes = 1 << 20;
 
-// The value of j[key] as T. Integers must be JSON integers (64.9 is refused, not truncated; 64.0
-// passes), numbers must be finite, and the type must match.
-template <typename T>
-T get_value(const nlohmann::json& j, const char* key, const std::string& src) {
-    const nlohmann::json& v = j[key];
-    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-        if (v.is_number_float()) {
-            const double d = v.get<double>();
-            LATTICE_CHECK(std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15,
-                          "{}: field \"{}\" must be an integer, got {}", src, key, v.dump());
-            return T(d);
+// Phi-3's LongRoPE: short / long factor lists, original_max_position_embeddings (top level, else in
+// rope_scaling, else max_position_embeddings) and an optional attention_factor.
+void read_longrope(const nlohmann::json& j, const nlohmann::json& rs, ModelConfig& c) {
+    const std::string& src = c.source;
+    RopeScaling& r = c.rope_scaling;
+    r.type = "longrope";
+    for (const char* key : {"short_factor", "long_factor"}) {
+        LATTICE_CHECK(rs.contains(key) && rs[key].is_array() && rs[key].size() <= 4096,
+                      "{}: rope_scaling {} must be a list of numbers", src, key);
+        auto& out = std::string(key) == "short_factor" ? r.short_factor : r.long_factor;
+        for (const auto& v : rs[key]) {
+            LATTICE_CHECK(v.is_number(), "{}: rope_scaling {} must be a list of numbers", src, key);
+            out.push_back(v.get<double>());
         }
-        LATTICE_CHECK(v.is_number_integer(), "{}: field \"{}\" must be an integer, got {}", src, key,
-                      v.dump().substr(0, 64));
-        LATTICE_CHECK(v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(INT64_MAX) : true,
-                      "{}: field \"{}\" = {} is out of range", src, key, v.dump());
     }
-    if constexpr (std::is_floating_point_v<T>)
-        LATTICE_CHECK(v.is_number(), "{}: field \"{}\" must be a number, got {}", src, key, v.dump().substr(0, 64));
-    try {
-        return v.get<T>();
-    } catch (const nlohmann::json::exception& e) {
-        LATTICE_FAIL("{}: field \"{}\" has the wrong type ({})", src, key, e.what());
-    }
+    const int64_t max_pos = config_json::get_optional<int64_t>(j, "max_position_embeddings", 2048, src);
+    r.original_max_position = config_json::get_optional<int64_t>(
+        j, "original_max_position_embeddings",
+        config_json::get_optional<int64_t>(rs, "original_max_position_embeddings", max_pos, src), src);
+    r.factor = r.original_max_position > 0 ? double(max_pos) / double(r.original_max_position) : 1.0;
+    r.attention_factor = config_json::get_optional<double>(rs, "attention_factor", 0.0, src);
 }
 
-template <typename T>
-T get_required(const nlohmann::json& j, const char* key, const std::string& src) {
-    LATTICE_CHECK(j.contains(key) && !j[key].is_null(), "{}: missing required field \"{}\"", src, key);
-    return get_value<T>(j, key, src);
+// The per-layer norm weights beyond Llama's two: QK-norm's two [head_dim], the sandwich norms' two [hidden].
+int64_t extra_norm_params(const Architecture& a, int64_t hidden, int64_t head_dim) {
+    return (a.qk_norm ? 2 * head_dim : 0) + (a.sandwich_norms ? 2 * hidden : 0);
 }
 
-template <typename T>
-T get_optional(const nlohmann::json& j, const char* key, T fallback, const std::string& src) {
-    if (!j.contains(key) || j[key].is_null()) return fallback;
-    return get_value<T>(j, key, src);
+// Newer transformers configs spell the layers' attention out (layer_types): it must be the pattern the
+// window fields give (ModelConfig::layer_windowed), which is all lattice runs.
+void check_layer_types(const nlohmann::json& j, const ModelConfig& c) {
+    if (!j.contains("layer_types") || j["layer_types"].is_null()) return;
+    const auto& lt = j["layer_types"];
+    const std::string& src = c.source;
+    LATTICE_CHECK(lt.is_array() && int64_t(lt.size()) == c.n_layers, "{}: layer_types must list {} layers", src,
+                  c.n_layers);
+    for (int64_t i = 0; i < c.n_layers; ++i) {
+        const char* want = c.layer_windowed(i) ? "sliding_attention" : "full_attention";
+        LATTICE_CHECK(lt[size_t(i)].is_string() && lt[size_t(i)].get<std::string>() == want,
+                      "{}: layer_types[{}] is {} but sliding_window {} from layer {} gives \"{}\" (other "
+                      "per-layer attention patterns are not supported)",
+                      src, i, lt[size_t(i)].dump(), c.sliding_window,
+                      c.window_pattern > 0 ? "(pattern)" : std::to_string(c.window_layer_begin), want);
+    }
 }
 }  // namespace
+
+using config_json::get_optional;
+using config_json::get_required;
 
 ModelConfig parse_hf_config(const std::string& text, const std::string& src) {
     LATTICE_CHECK(int64_t(text.size()) <= kMaxConfigBytes, "{}: config of {} bytes exceeds the {} byte limit", src,
@@ -77,6 +87,9 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& src) {
         c.architecture = j["architectures"][0].get<std::string>();
     const bool has_class = j.contains("architectures");
     std::string model_type = get_optional<std::string>(j, "model_type", "", src);
+    const std::string why = unsupported_reason(model_type, c.architecture);
+    LATTICE_CHECK(why.empty(), "{}: architecture '{}' is not supported: {}", src,
+                  model_type.empty() ? c.architecture : model_type, why);
     const Architecture* arch = architecture_for_hf(model_type, c.architecture);
     if (!arch && model_type.empty() && !has_class) arch = &find_architecture("llama");  // bare Llama configs
     LATTICE_CHECK(arch != nullptr, "{}: architecture '{}' is not supported; supported: {}", src,
@@ -91,8 +104,15 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& src) {
             c.window_layer_begin = get_optional<int64_t>(j, arch->sliding_window_layers.c_str(),
                                                          arch->sliding_window_layers_default, src);
     }
-    std::string act = get_optional<std::string>(j, "hidden_act", "silu", src);
-    LATTICE_CHECK(act == "silu", "{}: hidden_act \"{}\" unsupported (only silu)", src, act);
+    // Gemma names its activation hidden_activation (hidden_act beside it may be stale).
+    const char* act_key = j.contains("hidden_activation") && !j["hidden_activation"].is_null() ? "hidden_activation"
+                                                                                                : "hidden_act";
+    const std::string act = get_optional<std::string>(j, act_key, "silu", src);
+    const char* want = arch->hidden_act == HiddenAct::kSilu ? "silu" : "gelu_pytorch_tanh";
+    LATTICE_CHECK(act == want, "{}: {} \"{}\" unsupported for architecture '{}' (only {})", src, act_key, act,
+                  arch->name, want);
+    c.hidden_act = arch->hidden_act;
+    c.moe_renormalize = arch->moe_renormalize;
     LATTICE_CHECK(!get_optional<bool>(j, "attention_bias", false, src), "{}: attention_bias=true unsupported", src);
     LATTICE_CHECK(!get_optional<bool>(j, "mlp_bias", false, src), "{}: mlp_bias=true unsupported", src);
 
@@ -102,25 +122,8 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& src) {
     c.n_heads = get_required<int64_t>(j, "num_attention_heads", src);
     c.n_kv_heads = get_optional<int64_t>(j, "num_key_value_heads", c.n_heads, src);
     c.vocab = get_required<int64_t>(j, "vocab_size", src);
-    // Newer transformers configs spell the layers' attention out (layer_types): it must be the pattern
-    // the window fields give (full, then sliding from window_layer_begin), which is all lattice runs.
-    if (j.contains("layer_types") && !j["layer_types"].is_null()) {
-        const auto& lt = j["layer_types"];
-        LATTICE_CHECK(lt.is_array() && int64_t(lt.size()) == c.n_layers, "{}: layer_types must list {} layers", src,
-                      c.n_layers);
-        for (int64_t i = 0; i < c.n_layers; ++i) {
-            const bool sliding = c.sliding_window > 0 && i >= c.window_layer_begin;
-            const char* want = sliding ? "sliding_attention" : "full_attention";
-            LATTICE_CHECK(lt[size_t(i)].is_string() && lt[size_t(i)].get<std::string>() == want,
-                          "{}: layer_types[{}] is {} but sliding_window {} from layer {} gives \"{}\" (other "
-                          "per-layer attention patterns are not supported)",
-                          src, i, lt[size_t(i)].dump(), c.sliding_window, c.window_layer_begin, want);
-        }
-    }
-    if (arch->moe) {
-        c.n_experts = get_required<int64_t>(j, "num_local_experts", src);
-        c.n_experts_used = get_required<int64_t>(j, "num_experts_per_tok", src);
-    }
+    if (arch->read_config) arch->read_config(j, c);
+    check_layer_types(j, c);
     LATTICE_CHECK(c.n_heads > 0, "{}: num_attention_heads must be positive, got {}", src, c.n_heads);
     if (!j.contains("head_dim") || j["head_dim"].is_null())
         LATTICE_CHECK(c.hidden % c.n_heads == 0, "{}: num_attention_heads {} does not divide hidden_size {}", src,
@@ -159,8 +162,10 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& src) {
         } else if (type == "linear") {
             c.rope_scaling.type = "linear";
             c.rope_scaling.factor = get_required<double>(rs, "factor", src + " rope_scaling");
+        } else if (type == "longrope" || type == "su") {
+            read_longrope(j, rs, c);
         } else {
-            LATTICE_FAIL("{}: rope_scaling type \"{}\" unsupported (llama3, linear)", src, type);
+            LATTICE_FAIL("{}: rope_scaling type \"{}\" unsupported (llama3, linear, longrope)", src, type);
         }
         bool allowed = c.rope_scaling.type.empty();
         for (const std::string& k : arch->rope_scaling) allowed = allowed || k == c.rope_scaling.type;
@@ -234,6 +239,27 @@ void ModelConfig::validate() const {
                   "num_hidden_layers {}, vocab_size {}), more than the 1e15 this loader accepts",
                   s, params, hidden, intermediate, n_layers, vocab);
     for (int64_t e : eos_ids) LATTICE_CHECK(e >= 0 && e < vocab, "{}: eos_token_id {} outside vocab {}", s, e, vocab);
+    LATTICE_CHECK(window_pattern >= 0 && std::isfinite(rope_local_theta) && rope_local_theta >= 0 &&
+                      std::isfinite(query_pre_attn_scalar) && query_pre_attn_scalar >= 0 &&
+                      std::isfinite(attn_softcap) && attn_softcap >= 0 && std::isfinite(final_softcap) &&
+                      final_softcap >= 0,
+                  "{}: window pattern {}, local rope base {}, query_pre_attn_scalar {}, soft-caps {} / {} must be "
+                  "finite and >= 0",
+                  s, window_pattern, rope_local_theta, query_pre_attn_scalar, attn_softcap, final_softcap);
+    if (rope_scaling.type == "longrope")
+        LATTICE_CHECK(int64_t(rope_scaling.short_factor.size()) == head_dim / 2 &&
+                          int64_t(rope_scaling.long_factor.size()) == head_dim / 2 &&
+                          rope_scaling.original_max_position > 0 && std::isfinite(rope_scaling.attention_factor) &&
+                          rope_scaling.attention_factor >= 0,
+                      "{}: longrope needs {} short and long factors (head_dim / 2), got {} and {}, and "
+                      "original_max_position_embeddings {} > 0",
+                      s, head_dim / 2, rope_scaling.short_factor.size(), rope_scaling.long_factor.size(),
+                      rope_scaling.original_max_position);
+    for (const auto* list : {&rope_scaling.short_factor, &rope_scaling.long_factor})
+        for (double f : *list)
+            LATTICE_CHECK(std::isfinite(f) && f > 0, "{}: longrope factor {} must be positive and finite", s, f);
+    LATTICE_CHECK(hidden_act == arch.hidden_act, "{}: architecture '{}' runs one activation, not this config's", s,
+                  family);
 }
 
 double ModelConfig::parameter_count_estimate() const {
@@ -241,7 +267,9 @@ double ModelConfig::parameter_count_estimate() const {
     const double bias = find_architecture(family).qkv_bias ? q + 2 * kv : 0.0;
     // A MoE layer: every expert's FFN plus the router [experts, hidden].
     const double experts = double(std::max<int64_t>(n_experts, 1)), router = n_experts > 0 ? double(n_experts) * h : 0;
-    const double per_layer = h * (q + 2 * kv) + q * h + experts * 3 * h * double(intermediate) + router + 2 * h + bias;
+    const double norms = double(extra_norm_params(find_architecture(family), hidden, head_dim));
+    const double per_layer =
+        h * (q + 2 * kv) + q * h + experts * 3 * h * double(intermediate) + router + 2 * h + bias + norms;
     const double emb = double(vocab) * h;
     return double(n_layers) * per_layer + emb + (tie_embeddings ? 0 : emb) + h;
 }
@@ -250,7 +278,7 @@ int64_t ModelConfig::parameter_count() const {
     const int64_t bias = find_architecture(family).qkv_bias ? q_dim() + 2 * kv_dim() : 0;
     const int64_t experts = std::max<int64_t>(n_experts, 1), router = n_experts * hidden;
     int64_t per_layer = hidden * (q_dim() + 2 * kv_dim()) + q_dim() * hidden + experts * 3 * hidden * intermediate +
-                        router + 2 * hidden + bias;
+                        router + 2 * hidden + bias + extra_norm_params(find_architecture(family), hidden, head_dim);
     int64_t emb = vocab * hidden;
     return n_layers * per_layer + emb + (tie_embeddings ? 0 : emb) + hidden;
 }
@@ -265,12 +293,31 @@ bool ModelConfig::is_eos(int64_t id) const {
     return false;
 }
 
-std::vector<float> ModelConfig::rope_inv_freq() const {
+double ModelConfig::attention_scale() const {
+    return 1.0 / std::sqrt(query_pre_attn_scalar > 0 ? query_pre_attn_scalar : double(head_dim));
+}
+
+double ModelConfig::rope_attention_factor() const {
+    const RopeScaling& r = rope_scaling;
+    if (r.type != "longrope") return 1.0;
+    if (r.attention_factor > 0) return r.attention_factor;
+    return r.factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(r.factor) / std::log(double(r.original_max_position)));
+}
+
+std::vector<float> ModelConfig::rope_inv_freq(bool local, int64_t context) const {
     const int64_t half = head_dim / 2;
     std::vector<float> inv(static_cast<size_t>(half));
+    local = local && rope_local_theta > 0;
+    const bool longrope = !local && rope_scaling.type == "longrope";
+    const std::vector<double>& ext =
+        context > rope_scaling.original_max_position ? rope_scaling.long_factor : rope_scaling.short_factor;
     for (int64_t i = 0; i < half; ++i) {
-        double f = 1.0 / std::pow(rope_theta, double(2 * i) / double(head_dim));
-        if (rope_scaling.type == "llama3") {
+        double f = 1.0 / std::pow(local ? rope_local_theta : rope_theta, double(2 * i) / double(head_dim));
+        if (local) {
+            // the local layers' rope: unscaled (transformers' Gemma 3 rotary_emb_local)
+        } else if (longrope) {
+            f = 1.0 / (ext[size_t(i)] * std::pow(rope_theta, double(2 * i) / double(head_dim)));
+        } else if (rope_scaling.type == "llama3") {
             // transformers' _compute_llama3_parameters
             const double low_wavelen = double(rope_scaling.original_max_position) / rope_scaling.low_freq_factor;
             const double high_wavelen = double(rope_scaling.original_max_position) / rope_scaling.high_freq_factor;

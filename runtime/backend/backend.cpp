@@ -78,8 +78,36 @@ std::string_view op_name(Op op) {
         case Op::kKvCache: return "a KV cache";
         case Op::kMoe: return "mixture-of-experts routing";
         case Op::kGemmInt4: return "gemm_int4";
+        case Op::kGeluTanhMul: return "gelu_tanh gated activation";
+        case Op::kHeadNorm: return "per-head rmsnorm (QK-norm)";
+        case Op::kScale: return "scale";
+        case Op::kSoftCap: return "soft-capping";
+        case Op::kAttnSoftCap: return "soft-capped attention";
     }
     return "?";
+}
+
+std::string_view activation_name(Activation a) {
+    switch (a) {
+        case Activation::kSilu: return "silu";
+        case Activation::kGeluTanh: return "gelu_pytorch_tanh";
+    }
+    return "?";
+}
+
+void Backend::head_rmsnorm(const View& qkv, const AttentionShape& s, const View& q_w, const View& k_w, float eps) {
+    const int64_t hd = s.head_dim, row = (s.n_heads + 2 * s.n_kv_heads) * hd;
+    LATTICE_CHECK(qkv.is_contiguous() && qkv.cols() == row && q_w.numel() == hd && k_w.numel() == hd,
+                  "head_rmsnorm: qkv {} for {} + 2 x {} heads of {}, weights {} {}", qkv.shape_str(), s.n_heads,
+                  s.n_kv_heads, hd, q_w.shape_str(), k_w.shape_str());
+    const int64_t es = dtype_size(qkv.dtype);
+    for (int64_t t = 0; t < qkv.rows(); ++t) {
+        char* r = static_cast<char*>(qkv.data) + t * row * es;
+        const View q = View::contiguous(r, qkv.dtype, {s.n_heads, hd}, qkv.device);
+        const View k = View::contiguous(r + s.n_heads * hd * es, qkv.dtype, {s.n_kv_heads, hd}, qkv.device);
+        rmsnorm(q, q, q_w, eps);
+        rmsnorm(k, k, k_w, eps);
+    }
 }
 
 void check_copy_columns(const View& dst, int64_t col0, const View& src, Device device) {

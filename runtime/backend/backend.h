@@ -125,7 +125,17 @@ enum class Op : uint8_t {
     kKvCache,   // attention over a KV cache of this dtype (kv_row_elems)
     kMoe,       // the row moves of a mixture-of-experts block: gather_rows, scatter_add_rows, fill_zero
     kGemmInt4,  // W4A16 / W4A8
+    kGeluTanhMul,  // gated_act with Activation::kGeluTanh (GeGLU)
+    kHeadNorm,     // head_rmsnorm (QK-norm)
+    kScale,        // scale (an embedding scale)
+    kSoftCap,      // softcap of rows (final logits)
+    kAttnSoftCap,  // attention honours AttentionShape::softcap
 };
+
+// The activation of a gated MLP: out = act(gate) * up. kSilu is SwiGLU (Llama, Qwen, Mistral), kGeluTanh
+// GeGLU with the tanh approximation of GELU (Gemma's gelu_pytorch_tanh).
+enum class Activation : uint8_t { kSilu, kGeluTanh };
+std::string_view activation_name(Activation a);
 std::string_view op_name(Op op);
 // Throws unless copy_columns(dst, col0, src) is in bounds on `device` (Backend::copy_columns).
 void check_copy_columns(const View& dst, int64_t col0, const View& src, Device device);
@@ -188,6 +198,7 @@ struct AttentionShape {
     int64_t max_seq = 0;      // positions per sequence
     float scale = 1.0f;       // softmax scale, 1/sqrt(head_dim)
     int64_t window = 0;       // sliding window: query at i attends keys i - window < j <= i; 0: all
+    float softcap = 0.0f;     // scores (after scale) become softcap * tanh(score / softcap); 0: none
 };
 
 // A captured step (Backend::capture_step): the backend's work of one step body, replayed for later
@@ -296,6 +307,25 @@ public:
                            const TokenBatch& batch, const AttentionShape& s) = 0;
     // out[m, f] = silu(gu[m, f]) * gu[m, F + f] where gu = [gate | up] is [m, 2F].
     virtual void silu_mul(const View& out, const View& gate_up) = 0;
+    // The generic gated activation: out[m, f] = act(gu[m, f]) * gu[m, F + f]. kSilu is silu_mul (the
+    // fast path every backend has); others need supports(Op::kGeluTanhMul) and an override.
+    virtual void gated_act(const View& out, const View& gate_up, Activation act) {
+        LATTICE_CHECK(act == Activation::kSilu, "backend {} does not support the {} gated activation", name(),
+                      activation_name(act));
+        silu_mul(out, gate_up);
+    }
+    // QK-norm: every q head and every k head of qkv [m, (nq + 2 nkv) * hd] (s's local heads) in place,
+    // x = rmsnorm(x) * w per head with q_w / k_w [hd] f32 (v untouched). The default runs rmsnorm on each
+    // token's q and k rows (one call each per token); a backend may override it with one launch.
+    virtual void head_rmsnorm(const View& qkv, const AttentionShape& s, const View& q_w, const View& k_w, float eps);
+    // x *= s, in f32 (supports(Op::kScale); the default refuses).
+    virtual void scale(const View& x, float s) {
+        LATTICE_FAIL("backend {} does not support scale ({})", name(), x.shape_str());
+    }
+    // x = cap * tanh(x / cap) elementwise, in f32 (supports(Op::kSoftCap); the default refuses).
+    virtual void softcap(const View& x, float cap) {
+        LATTICE_FAIL("backend {} does not support softcap ({})", name(), x.shape_str());
+    }
     virtual void add(const View& out, const View& a, const View& b) = 0;
     // x[r, :] += bias (f32 [cols]) for every row, in f32 (supports(Op::kAddBias); the default refuses).
     virtual void add_bias(const View& x, const View& bias) {

@@ -1,4 +1,5 @@
-// The forward (see model.h for the sharding rules). Loading reads only this rank's slices.
+// The model (see model.h for the sharding rules): loading (only this rank's slices), memory, the embedding
+// and the LM head; the layers' blocks are blocks.cpp.
 #include "runtime/model/model.h"
 
 #include "base/clock.h"
@@ -8,9 +9,12 @@
 #include "runtime/model/moe_routing.h"
 #include "runtime/model/rank_weights.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <string>
 
 namespace lattice {
@@ -37,38 +41,21 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
     attn_.num_blocks = 0;  // allocate_kv
     attn_.table_width = (opt_.max_seq + opt_.block_size - 1) / opt_.block_size;
     attn_.max_seq = opt_.max_seq;
-    attn_.scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
-    // A window as long as the context never bites: full attention (any backend); nor does one that
-    // starts past the last layer (Qwen2's max_window_layers). run_layers drops it below that layer.
-    attn_.window = cfg_.sliding_window > 0 && cfg_.sliding_window < opt_.max_seq &&
-                           cfg_.window_layer_begin < cfg_.n_layers
-                       ? cfg_.sliding_window
-                       : 0;
+    // longrope's factor on cos and sin scales q and k alike: the scores by its square.
+    const double af = cfg_.rope_attention_factor();
+    attn_.scale = float(af == 1.0 ? cfg_.attention_scale() : cfg_.attention_scale() * af * af);
+    attn_.softcap = float(cfg_.attn_softcap);
+    // A window as long as the context never bites: full attention (any backend); nor does one no layer
+    // has (Qwen2's max_window_layers past the last layer). attention_block drops it in the global layers.
+    bool windowed = false;
+    for (int64_t l = 0; l < cfg_.n_layers; ++l) windowed = windowed || cfg_.layer_windowed(l);
+    attn_.window = windowed && cfg_.sliding_window < opt_.max_seq ? cfg_.sliding_window : 0;
+    act_kind_ = cfg_.hidden_act == HiddenAct::kGeluTanh ? Activation::kGeluTanh : Activation::kSilu;
     kv_dtype_ = resolve_kv_dtype(opt_.kv_dtype, be_.activation_dtype());
     if (opt_.shape_only) return;
     LATTICE_CHECK(be_.supports(Op::kKvCache, kv_dtype_), "backend {} does not support --kv-cache-dtype {} ({})",
                   be_.name(), kv_dtype_name(opt_.kv_dtype), dtype_name(kv_dtype_));
-    const Op ops[] = {Op::kEmbed, Op::kRmsNorm, Op::kAddRmsNorm, Op::kRope, Op::kAttention, Op::kSiluMul, Op::kAdd};
-    for (Op op : ops)
-        LATTICE_CHECK(be_.supports(op, be_.activation_dtype()), "backend {} does not support {} in {}", be_.name(),
-                      op_name(op), dtype_name(be_.activation_dtype()));
-    const Architecture& arch = architecture_of(cfg_);
-    if (arch.qkv_bias)
-        LATTICE_CHECK(be_.supports(Op::kAddBias, be_.activation_dtype()),
-                      "backend {} does not support {} in {}: architecture '{}' needs its q/k/v biases (run it on "
-                      "the CPU backend)",
-                      be_.name(), op_name(Op::kAddBias), dtype_name(be_.activation_dtype()), arch.name);
-    if (attn_.window > 0)
-        LATTICE_CHECK(be_.supports(Op::kSlidingWindow, be_.activation_dtype()),
-                      "backend {} does not support {} in {}: architecture '{}' has sliding_window {} < {} positions "
-                      "(run it on the CPU backend)",
-                      be_.name(), op_name(Op::kSlidingWindow), dtype_name(be_.activation_dtype()), arch.name,
-                      attn_.window, opt_.max_seq);
-    if (cfg_.is_moe())
-        LATTICE_CHECK(be_.supports(Op::kMoe, be_.activation_dtype()),
-                      "backend {} does not support {} in {}: architecture '{}' routes tokens to {} experts (run it "
-                      "on the CPU backend)",
-                      be_.name(), op_name(Op::kMoe), dtype_name(be_.activation_dtype()), arch.name, cfg_.n_experts);
+    check_ops();
     if (opt_.quant != QuantMode::kNone)
         LATTICE_CHECK(be_.supports(Op::kGemmInt8, DType::kI8), "backend {} does not support quantization {}",
                       be_.name(), quant_mode_name(opt_.quant));
@@ -103,7 +90,8 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
         if (opt_.tp > 1) logits_full_ = be_.alloc_lazy(DType::kF32, {T * cfg_.vocab});
     }
     const auto w8a8 = [](const Linear& w) { return w.mode == QuantMode::kW8A8; };
-    fused_quant_ = be_.fuses_quant() && !layers_.empty() &&
+    // (GeGLU has no fused quantizing kernel: its w_down quantizes its input itself.)
+    fused_quant_ = be_.fuses_quant() && !layers_.empty() && act_kind_ == Activation::kSilu &&
                    std::all_of(layers_.begin(), layers_.end(), [&](const LayerWeights& L) {
                        const bool ffn = L.expert_down.empty() ? w8a8(L.w_gate_up) && w8a8(L.w_down)
                                                               : std::all_of(L.expert_gate_up.begin(),
@@ -120,6 +108,38 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
 
 Model::~Model() = default;
 
+void Model::check_ops() const {
+    const Architecture& arch = architecture_of(cfg_);
+    const DType act = be_.activation_dtype();
+    const Op ops[] = {Op::kEmbed, Op::kRmsNorm, Op::kAddRmsNorm, Op::kRope, Op::kAttention, Op::kSiluMul, Op::kAdd};
+    for (Op op : ops)
+        LATTICE_CHECK(be_.supports(op, act), "backend {} does not support {} in {}", be_.name(), op_name(op),
+                      dtype_name(act));
+    // The options of the family's blocks, each an op the backend must have.
+    const struct {
+        bool needed;
+        Op op;
+        std::string why;
+    } options[] = {
+        {arch.qkv_bias, Op::kAddBias, "needs its q/k/v biases"},
+        {attn_.window > 0, Op::kSlidingWindow,
+         fmt::format("has sliding_window {} < {} positions", attn_.window, opt_.max_seq)},
+        {cfg_.is_moe(), Op::kMoe, fmt::format("routes tokens to {} experts", cfg_.n_experts)},
+        {act_kind_ == Activation::kGeluTanh, Op::kGeluTanhMul, "has a GeGLU MLP"},
+        {arch.qk_norm, Op::kHeadNorm, "norms q and k per head"},
+        {arch.embed_scale, Op::kScale, "scales its embeddings"},
+        {cfg_.final_softcap > 0, Op::kSoftCap, "soft-caps its logits"},
+        {cfg_.attn_softcap > 0, Op::kAttnSoftCap, "soft-caps its attention scores"},
+    };
+    for (const auto& o : options)
+        LATTICE_CHECK(!o.needed || be_.supports(o.op, act),
+                      "backend {} does not support {} in {}: architecture '{}' {} (run it on the CPU backend)",
+                      be_.name(), op_name(o.op), dtype_name(act), arch.name, o.why);
+    LATTICE_CHECK(!arch.norm_one_plus || opt_.smooth_path.empty(),
+                  "SmoothQuant (--smooth) is not supported for architecture '{}' (its norms are applied as 1 + w)",
+                  arch.name);
+}
+
 Linear Model::make_linear(HostTensor& w, QuantMode mode) {
     if (w.int4()) return be_.make_linear_int4(w.q4.matrix(), mode);
     if (w.dtype == DType::kI8) return be_.make_linear_int8(w.view(), w.scales_view(), mode);
@@ -129,7 +149,7 @@ Linear Model::make_linear(HostTensor& w, QuantMode mode) {
 void Model::load(const TensorSource& src) {
     const ModelConfig& c = cfg_;
     const int64_t hd = c.head_dim;
-    std::vector<float> inv = c.rope_inv_freq();
+    std::vector<float> inv = c.rope_inv_freq(false, opt_.max_seq);
     std::vector<float> factors = src.rope_freq_factors();
     if (!factors.empty()) {
         // GGUF carries llama3 scaling as per-pair divisors of the unscaled frequencies.
@@ -139,6 +159,17 @@ void Model::load(const TensorSource& src) {
             inv[size_t(i)] = float(1.0 / std::pow(c.rope_theta, double(2 * i) / double(hd)) / factors[size_t(i)]);
     }
     inv_freq_ = be_.make_f32(View::contiguous(inv.data(), DType::kF32, {int64_t(inv.size())}));
+    if (c.rope_local_theta > 0) {
+        std::vector<float> local = c.rope_inv_freq(true);
+        inv_freq_local_ = be_.make_f32(View::contiguous(local.data(), DType::kF32, {int64_t(local.size())}));
+    }
+    const bool one_plus = architecture_of(c).norm_one_plus;
+    // A norm weight as the backend applies it: w, or 1 + w (in f32, as transformers' Gemma RMSNorm adds it).
+    const auto norm = [&](HostTensor& h) {
+        if (one_plus)
+            for (float& w : std::span(reinterpret_cast<float*>(h.data.data()), size_t(h.cols))) w += 1.0f;
+        return be_.make_f32(h.view());
+    };
 
     RankWeights weights(src, opt_);
     layers_.resize(size_t(opt_.layer_end - opt_.layer_begin));
@@ -164,9 +195,13 @@ void Model::load(const TensorSource& src) {
                 if (t.tied_head) lm_head_ = make_linear(h, t.mode);
                 break;
             case WeightRole::kLmHead: lm_head_ = make_linear(h, t.mode); break;
-            case WeightRole::kFinalNorm: final_norm_ = be_.make_f32(h.view()); break;
-            case WeightRole::kAttnNorm: L->attn_norm = be_.make_f32(h.view()); break;
-            case WeightRole::kFfnNorm: L->ffn_norm = be_.make_f32(h.view()); break;
+            case WeightRole::kFinalNorm: final_norm_ = norm(h); break;
+            case WeightRole::kAttnNorm: L->attn_norm = norm(h); break;
+            case WeightRole::kFfnNorm: L->ffn_norm = norm(h); break;
+            case WeightRole::kQNorm: L->q_norm = norm(h); break;
+            case WeightRole::kKNorm: L->k_norm = norm(h); break;
+            case WeightRole::kPostAttnNorm: L->post_attn_norm = norm(h); break;
+            case WeightRole::kPostFfnNorm: L->post_ffn_norm = norm(h); break;
             case WeightRole::kWqkv: L->wqkv = make_linear(h, t.mode); break;
             case WeightRole::kBqkv: L->qkv_bias = be_.make_f32(h.view()); break;
             case WeightRole::kWo: L->wo = make_linear(h, t.mode); break;
@@ -208,6 +243,7 @@ void Model::allocate_kv(int64_t num_blocks) {
 int64_t Model::weight_bytes() const {
     int64_t b = embed_table_.bytes() + lm_head_.weight_bytes() + final_norm_.bytes();
     for (const auto& L : layers_) {
+        b += L.q_norm.bytes() + L.k_norm.bytes() + L.post_attn_norm.bytes() + L.post_ffn_norm.bytes();
         b += L.attn_norm.bytes() + L.ffn_norm.bytes() + L.wqkv.weight_bytes() + L.qkv_bias.bytes() + L.wo.weight_bytes() +
              L.w_gate_up.weight_bytes() + L.w_down.weight_bytes() + L.router.weight_bytes();
         for (size_t e = 0; e < L.expert_down.size(); ++e)
@@ -247,118 +283,9 @@ void Model::embed(const TokenBatch& batch, const View& hidden) {
         LATTICE_CHECK(batch.ids[i] >= 0 && batch.ids[i] < cfg_.vocab, "token id {} at position {} is outside the vocab "
                       "(size {})", batch.ids[i], i, cfg_.vocab);
     be_.embed(hidden, embed_table_.view(), batch, shard_.vocab0);
+    // Gemma: times sqrt(hidden) in the activations' precision (exact on every rank: the other ranks' rows are 0).
+    if (architecture_of(cfg_).embed_scale) be_.scale(hidden, float(std::sqrt(double(cfg_.hidden))));
     if (opt_.tp > 1) tp_all_reduce(hidden);
-}
-
-void Model::run_layers(const TokenBatch& batch, const View& hidden) {
-    const int64_t T = batch.count;
-    LATTICE_CHECK(T >= 1 && T <= opt_.max_batch_tokens && hidden.rows() == T, "run_layers: {} tokens, hidden {}", T,
-                  hidden.shape_str());
-    LATTICE_CHECK(attn_.num_blocks > 0 || layers_.empty(), "run_layers before allocate_kv");
-    for (int64_t i = 0; i < T; ++i)
-        LATTICE_CHECK(batch.positions[i] >= 0 && batch.positions[i] < opt_.max_seq && batch.seqs[i] >= 0 &&
-                          batch.seqs[i] < batch.num_seqs,
-                      "token {} at position {} of sequence {} is outside the context ({} positions) or the batch's "
-                      "{} block tables",
-                      i, batch.positions[i], batch.seqs[i], opt_.max_seq, batch.num_seqs);
-    prepare_lora(batch);
-    const float eps = float(cfg_.rms_eps);
-    View normed = normed_.view().row_range(0, T), qkv = qkv_.view().row_range(0, T),
-         attn = attn_out_.view().row_range(0, T), proj = proj_.view().row_range(0, T),
-         gu = gate_up_.view().row_range(0, T);
-    // hidden += x (x empty: no add), normed = rmsnorm(hidden) * w, quantized too when fused.
-    const auto norm = [&](const View& x, const View& w) {
-        if (fused_quant_)
-            be_.add_rmsnorm_quant(hidden, x, normed, qa_hidden_, w, eps);
-        else if (x.data)
-            be_.add_rmsnorm(hidden, x, normed, w, eps);
-        else
-            be_.rmsnorm(normed, hidden, w, eps);
-    };
-    const auto linear_normed = [&](const View& out, const Linear& w) {
-        if (fused_quant_)
-            be_.linear_quant(out, qa_hidden_, w);
-        else
-            be_.linear(out, normed, w);
-    };
-    for (size_t li = 0; li < layers_.size(); ++li) {
-        LayerWeights& L = layers_[li];
-        const int64_t layer = opt_.layer_begin + int64_t(li);
-        if (li == 0) norm(View{}, L.attn_norm.view());
-        if (observer_) observer_(layer, 0, normed);
-        linear_normed(qkv, L.wqkv);
-        add_lora(qkv, normed, li, LoraSite::kQkv);
-        if (!L.qkv_bias.empty()) be_.add_bias(qkv, L.qkv_bias.view());
-        be_.rope(qkv, batch, attn_, inv_freq_.view());
-        AttentionShape shape = attn_;
-        if (layer < cfg_.window_layer_begin) shape.window = 0;  // full attention below the windowed layers
-        be_.attention(attn, qkv, L.k_cache.view(), L.v_cache.view(), batch, shape);
-        be_.linear(proj, attn, L.wo);
-        add_lora(proj, attn, li, LoraSite::kO);
-        if (opt_.tp > 1) tp_all_reduce(proj);
-        norm(proj, L.ffn_norm.view());
-        if (observer_) observer_(layer, 1, normed);
-        if (L.expert_down.empty()) {
-            linear_normed(gu, L.w_gate_up);
-            add_lora(gu, normed, li, LoraSite::kGateUp);
-            gated_down(gu, proj, L.w_down);
-            add_lora(proj, act_.view().row_range(0, T), li, LoraSite::kDown);
-        } else {
-            moe_block(L, normed, proj);
-        }
-        if (opt_.tp > 1) tp_all_reduce(proj);
-        if (li + 1 < layers_.size())
-            norm(proj, layers_[li + 1].attn_norm.view());
-        else
-            be_.add(hidden, hidden, proj);
-    }
-    if (opt_.tp > 1) tp_comm_->wait_idle();  // bounded: a dead peer is an Error here, never a hang
-}
-
-void Model::gated_down(const View& gu, const View& out, const Linear& down) {
-    const View act = act_.view().row_range(0, gu.rows());
-    if (fused_quant_) {
-        be_.silu_mul_quant(act, qa_ffn_, gu);
-        be_.linear_quant(out, qa_ffn_, down);
-    } else {
-        be_.silu_mul(act, gu);
-        be_.linear(out, act, down);
-    }
-}
-
-void Model::moe_block(LayerWeights& L, const View& normed, const View& out) {
-    const int64_t T = normed.rows(), E = cfg_.n_experts;
-    const View logits = router_logits_.view().row_range(0, T);
-    be_.linear(logits, normed, L.router);
-    router_host_.resize(size_t(T * E));
-    if (logits.dtype == DType::kF32) {
-        be_.download(router_host_.data(), logits);
-    } else {
-        std::vector<uint8_t> raw(size_t(logits.bytes()));
-        be_.download(raw.data(), logits);
-        convert_elements(raw.data(), logits.dtype, router_host_.data(), DType::kF32, T * E);
-    }
-    route_tokens(router_host_.data(), T, E, cfg_.n_experts_used, architecture_of(cfg_).moe_renormalize, &routes_);
-    // The layer's routes reach the device in one copy each; every expert reads its slice of them.
-    const int64_t slots = T * cfg_.n_experts_used;
-    be_.upload(View::contiguous(route_rows_.data(), DType::kI32, {slots}, be_.device()), routes_.tokens.data());
-    be_.upload(View::contiguous(route_weights_.data(), DType::kF32, {slots}, be_.device()), routes_.weights.data());
-    be_.fill_zero(out);
-    for (int64_t e = 0; e < E; ++e) {
-        const int64_t n = routes_.count(e);
-        if (n == 0) continue;  // an expert no token chose: its weights are not read
-        const int64_t b = routes_.begin[size_t(e)];
-        const View rows = View::contiguous(route_rows_.ptr<int32_t>() + b, DType::kI32, {n}, be_.device()),
-                   weights = View::contiguous(route_weights_.ptr<float>() + b, DType::kF32, {n}, be_.device());
-        const View in = moe_in_.view().row_range(0, n), gu = gate_up_.view().row_range(0, n),
-                   y = moe_out_.view().row_range(0, n);
-        be_.gather_rows(in, normed, rows);
-        be_.linear(gu, in, L.expert_gate_up[size_t(e)]);
-        gated_down(gu, y, L.expert_down[size_t(e)]);
-        be_.scatter_add_rows(out, y, rows, weights);
-        moe_counters_.expert_runs += 1;
-        moe_counters_.expert_rows += n;
-    }
 }
 
 View Model::head_logits(const View& hidden, const std::vector<int64_t>& rows) {
@@ -382,7 +309,12 @@ View Model::head_logits(const View& hidden, const std::vector<int64_t>& rows) {
     const int64_t block = R * Vp;
     float* mine = logits_.ptr<float>() + int64_t(opt_.tp_rank) * block;
     be_.linear(View::contiguous(mine, DType::kF32, {R, shard_.vocab_rows}, be_.device()), in, lm_head_);
-    if (opt_.tp == 1) return View::contiguous(mine, DType::kF32, {R, V}, be_.device());
+    const float cap = float(cfg_.final_softcap);
+    if (opt_.tp == 1) {
+        const View out = View::contiguous(mine, DType::kF32, {R, V}, be_.device());
+        if (cap > 0) be_.softcap(out, cap);
+        return out;
+    }
     View all = View::contiguous(logits_.data(), DType::kF32, {int64_t(opt_.tp) * block}, be_.device());
     const auto t0 = SteadyClock::now();
     tp_comm_->all_gather(all, View::contiguous(mine, DType::kF32, {block}, be_.device()));
@@ -395,6 +327,7 @@ View Model::head_logits(const View& hidden, const std::vector<int64_t>& rows) {
                                           be_.device()));
     }
     tp_comm_->wait_idle();
+    if (cap > 0) be_.softcap(full, cap);
     return full;
 }
 

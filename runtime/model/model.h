@@ -1,6 +1,11 @@
-// Model: the one forward of the families of the architecture table (runtime/arch/architecture.h:
-// Llama, Mistral with its sliding window, Qwen2 with its q/k/v biases, Mixtral's mixture of experts),
-// for every backend and every TP x PP layout (a backend refuses at load what it does not run).
+// Model: the forward of every family of the architecture table (runtime/arch/architecture.h: Llama,
+// Mistral, Qwen2/3, Mixtral, Qwen3-MoE, Gemma 2/3), assembled from shared blocks (runtime/model/blocks.cpp)
+// by the family's entry: norm (RMSNorm; weights applied as (1 + w) where the family says so, folded in at
+// load), attention (q/k/v bias, QK-norm, RoPE with a local base per windowed layer, sliding window per
+// layer, query scale, score soft-cap), gated MLP (SiLU or tanh-GELU) or mixture of experts, and the
+// residual wiring (pre-norm; sandwich norms on the blocks' outputs), plus Gemma's embedding scale and
+// final-logit soft-cap. Every backend and every TP x PP layout runs it (a backend refuses at load what it
+// does not run, naming the op). Every projection goes through project() (blocks.cpp).
 //
 // A rank holds one pipeline stage (a contiguous range of layers; the embedding on the first stage,
 // the final norm and LM head on the last) and, within it, its tensor-parallel shard:
@@ -72,11 +77,13 @@ struct ModelOptions {
 using ActivationObserver = std::function<void(int64_t layer, int which, const View& x)>;
 
 struct LayerWeights {
-    Buffer attn_norm;  // [hidden] f32
+    Buffer attn_norm;  // [hidden] f32 (norms: (1 + w) folded in for norm_one_plus families)
     Linear wqkv;       // [(nq + 2 nkv) * head_dim, hidden], local heads
     Buffer qkv_bias;   // [(nq + 2 nkv) * head_dim] f32, local heads (qkv_bias families; empty otherwise)
     Linear wo;         // [hidden, nq * head_dim], local columns
     Buffer ffn_norm;   // [hidden] f32
+    Buffer q_norm, k_norm;                 // [head_dim] f32 (QK-norm families; empty otherwise)
+    Buffer post_attn_norm, post_ffn_norm;  // [hidden] f32 (sandwich-norm families; empty otherwise)
     Linear w_gate_up;  // [2 * ffn_local, hidden]: gate rows then up rows
     Linear w_down;     // [hidden, ffn_local]
     Linear router;                      // MoE: [experts, hidden] float, replicated
@@ -172,10 +179,25 @@ private:
     // The one place a linear is made: int8 weights of a converted checkpoint go to the backend as
     // they are (make_linear_int8), float ones are prepared (and quantized) by make_linear.
     Linear make_linear(HostTensor& w, QuantMode mode);
+    void check_ops() const;  // every op the family's blocks need is supported (names the op otherwise)
     void tp_all_reduce(const View& x);  // timed (comm_seconds)
+    // ---- the blocks (blocks.cpp) ----
+    // A layer's activations for T tokens (views of the scratch buffers).
+    struct Acts {
+        View normed, qkv, attn, proj, gu;
+    };
+    Acts acts(int64_t T) const;
+    // The one place a projection runs: out = in . W^T, from the fused-quantized rows qa when given.
+    void project(const View& out, const View& in, const Linear& w, const QuantActs* qa = nullptr);
+    // hidden += x (x empty: no add); a.normed = norm(hidden) * w, quantized too when fused.
+    void residual_norm(const View& hidden, const View& x, const Buffer& w, const Acts& a);
+    // a.proj = o_proj(attention(a.normed)), all-reduced and post-normed (sandwich): layer `layer`'s options.
+    void attention_block(const TokenBatch& batch, LayerWeights& L, int64_t layer, const Acts& a);
+    // a.proj = the MLP (gated or MoE) of a.normed, all-reduced and post-normed (sandwich).
+    void mlp_block(LayerWeights& L, size_t li, const Acts& a);
     // out = the MoE block of layer L over normed [T, hidden] (this rank's slice of every expert).
     void moe_block(LayerWeights& L, const View& normed, const View& out);
-    // out = down(silu(gate) * up) of gu's rows: fused-quantized through qa_ffn_ when fused_quant_.
+    // out = down(act(gate) * up) of gu's rows: fused-quantized through qa_ffn_ when fused_quant_.
     void gated_down(const View& gu, const View& out, const Linear& down);
     // LoRA: the batch's rows grouped by adapter slot (once per run_layers), then, after projection `site`
     // of local layer li: out[rows of each slot] += s * (in A^T) B^T (model_lora.cpp). No adapter in the
@@ -196,6 +218,8 @@ private:
     Linear lm_head_;      // [vocab_rows, hidden] (last stage)
     Buffer final_norm_;   // [hidden]
     Buffer inv_freq_;     // [head_dim / 2]
+    Buffer inv_freq_local_;  // [head_dim / 2]: the windowed layers' (a family with a local rope base), else empty
+    Activation act_kind_ = Activation::kSilu;
     std::vector<LayerWeights> layers_;
     ActivationObserver observer_;
     int64_t checkpoint_bytes_read_ = 0;

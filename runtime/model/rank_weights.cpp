@@ -15,6 +15,8 @@
 
 namespace lattice {
 
+using rank_weights_internal::extra_norm_role;
+using rank_weights_internal::is_extra_norm;
 using rank_weights_internal::keep_dtype;
 using rank_weights_internal::kScale;
 
@@ -25,7 +27,8 @@ RankWeights::RankWeights(const TensorSource& src, const ModelOptions& opt) : src
     const int64_t H = c.hidden, hd = c.head_dim;
     const ShardShape& s = shard_;
     const QuantMode head_mode = opt_.quant_head ? opt_.quant : QuantMode::kNone;
-    const bool qkv_bias = architecture_of(c).qkv_bias;
+    const Architecture& arch = architecture_of(c);
+    const bool qkv_bias = arch.qkv_bias;
     auto add = [&](WeightRole role, int64_t layer, std::string name, int64_t rows, int64_t cols, QuantMode mode,
                    int64_t expert = -1) {
         RankTensor t;
@@ -36,7 +39,7 @@ RankWeights::RankWeights(const TensorSource& src, const ModelOptions& opt) : src
         t.rows = rows;
         t.cols = cols;
         t.vector = role == WeightRole::kFinalNorm || role == WeightRole::kAttnNorm || role == WeightRole::kFfnNorm ||
-                   role == WeightRole::kBqkv;
+                   role == WeightRole::kBqkv || is_extra_norm(role);
         t.mode = mode;
         tensors_.push_back(std::move(t));
     };
@@ -54,7 +57,15 @@ RankWeights::RankWeights(const TensorSource& src, const ModelOptions& opt) : src
         add(WeightRole::kAttnNorm, l, PreparedNames::attn_norm(l), 1, H, QuantMode::kNone);
         add(WeightRole::kWqkv, l, PreparedNames::wqkv(l), (s.n_heads + 2 * s.n_kv) * hd, H, opt_.quant);
         if (qkv_bias) add(WeightRole::kBqkv, l, PreparedNames::bqkv(l), 1, (s.n_heads + 2 * s.n_kv) * hd, QuantMode::kNone);
+        if (arch.qk_norm) {
+            add(WeightRole::kQNorm, l, PreparedNames::q_norm(l), 1, hd, QuantMode::kNone);
+            add(WeightRole::kKNorm, l, PreparedNames::k_norm(l), 1, hd, QuantMode::kNone);
+        }
         add(WeightRole::kWo, l, PreparedNames::wo(l), H, s.n_heads * hd, opt_.quant);
+        if (arch.sandwich_norms) {
+            add(WeightRole::kPostAttnNorm, l, PreparedNames::post_attn_norm(l), 1, H, QuantMode::kNone);
+            add(WeightRole::kPostFfnNorm, l, PreparedNames::post_ffn_norm(l), 1, H, QuantMode::kNone);
+        }
         add(WeightRole::kFfnNorm, l, PreparedNames::ffn_norm(l), 1, H, QuantMode::kNone);
         if (!c.is_moe()) {
             add(WeightRole::kWGateUp, l, PreparedNames::w_gate_up(l), 2 * s.ffn, H, opt_.quant);
@@ -149,6 +160,13 @@ void RankWeights::plan_original() {
             case WeightRole::kAttnNorm:
             case WeightRole::kFfnNorm:
                 check_role(t.role == WeightRole::kAttnNorm ? TensorRole::kAttnNorm : TensorRole::kFfnNorm, l);
+                t.dtype = DType::kF32;
+                break;
+            case WeightRole::kQNorm:
+            case WeightRole::kKNorm:
+            case WeightRole::kPostAttnNorm:
+            case WeightRole::kPostFfnNorm:
+                check_role(extra_norm_role(t.role), l);
                 t.dtype = DType::kF32;
                 break;
             case WeightRole::kBqkv:

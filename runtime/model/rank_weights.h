@@ -16,6 +16,8 @@
 //   model.layers.L.self_attn.o_proj.weight    [hidden, nq * head_dim]
 //   model.layers.L.mlp.gate_up_proj.weight    [2 * ffn_local, hidden]  gate | up rows (s folded in)
 //   model.layers.L.mlp.down_proj.weight       [hidden, ffn_local]
+// QK-norm families add model.layers.L.self_attn.{q,k}_norm.weight [head_dim] f32, sandwich-norm families
+// model.layers.L.sandwich.post_{attention,feedforward}_norm.weight [hidden] f32 (architecture.h PreparedNames).
 // MoE families hold instead of the two mlp tensors (per layer L, expert E):
 //   model.layers.L.block_sparse_moe.gate.weight                     [experts, hidden] float (s folded in)
 //   model.layers.L.block_sparse_moe.experts.E.gate_up_proj.weight   [2 * ffn_local, hidden] (s folded in)
@@ -57,6 +59,10 @@ enum class WeightRole : uint8_t {
     kFinalNorm,
     kAttnNorm,
     kFfnNorm,
+    kQNorm,        // QK-norm: [head_dim] f32, replicated
+    kKNorm,
+    kPostAttnNorm, // sandwich norms: [hidden] f32
+    kPostFfnNorm,
     kBqkv,
     kWqkv,
     kWo,

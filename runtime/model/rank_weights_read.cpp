@@ -144,6 +144,13 @@ HostTensor RankWeights::read(const RankTensor& t) {
             if (f) fold_smooth_norm(reinterpret_cast<float*>(h.data.data()), H, *f);
             break;
         }
+        case WeightRole::kQNorm:
+        case WeightRole::kKNorm:
+        case WeightRole::kPostAttnNorm:
+        case WeightRole::kPostFfnNorm:
+            h = read_rows(tensor_name(c, rank_weights_internal::extra_norm_role(t.role), l), 0, 1, 0, t.cols,
+                          DType::kF32);
+            break;
         case WeightRole::kBqkv: {
             // The rank's slice of each bias, like the rows of its weight (column-parallel); SmoothQuant
             // scales the activation's columns, not the outputs, so the bias takes no factor.

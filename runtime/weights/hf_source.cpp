@@ -3,6 +3,9 @@
 // copies (and converts) what it keeps, then drops the source. open_model() picks the format.
 // An AWQ / GPTQ checkpoint (quantization_config) shows each packed linear as "<P>.weight", a 4-bit tensor
 // (TensorInfo::int4_group; read_int4 gives it, read() dequantizes it): runtime/weights/hf_int4.h.
+// A family whose checkpoint fuses tensors (Phi-3's qkv_proj, gate_up_proj) names each part in the table as
+// "<fused name>:<part>": the fused tensor is shown as its parts, row ranges of it (split_fused), so every
+// rank reads only its own rows of each part.
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -45,6 +48,7 @@ public:
             for (const auto& [name, e] : files_[0]->entries()) add(name, 0, e);
         }
         collect_int4();
+        split_fused();
     }
 
     const ModelConfig& config() const override { return config_; }
@@ -71,7 +75,7 @@ public:
     }
     int64_t total_bytes() const override {
         int64_t b = 0;
-        for (const auto& [n, t] : tensors_) b += t.entry->end - t.entry->begin;
+        for (const auto& [n, t] : tensors_) b += t.bytes;
         for (const auto& [n, t] : int4_) b += t.linear.stored_bytes();
         return b;
     }
@@ -93,7 +97,7 @@ public:
         const int64_t out_es = dtype_size(out_dtype);
         for (int64_t r = 0; r < rows; ++r) {
             uint8_t* o = out + r * cols * out_es;
-            convert_elements(base + ((row0 + r) * C + col0) * es, t.info.dtype, o, out_dtype, cols);
+            convert_elements(base + ((t.row0 + row0 + r) * C + col0) * es, t.info.dtype, o, out_dtype, cols);
             check_finite_row(o, out_dtype, cols, t.info, row0 + r, col0);
         }
     }
@@ -103,6 +107,8 @@ private:
         TensorInfo info;
         int file = 0;
         const SafetensorsEntry* entry = nullptr;
+        int64_t row0 = 0;   // a part of a fused tensor: its first row in the entry
+        int64_t bytes = 0;  // bytes of the entry it shows
     };
 
     const Tensor& at(const std::string& name) const {
@@ -126,7 +132,43 @@ private:
         t.info.file = files_[size_t(file)]->path();
         t.file = file;
         t.entry = &e;
+        t.bytes = e.end - e.begin;
         tensors_[name] = std::move(t);
+    }
+
+    // Each fused per-layer tensor of the family (table names "<fused>:<part>") becomes its parts: row ranges
+    // in table order, each as many rows as its role's shape (the plan checks the columns); the fused name
+    // leaves the list.
+    void split_fused() {
+        std::map<std::string, std::vector<const TensorSpec*>> groups;  // fused name -> its parts in table order
+        for (const TensorSpec& t : architecture_of(config_).tensors) {
+            const std::string hf = t.hf;
+            if (t.per_layer && hf.find(':') != std::string::npos) groups[hf.substr(0, hf.find(':'))].push_back(&t);
+        }
+        for (const auto& [fused, parts] : groups)
+            for (int64_t l = 0; l < config_.n_layers; ++l) {
+                const std::string prefix = "model.layers." + std::to_string(l) + ".";
+                auto it = tensors_.find(prefix + fused);
+                if (it == tensors_.end()) continue;  // (the tensor checks name the missing parts)
+                const Tensor whole = it->second;
+                int64_t rows = 0;
+                for (const TensorSpec* p : parts) rows += tensor_shape(config_, p->role)[0];
+                LATTICE_CHECK(whole.info.shape.size() == 2 && whole.info.shape[0] == rows,
+                              "{}: tensor \"{}\" has shape {}; its {} parts need {} rows", whole.info.file,
+                              whole.info.name, shape_string(whole.info.shape), parts.size(), rows);
+                tensors_.erase(it);
+                int64_t row0 = 0;
+                for (const TensorSpec* p : parts) {
+                    Tensor t = whole;
+                    const int64_t n = tensor_shape(config_, p->role)[0];
+                    t.info.name = prefix + p->hf;
+                    t.info.shape = {n, whole.info.shape[1]};
+                    t.row0 = row0;
+                    t.bytes = n * whole.info.shape[1] * dtype_size(whole.info.dtype);
+                    row0 += n;
+                    tensors_[t.info.name] = t;
+                }
+            }
     }
 
     void load_index(const std::string& index_path) {

@@ -155,6 +155,8 @@ std::string hf_config_json(const ModelConfig& c) {
         j["num_local_experts"] = c.n_experts;
         j["num_experts_per_tok"] = c.n_experts_used;
     }
+    const Architecture& arch = find_architecture(c.family);
+    if (arch.write_config) arch.write_config(c, j);  // the family's own keys (runtime/arch/family_*.cpp)
     return j.dump(2);
 }
 

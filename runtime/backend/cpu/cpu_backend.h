@@ -69,6 +69,10 @@ public:
     void attention(const View& out, const View& qkv, const View& k_cache, const View& v_cache, const TokenBatch& batch,
                    const AttentionShape& s) override;
     void silu_mul(const View& out, const View& gate_up) override;
+    void gated_act(const View& out, const View& gate_up, Activation act) override;
+    void head_rmsnorm(const View& qkv, const AttentionShape& s, const View& q_w, const View& k_w, float eps) override;
+    void scale(const View& x, float s) override;
+    void softcap(const View& x, float cap) override;
     void add(const View& out, const View& a, const View& b) override;
     void add_bias(const View& x, const View& bias) override;
     void gather_rows(const View& dst, const View& src, const View& rows) override;

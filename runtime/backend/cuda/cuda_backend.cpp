@@ -115,7 +115,13 @@ bool CudaBackend::supports(Op op, DType dtype) const {
         case Op::kAddBias:        // q/k/v biases (qwen2)
         case Op::kSlidingWindow:  // AttnDims::window in both attention kernels (mistral)
         case Op::kMoe:            // gather / scatter-add rows, fill_zero (mixtral)
+        case Op::kGeluTanhMul:    // GeGLU (gemma)
+        case Op::kHeadNorm:       // QK-norm (qwen3, gemma3)
+        case Op::kScale:          // the embedding scale (gemma)
+        case Op::kSoftCap:        // the final logits' soft-cap (gemma2), f32 logits too
             return dtype == act_;
+        case Op::kAttnSoftCap:    // not in the attention kernels: gemma2 runs on the CPU backend
+            return false;
     }
     return false;
 }

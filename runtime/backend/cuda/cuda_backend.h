@@ -101,6 +101,10 @@ public:
     void add(const View& out, const View& a, const View& b) override;
     // The families' ops (cuda_backend_families.cpp): q/k/v biases, MoE row moves.
     void add_bias(const View& x, const View& bias) override;
+    void gated_act(const View& out, const View& gate_up, Activation act) override;
+    void head_rmsnorm(const View& qkv, const AttentionShape& s, const View& q_w, const View& k_w, float eps) override;
+    void scale(const View& x, float s) override;
+    void softcap(const View& x, float cap) override;
     void gather_rows(const View& dst, const View& src, const View& rows) override;
     void scatter_add_rows(const View& dst, const View& src, const View& rows, const View& weights) override;
     void fill_zero(const View& x) override;

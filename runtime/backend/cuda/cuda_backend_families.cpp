@@ -1,5 +1,6 @@
-// CudaBackend ops of the families beyond Llama (runtime/arch): Qwen2's q/k/v biases (add_bias) and a
-// mixture-of-experts block's row moves (gather_rows, scatter_add_rows, fill_zero), each a shape check
+// CudaBackend ops of the families beyond Llama (runtime/arch): Qwen2's q/k/v biases (add_bias), a
+// mixture-of-experts block's row moves (gather_rows, scatter_add_rows, fill_zero), GeGLU (gated_act),
+// QK-norm (head_rmsnorm), scale and softcap (kernels/cuda/family_ops.cu), each a shape check
 // on the host and one launch on stream_ (kernels/cuda/rows.cu) or one memset. The sliding window
 // (Mistral) is AttnDims::window in CudaBackend::attention. Row indices and weights are device vectors
 // the model uploaded once per layer (Backend::gather_rows says why).
@@ -47,6 +48,38 @@ void CudaBackend::scatter_add_rows(const View& dst, const View& src, const View&
                   "CudaBackend::scatter_add_rows: {} rows of {} into {}", n, src.shape_str(), dst.shape_str());
     cuda::scatter_add_rows(dst.data, src.data, rows.ptr<int32_t>(), weights.ptr<float>(), n, dst.rows(), dst.cols(),
                            act_, stream_);
+}
+
+void CudaBackend::gated_act(const View& out, const View& gate_up, Activation act) {
+    if (act == Activation::kSilu) return silu_mul(out, gate_up);
+    check_act(out, "gated_act", "out");
+    check_act(gate_up, "gated_act", "gate_up");
+    LATTICE_CHECK(gate_up.rows() == out.rows() && gate_up.cols() == 2 * out.cols(),
+                  "CudaBackend::gated_act: {} from {}", out.shape_str(), gate_up.shape_str());
+    cuda::gelu_tanh_mul(out.data, gate_up.data, out.rows(), out.cols(), act_, stream_);
+}
+
+void CudaBackend::head_rmsnorm(const View& qkv, const AttentionShape& s, const View& q_w, const View& k_w, float eps) {
+    check_act(qkv, "head_rmsnorm", "qkv");
+    const int64_t hd = s.head_dim;
+    LATTICE_CHECK(qkv.cols() == (s.n_heads + 2 * s.n_kv_heads) * hd && q_w.numel() == hd && k_w.numel() == hd &&
+                      q_w.dtype == DType::kF32 && k_w.dtype == DType::kF32,
+                  "CudaBackend::head_rmsnorm: qkv {}, heads {} + 2 x {} of {}", qkv.shape_str(), s.n_heads,
+                  s.n_kv_heads, hd);
+    cuda::head_rmsnorm(qkv.data, qkv.rows(), qkv.cols(), s.n_heads, s.n_kv_heads, hd, q_w.ptr<float>(),
+                       k_w.ptr<float>(), eps, act_, stream_);
+}
+
+void CudaBackend::scale(const View& x, float s) {
+    LATTICE_CHECK(x.device == Device::kCuda && x.is_contiguous() && (x.dtype == act_ || x.dtype == DType::kF32),
+                  "CudaBackend::scale: {} {}", dtype_name(x.dtype), x.shape_str());
+    cuda::scale(x.data, x.numel(), s, x.dtype, stream_);
+}
+
+void CudaBackend::softcap(const View& x, float cap) {
+    LATTICE_CHECK(x.device == Device::kCuda && x.is_contiguous() && (x.dtype == act_ || x.dtype == DType::kF32),
+                  "CudaBackend::softcap: {} {}", dtype_name(x.dtype), x.shape_str());
+    cuda::softcap(x.data, x.numel(), cap, x.dtype, stream_);
 }
 
 void CudaBackend::fill_zero(const View& x) {

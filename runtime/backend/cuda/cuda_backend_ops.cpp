@@ -253,6 +253,7 @@ void CudaBackend::attention(const View& out, const View& qkv, const View& k_cach
     d.table_width = s.table_width;
     d.scale = s.scale;
     d.window = s.window;
+    LATTICE_CHECK(s.softcap == 0.0f, "CudaBackend::attention: soft-capped scores ({}) are not implemented", s.softcap);
     d.kv_int8 = int8;
     const int32_t* pos = meta_dev_ + m;
     const int32_t* seqs = meta_dev_ + 2 * m;

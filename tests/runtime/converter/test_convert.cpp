@@ -89,6 +89,30 @@ TEST_CASE(
     }
 }
 
+TEST_CASE("converted block families (Qwen3, Gemma 2/3, Phi-3, Qwen3-MoE): bit-identical to the original") {
+    // Their config keys (soft-caps, window pattern, local rope base, expert counts) written back by the
+    // family's write_config, their extra norms as rank tensors, Phi-3's fused parts as q|k|v rows.
+    TempDir tmp;
+    int n = 0;
+    for (const char* name : {"families/qwen3", "families/gemma2", "families/gemma3", "families/phi3",
+                             "families/qwen3-moe"}) {
+        auto src = open_model(golden_dir(name));
+        const auto cases = load_golden(name);
+        for (QuantMode q : {QuantMode::kNone, QuantMode::kW8A8}) {
+            CAPTURE(name);
+            CAPTURE(quant_mode_name(q));
+            const std::string out = tmp / std::to_string(n++);
+            convert_one(*src, out, q, "", golden_dir(name));
+            RunResult want = run_built(build(cpu_options(1, 1, false, q, ""), *src), cases[0].prompt, 6);
+            ModelSpec spec;
+            spec.path = out;
+            RunResult got = run_built(build(cpu_options(1, 1, false, q), spec), cases[0].prompt, 6);
+            CHECK(same_bits(got.logits, want.logits));
+            CHECK(got.tokens == want.tokens);
+        }
+    }
+}
+
 TEST_CASE("open_model of a single-rank converted folder; lattice info's view of it") {
     TempDir tmp;
     auto src = open_model(golden_dir("tiny-gqa-llama3"));
