@@ -30,8 +30,9 @@ struct AttentionArgs {
     int64_t num_seqs, table_width;
     float scale;
     int64_t window = 0;  // sliding window W: keys positions[i] - W < j <= positions[i]; 0: all
-    float softcap = 0.0f;  // scores (q . k * scale) become softcap * tanh(score / softcap); 0: none
     DType kv_dtype = DType::kF32;  // the cache's rows: f32, f16, bf16 or i8 (kv_row_bytes)
+    float softcap = 0.0f;  // scores (q . k * scale) become softcap * tanh(score / softcap); 0: none (last, so
+                           // that the positional initializers of the fields above stay valid)
 };
 // Bytes of one cache row (a token's k or v of one kv head): head_dim elements, and for i8 the row's
 // f32 scale (x ~= q * scale, symmetric per token and kv head, kernels/common/quantize.h). An i8 block

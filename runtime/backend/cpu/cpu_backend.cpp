@@ -361,7 +361,7 @@ void CpuBackend::attention(const View& out, const View& qkv, const View& kc, con
     LATTICE_CHECK(b.table_width == s.table_width, "attention: block tables of width {}, the cache's are {}",
                   b.table_width, s.table_width);
     cpu::AttentionArgs a{s.n_heads,       s.n_kv_heads, s.head_dim,    s.block_size, s.num_blocks,
-                         b.block_tables, b.num_seqs,   s.table_width, s.scale,      s.window, s.softcap, kc.dtype};
+                         b.block_tables, b.num_seqs,   s.table_width, s.scale,      s.window, kc.dtype, s.softcap};
     cpu::attention(out.ptr<float>(), qkv.ptr<float>(), kc.data, vc.data, b.positions, b.seqs, b.count, a, *pool_);
 }
 
