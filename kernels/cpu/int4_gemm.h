@@ -23,15 +23,18 @@
 // K-quant layout (kq: GGUF Q4_K / Q6_K super-blocks kept at the file's bits, 4.5 and 6.5625 a weight; packed
 // from Int4Matrix::kq for W4A8 on the scalar and AVX-512 paths). k is a multiple of 256, group = 32 (the
 // activations' groups), each panel is all Q4_K or all Q6_K (panel_q6), its 256-column super-blocks sb at
-// data + panel_at[p] + sb * (kKqQ4Bytes | kKqQ6Bytes). Group g < 8 of a super-block is sub-block g:
-//   Q4_K (2304 B): [256 g, +256) nibbles, the chunk order above (G = 32); [2048, +32) d f16[16];
-//     [2080, +32) dmin f16[16]; [2112, +192) the 12 packed scale bytes, byte b of channel j at 2112 + 16 b + j
-//     (dequant.h: 6-bit sc_g, mn_g). w = (d sc_g) q - (dmin mn_g), q in 0..15.
-//   Q6_K (3360 B): [384 g, +256) the low 4 bits of q in the chunk order; [384 g + 256 + 64 h, +64) their top
-//     2 bits for chunks 2h, 2h + 1: byte 4 j + t, bits 2 e .. 2 e + 1 for chunk 2h + e / 2 (e in 0..3), of the
-//     low nibble's element (e even) or the high nibble's (e odd); [3072, +256) int8 scales, the 16-column
-//     sub-block b of channel j at 3072 + 16 b + j; [3328, +32) d f16[16]. w = (d sc_b) (q - 32), q in 0..63.
-// Both are the file's bytes per super-block and channel (144, 210), rearranged, nothing rounded.
+// data + panel_at[p] + sb * (kKqQ4Bytes | kKqQ6Bytes). Scales come first in a super-block, so a GEMV reads it
+// front to back (with the scales after the nibbles the Q4_K GEMV ran at 0.6 of the stream rate from DRAM).
+// Group g < 8 of a super-block is sub-block g:
+//   Q4_K (2304 B): [0, +32) d f16[16]; [32, +32) dmin f16[16]; [64, +192) the 12 packed scale bytes, byte b of
+//     channel j at 64 + 16 b + j (dequant.h: 6-bit sc_g, mn_g); [256 + 256 g, +256) nibbles, the chunk order
+//     above (G = 32). w = (d sc_g) q - (dmin mn_g), q in 0..15.
+//   Q6_K (3392 B): [0, +32) d f16[16]; [32, +32) zero (keeps every 64-byte load aligned: 212 bytes per channel
+//     against the file's 210); [64, +256) int8 scales, the 16-column sub-block b of channel j at 64 + 16 b + j;
+//     [320 + 384 g, +256) the low 4 bits of q in the chunk order; [320 + 384 g + 256 + 64 h, +64) their top 2
+//     bits for chunks 2h, 2h + 1: byte 4 j + t, bits 2 e .. 2 e + 1 for chunk 2h + e / 2 (e in 0..3), of the
+//     low nibble's element (e even) or the high nibble's (e odd). w = (d sc_b) (q - 32), q in 0..63.
+// Nothing is rounded: the file's bytes per super-block and channel (144; 210 + 2 of padding), rearranged.
 //
 // Threads split output panels (N), never K; results do not depend on the thread count. Outputs must not
 // alias inputs. The gemm calls keep a thread_local activation scratch of the calling thread.
@@ -64,7 +67,7 @@ struct PackedInt4 {
     int64_t bytes() const { return int64_t(data.size()); }
 };
 
-inline constexpr int64_t kKqQ4Bytes = 2304, kKqQ6Bytes = 3360;
+inline constexpr int64_t kKqQ4Bytes = 2304, kKqQ6Bytes = 3392;
 
 inline const uint8_t* PackedInt4::kq_block(int64_t p, int64_t sb) const {
     return data.data() + panel_at[size_t(p)] + sb * (panel_q6[size_t(p)] ? kKqQ6Bytes : kKqQ4Bytes);

@@ -47,8 +47,8 @@ void w4a8_panels_avx512(const Int4Acts& a, int64_t m, const PackedInt4& w, int64
 
 // K-quant layout (int4_gemm.h): offsets inside a super-block, and sub-block g's 6-bit scale and minimum from
 // Q4_K's 12 scale bytes (s[b] = byte b of the channel; runtime/weights/dequant.h).
-inline constexpr int64_t kKqQ4D = 2048, kKqQ4Dmin = 2080, kKqQ4Scales = 2112;
-inline constexpr int64_t kKqQ6Group = 384, kKqQ6Scales = 3072, kKqQ6D = 3328;
+inline constexpr int64_t kKqQ4D = 0, kKqQ4Dmin = 32, kKqQ4Scales = 64, kKqQ4Nib = 256;
+inline constexpr int64_t kKqQ6Group = 384, kKqQ6D = 0, kKqQ6Scales = 64, kKqQ6Nib = 320;
 inline void kq_scale_min(const uint8_t* s, int g, int* sc, int* mn) {
     if (g < 4) {
         *sc = s[g] & 63;
@@ -61,8 +61,8 @@ inline void kq_scale_min(const uint8_t* s, int g, int* sc, int* mn) {
 // q (0..63) of element i (0..31) of group g of channel j in a Q6_K super-block of the layout.
 inline int kq_q6_value(const uint8_t* sb, int g, int j, int i) {
     const int c = (i % 16) / 4, t = i % 4, hi = i / 16;
-    const uint8_t b = sb[kKqQ6Group * g + c * 64 + j * 4 + t];
-    const uint8_t h = sb[kKqQ6Group * g + 256 + (c / 2) * 64 + j * 4 + t];
+    const uint8_t b = sb[kKqQ6Nib + kKqQ6Group * g + c * 64 + j * 4 + t];
+    const uint8_t h = sb[kKqQ6Nib + kKqQ6Group * g + 256 + (c / 2) * 64 + j * 4 + t];
     const int e = (c % 2) * 2 + hi;
     return (hi ? b >> 4 : b & 15) | ((h >> (2 * e)) & 3) << 4;
 }

@@ -1,7 +1,7 @@
 // Packing of GGUF K-quant super-blocks (Q4_K, Q6_K: Int4Matrix::kq) into the K-quant layout of
-// kernels/cpu/int4_gemm.h, and its dequantization. Nothing is rounded: each super-block's bytes per channel are
-// the file's (144 for Q4_K, 210 for Q6_K), moved so that the kernels read 16 channels' nibbles, top bits and
-// scales as vectors. Scalar on purpose (load time). Invariants: k is a multiple of 256; every part but the last
+// kernels/cpu/int4_gemm.h, and its dequantization. Nothing is rounded: each super-block's bytes per channel
+// are the file's (144 for Q4_K, 210 for Q6_K plus 2 bytes of alignment), moved so that the kernels read 16
+// channels' nibbles, top bits and scales as vectors. Scalar on purpose (load time). Invariants: k is a multiple of 256; every part but the last
 // holds whole panels of 16 rows (kq_packable), so a panel is all one type; rows past n are zero (d = 0).
 #include <cstring>
 
@@ -41,7 +41,7 @@ void pack_q4_super(const uint8_t* src, int j, uint8_t* out) {
     for (int g = 0; g < 8; ++g)
         for (int c = 0; c < 4; ++c)
             for (int t = 0; t < 4; ++t)
-                out[g * 256 + c * 64 + j * 4 + t] =
+                out[int4_detail::kKqQ4Nib + g * 256 + c * 64 + j * 4 + t] =
                     uint8_t(q4_of(src, 32 * g + 4 * c + t) | q4_of(src, 32 * g + 16 + 4 * c + t) << 4);
     std::memcpy(out + int4_detail::kKqQ4D + 2 * j, src, 2);
     std::memcpy(out + int4_detail::kKqQ4Dmin + 2 * j, src + 2, 2);
@@ -51,7 +51,7 @@ void pack_q4_super(const uint8_t* src, int j, uint8_t* out) {
 // Channel j's super-block `src` (Q6_K) into the layout's super-block `out`.
 void pack_q6_super(const uint8_t* src, int j, uint8_t* out) {
     for (int g = 0; g < 8; ++g) {
-        uint8_t* grp = out + int4_detail::kKqQ6Group * g;
+        uint8_t* grp = out + int4_detail::kKqQ6Nib + int4_detail::kKqQ6Group * g;
         for (int c = 0; c < 4; ++c)
             for (int t = 0; t < 4; ++t) {
                 const int lo = q6_of(src, 32 * g + 4 * c + t), hi = q6_of(src, 32 * g + 16 + 4 * c + t);
@@ -129,7 +129,7 @@ float kq_value(const PackedInt4& w, int64_t p, int j, int64_t col) {
     int4_detail::kq_scale_min(s, g, &sc, &mn);
     const float d = f16_to_f32(load_u16(sb + int4_detail::kKqQ4D + 2 * j));
     const float dmin = f16_to_f32(load_u16(sb + int4_detail::kKqQ4Dmin + 2 * j));
-    const uint8_t b = sb[g * 256 + (i % 16) / 4 * 64 + j * 4 + i % 4];
+    const uint8_t b = sb[int4_detail::kKqQ4Nib + g * 256 + (i % 16) / 4 * 64 + j * 4 + i % 4];
     const int q = i < 16 ? (b & 15) : (b >> 4);
     return (d * float(sc)) * float(q) - dmin * float(mn);
 }

@@ -80,7 +80,7 @@ inline void q4k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t
         q4k_scales(sb, D, Mn);
         for (int g = 0; g < 8; ++g) {
             const int64_t gi = sbi * 8 + g;
-            const uint8_t* bg = sb + g * 256;
+            const uint8_t* bg = sb + kKqQ4Nib + g * 256;
             __m512i slo[MR], shi[MR];
             for (int r = 0; r < MR; ++r) slo[r] = shi[r] = _mm512_setzero_si512();
 #pragma GCC unroll 4
@@ -107,6 +107,52 @@ inline void q4k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t
     for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + p * kInt8PanelN, mk, acc[r]);
 }
 
+// Decode (m = 1), modeled on the group form's GEMV (int4_gemm_avx512.cpp): four int32 accumulators per group
+// (chunks even / odd, low / high nibbles; their sum is exact) keep vpdpbusd's latency hidden, and each group's
+// scale and minimum are converted where the epilogue needs them. The float operations are q4k_tile's.
+inline void q4k_gemv(const Int4Acts& a, const PackedInt4& w, int64_t p, float* y) {
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m48 = _mm_set1_epi8(48);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t sbi = 0; sbi < w.k / 256; ++sbi) {
+        const uint8_t* sb = w.kq_block(p, sbi);
+        const __m512 d = load_f16x16(sb + kKqQ4D), dmin = load_f16x16(sb + kKqQ4Dmin);
+        const uint8_t* sc0 = sb + kKqQ4Scales;
+        for (int g = 0; g < 8; ++g) {
+            const int64_t gi = sbi * 8 + g;
+            const uint8_t* bg = sb + kKqQ4Nib + g * 256;
+            const int8_t* xs = a.q + gi * 32;
+            const __m512i v0 = _mm512_loadu_si512(bg), v1 = _mm512_loadu_si512(bg + 64);
+            const __m512i v2 = _mm512_loadu_si512(bg + 128), v3 = _mm512_loadu_si512(bg + 192);
+            __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+            dpbusd(s0, _mm512_and_si512(v0, mask), _mm512_set1_epi32(load_i32(xs)));
+            dpbusd(s1, _mm512_and_si512(_mm512_srli_epi16(v0, 4), mask), _mm512_set1_epi32(load_i32(xs + 16)));
+            dpbusd(s2, _mm512_and_si512(v1, mask), _mm512_set1_epi32(load_i32(xs + 4)));
+            dpbusd(s3, _mm512_and_si512(_mm512_srli_epi16(v1, 4), mask), _mm512_set1_epi32(load_i32(xs + 20)));
+            dpbusd(s0, _mm512_and_si512(v2, mask), _mm512_set1_epi32(load_i32(xs + 8)));
+            dpbusd(s1, _mm512_and_si512(_mm512_srli_epi16(v2, 4), mask), _mm512_set1_epi32(load_i32(xs + 24)));
+            dpbusd(s2, _mm512_and_si512(v3, mask), _mm512_set1_epi32(load_i32(xs + 12)));
+            dpbusd(s3, _mm512_and_si512(_mm512_srli_epi16(v3, 4), mask), _mm512_set1_epi32(load_i32(xs + 28)));
+            __m128i sc, mn;
+            if (g < 4) {
+                sc = _mm_and_si128(load128(sc0 + 16 * g), m63);
+                mn = _mm_and_si128(load128(sc0 + 16 * (g + 4)), m63);
+            } else {
+                const __m128i lo = load128(sc0 + 16 * (g + 4));
+                sc = _mm_or_si128(_mm_and_si128(lo, m15), _mm_and_si128(_mm_srli_epi16(load128(sc0 + 16 * (g - 4)), 2), m48));
+                mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(lo, 4), m15),
+                                  _mm_and_si128(_mm_srli_epi16(load128(sc0 + 16 * g), 2), m48));
+            }
+            const __m512 s = _mm512_set1_ps(a.scales[gi]);
+            const __m512i isum = _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(s2, s3));
+            const __m512 mneg = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, u8_to_ps(mn)));
+            fma_acc(acc, _mm512_cvtepi32_ps(isum), _mm512_mul_ps(_mm512_mul_ps(d, u8_to_ps(sc)), s));
+            fma_acc(acc, _mm512_mul_ps(mneg, s), _mm512_set1_ps(float(a.xsum[gi])));
+        }
+    }
+    _mm512_mask_storeu_ps(y + p * kInt8PanelN, tail_mask(p, w.n), acc);
+}
+
 // q (0..63) of chunk c's low (sub-block a) and high (sub-block b) elements: 4-bit parts | top bits << 4.
 struct Q6Pair {
     __m512i lo, hi;
@@ -129,7 +175,7 @@ inline void q6k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t
         const __m512 dv = load_f16x16(sb + kKqQ6D);
         for (int g = 0; g < 8; ++g) {
             const int64_t gi = sbi * 8 + g;
-            const uint8_t* bg = sb + g * kKqQ6Group;
+            const uint8_t* bg = sb + kKqQ6Nib + g * kKqQ6Group;
             __m512i ia[MR], ib[MR];
             for (int r = 0; r < MR; ++r) ia[r] = ib[r] = _mm512_setzero_si512();
             const __m512i h0 = _mm512_loadu_si512(bg + 256), h1 = _mm512_loadu_si512(bg + 320);
@@ -168,6 +214,8 @@ void w4a8_kq_panels_avx512(const Int4Acts& a, int64_t m, const PackedInt4& w, in
     for (int64_t p = p0; p < p1; ++p) {
         if (w.panel_q6[size_t(p)])
             for_row_blocks<4>(m, [&]<int MR>(int64_t r0) { q6k_tile<MR>(a, r0, w, p, y, ldy); });
+        else if (m == 1)
+            q4k_gemv(a, w, p, y);
         else
             for_row_blocks<4>(m, [&]<int MR>(int64_t r0) { q4k_tile<MR>(a, r0, w, p, y, ldy); });
     }

@@ -30,7 +30,7 @@ void q4k_row(const Int4Acts& a, int64_t r, const PackedInt4& w, int64_t p, float
             for (int j = 0; j < kInt8PanelN; ++j) {
                 int32_t I = 0;
                 for (int i = 0; i < 32; ++i) {
-                    const uint8_t b = sb[g * 256 + (i % 16) / 4 * 64 + j * 4 + i % 4];
+                    const uint8_t b = sb[kKqQ4Nib + g * 256 + (i % 16) / 4 * 64 + j * 4 + i % 4];
                     I += int32_t(i < 16 ? (b & 15) : (b >> 4)) * xr[gi * 32 + i];
                 }
                 uint8_t s[12];

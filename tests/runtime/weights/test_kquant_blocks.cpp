@@ -281,8 +281,8 @@ TEST_CASE("K-quant layout: Q4_K and Q6_K packed at the file's bytes dequantize t
             const PackedInt4 p = pack_int4_weights(w.matrix(), isa, true);
             CHECK(p.kq == kq_isa(isa));
             if (!p.kq) continue;
-            // The file's bytes per super-block and channel, channels padded to 16.
-            CHECK(p.bytes() == (w.n + 15) / 16 * 16 * (w.k / 256) * dtype_block_bytes(m.type));
+            // The file's bytes per super-block and channel (Q6_K: + 2 of alignment), channels padded to 16.
+            CHECK(p.bytes() == (w.n + 15) / 16 * (w.k / 256) * (m.type == DType::kQ4_K ? kKqQ4Bytes : kKqQ6Bytes));
             std::vector<float> got(want.size(), -1.0f);
             dequantize_packed_int4(p, got.data());
             CHECK(first_difference(got.data(), want.data(), int64_t(want.size())) == -1);
