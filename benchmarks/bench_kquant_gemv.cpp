@@ -10,6 +10,7 @@
 #include <cstring>
 #include <ctime>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/common/int4_quantize.h"
@@ -64,8 +65,8 @@ int main(int argc, char** argv) {
     std::vector<float> x(static_cast<size_t>(k)), y(static_cast<size_t>(n));
     for (float& v : x) v = nd(rng);
     const char* names[3] = {"group form (Q4_1's)", "Q4_K layout", "Q6_K layout"};
-    std::printf("%s, n %lld, k %lld, 1 core, from DRAM (K-quant layout: %s)\n", isa_name(isa), (long long)n,
-                (long long)k, sets[1][0].kq ? "yes" : "no: this ISA packs the group form");
+    std::printf("%s, n %lld, k %lld, 1 core, from DRAM (K-quant layout: %s)\n", std::string(isa_name(isa)).c_str(),
+                (long long)n, (long long)k, sets[1][0].kq ? "yes" : "no: this ISA packs the group form");
     std::printf("| round | layout | MB | ms per GEMV (CPU) | GB/s |\n|---|---|---|---|---|\n");
     for (int r = 0; r < rounds; ++r)
         for (int i = 0; i < 3; ++i) {

@@ -1,8 +1,9 @@
 // Packing of GGUF K-quant super-blocks (Q4_K, Q6_K: Int4Matrix::kq) into the K-quant layout of
 // kernels/cpu/int4_gemm.h, and its dequantization. Nothing is rounded: each super-block's bytes per channel
 // are the file's (144 for Q4_K, 210 for Q6_K plus 2 bytes of alignment), moved so that the kernels read 16
-// channels' nibbles, top bits and scales as vectors. Scalar on purpose (load time). Invariants: k is a multiple of 256; every part but the last
-// holds whole panels of 16 rows (kq_packable), so a panel is all one type; rows past n are zero (d = 0).
+// channels' nibbles, top bits and scales as vectors. Scalar on purpose (load time). Invariants: k is a multiple
+// of 256; every part but the last holds whole panels of 16 rows (kq_packable), so a panel is all one type; rows
+// past n are zero (d = 0).
 #include <cstring>
 
 #include "base/error.h"

@@ -139,7 +139,8 @@ inline void q4k_gemv(const Int4Acts& a, const PackedInt4& w, int64_t p, float* y
                 mn = _mm_and_si128(load128(sc0 + 16 * (g + 4)), m63);
             } else {
                 const __m128i lo = load128(sc0 + 16 * (g + 4));
-                sc = _mm_or_si128(_mm_and_si128(lo, m15), _mm_and_si128(_mm_srli_epi16(load128(sc0 + 16 * (g - 4)), 2), m48));
+                const __m128i top = _mm_srli_epi16(load128(sc0 + 16 * (g - 4)), 2);
+                sc = _mm_or_si128(_mm_and_si128(lo, m15), _mm_and_si128(top, m48));
                 mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(lo, 4), m15),
                                   _mm_and_si128(_mm_srli_epi16(load128(sc0 + 16 * g), 2), m48));
             }

@@ -101,7 +101,8 @@ void RankWeights::plan_original() {
             stored(r, layer, t.expert);
             const TensorInfo& ti = src_.info(tensor_name(c, r, layer, t.expert));
             same_kept &= keep_dtype(ti.dtype) == keep_dtype(first.dtype);
-            int4 &= group_of(ti) == group_of(first) && ti.int4_kind == first.int4_kind && ti.int4_perm == first.int4_perm;
+            int4 &= group_of(ti) == group_of(first) && ti.int4_kind == first.int4_kind &&
+                    ti.int4_perm == first.int4_perm;
         }
         t.int4 = int4;
         t.int4_group = int4 ? group_of(first) : 0;

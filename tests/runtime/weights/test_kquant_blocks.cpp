@@ -294,7 +294,8 @@ TEST_CASE("K-quant layout: Q4_K and Q6_K packed at the file's bytes dequantize t
         const GgufTensor& t = f->tensor(name);
         const int64_t rows = t.ne[1], cols = t.ne[0];
         const uint8_t* data = f->tensor_data(t);
-        const Int4Weights w = with_parts(cols, {Int4KQuantPart{t.dtype, rows, {data, data + dtype_bytes(t.dtype, rows * cols)}}});
+        const std::vector<uint8_t> bytes(data, data + dtype_bytes(t.dtype, rows * cols));
+        const Int4Weights w = with_parts(cols, {Int4KQuantPart{t.dtype, rows, bytes}});
         const std::vector<float> want = parts_values(w);
         const PackedInt4 p = pack_int4_weights(w.matrix(), IsaLevel::kScalar, true);
         REQUIRE(p.kq);
@@ -308,9 +309,8 @@ TEST_CASE("w4a8 on the K-quant layout: AVX-512 equals the scalar reference bit f
     std::mt19937 rng(11);
     const int64_t k = 512;
     // Q4_K | Q6_K | Q4_K rows as a fused q | k | v with a Q6_K part; the last part fills half a panel.
-    const Int4Weights w = with_parts(k, {Int4KQuantPart{DType::kQ4_K, 32, test::k_tensor_bytes(DType::kQ4_K, 32, k, rng)},
-                                         Int4KQuantPart{DType::kQ6_K, 16, test::k_tensor_bytes(DType::kQ6_K, 16, k, rng)},
-                                         Int4KQuantPart{DType::kQ4_K, 8, test::k_tensor_bytes(DType::kQ4_K, 8, k, rng)}});
+    auto part = [&](DType t, int64_t rows) { return Int4KQuantPart{t, rows, test::k_tensor_bytes(t, rows, k, rng)}; };
+    const Int4Weights w = with_parts(k, {part(DType::kQ4_K, 32), part(DType::kQ6_K, 16), part(DType::kQ4_K, 8)});
     const std::vector<float> wv = parts_values(w);
     const PackedInt4 ref = pack_int4_weights(w.matrix(), IsaLevel::kScalar, true);
     REQUIRE(ref.kq);
@@ -329,7 +329,8 @@ TEST_CASE("w4a8 on the K-quant layout: AVX-512 equals the scalar reference bit f
         for (int64_t r = 0; r < m; ++r) {
             std::vector<int8_t> q(static_cast<size_t>(k));
             std::vector<float> s(static_cast<size_t>(k / 32));
-            for (int64_t g = 0; g < k / 32; ++g) s[size_t(g)] = quantize_row_int8(&x[size_t(r * k + g * 32)], 32, &q[size_t(g * 32)]);
+            for (int64_t g = 0; g < k / 32; ++g)
+                s[size_t(g)] = quantize_row_int8(&x[size_t(r * k + g * 32)], 32, &q[size_t(g * 32)]);
             for (int64_t c = 0; c < w.n; ++c) {
                 double sum = 0, mag = 0;
                 for (int64_t i = 0; i < k; ++i) {
@@ -354,7 +355,6 @@ TEST_CASE("w4a8 on the K-quant layout: AVX-512 equals the scalar reference bit f
     }
     // W4A16 has no K-quant kernels: such a linear packs the group form; a part that splits a panel, too.
     CHECK_FALSE(pack_int4_weights(w.matrix(), IsaLevel::kScalar, false).kq);
-    const Int4Weights odd = with_parts(k, {Int4KQuantPart{DType::kQ4_K, 8, test::k_tensor_bytes(DType::kQ4_K, 8, k, rng)},
-                                           Int4KQuantPart{DType::kQ6_K, 8, test::k_tensor_bytes(DType::kQ6_K, 8, k, rng)}});
+    const Int4Weights odd = with_parts(k, {part(DType::kQ4_K, 8), part(DType::kQ6_K, 8)});
     CHECK_FALSE(pack_int4_weights(odd.matrix(), IsaLevel::kScalar, true).kq);
 }
