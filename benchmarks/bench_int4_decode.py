@@ -24,7 +24,10 @@ llama.cpp is not part of lattice: build llama-bench from the llama-cpp-python sd
 Usage: benchmarks/bench_int4_decode.py [--build build] [--llama-bench PATH] [--models builtin,tinyllama-q4_0,...]
                                        [--rounds 3] [--tokens 128] [--short-tokens 16] [--threads 2] [--out DIR]
                                        [--cache DIR]
-Writes int4_decode.json (every run, the medians, machine, commit) into --out and prints a markdown table."""
+The file's bytes per token (every tensor but the token embedding, read from the GGUF header) stand beside
+lattice's streamed bytes.
+Writes int4_decode.json (or --name .json: every run, the medians, machine, commit) into --out and prints a
+markdown table."""
 import argparse
 import json
 import os
@@ -79,6 +82,50 @@ def model_files(names, cache, quantize):
                 sys.exit(f"make_random_gguf.py failed for {name}: {p.stderr[-500:]}")
         out[name] = path
     return out
+
+
+# ggml type -> (block bytes, block elements) of the types these files hold.
+GGML_BLOCKS = {0: (4, 1), 1: (2, 1), 2: (18, 32), 3: (20, 32), 6: (22, 32), 7: (24, 32), 8: (34, 32), 12: (144, 256),
+               13: (176, 256), 14: (210, 256), 30: (2, 1)}
+
+
+def gguf_token_bytes(path):
+    """Bytes of the file's tensors a decode step reads: all but the token embedding, which one row of is read
+    (unless the file has no output.weight: then the embedding is the LM head and read whole)."""
+    import struct
+    with open(path, "rb") as f:
+        rd = lambda fmt: struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
+        rstr = lambda: f.read(rd("Q")).decode()
+        scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+        def skip(t):
+            if t == 8:
+                rstr()
+            elif t == 9:
+                et, n = rd("I"), rd("Q")
+                for _ in range(n):
+                    skip(et)
+            else:
+                rd(scalar[t])
+        assert f.read(4) == b"GGUF"
+        rd("I")
+        n_tensors, n_kv = rd("Q"), rd("Q")
+        for _ in range(n_kv):
+            rstr()
+            skip(rd("I"))
+        sizes = {}
+        for _ in range(n_tensors):
+            name = rstr()
+            dims = [rd("Q") for _ in range(rd("I"))]
+            t = rd("I")
+            rd("Q")
+            n = 1
+            for d in dims:
+                n *= d
+            bb, be = GGML_BLOCKS[t]
+            sizes[name] = n // be * bb
+    total = sum(sizes.values())
+    return total if "output.weight" not in sizes else total - sizes.get("token_embd.weight", 0)
 
 
 def cpu_seconds(fn):
@@ -136,6 +183,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=os.path.join(root, "benchmarks", "results", "cpu-2core-epyc-zen4"))
     ap.add_argument("--cache", default=os.environ.get("LATTICE_BENCH_CACHE", "/tmp/lattice-bench"))
+    ap.add_argument("--name", default="int4_decode", help="the JSON file's name in --out (without .json)")
     a = ap.parse_args()
     llama = a.llama_bench if os.path.isfile(a.llama_bench) else None
     if not llama:
@@ -167,10 +215,10 @@ def main():
                      if ref else "")
                   + f" (load {load:.1f})", file=sys.stderr, flush=True)
     summary = []
-    print("| model | lattice quant | streamed MiB/token (weights + KV at the end) | read GB/s | lattice tok/s | "
-          "llama.cpp tok/s | lattice / llama.cpp | share of the floor | CPU ms/token lattice / llama.cpp (ratio) "
-          "| load (1 min) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | lattice quant | streamed MiB/token (weights + KV at the end) | file's MiB/token (lattice / file) "
+          "| read GB/s | lattice tok/s | llama.cpp tok/s | lattice / llama.cpp | share of the floor | "
+          "CPU ms/token lattice / llama.cpp (ratio) | load (1 min) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in files:
         rs = [r for r in runs if r["model"] == name]
         lt = [r["lattice"]["decode_tokens_per_s"] for r in rs]
@@ -184,8 +232,9 @@ def main():
         loads = [r["lattice"]["load_1min"] for r in rs] + [r["llama_cpp"]["load_1min"] for r in rs if r["llama_cpp"]]
         cl = statistics.median(r["lattice"]["cpu_ms_per_token"] for r in rs)
         cc = statistics.median(r["llama_cpp"]["cpu_ms_per_token"] for r in rs) if lc else None
+        fb = gguf_token_bytes(files[name])
         s = {"model": name, "quant": rs[0]["lattice"]["quant"] + ("+head" if rs[0]["lattice"]["quant_head"] else ""),
-             "streamed_weight_bytes": wb, "kv_bytes_last_step": rs[0]["kv_bytes_last_step"],
+             "streamed_weight_bytes": wb, "file_token_bytes": fb, "kv_bytes_last_step": rs[0]["kv_bytes_last_step"],
              "read_bw_gb_per_s_median": statistics.median(r["read_bw_gb_per_s"] for r in rs),
              "lattice_tokens_per_s_median": statistics.median(lt),
              "llama_cpp_tokens_per_s_median": statistics.median(lc) if lc else None,
@@ -196,13 +245,13 @@ def main():
         summary.append(s)
         fmt = lambda v, f: "-" if v is None else format(v, f)
         print(f"| {name} | {s['quant']} | {wb / 2**20:.1f} + {s['kv_bytes_last_step'] / 2**20:.1f} | "
-              f"{s['read_bw_gb_per_s_median']:.1f} | {s['lattice_tokens_per_s_median']:.1f} | "
+              f"{fb / 2**20:.1f} ({wb / fb:.3f}) | {s['read_bw_gb_per_s_median']:.1f} | {s['lattice_tokens_per_s_median']:.1f} | "
               f"{fmt(s['llama_cpp_tokens_per_s_median'], '.1f')} | {fmt(s['ratio_median'], '.2f')} "
               f"({', '.join(format(x, '.2f') for x in ratio)}) | {s['share_of_floor_median']:.2f} | "
               f"{cl:.2f} / {fmt(cc, '.2f')} ({fmt(s['cpu_time_ratio_median'], '.2f')}) | "
               f"{min(loads):.1f}-{max(loads):.1f} |")
     os.makedirs(a.out, exist_ok=True)
-    out = os.path.join(a.out, "int4_decode.json")
+    out = os.path.join(a.out, a.name + ".json")
     json.dump({"bench": "int4_decode", "machine": machine(), "tokens": a.tokens, "short_tokens": a.short_tokens,
                "threads": a.threads, "date": time.strftime("%Y-%m-%d %H:%M %Z"),
                "rounds": a.rounds, "llama_bench": llama, "summary": summary, "runs": runs}, open(out, "w"), indent=2)

@@ -16,6 +16,10 @@
 // activations are gathered the same way), else input channel c.
 // Nibble order: 16 bytes per 32 stored columns; byte i of block b holds column 32 b + i (low nibble) and
 // 32 b + 16 + i (high nibble), GGUF's order. Rows hold k_padded() = round_up(k, G) columns (zero past k).
+// K-quant super-blocks beside (Int4Weights::kq): a GGUF Q4_K / Q6_K linear also carries its own 256-column
+// super-blocks, rows in order, part after part; the group form above holds the same rows (Q4_K's scales rounded
+// to f16, Q6_K re-quantized to 4 bits) for every consumer that does not read K-quants (CUDA, AVX2, W4A16, a
+// converted checkpoint); the CPU's W4A8 packs the super-blocks themselves (kernels/cpu/int4_gemm.h).
 #pragma once
 
 #include <cstdint>
@@ -56,6 +60,14 @@ inline std::string_view int4_kind_name(Int4Kind k) {
 // Columns per 16-byte nibble block.
 inline constexpr int64_t kInt4Block = 32;
 
+// Rows of a linear in GGUF K-quant super-blocks as the file stores them (runtime/weights/dequant.h): type kQ4_K
+// (144 bytes per 256 columns) or kQ6_K (210 bytes), `rows` rows of k / 256 blocks each.
+struct Int4KQuantPart {
+    DType type = DType::kQ4_K;
+    int64_t rows = 0;
+    std::vector<uint8_t> blocks;
+};
+
 // Non-owning view of 4-bit weights [n, k].
 struct Int4Matrix {
     int64_t n = 0, k = 0;
@@ -66,6 +78,7 @@ struct Int4Matrix {
     const uint16_t* m = nullptr;    // f16 [n][groups], kAffine
     const uint8_t* z = nullptr;     // [n][groups] zero points 0..16, kZeroPoint
     const int32_t* perm = nullptr;  // [k] input channel of each stored column, or null (identity)
+    const std::vector<Int4KQuantPart>* kq = nullptr;  // the same rows as K-quant super-blocks, or null / empty
     int64_t k_padded() const { return (k + group - 1) / group * group; }
     int64_t groups() const { return k_padded() / group; }
 };
@@ -78,6 +91,7 @@ struct Int4Weights {
     std::vector<uint16_t> d, m;
     std::vector<uint8_t> z;
     std::vector<int32_t> perm;  // empty: identity
+    std::vector<Int4KQuantPart> kq;  // the rows as K-quant super-blocks too (their rows sum to n), or empty
     Int4Weights() = default;
     // Sized and zero-filled for [n, k] in groups of `group` (the caller checks the group; see check_int4_matrix).
     Int4Weights(int64_t n_, int64_t k_, int64_t group_, Int4Kind kind_) : n(n_), k(k_), group(group_), kind(kind_) {
@@ -98,6 +112,7 @@ struct Int4Weights {
         w.m = m.empty() ? nullptr : m.data();
         w.z = z.empty() ? nullptr : z.data();
         w.perm = perm.empty() ? nullptr : perm.data();
+        w.kq = kq.empty() ? nullptr : &kq;
         return w;
     }
     int64_t k_padded() const { return (k + group - 1) / group * group; }

@@ -47,7 +47,7 @@ void check_packed(const PackedInt4& w, int64_t k, const char* fn) {
 
 }  // namespace
 
-PackedInt4 pack_int4_weights(const Int4Matrix& w, IsaLevel isa) {
+PackedInt4 pack_int4_weights(const Int4Matrix& w, IsaLevel isa, bool kquant) {
     check_int4_matrix(w, "pack_int4_weights");
     LATTICE_CHECK(isa_supported(isa), "pack_int4_weights: ISA '{}' not supported by this CPU", isa_name(isa));
     PackedInt4 p;
@@ -59,6 +59,14 @@ PackedInt4 pack_int4_weights(const Int4Matrix& w, IsaLevel isa) {
     p.n_panels = (w.n + kInt8PanelN - 1) / kInt8PanelN;
     p.kind = w.kind;
     p.isa = isa;
+    const IsaLevel level = vector_level(isa);
+    if (kquant && (level == IsaLevel::kScalar || level == IsaLevel::kAvx512Vnni) && int4_detail::kq_packable(w)) {
+        p.group = kInt4Block;
+        p.k_padded = w.k;
+        p.groups = w.k / kInt4Block;
+        int4_detail::pack_kq(w, p);
+        return p;
+    }
     p.block_bytes = 8 * w.group + 32 + extra_bytes(w.kind);
     p.data.assign(size_t(p.n_panels * p.groups * p.block_bytes), 0);
     if (w.perm) p.perm.assign(w.perm, w.perm + w.k);
@@ -85,6 +93,12 @@ PackedInt4 pack_int4_weights(const Int4Matrix& w, IsaLevel isa) {
 
 void dequantize_packed_int4(const PackedInt4& w, float* out) {
     LATTICE_CHECK(!w.data.empty() && out, "dequantize_packed_int4: empty weights or null output");
+    if (w.kq) {
+        for (int64_t row = 0; row < w.n; ++row)
+            for (int64_t col = 0; col < w.k; ++col)
+                out[row * w.k + col] = int4_detail::kq_value(w, row / kInt8PanelN, int(row % kInt8PanelN), col);
+        return;
+    }
     for (int64_t row = 0; row < w.n; ++row) {
         const int64_t p = row / kInt8PanelN, j = row % kInt8PanelN;
         for (int64_t col = 0; col < w.k; ++col) {
@@ -124,30 +138,34 @@ Fn kernel_for(IsaLevel packed, Fn scalar, Fn avx2, Fn avx512) {
     return level == IsaLevel::kAvx512Vnni ? avx512 : level == IsaLevel::kAvx2 ? avx2 : scalar;
 }
 
-// Scratch of the W4A8 activations: rows of ldq int8, then the group sums, then the group scales.
+// Scratch of the W4A8 activations: rows of ldq int8, then the group sums, then the group scales, then (K-quant
+// layout) the sums of each group's first 16.
 struct W4A8Scratch {
     Int4Acts acts;
     int8_t* q = nullptr;
     int32_t* xsum = nullptr;
     float* scales = nullptr;
+    int32_t* xsum16 = nullptr;
 };
 
 W4A8Scratch w4a8_scratch(int64_t m, const PackedInt4& w) {
     thread_local ScratchVec buf;
     const int64_t ldq = round_up(w.k_padded, 64);
     const int64_t q_bytes = m * ldq, sum_bytes = round_up(m * w.groups * 4, 64);
-    uint8_t* base = scratch(buf, size_t(q_bytes + 2 * sum_bytes));
+    uint8_t* base = scratch(buf, size_t(q_bytes + 3 * sum_bytes));
     W4A8Scratch s;
     s.q = reinterpret_cast<int8_t*>(base);
     s.xsum = reinterpret_cast<int32_t*>(base + q_bytes);
     s.scales = reinterpret_cast<float*>(base + q_bytes + sum_bytes);
-    s.acts = Int4Acts{s.q, ldq, s.xsum, w.groups, s.scales};
+    s.xsum16 = reinterpret_cast<int32_t*>(base + q_bytes + 2 * sum_bytes);
+    s.acts = Int4Acts{s.q, ldq, s.xsum, w.groups, s.scales, w.kq ? s.xsum16 : nullptr};
     return s;
 }
 
 // One row: each group quantized on its own (quantize_row_int8, or its bit-identical AVX2 form), zero padding
 // past k, the group sums.
-void quantize_w4a8_row(const float* x, const PackedInt4& w, int8_t* q, int32_t* xsum, float* scales) {
+void quantize_w4a8_row(const float* x, const PackedInt4& w, int8_t* q, int32_t* xsum, float* scales,
+                       int32_t* xsum16) {
     const bool simd = w.isa != IsaLevel::kScalar;
     for (int64_t g = 0; g < w.groups; ++g) {
         const int64_t c0 = g * w.group, len = std::min(w.k, c0 + w.group) - c0;
@@ -161,7 +179,10 @@ void quantize_w4a8_row(const float* x, const PackedInt4& w, int8_t* q, int32_t* 
     std::memset(q + w.k, 0, size_t(w.k_padded - w.k));
     for (int64_t g = 0; g < w.groups; ++g) {
         int32_t sum = 0;
-        for (int64_t i = g * w.group; i < (g + 1) * w.group; ++i) sum += q[i];
+        for (int64_t i = g * w.group; i < (g + 1) * w.group; ++i) {
+            sum += q[i];
+            if (xsum16 && i == g * w.group + 15) xsum16[g] = sum;
+        }
         xsum[g] = sum;
     }
 }
@@ -183,16 +204,20 @@ void gemm_w4a8(const float* x, int64_t m, int64_t k, const PackedInt4& w, float*
             for (int64_t c = 0; c < k; ++c) gathered[size_t(c)] = row[w.perm[size_t(c)]];
             row = gathered.data();
         }
-        quantize_w4a8_row(row, w, s.q + r * s.acts.ldq, s.xsum + r * w.groups, s.scales + r * w.groups);
+        quantize_w4a8_row(row, w, s.q + r * s.acts.ldq, s.xsum + r * w.groups, s.scales + r * w.groups,
+                          w.kq ? s.xsum16 + r * w.groups : nullptr);
     });
-    const auto kernel = kernel_for(w.isa, &int4_detail::w4a8_panels_scalar, &int4_detail::w4a8_panels_avx2,
-                                   &int4_detail::w4a8_panels_avx512);
+    const auto kernel = w.kq ? kernel_for(w.isa, &int4_detail::w4a8_kq_panels_scalar,
+                                          &int4_detail::w4a8_kq_panels_scalar, &int4_detail::w4a8_kq_panels_avx512)
+                             : kernel_for(w.isa, &int4_detail::w4a8_panels_scalar, &int4_detail::w4a8_panels_avx2,
+                                          &int4_detail::w4a8_panels_avx512);
     pool.parallel_chunks(w.n_panels, chunk_for(w.n_panels, pool.size()),
                          [&](int64_t p0, int64_t p1, int) { kernel(s.acts, m, w, p0, p1, y, w.n); });
 }
 
 void gemm_w4a16(const float* x, int64_t m, int64_t k, const PackedInt4& w, float* y, ThreadPool& pool) {
     check_packed(w, k, "gemm_w4a16");
+    LATTICE_CHECK(!w.kq, "gemm_w4a16: weights packed in the K-quant layout (for gemm_w4a8 only)");
     LATTICE_CHECK(m >= 0, "gemm_w4a16: m = {}", m);
     if (m == 0) return;
     LATTICE_CHECK(x && y, "gemm_w4a16: null pointer");

@@ -21,6 +21,7 @@ struct Int4Acts {
     const int32_t* xsum = nullptr;
     int64_t ldsum = 0;
     const float* scales = nullptr;  // [m][ldsum]
+    const int32_t* xsum16 = nullptr;  // K-quant layout: [m][ldsum], the sum of q over each group's first 16
 };
 
 struct F32Acts {
@@ -43,6 +44,39 @@ void w4a8_panels_scalar(const Int4Acts& a, int64_t m, const PackedInt4& w, int64
 void w4a8_panels_avx2(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y, int64_t ldy);
 void w4a8_panels_avx512(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y,
                         int64_t ldy);
+
+// K-quant layout (int4_gemm.h): offsets inside a super-block, and sub-block g's 6-bit scale and minimum from
+// Q4_K's 12 scale bytes (s[b] = byte b of the channel; runtime/weights/dequant.h).
+inline constexpr int64_t kKqQ4D = 0, kKqQ4Dmin = 32, kKqQ4Scales = 64, kKqQ4Nib = 256;
+inline constexpr int64_t kKqQ6Group = 384, kKqQ6D = 0, kKqQ6Scales = 64, kKqQ6Nib = 320;
+inline void kq_scale_min(const uint8_t* s, int g, int* sc, int* mn) {
+    if (g < 4) {
+        *sc = s[g] & 63;
+        *mn = s[g + 4] & 63;
+    } else {
+        *sc = (s[g + 4] & 15) | (s[g - 4] >> 6) << 4;
+        *mn = (s[g + 4] >> 4) | (s[g] >> 6) << 4;
+    }
+}
+// q (0..63) of element i (0..31) of group g of channel j in a Q6_K super-block of the layout.
+inline int kq_q6_value(const uint8_t* sb, int g, int j, int i) {
+    const int c = (i % 16) / 4, t = i % 4, hi = i / 16;
+    const uint8_t b = sb[kKqQ6Nib + kKqQ6Group * g + c * 64 + j * 4 + t];
+    const uint8_t h = sb[kKqQ6Nib + kKqQ6Group * g + 256 + (c / 2) * 64 + j * 4 + t];
+    const int e = (c % 2) * 2 + hi;
+    return (hi ? b >> 4 : b & 15) | ((h >> (2 * e)) & 3) << 4;
+}
+
+// K-quant packing (int4_gemm_kq.cpp): whether w's super-blocks can take the layout, the packing into p (whose
+// n, k, group, groups, n_panels are set), and the dequantized value of column col of channel j of panel p.
+bool kq_packable(const Int4Matrix& w);
+void pack_kq(const Int4Matrix& w, PackedInt4& p);
+float kq_value(const PackedInt4& w, int64_t p, int j, int64_t col);
+
+void w4a8_kq_panels_scalar(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y,
+                           int64_t ldy);
+void w4a8_kq_panels_avx512(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y,
+                           int64_t ldy);
 
 void w4a16_panels_scalar(const F32Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y,
                          int64_t ldy);

@@ -102,18 +102,21 @@ void RankWeights::plan_original() {
     // A linear of a 4-bit run whose parts are all stored in 4 bits alike (group, kind, act-order or not) is
     // read in its 4-bit form (read_int4: nothing dequantized or rounded again); any other linear as float
     // (kept, or widened to f32 when parts differ or SmoothQuant is folded in), which the backend quantizes.
+    // A GGUF Q6_K part counts as affine groups of 32 (TensorInfo::int4_requant: re-quantized, its super-blocks
+    // kept beside for the CPU's W4A8), so a Q4_K_M linear with Q6_K parts is read in its 4-bit form too.
+    auto group_of = [](const TensorInfo& ti) { return ti.int4_requant ? int64_t(32) : ti.int4_group; };
     auto plan_linear = [&](RankTensor& t, std::initializer_list<TensorRole> roles, int64_t layer, bool folded) {
         const TensorInfo& first = src_.info(tensor_name(c, *roles.begin(), layer, t.expert));
-        bool same_kept = true, int4 = first.int4_group > 0 && !folded && is_int4(t.mode);
+        bool same_kept = true, int4 = group_of(first) > 0 && !folded && is_int4(t.mode);
         for (TensorRole r : roles) {
             stored(r, layer, t.expert);
             const TensorInfo& ti = src_.info(tensor_name(c, r, layer, t.expert));
             same_kept &= keep_dtype(ti.dtype) == keep_dtype(first.dtype);
-            int4 &=
-                ti.int4_group == first.int4_group && ti.int4_kind == first.int4_kind && ti.int4_perm == first.int4_perm;
+            int4 &= group_of(ti) == group_of(first) && ti.int4_kind == first.int4_kind &&
+                    ti.int4_perm == first.int4_perm;
         }
         t.int4 = int4;
-        t.int4_group = int4 ? first.int4_group : 0;
+        t.int4_group = int4 ? group_of(first) : 0;
         t.int4_kind = first.int4_kind;
         t.int4_perm = int4 && first.int4_perm;
         t.dtype = int4 ? DType::kU8 : same_kept && !folded ? keep_dtype(first.dtype) : DType::kF32;

@@ -47,9 +47,12 @@ HostTensor concat_rows(std::vector<HostTensor>& parts) {
 
 // 4-bit parts stacked by rows (q | k | v, gate | up): the planner gave them one group and kind; an act-order
 // permutation (the input channels' order) must be the same for all, as it is when one input Hessian ordered
-// them (GPTQ).
+// them (GPTQ). K-quant super-blocks (Int4Weights::kq) stay only when every part has them.
 Int4Weights concat_int4(std::vector<Int4Weights>& parts, const std::string& name) {
+    bool kq = true;
+    for (const Int4Weights& p : parts) kq &= !p.kq.empty();
     Int4Weights out = std::move(parts[0]);
+    if (!kq) out.kq.clear();
     for (size_t i = 1; i < parts.size(); ++i) {
         Int4Weights& p = parts[i];
         LATTICE_CHECK(p.k == out.k && p.group == out.group && p.kind == out.kind && p.perm == out.perm,
@@ -61,12 +64,20 @@ Int4Weights concat_int4(std::vector<Int4Weights>& parts, const std::string& name
         out.d.insert(out.d.end(), p.d.begin(), p.d.end());
         out.m.insert(out.m.end(), p.m.begin(), p.m.end());
         out.z.insert(out.z.end(), p.z.begin(), p.z.end());
+        if (kq)
+            for (Int4KQuantPart& part : p.kq) out.kq.push_back(std::move(part));
         p = Int4Weights{};
     }
     return out;
 }
 
+// Bytes read from the source: a K-quant's super-blocks, else the 4-bit form's arrays.
 int64_t int4_bytes(const Int4Weights& w) {
+    if (!w.kq.empty()) {
+        int64_t b = 0;
+        for (const Int4KQuantPart& p : w.kq) b += int64_t(p.blocks.size());
+        return b;
+    }
     return int64_t(w.qs.size() + 2 * (w.d.size() + w.m.size()) + w.z.size() + 4 * w.perm.size());
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "kernels/common/int4_quantize.h"
 #include "runtime/arch/architecture.h"
 #include "runtime/weights/dequant.h"
 #include "runtime/weights/gguf.h"
@@ -161,6 +162,7 @@ public:
                 info.int4_group = 32;
                 info.int4_kind = t.dtype == DType::kQ4_0 ? Int4Kind::kOffset8 : Int4Kind::kAffine;
             }
+            info.int4_requant = t.dtype == DType::kQ6_K;
             // llama.cpp interleaves the q/k weight rows of the families whose rope it runs in pair order.
             const bool q = arch.gguf_qk_interleaved && role == TensorRole::kWq;
             const bool k = arch.gguf_qk_interleaved && role == TensorRole::kWk;
@@ -235,13 +237,23 @@ public:
     // Q4_0 / Q4_1 blocks as 4-bit weights in groups of 32: the blocks' nibbles, f16 d (and m) copied, so every
     // value is the block's own (the raw read un-permutes q/k rows like the float read). Q4_K super-blocks: one
     // affine group per 32-element sub-block, its scale and minimum rounded once to f16 (q4_k_to_int4, dequant.h).
+    // Q6_K: its f32 values quantized to affine groups of 32 (kernels/common/int4_quantize.h, as a backend
+    // quantizes a float linear). Q4_K and Q6_K also keep their super-blocks (Int4Weights::kq).
     Int4Weights read_int4(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
                           int64_t cols) const override {
         const Entry& e = entry(name);
         const DType t = e.info.dtype;
-        LATTICE_CHECK(e.info.int4_group > 0, "{}: tensor \"{}\" is {}, not 4-bit", file_->path(), name, dtype_name(t));
+        LATTICE_CHECK(e.info.int4_group > 0 || e.info.int4_requant, "{}: tensor \"{}\" is {}, not 4-bit",
+                      file_->path(), name, dtype_name(t));
         std::vector<uint8_t> raw(size_t(dtype_bytes(t, rows * cols)));
         read(name, row0, rows, col0, cols, t, raw.data());
+        if (t == DType::kQ6_K) {
+            std::vector<float> f(size_t(rows * cols));
+            dequant_q6_k(raw.data(), f.data(), rows * cols);
+            Int4Weights w = quantize_weights_int4(f.data(), rows, cols, kInt4Block);
+            w.kq.push_back(Int4KQuantPart{t, rows, std::move(raw)});
+            return w;
+        }
         if (t == DType::kQ4_K) {
             Int4Weights w(rows, cols, 32, Int4Kind::kAffine);
             if (const int64_t g = q4_k_to_int4(raw.data(), rows * cols, w.qs.data(), w.d.data(), w.m.data()); g >= 0) {
@@ -252,6 +264,7 @@ public:
                     "with --quant w8a8 or w8a16",
                     file_->path(), e.tensor->name, row0 + r, c, c + 32);
             }
+            w.kq.push_back(Int4KQuantPart{t, rows, std::move(raw)});
             return w;
         }
         const bool q4_1 = t == DType::kQ4_1;

@@ -34,6 +34,9 @@ struct TensorInfo {
     int64_t int4_group = 0;
     Int4Kind int4_kind = Int4Kind::kAffine;
     bool int4_perm = false;
+    // A GGUF Q6_K linear (int4_group 0: not a 4-bit tensor): read_int4 also gives it, as affine groups of 32
+    // re-quantized from its values with its own super-blocks beside (Int4Weights::kq), for a 4-bit run.
+    bool int4_requant = false;
     int64_t rows() const { return shape.size() >= 2 ? shape[0] : 1; }
     int64_t cols() const { return shape.empty() ? 1 : shape.back(); }
 };

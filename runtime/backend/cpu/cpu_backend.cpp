@@ -264,7 +264,8 @@ Linear CpuBackend::make_linear_int4(const Int4Matrix& w, QuantMode mode) {
     l.k = w.k;
     l.mode = mode;
     l.weight_dtype = DType::kU8;
-    auto packed = std::make_shared<PackedInt4>(pack_int4_weights(w, detect_isa()));
+    // W4A8 keeps a GGUF K-quant linear's super-blocks (Q4_K, Q6_K) at the file's bits where the ISA can.
+    auto packed = std::make_shared<PackedInt4>(pack_int4_weights(w, detect_isa(), mode == QuantMode::kW4A8));
     l.prepared_bytes = packed->bytes() + int64_t(packed->perm.size() * sizeof(int32_t));
     l.prepared = std::move(packed);
     return l;

@@ -1,6 +1,7 @@
 // GGUF K-quant checkpoints in a 4-bit run (tests/runtime/weights/kquant_gguf.h: Q4_K / Q5_K / Q6_K linears mixed
-// as llama.cpp's Q4_K_M mixes them): the plan keeps Q4_K linears (and a tied Q4_K embedding's LM head) 4-bit and
-// reads Q6_K ones and fused linears with a Q6_K part as float, which the backend quantizes; a tp split through a
+// as llama.cpp's Q4_K_M mixes them): the plan reads Q4_K and Q6_K linears (fused ones mixed too) and a tied Q4_K
+// embedding's LM head in their 4-bit form with their super-blocks beside (the CPU's W4A8 keeps those, Q6_K at 6
+// bits); a tp split through a
 // 256-element super-block is refused naming the tensor; --quant auto picks 4-bit when most linear weights are
 // 4-bit; an all-Q4_K model's W4A16 logits equal its f32 read to within the repack's f16 rounding of the scales,
 // and the gguf-py fixture model (data/kquant_blocks.gguf) runs in W4A8 within the 4-bit GGUF tolerance.
@@ -71,7 +72,7 @@ private:
 
 }  // namespace
 
-TEST_CASE("K-quant GGUF: the plan keeps Q4_K linears 4-bit, reads Q6_K (and q|k|v with a Q6_K part) as float") {
+TEST_CASE("K-quant GGUF: the plan reads Q4_K and Q6_K linears (q|k|v mixed) in their 4-bit form, super-blocks kept") {
     auto src = open_model(k_file(test::KTypes{}, "test_kquant_plan.gguf"));
     ModelOptions o;
     o.quant = QuantMode::kW4A8;
@@ -85,13 +86,21 @@ TEST_CASE("K-quant GGUF: the plan keeps Q4_K linears 4-bit, reads Q6_K (and q|k|
             CHECK(find(rw, role).int4_group == 32);
             CHECK(find(rw, role).int4_kind == Int4Kind::kAffine);
         }
-        // q, k Q4_K and v Q6_K: the fused q|k|v as f32, quantized to 4 bits at load; down (Q6_K) likewise.
+        // q, k Q4_K and v Q6_K: the fused q|k|v in its 4-bit form (Q6_K re-quantized) with the super-blocks of
+        // each part beside (the CPU's W4A8 reads those); down (Q6_K) likewise.
         for (WeightRole role : {WeightRole::kWqkv, WeightRole::kWDown}) {
             CAPTURE(int(role));
-            CHECK_FALSE(find(rw, role).int4);
-            CHECK(find(rw, role).dtype == DType::kF32);
+            CHECK(find(rw, role).int4);
+            CHECK(find(rw, role).int4_group == 32);
             CHECK(find(rw, role).mode == QuantMode::kW4A8);
         }
+        HostTensor qkv = rw.read(find(rw, WeightRole::kWqkv));
+        REQUIRE(qkv.q4.kq.size() == 3);
+        CHECK(qkv.q4.kq[0].type == DType::kQ4_K);
+        CHECK(qkv.q4.kq[1].type == DType::kQ4_K);
+        CHECK(qkv.q4.kq[2].type == DType::kQ6_K);
+        CHECK(qkv.q4.kq[2].rows == test::kKHeadDim);
+        CHECK(qkv.q4.kq[2].blocks.size() == size_t(test::kKHeadDim * test::kKH / 256 * 210));
         CHECK(find(rw, WeightRole::kEmbed).dtype == DType::kF32);  // the Q4_K table widened
         HostTensor h = rw.read(find(rw, WeightRole::kWGateUp));
         REQUIRE(h.int4());
@@ -149,6 +158,13 @@ TEST_CASE("K-quant GGUF: all-Q4_K W4A16 logits equal the f32 read up to the scal
     CHECK(e16 < 1e-3);
     CHECK(e8 < 5e-2);
     CHECK(e8 > e16);
+    // The Q4_K_M mix (v and down Q6_K): W4A8 with the super-blocks kept, in the same bound.
+    auto mix = open_model(k_file(test::KTypes{}, "test_kquant_e2e_mix.gguf"));
+    const auto mf32 = score_all(*mix, quant_options(QuantMode::kNone), prompts)[0];
+    const auto mw8 = score_all(*mix, quant_options(QuantMode::kW4A8), prompts)[0];
+    const double em = rel_error(mw8.data(), mf32.data(), mf32.size());
+    MESSAGE("Q4_K / Q6_K mix against the file in fp32: W4A8 " << em);
+    CHECK(em < 5e-2);
 }
 
 TEST_CASE("gguf-py K-quant fixture model: W4A8 logits within the 4-bit GGUF tolerance of its f32 read") {

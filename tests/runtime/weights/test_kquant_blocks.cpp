@@ -2,7 +2,10 @@
 // (data/kquant_blocks.gguf, written by data/make_kquant_fixtures.py: random block bytes, corner f16 scales); Q4_K
 // kept in 4 bits (GgufSource::read_int4, q4_k_to_int4) is within the f16 rounding of d * sc and dmin * mn of
 // gguf-py's values, and equal where those are f16 (power-of-two scales); a scale beyond f16 is refused; slices
-// must keep whole 256-element super-blocks; a non-finite super-block scale is refused naming the tensor.
+// must keep whole 256-element super-blocks; a non-finite super-block scale is refused naming the tensor. The
+// kernels' K-quant layout (Q4_K / Q6_K at the file's bytes, kernels/cpu/int4_gemm.h) dequantizes to gguf-py's
+// values bit for bit (corner scales too), and its W4A8 GEMM on every ISA equals the scalar reference bit for bit
+// and a double sum over those values within int4_gemm.h's bound.
 #include <doctest/doctest.h>
 
 // GCC 12 reports a false -Wstringop-overflow inside std::vector::insert when GgufBuilder::build is inlined here.
@@ -11,9 +14,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <vector>
 
+#include "kernels/common/quantize.h"
 #include "kernels/cpu/int4_gemm.h"
+#include "kernels/cpu/thread_pool.h"
 #include "runtime/weights/dequant.h"
 #include "runtime/weights/gguf.h"
 #include "runtime/weights/tensor_source.h"
@@ -226,4 +232,129 @@ TEST_CASE("gguf source: a K-quant super-block with a non-finite scale is refused
                          doctest::Contains("blk.0.ffn_down.weight"), Error);
     src->read("model.layers.0.mlp.down_proj.weight", 4, 1, 0, test::kKF, DType::kF32, row.data());  // others read
     CHECK(std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); }));
+}
+
+namespace {
+
+// 4-bit group form of [n, k] (zeros: the K-quant layout does not read it) with K-quant parts beside.
+Int4Weights with_parts(int64_t k, std::vector<Int4KQuantPart> parts) {
+    int64_t n = 0;
+    for (const Int4KQuantPart& p : parts) n += p.rows;
+    Int4Weights w(n, k, 32, Int4Kind::kAffine);
+    w.kq = std::move(parts);
+    return w;
+}
+
+// The parts dequantized by dequant.h (gguf-py's values, the test above), rows in order.
+std::vector<float> parts_values(const Int4Weights& w) {
+    std::vector<float> out(size_t(w.n * w.k));
+    int64_t row = 0;
+    for (const Int4KQuantPart& p : w.kq) {
+        dequant_blocks(p.type, p.blocks.data(), out.data() + row * w.k, p.rows * w.k);
+        row += p.rows;
+    }
+    return out;
+}
+
+bool kq_isa(IsaLevel isa) {
+    return vector_level(isa) == IsaLevel::kScalar || vector_level(isa) == IsaLevel::kAvx512Vnni;
+}
+
+}  // namespace
+
+TEST_CASE("K-quant layout: Q4_K and Q6_K packed at the file's bytes dequantize to gguf-py's values bit for bit") {
+    auto src = open_gguf_model(kFixture);
+    auto f = GgufFile::open(kFixture);
+    const int64_t hd = src->config().head_dim;
+    for (const Mapped& m : kMapped) {
+        if (m.type != DType::kQ4_K && m.type != DType::kQ6_K) continue;
+        CAPTURE(m.gguf);
+        const std::string g = m.gguf;
+        const std::vector<float> want = expected(*f, g, hd, g == "blk.0.attn_q.weight");
+        const TensorInfo& ti = src->info(m.hf);
+        CHECK(ti.int4_requant == (m.type == DType::kQ6_K));
+        const Int4Weights w = src->read_int4(m.hf, 0, ti.rows(), 0, ti.cols());
+        REQUIRE(w.kq.size() == 1);
+        CHECK(w.kq[0].type == m.type);
+        for (IsaLevel isa : test::supported_isas()) {
+            CAPTURE(isa_name(isa));
+            const PackedInt4 p = pack_int4_weights(w.matrix(), isa, true);
+            CHECK(p.kq == kq_isa(isa));
+            if (!p.kq) continue;
+            // The file's bytes per super-block and channel (Q6_K: + 2 of alignment), channels padded to 16.
+            CHECK(p.bytes() == (w.n + 15) / 16 * (w.k / 256) * (m.type == DType::kQ4_K ? kKqQ4Bytes : kKqQ6Bytes));
+            std::vector<float> got(want.size(), -1.0f);
+            dequantize_packed_int4(p, got.data());
+            CHECK(first_difference(got.data(), want.data(), int64_t(want.size())) == -1);
+        }
+    }
+    // The corner scales (f16 extremes, subnormals, -0.0) through the layout, as the f32 read gives them.
+    for (const char* name : {"corner.q4_K", "corner.q6_K"}) {
+        CAPTURE(name);
+        const GgufTensor& t = f->tensor(name);
+        const int64_t rows = t.ne[1], cols = t.ne[0];
+        const uint8_t* data = f->tensor_data(t);
+        const std::vector<uint8_t> bytes(data, data + dtype_bytes(t.dtype, rows * cols));
+        const Int4Weights w = with_parts(cols, {Int4KQuantPart{t.dtype, rows, bytes}});
+        const std::vector<float> want = parts_values(w);
+        const PackedInt4 p = pack_int4_weights(w.matrix(), IsaLevel::kScalar, true);
+        REQUIRE(p.kq);
+        std::vector<float> got(want.size(), -1.0f);
+        dequantize_packed_int4(p, got.data());
+        CHECK(first_difference(got.data(), want.data(), rows * cols) == -1);
+    }
+}
+
+TEST_CASE("w4a8 on the K-quant layout: AVX-512 equals the scalar reference bit for bit, both the double sum's value") {
+    std::mt19937 rng(11);
+    const int64_t k = 512;
+    // Q4_K | Q6_K | Q4_K rows as a fused q | k | v with a Q6_K part; the last part fills half a panel.
+    auto part = [&](DType t, int64_t rows) { return Int4KQuantPart{t, rows, test::k_tensor_bytes(t, rows, k, rng)}; };
+    const Int4Weights w = with_parts(k, {part(DType::kQ4_K, 32), part(DType::kQ6_K, 16), part(DType::kQ4_K, 8)});
+    const std::vector<float> wv = parts_values(w);
+    const PackedInt4 ref = pack_int4_weights(w.matrix(), IsaLevel::kScalar, true);
+    REQUIRE(ref.kq);
+    CHECK(ref.bytes() == 3 * 2 * kKqQ4Bytes + 1 * 2 * kKqQ6Bytes);  // 3 Q4_K panels, 1 Q6_K, 2 super-blocks
+    ThreadPool pool(2, false);
+    for (int64_t m : {1, 2, 5}) {
+        CAPTURE(m);
+        std::vector<float> x(size_t(m * k));
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (float& v : x) v = nd(rng);
+        x[3] = 40.0f;  // an outlier channel: its group's scale only
+        std::vector<float> y_ref(size_t(m * w.n), -1.0f);
+        gemm_w4a8(x.data(), m, k, ref, y_ref.data(), pool);
+        // The double sum over gguf-py's values and the int8 activations of each group of 32 (quantize_row_int8).
+        int64_t over = 0;
+        for (int64_t r = 0; r < m; ++r) {
+            std::vector<int8_t> q(static_cast<size_t>(k));
+            std::vector<float> s(static_cast<size_t>(k / 32));
+            for (int64_t g = 0; g < k / 32; ++g)
+                s[size_t(g)] = quantize_row_int8(&x[size_t(r * k + g * 32)], 32, &q[size_t(g * 32)]);
+            for (int64_t c = 0; c < w.n; ++c) {
+                double sum = 0, mag = 0;
+                for (int64_t i = 0; i < k; ++i) {
+                    const double t = double(wv[size_t(c * k + i)]) * double(q[size_t(i)]) * double(s[size_t(i / 32)]);
+                    sum += t;
+                    mag += std::fabs(t);
+                }
+                // int4_gemm.h: within (2 groups + 2) units of roundoff of the terms (16 groups here).
+                over += std::fabs(double(y_ref[size_t(r * w.n + c)]) - sum) > std::ldexp(2.0 * 16 + 4, -24) * mag;
+            }
+        }
+        CHECK(over == 0);
+        for (IsaLevel isa : test::supported_isas()) {
+            if (!kq_isa(isa) || isa == IsaLevel::kScalar) continue;
+            CAPTURE(isa_name(isa));
+            const PackedInt4 p = pack_int4_weights(w.matrix(), isa, true);
+            REQUIRE(p.kq);
+            std::vector<float> y(y_ref.size(), -2.0f);
+            gemm_w4a8(x.data(), m, k, p, y.data(), pool);
+            CHECK(first_difference(y.data(), y_ref.data(), int64_t(y.size())) == -1);
+        }
+    }
+    // W4A16 has no K-quant kernels: such a linear packs the group form; a part that splits a panel, too.
+    CHECK_FALSE(pack_int4_weights(w.matrix(), IsaLevel::kScalar, false).kq);
+    const Int4Weights odd = with_parts(k, {part(DType::kQ4_K, 8), part(DType::kQ6_K, 8)});
+    CHECK_FALSE(pack_int4_weights(odd.matrix(), IsaLevel::kScalar, true).kq);
 }

@@ -1,0 +1,225 @@
+// AVX-512 VNNI path of the W4A8 GEMM on the K-quant layout (GGUF Q4_K / Q6_K super-blocks kept at the file's
+// bits; layout and numerics: int4_gemm.h). A tile is MR rows x one panel (16 channels): decode (m = 1) reads
+// one panel at a time, one sequential stream per thread (as the group-form GEMV, int4_gemm_avx512.cpp); prefill
+// runs 4-row tiles over each panel, whose super-blocks stay in L1/L2 across the row blocks.
+//   Q4_K: per super-block the 16 channels' 12 scale bytes (one 16-byte row per byte index) give the eight
+//     sub-blocks' 6-bit scales and minimums with byte shifts and masks; d sc and dmin mn (exact in f32) go to a
+//     stack table; per group the low and high nibbles of each 64-byte chunk are the unsigned vpdpbusd operands
+//     (as the group form), and the group epilogue is int4_gemm.h's.
+//   Q6_K: a chunk's 4-bit parts as above, their top two bits shifted into bits 4..5 from the group's two 64-byte
+//     top-bit vectors (shift, and, vpternlogd); the low nibbles are sub-block a, the high ones sub-block b, each
+//     summed in int32, then sc_a (I_a - 32 X_a) + sc_b (I_b - 32 X_b) (vpmulld) and one FMA per group.
+// Every float operation is the scalar reference's (int4_gemm_kq_ref.cpp), so results are the same bits.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/cpu/gemm_avx512.h"
+#include "kernels/cpu/int4_gemm_kernels.h"
+#include "kernels/cpu/row_blocks.h"
+
+// GCC 12's AVX-512 intrinsics use _mm512_undefined_*() internally and trip a false positive.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace lattice::int4_detail {
+namespace {
+
+using avx512::dpbusd;
+using avx512::fma_acc;
+using avx512::tail_mask;
+
+inline int32_t load_i32(const void* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+inline __m512 load_f16x16(const uint8_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+inline __m128i load128(const uint8_t* p) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+
+inline __m512 u8_to_ps(__m128i v) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+}
+
+// A Q4_K super-block's d sc_g (D) and -(dmin mn_g) (Mn) for the 16 channels, g = 0..7.
+inline void q4k_scales(const uint8_t* sb, float (*D)[16], float (*Mn)[16]) {
+    const __m512 d = load_f16x16(sb + kKqQ4D), dmin = load_f16x16(sb + kKqQ4Dmin);
+    __m128i s[12];
+    for (int b = 0; b < 12; ++b) s[b] = load128(sb + kKqQ4Scales + 16 * b);
+    const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m48 = _mm_set1_epi8(48);
+    for (int g = 0; g < 8; ++g) {
+        __m128i sc, mn;
+        if (g < 4) {
+            sc = _mm_and_si128(s[g], m63);
+            mn = _mm_and_si128(s[g + 4], m63);
+        } else {  // top 2 bits: (byte >> 6) << 4 = (byte >> 2) & 48 (bits shifted in from the next byte masked)
+            sc = _mm_or_si128(_mm_and_si128(s[g + 4], m15), _mm_and_si128(_mm_srli_epi16(s[g - 4], 2), m48));
+            mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(s[g + 4], 4), m15),
+                              _mm_and_si128(_mm_srli_epi16(s[g], 2), m48));
+        }
+        _mm512_storeu_ps(D[g], _mm512_mul_ps(d, u8_to_ps(sc)));
+        // -(dmin mn): the negation is exact, and -(M) * s rounds as -(M * s).
+        _mm512_storeu_ps(Mn[g], _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, u8_to_ps(mn))));
+    }
+}
+
+template <int MR>
+inline void q4k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t p, float* y, int64_t ldy) {
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    __m512 acc[MR];
+    for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+    alignas(64) float D[8][16], Mn[8][16];
+    for (int64_t sbi = 0; sbi < w.k / 256; ++sbi) {
+        const uint8_t* sb = w.kq_block(p, sbi);
+        q4k_scales(sb, D, Mn);
+        for (int g = 0; g < 8; ++g) {
+            const int64_t gi = sbi * 8 + g;
+            const uint8_t* bg = sb + kKqQ4Nib + g * 256;
+            __m512i slo[MR], shi[MR];
+            for (int r = 0; r < MR; ++r) slo[r] = shi[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; ++c) {
+                const __m512i v = _mm512_loadu_si512(bg + c * 64);
+                const __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+#pragma GCC unroll 4
+                for (int r = 0; r < MR; ++r) {
+                    const int8_t* xs = a.q + (r0 + r) * a.ldq + gi * 32 + c * 4;
+                    dpbusd(slo[r], lo, _mm512_set1_epi32(load_i32(xs)));
+                    dpbusd(shi[r], hi, _mm512_set1_epi32(load_i32(xs + 16)));
+                }
+            }
+            const __m512 dg = _mm512_load_ps(D[g]), mg = _mm512_load_ps(Mn[g]);
+#pragma GCC unroll 4
+            for (int r = 0; r < MR; ++r) {
+                const __m512 s = _mm512_set1_ps(a.scales[(r0 + r) * a.ldsum + gi]);
+                fma_acc(acc[r], _mm512_cvtepi32_ps(_mm512_add_epi32(slo[r], shi[r])), _mm512_mul_ps(dg, s));
+                fma_acc(acc[r], _mm512_mul_ps(mg, s), _mm512_set1_ps(float(a.xsum[(r0 + r) * a.ldsum + gi])));
+            }
+        }
+    }
+    const __mmask16 mk = tail_mask(p, w.n);
+    for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + p * kInt8PanelN, mk, acc[r]);
+}
+
+// Decode (m = 1), modeled on the group form's GEMV (int4_gemm_avx512.cpp): four int32 accumulators per group
+// (chunks even / odd, low / high nibbles; their sum is exact) keep vpdpbusd's latency hidden, and each group's
+// scale and minimum are converted where the epilogue needs them. The float operations are q4k_tile's.
+inline void q4k_gemv(const Int4Acts& a, const PackedInt4& w, int64_t p, float* y) {
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m48 = _mm_set1_epi8(48);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t sbi = 0; sbi < w.k / 256; ++sbi) {
+        const uint8_t* sb = w.kq_block(p, sbi);
+        const __m512 d = load_f16x16(sb + kKqQ4D), dmin = load_f16x16(sb + kKqQ4Dmin);
+        const uint8_t* sc0 = sb + kKqQ4Scales;
+        for (int g = 0; g < 8; ++g) {
+            const int64_t gi = sbi * 8 + g;
+            const uint8_t* bg = sb + kKqQ4Nib + g * 256;
+            const int8_t* xs = a.q + gi * 32;
+            const __m512i v0 = _mm512_loadu_si512(bg), v1 = _mm512_loadu_si512(bg + 64);
+            const __m512i v2 = _mm512_loadu_si512(bg + 128), v3 = _mm512_loadu_si512(bg + 192);
+            __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+            dpbusd(s0, _mm512_and_si512(v0, mask), _mm512_set1_epi32(load_i32(xs)));
+            dpbusd(s1, _mm512_and_si512(_mm512_srli_epi16(v0, 4), mask), _mm512_set1_epi32(load_i32(xs + 16)));
+            dpbusd(s2, _mm512_and_si512(v1, mask), _mm512_set1_epi32(load_i32(xs + 4)));
+            dpbusd(s3, _mm512_and_si512(_mm512_srli_epi16(v1, 4), mask), _mm512_set1_epi32(load_i32(xs + 20)));
+            dpbusd(s0, _mm512_and_si512(v2, mask), _mm512_set1_epi32(load_i32(xs + 8)));
+            dpbusd(s1, _mm512_and_si512(_mm512_srli_epi16(v2, 4), mask), _mm512_set1_epi32(load_i32(xs + 24)));
+            dpbusd(s2, _mm512_and_si512(v3, mask), _mm512_set1_epi32(load_i32(xs + 12)));
+            dpbusd(s3, _mm512_and_si512(_mm512_srli_epi16(v3, 4), mask), _mm512_set1_epi32(load_i32(xs + 28)));
+            __m128i sc, mn;
+            if (g < 4) {
+                sc = _mm_and_si128(load128(sc0 + 16 * g), m63);
+                mn = _mm_and_si128(load128(sc0 + 16 * (g + 4)), m63);
+            } else {
+                const __m128i lo = load128(sc0 + 16 * (g + 4));
+                const __m128i top = _mm_srli_epi16(load128(sc0 + 16 * (g - 4)), 2);
+                sc = _mm_or_si128(_mm_and_si128(lo, m15), _mm_and_si128(top, m48));
+                mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(lo, 4), m15),
+                                  _mm_and_si128(_mm_srli_epi16(load128(sc0 + 16 * g), 2), m48));
+            }
+            const __m512 s = _mm512_set1_ps(a.scales[gi]);
+            const __m512i isum = _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(s2, s3));
+            const __m512 mneg = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, u8_to_ps(mn)));
+            fma_acc(acc, _mm512_cvtepi32_ps(isum), _mm512_mul_ps(_mm512_mul_ps(d, u8_to_ps(sc)), s));
+            fma_acc(acc, _mm512_mul_ps(mneg, s), _mm512_set1_ps(float(a.xsum[gi])));
+        }
+    }
+    _mm512_mask_storeu_ps(y + p * kInt8PanelN, tail_mask(p, w.n), acc);
+}
+
+// q (0..63) of chunk c's low (sub-block a) and high (sub-block b) elements: 4-bit parts | top bits << 4.
+struct Q6Pair {
+    __m512i lo, hi;
+};
+inline Q6Pair q6_chunk(__m512i v, __m512i hb) {
+    const __m512i m15 = _mm512_set1_epi8(0x0F), m48 = _mm512_set1_epi8(0x30);
+    const __m512i tlo = _mm512_and_si512(_mm512_slli_epi16(hb, 4), m48);
+    const __m512i thi = _mm512_and_si512(_mm512_slli_epi16(hb, 2), m48);
+    // (A & B) | C: vpternlogd 0xEA.
+    return {_mm512_ternarylogic_epi32(v, m15, tlo, 0xEA),
+            _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), m15, thi, 0xEA)};
+}
+
+template <int MR>
+inline void q6k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t p, float* y, int64_t ldy) {
+    __m512 acc[MR];
+    for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t sbi = 0; sbi < w.k / 256; ++sbi) {
+        const uint8_t* sb = w.kq_block(p, sbi);
+        const __m512 dv = load_f16x16(sb + kKqQ6D);
+        for (int g = 0; g < 8; ++g) {
+            const int64_t gi = sbi * 8 + g;
+            const uint8_t* bg = sb + kKqQ6Nib + g * kKqQ6Group;
+            __m512i ia[MR], ib[MR];
+            for (int r = 0; r < MR; ++r) ia[r] = ib[r] = _mm512_setzero_si512();
+            const __m512i h0 = _mm512_loadu_si512(bg + 256), h1 = _mm512_loadu_si512(bg + 320);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; ++c) {
+                const __m512i h = c < 2 ? h0 : h1;
+                const Q6Pair q = q6_chunk(_mm512_loadu_si512(bg + c * 64), c % 2 ? _mm512_srli_epi16(h, 4) : h);
+#pragma GCC unroll 4
+                for (int r = 0; r < MR; ++r) {
+                    const int8_t* xs = a.q + (r0 + r) * a.ldq + gi * 32 + c * 4;
+                    dpbusd(ia[r], q.lo, _mm512_set1_epi32(load_i32(xs)));
+                    dpbusd(ib[r], q.hi, _mm512_set1_epi32(load_i32(xs + 16)));
+                }
+            }
+            const __m512i sa = _mm512_cvtepi8_epi32(load128(sb + kKqQ6Scales + 16 * (2 * g)));
+            const __m512i sbv = _mm512_cvtepi8_epi32(load128(sb + kKqQ6Scales + 16 * (2 * g + 1)));
+#pragma GCC unroll 4
+            for (int r = 0; r < MR; ++r) {
+                const int64_t at = (r0 + r) * a.ldsum + gi;
+                const int32_t xa = a.xsum16[at], xb = a.xsum[at] - xa;
+                const __m512i ta = _mm512_sub_epi32(ia[r], _mm512_set1_epi32(32 * xa));
+                const __m512i tb = _mm512_sub_epi32(ib[r], _mm512_set1_epi32(32 * xb));
+                const __m512i t = _mm512_add_epi32(_mm512_mullo_epi32(sa, ta), _mm512_mullo_epi32(sbv, tb));
+                fma_acc(acc[r], _mm512_cvtepi32_ps(t), _mm512_mul_ps(dv, _mm512_set1_ps(a.scales[at])));
+            }
+        }
+    }
+    const __mmask16 mk = tail_mask(p, w.n);
+    for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + p * kInt8PanelN, mk, acc[r]);
+}
+
+}  // namespace
+
+void w4a8_kq_panels_avx512(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y,
+                           int64_t ldy) {
+    for (int64_t p = p0; p < p1; ++p) {
+        if (w.panel_q6[size_t(p)])
+            for_row_blocks<4>(m, [&]<int MR>(int64_t r0) { q6k_tile<MR>(a, r0, w, p, y, ldy); });
+        else if (m == 1)
+            q4k_gemv(a, w, p, y);
+        else
+            for_row_blocks<4>(m, [&]<int MR>(int64_t r0) { q4k_tile<MR>(a, r0, w, p, y, ldy); });
+    }
+}
+
+}  // namespace lattice::int4_detail
