@@ -151,4 +151,19 @@ inline void dequantize_int4(const Int4Matrix& w, float* out) {
         for (int64_t c = 0; c < w.k; ++c) out[r * w.k + (w.perm ? w.perm[c] : c)] = int4_value(w, r, c);
 }
 
+// GGUF Q4_K / Q5_K: the 6-bit scale and minimum of sub-block j (0..7) from a super-block's 12 packed scale
+// bytes s: bytes 0..3 hold the scales of sub-blocks 0..3 and bytes 4..7 their minimums in their low 6 bits;
+// sub-blocks 4..7 take their low 4 bits from bytes 8..11 (scale low nibble, minimum high nibble) and their
+// top 2 bits from the top 2 bits of bytes 0..3 (scales) and 4..7 (minimums). The file's dequantization
+// (runtime/weights/dequant_k.cpp) and the CPU's K-quant kernels (kernels/cpu/int4_gemm_kq*.cpp) share it.
+inline void q4k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
+        *mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+}
+
 }  // namespace lattice

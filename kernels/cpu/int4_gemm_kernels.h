@@ -45,19 +45,10 @@ void w4a8_panels_avx2(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t
 void w4a8_panels_avx512(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y,
                         int64_t ldy);
 
-// K-quant layout (int4_gemm.h): offsets inside a super-block, and sub-block g's 6-bit scale and minimum from
-// Q4_K's 12 scale bytes (s[b] = byte b of the channel; runtime/weights/dequant.h).
+// K-quant layout (int4_gemm.h): offsets inside a super-block (sub-block g's 6-bit scale and minimum from
+// Q4_K's 12 scale bytes: kernels/common/int4.h q4k_scale_min).
 inline constexpr int64_t kKqQ4D = 0, kKqQ4Dmin = 32, kKqQ4Scales = 64, kKqQ4Nib = 256;
 inline constexpr int64_t kKqQ6Group = 384, kKqQ6D = 0, kKqQ6Scales = 64, kKqQ6Nib = 320;
-inline void kq_scale_min(const uint8_t* s, int g, int* sc, int* mn) {
-    if (g < 4) {
-        *sc = s[g] & 63;
-        *mn = s[g + 4] & 63;
-    } else {
-        *sc = (s[g + 4] & 15) | (s[g - 4] >> 6) << 4;
-        *mn = (s[g + 4] >> 4) | (s[g] >> 6) << 4;
-    }
-}
 // q (0..63) of element i (0..31) of group g of channel j in a Q6_K super-block of the layout.
 inline int kq_q6_value(const uint8_t* sb, int g, int j, int i) {
     const int c = (i % 16) / 4, t = i % 4, hi = i / 16;

@@ -127,7 +127,7 @@ float kq_value(const PackedInt4& w, int64_t p, int j, int64_t col) {
     uint8_t s[12];
     for (int b = 0; b < 12; ++b) s[b] = sb[int4_detail::kKqQ4Scales + 16 * b + j];
     int sc = 0, mn = 0;
-    int4_detail::kq_scale_min(s, g, &sc, &mn);
+    q4k_scale_min(s, g, &sc, &mn);
     const float d = f16_to_f32(load_u16(sb + int4_detail::kKqQ4D + 2 * j));
     const float dmin = f16_to_f32(load_u16(sb + int4_detail::kKqQ4Dmin + 2 * j));
     const uint8_t b = sb[int4_detail::kKqQ4Nib + g * 256 + (i % 16) / 4 * 64 + j * 4 + i % 4];

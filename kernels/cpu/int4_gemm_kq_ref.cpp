@@ -36,7 +36,7 @@ void q4k_row(const Int4Acts& a, int64_t r, const PackedInt4& w, int64_t p, float
                 uint8_t s[12];
                 for (int b = 0; b < 12; ++b) s[b] = sb[kKqQ4Scales + 16 * b + j];
                 int sc = 0, mn = 0;
-                kq_scale_min(s, g, &sc, &mn);
+                q4k_scale_min(s, g, &sc, &mn);
                 const float D = f16_at(sb + kKqQ4D + 2 * j) * float(sc);
                 const float M = f16_at(sb + kKqQ4Dmin + 2 * j) * float(mn);
                 acc[j] = std::fma(float(I), D * sg, acc[j]);

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "kernels/common/int4.h"
 #include "runtime/weights/dequant.h"
 
 namespace lattice {
@@ -18,19 +19,6 @@ uint16_t load_u16(const uint8_t* p) {
     return v;
 }
 
-// The 6-bit scale and minimum of sub-block j (0..7) from Q4_K's / Q5_K's 12 packed bytes: bytes 0..3 hold the
-// scales of sub-blocks 0..3 and bytes 4..7 their minimums in their low 6 bits; sub-blocks 4..7 take their low 4
-// bits from bytes 8..11 (scale low nibble, minimum high nibble) and their top 2 bits from the top 2 bits of
-// bytes 0..3 (scales) and 4..7 (minimums).
-void scale_min(const uint8_t* s, int j, int* sc, int* mn) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *mn = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
-        *mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
-    }
-}
 
 // Element t (0..31) of sub-block j of a Q4_K / Q5_K super-block's 128 nibble bytes.
 int nibble(const uint8_t* qs, int j, int t) {
@@ -49,7 +37,7 @@ void dequant_k_affine(const uint8_t* blocks, float* out, int64_t n, bool five) {
         const uint8_t* qs = five ? p + 48 : p + 16;
         for (int j = 0; j < 8; ++j) {
             int sc = 0, mn = 0;
-            scale_min(scales, j, &sc, &mn);
+            q4k_scale_min(scales, j, &sc, &mn);
             const float dj = d * float(sc), mj = dmin * float(mn);
             float* o = out + b * kSuper + j * 32;
             for (int t = 0; t < 32; ++t) {
@@ -94,7 +82,7 @@ int64_t q4_k_to_int4(const uint8_t* blocks, int64_t n, uint8_t* qs, uint16_t* d,
         for (int j = 0; j < 8; ++j) {
             const int64_t g = b * 8 + j;
             int sc = 0, mn = 0;
-            scale_min(p + 4, j, &sc, &mn);
+            q4k_scale_min(p + 4, j, &sc, &mn);
             d[g] = f32_to_f16(sd * float(sc));
             m[g] = f32_to_f16(-(sdmin * float(mn)));
             if ((d[g] & 0x7C00) == 0x7C00 || (m[g] & 0x7C00) == 0x7C00) return g;
