@@ -2,7 +2,9 @@
 # Slow is not dead: host b's link shaped mid-generation to 200 kbit/s (`tc qdisc ... tbf`: a token
 # bucket, what this machine's kernel offers; it has no netem) must only slow the job down. tp 1 x pp 2,
 # one stage per host, the default SmolLM2 model (SKIP without it), 48 greedy tokens of a text prompt,
-# --comm-timeout 20. Checks: the shaped run exits 0 with the same text as an unshaped run on the same
+# --comm-timeout 60 (a saturated token bucket drops packets, and TCP's retransmission backoff then held one
+# 16-byte reply past a 20 s timeout on CI's loaded 2 cores: slow is not dead, so the timeout must outlast the
+# link's worst stall). Checks: the shaped run exits 0 with the same text as an unshaped run on the same
 # hosts, and its decode is slower (the stats line's tok/s), i.e. the shaping did bite.
 set -uo pipefail
 source "$(dirname "$0")/hosts_lib.sh"
@@ -14,7 +16,7 @@ hosts_make a b || { echo "FAIL: cannot make the hosts"; exit 1; }
 
 run() {  # run NAME [shape]: generation on a:1,b:1; with "shape", b's port is rate-limited once text streams
     host_run a timeout 100 "$W" --hosts a:1,b:1 --tp 1 --pp 2 --cpu --bind none -q -- "$bin" generate --model "$model" \
-        --prompt "Once upon a time" --max-new-tokens 48 --temperature 0 --ignore-eos --comm-timeout 20 \
+        --prompt "Once upon a time" --max-new-tokens 48 --temperature 0 --ignore-eos --comm-timeout 60 \
         > "$HOSTS_DIR/$1.out" 2> "$HOSTS_DIR/$1.err" &
     local job=$! _
     if [ "${2:-}" = shape ]; then
