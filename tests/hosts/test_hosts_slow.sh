@@ -2,9 +2,10 @@
 # Slow is not dead: host b's link shaped mid-generation to 200 kbit/s (`tc qdisc ... tbf`: a token
 # bucket, what this machine's kernel offers; it has no netem) must only slow the job down. tp 1 x pp 2,
 # one stage per host, the default SmolLM2 model (SKIP without it), 48 greedy tokens of a text prompt,
-# --comm-timeout 60 (a saturated token bucket drops packets, and TCP's retransmission backoff then held one
-# 16-byte reply past a 20 s timeout on CI's loaded 2 cores: slow is not dead, so the timeout must outlast the
-# link's worst stall). Checks: the shaped run exits 0 with the same text as an unshaped run on the same
+# --comm-timeout 60. The bucket is 80 KiB: tbf drops every packet larger than its bucket, and the veth
+# hands it GSO packets of up to 64 KiB, so with a 4 KiB bucket a large enough send (more of them on a
+# loaded machine) was dropped at each retransmission: the link stalled for good and the job ended on the
+# communicator timeout (CI, twice). The rate still binds: decode needs ~2 KB a token. Checks: the shaped run exits 0 with the same text as an unshaped run on the same
 # hosts, and its decode is slower (the stats line's tok/s), i.e. the shaping did bite.
 set -uo pipefail
 source "$(dirname "$0")/hosts_lib.sh"
@@ -26,8 +27,8 @@ run() {  # run NAME [shape]: generation on a:1,b:1; with "shape", b's port is ra
             sleep 0.05
         done
         kill -0 $job 2> /dev/null || fail "$1: the run ended before the link was shaped"
-        tc qdisc add dev "p-b" root tbf rate 200kbit burst 4kb latency 2s || fail "$1: tc refused the shaping"
-        host_run b tc qdisc add dev eth0 root tbf rate 200kbit burst 4kb latency 2s || fail "$1: tc refused (b)"
+        tc qdisc add dev "p-b" root tbf rate 200kbit burst 80kb latency 2s || fail "$1: tc refused the shaping"
+        host_run b tc qdisc add dev eth0 root tbf rate 200kbit burst 80kb latency 2s || fail "$1: tc refused (b)"
     fi
     wait $job
     rc=$?
