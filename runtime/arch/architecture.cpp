@@ -2,6 +2,7 @@
 #include "runtime/arch/architecture.h"
 
 #include "base/error.h"
+#include "runtime/arch/config_json.h"
 #include "runtime/arch/families.h"
 
 namespace lattice {
@@ -119,6 +120,21 @@ const std::vector<TensorSpec> kMoeTensors = {
 };
 }  // namespace
 
+Architecture named(const char* name, const char* model_type, const char* hf_class, const char* gguf_name) {
+    Architecture a;
+    a.name = name;
+    a.hf_model_types = {model_type};
+    a.hf_classes = {hf_class};
+    a.hf_model_type = model_type;
+    a.gguf_name = gguf_name;
+    return a;
+}
+
+void read_expert_counts(const nlohmann::json& j, const char* count_key, ModelConfig& c) {
+    c.n_experts = config_json::get_required<int64_t>(j, count_key, c.source);
+    c.n_experts_used = config_json::get_required<int64_t>(j, "num_experts_per_tok", c.source);
+}
+
 std::vector<TensorSpec> dense_tensors(bool qkv_bias, bool moe) {
     std::vector<TensorSpec> out;
     for (const TensorSpec& t : kDenseTensors)
@@ -198,6 +214,37 @@ std::string expert_name(const char* pattern, int64_t expert) {
     const size_t at = s.find(kExpertMark);
     if (at != std::string::npos) s.replace(at, 1, std::to_string(expert));
     return s;
+}
+
+std::vector<const TensorSpec*> gguf_fused_parts(const Architecture& arch, const std::string& rest) {
+    std::vector<const TensorSpec*> parts;
+    for (const TensorSpec& t : arch.tensors) {
+        const std::string g = t.gguf;
+        if (t.per_layer && g.size() > rest.size() && g.compare(0, rest.size(), rest) == 0 && g[rest.size()] == ':')
+            parts.push_back(&t);
+    }
+    return parts;
+}
+
+bool is_norm_role(TensorRole role) {
+    switch (role) {
+        case R::kFinalNorm:
+        case R::kAttnNorm:
+        case R::kFfnNorm:
+        case R::kQNorm:
+        case R::kKNorm:
+        case R::kPostAttnNorm:
+        case R::kPostFfnNorm:
+            return true;
+        default:
+            return false;
+    }
+}
+
+int64_t GgufMetadata::required_int(const std::string& key) const {
+    const std::optional<int64_t> v = int_value(prefix + key);
+    LATTICE_CHECK(v.has_value(), "{}: missing metadata key \"{}{}\"", source, prefix, key);
+    return *v;
 }
 
 const TensorSpec* gguf_merged_spec(const Architecture& arch, const std::string& rest) {

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,12 +72,27 @@ struct TensorSpec {
     const char* hf;    // HF name; per-layer ones after "model.layers.N."; "<fused>:<part>" for a part of a
                        // checkpoint tensor that fuses several (Phi-3's qkv_proj: the HF source shows it as
                        // its parts, row ranges in table order)
-    const char* gguf;  // GGUF name; per-layer ones after "blk.N."
+    const char* gguf;  // GGUF name; per-layer ones after "blk.N."; "<fused>:<part>" for a part of a tensor
+                       // llama.cpp fuses (Phi-3's attn_qkv, ffn_up holding gate|up), row ranges in table order
     TpSplit split;
     TensorGate gate;
     bool per_expert = false;         // one tensor per expert (its number at kExpertMark in hf and gguf)
     const char* gguf_merged = "";    // per-expert tensors: llama.cpp's one 3-D tensor of every expert
                                      // ([experts, rows, cols] in HF order), after "blk.N."
+};
+
+// What a family's GGUF reader sees of the file (runtime/weights/gguf_source.cpp gives it over the file): its
+// metadata by full key and its small f32 tensors (LongRoPE's factors); nullopt when absent.
+struct GgufMetadata {
+    std::string source;  // the file (for messages)
+    std::string prefix;  // "<general.architecture>."
+    virtual ~GgufMetadata() = default;
+    virtual std::optional<int64_t> int_value(const std::string& key) const = 0;
+    virtual std::optional<double> float_value(const std::string& key) const = 0;
+    // A 1-D f32 tensor's values; throws naming it when it is not one.
+    virtual std::optional<std::vector<float>> f32_vector(const std::string& tensor) const = 0;
+    // The metadata key <prefix><key>, required (throws naming it when absent).
+    int64_t required_int(const std::string& key) const;
 };
 
 struct Architecture {
@@ -108,6 +124,12 @@ struct Architecture {
     void (*read_config)(const nlohmann::json& j, ModelConfig& c) = nullptr;
     // Those keys written back (the config.json of a converted checkpoint); null: none.
     void (*write_config)(const ModelConfig& c, nlohmann::json& j) = nullptr;
+    // The family's own GGUF metadata (after the shared <arch>.* keys gguf_model_config reads), as llama.cpp
+    // reads it for the architecture; null: none. Throws naming the key.
+    void (*read_gguf)(const GgufMetadata& m, ModelConfig& c) = nullptr;
+    // llama.cpp's converter stores every RMSNorm weight plus this (Gemma: 1, its (1 + w) folded in); the
+    // GGUF reader subtracts it, so the source shows HF's values.
+    float gguf_norm_shift = 0;
     std::vector<TensorSpec> tensors;          // every tensor the family may hold, gated by its options
 };
 
@@ -153,14 +175,22 @@ bool hf_tensor_ignorable(const std::string& name);
 std::string gguf_to_hf_name(const Architecture& arch, const std::string& gguf_name);
 // The role of an HF name ("" layer prefix handled), or false when the table has none.
 bool hf_role_of(const Architecture& arch, const std::string& name, TensorRole* role);
+// The parts of a fused GGUF tensor (`rest` after "blk.N.", e.g. "attn_qkv.weight"), in table order; empty when
+// `rest` is no fused tensor of `arch`.
+std::vector<const TensorSpec*> gguf_fused_parts(const Architecture& arch, const std::string& rest);
+// Whether `role` is an RMSNorm weight (the final, per-layer, QK and sandwich norms).
+bool is_norm_role(TensorRole role);
 // The per-expert specs of `arch` whose merged GGUF name is `rest` (after "blk.N."), nullptr when none.
 const TensorSpec* gguf_merged_spec(const Architecture& arch, const std::string& rest);
 // `pattern` with kExpertMark replaced by the expert's number.
 std::string expert_name(const char* pattern, int64_t expert);
 // "blk.N." + rest -> N and rest (decimal layer numbers without leading zeros); -1 otherwise.
 int64_t gguf_layer_of(const std::string& name, std::string* rest);
-// GGUF tensors besides the mapped ones that a reader consumes itself (rope_freqs.weight).
+// GGUF tensors besides the mapped ones that a reader consumes itself: llama3's rope_freqs.weight, LongRoPE's
+// factors (read into ModelConfig::rope_scaling by Phi-3's read_gguf).
 constexpr const char* kGgufRopeFreqs = "rope_freqs.weight";
+constexpr const char* kGgufRopeFactorsLong = "rope_factors_long.weight";
+constexpr const char* kGgufRopeFactorsShort = "rope_factors_short.weight";
 
 // Names in lattice's converted (pre-sharded) format: one rank's tensors, q|k|v and gate|up fused.
 struct PreparedNames {

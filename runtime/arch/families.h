@@ -15,6 +15,13 @@ void add_mixtral(std::vector<Architecture>& table);  // mixtral (family_llama.cp
 void add_gemma(std::vector<Architecture>& table);    // gemma2, gemma3 (text)
 void add_phi(std::vector<Architecture>& table);      // phi3
 
+// An entry with its names: lattice's name, the config.json model_type (also what `lattice convert` writes
+// back) and architectures[0] class, the GGUF general.architecture ("": no GGUF form of its own).
+Architecture named(const char* name, const char* model_type, const char* hf_class, const char* gguf_name = "");
+// The MoE counts every MoE family's config.json carries: experts per layer (`count_key`) and
+// num_experts_per_tok.
+void read_expert_counts(const nlohmann::json& j, const char* count_key, ModelConfig& c);
+
 // Llama's skeleton (embedding, per layer RMSNorm + q/k/v/o + RMSNorm + gate/up/down, final norm, LM
 // head; HF names after "model.layers.N.", GGUF after "blk.N."), with q/k/v biases when qkv_bias and
 // with Mixtral's sparse MoE block (block_sparse_moe.*) in place of the MLP when moe.

@@ -1,7 +1,6 @@
 // The Llama-shaped families: Llama, Mistral (Llama plus a sliding window) and Mixtral (Mistral's attention
 // with a sparse mixture of experts for the MLP). Their forward is the skeleton's blocks with no option:
 // RMSNorm, attention, SwiGLU MLP or MoE, pre-norm residuals.
-#include "runtime/arch/config_json.h"
 #include "runtime/arch/families.h"
 
 namespace lattice::families {
@@ -10,19 +9,13 @@ namespace {
 
 // Mixtral's expert counts (num_local_experts, num_experts_per_tok).
 void read_mixtral(const nlohmann::json& j, ModelConfig& c) {
-    c.n_experts = config_json::get_required<int64_t>(j, "num_local_experts", c.source);
-    c.n_experts_used = config_json::get_required<int64_t>(j, "num_experts_per_tok", c.source);
+    read_expert_counts(j, "num_local_experts", c);
 }
 
 }  // namespace
 
 void add_llama(std::vector<Architecture>& t) {
-    Architecture llama;
-    llama.name = "llama";
-    llama.hf_model_types = {"llama"};
-    llama.hf_classes = {"LlamaForCausalLM"};
-    llama.hf_model_type = "llama";
-    llama.gguf_name = "llama";
+    Architecture llama = named("llama", "llama", "LlamaForCausalLM", "llama");
     llama.gguf_qk_interleaved = true;
     llama.rope_scaling = {"llama3", "linear"};
     llama.tensors = dense_tensors(false);
@@ -31,12 +24,9 @@ void add_llama(std::vector<Architecture>& t) {
     // Mistral is Llama's tensors plus a sliding window, which attention honours (query i attends keys
     // i - W < j <= i, in every layer). llama.cpp writes Mistral GGUFs as architecture "llama"
     // (without the window), so there is no GGUF name of its own.
-    Architecture mistral = llama;
-    mistral.name = "mistral";
-    mistral.hf_model_types = {"mistral"};
-    mistral.hf_classes = {"MistralForCausalLM"};
-    mistral.hf_model_type = "mistral";
-    mistral.gguf_name = "";
+    Architecture mistral = named("mistral", "mistral", "MistralForCausalLM");
+    mistral.gguf_qk_interleaved = true;
+    mistral.tensors = llama.tensors;
     mistral.sliding_window = true;
     mistral.sliding_window_honoured = true;
     mistral.rope_scaling = {"linear"};
@@ -49,12 +39,7 @@ void add_mixtral(std::vector<Architecture>& t) {
     // renormalized (transformers' MixtralSparseMoeBlock). Each expert's FFN splits over TP like a dense
     // FFN (gate/up rows, down columns), the router is replicated. llama.cpp writes it as "llama" with
     // llama.expert_count, q/k rows interleaved like llama's.
-    Architecture mixtral;
-    mixtral.name = "mixtral";
-    mixtral.hf_model_types = {"mixtral"};
-    mixtral.hf_classes = {"MixtralForCausalLM"};
-    mixtral.hf_model_type = "mixtral";
-    mixtral.gguf_name = "llama";
+    Architecture mixtral = named("mixtral", "mixtral", "MixtralForCausalLM", "llama");
     mixtral.gguf_qk_interleaved = true;
     mixtral.sliding_window = true;
     mixtral.sliding_window_honoured = true;

@@ -1,14 +1,21 @@
-// TensorSource over a GGUF file written by llama.cpp's converter (general.architecture "llama" or
-// "qwen2": the architecture table, runtime/arch/architecture.h, maps llama.cpp tensor names to HF
-// names), shapes reversed to HF order (GGUF ne is innermost first), ModelConfig from <arch>.*
-// metadata, and row/col slices converted (or dequantized) into the caller's buffer straight from the
-// read-only mapping, touching only the requested rows. For llama the converter stores each q/k
-// head's rows in an interleaved RoPE order; read() undoes it per whole head (slices of q/k must hold
-// whole heads), so callers see HF's half-split order like every other source (qwen2 keeps HF's order).
+// TensorSource over a GGUF file written by llama.cpp's converter (every general.architecture the
+// architecture table names: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3; the table,
+// runtime/arch/architecture.h, maps llama.cpp tensor names to HF names), shapes reversed to HF order
+// (GGUF ne is innermost first), ModelConfig from <arch>.* metadata (the shared keys here, the family's own
+// in its read_gguf), and row/col slices converted (or dequantized) into the caller's buffer straight from
+// the read-only mapping, touching only the requested rows. What llama.cpp's converter changed is undone
+// here, so callers see what an HF source shows:
+// - llama's q/k rows, stored per head in an interleaved RoPE order: read() restores HF's half-split order
+//   per whole head (slices of q/k must hold whole heads; the other families keep HF's order);
+// - per-expert tensors merged into one 3-D tensor per layer, and Phi-3's fused attn_qkv / ffn_up: each
+//   expert or part is an entry of its own, a row range of the file's tensor;
+// - Gemma's norm weights, stored as 1 + w: the shift subtracted on read (Architecture::gguf_norm_shift).
 // llama3 rope scaling arrives as the rope_freqs.weight tensor of per-pair theta divisors
-// (rope_freq_factors()).
+// (rope_freq_factors()), Phi-3's LongRoPE as two factor tensors its read_gguf reads into the config. A vision
+// tower's tensors are refused by name.
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -22,27 +29,89 @@
 
 namespace lattice {
 
-ModelConfig gguf_model_config(const GgufFile& f) {
+namespace {
+
+// The family's read_gguf over the file's metadata and tensors.
+class FileMetadata final : public GgufMetadata {
+public:
+    FileMetadata(const GgufFile& f, const std::string& arch) : f_(f) {
+        source = f.path();
+        prefix = arch + ".";
+    }
+    std::optional<int64_t> int_value(const std::string& key) const override { return f_.int_value(key); }
+    std::optional<double> float_value(const std::string& key) const override { return f_.float_value(key); }
+    std::optional<std::vector<float>> f32_vector(const std::string& name) const override {
+        const GgufTensor* t = f_.find_tensor(name);
+        if (!t) return std::nullopt;
+        LATTICE_CHECK(t->ne.size() == 1 && t->dtype == DType::kF32, "{}: tensor \"{}\" must be 1-D f32, got {} [{}]",
+                      source, name, dtype_name(t->dtype), fmt::join(t->ne, ", "));
+        std::vector<float> v(size_t(t->ne[0]));
+        std::memcpy(v.data(), f_.tensor_data(*t), v.size() * sizeof(float));
+        return v;
+    }
+
+private:
+    const GgufFile& f_;
+};
+
+// The family of the file: general.architecture, and for "llama" whether <arch>.expert_count names experts
+// (llama.cpp writes Mixtral as "llama" with experts). A vision tower's tensors (llama.cpp's "v." / "mm."
+// names, which its converter writes to a separate mmproj file) are refused by name: lattice runs text only.
+const Architecture& gguf_family(const GgufFile& f, const std::string& arch, ModelConfig& c) {
     const std::string& src = f.path();
-    ModelConfig c;
-    c.source = src;
-    auto arch = f.string_value("general.architecture");
-    LATTICE_CHECK(arch.has_value(), "{}: missing general.architecture", src);
-    const std::string p = *arch + ".";
-    // llama.cpp writes Mixtral as "llama" with <arch>.expert_count experts per layer.
+    const std::string p = arch + ".";
+    LATTICE_CHECK(arch != "clip", "{}: architecture 'clip' is a vision projector (mmproj) file, not a language model",
+                  src);
+    for (const GgufTensor& t : f.tensors())
+        LATTICE_CHECK(!t.name.starts_with("v.") && !t.name.starts_with("mm."),
+                      "{}: tensor \"{}\" belongs to a vision tower, which lattice does not run: load a text-only GGUF "
+                      "(llama.cpp's converter writes the vision tower to a separate mmproj file)",
+                      src, t.name);
     const int64_t experts = f.int_value(p + "expert_count").value_or(0);
-    const Architecture* family = architecture_for_gguf(*arch, experts > 0);
-    LATTICE_CHECK(family != nullptr, "{}: architecture '{}'{} is not supported; supported: {}", src, *arch,
+    const Architecture* family = architecture_for_gguf(arch, experts > 0);
+    LATTICE_CHECK(family != nullptr, "{}: architecture '{}'{} is not supported; supported: {}", src, arch,
                   experts > 0 ? fmt::format(" with {} experts ({}expert_count)", experts, p) : "",
                   supported_architectures());
     c.family = family->name;
     c.architecture = family->hf_classes.front();
+    c.hidden_act = family->hidden_act;
+    c.moe_renormalize = family->moe_renormalize;
     if (experts > 0) {
         c.n_experts = experts;
         auto used = f.int_value(p + "expert_used_count");
         LATTICE_CHECK(used.has_value(), "{}: missing metadata key \"{}expert_used_count\"", src, p);
         c.n_experts_used = *used;
     }
+    return *family;
+}
+
+// <arch>.rope.freq_base and the linear scaling llama.cpp writes (rope.scaling.type / factor, or the older
+// rope.scale_linear); "longrope" passes for the families that take it (their read_gguf reads the factors).
+void read_gguf_rope(const GgufFile& f, const Architecture& family, const std::string& p, ModelConfig& c) {
+    const std::string& src = f.path();
+    c.rope_theta = f.float_value(p + "rope.freq_base").value_or(10000.0);
+    LATTICE_CHECK(std::isfinite(c.rope_theta) && c.rope_theta > 0,
+                  "{}: {}rope.freq_base {} must be positive and finite", src, p, c.rope_theta);
+    const bool longrope_ok = std::ranges::count(family.rope_scaling, std::string("longrope")) > 0;
+    if (auto st = f.string_value(p + "rope.scaling.type"); st && *st != "none" && !(*st == "longrope" && longrope_ok)) {
+        LATTICE_CHECK(*st == "linear", "{}: {}rope.scaling.type \"{}\" unsupported (none, linear{})", src, p, *st,
+                      longrope_ok ? ", longrope" : "");
+        auto factor = f.float_value(p + "rope.scaling.factor");
+        LATTICE_CHECK(factor.has_value() && std::isfinite(*factor) && *factor > 0,
+                      "{}: linear rope scaling needs a positive {}rope.scaling.factor", src, p);
+        c.rope_scaling.type = "linear";
+        c.rope_scaling.factor = *factor;
+    } else if (auto lin = f.float_value(p + "rope.scale_linear"); lin && *lin != 1.0) {
+        LATTICE_CHECK(std::isfinite(*lin) && *lin > 0, "{}: {}rope.scale_linear {} must be positive and finite", src, p,
+                      *lin);
+        c.rope_scaling.type = "linear";
+        c.rope_scaling.factor = *lin;
+    }
+}
+
+// The shapes: <arch>.* sizes, head_dim from key_length (else hidden / heads), full RoPE only.
+void read_gguf_shapes(const GgufFile& f, const std::string& p, ModelConfig& c) {
+    const std::string& src = f.path();
     auto req_int = [&](const std::string& key) {
         auto v = f.int_value(p + key);
         LATTICE_CHECK(v.has_value(), "{}: missing metadata key \"{}\"", src, p + key);
@@ -73,25 +142,15 @@ ModelConfig gguf_model_config(const GgufFile& f) {
     auto eps = f.float_value(p + "attention.layer_norm_rms_epsilon");
     LATTICE_CHECK(eps.has_value(), "{}: missing metadata key \"{}attention.layer_norm_rms_epsilon\"", src, p);
     c.rms_eps = *eps;
-    c.rope_theta = f.float_value(p + "rope.freq_base").value_or(10000.0);
-    LATTICE_CHECK(std::isfinite(c.rope_theta) && c.rope_theta > 0,
-                  "{}: {}rope.freq_base {} must be positive and finite", src, p, c.rope_theta);
-    if (auto st = f.string_value(p + "rope.scaling.type"); st && *st != "none") {
-        LATTICE_CHECK(*st == "linear", "{}: {}rope.scaling.type \"{}\" unsupported (none, linear)", src, p, *st);
-        auto factor = f.float_value(p + "rope.scaling.factor");
-        LATTICE_CHECK(factor.has_value() && std::isfinite(*factor) && *factor > 0,
-                      "{}: linear rope scaling needs a positive {}rope.scaling.factor", src, p);
-        c.rope_scaling.type = "linear";
-        c.rope_scaling.factor = *factor;
-    } else if (auto lin = f.float_value(p + "rope.scale_linear"); lin && *lin != 1.0) {
-        LATTICE_CHECK(std::isfinite(*lin) && *lin > 0, "{}: {}rope.scale_linear {} must be positive and finite", src, p,
-                      *lin);
-        c.rope_scaling.type = "linear";
-        c.rope_scaling.factor = *lin;
-    }
+}
+
+// The vocabulary (token_embd's rows, checked against vocab_size and the tokenizer), the tied head and the
+// special ids.
+void read_gguf_vocab(const GgufFile& f, const Architecture& family, const std::string& p, ModelConfig& c) {
+    const std::string& src = f.path();
     const char* emb_name = nullptr;
     const char* head_name = nullptr;
-    for (const TensorSpec& t : family->tensors) {
+    for (const TensorSpec& t : family.tensors) {
         if (t.role == TensorRole::kEmbed) emb_name = t.gguf;
         if (t.role == TensorRole::kLmHead) head_name = t.gguf;
     }
@@ -109,6 +168,21 @@ ModelConfig gguf_model_config(const GgufFile& f) {
     if (auto eos = f.int_value("tokenizer.ggml.eos_token_id")) c.eos_ids = {*eos};
     if (auto eot = f.int_value("tokenizer.ggml.eot_token_id"))
         if (*eot != c.eos_ids.front()) c.eos_ids.push_back(*eot);
+}
+
+}  // namespace
+
+ModelConfig gguf_model_config(const GgufFile& f) {
+    ModelConfig c;
+    c.source = f.path();
+    auto arch = f.string_value("general.architecture");
+    LATTICE_CHECK(arch.has_value(), "{}: missing general.architecture", c.source);
+    const std::string p = *arch + ".";
+    const Architecture& family = gguf_family(f, *arch, c);
+    read_gguf_shapes(f, p, c);
+    read_gguf_rope(f, family, p, c);
+    read_gguf_vocab(f, family, p, c);
+    if (family.read_gguf) family.read_gguf(FileMetadata(f, *arch), c);
     c.validate();
     return c;
 }
@@ -143,11 +217,11 @@ public:
         const Architecture& arch = architecture_of(config_);
         for (const auto& t : file_->tensors()) {
             total_bytes_ += int64_t(t.nbytes);
-            if (add_merged_experts(arch, t)) continue;
+            if (add_merged_experts(arch, t) || add_fused_parts(arch, t)) continue;
             std::string hf = gguf_to_hf_name(arch, t.name);
             if (hf.empty()) {
                 // Listed under the file's own name so check_tensor_set refuses what nothing uses.
-                if (t.name != kGgufRopeFreqs && !t.name.ends_with(".attn_rot_embd")) unmapped_.push_back(t.name);
+                if (!consumed_elsewhere(arch, t.name)) unmapped_.push_back(t.name);
                 continue;
             }
             TensorInfo info;
@@ -157,16 +231,12 @@ public:
             info.file = path;
             TensorRole role{};
             hf_role_of(arch, hf, &role);
-            // 4-bit block types: read_int4 gives them as groups of 32 (Q4_K: each 32-element sub-block a group).
-            if (t.dtype == DType::kQ4_0 || t.dtype == DType::kQ4_1 || t.dtype == DType::kQ4_K) {
-                info.int4_group = 32;
-                info.int4_kind = t.dtype == DType::kQ4_0 ? Int4Kind::kOffset8 : Int4Kind::kAffine;
-            }
-            info.int4_requant = t.dtype == DType::kQ6_K;
+            set_int4(info);
             // llama.cpp interleaves the q/k weight rows of the families whose rope it runs in pair order.
             const bool q = arch.gguf_qk_interleaved && role == TensorRole::kWq;
             const bool k = arch.gguf_qk_interleaved && role == TensorRole::kWk;
-            by_hf_[hf] = Entry{info, &t, q ? config_.n_heads : k ? config_.n_kv_heads : 0};
+            by_hf_[hf] = Entry{info, &t, q ? config_.n_heads : k ? config_.n_kv_heads : 0, 0,
+                               is_norm_role(role) ? arch.gguf_norm_shift : 0.0f};
         }
         check_shapes();
         if (const GgufTensor* rf = file_->find_tensor(kGgufRopeFreqs)) {
@@ -222,6 +292,10 @@ public:
                     LATTICE_FAIL("{}: tensor \"{}\" ({}): block of row {} columns [{}, {}) has a non-finite scale",
                                  file_->path(), e.tensor->name, dtype_name(out_dtype), row0 + r, col0 + be * b,
                                  col0 + be * b + be);
+                continue;
+            }
+            if (e.norm_shift != 0) {
+                shifted_row(e, base + (row0 + r) * row_bytes, row0 + r, col0, cols, out_dtype, o);
                 continue;
             }
             convert_row_slice(base + (row0 + r) * row_bytes, e.info.dtype, col0, cols, o, out_dtype);
@@ -295,8 +369,66 @@ private:
         TensorInfo info;
         const GgufTensor* tensor = nullptr;
         int64_t qk_heads = 0;  // q/k projections: heads whose rows read() un-permutes; 0 otherwise
-        int64_t row_base = 0;  // one expert of a merged 3-D tensor: its first row in the tensor
+        int64_t row_base = 0;  // one expert of a merged 3-D tensor, a part of a fused one: its first row
+        float norm_shift = 0;  // Architecture::gguf_norm_shift for a norm weight: subtracted on read
     };
+
+    // 4-bit block types: read_int4 gives them as groups of 32 (Q4_K: each 32-element sub-block a group); Q6_K
+    // requantized.
+    static void set_int4(TensorInfo& info) {
+        const DType t = info.dtype;
+        if (t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ4_K) {
+            info.int4_group = 32;
+            info.int4_kind = t == DType::kQ4_0 ? Int4Kind::kOffset8 : Int4Kind::kAffine;
+        }
+        info.int4_requant = t == DType::kQ6_K;
+    }
+
+    // Tensors the reader or the family's read_gguf consumed (rope factors), and llama.cpp's unused ones.
+    static bool consumed_elsewhere(const Architecture& arch, const std::string& name) {
+        if (name == kGgufRopeFreqs || name.ends_with(".attn_rot_embd")) return true;
+        return arch.read_gguf != nullptr && (name == kGgufRopeFactorsLong || name == kGgufRopeFactorsShort);
+    }
+
+    // A stored norm weight (1 + w for Gemma) as w: the row to f32, the shift off, then to `out_dtype`.
+    void shifted_row(const Entry& e, const uint8_t* row, int64_t row_no, int64_t col0, int64_t cols, DType out_dtype,
+                     uint8_t* out) const {
+        std::vector<float> f(static_cast<size_t>(cols));
+        convert_row_slice(row, e.info.dtype, col0, cols, f.data(), DType::kF32);
+        for (float& v : f) v -= e.norm_shift;
+        TensorInfo stored = e.info;
+        stored.name = e.tensor->name;
+        check_finite_row(f.data(), DType::kF32, cols, stored, row_no, col0);
+        convert_row_slice(reinterpret_cast<const uint8_t*>(f.data()), DType::kF32, 0, cols, out, out_dtype);
+    }
+
+    // A fused per-layer tensor (Phi-3's blk.N.attn_qkv.weight, its ffn_up holding gate|up) becomes one HF entry
+    // per part, row ranges of it in table order; false for every other tensor.
+    bool add_fused_parts(const Architecture& arch, const GgufTensor& t) {
+        std::string rest;
+        const int64_t layer = gguf_layer_of(t.name, &rest);
+        if (layer < 0) return false;
+        const std::vector<const TensorSpec*> parts = gguf_fused_parts(arch, rest);
+        if (parts.empty()) return false;
+        int64_t rows = 0;
+        for (const TensorSpec* s : parts) rows += tensor_shape(config_, s->role)[0];
+        LATTICE_CHECK(t.ne.size() == 2 && t.ne[1] == rows,
+                      "{}: tensor \"{}\" has shape [{}] (GGUF order), expected 2 dims with its {} parts' {} rows "
+                      "outermost",
+                      file_->path(), t.name, fmt::join(t.ne, ", "), parts.size(), rows);
+        int64_t row0 = 0;
+        for (const TensorSpec* s : parts) {
+            TensorInfo info;
+            info.name = "model.layers." + std::to_string(layer) + "." + s->hf;
+            info.dtype = t.dtype;
+            info.shape = {tensor_shape(config_, s->role)[0], t.ne[0]};
+            info.file = file_->path();
+            set_int4(info);
+            by_hf_[info.name] = Entry{info, &t, 0, row0};
+            row0 += info.shape[0];
+        }
+        return true;
+    }
 
     // A merged expert tensor (blk.N.ffn_gate_exps.weight, ne [cols, rows, experts]) becomes one HF
     // entry per expert, each a row range of it; false for every other tensor.
