@@ -352,15 +352,15 @@ TEST_CASE("GGUF: a lowered tensor count or bytes no tensor accounts for are refu
 
 TEST_CASE("GGUF of an architecture outside the table is refused, naming it and the supported ones") {
     test::GgufBuilder b;
-    b.kv_str("general.architecture", "gemma2");
+    b.kv_str("general.architecture", "falcon");
     std::vector<uint8_t> data(4 * 64, 0);
     b.tensor("token_embd.weight", 0, {8, 8}, data);
     std::vector<uint8_t> img = b.build();
     TempDir d;
-    const std::string path = d / "gemma2.gguf";
+    const std::string path = d / "falcon.gguf";
     write_file(path, std::string(img.begin(), img.end()));
     CHECK(contains(error_of([&] { open_model(path); }),
-                   "architecture 'gemma2' is not supported; supported: llama, mistral, qwen2"));
+                   "architecture 'falcon' is not supported; supported: llama, mistral, qwen2"));
 }
 
 TEST_CASE("odd files: FIFOs, directories and symlink loops are named, never opened blocking") {

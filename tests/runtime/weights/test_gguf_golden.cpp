@@ -249,7 +249,9 @@ TEST_CASE("gguf_to_hf_name: the architecture table's llama and qwen2 entries") {
     CHECK(gguf_to_hf_name(qwen2, "blk.0.attn_v.bias") == "model.layers.0.self_attn.v_proj.bias");
     CHECK(gguf_to_hf_name(qwen2, "blk.2.attn_k.weight") == "model.layers.2.self_attn.k_proj.weight");
     CHECK(architecture_for_gguf("qwen2") == &qwen2);
-    CHECK(architecture_for_gguf("gemma2") == nullptr);
+    CHECK(architecture_for_gguf("gemma2") == &find_architecture("gemma2"));
+    CHECK(architecture_for_gguf("qwen3moe", true) == &find_architecture("qwen3_moe"));
+    CHECK(architecture_for_gguf("falcon") == nullptr);
 }
 
 TEST_CASE("default model: SmolLM2-135M-Instruct Q4_1 (models/, after scripts/fetch_default_model.sh)") {
