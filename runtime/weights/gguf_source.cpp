@@ -69,6 +69,8 @@ const Architecture& gguf_family(const GgufFile& f, const std::string& arch, Mode
                       src, t.name);
     const int64_t experts = f.int_value(p + "expert_count").value_or(0);
     const Architecture* family = architecture_for_gguf(arch, experts > 0);
+    LATTICE_CHECK(family != nullptr || experts > 0 || !architecture_for_gguf(arch, true),
+                  "{}: architecture '{}' is a mixture of experts but {}expert_count is missing", src, arch, p);
     LATTICE_CHECK(family != nullptr, "{}: architecture '{}'{} is not supported; supported: {}", src, arch,
                   experts > 0 ? fmt::format(" with {} experts ({}expert_count)", experts, p) : "",
                   supported_architectures());
@@ -92,7 +94,8 @@ void read_gguf_rope(const GgufFile& f, const Architecture& family, const std::st
     c.rope_theta = f.float_value(p + "rope.freq_base").value_or(10000.0);
     LATTICE_CHECK(std::isfinite(c.rope_theta) && c.rope_theta > 0,
                   "{}: {}rope.freq_base {} must be positive and finite", src, p, c.rope_theta);
-    const bool longrope_ok = std::ranges::count(family.rope_scaling, std::string("longrope")) > 0;
+    const bool longrope_ok =
+        std::find(family.rope_scaling.begin(), family.rope_scaling.end(), "longrope") != family.rope_scaling.end();
     if (auto st = f.string_value(p + "rope.scaling.type"); st && *st != "none" && !(*st == "longrope" && longrope_ok)) {
         LATTICE_CHECK(*st == "linear", "{}: {}rope.scaling.type \"{}\" unsupported (none, linear{})", src, p, *st,
                       longrope_ok ? ", longrope" : "");

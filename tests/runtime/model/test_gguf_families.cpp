@@ -160,7 +160,9 @@ test::GgufBuilder twin(const std::string& name, const std::string& arch, const s
     const bool gemma = arch == "gemma2" || arch == "gemma3";
     SafetensorsFile st(golden_dir("families/" + name) + "/model.safetensors");
     std::set<int64_t> expert_layers;
-    for (const auto& [hf, e] : st.entries()) {
+    for (const auto& entry : st.entries()) {
+        const std::string& hf = entry.first;
+        const SafetensorsEntry& e = entry.second;
         std::string g;
         if (hf == "model.embed_tokens.weight") g = "token_embd.weight";
         else if (hf == "model.norm.weight") g = "output_norm.weight";
@@ -310,6 +312,10 @@ TEST_CASE("GGUF variants of the block families refused by name") {
     test::GgufBuilder moe = twin("qwen3-moe", "qwen3moe", {"qwen3moe.expert_feed_forward_length"});
     CHECK(refused(moe, "moe.gguf").find("missing metadata key \"qwen3moe.expert_feed_forward_length\"") !=
           std::string::npos);
+
+    test::GgufBuilder counts = twin("qwen3-moe", "qwen3moe", {"qwen3moe.expert_count"});
+    CHECK(refused(counts, "counts.gguf").find("architecture 'qwen3moe' is a mixture of experts but "
+                                              "qwen3moe.expert_count is missing") != std::string::npos);
 
     // LongRoPE with one factor list, or without its original context length.
     test::GgufBuilder one = twin("phi3-longrope", "phi3", {"rope_factors_short.weight"});
