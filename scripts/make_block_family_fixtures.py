@@ -44,14 +44,14 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from numpy_forward import write_fixture  # noqa: E402
+from numpy_forward import STATS, forward, write_fixture, write_safetensors  # noqa: E402
 
 N_NEW = 12
 
 
 def base_config(model_type, cls, **kw):
     c = {"architectures": [cls], "model_type": model_type, "hidden_size": 32, "intermediate_size": 48,
-         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+         "num_hidden_layers": 2, "num_attention_heads": 12, "num_key_value_heads": 6, "head_dim": 16,
          "vocab_size": 96, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None,
          "max_position_embeddings": 128, "tie_word_embeddings": True, "torch_dtype": "float16",
          "bos_token_id": 1, "eos_token_id": 2}
@@ -67,7 +67,8 @@ def specs():
          "config": base_config("qwen3", "Qwen3ForCausalLM", hidden_act="silu", attention_bias=False, tie_word_embeddings=False,
                                use_sliding_window=True, sliding_window=5, max_window_layers=1,
                                rope_theta=1000000.0)},
-        {"name": "gemma2", "seed": 32, "prompts": [long_prompt, [2, 9, 33, 70, 12, 9, 4, 51]],
+        {"name": "gemma2", "seed": 47,  # of 32..51: varied greedy tokens, top-2 gaps >= 0.01 under the cap
+         "prompts": [long_prompt, [2, 9, 33, 70, 12, 9, 4, 51]],
          "config": base_config("gemma2", "Gemma2ForCausalLM", hidden_act="gelu_pytorch_tanh",
                                hidden_activation="gelu_pytorch_tanh", num_hidden_layers=3, sliding_window=4,
                                query_pre_attn_scalar=24, attn_logit_softcapping=3.0,
@@ -75,24 +76,29 @@ def specs():
         {"name": "gemma3", "seed": 33, "prompts": [long_prompt, [2, 9, 33, 70, 12, 9, 4, 51]],
          "config": base_config("gemma3_text", "Gemma3ForCausalLM", hidden_act="gelu_pytorch_tanh",
                                hidden_activation="gelu_pytorch_tanh", num_hidden_layers=6, sliding_window=4,
+                               num_attention_heads=6, num_key_value_heads=1,
                                sliding_window_pattern=6, query_pre_attn_scalar=16,
                                attn_logit_softcapping=None, final_logit_softcapping=None,
                                rope_theta=1000000.0, rope_local_base_freq=10000.0,
                                rope_scaling={"rope_type": "linear", "factor": 4.0})},
         {"name": "phi3", "seed": 35, "prompts": [long_prompt, [1, 9, 33, 70, 12, 9, 4, 51]],
          "config": base_config("phi3", "Phi3ForCausalLM", hidden_act="silu", sliding_window=5,
+                               num_attention_heads=6, num_key_value_heads=6,
                                original_max_position_embeddings=128, tie_word_embeddings=False,
                                rope_theta=10000.0)},
         {"name": "phi3-longrope", "seed": 36, "prompts": [long_prompt, [1, 9, 33, 70, 12, 9, 4, 51, 77, 3]],
          "config": base_config("phi3", "Phi3ForCausalLM", hidden_act="silu", sliding_window=None,
+                               num_attention_heads=6, num_key_value_heads=6,
                                original_max_position_embeddings=8, tie_word_embeddings=False,
                                rope_theta=10000.0,
                                rope_scaling={"type": "longrope",
                                              "short_factor": [round(float(x), 3) for x in rng.uniform(1, 2, 8)],
                                              "long_factor": [round(float(x), 3) for x in rng.uniform(1, 6, 8)]})},
-        {"name": "qwen3-moe", "seed": 34, "prompts": [long_prompt, [1, 5, 88, 31, 90, 64, 7]],
+        {"name": "qwen3-moe", "seed": 58,  # of 34..73: a wide router margin besides the exact ties
+         "prompts": [long_prompt, [1, 5, 88, 31, 90, 64, 7]],
+         "router_ties": [(1, 6), (2, 3)],  # per layer: expert b's router row is expert a's (exact ties)
          "config": base_config("qwen3_moe", "Qwen3MoeForCausalLM", hidden_act="silu", num_experts=8,
-                               num_experts_per_tok=3, moe_intermediate_size=16, norm_topk_prob=True,
+                               num_experts_per_tok=3, moe_intermediate_size=24, norm_topk_prob=True,
                                decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False)},
     ]
 
@@ -144,9 +150,36 @@ def make_weights(cfg, rng):
     return w
 
 
+def tie_routers(spec, w, d):
+    # Exact expert ties: in layer l, expert b's router row becomes expert a's, so their logits are equal
+    # for every token (in float64 here and in lattice's f32 GEMM alike) and their probabilities too. Where
+    # the pair straddles the top-k boundary only the tie rule picks the expert (numpy_forward.top_k: the
+    # lower index). ties.safetensors holds the logits under the opposite rule (case{i}.logits): far from
+    # expected.safetensors', so a run that broke the ties the other way could not pass.
+    for l, (a, b) in enumerate(spec["router_ties"]):
+        g = w[f"model.layers.{l}.mlp.gate.weight"]
+        g[b] = g[a]
+    ties, other, diff = [], {}, []
+    for i, prompt in enumerate(spec["prompts"]):
+        STATS.clear()
+        low = forward(spec["config"], w, prompt)
+        ties.append(STATS.get("router ties at the top-k boundary", 0))
+        high = forward(spec["config"], w, prompt, high_first=True)
+        diff.append(float(np.linalg.norm(high - low) / np.linalg.norm(low)))
+        other[f"case{i}.logits"] = high.astype(np.float32)
+        assert ties[-1] > 0 and diff[-1] > 1e-3, f"{spec['name']} case {i}: {ties[-1]} boundary ties, rel diff {diff[-1]}"
+    os.makedirs(d, exist_ok=True)
+    write_safetensors(os.path.join(d, "ties.safetensors"), other)
+    print(f"{spec['name']}: router ties at the top-k boundary per prompt {ties}, the other rule's logits off by {diff}")
+    return {"tie_rule": "lower expert index first", "router_ties": [[l, a, b] for l, (a, b) in enumerate(spec["router_ties"])],
+            "boundary_ties": ties, "other_rule_rel_diff": [round(x, 4) for x in diff]}
+
+
 def make_family(spec, out_root):
     w = make_weights(spec["config"], np.random.default_rng(spec["seed"]))
-    write_fixture(os.path.join(out_root, spec["name"]), spec, w, N_NEW, "make_block_family_fixtures.py")
+    d = os.path.join(out_root, spec["name"])
+    extra = tie_routers(spec, w, d) if "router_ties" in spec else None
+    write_fixture(d, spec, w, N_NEW, "make_block_family_fixtures.py", extra)
 
 
 def main():
