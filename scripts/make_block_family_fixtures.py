@@ -10,8 +10,13 @@ transformers' modeling code (not from lattice's); what it computes for these fam
   applied to each q and k head after the projection and before RoPE. Window: with use_sliding_window,
   the layers i >= max_window_layers ("sliding_attention"): query i attends keys i - W < j <= i.
   Qwen3MoeForCausalLM (models/qwen3_moe/modeling_qwen3_moe.py, Qwen3MoeSparseMoeBlock): router logits
-  x @ gate.T, softmax in float, top num_experts_per_tok (lower index first on ties), renormalized to
-  sum 1 when norm_topk_prob, experts SwiGLU of moe_intermediate_size; every layer sparse.
+  x @ gate.T, softmax in float, top num_experts_per_tok, renormalized to sum 1 when norm_topk_prob,
+  experts SwiGLU of moe_intermediate_size; every layer sparse. Exact ties: in each layer one expert's
+  router row is a copy of another's (router_ties), so their logits are equal for every token and, where
+  the pair straddles the top-k boundary (some tokens of every prompt; the script asserts it), the tie
+  rule alone picks the expert. torch.topk leaves the order of ties undefined (PyTorch's note on it), so
+  the rule is lattice's (runtime/model/moe_routing.h) and the reference's alike: the lower expert index
+  first. ties.safetensors holds the logits under the opposite rule, so a test can show they differ.
   Gemma2ForCausalLM (models/gemma2/modeling_gemma2.py): embeddings times sqrt(hidden_size);
   Gemma2RMSNorm x / sqrt(mean(x^2) + eps) * (1 + w); a layer is
     h = h + post_attention_layernorm(attn(input_layernorm(h)))
@@ -32,6 +37,9 @@ transformers' modeling code (not from lattice's); what it computes for these fam
   longer), else the short_factor; cos and sin times sqrt(1 + ln(max_pos / orig) / ln(orig)).
 RoPE everywhere: rotate_half (pairs i, i + d/2), inv_freq = base^(-2i/d); GQA by repeat_kv.
 
+Shapes that tp 2 and tp 3 both divide: 12 query heads over 6 kv heads (GQA split at both), Gemma 3's
+6 over 1 (as Gemma 3 1B: the kv head replicated), Phi-3's 6 over 6 (MHA, as Phi-3-mini: each rank's q, k
+and v rows of the fused qkv_proj), intermediate 48, moe_intermediate 24, vocab 96, head_dim 16.
 Weights are float16 values stored F16 (norms too), so the checkpoint holds exactly the values the
 float64 reference used. Options are chosen to bite: windows shorter than the prompts, soft-caps below
 the scores' and logits' magnitudes (the script prints how often they bind), head_dim != hidden /
@@ -64,7 +72,8 @@ def specs():
     long_prompt = [1] + [int(x) for x in rng.integers(3, 96, 13)]
     return [
         {"name": "qwen3", "seed": 31, "prompts": [long_prompt, [1, 40, 41, 42, 43, 44, 45]],
-         "config": base_config("qwen3", "Qwen3ForCausalLM", hidden_act="silu", attention_bias=False, tie_word_embeddings=False,
+         "config": base_config("qwen3", "Qwen3ForCausalLM", hidden_act="silu", attention_bias=False,
+                               tie_word_embeddings=False,
                                use_sliding_window=True, sliding_window=5, max_window_layers=1,
                                rope_theta=1000000.0)},
         {"name": "gemma2", "seed": 47,  # of 32..51: varied greedy tokens, top-2 gaps >= 0.01 under the cap
@@ -146,7 +155,8 @@ def make_weights(cfg, rng):
         if cfg["model_type"] == "phi3":  # Phi-3's checkpoint holds them fused: q|k|v and gate|up rows
             w[p + "self_attn.qkv_proj.weight"] = np.concatenate(
                 [w.pop(p + f"self_attn.{n}_proj.weight") for n in ("q", "k", "v")])
-            w[p + "mlp.gate_up_proj.weight"] = np.concatenate([w.pop(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")])
+            w[p + "mlp.gate_up_proj.weight"] = np.concatenate(
+                [w.pop(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")])
     return w
 
 
@@ -167,12 +177,13 @@ def tie_routers(spec, w, d):
         high = forward(spec["config"], w, prompt, high_first=True)
         diff.append(float(np.linalg.norm(high - low) / np.linalg.norm(low)))
         other[f"case{i}.logits"] = high.astype(np.float32)
-        assert ties[-1] > 0 and diff[-1] > 1e-3, f"{spec['name']} case {i}: {ties[-1]} boundary ties, rel diff {diff[-1]}"
+        assert ties[-1] > 0 and diff[-1] > 1e-3, f"{spec['name']} case {i}: {ties[-1]} ties, rel diff {diff[-1]}"
     os.makedirs(d, exist_ok=True)
     write_safetensors(os.path.join(d, "ties.safetensors"), other)
-    print(f"{spec['name']}: router ties at the top-k boundary per prompt {ties}, the other rule's logits off by {diff}")
-    return {"tie_rule": "lower expert index first", "router_ties": [[l, a, b] for l, (a, b) in enumerate(spec["router_ties"])],
-            "boundary_ties": ties, "other_rule_rel_diff": [round(x, 4) for x in diff]}
+    print(f"{spec['name']}: router ties at the top-k boundary per prompt {ties}, the other rule off by {diff}")
+    pairs = [[l, a, b] for l, (a, b) in enumerate(spec["router_ties"])]
+    return {"tie_rule": "lower expert index first", "router_ties": pairs, "boundary_ties": ties,
+            "other_rule_rel_diff": [round(x, 4) for x in diff]}
 
 
 def make_family(spec, out_root):
