@@ -13,13 +13,15 @@
 // of every prompt position within 1e-5 relative of the reference and every greedy token; where the fixture
 // has router ties (ties.safetensors: the logits under the opposite tie rule), far from the other rule's
 // logits, so every rank broke every tie to the lower expert index. W8A16 and W8A8 at 1 rank near the
-// reference (the int8 paths run these blocks too; -np 2 only).
+// reference (the int8 paths run these blocks too; -np 2 only); W4A16 within 1e-4 of an fp32 run over the
+// same dequantized 4-bit weights and W4A8 near it (-np 2 only).
 #include <doctest/doctest.h>
 
 #include "parallel/mpi_session.h"
 #include "runtime/builder/build.h"
 #include "runtime/engine/client.h"
 #include "tests/runtime/model/golden.h"
+#include "tests/runtime/model/quant_test_util.h"
 #include "tests/test_build.h"
 
 #include <cstring>
@@ -145,5 +147,33 @@ TEST_CASE("block families: W8A16 and W8A8 at 1 rank stay near the reference") {
             CHECK(e > 0);  // quantized: not the float path by accident
             CHECK(e < 5e-2);
         }
+    }
+}
+
+TEST_CASE("block families: W4A16 / W4A8 against a float forward over the dequantized 4-bit weights") {
+    // As the golden models' 4-bit test (test_int4_accuracy.cpp): W4A16 differs from an fp32 run over the
+    // same dequantized weights (FakeInt4Source) only in summation order, so a family's projection read with
+    // the wrong rows, groups or fused part shows; W4A8 rounds the activations too.
+    if (mpi_session().size() != 2 || mpi_session().rank() != 0) return;
+    for (const auto& name : block_families()) {
+        CAPTURE(name);
+        auto src = open_model(golden_dir(name));
+        FakeInt4Source fq(open_model(golden_dir(name)));
+        const std::vector<std::vector<int32_t>> prompts = {load_golden(name).front().prompt};
+        const auto ref = score_all(fq, quant_options(QuantMode::kNone), prompts)[0];
+        const auto f32 = score_all(*src, quant_options(QuantMode::kNone), prompts)[0];
+        const auto w16 = score_all(*src, quant_options(QuantMode::kW4A16), prompts)[0];
+        const auto w8 = score_all(*src, quant_options(QuantMode::kW4A8), prompts)[0];
+        REQUIRE(w16.size() == ref.size());
+        REQUIRE(w8.size() == ref.size());
+        const double e16 = rel_error(w16.data(), ref.data(), ref.size());
+        const double e8 = rel_error(w8.data(), ref.data(), ref.size());
+        const double eq = rel_error(ref.data(), f32.data(), f32.size());
+        MESSAGE(name << ": against the dequantized-weights reference: W4A16 " << e16 << ", W4A8 " << e8
+                     << " (the reference's distance from fp32: " << eq << ")");
+        CHECK(e16 < 1e-4);
+        CHECK(eq > 100 * e16);  // the 4-bit rounding happened, and W4A16 follows it
+        CHECK(e8 > e16);        // W4A8 rounds the activations too
+        CHECK(e8 < 5e-2);
     }
 }
