@@ -70,7 +70,7 @@ def model_files(names, cache, quantize):
             src = model_files([f"{preset}-q8_0"], cache, quantize)[f"{preset}-q8_0"]
             if not quantize:
                 sys.exit(f"{name}: made by llama.cpp's llama-quantize, which was not found beside --llama-bench")
-            p = sh([quantize, src, path, qtype.upper()])
+            p = sh([quantize, "--allow-requantize", src, path, qtype.upper()])
             if p.returncode != 0:
                 sys.exit(f"llama-quantize failed for {name}: {p.stderr[-500:]}")
         if not os.path.exists(path):

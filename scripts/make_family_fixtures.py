@@ -1,23 +1,18 @@
 #!/usr/bin/env python3
-"""Writes the model-family fixtures of tests/runtime/model/families/: a tiny random checkpoint per
-family lattice runs beyond Llama (Qwen2, Mistral), as Hugging Face safetensors + config.json and as the
-same weights in a GGUF written with gguf-py the way llama.cpp's converter lays that family out, plus
-the reference logits of every prompt position and 24 greedy tokens from an independent float64 NumPy
-forward written from the semantics of transformers' modeling code (not from lattice's):
+"""Writes the model-family fixtures of tests/runtime/model/families/ on Llama's skeleton: a tiny random
+checkpoint per family (Qwen2, Qwen2 with its window, Mistral, Mixtral), as Hugging Face safetensors +
+config.json and as the same weights in a GGUF written with gguf-py the way llama.cpp's converter lays that
+family out, plus the reference logits of every prompt position and 24 greedy tokens from the independent
+float64 NumPy forward of scripts/numpy_forward.py (written from transformers' modeling code, not from
+lattice's). What each family exercises there:
 
-  Qwen2ForCausalLM (transformers/models/qwen2/modeling_qwen2.py): embed -> per layer
-  h += o_proj(attn(rope(q_proj(x) + b_q), rope(k_proj(x) + b_k), v_proj(x) + b_v)), x = RMSNorm(h);
-  h += down_proj(silu(gate_proj(x)) * up_proj(x)), x = RMSNorm(h) -> final RMSNorm -> lm_head.
-  RoPE: rotate_half (half-split pairs i, i + d/2), inv_freq = theta^(-2i/d) with rope_theta from the
-  config; GQA by repeating each kv head n_heads / n_kv_heads times; causal softmax(q k^T / sqrt(d));
-  RMSNorm x / sqrt(mean(x^2) + eps) * w. No bias on o_proj or the MLP.
-  MistralForCausalLM (modeling_mistral.py): the same without biases, with the sliding-window causal
-  mask: the query at i attends keys i - sliding_window < j <= i.
-  Qwen2 with use_sliding_window (configuration_qwen2.py layer_types): that window in the layers
+  Qwen2ForCausalLM (modeling_qwen2.py): q/k/v biases (large, k especially, so they matter), rope_theta 1e6;
+  its window is named but off (use_sliding_window false), as Qwen2.5 configs ship.
+  Qwen2 with use_sliding_window (configuration_qwen2.py layer_types): a window of 5 in the layers
   i >= max_window_layers only ("sliding_attention"), full attention below (the qwen2-swa fixture).
-  MixtralForCausalLM (modeling_mixtral.py, MixtralSparseMoeBlock): Mistral's attention; the MLP is
-  router logits = x @ gate.T, p = softmax(logits), the top num_experts_per_tok experts (lower index
-  first on ties), their p renormalized to sum 1, h += sum_e p_e * w2_e(silu(w1_e x) * w3_e x).
+  MistralForCausalLM (modeling_mistral.py): no biases, a sliding window of 6 in every layer, shorter than
+  the prompts; the 40-token prompt crosses a 32-position tile of lattice's CPU attention.
+  MixtralForCausalLM (modeling_mixtral.py, MixtralSparseMoeBlock): 4 experts, top 2, renormalized.
   Its GGUF is written as llama.cpp's converter writes Mixtral: architecture "llama" with
   llama.expert_count / expert_used_count, q/k rows permuted into RoPE pair order, and each layer's
   experts stacked into one 3-D ffn_{gate,up,down}_exps tensor.
@@ -27,15 +22,17 @@ Weights are float16 values (stored F16 in both files; GGUF norms and biases F32,
 folder (the format of ../shared/golden, read by tests/runtime/model/golden.h):
   config.json, model.safetensors, model.gguf, expected.json (cases[i].prompt_ids, greedy_ids,
   min_greedy_margin), expected.safetensors (case{i}.logits f32 [prompt_len, vocab]).
-Deterministic (fixed seeds); needs numpy and gguf (pip install numpy gguf), never torch. Usage:
+Deterministic (fixed seeds): rerunning it rewrites these files byte for byte. Needs numpy and gguf
+(pip install numpy gguf), never torch. Usage:
   python3 scripts/make_family_fixtures.py [OUT_DIR]   (default tests/runtime/model/families)
 """
-import json
 import os
-import struct
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from numpy_forward import write_fixture  # noqa: E402
 
 N_NEW = 24
 
@@ -187,124 +184,7 @@ def make_weights(cfg, rng):
     return w
 
 
-# ---- the float64 reference forward (transformers' Qwen2 semantics) ----
-
-def rms_norm(x, w, eps):
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
-
-
-def rope(x, pos, theta):
-    # x [T, heads, d]; rotate_half: pairs (i, i + d/2)
-    d = x.shape[-1]
-    inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
-    ang = np.outer(pos, inv)  # [T, d/2]
-    cos = np.concatenate([np.cos(ang), np.cos(ang)], axis=-1)[:, None, :]
-    sin = np.concatenate([np.sin(ang), np.sin(ang)], axis=-1)[:, None, :]
-    rot = np.concatenate([-x[..., d // 2:], x[..., : d // 2]], axis=-1)
-    return x * cos + rot * sin
-
-
-ROUTER_MARGIN = [np.inf]  # smallest gap between the k-th and (k+1)-th router logit seen
-
-
-def moe(cfg, W, p, x):
-    # transformers' MixtralSparseMoeBlock: softmax over the router logits, top k, renormalized.
-    E, k = cfg["num_local_experts"], cfg["num_experts_per_tok"]
-    logits = x @ W[p + "block_sparse_moe.gate.weight"].T  # [T, E]
-    prob = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    prob /= prob.sum(axis=-1, keepdims=True)
-    out = np.zeros_like(x)
-    for t in range(x.shape[0]):
-        order = np.argsort(-prob[t], kind="stable")  # descending, lower index first among equals
-        ROUTER_MARGIN[0] = min(ROUTER_MARGIN[0], logits[t, order[k - 1]] - logits[t, order[k]])
-        top = order[:k]
-        wt = prob[t, top] / prob[t, top].sum()
-        for e, we in zip(top, wt):
-            q = p + f"block_sparse_moe.experts.{e}."
-            g = x[t] @ W[q + "w1.weight"].T
-            u = x[t] @ W[q + "w3.weight"].T
-            out[t] += we * ((g / (1 + np.exp(-g)) * u) @ W[q + "w2.weight"].T)
-    return out
-
-
-def layer_window(cfg, l):
-    # Mistral / Mixtral: every layer; Qwen2: with use_sliding_window, layers l >= max_window_layers.
-    if cfg["model_type"] in ("mistral", "mixtral"):
-        return cfg.get("sliding_window")
-    if cfg["model_type"] == "qwen2" and cfg.get("use_sliding_window"):
-        return cfg["sliding_window"] if l >= cfg.get("max_window_layers", 28) else None
-    return None
-
-
-def forward(cfg, w, ids):
-    W = {k: v.astype(np.float64) for k, v in w.items()}
-    H, L = cfg["hidden_size"], cfg["num_hidden_layers"]
-    nq, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd = H // nq
-    eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
-    T = len(ids)
-    pos = np.arange(T, dtype=np.float64)
-    h = W["model.embed_tokens.weight"][ids]
-    causal = np.triu(np.full((T, T), -np.inf), 1)  # causal: j <= i
-    for l in range(L):
-        mask = causal.copy()
-        window = layer_window(cfg, l)
-        if window:  # a sliding window: also j > i - window
-            mask += np.tril(np.full((T, T), -np.inf), -window)
-        p = f"model.layers.{l}."
-        x = rms_norm(h, W[p + "input_layernorm.weight"], eps)
-        def proj(n):  # q/k/v projection, plus its bias where the family has one (Qwen2)
-            y = x @ W[p + f"self_attn.{n}_proj.weight"].T
-            return y + W[p + f"self_attn.{n}_proj.bias"] if p + f"self_attn.{n}_proj.bias" in W else y
-        q, k, v = proj("q").reshape(T, nq, hd), proj("k").reshape(T, nkv, hd), proj("v").reshape(T, nkv, hd)
-        q, k = rope(q, pos, theta), rope(k, pos, theta)
-        rep = nq // nkv
-        k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)  # repeat_kv
-        out = np.empty((T, nq, hd))
-        for head in range(nq):
-            s = q[:, head, :] @ k[:, head, :].T / np.sqrt(hd) + mask
-            s = np.exp(s - s.max(axis=-1, keepdims=True))
-            s /= s.sum(axis=-1, keepdims=True)
-            out[:, head, :] = s @ v[:, head, :]
-        h = h + out.reshape(T, nq * hd) @ W[p + "self_attn.o_proj.weight"].T
-        x = rms_norm(h, W[p + "post_attention_layernorm.weight"], eps)
-        if "num_local_experts" in cfg:
-            h = h + moe(cfg, W, p, x)
-            continue
-        g = x @ W[p + "mlp.gate_proj.weight"].T
-        u = x @ W[p + "mlp.up_proj.weight"].T
-        h = h + (g / (1 + np.exp(-g)) * u) @ W[p + "mlp.down_proj.weight"].T
-    x = rms_norm(h, W["model.norm.weight"], eps)
-    head = W["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else W["lm_head.weight"]
-    return x @ head.T  # [T, vocab]
-
-
-def greedy(cfg, w, prompt):
-    ids = list(prompt)
-    margin = np.inf
-    for _ in range(N_NEW):
-        last = forward(cfg, w, ids)[-1]
-        top2 = np.sort(last)[-2:]
-        margin = min(margin, top2[1] - top2[0])
-        ids.append(int(np.argmax(last)))
-    return ids[len(prompt):], float(margin)
-
-
 # ---- files ----
-
-def write_safetensors(path, tensors):
-    header, offset, blobs = {}, 0, []
-    for name, arr in tensors.items():
-        dt = {np.dtype(np.float16): "F16", np.dtype(np.float32): "F32"}[arr.dtype]
-        b = np.ascontiguousarray(arr).tobytes()
-        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [offset, offset + len(b)]}
-        offset += len(b)
-        blobs.append(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-
 
 GGUF_NAMES = {  # llama.cpp's names for the HF ones (gguf-py's tensor map), per layer after blk.N.
     "input_layernorm.weight": "attn_norm.weight",
@@ -395,30 +275,11 @@ def write_gguf(path, arch, cfg, w):
 
 def make_family(spec, out_root):
     cfg = spec["config"]
-    rng = np.random.default_rng(spec["seed"])
-    w = make_weights(cfg, rng)
+    w = make_weights(cfg, np.random.default_rng(spec["seed"]))
     d = os.path.join(out_root, spec["name"])
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-        f.write("\n")
-    write_safetensors(os.path.join(d, "model.safetensors"), w)
+    write_fixture(d, spec, w, N_NEW, "make_family_fixtures.py")
     if spec.get("gguf", True):
         write_gguf(os.path.join(d, "model.gguf"), spec["name"], cfg, w)
-    cases, logits = [], {}
-    ROUTER_MARGIN[0] = np.inf
-    for i, prompt in enumerate(spec["prompts"]):
-        logits[f"case{i}.logits"] = forward(cfg, w, prompt).astype(np.float32)
-        ids, margin = greedy(cfg, w, prompt)
-        cases.append({"prompt_ids": prompt, "greedy_ids": ids, "min_greedy_margin": round(margin, 4)})
-        print(f"{spec['name']} case {i}: greedy {ids} (min margin {margin:.4f})")
-    if "num_local_experts" in cfg:
-        print(f"{spec['name']}: smallest router margin (k-th minus next expert logit) {ROUTER_MARGIN[0]:.4f}")
-    write_safetensors(os.path.join(d, "expected.safetensors"), logits)
-    with open(os.path.join(d, "expected.json"), "w") as f:
-        json.dump({"model": spec["name"], "reference": "float64 NumPy (scripts/make_family_fixtures.py)",
-                   "cases": cases}, f, indent=1)
-        f.write("\n")
 
 
 def main():

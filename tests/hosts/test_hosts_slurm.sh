@@ -126,13 +126,34 @@ for i in range(int(sys.argv[1])):
     print(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
                       "body": {"prompt": f"Once upon a time {i}", "max_tokens": 48, "temperature": 0}}))' $nreq > "$in"
     id=$(cd "$src" && MODEL="$long_model" INPUT="$in" OUTPUT="$out" TP=1 PP=auto CPU_RANKS=1 LATTICE="$bin" \
-         DRAIN_SECONDS=1 COMM_TIMEOUT=30 EXTRA_ARGS="--threads 1 --progress none --max-seqs 2" \
+         DRAIN_SECONDS=1 COMM_TIMEOUT=300 EXTRA_ARGS="--threads 1 --progress none --max-seqs 2" \
          sbatch --parsable --job-name=lattice-requeue --output="$tmp/requeue.out" --error="$tmp/requeue.err" \
                 --nodes=2 --ntasks-per-node=1 --gpus-per-node=0 --cpus-per-task=1 --time=3 launch/slurm/batch.sbatch 2>&1)
     [[ "$id" =~ ^[0-9]+$ ]] || { echo "FAIL: requeue: sbatch said: $id"; exit 1; }
-    for _ in $(seq 450); do [ -f "$out" ] && [ "$(wc -l < "$out")" -ge 2 ] && break; sleep 0.2; done
-    [ -f "$out" ] && [ "$(wc -l < "$out")" -ge 2 ] || fail "requeue: no 2 records before the TERM"
+    # The TERM must reach lattice after >= 1 record and before the last. Slurm's path (scancel -> slurmctld
+    # -> slurmd -> the script's trap -> mpirun -> ranks) takes seconds on a loaded machine, in which the
+    # batch could finish: so the ranks are stopped (SIGSTOP) first, and continued only once the USR1 that
+    # the script's trap sends through mpirun is pending in every one of them (ShdPnd, mask 0x200). COMM_TIMEOUT is 300 s so that
+    # a peer stopped that long does not read as dead.
+    ranks=""
+    for _ in $(seq 450); do
+        ranks=$(for h in a b; do for p in $(host_pids $h); do
+            [ "$(cat "/proc/$p/comm" 2> /dev/null)" = lattice ] && echo "$p"; done; done | tr '\n' ' ')
+        [ -n "$ranks" ] && [ -f "$out" ] && [ "$(wc -l < "$out")" -ge 2 ] && kill -STOP $ranks && break
+        sleep 0.2
+    done
+    records=$(wc -l < "$out" 2> /dev/null || echo 0)
+    [ "$records" -ge 2 ] && [ "$records" -lt $nreq ] || fail "requeue: $records records when the ranks were stopped"
     scancel --batch --signal=TERM "$id"
+    usr1_pending() { grep -q "^ShdPnd:.*[2367abef]..$" "/proc/$1/status" 2> /dev/null; }  # SIGUSR1 = signal 10: 0x200
+    for _ in $(seq 450); do
+        waiting=0
+        for p in $ranks; do usr1_pending "$p" || waiting=1; done
+        [ $waiting -eq 0 ] && break
+        sleep 0.2
+    done
+    [ $waiting -eq 0 ] || fail "requeue: the drain signal did not reach every rank (pids $ranks)"
+    kill -CONT $ranks
     for _ in $(seq 450); do  # <= 90 s
         st=$(job_state "$id")
         case "$st" in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL) break ;; esac

@@ -235,7 +235,7 @@ TEST_CASE("the block families' configs: their options parsed, their variants ref
 
     nlohmann::json m = config_of("qwen3-moe");
     c = parse_hf_config(m.dump(), "qwen3-moe");
-    CHECK((c.n_experts == 8 && c.n_experts_used == 3 && c.intermediate == 16 && c.moe_renormalize));
+    CHECK((c.n_experts == 8 && c.n_experts_used == 3 && c.intermediate == 24 && c.moe_renormalize));
     m.erase("norm_topk_prob");
     CHECK(!parse_hf_config(m.dump(), "m").moe_renormalize);  // transformers' default: false
     m["decoder_sparse_step"] = 2;

@@ -11,6 +11,8 @@
 // scale for the 27B Gemmas (known by their layer count) and soft-cap defaults.
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -279,9 +281,10 @@ TEST_CASE("Gemma 2's GGUF twin equals its HF load with query_pre_attn_scalar = h
     // The norms as HF stores them (the converter's + 1 taken off).
     auto hf = open_model((tmp.path / "hf").string());
     const std::string norm = "model.layers.1.post_feedforward_layernorm.weight";
-    std::vector<float> a(32), w(32);
-    gguf->read(norm, 0, 1, 0, 32, DType::kF32, a.data());
-    hf->read(norm, 0, 1, 0, 32, DType::kF32, w.data());
+    const int64_t hidden = c.hidden;
+    std::vector<float> a(static_cast<size_t>(hidden)), w(static_cast<size_t>(hidden));
+    gguf->read(norm, 0, 1, 0, hidden, DType::kF32, a.data());
+    hf->read(norm, 0, 1, 0, hidden, DType::kF32, w.data());
     CHECK(a == w);
     // The HF load at tp 2 (test_block_families checks that layout against the reference): tokens on every
     // rank, logits on rank 0.
@@ -326,10 +329,16 @@ TEST_CASE("GGUF variants of the block families refused by name") {
           std::string::npos);
 
     // A fused q|k|v of the wrong rows (one kv head short).
+    const nlohmann::json pj = fixture_config("phi3");
+    const int64_t hidden = pj["hidden_size"], hd = pj["head_dim"];
+    const int64_t rows = (int64_t(pj["num_attention_heads"]) + 2 * int64_t(pj["num_key_value_heads"])) * hd;
     test::GgufBuilder fused = twin("phi3", "phi3", {"blk.1.attn_qkv.weight"});
-    fused.tensor("blk.1.attn_qkv.weight", kF16, {32, 112}, std::vector<uint8_t>(32 * 112 * 2, 0));
-    CHECK(refused(fused, "fused.gguf").find("tensor \"blk.1.attn_qkv.weight\" has shape [32, 112] (GGUF order), "
-                                            "expected 2 dims with its 3 parts' 128 rows") != std::string::npos);
+    fused.tensor("blk.1.attn_qkv.weight", kF16, {uint64_t(hidden), uint64_t(rows - hd)},
+                 std::vector<uint8_t>(size_t(hidden * (rows - hd) * 2), 0));
+    CHECK(refused(fused, "fused.gguf")
+              .find(fmt::format("tensor \"blk.1.attn_qkv.weight\" has shape [{}, {}] (GGUF order), expected 2 dims "
+                                "with its 3 parts' {} rows",
+                                hidden, rows - hd, rows)) != std::string::npos);
 
     // A tensor nothing maps (a shared expert, which lattice's Qwen3-MoE has not) is refused by its name.
     test::GgufBuilder shexp = twin("qwen3-moe", "qwen3moe");
