@@ -7,8 +7,9 @@
 // float64 reference (logits within 1e-5 relative, every greedy token); Gemma 2's fixture scales attention by a
 // query_pre_attn_scalar a GGUF cannot carry (llama.cpp scales by head_dim), so its GGUF runs against the HF
 // folder with that scalar set to head_dim. Then the variants refused by name: a vision tower's tensors, a
-// missing key, LongRoPE with one factor list, a fused tensor of the wrong rows; and llama.cpp's attention
-// scale for the 27B Gemmas (known by their layer count) and soft-cap defaults.
+// missing key, LongRoPE with one factor list, a fused tensor of the wrong rows; llama.cpp's attention scale for
+// the 27B Gemmas (known by their layer count) and soft-cap defaults; and Phi-3's fused tensors in Q4_0, whose
+// parts a 4-bit load reads as raw blocks (their rows found in the file's tensor).
 #include <doctest/doctest.h>
 
 #include <fmt/format.h>
@@ -378,4 +379,47 @@ TEST_CASE("Gemma GGUF metadata: llama.cpp's attention scale by size, soft-cap de
     CHECK((c.query_pre_attn_scalar == 32 && c.attn_softcap == 0 && c.final_softcap == 20));
     CHECK((c.window_pattern == 6 && c.rope_local_theta == 10000 && c.rope_theta == 10000));
     CHECK(config("gemma3", 62, false).query_pre_attn_scalar == 16);
+}
+
+TEST_CASE("Phi-3's fused attn_qkv / ffn_up in Q4_0: each part's raw blocks and 4-bit form are its own rows") {
+    if (mpi_session().rank() != 0) return;
+    const nlohmann::json j = fixture_config("phi3");
+    const int64_t hidden = j["hidden_size"], hd = j["head_dim"], ffn = j["intermediate_size"];
+    const int64_t q_rows = int64_t(j["num_attention_heads"]) * hd, kv_rows = int64_t(j["num_key_value_heads"]) * hd;
+    const int64_t qkv_rows = q_rows + 2 * kv_rows, block = 18;  // Q4_0: f16 d + 16 bytes of nibbles per 32
+    std::vector<uint8_t> qkv(size_t(qkv_rows * hidden / 32 * block)), up(size_t(2 * ffn * hidden / 32 * block));
+    for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = uint8_t(i * 7 + 3);
+    for (size_t i = 0; i < up.size(); ++i) up[i] = uint8_t(i * 5 + 1);
+    for (std::vector<uint8_t>* t : {&qkv, &up})  // finite scales: d = 2^-6 in every block
+        for (size_t o = 0; o < t->size(); o += block) (*t)[o] = 0x00, (*t)[o + 1] = 0x24;
+    test::GgufBuilder b = twin("phi3", "phi3", {"blk.0.attn_qkv.weight", "blk.0.ffn_up.weight"});
+    b.tensor("blk.0.attn_qkv.weight", 2 /* Q4_0 */, {uint64_t(hidden), uint64_t(qkv_rows)}, qkv);
+    b.tensor("blk.0.ffn_up.weight", 2, {uint64_t(hidden), uint64_t(2 * ffn)}, up);
+    TempDir tmp;
+    auto src = open_model(write(b, tmp, "q4.gguf"));
+    const int64_t row_bytes = hidden / 32 * block;
+    // (part, its first row in the file's tensor, the tensor's bytes); a tp 2 rank's slice: the part's second half.
+    const struct {
+        const char* part;
+        int64_t first, rows;
+        const std::vector<uint8_t>* file;
+    } parts[] = {{"self_attn.qkv_proj.weight:q", 0, q_rows, &qkv},
+                 {"self_attn.qkv_proj.weight:k", q_rows, kv_rows, &qkv},
+                 {"self_attn.qkv_proj.weight:v", q_rows + kv_rows, kv_rows, &qkv},
+                 {"mlp.gate_up_proj.weight:gate", 0, ffn, &up},
+                 {"mlp.gate_up_proj.weight:up", ffn, ffn, &up}};
+    for (const auto& p : parts) {
+        const std::string name = std::string("model.layers.0.") + p.part;
+        CAPTURE(name);
+        REQUIRE(src->info(name).shape == std::vector<int64_t>{p.rows, hidden});
+        const int64_t row0 = p.rows / 2, rows = p.rows - row0;
+        std::vector<uint8_t> raw(size_t(rows * row_bytes));
+        src->read(name, row0, rows, 0, hidden, DType::kQ4_0, raw.data());
+        const uint8_t* want = p.file->data() + (p.first + row0) * row_bytes;
+        CHECK(std::equal(raw.begin(), raw.end(), want));
+        const Int4Weights w = src->read_int4(name, row0, rows, 0, hidden);
+        REQUIRE(w.d.size() == size_t(rows * hidden / 32));
+        CHECK(std::memcmp(w.qs.data(), want + 2, 16) == 0);  // the first block's nibbles, as stored
+        CHECK(w.d[0] == 0x2400);
+    }
 }
