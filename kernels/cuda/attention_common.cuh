@@ -24,6 +24,11 @@ __host__ __device__ __forceinline__ int64_t window_start(int64_t len, int64_t wi
     return window > 0 && len > window ? len - window : 0;
 }
 
+// A score after its scale, soft-capped when cap > 0 (AttnDims::softcap; the CPU op's math::softcap).
+__device__ __forceinline__ float cap_score(float s, float cap) {
+    return cap > 0.0f ? math::softcap(s, cap) : s;
+}
+
 // Offset (in elements) of position `pos` of batch sequence `seq`, kv head `kvh`; -1 when the table
 // has no block there (the host validated tables; never read or write out of bounds).
 __device__ __forceinline__ int64_t kv_offset(const KvTables& kv, const AttnDims& d, int32_t seq, int64_t pos,
@@ -63,10 +68,11 @@ __device__ __forceinline__ float int8_scale_at(const int8_t* cache, int64_t off)
 inline void check_dims(const AttnDims& d, const char* op) {
     KERNEL_CHECK(d.head_dim > 0 && d.head_dim <= kMaxHeadDim && d.head_dim % 2 == 0 && d.n_kv_heads > 0 &&
                      d.n_heads % d.n_kv_heads == 0 && d.max_seq > 0 && d.block_size > 0 && d.num_blocks > 0 &&
-                     d.table_width * d.block_size >= d.max_seq && d.window >= 0,
+                     d.table_width * d.block_size >= d.max_seq && d.window >= 0 &&
+                     d.softcap >= 0.0f && d.softcap < 3.0e38f,
                  std::string("cuda::") + op + ": unsupported shape heads " + std::to_string(d.n_heads) + "/" +
                      std::to_string(d.n_kv_heads) + ", head_dim " + std::to_string(d.head_dim) +
-                     " (even, <= " + std::to_string(kMaxHeadDim) + ")");
+                     " (even, <= " + std::to_string(kMaxHeadDim) + "), softcap " + std::to_string(d.softcap));
 }
 
 // ---- decode (flash-decoding) ----

@@ -13,6 +13,9 @@
 // A sliding window W (AttnDims::window, Mistral) limits the query at p to keys p - W < j <= p: decode
 // splits cover only that span (its first position lo = max(0, p + 1 - W)); prefill starts at the KV
 // tile of the tile's first row's lo and masks each row's keys before its own lo.
+// A soft-cap c (AttnDims::softcap, Gemma 2) turns each score s = q . k * scale into c * tanh(s / c) after
+// the scale and before the mask and the softmax, as the CPU op does (decode: q is pre-scaled, so the cap
+// applies to the reduced dot; the INT8 decode kernel and prefill alike).
 // GQA: q head h reads kv head h / (nh / nkv). Scores, softmax and accumulation are fp32; the
 // exp/max bookkeeping is the OnlineSoftmax of kernels/common/llama_math.h (decode tiles use its
 // tile form: one max per tile, one rescale of the accumulator per tile).
@@ -285,7 +288,8 @@ __global__ void __launch_bounds__(kDecThreads, DecCfg<KH, NSP>::kMinBlocks)
             if ((seg & ALLMASK) == 0) {
                 const bool valid = roff_sm[warp][stage][row] >= 0;
 #pragma unroll
-                for (int i = 0; i < KEEP; ++i) sc_sm[warp][row][hg * HPL + hsel + i] = valid ? part[i] : kNegInf;
+                for (int i = 0; i < KEEP; ++i)
+                    sc_sm[warp][row][hg * HPL + hsel + i] = valid ? cap_score(part[i], d.softcap) : kNegInf;
             }
         }
         __syncwarp();

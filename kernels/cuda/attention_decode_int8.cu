@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kI8Warps * 32)
                 const int64_t c = lane + 32 * r;
                 if (c < hd) part = fmaf(qs[g * hd + c], kr[r], part);
             }
-            const float sc = warp_sum(part);
+            const float sc = cap_score(warp_sum(part), d.softcap);  // q was pre-scaled
             const float m_new = fmaxf(m_run[g], sc);
             const float rescale = math::exp_f32(m_run[g] - m_new);
             const float w = math::exp_f32(sc - m_new);

@@ -1,7 +1,8 @@
 // attention_prefill of the CUDA attention: a block owns a tile of <= 32 query rows of one sequence and one q
 // head, walks the sequence's KV in 32-position tiles through shared memory (an INT8 cache's tiles converted as
 // they are staged), and keeps per-row (max, sum, acc) in registers; causal by each row's position, a sliding
-// window masking each row's keys before its own start (attention_decode.cu's header has the cache layout).
+// window masking each row's keys before its own start, each score soft-capped after its scale where
+// AttnDims::softcap is set (attention_decode.cu's header has the cache layout).
 #include <algorithm>
 #include <cstring>
 
@@ -86,7 +87,7 @@ __global__ void __launch_bounds__(kPrefillWarps * 32)
             const int64_t lo = window_start(int64_t(row_pos[rr]) + 1, d.window);
             if (kt + kKvTile <= lo) continue;  // the whole KV tile is before the row's window
             const bool valid = kt + lane <= row_pos[rr] && kt + lane >= lo;
-            float s = valid ? dot_smem(qs + row * ld, ks + lane * ld, hd) * d.scale : kNegInf;
+            float s = valid ? cap_score(dot_smem(qs + row * ld, ks + lane * ld, hd) * d.scale, d.softcap) : kNegInf;
             const float m_new = fmaxf(m[rr], warp_max(s));
             const float rescale = math::exp_f32(m[rr] - m_new);
             const float p = valid ? math::exp_f32(s - m_new) : 0.0f;

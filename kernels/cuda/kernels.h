@@ -34,6 +34,8 @@ struct AttnDims {
     int64_t block_size = 0, num_blocks = 0, table_width = 0;  // the paged cache
     float scale = 1.0f;
     int64_t window = 0;  // sliding window W (Mistral): the query at p attends keys p - W < j <= p; 0: all
+    float softcap = 0.0f;  // soft-cap c > 0 (Gemma 2): each score s = q . k * scale becomes c * tanh(s / c)
+                           // before the mask and the softmax; 0: none
     // INT8 cache (--kv-cache-dtype int8): a block holds [block_size, nkv, hd] int8 values, then their
     // [block_size, nkv] f32 scales (runtime/backend/backend.h); false: the activation dtype.
     bool kv_int8 = false;

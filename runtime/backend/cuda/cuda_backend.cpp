@@ -119,9 +119,8 @@ bool CudaBackend::supports(Op op, DType dtype) const {
         case Op::kHeadNorm:       // QK-norm (qwen3, gemma3)
         case Op::kScale:          // the embedding scale (gemma)
         case Op::kSoftCap:        // the final logits' soft-cap (gemma2), f32 logits too
+        case Op::kAttnSoftCap:    // AttnDims::softcap in the attention kernels (gemma2)
             return dtype == act_;
-        case Op::kAttnSoftCap:    // not in the attention kernels: gemma2 runs on the CPU backend
-            return false;
     }
     return false;
 }

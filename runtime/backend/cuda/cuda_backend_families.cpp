@@ -2,7 +2,8 @@
 // mixture-of-experts block's row moves (gather_rows, scatter_add_rows, fill_zero), GeGLU (gated_act),
 // QK-norm (head_rmsnorm), scale and softcap (kernels/cuda/family_ops.cu), each a shape check
 // on the host and one launch on stream_ (kernels/cuda/rows.cu) or one memset. The sliding window
-// (Mistral) is AttnDims::window in CudaBackend::attention. Row indices and weights are device vectors
+// (Mistral) and the attention soft-cap (Gemma 2) are AttnDims::window and AttnDims::softcap in
+// CudaBackend::attention. Row indices and weights are device vectors
 // the model uploaded once per layer (Backend::gather_rows says why).
 #include "base/cuda_check.h"
 #include "runtime/backend/cuda/cuda_backend.h"

@@ -5,6 +5,7 @@
 // Offsets depend only on m (and the model's table width), so a graph captured for m tokens finds
 // the data at replay; the whole area is copied each time.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "base/cuda_check.h"
@@ -253,7 +254,9 @@ void CudaBackend::attention(const View& out, const View& qkv, const View& k_cach
     d.table_width = s.table_width;
     d.scale = s.scale;
     d.window = s.window;
-    LATTICE_CHECK(s.softcap == 0.0f, "CudaBackend::attention: soft-capped scores ({}) are not implemented", s.softcap);
+    LATTICE_CHECK(s.softcap >= 0.0f && std::isfinite(s.softcap),
+                  "CudaBackend::attention: soft-cap {} (expected 0, none, or a positive finite cap)", s.softcap);
+    d.softcap = s.softcap;
     d.kv_int8 = int8;
     const int32_t* pos = meta_dev_ + m;
     const int32_t* seqs = meta_dev_ + 2 * m;

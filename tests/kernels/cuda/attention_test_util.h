@@ -32,9 +32,12 @@ inline cuda::AttnDims attn_dims(int64_t nh, int64_t nkv, int64_t hd, int64_t max
 }
 
 // One decode problem: shapes, block tables, fp32 caches and queries (already rounded to the activation
-// dtype), and one (position, sequence) per token.
+// dtype), and one (position, sequence) per token. kv_int8: both sides run over an INT8 cache that starts
+// zeroed (kc / vc unused); softcap: the scores' soft-cap (0: none).
 struct DecodeProblem {
     int64_t nh = 0, nkv = 0, hd = 0, max_seq = 0, bs = 16, n_seqs = 0, n_blocks = 0, window = 0;
+    bool kv_int8 = false;
+    float softcap = 0.0f;
     std::vector<int32_t> tables, pos, seqs;
     std::vector<float> kc, vc, qkv;
     int64_t width() const { return (max_seq + bs - 1) / bs; }
@@ -44,9 +47,17 @@ struct DecodeProblem {
     cuda::AttnDims dims() const {
         cuda::AttnDims d = attn_dims(nh, nkv, hd, max_seq, bs, n_blocks, width(), scale());
         d.window = window;
+        d.kv_int8 = kv_int8;
+        d.softcap = softcap;
         return d;
     }
+    size_t cache_bytes() const { return size_t(n_blocks * bs * nkv * (hd + 4)); }  // an INT8 cache
 };
+
+// The device caches of a problem: its rows in the activation dtype, or a zeroed INT8 cache.
+inline DevBuf device_cache(const DecodeProblem& p, const std::vector<float>& rows, DType act) {
+    return p.kv_int8 ? DevBuf(std::vector<uint8_t>(p.cache_bytes(), 0)) : DevBuf(to_act(rows, act));
+}
 
 // Random caches and queries. full_tables: every table entry is a block (a permutation of n_seqs *
 // width blocks); otherwise each sequence gets distinct blocks (shuffled) for the positions its tokens
@@ -89,7 +100,7 @@ inline std::vector<float> device_decode(const DecodeProblem& p, DType act, int64
     std::vector<float> padded(size_t(qkv_offset), 0.0f);
     padded.insert(padded.end(), p.qkv.begin(), p.qkv.end());
     DevBuf dqkv(to_act(padded, act)), dpos(p.pos), dseqs(p.seqs), dtables(p.tables);
-    DevBuf dk(to_act(p.kc, act)), dv(to_act(p.vc, act)), dout(size_t(m * p.nh * p.hd) * 2);
+    DevBuf dk = device_cache(p, p.kc, act), dv = device_cache(p, p.vc, act), dout(size_t(m * p.nh * p.hd) * 2);
     const cuda::AttnDims d = p.dims();
     const cuda::KvTables kv{dtables.get<int32_t>(), p.n_seqs};
     const void* q = dqkv.get<uint16_t>() + qkv_offset;
@@ -106,8 +117,15 @@ inline std::vector<float> cpu_decode(const DecodeProblem& p, ThreadPool& pool) {
     // The CPU op keeps K transposed per block (tests/kernels/kv_layout.h): the same cache in its layout.
     std::vector<float> out(size_t(p.m() * p.nh * p.hd)), k = k_rows_to_cpu(p.kc, p.n_blocks, p.bs, p.nkv, p.hd),
                                                          v = p.vc;
-    const cpu::AttentionArgs args{p.nh,     p.nkv,     p.hd,      p.bs,    p.n_blocks, p.tables.data(),
-                                  p.n_seqs, p.width(), p.scale(), p.window};
+    cpu::AttentionArgs args{p.nh,     p.nkv,     p.hd,      p.bs,    p.n_blocks, p.tables.data(),
+                            p.n_seqs, p.width(), p.scale(), p.window};
+    args.softcap = p.softcap;
+    if (p.kv_int8) {  // a zeroed INT8 cache, filled by the op as the device fills its own
+        args.kv_dtype = DType::kI8;
+        std::vector<uint8_t> k8(p.cache_bytes(), 0), v8(p.cache_bytes(), 0);
+        cpu::attention(out.data(), p.qkv.data(), k8.data(), v8.data(), p.pos.data(), p.seqs.data(), p.m(), args, pool);
+        return out;
+    }
     cpu::attention(out.data(), p.qkv.data(), k.data(), v.data(), p.pos.data(), p.seqs.data(), p.m(), args, pool);
     return out;
 }
@@ -167,7 +185,7 @@ inline std::vector<float> naive_decode(const DecodeProblem& p) {
 inline std::vector<float> device_prefill(const DecodeProblem& p, DType act) {
     const int64_t m = p.m();
     DevBuf dqkv(to_act(p.qkv, act)), dpos(p.pos), dseqs(p.seqs), dtables(p.tables);
-    DevBuf dk(to_act(p.kc, act)), dv(to_act(p.vc, act)), dout(size_t(m * p.nh * p.hd) * 2);
+    DevBuf dk = device_cache(p, p.kc, act), dv = device_cache(p, p.vc, act), dout(size_t(m * p.nh * p.hd) * 2);
     const cuda::AttnDims d = p.dims();
     const cuda::KvTables kv{dtables.get<int32_t>(), p.n_seqs};
     cuda::kv_store(dk.get(), dv.get(), dqkv.get(), dpos.get<int32_t>(), dseqs.get<int32_t>(), kv, m, d, act, nullptr);
