@@ -12,8 +12,9 @@
 // chunks (the 4-bit GEMV).
 // The families built from the shared blocks (tests/runtime/model/families: Qwen3, Gemma 2 with attention
 // and final soft-caps that bind, Gemma 3, Phi-3 with and without LongRoPE, Qwen3-MoE) the same way against
-// their float64 NumPy references, with the same tolerances (random weights at tiny shapes, as the model
-// behind them assumes). Qwen3-MoE runs in f16 only: its prompts' smallest router margin (the k-th minus the
+// their float64 NumPy references: f16 1e-2, bf16 5e-2 against the modelled worst of 2.0e-3 and 1.7e-2
+// (Gemma 3's; benchmarks/gpu/tolerance_families.py: the fixtures' own forward with every activation
+// rounded), 5x and 2.9x. Qwen3-MoE runs in f16 only: its prompts' smallest router margin (the k-th minus the
 // next expert's logit) is 0.0126 at logits up to ~3, where bf16 rounds each logit by up to ~6e-3 and the
 // activations before the router add ~2e-2, so bf16 may route a token to the other expert, a legitimate
 // difference from the reference; f16's ~3e-3 in all stays 4x under the margin.
@@ -116,7 +117,7 @@ TEST_CASE("block families on CudaBackend: logits vs the float64 reference" * doc
                     REQUIRE(logits.size() == c.logits.size());
                     const double err = rel_error(logits.data(), c.logits.data(), logits.size());
                     MESSAGE(name << " " << dtype_name(act) << " chunk " << chunk << ": rel err " << err);
-                    CHECK(err < (act == DType::kF16 ? 1e-2 : 3e-2));
+                    CHECK(err < (act == DType::kF16 ? 1e-2 : 5e-2));
                 }
             }
         }
