@@ -8,7 +8,7 @@
 //   prompt's logits, and each generated token's log-probability from the device's decode steps (step graphs
 //   where the model has no experts) against the CPU's log-softmax at that token of the same continuation
 //   (so a near tie that picks another token on the device is no failure): relative L2 under 1e-2 (f16)
-//   and 5e-2 (bf16), the bounds test_cuda_golden derives for these fixtures (the CPU backend's f32 equals
+//   and 1e-1 (bf16), the bounds test_cuda_golden derives for these fixtures (the CPU backend's f32 equals
 //   their float64 references to ~1e-6); Qwen3-MoE in f16 only, for the router margin that case names.
 // Tolerances: check_close's (cuda_test_util.h: the output's rounding in the activation dtype and fp32 order);
 // the f32 soft-cap differs only by host vs device tanh (<= 2 ulp of fp32).
@@ -180,7 +180,7 @@ TEST_CASE("the block families through the engine on CudaBackend == CpuBackend: p
         for (DType act : {DType::kF16, DType::kBF16}) {
             if (act == DType::kBF16 && name == "families/qwen3-moe") continue;  // test_cuda_golden says why
             INFO(name << " " << dtype_name(act));
-            const double tol = act == DType::kF16 ? 1e-2 : 5e-2;
+            const double tol = act == DType::kF16 ? 1e-2 : 1e-1;
             BuildOptions opt = test::cpu_options();
             opt.backend.kind = BackendKind::kCuda;
             opt.backend.cuda_act = act;

@@ -12,12 +12,13 @@
 // chunks (the 4-bit GEMV).
 // The families built from the shared blocks (tests/runtime/model/families: Qwen3, Gemma 2 with attention
 // and final soft-caps that bind, Gemma 3, Phi-3 with and without LongRoPE, Qwen3-MoE) the same way against
-// their float64 NumPy references: f16 1e-2, bf16 5e-2 against the modelled worst of 2.0e-3 and 1.7e-2
+// their float64 NumPy references: f16 1e-2, bf16 1e-1 against the modelled worst of 2.7e-3 and 3.2e-2
 // (Gemma 3's; benchmarks/gpu/tolerance_families.py: the fixtures' own forward with every activation
-// rounded), 5x and 2.9x. Qwen3-MoE runs in f16 only: its prompts' smallest router margin (the k-th minus the
-// next expert's logit) is 0.0126 at logits up to ~3, where bf16 rounds each logit by up to ~6e-3 and the
-// activations before the router add ~2e-2, so bf16 may route a token to the other expert, a legitimate
-// difference from the reference; f16's ~3e-3 in all stays 4x under the margin.
+// rounded), 3.7x and 3.1x. Qwen3-MoE runs in f16 only: its prompts' smallest router margin besides the exact
+// ties is 0.079, and the modelled router logits err by up to 0.048 in bf16 (0.0036 in f16), so bf16 could
+// route a token to the other expert, a legitimate difference from the reference. Its exact ties (duplicated
+// router rows) stay ties on the device where the router GEMM computes identical columns identically (the
+// same k order for every column): expected of cuBLASLt, not yet seen on a GPU.
 #include "tests/kernels/cuda/cuda_test_util.h"
 #include "runtime/backend/cpu/cpu_backend.h"
 #include "runtime/backend/cuda/cuda_backend.h"
@@ -117,7 +118,7 @@ TEST_CASE("block families on CudaBackend: logits vs the float64 reference" * doc
                     REQUIRE(logits.size() == c.logits.size());
                     const double err = rel_error(logits.data(), c.logits.data(), logits.size());
                     MESSAGE(name << " " << dtype_name(act) << " chunk " << chunk << ": rel err " << err);
-                    CHECK(err < (act == DType::kF16 ? 1e-2 : 5e-2));
+                    CHECK(err < (act == DType::kF16 ? 1e-2 : 1e-1));
                 }
             }
         }
