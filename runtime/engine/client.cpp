@@ -301,8 +301,9 @@ std::vector<ClientEvent> EngineClient::poll() {
     return out;
 }
 
-PromptLogprobs EngineClient::prompt_logprobs(const std::vector<int32_t>& prompt, int32_t top_k) {
-    const std::vector<float> logits = score(prompt);
+PromptLogprobs EngineClient::prompt_logprobs(const std::vector<int32_t>& prompt, int32_t top_k,
+                                             const std::string& lora) {
+    const std::vector<float> logits = score(prompt, lora);
     const int64_t V = int64_t(logits.size() / prompt.size());
     PromptLogprobs out;
     out.logprobs.push_back(std::nanf(""));  // the first token has no context

@@ -188,8 +188,8 @@ public:
     std::vector<GenerateResult> generate_batch(const std::vector<GenerateRequest>& reqs,
                                                const TokenCallback& on_token = {}, GenerateStats* total = nullptr);
     GenerateResult generate(const GenerateRequest& req, const std::function<void(int32_t)>& on_token = {});
-    // The prompt's logprobs from score() (echo of OpenAI's completions).
-    PromptLogprobs prompt_logprobs(const std::vector<int32_t>& prompt, int32_t top_k);
+    // The prompt's logprobs from score() (echo of OpenAI's completions), under adapter `lora` ("" the base).
+    PromptLogprobs prompt_logprobs(const std::vector<int32_t>& prompt, int32_t top_k, const std::string& lora = "");
 
 private:
     struct Choice {  // one sequence of a request, running in the engine

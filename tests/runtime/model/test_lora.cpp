@@ -3,7 +3,8 @@
 // computed in float64 by NumPy (tests/runtime/model/lora/make_lora_fixtures.py), within 1e-5; the GGUF twin
 // of one equals it; a mixed batch of 32 sequences (base and three adapters interleaved) gives each sequence
 // the tokens it gets alone; the prefix cache never hands one adapter's K/V to another; with one slot the
-// adapters take turns (LRU), and a request for another adapter while the slot is held waits for it; bad adapters are refused at load with a message naming the fault while the
+// adapters take turns (LRU), and a request for another adapter while the slot is held waits for it; prompt
+// logprobs under an adapter are its generate-side logprobs; bad adapters are refused at load with a message naming the fault while the
 // others keep serving.
 #include <doctest/doctest.h>
 
@@ -195,6 +196,34 @@ TEST_CASE("LoRA: with every slot held, a request for another adapter waits for o
     CHECK(a_tokens == 6);
     CHECK(c_events == 1);
     for (const LoraInfo& i : rt.engine->loras().list()) CHECK(i.active == 0);
+}
+
+TEST_CASE("LoRA: prompt logprobs under an adapter equal the adapter's own generate-side logprobs") {
+    // Echo / prompt_logprobs / `lattice score --lora` score with the adapter: the logprob of each generated token,
+    // scored as part of prompt + output, is the one generation reported for it (and not the base's).
+    RankRuntime rt = build_base("tiny-llama2", 1);
+    add_fixture_adapters(*rt.engine, "tiny-llama2");
+    EngineClient client(*rt.engine, nullptr, true);
+    for (const std::string a : {"a4", "b16", "c8"}) {
+        CAPTURE(a);
+        ClientRequest r;
+        r.prompt = random_ids(5, 320, 400);
+        r.max_tokens = 6;
+        r.ignore_eos = true;
+        r.lora = a;
+        const ClientOutput gen = client.run({r})[0];
+        std::vector<int32_t> all = r.prompt;
+        all.insert(all.end(), gen.tokens.begin(), gen.tokens.end());
+        const PromptLogprobs lp = client.prompt_logprobs(all, 0, a), base = client.prompt_logprobs(all, 0);
+        REQUIRE(gen.logprobs.size() == 6);
+        double moved = 0;
+        for (size_t i = 0; i < gen.tokens.size(); ++i) {
+            CAPTURE(i);
+            CHECK(std::abs(lp.logprobs[r.prompt.size() + i] - gen.logprobs[i]) < 1e-4);
+            moved = std::max(moved, double(std::abs(base.logprobs[r.prompt.size() + i] - gen.logprobs[i])));
+        }
+        CHECK(moved > 1e-2);  // the base scores them otherwise
+    }
 }
 
 TEST_CASE("LoRA: bad adapters are refused at load, naming the fault; the others keep serving") {
