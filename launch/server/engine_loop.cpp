@@ -55,10 +55,9 @@ void EngineLoop::take(const Inbox::Item& it) {
         return;
     }
     if (client_.draining()) return refuse(t, 503, "the server is shutting down and takes no new requests");
-    if (client_.scheduler().waiting() >= opt_.max_queue)
-        return refuse(
-            t, 503,
-            fmt::format("too many requests are waiting ({}, --max-queue); retry later", client_.scheduler().waiting()));
+    const int64_t waiting = client_.scheduler().waiting() + client_.lora_waiting();  // (for a LoRA slot too)
+    if (waiting >= opt_.max_queue)
+        return refuse(t, 503, fmt::format("too many requests are waiting ({}, --max-queue); retry later", waiting));
     const openai::ApiRequest& r = t.request;
     const bool scored = openai::scores_prompt(r) || (r.echo && r.client.max_tokens == 0);
     if (scored) {  // the prompts scored when idle

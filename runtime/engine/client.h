@@ -163,6 +163,9 @@ public:
     void drain(double seconds);
     bool draining() const { return draining_; }
     int64_t active() const { return int64_t(requests_.size()); }  // requests not yet ended
+    // Requests waiting for a LoRA slot (not yet in the scheduler; one cancelled while waiting counts until
+    // the queue reaches it).
+    int64_t lora_waiting() const { return int64_t(lora_waiting_.size()); }
     const Scheduler& scheduler() const { return engine_.scheduler(); }
     LoraRegistry& loras() { return engine_.loras(); }  // the adapters on offer (leader)
     void shutdown() { engine_.shutdown(); }
