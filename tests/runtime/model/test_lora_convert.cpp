@@ -1,5 +1,5 @@
-// `lattice convert --lora` (runtime/converter/lora_merge.h) on one rank: a fixture adapter merged into a
-// float conversion gives the logits of the float64 merged NumPy reference (make_lora_fixtures.py) and of the
+// `lattice convert --lora` (runtime/converter/lora_merge.h) on one rank: a fixture adapter (PEFT, or its GGUF
+// LoRA twin into the GGUF base) merged into a float conversion gives the logits of the float64 merged NumPy reference (make_lora_fixtures.py) and of the
 // unmerged adapter at run time within 1e-5; merged before INT8 quantization, it errs against the reference
 // no more than the quantized base does against its own, and its next greedy tokens are the float adapted
 // model's as often as those of the unmerged adapter on the same quantized base are; an adapter of another base is refused by name and leaves no folder.
@@ -31,12 +31,14 @@ RankRuntime build_from(const std::string& path, QuantMode quant, bool with_adapt
     return rt;
 }
 
-void convert_merged(const std::string& base, const std::string& adapter, const std::string& out, QuantMode q) {
-    auto src = open_model(lora_base_path(base));
+void convert_merged(const std::string& base, const std::string& adapter, const std::string& out, QuantMode q,
+                    const std::string& base_path = "", const std::string& adapter_path = "", double scale = 1.0) {
+    auto src = open_model(base_path.empty() ? lora_base_path(base) : base_path);
     ConvertOptions o;
     o.out = out;
     o.quant = q;
-    o.lora_path = lora_dir(base) + "/" + adapter;
+    o.lora_path = adapter_path.empty() ? lora_dir(base) + "/" + adapter : adapter_path;
+    o.lora_scale = scale;
     LocalComm alone;
     convert_checkpoint(*src, o, alone);
 }
@@ -54,27 +56,38 @@ std::vector<int32_t> greedy(EngineClient& c, const std::vector<int32_t>& prompt,
 
 TEST_CASE("LoRA: convert --lora to f32 equals the float64 merged reference and the unmerged adapter") {
     TempDir tmp("lattice_lora_convert");
-    // b16: all seven targets, rsLoRA, F16 file; c8 of tp3-base: four targets, BF16 file, plain alpha / r.
-    for (const auto& [b, a] : {std::pair{"tiny-llama2", "b16"}, std::pair{"tp3-base", "c8"}}) {
-        const std::string base = b, adapter = a;
-        CAPTURE(base);
-        CAPTURE(adapter);
-        const std::string out = tmp / (base + "-" + adapter);
-        convert_merged(base, adapter, out, QuantMode::kNone);
-        RankRuntime merged = build_from(out, QuantMode::kNone, false, base);
-        RankRuntime unmerged = build_from(lora_base_path(base), QuantMode::kNone, true, base);
+    // b16: all seven targets, rsLoRA, F16 file; c8 of tp3-base: four targets, BF16 file, plain alpha / r; then
+    // llama.cpp's GGUF twin of b16 merged into the GGUF copy of tiny-llama2 (both with q/k rows in RoPE-pair
+    // order in their files), and b16 at --lora-scale 0 (the base).
+    struct Case {
+        std::string base, adapter, base_path, adapter_path, expect;
+        double scale = 1.0;
+    };
+    const std::string gguf_base = std::string(LATTICE_SHARED_DIR) + "/golden/gguf/tiny-llama2.f32.gguf";
+    const std::vector<Case> cases_run = {{"tiny-llama2", "b16", "", "", "b16"},
+                                         {"tp3-base", "c8", "", "", "c8"},
+                                         {"tiny-llama2", "b16", gguf_base, lora_dir("tiny-llama2") + "/b16.gguf", "b16"},
+                                         {"tiny-llama2", "b16", "", "", "base", 0.0}};
+    for (size_t k = 0; k < cases_run.size(); ++k) {
+        const Case& c = cases_run[k];
+        CAPTURE(k);
+        const std::string out = tmp / ("c" + std::to_string(k));
+        convert_merged(c.base, c.adapter, out, QuantMode::kNone, c.base_path, c.adapter_path, c.scale);
+        RankRuntime merged = build_from(out, QuantMode::kNone, false, c.base);
+        RankRuntime unmerged = build_from(lora_base_path(c.base), QuantMode::kNone, true, c.base);
         EngineClient m(*merged.engine, nullptr, true), u(*unmerged.engine, nullptr, true);
-        const LoraCases cases(base);
+        const LoraCases cases(c.base);
         for (size_t i = 0; i < cases.prompts.size(); ++i) {
             CAPTURE(i);
-            const std::vector<float> ref = cases.logits(adapter, i), ref_base = cases.logits("base", i);
-            const std::vector<float> got = m.score(cases.prompts[i]), run = u.score(cases.prompts[i], adapter);
+            const std::vector<float> ref = cases.logits(c.expect, i), ref_base = cases.logits("base", i);
+            const std::vector<float> got = m.score(cases.prompts[i]);
+            const std::vector<float> run = u.score(cases.prompts[i], c.expect == "base" ? "" : c.adapter);
             REQUIRE(got.size() == ref.size());
             const double err = rel_error(got.data(), ref.data(), ref.size());
-            MESSAGE(base << " + " << adapter << " merged, case " << i << ": rel err " << err);
+            MESSAGE(c.base << " + " << c.adapter << " merged (case " << k << "), prompt " << i << ": rel err " << err);
             CHECK(err < 1e-5);
             CHECK(rel_error(got.data(), run.data(), run.size()) < 1e-5);
-            CHECK(rel_error(got.data(), ref_base.data(), ref.size()) > 1e-2);  // the adapter is in it
+            if (c.expect != "base") CHECK(rel_error(got.data(), ref_base.data(), ref.size()) > 1e-2);  // it is in
         }
     }
 }
