@@ -72,14 +72,15 @@ void LoraMergedSource::read(const std::string& name, int64_t row0, int64_t rows,
     const LoraMatrix& m = *it->second.m;
     const int64_t r = adapter_->rank, in = ti.cols();
     std::vector<float> out(size_t(rows * cols));
-    std::vector<double> bs(static_cast<size_t>(r));
-    for (int64_t i = 0; i < rows; ++i) {
-        for (int64_t k = 0; k < r; ++k) bs[size_t(k)] = scale_ * double(m.b[size_t((row0 + i) * r + k)]);
-        for (int64_t j = 0; j < cols; ++j) {
-            double acc = double(w[size_t(i * nc + (col0 - c0) + j)]);
-            for (int64_t k = 0; k < r; ++k) acc += bs[size_t(k)] * double(m.a[size_t(k * in + col0 + j)]);
-            out[size_t(i * cols + j)] = float(acc);
+    std::vector<double> acc(static_cast<size_t>(cols));
+    for (int64_t i = 0; i < rows; ++i) {  // row by row, each rank-1 term over contiguous columns (vectorized)
+        for (int64_t j = 0; j < cols; ++j) acc[size_t(j)] = double(w[size_t(i * nc + (col0 - c0) + j)]);
+        for (int64_t k = 0; k < r; ++k) {
+            const double bk = scale_ * double(m.b[size_t((row0 + i) * r + k)]);
+            const float* a = m.a.data() + k * in + col0;
+            for (int64_t j = 0; j < cols; ++j) acc[size_t(j)] += bk * double(a[j]);
         }
+        for (int64_t j = 0; j < cols; ++j) out[size_t(i * cols + j)] = float(acc[size_t(j)]);
     }
     for (float v : out)
         LATTICE_CHECK(std::isfinite(v), "adapter '{}': merging into {} gives a non-finite value", adapter_->name, name);
