@@ -8,7 +8,8 @@
 // "overhead / floor" is the measured slow-down over that floor (1.0: the adapters cost exactly what they add).
 // Usage: bench_lora [--model FILE | --config NAME] [--threads N] [--seqs 8] [--prompt 64] [--decode 16]
 //                   [--rank 16] [--quant auto|none|w8a8|...] [--json FILE]
-// (default model: the built-in SmolLM2-135M Q4_1 when models/ has it, else random tinyllama-1.1b shapes.)
+// (default model: the built-in SmolLM2-135M Q4_1 when models/ has it and no --config is given, else random
+// weights of the --config shape, tinyllama-1.1b by default.)
 #include "benchmarks/bench_common.h"
 
 #include "runtime/builder/build.h"
@@ -64,7 +65,7 @@ int main(int argc, char** argv) {
     std::string preset = "tinyllama-1.1b", quant = "auto", json, model_path;
     int threads = 0;
     int64_t seqs = 8, prompt = 64, decode = 16, rank = 16;
-    app.add_option("--config", preset);
+    auto* config_opt = app.add_option("--config", preset);
     app.add_option("--model", model_path);
     app.add_option("--threads", threads);
     app.add_option("--seqs", seqs);
@@ -75,7 +76,7 @@ int main(int argc, char** argv) {
     app.add_option("--json", json);
     CLI11_PARSE(app, argc, argv);
     const std::string builtin = std::string(LATTICE_SOURCE_DIR_BENCH) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-    if (model_path.empty() && std::filesystem::exists(builtin)) model_path = builtin;
+    if (model_path.empty() && config_opt->count() == 0 && std::filesystem::exists(builtin)) model_path = builtin;
     const std::string dir = (std::filesystem::temp_directory_path() / fmt::format("lattice_bench_lora_{}", getpid())).string();
     try {
         std::unique_ptr<TensorSource> src = model_path.empty() ? make_random_source(preset_config(preset), 42)

@@ -379,10 +379,6 @@ private:
         for (const std::vector<int32_t>& q : call.request.prompts) r.prompt_tokens += int64_t(q.size());
         r.request = std::move(call.request);
         if (openai::scores_prompt(r.request) || (r.request.echo && r.request.client.max_tokens == 0)) {
-            if (model_.is_adapter(r.request.model))  // as serve's engine loop answers it
-                return record_refusal(
-                    r, openai::Refusal{400, "prompt logprobs (echo, prompt_logprobs) are not supported with a LoRA adapter",
-                                       "", ""});
             scoring_.push_back(std::move(r));
             return;
         }
@@ -413,7 +409,8 @@ private:
         const openai::ApiRequest& q = r.request;
         const Tokenizer* tok = client_.tokenizer();
         for (size_t i = 0; i < q.prompts.size(); ++i) {
-            PromptLogprobs lp = client_.prompt_logprobs(q.prompts[i], std::max(q.logprobs, q.prompt_logprobs));
+            PromptLogprobs lp = client_.prompt_logprobs(q.prompts[i], std::max(q.logprobs, q.prompt_logprobs),
+                                                        model_.is_adapter(q.model) ? q.model : "");
             openai::Delta d;
             d.echo = true;
             d.text = tok ? tok->decode(q.prompts[i]) : "";

@@ -1,10 +1,12 @@
 // `lattice convert --model M --out DIR --tp N --pp M --quant none|w8a16|w8a8|w4a16|w4a8|auto [--quant-head]
 //                 [--kv-cache-dtype D] (the folder's default KV cache, in the manifest)
-// [--smooth FILE] [--pp-layers a,b,..] [--progress auto|bar|lines|none]`: a pre-sharded checkpoint,
+// [--smooth FILE] [--pp-layers a,b,..] [--progress auto|bar|lines|none] [--lora [NAME=]PATH [--lora-scale S]]`:
+// a pre-sharded checkpoint,
 // one file per rank, already quantized (runtime/converter/convert.h). Under mpirun the ranks convert in
 // parallel (rank r writes files r, r + W, ...); any number of ranks works, one included.
 // Progress (rank 0): a bar with bytes, rate and ETA on a terminal, a line every 5 s and per file
-// otherwise. The last line gives the folder, sizes, time and the peak resident memory (VmHWM).
+// otherwise. --lora merges one adapter into the weights before they are sharded and quantized
+// (runtime/converter/lora_merge.h). The last line gives the folder, sizes, time and the peak resident memory (VmHWM).
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -27,8 +29,9 @@ namespace lattice {
 namespace {
 
 struct ConvertArgs {
-    std::string model, out, quant = "auto", smooth, pp_layers, progress = "auto", kv_cache_dtype = "auto";
+    std::string model, out, quant = "auto", smooth, pp_layers, progress = "auto", kv_cache_dtype = "auto", lora;
     int tp = 1, pp = 1;
+    double lora_scale = 1.0;
     bool quant_head = false;
     double comm_timeout = 600;
 };
@@ -94,6 +97,12 @@ int run_convert(const ConvertArgs& args) {
     o.smooth_path = args.smooth;
     o.source_path = args.model;
     o.writer = "lattice 0.1.0";
+    if (!args.lora.empty()) {
+        const auto [name, path] = parse_lora_flag(args.lora);
+        o.lora_name = name;
+        o.lora_path = path;
+        o.lora_scale = args.lora_scale;
+    }
     ModelSpec spec;
     spec.path = args.model;
     std::unique_ptr<TensorSource> src = open_spec(spec);
@@ -108,9 +117,10 @@ int run_convert(const ConvertArgs& args) {
     o.on_progress = [&bar](const ConvertProgress& p) { bar.update(p); };
     install_drain_handlers();  // SIGTERM / SIGINT / SIGUSR1 stop it cleanly: no partial folder is left
     o.interrupted = [] { return drain_requested() != 0; };
-    LOG_INFO("convert: {} -> {} (tp {} x pp {}, quant {}{}{}) on {} process(es)", src->describe(), args.out, args.tp,
-             args.pp, quant_mode_name(o.quant), o.quant_head ? ", int8 head" : "",
-             args.smooth.empty() ? "" : ", smoothed", ctx.world.world);
+    LOG_INFO("convert: {} -> {} (tp {} x pp {}, quant {}{}{}{}) on {} process(es)", src->describe(), args.out,
+             args.tp, args.pp, quant_mode_name(o.quant), o.quant_head ? ", int8 head" : "",
+             args.smooth.empty() ? "" : ", smoothed", o.lora_path.empty() ? "" : ", LoRA " + o.lora_path + " merged",
+             ctx.world.world);
     ConvertResult r = convert_checkpoint(*src, o, *ctx.world_comm);
     bar.end();
     if (ctx.world.rank == 0) {
@@ -143,6 +153,11 @@ void add_convert_command(CLI::App& app, CommandRun& run) {
         ->check(CLI::IsMember({"auto", "f32", "f16", "bf16", "int8"}))
         ->capture_default_str();
     cmd->add_option("--smooth", args->smooth, "SmoothQuant factors (lattice calibrate) to fold into the weights");
+    cmd->add_option("--lora", args->lora,
+                    "[NAME=]PATH: a LoRA adapter (PEFT folder or GGUF LoRA file) merged into the weights (W + s B A, "
+                    "before quantization)");
+    cmd->add_option("--lora-scale", args->lora_scale, "Multiplies the adapter's scale (lora_alpha / r) when merged")
+        ->check(real_range(-1e6, 1e6));
     cmd->add_option("--progress", args->progress, "auto (a bar on a terminal, lines otherwise) | bar | lines | none")
         ->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
     cmd->add_option("--comm-timeout", args->comm_timeout, "Seconds a rank waits for the others (under mpirun)")
@@ -150,6 +165,7 @@ void add_convert_command(CLI::App& app, CommandRun& run) {
     cmd->footer(R"(Examples:
   lattice convert --model models/SmolLM2-135M-Instruct.Q4_1.gguf --out conv/ --tp 3 --quant w8a8
   mpirun -np 3 --oversubscribe lattice convert --model /models/llama-2-7b --out conv7b/ --tp 3
+  lattice convert --model /models/llama-2-7b --lora /adapters/sql-lora --out conv7b-sql/ --quant w8a8
   lattice verify conv/)");
     cmd->callback([&run, args] { run = [args] { return run_convert(*args); }; });
 }

@@ -1,6 +1,7 @@
 // `lattice score`: float32 logits of every prompt position written as tensor `logits` [T, vocab]
 // of a safetensors file, written atomically; --out must be absent or a regular file (a symlink,
-// FIFO or device is refused), and a previous file there is removed when the run starts.
+// FIFO or device is refused), and a previous file there is removed when the run starts. With one --lora
+// the logits are the adapter's.
 #include "launch/cli.h"
 #include "launch/cli_common.h"
 
@@ -24,6 +25,7 @@ void add_score_command(CLI::App& app, CommandRun& run) {
     cmd->footer(R"(Examples:
   lattice score --prompt-ids 1,2,3 --out logits.safetensors            # the built-in model
   lattice score --model /models/llama-2-7b --prompt-ids 1,450,4996 --out l7b.safetensors
+  lattice score --model /models/llama-2-7b --lora /adapters/sql-lora --prompt-ids 1,450,4996 --out sql.safetensors
   mpirun -np 3 --oversubscribe lattice score --tp 3 --threads 1 --prompt-ids 1,2,3 --out logits.safetensors)");
     cmd->callback([&run, args] {
         run = [args] {
@@ -33,7 +35,7 @@ void add_score_command(CLI::App& app, CommandRun& run) {
             prepare_output_file(args->out, "--out", {args->model.model, args->model.smooth});
             RankRuntime rt = load_model(args->model);
             EngineClient client(*rt.engine, nullptr);
-            const std::vector<float> logits = client.score(prompt);
+            const std::vector<float> logits = client.score(prompt, args->model.run_lora("score"));
             if (rt.world.rank == 0) {
                 const int64_t T = int64_t(prompt.size()), V = rt.model->config().vocab;
                 write_safetensors(args->out, {{"logits", DType::kF32, {T, V}, logits.data()}});

@@ -55,14 +55,11 @@ void EngineLoop::take(const Inbox::Item& it) {
         return;
     }
     if (client_.draining()) return refuse(t, 503, "the server is shutting down and takes no new requests");
-    if (client_.scheduler().waiting() >= opt_.max_queue)
-        return refuse(
-            t, 503,
-            fmt::format("too many requests are waiting ({}, --max-queue); retry later", client_.scheduler().waiting()));
+    const int64_t waiting = client_.scheduler().waiting() + client_.lora_waiting();  // (for a LoRA slot too)
+    if (waiting >= opt_.max_queue)
+        return refuse(t, 503, fmt::format("too many requests are waiting ({}, --max-queue); retry later", waiting));
     const openai::ApiRequest& r = t.request;
     const bool scored = openai::scores_prompt(r) || (r.echo && r.client.max_tokens == 0);
-    if (scored && !r.model.empty() && client_.is_leader() && client_.loras().has(r.model))
-        return refuse(t, 400, "prompt logprobs (echo, prompt_logprobs) are not supported with a LoRA adapter");
     if (scored) {  // the prompts scored when idle
         scores_.push_back(it.ticket);
         return;
@@ -104,10 +101,11 @@ void EngineLoop::score(const std::shared_ptr<Ticket>& tp) {
     const bool only = r.client.max_tokens == 0;
     int64_t prompt_tokens = 0;
     std::vector<openai::Delta> choices;
+    const std::string lora = !r.model.empty() && client_.loras().has(r.model) ? r.model : "";  // scored with it
     try {
         for (size_t p = 0; p < r.prompts.size(); ++p) {
             const std::vector<int32_t>& ids = r.prompts[p];
-            PromptLogprobs lp = client_.prompt_logprobs(ids, std::max(r.logprobs, r.prompt_logprobs));
+            PromptLogprobs lp = client_.prompt_logprobs(ids, std::max(r.logprobs, r.prompt_logprobs), lora);
             openai::Delta d;
             d.echo = true;
             d.text = tok ? tok->decode(ids) : "";

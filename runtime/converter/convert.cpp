@@ -18,6 +18,7 @@
 #include "base/log.h"
 #include "parallel/world_config.h"
 #include "runtime/arch/architecture.h"
+#include "runtime/converter/lora_merge.h"
 #include "runtime/model/rank_weights.h"
 #include "runtime/weights/gguf.h"
 #include "runtime/weights/gguf_writer.h"
@@ -176,9 +177,26 @@ void remove_stale_partials(const fs::path& parent, const std::string& name) {
     }
 }
 
+ConvertResult convert_source(const TensorSource& src, const ConvertOptions& opt, Communicator& world);
+
 }  // namespace
 
 ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& opt, Communicator& world) {
+    LATTICE_CHECK(src.prepared() == nullptr, "{} is already a converted checkpoint", src.describe());
+    if (opt.lora_path.empty()) return convert_source(src, opt, world);
+    fs::path p = fs::path(opt.lora_path).lexically_normal();
+    if (p.filename().empty()) p = p.parent_path();
+    const std::string name = !opt.lora_name.empty() ? opt.lora_name : p.filename().empty() ? opt.lora_path
+                                                                                           : p.filename().string();
+    const LoraMergedSource merged(src, name, opt.lora_path, opt.lora_scale);
+    LOG_INFO("convert: merging adapter '{}' (rank {}, {} tensors) at scale {:g}", merged.adapter().name,
+             merged.adapter().rank, merged.merged_tensors(), merged.scale());
+    return convert_source(merged, opt, world);
+}
+
+namespace {
+
+ConvertResult convert_source(const TensorSource& src, const ConvertOptions& opt, Communicator& world) {
     const auto t0 = SteadyClock::now();
     const ModelConfig& cfg = src.config();
     LATTICE_CHECK(src.prepared() == nullptr, "{} is already a converted checkpoint", src.describe());
@@ -366,5 +384,7 @@ ConvertResult convert_checkpoint(const TensorSource& src, const ConvertOptions& 
     result.seconds = seconds_since(t0);
     return result;
 }
+
+}  // namespace
 
 }  // namespace lattice

@@ -6,7 +6,8 @@
 // source's own groups where the rank reads it in 4 bits (GGUF Q4 blocks, AWQ / GPTQ), else quantized by the
 // backends' own function (kernels/common/int4_quantize.h), the LM head int8 unless the source's is 4-bit;
 // plus manifest.json (runtime/weights/manifest.h) and the tokenizer files (copied from a
-// HF folder; a GGUF's vocabulary as a metadata-only tokenizer.gguf).
+// HF folder; a GGUF's vocabulary as a metadata-only tokenizer.gguf). With a LoRA adapter (lora_path) the
+// weights are the base's with the adapter merged in (W + s B A in float64, before anything else).
 //
 // Streaming: one tensor at a time is read, quantized, written and hashed, and the source's file
 // pages are released after each, so peak memory stays near the largest fused tensor (a few times
@@ -49,6 +50,11 @@ struct ConvertOptions {
     std::string kv_cache_dtype = "auto";  // the manifest's default KV cache for runs (--kv-cache-dtype)
     std::string smooth_path;  // SmoothQuant factors to fold in ("" none)
     std::string source_path;  // where the tokenizer files are: HF folder or .gguf ("" none)
+    // A LoRA adapter (PEFT folder or GGUF LoRA file) merged into the weights before they are sharded,
+    // folded and quantized (runtime/converter/lora_merge.h); "" none. Its name is lora_name (the path's
+    // last component when empty); its scale times lora_scale.
+    std::string lora_path, lora_name;
+    double lora_scale = 1.0;
     std::string writer = "lattice";
     // Called by each rank after every tensor it wrote (tests use it to interrupt a conversion).
     std::function<void(const ConvertProgress&)> on_progress;

@@ -139,20 +139,63 @@ int64_t EngineClient::submit(std::vector<ClientRequest> choices, int64_t sibling
         q.stops.push_back(std::move(c.stop));
     }
     for (int64_t i = 0; i < n; i += siblings) q.prompt_total += q.prompt_tokens[size_t(i)];
-    if (!choices[0].lora.empty()) {  // held until the request's last choice ends (ended())
+    if (!choices[0].lora.empty())
         for (const ClientRequest& c : choices)
             LATTICE_CHECK(c.lora == choices[0].lora, "the choices of one request name different adapters");
-        const LoraRegistry::Ref ref = engine_.loras().acquire(choices[0].lora);
-        q.lora = ref.slot;
-        for (EngineRequest& e : q.later) {
-            e.lora = ref.slot;
-            e.lora_key = ref.key;
-        }
-    }
     const int64_t id = next_request_++;
     requests_.emplace(id, std::move(q));
-    for (int64_t i = 0; i < n; i += siblings) start(id, i);
+    if (choices[0].lora.empty()) {
+        for (int64_t i = 0; i < n; i += siblings) start(id, i);
+        return id;
+    }
+    // Held until the request's last choice ends (ended()); with every slot held, or older requests waiting
+    // for one, it waits (unknown adapters are refused here, before anything changed).
+    LoraRegistry& reg = engine_.loras();
+    const bool queue = !lora_waiting_.empty() && !reg.is_resident(choices[0].lora);
+    try {
+        if (queue) LATTICE_CHECK(reg.has(choices[0].lora), "the model '{}' does not exist", choices[0].lora);
+        if (!queue && hold_lora(id, choices[0].lora)) return id;
+    } catch (const Error&) {
+        requests_.erase(id);
+        throw;
+    }
+    requests_.at(id).lora_wait = choices[0].lora;
+    lora_waiting_.push_back(id);
     return id;
+}
+
+bool EngineClient::hold_lora(int64_t request, const std::string& name) {
+    const std::optional<LoraRegistry::Ref> ref = engine_.loras().try_acquire(name);
+    if (!ref) return false;
+    Request& q = requests_.at(request);
+    q.lora = ref->slot;
+    q.lora_wait.clear();
+    for (EngineRequest& e : q.later) {
+        e.lora = ref->slot;
+        e.lora_key = ref->key;
+    }
+    for (int64_t i = 0; i < int64_t(q.later.size()); i += q.siblings) start(request, i);
+    return true;
+}
+
+void EngineClient::admit_lora_waiting() {
+    while (!lora_waiting_.empty()) {
+        const int64_t id = lora_waiting_.front();
+        const auto it = requests_.find(id);
+        if (it == requests_.end() || it->second.lora_wait.empty()) {  // cancelled or drained while waiting
+            lora_waiting_.pop_front();
+            continue;
+        }
+        bool held = false;
+        try {
+            held = hold_lora(id, it->second.lora_wait);
+        } catch (const Error&) {  // unloaded while it waited
+            held = true;
+            end_request(id, false);
+        }
+        if (!held) return;  // the slots are still held: it stays first
+        lora_waiting_.pop_front();
+    }
 }
 
 void EngineClient::start(int64_t request, int64_t index) {
@@ -228,10 +271,11 @@ void EngineClient::cut_by_drain() {
     for (int64_t id : ids) end_request(id, true);
 }
 
-bool EngineClient::busy() const { return !pending_.empty() || engine_.busy(); }
+bool EngineClient::busy() const { return !pending_.empty() || !lora_waiting_.empty() || engine_.busy(); }
 
 std::vector<ClientEvent> EngineClient::poll() {
     if (draining_ && !requests_.empty() && SteadyClock::now() >= drain_deadline_) cut_by_drain();
+    admit_lora_waiting();
     std::vector<ClientEvent> out = std::exchange(pending_, {});
     for (const TokenEvent& ev : engine_.step()) {
         auto it = live_.find(ev.id);
@@ -257,8 +301,9 @@ std::vector<ClientEvent> EngineClient::poll() {
     return out;
 }
 
-PromptLogprobs EngineClient::prompt_logprobs(const std::vector<int32_t>& prompt, int32_t top_k) {
-    const std::vector<float> logits = score(prompt);
+PromptLogprobs EngineClient::prompt_logprobs(const std::vector<int32_t>& prompt, int32_t top_k,
+                                             const std::string& lora) {
+    const std::vector<float> logits = score(prompt, lora);
     const int64_t V = int64_t(logits.size() / prompt.size());
     PromptLogprobs out;
     out.logprobs.push_back(std::nanf(""));  // the first token has no context

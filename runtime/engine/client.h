@@ -25,6 +25,12 @@
 // finish reason and usage; the request's very last event is marked last_of_request and carries the
 // request's usage (every prompt once, every choice's output). Every choice is checked before any
 // runs, so a refused request leaves nothing behind; a cancel or a drain ends every choice.
+// LoRA: a request names an adapter (ClientRequest::lora) and holds one of the --max-loras slots from its
+// start to its last choice's end. When every slot is held by running requests, it waits, in arrival
+// order, until a request's end frees a slot (vLLM's LoRA-waiting queue): poll() admits the first waiting
+// request whenever its adapter can be made resident, and so the next; a request whose adapter is resident
+// starts at once unless older requests wait for a slot and its adapter is not resident. A waiting request
+// whose adapter is unloaded before it starts ends as cancelled.
 // Ranks: the leader (world rank 0) submits and polls; the other ranks follow(). run() is the
 // every-rank form (generate, chat, the benchmarks): every rank calls it, the leader gets the outputs,
 // every rank the run's statistics.
@@ -32,6 +38,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -156,6 +163,9 @@ public:
     void drain(double seconds);
     bool draining() const { return draining_; }
     int64_t active() const { return int64_t(requests_.size()); }  // requests not yet ended
+    // Requests waiting for a LoRA slot (not yet in the scheduler; one cancelled while waiting counts until
+    // the queue reaches it).
+    int64_t lora_waiting() const { return int64_t(lora_waiting_.size()); }
     const Scheduler& scheduler() const { return engine_.scheduler(); }
     LoraRegistry& loras() { return engine_.loras(); }  // the adapters on offer (leader)
     void shutdown() { engine_.shutdown(); }
@@ -181,8 +191,8 @@ public:
     std::vector<GenerateResult> generate_batch(const std::vector<GenerateRequest>& reqs,
                                                const TokenCallback& on_token = {}, GenerateStats* total = nullptr);
     GenerateResult generate(const GenerateRequest& req, const std::function<void(int32_t)>& on_token = {});
-    // The prompt's logprobs from score() (echo of OpenAI's completions).
-    PromptLogprobs prompt_logprobs(const std::vector<int32_t>& prompt, int32_t top_k);
+    // The prompt's logprobs from score() (echo of OpenAI's completions), under adapter `lora` ("" the base).
+    PromptLogprobs prompt_logprobs(const std::vector<int32_t>& prompt, int32_t top_k, const std::string& lora = "");
 
 private:
     struct Choice {  // one sequence of a request, running in the engine
@@ -196,9 +206,12 @@ private:
         std::vector<int64_t> engine_ids, prompt_tokens;
         int64_t siblings = 1, open = 0, prompt_total = 0, completion_total = 0, cached_total = 0;
         int32_t lora = 0;  // the LoRA slot it holds (released with its last choice)
+        std::string lora_wait;  // the adapter it waits for a slot of (not started yet), "" none
     };
     EngineRequest engine_request(ClientRequest& r);
     void start(int64_t request, int64_t index);  // the choice into the engine
+    bool hold_lora(int64_t request, const std::string& name);  // a slot for it, then its first choices start
+    void admit_lora_waiting();                                 // the waiting requests a freed slot lets start
     ClientEvent ended(ClientEvent e);            // a choice's last event: the request's accounting
     void end_request(int64_t request, bool drained);
     void cut_by_drain();
@@ -212,6 +225,7 @@ private:
     std::shared_ptr<const TokenVocab> vocab_;  // built on the first structured-output request
     std::map<int64_t, Choice> live_;           // by engine id
     std::map<int64_t, Request> requests_;      // by request id
+    std::deque<int64_t> lora_waiting_;         // requests waiting for a LoRA slot, oldest first
     int64_t next_request_ = 0;
     std::vector<ClientEvent> pending_;  // cancels' last events, for the next poll
     bool draining_ = false;

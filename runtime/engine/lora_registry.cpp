@@ -53,6 +53,18 @@ void LoraRegistry::evict(int32_t slot) {
 }
 
 LoraRegistry::Ref LoraRegistry::acquire(const std::string& name) {
+    const std::optional<Ref> r = try_acquire(name);
+    LATTICE_CHECK(r.has_value(), "adapter '{}': all {} LoRA slots (--max-loras) are held by running requests", name,
+                  slots_.size());
+    return *r;
+}
+
+bool LoraRegistry::is_resident(const std::string& name) const {
+    const auto it = entries_.find(name);
+    return it != entries_.end() && !it->second.removed && it->second.slot != 0;
+}
+
+std::optional<LoraRegistry::Ref> LoraRegistry::try_acquire(const std::string& name) {
     const auto it = entries_.find(name);
     LATTICE_CHECK(it != entries_.end() && !it->second.removed, "the model '{}' does not exist", name);
     Entry& e = it->second;
@@ -67,8 +79,7 @@ LoraRegistry::Ref LoraRegistry::acquire(const std::string& name) {
                 const Entry& r = entries_.at(slots_[i]);
                 if (r.info.active == 0 && r.last_used < oldest) oldest = r.last_used, victim = int32_t(i + 1);
             }
-            LATTICE_CHECK(victim != 0, "adapter '{}': all {} LoRA slots (--max-loras) are held by running requests",
-                          name, slots_.size());
+            if (victim == 0) return std::nullopt;
             evict(victim);
             slot = victim;
         }

@@ -8,11 +8,13 @@
 // file before the first forward that uses it. Each load gets a key never used before (EngineRequest::
 // lora_key): the prefix cache keys on it, so K/V of an evicted adapter are never found under its
 // successor in the same slot. remove() unregisters; a resident adapter leaves its slot once no
-// request holds it. Not thread-safe: the leader's engine thread owns it.
+// request holds it. When every slot is held by running requests, try_acquire() says so (the engine
+// client queues the request until a release frees one). Not thread-safe: the leader's engine thread owns it.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +52,11 @@ public:
         uint64_t key = 0;
     };
     Ref acquire(const std::string& name);
+    // acquire(), but nothing (and nothing changed) when every slot is held by running requests; an Error for
+    // an unknown name.
+    std::optional<Ref> try_acquire(const std::string& name);
+    // Resident now (a request for it acquires without waiting for a slot).
+    bool is_resident(const std::string& name) const;
     // Gives back one hold of the adapter in `slot` (0: nothing), counting `tokens` to it.
     void release(int32_t slot, int64_t tokens = 0);
     // The loads and removals the next plan carries (and forgets them).

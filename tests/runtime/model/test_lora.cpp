@@ -3,7 +3,8 @@
 // computed in float64 by NumPy (tests/runtime/model/lora/make_lora_fixtures.py), within 1e-5; the GGUF twin
 // of one equals it; a mixed batch of 32 sequences (base and three adapters interleaved) gives each sequence
 // the tokens it gets alone; the prefix cache never hands one adapter's K/V to another; with one slot the
-// adapters take turns (LRU); bad adapters are refused at load with a message naming the fault while the
+// adapters take turns (LRU), and a request for another adapter while the slot is held waits for it; prompt
+// logprobs under an adapter are its generate-side logprobs; bad adapters are refused at load with a message naming the fault while the
 // others keep serving.
 #include <doctest/doctest.h>
 
@@ -142,6 +143,86 @@ TEST_CASE("LoRA: the prefix cache keys on the adapter; one slot serves three ada
         const std::vector<float> got = client.score(cases.prompts[0], a);
         CHECK(rel_error(got.data(), ref.data(), ref.size()) < 1e-5);
         CHECK(rt.engine->loras().resident() == 1);
+    }
+}
+
+TEST_CASE("LoRA: with every slot held, a request for another adapter waits for one, then runs with it") {
+    // --max-loras 1: a4 holds the slot while its request runs; c8's request waits (queued, not refused) and
+    // starts only after a4's last token, with c8; the base's request needs no slot and runs beside a4's.
+    RankRuntime rt = build_base("tiny-llama2", 1);
+    add_fixture_adapters(*rt.engine, "tiny-llama2");
+    EngineClient client(*rt.engine, nullptr, true);
+    const std::vector<std::string> who = {"a4", "c8", ""};
+    std::vector<ClientRequest> reqs;
+    for (size_t i = 0; i < who.size(); ++i) {
+        ClientRequest r;
+        r.prompt = random_ids(5, 320, uint32_t(300 + i));
+        r.max_tokens = 6;
+        r.ignore_eos = true;
+        r.lora = who[i];
+        reqs.push_back(r);
+    }
+    std::vector<std::pair<size_t, bool>> order;  // (request, its last event) as they came
+    const std::vector<ClientOutput> out = client.run(reqs, [&order](size_t i, const ClientEvent& ev) {
+        order.emplace_back(i, ev.finish != FinishReason::kNone);
+        return true;
+    });
+    const auto at = [&order](size_t req, bool last) {
+        return size_t(std::find(order.begin(), order.end(), std::pair{req, last}) - order.begin());
+    };
+    REQUIRE(at(0, true) < order.size());
+    CHECK(at(1, false) > at(0, true));  // c8's first event after a4's last
+    CHECK(at(2, false) < at(0, true));  // the base did not wait
+    for (size_t i = 0; i < who.size(); ++i) {
+        CAPTURE(i);
+        CHECK(out[i].finish == FinishReason::kLength);
+        CHECK(out[i].tokens == greedy(client, reqs[i].prompt, who[i], 6));
+        if (i < 2) CHECK(out[i].tokens != greedy(client, reqs[i].prompt, "", 6));
+    }
+    // A waiting request can be cancelled: it ends with no token and never takes the slot.
+    const int64_t a = client.submit(reqs[0]), c = client.submit(reqs[1]);
+    std::vector<ClientEvent> events = client.poll();
+    client.cancel(c);
+    while (client.busy())
+        for (ClientEvent& e : client.poll()) events.push_back(e);
+    size_t a_tokens = 0, c_events = 0;
+    for (const ClientEvent& e : events) {
+        a_tokens += e.id == a && e.token >= 0;
+        if (e.id != c) continue;
+        ++c_events;
+        CHECK(e.token < 0);
+        CHECK(e.finish == FinishReason::kCancelled);
+    }
+    CHECK(a_tokens == 6);
+    CHECK(c_events == 1);
+    for (const LoraInfo& i : rt.engine->loras().list()) CHECK(i.active == 0);
+}
+
+TEST_CASE("LoRA: prompt logprobs under an adapter equal the adapter's own generate-side logprobs") {
+    // Echo / prompt_logprobs / `lattice score --lora` score with the adapter: the logprob of each generated token,
+    // scored as part of prompt + output, is the one generation reported for it (and not the base's).
+    RankRuntime rt = build_base("tiny-llama2", 1);
+    add_fixture_adapters(*rt.engine, "tiny-llama2");
+    EngineClient client(*rt.engine, nullptr, true);
+    for (const std::string a : {"a4", "b16", "c8"}) {
+        CAPTURE(a);
+        ClientRequest r;
+        r.prompt = random_ids(5, 320, 400);
+        r.max_tokens = 6;
+        r.ignore_eos = true;
+        r.lora = a;
+        const ClientOutput gen = client.run({r})[0];
+        std::vector<int32_t> all = r.prompt;
+        all.insert(all.end(), gen.tokens.begin(), gen.tokens.end());
+        const PromptLogprobs lp = client.prompt_logprobs(all, 0, a), base = client.prompt_logprobs(all, 0);
+        REQUIRE(gen.logprobs.size() == 6);
+        double moved = 0;
+        for (size_t i = 0; i < gen.tokens.size(); ++i) {
+            CAPTURE(i);
+            CHECK(std::abs(lp.logprobs[r.prompt.size() + i] - gen.logprobs[i]) < 1e-4);
+            moved = std::max(moved, double(std::abs(base.logprobs[r.prompt.size() + i] - gen.logprobs[i])));
+        }
+        CHECK(moved > 1e-2);  // the base scores them otherwise
     }
 }
 
