@@ -134,12 +134,21 @@ void ThreadPool::run_op(const std::function<void(int)>& body, bool all) {
     active_.fetch_and(~kClosed, std::memory_order_acq_rel);
     generation_.fetch_add(1, std::memory_order_acq_rel);
     generation_.notify_all();
-    body(0);
-    if (all) spin_then_wait(pending_, [&] { return pending_.load(std::memory_order_acquire) == 0; });
-    // Close, then wait for the workers inside (running a piece they claimed) to leave.
-    active_.fetch_or(kClosed, std::memory_order_acq_rel);
-    spin_then_wait(active_, [&] { return active_.load(std::memory_order_acquire) == kClosed; });
-    task_ = nullptr;
+    // Close, then wait for the workers inside (running a piece they claimed) to leave; also when the caller's
+    // part throws, so that no worker is left reading the caller's frame.
+    auto finish = [&] {
+        if (all) spin_then_wait(pending_, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+        active_.fetch_or(kClosed, std::memory_order_acq_rel);
+        spin_then_wait(active_, [&] { return active_.load(std::memory_order_acquire) == kClosed; });
+        task_ = nullptr;
+    };
+    try {
+        body(0);
+    } catch (...) {
+        finish();
+        throw;
+    }
+    finish();
 }
 
 void ThreadPool::run_on_all(const std::function<void(int)>& fn) {

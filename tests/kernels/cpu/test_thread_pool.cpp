@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <stdexcept>
 #include <vector>
 
 using namespace lattice;
@@ -100,4 +101,20 @@ TEST_CASE("ops back to back on more threads than cores: late workers join a late
     }
     for (auto& r : ran) CHECK(r.load() == 100);
     CHECK(caller_pieces >= 200);  // the caller claims first: at least one piece of every op
+}
+
+TEST_CASE("a piece that throws on the caller: the op ends (no worker left in it) and the pool keeps working") {
+    ThreadPool pool(2, false);
+    for (int rep = 0; rep < 50; ++rep) {
+        CHECK_THROWS_AS(pool.parallel_chunks(64, 4,
+                                             [&](int64_t, int64_t, int t) {  // the caller claims first
+                                                 if (t == 0) throw std::runtime_error("piece failed");
+                                             }),
+                        std::runtime_error);
+        std::vector<int> hits(64, 0);
+        pool.parallel_for(64, [&](int64_t lo, int64_t hi, int) {
+            for (int64_t i = lo; i < hi; ++i) ++hits[size_t(i)];
+        });
+        CHECK(std::count(hits.begin(), hits.end(), 1) == 64);
+    }
 }
