@@ -7,6 +7,7 @@
 #include "launch/cli.h"
 #include "launch/cli_common.h"
 
+#include "base/error.h"
 #include "base/file.h"
 #include "parallel/plan_model.h"
 #include "runtime/arch/config.h"
@@ -45,11 +46,16 @@ ModelDims load_dims(const std::string& m) {
 }
 
 // A checkpoint's 4-bit bytes per weight (PlanRequest::int4_bytes; a K-quant GGUF on the CPU's W4A8 keeps its
-// super-blocks), 0 for a preset or a config.json (the group form).
+// super-blocks), 0 (the group form) for a preset, a config.json, or a checkpoint a 4-bit load would refuse
+// (a folder converted for another quantization: the plan still shows what the shape would need).
 double checkpoint_int4_bytes(const std::string& m, bool cpu_kquant) {
     namespace fs = std::filesystem;
     if (!fs::exists(m) || (fs::is_regular_file(m) && fs::path(m).extension() == ".json")) return 0;
-    return int4_bytes_per_weight(*open_model(m), cpu_kquant);
+    try {
+        return int4_bytes_per_weight(*open_model(m), cpu_kquant);
+    } catch (const Error&) {
+        return 0;
+    }
 }
 
 std::string experts_note(const ModelDims& d) {
