@@ -7,9 +7,11 @@
 #include "launch/cli.h"
 #include "launch/cli_common.h"
 
+#include "base/error.h"
 #include "base/file.h"
 #include "parallel/plan_model.h"
 #include "runtime/arch/config.h"
+#include "runtime/builder/estimate.h"
 #include "runtime/weights/tensor_source.h"
 
 #include <fmt/format.h>
@@ -41,6 +43,19 @@ ModelDims load_dims(const std::string& m) {
     }
     if (fs::is_regular_file(m) && fs::path(m).extension() == ".json") return load_hf_config(m).dims();
     return open_model(m)->config().dims();
+}
+
+// A checkpoint's 4-bit bytes per weight (PlanRequest::int4_bytes; a K-quant GGUF on the CPU's W4A8 keeps its
+// super-blocks), 0 (the group form) for a preset, a config.json, or a checkpoint a 4-bit load would refuse
+// (a folder converted for another quantization: the plan still shows what the shape would need).
+double checkpoint_int4_bytes(const std::string& m, bool cpu_kquant) {
+    namespace fs = std::filesystem;
+    if (!fs::exists(m) || (fs::is_regular_file(m) && fs::path(m).extension() == ".json")) return 0;
+    try {
+        return int4_bytes_per_weight(*open_model(m), cpu_kquant);
+    } catch (const Error&) {
+        return 0;
+    }
 }
 
 std::string experts_note(const ModelDims& d) {
@@ -102,6 +117,8 @@ PlanRequest plan_request(const PlanArgs& args) {
                   args.nodes);
     r.quant = device_plan_quant(args.quant, r.device.cpu);
     r.quant_head = args.quant_head;
+    if (r.quant == PlanQuant::kW4A8 || r.quant == PlanQuant::kW4A16)
+        r.int4_bytes = checkpoint_int4_bytes(args.model, r.device.cpu && r.quant == PlanQuant::kW4A8);
     r.batch = args.batch;
     r.context = args.context;
     r.prompt = std::min(args.prompt, args.context);

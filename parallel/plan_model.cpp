@@ -268,8 +268,6 @@ bool int8_weights(PlanQuant q) { return q == PlanQuant::kW8A8 || q == PlanQuant:
 bool int4_weights(PlanQuant q) { return q == PlanQuant::kW4A8 || q == PlanQuant::kW4A16; }
 // int8 x int8 products (W8A8, W4A8) run at the int8 rate, the rest at the float rate.
 bool int8_products(PlanQuant q) { return q == PlanQuant::kW8A8 || q == PlanQuant::kW4A8; }
-// 4-bit weights: 16 bytes of nibbles, an f16 scale and an f16 minimum per 32 (kernels/cpu/int4_gemm.h).
-constexpr double kInt4BytesPerWeight = 20.0 / 32.0;
 
 // Bytes per element of activations and KV cache: CPU f32, GPU fp16/bf16.
 double act_bytes(const PlanRequest& r) { return r.device.cpu ? 4.0 : 2.0; }
@@ -279,7 +277,7 @@ double kv_bytes(const PlanRequest& r) { return r.kv_bytes > 0 ? r.kv_bytes : act
 double float_weight_bytes(const PlanRequest& r) { return r.quant == PlanQuant::kF32 ? 4.0 : 2.0; }
 
 double linear_bytes(const PlanRequest& r, double params, double rows_hint) {
-    if (int4_weights(r.quant)) return params * kInt4BytesPerWeight;
+    if (int4_weights(r.quant)) return params * (r.int4_bytes > 0 ? r.int4_bytes : kInt4GroupBytesPerWeight);
     return int8_weights(r.quant) ? params + 8.0 * rows_hint : params * float_weight_bytes(r);
 }
 

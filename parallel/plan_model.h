@@ -83,7 +83,8 @@ const LinkSpec& find_link(const std::string& name);
 LinkSpec parse_link(const std::string& spec);
 
 // kW4A8 / kW4A16: 4-bit weights, counted as lattice's affine groups of 32 (5 bits a weight: nibbles, an f16 scale
-// and minimum per 32; AWQ / GPTQ's groups of 128 are a little smaller) with an 8-bit LM head, on CPUs and GPUs alike
+// and minimum per 32; AWQ / GPTQ's groups of 128 are a little smaller) unless PlanRequest::int4_bytes says
+// otherwise (a K-quant file on the CPU: 4.5 / 6.6 bits), with an 8-bit LM head, on CPUs and GPUs alike
 // (a GPU runs W4A16 at its fp rate; device_plan_quant plans W4A8 on a GPU as W4A16, which is what CUDA runs).
 enum class PlanQuant { kW8A8, kW8A16, kFp16, kF32, kW4A8, kW4A16 };
 PlanQuant parse_plan_quant(const std::string& s);  // w8a8 | w8a16 | w4a8 | w4a16 | fp16 | bf16 | f32
@@ -112,7 +113,17 @@ struct PlanRequest {
     int64_t prompt = 512;              // prompt tokens (prefill / time to first token)
     int64_t max_batch_tokens = 256;    // tokens per forward (prefill chunks)
     double kv_bytes = 0;               // per cached K/V element (kv_element_bytes); 0: the activations'
+    // Bytes per weight of the 4-bit linears; 0: the group form's kInt4GroupBytesPerWeight. A GGUF K-quant file
+    // on the CPU's W4A8 keeps its super-blocks (kQ4KBytesPerWeight, kQ6KBytesPerWeight; runtime/builder/estimate.h
+    // int4_bytes_per_weight averages a file's mix).
+    double int4_bytes = 0;
 };
+
+// 4-bit bytes per weight: lattice's group form (16 bytes of nibbles, an f16 scale and an f16 minimum per 32,
+// kernels/cpu/int4_gemm.h) and the CPU's K-quant layout (Q4_K: 2304 bytes per 16 channels x 256 columns, the
+// file's 144 per channel; Q6_K: 3392, the file's 210 + 2 of alignment).
+inline constexpr double kInt4GroupBytesPerWeight = 20.0 / 32.0;
+inline constexpr double kQ4KBytesPerWeight = 144.0 / 256.0, kQ6KBytesPerWeight = 212.0 / 256.0;
 
 // Bytes per cached K/V element for a --kv-cache-dtype (auto: the activations', f32 on CPUs, 16-bit on
 // GPUs; int8: one byte plus the row's f32 scale shared by head_dim elements). Error naming a bad name.

@@ -47,6 +47,11 @@ void check_packed(const PackedInt4& w, int64_t k, const char* fn) {
 
 }  // namespace
 
+bool int4_kquant_isa(IsaLevel isa) {
+    const IsaLevel level = vector_level(isa);
+    return level == IsaLevel::kScalar || level == IsaLevel::kAvx512Vnni;
+}
+
 PackedInt4 pack_int4_weights(const Int4Matrix& w, IsaLevel isa, bool kquant) {
     check_int4_matrix(w, "pack_int4_weights");
     LATTICE_CHECK(isa_supported(isa), "pack_int4_weights: ISA '{}' not supported by this CPU", isa_name(isa));
@@ -59,8 +64,7 @@ PackedInt4 pack_int4_weights(const Int4Matrix& w, IsaLevel isa, bool kquant) {
     p.n_panels = (w.n + kInt8PanelN - 1) / kInt8PanelN;
     p.kind = w.kind;
     p.isa = isa;
-    const IsaLevel level = vector_level(isa);
-    if (kquant && (level == IsaLevel::kScalar || level == IsaLevel::kAvx512Vnni) && int4_detail::kq_packable(w)) {
+    if (kquant && int4_kquant_isa(isa) && int4_detail::kq_packable(w)) {
         p.group = kInt4Block;
         p.k_padded = w.k;
         p.groups = w.k / kInt4Block;

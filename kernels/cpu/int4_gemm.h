@@ -79,6 +79,10 @@ inline const uint8_t* PackedInt4::kq_block(int64_t p, int64_t sb) const {
 // 16 rows; otherwise, and without them, the group form is packed.
 PackedInt4 pack_int4_weights(const Int4Matrix& w, IsaLevel isa, bool kquant = false);
 
+// Whether pack_int4_weights keeps a W4A8 linear's K-quant super-blocks on `isa` (vector_level scalar or
+// AVX-512: the K-quant layout; AVX2 packs the group form). The memory estimates count bytes by it.
+bool int4_kquant_isa(IsaLevel isa);
+
 // The dequantized weights back from the packed layout: out [n, k] f32 in input-channel order
 // (dequantize_int4 of the source, bit for bit).
 void dequantize_packed_int4(const PackedInt4& w, float* out);

@@ -1,7 +1,10 @@
 // AVX-512 VNNI path of the W4A8 GEMM on the K-quant layout (GGUF Q4_K / Q6_K super-blocks kept at the file's
 // bits; layout and numerics: int4_gemm.h). A tile is MR rows x one panel (16 channels): decode (m = 1) reads
 // one panel at a time, one sequential stream per thread (as the group-form GEMV, int4_gemm_avx512.cpp); prefill
-// runs 4-row tiles over each panel, whose super-blocks stay in L1/L2 across the row blocks.
+// runs 4-row tiles over each panel, whose super-blocks stay in L1/L2 across the row blocks (Q4_K: 4 rows x 2
+// panels sharing each broadcast, the scale tables unpacked once per panel pair, not per row block; Q6_K: the same
+// tile over the pair's q joined once into a buffer: at m >= 16 they ran at 0.74-0.81x (Q4_K) and 0.64-0.69x
+// (Q6_K) of the group form's 4 x 2 tile with 1-panel tiles that unpacked per row block, bench_gemm_int4).
 //   Q4_K: per super-block the 16 channels' 12 scale bytes (one 16-byte row per byte index) give the eight
 //     sub-blocks' 6-bit scales and minimums with byte shifts and masks; d sc and dmin mn (exact in f32) go to a
 //     stack table; per group the low and high nibbles of each 64-byte chunk are the unsigned vpdpbusd operands
@@ -13,6 +16,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/gemm_avx512.h"
 #include "kernels/cpu/int4_gemm_kernels.h"
@@ -69,42 +73,90 @@ inline void q4k_scales(const uint8_t* sb, float (*D)[16], float (*Mn)[16]) {
     }
 }
 
-template <int MR>
-inline void q4k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t p, float* y, int64_t ldy) {
+// Prefill: the D / Mn tables of every super-block of NP panels, once per panel group (not per row block):
+// tab[((j * supers + sb) * 2 + {0: D, 1: Mn}) * 8 + g][16].
+inline void q4k_panel_tables(const PackedInt4& w, int64_t p, int np, float (*tab)[16]) {
+    const int64_t supers = w.k / 256;
+    for (int j = 0; j < np; ++j)
+        for (int64_t sbi = 0; sbi < supers; ++sbi) {
+            float(*t)[16] = tab + (j * supers + sbi) * 16;
+            q4k_scales(w.kq_block(p + j, sbi), t, t + 8);
+        }
+}
+
+// Rows [r0, r0 + MR) x Q4_K panels [p, p + NP), the scale tables precomputed (q4k_panel_tables). A chunk's low
+// and high nibbles sum into one int32 accumulator per row and panel (exact), and NP panels share each
+// broadcast activation, as the group form's 4 x 2 tile.
+template <int MR, int NP>
+inline void q4k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t p, const float (*tab)[16], float* y,
+                     int64_t ldy) {
     const __m512i mask = _mm512_set1_epi8(0x0F);
-    __m512 acc[MR];
-    for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
-    alignas(64) float D[8][16], Mn[8][16];
-    for (int64_t sbi = 0; sbi < w.k / 256; ++sbi) {
-        const uint8_t* sb = w.kq_block(p, sbi);
-        q4k_scales(sb, D, Mn);
+    const int64_t supers = w.k / 256;
+    __m512 acc[MR][NP];
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+        for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t sbi = 0; sbi < supers; ++sbi) {
+        const uint8_t* sb[NP];
+#pragma GCC unroll 2
+        for (int j = 0; j < NP; ++j) sb[j] = w.kq_block(p + j, sbi);
         for (int g = 0; g < 8; ++g) {
             const int64_t gi = sbi * 8 + g;
-            const uint8_t* bg = sb + kKqQ4Nib + g * 256;
-            __m512i slo[MR], shi[MR];
-            for (int r = 0; r < MR; ++r) slo[r] = shi[r] = _mm512_setzero_si512();
+            __m512i isum[MR][NP];
+#pragma GCC unroll 4
+            for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+                for (int j = 0; j < NP; ++j) isum[r][j] = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int c = 0; c < 4; ++c) {
-                const __m512i v = _mm512_loadu_si512(bg + c * 64);
-                const __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+                __m512i lo[NP], hi[NP];
+#pragma GCC unroll 2
+                for (int j = 0; j < NP; ++j) {
+                    const __m512i v = _mm512_loadu_si512(sb[j] + kKqQ4Nib + g * 256 + c * 64);
+                    lo[j] = _mm512_and_si512(v, mask);
+                    hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+                }
 #pragma GCC unroll 4
                 for (int r = 0; r < MR; ++r) {
                     const int8_t* xs = a.q + (r0 + r) * a.ldq + gi * 32 + c * 4;
-                    dpbusd(slo[r], lo, _mm512_set1_epi32(load_i32(xs)));
-                    dpbusd(shi[r], hi, _mm512_set1_epi32(load_i32(xs + 16)));
+                    const __m512i alo = _mm512_set1_epi32(load_i32(xs)), ahi = _mm512_set1_epi32(load_i32(xs + 16));
+#pragma GCC unroll 2
+                    for (int j = 0; j < NP; ++j) {
+                        dpbusd(isum[r][j], lo[j], alo);
+                        dpbusd(isum[r][j], hi[j], ahi);
+                    }
                 }
             }
-            const __m512 dg = _mm512_load_ps(D[g]), mg = _mm512_load_ps(Mn[g]);
+#pragma GCC unroll 2
+            for (int j = 0; j < NP; ++j) {
+                const float(*t)[16] = tab + (j * supers + sbi) * 16;
+                const __m512 dg = _mm512_load_ps(t[g]), mg = _mm512_load_ps(t[8 + g]);
 #pragma GCC unroll 4
-            for (int r = 0; r < MR; ++r) {
-                const __m512 s = _mm512_set1_ps(a.scales[(r0 + r) * a.ldsum + gi]);
-                fma_acc(acc[r], _mm512_cvtepi32_ps(_mm512_add_epi32(slo[r], shi[r])), _mm512_mul_ps(dg, s));
-                fma_acc(acc[r], _mm512_mul_ps(mg, s), _mm512_set1_ps(float(a.xsum[(r0 + r) * a.ldsum + gi])));
+                for (int r = 0; r < MR; ++r) {
+                    const __m512 s = _mm512_set1_ps(a.scales[(r0 + r) * a.ldsum + gi]);
+                    fma_acc(acc[r][j], _mm512_cvtepi32_ps(isum[r][j]), _mm512_mul_ps(dg, s));
+                    fma_acc(acc[r][j], _mm512_mul_ps(mg, s), _mm512_set1_ps(float(a.xsum[(r0 + r) * a.ldsum + gi])));
+                }
             }
         }
     }
-    const __mmask16 mk = tail_mask(p, w.n);
-    for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + p * kInt8PanelN, mk, acc[r]);
+#pragma GCC unroll 2
+    for (int j = 0; j < NP; ++j) {
+        const __mmask16 mk = tail_mask(p + j, w.n);
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + (p + j) * kInt8PanelN, mk, acc[r][j]);
+    }
+}
+
+// All m rows of Q4_K panels [p, p + NP).
+template <int NP>
+inline void q4k_all_rows(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p, float* y, int64_t ldy) {
+    thread_local std::vector<float, AlignedAllocator64<float>> tab;
+    tab.resize(size_t(NP * (w.k / 256) * 16 * 16));
+    auto* t = reinterpret_cast<float(*)[16]>(tab.data());
+    q4k_panel_tables(w, p, NP, t);
+    for_row_blocks<4>(m, [&]<int MR>(int64_t r0) { q4k_tile<MR, NP>(a, r0, w, p, t, y, ldy); });
 }
 
 // Decode (m = 1), modeled on the group form's GEMV (int4_gemm_avx512.cpp): four int32 accumulators per group
@@ -167,58 +219,152 @@ inline Q6Pair q6_chunk(__m512i v, __m512i hb) {
             _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), m15, thi, 0xEA)};
 }
 
-template <int MR>
-inline void q6k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t p, float* y, int64_t ldy) {
-    __m512 acc[MR];
-    for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+// Decode (m = 1): the chunks joined in registers as they stream (no buffer to write and read back).
+inline void q6k_gemv(const Int4Acts& a, const PackedInt4& w, int64_t p, float* y) {
+    __m512 acc = _mm512_setzero_ps();
     for (int64_t sbi = 0; sbi < w.k / 256; ++sbi) {
         const uint8_t* sb = w.kq_block(p, sbi);
         const __m512 dv = load_f16x16(sb + kKqQ6D);
         for (int g = 0; g < 8; ++g) {
             const int64_t gi = sbi * 8 + g;
             const uint8_t* bg = sb + kKqQ6Nib + g * kKqQ6Group;
-            __m512i ia[MR], ib[MR];
-            for (int r = 0; r < MR; ++r) ia[r] = ib[r] = _mm512_setzero_si512();
+            __m512i ia = _mm512_setzero_si512(), ib = ia;
             const __m512i h0 = _mm512_loadu_si512(bg + 256), h1 = _mm512_loadu_si512(bg + 320);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; ++c) {
                 const __m512i h = c < 2 ? h0 : h1;
                 const Q6Pair q = q6_chunk(_mm512_loadu_si512(bg + c * 64), c % 2 ? _mm512_srli_epi16(h, 4) : h);
-#pragma GCC unroll 4
-                for (int r = 0; r < MR; ++r) {
-                    const int8_t* xs = a.q + (r0 + r) * a.ldq + gi * 32 + c * 4;
-                    dpbusd(ia[r], q.lo, _mm512_set1_epi32(load_i32(xs)));
-                    dpbusd(ib[r], q.hi, _mm512_set1_epi32(load_i32(xs + 16)));
-                }
+                dpbusd(ia, q.lo, _mm512_set1_epi32(load_i32(a.q + gi * 32 + c * 4)));
+                dpbusd(ib, q.hi, _mm512_set1_epi32(load_i32(a.q + gi * 32 + c * 4 + 16)));
             }
             const __m512i sa = _mm512_cvtepi8_epi32(load128(sb + kKqQ6Scales + 16 * (2 * g)));
             const __m512i sbv = _mm512_cvtepi8_epi32(load128(sb + kKqQ6Scales + 16 * (2 * g + 1)));
+            const int32_t xa = a.xsum16[gi], xb = a.xsum[gi] - xa;
+            const __m512i ta = _mm512_sub_epi32(ia, _mm512_set1_epi32(32 * xa));
+            const __m512i tb = _mm512_sub_epi32(ib, _mm512_set1_epi32(32 * xb));
+            const __m512i t = _mm512_add_epi32(_mm512_mullo_epi32(sa, ta), _mm512_mullo_epi32(sbv, tb));
+            fma_acc(acc, _mm512_cvtepi32_ps(t), _mm512_mul_ps(dv, _mm512_set1_ps(a.scales[gi])));
+        }
+    }
+    _mm512_mask_storeu_ps(y + p * kInt8PanelN, tail_mask(p, w.n), acc);
+}
+
+// Prefill: NP Q6_K panels' q (0..63) joined once per panel group (not per row block) into buf: group g of
+// super-block sb of panel j at ((j * supers + sb) * 8 + g) * 512, chunk c's sub-block a (low) at c * 64 and
+// sub-block b (high) at 256 + c * 64, the vpdpbusd operand order of the layout's chunks.
+inline void q6k_panel_unpack(const PackedInt4& w, int64_t p, int np, uint8_t* buf) {
+    const int64_t supers = w.k / 256;
+    for (int j = 0; j < np; ++j)
+        for (int64_t sbi = 0; sbi < supers; ++sbi)
+            for (int g = 0; g < 8; ++g) {
+                const uint8_t* bg = w.kq_block(p + j, sbi) + kKqQ6Nib + g * kKqQ6Group;
+                uint8_t* out = buf + ((j * supers + sbi) * 8 + g) * 512;
+                const __m512i h0 = _mm512_loadu_si512(bg + 256), h1 = _mm512_loadu_si512(bg + 320);
+                for (int c = 0; c < 4; ++c) {
+                    const __m512i h = c < 2 ? h0 : h1;
+                    const Q6Pair q = q6_chunk(_mm512_loadu_si512(bg + c * 64), c % 2 ? _mm512_srli_epi16(h, 4) : h);
+                    _mm512_store_si512(out + c * 64, q.lo);
+                    _mm512_store_si512(out + 256 + c * 64, q.hi);
+                }
+            }
+}
+
+// Rows [r0, r0 + MR) x Q6_K panels [p, p + NP) over their unpacked q (q6k_panel_unpack); NP panels share each
+// broadcast activation. Sub-blocks a and b keep their own int32 sums; the group epilogue is int4_gemm.h's.
+template <int MR, int NP>
+inline void q6k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t p, const uint8_t* buf, float* y,
+                     int64_t ldy) {
+    const int64_t supers = w.k / 256;
+    __m512 acc[MR][NP];
 #pragma GCC unroll 4
-            for (int r = 0; r < MR; ++r) {
-                const int64_t at = (r0 + r) * a.ldsum + gi;
-                const int32_t xa = a.xsum16[at], xb = a.xsum[at] - xa;
-                const __m512i ta = _mm512_sub_epi32(ia[r], _mm512_set1_epi32(32 * xa));
-                const __m512i tb = _mm512_sub_epi32(ib[r], _mm512_set1_epi32(32 * xb));
-                const __m512i t = _mm512_add_epi32(_mm512_mullo_epi32(sa, ta), _mm512_mullo_epi32(sbv, tb));
-                fma_acc(acc[r], _mm512_cvtepi32_ps(t), _mm512_mul_ps(dv, _mm512_set1_ps(a.scales[at])));
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+        for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t sbi = 0; sbi < supers; ++sbi) {
+        for (int g = 0; g < 8; ++g) {
+            const int64_t gi = sbi * 8 + g;
+            __m512i ia[MR][NP], ib[MR][NP];
+#pragma GCC unroll 4
+            for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+                for (int j = 0; j < NP; ++j) ia[r][j] = ib[r][j] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; ++c) {
+                __m512i lo[NP], hi[NP];
+#pragma GCC unroll 2
+                for (int j = 0; j < NP; ++j) {
+                    const uint8_t* u = buf + ((j * supers + sbi) * 8 + g) * 512 + c * 64;
+                    lo[j] = _mm512_load_si512(u);
+                    hi[j] = _mm512_load_si512(u + 256);
+                }
+#pragma GCC unroll 4
+                for (int r = 0; r < MR; ++r) {
+                    const int8_t* xs = a.q + (r0 + r) * a.ldq + gi * 32 + c * 4;
+                    const __m512i alo = _mm512_set1_epi32(load_i32(xs)), ahi = _mm512_set1_epi32(load_i32(xs + 16));
+#pragma GCC unroll 2
+                    for (int j = 0; j < NP; ++j) {
+                        dpbusd(ia[r][j], lo[j], alo);
+                        dpbusd(ib[r][j], hi[j], ahi);
+                    }
+                }
+            }
+#pragma GCC unroll 2
+            for (int j = 0; j < NP; ++j) {
+                const uint8_t* sb = w.kq_block(p + j, sbi);
+                const __m512 dv = load_f16x16(sb + kKqQ6D);
+                const __m512i sa = _mm512_cvtepi8_epi32(load128(sb + kKqQ6Scales + 16 * (2 * g)));
+                const __m512i sbv = _mm512_cvtepi8_epi32(load128(sb + kKqQ6Scales + 16 * (2 * g + 1)));
+#pragma GCC unroll 4
+                for (int r = 0; r < MR; ++r) {
+                    const int64_t at = (r0 + r) * a.ldsum + gi;
+                    const int32_t xa = a.xsum16[at], xb = a.xsum[at] - xa;
+                    const __m512i ta = _mm512_sub_epi32(ia[r][j], _mm512_set1_epi32(32 * xa));
+                    const __m512i tb = _mm512_sub_epi32(ib[r][j], _mm512_set1_epi32(32 * xb));
+                    const __m512i t = _mm512_add_epi32(_mm512_mullo_epi32(sa, ta), _mm512_mullo_epi32(sbv, tb));
+                    fma_acc(acc[r][j], _mm512_cvtepi32_ps(t), _mm512_mul_ps(dv, _mm512_set1_ps(a.scales[at])));
+                }
             }
         }
     }
-    const __mmask16 mk = tail_mask(p, w.n);
-    for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + p * kInt8PanelN, mk, acc[r]);
+#pragma GCC unroll 2
+    for (int j = 0; j < NP; ++j) {
+        const __mmask16 mk = tail_mask(p + j, w.n);
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + (p + j) * kInt8PanelN, mk, acc[r][j]);
+    }
+}
+
+// All m rows of Q6_K panels [p, p + NP).
+template <int NP>
+inline void q6k_all_rows(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p, float* y, int64_t ldy) {
+    thread_local std::vector<uint8_t, AlignedAllocator64<uint8_t>> buf;
+    buf.resize(size_t(NP * (w.k / 256) * 8 * 512));
+    q6k_panel_unpack(w, p, NP, buf.data());
+    for_row_blocks<4>(m, [&]<int MR>(int64_t r0) { q6k_tile<MR, NP>(a, r0, w, p, buf.data(), y, ldy); });
 }
 
 }  // namespace
 
 void w4a8_kq_panels_avx512(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y,
                            int64_t ldy) {
-    for (int64_t p = p0; p < p1; ++p) {
-        if (w.panel_q6[size_t(p)])
-            for_row_blocks<4>(m, [&]<int MR>(int64_t r0) { q6k_tile<MR>(a, r0, w, p, y, ldy); });
-        else if (m == 1)
-            q4k_gemv(a, w, p, y);
-        else
-            for_row_blocks<4>(m, [&]<int MR>(int64_t r0) { q4k_tile<MR>(a, r0, w, p, y, ldy); });
+    for (int64_t p = p0; p < p1;) {
+        const bool pair = p + 1 < p1 && w.panel_q6[size_t(p + 1)] == w.panel_q6[size_t(p)];
+        if (w.panel_q6[size_t(p)] && m == 1) {
+            q6k_gemv(a, w, p++, y);
+        } else if (w.panel_q6[size_t(p)]) {
+            if (pair)
+                q6k_all_rows<2>(a, m, w, p, y, ldy);
+            else
+                q6k_all_rows<1>(a, m, w, p, y, ldy);
+            p += pair ? 2 : 1;
+        } else if (m == 1) {
+            q4k_gemv(a, w, p++, y);
+        } else if (pair) {  // two Q4_K panels
+            q4k_all_rows<2>(a, m, w, p, y, ldy);
+            p += 2;
+        } else {
+            q4k_all_rows<1>(a, m, w, p++, y, ldy);
+        }
     }
 }
 

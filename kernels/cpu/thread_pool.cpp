@@ -1,4 +1,5 @@
-// ThreadPool implementation: generation counter + pending count; see thread_pool.h.
+// ThreadPool implementation: a generation counter wakes the workers, the op state (active_) admits them to
+// an op and tells the caller when the last has left; see thread_pool.h.
 #include "kernels/cpu/thread_pool.h"
 
 #include "base/error.h"
@@ -70,7 +71,7 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::worker(int index) {
-    uint64_t seen = 0;
+    uint64_t seen = 0, ran = 0;  // the generation last woken for; the run_on_all op last run
     for (;;) {
         uint64_t g = generation_.load(std::memory_order_acquire);
         for (int spin = 0; g == seen && spin < 20000; ++spin) {
@@ -85,9 +86,69 @@ void ThreadPool::worker(int index) {
         }
         seen = g;
         if (stop_.load()) return;
-        (*task_)(index);
-        if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+        // Enter the op now open, whichever it is (a later one than woke us is fine: its fields were written
+        // before it opened); a closed one is left untouched.
+        if (active_.fetch_add(1, std::memory_order_acq_rel) & kClosed) {
+            leave_op();
+            continue;
+        }
+        if (!task_all_) {
+            (*task_)(index);
+        } else if (op_ != ran) {
+            ran = op_;
+            (*task_)(index);
+            if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+        }
+        leave_op();
     }
+}
+
+void ThreadPool::leave_op() {
+    if (active_.fetch_sub(1, std::memory_order_acq_rel) == (kClosed | 1)) active_.notify_one();
+}
+
+namespace {
+// Spins on a short budget, then blocks on `a` (whose changes decide `done()`), until `done()`.
+template <class A, class Done>
+void spin_then_wait(A& a, Done done) {
+    for (int spin = 0; !done(); ++spin) {
+        if (spin < 100000) {
+#if defined(__x86_64__)
+            __builtin_ia32_pause();
+#endif
+        } else {
+            const auto v = a.load(std::memory_order_acquire);
+            if (!done()) a.wait(v, std::memory_order_acquire);
+        }
+    }
+}
+}  // namespace
+
+void ThreadPool::run_op(const std::function<void(int)>& body, bool all) {
+    task_ = &body;
+    task_all_ = all;
+    ++op_;
+    if (all) pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+    // Open (the fields above visible to whoever enters). An RMW, not a store: a worker that found the last op
+    // closed may still be on its way out, its count in the low bits.
+    active_.fetch_and(~kClosed, std::memory_order_acq_rel);
+    generation_.fetch_add(1, std::memory_order_acq_rel);
+    generation_.notify_all();
+    // Close, then wait for the workers inside (running a piece they claimed) to leave; also when the caller's
+    // part throws, so that no worker is left reading the caller's frame.
+    auto finish = [&] {
+        if (all) spin_then_wait(pending_, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+        active_.fetch_or(kClosed, std::memory_order_acq_rel);
+        spin_then_wait(active_, [&] { return active_.load(std::memory_order_acquire) == kClosed; });
+        task_ = nullptr;
+    };
+    try {
+        body(0);
+    } catch (...) {
+        finish();
+        throw;
+    }
+    finish();
 }
 
 void ThreadPool::run_on_all(const std::function<void(int)>& fn) {
@@ -95,22 +156,7 @@ void ThreadPool::run_on_all(const std::function<void(int)>& fn) {
         fn(0);
         return;
     }
-    task_ = &fn;
-    pending_.store(n_threads_ - 1, std::memory_order_release);
-    generation_.fetch_add(1, std::memory_order_acq_rel);
-    generation_.notify_all();
-    fn(0);
-    for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) {
-        if (spin < 100000) {
-#if defined(__x86_64__)
-            __builtin_ia32_pause();
-#endif
-        } else {
-            int p = pending_.load(std::memory_order_acquire);
-            if (p != 0) pending_.wait(p, std::memory_order_acquire);
-        }
-    }
-    task_ = nullptr;
+    run_op(fn, true);
 }
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn, int64_t grain) {
@@ -120,10 +166,16 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
         fn(0, n, 0);
         return;
     }
-    run_on_all([&](int t) {
-        auto [lo, hi] = split_range(n, t, nt, grain);
-        if (lo < hi) fn(lo, hi, t);
-    });
+    std::atomic<int> next{0};
+    run_op(
+        [&](int t) {
+            for (int i = next.fetch_add(1, std::memory_order_relaxed); i < nt;
+                 i = next.fetch_add(1, std::memory_order_relaxed)) {
+                auto [lo, hi] = split_range(n, i, nt, grain);
+                if (lo < hi) fn(lo, hi, t);
+            }
+        },
+        false);
 }
 
 void ThreadPool::parallel_chunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t, int)>& fn) {
@@ -134,11 +186,13 @@ void ThreadPool::parallel_chunks(int64_t n, int64_t chunk, const std::function<v
         return;
     }
     std::atomic<int64_t> next{0};
-    run_on_all([&](int t) {
-        for (int64_t lo = next.fetch_add(chunk, std::memory_order_relaxed); lo < n;
-             lo = next.fetch_add(chunk, std::memory_order_relaxed))
-            fn(lo, std::min(n, lo + chunk), t);
-    });
+    run_op(
+        [&](int t) {
+            for (int64_t lo = next.fetch_add(chunk, std::memory_order_relaxed); lo < n;
+                 lo = next.fetch_add(chunk, std::memory_order_relaxed))
+                fn(lo, std::min(n, lo + chunk), t);
+        },
+        false);
 }
 
 }  // namespace lattice

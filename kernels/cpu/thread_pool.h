@@ -3,6 +3,16 @@
 // so each thread streams its own slice of weights; no thread is created per op.
 // Workers spin briefly on a generation counter, then block in std::atomic::wait, which keeps
 // per-op dispatch around a microsecond during decode without burning idle cores forever.
+// Hand-off: parallel_for's ranges and parallel_chunks' chunks are claimed from a shared counter, the caller
+// first; once none is left the caller closes the op and waits only for the workers that entered it (are
+// running a claimed piece), never for one that has not woken yet: a worker that wakes after the close leaves
+// without touching the op. So a descheduled worker (a busy machine's vCPU, a parked thread whose wake-up waits
+// for a time slice) costs the op at most its own piece, not a scheduler round trip per op (~150 ops a token for
+// a 30-layer model): with 2 threads on a 2-vCPU host at load ~10 the built-in model's decode went from 1.1 to
+// 72.8 tok/s (bench_decode, median of 3 interleaved rounds; docs/benchmark-results.md). Which thread runs which
+// piece does not change any result (each output is written by one call, as before).
+// Invariant of the op state (active_): bit kClosed set by the caller when it is done with the op, the low bits
+// count workers inside it; the op's fields are written only while it is closed with no worker inside.
 // Not re-entrant: a task must not call parallel_for on the same pool.
 #pragma once
 
@@ -25,7 +35,8 @@ public:
 
     int size() const { return n_threads_; }
 
-    // Calls fn(begin, end, thread_index) over a partition of [0, n) in chunks aligned to `grain`.
+    // Calls fn(begin, end, thread_index) over a partition of [0, n) in chunks aligned to `grain` (one range per
+    // thread, split_range's; a range may run on any thread, each on one).
     void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn, int64_t grain = 1);
 
     // Calls fn(begin, end, thread_index) over [0, n) in chunks of `chunk` items (the last one shorter) that the
@@ -36,21 +47,29 @@ public:
     // has one thread or n <= chunk.
     void parallel_chunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t, int)>& fn);
 
-    // Runs fn(thread_index) once on every thread.
+    // Runs fn(thread_index) once on every thread (waits for every worker to wake).
     void run_on_all(const std::function<void(int)>& fn);
 
     // Number of CPUs this process may run on (sched_getaffinity), at least 1.
     static int available_cpus();
 
 private:
+    static constexpr uint32_t kClosed = 1u << 31;
     void worker(int index);
     void stop_workers();
+    // Opens an op running body(thread) on the caller and on every worker that enters it before it closes;
+    // `all` (run_on_all): every worker runs it exactly once and the caller waits for all of them.
+    void run_op(const std::function<void(int)>& body, bool all);
+    void leave_op();
 
     int n_threads_ = 1;
     std::vector<std::thread> threads_;
     const std::function<void(int)>* task_ = nullptr;
-    std::atomic<uint64_t> generation_{0};
-    std::atomic<int> pending_{0};
+    bool task_all_ = false;
+    uint64_t op_ = 0;                       // sequence number of the op (run_on_all runs each once a thread)
+    std::atomic<uint64_t> generation_{0};   // bumped to wake the workers for a new op
+    std::atomic<uint32_t> active_{kClosed}; // see the header comment
+    std::atomic<int> pending_{0};           // run_on_all: workers yet to run it
     std::atomic<bool> stop_{false};
 };
 

@@ -3,6 +3,7 @@
 
 #include "parallel/plan_model.h"
 #include "parallel/world_config.h"
+#include "runtime/backend/cpu/cpu_backend.h"
 #include "runtime/builder/build.h"
 #include "runtime/model/rank_weights.h"
 
@@ -42,7 +43,7 @@ RankMemory largest_rank_memory(const TensorSource& src, const MemoryQuery& q) {
         const RankWeights rw(src, o);
         for (const RankTensor& t : rw.tensors())
             if (t.role == WeightRole::kLmHead && t.mode != QuantMode::kNone) head = t.mode;
-        const double weights = rw.resident_bytes(cuda);
+        const double weights = rw.resident_bytes(cuda, !cuda && cpu_keeps_kquant());
         const double kv = kv_cache_bytes(c.dims(), q.tp, o.layer_end - o.layer_begin, best.max_seq, kv_elem);
         const double activations = activation_bytes(c.dims(), q.tp, q.max_batch_tokens, act, o.last_stage);
         if (weights + kv + activations > largest) {
@@ -52,6 +53,19 @@ RankMemory largest_rank_memory(const TensorSource& src, const MemoryQuery& q) {
     }
     best.head = head;
     return best;
+}
+
+double int4_bytes_per_weight(const TensorSource& src, bool cpu_kquant) {
+    ModelOptions o;
+    o.quant = QuantMode::kW4A8;
+    const RankWeights rw(src, o);
+    double bytes = 0, weights = 0;
+    for (const RankTensor& t : rw.tensors())
+        if (t.layer >= 0 && t.is_linear() && is_int4(t.mode)) {
+            bytes += RankWeights::tensor_bytes(t, false, cpu_kquant);
+            weights += double(t.rows) * double(t.cols);
+        }
+    return weights > 0 ? bytes / weights : 0;
 }
 
 }  // namespace lattice

@@ -50,4 +50,9 @@ struct RankMemory {
 // max_position_embeddings.
 RankMemory largest_rank_memory(const TensorSource& src, const MemoryQuery& q);
 
+// Bytes per weight of the layers' linears in a 4-bit run of one rank (the planner's PlanRequest::int4_bytes):
+// the loader's bytes over their weights, the K-quant layout where `cpu_kquant` (cpu_keeps_kquant, W4A8 on the
+// CPU) and the file has it, else the group form. 0 when no layer has a linear.
+double int4_bytes_per_weight(const TensorSource& src, bool cpu_kquant);
+
 }  // namespace lattice

@@ -104,6 +104,12 @@ void RankWeights::plan_original() {
     // (kept, or widened to f32 when parts differ or SmoothQuant is folded in), which the backend quantizes.
     // A GGUF Q6_K part counts as affine groups of 32 (TensorInfo::int4_requant: re-quantized, its super-blocks
     // kept beside for the CPU's W4A8), so a Q4_K_M linear with Q6_K parts is read in its 4-bit form too.
+    // Rows of a fused linear's part in this rank's slice (read_int4's).
+    auto part_rows = [&](TensorRole r) {
+        return r == TensorRole::kWq ? shard_.n_heads * c.head_dim
+               : r == TensorRole::kWk || r == TensorRole::kWv ? shard_.n_kv * c.head_dim
+                                                              : shard_.ffn;
+    };
     auto group_of = [](const TensorInfo& ti) { return ti.int4_requant ? int64_t(32) : ti.int4_group; };
     auto plan_linear = [&](RankTensor& t, std::initializer_list<TensorRole> roles, int64_t layer, bool folded) {
         const TensorInfo& first = src_.info(tensor_name(c, *roles.begin(), layer, t.expert));
@@ -120,6 +126,13 @@ void RankWeights::plan_original() {
         t.int4_kind = first.int4_kind;
         t.int4_perm = int4 && first.int4_perm;
         t.dtype = int4 ? DType::kU8 : same_kept && !folded ? keep_dtype(first.dtype) : DType::kF32;
+        t.kq_parts.clear();
+        for (TensorRole r : roles) {  // the parts read_int4 stacks, as rank_weights_read.cpp slices them
+            const DType d = src_.info(tensor_name(c, r, layer, t.expert)).dtype;
+            if (int4 && (d == DType::kQ4_K || d == DType::kQ6_K))
+                t.kq_parts.emplace_back(d, roles.size() == 1 ? t.rows : part_rows(r));
+        }
+        if (t.kq_parts.size() != roles.size()) t.kq_parts.clear();
     };
     // A row-parallel linear's column slice must keep whole blocks of a block-quantized tensor and, read in 4
     // bits, whole groups (and all of an act-order tensor's columns).
@@ -273,24 +286,43 @@ const std::vector<float>* RankWeights::smooth_of(int64_t layer, int which) const
     return which == kSmoothAttn ? &smooth_.attn[i] : &smooth_.mlp[i];
 }
 
-double RankWeights::resident_bytes(bool cuda) const {
-    double w = 0;
-    for (const RankTensor& t : tensors_) {
-        const double n = double(t.rows) * double(t.cols);
-        if (t.is_linear() && is_int4(t.mode)) {
-            // kernels/cpu/int4_gemm.h: per channel and group G / 2 bytes of nibbles, an f16 d, and an f16 m or a
-            // zero point (+ a pad byte) except for offset8; channels padded to 16. Float weights: affine G = 32.
-            // CUDA (kernels/cuda/int4_gemm.h): the same bytes per group (a zero point as f16), channels unpadded.
-            const int64_t g = t.int4 ? t.int4_group : 32;
-            const double extra = t.int4 && t.int4_kind == Int4Kind::kOffset8 ? 0 : 2;
-            const int64_t rows = cuda ? t.rows : (t.rows + 15) / 16 * 16;
-            w += double(rows) * double((t.cols + g - 1) / g) * (double(g) / 2 + 2 + extra);
-        } else if (t.is_linear() && t.mode != QuantMode::kNone) {
-            w += n + 8.0 * double(t.rows);
-        } else
-            w += n * double(cuda && !t.vector ? 2 : dtype_size(t.dtype));
+namespace {
+// The K-quant layout's bytes of t (kernels/cpu/int4_gemm.h), or -1 where pack_int4_weights would pack the group
+// form: parts all Q4_K / Q6_K, 256-column super-blocks, no act-order, every part but the last whole panels.
+double kquant_bytes(const RankTensor& t) {
+    if (t.kq_parts.empty() || t.cols % 256 != 0 || t.int4_perm) return -1;
+    double b = 0;
+    for (size_t i = 0; i < t.kq_parts.size(); ++i) {
+        const auto& [type, rows] = t.kq_parts[i];
+        if (type != DType::kQ4_K && type != DType::kQ6_K) return -1;
+        if (i + 1 < t.kq_parts.size() && rows % 16 != 0) return -1;
+        b += double((rows + 15) / 16) * double(t.cols / 256) * (type == DType::kQ6_K ? 3392 : 2304);
     }
+    return b;
+}
+}  // namespace
+
+double RankWeights::resident_bytes(bool cuda, bool cpu_kquant) const {
+    double w = 0;
+    for (const RankTensor& t : tensors_) w += tensor_bytes(t, cuda, cpu_kquant);
     return w;
+}
+
+double RankWeights::tensor_bytes(const RankTensor& t, bool cuda, bool cpu_kquant) {
+    const double n = double(t.rows) * double(t.cols);
+    const double kq = !cuda && cpu_kquant && t.mode == QuantMode::kW4A8 && t.int4 ? kquant_bytes(t) : -1;
+    if (kq >= 0) return kq;
+    if (t.is_linear() && is_int4(t.mode)) {
+        // kernels/cpu/int4_gemm.h: per channel and group G / 2 bytes of nibbles, an f16 d, and an f16 m or a
+        // zero point (+ a pad byte) except for offset8; channels padded to 16. Float weights: affine G = 32.
+        // CUDA (kernels/cuda/int4_gemm.h): the same bytes per group (a zero point as f16), channels unpadded.
+        const int64_t g = t.int4 ? t.int4_group : 32;
+        const double extra = t.int4 && t.int4_kind == Int4Kind::kOffset8 ? 0 : 2;
+        const int64_t rows = cuda ? t.rows : (t.rows + 15) / 16 * 16;
+        return double(rows) * double((t.cols + g - 1) / g) * (double(g) / 2 + 2 + extra);
+    }
+    if (t.is_linear() && t.mode != QuantMode::kNone) return n + 8.0 * double(t.rows);
+    return n * double(cuda && !t.vector ? 2 : dtype_size(t.dtype));
 }
 
 ModelOptions rank_model_options(ModelOptions base, const WorldConfig& world, int64_t n_layers,

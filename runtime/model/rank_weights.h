@@ -41,6 +41,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/view.h"
@@ -86,6 +87,9 @@ struct RankTensor {
     int64_t int4_group = 0;             // int4: its group and kind
     Int4Kind int4_kind = Int4Kind::kAffine;
     bool int4_perm = false;             // int4: its columns carry an act-order permutation
+    // int4 from GGUF K-quant parts (Q4_K, Q6_K: read_int4 keeps their super-blocks beside, Int4Weights::kq):
+    // each part's type and rows in this rank's slice, in order; empty when any part has none.
+    std::vector<std::pair<DType, int64_t>> kq_parts;
     bool table = false;                 // kEmbed: this rank's embedding table
     bool tied_head = false;             // kEmbed: also the float LM head (tied embeddings, last stage)
     bool is_linear() const { return role == WeightRole::kLmHead || role >= WeightRole::kWqkv || tied_head; }
@@ -118,9 +122,13 @@ public:
     int64_t bytes_read() const { return bytes_read_; }
     // Bytes these tensors take once loaded: int8 linears one byte per weight plus an f32 scale and
     // column sum per output channel; 4-bit linears 18 (q4_0) or 20 bytes per 32 weights, channels padded to
-    // 16 on the CPU (kernels/cpu/int4_gemm.h), unpadded with `cuda` (kernels/cuda/int4_gemm.h); float tensors in the checkpoint's precision on the CPU, 16-bit
-    // matrices with `cuda` (launch's `info` prints it; the planner's estimate is checked against it).
-    double resident_bytes(bool cuda) const;
+    // 16 on the CPU (kernels/cpu/int4_gemm.h), unpadded with `cuda` (kernels/cuda/int4_gemm.h), except that with
+    // `cpu_kquant` (a CPU whose W4A8 keeps K-quant super-blocks: int4_kquant_isa) a W4A8 linear of Q4_K / Q6_K
+    // parts takes the K-quant layout's 2304 / 3392 bytes per 16 channels and 256 columns (4.5 / 6.6 bits a
+    // weight); float tensors in the checkpoint's precision on the CPU, 16-bit matrices with `cuda` (launch's
+    // `info` prints it; the planner's estimate is checked against it).
+    double resident_bytes(bool cuda, bool cpu_kquant = true) const;
+    static double tensor_bytes(const RankTensor& t, bool cuda, bool cpu_kquant);
 
 private:
     HostTensor read_rows(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType dtype);

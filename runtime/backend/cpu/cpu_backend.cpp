@@ -256,6 +256,10 @@ Linear CpuBackend::make_linear_float_int4(const View& w, QuantMode mode) {
     return make_linear_int4(q.matrix(), mode);
 }
 
+bool cpu_keeps_kquant() {
+    return int4_kquant_isa(detect_isa());
+}
+
 // Packed once for the kernels (kernels/cpu/int4_gemm.h); the caller's unpacked copy can go.
 Linear CpuBackend::make_linear_int4(const Int4Matrix& w, QuantMode mode) {
     LATTICE_CHECK(is_int4(mode), "make_linear_int4: quant mode {} has no 4-bit weights", quant_mode_name(mode));

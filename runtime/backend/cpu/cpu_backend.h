@@ -31,6 +31,10 @@ struct CpuBackendOptions {
     bool fused_quant = false;
 };
 
+// Whether this CPU's W4A8 keeps a GGUF K-quant linear's super-blocks (Q4_K at 4.5 bits, Q6_K at 6.6: the
+// K-quant layout of kernels/cpu/int4_gemm.h) rather than the group form (5 bits): the memory estimates ask.
+bool cpu_keeps_kquant();
+
 class CpuBackend final : public Backend {
 public:
     explicit CpuBackend(const CpuBackendOptions& opt = {});

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <stdexcept>
 #include <vector>
 
 using namespace lattice;
@@ -68,5 +69,52 @@ TEST_CASE("parallel_for visits every index once, many times over") {
                 for (int64_t i = lo; i < hi; ++i) hits[size_t(i)].fetch_add(1);
             });
         for (auto& h : hits) CHECK(h.load() == 200);
+    }
+}
+
+TEST_CASE("ops back to back on more threads than cores: late workers join a later op or none, each piece runs once") {
+    // Workers here often wake after the caller has claimed every piece and closed the op (it does not wait for
+    // them), and enter whichever op is open when they do: mixed op kinds, each visiting every index once and
+    // run_on_all every thread once.
+    ThreadPool pool(3, false);
+    std::vector<int> hits(97, 0);
+    std::vector<std::atomic<int>> ran(3);
+    int64_t caller_pieces = 0;
+    for (int rep = 0; rep < 300; ++rep) {
+        std::fill(hits.begin(), hits.end(), 0);
+        if (rep % 3 == 0)
+            pool.parallel_for(int64_t(hits.size()), [&](int64_t lo, int64_t hi, int t) {
+                for (int64_t i = lo; i < hi; ++i) ++hits[size_t(i)];
+                if (t == 0) ++caller_pieces;
+            });
+        else if (rep % 3 == 1)
+            pool.parallel_chunks(int64_t(hits.size()), 5, [&](int64_t lo, int64_t hi, int t) {
+                for (int64_t i = lo; i < hi; ++i) ++hits[size_t(i)];
+                if (t == 0) ++caller_pieces;
+            });
+        else
+            pool.run_on_all([&](int t) {
+                ran[size_t(t)].fetch_add(1);
+                for (int64_t i = t; i < int64_t(hits.size()); i += 3) ++hits[size_t(i)];
+            });
+        CHECK(std::count(hits.begin(), hits.end(), 1) == int64_t(hits.size()));
+    }
+    for (auto& r : ran) CHECK(r.load() == 100);
+    CHECK(caller_pieces >= 200);  // the caller claims first: at least one piece of every op
+}
+
+TEST_CASE("a piece that throws on the caller: the op ends (no worker left in it) and the pool keeps working") {
+    ThreadPool pool(2, false);
+    for (int rep = 0; rep < 50; ++rep) {
+        CHECK_THROWS_AS(pool.parallel_chunks(64, 4,
+                                             [&](int64_t, int64_t, int t) {  // the caller claims first
+                                                 if (t == 0) throw std::runtime_error("piece failed");
+                                             }),
+                        std::runtime_error);
+        std::vector<int> hits(64, 0);
+        pool.parallel_for(64, [&](int64_t lo, int64_t hi, int) {
+            for (int64_t i = lo; i < hi; ++i) ++hits[size_t(i)];
+        });
+        CHECK(std::count(hits.begin(), hits.end(), 1) == 64);
     }
 }

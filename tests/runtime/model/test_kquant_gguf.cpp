@@ -4,15 +4,19 @@
 // bits); a tp split through a
 // 256-element super-block is refused naming the tensor; --quant auto picks 4-bit when most linear weights are
 // 4-bit; an all-Q4_K model's W4A16 logits equal its f32 read to within the repack's f16 rounding of the scales,
-// and the gguf-py fixture model (data/kquant_blocks.gguf) runs in W4A8 within the 4-bit GGUF tolerance.
+// and the gguf-py fixture model (data/kquant_blocks.gguf) runs in W4A8 within the 4-bit GGUF tolerance; the
+// memory estimates (RankWeights::resident_bytes, the planner's int4_bytes) count the bytes a loaded model holds.
 #include <doctest/doctest.h>
 
 // GCC 12 reports a false -Wstringop-overflow inside std::vector::insert when GgufBuilder::build is inlined here.
 #pragma GCC diagnostic ignored "-Wstringop-overflow"
 
+#include <cmath>
 #include <string>
 
+#include "parallel/plan_model.h"
 #include "runtime/builder/build.h"
+#include "runtime/builder/estimate.h"
 #include "runtime/model/rank_weights.h"
 #include "tests/runtime/model/golden.h"
 #include "tests/runtime/model/quant_test_util.h"
@@ -176,4 +180,44 @@ TEST_CASE("gguf-py K-quant fixture model: W4A8 logits within the 4-bit GGUF tole
     const double e8 = rel_error(w8.data(), f32.data(), f32.size());
     MESSAGE("K-quant fixture model against its f32 read: W4A8 " << e8);
     CHECK(e8 < 5e-2);
+}
+
+TEST_CASE("K-quant GGUF: resident bytes and the planner count what a loaded W4A8 model holds (Q4_K 4.5, Q6_K 6.6)") {
+    auto src = open_model(k_file(test::KTypes{}, "test_kquant_bytes.gguf"));  // q, k, o, gate, up Q4_K; v, down Q6_K
+    const bool kq = cpu_keeps_kquant();
+    const double H = test::kKH, F = test::kKF, V = test::kKV, HD = test::kKHeadDim;
+    // Per 16 channels and 256 columns: Q4_K 2304 bytes, Q6_K 3392; the tied Q4_K head one panel of 16; the
+    // table (Q4_K in the file) and three norms f32. The group form: 20 bytes per 32 weights.
+    const double q4_rows = 2 * HD + HD + H + 2 * F, q6_rows = HD + H;
+    const double floats = V * H * 4 + 3 * H * 4;
+    const double kq_linears = q4_rows / 16 * 2304 * (H / 256) + q6_rows / 16 * 3392 * (H / 256);
+    const double group_linears = (q4_rows + q6_rows) * H / 32 * 20;
+    for (QuantMode q : {QuantMode::kW4A8, QuantMode::kW4A16}) {
+        CAPTURE(quant_mode_name(q));
+        ModelOptions o = quant_options(q);
+        o.quant_head = true;  // the tied Q4_K head a 4-bit linear of its own (a float one shares the table)
+        CpuBackend be(CpuBackendOptions{1, false, false});
+        const Model model(*src, be, o, nullptr);
+        const double held = double(model.weight_bytes());
+        const RankWeights rw(*src, o);
+        const double resident = rw.resident_bytes(false, kq);
+        CHECK(std::abs(held - resident) < 128);  // the model holds a few bytes of its own beside the weights
+        const bool kept = kq && q == QuantMode::kW4A8;
+        CHECK(resident == (kept ? kq_linears + 2304 + floats : group_linears + V * H / 32 * 20 + floats));
+        // A CPU without the K-quant kernels (AVX2) packs the group form: 5 bits a weight for Q6_K parts too.
+        if (kept) CHECK(rw.resident_bytes(false, false) == group_linears + V * H / 32 * 20 + floats);
+    }
+    // The planner: the layers' linears at the file's mix (int4_bytes_per_weight), the group form without it.
+    const double ratio = int4_bytes_per_weight(*src, true);
+    CHECK(ratio == doctest::Approx(kq_linears / ((q4_rows + q6_rows) * H)));
+    CHECK(int4_bytes_per_weight(*src, false) == doctest::Approx(20.0 / 32));
+    PlanRequest r;
+    r.model = src->config().dims();
+    r.device = find_device("cpu");
+    r.link = find_link(r.device.link);
+    r.quant = PlanQuant::kW4A8;
+    const double group = estimate_memory(r, 1, 1).weights;
+    r.int4_bytes = ratio;
+    const double planned = estimate_memory(r, 1, 1).weights;
+    CHECK(group - planned == doctest::Approx((q4_rows + q6_rows) * H * (20.0 / 32 - ratio)));
 }

@@ -315,8 +315,8 @@ TEST_CASE("w4a8 on the K-quant layout: AVX-512 equals the scalar reference bit f
     const PackedInt4 ref = pack_int4_weights(w.matrix(), IsaLevel::kScalar, true);
     REQUIRE(ref.kq);
     CHECK(ref.bytes() == 3 * 2 * kKqQ4Bytes + 1 * 2 * kKqQ6Bytes);  // 3 Q4_K panels, 1 Q6_K, 2 super-blocks
-    ThreadPool pool(2, false);
-    for (int64_t m : {1, 2, 5}) {
+    ThreadPool pool(2, false), one(1, false);  // one thread: a call gets all panels (the prefill tile's pairs)
+    for (int64_t m : {1, 2, 5, 9}) {
         CAPTURE(m);
         std::vector<float> x(size_t(m * k));
         std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -348,9 +348,11 @@ TEST_CASE("w4a8 on the K-quant layout: AVX-512 equals the scalar reference bit f
             CAPTURE(isa_name(isa));
             const PackedInt4 p = pack_int4_weights(w.matrix(), isa, true);
             REQUIRE(p.kq);
-            std::vector<float> y(y_ref.size(), -2.0f);
-            gemm_w4a8(x.data(), m, k, p, y.data(), pool);
-            CHECK(first_difference(y.data(), y_ref.data(), int64_t(y.size())) == -1);
+            for (ThreadPool* tp : {&pool, &one}) {
+                std::vector<float> y(y_ref.size(), -2.0f);
+                gemm_w4a8(x.data(), m, k, p, y.data(), *tp);
+                CHECK(first_difference(y.data(), y_ref.data(), int64_t(y.size())) == -1);
+            }
         }
     }
     // W4A16 has no K-quant kernels: such a linear packs the group form; a part that splits a panel, too.
