@@ -1,4 +1,4 @@
-// Binds a `lattice batch` output to the input its results came from (issue 33 item 2), so that a
+// Binds a `lattice batch` output to the input its results came from, so that a
 // rerun after the input was edited cannot mix results: results are keyed by id, and a bare body's id
 // "line-N" moves with every line inserted above it, so the old results would be kept under ids that
 // now name other requests and the requests that took their place would never run.
