@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Batch throughput: `lattice batch` against llama.cpp's llama-batched-bench, same model, same run.
 
-Workload (issue 11): N requests of 128 prompt tokens and 64 new tokens each (ignore_eos), N = 1, 4,
+Workload: N requests of 128 prompt tokens and 64 new tokens each (ignore_eos), N = 1, 4,
 16, 64, on the TinyLlama-1.1B shape with random weights written as a Q8_0 GGUF
 (benchmarks/tools/make_random_gguf.py, Llama 2 vocab from ../shared), 2 threads. lattice runs it
 W8A8 with the LM head in int8 (--quant auto on a Q8_0 file); llama.cpp runs the same file.
@@ -14,7 +14,7 @@ and point LLAMA_CPP_BIN at the folder holding llama-batched-bench; without it on
 --preset mixtral-tiny-8x1.1b runs the same workload on the Mixtral-style shape of that name (TinyLlama's
 attention and layers, 8 experts top 2 of a quarter of its FFN each: 1.9 B parameters, 0.7 B active per
 token), written the way current llama.cpp writes Mixtral (merged ffn_*_exps tensors); N = 1 is decode
-alone, N = 16 the 16-request batch (issue 32).
+alone, N = 16 the 16-request batch.
 Usage: benchmarks/bench_batch.py [--build build] [--out benchmarks/results/cpu-2core-spr]
                                  [--n 1,4,16,64] [--threads 2] [--model FILE.gguf]
                                  [--preset tinyllama-1.1b | mixtral-tiny-8x1.1b]

@@ -1,6 +1,6 @@
 // INT8 and 4-bit GEMM benchmark: GOP/s of W8A8, W8A16, W4A8 and W4A16 (4-bit: GGUF Q4_1's form, group 32,
 // int4_gemm.h) for each ISA path this CPU runs, at m = 1, 16, 128,
-// 512 on n x k = 4096 x 4096 and 11008 x 4096 (the 4096x4096 and 4096x11008 layers), with
+// 512 on n x k = 4096 x 4096 and 11008 x 4096 (a 7B model's attention and FFN layers), with
 //   - the ratio to this CPU's int8 peak, measured by a register-only loop of the best ISA's instruction
 //     (vpdpbusd zmm; else vpdpbusd ymm; else AVX2's vpmaddwd + vpaddd) (12 independent
 //     accumulator chains per thread, all threads), and

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Start-up: time from launch to first token, original bf16 checkpoint vs its `lattice convert` form.
 
-Workload (issue 15): the TinyLlama-1.1B shape written as a bf16 Hugging Face checkpoint of random
+Workload: the TinyLlama-1.1B shape written as a bf16 Hugging Face checkpoint of random
 weights (benchmarks/tools/make_random_hf.py), run W8A8; the same model converted with
 `lattice convert --quant w8a8` for tp 1 and tp 2. For each tp and form, `lattice generate
 --prompt-ids 1,2,3,4 --max-new-tokens 1` (under mpirun -np 2 for tp 2) is timed from launch to exit:

@@ -2,7 +2,7 @@
 """Serving load: `lattice serve` (and, beside it in the same run, llama.cpp's llama-server) under C
 concurrent streaming clients.
 
-Workload (issue 12): C = 1, 4, 16, 64 clients, each sending R requests one after the other (default 2) of
+Workload: C = 1, 4, 16, 64 clients, each sending R requests one after the other (default 2) of
 128 random prompt token ids and 64 new tokens (ignore_eos, greedy) to POST /v1/completions with
 "stream": true; the model is the TinyLlama-1.1B shape with random weights as a Q8_0 GGUF (made by
 benchmarks/tools/make_random_gguf.py as in bench_batch.py), 2 threads. lattice runs it W8A8 (--quant auto

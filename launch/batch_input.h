@@ -1,4 +1,4 @@
-// Binds a `lattice batch` output to the input its results came from (issue 33 item 2), so that a
+// Binds a `lattice batch` output to the input its results came from, so that a
 // rerun after the input was edited cannot mix results: results are keyed by id, and a bare body's id
 // "line-N" moves with every line inserted above it, so the old results would be kept under ids that
 // now name other requests and the requests that took their place would never run.
@@ -59,7 +59,7 @@ nlohmann::json batch_line_id(std::string_view line, int64_t line_no);
 // Error naming both lines and the id when two non-blank lines of the input have the same string or
 // integer id. Lines are read as `lattice batch` reads them: split at '\n', blank ones (only spaces,
 // tabs, '\r') skipped but counted, at most kBatchLineKeepBytes of each looked at.
-constexpr size_t kBatchLineKeepBytes = (size_t(8) << 20) + 1;  // cmd_batch.cpp's kKeepBytes
+constexpr size_t kBatchLineKeepBytes = (size_t(8) << 20) + 1;  // batch_run.cpp's kKeepBytes
 void check_batch_ids(const std::string& input);
 
 }  // namespace lattice

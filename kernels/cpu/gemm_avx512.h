@@ -1,7 +1,8 @@
-// AVX-512 pieces shared by the int8 and 4-bit kernel files (int8_gemm_avx512.cpp, int4_gemm_avx512.cpp; only
-// files compiled with the AVX-512 flags include this): the accumulate instructions, the panel tail mask and
-// the prefill tile over panels dequantized to f32 ([k_padded][16] floats per panel, k-major), which W8A16 and
-// W4A16 both run once they have converted a panel pair.
+// AVX-512 pieces shared by the int8 and 4-bit kernel files (int8_gemm_avx512.cpp, int4_gemm_avx512.cpp,
+// int4_gemm_kq_avx512.cpp; only files compiled with the AVX-512 flags include this): the accumulate
+// instructions, the f16 scale load, the panel tail mask and the prefill tile over panels dequantized to f32
+// ([k_padded][16] floats per panel, k-major), which W8A16 and W4A16 both run once they have converted a panel
+// pair.
 #pragma once
 
 #include <immintrin.h>
@@ -23,6 +24,11 @@ inline void dpbusd(__m512i& acc, __m512i a_u8, __m512i b_s8) {
 // acc += a * b, one rounding (vfmadd231ps, as std::fma), for the same reason as dpbusd.
 inline void fma_acc(__m512& acc, __m512 a, __m512 b) {
     __asm__("vfmadd231ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+}
+
+// 16 f16 values at p (unaligned) as floats: a panel's 16 channels' scales or minimums.
+inline __m512 load_f16x16(const uint8_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 // The channels of panel p that exist (n output channels in all).

@@ -13,6 +13,7 @@
 
 #include <cstring>
 
+#include "kernels/common/byte_loads.h"
 #include "kernels/cpu/int4_gemm_kernels.h"
 
 namespace lattice::int4_detail {
@@ -20,12 +21,6 @@ namespace {
 
 inline void fma_acc(__m256& acc, __m256 a, __m256 b) {
     __asm__("vfmadd231ps %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
-}
-
-inline int32_t load_i32(const void* p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
 }
 
 inline __m256 load_f16x8(const uint8_t* p) {

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/common/byte_loads.h"
 #include "kernels/cpu/gemm_avx512.h"
 #include "kernels/cpu/int4_gemm_kernels.h"
 
@@ -33,17 +34,8 @@ namespace {
 using avx512::dpbusd;
 using avx512::fd_all_rows;
 using avx512::fma_acc;
+using avx512::load_f16x16;
 using avx512::tail_mask;
-
-inline int32_t load_i32(const void* p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
-
-inline __m512 load_f16x16(const uint8_t* p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
 
 // A panel's per-group parameters at its block bs: the f16 scales d, and the minima (affine) or zero points
 // (zero-point); the others zero.

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "kernels/common/byte_loads.h"
 #include "kernels/cpu/int4_gemm.h"
 #include "kernels/cpu/int4_gemm_kernels.h"
 
@@ -15,12 +16,6 @@ namespace lattice {
 namespace {
 
 constexpr int64_t kSuper = 256;
-
-uint16_t load_u16(const uint8_t* p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return v;
-}
 
 // Element e (0..255) of a Q6_K block (dequant.h's order): q in 0..63.
 int q6_of(const uint8_t* blk, int e) {

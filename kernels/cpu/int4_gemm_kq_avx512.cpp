@@ -18,6 +18,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/common/byte_loads.h"
 #include "kernels/cpu/gemm_avx512.h"
 #include "kernels/cpu/int4_gemm_kernels.h"
 #include "kernels/cpu/row_blocks.h"
@@ -31,17 +32,8 @@ namespace {
 
 using avx512::dpbusd;
 using avx512::fma_acc;
+using avx512::load_f16x16;
 using avx512::tail_mask;
-
-inline int32_t load_i32(const void* p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
-
-inline __m512 load_f16x16(const uint8_t* p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
 
 inline __m128i load128(const uint8_t* p) {
     return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));

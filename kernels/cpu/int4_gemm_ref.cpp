@@ -6,17 +6,12 @@
 #include <cstring>
 
 #include "base/dtype.h"
+#include "kernels/common/byte_loads.h"
 #include "kernels/cpu/int4_gemm_kernels.h"
 
 namespace lattice::int4_detail {
 
 namespace {
-
-uint16_t load_u16(const uint8_t* p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return v;
-}
 
 // Zero point of channel j in a block (kOffset8: 8; kAffine: 0, unused).
 int32_t zero_point(const PackedInt4& w, const uint8_t* blk, int j) {

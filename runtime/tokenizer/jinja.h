@@ -10,7 +10,7 @@
 // Supported: {{ }}, {% %}, {# #}, whitespace control (-, +); if/elif/else, for (loop.*, for-else,
 // `for x in y if c`, tuple unpacking, break/continue), set (names, tuples, `ns.attr`, block set),
 // macro; literals (strings with Python escapes, numbers, lists, tuples, dicts); the operators of
-// Jinja's grammar; filters, tests and string/dict methods listed in jinja_builtins.cpp. Undefined
+// Jinja's grammar; filters, tests and string/dict methods listed in jinja_filters.cpp. Undefined
 // names render as "" and are falsy (jinja2's default Undefined); an attribute of an undefined value
 // is an error, as in jinja2. Strings are UTF-8; length and slicing count code points;
 // upper/lower/title change ASCII letters only.

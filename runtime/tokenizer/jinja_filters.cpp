@@ -8,6 +8,7 @@
 //            lower upper
 //   methods  str: startswith endswith split strip lstrip rstrip upper lower title capitalize replace
 //            find count join;  dict: get items keys values
+// Python's str algorithms they share (strip, case, replace, split) are in jinja_strings.cpp.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -19,125 +20,6 @@
 namespace lattice::jinja {
 
 namespace {
-
-bool py_space(unsigned char c) {
-    return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f);
-}
-
-// Python's str.isspace() for one UTF-8 code point.
-bool py_space_cp(const std::string& cp) {
-    if (cp.size() == 1) return py_space(static_cast<unsigned char>(cp[0]));
-    static const char* kSpaces[] = {"\u0085", "\u00a0", "\u1680", "\u2000", "\u2001", "\u2002", "\u2003",
-                                    "\u2004", "\u2005", "\u2006", "\u2007", "\u2008", "\u2009", "\u200a",
-                                    "\u2028", "\u2029", "\u202f", "\u205f", "\u3000"};
-    for (const char* sp : kSpaces)
-        if (cp == sp) return true;
-    return false;
-}
-
-// Python's str.strip / lstrip / rstrip: whitespace, or any code point of `chars`.
-std::string strip(const std::string& s, const Value* chars, bool left, bool right) {
-    const bool custom = chars && chars->is_string();
-    if (chars && !custom && !chars->is_none() && !chars->undefined()) throw Oops("strip: chars must be a string");
-    const std::vector<std::string> set = custom ? code_points(chars->s) : std::vector<std::string>{};
-    auto drop = [&](const std::string& cp) {
-        return custom ? std::find(set.begin(), set.end(), cp) != set.end() : py_space_cp(cp);
-    };
-    const std::vector<std::string> cps = code_points(s);
-    size_t b = 0, e = cps.size();
-    if (left)
-        while (b < e && drop(cps[b])) ++b;
-    if (right)
-        while (e > b && drop(cps[e - 1])) --e;
-    std::string out;
-    for (size_t i = b; i < e; ++i) out += cps[i];
-    return out;
-}
-
-std::string ascii_case(std::string s, bool upper) {
-    for (char& c : s)
-        c = char(upper ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
-    return s;
-}
-
-std::string title(const std::string& s) {
-    std::string out = s;
-    bool prev_letter = false;
-    for (char& c : out) {
-        const bool letter = std::isalpha(static_cast<unsigned char>(c)) != 0;
-        if (letter)
-            c = char(prev_letter ? std::tolower(static_cast<unsigned char>(c))
-                                 : std::toupper(static_cast<unsigned char>(c)));
-        prev_letter = letter;
-    }
-    return out;
-}
-
-std::string capitalize(const std::string& s) {
-    std::string out = ascii_case(s, false);
-    if (!out.empty()) out[0] = char(std::toupper(static_cast<unsigned char>(out[0])));
-    return out;
-}
-
-std::string replace(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
-    std::string out;
-    size_t at = 0;
-    int64_t done = 0;
-    if (from.empty()) {  // Python inserts `to` around every character
-        for (const std::string& cp : code_points(s)) {
-            if (count >= 0 && done >= count) {
-                out += cp;
-                continue;
-            }
-            charge_growing(out.size() + to.size() + cp.size());
-            out += to + cp;
-            ++done;
-        }
-        if (count < 0 || done < count) out += to;
-        return out;
-    }
-    for (;;) {
-        const size_t hit = (count >= 0 && done >= count) ? std::string::npos : s.find(from, at);
-        if (hit == std::string::npos) break;
-        charge_growing(out.size() + (hit - at) + to.size());
-        out += s.substr(at, hit - at) + to;
-        at = hit + from.size();
-        ++done;
-    }
-    return out + s.substr(at);
-}
-
-Value split(const std::string& s, const Value* sep, int64_t maxsplit) {
-    List parts;
-    if (!sep || sep->is_none()) {  // runs of whitespace, no empty parts
-        size_t i = 0;
-        while (i < s.size()) {
-            while (i < s.size() && py_space(static_cast<unsigned char>(s[i]))) ++i;
-            if (i >= s.size()) break;
-            if (maxsplit >= 0 && int64_t(parts.size()) >= maxsplit) {
-                parts.push_back(Value::str(strip(s.substr(i), nullptr, false, true)));
-                break;
-            }
-            size_t j = i;
-            while (j < s.size() && !py_space(static_cast<unsigned char>(s[j]))) ++j;
-            parts.push_back(Value::str(s.substr(i, j - i)));
-            i = j;
-        }
-        return Value::make_list(std::move(parts));
-    }
-    if (!sep->is_string()) throw Oops("split: the separator must be a string");
-    if (sep->s.empty()) throw Oops("split: empty separator");
-    size_t at = 0;
-    for (;;) {
-        const size_t hit =
-            (maxsplit >= 0 && int64_t(parts.size()) >= maxsplit) ? std::string::npos : s.find(sep->s, at);
-        if (hit == std::string::npos) break;
-        parts.push_back(Value::str(s.substr(at, hit - at)));
-        at = hit + sep->s.size();
-    }
-    parts.push_back(Value::str(s.substr(at)));
-    return Value::make_list(std::move(parts));
-}
 
 const Value& need_string(const Value* v, const char* what) {
     if (!v || !v->is_string()) throw Oops(fmt::format("{}: expected a string argument", what));

@@ -218,6 +218,17 @@ int64_t length(const Value& v);
 // Strings as code points for indexing and slicing.
 std::vector<std::string> code_points(const std::string& s);
 
+// Python's str operations (jinja_strings.cpp), for the filters and the string methods.
+// strip: whitespace, or any code point of `chars` (a string; None / Undefined: whitespace), from the left
+// and / or right end. split returns a list Value; sep null or None: runs of whitespace. count, maxsplit < 0:
+// no limit.
+std::string strip(const std::string& s, const Value* chars, bool left, bool right);
+std::string ascii_case(std::string s, bool upper);
+std::string title(const std::string& s);
+std::string capitalize(const std::string& s);
+std::string replace(const std::string& s, const std::string& from, const std::string& to, int64_t count);
+Value split(const std::string& s, const Value* sep, int64_t maxsplit);
+
 // Built-ins; `name` unknown -> Oops naming it. known_*: for the parser, which rejects unknown
 // filter and test names as jinja2's compiler does (even where never reached).
 bool known_filter(std::string_view name);

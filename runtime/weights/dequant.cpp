@@ -9,24 +9,12 @@
 
 #include "base/convert.h"
 #include "base/error.h"
+#include "kernels/common/byte_loads.h"
 
 namespace lattice {
 
 namespace {
 constexpr int64_t kBlock = 32;
-
-uint16_t load_u16(const uint8_t* p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return v;
-}
-
-// Q5_0 / Q5_1: element k's fifth bit is bit k of the little-endian u32 qh.
-uint32_t load_u32(const uint8_t* p) {
-    uint32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
 
 }  // namespace
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "kernels/common/byte_loads.h"
 #include "kernels/common/int4.h"
 #include "runtime/weights/dequant.h"
 
@@ -12,13 +13,6 @@ namespace lattice {
 namespace {
 
 constexpr int64_t kSuper = 256;
-
-uint16_t load_u16(const uint8_t* p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return v;
-}
-
 
 // Element t (0..31) of sub-block j of a Q4_K / Q5_K super-block's 128 nibble bytes.
 int nibble(const uint8_t* qs, int j, int t) {

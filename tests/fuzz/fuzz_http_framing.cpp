@@ -5,9 +5,9 @@
 // chunked by Beast, has no Content-Length and ends in exactly "chunked" (our verdict and the parser's
 // framing never disagree, the gap request smuggling lives in: an obs-folded Transfer-Encoding that
 // ended in "chunked" to us but not to Beast was the first finding); a refused one ends the stream (nothing after it is
-// parsed, as the server closes the connection); no exception, no sanitizer report. Seeds (seeds_http/): issue 33 item
-// 9's cases (xchunked, identity, "chunked, identity", chunked beside a Content-Length, each followed by a pipelined
-// GET) and well-framed requests.
+// parsed, as the server closes the connection); no exception, no sanitizer report. Seeds (seeds_http/): the
+// Transfer-Encoding values a smuggling attempt sends (xchunked, identity, "chunked, identity", chunked beside a
+// Content-Length, each followed by a pipelined GET) and well-framed requests.
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cstdint>

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Table-driven bad-input suite for the `lattice` executable (issue 16). Each case builds its hostile
+"""Table-driven bad-input suite for the `lattice` executable (hostile files and flags). Each case builds its hostile
 input in a fresh temp folder (bad_inputs.py), runs lattice under a memory limit (RLIMIT_AS) and a
 time limit, and asserts: the exit code (1: an error in the input or the run; 2: a bad command line;
 0 only where the case expects a warning or a result), exactly one "lattice: error:" line on stderr,

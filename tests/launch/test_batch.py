@@ -41,7 +41,7 @@ lattice, model = sys.argv[1], sys.argv[2]
 # the sanitizers); all: both.
 PART = sys.argv[3] if len(sys.argv) > 3 else "all"
 fails = []
-# 200 lines in the Release build (issue 31's size: both endpoints, structured output, bad lines); the
+# 200 lines in the Release build (both endpoints, structured output, bad lines); the
 # sanitizer build sets LATTICE_BATCH_LINES=40 (tests/launch/CMakeLists.txt) to stay within its budget.
 N_LINES = int(os.environ.get("LATTICE_BATCH_LINES", "200"))
 # At most 8 sequences in flight: a drain (SIGTERM, SIGUSR1) finishes those and leaves the rest of the
@@ -378,10 +378,10 @@ def ids_part(tmp):
 
 
 def input_binding_part(inp, out):
-    """Issue 33 item 2, on format_part's finished run: the output is bound to its input (OUTPUT.input). A line
-    appended at the end resumes (the old records kept byte for byte, only the new line runs); the issue's
-    repro, a line inserted at the top (a bare body, so every later "line-N" shifts) and a rerun on the same
-    --output, is refused naming both files, nothing changed; an output whose fingerprint is missing or
+    """On format_part's finished run: the output is bound to its input (OUTPUT.input). A line
+    appended at the end resumes (the old records kept byte for byte, only the new line runs); the case the
+    binding exists for, a line inserted at the top (a bare body, so every later "line-N" shifts) and a rerun on
+    the same --output, is refused naming both files, nothing changed; an output whose fingerprint is missing or
     damaged is refused. Leaves the input with the inserted line (restart_part runs it)."""
     side = out + ".input"
     check(os.path.exists(side), f"bind: the run wrote {side}")
@@ -398,7 +398,7 @@ def input_binding_part(inp, out):
     before, before_side = open(out).read(), open(side).read()
     with open(inp) as f:
         text = f.read()
-    with open(inp, "w") as f:  # the issue's repro: a line inserted at the top
+    with open(inp, "w") as f:  # the case the binding exists for: a line inserted at the top
         f.write(json.dumps({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3, "temperature": 0})
                 + "\n" + text)
     rc, err = run([lattice], inp, out)

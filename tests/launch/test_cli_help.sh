@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The command line as users of llama.cpp and vLLM expect it (issue 17):
+# The command line as users of llama.cpp and vLLM expect it:
 #  - every option of every subcommand's --help states its default (a flag's is "off"), and the
 #    subcommands end with examples;
 #  - -m/--model and -t/--threads; info, tokenize and score default to the built-in model;

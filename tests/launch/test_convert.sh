@@ -2,10 +2,10 @@
 # `lattice convert` and `lattice verify` as users drive them: a converted folder generates the same
 # tokens as its original (one rank, and tp 2 under mpirun after a parallel conversion), verify says
 # "ok" per file (the manifest's own content first: its seal) and exits 0, names a corrupted file and
-# exits 1, names an edited manifest (hidden_size, layer count, vocab, quant mode: issue 33 item 5) and
+# exits 1, names an edited manifest (hidden_size, layer count, vocab, quant mode: each value valid) and
 # exits 1, and says an unsealed manifest is unchecked, a folder of another layout is one
 # clear line naming the layout it holds, --verify catches a flipped byte at load (weights and
-# tokenizer; the tokenizer tampered as issue 33 item 4 did), progress lines when stderr is not a terminal, SIGTERM leaves no partial folder and a dead
+# tokenizer; a token renamed in a same-size tokenizer), progress lines when stderr is not a terminal, SIGTERM leaves no partial folder and a dead
 # conversion's partial folder is removed by the next one, the default (Q4_1 GGUF) model converts with --quant auto (w4a8) and keeps
 # its tokenizer (text in, same text out).
 # Usage: test_convert.sh LATTICE_BINARY SHARED_DIR DEFAULT_MODEL
@@ -33,7 +33,7 @@ check "verify checks the manifest's content first" test "$(head -1 <<<"$out")" =
     "ok       manifest.json (its content matches its manifest_sha256)"
 check "verify counts the manifest among the intact files" grep -q "c1: 2 of 2 files intact (" <<<"$out"
 
-# An edited manifest (issue 33 item 5: each value valid, so only the seal can tell): verify names it
+# An edited manifest (each value valid, so only the seal can tell): verify names it
 # and exits 1 (the other files still checked), a load refuses it naming it; without its seal
 # (an older conversion) verify says unchecked, never intact.
 cp -r "$tmp/c1" "$tmp/c1e"
@@ -140,7 +140,7 @@ assert q['mode'] == 'w4a8' and q['quant_head'] is True, q"
     check "... and removed the dead pid's, saying so" grep -q "partial-$dead.*interrupted conversion" "$tmp/sig.err"
     check "... and no output folder" test ! -e "$tmp/smol2"
     # A tampered tokenizer (same size) is caught by --verify, which checks every file the text goes
-    # through: issue 33 item 4's repro, the token "ĠParis" renamed "ĠRome!" (a load without --verify
+    # through: the token "ĠParis" renamed "ĠRome!" (a load without --verify
     # answers "Rome!").
     python3 - "$tmp/smol/tokenizer.gguf" <<'PY'
 import struct, sys

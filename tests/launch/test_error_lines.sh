@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One line per error (issue 17). A user must see one line naming the culprit, once, from one rank,
+# One line per error. A user must see one line naming the culprit, once, from one rank,
 # without source locations; --verbose restores the origin and every rank's own line.
 #  - 1 rank: a bad flag -> exit 2, one line, "see lattice generate --help", no [file:line];
 #    a missing --model -> exit 1, one line naming it, no [host r0/1 file:line]; --verbose adds it.

@@ -15,14 +15,16 @@
 #include "launch/openai/tool_stream.h"
 #include "launch/server/api.h"
 #include "runtime/tokenizer/tokenizer.h"
+#include "tests/launch/serve_routes.h"
 
 using lattice::openai::ApiCall;
 using lattice::openai::Delta;
 using lattice::openai::ResponseShaper;
 using lattice::openai::ToolCallStream;
-using lattice::serve::RouteContext;
-using lattice::serve::RouteInput;
 using lattice::serve::ServedModel;
+using lattice::test::post;
+using lattice::test::request;
+using lattice::test::serving;
 using nlohmann::json;
 
 namespace {
@@ -39,19 +41,7 @@ lattice::Tokenizer tokenizer_with(const std::string& tmpl) {
 }
 
 ServedModel model_of(const lattice::Tokenizer& tok) {
-    ServedModel m;
-    m.name = "tiny";
-    m.tokenizer = &tok;
-    m.limits = {4};
-    m.context = 4096;
-    return m;
-}
-
-lattice::serve::Routed request(const char* method, const std::string& path, const std::string& body,
-                               const ServedModel& m) {
-    RouteContext ctx;
-    ctx.model = &m;
-    return lattice::serve::route(RouteInput{method, path, "", body}, ctx);
+    return lattice::test::served_model("tiny", 4, 4096, &tok);
 }
 
 // Template: each turn's role and content concatenated as strings (null content would fail to add).
@@ -86,13 +76,13 @@ TEST_CASE("the openai SDK's tool loop renders; a template error names its line a
          "function": {"name": "f", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c", "content": "b"}],
         "tools": [{"type": "function", "function": {"name": "f"}}], "max_tokens": 2})";
-    const lattice::serve::Routed ok = request("POST", "/v1/chat/completions", loop, m);
+    const lattice::serve::Routed ok = post(serving(m), "/v1/chat/completions", loop);
     CHECK_MESSAGE(ok.call.has_value(), (ok.reply ? ok.reply->body : ""));
     const lattice::Tokenizer bad =
         tokenizer_with("{% for m in messages %}\n{{ raise_exception('no ' + m['role']) }}{% endfor %}");
     const ServedModel mb = model_of(bad);
     const lattice::serve::Routed r =
-        request("POST", "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}]})", mb);
+        post(serving(mb), "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}]})");
     REQUIRE(r.reply.has_value());
     CHECK(r.reply->status == 400);
     const std::string msg = json::parse(r.reply->body)["error"]["message"];
@@ -179,7 +169,7 @@ TEST_CASE("/tokenize, /detokenize, /tokenizer_info and /version in vLLM's shapes
     const lattice::Tokenizer tok = tokenizer_with(kPlain);
     const ServedModel m = model_of(tok);
     const auto body = [&](const char* method, const std::string& path, const std::string& b, int status) {
-        const lattice::serve::Routed r = request(method, path, b, m);
+        const lattice::serve::Routed r = request(serving(m), method, path, b);
         REQUIRE(r.reply.has_value());
         CHECK_MESSAGE(r.reply->status == status, r.reply->body);
         return json::parse(r.reply->body);

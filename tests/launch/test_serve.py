@@ -25,7 +25,7 @@ every output is checked against `lattice generate` or the golden continuations:
      call whose arguments validate (streamed: the same call in one delta), "none": text; the same in a `lattice
      batch` file (and a line of 2 prompts x n 2 equal to the server's answer); an unsupported keyword, a bad regex,
      two constraints at once, an unknown tool are 400s naming the culprit; --kv-cache-gb 0.02 (29 blocks): /v1/models
-     advertises a max_model_len the cache holds and a chat without max_tokens runs (issue 33 item 11).
+     advertises a max_model_len the cache holds and a chat without max_tokens runs.
   5. (part "fronts") the same three requests (ended by length, by a stop string, a chat) through
      `generate --json`, `batch` and serve give the same ids, text, finish reason and usage.
 Without the openai package the same requests and checks go through http.client (Api below), so the test
@@ -928,7 +928,7 @@ try:
         s = Server(["--model", builtin, "--threads", "2", "--served-model-name", "smol"])
         structured_section(s, Api(s.port, ""))
         s.stop()
-        # Issue 33 item 11: a KV cache of 29 blocks bounds the context /v1/models advertises, and a chat without
+        # A KV cache of 29 blocks bounds the context /v1/models advertises, and a chat without
         # max_tokens (the rest of that context) runs.
         s = Server(["--model", builtin, "--threads", "2", "--served-model-name", "smol", "--kv-cache-gb", "0.02"])
         st, _, raw = s.request("GET", "/v1/models")

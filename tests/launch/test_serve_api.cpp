@@ -16,6 +16,7 @@
 #include "launch/server/metrics.h"
 #include "launch/openai/tools.h"
 #include "runtime/tokenizer/tokenizer.h"
+#include "tests/launch/serve_routes.h"
 
 using lattice::SampledToken;
 using lattice::openai::ApiCall;
@@ -24,8 +25,10 @@ using lattice::openai::ResponseShaper;
 using lattice::serve::Metrics;
 using lattice::serve::RouteContext;
 using lattice::serve::Routed;
-using lattice::serve::RouteInput;
 using lattice::serve::ServedModel;
+using lattice::test::expect_error;
+using lattice::test::get;
+using lattice::test::post;
 using nlohmann::json;
 
 namespace {
@@ -59,31 +62,9 @@ json data(const std::string& ev) {
 }
 
 ServedModel tiny_model() {
-    ServedModel m;
-    m.name = "tiny";
-    m.limits = {320};  // no tokenizer: prompts are token ids
-    m.context = 64;
+    ServedModel m = lattice::test::served_model("tiny", 320, 64);  // no tokenizer: prompts are token ids
     m.created = 1700000000;
     return m;
-}
-
-Routed post(const std::string& path, const std::string& body, const RouteContext& ctx, const std::string& auth = "") {
-    return lattice::serve::route(RouteInput{"POST", path, auth, body}, ctx);
-}
-
-// The reply is an OpenAI error body with this status; returns its "error" object.
-json expect_error(const Routed& r, int status) {
-    REQUIRE(r.reply.has_value());
-    CHECK(r.reply->status == status);
-    const json j = json::parse(r.reply->body);
-    REQUIRE(j.contains("error"));
-    const json& e = j["error"];
-    CHECK(e["message"].is_string());
-    CHECK(!e["message"].get<std::string>().empty());
-    CHECK(e["type"].is_string());
-    CHECK(e.contains("param"));
-    CHECK(e.contains("code"));
-    return e;
 }
 
 }  // namespace
@@ -91,110 +72,108 @@ json expect_error(const Routed& r, int status) {
 TEST_CASE("routes refuse, in order, what they must") {
     const ServedModel m = tiny_model();
     Metrics metrics;
-    RouteContext ctx;
-    ctx.model = &m;
+    RouteContext ctx = lattice::test::serving(m);
     ctx.metrics = &metrics;
 
     SUBCASE("unknown path 404, wrong method 405 with Allow") {
-        expect_error(lattice::serve::route({"GET", "/nope", "", ""}, ctx), 404);
-        const Routed r = lattice::serve::route({"GET", "/v1/completions", "", ""}, ctx);
+        expect_error(get(ctx, "/nope"), 404);
+        const Routed r = get(ctx, "/v1/completions");
         expect_error(r, 405);
         CHECK(r.reply->headers.size() == 1);
         CHECK(r.reply->headers[0] == std::pair<std::string, std::string>{"Allow", "POST"});
-        expect_error(lattice::serve::route({"POST", "/health", "", ""}, ctx), 405);
+        expect_error(post(ctx, "/health", ""), 405);
     }
     SUBCASE("API key: every /v1 route, constant-time compare, not /health or /metrics") {
         ctx.api_key = "sekrit-key";
         const std::string body = R"({"prompt": [1, 2, 3]})";
-        const json e = expect_error(post("/v1/completions", body, ctx), 401);
+        const json e = expect_error(post(ctx, "/v1/completions", body), 401);
         CHECK(e["code"] == "invalid_api_key");
-        expect_error(post("/v1/completions", body, ctx, "Bearer sekrit-kez"), 401);
-        expect_error(post("/v1/completions", body, ctx, "Bearer sekrit-key2"), 401);
-        expect_error(post("/v1/completions", body, ctx, "sekrit-key"), 401);
-        expect_error(lattice::serve::route({"GET", "/v1/models", "", ""}, ctx), 401);
-        expect_error(lattice::serve::route({"GET", "/v1/whatever", "", ""}, ctx), 401);  // before 404
-        CHECK(post("/v1/completions", body, ctx, "Bearer sekrit-key").call.has_value());
-        CHECK(lattice::serve::route({"GET", "/health", "", ""}, ctx).reply->status == 200);
-        CHECK(lattice::serve::route({"GET", "/metrics", "", ""}, ctx).reply->status == 200);
+        expect_error(post(ctx, "/v1/completions", body, "Bearer sekrit-kez"), 401);
+        expect_error(post(ctx, "/v1/completions", body, "Bearer sekrit-key2"), 401);
+        expect_error(post(ctx, "/v1/completions", body, "sekrit-key"), 401);
+        expect_error(get(ctx, "/v1/models"), 401);
+        expect_error(get(ctx, "/v1/whatever"), 401);  // before 404
+        CHECK(post(ctx, "/v1/completions", body, "Bearer sekrit-key").call.has_value());
+        CHECK(get(ctx, "/health").reply->status == 200);
+        CHECK(get(ctx, "/metrics").reply->status == 200);
     }
     SUBCASE("loading: /health 503, /v1 503; draining: completions 503, models still listed") {
         RouteContext loading = ctx;
         loading.model = nullptr;
-        CHECK(lattice::serve::route({"GET", "/health", "", ""}, loading).reply->status == 503);
-        expect_error(post("/v1/completions", R"({"prompt": [1]})", loading), 503);
+        CHECK(get(loading, "/health").reply->status == 503);
+        expect_error(post(loading, "/v1/completions", R"({"prompt": [1]})"), 503);
         RouteContext draining = ctx;
         draining.draining = true;
-        expect_error(post("/v1/chat/completions", R"({"messages": []})", draining), 503);
-        CHECK(lattice::serve::route({"GET", "/v1/models", "", ""}, draining).reply->status == 200);
+        expect_error(post(draining, "/v1/chat/completions", R"({"messages": []})"), 503);
+        CHECK(get(draining, "/v1/models").reply->status == 200);
     }
     SUBCASE("bodies: malformed JSON, deep nesting, wrong types, empty messages") {
-        CHECK(expect_error(post("/v1/completions", "{\"prompt\": [1, 2", ctx), 400)["message"] ==
+        CHECK(expect_error(post(ctx, "/v1/completions", "{\"prompt\": [1, 2"), 400)["message"] ==
               "the body is not valid JSON");
-        expect_error(post("/v1/completions", std::string(100000, '[') + std::string(100000, ']'), ctx), 400);
-        expect_error(post("/v1/completions", "[1, 2]", ctx), 400);
-        CHECK(expect_error(post("/v1/completions", R"({"prompt": [1], "max_tokens": "8"})", ctx), 400)["param"] ==
+        expect_error(post(ctx, "/v1/completions", std::string(100000, '[') + std::string(100000, ']')), 400);
+        expect_error(post(ctx, "/v1/completions", "[1, 2]"), 400);
+        CHECK(expect_error(post(ctx, "/v1/completions", R"({"prompt": [1], "max_tokens": "8"})"), 400)["param"] ==
               "max_tokens");
-        CHECK(expect_error(post("/v1/completions", R"({"prompt": [1], "temperature": -1})", ctx), 400)["param"] ==
+        CHECK(expect_error(post(ctx, "/v1/completions", R"({"prompt": [1], "temperature": -1})"), 400)["param"] ==
               "temperature");
-        CHECK(expect_error(post("/v1/completions", R"({"prompt": [1, 999]})", ctx), 400)["param"] == "prompt");
-        CHECK(expect_error(post("/v1/completions", R"({"prompt": [1], "return_token_ids": 1})", ctx), 400)["param"] ==
+        CHECK(expect_error(post(ctx, "/v1/completions", R"({"prompt": [1, 999]})"), 400)["param"] == "prompt");
+        CHECK(expect_error(post(ctx, "/v1/completions", R"({"prompt": [1], "return_token_ids": 1})"), 400)["param"] ==
               "return_token_ids");
-        CHECK(expect_error(post("/v1/chat/completions", R"({"messages": []})", ctx), 400)["param"] == "messages");
+        CHECK(expect_error(post(ctx, "/v1/chat/completions", R"({"messages": []})"), 400)["param"] == "messages");
         json long_prompt = {{"prompt", json::array()}};
         for (int i = 0; i < 64; ++i) long_prompt["prompt"].push_back(1);
         // A prompt that fills the context: 400 here, naming the prompt (the context is ServedModel's).
-        CHECK(expect_error(post("/v1/completions", long_prompt.dump(), ctx), 400)["param"] == "prompt");
-        expect_error(post("/v1/completions", R"({"prompt": "text needs a tokenizer"})", ctx), 400);
+        CHECK(expect_error(post(ctx, "/v1/completions", long_prompt.dump()), 400)["param"] == "prompt");
+        expect_error(post(ctx, "/v1/completions", R"({"prompt": "text needs a tokenizer"})"), 400);
     }
     SUBCASE("min_tokens above max_tokens: 400 naming both (vLLM's rule); equal is fine") {
         const json e =
-            expect_error(post("/v1/completions", R"({"prompt": [1], "max_tokens": 4, "min_tokens": 5})", ctx), 400);
+            expect_error(post(ctx, "/v1/completions", R"({"prompt": [1], "max_tokens": 4, "min_tokens": 5})"), 400);
         CHECK(e["param"] == "min_tokens");
         CHECK(e["message"].get<std::string>().find("(5)") != std::string::npos);
         CHECK(e["message"].get<std::string>().find("(4)") != std::string::npos);
-        CHECK(post("/v1/completions", R"({"prompt": [1], "max_tokens": 4, "min_tokens": 4})", ctx).call.has_value());
+        CHECK(post(ctx, "/v1/completions", R"({"prompt": [1], "max_tokens": 4, "min_tokens": 4})").call.has_value());
     }
     SUBCASE("max_tokens beyond the context's room: 400 naming max_tokens, the prompt and the context") {
         json b = {{"prompt", json::array()}, {"max_tokens", 5}};
         for (int i = 0; i < 60; ++i) b["prompt"].push_back(1);
-        const json e = expect_error(post("/v1/completions", b.dump(), ctx), 400);
+        const json e = expect_error(post(ctx, "/v1/completions", b.dump()), 400);
         CHECK(e["param"] == "max_tokens");
         CHECK(e["message"].get<std::string>().find("60 tokens") != std::string::npos);
         CHECK(e["message"].get<std::string>().find("64") != std::string::npos);
         b["max_tokens"] = 4;  // exactly the room
-        CHECK(post("/v1/completions", b.dump(), ctx).call.has_value());
+        CHECK(post(ctx, "/v1/completions", b.dump()).call.has_value());
         b["prompt"].push_back(1);  // a list of prompts: the longest one counts
         b["prompt"] = json::array({json::array({1, 2}), b["prompt"]});
-        expect_error(post("/v1/completions", b.dump(), ctx), 400);
+        expect_error(post(ctx, "/v1/completions", b.dump()), 400);
     }
     SUBCASE("/health: 200 when ready, 503 with Retry-After while draining") {
         RouteContext draining = ctx;
         draining.draining = true;
-        const Routed h = lattice::serve::route({"GET", "/health", "", ""}, draining);
+        const Routed h = get(draining, "/health");
         CHECK(h.reply->status == 503);
         CHECK(json::parse(h.reply->body)["status"] == "draining");
         CHECK(h.reply->headers.size() == 1);
-        CHECK(lattice::serve::route({"GET", "/health", "", ""}, ctx).reply->status == 200);
+        CHECK(get(ctx, "/health").reply->status == 200);
     }
     SUBCASE("model: another name 404, the served name or none accepted") {
-        const json e = expect_error(post("/v1/completions", R"({"model": "gpt-4", "prompt": [1]})", ctx), 404);
+        const json e = expect_error(post(ctx, "/v1/completions", R"({"model": "gpt-4", "prompt": [1]})"), 404);
         CHECK(e["code"] == "model_not_found");
         CHECK(e["param"] == "model");
-        CHECK(post("/v1/completions", R"({"model": "tiny", "prompt": [1]})", ctx).call.has_value());
-        CHECK(post("/v1/completions", R"({"prompt": [1]})", ctx).call.has_value());
-        expect_error(lattice::serve::route({"GET", "/v1/models/gpt-4", "", ""}, ctx), 404);
-        const Routed card = lattice::serve::route({"GET", "/v1/models/tiny", "", ""}, ctx);
+        CHECK(post(ctx, "/v1/completions", R"({"model": "tiny", "prompt": [1]})").call.has_value());
+        CHECK(post(ctx, "/v1/completions", R"({"prompt": [1]})").call.has_value());
+        expect_error(get(ctx, "/v1/models/gpt-4"), 404);
+        const Routed card = get(ctx, "/v1/models/tiny");
         CHECK(json::parse(card.reply->body)["id"] == "tiny");
-        const json list = json::parse(lattice::serve::route({"GET", "/v1/models?x=1", "", ""}, ctx).reply->body);
+        const json list = json::parse(get(ctx, "/v1/models?x=1").reply->body);
         CHECK(list["object"] == "list");
         CHECK(list["data"][0]["id"] == "tiny");
         CHECK(list["data"][0]["max_model_len"] == 64);
     }
     SUBCASE("a good request becomes a call with its fields") {
         ctx.request_number = 7;
-        const Routed r = post("/v1/completions", R"({"prompt": [5, 6], "max_tokens": 3, "stream": true,
-            "stream_options": {"include_usage": true}, "temperature": 0})",
-                              ctx);
+        const Routed r = post(ctx, "/v1/completions", R"({"prompt": [5, 6], "max_tokens": 3, "stream": true,
+            "stream_options": {"include_usage": true}, "temperature": 0})");
         REQUIRE(r.call.has_value());
         CHECK(r.route == "/v1/completions");
         CHECK(r.call->id == "cmpl-0000000000000007");
@@ -264,10 +243,9 @@ TEST_CASE("response shapes follow OpenAI's") {
 
 TEST_CASE("choices: n, best_of, lists of prompts, logprobs and echo parsed; seeds seed + i") {
     const ServedModel m = tiny_model();
-    RouteContext ctx;
-    ctx.model = &m;
+    const RouteContext ctx = lattice::test::serving(m);
     auto call = [&](const std::string& path, const std::string& body) {
-        const Routed r = post(path, body, ctx);
+        const Routed r = post(ctx, path, body);
         REQUIRE_MESSAGE(r.call.has_value(), (r.reply ? r.reply->body : ""));
         return r.call->request;
     };
@@ -299,10 +277,10 @@ TEST_CASE("choices: n, best_of, lists of prompts, logprobs and echo parsed; seed
              {R"({"prompt": [1], "frobnicate": 1})", "frobnicate"}}) {
         const std::string& body = body_field.first;
         CAPTURE(body);
-        CHECK(expect_error(post("/v1/completions", body, ctx), 400)["param"] == body_field.second);
+        CHECK(expect_error(post(ctx, "/v1/completions", body), 400)["param"] == body_field.second);
     }
-    CHECK(expect_error(post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}],
-        "best_of": 2})", ctx), 400)["param"] == "best_of");
+    CHECK(expect_error(post(ctx, "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}],
+        "best_of": 2})"), 400)["param"] == "best_of");
 }
 
 TEST_CASE("logprobs, several choices and best_of in OpenAI's shapes") {

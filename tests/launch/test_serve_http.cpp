@@ -12,7 +12,7 @@
 //    render being routed when the drain begins is interrupted (a 503 naming the template's line);
 //  - every POST is routed (parsed, its chat template rendered, tokenized) off the I/O thread: while
 //    its route is held at a gate, /health, /metrics and other requests on the one I/O thread answer;
-//  - `ulimit -n 64` with 200 idle connections (issue 33 item 7, in a forked server process): the
+//  - `ulimit -n 64` with 200 idle connections (more connections than descriptors, in a forked server process): the
 //    connection limit fits the descriptors, the excess and a valid request are answered 503 with
 //    Retry-After (not left to time out behind accept() failures), and once the idle ones go a
 //    request is served.

@@ -14,6 +14,7 @@
 #include "launch/server/lora_catalog.h"
 #include "launch/server/metrics.h"
 #include "runtime/arch/config.h"
+#include "tests/launch/serve_routes.h"
 #include "tests/test_paths.h"
 
 using namespace lattice;
@@ -37,8 +38,9 @@ std::string fixture(const std::string& rel) {
     return std::string(LATTICE_SOURCE_DIR) + "/tests/runtime/model/lora/" + rel;
 }
 
+// A POST with the test's API key.
 Routed post(const RouteContext& ctx, const std::string& path, const json& body) {
-    return serve::route({"POST", path, "Bearer k", body.dump()}, ctx);
+    return test::post(ctx, path, body.dump(), "Bearer k");
 }
 
 }  // namespace
@@ -48,21 +50,17 @@ TEST_CASE("serve LoRA routes: models list, adapter by model, 404 naming it, load
     LoraRegistry reg(cfg, 2, 16);
     LoraCatalog cat(reg, "tiny");
     cat.seed("a4", fixture("tiny-llama2/a4"));
-    ServedModel m;
-    m.name = "tiny";
-    m.limits = openai::ApiLimits{cfg.vocab};
-    m.context = 64;
+    ServedModel m = test::served_model("tiny", cfg.vocab, 64);
     m.loras = &cat;
-    RouteContext ctx;
+    RouteContext ctx = test::serving(m);
     ctx.api_key = "k";
-    ctx.model = &m;
-    const Routed list = serve::route({"GET", "/v1/models", "Bearer k", ""}, ctx);
+    const Routed list = test::get(ctx, "/v1/models", "Bearer k");
     REQUIRE(list.reply);
     const json cards = json::parse(list.reply->body)["data"];
     REQUIRE(cards.size() == 2);
     CHECK(cards[1]["id"] == "a4");
     CHECK(cards[1]["parent"] == "tiny");
-    CHECK(json::parse(serve::route({"GET", "/v1/models/a4", "Bearer k", ""}, ctx).reply->body)["parent"] == "tiny");
+    CHECK(json::parse(test::get(ctx, "/v1/models/a4", "Bearer k").reply->body)["parent"] == "tiny");
     const Routed ok = post(ctx, "/v1/completions", {{"model", "a4"}, {"prompt", {1, 2, 3}}});
     REQUIRE(ok.call);
     CHECK(ok.call->model == "a4");
@@ -98,9 +96,8 @@ TEST_CASE("serve LoRA routes: models list, adapter by model, 404 naming it, load
     // Without an API key the server reads no path it is given.
     RouteContext open = ctx;
     open.api_key = "";
-    const Routed refused = serve::route(
-        {"POST", "/v1/load_lora_adapter", "", json{{"lora_name", "c8"}, {"lora_path", fixture("tiny-llama2/c8")}}.dump()},
-        open);
+    const Routed refused = test::post(open, "/v1/load_lora_adapter",
+                                      json{{"lora_name", "c8"}, {"lora_path", fixture("tiny-llama2/c8")}}.dump());
     CHECK(refused.reply->status == 403);
 }
 

@@ -6,7 +6,7 @@
 //    own logits at that step put the two tokens within kNearTie of each other;
 //  - the cache's bytes per block: f16 half of f32, int8 (head_dim + 4) / (4 head_dim) of it;
 //  - the NLL of a model's text (its cases' prompts and reference continuations) with an int8 cache
-//    within 0.01 nats of the same with an f16 cache (issue 35's bound; relative where the random-weight
+//    within 0.01 nats of the same with an f16 cache (the int8 cache's accuracy bound; relative where the random-weight
 //    models' logits make 0.01 nats meaningless, see the case; the built-in model's is in test_smollm_nll).
 #include <doctest/doctest.h>
 

@@ -28,10 +28,10 @@ std::pair<int64_t, int64_t> top1_agreement(const std::vector<float>& a, const st
 
 TEST_CASE("golden models: W8A16 / W8A8 logits error against the float64 reference, top-1 vs fp32") {
     // Measured 2026-11-29, worst case per model (docs/quantization.md): tiny-llama2 W8A16 0.012 / W8A8 0.018,
-    // tiny-gqa-llama3 0.018 / 0.029, tiny-fp16-tied 0.062 / 0.089. tiny-fp16-tied exceeds the issue's
+    // tiny-gqa-llama3 0.018 / 0.029, tiny-fp16-tied 0.062 / 0.089. tiny-fp16-tied exceeds the general
     // 3e-2 / 8e-2: its logits move 6% when the weights are merely rounded to int8 (the fake-quantized
     // fp32 run below reproduces W8A16 to 2e-6), i.e. that random model is ill-conditioned, not the
-    // kernels wrong. It gets its own bounds (1.6x / 1.7x its measurement); the others get the issue's
+    // kernels wrong. It gets its own bounds (1.6x / 1.7x its measurement); the others get the general
     // W8A16 bound and a W8A8 bound tightened from 8e-2 to 5e-2.
     for (const auto& name : golden_models()) {
         CAPTURE(name);

@@ -139,6 +139,9 @@ def main():
         got = json.loads(subprocess.run([exe, spec], check=True, capture_output=True, text=True).stdout)
     finally:
         os.unlink(spec)
+    if len(got) != len(all_cases):  # zip() below would compare only the first ones
+        print(f"FAIL: jinja_render gave {len(got)} results for {len(all_cases)} cases")
+        return 1
     failures, raised = 0, 0
     templates = set()
     for case, mine in zip(all_cases, got):

@@ -1,6 +1,6 @@
 // The golden tiny checkpoints end to end on the GPU: the one Model forward on CudaBackend (TP = 1,
 // one device) against the independent float64 reference logits of every prompt position.
-// Tolerances (relative L2 over all logits): fp16 activations 1e-2 (the bar), bf16 3e-2
+// Tolerances (relative L2 over all logits): fp16 activations 1e-2 (the bar the GPU path is held to), bf16 3e-2
 // (8-bit mantissa activations). The float64 reference is exact to ~1e-7 here, so the error is the GPU's
 // own: fp16 / bf16 roundings after every op through the model, which benchmarks/gpu/tolerance_model.py
 // puts at ~1e-3 (f16) / ~8e-3 (bf16) for random models of this size: 10x / 4x under the tolerances (the

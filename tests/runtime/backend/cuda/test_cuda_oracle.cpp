@@ -1,4 +1,5 @@
-// Oracles at real shapes for the GPU product path (issue 34), each a ctest entry of its own:
+// Oracles at real shapes for the GPU product path (what a user runs on a GPU: real model shapes, not toy
+// ones), each a ctest entry of its own:
 //
 // 1. TinyLlama-shaped random model (hidden 2048, 32/4 heads x 64, FFN 5632, vocab 32000; the first
 //    LATTICE_ORACLE_LAYERS = 4 of its 22 layers, all 22 when set so: the CPU side would otherwise take
