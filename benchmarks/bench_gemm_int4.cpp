@@ -21,29 +21,13 @@
 
 #include "kernels/common/int4_quantize.h"
 #include "kernels/cpu/int4_gemm.h"
+#include "benchmarks/bench_kquant_util.h"
 
 using namespace lattice;
 
 namespace {
 
-double cpu_seconds() {
-    timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
-}
-
-// Random super-blocks of `type` for [n, k] with small f16 super-block scales (d, and dmin for Q4_K).
-std::vector<uint8_t> random_blocks(DType type, int64_t n, int64_t k, std::mt19937& rng) {
-    const int64_t bb = dtype_block_bytes(type);
-    std::vector<uint8_t> v(static_cast<size_t>(n * k / 256 * bb));
-    for (auto& b : v) b = uint8_t(rng());
-    const uint16_t d = f32_to_f16(type == DType::kQ4_K ? 1e-3f : 1e-4f);
-    for (size_t o = 0; o < v.size(); o += size_t(bb)) {
-        std::memcpy(&v[o + (type == DType::kQ6_K ? 208 : 0)], &d, 2);
-        if (type == DType::kQ4_K) std::memcpy(&v[o + 2], &d, 2);
-    }
-    return v;
-}
+using bench::cpu_seconds;
 
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -75,7 +59,7 @@ int main(int argc, char** argv) {
     packs.push_back(pack_int4_weights(w.matrix(), isa, false));
     for (DType t : {DType::kQ4_K, DType::kQ6_K}) {
         Int4Weights wk = w;
-        wk.kq.push_back(Int4KQuantPart{t, n, random_blocks(t, n, k, rng)});
+        wk.kq.push_back(Int4KQuantPart{t, n, bench::random_kquant_blocks(t, n, k, rng)});
         packs.push_back(pack_int4_weights(wk.matrix(), isa, true));
     }
     const char* names[3] = {"group form (5 bits)", "Q4_K layout (4.5)", "Q6_K layout (6.6)"};

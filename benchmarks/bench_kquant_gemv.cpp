@@ -15,29 +15,13 @@
 
 #include "kernels/common/int4_quantize.h"
 #include "kernels/cpu/int4_gemm.h"
+#include "benchmarks/bench_kquant_util.h"
 
 using namespace lattice;
 
 namespace {
 
-double cpu_seconds() {
-    timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
-}
-
-// Random super-blocks of `type` for [n, k] with small f16 super-block scales (d, and dmin for Q4_K).
-std::vector<uint8_t> random_blocks(DType type, int64_t n, int64_t k, std::mt19937& rng) {
-    const int64_t bb = dtype_block_bytes(type);
-    std::vector<uint8_t> v(static_cast<size_t>(n * k / 256 * bb));
-    for (auto& b : v) b = uint8_t(rng());
-    const uint16_t d = f32_to_f16(type == DType::kQ4_K ? 1e-3f : 1e-4f);
-    for (size_t o = 0; o < v.size(); o += size_t(bb)) {
-        std::memcpy(&v[o + (type == DType::kQ6_K ? 208 : 0)], &d, 2);
-        if (type == DType::kQ4_K) std::memcpy(&v[o + 2], &d, 2);
-    }
-    return v;
-}
+using bench::cpu_seconds;
 
 }  // namespace
 
@@ -56,7 +40,7 @@ int main(int argc, char** argv) {
     const DType types[2] = {DType::kQ4_K, DType::kQ6_K};
     for (int i = 0; i < 2; ++i) {
         Int4Weights wk = w;
-        wk.kq.push_back(Int4KQuantPart{types[i], n, random_blocks(types[i], n, k, rng)});
+        wk.kq.push_back(Int4KQuantPart{types[i], n, bench::random_kquant_blocks(types[i], n, k, rng)});
         sets[i + 1].push_back(pack_int4_weights(wk.matrix(), isa, true));
     }
     for (auto& s : sets)

@@ -242,10 +242,18 @@ def greedy(cfg, w, prompt, n_new):
 # ---- files ----
 
 def write_safetensors(path, tensors):
+    """name -> array (F16 / F32 by its dtype) or (dtype, array) with dtype "F16", "F32" or "BF16" (a BF16 array
+    holds exact bf16 values in f32)."""
     header, offset, blobs = {}, 0, []
-    for name, arr in tensors.items():
-        dt = {np.dtype(np.float16): "F16", np.dtype(np.float32): "F32"}[arr.dtype]
-        b = np.ascontiguousarray(arr).tobytes()
+    for name, val in tensors.items():
+        if isinstance(val, tuple):
+            dt, arr = val
+            b = (np.asarray(arr, np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes() if dt == "BF16" \
+                else arr.astype({"F16": np.float16, "F32": np.float32}[dt]).tobytes()
+        else:
+            arr = val
+            dt = {np.dtype(np.float16): "F16", np.dtype(np.float32): "F32"}[arr.dtype]
+            b = np.ascontiguousarray(arr).tobytes()
         header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [offset, offset + len(b)]}
         offset += len(b)
         blobs.append(b)

@@ -79,6 +79,18 @@ inline void q4k_panel_tables(const PackedInt4& w, int64_t p, int np, float (*tab
 // Rows [r0, r0 + MR) x Q4_K panels [p, p + NP), the scale tables precomputed (q4k_panel_tables). A chunk's low
 // and high nibbles sum into one int32 accumulator per row and panel (exact), and NP panels share each
 // broadcast activation, as the group form's 4 x 2 tile.
+// The tile's MR x NP panels of outputs into y (rows r0.., panels p..; the last panel masked to n).
+template <int MR, int NP>
+inline void store_tile(const __m512 (&acc)[MR][NP], int64_t r0, const PackedInt4& w, int64_t p, float* y,
+                       int64_t ldy) {
+#pragma GCC unroll 2
+    for (int j = 0; j < NP; ++j) {
+        const __mmask16 mk = tail_mask(p + j, w.n);
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + (p + j) * kInt8PanelN, mk, acc[r][j]);
+    }
+}
+
 template <int MR, int NP>
 inline void q4k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t p, const float (*tab)[16], float* y,
                      int64_t ldy) {
@@ -133,12 +145,7 @@ inline void q4k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t
             }
         }
     }
-#pragma GCC unroll 2
-    for (int j = 0; j < NP; ++j) {
-        const __mmask16 mk = tail_mask(p + j, w.n);
-#pragma GCC unroll 4
-        for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + (p + j) * kInt8PanelN, mk, acc[r][j]);
-    }
+    store_tile<MR, NP>(acc, r0, w, p, y, ldy);
 }
 
 // All m rows of Q4_K panels [p, p + NP).
@@ -318,12 +325,7 @@ inline void q6k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t
             }
         }
     }
-#pragma GCC unroll 2
-    for (int j = 0; j < NP; ++j) {
-        const __mmask16 mk = tail_mask(p + j, w.n);
-#pragma GCC unroll 4
-        for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + (p + j) * kInt8PanelN, mk, acc[r][j]);
-    }
+    store_tile<MR, NP>(acc, r0, w, p, y, ldy);
 }
 
 // All m rows of Q6_K panels [p, p + NP).

@@ -50,4 +50,15 @@ inline void add_fixture_adapters(Engine& engine, const std::string& base) {
     for (const std::string& a : lora_adapters()) engine.loras().add(a, lora_dir(base) + "/" + a);
 }
 
+// The greedy tokens of `prompt` under adapter `lora` ("" = the base), n of them, EOS ignored.
+inline std::vector<int32_t> lora_greedy(EngineClient& c, const std::vector<int32_t>& prompt, const std::string& lora,
+                                        int n) {
+    ClientRequest r;
+    r.prompt = prompt;
+    r.max_tokens = n;
+    r.ignore_eos = true;
+    r.lora = lora;
+    return c.run({r})[0].tokens;
+}
+
 }  // namespace lattice::testing

@@ -30,15 +30,6 @@ RankRuntime build_base(const std::string& base, int64_t max_loras = 4, QuantMode
     return build(opt, *src);
 }
 
-std::vector<int32_t> greedy(EngineClient& c, const std::vector<int32_t>& prompt, const std::string& lora, int n) {
-    ClientRequest r;
-    r.prompt = prompt;
-    r.max_tokens = n;
-    r.ignore_eos = true;
-    r.lora = lora;
-    return c.run({r})[0].tokens;
-}
-
 }  // namespace
 
 TEST_CASE("LoRA: unmerged adapters equal the float64 merged reference (1e-5), GGUF twin included") {
@@ -114,8 +105,8 @@ TEST_CASE("LoRA: a mixed batch (base + 3 adapters, 32 sequences) gives each sequ
     int differs = 0;
     for (size_t s = 0; s < reqs.size(); ++s) {
         CAPTURE(s);
-        CHECK(batch[s].tokens == greedy(client, reqs[s].prompt, reqs[s].lora, 6));
-        if (!reqs[s].lora.empty()) differs += batch[s].tokens != greedy(client, reqs[s].prompt, "", 6);
+        CHECK(batch[s].tokens == lora_greedy(client, reqs[s].prompt, reqs[s].lora, 6));
+        if (!reqs[s].lora.empty()) differs += batch[s].tokens != lora_greedy(client, reqs[s].prompt, "", 6);
     }
     CHECK(differs >= 12);  // most adapted sequences leave the base's path
     for (const LoraInfo& i : rt.engine->loras().list()) CHECK(i.active == 0);
@@ -128,13 +119,13 @@ TEST_CASE("LoRA: the prefix cache keys on the adapter; one slot serves three ada
     EngineClient client(*rt.engine, nullptr, true);
     // A prompt of several full blocks, first under the base (its blocks enter the cache), then under a4.
     const std::vector<int32_t> prompt = random_ids(50, 320, 7);
-    const std::vector<int32_t> base = greedy(client, prompt, "", 4);
-    const std::vector<int32_t> warm = greedy(client, prompt, "a4", 4);
-    CHECK(warm == greedy(client, prompt, "a4", 4));
+    const std::vector<int32_t> base = lora_greedy(client, prompt, "", 4);
+    const std::vector<int32_t> warm = lora_greedy(client, prompt, "a4", 4);
+    CHECK(warm == lora_greedy(client, prompt, "a4", 4));
     RankRuntime cold_rt = build_base("tiny-llama2", 1);
     add_fixture_adapters(*cold_rt.engine, "tiny-llama2");
     EngineClient cold(*cold_rt.engine, nullptr, true);
-    CHECK(warm == greedy(cold, prompt, "a4", 4));
+    CHECK(warm == lora_greedy(cold, prompt, "a4", 4));
     CHECK(warm != base);
     // Slot reuse: each adapter evicts the previous one and still scores right.
     for (const std::string a : {"c8", "a4", "b16", "a4"}) {
@@ -176,8 +167,8 @@ TEST_CASE("LoRA: with every slot held, a request for another adapter waits for o
     for (size_t i = 0; i < who.size(); ++i) {
         CAPTURE(i);
         CHECK(out[i].finish == FinishReason::kLength);
-        CHECK(out[i].tokens == greedy(client, reqs[i].prompt, who[i], 6));
-        if (i < 2) CHECK(out[i].tokens != greedy(client, reqs[i].prompt, "", 6));
+        CHECK(out[i].tokens == lora_greedy(client, reqs[i].prompt, who[i], 6));
+        if (i < 2) CHECK(out[i].tokens != lora_greedy(client, reqs[i].prompt, "", 6));
     }
     // A waiting request can be cancelled: it ends with no token and never takes the slot.
     const int64_t a = client.submit(reqs[0]), c = client.submit(reqs[1]);

@@ -43,15 +43,6 @@ void convert_merged(const std::string& base, const std::string& adapter, const s
     convert_checkpoint(*src, o, alone);
 }
 
-std::vector<int32_t> greedy(EngineClient& c, const std::vector<int32_t>& prompt, const std::string& lora, int n) {
-    ClientRequest r;
-    r.prompt = prompt;
-    r.max_tokens = n;
-    r.ignore_eos = true;
-    r.lora = lora;
-    return c.run({r})[0].tokens;
-}
-
 }  // namespace
 
 TEST_CASE("LoRA: convert --lora to f32 equals the float64 merged reference and the unmerged adapter") {
@@ -110,7 +101,7 @@ TEST_CASE("LoRA: convert --lora merges before INT8 quantization, within the quan
         size_t same = 0;
         for (uint32_t seed = 0; seed < 32; ++seed) {
             const std::vector<int32_t> prompt = random_ids(6, 320, 200 + seed);
-            const std::vector<int32_t> x = greedy(a, prompt, la, 1), y = greedy(b, prompt, lb, 1);
+            const std::vector<int32_t> x = lora_greedy(a, prompt, la, 1), y = lora_greedy(b, prompt, lb, 1);
             same += x[0] == y[0];
         }
         return same;

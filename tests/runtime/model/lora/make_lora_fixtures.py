@@ -28,7 +28,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from make_family_fixtures import forward, make_weights, permute_qk  # noqa: E402
+from make_family_fixtures import make_weights, permute_qk  # noqa: E402
+from numpy_forward import forward, write_safetensors  # noqa: E402
 
 TARGETS = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
            "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
@@ -62,23 +63,6 @@ def read_safetensors(path):
             arr = np.frombuffer(b, {"F16": np.float16, "F32": np.float32}[e["dtype"]])
         out[name] = arr.reshape(e["shape"])
     return out
-
-
-def bf16_bits(x):  # float32 values already exactly bf16 -> their 16-bit patterns
-    return (np.asarray(x, np.float32).view(np.uint32) >> 16).astype(np.uint16)
-
-
-def write_safetensors(path, tensors):  # name -> (dtype, array); BF16 arrays hold exact bf16 values in f32
-    header, offset, blobs = {}, 0, []
-    for name, (dt, arr) in tensors.items():
-        b = (bf16_bits(arr) if dt == "BF16" else arr.astype({"F16": np.float16, "F32": np.float32}[dt])).tobytes()
-        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [offset, offset + len(b)]}
-        offset += len(b)
-        blobs.append(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
 def round_to(x, dt):  # the values the file will hold, as float64
