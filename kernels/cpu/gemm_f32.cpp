@@ -48,6 +48,13 @@ void gemm_f32(const float* x, int64_t m, int64_t k, const void* w, DType wt, int
     auto fn = level == IsaLevel::kAvx512Vnni ? detail::gemm_f32_rows_avx512
               : level == IsaLevel::kAvx2     ? detail::gemm_f32_rows_avx2
                                              : detail::gemm_f32_rows_scalar;
+    if (n < 16 * int64_t(pool.size()) && m >= 8 * int64_t(pool.size())) {
+        // Too few columns to share (a LoRA adapter's A^T: n = its rank): rows split instead; each row's outputs
+        // are computed as in the column split, so the results are the same.
+        pool.parallel_for(
+            m, [&](int64_t i0, int64_t i1, int) { fn(x + i0 * k, i1 - i0, k, w, wt, 0, n, y + i0 * n, n); }, 4);
+        return;
+    }
     pool.parallel_for(
         n, [&](int64_t n0, int64_t n1, int) { fn(x, m, k, w, wt, n0, n1, y, n); }, 16);
 }

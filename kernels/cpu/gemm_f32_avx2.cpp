@@ -18,6 +18,8 @@ struct V256 {
         __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
         return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
     }
+    static reg set1(float v) { return _mm256_set1_ps(v); }
+    static void store(float* p, reg a) { _mm256_storeu_ps(p, a); }
     static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
     static float reduce(reg a) {
         __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));

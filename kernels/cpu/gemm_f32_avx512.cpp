@@ -18,6 +18,8 @@ struct V512 {
         __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
         return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
     }
+    static reg set1(float v) { return _mm512_set1_ps(v); }
+    static void store(float* p, reg a) { _mm512_storeu_ps(p, a); }
     static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
     static float reduce(reg a) { return _mm512_reduce_add_ps(a); }
 };

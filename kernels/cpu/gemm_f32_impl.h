@@ -140,9 +140,49 @@ void gemm_rows(const float* x, int64_t m, int64_t k, const void* w, int64_t n0, 
     }
 }
 
+// Small k (a LoRA adapter's B^T, k = its rank): vectors run along n instead of k (W outputs of a row at a time
+// from a transposed copy of W weight rows), so no output pays a horizontal sum (the tile above, at k = 16, spent
+// most of its time in them). Each output is one fma chain over p = 0 .. k - 1 from zero, whatever m, the row or
+// the column chunk: the results do not depend on the batch.
+constexpr int64_t kSmallK = 16;
+
+template <class V, DType WT>
+void gemm_rows_small_k(const float* x, int64_t m, int64_t k, const void* w, int64_t n0, int64_t n1, float* y,
+                       int64_t ldy) {
+    constexpr int W = V::kWidth;
+    const int64_t es = dtype_size(WT);
+    alignas(64) float wt[kSmallK][W];
+    alignas(64) float out[W];
+    for (int64_t j = n0; j < n1; j += W) {
+        const int nw = int(std::min<int64_t>(W, n1 - j));
+        for (int64_t p = 0; p < k; ++p)
+            for (int q = 0; q < W; ++q)
+                wt[p][q] = q < nw ? scalar_w<WT>(static_cast<const uint8_t*>(w) + (j + q) * k * es, p) : 0.0f;
+        for (int64_t i = 0; i < m; ++i) {
+            const float* xr = x + i * k;
+            typename V::reg acc = V::zero();
+            for (int64_t p = 0; p < k; ++p) acc = V::fma(V::set1(xr[p]), V::load_f32(wt[p]), acc);
+            if (nw == W) {
+                V::store(y + i * ldy + j, acc);
+            } else {
+                V::store(out, acc);
+                for (int q = 0; q < nw; ++q) y[i * ldy + j + q] = out[q];
+            }
+        }
+    }
+}
+
 template <class V>
 void gemm_rows_any(const float* x, int64_t m, int64_t k, const void* w, DType wt, int64_t n0, int64_t n1, float* y,
                    int64_t ldy) {
+    if (k <= kSmallK) {
+        switch (wt) {
+            case DType::kF32: gemm_rows_small_k<V, DType::kF32>(x, m, k, w, n0, n1, y, ldy); break;
+            case DType::kF16: gemm_rows_small_k<V, DType::kF16>(x, m, k, w, n0, n1, y, ldy); break;
+            default: gemm_rows_small_k<V, DType::kBF16>(x, m, k, w, n0, n1, y, ldy); break;
+        }
+        return;
+    }
     switch (wt) {
         case DType::kF32: gemm_rows<V, DType::kF32>(x, m, k, w, n0, n1, y, ldy); break;
         case DType::kF16: gemm_rows<V, DType::kF16>(x, m, k, w, n0, n1, y, ldy); break;

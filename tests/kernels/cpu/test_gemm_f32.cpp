@@ -105,3 +105,38 @@ TEST_CASE("gemm_f32 rejects unsupported weight dtypes") {
     int8_t w = 1;
     CHECK_THROWS_WITH(gemm_f32(&x, 1, 1, &w, DType::kI8, 1, &y, pool), doctest::Contains("i8"));
 }
+
+TEST_CASE("gemm_f32: a row's outputs do not depend on the batch (small-k path, rows split when n is small)") {
+    // k <= 16 (a LoRA adapter's B^T) runs vectors along n; n < 16 x threads with many rows (its A^T) splits the
+    // rows over the threads. Either way a row's outputs must equal, bit for bit, those of the row alone on one
+    // thread: a mixed batch then gives each sequence the tokens it gets alone.
+    std::mt19937 rng(9);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    ThreadPool one(1, false), three(3, false);
+    for (IsaLevel isa : {IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512Vnni}) {
+        if (!isa_supported(isa)) continue;
+        for (DType dt : {DType::kF32, DType::kBF16}) {
+            for (const auto& shape : {std::pair<int64_t, int64_t>{40, 16}, {33, 4}, {16, 300}, {8, 2048}}) {
+                const int64_t n = shape.first, k = shape.second;
+                CAPTURE(isa_name(isa));
+                CAPTURE(dtype_name(dt));
+                CAPTURE(n);
+                CAPTURE(k);
+                const int64_t m = 64;
+                Weights w = make_weights(dt, n, k, rng);
+                const void* wp = dt == DType::kF32 ? static_cast<const void*>(w.f32.data()) : w.bits.data();
+                std::vector<float> x(size_t(m * k));
+                for (auto& v : x) v = u(rng);
+                std::vector<float> all(size_t(m * n), std::nanf(""));
+                gemm_f32(x.data(), m, k, wp, dt, n, all.data(), three, isa);
+                int differ = 0;
+                for (int64_t i = 0; i < m; i += 7) {
+                    std::vector<float> alone(size_t(n), std::nanf(""));
+                    gemm_f32(x.data() + i * k, 1, k, wp, dt, n, alone.data(), one, isa);
+                    for (int64_t j = 0; j < n; ++j) differ += alone[size_t(j)] != all[size_t(i * n + j)];
+                }
+                CHECK(differ == 0);
+            }
+        }
+    }
+}
