@@ -19,6 +19,7 @@
 #include "launch/cli_common.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "base/sched_slice.h"
 #include "parallel/world_session.h"
 
 #include <fcntl.h>
@@ -82,6 +83,24 @@ std::string help_hint(const CLI::App* app) {
     return "see " + name + " --help";
 }
 
+// The process-wide settings from the environment, before any command runs (kernels/ never reads the env).
+void apply_environment() {
+    // LATTICE_ISA=scalar|avx2|avxvnni|avx512|amx pins the one CPU ISA level every CPU kernel family obeys
+    // (GEMMs, attention, elementwise; kernels/cpu/isa.h). kernels/ never reads the env.
+    if (const char* isa = std::getenv("LATTICE_ISA"); isa && *isa)
+        lattice::set_isa_override(lattice::parse_isa(isa));
+    // LATTICE_SCHED_SLICE_US: the scheduler slice lattice's threads ask for (base/sched_slice.h).
+    if (const char* v = std::getenv("LATTICE_SCHED_SLICE_US"); v && *v) {
+        uint64_t ns = 0;
+        LATTICE_CHECK(lattice::parse_sched_slice_us(v, ns),
+                      "LATTICE_SCHED_SLICE_US={}: expected a number of microseconds from 0 to 1000000", v);
+        lattice::set_sched_slice_ns(ns);
+    }
+    // LATTICE_INT8_GEMM=auto|own|onednn: who runs the W8A8 GEMMs at m >= 16 (kernels/cpu/int8_gemm.h).
+    if (const char* p = std::getenv("LATTICE_INT8_GEMM"); p && *p)
+        lattice::set_int8_provider(lattice::parse_int8_provider(p));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -138,13 +157,7 @@ int main(int argc, char** argv) {
         // Errors met before MPI starts name the rank the launcher gave this process (MPI sets the same).
         lattice::process_identity().rank = lattice::launcher_rank();
         lattice::process_identity().world = lattice::launcher_world_size();
-        // LATTICE_ISA=scalar|avx2|avxvnni|avx512|amx pins the one CPU ISA level every CPU kernel family obeys
-        // (GEMMs, attention, elementwise; kernels/cpu/isa.h). kernels/ never reads the env.
-        if (const char* isa = std::getenv("LATTICE_ISA"); isa && *isa)
-            lattice::set_isa_override(lattice::parse_isa(isa));
-        // LATTICE_INT8_GEMM=auto|own|onednn: who runs the W8A8 GEMMs at m >= 16 (kernels/cpu/int8_gemm.h).
-        if (const char* p = std::getenv("LATTICE_INT8_GEMM"); p && *p)
-            lattice::set_int8_provider(lattice::parse_int8_provider(p));
+        apply_environment();
         rc = run ? run() : 1;
         lattice::flush_stdout();  // what a command printed must have reached its file
     } catch (const lattice::ReportedFailure& f) {

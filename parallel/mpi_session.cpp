@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "base/sched_slice.h"
 #include "parallel/watchdog.h"
 
 namespace lattice {
@@ -57,6 +58,7 @@ bool mpi_active() {
 }
 
 MpiSession::MpiSession() {
+    request_short_sched_slice();  // this rank waits on its peers at every hand-off (base/sched_slice.h)
     int init = 0, fin = 0;
     MPI_Initialized(&init);
     MPI_Finalized(&fin);

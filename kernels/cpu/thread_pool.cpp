@@ -3,6 +3,7 @@
 #include "kernels/cpu/thread_pool.h"
 
 #include "base/error.h"
+#include "base/sched_slice.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -38,6 +39,9 @@ int ThreadPool::available_cpus() {
 }
 
 ThreadPool::ThreadPool(int n_threads, bool pin) {
+    // Short scheduler slices for the caller and (inherited) the workers: a hand-off to a thread whose core
+    // another process keeps busy waits ~0.1 ms instead of that process's slice (base/sched_slice.h).
+    request_short_sched_slice();
     std::vector<int> cpus = allowed_cpus();
     n_threads_ = n_threads > 0 ? n_threads : (cpus.empty() ? 1 : int(cpus.size()));
     // Pin only when every thread gets a core of its own: with more threads than cores (e.g.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One line per error. A user must see one line naming the culprit, once, from one rank,
 # without source locations; --verbose restores the origin and every rank's own line.
-#  - 1 rank: a bad flag -> exit 2, one line, "see lattice generate --help", no [file:line];
+#  - 1 rank: a bad flag -> exit 2, one line, "see lattice generate --help", no [file:line]; a malformed
+#    LATTICE_SCHED_SLICE_US -> exit 1, one line naming it;
 #    a missing --model -> exit 1, one line naming it, no [host r0/1 file:line]; --verbose adds it.
 #  - mpirun -np 4 with a missing --model: every rank exits 1 through MPI_Finalize (no MPI_ABORT
 #    banner, no SIGTERM notices); of lattice's own lines exactly one, naming the path (mpirun's own
@@ -50,6 +51,10 @@ single_rank() {
     check "--verbose: exit 1" rc_is $rc 1
     expect "--verbose: the origin is back" "$tmp/e" 1 "$bad" ""
     check "--verbose: [host r0/1 file:line]" grep -qE "$loc" "$tmp/e"
+
+    LATTICE_SCHED_SLICE_US=fast "$bin" generate --model "$bad" --prompt hi >"$tmp/o" 2>"$tmp/e"; rc=$?
+    check "bad LATTICE_SCHED_SLICE_US exits 1" rc_is $rc 1
+    expect "bad LATTICE_SCHED_SLICE_US: one line naming it" "$tmp/e" 1 "LATTICE_SCHED_SLICE_US=fast" "$loc"
 }
 
 ranks() {
