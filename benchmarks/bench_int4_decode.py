@@ -23,7 +23,8 @@ llama.cpp is not part of lattice: build llama-bench from the llama-cpp-python sd
 --llama-bench (or LLAMA_CPP_BIN=folder); without it only lattice runs.
 Usage: benchmarks/bench_int4_decode.py [--build build] [--llama-bench PATH] [--models builtin,tinyllama-q4_0,...]
                                        [--rounds 3] [--tokens 128] [--short-tokens 16] [--threads 2] [--out DIR]
-                                       [--cache DIR]
+                                       [--cache DIR] [--busy N]
+--busy N keeps N CPU-bound processes running beside both engines (a shared machine's neighbours).
 The file's bytes per token (every tensor but the token embedding, read from the GGUF header) stand beside
 lattice's streamed bytes.
 Writes int4_decode.json (or --name .json: every run, the medians, machine, commit) into --out and prints a
@@ -184,7 +185,19 @@ def main():
     ap.add_argument("--out", default=os.path.join(root, "benchmarks", "results", "cpu-2core-epyc-zen4"))
     ap.add_argument("--cache", default=os.environ.get("LATTICE_BENCH_CACHE", "/tmp/lattice-bench"))
     ap.add_argument("--name", default="int4_decode", help="the JSON file's name in --out (without .json)")
+    ap.add_argument("--busy", type=int, default=0,
+                    help="CPU-bound processes (`yes > /dev/null`) kept running beside both engines for the whole run")
     a = ap.parse_args()
+    busy = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(a.busy)]
+    try:
+        run_all(a)
+    finally:
+        for b in busy:
+            b.kill()
+            b.wait()
+
+
+def run_all(a):
     llama = a.llama_bench if os.path.isfile(a.llama_bench) else None
     if not llama:
         print(f"llama-bench not found ({a.llama_bench}): lattice only", file=sys.stderr)
@@ -253,7 +266,7 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     out = os.path.join(a.out, a.name + ".json")
     json.dump({"bench": "int4_decode", "machine": machine(), "tokens": a.tokens, "short_tokens": a.short_tokens,
-               "threads": a.threads, "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+               "threads": a.threads, "busy_processes": a.busy, "date": time.strftime("%Y-%m-%d %H:%M %Z"),
                "rounds": a.rounds, "llama_bench": llama, "summary": summary, "runs": runs}, open(out, "w"), indent=2)
     print(f"wrote {out}", file=sys.stderr)
 
