@@ -37,6 +37,15 @@ void EngineLoop::refuse(Ticket& t, int status, std::string message) {
     ++totals_.refused;
 }
 
+// The request names an adapter (not the served model's name) that was unloaded after its route accepted the
+// name: refused (404), never run on the base model.
+bool EngineLoop::adapter_gone(Ticket& t) {
+    const std::string& m = t.request.model;
+    if (!opt_.loras || m.empty() || m == opt_.loras->base() || client_.loras().has(m)) return false;
+    refuse(t, 404, fmt::format("the model '{}' does not exist (its LoRA adapter was unloaded)", m));
+    return true;
+}
+
 void EngineLoop::take(const Inbox::Item& it) {
     Ticket& t = *it.ticket;
     if (it.cancel) {
@@ -75,6 +84,7 @@ void EngineLoop::admit(const std::shared_ptr<Ticket>& tp, std::vector<openai::De
     for (const auto& p : t.request.prompts) prompt_tokens += int64_t(p.size());
     std::vector<ClientRequest> choices = openai::choice_requests(t.request);
     if (opt_.loras) opt_.loras->apply(client_.loras());  // a load answered before this request arrived
+    if (adapter_gone(t)) return;
     if (!t.request.model.empty() && client_.loras().has(t.request.model))
         for (ClientRequest& c : choices) c.lora = t.request.model;  // (the route passes the base's name or an adapter's)
     t.last_token.assign(choices.size(), Clock::time_point{});
@@ -101,6 +111,8 @@ void EngineLoop::score(const std::shared_ptr<Ticket>& tp) {
     const bool only = r.client.max_tokens == 0;
     int64_t prompt_tokens = 0;
     std::vector<openai::Delta> choices;
+    if (opt_.loras) opt_.loras->apply(client_.loras());
+    if (adapter_gone(t)) return;
     const std::string lora = !r.model.empty() && client_.loras().has(r.model) ? r.model : "";  // scored with it
     try {
         for (size_t p = 0; p < r.prompts.size(); ++p) {

@@ -62,6 +62,7 @@ private:
     Inbox& inbox_;
     Metrics& metrics_;
     LoopOptions opt_;
+    bool adapter_gone(Ticket& t);
     std::unordered_map<int64_t, std::shared_ptr<Ticket>> live_;  // by the client's request id
     std::deque<std::shared_ptr<Ticket>> scores_;  // echo with max_tokens 0, scored once the engine is idle
     LoopTotals totals_;

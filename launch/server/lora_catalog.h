@@ -31,6 +31,7 @@ public:
     // An adapter the registry holds already (the --lora flags); Error when it takes the base's name.
     void seed(const std::string& name, const std::string& path);
     bool has(const std::string& name) const;
+    const std::string& base() const { return base_; }
     std::vector<std::pair<std::string, std::string>> list() const;  // name, path
     // HTTP thread: checks and queues; Error naming the fault (already loaded, unknown, bad adapter).
     void load(const std::string& name, const std::string& path);

@@ -3,16 +3,25 @@
 // 404 naming it; POST /v1/load_lora_adapter checks the adapter before it answers (another base's adapter: 400
 // naming the shape; the catalog unchanged), needs an API key (403 without), refuses a name twice; unload of
 // an unknown name is a 404; the queued loads and unloads reach the engine's registry in order (apply()).
+// The engine loop (launch/server/engine_loop.h) on the golden tiny-llama2 with its fixture adapter a4: a request
+// the route took for a4 whose adapter is unloaded before the loop admits it is a 404 naming it (never run on the
+// base); the same request for a4 while loaded, and for the base, run.
 #include <doctest/doctest.h>
 
 #include <fstream>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
 #include "launch/server/api.h"
+#include "launch/server/engine_loop.h"
 #include "launch/server/lora_catalog.h"
 #include "launch/server/metrics.h"
+#include "runtime/builder/build.h"
+#include "tests/runtime/model/lora_test_util.h"
+#include "tests/test_build.h"
 #include "runtime/arch/config.h"
 #include "tests/launch/serve_routes.h"
 #include "tests/test_paths.h"
@@ -36,6 +45,45 @@ ModelConfig golden_config() {
 
 std::string fixture(const std::string& rel) {
     return std::string(LATTICE_SOURCE_DIR) + "/tests/runtime/model/lora/" + rel;
+}
+
+// The deltas the engine loop delivers for one request on tiny-llama2 (served as "tiny", adapter a4 seeded), the
+// adapter unloaded first when `unload`: its last delta says how it ended.
+std::vector<openai::Delta> loop_deltas(const std::string& model, bool unload) {
+    BuildOptions opt = test::cpu_options(1);
+    opt.engine.max_loras = 1;
+    opt.engine.max_lora_rank = 16;
+    auto src = open_model(testing::golden_dir("tiny-llama2"));
+    RankRuntime rt = build(opt, *src);
+    EngineClient client(*rt.engine, nullptr, true);
+    client.loras().add("a4", fixture("tiny-llama2/a4"));
+    LoraCatalog cat(client.loras(), "tiny");
+    cat.seed("a4", fixture("tiny-llama2/a4"));
+    serve::Inbox inbox;
+    serve::Metrics metrics;
+    metrics.set_model("tiny", 64);
+    serve::LoopOptions lo;
+    lo.loras = &cat;
+    serve::EngineLoop loop(client, inbox, metrics, lo);
+    auto ticket = std::make_shared<serve::Ticket>();
+    ticket->request.model = model;
+    ticket->request.client.prompt = {1, 5, 9};
+    ticket->request.client.max_tokens = 3;
+    ticket->request.prompts = {ticket->request.client.prompt};
+    std::vector<openai::Delta> got;
+    std::mutex mu;
+    ticket->deliver = [&](openai::Delta&& d) {
+        std::lock_guard lock(mu);
+        got.push_back(std::move(d));
+    };
+    inbox.submit(ticket);  // the route took the name while a4 was loaded
+    if (unload) cat.unload("a4");
+    auto ended = [&] {
+        std::lock_guard lock(mu);
+        return !got.empty() && (got.back().kind == openai::Delta::Kind::kError || got.back().kind == openai::Delta::Kind::kFinish);
+    };
+    loop.run([&] { return ended() ? 15 : 0; }, [] {});
+    return got;
 }
 
 // A POST with the test's API key.
@@ -113,4 +161,20 @@ TEST_CASE("serve LoRA metrics: requests, tokens and running per adapter, residen
     CHECK(text.find("lattice:lora_tokens_total{model_name=\"tiny\",lora_name=\"chat\"} 9") != std::string::npos);
     CHECK(text.find("lattice:lora_requests_running{model_name=\"tiny\",lora_name=\"sql\"} 1") != std::string::npos);
     CHECK(text.find("lattice:lora_resident{model_name=\"tiny\",max_loras=\"2\"} 1") != std::string::npos);
+}
+
+TEST_CASE("serve engine loop: a request for an adapter unloaded after its route took it is a 404, never the base") {
+    const std::vector<openai::Delta> gone = loop_deltas("a4", true);
+    REQUIRE(gone.size() == 1);
+    CHECK(gone[0].kind == openai::Delta::Kind::kError);
+    CHECK(gone[0].status == 404);
+    CHECK(gone[0].message.find("'a4' does not exist") != std::string::npos);
+    for (const char* model : {"a4", "tiny"}) {
+        CAPTURE(model);
+        const std::vector<openai::Delta> ran = loop_deltas(model, false);
+        REQUIRE(!ran.empty());
+        CHECK(ran.front().kind == openai::Delta::Kind::kAccepted);
+        CHECK(ran.back().kind == openai::Delta::Kind::kFinish);
+        CHECK(ran.back().completion_tokens == 3);
+    }
 }
