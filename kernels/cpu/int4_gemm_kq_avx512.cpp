@@ -162,7 +162,7 @@ inline void q4k_all_rows(const Int4Acts& a, int64_t m, const PackedInt4& w, int6
 // (chunks even / odd, low / high nibbles; their sum is exact) keep vpdpbusd's latency hidden, and each group's
 // scale and minimum are converted where the epilogue needs them. The float operations are q4k_tile's.
 inline void q4k_gemv(const Int4Acts& a, const PackedInt4& w, int64_t p, float* y) {
-    const __m512i mask = _mm512_set1_epi8(0x0F);
+    const __m512i mask = _mm512_set1_epi8(0x0F), hmask = _mm512_set1_epi8(char(0xF0));
     const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m48 = _mm_set1_epi8(48);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t sbi = 0; sbi < w.k / 256; ++sbi) {
@@ -175,15 +175,17 @@ inline void q4k_gemv(const Int4Acts& a, const PackedInt4& w, int64_t p, float* y
             const int8_t* xs = a.q + gi * 32;
             const __m512i v0 = _mm512_loadu_si512(bg), v1 = _mm512_loadu_si512(bg + 64);
             const __m512i v2 = _mm512_loadu_si512(bg + 128), v3 = _mm512_loadu_si512(bg + 192);
+            // High nibbles in place (v & 0xF0 = 16 q): s1, s3 sum 16x, divided once per group (exact), which
+            // saves a shift per chunk.
             __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
             dpbusd(s0, _mm512_and_si512(v0, mask), _mm512_set1_epi32(load_i32(xs)));
-            dpbusd(s1, _mm512_and_si512(_mm512_srli_epi16(v0, 4), mask), _mm512_set1_epi32(load_i32(xs + 16)));
+            dpbusd(s1, _mm512_and_si512(v0, hmask), _mm512_set1_epi32(load_i32(xs + 16)));
             dpbusd(s2, _mm512_and_si512(v1, mask), _mm512_set1_epi32(load_i32(xs + 4)));
-            dpbusd(s3, _mm512_and_si512(_mm512_srli_epi16(v1, 4), mask), _mm512_set1_epi32(load_i32(xs + 20)));
+            dpbusd(s3, _mm512_and_si512(v1, hmask), _mm512_set1_epi32(load_i32(xs + 20)));
             dpbusd(s0, _mm512_and_si512(v2, mask), _mm512_set1_epi32(load_i32(xs + 8)));
-            dpbusd(s1, _mm512_and_si512(_mm512_srli_epi16(v2, 4), mask), _mm512_set1_epi32(load_i32(xs + 24)));
+            dpbusd(s1, _mm512_and_si512(v2, hmask), _mm512_set1_epi32(load_i32(xs + 24)));
             dpbusd(s2, _mm512_and_si512(v3, mask), _mm512_set1_epi32(load_i32(xs + 12)));
-            dpbusd(s3, _mm512_and_si512(_mm512_srli_epi16(v3, 4), mask), _mm512_set1_epi32(load_i32(xs + 28)));
+            dpbusd(s3, _mm512_and_si512(v3, hmask), _mm512_set1_epi32(load_i32(xs + 28)));
             __m128i sc, mn;
             if (g < 4) {
                 sc = _mm_and_si128(load128(sc0 + 16 * g), m63);
@@ -196,7 +198,8 @@ inline void q4k_gemv(const Int4Acts& a, const PackedInt4& w, int64_t p, float* y
                                   _mm_and_si128(_mm_srli_epi16(load128(sc0 + 16 * g), 2), m48));
             }
             const __m512 s = _mm512_set1_ps(a.scales[gi]);
-            const __m512i isum = _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(s2, s3));
+            const __m512i isum =
+                _mm512_add_epi32(_mm512_add_epi32(s0, s2), _mm512_srai_epi32(_mm512_add_epi32(s1, s3), 4));
             const __m512 mneg = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, u8_to_ps(mn)));
             fma_acc(acc, _mm512_cvtepi32_ps(isum), _mm512_mul_ps(_mm512_mul_ps(d, u8_to_ps(sc)), s));
             fma_acc(acc, _mm512_mul_ps(mneg, s), _mm512_set1_ps(float(a.xsum[gi])));
