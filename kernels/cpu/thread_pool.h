@@ -2,7 +2,8 @@
 // parallel_for(n, fn) splits [0, n) into one contiguous range per thread (the caller is thread 0)
 // so each thread streams its own slice of weights; no thread is created per op.
 // Workers spin briefly on a generation counter, then block in std::atomic::wait, which keeps
-// per-op dispatch around a microsecond during decode without burning idle cores forever.
+// per-op dispatch around a microsecond during decode without burning idle cores forever; a thread whose
+// core another process contends spins ~25 us instead (spin_policy.h).
 // Hand-off: parallel_for's ranges and parallel_chunks' chunks are claimed from a shared counter, the caller
 // first; once none is left the caller closes the op and waits only for the workers that entered it (are
 // running a claimed piece), never for one that has not woken yet: a worker that wakes after the close leaves

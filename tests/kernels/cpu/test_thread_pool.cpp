@@ -1,10 +1,16 @@
-// ThreadPool: every index visited exactly once, ranges contiguous, repeated dispatch is stable.
+// ThreadPool: every index visited exactly once, ranges contiguous, repeated dispatch is stable. SpinPolicy: the
+// window rule, and a thread pinned to one core beside a busy thread reads as contended.
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/spin_policy.h"
+
+#include <sched.h>
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <stdexcept>
 #include <vector>
 
@@ -117,4 +123,48 @@ TEST_CASE("a piece that throws on the caller: the op ends (no worker left in it)
         });
         CHECK(std::count(hits.begin(), hits.end(), 1) == 64);
     }
+}
+
+TEST_CASE("SpinPolicy: long spins until a window shows involuntary switches, short ones while they go on") {
+    SpinPolicy p(20000, 1000);
+    CHECK(p.current() == 20000);
+    p.observe(7);  // the first reading only sets the base
+    CHECK(p.current() == 20000);
+    p.observe(7);  // a window without preemption
+    CHECK(p.current() == 20000);
+    p.observe(9);  // preempted twice: contended
+    CHECK(p.contended());
+    CHECK(p.current() == 1000);
+    p.observe(10);
+    CHECK(p.current() == 1000);
+    p.observe(10);  // a quiet window: long spins again
+    CHECK(p.current() == 20000);
+}
+
+TEST_CASE("SpinPolicy: a thread sharing its core with a busy thread reads as contended") {
+    cpu_set_t saved;
+    REQUIRE(sched_getaffinity(0, sizeof(saved), &saved) == 0);
+    int cpu = 0;
+    while (!CPU_ISSET(cpu, &saved)) ++cpu;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    std::atomic<bool> stop{false};
+    std::thread hog([&] {
+        sched_setaffinity(0, sizeof(one), &one);
+        while (!stop.load(std::memory_order_relaxed)) {
+        }
+    });
+    REQUIRE(sched_setaffinity(0, sizeof(one), &one) == 0);
+    SpinPolicy p(5, 3);
+    p.observe(SpinPolicy::involuntary_switches());
+    const auto t0 = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(100)) {
+    }
+    p.observe(SpinPolicy::involuntary_switches());
+    stop = true;
+    hog.join();
+    sched_setaffinity(0, sizeof(saved), &saved);
+    CHECK(p.contended());
+    CHECK(p.current() == 3);
 }
