@@ -76,6 +76,15 @@ inline void q4k_panel_tables(const PackedInt4& w, int64_t p, int np, float (*tab
         }
 }
 
+// An MR x NP tile of accumulators (f32 or int32 lanes) set to zero.
+template <class V, int MR, int NP>
+[[gnu::always_inline]] inline void zero_tile(V (&acc)[MR][NP]) {
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+        for (int j = 0; j < NP; ++j) acc[r][j] = V{};
+}
+
 // The tile's MR x NP panels of outputs into y (rows r0.., panels p..; the last panel masked to n).
 template <int MR, int NP>
 inline void store_tile(const __m512 (&acc)[MR][NP], int64_t r0, const PackedInt4& w, int64_t p, float* y,
@@ -117,10 +126,7 @@ inline void q4k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t
     const __m512i mask = _mm512_set1_epi8(0x0F);
     const int64_t supers = w.k / 256;
     __m512 acc[MR][NP];
-#pragma GCC unroll 4
-    for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-        for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_ps();
+    zero_tile(acc);
     for (int64_t sbi = 0; sbi < supers; ++sbi) {
         const uint8_t* sb[NP];
 #pragma GCC unroll 2
@@ -128,10 +134,7 @@ inline void q4k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t
         for (int g = 0; g < 8; ++g) {
             const int64_t gi = sbi * 8 + g;
             __m512i isum[MR][NP];
-#pragma GCC unroll 4
-            for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-                for (int j = 0; j < NP; ++j) isum[r][j] = _mm512_setzero_si512();
+            zero_tile(isum);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; ++c) {
                 __m512i lo[NP], hi[NP];
@@ -286,18 +289,13 @@ inline void q6k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t
                      int64_t ldy) {
     const int64_t supers = w.k / 256;
     __m512 acc[MR][NP];
-#pragma GCC unroll 4
-    for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-        for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_ps();
+    zero_tile(acc);
     for (int64_t sbi = 0; sbi < supers; ++sbi) {
         for (int g = 0; g < 8; ++g) {
             const int64_t gi = sbi * 8 + g;
             __m512i ia[MR][NP], ib[MR][NP];
-#pragma GCC unroll 4
-            for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-                for (int j = 0; j < NP; ++j) ia[r][j] = ib[r][j] = _mm512_setzero_si512();
+            zero_tile(ia);
+            zero_tile(ib);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; ++c) {
                 __m512i lo[NP], hi[NP];
