@@ -28,11 +28,7 @@ using namespace lattice;
 namespace {
 
 using bench::cpu_seconds;
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
+using bench::median;
 
 }  // namespace
 
