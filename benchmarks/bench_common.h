@@ -1,5 +1,6 @@
 // Shared benchmark helpers: the memory-bandwidth ceiling (a streaming read of a buffer much larger
-// than the caches by every thread of the pool), timing, and the JSON/table output convention.
+// than the caches by every thread of the pool), timing, the median of samples, and the JSON/table output
+// convention.
 #pragma once
 
 #include "kernels/cpu/huge_pages.h"
@@ -21,6 +22,12 @@
 namespace lattice::bench {
 
 inline double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// The median of non-empty samples (the upper of the middle two for an even count).
+inline double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
 
 // Streams [p, p + bytes) (64-byte aligned) with 4 independent 64-byte loads per step and software
 // prefetch 2 KiB ahead (reads past the end are harmless prefetches); returns a

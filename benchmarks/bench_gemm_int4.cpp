@@ -28,11 +28,7 @@ using namespace lattice;
 namespace {
 
 using bench::cpu_seconds;
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
+using bench::median;
 
 }  // namespace
 
@@ -49,19 +45,9 @@ int main(int argc, char** argv) {
     app.add_option("--json", json);
     CLI11_PARSE(app, argc, argv);
     std::mt19937 rng(1);
-    std::vector<float> f(static_cast<size_t>(n * k));
-    std::normal_distribution<float> nd(0.0f, 0.02f);
-    for (float& v : f) v = nd(rng);
-    const Int4Weights w = quantize_weights_int4(f.data(), n, k, 32);
-    f = {};
     const IsaLevel isa = detect_isa();
-    std::vector<PackedInt4> packs;
-    packs.push_back(pack_int4_weights(w.matrix(), isa, false));
-    for (DType t : {DType::kQ4_K, DType::kQ6_K}) {
-        Int4Weights wk = w;
-        wk.kq.push_back(Int4KQuantPart{t, n, bench::random_kquant_blocks(t, n, k, rng)});
-        packs.push_back(pack_int4_weights(wk.matrix(), isa, true));
-    }
+    const std::vector<PackedInt4> packs = bench::pack_kquant_layouts(n, k, isa, rng);
+    std::normal_distribution<float> nd(0.0f, 0.02f);
     const char* names[3] = {"group form (5 bits)", "Q4_K layout (4.5)", "Q6_K layout (6.6)"};
     const int64_t m_max = *std::max_element(ms.begin(), ms.end());
     std::vector<float> x(static_cast<size_t>(m_max * k)), y(static_cast<size_t>(m_max * n));

@@ -30,20 +30,11 @@ int main(int argc, char** argv) {
     const int64_t n = argc > 2 ? std::atoll(argv[1]) : 11008, k = argc > 2 ? std::atoll(argv[2]) : 4096;
     const int rounds = argc > 3 ? std::atoi(argv[3]) : 3;
     std::mt19937 rng(1);
-    std::vector<float> f(static_cast<size_t>(n * k));
-    std::normal_distribution<float> nd(0.0f, 0.02f);
-    for (float& v : f) v = nd(rng);
-    const Int4Weights w = quantize_weights_int4(f.data(), n, k, 32);
-    f = {};
     const IsaLevel isa = detect_isa();
+    std::vector<PackedInt4> layouts = bench::pack_kquant_layouts(n, k, isa, rng);
     std::vector<PackedInt4> sets[3];
-    sets[0].push_back(pack_int4_weights(w.matrix(), isa, false));
-    const DType types[2] = {DType::kQ4_K, DType::kQ6_K};
-    for (int i = 0; i < 2; ++i) {
-        Int4Weights wk = w;
-        wk.kq.push_back(Int4KQuantPart{types[i], n, bench::random_kquant_blocks(types[i], n, k, rng)});
-        sets[i + 1].push_back(pack_int4_weights(wk.matrix(), isa, true));
-    }
+    for (int i = 0; i < 3; ++i) sets[i].push_back(std::move(layouts[size_t(i)]));
+    std::normal_distribution<float> nd(0.0f, 0.02f);
     const bool hot = argc > 4 && std::string(argv[4]) == "hot";
     for (auto& s : sets)
         while (!hot && int64_t(s.size()) * s[0].bytes() < (int64_t(1) << 30)) s.push_back(s[0]);

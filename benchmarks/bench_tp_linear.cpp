@@ -55,10 +55,7 @@ std::vector<Shard> layer_shards(const ModelConfig& c, int n, std::mt19937& rng) 
     return out;
 }
 
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
+using bench::median;
 
 }  // namespace
 

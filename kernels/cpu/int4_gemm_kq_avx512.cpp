@@ -76,9 +76,15 @@ inline void q4k_panel_tables(const PackedInt4& w, int64_t p, int np, float (*tab
         }
 }
 
-// Rows [r0, r0 + MR) x Q4_K panels [p, p + NP), the scale tables precomputed (q4k_panel_tables). A chunk's low
-// and high nibbles sum into one int32 accumulator per row and panel (exact), and NP panels share each
-// broadcast activation, as the group form's 4 x 2 tile.
+// An MR x NP tile of accumulators (f32 or int32 lanes) set to zero.
+template <class V, int MR, int NP>
+[[gnu::always_inline]] inline void zero_tile(V (&acc)[MR][NP]) {
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+        for (int j = 0; j < NP; ++j) acc[r][j] = V{};
+}
+
 // The tile's MR x NP panels of outputs into y (rows r0.., panels p..; the last panel masked to n).
 template <int MR, int NP>
 inline void store_tile(const __m512 (&acc)[MR][NP], int64_t r0, const PackedInt4& w, int64_t p, float* y,
@@ -91,16 +97,36 @@ inline void store_tile(const __m512 (&acc)[MR][NP], int64_t r0, const PackedInt4
     }
 }
 
+// Chunk c of group gi in a prefill tile: for rows [r0, r0 + MR) the chunk's 4 activation bytes of the group's
+// first 16 broadcast against the NP panels' low elements lo[j] into slo[r][j], those of its last 16 against the
+// high elements hi[j] into shi[r][j]. Q4_K passes one accumulator for both (a group's nibbles share a scale);
+// Q6_K's sub-blocks a and b keep their own. Always inlined: the accumulators must stay in registers.
+template <int MR, int NP>
+[[gnu::always_inline]] inline void dot_chunk(const Int4Acts& a, int64_t r0, int64_t gi, int c,
+                                             const __m512i (&lo)[NP], const __m512i (&hi)[NP],
+                                             __m512i (&slo)[MR][NP], __m512i (&shi)[MR][NP]) {
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+        const int8_t* xs = a.q + (r0 + r) * a.ldq + gi * 32 + c * 4;
+        const __m512i alo = _mm512_set1_epi32(load_i32(xs)), ahi = _mm512_set1_epi32(load_i32(xs + 16));
+#pragma GCC unroll 2
+        for (int j = 0; j < NP; ++j) {
+            dpbusd(slo[r][j], lo[j], alo);
+            dpbusd(shi[r][j], hi[j], ahi);
+        }
+    }
+}
+
+// Rows [r0, r0 + MR) x Q4_K panels [p, p + NP), the scale tables precomputed (q4k_panel_tables). A chunk's low
+// and high nibbles sum into one int32 accumulator per row and panel (exact), and NP panels share each
+// broadcast activation, as the group form's 4 x 2 tile.
 template <int MR, int NP>
 inline void q4k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t p, const float (*tab)[16], float* y,
                      int64_t ldy) {
     const __m512i mask = _mm512_set1_epi8(0x0F);
     const int64_t supers = w.k / 256;
     __m512 acc[MR][NP];
-#pragma GCC unroll 4
-    for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-        for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_ps();
+    zero_tile(acc);
     for (int64_t sbi = 0; sbi < supers; ++sbi) {
         const uint8_t* sb[NP];
 #pragma GCC unroll 2
@@ -108,10 +134,7 @@ inline void q4k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t
         for (int g = 0; g < 8; ++g) {
             const int64_t gi = sbi * 8 + g;
             __m512i isum[MR][NP];
-#pragma GCC unroll 4
-            for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-                for (int j = 0; j < NP; ++j) isum[r][j] = _mm512_setzero_si512();
+            zero_tile(isum);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; ++c) {
                 __m512i lo[NP], hi[NP];
@@ -121,16 +144,7 @@ inline void q4k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t
                     lo[j] = _mm512_and_si512(v, mask);
                     hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
                 }
-#pragma GCC unroll 4
-                for (int r = 0; r < MR; ++r) {
-                    const int8_t* xs = a.q + (r0 + r) * a.ldq + gi * 32 + c * 4;
-                    const __m512i alo = _mm512_set1_epi32(load_i32(xs)), ahi = _mm512_set1_epi32(load_i32(xs + 16));
-#pragma GCC unroll 2
-                    for (int j = 0; j < NP; ++j) {
-                        dpbusd(isum[r][j], lo[j], alo);
-                        dpbusd(isum[r][j], hi[j], ahi);
-                    }
-                }
+                dot_chunk<MR, NP>(a, r0, gi, c, lo, hi, isum, isum);
             }
 #pragma GCC unroll 2
             for (int j = 0; j < NP; ++j) {
@@ -278,18 +292,13 @@ inline void q6k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t
                      int64_t ldy) {
     const int64_t supers = w.k / 256;
     __m512 acc[MR][NP];
-#pragma GCC unroll 4
-    for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-        for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_ps();
+    zero_tile(acc);
     for (int64_t sbi = 0; sbi < supers; ++sbi) {
         for (int g = 0; g < 8; ++g) {
             const int64_t gi = sbi * 8 + g;
             __m512i ia[MR][NP], ib[MR][NP];
-#pragma GCC unroll 4
-            for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-                for (int j = 0; j < NP; ++j) ia[r][j] = ib[r][j] = _mm512_setzero_si512();
+            zero_tile(ia);
+            zero_tile(ib);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; ++c) {
                 __m512i lo[NP], hi[NP];
@@ -299,16 +308,7 @@ inline void q6k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t
                     lo[j] = _mm512_load_si512(u);
                     hi[j] = _mm512_load_si512(u + 256);
                 }
-#pragma GCC unroll 4
-                for (int r = 0; r < MR; ++r) {
-                    const int8_t* xs = a.q + (r0 + r) * a.ldq + gi * 32 + c * 4;
-                    const __m512i alo = _mm512_set1_epi32(load_i32(xs)), ahi = _mm512_set1_epi32(load_i32(xs + 16));
-#pragma GCC unroll 2
-                    for (int j = 0; j < NP; ++j) {
-                        dpbusd(ia[r][j], lo[j], alo);
-                        dpbusd(ib[r][j], hi[j], ahi);
-                    }
-                }
+                dot_chunk<MR, NP>(a, r0, gi, c, lo, hi, ia, ib);
             }
 #pragma GCC unroll 2
             for (int j = 0; j < NP; ++j) {

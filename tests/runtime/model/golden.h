@@ -1,12 +1,16 @@
 // Test helpers for the golden models in $LATTICE_SHARED_DIR/golden (see its README):
-// expected greedy tokens (expected.json) and float64-reference logits (expected.safetensors).
+// expected greedy tokens (expected.json) and float64-reference logits (expected.safetensors), the lists of
+// models the tests run over (golden_models(), block_family_models()), and one golden case run through a
+// built rank (run_case: at a layout, scored and generated greedy).
 #pragma once
 
 #include "runtime/backend/cpu/cpu_backend.h"
 #include "runtime/builder/build.h"
+#include "runtime/engine/client.h"
 #include "runtime/model/model.h"
 #include "runtime/weights/safetensors.h"
 #include "runtime/weights/tensor_source.h"
+#include "tests/test_build.h"
 #include "tests/test_paths.h"
 
 #include <doctest/doctest.h>
@@ -38,6 +42,13 @@ inline const std::vector<std::string>& family_models() {
 inline const std::vector<std::string>& golden_models() {
     static const std::vector<std::string> m = {"tiny-llama2", "tiny-gqa-llama3", "tiny-fp16-tied", "families/qwen2",
                                                "families/qwen2-swa", "families/mistral", "families/mixtral"};
+    return m;
+}
+// The families assembled from the shared blocks beyond Llama's skeleton (Qwen3, Gemma 2, Gemma 3, Phi-3 with
+// and without LongRoPE, Qwen3-MoE; test_block_families.cpp says what each fixture exercises).
+inline const std::vector<std::string>& block_family_models() {
+    static const std::vector<std::string> m = {"families/qwen3", "families/gemma2",       "families/gemma3",
+                                               "families/phi3",  "families/phi3-longrope", "families/qwen3-moe"};
     return m;
 }
 
@@ -103,6 +114,30 @@ inline void check_golden_model(const std::string& path, const std::vector<Golden
         req.ignore_eos = true;
         CHECK(gen->generate(req).tokens == c.greedy);
     }
+}
+
+// What one rank saw of a golden case: its world rank, the prompt's logits (delivered to world rank 0) and
+// the greedy tokens (every rank).
+struct CaseRun {
+    int rank = 0;
+    std::vector<float> logits;
+    std::vector<int32_t> tokens;
+};
+
+// Builds `src` on the CPU backend (1 thread) at tp x pp with weights in `quant`, scores c.prompt and
+// generates c.greedy.size() tokens greedy (EOS ignored). Under MPI every rank of the layout calls it.
+inline CaseRun run_case(const TensorSource& src, int tp, int pp, const GoldenCase& c,
+                        QuantMode quant = QuantMode::kNone) {
+    BuildOptions opt = test::cpu_options(1, tp, pp);
+    opt.model.quant = quant;
+    RankRuntime rt = build(opt, src);
+    CaseRun r;
+    r.rank = rt.world.rank;
+    r.logits = EngineClient(*rt.engine, nullptr, true).score(c.prompt);
+    r.tokens = EngineClient(*rt.engine, nullptr, true)
+                   .generate(GenerateRequest{c.prompt, int64_t(c.greedy.size()), 0, {}, true, {}})
+                   .tokens;
+    return r;
 }
 
 }  // namespace lattice::testing

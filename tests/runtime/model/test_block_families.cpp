@@ -18,11 +18,8 @@
 #include <doctest/doctest.h>
 
 #include "parallel/mpi_session.h"
-#include "runtime/builder/build.h"
-#include "runtime/engine/client.h"
 #include "tests/runtime/model/golden.h"
 #include "tests/runtime/model/quant_test_util.h"
-#include "tests/test_build.h"
 
 #include <cstring>
 #include <fstream>
@@ -31,32 +28,6 @@ using namespace lattice;
 using namespace lattice::testing;
 
 namespace {
-
-const std::vector<std::string>& block_families() {
-    static const std::vector<std::string> m = {"families/qwen3", "families/gemma2", "families/gemma3",
-                                               "families/phi3", "families/phi3-longrope",
-                                               "families/qwen3-moe"};
-    return m;
-}
-
-struct Run {
-    int rank = 0;
-    std::vector<float> logits;
-    std::vector<int32_t> tokens;
-};
-
-Run run(const TensorSource& src, int tp, int pp, QuantMode q, const GoldenCase& c) {
-    BuildOptions opt = test::cpu_options(1, tp, pp);
-    opt.model.quant = q;
-    RankRuntime rt = build(opt, src);
-    Run r;
-    r.rank = rt.world.rank;
-    r.logits = EngineClient(*rt.engine, nullptr, true).score(c.prompt);
-    r.tokens = EngineClient(*rt.engine, nullptr, true)
-                   .generate(GenerateRequest{c.prompt, int64_t(c.greedy.size()), 0, {}, true, {}})
-                   .tokens;
-    return r;
-}
 
 // The logits of case i under the tie rule lattice does not take (the higher expert index first), where
 // the fixture has exact router ties (ties.safetensors); empty otherwise.
@@ -82,7 +53,7 @@ TEST_CASE("block families: 1 rank, tp 2, pp 2 and tp 3 equal the float64 referen
     const int world = mpi_session().size();
     REQUIRE((world == 2 || world == 3));
     int tie_checks = 0;
-    for (const auto& name : block_families()) {
+    for (const auto& name : block_family_models()) {
         auto src = open_model(golden_dir(name));
         const std::vector<GoldenCase> cases = load_golden(name);
         for (size_t i = 0; i < cases.size(); ++i) {
@@ -94,7 +65,7 @@ TEST_CASE("block families: 1 rank, tp 2, pp 2 and tp 3 equal the float64 referen
                 CAPTURE(layout.first);
                 CAPTURE(layout.second);
                 if (layout.first * layout.second == 1 && mpi_session().rank() != 0) continue;
-                const Run r = run(*src, layout.first, layout.second, QuantMode::kNone, c);
+                const CaseRun r = run_case(*src, layout.first, layout.second, c);
                 CHECK(r.tokens == c.greedy);  // every rank agrees on every token
                 if (r.rank != 0) continue;     // logits are delivered to world rank 0
                 REQUIRE(r.logits.size() == c.logits.size());
@@ -134,13 +105,13 @@ TEST_CASE("block families: the Qwen3-MoE fixture ties experts exactly at the top
 
 TEST_CASE("block families: W8A16 and W8A8 at 1 rank stay near the reference") {
     if (mpi_session().size() != 2 || mpi_session().rank() != 0) return;
-    for (const auto& name : block_families()) {
+    for (const auto& name : block_family_models()) {
         auto src = open_model(golden_dir(name));
         const GoldenCase c = load_golden(name).front();
         for (QuantMode q : {QuantMode::kW8A16, QuantMode::kW8A8}) {
             CAPTURE(name);
             CAPTURE(quant_mode_name(q));
-            const Run r = run(*src, 1, 1, q, c);
+            const CaseRun r = run_case(*src, 1, 1, c, q);
             REQUIRE(r.logits.size() == c.logits.size());
             const double e = rel_error(r.logits.data(), c.logits.data(), c.logits.size());
             MESSAGE(name << " " << quant_mode_name(q) << ": rel err " << e);
@@ -155,7 +126,7 @@ TEST_CASE("block families: W4A16 / W4A8 against a float forward over the dequant
     // same dequantized weights (FakeInt4Source) only in summation order, so a family's projection read with
     // the wrong rows, groups or fused part shows; W4A8 rounds the activations too.
     if (mpi_session().size() != 2 || mpi_session().rank() != 0) return;
-    for (const auto& name : block_families()) {
+    for (const auto& name : block_family_models()) {
         CAPTURE(name);
         auto src = open_model(golden_dir(name));
         FakeInt4Source fq(open_model(golden_dir(name)));

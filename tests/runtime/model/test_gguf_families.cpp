@@ -26,12 +26,10 @@
 #include "base/error.h"
 #include "parallel/mpi_session.h"
 #include "runtime/builder/build.h"
-#include "runtime/engine/client.h"
 #include "runtime/weights/gguf.h"
 #include "runtime/weights/safetensors.h"
 #include "tests/runtime/model/golden.h"
 #include "tests/runtime/weights/gguf_builder.h"
-#include "tests/test_build.h"
 #include "tests/test_temp_dir.h"
 
 using namespace lattice;
@@ -217,30 +215,13 @@ std::string refusal(const std::string& path) {
     return "";
 }
 
-struct Run {
-    int rank = 0;
-    std::vector<float> logits;
-    std::vector<int32_t> tokens;
-};
-
-Run run(const TensorSource& src, int tp, const GoldenCase& c) {
-    RankRuntime rt = build(test::cpu_options(1, tp, 1), src);
-    Run r;
-    r.rank = rt.world.rank;
-    r.logits = EngineClient(*rt.engine, nullptr, true).score(c.prompt);
-    r.tokens = EngineClient(*rt.engine, nullptr, true)
-                   .generate(GenerateRequest{c.prompt, int64_t(c.greedy.size()), 0, {}, true, {}})
-                   .tokens;
-    return r;
-}
-
 // The GGUF twin at 1 rank and tp 2 against `want` (per case: the reference's logits and greedy tokens).
 void check_layouts(const TensorSource& gguf, const std::vector<GoldenCase>& want) {
     for (const GoldenCase& c : want)
         for (int tp : {1, 2}) {
             CAPTURE(tp);
             if (tp == 1 && mpi_session().rank() != 0) continue;
-            const Run r = run(gguf, tp, c);
+            const CaseRun r = run_case(gguf, tp, 1, c);
             CHECK(r.tokens == c.greedy);  // every rank agrees on every token
             if (r.rank != 0) continue;    // logits are delivered to world rank 0
             REQUIRE(r.logits.size() == c.logits.size());
@@ -291,7 +272,7 @@ TEST_CASE("Gemma 2's GGUF twin equals its HF load with query_pre_attn_scalar = h
     // rank, logits on rank 0.
     std::vector<GoldenCase> want = load_golden("families/gemma2");
     for (GoldenCase& g : want) {
-        const Run r = run(*hf, 2, g);
+        const CaseRun r = run_case(*hf, 2, 1, g);
         g.greedy = r.tokens;
         g.logits = r.logits;
     }

@@ -167,10 +167,8 @@ TEST_CASE("CudaBackend attention with a window and soft-capped scores == CpuBack
 TEST_CASE("the block families through the engine on CudaBackend == CpuBackend: prompt logits, decode steps' "
           "logprobs" *
           doctest::test_suite("cuda")) {
-    const std::vector<std::string> families = {"families/qwen3", "families/gemma2",       "families/gemma3",
-                                               "families/phi3",  "families/phi3-longrope", "families/qwen3-moe"};
     const int64_t n_new = 8;
-    for (const std::string& name : families) {
+    for (const std::string& name : lattice::testing::block_family_models()) {
         const std::vector<int32_t> prompt = lattice::testing::load_golden(name)[0].prompt;
         auto src = open_model(lattice::testing::golden_dir(name));
         RankRuntime cpu = build(test::cpu_options(), *src);
