@@ -37,7 +37,8 @@ struct SchedAttr {  // struct sched_attr (linux/sched/types.h), which glibc 2.36
     uint32_t sched_util_max;
 };
 
-inline std::atomic<uint64_t> g_sched_slice_ns{100000};
+inline constexpr uint64_t kDefaultSchedSliceNs = 100000;  // 100 us, the kernel's minimum
+inline std::atomic<uint64_t> g_sched_slice_ns{kDefaultSchedSliceNs};
 }  // namespace detail
 
 // The slice later requests ask for (0: none).
@@ -46,7 +47,7 @@ inline void set_sched_slice_ns(uint64_t ns) { detail::g_sched_slice_ns.store(ns)
 // LATTICE_SCHED_SLICE_US's value (nullptr or empty: the default) as ns; false for a malformed value
 // (the CLI refuses it, naming the variable).
 inline bool parse_sched_slice_us(const char* v, uint64_t& ns) {
-    ns = 100000;
+    ns = detail::kDefaultSchedSliceNs;
     if (!v || !*v) return true;
     char* end = nullptr;
     const double us = std::strtod(v, &end);
@@ -55,26 +56,32 @@ inline bool parse_sched_slice_us(const char* v, uint64_t& ns) {
     return true;
 }
 
-// Asks once per thread; returns whether the kernel accepted it.
-inline bool request_short_sched_slice() {
+// Sets the calling thread's slice request to `ns` (0: the kernel's default), its policy and nice value kept;
+// false when the kernel refuses, or the thread runs under a real-time policy (left alone).
+inline bool set_thread_sched_slice(uint64_t ns) {
 #if defined(__linux__) && defined(SYS_sched_setattr) && defined(SYS_sched_getattr)
-    thread_local int done = -1;
-    if (done >= 0) return done == 1;
-    done = 0;
-    const uint64_t slice = detail::g_sched_slice_ns.load();
-    if (slice == 0) return false;
     detail::SchedAttr a{};
     if (syscall(SYS_sched_getattr, 0, &a, unsigned(sizeof a), 0u) != 0) return false;
     constexpr uint32_t kOther = 0, kBatch = 3, kIdle = 5;  // SCHED_OTHER, SCHED_BATCH, SCHED_IDLE
     if (a.sched_policy != kOther && a.sched_policy != kBatch && a.sched_policy != kIdle) return false;
     a.size = sizeof a;
     a.sched_flags = 0;
-    a.sched_runtime = slice;
-    done = syscall(SYS_sched_setattr, 0, &a, 0u) == 0 ? 1 : 0;
-    return done == 1;
+    a.sched_runtime = ns;
+    return syscall(SYS_sched_setattr, 0, &a, 0u) == 0;
 #else
+    (void)ns;
     return false;
 #endif
+}
+
+// Asks for the set slice (set_sched_slice_ns) once per thread; returns whether the kernel accepted it.
+inline bool request_short_sched_slice() {
+    thread_local int done = -1;
+    if (done < 0) {
+        const uint64_t slice = detail::g_sched_slice_ns.load();
+        done = slice != 0 && set_thread_sched_slice(slice) ? 1 : 0;
+    }
+    return done == 1;
 }
 
 }  // namespace lattice

@@ -86,7 +86,7 @@ std::string help_hint(const CLI::App* app) {
 // The process-wide settings from the environment, before any command runs (kernels/ never reads the env).
 void apply_environment() {
     // LATTICE_ISA=scalar|avx2|avxvnni|avx512|amx pins the one CPU ISA level every CPU kernel family obeys
-    // (GEMMs, attention, elementwise; kernels/cpu/isa.h). kernels/ never reads the env.
+    // (GEMMs, attention, elementwise; kernels/cpu/isa.h).
     if (const char* isa = std::getenv("LATTICE_ISA"); isa && *isa)
         lattice::set_isa_override(lattice::parse_isa(isa));
     // LATTICE_SCHED_SLICE_US: the scheduler slice lattice's threads ask for (base/sched_slice.h).

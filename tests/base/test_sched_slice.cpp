@@ -27,20 +27,10 @@ long long thread_slice_ns() {
     return -1;
 }
 
-// Sets the calling thread's slice request directly (0: back to the kernel's default); whether the call took.
-bool set_slice(uint64_t ns) {
-    detail::SchedAttr a{};
-    if (syscall(SYS_sched_getattr, 0, &a, unsigned(sizeof a), 0u) != 0) return false;
-    a.size = sizeof a;
-    a.sched_flags = 0;
-    a.sched_runtime = ns;
-    return syscall(SYS_sched_setattr, 0, &a, 0u) == 0;
-}
-
 // Whether this kernel honours a normal thread's slice request (asked in a thread of its own).
 bool kernel_has_custom_slices() {
     bool yes = false;
-    std::thread t([&] { yes = set_slice(200000) && thread_slice_ns() == 200000; });
+    std::thread t([&] { yes = set_thread_sched_slice(200000) && thread_slice_ns() == 200000; });
     t.join();
     return yes;
 }
@@ -56,7 +46,7 @@ Seen run_in_fresh_thread() {
     Seen s;
     std::thread t([&] {
         const pid_t tid = pid_t(syscall(SYS_gettid));
-        REQUIRE(set_slice(0));
+        REQUIRE(set_thread_sched_slice(0));
         setpriority(PRIO_PROCESS, id_t(tid), 3);
         s.nice_before = getpriority(PRIO_PROCESS, id_t(tid));
         s.default_slice = thread_slice_ns();
