@@ -53,6 +53,7 @@ struct Delta {
     int64_t cached_tokens = 0;      // kFinish: prompt tokens the prefix cache served (each prompt once)
     int status = 0;                 // kError: HTTP status (400, 503 ...)
     std::string message;            // kError
+    std::string error_param, error_code;  // kError: the OpenAI error's "param" and "code" when it names them
 };
 
 // The protocol's view of one engine client event (runtime/engine/client.h) of a running call:

@@ -37,13 +37,20 @@ void EngineLoop::refuse(Ticket& t, int status, std::string message) {
     ++totals_.refused;
 }
 
-// The request names an adapter (not the served model's name) that was unloaded after its route accepted the
-// name: refused (404), never run on the base model.
-bool EngineLoop::adapter_gone(Ticket& t) {
+// The adapter the request runs with ("" for the base model), after the loads and unloads answered so far; none
+// (refused with a 404 naming the model) when it names an adapter unloaded after its route accepted the name:
+// never run on the base model.
+std::optional<std::string> EngineLoop::request_adapter(Ticket& t) {
     const std::string& m = t.request.model;
-    if (!opt_.loras || m.empty() || m == opt_.loras->base() || client_.loras().has(m)) return false;
-    refuse(t, 404, fmt::format("the model '{}' does not exist (its LoRA adapter was unloaded)", m));
-    return true;
+    if (opt_.loras) opt_.loras->apply(client_.loras());  // a load answered before this request arrived
+    if (m.empty() || client_.loras().has(m)) return m;
+    if (!opt_.loras || m == opt_.loras->base()) return "";
+    openai::Delta d = error_delta(404, fmt::format("the model '{}' does not exist (its LoRA adapter was unloaded)", m));
+    d.error_param = "model";
+    d.error_code = "model_not_found";
+    t.deliver(std::move(d));
+    ++totals_.refused;
+    return std::nullopt;
 }
 
 void EngineLoop::take(const Inbox::Item& it) {
@@ -83,10 +90,9 @@ void EngineLoop::admit(const std::shared_ptr<Ticket>& tp, std::vector<openai::De
     int64_t prompt_tokens = 0;
     for (const auto& p : t.request.prompts) prompt_tokens += int64_t(p.size());
     std::vector<ClientRequest> choices = openai::choice_requests(t.request);
-    if (opt_.loras) opt_.loras->apply(client_.loras());  // a load answered before this request arrived
-    if (adapter_gone(t)) return;
-    if (!t.request.model.empty() && client_.loras().has(t.request.model))
-        for (ClientRequest& c : choices) c.lora = t.request.model;  // (the route passes the base's name or an adapter's)
+    const std::optional<std::string> lora = request_adapter(t);
+    if (!lora) return;
+    for (ClientRequest& c : choices) c.lora = *lora;
     t.last_token.assign(choices.size(), Clock::time_point{});
     try {
         t.request_id = client_.submit(std::move(choices), t.request.best_of);
@@ -111,13 +117,12 @@ void EngineLoop::score(const std::shared_ptr<Ticket>& tp) {
     const bool only = r.client.max_tokens == 0;
     int64_t prompt_tokens = 0;
     std::vector<openai::Delta> choices;
-    if (opt_.loras) opt_.loras->apply(client_.loras());
-    if (adapter_gone(t)) return;
-    const std::string lora = !r.model.empty() && client_.loras().has(r.model) ? r.model : "";  // scored with it
+    const std::optional<std::string> lora = request_adapter(t);  // scored with it
+    if (!lora) return;
     try {
         for (size_t p = 0; p < r.prompts.size(); ++p) {
             const std::vector<int32_t>& ids = r.prompts[p];
-            PromptLogprobs lp = client_.prompt_logprobs(ids, std::max(r.logprobs, r.prompt_logprobs), lora);
+            PromptLogprobs lp = client_.prompt_logprobs(ids, std::max(r.logprobs, r.prompt_logprobs), *lora);
             openai::Delta d;
             d.echo = true;
             d.text = tok ? tok->decode(ids) : "";

@@ -23,6 +23,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 
 #include "launch/server/exchange.h"
@@ -55,6 +56,7 @@ private:
     void admit(const std::shared_ptr<Ticket>& t, std::vector<openai::Delta> prompt_deltas);
     void score(const std::shared_ptr<Ticket>& t);  // echo, prompt_logprobs: the prompts' logprobs
     void refuse(Ticket& t, int status, std::string message);
+    std::optional<std::string> request_adapter(Ticket& t);
     void publish();
     void log_status(bool force);
 
@@ -62,7 +64,6 @@ private:
     Inbox& inbox_;
     Metrics& metrics_;
     LoopOptions opt_;
-    bool adapter_gone(Ticket& t);
     std::unordered_map<int64_t, std::shared_ptr<Ticket>> live_;  // by the client's request id
     std::deque<std::shared_ptr<Ticket>> scores_;  // echo with max_tokens 0, scored once the engine is idle
     LoopTotals totals_;

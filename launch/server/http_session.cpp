@@ -235,9 +235,7 @@ private:
             case openai::Delta::Kind::kError:
                 ticket_.reset();
                 if (!head_sent_) {
-                    // The engine's only 404: the model (a LoRA adapter unloaded since the route took it).
-                    Reply r = d.status == 404 ? error_reply(404, d.message, "model", "model_not_found")
-                                              : error_reply(d.status, d.message);
+                    Reply r = error_reply(d.status, d.message, d.error_param, d.error_code);
                     // A 503 from the engine (queue full, shutting down): when to ask again, as the
                     // loading 503 says.
                     if (d.status == 503) r.headers.emplace_back("Retry-After", "1");

@@ -44,7 +44,7 @@ ModelConfig golden_config() {
 }
 
 std::string fixture(const std::string& rel) {
-    return std::string(LATTICE_SOURCE_DIR) + "/tests/runtime/model/lora/" + rel;
+    return testing::lora_dir(rel);
 }
 
 // The deltas the engine loop delivers for one request on tiny-llama2 (served as "tiny", adapter a4 seeded), the
@@ -80,7 +80,8 @@ std::vector<openai::Delta> loop_deltas(const std::string& model, bool unload) {
     if (unload) cat.unload("a4");
     auto ended = [&] {
         std::lock_guard lock(mu);
-        return !got.empty() && (got.back().kind == openai::Delta::Kind::kError || got.back().kind == openai::Delta::Kind::kFinish);
+        if (got.empty()) return false;
+        return got.back().kind == openai::Delta::Kind::kError || got.back().kind == openai::Delta::Kind::kFinish;
     };
     loop.run([&] { return ended() ? 15 : 0; }, [] {});
     return got;
@@ -169,6 +170,8 @@ TEST_CASE("serve engine loop: a request for an adapter unloaded after its route 
     CHECK(gone[0].kind == openai::Delta::Kind::kError);
     CHECK(gone[0].status == 404);
     CHECK(gone[0].message.find("'a4' does not exist") != std::string::npos);
+    CHECK(gone[0].error_param == "model");
+    CHECK(gone[0].error_code == "model_not_found");
     for (const char* model : {"a4", "tiny"}) {
         CAPTURE(model);
         const std::vector<openai::Delta> ran = loop_deltas(model, false);
