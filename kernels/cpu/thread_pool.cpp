@@ -49,9 +49,9 @@ ThreadPool::ThreadPool(int n_threads, bool pin) {
     std::vector<int> cpus = allowed_cpus();
     n_threads_ = n_threads > 0 ? n_threads : (cpus.empty() ? 1 : int(cpus.size()));
     // Pin only when every thread gets a core of its own: with more threads than cores (e.g.
-    // several MPI ranks oversubscribing a small machine) pinning would stack threads.
+    // several MPI ranks oversubscribing a small machine) pinning would stack threads. The caller stays as it
+    // is (see the header); cpus[0] is the core left for it.
     bool do_pin = pin && !cpus.empty() && n_threads_ <= int(cpus.size()) && n_threads_ > 1;
-    if (do_pin) pin_to(pthread_self(), cpus[0]);
     for (int i = 1; i < n_threads_; ++i) {
         try {
             threads_.emplace_back([this, i] { worker(i); });

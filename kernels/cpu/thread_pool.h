@@ -5,7 +5,7 @@
 // per-op dispatch around a microsecond during decode without burning idle cores forever; a thread whose
 // core another process contends spins ~25 us instead (spin_policy.h).
 // Hand-off: parallel_for's ranges and parallel_chunks' chunks are claimed from a shared counter, the caller
-// first; once none is left the caller closes the op and waits only for the workers that entered it (are
+// among them; once none is left the caller closes the op and waits only for the workers that entered it (are
 // running a claimed piece), never for one that has not woken yet: a worker that wakes after the close leaves
 // without touching the op. So a descheduled worker (a busy machine's vCPU, a parked thread whose wake-up waits
 // for a time slice) costs the op at most its own piece, not a scheduler round trip per op (~150 ops a token for
@@ -27,7 +27,10 @@ namespace lattice {
 
 class ThreadPool {
 public:
-    // n_threads <= 0: one per available core. pin: bind thread i to the i-th allowed CPU.
+    // n_threads <= 0: one per available core. pin: bind worker i (1..n-1) to the i-th allowed CPU. The caller's
+    // affinity is left as it is: a pinned caller passed its one CPU to every thread it started later (a second
+    // pool -- the draft model's, a benchmark's -- read it as its whole machine and ran both its threads on one
+    // core: bench_decode's 2 threads ran at 0.6x of one), and the scheduler keeps it off the workers' cores.
     // Throws Error (having joined the threads it started) when the system refuses a thread.
     explicit ThreadPool(int n_threads = 0, bool pin = true);
     ~ThreadPool();
