@@ -50,7 +50,7 @@ public:
     const View& view() const { return view_; }
     bool empty() const { return view_.data == nullptr; }
     void* data() const { return view_.data; }
-    int64_t bytes() const { return view_.bytes(); }
+    int64_t bytes() const { return empty() ? 0 : view_.bytes(); }  // (an empty view is a 0-d one: 1 element)
     template <typename T>
     T* ptr() const {
         return static_cast<T*>(view_.data);

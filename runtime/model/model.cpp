@@ -19,6 +19,17 @@
 
 namespace lattice {
 
+namespace {
+// Whether a float head holds the table's rows as the checkpoint has them: the same dtype and [rows, cols],
+// contiguous, nothing packed beside (then the embedding may read it: Model::embed_rows).
+bool head_holds_rows(const Linear& head, const View& table) {
+    const View& w = head.weight.view();
+    return head.mode == QuantMode::kNone && !head.prepared && head.scales.empty() && head.aux.empty() &&
+           w.dtype == table.dtype && w.ndim == 2 && w.shape[0] == table.shape[0] && w.shape[1] == table.shape[1] &&
+           w.is_contiguous();
+}
+}  // namespace
+
 Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt, Communicator* tp_comm)
     : cfg_(src.config()), be_(backend), opt_(opt), tp_comm_(tp_comm ? tp_comm : &local_comm_) {
     LATTICE_CHECK(tp_comm_->size() == opt_.tp, "Model: tp {} but the TP communicator has {} ranks", opt_.tp,
@@ -191,8 +202,9 @@ void Model::load(const TensorSource& src) {
         LayerWeights* L = t.layer >= 0 ? &layers_[size_t(t.layer - opt_.layer_begin)] : nullptr;
         switch (t.role) {
             case WeightRole::kEmbed:
-                if (t.table) embed_table_ = be_.make_table(h.view());
                 if (t.tied_head) lm_head_ = make_linear(h, t.mode);
+                embed_from_head_ = t.table && t.tied_head && head_holds_rows(lm_head_, h.view());
+                if (t.table && !embed_from_head_) embed_table_ = be_.make_table(h.view());
                 break;
             case WeightRole::kLmHead: lm_head_ = make_linear(h, t.mode); break;
             case WeightRole::kFinalNorm: final_norm_ = norm(h); break;
@@ -282,7 +294,7 @@ void Model::embed(const TokenBatch& batch, const View& hidden) {
     for (int64_t i = 0; i < batch.count; ++i)
         LATTICE_CHECK(batch.ids[i] >= 0 && batch.ids[i] < cfg_.vocab, "token id {} at position {} is outside the vocab "
                       "(size {})", batch.ids[i], i, cfg_.vocab);
-    be_.embed(hidden, embed_table_.view(), batch, shard_.vocab0);
+    be_.embed(hidden, embed_rows(), batch, shard_.vocab0);
     // Gemma: times sqrt(hidden) in the activations' precision (exact on every rank: the other ranks' rows are 0).
     if (architecture_of(cfg_).embed_scale) be_.scale(hidden, float(std::sqrt(double(cfg_.hidden))));
     if (opt_.tp > 1) tp_all_reduce(hidden);

@@ -1,11 +1,13 @@
 // End-to-end correctness of the single-rank CPU engine against the independent float64 reference:
 // every greedy token and every position's logits (relative error < 1e-4), from HF safetensors;
-// incremental decode with the KV cache equals a fresh full forward of the longer sequence.
+// incremental decode with the KV cache equals a fresh full forward of the longer sequence; a tied float head is
+// the embedding's one copy.
 #include "tests/runtime/model/golden.h"
 
 #include "runtime/backend/cpu/cpu_backend.h"
 #include "runtime/builder/build.h"
 #include "runtime/model/model.h"
+#include "runtime/model/rank_weights.h"
 #include "runtime/weights/tensor_source.h"
 
 #include <doctest/doctest.h>
@@ -24,6 +26,26 @@ TEST_CASE("golden HF checkpoints: greedy tokens and logits match the float64 ref
 
 TEST_CASE("golden: two threads and prompt chunks of 3 tokens give the same results") {
     for (const auto& m : golden_models()) check_golden_model(golden_dir(m), load_golden(m), 2, 3);
+}
+
+TEST_CASE("tied embeddings with a float head are held once; an int8 head keeps its own float table") {
+    // The goldens' fp32 results above cover what the embedding reads; here the bytes: the loader's count
+    // (RankWeights, each tensor once) against what the model holds.
+    auto src = open_model(golden_dir("tiny-fp16-tied"));
+    const ModelConfig& c = src->config();
+    REQUIRE(c.tie_embeddings);
+    const double table = double(c.vocab) * double(c.hidden) * 2;  // f16 rows
+    CpuBackend be(CpuBackendOptions{1, false, false});
+    {
+        Model model(*src, be, ModelOptions{}, nullptr);
+        CHECK(double(model.weight_bytes()) == RankWeights(*src, ModelOptions{}).resident_bytes(false));
+        CHECK(model.weight_bytes() == model.streamed_weight_bytes());  // nothing held beside what a token reads
+    }
+    ModelOptions q;
+    q.quant = QuantMode::kW8A8;
+    q.quant_head = true;
+    Model model(*src, be, q, nullptr);
+    CHECK(double(model.weight_bytes() - model.streamed_weight_bytes()) == table);
 }
 
 TEST_CASE("incremental decode with the KV cache equals a fresh forward of the longer sequence") {
