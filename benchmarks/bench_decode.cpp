@@ -5,7 +5,7 @@
 // read by the same number of threads); we report the achieved weight-read GB/s and its ratio to that floor,
 // and the KV cache bytes the last decode step read besides (f32 K and V of every cached position).
 // Prefill is compute bound; we report tokens/s and GFLOP/s (2 x parameters x tokens).
-// Usage: bench_decode [--model FILE | --config tinyllama-1.1b] [--threads N] [--no-pin] [--prompt 128] [--decode 32]
+// Usage: bench_decode [--model FILE | --config tinyllama-1.1b] [--threads N] [--pin] [--prompt 128] [--decode 32]
 //                     [--quant auto|none|w8a16|w8a8|w4a16|w4a8] [--int8-gemm auto|own|onednn] [--json FILE]
 // --int8-gemm picks who runs the W8A8 GEMMs at m >= 16 (kernels/cpu/int8_gemm.h, Int8Provider).
 #include "benchmarks/bench_common.h"
@@ -26,12 +26,12 @@ int main(int argc, char** argv) {
     CLI::App app{"lattice decode/prefill benchmark (a checkpoint or random weights)"};
     std::string preset = "tinyllama-1.1b", quant = "none", json, model_path, int8_gemm = "auto";
     int threads = 0;
-    bool no_pin = false;
+    bool pin = false;
     int64_t prompt = 128, decode = 32;
     app.add_option("--config", preset);
     app.add_option("--model", model_path, "checkpoint (GGUF file or HF folder) instead of random weights");
     app.add_option("--threads", threads);
-    app.add_flag("--no-pin", no_pin, "leave the threads unpinned (the scheduler places them; a busy host)");
+    app.add_flag("--pin", pin, "pin the pool's workers to cores (the engine's default leaves them to the scheduler)");
     app.add_option("--prompt", prompt);
     app.add_option("--decode", decode);
     app.add_option("--quant", quant);
@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
         if (!model_path.empty()) preset = model_path;
         double bw = 0;
         {
-            ThreadPool pool(threads, !no_pin);  // the ceiling, on as many threads as the model gets, pinned alike
+            ThreadPool pool(threads, pin);  // the ceiling, on as many threads as the model gets, pinned alike
             bw = bench::measure_read_bandwidth(pool);
         }
         BuildOptions opt;
@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
         opt.model.max_batch_tokens = std::min<int64_t>(prompt, 256);
         opt.backend.kind = BackendKind::kCpu;
         opt.backend.threads = threads;
-        opt.backend.pin = !no_pin;
+        opt.backend.pin = pin;
         RankRuntime rt = build(opt, *src);
         const double load_s = rt.load_seconds;
         src.reset();
@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
         bench::write_json(json, {{"model", preset},
                                  {"quant", quant},
                                  {"int8_gemm", int8_gemm},
-                                 {"threads", rt.backend->threads()}, {"pinned", !no_pin},
+                                 {"threads", rt.backend->threads()}, {"pinned", pin},
                                  {"weight_bytes", bytes},
                                  {"load_seconds", load_s},
                                  {"prompt_tokens", prompt},

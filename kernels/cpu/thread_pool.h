@@ -1,4 +1,4 @@
-// ThreadPool: one persistent set of worker threads, pinned to cores, for every CPU kernel.
+// ThreadPool: one persistent set of worker threads (optionally pinned to cores), for every CPU kernel.
 // parallel_for(n, fn) splits [0, n) into one contiguous range per thread (the caller is thread 0)
 // so each thread streams its own slice of weights; no thread is created per op.
 // Workers spin briefly on a generation counter, then block in std::atomic::wait, which keeps
@@ -30,7 +30,8 @@ public:
     // n_threads <= 0: one per available core. pin: bind worker i (1..n-1) to the i-th allowed CPU. The caller's
     // affinity is left as it is: a pinned caller passed its one CPU to every thread it started later (a second
     // pool -- the draft model's, a benchmark's -- read it as its whole machine and ran both its threads on one
-    // core: bench_decode's 2 threads ran at 0.6x of one), and the scheduler keeps it off the workers' cores.
+    // core: bench_decode's 2 threads ran at 0.6x of one). The engine does not pin (BackendOptions::pin): a
+    // caller that wakes on a pinned worker's core holds it until the scheduler moves the caller.
     // Throws Error (having joined the threads it started) when the system refuses a thread.
     explicit ThreadPool(int n_threads = 0, bool pin = true);
     ~ThreadPool();

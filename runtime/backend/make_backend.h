@@ -24,7 +24,8 @@ struct BackendOptions {
     BackendKind kind = BackendKind::kAuto;
     // CPU
     int threads = 0;     // <= 0: one per available core
-    bool pin = true;     // pin threads to cores
+    bool pin = false;    // pin the pool's workers to cores (off: unpinned measured equal or faster, and a
+                         // pinned worker cannot leave a core that the caller or another process holds)
     bool mlock = false;  // lock weight memory
     bool cpu_select_tokens = false;  // CpuBackendOptions::select_tokens (tests)
     bool cpu_step_graphs = false;    // CpuBackendOptions::step_graphs (tests)

@@ -16,7 +16,7 @@ namespace lattice {
 
 struct CpuBackendOptions {
     int threads = 0;    // <= 0: one per available core
-    bool pin = true;    // pin threads to cores
+    bool pin = false;   // pin the pool's workers to cores (BackendOptions::pin says why it is off)
     bool mlock = false; // lock weight memory (fails loudly if the limit is too low)
     // Select tokens as a device backend does (Backend::select_tokens, with the device's algorithm,
     // cpu::select_token), instead of handing the logits to the engine's host Sampler: the engine's
