@@ -79,8 +79,12 @@ private:
 };
 
 // The chunk for parallel_chunks: about `per_thread` chunks per thread (enough for a late thread to lose
-// little, few enough that each stays a long stream of weights), at least `min_chunk` items.
-inline int64_t chunk_for(int64_t n, int threads, int64_t per_thread = 4, int64_t min_chunk = 1) {
+// little, few enough that each stays a long stream of weights), at least `min_chunk` items. Two: the
+// built-in model's decode GEMVs are 0.2-1 MB, and each chunk restarts the hardware prefetchers' ramp
+// (Zen 4, bench_decode SmolLM2 Q4_1, 2 threads, idle: 2 against 4 chunks per thread 296 vs 273 tok/s, medians
+// of 5 interleaved rounds; 8 and 16 were slower still, 1 and 3 like 2; beside one busy process 2 and 4 within
+// the noise, 143-165 and 159-162 tok/s).
+inline int64_t chunk_for(int64_t n, int threads, int64_t per_thread = 2, int64_t min_chunk = 1) {
     const int64_t parts = int64_t(threads) * per_thread;
     const int64_t c = (n + parts - 1) / parts;
     return c > min_chunk ? c : min_chunk;

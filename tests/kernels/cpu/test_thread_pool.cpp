@@ -35,8 +35,9 @@ TEST_CASE("split_range covers [0, n) contiguously with grain alignment") {
 }
 
 TEST_CASE("parallel_chunks visits every index once, in chunks of the size asked, each thread's in order") {
-    CHECK(chunk_for(192, 2) == 24);
-    CHECK(chunk_for(5, 2) == 1);
+    CHECK(chunk_for(192, 2) == 48);
+    CHECK(chunk_for(192, 2, 4) == 24);
+    CHECK(chunk_for(3, 2) == 1);
     CHECK(chunk_for(100, 3, 4, 16) == 16);
     for (int threads : {1, 2, 4}) {
         ThreadPool pool(threads, false);
