@@ -16,11 +16,13 @@ double seconds(Clock::duration d) {
     return std::chrono::duration<double>(d).count();
 }
 
-openai::Delta error_delta(int status, std::string message) {
+openai::Delta error_delta(int status, std::string message, std::string param = "", std::string code = "") {
     openai::Delta d;
     d.kind = openai::Delta::Kind::kError;
     d.status = status;
     d.message = std::move(message);
+    d.error_param = std::move(param);
+    d.error_code = std::move(code);
     return d;
 }
 
@@ -32,8 +34,8 @@ EngineLoop::EngineLoop(EngineClient& client, Inbox& inbox, Metrics& metrics, Loo
     publish();
 }
 
-void EngineLoop::refuse(Ticket& t, int status, std::string message) {
-    t.deliver(error_delta(status, std::move(message)));
+void EngineLoop::refuse(Ticket& t, int status, std::string message, std::string param, std::string code) {
+    t.deliver(error_delta(status, std::move(message), std::move(param), std::move(code)));
     ++totals_.refused;
 }
 
@@ -45,11 +47,8 @@ std::optional<std::string> EngineLoop::request_adapter(Ticket& t) {
     if (opt_.loras) opt_.loras->apply(client_.loras());  // a load answered before this request arrived
     if (m.empty() || client_.loras().has(m)) return m;
     if (!opt_.loras || m == opt_.loras->base()) return "";
-    openai::Delta d = error_delta(404, fmt::format("the model '{}' does not exist (its LoRA adapter was unloaded)", m));
-    d.error_param = "model";
-    d.error_code = "model_not_found";
-    t.deliver(std::move(d));
-    ++totals_.refused;
+    refuse(t, 404, fmt::format("the model '{}' does not exist (its LoRA adapter was unloaded)", m), "model",
+           "model_not_found");
     return std::nullopt;
 }
 

@@ -55,7 +55,8 @@ private:
     void apply(const ClientEvent& ev);
     void admit(const std::shared_ptr<Ticket>& t, std::vector<openai::Delta> prompt_deltas);
     void score(const std::shared_ptr<Ticket>& t);  // echo, prompt_logprobs: the prompts' logprobs
-    void refuse(Ticket& t, int status, std::string message);
+    // Delivers the error (OpenAI's "param" / "code" when given) and counts the request refused.
+    void refuse(Ticket& t, int status, std::string message, std::string param = "", std::string code = "");
     std::optional<std::string> request_adapter(Ticket& t);
     void publish();
     void log_status(bool force);

@@ -203,8 +203,8 @@ void Model::load(const TensorSource& src) {
         switch (t.role) {
             case WeightRole::kEmbed:
                 if (t.tied_head) lm_head_ = make_linear(h, t.mode);
-                embed_from_head_ = t.table && t.tied_head && head_holds_rows(lm_head_, h.view());
-                if (t.table && !embed_from_head_) embed_table_ = be_.make_table(h.view());
+                if (t.table && !(t.tied_head && head_holds_rows(lm_head_, h.view())))
+                    embed_table_ = be_.make_table(h.view());
                 break;
             case WeightRole::kLmHead: lm_head_ = make_linear(h, t.mode); break;
             case WeightRole::kFinalNorm: final_norm_ = norm(h); break;

@@ -216,11 +216,10 @@ private:
 
     Buffer embed_table_;  // [vocab_rows, hidden] checkpoint float dtype (first stage, and head when tied)
     Linear lm_head_;      // [vocab_rows, hidden] (last stage)
-    // Tied embeddings whose float head keeps the checkpoint's rows as they are (one stage holding both, the
-    // backend's float layout in the table's dtype): the embedding reads the head's weight, one copy instead of
-    // two (a Gemma-sized vocabulary's table is ~1.8 GB in bf16); embed_table_ stays empty.
-    bool embed_from_head_ = false;
-    View embed_rows() const { return embed_from_head_ ? lm_head_.weight.view() : embed_table_.view(); }
+    // The embedding's rows (first stage). Tied embeddings whose float head keeps the checkpoint's rows as they
+    // are (one stage holding both, the backend's float layout in the table's dtype) get no table of their own:
+    // the head's weight serves, one copy instead of two (a Gemma-sized vocabulary's table is ~1.8 GB in bf16).
+    View embed_rows() const { return embed_table_.empty() ? lm_head_.weight.view() : embed_table_.view(); }
     Buffer final_norm_;   // [hidden]
     Buffer inv_freq_;     // [head_dim / 2]
     Buffer inv_freq_local_;  // [head_dim / 2]: the windowed layers' (a family with a local rope base), else empty
