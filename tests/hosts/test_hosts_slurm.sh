@@ -54,7 +54,6 @@ for _ in $(seq 150); do
 done
 [ "$state" = "idle " ] || { echo "FAIL: Slurm did not come up (node states '$state')"; tail -n 5 "$tmp"/*.log "$tmp"/*.out; exit 1; }
 
-job_state() { scontrol -o show job "$1" 2> /dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
 run_job() {  # run_job NAME RUN LAUNCHER: lattice-multinode.sbatch on 2 nodes x 2 tasks, waited for (bounded)
     local name=$1 id st
     id=$(cd "$src" && MODEL="$model" TP=2 PP=2 RUN="$2" LAUNCHER="$3" LATTICE="$bin" PROMPT_IDS=$prompt \
@@ -130,11 +129,9 @@ for i in range(int(sys.argv[1])):
          sbatch --parsable --job-name=lattice-requeue --output="$tmp/requeue.out" --error="$tmp/requeue.err" \
                 --nodes=2 --ntasks-per-node=1 --gpus-per-node=0 --cpus-per-task=1 --time=3 launch/slurm/batch.sbatch 2>&1)
     [[ "$id" =~ ^[0-9]+$ ]] || { echo "FAIL: requeue: sbatch said: $id"; exit 1; }
-    # The TERM must reach lattice after >= 1 record and before the last. Slurm's path (scancel -> slurmctld
-    # -> slurmd -> the script's trap -> mpirun -> ranks) takes seconds on a loaded machine, in which the
-    # batch could finish: so the ranks are stopped (SIGSTOP) first, and continued only once the USR1 that
-    # the script's trap sends through mpirun is pending in every one of them (ShdPnd, mask 0x200). COMM_TIMEOUT is 300 s so that
-    # a peer stopped that long does not read as dead.
+    # The TERM must reach lattice after >= 2 records and before the last: the ranks are stopped there and
+    # Slurm's TERM sent while they are (slurm_conf.sh). COMM_TIMEOUT is 300 s so that a peer stopped that
+    # long does not read as dead.
     ranks=""
     for _ in $(seq 450); do
         ranks=$(for h in a b; do for p in $(host_pids $h); do
@@ -144,16 +141,7 @@ for i in range(int(sys.argv[1])):
     done
     records=$(wc -l < "$out" 2> /dev/null || echo 0)
     [ "$records" -ge 2 ] && [ "$records" -lt $nreq ] || fail "requeue: $records records when the ranks were stopped"
-    scancel --batch --signal=TERM "$id"
-    usr1_pending() { grep -q "^ShdPnd:.*[2367abef]..$" "/proc/$1/status" 2> /dev/null; }  # SIGUSR1 = signal 10: 0x200
-    for _ in $(seq 450); do
-        waiting=0
-        for p in $ranks; do usr1_pending "$p" || waiting=1; done
-        [ $waiting -eq 0 ] && break
-        sleep 0.2
-    done
-    [ $waiting -eq 0 ] || fail "requeue: the drain signal did not reach every rank (pids $ranks)"
-    kill -CONT $ranks
+    slurm_term_stopped "$id" "$ranks" || fails=$((fails + 1))
     for _ in $(seq 450); do  # <= 90 s
         st=$(job_state "$id")
         case "$st" in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL) break ;; esac

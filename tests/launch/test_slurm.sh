@@ -118,7 +118,6 @@ run_job() {
         fails=$((fails + 1)); return 1
     fi
 }
-job_state() { scontrol -o show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
 check() {  # check NAME pattern
     grep -qF -- "$2" "$tmp/$1.out" && return
     echo "FAIL: $1: '$2' not in the job output:"; sed 's/^/  | /' "$tmp/$1.out" "$tmp/$1.err"; fails=$((fails + 1))
@@ -152,8 +151,21 @@ for i in range(int(sys.argv[1])):
                 --nodes=1 --ntasks-per-node=1 --gpus-per-node=0 --cpus-per-task=1 --time=3 launch/slurm/batch.sbatch 2>&1)
     if ! [[ "$id" =~ ^[0-9]+$ ]]; then echo "FAIL: requeue: sbatch said: $id"; return 1; fi
     job_ids="$job_ids $id"
-    for _ in $(seq 300); do [ -f "$out" ] && [ "$(wc -l < "$out")" -ge 2 ] && break; sleep 0.2; done
-    scancel --batch --signal=TERM "$id"
+    # The TERM must find the batch after >= 2 records and before the last: its rank is stopped there (one
+    # rank: the lattice process whose environment holds this job's id; ctest may run other tests' beside it).
+    local ranks="" p records
+    for _ in $(seq 300); do
+        ranks=$(for p in $(pgrep -x lattice); do
+            tr '\0' '\n' < "/proc/$p/environ" 2> /dev/null | grep -qx "SLURM_JOB_ID=$id" && echo "$p"; done | tr '\n' ' ')
+        [ -n "$ranks" ] && [ -f "$out" ] && [ "$(wc -l < "$out")" -ge 2 ] && kill -STOP $ranks && break
+        sleep 0.2
+    done
+    records=$(wc -l < "$out" 2> /dev/null || echo 0)
+    if ! [ "$records" -ge 2 ] || ! [ "$records" -lt $n ]; then
+        echo "FAIL: requeue: $records records when the rank was stopped"; [ -n "$ranks" ] && kill -CONT $ranks; return 1
+    fi
+    echo "requeue: rank ${ranks% } stopped at $records of $n records; Slurm's TERM sent"
+    slurm_term_stopped "$id" "$ranks" || return 1
     for _ in $(seq 600); do  # <= 120 s
         st=$(job_state "$id")
         [ "$st" = COMPLETED ] || [ "$st" = FAILED ] || [ "$st" = CANCELLED ] || [ "$st" = TIMEOUT ] && break
