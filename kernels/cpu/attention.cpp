@@ -6,8 +6,10 @@
 //    transposed per block and kv head ([head_dim][block_size]), so a tile of a cache whose block size
 //    is a multiple of 16 is read where it lies (f32, bf16 by a shift, int8 widened in registers, its row
 //    scales applied to the scores and to the softmax weights): the scores of a query row against the
-//    whole tile vectorize over positions with no horizontal sums and no copy; V rows are read in place
-//    too. f16 tiles are converted into a per-thread f32 tile (each K row of a tile contiguous, F16C);
+//    whole tile vectorize over positions with no horizontal sums and no copy. V rows are read in place
+//    too, and lie per kv head ([block_size][head_dim] of one kv head contiguous, like its K): a decode
+//    step's reads of one kv head are then two contiguous runs per block, not rows at the stride of all kv
+//    heads (which read at 0.8x the rate: bench_attention, 9/3 heads x 64, 2 threads, a 144-2048 context). f16 tiles are converted into a per-thread f32 tile (each K row of a tile contiguous, F16C);
 //    block sizes that are not a multiple of 16 are gathered position by position;
 //  - the query heads of one token share a tile's bound, so they go through it together, in
 //    register blocks of up to 8 rows (attention_kernels.cpp): scores as a small GEMM against the transposed
@@ -23,7 +25,7 @@
 // row, and in the tile holding the window's start the positions before it get zero weight.
 // The cache holds f32, f16, bf16 or int8 elements (kv_row_bytes per token and kv head). A block holds
 // K as [n_kv][head_dim][block_size] (element d of position p of kv head g at (g * head_dim + d) *
-// block_size + p % block_size) and V as [block_size][n_kv][head_dim] rows; an int8 block's values come
+// block_size + p % block_size) and V as [n_kv][block_size][head_dim] rows; an int8 block's values come
 // first, then their [block_size, n_kv] f32 scales (symmetric, one scale per token and kv head,
 // kernels/common/quantize.h), quantized as the token is stored. Every dtype is read as f32 (in place
 // or into the tile), so attention never needs a dequantized copy of the cache and the tile math is
@@ -143,23 +145,27 @@ void attend(const Job& j, const Unit& u, Scratch& sc, int64_t j0, int64_t jn, at
 // A tile read where it lies in its block (f32, bf16, int8 with its row scales).
 void attend_in_place(const Job& j, const Unit& u, Scratch& sc, int64_t j0, int64_t jn, int64_t last) {
     const attn::KvLayout& c = j.c;
-    const int64_t g = u.g, seq = u.seq, hd = c.hd, nkv = c.nkv, B = c.B;
+    const int64_t g = u.g, seq = u.seq, hd = c.hd, B = c.B;
     const uint8_t *kc = c.k_column(seq, j0, g), *vc = c.v_row(seq, j0, g);
     // The next tile's K lines and V rows requested ahead: a decode step reads each once, from memory.
+    // The tile lies in one block (B is a multiple of kTile here), so its rows are at fixed strides from its
+    // first: no block-table lookup (a division by B) per position.
     if (j0 + kTile <= last) {
         const uint8_t* kn = c.k_column(seq, j0 + kTile, g);
         for (int64_t d = 0; d < hd; d += std::max<int64_t>(1, 64 / (B * c.es))) __builtin_prefetch(kn + d * B * c.es);
-        for (int64_t p = j0 + kTile; p < std::min(j0 + 2 * kTile, last + 1); ++p)
-            for (int64_t x = 0; x < c.values; x += 64) __builtin_prefetch(c.v_row(seq, p, g) + x);
+        const uint8_t* vn = c.v_row(seq, j0 + kTile, g);
+        const int64_t rows = std::min(kTile, last + 1 - (j0 + kTile)), stride = c.values;
+        for (int64_t p = 0; p < rows; ++p)
+            for (int64_t x = 0; x < c.values; x += 64) __builtin_prefetch(vn + p * stride + x);
     }
     const DType dt = j.a.kv_dtype;
     if (dt == DType::kF32) {
         attend(j, u, sc, j0, jn, j.tiles.f32,
-               Tile<Elem::kF32>{reinterpret_cast<const float*>(kc), B, reinterpret_cast<const float*>(vc), nkv * hd});
+               Tile<Elem::kF32>{reinterpret_cast<const float*>(kc), B, reinterpret_cast<const float*>(vc), hd});
     } else if (dt == DType::kBF16) {
         attend(j, u, sc, j0, jn, j.tiles.bf16,
                Tile<Elem::kBF16>{reinterpret_cast<const uint16_t*>(kc), B, reinterpret_cast<const uint16_t*>(vc),
-                                 nkv * hd});
+                                 hd});
     } else {  // int8: the tile's row scales (lanes past jn zero)
         float* ks = sc.scales.data();
         float* vs = ks + kTile;
@@ -168,7 +174,7 @@ void attend_in_place(const Job& j, const Unit& u, Scratch& sc, int64_t j0, int64
             vs[t] = t < jn ? *c.row_scale(c.v_cache, seq, j0 + t, g) : 0.0f;
         }
         attend(j, u, sc, j0, jn, j.tiles.i8,
-               Tile<Elem::kI8>{reinterpret_cast<const int8_t*>(kc), B, reinterpret_cast<const int8_t*>(vc), nkv * hd,
+               Tile<Elem::kI8>{reinterpret_cast<const int8_t*>(kc), B, reinterpret_cast<const int8_t*>(vc), hd,
                                ks, vs});
     }
 }

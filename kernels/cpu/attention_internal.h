@@ -55,8 +55,9 @@ struct TileKernels {
 TileKernels tile_kernels(IsaLevel isa);
 
 // Where the step's cache rows lie. Block b's bytes start at b * B * nkv * rb; an int8 block's scales follow
-// its values. V rows: position p, kv head g at row (p % B) * nkv + g. K: kv head g's [hd][B] elements
-// (transposed), element d of position p at (g * hd + d) * B + p % B; int8 scales as V's.
+// its values. V rows: position p, kv head g at row g * B + p % B. K: kv head g's [hd][B] elements
+// (transposed), element d of position p at (g * hd + d) * B + p % B. int8 scales: position p, kv head g
+// at (p % B) * nkv + g, for K and V.
 struct KvLayout {
     uint8_t* k_cache;
     uint8_t* v_cache;
@@ -69,7 +70,7 @@ struct KvLayout {
         return c + int64_t(block_tables[seq * table_width + pos / B]) * B * nkv * rb;
     }
     uint8_t* v_row(int64_t seq, int64_t pos, int64_t g) const {
-        return block_of(v_cache, seq, pos) + ((pos % B) * nkv + g) * values;
+        return block_of(v_cache, seq, pos) + (g * B + pos % B) * values;
     }
     uint8_t* k_column(int64_t seq, int64_t pos, int64_t g) const {  // element d at + d * B * es
         return block_of(k_cache, seq, pos) + (g * hd * B + pos % B) * es;

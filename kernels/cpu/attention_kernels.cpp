@@ -50,24 +50,100 @@ template <Elem E>
 }
 
 
-// s[r][j] = sum_d q[r][d] * k[d][j] for j < kTile, summed in order of d (int8: then times k's row scale
-// j). Lanes past the tile's valid positions hold whatever the block holds there (finite or not): their
-// scores are never used.
+// The largest lane (exact: max does not round) and the sum of the lanes in a fixed pairwise tree (lane j
+// plus lane j + 8, then + 4, + 2, + 1), in registers: a loop over the lanes went through memory, a
+// store-to-load round trip per lane on every tile of every row.
+[[gnu::always_inline]] inline float lanes_max(F16x v) {
+    v = v > __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15)
+            ? v : __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);
+    const F16x h4 = __builtin_shufflevector(v, v, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7);
+    v = v > h4 ? v : h4;
+    const F16x h2 = __builtin_shufflevector(v, v, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    v = v > h2 ? v : h2;
+    return std::max(v[0], v[1]);
+}
+[[gnu::always_inline]] inline float lanes_sum(F16x v) {
+    v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);
+    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7);
+    v += __builtin_shufflevector(v, v, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    return v[0] + v[1];
+}
+
+// a[0] + ... + a[N - 1] as the pairwise tree ((a0 + a1) + (a2 + a3)) + ..., unrolled so the values stay in
+// registers.
+template <int N>
+[[gnu::always_inline]] inline F16x tree_sum(const F16x* a) {
+    if constexpr (N == 1)
+        return a[0];
+    else
+        return tree_sum<N / 2>(a) + tree_sum<N / 2>(a + N / 2);
+}
+
+// s[r][j] = sum_d q[r][d] * k[d][j] for j < kTile (int8: then times k's row scale j), as NA partial sums
+// per row (d = a mod NA) added in a fixed tree: R * NA = 8 independent FMA chains, where one chain per row
+// (R <= 2 in decode: a GQA group of 3 cuts into 2 + 1) waited on the FMA's latency at every d. A row's sum
+// order depends only on R, which is fixed per row (head_cuts in attention.cpp cuts at the blocks' bounds).
+// Lanes past the tile's valid positions hold whatever the block holds there (finite or not): their scores
+// are never used.
 template <int R, Elem E>
 [[gnu::always_inline]] inline void scores_rows(float* __restrict s, const float* __restrict q, const Tile<E>& t,
                                                int64_t hd) {
-    F16x acc[R] = {};
-    for (int64_t d = 0; d < hd; ++d) {
+    constexpr int NA = R >= 8 ? 1 : 8 / R;
+    F16x acc[R][NA];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+        for (int a = 0; a < NA; ++a) acc[r][a] = F16x{};
+    int64_t d = 0;
+    for (; d + NA <= hd; d += NA)
+#pragma GCC unroll 8
+        for (int a = 0; a < NA; ++a) {
+            F16x k;
+            load16<E>(k, t.k + (d + a) * t.ldk);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) acc[r][a] += q[r * hd + d + a] * k;
+        }
+    for (; d < hd; ++d) {  // a head_dim that is not a multiple of NA
         F16x k;
         load16<E>(k, t.k + d * t.ldk);
-        for (int r = 0; r < R; ++r) acc[r] += q[r * hd + d] * k;
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) acc[r][0] += q[r * hd + d] * k;
     }
-    if constexpr (E == Elem::kI8) {
-        F16x sc;
-        std::memcpy(&sc, t.k_scale, sizeof(sc));
-        for (int r = 0; r < R; ++r) acc[r] *= sc;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+        F16x v = tree_sum<NA>(acc[r]);
+        if constexpr (E == Elem::kI8) {
+            F16x sc;
+            std::memcpy(&sc, t.k_scale, sizeof(sc));
+            v *= sc;
+        }
+        std::memcpy(s + r * kTile, &v, sizeof(F16x));
     }
-    for (int r = 0; r < R; ++r) std::memcpy(s + r * kTile, &acc[r], sizeof(F16x));
+}
+
+// acc[r][d0 .. d0 + NB * 16) += sum_j w[r][j] * v[j][d] over j < valid, in order of j: NB column blocks per
+// pass, so that R * NB chains run side by side (the sum of each element is the same either way).
+template <int R, int NB, Elem E>
+[[gnu::always_inline]] inline void pv_pass(float* __restrict acc, const float (&w)[R][kTile], int64_t valid,
+                                           const Tile<E>& t, int64_t hd, int64_t d0) {
+    constexpr int64_t kD = 16;
+    F16x a[R][NB];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+        for (int b = 0; b < NB; ++b) std::memcpy(&a[r][b], acc + r * hd + d0 + b * kD, sizeof(F16x));
+    for (int64_t j = 0; j < valid; ++j)
+#pragma GCC unroll 8
+        for (int b = 0; b < NB; ++b) {
+            F16x vr;
+            load16<E>(vr, t.v + j * t.ldv + d0 + b * kD);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) a[r][b] += w[r][j] * vr;
+        }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+        for (int b = 0; b < NB; ++b) std::memcpy(acc + r * hd + d0 + b * kD, &a[r][b], sizeof(F16x));
 }
 
 // acc[r][d] += sum_j p[r][j] * v[j][d] over j < valid, in order of j (int8: p[r][j] times v's row scale j).
@@ -75,21 +151,14 @@ template <int R, Elem E>
 [[gnu::always_inline]] inline void pv_rows(float* __restrict acc, const float* __restrict p, int64_t valid,
                                            const Tile<E>& t, int64_t hd) {
     constexpr int64_t kD = 16;
+    constexpr int NB = R >= 8 ? 1 : R >= 4 ? 2 : 4;
     float w[R][kTile];
     for (int r = 0; r < R; ++r)
         for (int64_t j = 0; j < kTile; ++j)
             w[r][j] = E == Elem::kI8 ? p[r * kTile + j] * t.v_scale[j] : p[r * kTile + j];
     int64_t d0 = 0;
-    for (; d0 + kD <= hd; d0 += kD) {
-        F16x a[R];
-        for (int r = 0; r < R; ++r) std::memcpy(&a[r], acc + r * hd + d0, sizeof(F16x));
-        for (int64_t j = 0; j < valid; ++j) {
-            F16x vr;
-            load16<E>(vr, t.v + j * t.ldv + d0);
-            for (int r = 0; r < R; ++r) a[r] += w[r][j] * vr;
-        }
-        for (int r = 0; r < R; ++r) std::memcpy(acc + r * hd + d0, &a[r], sizeof(F16x));
-    }
+    for (; d0 + NB * kD <= hd; d0 += NB * kD) pv_pass<R, NB, E>(acc, w, valid, t, hd, d0);
+    for (; d0 + kD <= hd; d0 += kD) pv_pass<R, 1, E>(acc, w, valid, t, hd, d0);
     if (d0 < hd)  // a head_dim that is not a multiple of 16: the rest one column at a time
         for (int r = 0; r < R; ++r)
             for (int64_t j = 0; j < valid; ++j) {
@@ -106,6 +175,9 @@ template <int R, Elem E>
 }
 
 // Positions [lo, valid) of the tile are the rows' keys (lo > 0 only where a sliding window starts).
+// The online softmax of a row on whole vectors: the tile's max over its keys (exact in any order), the
+// weights (exp_neg_lanes: exp_neg's bits in every lane), zero outside the keys, and their sum in a fixed
+// pairwise tree.
 template <int R, Elem E>
 [[gnu::always_inline]] inline void rows_block(float* acc, float* m, float* l, float* s, const float* q,
                                               const Tile<E>& t, int64_t lo, int64_t valid, int64_t hd) {
@@ -122,9 +194,9 @@ template <int R, Elem E>
             const float e = exp_neg(sr[j] - mt);
             sr[j] = j < valid && j >= lo ? e : 0.0f;
         }
-        float sum = 0.0f;
-        for (int64_t j = lo; j < valid; ++j) sum += sr[j];
-        l[r] = l[r] * rescale + sum;
+        F16x e;
+        std::memcpy(&e, sr, sizeof(e));
+        l[r] = l[r] * rescale + lanes_sum(e);
         m[r] = mt;
         float* ar = acc + r * hd;
         for (int64_t d = 0; d < hd; ++d) ar[d] *= rescale;

@@ -2,7 +2,7 @@
 // Layouts: activations [m, cols] row-major; qkv rows are [q heads | k heads | v heads], each head
 // head_dim contiguous; KV caches are paged: num_blocks blocks of block_size * n_kv * kv_row_bytes, position p
 // of sequence s in block block_tables[s * table_width + p / block_size]; inside a block V is rows
-// [block_size, n_kv, head_dim] and K is transposed, [n_kv, head_dim, block_size] (attention.cpp says why).
+// [n_kv, block_size, head_dim] and K is transposed, [n_kv, head_dim, block_size] (attention.cpp says why).
 // Hot loops are compiled for several ISAs (isa_variants.h) and picked per call by the one ISA decision (isa.h).
 #pragma once
 

@@ -84,8 +84,8 @@ QuantMode parse_quant_mode(std::string_view s);  // throws Error naming the bad 
 // block holds its block_size * n_kv * head_dim int8 values, then their [block_size, n_kv] f32 scales
 // (rows stay 16-byte aligned for vector loads); quantized as each token is written, read through the
 // attention kernels. How a block orders its values is the backend's: CUDA keeps [block_size, n_kv,
-// head_dim] rows for K and V, the CPU keeps V so and K transposed, [n_kv, head_dim, block_size]
-// (kernels/cpu/attention.cpp: tiles read in place).
+// head_dim] rows for K and V, the CPU keeps V as [n_kv, block_size, head_dim] rows and K transposed,
+// [n_kv, head_dim, block_size] (kernels/cpu/attention.cpp: tiles read in place).
 enum class KvDtype : uint8_t { kAuto, kF32, kF16, kBF16, kInt8 };
 std::string_view kv_dtype_name(KvDtype k);
 KvDtype parse_kv_dtype(std::string_view s);  // throws Error naming the bad value

@@ -241,7 +241,7 @@ TEST_CASE("attention over f16, bf16 and int8 KV caches: the stored rows' values,
         }
 }
 
-TEST_CASE("attention's cache layout: K transposed per block and kv head, V rows, int8 scales after the values") {
+TEST_CASE("attention's cache layout: K transposed per block and kv head, V rows by kv head, int8 scales after the values") {
     // Each stored token's k must be where kernels/cpu/ops.h says (tests/kernels/kv_layout.h maps it to the
     // row layout the CUDA tests compare against), v in its row; f32 exactly, int8 as quantize_row_int8.
     const int64_t hd = 8, nh = 4, nkv = 2, bs = 4, n = 6, width = 2, blocks = 3, row = (nh + 2 * nkv) * hd;
@@ -277,15 +277,18 @@ TEST_CASE("attention's cache layout: K transposed per block and kv head, V rows,
                     CAPTURE(g);
                     CAPTURE(kv);
                     const std::vector<uint8_t>& c = kv == 0 ? krows : vc;
+                    // the row of (position, kv head): K (as rows) position-major, V kv-head-major; the
+                    // int8 scales position-major for both
                     const int64_t block = table[size_t(t / bs)], r = (t % bs) * nkv + g;
+                    const int64_t vr = kv == 0 ? r : g * bs + t % bs;
                     const float* x = qkv.data() + t * row + (nh + kv * nkv + g) * hd;
                     const uint8_t* at = c.data() + block * bs * nkv * rb;
                     if (dt == DType::kF32) {
-                        CHECK(std::memcmp(at + r * hd * 4, x, size_t(hd) * 4) == 0);
+                        CHECK(std::memcmp(at + vr * hd * 4, x, size_t(hd) * 4) == 0);
                     } else {
                         std::vector<int8_t> q(static_cast<size_t>(hd));
                         const float scale = quantize_row_int8(x, hd, q.data());
-                        CHECK(std::memcmp(at + r * hd, q.data(), size_t(hd)) == 0);
+                        CHECK(std::memcmp(at + vr * hd, q.data(), size_t(hd)) == 0);
                         float stored;
                         std::memcpy(&stored, at + bs * nkv * hd + r * 4, 4);
                         CHECK(stored == scale);

@@ -114,9 +114,10 @@ inline std::vector<float> device_decode(const DecodeProblem& p, DType act, int64
 }
 
 inline std::vector<float> cpu_decode(const DecodeProblem& p, ThreadPool& pool) {
-    // The CPU op keeps K transposed per block (tests/kernels/kv_layout.h): the same cache in its layout.
+    // The CPU op keeps K transposed and V by kv head per block (tests/kernels/kv_layout.h): the same cache in
+    // its layout.
     std::vector<float> out(size_t(p.m() * p.nh * p.hd)), k = k_rows_to_cpu(p.kc, p.n_blocks, p.bs, p.nkv, p.hd),
-                                                         v = p.vc;
+                                                         v = v_rows_to_cpu(p.vc, p.n_blocks, p.bs, p.nkv, p.hd);
     cpu::AttentionArgs args{p.nh,     p.nkv,     p.hd,      p.bs,    p.n_blocks, p.tables.data(),
                             p.n_seqs, p.width(), p.scale(), p.window};
     args.softcap = p.softcap;

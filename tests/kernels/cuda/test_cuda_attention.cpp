@@ -75,8 +75,10 @@ TEST_CASE("cuda attention: decode and prefill paths equal the CPU op" * doctest:
                 const float scale = 1.0f / std::sqrt(float(hd));
 
                 std::vector<float> ref(static_cast<size_t>(m * nh * hd));
-                // The CPU op keeps K transposed per block (tests/kernels/kv_layout.h): the same values, its layout.
-                std::vector<float> kref = k_rows_to_cpu(kc, n_blocks, bs, nkv, hd), vref = vc;
+                // The CPU op keeps K transposed and V by kv head per block (tests/kernels/kv_layout.h): the same
+                // values, its layout.
+                std::vector<float> kref = k_rows_to_cpu(kc, n_blocks, bs, nkv, hd),
+                                   vref = v_rows_to_cpu(vc, n_blocks, bs, nkv, hd);
                 cpu::AttentionArgs args{nh, nkv, hd, bs, n_blocks, tables.data(), n_seqs, width, scale};
                 cpu::attention(ref.data(), qkv.data(), kref.data(), vref.data(), b.pos.data(), b.slots.data(), m, args,
                                pool);
@@ -108,7 +110,7 @@ TEST_CASE("cuda attention: decode and prefill paths equal the CPU op" * doctest:
                     check_close(got, ref, m * nh, hd, act);  // per (token, head) row
                     // The caches hold exactly what the CPU stored.
                     CHECK(from_act(dk.download<uint16_t>(cache_n), act) == k_cpu_to_rows(kref, n_blocks, bs, nkv, hd));
-                    CHECK(from_act(dv.download<uint16_t>(cache_n), act) == vref);
+                    CHECK(from_act(dv.download<uint16_t>(cache_n), act) == v_cpu_to_rows(vref, n_blocks, bs, nkv, hd));
                 }
             }
         }
@@ -226,7 +228,7 @@ TEST_CASE("cuda attention with a sliding window: decode, prefill and flash-decod
             for (auto* v : {&kc, &vc, &qkv})
                 for (auto& x : *v) x = round_act(x, act);
             std::vector<float> ref(static_cast<size_t>(m * nh * hd)), kref = k_rows_to_cpu(kc, n_blocks, bs, nkv, hd),
-                                                                     vref = vc;
+                                                                     vref = v_rows_to_cpu(vc, n_blocks, bs, nkv, hd);
             cpu::AttentionArgs args{nh, nkv, hd, bs, n_blocks, tables.data(), n_seqs, width, scale, window};
             cpu::attention(ref.data(), qkv.data(), kref.data(), vref.data(), b.pos.data(), b.slots.data(), m, args,
                            pool);
@@ -317,9 +319,9 @@ TEST_CASE("cuda attention over an INT8 KV cache: the CPU op's int8 cache and out
                     cuda::kv_store(dk.get(), dv.get(), dqkv.get(), dpos.get<int32_t>(), dslots.get<int32_t>(), kv, m,
                                    d, act, nullptr);
                     CUDA_OK(cudaDeviceSynchronize());
-                    // the same int8 values and scales (the CPU's K transposed per block, kv_layout.h)
+                    // the same int8 values and scales (the CPU's K transposed, V by kv head per block, kv_layout.h)
                     CHECK(dk.download<uint8_t>(cache_bytes) == k_cache_layout(kref, n_blocks, bs, nkv, hd, hd + 4, false));
-                    CHECK(dv.download<uint8_t>(cache_bytes) == vref);
+                    CHECK(dv.download<uint8_t>(cache_bytes) == v_cache_layout(vref, n_blocks, bs, nkv, hd, hd + 4, false));
                     if (path == 0) {
                         DevBuf ws(size_t(cuda::decode_workspace_floats(m, d)) * 4);
                         cuda::attention_decode(dout.get(), dqkv.get(), dk.get(), dv.get(), dpos.get<int32_t>(),
