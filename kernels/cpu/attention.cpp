@@ -15,9 +15,14 @@
 //    register blocks of up to 8 rows (attention_kernels.cpp): scores as a small GEMM against the transposed
 //    tile, online softmax per row (running max, running sum, rescaled accumulator; the weights by
 //    a vectorizable exp, exp_neg in kernels/common/fast_exp.h), then the weighted V rows as a small GEMM;
-//  - when a step has fewer (run, kv head) units than twice the threads (decode of one sequence), an
-//    in-place unit is split by query heads, at the register blocks' bounds, so more threads have
-//    work: no row's arithmetic changes.
+//  - keys come in segments of kSegment (256) positions aligned to position 0: a row's online softmax
+//    restarts at each segment and the segments' states are folded in order (fold_row), so a row whose
+//    keys lie in one segment gets exactly its online softmax;
+//  - when a step has fewer (run, kv head) units than twice the threads (decode of a few sequences), each
+//    segment of a unit's rows is a unit of its own and their states are merged after (merge_rows): split-KV
+//    decode, for the shapes where one thread read a whole sequence alone (the 70B model at TP 8 has one kv
+//    head a rank); when even those are fewer than twice the threads, an in-place unit is split by query heads
+//    too, at the register blocks' bounds. No row's arithmetic depends on the split.
 // A soft-cap (AttentionArgs::softcap = c > 0, Gemma 2) turns each score s (q . k * scale) into
 // c * tanh(s / c) before the softmax.
 // A sliding window (AttentionArgs::window = W > 0) limits the keys of the query at position i to
@@ -31,8 +36,9 @@
 // or into the tile), so attention never needs a dequantized copy of the cache and the tile math is
 // the same for all of them.
 // Every query row's arithmetic depends only on its own q and on positions 0..pos of its sequence,
-// in a fixed order (tiles from position 0, d then j), never on which other tokens share its batch
-// or run: chunked prefill, batched decode and single-token decode give bit-identical rows.
+// in a fixed order (segments and tiles from position 0, d then j), never on which other tokens share its
+// batch or run, nor on the threads: chunked prefill, batched decode and single-token decode give
+// bit-identical rows.
 // Files: attention_internal.h names the parts; this file is the op (checks, work units, the tile walk of a
 // unit), attention_kernels.cpp the tile math, attention_cache.cpp the cache's rows. The tile math and the
 // cache readers run the ISA variant of detect_isa() (isa.h), chosen once per call (the bit-identity above
@@ -43,6 +49,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "kernels/common/fast_exp.h"
 #include "kernels/cpu/attention_internal.h"
 #include "kernels/cpu/ops.h"
 
@@ -58,7 +65,7 @@ using attn::Tile;
 
 // Per-thread scratch of the work units (kept between calls: no allocation per layer).
 struct Scratch {
-    std::vector<float> q, acc, m, l, kt, v, s, scales;
+    std::vector<float> q, acc, m, l, kt, v, s, scales, o, mo, lo;
 };
 
 // Validates every token's blocks once (all positions it reads), so the loops after it index freely.
@@ -106,9 +113,7 @@ struct Job {
     const AttentionArgs& a;
     attn::KvLayout c;
     std::vector<std::pair<int64_t, int64_t>> runs;
-    // A unit is (run, kv head, part of the kv head's query heads); part p: query heads cuts[p] .. cuts[p + 1] - 1.
-    std::vector<int64_t> cuts{};
-    int64_t parts = 1, group = 1, row = 0;
+    int64_t group = 1, row = 0;
     bool in_place = false;
     attn::TileKernels tiles{};
     attn::CacheReaders readers{};
@@ -118,10 +123,32 @@ struct Job {
 };
 
 // One unit's rows: tokens t0 .. t0 + n - 1 of sequence seq, kv head g, query heads h0 .. h0 + gh - 1 of its
-// group; row r = i * gh + hh (token i, head hh).
+// group; row r = i * gh + hh (token i, head hh); its keys in segments s0 .. s1 - 1. partial: null when the
+// unit has all of its rows' segments (it folds them and writes the rows out), else where its one segment's
+// unnormalized rows go (acc, then m, then l; merged by merge_rows).
 struct Unit {
-    int64_t t0, n, g, seq, h0, gh;
+    int64_t t0, n, g, seq, h0, gh, s0, s1;
+    float* partial;
 };
+
+// Folds one segment's state of a row (acc, m, l: kSegment keys' online softmax) into the row's running state
+// (o, mo, lo), segments in increasing order; a segment without keys for the row (l == 0) adds nothing and the
+// first with keys is taken as it is (so a row with one segment gets exactly its online softmax). Not inlined:
+// the units and the merge after distributed units run this one code, so a row's bits do not depend on which
+// of them folded it.
+[[gnu::noinline]] void fold_row(float* o, float& mo, float& lo, const float* acc, float m, float l, int64_t hd) {
+    if (l == 0.0f) return;
+    if (lo == 0.0f) {
+        std::memcpy(o, acc, size_t(hd) * sizeof(float));
+        mo = m;
+        lo = l;
+        return;
+    }
+    const float mx = std::max(mo, m), a = exp_neg(mo - mx), b = exp_neg(m - mx);
+    lo = lo * a + l * b;
+    for (int64_t d = 0; d < hd; ++d) o[d] = o[d] * a + acc[d] * b;
+    mo = mx;
+}
 
 // The tile through the rows of every token of the unit that reach it (keys j0 .. j0 + jn - 1).
 template <Elem E>
@@ -201,39 +228,71 @@ void attend_converted(const Job& j, const Unit& u, Scratch& sc, int64_t j0, int6
     attend(j, u, sc, j0, jn, j.tiles.f32, Tile<Elem::kF32>{sc.kt.data(), kTile, sc.v.data(), hd});
 }
 
-// Work unit u: its queries (scaled) into the scratch, every tile of keys it reaches, the normalized rows out.
-void run_unit(const Job& j, int64_t u_index, Scratch& sc) {
-    const int64_t nkv = j.c.nkv, hd = j.c.hd, parts = j.parts;
-    const auto& run = j.runs[size_t(u_index / (nkv * parts))];
-    const int64_t part = u_index % parts, h0 = j.cuts[size_t(part)];
-    const Unit u{run.first, run.second, (u_index / parts) % nkv, j.seqs[run.first], h0, j.cuts[size_t(part) + 1] - h0};
-    const int64_t rows = u.n * u.gh;
+// The unit's rows out: o / lo (every row has keys: its own position at least).
+void write_rows(const Job& j, const Unit& u, const float* o, const float* lo) {
+    const int64_t hd = j.c.hd, nh = j.a.n_heads;
+    for (int64_t i = 0; i < u.n; ++i)
+        for (int64_t hh = 0; hh < u.gh; ++hh) {
+            const int64_t r = i * u.gh + hh;
+            const float inv = 1.0f / lo[r];
+            float* out = j.out + (u.t0 + i) * nh * hd + (u.g * j.group + u.h0 + hh) * hd;
+            for (int64_t d = 0; d < hd; ++d) out[d] = o[r * hd + d] * inv;
+        }
+}
+
+// Work unit u: its queries (scaled) into the scratch, every tile of keys of its segments (each segment's
+// online softmax from its first key), the segments folded (fold_row) and the rows written, or its one
+// segment's state into u.partial.
+void run_unit(const Job& j, const Unit& u, Scratch& sc) {
+    const int64_t hd = j.c.hd, rows = u.n * u.gh;
     for (int64_t i = 0; i < u.n; ++i)
         for (int64_t hh = 0; hh < u.gh; ++hh) {
             const float* q = j.qkv + (u.t0 + i) * j.row + (u.g * j.group + u.h0 + hh) * hd;
             float* dst = sc.q.data() + (i * u.gh + hh) * hd;
             for (int64_t d = 0; d < hd; ++d) dst[d] = q[d] * j.a.scale;
         }
-    std::fill(sc.acc.begin(), sc.acc.begin() + rows * hd, 0.0f);
-    std::fill(sc.m.begin(), sc.m.begin() + rows, -3.402823466e38f);
-    std::fill(sc.l.begin(), sc.l.begin() + rows, 0.0f);
+    std::fill(sc.lo.begin(), sc.lo.begin() + rows, 0.0f);
     const int64_t last = j.positions[u.t0 + u.n - 1];
     // The run's first token has the lowest window start.
-    for (int64_t j0 = j.window_start(j.positions[u.t0]) / kTile * kTile; j0 <= last; j0 += kTile) {
-        const int64_t jn = std::min(kTile, last + 1 - j0);
-        if (j.in_place)
-            attend_in_place(j, u, sc, j0, jn, last);
-        else
-            attend_converted(j, u, sc, j0, jn);
-    }
-    const int64_t nh = j.a.n_heads;
-    for (int64_t i = 0; i < u.n; ++i)
-        for (int64_t hh = 0; hh < u.gh; ++hh) {
-            const int64_t r = i * u.gh + hh;
-            const float inv = 1.0f / sc.l[size_t(r)];
-            float* o = j.out + (u.t0 + i) * nh * hd + (u.g * j.group + u.h0 + hh) * hd;
-            for (int64_t d = 0; d < hd; ++d) o[d] = sc.acc[size_t(r * hd + d)] * inv;
+    const int64_t first = j.window_start(j.positions[u.t0]) / kTile * kTile;
+    for (int64_t seg = u.s0; seg < u.s1; ++seg) {
+        std::fill(sc.acc.begin(), sc.acc.begin() + rows * hd, 0.0f);
+        std::fill(sc.m.begin(), sc.m.begin() + rows, -3.402823466e38f);
+        std::fill(sc.l.begin(), sc.l.begin() + rows, 0.0f);
+        const int64_t end = std::min(last + 1, (seg + 1) * attn::kSegment);
+        for (int64_t j0 = std::max(first, seg * attn::kSegment); j0 < end; j0 += kTile) {
+            const int64_t jn = std::min(kTile, end - j0);
+            if (j.in_place)
+                attend_in_place(j, u, sc, j0, jn, end - 1);
+            else
+                attend_converted(j, u, sc, j0, jn);
         }
+        if (u.partial) {
+            std::memcpy(u.partial, sc.acc.data(), size_t(rows * hd) * sizeof(float));
+            std::memcpy(u.partial + rows * hd, sc.m.data(), size_t(rows) * sizeof(float));
+            std::memcpy(u.partial + rows * (hd + 1), sc.l.data(), size_t(rows) * sizeof(float));
+            return;
+        }
+        for (int64_t r = 0; r < rows; ++r)
+            fold_row(sc.o.data() + r * hd, sc.mo[size_t(r)], sc.lo[size_t(r)], sc.acc.data() + r * hd, sc.m[size_t(r)],
+                     sc.l[size_t(r)], hd);
+    }
+    write_rows(j, u, sc.o.data(), sc.lo.data());
+}
+
+// The distributed units units[u0 .. u1) (one row set, its segments in order): their partials folded, the rows
+// written.
+void merge_rows(const Job& j, const std::vector<Unit>& units, size_t u0, size_t u1, Scratch& sc) {
+    const Unit& u = units[u0];
+    const int64_t hd = j.c.hd, rows = u.n * u.gh;
+    std::fill(sc.lo.begin(), sc.lo.begin() + rows, 0.0f);
+    for (size_t k = u0; k < u1; ++k) {
+        const float* p = units[k].partial;
+        for (int64_t r = 0; r < rows; ++r)
+            fold_row(sc.o.data() + r * hd, sc.mo[size_t(r)], sc.lo[size_t(r)], p + r * hd, p[rows * hd + r],
+                     p[rows * (hd + 1) + r], hd);
+    }
+    write_rows(j, u, sc.o.data(), sc.lo.data());
 }
 
 // The parts a kv head's query heads are split into: the register blocks the tile math cuts a group into
@@ -248,6 +307,74 @@ std::vector<int64_t> head_cuts(int64_t group, bool split) {
         cuts.push_back(h);
     }
     return cuts;
+}
+
+// A call's work units, and the row sets split by segment: their units[first .. end), merged after.
+struct Plan {
+    std::vector<Unit> units;
+    std::vector<std::pair<size_t, size_t>> merges;
+};
+
+// Enough (run, kv head) pairs for the threads: one unit each, with all its segments. Fewer (decode of a few
+// sequences): a unit per segment of each row set (the row sets of one segment stay whole), their partial
+// states in a per-calling-thread buffer; when even those are fewer than twice the threads, in-place kv
+// heads' query heads are split too.
+Plan plan_units(const Job& j, int64_t threads) {
+    const int64_t nkv = j.c.nkv, hd = j.c.hd;
+    std::vector<std::pair<int64_t, int64_t>> segs;  // per run: first segment, end
+    int64_t seg_units = 0;
+    for (const auto& [t0, n] : j.runs) {
+        const int64_t first = j.window_start(j.positions[t0]) / kTile * kTile, last = j.positions[t0 + n - 1];
+        segs.emplace_back(first / attn::kSegment, last / attn::kSegment + 1);
+        seg_units += (segs.back().second - segs.back().first) * nkv;
+    }
+    const bool distribute = int64_t(j.runs.size()) * nkv < 2 * threads;
+    const std::vector<int64_t> cuts = head_cuts(j.group, distribute && j.in_place && seg_units < 2 * threads);
+    Plan plan;
+    size_t partial_floats = 0;
+    for (size_t r = 0; r < j.runs.size(); ++r)
+        for (int64_t g = 0; g < nkv; ++g)
+            for (size_t p = 0; p + 1 < cuts.size(); ++p) {
+                const auto [t0, n] = j.runs[r];
+                const Unit u{t0, n, g, j.seqs[t0], cuts[p], cuts[p + 1] - cuts[p], segs[r].first, segs[r].second,
+                             nullptr};
+                if (!distribute || u.s1 - u.s0 == 1) {  // one unit has all of the row set's keys
+                    plan.units.push_back(u);
+                    continue;
+                }
+                const size_t begin = plan.units.size();
+                for (int64_t sg = u.s0; sg < u.s1; ++sg) {
+                    plan.units.push_back(u);
+                    plan.units.back().s0 = sg;
+                    plan.units.back().s1 = sg + 1;
+                    partial_floats += size_t(u.n * u.gh * (hd + 2));
+                }
+                plan.merges.emplace_back(begin, plan.units.size());
+            }
+    thread_local std::vector<float> partials;
+    if (partials.size() < partial_floats) partials.resize(partial_floats);
+    size_t at = 0;
+    for (const auto& [begin, end] : plan.merges)
+        for (size_t k = begin; k < end; ++k) {
+            plan.units[k].partial = partials.data() + at;
+            at += size_t(plan.units[k].n * plan.units[k].gh * (hd + 2));
+        }
+    return plan;
+}
+
+// The calling thread's scratch, sized for the call (kept between calls: no allocation per layer).
+Scratch& thread_scratch(const Job& j) {
+    thread_local Scratch sc;
+    const int64_t hd = j.c.hd, rows = kRun * j.group;
+    sc.q.resize(size_t(rows * hd));
+    sc.acc.resize(sc.q.size());
+    sc.o.resize(sc.q.size());
+    for (auto* v : {&sc.m, &sc.l, &sc.mo, &sc.lo}) v->resize(size_t(rows));
+    sc.kt.resize(size_t(hd * kTile));
+    sc.v.resize(size_t(kTile * hd));
+    sc.s.resize(size_t(kRows * kTile));
+    sc.scales.resize(size_t(2 * kTile));
+    return sc;
 }
 
 }  // namespace
@@ -270,23 +397,19 @@ void attention(float* out, const float* qkv, void* k_cache, void* v_cache, const
     // with row stride B, V rows at their stride). f16 tiles and other block sizes are converted into a
     // per-thread f32 tile first.
     j.in_place = a.block_size % kTile == 0 && a.kv_dtype != DType::kF16;
-    const int64_t base_units = int64_t(j.runs.size()) * nkv;
-    j.cuts = head_cuts(j.group, j.in_place && base_units < 2 * pool.size());
-    j.parts = int64_t(j.cuts.size()) - 1;
     j.tiles = attn::tile_kernels(level);
     j.readers = attn::cache_readers(level);
-    pool.parallel_for(base_units * j.parts, [&](int64_t u0, int64_t u1, int) {
-        thread_local Scratch sc;
-        sc.q.resize(size_t(kRun * j.group * hd));
-        sc.acc.resize(sc.q.size());
-        sc.m.resize(size_t(kRun * j.group));
-        sc.l.resize(sc.m.size());
-        sc.kt.resize(size_t(hd * kTile));
-        sc.v.resize(size_t(kTile * hd));
-        sc.s.resize(size_t(kRows * kTile));
-        sc.scales.resize(size_t(2 * kTile));
-        for (int64_t u = u0; u < u1; ++u) run_unit(j, u, sc);
+    const Plan plan = plan_units(j, pool.size());
+    pool.parallel_for(int64_t(plan.units.size()), [&](int64_t u0, int64_t u1, int) {
+        Scratch& sc = thread_scratch(j);
+        for (int64_t u = u0; u < u1; ++u) run_unit(j, plan.units[size_t(u)], sc);
     });
+    if (!plan.merges.empty())
+        pool.parallel_for(int64_t(plan.merges.size()), [&](int64_t g0, int64_t g1, int) {
+            Scratch& sc = thread_scratch(j);
+            for (int64_t g = g0; g < g1; ++g)
+                merge_rows(j, plan.units, plan.merges[size_t(g)].first, plan.merges[size_t(g)].second, sc);
+        });
 }
 
 }  // namespace lattice::cpu

@@ -17,6 +17,10 @@ namespace lattice::cpu::attn {
 
 constexpr int64_t kTile = 16;  // key positions per tile; a tile never straddles a block when block_size % 16 == 0
 constexpr int64_t kRun = 16;   // query tokens per work unit
+// Key positions per segment (a multiple of kTile, aligned to position 0): each row's online softmax restarts
+// at every segment and the segments are folded in order (attention.cpp), so that one sequence's keys can be
+// split among threads at segment bounds without a row's arithmetic depending on the split.
+constexpr int64_t kSegment = 256;
 // Query rows per register block of the tile math (attention_kernels.cpp): every K and V element loaded
 // serves up to kRows rows.
 constexpr int kRows = 8;

@@ -173,6 +173,48 @@ TEST_CASE("attention: many tiles, GQA groups of 8 and 6, a prompt in one call eq
     }
 }
 
+TEST_CASE("attention: keys past a segment (256 positions) split among threads give the same bits as one unit") {
+    // 600 positions span three segments. One kv head (the 70B shape at TP 8) decoded one token at a time
+    // is split by segment among the threads and merged; the same prompt in one call runs 38 units of whole
+    // rows. Every row must have the same bits both ways, on 1 and on 3 threads, and equal a naive softmax;
+    // with a window (W = 300) the rows past it skip whole segments.
+    for (const int64_t window : {int64_t(0), int64_t(300)})
+    for (const int threads : {1, 3}) {
+        CAPTURE(window);
+        CAPTURE(threads);
+        std::mt19937 rng(17);
+        ThreadPool pool(threads, false);
+        const int64_t hd = 32, nh = 8, nkv = 1, block = 16, n = 600, width = (n + block - 1) / block;
+        const int64_t row = (nh + 2 * nkv) * hd, blocks = width + 2;
+        std::vector<int32_t> table(static_cast<size_t>(width));
+        for (int64_t b = 0; b < width; ++b) table[size_t(b)] = int32_t((b * 7 + 1) % blocks);  // 7 and 40 coprime
+        auto qkv = rand_vec(size_t(n * row), rng, -2, 2);
+        std::vector<int32_t> pos(static_cast<size_t>(n)), seq(static_cast<size_t>(n), 0);
+        std::iota(pos.begin(), pos.end(), 0);
+        cpu::AttentionArgs a{nh, nkv, hd, block, blocks, table.data(), 1, width, 1.0f / std::sqrt(float(hd)), window};
+        std::vector<float> kc(size_t(blocks * block * nkv * hd), 0.0f), vc = kc;
+        std::vector<float> all(size_t(n * nh * hd), std::nanf(""));
+        cpu::attention(all.data(), qkv.data(), kc.data(), vc.data(), pos.data(), seq.data(), n, a, pool);
+        std::vector<float> kc1(kc.size(), 0.0f), vc1 = kc1, one(all.size(), std::nanf(""));
+        for (int64_t t = 0; t < n; ++t)
+            cpu::attention(one.data() + t * nh * hd, qkv.data() + t * row, kc1.data(), vc1.data(), &pos[size_t(t)],
+                           &seq[size_t(t)], 1, a, pool);
+        int64_t differ = 0;
+        for (size_t i = 0; i < all.size(); ++i) differ += std::memcmp(&all[i], &one[i], 4) != 0;
+        CHECK(differ == 0);
+        for (int64_t t : {int64_t(255), int64_t(256), int64_t(300), int64_t(511), int64_t(599)})
+            for (int64_t h : {int64_t(0), nh - 1}) {
+                const int64_t first = window > 0 ? std::max<int64_t>(0, t - window + 1) : 0;
+                std::vector<int64_t> src(size_t(t + 1 - first));
+                std::iota(src.begin(), src.end(), first);
+                const std::vector<double> o = naive_attention(qkv, nh, nkv, hd, a.scale, t, h, src);
+                for (int64_t i = 0; i < hd; ++i)
+                    CHECK(one[size_t(t * nh * hd + h * hd + i)] ==
+                          doctest::Approx(o[size_t(i)]).epsilon(1e-4).scale(1.0));
+            }
+    }
+}
+
 TEST_CASE("attention over f16, bf16 and int8 KV caches: the stored rows' values, bit-identical by chunks") {
     // Each token's k and v are converted (f16, bf16) or quantized (int8: one scale per token and KV head)
     // as they are stored; attention must equal a naive softmax over exactly those values, and a prompt in
