@@ -9,7 +9,8 @@
 //    whole tile vectorize over positions with no horizontal sums and no copy. V rows are read in place
 //    too, and lie per kv head ([block_size][head_dim] of one kv head contiguous, like its K): a decode
 //    step's reads of one kv head are then two contiguous runs per block, not rows at the stride of all kv
-//    heads (which read at 0.8x the rate: bench_attention, 9/3 heads x 64, 2 threads, a 144-2048 context). f16 tiles are converted into a per-thread f32 tile (each K row of a tile contiguous, F16C);
+//    heads (docs/benchmark-results.md, 2026-12-06 night). f16 tiles are converted into a per-thread f32
+//    tile (each K row of a tile contiguous, F16C);
 //    block sizes that are not a multiple of 16 are gathered position by position;
 //  - the query heads of one token share a tile's bound, so they go through it together, in
 //    register blocks of up to 8 rows (attention_kernels.cpp): scores as a small GEMM against the transposed

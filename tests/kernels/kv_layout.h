@@ -13,10 +13,11 @@
 
 namespace lattice::test {
 
-// v: the V cache's mapping, else K's.
+enum class KvPart { kK, kV };
+
 template <class T>
-std::vector<T> kv_cache_layout(const std::vector<T>& in, int64_t blocks, int64_t block_size, int64_t n_kv,
-                               int64_t head_dim, int64_t row_elems, bool to_cpu, bool v) {
+std::vector<T> cache_layout(KvPart part, const std::vector<T>& in, int64_t blocks, int64_t block_size, int64_t n_kv,
+                            int64_t head_dim, int64_t row_elems, bool to_cpu) {
     std::vector<T> out = in;  // the scales (int8) are where they were
     const int64_t block_elems = block_size * n_kv * row_elems;
     for (int64_t b = 0; b < blocks; ++b)
@@ -24,8 +25,8 @@ std::vector<T> kv_cache_layout(const std::vector<T>& in, int64_t blocks, int64_t
             for (int64_t g = 0; g < n_kv; ++g)
                 for (int64_t d = 0; d < head_dim; ++d) {
                     const int64_t row = b * block_elems + (p * n_kv + g) * head_dim + d;
-                    const int64_t cpu = b * block_elems + (v ? (g * block_size + p) * head_dim + d
-                                                             : (g * head_dim + d) * block_size + p);
+                    const int64_t cpu = b * block_elems + (part == KvPart::kV ? (g * block_size + p) * head_dim + d
+                                                                              : (g * head_dim + d) * block_size + p);
                     if (to_cpu)
                         out[size_t(cpu)] = in[size_t(row)];
                     else
@@ -34,34 +35,14 @@ std::vector<T> kv_cache_layout(const std::vector<T>& in, int64_t blocks, int64_t
     return out;
 }
 
-template <class T>
-std::vector<T> k_cache_layout(const std::vector<T>& in, int64_t blocks, int64_t block_size, int64_t n_kv,
-                              int64_t head_dim, int64_t row_elems, bool to_cpu) {
-    return kv_cache_layout(in, blocks, block_size, n_kv, head_dim, row_elems, to_cpu, false);
-}
-template <class T>
-std::vector<T> v_cache_layout(const std::vector<T>& in, int64_t blocks, int64_t block_size, int64_t n_kv,
-                              int64_t head_dim, int64_t row_elems, bool to_cpu) {
-    return kv_cache_layout(in, blocks, block_size, n_kv, head_dim, row_elems, to_cpu, true);
-}
-
 // Convenience: float caches of head_dim-element rows.
-inline std::vector<float> k_rows_to_cpu(const std::vector<float>& k, int64_t blocks, int64_t bs, int64_t nkv,
-                                        int64_t hd) {
-    return k_cache_layout(k, blocks, bs, nkv, hd, hd, true);
+inline std::vector<float> rows_to_cpu(KvPart part, const std::vector<float>& c, int64_t blocks, int64_t bs, int64_t nkv,
+                                      int64_t hd) {
+    return cache_layout(part, c, blocks, bs, nkv, hd, hd, true);
 }
-inline std::vector<float> k_cpu_to_rows(const std::vector<float>& k, int64_t blocks, int64_t bs, int64_t nkv,
-                                        int64_t hd) {
-    return k_cache_layout(k, blocks, bs, nkv, hd, hd, false);
-}
-
-inline std::vector<float> v_rows_to_cpu(const std::vector<float>& v, int64_t blocks, int64_t bs, int64_t nkv,
-                                        int64_t hd) {
-    return v_cache_layout(v, blocks, bs, nkv, hd, hd, true);
-}
-inline std::vector<float> v_cpu_to_rows(const std::vector<float>& v, int64_t blocks, int64_t bs, int64_t nkv,
-                                        int64_t hd) {
-    return v_cache_layout(v, blocks, bs, nkv, hd, hd, false);
+inline std::vector<float> cpu_to_rows(KvPart part, const std::vector<float>& c, int64_t blocks, int64_t bs, int64_t nkv,
+                                      int64_t hd) {
+    return cache_layout(part, c, blocks, bs, nkv, hd, hd, false);
 }
 
 }  // namespace lattice::test

@@ -14,6 +14,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <set>
 #include <vector>
 
 using namespace lattice;
@@ -101,6 +102,42 @@ TEST_CASE("rope rotates q and k heads in half-split pairs and leaves v alone") {
     }
 }
 
+// A prompt of n tokens (one sequence at positions 0 .. n - 1, its blocks scattered: entry b of the table is
+// (b * spread + 1) mod the cache's width + extra blocks) attended in one call and one token at a time, each
+// into fresh f32 caches: every row must have the same bits both ways, and rows `check` (heads 0 and nh - 1)
+// equal a naive softmax in double over their window.
+void check_prompt_both_ways(int64_t nh, int64_t nkv, int64_t hd, int64_t n, int64_t window, int64_t spread,
+                            int64_t extra, std::initializer_list<int64_t> check, uint32_t seed, ThreadPool& pool) {
+    std::mt19937 rng(seed);
+    const int64_t block = 16, width = (n + block - 1) / block, row = (nh + 2 * nkv) * hd, blocks = width + extra;
+    std::vector<int32_t> table(static_cast<size_t>(width));
+    for (int64_t b = 0; b < width; ++b) table[size_t(b)] = int32_t((b * spread + 1) % blocks);
+    REQUIRE(std::set<int32_t>(table.begin(), table.end()).size() == table.size());  // no block twice
+    auto qkv = rand_vec(size_t(n * row), rng, -2, 2);
+    std::vector<int32_t> pos(static_cast<size_t>(n)), seq(static_cast<size_t>(n), 0);
+    std::iota(pos.begin(), pos.end(), 0);
+    cpu::AttentionArgs a{nh, nkv, hd, block, blocks, table.data(), 1, width, 1.0f / std::sqrt(float(hd)), window};
+    std::vector<float> kc(size_t(blocks * block * nkv * hd), 0.0f), vc = kc;
+    std::vector<float> all(size_t(n * nh * hd), std::nanf(""));
+    cpu::attention(all.data(), qkv.data(), kc.data(), vc.data(), pos.data(), seq.data(), n, a, pool);
+    std::vector<float> kc1(kc.size(), 0.0f), vc1 = kc1, one(all.size(), std::nanf(""));
+    for (int64_t t = 0; t < n; ++t)
+        cpu::attention(one.data() + t * nh * hd, qkv.data() + t * row, kc1.data(), vc1.data(), &pos[size_t(t)],
+                       &seq[size_t(t)], 1, a, pool);
+    int64_t differ = 0;
+    for (size_t i = 0; i < all.size(); ++i) differ += std::memcmp(&all[i], &one[i], 4) != 0;
+    CHECK(differ == 0);
+    for (int64_t t : check)
+        for (int64_t h : {int64_t(0), nh - 1}) {
+            const int64_t first = window > 0 ? std::max<int64_t>(0, t - window + 1) : 0;
+            std::vector<int64_t> src(size_t(t + 1 - first));
+            std::iota(src.begin(), src.end(), first);  // the sequence's positions first .. t
+            const std::vector<double> o = naive_attention(qkv, nh, nkv, hd, a.scale, t, h, src);
+            for (int64_t i = 0; i < hd; ++i)
+                CHECK(all[size_t(t * nh * hd + h * hd + i)] == doctest::Approx(o[size_t(i)]).epsilon(1e-4).scale(1.0));
+        }
+}
+
 TEST_CASE("attention: causal GQA over two sequences of a paged cache equals a naive softmax") {
     std::mt19937 rng(3);
     ThreadPool pool(3, false);
@@ -139,37 +176,8 @@ TEST_CASE("attention: many tiles, GQA groups of 8 and 6, a prompt in one call eq
     for (const int64_t nh : {8, 12}) {
         CAPTURE(window);
         CAPTURE(nh);
-        std::mt19937 rng(11);
         ThreadPool pool(2, false);
-        const int64_t hd = 64, nkv = nh / 8 == 1 ? 1 : 2, block = 16, n = 75, width = (n + block - 1) / block;
-        const int64_t row = (nh + 2 * nkv) * hd, blocks = width + 3;
-        std::vector<int32_t> table(static_cast<size_t>(width));
-        for (int64_t b = 0; b < width; ++b) table[size_t(b)] = int32_t((b * 3 + 1) % blocks);  // scattered
-        auto qkv = rand_vec(size_t(n * row), rng, -2, 2);
-        std::vector<int32_t> pos(static_cast<size_t>(n)), seq(static_cast<size_t>(n), 0);
-        for (int64_t t = 0; t < n; ++t) pos[size_t(t)] = int32_t(t);
-        cpu::AttentionArgs a{nh, nkv, hd, block, blocks, table.data(), 1, width, 1.0f / std::sqrt(float(hd)), window};
-        std::vector<float> kc(size_t(blocks * block * nkv * hd), 0.0f), vc = kc;
-        std::vector<float> all(size_t(n * nh * hd), std::nanf(""));
-        cpu::attention(all.data(), qkv.data(), kc.data(), vc.data(), pos.data(), seq.data(), n, a, pool);
-        std::vector<float> kc1(kc.size(), 0.0f), vc1 = kc1, one(all.size(), std::nanf(""));
-        for (int64_t t = 0; t < n; ++t)
-            cpu::attention(one.data() + t * nh * hd, qkv.data() + t * row, kc1.data(), vc1.data(), &pos[size_t(t)],
-                           &seq[size_t(t)], 1, a, pool);
-        int64_t differ = 0;
-        for (size_t i = 0; i < all.size(); ++i) differ += std::memcmp(&all[i], &one[i], 4) != 0;
-        CHECK(differ == 0);
-        // against a naive softmax in double, for a few rows
-        for (int64_t t : {int64_t(0), int64_t(31), int64_t(32), int64_t(36), int64_t(74)})
-            for (int64_t h : {int64_t(0), nh - 1}) {
-                const int64_t first = window > 0 ? std::max<int64_t>(0, t - window + 1) : 0;
-                std::vector<int64_t> src(size_t(t + 1 - first));
-                std::iota(src.begin(), src.end(), first);  // the sequence's positions first .. t
-                const std::vector<double> o = naive_attention(qkv, nh, nkv, hd, a.scale, t, h, src);
-                for (int64_t i = 0; i < hd; ++i)
-                    CHECK(all[size_t(t * nh * hd + h * hd + i)] ==
-                          doctest::Approx(o[size_t(i)]).epsilon(1e-4).scale(1.0));
-            }
+        check_prompt_both_ways(nh, nh / 8 == 1 ? 1 : 2, 64, 75, window, 3, 3, {0, 31, 32, 36, 74}, 11, pool);
     }
 }
 
@@ -182,36 +190,8 @@ TEST_CASE("attention: keys past a segment (256 positions) split among threads gi
     for (const int threads : {1, 3}) {
         CAPTURE(window);
         CAPTURE(threads);
-        std::mt19937 rng(17);
         ThreadPool pool(threads, false);
-        const int64_t hd = 32, nh = 8, nkv = 1, block = 16, n = 600, width = (n + block - 1) / block;
-        const int64_t row = (nh + 2 * nkv) * hd, blocks = width + 2;
-        std::vector<int32_t> table(static_cast<size_t>(width));
-        for (int64_t b = 0; b < width; ++b) table[size_t(b)] = int32_t((b * 7 + 1) % blocks);  // 7 and 40 coprime
-        auto qkv = rand_vec(size_t(n * row), rng, -2, 2);
-        std::vector<int32_t> pos(static_cast<size_t>(n)), seq(static_cast<size_t>(n), 0);
-        std::iota(pos.begin(), pos.end(), 0);
-        cpu::AttentionArgs a{nh, nkv, hd, block, blocks, table.data(), 1, width, 1.0f / std::sqrt(float(hd)), window};
-        std::vector<float> kc(size_t(blocks * block * nkv * hd), 0.0f), vc = kc;
-        std::vector<float> all(size_t(n * nh * hd), std::nanf(""));
-        cpu::attention(all.data(), qkv.data(), kc.data(), vc.data(), pos.data(), seq.data(), n, a, pool);
-        std::vector<float> kc1(kc.size(), 0.0f), vc1 = kc1, one(all.size(), std::nanf(""));
-        for (int64_t t = 0; t < n; ++t)
-            cpu::attention(one.data() + t * nh * hd, qkv.data() + t * row, kc1.data(), vc1.data(), &pos[size_t(t)],
-                           &seq[size_t(t)], 1, a, pool);
-        int64_t differ = 0;
-        for (size_t i = 0; i < all.size(); ++i) differ += std::memcmp(&all[i], &one[i], 4) != 0;
-        CHECK(differ == 0);
-        for (int64_t t : {int64_t(255), int64_t(256), int64_t(300), int64_t(511), int64_t(599)})
-            for (int64_t h : {int64_t(0), nh - 1}) {
-                const int64_t first = window > 0 ? std::max<int64_t>(0, t - window + 1) : 0;
-                std::vector<int64_t> src(size_t(t + 1 - first));
-                std::iota(src.begin(), src.end(), first);
-                const std::vector<double> o = naive_attention(qkv, nh, nkv, hd, a.scale, t, h, src);
-                for (int64_t i = 0; i < hd; ++i)
-                    CHECK(one[size_t(t * nh * hd + h * hd + i)] ==
-                          doctest::Approx(o[size_t(i)]).epsilon(1e-4).scale(1.0));
-            }
+        check_prompt_both_ways(8, 1, 32, 600, window, 7, 2, {255, 256, 300, 511, 599}, 17, pool);
     }
 }
 
@@ -283,7 +263,7 @@ TEST_CASE("attention over f16, bf16 and int8 KV caches: the stored rows' values,
         }
 }
 
-TEST_CASE("attention's cache layout: K transposed per block and kv head, V rows by kv head, int8 scales after the values") {
+TEST_CASE("attention's cache layout: K transposed, V rows, both per kv head in a block; int8 scales after the values") {
     // Each stored token's k must be where kernels/cpu/ops.h says (tests/kernels/kv_layout.h maps it to the
     // row layout the CUDA tests compare against), v in its row; f32 exactly, int8 as quantize_row_int8.
     const int64_t hd = 8, nh = 4, nkv = 2, bs = 4, n = 6, width = 2, blocks = 3, row = (nh + 2 * nkv) * hd;
@@ -304,13 +284,13 @@ TEST_CASE("attention's cache layout: K transposed per block and kv head, V rows 
         if (dt == DType::kF32) {
             std::vector<float> kf(kc.size() / 4);
             std::memcpy(kf.data(), kc.data(), kc.size());
-            const std::vector<float> r = test::k_cpu_to_rows(kf, blocks, bs, nkv, hd);
-            CHECK(test::k_rows_to_cpu(r, blocks, bs, nkv, hd) == kf);
+            const std::vector<float> r = test::cpu_to_rows(test::KvPart::kK, kf, blocks, bs, nkv, hd);
+            CHECK(test::rows_to_cpu(test::KvPart::kK, r, blocks, bs, nkv, hd) == kf);
             krows.resize(kc.size());
             std::memcpy(krows.data(), r.data(), kc.size());
         } else {
-            krows = test::k_cache_layout(kc, blocks, bs, nkv, hd, row_elems, false);
-            CHECK(test::k_cache_layout(krows, blocks, bs, nkv, hd, row_elems, true) == kc);
+            krows = test::cache_layout(test::KvPart::kK, kc, blocks, bs, nkv, hd, row_elems, false);
+            CHECK(test::cache_layout(test::KvPart::kK, krows, blocks, bs, nkv, hd, row_elems, true) == kc);
         }
         for (int64_t t = 0; t < n; ++t)
             for (int64_t g = 0; g < nkv; ++g)

@@ -116,8 +116,9 @@ inline std::vector<float> device_decode(const DecodeProblem& p, DType act, int64
 inline std::vector<float> cpu_decode(const DecodeProblem& p, ThreadPool& pool) {
     // The CPU op keeps K transposed and V by kv head per block (tests/kernels/kv_layout.h): the same cache in
     // its layout.
-    std::vector<float> out(size_t(p.m() * p.nh * p.hd)), k = k_rows_to_cpu(p.kc, p.n_blocks, p.bs, p.nkv, p.hd),
-                                                         v = v_rows_to_cpu(p.vc, p.n_blocks, p.bs, p.nkv, p.hd);
+    std::vector<float> out(size_t(p.m() * p.nh * p.hd)),
+        k = rows_to_cpu(KvPart::kK, p.kc, p.n_blocks, p.bs, p.nkv, p.hd),
+        v = rows_to_cpu(KvPart::kV, p.vc, p.n_blocks, p.bs, p.nkv, p.hd);
     cpu::AttentionArgs args{p.nh,     p.nkv,     p.hd,      p.bs,    p.n_blocks, p.tables.data(),
                             p.n_seqs, p.width(), p.scale(), p.window};
     args.softcap = p.softcap;

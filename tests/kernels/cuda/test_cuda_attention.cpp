@@ -77,8 +77,8 @@ TEST_CASE("cuda attention: decode and prefill paths equal the CPU op" * doctest:
                 std::vector<float> ref(static_cast<size_t>(m * nh * hd));
                 // The CPU op keeps K transposed and V by kv head per block (tests/kernels/kv_layout.h): the same
                 // values, its layout.
-                std::vector<float> kref = k_rows_to_cpu(kc, n_blocks, bs, nkv, hd),
-                                   vref = v_rows_to_cpu(vc, n_blocks, bs, nkv, hd);
+                std::vector<float> kref = rows_to_cpu(KvPart::kK, kc, n_blocks, bs, nkv, hd),
+                                   vref = rows_to_cpu(KvPart::kV, vc, n_blocks, bs, nkv, hd);
                 cpu::AttentionArgs args{nh, nkv, hd, bs, n_blocks, tables.data(), n_seqs, width, scale};
                 cpu::attention(ref.data(), qkv.data(), kref.data(), vref.data(), b.pos.data(), b.slots.data(), m, args,
                                pool);
@@ -109,8 +109,10 @@ TEST_CASE("cuda attention: decode and prefill paths equal the CPU op" * doctest:
                     std::vector<float> got = from_act(dout.download<uint16_t>(size_t(m * nh * hd)), act);
                     check_close(got, ref, m * nh, hd, act);  // per (token, head) row
                     // The caches hold exactly what the CPU stored.
-                    CHECK(from_act(dk.download<uint16_t>(cache_n), act) == k_cpu_to_rows(kref, n_blocks, bs, nkv, hd));
-                    CHECK(from_act(dv.download<uint16_t>(cache_n), act) == v_cpu_to_rows(vref, n_blocks, bs, nkv, hd));
+                    CHECK(from_act(dk.download<uint16_t>(cache_n), act) ==
+                          cpu_to_rows(KvPart::kK, kref, n_blocks, bs, nkv, hd));
+                    CHECK(from_act(dv.download<uint16_t>(cache_n), act) ==
+                          cpu_to_rows(KvPart::kV, vref, n_blocks, bs, nkv, hd));
                 }
             }
         }
@@ -227,8 +229,9 @@ TEST_CASE("cuda attention with a sliding window: decode, prefill and flash-decod
             std::vector<float> qkv = random_vec(rng, size_t(m * row), -2, 2);
             for (auto* v : {&kc, &vc, &qkv})
                 for (auto& x : *v) x = round_act(x, act);
-            std::vector<float> ref(static_cast<size_t>(m * nh * hd)), kref = k_rows_to_cpu(kc, n_blocks, bs, nkv, hd),
-                                                                     vref = v_rows_to_cpu(vc, n_blocks, bs, nkv, hd);
+            std::vector<float> ref(static_cast<size_t>(m * nh * hd)),
+                kref = rows_to_cpu(KvPart::kK, kc, n_blocks, bs, nkv, hd),
+                vref = rows_to_cpu(KvPart::kV, vc, n_blocks, bs, nkv, hd);
             cpu::AttentionArgs args{nh, nkv, hd, bs, n_blocks, tables.data(), n_seqs, width, scale, window};
             cpu::attention(ref.data(), qkv.data(), kref.data(), vref.data(), b.pos.data(), b.slots.data(), m, args,
                            pool);
@@ -320,8 +323,10 @@ TEST_CASE("cuda attention over an INT8 KV cache: the CPU op's int8 cache and out
                                    d, act, nullptr);
                     CUDA_OK(cudaDeviceSynchronize());
                     // the same int8 values and scales (the CPU's K transposed, V by kv head per block, kv_layout.h)
-                    CHECK(dk.download<uint8_t>(cache_bytes) == k_cache_layout(kref, n_blocks, bs, nkv, hd, hd + 4, false));
-                    CHECK(dv.download<uint8_t>(cache_bytes) == v_cache_layout(vref, n_blocks, bs, nkv, hd, hd + 4, false));
+                    CHECK(dk.download<uint8_t>(cache_bytes) ==
+                          cache_layout(KvPart::kK, kref, n_blocks, bs, nkv, hd, hd + 4, false));
+                    CHECK(dv.download<uint8_t>(cache_bytes) ==
+                          cache_layout(KvPart::kV, vref, n_blocks, bs, nkv, hd, hd + 4, false));
                     if (path == 0) {
                         DevBuf ws(size_t(cuda::decode_workspace_floats(m, d)) * 4);
                         cuda::attention_decode(dout.get(), dqkv.get(), dk.get(), dv.get(), dpos.get<int32_t>(),
