@@ -185,13 +185,20 @@ TEST_CASE("attention: keys past a segment (256 positions) split among threads gi
     // 600 positions span three segments. One kv head (the 70B shape at TP 8) decoded one token at a time
     // is split by segment among the threads and merged; the same prompt in one call runs 38 units of whole
     // rows. Every row must have the same bits both ways, on 1 and on 3 threads, and equal a naive softmax;
-    // with a window (W = 300) the rows past it skip whole segments.
+    // with a window (W = 300) the rows past it skip whole segments. On 12 threads a 300-token prompt's 19
+    // runs of 16 tokens are split by segment too: the run across position 256 has rows without keys in
+    // its second segment.
     for (const int64_t window : {int64_t(0), int64_t(300)})
     for (const int threads : {1, 3}) {
         CAPTURE(window);
         CAPTURE(threads);
         ThreadPool pool(threads, false);
         check_prompt_both_ways(8, 1, 32, 600, window, 7, 2, {255, 256, 300, 511, 599}, 17, pool);
+    }
+    for (const int64_t window : {int64_t(0), int64_t(100)}) {
+        CAPTURE(window);
+        ThreadPool pool(12, false);
+        check_prompt_both_ways(8, 1, 32, 300, window, 5, 2, {250, 255, 256, 299}, 19, pool);
     }
 }
 
