@@ -50,18 +50,8 @@ template <Elem E>
 }
 
 
-// The largest lane (exact: max does not round) and the sum of the lanes in a fixed pairwise tree (lane j
-// plus lane j + 8, then + 4, + 2, + 1), in registers: a loop over the lanes went through memory, a
-// store-to-load round trip per lane on every tile of every row.
-[[gnu::always_inline]] inline float lanes_max(F16x v) {
-    v = v > __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15)
-            ? v : __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);
-    const F16x h4 = __builtin_shufflevector(v, v, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7);
-    v = v > h4 ? v : h4;
-    const F16x h2 = __builtin_shufflevector(v, v, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-    v = v > h2 ? v : h2;
-    return std::max(v[0], v[1]);
-}
+// The sum of the lanes in a fixed pairwise tree (lane j plus lane j + 8, then + 4, + 2, + 1), in registers:
+// a loop over the lanes went through memory, a store-to-load round trip per lane on every tile of every row.
 [[gnu::always_inline]] inline float lanes_sum(F16x v) {
     v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);
     v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7);
@@ -175,9 +165,8 @@ template <int R, Elem E>
 }
 
 // Positions [lo, valid) of the tile are the rows' keys (lo > 0 only where a sliding window starts).
-// The online softmax of a row on whole vectors: the tile's max over its keys (exact in any order), the
-// weights (exp_neg_lanes: exp_neg's bits in every lane), zero outside the keys, and their sum in a fixed
-// pairwise tree.
+// The online softmax of a row: the tile's max over its keys (a scalar loop: a masked vector max measured
+// slower), the weights zero outside the keys, their sum by lanes_sum.
 template <int R, Elem E>
 [[gnu::always_inline]] inline void rows_block(float* acc, float* m, float* l, float* s, const float* q,
                                               const Tile<E>& t, int64_t lo, int64_t valid, int64_t hd) {
