@@ -121,6 +121,8 @@ struct Job {
 
     // First key position of a row at `pos` (0 without a window).
     int64_t window_start(int64_t pos) const { return a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0; }
+    // The first tile a run starting at token t0 reads (its first token has the lowest window start).
+    int64_t first_tile(int64_t t0) const { return window_start(positions[t0]) / kTile * kTile; }
 };
 
 // One unit's rows: tokens t0 .. t0 + n - 1 of sequence seq, kv head g, query heads h0 .. h0 + gh - 1 of its
@@ -131,6 +133,9 @@ struct Unit {
     int64_t t0, n, g, seq, h0, gh, s0, s1;
     float* partial;
 };
+
+// Floats of a unit's partial state: acc [rows][hd], then m [rows], then l [rows].
+size_t partial_size(const Unit& u, int64_t hd) { return size_t(u.n * u.gh * (hd + 2)); }
 
 // Folds one segment's state of a row (acc, m, l: kSegment keys' online softmax) into the row's running state
 // (o, mo, lo), segments in increasing order; a segment without keys for the row (l == 0) adds nothing and the
@@ -253,9 +258,7 @@ void run_unit(const Job& j, const Unit& u, Scratch& sc) {
             for (int64_t d = 0; d < hd; ++d) dst[d] = q[d] * j.a.scale;
         }
     std::fill(sc.lo.begin(), sc.lo.begin() + rows, 0.0f);
-    const int64_t last = j.positions[u.t0 + u.n - 1];
-    // The run's first token has the lowest window start.
-    const int64_t first = j.window_start(j.positions[u.t0]) / kTile * kTile;
+    const int64_t last = j.positions[u.t0 + u.n - 1], first = j.first_tile(u.t0);
     for (int64_t seg = u.s0; seg < u.s1; ++seg) {
         std::fill(sc.acc.begin(), sc.acc.begin() + rows * hd, 0.0f);
         std::fill(sc.m.begin(), sc.m.begin() + rows, -3.402823466e38f);
@@ -325,8 +328,7 @@ Plan plan_units(const Job& j, int64_t threads) {
     std::vector<std::pair<int64_t, int64_t>> segs;  // per run: first segment, end
     int64_t seg_units = 0;
     for (const auto& [t0, n] : j.runs) {
-        const int64_t first = j.window_start(j.positions[t0]) / kTile * kTile, last = j.positions[t0 + n - 1];
-        segs.emplace_back(first / attn::kSegment, last / attn::kSegment + 1);
+        segs.emplace_back(j.first_tile(t0) / attn::kSegment, j.positions[t0 + n - 1] / attn::kSegment + 1);
         seg_units += (segs.back().second - segs.back().first) * nkv;
     }
     const bool distribute = int64_t(j.runs.size()) * nkv < 2 * threads;
@@ -348,7 +350,7 @@ Plan plan_units(const Job& j, int64_t threads) {
                     plan.units.push_back(u);
                     plan.units.back().s0 = sg;
                     plan.units.back().s1 = sg + 1;
-                    partial_floats += size_t(u.n * u.gh * (hd + 2));
+                    partial_floats += partial_size(u, hd);
                 }
                 plan.merges.emplace_back(begin, plan.units.size());
             }
@@ -358,7 +360,7 @@ Plan plan_units(const Job& j, int64_t threads) {
     for (const auto& [begin, end] : plan.merges)
         for (size_t k = begin; k < end; ++k) {
             plan.units[k].partial = partials.data() + at;
-            at += size_t(plan.units[k].n * plan.units[k].gh * (hd + 2));
+            at += partial_size(plan.units[k], hd);
         }
     return plan;
 }
