@@ -119,6 +119,10 @@ void ModelArgs::add_layout_options(CLI::App* cmd) {
         ->check(int_range(0, 1 << 20));
     cmd->add_option("--comm-timeout", comm_timeout, "Seconds before a silent peer is declared dead (0.1 .. 1 week)")
         ->check(real_range(0.1, 7 * 86400.0));
+    cmd->add_option("--start-timeout", start_timeout,
+                    "Seconds the ranks wait for each other at start-up: creating their communicators and at the end "
+                    "of every rank's model load (at least --comm-timeout; 0.1 .. 1 week)")
+        ->check(real_range(0.1, 7 * 86400.0));
     cmd->add_flag("--no-shm-comm", no_shm_comm,
                   "CPU ranks on one machine all-reduce and all-gather through MPI instead of shared memory (for "
                   "comparison; default: shared memory)");
@@ -417,6 +421,7 @@ BuildOptions build_options(const ModelArgs& args) {
     // run neither pays for nor depends on MPI initialization.
     opt.mpi = started_by_mpi();
     opt.comm_timeout = args.comm_timeout;
+    opt.start_timeout = args.start_timeout;
     opt.comm_shared_memory = !args.no_shm_comm;
     opt.backend.kind = parse_backend_kind(args.device);
     opt.sim = SimDeviceOptions{args.sim_gpu, args.sim_link, args.sim_step_ms};

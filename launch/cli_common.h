@@ -37,6 +37,7 @@ struct ModelArgs {
     std::string pp_layers;  // "20,20,21,19"
     int64_t micro_batch = 0;
     double comm_timeout = 60.0;
+    double start_timeout = 600.0;
     bool no_shm_comm = false;
     double kv_cache_gb = 0;       // 0: the builder's default (runtime/builder/build.h)
     std::string kv_cache_dtype = "auto";  // runtime/backend/backend.h KvDtype

@@ -36,6 +36,8 @@ public:
     // Seconds send() has waited for a receiver so far: for room in a full send queue, or for the
     // match of a synchronous send (MpiComm); 0 for communicators whose sends never wait on one.
     virtual double send_wait_seconds() const { return 0; }
+    // The deadline of each later call, in seconds (a no-op where nothing waits: LocalComm).
+    virtual void set_timeout(double seconds) { (void)seconds; }
 };
 
 // One rank: every collective is the identity; send/recv are errors.

@@ -27,13 +27,16 @@ std::string join_ints(const std::vector<int>& v) {
 
 // Completes a request of communicator setup under the policy's deadline; `step` ("" or ": what")
 // names the part of the setup in the error.
+// Its deadline is setup_deadline(policy) (wait_policy.h).
 void wait_setup(MPI_Request* req, const WaitPolicy& policy, const std::string& what, const std::string& step) {
+    WaitPolicy setup = policy;
+    setup.timeout_s = setup_deadline(policy);
     int rc = MPI_SUCCESS;
-    WaitResult r = poll_request(req, MPI_STATUS_IGNORE, policy, &rc);
+    WaitResult r = poll_request(req, MPI_STATUS_IGNORE, setup, &rc);
     LATTICE_CHECK(r != WaitResult::kTimedOut,
                   "creating communicator '{}'{}: not every rank arrived within {} s (a rank is missing or calls a "
                   "different collective)",
-                  what, step, policy.timeout_s);
+                  what, step, setup.timeout_s);
     LATTICE_CHECK(r == WaitResult::kDone, "creating communicator '{}'{} failed: {}", what, step, mpi_error_string(rc));
 }
 

@@ -78,7 +78,7 @@ public:
     MPI_Comm handle() const { return comm_; }
     int world_rank_of(int comm_rank) const { return world_ranks_.at(size_t(comm_rank)); }
     const WaitPolicy& policy() const { return policy_; }
-    void set_timeout(double seconds) { policy_.timeout_s = seconds; }
+    void set_timeout(double seconds) override { policy_.timeout_s = seconds; }
     bool broken() const { return broken_; }
     int calls_started() const { return calls_; }
     int sends_in_flight() const { return int(sends_.size()); }

@@ -30,8 +30,8 @@ ParallelContext make_parallel_context(int tp, int pp, double comm_timeout_s) {
 
 ParallelContext make_parallel_context(int tp, int pp, const WaitPolicy& policy) {
     const double comm_timeout_s = policy.timeout_s;
-    LATTICE_CHECK(comm_timeout_s > 0 && comm_timeout_s <= 86400, "--comm-timeout must be in (0, 86400] s, got {}",
-                  comm_timeout_s);
+    LATTICE_CHECK(comm_timeout_s > 0 && comm_timeout_s <= 7 * 86400,
+                  "--comm-timeout must be in (0, 604800] s (a week), got {}", comm_timeout_s);
 #if defined(LATTICE_NO_MPI)
     // Built without MPI (configure found none): one rank, and any larger layout is an Error.
     LATTICE_CHECK(tp < 1 || pp < 1 || int64_t(tp) * pp == 1,

@@ -16,6 +16,10 @@ namespace lattice {
 
 struct WaitPolicy {
     double timeout_s = 60.0;      // per call; <= 0 means wait forever (not recommended)
+    // Communicator creation (the ranks' first meeting) waits max(timeout_s, setup_timeout_s): ranks reach it
+    // at different times (another host's ranks start over ssh, a busy machine runs them late), which says
+    // nothing about a peer going silent. timeout_s <= 0 waits forever there too.
+    double setup_timeout_s = 300.0;
     double spin_us = 50.0;     // busy MPI_Test
     double yield_us = 2000.0;  // then MPI_Test + sched_yield
     // Then MPI_Test + sleeps: growing from 10 us to short_sleep_us while the wait is younger than
@@ -37,6 +41,12 @@ struct WaitPolicy {
     // shared-memory exchange (shm_exchange.h) instead of MPI; false keeps them on MPI.
     bool shared_memory = true;
 };
+
+// The deadline of communicator creation under `p` (WaitPolicy::setup_timeout_s): the longer of the two; <= 0
+// (forever) when timeout_s is.
+inline double setup_deadline(const WaitPolicy& p) {
+    return p.timeout_s > 0 ? std::max(p.timeout_s, p.setup_timeout_s) : p.timeout_s;
+}
 
 // Spin, then yield, then sleep, by the time since construction: call pause() after each failed
 // check of whatever is awaited; elapsed_us() for the caller's deadline.

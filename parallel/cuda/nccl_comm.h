@@ -47,7 +47,7 @@ public:
     void barrier() override;
 
     void set_wait_mode(WaitMode m) { mode_ = m; }
-    void set_timeout(double seconds) { timeout_s_ = seconds; }
+    void set_timeout(double seconds) override { timeout_s_ = seconds; }
     // Waits (bounded) until everything this communicator enqueued has finished.
     void wait_idle() override;
     bool broken() const { return broken_; }

@@ -157,6 +157,7 @@ ParallelContext make_context(const BuildOptions& opt) {
     check_layout_sizes(opt.tp, opt.pp);
     WaitPolicy policy;
     policy.timeout_s = opt.comm_timeout;
+    policy.setup_timeout_s = opt.start_timeout;
     policy.shared_memory = opt.comm_shared_memory;
     ParallelContext ctx =
         (opt.tp * opt.pp > 1 || opt.mpi) ? make_parallel_context(opt.tp, opt.pp, policy) : make_local_context();
@@ -271,8 +272,11 @@ RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const T
         const int W = ctx.world.world;
         int64_t mine[2] = {blocks, rt.model->checkpoint_bytes_read()};
         std::vector<int64_t> all(size_t(2 * W));
+        // The ranks' first meeting after their loads, which end at different times: under the start-up deadline.
+        ctx.world_comm->set_timeout(std::max(opt.comm_timeout, opt.start_timeout));
         ctx.world_comm->all_gather(View::contiguous(all.data(), DType::kI64, {2 * W}),
                                    View::contiguous(mine, DType::kI64, {2}));
+        ctx.world_comm->set_timeout(opt.comm_timeout);
         rt.checkpoint_bytes_read.assign(size_t(W), 0);
         for (int r = 0; r < W; ++r) {
             blocks = std::min(blocks, all[size_t(2 * r)]);

@@ -70,6 +70,10 @@ struct BuildOptions {
     int tp = 1, pp = 1;
     bool mpi = false;            // join an MPI job even at tp * pp == 1 (started by mpirun/srun)
     double comm_timeout = 60.0;  // seconds before a silent peer is an Error
+    // Seconds the ranks wait for each other at start-up (at least comm_timeout): communicator creation and the
+    // end of every rank's model load, where one host starting or reading its checkpoint later is not a
+    // silent peer.
+    double start_timeout = 600.0;
     bool comm_shared_memory = true;  // MPI groups within one machine exchange through shared memory
     BackendOptions backend;      // cuda_device is replaced by this rank's device
     // backend.kind == kSim: the simulated device (runtime/backend/sim/sim_device.h). The model is

@@ -5,7 +5,8 @@
 //  - two ranks that both recv from each other (a deadlock): the one with the shorter deadline names
 //    the other's blocking recv; the other (a deadline 3x longer, so it is certainly still blocked
 //    when asked, however loaded the machine) later names whatever the first is doing by then;
-//  - a timed-out communicator is broken: the next call throws at once.
+//  - a timed-out communicator is broken: the next call throws at once;
+//  - communicator creation waits for a late rank up to the setup deadline, not the per-call one.
 // Timing assumptions hold on a loaded machine: the late rank sleeps three deadlines past the
 // others' timeout, and "reported within" bounds allow seconds of scheduling delay.
 // Buffers of a timed-out call are leaked on purpose (MPI may still write them), and the late rank
@@ -194,5 +195,22 @@ TEST_CASE("in a sub-communicator the silent rank is named with its world rank to
         sub->all_reduce_sum(v);  // completes against rank 0's abandoned request
         CHECK((*buf)[32] == 2);
     }
+    sync->barrier();
+}
+
+TEST_CASE("creating a communicator waits for a late rank up to setup_timeout_s, not timeout_s") {
+    auto sync = make("sync6", 30.0);
+    sync->barrier();
+    // Rank 1 comes 2 s late (ten of the others' per-call deadlines; a busy machine only makes it later):
+    // creation is the ranks' first meeting, which skew at start-up does not fail.
+    if (sync->rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+    WaitPolicy p;
+    p.timeout_s = 0.2;
+    p.setup_timeout_s = 60.0;
+    auto c = MpiComm::world(p, "late_start");
+    std::vector<int32_t> one(1, 1);
+    c->all_reduce_sum(View::contiguous(one.data(), DType::kI32, {1}));
+    CHECK(one[0] == 3);
+    CHECK(c->policy().timeout_s == 0.2);  // later calls keep the per-call deadline
     sync->barrier();
 }

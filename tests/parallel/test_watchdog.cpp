@@ -212,3 +212,16 @@ TEST_CASE("termination reporter: SIGINT with every local peer alive says so") {
     CHECK(WEXITSTATUS(r.status) == 128 + SIGINT);
     CHECK(has(r.err, "lattice: rank 0 on node-a: interrupted (SIGINT); no peer on this machine is dead\n"));
 }
+
+TEST_CASE("setup_deadline: the longer of the per-call and the set-up deadline; forever stays forever") {
+    WaitPolicy p;
+    p.timeout_s = 8.0;
+    p.setup_timeout_s = 300.0;
+    CHECK(setup_deadline(p) == 300.0);
+    p.timeout_s = 900.0;
+    CHECK(setup_deadline(p) == 900.0);  // a per-call deadline longer than the set-up one is kept
+    p.timeout_s = 0.0;
+    CHECK(setup_deadline(p) == 0.0);  // wait forever
+    p.timeout_s = -1.0;
+    CHECK(setup_deadline(p) == -1.0);
+}

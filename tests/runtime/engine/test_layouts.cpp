@@ -10,20 +10,23 @@
 // Top logprobs (sampling.logprobs = k) through every layout, with backend token selection on (rows
 // that ask for them fall back to the host path): the k best of a host log-softmax of score()'s row.
 // Speculative decoding (prompt lookup, 4 drafts): the single rank's greedy tokens in every layout.
+// Start-up: a rank whose load ends seconds after the others' is waited for (BuildOptions::start_timeout).
 // Run under mpirun -np 2 and -np 4 (CTest).
 #include <doctest/doctest.h>
 #include <mpi.h>
+
 #include <algorithm>
 #include <cmath>
 #include <regex>
+#include <thread>
 
-#include "tests/test_build.h"
 #include "parallel/mpi_session.h"
 #include "runtime/builder/build.h"
 #include "runtime/engine/client.h"
 #include "runtime/engine/grammar.h"
 #include "runtime/weights/random_source.h"
 #include "tests/runtime/model/golden.h"
+#include "tests/test_build.h"
 
 using namespace lattice;
 using namespace lattice::testing;
@@ -185,6 +188,32 @@ TEST_CASE("layout errors are reported by every rank, with the same message, with
         }
     }
     MPI_Barrier(MPI_COMM_WORLD);  // everyone got here: nobody hung
+}
+
+TEST_CASE("start-up: a rank that finishes loading seconds after the others is waited for, not timed out") {
+    // Rank 1 starts its load 3 s late (on_context runs after the communicators exist, before the weights):
+    // the ranks' first meeting after their loads is under start_timeout, so six per-call deadlines of lag pass.
+    const int world = mpi_session().size();
+    ModelConfig cfg = test::tiny_config("late loader");
+    cfg.n_layers = 4;  // a stage per rank at -np 2 and 4
+    auto src = make_random_source(cfg, 3, DType::kF32);
+    BuildOptions opt = layout_options(1, world);
+    opt.comm_timeout = 0.5;
+    opt.start_timeout = 60.0;
+    opt.on_context = [](const WorldConfig& w) {
+        if (w.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+    };
+    if (world >= 2) {
+        std::string err;
+        try {
+            RankRuntime rt = build(opt, *src);
+            CHECK(rt.engine);
+        } catch (const Error& e) {
+            err = e.what();
+        }
+        CHECK(err == "");
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
 }
 
 TEST_CASE("several sequences in flight (pipelined decode) equal their single-sequence runs") {
