@@ -323,7 +323,7 @@ def more_cases(shared, llama2, gen, model_copy):
     flag = lambda *a: Case(f"flag {' '.join(a)}", gen(llama2, *a), rc=2, needle=a[0])
     C += [flag("--threads", "-1"), flag("--threads", "1000000"), flag("--max-seq", "-5"), flag("--micro-batch", "-3"),
           flag("--tp", "0"), flag("--pp", "-1"), flag("--seed", "-1"), flag("--seed", "18446744073709551616"),
-          flag("--max-new-tokens", "99999999999999999999"), flag("--comm-timeout", "0.000001"),
+          flag("--max-new-tokens", "99999999999999999999"), flag("--comm-timeout", "0.000001"), flag("--start-timeout", "0"),
           flag("--temperature", "nan"), flag("--temperature", "-1"), flag("--top-p", "0"), flag("--top-k", "-2"),
           flag("--batch", "0"), flag("--max-batch-tokens", "0"), flag("--seed-weights", "-7"),
           flag("--system", "be brief"), flag("--no-such-flag"), flag("--batch", "2000"), flag("--top-p", "1.5")]
