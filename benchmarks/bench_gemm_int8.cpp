@@ -254,7 +254,7 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
-    ThreadPool pool(threads), pool1(1);
+    ThreadPool pool(threads, true), pool1(1, true);  // pinned, as the published GEMM rates were measured
     const int nt = pool.size();
     const double t_start = bench::now();
 

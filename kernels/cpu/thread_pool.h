@@ -30,10 +30,11 @@ public:
     // n_threads <= 0: one per available core. pin: bind worker i (1..n-1) to the i-th allowed CPU. The caller's
     // affinity is left as it is: a pinned caller passed its one CPU to every thread it started later (a second
     // pool -- the draft model's, a benchmark's -- read it as its whole machine and ran both its threads on one
-    // core: bench_decode's 2 threads ran at 0.6x of one). The engine does not pin (BackendOptions::pin): a
-    // caller that wakes on a pinned worker's core holds it until the scheduler moves the caller.
+    // core: bench_decode's 2 threads ran at 0.6x of one). Nothing pins unless asked, like the engine
+    // (BackendOptions::pin): a caller that wakes on a pinned worker's core holds it until the scheduler moves the
+    // caller, and tests running side by side would stack their pinned workers on the same cores.
     // Throws Error (having joined the threads it started) when the system refuses a thread.
-    explicit ThreadPool(int n_threads = 0, bool pin = true);
+    explicit ThreadPool(int n_threads = 0, bool pin = false);
     ~ThreadPool();
     ThreadPool(const ThreadPool&) = delete;
     ThreadPool& operator=(const ThreadPool&) = delete;
