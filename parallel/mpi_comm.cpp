@@ -25,14 +25,13 @@ std::string join_ints(const std::vector<int>& v) {
     return s;
 }
 
-// Completes a request of communicator setup under the policy's deadline; `step` ("" or ": what")
-// names the part of the setup in the error.
-// Its deadline is setup_deadline(policy) (wait_policy.h).
+// Completes a request of communicator setup by setup_deadline(policy) (wait_policy.h); `step` ("" or
+// ": what") names the part of the setup in the error.
 void wait_setup(MPI_Request* req, const WaitPolicy& policy, const std::string& what, const std::string& step) {
     WaitPolicy setup = policy;
     setup.timeout_s = setup_deadline(policy);
     int rc = MPI_SUCCESS;
-    WaitResult r = poll_request(req, MPI_STATUS_IGNORE, setup, &rc);
+    const WaitResult r = poll_request(req, MPI_STATUS_IGNORE, setup, &rc);
     LATTICE_CHECK(r != WaitResult::kTimedOut,
                   "creating communicator '{}'{}: not every rank arrived within {} s (a rank is missing or calls a "
                   "different collective)",
@@ -60,8 +59,6 @@ bool overlaps(const View& a, const View& b) {
     auto* pb = static_cast<const char*>(b.data);
     return pa < pb + b.bytes() && pb < pa + a.bytes();
 }
-
-
 
 MPI_Comm timed_dup(MPI_Comm comm, const WaitPolicy& policy, const std::string& what) {
     MPI_Comm out = MPI_COMM_NULL;
