@@ -59,6 +59,15 @@ template <Elem E>
     return v[0] + v[1];
 }
 
+// The largest lane (max is exact: any order gives it), in the same tree as lanes_sum.
+[[gnu::always_inline]] inline float lanes_max(F16x v) {
+    auto mx = [](F16x a, F16x b) { return a > b ? a : b; };
+    v = mx(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+    v = mx(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7));
+    v = mx(v, __builtin_shufflevector(v, v, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
+    return std::max(v[0], v[1]);
+}
+
 // a[0] + ... + a[N - 1] as the pairwise tree ((a0 + a1) + (a2 + a3)) + ..., unrolled so the values stay in
 // registers.
 template <int N>
@@ -177,14 +186,24 @@ template <int R, Elem E>
     for (int r = 0; r < R; ++r) {
         float* sr = s + r * kTile;
         float mt = m[r];
-        for (int64_t j = lo; j < valid; ++j) mt = std::max(mt, sr[j]);
-        const float rescale = exp_neg(m[r] - mt);
+        if (lo == 0 && valid == kTile) {  // a whole tile of keys: its max in registers
+            F16x v;
+            std::memcpy(&v, sr, sizeof(v));
+            mt = std::max(mt, lanes_max(v));
+        } else {
+            for (int64_t j = lo; j < valid; ++j) mt = std::max(mt, sr[j]);
+        }
         for (int64_t j = 0; j < kTile; ++j) {  // the whole tile, so that it vectorizes; zero outside [lo, valid)
             const float e = exp_neg(sr[j] - mt);
             sr[j] = j < valid && j >= lo ? e : 0.0f;
         }
         F16x e;
         std::memcpy(&e, sr, sizeof(e));
+        if (mt == m[r]) {  // the running max stands: the rescale would be exp_neg(0) = 1 exactly, a no-op
+            l[r] += lanes_sum(e);
+            continue;
+        }
+        const float rescale = exp_neg(m[r] - mt);
         l[r] = l[r] * rescale + lanes_sum(e);
         m[r] = mt;
         float* ar = acc + r * hd;

@@ -105,15 +105,16 @@ TEST_CASE("rope rotates q and k heads in half-split pairs and leaves v alone") {
 // A prompt of n tokens (one sequence at positions 0 .. n - 1, its blocks scattered: entry b of the table is
 // (b * spread + 1) mod the cache's width + extra blocks) attended in one call and one token at a time, each
 // into fresh f32 caches: every row must have the same bits both ways, and rows `check` (heads 0 and nh - 1)
-// equal a naive softmax in double over their window.
+// equal a naive softmax in double over their window. q, k and v are uniform in [-range, range].
 void check_prompt_both_ways(int64_t nh, int64_t nkv, int64_t hd, int64_t n, int64_t window, int64_t spread,
-                            int64_t extra, std::initializer_list<int64_t> check, uint32_t seed, ThreadPool& pool) {
+                            int64_t extra, std::initializer_list<int64_t> check, uint32_t seed, ThreadPool& pool,
+                            float range = 2.0f) {
     std::mt19937 rng(seed);
     const int64_t block = 16, width = (n + block - 1) / block, row = (nh + 2 * nkv) * hd, blocks = width + extra;
     std::vector<int32_t> table(static_cast<size_t>(width));
     for (int64_t b = 0; b < width; ++b) table[size_t(b)] = int32_t((b * spread + 1) % blocks);
     REQUIRE(std::set<int32_t>(table.begin(), table.end()).size() == table.size());  // no block twice
-    auto qkv = rand_vec(size_t(n * row), rng, -2, 2);
+    auto qkv = rand_vec(size_t(n * row), rng, -range, range);
     std::vector<int32_t> pos(static_cast<size_t>(n)), seq(static_cast<size_t>(n), 0);
     std::iota(pos.begin(), pos.end(), 0);
     cpu::AttentionArgs a{nh, nkv, hd, block, blocks, table.data(), 1, width, 1.0f / std::sqrt(float(hd)), window};
@@ -178,6 +179,17 @@ TEST_CASE("attention: many tiles, GQA groups of 8 and 6, a prompt in one call eq
         CAPTURE(nh);
         ThreadPool pool(2, false);
         check_prompt_both_ways(nh, nh / 8 == 1 ? 1 : 2, 64, 75, window, 3, 3, {0, 31, 32, 36, 74}, 11, pool);
+    }
+}
+
+TEST_CASE("attention: scores far apart (a running max off by more than ~88 overflows or flattens the weights)") {
+    // q and k in [-30, 30] at head_dim 64: scores of a row spread over hundreds, so each tile's max (a
+    // vector tree for whole tiles, a scalar loop for partial ones) must be exact for the weights to stay finite
+    // and right; the rows must still equal a naive softmax and have the same bits in one call or token by token.
+    for (const int64_t window : {int64_t(0), int64_t(20)}) {
+        CAPTURE(window);
+        ThreadPool pool(2, false);
+        check_prompt_both_ways(8, 1, 64, 70, window, 3, 3, {15, 16, 40, 69}, 23, pool, 30.0f);
     }
 }
 
