@@ -174,8 +174,9 @@ template <int R, Elem E>
 }
 
 // Positions [lo, valid) of the tile are the rows' keys (lo > 0 only where a sliding window starts).
-// The online softmax of a row: the tile's max over its keys (a scalar loop: a masked vector max measured
-// slower), the weights zero outside the keys, their sum by lanes_sum.
+// The online softmax of a row: the tile's max over its keys (lanes_max for a whole tile; a scalar loop for a
+// partial one, where a masked vector max measured slower), the weights zero outside the keys, their sum by
+// lanes_sum, and the rescale of the row's sum and accumulator only when its running max moved.
 template <int R, Elem E>
 [[gnu::always_inline]] inline void rows_block(float* acc, float* m, float* l, float* s, const float* q,
                                               const Tile<E>& t, int64_t lo, int64_t valid, int64_t hd) {
