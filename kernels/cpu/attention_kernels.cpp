@@ -49,22 +49,25 @@ template <Elem E>
     }
 }
 
+// Lane j combined by `op` with lane j + 8, then + 4, then + 2, in registers: lanes 0 and 1 then hold the two
+// halves of the reduction, for the caller's last step. (A loop over the lanes went through memory, a
+// store-to-load round trip per lane on every tile of every row.)
+template <class Op>
+[[gnu::always_inline]] inline F16x lanes_tree(F16x v, Op op) {
+    v = op(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+    v = op(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7));
+    return op(v, __builtin_shufflevector(v, v, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
+}
 
-// The sum of the lanes in a fixed pairwise tree (lane j plus lane j + 8, then + 4, + 2, + 1), in registers:
-// a loop over the lanes went through memory, a store-to-load round trip per lane on every tile of every row.
+// The sum of the lanes in that fixed pairwise tree.
 [[gnu::always_inline]] inline float lanes_sum(F16x v) {
-    v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);
-    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7);
-    v += __builtin_shufflevector(v, v, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    v = lanes_tree(v, [](F16x a, F16x b) { return a + b; });
     return v[0] + v[1];
 }
 
-// The largest lane (max is exact: any order gives it), in the same tree as lanes_sum.
+// The largest lane (max is exact: any order gives it), in the same tree.
 [[gnu::always_inline]] inline float lanes_max(F16x v) {
-    auto mx = [](F16x a, F16x b) { return a > b ? a : b; };
-    v = mx(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
-    v = mx(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7));
-    v = mx(v, __builtin_shufflevector(v, v, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
+    v = lanes_tree(v, [](F16x a, F16x b) { return a > b ? a : b; });
     return std::max(v[0], v[1]);
 }
 
