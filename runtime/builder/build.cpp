@@ -153,14 +153,19 @@ void check_host_memory(const ModelConfig& cfg, const BuildOptions& opt) {
                   cfg.source, need / double(1 << 30), phys / double(1 << 30), cfg.vocab, cfg.hidden, cfg.n_layers);
 }
 
-ParallelContext make_context(const BuildOptions& opt) {
-    check_layout_sizes(opt.tp, opt.pp);
+// How this rank's communicators wait on their peers (the per-call and the start-up deadlines).
+WaitPolicy wait_policy(const BuildOptions& opt) {
     WaitPolicy policy;
     policy.timeout_s = opt.comm_timeout;
     policy.setup_timeout_s = opt.start_timeout;
     policy.shared_memory = opt.comm_shared_memory;
-    ParallelContext ctx =
-        (opt.tp * opt.pp > 1 || opt.mpi) ? make_parallel_context(opt.tp, opt.pp, policy) : make_local_context();
+    return policy;
+}
+
+ParallelContext make_context(const BuildOptions& opt) {
+    check_layout_sizes(opt.tp, opt.pp);
+    ParallelContext ctx = (opt.tp * opt.pp > 1 || opt.mpi) ? make_parallel_context(opt.tp, opt.pp, wait_policy(opt))
+                                                            : make_local_context();
     if (opt.on_context) opt.on_context(ctx.world);
     return ctx;
 }
@@ -273,7 +278,7 @@ RankRuntime build_in(const BuildOptions& requested, ParallelContext ctx, const T
         int64_t mine[2] = {blocks, rt.model->checkpoint_bytes_read()};
         std::vector<int64_t> all(size_t(2 * W));
         // The ranks' first meeting after their loads, which end at different times: under the start-up deadline.
-        ctx.world_comm->set_timeout(std::max(opt.comm_timeout, opt.start_timeout));
+        ctx.world_comm->set_timeout(setup_deadline(wait_policy(opt)));
         ctx.world_comm->all_gather(View::contiguous(all.data(), DType::kI64, {2 * W}),
                                    View::contiguous(mine, DType::kI64, {2}));
         ctx.world_comm->set_timeout(opt.comm_timeout);
