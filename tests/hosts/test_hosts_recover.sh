@@ -29,9 +29,10 @@ with open(sys.argv[1], "w") as f:
                                      "ignore_eos": True}}) + "\n")
 PY
 
-# COMM_TIMEOUT=30: with 10, b's ranks reached the first collective more than 10 s after a's beside two busy
-# processes (CI: "creating communicator 'plans': not every rank arrived within 10 s", 0 records). The loss of b
-# is not waited out by it: mpirun sees b's daemon die and ends the job at once.
+# COMM_TIMEOUT=30: set when, with 10, b's ranks reached the first collective more than 10 s after a's beside two
+# busy processes (CI: "creating communicator 'plans': not every rank arrived within 10 s", 0 records); that
+# start-up wait is now --start-timeout's (default 600 s). The loss of b is not waited out by it: mpirun sees b's
+# daemon die and ends the job at once.
 batch() {  # batch HOSTS OUTPUT LOG: batch.sbatch as a plain script on host a
     host_run a env MODEL="$model" INPUT="$in" OUTPUT="$2" TP=2 PP=auto HOSTS="$1" CPU_RANKS=1 LATTICE="$bin" \
         LATTICE_MPIRUN="$W" DRAIN_SECONDS=1 COMM_TIMEOUT=30 EXTRA_ARGS="--threads 1 --progress none --max-seqs 1" \
