@@ -11,13 +11,13 @@
 #include <cmath>
 #include <cstring>
 
+#include "base/convert.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "kernels/common/quantize.h"
 #include "kernels/cpu/gemm_front.h"
 #include "kernels/cpu/int8_gemm_kernels.h"
 #include "kernels/cpu/onednn_int8.h"
-#include "kernels/common/quantize.h"
-#include "base/error.h"
-#include "base/log.h"
-
 
 namespace lattice {
 
@@ -120,10 +120,23 @@ float quantize_row_int8_simd(const float* x, int64_t k, int8_t* q) {
 }
 
 void quantize_weights_per_channel(const float* w, int64_t n, int64_t k, int8_t* q, float* scales) {
+    quantize_weights_per_channel(w, DType::kF32, n, k, q, scales);
+}
+
+void quantize_weights_per_channel(const void* w, DType dtype, int64_t n, int64_t k, int8_t* q, float* scales) {
     LATTICE_CHECK(n > 0 && k > 0, "quantize_weights_per_channel: bad shape [{}, {}]", n, k);
     LATTICE_CHECK(w && q && scales, "quantize_weights_per_channel: null pointer");
+    LATTICE_CHECK(dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16,
+                  "quantize_weights_per_channel: {} weights (f32, f16 or bf16)", dtype_name(dtype));
+    std::vector<float> converted(dtype == DType::kF32 ? 0 : size_t(k));
+    const int64_t row_bytes = k * int64_t(dtype_size(dtype));
     for (int64_t i = 0; i < n; ++i) {
-        const float* row = w + i * k;
+        const void* src = static_cast<const uint8_t*>(w) + i * row_bytes;
+        const float* row = static_cast<const float*>(src);
+        if (dtype != DType::kF32) {
+            convert_elements(src, dtype, converted.data(), DType::kF32, k);
+            row = converted.data();
+        }
         bool finite = true;
         for (int64_t j = 0; j < k; ++j) finite &= std::fabs(row[j]) <= FLT_MAX;  // NaN compares false
         if (!finite)

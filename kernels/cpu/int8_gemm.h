@@ -34,6 +34,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/dtype.h"
 #include "kernels/cpu/huge_pages.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/thread_pool.h"
@@ -108,6 +109,9 @@ struct PackedInt8 {
 // q = round(w / s) (half away from zero), s = max|w_row| / 127 (s = 1 if the row is all zero).
 // Throws on non-finite weights. scales: [n].
 void quantize_weights_per_channel(const float* w, int64_t n, int64_t k, int8_t* q, float* scales);
+// The same from f32, f16 or bf16 rows, each converted to f32 as it is quantized (a row's worth of scratch, not a
+// float copy of the matrix: a load quantizes every linear of the model this way).
+void quantize_weights_per_channel(const void* w, DType dtype, int64_t n, int64_t k, int8_t* q, float* scales);
 
 // Packs q [n, k] (row-major int8) for `isa`. Throws when the CPU cannot run `isa` or k > kInt8MaxK.
 // w8a8: the weights serve gemm_w8a8 / gemm_s8s8_s32 (a oneDNN copy is made when int8_uses_onednn(isa));

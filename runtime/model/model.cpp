@@ -223,6 +223,7 @@ void Model::load(const TensorSource& src) {
             case WeightRole::kExpGateUp: L->expert_gate_up[size_t(t.expert)] = make_linear(h, t.mode); break;
             case WeightRole::kExpDown: L->expert_down[size_t(t.expert)] = make_linear(h, t.mode); break;
         }
+        weights.recycle(std::move(h));  // every backend has copied what it keeps
     }
     checkpoint_bytes_read_ = weights.bytes_read();
     if (opt_.on_progress) {

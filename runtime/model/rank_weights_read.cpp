@@ -4,16 +4,16 @@
 // The plan itself is rank_weights.cpp. Invariants: every read returns exactly the dtype and shape the
 // plan recorded (checked, an Error otherwise); bytes_read_ counts the bytes taken from the source;
 // parts are released as they are fused, so the peak stays near one fused tensor plus one part.
-#include "runtime/model/rank_weights.h"
-
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <tuple>
 
 #include "base/error.h"
 #include "kernels/common/int4_quantize.h"
 #include "kernels/common/quantize.h"
 #include "runtime/arch/architecture.h"
+#include "runtime/model/rank_weights.h"
 #include "runtime/model/rank_weights_internal.h"
 #include "runtime/weights/dequant.h"
 
@@ -83,13 +83,25 @@ int64_t int4_bytes(const Int4Weights& w) {
 
 }  // namespace
 
+void RankWeights::recycle(HostTensor&& h) {
+    if (h.data.capacity() > spare_.capacity()) spare_ = std::move(h.data);
+}
+
+std::vector<uint8_t> RankWeights::take_buffer(size_t bytes) {
+    std::vector<uint8_t> b = std::move(spare_);
+    spare_ = {};
+    b.clear();  // a buffer too small grows without copying its old contents
+    b.resize(bytes);
+    return b;
+}
+
 HostTensor RankWeights::read_rows(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols,
                                   DType dtype) {
     HostTensor h;
     h.dtype = dtype;
     h.rows = rows;
     h.cols = cols;
-    h.data.resize(size_t(dtype_bytes(dtype, rows * cols)));
+    h.data = take_buffer(size_t(dtype_bytes(dtype, rows * cols)));
     src_.read(name, row0, rows, col0, cols, dtype, h.data.data());
     bytes_read_ += dtype_bytes(src_.info(name).dtype, rows * cols);
     return h;
@@ -125,6 +137,38 @@ HostTensor RankWeights::read(const RankTensor& t) {
     auto rows_of = [&](TensorRole role, int64_t row0, int64_t rows) {
         const std::string name = tensor_name(c, role, l, t.expert);
         return read_rows(name, row0, rows, 0, H, part_dtype(name));
+    };
+    // The row ranges (role, first row, rows) of a fused linear's parts (q | k | v, gate | up) stacked: read
+    // straight into their rows of one buffer when they share a dtype, so the fused matrix is written once (not
+    // read into parts and copied: at load that copy was a second float matrix of every fused linear to fault in);
+    // parts of mixed dtypes are read apart and widened (concat_rows).
+    auto stacked = [&](std::initializer_list<std::tuple<TensorRole, int64_t, int64_t>> parts) {
+        std::vector<std::string> names;
+        bool same = true;
+        HostTensor out;
+        out.cols = H;
+        for (const auto& [role, row0, rows] : parts) {
+            names.push_back(tensor_name(c, role, l, t.expert));
+            const DType dt = part_dtype(names.back());
+            same &= names.size() == 1 || dt == out.dtype;
+            out.dtype = dt;
+            out.rows += rows;
+        }
+        if (!same) {
+            std::vector<HostTensor> read_parts;
+            for (const auto& [role, row0, rows] : parts) read_parts.push_back(rows_of(role, row0, rows));
+            return concat_rows(read_parts);
+        }
+        out.data = take_buffer(size_t(dtype_bytes(out.dtype, out.rows * H)));
+        uint8_t* dst = out.data.data();
+        size_t i = 0;
+        for (const auto& [role, row0, rows] : parts) {
+            const std::string& name = names[i++];
+            src_.read(name, row0, rows, 0, H, out.dtype, dst);
+            bytes_read_ += dtype_bytes(src_.info(name).dtype, rows * H);
+            dst += dtype_bytes(out.dtype, rows * H);
+        }
+        return out;
     };
     // Entries [col0, col0 + n) of a 1-D tensor (a bias slice), as f32.
     auto entries_of = [&](TensorRole role, int64_t col0, int64_t n) {
@@ -175,11 +219,9 @@ HostTensor RankWeights::read(const RankTensor& t) {
             break;
         }
         case WeightRole::kWqkv: {
-            std::vector<HostTensor> parts;
-            parts.push_back(rows_of(TensorRole::kWq, s.head0 * hd, s.n_heads * hd));
-            parts.push_back(rows_of(TensorRole::kWk, s.kv_head0 * hd, s.n_kv * hd));
-            parts.push_back(rows_of(TensorRole::kWv, s.kv_head0 * hd, s.n_kv * hd));
-            h = concat_rows(parts);
+            h = stacked({{TensorRole::kWq, s.head0 * hd, s.n_heads * hd},
+                         {TensorRole::kWk, s.kv_head0 * hd, s.n_kv * hd},
+                         {TensorRole::kWv, s.kv_head0 * hd, s.n_kv * hd}});
             fold(h, kSmoothAttn);
             break;
         }
@@ -189,10 +231,7 @@ HostTensor RankWeights::read(const RankTensor& t) {
             break;
         }
         case WeightRole::kWGateUp: {
-            std::vector<HostTensor> parts;
-            parts.push_back(rows_of(TensorRole::kWGate, s.ffn0, s.ffn));
-            parts.push_back(rows_of(TensorRole::kWUp, s.ffn0, s.ffn));
-            h = concat_rows(parts);
+            h = stacked({{TensorRole::kWGate, s.ffn0, s.ffn}, {TensorRole::kWUp, s.ffn0, s.ffn}});
             fold(h, kSmoothMlp);
             break;
         }
@@ -210,10 +249,7 @@ HostTensor RankWeights::read(const RankTensor& t) {
             fold(h, kSmoothMlp);
             break;
         case WeightRole::kExpGateUp: {
-            std::vector<HostTensor> parts;
-            parts.push_back(rows_of(TensorRole::kExpGate, s.ffn0, s.ffn));
-            parts.push_back(rows_of(TensorRole::kExpUp, s.ffn0, s.ffn));
-            h = concat_rows(parts);
+            h = stacked({{TensorRole::kExpGate, s.ffn0, s.ffn}, {TensorRole::kExpUp, s.ffn0, s.ffn}});
             fold(h, kSmoothMlp);
             break;
         }

@@ -223,13 +223,11 @@ Linear CpuBackend::make_linear(const View& w, QuantMode mode) {
                   "make_linear: weight dtype {} unsupported for quant {}", dtype_name(w.dtype), quant_mode_name(mode));
     const int64_t n = w.dim(0), k = w.dim(1);
     if (mode != QuantMode::kNone) {
-        // Symmetric per-output-channel int8, then the same packing a pre-quantized layer gets.
-        std::vector<float> wf(static_cast<size_t>(w.numel()));
-        convert_elements(w.data, w.dtype, wf.data(), DType::kF32, w.numel());
-        std::vector<int8_t> q(wf.size());
+        // Symmetric per-output-channel int8 (row by row: no float copy of the matrix), then the same packing a
+        // pre-quantized layer gets.
+        std::vector<int8_t> q(static_cast<size_t>(w.numel()));
         std::vector<float> scales(static_cast<size_t>(n));
-        quantize_weights_per_channel(wf.data(), n, k, q.data(), scales.data());
-        wf = {};
+        quantize_weights_per_channel(w.data, w.dtype, n, k, q.data(), scales.data());
         return make_linear_int8(View::contiguous(q.data(), DType::kI8, {n, k}),
                                 View::contiguous(scales.data(), DType::kF32, {n}), mode);
     }

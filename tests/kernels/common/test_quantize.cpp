@@ -3,11 +3,12 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <string>
 
-#include "tests/kernels/cpu/int8_test_util.h"
-#include "kernels/cpu/int8_gemm_kernels.h"
-#include "kernels/common/quantize.h"
 #include "base/error.h"
+#include "kernels/common/quantize.h"
+#include "kernels/cpu/int8_gemm_kernels.h"
+#include "tests/kernels/cpu/int8_test_util.h"
 
 using namespace lattice;
 using namespace lattice::test;
@@ -70,6 +71,36 @@ TEST_CASE("quantize_weights_per_channel rejects non-finite weights") {
     std::vector<int8_t> q(4);
     std::vector<float> s(2);
     CHECK_THROWS_AS(quantize_weights_per_channel(w.data(), 2, 2, q.data(), s.data()), Error);
+}
+
+TEST_CASE("quantize_weights_per_channel from f16 / bf16 rows: the bits of the f32 matrix's, errors at their row") {
+    std::mt19937 rng(5);
+    const int64_t n = 7, k = 130;
+    const std::vector<float> w = random_f32(size_t(n * k), rng, 0.5f);
+    for (DType dt : {DType::kF16, DType::kBF16}) {
+        INFO(dtype_name(dt));
+        std::vector<uint16_t> h(w.size());
+        for (size_t i = 0; i < w.size(); ++i) h[i] = dt == DType::kF16 ? f32_to_f16(w[i]) : f32_to_bf16(w[i]);
+        std::vector<float> widened(w.size());  // what the 16-bit rows hold, as f32
+        for (size_t i = 0; i < w.size(); ++i) widened[i] = dt == DType::kF16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
+        std::vector<int8_t> q(w.size()), q_ref(w.size());
+        std::vector<float> s(static_cast<size_t>(n)), s_ref(static_cast<size_t>(n));
+        quantize_weights_per_channel(h.data(), dt, n, k, q.data(), s.data());
+        quantize_weights_per_channel(widened.data(), n, k, q_ref.data(), s_ref.data());
+        CHECK(q == q_ref);
+        CHECK(s == s_ref);
+        h[size_t(4 * k + 9)] = dt == DType::kF16 ? uint16_t(0x7E00) : uint16_t(0x7FC0);  // NaN in row 4
+        try {
+            quantize_weights_per_channel(h.data(), dt, n, k, q.data(), s.data());
+            FAIL("a NaN weight was accepted");
+        } catch (const Error& e) {
+            CHECK(std::string(e.what()).find("at [4, 9]") != std::string::npos);
+        }
+    }
+    std::vector<int8_t> q(4);
+    std::vector<float> s(2);
+    const std::vector<int8_t> i8(4);
+    CHECK_THROWS_AS(quantize_weights_per_channel(i8.data(), DType::kI8, 2, 2, q.data(), s.data()), Error);
 }
 
 TEST_CASE("quantize_row_int8_avx2 is bit-identical to the scalar quantize (ties, NaN, tails, zero rows)") {

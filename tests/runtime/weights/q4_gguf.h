@@ -23,8 +23,22 @@ struct Q4Types {
 
 inline constexpr int64_t kQ4H = 64, kQ4F = 96, kQ4V = 40;
 
-// Blocks of a [rows, cols] tensor of type t (q4_0, q4_1 or q8_0); d in [0.01, 0.11), m in (-0.3, 0].
+// Blocks of a [rows, cols] tensor of type t (q4_0, q4_1 or q8_0); d in [0.01, 0.11), m in (-0.3, 0]. f32 and f16
+// tensors (for the float reads' tests) hold values in [-0.5, 0.5).
 inline std::vector<uint8_t> q4_tensor_bytes(DType t, int64_t rows, int64_t cols, std::mt19937& rng) {
+    if (t == DType::kF32 || t == DType::kF16) {
+        std::vector<uint8_t> v(size_t(rows * cols * int64_t(dtype_size(t))));
+        for (int64_t i = 0; i < rows * cols; ++i) {
+            const float x = float(rng() % 1000) / 1000.0f - 0.5f;
+            if (t == DType::kF32) {
+                std::memcpy(&v[size_t(i) * 4], &x, 4);
+            } else {
+                const uint16_t h = f32_to_f16(x);
+                std::memcpy(&v[size_t(i) * 2], &h, 2);
+            }
+        }
+        return v;
+    }
     const int64_t bb = dtype_block_bytes(t);
     std::vector<uint8_t> v(size_t(rows * cols / 32 * bb));
     for (auto& x : v) x = uint8_t(rng());
@@ -40,7 +54,7 @@ inline std::vector<uint8_t> q4_tensor_bytes(DType t, int64_t rows, int64_t cols,
 }
 
 inline uint32_t ggml_type_of(DType t) {
-    return t == DType::kQ4_0 ? 2 : t == DType::kQ4_1 ? 3 : 8;
+    return t == DType::kQ4_0 ? 2 : t == DType::kQ4_1 ? 3 : t == DType::kF32 ? 0 : t == DType::kF16 ? 1 : 8;
 }
 
 // The file's bytes (GgufBuilder image); `patch` may change a tensor's data (by GGUF name) before it is laid out.
