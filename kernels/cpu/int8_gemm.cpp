@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cfloat>
 #include <cmath>
 #include <cstring>
 
@@ -137,9 +136,15 @@ void quantize_weights_per_channel(const void* w, DType dtype, int64_t n, int64_t
             convert_elements(src, dtype, converted.data(), DType::kF32, k);
             row = converted.data();
         }
-        bool finite = true;
-        for (int64_t j = 0; j < k; ++j) finite &= std::fabs(row[j]) <= FLT_MAX;  // NaN compares false
-        if (!finite)
+        // Inf and NaN are the floats whose exponent bits are all set: the largest masked exponent tells (an integer
+        // max the compiler vectorizes; the float test it replaces ran as a scalar loop, ~10% of a load).
+        uint32_t exp_max = 0;
+        for (int64_t j = 0; j < k; ++j) {
+            uint32_t bits;
+            std::memcpy(&bits, row + j, 4);
+            exp_max = std::max(exp_max, bits & 0x7f800000u);
+        }
+        if (exp_max == 0x7f800000u)
             for (int64_t j = 0; j < k; ++j)
                 LATTICE_CHECK(std::isfinite(row[j]), "quantize_weights_per_channel: non-finite weight {} at [{}, {}]",
                               row[j], i, j);
