@@ -3,7 +3,9 @@
 // host-side quantizers (int8 per channel, 4-bit) that the loader and `lattice convert` apply to them.
 // The plan itself is rank_weights.cpp. Invariants: every read returns exactly the dtype and shape the
 // plan recorded (checked, an Error otherwise); bytes_read_ counts the bytes taken from the source;
-// parts are released as they are fused, so the peak stays near one fused tensor plus one part.
+// a fused linear's parts of one dtype are read straight into its rows (mixed dtypes: parts released as they
+// are fused, so the peak stays near one fused tensor plus one part); the read buffer is reused across tensors
+// (recycle), so a load writes fresh pages for its largest float tensor, not for every one.
 #include <cmath>
 #include <cstring>
 #include <numeric>
