@@ -17,28 +17,24 @@ namespace {
 
 constexpr int64_t kSuper = 256;
 
-// Element e (0..255) of a Q6_K block (dequant.h's order): q in 0..63.
-int q6_of(const uint8_t* blk, int e) {
-    const int h = e / 128, r = e % 128;
-    const int lo = (blk[64 * h + r % 64] >> (4 * (r / 64))) & 15;
-    const int hi = (blk[128 + 32 * h + r % 32] >> (2 * (r / 32))) & 3;
-    return lo | hi << 4;
-}
-
-// Element e of a Q4_K block: q in 0..15.
-int q4_of(const uint8_t* blk, int e) {
-    const int j = e / 32, t = e % 32;
-    const uint8_t b = blk[16 + (j / 2) * 32 + t];
-    return j % 2 == 0 ? b & 15 : b >> 4;
-}
+// GGUF's Q4_K block: d, dmin (f16), 12 scale bytes, then 128 bytes of nibbles: byte 32 p + i holds element i of
+// sub-block 2 p in its low nibble and of sub-block 2 p + 1 in its high one. Q6_K: 128 bytes of low nibbles (byte
+// 64 h + 32 (s % 2) + i holds element i of sub-block 4 h + s in nibble s / 2), 64 bytes of top bit pairs (byte
+// 32 h + i, pair s), 16 int8 scales, d. The packers read them a sub-block at a time (the shifts fixed per
+// sub-block), as dequant.h orders the elements.
 
 // Channel j's super-block `src` (Q4_K) into the layout's super-block `out`.
 void pack_q4_super(const uint8_t* src, int j, uint8_t* out) {
-    for (int g = 0; g < 8; ++g)
+    for (int g = 0; g < 8; ++g) {
+        const uint8_t* qs = src + 16 + (g / 2) * 32;
+        const int sh = 4 * (g % 2);
+        uint8_t* o = out + int4_detail::kKqQ4Nib + g * 256 + j * 4;
         for (int c = 0; c < 4; ++c)
-            for (int t = 0; t < 4; ++t)
-                out[int4_detail::kKqQ4Nib + g * 256 + c * 64 + j * 4 + t] =
-                    uint8_t(q4_of(src, 32 * g + 4 * c + t) | q4_of(src, 32 * g + 16 + 4 * c + t) << 4);
+            for (int t = 0; t < 4; ++t) {
+                const int i = 4 * c + t;
+                o[c * 64 + t] = uint8_t(((qs[i] >> sh) & 15) | ((qs[16 + i] >> sh) & 15) << 4);
+            }
+    }
     std::memcpy(out + int4_detail::kKqQ4D + 2 * j, src, 2);
     std::memcpy(out + int4_detail::kKqQ4Dmin + 2 * j, src + 2, 2);
     for (int b = 0; b < 12; ++b) out[int4_detail::kKqQ4Scales + 16 * b + j] = src[4 + b];
@@ -47,14 +43,20 @@ void pack_q4_super(const uint8_t* src, int j, uint8_t* out) {
 // Channel j's super-block `src` (Q6_K) into the layout's super-block `out`.
 void pack_q6_super(const uint8_t* src, int j, uint8_t* out) {
     for (int g = 0; g < 8; ++g) {
+        const int h = g / 4, s = g % 4;
+        const uint8_t* ql = src + 64 * h + 32 * (s % 2);
+        const uint8_t* qh = src + 128 + 32 * h;
+        const int sl = 4 * (s / 2), st = 2 * s;
         uint8_t* grp = out + int4_detail::kKqQ6Nib + int4_detail::kKqQ6Group * g;
         for (int c = 0; c < 4; ++c)
             for (int t = 0; t < 4; ++t) {
-                const int lo = q6_of(src, 32 * g + 4 * c + t), hi = q6_of(src, 32 * g + 16 + 4 * c + t);
+                const int i = 4 * c + t;
+                const int lo = ((ql[i] >> sl) & 15) | ((qh[i] >> st) & 3) << 4;
+                const int hi = ((ql[16 + i] >> sl) & 15) | ((qh[16 + i] >> st) & 3) << 4;
                 grp[c * 64 + j * 4 + t] = uint8_t((lo & 15) | (hi & 15) << 4);
-                uint8_t& h = grp[256 + (c / 2) * 64 + j * 4 + t];
+                uint8_t& top = grp[256 + (c / 2) * 64 + j * 4 + t];
                 const int e = (c % 2) * 2;
-                h = uint8_t(h | (lo >> 4) << (2 * e) | (hi >> 4) << (2 * (e + 1)));
+                top = uint8_t(top | (lo >> 4) << (2 * e) | (hi >> 4) << (2 * (e + 1)));
             }
     }
     for (int b = 0; b < 16; ++b) out[int4_detail::kKqQ6Scales + 16 * b + j] = src[192 + b];
