@@ -180,25 +180,45 @@ void attend_in_place(const Job& j, const Unit& u, Scratch& sc, int64_t j0, int64
     const attn::KvLayout& c = j.c;
     const int64_t g = u.g, seq = u.seq, hd = c.hd, B = c.B;
     const uint8_t *kc = c.k_column(seq, j0, g), *vc = c.v_row(seq, j0, g);
-    // The next tile's K lines and V rows requested ahead: a decode step reads each once, from memory.
+    // The next tile's K lines and V rows requested ahead: a decode step reads each once, from memory. A unit of
+    // one token (decode) has the tile math request them a line per step of its loops (Tile::next_k / next_v):
+    // the burst of 128 requests at a tile's start stalled the core until most of them were in flight (fill
+    // buffers full), and its math waited behind them (docs/benchmark-results.md, 2026-12-07). A unit of several
+    // tokens (prefill) reads each tile for all of them: the burst there, and the tile math without the requests.
     // The tile lies in one block (B is a multiple of kTile here), so its rows are at fixed strides from its
     // first: no block-table lookup (a division by B) per position.
+    const uint8_t *kn = nullptr, *vn = nullptr;
+    int64_t next_rows = 0;
     if (j0 + kTile <= last) {
-        const uint8_t* kn = c.k_column(seq, j0 + kTile, g);
-        for (int64_t d = 0; d < hd; d += std::max<int64_t>(1, 64 / (B * c.es))) __builtin_prefetch(kn + d * B * c.es);
-        const uint8_t* vn = c.v_row(seq, j0 + kTile, g);
-        const int64_t rows = std::min(kTile, last + 1 - (j0 + kTile)), stride = c.values;
-        for (int64_t p = 0; p < rows; ++p)
-            for (int64_t x = 0; x < c.values; x += 64) __builtin_prefetch(vn + p * stride + x);
+        kn = c.k_column(seq, j0 + kTile, g);
+        vn = c.v_row(seq, j0 + kTile, g);
+        next_rows = std::min(kTile, last + 1 - (j0 + kTile));
+        if (u.n > 1) {
+            for (int64_t d = 0; d < hd; d += std::max<int64_t>(1, 64 / (B * c.es)))
+                __builtin_prefetch(kn + d * B * c.es);
+            for (int64_t p = 0; p < next_rows; ++p)
+                for (int64_t x = 0; x < c.values; x += 64) __builtin_prefetch(vn + p * c.values + x);
+            kn = vn = nullptr;
+        }
     }
+    auto with_next = [&](auto t) {
+        t.next_k = kn;
+        t.next_k_step = B * c.es;
+        t.next_v = vn;
+        t.next_v_rows = next_rows;
+        t.next_v_stride = c.values;
+        t.next_v_bytes = c.values;
+        return t;
+    };
     const DType dt = j.a.kv_dtype;
     if (dt == DType::kF32) {
-        attend(j, u, sc, j0, jn, j.tiles.f32,
-               Tile<Elem::kF32>{reinterpret_cast<const float*>(kc), B, reinterpret_cast<const float*>(vc), hd});
+        attend(
+            j, u, sc, j0, jn, j.tiles.f32,
+            with_next(Tile<Elem::kF32>{reinterpret_cast<const float*>(kc), B, reinterpret_cast<const float*>(vc), hd}));
     } else if (dt == DType::kBF16) {
         attend(j, u, sc, j0, jn, j.tiles.bf16,
-               Tile<Elem::kBF16>{reinterpret_cast<const uint16_t*>(kc), B, reinterpret_cast<const uint16_t*>(vc),
-                                 hd});
+               with_next(Tile<Elem::kBF16>{reinterpret_cast<const uint16_t*>(kc), B,
+                                           reinterpret_cast<const uint16_t*>(vc), hd}));
     } else {  // int8: the tile's row scales (lanes past jn zero)
         float* ks = sc.scales.data();
         float* vs = ks + kTile;
@@ -207,8 +227,8 @@ void attend_in_place(const Job& j, const Unit& u, Scratch& sc, int64_t j0, int64
             vs[t] = t < jn ? *c.row_scale(c.v_cache, seq, j0 + t, g) : 0.0f;
         }
         attend(j, u, sc, j0, jn, j.tiles.i8,
-               Tile<Elem::kI8>{reinterpret_cast<const int8_t*>(kc), B, reinterpret_cast<const int8_t*>(vc), hd,
-                               ks, vs});
+               with_next(Tile<Elem::kI8>{reinterpret_cast<const int8_t*>(kc), B, reinterpret_cast<const int8_t*>(vc),
+                                         hd, ks, vs}));
     }
 }
 
