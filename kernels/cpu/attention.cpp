@@ -181,10 +181,12 @@ void attend_in_place(const Job& j, const Unit& u, Scratch& sc, int64_t j0, int64
     const int64_t g = u.g, seq = u.seq, hd = c.hd, B = c.B;
     const uint8_t *kc = c.k_column(seq, j0, g), *vc = c.v_row(seq, j0, g);
     // The next tile's K lines and V rows requested ahead: a decode step reads each once, from memory. A unit of
-    // one token (decode) has the tile math request them a line per step of its loops (Tile::next_k / next_v):
-    // the burst of 128 requests at a tile's start stalled the core until most of them were in flight (fill
-    // buffers full), and its math waited behind them (docs/benchmark-results.md, 2026-12-07). A unit of several
-    // tokens (prefill) reads each tile for all of them: the burst there, and the tile math without the requests.
+    // one token (decode) has the tile math request them into L2 (prefetcht1), a line per step of its loops
+    // (Tile::next_k / next_v): the burst of 128 L1 requests (prefetcht0) that each tile started with held the
+    // core until most of them were in flight (the L1's miss buffers full), and the math waited behind them;
+    // cold 4096-position decode ran 1.5-1.9x faster with f32 caches, 1.3-1.6x with bf16, on Zen 4
+    // (docs/benchmark-results.md, 2026-12-07). A unit of several tokens (prefill) reads each tile for all of
+    // them: the burst there, and the tile math without the requests.
     // The tile lies in one block (B is a multiple of kTile here), so its rows are at fixed strides from its
     // first: no block-table lookup (a division by B) per position.
     const uint8_t *kn = nullptr, *vn = nullptr;

@@ -42,8 +42,9 @@ struct Tile {
     const float* k_scale = nullptr;
     const float* v_scale = nullptr;
     float softcap = 0.0f;  // AttentionArgs::softcap: scores become softcap * tanh(score / softcap); 0: none
-    // The next tile's K and V, requested a line at a time while this tile's math runs (decode; null: none): K row
-    // d at next_k + d * next_k_step, V row p (p < next_v_rows) at next_v + p * next_v_stride, next_v_bytes each.
+    // The next tile's K and V, requested into L2 a line at a time while this tile's math runs (decode; null:
+    // none): K row d at next_k + d * next_k_step, V row p (p < next_v_rows) at next_v + p * next_v_stride,
+    // next_v_bytes each.
     const uint8_t* next_k = nullptr;
     int64_t next_k_step = 0;
     const uint8_t* next_v = nullptr;

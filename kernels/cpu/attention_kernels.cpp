@@ -100,7 +100,7 @@ template <int R, Elem E, bool PF>
     for (; d + NA <= hd; d += NA)
 #pragma GCC unroll 8
         for (int a = 0; a < NA; ++a) {
-            if constexpr (PF) __builtin_prefetch(t.next_k + (d + a) * t.next_k_step);
+            if constexpr (PF) __builtin_prefetch(t.next_k + (d + a) * t.next_k_step, 0, 2);
             F16x k;
             load16<E>(k, t.k + (d + a) * t.ldk);
 #pragma GCC unroll 8
@@ -137,7 +137,8 @@ template <int R, int NB, Elem E, bool PF>
         for (int b = 0; b < NB; ++b) std::memcpy(&a[r][b], acc + r * hd + d0 + b * kD, sizeof(F16x));
     for (int64_t j = 0; j < valid; ++j) {
         if (PF && j < t.next_v_rows)
-            for (int64_t x = 0; x < t.next_v_bytes; x += 64) __builtin_prefetch(t.next_v + j * t.next_v_stride + x);
+            for (int64_t x = 0; x < t.next_v_bytes; x += 64)
+                __builtin_prefetch(t.next_v + j * t.next_v_stride + x, 0, 2);
 #pragma GCC unroll 8
         for (int b = 0; b < NB; ++b) {
             F16x vr;
