@@ -40,10 +40,13 @@ inline void tile(const float* x, int64_t k, const void* const* wrows, float* y, 
     for (; p + W <= k; p += W) {
         typename V::reg wv[NR];
         // Software prefetch of each weight stream: decode reads every weight once from DRAM and
-        // the hardware prefetcher alone does not keep NR concurrent streams fed.
+        // the hardware prefetcher alone does not keep NR concurrent streams fed. Into L2 (prefetcht1): into L1
+        // the requests held the L1's few miss buffers (bf16-weight decode of the 1.1B shape on Zen 4: 9.6-11.0
+        // -> 12.6-13.9 tok/s, docs/benchmark-results.md 2026-12-07; decode attention likewise).
         if (PF && p + kPrefetchElems < k)
             for (int j = 0; j < NR; ++j)
-                __builtin_prefetch(static_cast<const char*>(wrows[j]) + (p + kPrefetchElems) * int64_t(dtype_size(WT)), 0, 3);
+                __builtin_prefetch(static_cast<const char*>(wrows[j]) + (p + kPrefetchElems) * int64_t(dtype_size(WT)),
+                                   0, 2);
         for (int j = 0; j < NR; ++j) wv[j] = load_w<V, WT>(wrows[j], p);
         for (int i = 0; i < MR; ++i) {
             typename V::reg xv = V::load_f32(x + i * k + p);
