@@ -122,33 +122,53 @@ void quantize_weights_per_channel(const float* w, int64_t n, int64_t k, int8_t* 
     quantize_weights_per_channel(w, DType::kF32, n, k, q, scales);
 }
 
-void quantize_weights_per_channel(const void* w, DType dtype, int64_t n, int64_t k, int8_t* q, float* scales) {
+void quantize_weights_per_channel(const void* w, DType dtype, int64_t n, int64_t k, int8_t* q, float* scales,
+                                  ThreadPool* pool) {
     LATTICE_CHECK(n > 0 && k > 0, "quantize_weights_per_channel: bad shape [{}, {}]", n, k);
     LATTICE_CHECK(w && q && scales, "quantize_weights_per_channel: null pointer");
     LATTICE_CHECK(dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16,
                   "quantize_weights_per_channel: {} weights (f32, f16 or bf16)", dtype_name(dtype));
-    std::vector<float> converted(dtype == DType::kF32 ? 0 : size_t(k));
     const int64_t row_bytes = k * int64_t(dtype_size(dtype));
-    for (int64_t i = 0; i < n; ++i) {
+    auto row_f32 = [&](int64_t i, std::vector<float>& converted) {
         const void* src = static_cast<const uint8_t*>(w) + i * row_bytes;
-        const float* row = static_cast<const float*>(src);
-        if (dtype != DType::kF32) {
-            convert_elements(src, dtype, converted.data(), DType::kF32, k);
-            row = converted.data();
+        if (dtype == DType::kF32) return static_cast<const float*>(src);
+        convert_elements(src, dtype, converted.data(), DType::kF32, k);
+        return static_cast<const float*>(converted.data());
+    };
+    // A row with an Inf or a NaN is not quantized; the first one is named after the rows are done (a pool's
+    // task must not throw). Inf and NaN are the floats whose exponent bits are all set: the largest masked
+    // exponent tells (an integer max the compiler vectorizes; the float test it replaced ran as a scalar loop,
+    // ~10% of a load).
+    std::atomic<int64_t> first_bad{n};
+    auto rows = [&](int64_t r0, int64_t r1, int) {
+        std::vector<float> converted(dtype == DType::kF32 ? 0 : size_t(k));
+        for (int64_t i = r0; i < r1; ++i) {
+            const float* row = row_f32(i, converted);
+            uint32_t exp_max = 0;
+            for (int64_t j = 0; j < k; ++j) {
+                uint32_t bits;
+                std::memcpy(&bits, row + j, 4);
+                exp_max = std::max(exp_max, bits & 0x7f800000u);
+            }
+            if (exp_max == 0x7f800000u) {
+                int64_t seen = first_bad.load(std::memory_order_relaxed);
+                while (i < seen && !first_bad.compare_exchange_weak(seen, i, std::memory_order_relaxed)) {
+                }
+                continue;
+            }
+            scales[i] = quantize_row_int8_simd(row, k, q + i * k);
         }
-        // Inf and NaN are the floats whose exponent bits are all set: the largest masked exponent tells (an integer
-        // max the compiler vectorizes; the float test it replaces ran as a scalar loop, ~10% of a load).
-        uint32_t exp_max = 0;
-        for (int64_t j = 0; j < k; ++j) {
-            uint32_t bits;
-            std::memcpy(&bits, row + j, 4);
-            exp_max = std::max(exp_max, bits & 0x7f800000u);
-        }
-        if (exp_max == 0x7f800000u)
-            for (int64_t j = 0; j < k; ++j)
-                LATTICE_CHECK(std::isfinite(row[j]), "quantize_weights_per_channel: non-finite weight {} at [{}, {}]",
-                              row[j], i, j);
-        scales[i] = quantize_row_int8_simd(row, k, q + i * k);
+    };
+    if (pool)
+        pool->parallel_for(n, rows);
+    else
+        rows(0, n, 0);
+    if (const int64_t i = first_bad.load(); i < n) {
+        std::vector<float> converted(dtype == DType::kF32 ? 0 : size_t(k));
+        const float* row = row_f32(i, converted);
+        for (int64_t j = 0; j < k; ++j)
+            LATTICE_CHECK(std::isfinite(row[j]), "quantize_weights_per_channel: non-finite weight {} at [{}, {}]",
+                          row[j], i, j);
     }
 }
 

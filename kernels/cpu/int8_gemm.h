@@ -110,8 +110,10 @@ struct PackedInt8 {
 // Throws on non-finite weights. scales: [n].
 void quantize_weights_per_channel(const float* w, int64_t n, int64_t k, int8_t* q, float* scales);
 // The same from f32, f16 or bf16 rows, each converted to f32 as it is quantized (a row's worth of scratch, not a
-// float copy of the matrix: a load quantizes every linear of the model this way).
-void quantize_weights_per_channel(const void* w, DType dtype, int64_t n, int64_t k, int8_t* q, float* scales);
+// float copy of the matrix: a load quantizes every linear of the model this way), the rows split among the
+// pool's threads when one is given (the same bits either way).
+void quantize_weights_per_channel(const void* w, DType dtype, int64_t n, int64_t k, int8_t* q, float* scales,
+                                  ThreadPool* pool = nullptr);
 
 // Packs q [n, k] (row-major int8) for `isa`. Throws when the CPU cannot run `isa` or k > kInt8MaxK.
 // w8a8: the weights serve gemm_w8a8 / gemm_s8s8_s32 (a oneDNN copy is made when int8_uses_onednn(isa));

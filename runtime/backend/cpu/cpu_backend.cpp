@@ -227,7 +227,7 @@ Linear CpuBackend::make_linear(const View& w, QuantMode mode) {
         // pre-quantized layer gets.
         std::vector<int8_t> q(static_cast<size_t>(w.numel()));
         std::vector<float> scales(static_cast<size_t>(n));
-        quantize_weights_per_channel(w.data, w.dtype, n, k, q.data(), scales.data());
+        quantize_weights_per_channel(w.data, w.dtype, n, k, q.data(), scales.data(), pool_.get());
         return make_linear_int8(View::contiguous(q.data(), DType::kI8, {n, k}),
                                 View::contiguous(scales.data(), DType::kF32, {n}), mode);
     }

@@ -89,12 +89,21 @@ TEST_CASE("quantize_weights_per_channel from f16 / bf16 rows: the bits of the f3
         quantize_weights_per_channel(widened.data(), n, k, q_ref.data(), s_ref.data());
         CHECK(q == q_ref);
         CHECK(s == s_ref);
+        ThreadPool pool(2);  // the rows split among threads: the same bits
+        std::vector<int8_t> q_pool(w.size());
+        std::vector<float> s_pool(static_cast<size_t>(n));
+        quantize_weights_per_channel(h.data(), dt, n, k, q_pool.data(), s_pool.data(), &pool);
+        CHECK(q_pool == q_ref);
+        CHECK(s_pool == s_ref);
         h[size_t(4 * k + 9)] = dt == DType::kF16 ? uint16_t(0x7E00) : uint16_t(0x7FC0);  // NaN in row 4
-        try {
-            quantize_weights_per_channel(h.data(), dt, n, k, q.data(), s.data());
-            FAIL("a NaN weight was accepted");
-        } catch (const Error& e) {
-            CHECK(std::string(e.what()).find("at [4, 9]") != std::string::npos);
+        h[size_t(6 * k + 1)] = dt == DType::kF16 ? uint16_t(0x7C00) : uint16_t(0x7F80);  // Inf in row 6
+        for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+            try {
+                quantize_weights_per_channel(h.data(), dt, n, k, q.data(), s.data(), p);
+                FAIL("a NaN weight was accepted");
+            } catch (const Error& e) {  // the first bad row is named, whichever thread met it
+                CHECK(std::string(e.what()).find("at [4, 9]") != std::string::npos);
+            }
         }
     }
     std::vector<int8_t> q(4);
