@@ -46,6 +46,7 @@
 // holds within one level; across levels isa_variants.h says what differs).
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -204,12 +205,10 @@ void attend_in_place(const Job& j, const Unit& u, Scratch& sc, int64_t j0, int64
         }
     }
     auto with_next = [&](auto t) {
-        t.next_k = kn;
-        t.next_k_step = B * c.es;
-        t.next_v = vn;
+        using T = std::remove_const_t<std::remove_pointer_t<decltype(t.k)>>;
+        t.next_k = reinterpret_cast<const T*>(kn);
+        t.next_v = reinterpret_cast<const T*>(vn);
         t.next_v_rows = next_rows;
-        t.next_v_stride = c.values;
-        t.next_v_bytes = c.values;
         return t;
     };
     const DType dt = j.a.kv_dtype;

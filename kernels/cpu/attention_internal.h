@@ -42,13 +42,11 @@ struct Tile {
     const float* k_scale = nullptr;
     const float* v_scale = nullptr;
     float softcap = 0.0f;  // AttentionArgs::softcap: scores become softcap * tanh(score / softcap); 0: none
-    // The next tile's K and V, requested into L2 a line at a time while this tile's math runs (decode; null:
-    // none): K row d at next_k + d * next_k_step, V row p (p < next_v_rows) at next_v + p * next_v_stride,
-    // next_v_bytes each.
-    const uint8_t* next_k = nullptr;
-    int64_t next_k_step = 0;
-    const uint8_t* next_v = nullptr;
-    int64_t next_v_rows = 0, next_v_stride = 0, next_v_bytes = 0;
+    // The next tile's K and V (laid out as k and v, at the same strides), requested into L2 a line at a time
+    // while this tile's math runs (decode; null: none); its first next_v_rows V rows.
+    const ElemT<E>* next_k = nullptr;
+    const ElemT<E>* next_v = nullptr;
+    int64_t next_v_rows = 0;
 };
 
 // One tile for `rows` query rows (consecutive in q, acc, m, l) that share the tile's keys [lo, valid):

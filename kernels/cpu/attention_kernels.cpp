@@ -87,7 +87,7 @@ template <int N>
 // order depends only on R, which is fixed per row (head_cuts in attention.cpp cuts at the blocks' bounds).
 // Lanes past the tile's valid positions hold whatever the block holds there (finite or not): their scores
 // are never used.
-template <int R, Elem E, bool PF>
+template <int R, Elem E>
 [[gnu::always_inline]] inline void scores_rows(float* __restrict s, const float* __restrict q, const Tile<E>& t,
                                                int64_t hd) {
     constexpr int NA = R >= 8 ? 1 : 8 / R;
@@ -100,7 +100,7 @@ template <int R, Elem E, bool PF>
     for (; d + NA <= hd; d += NA)
 #pragma GCC unroll 8
         for (int a = 0; a < NA; ++a) {
-            if constexpr (PF) __builtin_prefetch(t.next_k + (d + a) * t.next_k_step, 0, 2);
+            if (t.next_k) __builtin_prefetch(t.next_k + (d + a) * t.ldk, 0, 2);
             F16x k;
             load16<E>(k, t.k + (d + a) * t.ldk);
 #pragma GCC unroll 8
@@ -126,7 +126,7 @@ template <int R, Elem E, bool PF>
 
 // acc[r][d0 .. d0 + NB * 16) += sum_j w[r][j] * v[j][d] over j < valid, in order of j: NB column blocks per
 // pass, so that R * NB chains run side by side (the sum of each element is the same either way).
-template <int R, int NB, Elem E, bool PF>
+template <int R, int NB, Elem E>
 [[gnu::always_inline]] inline void pv_pass(float* __restrict acc, const float (&w)[R][kTile], int64_t valid,
                                            const Tile<E>& t, int64_t hd, int64_t d0) {
     constexpr int64_t kD = 16;
@@ -136,9 +136,9 @@ template <int R, int NB, Elem E, bool PF>
 #pragma GCC unroll 8
         for (int b = 0; b < NB; ++b) std::memcpy(&a[r][b], acc + r * hd + d0 + b * kD, sizeof(F16x));
     for (int64_t j = 0; j < valid; ++j) {
-        if (PF && j < t.next_v_rows)
-            for (int64_t x = 0; x < t.next_v_bytes; x += 64)
-                __builtin_prefetch(t.next_v + j * t.next_v_stride + x, 0, 2);
+        if (t.next_v && d0 == 0 && j < t.next_v_rows)  // the next tile's V requested once, in the first pass
+            for (int64_t x = 0; x < hd * int64_t(sizeof(ElemT<E>)); x += 64)
+                __builtin_prefetch(reinterpret_cast<const char*>(t.next_v + j * t.ldv) + x, 0, 2);
 #pragma GCC unroll 8
         for (int b = 0; b < NB; ++b) {
             F16x vr;
@@ -154,7 +154,7 @@ template <int R, int NB, Elem E, bool PF>
 }
 
 // acc[r][d] += sum_j p[r][j] * v[j][d] over j < valid, in order of j (int8: p[r][j] times v's row scale j).
-template <int R, Elem E, bool PF>
+template <int R, Elem E>
 [[gnu::always_inline]] inline void pv_rows(float* __restrict acc, const float* __restrict p, int64_t valid,
                                            const Tile<E>& t, int64_t hd) {
     constexpr int64_t kD = 16;
@@ -164,9 +164,8 @@ template <int R, Elem E, bool PF>
         for (int64_t j = 0; j < kTile; ++j)
             w[r][j] = E == Elem::kI8 ? p[r * kTile + j] * t.v_scale[j] : p[r * kTile + j];
     int64_t d0 = 0;
-    if (PF && d0 + NB * kD <= hd) pv_pass<R, NB, E, true>(acc, w, valid, t, hd, d0), d0 += NB * kD;  // requests V once
-    for (; d0 + NB * kD <= hd; d0 += NB * kD) pv_pass<R, NB, E, false>(acc, w, valid, t, hd, d0);
-    for (; d0 + kD <= hd; d0 += kD) pv_pass<R, 1, E, false>(acc, w, valid, t, hd, d0);
+    for (; d0 + NB * kD <= hd; d0 += NB * kD) pv_pass<R, NB, E>(acc, w, valid, t, hd, d0);
+    for (; d0 + kD <= hd; d0 += kD) pv_pass<R, 1, E>(acc, w, valid, t, hd, d0);
     if (d0 < hd)  // a head_dim that is not a multiple of 16: the rest one column at a time
         for (int r = 0; r < R; ++r)
             for (int64_t j = 0; j < valid; ++j) {
@@ -186,10 +185,10 @@ template <int R, Elem E, bool PF>
 // The online softmax of a row: the tile's max over its keys (lanes_max for a whole tile; a scalar loop for a
 // partial one, where a masked vector max measured slower), the weights zero outside the keys, their sum by
 // lanes_sum, and the rescale of the row's sum and accumulator only when its running max moved.
-template <int R, Elem E, bool PF>
+template <int R, Elem E>
 [[gnu::always_inline]] inline void rows_block(float* acc, float* m, float* l, float* s, const float* q,
                                               const Tile<E>& t, int64_t lo, int64_t valid, int64_t hd) {
-    scores_rows<R, E, PF>(s, q, t, hd);
+    scores_rows<R, E>(s, q, t, hd);
     if (t.softcap > 0.0f)
         for (int j = 0; j < R * int(kTile); ++j) s[j] = math::softcap(s[j], t.softcap);
     // online softmax, one row at a time: running max, rescale, weights into s
@@ -219,31 +218,27 @@ template <int R, Elem E, bool PF>
         float* ar = acc + r * hd;
         for (int64_t d = 0; d < hd; ++d) ar[d] *= rescale;
     }
-    pv_rows<R, E, PF>(acc, s, valid, t, hd);
+    pv_rows<R, E>(acc, s, valid, t, hd);
 }
 
-// One tile for `rows` query rows (TileRowsFn in attention_internal.h).
+// One tile for `rows` query rows (TileRowsFn in attention_internal.h). The next tile (t.next_k / next_v, when
+// given) is requested by the first block of rows, in its loops. One instantiation serves decode (requests) and
+// prefill (none): the requests are a branch, never a second compiled copy of the math, whose floating-point
+// contractions could differ and break the bit-identity of decode and prefill rows.
 template <Elem E>
 [[gnu::always_inline]] inline void tile_rows_of(float* acc, float* m, float* l, float* s, const float* q,
                                                 const Tile<E>& t, int64_t lo, int64_t valid, int64_t hd,
                                                 int64_t rows) {
-    // The next tile (t.next_k / next_v, when given) is requested by the first block of rows, in its loops.
+    Tile<E> rest = t;
+    rest.next_k = rest.next_v = nullptr;
     int64_t r = 0;
-    if (t.next_k) {
-        if (rows >= kRows)
-            rows_block<kRows, E, true>(acc, m, l, s, q, t, lo, valid, hd), r = kRows;
-        else if (rows >= 4)
-            rows_block<4, E, true>(acc, m, l, s, q, t, lo, valid, hd), r = 4;
-        else if (rows >= 2)
-            rows_block<2, E, true>(acc, m, l, s, q, t, lo, valid, hd), r = 2;
-        else
-            rows_block<1, E, true>(acc, m, l, s, q, t, lo, valid, hd), r = 1;
-    }
     for (; r + kRows <= rows; r += kRows)
-        rows_block<kRows, E, false>(acc + r * hd, m + r, l + r, s, q + r * hd, t, lo, valid, hd);
-    if (r + 4 <= rows) rows_block<4, E, false>(acc + r * hd, m + r, l + r, s, q + r * hd, t, lo, valid, hd), r += 4;
-    if (r + 2 <= rows) rows_block<2, E, false>(acc + r * hd, m + r, l + r, s, q + r * hd, t, lo, valid, hd), r += 2;
-    if (r < rows) rows_block<1, E, false>(acc + r * hd, m + r, l + r, s, q + r * hd, t, lo, valid, hd);
+        rows_block<kRows, E>(acc + r * hd, m + r, l + r, s, q + r * hd, r == 0 ? t : rest, lo, valid, hd);
+    if (r + 4 <= rows)
+        rows_block<4, E>(acc + r * hd, m + r, l + r, s, q + r * hd, r == 0 ? t : rest, lo, valid, hd), r += 4;
+    if (r + 2 <= rows)
+        rows_block<2, E>(acc + r * hd, m + r, l + r, s, q + r * hd, r == 0 ? t : rest, lo, valid, hd), r += 2;
+    if (r < rows) rows_block<1, E>(acc + r * hd, m + r, l + r, s, q + r * hd, r == 0 ? t : rest, lo, valid, hd);
 }
 // The three element kinds' entry points, then their ISA variants.
 #define LATTICE_TILE_ROWS(name, E)                                                                                \
