@@ -12,6 +12,7 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "kernels/common/int4.h"
+#include "kernels/common/quantize_rows.h"
 
 namespace lattice {
 
@@ -57,15 +58,19 @@ inline void check_int4_matrix(const Int4Matrix& w, const char* what) {
 // Affine 4-bit quantization of float weights w [n, k] in groups of `group` along k:
 // d = f16((max - min) / 15), m = f16(min) of the group, q = clamp(round((w - m) / d), 0, 15) with the
 // rounded d and m (q = 0 where d is 0). Throws Error on non-finite weights or a scale past f16's range,
-// naming the element.
-inline Int4Weights quantize_weights_int4(const float* w, int64_t n, int64_t k, int64_t group) {
+// naming the element. w is f32, f16 or bf16 (`dtype`), each row widened to f32 as it is quantized (a row of
+// scratch, not a float copy of the matrix).
+inline Int4Weights quantize_weights_int4(const void* w, DType dtype, int64_t n, int64_t k, int64_t group) {
     LATTICE_CHECK(w, "quantize_weights_int4: null weights");
     LATTICE_CHECK(n > 0 && k > 0 && (group == 32 || group == 64 || group == 128),
                   "quantize_weights_int4: shape [{}, {}] with group {} (groups of 32, 64 or 128)", n, k, group);
+    LATTICE_CHECK(dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16,
+                  "quantize_weights_int4: {} weights (f32, f16 or bf16)", dtype_name(dtype));
     Int4Weights out(n, k, group, Int4Kind::kAffine);
     const int64_t kp = (k + group - 1) / group * group, groups = kp / group;
+    std::vector<float> scratch;
     for (int64_t r = 0; r < n; ++r) {
-        const float* row = w + r * k;
+        const float* row = weight_row_f32(w, dtype, k, r, scratch);
         for (int64_t g = 0; g < groups; ++g) {
             const int64_t c0 = g * group, c1 = std::min(k, c0 + group);
             float mn = FLT_MAX, mx = -FLT_MAX;
@@ -91,6 +96,10 @@ inline Int4Weights quantize_weights_int4(const float* w, int64_t n, int64_t k, i
         }
     }
     return out;
+}
+
+inline Int4Weights quantize_weights_int4(const float* w, int64_t n, int64_t k, int64_t group) {
+    return quantize_weights_int4(w, DType::kF32, n, k, group);
 }
 
 }  // namespace lattice

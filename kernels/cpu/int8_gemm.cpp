@@ -14,6 +14,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "kernels/common/quantize.h"
+#include "kernels/common/quantize_rows.h"
 #include "kernels/cpu/gemm_front.h"
 #include "kernels/cpu/int8_gemm_kernels.h"
 #include "kernels/cpu/onednn_int8.h"
@@ -128,48 +129,20 @@ void quantize_weights_per_channel(const void* w, DType dtype, int64_t n, int64_t
     LATTICE_CHECK(w && q && scales, "quantize_weights_per_channel: null pointer");
     LATTICE_CHECK(dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16,
                   "quantize_weights_per_channel: {} weights (f32, f16 or bf16)", dtype_name(dtype));
-    const int64_t row_bytes = k * int64_t(dtype_size(dtype));
-    auto row_f32 = [&](int64_t i, std::vector<float>& converted) {
-        const void* src = static_cast<const uint8_t*>(w) + i * row_bytes;
-        if (dtype == DType::kF32) return static_cast<const float*>(src);
-        convert_elements(src, dtype, converted.data(), DType::kF32, k);
-        return static_cast<const float*>(converted.data());
-    };
-    // A row with an Inf or a NaN is not quantized; the first one is named after the rows are done (a pool's
-    // task must not throw). Inf and NaN are the floats whose exponent bits are all set: the largest masked
-    // exponent tells (an integer max the compiler vectorizes; the float test it replaced ran as a scalar loop,
-    // ~10% of a load).
+    // The rows (kernels/common/quantize_rows.h), over the pool; the first non-finite row named after them all.
     std::atomic<int64_t> first_bad{n};
     auto rows = [&](int64_t r0, int64_t r1, int) {
-        std::vector<float> converted(dtype == DType::kF32 ? 0 : size_t(k));
-        for (int64_t i = r0; i < r1; ++i) {
-            const float* row = row_f32(i, converted);
-            uint32_t exp_max = 0;
-            for (int64_t j = 0; j < k; ++j) {
-                uint32_t bits;
-                std::memcpy(&bits, row + j, 4);
-                exp_max = std::max(exp_max, bits & 0x7f800000u);
-            }
-            if (exp_max == 0x7f800000u) {
-                int64_t seen = first_bad.load(std::memory_order_relaxed);
-                while (i < seen && !first_bad.compare_exchange_weak(seen, i, std::memory_order_relaxed)) {
-                }
-                continue;
-            }
-            scales[i] = quantize_row_int8_simd(row, k, q + i * k);
+        const int64_t bad = quantize_rows_int8(w, dtype, k, r0, r1, q, scales, &quantize_row_int8_simd);
+        if (bad == r1) return;
+        int64_t seen = first_bad.load(std::memory_order_relaxed);
+        while (bad < seen && !first_bad.compare_exchange_weak(seen, bad, std::memory_order_relaxed)) {
         }
     };
     if (pool)
         pool->parallel_for(n, rows);
     else
         rows(0, n, 0);
-    if (const int64_t i = first_bad.load(); i < n) {
-        std::vector<float> converted(dtype == DType::kF32 ? 0 : size_t(k));
-        const float* row = row_f32(i, converted);
-        for (int64_t j = 0; j < k; ++j)
-            LATTICE_CHECK(std::isfinite(row[j]), "quantize_weights_per_channel: non-finite weight {} at [{}, {}]",
-                          row[j], i, j);
-    }
+    if (const int64_t i = first_bad.load(); i < n) fail_non_finite_row(w, dtype, k, i, "quantize_weights_per_channel");
 }
 
 PackedInt8 pack_int8_weights(const int8_t* q, int64_t n, int64_t k, IsaLevel isa, bool w8a8) {

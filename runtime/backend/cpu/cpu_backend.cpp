@@ -247,11 +247,7 @@ Linear CpuBackend::make_linear_float_int4(const View& w, QuantMode mode) {
                   "make_linear: {} weights cannot be quantized to {} (f32, f16 or bf16)", dtype_name(w.dtype),
                   quant_mode_name(mode));
     const int64_t n = w.dim(0), k = w.dim(1);
-    std::vector<float> wf(static_cast<size_t>(w.numel()));
-    convert_elements(w.data, w.dtype, wf.data(), DType::kF32, w.numel());
-    const Int4Weights q = quantize_weights_int4(wf.data(), n, k, kInt4Block);
-    wf = {};
-    return make_linear_int4(q.matrix(), mode);
+    return make_linear_int4(quantize_weights_int4(w.data, w.dtype, n, k, kInt4Block).matrix(), mode);
 }
 
 bool cpu_keeps_kquant() {

@@ -5,13 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <exception>
 #include <thread>
 #include <vector>
 
 #include "base/cuda_check.h"
 #include "base/log.h"
-#include "kernels/common/quantize.h"
+#include "kernels/common/quantize_rows.h"
 #include "kernels/cuda/gemm_lt.h"
 #if defined(LATTICE_HAVE_NCCL)
 #include "parallel/cuda/nccl_comm.h"
@@ -267,36 +266,28 @@ Linear CudaBackend::make_linear(const View& host_w, QuantMode mode) {
         sync();
         return lin;
     }
-    // int8 modes: symmetric per output channel (the CPU's formula), then the pre-quantized path. The
-    // rows are spread over the host's cores: a 70B-class layer holds 856 M weights (seconds on one).
+    // int8 modes: symmetric per output channel, the rows of kernels/common/quantize_rows.h (the CPU's bits, its
+    // refusal of a non-finite weight), then the pre-quantized path. The rows are spread over the host's cores:
+    // a 70B-class layer holds 856 M weights (seconds on one).
+    LATTICE_CHECK(host_w.dtype == DType::kF32 || host_w.dtype == DType::kF16 || host_w.dtype == DType::kBF16,
+                  "CudaBackend::make_linear: host weight dtype {} (expected f32, f16 or bf16)",
+                  dtype_name(host_w.dtype));
     std::vector<int8_t> q(size_t(n * k));
     std::vector<float> scales(static_cast<size_t>(n));
-    auto quantize_rows = [&](int64_t lo, int64_t hi) {
-        std::vector<float> buf(static_cast<size_t>(k));
-        for (int64_t i = lo; i < hi; ++i) {
-            host_row_f32(host_w, i, k, buf.data());
-            scales[size_t(i)] = quantize_row_int8(buf.data(), k, &q[size_t(i * k)]);  // same as the CPU
-        }
-    };
     const int64_t threads =
         std::clamp<int64_t>(n * k / (int64_t(1) << 22), 1, std::min<int64_t>(16, std::thread::hardware_concurrency()));
-    if (threads <= 1) {
-        quantize_rows(0, n);
-    } else {
-        std::vector<std::thread> pool;
-        std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
-        for (int64_t t = 0; t < threads; ++t)
-            pool.emplace_back([&, t] {
-                try {
-                    quantize_rows(n * t / threads, n * (t + 1) / threads);
-                } catch (...) {
-                    errors[size_t(t)] = std::current_exception();
-                }
-            });
-        for (auto& th : pool) th.join();
-        for (auto& e : errors)
-            if (e) std::rethrow_exception(e);
-    }
+    std::vector<int64_t> first_bad(size_t(threads), n);
+    auto rows = [&](int64_t t) {
+        first_bad[size_t(t)] = quantize_rows_int8(host_w.data, host_w.dtype, k, n * t / threads, n * (t + 1) / threads,
+                                                  q.data(), scales.data());
+    };
+    std::vector<std::thread> workers;
+    for (int64_t t = 1; t < threads; ++t) workers.emplace_back(rows, t);
+    rows(0);
+    for (auto& th : workers) th.join();
+    for (int64_t t = 0; t < threads; ++t)  // the ranges in order: the first bad range's first row is the matrix's
+        if (first_bad[size_t(t)] < n * (t + 1) / threads)
+            fail_non_finite_row(host_w.data, host_w.dtype, k, first_bad[size_t(t)], "CudaBackend::make_linear");
     return make_linear_int8(View::contiguous(q.data(), DType::kI8, {n, k}),
                             View::contiguous(scales.data(), DType::kF32, {n}), mode);
 }

@@ -41,11 +41,8 @@ Linear CudaBackend::make_linear_float_int4(const View& host_w, QuantMode mode) {
                   "CudaBackend::make_linear: {} weights cannot be quantized to {} (f32, f16 or bf16)",
                   dtype_name(host_w.dtype), quant_mode_name(mode));
     const int64_t n = host_w.shape[0], k = host_w.shape[1];
-    std::vector<float> wf(size_t(n * k));
-    convert_elements(host_w.data, host_w.dtype, wf.data(), DType::kF32, n * k);
-    const Int4Weights q = quantize_weights_int4(wf.data(), n, k, kInt4Block);  // the CPU backend's quantizer
-    wf = {};
-    return make_linear_int4(q.matrix(), mode);
+    // the CPU backend's quantizer, a row widened at a time
+    return make_linear_int4(quantize_weights_int4(host_w.data, host_w.dtype, n, k, kInt4Block).matrix(), mode);
 }
 
 Linear CudaBackend::make_linear_int4(const Int4Matrix& w, QuantMode mode) {

@@ -1,4 +1,4 @@
-// Quantization math (kernels/common/quantize.h, quantize_weights_per_channel): scale definition,
+// Quantization math (kernels/common/quantize.h, quantize_rows.h, quantize_weights_per_channel): scale definition,
 // round-trip error <= s/2, zero rows, rounding half away from zero, clamping, NaN, non-finite weights.
 #include <doctest/doctest.h>
 
@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "kernels/common/quantize.h"
+#include "kernels/common/quantize_rows.h"
 #include "kernels/cpu/int8_gemm_kernels.h"
 #include "tests/kernels/cpu/int8_test_util.h"
 
@@ -110,6 +111,31 @@ TEST_CASE("quantize_weights_per_channel from f16 / bf16 rows: the bits of the f3
     std::vector<float> s(2);
     const std::vector<int8_t> i8(4);
     CHECK_THROWS_AS(quantize_weights_per_channel(i8.data(), DType::kI8, 2, 2, q.data(), s.data()), Error);
+}
+
+TEST_CASE("quantize_rows_int8: a range's first non-finite row returned and skipped, the others quantized") {
+    std::mt19937 rng(6);
+    const int64_t n = 6, k = 40;
+    std::vector<float> w = random_f32(size_t(n * k), rng, 1.0f);
+    w[size_t(2 * k + 5)] = NAN;
+    w[size_t(4 * k + 39)] = -INFINITY;  // the last column: the exponent test covers the tail
+    std::vector<int8_t> q(w.size(), 99);
+    std::vector<float> s(size_t(n), -1.0f);
+    CHECK(quantize_rows_int8(w.data(), DType::kF32, k, 0, 2, q.data(), s.data()) == 2);  // none in [0, 2)
+    CHECK(quantize_rows_int8(w.data(), DType::kF32, k, 2, n, q.data(), s.data()) == 2);
+    CHECK(quantize_rows_int8(w.data(), DType::kF32, k, 3, n, q.data(), s.data()) == 4);
+    CHECK(s[2] == -1.0f);  // left as it was
+    CHECK(s[4] == -1.0f);
+    CHECK(q[size_t(2 * k)] == 99);
+    for (int64_t i : {0, 1, 3, 5}) {
+        std::vector<int8_t> ref(static_cast<size_t>(k));
+        CHECK(s[size_t(i)] == quantize_row_int8(w.data() + i * k, k, ref.data()));
+        CHECK(std::equal(ref.begin(), ref.end(), q.begin() + i * k));
+    }
+    CHECK_THROWS_WITH_AS(fail_non_finite_row(w.data(), DType::kF32, k, 4, "layer.7"),
+                         doctest::Contains("layer.7: non-finite weight -inf at [4, 39]"), Error);
+    CHECK_THROWS_WITH_AS(fail_non_finite_row(w.data(), DType::kF32, k, 1, "x"), doctest::Contains("only finite"),
+                         Error);
 }
 
 TEST_CASE("quantize_row_int8_avx2 is bit-identical to the scalar quantize (ties, NaN, tails, zero rows)") {

@@ -341,6 +341,30 @@ TEST_CASE("quantize_weights_int4: round trip within half a step, ties of the ran
     CHECK_THROWS_WITH_AS(quantize_weights_int4(huge.data(), 1, 2, 32), doctest::Contains("f16"), Error);
 }
 
+TEST_CASE("quantize_weights_int4 from f16 / bf16 rows: the bits of the widened f32 matrix's, errors at their element") {
+    std::mt19937 rng(12);
+    const int64_t n = 6, k = 96;
+    const std::vector<float> w = random_f32(size_t(n * k), rng, 0.05f);
+    for (DType dt : {DType::kF16, DType::kBF16}) {
+        INFO(dtype_name(dt));
+        std::vector<uint16_t> h(w.size());
+        std::vector<float> widened(w.size());
+        for (size_t i = 0; i < w.size(); ++i) {
+            h[i] = dt == DType::kF16 ? f32_to_f16(w[i]) : f32_to_bf16(w[i]);
+            widened[i] = dt == DType::kF16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
+        }
+        const Int4Weights a = quantize_weights_int4(h.data(), dt, n, k, 32);
+        const Int4Weights b = quantize_weights_int4(widened.data(), n, k, 32);
+        CHECK(a.qs == b.qs);
+        CHECK(a.d == b.d);
+        CHECK(a.m == b.m);
+        h[size_t(3 * k + 40)] = dt == DType::kF16 ? uint16_t(0x7C00) : uint16_t(0x7F80);  // +Inf
+        CHECK_THROWS_WITH_AS(quantize_weights_int4(h.data(), dt, n, k, 32), doctest::Contains("[3, 40]"), Error);
+    }
+    const std::vector<int8_t> i8(64);
+    CHECK_THROWS_WITH_AS(quantize_weights_int4(i8.data(), DType::kI8, 1, 64, 32), doctest::Contains("i8"), Error);
+}
+
 TEST_CASE("int4: bad weights and calls are refused with the culprit named") {
     ThreadPool pool(1);
     Int4Weights z(2, 64, 32, Int4Kind::kZeroPoint);
