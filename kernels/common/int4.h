@@ -19,12 +19,14 @@
 // K-quant super-blocks beside (Int4Weights::kq): a GGUF Q4_K / Q6_K linear also carries its own 256-column
 // super-blocks, rows in order, part after part; the group form above holds the same rows (Q4_K's scales rounded
 // to f16, Q6_K re-quantized to 4 bits) for every consumer that does not read K-quants (CUDA, AVX2, W4A16, a
-// converted checkpoint); the CPU's W4A8 packs the super-blocks themselves (kernels/cpu/int4_gemm.h).
+// converted checkpoint); the CPU's W4A8 packs the super-blocks themselves (kernels/cpu/int4_gemm.h), so a load for
+// it reads them alone (kquant_only: no group form made only to be dropped).
 #pragma once
 
 #include <cstdint>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "base/dtype.h"
@@ -79,6 +81,8 @@ struct Int4Matrix {
     const uint8_t* z = nullptr;     // [n][groups] zero points 0..16, kZeroPoint
     const int32_t* perm = nullptr;  // [k] input channel of each stored column, or null (identity)
     const std::vector<Int4KQuantPart>* kq = nullptr;  // the same rows as K-quant super-blocks, or null / empty
+    // kq only, no group form (Int4Weights::kquant_only): only the K-quant layout can pack it.
+    bool kquant_only() const { return !qs && kq && !kq->empty(); }
     int64_t k_padded() const { return (k + group - 1) / group * group; }
     int64_t groups() const { return k_padded() / group; }
 };
@@ -107,8 +111,8 @@ struct Int4Weights {
         w.k = k;
         w.group = group;
         w.kind = kind;
-        w.qs = qs.data();
-        w.d = d.data();
+        w.qs = qs.empty() ? nullptr : qs.data();
+        w.d = d.empty() ? nullptr : d.data();
         w.m = m.empty() ? nullptr : m.data();
         w.z = z.empty() ? nullptr : z.data();
         w.perm = perm.empty() ? nullptr : perm.data();
@@ -117,6 +121,15 @@ struct Int4Weights {
     }
     int64_t k_padded() const { return (k + group - 1) / group * group; }
     int64_t groups() const { return k_padded() / group; }
+    // Rows held as K-quant super-blocks only (TensorSource::read_kquant): kq, no group form (qs, d, m empty).
+    bool kquant_only() const { return qs.empty() && !kq.empty(); }
+    static Int4Weights kquant_rows(int64_t n_, int64_t k_, Int4KQuantPart part) {
+        Int4Weights w;
+        w.n = n_;
+        w.k = k_;
+        w.kq.push_back(std::move(part));
+        return w;
+    }
     // The nibble of stored column c of row r, and setting it.
     uint8_t nibble(int64_t r, int64_t c) const {
         const uint8_t b = qs[size_t(r * (k_padded() / 2) + c / kInt4Block * 16 + c % 16)];

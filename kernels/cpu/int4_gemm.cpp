@@ -53,7 +53,18 @@ bool int4_kquant_isa(IsaLevel isa) {
 }
 
 PackedInt4 pack_int4_weights(const Int4Matrix& w, IsaLevel isa, bool kquant) {
-    check_int4_matrix(w, "pack_int4_weights");
+    const bool kq = kquant && int4_kquant_isa(isa) && int4_detail::kq_packable(w);
+    if (w.kquant_only()) {  // super-blocks alone (read_kquant): the K-quant layout or nothing
+        LATTICE_CHECK(w.n > 0 && w.k > 0 && w.k <= kInt4MaxK && w.n <= (int64_t(1) << 31),
+                      "pack_int4_weights: K-quant weights of shape [{}, {}]", w.n, w.k);
+        LATTICE_CHECK(kq,
+                      "pack_int4_weights: weights given as K-quant super-blocks only, which the {} {} cannot "
+                      "pack (the K-quant layout needs W4A8 on the scalar or AVX-512 kernels, 256-column blocks, "
+                      "and every part but the last in whole panels of 16 rows)",
+                      isa_name(isa), kquant ? "kernels" : "W4A16 packing");
+    } else {
+        check_int4_matrix(w, "pack_int4_weights");
+    }
     LATTICE_CHECK(isa_supported(isa), "pack_int4_weights: ISA '{}' not supported by this CPU", isa_name(isa));
     PackedInt4 p;
     p.n = w.n;
@@ -64,7 +75,7 @@ PackedInt4 pack_int4_weights(const Int4Matrix& w, IsaLevel isa, bool kquant) {
     p.n_panels = (w.n + kInt8PanelN - 1) / kInt8PanelN;
     p.kind = w.kind;
     p.isa = isa;
-    if (kquant && int4_kquant_isa(isa) && int4_detail::kq_packable(w)) {
+    if (kq) {
         p.group = kInt4Block;
         p.k_padded = w.k;
         p.groups = w.k / kInt4Block;

@@ -281,6 +281,10 @@ public:
     virtual Linear make_linear_int4(const Int4Matrix& w, QuantMode mode) {
         LATTICE_FAIL("backend {} has no 4-bit weights ({} [{}, {}])", name(), quant_mode_name(mode), w.n, w.k);
     }
+    // Whether make_linear_int4 in W4A8 packs GGUF K-quant super-blocks as they are (Int4Matrix::kq) where a
+    // linear's parts allow (RankWeights::kquant_packed), so a load may read those linears as super-blocks alone
+    // (Int4Matrix::kquant_only). The CPU on its scalar and AVX-512 kernels; never CUDA.
+    virtual bool packs_kquant() const { return false; }
     // Prepares an int8 linear layer (kW8A16 / kW8A8) from weights already quantized symmetrically per
     // output channel: host_q i8 [n, k] row-major, host_scales f32 [n] (w ~= q * scale). Nothing is
     // quantized again: the layer equals make_linear of the float weights those came from (a converted

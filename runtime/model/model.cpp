@@ -198,7 +198,7 @@ void Model::load(const TensorSource& src) {
         }
         progress.tensors_done += 1;
         progress.elements_done += t.rows * t.cols;
-        HostTensor h = weights.read(t);
+        HostTensor h = weights.read(t, be_.packs_kquant());
         LayerWeights* L = t.layer >= 0 ? &layers_[size_t(t.layer - opt_.layer_begin)] : nullptr;
         switch (t.role) {
             case WeightRole::kEmbed:

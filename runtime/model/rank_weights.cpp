@@ -308,10 +308,13 @@ double RankWeights::resident_bytes(bool cuda, bool cpu_kquant) const {
     return w;
 }
 
+bool RankWeights::kquant_packed(const RankTensor& t, bool cuda, bool cpu_kquant) {
+    return !cuda && cpu_kquant && t.mode == QuantMode::kW4A8 && t.int4 && kquant_bytes(t) >= 0;
+}
+
 double RankWeights::tensor_bytes(const RankTensor& t, bool cuda, bool cpu_kquant) {
     const double n = double(t.rows) * double(t.cols);
-    const double kq = !cuda && cpu_kquant && t.mode == QuantMode::kW4A8 && t.int4 ? kquant_bytes(t) : -1;
-    if (kq >= 0) return kq;
+    if (kquant_packed(t, cuda, cpu_kquant)) return kquant_bytes(t);
     if (t.is_linear() && is_int4(t.mode)) {
         // kernels/cpu/int4_gemm.h: per channel and group G / 2 bytes of nibbles, an f16 d, and an f16 m or a
         // zero point (+ a pad byte) except for offset8; channels padded to 16. Float weights: affine G = 32.

@@ -104,7 +104,7 @@ struct HostTensor {
     std::vector<uint8_t> data;
     std::vector<float> scales;  // [rows] when dtype == kI8
     Int4Weights q4;             // 4-bit weights (RankTensor::int4)
-    bool int4() const { return !q4.qs.empty(); }
+    bool int4() const { return !q4.qs.empty() || q4.kquant_only(); }
     View view() {
         return vector ? View::contiguous(data.data(), dtype, {cols})
                       : View::contiguous(data.data(), dtype, {rows, cols});
@@ -117,7 +117,12 @@ public:
     // `opt` gives the rank (tp, tp_rank, layer range, stages), quantization and smoothing file.
     RankWeights(const TensorSource& src, const ModelOptions& opt);
     const std::vector<RankTensor>& tensors() const { return tensors_; }
-    HostTensor read(const RankTensor& t);
+    // `cpu_kquant`: the consumer is a CPU whose W4A8 packs K-quant super-blocks (as for resident_bytes): a linear
+    // it will pack so (kquant_packed) is read as its super-blocks alone (TensorSource::read_kquant: a Q6_K part
+    // not re-quantized to 4 bits, a Q4_K part not repacked, only for the group form to be dropped).
+    HostTensor read(const RankTensor& t, bool cpu_kquant = false);
+    // Whether a load packs t in the K-quant layout (what resident_bytes counts for it).
+    static bool kquant_packed(const RankTensor& t, bool cuda, bool cpu_kquant);
     // Takes back a tensor that read() returned once its contents are in the backend: the next read reuses its
     // buffer, so a load writes fresh memory (page faults, the kernel zeroing each page) for its largest float
     // tensor only, not for every one (the 1.1B model's W8A8 load faulted 4.4 GB of float reads; now ~0.3).
@@ -136,7 +141,7 @@ public:
 
 private:
     HostTensor read_rows(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType dtype);
-    HostTensor read_int4(const RankTensor& t);
+    HostTensor read_int4(const RankTensor& t, bool kquant_only);
     // A buffer of `bytes` for a read: the recycled one when there is one (its contents are overwritten).
     std::vector<uint8_t> take_buffer(size_t bytes);
     void plan_original();

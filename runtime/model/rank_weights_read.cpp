@@ -13,7 +13,7 @@
 
 #include "base/error.h"
 #include "kernels/common/int4_quantize.h"
-#include "kernels/common/quantize.h"
+#include "kernels/common/quantize_rows.h"
 #include "runtime/arch/architecture.h"
 #include "runtime/model/rank_weights.h"
 #include "runtime/model/rank_weights_internal.h"
@@ -109,7 +109,7 @@ HostTensor RankWeights::read_rows(const std::string& name, int64_t row0, int64_t
     return h;
 }
 
-HostTensor RankWeights::read(const RankTensor& t) {
+HostTensor RankWeights::read(const RankTensor& t, bool cpu_kquant) {
     HostTensor h;
     if (src_.prepared() && t.int4) {  // stored as this rank holds it: nothing sliced, fused or rounded
         h.dtype = DType::kU8;
@@ -129,7 +129,8 @@ HostTensor RankWeights::read(const RankTensor& t) {
         h.vector = t.vector;
         return h;
     }
-    if (t.int4) return read_int4(t);
+    // An embedding's table is gathered from the group form (a tied head's linear shares its read): read whole.
+    if (t.int4) return read_int4(t, t.role != WeightRole::kEmbed && kquant_packed(t, false, cpu_kquant));
     const ModelConfig& c = src_.config();
     const int64_t H = c.hidden, hd = c.head_dim;
     const ShardShape& s = shard_;
@@ -264,14 +265,15 @@ HostTensor RankWeights::read(const RankTensor& t) {
 }
 
 // A linear planned in 4 bits: the rank's slices of its parts (as read()'s float path slices them), stacked.
-HostTensor RankWeights::read_int4(const RankTensor& t) {
+HostTensor RankWeights::read_int4(const RankTensor& t, bool kquant_only) {
     const ModelConfig& c = src_.config();
     const int64_t H = c.hidden, hd = c.head_dim;
     const ShardShape& s = shard_;
     std::vector<Int4Weights> parts;
     auto part = [&](TensorRole role, int64_t row0, int64_t rows, int64_t col0, int64_t cols) {
         const std::string name = tensor_name(c, role, t.layer, t.expert);
-        parts.push_back(src_.read_int4(name, row0, rows, col0, cols));
+        parts.push_back(kquant_only ? src_.read_kquant(name, row0, rows, col0, cols)
+                                    : src_.read_int4(name, row0, rows, col0, cols));
         bytes_read_ += int4_bytes(parts.back());
     };
     switch (t.role) {
@@ -325,16 +327,11 @@ HostTensor quantize_per_channel(const HostTensor& w, const std::string& name) {
     q.vector = w.vector;
     q.data.resize(size_t(w.rows * w.cols));
     q.scales.resize(size_t(w.rows));
-    std::vector<float> row(size_t(w.cols));
-    const int64_t es = dtype_size(w.dtype);
-    for (int64_t i = 0; i < w.rows; ++i) {
-        convert_elements(w.data.data() + i * w.cols * es, w.dtype, row.data(), DType::kF32, w.cols);
-        for (int64_t j = 0; j < w.cols; ++j)
-            LATTICE_CHECK(std::isfinite(row[size_t(j)]), "quantize \"{}\": non-finite weight {} at [{}, {}]", name,
-                          row[size_t(j)], i, j);
-        q.scales[size_t(i)] =
-            quantize_row_int8(row.data(), w.cols, reinterpret_cast<int8_t*>(q.data.data()) + i * w.cols);
-    }
+    const std::string what = fmt::format("quantize \"{}\"", name);
+    if (const int64_t bad = quantize_rows_int8(w.data.data(), w.dtype, w.cols, 0, w.rows,
+                                               reinterpret_cast<int8_t*>(q.data.data()), q.scales.data());
+        bad < w.rows)
+        fail_non_finite_row(w.data.data(), w.dtype, w.cols, bad, what);
     return q;
 }
 
@@ -342,14 +339,12 @@ HostTensor quantize_int4(const HostTensor& w, const std::string& name) {
     if (w.int4()) return w;
     LATTICE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16,
                   "quantize \"{}\" to 4 bits: dtype {} is not float", name, dtype_name(w.dtype));
-    std::vector<float> f(size_t(w.rows * w.cols));
-    convert_elements(w.data.data(), w.dtype, f.data(), DType::kF32, w.rows * w.cols);
     HostTensor q;
     q.dtype = DType::kU8;
     q.rows = w.rows;
     q.cols = w.cols;
     try {
-        q.q4 = quantize_weights_int4(f.data(), w.rows, w.cols, kInt4Block);
+        q.q4 = quantize_weights_int4(w.data.data(), w.dtype, w.rows, w.cols, kInt4Block);
     } catch (const Error& e) {
         LATTICE_FAIL("quantize \"{}\" to 4 bits: {}", name, e.message());
     }

@@ -355,6 +355,15 @@ public:
         }
         return w;
     }
+    // Q4_K / Q6_K as their super-blocks alone (the raw read checks each block's scales finite); others read_int4.
+    Int4Weights read_kquant(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
+                            int64_t cols) const override {
+        const DType t = entry(name).info.dtype;
+        if (t != DType::kQ4_K && t != DType::kQ6_K) return read_int4(name, row0, rows, col0, cols);
+        std::vector<uint8_t> raw(size_t(dtype_bytes(t, rows * cols)));
+        read(name, row0, rows, col0, cols, t, raw.data());
+        return Int4Weights::kquant_rows(rows, cols, Int4KQuantPart{t, rows, std::move(raw)});
+    }
     std::vector<float> rope_freq_factors() const override { return freq_factors_; }
     std::vector<std::string> tensor_names() const override {
         std::vector<std::string> out = unmapped_;

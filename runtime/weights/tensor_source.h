@@ -82,6 +82,13 @@ public:
     // can only be read whole along its columns; a slice that breaks either is an Error naming the tensor.
     virtual Int4Weights read_int4(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
                                   int64_t cols) const;
+    // The same slice for a consumer that packs GGUF K-quant super-blocks as they are (the CPU's W4A8): a Q4_K or
+    // Q6_K tensor comes as its super-blocks only (Int4Weights::kq, kquant_only(): no group form, so a Q6_K is not
+    // re-quantized and a Q4_K not repacked for nothing); any other tensor as read_int4 gives it (the default).
+    virtual Int4Weights read_kquant(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
+                                    int64_t cols) const {
+        return read_int4(name, row0, rows, col0, cols);
+    }
     // Optional per-pair rope frequency divisors (GGUF rope_freqs.weight), empty if none.
     virtual std::vector<float> rope_freq_factors() const { return {}; }
     virtual std::string describe() const = 0;  // path and format, for logs and errors

@@ -63,6 +63,7 @@ public:
     Linear make_linear(const View& host_w, QuantMode mode) override;
     Linear make_linear_int8(const View& host_q, const View& host_scales, QuantMode mode) override;
     Linear make_linear_int4(const Int4Matrix& w, QuantMode mode) override;
+    bool packs_kquant() const override { return cpu_keeps_kquant(); }
     Buffer make_f32(const View& host) override;
     Buffer make_table(const View& host) override;
 

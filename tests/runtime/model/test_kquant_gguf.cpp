@@ -14,6 +14,7 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/cpu/int4_gemm.h"
 #include "parallel/plan_model.h"
 #include "runtime/builder/build.h"
 #include "runtime/builder/estimate.h"
@@ -60,6 +61,10 @@ public:
     Int4Weights read_int4(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
                           int64_t cols) const override {
         return inner_->read_int4(name, row0, rows, col0, cols);
+    }
+    Int4Weights read_kquant(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
+                            int64_t cols) const override {
+        return inner_->read_kquant(name, row0, rows, col0, cols);
     }
     std::vector<std::string> tensor_names() const override {
         std::vector<std::string> out;
@@ -131,6 +136,39 @@ TEST_CASE("K-quant GGUF: the plan reads Q4_K and Q6_K linears (q|k|v mixed) in t
     o.tp = 1;
     o.tp_rank = 0;
     CHECK(find(RankWeights(*s6, o), WeightRole::kWDown).dtype == DType::kF32);
+}
+
+TEST_CASE("K-quant GGUF: a read for a K-quant CPU gives the super-blocks alone, packed to the full read's bytes") {
+    auto src = open_model(k_file(test::KTypes{}, "test_kquant_alone.gguf"));
+    ModelOptions o;
+    o.quant = QuantMode::kW4A8;
+    o.quant_head = true;
+    RankWeights rw(*src, o);
+    int alone = 0;
+    for (const RankTensor& t : rw.tensors()) {
+        if (!t.int4) continue;
+        CAPTURE(t.name);
+        HostTensor full = rw.read(t, false), kq = rw.read(t, true);
+        const bool packed = RankWeights::kquant_packed(t, false, true);
+        CHECK(kq.q4.kquant_only() == (packed && t.role != WeightRole::kEmbed));
+        CHECK(kq.int4());
+        CHECK_FALSE(full.q4.kquant_only());
+        REQUIRE(full.q4.kq.size() == kq.q4.kq.size());
+        for (size_t i = 0; i < kq.q4.kq.size(); ++i) CHECK(full.q4.kq[i].blocks == kq.q4.kq[i].blocks);
+        if (!kq.q4.kquant_only()) continue;
+        ++alone;
+        CHECK(kq.q4.qs.empty());
+        // The scalar level runs the K-quant layout on every machine.
+        const PackedInt4 a = pack_int4_weights(full.q4.matrix(), IsaLevel::kScalar, true);
+        const PackedInt4 b = pack_int4_weights(kq.q4.matrix(), IsaLevel::kScalar, true);
+        CHECK(a.kq);
+        CHECK(b.kq);
+        CHECK(a.data == b.data);
+        CHECK(a.panel_q6 == b.panel_q6);
+        CHECK_THROWS_WITH_AS(pack_int4_weights(kq.q4.matrix(), IsaLevel::kScalar, false),
+                             doctest::Contains("K-quant super-blocks only"), Error);
+    }
+    CHECK(alone >= 3);  // o, gate|up, down at least (q|k|v and the head where their parts are whole panels)
 }
 
 TEST_CASE("K-quant GGUF: --quant auto picks 4-bit when most linear weights are Q4_K, 8-bit for Q6_K / Q5_K") {
