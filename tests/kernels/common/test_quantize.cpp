@@ -80,10 +80,7 @@ TEST_CASE("quantize_weights_per_channel from f16 / bf16 rows: the bits of the f3
     const std::vector<float> w = random_f32(size_t(n * k), rng, 0.5f);
     for (DType dt : {DType::kF16, DType::kBF16}) {
         INFO(dtype_name(dt));
-        std::vector<uint16_t> h(w.size());
-        for (size_t i = 0; i < w.size(); ++i) h[i] = dt == DType::kF16 ? f32_to_f16(w[i]) : f32_to_bf16(w[i]);
-        std::vector<float> widened(w.size());  // what the 16-bit rows hold, as f32
-        for (size_t i = 0; i < w.size(); ++i) widened[i] = dt == DType::kF16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
+        auto [h, widened] = round_to_16bit(w, dt);  // the 16-bit rows, and what they hold as f32
         std::vector<int8_t> q(w.size()), q_ref(w.size());
         std::vector<float> s(static_cast<size_t>(n)), s_ref(static_cast<size_t>(n));
         quantize_weights_per_channel(h.data(), dt, n, k, q.data(), s.data());

@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "base/dtype.h"
 #include "kernels/cpu/int8_gemm.h"
 
 namespace lattice::test {
@@ -34,6 +35,20 @@ inline std::vector<float> random_f32(size_t n, std::mt19937& rng, float scale = 
     std::vector<float> v(n);
     for (auto& x : v) x = d(rng);
     return v;
+}
+
+// w rounded to f16 or bf16 (`dt`): the 16-bit values, and what they hold widened back to f32.
+struct Rounded16 {
+    std::vector<uint16_t> bits;
+    std::vector<float> widened;
+};
+inline Rounded16 round_to_16bit(const std::vector<float>& w, DType dt) {
+    Rounded16 r{std::vector<uint16_t>(w.size()), std::vector<float>(w.size())};
+    for (size_t i = 0; i < w.size(); ++i) {
+        r.bits[i] = dt == DType::kF16 ? f32_to_f16(w[i]) : f32_to_bf16(w[i]);
+        r.widened[i] = dt == DType::kF16 ? f16_to_f32(r.bits[i]) : bf16_to_f32(r.bits[i]);
+    }
+    return r;
 }
 
 inline bool any_nonzero(const std::vector<int8_t>& v) {

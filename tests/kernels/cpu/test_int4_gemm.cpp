@@ -347,12 +347,7 @@ TEST_CASE("quantize_weights_int4 from f16 / bf16 rows: the bits of the widened f
     const std::vector<float> w = random_f32(size_t(n * k), rng, 0.05f);
     for (DType dt : {DType::kF16, DType::kBF16}) {
         INFO(dtype_name(dt));
-        std::vector<uint16_t> h(w.size());
-        std::vector<float> widened(w.size());
-        for (size_t i = 0; i < w.size(); ++i) {
-            h[i] = dt == DType::kF16 ? f32_to_f16(w[i]) : f32_to_bf16(w[i]);
-            widened[i] = dt == DType::kF16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
-        }
+        auto [h, widened] = round_to_16bit(w, dt);
         const Int4Weights a = quantize_weights_int4(h.data(), dt, n, k, 32);
         const Int4Weights b = quantize_weights_int4(widened.data(), n, k, 32);
         CHECK(a.qs == b.qs);
