@@ -10,17 +10,16 @@ prompt scoring with an adapter (echo + logprobs, prompt_logprobs, `lattice score
 4. `lattice serve --max-loras 1` (when the build has it): echo under b16 and prompt_logprobs under a4 give the
    batch's values.
 Usage: test_lora_fronts.py LATTICE_BINARY SHARED_DIR SOURCE_DIR   (exit 0: pass)"""
-import http.client
 import json
 import math
 import os
-import re
-import signal
 import struct
 import subprocess
 import sys
 import tempfile
-import time
+
+import serve_harness
+from serve_harness import check, fails
 
 lattice, shared, source = sys.argv[1], sys.argv[2], sys.argv[3]
 base = os.path.join(shared, "golden", "tiny-llama2")
@@ -28,13 +27,6 @@ fixtures = os.path.join(source, "tests", "runtime", "model", "lora", "tiny-llama
 loras = [f"{a}={os.path.join(fixtures, a)}" for a in ("a4", "b16")]
 PROMPT = [1, 5, 9, 12, 40]
 N = 6
-fails = []
-
-
-def check(ok, what):
-    if not ok:
-        fails.append(what)
-        print("FAILED:", what)
 
 
 def lora_flags():
@@ -84,35 +76,11 @@ def score_logprobs(tmp, ids, lora):
 
 def serve_check(ids, want):
     """`lattice serve --max-loras 1`: echo under b16, prompt_logprobs under a4, against the batch's values."""
-    p = subprocess.Popen([lattice, "serve", "--model", base, *lora_flags(), "--max-loras", "1", "--port", "0"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    s = serve_harness.Server([lattice, "serve", "--model", base, *lora_flags(), "--max-loras", "1", "--port", "0"],
+                             ready_s=120)
     try:
-        port = None
-        for line in p.stdout:
-            m = re.match(r"lattice serve: listening on http://127\.0\.0\.1:(\d+)$", line.strip())
-            if m:
-                port = int(m.group(1))
-                break
-        check(port is not None, "serve: no port")
-        if port is None:
-            return
-
-        def request(method, path, body=None):
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-                c.request(method, path, body=json.dumps(body) if body is not None else None)
-                r = c.getresponse()
-                text = r.read().decode()
-                return r.status, json.loads(text) if path != "/health" else text
-            except OSError:
-                return 0, {}
-
-        deadline = time.time() + 120
-        while request("GET", "/health")[0] != 200 and time.time() < deadline and p.poll() is None:
-            time.sleep(0.05)
-
         def post(body):
-            return request("POST", "/v1/completions", body)
+            return s.request_json("POST", "/v1/completions", body, timeout=120)
 
         st, b = post({"model": "b16", "prompt": ids["b16"], "max_tokens": 0, "echo": True, "logprobs": 1})
         check(st == 200, f"serve echo b16: {st} {b}")
@@ -126,13 +94,9 @@ def serve_check(ids, want):
             got = [next(v["logprob"] for k, v in pl[i].items() if int(k) == ids["a4"][i])
                    for i in range(len(PROMPT), len(ids["a4"]))]
             check(close(got, want["a4"]), f"serve prompt_logprobs a4: {got} vs {want['a4']}")
+        print("serve --max-loras 1: echo under b16 and prompt_logprobs under a4 checked", flush=True)
     finally:
-        os.killpg(p.pid, signal.SIGTERM)
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        s.stop(what="serve --max-loras 1")
 
 
 def main():

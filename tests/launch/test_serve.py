@@ -28,17 +28,15 @@ every output is checked against `lattice generate` or the golden continuations:
      advertises a max_model_len the cache holds and a chat without max_tokens runs.
   5. (part "fronts") the same three requests (ended by length, by a stop string, a chat) through
      `generate --json`, `batch` and serve give the same ids, text, finish reason and usage.
-Without the openai package the same requests and checks go through http.client (Api below), so the test
+Without the openai package the same requests and checks go through http.client (serve_harness.Api), so the test
 never skips for want of it. Every server runs in its own process group and is killed (group and all) when
 the test fails or stops; each wait is bounded.
   8. (part "drain") a chat template render of seconds (tiny-llama2, a small tokenizer): /health and /metrics
      answer while it runs; SIGTERM during it interrupts it (503) and the server exits 0 within --drain-seconds.
 Usage: test_serve.py LATTICE_BINARY MODEL_GGUF SHARED_DIR [api|choices|structured|fronts|drain|all]   (exit 0: pass)"""
-import atexit
 import http.client
 import json
 import os
-import queue
 import re
 import signal
 import socket
@@ -49,12 +47,8 @@ import threading
 import time
 import traceback
 
-from serve_bodies import path_leak
-
-try:
-    import openai
-except ImportError:
-    openai = None
+import serve_harness
+from serve_harness import ApiError, check, cleanup, finish, openai
 
 lattice, builtin, shared = sys.argv[1], sys.argv[2], sys.argv[3]
 # api: sections 1-4; choices: section 6; fronts: section 5 (CTest runs them as three tests: api and fronts
@@ -63,208 +57,18 @@ lattice, builtin, shared = sys.argv[1], sys.argv[2], sys.argv[3]
 PART = sys.argv[4] if len(sys.argv) > 4 else "all"
 golden = os.path.join(shared, "golden", "tiny-llama2")
 KEY = "test-key-0123456789"
-fails = []
 
 
-def check(ok, what):
-    if not ok:
-        fails.append(what)
-        print("FAILED:", what, flush=True)
-    return ok
-
-
-servers = []  # every process started, for the cleanup
-
-
-def cleanup():
-    for p in servers:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)  # mpirun and its ranks too
-            except OSError:
-                pass
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-
-
-atexit.register(cleanup)
-
-
-class Server:
-    """A `lattice serve` process (or an mpirun of them); reads the bound port from its stdout."""
+class Server(serve_harness.Server):
+    """`lattice serve --port 0` with `args` (or `cmd` as given), its error bodies scanned for the models' paths."""
 
     def __init__(self, args, mpirun_np=0, env=None, cmd=None):
-        cmd = cmd or [lattice, "serve", "--port", "0", "--comm-timeout", "30"] + args
-        if mpirun_np:
-            mpi = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(mpirun_np)]
-            if os.geteuid() == 0:
-                mpi.append("--allow-run-as-root")
-            cmd = mpi + cmd
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                  start_new_session=True)
-        servers.append(self.p)
-        self.err = []
-        self.err_reader = threading.Thread(target=lambda: self.err.extend(self.p.stderr), daemon=True)
-        self.err_reader.start()
-        lines = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(l) for l in self.p.stdout] + [lines.put(None)], daemon=True).start()
-        self.port = None
-        deadline = time.time() + 120
-        while time.time() < deadline and self.port is None:
-            try:
-                line = lines.get(timeout=max(0.1, deadline - time.time()))
-            except queue.Empty:
-                break
-            if line is None:
-                break
-            m = re.match(r"lattice serve: listening on http://127\.0\.0\.1:(\d+)$", line.strip())
-            if m:
-                self.port = int(m.group(1))
-        if self.port is None:
-            cleanup()
-            raise SystemExit(f"server did not say where it listens: {' '.join(cmd)}\n{''.join(self.err[-20:])}")
-        deadline = time.time() + 300
-        while time.time() < deadline and self.p.poll() is None:
-            if self.request("GET", "/health", timeout=30)[0] == 200:
-                return
-            time.sleep(0.1)
-        cleanup()
-        raise SystemExit(f"server never became ready: {''.join(self.err[-20:])}")
-
-    def request(self, method, path, body=None, headers=None, raw=None, timeout=300):
-        """(status, headers dict, body text); status 0 when the connection failed."""
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-            data = raw if raw is not None else (json.dumps(body) if body is not None else None)
-            c.request(method, path, body=data, headers=headers or {})
-            r = c.getresponse()
-            out = (r.status, dict(r.getheaders()), r.read().decode())
-            c.close()
-            if out[0] >= 400:  # no error body shows a server path (serve_bodies.py)
-                leak = path_leak(out[2], (builtin, golden))
-                check(not leak, f"{method} {path}: {out[0]} body shows the server path {leak!r}: {out[2][:200]}")
-            return out
-        except OSError:
-            return 0, {}, ""
-
-    def stream(self, path, body, headers=None):
-        """The parsed events of a streamed response ("[DONE]" kept as a string)."""
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
-        c.request("POST", path, body=json.dumps(body), headers=headers or {})
-        r = c.getresponse()
-        check(r.status == 200 and r.getheader("Content-Type") == "text/event-stream", f"stream status {r.status}")
-        events = []
-        for line in r:
-            line = line.decode().rstrip("\n")
-            if line.startswith("data: "):
-                events.append("[DONE]" if line == "data: [DONE]" else json.loads(line[6:]))
-        c.close()
-        return events
-
-    def metrics(self):
-        st, _, text = self.request("GET", "/metrics")
-        out = {}
-        for line in text.splitlines():
-            m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$", line)
-            if m:
-                # lattice: metrics (vLLM's names) carry only the model_name label: keyed by the bare name.
-                labels = m.group(2) or ""
-                key = m.group(1) if labels.startswith('{model_name="') and "," not in labels else m.group(1) + labels
-                out[key] = float(m.group(3))
-        return out
-
-    def wait(self):
-        try:
-            rc = self.p.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.p.pid, signal.SIGKILL)
-            self.p.wait(timeout=30)
-            rc = "hung"
-        self.err_reader.join(timeout=10)
-        return rc
-
-    def wait_metrics(self, pred, limit=120):
-        """Polls /metrics until pred(metrics) holds or `limit` seconds pass; returns the last metrics."""
-        deadline = time.time() + limit
-        while True:
-            m = self.metrics()
-            try:
-                if pred(m):
-                    return m
-            except KeyError:
-                pass
-            if time.time() > deadline:
-                return m
-            time.sleep(0.05)
-
-    def stop(self, sig=signal.SIGTERM, what="server"):
-        self.p.send_signal(sig)
-        rc = self.wait()
-        check(rc == 0, f"{what}: exit status after signal {sig}: {rc}: {''.join(self.err[-10:])}")
+        super().__init__(cmd or [lattice, "serve", "--port", "0", "--comm-timeout", "30"] + args, mpirun_np, env,
+                         leak_paths=(builtin, golden))
 
 
-class ApiError(Exception):
-    def __init__(self, status, message):
-        super().__init__(f"{status}: {message}")
-        self.status, self.message = status, message
-
-
-class Api:
-    """Completions, chat and models through the official openai client when it is installed, else through
-    http.client; either way the results are plain dicts in OpenAI's shapes (streams: the list of chunks)
-    and refusals raise ApiError(status, message)."""
-
-    def __init__(self, port, key):
-        self.port, self.key = port, key
-        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key or "none", max_retries=0,
-                                    timeout=300) if openai else None
-
-    def create(self, what, extra_body=None, **kw):
-        if self.client:
-            api = self.client.completions if what == "completions" else self.client.chat.completions
-            try:
-                r = api.create(**kw, extra_body=extra_body)
-                return [c.model_dump() for c in r] if kw.get("stream") else r.model_dump()
-            except openai.APIStatusError as e:
-                leak = path_leak(json.dumps(e.body), (builtin, golden))
-                check(not leak, f"{what}: {e.status_code} body shows the server path {leak!r}")
-                raise ApiError(e.status_code, e.message)
-        body = dict(kw, **(extra_body or {}))
-        path = "/v1/completions" if what == "completions" else "/v1/chat/completions"
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
-        try:
-            c.request("POST", path, body=json.dumps(body), headers={"Authorization": f"Bearer {self.key}",
-                                                                     "Content-Type": "application/json"})
-            r = c.getresponse()
-            if r.status != 200:
-                text = r.read().decode()
-                leak = path_leak(text, (builtin, golden))
-                check(not leak, f"{what}: {r.status} body shows the server path {leak!r}")
-                raise ApiError(r.status, json.loads(text)["error"]["message"])
-            if not kw.get("stream"):
-                return json.loads(r.read())
-            data = [l.decode().rstrip("\n")[6:] for l in r if l.startswith(b"data: ")]
-            check(data and data[-1] == "[DONE]", f"stream without [DONE]: {data[-1:]}")
-            return [json.loads(d) for d in data if d != "[DONE]"]
-        finally:
-            c.close()
-
-    def models(self):
-        if self.client:
-            try:
-                return [m.id for m in self.client.models.list().data]
-            except openai.APIStatusError as e:
-                raise ApiError(e.status_code, e.message)
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
-        c.request("GET", "/v1/models", headers={"Authorization": f"Bearer {self.key}"})
-        r = c.getresponse()
-        body = r.read()
-        c.close()
-        if r.status != 200:
-            raise ApiError(r.status, json.loads(body)["error"]["message"])
-        return [m["id"] for m in json.loads(body)["data"]]
+def Api(port, key):
+    return serve_harness.Api(port, key, leak_paths=(builtin, golden))
 
 
 def generate(model, args, mpirun=None):
@@ -951,5 +755,4 @@ except Exception:
     check(False, "exception")
 finally:
     cleanup()
-print(f"{'FAILED: ' + str(len(fails)) if fails else 'all passed'}")
-sys.exit(1 if fails else 0)
+finish()

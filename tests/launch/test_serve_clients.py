@@ -21,17 +21,15 @@ import http.client
 import json
 import math
 import os
-import queue
-import re
-import signal
 import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
+import serve_harness
 from serve_bodies import path_leak
+from serve_harness import check, finish
 
 try:
     import openai
@@ -44,67 +42,24 @@ except ImportError:
 
 lattice, model = sys.argv[1], os.path.abspath(sys.argv[2])
 NAME = os.path.basename(model)
-fails = []
 bodies_4xx = []  # (what, body) of every refusal seen
 
 
-def check(ok, what):
-    if not ok:
-        fails.append(what)
-        print("FAILED:", what, flush=True)
-    return ok
+class Server(serve_harness.Server):
+    """`lattice serve` of the model; every refusal's body kept in bodies_4xx for the scan at the end."""
 
-
-class Server:
     def __init__(self):
-        cmd = [lattice, "serve", "--model", model, "--port", "0", "--threads", "2", "--kv-cache-gb", "0.2"]
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        self.err = []
-        threading.Thread(target=lambda: self.err.extend(self.p.stderr), daemon=True).start()
-        lines = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(l) for l in self.p.stdout] + [lines.put(None)], daemon=True).start()
-        self.port = None
-        while self.port is None:
-            line = lines.get(timeout=120)
-            if line is None:
-                raise SystemExit(f"serve exited: {''.join(self.err[-20:])}")
-            m = re.match(r"lattice serve: listening on http://127\.0\.0\.1:(\d+)$", line.strip())
-            self.port = int(m.group(1)) if m else None
-        deadline = time.time() + 120
-        while self.request("GET", "/health")[0] != 200:
-            check(time.time() < deadline, "serve never became ready") or sys.exit(1)
-            time.sleep(0.05)
+        super().__init__([lattice, "serve", "--model", model, "--port", "0", "--threads", "2", "--kv-cache-gb", "0.2"],
+                         ready_s=120)
 
-    def request(self, method, path, body=None):
-        """(status, parsed JSON body or text); 4xx bodies are kept for the path scan."""
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
-            c.request(method, path, body=json.dumps(body) if body is not None else None,
-                      headers={"Content-Type": "application/json"})
-            r = c.getresponse()
-            text = r.read().decode()
-            c.close()
-        except OSError:
-            return 0, ""
-        if r.status >= 400:
-            bodies_4xx.append((f"{method} {path}", text))
-        try:
-            return r.status, json.loads(text)
-        except ValueError:
-            return r.status, text
+    def scan(self, what, status, body):
+        if status >= 400:
+            bodies_4xx.append((what, body))
 
     def post(self, path, body):
-        st, j = self.request("POST", path, body)
+        st, j = self.request_json("POST", path, body)
         check(st == 200, f"{path} {json.dumps(body)[:200]}: status {st}: {str(j)[:300]}")
         return j
-
-    def stop(self):
-        self.p.send_signal(signal.SIGTERM)
-        try:
-            check(self.p.wait(timeout=60) == 0, "serve: exit status after SIGTERM")
-        except subprocess.TimeoutExpired:
-            os.killpg(self.p.pid, signal.SIGKILL)
-            check(False, "serve did not stop")
 
 
 TMP = tempfile.TemporaryDirectory()
@@ -162,9 +117,8 @@ def lm_eval_parse_logprobs(out, ctxlens):
 
 def lm_eval_section(s):
     t0 = time.time()
-    base = f"http://127.0.0.1:{s.port}"
     # The remote tokenizer lm-eval probes: /tokenizer_info with eos_token, /tokenize, /detokenize.
-    st, info = s.request("GET", "/tokenizer_info")
+    st, info = s.request_json("GET", "/tokenizer_info")
     check(st == 200 and "eos_token" in info and info["chat_template"], f"/tokenizer_info: {str(info)[:200]}")
     text = "Question: What is the capital of France?\nAnswer: Paris is the capital of France"
     ids = s.post("/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"]
@@ -208,7 +162,7 @@ def lm_eval_section(s):
 
 
 def endpoints_section(s):
-    st, v = s.request("GET", "/version")
+    st, v = s.request_json("GET", "/version")
     check(st == 200 and isinstance(v.get("version"), str) and v["version"], f"/version: {v}")
     msgs = [{"role": "user", "content": "Name three colors."}]
     tok = s.post("/tokenize", {"messages": msgs, "return_token_strs": True})
@@ -217,7 +171,7 @@ def endpoints_section(s):
           and tok["max_model_len"] > 0, f"/tokenize messages: {tok} vs usage {chat['usage']}")
     for path, body, want in (("/tokenize", {"prompt": 5}, 400), ("/tokenize", {"prompt": "x", "model": "nope"}, 404),
                              ("/detokenize", {"tokens": [-1]}, 400), ("/detokenize", {}, 400)):
-        st, _ = s.request("POST", path, body)
+        st, _ = s.request_json("POST", path, body)
         check(st == want, f"{path} {body}: {st}, want {want}")
     # prompt_logprobs: completions per choice, chat at the top; [null, {id: {logprob, rank, decoded_token}}...].
     c = s.post("/v1/completions", {"prompt": "The sky is blue", "max_tokens": 1, "temperature": 0, "prompt_logprobs": 2})
@@ -352,7 +306,7 @@ def start_batch():
 def batch_section(s, batch):
     t0 = time.time()
     cases = bodies()
-    serve_out = {cid: s.request("POST", url, body) for cid, url, body in cases}
+    serve_out = {cid: s.request_json("POST", url, body) for cid, url, body in cases}
     finished(batch[0], "lattice batch")
     recs = {}
     for line in open(batch[1]):
@@ -392,5 +346,4 @@ for what, body in bodies_4xx:
     leak = path_leak(body, [model])
     check(not leak, f"{what}: the error body shows the server path {leak!r}: {body[:300]}")
 print(f"{len(bodies_4xx)} error bodies scanned for server paths; {time.time() - t0:.1f} s in all")
-print(f"{'FAILED: ' + str(len(fails)) if fails else 'all passed'}")
-sys.exit(1 if fails else 0)
+finish()
