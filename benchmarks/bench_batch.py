@@ -23,27 +23,16 @@ markdown table."""
 import argparse
 import json
 import os
-import platform
 import random
-import re
 import subprocess
 import sys
 import tempfile
 import time
 
+from bench_common import machine_info, sh
+
 here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.dirname(here)
-
-
-def sh(cmd, **kw):
-    return subprocess.run(cmd, capture_output=True, text=True, **kw)
-
-
-def machine():
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(),
-            "load_1min": os.getloadavg()[0],
-            "commit": sh(["git", "-C", root, "rev-parse", "--short", "HEAD"]).stdout.strip()}
 
 
 def llama_batched(binary, model, n, threads):
@@ -113,7 +102,7 @@ def main():
             r["decode_vs_single"] = r["lattice"]["decode_tokens_per_s"] / one["lattice"]["decode_tokens_per_s"]
     doc = {"benchmark": "batch", "model": f"{os.path.basename(a.model)} ({a.preset} random, q8_0 GGUF)",
            "threads": a.threads,
-           "workload": "N requests x (128 prompt + 64 new tokens)", "machine": machine(), "rows": rows,
+           "workload": "N requests x (128 prompt + 64 new tokens)", "machine": machine_info(root), "rows": rows,
            "llama_cpp_bin": llama_bin or None}
     os.makedirs(a.out, exist_ok=True)
     name = "batch.json" if a.preset == "tinyllama-1.1b" else f"batch_{a.preset}.json"

@@ -32,7 +32,6 @@ markdown table."""
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -40,21 +39,10 @@ import sys
 import tempfile
 import time
 
+from bench_common import machine_info, sh
+
 here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.dirname(here)
-
-
-def sh(cmd, **kw):
-    return subprocess.run(cmd, capture_output=True, text=True, **kw)
-
-
-def machine():
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
-    return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(),
-            "isa": [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni") if f in flags],
-            "commit": sh(["git", "-C", root, "rev-parse", "--short", "HEAD"]).stdout.strip(),
-            "git_dirty": bool(sh(["git", "-C", root, "status", "--porcelain"]).stdout.strip())}
 
 
 def model_files(names, cache, quantize):
@@ -265,7 +253,7 @@ def run_all(a):
               f"{min(loads):.1f}-{max(loads):.1f} |")
     os.makedirs(a.out, exist_ok=True)
     out = os.path.join(a.out, a.name + ".json")
-    json.dump({"bench": "int4_decode", "machine": machine(), "tokens": a.tokens, "short_tokens": a.short_tokens,
+    json.dump({"bench": "int4_decode", "machine": machine_info(root), "tokens": a.tokens, "short_tokens": a.short_tokens,
                "threads": a.threads, "busy_processes": a.busy, "date": time.strftime("%Y-%m-%d %H:%M %Z"),
                "rounds": a.rounds, "llama_bench": llama, "summary": summary, "runs": runs}, open(out, "w"), indent=2)
     print(f"wrote {out}", file=sys.stderr)

@@ -19,7 +19,6 @@ Prints a markdown table and writes JSON (default benchmarks/results/load.json)."
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -27,27 +26,10 @@ import subprocess
 import sys
 import time
 
+from bench_common import machine_info, mpirun_prefix, sh
+
 here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.dirname(here)
-
-
-def sh(cmd, **kw):
-    return subprocess.run(cmd, capture_output=True, text=True, **kw)
-
-
-def machine():
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(), "load_1min": os.getloadavg()[0],
-            "commit": sh(["git", "-C", root, "rev-parse", "--short", "HEAD"]).stdout.strip()}
-
-
-def mpirun(np_):
-    if np_ == 1:
-        return []
-    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np_)]
-    if os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    return cmd
 
 
 def drop_caches():
@@ -63,7 +45,7 @@ def dir_bytes(d):
 def first_token(lattice, model, tp, threads, stats, cold):
     if cold:
         drop_caches()
-    cmd = mpirun(tp) + [lattice, "generate", "--model", model, "--quant", "w8a8", "--tp", str(tp), "--threads",
+    cmd = (mpirun_prefix(tp) if tp > 1 else []) + [lattice, "generate", "--model", model, "--quant", "w8a8", "--tp", str(tp), "--threads",
                         str(threads), "--prompt-ids", "1,2,3,4", "--max-new-tokens", "1", "--ignore-eos",
                         "--print-ids", "--stats-json", stats]
     t0 = time.perf_counter()
@@ -101,14 +83,14 @@ def main():
     if not os.path.exists(os.path.join(hf, "model.safetensors")):
         subprocess.run([sys.executable, os.path.join(here, "tools", "make_random_hf.py"), "--out", hf, "--shape",
                         shape, "--dtype", "bf16"], check=True)
-    result = {"benchmark": "load", "shape": shape, "machine": machine(), "threads_per_rank": a.threads,
+    result = {"benchmark": "load", "shape": shape, "machine": machine_info(root), "threads_per_rank": a.threads,
               "cache": "cold" if a.cold else "warm", "runs": runs, "checkpoint_bytes": dir_bytes(hf),
               "conversions": {}, "rows": []}
     for tp in tps:
         conv = os.path.join(work, f"w8a8-tp{tp}")
         if os.path.exists(conv):
             shutil.rmtree(conv)
-        cmd = mpirun(tp) + [lattice, "convert", "--model", hf, "--out", conv, "--tp", str(tp), "--quant", "w8a8",
+        cmd = (mpirun_prefix(tp) if tp > 1 else []) + [lattice, "convert", "--model", hf, "--out", conv, "--tp", str(tp), "--quant", "w8a8",
                             "--progress", "none"]
         t0 = time.perf_counter()
         p = sh(cmd)

@@ -36,6 +36,8 @@ import sys
 import time
 import uuid
 
+from bench_common import cores, first_line, log, machine_info, mpirun_prefix, sh
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCHEMA = "lattice-bench/1"
@@ -44,67 +46,22 @@ PRESET_VOCAB = {"tinyllama-1.1b": 32000, "llama-2-7b": 32000, "llama-2-13b": 320
                 "llama-3-8b": 128256, "llama-3-70b": 128256, "mixtral-8x7b": 32000, "mixtral-tiny-8x1.1b": 32000}
 
 
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
-
-
-def sh(cmd, timeout=30, **kw):
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return subprocess.CompletedProcess(cmd, 127, "", str(e))
-
-
-def first_line(text):
-    return next((l.strip() for l in text.splitlines() if l.strip()), "")
-
-
-def cores():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-# ---- the context every point carries ----------------------------------------------------------
-
-def machine_info():
-    info = {"cpu": "?", "cores": cores(), "logical_cpus": os.cpu_count(), "kernel": platform.release(),
-            "hostname": platform.node()}
-    try:
-        cpu = open("/proc/cpuinfo").read()
-        field = lambda k: next((l.split(":", 1)[1].strip() for l in cpu.splitlines() if l.startswith(k)), None)
-        info["cpu"] = field("model name") or "?"
-        info["cpu_family_model"] = f"{field('cpu family')}/{field('model')}"
-        flags = set((field("flags") or "").split())
-        info["isa"] = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8") if f in flags]
-    except OSError:
-        pass
-    try:
-        kb = int(re.search(r"MemTotal:\s+(\d+)", open("/proc/meminfo").read()).group(1))
-        info["mem_gib"] = round(kb / 1048576, 1)
-    except (OSError, AttributeError):
-        pass
-    info["load_1min"] = round(os.getloadavg()[0], 2)
-    return info
-
-
 def compiler_version(build):
     try:
         cache = open(os.path.join(build, "CMakeCache.txt")).read()
         cxx = re.search(r"^CMAKE_CXX_COMPILER:\w+=(.*)$", cache, re.M).group(1).strip()
-        return first_line(sh([cxx, "--version"]).stdout)
+        return first_line(sh([cxx, "--version"], timeout=30).stdout)
     except (OSError, AttributeError):
         return None
 
 
 def version_info(args):
     lattice = lattice_bin(args)
-    v = {"lattice": first_line(sh([lattice, "--version"]).stdout) or None,
+    v = {"lattice": first_line(sh([lattice, "--version"], timeout=30).stdout) or None,
          "compiler": compiler_version(args.build),
-         "mpirun": first_line(sh(["mpirun", "--version"]).stdout) or None,
+         "mpirun": first_line(sh(["mpirun", "--version"], timeout=30).stdout) or None,
          "python": platform.python_version()}
-    v["git_dirty"] = bool(sh(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"]).stdout.strip())
+    v["git_dirty"] = bool(sh(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"], timeout=30).stdout.strip())
     return v
 
 
@@ -120,7 +77,7 @@ class Recorder:
         self.run_id = uuid.uuid4().hex[:12]
         self.machine = machine_info()
         self.versions = version_info(args)
-        self.commit = sh(["git", "-C", ROOT, "rev-parse", "HEAD"]).stdout.strip() or None
+        self.commit = sh(["git", "-C", ROOT, "rev-parse", "HEAD"], timeout=30).stdout.strip() or None
         self.failures = 0
         self.count = 0
 
@@ -184,13 +141,6 @@ def mpi_env():
     env = dict(os.environ)
     env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
     return env
-
-
-def mpirun_prefix(np_):
-    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np_)]
-    if os.geteuid() == 0:
-        cmd.insert(1, "--allow-run-as-root")
-    return cmd
 
 
 def launcher_prefix(spec, np_, tp, pp):
@@ -273,7 +223,7 @@ def bench_gemm(args, rec):
 
 def gpu_present():
     if shutil.which("nvidia-smi"):
-        return sh(["nvidia-smi", "-L"]).returncode == 0
+        return sh(["nvidia-smi", "-L"], timeout=30).returncode == 0
     return os.path.exists("/dev/nvidia0")
 
 
@@ -927,7 +877,7 @@ def plot_main(d, plots, missing_ok=False):
     except ImportError:
         venv_py = os.path.join(ROOT, ".venv", "bin", "python3")
         if os.path.exists(venv_py) and os.path.realpath(sys.executable) != os.path.realpath(venv_py) \
-                and sh([venv_py, "-c", "import matplotlib"]).returncode == 0:
+                and sh([venv_py, "-c", "import matplotlib"], timeout=30).returncode == 0:
             cmd = [venv_py, os.path.abspath(__file__), "plot", d] + (["--plots", plots] if plots else [])
             return subprocess.call(cmd)
         print("run.py: matplotlib is not installed: run scripts/setup.sh --bench (installs it into .venv/), then "

@@ -37,7 +37,7 @@ here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.dirname(here)
 sys.path.insert(0, here)
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-from bench_batch import machine  # noqa: E402  (one home for the machine description)
+from bench_common import machine_info  # noqa: E402  (one home for the machine description)
 
 procs = []
 
@@ -217,7 +217,7 @@ def main():
 
     doc = {"benchmark": "serve", "model": os.path.basename(a.model), "threads": a.threads,
            "workload": f"C clients x {a.requests} streamed requests of {a.prompt_tokens} prompt + {a.max_tokens} "
-                       "new tokens", "lattice_args": a.lattice_args, "llama_args": a.llama_args, "machine": machine(), "rows": rows, "llama_cpp_bin": llama_bin or None}
+                       "new tokens", "lattice_args": a.lattice_args, "llama_args": a.llama_args, "machine": machine_info(root), "rows": rows, "llama_cpp_bin": llama_bin or None}
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, a.name + ".json"), "w") as f:
         json.dump(doc, f, indent=2)

@@ -26,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 
+from bench_common import mpirun_prefix
+
 TOLERANCE = 0.25
 
 
@@ -36,18 +38,11 @@ def run(cmd, **kw):
     return r.stdout
 
 
-def mpirun(np_):
-    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np_)]
-    if os.geteuid() == 0:
-        cmd.insert(1, "--allow-run-as-root")
-    return cmd
-
-
 def calibrate(build, tmp, cores, prompt):
     def read_bw(ranks):
         """Read bandwidth of `ranks` single-thread MPI ranks streaming at once (bench_stream_mpi)."""
         out = os.path.join(tmp, f"bw{ranks}.json")
-        run(mpirun(ranks) + [f"{build}/benchmarks/bench_stream_mpi", "--json", out])
+        run(mpirun_prefix(ranks) + [f"{build}/benchmarks/bench_stream_mpi", "--json", out])
         return json.load(open(out))["read_bw_gbs_all"]
 
     # median of 5: on a VM the figure for ranks streaming together swings (30-55 GB/s for 2 ranks
@@ -84,7 +79,7 @@ def calibrate(build, tmp, cores, prompt):
          str(prompt), "--min-time", "0.1", "--footprint", str(64 << 20), "--json", tout])
     attn_gflops = statistics.median(r["gflops"] for r in json.load(open(tout))["results"])
     aout = os.path.join(tmp, "allreduce.json")
-    run(mpirun(2) + [f"{build}/benchmarks/bench_allreduce", "--min-bytes", "8", "--max-bytes", str(16 << 20),
+    run(mpirun_prefix(2) + [f"{build}/benchmarks/bench_allreduce", "--min-bytes", "8", "--max-bytes", str(16 << 20),
                      "--step", "16", "--json", aout])
     a = json.load(open(aout))
     rows = a.get("rows") or a.get("results")
@@ -124,7 +119,7 @@ def measure(lattice, tmp, tp, pp, batch, prompt, decode, reps):
 def measure_once(lattice, tmp, tp, pp, batch, prompt, decode):
     ids = ",".join(str((i * 7919 + 13) % 32000) for i in range(prompt))
     out = os.path.join(tmp, f"e2e_{tp}_{pp}_{batch}.json")
-    run(mpirun(tp * pp) + [lattice, "generate", "--random-weights", "--config", "tinyllama-1.1b", "--prompt-ids", ids,
+    run(mpirun_prefix(tp * pp) + [lattice, "generate", "--random-weights", "--config", "tinyllama-1.1b", "--prompt-ids", ids,
                            "--max-new-tokens", str(decode), "--ignore-eos", "--threads", "1", "--tp", str(tp), "--pp",
                            str(pp), "--batch", str(batch), "--quant", "w8a8", "--max-seq", str(prompt + decode + 8),
                            "--stats-json", out])
