@@ -111,9 +111,18 @@ TEST_CASE("ops back to back on more threads than cores: late workers join a late
 TEST_CASE("a piece that throws on the caller: the op ends (no worker left in it) and the pool keeps working") {
     ThreadPool pool(2, false);
     for (int rep = 0; rep < 50; ++rep) {
+        // A worker's piece waits (bounded) until the caller has one: a worker that wakes first could otherwise
+        // claim all 16 pieces while the caller is descheduled (CI, a busy machine: the caller then ran none and
+        // nothing threw).
+        std::atomic<bool> caller_in{false};
         CHECK_THROWS_AS(pool.parallel_chunks(64, 4,
-                                             [&](int64_t, int64_t, int t) {  // the caller claims first
-                                                 if (t == 0) throw std::runtime_error("piece failed");
+                                             [&](int64_t, int64_t, int t) {
+                                                 if (t == 0) {
+                                                     caller_in = true;
+                                                     throw std::runtime_error("piece failed");
+                                                 }
+                                                 for (int i = 0; i < 1000000 && !caller_in.load(); ++i)
+                                                     std::this_thread::yield();
                                              }),
                         std::runtime_error);
         std::vector<int> hits(64, 0);
