@@ -35,7 +35,9 @@
 // first, then their [block_size, n_kv] f32 scales (symmetric, one scale per token and kv head,
 // kernels/common/quantize.h), quantized as the token is stored. Every dtype is read as f32 (in place
 // or into the tile), so attention never needs a dequantized copy of the cache and the tile math is
-// the same for all of them.
+// the same for all of them; except that on a CPU with AVX512_BF16 a bf16 cache read in place runs the
+// bf16-dot math (attention_internal.h, TileKernels::bf16_dot: q and the weights rounded to bf16, products in
+// pairs; prefill attention at 4096 positions ~1.4x the widened math on Zen 4, docs/benchmark-results.md).
 // Every query row's arithmetic depends only on its own q and on positions 0..pos of its sequence,
 // in a fixed order (segments and tiles from position 0, d then j), never on which other tokens share its
 // batch or run, nor on the threads: chunked prefill, batched decode and single-token decode give
@@ -68,6 +70,7 @@ using attn::Tile;
 // Per-thread scratch of the work units (kept between calls: no allocation per layer).
 struct Scratch {
     std::vector<float> q, acc, m, l, kt, v, s, scales, o, mo, lo;
+    std::vector<uint16_t> qb;  // the bf16-dot math: q rounded to bf16
 };
 
 // Validates every token's blocks once (all positions it reads), so the loops after it index freely.
@@ -117,6 +120,7 @@ struct Job {
     std::vector<std::pair<int64_t, int64_t>> runs;
     int64_t group = 1, row = 0;
     bool in_place = false;
+    bool bf16_dot = false;  // bf16 tiles read in place by the bf16-dot math (attention_internal.h, TileKernels)
     attn::TileKernels tiles{};
     attn::CacheReaders readers{};
 
@@ -171,6 +175,8 @@ void attend(const Job& j, const Unit& u, Scratch& sc, int64_t j0, int64_t jn, at
         const int64_t r = i * u.gh;  // the token's query heads of this unit: rows r .. r + gh - 1
         Tile<E> t = tile;
         t.softcap = j.a.softcap;
+        if constexpr (E == Elem::kBF16)
+            if (j.bf16_dot) t.qb = sc.qb.data() + r * hd;
         fn(sc.acc.data() + r * hd, sc.m.data() + r, sc.l.data() + r, sc.s.data(), sc.q.data() + r * hd, t, lo, valid,
            hd, u.gh);
     }
@@ -277,6 +283,8 @@ void run_unit(const Job& j, const Unit& u, Scratch& sc) {
             const float* q = j.qkv + (u.t0 + i) * j.row + (u.g * j.group + u.h0 + hh) * hd;
             float* dst = sc.q.data() + (i * u.gh + hh) * hd;
             for (int64_t d = 0; d < hd; ++d) dst[d] = q[d] * j.a.scale;
+            if (j.bf16_dot)
+                for (int64_t d = 0; d < hd; ++d) sc.qb[size_t((i * u.gh + hh) * hd + d)] = f32_to_bf16(dst[d]);
         }
     std::fill(sc.lo.begin(), sc.lo.begin() + rows, 0.0f);
     const int64_t last = j.positions[u.t0 + u.n - 1], first = j.first_tile(u.t0);
@@ -391,6 +399,7 @@ Scratch& thread_scratch(const Job& j) {
     thread_local Scratch sc;
     const int64_t hd = j.c.hd, rows = kRun * j.group;
     sc.q.resize(size_t(rows * hd));
+    sc.qb.resize(j.bf16_dot ? sc.q.size() : 0);
     sc.acc.resize(sc.q.size());
     sc.o.resize(sc.q.size());
     for (auto* v : {&sc.m, &sc.l, &sc.mo, &sc.lo}) v->resize(size_t(rows));
@@ -422,6 +431,7 @@ void attention(float* out, const float* qkv, void* k_cache, void* v_cache, const
     // per-thread f32 tile first.
     j.in_place = a.block_size % kTile == 0 && a.kv_dtype != DType::kF16;
     j.tiles = attn::tile_kernels(level);
+    j.bf16_dot = j.in_place && a.kv_dtype == DType::kBF16 && j.tiles.bf16_dot;
     j.readers = attn::cache_readers(level);
     const Plan plan = plan_units(j, pool.size());
     pool.parallel_for(int64_t(plan.units.size()), [&](int64_t u0, int64_t u1, int) {

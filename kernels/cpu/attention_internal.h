@@ -47,6 +47,9 @@ struct Tile {
     const ElemT<E>* next_k = nullptr;
     const ElemT<E>* next_v = nullptr;
     int64_t next_v_rows = 0;
+    // bf16 tiles under the bf16-dot math (TileKernels::bf16_dot): the rows' queries rounded to bf16, row r at
+    // qb + r * hd (the f32 q the kernel also gets is then used only where that math does not apply).
+    const uint16_t* qb = nullptr;
 };
 
 // One tile for `rows` query rows (consecutive in q, acc, m, l) that share the tile's keys [lo, valid):
@@ -59,8 +62,15 @@ struct TileKernels {
     TileRowsFn<Elem::kF32> f32;
     TileRowsFn<Elem::kI8> i8;
     TileRowsFn<Elem::kBF16> bf16;
+    // Whether `bf16` is the bf16-dot math: at the avx512 level on a CPU with AVX512_BF16 (Zen 4, Cooper Lake,
+    // Sapphire Rapids), a bf16 cache's tiles run q . k and p . v as vdpbf16ps, bf16 pairs multiplied and summed
+    // into f32 (the queries and the softmax weights rounded to bf16 for it, as a bf16 GPU kernel does; the
+    // running max, the sums and the accumulators stay f32), half the instructions of widening every element
+    // to f32. Tiles carry the queries in bf16 then (Tile::qb). Elsewhere bf16 tiles are widened exactly and
+    // run the f32 math. Head dims that are not a multiple of 16 run the widened math everywhere.
+    bool bf16_dot = false;
 };
-// The variant for a level (vector_level of it).
+// The variant for a level (vector_level of it); the bf16-dot math where that level and the CPU have it.
 TileKernels tile_kernels(IsaLevel isa);
 
 // Where the step's cache rows lie. Block b's bytes start at b * B * nkv * rb; an int8 block's scales follow

@@ -2,6 +2,8 @@
 // against the transposed K tile, the online softmax per row, the weighted V rows as a small GEMM, for the
 // query rows of one token in register blocks of up to kRows rows. Written once on GCC vector extensions
 // (16 floats a value) and compiled per ISA variant (isa_variants.h).
+// bf16 tiles on a CPU with AVX512_BF16 run a fourth form (tile_rows_bf16_dot, at the end: AVX-512 intrinsics and
+// one vdpbf16ps in inline asm) that multiplies bf16 pairs; its softmax is this file's.
 #include <algorithm>
 #include <cstring>
 
@@ -9,6 +11,10 @@
 #include "kernels/common/llama_math.h"
 #include "kernels/cpu/attention_internal.h"
 #include "kernels/cpu/isa_variants.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace lattice::cpu::attn {
 
@@ -182,16 +188,15 @@ template <int R, Elem E>
 }
 
 // Positions [lo, valid) of the tile are the rows' keys (lo > 0 only where a sliding window starts).
-// The online softmax of a row: the tile's max over its keys (lanes_max for a whole tile; a scalar loop for a
-// partial one, where a masked vector max measured slower), the weights zero outside the keys, their sum by
-// lanes_sum, and the rescale of the row's sum and accumulator only when its running max moved.
-template <int R, Elem E>
-[[gnu::always_inline]] inline void rows_block(float* acc, float* m, float* l, float* s, const float* q,
-                                              const Tile<E>& t, int64_t lo, int64_t valid, int64_t hd) {
-    scores_rows<R, E>(s, q, t, hd);
-    if (t.softcap > 0.0f)
-        for (int j = 0; j < R * int(kTile); ++j) s[j] = math::softcap(s[j], t.softcap);
-    // online softmax, one row at a time: running max, rescale, weights into s
+// The online softmax of the rows' scores s (in place: s becomes the weights): the tile's max over its keys
+// (lanes_max for a whole tile; a scalar loop for a partial one, where a masked vector max measured slower),
+// the weights zero outside the keys, their sum by lanes_sum, and the rescale of the row's sum and
+// accumulator only when its running max moved.
+template <int R>
+[[gnu::always_inline]] inline void softmax_rows(float* acc, float* m, float* l, float* s, float softcap, int64_t lo,
+                                                int64_t valid, int64_t hd) {
+    if (softcap > 0.0f)
+        for (int j = 0; j < R * int(kTile); ++j) s[j] = math::softcap(s[j], softcap);
     for (int r = 0; r < R; ++r) {
         float* sr = s + r * kTile;
         float mt = m[r];
@@ -218,6 +223,14 @@ template <int R, Elem E>
         float* ar = acc + r * hd;
         for (int64_t d = 0; d < hd; ++d) ar[d] *= rescale;
     }
+}
+
+// Scores, online softmax, weighted V rows.
+template <int R, Elem E>
+[[gnu::always_inline]] inline void rows_block(float* acc, float* m, float* l, float* s, const float* q,
+                                              const Tile<E>& t, int64_t lo, int64_t valid, int64_t hd) {
+    scores_rows<R, E>(s, q, t, hd);
+    softmax_rows<R>(acc, m, l, s, t.softcap, lo, valid, hd);
     pv_rows<R, E>(acc, s, valid, t, hd);
 }
 
@@ -256,10 +269,185 @@ LATTICE_TILE_ROWS(tile_rows_i8, Elem::kI8)
 LATTICE_TILE_ROWS(tile_rows_bf16, Elem::kBF16)
 #undef LATTICE_TILE_ROWS
 
+#if defined(__x86_64__)
+// The bf16-dot math (TileKernels::bf16_dot): vdpbf16ps multiplies 16 pairs of bf16 and adds each pair's two
+// products into an f32 lane. Scores pair two K rows (d, d + 1: 16 positions each, interleaved into one
+// register by vpermt2w) with a query's (q[d], q[d + 1]) broadcast; weighted V pairs two V rows (j, j + 1) with
+// the weights (p[j], p[j + 1]) broadcast. Per 16 lanes and two elements of the sum: two 32-byte loads, one
+// permute and one dpbf16 per row, where the f32 math widens each element (two shifts) and runs two FMAs per
+// row. The chains, their sum tree and the prefetches of the next tile are those of the f32 math.
+
+// The two 16-element bf16 rows a and b interleaved: lane 2i = a[i], lane 2i + 1 = b[i].
+LATTICE_TARGET_AVX512BF16 [[gnu::always_inline]] inline __m512i interleave16(const uint16_t* a, const uint16_t* b) {
+    const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
+                                         5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    // Plain 32-byte loads (the permute reads only their words); GCC 12 warns that the cast's upper half is
+    // undefined, which is what it is for.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+    const __m512i va = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
+    const __m512i vb = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
+#pragma GCC diagnostic pop
+    return _mm512_permutex2var_epi16(va, idx, vb);
+}
+
+// acc + the pairs of x times the pair at p (two bf16) in every lane. The pair is the instruction's memory
+// operand, broadcast ({1to16}): as an intrinsic GCC 12 emits a separate vpbroadcastd for it, one more uop
+// per vdpbf16ps.
+LATTICE_TARGET_AVX512BF16 [[gnu::always_inline]] inline __m512 dot_pairs(__m512 acc, __m512i x, const void* p) {
+    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(x), "m"(*static_cast<const uint32_t*>(p)));
+    return acc;
+}
+
+// s[r][j] = sum_d qb[r][d] * k[d][j] for j < kTile, d in pairs (hd even), NA partial sums per row (pair
+// index mod NA) added in scores_rows' tree.
+template <int R>
+LATTICE_TARGET_AVX512BF16 [[gnu::always_inline]] inline void scores_rows_dot(float* __restrict s,
+                                                                             const uint16_t* __restrict qb,
+                                                                             const Tile<Elem::kBF16>& t, int64_t hd) {
+    constexpr int NA = R >= 8 ? 1 : 8 / R;
+    __m512 acc[R][NA];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+        for (int a = 0; a < NA; ++a) acc[r][a] = _mm512_setzero_ps();
+    int64_t d = 0;
+    for (; d + 2 * NA <= hd; d += 2 * NA)
+#pragma GCC unroll 8
+        for (int a = 0; a < NA; ++a) {
+            const int64_t dd = d + 2 * a;
+            if (t.next_k) {
+                __builtin_prefetch(t.next_k + dd * t.ldk, 0, 2);
+                __builtin_prefetch(t.next_k + (dd + 1) * t.ldk, 0, 2);
+            }
+            const __m512i k = interleave16(t.k + dd * t.ldk, t.k + (dd + 1) * t.ldk);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) acc[r][a] = dot_pairs(acc[r][a], k, qb + r * hd + dd);
+        }
+    for (; d < hd; d += 2) {  // pairs past the last whole NA of them
+        if (t.next_k) {
+            __builtin_prefetch(t.next_k + d * t.ldk, 0, 2);
+            __builtin_prefetch(t.next_k + (d + 1) * t.ldk, 0, 2);
+        }
+        const __m512i k = interleave16(t.k + d * t.ldk, t.k + (d + 1) * t.ldk);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) acc[r][0] = dot_pairs(acc[r][0], k, qb + r * hd + d);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+        F16x v[NA];
+#pragma GCC unroll 8
+        for (int a = 0; a < NA; ++a) std::memcpy(&v[a], &acc[r][a], sizeof(F16x));
+        const F16x sum = tree_sum<NA>(v);
+        std::memcpy(s + r * kTile, &sum, sizeof(F16x));
+    }
+}
+
+// acc[r][d0 .. d0 + NB * 16) += sum_j p[r][j] * v[j][d] over j < valid in pairs (j, j + 1), the weights as
+// bf16 pairs w[r][j / 2]; the row past the last valid one is read as zeros (a block's later rows may hold
+// anything).
+template <int R, int NB>
+LATTICE_TARGET_AVX512BF16 [[gnu::always_inline]] inline void pv_pass_dot(float* __restrict acc,
+                                                                         const uint32_t (&w)[R][kTile / 2],
+                                                                         int64_t valid, const Tile<Elem::kBF16>& t,
+                                                                         int64_t hd, int64_t d0) {
+    constexpr int64_t kD = 16;
+    alignas(64) static const uint16_t zeros[kD] = {};
+    __m512 a[R][NB];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+        for (int b = 0; b < NB; ++b) a[r][b] = _mm512_loadu_ps(acc + r * hd + d0 + b * kD);
+    for (int64_t j = 0; j < valid; j += 2) {
+        if (t.next_v && d0 == 0)  // the next tile's V requested once, in the first pass
+            for (int64_t jj = j; jj < j + 2 && jj < t.next_v_rows; ++jj)
+                for (int64_t x = 0; x < hd * 2; x += 64)
+                    __builtin_prefetch(reinterpret_cast<const char*>(t.next_v + jj * t.ldv) + x, 0, 2);
+        const uint16_t* v0 = t.v + j * t.ldv + d0;
+        const bool second = j + 1 < valid;
+#pragma GCC unroll 8
+        for (int b = 0; b < NB; ++b) {
+            const __m512i vv = interleave16(v0 + b * kD, second ? v0 + t.ldv + b * kD : zeros);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) a[r][b] = dot_pairs(a[r][b], vv, &w[r][j / 2]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+        for (int b = 0; b < NB; ++b) _mm512_storeu_ps(acc + r * hd + d0 + b * kD, a[r][b]);
+}
+
+// acc[r][d] += sum_j p[r][j] * v[j][d] over j < valid (hd a multiple of 16), NB column blocks a pass as
+// pv_rows.
+template <int R>
+LATTICE_TARGET_AVX512BF16 [[gnu::always_inline]] inline void pv_rows_dot(float* __restrict acc,
+                                                                         const float* __restrict p, int64_t valid,
+                                                                         const Tile<Elem::kBF16>& t, int64_t hd) {
+    constexpr int64_t kD = 16;
+    constexpr int NB = R >= 8 ? 1 : R >= 4 ? 2 : 4;
+    uint32_t w[R][kTile / 2];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+        const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(p + r * kTile));
+        std::memcpy(w[r], &h, sizeof(w[r]));
+    }
+    int64_t d0 = 0;
+    for (; d0 + NB * kD <= hd; d0 += NB * kD) pv_pass_dot<R, NB>(acc, w, valid, t, hd, d0);
+    for (; d0 < hd; d0 += kD) pv_pass_dot<R, 1>(acc, w, valid, t, hd, d0);
+}
+
+// softmax_rows compiled on its own: inlined beside the asm above, GCC 12 left its exp loop scalar (2x slower).
+template <int R>
+LATTICE_TARGET_AVX512BF16 [[gnu::noinline]] void softmax_rows_dot(float* acc, float* m, float* l, float* s,
+                                                                  float softcap, int64_t lo, int64_t valid,
+                                                                  int64_t hd) {
+    softmax_rows<R>(acc, m, l, s, softcap, lo, valid, hd);
+}
+
+template <int R>
+LATTICE_TARGET_AVX512BF16 [[gnu::always_inline]] inline void rows_block_dot(float* acc, float* m, float* l, float* s,
+                                                                            const uint16_t* qb,
+                                                                            const Tile<Elem::kBF16>& t, int64_t lo,
+                                                                            int64_t valid, int64_t hd) {
+    scores_rows_dot<R>(s, qb, t, hd);
+    softmax_rows_dot<R>(acc, m, l, s, t.softcap, lo, valid, hd);
+    pv_rows_dot<R>(acc, s, valid, t, hd);
+}
+
+// TileRowsFn of the bf16-dot math: its row blocks are tile_rows_of's.
+LATTICE_TARGET_AVX512BF16 void tile_rows_bf16_dot(float* acc, float* m, float* l, float* s, const float* q,
+                                                  const Tile<Elem::kBF16>& t, int64_t lo, int64_t valid, int64_t hd,
+                                                  int64_t rows) {
+    if (!t.qb || hd % 16 != 0) {
+        tile_rows_bf16_avx512(acc, m, l, s, q, t, lo, valid, hd, rows);
+        return;
+    }
+    Tile<Elem::kBF16> rest = t;
+    rest.next_k = rest.next_v = nullptr;
+    int64_t r = 0;
+    for (; r + kRows <= rows; r += kRows)
+        rows_block_dot<kRows>(acc + r * hd, m + r, l + r, s, t.qb + r * hd, r == 0 ? t : rest, lo, valid, hd);
+    if (r + 4 <= rows)
+        rows_block_dot<4>(acc + r * hd, m + r, l + r, s, t.qb + r * hd, r == 0 ? t : rest, lo, valid, hd), r += 4;
+    if (r + 2 <= rows)
+        rows_block_dot<2>(acc + r * hd, m + r, l + r, s, t.qb + r * hd, r == 0 ? t : rest, lo, valid, hd), r += 2;
+    if (r < rows) rows_block_dot<1>(acc + r * hd, m + r, l + r, s, t.qb + r * hd, r == 0 ? t : rest, lo, valid, hd);
+}
+#endif
+
 }  // namespace
 
 TileKernels tile_kernels(IsaLevel isa) {
-    return {tile_rows_f32_variants.at(isa), tile_rows_i8_variants.at(isa), tile_rows_bf16_variants.at(isa)};
+    TileKernels k{tile_rows_f32_variants.at(isa), tile_rows_i8_variants.at(isa), tile_rows_bf16_variants.at(isa)};
+#if defined(__x86_64__)
+    if (vector_level(isa) == IsaLevel::kAvx512Vnni && cpu_features().avx512bf16) {
+        k.bf16 = &tile_rows_bf16_dot;
+        k.bf16_dot = true;
+    }
+#endif
+    return k;
 }
 
 }  // namespace lattice::cpu::attn

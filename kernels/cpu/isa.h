@@ -64,6 +64,7 @@ struct CpuFeatures {
     bool avx2 = false;      // AVX2 + FMA + F16C, with the OS saving YMM state
     bool avxvnni = false;   // CPUID.(7,1):EAX[4]
     bool avx512 = false;    // F, BW, VL, DQ, VNNI, with the OS saving ZMM state
+    bool avx512bf16 = false;  // AVX512_BF16 (CPUID.(7,1):EAX[5]) with avx512: vdpbf16ps (Zen 4, Cooper Lake, SPR)
     bool amx_cpu = false;   // AMX-TILE and AMX-INT8 (CPUID.(7,0):EDX[24, 25])
     bool amx_os = false;    // XCR0 bits 17 and 18 (XTILECFG, XTILEDATA): the kernel manages tile state
     bool amx_granted = false;  // arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) succeeded
@@ -81,6 +82,7 @@ IsaChoice choose_isa(const CpuFeatures& f);
 // What detection reads from the machine; cpu_probe() is the real one.
 struct CpuProbe {
     bool avx2 = false, avxvnni = false, avx512 = false;  // as in CpuFeatures (cpuid with the OS's YMM/ZMM state)
+    bool avx512bf16 = false;                             // CPUID.(7,1):EAX[5]
     bool amx_cpu = false;                                 // CPUID.(7,0):EDX[24, 25]
     uint64_t xcr0 = 0;                                    // XGETBV(0)
     // Asks the kernel for the tile data permission; "" when granted, else why not.

@@ -25,9 +25,12 @@ namespace lattice {
 #if defined(__x86_64__)
 #define LATTICE_TARGET_AVX2 __attribute__((target("avx2")))
 #define LATTICE_TARGET_AVX512 __attribute__((target("avx512f")))
+// The AVX-512 forms that also use vdpbf16ps (chosen per call by CpuFeatures::avx512bf16, never by the level).
+#define LATTICE_TARGET_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #else
 #define LATTICE_TARGET_AVX2
 #define LATTICE_TARGET_AVX512
+#define LATTICE_TARGET_AVX512BF16
 #endif
 
 // The three forms of one function; `at` picks the one for a level (vector_level of it).
