@@ -278,7 +278,7 @@ LATTICE_TILE_ROWS(tile_rows_bf16, Elem::kBF16)
 // row. The chains, their sum tree and the prefetches of the next tile are those of the f32 math.
 
 // The two 16-element bf16 rows a and b interleaved: lane 2i = a[i], lane 2i + 1 = b[i].
-LATTICE_TARGET_AVX512BF16 [[gnu::always_inline]] inline __m512i interleave16(const uint16_t* a, const uint16_t* b) {
+[[gnu::always_inline]] LATTICE_TARGET_AVX512BF16 inline __m512i interleave16(const uint16_t* a, const uint16_t* b) {
     const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
                                          5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     // Plain 32-byte loads (the permute reads only their words); GCC 12 warns that the cast's upper half is
@@ -295,15 +295,25 @@ LATTICE_TARGET_AVX512BF16 [[gnu::always_inline]] inline __m512i interleave16(con
 // acc + the pairs of x times the pair at p (two bf16) in every lane. The pair is the instruction's memory
 // operand, broadcast ({1to16}): as an intrinsic GCC 12 emits a separate vpbroadcastd for it, one more uop
 // per vdpbf16ps.
-LATTICE_TARGET_AVX512BF16 [[gnu::always_inline]] inline __m512 dot_pairs(__m512 acc, __m512i x, const void* p) {
+[[gnu::always_inline]] LATTICE_TARGET_AVX512BF16 inline __m512 dot_pairs(__m512 acc, __m512i x, const void* p) {
     __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(x), "m"(*static_cast<const uint32_t*>(p)));
     return acc;
+}
+
+// tree_sum's pairwise tree on __m512 values (tree_sum itself returns a vector type from a function without
+// the AVX-512 target, which clang refuses where it is not inlined).
+template <int N>
+[[gnu::always_inline]] LATTICE_TARGET_AVX512BF16 inline __m512 tree_sum_ps(const __m512* a) {
+    if constexpr (N == 1)
+        return a[0];
+    else
+        return _mm512_add_ps(tree_sum_ps<N / 2>(a), tree_sum_ps<N / 2>(a + N / 2));
 }
 
 // s[r][j] = sum_d qb[r][d] * k[d][j] for j < kTile, d in pairs (hd even), NA partial sums per row (pair
 // index mod NA) added in scores_rows' tree.
 template <int R>
-LATTICE_TARGET_AVX512BF16 [[gnu::always_inline]] inline void scores_rows_dot(float* __restrict s,
+[[gnu::always_inline]] LATTICE_TARGET_AVX512BF16 inline void scores_rows_dot(float* __restrict s,
                                                                              const uint16_t* __restrict qb,
                                                                              const Tile<Elem::kBF16>& t, int64_t hd) {
     constexpr int NA = R >= 8 ? 1 : 8 / R;
@@ -335,20 +345,14 @@ LATTICE_TARGET_AVX512BF16 [[gnu::always_inline]] inline void scores_rows_dot(flo
         for (int r = 0; r < R; ++r) acc[r][0] = dot_pairs(acc[r][0], k, qb + r * hd + d);
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-        F16x v[NA];
-#pragma GCC unroll 8
-        for (int a = 0; a < NA; ++a) std::memcpy(&v[a], &acc[r][a], sizeof(F16x));
-        const F16x sum = tree_sum<NA>(v);
-        std::memcpy(s + r * kTile, &sum, sizeof(F16x));
-    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * kTile, tree_sum_ps<NA>(acc[r]));
 }
 
 // acc[r][d0 .. d0 + NB * 16) += sum_j p[r][j] * v[j][d] over j < valid in pairs (j, j + 1), the weights as
 // bf16 pairs w[r][j / 2]; the row past the last valid one is read as zeros (a block's later rows may hold
 // anything).
 template <int R, int NB>
-LATTICE_TARGET_AVX512BF16 [[gnu::always_inline]] inline void pv_pass_dot(float* __restrict acc,
+[[gnu::always_inline]] LATTICE_TARGET_AVX512BF16 inline void pv_pass_dot(float* __restrict acc,
                                                                          const uint32_t (&w)[R][kTile / 2],
                                                                          int64_t valid, const Tile<Elem::kBF16>& t,
                                                                          int64_t hd, int64_t d0) {
@@ -382,7 +386,7 @@ LATTICE_TARGET_AVX512BF16 [[gnu::always_inline]] inline void pv_pass_dot(float* 
 // acc[r][d] += sum_j p[r][j] * v[j][d] over j < valid (hd a multiple of 16), NB column blocks a pass as
 // pv_rows.
 template <int R>
-LATTICE_TARGET_AVX512BF16 [[gnu::always_inline]] inline void pv_rows_dot(float* __restrict acc,
+[[gnu::always_inline]] LATTICE_TARGET_AVX512BF16 inline void pv_rows_dot(float* __restrict acc,
                                                                          const float* __restrict p, int64_t valid,
                                                                          const Tile<Elem::kBF16>& t, int64_t hd) {
     constexpr int64_t kD = 16;
@@ -400,14 +404,14 @@ LATTICE_TARGET_AVX512BF16 [[gnu::always_inline]] inline void pv_rows_dot(float* 
 
 // softmax_rows compiled on its own: inlined beside the asm above, GCC 12 left its exp loop scalar (2x slower).
 template <int R>
-LATTICE_TARGET_AVX512BF16 [[gnu::noinline]] void softmax_rows_dot(float* acc, float* m, float* l, float* s,
+[[gnu::noinline]] LATTICE_TARGET_AVX512BF16 void softmax_rows_dot(float* acc, float* m, float* l, float* s,
                                                                   float softcap, int64_t lo, int64_t valid,
                                                                   int64_t hd) {
     softmax_rows<R>(acc, m, l, s, softcap, lo, valid, hd);
 }
 
 template <int R>
-LATTICE_TARGET_AVX512BF16 [[gnu::always_inline]] inline void rows_block_dot(float* acc, float* m, float* l, float* s,
+[[gnu::always_inline]] LATTICE_TARGET_AVX512BF16 inline void rows_block_dot(float* acc, float* m, float* l, float* s,
                                                                             const uint16_t* qb,
                                                                             const Tile<Elem::kBF16>& t, int64_t lo,
                                                                             int64_t valid, int64_t hd) {
