@@ -431,7 +431,8 @@ void attention(float* out, const float* qkv, void* k_cache, void* v_cache, const
     // per-thread f32 tile first.
     j.in_place = a.block_size % kTile == 0 && a.kv_dtype != DType::kF16;
     j.tiles = attn::tile_kernels(level);
-    j.bf16_dot = j.in_place && a.kv_dtype == DType::kBF16 && j.tiles.bf16_dot;
+    // (a head dim that is not a multiple of 16 runs the widened math: its queries are not converted for nothing)
+    j.bf16_dot = j.in_place && a.kv_dtype == DType::kBF16 && j.tiles.bf16_dot && hd % 16 == 0;
     j.readers = attn::cache_readers(level);
     const Plan plan = plan_units(j, pool.size());
     pool.parallel_for(int64_t(plan.units.size()), [&](int64_t u0, int64_t u1, int) {
