@@ -10,6 +10,7 @@
 #include "kernels/common/fast_exp.h"
 #include "kernels/common/llama_math.h"
 #include "kernels/cpu/attention_internal.h"
+#include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/isa_variants.h"
 
 #if defined(__x86_64__)
@@ -290,14 +291,6 @@ LATTICE_TILE_ROWS(tile_rows_bf16, Elem::kBF16)
     const __m512i vb = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
 #pragma GCC diagnostic pop
     return _mm512_permutex2var_epi16(va, idx, vb);
-}
-
-// acc + the pairs of x times the pair at p (two bf16) in every lane. The pair is the instruction's memory
-// operand, broadcast ({1to16}): as an intrinsic GCC 12 emits a separate vpbroadcastd for it, one more uop
-// per vdpbf16ps.
-[[gnu::always_inline]] LATTICE_TARGET_AVX512BF16 inline __m512 dot_pairs(__m512 acc, __m512i x, const void* p) {
-    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(x), "m"(*static_cast<const uint32_t*>(p)));
-    return acc;
 }
 
 // tree_sum's pairwise tree on __m512 values (tree_sum itself returns a vector type from a function without
