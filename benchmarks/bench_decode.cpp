@@ -24,7 +24,7 @@ using namespace lattice;
 
 int main(int argc, char** argv) {
     CLI::App app{"lattice decode/prefill benchmark (a checkpoint or random weights)"};
-    std::string preset = "tinyllama-1.1b", quant = "none", json, model_path, int8_gemm = "auto";
+    std::string preset = "tinyllama-1.1b", quant = "none", json, model_path, int8_gemm = "auto", dtype = "f32";
     int threads = 0;
     bool pin = false;
     int64_t prompt = 128, decode = 32;
@@ -37,6 +37,8 @@ int main(int argc, char** argv) {
     app.add_option("--quant", quant);
     app.add_option("--json", json);
     app.add_option("--int8-gemm", int8_gemm, "W8A8 GEMM provider at m >= 16: auto, own or onednn");
+    app.add_option("--dtype", dtype, "f32 | bf16: the CPU's --dtype (bf16: float linears in bf16 pairs, bf16 cache)")
+        ->check(CLI::IsMember({"f32", "bf16"}));
     CLI11_PARSE(app, argc, argv);
     try {
         set_int8_provider(parse_int8_provider(int8_gemm));
@@ -57,6 +59,7 @@ int main(int argc, char** argv) {
         opt.backend.kind = BackendKind::kCpu;
         opt.backend.threads = threads;
         opt.backend.pin = pin;
+        opt.backend.cpu_bf16 = dtype == "bf16";
         RankRuntime rt = build(opt, *src);
         const double load_s = rt.load_seconds;
         src.reset();
@@ -71,8 +74,8 @@ int main(int argc, char** argv) {
         const double bytes = double(model.streamed_weight_bytes());
         quant = std::string(quant_mode_name(model.options().quant)) + (model.options().quant_head ? "+head" : "");
         const AttentionShape& attn = model.attention_shape();
-        const double kv_last = double(cfg.n_layers) * 2 * double(attn.n_kv_heads * attn.head_dim) * 4 *
-                               double(prompt + decode);
+        const double kv_last = double(cfg.n_layers) * 2 * double(attn.n_kv_heads * attn.head_dim) *
+                               double(dtype_size(model.kv_dtype())) * double(prompt + decode);
         const double decode_tps = double(r.stats.generated_tokens - 1) / r.stats.decode_seconds;
         const double prefill_tps = double(prompt) / r.stats.prefill_seconds;
         const double achieved_bw = bytes * decode_tps * 1e-9;
@@ -81,12 +84,14 @@ int main(int argc, char** argv) {
         fmt::print("| model | quant | threads | streamed GiB/token | prefill tok/s | prefill GFLOP/s | decode tok/s | "
                    "weight GB/s | mem GB/s | ratio to floor |\n");
         fmt::print("|---|---|---|---|---|---|---|---|---|---|\n");
+        if (dtype != "f32") quant += " " + dtype;
         fmt::print("| {} | {} | {} | {:.2f} | {:.1f} | {:.1f} | {:.2f} | {:.1f} | {:.1f} | {:.2f} |\n", preset, quant,
                    rt.backend->threads(), bytes / double(1 << 30), prefill_tps, gflops, decode_tps, achieved_bw, bw,
                    decode_tps / floor_tps);
         bench::write_json(json, {{"model", preset},
                                  {"quant", quant},
                                  {"int8_gemm", int8_gemm},
+                                 {"dtype", dtype},
                                  {"threads", rt.backend->threads()}, {"pinned", pin},
                                  {"weight_bytes", bytes},
                                  {"load_seconds", load_s},

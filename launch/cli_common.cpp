@@ -136,7 +136,11 @@ void ModelArgs::add_layout_options(CLI::App* cmd) {
         ->capture_default_str();
     cmd->add_option("--sim-step-ms", sim_step_ms, "--device sim: every stage step takes this long instead (0: predicted)")
         ->check(real_range(0, 1e6));
-    cmd->add_option("--dtype", dtype, "CUDA activation type: f16 | bf16")->check(CLI::IsMember({"f16", "bf16"}));
+    cmd->add_option("--dtype", dtype,
+                    "Compute type: CUDA f16 | bf16 (default bf16, the activations); CPU f32 | bf16 (default f32; bf16: "
+                    "float linears rounded to bf16 and multiplied in bf16 pairs, the KV cache bf16 under "
+                    "--kv-cache-dtype auto)")
+        ->check(CLI::IsMember({"f32", "f16", "bf16"}));
     cmd->add_option("--devices", devices, "CUDA device of each local rank, e.g. 0,1,2,3 (default: local rank)");
 }
 
@@ -391,6 +395,23 @@ std::function<void(const LoadProgress&)> load_progress_printer() {
     };
 }
 
+namespace {
+// --dtype for the backend it reaches: CUDA f16 | bf16 (default bf16), CPU f32 | bf16 (default f32).
+void apply_dtype(BackendOptions& b, const std::string& dtype) {
+    if (dtype.empty()) return;
+    const BackendKind kind = resolve_backend_kind(b.kind);
+    if (kind == BackendKind::kCuda) {
+        LATTICE_CHECK(dtype != "f32", "--dtype f32: the CUDA backend computes in f16 or bf16");
+        b.cuda_act = dtype == "f16" ? DType::kF16 : DType::kBF16;
+    } else if (kind == BackendKind::kCpu) {
+        LATTICE_CHECK(dtype != "f16",
+                      "--dtype f16: the CPU backend computes in f32 or bf16 (f16 weights are widened to f32 exactly "
+                      "by default)");
+        b.cpu_bf16 = dtype == "bf16";
+    }
+}
+}  // namespace
+
 // The flags as the builder's options (parsing only: what they mean is the builder's).
 BuildOptions build_options(const ModelArgs& args) {
     BuildOptions opt;
@@ -428,7 +449,7 @@ BuildOptions build_options(const ModelArgs& args) {
     opt.backend.threads = usable_threads(args.threads);
     opt.model.on_progress = load_progress_printer();
     opt.backend.mlock = args.mlock;
-    opt.backend.cuda_act = args.dtype == "f16" ? DType::kF16 : DType::kBF16;
+    apply_dtype(opt.backend, args.dtype);
     if (!args.devices.empty())
         for (int32_t d : parse_id_list(args.devices, "--devices")) opt.devices.push_back(d);
     return opt;

@@ -52,7 +52,7 @@ struct ModelArgs {
     std::string device = "auto";  // auto | cpu | cuda | sim
     std::string sim_gpu = "a100-pcie-40gb", sim_link = "pcie4";  // --device sim (sim_device.h)
     double sim_step_ms = 0;
-    std::string dtype = "bf16";   // CUDA activations: f16 | bf16
+    std::string dtype;            // --dtype: CUDA f16 | bf16 (empty: bf16), CPU f32 | bf16 (empty: f32)
     std::string devices;          // CUDA ordinals per local rank, e.g. 0,1,2,3
     // LoRA adapters (docs/lora.md): --lora NAME=PATH (or PATH: named by its last component), registered on
     // rank 0 once the model is loaded; --max-loras resident at once, --max-lora-rank the largest rank.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/convert.h"
 #include "base/error.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/isa_variants.h"
@@ -28,22 +29,11 @@ PackedBf16 pack_bf16_weights(const void* w, DType wt, int64_t n, int64_t k, Thre
     const auto* wb = static_cast<const uint8_t*>(w);
     const int64_t es = dtype_size(wt);
     auto rows = [&](int64_t r0, int64_t r1, int) {
+        std::vector<uint16_t> row(static_cast<size_t>(k));
         for (int64_t r = r0; r < r1; ++r) {
+            convert_elements(wb + r * k * es, wt, row.data(), DType::kBF16, k);
             uint16_t* out = p.data.data() + (r / kBf16PanelN) * p.panel_elems() + (r % kBf16PanelN) * 2;
-            const uint8_t* src = wb + r * k * es;
-            for (int64_t c = 0; c < k; ++c) {
-                uint16_t v;
-                if (wt == DType::kBF16)
-                    std::memcpy(&v, src + c * 2, 2);
-                else if (wt == DType::kF16)
-                    v = f32_to_bf16(f16_to_f32(uint16_t(src[c * 2] | (src[c * 2 + 1] << 8))));
-                else {
-                    float f;
-                    std::memcpy(&f, src + c * 4, 4);
-                    v = f32_to_bf16(f);
-                }
-                out[(c / 2) * kBf16PanelN * 2 + (c % 2)] = v;
-            }
+            for (int64_t c = 0; c < k; ++c) out[(c / 2) * kBf16PanelN * 2 + (c % 2)] = row[size_t(c)];
         }
     };
     if (pool)

@@ -27,7 +27,7 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
     if (o.kind == BackendKind::kSim) return std::make_unique<CpuBackend>(CpuBackendOptions{1, false, false});
     if (resolve_backend_kind(o.kind) == BackendKind::kCpu)
         return std::make_unique<CpuBackend>(CpuBackendOptions{o.threads, o.pin, o.mlock, o.cpu_select_tokens, o.cpu_step_graphs,
-                                                                o.cpu_fused_quant});
+                                                                o.cpu_fused_quant, o.cpu_bf16});
 #if defined(LATTICE_HAVE_CUDA)
     const int count = cuda_device_count();
     LATTICE_CHECK(o.cuda_device >= 0 && o.cuda_device < count, "CUDA device {} requested but {} visible",

@@ -30,6 +30,7 @@ struct BackendOptions {
     bool cpu_select_tokens = false;  // CpuBackendOptions::select_tokens (tests)
     bool cpu_step_graphs = false;    // CpuBackendOptions::step_graphs (tests)
     bool cpu_fused_quant = false;    // CpuBackendOptions::fused_quant (tests)
+    bool cpu_bf16 = false;           // CpuBackendOptions::bf16 (`--dtype bf16` on the CPU)
     // CUDA
     int cuda_device = 0;            // ordinal
     DType cuda_act = DType::kBF16;  // activations: kF16 or kBF16

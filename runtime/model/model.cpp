@@ -62,7 +62,7 @@ Model::Model(const TensorSource& src, Backend& backend, const ModelOptions& opt,
     for (int64_t l = 0; l < cfg_.n_layers; ++l) windowed = windowed || cfg_.layer_windowed(l);
     attn_.window = windowed && cfg_.sliding_window < opt_.max_seq ? cfg_.sliding_window : 0;
     act_kind_ = cfg_.hidden_act == HiddenAct::kGeluTanh ? Activation::kGeluTanh : Activation::kSilu;
-    kv_dtype_ = resolve_kv_dtype(opt_.kv_dtype, be_.activation_dtype());
+    kv_dtype_ = resolve_kv_dtype(opt_.kv_dtype, be_.kv_auto_dtype());
     if (opt_.shape_only) return;
     LATTICE_CHECK(be_.supports(Op::kKvCache, kv_dtype_), "backend {} does not support --kv-cache-dtype {} ({})",
                   be_.name(), kv_dtype_name(opt_.kv_dtype), dtype_name(kv_dtype_));
@@ -151,10 +151,10 @@ void Model::check_ops() const {
                   arch.name);
 }
 
-Linear Model::make_linear(HostTensor& w, QuantMode mode) {
+Linear Model::make_linear(HostTensor& w, QuantMode mode, bool head) {
     if (w.int4()) return be_.make_linear_int4(w.q4.matrix(), mode);
     if (w.dtype == DType::kI8) return be_.make_linear_int8(w.view(), w.scales_view(), mode);
-    return be_.make_linear(w.view(), mode);
+    return head ? be_.make_head(w.view(), mode) : be_.make_linear(w.view(), mode);
 }
 
 void Model::load(const TensorSource& src) {
@@ -202,11 +202,11 @@ void Model::load(const TensorSource& src) {
         LayerWeights* L = t.layer >= 0 ? &layers_[size_t(t.layer - opt_.layer_begin)] : nullptr;
         switch (t.role) {
             case WeightRole::kEmbed:
-                if (t.tied_head) lm_head_ = make_linear(h, t.mode);
+                if (t.tied_head) lm_head_ = make_linear(h, t.mode, true);
                 if (t.table && !(t.tied_head && head_holds_rows(lm_head_, h.view())))
                     embed_table_ = be_.make_table(h.view());
                 break;
-            case WeightRole::kLmHead: lm_head_ = make_linear(h, t.mode); break;
+            case WeightRole::kLmHead: lm_head_ = make_linear(h, t.mode, true); break;
             case WeightRole::kFinalNorm: final_norm_ = norm(h); break;
             case WeightRole::kAttnNorm: L->attn_norm = norm(h); break;
             case WeightRole::kFfnNorm: L->ffn_norm = norm(h); break;

@@ -5,11 +5,13 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/gemm_f32.h"
 #include "kernels/cpu/huge_pages.h"
 #include "kernels/cpu/int4_gemm.h"
 #include "kernels/cpu/int8_gemm.h"
 #include "base/convert.h"
+#include "base/log.h"
 #include "kernels/cpu/ops.h"
 
 #include <sys/mman.h>
@@ -32,13 +34,18 @@ void check_f32(const View& v, const char* what) {
 
 CpuBackend::CpuBackend(const CpuBackendOptions& opt)
     : pool_(std::make_unique<ThreadPool>(opt.threads, opt.pin)), mlock_(opt.mlock), select_tokens_(opt.select_tokens),
-      step_graphs_(opt.step_graphs), fused_quant_(opt.fused_quant) {}
+      step_graphs_(opt.step_graphs), fused_quant_(opt.fused_quant), bf16_(opt.bf16) {
+    if (bf16_ && !gemm_bf16_dot_available())
+        LOG_INFO("--dtype bf16: {}; float weights are kept in bf16 and multiplied in f32",
+                 cpu_features().avx512bf16 ? "the ISA level (LATTICE_ISA) is below avx512"
+                                           : "this CPU has no AVX512_BF16 (vdpbf16ps)");
+}
 
 CpuBackend::~CpuBackend() = default;
 
 std::string CpuBackend::name() const {
-    return "cpu (" + std::string(isa_name(detect_isa())) + ", " + std::to_string(pool_->size()) +
-           " threads)";
+    return "cpu (" + std::string(isa_name(detect_isa())) + (bf16_ ? ", bf16" : "") + ", " +
+           std::to_string(pool_->size()) + " threads)";
 }
 
 bool CpuBackend::supports(Op op, DType dtype) const {
@@ -349,6 +356,11 @@ void CpuBackend::linear(const View& out, const View& x, const Linear& w) {
                   "linear: x {} . W[{}, {}]^T into {}", x.shape_str(), w.n, w.k, out.shape_str());
     switch (w.mode) {
         case QuantMode::kNone:
+            if (w.prepared) {  // --dtype bf16, packed for the bf16 pairs
+                gemm_bf16_dot(x.ptr<float>(), x.rows(), *static_cast<const PackedBf16*>(w.prepared.get()),
+                              out.ptr<float>(), *pool_);
+                break;
+            }
             gemm_f32(x.ptr<float>(), x.rows(), w.k, w.weight.data(), w.weight_dtype, w.n, out.ptr<float>(), *pool_);
             break;
         case QuantMode::kW8A8:

@@ -1,6 +1,7 @@
 // CpuBackend: the Backend on host memory, fp32 activations, forwarding to kernels/cpu.
 // Float weights keep their checkpoint precision (f32/f16/bf16: widening is exact, bandwidth is
-// what decode pays for); int8 and 4-bit weights are packed once at load for the SIMD kernels
+// what decode pays for), or with --dtype bf16 are rounded to bf16 and packed for the bf16-pair GEMM
+// (kernels/cpu/gemm_bf16.h); int8 and 4-bit weights are packed once at load for the SIMD kernels
 // (kernels/cpu/int8_gemm.h, int4_gemm.h).
 // Memory is 64-byte aligned anonymous memory (never a file mapping), optionally mlock'ed.
 #pragma once
@@ -29,6 +30,11 @@ struct CpuBackendOptions {
     // SiLU quantize their output, linear_quant reads it): the model's fused path runs on CPU
     // (tests; bit-identical to the unfused path).
     bool fused_quant = false;
+    // `--dtype bf16`: float linears rounded to bf16 at load and run as bf16 pairs (kernels/cpu/gemm_bf16.h:
+    // packed for vdpbf16ps where the CPU has AVX512_BF16 at the avx512 level; elsewhere kept bf16 row-major for
+    // the widened math, said once in the log), and the KV cache bf16 under --kv-cache-dtype auto. Activations
+    // between ops stay f32.
+    bool bf16 = false;
 };
 
 // Whether this CPU's W4A8 keeps a GGUF K-quant linear's super-blocks (Q4_K at 4.5 bits, Q6_K at 6.6: the
@@ -43,6 +49,7 @@ public:
     std::string name() const override;
     Device device() const override { return Device::kCpu; }
     DType activation_dtype() const override { return DType::kF32; }
+    DType kv_auto_dtype() const override { return bf16_ ? DType::kBF16 : DType::kF32; }
     bool supports(Op op, DType dtype) const override;
     int threads() const override { return pool_->size(); }
 
@@ -61,6 +68,9 @@ public:
     void select_tokens(const View& logits, std::span<const TokenSelect> rows, int32_t* ids, float* logprobs) override;
 
     Linear make_linear(const View& host_w, QuantMode mode) override;
+    // --dtype bf16: a float head stays row-major in bf16 (the widened math: a head runs the few rows that are
+    // sampled, and a tied bf16 head remains the embedding's one copy of the rows).
+    Linear make_head(const View& host_w, QuantMode mode) override;
     Linear make_linear_int8(const View& host_q, const View& host_scales, QuantMode mode) override;
     Linear make_linear_int4(const Int4Matrix& w, QuantMode mode) override;
     bool packs_kquant() const override { return cpu_keeps_kquant(); }
@@ -98,11 +108,13 @@ private:
     static constexpr size_t kMapBytes = kHugePageBytes;  // allocations from here on are mapped (map_huge)
     Buffer alloc_bytes(DType dtype, View view_shape, bool huge_pages = true);
     Linear make_linear_float_int4(const View& w, QuantMode mode);
+    Linear make_linear_rows(const View& w, DType dtype);
     std::unique_ptr<ThreadPool> pool_;
     bool mlock_ = false;
     bool select_tokens_ = false;
     bool step_graphs_ = false;
     bool fused_quant_ = false;
+    bool bf16_ = false;
     void quantize_rows(QuantActs& qa, const View& y);
     std::unordered_map<void*, size_t> mapped_;  // mmap'ed allocations and their sizes
 };

@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "kernels/common/int4_quantize.h"
+#include "base/convert.h"
+#include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/int4_gemm.h"
 #include "kernels/cpu/int8_gemm.h"
 #include "runtime/backend/cpu/cpu_backend.h"
@@ -28,13 +30,39 @@ Linear CpuBackend::make_linear(const View& w, QuantMode mode) {
         return make_linear_int8(View::contiguous(q.data(), DType::kI8, {n, k}),
                                 View::contiguous(scales.data(), DType::kF32, {n}), mode);
     }
+    if (bf16_ && gemm_bf16_dot_available()) {
+        Linear l;
+        l.n = n;
+        l.k = k;
+        l.mode = mode;
+        l.weight_dtype = DType::kBF16;
+        auto packed = std::make_shared<PackedBf16>(pack_bf16_weights(w.data, w.dtype, n, k, pool_.get()));
+        l.prepared_bytes = packed->bytes();
+        l.prepared = std::move(packed);
+        return l;
+    }
+    // --dtype bf16 without the bf16 pairs: f32 / f16 weights rounded to bf16 (what the pairs would multiply).
+    return make_linear_rows(w, bf16_ ? DType::kBF16 : w.dtype);
+}
+
+Linear CpuBackend::make_head(const View& w, QuantMode mode) {
+    if (!bf16_ || mode != QuantMode::kNone) return make_linear(w, mode);
+    LATTICE_CHECK(w.ndim == 2 && w.is_contiguous(), "make_head: expected a contiguous [n, k] weight, got {}",
+                  w.shape_str());
+    return make_linear_rows(w, DType::kBF16);
+}
+
+// A float linear kept row-major in `dtype` (f32 / f16 / bf16; rounded to nearest even where narrower).
+Linear CpuBackend::make_linear_rows(const View& w, DType dtype) {
+    LATTICE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16,
+                  "make_linear: weight dtype {} is not float", dtype_name(w.dtype));
     Linear l;
-    l.n = n;
-    l.k = k;
-    l.mode = mode;
-    l.weight_dtype = w.dtype;
-    l.weight = alloc_bytes(w.dtype, View::contiguous(nullptr, w.dtype, {l.n, l.k}));
-    std::memcpy(l.weight.data(), w.data, size_t(w.bytes()));
+    l.n = w.dim(0);
+    l.k = w.dim(1);
+    l.mode = QuantMode::kNone;
+    l.weight_dtype = dtype;
+    l.weight = alloc_bytes(dtype, View::contiguous(nullptr, dtype, {l.n, l.k}));
+    convert_elements(w.data, w.dtype, l.weight.data(), dtype, l.n * l.k);
     return l;
 }
 
