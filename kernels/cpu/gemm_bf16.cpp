@@ -47,7 +47,9 @@ PackedBf16 pack_bf16_weights(const void* w, DType wt, int64_t n, int64_t k, Thre
 // GCC 12's AVX-512 headers build some intrinsics on a self-initialized "undefined" register, which it reports as
 // maybe-uninitialized once inlined under a target attribute.
 #pragma GCC diagnostic push
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #pragma GCC diagnostic ignored "-Wuninitialized"
 namespace {
 

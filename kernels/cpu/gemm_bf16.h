@@ -13,9 +13,12 @@
 // Tiles: MR (<= 6) rows of x by NB (<= 4) panels, 24 accumulators. Decode (m <= 6) streams each panel once with
 // software prefetch into L2; prefill runs the rows of x over each group of NB panels while it is in L2.
 //
-// Why lattice's own kernel and oneDNN's only as a comparison: oneDNN's matmul takes no f32 activations with bf16
-// weights (a reorder of x first), wants its own blocked copy of the weights per primitive and, on this VM (Zen 4,
-// 2 cores), ... (bench_gemm_bf16; docs/benchmark-results.md "bf16 GEMM").
+// Why lattice's own kernel, with oneDNN's bf16 matmul measured beside it (bench_gemm_bf16, same run; Zen 4, one
+// core): this kernel 221-228 GFLOP/s at m = 128 and 512 on 4096 x 4096 and 11008 x 4096 (96-97% of vdpbf16ps'
+// register rate), oneDNN 2.6.3 (brg:avx512_core_bf16) 218-222, at m = 16 210-214 against 165-185; and oneDNN
+// takes no f32 rows with bf16 weights (x converted first) and wants its own blocked copy of the weights per
+// primitive, beside the packed panels decode streams. On Xeons with AMX its tile kernels (AMX-BF16) would be the
+// faster (not measured: no AMX on the machines so far); that provider is not written.
 //
 // Numerics: every output is one fixed sequence of operations whatever m, the tile or the thread split: its lane
 // adds the pairs q = 0, 1, .. in order (vdpbf16ps: x[2q] w[2q] and x[2q + 1] w[2q + 1] into the lane). So a

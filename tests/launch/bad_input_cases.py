@@ -326,12 +326,16 @@ def more_cases(shared, llama2, gen, model_copy):
           flag("--max-new-tokens", "99999999999999999999"), flag("--comm-timeout", "0.000001"), flag("--start-timeout", "0"),
           flag("--temperature", "nan"), flag("--temperature", "-1"), flag("--top-p", "0"), flag("--top-k", "-2"),
           flag("--batch", "0"), flag("--max-batch-tokens", "0"), flag("--seed-weights", "-7"),
-          flag("--system", "be brief"), flag("--no-such-flag"), flag("--batch", "2000"), flag("--top-p", "1.5")]
+          flag("--system", "be brief"), flag("--no-such-flag"), flag("--dtype", "f8"), flag("--batch", "2000"), flag("--top-p", "1.5")]
     C += [
         Case("--pp-layers a,b", gen(llama2, "--pp-layers", "a,b"), needle="--pp-layers"),
         Case("layout --tp 0", ["layout", "--tp", "0"], rc=2, needle="--tp"),
         Case("layout --nodes 0", ["layout", "--tp", "1", "--nodes", "0"], rc=2, needle="--nodes"),
         Case("--devices x", gen(llama2, "--devices", "0,x"), needle="--devices"),
+        Case("--dtype f16 on the CPU", gen(llama2, "--device", "cpu", "--dtype", "f16"), needle="--dtype f16"),
+        Case("--dtype f32 on CUDA", gen(llama2, "--device", "cuda", "--dtype", "f32"), needle="--dtype f32"),
+        Case("--dtype bf16 on the CPU runs, its cache bf16", gen(llama2, "--device", "cpu", "--dtype", "bf16"), rc=0,
+             needle="blocks of 16 = 8.0 MiB, bf16)"),
         Case("--prompt-ids with a negative id", gen(llama2)[:4] + ["1,-5"], needle="-5"),
         Case("--prompt-ids empty", gen(llama2)[:4] + [","], needle="prompt"),
         Case("calibrate --window 0", ["calibrate", "--text", "/etc/hostname", "--out", "{tmp}/o", "--window", "0"], rc=2,
