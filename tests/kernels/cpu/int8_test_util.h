@@ -1,5 +1,6 @@
-// Helpers for the int8 kernel tests: deterministic random data, the ISA levels this CPU runs, an
-// independent naive int32 reference computed from the unpacked weights (int64 accumulation).
+// Helpers for the int8 kernel tests: deterministic random data, the ISA levels this CPU runs (and a scoped
+// override of the decision), an independent naive int32 reference computed from the unpacked weights (int64
+// accumulation).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +23,14 @@ inline std::vector<IsaLevel> supported_isas() {
         if (isa_supported(l) && l <= cap) out.push_back(l);
     return out;
 }
+
+// Sets the ISA override for a scope; the default decision again after it.
+struct IsaOverride {
+    explicit IsaOverride(IsaLevel l) { set_isa_override(l); }
+    ~IsaOverride() { clear_isa_override(); }
+    IsaOverride(const IsaOverride&) = delete;
+    IsaOverride& operator=(const IsaOverride&) = delete;
+};
 
 inline std::vector<int8_t> random_i8(size_t n, std::mt19937& rng, int lo = -128, int hi = 127) {
     std::uniform_int_distribution<int> d(lo, hi);

@@ -80,11 +80,6 @@ std::vector<double> reference(const Setup& s, const std::vector<float>& qkv, int
     return o;
 }
 
-struct IsaOverride {
-    explicit IsaOverride(IsaLevel l) { set_isa_override(l); }
-    ~IsaOverride() { clear_isa_override(); }
-};
-
 }  // namespace
 
 TEST_CASE("attention [bf16dot]: a bf16 cache's q . k and p . v in bf16 pairs, close to the widened math") {
@@ -105,12 +100,12 @@ TEST_CASE("attention [bf16dot]: a bf16 cache's q . k and p . v in bf16 pairs, cl
             for (float& x : qkv) x = u(rng);
             std::vector<float> dot, widened, one;
             {
-                IsaOverride o(IsaLevel::kAvx512Vnni);
+                test::IsaOverride o(IsaLevel::kAvx512Vnni);
                 dot = run(s, qkv, false, pool);
                 one = run(s, qkv, true, pool);
             }
             {
-                IsaOverride o(IsaLevel::kAvx2);
+                test::IsaOverride o(IsaLevel::kAvx2);
                 widened = run(s, qkv, false, pool);
             }
             CHECK(std::memcmp(dot.data(), one.data(), dot.size() * sizeof(float)) == 0);

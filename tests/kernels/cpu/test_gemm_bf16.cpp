@@ -55,11 +55,6 @@ std::vector<float> run(const Case& c, const PackedBf16& w, ThreadPool& pool, int
     return y;
 }
 
-struct IsaOverride {
-    explicit IsaOverride(IsaLevel l) { set_isa_override(l); }
-    ~IsaOverride() { clear_isa_override(); }
-};
-
 }  // namespace
 
 TEST_CASE("gemm_bf16_dot [bf16dot]: bf16(x) . W^T within f32 rounding of a double sum, not the widened math") {
@@ -128,7 +123,7 @@ TEST_CASE("gemm_bf16_dot: refused where the bf16 pairs cannot run") {
     const PackedBf16 w = pack_bf16_weights(c.w.data(), DType::kBF16, 4, 64);
     std::vector<float> y(8);
     if (isa_supported(IsaLevel::kAvx2)) {
-        IsaOverride cap(IsaLevel::kAvx2);
+        test::IsaOverride cap(IsaLevel::kAvx2);
         CHECK_FALSE(gemm_bf16_dot_available());
         CHECK_THROWS_AS(gemm_bf16_dot(c.x.data(), 2, w, y.data(), pool), Error);
     }

@@ -26,12 +26,6 @@ using namespace lattice;
 
 namespace {
 
-// Sets the override for a scope; the default decision again after it.
-struct IsaOverride {
-    explicit IsaOverride(IsaLevel l) { set_isa_override(l); }
-    ~IsaOverride() { clear_isa_override(); }
-};
-
 CpuFeatures features(bool avx2, bool vnni, bool avx512) {
     CpuFeatures f;
     f.avx2 = avx2;
@@ -224,7 +218,7 @@ TEST_CASE("isa: names, parsing, this CPU's levels and the override") {
     CHECK(vector_level(IsaLevel::kAvxVnni) == IsaLevel::kAvx2);
     CHECK(vector_level(IsaLevel::kAmx) == IsaLevel::kAvx512Vnni);
     {
-        IsaOverride o(IsaLevel::kScalar);
+        test::IsaOverride o(IsaLevel::kScalar);
         CHECK(detect_isa() == IsaLevel::kScalar);
     }
     CHECK(detect_isa() == best_isa());
@@ -240,7 +234,7 @@ TEST_CASE("isa: every kernel family runs the overridden level's path; attention 
         CAPTURE(dtype_name(kv));
         FamilyRun scalar;
         {
-            IsaOverride o(IsaLevel::kScalar);
+            test::IsaOverride o(IsaLevel::kScalar);
             clear_paths();
             scalar = run_every_family(pool, kv);
             for (KernelFamily f : families) {
@@ -255,7 +249,7 @@ TEST_CASE("isa: every kernel family runs the overridden level's path; attention 
         for (IsaLevel l : test::supported_isas()) {
             if (l == IsaLevel::kScalar) continue;
             CAPTURE(isa_name(l));
-            IsaOverride o(l);
+            test::IsaOverride o(l);
             clear_paths();
             const FamilyRun r = run_every_family(pool, kv);
             // The int8 GEMM has an AVX-VNNI form; the others run their vector_level form.

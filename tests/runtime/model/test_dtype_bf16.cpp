@@ -20,6 +20,7 @@
 #include "runtime/backend/cpu/cpu_backend.h"
 #include "runtime/builder/build.h"
 #include "runtime/model/model.h"
+#include "tests/kernels/cpu/int8_test_util.h"
 #include "tests/runtime/model/golden.h"
 #include "tests/test_skip.h"
 
@@ -41,11 +42,6 @@ struct Run {
         model = std::make_unique<Model>(src, be, ModelOptions{}, nullptr);
         engine = make_local_engine(*model);
     }
-};
-
-struct IsaOverride {
-    explicit IsaOverride(IsaLevel l) { set_isa_override(l); }
-    ~IsaOverride() { clear_isa_override(); }
 };
 
 // The prompt logits of every case near the reference, greedy tokens equal or a near tie (by f32's logits);
@@ -105,7 +101,7 @@ void check_bytes(const std::string& m, const TensorSource& src, const Run& r, co
 
 TEST_CASE("--dtype bf16 on the CPU, widened math (LATTICE_ISA=avx2): bf16 weights and cache near the reference") {
     if (!isa_supported(IsaLevel::kAvx2)) LATTICE_SKIP("this CPU has no AVX2");  // never on x86-64 CI machines
-    IsaOverride cap(IsaLevel::kAvx2);
+    test::IsaOverride cap(IsaLevel::kAvx2);
     for (const auto& m : golden_models()) {
         CAPTURE(m);
         auto src = open_model(golden_dir(m));
@@ -126,7 +122,7 @@ TEST_CASE("--dtype bf16 on the CPU [bf16dot]: the bf16 pairs near the reference,
         const std::vector<float> dot = check_near_reference(m, r, f32);
         std::vector<float> wide;
         {
-            IsaOverride cap(IsaLevel::kAvx2);
+            test::IsaOverride cap(IsaLevel::kAvx2);
             Run w(*src, true);
             for (const GoldenCase& c : load_golden(m)) {
                 const std::vector<float> l = w.engine->score(c.prompt);
