@@ -88,6 +88,29 @@ inline double rel_error(const float* a, const float* b, size_t n) {
     return std::sqrt(num / (den > 0 ? den : 1));
 }
 
+// Where greedy tokens `got` first differ from the reference's `want` after `prompt`, judged by the logits of
+// `ref` (an engine of the default precision) at that step: the margin of want's token over got's and the row's
+// largest |logit|. step -1: they never differ.
+struct Divergence {
+    int64_t step = -1;
+    double margin = 0, span = 0;
+};
+inline Divergence first_divergence(Engine& ref, const std::vector<int32_t>& prompt, const std::vector<int32_t>& want,
+                                   const std::vector<int32_t>& got, int64_t V) {
+    Divergence d;
+    size_t i = 0;
+    while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
+    if (i == got.size() || i == want.size()) return d;
+    std::vector<int32_t> prefix = prompt;
+    prefix.insert(prefix.end(), want.begin(), want.begin() + ptrdiff_t(i));
+    const std::vector<float> logits = ref.score(prefix);
+    const float* row = logits.data() + (prefix.size() - 1) * size_t(V);
+    d.step = int64_t(i);
+    d.margin = double(row[want[i]]) - double(row[got[i]]);
+    for (int64_t v = 0; v < V; ++v) d.span = std::max(d.span, std::fabs(double(row[v])));
+    return d;
+}
+
 // Loads `path` (HF directory or GGUF) on the CPU backend and checks every case: logits of every
 // prompt position within 1e-4 relative of the reference, and every greedy token.
 inline void check_golden_model(const std::string& path, const std::vector<GoldenCase>& cases, int threads,

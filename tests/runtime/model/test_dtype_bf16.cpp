@@ -62,18 +62,10 @@ std::vector<float> check_near_reference(const std::string& m, Run& r, Run& f32) 
         req.ignore_eos = true;
         const std::vector<int32_t> got = r.engine->generate(req).tokens;
         REQUIRE(got.size() == c.greedy.size());
-        size_t i = 0;
-        while (i < got.size() && got[i] == c.greedy[i]) ++i;
-        if (i == got.size()) continue;
-        std::vector<int32_t> prefix = c.prompt;
-        prefix.insert(prefix.end(), c.greedy.begin(), c.greedy.begin() + ptrdiff_t(i));
-        const std::vector<float> ref = f32.engine->score(prefix);
-        const float* row = ref.data() + (prefix.size() - 1) * size_t(V);
-        const double margin = double(row[c.greedy[i]]) - double(row[got[i]]);
-        double span = 0;
-        for (int64_t v = 0; v < V; ++v) span = std::max(span, std::fabs(double(row[v])));
-        MESSAGE(m << ": greedy diverges at step " << i << ", margin " << margin << ", max |logit| " << span);
-        CHECK(margin < kNearTie * span);
+        const Divergence d = first_divergence(*f32.engine, c.prompt, c.greedy, got, V);
+        if (d.step < 0) continue;
+        MESSAGE(m << ": greedy diverges at step " << d.step << ", margin " << d.margin << ", max |logit| " << d.span);
+        CHECK(d.margin < kNearTie * d.span);
     }
     return all;
 }

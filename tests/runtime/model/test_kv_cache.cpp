@@ -73,18 +73,12 @@ TEST_CASE("golden models with f16, bf16 and int8 KV caches: logits near the refe
                 req.ignore_eos = true;
                 const std::vector<int32_t> got = r.engine->generate(req).tokens;
                 REQUIRE(got.size() == c.greedy.size());
-                size_t i = 0;
-                while (i < got.size() && got[i] == c.greedy[i]) ++i;
-                if (i == got.size()) continue;
                 // The first divergence: how far apart the two tokens were, by the f32 cache's logits.
-                std::vector<int32_t> prefix = c.prompt;
-                prefix.insert(prefix.end(), c.greedy.begin(), c.greedy.begin() + ptrdiff_t(i));
-                const std::vector<float> ref = f32.engine->score(prefix);
-                const float* row = ref.data() + (prefix.size() - 1) * size_t(V);
-                const double margin = double(row[c.greedy[i]]) - double(row[got[i]]);
-                MESSAGE(m << " case " << ci << " " << kv_dtype_name(kv) << " KV: greedy diverges at step " << i
-                          << " (" << c.greedy[i] << " vs " << got[i] << "), margin " << margin);
-                CHECK(margin < kNearTie);
+                const Divergence d = first_divergence(*f32.engine, c.prompt, c.greedy, got, V);
+                if (d.step < 0) continue;
+                MESSAGE(m << " case " << ci << " " << kv_dtype_name(kv) << " KV: greedy diverges at step " << d.step
+                          << ", margin " << d.margin);
+                CHECK(d.margin < kNearTie);
             }
         }
     }
