@@ -88,20 +88,26 @@ inline double rel_error(const float* a, const float* b, size_t n) {
     return std::sqrt(num / (den > 0 ? den : 1));
 }
 
-// Where greedy tokens `got` first differ from the reference's `want` after `prompt`, judged by the logits of
-// `ref` (an engine of the default precision) at that step: the margin of want's token over got's and the row's
-// largest |logit|. step -1: they never differ.
+// Where `run`'s greedy tokens after c.prompt first differ from the reference's c.greedy, judged by the logits
+// of `ref` (an engine of the default precision) at that step: the margin of the reference's token over run's and
+// the row's largest |logit|. step -1: they never differ.
 struct Divergence {
     int64_t step = -1;
     double margin = 0, span = 0;
 };
-inline Divergence first_divergence(Engine& ref, const std::vector<int32_t>& prompt, const std::vector<int32_t>& want,
-                                   const std::vector<int32_t>& got, int64_t V) {
+inline Divergence greedy_divergence(Engine& run, Engine& ref, const GoldenCase& c, int64_t V) {
+    GenerateRequest req;
+    req.prompt = c.prompt;
+    req.max_new_tokens = int64_t(c.greedy.size());
+    req.ignore_eos = true;
+    const std::vector<int32_t> got = run.generate(req).tokens;
+    const std::vector<int32_t>& want = c.greedy;
+    REQUIRE(got.size() == want.size());
     Divergence d;
     size_t i = 0;
-    while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
-    if (i == got.size() || i == want.size()) return d;
-    std::vector<int32_t> prefix = prompt;
+    while (i < got.size() && got[i] == want[i]) ++i;
+    if (i == got.size()) return d;
+    std::vector<int32_t> prefix = c.prompt;
     prefix.insert(prefix.end(), want.begin(), want.begin() + ptrdiff_t(i));
     const std::vector<float> logits = ref.score(prefix);
     const float* row = logits.data() + (prefix.size() - 1) * size_t(V);
