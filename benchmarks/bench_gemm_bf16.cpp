@@ -106,13 +106,13 @@ void omp_threads(int n) {
 
 // oneDNN's bf16 matmul of m rows against W [n, k] (bf16, row-major: B = W^T is k x n with tag ba), weights
 // reordered once into the layout the primitive picks.
-struct OnednnBf16 {
+struct DirectOnednnBf16 {
     dnnl::engine eng{dnnl::engine::kind::cpu, 0};
     dnnl::stream strm{eng};
     dnnl::matmul::primitive_desc pd;
     dnnl::matmul prim;
     dnnl::memory a, w, c;
-    OnednnBf16(const uint16_t* xb, const uint16_t* wt, int64_t m, int64_t k, int64_t n, float* y) {
+    DirectOnednnBf16(const uint16_t* xb, const uint16_t* wt, int64_t m, int64_t k, int64_t n, float* y) {
         using dt = dnnl::memory::data_type;
         using tag = dnnl::memory::format_tag;
         const dnnl::memory::desc a_md({m, k}, dt::bf16, tag::ab), w_any({k, n}, dt::bf16, tag::any),
@@ -209,7 +209,7 @@ int main(int argc, char** argv) {
             if (dot && m >= 16) {
                 std::vector<uint16_t> xb(x.size());
                 for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
-                OnednnBf16 o(xb.data(), w.data(), m, k, n, y.data());
+                DirectOnednnBf16 o(xb.data(), w.data(), m, k, n, y.data());
                 add(
                     "onednn", o.impl(),
                     [&] {

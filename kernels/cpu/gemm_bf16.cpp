@@ -7,6 +7,7 @@
 
 #include "base/convert.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/isa_variants.h"
 
@@ -40,6 +41,14 @@ PackedBf16 pack_bf16_weights(const void* w, DType wt, int64_t n, int64_t k, Thre
         pool->parallel_for(n, rows, kBf16PanelN);
     else
         rows(0, n, 0);
+    const IsaLevel isa = detect_isa();
+    if (gemm_bf16_dot_available(isa) && int8_uses_onednn(isa)) {
+        std::vector<uint16_t> rowmajor(static_cast<size_t>(n * k));
+        convert_elements(w, wt, rowmajor.data(), DType::kBF16, n * k);
+        std::string why;
+        p.onednn = onednn_pack_bf16(rowmajor.data(), n, k, isa, &why);
+        if (!p.onednn) LOG_INFO("bf16 GEMM: oneDNN not used for [{}, {}]: {}", n, k, why);
+    }
     return p;
 }
 
@@ -191,6 +200,7 @@ void gemm_bf16_dot(const float* x, int64_t m, const PackedBf16& w, float* y, Thr
     xb.resize(size_t(m * kp));
     round_rows(x, m, w.k, kp, xb.data());
     const uint16_t* xr = xb.data();
+    if (w.onednn && m >= kInt8OnednnMinM && onednn_bf16_gemm(xr, m, kp, *w.onednn, y, pool)) return;
     pool.parallel_chunks(w.n_panels, chunk_for(w.n_panels, pool.size()),
                          [&](int64_t p0, int64_t p1, int) { panel_range(xr, m, kp, w, p0, p1, y); });
 #endif

@@ -17,8 +17,10 @@
 // core): this kernel 221-228 GFLOP/s at m = 128 and 512 on 4096 x 4096 and 11008 x 4096 (96-97% of vdpbf16ps'
 // register rate), oneDNN 2.6.3 (brg:avx512_core_bf16) 218-222, at m = 16 210-214 against 165-185; and oneDNN
 // takes no f32 rows with bf16 weights (x converted first) and wants its own blocked copy of the weights per
-// primitive, beside the packed panels decode streams. On Xeons with AMX its tile kernels (AMX-BF16) would be the
-// faster (not measured: no AMX on the machines so far); that provider is not written.
+// primitive, beside the packed panels decode streams. On Xeons with AMX its tile kernels (AMX-BF16) have several
+// times vdpbf16ps' rate, so there, by the int8 GEMM's provider policy (int8_uses_onednn: the amx level by
+// default), the GEMMs at m >= 16 run oneDNN's matmul on a copy of the weights (PackedBf16::onednn); not measured
+// on AMX yet (no AMX on the machines so far; bench_gemm_bf16 prints what oneDNN picks).
 //
 // Numerics: every output is one fixed sequence of operations whatever m, the tile or the thread split: its lane
 // adds the pairs q = 0, 1, .. in order (vdpbf16ps: x[2q] w[2q] and x[2q + 1] w[2q + 1] into the lane). So a
@@ -28,11 +30,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "base/dtype.h"
 #include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/onednn_int8.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace lattice {
@@ -44,9 +48,12 @@ struct PackedBf16 {
     int64_t n = 0, k = 0;
     int64_t pairs = 0;     // ceil(k / 2)
     int64_t n_panels = 0;  // ceil(n / 16)
+    std::shared_ptr<const OnednnBf16> onednn;  // oneDNN's copy (m >= kInt8OnednnMinM), or null
     int64_t panel_elems() const { return pairs * kBf16PanelN * 2; }
     const uint16_t* panel(int64_t p) const { return data.data() + p * panel_elems(); }
-    int64_t bytes() const { return int64_t(data.size() * sizeof(uint16_t)); }
+    int64_t bytes() const {
+        return int64_t(data.size() * sizeof(uint16_t)) + (onednn ? onednn_bf16_bytes(*onednn) : 0);
+    }
 };
 
 // Whether the bf16-pair GEMM runs at `isa` on this CPU: vector_level(isa) is avx512 and the CPU has AVX512_BF16.
@@ -56,7 +63,10 @@ inline bool gemm_bf16_dot_available() {
 }
 
 // w [n, k] row-major f32, f16 or bf16, rounded to bf16 (nearest even, NaN kept NaN) and packed; the rows split
-// among the pool's threads when one is given.
+// among the pool's threads when one is given. Where the provider policy gives the GEMMs at m >= 16 to oneDNN
+// (int8_uses_onednn at this ISA level: by default the amx level, where oneDNN's tile kernels run AMX-BF16), a
+// oneDNN copy too (onednn_int8.h); its rows equal the pairs' to f32 rounding, not bit for bit, so at that level
+// a prompt's rows and the same tokens one at a time differ by rounding.
 PackedBf16 pack_bf16_weights(const void* w, DType wt, int64_t n, int64_t k, ThreadPool* pool = nullptr);
 
 // y[m, n] = bf16(x) . W^T (see above); x [m, k] f32. Throws Error where gemm_bf16_dot_available() is false.

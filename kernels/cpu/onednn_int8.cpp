@@ -1,5 +1,6 @@
-// oneDNN as the W8A8 GEMM provider (see onednn_int8.h): the chunked weight reorder, the primitive cache,
-// the per-thread OpenMP setting and scratchpad, and lattice's epilogue over each chunk's int32 sums.
+// oneDNN as the W8A8 GEMM provider and the bf16-pair GEMM's (see onednn_int8.h): the chunked weight reorder, the
+// primitive cache, the per-thread OpenMP setting and scratchpad, lattice's epilogue over each chunk's int32 sums
+// (int8) or the chunk's f32 outputs copied into place (bf16).
 #include "kernels/cpu/onednn_int8.h"
 
 #include "base/error.h"
@@ -8,31 +9,38 @@
 #if LATTICE_HAVE_ONEDNN
 #include <dlfcn.h>
 
+#include <cstring>
 #include <map>
 #include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 #include <vector>
-
-#include <oneapi/dnnl/dnnl.hpp>
 #endif
 
 namespace lattice {
 
 #if LATTICE_HAVE_ONEDNN
 
-struct OnednnInt8 {
+namespace {
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+}  // namespace
+
+// Weights reordered chunk by chunk; the types of the matmul they serve (int8: u8 x s8 -> s32; bf16: bf16 x bf16
+// -> f32).
+struct OnednnWeights {
     int64_t n = 0, k = 0;
+    dt src = dt::u8, dst = dt::s32;
     std::vector<dnnl::memory::desc> descs;  // [chunks] the blocked layout of each chunk
     std::vector<dnnl::memory> weights;      // [chunks] reordered weights, owned by oneDNN
     int64_t bytes = 0;
     int64_t chunks() const { return int64_t(weights.size()); }
     int64_t width(int64_t c) const { return std::min(kOnednnChunkN, n - c * kOnednnChunkN); }
 };
+struct OnednnInt8 : OnednnWeights {};
+struct OnednnBf16 : OnednnWeights {};
 
 namespace {
-
-using dt = dnnl::memory::data_type;
-using tag = dnnl::memory::format_tag;
 
 // The engine and the primitive cache live until the process ends (never destroyed): their destructors would
 // otherwise run after libdnnl's own statics at exit.
@@ -57,9 +65,10 @@ void one_omp_thread() {
 std::once_flag g_isa_once;
 IsaLevel g_isa_fixed = IsaLevel::kScalar;
 
-dnnl::matmul::primitive_desc make_pd(int64_t m, int64_t k, int64_t width, int64_t lda, const dnnl::memory::desc& wd) {
-    dnnl::memory::desc a({m, k}, dt::u8, dnnl::memory::dims{lda, 1});
-    dnnl::memory::desc c({m, width}, dt::s32, tag::ab);
+dnnl::matmul::primitive_desc make_pd(int64_t m, int64_t k, int64_t width, int64_t lda, const dnnl::memory::desc& wd,
+                                     dt src, dt dst) {
+    dnnl::memory::desc a({m, k}, src, dnnl::memory::dims{lda, 1});
+    dnnl::memory::desc c({m, width}, dst, tag::ab);
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, wd, c), attr, cpu_engine());
@@ -71,24 +80,27 @@ struct Prim {
     std::string impl;
 };
 
-using PrimKey = std::tuple<int64_t, int64_t, int64_t, int64_t>;  // m, k, width, lda
+using PrimKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int>;  // m, k, width, lda, src type
 std::mutex g_prims_mu;
 // nullptr entries: oneDNN has no primitive for the key.
 auto& g_prims = *new std::map<PrimKey, std::shared_ptr<const Prim>>;
 
-// The cached primitive for m rows of a chunk whose layout is wd (nullptr when oneDNN refuses the shape).
-std::shared_ptr<const Prim> prim_for(int64_t m, int64_t k, int64_t width, int64_t lda, const dnnl::memory::desc& wd) {
-    const PrimKey key{m, k, width, lda};
+// The cached primitive for m rows of chunk c of w (nullptr when oneDNN refuses the shape).
+std::shared_ptr<const Prim> prim_for(int64_t m, int64_t lda, const OnednnWeights& w, int64_t c) {
+    const int64_t k = w.k, width = w.width(c);
+    const dnnl::memory::desc& wd = w.descs[size_t(c)];
+    const PrimKey key{m, k, width, lda, int(w.src)};
     std::lock_guard<std::mutex> lock(g_prims_mu);
     if (auto it = g_prims.find(key); it != g_prims.end()) return it->second;
     if (g_prims.size() >= kOnednnMaxPrims) g_prims.clear();
     std::shared_ptr<const Prim> p;
     try {
-        auto pd = make_pd(m, k, width, lda, wd);
+        auto pd = make_pd(m, k, width, lda, wd, w.src, w.dst);
         p = std::make_shared<const Prim>(Prim{dnnl::matmul(pd), pd.src_desc(), pd.dst_desc(), pd.scratchpad_desc(),
                                               pd.impl_info_str()});
     } catch (const dnnl::error& e) {
-        LOG_DEBUG("oneDNN: no u8 x s8 matmul for m = {}, k = {}, n = {}: {}", m, k, width, e.what());
+        LOG_DEBUG("oneDNN: no {} matmul for m = {}, k = {}, n = {}: {}", w.src == dt::u8 ? "u8 x s8" : "bf16", m, k,
+                  width, e.what());
     }
     g_prims.emplace(key, p);
     return p;
@@ -116,23 +128,93 @@ __attribute__((target("avx512f"))) void chunk_epilogue(const int32_t* s, int64_t
     }
 }
 
-// Runs chunk ch on the calling thread.
-void run_chunk(const uint8_t* a, int64_t m, const OnednnInt8& w, int64_t ch, const Prim& p, const int32_t* col_sums,
-               const int8_detail::Int8Epilogue& ep) {
+// Runs chunk ch on the calling thread into a dense [m, width] buffer of 4-byte outputs (s32 or f32), which
+// `done` then takes.
+template <class Done>
+void run_chunk(const void* a, int64_t m, const OnednnWeights& w, int64_t ch, const Prim& p, Done&& done) {
     one_omp_thread();
     thread_local dnnl::stream strm(cpu_engine());
     thread_local std::vector<uint8_t> scratch;
-    thread_local std::vector<int32_t> sums;
+    thread_local std::vector<int32_t> out;
     const int64_t width = w.width(ch);
     if (scratch.size() < p.scratch.get_size()) scratch.resize(p.scratch.get_size());
-    if (sums.size() < size_t(m * width)) sums.resize(size_t(m * width));
-    dnnl::memory src(p.src, cpu_engine(), const_cast<uint8_t*>(a));
-    dnnl::memory dst(p.dst, cpu_engine(), sums.data());
+    if (out.size() < size_t(m * width)) out.resize(size_t(m * width));
+    dnnl::memory src(p.src, cpu_engine(), const_cast<void*>(a));
+    dnnl::memory dst(p.dst, cpu_engine(), out.data());
     dnnl::memory pad(p.scratch, cpu_engine(), scratch.data());
     p.prim.execute(strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w.weights[size_t(ch)]}, {DNNL_ARG_DST, dst},
                           {DNNL_ARG_SCRATCHPAD, pad}});
     strm.wait();
-    chunk_epilogue(sums.data(), m, ch * kOnednnChunkN, width, col_sums, ep);
+    done(out.data(), width);
+}
+
+// Caps oneDNN's ISA at `isa` the first time (set_max_cpu_isa works once, before any primitive); false, with the
+// reason in *why, when an earlier call fixed another level.
+bool fix_isa(IsaLevel isa, std::string* why) {
+    (void)cpu_features();  // the tile permission is asked for (isa.cpp) before oneDNN's first primitive
+    std::call_once(g_isa_once, [isa] {
+        // avx512_core_bf16 is the highest level below AMX in oneDNN 2.6's list.
+        const auto cap = isa == IsaLevel::kAmx ? dnnl::cpu_isa::all : dnnl::cpu_isa::avx512_core_bf16;
+        try {
+            dnnl::set_max_cpu_isa(cap);
+        } catch (const dnnl::error& e) {  // a primitive existed already (another user of the library)
+            LOG_DEBUG("oneDNN: set_max_cpu_isa refused: {}", e.what());
+        }
+        g_isa_fixed = isa;
+        LOG_INFO("GEMMs at m >= {} on oneDNN's copy of their weights run {} (level {})", kInt8OnednnMinM,
+                 onednn_describe(), isa_name(isa));
+    });
+    if (g_isa_fixed == isa) return true;
+    if (why) *why = fmt::format("oneDNN was fixed at the '{}' level earlier in this process", isa_name(g_isa_fixed));
+    return false;
+}
+
+// Reorders q [n, k] (row-major, elements of type wdt, `es` bytes each) chunk by chunk into the layouts oneDNN
+// chooses for a matmul of `src` rows into `dst` (at m = kInt8OnednnMinM; other m reuse them).
+void pack_chunks(OnednnWeights& w, const void* q, dt wdt, int64_t es, int64_t n, int64_t k, dt src, dt dst) {
+    w.n = n;
+    w.k = k;
+    w.src = src;
+    w.dst = dst;
+    dnnl::stream strm(cpu_engine());
+    const int64_t chunks = (n + kOnednnChunkN - 1) / kOnednnChunkN;
+    for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t width = std::min(kOnednnChunkN, n - c * kOnednnChunkN);
+        dnnl::memory::desc any({k, width}, wdt, tag::any);
+        const auto pd = make_pd(kInt8OnednnMinM, k, width, (k + 63) / 64 * 64, any, src, dst);
+        // q's rows are the chunk's columns: [k, width] with strides {1, k}.
+        dnnl::memory::desc src_d({k, width}, wdt, dnnl::memory::dims{1, k});
+        dnnl::memory from(src_d, cpu_engine(),
+                          const_cast<uint8_t*>(static_cast<const uint8_t*>(q) + c * kOnednnChunkN * k * es));
+        dnnl::memory to(pd.weights_desc(), cpu_engine());
+        dnnl::reorder(from, to).execute(strm, from, to);
+        w.descs.push_back(pd.weights_desc());
+        w.weights.push_back(to);
+        w.bytes += int64_t(pd.weights_desc().get_size());
+    }
+    strm.wait();
+}
+
+// Runs every chunk of w over the pool (`done(chunk, outputs, width)` takes each chunk's outputs); false when
+// oneDNN has no primitive for m.
+template <class Done>
+bool run_chunks(const void* a, int64_t m, int64_t lda, const OnednnWeights& w, ThreadPool& pool, Done&& done) {
+    // Created here, on the caller, so that workers only read the cache's entries.
+    const int64_t chunks = w.chunks();
+    const auto full = prim_for(m, lda, w, 0);
+    const auto tail = chunks > 1 && w.width(chunks - 1) != w.width(0) ? prim_for(m, lda, w, chunks - 1) : full;
+    if (!full || !tail) return false;
+    try {
+        pool.parallel_chunks(chunks, chunk_for(chunks, pool.size()), [&](int64_t c0, int64_t c1, int) {
+            for (int64_t c = c0; c < c1; ++c)
+                run_chunk(a, m, w, c, c == chunks - 1 ? *tail : *full,
+                          [&](const int32_t* out, int64_t width) { done(c, out, width); });
+        });
+    } catch (const dnnl::error& e) {
+        LATTICE_FAIL("oneDNN: {} matmul m = {}, k = {}, n = {} failed: {}", w.src == dt::u8 ? "int8" : "bf16", m, w.k,
+                     w.n, e.what());
+    }
+    return true;
 }
 
 }  // namespace
@@ -149,44 +231,10 @@ std::shared_ptr<const OnednnInt8> onednn_pack_int8(const int8_t* q, int64_t n, i
     LATTICE_CHECK(q && n > 0 && k > 0, "onednn_pack_int8: bad weights [{}, {}]", n, k);
     LATTICE_CHECK(isa == IsaLevel::kAvx512Vnni || isa == IsaLevel::kAmx,
                   "onednn_pack_int8: oneDNN serves the avx512 and amx levels only, not '{}'", isa_name(isa));
-    (void)cpu_features();  // the tile permission is asked for (isa.cpp) before oneDNN's first primitive
-    std::call_once(g_isa_once, [isa] {
-        // avx512_core_bf16 is the highest level below AMX in oneDNN 2.6's list.
-        const auto cap = isa == IsaLevel::kAmx ? dnnl::cpu_isa::all : dnnl::cpu_isa::avx512_core_bf16;
-        try {
-            dnnl::set_max_cpu_isa(cap);
-        } catch (const dnnl::error& e) {  // a primitive existed already (another user of the library)
-            LOG_DEBUG("oneDNN: set_max_cpu_isa refused: {}", e.what());
-        }
-        g_isa_fixed = isa;
-        LOG_INFO("int8 GEMM: W8A8 at m >= {} runs {} (level {})", kInt8OnednnMinM, onednn_describe(), isa_name(isa));
-    });
-    if (g_isa_fixed != isa) {
-        if (why)
-            *why = fmt::format("oneDNN was fixed at the '{}' level earlier in this process", isa_name(g_isa_fixed));
-        return nullptr;
-    }
+    if (!fix_isa(isa, why)) return nullptr;
     auto w = std::make_shared<OnednnInt8>();
-    w->n = n;
-    w->k = k;
     try {
-        dnnl::stream strm(cpu_engine());
-        const int64_t chunks = (n + kOnednnChunkN - 1) / kOnednnChunkN;
-        for (int64_t c = 0; c < chunks; ++c) {
-            const int64_t width = std::min(kOnednnChunkN, n - c * kOnednnChunkN);
-            // The layout oneDNN chooses for this chunk (at m = kInt8OnednnMinM; other m reuse it).
-            dnnl::memory::desc any({k, width}, dt::s8, tag::any);
-            const auto pd = make_pd(kInt8OnednnMinM, k, width, (k + 63) / 64 * 64, any);
-            // q's rows are the chunk's columns: [k, width] with strides {1, k}.
-            dnnl::memory::desc src_d({k, width}, dt::s8, dnnl::memory::dims{1, k});
-            dnnl::memory src(src_d, cpu_engine(), const_cast<int8_t*>(q + c * kOnednnChunkN * k));
-            dnnl::memory dst(pd.weights_desc(), cpu_engine());
-            dnnl::reorder(src, dst).execute(strm, src, dst);
-            w->descs.push_back(pd.weights_desc());
-            w->weights.push_back(dst);
-            w->bytes += int64_t(pd.weights_desc().get_size());
-        }
-        strm.wait();
+        pack_chunks(*w, q, dt::s8, 1, n, k, dt::u8, dt::s32);
     } catch (const dnnl::error& e) {
         LATTICE_FAIL("oneDNN: reordering int8 weights [{}, {}] failed: {}", n, k, e.what());
     }
@@ -197,32 +245,51 @@ int64_t onednn_int8_bytes(const OnednnInt8& w) { return w.bytes; }
 
 bool onednn_int8_gemm(const uint8_t* a, int64_t m, int64_t lda, const OnednnInt8& w, const int32_t* col_sums,
                       const int8_detail::Int8Epilogue& ep, ThreadPool& pool) {
-    // Created here, on the caller, so that workers only read the cache's entries.
-    const int64_t chunks = w.chunks();
-    const auto full = prim_for(m, w.k, w.width(0), lda, w.descs[0]);
-    const auto tail = chunks > 1 && w.width(chunks - 1) != w.width(0)
-                          ? prim_for(m, w.k, w.width(chunks - 1), lda, w.descs[size_t(chunks - 1)])
-                          : full;
-    if (!full || !tail) return false;
-    try {
-        pool.parallel_chunks(chunks, chunk_for(chunks, pool.size()), [&](int64_t c0, int64_t c1, int) {
-            for (int64_t c = c0; c < c1; ++c)
-                run_chunk(a, m, w, c, c == chunks - 1 ? *tail : *full, col_sums, ep);
-        });
-    } catch (const dnnl::error& e) {
-        LATTICE_FAIL("oneDNN: int8 matmul m = {}, k = {}, n = {} failed: {}", m, w.k, w.n, e.what());
-    }
-    return true;
+    return run_chunks(a, m, lda, w, pool, [&](int64_t c, const int32_t* sums, int64_t width) {
+        chunk_epilogue(sums, m, c * kOnednnChunkN, width, col_sums, ep);
+    });
 }
 
 std::string onednn_int8_impl(const OnednnInt8& w, int64_t m, int64_t lda) {
-    const auto p = prim_for(m, w.k, w.width(0), lda, w.descs[0]);
+    const auto p = prim_for(m, lda, w, 0);
+    return p ? p->impl : std::string("none");
+}
+
+std::shared_ptr<const OnednnBf16> onednn_pack_bf16(const uint16_t* w, int64_t n, int64_t k, IsaLevel isa,
+                                                   std::string* why) {
+    LATTICE_CHECK(w && n > 0 && k > 0, "onednn_pack_bf16: bad weights [{}, {}]", n, k);
+    LATTICE_CHECK(isa == IsaLevel::kAvx512Vnni || isa == IsaLevel::kAmx,
+                  "onednn_pack_bf16: oneDNN serves the avx512 and amx levels only, not '{}'", isa_name(isa));
+    if (!fix_isa(isa, why)) return nullptr;
+    auto p = std::make_shared<OnednnBf16>();
+    try {
+        pack_chunks(*p, w, dt::bf16, 2, n, k, dt::bf16, dt::f32);
+    } catch (const dnnl::error& e) {
+        LATTICE_FAIL("oneDNN: reordering bf16 weights [{}, {}] failed: {}", n, k, e.what());
+    }
+    return p;
+}
+
+int64_t onednn_bf16_bytes(const OnednnBf16& w) {
+    return w.bytes;
+}
+
+bool onednn_bf16_gemm(const uint16_t* xb, int64_t m, int64_t lda, const OnednnBf16& w, float* y, ThreadPool& pool) {
+    return run_chunks(xb, m, lda, w, pool, [&](int64_t c, const int32_t* out, int64_t width) {
+        for (int64_t r = 0; r < m; ++r)
+            std::memcpy(y + r * w.n + c * kOnednnChunkN, out + r * width, size_t(width) * sizeof(float));
+    });
+}
+
+std::string onednn_bf16_impl(const OnednnBf16& w, int64_t m, int64_t lda) {
+    const auto p = prim_for(m, lda, w, 0);
     return p ? p->impl : std::string("none");
 }
 
 #else  // !LATTICE_HAVE_ONEDNN
 
 struct OnednnInt8 {};
+struct OnednnBf16 {};
 
 bool onednn_compiled() { return false; }
 std::string onednn_describe() { return "oneDNN absent (built without libdnnl)"; }
@@ -235,6 +302,18 @@ bool onednn_int8_gemm(const uint8_t*, int64_t, int64_t, const OnednnInt8&, const
     LATTICE_FAIL("onednn_int8_gemm: this build has no oneDNN");
 }
 std::string onednn_int8_impl(const OnednnInt8&, int64_t, int64_t) { return "none"; }
+std::shared_ptr<const OnednnBf16> onednn_pack_bf16(const uint16_t*, int64_t, int64_t, IsaLevel, std::string*) {
+    LATTICE_FAIL("onednn_pack_bf16: this build has no oneDNN (install libdnnl-dev and reconfigure)");
+}
+int64_t onednn_bf16_bytes(const OnednnBf16&) {
+    return 0;
+}
+bool onednn_bf16_gemm(const uint16_t*, int64_t, int64_t, const OnednnBf16&, float*, ThreadPool&) {
+    LATTICE_FAIL("onednn_bf16_gemm: this build has no oneDNN");
+}
+std::string onednn_bf16_impl(const OnednnBf16&, int64_t, int64_t) {
+    return "none";
+}
 
 #endif
 

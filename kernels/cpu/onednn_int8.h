@@ -69,4 +69,16 @@ bool onednn_int8_gemm(const uint8_t* a, int64_t m, int64_t lda, const OnednnInt8
 // The implementation oneDNN picked for m rows of these weights (e.g. "brg:avx512_core_amx_int8").
 std::string onednn_int8_impl(const OnednnInt8& w, int64_t m, int64_t lda);
 
+// The same for the bf16-pair GEMM (gemm_bf16.h, `--dtype bf16`), by the same provider policy (int8_uses_onednn):
+// oneDNN's bf16 x bf16 -> f32 matmul, whose tile kernels on Xeons with AMX are AMX-BF16
+// (`brg:avx512_core_amx`), on a copy of the weights reordered chunk by chunk as the int8 ones. w is [n, k] bf16
+// row-major; xb the rows of x in bf16, leading dimension lda; y [m, n] f32 written in place. oneDNN sums in its
+// own order: its rows equal the pairs' to f32 rounding, not bit for bit.
+struct OnednnBf16;
+std::shared_ptr<const OnednnBf16> onednn_pack_bf16(const uint16_t* w, int64_t n, int64_t k, IsaLevel isa,
+                                                   std::string* why = nullptr);
+int64_t onednn_bf16_bytes(const OnednnBf16& w);
+bool onednn_bf16_gemm(const uint16_t* xb, int64_t m, int64_t lda, const OnednnBf16& w, float* y, ThreadPool& pool);
+std::string onednn_bf16_impl(const OnednnBf16& w, int64_t m, int64_t lda);
+
 }  // namespace lattice

@@ -7,12 +7,14 @@
 // case runs everywhere.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 
+#include "base/error.h"
+#include "kernels/cpu/gemm_bf16.h"
+#include "kernels/cpu/onednn_int8.h"
 #include "tests/kernels/cpu/int8_test_util.h"
 #include "tests/test_skip.h"
-#include "kernels/cpu/onednn_int8.h"
-#include "base/error.h"
 
 using namespace lattice;
 using namespace lattice::test;
@@ -146,4 +148,50 @@ TEST_CASE("onednn: W8A8 float output bit-identical to the VNNI kernel [onednn]")
         CHECK(std::memcmp(y_own.data(), y_od.data(), y_own.size() * sizeof(float)) == 0);
     }
     MESSAGE(onednn_describe(), ": ", onednn_int8_impl(*od.onednn, 128, (k + 63) / 64 * 64));
+}
+
+TEST_CASE(
+    "onednn: the bf16-pair GEMM's provider (--dtype bf16): the rows of oneDNN's matmul within f32 rounding of "
+    "the pairs' [onednn]") {
+    if (const std::string why = onednn_skip_reason(); !why.empty()) LATTICE_SKIP(why);
+    if (!gemm_bf16_dot_available()) LATTICE_SKIP("the CPU has no AVX512_BF16 (the bf16 pairs and their provider)");
+    ThreadPool pool(2);
+    std::mt19937 rng(55);
+    const int64_t n = 300, k = 1000;  // a partial chunk (256 + 44 columns), k not a multiple of 32
+    const std::vector<float> wf = random_f32(size_t(n * k), rng, 0.05f);
+    const PackedBf16 own = pack_bf16_weights(wf.data(), DType::kF32, n, k);
+    CHECK(!own.onednn);  // auto: oneDNN at the amx level only
+    PackedBf16 od;
+    {
+        ProviderGuard g(Int8Provider::kOnednn);
+        od = pack_bf16_weights(wf.data(), DType::kF32, n, k);
+    }
+    REQUIRE(od.onednn);
+    CHECK(od.data == own.data);  // the pairs' panels are the same either way
+    CHECK(od.bytes() > own.bytes());
+    for (int64_t m : {int64_t(5), int64_t(16), int64_t(70)}) {
+        CAPTURE(m);
+        const std::vector<float> x = random_f32(size_t(m * k), rng);
+        std::vector<float> y_own(size_t(m * n), -1.0f), y_od(size_t(m * n), -2.0f);
+        gemm_bf16_dot(x.data(), m, own, y_own.data(), pool);
+        gemm_bf16_dot(x.data(), m, od, y_od.data(), pool);
+        if (m < kInt8OnednnMinM) {  // decode rows: always the pairs
+            CHECK(std::memcmp(y_own.data(), y_od.data(), y_own.size() * sizeof(float)) == 0);
+            continue;
+        }
+        double worst = 0;
+        for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+                double mag = 0;
+                for (int64_t p = 0; p < k; ++p)
+                    mag += std::fabs(double(bf16_to_f32(f32_to_bf16(x[size_t(i * k + p)]))) *
+                                     double(bf16_to_f32(f32_to_bf16(wf[size_t(j * k + p)]))));
+                const double d = std::fabs(double(y_own[size_t(i * n + j)]) - double(y_od[size_t(i * n + j)]));
+                worst = std::max(worst, d / (mag + 1e-30));
+            }
+        MESSAGE("m ", m, ": worst |pairs - oneDNN| / magnitude ", worst);
+        CHECK(worst < 2.4e-7 * double(k / 2 + 2));  // both within f32 rounding of the exact sum
+        CHECK(y_own != y_od);                       // oneDNN ran (its own order of sums)
+    }
+    MESSAGE(onednn_describe(), ": ", onednn_bf16_impl(*od.onednn, 70, (k + 31) / 32 * 32));
 }

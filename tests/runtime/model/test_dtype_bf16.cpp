@@ -4,9 +4,10 @@
 //    --kv-cache-dtype auto, the logits of every prompt position near the reference (bf16 weights, inputs and
 //    cache cost about what the bf16 cache alone costs, test_kv_cache.cpp: the bound below is measured with
 //    headroom) and the greedy tokens those of the reference or the first divergence a near tie;
-//  - where the CPU has AVX512_BF16 ([bf16dot], its own ctest entry, SKIP elsewhere): the linears packed for the
-//    bf16 pairs, the logits different from the same weights under the widened math (LATTICE_ISA=avx2: the pairs
-//    ran), and one token at a time equal to the prompt in one call, bit for bit;
+//  - where the CPU has AVX512_BF16 ([bf16dot], its own ctest entry, SKIP elsewhere; lattice's kernels, not
+//    oneDNN's, whatever the level): the linears packed for the bf16 pairs, the logits different from the same weights
+//    under the widened math (LATTICE_ISA=avx2: the pairs ran), and one token at a time equal to the prompt in one call,
+//    bit for bit;
 //  - elsewhere (and under LATTICE_ISA=avx2) the bf16 weights run the widened math, also near the reference.
 #include <doctest/doctest.h>
 
@@ -100,6 +101,13 @@ TEST_CASE("--dtype bf16 on the CPU, widened math (LATTICE_ISA=avx2): bf16 weight
 TEST_CASE("--dtype bf16 on the CPU [bf16dot]: the bf16 pairs near the reference, one token at a time equal to the "
           "prompt") {
     if (!gemm_bf16_dot_available()) LATTICE_SKIP("no AVX512_BF16 at the avx512 level here: --dtype bf16 runs widened");
+    // The pairs for every m (on AMX Xeons the default gives m >= 16 to oneDNN, whose sums differ by rounding).
+    const Int8Provider provider = int8_provider();
+    set_int8_provider(Int8Provider::kOwn);
+    struct Restore {
+        Int8Provider p;
+        ~Restore() { set_int8_provider(p); }
+    } restore{provider};
     for (const auto& m : golden_models()) {
         CAPTURE(m);
         auto src = open_model(golden_dir(m));
