@@ -55,6 +55,9 @@ def main():
     ap.add_argument("--preset", default="tinyllama-1.1b", choices=["tinyllama-1.1b", "mixtral-tiny-8x1.1b"],
                     help="shape of the random GGUF written when --model does not exist")
     ap.add_argument("--model", default="")
+    ap.add_argument("--dtype", default="", choices=["", "f32", "bf16"],
+                    help="lattice's --dtype (a float checkpoint on the CPU: bf16 runs its linears in bf16 pairs)")
+    ap.add_argument("--tag", default="", help="suffix of the JSON file's name (batch{tag}.json)")
     a = ap.parse_args()
     if not a.model:
         a.model = os.path.join(os.environ.get("LATTICE_BENCH_CACHE", "/tmp/lattice-bench"), f"{a.preset}.q8_0.gguf")
@@ -81,7 +84,8 @@ def main():
             load_before = os.getloadavg()  # the machine may be shared: each row says what else ran
             t0 = time.time()
             p = sh([lattice, "batch", "--model", a.model, "--input", inp, "--output", out, "--threads",
-                    str(a.threads), "--stats-json", stats, "--progress", "none", "--max-seq", "256"], timeout=3600)
+                    str(a.threads), "--stats-json", stats, "--progress", "none", "--max-seq", "256"]
+                   + (["--dtype", a.dtype] if a.dtype else []), timeout=3600)
             wall = time.time() - t0
             if p.returncode != 0:
                 sys.exit(f"lattice batch failed for N={n}: {p.stderr[-500:]}")
@@ -100,12 +104,12 @@ def main():
     for r in rows:
         if one and one["lattice"]["decode_tokens_per_s"] > 0:
             r["decode_vs_single"] = r["lattice"]["decode_tokens_per_s"] / one["lattice"]["decode_tokens_per_s"]
-    doc = {"benchmark": "batch", "model": f"{os.path.basename(a.model)} ({a.preset} random, q8_0 GGUF)",
+    doc = {"benchmark": "batch", "model": os.path.basename(a.model.rstrip("/")), "dtype": a.dtype or "default",
            "threads": a.threads,
            "workload": "N requests x (128 prompt + 64 new tokens)", "machine": machine_info(root), "rows": rows,
            "llama_cpp_bin": llama_bin or None}
     os.makedirs(a.out, exist_ok=True)
-    name = "batch.json" if a.preset == "tinyllama-1.1b" else f"batch_{a.preset}.json"
+    name = ("batch" if a.preset == "tinyllama-1.1b" else f"batch_{a.preset}") + a.tag + ".json"
     with open(os.path.join(a.out, name), "w") as f:
         json.dump(doc, f, indent=2)
     print("| N | lattice s | tok/s | TTFT mean s | decode tok/s | decode / N=1 | llama.cpp s | llama.cpp S_TG | "
