@@ -278,8 +278,8 @@ public:
     // int8 modes quantize symmetrically per output channel; 4-bit modes (supports(Op::kGemmInt4)) quantize
     // in affine groups of 32 (kernels/cpu/int4_gemm.h quantize_weights_int4), then make_linear_int4.
     virtual Linear make_linear(const View& host_w, QuantMode mode) = 0;
-    // The same for the LM head (a tied one may also be the embedding's rows: Model::embed_rows).
-    virtual Linear make_head(const View& host_w, QuantMode mode) { return make_linear(host_w, mode); }
+    // The same for an LM head tied to the embedding (which may then read its rows: Model::embed_rows).
+    virtual Linear make_tied_head(const View& host_w, QuantMode mode) { return make_linear(host_w, mode); }
     // Prepares a 4-bit linear (kW4A16 / kW4A8) from weights already in 4 bits (kernels/common/int4.h: a GGUF
     // Q4 file's blocks, an AWQ / GPTQ checkpoint's groups), nothing rounded again; the default refuses.
     virtual Linear make_linear_int4(const Int4Matrix& w, QuantMode mode) {

@@ -151,10 +151,10 @@ void Model::check_ops() const {
                   arch.name);
 }
 
-Linear Model::make_linear(HostTensor& w, QuantMode mode, bool head) {
+Linear Model::make_linear(HostTensor& w, QuantMode mode, bool tied_head) {
     if (w.int4()) return be_.make_linear_int4(w.q4.matrix(), mode);
     if (w.dtype == DType::kI8) return be_.make_linear_int8(w.view(), w.scales_view(), mode);
-    return head ? be_.make_head(w.view(), mode) : be_.make_linear(w.view(), mode);
+    return tied_head ? be_.make_tied_head(w.view(), mode) : be_.make_linear(w.view(), mode);
 }
 
 void Model::load(const TensorSource& src) {
@@ -206,7 +206,9 @@ void Model::load(const TensorSource& src) {
                 if (t.table && !(t.tied_head && head_holds_rows(lm_head_, h.view())))
                     embed_table_ = be_.make_table(h.view());
                 break;
-            case WeightRole::kLmHead: lm_head_ = make_linear(h, t.mode, true); break;
+            case WeightRole::kLmHead:
+                lm_head_ = make_linear(h, t.mode);
+                break;
             case WeightRole::kFinalNorm: final_norm_ = norm(h); break;
             case WeightRole::kAttnNorm: L->attn_norm = norm(h); break;
             case WeightRole::kFfnNorm: L->ffn_norm = norm(h); break;

@@ -178,7 +178,7 @@ private:
     void load(const TensorSource& src);
     // The one place a linear is made: int8 weights of a converted checkpoint go to the backend as
     // they are (make_linear_int8), float ones are prepared (and quantized) by make_linear.
-    Linear make_linear(HostTensor& w, QuantMode mode, bool head = false);
+    Linear make_linear(HostTensor& w, QuantMode mode, bool tied_head = false);
     void check_ops() const;  // every op the family's blocks need is supported (names the op otherwise)
     void tp_all_reduce(const View& x);  // timed (comm_seconds)
     // ---- the blocks (blocks.cpp) ----

@@ -30,10 +30,10 @@ struct CpuBackendOptions {
     // SiLU quantize their output, linear_quant reads it): the model's fused path runs on CPU
     // (tests; bit-identical to the unfused path).
     bool fused_quant = false;
-    // `--dtype bf16`: float linears rounded to bf16 at load and run as bf16 pairs (kernels/cpu/gemm_bf16.h:
-    // packed for vdpbf16ps where the CPU has AVX512_BF16 at the avx512 level; elsewhere kept bf16 row-major for
-    // the widened math, said once in the log), and the KV cache bf16 under --kv-cache-dtype auto. Activations
-    // between ops stay f32.
+    // `--dtype bf16`: float linears (but a tied head: make_tied_head) rounded to bf16 at load and run as bf16 pairs
+    // (kernels/cpu/gemm_bf16.h: packed for vdpbf16ps where the CPU has AVX512_BF16 at the avx512 level; elsewhere kept
+    // bf16 row-major for the widened math, said once in the log), and the KV cache bf16 under --kv-cache-dtype auto.
+    // Activations between ops stay f32.
     bool bf16 = false;
 };
 
@@ -68,9 +68,9 @@ public:
     void select_tokens(const View& logits, std::span<const TokenSelect> rows, int32_t* ids, float* logprobs) override;
 
     Linear make_linear(const View& host_w, QuantMode mode) override;
-    // --dtype bf16: a float head stays row-major in bf16 (the widened math: a head runs the few rows that are
-    // sampled, and a tied bf16 head remains the embedding's one copy of the rows).
-    Linear make_head(const View& host_w, QuantMode mode) override;
+    // --dtype bf16: a tied float head stays row-major in bf16 (the widened math), so that a bf16 one remains the
+    // embedding's one copy of the rows.
+    Linear make_tied_head(const View& host_w, QuantMode mode) override;
     Linear make_linear_int8(const View& host_q, const View& host_scales, QuantMode mode) override;
     Linear make_linear_int4(const Int4Matrix& w, QuantMode mode) override;
     bool packs_kquant() const override { return cpu_keeps_kquant(); }

@@ -45,9 +45,9 @@ Linear CpuBackend::make_linear(const View& w, QuantMode mode) {
     return make_linear_rows(w, bf16_ ? DType::kBF16 : w.dtype);
 }
 
-Linear CpuBackend::make_head(const View& w, QuantMode mode) {
+Linear CpuBackend::make_tied_head(const View& w, QuantMode mode) {
     if (!bf16_ || mode != QuantMode::kNone) return make_linear(w, mode);
-    LATTICE_CHECK(w.ndim == 2 && w.is_contiguous(), "make_head: expected a contiguous [n, k] weight, got {}",
+    LATTICE_CHECK(w.ndim == 2 && w.is_contiguous(), "make_tied_head: expected a contiguous [n, k] weight, got {}",
                   w.shape_str());
     return make_linear_rows(w, DType::kBF16);
 }
