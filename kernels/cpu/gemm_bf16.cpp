@@ -187,10 +187,11 @@ void panel_range(const uint16_t* xb, int64_t m, int64_t kp, const PackedBf16& w,
 #endif
 
 void gemm_bf16_dot(const float* x, int64_t m, const PackedBf16& w, float* y, ThreadPool& pool) {
-    const IsaLevel isa = detect_isa();
-    LATTICE_CHECK(gemm_bf16_dot_available(isa),
-                  "gemm_bf16_dot: the bf16-pair GEMM needs AVX512_BF16 at the avx512 level (ISA '{}'{})", isa_name(isa),
-                  cpu_features().avx512bf16 ? "" : ", and this CPU has no AVX512_BF16");
+    // The level was decided at packing (isa.h: an override reaches packed GEMMs from their next packing).
+    LATTICE_CHECK(gemm_bf16_dot_available(IsaLevel::kAvx512Vnni),
+                  "gemm_bf16_dot: the bf16-pair GEMM needs a CPU with AVX-512 and AVX512_BF16 (this one has{} {})",
+                  isa_supported(IsaLevel::kAvx512Vnni) ? "" : " no AVX-512 VNNI and",
+                  cpu_features().avx512bf16 ? "AVX512_BF16" : "no AVX512_BF16");
     LATTICE_CHECK(m >= 0, "gemm_bf16_dot: m {}", m);
 #if defined(__x86_64__)
     note_path(KernelFamily::kGemmF32, IsaLevel::kAvx512Vnni);

@@ -69,7 +69,8 @@ inline bool gemm_bf16_dot_available() {
 // a prompt's rows and the same tokens one at a time differ by rounding.
 PackedBf16 pack_bf16_weights(const void* w, DType wt, int64_t n, int64_t k, ThreadPool* pool = nullptr);
 
-// y[m, n] = bf16(x) . W^T (see above); x [m, k] f32. Throws Error where gemm_bf16_dot_available() is false.
+// y[m, n] = bf16(x) . W^T (see above); x [m, k] f32. Weights packed run the pairs whatever the ISA override since
+// (as packed int8 panels run their level: isa.h); throws Error on a CPU without AVX-512 and AVX512_BF16.
 void gemm_bf16_dot(const float* x, int64_t m, const PackedBf16& w, float* y, ThreadPool& pool);
 
 }  // namespace lattice
