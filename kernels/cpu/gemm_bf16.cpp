@@ -27,6 +27,16 @@ PackedBf16 pack_bf16_weights(const void* w, DType wt, int64_t n, int64_t k, Thre
     p.pairs = (k + 1) / 2;
     p.n_panels = (n + kBf16PanelN - 1) / kBf16PanelN;
     p.data.assign(size_t(p.n_panels * p.panel_elems()), 0);
+    // With a oneDNN copy to make (onednn_int8.h) the matrix is converted to bf16 once, and both packings read that.
+    const IsaLevel isa = detect_isa();
+    const bool onednn = gemm_bf16_dot_available(isa) && int8_uses_onednn(isa);
+    std::vector<uint16_t> rowmajor;
+    if (onednn) {
+        rowmajor.resize(static_cast<size_t>(n * k));
+        convert_elements(w, wt, rowmajor.data(), DType::kBF16, n * k);
+        w = rowmajor.data();
+        wt = DType::kBF16;
+    }
     const auto* wb = static_cast<const uint8_t*>(w);
     const int64_t es = dtype_size(wt);
     auto rows = [&](int64_t r0, int64_t r1, int) {
@@ -41,10 +51,7 @@ PackedBf16 pack_bf16_weights(const void* w, DType wt, int64_t n, int64_t k, Thre
         pool->parallel_for(n, rows, kBf16PanelN);
     else
         rows(0, n, 0);
-    const IsaLevel isa = detect_isa();
-    if (gemm_bf16_dot_available(isa) && int8_uses_onednn(isa)) {
-        std::vector<uint16_t> rowmajor(static_cast<size_t>(n * k));
-        convert_elements(w, wt, rowmajor.data(), DType::kBF16, n * k);
+    if (onednn) {
         std::string why;
         p.onednn = onednn_pack_bf16(rowmajor.data(), n, k, isa, &why);
         if (!p.onednn) LOG_INFO("bf16 GEMM: oneDNN not used for [{}, {}]: {}", n, k, why);

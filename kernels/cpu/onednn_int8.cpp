@@ -226,19 +226,34 @@ std::string onednn_describe() {
     return fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
 }
 
-std::shared_ptr<const OnednnInt8> onednn_pack_int8(const int8_t* q, int64_t n, int64_t k, IsaLevel isa,
-                                                   std::string* why) {
-    LATTICE_CHECK(q && n > 0 && k > 0, "onednn_pack_int8: bad weights [{}, {}]", n, k);
+namespace {
+// onednn_pack_int8 / onednn_pack_bf16: the checks, the ISA cap, then pack_chunks into a T (`what`: "int8", "bf16").
+template <class T>
+std::shared_ptr<const T> pack_as(const void* q, dt wdt, int64_t es, int64_t n, int64_t k, IsaLevel isa,
+                                 std::string* why, dt src, dt dst, const char* what) {
+    LATTICE_CHECK(q && n > 0 && k > 0, "onednn_pack_{}: bad weights [{}, {}]", what, n, k);
     LATTICE_CHECK(isa == IsaLevel::kAvx512Vnni || isa == IsaLevel::kAmx,
-                  "onednn_pack_int8: oneDNN serves the avx512 and amx levels only, not '{}'", isa_name(isa));
+                  "onednn_pack_{}: oneDNN serves the avx512 and amx levels only, not '{}'", what, isa_name(isa));
     if (!fix_isa(isa, why)) return nullptr;
-    auto w = std::make_shared<OnednnInt8>();
+    auto w = std::make_shared<T>();
     try {
-        pack_chunks(*w, q, dt::s8, 1, n, k, dt::u8, dt::s32);
+        pack_chunks(*w, q, wdt, es, n, k, src, dst);
     } catch (const dnnl::error& e) {
-        LATTICE_FAIL("oneDNN: reordering int8 weights [{}, {}] failed: {}", n, k, e.what());
+        LATTICE_FAIL("oneDNN: reordering {} weights [{}, {}] failed: {}", what, n, k, e.what());
     }
     return w;
+}
+
+// The implementation oneDNN picked for m rows of w (its first chunk).
+std::string impl_of(const OnednnWeights& w, int64_t m, int64_t lda) {
+    const auto p = prim_for(m, lda, w, 0);
+    return p ? p->impl : std::string("none");
+}
+}  // namespace
+
+std::shared_ptr<const OnednnInt8> onednn_pack_int8(const int8_t* q, int64_t n, int64_t k, IsaLevel isa,
+                                                   std::string* why) {
+    return pack_as<OnednnInt8>(q, dt::s8, 1, n, k, isa, why, dt::u8, dt::s32, "int8");
 }
 
 int64_t onednn_int8_bytes(const OnednnInt8& w) { return w.bytes; }
@@ -251,23 +266,12 @@ bool onednn_int8_gemm(const uint8_t* a, int64_t m, int64_t lda, const OnednnInt8
 }
 
 std::string onednn_int8_impl(const OnednnInt8& w, int64_t m, int64_t lda) {
-    const auto p = prim_for(m, lda, w, 0);
-    return p ? p->impl : std::string("none");
+    return impl_of(w, m, lda);
 }
 
 std::shared_ptr<const OnednnBf16> onednn_pack_bf16(const uint16_t* w, int64_t n, int64_t k, IsaLevel isa,
                                                    std::string* why) {
-    LATTICE_CHECK(w && n > 0 && k > 0, "onednn_pack_bf16: bad weights [{}, {}]", n, k);
-    LATTICE_CHECK(isa == IsaLevel::kAvx512Vnni || isa == IsaLevel::kAmx,
-                  "onednn_pack_bf16: oneDNN serves the avx512 and amx levels only, not '{}'", isa_name(isa));
-    if (!fix_isa(isa, why)) return nullptr;
-    auto p = std::make_shared<OnednnBf16>();
-    try {
-        pack_chunks(*p, w, dt::bf16, 2, n, k, dt::bf16, dt::f32);
-    } catch (const dnnl::error& e) {
-        LATTICE_FAIL("oneDNN: reordering bf16 weights [{}, {}] failed: {}", n, k, e.what());
-    }
-    return p;
+    return pack_as<OnednnBf16>(w, dt::bf16, 2, n, k, isa, why, dt::bf16, dt::f32, "bf16");
 }
 
 int64_t onednn_bf16_bytes(const OnednnBf16& w) {
@@ -282,8 +286,7 @@ bool onednn_bf16_gemm(const uint16_t* xb, int64_t m, int64_t lda, const OnednnBf
 }
 
 std::string onednn_bf16_impl(const OnednnBf16& w, int64_t m, int64_t lda) {
-    const auto p = prim_for(m, lda, w, 0);
-    return p ? p->impl : std::string("none");
+    return impl_of(w, m, lda);
 }
 
 #else  // !LATTICE_HAVE_ONEDNN
