@@ -1,27 +1,51 @@
 // Shared benchmark helpers: the memory-bandwidth ceiling (a streaming read of a buffer much larger
-// than the caches by every thread of the pool), timing, the median of samples, and the JSON/table output
-// convention.
+// than the caches by every thread of the pool), timing (wall, thread CPU, best of a budget), the median of samples, and
+// the JSON/table output convention.
 #pragma once
 
-#include "kernels/cpu/huge_pages.h"
-#include "kernels/cpu/thread_pool.h"
-
-#include <nlohmann/json.hpp>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <new>
-#include <immintrin.h>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "kernels/cpu/huge_pages.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace lattice::bench {
 
 inline double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// CPU time of the calling thread: on a shared, oversubscribed machine the wall clock includes time
+// other processes held our cores; the thread's CPU time does not.
+inline double thread_cpu_s() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// Best-of timing of `call(rep)` with a time budget (seconds of wall clock; at most 300 calls): the caller
+// thread's CPU time (a 1-thread pool) or the wall clock. Call 0 warms up; at least one is timed after it.
+template <class F>
+double best_time(F&& call, bool cpu_time, double budget) {
+    double best = 1e30, spent = 0;
+    for (int rep = 0; rep < 300 && (rep < 2 || spent < budget); ++rep) {
+        double w0 = now(), c0 = thread_cpu_s();
+        call(rep);
+        double c = thread_cpu_s() - c0, w = now() - w0;
+        if (rep > 0) best = std::min(best, cpu_time ? c : w);
+        spent += w;
+    }
+    return best;
+}
 
 // The median of non-empty samples (the upper of the middle two for an even count).
 inline double median(std::vector<double> v) {

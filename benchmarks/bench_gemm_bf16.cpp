@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <ctime>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -37,11 +36,8 @@ using namespace lattice;
 
 namespace {
 
-double thread_cpu_s() {
-    timespec ts{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
+using bench::best_time;
+using bench::thread_cpu_s;
 
 // Register-only loops, 12 chains: flop/s of one thread.
 __attribute__((target("avx512f,avx512bf16"))) double dpbf16_flops(int64_t iters) {
@@ -78,22 +74,6 @@ __attribute__((target("avx512f"))) double fma512_flops(int64_t iters) {
     volatile float sink = _mm512_cvtss_f32(s);
     (void)sink;
     return double(iters) * 12 * 16 * 2 / t;
-}
-
-// Best time of `call` (CPU time of this thread or wall clock) after a warm-up, repeated within `budget` seconds
-// (at least 2 timed runs).
-template <class F>
-double best_time(F&& call, bool cpu_time, double budget) {
-    call();
-    double best = 1e30;
-    const double start = bench::now();
-    for (int r = 0; r < 2 || bench::now() - start < budget; ++r) {
-        const double t0 = cpu_time ? thread_cpu_s() : bench::now();
-        call();
-        best = std::min(best, (cpu_time ? thread_cpu_s() : bench::now()) - t0);
-        if (r >= 50) break;
-    }
-    return best;
 }
 
 #if defined(LATTICE_BENCH_ONEDNN)
@@ -199,12 +179,12 @@ int main(int argc, char** argv) {
             };
             if (dot)
                 add(
-                    "dot", "lattice", [&] { gemm_bf16_dot(x.data(), m, packed, y.data(), one); },
-                    [&] { gemm_bf16_dot(x.data(), m, packed, y.data(), all); });
+                    "dot", "lattice", [&](int) { gemm_bf16_dot(x.data(), m, packed, y.data(), one); },
+                    [&](int) { gemm_bf16_dot(x.data(), m, packed, y.data(), all); });
             add(
                 "widened", std::string("lattice ") + std::string(isa_name(vector_level(detect_isa()))),
-                [&] { gemm_f32(x.data(), m, k, w.data(), DType::kBF16, n, y.data(), one); },
-                [&] { gemm_f32(x.data(), m, k, w.data(), DType::kBF16, n, y.data(), all); });
+                [&](int) { gemm_f32(x.data(), m, k, w.data(), DType::kBF16, n, y.data(), one); },
+                [&](int) { gemm_f32(x.data(), m, k, w.data(), DType::kBF16, n, y.data(), all); });
 #if defined(LATTICE_BENCH_ONEDNN)
             if (dot && m >= 16) {
                 std::vector<uint16_t> xb(x.size());
@@ -212,11 +192,11 @@ int main(int argc, char** argv) {
                 DirectOnednnBf16 o(xb.data(), w.data(), m, k, n, y.data());
                 add(
                     "onednn", o.impl(),
-                    [&] {
+                    [&](int) {
                         omp_threads(1);
                         o.run();
                     },
-                    [&] {
+                    [&](int) {
                         omp_threads(nt);
                         o.run();
                     });

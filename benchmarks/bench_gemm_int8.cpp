@@ -45,14 +45,8 @@ using namespace lattice;
 
 namespace {
 
-double clock_s(clockid_t id) {
-    timespec ts{};
-    clock_gettime(id, &ts);
-    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-// CPU time of the calling thread: on a shared, oversubscribed machine the wall clock includes time
-// other processes held our cores; the thread's CPU time does not (see header).
-double thread_cpu_s() { return clock_s(CLOCK_THREAD_CPUTIME_ID); }
+using bench::best_time;
+using bench::thread_cpu_s;
 
 // Register-only vpdpbusd loop: returns int8 ops/s of one thread (1 MAC = 2 ops, 64 MACs per zmm op).
 __attribute__((target("avx512f,avx512vnni"))) double vnni512_ops_per_s(int64_t iters, uint32_t seed) {
@@ -186,20 +180,6 @@ void print_onednn_ratios(const std::vector<Row>& rows) {
                    ops / best->ms_core, ops / o.ms_core, o.ms_core / best->ms_core, ops / best->ms_wall,
                    ops / o.ms_wall, o.ms_wall / best->ms_wall);
     }
-}
-
-// Best-of timing of `call` with a time budget: the caller thread's CPU time (1-thread pool) or wall.
-template <class F>
-double best_time(F&& call, bool cpu_time, double budget) {
-    double best = 1e30, spent = 0;
-    for (int rep = 0; rep < 300 && (rep < 2 || spent < budget); ++rep) {  // >= 1 timed after the warm-up
-        double w0 = bench::now(), c0 = thread_cpu_s();
-        call(rep);
-        double c = thread_cpu_s() - c0, w = bench::now() - w0;
-        if (rep > 0) best = std::min(best, cpu_time ? c : w);  // rep 0 warms up
-        spent += w;
-    }
-    return best;
 }
 
 }  // namespace
