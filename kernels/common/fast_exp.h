@@ -1,4 +1,5 @@
-// exp_neg: e^x for x <= 0 (softmax weights), written to vectorize, for the attention kernels and the
+// exp_neg: e^x for x <= 0 (softmax weights; the CPU attention's lazy max also takes x up to 8, where the same
+// reduction and polynomial hold: |r| <= ln2 / 2 for any n), written to vectorize, for the attention kernels and the
 // sampler. Hand-written because libm's expf is a call the compiler cannot vectorize without
 // -ffast-math (which the project does not use: it changes every other float's semantics), and a
 // SIMD math library for one function is more than it needs.

@@ -15,7 +15,10 @@
 //  - the query heads of one token share a tile's bound, so they go through it together, in
 //    register blocks of up to 8 rows (attention_kernels.cpp): scores as a small GEMM against the transposed
 //    tile, online softmax per row (running max, running sum, rescaled accumulator; the weights by
-//    a vectorizable exp, exp_neg in kernels/common/fast_exp.h), then the weighted V rows as a small GEMM;
+//    a vectorizable exp, exp_neg in kernels/common/fast_exp.h; the max moved only where a score passes it by
+//    more than 8 and the sum kept per position lane, so that most tiles need no horizontal max or sum and no
+//    rescale: prefill attention 1.2x, docs/benchmark-results.md 2026-12-07), then the weighted V rows as a
+//    small GEMM;
 //  - keys come in segments of kSegment (256) positions aligned to position 0: a row's online softmax
 //    restarts at each segment and the segments' states are folded in order (fold_row), so a row whose
 //    keys lie in one segment gets exactly its online softmax;
@@ -69,7 +72,7 @@ using attn::Tile;
 
 // Per-thread scratch of the work units (kept between calls: no allocation per layer).
 struct Scratch {
-    std::vector<float> q, acc, m, l, kt, v, s, scales, o, mo, lo;
+    std::vector<float> q, acc, m, l, lt, kt, v, s, scales, o, mo, lo;  // l: kTile lanes a row, lt: their sums
     std::vector<uint16_t> qb;  // the bf16-dot math: q rounded to bf16
 };
 
@@ -142,6 +145,16 @@ struct Unit {
 // Floats of a unit's partial state: acc [rows][hd], then m [rows], then l [rows].
 size_t partial_size(const Unit& u, int64_t hd) { return size_t(u.n * u.gh * (hd + 2)); }
 
+// A row's softmax sum from its kTile lanes (the tile math keeps one per position lane), in a fixed pairwise
+// tree: lane j with j + 8, then + 4, then + 2, then the last two.
+float lanes_total(const float* v) {
+    float a[8];
+    for (int j = 0; j < 8; ++j) a[j] = v[j] + v[j + 8];
+    for (int j = 0; j < 4; ++j) a[j] += a[j + 4];
+    for (int j = 0; j < 2; ++j) a[j] += a[j + 2];
+    return a[0] + a[1];
+}
+
 // Folds one segment's state of a row (acc, m, l: kSegment keys' online softmax) into the row's running state
 // (o, mo, lo), segments in increasing order; a segment without keys for the row (l == 0) adds nothing and the
 // first with keys is taken as it is (so a row with one segment gets exactly its online softmax). Not inlined:
@@ -177,8 +190,8 @@ void attend(const Job& j, const Unit& u, Scratch& sc, int64_t j0, int64_t jn, at
         t.softcap = j.a.softcap;
         if constexpr (E == Elem::kBF16)
             if (j.bf16_dot) t.qb = sc.qb.data() + r * hd;
-        fn(sc.acc.data() + r * hd, sc.m.data() + r, sc.l.data() + r, sc.s.data(), sc.q.data() + r * hd, t, lo, valid,
-           hd, u.gh);
+        fn(sc.acc.data() + r * hd, sc.m.data() + r, sc.l.data() + r * kTile, sc.s.data(), sc.q.data() + r * hd, t, lo,
+           valid, hd, u.gh);
     }
 }
 
@@ -291,7 +304,7 @@ void run_unit(const Job& j, const Unit& u, Scratch& sc) {
     for (int64_t seg = u.s0; seg < u.s1; ++seg) {
         std::fill(sc.acc.begin(), sc.acc.begin() + rows * hd, 0.0f);
         std::fill(sc.m.begin(), sc.m.begin() + rows, -3.402823466e38f);
-        std::fill(sc.l.begin(), sc.l.begin() + rows, 0.0f);
+        std::fill(sc.l.begin(), sc.l.begin() + rows * kTile, 0.0f);
         const int64_t end = std::min(last + 1, (seg + 1) * attn::kSegment);
         for (int64_t j0 = std::max(first, seg * attn::kSegment); j0 < end; j0 += kTile) {
             const int64_t jn = std::min(kTile, end - j0);
@@ -300,15 +313,16 @@ void run_unit(const Job& j, const Unit& u, Scratch& sc) {
             else
                 attend_converted(j, u, sc, j0, jn);
         }
+        for (int64_t r = 0; r < rows; ++r) sc.lt[size_t(r)] = lanes_total(sc.l.data() + r * kTile);
         if (u.partial) {
             std::memcpy(u.partial, sc.acc.data(), size_t(rows * hd) * sizeof(float));
             std::memcpy(u.partial + rows * hd, sc.m.data(), size_t(rows) * sizeof(float));
-            std::memcpy(u.partial + rows * (hd + 1), sc.l.data(), size_t(rows) * sizeof(float));
+            std::memcpy(u.partial + rows * (hd + 1), sc.lt.data(), size_t(rows) * sizeof(float));
             return;
         }
         for (int64_t r = 0; r < rows; ++r)
             fold_row(sc.o.data() + r * hd, sc.mo[size_t(r)], sc.lo[size_t(r)], sc.acc.data() + r * hd, sc.m[size_t(r)],
-                     sc.l[size_t(r)], hd);
+                     sc.lt[size_t(r)], hd);
     }
     write_rows(j, u, sc.o.data(), sc.lo.data());
 }
@@ -402,7 +416,8 @@ Scratch& thread_scratch(const Job& j) {
     sc.qb.resize(j.bf16_dot ? sc.q.size() : 0);
     sc.acc.resize(sc.q.size());
     sc.o.resize(sc.q.size());
-    for (auto* v : {&sc.m, &sc.l, &sc.mo, &sc.lo}) v->resize(size_t(rows));
+    for (auto* v : {&sc.m, &sc.lt, &sc.mo, &sc.lo}) v->resize(size_t(rows));
+    sc.l.resize(size_t(rows * kTile));
     sc.kt.resize(size_t(hd * kTile));
     sc.v.resize(size_t(kTile * hd));
     sc.s.resize(size_t(kRows * kTile));

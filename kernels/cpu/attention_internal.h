@@ -52,9 +52,10 @@ struct Tile {
     const uint16_t* qb = nullptr;
 };
 
-// One tile for `rows` query rows (consecutive in q, acc, m, l) that share the tile's keys [lo, valid):
-// scores, online softmax (running max m, running sum l, rescaled accumulator acc), weighted V rows.
-// s holds kRows x kTile floats of scratch.
+// One tile for `rows` query rows (consecutive in q, acc, m; l holds kTile floats a row) that share the tile's
+// keys [lo, valid): scores, online softmax (running max m, kept lazily: moved only where a score exceeds it
+// by more than e^8; running sum l as kTile lanes, summed by the caller at the segment's end; rescaled
+// accumulator acc), weighted V rows. s holds kRows x kTile floats of scratch.
 template <Elem E>
 using TileRowsFn = void (*)(float* acc, float* m, float* l, float* s, const float* q, const Tile<E>& t, int64_t lo,
                             int64_t valid, int64_t hd, int64_t rows);

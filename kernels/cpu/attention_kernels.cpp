@@ -5,6 +5,7 @@
 // bf16 tiles on a CPU with AVX512_BF16 run a fourth form (tile_rows_bf16_dot, at the end: AVX-512 intrinsics and
 // one vdpbf16ps in inline asm) that multiplies bf16 pairs; its softmax is this file's.
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "kernels/common/fast_exp.h"
@@ -54,28 +55,6 @@ template <Elem E>
         const U32x16 bits = __builtin_convertvector(h, U32x16) << 16;
         std::memcpy(&v, &bits, sizeof(v));
     }
-}
-
-// Lane j combined by `op` with lane j + 8, then + 4, then + 2, in registers: lanes 0 and 1 then hold the two
-// halves of the reduction, for the caller's last step. (A loop over the lanes went through memory, a
-// store-to-load round trip per lane on every tile of every row.)
-template <class Op>
-[[gnu::always_inline]] inline F16x lanes_tree(F16x v, Op op) {
-    v = op(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
-    v = op(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7));
-    return op(v, __builtin_shufflevector(v, v, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
-}
-
-// The sum of the lanes in that fixed pairwise tree.
-[[gnu::always_inline]] inline float lanes_sum(F16x v) {
-    v = lanes_tree(v, [](F16x a, F16x b) { return a + b; });
-    return v[0] + v[1];
-}
-
-// The largest lane (max is exact: any order gives it), in the same tree.
-[[gnu::always_inline]] inline float lanes_max(F16x v) {
-    v = lanes_tree(v, [](F16x a, F16x b) { return a > b ? a : b; });
-    return std::max(v[0], v[1]);
 }
 
 // a[0] + ... + a[N - 1] as the pairwise tree ((a0 + a1) + (a2 + a3)) + ..., unrolled so the values stay in
@@ -188,41 +167,127 @@ template <int R, Elem E>
             }
 }
 
-// Positions [lo, valid) of the tile are the rows' keys (lo > 0 only where a sliding window starts).
-// The online softmax of the rows' scores s (in place: s becomes the weights): the tile's max over its keys
-// (lanes_max for a whole tile; a scalar loop for a partial one, where a masked vector max measured slower),
-// the weights zero outside the keys, their sum by lanes_sum, and the rescale of the row's sum and
-// accumulator only when its running max moved.
+// The R rows' (R <= 8) 16 lanes each reduced by op at once: lane r of the result holds row r's reduction in
+// a fixed pairwise tree (lane j with j + 8, then + 4, then + 2, then the last two; op(lower, upper)), so a
+// row's bits do not depend on R or on the other rows. Each level packs two rows' partials into one register (two
+// permutes and one op for two rows, where reducing rows one at a time spends a register per row per level).
+// A missing partner (R not a power of two, or R < 8) is the row itself; its lanes are never read.
+template <bool kMax>
+[[gnu::always_inline]] inline F16x rows_op(F16x a, F16x b) {
+    if constexpr (kMax)
+        return a > b ? a : b;
+    else
+        return a + b;
+}
+// (The op is a template flag, not a lambda: a lambda does not inherit the ISA variant's target and is then a
+// call with vectors passed through memory.)
+template <int R, bool kMax>
+[[gnu::always_inline]] inline F16x rows_tree(const F16x* v) {
+    static_assert(R >= 1 && R <= 8);
+    const auto op = rows_op<kMax>;
+    constexpr int R1 = (R + 1) / 2, R2 = (R1 + 1) / 2;
+    F16x a[R1], b[R2];
+#pragma GCC unroll 8
+    for (int i = 0; i < R1; ++i) {  // [row 2i: j + (j + 8) for j < 8, row 2i + 1: the same]
+        const F16x x = v[2 * i], y = 2 * i + 1 < R ? v[2 * i + 1] : x;
+        a[i] = op(__builtin_shufflevector(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),
+                  __builtin_shufflevector(x, y, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31));
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < R2; ++i) {  // four rows, j + (j + 4) for j < 4 each
+        const F16x x = a[2 * i], y = 2 * i + 1 < R1 ? a[2 * i + 1] : x;
+        b[i] = op(__builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27),
+                  __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31));
+    }
+    const F16x x = b[0], y = R2 > 1 ? b[1] : x;  // eight rows, j + (j + 2) for j < 2 each
+    const F16x c = op(__builtin_shufflevector(x, y, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29),
+                      __builtin_shufflevector(x, y, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31));
+    return op(__builtin_shufflevector(c, c, 0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14),
+              __builtin_shufflevector(c, c, 1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15));
+}
+
+// The lazy running max: a row's running max m moves only where one of its scores exceeds it by more than
+// this (a natural log), so the weights e^(score - m) lie in (0, e^8 ~ 2981]. Any m gives the same softmax
+// (acc and l share it and the division cancels it); one within kLazyMax of the scores keeps every weight a
+// normal float at full relative precision, and the sums of a segment (kSegment keys) below 1e6. It spares
+// the per-row max and the rescale of l and acc on all but the few tiles where a row's scores jump (the first
+// of every segment, where m starts at -3.4e38).
+constexpr float kLazyMax = 8.0f;
+
+// softmax_rows' rare step: each row's max over its keys (rows_tree, exact); a row whose max exceeds its m by
+// more than kLazyMax takes it as its m, its sum lanes and accumulator times e^(m_old - m_new) (exp_neg_lanes,
+// one for the block), and its x recomputed from the new m.
 template <int R>
+[[gnu::always_inline]] inline void raise_max(float* acc, float* m, float* l, const F16x* sv, F16x* x, I32x16 keep,
+                                             int64_t hd) {
+    const F16x none = F16x{} - __builtin_inff();
+    F16x kept[R];
+    for (int r = 0; r < R; ++r) kept[r] = keep ? sv[r] : none;
+    const F16x tile_max = rows_tree<R, true>(kept);
+    F16x m_old{};
+    std::memcpy(&m_old, m, R * sizeof(float));
+    const F16x m_new = tile_max - m_old > kLazyMax ? tile_max : m_old;
+    const F16x rescale = exp_neg_lanes<F16x, I32x16>(m_old - m_new);
+    for (int r = 0; r < R; ++r) {
+        if (m_new[r] == m_old[r]) continue;
+        m[r] = m_new[r];
+        x[r] = sv[r] - m[r];
+        F16x lr;
+        std::memcpy(&lr, l + r * kTile, sizeof(F16x));
+        lr *= rescale[r];
+        std::memcpy(l + r * kTile, &lr, sizeof(F16x));
+        float* ar = acc + r * hd;
+        for (int64_t d = 0; d < hd; ++d) ar[d] *= rescale[r];
+    }
+}
+
+// Positions [lo, valid) of the tile are the rows' keys (lo > 0 only where a sliding window starts).
+// The online softmax of the rows' scores s (in place: s becomes the weights), R rows at once: x = score - m
+// per row, the largest x of the block (one horizontal max for the R rows) against kLazyMax; above it (rare)
+// raise_max moves the rows whose scores exceed their m by more than kLazyMax to their tile's max and rescales
+// their sums and accumulators; then the weights e^x (zero outside the keys) and the row's sum l, kept as 16
+// lanes (row r's at l + r * kTile, summed once at the segment's end): no horizontal sum per tile. Each row's
+// arithmetic depends only on its own scores (whether another row of the block raised the max or not).
+// kBf16Weights (the bf16-dot math): each weight rounded to bf16 (to nearest, ties away from zero: two integer
+// ops) before it is summed and stored, so that l is the sum of the very weights the V rows are multiplied by
+// (their conversion to bf16 in pv_rows_dot is then exact) and the output a convex combination of V rows
+// whatever the rounding: a dominant key's rounded weight cancels out. Without it the lazy max's weights
+// above 1 doubled the worst error against a double softmax in test_attention_bf16 (0.0028 -> 0.0056).
+template <int R, bool kBf16Weights = false>
 [[gnu::always_inline]] inline void softmax_rows(float* acc, float* m, float* l, float* s, float softcap, int64_t lo,
                                                 int64_t valid, int64_t hd) {
     if (softcap > 0.0f)
         for (int j = 0; j < R * int(kTile); ++j) s[j] = math::softcap(s[j], softcap);
+    // Lanes [lo, valid) as all ones: lanes below valid and not below lo, each a load from a table of 16 ones
+    // then 16 zeros (comparing a lane index vector to lo, GCC 12 built the mask one lane at a time).
+    static constexpr int32_t kPrefix[2 * kTile] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+    I32x16 below_valid, below_lo;
+    std::memcpy(&below_valid, kPrefix + kTile - valid, sizeof(I32x16));
+    std::memcpy(&below_lo, kPrefix + kTile - lo, sizeof(I32x16));
+    const I32x16 keep = below_valid & ~below_lo;
+    const F16x none = F16x{} - __builtin_inff();
+    F16x sv[R], x[R];
+    F16x top = none;
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-        float* sr = s + r * kTile;
-        float mt = m[r];
-        if (lo == 0 && valid == kTile) {  // a whole tile of keys: its max in registers
-            F16x v;
-            std::memcpy(&v, sr, sizeof(v));
-            mt = std::max(mt, lanes_max(v));
-        } else {
-            for (int64_t j = lo; j < valid; ++j) mt = std::max(mt, sr[j]);
-        }
-        for (int64_t j = 0; j < kTile; ++j) {  // the whole tile, so that it vectorizes; zero outside [lo, valid)
-            const float e = exp_neg(sr[j] - mt);
-            sr[j] = j < valid && j >= lo ? e : 0.0f;
-        }
-        F16x e;
-        std::memcpy(&e, sr, sizeof(e));
-        if (mt == m[r]) {  // the running max stands: the rescale would be exp_neg(0) = 1 exactly, a no-op
-            l[r] += lanes_sum(e);
-            continue;
-        }
-        const float rescale = exp_neg(m[r] - mt);
-        l[r] = l[r] * rescale + lanes_sum(e);
-        m[r] = mt;
-        float* ar = acc + r * hd;
-        for (int64_t d = 0; d < hd; ++d) ar[d] *= rescale;
+        std::memcpy(&sv[r], s + r * kTile, sizeof(F16x));
+        x[r] = sv[r] - m[r];
+        const F16x kept = keep ? x[r] : none;
+        top = top > kept ? top : kept;
+    }
+    if (rows_tree<1, true>(&top)[0] > kLazyMax) [[unlikely]]
+        raise_max<R>(acc, m, l, sv, x, keep, hd);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+        F16x e = exp_neg_lanes<F16x, I32x16>(x[r]);
+        if constexpr (kBf16Weights)  // finite and positive here (no NaN, no carry out of the exponent)
+            e = std::bit_cast<F16x>((std::bit_cast<U32x16>(e) + 0x8000u) & 0xFFFF0000u);
+        e = keep ? e : F16x{};
+        std::memcpy(s + r * kTile, &e, sizeof(F16x));
+        F16x lr;
+        std::memcpy(&lr, l + r * kTile, sizeof(F16x));
+        lr += e;
+        std::memcpy(l + r * kTile, &lr, sizeof(F16x));
     }
 }
 
@@ -247,12 +312,12 @@ template <Elem E>
     rest.next_k = rest.next_v = nullptr;
     int64_t r = 0;
     for (; r + kRows <= rows; r += kRows)
-        rows_block<kRows, E>(acc + r * hd, m + r, l + r, s, q + r * hd, r == 0 ? t : rest, lo, valid, hd);
+        rows_block<kRows, E>(acc + r * hd, m + r, l + r * kTile, s, q + r * hd, r == 0 ? t : rest, lo, valid, hd);
     if (r + 4 <= rows)
-        rows_block<4, E>(acc + r * hd, m + r, l + r, s, q + r * hd, r == 0 ? t : rest, lo, valid, hd), r += 4;
+        rows_block<4, E>(acc + r * hd, m + r, l + r * kTile, s, q + r * hd, r == 0 ? t : rest, lo, valid, hd), r += 4;
     if (r + 2 <= rows)
-        rows_block<2, E>(acc + r * hd, m + r, l + r, s, q + r * hd, r == 0 ? t : rest, lo, valid, hd), r += 2;
-    if (r < rows) rows_block<1, E>(acc + r * hd, m + r, l + r, s, q + r * hd, r == 0 ? t : rest, lo, valid, hd);
+        rows_block<2, E>(acc + r * hd, m + r, l + r * kTile, s, q + r * hd, r == 0 ? t : rest, lo, valid, hd), r += 2;
+    if (r < rows) rows_block<1, E>(acc + r * hd, m + r, l + r * kTile, s, q + r * hd, r == 0 ? t : rest, lo, valid, hd);
 }
 // The three element kinds' entry points, then their ISA variants.
 #define LATTICE_TILE_ROWS(name, E)                                                                                \
@@ -400,7 +465,7 @@ template <int R>
 [[gnu::noinline]] LATTICE_TARGET_AVX512BF16 void softmax_rows_dot(float* acc, float* m, float* l, float* s,
                                                                   float softcap, int64_t lo, int64_t valid,
                                                                   int64_t hd) {
-    softmax_rows<R>(acc, m, l, s, softcap, lo, valid, hd);
+    softmax_rows<R, true>(acc, m, l, s, softcap, lo, valid, hd);
 }
 
 template <int R>
@@ -425,12 +490,15 @@ LATTICE_TARGET_AVX512BF16 void tile_rows_bf16_dot(float* acc, float* m, float* l
     rest.next_k = rest.next_v = nullptr;
     int64_t r = 0;
     for (; r + kRows <= rows; r += kRows)
-        rows_block_dot<kRows>(acc + r * hd, m + r, l + r, s, t.qb + r * hd, r == 0 ? t : rest, lo, valid, hd);
+        rows_block_dot<kRows>(acc + r * hd, m + r, l + r * kTile, s, t.qb + r * hd, r == 0 ? t : rest, lo, valid, hd);
     if (r + 4 <= rows)
-        rows_block_dot<4>(acc + r * hd, m + r, l + r, s, t.qb + r * hd, r == 0 ? t : rest, lo, valid, hd), r += 4;
+        rows_block_dot<4>(acc + r * hd, m + r, l + r * kTile, s, t.qb + r * hd, r == 0 ? t : rest, lo, valid, hd),
+            r += 4;
     if (r + 2 <= rows)
-        rows_block_dot<2>(acc + r * hd, m + r, l + r, s, t.qb + r * hd, r == 0 ? t : rest, lo, valid, hd), r += 2;
-    if (r < rows) rows_block_dot<1>(acc + r * hd, m + r, l + r, s, t.qb + r * hd, r == 0 ? t : rest, lo, valid, hd);
+        rows_block_dot<2>(acc + r * hd, m + r, l + r * kTile, s, t.qb + r * hd, r == 0 ? t : rest, lo, valid, hd),
+            r += 2;
+    if (r < rows)
+        rows_block_dot<1>(acc + r * hd, m + r, l + r * kTile, s, t.qb + r * hd, r == 0 ? t : rest, lo, valid, hd);
 }
 #endif
 

@@ -209,9 +209,11 @@ def tool_loop_section(s):
     else:
         m = message = s.post("/v1/chat/completions", forced)["choices"][0]["message"]
     check(m["content"] is None and m["tool_calls"][0]["function"]["name"] == "get_weather", f"forced call: {m}")
-    # Streamed: the first tool delta carries id, type and name; later ones only argument pieces.
+    # Streamed: the first tool delta carries id, type and name; later ones only argument pieces (how many
+    # depends on how the model's tokens cut the text: a member and the closing brace in one token come as one
+    # piece; the piece by piece order is test_openai_clients' ToolCallStream case).
     calls = [tc for d in stream(s, forced) for tc in d.get("tool_calls") or []]
-    check(len(calls) >= 3 and calls[0].get("id") and calls[0]["function"]["name"] == "get_weather"
+    check(len(calls) >= 2 and calls[0].get("id") and calls[0]["function"]["name"] == "get_weather"
           and all("id" not in tc and "name" not in tc.get("function", {}) for tc in calls[1:])
           and "".join(tc["function"].get("arguments", "") for tc in calls) == m["tool_calls"][0]["function"]["arguments"],
           f"streamed tool call deltas: {calls} vs {m['tool_calls']}")

@@ -2,20 +2,21 @@
 // rope (half-split pairs), causal GQA attention over a multi-slot KV cache (f32, f16, bf16 and int8
 // rows), silu_mul, embed with a
 // vocab-parallel row offset, the sampling log-sum-exp. Odd sizes, several threads, poisoned outputs.
-#include "kernels/cpu/ops.h"
-#include "kernels/common/quantize.h"
-#include "tests/kernels/kv_layout.h"
-
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <set>
 #include <vector>
+
+#include "kernels/common/quantize.h"
+#include "kernels/cpu/ops.h"
+#include "tests/kernels/kv_layout.h"
 
 using namespace lattice;
 
@@ -106,15 +107,17 @@ TEST_CASE("rope rotates q and k heads in half-split pairs and leaves v alone") {
 // (b * spread + 1) mod the cache's width + extra blocks) attended in one call and one token at a time, each
 // into fresh f32 caches: every row must have the same bits both ways, and rows `check` (heads 0 and nh - 1)
 // equal a naive softmax in double over their window. q, k and v are uniform in [-range, range].
+// `shape`, when given, rewrites the random qkv rows (row t at t * (nh + 2 nkv) hd) before the calls.
 void check_prompt_both_ways(int64_t nh, int64_t nkv, int64_t hd, int64_t n, int64_t window, int64_t spread,
                             int64_t extra, std::initializer_list<int64_t> check, uint32_t seed, ThreadPool& pool,
-                            float range = 2.0f) {
+                            float range = 2.0f, const std::function<void(std::vector<float>&)>& shape = {}) {
     std::mt19937 rng(seed);
     const int64_t block = 16, width = (n + block - 1) / block, row = (nh + 2 * nkv) * hd, blocks = width + extra;
     std::vector<int32_t> table(static_cast<size_t>(width));
     for (int64_t b = 0; b < width; ++b) table[size_t(b)] = int32_t((b * spread + 1) % blocks);
     REQUIRE(std::set<int32_t>(table.begin(), table.end()).size() == table.size());  // no block twice
     auto qkv = rand_vec(size_t(n * row), rng, -range, range);
+    if (shape) shape(qkv);
     std::vector<int32_t> pos(static_cast<size_t>(n)), seq(static_cast<size_t>(n), 0);
     std::iota(pos.begin(), pos.end(), 0);
     cpu::AttentionArgs a{nh, nkv, hd, block, blocks, table.data(), 1, width, 1.0f / std::sqrt(float(hd)), window};
@@ -183,13 +186,36 @@ TEST_CASE("attention: many tiles, GQA groups of 8 and 6, a prompt in one call eq
 }
 
 TEST_CASE("attention: scores far apart (a running max off by more than ~88 overflows or flattens the weights)") {
-    // q and k in [-30, 30] at head_dim 64: scores of a row spread over hundreds, so each tile's max (a
-    // vector tree for whole tiles, a scalar loop for partial ones) must be exact for the weights to stay finite
-    // and right; the rows must still equal a naive softmax and have the same bits in one call or token by token.
+    // q and k in [-30, 30] at head_dim 64: scores of a row spread over hundreds, so the running max must move
+    // (to the tile's exact max) whenever a score passes it by more than the lazy bound (8) for the weights to
+    // stay finite and right; the rows must still equal a naive softmax and have the same bits in one call or
+    // token by token.
     for (const int64_t window : {int64_t(0), int64_t(20)}) {
         CAPTURE(window);
         ThreadPool pool(2, false);
         check_prompt_both_ways(8, 1, 64, 70, window, 3, 3, {15, 16, 40, 69}, 23, pool, 30.0f);
+    }
+}
+
+TEST_CASE("attention: scores that climb or fall steadily (the lazy running max kept or moved tile by tile)") {
+    // Score(t, j) = slope * j for every query: key j's first element slope * j * sqrt(hd), the query's 1, all
+    // else 0. A climb of 4.8 or 7.2 a 16-key tile leaves the max in place for a tile or two (weights up to e^8
+    // then) before a score passes it by more than 8; 8.8 moves it every tile; a fall never moves it after the
+    // first tile. 300 positions: across a segment (256), where the max starts again. Rows equal a naive softmax
+    // and have the same bits in one call or token by token.
+    for (const float slope : {0.3f, 0.45f, 0.55f, -0.5f}) {
+        CAPTURE(slope);
+        const int64_t nh = 8, nkv = 1, hd = 64, row = (nh + 2 * nkv) * hd;
+        const auto ramp = [&](std::vector<float>& qkv) {
+            for (int64_t t = 0; t < int64_t(qkv.size()) / row; ++t) {
+                float* r = qkv.data() + t * row;
+                std::fill(r, r + (nh + nkv) * hd, 0.0f);
+                for (int64_t h = 0; h < nh; ++h) r[h * hd] = 1.0f;
+                r[nh * hd] = slope * float(t) * std::sqrt(float(hd));
+            }
+        };
+        ThreadPool pool(2, false);
+        check_prompt_both_ways(nh, nkv, hd, 300, 0, 5, 2, {20, 33, 255, 256, 299}, 31, pool, 1.0f, ramp);
     }
 }
 

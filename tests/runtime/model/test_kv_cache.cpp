@@ -3,7 +3,10 @@
 //  - f16, bf16 and int8 caches: the logits of every prompt position near the reference (the bound per
 //    dtype below: each is what storing k and v in that type costs, measured, with headroom), and every
 //    greedy token equal to the reference's, or the first divergence a near tie: the f32-cache engine's
-//    own logits at that step put the two tokens within kNearTie of each other;
+//    own logits at that step put the two tokens closer than the dtype's logits bound times the row's largest
+//    |logit| (what the cache's rounding may move a logit by; test_dtype_bf16's rule. An absolute 0.05 nats
+//    was tighter than the bound itself: tiny-fp16-tied's logits span ~4.6 there, and a bf16 cache's 1.4%
+//    error flipped a 0.066 tie after a change of the softmax's rounding, 2026-12-07);
 //  - the cache's bytes per block: f16 half of f32, int8 (head_dim + 4) / (4 head_dim) of it;
 //  - the NLL of a model's text (its cases' prompts and reference continuations) with an int8 cache
 //    within 0.01 nats of the same with an f16 cache (the int8 cache's accuracy bound; relative where the random-weight
@@ -25,8 +28,6 @@ using namespace lattice;
 using namespace lattice::testing;
 
 namespace {
-
-constexpr double kNearTie = 0.05;  // logits (nats): a divergence between tokens this close is rounding
 
 struct Run {
     CpuBackend be{CpuBackendOptions{1, false, false}};
@@ -71,8 +72,8 @@ TEST_CASE("golden models with f16, bf16 and int8 KV caches: logits near the refe
                 const Divergence d = greedy_divergence(*r.engine, *f32.engine, c, V);
                 if (d.step < 0) continue;
                 MESSAGE(m << " case " << ci << " " << kv_dtype_name(kv) << " KV: greedy diverges at step " << d.step
-                          << ", margin " << d.margin);
-                CHECK(d.margin < kNearTie);
+                          << ", margin " << d.margin << " of a row spanning " << d.span);
+                CHECK(d.margin < bound * d.span);
             }
         }
     }
