@@ -33,6 +33,7 @@ struct InfoArgs {
     int64_t max_batch_tokens = 256;
     std::string device = "cpu";
     std::string kv_cache_dtype = "auto";
+    std::string dtype;  // --dtype: cpu f32 | bf16, cuda f16 | bf16 ("": the device's default)
 };
 
 
@@ -48,17 +49,24 @@ void print_memory(const TensorSource& src, const InfoArgs& args) {
     q.max_batch_tokens = args.max_batch_tokens;
     q.device = parse_backend_kind(args.device);
     q.kv_cache_dtype = args.kv_cache_dtype;
-    const RankMemory m = largest_rank_memory(src, q);
     const bool cuda = q.device == BackendKind::kCuda;
+    LATTICE_CHECK(!(cuda && args.dtype == "f32"), "--dtype f32: the CUDA backend computes in f16 or bf16");
+    LATTICE_CHECK(cuda || args.dtype != "f16", "--dtype f16: the CPU backend computes in f32 or bf16");
+    q.cpu_bf16 = !cuda && args.dtype == "bf16";
+    const RankMemory m = largest_rank_memory(src, q);
     // The LM head's mode when quantized (a 4-bit run keeps an 8-bit one: rank_weights.h).
     const std::string head = m.head != QuantMode::kNone ? fmt::format(" + {} head", quant_mode_name(m.head)) : "";
     print_stdout(
-        "memory per rank (quant {}{}, tp {} x pp {}, {}, context {}): {:.3f} GiB = weights {:.3f} GiB + KV "
+        "memory per rank (quant {}{}, tp {} x pp {}, {}{}, context {}): {:.3f} GiB = weights {:.3f} GiB + KV "
         "cache {:.3f} GiB per sequence of {} positions ({}) + activations ~{:.3f} GiB ({} tokens per step){}\n",
-        quant_mode_name(m.quant), head, args.tp, args.pp, cuda ? "cuda" : "cpu", m.max_seq, to_gib(m.total()),
-        to_gib(m.weights), to_gib(m.kv), m.max_seq,
-        args.kv_cache_dtype == "auto" ? (cuda ? "f16" : "f32") : args.kv_cache_dtype, to_gib(m.activations),
-        args.max_batch_tokens, args.pp > 1 ? fmt::format(" (largest: pp stage {})", m.stage) : "");
+        quant_mode_name(m.quant), head, args.tp, args.pp, cuda ? "cuda" : "cpu", q.cpu_bf16 ? " bf16" : "", m.max_seq,
+        to_gib(m.total()), to_gib(m.weights), to_gib(m.kv), m.max_seq,
+        args.kv_cache_dtype == "auto" ? (cuda         ? "f16"
+                                         : q.cpu_bf16 ? "bf16"
+                                                      : "f32")
+                                      : args.kv_cache_dtype,
+        to_gib(m.activations), args.max_batch_tokens,
+        args.pp > 1 ? fmt::format(" (largest: pp stage {})", m.stage) : "");
 }
 
 }  // namespace
@@ -87,6 +95,11 @@ void add_info_command(CLI::App& app, CommandRun& run) {
         ->check(int_range(1, 1 << 20));
     cmd->add_option("--device", args->device, "Backend of the estimate: cpu (f32 activations) | cuda (16-bit)")
         ->check(CLI::IsMember({"cpu", "cuda"}));
+    cmd->add_option(
+           "--dtype", args->dtype,
+           "Compute type of the estimate, as generate's --dtype: cpu f32 | bf16 (float linears in bf16, KV auto "
+           "bf16), cuda f16 | bf16")
+        ->check(CLI::IsMember({"f32", "f16", "bf16"}));
     cmd->footer(R"(Examples:
   lattice info                                     # the built-in model
   lattice info --tp 3 --pp 2 --context 2048       # its memory per rank on 6 ranks

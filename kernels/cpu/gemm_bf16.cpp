@@ -26,7 +26,7 @@ PackedBf16 pack_bf16_weights(const void* w, DType wt, int64_t n, int64_t k, Thre
     p.k = k;
     p.pairs = (k + 1) / 2;
     p.n_panels = (n + kBf16PanelN - 1) / kBf16PanelN;
-    p.data.assign(size_t(p.n_panels * p.panel_elems()), 0);
+    p.data.assign(size_t(packed_bf16_bytes(n, k)) / sizeof(uint16_t), 0);
     // With a oneDNN copy to make (onednn_int8.h) the matrix is converted to bf16 once, and both packings read that.
     const IsaLevel isa = detect_isa();
     const bool onednn = gemm_bf16_dot_available(isa) && int8_uses_onednn(isa);

@@ -69,6 +69,11 @@ inline bool gemm_bf16_dot_available() {
 // a prompt's rows and the same tokens one at a time differ by rounding.
 PackedBf16 pack_bf16_weights(const void* w, DType wt, int64_t n, int64_t k, ThreadPool* pool = nullptr);
 
+// The bytes pack_bf16_weights' panels of an [n, k] matrix take (without a oneDNN copy).
+inline int64_t packed_bf16_bytes(int64_t n, int64_t k) {
+    return (n + kBf16PanelN - 1) / kBf16PanelN * ((k + 1) / 2) * kBf16PanelN * 2 * int64_t(sizeof(uint16_t));
+}
+
 // y[m, n] = bf16(x) . W^T (see above); x [m, k] f32. Weights packed run the pairs whatever the ISA override since
 // (as packed int8 panels run their level: isa.h); throws Error on a CPU without AVX-512 and AVX512_BF16.
 void gemm_bf16_dot(const float* x, int64_t m, const PackedBf16& w, float* y, ThreadPool& pool);

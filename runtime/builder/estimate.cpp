@@ -26,7 +26,9 @@ RankMemory largest_rank_memory(const TensorSource& src, const MemoryQuery& q) {
     const QuantChoice quant = q.quant_auto ? auto_quant(src, q.quant_head, int4_mode_for(q.device))
                                            : QuantChoice{q.quant, q.quant_head};
     const double act = cuda ? 2 : 4;  // activation bytes per element
-    const double kv_elem = kv_element_bytes(q.kv_cache_dtype, c.head_dim, !cuda);
+    const bool bf16 = !cuda && q.cpu_bf16;
+    const double kv_elem =
+        kv_element_bytes(bf16 && q.kv_cache_dtype == "auto" ? "bf16" : q.kv_cache_dtype, c.head_dim, !cuda);
     RankMemory best;
     best.quant = quant.quant;
     best.max_seq = resolve_max_seq(q.max_seq, c.max_position);  // the model's own default
@@ -43,7 +45,8 @@ RankMemory largest_rank_memory(const TensorSource& src, const MemoryQuery& q) {
         const RankWeights rw(src, o);
         for (const RankTensor& t : rw.tensors())
             if (t.role == WeightRole::kLmHead && t.mode != QuantMode::kNone) head = t.mode;
-        const double weights = rw.resident_bytes(cuda, !cuda && cpu_keeps_kquant());
+        const double weights =
+            rw.resident_bytes(cuda, !cuda && cpu_keeps_kquant(), bf16 ? &cpu_bf16_linear_bytes : nullptr);
         const double kv = kv_cache_bytes(c.dims(), q.tp, o.layer_end - o.layer_begin, best.max_seq, kv_elem);
         const double activations = activation_bytes(c.dims(), q.tp, q.max_batch_tokens, act, o.last_stage);
         if (weights + kv + activations > largest) {

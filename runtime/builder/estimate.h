@@ -33,6 +33,7 @@ struct MemoryQuery {
     int64_t max_batch_tokens = 256;      // tokens of the forward whose activations are counted
     BackendKind device = BackendKind::kCpu;  // kCpu or kCuda
     std::string kv_cache_dtype = "auto";
+    bool cpu_bf16 = false;  // --dtype bf16 on the CPU: float linears in bf16 (cpu_bf16_linear_bytes), KV auto bf16
 };
 
 // The largest rank of the layout (TP rank 0 of its stage: the TP ranks of a stage differ by at most

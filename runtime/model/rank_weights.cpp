@@ -302,9 +302,9 @@ double kquant_bytes(const RankTensor& t) {
 }
 }  // namespace
 
-double RankWeights::resident_bytes(bool cuda, bool cpu_kquant) const {
+double RankWeights::resident_bytes(bool cuda, bool cpu_kquant, Bf16LinearBytes cpu_bf16) const {
     double w = 0;
-    for (const RankTensor& t : tensors_) w += tensor_bytes(t, cuda, cpu_kquant);
+    for (const RankTensor& t : tensors_) w += tensor_bytes(t, cuda, cpu_kquant, cpu_bf16);
     return w;
 }
 
@@ -312,8 +312,13 @@ bool RankWeights::kquant_packed(const RankTensor& t, bool cuda, bool cpu_kquant)
     return !cuda && cpu_kquant && t.mode == QuantMode::kW4A8 && t.int4 && kquant_bytes(t) >= 0;
 }
 
-double RankWeights::tensor_bytes(const RankTensor& t, bool cuda, bool cpu_kquant) {
+double RankWeights::tensor_bytes(const RankTensor& t, bool cuda, bool cpu_kquant, Bf16LinearBytes cpu_bf16) {
     const double n = double(t.rows) * double(t.cols);
+    if (!cuda && cpu_bf16 && t.is_linear() && t.mode == QuantMode::kNone && !t.vector) {
+        if (!t.tied_head) return cpu_bf16(t.rows, t.cols);
+        const bool shared = t.dtype == DType::kBF16 || !t.table;  // the head's rows serve as the table too
+        return n * 2 + (shared ? 0 : n * double(dtype_size(t.dtype)));
+    }
     if (kquant_packed(t, cuda, cpu_kquant)) return kquant_bytes(t);
     if (t.is_linear() && is_int4(t.mode)) {
         // kernels/cpu/int4_gemm.h: per channel and group G / 2 bytes of nibbles, an f16 d, and an f16 m or a

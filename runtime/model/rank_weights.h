@@ -135,9 +135,12 @@ public:
     // `cpu_kquant` (a CPU whose W4A8 keeps K-quant super-blocks: int4_kquant_isa) a W4A8 linear of Q4_K / Q6_K
     // parts takes the K-quant layout's 2304 / 3392 bytes per 16 channels and 256 columns (4.5 / 6.6 bits a
     // weight); float tensors in the checkpoint's precision on the CPU, 16-bit matrices with `cuda` (launch's
-    // `info` prints it; the planner's estimate is checked against it).
-    double resident_bytes(bool cuda, bool cpu_kquant = true) const;
-    static double tensor_bytes(const RankTensor& t, bool cuda, bool cpu_kquant);
+    // `info` prints it; the planner's estimate is checked against it). `cpu_bf16` (the CPU under --dtype bf16:
+    // cpu_bf16_linear_bytes of runtime/backend/cpu/cpu_backend.h): a float linear takes what it says, a float head
+    // tied to the embedding a bf16 copy beside the table unless the table is bf16 already (Model::load shares it).
+    using Bf16LinearBytes = double (*)(int64_t n, int64_t k);
+    double resident_bytes(bool cuda, bool cpu_kquant = true, Bf16LinearBytes cpu_bf16 = nullptr) const;
+    static double tensor_bytes(const RankTensor& t, bool cuda, bool cpu_kquant, Bf16LinearBytes cpu_bf16 = nullptr);
 
 private:
     HostTensor read_rows(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType dtype);

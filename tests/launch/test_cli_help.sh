@@ -48,6 +48,11 @@ check "info: KV cache for 2048 positions, tp 1" grep -q "KV cache 0.088 GiB per 
 "$bin" info --context 2048 --tp 3 --pp 2 >"$tmp/m3" 2>&1
 check "info: KV cache for 2048 positions, tp 3 x pp 2" \
     grep -q "KV cache 0.015 GiB per sequence of 2048 positions" "$tmp/m3"  # 15 layers on a stage, 1 KV head
+"$bin" info --context 2048 --dtype bf16 >"$tmp/mb" 2>&1
+check "info --dtype bf16: the KV cache bf16 under auto, half of f32's" \
+    grep -q "cpu bf16, context 2048.*KV cache 0.044 GiB per sequence of 2048 positions (bf16)" "$tmp/mb"
+"$bin" info --dtype f16 >"$tmp/mf" 2>&1; rc=$?
+check "info --dtype f16 on the CPU: refused (exit 1), naming the flag" bash -c "[ $rc = 1 ] && grep -q -- '--dtype f16' '$tmp/mf'"
 "$bin" info --tp 2 >"$tmp/m2" 2>&1; rc=$?
 check "info --tp 2: refused (exit 1), naming the heads" bash -c "[ $rc = 1 ] && grep -q 'heads' '$tmp/m2'"
 w_info=$(sed -n 's/.* = weights \([0-9.]*\) GiB.*/\1/p' "$tmp/m1")

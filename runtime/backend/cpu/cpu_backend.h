@@ -40,6 +40,11 @@ struct CpuBackendOptions {
 // Whether this CPU's W4A8 keeps a GGUF K-quant linear's super-blocks (Q4_K at 4.5 bits, Q6_K at 6.6: the
 // K-quant layout of kernels/cpu/int4_gemm.h) rather than the group form (5 bits): the memory estimates ask.
 bool cpu_keeps_kquant();
+// The bytes a float linear of [n, k] takes on this CPU under --dtype bf16 (CpuBackendOptions::bf16): the bf16
+// pairs' panels (padded to 16 channels and an even k) plus, where the provider policy gives the GEMMs to oneDNN
+// (the amx level by default), its copy, counted as n x k bf16; without the pairs n x k bf16 rows. The memory
+// estimates ask (RankWeights::resident_bytes).
+double cpu_bf16_linear_bytes(int64_t n, int64_t k);
 
 class CpuBackend final : public Backend {
 public:

@@ -79,6 +79,13 @@ bool cpu_keeps_kquant() {
     return int4_kquant_isa(detect_isa());
 }
 
+double cpu_bf16_linear_bytes(int64_t n, int64_t k) {
+    const IsaLevel isa = detect_isa();
+    const double rows = double(n) * double(k) * 2;
+    if (!gemm_bf16_dot_available(isa)) return rows;
+    return double(packed_bf16_bytes(n, k)) + (int8_uses_onednn(isa) ? rows : 0);
+}
+
 // Packed once for the kernels (kernels/cpu/int4_gemm.h); the caller's unpacked copy can go.
 Linear CpuBackend::make_linear_int4(const Int4Matrix& w, QuantMode mode) {
     LATTICE_CHECK(is_int4(mode), "make_linear_int4: quant mode {} has no 4-bit weights", quant_mode_name(mode));

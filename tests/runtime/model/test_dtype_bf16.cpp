@@ -21,6 +21,7 @@
 #include "runtime/backend/cpu/cpu_backend.h"
 #include "runtime/builder/build.h"
 #include "runtime/model/model.h"
+#include "runtime/model/rank_weights.h"
 #include "tests/kernels/cpu/int8_test_util.h"
 #include "tests/runtime/model/golden.h"
 #include "tests/test_skip.h"
@@ -66,7 +67,9 @@ std::vector<float> check_near_reference(const std::string& m, Run& r, Run& f32) 
 }
 
 // The cache bf16; the weights of these bf16 / f16 checkpoints in as many bytes as the default holds (packing pads
-// a linear to 16 channels: 2% at most here), except a tied f16 head: in bf16 beside the f16 embedding table.
+// a linear to 16 channels: 2% at most here), except a tied f16 head: in bf16 beside the f16 embedding table; and
+// the memory estimate (RankWeights::resident_bytes with cpu_bf16_linear_bytes, what `lattice info --dtype bf16`
+// prints) those bytes.
 void check_bytes(const std::string& m, const TensorSource& src, const Run& r, const Run& f32) {
     CHECK(r.model->kv_dtype() == DType::kBF16);
     CHECK(f32.model->kv_dtype() == DType::kF32);
@@ -82,6 +85,11 @@ void check_bytes(const std::string& m, const TensorSource& src, const Run& r, co
     MESSAGE(m << ": weight bytes " << r.model->weight_bytes() << " (default: " << f32.model->weight_bytes() << ")");
     CHECK(double(r.model->weight_bytes()) >= double(f32.model->weight_bytes()) + head);
     CHECK(double(r.model->weight_bytes()) <= 1.02 * double(f32.model->weight_bytes()) + head);
+    const RankWeights rw(src, ModelOptions{});
+    const double estimate = rw.resident_bytes(false, cpu_keeps_kquant(), &cpu_bf16_linear_bytes);
+    MESSAGE(m << ": estimate " << estimate);
+    CHECK(std::abs(double(r.model->weight_bytes()) - estimate) < 128);  // a few bytes of the model's own
+    CHECK(std::abs(double(f32.model->weight_bytes()) - rw.resident_bytes(false, cpu_keeps_kquant())) < 128);
 }
 
 }  // namespace
