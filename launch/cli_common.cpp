@@ -395,8 +395,6 @@ std::function<void(const LoadProgress&)> load_progress_printer() {
     };
 }
 
-namespace {
-// --dtype for the backend it reaches: CUDA f16 | bf16 (default bf16), CPU f32 | bf16 (default f32).
 void apply_dtype(BackendOptions& b, const std::string& dtype) {
     if (dtype.empty()) return;
     const BackendKind kind = resolve_backend_kind(b.kind);
@@ -410,7 +408,6 @@ void apply_dtype(BackendOptions& b, const std::string& dtype) {
         b.cpu_bf16 = dtype == "bf16";
     }
 }
-}  // namespace
 
 // The flags as the builder's options (parsing only: what they mean is the builder's).
 BuildOptions build_options(const ModelArgs& args) {

@@ -78,6 +78,10 @@ RankRuntime load_model(const ModelArgs& a, const std::function<void(const WorldC
 // "NAME=PATH" -> {NAME, PATH}; "PATH" -> {its last component, PATH}.
 std::pair<std::string, std::string> parse_lora_flag(const std::string& flag);
 
+// --dtype for the backend b.kind reaches: CUDA f16 | bf16 (default bf16), CPU f32 | bf16 (default f32); the other
+// one refused by name; "" keeps the defaults (generate, serve, batch and info's estimate).
+void apply_dtype(BackendOptions& b, const std::string& dtype);
+
 // Command-line output settings (main.cpp's global --verbose / --quiet).
 // verbose: errors keep their [host rank file:line] origin and every failing rank prints its own line.
 // quiet: INFO logs and load progress off (warnings and errors stay).

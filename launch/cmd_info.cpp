@@ -50,9 +50,10 @@ void print_memory(const TensorSource& src, const InfoArgs& args) {
     q.device = parse_backend_kind(args.device);
     q.kv_cache_dtype = args.kv_cache_dtype;
     const bool cuda = q.device == BackendKind::kCuda;
-    LATTICE_CHECK(!(cuda && args.dtype == "f32"), "--dtype f32: the CUDA backend computes in f16 or bf16");
-    LATTICE_CHECK(cuda || args.dtype != "f16", "--dtype f16: the CPU backend computes in f32 or bf16");
-    q.cpu_bf16 = !cuda && args.dtype == "bf16";
+    BackendOptions b;  // --dtype as a run would take it (its refusals too)
+    b.kind = q.device;
+    apply_dtype(b, args.dtype);
+    q.cpu_bf16 = b.cpu_bf16;
     const RankMemory m = largest_rank_memory(src, q);
     // The LM head's mode when quantized (a 4-bit run keeps an 8-bit one: rank_weights.h).
     const std::string head = m.head != QuantMode::kNone ? fmt::format(" + {} head", quant_mode_name(m.head)) : "";
