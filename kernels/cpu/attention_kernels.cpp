@@ -248,12 +248,8 @@ template <int R>
 // their sums and accumulators; then the weights e^x (zero outside the keys) and the row's sum l, kept as 16
 // lanes (row r's at l + r * kTile, summed once at the segment's end): no horizontal sum per tile. Each row's
 // arithmetic depends only on its own scores (whether another row of the block raised the max or not).
-// kBf16Weights (the bf16-dot math): each weight rounded to bf16 (to nearest, ties away from zero: two integer
-// ops) before it is summed and stored, so that l is the sum of the very weights the V rows are multiplied by
-// (their conversion to bf16 in pv_rows_dot is then exact) and the output a convex combination of V rows
-// whatever the rounding: a dominant key's rounded weight cancels out. Without it the lazy max's weights
-// above 1 doubled the worst error against a double softmax in test_attention_bf16 (0.0028 -> 0.0056).
-template <int R, bool kBf16Weights = false>
+// The bf16-dot math has its own form of it (softmax_rows_dot).
+template <int R>
 [[gnu::always_inline]] inline void softmax_rows(float* acc, float* m, float* l, float* s, float softcap, int64_t lo,
                                                 int64_t valid, int64_t hd) {
     if (softcap > 0.0f)
@@ -280,8 +276,6 @@ template <int R, bool kBf16Weights = false>
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
         F16x e = exp_neg_lanes<F16x, I32x16>(x[r]);
-        if constexpr (kBf16Weights)  // finite and positive here (no NaN, no carry out of the exponent)
-            e = std::bit_cast<F16x>((std::bit_cast<U32x16>(e) + 0x8000u) & 0xFFFF0000u);
         e = keep ? e : F16x{};
         std::memcpy(s + r * kTile, &e, sizeof(F16x));
         F16x lr;
@@ -368,12 +362,15 @@ template <int N>
         return _mm512_add_ps(tree_sum_ps<N / 2>(a), tree_sum_ps<N / 2>(a + N / 2));
 }
 
-// s[r][j] = sum_d qb[r][d] * k[d][j] for j < kTile, d in pairs (hd even), NA partial sums per row (pair
-// index mod NA) added in scores_rows' tree.
-template <int R>
-[[gnu::always_inline]] LATTICE_TARGET_AVX512BF16 inline void scores_rows_dot(float* __restrict s,
+// s[r] lane j = sum_d qb[r][d] * k[d][j] for j < kTile, d in pairs (hd even), NA partial sums per row (pair
+// index mod NA) added in scores_rows' tree. HD: the head dim when the caller knows it at compile time (0: hd,
+// read at run time); the same operations in the same order either way.
+template <int R, int HD>
+[[gnu::always_inline]] LATTICE_TARGET_AVX512BF16 inline void scores_rows_dot(__m512 (&s)[R],
                                                                              const uint16_t* __restrict qb,
-                                                                             const Tile<Elem::kBF16>& t, int64_t hd) {
+                                                                             const Tile<Elem::kBF16>& t,
+                                                                             int64_t hd_run) {
+    const int64_t hd = HD ? HD : hd_run;
     constexpr int NA = R >= 8 ? 1 : 8 / R;
     __m512 acc[R][NA];
 #pragma GCC unroll 8
@@ -403,17 +400,19 @@ template <int R>
         for (int r = 0; r < R; ++r) acc[r][0] = dot_pairs(acc[r][0], k, qb + r * hd + d);
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * kTile, tree_sum_ps<NA>(acc[r]));
+    for (int r = 0; r < R; ++r) s[r] = tree_sum_ps<NA>(acc[r]);
 }
 
 // acc[r][d0 .. d0 + NB * 16) += sum_j p[r][j] * v[j][d] over j < valid in pairs (j, j + 1), the weights as
 // bf16 pairs w[r][j / 2]; the row past the last valid one is read as zeros (a block's later rows may hold
 // anything).
-template <int R, int NB>
+template <int R, int NB, int HD, bool kFull>
 [[gnu::always_inline]] LATTICE_TARGET_AVX512BF16 inline void pv_pass_dot(float* __restrict acc,
                                                                          const uint32_t (&w)[R][kTile / 2],
-                                                                         int64_t valid, const Tile<Elem::kBF16>& t,
-                                                                         int64_t hd, int64_t d0) {
+                                                                         int64_t valid_run, const Tile<Elem::kBF16>& t,
+                                                                         int64_t hd_run, int64_t d0) {
+    const int64_t hd = HD ? HD : hd_run;
+    const int64_t valid = kFull ? kTile : valid_run;
     constexpr int64_t kD = 16;
     alignas(64) static const uint16_t zeros[kD] = {};
     __m512 a[R][NB];
@@ -421,13 +420,14 @@ template <int R, int NB>
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
         for (int b = 0; b < NB; ++b) a[r][b] = _mm512_loadu_ps(acc + r * hd + d0 + b * kD);
+#pragma GCC unroll 8
     for (int64_t j = 0; j < valid; j += 2) {
         if (t.next_v && d0 == 0)  // the next tile's V requested once, in the first pass
             for (int64_t jj = j; jj < j + 2 && jj < t.next_v_rows; ++jj)
                 for (int64_t x = 0; x < hd * 2; x += 64)
                     __builtin_prefetch(reinterpret_cast<const char*>(t.next_v + jj * t.ldv) + x, 0, 2);
         const uint16_t* v0 = t.v + j * t.ldv + d0;
-        const bool second = j + 1 < valid;
+        const bool second = kFull || j + 1 < valid;
 #pragma GCC unroll 8
         for (int b = 0; b < NB; ++b) {
             const __m512i vv = interleave16(v0 + b * kD, second ? v0 + t.ldv + b * kD : zeros);
@@ -441,64 +441,160 @@ template <int R, int NB>
         for (int b = 0; b < NB; ++b) _mm512_storeu_ps(acc + r * hd + d0 + b * kD, a[r][b]);
 }
 
-// acc[r][d] += sum_j p[r][j] * v[j][d] over j < valid (hd a multiple of 16), NB column blocks a pass as
-// pv_rows.
-template <int R>
+// acc[r][d] += sum_j p[r][j] * v[j][d] over j < valid (hd a multiple of 16), the weights as bf16 pairs
+// w[r][j / 2], NB column blocks a pass as pv_rows.
+template <int R, int HD>
 [[gnu::always_inline]] LATTICE_TARGET_AVX512BF16 inline void pv_rows_dot(float* __restrict acc,
-                                                                         const float* __restrict p, int64_t valid,
-                                                                         const Tile<Elem::kBF16>& t, int64_t hd) {
+                                                                         const uint32_t (&w)[R][kTile / 2],
+                                                                         int64_t valid, const Tile<Elem::kBF16>& t,
+                                                                         int64_t hd_run) {
+    const int64_t hd = HD ? HD : hd_run;
     constexpr int64_t kD = 16;
     constexpr int NB = R >= 8 ? 1 : R >= 4 ? 2 : 4;
-    uint32_t w[R][kTile / 2];
+    int64_t d0 = 0;
+    if (valid == kTile) {  // all but a run's last tile: the pairs' loop of a known length
+        for (; d0 + NB * kD <= hd; d0 += NB * kD) pv_pass_dot<R, NB, HD, true>(acc, w, valid, t, hd, d0);
+        for (; d0 < hd; d0 += kD) pv_pass_dot<R, 1, HD, true>(acc, w, valid, t, hd, d0);
+        return;
+    }
+    for (; d0 + NB * kD <= hd; d0 += NB * kD) pv_pass_dot<R, NB, HD, false>(acc, w, valid, t, hd, d0);
+    for (; d0 < hd; d0 += kD) pv_pass_dot<R, 1, HD, false>(acc, w, valid, t, hd, d0);
+}
+
+// GCC 12's AVX-512 headers build some intrinsics on a self-initialized "undefined" register, which it reports as
+// maybe-uninitialized once inlined under a target attribute (to the end of softmax_rows_dot).
+#pragma GCC diagnostic push
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+// exp_neg_lanes (fast_exp.h) in AVX-512 intrinsics: the same operations in the same order, each a * b + c
+// contracted to one FMA as GCC and clang compile that form, so the same bits. GCC 12 left exp_neg_lanes'
+// vector-extension form scalar when it was inlined beside the asm of the math above; intrinsics let the softmax stay
+// inline, its scores in registers.
+[[gnu::always_inline]] LATTICE_TARGET_AVX512BF16 inline __m512 exp_neg_ps(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));  // x > -87 ? x : -87 (vmaxps returns its second operand for a NaN)
+    const __m512 n =
+        _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(12582912.0f)),
+                      _mm512_set1_ps(12582912.0f));
+    const __m512 r =
+        _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
+    __m512 p = _mm512_fmadd_ps(r, _mm512_set1_ps(1.0f / 720), _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+// softmax_rows' rare steps for the bf16-dot math, on its scores in memory (s, R x kTile): a softcap, and
+// raise_max. Out of line: they run on few tiles (a softcap model's, or where a row's max moves).
+template <int R>
+[[gnu::noinline]] LATTICE_TARGET_AVX512BF16 void softcap_dot(float* s, float softcap) {
+    for (int j = 0; j < R * int(kTile); ++j) s[j] = math::softcap(s[j], softcap);
+}
+template <int R>
+[[gnu::noinline]] LATTICE_TARGET_AVX512BF16 void raise_max_dot(float* acc, float* m, float* l, const float* s,
+                                                               int64_t lo, int64_t valid, int64_t hd) {
+    static constexpr int32_t kPrefix[2 * kTile] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+    I32x16 below_valid, below_lo;
+    std::memcpy(&below_valid, kPrefix + kTile - valid, sizeof(I32x16));
+    std::memcpy(&below_lo, kPrefix + kTile - lo, sizeof(I32x16));
+    F16x sv[R], x[R];
+    for (int r = 0; r < R; ++r) {
+        std::memcpy(&sv[r], s + r * kTile, sizeof(F16x));
+        x[r] = sv[r] - m[r];
+    }
+    raise_max<R>(acc, m, l, sv, x, below_valid & ~below_lo, hd);
+}
+
+// softmax_rows for the bf16-dot math, on scores in registers (sv, R rows of kTile lanes), the weights out as
+// bf16 pairs w[r][j / 2] for pv_rows_dot; the rare steps out of line. The same steps as softmax_rows, and one
+// more: each weight rounded to bf16 (to nearest, ties away from zero: two integer ops) before it is summed,
+// so that l is the sum of the very weights the V rows are multiplied by and the output a convex combination
+// of V rows whatever the rounding: a dominant key's rounded weight cancels out. Without it the lazy max's
+// weights above 1 doubled the worst error against a double softmax in test_attention_bf16 (0.0028 -> 0.0056).
+template <int R>
+[[gnu::always_inline]] LATTICE_TARGET_AVX512BF16 inline void softmax_rows_dot(__m512 (&sv)[R],
+                                                                              uint32_t (&w)[R][kTile / 2], float* acc,
+                                                                              float* m, float* l, float* s,
+                                                                              float softcap, int64_t lo, int64_t valid,
+                                                                              int64_t hd) {
+    if (softcap > 0.0f) [[unlikely]] {
+        for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * kTile, sv[r]);
+        softcap_dot<R>(s, softcap);
+        for (int r = 0; r < R; ++r) sv[r] = _mm512_loadu_ps(s + r * kTile);
+    }
+    const __mmask16 keep = __mmask16(((1u << valid) - 1) & ~((1u << lo) - 1));
+    __m512 top = _mm512_set1_ps(-__builtin_inff());
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) top = _mm512_mask_max_ps(top, keep, top, _mm512_sub_ps(sv[r], _mm512_set1_ps(m[r])));
+    if (_mm512_cmp_ps_mask(top, _mm512_set1_ps(kLazyMax), _CMP_GT_OQ)) [[unlikely]] {
+        for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * kTile, sv[r]);
+        raise_max_dot<R>(acc, m, l, s, lo, valid, hd);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-        const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(p + r * kTile));
-        std::memcpy(w[r], &h, sizeof(w[r]));
+        __m512i e = _mm512_castps_si512(exp_neg_ps(_mm512_sub_ps(sv[r], _mm512_set1_ps(m[r]))));
+        // to bf16, to nearest (ties away), as softmax_rows: finite and positive here
+        e = _mm512_maskz_and_epi32(keep, _mm512_add_epi32(e, _mm512_set1_epi32(0x8000)),
+                                   _mm512_set1_epi32(int32_t(0xFFFF0000u)));
+        _mm512_storeu_ps(l + r * kTile, _mm512_add_ps(_mm512_loadu_ps(l + r * kTile), _mm512_castsi512_ps(e)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(w[r]), _mm512_cvtepi32_epi16(_mm512_srli_epi32(e, 16)));
     }
-    int64_t d0 = 0;
-    for (; d0 + NB * kD <= hd; d0 += NB * kD) pv_pass_dot<R, NB>(acc, w, valid, t, hd, d0);
-    for (; d0 < hd; d0 += kD) pv_pass_dot<R, 1>(acc, w, valid, t, hd, d0);
 }
 
-// softmax_rows compiled on its own: inlined beside the asm above, GCC 12 left its exp loop scalar (2x slower).
-template <int R>
-[[gnu::noinline]] LATTICE_TARGET_AVX512BF16 void softmax_rows_dot(float* acc, float* m, float* l, float* s,
-                                                                  float softcap, int64_t lo, int64_t valid,
-                                                                  int64_t hd) {
-    softmax_rows<R, true>(acc, m, l, s, softcap, lo, valid, hd);
-}
+#pragma GCC diagnostic pop
 
-template <int R>
+template <int R, int HD>
 [[gnu::always_inline]] LATTICE_TARGET_AVX512BF16 inline void rows_block_dot(float* acc, float* m, float* l, float* s,
                                                                             const uint16_t* qb,
                                                                             const Tile<Elem::kBF16>& t, int64_t lo,
                                                                             int64_t valid, int64_t hd) {
-    scores_rows_dot<R>(s, qb, t, hd);
-    softmax_rows_dot<R>(acc, m, l, s, t.softcap, lo, valid, hd);
-    pv_rows_dot<R>(acc, s, valid, t, hd);
+    __m512 sv[R];
+    scores_rows_dot<R, HD>(sv, qb, t, hd);
+    uint32_t w[R][kTile / 2];
+    softmax_rows_dot<R>(sv, w, acc, m, l, s, t.softcap, lo, valid, hd);
+    pv_rows_dot<R, HD>(acc, w, valid, t, hd);
 }
 
-// TileRowsFn of the bf16-dot math: its row blocks are tile_rows_of's.
-LATTICE_TARGET_AVX512BF16 void tile_rows_bf16_dot(float* acc, float* m, float* l, float* s, const float* q,
-                                                  const Tile<Elem::kBF16>& t, int64_t lo, int64_t valid, int64_t hd,
-                                                  int64_t rows) {
-    if (!t.qb || hd % 16 != 0) {
-        tile_rows_bf16_avx512(acc, m, l, s, q, t, lo, valid, hd, rows);
-        return;
-    }
+// The rows' blocks of one tile (tile_rows_of's blocks), HD as rows_block_dot's.
+template <int HD>
+LATTICE_TARGET_AVX512BF16 void tile_blocks_dot(float* acc, float* m, float* l, float* s, const Tile<Elem::kBF16>& t,
+                                               int64_t lo, int64_t valid, int64_t hd, int64_t rows) {
     Tile<Elem::kBF16> rest = t;
     rest.next_k = rest.next_v = nullptr;
     int64_t r = 0;
     for (; r + kRows <= rows; r += kRows)
-        rows_block_dot<kRows>(acc + r * hd, m + r, l + r * kTile, s, t.qb + r * hd, r == 0 ? t : rest, lo, valid, hd);
+        rows_block_dot<kRows, HD>(acc + r * hd, m + r, l + r * kTile, s, t.qb + r * hd, r == 0 ? t : rest, lo, valid,
+                                  hd);
     if (r + 4 <= rows)
-        rows_block_dot<4>(acc + r * hd, m + r, l + r * kTile, s, t.qb + r * hd, r == 0 ? t : rest, lo, valid, hd),
+        rows_block_dot<4, HD>(acc + r * hd, m + r, l + r * kTile, s, t.qb + r * hd, r == 0 ? t : rest, lo, valid, hd),
             r += 4;
     if (r + 2 <= rows)
-        rows_block_dot<2>(acc + r * hd, m + r, l + r * kTile, s, t.qb + r * hd, r == 0 ? t : rest, lo, valid, hd),
+        rows_block_dot<2, HD>(acc + r * hd, m + r, l + r * kTile, s, t.qb + r * hd, r == 0 ? t : rest, lo, valid, hd),
             r += 2;
     if (r < rows)
-        rows_block_dot<1>(acc + r * hd, m + r, l + r * kTile, s, t.qb + r * hd, r == 0 ? t : rest, lo, valid, hd);
+        rows_block_dot<1, HD>(acc + r * hd, m + r, l + r * kTile, s, t.qb + r * hd, r == 0 ? t : rest, lo, valid, hd);
+}
+
+// TileRowsFn of the bf16-dot math. The common head dims (64: TinyLlama, Phi; 128: Llama, Qwen, Mistral) are
+// compiled for their size: the rows' q and accumulator addresses become constant offsets from one pointer
+// (at a run-time hd GCC kept a chain of adds per row and spilled the row pointers); the same arithmetic.
+LATTICE_TARGET_AVX512BF16 void tile_rows_bf16_dot(float* acc, float* m, float* l, float* s, const float* q,
+                                                  const Tile<Elem::kBF16>& t, int64_t lo, int64_t valid, int64_t hd,
+                                                  int64_t rows) {
+    if (!t.qb || hd % 16 != 0)
+        tile_rows_bf16_avx512(acc, m, l, s, q, t, lo, valid, hd, rows);
+    else if (hd == 64)
+        tile_blocks_dot<64>(acc, m, l, s, t, lo, valid, hd, rows);
+    else if (hd == 128)
+        tile_blocks_dot<128>(acc, m, l, s, t, lo, valid, hd, rows);
+    else
+        tile_blocks_dot<0>(acc, m, l, s, t, lo, valid, hd, rows);
 }
 #endif
 
