@@ -3,7 +3,8 @@
 // query rows of one token in register blocks of up to kRows rows. Written once on GCC vector extensions
 // (16 floats a value) and compiled per ISA variant (isa_variants.h).
 // bf16 tiles on a CPU with AVX512_BF16 run a fourth form (tile_rows_bf16_dot, at the end: AVX-512 intrinsics and
-// one vdpbf16ps in inline asm) that multiplies bf16 pairs; its softmax is this file's.
+// one vdpbf16ps in inline asm) that multiplies bf16 pairs; its softmax is softmax_rows' steps in intrinsics
+// (softmax_rows_dot: the scores stay in registers) with the same bits, its rare steps softmax_rows' own code.
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -241,6 +242,16 @@ template <int R>
     }
 }
 
+// Lanes [lo, valid) as all ones: lanes below valid and not below lo, each a load from a table of 16 ones then
+// 16 zeros (comparing a lane index vector to lo, GCC 12 built the mask one lane at a time).
+[[gnu::always_inline]] inline I32x16 keep_lanes(int64_t lo, int64_t valid) {
+    static constexpr int32_t kPrefix[2 * kTile] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+    I32x16 below_valid, below_lo;
+    std::memcpy(&below_valid, kPrefix + kTile - valid, sizeof(I32x16));
+    std::memcpy(&below_lo, kPrefix + kTile - lo, sizeof(I32x16));
+    return below_valid & ~below_lo;
+}
+
 // Positions [lo, valid) of the tile are the rows' keys (lo > 0 only where a sliding window starts).
 // The online softmax of the rows' scores s (in place: s becomes the weights), R rows at once: x = score - m
 // per row, the largest x of the block (one horizontal max for the R rows) against kLazyMax; above it (rare)
@@ -254,13 +265,7 @@ template <int R>
                                                 int64_t valid, int64_t hd) {
     if (softcap > 0.0f)
         for (int j = 0; j < R * int(kTile); ++j) s[j] = math::softcap(s[j], softcap);
-    // Lanes [lo, valid) as all ones: lanes below valid and not below lo, each a load from a table of 16 ones
-    // then 16 zeros (comparing a lane index vector to lo, GCC 12 built the mask one lane at a time).
-    static constexpr int32_t kPrefix[2 * kTile] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
-    I32x16 below_valid, below_lo;
-    std::memcpy(&below_valid, kPrefix + kTile - valid, sizeof(I32x16));
-    std::memcpy(&below_lo, kPrefix + kTile - lo, sizeof(I32x16));
-    const I32x16 keep = below_valid & ~below_lo;
+    const I32x16 keep = keep_lanes(lo, valid);
     const F16x none = F16x{} - __builtin_inff();
     F16x sv[R], x[R];
     F16x top = none;
@@ -499,16 +504,12 @@ template <int R>
 template <int R>
 [[gnu::noinline]] LATTICE_TARGET_AVX512BF16 void raise_max_dot(float* acc, float* m, float* l, const float* s,
                                                                int64_t lo, int64_t valid, int64_t hd) {
-    static constexpr int32_t kPrefix[2 * kTile] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
-    I32x16 below_valid, below_lo;
-    std::memcpy(&below_valid, kPrefix + kTile - valid, sizeof(I32x16));
-    std::memcpy(&below_lo, kPrefix + kTile - lo, sizeof(I32x16));
     F16x sv[R], x[R];
     for (int r = 0; r < R; ++r) {
         std::memcpy(&sv[r], s + r * kTile, sizeof(F16x));
         x[r] = sv[r] - m[r];
     }
-    raise_max<R>(acc, m, l, sv, x, below_valid & ~below_lo, hd);
+    raise_max<R>(acc, m, l, sv, x, keep_lanes(lo, valid), hd);
 }
 
 // softmax_rows for the bf16-dot math, on scores in registers (sv, R rows of kTile lanes), the weights out as
