@@ -501,15 +501,23 @@ template <int R>
 [[gnu::noinline]] LATTICE_TARGET_AVX512BF16 void softcap_dot(float* s, float softcap) {
     for (int j = 0; j < R * int(kTile); ++j) s[j] = math::softcap(s[j], softcap);
 }
+// (raise_max on scores in memory, without the target attribute: clang refuses a call that passes 64-byte
+// vectors from a function with AVX-512 to one without; this one takes pointers, and its own calls stay
+// between functions without it.)
 template <int R>
-[[gnu::noinline]] LATTICE_TARGET_AVX512BF16 void raise_max_dot(float* acc, float* m, float* l, const float* s,
-                                                               int64_t lo, int64_t valid, int64_t hd) {
+[[gnu::always_inline]] inline void raise_max_of(float* acc, float* m, float* l, const float* s, int64_t lo,
+                                                int64_t valid, int64_t hd) {
     F16x sv[R], x[R];
     for (int r = 0; r < R; ++r) {
         std::memcpy(&sv[r], s + r * kTile, sizeof(F16x));
         x[r] = sv[r] - m[r];
     }
     raise_max<R>(acc, m, l, sv, x, keep_lanes(lo, valid), hd);
+}
+template <int R>
+[[gnu::noinline]] LATTICE_TARGET_AVX512BF16 void raise_max_dot(float* acc, float* m, float* l, const float* s,
+                                                               int64_t lo, int64_t valid, int64_t hd) {
+    raise_max_of<R>(acc, m, l, s, lo, valid, hd);
 }
 
 // softmax_rows for the bf16-dot math, on scores in registers (sv, R rows of kTile lanes), the weights out as
