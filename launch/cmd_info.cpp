@@ -61,13 +61,8 @@ void print_memory(const TensorSource& src, const InfoArgs& args) {
         "memory per rank (quant {}{}, tp {} x pp {}, {}{}, context {}): {:.3f} GiB = weights {:.3f} GiB + KV "
         "cache {:.3f} GiB per sequence of {} positions ({}) + activations ~{:.3f} GiB ({} tokens per step){}\n",
         quant_mode_name(m.quant), head, args.tp, args.pp, cuda ? "cuda" : "cpu", q.cpu_bf16 ? " bf16" : "", m.max_seq,
-        to_gib(m.total()), to_gib(m.weights), to_gib(m.kv), m.max_seq,
-        args.kv_cache_dtype == "auto" ? (cuda         ? "f16"
-                                         : q.cpu_bf16 ? "bf16"
-                                                      : "f32")
-                                      : args.kv_cache_dtype,
-        to_gib(m.activations), args.max_batch_tokens,
-        args.pp > 1 ? fmt::format(" (largest: pp stage {})", m.stage) : "");
+        to_gib(m.total()), to_gib(m.weights), to_gib(m.kv), m.max_seq, m.kv_dtype, to_gib(m.activations),
+        args.max_batch_tokens, args.pp > 1 ? fmt::format(" (largest: pp stage {})", m.stage) : "");
 }
 
 }  // namespace

@@ -27,9 +27,10 @@ RankMemory largest_rank_memory(const TensorSource& src, const MemoryQuery& q) {
                                            : QuantChoice{q.quant, q.quant_head};
     const double act = cuda ? 2 : 4;  // activation bytes per element
     const bool bf16 = !cuda && q.cpu_bf16;
-    const double kv_elem =
-        kv_element_bytes(bf16 && q.kv_cache_dtype == "auto" ? "bf16" : q.kv_cache_dtype, c.head_dim, !cuda);
     RankMemory best;
+    // "auto" as the backends resolve it (kv_auto_dtype: CUDA f16, the CPU f32, bf16 under --dtype bf16).
+    best.kv_dtype = q.kv_cache_dtype != "auto" ? q.kv_cache_dtype : cuda ? "f16" : bf16 ? "bf16" : "f32";
+    const double kv_elem = kv_element_bytes(best.kv_dtype, c.head_dim, !cuda);
     best.quant = quant.quant;
     best.max_seq = resolve_max_seq(q.max_seq, c.max_position);  // the model's own default
     LATTICE_CHECK(best.max_seq <= c.max_position, "--max-seq {} exceeds the model's max_position_embeddings {}",

@@ -43,6 +43,7 @@ struct RankMemory {
     QuantMode head = QuantMode::kNone;        // the LM head's, when quantized (4-bit runs keep an 8-bit one)
     int64_t max_seq = 0;                      // the context resolved
     int stage = 0;                            // the pipeline stage of that rank
+    std::string kv_dtype;                     // the KV cache's elements, "auto" resolved as the backend does
     double weights = 0, kv = 0, activations = 0;
     double total() const { return weights + kv + activations; }
 };
