@@ -507,11 +507,8 @@ template <int R>
 template <int R>
 [[gnu::always_inline]] inline void raise_max_of(float* acc, float* m, float* l, const float* s, int64_t lo,
                                                 int64_t valid, int64_t hd) {
-    F16x sv[R], x[R];
-    for (int r = 0; r < R; ++r) {
-        std::memcpy(&sv[r], s + r * kTile, sizeof(F16x));
-        x[r] = sv[r] - m[r];
-    }
+    F16x sv[R], x[R];  // x: raise_max's output for softmax_rows, unused here (softmax_rows_dot recomputes it)
+    for (int r = 0; r < R; ++r) std::memcpy(&sv[r], s + r * kTile, sizeof(F16x));
     raise_max<R>(acc, m, l, sv, x, keep_lanes(lo, valid), hd);
 }
 template <int R>
