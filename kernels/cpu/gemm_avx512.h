@@ -1,8 +1,8 @@
-// AVX-512 pieces shared by the int8 and 4-bit kernel files (int8_gemm_avx512.cpp, int4_gemm_avx512.cpp,
-// int4_gemm_kq_avx512.cpp; only files compiled with the AVX-512 flags include this): the accumulate
-// instructions, the f16 scale load, the panel tail mask and the prefill tile over panels dequantized to f32
-// ([k_padded][16] floats per panel, k-major), which W8A16 and W4A16 both run once they have converted a panel
-// pair.
+// AVX-512 pieces shared by the int8 and 4-bit kernel files (int8_gemm_avx512.cpp, int8_gemm_amx_avx512.cpp,
+// int4_gemm_avx512.cpp, int4_gemm_kq_avx512.cpp; only files compiled with the AVX-512 flags include this): the
+// accumulate instructions, the f16 scale load, the panel tail mask, the int8 epilogue's row store and the
+// prefill tile over panels dequantized to f32 ([k_padded][16] floats per panel, k-major), which W8A16 and W4A16
+// both run once they have converted a panel pair.
 #pragma once
 
 #include <immintrin.h>
@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/int8_gemm.h"
+#include "kernels/cpu/int8_gemm_kernels.h"
 #include "kernels/cpu/row_blocks.h"
 
 namespace lattice::avx512 {
@@ -80,6 +81,19 @@ template <int NP>
 inline void fd_all_rows(const float* x, int64_t m, int64_t ldx, const float* bf, int64_t kp, const float* scales,
                         int64_t p, int64_t n, float* y, int64_t ldy) {
     for_row_blocks<8>(m, [&]<int MR>(int64_t r0) { fd_tile<MR, NP>(x, ldx, bf, kp, scales, p, r0, n, y, ldy); });
+}
+
+// One row's 16 corrected int32 sums of panel p through the int8 epilogue (int8_gemm_kernels.h): the float rows
+// float(s) * (row scale * channel scale), or the int32 sums; channels past n masked off. The VNNI and AMX kernels.
+inline void store16(__m512i s, int64_t r, int64_t p, int64_t n, const int8_detail::Int8Epilogue& ep) {
+    const int64_t j0 = p * kInt8PanelN;
+    const __mmask16 mk = tail_mask(p, n);
+    if (ep.y) {
+        __m512 sc = _mm512_mul_ps(_mm512_set1_ps(ep.row_scales[r]), _mm512_maskz_loadu_ps(mk, ep.col_scales + j0));
+        _mm512_mask_storeu_ps(ep.y + r * ep.ldy + j0, mk, _mm512_mul_ps(_mm512_cvtepi32_ps(s), sc));
+    } else {
+        _mm512_mask_storeu_epi32(ep.c + r * ep.ldc + j0, mk, s);
+    }
 }
 
 }  // namespace lattice::avx512

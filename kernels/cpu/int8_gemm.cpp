@@ -1,6 +1,6 @@
 // INT8 GEMM front end: weight quantization and packing, per-call
 // activation preparation (quantize once per row, then widen/offset for the chosen kernel) and the
-// split of output panels across the thread pool. Kernels live in int8_gemm_{ref,avx2,avxvnni,avx512}.cpp.
+// split of output panels across the thread pool. Kernels live in int8_gemm_{ref,avx2,avxvnni,avx512,amx_avx512}.cpp.
 // Activation scratch is a thread_local buffer of the calling thread, grown on demand (no per-call
 // allocation once warm); pool workers only read it while the caller waits in parallel_for.
 #include "kernels/cpu/int8_gemm.h"
@@ -40,8 +40,10 @@ void check_packed(const PackedInt8& w, int64_t k, const char* fn) {
 int64_t prep_elem_bytes(IsaLevel isa) { return isa == IsaLevel::kAvx2 ? 2 : 1; }
 
 // Turns an int8 row sitting at the start of dst (k values) into the kernel's operand form, in place,
-// padded with zeros (value 0, i.e. 128 in the u8 form) to k_padded.
-void finish_row(uint8_t* dst, int64_t k, int64_t k_padded, IsaLevel isa) {
+// padded with zeros (value 0, i.e. 128 in the u8 form) to k_padded; its bytes from there to the row stride
+// `lda_bytes` zero (the AMX tiles read whole 64-byte blocks; zero weights meet them).
+void finish_row(uint8_t* dst, int64_t k, int64_t k_padded, int64_t lda_bytes, IsaLevel isa) {
+    std::memset(dst + k_padded * prep_elem_bytes(isa), 0, size_t(lda_bytes - k_padded * prep_elem_bytes(isa)));
     switch (isa) {
         case IsaLevel::kScalar:
             std::memset(dst + k, 0, size_t(k_padded - k));
@@ -73,18 +75,23 @@ void run_s8_kernel(const uint8_t* a, int64_t m, int64_t lda, const PackedInt8& w
     }
     g_last_provider.store(0, std::memory_order_relaxed);
     auto kernel = &int8_detail::s8_panels_scalar;
+    IsaLevel ran = w.isa;
     switch (w.isa) {
         case IsaLevel::kScalar: kernel = &int8_detail::s8_panels_scalar; break;
         case IsaLevel::kAvx2: kernel = &int8_detail::s8_panels_avx2; break;
         case IsaLevel::kAvxVnni: kernel = &int8_detail::s8_panels_avxvnni; break;
         case IsaLevel::kAvx512Vnni:
-        case IsaLevel::kAmx: kernel = &int8_detail::s8_panels_avx512; break;  // no AMX tiles yet
+            kernel = &int8_detail::s8_panels_avx512;
+            break;
+        case IsaLevel::kAmx:  // tiles from kInt8AmxMinM rows; the VNNI kernel streams the panels below it
+            kernel = m >= kInt8AmxMinM ? &int8_detail::s8_panels_amx : &int8_detail::s8_panels_avx512;
+            ran = m >= kInt8AmxMinM ? IsaLevel::kAmx : IsaLevel::kAvx512Vnni;
+            break;
     }
-    note_path(KernelFamily::kGemmInt8, w.isa == IsaLevel::kAmx ? IsaLevel::kAvx512Vnni : w.isa);
+    note_path(KernelFamily::kGemmInt8, ran);
     pool.parallel_chunks(w.n_panels, chunk_for(w.n_panels, pool.size()),
                          [&](int64_t p0, int64_t p1, int) { kernel(a, m, lda, w, p0, p1, ep); });
 }
-
 
 }  // namespace
 
@@ -202,7 +209,7 @@ void gemm_w8a8(const float* x, int64_t m, int64_t k, const PackedInt8& w, const 
         int8_t* q = reinterpret_cast<int8_t*>(dst);
         row_scales[r] = w.isa == IsaLevel::kScalar ? quantize_row_int8(x + r * k, k, q)
                                                    : int8_detail::quantize_row_int8_avx2(x + r * k, k, q);
-        finish_row(dst, k, w.k_padded, w.isa);
+        finish_row(dst, k, w.k_padded, lda_bytes, w.isa);
     });
     Int8Epilogue ep;
     ep.y = y;
@@ -223,7 +230,7 @@ void run_s8_on_rows(const int8_t* a_in, int64_t lda_in, int64_t m, int64_t k, co
     for_rows(m, pool, [&](int64_t r) {
         uint8_t* dst = a + r * lda_bytes;
         std::memcpy(dst, a_in + r * lda_in, size_t(k));
-        finish_row(dst, k, w.k_padded, w.isa);
+        finish_row(dst, k, w.k_padded, lda_bytes, w.isa);
     });
     run_s8_kernel(a, m, lda_bytes / prep_elem_bytes(w.isa), w, ep, pool);
 }

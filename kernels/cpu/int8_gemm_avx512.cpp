@@ -29,22 +29,12 @@ namespace {
 using avx512::dpbusd;
 using avx512::fd_all_rows;
 using avx512::fma_acc;
+using avx512::store16;
 using avx512::tail_mask;
 
 // Software prefetch distance along each panel stream (hardware prefetch alone leaves the decode
 // GEMV and the small-m tile below the DRAM stream rate when several panel streams run at once).
 constexpr int64_t kPrefetchBytes = 2048;
-
-inline void store16(__m512i s, int64_t r, int64_t p, int64_t n, const Int8Epilogue& ep) {
-    const int64_t j0 = p * kInt8PanelN;
-    const __mmask16 mk = tail_mask(p, n);
-    if (ep.y) {
-        __m512 sc = _mm512_mul_ps(_mm512_set1_ps(ep.row_scales[r]), _mm512_maskz_loadu_ps(mk, ep.col_scales + j0));
-        _mm512_mask_storeu_ps(ep.y + r * ep.ldy + j0, mk, _mm512_mul_ps(_mm512_cvtepi32_ps(s), sc));
-    } else {
-        _mm512_mask_storeu_epi32(ep.c + r * ep.ldc + j0, mk, s);
-    }
-}
 
 // Rows [r0, r0 + MR) x panels [p, p + NP).
 template <int MR, int NP>

@@ -1,5 +1,6 @@
 // Internal interface between int8_gemm.cpp (dispatch, activation prep, threading) and the per-ISA
-// kernel files (int8_gemm_ref.cpp, _avx2.cpp, _avxvnni.cpp, _avx512.cpp). Not for use outside them.
+// kernel files (int8_gemm_ref.cpp, _avx2.cpp, _avxvnni.cpp, _avx512.cpp, _amx_avx512.cpp). Not for use outside
+// them but by the kernel tests (the AMX kernel on its tile model).
 //
 // Each *_panels function computes all m rows for output panels [p0, p1) of the packed weights
 // (layout in int8_gemm.h) and writes through the epilogue. Prepared activations, row-major with
@@ -48,6 +49,15 @@ void s8_panels_avxvnni(const void* a, int64_t m, int64_t lda, const PackedInt8& 
                        const Int8Epilogue& ep);
 void s8_panels_avx512(const void* a, int64_t m, int64_t lda, const PackedInt8& w, int64_t p0, int64_t p1,
                       const Int8Epilogue& ep);
+// AMX-INT8 tiles (int8_gemm_amx_avx512.cpp), any m >= 1 (the front sends m >= kInt8AmxMinM): the avx512 operand
+// form, lda >= k_padded rounded up to 64 (a row's bytes past k_padded are read and meet zero weights). Only where
+// isa_supported(kAmx).
+void s8_panels_amx(const void* a, int64_t m, int64_t lda, const PackedInt8& w, int64_t p0, int64_t p1,
+                   const Int8Epilogue& ep);
+// The same kernel on the software tile model (amx_tiles.h): the tests' way to run it without AMX (AVX-512 needed
+// for its epilogue). Slow; never on the engine's path.
+void s8_panels_amx_model(const void* a, int64_t m, int64_t lda, const PackedInt8& w, int64_t p0, int64_t p1,
+                         const Int8Epilogue& ep);
 
 // quantize_row_int8 (quantize.h) in AVX2, bit-identical results; for CPUs with at least kAvx2.
 float quantize_row_int8_avx2(const float* x, int64_t k, int8_t* q);

@@ -32,6 +32,15 @@ struct IsaOverride {
     IsaOverride& operator=(const IsaOverride&) = delete;
 };
 
+// Sets the int8 GEMM provider for a scope (read when weights are packed); the previous one again after it.
+struct ProviderGuard {
+    explicit ProviderGuard(Int8Provider p) : old(int8_provider()) { set_int8_provider(p); }
+    ~ProviderGuard() { set_int8_provider(old); }
+    ProviderGuard(const ProviderGuard&) = delete;
+    ProviderGuard& operator=(const ProviderGuard&) = delete;
+    Int8Provider old;
+};
+
 inline std::vector<int8_t> random_i8(size_t n, std::mt19937& rng, int lo = -128, int hi = 127) {
     std::uniform_int_distribution<int> d(lo, hi);
     std::vector<int8_t> v(n);

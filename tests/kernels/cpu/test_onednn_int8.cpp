@@ -21,13 +21,6 @@ using namespace lattice::test;
 
 namespace {
 
-// Sets the provider for a scope.
-struct ProviderGuard {
-    explicit ProviderGuard(Int8Provider p) : old(int8_provider()) { set_int8_provider(p); }
-    ~ProviderGuard() { set_int8_provider(old); }
-    Int8Provider old;
-};
-
 // Why the oneDNN cases cannot run here ("" when they can).
 std::string onednn_skip_reason() {
     if (!onednn_compiled()) return "built without oneDNN (libdnnl-dev absent at configure time)";

@@ -1,0 +1,194 @@
+// AMX tiles for the int8 GEMM's own tile kernel (int8_gemm_amx.cpp), in two forms with one interface:
+//   AmxTiles     the instructions (ldtilecfg, tileloadd, tdpbusd, tilestored, tilezero, tilerelease) as inline
+//                asm: no target attribute is needed, and unlike GCC 12's intrinsics (whose tileloadd and
+//                ldtilecfg declare no memory read past the config's first 8 bytes) every statement names the
+//                memory it touches, so the compiler cannot move a store to a buffer past the tile load that
+//                reads it. Only where isa_supported(kAmx): CPUID, XCR0 and the tile permission.
+//   TileModel    a software model of the same operations, after the ISA reference's description: per thread,
+//                a palette-1 configuration and eight tiles of up to 16 rows x 64 bytes; a load or store moves a
+//                tile's configured rows and bytes; tdpbusd adds, for every (row of A, column of C), the dot
+//                products of A's unsigned bytes with B's signed bytes four at a time in wrapping int32; a shape
+//                the hardware refuses (#UD: an unconfigured tile, A's rows not C's, A's bytes not 4 x B's rows,
+//                B's bytes not C's) throws. The tests run the kernel on it on every machine, so its indexing,
+//                shapes and tails are checked where no AMX exists; on AMX machines the same tests compare the
+//                instructions with it.
+// Written by hand: oneDNN (onednn_int8.h) is the other provider of the same GEMM, but it keeps a second, reordered
+// copy of the weights; this kernel reads the packed VNNI panels in place (their 64-byte k-groups are AMX's B rows).
+//
+// Roles are fixed (the kernel's 2 x 2 block of 16 x 16 int32): C tiles 0-3 (C[r][c] = tile 2r + c), A tiles 4-5
+// (rows block r), B tiles 6-7 (panel c). Every tile is 16 rows x 64 bytes except that a row tail configures A and C
+// with its own row count.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "base/error.h"
+
+namespace lattice::amx {
+
+inline constexpr int kTileRows = 16;   // rows of a tile
+inline constexpr int kTileBytes = 64;  // bytes of a tile row
+inline constexpr int kTiles = 8;
+
+// The 64-byte operand of ldtilecfg, palette 1.
+struct alignas(64) TileConfig {
+    uint8_t palette = 1;
+    uint8_t start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t colsb[16] = {};  // bytes per row of tile i (i < 8)
+    uint8_t rows[16] = {};    // rows of tile i
+};
+static_assert(sizeof(TileConfig) == 64);
+
+// The GEMM's configuration: C and A tiles `rows` rows (16, or a row tail), B tiles 16; every row 64 bytes.
+inline TileConfig gemm_config(int rows) {
+    TileConfig c;
+    for (int t = 0; t < kTiles; ++t) {
+        c.colsb[t] = kTileBytes;
+        c.rows[t] = uint8_t(t >= 6 ? kTileRows : rows);
+    }
+    return c;
+}
+
+struct AmxTiles {
+    static void configure(const TileConfig& c) { asm volatile("ldtilecfg %0" ::"m"(c) : "memory"); }
+    static void release() { asm volatile("tilerelease" ::: "memory"); }
+
+    // A rows block r (tile 4 + r) from `p`, rows `stride` bytes apart.
+    template <int R>
+    static void load_a(const void* p, int64_t stride) {
+        static_assert(R == 0 || R == 1);
+        if constexpr (R == 0)
+            asm volatile("tileloadd (%0,%1,1), %%tmm4" ::"r"(p), "r"(stride) : "memory");
+        else
+            asm volatile("tileloadd (%0,%1,1), %%tmm5" ::"r"(p), "r"(stride) : "memory");
+    }
+    // B of panel c (tile 6 + c): 16 k-groups of 64 bytes, consecutive.
+    template <int C>
+    static void load_b(const void* p) {
+        static_assert(C == 0 || C == 1);
+        const int64_t stride = kTileBytes;
+        if constexpr (C == 0)
+            asm volatile("tileloadd (%0,%1,1), %%tmm6" ::"r"(p), "r"(stride) : "memory");
+        else
+            asm volatile("tileloadd (%0,%1,1), %%tmm7" ::"r"(p), "r"(stride) : "memory");
+    }
+    // C[r][c] += A[r] . B[c].
+    template <int R, int C>
+    static void dot() {
+        static_assert((R == 0 || R == 1) && (C == 0 || C == 1));
+        if constexpr (R == 0 && C == 0) asm volatile("tdpbusd %%tmm6, %%tmm4, %%tmm0" ::: "memory");
+        if constexpr (R == 0 && C == 1) asm volatile("tdpbusd %%tmm7, %%tmm4, %%tmm1" ::: "memory");
+        if constexpr (R == 1 && C == 0) asm volatile("tdpbusd %%tmm6, %%tmm5, %%tmm2" ::: "memory");
+        if constexpr (R == 1 && C == 1) asm volatile("tdpbusd %%tmm7, %%tmm5, %%tmm3" ::: "memory");
+    }
+    template <int R, int C>
+    static void zero_c() {
+        if constexpr (R == 0 && C == 0) asm volatile("tilezero %%tmm0" ::: "memory");
+        if constexpr (R == 0 && C == 1) asm volatile("tilezero %%tmm1" ::: "memory");
+        if constexpr (R == 1 && C == 0) asm volatile("tilezero %%tmm2" ::: "memory");
+        if constexpr (R == 1 && C == 1) asm volatile("tilezero %%tmm3" ::: "memory");
+    }
+    template <int R, int C>
+    static void store_c(void* p, int64_t stride) {
+        if constexpr (R == 0 && C == 0) asm volatile("tilestored %%tmm0, (%0,%1,1)" ::"r"(p), "r"(stride) : "memory");
+        if constexpr (R == 0 && C == 1) asm volatile("tilestored %%tmm1, (%0,%1,1)" ::"r"(p), "r"(stride) : "memory");
+        if constexpr (R == 1 && C == 0) asm volatile("tilestored %%tmm2, (%0,%1,1)" ::"r"(p), "r"(stride) : "memory");
+        if constexpr (R == 1 && C == 1) asm volatile("tilestored %%tmm3, (%0,%1,1)" ::"r"(p), "r"(stride) : "memory");
+    }
+};
+
+class TileModel {
+public:
+    static void configure(const TileConfig& c) {
+        State& s = state();
+        LATTICE_CHECK(c.palette == 1 && c.start_row == 0, "AMX model: palette {} start row {}", int(c.palette),
+                      int(c.start_row));
+        for (int t = 0; t < kTiles; ++t) {
+            LATTICE_CHECK(c.rows[t] <= kTileRows && c.colsb[t] <= kTileBytes && (c.rows[t] == 0) == (c.colsb[t] == 0),
+                          "AMX model: tile {} configured {} rows x {} bytes", t, int(c.rows[t]), int(c.colsb[t]));
+            s.tile[t].rows = c.rows[t];
+            s.tile[t].colsb = c.colsb[t];
+        }
+        std::memset(s.data, 0, sizeof s.data);  // ldtilecfg zeroes the tiles
+        s.configured = true;
+    }
+    static void release() {
+        State& s = state();
+        s.configured = false;
+        std::memset(s.data, 0, sizeof s.data);
+    }
+    template <int R>
+    static void load_a(const void* p, int64_t stride) {
+        load(4 + R, p, stride);
+    }
+    template <int C>
+    static void load_b(const void* p) {
+        load(6 + C, p, kTileBytes);
+    }
+    template <int R, int C>
+    static void dot() {
+        dpbusd(2 * R + C, 4 + R, 6 + C);
+    }
+    template <int R, int C>
+    static void zero_c() {
+        State& s = state();
+        need(s, 2 * R + C);
+        std::memset(s.data[2 * R + C], 0, sizeof s.data[0]);
+    }
+    template <int R, int C>
+    static void store_c(void* p, int64_t stride) {
+        State& s = state();
+        const int t = 2 * R + C;
+        need(s, t);
+        for (int r = 0; r < s.tile[t].rows; ++r)
+            std::memcpy(static_cast<uint8_t*>(p) + r * stride, s.data[t][r], s.tile[t].colsb);
+    }
+
+private:
+    struct Shape {
+        int rows = 0, colsb = 0;
+    };
+    struct State {
+        bool configured = false;
+        Shape tile[kTiles];
+        uint8_t data[kTiles][kTileRows][kTileBytes];
+    };
+    static State& state() {
+        thread_local State s;
+        return s;
+    }
+    static void need(const State& s, int t) {
+        LATTICE_CHECK(s.configured && s.tile[t].rows > 0, "AMX model: tile {} used unconfigured", t);
+    }
+    static void load(int t, const void* p, int64_t stride) {
+        State& s = state();
+        need(s, t);
+        std::memset(s.data[t], 0, sizeof s.data[0]);  // rows and bytes past the shape read as zero
+        for (int r = 0; r < s.tile[t].rows; ++r)
+            std::memcpy(s.data[t][r], static_cast<const uint8_t*>(p) + r * stride, s.tile[t].colsb);
+    }
+    // tdpbusd c, a, b: c[m][n] += sum over k < a.colsb / 4, i < 4 of u8 a[m][4k + i] * s8 b[k][4n + i], mod 2^32.
+    static void dpbusd(int c, int a, int b) {
+        State& s = state();
+        need(s, c);
+        need(s, a);
+        need(s, b);
+        const Shape &sc = s.tile[c], &sa = s.tile[a], &sb = s.tile[b];
+        LATTICE_CHECK(sa.rows == sc.rows && sa.colsb == 4 * sb.rows && sb.colsb == sc.colsb && sc.colsb % 4 == 0,
+                      "AMX model: tdpbusd of C {}x{}, A {}x{}, B {}x{} (bytes): the hardware's #UD", sc.rows, sc.colsb,
+                      sa.rows, sa.colsb, sb.rows, sb.colsb);
+        for (int m = 0; m < sc.rows; ++m)
+            for (int n = 0; n < sc.colsb / 4; ++n) {
+                uint32_t acc;
+                std::memcpy(&acc, &s.data[c][m][4 * n], 4);
+                for (int k = 0; k < sa.colsb / 4; ++k)
+                    for (int i = 0; i < 4; ++i)
+                        acc += uint32_t(int32_t(s.data[a][m][4 * k + i]) * int32_t(int8_t(s.data[b][k][4 * n + i])));
+                std::memcpy(&s.data[c][m][4 * n], &acc, 4);
+            }
+    }
+};
+
+}  // namespace lattice::amx
