@@ -11,32 +11,32 @@
 // Where the build has oneDNN (libdnnl) and the CPU AVX-512 VNNI, W8A8 also runs through oneDNN's matmul
 // (onednn_int8.h: u8 x s8 -> s32 plus lattice's epilogue, weights reordered once; on AMX Xeons oneDNN picks
 // its tile kernels) at m = 16, 128, 512 in the same run, rows "onednn" with the implementation oneDNN chose,
-// and a closing table of lattice's best-ISA W8A8 against it (ratio = lattice GOP/s / oneDNN GOP/s).
+// and a closing table of lattice's best-ISA W8A8 against it (ratio = lattice GOP/s / oneDNN GOP/s). Where AMX
+// runs, the "amx" rows at m >= 16 are lattice's own tile kernel (int8_gemm_amx_avx512.cpp: the weights here
+// carry no oneDNN copy), and their %peak is against a register-only tdpbusd loop (4 independent 16 x 16 C tiles).
 // Time is the best of the repetitions (the machine is shared; best is the least disturbed run).
 // GB/s counts the packed bytes a call streams (4-bit: nibbles, f16 scales and minimums, 5 bits per weight).
 // Usage: bench_gemm_int8 [--full] [--threads N] [--modes w8a8,w8a16,w4a8,w4a16] [--json FILE]. Default (quick)
 // keeps the run < ~2 min: the scalar path only at m = 1, AVX2 not at m = 128, W8A16 and the 4-bit modes not on
 // the AVX-VNNI level (it runs the AVX2 float and 4-bit kernels), and a short time budget per point (best of
 // >= 1 timed run after a warm-up).
+#include <fmt/format.h>
 #include <immintrin.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-
-#include "benchmarks/bench_common.h"
-#include <random>
 #include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
-#include <fmt/format.h>
-
-#include <nlohmann/json.hpp>
-
 #include "base/dtype.h"
+#include "benchmarks/bench_common.h"
+#include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/int4_gemm.h"
 #include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/onednn_int8.h"
@@ -78,6 +78,37 @@ __attribute__((target("avx512f,avx512vnni"))) double vnni512_ops_per_s(int64_t i
     volatile int32_t sink = lanes[0] + lanes[15];
     (void)sink;
     return double(iters) * 12 * 64 * 2 / t;
+}
+
+// AMX-INT8's ceiling: tdpbusd into 4 independent C tiles (16 x 16 int32, 64 bytes of k: 16384 MACs each) from
+// A and B tiles loaded once. Only where isa_supported(kAmx).
+double amx_ops_per_s(int64_t iters) {
+    using amx::AmxTiles;
+    alignas(64) static uint8_t buf[amx::kTileRows * amx::kTileBytes];
+    std::memset(buf, 1, sizeof buf);
+    AmxTiles::configure(amx::gemm_config(amx::kTileRows));
+    AmxTiles::load_a<0>(buf, amx::kTileBytes);
+    AmxTiles::load_a<1>(buf, amx::kTileBytes);
+    AmxTiles::load_b<0>(buf);
+    AmxTiles::load_b<1>(buf);
+    AmxTiles::zero_c<0, 0>();
+    AmxTiles::zero_c<0, 1>();
+    AmxTiles::zero_c<1, 0>();
+    AmxTiles::zero_c<1, 1>();
+    const double t0 = thread_cpu_s();
+    for (int64_t i = 0; i < iters; ++i) {
+        AmxTiles::dot<0, 0>();
+        AmxTiles::dot<0, 1>();
+        AmxTiles::dot<1, 0>();
+        AmxTiles::dot<1, 1>();
+    }
+    const double t = thread_cpu_s() - t0;
+    alignas(64) int32_t c[amx::kTileRows][amx::kTileBytes / 4];
+    AmxTiles::store_c<0, 0>(c, amx::kTileBytes);
+    AmxTiles::release();
+    volatile int32_t sink = c[0][0];
+    (void)sink;
+    return double(iters) * 4 * 16384 * 2 / t;
 }
 
 // Same loop on ymm with AVX-VNNI (VEX): that path's own ceiling.
@@ -264,6 +295,9 @@ int main(int argc, char** argv) {
         for (int rep = 0; rep < 3; ++rep) peak_core = std::max(peak_core, madd256_ops_per_s(10'000'000, 5));
         peak_all = peak_core * nt;
     }
+    double peak_amx_core = 0;  // the amx rows' ceiling
+    if (isa_supported(IsaLevel::kAmx))
+        for (int rep = 0; rep < 3; ++rep) peak_amx_core = std::max(peak_amx_core, amx_ops_per_s(2'000'000));
     const size_t bw_bytes = size_t(1) << 30;
     std::vector<uint8_t, AlignedAllocator64<uint8_t>> big(bw_bytes, 1);
     double bw_wall = 0, bw_all = 0, bw_core = 0;
@@ -289,15 +323,16 @@ int main(int argc, char** argv) {
     }
     big.clear();
     big.shrink_to_fit();
-    fmt::print("bench_gemm_int8: {} threads, best ISA {}\n"
-               "  int8 peak, register-only {} (CPU time): {:.0f} GOP/s per core, {:.0f} GOP/s all threads"
-               " (ymm AVX-VNNI: {:.0f} GOP/s per core)\n"
-               "  memory read bandwidth, 1 GiB stream: {:.1f} GB/s one core (CPU time), {:.1f} GB/s all threads "
-               "(CPU time), {:.1f} GB/s all threads (wall)\n"
-               "  'core' columns: 1-thread pool, CPU time of the call (immune to other processes on these shared\n"
-               "  cores); %peak and %bw against the per-core ceilings. 'wall' columns: {}-thread pool, wall clock.\n",
-               nt, isa_name(best_isa()), peak_kind, peak_core / 1e9, peak_all / 1e9, peak_ymm_core / 1e9, bw_core / 1e9, bw_all / 1e9,
-               bw_wall / 1e9, nt);
+    fmt::print(
+        "bench_gemm_int8: {} threads, best ISA {}\n"
+        "  int8 peak, register-only {} (CPU time): {:.0f} GOP/s per core, {:.0f} GOP/s all threads"
+        " (ymm AVX-VNNI: {:.0f} GOP/s per core; AMX tdpbusd: {:.0f} GOP/s per core, the amx rows' %peak)\n"
+        "  memory read bandwidth, 1 GiB stream: {:.1f} GB/s one core (CPU time), {:.1f} GB/s all threads "
+        "(CPU time), {:.1f} GB/s all threads (wall)\n"
+        "  'core' columns: 1-thread pool, CPU time of the call (immune to other processes on these shared\n"
+        "  cores); %peak and %bw against the per-core ceilings. 'wall' columns: {}-thread pool, wall clock.\n",
+        nt, isa_name(best_isa()), peak_kind, peak_core / 1e9, peak_all / 1e9, peak_ymm_core / 1e9, peak_amx_core / 1e9,
+        bw_core / 1e9, bw_all / 1e9, bw_wall / 1e9, nt);
 
     std::vector<IsaLevel> isas;
     for (IsaLevel l : all_isa_levels())
@@ -384,7 +419,9 @@ int main(int argc, char** argv) {
                         Row r{std::string(isa_name(isa)), mode, kind, m, n, k,
                               1e3 * best_time(run(pool1), true, budget), 1e3 * best_time(run(pool), false, budget),
                               double(wbytes), {}};
-                        print_row(r, peak_core, bw_core);
+                        print_row(
+                            r, isa == IsaLevel::kAmx && m >= kInt8AmxMinM && !int4 && !w16 ? peak_amx_core : peak_core,
+                            bw_core);
                         rows.push_back(r);
                     }
                 }
@@ -402,6 +439,7 @@ int main(int argc, char** argv) {
         j["int8_peak_gops_core"] = peak_core / 1e9;
         j["int8_peak_gops_all"] = peak_all / 1e9;
         j["int8_peak_ymm_vnni_gops_core"] = peak_ymm_core / 1e9;
+        j["int8_peak_amx_gops_core"] = peak_amx_core / 1e9;
         j["mem_bw_gbs_core"] = bw_core / 1e9;
         j["mem_bw_gbs_all_cpu"] = bw_all / 1e9;
         j["mem_bw_gbs_all_wall"] = bw_wall / 1e9;
