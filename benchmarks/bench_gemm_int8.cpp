@@ -48,38 +48,6 @@ namespace {
 using bench::best_time;
 using bench::thread_cpu_s;
 
-// Register-only vpdpbusd loop: returns int8 ops/s of one thread (1 MAC = 2 ops, 64 MACs per zmm op).
-__attribute__((target("avx512f,avx512vnni"))) double vnni512_ops_per_s(int64_t iters, uint32_t seed) {
-    __m512i a = _mm512_set1_epi32(int(seed | 0x01010101u)), b = _mm512_set1_epi32(int(seed * 7u + 3u));
-    __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0, c8 = c0,
-            c9 = c0, c10 = c0, c11 = c0;
-    double t0 = thread_cpu_s();
-    for (int64_t i = 0; i < iters; ++i) {
-        c0 = _mm512_dpbusd_epi32(c0, a, b);
-        c1 = _mm512_dpbusd_epi32(c1, a, b);
-        c2 = _mm512_dpbusd_epi32(c2, a, b);
-        c3 = _mm512_dpbusd_epi32(c3, a, b);
-        c4 = _mm512_dpbusd_epi32(c4, a, b);
-        c5 = _mm512_dpbusd_epi32(c5, a, b);
-        c6 = _mm512_dpbusd_epi32(c6, a, b);
-        c7 = _mm512_dpbusd_epi32(c7, a, b);
-        c8 = _mm512_dpbusd_epi32(c8, a, b);
-        c9 = _mm512_dpbusd_epi32(c9, a, b);
-        c10 = _mm512_dpbusd_epi32(c10, a, b);
-        c11 = _mm512_dpbusd_epi32(c11, a, b);
-        __asm__ volatile("" : "+v"(a), "+v"(b));  // keep the loop from being folded
-    }
-    double t = thread_cpu_s() - t0;
-    __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(c0, c1), _mm512_add_epi32(c2, c3)),
-                                 _mm512_add_epi32(_mm512_add_epi32(c4, c5), _mm512_add_epi32(c6, c7)));
-    s = _mm512_add_epi32(s, _mm512_add_epi32(_mm512_add_epi32(c8, c9), _mm512_add_epi32(c10, c11)));
-    alignas(64) int32_t lanes[16];
-    _mm512_store_si512(lanes, s);
-    volatile int32_t sink = lanes[0] + lanes[15];
-    (void)sink;
-    return double(iters) * 12 * 64 * 2 / t;
-}
-
 // AMX-INT8's ceiling: tdpbusd into 4 independent C tiles (16 x 16 int32, 64 bytes of k: 16384 MACs each) from
 // A and B tiles loaded once. Only where isa_supported(kAmx).
 double amx_ops_per_s(int64_t iters) {
@@ -111,26 +79,64 @@ double amx_ops_per_s(int64_t iters) {
     return double(iters) * 4 * 16384 * 2 / t;
 }
 
+// Register-only vpdpbusd loop: returns int8 ops/s of one thread (1 MAC = 2 ops, 64 MACs per zmm op), 12
+// independent accumulator chains, in volatile asm: written as intrinsics on 12 zeroed accumulators with the same
+// operands, GCC 12 merged the identical chains into one, and the loop timed one latency-bound vpdpbusd per 12
+// counted (the "peak" printed before 2026-12-07 was ~3x the real one on the Zen 4 VM).
+__attribute__((target("avx512f,avx512vnni"))) double vnni512_ops_per_s(int64_t iters, uint32_t seed) {
+    __m512i a = _mm512_set1_epi32(int(seed | 0x01010101u)), b = _mm512_set1_epi32(int(seed * 7u + 3u));
+    __m512i c0 = _mm512_set1_epi32(0), c1 = _mm512_set1_epi32(1), c2 = _mm512_set1_epi32(2), c3 = _mm512_set1_epi32(3),
+            c4 = _mm512_set1_epi32(4), c5 = _mm512_set1_epi32(5), c6 = _mm512_set1_epi32(6), c7 = _mm512_set1_epi32(7),
+            c8 = _mm512_set1_epi32(8), c9 = _mm512_set1_epi32(9), c10 = _mm512_set1_epi32(10),
+            c11 = _mm512_set1_epi32(11);
+    double t0 = thread_cpu_s();
+    for (int64_t i = 0; i < iters; ++i) {
+        // Named accumulators (an array under volatile asm stays in memory), four to a statement.
+        __asm__ volatile("vpdpbusd %5, %4, %0\n\tvpdpbusd %5, %4, %1\n\tvpdpbusd %5, %4, %2\n\tvpdpbusd %5, %4, %3"
+                         : "+v"(c0), "+v"(c1), "+v"(c2), "+v"(c3)
+                         : "v"(a), "v"(b));
+        __asm__ volatile("vpdpbusd %5, %4, %0\n\tvpdpbusd %5, %4, %1\n\tvpdpbusd %5, %4, %2\n\tvpdpbusd %5, %4, %3"
+                         : "+v"(c4), "+v"(c5), "+v"(c6), "+v"(c7)
+                         : "v"(a), "v"(b));
+        __asm__ volatile("vpdpbusd %5, %4, %0\n\tvpdpbusd %5, %4, %1\n\tvpdpbusd %5, %4, %2\n\tvpdpbusd %5, %4, %3"
+                         : "+v"(c8), "+v"(c9), "+v"(c10), "+v"(c11)
+                         : "v"(a), "v"(b));
+    }
+    double t = thread_cpu_s() - t0;
+    __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(c0, c1), _mm512_add_epi32(c2, c3)),
+                                 _mm512_add_epi32(_mm512_add_epi32(c4, c5), _mm512_add_epi32(c6, c7)));
+    s = _mm512_add_epi32(s, _mm512_add_epi32(_mm512_add_epi32(c8, c9), _mm512_add_epi32(c10, c11)));
+    alignas(64) int32_t lanes[16];
+    _mm512_store_si512(lanes, s);
+    volatile int32_t sink = lanes[0] + lanes[15];
+    (void)sink;
+    return double(iters) * 12 * 64 * 2 / t;
+}
+
 // Same loop on ymm with AVX-VNNI (VEX): that path's own ceiling.
 __attribute__((target("avx2,avxvnni"))) double vnni256_ops_per_s(int64_t iters, uint32_t seed) {
     __m256i a = _mm256_set1_epi32(int(seed | 0x01010101u)), b = _mm256_set1_epi32(int(seed * 7u + 3u));
-    __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0, c8 = c0,
-            c9 = c0, c10 = c0, c11 = c0;
+    __m256i c0 = _mm256_set1_epi32(0), c1 = _mm256_set1_epi32(1), c2 = _mm256_set1_epi32(2), c3 = _mm256_set1_epi32(3),
+            c4 = _mm256_set1_epi32(4), c5 = _mm256_set1_epi32(5), c6 = _mm256_set1_epi32(6), c7 = _mm256_set1_epi32(7),
+            c8 = _mm256_set1_epi32(8), c9 = _mm256_set1_epi32(9), c10 = _mm256_set1_epi32(10),
+            c11 = _mm256_set1_epi32(11);
     double t0 = thread_cpu_s();
     for (int64_t i = 0; i < iters; ++i) {
-        c0 = _mm256_dpbusd_avx_epi32(c0, a, b);
-        c1 = _mm256_dpbusd_avx_epi32(c1, a, b);
-        c2 = _mm256_dpbusd_avx_epi32(c2, a, b);
-        c3 = _mm256_dpbusd_avx_epi32(c3, a, b);
-        c4 = _mm256_dpbusd_avx_epi32(c4, a, b);
-        c5 = _mm256_dpbusd_avx_epi32(c5, a, b);
-        c6 = _mm256_dpbusd_avx_epi32(c6, a, b);
-        c7 = _mm256_dpbusd_avx_epi32(c7, a, b);
-        c8 = _mm256_dpbusd_avx_epi32(c8, a, b);
-        c9 = _mm256_dpbusd_avx_epi32(c9, a, b);
-        c10 = _mm256_dpbusd_avx_epi32(c10, a, b);
-        c11 = _mm256_dpbusd_avx_epi32(c11, a, b);
-        __asm__ volatile("" : "+x"(a), "+x"(b));
+        __asm__ volatile(
+            "%{vex%} vpdpbusd %5, %4, %0\n\t%{vex%} vpdpbusd %5, %4, %1\n\t"
+            "%{vex%} vpdpbusd %5, %4, %2\n\t%{vex%} vpdpbusd %5, %4, %3"
+            : "+x"(c0), "+x"(c1), "+x"(c2), "+x"(c3)
+            : "x"(a), "x"(b));
+        __asm__ volatile(
+            "%{vex%} vpdpbusd %5, %4, %0\n\t%{vex%} vpdpbusd %5, %4, %1\n\t"
+            "%{vex%} vpdpbusd %5, %4, %2\n\t%{vex%} vpdpbusd %5, %4, %3"
+            : "+x"(c4), "+x"(c5), "+x"(c6), "+x"(c7)
+            : "x"(a), "x"(b));
+        __asm__ volatile(
+            "%{vex%} vpdpbusd %5, %4, %0\n\t%{vex%} vpdpbusd %5, %4, %1\n\t"
+            "%{vex%} vpdpbusd %5, %4, %2\n\t%{vex%} vpdpbusd %5, %4, %3"
+            : "+x"(c8), "+x"(c9), "+x"(c10), "+x"(c11)
+            : "x"(a), "x"(b));
     }
     double t = thread_cpu_s() - t0;
     __m256i s = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(c0, c1), _mm256_add_epi32(c2, c3)),
