@@ -6,8 +6,10 @@
 // and the KV cache bytes the last decode step read besides (f32 K and V of every cached position).
 // Prefill is compute bound; we report tokens/s and GFLOP/s (2 x parameters x tokens).
 // Usage: bench_decode [--model FILE | --config tinyllama-1.1b] [--threads N] [--pin] [--prompt 128] [--decode 32]
-//                     [--quant auto|none|w8a16|w8a8|w4a16|w4a8] [--int8-gemm auto|own|onednn] [--json FILE]
-// --int8-gemm picks who runs the W8A8 GEMMs at m >= 16 (kernels/cpu/int8_gemm.h, Int8Provider).
+//                     [--quant auto|none|w8a16|w8a8|w4a16|w4a8] [--int8-gemm auto|own|onednn] [--isa LEVEL]
+//                     [--json FILE]
+// --int8-gemm picks who runs the W8A8 GEMMs at m >= 16 (kernels/cpu/int8_gemm.h, Int8Provider); --isa pins the CPU
+// level as LATTICE_ISA does for lattice (e.g. avx512 on an AMX Xeon: the VNNI kernels beside the tiles).
 #include "benchmarks/bench_common.h"
 
 #include "base/log.h"
@@ -24,7 +26,7 @@ using namespace lattice;
 
 int main(int argc, char** argv) {
     CLI::App app{"lattice decode/prefill benchmark (a checkpoint or random weights)"};
-    std::string preset = "tinyllama-1.1b", quant = "none", json, model_path, int8_gemm = "auto", dtype = "f32";
+    std::string preset = "tinyllama-1.1b", quant = "none", json, model_path, int8_gemm = "auto", dtype = "f32", isa;
     int threads = 0;
     bool pin = false;
     int64_t prompt = 128, decode = 32;
@@ -37,11 +39,14 @@ int main(int argc, char** argv) {
     app.add_option("--quant", quant);
     app.add_option("--json", json);
     app.add_option("--int8-gemm", int8_gemm, "W8A8 GEMM provider at m >= 16: auto, own or onednn");
+    app.add_option("--isa", isa,
+                   "CPU ISA level (scalar, avx2, avxvnni, avx512, amx): as LATTICE_ISA; default the best");
     app.add_option("--dtype", dtype, "f32 | bf16: the CPU's --dtype (bf16: float linears in bf16 pairs, bf16 cache)")
         ->check(CLI::IsMember({"f32", "bf16"}));
     CLI11_PARSE(app, argc, argv);
     try {
         set_int8_provider(parse_int8_provider(int8_gemm));
+        if (!isa.empty()) set_isa_override(parse_isa(isa));
         std::unique_ptr<TensorSource> src = model_path.empty() ? make_random_source(preset_config(preset), 42)
                                                                : open_model(model_path);
         const ModelConfig cfg = src->config();
@@ -91,8 +96,10 @@ int main(int argc, char** argv) {
         bench::write_json(json, {{"model", preset},
                                  {"quant", quant},
                                  {"int8_gemm", int8_gemm},
+                                 {"isa", std::string(isa_name(detect_isa()))},
                                  {"dtype", dtype},
-                                 {"threads", rt.backend->threads()}, {"pinned", pin},
+                                 {"threads", rt.backend->threads()},
+                                 {"pinned", pin},
                                  {"weight_bytes", bytes},
                                  {"load_seconds", load_s},
                                  {"prompt_tokens", prompt},
