@@ -11,23 +11,26 @@
 // facts only with LATTICE_HAVE_CUDA / LATTICE_HAVE_NCCL), the findings parallel/launch_check.h's
 // (asking WorldConfig for the layout rules: world == tp x pp, whole TP groups per node, device =
 // local rank). The environment (CUDA_VISIBLE_DEVICES, NCCL_P2P_DISABLE) is read here and passed down.
-#include "launch/cli.h"
-#include "launch/cli_common.h"
-#include "parallel/host_probe.h"
-#include "parallel/launch_check.h"
-#include "parallel/world_session.h"
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
+
+#include "kernels/cpu/gemm_bf16.h"
+#include "kernels/cpu/int8_gemm.h"
+#include "kernels/cpu/isa.h"
+#include "launch/cli.h"
+#include "launch/cli_common.h"
+#include "parallel/host_probe.h"
+#include "parallel/launch_check.h"
+#include "parallel/world_session.h"
 
 namespace lattice {
 namespace {
@@ -39,6 +42,23 @@ struct DoctorOptions {
     int pp = 0;
     std::string sysfs = "/sys";
 };
+
+// This process's CPU kernels (kernels/cpu/isa.h, as LATTICE_ISA and LATTICE_INT8_GEMM leave them): the ISA level
+// every family runs and the best this machine allows, AMX used or why not, who runs the W8A8 GEMMs at m >= 16,
+// whether --dtype bf16 multiplies in vdpbf16ps pairs (else widened to f32).
+// The ranks of a host share the CPU and the environment, so local rank 0 reports it with the host.
+json cpu_kernels() {
+    const IsaLevel level = detect_isa();
+    const std::string amx = level == IsaLevel::kAmx ? std::string("used")
+                            : amx_note().empty()
+                                ? fmt::format("available, not used: the level is pinned to {}", isa_name(level))
+                                : fmt::format("not used: {}", amx_note());
+    return {{"level", isa_name(level)},
+            {"best", isa_name(best_isa())},
+            {"amx", amx},
+            {"w8a8_m16", int8_prefill_kernel(level)},
+            {"bf16_pairs", gemm_bf16_dot_available(level)}};
+}
 
 // One JSON record per rank on rank 0, in rank order (other ranks get none).
 std::vector<json> gather_json(const json& mine) {
@@ -60,6 +80,13 @@ int print_report(const std::vector<json>& all, const DoctorOptions& opt, int wor
         const json& n = r["node"];
         print_stdout("host {}: CPUs {}, NUMA nodes {}, IOMMU groups {}\n", r["host"].get<std::string>(),
                      n.value("cpus_online", "?"), n.value("numa_nodes", 1), n.value("iommu_groups", 0));
+        if (n.contains("cpu_kernels")) {
+            const json& c = n["cpu_kernels"];
+            print_stdout("  CPU {}: kernels at {} (best here {}), AMX {}, W8A8 GEMMs at m >= 16 by {}{}\n",
+                         n.value("cpu_model", "?"), c["level"].get<std::string>(), c["best"].get<std::string>(),
+                         c["amx"].get<std::string>(), c["w8a8_m16"].get<std::string>(),
+                         c["bf16_pairs"].get<bool>() ? ", --dtype bf16 in vdpbf16ps pairs" : "");
+        }
         if (n.contains("cuda_driver"))
             print_stdout("  CUDA driver {}, runtime {}{}\n", n["cuda_driver"].get<std::string>(),
                          n["cuda_runtime"].get<std::string>(),
@@ -102,7 +129,10 @@ int print_report(const std::vector<json>& all, const DoctorOptions& opt, int wor
 int run_doctor(const DoctorOptions& opt) {
     const WorldPlace me = join_world();  // initializes MPI (finalized by main) and knows the local ranks
     json mine = describe_rank(me.rank, me.local_rank, me.local_size, opt.sysfs, std::getenv("CUDA_VISIBLE_DEVICES"));
-    if (me.local_rank == 0) mine["node"] = describe_host(opt.sysfs);
+    if (me.local_rank == 0) {
+        mine["node"] = describe_host(opt.sysfs);
+        mine["node"]["cpu_kernels"] = cpu_kernels();
+    }
     const std::vector<json> all = gather_json(mine);
     const int blocking = broadcast_int_from_root(me.rank == 0 ? print_report(all, opt, me.size) : 0);
     return blocking ? 1 : 0;

@@ -212,10 +212,22 @@ json describe_rank(int rank, int local_rank, int local_size, const fs::path& sys
     return r;
 }
 
+// The first "model name" of /proc/cpuinfo ("" where there is none: other architectures, no procfs).
+std::string cpu_model_name() {
+    std::ifstream f("/proc/cpuinfo");
+    for (std::string line; std::getline(f, line);)
+        if (line.rfind("model name", 0) == 0) {
+            const size_t colon = line.find(':');
+            return colon == std::string::npos ? std::string() : line.substr(line.find_first_not_of(" \t", colon + 1));
+        }
+    return {};
+}
+
 json describe_host(const fs::path& sysfs) {
     json node = describe_pci(sysfs);
     node.update(describe_cuda_host());
     node["cpus_online"] = read_sysfs_text(sysfs / "devices/system/cpu/online");
+    node["cpu_model"] = cpu_model_name();
     return node;
 }
 

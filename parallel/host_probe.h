@@ -45,7 +45,8 @@ nlohmann::json describe_pci(const std::filesystem::path& sysfs);
 // Host facts from the CUDA runtime: {cuda_driver, cuda_runtime, [cuda_error], cuda_devices, p2p};
 // an empty object without CUDA.
 nlohmann::json describe_cuda_host();
-// Everything about the host: describe_pci + describe_cuda_host + {cpus_online}.
+// Everything about the host: describe_pci + describe_cuda_host + {cpus_online, cpu_model (/proc/cpuinfo's model
+// name, "" where it has none)}.
 nlohmann::json describe_host(const std::filesystem::path& sysfs);
 
 // "lattice 0.1.0, CUDA backend: built|not built (CPU only), NCCL x.y.z|NCCL: not built".

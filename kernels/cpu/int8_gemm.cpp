@@ -120,6 +120,23 @@ std::string_view last_int8_provider() {
     return v < 0 ? "" : v == 1 ? "onednn" : "own";
 }
 
+std::string_view int8_prefill_kernel(IsaLevel isa) {
+    if (int8_uses_onednn(isa)) return "oneDNN's matmul";
+    switch (isa) {
+        case IsaLevel::kScalar:
+            return "lattice's scalar kernel";
+        case IsaLevel::kAvx2:
+            return "lattice's avx2 kernel";
+        case IsaLevel::kAvxVnni:
+            return "lattice's AVX-VNNI kernel";
+        case IsaLevel::kAvx512Vnni:
+            return "lattice's avx512 VNNI kernel";
+        case IsaLevel::kAmx:
+            return "lattice's AMX-INT8 tiles";
+    }
+    return "?";
+}
+
 float quantize_row_int8_simd(const float* x, int64_t k, int8_t* q) {
     // Bit-identical to the scalar (tested); the scalar level runs the portable form.
     return detect_isa() != IsaLevel::kScalar ? int8_detail::quantize_row_int8_avx2(x, k, q)

@@ -4,7 +4,8 @@
 # fit the world: PROBLEM line naming the sizes, shared-cores warning, exit 1; (3) on a fake sysfs with two NVIDIA GPUs, one behind a bridge
 # whose ACS redirects P2P and in an IOMMU DMA domain, the other behind a bridge with ACS source
 # validation only (a second capability in the chain) and an identity domain: warnings for the first
-# GPU only, NUMA nodes and NCCL_P2P_DISABLE reported.
+# GPU only, NUMA nodes and NCCL_P2P_DISABLE reported. (2b) the CPU kernels' line: level (LATTICE_ISA), AMX, who runs
+# the W8A8 GEMMs at m >= 16 (LATTICE_INT8_GEMM).
 set -uo pipefail
 src=${LATTICE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 DOCTOR=${LATTICE_BIN:?set LATTICE_BIN to the lattice executable}
@@ -38,6 +39,20 @@ check "world mismatch" "$tmp/bad.out" "PROBLEM: invalid layout: world size 2 != 
 check "fix" "$tmp/bad.out" "fix: launch with lattice-mpirun --tp 2 --pp 2 (it sets -np 4)"
 check "verdict" "$tmp/bad.out" "result: 1 problem(s) block this launch"
 check "shared cores" "$tmp/bad.out" "warning: CPU ranks 0 and 1 on $host share CPUs"
+
+# (2b) the CPU kernels' line: the level every family runs (LATTICE_ISA pins it), AMX used or why not, who runs the
+# W8A8 GEMMs at m >= 16 (LATTICE_INT8_GEMM).
+check "CPU kernels" "$tmp/ok.out" "W8A8 GEMMs at m >= 16 by"
+grep -qE "AMX (used|not used: |available, not used: the level is pinned to )" "$tmp/ok.out" ||
+    { echo "FAIL: no AMX verdict in:"; sed 's/^/  | /' "$tmp/ok.out"; fails=$((fails + 1)); }
+if grep -q avx2 /proc/cpuinfo; then
+    LATTICE_ISA=avx2 "$DOCTOR" doctor > "$tmp/avx2.out" 2>&1
+    check "pinned level" "$tmp/avx2.out" "kernels at avx2 (best here "
+    check "avx2 GEMM" "$tmp/avx2.out" "W8A8 GEMMs at m >= 16 by lattice's avx2 kernel"
+    check "no bf16 pairs at avx2" "$tmp/avx2.out" "vdpbf16ps pairs" absent
+fi
+LATTICE_INT8_GEMM=own "$DOCTOR" doctor > "$tmp/own.out" 2>&1
+check "own provider" "$tmp/own.out" "W8A8 GEMMs at m >= 16 by lattice's"
 
 # (3) fake sysfs.
 S="$tmp/sys"
