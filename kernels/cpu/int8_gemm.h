@@ -16,16 +16,17 @@
 // correction restores the exact value).
 //
 // Threads split N (panels), never K, in contiguous chunks claimed from a shared counter
-// (ThreadPool::parallel_chunks); results do not depend on the thread count. Outputs must not alias inputs. The gemm
-// calls keep a thread_local activation scratch of the calling thread (m * k_padded bytes, grown on demand). ISA: the
-// level is the one decision of isa.h, taken when the weights are packed (PackedInt8::isa); the amx level runs W8A8 /
-// s8s8 at m >= kInt8AmxMinM on AMX-INT8 tiles over the same panels (int8_gemm_amx_avx512.cpp: a panel's k-group is a
-// tile row; exact int32, so the same bits) and everything else on the avx512 kernels; avxvnni's W8A16 runs the avx2
-// one. Provider (Int8Provider): at m >= kInt8OnednnMinM the W8A8 / s8s8 GEMMs run oneDNN's matmul instead where the
-// weights carry a oneDNN copy (PackedInt8::onednn, made at packing when int8_uses_onednn(isa)): by default at the amx
-// level only, where oneDNN's tile kernels measured 2.8 TOP/s against the VNNI kernel's 1.1 (onednn_int8.h) and
-// lattice's own tiles have not been measured yet (`own` runs them; the default stays oneDNN until a machine with AMX
-// compares the two). Decode (m < kInt8OnednnMinM) always runs the kernels here.
+// (ThreadPool::parallel_chunks); results do not depend on the thread count. Outputs must not alias inputs. The
+// gemm calls keep a thread_local activation scratch of the calling thread (m * k_padded bytes, grown on demand).
+// ISA: the level is the one decision of isa.h, taken when the weights are packed (PackedInt8::isa). The amx level
+// runs W8A8 / s8s8 at m >= kInt8AmxMinM on AMX-INT8 tiles over the same panels (int8_gemm_amx_avx512.cpp: a
+// panel's k-group is a tile row; exact int32, so the same bits) and everything else on the avx512 kernels;
+// avxvnni's W8A16 runs the avx2 one.
+// Provider (Int8Provider): at m >= kInt8OnednnMinM the W8A8 / s8s8 GEMMs run oneDNN's matmul instead where
+// the weights carry a oneDNN copy (PackedInt8::onednn, made at packing when int8_uses_onednn(isa)): by
+// default at the amx level only, where oneDNN's tile kernels measured 2.8 TOP/s against the VNNI kernel's 1.1
+// (onednn_int8.h) and lattice's own tiles have not been measured yet (`own` runs them; the default stays
+// oneDNN until a machine with AMX compares the two). Decode (m < kInt8OnednnMinM) always runs the kernels here.
 #pragma once
 
 #include <cstddef>
