@@ -96,8 +96,8 @@ void check_against_vnni(Kernel tiles, const Shape& s, const std::vector<int8_t>&
     }
 }
 
-// Shapes: one 16-row tile; row tails after 1 and 2 tiles; k below one tile (4), with a k-group tail (72, 130:
-// k % 4 = 2), tails of 8..60 bytes; odd panel counts (37, 48, 80 channels); TinyLlama's k = 2048 and the down
+// Shapes: one 16-row tile; row tails of 1 and 2 rows and after 1 and 2 tiles; k below one tile (4); k tails of 4, 8
+// and 60 bytes (130 with k % 4 = 2, 72, 124); odd panel counts (37, 48, 80 channels); TinyLlama's k = 2048 and the down
 // projection's k = 5632 = 88 tiles; m past two 2 x 2 blocks.
 const Shape kShapes[] = {{16, 16, 64},   {17, 48, 72},   {33, 37, 130}, {32, 64, 4},  {100, 80, 2052},
                          {47, 96, 2048}, {64, 32, 5632}, {1, 16, 64},   {18, 33, 124}};
