@@ -47,7 +47,8 @@ RankMemory largest_rank_memory(const TensorSource& src, const MemoryQuery& q) {
         for (const RankTensor& t : rw.tensors())
             if (t.role == WeightRole::kLmHead && t.mode != QuantMode::kNone) head = t.mode;
         const double weights =
-            rw.resident_bytes(cuda, !cuda && cpu_keeps_kquant(), bf16 ? &cpu_bf16_linear_bytes : nullptr);
+            rw.resident_bytes(cuda, !cuda && cpu_keeps_kquant(), bf16 ? &cpu_bf16_linear_bytes : nullptr,
+                              !cuda && cpu_w8a8_keeps_onednn_copy());
         const double kv = kv_cache_bytes(c.dims(), q.tp, o.layer_end - o.layer_begin, best.max_seq, kv_elem);
         const double activations = activation_bytes(c.dims(), q.tp, q.max_batch_tokens, act, o.last_stage);
         if (weights + kv + activations > largest) {

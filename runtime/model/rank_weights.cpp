@@ -302,9 +302,9 @@ double kquant_bytes(const RankTensor& t) {
 }
 }  // namespace
 
-double RankWeights::resident_bytes(bool cuda, bool cpu_kquant, Bf16LinearBytes cpu_bf16) const {
+double RankWeights::resident_bytes(bool cuda, bool cpu_kquant, Bf16LinearBytes cpu_bf16, bool cpu_w8a8_copy) const {
     double w = 0;
-    for (const RankTensor& t : tensors_) w += tensor_bytes(t, cuda, cpu_kquant, cpu_bf16);
+    for (const RankTensor& t : tensors_) w += tensor_bytes(t, cuda, cpu_kquant, cpu_bf16, cpu_w8a8_copy);
     return w;
 }
 
@@ -312,7 +312,8 @@ bool RankWeights::kquant_packed(const RankTensor& t, bool cuda, bool cpu_kquant)
     return !cuda && cpu_kquant && t.mode == QuantMode::kW4A8 && t.int4 && kquant_bytes(t) >= 0;
 }
 
-double RankWeights::tensor_bytes(const RankTensor& t, bool cuda, bool cpu_kquant, Bf16LinearBytes cpu_bf16) {
+double RankWeights::tensor_bytes(const RankTensor& t, bool cuda, bool cpu_kquant, Bf16LinearBytes cpu_bf16,
+                                 bool cpu_w8a8_copy) {
     const double n = double(t.rows) * double(t.cols);
     if (!cuda && cpu_bf16 && t.is_linear() && t.mode == QuantMode::kNone && !t.vector) {
         if (!t.tied_head) return cpu_bf16(t.rows, t.cols);
@@ -329,7 +330,8 @@ double RankWeights::tensor_bytes(const RankTensor& t, bool cuda, bool cpu_kquant
         const int64_t rows = cuda ? t.rows : (t.rows + 15) / 16 * 16;
         return double(rows) * double((t.cols + g - 1) / g) * (double(g) / 2 + 2 + extra);
     }
-    if (t.is_linear() && t.mode != QuantMode::kNone) return n + 8.0 * double(t.rows);
+    if (t.is_linear() && t.mode != QuantMode::kNone)
+        return n + 8.0 * double(t.rows) + (!cuda && cpu_w8a8_copy && t.mode == QuantMode::kW8A8 ? n : 0.0);
     return n * double(cuda && !t.vector ? 2 : dtype_size(t.dtype));
 }
 

@@ -138,9 +138,13 @@ public:
     // `info` prints it; the planner's estimate is checked against it). `cpu_bf16` (the CPU under --dtype bf16:
     // cpu_bf16_linear_bytes of runtime/backend/cpu/cpu_backend.h): a float linear takes what it says, a float head
     // tied to the embedding a bf16 copy beside the table unless the table is bf16 already (Model::load shares it).
+    // `cpu_w8a8_copy` (cpu_w8a8_keeps_onednn_copy: oneDNN runs the CPU's W8A8 GEMMs at m >= 16): a W8A8 linear
+    // takes n x k bytes more, oneDNN's reordered copy of its weights.
     using Bf16LinearBytes = double (*)(int64_t n, int64_t k);
-    double resident_bytes(bool cuda, bool cpu_kquant = true, Bf16LinearBytes cpu_bf16 = nullptr) const;
-    static double tensor_bytes(const RankTensor& t, bool cuda, bool cpu_kquant, Bf16LinearBytes cpu_bf16 = nullptr);
+    double resident_bytes(bool cuda, bool cpu_kquant = true, Bf16LinearBytes cpu_bf16 = nullptr,
+                          bool cpu_w8a8_copy = false) const;
+    static double tensor_bytes(const RankTensor& t, bool cuda, bool cpu_kquant, Bf16LinearBytes cpu_bf16 = nullptr,
+                               bool cpu_w8a8_copy = false);
 
 private:
     HostTensor read_rows(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType dtype);

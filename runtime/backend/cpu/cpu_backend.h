@@ -45,6 +45,10 @@ bool cpu_keeps_kquant();
 // (the amx level by default), its copy, counted as n x k bf16; without the pairs n x k bf16 rows. The memory
 // estimates ask (RankWeights::resident_bytes).
 double cpu_bf16_linear_bytes(int64_t n, int64_t k);
+// Whether this CPU's W8A8 linears keep oneDNN's reordered copy beside the packed panels (int8_uses_onednn at the
+// level they are packed for: the amx level by default, LATTICE_INT8_GEMM otherwise), n x k bytes more each: the
+// memory estimates ask (RankWeights::resident_bytes).
+bool cpu_w8a8_keeps_onednn_copy();
 
 class CpuBackend final : public Backend {
 public:

@@ -5,11 +5,12 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/common/int4_quantize.h"
 #include "base/convert.h"
+#include "kernels/common/int4_quantize.h"
 #include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/int4_gemm.h"
 #include "kernels/cpu/int8_gemm.h"
+#include "kernels/cpu/onednn_int8.h"
 #include "runtime/backend/cpu/cpu_backend.h"
 
 namespace lattice {
@@ -79,6 +80,10 @@ bool cpu_keeps_kquant() {
     return int4_kquant_isa(detect_isa());
 }
 
+bool cpu_w8a8_keeps_onednn_copy() {
+    return int8_uses_onednn(detect_isa());
+}
+
 double cpu_bf16_linear_bytes(int64_t n, int64_t k) {
     const IsaLevel isa = detect_isa();
     const double rows = double(n) * double(k) * 2;
@@ -126,7 +131,10 @@ Linear CpuBackend::make_linear_int8(const View& q, const View& scales, QuantMode
     std::memcpy(l.scales.data(), scales.data, size_t(l.n) * sizeof(float));
     auto packed = std::make_shared<PackedInt8>(
         pack_int8_weights(static_cast<const int8_t*>(q.data), l.n, l.k, detect_isa(), mode == QuantMode::kW8A8));
-    l.prepared_bytes = int64_t(packed->data.size()) + int64_t(packed->col_sums.size() * sizeof(int32_t));
+    // The panels, the column sums and, where the provider gives the GEMMs at m >= 16 to oneDNN (the amx level by
+    // default), its reordered copy beside them.
+    l.prepared_bytes = int64_t(packed->data.size()) + int64_t(packed->col_sums.size() * sizeof(int32_t)) +
+                       (packed->onednn ? onednn_int8_bytes(*packed->onednn) : 0);
     l.prepared = std::move(packed);
     l.weight_dtype = DType::kI8;
     return l;

@@ -1,16 +1,18 @@
 // End-to-end correctness of the single-rank CPU engine against the independent float64 reference:
 // every greedy token and every position's logits (relative error < 1e-4), from HF safetensors;
 // incremental decode with the KV cache equals a fresh full forward of the longer sequence; a tied float head is
-// the embedding's one copy.
-#include "tests/runtime/model/golden.h"
+// the embedding's one copy; W8A8 linears beside oneDNN's copy count it (SKIP without libdnnl or AVX-512 VNNI).
+#include <doctest/doctest.h>
 
+#include "kernels/cpu/int8_gemm.h"
+#include "kernels/cpu/onednn_int8.h"
 #include "runtime/backend/cpu/cpu_backend.h"
 #include "runtime/builder/build.h"
 #include "runtime/model/model.h"
 #include "runtime/model/rank_weights.h"
 #include "runtime/weights/tensor_source.h"
-
-#include <doctest/doctest.h>
+#include "tests/runtime/model/golden.h"
+#include "tests/test_skip.h"
 
 using namespace lattice;
 using namespace lattice::testing;
@@ -83,4 +85,37 @@ TEST_CASE("incremental decode with the KV cache equals a fresh forward of the lo
             CHECK(rel_error(step_logits.data(), full.data(), size_t(V)) < 1e-5);
         }
     }
+}
+
+TEST_CASE("W8A8 beside oneDNN's copy [onednn]: the model's bytes and the memory estimate count the copy") {
+    if (!onednn_compiled()) LATTICE_SKIP("built without oneDNN (libdnnl-dev absent at configure time)");
+    if (!isa_supported(IsaLevel::kAvx512Vnni))
+        LATTICE_SKIP("the CPU has no AVX-512 VNNI (oneDNN serves avx512 and amx)");
+    const Int8Provider before = int8_provider();
+    struct Restore {
+        Int8Provider p;
+        ~Restore() { set_int8_provider(p); }
+    } restore{before};
+    auto src = open_model(golden_dir("tiny-llama2"));
+    CpuBackend be(CpuBackendOptions{1, false, false});
+    ModelOptions q;
+    q.quant = QuantMode::kW8A8;
+    q.quant_head = true;
+    const RankWeights rw(*src, q);
+    double copy = 0;  // one byte a weight of every W8A8 linear
+    for (const RankTensor& t : rw.tensors())
+        if (t.is_linear() && t.mode == QuantMode::kW8A8) copy += double(t.rows) * double(t.cols);
+    REQUIRE(copy > 0);
+    const double own_estimate = rw.resident_bytes(false, cpu_keeps_kquant());
+    set_int8_provider(Int8Provider::kOwn);
+    CHECK(!cpu_w8a8_keeps_onednn_copy());
+    const double own = double(Model(*src, be, q, nullptr).weight_bytes());
+    CHECK(own == own_estimate);
+    set_int8_provider(Int8Provider::kOnednn);
+    CHECK(cpu_w8a8_keeps_onednn_copy());
+    const double with_copy = double(Model(*src, be, q, nullptr).weight_bytes());
+    MESSAGE("W8A8 bytes " << own << ", beside oneDNN's copy " << with_copy << " (its weights: " << copy << ")");
+    CHECK(with_copy >= own + copy);         // the reordered copy holds every weight once
+    CHECK(with_copy <= own + 1.25 * copy);  // and pads the small shapes here a little
+    CHECK(rw.resident_bytes(false, cpu_keeps_kquant(), nullptr, true) == own_estimate + copy);
 }
