@@ -5,6 +5,8 @@
 // allocation once warm); pool workers only read it while the caller waits in parallel_for.
 #include "kernels/cpu/int8_gemm.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -120,21 +122,10 @@ std::string_view last_int8_provider() {
     return v < 0 ? "" : v == 1 ? "onednn" : "own";
 }
 
-std::string_view int8_prefill_kernel(IsaLevel isa) {
+std::string int8_prefill_kernel(IsaLevel isa) {
     if (int8_uses_onednn(isa)) return "oneDNN's matmul";
-    switch (isa) {
-        case IsaLevel::kScalar:
-            return "lattice's scalar kernel";
-        case IsaLevel::kAvx2:
-            return "lattice's avx2 kernel";
-        case IsaLevel::kAvxVnni:
-            return "lattice's AVX-VNNI kernel";
-        case IsaLevel::kAvx512Vnni:
-            return "lattice's avx512 VNNI kernel";
-        case IsaLevel::kAmx:
-            return "lattice's AMX-INT8 tiles";
-    }
-    return "?";
+    if (isa == IsaLevel::kAmx) return "lattice's AMX-INT8 tiles";
+    return fmt::format("lattice's {} kernel", isa_name(isa));
 }
 
 float quantize_row_int8_simd(const float* x, int64_t k, int8_t* q) {

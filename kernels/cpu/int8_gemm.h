@@ -34,6 +34,7 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -95,8 +96,8 @@ bool int8_uses_onednn(IsaLevel isa);
 // Who ran the last W8A8 / s8s8 GEMM ("own" or "onednn"; "" before any), for tests and diagnostics.
 std::string_view last_int8_provider();
 // Who runs the W8A8 / s8s8 GEMMs at m >= 16 of weights packed for `isa` under the current provider setting, in
-// words, for `lattice doctor`: "oneDNN's matmul", "lattice's AMX-INT8 tiles", "lattice's avx512 VNNI kernel" ...
-std::string_view int8_prefill_kernel(IsaLevel isa);
+// words, for `lattice doctor`: "oneDNN's matmul", "lattice's AMX-INT8 tiles", "lattice's avx512 kernel" ...
+std::string int8_prefill_kernel(IsaLevel isa);
 
 // Weights packed for the kernels (layout above). Move-only in practice (large).
 struct PackedInt8 {

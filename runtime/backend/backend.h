@@ -107,7 +107,9 @@ struct Linear {
     Buffer aux;                        // backend-specific extra (e.g. per-channel weight sums)
     std::shared_ptr<void> prepared;    // backend-private prepared form (e.g. CPU packed int8 panels)
     int64_t prepared_bytes = 0;
+    int64_t aside_bytes = 0;  // of prepared_bytes, held beside what a decode step reads (oneDNN's copy for m >= 16)
     int64_t weight_bytes() const { return weight.bytes() + scales.bytes() + aux.bytes() + prepared_bytes; }
+    int64_t streamed_bytes() const { return weight_bytes() - aside_bytes; }  // what a decode step reads
 };
 
 enum class Op : uint8_t {

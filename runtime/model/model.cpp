@@ -255,28 +255,27 @@ void Model::allocate_kv(int64_t num_blocks) {
     attn_.num_blocks = num_blocks;
 }
 
-int64_t Model::weight_bytes() const {
-    int64_t b = embed_table_.bytes() + lm_head_.weight_bytes() + final_norm_.bytes();
+int64_t Model::tensor_bytes(bool streamed) const {
+    const auto of = [streamed](const Linear& l) { return streamed ? l.streamed_bytes() : l.weight_bytes(); };
+    int64_t b = of(lm_head_) + final_norm_.bytes();
     for (const auto& L : layers_) {
         b += L.q_norm.bytes() + L.k_norm.bytes() + L.post_attn_norm.bytes() + L.post_ffn_norm.bytes();
-        b += L.attn_norm.bytes() + L.ffn_norm.bytes() + L.wqkv.weight_bytes() + L.qkv_bias.bytes() + L.wo.weight_bytes() +
-             L.w_gate_up.weight_bytes() + L.w_down.weight_bytes() + L.router.weight_bytes();
-        for (size_t e = 0; e < L.expert_down.size(); ++e)
-            b += L.expert_gate_up[e].weight_bytes() + L.expert_down[e].weight_bytes();
+        b += L.attn_norm.bytes() + L.ffn_norm.bytes() + of(L.wqkv) + L.qkv_bias.bytes() + of(L.wo) + of(L.w_gate_up) +
+             of(L.w_down) + of(L.router);
+        int64_t experts = 0;
+        for (size_t e = 0; e < L.expert_down.size(); ++e) experts += of(L.expert_gate_up[e]) + of(L.expert_down[e]);
+        // Experts of one layer have equal shapes: a token reads k of the E.
+        b += streamed && experts > 0 ? experts / cfg_.n_experts * cfg_.n_experts_used : experts;
     }
     return b;
 }
 
+int64_t Model::weight_bytes() const {
+    return embed_table_.bytes() + tensor_bytes(false);
+}
+
 int64_t Model::streamed_weight_bytes() const {
-    int64_t b = weight_bytes() - embed_table_.bytes();
-    // Experts of one layer have equal shapes: a token reads k of the E.
-    for (const auto& L : layers_) {
-        int64_t experts = 0;
-        for (size_t e = 0; e < L.expert_down.size(); ++e)
-            experts += L.expert_gate_up[e].weight_bytes() + L.expert_down[e].weight_bytes();
-        if (experts > 0) b -= experts - experts / cfg_.n_experts * cfg_.n_experts_used;
-    }
-    return b;
+    return tensor_bytes(true);
 }
 
 View Model::hidden_scratch(int64_t count) {

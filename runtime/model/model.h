@@ -118,7 +118,8 @@ public:
     // Bytes of checkpoint tensor data this rank read while loading (its slices, in file encoding).
     int64_t checkpoint_bytes_read() const { return checkpoint_bytes_read_; }
     // Bytes of weights one decode step of one token streams from memory: everything but the embedding
-    // table, of which a step reads one row per token, and in a MoE layer only the num_experts_per_tok
+    // table, of which a step reads one row per token, the copies a linear holds beside what decode reads
+    // (Linear::aside_bytes: oneDNN's for m >= 16), and in a MoE layer only the num_experts_per_tok
     // experts the token is routed to (the decode-bandwidth floor's numerator).
     int64_t streamed_weight_bytes() const;
     // MoE layers: expert FFNs run (one expert's slice over its gathered rows) and the rows they ran
@@ -175,6 +176,9 @@ public:
     int64_t lora_bytes() const;  // bytes of adapter weights this rank holds
 
 private:
+    // The bytes of every tensor but the embedding table: each linear's weight_bytes, or with `streamed` its
+    // streamed_bytes and of each layer's experts the share a token is routed to.
+    int64_t tensor_bytes(bool streamed) const;
     void load(const TensorSource& src);
     // The one place a linear is made: int8 weights of a converted checkpoint go to the backend as
     // they are (make_linear_int8), float ones are prepared (and quantized) by make_linear.

@@ -39,6 +39,7 @@ Linear CpuBackend::make_linear(const View& w, QuantMode mode) {
         l.weight_dtype = DType::kBF16;
         auto packed = std::make_shared<PackedBf16>(pack_bf16_weights(w.data, w.dtype, n, k, pool_.get()));
         l.prepared_bytes = packed->bytes();
+        l.aside_bytes = packed->onednn ? onednn_bf16_bytes(*packed->onednn) : 0;
         l.prepared = std::move(packed);
         return l;
     }
@@ -133,8 +134,9 @@ Linear CpuBackend::make_linear_int8(const View& q, const View& scales, QuantMode
         pack_int8_weights(static_cast<const int8_t*>(q.data), l.n, l.k, detect_isa(), mode == QuantMode::kW8A8));
     // The panels, the column sums and, where the provider gives the GEMMs at m >= 16 to oneDNN (the amx level by
     // default), its reordered copy beside them.
-    l.prepared_bytes = int64_t(packed->data.size()) + int64_t(packed->col_sums.size() * sizeof(int32_t)) +
-                       (packed->onednn ? onednn_int8_bytes(*packed->onednn) : 0);
+    l.aside_bytes = packed->onednn ? onednn_int8_bytes(*packed->onednn) : 0;
+    l.prepared_bytes =
+        int64_t(packed->data.size()) + int64_t(packed->col_sums.size() * sizeof(int32_t)) + l.aside_bytes;
     l.prepared = std::move(packed);
     l.weight_dtype = DType::kI8;
     return l;
