@@ -110,12 +110,7 @@ TEST_CASE("--dtype bf16 on the CPU [bf16dot]: the bf16 pairs near the reference,
           "prompt") {
     if (!gemm_bf16_dot_available()) LATTICE_SKIP("no AVX512_BF16 at the avx512 level here: --dtype bf16 runs widened");
     // The pairs for every m (on AMX Xeons the default gives m >= 16 to oneDNN, whose sums differ by rounding).
-    const Int8Provider provider = int8_provider();
-    set_int8_provider(Int8Provider::kOwn);
-    struct Restore {
-        Int8Provider p;
-        ~Restore() { set_int8_provider(p); }
-    } restore{provider};
+    test::ProviderGuard own(Int8Provider::kOwn);
     for (const auto& m : golden_models()) {
         CAPTURE(m);
         auto src = open_model(golden_dir(m));

@@ -11,6 +11,7 @@
 #include "runtime/model/model.h"
 #include "runtime/model/rank_weights.h"
 #include "runtime/weights/tensor_source.h"
+#include "tests/kernels/cpu/int8_test_util.h"
 #include "tests/runtime/model/golden.h"
 #include "tests/test_skip.h"
 
@@ -93,11 +94,7 @@ TEST_CASE(
     if (!onednn_compiled()) LATTICE_SKIP("built without oneDNN (libdnnl-dev absent at configure time)");
     if (!isa_supported(IsaLevel::kAvx512Vnni))
         LATTICE_SKIP("the CPU has no AVX-512 VNNI (oneDNN serves avx512 and amx)");
-    const Int8Provider before = int8_provider();
-    struct Restore {
-        Int8Provider p;
-        ~Restore() { set_int8_provider(p); }
-    } restore{before};
+    test::ProviderGuard restore(int8_provider());  // the setting of before the case again after it
     auto src = open_model(golden_dir("tiny-llama2"));
     CpuBackend be(CpuBackendOptions{1, false, false});
     ModelOptions q;
