@@ -252,6 +252,12 @@ template <int R>
     return below_valid & ~below_lo;
 }
 
+// A soft-cap c > 0 on the R rows' scores s (R x kTile, in place): softmax_rows' first step, and the bf16-dot math's.
+template <int R>
+[[gnu::always_inline]] inline void softcap_rows(float* s, float softcap) {
+    for (int j = 0; j < R * int(kTile); ++j) s[j] = math::softcap(s[j], softcap);
+}
+
 // Positions [lo, valid) of the tile are the rows' keys (lo > 0 only where a sliding window starts).
 // The online softmax of the rows' scores s (in place: s becomes the weights), R rows at once: x = score - m
 // per row, the largest x of the block (one horizontal max for the R rows) against kLazyMax; above it (rare)
@@ -263,8 +269,7 @@ template <int R>
 template <int R>
 [[gnu::always_inline]] inline void softmax_rows(float* acc, float* m, float* l, float* s, float softcap, int64_t lo,
                                                 int64_t valid, int64_t hd) {
-    if (softcap > 0.0f)
-        for (int j = 0; j < R * int(kTile); ++j) s[j] = math::softcap(s[j], softcap);
+    if (softcap > 0.0f) softcap_rows<R>(s, softcap);
     const I32x16 keep = keep_lanes(lo, valid);
     const F16x none = F16x{} - __builtin_inff();
     F16x sv[R], x[R];
@@ -446,6 +451,18 @@ template <int R, int NB, int HD, bool kFull>
         for (int b = 0; b < NB; ++b) _mm512_storeu_ps(acc + r * hd + d0 + b * kD, a[r][b]);
 }
 
+// The column passes of pv_rows_dot: NB blocks of 16 a pass, then single blocks; kFull as pv_pass_dot's.
+template <int R, int NB, int HD, bool kFull>
+[[gnu::always_inline]] LATTICE_TARGET_AVX512BF16 inline void pv_passes_dot(float* __restrict acc,
+                                                                           const uint32_t (&w)[R][kTile / 2],
+                                                                           int64_t valid, const Tile<Elem::kBF16>& t,
+                                                                           int64_t hd) {
+    constexpr int64_t kD = 16;
+    int64_t d0 = 0;
+    for (; d0 + NB * kD <= hd; d0 += NB * kD) pv_pass_dot<R, NB, HD, kFull>(acc, w, valid, t, hd, d0);
+    for (; d0 < hd; d0 += kD) pv_pass_dot<R, 1, HD, kFull>(acc, w, valid, t, hd, d0);
+}
+
 // acc[r][d] += sum_j p[r][j] * v[j][d] over j < valid (hd a multiple of 16), the weights as bf16 pairs
 // w[r][j / 2], NB column blocks a pass as pv_rows.
 template <int R, int HD>
@@ -454,16 +471,11 @@ template <int R, int HD>
                                                                          int64_t valid, const Tile<Elem::kBF16>& t,
                                                                          int64_t hd_run) {
     const int64_t hd = HD ? HD : hd_run;
-    constexpr int64_t kD = 16;
     constexpr int NB = R >= 8 ? 1 : R >= 4 ? 2 : 4;
-    int64_t d0 = 0;
-    if (valid == kTile) {  // all but a run's last tile: the pairs' loop of a known length
-        for (; d0 + NB * kD <= hd; d0 += NB * kD) pv_pass_dot<R, NB, HD, true>(acc, w, valid, t, hd, d0);
-        for (; d0 < hd; d0 += kD) pv_pass_dot<R, 1, HD, true>(acc, w, valid, t, hd, d0);
-        return;
-    }
-    for (; d0 + NB * kD <= hd; d0 += NB * kD) pv_pass_dot<R, NB, HD, false>(acc, w, valid, t, hd, d0);
-    for (; d0 < hd; d0 += kD) pv_pass_dot<R, 1, HD, false>(acc, w, valid, t, hd, d0);
+    if (valid == kTile)  // all but a run's last tile: the pairs' loop of a known length
+        pv_passes_dot<R, NB, HD, true>(acc, w, valid, t, hd);
+    else
+        pv_passes_dot<R, NB, HD, false>(acc, w, valid, t, hd);
 }
 
 // GCC 12's AVX-512 headers build some intrinsics on a self-initialized "undefined" register, which it reports as
@@ -499,7 +511,7 @@ template <int R, int HD>
 // raise_max. Out of line: they run on few tiles (a softcap model's, or where a row's max moves).
 template <int R>
 [[gnu::noinline]] LATTICE_TARGET_AVX512BF16 void softcap_dot(float* s, float softcap) {
-    for (int j = 0; j < R * int(kTile); ++j) s[j] = math::softcap(s[j], softcap);
+    softcap_rows<R>(s, softcap);
 }
 // (raise_max on scores in memory, without the target attribute: clang refuses a call that passes 64-byte
 // vectors from a function with AVX-512 to one without; this one takes pointers, and its own calls stay
