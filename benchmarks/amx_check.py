@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """The AMX check, one command for a session on a Xeon with AMX (issue 53's measurements), on a built tree:
-  1. the tile tests on the instructions: test_kernels_cpu_amx (lattice's AMX-INT8 kernel bit-equal to the VNNI
-     kernel, the amx level running it from m = 16) and test_kernels_cpu_onednn; a skip stops the check (the reason
-     printed: the CPU, the OS's tile state or the kernel's permission);
-  2. bench_gemm_int8 --modes w8a8 at the amx level (rows "amx": lattice's tiles; rows "onednn": oneDNN's matmul,
-     which picks brg:avx512_core_amx_int8 here) and at avx512 (the VNNI kernel), 4096 x 4096 and 11008 x 4096;
-  3. prefill of 512 tokens on the TinyLlama-1.1B shape (random weights, W8A8; bench_decode), rounds interleaved:
-     oneDNN (--int8-gemm onednn), lattice's tiles (--int8-gemm own) and the VNNI kernel (--isa avx512);
+  1. the tile tests on the instructions: test_kernels_cpu_amx (lattice's AMX-INT8 kernels, W8A8 and W4A8, bit-equal
+     to the VNNI kernels, the amx level running them from m = 16) and test_kernels_cpu_onednn; a skip stops the
+     check (the reason printed: the CPU, the OS's tile state or the kernel's permission);
+  2. bench_gemm_int8 --modes w8a8,w4a8 at the amx level (rows "amx": lattice's tiles; rows "onednn": oneDNN's
+     matmul, which picks brg:avx512_core_amx_int8 here) and at avx512 (the VNNI kernels), 4096 x 4096 and
+     11008 x 4096;
+  3. prefill of 512 tokens on the TinyLlama-1.1B shape (random weights; bench_decode), rounds interleaved: W8A8
+     under oneDNN (--int8-gemm onednn), lattice's tiles (--int8-gemm own) and the VNNI kernel (--isa avx512); W4A8
+     (the built-in model's scheme) under lattice's tiles and the VNNI kernel;
   4. with --batch: 16 requests x (128 in, 64 out) (bench_batch.py --n 16) under the same three settings.
 Writes amx_check.json (and each bench's own JSON) under --out and prints a markdown summary. Nothing here asserts
 speed; exit 77 where AMX cannot run, 1 when a step fails.
@@ -25,6 +27,9 @@ ROOT = os.path.dirname(HERE)
 SETTINGS = [("onednn", ["--int8-gemm", "onednn"], {"LATTICE_INT8_GEMM": "onednn"}),
             ("amx tiles (own)", ["--int8-gemm", "own"], {"LATTICE_INT8_GEMM": "own"}),
             ("avx512 VNNI", ["--int8-gemm", "own", "--isa", "avx512"], {"LATTICE_INT8_GEMM": "own", "LATTICE_ISA": "avx512"})]
+# W4A8 has no oneDNN form (a scale per group of 32): lattice's tiles against its VNNI kernel.
+PREFILL = [("w8a8", name, args) for name, args, _ in SETTINGS] + \
+    [("w4a8", "amx tiles", []), ("w4a8", "avx512 VNNI", ["--isa", "avx512"])]
 
 
 def run(cmd, what, env=None, timeout=3600):
@@ -52,7 +57,7 @@ def gemm(build, out, threads):
     rows = {}
     for isa in ("amx", "avx512"):
         path = os.path.join(out, f"amx_gemm_int8_{isa}.json")
-        p = run([os.path.join(build, "benchmarks", "bench_gemm_int8"), "--modes", "w8a8", "--isa", isa, "--threads",
+        p = run([os.path.join(build, "benchmarks", "bench_gemm_int8"), "--modes", "w8a8,w4a8", "--isa", isa, "--threads",
                  str(threads), "--shapes", "4096x4096,11008x4096", "--json", path], f"bench_gemm_int8 --isa {isa}")
         print(p.stdout)
         rows[isa] = json.load(open(path))
@@ -60,15 +65,15 @@ def gemm(build, out, threads):
 
 
 def prefill(build, out, threads, rounds):
-    got = {name: [] for name, _, _ in SETTINGS}
+    got = {f"{quant}, {name}": [] for quant, name, _ in PREFILL}
+    path = os.path.join(out, "amx_prefill_tmp.json")
     for r in range(rounds):
-        for name, args, _ in SETTINGS:
-            path = os.path.join(out, "amx_prefill_tmp.json")
-            run([os.path.join(build, "benchmarks", "bench_decode"), "--config", "tinyllama-1.1b", "--quant", "w8a8",
+        for quant, name, args in PREFILL:
+            run([os.path.join(build, "benchmarks", "bench_decode"), "--config", "tinyllama-1.1b", "--quant", quant,
                  "--prompt", "512", "--decode", "4", "--threads", str(threads), "--json", path] + args,
-                f"prefill 512, {name}, round {r + 1}")
-            got[name].append(json.load(open(path))["prefill_tokens_per_s"])
-    os.remove(os.path.join(out, "amx_prefill_tmp.json"))
+                f"prefill 512, {quant}, {name}, round {r + 1}")
+            got[f"{quant}, {name}"].append(json.load(open(path))["prefill_tokens_per_s"])
+    os.remove(path)
     return got
 
 
@@ -100,7 +105,7 @@ def main():
         doc["batch16"] = batch(a.build, a.out, a.threads)
     with open(os.path.join(a.out, "amx_check.json"), "w") as f:
         json.dump(doc, f, indent=2)
-    print("| prefill 512 (TinyLlama-1.1B shape, W8A8) | tok/s, median | rounds |\n|---|---|---|")
+    print("| prefill 512 (TinyLlama-1.1B shape) | tok/s, median | rounds |\n|---|---|---|")
     for name, v in doc["prefill_512_tok_s"].items():
         print(f"| {name} | {statistics.median(v):.1f} | {', '.join(f'{x:.1f}' for x in v)} |")
     for name, l in doc.get("batch16", {}).items():

@@ -425,9 +425,9 @@ int main(int argc, char** argv) {
                         Row r{std::string(isa_name(isa)), mode, kind, m, n, k,
                               1e3 * best_time(run(pool1), true, budget), 1e3 * best_time(run(pool), false, budget),
                               double(wbytes), {}};
-                        print_row(
-                            r, isa == IsaLevel::kAmx && m >= kInt8AmxMinM && !int4 && !w16 ? peak_amx_core : peak_core,
-                            bw_core);
+                        // W8A8 and W4A8 (group form) run AMX tiles from 16 rows at the amx level.
+                        const bool tiles = isa == IsaLevel::kAmx && !w16 && m >= (int4 ? kInt4AmxMinM : kInt8AmxMinM);
+                        print_row(r, tiles ? peak_amx_core : peak_core, bw_core);
                         rows.push_back(r);
                     }
                 }

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm_bf16.h"
+#include "kernels/cpu/int4_gemm.h"
 #include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/isa.h"
 #include "launch/cli.h"
@@ -44,7 +45,8 @@ struct DoctorOptions {
 };
 
 // This process's CPU kernels (kernels/cpu/isa.h, as LATTICE_ISA and LATTICE_INT8_GEMM leave them): the ISA level
-// every family runs and the best this machine allows, AMX used or why not, who runs the W8A8 GEMMs at m >= 16,
+// every family runs and the best this machine allows, AMX used or why not, who runs the W8A8 and W4A8 GEMMs at
+// m >= 16,
 // whether --dtype bf16 multiplies in vdpbf16ps pairs (else widened to f32).
 // The ranks of a host share the CPU and the environment, so local rank 0 reports it with the host.
 json cpu_kernels() {
@@ -57,6 +59,7 @@ json cpu_kernels() {
             {"best", isa_name(best_isa())},
             {"amx", amx},
             {"w8a8_m16", int8_prefill_kernel(level)},
+            {"w4a8_m16", int4_prefill_kernel(level)},
             {"bf16_pairs", gemm_bf16_dot_available(level)}};
 }
 
@@ -82,9 +85,9 @@ int print_report(const std::vector<json>& all, const DoctorOptions& opt, int wor
                      n.value("cpus_online", "?"), n.value("numa_nodes", 1), n.value("iommu_groups", 0));
         if (n.contains("cpu_kernels")) {
             const json& c = n["cpu_kernels"];
-            print_stdout("  CPU {}: kernels at {} (best here {}), AMX {}, W8A8 GEMMs at m >= 16 by {}{}\n",
+            print_stdout("  CPU {}: kernels at {} (best here {}), AMX {}, W8A8 GEMMs at m >= 16 by {}, W4A8 by {}{}\n",
                          n.value("cpu_model", "?"), c["level"].get<std::string>(), c["best"].get<std::string>(),
-                         c["amx"].get<std::string>(), c["w8a8_m16"].get<std::string>(),
+                         c["amx"].get<std::string>(), c["w8a8_m16"].get<std::string>(), c.value("w4a8_m16", "?"),
                          c["bf16_pairs"].get<bool>() ? ", --dtype bf16 in vdpbf16ps pairs" : "");
         }
         if (n.contains("cuda_driver"))

@@ -1,23 +1,26 @@
-// AMX tiles for the int8 GEMM's own tile kernel (int8_gemm_amx.cpp), in two forms with one interface:
-//   AmxTiles     the instructions (ldtilecfg, tileloadd, tdpbusd, tilestored, tilezero, tilerelease) as inline
-//                asm: no target attribute is needed, and unlike GCC 12's intrinsics (whose tileloadd and
+// AMX tiles for the own tile kernels (int8_gemm_amx_avx512.cpp: W8A8 / s8s8; int4_gemm_amx_avx512.cpp: W4A8), in
+// two forms with one interface:
+//   AmxTiles     the instructions (ldtilecfg, tileloadd, tdpbusd, tdpbsud, tilestored, tilezero, tilerelease) as
+//                inline asm: no target attribute is needed, and unlike GCC 12's intrinsics (whose tileloadd and
 //                ldtilecfg declare no memory read past the config's first 8 bytes) every statement names the
 //                memory it touches, so the compiler cannot move a store to a buffer past the tile load that
-//                reads it. Only where isa_supported(kAmx): CPUID, XCR0 and the tile permission.
+//                reads it. Only where isa_supported(kAmx): CPUID, XCR0 and the tile permission. Encodings checked
+//                identical to GCC's intrinsics' (objdump of both).
 //   TileModel    a software model of the same operations, after the ISA reference's description: per thread,
 //                a palette-1 configuration and eight tiles of up to 16 rows x 64 bytes; a load or store moves a
-//                tile's configured rows and bytes; tdpbusd adds, for every (row of A, column of C), the dot
-//                products of A's unsigned bytes with B's signed bytes four at a time in wrapping int32; a shape
-//                the hardware refuses (#UD: an unconfigured tile, A's rows not C's, A's bytes not 4 x B's rows,
-//                B's bytes not C's) throws. The tests run the kernel on it on every machine, so its indexing,
-//                shapes and tails are checked where no AMX exists; on AMX machines the same tests compare the
-//                instructions with it.
-// Written by hand: oneDNN (onednn_int8.h) is the other provider of the same GEMM, but it keeps a second, reordered
-// copy of the weights; this kernel reads the packed VNNI panels in place (their 64-byte k-groups are AMX's B rows).
+//                tile's configured rows and bytes; tdpbusd (tdpbsud) adds, for every (row of A, column of C), the
+//                dot products of A's unsigned (signed) bytes with B's signed (unsigned) bytes four at a time in
+//                wrapping int32; a shape the hardware refuses (#UD: an unconfigured tile, A's rows not C's, A's
+//                bytes not 4 x B's rows, B's bytes not C's) throws. The tests run the kernels on it on every
+//                machine, so their indexing, shapes and tails are checked where no AMX exists; on AMX machines the
+//                same tests compare the instructions with it.
+// Written by hand: oneDNN (onednn_int8.h) is the other provider of the W8A8 GEMM, but it keeps a second, reordered
+// copy of the weights; the int8 kernel reads the packed VNNI panels in place (their 64-byte k-groups are AMX's B
+// rows). oneDNN has no W4A8 with a scale per group of 32.
 //
-// Roles are fixed (the kernel's 2 x 2 block of 16 x 16 int32): C tiles 0-3 (C[r][c] = tile 2r + c), A tiles 4-5
-// (rows block r), B tiles 6-7 (panel c). Every tile is 16 rows x 64 bytes except that a row tail configures A and C
-// with its own row count.
+// Roles are fixed (a kernel's 2 x 2 block of 16 x 16 int32): C tiles 0-3 (C[r][c] = tile 2r + c), A tiles 4-5
+// (rows block r), B tiles 6-7 (panel c). C and B rows are 64 bytes; A rows kTileBytes (or fewer: gemm_config's
+// a_bytes, B then a_bytes / 4 rows); a row tail configures A and C with its own row count.
 #pragma once
 
 #include <cstdint>
@@ -41,12 +44,13 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64);
 
-// The GEMM's configuration: C and A tiles `rows` rows (16, or a row tail), B tiles 16; every row 64 bytes.
-inline TileConfig gemm_config(int rows) {
+// A GEMM's configuration: C and A tiles `rows` rows (16, or a row tail), A rows `a_bytes` bytes (a multiple of 4,
+// <= 64), B tiles a_bytes / 4 rows; C and B rows 64 bytes.
+inline TileConfig gemm_config(int rows, int a_bytes = kTileBytes) {
     TileConfig c;
     for (int t = 0; t < kTiles; ++t) {
-        c.colsb[t] = kTileBytes;
-        c.rows[t] = uint8_t(t >= 6 ? kTileRows : rows);
+        c.colsb[t] = uint16_t(t == 4 || t == 5 ? a_bytes : kTileBytes);
+        c.rows[t] = uint8_t(t >= 6 ? a_bytes / 4 : rows);
     }
     return c;
 }
@@ -64,7 +68,7 @@ struct AmxTiles {
         else
             asm volatile("tileloadd (%0,%1,1), %%tmm5" ::"r"(p), "r"(stride) : "memory");
     }
-    // B of panel c (tile 6 + c): 16 k-groups of 64 bytes, consecutive.
+    // B of panel c (tile 6 + c): its configured rows (k-groups) of 64 bytes, consecutive.
     template <int C>
     static void load_b(const void* p) {
         static_assert(C == 0 || C == 1);
@@ -74,7 +78,7 @@ struct AmxTiles {
         else
             asm volatile("tileloadd (%0,%1,1), %%tmm7" ::"r"(p), "r"(stride) : "memory");
     }
-    // C[r][c] += A[r] . B[c].
+    // C[r][c] += A[r] . B[c], A's bytes unsigned and B's signed (tdpbusd).
     template <int R, int C>
     static void dot() {
         static_assert((R == 0 || R == 1) && (C == 0 || C == 1));
@@ -82,6 +86,15 @@ struct AmxTiles {
         if constexpr (R == 0 && C == 1) asm volatile("tdpbusd %%tmm7, %%tmm4, %%tmm1" ::: "memory");
         if constexpr (R == 1 && C == 0) asm volatile("tdpbusd %%tmm6, %%tmm5, %%tmm2" ::: "memory");
         if constexpr (R == 1 && C == 1) asm volatile("tdpbusd %%tmm7, %%tmm5, %%tmm3" ::: "memory");
+    }
+    // The same with A's bytes signed and B's unsigned (tdpbsud).
+    template <int R, int C>
+    static void dot_su() {
+        static_assert((R == 0 || R == 1) && (C == 0 || C == 1));
+        if constexpr (R == 0 && C == 0) asm volatile("tdpbsud %%tmm6, %%tmm4, %%tmm0" ::: "memory");
+        if constexpr (R == 0 && C == 1) asm volatile("tdpbsud %%tmm7, %%tmm4, %%tmm1" ::: "memory");
+        if constexpr (R == 1 && C == 0) asm volatile("tdpbsud %%tmm6, %%tmm5, %%tmm2" ::: "memory");
+        if constexpr (R == 1 && C == 1) asm volatile("tdpbsud %%tmm7, %%tmm5, %%tmm3" ::: "memory");
     }
     template <int R, int C>
     static void zero_c() {
@@ -129,7 +142,11 @@ public:
     }
     template <int R, int C>
     static void dot() {
-        dpbusd(2 * R + C, 4 + R, 6 + C);
+        dot_bytes(2 * R + C, 4 + R, 6 + C, false);
+    }
+    template <int R, int C>
+    static void dot_su() {
+        dot_bytes(2 * R + C, 4 + R, 6 + C, true);
     }
     template <int R, int C>
     static void zero_c() {
@@ -169,23 +186,28 @@ private:
         for (int r = 0; r < s.tile[t].rows; ++r)
             std::memcpy(s.data[t][r], static_cast<const uint8_t*>(p) + r * stride, s.tile[t].colsb);
     }
-    // tdpbusd c, a, b: c[m][n] += sum over k < a.colsb / 4, i < 4 of u8 a[m][4k + i] * s8 b[k][4n + i], mod 2^32.
-    static void dpbusd(int c, int a, int b) {
+    // tdpbusd c, a, b: c[m][n] += sum over k < a.colsb / 4, i < 4 of u8 a[m][4k + i] * s8 b[k][4n + i], mod 2^32;
+    // tdpbsud (a_signed): s8 a times u8 b.
+    static void dot_bytes(int c, int a, int b, bool a_signed) {
         State& s = state();
         need(s, c);
         need(s, a);
         need(s, b);
         const Shape &sc = s.tile[c], &sa = s.tile[a], &sb = s.tile[b];
         LATTICE_CHECK(sa.rows == sc.rows && sa.colsb == 4 * sb.rows && sb.colsb == sc.colsb && sc.colsb % 4 == 0,
-                      "AMX model: tdpbusd of C {}x{}, A {}x{}, B {}x{} (bytes): the hardware's #UD", sc.rows, sc.colsb,
-                      sa.rows, sa.colsb, sb.rows, sb.colsb);
+                      "AMX model: {} of C {}x{}, A {}x{}, B {}x{} (bytes): the hardware's #UD",
+                      a_signed ? "tdpbsud" : "tdpbusd", sc.rows, sc.colsb, sa.rows, sa.colsb, sb.rows, sb.colsb);
         for (int m = 0; m < sc.rows; ++m)
             for (int n = 0; n < sc.colsb / 4; ++n) {
                 uint32_t acc;
                 std::memcpy(&acc, &s.data[c][m][4 * n], 4);
                 for (int k = 0; k < sa.colsb / 4; ++k)
-                    for (int i = 0; i < 4; ++i)
-                        acc += uint32_t(int32_t(s.data[a][m][4 * k + i]) * int32_t(int8_t(s.data[b][k][4 * n + i])));
+                    for (int i = 0; i < 4; ++i) {
+                        const uint8_t x = s.data[a][m][4 * k + i], y = s.data[b][k][4 * n + i];
+                        const int32_t xa = a_signed ? int32_t(int8_t(x)) : int32_t(x);
+                        const int32_t yb = a_signed ? int32_t(y) : int32_t(int8_t(y));
+                        acc += uint32_t(xa * yb);
+                    }
                 std::memcpy(&s.data[c][m][4 * n], &acc, 4);
             }
     }

@@ -1,10 +1,13 @@
 // 4-bit GEMM front end: dequantization, packing (the unpacked form's checks and float -> 4-bit quantization are
 // kernels/common/int4_quantize.h's, shared with the converter),
 // per-call activation preparation (quantize once per row, group sums) and the split of output panels across
-// the thread pool. Kernels live in int4_gemm_{ref,avx2,avx512}.cpp; layout and numerics in int4_gemm.h.
+// the thread pool. Kernels live in int4_gemm_{ref,avx2,avx512,kq*,amx_avx512}.cpp; layout and numerics in
+// int4_gemm.h.
 // Activation scratch is a thread_local buffer of the calling thread, grown on demand (no per-call
 // allocation once warm); pool workers only read it while the caller waits in parallel_for.
 #include "kernels/cpu/int4_gemm.h"
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cfloat>
@@ -14,8 +17,8 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "kernels/common/quantize.h"
-#include "kernels/cpu/int4_gemm_kernels.h"
 #include "kernels/cpu/gemm_front.h"
+#include "kernels/cpu/int4_gemm_kernels.h"
 #include "kernels/cpu/int8_gemm_kernels.h"
 
 namespace lattice {
@@ -50,6 +53,11 @@ void check_packed(const PackedInt4& w, int64_t k, const char* fn) {
 bool int4_kquant_isa(IsaLevel isa) {
     const IsaLevel level = vector_level(isa);
     return level == IsaLevel::kScalar || level == IsaLevel::kAvx512Vnni;
+}
+
+std::string int4_prefill_kernel(IsaLevel isa) {
+    if (isa == IsaLevel::kAmx) return "lattice's AMX-INT8 tiles";
+    return fmt::format("lattice's {} kernel", isa_name(vector_level(isa)));
 }
 
 PackedInt4 pack_int4_weights(const Int4Matrix& w, IsaLevel isa, bool kquant) {
@@ -222,10 +230,16 @@ void gemm_w4a8(const float* x, int64_t m, int64_t k, const PackedInt4& w, float*
         quantize_w4a8_row(row, w, s.q + r * s.acts.ldq, s.xsum + r * w.groups, s.scales + r * w.groups,
                           w.kq ? s.xsum16 + r * w.groups : nullptr);
     });
-    const auto kernel = w.kq ? kernel_for(w.isa, &int4_detail::w4a8_kq_panels_scalar,
-                                          &int4_detail::w4a8_kq_panels_scalar, &int4_detail::w4a8_kq_panels_avx512)
-                             : kernel_for(w.isa, &int4_detail::w4a8_panels_scalar, &int4_detail::w4a8_panels_avx2,
-                                          &int4_detail::w4a8_panels_avx512);
+    const auto kernel = [&] {
+        if (!w.kq && w.isa == IsaLevel::kAmx && m >= kInt4AmxMinM) {  // the group form on AMX tiles
+            note_path(KernelFamily::kGemmInt4, IsaLevel::kAmx);
+            return &int4_detail::w4a8_panels_amx;
+        }
+        return w.kq ? kernel_for(w.isa, &int4_detail::w4a8_kq_panels_scalar, &int4_detail::w4a8_kq_panels_scalar,
+                                 &int4_detail::w4a8_kq_panels_avx512)
+                    : kernel_for(w.isa, &int4_detail::w4a8_panels_scalar, &int4_detail::w4a8_panels_avx2,
+                                 &int4_detail::w4a8_panels_avx512);
+    }();
     pool.parallel_chunks(w.n_panels, chunk_for(w.n_panels, pool.size()),
                          [&](int64_t p0, int64_t p1, int) { kernel(s.acts, m, w, p0, p1, y, w.n); });
 }

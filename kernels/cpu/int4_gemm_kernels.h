@@ -1,5 +1,5 @@
 // Internal interface between int4_gemm.cpp (packing, activation preparation, threading) and the per-ISA
-// kernel files (int4_gemm_ref.cpp, _avx2.cpp, _avx512.cpp). Not for use outside them.
+// kernel files (int4_gemm_ref.cpp, _avx2.cpp, _avx512.cpp, _kq*.cpp, _amx_avx512.cpp). Not for use outside them.
 //
 // Each *_panels function computes all m rows for output panels [p0, p1) of the packed weights (layout in
 // int4_gemm.h) and writes y[r * ldy + c] for the channels c < n of those panels only.
@@ -44,6 +44,12 @@ void w4a8_panels_scalar(const Int4Acts& a, int64_t m, const PackedInt4& w, int64
 void w4a8_panels_avx2(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y, int64_t ldy);
 void w4a8_panels_avx512(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y,
                         int64_t ldy);
+// The group form on AMX-INT8 tiles (int4_gemm_amx_avx512.cpp), any m >= 1 (the front sends m >= kInt4AmxMinM at
+// the amx level); only where isa_supported(kAmx). The _model form runs the same kernel on the software tile model
+// (amx_tiles.h): the tests' way to run it without AMX (AVX-512 VNNI needed, for its epilogue).
+void w4a8_panels_amx(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y, int64_t ldy);
+void w4a8_panels_amx_model(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y,
+                           int64_t ldy);
 
 // K-quant layout (int4_gemm.h): offsets inside a super-block (sub-block g's 6-bit scale and minimum from
 // Q4_K's 12 scale bytes: kernels/common/int4.h q4k_scale_min).

@@ -11,8 +11,9 @@
 //            cpu_features() runs, which every kernel family's level check does before its first call; oneDNN
 //            asks again for itself, later, and is granted the same). At this level the W8A8 / s8s8 GEMMs at
 //            m >= 16 run on AMX tiles: oneDNN's matmul where the build has libdnnl and the provider is auto
-//            (onednn_int8.h), else lattice's own tile kernel (int8_gemm_amx_avx512.cpp); every other family
-//            runs its avx512 kernels.
+//            (onednn_int8.h), else lattice's own tile kernel (int8_gemm_amx_avx512.cpp), and the group form's
+//            W4A8 at m >= 16 on lattice's (int4_gemm_amx_avx512.cpp); every other family runs its avx512
+//            kernels.
 // A family that has no form for a level runs the highest form it has below it (vector_level below for the
 // float loops); what ran is recorded per family (last_path) so that tests can see it instead of assuming it.
 //

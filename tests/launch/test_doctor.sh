@@ -5,7 +5,7 @@
 # whose ACS redirects P2P and in an IOMMU DMA domain, the other behind a bridge with ACS source
 # validation only (a second capability in the chain) and an identity domain: warnings for the first
 # GPU only, NUMA nodes and NCCL_P2P_DISABLE reported. (2b) the CPU kernels' line: level (LATTICE_ISA), AMX, who runs
-# the W8A8 GEMMs at m >= 16 (LATTICE_INT8_GEMM).
+# the W8A8 GEMMs at m >= 16 (LATTICE_INT8_GEMM) and the W4A8 ones.
 set -uo pipefail
 src=${LATTICE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 DOCTOR=${LATTICE_BIN:?set LATTICE_BIN to the lattice executable}
@@ -48,7 +48,7 @@ grep -qE "AMX (used|not used: |available, not used: the level is pinned to )" "$
 if grep -q avx2 /proc/cpuinfo; then
     LATTICE_ISA=avx2 "$DOCTOR" doctor > "$tmp/avx2.out" 2>&1
     check "pinned level" "$tmp/avx2.out" "kernels at avx2 (best here "
-    check "avx2 GEMM" "$tmp/avx2.out" "W8A8 GEMMs at m >= 16 by lattice's avx2 kernel"
+    check "avx2 GEMM" "$tmp/avx2.out" "W8A8 GEMMs at m >= 16 by lattice's avx2 kernel, W4A8 by lattice's avx2 kernel"
     check "no bf16 pairs at avx2" "$tmp/avx2.out" "vdpbf16ps pairs" absent
 fi
 LATTICE_INT8_GEMM=own "$DOCTOR" doctor > "$tmp/own.out" 2>&1

@@ -20,6 +20,7 @@
 #include "base/error.h"
 #include "kernels/common/quantize.h"
 #include "kernels/cpu/int4_gemm.h"
+#include "tests/kernels/common/int4_test_util.h"
 #include "tests/kernels/cpu/int8_test_util.h"
 
 using namespace lattice;
@@ -33,19 +34,6 @@ constexpr Int4Kind kKinds[] = {Int4Kind::kOffset8, Int4Kind::kZeroPoint, Int4Kin
 
 int32_t nibble(const Int4Weights& w, int64_t r, int64_t c) {
     return w.nibble(r, c);
-}
-
-// Random weights of a kind: all nibbles, scales of both signs (f16), minimums, zero points; corners 0 and 15.
-Int4Weights random_int4(int64_t n, int64_t k, int64_t group, Int4Kind kind, std::mt19937& rng) {
-    Int4Weights w(n, k, group, kind);
-    std::uniform_int_distribution<int> byte(0, 255), zp(0, 16);  // 16: GPTQ v1's stored 15 + 1
-    std::normal_distribution<float> nd(0.0f, 0.02f);
-    for (auto& b : w.qs) b = uint8_t(byte(rng));
-    w.qs[0] = 0xF0;  // q = 0 and q = 15 in every case
-    for (auto& d : w.d) d = f32_to_f16(nd(rng));
-    for (auto& m : w.m) m = f32_to_f16(nd(rng) * 8);
-    for (auto& z : w.z) z = uint8_t(zp(rng));
-    return w;
 }
 
 struct Ref {

@@ -1,6 +1,6 @@
-// Helpers of the CUDA 4-bit tests (test_cuda_int4, test_cuda_sanitize): random Int4Weights of a kind, their
-// upload in the device layout of kernels/cuda/int4_gemm.h (as CudaBackend::make_linear_int4 does it), and the
-// CPU W4A16 kernel as the reference.
+// Helpers of the CUDA 4-bit tests (test_cuda_int4, test_cuda_sanitize): random Int4Weights of a kind
+// (tests/kernels/common/int4_test_util.h), their upload in the device layout of kernels/cuda/int4_gemm.h (as
+// CudaBackend::make_linear_int4 does it), and the CPU W4A16 kernel as the reference.
 #pragma once
 
 #include <algorithm>
@@ -11,28 +11,10 @@
 
 #include "kernels/cpu/int4_gemm.h"
 #include "kernels/cuda/int4_gemm.h"
+#include "tests/kernels/common/int4_test_util.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
 
 namespace lattice::test {
-
-// Random weights of a kind: every nibble, scales of both signs, minimums, zero points 0..16, corners 0 and 15;
-// with perm, a random act-order permutation.
-inline Int4Weights random_int4(int64_t n, int64_t k, int64_t group, Int4Kind kind, bool perm, std::mt19937_64& rng) {
-    Int4Weights w(n, k, group, kind);
-    std::uniform_int_distribution<int> byte(0, 255), zp(0, 16);
-    std::normal_distribution<float> nd(0.0f, 0.02f);
-    for (auto& b : w.qs) b = uint8_t(byte(rng));
-    w.qs[0] = 0xF0;
-    for (auto& d : w.d) d = f32_to_f16(nd(rng));
-    for (auto& m : w.m) m = f32_to_f16(nd(rng) * 8);
-    for (auto& z : w.z) z = uint8_t(zp(rng));
-    if (perm) {
-        w.perm.resize(size_t(k));
-        std::iota(w.perm.begin(), w.perm.end(), 0);
-        std::shuffle(w.perm.begin(), w.perm.end(), rng);
-    }
-    return w;
-}
 
 // The weights in the device layout (kernels/cuda/int4_gemm.h), as CudaBackend::make_linear_int4 uploads them.
 struct DevInt4 {

@@ -69,7 +69,7 @@ void run_case(std::mt19937_64& rng, DType act, Int4Kind kind, int64_t group, boo
               bool gemv) {
     INFO(dtype_name(act) << " " << int4_kind_name(kind) << " group " << group << (perm ? " act-order" : "") << " m "
                          << m << " n " << n << " k " << k << (gemv ? " gemv" : " gemm"));
-    const Int4Weights w = random_int4(n, k, group, kind, perm, rng);
+    const Int4Weights w = random_int4(n, k, group, kind, rng, perm);
     const DevInt4 dw(w);
     const std::vector<float> x = random_x(rng, m, k, act);
     const std::vector<float> ref = cpu_w4a16(w, x, m);
@@ -129,7 +129,7 @@ TEST_CASE("cuda W4A16 GEMM (tensor cores) == CPU W4A16: every kind, group, act-o
 
 TEST_CASE("cuda W4A16: bad arguments are refused naming them" * doctest::test_suite("cuda")) {
     std::mt19937_64 rng(7);
-    const Int4Weights w = random_int4(8, 64, 32, Int4Kind::kOffset8, false, rng);
+    const Int4Weights w = random_int4(8, 64, 32, Int4Kind::kOffset8, rng, false);
     const DevInt4 dw(w);
     DevBuf x(size_t(16 * 64) * 2), out(size_t(16 * 8) * 4);
     CHECK_THROWS_WITH_AS(cuda::gemv_w4a16(out.get(), x.get(), dw.dev, 9, DType::kF16, DType::kF16, nullptr),

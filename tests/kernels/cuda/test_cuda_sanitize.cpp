@@ -136,7 +136,7 @@ TEST_CASE("sanitize: W4A16 gather, GEMV and tensor-core GEMM (act-order, k off t
     const int64_t n = 37, k = 70;  // kp = 96 (group 32) or 128 (group 64 / 128): padded columns everywhere
     for (Int4Kind kind : {Int4Kind::kOffset8, Int4Kind::kZeroPoint, Int4Kind::kAffine}) {
         const int64_t group = kind == Int4Kind::kOffset8 ? 32 : kind == Int4Kind::kZeroPoint ? 64 : 128;
-        const Int4Weights w = random_int4(n, k, group, kind, kind != Int4Kind::kAffine, rng);
+        const Int4Weights w = random_int4(n, k, group, kind, rng, kind != Int4Kind::kAffine);
         const DevInt4 dw(w);
         for (int64_t m : {int64_t(1), int64_t(8), int64_t(17)}) {
             INFO(int4_kind_name(kind) << " m " << m);
