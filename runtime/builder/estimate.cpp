@@ -46,9 +46,10 @@ RankMemory largest_rank_memory(const TensorSource& src, const MemoryQuery& q) {
         const RankWeights rw(src, o);
         for (const RankTensor& t : rw.tensors())
             if (t.role == WeightRole::kLmHead && t.mode != QuantMode::kNone) head = t.mode;
-        const double weights =
-            rw.resident_bytes(cuda, !cuda && cpu_keeps_kquant(), bf16 ? &cpu_bf16_linear_bytes : nullptr,
-                              !cuda && cpu_w8a8_keeps_onednn_copy());
+        const double weights = rw.resident_bytes({.cuda = cuda,
+                                                  .cpu_kquant = !cuda && cpu_keeps_kquant(),
+                                                  .cpu_bf16 = bf16 ? &cpu_bf16_linear_bytes : nullptr,
+                                                  .cpu_w8a8_copy = !cuda && cpu_w8a8_keeps_onednn_copy()});
         const double kv = kv_cache_bytes(c.dims(), q.tp, o.layer_end - o.layer_begin, best.max_seq, kv_elem);
         const double activations = activation_bytes(c.dims(), q.tp, q.max_batch_tokens, act, o.last_stage);
         if (weights + kv + activations > largest) {
@@ -67,7 +68,7 @@ double int4_bytes_per_weight(const TensorSource& src, bool cpu_kquant) {
     double bytes = 0, weights = 0;
     for (const RankTensor& t : rw.tensors())
         if (t.layer >= 0 && t.is_linear() && is_int4(t.mode)) {
-            bytes += RankWeights::tensor_bytes(t, false, cpu_kquant);
+            bytes += RankWeights::tensor_bytes(t, {.cpu_kquant = cpu_kquant});
             weights += double(t.rows) * double(t.cols);
         }
     return weights > 0 ? bytes / weights : 0;

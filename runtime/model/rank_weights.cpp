@@ -302,37 +302,36 @@ double kquant_bytes(const RankTensor& t) {
 }
 }  // namespace
 
-double RankWeights::resident_bytes(bool cuda, bool cpu_kquant, Bf16LinearBytes cpu_bf16, bool cpu_w8a8_copy) const {
+double RankWeights::resident_bytes(const Holder& h) const {
     double w = 0;
-    for (const RankTensor& t : tensors_) w += tensor_bytes(t, cuda, cpu_kquant, cpu_bf16, cpu_w8a8_copy);
+    for (const RankTensor& t : tensors_) w += tensor_bytes(t, h);
     return w;
 }
 
-bool RankWeights::kquant_packed(const RankTensor& t, bool cuda, bool cpu_kquant) {
-    return !cuda && cpu_kquant && t.mode == QuantMode::kW4A8 && t.int4 && kquant_bytes(t) >= 0;
+bool RankWeights::kquant_packed(const RankTensor& t, bool cpu_kquant) {
+    return cpu_kquant && t.mode == QuantMode::kW4A8 && t.int4 && kquant_bytes(t) >= 0;
 }
 
-double RankWeights::tensor_bytes(const RankTensor& t, bool cuda, bool cpu_kquant, Bf16LinearBytes cpu_bf16,
-                                 bool cpu_w8a8_copy) {
+double RankWeights::tensor_bytes(const RankTensor& t, const Holder& h) {
     const double n = double(t.rows) * double(t.cols);
-    if (!cuda && cpu_bf16 && t.is_linear() && t.mode == QuantMode::kNone && !t.vector) {
-        if (!t.tied_head) return cpu_bf16(t.rows, t.cols);
+    if (!h.cuda && h.cpu_bf16 && t.is_linear() && t.mode == QuantMode::kNone && !t.vector) {
+        if (!t.tied_head) return h.cpu_bf16(t.rows, t.cols);
         const bool shared = t.dtype == DType::kBF16 || !t.table;  // the head's rows serve as the table too
         return n * 2 + (shared ? 0 : n * double(dtype_size(t.dtype)));
     }
-    if (kquant_packed(t, cuda, cpu_kquant)) return kquant_bytes(t);
+    if (!h.cuda && kquant_packed(t, h.cpu_kquant)) return kquant_bytes(t);
     if (t.is_linear() && is_int4(t.mode)) {
         // kernels/cpu/int4_gemm.h: per channel and group G / 2 bytes of nibbles, an f16 d, and an f16 m or a
         // zero point (+ a pad byte) except for offset8; channels padded to 16. Float weights: affine G = 32.
         // CUDA (kernels/cuda/int4_gemm.h): the same bytes per group (a zero point as f16), channels unpadded.
         const int64_t g = t.int4 ? t.int4_group : 32;
         const double extra = t.int4 && t.int4_kind == Int4Kind::kOffset8 ? 0 : 2;
-        const int64_t rows = cuda ? t.rows : (t.rows + 15) / 16 * 16;
+        const int64_t rows = h.cuda ? t.rows : (t.rows + 15) / 16 * 16;
         return double(rows) * double((t.cols + g - 1) / g) * (double(g) / 2 + 2 + extra);
     }
     if (t.is_linear() && t.mode != QuantMode::kNone)
-        return n + 8.0 * double(t.rows) + (!cuda && cpu_w8a8_copy && t.mode == QuantMode::kW8A8 ? n : 0.0);
-    return n * double(cuda && !t.vector ? 2 : dtype_size(t.dtype));
+        return n + 8.0 * double(t.rows) + (!h.cuda && h.cpu_w8a8_copy && t.mode == QuantMode::kW8A8 ? n : 0.0);
+    return n * double(h.cuda && !t.vector ? 2 : dtype_size(t.dtype));
 }
 
 ModelOptions rank_model_options(ModelOptions base, const WorldConfig& world, int64_t n_layers,

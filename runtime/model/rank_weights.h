@@ -121,30 +121,38 @@ public:
     // it will pack so (kquant_packed) is read as its super-blocks alone (TensorSource::read_kquant: a Q6_K part
     // not re-quantized to 4 bits, a Q4_K part not repacked, only for the group form to be dropped).
     HostTensor read(const RankTensor& t, bool cpu_kquant = false);
-    // Whether a load packs t in the K-quant layout (what resident_bytes counts for it).
-    static bool kquant_packed(const RankTensor& t, bool cuda, bool cpu_kquant);
+    // Whether a CPU load packs t in the K-quant layout (what resident_bytes counts for it; `cpu_kquant` as in
+    // Holder).
+    static bool kquant_packed(const RankTensor& t, bool cpu_kquant);
     // Takes back a tensor that read() returned once its contents are in the backend: the next read reuses its
     // buffer, so a load writes fresh memory (page faults, the kernel zeroing each page) for its largest float
     // tensor only, not for every one (the 1.1B model's W8A8 load faulted 4.4 GB of float reads; now ~0.3).
     void recycle(HostTensor&& h);
     // Bytes of checkpoint tensor data read so far (in the checkpoint's own encoding).
     int64_t bytes_read() const { return bytes_read_; }
+    // Who holds the tensors, and how, for the byte counts below: a GPU (`cuda`), or a CPU and the packings it
+    // makes. The CPU's own answers come from runtime/backend/cpu/cpu_backend.h (the estimate composes them).
+    using Bf16LinearBytes = double (*)(int64_t n, int64_t k);
+    struct Holder {
+        bool cuda = false;
+        // A CPU whose W4A8 keeps K-quant super-blocks (int4_kquant_isa): a W4A8 linear of Q4_K / Q6_K parts takes
+        // the K-quant layout's 2304 / 3392 bytes per 16 channels and 256 columns (4.5 / 6.6 bits a weight).
+        bool cpu_kquant = true;
+        // The CPU under --dtype bf16 (cpu_bf16_linear_bytes): a float linear takes what it says, a float head
+        // tied to the embedding a bf16 copy beside the table unless the table is bf16 already (Model::load shares
+        // it).
+        Bf16LinearBytes cpu_bf16 = nullptr;
+        // oneDNN runs the CPU's W8A8 GEMMs at m >= 16 (cpu_w8a8_keeps_onednn_copy): a W8A8 linear takes n x k
+        // bytes more, oneDNN's reordered copy of its weights.
+        bool cpu_w8a8_copy = false;
+    };
     // Bytes these tensors take once loaded: int8 linears one byte per weight plus an f32 scale and
     // column sum per output channel; 4-bit linears 18 (q4_0) or 20 bytes per 32 weights, channels padded to
-    // 16 on the CPU (kernels/cpu/int4_gemm.h), unpadded with `cuda` (kernels/cuda/int4_gemm.h), except that with
-    // `cpu_kquant` (a CPU whose W4A8 keeps K-quant super-blocks: int4_kquant_isa) a W4A8 linear of Q4_K / Q6_K
-    // parts takes the K-quant layout's 2304 / 3392 bytes per 16 channels and 256 columns (4.5 / 6.6 bits a
-    // weight); float tensors in the checkpoint's precision on the CPU, 16-bit matrices with `cuda` (launch's
-    // `info` prints it; the planner's estimate is checked against it). `cpu_bf16` (the CPU under --dtype bf16:
-    // cpu_bf16_linear_bytes of runtime/backend/cpu/cpu_backend.h): a float linear takes what it says, a float head
-    // tied to the embedding a bf16 copy beside the table unless the table is bf16 already (Model::load shares it).
-    // `cpu_w8a8_copy` (cpu_w8a8_keeps_onednn_copy: oneDNN runs the CPU's W8A8 GEMMs at m >= 16): a W8A8 linear
-    // takes n x k bytes more, oneDNN's reordered copy of its weights.
-    using Bf16LinearBytes = double (*)(int64_t n, int64_t k);
-    double resident_bytes(bool cuda, bool cpu_kquant = true, Bf16LinearBytes cpu_bf16 = nullptr,
-                          bool cpu_w8a8_copy = false) const;
-    static double tensor_bytes(const RankTensor& t, bool cuda, bool cpu_kquant, Bf16LinearBytes cpu_bf16 = nullptr,
-                               bool cpu_w8a8_copy = false);
+    // 16 on the CPU (kernels/cpu/int4_gemm.h), unpadded with `cuda` (kernels/cuda/int4_gemm.h), except as
+    // Holder says; float tensors in the checkpoint's precision on the CPU, 16-bit matrices with `cuda` (launch's
+    // `info` prints it; the planner's estimate is checked against it).
+    double resident_bytes(const Holder& h) const;
+    static double tensor_bytes(const RankTensor& t, const Holder& h);
 
 private:
     HostTensor read_rows(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols, DType dtype);

@@ -130,7 +130,7 @@ HostTensor RankWeights::read(const RankTensor& t, bool cpu_kquant) {
         return h;
     }
     // An embedding's table is gathered from the group form (a tied head's linear shares its read): read whole.
-    if (t.int4) return read_int4(t, t.role != WeightRole::kEmbed && kquant_packed(t, false, cpu_kquant));
+    if (t.int4) return read_int4(t, t.role != WeightRole::kEmbed && kquant_packed(t, cpu_kquant));
     const ModelConfig& c = src_.config();
     const int64_t H = c.hidden, hd = c.head_dim;
     const ShardShape& s = shard_;

@@ -86,10 +86,10 @@ void check_bytes(const std::string& m, const TensorSource& src, const Run& r, co
     CHECK(double(r.model->weight_bytes()) >= double(f32.model->weight_bytes()) + head);
     CHECK(double(r.model->weight_bytes()) <= 1.02 * double(f32.model->weight_bytes()) + head);
     const RankWeights rw(src, ModelOptions{});
-    const double estimate = rw.resident_bytes(false, cpu_keeps_kquant(), &cpu_bf16_linear_bytes);
+    const double estimate = rw.resident_bytes({.cpu_kquant = cpu_keeps_kquant(), .cpu_bf16 = &cpu_bf16_linear_bytes});
     MESSAGE(m << ": estimate " << estimate);
     CHECK(std::abs(double(r.model->weight_bytes()) - estimate) < 128);  // a few bytes of the model's own
-    CHECK(std::abs(double(f32.model->weight_bytes()) - rw.resident_bytes(false, cpu_keeps_kquant())) < 128);
+    CHECK(std::abs(double(f32.model->weight_bytes()) - rw.resident_bytes({.cpu_kquant = cpu_keeps_kquant()})) < 128);
 }
 
 }  // namespace

@@ -41,7 +41,7 @@ TEST_CASE("tied embeddings with a float head are held once; an int8 head keeps i
     CpuBackend be(CpuBackendOptions{1, false, false});
     {
         Model model(*src, be, ModelOptions{}, nullptr);
-        CHECK(double(model.weight_bytes()) == RankWeights(*src, ModelOptions{}).resident_bytes(false));
+        CHECK(double(model.weight_bytes()) == RankWeights(*src, ModelOptions{}).resident_bytes({}));
         CHECK(model.weight_bytes() == model.streamed_weight_bytes());  // nothing held beside what a token reads
     }
     ModelOptions q;
@@ -105,7 +105,7 @@ TEST_CASE(
     for (const RankTensor& t : rw.tensors())
         if (t.is_linear() && t.mode == QuantMode::kW8A8) copy += double(t.rows) * double(t.cols);
     REQUIRE(copy > 0);
-    const double own_estimate = rw.resident_bytes(false, cpu_keeps_kquant());
+    const double own_estimate = rw.resident_bytes({.cpu_kquant = cpu_keeps_kquant()});
     set_int8_provider(Int8Provider::kOwn);
     CHECK(!cpu_w8a8_keeps_onednn_copy());
     const Model own(*src, be, q, nullptr);
@@ -118,5 +118,5 @@ TEST_CASE(
     CHECK(with_copy >= without + copy);                                // the reordered copy holds every weight once
     CHECK(with_copy <= without + 1.25 * copy);                         // and pads the small shapes here a little
     CHECK(od.streamed_weight_bytes() == own.streamed_weight_bytes());  // decode reads the panels alone
-    CHECK(rw.resident_bytes(false, cpu_keeps_kquant(), nullptr, true) == own_estimate + copy);
+    CHECK(rw.resident_bytes({.cpu_kquant = cpu_keeps_kquant(), .cpu_w8a8_copy = true}) == own_estimate + copy);
 }

@@ -58,7 +58,7 @@ TEST_CASE("4-bit GGUF: the plan reads Q4 blocks raw, keeps a Q8_0 head 8-bit, re
         const double H = test::kQ4H, F = test::kQ4F, V = test::kQ4V;
         const double want = 3 * H * H / 32 * 20 + H * H / 32 * 18 + 2 * F * H / 32 * 20 + H * F / 32 * 18 +
                             (V * H + 8 * V) + V * H * 4 + 3 * H * 4;
-        CHECK(rw.resident_bytes(false) == doctest::Approx(want));
+        CHECK(rw.resident_bytes({}) == doctest::Approx(want));
         HostTensor h = rw.read(find(rw, WeightRole::kWqkv));
         REQUIRE(h.int4());
         CHECK(h.q4.n == 3 * test::kQ4H);

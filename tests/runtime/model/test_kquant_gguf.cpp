@@ -149,7 +149,7 @@ TEST_CASE("K-quant GGUF: a read for a K-quant CPU gives the super-blocks alone, 
         if (!t.int4) continue;
         CAPTURE(t.name);
         HostTensor full = rw.read(t, false), kq = rw.read(t, true);
-        const bool packed = RankWeights::kquant_packed(t, false, true);
+        const bool packed = RankWeights::kquant_packed(t, true);
         CHECK(kq.q4.kquant_only() == (packed && t.role != WeightRole::kEmbed));
         CHECK(kq.int4());
         CHECK_FALSE(full.q4.kquant_only());
@@ -238,12 +238,12 @@ TEST_CASE("K-quant GGUF: resident bytes and the planner count what a loaded W4A8
         const Model model(*src, be, o, nullptr);
         const double held = double(model.weight_bytes());
         const RankWeights rw(*src, o);
-        const double resident = rw.resident_bytes(false, kq);
+        const double resident = rw.resident_bytes({.cpu_kquant = kq});
         CHECK(std::abs(held - resident) < 128);  // the model holds a few bytes of its own beside the weights
         const bool kept = kq && q == QuantMode::kW4A8;
         CHECK(resident == (kept ? kq_linears + 2304 + floats : group_linears + V * H / 32 * 20 + floats));
         // A CPU without the K-quant kernels (AVX2) packs the group form: 5 bits a weight for Q6_K parts too.
-        if (kept) CHECK(rw.resident_bytes(false, false) == group_linears + V * H / 32 * 20 + floats);
+        if (kept) CHECK(rw.resident_bytes({.cpu_kquant = false}) == group_linears + V * H / 32 * 20 + floats);
     }
     // The planner: the layers' linears at the file's mix (int4_bytes_per_weight), the group form without it.
     const double ratio = int4_bytes_per_weight(*src, true);

@@ -28,7 +28,7 @@ double loaded_bytes(const TensorSource& src, QuantMode q, bool quant_head, int t
         o.layer_end = stages[size_t(p)].second;
         o.first_stage = p == 0;
         o.last_stage = p == pp - 1;
-        best = std::max(best, RankWeights(src, o).resident_bytes(cuda));
+        best = std::max(best, RankWeights(src, o).resident_bytes({.cuda = cuda}));
     }
     return best;
 }
