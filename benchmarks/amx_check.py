@@ -5,7 +5,7 @@
      check (the reason printed: the CPU, the OS's tile state or the kernel's permission);
   2. bench_gemm_int8 --modes w8a8,w4a8 at the amx level (rows "amx": lattice's tiles; rows "onednn": oneDNN's
      matmul, which picks brg:avx512_core_amx_int8 here) and at avx512 (the VNNI kernels), 4096 x 4096 and
-     11008 x 4096;
+     11008 x 4096; bench_gemm_int4 (W4A8 on the group form, Q4_K and Q6_K layouts, one thread) at both levels;
   3. prefill of 512 tokens on the TinyLlama-1.1B shape (random weights; bench_decode), rounds interleaved: W8A8
      under oneDNN (--int8-gemm onednn), lattice's tiles (--int8-gemm own) and the VNNI kernel (--isa avx512); W4A8
      (the built-in model's scheme) under lattice's tiles and the VNNI kernel;
@@ -61,6 +61,11 @@ def gemm(build, out, threads):
                  str(threads), "--shapes", "4096x4096,11008x4096", "--json", path], f"bench_gemm_int8 --isa {isa}")
         print(p.stdout)
         rows[isa] = json.load(open(path))
+        path4 = os.path.join(out, f"amx_gemm_int4_{isa}.json")
+        p = run([os.path.join(build, "benchmarks", "bench_gemm_int4"), "--isa", isa, "--m", "16,128,512", "--rounds",
+                 "3", "--json", path4], f"bench_gemm_int4 --isa {isa}")
+        print(p.stdout)
+        rows[f"{isa} int4"] = json.load(open(path4))
     return rows
 
 

@@ -6,7 +6,8 @@
 // weights are hot for m >= 16 (each call reuses one packed copy); m = 1 reads them from wherever the previous
 // calls left them (mostly L3/DRAM at the default shape). The super-blocks are random bytes with small scales:
 // the kernels' time does not depend on the values.
-// Usage: bench_gemm_int4 [--n 4096] [--k 4096] [--m 1,16,128,512] [--rounds 5] [--json FILE]
+// At the amx level (an AMX Xeon; `--isa avx512` pins the VNNI kernels) m >= 16 runs the AMX tile kernels.
+// Usage: bench_gemm_int4 [--n 4096] [--k 4096] [--m 1,16,128,512] [--rounds 5] [--isa LEVEL] [--json FILE]
 #include "benchmarks/bench_common.h"
 
 #include <CLI/CLI.hpp>
@@ -37,13 +38,20 @@ int main(int argc, char** argv) {
     int64_t n = 4096, k = 4096;
     int rounds = 5;
     std::vector<int64_t> ms = {1, 16, 128, 512};
-    std::string json;
+    std::string json, isa_arg;
     app.add_option("--n", n);
     app.add_option("--k", k, "a multiple of 256");
     app.add_option("--m", ms)->delimiter(',');
     app.add_option("--rounds", rounds);
     app.add_option("--json", json);
+    app.add_option("--isa", isa_arg, "CPU ISA level (scalar, avx2, avxvnni, avx512, amx): as LATTICE_ISA");
     CLI11_PARSE(app, argc, argv);
+    try {
+        if (!isa_arg.empty()) set_isa_override(parse_isa(isa_arg));
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench_gemm_int4: %s\n", e.what());
+        return 2;
+    }
     std::mt19937 rng(1);
     const IsaLevel isa = detect_isa();
     const std::vector<PackedInt4> packs = bench::pack_kquant_layouts(n, k, isa, rng);

@@ -231,9 +231,9 @@ void gemm_w4a8(const float* x, int64_t m, int64_t k, const PackedInt4& w, float*
                           w.kq ? s.xsum16 + r * w.groups : nullptr);
     });
     const auto kernel = [&] {
-        if (!w.kq && w.isa == IsaLevel::kAmx && m >= kInt4AmxMinM) {  // the group form on AMX tiles
+        if (w.isa == IsaLevel::kAmx && m >= kInt4AmxMinM) {  // AMX tiles
             note_path(KernelFamily::kGemmInt4, IsaLevel::kAmx);
-            return &int4_detail::w4a8_panels_amx;
+            return w.kq ? &int4_detail::w4a8_kq_panels_amx : &int4_detail::w4a8_panels_amx;
         }
         return w.kq ? kernel_for(w.isa, &int4_detail::w4a8_kq_panels_scalar, &int4_detail::w4a8_kq_panels_scalar,
                                  &int4_detail::w4a8_kq_panels_avx512)

@@ -74,11 +74,10 @@ inline const uint8_t* PackedInt4::kq_block(int64_t p, int64_t sb) const {
     return data.data() + panel_at[size_t(p)] + sb * (panel_q6[size_t(p)] ? kKqQ6Bytes : kKqQ4Bytes);
 }
 
-// Smallest m whose group-form W4A8 runs on AMX tiles at the amx level (one tile's rows); below it, and for the
-// K-quant layout, the AVX-512 VNNI kernels.
+// Smallest m whose W4A8 runs on AMX tiles at the amx level (one tile's rows); below it the AVX-512 VNNI kernels.
 inline constexpr int64_t kInt4AmxMinM = 16;
 
-// Who runs the group form's W4A8 GEMMs at m >= kInt4AmxMinM at `isa`, in words (lattice doctor).
+// Who runs the W4A8 GEMMs at m >= kInt4AmxMinM at `isa`, in words (lattice doctor).
 std::string int4_prefill_kernel(IsaLevel isa);
 
 // Packs w for `isa`. Throws when the CPU cannot run `isa`, k > kInt4MaxK or the matrix is invalid. With
@@ -110,8 +109,8 @@ void dequantize_packed_int4(const PackedInt4& w, float* out);
 //     Q4_K:       acc = fma(float(I_g), D * s_g, acc); acc = fma(-(M * s_g), float(X_g), acc)
 //     Q6_K:       acc = fma(float(sc_a (I_a - 32 X_a) + sc_b (I_b - 32 X_b)), d * s_g, acc)
 // where a, b are the group's two 16-column sub-blocks (I, X their sums as above, the int32 sum exact).
-// Kernels: vector_level(w.isa)'s (int4_gemm_kernels.h); at the amx level the group form from kInt4AmxMinM rows on
-// AMX-INT8 tiles (int4_gemm_amx_avx512.cpp: the same int32 sums and float operations, so the same bits).
+// Kernels: vector_level(w.isa)'s (int4_gemm_kernels.h); at the amx level, from kInt4AmxMinM rows, AMX-INT8 tiles
+// (int4_gemm_amx_avx512.cpp: the same int32 sums and float operations, so the same bits).
 void gemm_w4a8(const float* x, int64_t m, int64_t k, const PackedInt4& w, float* y, ThreadPool& pool);
 
 // W4A16 (weight-only): y[r, c] = sum_k x[r, k] * w[c, k] computed per group as

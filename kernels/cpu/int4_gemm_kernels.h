@@ -74,6 +74,12 @@ void w4a8_kq_panels_scalar(const Int4Acts& a, int64_t m, const PackedInt4& w, in
                            int64_t ldy);
 void w4a8_kq_panels_avx512(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y,
                            int64_t ldy);
+// The K-quant layout on AMX-INT8 tiles (int4_gemm_amx_avx512.cpp; as w4a8_panels_amx): Q4_K panels a group of 32
+// a tile step, Q6_K panels two steps of 16 (its sub-blocks' own scales).
+void w4a8_kq_panels_amx(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y,
+                        int64_t ldy);
+void w4a8_kq_panels_amx_model(const Int4Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y,
+                              int64_t ldy);
 
 void w4a16_panels_scalar(const F32Acts& a, int64_t m, const PackedInt4& w, int64_t p0, int64_t p1, float* y,
                          int64_t ldy);

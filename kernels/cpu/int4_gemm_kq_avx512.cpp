@@ -20,6 +20,7 @@
 
 #include "kernels/common/byte_loads.h"
 #include "kernels/cpu/gemm_avx512.h"
+#include "kernels/cpu/int4_avx512.h"
 #include "kernels/cpu/int4_gemm_kernels.h"
 #include "kernels/cpu/row_blocks.h"
 
@@ -34,47 +35,6 @@ using avx512::dpbusd;
 using avx512::fma_acc;
 using avx512::load_f16x16;
 using avx512::tail_mask;
-
-inline __m128i load128(const uint8_t* p) {
-    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-}
-
-inline __m512 u8_to_ps(__m128i v) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
-}
-
-// A Q4_K super-block's d sc_g (D) and -(dmin mn_g) (Mn) for the 16 channels, g = 0..7.
-inline void q4k_scales(const uint8_t* sb, float (*D)[16], float (*Mn)[16]) {
-    const __m512 d = load_f16x16(sb + kKqQ4D), dmin = load_f16x16(sb + kKqQ4Dmin);
-    __m128i s[12];
-    for (int b = 0; b < 12; ++b) s[b] = load128(sb + kKqQ4Scales + 16 * b);
-    const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m48 = _mm_set1_epi8(48);
-    for (int g = 0; g < 8; ++g) {
-        __m128i sc, mn;
-        if (g < 4) {
-            sc = _mm_and_si128(s[g], m63);
-            mn = _mm_and_si128(s[g + 4], m63);
-        } else {  // top 2 bits: (byte >> 6) << 4 = (byte >> 2) & 48 (bits shifted in from the next byte masked)
-            sc = _mm_or_si128(_mm_and_si128(s[g + 4], m15), _mm_and_si128(_mm_srli_epi16(s[g - 4], 2), m48));
-            mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(s[g + 4], 4), m15),
-                              _mm_and_si128(_mm_srli_epi16(s[g], 2), m48));
-        }
-        _mm512_storeu_ps(D[g], _mm512_mul_ps(d, u8_to_ps(sc)));
-        // -(dmin mn): the negation is exact, and -(M) * s rounds as -(M * s).
-        _mm512_storeu_ps(Mn[g], _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, u8_to_ps(mn))));
-    }
-}
-
-// Prefill: the D / Mn tables of every super-block of NP panels, once per panel group (not per row block):
-// tab[((j * supers + sb) * 2 + {0: D, 1: Mn}) * 8 + g][16].
-inline void q4k_panel_tables(const PackedInt4& w, int64_t p, int np, float (*tab)[16]) {
-    const int64_t supers = w.k / 256;
-    for (int j = 0; j < np; ++j)
-        for (int64_t sbi = 0; sbi < supers; ++sbi) {
-            float(*t)[16] = tab + (j * supers + sbi) * 16;
-            q4k_scales(w.kq_block(p + j, sbi), t, t + 8);
-        }
-}
 
 // An MR x NP tile of accumulators (f32 or int32 lanes) set to zero.
 template <class V, int MR, int NP>
@@ -152,9 +112,8 @@ inline void q4k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t
                 const __m512 dg = _mm512_load_ps(t[g]), mg = _mm512_load_ps(t[8 + g]);
 #pragma GCC unroll 4
                 for (int r = 0; r < MR; ++r) {
-                    const __m512 s = _mm512_set1_ps(a.scales[(r0 + r) * a.ldsum + gi]);
-                    fma_acc(acc[r][j], _mm512_cvtepi32_ps(isum[r][j]), _mm512_mul_ps(dg, s));
-                    fma_acc(acc[r][j], _mm512_mul_ps(mg, s), _mm512_set1_ps(float(a.xsum[(r0 + r) * a.ldsum + gi])));
+                    const int64_t at = (r0 + r) * a.ldsum + gi;
+                    q4k_epilogue(acc[r][j], isum[r][j], dg, mg, a.scales[at], a.xsum[at]);
                 }
             }
         }
@@ -211,28 +170,13 @@ inline void q4k_gemv(const Int4Acts& a, const PackedInt4& w, int64_t p, float* y
                 mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(lo, 4), m15),
                                   _mm_and_si128(_mm_srli_epi16(load128(sc0 + 16 * g), 2), m48));
             }
-            const __m512 s = _mm512_set1_ps(a.scales[gi]);
             const __m512i isum =
                 _mm512_add_epi32(_mm512_add_epi32(s0, s2), _mm512_srai_epi32(_mm512_add_epi32(s1, s3), 4));
             const __m512 mneg = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, u8_to_ps(mn)));
-            fma_acc(acc, _mm512_cvtepi32_ps(isum), _mm512_mul_ps(_mm512_mul_ps(d, u8_to_ps(sc)), s));
-            fma_acc(acc, _mm512_mul_ps(mneg, s), _mm512_set1_ps(float(a.xsum[gi])));
+            q4k_epilogue(acc, isum, _mm512_mul_ps(d, u8_to_ps(sc)), mneg, a.scales[gi], a.xsum[gi]);
         }
     }
     _mm512_mask_storeu_ps(y + p * kInt8PanelN, tail_mask(p, w.n), acc);
-}
-
-// q (0..63) of chunk c's low (sub-block a) and high (sub-block b) elements: 4-bit parts | top bits << 4.
-struct Q6Pair {
-    __m512i lo, hi;
-};
-inline Q6Pair q6_chunk(__m512i v, __m512i hb) {
-    const __m512i m15 = _mm512_set1_epi8(0x0F), m48 = _mm512_set1_epi8(0x30);
-    const __m512i tlo = _mm512_and_si512(_mm512_slli_epi16(hb, 4), m48);
-    const __m512i thi = _mm512_and_si512(_mm512_slli_epi16(hb, 2), m48);
-    // (A & B) | C: vpternlogd 0xEA.
-    return {_mm512_ternarylogic_epi32(v, m15, tlo, 0xEA),
-            _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), m15, thi, 0xEA)};
 }
 
 // Decode (m = 1): the chunks joined in registers as they stream (no buffer to write and read back).
@@ -253,13 +197,7 @@ inline void q6k_gemv(const Int4Acts& a, const PackedInt4& w, int64_t p, float* y
                 dpbusd(ia, q.lo, _mm512_set1_epi32(load_i32(a.q + gi * 32 + c * 4)));
                 dpbusd(ib, q.hi, _mm512_set1_epi32(load_i32(a.q + gi * 32 + c * 4 + 16)));
             }
-            const __m512i sa = _mm512_cvtepi8_epi32(load128(sb + kKqQ6Scales + 16 * (2 * g)));
-            const __m512i sbv = _mm512_cvtepi8_epi32(load128(sb + kKqQ6Scales + 16 * (2 * g + 1)));
-            const int32_t xa = a.xsum16[gi], xb = a.xsum[gi] - xa;
-            const __m512i ta = _mm512_sub_epi32(ia, _mm512_set1_epi32(32 * xa));
-            const __m512i tb = _mm512_sub_epi32(ib, _mm512_set1_epi32(32 * xb));
-            const __m512i t = _mm512_add_epi32(_mm512_mullo_epi32(sa, ta), _mm512_mullo_epi32(sbv, tb));
-            fma_acc(acc, _mm512_cvtepi32_ps(t), _mm512_mul_ps(dv, _mm512_set1_ps(a.scales[gi])));
+            q6k_epilogue(acc, ia, ib, Q6Scales(sb, g, dv), a, gi);
         }
     }
     _mm512_mask_storeu_ps(y + p * kInt8PanelN, tail_mask(p, w.n), acc);
@@ -313,18 +251,9 @@ inline void q6k_tile(const Int4Acts& a, int64_t r0, const PackedInt4& w, int64_t
 #pragma GCC unroll 2
             for (int j = 0; j < NP; ++j) {
                 const uint8_t* sb = w.kq_block(p + j, sbi);
-                const __m512 dv = load_f16x16(sb + kKqQ6D);
-                const __m512i sa = _mm512_cvtepi8_epi32(load128(sb + kKqQ6Scales + 16 * (2 * g)));
-                const __m512i sbv = _mm512_cvtepi8_epi32(load128(sb + kKqQ6Scales + 16 * (2 * g + 1)));
+                const Q6Scales q(sb, g, load_f16x16(sb + kKqQ6D));
 #pragma GCC unroll 4
-                for (int r = 0; r < MR; ++r) {
-                    const int64_t at = (r0 + r) * a.ldsum + gi;
-                    const int32_t xa = a.xsum16[at], xb = a.xsum[at] - xa;
-                    const __m512i ta = _mm512_sub_epi32(ia[r][j], _mm512_set1_epi32(32 * xa));
-                    const __m512i tb = _mm512_sub_epi32(ib[r][j], _mm512_set1_epi32(32 * xb));
-                    const __m512i t = _mm512_add_epi32(_mm512_mullo_epi32(sa, ta), _mm512_mullo_epi32(sbv, tb));
-                    fma_acc(acc[r][j], _mm512_cvtepi32_ps(t), _mm512_mul_ps(dv, _mm512_set1_ps(a.scales[at])));
-                }
+                for (int r = 0; r < MR; ++r) q6k_epilogue(acc[r][j], ia[r][j], ib[r][j], q, a, (r0 + r) * a.ldsum + gi);
             }
         }
     }

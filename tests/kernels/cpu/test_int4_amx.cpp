@@ -29,7 +29,7 @@ using Kernel = void (*)(const int4_detail::Int4Acts&, int64_t, const PackedInt4&
 // to k_padded, the group sums; rows ldq = k_padded rounded up to 64 apart, garbage past k_padded (never read).
 struct Acts {
     std::vector<int8_t> q;
-    std::vector<int32_t> xsum;
+    std::vector<int32_t> xsum, xsum16;
     std::vector<float> scales;
     int4_detail::Int4Acts view;
 };
@@ -38,6 +38,7 @@ Acts prepare(const std::vector<float>& x, int64_t m, const PackedInt4& w) {
     const int64_t ldq = (w.k_padded + 63) / 64 * 64;
     a.q.assign(size_t(m * ldq), int8_t(0x5A));
     a.xsum.assign(size_t(m * w.groups), 0);
+    a.xsum16.assign(size_t(m * w.groups), 0);
     a.scales.assign(size_t(m * w.groups), 1.0f);
     for (int64_t r = 0; r < m; ++r) {
         int8_t* q = a.q.data() + r * ldq;
@@ -46,9 +47,13 @@ Acts prepare(const std::vector<float>& x, int64_t m, const PackedInt4& w) {
             if (len > 0) a.scales[size_t(r * w.groups + g)] = quantize_row_int8(x.data() + r * w.k + c0, len, q + c0);
         }
         std::memset(q + w.k, 0, size_t(w.k_padded - w.k));
-        for (int64_t i = 0; i < w.k_padded; ++i) a.xsum[size_t(r * w.groups + i / w.group)] += q[i];
+        for (int64_t i = 0; i < w.k_padded; ++i) {
+            a.xsum[size_t(r * w.groups + i / w.group)] += q[i];
+            if (i % w.group < 16) a.xsum16[size_t(r * w.groups + i / w.group)] += q[i];
+        }
     }
-    a.view = int4_detail::Int4Acts{a.q.data(), ldq, a.xsum.data(), w.groups, a.scales.data(), nullptr};
+    a.view = int4_detail::Int4Acts{
+        a.q.data(), ldq, a.xsum.data(), w.groups, a.scales.data(), w.kq ? a.xsum16.data() : nullptr};
     return a;
 }
 
@@ -71,6 +76,25 @@ const Shape kShapes[] = {{16, 16, 64, 32},   {17, 48, 96, 64},    {33, 37, 130, 
                          {64, 32, 5632, 32}, {18, 33, 200, 128},  {1, 16, 64, 64}};
 constexpr Int4Kind kKinds[] = {Int4Kind::kOffset8, Int4Kind::kZeroPoint, Int4Kind::kAffine};
 
+// The tile kernel over w and rows of x against the VNNI kernel and the scalar reference (bit for bit), whole and
+// split among "threads" with shares that start on odd panels.
+void check_against_vnni(Kernel tiles, Kernel vnni_kernel, Kernel scalar_kernel, const PackedInt4& w,
+                        const std::vector<float>& x, int64_t m) {
+    const Acts a = prepare(x, m, w);
+    const std::vector<int64_t> whole = {0, w.n_panels};
+    const std::vector<float> vnni = run(vnni_kernel, a, m, w, whole);
+    const std::vector<float> scalar = run(scalar_kernel, a, m, w, whole);
+    REQUIRE(std::memcmp(vnni.data(), scalar.data(), vnni.size() * sizeof(float)) == 0);
+    std::vector<int64_t> split = {0};
+    for (int64_t p = 1; p < w.n_panels; p += 2) split.push_back(p);
+    split.push_back(w.n_panels);
+    for (const auto& cuts : {whole, split}) {
+        CAPTURE(cuts.size());
+        const std::vector<float> got = run(tiles, a, m, w, cuts);
+        CHECK(std::memcmp(got.data(), vnni.data(), got.size() * sizeof(float)) == 0);
+    }
+}
+
 void check_shapes(Kernel tiles) {
     std::mt19937 rng(54);
     for (const Shape& s : kShapes)
@@ -82,19 +106,38 @@ void check_shapes(Kernel tiles) {
             CAPTURE(int(kind));
             const PackedInt4 w =
                 pack_int4_weights(random_int4(s.n, s.k, s.group, kind, rng).matrix(), IsaLevel::kAvx512Vnni);
-            const Acts a = prepare(random_f32(size_t(s.m * s.k), rng), s.m, w);
-            const std::vector<int64_t> whole = {0, w.n_panels};
-            const std::vector<float> vnni = run(&int4_detail::w4a8_panels_avx512, a, s.m, w, whole);
-            const std::vector<float> scalar = run(&int4_detail::w4a8_panels_scalar, a, s.m, w, whole);
-            REQUIRE(std::memcmp(vnni.data(), scalar.data(), vnni.size() * sizeof(float)) == 0);
-            std::vector<int64_t> split = {0};
-            for (int64_t p = 1; p < w.n_panels; p += 2) split.push_back(p);  // shares starting on odd panels
-            split.push_back(w.n_panels);
-            for (const auto& cuts : {whole, split}) {
-                CAPTURE(cuts.size());
-                const std::vector<float> got = run(tiles, a, s.m, w, cuts);
-                CHECK(std::memcmp(got.data(), vnni.data(), got.size() * sizeof(float)) == 0);
-            }
+            check_against_vnni(tiles, &int4_detail::w4a8_panels_avx512, &int4_detail::w4a8_panels_scalar, w,
+                               random_f32(size_t(s.m * s.k), rng), s.m);
+        }
+}
+
+// GGUF K-quant parts [rows of a type] of k columns, packed in the K-quant layout for avx512.
+PackedInt4 kquant_weights(int64_t k, const std::vector<std::pair<DType, int64_t>>& parts, std::mt19937& rng) {
+    int64_t n = 0;
+    for (const auto& [t, rows] : parts) n += rows;
+    Int4Weights w(n, k, 32, Int4Kind::kAffine);  // the group form's nibbles: unread by the K-quant layout
+    for (const auto& [t, rows] : parts) w.kq.push_back(Int4KQuantPart{t, rows, k_tensor_bytes(t, rows, k, rng)});
+    PackedInt4 p = pack_int4_weights(w.matrix(), IsaLevel::kAvx512Vnni, true);
+    REQUIRE(p.kq);
+    return p;
+}
+
+// The K-quant layout: Q4_K panels (a group a tile step) and Q6_K panels (two steps of 16) in runs of one type, a
+// run of one panel, a part of fewer than 16 rows last; row tails; k of 1 to 4 super-blocks.
+void check_kquant(Kernel tiles) {
+    std::mt19937 rng(55);
+    const std::vector<std::pair<DType, int64_t>> mixes[] = {
+        {{DType::kQ4_K, 32}, {DType::kQ6_K, 16}, {DType::kQ4_K, 8}},
+        {{DType::kQ6_K, 48}, {DType::kQ4_K, 16}, {DType::kQ6_K, 5}}};
+    const Shape shapes[] = {{16, 0, 256, 32}, {33, 0, 512, 32}, {5, 0, 256, 32}, {47, 0, 1024, 32}};
+    for (const auto& mix : mixes)
+        for (const Shape& s : shapes) {
+            CAPTURE(s.m);
+            CAPTURE(s.k);
+            CAPTURE(mix.size());
+            const PackedInt4 w = kquant_weights(s.k, mix, rng);
+            check_against_vnni(tiles, &int4_detail::w4a8_kq_panels_avx512, &int4_detail::w4a8_kq_panels_scalar, w,
+                               random_f32(size_t(s.m * s.k), rng), s.m);
         }
 }
 
@@ -109,6 +152,11 @@ bool avx512_here() {
 TEST_CASE("int4 AMX tiles [amxmodel]: on the tile model, W4A8 outputs equal the VNNI kernel's bit for bit") {
     if (!avx512_here()) LATTICE_SKIP("the avx512 level is not run here (no AVX-512 VNNI, or LATTICE_ISA caps it)");
     check_shapes(&int4_detail::w4a8_panels_amx_model);
+}
+
+TEST_CASE("int4 AMX tiles [amxmodel]: on the tile model, W4A8 on the K-quant layout equals the VNNI kernel's bits") {
+    if (!avx512_here()) LATTICE_SKIP("the avx512 level is not run here (no AVX-512 VNNI, or LATTICE_ISA caps it)");
+    check_kquant(&int4_detail::w4a8_kq_panels_amx_model);
 }
 
 TEST_CASE("int4 AMX tiles [amxmodel]: the tile model takes 32-byte A rows against 8-row B, and tdpbsud's signs") {
@@ -144,6 +192,7 @@ TEST_CASE("int4 AMX tiles [amx]: the instructions equal the VNNI kernel; the amx
     const std::vector<IsaLevel> levels = supported_isas();
     if (levels.back() != IsaLevel::kAmx) LATTICE_SKIP("the amx level is not run here (LATTICE_ISA caps it)");
     check_shapes(&int4_detail::w4a8_panels_amx);
+    check_kquant(&int4_detail::w4a8_kq_panels_amx);
     // Through the front: weights packed for amx run the tiles at m >= 16 and the VNNI kernel below; the floats equal
     // those of weights packed for avx512 (an act-order permutation included).
     std::mt19937 rng(8);

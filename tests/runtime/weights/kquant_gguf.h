@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "tests/kernels/common/int4_test_util.h"
 #include "tests/runtime/weights/gguf_builder.h"
 
 namespace lattice::test {
@@ -24,20 +25,6 @@ struct KTypes {
 };
 
 inline constexpr int64_t kKH = 256, kKF = 256, kKV = 16, kKHeadDim = 128;
-
-// Blocks of a [rows, cols] tensor of type t: random bytes, then d (and dmin) set to sane f16 values.
-inline std::vector<uint8_t> k_tensor_bytes(DType t, int64_t rows, int64_t cols, std::mt19937& rng) {
-    const int64_t bb = dtype_block_bytes(t);
-    std::vector<uint8_t> v(size_t(rows * cols / dtype_block_elems(t) * bb));
-    for (auto& x : v) x = uint8_t(rng());
-    for (size_t o = 0; o < v.size(); o += size_t(bb)) {
-        const float scale = t == DType::kQ6_K ? 1e-5f : t == DType::kQ5_K ? 5e-5f : 1e-4f;
-        const uint16_t d = f32_to_f16(scale * float(1 + rng() % 20)), dmin = f32_to_f16(scale * float(rng() % 20));
-        std::memcpy(&v[o + (t == DType::kQ6_K ? 208 : 0)], &d, 2);
-        if (t == DType::kQ4_K || t == DType::kQ5_K) std::memcpy(&v[o + 2], &dmin, 2);
-    }
-    return v;
-}
 
 inline uint32_t k_ggml_type_of(DType t) {
     switch (t) {
