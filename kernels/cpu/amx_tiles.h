@@ -23,6 +23,7 @@
 // a_bytes, B then a_bytes / 4 rows); a row tail configures A and C with its own row count.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -212,5 +213,91 @@ private:
             }
     }
 };
+
+// ---- What both tile kernels do with a block and with the rows, for tiles T (AmxTiles or TileModel) ----
+
+// Rows of A per chunk: about 1 MiB, so a chunk stays in L2 while a thread's panel pairs pass over it.
+inline constexpr int64_t kChunkBytes = int64_t(1) << 20;
+
+// The block's NR x NC C tiles (each 1 or 2) set to zero.
+template <class T, int NR, int NC>
+inline void zero_block() {
+    T::template zero_c<0, 0>();
+    if constexpr (NC == 2) T::template zero_c<0, 1>();
+    if constexpr (NR == 2) T::template zero_c<1, 0>();
+    if constexpr (NR == 2 && NC == 2) T::template zero_c<1, 1>();
+}
+
+// One k step of the block: A's row tiles from a (rows lda bytes apart; the second tile 16 rows on), B of panel c
+// from b[c]; tdpbusd (A unsigned, B signed) or, with kSignedA, tdpbsud (A signed, B unsigned).
+template <class T, int NR, int NC, bool kSignedA>
+inline void step_block(const void* a, int64_t lda, const void* const* b) {
+    T::template load_a<0>(a, lda);
+    if constexpr (NR == 2) T::template load_a<1>(static_cast<const uint8_t*>(a) + kTileRows * lda, lda);
+    T::template load_b<0>(b[0]);
+    if constexpr (NC == 2) T::template load_b<1>(b[1]);
+    auto dot = []<int R, int C>() {
+        if constexpr (kSignedA)
+            T::template dot_su<R, C>();
+        else
+            T::template dot<R, C>();
+    };
+    dot.template operator()<0, 0>();
+    if constexpr (NC == 2) dot.template operator()<0, 1>();
+    if constexpr (NR == 2) dot.template operator()<1, 0>();
+    if constexpr (NR == 2 && NC == 2) dot.template operator()<1, 1>();
+}
+
+// The block's C tiles to c: int32 rows ldc bytes apart, tile (r, c) at row 16 r, column 16 c.
+template <class T, int NR, int NC>
+inline void store_block(int32_t* c, int64_t ldc) {
+    const int64_t row = ldc / int64_t(sizeof(int32_t));
+    T::template store_c<0, 0>(c, ldc);
+    if constexpr (NC == 2) T::template store_c<0, 1>(c + kTileBytes / 4, ldc);
+    if constexpr (NR == 2) T::template store_c<1, 0>(c + kTileRows * row, ldc);
+    if constexpr (NR == 2 && NC == 2) T::template store_c<1, 1>(c + kTileRows * row + kTileBytes / 4, ldc);
+}
+
+// Rows [0, m) of A (rows lda bytes apart) in tiles: the full 16-row tiles under config(16), in chunks of about
+// kChunkBytes (a multiple of 32 rows), then the rows past the last 16 under config(that many); rows(r0, r1,
+// tile_rows) runs each range. The tiles are released at the end.
+template <class T, class Config, class Rows>
+inline void row_chunks(int64_t m, int64_t lda, Config config, Rows rows) {
+    const int64_t full_rows = m / kTileRows * kTileRows;
+    const int64_t chunk = std::max<int64_t>(2 * kTileRows, kChunkBytes / lda / (2 * kTileRows) * (2 * kTileRows));
+    if (full_rows > 0) {
+        T::configure(config(kTileRows));
+        for (int64_t r = 0; r < full_rows; r += chunk) rows(r, std::min(full_rows, r + chunk), kTileRows);
+    }
+    if (m > full_rows) {
+        const int tail = int(m - full_rows);
+        T::configure(config(tail));
+        rows(full_rows, m, tail);
+    }
+    T::release();
+}
+
+// Rows [r0, r1) (whole 16-row tiles when tile_rows == 16, else one tail of that many rows) x the panel pairs of
+// [p0, p1): setup(p, nc) once per pair (nc = 2, or 1 for a last odd panel), then block.template operator()<NR,
+// NC>(r, p) for each block of NR row tiles (2 while 32 rows remain).
+template <class Setup, class Block>
+inline void panel_blocks(int64_t r0, int64_t r1, int tile_rows, int64_t p0, int64_t p1, Setup setup, Block block) {
+    for (int64_t p = p0; p < p1; p += 2) {
+        const int nc = p + 1 < p1 ? 2 : 1;
+        setup(p, nc);
+        for (int64_t r = r0; r < r1;) {
+            const bool two = tile_rows == kTileRows && r + 2 * kTileRows <= r1;
+            if (two && nc == 2)
+                block.template operator()<2, 2>(r, p);
+            else if (two)
+                block.template operator()<2, 1>(r, p);
+            else if (nc == 2)
+                block.template operator()<1, 2>(r, p);
+            else
+                block.template operator()<1, 1>(r, p);
+            r += two ? 2 * kTileRows : kTileRows;
+        }
+    }
+}
 
 }  // namespace lattice::amx

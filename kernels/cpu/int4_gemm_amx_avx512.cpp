@@ -36,8 +36,6 @@ namespace {
 using amx::kTileBytes;
 using amx::kTileRows;
 
-constexpr int64_t kChunkBytes = int64_t(1) << 20;
-
 // Chunk c of a 32-column group: its low nibbles (or Q6_K's sub-block a) are k-group 8 gi + c of the 16 channels,
 // its high ones k-group 8 gi + 4 + c (gi: the group's index in 32 columns); as B rows at out + 64 q for k-group q.
 inline void store_b_rows(uint8_t* out, int64_t gi, int c, __m512i lo, __m512i hi) {
@@ -154,25 +152,13 @@ void block(const F& f, const Int4Acts& a, int64_t r0, int rows, uint8_t* const* 
         for (int pc = 0; pc < NC; ++pc) _mm512_store_ps(&acc[r][pc * kInt8PanelN], _mm512_setzero_ps());
     for (int64_t g = 0; g < groups; ++g) {
         for (int sp = 0; sp < S; ++sp) {
-            T::template zero_c<0, 0>();
-            if constexpr (NC == 2) T::template zero_c<0, 1>();
-            if constexpr (NR == 2) T::template zero_c<1, 0>();
-            if constexpr (NR == 2 && NC == 2) T::template zero_c<1, 1>();
+            amx::zero_block<T, NR, NC>();
             for (int64_t st = 0; st < steps; ++st) {
                 const int64_t k0 = g * G + (sp * steps + st) * kb;
-                T::template load_a<0>(ar + k0, a.ldq);
-                if constexpr (NR == 2) T::template load_a<1>(ar + kTileRows * a.ldq + k0, a.ldq);
-                T::template load_b<0>(ub[0] + k0 / 4 * kTileBytes);
-                if constexpr (NC == 2) T::template load_b<1>(ub[1] + k0 / 4 * kTileBytes);
-                T::template dot_su<0, 0>();
-                if constexpr (NC == 2) T::template dot_su<0, 1>();
-                if constexpr (NR == 2) T::template dot_su<1, 0>();
-                if constexpr (NR == 2 && NC == 2) T::template dot_su<1, 1>();
+                const void* b[2] = {ub[0] + k0 / 4 * kTileBytes, ub[1] + k0 / 4 * kTileBytes};
+                amx::step_block<T, NR, NC, true>(ar + k0, a.ldq, b);
             }
-            T::template store_c<0, 0>(&c[sp][0][0], ldc);
-            if constexpr (NC == 2) T::template store_c<0, 1>(&c[sp][0][kInt8PanelN], ldc);
-            if constexpr (NR == 2) T::template store_c<1, 0>(&c[sp][kTileRows][0], ldc);
-            if constexpr (NR == 2 && NC == 2) T::template store_c<1, 1>(&c[sp][kTileRows][kInt8PanelN], ldc);
+            amx::store_block<T, NR, NC>(&c[sp][0][0], ldc);
         }
         for (int pc = 0; pc < NC; ++pc) {
             const typename F::Params q = f.params(p + pc, g);
@@ -194,48 +180,20 @@ void block(const F& f, const Int4Acts& a, int64_t r0, int rows, uint8_t* const* 
     }
 }
 
-// Rows [r0, r1) x panels [p0, p1): whole 16-row tiles (rows == 16), or one tail of r1 - r0 = rows < 16.
-template <class T, class F>
-void rows_over_panels(F& f, const Int4Acts& a, int64_t r0, int64_t r1, int rows, int64_t p0, int64_t p1,
-                      uint8_t* const* ub, float* y, int64_t ldy) {
-    for (int64_t p = p0; p < p1; p += 2) {
-        const int nc = p + 1 < p1 ? 2 : 1;
-        f.setup(p, nc, ub);
-        for (int64_t r = r0; r < r1;) {
-            const bool two = rows == kTileRows && r + 2 * kTileRows <= r1;
-            if (two && nc == 2)
-                block<T, F, 2, 2>(f, a, r, rows, ub, p, y, ldy);
-            else if (two)
-                block<T, F, 2, 1>(f, a, r, rows, ub, p, y, ldy);
-            else if (nc == 2)
-                block<T, F, 1, 2>(f, a, r, rows, ub, p, y, ldy);
-            else
-                block<T, F, 1, 1>(f, a, r, rows, ub, p, y, ldy);
-            r += two ? 2 * kTileRows : kTileRows;
-        }
-    }
-}
-
-// All m rows x panels [p0, p1) of one form: rows in chunks of about kChunkBytes of activations.
+// All m rows x panels [p0, p1) of one form: rows in chunks of about amx::kChunkBytes of activations.
 template <class T, class F>
 void tiles(F& f, const Int4Acts& a, int64_t m, int64_t p0, int64_t p1, float* y, int64_t ldy) {
     thread_local std::vector<uint8_t, AlignedAllocator64<uint8_t>> buf;
     const size_t panel_bytes = size_t(f.w.k_padded * kInt8PanelN);
     if (buf.size() < 2 * panel_bytes) buf.resize(2 * panel_bytes);
     uint8_t* const ub[2] = {buf.data(), buf.data() + panel_bytes};
-    const int64_t full_rows = m / kTileRows * kTileRows;
-    const int64_t chunk = std::max<int64_t>(2 * kTileRows, kChunkBytes / a.ldq / (2 * kTileRows) * (2 * kTileRows));
-    if (full_rows > 0) {
-        T::configure(amx::gemm_config(kTileRows, f.step_bytes()));
-        for (int64_t r = 0; r < full_rows; r += chunk)
-            rows_over_panels<T>(f, a, r, std::min(full_rows, r + chunk), kTileRows, p0, p1, ub, y, ldy);
-    }
-    if (m > full_rows) {
-        const int rows = int(m - full_rows);
-        T::configure(amx::gemm_config(rows, f.step_bytes()));
-        rows_over_panels<T>(f, a, full_rows, m, rows, p0, p1, ub, y, ldy);
-    }
-    T::release();
+    amx::row_chunks<T>(
+        m, a.ldq, [&](int rows) { return amx::gemm_config(rows, f.step_bytes()); },
+        [&](int64_t r0, int64_t r1, int rows) {
+            amx::panel_blocks(
+                r0, r1, rows, p0, p1, [&](int64_t p, int nc) { f.setup(p, nc, ub); },
+                [&]<int NR, int NC>(int64_t r, int64_t p) { block<T, F, NR, NC>(f, a, r, rows, ub, p, y, ldy); });
+        });
 }
 
 template <class T>

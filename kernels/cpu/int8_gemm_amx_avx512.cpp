@@ -7,7 +7,7 @@
 //   panel's last k-groups (the A row's bytes past k_padded meet zeros there); so any k works.
 // - m: full 16-row tiles under one configuration, then the rows past the last 16 under a second one whose A and C
 //   tiles have that many rows.
-// - Rows in chunks of about 1 MiB of A (kChunkBytes) so a chunk stays in L2 while every panel pair of the thread's
+// - Rows in chunks of about 1 MiB of A (amx::kChunkBytes) so a chunk stays in L2 while every panel pair of the thread's
 //   share passes over it; the pair's B (2 x 64 KiB at k = 4096) stays in L2 across the chunk's row blocks.
 // Compiled with the AVX-512 flags (the epilogue's row store is the VNNI kernel's, gemm_avx512.h); AMX implies them.
 // Never run on AMX hardware by its author (no machine with AMX was at hand); its indexing, shapes and tails are
@@ -31,7 +31,6 @@ namespace {
 using amx::kTileBytes;
 using amx::kTileRows;
 
-constexpr int64_t kChunkBytes = int64_t(1) << 20;
 // One B tile in a panel: 16 k-groups of 64 bytes (64 k), 1 KiB.
 constexpr int64_t kTileB = kTileRows * kTileBytes;
 static_assert(kTileBytes == kInt8PanelN * kInt8GroupK, "a panel's k-group is one B tile row");
@@ -47,29 +46,17 @@ template <class T, int NR, int NC>
 void block(const uint8_t* a, int64_t lda, int64_t r0, int rows, const Panels& pn, const PackedInt8& w, int64_t p,
            const Int8Epilogue& ep) {
     const uint8_t* ar = a + r0 * lda;
-    auto step = [&](int64_t kb, const int8_t* b0, const int8_t* b1) {
-        T::template load_a<0>(ar + kb * kTileBytes, lda);
-        if constexpr (NR == 2) T::template load_a<1>(ar + kTileRows * lda + kb * kTileBytes, lda);
-        T::template load_b<0>(b0);
-        if constexpr (NC == 2) T::template load_b<1>(b1);
-        T::template dot<0, 0>();
-        if constexpr (NC == 2) T::template dot<0, 1>();
-        if constexpr (NR == 2) T::template dot<1, 0>();
-        if constexpr (NR == 2 && NC == 2) T::template dot<1, 1>();
-    };
-    T::template zero_c<0, 0>();
-    if constexpr (NC == 2) T::template zero_c<0, 1>();
-    if constexpr (NR == 2) T::template zero_c<1, 0>();
-    if constexpr (NR == 2 && NC == 2) T::template zero_c<1, 1>();
-    for (int64_t kb = 0; kb < pn.full_blocks; ++kb)
-        step(kb, pn.b[0] + kb * kTileB, NC == 2 ? pn.b[1] + kb * kTileB : nullptr);
-    if (pn.tail[0]) step(pn.full_blocks, pn.tail[0], pn.tail[1]);
+    amx::zero_block<T, NR, NC>();
+    for (int64_t kb = 0; kb < pn.full_blocks; ++kb) {
+        const void* b[2] = {pn.b[0] + kb * kTileB, NC == 2 ? pn.b[1] + kb * kTileB : nullptr};
+        amx::step_block<T, NR, NC, false>(ar + kb * kTileBytes, lda, b);
+    }
+    if (pn.tail[0]) {
+        const void* b[2] = {pn.tail[0], pn.tail[1]};
+        amx::step_block<T, NR, NC, false>(ar + pn.full_blocks * kTileBytes, lda, b);
+    }
     alignas(64) int32_t c[2 * kTileRows][2 * kInt8PanelN];
-    constexpr int64_t ldc = int64_t(sizeof c[0]);
-    T::template store_c<0, 0>(&c[0][0], ldc);
-    if constexpr (NC == 2) T::template store_c<0, 1>(&c[0][kInt8PanelN], ldc);
-    if constexpr (NR == 2) T::template store_c<1, 0>(&c[kTileRows][0], ldc);
-    if constexpr (NR == 2 && NC == 2) T::template store_c<1, 1>(&c[kTileRows][kInt8PanelN], ldc);
+    amx::store_block<T, NR, NC>(&c[0][0], int64_t(sizeof c[0]));
     for (int pc = 0; pc < NC; ++pc) {
         const __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512(w.col_sums.data() + (p + pc) * kInt8PanelN), 7);
         for (int r = 0; r < NR * rows; ++r)
@@ -78,54 +65,31 @@ void block(const uint8_t* a, int64_t lda, int64_t r0, int rows, const Panels& pn
     }
 }
 
-// Rows [r0, r1) x the thread's panels [p0, p1): whole 16-row tiles (rows == 16), or one tail of r1 - r0 = rows < 16.
 template <class T>
-void rows_over_panels(const uint8_t* a, int64_t lda, int64_t r0, int64_t r1, int rows, const PackedInt8& w, int64_t p0,
-                      int64_t p1, const Int8Epilogue& ep) {
+void s8_panels_tiles(const void* a_in, int64_t m, int64_t lda, const PackedInt8& w, int64_t p0, int64_t p1,
+                     const Int8Epilogue& ep) {
+    const uint8_t* a = static_cast<const uint8_t*>(a_in);
     const int64_t full = w.k_padded / kTileBytes;
     const int64_t tail_bytes = (w.k_padded % kTileBytes) * kInt8PanelN;  // the panel's last k-groups
     alignas(64) int8_t tails[2][kTileB];
-    for (int64_t p = p0; p < p1; p += 2) {
-        const int nc = p + 1 < p1 ? 2 : 1;
-        Panels pn{{w.panel(p), nc == 2 ? w.panel(p + 1) : nullptr}, {nullptr, nullptr}, full};
+    Panels pn;
+    // Per panel pair: its starts, and a zero-padded copy of its last k-groups when k_padded % 64.
+    auto setup = [&](int64_t p, int nc) {
+        pn = Panels{{w.panel(p), nc == 2 ? w.panel(p + 1) : nullptr}, {nullptr, nullptr}, full};
         if (tail_bytes)
             for (int c = 0; c < nc; ++c) {
                 std::memset(tails[c], 0, sizeof tails[c]);
                 std::memcpy(tails[c], pn.b[c] + full * kTileB, size_t(tail_bytes));
                 pn.tail[c] = tails[c];
             }
-        for (int64_t r = r0; r < r1;) {
-            const bool two = rows == kTileRows && r + 2 * kTileRows <= r1;
-            if (two && nc == 2)
-                block<T, 2, 2>(a, lda, r, rows, pn, w, p, ep);
-            else if (two)
-                block<T, 2, 1>(a, lda, r, rows, pn, w, p, ep);
-            else if (nc == 2)
-                block<T, 1, 2>(a, lda, r, rows, pn, w, p, ep);
-            else
-                block<T, 1, 1>(a, lda, r, rows, pn, w, p, ep);
-            r += two ? 2 * kTileRows : kTileRows;
-        }
-    }
-}
-
-template <class T>
-void s8_panels_tiles(const void* a_in, int64_t m, int64_t lda, const PackedInt8& w, int64_t p0, int64_t p1,
-                     const Int8Epilogue& ep) {
-    const uint8_t* a = static_cast<const uint8_t*>(a_in);
-    const int64_t full_rows = m / kTileRows * kTileRows;
-    const int64_t chunk = std::max<int64_t>(2 * kTileRows, kChunkBytes / lda / (2 * kTileRows) * (2 * kTileRows));
-    if (full_rows > 0) {
-        T::configure(amx::gemm_config(kTileRows));
-        for (int64_t r = 0; r < full_rows; r += chunk)
-            rows_over_panels<T>(a, lda, r, std::min(full_rows, r + chunk), kTileRows, w, p0, p1, ep);
-    }
-    if (m > full_rows) {
-        const int rows = int(m - full_rows);
-        T::configure(amx::gemm_config(rows));
-        rows_over_panels<T>(a, lda, full_rows, m, rows, w, p0, p1, ep);
-    }
-    T::release();
+    };
+    amx::row_chunks<T>(
+        m, lda, [](int rows) { return amx::gemm_config(rows); },
+        [&](int64_t r0, int64_t r1, int rows) {
+            amx::panel_blocks(r0, r1, rows, p0, p1, setup, [&]<int NR, int NC>(int64_t r, int64_t p) {
+                block<T, NR, NC>(a, lda, r, rows, pn, w, p, ep);
+            });
+        });
 }
 
 }  // namespace
