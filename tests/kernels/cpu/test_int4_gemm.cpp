@@ -23,6 +23,10 @@
 #include "tests/kernels/common/int4_test_util.h"
 #include "tests/kernels/cpu/int8_test_util.h"
 
+// The file's own namespace: its test compiles as unity files (tests/CMakeLists.txt), whose files'
+// local names must not meet.
+namespace test_int4_gemm {
+
 using namespace lattice;
 using namespace lattice::test;
 
@@ -407,3 +411,5 @@ TEST_CASE("int4: an act-order permutation gathers the activations: equal to the 
         }
     }
 }
+
+}  // namespace test_int4_gemm

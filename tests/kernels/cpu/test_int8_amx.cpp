@@ -16,6 +16,10 @@
 #include "tests/kernels/cpu/int8_test_util.h"
 #include "tests/test_skip.h"
 
+// The file's own namespace: its test compiles as unity files (tests/CMakeLists.txt), whose files'
+// local names must not meet.
+namespace test_int8_amx {
+
 using namespace lattice;
 using namespace lattice::test;
 
@@ -187,3 +191,5 @@ TEST_CASE("int8 AMX tiles [amx]: the instructions equal the VNNI kernel; the amx
         CHECK(std::memcmp(y_tiles.data(), y_vnni.data(), y_tiles.size() * sizeof(float)) == 0);
     }
 }
+
+}  // namespace test_int8_amx

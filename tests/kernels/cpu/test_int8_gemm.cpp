@@ -11,6 +11,10 @@
 #include "kernels/common/quantize.h"
 #include "base/error.h"
 
+// The file's own namespace: its test compiles as unity files (tests/CMakeLists.txt), whose files'
+// local names must not meet.
+namespace test_int8_gemm {
+
 using namespace lattice;
 using namespace lattice::test;
 
@@ -250,3 +254,5 @@ TEST_CASE("errors: bad shapes and mismatches throw; m = 0 writes nothing") {
     gemm_w8a8(x.data(), 0, 5, w, sw.data(), y0.data(), pool);
     CHECK(y0[0] == -7.0f);
 }
+
+}  // namespace test_int8_gemm

@@ -10,6 +10,10 @@
 #include "kernels/cuda/kernels.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
 
+// The file's own namespace: its test compiles as unity files (tests/CMakeLists.txt), whose files'
+// local names must not meet.
+namespace test_cuda_rows {
+
 using namespace lattice;
 using namespace lattice::test;
 
@@ -95,3 +99,5 @@ TEST_CASE("cuda gather_rows and scatter_add_rows: an expert's rows out and its w
         CHECK(std::all_of(d.begin(), d.end(), [](float x) { return x == 0.25f; }));
     }
 }
+
+}  // namespace test_cuda_rows

@@ -22,6 +22,10 @@
 #include "tests/runtime/model/quant_test_util.h"
 #include "tests/runtime/weights/q4_gguf.h"
 
+// The file's own namespace: its test compiles as unity files (tests/CMakeLists.txt), whose files'
+// local names must not meet.
+namespace test_convert_int4 {
+
 using namespace lattice;
 using namespace lattice::testing;
 
@@ -228,3 +232,5 @@ TEST_CASE("a damaged 4-bit tensor is refused naming it") {
         CHECK(contains(e, "converted with --quant w4a8"));
     }
 }
+
+}  // namespace test_convert_int4

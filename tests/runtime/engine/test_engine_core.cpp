@@ -11,6 +11,10 @@
 #include "runtime/engine/engine_core.h"
 #include "tests/runtime/engine/fake_comm.h"
 
+// The file's own namespace: its test compiles as unity files (tests/CMakeLists.txt), whose files'
+// local names must not meet.
+namespace test_engine_core {
+
 using namespace lattice;
 using namespace lattice::testing;
 
@@ -145,3 +149,5 @@ TEST_CASE("engine core: plans from outside the scheduler come back in order") {
     CHECK(core.has_room());
     CHECK_THROWS_AS(core.take_oldest(), Error);
 }
+
+}  // namespace test_engine_core

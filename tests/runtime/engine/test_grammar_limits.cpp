@@ -17,6 +17,10 @@
 #include "runtime/engine/grammar.h"
 #include "runtime/tokenizer/tokenizer.h"
 
+// The file's own namespace: its test compiles as unity files (tests/CMakeLists.txt), whose files'
+// local names must not meet.
+namespace test_grammar_limits {
+
 using namespace lattice;
 using json = nlohmann::json;
 
@@ -299,3 +303,5 @@ TEST_CASE("grammar limits: min_remaining_tokens and fill_mask_within on a 128k b
     MESSAGE("128k vocabulary inside a string: fill_mask " << plain << " ms, fill_mask_within 200 left " << far
                                                           << " ms, 6 left " << near << " ms (warm)");
 }
+
+}  // namespace test_grammar_limits

@@ -17,6 +17,10 @@
 #include "runtime/tokenizer/tokenizer.h"
 #include "tests/runtime/engine/grammar_test_util.h"
 
+// The file's own namespace: its test compiles as unity files (tests/CMakeLists.txt), whose files'
+// local names must not meet.
+namespace test_grammar_walks {
+
 using namespace lattice;
 using namespace lattice::grammar_test;  // its json is nlohmann::json
 
@@ -193,3 +197,5 @@ TEST_CASE("grammar: a pydantic model_json_schema and an OpenAI strict schema com
         }
     }
 }
+
+}  // namespace test_grammar_walks

@@ -18,6 +18,10 @@
 #include "runtime/engine/grammar_worker.h"
 #include "tests/runtime/engine/fake_comm.h"
 
+// The file's own namespace: its test compiles as unity files (tests/CMakeLists.txt), whose files'
+// local names must not meet.
+namespace test_grammar_worker {
+
 using namespace lattice;
 using namespace lattice::testing;
 
@@ -227,3 +231,5 @@ TEST_CASE("grammar worker: the mask handed over is the matcher's; replaced or fo
     w.forget(7);
     CHECK(w.ready(7, 5, MaskWorker::Clock::now()));  // none left: take() computes it without waiting
 }
+
+}  // namespace test_grammar_worker

@@ -24,6 +24,10 @@
 #include "tests/test_build.h"
 #include "tests/runtime/model/golden.h"
 
+// The file's own namespace: its test compiles as unity files (tests/CMakeLists.txt), whose files'
+// local names must not meet.
+namespace test_speculative {
+
 using namespace lattice;
 using namespace lattice::testing;
 
@@ -253,3 +257,5 @@ TEST_CASE("speculative decoding with a draft model: the target's greedy tokens; 
     CHECK_THROWS_WITH_AS(build(o, ModelSpec{golden_dir("tiny-llama2")}), doctest::Contains("needs speculative tokens"),
                          Error);
 }
+
+}  // namespace test_speculative

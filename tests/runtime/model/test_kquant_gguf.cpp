@@ -24,6 +24,10 @@
 #include "tests/runtime/weights/kquant_gguf.h"
 #include "tests/runtime/weights/q4_gguf.h"
 
+// The file's own namespace: its test compiles as unity files (tests/CMakeLists.txt), whose files'
+// local names must not meet.
+namespace test_kquant_gguf {
+
 using namespace lattice;
 using namespace lattice::testing;
 
@@ -259,3 +263,5 @@ TEST_CASE("K-quant GGUF: resident bytes and the planner count what a loaded W4A8
     const double planned = estimate_memory(r, 1, 1).weights;
     CHECK(group - planned == doctest::Approx((q4_rows + q6_rows) * H * (20.0 / 32 - ratio)));
 }
+
+}  // namespace test_kquant_gguf

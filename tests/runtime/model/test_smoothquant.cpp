@@ -4,20 +4,20 @@
 // identity under --quant none on every golden model, and on a golden model with a planted outlier
 // channel smoothing reduces the W8A8 logits error.
 #include <doctest/doctest.h>
-
-#include <algorithm>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <string>
 
 #include "runtime/backend/cpu/cpu_backend.h"
 #include "runtime/model/model.h"
-#include "runtime/weights/safetensors.h"
 #include "runtime/model/smoothquant.h"
-#include "tests/runtime/model/quant_test_util.h"
+#include "runtime/weights/safetensors.h"
 #include "tests/runtime/model/golden.h"
+#include "tests/runtime/model/quant_test_util.h"
+#include "tests/test_error.h"
 
 using namespace lattice;
 using namespace lattice::testing;
@@ -46,15 +46,6 @@ SmoothFactors calibrate_to(const TensorSource& src, const std::vector<int32_t>& 
     SmoothFactors f = compute_smooth_factors(src, st, alpha);
     write_smooth_factors(path, f);
     return f;
-}
-
-std::string error_of(const std::function<void()>& fn) {
-    try {
-        fn();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "(no error)";
 }
 
 }  // namespace

@@ -16,6 +16,10 @@
 #include "runtime/tokenizer/pretokenize.h"
 #include "runtime/tokenizer/tokenizer.h"
 
+// The file's own namespace: its test compiles as unity files (tests/CMakeLists.txt), whose files'
+// local names must not meet.
+namespace test_tokenizer_parts {
+
 using namespace lattice;
 
 namespace {
@@ -307,3 +311,5 @@ TEST_CASE("model directory: tokenizer.json + tokenizer_config.json (BOS/EOS, cha
     CHECK(t2->encode(t2->chat_template().render({{"user", "Hi"}}, true), false, true)[0] == 1);
     fs::remove_all(dir);
 }
+
+}  // namespace test_tokenizer_parts

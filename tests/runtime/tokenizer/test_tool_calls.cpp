@@ -10,6 +10,10 @@
 #include "runtime/tokenizer/tool_calls.h"
 #include "tests/test_paths.h"
 
+// The file's own namespace: its test compiles as unity files (tests/CMakeLists.txt), whose files'
+// local names must not meet.
+namespace test_tool_calls {
+
 using namespace lattice;
 using nlohmann::json;
 
@@ -119,3 +123,5 @@ TEST_CASE("a forced call: the schema of the call object per format, its suffix, 
     REQUIRE(r.calls.size() == 1);
     CHECK(r.calls[0].name == "get_time");
 }
+
+}  // namespace test_tool_calls

@@ -1,19 +1,6 @@
 // Bad checkpoints, configs and prompts: each is rejected with an Error whose message names the
 // culprit (file, tensor, field or token); nothing crashes. The executable-level table of hostile
 // inputs is tests/launch/test_bad_input.py; this file checks the library below it.
-#include "tests/runtime/model/golden.h"
-
-#include "base/error.h"
-#include "base/file.h"
-#include "runtime/backend/cpu/cpu_backend.h"
-#include "runtime/builder/build.h"
-#include "runtime/model/model.h"
-#include "runtime/weights/safetensors.h"
-#include "runtime/weights/gguf.h"
-#include "runtime/weights/tensor_source.h"
-#include "tests/runtime/weights/gguf_builder.h"
-#include "tests/test_temp_dir.h"
-
 #include <doctest/doctest.h>
 #include <sys/stat.h>
 
@@ -21,6 +8,19 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+
+#include "base/error.h"
+#include "base/file.h"
+#include "runtime/backend/cpu/cpu_backend.h"
+#include "runtime/builder/build.h"
+#include "runtime/model/model.h"
+#include "runtime/weights/gguf.h"
+#include "runtime/weights/safetensors.h"
+#include "runtime/weights/tensor_source.h"
+#include "tests/runtime/model/golden.h"
+#include "tests/runtime/weights/gguf_builder.h"
+#include "tests/test_error.h"
+#include "tests/test_temp_dir.h"
 
 using namespace lattice;
 using namespace lattice::testing;
@@ -43,17 +43,6 @@ std::string raw_safetensors(const std::string& header, size_t data_bytes) {
     uint64_t n = header.size();
     for (int i = 0; i < 8; ++i) s[size_t(i)] = char((n >> (8 * i)) & 0xff);
     return s + header + std::string(data_bytes, '\0');
-}
-
-// Runs fn and returns the Error message (fails the test if nothing is thrown).
-std::string error_of(const std::function<void()>& fn) {
-    try {
-        fn();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    FAIL("expected lattice::Error");
-    return "";
 }
 
 void load(const std::string& dir) {

@@ -17,26 +17,18 @@
 #include "runtime/weights/manifest.h"
 #include "runtime/weights/safetensors.h"
 #include "runtime/weights/sha256.h"
+#include "tests/test_error.h"
 #include "tests/test_temp_dir.h"
 
 using namespace lattice;
 namespace fs = std::filesystem;
+using lattice::testing::error_of;
 using lattice::testing::TempDir;
 
 namespace {
 
-
 std::string golden(const std::string& rel) {
     return std::string(LATTICE_SHARED_DIR) + "/golden/" + rel;
-}
-
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "(no error)";
 }
 
 Manifest sample_manifest() {

@@ -10,21 +10,14 @@
 
 #include "runtime/weights/gguf.h"
 #include "tests/runtime/weights/gguf_builder.h"
+#include "tests/test_error.h"
 
 using lattice::Error;
 using lattice::GgufFile;
 using lattice::test::GgufBuilder;
+using lattice::testing::error_of;
 
 namespace {
-
-std::string error_of(const std::function<void()>& fn) {
-    try {
-        fn();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "<no error>";
-}
 
 std::string parse_error(const std::vector<uint8_t>& bytes) {
     return error_of([&] { GgufFile::parse(bytes.data(), bytes.size(), "mem.gguf"); });
@@ -190,7 +183,7 @@ TEST_CASE("gguf: lying counts and lengths fail before allocating") {
         // A count that fits the bytes but is one too many runs into the tensor infos and fails there.
         b = base;
         GgufBuilder::patch<uint64_t>(b, 16, g.n_kv + 1);
-        CHECK(parse_error(b) != "<no error>");
+        CHECK(parse_error(b) != "(no error)");
     }
     SUBCASE("key string length") {
         auto b = base;
